@@ -1,0 +1,140 @@
+// Softcap, mask and bias for a block of score rows, in place.
+//
+// Rows are global rows r = row_base + row of the [B * Hq * Nq, T] score matrix
+// (r = ((b * Hq) + h) * Nq + i). For each key j the kernel:
+//   1. optionally captures the scaled score (qk_matmul_output mode 0),
+//   2. applies softcap c * tanh(s / c) when enabled, and captures (mode 1),
+//   3. decides whether the key is allowed: inside [lo, hi], where hi folds in
+//      the causal frontier, the right window, nonpad_kv_seqlen and the mask's
+//      last dimension, and lo the left window; then, with a mask, the mask
+//      value must not be MASKED (bool false and -inf arrive as MASKED),
+//   4. adds the float mask value, captures (mode 2, masked = -inf), and writes
+//      the biased score, or MASKED for a masked key.
+// Positions use the causal offset: the past length, else nonpad[b] - Nq, else 0.
+
+struct Params {
+    rows: u32,
+    cols: u32,
+    row_base: u32,
+    q_len: u32,
+    q_heads: u32,
+    flags: u32,
+    mask_cols: u32,
+    past_len: u32,
+    mask_batch_stride: u32,
+    mask_head_stride: u32,
+    mask_row_stride: u32,
+    capture: u32,
+    left_window: i32,
+    right_window: i32,
+    softcap: f32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> scores: array<f32>;
+@group(0) @binding(2) var<storage, read> mask: array<f32>;
+@group(0) @binding(3) var<storage, read> nonpad: array<i32>;
+@group(0) @binding(4) var<storage, read_write> qk_out: array<u32>;
+
+const WG: u32 = 128u;
+const MASKED: f32 = -3.40282347e+38;
+const NEG_INF_BITS: u32 = 0xff800000u;
+
+const FLAG_MASK: u32 = 1u;
+const FLAG_CAUSAL: u32 = 2u;
+const FLAG_NONPAD: u32 = 4u;
+const FLAG_PAST: u32 = 8u;
+const FLAG_SOFTCAP: u32 = 16u;
+
+const CAPTURE_SCALED: u32 = 1u;
+const CAPTURE_SOFTCAPPED: u32 = 2u;
+const CAPTURE_BIASED: u32 = 3u;
+
+// tanh accurate to a few ulp over the whole range: an odd Taylor polynomial
+// near zero (where 1 - 2/(e^2x + 1) cancels) and the exponential form beyond,
+// with the argument clamped so e^2x cannot overflow (tanh(10) rounds to 1).
+fn accurate_tanh(x: f32) -> f32 {
+    let ax = abs(x);
+    if (ax < 0.4) {
+        let z = x * x;
+        let poly = 1.0 + z * (-1.0 / 3.0 + z * (2.0 / 15.0 + z * (-17.0 / 315.0
+            + z * (62.0 / 2835.0 + z * (-1382.0 / 155925.0 + z * (21844.0 / 6081075.0))))));
+        return x * poly;
+    }
+    let e = exp(2.0 * min(ax, 10.0));
+    let t = 1.0 - 2.0 / (e + 1.0);
+    return select(t, -t, x < 0.0);
+}
+
+@compute @workgroup_size(128, 1, 1)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= p.rows) {
+        return;
+    }
+    let global_row = p.row_base + row;
+    let i = global_row % p.q_len;
+    let head = global_row / p.q_len;
+    let h = head % p.q_heads;
+    let b = head / p.q_heads;
+
+    var offset = 0;
+    if ((p.flags & FLAG_PAST) != 0u) {
+        offset = i32(p.past_len);
+    } else if ((p.flags & FLAG_NONPAD) != 0u) {
+        offset = nonpad[b] - i32(p.q_len);
+    }
+    let pos = offset + i32(i);
+    var lo = 0;
+    var hi = i32(p.cols) - 1;
+    if ((p.flags & FLAG_CAUSAL) != 0u) {
+        hi = min(hi, pos);
+    }
+    if (p.right_window >= 0) {
+        hi = min(hi, pos + p.right_window);
+    }
+    if (p.left_window >= 0) {
+        lo = max(lo, pos - p.left_window);
+    }
+    if ((p.flags & FLAG_NONPAD) != 0u) {
+        hi = min(hi, nonpad[b] - 1);
+    }
+    let has_mask = (p.flags & FLAG_MASK) != 0u;
+    if (has_mask) {
+        hi = min(hi, i32(p.mask_cols) - 1);
+    }
+    let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride + i * p.mask_row_stride;
+    let base = row * p.cols;
+    let out_base = global_row * p.cols;
+
+    for (var j = li; j < p.cols; j += WG) {
+        var s = scores[base + j];
+        if (p.capture == CAPTURE_SCALED) {
+            qk_out[out_base + j] = bitcast<u32>(s);
+        }
+        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+            s = p.softcap * accurate_tanh(s / p.softcap);
+        }
+        if (p.capture == CAPTURE_SOFTCAPPED) {
+            qk_out[out_base + j] = bitcast<u32>(s);
+        }
+        var allowed = i32(j) >= lo && i32(j) <= hi;
+        if (allowed && has_mask) {
+            let bias = mask[mask_base + j];
+            if (bias > MASKED) {
+                s += bias;
+            } else {
+                allowed = false;
+            }
+        }
+        if (p.capture == CAPTURE_BIASED) {
+            qk_out[out_base + j] = select(NEG_INF_BITS, bitcast<u32>(s), allowed);
+        }
+        scores[base + j] = select(MASKED, s, allowed);
+    }
+}

@@ -1,0 +1,103 @@
+// Row softmax with the maximum subtracted, in place, writing each row's logsumexp.
+//
+// One workgroup per row of `cols` scores. Masked scores carry the value
+// MASKED (-f32::MAX, written by the mask kernel) and take no part. Each
+// invocation keeps an online (max, sum) pair over its strided share of the
+// row; the pairs are merged in workgroup memory; a second sweep writes
+// exp(s - max) / sum. A row with no unmasked score becomes all zeros and its
+// logsumexp -inf (written as bits, since WGSL arithmetic need not produce inf).
+//
+// Rows are numbered linearly across the 2D grid so more than 65535 rows work.
+
+struct Params {
+    rows: u32,
+    cols: u32,
+    // Index in `lse` of this dispatch's first row.
+    lse_offset: u32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> scores: array<f32>;
+@group(0) @binding(2) var<storage, read_write> lse: array<u32>;
+
+const WG: u32 = 128u;
+const MASKED: f32 = -3.40282347e+38;
+const NEG_INF_BITS: u32 = 0xff800000u;
+
+var<workgroup> red_max: array<f32, WG>;
+var<workgroup> red_sum: array<f32, WG>;
+
+// Merges two (max, sum-of-exp) pairs; a pair whose max is MASKED has sum 0.
+fn merge(m1: f32, l1: f32, m2: f32, l2: f32) -> vec2<f32> {
+    let m = max(m1, m2);
+    var l = 0.0;
+    if (m1 > MASKED) {
+        l += l1 * exp(m1 - m);
+    }
+    if (m2 > MASKED) {
+        l += l2 * exp(m2 - m);
+    }
+    return vec2<f32>(m, l);
+}
+
+@compute @workgroup_size(128, 1, 1)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= p.rows) {
+        return;
+    }
+    let base = row * p.cols;
+
+    var m = MASKED;
+    var l = 0.0;
+    for (var j = li; j < p.cols; j += WG) {
+        let s = scores[base + j];
+        if (s > MASKED) {
+            if (s > m) {
+                if (m > MASKED) {
+                    l = l * exp(m - s);
+                }
+                l += 1.0;
+                m = s;
+            } else {
+                l += exp(s - m);
+            }
+        }
+    }
+    red_max[li] = m;
+    red_sum[li] = l;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
+        if (li < stride) {
+            let merged = merge(red_max[li], red_sum[li], red_max[li + stride], red_sum[li + stride]);
+            red_max[li] = merged.x;
+            red_sum[li] = merged.y;
+        }
+        workgroupBarrier();
+    }
+    let row_max = red_max[0];
+    let row_sum = red_sum[0];
+    let live = row_max > MASKED;
+    let inv_sum = select(0.0, 1.0 / row_sum, live);
+
+    for (var j = li; j < p.cols; j += WG) {
+        let s = scores[base + j];
+        var prob = 0.0;
+        if (live && s > MASKED) {
+            prob = exp(s - row_max) * inv_sum;
+        }
+        scores[base + j] = prob;
+    }
+    if (li == 0u) {
+        var bits = NEG_INF_BITS;
+        if (live) {
+            bits = bitcast<u32>(row_max + log(row_sum));
+        }
+        lse[p.lse_offset + row] = bits;
+    }
+}

@@ -1,0 +1,194 @@
+//! One (batch, query head) of attention, written as plainly as the contract reads.
+//!
+//! Nothing here is shared with the GPU path: the mask is broadcast by its own
+//! index arithmetic, the causal/window/padding rules are evaluated per key, and
+//! the softmax is the textbook one with the maximum subtracted.
+
+use super::real::Real;
+use crate::options::{AttentionOptions, QkMatmulOutputMode};
+use crate::problem::{AttentionDims, AttentionInputs};
+use crate::tensor::{HostMask, HostTensor};
+
+/// The outputs of one head, as slices of the whole output tensors.
+pub(super) struct HeadOutputs<'o, F> {
+    /// `[Nq, Dv]`.
+    pub y: &'o mut [F],
+    /// `[Nq]`, or empty when not requested.
+    pub lse: &'o mut [F],
+    /// `[Nq, T]`, or empty when not requested.
+    pub qk: &'o mut [F],
+}
+
+/// Reads row `t` of the concatenated cache `[past; new]` for (b, kv head).
+fn kv_row<'a>(
+    past: Option<&'a HostTensor>,
+    new: &'a HostTensor,
+    dims: &AttentionDims,
+    b: usize,
+    kvh: usize,
+    t: usize,
+    width: usize,
+) -> &'a [f32] {
+    let (tensor, len, row) = match past {
+        Some(p) if t < dims.past_len => (p, dims.past_len, t),
+        _ => (new, dims.kv_len, t - dims.past_len),
+    };
+    let start = ((b * dims.kv_heads + kvh) * len + row) * width;
+    &tensor.data()[start..start + width]
+}
+
+/// The mask's additive value at (b, h, i, j) by numpy broadcasting, or `None` when
+/// the key is masked (bool `false`, `-inf`/`-f32::MAX`, or beyond the mask's last dim).
+fn mask_value(mask: &HostMask, b: usize, h: usize, i: usize, j: usize) -> Option<f32> {
+    let shape = mask.shape();
+    let cols = shape[shape.len() - 1];
+    if j >= cols {
+        return None;
+    }
+    // Right-align the coordinates [b, h, i, j] with the mask's shape.
+    let coords = [b, h, i, j];
+    let mut index = 0usize;
+    for (axis, &dim) in shape.iter().enumerate() {
+        let coord = coords[4 - shape.len() + axis];
+        index = index * dim + if dim == 1 { 0 } else { coord };
+    }
+    match mask {
+        HostMask::Bool { data, .. } => data[index].then_some(0.0),
+        HostMask::Float(t) => {
+            let v = t.data()[index];
+            (v > -f32::MAX).then_some(v)
+        }
+    }
+}
+
+/// Whether key `j` survives the causal, window and padding rules for query `i`.
+fn position_allowed(
+    options: &AttentionOptions,
+    offset: i64,
+    nonpad: Option<i64>,
+    i: usize,
+    j: usize,
+) -> bool {
+    let p = offset + i as i64;
+    let j = j as i64;
+    if options.is_causal && j > p {
+        return false;
+    }
+    if options.left_window_size >= 0 && j < p - options.left_window_size {
+        return false;
+    }
+    if options.right_window_size >= 0 && j > p + options.right_window_size {
+        return false;
+    }
+    if let Some(len) = nonpad {
+        if j >= len {
+            return false;
+        }
+    }
+    true
+}
+
+/// Computes attention for batch `b`, query head `h` into `out`.
+pub(super) fn attend_head<F: Real>(
+    inputs: &AttentionInputs<'_, HostTensor>,
+    options: &AttentionOptions,
+    dims: &AttentionDims,
+    b: usize,
+    h: usize,
+    out: HeadOutputs<'_, F>,
+) {
+    let (nq, dk, dv, t_len) = (dims.q_len, dims.head_dim, dims.v_head_dim, dims.total_len());
+    let kvh = h / dims.group();
+    let scale = F::from_f32(options.effective_scale(dk));
+    let softcap = F::from_f32(options.softcap);
+    let offset = dims.position_offset(inputs.nonpad_kv_seqlen, b);
+    let nonpad = inputs.nonpad_kv_seqlen.map(|l| l[b]);
+
+    let mut raw = vec![F::ZERO; t_len];
+    let mut capped = vec![F::ZERO; t_len];
+    let mut biased = vec![F::NEG_INFINITY; t_len];
+    let mut probs = vec![F::ZERO; t_len];
+    for i in 0..nq {
+        let q_start = ((b * dims.q_heads + h) * nq + i) * dk;
+        let q = &inputs.q.data()[q_start..q_start + dk];
+
+        let mut any_allowed = false;
+        for j in 0..t_len {
+            let k = kv_row(inputs.past_key, inputs.k, dims, b, kvh, j, dk);
+            let mut dot = F::ZERO;
+            for (&qa, &ka) in q.iter().zip(k) {
+                dot = dot + F::from_f32(qa) * F::from_f32(ka);
+            }
+            raw[j] = dot * scale;
+            capped[j] = if options.softcap > 0.0 {
+                softcap * (raw[j] / softcap).tanh()
+            } else {
+                raw[j]
+            };
+            let mask = match inputs.attn_mask {
+                Some(m) => mask_value(m, b, h, i, j),
+                None => Some(0.0),
+            };
+            biased[j] = match mask {
+                Some(add) if position_allowed(options, offset, nonpad, i, j) => {
+                    any_allowed = true;
+                    capped[j] + F::from_f32(add)
+                }
+                _ => F::NEG_INFINITY,
+            };
+        }
+
+        // Softmax over the allowed keys with the maximum subtracted.
+        let mut max = F::NEG_INFINITY;
+        for &s in &biased {
+            if s > max {
+                max = s;
+            }
+        }
+        let mut sum = F::ZERO;
+        let fully_masked = !any_allowed || max == F::NEG_INFINITY;
+        for j in 0..t_len {
+            probs[j] = if fully_masked || biased[j] == F::NEG_INFINITY {
+                F::ZERO
+            } else {
+                (biased[j] - max).exp()
+            };
+            sum = sum + probs[j];
+        }
+        if !fully_masked {
+            for p in probs.iter_mut() {
+                *p = *p / sum;
+            }
+        }
+
+        let y = &mut out.y[i * dv..(i + 1) * dv];
+        y.fill(F::ZERO);
+        if !fully_masked {
+            for (j, &p) in probs.iter().enumerate() {
+                if biased[j] == F::NEG_INFINITY {
+                    continue; // masked keys take no part, whatever V holds there
+                }
+                let v = kv_row(inputs.past_value, inputs.v, dims, b, kvh, j, dv);
+                for (acc, &va) in y.iter_mut().zip(v) {
+                    *acc = *acc + p * F::from_f32(va);
+                }
+            }
+        }
+        if !out.lse.is_empty() {
+            out.lse[i] = if fully_masked {
+                F::NEG_INFINITY
+            } else {
+                max + sum.ln()
+            };
+        }
+        if !out.qk.is_empty() {
+            let row = match options.qk_matmul_output_mode {
+                Some(QkMatmulOutputMode::Scaled) | None => &raw,
+                Some(QkMatmulOutputMode::Softcapped) => &capped,
+                Some(QkMatmulOutputMode::Biased) => &biased,
+                Some(QkMatmulOutputMode::Probabilities) => &probs,
+            };
+            out.qk[i * t_len..(i + 1) * t_len].copy_from_slice(row);
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! Tensors that live with an engine: in a GPU buffer on a GPU engine, in host
+//! memory on a CPU engine. Upload once, run many calls, read back when asked.
+
+use std::sync::Arc;
+
+use crate::problem::{MaskRef, TensorRef};
+use crate::tensor::{HostMask, HostTensor};
+
+/// Where a tensor's values are.
+#[derive(Debug, Clone)]
+pub(crate) enum Storage<H> {
+    /// A GPU buffer of f32 values.
+    Gpu(Arc<wgpu::Buffer>),
+    /// Host values (CPU engine).
+    Host(Arc<H>),
+}
+
+/// An f32 tensor owned by an [`crate::Engine`]. Cloning shares the storage.
+#[derive(Debug, Clone)]
+pub struct Tensor {
+    pub(crate) shape: Vec<usize>,
+    pub(crate) storage: Storage<HostTensor>,
+    pub(crate) engine_id: u64,
+}
+
+impl Tensor {
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether the tensor has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the values are in GPU memory.
+    pub fn is_on_gpu(&self) -> bool {
+        matches!(self.storage, Storage::Gpu(_))
+    }
+
+    /// Bytes of device memory the tensor holds (0 on a CPU engine).
+    pub fn device_bytes(&self) -> u64 {
+        match &self.storage {
+            Storage::Gpu(b) => b.size(),
+            Storage::Host(_) => 0,
+        }
+    }
+}
+
+/// An attention mask owned by an [`crate::Engine`].
+///
+/// On the GPU it is stored as an additive f32 bias: `0` or a masked marker for a
+/// bool mask, the values for a float mask (`-inf` becomes the marker).
+#[derive(Debug, Clone)]
+pub struct Mask {
+    pub(crate) shape: Vec<usize>,
+    pub(crate) storage: Storage<HostMask>,
+    pub(crate) engine_id: u64,
+}
+
+impl Mask {
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+}
+
+impl TensorRef for Tensor {
+    type Mask = Mask;
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+}
+
+impl MaskRef for Mask {
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+}

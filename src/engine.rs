@@ -1,0 +1,452 @@
+//! The engine: one backend (a GPU device, or the CPU), tensors tied to it, and
+//! the attention call that validates, picks a path and dispatches.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::cpu;
+use crate::device_tensor::{Mask, Storage, Tensor};
+use crate::error::{Error, Result};
+use crate::gpu::buffer;
+use crate::gpu::capabilities::Capabilities;
+use crate::gpu::context::{GpuContext, PowerPreference};
+use crate::gpu::ops::softmax::MASKED;
+use crate::gpu::unfused;
+use crate::options::{AttentionOptions, KernelPath};
+use crate::problem::{validate, AttentionInputs, AttentionOutputs};
+use crate::tensor::{HostMask, HostTensor};
+
+/// Which backend an engine computes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// A GPU adapter through wgpu (Vulkan, Metal, DX12, GL or browser WebGPU).
+    Gpu,
+    /// The CPU oracle (f64), used when no adapter exists or when asked for.
+    Cpu,
+}
+
+/// Which backend to ask for when creating an engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendPreference {
+    /// A GPU if one exists, else the CPU with a logged warning.
+    #[default]
+    Auto,
+    /// A GPU, or [`Error::NoAdapter`].
+    Gpu,
+    /// The CPU, without looking for an adapter.
+    Cpu,
+}
+
+/// How to create an [`Engine`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EngineOptions {
+    /// Which backend.
+    pub backend: BackendPreference,
+    /// Which adapter to prefer.
+    pub power: PowerPreference,
+    /// Most bytes of attention scores the unfused path materialises at once
+    /// (`None`: as much as one storage binding allows). Smaller values make it
+    /// work in more, smaller chunks.
+    pub score_budget_bytes: Option<u64>,
+}
+
+#[derive(Debug)]
+enum Backend {
+    Gpu(GpuContext),
+    Cpu,
+}
+
+static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The attention engine. Create one per device and keep it: pipelines are
+/// compiled once per engine and tensors stay on its device between calls.
+#[derive(Debug)]
+pub struct Engine {
+    id: u64,
+    backend: Backend,
+    score_budget: u64,
+}
+
+impl Engine {
+    /// A GPU engine on the default adapter, or a CPU engine (with a logged
+    /// warning) when no adapter exists.
+    pub async fn new() -> Engine {
+        match Self::with_options(EngineOptions::default()).await {
+            Ok(engine) => engine,
+            Err(e) => {
+                log::warn!("webattn: {e}; falling back to the CPU backend");
+                Self::cpu()
+            }
+        }
+    }
+
+    /// An engine as `options` ask.
+    pub async fn with_options(options: EngineOptions) -> Result<Engine> {
+        let backend = match options.backend {
+            BackendPreference::Cpu => Backend::Cpu,
+            BackendPreference::Gpu => Backend::Gpu(GpuContext::request(options.power).await?),
+            BackendPreference::Auto => match GpuContext::request(options.power).await {
+                Ok(ctx) => Backend::Gpu(ctx),
+                Err(e) => {
+                    log::warn!("webattn: {e}; using the CPU backend");
+                    Backend::Cpu
+                }
+            },
+        };
+        Ok(Self::with_backend(backend, options.score_budget_bytes))
+    }
+
+    /// A CPU engine.
+    pub fn cpu() -> Engine {
+        Self::with_backend(Backend::Cpu, None)
+    }
+
+    /// A GPU engine on an existing context.
+    pub fn from_context(ctx: GpuContext) -> Engine {
+        Self::with_backend(Backend::Gpu(ctx), None)
+    }
+
+    fn with_backend(backend: Backend, score_budget: Option<u64>) -> Engine {
+        Engine {
+            id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
+            backend,
+            score_budget: score_budget.unwrap_or(u64::MAX),
+        }
+    }
+
+    /// The backend in use.
+    pub fn backend(&self) -> BackendKind {
+        match self.backend {
+            Backend::Gpu(_) => BackendKind::Gpu,
+            Backend::Cpu => BackendKind::Cpu,
+        }
+    }
+
+    /// The GPU context, on a GPU engine.
+    pub fn gpu(&self) -> Option<&GpuContext> {
+        match &self.backend {
+            Backend::Gpu(ctx) => Some(ctx),
+            Backend::Cpu => None,
+        }
+    }
+
+    /// The adapter's capability profile, on a GPU engine.
+    pub fn capabilities(&self) -> Option<&Capabilities> {
+        self.gpu().map(GpuContext::capabilities)
+    }
+
+    /// One line saying what the engine runs on.
+    pub fn describe(&self) -> String {
+        match &self.backend {
+            Backend::Gpu(ctx) => ctx.capabilities().summary(),
+            Backend::Cpu => "CPU backend (f64 oracle; no GPU adapter in use)".to_string(),
+        }
+    }
+
+    fn own<'t>(&self, name: &'static str, t: &'t Tensor) -> Result<&'t Tensor> {
+        if t.engine_id != self.id {
+            return Err(Error::ForeignTensor { tensor: name });
+        }
+        Ok(t)
+    }
+
+    /// Uploads a host tensor.
+    pub fn upload(&self, tensor: &HostTensor) -> Result<Tensor> {
+        self.upload_named("tensor", tensor)
+    }
+
+    fn upload_named(&self, name: &'static str, tensor: &HostTensor) -> Result<Tensor> {
+        let storage = match &self.backend {
+            Backend::Gpu(ctx) => {
+                ctx.check_alive()?;
+                Storage::Gpu(Arc::new(buffer::upload(ctx, name, tensor.data())?))
+            }
+            Backend::Cpu => Storage::Host(Arc::new(tensor.clone())),
+        };
+        Ok(Tensor {
+            shape: tensor.shape().to_vec(),
+            storage,
+            engine_id: self.id,
+        })
+    }
+
+    /// Uploads an attention mask (stored as an additive bias on the GPU).
+    pub fn upload_mask(&self, mask: &HostMask) -> Result<Mask> {
+        let storage = match &self.backend {
+            Backend::Gpu(ctx) => {
+                ctx.check_alive()?;
+                let bias: Vec<f32> = mask
+                    .to_additive()
+                    .into_iter()
+                    .map(|x| if x <= MASKED { MASKED } else { x })
+                    .collect();
+                Storage::Gpu(Arc::new(buffer::upload(ctx, "attn_mask", &bias)?))
+            }
+            Backend::Cpu => Storage::Host(Arc::new(mask.clone())),
+        };
+        Ok(Mask {
+            shape: mask.shape().to_vec(),
+            storage,
+            engine_id: self.id,
+        })
+    }
+
+    /// Reads a tensor back to the host.
+    pub async fn download(&self, tensor: &Tensor) -> Result<HostTensor> {
+        let tensor = self.own("tensor", tensor)?;
+        match (&self.backend, &tensor.storage) {
+            (Backend::Gpu(ctx), Storage::Gpu(buf)) => {
+                let data = buffer::read_f32(ctx, buf, 0, tensor.len()).await?;
+                HostTensor::new(tensor.shape.clone(), data)
+            }
+            (_, Storage::Host(host)) => Ok((**host).clone()),
+            (Backend::Cpu, Storage::Gpu(_)) => Err(Error::ForeignTensor { tensor: "tensor" }),
+        }
+    }
+
+    /// Reads every present output back to the host.
+    pub async fn download_outputs(
+        &self,
+        outputs: &AttentionOutputs<Tensor>,
+    ) -> Result<AttentionOutputs<HostTensor>> {
+        let y = self.download(&outputs.y).await?;
+        let fetch = |t: &Option<Tensor>| {
+            let t = t.clone();
+            async move {
+                match t {
+                    Some(t) => self.download(&t).await.map(Some),
+                    None => Ok(None),
+                }
+            }
+        };
+        Ok(AttentionOutputs {
+            y,
+            present_key: fetch(&outputs.present_key).await?,
+            present_value: fetch(&outputs.present_value).await?,
+            qk_matmul_output: fetch(&outputs.qk_matmul_output).await?,
+            lse: fetch(&outputs.lse).await?,
+        })
+    }
+
+    /// The host values of a tensor: shared on a CPU engine, read back on a GPU engine.
+    async fn to_host(&self, t: &Tensor) -> Result<Arc<HostTensor>> {
+        match &t.storage {
+            Storage::Host(h) => Ok(h.clone()),
+            Storage::Gpu(_) => Ok(Arc::new(self.download(t).await?)),
+        }
+    }
+
+    /// Reads a mask back to the host. A mask on the GPU comes back as the
+    /// equivalent float mask (masked entries are `-f32::MAX`).
+    pub async fn download_mask(&self, mask: &Mask) -> Result<HostMask> {
+        if mask.engine_id != self.id {
+            return Err(Error::ForeignTensor {
+                tensor: "attn_mask",
+            });
+        }
+        match (&self.backend, &mask.storage) {
+            (_, Storage::Host(m)) => Ok((**m).clone()),
+            (Backend::Gpu(ctx), Storage::Gpu(buf)) => {
+                let len = mask.shape.iter().product();
+                let data = buffer::read_f32(ctx, buf, 0, len).await?;
+                HostMask::float(mask.shape.clone(), data)
+            }
+            (Backend::Cpu, Storage::Gpu(_)) => Err(Error::ForeignTensor {
+                tensor: "attn_mask",
+            }),
+        }
+    }
+
+    /// Attention on tensors already owned by this engine; the outputs stay on
+    /// the engine too (read them with [`Engine::download`]).
+    pub async fn attention(
+        &self,
+        inputs: &AttentionInputs<'_, Tensor>,
+        options: &AttentionOptions,
+    ) -> Result<AttentionOutputs<Tensor>> {
+        for (name, t) in [
+            ("Q", Some(inputs.q)),
+            ("K", Some(inputs.k)),
+            ("V", Some(inputs.v)),
+        ]
+        .into_iter()
+        .chain([
+            ("past_key", inputs.past_key),
+            ("past_value", inputs.past_value),
+        ]) {
+            if let Some(t) = t {
+                self.own(name, t)?;
+            }
+        }
+        if let Some(m) = inputs.attn_mask {
+            if m.engine_id != self.id {
+                return Err(Error::ForeignTensor {
+                    tensor: "attn_mask",
+                });
+            }
+        }
+        let dims = validate(inputs, options)?;
+        match (&self.backend, options.path) {
+            (Backend::Gpu(ctx), KernelPath::Auto | KernelPath::Unfused) => {
+                let buf = |t: &Tensor| match &t.storage {
+                    Storage::Gpu(b) => Ok(b.clone()),
+                    Storage::Host(_) => Err(Error::ForeignTensor { tensor: "tensor" }),
+                };
+                let mask = match inputs.attn_mask.map(|m| &m.storage) {
+                    Some(Storage::Gpu(b)) => Some(b.clone()),
+                    Some(Storage::Host(_)) => {
+                        return Err(Error::ForeignTensor {
+                            tensor: "attn_mask",
+                        })
+                    }
+                    None => None,
+                };
+                let (q, k, v) = (buf(inputs.q)?, buf(inputs.k)?, buf(inputs.v)?);
+                let past_key = inputs.past_key.map(buf).transpose()?;
+                let past_value = inputs.past_value.map(buf).transpose()?;
+                let gpu_inputs = unfused::GpuInputs {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    mask: mask.as_deref(),
+                    past_key: past_key.as_deref(),
+                    past_value: past_value.as_deref(),
+                    nonpad: inputs.nonpad_kv_seqlen,
+                };
+                let out = unfused::run(ctx, &dims, &gpu_inputs, options, self.score_budget).await?;
+                let wrap = |shape: Vec<usize>, b: wgpu::Buffer| Tensor {
+                    shape,
+                    storage: Storage::Gpu(Arc::new(b)),
+                    engine_id: self.id,
+                };
+                Ok(AttentionOutputs {
+                    y: wrap(dims.y_shape(), out.y),
+                    present_key: out.present_key.map(|b| wrap(dims.present_key_shape(), b)),
+                    present_value: out
+                        .present_value
+                        .map(|b| wrap(dims.present_value_shape(), b)),
+                    qk_matmul_output: out.qk.map(|b| wrap(dims.scores_shape(), b)),
+                    lse: options.return_lse.then(|| wrap(dims.lse_shape(), out.lse)),
+                })
+            }
+            _ => {
+                // The CPU oracle: on a CPU engine, or when asked for on a GPU engine.
+                let (q, k, v) = (
+                    self.to_host(inputs.q).await?,
+                    self.to_host(inputs.k).await?,
+                    self.to_host(inputs.v).await?,
+                );
+                let mut past = Vec::new();
+                for t in [inputs.past_key, inputs.past_value].into_iter().flatten() {
+                    past.push(self.to_host(t).await?);
+                }
+                let mask = match inputs.attn_mask {
+                    Some(m) => Some(self.download_mask(m).await?),
+                    None => None,
+                };
+                let mut host_inputs = AttentionInputs::new(&*q, &*k, &*v);
+                if let [pk, pv] = &past[..] {
+                    host_inputs = host_inputs.with_past(pk, pv);
+                }
+                if let Some(m) = &mask {
+                    host_inputs = host_inputs.with_mask(m);
+                }
+                host_inputs.nonpad_kv_seqlen = inputs.nonpad_kv_seqlen;
+                let out = cpu::attention(&host_inputs, options)?;
+                self.adopt_outputs(out)
+            }
+        }
+    }
+
+    /// Wraps host outputs as tensors of this engine (uploading on a GPU engine).
+    fn adopt_outputs(&self, out: AttentionOutputs<HostTensor>) -> Result<AttentionOutputs<Tensor>> {
+        let adopt = |t: HostTensor| -> Result<Tensor> {
+            match &self.backend {
+                Backend::Cpu => Ok(Tensor {
+                    shape: t.shape().to_vec(),
+                    storage: Storage::Host(Arc::new(t)),
+                    engine_id: self.id,
+                }),
+                Backend::Gpu(_) => self.upload_named("output", &t),
+            }
+        };
+        Ok(AttentionOutputs {
+            y: adopt(out.y)?,
+            present_key: out.present_key.map(adopt).transpose()?,
+            present_value: out.present_value.map(adopt).transpose()?,
+            qk_matmul_output: out.qk_matmul_output.map(adopt).transpose()?,
+            lse: out.lse.map(adopt).transpose()?,
+        })
+    }
+
+    /// Attention on host data: uploads, runs and reads back every requested output.
+    pub async fn attention_host(
+        &self,
+        inputs: &AttentionInputs<'_, HostTensor>,
+        options: &AttentionOptions,
+    ) -> Result<AttentionOutputs<HostTensor>> {
+        validate(inputs, options)?;
+        if self.backend() == BackendKind::Cpu || options.path == KernelPath::Cpu {
+            return cpu::attention(inputs, options);
+        }
+        let q = self.upload_named("Q", inputs.q)?;
+        let k = self.upload_named("K", inputs.k)?;
+        let v = self.upload_named("V", inputs.v)?;
+        let mask = inputs.attn_mask.map(|m| self.upload_mask(m)).transpose()?;
+        let past_key = inputs
+            .past_key
+            .map(|t| self.upload_named("past_key", t))
+            .transpose()?;
+        let past_value = inputs
+            .past_value
+            .map(|t| self.upload_named("past_value", t))
+            .transpose()?;
+        let device_inputs = AttentionInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            attn_mask: mask.as_ref(),
+            past_key: past_key.as_ref(),
+            past_value: past_value.as_ref(),
+            nonpad_kv_seqlen: inputs.nonpad_kv_seqlen,
+        };
+        let out = self.attention(&device_inputs, options).await?;
+        self.download_outputs(&out).await
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl Engine {
+    /// [`Engine::new`], blocking.
+    pub fn new_blocking() -> Engine {
+        pollster::block_on(Self::new())
+    }
+
+    /// [`Engine::with_options`], blocking.
+    pub fn with_options_blocking(options: EngineOptions) -> Result<Engine> {
+        pollster::block_on(Self::with_options(options))
+    }
+
+    /// [`Engine::download`], blocking.
+    pub fn download_blocking(&self, tensor: &Tensor) -> Result<HostTensor> {
+        pollster::block_on(self.download(tensor))
+    }
+
+    /// [`Engine::attention`], blocking until the work is submitted.
+    pub fn attention_blocking(
+        &self,
+        inputs: &AttentionInputs<'_, Tensor>,
+        options: &AttentionOptions,
+    ) -> Result<AttentionOutputs<Tensor>> {
+        pollster::block_on(self.attention(inputs, options))
+    }
+
+    /// [`Engine::attention_host`], blocking.
+    pub fn attention_host_blocking(
+        &self,
+        inputs: &AttentionInputs<'_, HostTensor>,
+        options: &AttentionOptions,
+    ) -> Result<AttentionOutputs<HostTensor>> {
+        pollster::block_on(self.attention_host(inputs, options))
+    }
+}

@@ -1,0 +1,142 @@
+//! Buffer creation with limit checks, uploads, and wasm-safe readback.
+
+use wgpu::util::DeviceExt;
+
+use super::context::GpuContext;
+use crate::error::{Error, Result};
+
+/// Usages of every storage buffer the engine creates: bindable, copyable both ways.
+const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
+/// Checks that `bytes` fits in one buffer that can be bound whole as storage.
+pub(crate) fn check_bindable(ctx: &GpuContext, what: &str, bytes: u64) -> Result<()> {
+    let limits = &ctx.caps.limits;
+    if bytes > limits.max_buffer_size {
+        return Err(Error::buffer_limit(
+            what,
+            bytes,
+            limits.max_buffer_size,
+            "max_buffer_size",
+        ));
+    }
+    if bytes > limits.max_storage_buffer_binding_size {
+        return Err(Error::buffer_limit(
+            what,
+            bytes,
+            limits.max_storage_buffer_binding_size,
+            "max_storage_buffer_binding_size",
+        ));
+    }
+    Ok(())
+}
+
+/// Bytes of `len` f32 values, never less than 4 (wgpu rejects empty bindings).
+fn f32_bytes(len: usize) -> u64 {
+    (len.max(1) * 4) as u64
+}
+
+/// A zero-filled storage buffer of `len` f32 (or u32/i32) values.
+pub(crate) fn storage(ctx: &GpuContext, label: &str, len: usize) -> Result<wgpu::Buffer> {
+    let size = f32_bytes(len);
+    check_bindable(ctx, label, size)?;
+    Ok(ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size,
+        usage: STORAGE,
+        mapped_at_creation: false,
+    }))
+}
+
+/// A storage buffer holding `data`.
+pub(crate) fn upload<T: bytemuck::Pod>(
+    ctx: &GpuContext,
+    label: &str,
+    data: &[T],
+) -> Result<wgpu::Buffer> {
+    let bytes: &[u8] = bytemuck::cast_slice(data);
+    let size = (bytes.len().max(4)) as u64;
+    check_bindable(ctx, label, size)?;
+    if bytes.is_empty() {
+        return storage(ctx, label, 1);
+    }
+    Ok(ctx
+        .device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytes,
+            usage: STORAGE,
+        }))
+}
+
+/// A uniform buffer holding one parameter struct.
+pub(crate) fn uniform<T: bytemuck::Pod>(ctx: &GpuContext, label: &str, value: &T) -> wgpu::Buffer {
+    ctx.device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytemuck::bytes_of(value),
+            usage: wgpu::BufferUsages::UNIFORM,
+        })
+}
+
+/// Copies `len` f32 values starting at element `offset` of `buffer` back to the host.
+///
+/// Works on wasm too: completion is awaited through a futures-intrusive
+/// oneshot channel fed by `map_async`, and the device is polled only natively
+/// (the browser drives it on the web).
+pub(crate) async fn read_f32(
+    ctx: &GpuContext,
+    buffer: &wgpu::Buffer,
+    offset: usize,
+    len: usize,
+) -> Result<Vec<f32>> {
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let size = (len * 4) as u64;
+    let staging = ctx.scoped("readback", || {
+        let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback staging"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("readback"),
+            });
+        encoder.copy_buffer_to_buffer(buffer, (offset * 4) as u64, &staging, 0, size);
+        ctx.queue.submit([encoder.finish()]);
+        Ok(staging)
+    });
+    let staging = staging.await?;
+
+    let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
+    staging
+        .slice(..)
+        .map_async(wgpu::MapMode::Read, move |result| {
+            // The receiver may be gone if the caller dropped the future; nothing to do then.
+            let _ = sender.send(result);
+        });
+    #[cfg(not(target_arch = "wasm32"))]
+    ctx.device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .map_err(|e| Error::Readback(e.to_string()))?;
+    let mapped = receiver
+        .receive()
+        .await
+        .ok_or_else(|| Error::Readback("the map callback never ran".into()))?;
+    ctx.check_alive()?;
+    mapped.map_err(|e| Error::Readback(e.to_string()))?;
+    let values = {
+        let view = staging
+            .slice(..)
+            .get_mapped_range()
+            .map_err(|e| Error::Readback(e.to_string()))?;
+        bytemuck::pod_collect_to_vec::<u8, f32>(&view)
+    };
+    staging.unmap();
+    Ok(values)
+}

@@ -1,0 +1,126 @@
+//! The capability profile of an adapter: who it is, the limits and features
+//! that matter to our kernels. Kernel choices are made from this profile.
+
+/// The adapter's identity, as text fit for reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdapterSummary {
+    /// The adapter's name (e.g. `llvmpipe (LLVM 15.0.6, 256 bits)`).
+    pub name: String,
+    /// The PCI vendor id (or the backend's equivalent).
+    pub vendor: u32,
+    /// The PCI device id (or the backend's equivalent).
+    pub device: u32,
+    /// `DiscreteGpu`, `IntegratedGpu`, `VirtualGpu`, `Cpu` or `Other`.
+    pub device_type: String,
+    /// `Vulkan`, `Metal`, `Dx12`, `Gl` or `BrowserWebGpu`.
+    pub backend: String,
+    /// The driver's name.
+    pub driver: String,
+    /// The driver's version text.
+    pub driver_info: String,
+}
+
+/// The limits our kernels and buffers depend on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelLimits {
+    /// Largest storage buffer binding, in bytes.
+    pub max_storage_buffer_binding_size: u64,
+    /// Largest buffer, in bytes.
+    pub max_buffer_size: u64,
+    /// Workgroup memory per workgroup, in bytes.
+    pub max_compute_workgroup_storage_size: u32,
+    /// Invocations per workgroup.
+    pub max_compute_invocations_per_workgroup: u32,
+    /// Workgroups per dispatch dimension.
+    pub max_compute_workgroups_per_dimension: u32,
+    /// Storage buffers per shader stage.
+    pub max_storage_buffers_per_shader_stage: u32,
+}
+
+impl KernelLimits {
+    /// The WebGPU defaults: what every adapter offers at least.
+    pub const WEBGPU_DEFAULTS: KernelLimits = KernelLimits {
+        max_storage_buffer_binding_size: 128 << 20,
+        max_buffer_size: 256 << 20,
+        max_compute_workgroup_storage_size: 16 << 10,
+        max_compute_invocations_per_workgroup: 256,
+        max_compute_workgroups_per_dimension: 65535,
+        max_storage_buffers_per_shader_stage: 8,
+    };
+
+    /// The largest buffer that can also be bound whole as storage.
+    pub fn max_bindable_bytes(&self) -> u64 {
+        self.max_storage_buffer_binding_size
+            .min(self.max_buffer_size)
+    }
+}
+
+impl From<&wgpu::Limits> for KernelLimits {
+    fn from(l: &wgpu::Limits) -> Self {
+        Self {
+            max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
+            max_buffer_size: l.max_buffer_size,
+            max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
+            max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
+            max_compute_workgroups_per_dimension: l.max_compute_workgroups_per_dimension,
+            max_storage_buffers_per_shader_stage: l.max_storage_buffers_per_shader_stage,
+        }
+    }
+}
+
+/// What the engine knows about its adapter and device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Who the adapter is.
+    pub adapter: AdapterSummary,
+    /// The limits the device was created with.
+    pub limits: KernelLimits,
+    /// `shader-f16` is available.
+    pub shader_f16: bool,
+    /// Subgroup operations are available.
+    pub subgroups: bool,
+    /// The smallest subgroup width the adapter may use.
+    pub subgroup_min_size: u32,
+    /// The largest subgroup width the adapter may use.
+    pub subgroup_max_size: u32,
+    /// GPU timestamps can be written at pass boundaries.
+    pub timestamp_query: bool,
+}
+
+impl Capabilities {
+    pub(crate) fn new(
+        info: &wgpu::AdapterInfo,
+        limits: &wgpu::Limits,
+        features: wgpu::Features,
+    ) -> Self {
+        Self {
+            adapter: AdapterSummary {
+                name: info.name.clone(),
+                vendor: info.vendor,
+                device: info.device,
+                device_type: format!("{:?}", info.device_type),
+                backend: format!("{:?}", info.backend),
+                driver: info.driver.clone(),
+                driver_info: info.driver_info.clone(),
+            },
+            limits: KernelLimits::from(limits),
+            shader_f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroups: features.contains(wgpu::Features::SUBGROUP),
+            subgroup_min_size: info.subgroup_min_size,
+            subgroup_max_size: info.subgroup_max_size,
+            timestamp_query: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+        }
+    }
+
+    /// One line naming the adapter, its type and backend.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} ({}, {}, {} {})",
+            self.adapter.name,
+            self.adapter.device_type,
+            self.adapter.backend,
+            self.adapter.driver,
+            self.adapter.driver_info
+        )
+    }
+}

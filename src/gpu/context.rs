@@ -1,0 +1,188 @@
+//! Adapter and device acquisition, and the state every GPU operation shares.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::capabilities::Capabilities;
+use super::pipeline::PipelineCache;
+use crate::error::{Error, Result};
+
+/// Features the kernels can use when the adapter has them; none is required.
+fn wanted_features() -> wgpu::Features {
+    wgpu::Features::SHADER_F16
+        | wgpu::Features::SUBGROUP
+        | wgpu::Features::TIMESTAMP_QUERY
+        | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+}
+
+/// How to look for an adapter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PowerPreference {
+    /// Let wgpu choose (`WGPU_POWER_PREF` is honoured natively).
+    #[default]
+    Default,
+    /// Prefer an integrated or low-power adapter.
+    LowPower,
+    /// Prefer a discrete or high-performance adapter.
+    HighPerformance,
+}
+
+/// A device with its queue, capability profile and pipeline cache.
+///
+/// Cloning is cheap and shares everything.
+#[derive(Clone)]
+pub struct GpuContext {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) caps: Arc<Capabilities>,
+    pub(crate) pipelines: Arc<PipelineCache>,
+    lost: Arc<Mutex<Option<String>>>,
+}
+
+impl std::fmt::Debug for GpuContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuContext")
+            .field("adapter", &self.caps.adapter.name)
+            .finish()
+    }
+}
+
+fn instance() -> wgpu::Instance {
+    #[cfg(not(target_arch = "wasm32"))]
+    let desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    #[cfg(target_arch = "wasm32")]
+    let desc = wgpu::InstanceDescriptor {
+        backends: wgpu::Backends::BROWSER_WEBGPU,
+        ..wgpu::InstanceDescriptor::new_without_display_handle()
+    };
+    wgpu::Instance::new(desc)
+}
+
+impl GpuContext {
+    /// Finds an adapter (honouring `WGPU_BACKEND` and `WGPU_ADAPTER_NAME` natively)
+    /// and creates a device with the adapter's full limits and the optional
+    /// features the kernels can use.
+    pub async fn request(power: PowerPreference) -> Result<GpuContext> {
+        let instance = instance();
+        let power_preference = match power {
+            PowerPreference::Default => wgpu::PowerPreference::from_env().unwrap_or_default(),
+            PowerPreference::LowPower => wgpu::PowerPreference::LowPower,
+            PowerPreference::HighPerformance => wgpu::PowerPreference::HighPerformance,
+        };
+        #[cfg(not(target_arch = "wasm32"))]
+        let adapter = {
+            let from_env = wgpu::util::initialize_adapter_from_env(&instance, None).await;
+            match from_env {
+                Ok(adapter) => Ok(adapter),
+                Err(_) => {
+                    instance
+                        .request_adapter(&wgpu::RequestAdapterOptions {
+                            power_preference,
+                            ..Default::default()
+                        })
+                        .await
+                }
+            }
+        };
+        #[cfg(target_arch = "wasm32")]
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference,
+                ..Default::default()
+            })
+            .await;
+        let adapter = adapter.map_err(|e| Error::NoAdapter(e.to_string()))?;
+        Self::from_adapter(&adapter).await
+    }
+
+    /// Creates the device on a given adapter.
+    pub async fn from_adapter(adapter: &wgpu::Adapter) -> Result<GpuContext> {
+        let info = adapter.get_info();
+        let features = adapter.features() & wanted_features();
+        let limits = adapter.limits();
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("webattn"),
+                required_features: features,
+                required_limits: limits.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::RequestDevice(e.to_string()))?;
+
+        let lost = Arc::new(Mutex::new(None));
+        let lost_flag = lost.clone();
+        device.set_device_lost_callback(move |reason, message| {
+            log::error!("webattn: GPU device lost ({reason:?}): {message}");
+            *lost_flag.lock().unwrap_or_else(PoisonError::into_inner) =
+                Some(format!("{reason:?}: {message}"));
+        });
+        // Errors outside our error scopes would otherwise panic inside wgpu.
+        device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
+            log::error!("webattn: uncaptured GPU error: {e}");
+        }));
+
+        let caps = Capabilities::new(&info, &device.limits(), device.features());
+        log::info!("webattn: using {}", caps.summary());
+        Ok(GpuContext {
+            pipelines: Arc::new(PipelineCache::new(device.clone())),
+            device,
+            queue,
+            caps: Arc::new(caps),
+            lost,
+        })
+    }
+
+    /// The capability profile.
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    /// The pipeline cache.
+    pub fn pipelines(&self) -> &PipelineCache {
+        &self.pipelines
+    }
+
+    /// `Err(DeviceLost)` once the device has been lost.
+    pub(crate) fn check_alive(&self) -> Result<()> {
+        match &*self.lost.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some(reason) => Err(Error::DeviceLost(reason.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Destroys the device, as a driver reset would. Every later call fails with
+    /// [`Error::DeviceLost`]. Meant for testing recovery paths.
+    pub fn destroy_device(&self) {
+        self.device.destroy();
+        let mut lost = self.lost.lock().unwrap_or_else(PoisonError::into_inner);
+        lost.get_or_insert_with(|| "Destroyed: destroy_device() was called".to_string());
+    }
+
+    /// Runs `record` inside validation and out-of-memory error scopes and turns
+    /// a captured wgpu error into a typed [`Error`].
+    pub(crate) async fn scoped<T>(
+        &self,
+        what: &str,
+        record: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        self.check_alive()?;
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let result = record();
+        let validation = validation.pop();
+        let oom = oom.pop();
+        let validation_error = validation.await;
+        let oom_error = oom.await;
+        self.check_alive()?;
+        if let Some(e) = oom_error {
+            return Err(Error::OutOfMemory(format!("{what}: {e}")));
+        }
+        if let Some(e) = validation_error {
+            return Err(Error::Gpu {
+                kernel: what.to_string(),
+                message: e.to_string(),
+            });
+        }
+        result
+    }
+}

@@ -1,0 +1,12 @@
+//! The GPU backend: device acquisition, the kernel registry, the pipeline
+//! cache, buffers, and the kernels' dispatch code.
+
+pub mod buffer;
+pub mod capabilities;
+pub mod context;
+pub mod kernels;
+pub mod ops;
+pub mod pipeline;
+pub(crate) mod recorder;
+pub mod registry;
+pub(crate) mod unfused;

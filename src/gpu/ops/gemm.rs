@@ -1,0 +1,212 @@
+//! Batched, strided GEMM (`shaders/gemm.wgsl`).
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::error::{Error, Result};
+use crate::gpu::buffer;
+use crate::gpu::pipeline::PipelineKey;
+use crate::gpu::recorder::Recorder;
+use crate::gpu::registry::Kernel;
+
+/// Rows and columns of C computed by one workgroup.
+pub const TILE: usize = 64;
+
+/// One batched GEMM: `C[z] = alpha · op(A[z]) · op(B[z]) + beta · C[z]` for `z` in `0..batch`.
+///
+/// `op(A)` is `m × k`, `op(B)` is `k × n`, C is `m × n`; all row-major with the
+/// given leading dimensions. `trans_a` means A is stored `k × m`; `trans_b`
+/// means B is stored `n × k`. Offsets and strides are in elements. Batch `z`
+/// reads B at `b_offset + ((b_batch_base + z) / b_batch_div) · b_stride`, which
+/// lets `b_batch_div` query heads share a key/value head.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GemmSpec {
+    /// Number of matrices.
+    pub batch: usize,
+    /// Rows of op(A) and C.
+    pub m: usize,
+    /// Columns of op(B) and C.
+    pub n: usize,
+    /// Columns of op(A), rows of op(B).
+    pub k: usize,
+    /// A is stored transposed (`k × m`).
+    pub trans_a: bool,
+    /// B is stored transposed (`n × k`).
+    pub trans_b: bool,
+    /// Leading dimension of A as stored.
+    pub lda: usize,
+    /// Leading dimension of B as stored.
+    pub ldb: usize,
+    /// Leading dimension of C.
+    pub ldc: usize,
+    /// First element of A.
+    pub a_offset: usize,
+    /// First element of B.
+    pub b_offset: usize,
+    /// First element of C.
+    pub c_offset: usize,
+    /// Elements between consecutive A matrices.
+    pub a_stride: usize,
+    /// Elements between consecutive B matrices.
+    pub b_stride: usize,
+    /// Elements between consecutive C matrices.
+    pub c_stride: usize,
+    /// Added to `z` before dividing by `b_batch_div`.
+    pub b_batch_base: usize,
+    /// Batch entries per B matrix (1 for an ordinary batched GEMM).
+    pub b_batch_div: usize,
+    /// Scale of the product.
+    pub alpha: f32,
+    /// Scale of the existing C (0 ignores C's contents, even NaN).
+    pub beta: f32,
+}
+
+impl GemmSpec {
+    /// A contiguous batched GEMM: every matrix packed, no offsets, `beta = 0`.
+    pub fn contiguous(
+        batch: usize,
+        m: usize,
+        n: usize,
+        k: usize,
+        trans_a: bool,
+        trans_b: bool,
+    ) -> Self {
+        Self {
+            batch,
+            m,
+            n,
+            k,
+            trans_a,
+            trans_b,
+            lda: if trans_a { m } else { k },
+            ldb: if trans_b { k } else { n },
+            ldc: n,
+            a_offset: 0,
+            b_offset: 0,
+            c_offset: 0,
+            a_stride: m * k,
+            b_stride: k * n,
+            c_stride: m * n,
+            b_batch_base: 0,
+            b_batch_div: 1,
+            alpha: 1.0,
+            beta: 0.0,
+        }
+    }
+
+    /// Elements of A, B and C the spec touches (one past the last index).
+    pub fn extents(&self) -> (usize, usize, usize) {
+        let last = self.batch.saturating_sub(1);
+        let (a_rows, a_cols) = if self.trans_a {
+            (self.k, self.m)
+        } else {
+            (self.m, self.k)
+        };
+        let (b_rows, b_cols) = if self.trans_b {
+            (self.n, self.k)
+        } else {
+            (self.k, self.n)
+        };
+        let a = self.a_offset + last * self.a_stride + (a_rows - 1) * self.lda + a_cols;
+        let b_last = (self.b_batch_base + last) / self.b_batch_div.max(1);
+        let b = self.b_offset + b_last * self.b_stride + (b_rows - 1) * self.ldb + b_cols;
+        let c = self.c_offset + last * self.c_stride + (self.m - 1) * self.ldc + self.n;
+        (a, b, c)
+    }
+
+    /// Checks sizes, leading dimensions and that every index fits in 32 bits.
+    pub fn check(&self) -> Result<()> {
+        let bad = |reason: &'static str| Error::InvalidOption {
+            name: "gemm",
+            value: format!("{self:?}"),
+            reason,
+        };
+        if self.batch == 0 || self.m == 0 || self.n == 0 || self.k == 0 || self.b_batch_div == 0 {
+            return Err(bad("batch, m, n, k and b_batch_div must be at least 1"));
+        }
+        let (a_rows_len, b_rows_len) = (
+            if self.trans_a { self.m } else { self.k },
+            if self.trans_b { self.k } else { self.n },
+        );
+        if self.lda < a_rows_len || self.ldb < b_rows_len || self.ldc < self.n {
+            return Err(bad("a leading dimension is shorter than its rows"));
+        }
+        let (a, b, c) = self.extents();
+        if a.max(b).max(c) > u32::MAX as usize {
+            return Err(bad("an index exceeds 32 bits"));
+        }
+        Ok(())
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    batch: u32,
+    lda: u32,
+    ldb: u32,
+    ldc: u32,
+    tiles_n: u32,
+    tiles_m: u32,
+    a_offset: u32,
+    b_offset: u32,
+    c_offset: u32,
+    a_stride: u32,
+    b_stride: u32,
+    c_stride: u32,
+    b_batch_base: u32,
+    b_batch_div: u32,
+    alpha: f32,
+    beta: f32,
+    _pad: u32,
+}
+
+/// The pipeline key for a transpose combination.
+pub fn key(trans_a: bool, trans_b: bool) -> PipelineKey {
+    PipelineKey::new(Kernel::Gemm)
+        .with_flag("TRANS_A", trans_a)
+        .with_flag("TRANS_B", trans_b)
+}
+
+/// Records the GEMM. The caller guarantees the buffers hold [`GemmSpec::extents`] elements.
+pub(crate) fn record(
+    rec: &mut Recorder<'_>,
+    spec: &GemmSpec,
+    a: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+    c: &wgpu::Buffer,
+) -> Result<()> {
+    spec.check()?;
+    let tiles_m = spec.m.div_ceil(TILE);
+    let tiles_n = spec.n.div_ceil(TILE);
+    let u = |x: usize| x as u32;
+    let params = Params {
+        m: u(spec.m),
+        n: u(spec.n),
+        k: u(spec.k),
+        batch: u(spec.batch),
+        lda: u(spec.lda),
+        ldb: u(spec.ldb),
+        ldc: u(spec.ldc),
+        tiles_n: u(tiles_n),
+        tiles_m: u(tiles_m),
+        a_offset: u(spec.a_offset),
+        b_offset: u(spec.b_offset),
+        c_offset: u(spec.c_offset),
+        a_stride: u(spec.a_stride),
+        b_stride: u(spec.b_stride),
+        c_stride: u(spec.c_stride),
+        b_batch_base: u(spec.b_batch_base),
+        b_batch_div: u(spec.b_batch_div),
+        alpha: spec.alpha,
+        beta: spec.beta,
+        _pad: 0,
+    };
+    let ctx = rec.ctx();
+    let pipeline = ctx.pipelines.get(&key(spec.trans_a, spec.trans_b));
+    let uniform = buffer::uniform(ctx, "gemm params", &params);
+    let workgroups = (tiles_m * tiles_n) as u64 * spec.batch as u64;
+    rec.dispatch(&pipeline, &[&uniform, a, b, c], workgroups)
+}

@@ -1,0 +1,136 @@
+//! Softcap, mask and bias of score rows (`shaders/mask.wgsl`).
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::error::Result;
+use crate::gpu::buffer;
+use crate::gpu::pipeline::PipelineKey;
+use crate::gpu::recorder::Recorder;
+use crate::gpu::registry::Kernel;
+use crate::options::{AttentionOptions, QkMatmulOutputMode};
+use crate::problem::AttentionDims;
+
+const FLAG_MASK: u32 = 1;
+const FLAG_CAUSAL: u32 = 2;
+const FLAG_NONPAD: u32 = 4;
+const FLAG_PAST: u32 = 8;
+const FLAG_SOFTCAP: u32 = 16;
+
+/// Window sizes are clamped to this so `position ± window` stays within i32.
+const WINDOW_CLAMP: i64 = 1 << 29;
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    rows: u32,
+    cols: u32,
+    row_base: u32,
+    q_len: u32,
+    q_heads: u32,
+    flags: u32,
+    mask_cols: u32,
+    past_len: u32,
+    mask_batch_stride: u32,
+    mask_head_stride: u32,
+    mask_row_stride: u32,
+    capture: u32,
+    left_window: i32,
+    right_window: i32,
+    softcap: f32,
+    _pad: u32,
+}
+
+/// The pipeline key.
+pub fn key() -> PipelineKey {
+    PipelineKey::new(Kernel::Mask)
+}
+
+/// The buffers the mask kernel reads besides the scores.
+pub(crate) struct MaskBuffers<'a> {
+    /// The additive mask (masked entries hold `MASKED`), or a placeholder.
+    pub mask: &'a wgpu::Buffer,
+    /// `nonpad_kv_seqlen` as i32, or a placeholder.
+    pub nonpad: &'a wgpu::Buffer,
+    /// Where modes 0-2 of `qk_matmul_output` are captured, or a placeholder.
+    pub qk_out: &'a wgpu::Buffer,
+}
+
+/// Applies softcap, mask and bias to `rows` score rows starting at global row
+/// `row_base` of `[B·Hq·Nq, T]`; the scores hold only these rows.
+pub(crate) fn record(
+    rec: &mut Recorder<'_>,
+    dims: &AttentionDims,
+    options: &AttentionOptions,
+    row_base: usize,
+    rows: usize,
+    scores: &wgpu::Buffer,
+    buffers: &MaskBuffers<'_>,
+) -> Result<()> {
+    let mut flags = 0;
+    if dims.mask.is_some() {
+        flags |= FLAG_MASK;
+    }
+    if options.is_causal {
+        flags |= FLAG_CAUSAL;
+    }
+    if dims.has_nonpad {
+        flags |= FLAG_NONPAD;
+    }
+    if dims.has_past {
+        flags |= FLAG_PAST;
+    }
+    if options.softcap > 0.0 {
+        flags |= FLAG_SOFTCAP;
+    }
+    let capture = match options.qk_matmul_output_mode {
+        Some(QkMatmulOutputMode::Scaled) => 1,
+        Some(QkMatmulOutputMode::Softcapped) => 2,
+        Some(QkMatmulOutputMode::Biased) => 3,
+        Some(QkMatmulOutputMode::Probabilities) | None => 0,
+    };
+    let window = |w: i64| {
+        if w < 0 {
+            -1
+        } else {
+            w.min(WINDOW_CLAMP) as i32
+        }
+    };
+    let layout = dims.mask.unwrap_or(crate::problem::MaskLayout {
+        batch_stride: 0,
+        head_stride: 0,
+        row_stride: 0,
+        cols: dims.total_len(),
+    });
+    let params = Params {
+        rows: rows as u32,
+        cols: dims.total_len() as u32,
+        row_base: row_base as u32,
+        q_len: dims.q_len as u32,
+        q_heads: dims.q_heads as u32,
+        flags,
+        mask_cols: layout.cols as u32,
+        past_len: dims.past_len as u32,
+        mask_batch_stride: layout.batch_stride as u32,
+        mask_head_stride: layout.head_stride as u32,
+        mask_row_stride: layout.row_stride as u32,
+        capture,
+        left_window: window(options.left_window_size),
+        right_window: window(options.right_window_size),
+        softcap: options.softcap,
+        _pad: 0,
+    };
+    let ctx = rec.ctx();
+    let pipeline = ctx.pipelines.get(&key());
+    let uniform = buffer::uniform(ctx, "mask params", &params);
+    rec.dispatch(
+        &pipeline,
+        &[
+            &uniform,
+            scores,
+            buffers.mask,
+            buffers.nonpad,
+            buffers.qk_out,
+        ],
+        rows as u64,
+    )
+}

@@ -1,0 +1,216 @@
+//! Compiled pipelines, cached by a typed key.
+//!
+//! A [`PipelineKey`] names a kernel and the values of its `override`
+//! constants; its text form (`gemm[TRANS_A=0,TRANS_B=1]`) is the wgpu label, so
+//! a GPU error names the exact variant. Each key is compiled once per device;
+//! shader modules and bind-group layouts are shared across the keys of a kernel.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::registry::{Binding, Kernel};
+
+/// A kernel plus the values of its override constants: one compiled pipeline.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PipelineKey {
+    /// The kernel.
+    pub kernel: Kernel,
+    /// Override constants by name, sorted, as integers (booleans are 0/1).
+    pub constants: Vec<(&'static str, i64)>,
+}
+
+impl PipelineKey {
+    /// A key with no override constants.
+    pub fn new(kernel: Kernel) -> Self {
+        Self {
+            kernel,
+            constants: Vec::new(),
+        }
+    }
+
+    /// Adds an integer override constant.
+    pub fn with(mut self, name: &'static str, value: i64) -> Self {
+        self.constants.retain(|(n, _)| *n != name);
+        self.constants.push((name, value));
+        self.constants.sort_unstable();
+        self
+    }
+
+    /// Adds a boolean override constant.
+    pub fn with_flag(self, name: &'static str, value: bool) -> Self {
+        self.with(name, i64::from(value))
+    }
+}
+
+impl fmt::Display for PipelineKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.kernel.name())?;
+        if !self.constants.is_empty() {
+            f.write_str("[")?;
+            for (i, (name, value)) in self.constants.iter().enumerate() {
+                if i > 0 {
+                    f.write_str(",")?;
+                }
+                write!(f, "{name}={value}")?;
+            }
+            f.write_str("]")?;
+        }
+        Ok(())
+    }
+}
+
+/// A compiled compute pipeline and the bind-group layout it expects.
+#[derive(Debug)]
+pub struct Pipeline {
+    /// The key it was compiled for.
+    pub key: PipelineKey,
+    /// Its label (the key's text).
+    pub label: String,
+    /// The pipeline.
+    pub pipeline: wgpu::ComputePipeline,
+    /// The layout of bind group 0.
+    pub bind_group_layout: wgpu::BindGroupLayout,
+}
+
+#[derive(Default)]
+struct CacheState {
+    modules: HashMap<Kernel, wgpu::ShaderModule>,
+    layouts: HashMap<Kernel, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>,
+    pipelines: HashMap<PipelineKey, Arc<Pipeline>>,
+}
+
+/// Compiles each pipeline once and hands out shared references.
+pub struct PipelineCache {
+    device: wgpu::Device,
+    state: Mutex<CacheState>,
+}
+
+impl fmt::Debug for PipelineCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PipelineCache")
+            .field("compiled", &self.compiled_keys())
+            .finish()
+    }
+}
+
+fn layout_entry(index: usize, binding: Binding) -> wgpu::BindGroupLayoutEntry {
+    let ty = match binding {
+        Binding::Uniform => wgpu::BufferBindingType::Uniform,
+        Binding::Read => wgpu::BufferBindingType::Storage { read_only: true },
+        Binding::ReadWrite => wgpu::BufferBindingType::Storage { read_only: false },
+    };
+    wgpu::BindGroupLayoutEntry {
+        binding: index as u32,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    }
+}
+
+impl PipelineCache {
+    pub(crate) fn new(device: wgpu::Device) -> Self {
+        Self {
+            device,
+            state: Mutex::new(CacheState::default()),
+        }
+    }
+
+    /// The pipeline for `key`, compiling it on first use.
+    pub fn get(&self, key: &PipelineKey) -> Arc<Pipeline> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(p) = state.pipelines.get(key) {
+            return p.clone();
+        }
+        let kernel = key.kernel;
+        let device = &self.device;
+        let module = state
+            .modules
+            .entry(kernel)
+            .or_insert_with(|| {
+                device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(kernel.name()),
+                    source: wgpu::ShaderSource::Wgsl(kernel.source().into()),
+                })
+            })
+            .clone();
+        let (bind_group_layout, pipeline_layout) = state
+            .layouts
+            .entry(kernel)
+            .or_insert_with(|| {
+                let entries: Vec<_> = kernel
+                    .bindings()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &b)| layout_entry(i, b))
+                    .collect();
+                let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                    label: Some(kernel.name()),
+                    entries: &entries,
+                });
+                let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                    label: Some(kernel.name()),
+                    bind_group_layouts: &[Some(&bgl)],
+                    immediate_size: 0,
+                });
+                (bgl, pl)
+            })
+            .clone();
+        let label = key.to_string();
+        let constants: Vec<(&str, f64)> = key
+            .constants
+            .iter()
+            .map(|&(name, value)| (name, value as f64))
+            .collect();
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&label),
+            layout: Some(&pipeline_layout),
+            module: &module,
+            entry_point: Some(kernel.entry_point()),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &constants,
+                zero_initialize_workgroup_memory: !kernel.writes_workgroup_memory_first(),
+            },
+            cache: None,
+        });
+        log::debug!("compiled pipeline {label}");
+        let compiled = Arc::new(Pipeline {
+            key: key.clone(),
+            label,
+            pipeline,
+            bind_group_layout,
+        });
+        state.pipelines.insert(key.clone(), compiled.clone());
+        compiled
+    }
+
+    /// The keys compiled so far, sorted.
+    pub fn compiled_keys(&self) -> Vec<PipelineKey> {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut keys: Vec<_> = state.pipelines.keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_text_is_sorted_and_stable() {
+        let key = PipelineKey::new(Kernel::Gemm)
+            .with_flag("TRANS_B", true)
+            .with_flag("TRANS_A", false);
+        assert_eq!(key.to_string(), "gemm[TRANS_A=0,TRANS_B=1]");
+        let same = PipelineKey::new(Kernel::Gemm)
+            .with_flag("TRANS_A", false)
+            .with_flag("TRANS_B", true);
+        assert_eq!(key, same);
+        assert_eq!(PipelineKey::new(Kernel::Softmax).to_string(), "softmax");
+    }
+}

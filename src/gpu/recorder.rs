@@ -1,0 +1,136 @@
+//! Records dispatches and copies into one command encoder.
+//!
+//! Consecutive dispatches share one compute pass (WebGPU orders them and makes
+//! each one's writes visible to the next); a copy closes the pass. Workgroup
+//! counts above the per-dimension limit are folded into a 2D grid, which every
+//! kernel numbers linearly as `x + y * num_workgroups.x`.
+
+use super::context::GpuContext;
+use super::pipeline::Pipeline;
+use crate::error::{Error, Result};
+
+/// Splits `total` workgroups into an `(x, y)` grid with both sides at most `max_per_dim`.
+pub(crate) fn grid(total: u64, max_per_dim: u32) -> Result<(u32, u32)> {
+    let max = u64::from(max_per_dim.max(1));
+    let x = total.clamp(1, max);
+    let y = total.div_ceil(x).max(1);
+    if y > max {
+        return Err(Error::Limit {
+            what: format!("a dispatch of {total} workgroups"),
+            needed: total,
+            limit: max * max,
+            limit_name: "max_compute_workgroups_per_dimension squared",
+            hint: "split the batch across calls",
+        });
+    }
+    Ok((x as u32, y as u32))
+}
+
+/// An open command encoder plus the compute pass in progress, if any.
+pub(crate) struct Recorder<'c> {
+    ctx: &'c GpuContext,
+    encoder: wgpu::CommandEncoder,
+    pass: Option<wgpu::ComputePass<'static>>,
+}
+
+impl<'c> Recorder<'c> {
+    pub(crate) fn new(ctx: &'c GpuContext, label: &str) -> Self {
+        let encoder = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
+        Self {
+            ctx,
+            encoder,
+            pass: None,
+        }
+    }
+
+    /// The context this recorder belongs to.
+    pub(crate) fn ctx(&self) -> &'c GpuContext {
+        self.ctx
+    }
+
+    /// Binds `buffers` (whole, in binding order) and dispatches `workgroups` workgroups.
+    pub(crate) fn dispatch(
+        &mut self,
+        pipeline: &Pipeline,
+        buffers: &[&wgpu::Buffer],
+        workgroups: u64,
+    ) -> Result<()> {
+        if workgroups == 0 {
+            return Ok(());
+        }
+        let (x, y) = grid(
+            workgroups,
+            self.ctx.caps.limits.max_compute_workgroups_per_dimension,
+        )?;
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, buffer)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: buffer.as_entire_binding(),
+            })
+            .collect();
+        let bind_group = self
+            .ctx
+            .device
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(&pipeline.label),
+                layout: &pipeline.bind_group_layout,
+                entries: &entries,
+            });
+        let encoder = &mut self.encoder;
+        let pass = self.pass.get_or_insert_with(|| {
+            encoder
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("webattn"),
+                    timestamp_writes: None,
+                })
+                .forget_lifetime()
+        });
+        pass.set_pipeline(&pipeline.pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(x, y, 1);
+        Ok(())
+    }
+
+    /// Copies `values` f32 elements between buffers (element offsets).
+    pub(crate) fn copy(
+        &mut self,
+        src: &wgpu::Buffer,
+        src_offset: usize,
+        dst: &wgpu::Buffer,
+        dst_offset: usize,
+        values: usize,
+    ) {
+        self.pass = None;
+        self.encoder.copy_buffer_to_buffer(
+            src,
+            (src_offset * 4) as u64,
+            dst,
+            (dst_offset * 4) as u64,
+            (values * 4) as u64,
+        );
+    }
+
+    /// Ends the pass and submits everything recorded.
+    pub(crate) fn submit(mut self) {
+        self.pass = None;
+        self.ctx.queue.submit([self.encoder.finish()]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grid;
+
+    #[test]
+    fn grids_fold_large_counts() {
+        assert_eq!(grid(1, 65535).unwrap(), (1, 1));
+        assert_eq!(grid(65535, 65535).unwrap(), (65535, 1));
+        assert_eq!(grid(65536, 65535).unwrap(), (65535, 2));
+        assert_eq!(grid(10, 4).unwrap(), (4, 3));
+        assert!(grid(17, 4).is_err());
+    }
+}

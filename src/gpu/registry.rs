@@ -1,0 +1,119 @@
+//! The registry of WGSL kernels: every file in `shaders/` is embedded here,
+//! with its entry point and the layout of its bindings.
+//!
+//! Bind-group layouts are declared explicitly from [`Kernel::bindings`] rather
+//! than derived from the shader, so a binding that drifts out of step with the
+//! Rust side is a validation error at pipeline creation, not a silent mismatch.
+
+use crate::error::{Error, Result};
+
+/// One WGSL kernel of the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kernel {
+    /// Batched, strided GEMM with transpose flags and alpha/beta (`shaders/gemm.wgsl`).
+    Gemm,
+    /// Row softmax with logsumexp (`shaders/softmax.wgsl`).
+    Softmax,
+    /// Softcap, mask and bias of score rows (`shaders/mask.wgsl`).
+    Mask,
+    /// Concatenation of a KV cache with new keys or values (`shaders/concat.wgsl`).
+    Concat,
+}
+
+/// How a kernel sees one binding (in binding-index order, group 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Binding {
+    /// A uniform buffer of parameters.
+    Uniform,
+    /// A read-only storage buffer.
+    Read,
+    /// A read-write storage buffer.
+    ReadWrite,
+}
+
+impl Kernel {
+    /// Every kernel, in a fixed order.
+    pub const ALL: [Kernel; 4] = [Kernel::Gemm, Kernel::Softmax, Kernel::Mask, Kernel::Concat];
+
+    /// A short lowercase name, used in pipeline labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Gemm => "gemm",
+            Kernel::Softmax => "softmax",
+            Kernel::Mask => "mask",
+            Kernel::Concat => "concat",
+        }
+    }
+
+    /// The file in `shaders/` that holds the kernel.
+    pub fn file(self) -> &'static str {
+        match self {
+            Kernel::Gemm => "gemm.wgsl",
+            Kernel::Softmax => "softmax.wgsl",
+            Kernel::Mask => "mask.wgsl",
+            Kernel::Concat => "concat.wgsl",
+        }
+    }
+
+    /// The WGSL source.
+    pub fn source(self) -> &'static str {
+        match self {
+            Kernel::Gemm => include_str!("../../shaders/gemm.wgsl"),
+            Kernel::Softmax => include_str!("../../shaders/softmax.wgsl"),
+            Kernel::Mask => include_str!("../../shaders/mask.wgsl"),
+            Kernel::Concat => include_str!("../../shaders/concat.wgsl"),
+        }
+    }
+
+    /// The compute entry point.
+    pub fn entry_point(self) -> &'static str {
+        "main"
+    }
+
+    /// The bindings of group 0, in binding order.
+    pub fn bindings(self) -> &'static [Binding] {
+        use Binding::*;
+        match self {
+            Kernel::Gemm => &[Uniform, Read, Read, ReadWrite],
+            Kernel::Softmax => &[Uniform, ReadWrite, ReadWrite],
+            Kernel::Mask => &[Uniform, ReadWrite, Read, Read, ReadWrite],
+            Kernel::Concat => &[Uniform, Read, Read, ReadWrite],
+        }
+    }
+
+    /// Whether every workgroup variable is written before it is read, so the
+    /// zero-initialisation that WebGPU requires can be skipped natively.
+    pub fn writes_workgroup_memory_first(self) -> bool {
+        // gemm and softmax fill every workgroup slot before the barrier that
+        // precedes any read of it; mask and concat use no workgroup memory.
+        true
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Parses and validates a kernel with naga, as wgpu would, without a GPU.
+pub fn validate_kernel(kernel: Kernel) -> Result<naga::Module> {
+    validate_wgsl(kernel.name(), kernel.source())
+}
+
+/// Parses and validates WGSL text with naga; the error quotes the offending line.
+pub fn validate_wgsl(name: &str, source: &str) -> Result<naga::Module> {
+    let module = naga::front::wgsl::parse_str(source).map_err(|e| Error::Shader {
+        kernel: name.to_string(),
+        message: e.emit_to_string(source),
+    })?;
+    let mut validator = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::default(),
+    );
+    validator.validate(&module).map_err(|e| Error::Shader {
+        kernel: name.to_string(),
+        message: e.emit_to_string(source),
+    })?;
+    Ok(module)
+}

@@ -1,0 +1,311 @@
+//! The unfused attention path: QKᵀ GEMM → softcap/mask/bias → softmax → PV GEMM,
+//! recorded into one command buffer with no readback between the steps.
+//!
+//! The score matrix `[B·Hq·Nq, T]` is materialised in chunks of rows that fit
+//! one storage binding (and the engine's score budget): either several whole
+//! heads at a time, or, when one head is too big, a range of its query rows.
+//! This path implements the whole contract and stays as the reference GPU path.
+
+use super::buffer;
+use super::context::GpuContext;
+use super::ops::{concat, gemm, mask, softmax};
+use super::recorder::Recorder;
+use crate::error::{Error, Result};
+use crate::options::{AttentionOptions, QkMatmulOutputMode};
+use crate::problem::AttentionDims;
+
+/// The device buffers of one call's inputs.
+pub(crate) struct GpuInputs<'a> {
+    pub q: &'a wgpu::Buffer,
+    pub k: &'a wgpu::Buffer,
+    pub v: &'a wgpu::Buffer,
+    pub mask: Option<&'a wgpu::Buffer>,
+    pub past_key: Option<&'a wgpu::Buffer>,
+    pub past_value: Option<&'a wgpu::Buffer>,
+    pub nonpad: Option<&'a [i64]>,
+}
+
+/// The device buffers of one call's outputs.
+pub(crate) struct GpuOutputs {
+    pub y: wgpu::Buffer,
+    pub lse: wgpu::Buffer,
+    pub qk: Option<wgpu::Buffer>,
+    pub present_key: Option<wgpu::Buffer>,
+    pub present_value: Option<wgpu::Buffer>,
+}
+
+/// A block of score rows computed together: `heads` consecutive heads starting
+/// at `head0`, rows `row0..row0 + rows_per_head` of each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Chunk {
+    pub head0: usize,
+    pub heads: usize,
+    pub row0: usize,
+    pub rows_per_head: usize,
+}
+
+impl Chunk {
+    fn rows(&self) -> usize {
+        self.heads * self.rows_per_head
+    }
+}
+
+/// Splits the `heads × q_len` score rows of width `cols` into chunks of at most `budget` bytes.
+pub(crate) fn plan_chunks(
+    heads: usize,
+    q_len: usize,
+    cols: usize,
+    budget: u64,
+) -> Result<Vec<Chunk>> {
+    let row_bytes = cols as u64 * 4;
+    let rows_fit = (budget / row_bytes) as usize;
+    if rows_fit == 0 {
+        return Err(Error::buffer_limit(
+            format!("one row of {cols} attention scores"),
+            row_bytes,
+            budget,
+            "score budget (max_storage_buffer_binding_size)",
+        ));
+    }
+    let mut chunks = Vec::new();
+    if rows_fit >= q_len {
+        let per_chunk = (rows_fit / q_len).min(heads);
+        let mut head0 = 0;
+        while head0 < heads {
+            let n = per_chunk.min(heads - head0);
+            chunks.push(Chunk {
+                head0,
+                heads: n,
+                row0: 0,
+                rows_per_head: q_len,
+            });
+            head0 += n;
+        }
+    } else {
+        for head in 0..heads {
+            let mut row0 = 0;
+            while row0 < q_len {
+                let n = rows_fit.min(q_len - row0);
+                chunks.push(Chunk {
+                    head0: head,
+                    heads: 1,
+                    row0,
+                    rows_per_head: n,
+                });
+                row0 += n;
+            }
+        }
+    }
+    Ok(chunks)
+}
+
+/// Bytes of `values` f32 values.
+fn bytes(values: usize) -> u64 {
+    values as u64 * 4
+}
+
+/// Runs the unfused path; returns once the work is submitted.
+pub(crate) async fn run(
+    ctx: &GpuContext,
+    dims: &AttentionDims,
+    inputs: &GpuInputs<'_>,
+    options: &AttentionOptions,
+    score_budget: u64,
+) -> Result<GpuOutputs> {
+    let (b, hq, hkv, nq) = (dims.batch, dims.q_heads, dims.kv_heads, dims.q_len);
+    let (dk, dv, t) = (dims.head_dim, dims.v_head_dim, dims.total_len());
+    let heads = b * hq;
+    let budget = score_budget.min(ctx.caps.limits.max_bindable_bytes());
+    let chunks = plan_chunks(heads, nq, t, budget)?;
+    let chunk_rows = chunks.iter().map(Chunk::rows).max().unwrap_or(1);
+
+    // Check every allocation before recording anything.
+    let y_len = heads * nq * dv;
+    let qk_len = heads * nq * t;
+    buffer::check_bindable(ctx, "Y", bytes(y_len))?;
+    if options.qk_matmul_output_mode.is_some() {
+        buffer::check_bindable(ctx, "qk_matmul_output", bytes(qk_len))?;
+    }
+    let concat_needed = dims.has_past && dims.past_len > 0;
+    if concat_needed || options.return_present {
+        buffer::check_bindable(ctx, "present_key", bytes(b * hkv * t * dk))?;
+        buffer::check_bindable(ctx, "present_value", bytes(b * hkv * t * dv))?;
+    }
+
+    let nonpad_i32: Vec<i32> = inputs
+        .nonpad
+        .map(|l| l.iter().map(|&x| x as i32).collect())
+        .unwrap_or_default();
+
+    ctx.scoped("unfused attention", || {
+        let y = buffer::storage(ctx, "Y", y_len)?;
+        let lse = buffer::storage(ctx, "lse", heads * nq)?;
+        let qk = match options.qk_matmul_output_mode {
+            Some(_) => Some(buffer::storage(ctx, "qk_matmul_output", qk_len)?),
+            None => None,
+        };
+        let scores = buffer::storage(ctx, "scores", chunk_rows * t)?;
+        let mask_placeholder = buffer::storage(ctx, "no mask", 1)?;
+        let qk_placeholder = buffer::storage(ctx, "no qk output", 1)?;
+        let nonpad = buffer::upload(ctx, "nonpad_kv_seqlen", &nonpad_i32)?;
+
+        let mut rec = Recorder::new(ctx, "unfused attention");
+
+        // Keys and values in the concatenated [B, Hkv, T, D] layout.
+        let (present_key, present_value) = if concat_needed {
+            let pk = buffer::storage(ctx, "present_key", b * hkv * t * dk)?;
+            let pv = buffer::storage(ctx, "present_value", b * hkv * t * dv)?;
+            let (past_k, past_v) = match (inputs.past_key, inputs.past_value) {
+                (Some(k), Some(v)) => (k, v),
+                _ => {
+                    return Err(Error::Conflict(
+                        "past_key and past_value must be given together",
+                    ))
+                }
+            };
+            concat::record(
+                &mut rec,
+                b * hkv,
+                dims.past_len,
+                dims.kv_len,
+                dk,
+                past_k,
+                inputs.k,
+                &pk,
+            )?;
+            concat::record(
+                &mut rec,
+                b * hkv,
+                dims.past_len,
+                dims.kv_len,
+                dv,
+                past_v,
+                inputs.v,
+                &pv,
+            )?;
+            (Some(pk), Some(pv))
+        } else if options.return_present {
+            let pk = buffer::storage(ctx, "present_key", b * hkv * t * dk)?;
+            let pv = buffer::storage(ctx, "present_value", b * hkv * t * dv)?;
+            rec.copy(inputs.k, 0, &pk, 0, b * hkv * t * dk);
+            rec.copy(inputs.v, 0, &pv, 0, b * hkv * t * dv);
+            (Some(pk), Some(pv))
+        } else {
+            (None, None)
+        };
+        let keys = present_key.as_ref().unwrap_or(inputs.k);
+        let values = present_value.as_ref().unwrap_or(inputs.v);
+
+        let mask_buffers = mask::MaskBuffers {
+            mask: inputs.mask.unwrap_or(&mask_placeholder),
+            nonpad: &nonpad,
+            qk_out: qk.as_ref().unwrap_or(&qk_placeholder),
+        };
+        let scale = options.effective_scale(dk);
+        for chunk in &chunks {
+            let m = chunk.rows_per_head;
+            let global_row0 = chunk.head0 * nq + chunk.row0;
+            let scores_spec = gemm::GemmSpec {
+                batch: chunk.heads,
+                m,
+                n: t,
+                k: dk,
+                trans_a: false,
+                trans_b: true,
+                lda: dk,
+                ldb: dk,
+                ldc: t,
+                a_offset: global_row0 * dk,
+                b_offset: 0,
+                c_offset: 0,
+                a_stride: nq * dk,
+                b_stride: t * dk,
+                c_stride: m * t,
+                b_batch_base: chunk.head0,
+                b_batch_div: dims.group(),
+                alpha: scale,
+                beta: 0.0,
+            };
+            gemm::record(&mut rec, &scores_spec, inputs.q, keys, &scores)?;
+            mask::record(
+                &mut rec,
+                dims,
+                options,
+                global_row0,
+                chunk.rows(),
+                &scores,
+                &mask_buffers,
+            )?;
+            softmax::record(&mut rec, chunk.rows(), t, &scores, &lse, global_row0)?;
+            if let (Some(QkMatmulOutputMode::Probabilities), Some(qk)) =
+                (options.qk_matmul_output_mode, qk.as_ref())
+            {
+                rec.copy(&scores, 0, qk, global_row0 * t, chunk.rows() * t);
+            }
+            let output_spec = gemm::GemmSpec {
+                batch: chunk.heads,
+                m,
+                n: dv,
+                k: t,
+                trans_a: false,
+                trans_b: false,
+                lda: t,
+                ldb: dv,
+                ldc: dv,
+                a_offset: 0,
+                b_offset: 0,
+                c_offset: global_row0 * dv,
+                a_stride: m * t,
+                b_stride: t * dv,
+                c_stride: nq * dv,
+                b_batch_base: chunk.head0,
+                b_batch_div: dims.group(),
+                alpha: 1.0,
+                beta: 0.0,
+            };
+            gemm::record(&mut rec, &output_spec, &scores, values, &y)?;
+        }
+        rec.submit();
+
+        let want_present = options.return_present;
+        Ok(GpuOutputs {
+            y,
+            lse,
+            qk,
+            present_key: present_key.filter(|_| want_present),
+            present_value: present_value.filter(|_| want_present),
+        })
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_every_row_once() {
+        for (heads, q_len, cols, budget) in [
+            (6, 7, 5, 1 << 20),
+            (6, 7, 5, 4 * 5 * 7 * 2),
+            (6, 7, 5, 4 * 5 * 3),
+            (1, 1025, 1025, 4 * 1025 * 100),
+        ] {
+            let chunks = plan_chunks(heads, q_len, cols, budget).unwrap();
+            let mut seen = vec![0u8; heads * q_len];
+            for c in &chunks {
+                assert!(c.rows() as u64 * cols as u64 * 4 <= budget);
+                for h in c.head0..c.head0 + c.heads {
+                    for r in c.row0..c.row0 + c.rows_per_head {
+                        seen[h * q_len + r] += 1;
+                    }
+                }
+            }
+            assert!(
+                seen.iter().all(|&s| s == 1),
+                "{heads} {q_len} {cols} {budget}"
+            );
+        }
+        assert!(plan_chunks(1, 1, 100, 399).is_err());
+    }
+}

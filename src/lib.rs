@@ -1,0 +1,48 @@
+//! # webattn
+//!
+//! Attention on WebGPU compute shaders, implementing the ONNX `Attention`
+//! operator (opsets 23 to 25), with an f64 CPU oracle that checks every GPU
+//! result and serves as the backend when no adapter exists.
+//!
+//! The same WGSL kernels run natively (Vulkan, Metal, DX12, GL through wgpu)
+//! and in the browser (wasm + WebGPU).
+//!
+//! ```no_run
+//! use webattn::{AttentionInputs, AttentionOptions, Engine, HostTensor};
+//!
+//! # fn main() -> webattn::Result<()> {
+//! let engine = Engine::new_blocking(); // GPU if there is one, else the CPU
+//! let q = HostTensor::new([1, 8, 128, 64], vec![0.1; 8 * 128 * 64])?;
+//! let k = HostTensor::new([1, 2, 128, 64], vec![0.2; 2 * 128 * 64])?;
+//! let v = HostTensor::new([1, 2, 128, 32], vec![0.3; 2 * 128 * 32])?;
+//! let options = AttentionOptions { is_causal: true, ..Default::default() };
+//! let out = engine.attention_host_blocking(&AttentionInputs::new(&q, &k, &v), &options)?;
+//! assert_eq!(out.y.shape(), &[1, 8, 128, 32]);
+//! # Ok(()) }
+//! ```
+//!
+//! See [`AttentionOptions`] for the contract, and `ARCHITECTURE.md` for the
+//! path from a call to a dispatch.
+
+#![warn(missing_docs)]
+
+pub mod cpu;
+mod device_tensor;
+mod engine;
+mod error;
+pub mod gpu;
+mod options;
+mod problem;
+pub mod rng;
+mod tensor;
+
+pub use device_tensor::{Mask, Tensor};
+pub use engine::{BackendKind, BackendPreference, Engine, EngineOptions};
+pub use error::{Error, Result};
+pub use gpu::capabilities::{AdapterSummary, Capabilities, KernelLimits};
+pub use gpu::context::{GpuContext, PowerPreference};
+pub use options::{AttentionOptions, KernelPath, QkMatmulOutputMode};
+pub use problem::{
+    validate, AttentionDims, AttentionInputs, AttentionOutputs, MaskLayout, MaskRef, TensorRef,
+};
+pub use tensor::{DType, HostMask, HostTensor};

@@ -1,0 +1,219 @@
+//! The attention options and the contract they implement.
+
+use crate::error::{Error, Result};
+
+/// Which tensor the `qk_matmul_output` output holds (ONNX `qk_matmul_output_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QkMatmulOutputMode {
+    /// Mode 0: the scaled scores `scale · Q Kᵀ`, before softcap, mask or bias.
+    Scaled = 0,
+    /// Mode 1: the scores after softcap (equal to mode 0 when softcap is off).
+    Softcapped = 1,
+    /// Mode 2: softcap plus the whole bias (mask, causal, window, padding);
+    /// masked entries are `-inf`.
+    Biased = 2,
+    /// Mode 3: the softmax probabilities; fully masked rows are zero.
+    Probabilities = 3,
+}
+
+impl QkMatmulOutputMode {
+    /// The mode for its ONNX number, or an error for anything but 0 to 3.
+    pub fn from_onnx(mode: i64) -> Result<Self> {
+        match mode {
+            0 => Ok(Self::Scaled),
+            1 => Ok(Self::Softcapped),
+            2 => Ok(Self::Biased),
+            3 => Ok(Self::Probabilities),
+            _ => Err(Error::InvalidOption {
+                name: "qk_matmul_output_mode",
+                value: mode.to_string(),
+                reason:
+                    "must be 0 (scaled QKᵀ), 1 (softcapped), 2 (with bias) or 3 (probabilities)",
+            }),
+        }
+    }
+}
+
+/// Which implementation runs the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum KernelPath {
+    /// The engine chooses (the unfused GPU path today; the CPU on a CPU engine).
+    #[default]
+    Auto,
+    /// The unfused GPU path: QKᵀ GEMM, mask, softmax, PV GEMM.
+    Unfused,
+    /// The CPU oracle (f64), whatever the engine's backend.
+    Cpu,
+}
+
+/// Options of one attention call: the attributes of the ONNX `Attention`
+/// operator (opsets 23 to 25) plus which outputs to produce.
+///
+/// # The contract
+///
+/// Shapes (4D form): Q `[B, Hq, Nq, Dk]`, K `[B, Hkv, Nk, Dk]`, V `[B, Hkv, Nk, Dv]`,
+/// all `f32`, row-major. `past_key` `[B, Hkv, P, Dk]` and `past_value` `[B, Hkv, P, Dv]`
+/// are prepended to K and V along the sequence axis, so the keys number `T = P + Nk`.
+/// Outputs: Y `[B, Hq, Nq, Dv]`; on request `present_key` `[B, Hkv, T, Dk]`,
+/// `present_value` `[B, Hkv, T, Dv]`, `qk_matmul_output` `[B, Hq, Nq, T]` and the row
+/// logsumexp `[B, Hq, Nq]`.
+///
+/// For each batch `b`, query head `h` and query row `i`:
+///
+/// 1. **GQA.** `Hq` must be a multiple of `Hkv`; query head `h` reads KV head
+///    `h / (Hq / Hkv)` (heads are repeated interleaved, as ONNX does, not `h % Hkv`).
+///    `Dk` and `Dv` may differ, and so may `Nq` and `Nk`.
+/// 2. **Scores.** `s_j = scale · (q_i · k_j)`, with `scale` defaulting to `1/√Dk`.
+///    ONNX multiplies Q and K by `√scale` each; we apply `scale` once to the dot
+///    product, which is the same number up to f32 rounding.
+/// 3. **Softcap.** If `softcap > 0`, `s_j = softcap · tanh(s_j / softcap)`, before any
+///    mask or bias, so masked keys stay masked. `0` turns it off.
+/// 4. **Bias.** The bias is the sum of:
+///    - `attn_mask`: bool (`true` = attend, `false` = `-inf`) or float (added as is;
+///      `-inf` and `-f32::MAX` mask the key). It broadcasts right-aligned, numpy-style, to
+///      `[B, Hq, Nq, T]`: rank 1 is `[T]`, rank 2 `[Nq, T]`, rank 3 `[Hq, Nq, T]` (not
+///      `[B, Nq, T]`). A last dimension shorter than `T` is padded as masked; it is never
+///      broadcast.
+///    - causal (`is_causal`): key `j` is allowed iff `j ≤ i + offset`, where `offset` is
+///      `P` when a past is given, else `nonpad_kv_seqlen[b] − Nq` when lengths are given,
+///      else 0. Without a cache the alignment is therefore top-left (query 0 sees key 0
+///      only), and a negative offset leaves the leading rows fully masked.
+///    - windows: with `p = offset + i`, key `j` is allowed iff `j ≥ p − left_window_size`
+///      (when `left_window_size ≥ 0`) and `j ≤ p + right_window_size` (when
+///      `right_window_size ≥ 0`). `-1` leaves a side unbounded. The window uses the causal
+///      offset even when `is_causal` is off.
+///    - padding: keys `j ≥ nonpad_kv_seqlen[b]` are masked. Lengths must lie in `0..=T`
+///      and cannot be combined with a past.
+/// 5. **Softmax** over `j` of `s_j + bias_j`, with the row maximum subtracted. Masked keys
+///    take no part, even when their score is not finite.
+/// 6. **Fully masked rows.** A row whose every key is masked has all-zero probabilities,
+///    a zero Y row, a zero mode-3 row and a logsumexp of `-inf`: never NaN.
+/// 7. **Output.** `y_i = Σ_j p_j v_j`.
+///
+/// The `qk_matmul_output` modes are described on [`QkMatmulOutputMode`]; with
+/// `softcap > 0`, mode 0 is the raw scaled QKᵀ as the operator's text says (one Python
+/// reference returns softcapped values there; we do not follow it).
+///
+/// Precision: the GPU computes in f32 (f16 inputs are widened before upload); the CPU
+/// oracle accumulates in f64. `softmax_precision` is not an option: the result is the
+/// f32 (GPU) or f64 (oracle) softmax whatever it would say.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttentionOptions {
+    /// The score scale; `None` means `1/√Dk`. Must be finite and positive.
+    pub scale: Option<f32>,
+    /// Softcap `c`: scores become `c·tanh(s/c)`. `0` (the default) turns it off.
+    pub softcap: f32,
+    /// Causal masking with the offset described above.
+    pub is_causal: bool,
+    /// Keys further than this many positions before the query are masked; `-1` = unbounded.
+    pub left_window_size: i64,
+    /// Keys further than this many positions after the query are masked; `-1` = unbounded.
+    pub right_window_size: i64,
+    /// Produce `qk_matmul_output` in this mode; `None` produces nothing.
+    pub qk_matmul_output_mode: Option<QkMatmulOutputMode>,
+    /// Produce the row logsumexp `[B, Hq, Nq]` (natural log; `-inf` for fully masked rows).
+    pub return_lse: bool,
+    /// Produce `present_key`/`present_value` (the past concatenated with K/V).
+    pub return_present: bool,
+    /// Which implementation runs the call.
+    pub path: KernelPath,
+}
+
+impl Default for AttentionOptions {
+    fn default() -> Self {
+        Self {
+            scale: None,
+            softcap: 0.0,
+            is_causal: false,
+            left_window_size: -1,
+            right_window_size: -1,
+            qk_matmul_output_mode: None,
+            return_lse: false,
+            return_present: false,
+            path: KernelPath::Auto,
+        }
+    }
+}
+
+impl AttentionOptions {
+    /// Checks every option against its domain.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(scale) = self.scale {
+            if !(scale.is_finite() && scale > 0.0) {
+                return Err(Error::InvalidOption {
+                    name: "scale",
+                    value: scale.to_string(),
+                    reason: "must be finite and greater than 0 (leave it unset for 1/sqrt(Dk))",
+                });
+            }
+        }
+        if !(self.softcap.is_finite() && self.softcap >= 0.0) {
+            return Err(Error::InvalidOption {
+                name: "softcap",
+                value: self.softcap.to_string(),
+                reason: "must be finite and at least 0 (0 turns it off)",
+            });
+        }
+        for (name, value) in [
+            ("left_window_size", self.left_window_size),
+            ("right_window_size", self.right_window_size),
+        ] {
+            if value < -1 || value > i64::from(i32::MAX) {
+                return Err(Error::InvalidOption {
+                    name,
+                    value: value.to_string(),
+                    reason: "must be -1 (unbounded) or between 0 and 2^31-1",
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The scale in effect for head size `dk`.
+    pub fn effective_scale(&self, dk: usize) -> f32 {
+        self.scale.unwrap_or_else(|| 1.0 / (dk as f32).sqrt())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_bad_options() {
+        let bad = [
+            AttentionOptions {
+                scale: Some(0.0),
+                ..Default::default()
+            },
+            AttentionOptions {
+                scale: Some(f32::NAN),
+                ..Default::default()
+            },
+            AttentionOptions {
+                softcap: -1.0,
+                ..Default::default()
+            },
+            AttentionOptions {
+                left_window_size: -2,
+                ..Default::default()
+            },
+            AttentionOptions {
+                right_window_size: i64::MAX,
+                ..Default::default()
+            },
+        ];
+        for opts in bad {
+            assert!(
+                matches!(opts.validate(), Err(Error::InvalidOption { .. })),
+                "{opts:?}"
+            );
+        }
+        assert!(AttentionOptions::default().validate().is_ok());
+        assert!(QkMatmulOutputMode::from_onnx(4).is_err());
+        assert_eq!(
+            QkMatmulOutputMode::from_onnx(2).unwrap(),
+            QkMatmulOutputMode::Biased
+        );
+    }
+}

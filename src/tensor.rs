@@ -1,0 +1,235 @@
+//! Host-side tensors: a shape and row-major data.
+//!
+//! [`HostTensor`] holds `f32` values (Q, K, V, past/present, outputs);
+//! [`HostMask`] holds an attention mask, boolean or additive float. Both check
+//! that the data length matches the shape when they are built, so everything
+//! downstream can rely on it.
+
+use crate::error::{Error, Result};
+
+/// Element types that appear at the engine's edges (file formats, masks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// 32-bit IEEE float, the engine's compute type.
+    F32,
+    /// 16-bit IEEE float, widened to f32 on input.
+    F16,
+    /// 64-bit IEEE float.
+    F64,
+    /// Boolean (one byte per element).
+    Bool,
+    /// 32-bit signed integer.
+    I32,
+    /// 64-bit signed integer.
+    I64,
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match self {
+            DType::F32 => "float32",
+            DType::F16 => "float16",
+            DType::F64 => "float64",
+            DType::Bool => "bool",
+            DType::I32 => "int32",
+            DType::I64 => "int64",
+        };
+        f.write_str(name)
+    }
+}
+
+/// The number of elements of `shape`, or an error naming `tensor` if it overflows `usize`.
+pub(crate) fn checked_numel(tensor: &'static str, shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| Error::Limit {
+            what: format!("{tensor} of shape {shape:?}"),
+            needed: u64::MAX,
+            limit: usize::MAX as u64,
+            limit_name: "usize",
+            hint: "the element count overflows this platform's address space",
+        })
+}
+
+/// A row-major `f32` tensor in host memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostTensor {
+    shape: Vec<usize>,
+    data: Vec<f32>,
+}
+
+impl HostTensor {
+    /// Wraps `data` as a tensor of `shape`; fails if the lengths disagree.
+    pub fn new(shape: impl Into<Vec<usize>>, data: Vec<f32>) -> Result<Self> {
+        Self::named("tensor", shape, data)
+    }
+
+    /// Like [`HostTensor::new`], naming the tensor in the error.
+    pub fn named(
+        tensor: &'static str,
+        shape: impl Into<Vec<usize>>,
+        data: Vec<f32>,
+    ) -> Result<Self> {
+        let shape = shape.into();
+        let expected = checked_numel(tensor, &shape)?;
+        if expected != data.len() {
+            return Err(Error::DataLength {
+                tensor,
+                shape,
+                expected,
+                got: data.len(),
+            });
+        }
+        Ok(Self { shape, data })
+    }
+
+    /// A tensor of zeros.
+    pub fn zeros(shape: impl Into<Vec<usize>>) -> Result<Self> {
+        let shape = shape.into();
+        let n = checked_numel("tensor", &shape)?;
+        Ok(Self {
+            shape,
+            data: vec![0.0; n],
+        })
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The values, row-major.
+    pub fn data(&self) -> &[f32] {
+        &self.data
+    }
+
+    /// The values, mutable.
+    pub fn data_mut(&mut self) -> &mut [f32] {
+        &mut self.data
+    }
+
+    /// Takes the values out.
+    pub fn into_data(self) -> Vec<f32> {
+        self.data
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Whether the tensor has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+}
+
+/// An attention mask in host memory.
+///
+/// `Bool`: `true` means *attend*, `false` masks the key. `Float`: the value is
+/// added to the score; `-inf` (or `-f32::MAX`) masks the key.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostMask {
+    /// A boolean mask.
+    Bool {
+        /// The mask's shape (rank 1 to 4, right-aligned to `[B, Hq, Nq, T]`).
+        shape: Vec<usize>,
+        /// The values, row-major.
+        data: Vec<bool>,
+    },
+    /// An additive float mask.
+    Float(HostTensor),
+}
+
+impl HostMask {
+    /// A boolean mask; fails if the data length does not match the shape.
+    pub fn bool(shape: impl Into<Vec<usize>>, data: Vec<bool>) -> Result<Self> {
+        let shape = shape.into();
+        let expected = checked_numel("attn_mask", &shape)?;
+        if expected != data.len() {
+            return Err(Error::DataLength {
+                tensor: "attn_mask",
+                shape,
+                expected,
+                got: data.len(),
+            });
+        }
+        Ok(HostMask::Bool { shape, data })
+    }
+
+    /// An additive float mask; fails if the data length does not match the shape.
+    pub fn float(shape: impl Into<Vec<usize>>, data: Vec<f32>) -> Result<Self> {
+        Ok(HostMask::Float(HostTensor::named(
+            "attn_mask",
+            shape,
+            data,
+        )?))
+    }
+
+    /// The mask's shape.
+    pub fn shape(&self) -> &[usize] {
+        match self {
+            HostMask::Bool { shape, .. } => shape,
+            HostMask::Float(t) => t.shape(),
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            HostMask::Bool { .. } => DType::Bool,
+            HostMask::Float(_) => DType::F32,
+        }
+    }
+
+    /// The mask as an additive bias: `0` or `-inf` for a bool mask, the values for a float mask.
+    pub fn to_additive(&self) -> Vec<f32> {
+        match self {
+            HostMask::Bool { data, .. } => data
+                .iter()
+                .map(|&keep| if keep { 0.0 } else { f32::NEG_INFINITY })
+                .collect(),
+            HostMask::Float(t) => t.data().to_vec(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn length_mismatch_is_an_error() {
+        let err = HostTensor::named("Q", vec![2, 3], vec![0.0; 5]).unwrap_err();
+        assert!(matches!(
+            err,
+            Error::DataLength {
+                expected: 6,
+                got: 5,
+                ..
+            }
+        ));
+        let err = HostMask::bool(vec![4], vec![true; 3]).unwrap_err();
+        assert!(matches!(
+            err,
+            Error::DataLength {
+                expected: 4,
+                got: 3,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn overflowing_shape_is_an_error() {
+        let err = HostTensor::zeros(vec![usize::MAX, 3]).unwrap_err();
+        assert!(matches!(err, Error::Limit { .. }));
+    }
+
+    #[test]
+    fn bool_mask_to_bias() {
+        let m = HostMask::bool(vec![2], vec![true, false]).unwrap();
+        assert_eq!(m.to_additive(), vec![0.0, f32::NEG_INFINITY]);
+    }
+}
