@@ -1,0 +1,143 @@
+//! Error measurement against the f64 oracle, with the tolerance rule.
+//!
+//! The rule, after FlashAttention's tests: a result passes when its worst
+//! absolute error against the f64 oracle is at most twice the worst error of a
+//! plain f32 CPU computation of the same thing, plus a small floor. Infinities
+//! must match exactly (a masked score is `-inf` in both or neither), and a NaN
+//! where the oracle has a number always fails.
+
+/// The floor added to the allowed error, so exactly computable results (where
+/// the plain f32 baseline has no error at all) still leave room for rounding.
+pub const DEFAULT_FLOOR: f64 = 1e-6;
+
+/// How far one output is from the oracle, and whether that is within tolerance.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ErrorReport {
+    /// Elements compared.
+    pub len: usize,
+    /// Worst `|got − exact|` over the finite elements.
+    pub max_abs: f64,
+    /// `max_abs` divided by the largest finite `|exact|` (normwise relative error).
+    pub max_rel: f64,
+    /// Index of the worst element.
+    pub worst_index: usize,
+    /// The plain f32 computation's worst absolute error.
+    pub baseline_abs: f64,
+    /// The error allowed: `2 · baseline_abs + floor`.
+    pub allowed: f64,
+    /// Elements that are NaN, or whose infinity does not match the oracle's.
+    pub mismatched_non_finite: usize,
+}
+
+impl ErrorReport {
+    /// Whether the output is within tolerance.
+    pub fn passed(&self) -> bool {
+        self.mismatched_non_finite == 0 && self.max_abs <= self.allowed
+    }
+
+    /// A report for outputs that must match exactly (copies such as `present_key`).
+    pub fn exact(got: &[f32], expected: &[f32]) -> ErrorReport {
+        let exact: Vec<f64> = expected.iter().map(|&x| f64::from(x)).collect();
+        let mut report = measure(got, &exact);
+        report.allowed = 0.0;
+        report
+    }
+
+    /// How much of its allowance the error uses (`1.0` = exactly at the limit;
+    /// infinite for NaN or mismatched infinities).
+    pub fn share_of_allowed(&self) -> f64 {
+        if self.mismatched_non_finite > 0 {
+            f64::INFINITY
+        } else if self.allowed > 0.0 {
+            self.max_abs / self.allowed
+        } else if self.max_abs > 0.0 {
+            f64::INFINITY
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Measures `got` against `exact` without a tolerance (`allowed` is 0).
+fn measure(got: &[f32], exact: &[f64]) -> ErrorReport {
+    let mut report = ErrorReport {
+        len: got.len().min(exact.len()),
+        max_abs: 0.0,
+        max_rel: 0.0,
+        worst_index: 0,
+        baseline_abs: 0.0,
+        allowed: 0.0,
+        mismatched_non_finite: got.len().abs_diff(exact.len()),
+    };
+    let mut largest = 0.0f64;
+    for (i, (&g, &e)) in got.iter().zip(exact).enumerate() {
+        let g = f64::from(g);
+        if e.is_finite() {
+            largest = largest.max(e.abs());
+            if !g.is_finite() {
+                report.mismatched_non_finite += 1;
+                continue;
+            }
+            let err = (g - e).abs();
+            if err > report.max_abs {
+                report.max_abs = err;
+                report.worst_index = i;
+            }
+        } else if g != e {
+            // The oracle's infinities (masked scores, empty rows' logsumexp) must be matched.
+            report.mismatched_non_finite += 1;
+        }
+    }
+    report.max_rel = if largest > 0.0 {
+        report.max_abs / largest
+    } else {
+        report.max_abs
+    };
+    report
+}
+
+/// Compares `got` with the oracle's `exact` values, allowing twice the error of
+/// the plain f32 `baseline` plus `floor`.
+pub fn compare(got: &[f32], exact: &[f64], baseline: &[f32], floor: f64) -> ErrorReport {
+    let mut report = measure(got, exact);
+    let baseline_report = measure(baseline, exact);
+    report.baseline_abs = baseline_report.max_abs;
+    report.allowed = 2.0 * baseline_report.max_abs + floor;
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn within_twice_the_baseline_passes() {
+        let exact = [1.0, 2.0, 3.0];
+        let baseline = [1.0, 2.0 + 1e-3, 3.0];
+        let good = [1.0 + 1.5e-3, 2.0, 3.0];
+        let bad = [1.0, 2.0, 3.0 + 3e-3];
+        assert!(compare(&good, &exact, &baseline, 0.0).passed());
+        let r = compare(&bad, &exact, &baseline, 0.0);
+        assert!(!r.passed());
+        assert_eq!(r.worst_index, 2);
+    }
+
+    #[test]
+    fn infinities_must_match_and_nan_fails() {
+        let exact = [f64::NEG_INFINITY, 0.5];
+        let ok = [f32::NEG_INFINITY, 0.5];
+        assert!(compare(&ok, &exact, &ok, 1e-6).passed());
+        let finite_for_inf = [-3.0e38, 0.5];
+        assert_eq!(
+            compare(&finite_for_inf, &exact, &ok, 1e-6).mismatched_non_finite,
+            1
+        );
+        let nan = [f32::NEG_INFINITY, f32::NAN];
+        assert!(!compare(&nan, &exact, &ok, 1e-6).passed());
+    }
+
+    #[test]
+    fn length_mismatch_fails() {
+        assert!(!compare(&[1.0], &[1.0, 2.0], &[1.0, 2.0], 1.0).passed());
+    }
+}

@@ -1,0 +1,20 @@
+//! The conformance sweep: seeded cases, the f64 oracle, and the tolerance rule.
+//!
+//! Defined once in the library so that the test suite, `webattn check` and the
+//! browser demo all run the same cases and judge them the same way:
+//!
+//! 1. [`CaseSpec`] describes a problem (sizes, mask form, options) and draws its
+//!    inputs from a seed;
+//! 2. [`Oracle`] computes the answer in f64 and in plain f32 on the CPU;
+//! 3. [`Oracle::check`] runs a path of an [`crate::Engine`] and compares every
+//!    output, allowing twice the plain f32 error plus a floor ([`compare`]).
+
+mod case;
+mod compare;
+mod runner;
+mod sweep;
+
+pub use case::{CaseInputs, CaseSpec, MaskForm};
+pub use compare::{compare, ErrorReport, DEFAULT_FLOOR};
+pub use runner::{run_case, CaseResult, Oracle};
+pub use sweep::{filtered, sweep, SweepKind, LARGE_LOGITS, MASK_FORMS};

@@ -1,0 +1,196 @@
+//! Runs a case on one path and compares every output with the f64 oracle.
+
+use web_time::Instant;
+
+use super::case::{CaseInputs, CaseSpec};
+use super::compare::{compare, ErrorReport, DEFAULT_FLOOR};
+use crate::cpu::{self, ExactOutputs};
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::options::{AttentionOptions, KernelPath};
+use crate::problem::AttentionOutputs;
+use crate::tensor::HostTensor;
+
+/// The outcome of one case on one path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CaseResult {
+    /// The case's name.
+    pub name: String,
+    /// Its sizes, as [`CaseSpec::shape_text`] writes them.
+    pub shapes: String,
+    /// The path that ran it.
+    pub path: KernelPath,
+    /// The worst output's error report (`None` when the call itself failed).
+    pub report: Option<ErrorReport>,
+    /// Which output the report describes (`Y`, `lse`, `qk_matmul_output`, ...).
+    pub worst_output: &'static str,
+    /// The error, when the call failed or a behaviour check did not hold.
+    pub failure: Option<String>,
+    /// Milliseconds the engine took, readback included.
+    pub millis: f64,
+}
+
+impl CaseResult {
+    /// Whether the case passed.
+    pub fn passed(&self) -> bool {
+        self.failure.is_none() && self.report.is_none_or(|r| r.passed())
+    }
+}
+
+/// A case with its inputs and the oracle's answers, computed once and checked
+/// against any number of paths.
+#[derive(Debug)]
+pub struct Oracle {
+    /// The case.
+    pub case: CaseSpec,
+    /// Its inputs.
+    pub inputs: CaseInputs,
+    /// The options actually run (the case's, asking for the logsumexp and the presents).
+    pub options: AttentionOptions,
+    exact: ExactOutputs<f64>,
+    plain: ExactOutputs<f32>,
+    present: Option<(HostTensor, HostTensor)>,
+}
+
+impl Oracle {
+    /// Generates the case's inputs from `seed` and computes the oracle (f64)
+    /// and the plain f32 baseline.
+    pub fn new(case: &CaseSpec, seed: u64) -> Result<Oracle> {
+        let inputs = case.generate(seed)?;
+        let mut options = case.options.clone();
+        options.return_lse = true;
+        options.return_present = inputs.past.is_some();
+        let host = inputs.as_inputs();
+        let exact = cpu::attention_exact(&host, &options)?;
+        let plain = cpu::attention_plain_f32(&host, &options)?;
+        let present = if options.return_present {
+            Some(cpu::present(&host, &exact.dims)?)
+        } else {
+            None
+        };
+        Ok(Oracle {
+            case: case.clone(),
+            inputs,
+            options,
+            exact,
+            plain,
+            present,
+        })
+    }
+
+    /// Runs the case on `engine` through `path` and compares every output.
+    pub async fn check(&self, engine: &Engine, path: KernelPath) -> CaseResult {
+        let mut result = CaseResult {
+            name: self.case.name.clone(),
+            shapes: self.case.shape_text(),
+            path,
+            report: None,
+            worst_output: "Y",
+            failure: None,
+            millis: 0.0,
+        };
+        let options = AttentionOptions {
+            path,
+            ..self.options.clone()
+        };
+        let start = Instant::now();
+        let outputs = engine
+            .attention_host(&self.inputs.as_inputs(), &options)
+            .await;
+        result.millis = start.elapsed().as_secs_f64() * 1e3;
+        match outputs {
+            Ok(out) => match self.compare(&out) {
+                Ok((name, report)) => {
+                    result.worst_output = name;
+                    result.report = Some(report);
+                }
+                Err(missing) => result.failure = Some(missing),
+            },
+            Err(e) => result.failure = Some(e.to_string()),
+        }
+        result
+    }
+
+    /// The worst of the outputs' reports, or which requested output is missing.
+    pub fn compare(
+        &self,
+        out: &AttentionOutputs<HostTensor>,
+    ) -> std::result::Result<(&'static str, ErrorReport), String> {
+        let (exact, plain) = (&self.exact, &self.plain);
+        let lse = out.lse.as_ref().ok_or("the logsumexp was not returned")?;
+        let mut reports = vec![
+            (
+                "Y",
+                compare(out.y.data(), &exact.y, &plain.y, DEFAULT_FLOOR),
+            ),
+            (
+                "lse",
+                compare(lse.data(), &exact.lse, &plain.lse, DEFAULT_FLOOR),
+            ),
+        ];
+        if self.options.qk_matmul_output_mode.is_some() {
+            let qk = out
+                .qk_matmul_output
+                .as_ref()
+                .ok_or("qk_matmul_output was not returned")?;
+            reports.push((
+                "qk_matmul_output",
+                compare(qk.data(), &exact.qk, &plain.qk, DEFAULT_FLOOR),
+            ));
+        }
+        if let Some((key, value)) = &self.present {
+            let got_key = out
+                .present_key
+                .as_ref()
+                .ok_or("present_key was not returned")?;
+            let got_value = out
+                .present_value
+                .as_ref()
+                .ok_or("present_value was not returned")?;
+            reports.push((
+                "present_key",
+                ErrorReport::exact(got_key.data(), key.data()),
+            ));
+            reports.push((
+                "present_value",
+                ErrorReport::exact(got_value.data(), value.data()),
+            ));
+        }
+        // Report the output that uses the largest share of its allowance.
+        let worst = reports
+            .into_iter()
+            .max_by(|a, b| a.1.share_of_allowed().total_cmp(&b.1.share_of_allowed()))
+            .unwrap_or(("Y", ErrorReport::exact(&[], &[])));
+        Ok(worst)
+    }
+}
+
+/// Runs `case` on each of `paths`, computing the oracle once.
+pub async fn run_case(
+    engine: &Engine,
+    case: &CaseSpec,
+    paths: &[KernelPath],
+    seed: u64,
+) -> Vec<CaseResult> {
+    match Oracle::new(case, seed) {
+        Ok(oracle) => {
+            let mut results = Vec::with_capacity(paths.len());
+            for &path in paths {
+                results.push(oracle.check(engine, path).await);
+            }
+            results
+        }
+        Err(e) => paths
+            .iter()
+            .map(|&path| CaseResult {
+                name: case.name.clone(),
+                shapes: case.shape_text(),
+                path,
+                report: None,
+                worst_output: "-",
+                failure: Some(format!("the oracle rejected the case: {e}")),
+                millis: 0.0,
+            })
+            .collect(),
+    }
+}

@@ -1,0 +1,75 @@
+//! Whole-attention tests: the conformance cases on the GPU's unfused path
+//! against the f64 oracle, with the tolerance rule (twice the plain f32 error
+//! plus 1e-6). Each test prints the worst error of every case.
+
+mod common;
+
+use webattn::conformance::{filtered, sweep, CaseSpec, MaskForm, SweepKind, LARGE_LOGITS};
+use webattn::KernelPath;
+
+#[test]
+fn quick_sweep_on_unfused_path() {
+    let Some(engine) = common::gpu() else { return };
+    common::run_cases(engine, &sweep(SweepKind::Quick), KernelPath::Unfused);
+}
+
+#[test]
+fn every_mask_form_with_every_gqa_ratio() {
+    let Some(engine) = common::gpu() else { return };
+    common::run_cases(
+        engine,
+        &filtered(SweepKind::Full, "grid-"),
+        KernelPath::Unfused,
+    );
+}
+
+#[test]
+fn awkward_lengths_and_head_dims() {
+    let Some(engine) = common::gpu() else { return };
+    let mut cases = Vec::new();
+    for (i, &n) in [1usize, 7, 33, 97, 257, 1025].iter().enumerate() {
+        for (j, &d) in [8usize, 40, 64, 80, 128, 256].iter().enumerate() {
+            // A diagonal walk over (length, head dim) with Nq != Nk and Dk != Dv.
+            if (i + j) % 3 != 0 {
+                continue;
+            }
+            let nk = [97, 1025, 7, 257, 1, 33][j];
+            let dv = [256, 8, 128, 40, 80, 64][i];
+            let gqa = [(1, 1), (3, 1), (4, 1)][(i + j) % 3];
+            let causal = (i + j) % 2 == 0;
+            cases.push(
+                CaseSpec::new(
+                    format!("n{n}-k{nk}-dk{d}-dv{dv}"),
+                    [1, gqa.0, gqa.1],
+                    [n, nk],
+                    [d, dv],
+                )
+                .with(|o| o.is_causal = causal),
+            );
+        }
+    }
+    common::run_cases(engine, &cases, KernelPath::Unfused);
+}
+
+#[test]
+fn large_logits_and_fully_masked_rows() {
+    let Some(engine) = common::gpu() else { return };
+    let cases = [
+        CaseSpec::new("logits-1e4-1025", [1, 1, 1], [1025, 257], [64, 64]).logits(LARGE_LOGITS),
+        CaseSpec::new("logits-1e4-empty-rows", [2, 3, 1], [97, 33], [40, 40])
+            .logits(LARGE_LOGITS)
+            .mask(MaskForm::EmptyRows),
+        // Causal with Nq > Nk and a negative nonpad offset leaves whole rows empty.
+        CaseSpec::new("negative-offset-rows", [3, 2, 2], [33, 9], [8, 8])
+            .nonpad()
+            .with(|o| o.is_causal = true),
+    ];
+    common::run_cases(engine, &cases, KernelPath::Unfused);
+}
+
+#[test]
+fn cpu_backend_matches_the_oracle() {
+    // The CPU path is the oracle rounded to f32: it must pass the same rule.
+    let engine = webattn::Engine::cpu();
+    common::run_cases(&engine, &sweep(SweepKind::Quick)[..6], KernelPath::Auto);
+}

@@ -1,0 +1,86 @@
+//! Shared test harness: one GPU engine per test binary, and the rule that GPU
+//! tests fail (not skip) when `WEBATTN_REQUIRE_GPU=1` and no adapter exists.
+
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+
+use webattn::conformance::{run_case, CaseResult, CaseSpec};
+use webattn::{BackendPreference, Engine, EngineOptions, KernelPath};
+
+/// The seed every test draws from, unless `WEBATTN_SEED` says otherwise.
+pub fn seed() -> u64 {
+    std::env::var("WEBATTN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed)
+}
+
+fn require_gpu() -> bool {
+    std::env::var("WEBATTN_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// The shared GPU engine, or `None` (with a note) when there is no adapter and
+/// the environment does not require one. Panics when one is required.
+pub fn gpu() -> Option<&'static Engine> {
+    static ENGINE: OnceLock<Option<Engine>> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            let _ = env_logger::builder().is_test(true).try_init();
+            let options = EngineOptions {
+                backend: BackendPreference::Gpu,
+                ..Default::default()
+            };
+            match Engine::with_options_blocking(options) {
+                Ok(engine) => {
+                    eprintln!("GPU tests on {}", engine.describe());
+                    Some(engine)
+                }
+                Err(e) if require_gpu() => {
+                    panic!("WEBATTN_REQUIRE_GPU=1 but no GPU engine could be made: {e}")
+                }
+                Err(e) => {
+                    eprintln!(
+                        "SKIPPING GPU test: {e} (set WEBATTN_REQUIRE_GPU=1 to make this a failure)"
+                    );
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// Runs each case on `path`, prints one line per case with its worst error,
+/// and fails listing every case that did not pass.
+pub fn run_cases(engine: &Engine, cases: &[CaseSpec], path: KernelPath) {
+    let mut failed = Vec::new();
+    for case in cases {
+        for result in pollster::block_on(run_case(engine, case, &[path], seed())) {
+            print_result(&result);
+            if !result.passed() {
+                failed.push(result.name.clone());
+            }
+        }
+    }
+    assert!(failed.is_empty(), "cases failed on {path:?}: {failed:?}");
+}
+
+/// One line: case, shapes, worst output and its error against the allowance.
+pub fn print_result(r: &CaseResult) {
+    match (&r.report, &r.failure) {
+        (_, Some(failure)) => println!("FAIL {:<34} {:<28} {failure}", r.name, r.shapes),
+        (Some(rep), None) => println!(
+            "{} {:<34} {:<28} {:<16} max_abs {:.3e} rel {:.3e} allowed {:.3e} (plain f32 {:.3e}) {:.0} ms",
+            if rep.passed() { "ok  " } else { "FAIL" },
+            r.name,
+            r.shapes,
+            r.worst_output,
+            rep.max_abs,
+            rep.max_rel,
+            rep.allowed,
+            rep.baseline_abs,
+            r.millis
+        ),
+        (None, None) => println!("ok   {:<34} {}", r.name, r.shapes),
+    }
+}

@@ -1,0 +1,156 @@
+//! The GEMM kernel against an f64 oracle: awkward sizes, every transpose
+//! combination, alpha/beta, strided batches, shared B matrices (GQA), and more
+//! workgroups than one dispatch dimension holds.
+
+mod common;
+
+use webattn::conformance::{compare, DEFAULT_FLOOR};
+use webattn::gpu::kernels::gemm_host;
+use webattn::gpu::ops::gemm::GemmSpec;
+use webattn::rng::SplitMix64;
+
+/// C = alpha·op(A)·op(B) + beta·C computed plainly in `F`, for the oracle (f64)
+/// and the baseline (f32).
+fn reference<F>(spec: &GemmSpec, a: &[f32], b: &[f32], c: &[f32]) -> Vec<F>
+where
+    F: Copy + From<f32> + std::ops::Add<Output = F> + std::ops::Mul<Output = F>,
+{
+    let mut out: Vec<F> = c.iter().map(|&x| F::from(x)).collect();
+    for z in 0..spec.batch {
+        let a_base = spec.a_offset + z * spec.a_stride;
+        let b_base = spec.b_offset + ((spec.b_batch_base + z) / spec.b_batch_div) * spec.b_stride;
+        let c_base = spec.c_offset + z * spec.c_stride;
+        for i in 0..spec.m {
+            for j in 0..spec.n {
+                let mut acc = F::from(0.0);
+                for kk in 0..spec.k {
+                    let av = if spec.trans_a {
+                        a[a_base + kk * spec.lda + i]
+                    } else {
+                        a[a_base + i * spec.lda + kk]
+                    };
+                    let bv = if spec.trans_b {
+                        b[b_base + j * spec.ldb + kk]
+                    } else {
+                        b[b_base + kk * spec.ldb + j]
+                    };
+                    acc = acc + F::from(av) * F::from(bv);
+                }
+                let idx = c_base + i * spec.ldc + j;
+                let old = if spec.beta == 0.0 {
+                    F::from(0.0)
+                } else {
+                    F::from(spec.beta) * F::from(c[idx])
+                };
+                out[idx] = F::from(spec.alpha) * acc + old;
+            }
+        }
+    }
+    out
+}
+
+fn check(name: &str, spec: &GemmSpec, seed: u64) {
+    let Some(engine) = common::gpu() else { return };
+    let ctx = engine.gpu().expect("a GPU engine");
+    let (a_len, b_len, c_len) = spec.extents();
+    let mut rng = SplitMix64::new(seed);
+    let a = rng.normal_vec(a_len, 1.0);
+    let b = rng.normal_vec(b_len, 1.0);
+    let c = rng.normal_vec(c_len, 1.0);
+    let got = pollster::block_on(gemm_host(ctx, spec, &a, &b, &c)).expect("gemm runs");
+    let exact = reference::<f64>(spec, &a, &b, &c);
+    let plain = reference::<f32>(spec, &a, &b, &c);
+    let report = compare(&got, &exact, &plain, DEFAULT_FLOOR);
+    println!(
+        "{name:<40} max_abs {:.3e} allowed {:.3e} (plain f32 {:.3e})",
+        report.max_abs, report.allowed, report.baseline_abs
+    );
+    assert!(report.passed(), "{name}: {report:?}");
+}
+
+#[test]
+fn awkward_sizes_and_transposes() {
+    let sizes = [1usize, 7, 33, 97, 257];
+    let mut n = 0;
+    for (i, &m) in sizes.iter().enumerate() {
+        for (j, &nn) in sizes.iter().enumerate() {
+            let k = sizes[(i + 2 * j) % sizes.len()];
+            let (ta, tb) = ((i + j) % 2 == 1, (i * j) % 2 == 1);
+            let spec = GemmSpec::contiguous(1, m, nn, k, ta, tb);
+            check(
+                &format!("m{m} n{nn} k{k} ta{} tb{}", ta as u8, tb as u8),
+                &spec,
+                n,
+            );
+            n += 1;
+        }
+    }
+}
+
+#[test]
+fn all_transpose_flags_at_1025() {
+    for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+        let spec = GemmSpec::contiguous(1, 1025, 65, 97, ta, tb);
+        check(
+            &format!("1025x65x97 ta{} tb{}", ta as u8, tb as u8),
+            &spec,
+            7,
+        );
+    }
+    check(
+        "k1025",
+        &GemmSpec::contiguous(1, 9, 9, 1025, false, true),
+        8,
+    );
+}
+
+#[test]
+fn alpha_beta_offsets_and_strides() {
+    let mut spec = GemmSpec::contiguous(3, 33, 40, 17, false, true);
+    spec.alpha = -0.75;
+    spec.beta = 0.5;
+    check("alpha -0.75 beta 0.5", &spec, 1);
+
+    // Padded leading dimensions, offsets, and gaps between batch entries.
+    let spec = GemmSpec {
+        batch: 4,
+        m: 7,
+        n: 13,
+        k: 9,
+        trans_a: false,
+        trans_b: false,
+        lda: 11,
+        ldb: 16,
+        ldc: 20,
+        a_offset: 5,
+        b_offset: 3,
+        c_offset: 2,
+        a_stride: 7 * 11 + 4,
+        b_stride: 9 * 16 + 1,
+        c_stride: 7 * 20 + 6,
+        b_batch_base: 0,
+        b_batch_div: 1,
+        alpha: 1.0,
+        beta: 1.0,
+    };
+    check("strided with offsets", &spec, 2);
+}
+
+#[test]
+fn shared_b_matrices_for_grouped_heads() {
+    // Six query heads read three KV heads (b_batch_div = 2), starting at head 2.
+    let mut spec = GemmSpec::contiguous(6, 33, 7, 40, false, true);
+    spec.b_batch_base = 2;
+    spec.b_batch_div = 2;
+    check("gqa b_batch_div 2 base 2", &spec, 3);
+}
+
+#[test]
+fn more_workgroups_than_one_dimension_holds() {
+    // 70,000 one-tile matrices: the dispatch is folded into a 2D grid.
+    check(
+        "70000 batches",
+        &GemmSpec::contiguous(70_000, 2, 3, 2, false, false),
+        4,
+    );
+}
