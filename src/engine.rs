@@ -38,7 +38,7 @@ pub enum BackendPreference {
 }
 
 /// How to create an [`Engine`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct EngineOptions {
     /// Which backend.
     pub backend: BackendPreference,
@@ -48,6 +48,10 @@ pub struct EngineOptions {
     /// (`None`: as much as one storage binding allows). Smaller values make it
     /// work in more, smaller chunks.
     pub score_budget_bytes: Option<u64>,
+    /// Device limits to request: `None` takes the adapter's full limits;
+    /// `Some(wgpu::Limits::default())` runs under the WebGPU defaults that every
+    /// browser guarantees. Limits beyond the adapter's give [`Error::RequestDevice`].
+    pub limits: Option<wgpu::Limits>,
 }
 
 #[derive(Debug)]
@@ -84,14 +88,18 @@ impl Engine {
     pub async fn with_options(options: EngineOptions) -> Result<Engine> {
         let backend = match options.backend {
             BackendPreference::Cpu => Backend::Cpu,
-            BackendPreference::Gpu => Backend::Gpu(GpuContext::request(options.power).await?),
-            BackendPreference::Auto => match GpuContext::request(options.power).await {
-                Ok(ctx) => Backend::Gpu(ctx),
-                Err(e) => {
-                    log::warn!("webattn: {e}; using the CPU backend");
-                    Backend::Cpu
+            BackendPreference::Gpu => Backend::Gpu(
+                GpuContext::request_with_limits(options.power, options.limits.clone()).await?,
+            ),
+            BackendPreference::Auto => {
+                match GpuContext::request_with_limits(options.power, options.limits.clone()).await {
+                    Ok(ctx) => Backend::Gpu(ctx),
+                    Err(e) => {
+                        log::warn!("webattn: {e}; using the CPU backend");
+                        Backend::Cpu
+                    }
                 }
-            },
+            }
         };
         Ok(Self::with_backend(backend, options.score_budget_bytes))
     }

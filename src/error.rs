@@ -172,6 +172,15 @@ pub enum Error {
     #[error("reading results back from the GPU failed: {0}")]
     Readback(String),
 
+    /// A file could not be read or written, or is not a valid `.npy` file.
+    #[error("{path}: {reason}")]
+    File {
+        /// The file's path.
+        path: String,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
+
     /// A WGSL kernel failed to parse or validate.
     #[error("shader {kernel} failed validation:\n{message}")]
     Shader {

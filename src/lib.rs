@@ -32,6 +32,9 @@ mod device_tensor;
 mod engine;
 mod error;
 pub mod gpu;
+pub mod layout;
+#[cfg(feature = "npy")]
+pub mod npy;
 mod options;
 mod problem;
 pub mod rng;
@@ -46,4 +49,11 @@ pub use options::{AttentionOptions, KernelPath, QkMatmulOutputMode};
 pub use problem::{
     validate, AttentionDims, AttentionInputs, AttentionOutputs, MaskLayout, MaskRef, TensorRef,
 };
-pub use tensor::{DType, HostMask, HostTensor};
+pub use tensor::{lengths_from_le_bytes, DType, HostMask, HostTensor};
+/// The wgpu this crate is built on, so callers name the same `Limits` and `Adapter` types.
+pub use wgpu;
+
+/// The README's code, compiled as a doctest so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -68,8 +68,11 @@ mod tests {
         for _ in 0..1000 {
             assert_eq!(a.next_u64(), b.next_u64());
             let u = a.unit();
+            assert_eq!(u, b.unit());
             assert!((0.0..1.0).contains(&u));
-            assert!(a.below(13) < 13);
+            let n = a.below(13);
+            assert_eq!(n, b.below(13));
+            assert!(n < 13);
         }
     }
 }

@@ -125,6 +125,103 @@ impl HostTensor {
     }
 }
 
+/// Decodes little-endian `bytes` of `dtype` into f32 values: f32 as is, f16 and
+/// f64 converted (f64 rounds to nearest). Other types give [`Error::DType`].
+fn decode_floats(tensor: &'static str, dtype: DType, bytes: &[u8]) -> Result<Vec<f32>> {
+    let width = match dtype {
+        DType::F32 => 4,
+        DType::F16 => 2,
+        DType::F64 => 8,
+        _ => {
+            return Err(Error::DType {
+                tensor,
+                expected: "float32, float16 or float64",
+                got: dtype.to_string(),
+            })
+        }
+    };
+    if bytes.len() % width != 0 {
+        return Err(Error::DataLength {
+            tensor,
+            shape: vec![bytes.len() / width],
+            expected: bytes.len().div_ceil(width),
+            got: bytes.len() / width,
+        });
+    }
+    Ok(match dtype {
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        DType::F64 => bytes
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
+            .collect(),
+        _ => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    })
+}
+
+impl HostTensor {
+    /// A tensor from little-endian bytes of `dtype` (f32, or f16/f64 converted to
+    /// f32), as read from a file or a typed array. `tensor` names it in errors.
+    pub fn from_le_bytes(
+        tensor: &'static str,
+        dtype: DType,
+        shape: impl Into<Vec<usize>>,
+        bytes: &[u8],
+    ) -> Result<Self> {
+        Self::named(tensor, shape, decode_floats(tensor, dtype, bytes)?)
+    }
+}
+
+impl HostMask {
+    /// A mask from little-endian bytes: `Bool` (one byte each, nonzero = attend)
+    /// gives a bool mask; f32, f16 or f64 an additive float mask.
+    pub fn from_le_bytes(dtype: DType, shape: impl Into<Vec<usize>>, bytes: &[u8]) -> Result<Self> {
+        match dtype {
+            DType::Bool => Self::bool(shape, bytes.iter().map(|&b| b != 0).collect()),
+            DType::F32 | DType::F16 | DType::F64 => {
+                Self::float(shape, decode_floats("attn_mask", dtype, bytes)?)
+            }
+            _ => Err(Error::DType {
+                tensor: "attn_mask",
+                expected: "bool, float32, float16 or float64",
+                got: dtype.to_string(),
+            }),
+        }
+    }
+}
+
+/// `nonpad_kv_seqlen` from little-endian int32 or int64 bytes.
+pub fn lengths_from_le_bytes(dtype: DType, bytes: &[u8]) -> Result<Vec<i64>> {
+    let bad_length = |width: usize| Error::DataLength {
+        tensor: "nonpad_kv_seqlen",
+        shape: vec![bytes.len() / width],
+        expected: bytes.len().div_ceil(width),
+        got: bytes.len() / width,
+    };
+    match dtype {
+        DType::I32 if bytes.len() % 4 == 0 => Ok(bytes
+            .chunks_exact(4)
+            .map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            .collect()),
+        DType::I64 if bytes.len() % 8 == 0 => Ok(bytes
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect()),
+        DType::I32 => Err(bad_length(4)),
+        DType::I64 => Err(bad_length(8)),
+        _ => Err(Error::DType {
+            tensor: "nonpad_kv_seqlen",
+            expected: "int32 or int64",
+            got: dtype.to_string(),
+        }),
+    }
+}
+
 /// An attention mask in host memory.
 ///
 /// `Bool`: `true` means *attend*, `false` masks the key. `Float`: the value is
@@ -225,6 +322,43 @@ mod tests {
     fn overflowing_shape_is_an_error() {
         let err = HostTensor::zeros(vec![usize::MAX, 3]).unwrap_err();
         assert!(matches!(err, Error::Limit { .. }));
+    }
+
+    #[test]
+    fn bytes_decode_by_dtype() {
+        let f16_bytes: Vec<u8> = [1.5f32, -2.0]
+            .iter()
+            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+            .collect();
+        let t = HostTensor::from_le_bytes("Q", DType::F16, [2], &f16_bytes).unwrap();
+        assert_eq!(t.data(), &[1.5, -2.0]);
+        let f64_bytes: Vec<u8> = 0.25f64.to_le_bytes().to_vec();
+        assert_eq!(
+            HostTensor::from_le_bytes("K", DType::F64, [1], &f64_bytes)
+                .unwrap()
+                .data(),
+            &[0.25]
+        );
+        let err = HostTensor::from_le_bytes("V", DType::I32, [1], &[0; 4]).unwrap_err();
+        assert!(matches!(err, Error::DType { tensor: "V", .. }), "{err}");
+        let m = HostMask::from_le_bytes(DType::Bool, [3], &[1, 0, 7]).unwrap();
+        assert_eq!(m.to_additive(), vec![0.0, f32::NEG_INFINITY, 0.0]);
+        assert!(matches!(
+            HostMask::from_le_bytes(DType::I64, [1], &[0; 8]),
+            Err(Error::DType { .. })
+        ));
+        assert_eq!(
+            lengths_from_le_bytes(DType::I32, &7i32.to_le_bytes()).unwrap(),
+            vec![7]
+        );
+        assert!(matches!(
+            lengths_from_le_bytes(DType::F32, &[0; 4]),
+            Err(Error::DType { .. })
+        ));
+        assert!(matches!(
+            lengths_from_le_bytes(DType::I64, &[0; 5]),
+            Err(Error::DataLength { .. })
+        ));
     }
 
     #[test]

@@ -112,7 +112,12 @@ pub(crate) async fn read_f32(
         Ok(staging)
     });
     let staging = staging.await?;
+    map_and_read(ctx, &staging).await
+}
 
+/// Maps a `MAP_READ` buffer, waits for it (polling natively; the browser drives
+/// the web), and returns its contents as f32 values.
+pub(crate) async fn map_and_read(ctx: &GpuContext, staging: &wgpu::Buffer) -> Result<Vec<f32>> {
     let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
     staging
         .slice(..)
@@ -139,4 +144,31 @@ pub(crate) async fn read_f32(
     };
     staging.unmap();
     Ok(values)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::context::PowerPreference;
+
+    /// A failed map (here: of a destroyed buffer) is a typed readback error.
+    #[test]
+    fn a_failed_map_is_a_readback_error() {
+        let ctx = match pollster::block_on(GpuContext::request(PowerPreference::Default)) {
+            Ok(ctx) => ctx,
+            Err(e) if std::env::var("WEBATTN_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
+                panic!("WEBATTN_REQUIRE_GPU=1 but no GPU: {e}")
+            }
+            Err(e) => return eprintln!("SKIPPING GPU test: {e}"),
+        };
+        let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("destroyed staging"),
+            size: 16,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        staging.destroy();
+        let err = pollster::block_on(map_and_read(&ctx, &staging)).unwrap_err();
+        assert!(matches!(err, Error::Readback(_)), "{err}");
+    }
 }

@@ -62,6 +62,16 @@ impl GpuContext {
     /// and creates a device with the adapter's full limits and the optional
     /// features the kernels can use.
     pub async fn request(power: PowerPreference) -> Result<GpuContext> {
+        Self::request_with_limits(power, None).await
+    }
+
+    /// Like [`GpuContext::request`], creating the device with `limits` instead of
+    /// the adapter's full limits: `wgpu::Limits::default()` gives the WebGPU
+    /// defaults a browser guarantees, so native tests can run under them.
+    pub async fn request_with_limits(
+        power: PowerPreference,
+        limits: Option<wgpu::Limits>,
+    ) -> Result<GpuContext> {
         let instance = instance();
         let power_preference = match power {
             PowerPreference::Default => wgpu::PowerPreference::from_env().unwrap_or_default(),
@@ -91,14 +101,23 @@ impl GpuContext {
             })
             .await;
         let adapter = adapter.map_err(|e| Error::NoAdapter(e.to_string()))?;
-        Self::from_adapter(&adapter).await
+        Self::from_adapter_with_limits(&adapter, limits).await
     }
 
-    /// Creates the device on a given adapter.
+    /// Creates the device on a given adapter with its full limits.
     pub async fn from_adapter(adapter: &wgpu::Adapter) -> Result<GpuContext> {
+        Self::from_adapter_with_limits(adapter, None).await
+    }
+
+    /// Creates the device on a given adapter with `limits` (`None`: the adapter's
+    /// own). Limits beyond the adapter's give [`Error::RequestDevice`].
+    pub async fn from_adapter_with_limits(
+        adapter: &wgpu::Adapter,
+        limits: Option<wgpu::Limits>,
+    ) -> Result<GpuContext> {
         let info = adapter.get_info();
         let features = adapter.features() & wanted_features();
-        let limits = adapter.limits();
+        let limits = limits.unwrap_or_else(|| adapter.limits());
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("webattn"),
@@ -174,15 +193,44 @@ impl GpuContext {
         let validation_error = validation.await;
         let oom_error = oom.await;
         self.check_alive()?;
-        if let Some(e) = oom_error {
-            return Err(Error::OutOfMemory(format!("{what}: {e}")));
+        match oom_error.or(validation_error) {
+            Some(e) => Err(classify(what, &e)),
+            None => result,
         }
-        if let Some(e) = validation_error {
-            return Err(Error::Gpu {
-                kernel: what.to_string(),
-                message: e.to_string(),
-            });
+    }
+}
+
+/// Turns an error captured in a scope around `what` into a typed [`Error`].
+pub(crate) fn classify(what: &str, error: &wgpu::Error) -> Error {
+    match error {
+        wgpu::Error::OutOfMemory { .. } => Error::OutOfMemory(format!("{what}: {error}")),
+        _ => Error::Gpu {
+            kernel: what.to_string(),
+            message: error.to_string(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scope_errors_become_typed_errors() {
+        let oom = wgpu::Error::OutOfMemory {
+            source: Box::new(std::io::Error::other("no memory left")),
+        };
+        assert!(matches!(classify("scores", &oom), Error::OutOfMemory(m) if m.contains("scores")));
+        let validation = wgpu::Error::Validation {
+            source: Box::new(std::io::Error::other("binding too small")),
+            description: "binding too small".into(),
+        };
+        match classify("gemm[TRANS_A=0,TRANS_B=1]", &validation) {
+            Error::Gpu { kernel, message } => {
+                assert_eq!(kernel, "gemm[TRANS_A=0,TRANS_B=1]");
+                assert!(message.contains("binding too small"));
+            }
+            other => panic!("unexpected {other:?}"),
         }
-        result
     }
 }

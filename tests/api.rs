@@ -1,0 +1,152 @@
+//! The library API: tensors stay on the device across calls, outputs can feed
+//! the next call without a readback, pipelines compile once, and the host
+//! convenience call gives the same numbers.
+
+mod common;
+
+use webattn::{AttentionInputs, AttentionOptions, BackendKind, HostTensor, KernelPath};
+
+fn tensor(shape: [usize; 4], seed: u64) -> HostTensor {
+    let mut rng = webattn::rng::SplitMix64::new(seed);
+    HostTensor::new(shape, rng.normal_vec(shape.iter().product(), 1.0)).unwrap()
+}
+
+#[test]
+fn upload_once_run_many_read_back_when_asked() {
+    let Some(engine) = common::gpu() else { return };
+    assert_eq!(engine.backend(), BackendKind::Gpu);
+    let caps = engine
+        .capabilities()
+        .expect("a GPU engine has a capability profile");
+    assert!(caps.limits.max_compute_workgroups_per_dimension >= 65535);
+
+    let (qh, kh, vh) = (
+        tensor([1, 4, 16, 8], 1),
+        tensor([1, 2, 24, 8], 2),
+        tensor([1, 2, 24, 8], 3),
+    );
+    let (q, k, v) = (
+        engine.upload(&qh).unwrap(),
+        engine.upload(&kh).unwrap(),
+        engine.upload(&vh).unwrap(),
+    );
+    assert!(q.is_on_gpu() && q.device_bytes() >= 4 * 16 * 8 * 4);
+
+    let mut y_first = None;
+    for causal in [false, true, false] {
+        let options = AttentionOptions {
+            is_causal: causal,
+            return_lse: true,
+            ..Default::default()
+        };
+        let out = engine
+            .attention_blocking(&AttentionInputs::new(&q, &k, &v), &options)
+            .unwrap();
+        assert!(out.y.is_on_gpu() && out.lse.as_ref().unwrap().is_on_gpu());
+        let y = engine.download_blocking(&out.y).unwrap();
+        let host = engine
+            .attention_host_blocking(&AttentionInputs::new(&qh, &kh, &vh), &options)
+            .unwrap();
+        assert_eq!(y, host.y, "device and host calls must agree exactly");
+        if !causal {
+            match &y_first {
+                None => y_first = Some(y),
+                Some(first) => assert_eq!(first, &y, "the same call twice gives the same bits"),
+            }
+        }
+    }
+    // The inputs are untouched by the calls.
+    assert_eq!(engine.download_blocking(&q).unwrap(), qh);
+}
+
+#[test]
+fn outputs_feed_the_next_call_without_readback() {
+    let Some(engine) = common::gpu() else { return };
+    let (qh, kh, vh) = (
+        tensor([1, 2, 9, 8], 4),
+        tensor([1, 2, 9, 8], 5),
+        tensor([1, 2, 9, 8], 6),
+    );
+    let (q, k, v) = (
+        engine.upload(&qh).unwrap(),
+        engine.upload(&kh).unwrap(),
+        engine.upload(&vh).unwrap(),
+    );
+    let options = AttentionOptions::default();
+    let first = engine
+        .attention_blocking(&AttentionInputs::new(&q, &k, &v), &options)
+        .unwrap();
+    // Y [1, 2, 9, 8] becomes the queries of a second layer.
+    let second = engine
+        .attention_blocking(&AttentionInputs::new(&first.y, &k, &v), &options)
+        .unwrap();
+    let got = engine.download_blocking(&second.y).unwrap();
+
+    let cpu = webattn::Engine::cpu();
+    let y1 = cpu
+        .attention_host_blocking(&AttentionInputs::new(&qh, &kh, &vh), &options)
+        .unwrap()
+        .y;
+    let y2 = cpu
+        .attention_host_blocking(&AttentionInputs::new(&y1, &kh, &vh), &options)
+        .unwrap()
+        .y;
+    let err = got
+        .data()
+        .iter()
+        .zip(y2.data())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    println!("two chained layers: max error {err:.2e}");
+    assert!(err < 1e-5, "{err}");
+}
+
+#[test]
+fn pipelines_compile_once() {
+    let Some(engine) = common::gpu() else { return };
+    let (q, k, v) = (
+        tensor([1, 1, 5, 4], 7),
+        tensor([1, 1, 5, 4], 8),
+        tensor([1, 1, 5, 4], 9),
+    );
+    let run = || {
+        engine
+            .attention_host_blocking(
+                &AttentionInputs::new(&q, &k, &v),
+                &AttentionOptions::default(),
+            )
+            .unwrap()
+    };
+    run();
+    let keys = engine.gpu().unwrap().pipelines().compiled_keys();
+    run();
+    assert_eq!(keys, engine.gpu().unwrap().pipelines().compiled_keys());
+    let labels: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+    println!("compiled: {labels:?}");
+    assert!(
+        labels.contains(&"gemm[TRANS_A=0,TRANS_B=1]".to_string()),
+        "{labels:?}"
+    );
+}
+
+#[test]
+fn the_cpu_path_can_be_forced_on_a_gpu_engine() {
+    let Some(engine) = common::gpu() else { return };
+    let (q, k, v) = (
+        tensor([2, 3, 7, 5], 10),
+        tensor([2, 1, 4, 5], 11),
+        tensor([2, 1, 4, 6], 12),
+    );
+    let inputs = AttentionInputs::new(&q, &k, &v);
+    let on_cpu = engine
+        .attention_host_blocking(
+            &inputs,
+            &AttentionOptions {
+                path: KernelPath::Cpu,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let oracle = webattn::cpu::attention(&inputs, &AttentionOptions::default()).unwrap();
+    assert_eq!(on_cpu.y, oracle.y);
+}
