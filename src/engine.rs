@@ -130,6 +130,29 @@ impl Engine {
         }
     }
 
+    /// The concrete paths this engine can run (the GPU paths on a GPU engine,
+    /// the CPU path on a CPU engine): what a conformance sweep checks.
+    pub fn paths(&self) -> Vec<KernelPath> {
+        match self.backend {
+            Backend::Gpu(_) => vec![KernelPath::Unfused],
+            Backend::Cpu => vec![KernelPath::Cpu],
+        }
+    }
+
+    /// The concrete path a call with `options` takes on this engine.
+    pub fn resolve_path(&self, options: &AttentionOptions) -> KernelPath {
+        match (&self.backend, options.path) {
+            (Backend::Cpu, _) | (_, KernelPath::Cpu) => KernelPath::Cpu,
+            (Backend::Gpu(_), KernelPath::Auto | KernelPath::Unfused) => KernelPath::Unfused,
+        }
+    }
+
+    /// The paths and kernel configurations used on this engine's adapter (GPU engines).
+    pub fn kernel_plan(&self) -> Option<crate::gpu::plan::KernelPlan> {
+        self.capabilities()
+            .map(crate::gpu::plan::KernelPlan::for_capabilities)
+    }
+
     /// The GPU context, on a GPU engine.
     pub fn gpu(&self) -> Option<&GpuContext> {
         match &self.backend {
@@ -294,6 +317,12 @@ impl Engine {
             }
         }
         let dims = validate(inputs, options)?;
+        if self.backend() == BackendKind::Cpu && options.path == KernelPath::Unfused {
+            return Err(Error::Conflict(
+                "a GPU path was asked for but this engine runs on the CPU backend; \
+                 use KernelPath::Auto or KernelPath::Cpu, or create the engine on a GPU",
+            ));
+        }
         match (&self.backend, options.path) {
             (Backend::Gpu(ctx), KernelPath::Auto | KernelPath::Unfused) => {
                 let buf = |t: &Tensor| match &t.storage {
@@ -394,7 +423,7 @@ impl Engine {
         options: &AttentionOptions,
     ) -> Result<AttentionOutputs<HostTensor>> {
         validate(inputs, options)?;
-        if self.backend() == BackendKind::Cpu || options.path == KernelPath::Cpu {
+        if self.resolve_path(options) == KernelPath::Cpu && options.path != KernelPath::Unfused {
             return cpu::attention(inputs, options);
         }
         let q = self.upload_named("Q", inputs.q)?;

@@ -16,6 +16,23 @@ pub enum QkMatmulOutputMode {
     Probabilities = 3,
 }
 
+impl KernelPath {
+    /// The lowercase name (`auto`, `unfused`, `cpu`), as the CLI spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelPath::Auto => "auto",
+            KernelPath::Unfused => "unfused",
+            KernelPath::Cpu => "cpu",
+        }
+    }
+}
+
+impl std::fmt::Display for KernelPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl QkMatmulOutputMode {
     /// The mode for its ONNX number, or an error for anything but 0 to 3.
     pub fn from_onnx(mode: i64) -> Result<Self> {
@@ -35,7 +52,7 @@ impl QkMatmulOutputMode {
 }
 
 /// Which implementation runs the call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub enum KernelPath {
     /// The engine chooses (the unfused GPU path today; the CPU on a CPU engine).
     #[default]

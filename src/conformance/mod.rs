@@ -9,12 +9,16 @@
 //! 3. [`Oracle::check`] runs a path of an [`crate::Engine`] and compares every
 //!    output, allowing twice the plain f32 error plus a floor ([`compare`]).
 
+mod behaviour;
 mod case;
 mod compare;
+mod report;
 mod runner;
 mod sweep;
 
+pub use behaviour::{run_behaviour, BEHAVIOUR_CHECKS};
 pub use case::{CaseInputs, CaseSpec, MaskForm};
 pub use compare::{compare, ErrorReport, DEFAULT_FLOOR};
+pub use report::{path_name, run_sweep, sweep_len, SweepReport};
 pub use runner::{run_case, CaseResult, Oracle};
 pub use sweep::{filtered, sweep, SweepKind, LARGE_LOGITS, MASK_FORMS};

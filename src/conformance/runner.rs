@@ -56,7 +56,12 @@ impl Oracle {
     /// Generates the case's inputs from `seed` and computes the oracle (f64)
     /// and the plain f32 baseline.
     pub fn new(case: &CaseSpec, seed: u64) -> Result<Oracle> {
-        let inputs = case.generate(seed)?;
+        Self::from_inputs(case, case.generate(seed)?)
+    }
+
+    /// The oracle for `case` on given inputs (e.g. generated ones with some
+    /// values edited to probe a behaviour).
+    pub fn from_inputs(case: &CaseSpec, inputs: CaseInputs) -> Result<Oracle> {
         let mut options = case.options.clone();
         options.return_lse = true;
         options.return_present = inputs.past.is_some();

@@ -46,15 +46,27 @@ impl std::fmt::Debug for GpuContext {
     }
 }
 
-fn instance() -> wgpu::Instance {
+/// An instance over `backends`, with the other `WGPU_*` settings from the environment.
+fn instance(backends: wgpu::Backends) -> wgpu::Instance {
     #[cfg(not(target_arch = "wasm32"))]
     let desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
     #[cfg(target_arch = "wasm32")]
-    let desc = wgpu::InstanceDescriptor {
-        backends: wgpu::Backends::BROWSER_WEBGPU,
-        ..wgpu::InstanceDescriptor::new_without_display_handle()
-    };
-    wgpu::Instance::new(desc)
+    let desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    wgpu::Instance::new(wgpu::InstanceDescriptor { backends, ..desc })
+}
+
+/// The backend sets to search, in order. Natively: the one `WGPU_BACKEND` names,
+/// else the primary backends (Vulkan, Metal, DX12) and then GL, so that GL is
+/// initialised only where no primary driver exists. In the browser: WebGPU.
+fn backend_tiers() -> Vec<wgpu::Backends> {
+    #[cfg(not(target_arch = "wasm32"))]
+    if let Some(from_env) = wgpu::Backends::from_env() {
+        return vec![from_env];
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    return vec![wgpu::Backends::PRIMARY, wgpu::Backends::SECONDARY];
+    #[cfg(target_arch = "wasm32")]
+    return vec![wgpu::Backends::BROWSER_WEBGPU];
 }
 
 impl GpuContext {
@@ -72,35 +84,32 @@ impl GpuContext {
         power: PowerPreference,
         limits: Option<wgpu::Limits>,
     ) -> Result<GpuContext> {
-        let instance = instance();
         let power_preference = match power {
             PowerPreference::Default => wgpu::PowerPreference::from_env().unwrap_or_default(),
             PowerPreference::LowPower => wgpu::PowerPreference::LowPower,
             PowerPreference::HighPerformance => wgpu::PowerPreference::HighPerformance,
         };
-        #[cfg(not(target_arch = "wasm32"))]
-        let adapter = {
-            let from_env = wgpu::util::initialize_adapter_from_env(&instance, None).await;
-            match from_env {
-                Ok(adapter) => Ok(adapter),
-                Err(_) => {
-                    instance
-                        .request_adapter(&wgpu::RequestAdapterOptions {
-                            power_preference,
-                            ..Default::default()
-                        })
-                        .await
-                }
+        let mut adapter = Err(Error::NoAdapter("no backend was searched".into()));
+        for backends in backend_tiers() {
+            let instance = instance(backends);
+            #[cfg(not(target_arch = "wasm32"))]
+            if let Ok(found) = wgpu::util::initialize_adapter_from_env(&instance, None).await {
+                adapter = Ok(found);
+                break;
             }
-        };
-        #[cfg(target_arch = "wasm32")]
-        let adapter = instance
-            .request_adapter(&wgpu::RequestAdapterOptions {
+            let options = wgpu::RequestAdapterOptions {
                 power_preference,
                 ..Default::default()
-            })
-            .await;
-        let adapter = adapter.map_err(|e| Error::NoAdapter(e.to_string()))?;
+            };
+            match instance.request_adapter(&options).await {
+                Ok(found) => {
+                    adapter = Ok(found);
+                    break;
+                }
+                Err(e) => adapter = Err(Error::NoAdapter(format!("{backends:?}: {e}"))),
+            }
+        }
+        let adapter = adapter?;
         Self::from_adapter_with_limits(&adapter, limits).await
     }
 

@@ -7,6 +7,7 @@ pub mod context;
 pub mod kernels;
 pub mod ops;
 pub mod pipeline;
+pub mod plan;
 pub(crate) mod recorder;
 pub mod registry;
 pub(crate) mod unfused;

@@ -8,7 +8,8 @@ use crate::gpu::pipeline::PipelineKey;
 use crate::gpu::recorder::Recorder;
 use crate::gpu::registry::Kernel;
 
-const WORKGROUP: usize = 256;
+/// Invocations per workgroup (one output element each); matches the WGSL.
+pub const WORKGROUP: usize = 256;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]

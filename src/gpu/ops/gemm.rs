@@ -10,6 +10,13 @@ use crate::gpu::registry::Kernel;
 
 /// Rows and columns of C computed by one workgroup.
 pub const TILE: usize = 64;
+/// Invocations per workgroup (8 x 8); matches the WGSL.
+pub const INVOCATIONS: u32 = 64;
+/// Workgroup memory: two 16-deep slices of 64 vec4 columns.
+pub const WORKGROUP_BYTES: u32 = 2 * 256 * 16;
+/// The register blocking, in words.
+pub const TILE_TEXT: &str =
+    "64x64 of C, 8x8 per invocation (16 vec4 accumulators), K in slices of 16";
 
 /// One batched GEMM: `C[z] = alpha · op(A[z]) · op(B[z]) + beta · C[z]` for `z` in `0..batch`.
 ///

@@ -10,6 +10,9 @@ use crate::gpu::registry::Kernel;
 use crate::options::{AttentionOptions, QkMatmulOutputMode};
 use crate::problem::AttentionDims;
 
+/// Invocations per workgroup (one workgroup per score row); matches the WGSL.
+pub const WORKGROUP: u32 = 128;
+
 const FLAG_MASK: u32 = 1;
 const FLAG_CAUSAL: u32 = 2;
 const FLAG_NONPAD: u32 = 4;

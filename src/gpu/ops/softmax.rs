@@ -12,6 +12,11 @@ use crate::gpu::registry::Kernel;
 /// softmax treats anything at or below it as masked.
 pub const MASKED: f32 = -f32::MAX;
 
+/// Invocations per workgroup (one workgroup per row); matches the WGSL.
+pub const WORKGROUP: u32 = 128;
+/// Workgroup memory: a running max and sum per invocation.
+pub const WORKGROUP_BYTES: u32 = 2 * 4 * WORKGROUP;
+
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct Params {

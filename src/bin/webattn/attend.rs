@@ -1,0 +1,253 @@
+//! `webattn attend`: one attention call on `.npy` files, named and spelled as in
+//! the ONNX `Attention` operator (opset 25), 4D or 3D.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::ValueEnum;
+use webattn::layout::{merge_heads, split_heads};
+use webattn::{npy, AttentionInputs, AttentionOptions, HostTensor, KernelPath, QkMatmulOutputMode};
+
+use super::files::Staged;
+
+/// Which implementation runs the call.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PathArg {
+    /// The engine chooses.
+    Auto,
+    /// The unfused GPU path: QK^T GEMM, mask, softmax, PV GEMM.
+    Unfused,
+    /// The f64 CPU oracle.
+    Cpu,
+}
+
+/// Arguments of `webattn attend`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Queries: [B, Hq, Sq, Dk] (4D) or [B, Sq, Hq*Dk] (3D, with --q-num-heads). f32 or f16.
+    #[arg(long, value_name = "Q.npy")]
+    q: PathBuf,
+    /// Keys: [B, Hkv, L, Dk] or [B, L, Hkv*Dk].
+    #[arg(long, value_name = "K.npy")]
+    k: PathBuf,
+    /// Values: [B, Hkv, L, Dv] or [B, L, Hkv*Dv].
+    #[arg(long, value_name = "V.npy")]
+    v: PathBuf,
+    /// Mask broadcast to [B, Hq, Sq, T]: bool (true = attend) or f32/f16 (added).
+    #[arg(long, value_name = "M.npy")]
+    attn_mask: Option<PathBuf>,
+    /// Cached keys [B, Hkv, P, Dk], prepended to K.
+    #[arg(long, value_name = "PK.npy", requires = "past_value")]
+    past_key: Option<PathBuf>,
+    /// Cached values [B, Hkv, P, Dv], prepended to V.
+    #[arg(long, value_name = "PV.npy", requires = "past_key")]
+    past_value: Option<PathBuf>,
+    /// Valid keys per batch entry [B], int32 or int64.
+    #[arg(long, value_name = "L.npy")]
+    nonpad_kv_seqlen: Option<PathBuf>,
+    /// Causal masking (key j allowed for query i iff j <= i + offset).
+    #[arg(long)]
+    is_causal: bool,
+    /// Score scale (default 1/sqrt(Dk)).
+    #[arg(long, value_name = "S")]
+    scale: Option<f32>,
+    /// Softcap c: scores become c*tanh(s/c) (0 = off).
+    #[arg(long, value_name = "C", default_value_t = 0.0)]
+    softcap: f32,
+    /// Query heads, for 3D inputs.
+    #[arg(long, value_name = "N")]
+    q_num_heads: Option<usize>,
+    /// Key/value heads, for 3D inputs.
+    #[arg(long, value_name = "N")]
+    kv_num_heads: Option<usize>,
+    /// Keys further back than this are masked (-1 = unbounded).
+    #[arg(long, value_name = "N", default_value_t = -1, allow_negative_numbers = true)]
+    left_window_size: i64,
+    /// Keys further ahead than this are masked (-1 = unbounded).
+    #[arg(long, value_name = "N", default_value_t = -1, allow_negative_numbers = true)]
+    right_window_size: i64,
+    /// What --qk-matmul-output holds: 0 scaled QK^T, 1 softcapped, 2 with bias, 3 probabilities.
+    #[arg(long, value_name = "0|1|2|3", default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..=3))]
+    qk_matmul_output_mode: i64,
+    /// Which implementation runs the call.
+    #[arg(long, value_enum, default_value_t = PathArg::Auto)]
+    path: PathArg,
+    /// Output Y: [B, Hq, Sq, Dv] (4D) or [B, Sq, Hq*Dv] (3D). f32.
+    #[arg(long, value_name = "Y.npy")]
+    y: PathBuf,
+    /// Output present_key [B, Hkv, T, Dk].
+    #[arg(long, value_name = "F")]
+    present_key: Option<PathBuf>,
+    /// Output present_value [B, Hkv, T, Dv].
+    #[arg(long, value_name = "F")]
+    present_value: Option<PathBuf>,
+    /// Output qk_matmul_output [B, Hq, Sq, T] in --qk-matmul-output-mode.
+    #[arg(long, value_name = "F")]
+    qk_matmul_output: Option<PathBuf>,
+    /// Output the row logsumexp [B, Hq, Sq] (natural log; -inf for fully masked rows).
+    #[arg(long, value_name = "F")]
+    lse: Option<PathBuf>,
+}
+
+impl Args {
+    fn outputs(&self) -> Vec<(&'static str, &Path)> {
+        let mut out = vec![("Y", self.y.as_path())];
+        for (name, p) in [
+            ("present_key", &self.present_key),
+            ("present_value", &self.present_value),
+            ("qk_matmul_output", &self.qk_matmul_output),
+            ("lse", &self.lse),
+        ] {
+            if let Some(p) = p {
+                out.push((name, p.as_path()));
+            }
+        }
+        out
+    }
+
+    fn inputs(&self) -> Vec<(&'static str, &Path)> {
+        let mut out = vec![
+            ("Q", self.q.as_path()),
+            ("K", self.k.as_path()),
+            ("V", self.v.as_path()),
+        ];
+        for (name, p) in [
+            ("attn_mask", &self.attn_mask),
+            ("past_key", &self.past_key),
+            ("past_value", &self.past_value),
+            ("nonpad_kv_seqlen", &self.nonpad_kv_seqlen),
+        ] {
+            if let Some(p) = p {
+                out.push((name, p.as_path()));
+            }
+        }
+        out
+    }
+}
+
+/// Q, K, V in the 4D form, and whether they came in the 3D form.
+fn load_qkv(args: &Args) -> anyhow::Result<(HostTensor, HostTensor, HostTensor, bool)> {
+    let q = npy::read_tensor(&args.q, "Q")?;
+    let k = npy::read_tensor(&args.k, "K")?;
+    let v = npy::read_tensor(&args.v, "V")?;
+    match (q.shape().len(), args.q_num_heads, args.kv_num_heads) {
+        (3, Some(hq), Some(hkv)) => Ok((
+            split_heads("Q", &q, hq)?,
+            split_heads("K", &k, hkv)?,
+            split_heads("V", &v, hkv)?,
+            true,
+        )),
+        (3, _, _) => bail!(
+            "Q is 3D {:?}: give --q-num-heads and --kv-num-heads to split [B, S, H*D] into heads",
+            q.shape()
+        ),
+        (4, None, None) => Ok((q, k, v, false)),
+        (4, _, _) => bail!(
+            "Q is 4D {:?}: --q-num-heads/--kv-num-heads apply only to 3D inputs (opset 25 rejects them with 4D)",
+            q.shape()
+        ),
+        _ => bail!("Q must be 3D [B, S, H*D] or 4D [B, H, S, D], got shape {:?}", q.shape()),
+    }
+}
+
+pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
+    Staged::check_targets(&args.outputs(), &args.inputs())?;
+    let (q, k, v, three_d) = load_qkv(args)?;
+    let mask = args.attn_mask.as_ref().map(npy::read_mask).transpose()?;
+    let past = match (&args.past_key, &args.past_value) {
+        (Some(pk), Some(pv)) => Some((
+            npy::read_tensor(pk, "past_key")?,
+            npy::read_tensor(pv, "past_value")?,
+        )),
+        _ => None,
+    };
+    let nonpad = args
+        .nonpad_kv_seqlen
+        .as_ref()
+        .map(npy::read_lengths)
+        .transpose()?;
+
+    let options = AttentionOptions {
+        scale: args.scale,
+        softcap: args.softcap,
+        is_causal: args.is_causal,
+        left_window_size: args.left_window_size,
+        right_window_size: args.right_window_size,
+        qk_matmul_output_mode: match &args.qk_matmul_output {
+            Some(_) => Some(QkMatmulOutputMode::from_onnx(args.qk_matmul_output_mode)?),
+            None => None,
+        },
+        return_lse: args.lse.is_some(),
+        return_present: args.present_key.is_some() || args.present_value.is_some(),
+        path: match args.path {
+            PathArg::Auto => KernelPath::Auto,
+            PathArg::Unfused => KernelPath::Unfused,
+            PathArg::Cpu => KernelPath::Cpu,
+        },
+    };
+    let mut inputs = AttentionInputs::new(&q, &k, &v);
+    if let Some(m) = &mask {
+        inputs = inputs.with_mask(m);
+    }
+    if let Some((pk, pv)) = &past {
+        inputs = inputs.with_past(pk, pv);
+    }
+    inputs.nonpad_kv_seqlen = nonpad.as_deref();
+    webattn::validate(&inputs, &options)?;
+
+    // The CPU path needs no adapter; every other path takes the --backend engine.
+    let engine = if options.path == KernelPath::Cpu {
+        webattn::Engine::cpu()
+    } else {
+        super::engine(backend)?
+    };
+    let path = engine.resolve_path(&options);
+    let start = Instant::now();
+    let out = engine.attention_host_blocking(&inputs, &options)?;
+    let millis = start.elapsed().as_secs_f64() * 1e3;
+
+    let y = if three_d {
+        merge_heads(&out.y)?
+    } else {
+        out.y.clone()
+    };
+    let mut staged = Staged::new();
+    staged.stage(&args.y, &y)?;
+    let pairs = [
+        (&args.present_key, &out.present_key, "present_key"),
+        (&args.present_value, &out.present_value, "present_value"),
+        (
+            &args.qk_matmul_output,
+            &out.qk_matmul_output,
+            "qk_matmul_output",
+        ),
+        (&args.lse, &out.lse, "lse"),
+    ];
+    for (target, tensor, name) in pairs {
+        if let Some(target) = target {
+            let tensor = tensor
+                .as_ref()
+                .with_context(|| format!("the engine did not return {name}"))?;
+            staged.stage(target, tensor)?;
+        }
+    }
+    staged.commit()?;
+
+    let adapter = match engine.capabilities() {
+        Some(caps) if path != KernelPath::Cpu => caps.adapter.name.clone(),
+        _ => "CPU".to_string(),
+    };
+    eprintln!(
+        "webattn: path {path} on {adapter}; Q {:?} K {:?} V {:?}{} -> Y {:?}; {millis:.2} ms",
+        q.shape(),
+        k.shape(),
+        v.shape(),
+        past.as_ref()
+            .map(|(pk, _)| format!(" past {:?}", pk.shape()))
+            .unwrap_or_default(),
+        y.shape(),
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,136 @@
+//! `webattn check`: the conformance sweep on this adapter against the f64 oracle.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use webattn::conformance::{run_sweep, sweep_len, CaseResult, SweepKind, SweepReport};
+
+/// Arguments of `webattn check`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Every contract feature once at small, awkward sizes (under a minute on lavapipe; the default).
+    #[arg(long, conflicts_with = "full")]
+    quick: bool,
+    /// Every mask form x GQA ratio x head dims x awkward sizes, on every path.
+    #[arg(long)]
+    full: bool,
+    /// The seed the inputs are drawn from.
+    #[arg(long, default_value_t = 0x5eed)]
+    seed: u64,
+    /// Run only the cases whose name contains TEXT.
+    #[arg(long, value_name = "TEXT", default_value = "")]
+    filter: String,
+    /// Also write the results as JSON to PATH.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+}
+
+fn progress_line(done: usize, total: usize, r: &CaseResult) -> String {
+    format!(
+        "[{done}/{total}] {} {} ({}) {}",
+        if r.passed() { "pass" } else { "FAIL" },
+        r.name,
+        r.path,
+        r.report
+            .map(|rep| format!("max abs {:.2e} of {:.2e}", rep.max_abs, rep.allowed))
+            .unwrap_or_default()
+    )
+}
+
+pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
+    let kind = if args.full {
+        SweepKind::Full
+    } else {
+        SweepKind::Quick
+    };
+    let engine = super::engine(backend)?;
+    eprintln!(
+        "webattn check: {} on {}",
+        if args.full { "full" } else { "quick" },
+        engine.describe()
+    );
+    let total = sweep_len(&engine, kind, &args.filter);
+    let bar = if std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new(total as u64);
+        bar.set_style(
+            ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        Some(bar)
+    } else {
+        None
+    };
+    let start = Instant::now();
+    let mut done = 0;
+    let report = pollster::block_on(run_sweep(&engine, kind, &args.filter, args.seed, |r| {
+        done += 1;
+        match &bar {
+            Some(bar) => {
+                bar.set_position(done as u64);
+                bar.set_message(r.name.clone());
+                if !r.passed() {
+                    bar.println(progress_line(done, total, r));
+                }
+            }
+            None => eprintln!("{}", progress_line(done, total, r)),
+        }
+    }));
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    if let Some(path) = &args.json {
+        write_json(path, &report, start.elapsed().as_secs_f64())?;
+    }
+    println!("{}", report.table());
+    Ok(if report.failed() == 0 && !report.results.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn write_json(path: &std::path::Path, report: &SweepReport, seconds: f64) -> anyhow::Result<()> {
+    let cases: Vec<_> = report
+        .results
+        .iter()
+        .map(|r| {
+            json!({
+                "name": r.name,
+                "shapes": r.shapes,
+                "path": r.path.name(),
+                "passed": r.passed(),
+                "worst_output": r.worst_output,
+                "max_abs": r.report.map(|x| x.max_abs),
+                "max_rel": r.report.map(|x| x.max_rel),
+                "allowed": r.report.map(|x| x.allowed),
+                "plain_f32_abs": r.report.map(|x| x.baseline_abs),
+                "failure": r.failure,
+                "ms": r.millis,
+            })
+        })
+        .collect();
+    let value = json!({
+        "adapter": report.adapter,
+        "sweep": format!("{:?}", report.kind).to_lowercase(),
+        "seed": report.seed,
+        "seconds": seconds,
+        "passed": report.passed(),
+        "failed": report.failed(),
+        "worst_share_of_allowed": report.worst_share_of_allowed(),
+        "cases": cases,
+    });
+    let text = serde_json::to_string_pretty(&value)?;
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = path.with_file_name(format!(".{name}.webattn-{}.partial", std::process::id()));
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            anyhow::anyhow!("cannot write {}: {e}", path.display())
+        })
+}

@@ -1,0 +1,146 @@
+//! `webattn info [--json]`.
+
+use std::process::ExitCode;
+
+use serde_json::json;
+use webattn::{BackendKind, Engine};
+
+/// Arguments of `webattn info`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
+    let engine = super::engine(backend)?;
+    let report = describe(&engine);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", text(&engine));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The report as JSON.
+fn describe(engine: &Engine) -> serde_json::Value {
+    let (Some(caps), Some(plan)) = (engine.capabilities(), engine.kernel_plan()) else {
+        return json!({
+            "backend": "cpu",
+            "adapter": null,
+            "note": "no GPU adapter in use: the CPU backend (f64 oracle) computes every call",
+            "paths": ["cpu"],
+        });
+    };
+    let a = &caps.adapter;
+    let l = &caps.limits;
+    json!({
+        "backend": "gpu",
+        "adapter": {
+            "name": a.name, "vendor": format!("0x{:04x}", a.vendor), "device": format!("0x{:04x}", a.device),
+            "backend": a.backend, "device_type": a.device_type, "driver": a.driver, "driver_info": a.driver_info,
+        },
+        "limits": {
+            "max_storage_buffer_binding_size": l.max_storage_buffer_binding_size,
+            "max_buffer_size": l.max_buffer_size,
+            "max_compute_workgroup_storage_size": l.max_compute_workgroup_storage_size,
+            "max_compute_invocations_per_workgroup": l.max_compute_invocations_per_workgroup,
+            "max_compute_workgroups_per_dimension": l.max_compute_workgroups_per_dimension,
+            "max_storage_buffers_per_shader_stage": l.max_storage_buffers_per_shader_stage,
+        },
+        "features": {
+            "shader_f16": caps.shader_f16,
+            "subgroups": caps.subgroups,
+            "subgroup_min_size": caps.subgroup_min_size,
+            "subgroup_max_size": caps.subgroup_max_size,
+            "timestamp_query": caps.timestamp_query,
+        },
+        "default_path": plan.default_path.name(),
+        "paths": plan.paths.iter().map(|p| p.name()).chain(["cpu"]).collect::<Vec<_>>(),
+        "kernels": plan.kernels.iter().map(|k| json!({
+            "label": k.label, "invocations": k.invocations, "tile": k.tile,
+            "workgroup_bytes": k.workgroup_bytes, "role": k.role,
+        })).collect::<Vec<_>>(),
+        "notes": plan.notes,
+    })
+}
+
+/// The report as text.
+fn text(engine: &Engine) -> String {
+    let (Some(caps), Some(plan)) = (engine.capabilities(), engine.kernel_plan()) else {
+        debug_assert_eq!(engine.backend(), BackendKind::Cpu);
+        return "adapter:  none: no GPU adapter in use\n\
+                backend:  CPU (the f64 oracle computes every call; paths: cpu)\n"
+            .to_string();
+    };
+    let a = &caps.adapter;
+    let l = &caps.limits;
+    let mib = |b: u64| format!("{} MiB", b >> 20);
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    let mut out = String::new();
+    out += &format!("adapter:  {}\n", a.name);
+    out += &format!(
+        "          vendor 0x{:04x}, device 0x{:04x}, {} on {}\n",
+        a.vendor, a.device, a.device_type, a.backend
+    );
+    out += &format!("driver:   {} {}\n", a.driver, a.driver_info);
+    out += "limits:\n";
+    out += &format!(
+        "  storage binding        {}\n",
+        mib(l.max_storage_buffer_binding_size)
+    );
+    out += &format!("  buffer                 {}\n", mib(l.max_buffer_size));
+    out += &format!(
+        "  workgroup storage      {} KiB\n",
+        l.max_compute_workgroup_storage_size / 1024
+    );
+    out += &format!(
+        "  invocations/workgroup  {}\n",
+        l.max_compute_invocations_per_workgroup
+    );
+    out += &format!(
+        "  workgroups/dimension   {}\n",
+        l.max_compute_workgroups_per_dimension
+    );
+    out += &format!(
+        "  storage buffers/stage  {}\n",
+        l.max_storage_buffers_per_shader_stage
+    );
+    out += "features:\n";
+    out += &format!("  shader-f16             {}\n", yes(caps.shader_f16));
+    out += &format!(
+        "  subgroups              {}{}\n",
+        yes(caps.subgroups),
+        if caps.subgroups {
+            format!(
+                " (width {}..{})",
+                caps.subgroup_min_size, caps.subgroup_max_size
+            )
+        } else {
+            String::new()
+        }
+    );
+    out += &format!("  timestamp-query        {}\n", yes(caps.timestamp_query));
+    out += &format!(
+        "paths:    {} (default: {}); cpu always\n",
+        plan.paths
+            .iter()
+            .map(|p| p.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+        plan.default_path
+    );
+    out += "kernels:\n";
+    for k in &plan.kernels {
+        out += &format!(
+            "  {:<28} {:>4} invocations {:>6} B shared  {}  ({})\n",
+            k.label, k.invocations, k.workgroup_bytes, k.tile, k.role
+        );
+    }
+    for note in &plan.notes {
+        out += &format!("note:     {note}\n");
+    }
+    out
+}

@@ -1,0 +1,101 @@
+//! The kernel plan: which paths and kernel configurations the engine uses on
+//! an adapter, derived from its capability profile. `webattn info` prints it.
+
+use super::capabilities::Capabilities;
+use super::ops::{concat, gemm, mask, softmax};
+use crate::options::KernelPath;
+
+/// One kernel configuration as it will be compiled on this adapter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelConfig {
+    /// The pipeline key's text, also its wgpu label (e.g. `gemm[TRANS_A=0,TRANS_B=1]`).
+    pub label: String,
+    /// Invocations per workgroup.
+    pub invocations: u32,
+    /// The work one workgroup does, in words.
+    pub tile: String,
+    /// Workgroup memory the kernel uses, in bytes.
+    pub workgroup_bytes: u32,
+    /// Which step of which path uses it.
+    pub role: &'static str,
+}
+
+/// The paths and kernels an engine uses on one adapter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelPlan {
+    /// What `KernelPath::Auto` resolves to.
+    pub default_path: KernelPath,
+    /// The GPU paths available.
+    pub paths: Vec<KernelPath>,
+    /// The kernel configurations, in dispatch order of the unfused path.
+    pub kernels: Vec<KernelConfig>,
+    /// The largest score block the unfused path materialises at once, in bytes.
+    pub max_score_chunk_bytes: u64,
+    /// Why each choice was made, in words.
+    pub notes: Vec<String>,
+}
+
+impl KernelPlan {
+    /// The plan for an adapter with these capabilities.
+    pub fn for_capabilities(caps: &Capabilities) -> KernelPlan {
+        let limits = &caps.limits;
+        let mut kernels = vec![
+            KernelConfig {
+                label: concat::key().to_string(),
+                invocations: concat::WORKGROUP as u32,
+                tile: format!("{} elements of present_key/value", concat::WORKGROUP),
+                workgroup_bytes: 0,
+                role: "unfused: KV cache concatenation",
+            },
+            KernelConfig {
+                label: gemm::key(false, true).to_string(),
+                invocations: gemm::INVOCATIONS,
+                tile: gemm::TILE_TEXT.to_string(),
+                workgroup_bytes: gemm::WORKGROUP_BYTES,
+                role: "unfused: S = scale * Q K^T",
+            },
+            KernelConfig {
+                label: mask::key().to_string(),
+                invocations: mask::WORKGROUP,
+                tile: "one score row".to_string(),
+                workgroup_bytes: 0,
+                role: "unfused: softcap, masks, causal, windows, padding",
+            },
+            KernelConfig {
+                label: softmax::key().to_string(),
+                invocations: softmax::WORKGROUP,
+                tile: "one score row".to_string(),
+                workgroup_bytes: softmax::WORKGROUP_BYTES,
+                role: "unfused: row softmax and logsumexp",
+            },
+            KernelConfig {
+                label: gemm::key(false, false).to_string(),
+                invocations: gemm::INVOCATIONS,
+                tile: gemm::TILE_TEXT.to_string(),
+                workgroup_bytes: gemm::WORKGROUP_BYTES,
+                role: "unfused: Y = P V",
+            },
+        ];
+        kernels.retain(|k| {
+            k.workgroup_bytes <= limits.max_compute_workgroup_storage_size
+                && k.invocations <= limits.max_compute_invocations_per_workgroup
+        });
+        let notes = vec![
+            format!(
+                "score blocks of at most {} MiB (max_storage_buffer_binding_size)",
+                limits.max_bindable_bytes() >> 20
+            ),
+            format!(
+                "dispatches beyond {} workgroups per dimension fold into a 2D grid",
+                limits.max_compute_workgroups_per_dimension
+            ),
+        ];
+        KernelPlan {
+            default_path: KernelPath::Unfused,
+            paths: vec![KernelPath::Unfused],
+            kernels,
+            max_score_chunk_bytes: limits.max_bindable_bytes(),
+            notes,
+        }
+    }
+}

@@ -1,0 +1,684 @@
+//! The `webattn` binary: `attend` round trips on every option compared with the
+//! oracle, the ONNX reference cases through the binary, malformed files and
+//! usage errors (exit codes 1 and 2, no output file created), `info`, and
+//! `check --quick` with its last line.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use webattn::conformance::{compare, CaseSpec, MaskForm, DEFAULT_FLOOR};
+use webattn::{npy, AttentionInputs, AttentionOptions, HostTensor, QkMatmulOutputMode};
+
+fn bin() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_webattn"));
+    cmd.env("RUST_LOG", "warn");
+    cmd
+}
+
+/// `--backend gpu` when the tests have a GPU, else `--backend cpu`.
+fn backend() -> &'static str {
+    if common::gpu().is_some() {
+        "gpu"
+    } else {
+        "cpu"
+    }
+}
+
+/// A fresh folder for one test's files.
+fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("webattn-cli-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn write<T: npyz::AutoSerialize + Copy>(
+    path: &Path,
+    shape: &[usize],
+    data: &[T],
+    order: npyz::Order,
+) {
+    use npyz::WriterBuilder;
+    let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+    let file = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let mut w = npyz::WriteOptions::<T>::new()
+        .default_dtype()
+        .order(order)
+        .shape(&shape)
+        .writer(file)
+        .begin_nd()
+        .unwrap();
+    w.extend(data.iter().copied()).unwrap();
+    w.finish().unwrap();
+}
+
+fn write_f32(dir: &Path, name: &str, t: &HostTensor) -> PathBuf {
+    let p = dir.join(format!("{name}.npy"));
+    npy::write_tensor(&p, t).unwrap();
+    p
+}
+
+fn run(args: &[&str]) -> Output {
+    let out = bin().args(args).output().expect("the binary runs");
+    eprintln!(
+        "$ webattn {}\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn arg(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Checks an output file against the oracle's values with the tolerance rule.
+fn assert_close(name: &str, file: &Path, exact: &[f64], plain: &[f32]) {
+    let got = npy::read_tensor(file, "output").unwrap();
+    let report = compare(got.data(), exact, plain, DEFAULT_FLOOR);
+    println!(
+        "{name:<40} max abs {:.2e} allowed {:.2e}",
+        report.max_abs, report.allowed
+    );
+    assert!(report.passed(), "{name}: {report:?}");
+}
+
+/// Runs `attend` on a generated case with extra flags, and checks Y, the
+/// logsumexp and (when asked) qk_matmul_output against the oracle.
+fn round_trip(test: &str, case: CaseSpec, flags: &[&str]) {
+    let dir = scratch(test);
+    let inputs = case.generate(11).unwrap();
+    let mut args: Vec<String> = vec!["--backend".into(), backend().into(), "attend".into()];
+    for (flag, name, t) in [
+        ("--q", "Q", &inputs.q),
+        ("--k", "K", &inputs.k),
+        ("--v", "V", &inputs.v),
+    ] {
+        args.extend([
+            flag.to_string(),
+            write_f32(&dir, name, t).display().to_string(),
+        ]);
+    }
+    if let Some((pk, pv)) = &inputs.past {
+        args.extend([
+            "--past-key".into(),
+            write_f32(&dir, "PK", pk).display().to_string(),
+        ]);
+        args.extend([
+            "--past-value".into(),
+            write_f32(&dir, "PV", pv).display().to_string(),
+        ]);
+        args.extend([
+            "--present-key".into(),
+            dir.join("present_key.npy").display().to_string(),
+        ]);
+        args.extend([
+            "--present-value".into(),
+            dir.join("present_value.npy").display().to_string(),
+        ]);
+    }
+    if let Some(mask) = &inputs.mask {
+        let p = dir.join("mask.npy");
+        match mask {
+            webattn::HostMask::Bool { shape, data } => write(&p, shape, data, npyz::Order::C),
+            webattn::HostMask::Float(t) => {
+                // Float masks go in as f16 when every value is exact in f16, else f32.
+                let as_f16: Vec<half::f16> =
+                    t.data().iter().map(|&x| half::f16::from_f32(x)).collect();
+                write(&p, t.shape(), &as_f16, npyz::Order::C);
+            }
+        }
+        args.extend(["--attn-mask".into(), p.display().to_string()]);
+    }
+    if let Some(lengths) = &inputs.nonpad {
+        let p = dir.join("nonpad.npy");
+        let as_i32: Vec<i32> = lengths.iter().map(|&l| l as i32).collect();
+        write(&p, &[as_i32.len()], &as_i32, npyz::Order::C);
+        args.extend(["--nonpad-kv-seqlen".into(), p.display().to_string()]);
+    }
+    let y = dir.join("Y.npy");
+    let lse = dir.join("lse.npy");
+    let qk = dir.join("qk.npy");
+    args.extend([
+        "--y".into(),
+        y.display().to_string(),
+        "--lse".into(),
+        lse.display().to_string(),
+    ]);
+    if case.options.qk_matmul_output_mode.is_some() {
+        args.extend(["--qk-matmul-output".into(), qk.display().to_string()]);
+    }
+    args.extend(flags.iter().map(|s| s.to_string()));
+    let out = bin().args(&args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{test}: {stderr}");
+    assert!(stderr.contains("webattn: path "), "{stderr}");
+
+    // The oracle on what the files hold (f16 masks were rounded on the way).
+    let mask = inputs.mask.as_ref().map(|m| match m {
+        webattn::HostMask::Float(t) => webattn::HostMask::float(
+            t.shape().to_vec(),
+            t.data()
+                .iter()
+                .map(|&x| half::f16::from_f32(x).to_f32())
+                .collect(),
+        )
+        .unwrap(),
+        other => other.clone(),
+    });
+    let mut host = AttentionInputs::new(&inputs.q, &inputs.k, &inputs.v);
+    if let Some(m) = &mask {
+        host = host.with_mask(m);
+    }
+    if let Some((pk, pv)) = &inputs.past {
+        host = host.with_past(pk, pv);
+    }
+    host.nonpad_kv_seqlen = inputs.nonpad.as_deref();
+    let exact = webattn::cpu::attention_exact(&host, &case.options).unwrap();
+    let plain = webattn::cpu::attention_plain_f32(&host, &case.options).unwrap();
+    assert_close(&format!("{test} Y"), &y, &exact.y, &plain.y);
+    assert_close(&format!("{test} lse"), &lse, &exact.lse, &plain.lse);
+    if case.options.qk_matmul_output_mode.is_some() {
+        assert_close(&format!("{test} qk"), &qk, &exact.qk, &plain.qk);
+    }
+    if let Some((pk, _)) = &inputs.past {
+        let present = npy::read_tensor(dir.join("present_key.npy"), "present_key").unwrap();
+        assert_eq!(present.shape()[2], pk.shape()[2] + inputs.k.shape()[2]);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn attend_round_trips_every_option() {
+    let qk = |mode| move |o: &mut AttentionOptions| o.qk_matmul_output_mode = Some(mode);
+    round_trip(
+        "plain",
+        CaseSpec::new("plain", [2, 4, 2], [7, 33], [8, 16]),
+        &[],
+    );
+    round_trip(
+        "causal-bool-mask-scale",
+        CaseSpec::new("c", [1, 2, 2], [33, 33], [8, 8])
+            .mask(MaskForm::Bool(2))
+            .with(|o| {
+                o.is_causal = true;
+                o.scale = Some(0.25);
+            }),
+        &["--is-causal", "--scale", "0.25"],
+    );
+    round_trip(
+        "float-mask-softcap-mode1",
+        CaseSpec::new("s", [2, 3, 1], [7, 9], [8, 8])
+            .mask(MaskForm::Float(4))
+            .logits(8.0)
+            .with(|o| {
+                o.softcap = 3.0;
+                o.qk_matmul_output_mode = Some(QkMatmulOutputMode::Softcapped);
+            }),
+        &["--softcap", "3", "--qk-matmul-output-mode", "1"],
+    );
+    round_trip(
+        "past-windows-mode2",
+        CaseSpec::new("p", [1, 4, 2], [5, 5], [8, 8])
+            .past(6)
+            .with(|o| {
+                o.is_causal = true;
+                o.left_window_size = 3;
+                o.qk_matmul_output_mode = Some(QkMatmulOutputMode::Biased);
+            }),
+        &[
+            "--is-causal",
+            "--left-window-size",
+            "3",
+            "--qk-matmul-output-mode",
+            "2",
+        ],
+    );
+    round_trip(
+        "nonpad-right-window-mode3-unfused",
+        CaseSpec::new("n", [3, 2, 2], [6, 12], [8, 8])
+            .nonpad()
+            .with(|o| {
+                o.right_window_size = 2;
+                o.left_window_size = 4;
+                o.qk_matmul_output_mode = Some(QkMatmulOutputMode::Probabilities);
+            }),
+        &[
+            "--right-window-size",
+            "2",
+            "--left-window-size",
+            "4",
+            "--qk-matmul-output-mode",
+            "3",
+            "--path",
+            if backend() == "gpu" {
+                "unfused"
+            } else {
+                "auto"
+            },
+        ],
+    );
+    round_trip(
+        "mode0-cpu-path",
+        CaseSpec::new("m", [1, 2, 1], [4, 9], [8, 4]).with(qk(QkMatmulOutputMode::Scaled)),
+        &["--qk-matmul-output-mode", "0", "--path", "cpu"],
+    );
+}
+
+#[test]
+fn attend_reads_f16_inputs_and_the_3d_form() {
+    let dir = scratch("f16-3d");
+    // 3D: Q [B, S, Hq*D] with 4 query heads, K/V [B, L, Hkv*D] with 2 KV heads, f16.
+    let mut rng = webattn::rng::SplitMix64::new(3);
+    let (b, s, l, d) = (2, 5, 7, 8);
+    let to_f16 = |v: Vec<f32>| v.into_iter().map(half::f16::from_f32).collect::<Vec<_>>();
+    let q = to_f16(rng.normal_vec(b * s * 4 * d, 1.0));
+    let k = to_f16(rng.normal_vec(b * l * 2 * d, 1.0));
+    let v = to_f16(rng.normal_vec(b * l * 2 * d, 1.0));
+    write(&dir.join("q.npy"), &[b, s, 4 * d], &q, npyz::Order::C);
+    write(&dir.join("k.npy"), &[b, l, 2 * d], &k, npyz::Order::C);
+    write(&dir.join("v.npy"), &[b, l, 2 * d], &v, npyz::Order::C);
+    let y = dir.join("y.npy");
+    let out = run(&[
+        "--backend",
+        backend(),
+        "attend",
+        "--q",
+        arg(&dir.join("q.npy")),
+        "--k",
+        arg(&dir.join("k.npy")),
+        "--v",
+        arg(&dir.join("v.npy")),
+        "--q-num-heads",
+        "4",
+        "--kv-num-heads",
+        "2",
+        "--is-causal",
+        "--y",
+        arg(&y),
+    ]);
+    assert!(out.status.success());
+    let got = npy::read_tensor(&y, "Y").unwrap();
+    assert_eq!(got.shape(), &[b, s, 4 * d]);
+
+    let widen = |v: &[half::f16], shape: [usize; 3]| {
+        HostTensor::new(shape, v.iter().map(|x| x.to_f32()).collect()).unwrap()
+    };
+    let q4 = webattn::layout::split_heads("Q", &widen(&q, [b, s, 4 * d]), 4).unwrap();
+    let k4 = webattn::layout::split_heads("K", &widen(&k, [b, l, 2 * d]), 2).unwrap();
+    let v4 = webattn::layout::split_heads("V", &widen(&v, [b, l, 2 * d]), 2).unwrap();
+    let options = AttentionOptions {
+        is_causal: true,
+        ..Default::default()
+    };
+    let host = AttentionInputs::new(&q4, &k4, &v4);
+    let exact = webattn::cpu::attention_exact(&host, &options).unwrap();
+    let plain = webattn::cpu::attention_plain_f32(&host, &options).unwrap();
+    let to_3d = |v: Vec<f32>| {
+        webattn::layout::merge_heads(&HostTensor::new([b, 4, s, d], v).unwrap())
+            .unwrap()
+            .into_data()
+    };
+    let exact_3d: Vec<f64> = to_3d(exact.y.iter().map(|&x| x as f32).collect())
+        .into_iter()
+        .map(f64::from)
+        .collect();
+    let report = compare(got.data(), &exact_3d, &to_3d(plain.y), 1e-6);
+    println!(
+        "3D f16 Y max abs {:.2e} allowed {:.2e}",
+        report.max_abs, report.allowed
+    );
+    assert!(report.max_abs < 1e-5, "{report:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn attend_reproduces_the_onnx_reference_cases() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/onnx");
+    let dir = scratch("onnx");
+    let mut count = 0;
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("attrs.json").exists())
+        .collect();
+    cases.sort();
+    for case in cases {
+        let attrs: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(case.join("attrs.json")).unwrap())
+                .unwrap();
+        let file = |n: &str| case.join(format!("{n}.npy"));
+        let mut args: Vec<String> = vec!["--backend".into(), backend().into(), "attend".into()];
+        for (flag, name) in [
+            ("--q", "Q"),
+            ("--k", "K"),
+            ("--v", "V"),
+            ("--attn-mask", "attn_mask"),
+            ("--past-key", "past_key"),
+            ("--past-value", "past_value"),
+            ("--nonpad-kv-seqlen", "nonpad_kv_seqlen"),
+        ] {
+            if file(name).exists() {
+                args.extend([flag.into(), file(name).display().to_string()]);
+            }
+        }
+        for (key, flag) in [
+            ("scale", "--scale"),
+            ("softcap", "--softcap"),
+            ("q_num_heads", "--q-num-heads"),
+            ("kv_num_heads", "--kv-num-heads"),
+            ("left_window_size", "--left-window-size"),
+            ("right_window_size", "--right-window-size"),
+            ("qk_matmul_output_mode", "--qk-matmul-output-mode"),
+        ] {
+            if let Some(v) = attrs.get(key) {
+                args.extend([flag.into(), v.to_string()]);
+            }
+        }
+        if attrs.get("is_causal").and_then(|v| v.as_i64()) == Some(1) {
+            args.push("--is-causal".into());
+        }
+        let mut produced = vec![("Y", dir.join("Y.npy"))];
+        for name in ["present_key", "present_value", "qk_matmul_output"] {
+            if file(name).exists() {
+                produced.push((name, dir.join(format!("{name}.npy"))));
+            }
+        }
+        for (name, path) in &produced {
+            args.extend([
+                format!("--{}", name.to_lowercase().replace('_', "-")),
+                path.display().to_string(),
+            ]);
+        }
+        let out = bin().args(&args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            case.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for (name, path) in &produced {
+            let got = npy::read_tensor(path, "output").unwrap();
+            let want = npy::read_tensor(file(name), "expected").unwrap();
+            assert_eq!(got.shape(), want.shape(), "{} {name}", case.display());
+            let worst = got
+                .data()
+                .iter()
+                .zip(want.data())
+                .map(|(&g, &w)| {
+                    if w.is_finite() {
+                        (g - w).abs()
+                    } else if g == w {
+                        0.0
+                    } else {
+                        f32::INFINITY
+                    }
+                })
+                .fold(0.0f32, f32::max);
+            assert!(
+                worst <= 2e-6,
+                "{} {name}: max error {worst:e} against ONNX",
+                case.display()
+            );
+        }
+        count += 1;
+    }
+    println!("webattn attend reproduced {count} ONNX reference cases");
+    assert!(count >= 30);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Runs `attend` with Q from `q` (K and V valid) and expects exit code 1, an
+/// error message containing `needle`, and no output file.
+fn expect_failure(test: &str, q: impl FnOnce(&Path) -> PathBuf, needle: &str) {
+    let dir = scratch(test);
+    let k = write_f32(
+        &dir,
+        "K",
+        &HostTensor::new([1, 1, 3, 4], vec![0.5; 12]).unwrap(),
+    );
+    let v = write_f32(
+        &dir,
+        "V",
+        &HostTensor::new([1, 1, 3, 4], vec![0.5; 12]).unwrap(),
+    );
+    let q = q(&dir);
+    let y = dir.join("Y.npy");
+    let before = std::fs::read(&q).ok();
+    let out = run(&[
+        "--backend",
+        backend(),
+        "attend",
+        "--q",
+        arg(&q),
+        "--k",
+        arg(&k),
+        "--v",
+        arg(&v),
+        "--y",
+        arg(&y),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{test}: {stderr}");
+    assert!(
+        stderr.contains("error:") && stderr.contains(needle),
+        "{test}: {stderr}"
+    );
+    assert!(!y.exists(), "{test}: an output file was created");
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name())
+        .collect();
+    assert!(
+        !leftovers
+            .iter()
+            .any(|n| n.to_string_lossy().contains("partial")),
+        "{leftovers:?}"
+    );
+    assert_eq!(before, std::fs::read(&q).ok(), "{test}: the input changed");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn malformed_inputs_fail_cleanly() {
+    let good = || HostTensor::new([1, 1, 2, 4], vec![0.25; 8]).unwrap();
+    expect_failure(
+        "truncated",
+        |d| {
+            let p = write_f32(d, "Q", &good());
+            let bytes = std::fs::read(&p).unwrap();
+            std::fs::write(&p, &bytes[..bytes.len() - 6]).unwrap();
+            p
+        },
+        "truncated",
+    );
+    expect_failure(
+        "dtype",
+        |d| {
+            let p = d.join("Q.npy");
+            write(&p, &[1, 1, 2, 4], &[1i8; 8], npyz::Order::C);
+            p
+        },
+        "element type",
+    );
+    expect_failure(
+        "int32-q",
+        |d| {
+            let p = d.join("Q.npy");
+            write(&p, &[1, 1, 2, 4], &[1i32; 8], npyz::Order::C);
+            p
+        },
+        "int32",
+    );
+    expect_failure(
+        "rank",
+        |d| write_f32(d, "Q", &HostTensor::new([2, 4], vec![0.0; 8]).unwrap()),
+        "3D [B, S, H*D] or 4D",
+    );
+    expect_failure(
+        "mismatch",
+        |d| {
+            write_f32(
+                d,
+                "Q",
+                &HostTensor::new([2, 1, 2, 4], vec![0.0; 16]).unwrap(),
+            )
+        },
+        "batch",
+    );
+    expect_failure(
+        "directory",
+        |d| {
+            let p = d.join("Q.npy");
+            std::fs::create_dir(&p).unwrap();
+            p
+        },
+        "directory",
+    );
+    expect_failure("missing", |d| d.join("nope.npy"), "cannot read");
+    expect_failure(
+        "fortran",
+        |d| {
+            let p = d.join("Q.npy");
+            write(&p, &[1, 1, 2, 4], &[0.5f32; 8], npyz::Order::Fortran);
+            p
+        },
+        "Fortran",
+    );
+    expect_failure(
+        "not-npy",
+        |d| {
+            let p = d.join("Q.npy");
+            std::fs::write(&p, b"this is not numpy").unwrap();
+            p
+        },
+        "not a valid .npy",
+    );
+}
+
+#[test]
+fn outputs_never_overwrite_inputs() {
+    let dir = scratch("overwrite");
+    let q = write_f32(
+        &dir,
+        "Q",
+        &HostTensor::new([1, 1, 2, 4], vec![0.25; 8]).unwrap(),
+    );
+    let before = std::fs::read(&q).unwrap();
+    let out = run(&[
+        "attend",
+        "--q",
+        arg(&q),
+        "--k",
+        arg(&q),
+        "--v",
+        arg(&q),
+        "--y",
+        arg(&q),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("would overwrite input"));
+    assert_eq!(before, std::fs::read(&q).unwrap());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn usage_errors_exit_with_2() {
+    for args in [
+        vec!["attend", "--q", "q.npy"],
+        vec!["frobnicate"],
+        vec![
+            "attend",
+            "--q",
+            "a",
+            "--k",
+            "b",
+            "--v",
+            "c",
+            "--y",
+            "d",
+            "--qk-matmul-output-mode",
+            "5",
+        ],
+        vec!["check", "--quick", "--full"],
+        vec![
+            "attend",
+            "--q",
+            "a",
+            "--k",
+            "b",
+            "--v",
+            "c",
+            "--y",
+            "d",
+            "--past-key",
+            "p",
+        ],
+    ] {
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
+}
+
+#[test]
+fn info_reports_the_adapter_and_the_plan() {
+    let out = run(&["--backend", backend(), "info", "--json"]);
+    assert!(out.status.success());
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    if backend() == "gpu" {
+        assert!(json["adapter"]["name"]
+            .as_str()
+            .is_some_and(|n| !n.is_empty()));
+        assert!(json["kernels"].as_array().is_some_and(|k| !k.is_empty()));
+        let text = run(&["info"]);
+        assert!(String::from_utf8_lossy(&text.stdout).contains("kernels:"));
+    }
+    let cpu = run(&["--backend", "cpu", "info"]);
+    assert!(cpu.status.success());
+    assert!(String::from_utf8_lossy(&cpu.stdout).contains("CPU"));
+}
+
+#[test]
+fn check_quick_ends_with_the_summary_line() {
+    let dir = scratch("check");
+    let json = dir.join("check.json");
+    let out = run(&[
+        "--backend",
+        backend(),
+        "check",
+        "--quick",
+        "--json",
+        arg(&json),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout
+        .trim_end()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    println!("{stdout}");
+    let (passed, failed) = last
+        .split_once(" passed, ")
+        .expect("last line is 'N passed, N failed'");
+    let passed: usize = passed.parse().unwrap();
+    assert_eq!(failed, "0 failed", "{last}");
+    assert!(passed > 30, "{last}");
+    assert!(out.status.success());
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["passed"].as_u64(), Some(passed as u64));
+
+    // The CPU backend runs the same sweep, and a filter narrows it.
+    let out = run(&["--backend", "cpu", "check", "--filter", "mask-float"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(
+        stdout.trim_end().ends_with("4 passed, 0 failed"),
+        "{stdout}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
