@@ -52,6 +52,8 @@ pub struct EngineOptions {
     /// `Some(wgpu::Limits::default())` runs under the WebGPU defaults that every
     /// browser guarantees. Limits beyond the adapter's give [`Error::RequestDevice`].
     pub limits: Option<wgpu::Limits>,
+    /// The GEMM kernel to record (`None`: chosen from the adapter's profile).
+    pub gemm_kernel: Option<crate::gpu::ops::gemm::GemmKernel>,
 }
 
 #[derive(Debug)]
@@ -88,12 +90,20 @@ impl Engine {
     pub async fn with_options(options: EngineOptions) -> Result<Engine> {
         let backend = match options.backend {
             BackendPreference::Cpu => Backend::Cpu,
-            BackendPreference::Gpu => Backend::Gpu(
-                GpuContext::request_with_limits(options.power, options.limits.clone()).await?,
-            ),
+            BackendPreference::Gpu => {
+                let ctx =
+                    GpuContext::request_with_limits(options.power, options.limits.clone()).await?;
+                Backend::Gpu(match options.gemm_kernel {
+                    Some(kernel) => ctx.with_gemm_kernel(kernel)?,
+                    None => ctx,
+                })
+            }
             BackendPreference::Auto => {
                 match GpuContext::request_with_limits(options.power, options.limits.clone()).await {
-                    Ok(ctx) => Backend::Gpu(ctx),
+                    Ok(ctx) => Backend::Gpu(match options.gemm_kernel {
+                        Some(kernel) => ctx.with_gemm_kernel(kernel)?,
+                        None => ctx,
+                    }),
                     Err(e) => {
                         log::warn!("webattn: {e}; using the CPU backend");
                         Backend::Cpu

@@ -26,6 +26,7 @@
 
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod conformance;
 pub mod cpu;
 mod device_tensor;

@@ -68,6 +68,22 @@ fn large_logits_and_fully_masked_rows() {
 }
 
 #[test]
+fn quick_sweep_with_the_tiled_gemm() {
+    // The tiled GEMM is what GPUs without fixed CPU subgroups (and GL) record;
+    // on lavapipe the subgroup GEMM is the default, so force the other one here.
+    if common::gpu().is_none() {
+        return;
+    }
+    let options = webattn::EngineOptions {
+        backend: webattn::BackendPreference::Gpu,
+        gemm_kernel: Some(webattn::gpu::ops::gemm::GemmKernel::Tiled),
+        ..Default::default()
+    };
+    let engine = webattn::Engine::with_options_blocking(options).expect("a GPU engine");
+    common::run_cases(&engine, &sweep(SweepKind::Quick), KernelPath::Unfused);
+}
+
+#[test]
 fn cpu_backend_matches_the_oracle() {
     // The CPU path is the oracle rounded to f32: it must pass the same rule.
     let engine = webattn::Engine::cpu();

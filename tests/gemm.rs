@@ -5,8 +5,8 @@
 mod common;
 
 use webattn::conformance::{compare, DEFAULT_FLOOR};
-use webattn::gpu::kernels::gemm_host;
-use webattn::gpu::ops::gemm::GemmSpec;
+use webattn::gpu::kernels::gemm_host_with;
+use webattn::gpu::ops::gemm::{GemmKernel, GemmSpec};
 use webattn::rng::SplitMix64;
 
 /// C = alpha·op(A)·op(B) + beta·C computed plainly in `F`, for the oracle (f64)
@@ -49,6 +49,16 @@ where
     out
 }
 
+/// Every GEMM kernel this adapter can run: the tiled one always, the
+/// subgroup one on CPU adapters with fixed subgroups of 4 or 8.
+fn kernels(ctx: &webattn::GpuContext) -> Vec<GemmKernel> {
+    let mut kernels = vec![GemmKernel::Tiled];
+    if let Some(width) = ctx.capabilities().fixed_cpu_subgroup() {
+        kernels.push(GemmKernel::Subgroup { width });
+    }
+    kernels
+}
+
 fn check(name: &str, spec: &GemmSpec, seed: u64) {
     let Some(engine) = common::gpu() else { return };
     let ctx = engine.gpu().expect("a GPU engine");
@@ -57,15 +67,18 @@ fn check(name: &str, spec: &GemmSpec, seed: u64) {
     let a = rng.normal_vec(a_len, 1.0);
     let b = rng.normal_vec(b_len, 1.0);
     let c = rng.normal_vec(c_len, 1.0);
-    let got = pollster::block_on(gemm_host(ctx, spec, &a, &b, &c)).expect("gemm runs");
     let exact = reference::<f64>(spec, &a, &b, &c);
     let plain = reference::<f32>(spec, &a, &b, &c);
-    let report = compare(&got, &exact, &plain, DEFAULT_FLOOR);
-    println!(
-        "{name:<40} max_abs {:.3e} allowed {:.3e} (plain f32 {:.3e})",
-        report.max_abs, report.allowed, report.baseline_abs
-    );
-    assert!(report.passed(), "{name}: {report:?}");
+    for kernel in kernels(ctx) {
+        let got =
+            pollster::block_on(gemm_host_with(ctx, kernel, spec, &a, &b, &c)).expect("gemm runs");
+        let report = compare(&got, &exact, &plain, DEFAULT_FLOOR);
+        println!(
+            "{name:<40} {kernel:?}: max_abs {:.3e} allowed {:.3e} (plain f32 {:.3e})",
+            report.max_abs, report.allowed, report.baseline_abs
+        );
+        assert!(report.passed(), "{name} on {kernel:?}: {report:?}");
+    }
 }
 
 #[test]

@@ -32,9 +32,10 @@ pub(crate) fn check_bindable(ctx: &GpuContext, what: &str, bytes: u64) -> Result
     Ok(())
 }
 
-/// Bytes of `len` f32 values, never less than 4 (wgpu rejects empty bindings).
+/// Bytes of a buffer for `len` f32 values: rounded up to whole vec4s (16 bytes),
+/// so every buffer can also be bound as `array<vec4<f32>>`, and never empty.
 fn f32_bytes(len: usize) -> u64 {
-    (len.max(1) * 4) as u64
+    (len.max(1).div_ceil(4) * 16) as u64
 }
 
 /// A zero-filled storage buffer of `len` f32 (or u32/i32) values.
@@ -56,18 +57,25 @@ pub(crate) fn upload<T: bytemuck::Pod>(
     data: &[T],
 ) -> Result<wgpu::Buffer> {
     let bytes: &[u8] = bytemuck::cast_slice(data);
-    let size = (bytes.len().max(4)) as u64;
+    let size = (bytes.len().max(1).div_ceil(16) * 16) as u64;
     check_bindable(ctx, label, size)?;
-    if bytes.is_empty() {
-        return storage(ctx, label, 1);
+    let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size,
+        usage: STORAGE,
+        mapped_at_creation: false,
+    });
+    // Whole 4-byte words go straight in; the padding stays zero.
+    let whole = bytes.len() & !3;
+    if whole > 0 {
+        ctx.queue.write_buffer(&buffer, 0, &bytes[..whole]);
     }
-    Ok(ctx
-        .device
-        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents: bytes,
-            usage: STORAGE,
-        }))
+    if whole < bytes.len() {
+        let mut tail = [0u8; 4];
+        tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+        ctx.queue.write_buffer(&buffer, whole as u64, &tail);
+    }
+    Ok(buffer)
 }
 
 /// A uniform buffer holding one parameter struct.

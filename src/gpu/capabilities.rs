@@ -112,6 +112,31 @@ impl Capabilities {
         }
     }
 
+    /// The GEMM kernel for this adapter: the subgroup-shuffle kernel on
+    /// CPU-backed adapters with fixed subgroups of 4 or 8 lanes (where a
+    /// storage load costs a loop over the lanes and a shuffle one permute), the
+    /// tiled workgroup-memory kernel everywhere else. `WEBATTN_GEMM=tiled`
+    /// forces the tiled kernel natively.
+    pub fn gemm_kernel(&self) -> crate::gpu::ops::gemm::GemmKernel {
+        use crate::gpu::ops::gemm::GemmKernel;
+        #[cfg(not(target_arch = "wasm32"))]
+        if std::env::var("WEBATTN_GEMM").as_deref() == Ok("tiled") {
+            return GemmKernel::Tiled;
+        }
+        match self.fixed_cpu_subgroup() {
+            Some(width) => GemmKernel::Subgroup { width },
+            None => GemmKernel::Tiled,
+        }
+    }
+
+    /// The subgroup width when the adapter is CPU-backed, has subgroups, and
+    /// their width is fixed at 4 or 8 (lavapipe: 8, SwiftShader: 4).
+    pub fn fixed_cpu_subgroup(&self) -> Option<u32> {
+        let fixed = self.subgroups && self.subgroup_min_size == self.subgroup_max_size;
+        (self.adapter.device_type == "Cpu" && fixed && matches!(self.subgroup_min_size, 4 | 8))
+            .then_some(self.subgroup_min_size)
+    }
+
     /// One line naming the adapter, its type and backend.
     pub fn summary(&self) -> String {
         format!(

@@ -3,6 +3,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::capabilities::Capabilities;
+use super::ops::gemm::GemmKernel;
 use super::pipeline::PipelineCache;
 use crate::error::{Error, Result};
 
@@ -35,6 +36,8 @@ pub struct GpuContext {
     pub(crate) queue: wgpu::Queue,
     pub(crate) caps: Arc<Capabilities>,
     pub(crate) pipelines: Arc<PipelineCache>,
+    pub(crate) profiler: Arc<Mutex<Option<Arc<super::profile::Profiler>>>>,
+    gemm_kernel: GemmKernel,
     lost: Arc<Mutex<Option<String>>>,
 }
 
@@ -155,7 +158,9 @@ impl GpuContext {
             pipelines: Arc::new(PipelineCache::new(device.clone())),
             device,
             queue,
+            gemm_kernel: caps.gemm_kernel(),
             caps: Arc::new(caps),
+            profiler: Arc::new(Mutex::new(None)),
             lost,
         })
     }
@@ -163,6 +168,29 @@ impl GpuContext {
     /// The capability profile.
     pub fn capabilities(&self) -> &Capabilities {
         &self.caps
+    }
+
+    /// The GEMM kernel this context records (chosen from the capability profile).
+    pub fn gemm_kernel(&self) -> GemmKernel {
+        self.gemm_kernel
+    }
+
+    /// This context with another GEMM kernel, e.g. to test or measure the tiled
+    /// kernel on an adapter that would use the subgroup one. A subgroup kernel
+    /// on an adapter without fixed CPU subgroups of that width is refused.
+    pub fn with_gemm_kernel(mut self, kernel: GemmKernel) -> Result<GpuContext> {
+        if let GemmKernel::Subgroup { width } = kernel {
+            if self.caps.fixed_cpu_subgroup() != Some(width) {
+                return Err(Error::InvalidOption {
+                    name: "gemm_kernel",
+                    value: format!("{kernel:?}"),
+                    reason:
+                        "the subgroup GEMM needs a CPU adapter with fixed subgroups of that width",
+                });
+            }
+        }
+        self.gemm_kernel = kernel;
+        Ok(self)
     }
 
     /// The pipeline cache.
@@ -176,6 +204,20 @@ impl GpuContext {
             Some(reason) => Err(Error::DeviceLost(reason.clone())),
             None => Ok(()),
         }
+    }
+
+    /// Waits until every submitted command has finished on the GPU.
+    pub async fn finish(&self) -> Result<()> {
+        let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
+        self.queue.on_submitted_work_done(move || {
+            let _ = sender.send(());
+        });
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Readback(e.to_string()))?;
+        receiver.receive().await;
+        self.check_alive()
     }
 
     /// Destroys the device, as a driver reset would. Every later call fails with
@@ -211,11 +253,19 @@ impl GpuContext {
 
 /// Turns an error captured in a scope around `what` into a typed [`Error`].
 pub(crate) fn classify(what: &str, error: &wgpu::Error) -> Error {
+    // wgpu's Display is only the top line ("Validation Error"); the causes say what.
+    let mut message = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
     match error {
-        wgpu::Error::OutOfMemory { .. } => Error::OutOfMemory(format!("{what}: {error}")),
+        wgpu::Error::OutOfMemory { .. } => Error::OutOfMemory(format!("{what}: {message}")),
         _ => Error::Gpu {
             kernel: what.to_string(),
-            message: error.to_string(),
+            message,
         },
     }
 }

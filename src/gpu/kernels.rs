@@ -21,9 +21,22 @@ fn check_len(tensor: &'static str, got: usize, needed: usize) -> Result<()> {
     Ok(())
 }
 
-/// Runs one GEMM on host slices and returns the new C (same length as `c`).
+/// Runs one GEMM on host slices with the context's GEMM kernel and returns
+/// the new C (same length as `c`).
 pub async fn gemm_host(
     ctx: &GpuContext,
+    spec: &gemm::GemmSpec,
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+) -> Result<Vec<f32>> {
+    gemm_host_with(ctx, ctx.gemm_kernel(), spec, a, b, c).await
+}
+
+/// [`gemm_host`] with a given GEMM kernel.
+pub async fn gemm_host_with(
+    ctx: &GpuContext,
+    kernel: gemm::GemmKernel,
     spec: &gemm::GemmSpec,
     a: &[f32],
     b: &[f32],
@@ -40,7 +53,7 @@ pub async fn gemm_host(
             let b_buf = buffer::upload(ctx, "B", b)?;
             let c_buf = buffer::upload(ctx, "C", c)?;
             let mut rec = Recorder::new(ctx, "gemm");
-            gemm::record(&mut rec, spec, &a_buf, &b_buf, &c_buf)?;
+            gemm::record_with(&mut rec, kernel, spec, &a_buf, &b_buf, &c_buf)?;
             rec.submit();
             Ok(c_buf)
         })

@@ -8,6 +8,7 @@ pub mod kernels;
 pub mod ops;
 pub mod pipeline;
 pub mod plan;
+pub mod profile;
 pub(crate) mod recorder;
 pub mod registry;
 pub(crate) mod unfused;

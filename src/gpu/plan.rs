@@ -39,6 +39,31 @@ impl KernelPlan {
     /// The plan for an adapter with these capabilities.
     pub fn for_capabilities(caps: &Capabilities) -> KernelPlan {
         let limits = &caps.limits;
+        let gemm_kernel = caps.gemm_kernel();
+        let gemm_config = |trans_b: bool, role: &'static str| {
+            let spec = gemm::GemmSpec::contiguous(1, 64, 64, 64, false, trans_b);
+            let (invocations, tile, workgroup_bytes) = match gemm_kernel {
+                gemm::GemmKernel::Tiled => (gemm::INVOCATIONS, gemm::TILE_TEXT.to_string(), gemm::WORKGROUP_BYTES),
+                gemm::GemmKernel::Subgroup { width } => (
+                    width,
+                    format!(
+                        "{}x{} of C per subgroup of {width}, {}x{} per invocation, B shared by shuffles",
+                        gemm::SUBGROUP_ROWS_PER_LANE * width as usize,
+                        gemm::SUBGROUP_COLS,
+                        gemm::SUBGROUP_ROWS_PER_LANE,
+                        gemm::SUBGROUP_COLS
+                    ),
+                    0,
+                ),
+            };
+            KernelConfig {
+                label: gemm::kernel_key(gemm_kernel, &spec).to_string(),
+                invocations,
+                tile,
+                workgroup_bytes,
+                role,
+            }
+        };
         let mut kernels = vec![
             KernelConfig {
                 label: concat::key().to_string(),
@@ -47,13 +72,7 @@ impl KernelPlan {
                 workgroup_bytes: 0,
                 role: "unfused: KV cache concatenation",
             },
-            KernelConfig {
-                label: gemm::key(false, true).to_string(),
-                invocations: gemm::INVOCATIONS,
-                tile: gemm::TILE_TEXT.to_string(),
-                workgroup_bytes: gemm::WORKGROUP_BYTES,
-                role: "unfused: S = scale * Q K^T",
-            },
+            gemm_config(true, "unfused: S = scale * Q K^T"),
             KernelConfig {
                 label: mask::key().to_string(),
                 invocations: mask::WORKGROUP,
@@ -68,19 +87,20 @@ impl KernelPlan {
                 workgroup_bytes: softmax::WORKGROUP_BYTES,
                 role: "unfused: row softmax and logsumexp",
             },
-            KernelConfig {
-                label: gemm::key(false, false).to_string(),
-                invocations: gemm::INVOCATIONS,
-                tile: gemm::TILE_TEXT.to_string(),
-                workgroup_bytes: gemm::WORKGROUP_BYTES,
-                role: "unfused: Y = P V",
-            },
+            gemm_config(false, "unfused: Y = P V"),
         ];
         kernels.retain(|k| {
             k.workgroup_bytes <= limits.max_compute_workgroup_storage_size
                 && k.invocations <= limits.max_compute_invocations_per_workgroup
         });
+        let gemm_note = match gemm_kernel {
+            gemm::GemmKernel::Tiled => "GEMM: workgroup-memory tiles (no fixed CPU subgroups here)".to_string(),
+            gemm::GemmKernel::Subgroup { width } => format!(
+                "GEMM: subgroup shuffles (CPU adapter, subgroups of {width}: a storage load costs a loop over the lanes)"
+            ),
+        };
         let notes = vec![
+            gemm_note,
             format!(
                 "score blocks of at most {} MiB (max_storage_buffer_binding_size)",
                 limits.max_bindable_bytes() >> 20

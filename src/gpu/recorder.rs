@@ -31,6 +31,8 @@ pub(crate) struct Recorder<'c> {
     ctx: &'c GpuContext,
     encoder: wgpu::CommandEncoder,
     pass: Option<wgpu::ComputePass<'static>>,
+    profiler: Option<std::sync::Arc<super::profile::Profiler>>,
+    passes: u32,
 }
 
 impl<'c> Recorder<'c> {
@@ -42,6 +44,8 @@ impl<'c> Recorder<'c> {
             ctx,
             encoder,
             pass: None,
+            profiler: ctx.profiler(),
+            passes: 0,
         }
     }
 
@@ -81,11 +85,14 @@ impl<'c> Recorder<'c> {
                 entries: &entries,
             });
         let encoder = &mut self.encoder;
+        let (profiler, passes) = (&self.profiler, &mut self.passes);
         let pass = self.pass.get_or_insert_with(|| {
+            let timestamp_writes = profiler.as_ref().and_then(|p| p.pass_writes(*passes));
+            *passes += 1;
             encoder
                 .begin_compute_pass(&wgpu::ComputePassDescriptor {
                     label: Some("webattn"),
-                    timestamp_writes: None,
+                    timestamp_writes,
                 })
                 .forget_lifetime()
         });
@@ -117,6 +124,9 @@ impl<'c> Recorder<'c> {
     /// Ends the pass and submits everything recorded.
     pub(crate) fn submit(mut self) {
         self.pass = None;
+        if let Some(profiler) = &self.profiler {
+            profiler.resolve(&mut self.encoder, self.passes);
+        }
         self.ctx.queue.submit([self.encoder.finish()]);
     }
 }

@@ -18,6 +18,10 @@ pub enum Kernel {
     Mask,
     /// Concatenation of a KV cache with new keys or values (`shaders/concat.wgsl`).
     Concat,
+    /// The FMA-throughput ceiling the benchmark measures (`shaders/fma_peak.wgsl`).
+    FmaPeak,
+    /// Subgroup-shuffle GEMM for CPU-backed adapters (`shaders/gemm_sg.wgsl`).
+    GemmSubgroup,
 }
 
 /// How a kernel sees one binding (in binding-index order, group 0).
@@ -33,7 +37,14 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 4] = [Kernel::Gemm, Kernel::Softmax, Kernel::Mask, Kernel::Concat];
+    pub const ALL: [Kernel; 6] = [
+        Kernel::Gemm,
+        Kernel::Softmax,
+        Kernel::Mask,
+        Kernel::Concat,
+        Kernel::FmaPeak,
+        Kernel::GemmSubgroup,
+    ];
 
     /// A short lowercase name, used in pipeline labels.
     pub fn name(self) -> &'static str {
@@ -42,6 +53,8 @@ impl Kernel {
             Kernel::Softmax => "softmax",
             Kernel::Mask => "mask",
             Kernel::Concat => "concat",
+            Kernel::FmaPeak => "fma_peak",
+            Kernel::GemmSubgroup => "gemm_sg",
         }
     }
 
@@ -52,6 +65,8 @@ impl Kernel {
             Kernel::Softmax => "softmax.wgsl",
             Kernel::Mask => "mask.wgsl",
             Kernel::Concat => "concat.wgsl",
+            Kernel::FmaPeak => "fma_peak.wgsl",
+            Kernel::GemmSubgroup => "gemm_sg.wgsl",
         }
     }
 
@@ -62,6 +77,8 @@ impl Kernel {
             Kernel::Softmax => include_str!("../../shaders/softmax.wgsl"),
             Kernel::Mask => include_str!("../../shaders/mask.wgsl"),
             Kernel::Concat => include_str!("../../shaders/concat.wgsl"),
+            Kernel::FmaPeak => include_str!("../../shaders/fma_peak.wgsl"),
+            Kernel::GemmSubgroup => include_str!("../../shaders/gemm_sg.wgsl"),
         }
     }
 
@@ -75,9 +92,12 @@ impl Kernel {
         use Binding::*;
         match self {
             Kernel::Gemm => &[Uniform, Read, Read, ReadWrite],
+            // A and B twice each: an f32 view and a vec4 view of one buffer.
+            Kernel::GemmSubgroup => &[Uniform, Read, Read, Read, Read, ReadWrite],
             Kernel::Softmax => &[Uniform, ReadWrite, ReadWrite],
             Kernel::Mask => &[Uniform, ReadWrite, Read, Read, ReadWrite],
             Kernel::Concat => &[Uniform, Read, Read, ReadWrite],
+            Kernel::FmaPeak => &[Uniform, ReadWrite],
         }
     }
 
@@ -107,10 +127,14 @@ pub fn validate_wgsl(name: &str, source: &str) -> Result<naga::Module> {
         kernel: name.to_string(),
         message: e.emit_to_string(source),
     })?;
+    // Subgroup operations are validated too; a kernel that uses them is only
+    // chosen on adapters that report the feature.
     let mut validator = naga::valid::Validator::new(
         naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::default(),
+        naga::valid::Capabilities::SUBGROUP,
     );
+    validator.subgroup_stages(naga::valid::ShaderStages::COMPUTE);
+    validator.subgroup_operations(naga::valid::SubgroupOperationSet::all());
     validator.validate(&module).map_err(|e| Error::Shader {
         kernel: name.to_string(),
         message: e.emit_to_string(source),

@@ -170,14 +170,65 @@ struct Params {
     _pad: u32,
 }
 
-/// The pipeline key for a transpose combination.
+/// Which GEMM kernel records a product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemmKernel {
+    /// `gemm.wgsl`: 64x64 tiles through workgroup memory, 8x8 per invocation.
+    /// Runs on every adapter.
+    Tiled,
+    /// `gemm_sg.wgsl`: one subgroup of `width` invocations per workgroup
+    /// computes `4 * width` rows by 64 columns, sharing B through shuffles.
+    /// For CPU-backed adapters with fixed subgroups of 4 or 8; products with a
+    /// transposed A go to the tiled kernel.
+    Subgroup {
+        /// The subgroup (and workgroup) width: 4 or 8.
+        width: u32,
+    },
+}
+
+/// Rows of C per invocation of `gemm_sg.wgsl` (the generator's ROWS).
+pub const SUBGROUP_ROWS_PER_LANE: usize = 4;
+/// Columns of C per workgroup of `gemm_sg.wgsl` (4 x the generator's GROUPS).
+pub const SUBGROUP_COLS: usize = 64;
+
+/// The pipeline key for a transpose combination of the tiled kernel.
 pub fn key(trans_a: bool, trans_b: bool) -> PipelineKey {
     PipelineKey::new(Kernel::Gemm)
         .with_flag("TRANS_A", trans_a)
         .with_flag("TRANS_B", trans_b)
 }
 
-/// Records the GEMM. The caller guarantees the buffers hold [`GemmSpec::extents`] elements.
+/// Whether A (as op(A) rows) and B can be read as 16-byte aligned vec4s.
+fn vec_flags(spec: &GemmSpec) -> (bool, bool) {
+    let aligned = |x: usize| x % 4 == 0;
+    let strided = |stride: usize, used: bool| !used || aligned(stride);
+    let vec_a = !spec.trans_a
+        && aligned(spec.lda)
+        && aligned(spec.a_offset)
+        && strided(spec.a_stride, spec.batch > 1);
+    let b_matrices = (spec.b_batch_base + spec.batch - 1) / spec.b_batch_div.max(1) > 0;
+    let vec_b = aligned(spec.ldb) && aligned(spec.b_offset) && strided(spec.b_stride, b_matrices);
+    (vec_a, vec_b)
+}
+
+/// The pipeline key of `kernel` for `spec`.
+pub fn kernel_key(kernel: GemmKernel, spec: &GemmSpec) -> PipelineKey {
+    match kernel {
+        GemmKernel::Tiled => key(spec.trans_a, spec.trans_b),
+        GemmKernel::Subgroup { width } => {
+            let (vec_a, vec_b) = vec_flags(spec);
+            PipelineKey::new(Kernel::GemmSubgroup)
+                .with("SG", i64::from(width))
+                .with_flag("TRANS_A", spec.trans_a)
+                .with_flag("TRANS_B", spec.trans_b)
+                .with_flag("VEC_A", vec_a)
+                .with_flag("VEC_B", vec_b)
+        }
+    }
+}
+
+/// Records the GEMM with the context's preferred kernel. The caller guarantees
+/// the buffers hold [`GemmSpec::extents`] elements.
 pub(crate) fn record(
     rec: &mut Recorder<'_>,
     spec: &GemmSpec,
@@ -185,9 +236,30 @@ pub(crate) fn record(
     b: &wgpu::Buffer,
     c: &wgpu::Buffer,
 ) -> Result<()> {
+    let kernel = rec.ctx().gemm_kernel();
+    record_with(rec, kernel, spec, a, b, c)
+}
+
+/// Records the GEMM with a given kernel.
+pub(crate) fn record_with(
+    rec: &mut Recorder<'_>,
+    kernel: GemmKernel,
+    spec: &GemmSpec,
+    a: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+    c: &wgpu::Buffer,
+) -> Result<()> {
     spec.check()?;
-    let tiles_m = spec.m.div_ceil(TILE);
-    let tiles_n = spec.n.div_ceil(TILE);
+    let kernel = match kernel {
+        GemmKernel::Subgroup { .. } if spec.trans_a => GemmKernel::Tiled,
+        other => other,
+    };
+    let (tile_m, tile_n) = match kernel {
+        GemmKernel::Tiled => (TILE, TILE),
+        GemmKernel::Subgroup { width } => (SUBGROUP_ROWS_PER_LANE * width as usize, SUBGROUP_COLS),
+    };
+    let tiles_m = spec.m.div_ceil(tile_m);
+    let tiles_n = spec.n.div_ceil(tile_n);
     let u = |x: usize| x as u32;
     let params = Params {
         m: u(spec.m),
@@ -212,8 +284,26 @@ pub(crate) fn record(
         _pad: 0,
     };
     let ctx = rec.ctx();
-    let pipeline = ctx.pipelines.get(&key(spec.trans_a, spec.trans_b));
+    let pipeline = ctx.pipelines.get(&kernel_key(kernel, spec));
     let uniform = buffer::uniform(ctx, "gemm params", &params);
     let workgroups = (tiles_m * tiles_n) as u64 * spec.batch as u64;
-    rec.dispatch(&pipeline, &[&uniform, a, b, c], workgroups)
+    match kernel {
+        GemmKernel::Tiled => rec.dispatch(&pipeline, &[&uniform, a, b, c], workgroups),
+        GemmKernel::Subgroup { .. } => {
+            rec.dispatch(&pipeline, &[&uniform, a, a, b, b, c], workgroups)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host's tile sizes must be the generated shader's.
+    #[test]
+    fn subgroup_tile_matches_the_shader() {
+        let src = Kernel::GemmSubgroup.source();
+        assert!(src.contains(&format!("const ROWS: u32 = {SUBGROUP_ROWS_PER_LANE}u;")));
+        assert!(src.contains(&format!("const COLS: u32 = {SUBGROUP_COLS}u;")));
+    }
 }
