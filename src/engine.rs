@@ -2,7 +2,7 @@
 //! the attention call that validates, picks a path and dispatches.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::cpu;
 use crate::device_tensor::{Mask, Storage, Tensor};
@@ -10,10 +10,11 @@ use crate::error::{Error, Result};
 use crate::gpu::buffer;
 use crate::gpu::capabilities::Capabilities;
 use crate::gpu::context::{GpuContext, PowerPreference};
+use crate::gpu::ops::fused::FusedTiles;
 use crate::gpu::ops::softmax::MASKED;
-use crate::gpu::unfused;
+use crate::gpu::{fused, unfused};
 use crate::options::{AttentionOptions, KernelPath};
-use crate::problem::{validate, AttentionInputs, AttentionOutputs};
+use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs};
 use crate::tensor::{HostMask, HostTensor};
 
 /// Which backend an engine computes on.
@@ -64,6 +65,32 @@ enum Backend {
 
 static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
 
+/// The path a call takes, and why `Auto` did not take the fused path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathChoice {
+    /// The concrete path (never `Auto`).
+    pub path: KernelPath,
+    /// Why `Auto` chose another path than the fused one, if it did.
+    pub reason: Option<String>,
+}
+
+impl PathChoice {
+    fn new(path: KernelPath, reason: Option<String>) -> Self {
+        Self { path, reason }
+    }
+}
+
+/// What one attention call did on the device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallStats {
+    /// The path that ran.
+    pub path: KernelPath,
+    /// Why `Auto` did not take the fused path, if it did not.
+    pub reason: Option<String>,
+    /// Device memory the call allocated: outputs and scratch (not the inputs).
+    pub allocated_bytes: u64,
+}
+
 /// The attention engine. Create one per device and keep it: pipelines are
 /// compiled once per engine and tensors stay on its device between calls.
 #[derive(Debug)]
@@ -71,6 +98,7 @@ pub struct Engine {
     id: u64,
     backend: Backend,
     score_budget: u64,
+    last_call: Mutex<Option<CallStats>>,
 }
 
 impl Engine {
@@ -129,6 +157,7 @@ impl Engine {
             id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
             backend,
             score_budget: score_budget.unwrap_or(u64::MAX),
+            last_call: Mutex::new(None),
         }
     }
 
@@ -144,17 +173,50 @@ impl Engine {
     /// the CPU path on a CPU engine): what a conformance sweep checks.
     pub fn paths(&self) -> Vec<KernelPath> {
         match self.backend {
-            Backend::Gpu(_) => vec![KernelPath::Unfused],
+            Backend::Gpu(_) => vec![KernelPath::Fused, KernelPath::Unfused],
             Backend::Cpu => vec![KernelPath::Cpu],
         }
     }
 
-    /// The concrete path a call with `options` takes on this engine.
+    /// The concrete path a call with `options` takes on this engine, and why
+    /// when `Auto` does not take the fused path.
+    pub fn choose_path(&self, dims: &AttentionDims, options: &AttentionOptions) -> PathChoice {
+        let ctx = match (&self.backend, options.path) {
+            (Backend::Cpu, _) | (_, KernelPath::Cpu) => {
+                return PathChoice::new(KernelPath::Cpu, None)
+            }
+            (Backend::Gpu(ctx), _) => ctx,
+        };
+        match options.path {
+            KernelPath::Auto => {
+                match FusedTiles::for_dims(dims.head_dim, dims.v_head_dim, &ctx.caps.limits) {
+                    Ok(_) => PathChoice::new(KernelPath::Fused, None),
+                    Err(e) => PathChoice::new(
+                        KernelPath::Unfused,
+                        Some(format!("fused path unavailable: {e}")),
+                    ),
+                }
+            }
+            forced => PathChoice::new(forced, None),
+        }
+    }
+
+    /// The concrete path a call with `options` takes, before the sizes are known
+    /// (`Auto` on a GPU engine is the fused path unless the sizes rule it out).
     pub fn resolve_path(&self, options: &AttentionOptions) -> KernelPath {
         match (&self.backend, options.path) {
             (Backend::Cpu, _) | (_, KernelPath::Cpu) => KernelPath::Cpu,
-            (Backend::Gpu(_), KernelPath::Auto | KernelPath::Unfused) => KernelPath::Unfused,
+            (Backend::Gpu(_), KernelPath::Auto) => KernelPath::Fused,
+            (Backend::Gpu(_), forced) => forced,
         }
+    }
+
+    /// What the last attention call on this engine did.
+    pub fn last_call(&self) -> Option<CallStats> {
+        self.last_call
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The paths and kernel configurations used on this engine's adapter (GPU engines).
@@ -327,14 +389,17 @@ impl Engine {
             }
         }
         let dims = validate(inputs, options)?;
-        if self.backend() == BackendKind::Cpu && options.path == KernelPath::Unfused {
+        if self.backend() == BackendKind::Cpu
+            && matches!(options.path, KernelPath::Unfused | KernelPath::Fused)
+        {
             return Err(Error::Conflict(
                 "a GPU path was asked for but this engine runs on the CPU backend; \
                  use KernelPath::Auto or KernelPath::Cpu, or create the engine on a GPU",
             ));
         }
-        match (&self.backend, options.path) {
-            (Backend::Gpu(ctx), KernelPath::Auto | KernelPath::Unfused) => {
+        let choice = self.choose_path(&dims, options);
+        match (&self.backend, choice.path) {
+            (Backend::Gpu(ctx), KernelPath::Fused | KernelPath::Unfused) => {
                 let buf = |t: &Tensor| match &t.storage {
                     Storage::Gpu(b) => Ok(b.clone()),
                     Storage::Host(_) => Err(Error::ForeignTensor { tensor: "tensor" }),
@@ -351,7 +416,7 @@ impl Engine {
                 let (q, k, v) = (buf(inputs.q)?, buf(inputs.k)?, buf(inputs.v)?);
                 let past_key = inputs.past_key.map(buf).transpose()?;
                 let past_value = inputs.past_value.map(buf).transpose()?;
-                let gpu_inputs = unfused::GpuInputs {
+                let gpu_inputs = crate::gpu::kv::GpuInputs {
                     q: &q,
                     k: &k,
                     v: &v,
@@ -360,7 +425,16 @@ impl Engine {
                     past_value: past_value.as_deref(),
                     nonpad: inputs.nonpad_kv_seqlen,
                 };
-                let out = unfused::run(ctx, &dims, &gpu_inputs, options, self.score_budget).await?;
+                let out = if choice.path == KernelPath::Fused {
+                    fused::run(ctx, &dims, &gpu_inputs, options).await?
+                } else {
+                    unfused::run(ctx, &dims, &gpu_inputs, options, self.score_budget).await?
+                };
+                self.record_call(CallStats {
+                    path: choice.path,
+                    reason: choice.reason,
+                    allocated_bytes: out.allocated_bytes,
+                });
                 let wrap = |shape: Vec<usize>, b: wgpu::Buffer| Tensor {
                     shape,
                     storage: Storage::Gpu(Arc::new(b)),
@@ -400,9 +474,24 @@ impl Engine {
                 }
                 host_inputs.nonpad_kv_seqlen = inputs.nonpad_kv_seqlen;
                 let out = cpu::attention(&host_inputs, options)?;
+                self.record_call(CallStats {
+                    path: KernelPath::Cpu,
+                    reason: choice.reason,
+                    allocated_bytes: 0,
+                });
                 self.adopt_outputs(out)
             }
         }
+    }
+
+    fn record_call(&self, stats: CallStats) {
+        if let Some(reason) = &stats.reason {
+            log::info!("webattn: {} path: {reason}", stats.path);
+        }
+        *self
+            .last_call
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(stats);
     }
 
     /// Wraps host outputs as tensors of this engine (uploading on a GPU engine).

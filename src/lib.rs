@@ -42,7 +42,7 @@ pub mod rng;
 mod tensor;
 
 pub use device_tensor::{Mask, Tensor};
-pub use engine::{BackendKind, BackendPreference, Engine, EngineOptions};
+pub use engine::{BackendKind, BackendPreference, CallStats, Engine, EngineOptions, PathChoice};
 pub use error::{Error, Result};
 pub use gpu::capabilities::{AdapterSummary, Capabilities, KernelLimits};
 pub use gpu::context::{GpuContext, PowerPreference};

@@ -17,10 +17,11 @@ pub enum QkMatmulOutputMode {
 }
 
 impl KernelPath {
-    /// The lowercase name (`auto`, `unfused`, `cpu`), as the CLI spells it.
+    /// The lowercase name (`auto`, `fused`, `unfused`, `cpu`), as the CLI spells it.
     pub fn name(self) -> &'static str {
         match self {
             KernelPath::Auto => "auto",
+            KernelPath::Fused => "fused",
             KernelPath::Unfused => "unfused",
             KernelPath::Cpu => "cpu",
         }
@@ -54,9 +55,12 @@ impl QkMatmulOutputMode {
 /// Which implementation runs the call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub enum KernelPath {
-    /// The engine chooses (the unfused GPU path today; the CPU on a CPU engine).
+    /// The engine chooses: the fused GPU path unless the sizes rule it out (the
+    /// reason is logged and kept in [`crate::Engine::last_call`]); the CPU on a CPU engine.
     #[default]
     Auto,
+    /// The fused GPU path: one FlashAttention-style kernel, O(N) memory.
+    Fused,
     /// The unfused GPU path: QKᵀ GEMM, mask, softmax, PV GEMM.
     Unfused,
     /// The CPU oracle (f64), whatever the engine's backend.

@@ -1,16 +1,18 @@
-//! Whole-attention tests: the conformance cases on the GPU's unfused path
-//! against the f64 oracle, with the tolerance rule (twice the plain f32 error
-//! plus 1e-6). Each test prints the worst error of every case.
+//! Whole-attention tests: the conformance cases on both GPU paths (fused and
+//! unfused) against the f64 oracle, with the tolerance rule (twice the plain
+//! f32 error plus 1e-6). Each test prints the worst error of every case.
 
 mod common;
 
 use webattn::conformance::{filtered, sweep, CaseSpec, MaskForm, SweepKind, LARGE_LOGITS};
 use webattn::KernelPath;
 
+const GPU_PATHS: [KernelPath; 2] = [KernelPath::Fused, KernelPath::Unfused];
+
 #[test]
-fn quick_sweep_on_unfused_path() {
+fn quick_sweep_on_both_gpu_paths() {
     let Some(engine) = common::gpu() else { return };
-    common::run_cases(engine, &sweep(SweepKind::Quick), KernelPath::Unfused);
+    common::run_cases_on(engine, &sweep(SweepKind::Quick), &GPU_PATHS);
 }
 
 #[test]
@@ -48,7 +50,7 @@ fn awkward_lengths_and_head_dims() {
             );
         }
     }
-    common::run_cases(engine, &cases, KernelPath::Unfused);
+    common::run_cases_on(engine, &cases, &GPU_PATHS);
 }
 
 #[test]
@@ -64,7 +66,25 @@ fn large_logits_and_fully_masked_rows() {
             .nonpad()
             .with(|o| o.is_causal = true),
     ];
-    common::run_cases(engine, &cases, KernelPath::Unfused);
+    common::run_cases_on(engine, &cases, &GPU_PATHS);
+}
+
+#[test]
+fn long_sequences_at_small_batch() {
+    let Some(engine) = common::gpu() else { return };
+    let cases = [
+        CaseSpec::new("long-2048", [1, 2, 1], [2048, 2048], [64, 64]),
+        CaseSpec::new("long-2048-causal-window", [1, 1, 1], [2048, 2048], [64, 64]).with(|o| {
+            o.is_causal = true;
+            o.left_window_size = 300;
+        }),
+        CaseSpec::new("long-4096-causal", [1, 1, 1], [4096, 4096], [64, 64])
+            .with(|o| o.is_causal = true),
+        // Past the loop cap of llvmpipe: the fused kernel splits the keys.
+        CaseSpec::new("decode-20000-keys", [1, 4, 2], [1, 20000], [128, 128])
+            .mask(MaskForm::Bool(1)),
+    ];
+    common::run_cases_on(engine, &cases, &GPU_PATHS);
 }
 
 #[test]
@@ -80,7 +100,7 @@ fn quick_sweep_with_the_tiled_gemm() {
         ..Default::default()
     };
     let engine = webattn::Engine::with_options_blocking(options).expect("a GPU engine");
-    common::run_cases(&engine, &sweep(SweepKind::Quick), KernelPath::Unfused);
+    common::run_cases_on(&engine, &sweep(SweepKind::Quick), &GPU_PATHS);
 }
 
 #[test]

@@ -167,3 +167,22 @@ fn more_workgroups_than_one_dimension_holds() {
         4,
     );
 }
+
+#[test]
+fn k_longer_than_a_loop_capped_driver_allows() {
+    // llvmpipe stops an invocation's loops after ~65k iterations; a long K is
+    // split into accumulating passes there, and must still be exact elsewhere.
+    check(
+        "k 100000",
+        &GemmSpec::contiguous(1, 2, 3, 100_000, false, true),
+        9,
+    );
+    check(
+        "k 70001 beta 1",
+        &GemmSpec {
+            beta: 1.0,
+            ..GemmSpec::contiguous(2, 5, 7, 70_001, false, false)
+        },
+        10,
+    );
+}

@@ -137,6 +137,16 @@ impl Capabilities {
             .then_some(self.subgroup_min_size)
     }
 
+    /// The most loop iterations one invocation may run in all, on drivers that
+    /// cap them: llvmpipe (lavapipe, and Mesa's GL on the CPU) silently exits
+    /// every loop of an invocation after about 65535 iterations in total (32768
+    /// for a single flat loop). Kernels whose loop counts grow with the problem
+    /// split their work across dispatches to stay under this; `None` means no cap.
+    pub fn loop_budget(&self) -> Option<u64> {
+        // Measured on Mesa 22.3 llvmpipe; half of the flat-loop cap, for margin.
+        self.adapter.name.contains("llvmpipe").then_some(16_000)
+    }
+
     /// One line naming the adapter, its type and backend.
     pub fn summary(&self) -> String {
         format!(

@@ -4,7 +4,9 @@
 pub mod buffer;
 pub mod capabilities;
 pub mod context;
+pub(crate) mod fused;
 pub mod kernels;
+pub(crate) mod kv;
 pub mod ops;
 pub mod pipeline;
 pub mod plan;

@@ -22,6 +22,10 @@ pub enum Kernel {
     FmaPeak,
     /// Subgroup-shuffle GEMM for CPU-backed adapters (`shaders/gemm_sg.wgsl`).
     GemmSubgroup,
+    /// Portable fused attention, FlashAttention-2 style (`shaders/attention_fused.wgsl`).
+    AttentionFused,
+    /// qk_matmul_output recomputed from Q, K and the logsumexp (`shaders/attention_scores.wgsl`).
+    AttentionScores,
 }
 
 /// How a kernel sees one binding (in binding-index order, group 0).
@@ -37,13 +41,15 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 6] = [
+    pub const ALL: [Kernel; 8] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
         Kernel::Concat,
         Kernel::FmaPeak,
         Kernel::GemmSubgroup,
+        Kernel::AttentionFused,
+        Kernel::AttentionScores,
     ];
 
     /// A short lowercase name, used in pipeline labels.
@@ -55,6 +61,8 @@ impl Kernel {
             Kernel::Concat => "concat",
             Kernel::FmaPeak => "fma_peak",
             Kernel::GemmSubgroup => "gemm_sg",
+            Kernel::AttentionFused => "attention_fused",
+            Kernel::AttentionScores => "attention_scores",
         }
     }
 
@@ -67,6 +75,8 @@ impl Kernel {
             Kernel::Concat => "concat.wgsl",
             Kernel::FmaPeak => "fma_peak.wgsl",
             Kernel::GemmSubgroup => "gemm_sg.wgsl",
+            Kernel::AttentionFused => "attention_fused.wgsl",
+            Kernel::AttentionScores => "attention_scores.wgsl",
         }
     }
 
@@ -79,6 +89,8 @@ impl Kernel {
             Kernel::Concat => include_str!("../../shaders/concat.wgsl"),
             Kernel::FmaPeak => include_str!("../../shaders/fma_peak.wgsl"),
             Kernel::GemmSubgroup => include_str!("../../shaders/gemm_sg.wgsl"),
+            Kernel::AttentionFused => include_str!("../../shaders/attention_fused.wgsl"),
+            Kernel::AttentionScores => include_str!("../../shaders/attention_scores.wgsl"),
         }
     }
 
@@ -94,6 +106,12 @@ impl Kernel {
             Kernel::Gemm => &[Uniform, Read, Read, ReadWrite],
             // A and B twice each: an f32 view and a vec4 view of one buffer.
             Kernel::GemmSubgroup => &[Uniform, Read, Read, Read, Read, ReadWrite],
+            // Q, K, V, mask, nonpad; Y, lse.
+            Kernel::AttentionFused => {
+                &[Uniform, Read, Read, Read, Read, Read, ReadWrite, ReadWrite]
+            }
+            // Q, K, mask, nonpad, lse; qk_matmul_output.
+            Kernel::AttentionScores => &[Uniform, Read, Read, Read, Read, Read, ReadWrite],
             Kernel::Softmax => &[Uniform, ReadWrite, ReadWrite],
             Kernel::Mask => &[Uniform, ReadWrite, Read, Read, ReadWrite],
             Kernel::Concat => &[Uniform, Read, Read, ReadWrite],

@@ -8,31 +8,12 @@
 
 use super::buffer;
 use super::context::GpuContext;
-use super::ops::{concat, gemm, mask, softmax};
+use super::kv::{self, bytes, GpuInputs, GpuOutputs};
+use super::ops::{gemm, mask, softmax};
 use super::recorder::Recorder;
 use crate::error::{Error, Result};
 use crate::options::{AttentionOptions, QkMatmulOutputMode};
 use crate::problem::AttentionDims;
-
-/// The device buffers of one call's inputs.
-pub(crate) struct GpuInputs<'a> {
-    pub q: &'a wgpu::Buffer,
-    pub k: &'a wgpu::Buffer,
-    pub v: &'a wgpu::Buffer,
-    pub mask: Option<&'a wgpu::Buffer>,
-    pub past_key: Option<&'a wgpu::Buffer>,
-    pub past_value: Option<&'a wgpu::Buffer>,
-    pub nonpad: Option<&'a [i64]>,
-}
-
-/// The device buffers of one call's outputs.
-pub(crate) struct GpuOutputs {
-    pub y: wgpu::Buffer,
-    pub lse: wgpu::Buffer,
-    pub qk: Option<wgpu::Buffer>,
-    pub present_key: Option<wgpu::Buffer>,
-    pub present_value: Option<wgpu::Buffer>,
-}
 
 /// A block of score rows computed together: `heads` consecutive heads starting
 /// at `head0`, rows `row0..row0 + rows_per_head` of each.
@@ -99,11 +80,6 @@ pub(crate) fn plan_chunks(
     Ok(chunks)
 }
 
-/// Bytes of `values` f32 values.
-fn bytes(values: usize) -> u64 {
-    values as u64 * 4
-}
-
 /// Runs the unfused path; returns once the work is submitted.
 pub(crate) async fn run(
     ctx: &GpuContext,
@@ -112,10 +88,23 @@ pub(crate) async fn run(
     options: &AttentionOptions,
     score_budget: u64,
 ) -> Result<GpuOutputs> {
-    let (b, hq, hkv, nq) = (dims.batch, dims.q_heads, dims.kv_heads, dims.q_len);
+    let (b, hq, nq) = (dims.batch, dims.q_heads, dims.q_len);
     let (dk, dv, t) = (dims.head_dim, dims.v_head_dim, dims.total_len());
     let heads = b * hq;
     let budget = score_budget.min(ctx.caps.limits.max_bindable_bytes());
+    // The mask and softmax kernels loop over a row in strides of 128.
+    if let Some(loops) = ctx.caps.loop_budget() {
+        let needed = 3 * t.div_ceil(128) as u64 + 64;
+        if needed > loops {
+            return Err(Error::Limit {
+                what: format!("a score row of {t} keys on the unfused path"),
+                needed,
+                limit: loops,
+                limit_name: "loop iterations per invocation (llvmpipe)",
+                hint: "use the fused path, which splits long key ranges",
+            });
+        }
+    }
     let chunks = plan_chunks(heads, nq, t, budget)?;
     let chunk_rows = chunks.iter().map(Chunk::rows).max().unwrap_or(1);
 
@@ -126,16 +115,16 @@ pub(crate) async fn run(
     if options.qk_matmul_output_mode.is_some() {
         buffer::check_bindable(ctx, "qk_matmul_output", bytes(qk_len))?;
     }
-    let concat_needed = dims.has_past && dims.past_len > 0;
-    if concat_needed || options.return_present {
-        buffer::check_bindable(ctx, "present_key", bytes(b * hkv * t * dk))?;
-        buffer::check_bindable(ctx, "present_value", bytes(b * hkv * t * dv))?;
-    }
-
-    let nonpad_i32: Vec<i32> = inputs
-        .nonpad
-        .map(|l| l.iter().map(|&x| x as i32).collect())
-        .unwrap_or_default();
+    let present_bytes = kv::check_present(ctx, dims, options.return_present)?;
+    let allocated_bytes = bytes(y_len)
+        + bytes(heads * nq)
+        + bytes(chunk_rows * t)
+        + present_bytes
+        + if options.qk_matmul_output_mode.is_some() {
+            bytes(qk_len)
+        } else {
+            0
+        };
 
     ctx.scoped("unfused attention", || {
         let y = buffer::storage(ctx, "Y", y_len)?;
@@ -147,51 +136,15 @@ pub(crate) async fn run(
         let scores = buffer::storage(ctx, "scores", chunk_rows * t)?;
         let mask_placeholder = buffer::storage(ctx, "no mask", 1)?;
         let qk_placeholder = buffer::storage(ctx, "no qk output", 1)?;
-        let nonpad = buffer::upload(ctx, "nonpad_kv_seqlen", &nonpad_i32)?;
+        let nonpad = kv::upload_nonpad(ctx, inputs.nonpad)?;
 
         let mut rec = Recorder::new(ctx, "unfused attention");
 
         // Keys and values in the concatenated [B, Hkv, T, D] layout.
-        let (present_key, present_value) = if concat_needed {
-            let pk = buffer::storage(ctx, "present_key", b * hkv * t * dk)?;
-            let pv = buffer::storage(ctx, "present_value", b * hkv * t * dv)?;
-            let (past_k, past_v) = match (inputs.past_key, inputs.past_value) {
-                (Some(k), Some(v)) => (k, v),
-                _ => {
-                    return Err(Error::Conflict(
-                        "past_key and past_value must be given together",
-                    ))
-                }
-            };
-            concat::record(
-                &mut rec,
-                b * hkv,
-                dims.past_len,
-                dims.kv_len,
-                dk,
-                past_k,
-                inputs.k,
-                &pk,
-            )?;
-            concat::record(
-                &mut rec,
-                b * hkv,
-                dims.past_len,
-                dims.kv_len,
-                dv,
-                past_v,
-                inputs.v,
-                &pv,
-            )?;
-            (Some(pk), Some(pv))
-        } else if options.return_present {
-            let pk = buffer::storage(ctx, "present_key", b * hkv * t * dk)?;
-            let pv = buffer::storage(ctx, "present_value", b * hkv * t * dv)?;
-            rec.copy(inputs.k, 0, &pk, 0, b * hkv * t * dk);
-            rec.copy(inputs.v, 0, &pv, 0, b * hkv * t * dv);
-            (Some(pk), Some(pv))
-        } else {
-            (None, None)
+        let present = kv::record_present(&mut rec, dims, inputs, options.return_present)?;
+        let (present_key, present_value) = match present {
+            Some((k, v)) => (Some(k), Some(v)),
+            None => (None, None),
         };
         let keys = present_key.as_ref().unwrap_or(inputs.k);
         let values = present_value.as_ref().unwrap_or(inputs.v);
@@ -274,6 +227,7 @@ pub(crate) async fn run(
             qk,
             present_key: present_key.filter(|_| want_present),
             present_value: present_value.filter(|_| want_present),
+            allocated_bytes,
         })
     })
     .await

@@ -53,16 +53,21 @@ pub fn gpu() -> Option<&'static Engine> {
 /// Runs each case on `path`, prints one line per case with its worst error,
 /// and fails listing every case that did not pass.
 pub fn run_cases(engine: &Engine, cases: &[CaseSpec], path: KernelPath) {
+    run_cases_on(engine, cases, &[path]);
+}
+
+/// [`run_cases`] on several paths, computing each case's oracle once.
+pub fn run_cases_on(engine: &Engine, cases: &[CaseSpec], paths: &[KernelPath]) {
     let mut failed = Vec::new();
     for case in cases {
-        for result in pollster::block_on(run_case(engine, case, &[path], seed())) {
+        for result in pollster::block_on(run_case(engine, case, paths, seed())) {
             print_result(&result);
             if !result.passed() {
                 failed.push(result.name.clone());
             }
         }
     }
-    assert!(failed.is_empty(), "cases failed on {path:?}: {failed:?}");
+    assert!(failed.is_empty(), "cases failed on {paths:?}: {failed:?}");
 }
 
 /// One line: case, shapes, worst output and its error against the allowance.
@@ -70,10 +75,11 @@ pub fn print_result(r: &CaseResult) {
     match (&r.report, &r.failure) {
         (_, Some(failure)) => println!("FAIL {:<34} {:<28} {failure}", r.name, r.shapes),
         (Some(rep), None) => println!(
-            "{} {:<34} {:<28} {:<16} max_abs {:.3e} rel {:.3e} allowed {:.3e} (plain f32 {:.3e}) {:.0} ms",
+            "{} {:<34} {:<28} {:<8} {:<16} max_abs {:.3e} rel {:.3e} allowed {:.3e} (plain f32 {:.3e}) {:.0} ms",
             if rep.passed() { "ok  " } else { "FAIL" },
             r.name,
             r.shapes,
+            r.path,
             r.worst_output,
             rep.max_abs,
             rep.max_rel,

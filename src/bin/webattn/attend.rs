@@ -15,8 +15,10 @@ use super::files::Staged;
 /// Which implementation runs the call.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PathArg {
-    /// The engine chooses.
+    /// The engine chooses (fused unless the sizes rule it out).
     Auto,
+    /// The fused GPU path: one FlashAttention-style kernel, O(N) memory.
+    Fused,
     /// The unfused GPU path: QK^T GEMM, mask, softmax, PV GEMM.
     Unfused,
     /// The f64 CPU oracle.
@@ -183,6 +185,7 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
         return_present: args.present_key.is_some() || args.present_value.is_some(),
         path: match args.path {
             PathArg::Auto => KernelPath::Auto,
+            PathArg::Fused => KernelPath::Fused,
             PathArg::Unfused => KernelPath::Unfused,
             PathArg::Cpu => KernelPath::Cpu,
         },
@@ -203,10 +206,12 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
     } else {
         super::engine(backend)?
     };
-    let path = engine.resolve_path(&options);
     let start = Instant::now();
     let out = engine.attention_host_blocking(&inputs, &options)?;
     let millis = start.elapsed().as_secs_f64() * 1e3;
+    let path = engine
+        .last_call()
+        .map_or(engine.resolve_path(&options), |c| c.path);
 
     let y = if three_d {
         merge_heads(&out.y)?

@@ -254,6 +254,54 @@ pub(crate) fn record_with(
         GemmKernel::Subgroup { .. } if spec.trans_a => GemmKernel::Tiled,
         other => other,
     };
+    // On drivers that cap an invocation's loop iterations, split K into
+    // passes that accumulate into C (beta = 1 after the first).
+    let max_k = rec
+        .ctx()
+        .caps
+        .loop_budget()
+        .map(|budget| max_k_per_pass(kernel, budget));
+    if let Some(max_k) = max_k.filter(|&max_k| spec.k > max_k) {
+        let mut k0 = 0;
+        while k0 < spec.k {
+            let len = max_k.min(spec.k - k0);
+            let (a_step, b_step) = (
+                if spec.trans_a { k0 * spec.lda } else { k0 },
+                if spec.trans_b { k0 } else { k0 * spec.ldb },
+            );
+            let pass = GemmSpec {
+                k: len,
+                a_offset: spec.a_offset + a_step,
+                b_offset: spec.b_offset + b_step,
+                beta: if k0 == 0 { spec.beta } else { 1.0 },
+                ..*spec
+            };
+            record_pass(rec, kernel, &pass, a, b, c)?;
+            k0 += len;
+        }
+        return Ok(());
+    }
+    record_pass(rec, kernel, spec, a, b, c)
+}
+
+/// The largest K one pass may take under a loop budget: the tiled kernel runs
+/// about 21 loop iterations per 16 values of K, the subgroup kernel one per 4.
+fn max_k_per_pass(kernel: GemmKernel, budget: u64) -> usize {
+    let budget = budget.saturating_sub(256) as usize;
+    match kernel {
+        GemmKernel::Tiled => (budget / 21 * 16).max(16),
+        GemmKernel::Subgroup { .. } => (budget * 4).max(4),
+    }
+}
+
+fn record_pass(
+    rec: &mut Recorder<'_>,
+    kernel: GemmKernel,
+    spec: &GemmSpec,
+    a: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+    c: &wgpu::Buffer,
+) -> Result<()> {
     let (tile_m, tile_n) = match kernel {
         GemmKernel::Tiled => (TILE, TILE),
         GemmKernel::Subgroup { width } => (SUBGROUP_ROWS_PER_LANE * width as usize, SUBGROUP_COLS),

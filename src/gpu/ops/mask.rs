@@ -7,20 +7,13 @@ use crate::gpu::buffer;
 use crate::gpu::pipeline::PipelineKey;
 use crate::gpu::recorder::Recorder;
 use crate::gpu::registry::Kernel;
+
+use super::rules::Rules;
 use crate::options::{AttentionOptions, QkMatmulOutputMode};
 use crate::problem::AttentionDims;
 
 /// Invocations per workgroup (one workgroup per score row); matches the WGSL.
 pub const WORKGROUP: u32 = 128;
-
-const FLAG_MASK: u32 = 1;
-const FLAG_CAUSAL: u32 = 2;
-const FLAG_NONPAD: u32 = 4;
-const FLAG_PAST: u32 = 8;
-const FLAG_SOFTCAP: u32 = 16;
-
-/// Window sizes are clamped to this so `position ± window` stays within i32.
-const WINDOW_CLAMP: i64 = 1 << 29;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -69,57 +62,30 @@ pub(crate) fn record(
     scores: &wgpu::Buffer,
     buffers: &MaskBuffers<'_>,
 ) -> Result<()> {
-    let mut flags = 0;
-    if dims.mask.is_some() {
-        flags |= FLAG_MASK;
-    }
-    if options.is_causal {
-        flags |= FLAG_CAUSAL;
-    }
-    if dims.has_nonpad {
-        flags |= FLAG_NONPAD;
-    }
-    if dims.has_past {
-        flags |= FLAG_PAST;
-    }
-    if options.softcap > 0.0 {
-        flags |= FLAG_SOFTCAP;
-    }
     let capture = match options.qk_matmul_output_mode {
         Some(QkMatmulOutputMode::Scaled) => 1,
         Some(QkMatmulOutputMode::Softcapped) => 2,
         Some(QkMatmulOutputMode::Biased) => 3,
         Some(QkMatmulOutputMode::Probabilities) | None => 0,
     };
-    let window = |w: i64| {
-        if w < 0 {
-            -1
-        } else {
-            w.min(WINDOW_CLAMP) as i32
-        }
-    };
-    let layout = dims.mask.unwrap_or(crate::problem::MaskLayout {
-        batch_stride: 0,
-        head_stride: 0,
-        row_stride: 0,
-        cols: dims.total_len(),
-    });
+    let rules = Rules::new(dims, options);
+    let layout = rules.mask;
     let params = Params {
         rows: rows as u32,
         cols: dims.total_len() as u32,
         row_base: row_base as u32,
         q_len: dims.q_len as u32,
         q_heads: dims.q_heads as u32,
-        flags,
+        flags: rules.flags,
         mask_cols: layout.cols as u32,
-        past_len: dims.past_len as u32,
+        past_len: rules.past_len,
         mask_batch_stride: layout.batch_stride as u32,
         mask_head_stride: layout.head_stride as u32,
         mask_row_stride: layout.row_stride as u32,
         capture,
-        left_window: window(options.left_window_size),
-        right_window: window(options.right_window_size),
-        softcap: options.softcap,
+        left_window: rules.left_window,
+        right_window: rules.right_window,
+        softcap: rules.softcap,
         _pad: 0,
     };
     let ctx = rec.ctx();

@@ -1,6 +1,8 @@
 //! One module per kernel: its parameter struct, preconditions and dispatch geometry.
 
 pub mod concat;
+pub mod fused;
 pub mod gemm;
 pub mod mask;
+pub(crate) mod rules;
 pub mod softmax;

@@ -1,0 +1,334 @@
+// Fused attention (FlashAttention-2 forward), portable: no subgroups, runs on
+// any WebGPU adapter within its workgroup-memory limit.
+//
+// A workgroup owns BQ consecutive query rows of one (batch, query head); each
+// invocation owns one row. Keys are streamed in tiles of BK: the workgroup
+// copies K[j0 .. j0+BK] and V[j0 .. j0+BK] into workgroup memory (vec4s, head
+// dims padded to 4), then each invocation scores its row against the tile,
+// updates its running max m and sum l (online softmax: O and l are rescaled by
+// exp(m_old - m_new) when the max grows), and accumulates O += p * v. The
+// Nq x T score matrix is never written. At the end O / l goes to Y and
+// m + log(l) to the logsumexp; the row's m and l also go to `stats`, for the
+// score recompute kernel.
+//
+// The unnormalised O accumulates in the row's own slice of Y (read, rescaled
+// and written back once per tile): only the invocation that owns a row touches
+// it, and no private array larger than one tile's scores is needed. (Private
+// arrays of 64 vec4s for Q and O gave wrong results on llvmpipe once a row
+// crossed about 30 tiles with head dims near 256.)
+//
+// The contract (see AttentionOptions): scale, softcap before any bias, causal
+// and windows with the position offset (past length, else nonpad - Nq, else 0),
+// nonpad lengths, an additive mask broadcast by strides (bool masks arrive as
+// 0 / MASKED) whose columns past mask_cols are masked, GQA (query head h reads
+// KV head h / group), Dk != Dv. A row with every key masked gets Y = 0 and a
+// logsumexp of -inf. Masked keys never enter a sum, even with a non-finite score.
+//
+// Tiles no row of the workgroup can see are skipped: the workgroup's key range
+// is [lo of its first row, hi of its last row], computed from uniform values
+// (nonpad goes through workgroupUniformLoad) so every barrier stays in uniform
+// control flow.
+//
+// Resumable over key chunks: a dispatch covers keys [chunk_start, chunk_end)
+// and carries the online-softmax state (O in Y, m and l in `stats`) from the
+// previous chunk's dispatch; only the last chunk normalises. One chunk covers
+// all keys except on drivers that cap the loop iterations of an invocation
+// (llvmpipe stops every loop of an invocation after about 65535 iterations in
+// all, silently), where the host sizes chunks to stay under the cap.
+
+// Query rows per workgroup (one per invocation).
+override BQ: u32 = 64u;
+// Keys per tile.
+override BK: u32 = 32u;
+// vec4s per K row and per V row (head dims rounded up to 4).
+override DK4: u32 = 16u;
+override DV4: u32 = 16u;
+
+struct Params {
+    batch: u32,
+    q_heads: u32,
+    group: u32,
+    q_len: u32,
+    keys: u32,
+    dk: u32,
+    dv: u32,
+    flags: u32,
+    scale: f32,
+    softcap: f32,
+    left_window: i32,
+    right_window: i32,
+    past_len: u32,
+    mask_cols: u32,
+    mask_batch_stride: u32,
+    mask_head_stride: u32,
+    mask_row_stride: u32,
+    q_blocks: u32,
+    kv_heads: u32,
+    _pad: u32,
+    chunk_start: u32,
+    chunk_end: u32,
+    // FIRST_CHUNK: start from an empty state; LAST_CHUNK: normalise and write lse.
+    chunk_flags: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> k: array<f32>;
+@group(0) @binding(3) var<storage, read> v: array<f32>;
+@group(0) @binding(4) var<storage, read> mask: array<f32>;
+@group(0) @binding(5) var<storage, read> nonpad: array<i32>;
+@group(0) @binding(6) var<storage, read_write> y: array<f32>;
+// [lse (as bits) | row max m | row sum l], one entry each per row.
+@group(0) @binding(7) var<storage, read_write> lse: array<u32>;
+
+const MASKED: f32 = -3.40282347e+38;
+const NEG_INF_BITS: u32 = 0xff800000u;
+const FLAG_MASK: u32 = 1u;
+const FLAG_CAUSAL: u32 = 2u;
+const FLAG_NONPAD: u32 = 4u;
+const FLAG_PAST: u32 = 8u;
+const FLAG_SOFTCAP: u32 = 16u;
+const FIRST_CHUNK: u32 = 1u;
+const LAST_CHUNK: u32 = 2u;
+// The most keys per tile (the private score array's length).
+const MAX_BK: u32 = 64u;
+
+var<workgroup> k_tile: array<vec4<f32>, BK * DK4>;
+var<workgroup> v_tile: array<vec4<f32>, BK * DV4>;
+var<workgroup> batch_nonpad: i32;
+
+// tanh accurate to a few ulp (see mask.wgsl).
+fn accurate_tanh(x: f32) -> f32 {
+    let ax = abs(x);
+    if (ax < 0.4) {
+        let z = x * x;
+        let poly = 1.0 + z * (-1.0 / 3.0 + z * (2.0 / 15.0 + z * (-17.0 / 315.0
+            + z * (62.0 / 2835.0 + z * (-1382.0 / 155925.0 + z * (21844.0 / 6081075.0))))));
+        return x * poly;
+    }
+    let e = exp(2.0 * min(ax, 10.0));
+    let t = 1.0 - 2.0 / (e + 1.0);
+    return select(t, -t, x < 0.0);
+}
+
+// The allowed key range [lo, hi] of query row i (hi < lo when none).
+fn key_range(i: u32, offset: i32, lengths: i32) -> vec2<i32> {
+    let pos = offset + i32(i);
+    var lo = 0;
+    var hi = i32(p.keys) - 1;
+    if ((p.flags & FLAG_CAUSAL) != 0u) {
+        hi = min(hi, pos);
+    }
+    if (p.right_window >= 0) {
+        hi = min(hi, pos + p.right_window);
+    }
+    if (p.left_window >= 0) {
+        lo = max(lo, pos - p.left_window);
+    }
+    if ((p.flags & FLAG_NONPAD) != 0u) {
+        hi = min(hi, lengths - 1);
+    }
+    if ((p.flags & FLAG_MASK) != 0u) {
+        hi = min(hi, i32(p.mask_cols) - 1);
+    }
+    return vec2<i32>(lo, hi);
+}
+
+// Loads four consecutive values of a head-dim row, zero past `len`.
+fn quad(src: u32, base: u32, d: u32, len: u32) -> vec4<f32> {
+    var out = vec4<f32>(0.0);
+    for (var c = 0u; c < 4u; c++) {
+        if (d + c < len) {
+            if (src == 0u) {
+                out[c] = k[base + d + c];
+            } else {
+                out[c] = v[base + d + c];
+            }
+        }
+    }
+    return out;
+}
+
+// Four values of the row's Y slice from element d (zeros past Dv).
+fn y_quad(base: u32, d: u32) -> vec4<f32> {
+    var out = vec4<f32>(0.0);
+    for (var c = 0u; c < 4u; c++) {
+        if (d + c < p.dv) {
+            out[c] = y[base + d + c];
+        }
+    }
+    return out;
+}
+
+fn store_y_quad(base: u32, d: u32, val: vec4<f32>) {
+    for (var c = 0u; c < 4u; c++) {
+        if (d + c < p.dv) {
+            y[base + d + c] = val[c];
+        }
+    }
+}
+
+@compute @workgroup_size(BQ, 1, 1)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    // Workgroups beyond the last block still reach every barrier below.
+    let block = wid.x + wid.y * nwg.x;
+    let head_index = min(block / p.q_blocks, p.batch * p.q_heads - 1u);
+    let live_block = block < p.q_blocks * p.batch * p.q_heads;
+    let b = head_index / p.q_heads;
+    let h = head_index % p.q_heads;
+    let kvh = h / p.group;
+    let row0 = (block % p.q_blocks) * BQ;
+    let i = row0 + li;
+    let live_row = live_block && i < p.q_len;
+
+    if (li == 0u) {
+        var lengths = i32(p.keys);
+        if ((p.flags & FLAG_NONPAD) != 0u) {
+            lengths = nonpad[b];
+        }
+        batch_nonpad = lengths;
+    }
+    let lengths = workgroupUniformLoad(&batch_nonpad);
+    var offset = 0;
+    if ((p.flags & FLAG_PAST) != 0u) {
+        offset = i32(p.past_len);
+    } else if ((p.flags & FLAG_NONPAD) != 0u) {
+        offset = lengths - i32(p.q_len);
+    }
+    // The workgroup's key range: rows' ranges grow with the row index.
+    let last_row = min(row0 + BQ - 1u, p.q_len - 1u);
+    let first = key_range(row0, offset, lengths);
+    let last = key_range(last_row, offset, lengths);
+    let wg_lo = max(first.x, i32(p.chunk_start));
+    let wg_hi = select(min(last.y, i32(p.chunk_end) - 1), -1, !live_block);
+    let mine = key_range(min(i, p.q_len - 1u), offset, lengths);
+
+    let row = min(i, p.q_len - 1u);
+    let q_base = (head_index * p.q_len + row) * p.dk;
+    let y_base = (head_index * p.q_len + row) * p.dv;
+    let rows = p.batch * p.q_heads * p.q_len;
+    let r = head_index * p.q_len + row;
+    var m = MASKED;
+    var l = 0.0;
+    if ((p.chunk_flags & FIRST_CHUNK) == 0u) {
+        m = bitcast<f32>(lse[rows + r]);
+        l = bitcast<f32>(lse[2u * rows + r]);
+    }
+    var scores: array<f32, MAX_BK>;
+    let kv_base = (b * p.kv_heads + kvh) * p.keys;
+    let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride + row * p.mask_row_stride;
+
+    var j0 = wg_lo - wg_lo % i32(BK);
+    for (; j0 <= wg_hi; j0 += i32(BK)) {
+        // Stage the tile (zeros past the last key and past the head dims).
+        for (var slot = li; slot < BK * DK4; slot += BQ) {
+            let key = u32(j0) + slot / DK4;
+            let d = (slot % DK4) * 4u;
+            var val = vec4<f32>(0.0);
+            if (key < p.keys) {
+                val = quad(0u, (kv_base + key) * p.dk, d, p.dk);
+            }
+            k_tile[slot] = val;
+        }
+        for (var slot = li; slot < BK * DV4; slot += BQ) {
+            let key = u32(j0) + slot / DV4;
+            let d = (slot % DV4) * 4u;
+            var val = vec4<f32>(0.0);
+            if (key < p.keys) {
+                val = quad(1u, (kv_base + key) * p.dv, d, p.dv);
+            }
+            v_tile[slot] = val;
+        }
+        workgroupBarrier();
+
+        if (live_row) {
+            // Dot products, one Q vec4 at a time against every key of the tile.
+            for (var t = 0u; t < BK; t++) {
+                scores[t] = 0.0;
+            }
+            for (var d4 = 0u; d4 < DK4; d4++) {
+                var qq = vec4<f32>(0.0);
+                for (var c = 0u; c < 4u; c++) {
+                    if (d4 * 4u + c < p.dk) {
+                        qq[c] = q[q_base + d4 * 4u + c];
+                    }
+                }
+                for (var t = 0u; t < BK; t++) {
+                    let prod = qq * k_tile[t * DK4 + d4];
+                    scores[t] += (prod.x + prod.y) + (prod.z + prod.w);
+                }
+            }
+            // Scale, softcap, mask; masked keys become MASKED.
+            var tile_max = MASKED;
+            for (var t = 0u; t < BK; t++) {
+                let j = j0 + i32(t);
+                var s = MASKED;
+                if (j >= mine.x && j <= mine.y) {
+                    s = scores[t] * p.scale;
+                    if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        s = p.softcap * accurate_tanh(s / p.softcap);
+                    }
+                    if ((p.flags & FLAG_MASK) != 0u) {
+                        let bias = mask[mask_base + u32(j)];
+                        s = select(MASKED, s + bias, bias > MASKED);
+                    }
+                }
+                scores[t] = s;
+                tile_max = max(tile_max, s);
+            }
+            if (tile_max > MASKED) {
+                let m_new = max(m, tile_max);
+                let alpha = select(0.0, exp(m - m_new), m > MASKED);
+                l = l * alpha;
+                for (var t = 0u; t < BK; t++) {
+                    let pt = select(0.0, exp(scores[t] - m_new), scores[t] > MASKED);
+                    scores[t] = pt;
+                    l += pt;
+                }
+                // O = alpha * O + P V, in the row's slice of Y.
+                for (var d4 = 0u; d4 < DV4; d4++) {
+                    var acc = vec4<f32>(0.0);
+                    if (m > MASKED) {
+                        acc = y_quad(y_base, d4 * 4u) * alpha;
+                    }
+                    for (var t = 0u; t < BK; t++) {
+                        if (scores[t] > 0.0) {
+                            acc += scores[t] * v_tile[t * DV4 + d4];
+                        }
+                    }
+                    store_y_quad(y_base, d4 * 4u, acc);
+                }
+                m = m_new;
+            }
+        }
+        workgroupBarrier();
+    }
+
+    if (live_row && (p.chunk_flags & LAST_CHUNK) == 0u) {
+        lse[rows + r] = bitcast<u32>(m);
+        lse[2u * rows + r] = bitcast<u32>(l);
+    }
+    if (live_row && (p.chunk_flags & LAST_CHUNK) != 0u) {
+        // Normalise (a row with every key masked was never written: zeros).
+        let inv = select(0.0, 1.0 / l, l > 0.0);
+        for (var d4 = 0u; d4 < DV4; d4++) {
+            var val = vec4<f32>(0.0);
+            if (m > MASKED) {
+                val = y_quad(y_base, d4 * 4u) * inv;
+            }
+            store_y_quad(y_base, d4 * 4u, val);
+        }
+        var bits = NEG_INF_BITS;
+        if (l > 0.0) {
+            bits = bitcast<u32>(m + log(l));
+        }
+        lse[r] = bits;
+        lse[rows + r] = bitcast<u32>(m);
+        lse[2u * rows + r] = bitcast<u32>(l);
+    }
+}

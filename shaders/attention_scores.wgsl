@@ -1,0 +1,155 @@
+// qk_matmul_output recomputed from Q, K and the fused kernel's row statistics,
+// so the fused path can return scores or probabilities without ever holding the
+// score matrix.
+//
+// One invocation per (query row, key); a workgroup covers 64 keys of one row.
+// For key j of row i it computes s = scale * q_i . k_j and writes, by mode:
+//   0: s;  1: softcap(s);  2: softcap(s) + bias, or -inf when the key is masked;
+//   3: exp(softcap(s) + bias - m_i) / l_i with the row's running max m_i and
+//      sum l_i from the fused kernel (not exp(s - lse_i): lse of large logits
+//      carries an ulp of 1e-3 and more), or 0 when masked or when the row has
+//      every key masked (l_i = 0).
+// The dot product sums in attention_fused.wgsl's order, so s is the same number.
+// The masking rules are attention_fused.wgsl's: causal and windows with the
+// position offset, nonpad lengths, the broadcast additive mask, mask_cols.
+
+struct Params {
+    batch: u32,
+    q_heads: u32,
+    group: u32,
+    q_len: u32,
+    keys: u32,
+    dk: u32,
+    dv: u32,
+    flags: u32,
+    scale: f32,
+    softcap: f32,
+    left_window: i32,
+    right_window: i32,
+    past_len: u32,
+    mask_cols: u32,
+    mask_batch_stride: u32,
+    mask_head_stride: u32,
+    mask_row_stride: u32,
+    mode: u32,
+    kv_heads: u32,
+    key_blocks: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> k: array<f32>;
+@group(0) @binding(3) var<storage, read> mask: array<f32>;
+@group(0) @binding(4) var<storage, read> nonpad: array<i32>;
+// The fused kernel's [lse | row max m | row sum l].
+@group(0) @binding(5) var<storage, read> stats: array<f32>;
+@group(0) @binding(6) var<storage, read_write> out: array<u32>;
+
+const MASKED: f32 = -3.40282347e+38;
+const NEG_INF_BITS: u32 = 0xff800000u;
+const FLAG_MASK: u32 = 1u;
+const FLAG_CAUSAL: u32 = 2u;
+const FLAG_NONPAD: u32 = 4u;
+const FLAG_PAST: u32 = 8u;
+const FLAG_SOFTCAP: u32 = 16u;
+
+fn accurate_tanh(x: f32) -> f32 {
+    let ax = abs(x);
+    if (ax < 0.4) {
+        let z = x * x;
+        let poly = 1.0 + z * (-1.0 / 3.0 + z * (2.0 / 15.0 + z * (-17.0 / 315.0
+            + z * (62.0 / 2835.0 + z * (-1382.0 / 155925.0 + z * (21844.0 / 6081075.0))))));
+        return x * poly;
+    }
+    let e = exp(2.0 * min(ax, 10.0));
+    let t = 1.0 - 2.0 / (e + 1.0);
+    return select(t, -t, x < 0.0);
+}
+
+@compute @workgroup_size(64, 1, 1)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let block = wid.x + wid.y * nwg.x;
+    let row = block / p.key_blocks;
+    let j = (block % p.key_blocks) * 64u + li;
+    if (row >= p.batch * p.q_heads * p.q_len || j >= p.keys) {
+        return;
+    }
+    let i = row % p.q_len;
+    let head_index = row / p.q_len;
+    let b = head_index / p.q_heads;
+    let h = head_index % p.q_heads;
+    let kvh = h / p.group;
+
+    var dot = 0.0;
+    let q_base = row * p.dk;
+    let k_base = ((b * p.kv_heads + kvh) * p.keys + j) * p.dk;
+    for (var d = 0u; d < p.dk; d += 4u) {
+        var qq = vec4<f32>(0.0);
+        var kk = vec4<f32>(0.0);
+        for (var c = 0u; c < 4u; c++) {
+            if (d + c < p.dk) {
+                qq[c] = q[q_base + d + c];
+                kk[c] = k[k_base + d + c];
+            }
+        }
+        let prod = qq * kk;
+        dot += (prod.x + prod.y) + (prod.z + prod.w);
+    }
+    var s = dot * p.scale;
+    let index = row * p.keys + j;
+    if (p.mode == 0u) {
+        out[index] = bitcast<u32>(s);
+        return;
+    }
+    if ((p.flags & FLAG_SOFTCAP) != 0u) {
+        s = p.softcap * accurate_tanh(s / p.softcap);
+    }
+    if (p.mode == 1u) {
+        out[index] = bitcast<u32>(s);
+        return;
+    }
+
+    var lengths = i32(p.keys);
+    var offset = 0;
+    if ((p.flags & FLAG_NONPAD) != 0u) {
+        lengths = nonpad[b];
+    }
+    if ((p.flags & FLAG_PAST) != 0u) {
+        offset = i32(p.past_len);
+    } else if ((p.flags & FLAG_NONPAD) != 0u) {
+        offset = lengths - i32(p.q_len);
+    }
+    let pos = offset + i32(i);
+    let jj = i32(j);
+    var allowed = jj < lengths;
+    if ((p.flags & FLAG_CAUSAL) != 0u) {
+        allowed = allowed && jj <= pos;
+    }
+    if (p.right_window >= 0) {
+        allowed = allowed && jj <= pos + p.right_window;
+    }
+    if (p.left_window >= 0) {
+        allowed = allowed && jj >= pos - p.left_window;
+    }
+    if ((p.flags & FLAG_MASK) != 0u) {
+        allowed = allowed && j < p.mask_cols;
+        if (allowed) {
+            let bias = mask[b * p.mask_batch_stride + h * p.mask_head_stride + i * p.mask_row_stride + j];
+            allowed = bias > MASKED;
+            s += select(0.0, bias, allowed);
+        }
+    }
+    if (p.mode == 2u) {
+        out[index] = select(NEG_INF_BITS, bitcast<u32>(s), allowed);
+        return;
+    }
+    let rows = p.batch * p.q_heads * p.q_len;
+    let row_max = stats[rows + row];
+    let row_sum = stats[2u * rows + row];
+    let prob = select(0.0, exp(s - row_max) / row_sum, allowed && row_sum > 0.0);
+    out[index] = bitcast<u32>(prob);
+}

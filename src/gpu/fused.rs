@@ -1,0 +1,83 @@
+//! The fused attention path: KV concatenation when there is a past, one fused
+//! dispatch for Y and the logsumexp, and (only when asked) the recompute of
+//! `qk_matmul_output`. Memory is O(N): the score matrix is never allocated,
+//! unless the caller asks for it as an output.
+
+use super::buffer;
+use super::context::GpuContext;
+use super::kv::{self, bytes, GpuInputs, GpuOutputs};
+use super::ops::fused::{self, AttentionBuffers, FusedTiles};
+use super::recorder::Recorder;
+use crate::error::Result;
+use crate::options::AttentionOptions;
+use crate::problem::AttentionDims;
+
+/// Runs the fused path; returns once the work is submitted.
+pub(crate) async fn run(
+    ctx: &GpuContext,
+    dims: &AttentionDims,
+    inputs: &GpuInputs<'_>,
+    options: &AttentionOptions,
+) -> Result<GpuOutputs> {
+    let tiles = FusedTiles::for_dims(dims.head_dim, dims.v_head_dim, &ctx.caps.limits)?;
+    let rows = dims.batch * dims.q_heads * dims.q_len;
+    let y_len = rows * dims.v_head_dim;
+    let qk_len = rows * dims.total_len();
+    buffer::check_bindable(ctx, "Y", bytes(y_len))?;
+    if options.qk_matmul_output_mode.is_some() {
+        buffer::check_bindable(ctx, "qk_matmul_output", bytes(qk_len))?;
+    }
+    let present_bytes = kv::check_present(ctx, dims, options.return_present)?;
+    let allocated_bytes = bytes(y_len)
+        + bytes(3 * rows)
+        + present_bytes
+        + if options.qk_matmul_output_mode.is_some() {
+            bytes(qk_len)
+        } else {
+            0
+        };
+
+    ctx.scoped("fused attention", || {
+        let y = buffer::storage(ctx, "Y", y_len)?;
+        // [lse | row max | row sum]: the caller sees the first `rows` values.
+        let lse = buffer::storage(ctx, "lse", 3 * rows)?;
+        let placeholder = buffer::storage(ctx, "no mask", 1)?;
+        let nonpad = kv::upload_nonpad(ctx, inputs.nonpad)?;
+        let mut rec = Recorder::new(ctx, "fused attention");
+        let present = kv::record_present(&mut rec, dims, inputs, options.return_present)?;
+        let (keys, values) = match &present {
+            Some((k, v)) => (k, v),
+            None => (inputs.k, inputs.v),
+        };
+        let buffers = AttentionBuffers {
+            q: inputs.q,
+            k: keys,
+            v: values,
+            mask: inputs.mask.unwrap_or(&placeholder),
+            nonpad: &nonpad,
+        };
+        fused::record_forward(&mut rec, dims, options, &tiles, &buffers, &y, &lse)?;
+        let qk = match options.qk_matmul_output_mode {
+            Some(mode) => {
+                let out = buffer::storage(ctx, "qk_matmul_output", qk_len)?;
+                fused::record_scores(&mut rec, dims, options, mode, &buffers, &lse, &out)?;
+                Some(out)
+            }
+            None => None,
+        };
+        rec.submit();
+        let (present_key, present_value) = match present {
+            Some((k, v)) if options.return_present => (Some(k), Some(v)),
+            _ => (None, None),
+        };
+        Ok(GpuOutputs {
+            y,
+            lse,
+            qk,
+            present_key,
+            present_value,
+            allocated_bytes,
+        })
+    })
+    .await
+}

@@ -1,0 +1,120 @@
+//! What every GPU attention path needs before its kernels: keys and values in
+//! one `[B, Hkv, T, D]` buffer (the past concatenated in front, or copies when
+//! the caller asks for `present_key/value`), and `nonpad_kv_seqlen` on the device.
+
+use super::buffer;
+use super::context::GpuContext;
+use super::ops::concat;
+use super::recorder::Recorder;
+use crate::error::{Error, Result};
+use crate::problem::AttentionDims;
+
+/// The device buffers of one call's inputs.
+pub(crate) struct GpuInputs<'a> {
+    pub q: &'a wgpu::Buffer,
+    pub k: &'a wgpu::Buffer,
+    pub v: &'a wgpu::Buffer,
+    pub mask: Option<&'a wgpu::Buffer>,
+    pub past_key: Option<&'a wgpu::Buffer>,
+    pub past_value: Option<&'a wgpu::Buffer>,
+    pub nonpad: Option<&'a [i64]>,
+}
+
+/// The device buffers of one call's outputs.
+pub(crate) struct GpuOutputs {
+    pub y: wgpu::Buffer,
+    pub lse: wgpu::Buffer,
+    pub qk: Option<wgpu::Buffer>,
+    pub present_key: Option<wgpu::Buffer>,
+    pub present_value: Option<wgpu::Buffer>,
+    /// Bytes of device memory the call allocated (outputs and scratch).
+    pub allocated_bytes: u64,
+}
+
+/// Bytes of `values` f32 values.
+pub(crate) fn bytes(values: usize) -> u64 {
+    values as u64 * 4
+}
+
+/// Whether the call needs the `[past; new]` buffers.
+fn needs_present(dims: &AttentionDims, want_present: bool) -> bool {
+    (dims.has_past && dims.past_len > 0) || want_present
+}
+
+/// Checks, before anything is recorded, that the present buffers fit.
+pub(crate) fn check_present(
+    ctx: &GpuContext,
+    dims: &AttentionDims,
+    want_present: bool,
+) -> Result<u64> {
+    if !needs_present(dims, want_present) {
+        return Ok(0);
+    }
+    let (kb, vb) = present_bytes(dims);
+    buffer::check_bindable(ctx, "present_key", kb)?;
+    buffer::check_bindable(ctx, "present_value", vb)?;
+    Ok(kb + vb)
+}
+
+fn present_bytes(dims: &AttentionDims) -> (u64, u64) {
+    let rows = dims.batch * dims.kv_heads * dims.total_len();
+    (bytes(rows * dims.head_dim), bytes(rows * dims.v_head_dim))
+}
+
+/// Records `present = [past; new]` for keys and values when there is a past
+/// (or copies of K and V when only the presents were asked for). Returns them,
+/// or `None` when K and V can be read as they are.
+pub(crate) fn record_present(
+    rec: &mut Recorder<'_>,
+    dims: &AttentionDims,
+    inputs: &GpuInputs<'_>,
+    want_present: bool,
+) -> Result<Option<(wgpu::Buffer, wgpu::Buffer)>> {
+    if !needs_present(dims, want_present) {
+        return Ok(None);
+    }
+    let ctx = rec.ctx();
+    let heads = dims.batch * dims.kv_heads;
+    let (dk, dv, t) = (dims.head_dim, dims.v_head_dim, dims.total_len());
+    let pk = buffer::storage(ctx, "present_key", heads * t * dk)?;
+    let pv = buffer::storage(ctx, "present_value", heads * t * dv)?;
+    if dims.has_past && dims.past_len > 0 {
+        let (Some(past_k), Some(past_v)) = (inputs.past_key, inputs.past_value) else {
+            return Err(Error::Conflict(
+                "past_key and past_value must be given together",
+            ));
+        };
+        concat::record(
+            rec,
+            heads,
+            dims.past_len,
+            dims.kv_len,
+            dk,
+            past_k,
+            inputs.k,
+            &pk,
+        )?;
+        concat::record(
+            rec,
+            heads,
+            dims.past_len,
+            dims.kv_len,
+            dv,
+            past_v,
+            inputs.v,
+            &pv,
+        )?;
+    } else {
+        rec.copy(inputs.k, 0, &pk, 0, heads * t * dk);
+        rec.copy(inputs.v, 0, &pv, 0, heads * t * dv);
+    }
+    Ok(Some((pk, pv)))
+}
+
+/// `nonpad_kv_seqlen` as i32 on the device (a placeholder when absent).
+pub(crate) fn upload_nonpad(ctx: &GpuContext, nonpad: Option<&[i64]>) -> Result<wgpu::Buffer> {
+    let lengths: Vec<i32> = nonpad
+        .map(|l| l.iter().map(|&x| x as i32).collect())
+        .unwrap_or_default();
+    buffer::upload(ctx, "nonpad_kv_seqlen", &lengths)
+}

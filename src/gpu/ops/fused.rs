@@ -1,0 +1,276 @@
+//! Fused attention (`shaders/attention_fused.wgsl`) and the score recompute
+//! kernel (`shaders/attention_scores.wgsl`): parameters, tile sizes chosen from
+//! the adapter's limits, and dispatch geometry.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::rules::Rules;
+use crate::error::{Error, Result};
+use crate::gpu::buffer;
+use crate::gpu::capabilities::KernelLimits;
+use crate::gpu::pipeline::PipelineKey;
+use crate::gpu::recorder::Recorder;
+use crate::gpu::registry::Kernel;
+use crate::options::{AttentionOptions, QkMatmulOutputMode};
+use crate::problem::AttentionDims;
+
+/// Query rows per workgroup of the portable fused kernel (one per invocation).
+pub const QUERY_ROWS: u32 = 64;
+/// The most keys per tile (the kernel's private score array holds 64).
+pub const MAX_KEYS_PER_TILE: u32 = 64;
+/// The largest head dim the fused kernels take.
+pub const MAX_HEAD_DIM: usize = 256;
+/// Keys per workgroup of the score recompute kernel.
+const SCORE_KEYS: usize = 64;
+
+/// The tile configuration of the portable fused kernel for one problem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FusedTiles {
+    /// Query rows per workgroup.
+    pub query_rows: u32,
+    /// Keys per K/V tile.
+    pub keys_per_tile: u32,
+    /// vec4s per K row.
+    pub dk4: u32,
+    /// vec4s per V row.
+    pub dv4: u32,
+}
+
+impl FusedTiles {
+    /// The largest key tile whose K and V rows fit the adapter's workgroup memory.
+    pub fn for_dims(dk: usize, dv: usize, limits: &KernelLimits) -> Result<FusedTiles> {
+        if dk > MAX_HEAD_DIM || dv > MAX_HEAD_DIM {
+            return Err(Error::Limit {
+                what: format!("head dims Dk = {dk}, Dv = {dv}"),
+                needed: dk.max(dv) as u64,
+                limit: MAX_HEAD_DIM as u64,
+                limit_name: "largest head dim of the fused kernel",
+                hint: "use KernelPath::Unfused for head dims above 256",
+            });
+        }
+        let (dk4, dv4) = (dk.div_ceil(4) as u32, dv.div_ceil(4) as u32);
+        // 16 bytes per vec4, and one i32 for the batch's nonpad length.
+        let budget = limits.max_compute_workgroup_storage_size.saturating_sub(16);
+        let keys = (budget / ((dk4 + dv4) * 16)).min(MAX_KEYS_PER_TILE);
+        if keys == 0 {
+            return Err(Error::Limit {
+                what: format!("one key of K and V rows (Dk = {dk}, Dv = {dv}) in workgroup memory"),
+                needed: u64::from((dk4 + dv4) * 16 + 16),
+                limit: u64::from(limits.max_compute_workgroup_storage_size),
+                limit_name: "max_compute_workgroup_storage_size",
+                hint: "use KernelPath::Unfused on this adapter",
+            });
+        }
+        Ok(FusedTiles {
+            query_rows: QUERY_ROWS.min(limits.max_compute_invocations_per_workgroup),
+            keys_per_tile: keys,
+            dk4,
+            dv4,
+        })
+    }
+
+    /// Workgroup memory the kernel uses with these tiles.
+    pub fn workgroup_bytes(&self) -> u32 {
+        self.keys_per_tile * (self.dk4 + self.dv4) * 16 + 4
+    }
+
+    /// Loop iterations one invocation runs per key tile (every loop counted,
+    /// with margin), for drivers that cap them.
+    pub fn loop_iterations_per_tile(&self) -> u64 {
+        let (bq, bk) = (u64::from(self.query_rows), u64::from(self.keys_per_tile));
+        let (dk4, dv4) = (u64::from(self.dk4), u64::from(self.dv4));
+        let staging = (bk * dk4).div_ceil(bq) + (bk * dv4).div_ceil(bq);
+        staging + dk4 * (bk + 1) + dv4 * (bk + 1) + 4 * bk + 8
+    }
+
+    /// Keys per dispatch so that no invocation exceeds `budget` loop iterations
+    /// (all keys in one dispatch when there is no budget).
+    pub fn keys_per_chunk(&self, keys: usize, budget: Option<u64>) -> usize {
+        match budget {
+            None => keys.max(1),
+            Some(budget) => {
+                let tiles = (budget / self.loop_iterations_per_tile()).max(1) as usize;
+                // Chunks start on tile boundaries so the kernel's tile grid lines up.
+                tiles * self.keys_per_tile as usize
+            }
+        }
+    }
+
+    /// The pipeline key.
+    pub fn key(&self) -> PipelineKey {
+        PipelineKey::new(Kernel::AttentionFused)
+            .with("BQ", i64::from(self.query_rows))
+            .with("BK", i64::from(self.keys_per_tile))
+            .with("DK4", i64::from(self.dk4))
+            .with("DV4", i64::from(self.dv4))
+    }
+}
+
+/// The uniform block both attention kernels take (same layout in both WGSL files;
+/// the last three words differ in meaning).
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    batch: u32,
+    q_heads: u32,
+    group: u32,
+    q_len: u32,
+    keys: u32,
+    dk: u32,
+    dv: u32,
+    flags: u32,
+    scale: f32,
+    softcap: f32,
+    left_window: i32,
+    right_window: i32,
+    past_len: u32,
+    mask_cols: u32,
+    mask_batch_stride: u32,
+    mask_head_stride: u32,
+    mask_row_stride: u32,
+    extra0: u32,
+    kv_heads: u32,
+    extra2: u32,
+}
+
+fn params(dims: &AttentionDims, options: &AttentionOptions, extra0: u32, extra2: u32) -> Params {
+    let rules = Rules::new(dims, options);
+    Params {
+        batch: dims.batch as u32,
+        q_heads: dims.q_heads as u32,
+        group: dims.group() as u32,
+        q_len: dims.q_len as u32,
+        keys: dims.total_len() as u32,
+        dk: dims.head_dim as u32,
+        dv: dims.v_head_dim as u32,
+        flags: rules.flags,
+        scale: rules.scale,
+        softcap: rules.softcap,
+        left_window: rules.left_window,
+        right_window: rules.right_window,
+        past_len: rules.past_len,
+        mask_cols: rules.mask.cols as u32,
+        mask_batch_stride: rules.mask.batch_stride as u32,
+        mask_head_stride: rules.mask.head_stride as u32,
+        mask_row_stride: rules.mask.row_stride as u32,
+        extra0,
+        kv_heads: dims.kv_heads as u32,
+        extra2,
+    }
+}
+
+/// The buffers the attention kernels read.
+pub(crate) struct AttentionBuffers<'a> {
+    pub q: &'a wgpu::Buffer,
+    /// Keys `[B, Hkv, T, Dk]` (the present keys when there is a past).
+    pub k: &'a wgpu::Buffer,
+    /// Values `[B, Hkv, T, Dv]`.
+    pub v: &'a wgpu::Buffer,
+    /// The additive mask, or a placeholder.
+    pub mask: &'a wgpu::Buffer,
+    /// `nonpad_kv_seqlen` as i32, or a placeholder.
+    pub nonpad: &'a wgpu::Buffer,
+}
+
+/// The fused kernel's uniforms: the shared block plus the key chunk.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct ChunkParams {
+    base: Params,
+    chunk_start: u32,
+    chunk_end: u32,
+    chunk_flags: u32,
+    _pad: u32,
+}
+
+const FIRST_CHUNK: u32 = 1;
+const LAST_CHUNK: u32 = 2;
+
+/// Records the fused forward: Y and `stats` = [lse | row max | row sum] for
+/// every query row, in as many key chunks as the adapter's loop budget needs.
+pub(crate) fn record_forward(
+    rec: &mut Recorder<'_>,
+    dims: &AttentionDims,
+    options: &AttentionOptions,
+    tiles: &FusedTiles,
+    inputs: &AttentionBuffers<'_>,
+    y: &wgpu::Buffer,
+    stats: &wgpu::Buffer,
+) -> Result<()> {
+    let q_blocks = dims.q_len.div_ceil(tiles.query_rows as usize);
+    let ctx = rec.ctx();
+    let keys = dims.total_len();
+    let chunk = tiles.keys_per_chunk(keys, ctx.caps.loop_budget());
+    let pipeline = ctx.pipelines.get(&tiles.key());
+    let workgroups = (dims.batch * dims.q_heads * q_blocks) as u64;
+    let base = params(dims, options, q_blocks as u32, 0);
+    let mut start = 0;
+    while start < keys {
+        let end = (start + chunk).min(keys);
+        let flags =
+            if start == 0 { FIRST_CHUNK } else { 0 } | if end == keys { LAST_CHUNK } else { 0 };
+        let uniform = buffer::uniform(
+            ctx,
+            "fused params",
+            &ChunkParams {
+                base,
+                chunk_start: start as u32,
+                chunk_end: end as u32,
+                chunk_flags: flags,
+                _pad: 0,
+            },
+        );
+        rec.dispatch(
+            &pipeline,
+            &[
+                &uniform,
+                inputs.q,
+                inputs.k,
+                inputs.v,
+                inputs.mask,
+                inputs.nonpad,
+                y,
+                stats,
+            ],
+            workgroups,
+        )?;
+        start = end;
+    }
+    Ok(())
+}
+
+/// Records the recompute of `qk_matmul_output` in `mode` from Q, K and `lse`.
+pub(crate) fn record_scores(
+    rec: &mut Recorder<'_>,
+    dims: &AttentionDims,
+    options: &AttentionOptions,
+    mode: QkMatmulOutputMode,
+    inputs: &AttentionBuffers<'_>,
+    lse: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+) -> Result<()> {
+    let key_blocks = dims.total_len().div_ceil(SCORE_KEYS);
+    let ctx = rec.ctx();
+    let uniform = buffer::uniform(
+        ctx,
+        "scores params",
+        &params(dims, options, mode as u32, key_blocks as u32),
+    );
+    let pipeline = ctx
+        .pipelines
+        .get(&PipelineKey::new(Kernel::AttentionScores));
+    let workgroups = (dims.batch * dims.q_heads * dims.q_len * key_blocks) as u64;
+    rec.dispatch(
+        &pipeline,
+        &[
+            &uniform,
+            inputs.q,
+            inputs.k,
+            inputs.mask,
+            inputs.nonpad,
+            lse,
+            out,
+        ],
+        workgroups,
+    )
+}
