@@ -13,9 +13,8 @@
 //
 // The unnormalised O accumulates in the row's own slice of Y (read, rescaled
 // and written back once per tile): only the invocation that owns a row touches
-// it, and no private array larger than one tile's scores is needed. (Private
-// arrays of 64 vec4s for Q and O gave wrong results on llvmpipe once a row
-// crossed about 30 tiles with head dims near 256.)
+// it, and no private array larger than one tile's scores is needed, whatever
+// the head dims (up to 256).
 //
 // The contract (see AttentionOptions): scale, softcap before any bias, causal
 // and windows with the position offset (past length, else nonpad - Nq, else 0),

@@ -53,8 +53,10 @@ pub struct EngineOptions {
     /// `Some(wgpu::Limits::default())` runs under the WebGPU defaults that every
     /// browser guarantees. Limits beyond the adapter's give [`Error::RequestDevice`].
     pub limits: Option<wgpu::Limits>,
-    /// The GEMM kernel to record (`None`: chosen from the adapter's profile).
-    pub gemm_kernel: Option<crate::gpu::ops::gemm::GemmKernel>,
+    /// Use only the kernels that need no subgroups (tiled GEMM, portable fused
+    /// attention), as on adapters without subgroups. Off: chosen from the
+    /// adapter's capability profile.
+    pub portable_kernels: bool,
 }
 
 #[derive(Debug)]
@@ -121,16 +123,18 @@ impl Engine {
             BackendPreference::Gpu => {
                 let ctx =
                     GpuContext::request_with_limits(options.power, options.limits.clone()).await?;
-                Backend::Gpu(match options.gemm_kernel {
-                    Some(kernel) => ctx.with_gemm_kernel(kernel)?,
-                    None => ctx,
+                Backend::Gpu(if options.portable_kernels {
+                    ctx.with_portable_kernels()
+                } else {
+                    ctx
                 })
             }
             BackendPreference::Auto => {
                 match GpuContext::request_with_limits(options.power, options.limits.clone()).await {
-                    Ok(ctx) => Backend::Gpu(match options.gemm_kernel {
-                        Some(kernel) => ctx.with_gemm_kernel(kernel)?,
-                        None => ctx,
+                    Ok(ctx) => Backend::Gpu(if options.portable_kernels {
+                        ctx.with_portable_kernels()
+                    } else {
+                        ctx
                     }),
                     Err(e) => {
                         log::warn!("webattn: {e}; using the CPU backend");

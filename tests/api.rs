@@ -123,9 +123,12 @@ fn pipelines_compile_once() {
     assert_eq!(keys, engine.gpu().unwrap().pipelines().compiled_keys());
     let labels: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
     println!("compiled: {labels:?}");
-    // Auto takes the fused path: one fused pipeline, keyed by its tile sizes.
+    // Auto takes the fused path: one fused pipeline (portable or subgroup),
+    // keyed by its override constants.
     assert!(
-        labels.iter().any(|l| l.starts_with("attention_fused[BK=")),
+        labels
+            .iter()
+            .any(|l| l.starts_with("attention_fused[") || l.starts_with("attention_sg[")),
         "{labels:?}"
     );
 }

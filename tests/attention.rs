@@ -88,19 +88,26 @@ fn long_sequences_at_small_batch() {
 }
 
 #[test]
-fn quick_sweep_with_the_tiled_gemm() {
-    // The tiled GEMM is what GPUs without fixed CPU subgroups (and GL) record;
-    // on lavapipe the subgroup GEMM is the default, so force the other one here.
+fn quick_sweep_and_long_keys_with_portable_kernels() {
+    // The tiled GEMM and the portable fused kernel are what adapters without
+    // fixed CPU subgroups (real GPUs, GL, browsers) run; on lavapipe the
+    // subgroup kernels are the default, so force the portable ones here.
     if common::gpu().is_none() {
         return;
     }
     let options = webattn::EngineOptions {
         backend: webattn::BackendPreference::Gpu,
-        gemm_kernel: Some(webattn::gpu::ops::gemm::GemmKernel::Tiled),
+        portable_kernels: true,
         ..Default::default()
     };
     let engine = webattn::Engine::with_options_blocking(options).expect("a GPU engine");
-    common::run_cases_on(&engine, &sweep(SweepKind::Quick), &GPU_PATHS);
+    let mut cases = sweep(SweepKind::Quick);
+    // Long enough to cross llvmpipe's loop cap: the kernel must split the keys.
+    cases.push(
+        CaseSpec::new("portable-3000-keys", [1, 2, 1], [5, 3000], [64, 256])
+            .mask(MaskForm::Float(1)),
+    );
+    common::run_cases_on(&engine, &cases, &GPU_PATHS);
 }
 
 #[test]

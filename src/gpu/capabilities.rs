@@ -115,14 +115,9 @@ impl Capabilities {
     /// The GEMM kernel for this adapter: the subgroup-shuffle kernel on
     /// CPU-backed adapters with fixed subgroups of 4 or 8 lanes (where a
     /// storage load costs a loop over the lanes and a shuffle one permute), the
-    /// tiled workgroup-memory kernel everywhere else. `WEBATTN_GEMM=tiled`
-    /// forces the tiled kernel natively.
+    /// tiled workgroup-memory kernel everywhere else.
     pub fn gemm_kernel(&self) -> crate::gpu::ops::gemm::GemmKernel {
         use crate::gpu::ops::gemm::GemmKernel;
-        #[cfg(not(target_arch = "wasm32"))]
-        if std::env::var("WEBATTN_GEMM").as_deref() == Ok("tiled") {
-            return GemmKernel::Tiled;
-        }
         match self.fixed_cpu_subgroup() {
             Some(width) => GemmKernel::Subgroup { width },
             None => GemmKernel::Tiled,

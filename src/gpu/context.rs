@@ -38,6 +38,7 @@ pub struct GpuContext {
     pub(crate) pipelines: Arc<PipelineCache>,
     pub(crate) profiler: Arc<Mutex<Option<Arc<super::profile::Profiler>>>>,
     gemm_kernel: GemmKernel,
+    portable_fused_only: bool,
     lost: Arc<Mutex<Option<String>>>,
 }
 
@@ -159,6 +160,7 @@ impl GpuContext {
             device,
             queue,
             gemm_kernel: caps.gemm_kernel(),
+            portable_fused_only: false,
             caps: Arc::new(caps),
             profiler: Arc::new(Mutex::new(None)),
             lost,
@@ -175,22 +177,27 @@ impl GpuContext {
         self.gemm_kernel
     }
 
-    /// This context with another GEMM kernel, e.g. to test or measure the tiled
-    /// kernel on an adapter that would use the subgroup one. A subgroup kernel
-    /// on an adapter without fixed CPU subgroups of that width is refused.
-    pub fn with_gemm_kernel(mut self, kernel: GemmKernel) -> Result<GpuContext> {
-        if let GemmKernel::Subgroup { width } = kernel {
-            if self.caps.fixed_cpu_subgroup() != Some(width) {
-                return Err(Error::InvalidOption {
-                    name: "gemm_kernel",
-                    value: format!("{kernel:?}"),
-                    reason:
-                        "the subgroup GEMM needs a CPU adapter with fixed subgroups of that width",
-                });
-            }
+    /// This context restricted to the kernels that need no subgroups (tiled
+    /// GEMM, portable fused attention), as an adapter without subgroups (GL, some
+    /// browsers) runs them. For testing and measuring those kernels anywhere.
+    pub fn with_portable_kernels(mut self) -> GpuContext {
+        self.gemm_kernel = GemmKernel::Tiled;
+        self.portable_fused_only = true;
+        self
+    }
+
+    /// The fused kernel for head dims `dk`, `dv` (the subgroup kernel on CPU
+    /// adapters unless [`GpuContext::with_portable_kernels`] asked otherwise).
+    pub fn fused_kernel(&self, dk: usize, dv: usize) -> Result<super::ops::fused::FusedKernel> {
+        use super::ops::fused::{FusedKernel, FusedTiles};
+        if self.portable_fused_only {
+            return Ok(FusedKernel::Portable(FusedTiles::for_dims(
+                dk,
+                dv,
+                &self.caps.limits,
+            )?));
         }
-        self.gemm_kernel = kernel;
-        Ok(self)
+        FusedKernel::choose(&self.caps, dk, dv)
     }
 
     /// The pipeline cache.

@@ -6,10 +6,10 @@
 use super::buffer;
 use super::context::GpuContext;
 use super::kv::{self, bytes, GpuInputs, GpuOutputs};
-use super::ops::fused::{self, AttentionBuffers, FusedTiles};
+use super::ops::fused::{self, AttentionBuffers};
 use super::recorder::Recorder;
-use crate::error::Result;
-use crate::options::AttentionOptions;
+use crate::error::{Error, Result};
+use crate::options::{AttentionOptions, QkMatmulOutputMode};
 use crate::problem::AttentionDims;
 
 /// Runs the fused path; returns once the work is submitted.
@@ -19,13 +19,26 @@ pub(crate) async fn run(
     inputs: &GpuInputs<'_>,
     options: &AttentionOptions,
 ) -> Result<GpuOutputs> {
-    let tiles = FusedTiles::for_dims(dims.head_dim, dims.v_head_dim, &ctx.caps.limits)?;
+    let kernel = ctx.fused_kernel(dims.head_dim, dims.v_head_dim)?;
     let rows = dims.batch * dims.q_heads * dims.q_len;
     let y_len = rows * dims.v_head_dim;
     let qk_len = rows * dims.total_len();
     buffer::check_bindable(ctx, "Y", bytes(y_len))?;
-    if options.qk_matmul_output_mode.is_some() {
+    if let Some(mode) = options.qk_matmul_output_mode {
         buffer::check_bindable(ctx, "qk_matmul_output", bytes(qk_len))?;
+        // Probabilities are normalised by the row softmax, which loops over a row.
+        if let (QkMatmulOutputMode::Probabilities, Some(loops)) = (mode, ctx.caps.loop_budget()) {
+            let needed = 3 * dims.total_len().div_ceil(128) as u64 + 64;
+            if needed > loops {
+                return Err(Error::Limit {
+                    what: format!("probabilities of rows of {} keys", dims.total_len()),
+                    needed,
+                    limit: loops,
+                    limit_name: "loop iterations per invocation (llvmpipe)",
+                    hint: "ask for qk_matmul_output in mode 2 and normalise on the host",
+                });
+            }
+        }
     }
     let present_bytes = kv::check_present(ctx, dims, options.return_present)?;
     let allocated_bytes = bytes(y_len)
@@ -56,11 +69,12 @@ pub(crate) async fn run(
             mask: inputs.mask.unwrap_or(&placeholder),
             nonpad: &nonpad,
         };
-        fused::record_forward(&mut rec, dims, options, &tiles, &buffers, &y, &lse)?;
+        fused::record_forward(&mut rec, dims, options, &kernel, &buffers, &y, &lse)?;
         let qk = match options.qk_matmul_output_mode {
             Some(mode) => {
                 let out = buffer::storage(ctx, "qk_matmul_output", qk_len)?;
-                fused::record_scores(&mut rec, dims, options, mode, &buffers, &lse, &out)?;
+                let scratch = buffer::storage(ctx, "probabilities lse", rows)?;
+                fused::record_scores(&mut rec, dims, options, mode, &buffers, &out, &scratch)?;
                 Some(out)
             }
             None => None,

@@ -2,6 +2,7 @@
 //! an adapter, derived from its capability profile. `webattn info` prints it.
 
 use super::capabilities::Capabilities;
+use super::ops::fused::{FusedKernel, FusedTiles};
 use super::ops::{concat, gemm, mask, softmax};
 use crate::options::KernelPath;
 
@@ -64,7 +65,29 @@ impl KernelPlan {
                 role,
             }
         };
-        let mut kernels = vec![
+        let mut kernels = Vec::new();
+        // The fused kernel at head dims 64/64 (tiles of the portable kernel follow the dims).
+        match FusedKernel::choose(caps, 64, 64) {
+            Ok(FusedKernel::Subgroup { width }) => kernels.push(KernelConfig {
+                label: format!("attention_sg[SG={width}]"),
+                invocations: width,
+                tile: format!(
+                    "{} query rows x {}-key tiles per subgroup, 4 rows per invocation; K, V shared by shuffles",
+                    4 * width,
+                    super::ops::fused::SUBGROUP_KEYS
+                ),
+                workgroup_bytes: 0,
+                role: "fused: Q K^T, online softmax, P V in one pass (head dims multiple of 4)",
+            }),
+            Ok(FusedKernel::Portable(tiles)) => kernels.push(portable(tiles)),
+            Err(_) => {}
+        }
+        if let Ok(tiles) = FusedTiles::for_dims(64, 64, limits) {
+            if !kernels.iter().any(|k| k.label == tiles.key().to_string()) {
+                kernels.push(portable(tiles));
+            }
+        }
+        kernels.extend([
             KernelConfig {
                 label: concat::key().to_string(),
                 invocations: concat::WORKGROUP as u32,
@@ -88,7 +111,7 @@ impl KernelPlan {
                 role: "unfused: row softmax and logsumexp",
             },
             gemm_config(false, "unfused: Y = P V"),
-        ];
+        ]);
         kernels.retain(|k| {
             k.workgroup_bytes <= limits.max_compute_workgroup_storage_size
                 && k.invocations <= limits.max_compute_invocations_per_workgroup
@@ -110,12 +133,33 @@ impl KernelPlan {
                 limits.max_compute_workgroups_per_dimension
             ),
         ];
+        let mut notes = notes;
+        if let Some(budget) = caps.loop_budget() {
+            notes.push(format!(
+                "this driver stops an invocation's loops after ~65535 iterations: long key ranges \
+                 run in chunks of at most {budget} loop iterations per invocation"
+            ));
+        }
         KernelPlan {
-            default_path: KernelPath::Unfused,
-            paths: vec![KernelPath::Unfused],
+            default_path: KernelPath::Fused,
+            paths: vec![KernelPath::Fused, KernelPath::Unfused],
             kernels,
             max_score_chunk_bytes: limits.max_bindable_bytes(),
             notes,
         }
+    }
+}
+
+/// The portable fused kernel's configuration.
+fn portable(tiles: FusedTiles) -> KernelConfig {
+    KernelConfig {
+        label: tiles.key().to_string(),
+        invocations: tiles.query_rows,
+        tile: format!(
+            "{} query rows x {}-key K/V tiles in workgroup memory (at Dk = Dv = 64)",
+            tiles.query_rows, tiles.keys_per_tile
+        ),
+        workgroup_bytes: tiles.workgroup_bytes(),
+        role: "fused (portable): any adapter, any head dims up to 256",
     }
 }

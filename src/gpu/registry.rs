@@ -24,8 +24,10 @@ pub enum Kernel {
     GemmSubgroup,
     /// Portable fused attention, FlashAttention-2 style (`shaders/attention_fused.wgsl`).
     AttentionFused,
-    /// qk_matmul_output recomputed from Q, K and the logsumexp (`shaders/attention_scores.wgsl`).
+    /// qk_matmul_output recomputed from Q and K (`shaders/attention_scores.wgsl`).
     AttentionScores,
+    /// Fused attention with subgroup shuffles, for CPU adapters (`shaders/attention_sg.wgsl`).
+    AttentionSubgroup,
 }
 
 /// How a kernel sees one binding (in binding-index order, group 0).
@@ -41,7 +43,7 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 8] = [
+    pub const ALL: [Kernel; 9] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
@@ -50,6 +52,7 @@ impl Kernel {
         Kernel::GemmSubgroup,
         Kernel::AttentionFused,
         Kernel::AttentionScores,
+        Kernel::AttentionSubgroup,
     ];
 
     /// A short lowercase name, used in pipeline labels.
@@ -63,6 +66,7 @@ impl Kernel {
             Kernel::GemmSubgroup => "gemm_sg",
             Kernel::AttentionFused => "attention_fused",
             Kernel::AttentionScores => "attention_scores",
+            Kernel::AttentionSubgroup => "attention_sg",
         }
     }
 
@@ -77,6 +81,7 @@ impl Kernel {
             Kernel::GemmSubgroup => "gemm_sg.wgsl",
             Kernel::AttentionFused => "attention_fused.wgsl",
             Kernel::AttentionScores => "attention_scores.wgsl",
+            Kernel::AttentionSubgroup => "attention_sg.wgsl",
         }
     }
 
@@ -91,6 +96,7 @@ impl Kernel {
             Kernel::GemmSubgroup => include_str!("../../shaders/gemm_sg.wgsl"),
             Kernel::AttentionFused => include_str!("../../shaders/attention_fused.wgsl"),
             Kernel::AttentionScores => include_str!("../../shaders/attention_scores.wgsl"),
+            Kernel::AttentionSubgroup => include_str!("../../shaders/attention_sg.wgsl"),
         }
     }
 
@@ -107,11 +113,11 @@ impl Kernel {
             // A and B twice each: an f32 view and a vec4 view of one buffer.
             Kernel::GemmSubgroup => &[Uniform, Read, Read, Read, Read, ReadWrite],
             // Q, K, V, mask, nonpad; Y, lse.
-            Kernel::AttentionFused => {
+            Kernel::AttentionFused | Kernel::AttentionSubgroup => {
                 &[Uniform, Read, Read, Read, Read, Read, ReadWrite, ReadWrite]
             }
-            // Q, K, mask, nonpad, lse; qk_matmul_output.
-            Kernel::AttentionScores => &[Uniform, Read, Read, Read, Read, Read, ReadWrite],
+            // Q, K, mask, nonpad; qk_matmul_output.
+            Kernel::AttentionScores => &[Uniform, Read, Read, Read, Read, ReadWrite],
             Kernel::Softmax => &[Uniform, ReadWrite, ReadWrite],
             Kernel::Mask => &[Uniform, ReadWrite, Read, Read, ReadWrite],
             Kernel::Concat => &[Uniform, Read, Read, ReadWrite],

@@ -106,6 +106,71 @@ impl FusedTiles {
     }
 }
 
+/// Which fused kernel runs a problem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FusedKernel {
+    /// `attention_fused.wgsl`: workgroup-memory K/V tiles; any adapter.
+    Portable(FusedTiles),
+    /// `attention_sg.wgsl`: subgroup shuffles, for CPU adapters with fixed
+    /// subgroups of 4 or 8, head dims multiples of 4.
+    Subgroup {
+        /// The subgroup width.
+        width: u32,
+    },
+}
+
+/// Query rows per invocation of `attention_sg.wgsl` (the generator's ROWS).
+pub const SUBGROUP_ROWS_PER_LANE: usize = 4;
+/// Keys per tile of `attention_sg.wgsl`.
+pub const SUBGROUP_KEYS: usize = 64;
+
+impl FusedKernel {
+    /// The kernel for head dims `dk`, `dv` on an adapter with `caps`.
+    pub fn choose(
+        caps: &crate::gpu::capabilities::Capabilities,
+        dk: usize,
+        dv: usize,
+    ) -> Result<FusedKernel> {
+        let tiles = FusedTiles::for_dims(dk, dv, &caps.limits)?;
+        Ok(match caps.fixed_cpu_subgroup() {
+            Some(width) if dk % 4 == 0 && dv % 4 == 0 => FusedKernel::Subgroup { width },
+            _ => FusedKernel::Portable(tiles),
+        })
+    }
+
+    /// Query rows per workgroup.
+    pub fn query_rows(&self) -> usize {
+        match self {
+            FusedKernel::Portable(tiles) => tiles.query_rows as usize,
+            FusedKernel::Subgroup { width } => SUBGROUP_ROWS_PER_LANE * *width as usize,
+        }
+    }
+
+    /// Keys per dispatch under a loop budget (all keys without one).
+    pub fn keys_per_chunk(&self, dims: &AttentionDims, budget: Option<u64>) -> usize {
+        let keys = dims.total_len();
+        match (self, budget) {
+            (_, None) => keys.max(1),
+            (FusedKernel::Portable(tiles), budget) => tiles.keys_per_chunk(keys, budget),
+            (FusedKernel::Subgroup { .. }, Some(budget)) => {
+                let per_tile = (dims.head_dim / 4 + dims.v_head_dim / 4 + 8) as u64;
+                (budget / per_tile).max(1) as usize * SUBGROUP_KEYS
+            }
+        }
+    }
+
+    /// The pipeline key.
+    pub fn key(&self, dims: &AttentionDims, options: &AttentionOptions) -> PipelineKey {
+        match self {
+            FusedKernel::Portable(tiles) => tiles.key(),
+            FusedKernel::Subgroup { width } => PipelineKey::new(Kernel::AttentionSubgroup)
+                .with("SG", i64::from(*width))
+                .with_flag("HAS_MASK", dims.mask.is_some())
+                .with_flag("SOFTCAP", options.softcap > 0.0),
+        }
+    }
+}
+
 /// The uniform block both attention kernels take (same layout in both WGSL files;
 /// the last three words differ in meaning).
 #[repr(C)]
@@ -192,16 +257,16 @@ pub(crate) fn record_forward(
     rec: &mut Recorder<'_>,
     dims: &AttentionDims,
     options: &AttentionOptions,
-    tiles: &FusedTiles,
+    kernel: &FusedKernel,
     inputs: &AttentionBuffers<'_>,
     y: &wgpu::Buffer,
     stats: &wgpu::Buffer,
 ) -> Result<()> {
-    let q_blocks = dims.q_len.div_ceil(tiles.query_rows as usize);
+    let q_blocks = dims.q_len.div_ceil(kernel.query_rows());
     let ctx = rec.ctx();
     let keys = dims.total_len();
-    let chunk = tiles.keys_per_chunk(keys, ctx.caps.loop_budget());
-    let pipeline = ctx.pipelines.get(&tiles.key());
+    let chunk = kernel.keys_per_chunk(dims, ctx.caps.loop_budget());
+    let pipeline = ctx.pipelines.get(&kernel.key(dims, options));
     let workgroups = (dims.batch * dims.q_heads * q_blocks) as u64;
     let base = params(dims, options, q_blocks as u32, 0);
     let mut start = 0;
@@ -239,17 +304,20 @@ pub(crate) fn record_forward(
     Ok(())
 }
 
-/// Records the recompute of `qk_matmul_output` in `mode` from Q, K and `lse`.
+/// Records the recompute of `qk_matmul_output` in `mode` from Q and K; for
+/// probabilities the scores are then normalised in place by the row softmax
+/// (its logsumexp goes to `scratch_lse`, `rows` values).
 pub(crate) fn record_scores(
     rec: &mut Recorder<'_>,
     dims: &AttentionDims,
     options: &AttentionOptions,
     mode: QkMatmulOutputMode,
     inputs: &AttentionBuffers<'_>,
-    lse: &wgpu::Buffer,
     out: &wgpu::Buffer,
+    scratch_lse: &wgpu::Buffer,
 ) -> Result<()> {
-    let key_blocks = dims.total_len().div_ceil(SCORE_KEYS);
+    let keys = dims.total_len();
+    let key_blocks = keys.div_ceil(SCORE_KEYS);
     let ctx = rec.ctx();
     let uniform = buffer::uniform(
         ctx,
@@ -259,7 +327,7 @@ pub(crate) fn record_scores(
     let pipeline = ctx
         .pipelines
         .get(&PipelineKey::new(Kernel::AttentionScores));
-    let workgroups = (dims.batch * dims.q_heads * dims.q_len * key_blocks) as u64;
+    let rows = dims.batch * dims.q_heads * dims.q_len;
     rec.dispatch(
         &pipeline,
         &[
@@ -268,9 +336,12 @@ pub(crate) fn record_scores(
             inputs.k,
             inputs.mask,
             inputs.nonpad,
-            lse,
             out,
         ],
-        workgroups,
-    )
+        (rows * key_blocks) as u64,
+    )?;
+    if mode == QkMatmulOutputMode::Probabilities {
+        super::softmax::record(rec, rows, keys, out, scratch_lse, 0)?;
+    }
+    Ok(())
 }
