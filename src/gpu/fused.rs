@@ -1,11 +1,13 @@
 //! The fused attention path: KV concatenation when there is a past, one fused
-//! dispatch for Y and the logsumexp, and (only when asked) the recompute of
-//! `qk_matmul_output`. Memory is O(N): the score matrix is never allocated,
+//! dispatch for Y and the logsumexp (or, for a few query rows against many
+//! keys, the split-K decode kernel and its merge), and (only when asked) the
+//! recompute of `qk_matmul_output`. Memory is O(N): the score matrix is never allocated,
 //! unless the caller asks for it as an output.
 
 use super::buffer;
 use super::context::GpuContext;
 use super::kv::{self, bytes, GpuInputs, GpuOutputs};
+use super::ops::decode::{self, DecodePlan};
 use super::ops::fused::{self, AttentionBuffers};
 use super::recorder::Recorder;
 use crate::error::{Error, Result};
@@ -20,6 +22,7 @@ pub(crate) async fn run(
     options: &AttentionOptions,
 ) -> Result<GpuOutputs> {
     let kernel = ctx.fused_kernel(dims.head_dim, dims.v_head_dim)?;
+    let decode = DecodePlan::applies(dims).then(|| DecodePlan::new(dims, &ctx.caps));
     let rows = dims.batch * dims.q_heads * dims.q_len;
     let y_len = rows * dims.v_head_dim;
     let qk_len = rows * dims.total_len();
@@ -43,6 +46,7 @@ pub(crate) async fn run(
     let present_bytes = kv::check_present(ctx, dims, options.return_present)?;
     let allocated_bytes = bytes(y_len)
         + bytes(3 * rows)
+        + decode.map_or(0, |plan| bytes(plan.partial_values(dims)))
         + present_bytes
         + if options.qk_matmul_output_mode.is_some() {
             bytes(qk_len)
@@ -69,7 +73,10 @@ pub(crate) async fn run(
             mask: inputs.mask.unwrap_or(&placeholder),
             nonpad: &nonpad,
         };
-        fused::record_forward(&mut rec, dims, options, &kernel, &buffers, &y, &lse)?;
+        match &decode {
+            Some(plan) => decode::record(&mut rec, dims, options, plan, &buffers, &y, &lse)?,
+            None => fused::record_forward(&mut rec, dims, options, &kernel, &buffers, &y, &lse)?,
+        }
         let qk = match options.qk_matmul_output_mode {
             Some(mode) => {
                 let out = buffer::storage(ctx, "qk_matmul_output", qk_len)?;

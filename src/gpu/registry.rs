@@ -28,6 +28,10 @@ pub enum Kernel {
     AttentionScores,
     /// Fused attention with subgroup shuffles, for CPU adapters (`shaders/attention_sg.wgsl`).
     AttentionSubgroup,
+    /// Split-K decode attention for a few query rows (`shaders/attention_decode.wgsl`).
+    AttentionDecode,
+    /// Merges split-K partial results by their maxima (`shaders/attention_merge.wgsl`).
+    AttentionMerge,
 }
 
 /// How a kernel sees one binding (in binding-index order, group 0).
@@ -43,7 +47,7 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 9] = [
+    pub const ALL: [Kernel; 11] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
@@ -53,6 +57,8 @@ impl Kernel {
         Kernel::AttentionFused,
         Kernel::AttentionScores,
         Kernel::AttentionSubgroup,
+        Kernel::AttentionDecode,
+        Kernel::AttentionMerge,
     ];
 
     /// A short lowercase name, used in pipeline labels.
@@ -67,6 +73,8 @@ impl Kernel {
             Kernel::AttentionFused => "attention_fused",
             Kernel::AttentionScores => "attention_scores",
             Kernel::AttentionSubgroup => "attention_sg",
+            Kernel::AttentionDecode => "attention_decode",
+            Kernel::AttentionMerge => "attention_merge",
         }
     }
 
@@ -82,6 +90,8 @@ impl Kernel {
             Kernel::AttentionFused => "attention_fused.wgsl",
             Kernel::AttentionScores => "attention_scores.wgsl",
             Kernel::AttentionSubgroup => "attention_sg.wgsl",
+            Kernel::AttentionDecode => "attention_decode.wgsl",
+            Kernel::AttentionMerge => "attention_merge.wgsl",
         }
     }
 
@@ -97,6 +107,8 @@ impl Kernel {
             Kernel::AttentionFused => include_str!("../../shaders/attention_fused.wgsl"),
             Kernel::AttentionScores => include_str!("../../shaders/attention_scores.wgsl"),
             Kernel::AttentionSubgroup => include_str!("../../shaders/attention_sg.wgsl"),
+            Kernel::AttentionDecode => include_str!("../../shaders/attention_decode.wgsl"),
+            Kernel::AttentionMerge => include_str!("../../shaders/attention_merge.wgsl"),
         }
     }
 
@@ -113,7 +125,8 @@ impl Kernel {
             // A and B twice each: an f32 view and a vec4 view of one buffer.
             Kernel::GemmSubgroup => &[Uniform, Read, Read, Read, Read, ReadWrite],
             // Q, K, V, mask, nonpad; Y, lse.
-            Kernel::AttentionFused | Kernel::AttentionSubgroup => {
+            // (decode: partial O and (m, l) instead of Y and lse)
+            Kernel::AttentionFused | Kernel::AttentionSubgroup | Kernel::AttentionDecode => {
                 &[Uniform, Read, Read, Read, Read, Read, ReadWrite, ReadWrite]
             }
             // Q, K, mask, nonpad; qk_matmul_output.
@@ -122,6 +135,8 @@ impl Kernel {
             Kernel::Mask => &[Uniform, ReadWrite, Read, Read, ReadWrite],
             Kernel::Concat => &[Uniform, Read, Read, ReadWrite],
             Kernel::FmaPeak => &[Uniform, ReadWrite],
+            // partial O, partial (m, l); Y, lse.
+            Kernel::AttentionMerge => &[Uniform, Read, Read, ReadWrite, ReadWrite],
         }
     }
 

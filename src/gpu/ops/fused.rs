@@ -175,7 +175,7 @@ impl FusedKernel {
 /// the last three words differ in meaning).
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
-struct Params {
+pub(crate) struct Params {
     batch: u32,
     q_heads: u32,
     group: u32,
@@ -198,7 +198,12 @@ struct Params {
     extra2: u32,
 }
 
-fn params(dims: &AttentionDims, options: &AttentionOptions, extra0: u32, extra2: u32) -> Params {
+pub(crate) fn params(
+    dims: &AttentionDims,
+    options: &AttentionOptions,
+    extra0: u32,
+    extra2: u32,
+) -> Params {
     let rules = Rules::new(dims, options);
     Params {
         batch: dims.batch as u32,

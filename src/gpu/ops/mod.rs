@@ -1,6 +1,7 @@
 //! One module per kernel: its parameter struct, preconditions and dispatch geometry.
 
 pub mod concat;
+pub mod decode;
 pub mod fused;
 pub mod gemm;
 pub mod mask;

@@ -1,0 +1,267 @@
+// Split-K decode attention: few query rows (Nq <= 4), many keys.
+//
+// The fused kernels give each workgroup a block of query rows; with one or two
+// rows per head almost all of that block is idle and a head's keys are
+// streamed by a single workgroup. Here the keys of a head are split across
+// workgroups instead: workgroup (batch, head, split) owns the head's Nq <= 4
+// query rows and the keys [split * split_keys, (split + 1) * split_keys).
+// Within a 64-key tile, invocation t scores key t against every row; the
+// workgroup then updates each row's running max and sum (online softmax), and
+// for P V invocation c owns output quads c, c + 64, ... of the rows, so O
+// stays in registers across tiles. Each split writes its unnormalised O and
+// its (m, l) to the partial buffers; attention_merge.wgsl combines the splits
+// by their maxima into Y and the logsumexp.
+//
+// The masking rules are attention_fused.wgsl's. Any head dims up to 256.
+
+struct Params {
+    batch: u32,
+    q_heads: u32,
+    group: u32,
+    q_len: u32,
+    keys: u32,
+    dk: u32,
+    dv: u32,
+    flags: u32,
+    scale: f32,
+    softcap: f32,
+    left_window: i32,
+    right_window: i32,
+    past_len: u32,
+    mask_cols: u32,
+    mask_batch_stride: u32,
+    mask_head_stride: u32,
+    mask_row_stride: u32,
+    splits: u32,
+    kv_heads: u32,
+    split_keys: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> k: array<f32>;
+@group(0) @binding(3) var<storage, read> v: array<f32>;
+@group(0) @binding(4) var<storage, read> mask: array<f32>;
+@group(0) @binding(5) var<storage, read> nonpad: array<i32>;
+// [split][row][dv4] unnormalised O.
+@group(0) @binding(6) var<storage, read_write> part_o: array<vec4<f32>>;
+// [split][row] as (m, l).
+@group(0) @binding(7) var<storage, read_write> part_ml: array<vec2<f32>>;
+
+const MASKED: f32 = -3.40282347e+38;
+const FLAG_MASK: u32 = 1u;
+const FLAG_CAUSAL: u32 = 2u;
+const FLAG_NONPAD: u32 = 4u;
+const FLAG_PAST: u32 = 8u;
+const FLAG_SOFTCAP: u32 = 16u;
+const WG: u32 = 64u;
+// At most 4 query rows; output quads per invocation: 4 rows x 64 quads / 64.
+const MAX_ROWS: u32 = 4u;
+
+var<workgroup> scores: array<f32, 256>;
+var<workgroup> row_state: array<vec4<f32>, MAX_ROWS>;
+var<workgroup> batch_nonpad: i32;
+
+fn accurate_tanh(x: f32) -> f32 {
+    let ax = abs(x);
+    if (ax < 0.4) {
+        let z = x * x;
+        let poly = 1.0 + z * (-1.0 / 3.0 + z * (2.0 / 15.0 + z * (-17.0 / 315.0
+            + z * (62.0 / 2835.0 + z * (-1382.0 / 155925.0 + z * (21844.0 / 6081075.0))))));
+        return x * poly;
+    }
+    let e = exp(2.0 * min(ax, 10.0));
+    let t = 1.0 - 2.0 / (e + 1.0);
+    return select(t, -t, x < 0.0);
+}
+
+fn key_range(i: u32, offset: i32, lengths: i32) -> vec2<i32> {
+    let pos = offset + i32(i);
+    var lo = 0;
+    var hi = i32(p.keys) - 1;
+    if ((p.flags & FLAG_CAUSAL) != 0u) {
+        hi = min(hi, pos);
+    }
+    if (p.right_window >= 0) {
+        hi = min(hi, pos + p.right_window);
+    }
+    if (p.left_window >= 0) {
+        lo = max(lo, pos - p.left_window);
+    }
+    if ((p.flags & FLAG_NONPAD) != 0u) {
+        hi = min(hi, lengths - 1);
+    }
+    if ((p.flags & FLAG_MASK) != 0u) {
+        hi = min(hi, i32(p.mask_cols) - 1);
+    }
+    return vec2<i32>(lo, hi);
+}
+
+fn load_quad(src: u32, base: u32, d: u32, len: u32) -> vec4<f32> {
+    var out = vec4<f32>(0.0);
+    for (var c = 0u; c < 4u; c++) {
+        if (d + c < len) {
+            if (src == 0u) {
+                out[c] = q[base + d + c];
+            } else if (src == 1u) {
+                out[c] = k[base + d + c];
+            } else {
+                out[c] = v[base + d + c];
+            }
+        }
+    }
+    return out;
+}
+
+@compute @workgroup_size(64, 1, 1)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let block = wid.x + wid.y * nwg.x;
+    let heads = p.batch * p.q_heads;
+    let live_block = block < heads * p.splits;
+    let head_index = min(block / p.splits, heads - 1u);
+    let split = block % p.splits;
+    let b = head_index / p.q_heads;
+    let h = head_index % p.q_heads;
+    let kvh = h / p.group;
+    let rows = min(p.q_len, MAX_ROWS);
+    let dk4 = (p.dk + 3u) / 4u;
+    let dv4 = (p.dv + 3u) / 4u;
+
+    if (li == 0u) {
+        var lengths = i32(p.keys);
+        if ((p.flags & FLAG_NONPAD) != 0u) {
+            lengths = nonpad[b];
+        }
+        batch_nonpad = lengths;
+    }
+    let lengths = workgroupUniformLoad(&batch_nonpad);
+    var offset = 0;
+    if ((p.flags & FLAG_PAST) != 0u) {
+        offset = i32(p.past_len);
+    } else if ((p.flags & FLAG_NONPAD) != 0u) {
+        offset = lengths - i32(p.q_len);
+    }
+    // The keys any row may see, within this split.
+    let split_lo = i32(split * p.split_keys);
+    let split_hi = i32(min((split + 1u) * p.split_keys, p.keys)) - 1;
+    let lo = max(key_range(0u, offset, lengths).x, split_lo);
+    let hi = select(min(key_range(rows - 1u, offset, lengths).y, split_hi), -1, !live_block);
+
+    if (li < MAX_ROWS) {
+        row_state[li] = vec4<f32>(MASKED, 0.0, 0.0, 0.0);
+    }
+    // Output quads of this invocation: quad c = li + 64 * n of the rows x dv4 grid.
+    var o0 = vec4<f32>(0.0);
+    var o1 = vec4<f32>(0.0);
+    var o2 = vec4<f32>(0.0);
+    var o3 = vec4<f32>(0.0);
+    let kv_base = (b * p.kv_heads + kvh) * p.keys;
+    workgroupBarrier();
+
+    var j0 = lo - lo % i32(WG);
+    for (; j0 <= hi; j0 += i32(WG)) {
+        // Scores of key j0 + li against every row.
+        let j = j0 + i32(li);
+        let key = u32(clamp(j, 0, i32(p.keys) - 1));
+        for (var r = 0u; r < MAX_ROWS; r++) {
+            var s = MASKED;
+            let range = key_range(r, offset, lengths);
+            if (r < rows && j >= range.x && j <= range.y && j >= split_lo && j <= split_hi) {
+                let q_base = (head_index * p.q_len + r) * p.dk;
+                var dot = 0.0;
+                for (var d4 = 0u; d4 < dk4; d4++) {
+                    let prod = load_quad(0u, q_base, d4 * 4u, p.dk) * load_quad(1u, (kv_base + key) * p.dk, d4 * 4u, p.dk);
+                    dot += (prod.x + prod.y) + (prod.z + prod.w);
+                }
+                s = dot * p.scale;
+                if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                    s = p.softcap * accurate_tanh(s / p.softcap);
+                }
+                if ((p.flags & FLAG_MASK) != 0u) {
+                    let bias = mask[b * p.mask_batch_stride + h * p.mask_head_stride + r * p.mask_row_stride + u32(j)];
+                    s = select(MASKED, s + bias, bias > MASKED);
+                }
+            }
+            scores[r * WG + li] = s;
+        }
+        workgroupBarrier();
+        // Invocation r updates row r's state: max, rescale factor, sum.
+        if (li < rows) {
+            let state = row_state[li];
+            var tile_max = MASKED;
+            for (var t = 0u; t < WG; t++) {
+                tile_max = max(tile_max, scores[li * WG + t]);
+            }
+            let m_new = max(state.x, tile_max);
+            var alpha = 1.0;
+            var sum = 0.0;
+            if (m_new > MASKED) {
+                alpha = select(0.0, exp(state.x - m_new), state.x > MASKED);
+                for (var t = 0u; t < WG; t++) {
+                    let s = scores[li * WG + t];
+                    let pt = select(0.0, exp(s - m_new), s > MASKED);
+                    scores[li * WG + t] = pt;
+                    sum += pt;
+                }
+            } else {
+                for (var t = 0u; t < WG; t++) {
+                    scores[li * WG + t] = 0.0;
+                }
+            }
+            row_state[li] = vec4<f32>(m_new, state.y * alpha + sum, alpha, 0.0);
+        }
+        workgroupBarrier();
+        // O = alpha * O + P V for this invocation's output quads.
+        for (var n = 0u; n < 4u; n++) {
+            let c = li + WG * n;
+            let r = c / max(dv4, 1u);
+            if (r < rows) {
+                let d4 = c % dv4;
+                var acc = vec4<f32>(0.0);
+                for (var t = 0u; t < WG; t++) {
+                    let pt = scores[r * WG + t];
+                    if (pt > 0.0) {
+                        let vk = u32(clamp(j0 + i32(t), 0, i32(p.keys) - 1));
+                        acc += pt * load_quad(2u, (kv_base + vk) * p.dv, d4 * 4u, p.dv);
+                    }
+                }
+                let alpha = row_state[r].z;
+                switch n {
+                    case 0u: { o0 = o0 * alpha + acc; }
+                    case 1u: { o1 = o1 * alpha + acc; }
+                    case 2u: { o2 = o2 * alpha + acc; }
+                    default: { o3 = o3 * alpha + acc; }
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+
+    if (!live_block) {
+        return;
+    }
+    let part_rows = heads * p.q_len;
+    for (var n = 0u; n < 4u; n++) {
+        let c = li + WG * n;
+        let r = c / max(dv4, 1u);
+        if (r < rows) {
+            let d4 = c % dv4;
+            var o = o0;
+            switch n {
+                case 1u: { o = o1; }
+                case 2u: { o = o2; }
+                case 3u: { o = o3; }
+                default: {}
+            }
+            part_o[(split * part_rows + head_index * p.q_len + r) * dv4 + d4] = o;
+        }
+    }
+    if (li < rows) {
+        let state = row_state[li];
+        part_ml[split * part_rows + head_index * p.q_len + li] = vec2<f32>(state.x, state.y);
+    }
+}
