@@ -5,14 +5,17 @@
 // streamed by a single workgroup. Here the keys of a head are split across
 // workgroups instead: workgroup (batch, head, split) owns the head's Nq <= 4
 // query rows and the keys [split * split_keys, (split + 1) * split_keys).
-// Within a 64-key tile, invocation t scores key t against every row; the
-// workgroup then updates each row's running max and sum (online softmax), and
-// for P V invocation c owns output quads c, c + 64, ... of the rows, so O
-// stays in registers across tiles. Each split writes its unnormalised O and
-// its (m, l) to the partial buffers; attention_merge.wgsl combines the splits
-// by their maxima into Y and the logsumexp.
+// Per 64-key tile, invocation t scores key t against every row; tree
+// reductions in workgroup memory give each row's tile max and sum; every
+// invocation keeps the rows' running max m and sum l (the same values in
+// all); for P V invocation c owns output quads c, c + 64, ... of the rows, so
+// O stays in registers across tiles. Each split writes its unnormalised O and
+// (m, l); attention_merge.wgsl combines the splits by their maxima into Y and
+// the logsumexp.
 //
-// The masking rules are attention_fused.wgsl's. Any head dims up to 256.
+// The masking rules are attention_fused.wgsl's. Head dims must be multiples
+// of 4 up to 256 (rows are read as vec4s); the host sends others to the fused
+// kernels.
 
 struct Params {
     batch: u32,
@@ -38,9 +41,9 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
-@group(0) @binding(3) var<storage, read> v: array<f32>;
+@group(0) @binding(1) var<storage, read> q4: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k4: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> v4: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> mask: array<f32>;
 @group(0) @binding(5) var<storage, read> nonpad: array<i32>;
 // [split][row][dv4] unnormalised O.
@@ -59,7 +62,7 @@ const WG: u32 = 64u;
 const MAX_ROWS: u32 = 4u;
 
 var<workgroup> scores: array<f32, 256>;
-var<workgroup> row_state: array<vec4<f32>, MAX_ROWS>;
+var<workgroup> reduce: array<f32, 256>;
 var<workgroup> batch_nonpad: i32;
 
 fn accurate_tanh(x: f32) -> f32 {
@@ -97,22 +100,6 @@ fn key_range(i: u32, offset: i32, lengths: i32) -> vec2<i32> {
     return vec2<i32>(lo, hi);
 }
 
-fn load_quad(src: u32, base: u32, d: u32, len: u32) -> vec4<f32> {
-    var out = vec4<f32>(0.0);
-    for (var c = 0u; c < 4u; c++) {
-        if (d + c < len) {
-            if (src == 0u) {
-                out[c] = q[base + d + c];
-            } else if (src == 1u) {
-                out[c] = k[base + d + c];
-            } else {
-                out[c] = v[base + d + c];
-            }
-        }
-    }
-    return out;
-}
-
 @compute @workgroup_size(64, 1, 1)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -128,8 +115,8 @@ fn main(
     let h = head_index % p.q_heads;
     let kvh = h / p.group;
     let rows = min(p.q_len, MAX_ROWS);
-    let dk4 = (p.dk + 3u) / 4u;
-    let dv4 = (p.dv + 3u) / 4u;
+    let dk4 = p.dk / 4u;
+    let dv4 = p.dv / 4u;
 
     if (li == 0u) {
         var lengths = i32(p.keys);
@@ -151,30 +138,30 @@ fn main(
     let lo = max(key_range(0u, offset, lengths).x, split_lo);
     let hi = select(min(key_range(rows - 1u, offset, lengths).y, split_hi), -1, !live_block);
 
-    if (li < MAX_ROWS) {
-        row_state[li] = vec4<f32>(MASKED, 0.0, 0.0, 0.0);
-    }
+    // Every invocation keeps the same running max and sum of each row.
+    var m = vec4<f32>(MASKED);
+    var l = vec4<f32>(0.0);
     // Output quads of this invocation: quad c = li + 64 * n of the rows x dv4 grid.
     var o0 = vec4<f32>(0.0);
     var o1 = vec4<f32>(0.0);
     var o2 = vec4<f32>(0.0);
     var o3 = vec4<f32>(0.0);
     let kv_base = (b * p.kv_heads + kvh) * p.keys;
-    workgroupBarrier();
 
     var j0 = lo - lo % i32(WG);
     for (; j0 <= hi; j0 += i32(WG)) {
         // Scores of key j0 + li against every row.
         let j = j0 + i32(li);
         let key = u32(clamp(j, 0, i32(p.keys) - 1));
-        for (var r = 0u; r < MAX_ROWS; r++) {
+        for (var r = 0u; r < rows; r++) {
             var s = MASKED;
             let range = key_range(r, offset, lengths);
-            if (r < rows && j >= range.x && j <= range.y && j >= split_lo && j <= split_hi) {
-                let q_base = (head_index * p.q_len + r) * p.dk;
+            if (j >= range.x && j <= range.y && j >= split_lo && j <= split_hi) {
+                let q_base = (head_index * p.q_len + r) * dk4;
+                let k_base = (kv_base + key) * dk4;
                 var dot = 0.0;
                 for (var d4 = 0u; d4 < dk4; d4++) {
-                    let prod = load_quad(0u, q_base, d4 * 4u, p.dk) * load_quad(1u, (kv_base + key) * p.dk, d4 * 4u, p.dk);
+                    let prod = q4[q_base + d4] * k4[k_base + d4];
                     dot += (prod.x + prod.y) + (prod.z + prod.w);
                 }
                 s = dot * p.scale;
@@ -187,38 +174,50 @@ fn main(
                 }
             }
             scores[r * WG + li] = s;
+            reduce[r * WG + li] = s;
         }
         workgroupBarrier();
-        // Invocation r updates row r's state: max, rescale factor, sum.
-        if (li < rows) {
-            let state = row_state[li];
-            var tile_max = MASKED;
-            for (var t = 0u; t < WG; t++) {
-                tile_max = max(tile_max, scores[li * WG + t]);
-            }
-            let m_new = max(state.x, tile_max);
-            var alpha = 1.0;
-            var sum = 0.0;
-            if (m_new > MASKED) {
-                alpha = select(0.0, exp(state.x - m_new), state.x > MASKED);
-                for (var t = 0u; t < WG; t++) {
-                    let s = scores[li * WG + t];
-                    let pt = select(0.0, exp(s - m_new), s > MASKED);
-                    scores[li * WG + t] = pt;
-                    sum += pt;
-                }
-            } else {
-                for (var t = 0u; t < WG; t++) {
-                    scores[li * WG + t] = 0.0;
+        // Tile max of each row.
+        for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+            if (li < stride) {
+                for (var r = 0u; r < rows; r++) {
+                    reduce[r * WG + li] = max(reduce[r * WG + li], reduce[r * WG + li + stride]);
                 }
             }
-            row_state[li] = vec4<f32>(m_new, state.y * alpha + sum, alpha, 0.0);
+            workgroupBarrier();
+        }
+        var m_new = m;
+        for (var r = 0u; r < rows; r++) {
+            m_new[r] = max(m[r], reduce[r * WG]);
         }
         workgroupBarrier();
+        // This key's probabilities, and the tile sums.
+        for (var r = 0u; r < rows; r++) {
+            let s = scores[r * WG + li];
+            let pt = select(0.0, exp(s - m_new[r]), s > MASKED && m_new[r] > MASKED);
+            scores[r * WG + li] = pt;
+            reduce[r * WG + li] = pt;
+        }
+        workgroupBarrier();
+        for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+            if (li < stride) {
+                for (var r = 0u; r < rows; r++) {
+                    reduce[r * WG + li] += reduce[r * WG + li + stride];
+                }
+            }
+            workgroupBarrier();
+        }
+        // alpha rescales what the row had; a row that had nothing starts at 0.
+        var alpha = vec4<f32>(1.0);
+        for (var r = 0u; r < rows; r++) {
+            alpha[r] = select(1.0, select(0.0, exp(m[r] - m_new[r]), m[r] > MASKED), m_new[r] > MASKED);
+            l[r] = l[r] * alpha[r] + reduce[r * WG];
+        }
+        m = m_new;
         // O = alpha * O + P V for this invocation's output quads.
         for (var n = 0u; n < 4u; n++) {
             let c = li + WG * n;
-            let r = c / max(dv4, 1u);
+            let r = c / dv4;
             if (r < rows) {
                 let d4 = c % dv4;
                 var acc = vec4<f32>(0.0);
@@ -226,15 +225,14 @@ fn main(
                     let pt = scores[r * WG + t];
                     if (pt > 0.0) {
                         let vk = u32(clamp(j0 + i32(t), 0, i32(p.keys) - 1));
-                        acc += pt * load_quad(2u, (kv_base + vk) * p.dv, d4 * 4u, p.dv);
+                        acc += pt * v4[(kv_base + vk) * dv4 + d4];
                     }
                 }
-                let alpha = row_state[r].z;
                 switch n {
-                    case 0u: { o0 = o0 * alpha + acc; }
-                    case 1u: { o1 = o1 * alpha + acc; }
-                    case 2u: { o2 = o2 * alpha + acc; }
-                    default: { o3 = o3 * alpha + acc; }
+                    case 0u: { o0 = o0 * alpha[r] + acc; }
+                    case 1u: { o1 = o1 * alpha[r] + acc; }
+                    case 2u: { o2 = o2 * alpha[r] + acc; }
+                    default: { o3 = o3 * alpha[r] + acc; }
                 }
             }
         }
@@ -247,7 +245,7 @@ fn main(
     let part_rows = heads * p.q_len;
     for (var n = 0u; n < 4u; n++) {
         let c = li + WG * n;
-        let r = c / max(dv4, 1u);
+        let r = c / dv4;
         if (r < rows) {
             let d4 = c % dv4;
             var o = o0;
@@ -261,7 +259,6 @@ fn main(
         }
     }
     if (li < rows) {
-        let state = row_state[li];
-        part_ml[split * part_rows + head_index * p.q_len + li] = vec2<f32>(state.x, state.y);
+        part_ml[split * part_rows + head_index * p.q_len + li] = vec2<f32>(m[li], l[li]);
     }
 }

@@ -70,28 +70,30 @@ impl Default for Repeats {
 
 /// Times `submit` (which records and submits one piece of work): GPU timestamps
 /// when `ctx` can take them, else wall clock around submission and completion.
+/// A validation error anywhere fails the measurement rather than timing nothing.
 pub async fn measure_gpu(
     ctx: &GpuContext,
     repeats: Repeats,
-    mut submit: impl FnMut() -> Result<()>,
+    mut submit: impl AsyncFnMut() -> Result<()>,
 ) -> Result<Measurement> {
     let gpu_timed = ctx.set_profiling(true);
-    // A pipeline or dispatch error must fail the measurement, not time nothing.
     let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let mut samples = Vec::with_capacity(repeats.timed);
     let mut clock = if gpu_timed {
         Clock::GpuTimestamps
     } else {
         Clock::Wall
     };
+    let mut samples = Vec::with_capacity(repeats.timed);
+    let mut outcome = Ok(());
     for run in 0..repeats.warmup + repeats.timed {
         let start = Instant::now();
-        let outcome = submit();
-        ctx.finish().await?;
+        outcome = submit().await;
+        if outcome.is_ok() {
+            outcome = ctx.finish().await;
+        }
         let wall = start.elapsed().as_secs_f64() * 1e3;
-        if let Err(e) = outcome {
-            ctx.set_profiling(false);
-            return Err(e);
+        if outcome.is_err() {
+            break;
         }
         let gpu = if gpu_timed {
             ctx.last_gpu_ms().await?
@@ -109,6 +111,7 @@ pub async fn measure_gpu(
     if let Some(e) = scope.pop().await {
         return Err(crate::gpu::context::classify("benchmark", &e));
     }
+    outcome?;
     Ok(Measurement {
         samples_ms: samples,
         clock,
@@ -117,6 +120,15 @@ pub async fn measure_gpu(
 
 /// Flops per invocation and round of `shaders/fma_peak.wgsl`: 32 vec4 fmas.
 const FMA_FLOPS_PER_ROUND: f64 = 32.0 * 4.0 * 2.0;
+
+/// Flops of one run of the FMA-ceiling kernel.
+pub fn fma_ceiling_flops() -> f64 {
+    let (workgroups, invocations, iterations) = FMA_SHAPE;
+    f64::from(workgroups * invocations * iterations) * FMA_FLOPS_PER_ROUND
+}
+
+/// Workgroups, invocations per workgroup and rounds of the FMA-ceiling run.
+const FMA_SHAPE: (u32, u32, u32) = (2048, 64, 256);
 
 /// The device's FMA throughput ceiling in GFLOP/s, with its measurement.
 pub async fn fma_ceiling(ctx: &GpuContext, repeats: Repeats) -> Result<(f64, Measurement)> {
@@ -128,7 +140,7 @@ pub async fn fma_ceiling(ctx: &GpuContext, repeats: Repeats) -> Result<(f64, Mea
         add: f32,
         _pad: u32,
     }
-    let (workgroups, invocations, iterations) = (2048u32, 64u32, 256u32);
+    let (workgroups, invocations, iterations) = FMA_SHAPE;
     let params = Params {
         iterations,
         mul: 0.999,
@@ -139,15 +151,14 @@ pub async fn fma_ceiling(ctx: &GpuContext, repeats: Repeats) -> Result<(f64, Mea
     let pipeline = ctx.pipelines.get(&key);
     let uniform = buffer::uniform(ctx, "fma params", &params);
     let sink = buffer::storage(ctx, "fma sink", (workgroups * invocations * 4) as usize)?;
-    let m = measure_gpu(ctx, repeats, || {
+    let m = measure_gpu(ctx, repeats, async || {
         let mut rec = Recorder::new(ctx, "fma ceiling");
         rec.dispatch(&pipeline, &[&uniform, &sink], u64::from(workgroups))?;
         rec.submit();
         Ok(())
     })
     .await?;
-    let flops = f64::from(workgroups * invocations * iterations) * FMA_FLOPS_PER_ROUND;
-    Ok((m.gflops(flops), m))
+    Ok((m.gflops(fma_ceiling_flops()), m))
 }
 
 /// One `m × k` by `k × n` GEMM on device buffers of random values: GFLOP/s
@@ -177,7 +188,7 @@ pub async fn gemm_with(
     let a = buffer::upload(ctx, "A", &rng.normal_vec(m * k, 1.0))?;
     let b = buffer::upload(ctx, "B", &rng.normal_vec(k * n, 1.0))?;
     let c = buffer::storage(ctx, "C", m * n)?;
-    let meas = measure_gpu(ctx, repeats, || {
+    let meas = measure_gpu(ctx, repeats, async || {
         let mut rec = Recorder::new(ctx, "gemm bench");
         gemm::record_with(&mut rec, kernel, &spec, &a, &b, &c)?;
         rec.submit();
@@ -185,4 +196,105 @@ pub async fn gemm_with(
     })
     .await?;
     Ok((meas.gflops(2.0 * (m * n * k) as f64), meas))
+}
+
+/// One attention configuration of the benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionShape {
+    /// B.
+    pub batch: usize,
+    /// Hq = Hkv.
+    pub heads: usize,
+    /// Nq.
+    pub seq_q: usize,
+    /// Nk.
+    pub seq_k: usize,
+    /// Dk = Dv.
+    pub head_dim: usize,
+    /// Causal masking.
+    pub causal: bool,
+}
+
+impl AttentionShape {
+    /// Useful flops: 4·B·H·Nq·Nk·D (QKᵀ and PV), halved for causal square attention.
+    pub fn flops(&self) -> f64 {
+        let full = 4.0 * (self.batch * self.heads * self.seq_q * self.seq_k * self.head_dim) as f64;
+        if self.causal && self.seq_q == self.seq_k {
+            full / 2.0
+        } else {
+            full
+        }
+    }
+}
+
+/// An attention measurement on one path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttentionMeasurement {
+    /// The timings.
+    pub measurement: Measurement,
+    /// GFLOP/s at the median ([`AttentionShape::flops`]).
+    pub gflops: f64,
+    /// Device memory the path allocated per call beyond its inputs (0 on the CPU).
+    pub peak_bytes: u64,
+}
+
+/// Times attention of `shape` on `path` (`Cpu` runs the f64 CPU backend, timed
+/// by the wall clock; the GPU paths use [`measure_gpu`]).
+pub async fn attention(
+    engine: &crate::Engine,
+    shape: AttentionShape,
+    path: crate::KernelPath,
+    repeats: Repeats,
+) -> Result<AttentionMeasurement> {
+    use crate::conformance::CaseSpec;
+    use crate::{AttentionInputs, AttentionOptions, KernelPath};
+    let case = CaseSpec::new(
+        "bench",
+        [shape.batch, shape.heads, shape.heads],
+        [shape.seq_q, shape.seq_k],
+        [shape.head_dim, shape.head_dim],
+    );
+    let inputs = case.generate(1)?;
+    let options = AttentionOptions {
+        path,
+        is_causal: shape.causal,
+        ..Default::default()
+    };
+    let measurement = match (path, engine.gpu()) {
+        (KernelPath::Cpu, _) | (_, None) => {
+            let cpu = crate::Engine::cpu();
+            let host = inputs.as_inputs();
+            let mut samples = Vec::new();
+            for run in 0..repeats.warmup + repeats.timed {
+                let start = Instant::now();
+                cpu.attention_host(&host, &options).await?;
+                if run >= repeats.warmup {
+                    samples.push(start.elapsed().as_secs_f64() * 1e3);
+                }
+            }
+            Measurement {
+                samples_ms: samples,
+                clock: Clock::Wall,
+            }
+        }
+        (_, Some(ctx)) => {
+            let q = engine.upload(&inputs.q)?;
+            let k = engine.upload(&inputs.k)?;
+            let v = engine.upload(&inputs.v)?;
+            let device_inputs = AttentionInputs::new(&q, &k, &v);
+            measure_gpu(ctx, repeats, async || {
+                engine.attention(&device_inputs, &options).await.map(|_| ())
+            })
+            .await?
+        }
+    };
+    let peak_bytes = match path {
+        KernelPath::Cpu => 0,
+        _ => engine.last_call().map_or(0, |c| c.allocated_bytes),
+    };
+    Ok(AttentionMeasurement {
+        gflops: measurement.gflops(shape.flops()),
+        measurement,
+        peak_bytes,
+    })
 }

@@ -88,6 +88,121 @@ fn position_allowed(
     true
 }
 
+/// Per-row scratch: the scores at each stage, one entry per key.
+struct RowScratch<F> {
+    raw: Vec<F>,
+    capped: Vec<F>,
+    biased: Vec<F>,
+    probs: Vec<F>,
+}
+
+impl<F: Real> RowScratch<F> {
+    fn new(keys: usize) -> Self {
+        Self {
+            raw: vec![F::ZERO; keys],
+            capped: vec![F::ZERO; keys],
+            biased: vec![F::NEG_INFINITY; keys],
+            probs: vec![F::ZERO; keys],
+        }
+    }
+}
+
+/// Attention for query row `i` of batch `b`, head `h`: writes the row of Y into
+/// `y` and returns its logsumexp; the scratch keeps the row's scores.
+#[allow(clippy::too_many_arguments)]
+fn attend_row<F: Real>(
+    inputs: &AttentionInputs<'_, HostTensor>,
+    options: &AttentionOptions,
+    dims: &AttentionDims,
+    b: usize,
+    h: usize,
+    i: usize,
+    scratch: &mut RowScratch<F>,
+    y: &mut [F],
+) -> F {
+    let (nq, dk, dv, t_len) = (dims.q_len, dims.head_dim, dims.v_head_dim, dims.total_len());
+    let kvh = h / dims.group();
+    let scale = F::from_f32(options.effective_scale(dk));
+    let softcap = F::from_f32(options.softcap);
+    let offset = dims.position_offset(inputs.nonpad_kv_seqlen, b);
+    let nonpad = inputs.nonpad_kv_seqlen.map(|l| l[b]);
+    let RowScratch {
+        raw,
+        capped,
+        biased,
+        probs,
+    } = scratch;
+
+    let q_start = ((b * dims.q_heads + h) * nq + i) * dk;
+    let q = &inputs.q.data()[q_start..q_start + dk];
+    let mut any_allowed = false;
+    for j in 0..t_len {
+        let k = kv_row(inputs.past_key, inputs.k, dims, b, kvh, j, dk);
+        let mut dot = F::ZERO;
+        for (&qa, &ka) in q.iter().zip(k) {
+            dot = dot + F::from_f32(qa) * F::from_f32(ka);
+        }
+        raw[j] = dot * scale;
+        capped[j] = if options.softcap > 0.0 {
+            softcap * (raw[j] / softcap).tanh()
+        } else {
+            raw[j]
+        };
+        let mask = match inputs.attn_mask {
+            Some(m) => mask_value(m, b, h, i, j),
+            None => Some(0.0),
+        };
+        biased[j] = match mask {
+            Some(add) if position_allowed(options, offset, nonpad, i, j) => {
+                any_allowed = true;
+                capped[j] + F::from_f32(add)
+            }
+            _ => F::NEG_INFINITY,
+        };
+    }
+
+    // Softmax over the allowed keys with the maximum subtracted.
+    let mut max = F::NEG_INFINITY;
+    for &s in biased.iter() {
+        if s > max {
+            max = s;
+        }
+    }
+    let mut sum = F::ZERO;
+    let fully_masked = !any_allowed || max == F::NEG_INFINITY;
+    for j in 0..t_len {
+        probs[j] = if fully_masked || biased[j] == F::NEG_INFINITY {
+            F::ZERO
+        } else {
+            (biased[j] - max).exp()
+        };
+        sum = sum + probs[j];
+    }
+    if !fully_masked {
+        for p in probs.iter_mut() {
+            *p = *p / sum;
+        }
+    }
+
+    y.fill(F::ZERO);
+    if !fully_masked {
+        for (j, &p) in probs.iter().enumerate() {
+            if biased[j] == F::NEG_INFINITY {
+                continue; // masked keys take no part, whatever V holds there
+            }
+            let v = kv_row(inputs.past_value, inputs.v, dims, b, kvh, j, dv);
+            for (acc, &va) in y.iter_mut().zip(v) {
+                *acc = *acc + p * F::from_f32(va);
+            }
+        }
+    }
+    if fully_masked {
+        F::NEG_INFINITY
+    } else {
+        max + sum.ln()
+    }
+}
+
 /// Computes attention for batch `b`, query head `h` into `out`.
 pub(super) fn attend_head<F: Real>(
     inputs: &AttentionInputs<'_, HostTensor>,
@@ -97,98 +212,48 @@ pub(super) fn attend_head<F: Real>(
     h: usize,
     out: HeadOutputs<'_, F>,
 ) {
-    let (nq, dk, dv, t_len) = (dims.q_len, dims.head_dim, dims.v_head_dim, dims.total_len());
-    let kvh = h / dims.group();
-    let scale = F::from_f32(options.effective_scale(dk));
-    let softcap = F::from_f32(options.softcap);
-    let offset = dims.position_offset(inputs.nonpad_kv_seqlen, b);
-    let nonpad = inputs.nonpad_kv_seqlen.map(|l| l[b]);
-
-    let mut raw = vec![F::ZERO; t_len];
-    let mut capped = vec![F::ZERO; t_len];
-    let mut biased = vec![F::NEG_INFINITY; t_len];
-    let mut probs = vec![F::ZERO; t_len];
-    for i in 0..nq {
-        let q_start = ((b * dims.q_heads + h) * nq + i) * dk;
-        let q = &inputs.q.data()[q_start..q_start + dk];
-
-        let mut any_allowed = false;
-        for j in 0..t_len {
-            let k = kv_row(inputs.past_key, inputs.k, dims, b, kvh, j, dk);
-            let mut dot = F::ZERO;
-            for (&qa, &ka) in q.iter().zip(k) {
-                dot = dot + F::from_f32(qa) * F::from_f32(ka);
-            }
-            raw[j] = dot * scale;
-            capped[j] = if options.softcap > 0.0 {
-                softcap * (raw[j] / softcap).tanh()
-            } else {
-                raw[j]
-            };
-            let mask = match inputs.attn_mask {
-                Some(m) => mask_value(m, b, h, i, j),
-                None => Some(0.0),
-            };
-            biased[j] = match mask {
-                Some(add) if position_allowed(options, offset, nonpad, i, j) => {
-                    any_allowed = true;
-                    capped[j] + F::from_f32(add)
-                }
-                _ => F::NEG_INFINITY,
-            };
-        }
-
-        // Softmax over the allowed keys with the maximum subtracted.
-        let mut max = F::NEG_INFINITY;
-        for &s in &biased {
-            if s > max {
-                max = s;
-            }
-        }
-        let mut sum = F::ZERO;
-        let fully_masked = !any_allowed || max == F::NEG_INFINITY;
-        for j in 0..t_len {
-            probs[j] = if fully_masked || biased[j] == F::NEG_INFINITY {
-                F::ZERO
-            } else {
-                (biased[j] - max).exp()
-            };
-            sum = sum + probs[j];
-        }
-        if !fully_masked {
-            for p in probs.iter_mut() {
-                *p = *p / sum;
-            }
-        }
-
-        let y = &mut out.y[i * dv..(i + 1) * dv];
-        y.fill(F::ZERO);
-        if !fully_masked {
-            for (j, &p) in probs.iter().enumerate() {
-                if biased[j] == F::NEG_INFINITY {
-                    continue; // masked keys take no part, whatever V holds there
-                }
-                let v = kv_row(inputs.past_value, inputs.v, dims, b, kvh, j, dv);
-                for (acc, &va) in y.iter_mut().zip(v) {
-                    *acc = *acc + p * F::from_f32(va);
-                }
-            }
-        }
+    let (dv, t_len) = (dims.v_head_dim, dims.total_len());
+    let mut scratch = RowScratch::new(t_len);
+    for i in 0..dims.q_len {
+        let lse = attend_row(
+            inputs,
+            options,
+            dims,
+            b,
+            h,
+            i,
+            &mut scratch,
+            &mut out.y[i * dv..(i + 1) * dv],
+        );
         if !out.lse.is_empty() {
-            out.lse[i] = if fully_masked {
-                F::NEG_INFINITY
-            } else {
-                max + sum.ln()
-            };
+            out.lse[i] = lse;
         }
         if !out.qk.is_empty() {
             let row = match options.qk_matmul_output_mode {
-                Some(QkMatmulOutputMode::Scaled) | None => &raw,
-                Some(QkMatmulOutputMode::Softcapped) => &capped,
-                Some(QkMatmulOutputMode::Biased) => &biased,
-                Some(QkMatmulOutputMode::Probabilities) => &probs,
+                Some(QkMatmulOutputMode::Scaled) | None => &scratch.raw,
+                Some(QkMatmulOutputMode::Softcapped) => &scratch.capped,
+                Some(QkMatmulOutputMode::Biased) => &scratch.biased,
+                Some(QkMatmulOutputMode::Probabilities) => &scratch.probs,
             };
             out.qk[i * t_len..(i + 1) * t_len].copy_from_slice(row);
         }
     }
+}
+
+/// Y and the logsumexp of single rows `(b, h, i)`, for checking a sample of a
+/// problem too large for the whole oracle.
+pub(super) fn attend_rows<F: Real>(
+    inputs: &AttentionInputs<'_, HostTensor>,
+    options: &AttentionOptions,
+    dims: &AttentionDims,
+    rows: &[(usize, usize, usize)],
+) -> Vec<(Vec<F>, F)> {
+    let mut scratch = RowScratch::new(dims.total_len());
+    rows.iter()
+        .map(|&(b, h, i)| {
+            let mut y = vec![F::ZERO; dims.v_head_dim];
+            let lse = attend_row(inputs, options, dims, b, h, i, &mut scratch, &mut y);
+            (y, lse)
+        })
+        .collect()
 }

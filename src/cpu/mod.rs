@@ -17,7 +17,7 @@ use crate::error::Result;
 use crate::options::AttentionOptions;
 use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs};
 use crate::tensor::HostTensor;
-use head::{attend_head, HeadOutputs};
+use head::{attend_head, attend_rows, HeadOutputs};
 
 /// The oracle's outputs at the precision they were computed in.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,6 +78,28 @@ pub fn attention_plain_f32(
     options: &AttentionOptions,
 ) -> Result<ExactOutputs<f32>> {
     attention_in::<f32>(inputs, options)
+}
+
+/// Y and the logsumexp of the rows `(b, h, i)` only, in `F` (f64 for the
+/// oracle, f32 for the plain baseline): a sample check of problems too large
+/// for the whole oracle.
+pub fn attention_rows<F: Real>(
+    inputs: &AttentionInputs<'_, HostTensor>,
+    options: &AttentionOptions,
+    rows: &[(usize, usize, usize)],
+) -> Result<Vec<(Vec<F>, F)>> {
+    let dims = validate(inputs, options)?;
+    if let Some(&(b, h, i)) = rows
+        .iter()
+        .find(|&&(b, h, i)| b >= dims.batch || h >= dims.q_heads || i >= dims.q_len)
+    {
+        return Err(crate::error::Error::InvalidOption {
+            name: "rows",
+            value: format!("({b}, {h}, {i})"),
+            reason: "every row must be (batch, query head, query row) inside the problem",
+        });
+    }
+    Ok(attend_rows(inputs, options, &dims, rows))
 }
 
 /// `concat(past, new)` along the sequence axis for K and V.

@@ -124,13 +124,5 @@ fn write_json(path: &std::path::Path, report: &SweepReport, seconds: f64) -> any
         "worst_share_of_allowed": report.worst_share_of_allowed(),
         "cases": cases,
     });
-    let text = serde_json::to_string_pretty(&value)?;
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = path.with_file_name(format!(".{name}.webattn-{}.partial", std::process::id()));
-    std::fs::write(&tmp, text)
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            anyhow::anyhow!("cannot write {}: {e}", path.display())
-        })
+    super::files::write_text(path, &serde_json::to_string_pretty(&value)?)
 }

@@ -85,3 +85,15 @@ impl Drop for Staged {
         }
     }
 }
+
+/// Writes `text` to `path` whole or not at all (a temporary file, then a rename).
+pub fn write_text(path: &Path, text: &str) -> anyhow::Result<()> {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = path.with_file_name(format!(".{name}.webattn-{}.partial", std::process::id()));
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            anyhow::anyhow!("cannot write {}: {e}", path.display())
+        })
+}

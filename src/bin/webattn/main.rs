@@ -5,9 +5,11 @@
 //! or not at all.
 
 mod attend;
+mod bench;
 mod check;
 mod files;
 mod info;
+mod plot;
 
 use std::process::ExitCode;
 
@@ -35,6 +37,8 @@ enum Command {
     Attend(Box<attend::Args>),
     /// The conformance sweep on this adapter against the f64 CPU oracle.
     Check(check::Args),
+    /// Measure the FMA ceiling, GEMM, attention per path and decode, side by side.
+    Bench(bench::Args),
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +70,7 @@ fn main() -> ExitCode {
         Command::Info(args) => info::run(cli.backend, &args),
         Command::Attend(args) => attend::run(cli.backend, &args),
         Command::Check(args) => check::run(cli.backend, &args),
+        Command::Bench(args) => bench::run(cli.backend, &args),
     };
     match outcome {
         Ok(code) => code,

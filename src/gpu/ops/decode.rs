@@ -32,9 +32,14 @@ pub struct DecodePlan {
 }
 
 impl DecodePlan {
-    /// Whether a problem goes to the decode kernel.
+    /// Whether a problem goes to the decode kernel: a few query rows, many
+    /// keys, head dims that are multiples of 4 (read as vec4s), up to 256.
     pub fn applies(dims: &AttentionDims) -> bool {
-        dims.q_len <= MAX_QUERY_ROWS && dims.total_len() >= MIN_KEYS
+        dims.q_len <= MAX_QUERY_ROWS
+            && dims.total_len() >= MIN_KEYS
+            && dims.head_dim % 4 == 0
+            && dims.v_head_dim % 4 == 0
+            && dims.head_dim.max(dims.v_head_dim) <= super::fused::MAX_HEAD_DIM
     }
 
     /// Splits enough for parallelism and, on drivers that cap an invocation's
@@ -43,8 +48,10 @@ impl DecodePlan {
         let keys = dims.total_len();
         let heads = dims.batch * dims.q_heads;
         let dk4 = dims.head_dim.div_ceil(4);
-        // Loop iterations per invocation per tile: scores, row update, P V.
-        let per_tile = (MAX_QUERY_ROWS * dk4 + 2 * TILE + 4 * TILE + 16) as u64;
+        // Loop iterations per invocation per tile: scores, two reductions of
+        // 6 steps over the rows, P V over the tile's keys for 4 quads.
+        let per_tile =
+            (MAX_QUERY_ROWS * (dk4 + 1) + 2 * 6 * (MAX_QUERY_ROWS + 1) + 4 * TILE + 16) as u64;
         let max_split_keys = match caps.loop_budget() {
             Some(budget) => ((budget / per_tile).max(1) as usize) * TILE,
             None => keys,

@@ -1,0 +1,341 @@
+//! `webattn bench`: the FMA ceiling, GEMM, attention on every path and decode,
+//! measured side by side in one run; a table, JSON, and an optional SVG plot.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{json, Value};
+use webattn::bench::{self, AttentionShape, Clock, Repeats};
+use webattn::KernelPath;
+
+use super::plot;
+
+/// Arguments of `webattn bench`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// A short run (under two minutes on lavapipe): seq 2048 at head dim 64 on
+    /// every path, GEMM up to 1024, decode at 4096 and 8192 keys.
+    #[arg(long)]
+    quick: bool,
+    /// Write the results as JSON to PATH.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    /// Draw attention GFLOP/s against sequence length per path as SVG to PATH.
+    #[arg(long, value_name = "PATH.svg")]
+    plot: Option<PathBuf>,
+    /// Tokens per attention configuration (batch x sequence), as FlashAttention's
+    /// benchmark fixes 16k; smaller suits CPU-backed adapters.
+    #[arg(long, default_value_t = 4096)]
+    tokens: usize,
+    /// Model width; heads = width / head dim (FlashAttention uses 2048).
+    #[arg(long, default_value_t = 512)]
+    width: usize,
+}
+
+/// One planned measurement.
+enum Job {
+    Gemm(usize),
+    Attention(AttentionShape, KernelPath),
+    Decode(usize, KernelPath),
+}
+
+fn plan(args: &Args) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    let gemm_sizes: &[usize] = if args.quick {
+        &[256, 512, 1024]
+    } else {
+        &[256, 512, 1024, 2048]
+    };
+    jobs.extend(gemm_sizes.iter().map(|&n| Job::Gemm(n)));
+    let paths = [KernelPath::Fused, KernelPath::Unfused, KernelPath::Cpu];
+    let shape = |seq: usize, head_dim: usize, causal: bool| AttentionShape {
+        batch: (args.tokens / seq).max(1),
+        heads: (args.width / head_dim).max(1),
+        seq_q: seq,
+        seq_k: seq,
+        head_dim,
+        causal,
+    };
+    if args.quick {
+        for causal in [false, true] {
+            for path in paths {
+                jobs.push(Job::Attention(shape(2048, 64, causal), path));
+            }
+        }
+        for keys in [4096, 8192] {
+            for path in paths {
+                jobs.push(Job::Decode(keys, path));
+            }
+        }
+    } else {
+        for head_dim in [64, 128] {
+            for causal in [false, true] {
+                for seq in [256, 512, 1024, 2048, 4096] {
+                    for path in paths {
+                        // The f64 CPU backend at 4096 adds minutes and no information.
+                        if path == KernelPath::Cpu && seq > 2048 {
+                            continue;
+                        }
+                        jobs.push(Job::Attention(shape(seq, head_dim, causal), path));
+                    }
+                }
+            }
+        }
+        for keys in [4096, 8192, 16384, 32768] {
+            for path in paths {
+                jobs.push(Job::Decode(keys, path));
+            }
+        }
+    }
+    jobs
+}
+
+fn repeats(path: KernelPath, quick: bool) -> Repeats {
+    match (path, quick) {
+        (KernelPath::Cpu, _) => Repeats {
+            warmup: 0,
+            timed: 1,
+        },
+        (_, true) => Repeats {
+            warmup: 1,
+            timed: 3,
+        },
+        _ => Repeats {
+            warmup: 2,
+            timed: 5,
+        },
+    }
+}
+
+pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
+    let engine = super::engine(backend)?;
+    let Some(ctx) = engine.gpu() else {
+        anyhow::bail!("bench measures the GPU paths and needs a GPU adapter; none is in use");
+    };
+    let caps = ctx.capabilities();
+    eprintln!("webattn bench on {}", engine.describe());
+    let jobs = plan(args);
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = ProgressBar::new(jobs.len() as u64 + 2);
+        bar.set_style(
+            ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        bar
+    });
+    let note = |msg: String| match &bar {
+        Some(bar) => {
+            bar.set_message(msg);
+            bar.inc(1);
+        }
+        None => eprintln!("{msg}"),
+    };
+
+    let ceiling_repeats = Repeats {
+        warmup: 2,
+        timed: 5,
+    };
+    note("FMA ceiling".into());
+    let (_, first) = pollster::block_on(bench::fma_ceiling(ctx, ceiling_repeats))?;
+    // This machine's speed may drift during a run (a shared VM's did by 30%), so
+    // every measurement is paired with a short ceiling run just before it and
+    // its share of the ceiling is taken against that.
+    let adjacent = || -> anyhow::Result<f64> {
+        Ok(pollster::block_on(bench::fma_ceiling(
+            ctx,
+            Repeats {
+                warmup: 1,
+                timed: 3,
+            },
+        ))?
+        .0)
+    };
+    let mut gemm = Vec::new();
+    let mut attention = Vec::new();
+    let mut decode = Vec::new();
+    for job in &jobs {
+        match *job {
+            Job::Gemm(n) => {
+                note(format!("GEMM {n}^3"));
+                let r = repeats(KernelPath::Fused, args.quick);
+                let near = adjacent()?;
+                let (gflops, m) = pollster::block_on(bench::gemm(ctx, n, n, n, r))?;
+                gemm.push((n, gflops, m.median_ms(), near));
+            }
+            Job::Attention(shape, path) => {
+                note(format!(
+                    "attention {path} seq {} d{}{}",
+                    shape.seq_q,
+                    shape.head_dim,
+                    if shape.causal { " causal" } else { "" }
+                ));
+                let near = adjacent()?;
+                let m = pollster::block_on(bench::attention(
+                    &engine,
+                    shape,
+                    path,
+                    repeats(path, args.quick),
+                ))
+                .with_context(|| format!("attention on the {path} path"))?;
+                attention.push((shape, path, m, near));
+            }
+            Job::Decode(keys, path) => {
+                note(format!("decode {path} {keys} keys"));
+                let shape = AttentionShape {
+                    batch: 1,
+                    heads: 8,
+                    seq_q: 1,
+                    seq_k: keys,
+                    head_dim: 128,
+                    causal: false,
+                };
+                let m = pollster::block_on(bench::attention(
+                    &engine,
+                    shape,
+                    path,
+                    repeats(path, args.quick),
+                ))
+                .with_context(|| format!("decode on the {path} path"))?;
+                decode.push((shape, path, m));
+            }
+        }
+    }
+    note("FMA ceiling, again".into());
+    let (_, last) = pollster::block_on(bench::fma_ceiling(ctx, ceiling_repeats))?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    // The ceiling is measured at both ends of the run; its median over all
+    // samples is what every share refers to.
+    let mut ceiling_samples = first.samples_ms.clone();
+    ceiling_samples.extend(&last.samples_ms);
+    let ceiling_ms = bench::Measurement {
+        samples_ms: ceiling_samples,
+        clock: first.clock,
+    };
+    let ceiling = ceiling_ms.gflops(bench::fma_ceiling_flops());
+    let clock = match first.clock {
+        Clock::GpuTimestamps => "gpu timestamps",
+        Clock::Wall => "wall clock",
+    };
+
+    // The table.
+    let a = &caps.adapter;
+    println!(
+        "adapter: {} ({}, {})   timing: {clock}, median of runs after warm-up",
+        a.name, a.backend, a.device_type
+    );
+    println!(
+        "FMA ceiling: {ceiling:.1} GFLOP/s, median of the run's start and end (start {:.1}, end {:.1})",
+        first.gflops(bench::fma_ceiling_flops()),
+        last.gflops(bench::fma_ceiling_flops())
+    );
+    println!("\nGEMM (f32, {:?})", ctx.gemm_kernel());
+    println!(
+        "{:>6} {:>10} {:>10} {:>9} {:>8}",
+        "n", "ms", "GFLOP/s", "ceiling*", "share"
+    );
+    for &(n, g, ms, near) in &gemm {
+        println!(
+            "{n:>6} {ms:>10.2} {g:>10.1} {near:>9.1} {:>7.0}%",
+            100.0 * g / near
+        );
+    }
+    println!("\nattention (B x H = tokens / seq x width / head dim)");
+    println!(
+        "{:<8} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10} {:>9} {:>9} {:>7} {:>10} {:>10}",
+        "path",
+        "batch",
+        "head",
+        "seq",
+        "d",
+        "causal",
+        "ms",
+        "GFLOP/s",
+        "ceiling*",
+        "share",
+        "peak MiB",
+        "vs unfused"
+    );
+    for (shape, path, m, near) in &attention {
+        let unfused = attention
+            .iter()
+            .find(|(s, p, _, _)| s == shape && *p == KernelPath::Unfused)
+            .map(|(_, _, u, _)| u.measurement.median_ms());
+        let speedup = unfused
+            .map(|u| format!("{:.2}x", u / m.measurement.median_ms()))
+            .unwrap_or_default();
+        println!(
+            "{:<8} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10.1} {:>9.1} {:>9.1} {:>6.0}% {:>10.1} {:>10}",
+            path.name(),
+            shape.batch,
+            shape.heads,
+            shape.seq_q,
+            shape.head_dim,
+            if shape.causal { "yes" } else { "no" },
+            m.measurement.median_ms(),
+            m.gflops,
+            near,
+            100.0 * m.gflops / near,
+            m.peak_bytes as f64 / f64::from(1 << 20),
+            speedup
+        );
+    }
+    println!(
+        "* ceiling: the FMA ceiling measured just before the row (the machine's speed may drift)"
+    );
+    println!("\ndecode (B = 1, H = 8, Nq = 1, d = 128)");
+    println!(
+        "{:<8} {:>7} {:>10} {:>9} {:>11}",
+        "path", "keys", "ms", "GFLOP/s", "peak MiB"
+    );
+    for (shape, path, m) in &decode {
+        println!(
+            "{:<8} {:>7} {:>10.2} {:>9.2} {:>11.2}",
+            path.name(),
+            shape.seq_k,
+            m.measurement.median_ms(),
+            m.gflops,
+            m.peak_bytes as f64 / f64::from(1 << 20)
+        );
+    }
+
+    let json = json!({
+        "adapter": {"name": a.name, "backend": a.backend, "device_type": a.device_type, "driver": a.driver, "driver_info": a.driver_info},
+        "clock": clock,
+        "quick": args.quick,
+        "tokens": args.tokens,
+        "width": args.width,
+        "fma_ceiling_gflops": ceiling,
+        "fma_ceiling_start_gflops": first.gflops(bench::fma_ceiling_flops()),
+        "fma_ceiling_end_gflops": last.gflops(bench::fma_ceiling_flops()),
+        "gemm_kernel": format!("{:?}", ctx.gemm_kernel()),
+        "gemm": gemm.iter().map(|&(n, g, ms, near)| json!({"m": n, "n": n, "k": n, "ms": ms, "gflops": g, "share_of_ceiling": g / near, "adjacent_ceiling_gflops": near})).collect::<Vec<_>>(),
+        "attention": attention.iter().map(|(s, p, m, near)| json!({
+            "path": p.name(), "batch": s.batch, "heads": s.heads, "seq_q": s.seq_q, "seq_k": s.seq_k,
+            "head_dim": s.head_dim, "causal": s.causal, "ms": m.measurement.median_ms(),
+            "samples_ms": m.measurement.samples_ms, "gflops": m.gflops,
+            "share_of_ceiling": m.gflops / near, "adjacent_ceiling_gflops": near, "peak_bytes": m.peak_bytes,
+        })).collect::<Vec<_>>(),
+        "decode": decode.iter().map(|(s, p, m)| json!({
+            "path": p.name(), "seq_k": s.seq_k, "head_dim": s.head_dim, "heads": s.heads,
+            "ms": m.measurement.median_ms(), "gflops": m.gflops, "peak_bytes": m.peak_bytes,
+        })).collect::<Vec<_>>(),
+    });
+    if let Some(path) = &args.json {
+        super::files::write_text(path, &serde_json::to_string_pretty(&json)?)?;
+    }
+    if let Some(path) = &args.plot {
+        super::files::write_text(path, &plot::attention_svg(&json, ceiling))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The entries of `key` in the report, for other modules.
+pub fn entries<'a>(report: &'a Value, key: &str) -> &'a [Value] {
+    report[key].as_array().map_or(&[], Vec::as_slice)
+}
