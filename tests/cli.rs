@@ -682,3 +682,84 @@ fn check_quick_ends_with_the_summary_line() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn bench_writes_the_documented_json_and_a_plot() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let dir = scratch("bench");
+    let json = dir.join("bench.json");
+    let svg = dir.join("bench.svg");
+    // A small model width keeps this a functional check, not a measurement.
+    let out = run(&[
+        "--backend",
+        "gpu",
+        "bench",
+        "--quick",
+        "--tokens",
+        "512",
+        "--width",
+        "64",
+        "--json",
+        arg(&json),
+        "--plot",
+        arg(&svg),
+    ]);
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("FMA ceiling") && stdout.contains("decode"),
+        "{stdout}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for key in ["name", "backend", "device_type"] {
+        assert!(report["adapter"][key].is_string(), "adapter.{key}");
+    }
+    assert!(report["fma_ceiling_gflops"]
+        .as_f64()
+        .is_some_and(|g| g > 0.0));
+    for g in report["gemm"].as_array().unwrap() {
+        for key in ["m", "n", "k", "gflops", "share_of_ceiling"] {
+            assert!(g[key].is_number(), "gemm.{key}");
+        }
+    }
+    let attention = report["attention"].as_array().unwrap();
+    let paths: std::collections::BTreeSet<&str> = attention
+        .iter()
+        .filter_map(|a| a["path"].as_str())
+        .collect();
+    assert_eq!(paths, ["cpu", "fused", "unfused"].into_iter().collect());
+    for a in attention {
+        for key in [
+            "batch",
+            "heads",
+            "seq_q",
+            "seq_k",
+            "head_dim",
+            "ms",
+            "gflops",
+            "share_of_ceiling",
+            "peak_bytes",
+        ] {
+            assert!(a[key].is_number(), "attention.{key}");
+        }
+        assert!(a["causal"].is_boolean());
+    }
+    for d in report["decode"].as_array().unwrap() {
+        for key in ["seq_k", "head_dim", "ms", "gflops"] {
+            assert!(d[key].is_number(), "decode.{key}");
+        }
+        assert!(d["path"].is_string());
+    }
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+    let replot = dir.join("again.svg");
+    assert!(
+        run(&["bench", "--replot", arg(&json), "--plot", arg(&replot)])
+            .status
+            .success()
+    );
+    assert!(replot.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

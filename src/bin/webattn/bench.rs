@@ -33,6 +33,9 @@ pub struct Args {
     /// Model width; heads = width / head dim (FlashAttention uses 2048).
     #[arg(long, default_value_t = 512)]
     width: usize,
+    /// Measure nothing: draw --plot from the JSON of an earlier run.
+    #[arg(long, value_name = "FILE.json", requires = "plot")]
+    replot: Option<PathBuf>,
 }
 
 /// One planned measurement.
@@ -111,6 +114,17 @@ fn repeats(path: KernelPath, quick: bool) -> Repeats {
 }
 
 pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
+    if let (Some(json), Some(out)) = (&args.replot, &args.plot) {
+        let text = std::fs::read_to_string(json)
+            .with_context(|| format!("cannot read {}", json.display()))?;
+        let report: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a bench report", json.display()))?;
+        let ceiling = report["fma_ceiling_gflops"]
+            .as_f64()
+            .context("the report has no fma_ceiling_gflops")?;
+        super::files::write_text(out, &plot::attention_svg(&report, ceiling))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let engine = super::engine(backend)?;
     let Some(ctx) = engine.gpu() else {
         anyhow::bail!("bench measures the GPU paths and needs a GPU adapter; none is in use");

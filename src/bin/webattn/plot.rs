@@ -111,7 +111,7 @@ pub fn attention_svg(report: &Value, ceiling: f64) -> String {
         ceiling
     );
     // One line per (path, causal).
-    let mut legend_y = TOP + 40.0;
+    let mut legend_y = TOP + 70.0;
     for path in ["fused", "unfused", "cpu"] {
         for causal in [false, true] {
             let mut line: Vec<(f64, f64)> = points
