@@ -111,6 +111,31 @@ fn quick_sweep_and_long_keys_with_portable_kernels() {
 }
 
 #[test]
+fn portable_kernels_within_the_webgpu_default_limits() {
+    // What every browser guarantees: 16 KiB of workgroup memory, 256
+    // invocations, 128 MiB storage bindings. The fused kernel's tiles must fit.
+    if common::gpu().is_none() {
+        return;
+    }
+    let options = webattn::EngineOptions {
+        backend: webattn::BackendPreference::Gpu,
+        limits: Some(webattn::wgpu::Limits::default()),
+        portable_kernels: true,
+        ..Default::default()
+    };
+    let engine =
+        webattn::Engine::with_options_blocking(options).expect("a device with the WebGPU defaults");
+    let limits = &engine.capabilities().unwrap().limits;
+    assert_eq!(limits.max_compute_workgroup_storage_size, 16 << 10);
+    let cases = [
+        CaseSpec::new("defaults-d64", [1, 2, 1], [97, 257], [64, 64]).with(|o| o.is_causal = true),
+        CaseSpec::new("defaults-d256", [1, 2, 2], [33, 97], [256, 256]).mask(MaskForm::Float(2)),
+        CaseSpec::new("defaults-d8-d200", [2, 3, 1], [7, 1025], [8, 200]),
+    ];
+    common::run_cases_on(&engine, &cases, &GPU_PATHS);
+}
+
+#[test]
 fn cpu_backend_matches_the_oracle() {
     // The CPU path is the oracle rounded to f32: it must pass the same rule.
     let engine = webattn::Engine::cpu();
