@@ -51,7 +51,7 @@ struct Params {
 // [split][row] as (m, l).
 @group(0) @binding(7) var<storage, read_write> part_ml: array<vec2<f32>>;
 
-const MASKED: f32 = -3.40282347e+38;
+const MASKED: f32 = -0x1.fffffep+127f;
 const FLAG_MASK: u32 = 1u;
 const FLAG_CAUSAL: u32 = 2u;
 const FLAG_NONPAD: u32 = 4u;

@@ -18,7 +18,7 @@ struct Params {
 // [lse (as bits) | m | l] per row, as the fused kernels write it.
 @group(0) @binding(4) var<storage, read_write> stats: array<u32>;
 
-const MASKED: f32 = -3.40282347e+38;
+const MASKED: f32 = -0x1.fffffep+127f;
 const NEG_INF_BITS: u32 = 0xff800000u;
 const WG: u32 = 64u;
 

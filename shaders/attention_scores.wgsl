@@ -42,7 +42,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> nonpad: array<i32>;
 @group(0) @binding(5) var<storage, read_write> out: array<u32>;
 
-const MASKED: f32 = -3.40282347e+38;
+const MASKED: f32 = -0x1.fffffep+127f;
 const NEG_INF_BITS: u32 = 0xff800000u;
 const FLAG_MASK: u32 = 1u;
 const FLAG_CAUSAL: u32 = 2u;

@@ -69,7 +69,7 @@ struct Params {
 // [lse (as bits) | row max m | row sum l], one entry each per row.
 @group(0) @binding(7) var<storage, read_write> stats: array<u32>;
 
-const MASKED: f32 = -3.40282347e+38;
+const MASKED: f32 = -0x1.fffffep+127f;
 const NEG_INF_BITS: u32 = 0xff800000u;
 const FLAG_CAUSAL: u32 = 2u;
 const FLAG_NONPAD: u32 = 4u;

@@ -38,7 +38,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> qk_out: array<u32>;
 
 const WG: u32 = 128u;
-const MASKED: f32 = -3.40282347e+38;
+const MASKED: f32 = -0x1.fffffep+127f;
 const NEG_INF_BITS: u32 = 0xff800000u;
 
 const FLAG_MASK: u32 = 1u;

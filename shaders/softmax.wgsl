@@ -22,7 +22,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> lse: array<u32>;
 
 const WG: u32 = 128u;
-const MASKED: f32 = -3.40282347e+38;
+const MASKED: f32 = -0x1.fffffep+127f;
 const NEG_INF_BITS: u32 = 0xff800000u;
 
 var<workgroup> red_max: array<f32, WG>;

@@ -136,6 +136,34 @@ fn portable_kernels_within_the_webgpu_default_limits() {
 }
 
 #[test]
+fn subgroup_kernels_at_width_4() {
+    // Browsers' CPU adapter (SwiftShader) has subgroups of 4; lavapipe's are 8.
+    // A workgroup of 4 on lavapipe is a partly filled subgroup, so the width-4
+    // variants of the subgroup kernels can be checked here too.
+    let Some(engine) = common::gpu() else { return };
+    if engine
+        .capabilities()
+        .and_then(|c| c.fixed_cpu_subgroup())
+        .is_none()
+    {
+        println!("no fixed CPU subgroups on this adapter: nothing to check at width 4");
+        return;
+    }
+    let ctx = engine
+        .gpu()
+        .unwrap()
+        .clone()
+        .with_subgroup_width(4)
+        .expect("width 4");
+    let narrow = webattn::Engine::from_context(ctx);
+    let mut cases = sweep(SweepKind::Quick);
+    cases.push(
+        CaseSpec::new("sg4-long", [1, 2, 1], [130, 3000], [64, 32]).with(|o| o.is_causal = true),
+    );
+    common::run_cases_on(&narrow, &cases, &GPU_PATHS);
+}
+
+#[test]
 fn cpu_backend_matches_the_oracle() {
     // The CPU path is the oracle rounded to f32: it must pass the same rule.
     let engine = webattn::Engine::cpu();

@@ -39,6 +39,7 @@ pub struct GpuContext {
     pub(crate) profiler: Arc<Mutex<Option<Arc<super::profile::Profiler>>>>,
     gemm_kernel: GemmKernel,
     portable_fused_only: bool,
+    subgroup_width: Option<u32>,
     lost: Arc<Mutex<Option<String>>>,
 }
 
@@ -161,6 +162,7 @@ impl GpuContext {
             queue,
             gemm_kernel: caps.gemm_kernel(),
             portable_fused_only: false,
+            subgroup_width: None,
             caps: Arc::new(caps),
             profiler: Arc::new(Mutex::new(None)),
             lost,
@@ -175,6 +177,25 @@ impl GpuContext {
     /// The GEMM kernel this context records (chosen from the capability profile).
     pub fn gemm_kernel(&self) -> GemmKernel {
         self.gemm_kernel
+    }
+
+    /// This context with the subgroup kernels compiled for subgroups of `width`
+    /// (4 or 8) instead of the adapter's own width: a workgroup of 4 on an
+    /// 8-wide adapter is a partly filled subgroup, which lets one machine test
+    /// the width browsers' CPU adapters (SwiftShader) use. Refused where the
+    /// adapter has no fixed CPU subgroups or `width` is not 4 or 8.
+    pub fn with_subgroup_width(mut self, width: u32) -> Result<GpuContext> {
+        let own = self.caps.fixed_cpu_subgroup();
+        if own.is_none() || !matches!(width, 4 | 8) || own.is_some_and(|w| width > w) {
+            return Err(Error::InvalidOption {
+                name: "subgroup width",
+                value: width.to_string(),
+                reason: "must be 4 or 8, at most the adapter's fixed CPU subgroup width",
+            });
+        }
+        self.gemm_kernel = GemmKernel::Subgroup { width };
+        self.subgroup_width = Some(width);
+        Ok(self)
     }
 
     /// This context restricted to the kernels that need no subgroups (tiled
@@ -197,7 +218,13 @@ impl GpuContext {
                 &self.caps.limits,
             )?));
         }
-        FusedKernel::choose(&self.caps, dk, dv)
+        match (
+            FusedKernel::choose(&self.caps, dk, dv)?,
+            self.subgroup_width,
+        ) {
+            (FusedKernel::Subgroup { .. }, Some(width)) => Ok(FusedKernel::Subgroup { width }),
+            (kernel, _) => Ok(kernel),
+        }
     }
 
     /// The pipeline cache.

@@ -134,7 +134,7 @@ impl PipelineCache {
             .or_insert_with(|| {
                 device.create_shader_module(wgpu::ShaderModuleDescriptor {
                     label: Some(kernel.name()),
-                    source: wgpu::ShaderSource::Wgsl(kernel.source().into()),
+                    source: wgpu::ShaderSource::Wgsl(kernel.device_source()),
                 })
             })
             .clone();

@@ -163,3 +163,80 @@ fn portable(tiles: FusedTiles) -> KernelConfig {
         role: "fused (portable): any adapter, any head dims up to 256",
     }
 }
+
+/// Every pipeline variant the engine can compile, at representative head dims
+/// and tile sizes: what the browser test hands to the browser's own shader
+/// compiler (stricter than naga: literal ranges, barrier uniformity, the
+/// `enable subgroups;` directive).
+pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
+    use super::ops::gemm::{self, GemmKernel, GemmSpec};
+    use super::pipeline::PipelineKey;
+    use super::registry::Kernel;
+    let mut keys = Vec::new();
+    for trans_a in [false, true] {
+        for trans_b in [false, true] {
+            keys.push(gemm::key(trans_a, trans_b));
+        }
+    }
+    for width in [4, 8] {
+        for trans_b in [false, true] {
+            for (k, ld) in [(64, 64), (63, 63)] {
+                let spec = GemmSpec {
+                    lda: ld,
+                    ldb: ld,
+                    ..GemmSpec::contiguous(1, 64, 64, k, false, trans_b)
+                };
+                keys.push(gemm::kernel_key(GemmKernel::Subgroup { width }, &spec));
+            }
+        }
+        for mask in [false, true] {
+            for softcap in [false, true] {
+                keys.push(
+                    PipelineKey::new(Kernel::AttentionSubgroup)
+                        .with("SG", i64::from(width))
+                        .with_flag("HAS_MASK", mask)
+                        .with_flag("SOFTCAP", softcap),
+                );
+            }
+        }
+    }
+    for (dk, dv, storage) in [
+        (64, 64, 16 << 10),
+        (64, 64, 32 << 10),
+        (256, 256, 16 << 10),
+        (8, 200, 16 << 10),
+    ] {
+        let limits = crate::gpu::capabilities::KernelLimits {
+            max_compute_workgroup_storage_size: storage,
+            ..crate::gpu::capabilities::KernelLimits::WEBGPU_DEFAULTS
+        };
+        if let Ok(tiles) = FusedTiles::for_dims(dk, dv, &limits) {
+            keys.push(tiles.key());
+        }
+    }
+    keys.push(PipelineKey::new(Kernel::FmaPeak).with("WORKGROUP", 64));
+    for kernel in [
+        Kernel::Softmax,
+        Kernel::Mask,
+        Kernel::Concat,
+        Kernel::AttentionScores,
+        Kernel::AttentionDecode,
+        Kernel::AttentionMerge,
+    ] {
+        keys.push(PipelineKey::new(kernel));
+    }
+    keys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_has_a_variant_in_the_list() {
+        let keys = every_pipeline_variant();
+        for kernel in crate::gpu::registry::Kernel::ALL {
+            assert!(keys.iter().any(|k| k.kernel == kernel), "{kernel} missing");
+        }
+    }
+}

@@ -5,6 +5,7 @@
 //! than derived from the shader, so a binding that drifts out of step with the
 //! Rust side is a validation error at pipeline creation, not a silent mismatch.
 
+#[cfg(not(target_arch = "wasm32"))]
 use crate::error::{Error, Result};
 
 /// One WGSL kernel of the engine.
@@ -112,6 +113,28 @@ impl Kernel {
         }
     }
 
+    /// Whether the kernel uses subgroup operations (chosen only on adapters
+    /// that have them).
+    pub fn uses_subgroups(self) -> bool {
+        matches!(self, Kernel::GemmSubgroup | Kernel::AttentionSubgroup)
+    }
+
+    /// The WGSL handed to the device. Browsers require `enable subgroups;`
+    /// before subgroup builtins (and check their uniformity more strictly than
+    /// these kernels need), while naga rejects the directive, so it is added on
+    /// the web only.
+    pub fn device_source(self) -> std::borrow::Cow<'static, str> {
+        if cfg!(target_arch = "wasm32") && self.uses_subgroups() {
+            format!(
+                "enable subgroups;\ndiagnostic(off, subgroup_uniformity);\n{}",
+                self.source()
+            )
+            .into()
+        } else {
+            self.source().into()
+        }
+    }
+
     /// The compute entry point.
     pub fn entry_point(self) -> &'static str {
         "main"
@@ -156,11 +179,13 @@ impl std::fmt::Display for Kernel {
 }
 
 /// Parses and validates a kernel with naga, as wgpu would, without a GPU.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn validate_kernel(kernel: Kernel) -> Result<naga::Module> {
     validate_wgsl(kernel.name(), kernel.source())
 }
 
 /// Parses and validates WGSL text with naga; the error quotes the offending line.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn validate_wgsl(name: &str, source: &str) -> Result<naga::Module> {
     let module = naga::front::wgsl::parse_str(source).map_err(|e| Error::Shader {
         kernel: name.to_string(),

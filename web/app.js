@@ -1,0 +1,291 @@
+// The demo page: the webattn engine compiled to wasm (./pkg), driving the
+// browser's WebGPU adapter, with the f64 oracle running alongside in wasm.
+import init, { Demo, kernels } from "./pkg/webattn_web.js";
+
+const $ = (id) => document.getElementById(id);
+let demo = null;
+
+// ---------------------------------------------------------------- heatmap
+
+// Viridis, as a handful of stops interpolated linearly.
+const VIRIDIS = [[68, 1, 84], [72, 40, 120], [62, 74, 137], [49, 104, 142], [38, 130, 142],
+  [31, 158, 137], [53, 183, 121], [109, 205, 89], [180, 222, 44], [253, 231, 37]];
+function colour(t) {
+  const x = Math.min(Math.max(t, 0), 1) * (VIRIDIS.length - 1);
+  const i = Math.min(Math.floor(x), VIRIDIS.length - 2);
+  const f = x - i;
+  const c = VIRIDIS[i].map((a, k) => Math.round(a + f * (VIRIDIS[i + 1][k] - a)));
+  return `rgb(${c[0]},${c[1]},${c[2]})`;
+}
+
+function drawScale(max) {
+  const canvas = $("scale");
+  const ctx = canvas.getContext("2d");
+  for (let y = 0; y < canvas.height; y++) {
+    ctx.fillStyle = colour(1 - y / (canvas.height - 1));
+    ctx.fillRect(0, y, canvas.width, 1);
+  }
+  $("scale-max").textContent = max.toPrecision(3);
+  $("scale-min").textContent = "0";
+}
+
+// Draws rows x cols values (row-major) with optional token labels; the cell
+// under the cursor is read out in #hover.
+function drawHeatmap({ values, rows, cols, rowLabels, colLabels, rowTitle, colTitle }) {
+  const canvas = $("heatmap");
+  const ctx = canvas.getContext("2d");
+  const left = rowLabels ? 90 : 40, top = colLabels ? 90 : 30;
+  const size = Math.max(1, Math.min((canvas.width - left - 10) / cols, (canvas.height - top - 10) / rows));
+  ctx.clearRect(0, 0, canvas.width, canvas.height);
+  let max = 0;
+  for (const v of values) max = Math.max(max, v);
+  max = max > 0 ? max : 1;
+  for (let i = 0; i < rows; i++) {
+    for (let j = 0; j < cols; j++) {
+      ctx.fillStyle = colour(values[i * cols + j] / max);
+      ctx.fillRect(left + j * size, top + i * size, Math.ceil(size), Math.ceil(size));
+    }
+  }
+  ctx.fillStyle = "#1d2330";
+  ctx.font = "13px system-ui, sans-serif";
+  if (rowLabels) {
+    ctx.textAlign = "right";
+    rowLabels.forEach((t, i) => ctx.fillText(t, left - 8, top + (i + 0.6) * size));
+  } else {
+    ctx.textAlign = "right";
+    for (const i of [0, rows - 1]) ctx.fillText(String(i), left - 6, top + (i + 0.8) * size);
+  }
+  if (colLabels) {
+    colLabels.forEach((t, j) => {
+      ctx.save();
+      ctx.translate(left + (j + 0.6) * size, top - 8);
+      ctx.rotate(-Math.PI / 4);
+      ctx.textAlign = "left";
+      ctx.fillText(t, 0, 0);
+      ctx.restore();
+    });
+  } else {
+    ctx.textAlign = "center";
+    for (const j of [0, cols - 1]) ctx.fillText(String(j), left + (j + 0.5) * size, top - 8);
+  }
+  ctx.fillStyle = "#5b6475";
+  ctx.textAlign = "left";
+  ctx.fillText(`${rowTitle} (rows) × ${colTitle} (columns)`, 4, 16);
+  drawScale(max);
+  canvas.onmousemove = (e) => {
+    const r = canvas.getBoundingClientRect();
+    const x = (e.clientX - r.left) * (canvas.width / r.width), y = (e.clientY - r.top) * (canvas.height / r.height);
+    const j = Math.floor((x - left) / size), i = Math.floor((y - top) / size);
+    if (i < 0 || j < 0 || i >= rows || j >= cols) return;
+    const rl = rowLabels ? rowLabels[i] : `query ${i}`, cl = colLabels ? colLabels[j] : `key ${j}`;
+    $("hover").textContent = `${rl} → ${cl}: ${values[i * cols + j].toFixed(4)}`;
+  };
+}
+
+// ---------------------------------------------------------------- sections
+
+function showAdapter() {
+  const info = JSON.parse(demo.adapter());
+  const box = $("adapter");
+  if (!info.gpu) {
+    const why = navigator.gpu ? "the browser granted no WebGPU adapter" : "this browser has no navigator.gpu (WebGPU)";
+    box.innerHTML = `<p class="warning">No GPU: ${why}. ${info.reason ?? ""}</p>
+      <p>Everything below still works on the CPU backend (the f64 oracle, in wasm); choose the CPU path.</p>`;
+    return;
+  }
+  const l = info.limits, f = info.features;
+  const mib = (b) => `${Math.round(b / 1048576)} MiB`;
+  box.innerHTML = `<div class="kv">
+    <span>adapter</span><span>${info.name || "(unnamed)"} — ${info.backend}, ${info.device_type}</span>
+    <span>storage binding</span><span>${mib(l.max_storage_buffer_binding_size)} (buffer ${mib(l.max_buffer_size)})</span>
+    <span>workgroup memory</span><span>${l.max_compute_workgroup_storage_size / 1024} KiB, ${l.max_compute_invocations_per_workgroup} invocations</span>
+    <span>features</span><span>subgroups ${f.subgroups ? `yes (${f.subgroup_min_size}–${f.subgroup_max_size} wide)` : "no"},
+      shader-f16 ${f.shader_f16 ? "yes" : "no"}, timestamps ${f.timestamp_query ? "yes" : "no"}</span>
+    <span>kernels</span><span>${(info.kernels || []).map((k) => `<code>${k.label}</code>`).join(" ")}</span>
+  </div>`;
+}
+
+async function showSentence() {
+  const path = demo.hasGpu() ? $("sentence-path").value : "cpu";
+  $("sentence-status").textContent = "running…";
+  const r = JSON.parse(await demo.sentence(path));
+  drawHeatmap({
+    values: r.heatmap, rows: r.queries.length, cols: r.keys.length,
+    rowLabels: r.queries, colLabels: r.keys, rowTitle: "French queries", colTitle: "English keys",
+  });
+  $("heatmap-caption").textContent = "“Le chat était assis sur le tapis” attending to “The cat sat on the mat”. " +
+    "Embeddings are made from the tokens, so this picture is the same on every load.";
+  $("sentence-status").innerHTML = `${r.path} path; worst error against the f64 oracle ${r.max_abs.toExponential(2)} ` +
+    `(allowed ${r.allowed.toExponential(2)}) <span class="${r.passed ? "pass" : "fail"}">${r.passed ? "pass" : "FAIL"}</span>`;
+}
+
+async function runExplorer(event) {
+  event?.preventDefault();
+  const form = new FormData($("explorer"));
+  const settings = {};
+  for (const [k, v] of form.entries()) settings[k] = k === "mask" || k === "path" ? v : Number(v);
+  if (!demo.hasGpu()) settings.path = "cpu";
+  const out = $("explorer-result");
+  out.textContent = "running…";
+  try {
+    const r = JSON.parse(await demo.explore(JSON.stringify(settings)));
+    const ms = (x) => (x == null ? "–" : `${x.toFixed(2)} ms`);
+    out.innerHTML = `path ${r.path}: <span class="${r.passed ? "pass" : "fail"}">${r.passed ? "pass" : "FAIL"}</span>
+Y: worst |GPU − f64 oracle| ${r.y.max_abs.toExponential(2)}, allowed ${r.y.allowed.toExponential(2)}
+probabilities: worst ${r.probs.max_abs.toExponential(2)}, allowed ${r.probs.allowed.toExponential(2)}
+GPU time ${ms(r.gpu_ms)} (call with upload and readback ${ms(r.wall_ms)}); f64 oracle in wasm ${ms(r.oracle_ms)}`;
+    drawHeatmap({ values: r.heatmap, rows: r.seq_q, cols: r.seq_k, rowTitle: "queries", colTitle: `keys, head ${r.head}` });
+    $("sentence-status").textContent = "(showing the explorer's result; choose a path to see the sentence again)";
+    $("heatmap-caption").textContent = `Explorer: probabilities of head ${r.head} on the ${r.path} path ` +
+      `(on the fused path they are recomputed tile by tile from Q, K and the row statistics).`;
+  } catch (e) {
+    out.innerHTML = `<span class="fail">error:</span> ${e}`;
+  }
+}
+
+async function runCheck(kind) {
+  for (const b of [$("check-quick"), $("check-full")]) b.disabled = true;
+  const bar = $("check-progress");
+  bar.hidden = false;
+  $("check-summary").textContent = "";
+  $("check-table").textContent = "";
+  const r = JSON.parse(await demo.check(kind, (done, total, name, passed) => {
+    bar.max = total;
+    bar.value = done;
+    $("check-current").textContent = `${done}/${total} ${passed ? "" : "FAIL "}${name}`;
+  }));
+  $("check-table").textContent = r.table;
+  const summary = $("check-summary");
+  summary.textContent = r.summary;
+  summary.className = `summary ${r.failed === 0 ? "pass" : "fail"}`;
+  $("check-current").textContent = r.adapter;
+  for (const b of [$("check-quick"), $("check-full")]) b.disabled = false;
+  document.body.dataset.checkDone = "1";
+}
+
+// Compiles every pipeline variant with the browser's own WebGPU on a device
+// that has `subgroups` (when the adapter offers it) and the adapter's limits.
+async function compileKernels() {
+  const table = $("compile-table"), summary = $("compile-summary");
+  if (!navigator.gpu) {
+    summary.textContent = "no WebGPU in this browser: nothing to compile";
+    return;
+  }
+  const adapter = await navigator.gpu.requestAdapter();
+  if (!adapter) {
+    summary.textContent = "no WebGPU adapter: nothing to compile";
+    return;
+  }
+  const hasSubgroups = adapter.features.has("subgroups");
+  const device = await adapter.requestDevice({
+    requiredFeatures: hasSubgroups ? ["subgroups"] : [],
+    requiredLimits: {
+      maxComputeWorkgroupStorageSize: adapter.limits.maxComputeWorkgroupStorageSize,
+      maxComputeInvocationsPerWorkgroup: adapter.limits.maxComputeInvocationsPerWorkgroup,
+      maxStorageBuffersPerShaderStage: adapter.limits.maxStorageBuffersPerShaderStage,
+    },
+  });
+  let passed = 0, failed = 0, skipped = 0;
+  const lines = [];
+  for (const k of JSON.parse(kernels())) {
+    if (k.subgroups && !hasSubgroups) {
+      skipped++;
+      lines.push(`skip  ${k.label} (the adapter has no subgroups)`);
+      continue;
+    }
+    device.pushErrorScope("validation");
+    const module = device.createShaderModule({ code: k.code, label: k.label });
+    const info = await module.getCompilationInfo();
+    const errors = info.messages.filter((m) => m.type === "error").map((m) => `${m.lineNum}:${m.linePos} ${m.message}`);
+    try {
+      await device.createComputePipelineAsync({ layout: "auto", compute: { module, entryPoint: k.entry, constants: k.constants } });
+    } catch (e) {
+      errors.push(String(e.message ?? e));
+    }
+    const scoped = await device.popErrorScope();
+    if (scoped) errors.push(scoped.message);
+    if (errors.length === 0) {
+      passed++;
+      lines.push(`pass  ${k.label}`);
+    } else {
+      failed++;
+      lines.push(`FAIL  ${k.label}: ${errors.join("; ")}`);
+    }
+  }
+  device.destroy();
+  table.textContent = lines.join("\n");
+  summary.textContent = `${passed} kernels compiled, ${failed} failed${skipped ? `, ${skipped} skipped` : ""}`;
+  summary.className = `summary ${failed === 0 ? "pass" : "fail"}`;
+}
+
+function drawTiming(rows) {
+  const canvas = $("timing");
+  const ctx = canvas.getContext("2d");
+  ctx.clearRect(0, 0, canvas.width, canvas.height);
+  const paths = [["fused", "#1b7837"], ["unfused", "#2166ac"], ["cpu", "#b2182b"]].filter(([p]) => rows.some((r) => r[p] != null));
+  const max = Math.max(...rows.flatMap((r) => paths.map(([p]) => r[p] ?? 0)));
+  const left = 60, bottom = canvas.height - 40, width = canvas.width - left - 130;
+  const group = width / rows.length, bar = (group - 20) / paths.length;
+  ctx.font = "12px system-ui, sans-serif";
+  ctx.fillStyle = "#1d2330";
+  rows.forEach((r, g) => {
+    paths.forEach(([p, c], k) => {
+      const v = r[p] ?? 0, h = (v / max) * (bottom - 20);
+      ctx.fillStyle = c;
+      ctx.fillRect(left + g * group + 10 + k * bar, bottom - h, bar - 2, h);
+      ctx.fillStyle = "#1d2330";
+      ctx.textAlign = "center";
+      ctx.fillText(v.toFixed(v < 10 ? 1 : 0), left + g * group + 10 + (k + 0.5) * bar, bottom - h - 4);
+    });
+    ctx.fillText(`seq ${r.seq}`, left + (g + 0.5) * group, bottom + 18);
+  });
+  ctx.textAlign = "right";
+  ctx.fillText("ms", left - 8, 24);
+  paths.forEach(([p, c], k) => {
+    ctx.fillStyle = c;
+    ctx.fillRect(canvas.width - 110, 30 + k * 22, 14, 14);
+    ctx.fillStyle = "#1d2330";
+    ctx.textAlign = "left";
+    ctx.fillText(p, canvas.width - 90, 42 + k * 22);
+  });
+}
+
+async function runTiming() {
+  $("timing-run").disabled = true;
+  $("timing-status").textContent = "measuring…";
+  try {
+    const rows = JSON.parse(await demo.timing(JSON.stringify([64, 128, 256])));
+    drawTiming(rows);
+    $("timing-status").textContent = rows.map((r) =>
+      r.fused ? `seq ${r.seq}: fused ${(r.unfused / r.fused).toFixed(1)}× faster than unfused` : `seq ${r.seq}`).join("; ");
+  } catch (e) {
+    $("timing-status").textContent = `error: ${e}`;
+  }
+  $("timing-run").disabled = false;
+}
+
+// ---------------------------------------------------------------- start
+
+async function main() {
+  await init();
+  demo = await Demo.create();
+  showAdapter();
+  $("sentence-path").onchange = showSentence;
+  $("explorer").onsubmit = runExplorer;
+  $("check-quick").onclick = async () => { await compileKernels(); await runCheck("quick"); };
+  $("check-full").onclick = async () => { await compileKernels(); await runCheck("full"); };
+  $("timing-run").onclick = runTiming;
+  await showSentence();
+  document.body.dataset.ready = "1";
+  const check = new URLSearchParams(location.search).get("check");
+  if (check === "quick" || check === "full") {
+    await compileKernels();
+    await runCheck(check);
+  }
+}
+
+main().catch((e) => {
+  $("adapter").innerHTML = `<p class="warning">The demo failed to start: ${e}</p>`;
+  $("check-summary").textContent = `error: ${e}`;
+  document.body.dataset.checkDone = "1";
+});

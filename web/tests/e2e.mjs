@@ -1,0 +1,85 @@
+// End-to-end test in a real browser: serves web/, opens the demo in Debian's
+// headless Chromium (WebGPU on its SwiftShader adapter) with ?check=quick,
+// waits for the conformance sweep to finish, and fails unless the page reads
+// "N passed, 0 failed" with N > 0. Saves a screenshot of the heatmap.
+//   node web/tests/e2e.mjs [screenshot.png]
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { chromium } from "playwright-core";
+import { serve } from "../serve.mjs";
+
+const screenshot = path.resolve(process.argv[2] ?? "web-heatmap.png");
+const browserPath = process.env.CHROMIUM ?? "/usr/bin/chromium";
+const TIMEOUT_MS = 270_000;
+
+const server = await serve(0);
+const url = `http://127.0.0.1:${server.address().port}/?check=quick`;
+const profile = fs.mkdtempSync(path.join(os.tmpdir(), "webattn-chromium-"));
+const started = Date.now();
+let failed = true;
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath: browserPath,
+  ignoreDefaultArgs: ["--headless"],
+  args: [
+    "--headless=new", "--no-sandbox", "--enable-unsafe-webgpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+  ],
+  viewport: { width: 1100, height: 1400 },
+});
+try {
+  const page = context.pages()[0] ?? (await context.newPage());
+  page.on("console", (m) => {
+    if (m.type() === "error" || m.type() === "warning") console.log(`[page ${m.type()}] ${m.text()}`);
+  });
+  page.on("pageerror", (e) => console.log(`[page error] ${e}`));
+  await page.goto(url);
+  await page.waitForFunction(() => document.body.dataset.checkDone === "1", null, { timeout: TIMEOUT_MS, polling: 500 });
+  const adapter = await page.textContent("#adapter");
+  const table = await page.textContent("#check-table");
+  const summary = (await page.textContent("#check-summary")).trim();
+  const compiled = (await page.textContent("#compile-summary")).trim();
+  console.log(await page.textContent("#compile-table"));
+  console.log(compiled);
+  console.log(`adapter: ${adapter.replace(/\s+/g, " ").trim()}`);
+  console.log(table);
+  console.log(summary);
+  await page.locator("#heatmap-panel").screenshot({ path: screenshot });
+  console.log(`heatmap screenshot: ${screenshot}`);
+
+  // The explorer: the default settings (GQA, causal, Dk != Dv) on the fused path.
+  await page.click("#explorer button[type=submit]");
+  await page.waitForFunction(() => /pass|FAIL|error/.test(document.getElementById("explorer-result").textContent), null, { timeout: 60_000 });
+  const explored = (await page.textContent("#explorer-result")).trim();
+  console.log(`explorer: ${explored.replace(/\s+/g, " ")}`);
+  // The timing chart.
+  await page.click("#timing-run");
+  await page.waitForFunction(() => /faster|seq|error/.test(document.getElementById("timing-status").textContent), null, { timeout: 120_000 });
+  const timing = (await page.textContent("#timing-status")).trim();
+  console.log(`timing: ${timing}`);
+  if (process.env.WEBATTN_PAGE_SCREENSHOT) {
+    await page.screenshot({ path: process.env.WEBATTN_PAGE_SCREENSHOT, fullPage: true });
+  }
+  const m = summary.match(/^(\d+) passed, (\d+) failed$/);
+  if (!m) {
+    console.error(`FAIL: the page's last line is not "N passed, N failed": ${summary}`);
+  } else if (Number(m[1]) === 0 || Number(m[2]) !== 0) {
+    console.error(`FAIL: ${summary}`);
+  } else if (!/^\d+ kernels compiled, 0 failed$/.test(compiled) || compiled.startsWith("0 ")) {
+    console.error(`FAIL: the browser's shader compiler: ${compiled}`);
+  } else if (!explored.startsWith("path fused: pass")) {
+    console.error(`FAIL: the explorer: ${explored}`);
+  } else if (/error/.test(timing)) {
+    console.error(`FAIL: the timing chart: ${timing}`);
+  } else {
+    failed = false;
+  }
+} catch (e) {
+  console.error(`FAIL: ${e}`);
+} finally {
+  await context.close();
+  server.close();
+  fs.rmSync(profile, { recursive: true, force: true });
+}
+console.log(`browser test: ${((Date.now() - started) / 1000).toFixed(1)} s`);
+process.exit(failed ? 1 : 0);
