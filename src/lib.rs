@@ -35,6 +35,7 @@ pub mod cpu;
 mod device_tensor;
 mod engine;
 mod error;
+pub mod family;
 pub mod gpu;
 pub mod layout;
 #[cfg(feature = "npy")]
