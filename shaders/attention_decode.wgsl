@@ -38,6 +38,11 @@ struct Params {
     splits: u32,
     kv_heads: u32,
     split_keys: u32,
+    // 1 / temperature, applied to the biased scores before the softmax.
+    inv_temperature: f32,
+    _reserved0: u32,
+    _reserved1: u32,
+    _reserved2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -57,6 +62,7 @@ const FLAG_CAUSAL: u32 = 2u;
 const FLAG_NONPAD: u32 = 4u;
 const FLAG_PAST: u32 = 8u;
 const FLAG_SOFTCAP: u32 = 16u;
+const FLAG_ALIBI: u32 = 32u;
 const WG: u32 = 64u;
 // At most 4 query rows; output quads per invocation: 4 rows x 64 quads / 64.
 const MAX_ROWS: u32 = 4u;
@@ -135,6 +141,10 @@ fn main(
     // The keys any row may see, within this split.
     let split_lo = i32(split * p.split_keys);
     let split_hi = i32(min((split + 1u) * p.split_keys, p.keys)) - 1;
+    var slope = 0.0;
+    if ((p.flags & FLAG_ALIBI) != 0u) {
+        slope = bitcast<f32>(nonpad[p.batch + h]);
+    }
     let lo = max(key_range(0u, offset, lengths).x, split_lo);
     let hi = select(min(key_range(rows - 1u, offset, lengths).y, split_hi), -1, !live_block);
 
@@ -171,6 +181,12 @@ fn main(
                 if ((p.flags & FLAG_MASK) != 0u) {
                     let bias = mask[b * p.mask_batch_stride + h * p.mask_head_stride + r * p.mask_row_stride + u32(j)];
                     s = select(MASKED, s + bias, bias > MASKED);
+                }
+                if (s > MASKED) {
+                    if ((p.flags & FLAG_ALIBI) != 0u) {
+                        s -= slope * f32(abs(offset + i32(r) - j));
+                    }
+                    s *= p.inv_temperature;
                 }
             }
             scores[r * WG + li] = s;

@@ -16,7 +16,8 @@
 // it, and no private array larger than one tile's scores is needed, whatever
 // the head dims (up to 256).
 //
-// The contract (see AttentionOptions): scale, softcap before any bias, causal
+// The contract (see AttentionOptions): scale, softcap before any bias, ALiBi
+// (slopes in the rule data after the lengths), temperature after the bias, causal
 // and windows with the position offset (past length, else nonpad - Nq, else 0),
 // nonpad lengths, an additive mask broadcast by strides (bool masks arrive as
 // 0 / MASKED) whose columns past mask_cols are masked, GQA (query head h reads
@@ -64,6 +65,11 @@ struct Params {
     q_blocks: u32,
     kv_heads: u32,
     _pad: u32,
+    // 1 / temperature, applied to the biased scores before the softmax.
+    inv_temperature: f32,
+    _reserved0: u32,
+    _reserved1: u32,
+    _reserved2: u32,
     chunk_start: u32,
     chunk_end: u32,
     // FIRST_CHUNK: start from an empty state; LAST_CHUNK: normalise and write lse.
@@ -88,6 +94,7 @@ const FLAG_CAUSAL: u32 = 2u;
 const FLAG_NONPAD: u32 = 4u;
 const FLAG_PAST: u32 = 8u;
 const FLAG_SOFTCAP: u32 = 16u;
+const FLAG_ALIBI: u32 = 32u;
 const FIRST_CHUNK: u32 = 1u;
 const LAST_CHUNK: u32 = 2u;
 // The most keys per tile (the private score array's length).
@@ -221,6 +228,12 @@ fn main(
     var scores: array<f32, MAX_BK>;
     let kv_base = (b * p.kv_heads + kvh) * p.keys;
     let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride + row * p.mask_row_stride;
+    // ALiBi: this head's slope follows the batch's lengths in the rule data.
+    var slope = 0.0;
+    if ((p.flags & FLAG_ALIBI) != 0u) {
+        slope = bitcast<f32>(nonpad[p.batch + h]);
+    }
+    let pos = offset + i32(row);
 
     var j0 = wg_lo - wg_lo % i32(BK);
     for (; j0 <= wg_hi; j0 += i32(BK)) {
@@ -262,7 +275,7 @@ fn main(
                     scores[t] += (prod.x + prod.y) + (prod.z + prod.w);
                 }
             }
-            // Scale, softcap, mask; masked keys become MASKED.
+            // Scale, softcap, mask, ALiBi, temperature; masked keys become MASKED.
             var tile_max = MASKED;
             for (var t = 0u; t < BK; t++) {
                 let j = j0 + i32(t);
@@ -275,6 +288,12 @@ fn main(
                     if ((p.flags & FLAG_MASK) != 0u) {
                         let bias = mask[mask_base + u32(j)];
                         s = select(MASKED, s + bias, bias > MASKED);
+                    }
+                    if (s > MASKED) {
+                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                            s -= slope * f32(abs(pos - j));
+                        }
+                        s *= p.inv_temperature;
                     }
                 }
                 scores[t] = s;

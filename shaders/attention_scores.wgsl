@@ -3,8 +3,9 @@
 //
 // One invocation per (query row, key); a workgroup covers 64 keys of one row.
 // For key j of row i it computes s = scale * q_i . k_j and writes, by mode:
-//   0: s;  1: softcap(s);  2: softcap(s) + bias, or -inf when the key is masked;
-//   3: softcap(s) + bias, or MASKED (-f32::MAX) when masked; the host then runs
+//   0: s;  1: softcap(s);  2: softcap(s) + bias (mask and ALiBi), or -inf when
+//      the key is masked;
+//   3: (softcap(s) + bias) / temperature, or MASKED (-f32::MAX) when masked; the host then runs
 //      softmax.wgsl over these rows in place, so each row's max and sum come
 //      from the very scores being normalised. (exp(s - lse) with the fused
 //      kernel's lse is off by the rounding difference between the two kernels'
@@ -33,6 +34,11 @@ struct Params {
     mode: u32,
     kv_heads: u32,
     key_blocks: u32,
+    // 1 / temperature, applied to the biased scores before the softmax.
+    inv_temperature: f32,
+    _reserved0: u32,
+    _reserved1: u32,
+    _reserved2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -49,6 +55,7 @@ const FLAG_CAUSAL: u32 = 2u;
 const FLAG_NONPAD: u32 = 4u;
 const FLAG_PAST: u32 = 8u;
 const FLAG_SOFTCAP: u32 = 16u;
+const FLAG_ALIBI: u32 = 32u;
 
 fn accurate_tanh(x: f32) -> f32 {
     let ax = abs(x);
@@ -140,9 +147,12 @@ fn main(
             s += select(0.0, bias, allowed);
         }
     }
+    if (allowed && (p.flags & FLAG_ALIBI) != 0u) {
+        s -= bitcast<f32>(nonpad[p.batch + h]) * f32(abs(pos - jj));
+    }
     if (p.mode == 2u) {
         out[index] = select(NEG_INF_BITS, bitcast<u32>(s), allowed);
         return;
     }
-    out[index] = bitcast<u32>(select(MASKED, s, allowed));
+    out[index] = bitcast<u32>(select(MASKED, s * p.inv_temperature, allowed));
 }

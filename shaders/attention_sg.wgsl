@@ -53,6 +53,11 @@ struct Params {
     q_blocks: u32,
     kv_heads: u32,
     _pad: u32,
+    // 1 / temperature, applied to the biased scores before the softmax.
+    inv_temperature: f32,
+    _reserved0: u32,
+    _reserved1: u32,
+    _reserved2: u32,
     chunk_start: u32,
     chunk_end: u32,
     chunk_flags: u32,
@@ -74,6 +79,7 @@ const NEG_INF_BITS: u32 = 0xff800000u;
 const FLAG_CAUSAL: u32 = 2u;
 const FLAG_NONPAD: u32 = 4u;
 const FLAG_PAST: u32 = 8u;
+const FLAG_ALIBI: u32 = 32u;
 const FIRST_CHUNK: u32 = 1u;
 const LAST_CHUNK: u32 = 2u;
 
@@ -143,8 +149,9 @@ fn pick16(slot: u32, v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4<f32>,
     }
 }
 
-// Scale, softcap, position rules and mask for four keys from j of one row.
-fn bias4(s: vec4<f32>, j: i32, range: vec2<i32>, mask_row: u32) -> vec4<f32> {
+// Scale, softcap, position rules, mask, ALiBi (row position `pos`, the head's
+// slope) and temperature for four keys from j of one row.
+fn bias4(s: vec4<f32>, j: i32, range: vec2<i32>, mask_row: u32, pos: i32, slope: f32) -> vec4<f32> {
     var x = s * p.scale;
     if (SOFTCAP) {
         x = p.softcap * accurate_tanh4(x / p.softcap);
@@ -160,6 +167,10 @@ fn bias4(s: vec4<f32>, j: i32, range: vec2<i32>, mask_row: u32) -> vec4<f32> {
         allowed = allowed & (bias > vec4<f32>(MASKED));
         x += select(vec4<f32>(0.0), bias, allowed);
     }
+    if ((p.flags & FLAG_ALIBI) != 0u) {
+        x -= slope * vec4<f32>(abs(vec4<i32>(pos) - js));
+    }
+    x *= p.inv_temperature;
     return select(vec4<f32>(MASKED), x, allowed);
 }
 
@@ -203,6 +214,10 @@ fn main(
     let wg_hi = min(key_range(block_last, offset, lengths).y, i32(p.chunk_end) - 1);
     let kv_base = (b * p.kv_heads + kvh) * p.keys;
     let last_key = p.keys - 1u;
+    var slope = 0.0;
+    if ((p.flags & FLAG_ALIBI) != 0u) {
+        slope = bitcast<f32>(nonpad[p.batch + h]);
+    }
 
     let row0 = min(lane_row0 + 0u, p.q_len - 1u);
     let live0 = lane_row0 + 0u < p.q_len;
@@ -599,22 +614,22 @@ fn main(
             s3_15 += q3.x * k0_15 + q3.y * k1_15 + q3.z * k2_15 + q3.w * k3_15;
         }
         // 2. Rules and online softmax; S becomes P.
-        s0_0 = bias4(s0_0, j0 + 0, range0, mask_row0);
-        s0_1 = bias4(s0_1, j0 + 4, range0, mask_row0);
-        s0_2 = bias4(s0_2, j0 + 8, range0, mask_row0);
-        s0_3 = bias4(s0_3, j0 + 12, range0, mask_row0);
-        s0_4 = bias4(s0_4, j0 + 16, range0, mask_row0);
-        s0_5 = bias4(s0_5, j0 + 20, range0, mask_row0);
-        s0_6 = bias4(s0_6, j0 + 24, range0, mask_row0);
-        s0_7 = bias4(s0_7, j0 + 28, range0, mask_row0);
-        s0_8 = bias4(s0_8, j0 + 32, range0, mask_row0);
-        s0_9 = bias4(s0_9, j0 + 36, range0, mask_row0);
-        s0_10 = bias4(s0_10, j0 + 40, range0, mask_row0);
-        s0_11 = bias4(s0_11, j0 + 44, range0, mask_row0);
-        s0_12 = bias4(s0_12, j0 + 48, range0, mask_row0);
-        s0_13 = bias4(s0_13, j0 + 52, range0, mask_row0);
-        s0_14 = bias4(s0_14, j0 + 56, range0, mask_row0);
-        s0_15 = bias4(s0_15, j0 + 60, range0, mask_row0);
+        s0_0 = bias4(s0_0, j0 + 0, range0, mask_row0, offset + i32(row0), slope);
+        s0_1 = bias4(s0_1, j0 + 4, range0, mask_row0, offset + i32(row0), slope);
+        s0_2 = bias4(s0_2, j0 + 8, range0, mask_row0, offset + i32(row0), slope);
+        s0_3 = bias4(s0_3, j0 + 12, range0, mask_row0, offset + i32(row0), slope);
+        s0_4 = bias4(s0_4, j0 + 16, range0, mask_row0, offset + i32(row0), slope);
+        s0_5 = bias4(s0_5, j0 + 20, range0, mask_row0, offset + i32(row0), slope);
+        s0_6 = bias4(s0_6, j0 + 24, range0, mask_row0, offset + i32(row0), slope);
+        s0_7 = bias4(s0_7, j0 + 28, range0, mask_row0, offset + i32(row0), slope);
+        s0_8 = bias4(s0_8, j0 + 32, range0, mask_row0, offset + i32(row0), slope);
+        s0_9 = bias4(s0_9, j0 + 36, range0, mask_row0, offset + i32(row0), slope);
+        s0_10 = bias4(s0_10, j0 + 40, range0, mask_row0, offset + i32(row0), slope);
+        s0_11 = bias4(s0_11, j0 + 44, range0, mask_row0, offset + i32(row0), slope);
+        s0_12 = bias4(s0_12, j0 + 48, range0, mask_row0, offset + i32(row0), slope);
+        s0_13 = bias4(s0_13, j0 + 52, range0, mask_row0, offset + i32(row0), slope);
+        s0_14 = bias4(s0_14, j0 + 56, range0, mask_row0, offset + i32(row0), slope);
+        s0_15 = bias4(s0_15, j0 + 60, range0, mask_row0, offset + i32(row0), slope);
         let tile_max0 = max(max(max(max4(s0_0), max4(s0_1)), max(max4(s0_2), max4(s0_3))), max(max(max4(s0_4), max4(s0_5)), max(max4(s0_6), max4(s0_7))));
         let tile_max0b = max(max(max(max4(s0_8), max4(s0_9)), max(max4(s0_10), max4(s0_11))), max(max(max4(s0_12), max4(s0_13)), max(max4(s0_14), max4(s0_15))));
         let m_new0 = max(m0, max(tile_max0, tile_max0b));
@@ -641,22 +656,22 @@ fn main(
         let p_sum0 = s0_0 + s0_1 + s0_2 + s0_3 + s0_4 + s0_5 + s0_6 + s0_7 + s0_8 + s0_9 + s0_10 + s0_11 + s0_12 + s0_13 + s0_14 + s0_15;
         l0 = l0 * alpha0 + (p_sum0.x + p_sum0.y + p_sum0.z + p_sum0.w);
         m0 = m_new0;
-        s1_0 = bias4(s1_0, j0 + 0, range1, mask_row1);
-        s1_1 = bias4(s1_1, j0 + 4, range1, mask_row1);
-        s1_2 = bias4(s1_2, j0 + 8, range1, mask_row1);
-        s1_3 = bias4(s1_3, j0 + 12, range1, mask_row1);
-        s1_4 = bias4(s1_4, j0 + 16, range1, mask_row1);
-        s1_5 = bias4(s1_5, j0 + 20, range1, mask_row1);
-        s1_6 = bias4(s1_6, j0 + 24, range1, mask_row1);
-        s1_7 = bias4(s1_7, j0 + 28, range1, mask_row1);
-        s1_8 = bias4(s1_8, j0 + 32, range1, mask_row1);
-        s1_9 = bias4(s1_9, j0 + 36, range1, mask_row1);
-        s1_10 = bias4(s1_10, j0 + 40, range1, mask_row1);
-        s1_11 = bias4(s1_11, j0 + 44, range1, mask_row1);
-        s1_12 = bias4(s1_12, j0 + 48, range1, mask_row1);
-        s1_13 = bias4(s1_13, j0 + 52, range1, mask_row1);
-        s1_14 = bias4(s1_14, j0 + 56, range1, mask_row1);
-        s1_15 = bias4(s1_15, j0 + 60, range1, mask_row1);
+        s1_0 = bias4(s1_0, j0 + 0, range1, mask_row1, offset + i32(row1), slope);
+        s1_1 = bias4(s1_1, j0 + 4, range1, mask_row1, offset + i32(row1), slope);
+        s1_2 = bias4(s1_2, j0 + 8, range1, mask_row1, offset + i32(row1), slope);
+        s1_3 = bias4(s1_3, j0 + 12, range1, mask_row1, offset + i32(row1), slope);
+        s1_4 = bias4(s1_4, j0 + 16, range1, mask_row1, offset + i32(row1), slope);
+        s1_5 = bias4(s1_5, j0 + 20, range1, mask_row1, offset + i32(row1), slope);
+        s1_6 = bias4(s1_6, j0 + 24, range1, mask_row1, offset + i32(row1), slope);
+        s1_7 = bias4(s1_7, j0 + 28, range1, mask_row1, offset + i32(row1), slope);
+        s1_8 = bias4(s1_8, j0 + 32, range1, mask_row1, offset + i32(row1), slope);
+        s1_9 = bias4(s1_9, j0 + 36, range1, mask_row1, offset + i32(row1), slope);
+        s1_10 = bias4(s1_10, j0 + 40, range1, mask_row1, offset + i32(row1), slope);
+        s1_11 = bias4(s1_11, j0 + 44, range1, mask_row1, offset + i32(row1), slope);
+        s1_12 = bias4(s1_12, j0 + 48, range1, mask_row1, offset + i32(row1), slope);
+        s1_13 = bias4(s1_13, j0 + 52, range1, mask_row1, offset + i32(row1), slope);
+        s1_14 = bias4(s1_14, j0 + 56, range1, mask_row1, offset + i32(row1), slope);
+        s1_15 = bias4(s1_15, j0 + 60, range1, mask_row1, offset + i32(row1), slope);
         let tile_max1 = max(max(max(max4(s1_0), max4(s1_1)), max(max4(s1_2), max4(s1_3))), max(max(max4(s1_4), max4(s1_5)), max(max4(s1_6), max4(s1_7))));
         let tile_max1b = max(max(max(max4(s1_8), max4(s1_9)), max(max4(s1_10), max4(s1_11))), max(max(max4(s1_12), max4(s1_13)), max(max4(s1_14), max4(s1_15))));
         let m_new1 = max(m1, max(tile_max1, tile_max1b));
@@ -683,22 +698,22 @@ fn main(
         let p_sum1 = s1_0 + s1_1 + s1_2 + s1_3 + s1_4 + s1_5 + s1_6 + s1_7 + s1_8 + s1_9 + s1_10 + s1_11 + s1_12 + s1_13 + s1_14 + s1_15;
         l1 = l1 * alpha1 + (p_sum1.x + p_sum1.y + p_sum1.z + p_sum1.w);
         m1 = m_new1;
-        s2_0 = bias4(s2_0, j0 + 0, range2, mask_row2);
-        s2_1 = bias4(s2_1, j0 + 4, range2, mask_row2);
-        s2_2 = bias4(s2_2, j0 + 8, range2, mask_row2);
-        s2_3 = bias4(s2_3, j0 + 12, range2, mask_row2);
-        s2_4 = bias4(s2_4, j0 + 16, range2, mask_row2);
-        s2_5 = bias4(s2_5, j0 + 20, range2, mask_row2);
-        s2_6 = bias4(s2_6, j0 + 24, range2, mask_row2);
-        s2_7 = bias4(s2_7, j0 + 28, range2, mask_row2);
-        s2_8 = bias4(s2_8, j0 + 32, range2, mask_row2);
-        s2_9 = bias4(s2_9, j0 + 36, range2, mask_row2);
-        s2_10 = bias4(s2_10, j0 + 40, range2, mask_row2);
-        s2_11 = bias4(s2_11, j0 + 44, range2, mask_row2);
-        s2_12 = bias4(s2_12, j0 + 48, range2, mask_row2);
-        s2_13 = bias4(s2_13, j0 + 52, range2, mask_row2);
-        s2_14 = bias4(s2_14, j0 + 56, range2, mask_row2);
-        s2_15 = bias4(s2_15, j0 + 60, range2, mask_row2);
+        s2_0 = bias4(s2_0, j0 + 0, range2, mask_row2, offset + i32(row2), slope);
+        s2_1 = bias4(s2_1, j0 + 4, range2, mask_row2, offset + i32(row2), slope);
+        s2_2 = bias4(s2_2, j0 + 8, range2, mask_row2, offset + i32(row2), slope);
+        s2_3 = bias4(s2_3, j0 + 12, range2, mask_row2, offset + i32(row2), slope);
+        s2_4 = bias4(s2_4, j0 + 16, range2, mask_row2, offset + i32(row2), slope);
+        s2_5 = bias4(s2_5, j0 + 20, range2, mask_row2, offset + i32(row2), slope);
+        s2_6 = bias4(s2_6, j0 + 24, range2, mask_row2, offset + i32(row2), slope);
+        s2_7 = bias4(s2_7, j0 + 28, range2, mask_row2, offset + i32(row2), slope);
+        s2_8 = bias4(s2_8, j0 + 32, range2, mask_row2, offset + i32(row2), slope);
+        s2_9 = bias4(s2_9, j0 + 36, range2, mask_row2, offset + i32(row2), slope);
+        s2_10 = bias4(s2_10, j0 + 40, range2, mask_row2, offset + i32(row2), slope);
+        s2_11 = bias4(s2_11, j0 + 44, range2, mask_row2, offset + i32(row2), slope);
+        s2_12 = bias4(s2_12, j0 + 48, range2, mask_row2, offset + i32(row2), slope);
+        s2_13 = bias4(s2_13, j0 + 52, range2, mask_row2, offset + i32(row2), slope);
+        s2_14 = bias4(s2_14, j0 + 56, range2, mask_row2, offset + i32(row2), slope);
+        s2_15 = bias4(s2_15, j0 + 60, range2, mask_row2, offset + i32(row2), slope);
         let tile_max2 = max(max(max(max4(s2_0), max4(s2_1)), max(max4(s2_2), max4(s2_3))), max(max(max4(s2_4), max4(s2_5)), max(max4(s2_6), max4(s2_7))));
         let tile_max2b = max(max(max(max4(s2_8), max4(s2_9)), max(max4(s2_10), max4(s2_11))), max(max(max4(s2_12), max4(s2_13)), max(max4(s2_14), max4(s2_15))));
         let m_new2 = max(m2, max(tile_max2, tile_max2b));
@@ -725,22 +740,22 @@ fn main(
         let p_sum2 = s2_0 + s2_1 + s2_2 + s2_3 + s2_4 + s2_5 + s2_6 + s2_7 + s2_8 + s2_9 + s2_10 + s2_11 + s2_12 + s2_13 + s2_14 + s2_15;
         l2 = l2 * alpha2 + (p_sum2.x + p_sum2.y + p_sum2.z + p_sum2.w);
         m2 = m_new2;
-        s3_0 = bias4(s3_0, j0 + 0, range3, mask_row3);
-        s3_1 = bias4(s3_1, j0 + 4, range3, mask_row3);
-        s3_2 = bias4(s3_2, j0 + 8, range3, mask_row3);
-        s3_3 = bias4(s3_3, j0 + 12, range3, mask_row3);
-        s3_4 = bias4(s3_4, j0 + 16, range3, mask_row3);
-        s3_5 = bias4(s3_5, j0 + 20, range3, mask_row3);
-        s3_6 = bias4(s3_6, j0 + 24, range3, mask_row3);
-        s3_7 = bias4(s3_7, j0 + 28, range3, mask_row3);
-        s3_8 = bias4(s3_8, j0 + 32, range3, mask_row3);
-        s3_9 = bias4(s3_9, j0 + 36, range3, mask_row3);
-        s3_10 = bias4(s3_10, j0 + 40, range3, mask_row3);
-        s3_11 = bias4(s3_11, j0 + 44, range3, mask_row3);
-        s3_12 = bias4(s3_12, j0 + 48, range3, mask_row3);
-        s3_13 = bias4(s3_13, j0 + 52, range3, mask_row3);
-        s3_14 = bias4(s3_14, j0 + 56, range3, mask_row3);
-        s3_15 = bias4(s3_15, j0 + 60, range3, mask_row3);
+        s3_0 = bias4(s3_0, j0 + 0, range3, mask_row3, offset + i32(row3), slope);
+        s3_1 = bias4(s3_1, j0 + 4, range3, mask_row3, offset + i32(row3), slope);
+        s3_2 = bias4(s3_2, j0 + 8, range3, mask_row3, offset + i32(row3), slope);
+        s3_3 = bias4(s3_3, j0 + 12, range3, mask_row3, offset + i32(row3), slope);
+        s3_4 = bias4(s3_4, j0 + 16, range3, mask_row3, offset + i32(row3), slope);
+        s3_5 = bias4(s3_5, j0 + 20, range3, mask_row3, offset + i32(row3), slope);
+        s3_6 = bias4(s3_6, j0 + 24, range3, mask_row3, offset + i32(row3), slope);
+        s3_7 = bias4(s3_7, j0 + 28, range3, mask_row3, offset + i32(row3), slope);
+        s3_8 = bias4(s3_8, j0 + 32, range3, mask_row3, offset + i32(row3), slope);
+        s3_9 = bias4(s3_9, j0 + 36, range3, mask_row3, offset + i32(row3), slope);
+        s3_10 = bias4(s3_10, j0 + 40, range3, mask_row3, offset + i32(row3), slope);
+        s3_11 = bias4(s3_11, j0 + 44, range3, mask_row3, offset + i32(row3), slope);
+        s3_12 = bias4(s3_12, j0 + 48, range3, mask_row3, offset + i32(row3), slope);
+        s3_13 = bias4(s3_13, j0 + 52, range3, mask_row3, offset + i32(row3), slope);
+        s3_14 = bias4(s3_14, j0 + 56, range3, mask_row3, offset + i32(row3), slope);
+        s3_15 = bias4(s3_15, j0 + 60, range3, mask_row3, offset + i32(row3), slope);
         let tile_max3 = max(max(max(max4(s3_0), max4(s3_1)), max(max4(s3_2), max4(s3_3))), max(max(max4(s3_4), max4(s3_5)), max(max4(s3_6), max4(s3_7))));
         let tile_max3b = max(max(max(max4(s3_8), max4(s3_9)), max(max4(s3_10), max4(s3_11))), max(max(max4(s3_12), max4(s3_13)), max(max4(s3_14), max4(s3_15))));
         let m_new3 = max(m3, max(tile_max3, tile_max3b));

@@ -8,8 +8,10 @@
 //      the causal frontier, the right window, nonpad_kv_seqlen and the mask's
 //      last dimension, and lo the left window; then, with a mask, the mask
 //      value must not be MASKED (bool false and -inf arrive as MASKED),
-//   4. adds the float mask value, captures (mode 2, masked = -inf), and writes
-//      the biased score, or MASKED for a masked key.
+//   4. adds the float mask value and the ALiBi bias (the head's slope times
+//      |position - j|; slopes follow the lengths in the rule data), captures
+//      (mode 2, masked = -inf), and writes the biased score divided by the
+//      temperature, or MASKED for a masked key.
 // Positions use the causal offset: the past length, else nonpad[b] - Nq, else 0.
 
 struct Params {
@@ -28,7 +30,11 @@ struct Params {
     left_window: i32,
     right_window: i32,
     softcap: f32,
-    _pad: u32,
+    batch: u32,
+    // 1 / temperature, applied to the biased score the softmax reads.
+    inv_temperature: f32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -46,6 +52,7 @@ const FLAG_CAUSAL: u32 = 2u;
 const FLAG_NONPAD: u32 = 4u;
 const FLAG_PAST: u32 = 8u;
 const FLAG_SOFTCAP: u32 = 16u;
+const FLAG_ALIBI: u32 = 32u;
 
 const CAPTURE_SCALED: u32 = 1u;
 const CAPTURE_SOFTCAPPED: u32 = 2u;
@@ -108,6 +115,10 @@ fn main(
     if (has_mask) {
         hi = min(hi, i32(p.mask_cols) - 1);
     }
+    var slope = 0.0;
+    if ((p.flags & FLAG_ALIBI) != 0u) {
+        slope = bitcast<f32>(nonpad[p.batch + h]);
+    }
     let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride + i * p.mask_row_stride;
     let base = row * p.cols;
     let out_base = global_row * p.cols;
@@ -132,9 +143,12 @@ fn main(
                 allowed = false;
             }
         }
+        if (allowed && (p.flags & FLAG_ALIBI) != 0u) {
+            s -= slope * f32(abs(pos - i32(j)));
+        }
         if (p.capture == CAPTURE_BIASED) {
             qk_out[out_base + j] = select(NEG_INF_BITS, bitcast<u32>(s), allowed);
         }
-        scores[base + j] = select(MASKED, s, allowed);
+        scores[base + j] = select(MASKED, s * p.inv_temperature, allowed);
     }
 }

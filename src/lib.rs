@@ -50,7 +50,7 @@ pub use engine::{BackendKind, BackendPreference, CallStats, Engine, EngineOption
 pub use error::{Error, Result};
 pub use gpu::capabilities::{AdapterSummary, Capabilities, KernelLimits};
 pub use gpu::context::{GpuContext, PowerPreference};
-pub use options::{AttentionOptions, KernelPath, QkMatmulOutputMode};
+pub use options::{alibi_slopes, AttentionOptions, KernelPath, QkMatmulOutputMode};
 pub use problem::{
     validate, AttentionDims, AttentionInputs, AttentionOutputs, MaskLayout, MaskRef, TensorRef,
 };

@@ -105,8 +105,14 @@ pub enum KernelPath {
 ///      offset even when `is_causal` is off.
 ///    - padding: keys `j ≥ nonpad_kv_seqlen[b]` are masked. Lengths must lie in `0..=T`
 ///      and cannot be combined with a past.
-/// 5. **Softmax** over `j` of `s_j + bias_j`, with the row maximum subtracted. Masked keys
-///    take no part, even when their score is not finite.
+///    - ALiBi (`alibi`, an extension beyond ONNX): `-m_h · |p − j|` with `p = offset + i`
+///      and the per-query-head slope `m_h` of [`alibi_slopes`]; for causal rows this is
+///      the paper's `-m_h · (p − j)`. Computed inside the kernels, never materialised.
+/// 5. **Softmax** over `j` of `(s_j + bias_j) / temperature`, with the row maximum
+///    subtracted. Masked keys take no part, even when their score is not finite.
+///    The temperature (an extension beyond ONNX, default 1) is distinct from `scale`:
+///    it acts after softcap and bias, so it sharpens (`< 1`) or flattens (`> 1`) the
+///    distribution without moving the softcap's saturation point or the mask.
 /// 6. **Fully masked rows.** A row whose every key is masked has all-zero probabilities,
 ///    a zero Y row, a zero mode-3 row and a logsumexp of `-inf`: never NaN.
 /// 7. **Output.** `y_i = Σ_j p_j v_j`.
@@ -136,8 +142,42 @@ pub struct AttentionOptions {
     pub return_lse: bool,
     /// Produce `present_key`/`present_value` (the past concatenated with K/V).
     pub return_present: bool,
+    /// Softmax temperature τ: probabilities are `softmax((s + bias) / τ)`. Must be
+    /// finite and positive; `1` (the default) is plain softmax. Modes 0-2 of
+    /// `qk_matmul_output` are before it, mode 3 and the logsumexp after.
+    pub temperature: f32,
+    /// Add the ALiBi bias `-m_h · |p − j|` (see the contract above), with the
+    /// slopes of [`alibi_slopes`] for the query heads.
+    pub alibi: bool,
     /// Which implementation runs the call.
     pub path: KernelPath,
+}
+
+/// The ALiBi slopes of `heads` heads (Press et al., 2022): for a power of two
+/// `n`, the geometric sequence `2^(-8/n), 2^(-16/n), …, 2^(-8)`; otherwise the
+/// `n'` slopes of the largest power of two `n' < heads`, followed by every other
+/// slope of `2·n'` until there are `heads`.
+pub fn alibi_slopes(heads: usize) -> Vec<f64> {
+    let power_of_two = |n: usize| -> Vec<f64> {
+        (1..=n)
+            .map(|h| (2f64).powf(-8.0 * h as f64 / n as f64))
+            .collect()
+    };
+    if heads == 0 {
+        return Vec::new();
+    }
+    if heads.is_power_of_two() {
+        return power_of_two(heads);
+    }
+    let base = 1usize << heads.ilog2();
+    let mut slopes = power_of_two(base);
+    slopes.extend(
+        power_of_two(2 * base)
+            .into_iter()
+            .step_by(2)
+            .take(heads - base),
+    );
+    slopes
 }
 
 impl Default for AttentionOptions {
@@ -151,6 +191,8 @@ impl Default for AttentionOptions {
             qk_matmul_output_mode: None,
             return_lse: false,
             return_present: false,
+            temperature: 1.0,
+            alibi: false,
             path: KernelPath::Auto,
         }
     }
@@ -173,6 +215,13 @@ impl AttentionOptions {
                 name: "softcap",
                 value: self.softcap.to_string(),
                 reason: "must be finite and at least 0 (0 turns it off)",
+            });
+        }
+        if !(self.temperature.is_finite() && self.temperature > 0.0) {
+            return Err(Error::InvalidOption {
+                name: "temperature",
+                value: self.temperature.to_string(),
+                reason: "must be finite and greater than 0 (1 is plain softmax)",
             });
         }
         for (name, value) in [
@@ -216,6 +265,14 @@ mod tests {
                 ..Default::default()
             },
             AttentionOptions {
+                temperature: 0.0,
+                ..Default::default()
+            },
+            AttentionOptions {
+                temperature: f32::INFINITY,
+                ..Default::default()
+            },
+            AttentionOptions {
                 left_window_size: -2,
                 ..Default::default()
             },
@@ -232,6 +289,15 @@ mod tests {
         }
         assert!(AttentionOptions::default().validate().is_ok());
         assert!(QkMatmulOutputMode::from_onnx(4).is_err());
+        let eight = alibi_slopes(8);
+        assert_eq!(eight[0], 0.5);
+        assert_eq!(eight[7], 1.0 / 256.0);
+        // 12 heads: the 8 of n = 8, then 2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5 from n = 16.
+        let twelve = alibi_slopes(12);
+        assert_eq!(twelve.len(), 12);
+        assert_eq!(&twelve[..8], &eight[..]);
+        assert!((twelve[8] - 2f64.powf(-0.5)).abs() < 1e-15);
+        assert!((twelve[11] - 2f64.powf(-3.5)).abs() < 1e-15);
         assert_eq!(
             QkMatmulOutputMode::from_onnx(2).unwrap(),
             QkMatmulOutputMode::Biased

@@ -72,6 +72,11 @@ struct Params {{
     q_blocks: u32,
     kv_heads: u32,
     _pad: u32,
+    // 1 / temperature, applied to the biased scores before the softmax.
+    inv_temperature: f32,
+    _reserved0: u32,
+    _reserved1: u32,
+    _reserved2: u32,
     chunk_start: u32,
     chunk_end: u32,
     chunk_flags: u32,
@@ -93,6 +98,7 @@ const NEG_INF_BITS: u32 = 0xff800000u;
 const FLAG_CAUSAL: u32 = 2u;
 const FLAG_NONPAD: u32 = 4u;
 const FLAG_PAST: u32 = 8u;
+const FLAG_ALIBI: u32 = 32u;
 const FIRST_CHUNK: u32 = 1u;
 const LAST_CHUNK: u32 = 2u;
 
@@ -131,8 +137,9 @@ fn key_range(i: u32, offset: i32, lengths: i32) -> vec2<i32> {{
 }}
 
 PICK_PLACEHOLDER
-// Scale, softcap, position rules and mask for four keys from j of one row.
-fn bias4(s: vec4<f32>, j: i32, range: vec2<i32>, mask_row: u32) -> vec4<f32> {{
+// Scale, softcap, position rules, mask, ALiBi (row position `pos`, the head's
+// slope) and temperature for four keys from j of one row.
+fn bias4(s: vec4<f32>, j: i32, range: vec2<i32>, mask_row: u32, pos: i32, slope: f32) -> vec4<f32> {{
     var x = s * p.scale;
     if (SOFTCAP) {{
         x = p.softcap * accurate_tanh4(x / p.softcap);
@@ -148,6 +155,10 @@ fn bias4(s: vec4<f32>, j: i32, range: vec2<i32>, mask_row: u32) -> vec4<f32> {{
         allowed = allowed & (bias > vec4<f32>(MASKED));
         x += select(vec4<f32>(0.0), bias, allowed);
     }}
+    if ((p.flags & FLAG_ALIBI) != 0u) {{
+        x -= slope * vec4<f32>(abs(vec4<i32>(pos) - js));
+    }}
+    x *= p.inv_temperature;
     return select(vec4<f32>(MASKED), x, allowed);
 }}
 
@@ -191,6 +202,10 @@ fn main(
     let wg_hi = min(key_range(block_last, offset, lengths).y, i32(p.chunk_end) - 1);
     let kv_base = (b * p.kv_heads + kvh) * p.keys;
     let last_key = p.keys - 1u;
+    var slope = 0.0;
+    if ((p.flags & FLAG_ALIBI) != 0u) {{
+        slope = bitcast<f32>(nonpad[p.batch + h]);
+    }}
 """)
 for r in range(ROWS):
     w(f"""    let row{r} = min(lane_row0 + {r}u, p.q_len - 1u);
@@ -244,7 +259,7 @@ w("        }")
 w("        // 2. Rules and online softmax; S becomes P.")
 for r in range(ROWS):
     for g in range(GROUPS):
-        w(f"        s{r}_{g} = bias4(s{r}_{g}, j0 + {4 * g}, range{r}, mask_row{r});")
+        w(f"        s{r}_{g} = bias4(s{r}_{g}, j0 + {4 * g}, range{r}, mask_row{r}, offset + i32(row{r}), slope);")
     maxes = ", ".join(f"max4(s{r}_{g})" for g in range(GROUPS))
     w(f"        let tile_max{r} = max(max(max(max4(s{r}_0), max4(s{r}_1)), max(max4(s{r}_2), max4(s{r}_3))), max(max(max4(s{r}_4), max4(s{r}_5)), max(max4(s{r}_6), max4(s{r}_7))));")
     w(f"        let tile_max{r}b = max(max(max(max4(s{r}_8), max4(s{r}_9)), max(max4(s{r}_10), max4(s{r}_11))), max(max(max4(s{r}_12), max4(s{r}_13)), max(max4(s{r}_14), max4(s{r}_15))));")

@@ -118,6 +118,49 @@ fn quick() -> Vec<CaseSpec> {
                 o.softcap = 4.0;
                 o.qk_matmul_output_mode = Some(QkMatmulOutputMode::Biased);
             }),
+        // Extensions beyond ONNX: softmax temperature and in-kernel ALiBi.
+        CaseSpec::new("temperature-sharp", [1, 2, 2], [33, 97], [40, 40]).with(|o| {
+            o.temperature = 0.5;
+            o.qk_matmul_output_mode = Some(QkMatmulOutputMode::Probabilities);
+        }),
+        CaseSpec::new("temperature-flat-causal", [1, 2, 1], [33, 33], [8, 8])
+            .logits(8.0)
+            .with(|o| {
+                o.temperature = 3.0;
+                o.is_causal = true;
+                o.qk_matmul_output_mode = Some(QkMatmulOutputMode::Biased);
+            }),
+        CaseSpec::new("logits-1e4-temperature", [1, 2, 2], [33, 97], [64, 64])
+            .logits(LARGE_LOGITS)
+            .with(|o| o.temperature = 0.7),
+        CaseSpec::new("alibi-causal", [1, 8, 2], [97, 97], [64, 64]).with(|o| {
+            o.alibi = true;
+            o.is_causal = true;
+        }),
+        CaseSpec::new("alibi-12-heads-past", [1, 12, 4], [7, 7], [64, 64])
+            .past(33)
+            .with(|o| {
+                o.alibi = true;
+                o.qk_matmul_output_mode = Some(QkMatmulOutputMode::Biased);
+            }),
+        CaseSpec::new(
+            "alibi-temperature-nonpad-window",
+            [2, 3, 3],
+            [33, 33],
+            [8, 8],
+        )
+        .nonpad()
+        .mask(Float(2))
+        .with(|o| {
+            o.alibi = true;
+            o.temperature = 0.7;
+            o.left_window_size = 8;
+            o.qk_matmul_output_mode = Some(QkMatmulOutputMode::Probabilities);
+        }),
+        CaseSpec::new("alibi-temperature-decode", [2, 4, 2], [1, 1025], [64, 64]).with(|o| {
+            o.alibi = true;
+            o.temperature = 0.5;
+        }),
     ];
     for form in MASK_FORMS {
         cases.push(CaseSpec::new(format!("mask-{form}"), [2, 3, 1], [7, 33], [8, 16]).mask(form));
@@ -210,6 +253,21 @@ fn full_extra() -> Vec<CaseSpec> {
             }),
         );
     }
+    cases.push(
+        CaseSpec::new(
+            "alibi-1025-causal-softcap",
+            [1, 4, 4],
+            [1025, 1025],
+            [64, 64],
+        )
+        .logits(8.0)
+        .with(|o| {
+            o.alibi = true;
+            o.is_causal = true;
+            o.softcap = 6.0;
+            o.temperature = 0.8;
+        }),
+    );
     cases.push(
         CaseSpec::new("long-2048-causal", [1, 2, 1], [2048, 2048], [64, 64])
             .with(|o| o.is_causal = true),

@@ -125,6 +125,13 @@ fn attend_row<F: Real>(
     let scale = F::from_f32(options.effective_scale(dk));
     let softcap = F::from_f32(options.softcap);
     let offset = dims.position_offset(inputs.nonpad_kv_seqlen, b);
+    // The slope is what the GPU receives (rounded to f32) in the f32 baseline.
+    let slope = if options.alibi {
+        F::from_f64(crate::options::alibi_slopes(dims.q_heads)[h])
+    } else {
+        F::ZERO
+    };
+    let temperature = F::from_f32(options.temperature);
     let nonpad = inputs.nonpad_kv_seqlen.map(|l| l[b]);
     let RowScratch {
         raw,
@@ -155,13 +162,15 @@ fn attend_row<F: Real>(
         biased[j] = match mask {
             Some(add) if position_allowed(options, offset, nonpad, i, j) => {
                 any_allowed = true;
-                capped[j] + F::from_f32(add)
+                let distance = (offset + i as i64 - j as i64).unsigned_abs();
+                capped[j] + F::from_f32(add) - slope * F::from_f64(distance as f64)
             }
             _ => F::NEG_INFINITY,
         };
     }
 
-    // Softmax over the allowed keys with the maximum subtracted.
+    // Softmax of (score + bias) / temperature over the allowed keys, with the
+    // maximum subtracted (the temperature is positive, so the maximum is the same key).
     let mut max = F::NEG_INFINITY;
     for &s in biased.iter() {
         if s > max {
@@ -174,7 +183,7 @@ fn attend_row<F: Real>(
         probs[j] = if fully_masked || biased[j] == F::NEG_INFINITY {
             F::ZERO
         } else {
-            (biased[j] - max).exp()
+            ((biased[j] - max) / temperature).exp()
         };
         sum = sum + probs[j];
     }
@@ -199,7 +208,7 @@ fn attend_row<F: Real>(
     if fully_masked {
         F::NEG_INFINITY
     } else {
-        max + sum.ln()
+        max / temperature + sum.ln()
     }
 }
 

@@ -29,6 +29,14 @@ pub trait Real:
     fn ln(self) -> Self;
     /// tanh x.
     fn tanh(self) -> Self;
+    /// Rounds (or keeps) an f64.
+    fn from_f64(x: f64) -> Self;
+    /// sin x.
+    fn sin(self) -> Self;
+    /// cos x.
+    fn cos(self) -> Self;
+    /// √x.
+    fn sqrt(self) -> Self;
 }
 
 macro_rules! impl_real {
@@ -50,6 +58,18 @@ macro_rules! impl_real {
             }
             fn tanh(self) -> Self {
                 <$t>::tanh(self)
+            }
+            fn from_f64(x: f64) -> Self {
+                x as $t
+            }
+            fn sin(self) -> Self {
+                <$t>::sin(self)
+            }
+            fn cos(self) -> Self {
+                <$t>::cos(self)
+            }
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
             }
         }
     };

@@ -59,7 +59,7 @@ pub(crate) async fn run(
         // [lse | row max | row sum]: the caller sees the first `rows` values.
         let lse = buffer::storage(ctx, "lse", 3 * rows)?;
         let placeholder = buffer::storage(ctx, "no mask", 1)?;
-        let nonpad = kv::upload_nonpad(ctx, inputs.nonpad)?;
+        let nonpad = kv::upload_rule_data(ctx, dims, inputs.nonpad, options.alibi)?;
         let mut rec = Recorder::new(ctx, "fused attention");
         let present = kv::record_present(&mut rec, dims, inputs, options.return_present)?;
         let (keys, values) = match &present {

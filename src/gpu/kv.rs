@@ -111,10 +111,25 @@ pub(crate) fn record_present(
     Ok(Some((pk, pv)))
 }
 
-/// `nonpad_kv_seqlen` as i32 on the device (a placeholder when absent).
-pub(crate) fn upload_nonpad(ctx: &GpuContext, nonpad: Option<&[i64]>) -> Result<wgpu::Buffer> {
-    let lengths: Vec<i32> = nonpad
-        .map(|l| l.iter().map(|&x| x as i32).collect())
-        .unwrap_or_default();
-    buffer::upload(ctx, "nonpad_kv_seqlen", &lengths)
+/// The per-call rule data every masking kernel binds as `nonpad` (i32 words):
+/// `nonpad_kv_seqlen` (B words, zeros when absent), then with ALiBi the
+/// query heads' slopes as f32 bits at `[B + h]`.
+pub(crate) fn upload_rule_data(
+    ctx: &GpuContext,
+    dims: &AttentionDims,
+    nonpad: Option<&[i64]>,
+    alibi: bool,
+) -> Result<wgpu::Buffer> {
+    let mut words: Vec<i32> = match nonpad {
+        Some(lengths) => lengths.iter().map(|&x| x as i32).collect(),
+        None => vec![0; dims.batch],
+    };
+    if alibi {
+        words.extend(
+            crate::options::alibi_slopes(dims.q_heads)
+                .into_iter()
+                .map(|slope| (slope as f32).to_bits() as i32),
+        );
+    }
+    buffer::upload(ctx, "rule data (nonpad_kv_seqlen, ALiBi slopes)", &words)
 }

@@ -33,6 +33,8 @@ pub enum Kernel {
     AttentionDecode,
     /// Merges split-K partial results by their maxima (`shaders/attention_merge.wgsl`).
     AttentionMerge,
+    /// Sinusoidal encoding and rotary embeddings, in place (`shaders/position.wgsl`).
+    Position,
 }
 
 /// How a kernel sees one binding (in binding-index order, group 0).
@@ -48,7 +50,7 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 11] = [
+    pub const ALL: [Kernel; 12] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
@@ -60,6 +62,7 @@ impl Kernel {
         Kernel::AttentionSubgroup,
         Kernel::AttentionDecode,
         Kernel::AttentionMerge,
+        Kernel::Position,
     ];
 
     /// A short lowercase name, used in pipeline labels.
@@ -76,6 +79,7 @@ impl Kernel {
             Kernel::AttentionSubgroup => "attention_sg",
             Kernel::AttentionDecode => "attention_decode",
             Kernel::AttentionMerge => "attention_merge",
+            Kernel::Position => "position",
         }
     }
 
@@ -93,6 +97,7 @@ impl Kernel {
             Kernel::AttentionSubgroup => "attention_sg.wgsl",
             Kernel::AttentionDecode => "attention_decode.wgsl",
             Kernel::AttentionMerge => "attention_merge.wgsl",
+            Kernel::Position => "position.wgsl",
         }
     }
 
@@ -110,6 +115,7 @@ impl Kernel {
             Kernel::AttentionSubgroup => include_str!("../../shaders/attention_sg.wgsl"),
             Kernel::AttentionDecode => include_str!("../../shaders/attention_decode.wgsl"),
             Kernel::AttentionMerge => include_str!("../../shaders/attention_merge.wgsl"),
+            Kernel::Position => include_str!("../../shaders/position.wgsl"),
         }
     }
 
@@ -160,6 +166,8 @@ impl Kernel {
             Kernel::FmaPeak => &[Uniform, ReadWrite],
             // partial O, partial (m, l); Y, lse.
             Kernel::AttentionMerge => &[Uniform, Read, Read, ReadWrite, ReadWrite],
+            // x (in place); inverse frequencies.
+            Kernel::Position => &[Uniform, ReadWrite, Read],
         }
     }
 

@@ -136,7 +136,7 @@ pub(crate) async fn run(
         let scores = buffer::storage(ctx, "scores", chunk_rows * t)?;
         let mask_placeholder = buffer::storage(ctx, "no mask", 1)?;
         let qk_placeholder = buffer::storage(ctx, "no qk output", 1)?;
-        let nonpad = kv::upload_nonpad(ctx, inputs.nonpad)?;
+        let nonpad = kv::upload_rule_data(ctx, dims, inputs.nonpad, options.alibi)?;
 
         let mut rec = Recorder::new(ctx, "unfused attention");
 

@@ -7,8 +7,8 @@ use webattn::bench::{self, AttentionShape, Repeats};
 use webattn::conformance::{compare, DEFAULT_FLOOR};
 use webattn::rng::SplitMix64;
 use webattn::{
-    AttentionInputs, AttentionOptions, Engine, Error, HostMask, HostTensor, KernelPath,
-    QkMatmulOutputMode, Result,
+    AttentionInputs, AttentionOptions, Engine, Error, HostTensor, KernelPath, QkMatmulOutputMode,
+    Result,
 };
 
 /// The largest sequence the explorer draws (the heatmap has one cell per pair).
@@ -27,20 +27,6 @@ fn path(name: &str) -> KernelPath {
         "cpu" => KernelPath::Cpu,
         _ => KernelPath::Fused,
     }
-}
-
-/// ALiBi: head h of H adds -m_h |i - j| with m_h = 2^(-8 (h + 1) / H).
-fn alibi(heads: usize, nq: usize, nk: usize) -> Result<HostMask> {
-    let mut bias = Vec::with_capacity(heads * nq * nk);
-    for h in 0..heads {
-        let slope = 2f32.powf(-8.0 * (h + 1) as f32 / heads as f32);
-        for i in 0..nq {
-            for j in 0..nk {
-                bias.push(-slope * (i as f32 - j as f32).abs());
-            }
-        }
-    }
-    HostMask::float(vec![heads, nq, nk], bias)
 }
 
 /// Runs the explorer's call: returns errors, times and the chosen head's probabilities.
@@ -74,13 +60,16 @@ pub async fn run(engine: &Engine, settings: &Value) -> Result<Value> {
     )?;
     let mut options = AttentionOptions {
         softcap: settings["softcap"].as_f64().unwrap_or(0.0) as f32,
+        temperature: settings["temperature"]
+            .as_f64()
+            .filter(|t| t.is_finite() && *t > 0.0)
+            .unwrap_or(1.0) as f32,
         qk_matmul_output_mode: Some(QkMatmulOutputMode::Probabilities),
         return_lse: true,
         path,
         ..Default::default()
     };
     let mut lengths = None;
-    let mut mask = None;
     match mask_kind {
         "causal" => options.is_causal = true,
         "window" => {
@@ -92,13 +81,11 @@ pub async fn run(engine: &Engine, settings: &Value) -> Result<Value> {
                 nk.saturating_sub(number(settings, "padding", 8, nk)) as i64
             ])
         }
-        "alibi" => mask = Some(alibi(heads, nq, nk)?),
+        // In-kernel ALiBi: -m_h |i - j| per head, no bias matrix uploaded.
+        "alibi" => options.alibi = true,
         _ => {}
     }
     let mut inputs = AttentionInputs::new(&q, &k, &v);
-    if let Some(m) = &mask {
-        inputs = inputs.with_mask(m);
-    }
     inputs.nonpad_kv_seqlen = lengths.as_deref();
 
     // The call on the chosen path, timed on the GPU where it can be.

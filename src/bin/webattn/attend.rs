@@ -58,6 +58,12 @@ pub struct Args {
     /// Softcap c: scores become c*tanh(s/c) (0 = off).
     #[arg(long, value_name = "C", default_value_t = 0.0)]
     softcap: f32,
+    /// Softmax temperature: probabilities are softmax((s + bias) / T) (1 = plain).
+    #[arg(long, value_name = "T", default_value_t = 1.0)]
+    temperature: f32,
+    /// Add the ALiBi bias -m_h * |position - key| with the standard per-head slopes.
+    #[arg(long)]
+    alibi: bool,
     /// Query heads, for 3D inputs.
     #[arg(long, value_name = "N")]
     q_num_heads: Option<usize>,
@@ -183,6 +189,8 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
         },
         return_lse: args.lse.is_some(),
         return_present: args.present_key.is_some() || args.present_value.is_some(),
+        temperature: args.temperature,
+        alibi: args.alibi,
         path: match args.path {
             PathArg::Auto => KernelPath::Auto,
             PathArg::Fused => KernelPath::Fused,

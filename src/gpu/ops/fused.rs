@@ -171,8 +171,8 @@ impl FusedKernel {
     }
 }
 
-/// The uniform block both attention kernels take (same layout in both WGSL files;
-/// the last three words differ in meaning).
+/// The uniform block the attention kernels take (fused, subgroup, decode, scores;
+/// same layout in every WGSL file; words 17 and 19 differ in meaning).
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 pub(crate) struct Params {
@@ -196,6 +196,8 @@ pub(crate) struct Params {
     extra0: u32,
     kv_heads: u32,
     extra2: u32,
+    inv_temperature: f32,
+    _reserved: [u32; 3],
 }
 
 pub(crate) fn params(
@@ -226,6 +228,8 @@ pub(crate) fn params(
         extra0,
         kv_heads: dims.kv_heads as u32,
         extra2,
+        inv_temperature: rules.inv_temperature,
+        _reserved: [0; 3],
     }
 }
 

@@ -33,7 +33,9 @@ struct Params {
     left_window: i32,
     right_window: i32,
     softcap: f32,
-    _pad: u32,
+    batch: u32,
+    inv_temperature: f32,
+    _pad: [u32; 2],
 }
 
 /// The pipeline key.
@@ -86,7 +88,9 @@ pub(crate) fn record(
         left_window: rules.left_window,
         right_window: rules.right_window,
         softcap: rules.softcap,
-        _pad: 0,
+        batch: dims.batch as u32,
+        inv_temperature: rules.inv_temperature,
+        _pad: [0; 2],
     };
     let ctx = rec.ctx();
     let pipeline = ctx.pipelines.get(&key());

@@ -5,5 +5,6 @@ pub mod decode;
 pub mod fused;
 pub mod gemm;
 pub mod mask;
+pub mod position;
 pub(crate) mod rules;
 pub mod softmax;

@@ -14,6 +14,8 @@ pub const FLAG_NONPAD: u32 = 4;
 pub const FLAG_PAST: u32 = 8;
 /// Softcap is on.
 pub const FLAG_SOFTCAP: u32 = 16;
+/// ALiBi: the query head's slope is at `nonpad[batch + h]` (f32 bits).
+pub const FLAG_ALIBI: u32 = 32;
 
 /// Window sizes are clamped to this so `position ± window` stays within i32.
 const WINDOW_CLAMP: i64 = 1 << 29;
@@ -26,6 +28,8 @@ pub(crate) struct Rules {
     pub right_window: i32,
     pub softcap: f32,
     pub scale: f32,
+    /// `1 / temperature`, applied to the biased scores before the softmax.
+    pub inv_temperature: f32,
     pub past_len: u32,
     pub mask: MaskLayout,
 }
@@ -48,6 +52,9 @@ impl Rules {
         if options.softcap > 0.0 {
             flags |= FLAG_SOFTCAP;
         }
+        if options.alibi {
+            flags |= FLAG_ALIBI;
+        }
         let window = |w: i64| {
             if w < 0 {
                 -1
@@ -61,6 +68,7 @@ impl Rules {
             right_window: window(options.right_window_size),
             softcap: options.softcap,
             scale: options.effective_scale(dims.head_dim),
+            inv_temperature: 1.0 / options.temperature,
             past_len: dims.past_len as u32,
             mask: dims.mask.unwrap_or(MaskLayout {
                 batch_stride: 0,

@@ -1,0 +1,299 @@
+//! Positional encodings: the sinusoidal absolute encoding added to embeddings
+//! (Vaswani et al., 2017) and rotary embeddings, RoPE (Su et al., 2021), in
+//! the interleaved and half-split layouts, with a base θ and a position offset
+//! for decoding with a KV cache. (ALiBi, the third kind, is a bias inside the
+//! attention kernels: [`crate::AttentionOptions::alibi`].)
+//!
+//! Frequencies: pair `f` of a `dim`-wide row turns at `θ^(-2f/dim)` radians per
+//! position. Sinusoidal: `PE[p, 2f] = sin(p·ω_f)`, `PE[p, 2f+1] = cos(p·ω_f)`.
+//! RoPE rotates each pair `(a, b)` by the angle `p·ω_f`:
+//! `(a cos − b sin, a sin + b cos)`.
+
+use crate::cpu::Real;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::gpu::buffer;
+use crate::gpu::ops::position::{self, PositionMode};
+use crate::gpu::recorder::Recorder;
+use crate::tensor::HostTensor;
+
+/// The base θ of the original papers.
+pub const DEFAULT_BASE: f64 = 10_000.0;
+
+/// The sinusoidal absolute encoding, added to `[..., N, D]` embeddings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sinusoidal {
+    /// The base θ (10000 in the paper).
+    pub base: f64,
+    /// The position of the first row.
+    pub offset: usize,
+}
+
+impl Default for Sinusoidal {
+    fn default() -> Self {
+        Self {
+            base: DEFAULT_BASE,
+            offset: 0,
+        }
+    }
+}
+
+/// How RoPE pairs the values of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RopeLayout {
+    /// Pairs `(2f, 2f + 1)`: the paper's layout (GPT-J, LLaMA's original code).
+    #[default]
+    Interleaved,
+    /// Pairs `(f, f + D/2)`: the "rotate half" layout (GPT-NeoX, Hugging Face).
+    HalfSplit,
+}
+
+/// Rotary position embeddings for `[..., N, D]` queries or keys (D even).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rope {
+    /// The base θ (10000 in the paper; long-context models use larger ones).
+    pub base: f64,
+    /// How values are paired.
+    pub layout: RopeLayout,
+    /// The position of the first row: the KV cache's length when decoding.
+    pub offset: usize,
+}
+
+impl Default for Rope {
+    fn default() -> Self {
+        Self {
+            base: DEFAULT_BASE,
+            layout: RopeLayout::Interleaved,
+            offset: 0,
+        }
+    }
+}
+
+fn check_base(base: f64) -> Result<()> {
+    if !(base.is_finite() && base > 1.0) {
+        return Err(Error::InvalidOption {
+            name: "base",
+            value: base.to_string(),
+            reason: "the base θ must be finite and greater than 1",
+        });
+    }
+    Ok(())
+}
+
+/// The rows, sequence length and row width of a `[..., N, D]` tensor.
+fn row_shape(name: &'static str, x: &HostTensor) -> Result<(usize, usize, usize)> {
+    let shape = x.shape();
+    if shape.len() < 2 {
+        return Err(Error::Rank {
+            tensor: name,
+            expected: "at least 2 ([..., positions, features])",
+            got: shape.to_vec(),
+        });
+    }
+    if shape.contains(&0) {
+        return Err(Error::EmptyTensor {
+            tensor: name,
+            shape: shape.to_vec(),
+        });
+    }
+    let dim = shape[shape.len() - 1];
+    Ok((x.len() / dim, shape[shape.len() - 2], dim))
+}
+
+fn check_positions(rows_at: usize, offset: usize) -> Result<()> {
+    // Positions must stay exact in f32 and in the kernel's u32.
+    let last = offset as u64 + rows_at as u64;
+    if last > 1 << 24 {
+        return Err(Error::Limit {
+            what: format!("positions up to {last}"),
+            needed: last,
+            limit: 1 << 24,
+            limit_name: "largest position exact in f32",
+            hint: "positions beyond 2^24 lose precision; reduce the offset",
+        });
+    }
+    Ok(())
+}
+
+/// Runs `mode` over `x` on the engine's GPU; `None` on a CPU engine.
+async fn run_gpu(
+    engine: &Engine,
+    mode: PositionMode,
+    x: &HostTensor,
+    base: f64,
+    offset: usize,
+) -> Result<Option<HostTensor>> {
+    let Some(ctx) = engine.gpu() else {
+        return Ok(None);
+    };
+    let (rows, seq_len, dim) = row_shape("x", x)?;
+    let pairs = match mode {
+        PositionMode::Sinusoidal => dim.div_ceil(2),
+        _ => dim / 2,
+    };
+    let freqs = position::inverse_frequencies(base, dim, pairs);
+    let out = ctx
+        .scoped("positional encoding", || {
+            let buf = buffer::upload(ctx, "x", x.data())?;
+            let freq_buf = buffer::upload(ctx, "inverse frequencies", &freqs)?;
+            let mut rec = Recorder::new(ctx, "positional encoding");
+            position::record(&mut rec, mode, rows, dim, seq_len, offset, &buf, &freq_buf)?;
+            rec.submit();
+            Ok(buf)
+        })
+        .await?;
+    let data = buffer::read_f32(ctx, &out, 0, x.len()).await?;
+    HostTensor::new(x.shape().to_vec(), data).map(Some)
+}
+
+impl Sinusoidal {
+    /// The encoding itself, `[positions, dim]`, from position `offset` (f64, rounded).
+    pub fn table(&self, positions: usize, dim: usize) -> Result<HostTensor> {
+        let zeros = HostTensor::zeros([positions, dim])?;
+        let values = sinusoidal_oracle::<f64>(&zeros, self.base, self.offset)?;
+        HostTensor::new([positions, dim], values.iter().map(|&v| v as f32).collect())
+    }
+
+    /// `x + PE` for embeddings `x` of shape `[..., N, D]`: on the GPU on a GPU
+    /// engine, by the oracle on a CPU engine.
+    pub async fn add_to(&self, engine: &Engine, x: &HostTensor) -> Result<HostTensor> {
+        check_base(self.base)?;
+        let (_, seq_len, _) = row_shape("x", x)?;
+        check_positions(seq_len, self.offset)?;
+        if let Some(out) =
+            run_gpu(engine, PositionMode::Sinusoidal, x, self.base, self.offset).await?
+        {
+            return Ok(out);
+        }
+        let exact = sinusoidal_oracle::<f64>(x, self.base, self.offset)?;
+        HostTensor::new(
+            x.shape().to_vec(),
+            exact.iter().map(|&v| v as f32).collect(),
+        )
+    }
+
+    /// [`Sinusoidal::add_to`], blocking.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn add_to_blocking(&self, engine: &Engine, x: &HostTensor) -> Result<HostTensor> {
+        pollster::block_on(self.add_to(engine, x))
+    }
+}
+
+impl Rope {
+    /// Checks the base and that `dim` is even.
+    fn check(&self, dim: usize) -> Result<()> {
+        check_base(self.base)?;
+        if dim % 2 != 0 {
+            return Err(Error::InvalidOption {
+                name: "rope",
+                value: format!("head dim {dim}"),
+                reason: "RoPE rotates pairs of values: the head dim must be even",
+            });
+        }
+        Ok(())
+    }
+
+    /// `x` rotated, for queries or keys of shape `[..., N, D]`: on the GPU on a
+    /// GPU engine, by the oracle on a CPU engine.
+    pub async fn apply(&self, engine: &Engine, x: &HostTensor) -> Result<HostTensor> {
+        let (_, seq_len, dim) = row_shape("x", x)?;
+        self.check(dim)?;
+        check_positions(seq_len, self.offset)?;
+        if let Some(out) = run_gpu(engine, self.mode(), x, self.base, self.offset).await? {
+            return Ok(out);
+        }
+        let exact = rope_oracle::<f64>(x, self)?;
+        HostTensor::new(
+            x.shape().to_vec(),
+            exact.iter().map(|&v| v as f32).collect(),
+        )
+    }
+
+    /// [`Rope::apply`], blocking.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn apply_blocking(&self, engine: &Engine, x: &HostTensor) -> Result<HostTensor> {
+        pollster::block_on(self.apply(engine, x))
+    }
+
+    fn mode(&self) -> PositionMode {
+        match self.layout {
+            RopeLayout::Interleaved => PositionMode::RopeInterleaved,
+            RopeLayout::HalfSplit => PositionMode::RopeHalfSplit,
+        }
+    }
+
+    /// Records the rotation of `rows` rows of `dim` values on the device (row
+    /// `r` at position `offset + extra_offset + r % seq_len`), for the layers
+    /// that keep their activations on the GPU.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn record(
+        &self,
+        rec: &mut Recorder<'_>,
+        x: &wgpu::Buffer,
+        rows: usize,
+        seq_len: usize,
+        dim: usize,
+        extra_offset: usize,
+    ) -> Result<()> {
+        self.check(dim)?;
+        check_positions(seq_len, self.offset + extra_offset)?;
+        let freqs = position::inverse_frequencies(self.base, dim, dim / 2);
+        let freq_buf = buffer::upload(rec.ctx(), "inverse frequencies", &freqs)?;
+        position::record(
+            rec,
+            self.mode(),
+            rows,
+            dim,
+            seq_len,
+            self.offset + extra_offset,
+            x,
+            &freq_buf,
+        )
+    }
+}
+
+/// The angle of pair `f` at position `pos`, as the GPU forms it in f32 (the
+/// inverse frequency rounded, one product) and exactly in f64.
+fn angle<F: Real>(base: f64, dim: usize, f: usize, pos: usize) -> F {
+    F::from_f64(pos as f64) * F::from_f64(base.powf(-2.0 * f as f64 / dim as f64))
+}
+
+/// The oracle twin of [`Sinusoidal::add_to`]: `x + PE`, in `F`.
+pub fn sinusoidal_oracle<F: Real>(x: &HostTensor, base: f64, offset: usize) -> Result<Vec<F>> {
+    let (_, seq_len, dim) = row_shape("x", x)?;
+    let mut out: Vec<F> = x.data().iter().map(|&v| F::from_f32(v)).collect();
+    for (r, row) in out.chunks_mut(dim).enumerate() {
+        let pos = offset + r % seq_len;
+        for f in 0..dim.div_ceil(2) {
+            let a: F = angle(base, dim, f, pos);
+            row[2 * f] = row[2 * f] + a.sin();
+            if 2 * f + 1 < dim {
+                row[2 * f + 1] = row[2 * f + 1] + a.cos();
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The oracle twin of [`Rope::apply`], in `F`.
+pub fn rope_oracle<F: Real>(x: &HostTensor, rope: &Rope) -> Result<Vec<F>> {
+    let (_, seq_len, dim) = row_shape("x", x)?;
+    rope.check(dim)?;
+    let mut out: Vec<F> = x.data().iter().map(|&v| F::from_f32(v)).collect();
+    let half = dim / 2;
+    for (r, row) in out.chunks_mut(dim).enumerate() {
+        let pos = rope.offset + r % seq_len;
+        for f in 0..half {
+            let (i1, i2) = match rope.layout {
+                RopeLayout::Interleaved => (2 * f, 2 * f + 1),
+                RopeLayout::HalfSplit => (f, f + half),
+            };
+            let a: F = angle(rope.base, dim, f, pos);
+            let (sin, cos) = (a.sin(), a.cos());
+            let (x1, x2) = (row[i1], row[i2]);
+            row[i1] = x1 * cos - x2 * sin;
+            row[i2] = x1 * sin + x2 * cos;
+        }
+    }
+    Ok(out)
+}
