@@ -44,6 +44,14 @@ impl Tensor {
         matches!(self.storage, Storage::Gpu(_))
     }
 
+    /// The GPU buffer, on a GPU engine.
+    pub(crate) fn gpu_buffer(&self) -> Option<&wgpu::Buffer> {
+        match &self.storage {
+            Storage::Gpu(b) => Some(b),
+            Storage::Host(_) => None,
+        }
+    }
+
     /// Bytes of device memory the tensor holds (0 on a CPU engine).
     pub fn device_bytes(&self) -> u64 {
         match &self.storage {

@@ -250,6 +250,29 @@ impl Engine {
         }
     }
 
+    /// This engine's identity, which its tensors carry.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// A device buffer of this engine's GPU, wrapped as a tensor.
+    pub(crate) fn wrap_gpu(&self, shape: Vec<usize>, buffer: wgpu::Buffer) -> Tensor {
+        Tensor {
+            shape,
+            storage: Storage::Gpu(Arc::new(buffer)),
+            engine_id: self.id,
+        }
+    }
+
+    /// Host values wrapped as a tensor of this (CPU) engine, without a copy to a device.
+    pub(crate) fn wrap_host(&self, tensor: HostTensor) -> Tensor {
+        Tensor {
+            shape: tensor.shape().to_vec(),
+            storage: Storage::Host(Arc::new(tensor)),
+            engine_id: self.id,
+        }
+    }
+
     fn own<'t>(&self, name: &'static str, t: &'t Tensor) -> Result<&'t Tensor> {
         if t.engine_id != self.id {
             return Err(Error::ForeignTensor { tensor: name });

@@ -181,7 +181,7 @@ impl Sinusoidal {
 
 impl Rope {
     /// Checks the base and that `dim` is even.
-    fn check(&self, dim: usize) -> Result<()> {
+    pub(crate) fn check(&self, dim: usize) -> Result<()> {
         check_base(self.base)?;
         if dim % 2 != 0 {
             return Err(Error::InvalidOption {
@@ -280,9 +280,22 @@ pub fn rope_oracle<F: Real>(x: &HostTensor, rope: &Rope) -> Result<Vec<F>> {
     let (_, seq_len, dim) = row_shape("x", x)?;
     rope.check(dim)?;
     let mut out: Vec<F> = x.data().iter().map(|&v| F::from_f32(v)).collect();
+    rope_in_place(&mut out, seq_len, dim, rope, 0);
+    Ok(out)
+}
+
+/// Rotates rows of `dim` values in place, row `r` at position
+/// `rope.offset + extra_offset + r % seq_len` (`dim` even).
+pub(crate) fn rope_in_place<F: Real>(
+    rows: &mut [F],
+    seq_len: usize,
+    dim: usize,
+    rope: &Rope,
+    extra_offset: usize,
+) {
     let half = dim / 2;
-    for (r, row) in out.chunks_mut(dim).enumerate() {
-        let pos = rope.offset + r % seq_len;
+    for (r, row) in rows.chunks_mut(dim).enumerate() {
+        let pos = rope.offset + extra_offset + r % seq_len;
         for f in 0..half {
             let (i1, i2) = match rope.layout {
                 RopeLayout::Interleaved => (2 * f, 2 * f + 1),
@@ -295,5 +308,4 @@ pub fn rope_oracle<F: Real>(x: &HostTensor, rope: &Rope) -> Result<Vec<F>> {
             row[i2] = x1 * sin + x2 * cos;
         }
     }
-    Ok(out)
 }

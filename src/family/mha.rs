@@ -1,0 +1,921 @@
+//! The multi-head attention layer: Q, K and V projections (with optional
+//! biases), optional RoPE, attention, and the output projection.
+//!
+//! ```text
+//! Q_h = X_q W_Qhᵀ + b_Qh      K_h = X_kv W_Khᵀ + b_Kh      V_h = X_kv W_Vhᵀ + b_Vh
+//! O   = Σ_h Attention(Q_h, K_{h/g}, V_{h/g}) W_Ohᵀ + b_O
+//! ```
+//!
+//! Weights follow the `Linear` convention: `[out_features, in_features]`,
+//! `y = x Wᵀ + b`. Head `h` owns rows `h·Dk .. (h+1)·Dk` of W_Q, and columns
+//! `h·Dv .. (h+1)·Dv` of W_O. With fewer KV heads than query heads (GQA, or MQA
+//! with one), query head `h` reads KV head `h / (heads / kv_heads)`.
+//!
+//! On a GPU engine every step runs on the device with no readback in between:
+//! each projection is one GEMM per head writing straight into the head-major
+//! `[B, H, N, D]` layout the attention kernels read (a bias is a rank-1 GEMM
+//! update with a column of ones), the attention is the engine's fused path, and
+//! the output projection accumulates one GEMM per head into `[B, N, d_model]`.
+//! Weights are uploaded once per engine and kept.
+//!
+//! Self-attention passes one input; cross-attention passes the keys' and
+//! values' sequence too (any length, its own feature size). A causal decoder
+//! can run one step at a time with a [`KvCache`]: each step projects only the
+//! new tokens, rotates them at their true positions, appends their keys and
+//! values to the cache on the device, and gives the same result as running the
+//! whole sequence again.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::position::{rope_in_place, Rope};
+use super::{expect_dim, expect_rank, Attended};
+use crate::cpu::Real;
+use crate::device_tensor::Tensor;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::gpu::buffer;
+use crate::gpu::context::GpuContext;
+use crate::gpu::ops::gemm::{self, GemmSpec};
+use crate::gpu::recorder::Recorder;
+use crate::options::{alibi_slopes, AttentionOptions, QkMatmulOutputMode};
+use crate::problem::AttentionInputs;
+use crate::rng::SplitMix64;
+use crate::tensor::HostTensor;
+
+/// The weights of a [`MultiHeadAttention`] layer, `[out, in]` each.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MhaWeights {
+    /// `[heads · Dk, d_model]`.
+    pub w_q: HostTensor,
+    /// `[heads · Dk]`, optional.
+    pub b_q: Option<HostTensor>,
+    /// `[kv_heads · Dk, d_kv]` (`d_kv` is the key/value input's feature size).
+    pub w_k: HostTensor,
+    /// `[kv_heads · Dk]`, optional.
+    pub b_k: Option<HostTensor>,
+    /// `[kv_heads · Dv, d_kv]`.
+    pub w_v: HostTensor,
+    /// `[kv_heads · Dv]`, optional.
+    pub b_v: Option<HostTensor>,
+    /// `[d_model, heads · Dv]`.
+    pub w_o: HostTensor,
+    /// `[d_model]`, optional.
+    pub b_o: Option<HostTensor>,
+}
+
+impl MhaWeights {
+    /// Random weights (uniform in ±1/√fan_in, as `Linear` initialises them) for
+    /// `d_model` features, `heads` query heads of `head_dim`, `kv_heads` KV
+    /// heads, keys/values of `d_kv` features, with biases.
+    pub fn random(
+        d_model: usize,
+        d_kv: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        seed: u64,
+    ) -> Result<MhaWeights> {
+        let mut rng = SplitMix64::new(seed);
+        let mut matrix = |rows: usize, cols: usize| {
+            let bound = 1.0 / (cols as f32).sqrt();
+            let data = (0..rows * cols)
+                .map(|_| rng.uniform(-bound, bound))
+                .collect();
+            HostTensor::new([rows, cols], data)
+        };
+        let w_q = matrix(heads * head_dim, d_model)?;
+        let b_q = matrix(1, heads * head_dim)?;
+        let w_k = matrix(kv_heads * head_dim, d_kv)?;
+        let b_k = matrix(1, kv_heads * head_dim)?;
+        let w_v = matrix(kv_heads * head_dim, d_kv)?;
+        let b_v = matrix(1, kv_heads * head_dim)?;
+        let w_o = matrix(d_model, heads * head_dim)?;
+        let b_o = matrix(1, d_model)?;
+        let flat = |t: HostTensor| HostTensor::new([t.len()], t.into_data());
+        Ok(MhaWeights {
+            w_q,
+            b_q: Some(flat(b_q)?),
+            w_k,
+            b_k: Some(flat(b_k)?),
+            w_v,
+            b_v: Some(flat(b_v)?),
+            w_o,
+            b_o: Some(flat(b_o)?),
+        })
+    }
+}
+
+/// The sizes of a layer, derived from its weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MhaDims {
+    /// The model's feature size (queries' input and the output).
+    pub d_model: usize,
+    /// The key/value input's feature size (`d_model` for self-attention).
+    pub d_kv: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (divides `heads`).
+    pub kv_heads: usize,
+    /// Dk.
+    pub head_dim: usize,
+    /// Dv.
+    pub v_head_dim: usize,
+}
+
+/// Weights uploaded to one engine's device.
+#[derive(Debug)]
+struct DeviceWeights {
+    w_q: wgpu::Buffer,
+    b_q: Option<wgpu::Buffer>,
+    w_k: wgpu::Buffer,
+    b_k: Option<wgpu::Buffer>,
+    w_v: wgpu::Buffer,
+    b_v: Option<wgpu::Buffer>,
+    w_o: wgpu::Buffer,
+    b_o: Option<wgpu::Buffer>,
+}
+
+/// A multi-head attention layer. See the module docs for the computation.
+#[derive(Debug)]
+pub struct MultiHeadAttention {
+    weights: MhaWeights,
+    dims: MhaDims,
+    rope: Option<Rope>,
+    device: Mutex<Option<(u64, Arc<DeviceWeights>)>>,
+}
+
+/// The keys and values a causal decoder has seen, kept on the engine's device
+/// (`[B, kv_heads, T, Dk]` and `[B, kv_heads, T, Dv]`; keys already rotated
+/// when the layer uses RoPE).
+#[derive(Debug, Clone, Default)]
+pub struct KvCache {
+    key: Option<Tensor>,
+    value: Option<Tensor>,
+}
+
+impl KvCache {
+    /// An empty cache.
+    pub fn new() -> KvCache {
+        KvCache::default()
+    }
+
+    /// Tokens cached so far.
+    pub fn len(&self) -> usize {
+        self.key.as_ref().map_or(0, |k| k.shape()[2])
+    }
+
+    /// Whether nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The cached keys and values, once a step has run.
+    pub fn tensors(&self) -> Option<(&Tensor, &Tensor)> {
+        Some((self.key.as_ref()?, self.value.as_ref()?))
+    }
+}
+
+fn bias_len(name: &'static str, bias: &Option<HostTensor>, len: usize) -> Result<()> {
+    if let Some(b) = bias {
+        expect_rank(name, b, 1, "1 ([out_features])")?;
+        expect_dim(name, b, 0, "out_features", len, "its weight")?;
+    }
+    Ok(())
+}
+
+impl MultiHeadAttention {
+    /// A layer with `heads` query heads and `kv_heads` key/value heads; the
+    /// head dims and feature sizes come from the weights' shapes, which must agree.
+    pub fn new(weights: MhaWeights, heads: usize, kv_heads: usize) -> Result<Self> {
+        for (name, w) in [
+            ("W_Q", &weights.w_q),
+            ("W_K", &weights.w_k),
+            ("W_V", &weights.w_v),
+            ("W_O", &weights.w_o),
+        ] {
+            expect_rank(name, w, 2, "2 ([out_features, in_features])")?;
+        }
+        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(Error::GqaHeads {
+                q_heads: heads,
+                kv_heads,
+            });
+        }
+        let d_model = weights.w_q.shape()[1];
+        let d_kv = weights.w_k.shape()[1];
+        let head_rows = |name: &'static str, w: &HostTensor, count: usize| -> Result<usize> {
+            if w.shape()[0] % count != 0 {
+                return Err(Error::ShapeMismatch {
+                    tensor: name,
+                    dim: "out_features",
+                    got: w.shape()[0],
+                    expected: w.shape()[0].div_ceil(count) * count,
+                    expected_from: "the head count",
+                    hint: "out_features must be a multiple of the heads",
+                });
+            }
+            Ok(w.shape()[0] / count)
+        };
+        let head_dim = head_rows("W_Q", &weights.w_q, heads)?;
+        let v_head_dim = head_rows("W_V", &weights.w_v, kv_heads)?;
+        expect_dim(
+            "W_K",
+            &weights.w_k,
+            0,
+            "out_features",
+            kv_heads * head_dim,
+            "W_Q",
+        )?;
+        expect_dim("W_V", &weights.w_v, 1, "in_features", d_kv, "W_K")?;
+        expect_dim("W_O", &weights.w_o, 0, "out_features", d_model, "W_Q")?;
+        expect_dim(
+            "W_O",
+            &weights.w_o,
+            1,
+            "in_features",
+            heads * v_head_dim,
+            "W_V",
+        )?;
+        bias_len("b_Q", &weights.b_q, heads * head_dim)?;
+        bias_len("b_K", &weights.b_k, kv_heads * head_dim)?;
+        bias_len("b_V", &weights.b_v, kv_heads * v_head_dim)?;
+        bias_len("b_O", &weights.b_o, d_model)?;
+        Ok(MultiHeadAttention {
+            weights,
+            dims: MhaDims {
+                d_model,
+                d_kv,
+                heads,
+                kv_heads,
+                head_dim,
+                v_head_dim,
+            },
+            rope: None,
+            device: Mutex::new(None),
+        })
+    }
+
+    /// Applies `rope` to the projected queries and keys (head dim must be even).
+    pub fn with_rope(mut self, rope: Rope) -> Result<Self> {
+        rope.check(self.dims.head_dim)?;
+        self.rope = Some(rope);
+        Ok(self)
+    }
+
+    /// The layer's sizes.
+    pub fn dims(&self) -> MhaDims {
+        self.dims
+    }
+
+    /// The weights.
+    pub fn weights(&self) -> &MhaWeights {
+        &self.weights
+    }
+
+    /// Self- or cross-attention over whole sequences: `query` `[B, N, d_model]`,
+    /// `key_value` `[B, M, d_kv]` (`None`: self-attention on `query`). The
+    /// options apply to the attention step (causal, scale, softcap, windows,
+    /// temperature, ALiBi, path); with `want_weights` the output carries the
+    /// probabilities `[B, heads, N, M]`.
+    pub async fn forward(
+        &self,
+        engine: &Engine,
+        query: &HostTensor,
+        key_value: Option<&HostTensor>,
+        options: &AttentionOptions,
+        want_weights: bool,
+    ) -> Result<Attended> {
+        self.run(engine, query, key_value, None, options, want_weights)
+            .await
+    }
+
+    /// One decoder step of causal self-attention: `x` `[B, n, d_model]` holds
+    /// the next `n` tokens; their keys and values are appended to `cache`. The
+    /// options' `is_causal` is forced on (positions continue from the cache).
+    pub async fn forward_cached(
+        &self,
+        engine: &Engine,
+        x: &HostTensor,
+        cache: &mut KvCache,
+        options: &AttentionOptions,
+        want_weights: bool,
+    ) -> Result<Attended> {
+        let options = AttentionOptions {
+            is_causal: true,
+            ..options.clone()
+        };
+        self.run(engine, x, None, Some(cache), &options, want_weights)
+            .await
+    }
+
+    /// [`MultiHeadAttention::forward`], blocking.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn forward_blocking(
+        &self,
+        engine: &Engine,
+        query: &HostTensor,
+        key_value: Option<&HostTensor>,
+        options: &AttentionOptions,
+        want_weights: bool,
+    ) -> Result<Attended> {
+        pollster::block_on(self.forward(engine, query, key_value, options, want_weights))
+    }
+
+    /// [`MultiHeadAttention::forward_cached`], blocking.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn forward_cached_blocking(
+        &self,
+        engine: &Engine,
+        x: &HostTensor,
+        cache: &mut KvCache,
+        options: &AttentionOptions,
+        want_weights: bool,
+    ) -> Result<Attended> {
+        pollster::block_on(self.forward_cached(engine, x, cache, options, want_weights))
+    }
+
+    /// Checks an input's rank, batch and feature size; returns (batch, length).
+    fn check_input(
+        &self,
+        name: &'static str,
+        x: &HostTensor,
+        features: usize,
+        batch: Option<usize>,
+    ) -> Result<(usize, usize)> {
+        expect_rank(name, x, 3, "3 ([batch, length, features])")?;
+        expect_dim(name, x, 2, "features", features, "the layer's weights")?;
+        if let Some(b) = batch {
+            expect_dim(name, x, 0, "batch", b, "the query")?;
+        }
+        Ok((x.shape()[0], x.shape()[1]))
+    }
+
+    async fn run(
+        &self,
+        engine: &Engine,
+        query: &HostTensor,
+        key_value: Option<&HostTensor>,
+        cache: Option<&mut KvCache>,
+        options: &AttentionOptions,
+        want_weights: bool,
+    ) -> Result<Attended> {
+        options.validate()?;
+        let d = self.dims;
+        if key_value.is_none() && d.d_kv != d.d_model {
+            return Err(Error::Conflict(
+                "self-attention needs W_K and W_V with d_model input features; \
+                 pass key_value for cross-attention",
+            ));
+        }
+        let (batch, n) = self.check_input("query", query, d.d_model, None)?;
+        let kv_input = key_value.unwrap_or(query);
+        self.check_input("key_value", kv_input, d.d_kv, Some(batch))?;
+        let past_len = cache.as_ref().map_or(0, |c| c.len());
+        if let Some((pk, _)) = cache.as_ref().and_then(|c| c.tensors()) {
+            if pk.shape()[0] != batch {
+                return Err(Error::ShapeMismatch {
+                    tensor: "query",
+                    dim: "batch",
+                    got: batch,
+                    expected: pk.shape()[0],
+                    expected_from: "the KV cache",
+                    hint: "use one cache per batch of sequences",
+                });
+            }
+        }
+        let (q, k, v) = match engine.gpu() {
+            Some(ctx) => {
+                let weights = self.device_weights(engine, ctx)?;
+                self.project_gpu(engine, ctx, &weights, query, key_value, past_len)
+                    .await?
+            }
+            None => self.project_host(engine, query, key_value, past_len),
+        };
+        let attention_options = AttentionOptions {
+            qk_matmul_output_mode: want_weights.then_some(QkMatmulOutputMode::Probabilities),
+            return_present: cache.is_some(),
+            return_lse: false,
+            ..options.clone()
+        };
+        let mut inputs = AttentionInputs::new(&q, &k, &v);
+        let past = cache.as_ref().and_then(|c| c.tensors());
+        if let Some((pk, pv)) = past {
+            inputs = inputs.with_past(pk, pv);
+        }
+        let out = engine.attention(&inputs, &attention_options).await?;
+        let output = match (engine.gpu(), out.y.gpu_buffer()) {
+            (Some(ctx), Some(y)) => {
+                let weights = self.device_weights(engine, ctx)?;
+                self.output_gpu(ctx, &weights, y, batch, n).await?
+            }
+            _ => {
+                let y = engine.download(&out.y).await?;
+                let exact = out_projection::<f64>(
+                    &y.data().iter().map(|&x| f64::from(x)).collect::<Vec<_>>(),
+                    &self.weights,
+                    d,
+                    batch,
+                    n,
+                );
+                HostTensor::new([batch, n, d.d_model], round(&exact))?
+            }
+        };
+        let weights = match &out.qk_matmul_output {
+            Some(t) => Some(engine.download(t).await?),
+            None => None,
+        };
+        if let Some(cache) = cache {
+            cache.key = out.present_key;
+            cache.value = out.present_value;
+        }
+        Ok(Attended { output, weights })
+    }
+
+    fn device_weights(&self, engine: &Engine, ctx: &GpuContext) -> Result<Arc<DeviceWeights>> {
+        let mut slot = self.device.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((id, weights)) = slot.as_ref() {
+            if *id == engine.id() {
+                return Ok(weights.clone());
+            }
+        }
+        let w = &self.weights;
+        let up = |name: &str, t: &HostTensor| buffer::upload(ctx, name, t.data());
+        let up_opt =
+            |name: &str, t: &Option<HostTensor>| t.as_ref().map(|t| up(name, t)).transpose();
+        let uploaded = Arc::new(DeviceWeights {
+            w_q: up("W_Q", &w.w_q)?,
+            b_q: up_opt("b_Q", &w.b_q)?,
+            w_k: up("W_K", &w.w_k)?,
+            b_k: up_opt("b_K", &w.b_k)?,
+            w_v: up("W_V", &w.w_v)?,
+            b_v: up_opt("b_V", &w.b_v)?,
+            w_o: up("W_O", &w.w_o)?,
+            b_o: up_opt("b_O", &w.b_o)?,
+        });
+        *slot = Some((engine.id(), uploaded.clone()));
+        Ok(uploaded)
+    }
+
+    /// Projects and (with RoPE) rotates Q, K, V on the device.
+    async fn project_gpu(
+        &self,
+        engine: &Engine,
+        ctx: &GpuContext,
+        weights: &DeviceWeights,
+        query: &HostTensor,
+        key_value: Option<&HostTensor>,
+        past_len: usize,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let d = self.dims;
+        let (batch, n) = (query.shape()[0], query.shape()[1]);
+        let m = key_value.map_or(n, |kv| kv.shape()[1]);
+        let (q, k, v) = ctx
+            .scoped("multi-head projections", || {
+                let x_q = buffer::upload(ctx, "query input", query.data())?;
+                let x_kv = key_value
+                    .map(|kv| buffer::upload(ctx, "key/value input", kv.data()))
+                    .transpose()?;
+                let ones = buffer::upload(ctx, "ones", &vec![1.0f32; n.max(m)])?;
+                let q = buffer::storage(ctx, "Q", batch * d.heads * n * d.head_dim)?;
+                let k = buffer::storage(ctx, "K", batch * d.kv_heads * m * d.head_dim)?;
+                let v = buffer::storage(ctx, "V", batch * d.kv_heads * m * d.v_head_dim)?;
+                let mut rec = Recorder::new(ctx, "multi-head projections");
+                let kv_src = x_kv.as_ref().unwrap_or(&x_q);
+                let projections = [
+                    (
+                        &x_q,
+                        n,
+                        d.d_model,
+                        &weights.w_q,
+                        &weights.b_q,
+                        d.heads,
+                        d.head_dim,
+                        &q,
+                    ),
+                    (
+                        kv_src,
+                        m,
+                        d.d_kv,
+                        &weights.w_k,
+                        &weights.b_k,
+                        d.kv_heads,
+                        d.head_dim,
+                        &k,
+                    ),
+                    (
+                        kv_src,
+                        m,
+                        d.d_kv,
+                        &weights.w_v,
+                        &weights.b_v,
+                        d.kv_heads,
+                        d.v_head_dim,
+                        &v,
+                    ),
+                ];
+                for (x, len, in_dim, w, b, heads, hd, out) in projections {
+                    record_projection(
+                        &mut rec,
+                        x,
+                        &ones,
+                        batch,
+                        len,
+                        in_dim,
+                        w,
+                        b.as_ref(),
+                        heads,
+                        hd,
+                        out,
+                    )?;
+                }
+                if let Some(rope) = &self.rope {
+                    // Queries and new keys sit after the cached tokens; a cross
+                    // attention's keys start at position 0 of their own sequence.
+                    rope.record(&mut rec, &q, batch * d.heads * n, n, d.head_dim, past_len)?;
+                    let key_offset = if key_value.is_some() { 0 } else { past_len };
+                    rope.record(
+                        &mut rec,
+                        &k,
+                        batch * d.kv_heads * m,
+                        m,
+                        d.head_dim,
+                        key_offset,
+                    )?;
+                }
+                rec.submit();
+                Ok((q, k, v))
+            })
+            .await?;
+        Ok((
+            engine.wrap_gpu(vec![batch, d.heads, n, d.head_dim], q),
+            engine.wrap_gpu(vec![batch, d.kv_heads, m, d.head_dim], k),
+            engine.wrap_gpu(vec![batch, d.kv_heads, m, d.v_head_dim], v),
+        ))
+    }
+
+    /// Projects on the host in f64 (the CPU engine's path), rounded to f32.
+    fn project_host(
+        &self,
+        engine: &Engine,
+        query: &HostTensor,
+        key_value: Option<&HostTensor>,
+        past_len: usize,
+    ) -> (Tensor, Tensor, Tensor) {
+        let (q, k, v) = projections::<f64>(
+            &self.weights,
+            self.dims,
+            self.rope.as_ref(),
+            query,
+            key_value,
+            past_len,
+        );
+        let d = self.dims;
+        let (batch, n) = (query.shape()[0], query.shape()[1]);
+        let m = key_value.map_or(n, |kv| kv.shape()[1]);
+        let wrap = |shape: [usize; 4], values: &[f64]| {
+            engine.wrap_host(HostTensor::new(shape, round(values)).expect("shape matches"))
+        };
+        (
+            wrap([batch, d.heads, n, d.head_dim], &q),
+            wrap([batch, d.kv_heads, m, d.head_dim], &k),
+            wrap([batch, d.kv_heads, m, d.v_head_dim], &v),
+        )
+    }
+
+    /// The output projection on the device: `Σ_h Y_h W_Ohᵀ + b_O`, read back.
+    async fn output_gpu(
+        &self,
+        ctx: &GpuContext,
+        weights: &DeviceWeights,
+        y: &wgpu::Buffer,
+        batch: usize,
+        n: usize,
+    ) -> Result<HostTensor> {
+        let d = self.dims;
+        let out = ctx
+            .scoped("multi-head output projection", || {
+                let out = buffer::storage(ctx, "output", batch * n * d.d_model)?;
+                let mut rec = Recorder::new(ctx, "multi-head output projection");
+                for h in 0..d.heads {
+                    let spec = GemmSpec {
+                        batch,
+                        m: n,
+                        n: d.d_model,
+                        k: d.v_head_dim,
+                        trans_a: false,
+                        trans_b: true,
+                        lda: d.v_head_dim,
+                        ldb: d.heads * d.v_head_dim,
+                        ldc: d.d_model,
+                        a_offset: h * n * d.v_head_dim,
+                        b_offset: h * d.v_head_dim,
+                        c_offset: 0,
+                        a_stride: d.heads * n * d.v_head_dim,
+                        b_stride: 0,
+                        c_stride: n * d.d_model,
+                        b_batch_base: 0,
+                        b_batch_div: 1,
+                        alpha: 1.0,
+                        beta: if h == 0 { 0.0 } else { 1.0 },
+                    };
+                    gemm::record(&mut rec, &spec, y, &weights.w_o, &out)?;
+                }
+                if let Some(b_o) = &weights.b_o {
+                    let ones = buffer::upload(ctx, "ones", &vec![1.0f32; n])?;
+                    record_bias(
+                        &mut rec,
+                        &ones,
+                        b_o,
+                        0,
+                        &out,
+                        batch,
+                        n,
+                        d.d_model,
+                        0,
+                        n * d.d_model,
+                    )?;
+                }
+                rec.submit();
+                Ok(out)
+            })
+            .await?;
+        let data = buffer::read_f32(ctx, &out, 0, batch * n * d.d_model).await?;
+        HostTensor::new([batch, n, d.d_model], data)
+    }
+
+    /// The oracle twin of [`MultiHeadAttention::forward`] in `F`: the output
+    /// `[B, N, d_model]` and the weights `[B, heads, N, M]`. Supports the
+    /// options a layer passes to its attention (causal, scale, softcap,
+    /// windows, temperature, ALiBi).
+    pub fn oracle<F: Real>(
+        &self,
+        query: &HostTensor,
+        key_value: Option<&HostTensor>,
+        options: &AttentionOptions,
+    ) -> Result<(Vec<F>, Vec<F>)> {
+        options.validate()?;
+        let d = self.dims;
+        let (batch, n) = self.check_input("query", query, d.d_model, None)?;
+        let (_, m) =
+            self.check_input("key_value", key_value.unwrap_or(query), d.d_kv, Some(batch))?;
+        let (q, k, v) = projections::<F>(&self.weights, d, self.rope.as_ref(), query, key_value, 0);
+        let (y, probs) = attention_core(&q, &k, &v, d, batch, n, m, options);
+        Ok((out_projection(&y, &self.weights, d, batch, n), probs))
+    }
+}
+
+/// Records `out[b, h] = x[b] W_hᵀ (+ b_h)` for every head: one GEMM per head
+/// writing into the head-major layout, and a rank-1 update for the bias.
+#[allow(clippy::too_many_arguments)]
+fn record_projection(
+    rec: &mut Recorder<'_>,
+    x: &wgpu::Buffer,
+    ones: &wgpu::Buffer,
+    batch: usize,
+    len: usize,
+    in_dim: usize,
+    w: &wgpu::Buffer,
+    bias: Option<&wgpu::Buffer>,
+    heads: usize,
+    head_dim: usize,
+    out: &wgpu::Buffer,
+) -> Result<()> {
+    for h in 0..heads {
+        let spec = GemmSpec {
+            batch,
+            m: len,
+            n: head_dim,
+            k: in_dim,
+            trans_a: false,
+            trans_b: true,
+            lda: in_dim,
+            ldb: in_dim,
+            ldc: head_dim,
+            a_offset: 0,
+            b_offset: h * head_dim * in_dim,
+            c_offset: h * len * head_dim,
+            a_stride: len * in_dim,
+            b_stride: 0,
+            c_stride: heads * len * head_dim,
+            b_batch_base: 0,
+            b_batch_div: 1,
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        gemm::record(rec, &spec, x, w, out)?;
+        if let Some(bias) = bias {
+            record_bias(
+                rec,
+                ones,
+                bias,
+                h * head_dim,
+                out,
+                batch,
+                len,
+                head_dim,
+                h * len * head_dim,
+                heads * len * head_dim,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Records `C[b] += 1 · bias[offset .. offset + width]` for `rows` rows of
+/// every batch entry: a GEMM with K = 1 against a column of ones.
+#[allow(clippy::too_many_arguments)]
+fn record_bias(
+    rec: &mut Recorder<'_>,
+    ones: &wgpu::Buffer,
+    bias: &wgpu::Buffer,
+    bias_offset: usize,
+    out: &wgpu::Buffer,
+    batch: usize,
+    rows: usize,
+    width: usize,
+    c_offset: usize,
+    c_stride: usize,
+) -> Result<()> {
+    let spec = GemmSpec {
+        batch,
+        m: rows,
+        n: width,
+        k: 1,
+        trans_a: false,
+        trans_b: false,
+        lda: 1,
+        ldb: width,
+        ldc: width,
+        a_offset: 0,
+        b_offset: bias_offset,
+        c_offset,
+        a_stride: 0,
+        b_stride: 0,
+        c_stride,
+        b_batch_base: 0,
+        b_batch_div: 1,
+        alpha: 1.0,
+        beta: 1.0,
+    };
+    gemm::record(rec, &spec, ones, bias, out)
+}
+
+fn round(values: &[f64]) -> Vec<f32> {
+    values.iter().map(|&x| x as f32).collect()
+}
+
+/// `x W_hᵀ + b_h` for every head, head-major `[B, heads, len, head_dim]`.
+#[allow(clippy::too_many_arguments)]
+fn project_heads<F: Real>(
+    x: &HostTensor,
+    w: &HostTensor,
+    b: Option<&HostTensor>,
+    heads: usize,
+    head_dim: usize,
+) -> Vec<F> {
+    let (batch, len, in_dim) = (x.shape()[0], x.shape()[1], x.shape()[2]);
+    let mut out = vec![F::ZERO; batch * heads * len * head_dim];
+    for bi in 0..batch {
+        for t in 0..len {
+            let row = &x.data()[(bi * len + t) * in_dim..][..in_dim];
+            for h in 0..heads {
+                for c in 0..head_dim {
+                    let feature = h * head_dim + c;
+                    let wrow = &w.data()[feature * in_dim..][..in_dim];
+                    let mut acc = b.map_or(F::ZERO, |b| F::from_f32(b.data()[feature]));
+                    for (&xi, &wi) in row.iter().zip(wrow) {
+                        acc = acc + F::from_f32(xi) * F::from_f32(wi);
+                    }
+                    out[((bi * heads + h) * len + t) * head_dim + c] = acc;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Q, K, V projected (and rotated) in `F`.
+fn projections<F: Real>(
+    w: &MhaWeights,
+    d: MhaDims,
+    rope: Option<&Rope>,
+    query: &HostTensor,
+    key_value: Option<&HostTensor>,
+    past_len: usize,
+) -> (Vec<F>, Vec<F>, Vec<F>) {
+    let kv = key_value.unwrap_or(query);
+    let mut q = project_heads::<F>(query, &w.w_q, w.b_q.as_ref(), d.heads, d.head_dim);
+    let mut k = project_heads::<F>(kv, &w.w_k, w.b_k.as_ref(), d.kv_heads, d.head_dim);
+    let v = project_heads::<F>(kv, &w.w_v, w.b_v.as_ref(), d.kv_heads, d.v_head_dim);
+    if let Some(rope) = rope {
+        rope_in_place(&mut q, query.shape()[1], d.head_dim, rope, past_len);
+        let key_offset = if key_value.is_some() { 0 } else { past_len };
+        rope_in_place(&mut k, kv.shape()[1], d.head_dim, rope, key_offset);
+    }
+    (q, k, v)
+}
+
+/// Attention of head-major Q `[B, H, N, Dk]` against K, V `[B, Hkv, M, ·]`,
+/// written as plainly as the contract reads; returns Y `[B, H, N, Dv]` and
+/// the probabilities `[B, H, N, M]`.
+#[allow(clippy::too_many_arguments)]
+fn attention_core<F: Real>(
+    q: &[F],
+    k: &[F],
+    v: &[F],
+    d: MhaDims,
+    batch: usize,
+    n: usize,
+    m: usize,
+    options: &AttentionOptions,
+) -> (Vec<F>, Vec<F>) {
+    let (dk, dv, group) = (d.head_dim, d.v_head_dim, d.heads / d.kv_heads);
+    let scale = F::from_f32(options.effective_scale(dk));
+    let softcap = F::from_f32(options.softcap);
+    let temperature = F::from_f32(options.temperature);
+    let slopes = alibi_slopes(d.heads);
+    let mut y = vec![F::ZERO; batch * d.heads * n * dv];
+    let mut probs = vec![F::ZERO; batch * d.heads * n * m];
+    let mut biased = vec![F::NEG_INFINITY; m];
+    for b in 0..batch {
+        for h in 0..d.heads {
+            let kvh = h / group;
+            for i in 0..n {
+                let qrow = &q[((b * d.heads + h) * n + i) * dk..][..dk];
+                let pos = i as i64;
+                for (j, s) in biased.iter_mut().enumerate() {
+                    let jj = j as i64;
+                    let masked = (options.is_causal && jj > pos)
+                        || (options.left_window_size >= 0 && jj < pos - options.left_window_size)
+                        || (options.right_window_size >= 0
+                            && jj > pos + options.right_window_size);
+                    if masked {
+                        *s = F::NEG_INFINITY;
+                        continue;
+                    }
+                    let krow = &k[((b * d.kv_heads + kvh) * m + j) * dk..][..dk];
+                    let mut dot = F::ZERO;
+                    for (&a, &c) in qrow.iter().zip(krow) {
+                        dot = dot + a * c;
+                    }
+                    let mut score = dot * scale;
+                    if options.softcap > 0.0 {
+                        score = softcap * (score / softcap).tanh();
+                    }
+                    if options.alibi {
+                        score =
+                            score - F::from_f64(slopes[h]) * F::from_f64((pos - jj).abs() as f64);
+                    }
+                    *s = score;
+                }
+                let max = biased
+                    .iter()
+                    .fold(F::NEG_INFINITY, |acc, &s| if s > acc { s } else { acc });
+                let prow = &mut probs[((b * d.heads + h) * n + i) * m..][..m];
+                if max == F::NEG_INFINITY {
+                    continue; // fully masked: zero probabilities and output
+                }
+                let mut sum = F::ZERO;
+                for (p, &s) in prow.iter_mut().zip(&biased) {
+                    *p = if s == F::NEG_INFINITY {
+                        F::ZERO
+                    } else {
+                        ((s - max) / temperature).exp()
+                    };
+                    sum = sum + *p;
+                }
+                let yrow = &mut y[((b * d.heads + h) * n + i) * dv..][..dv];
+                for (j, p) in prow.iter_mut().enumerate() {
+                    *p = *p / sum;
+                    let vrow = &v[((b * d.kv_heads + kvh) * m + j) * dv..][..dv];
+                    for (acc, &val) in yrow.iter_mut().zip(vrow) {
+                        *acc = *acc + *p * val;
+                    }
+                }
+            }
+        }
+    }
+    (y, probs)
+}
+
+/// `Σ_h Y_h W_Ohᵀ + b_O`: `[B, N, d_model]` from head-major Y.
+fn out_projection<F: Real>(y: &[F], w: &MhaWeights, d: MhaDims, batch: usize, n: usize) -> Vec<F> {
+    let (dv, width) = (d.v_head_dim, d.heads * d.v_head_dim);
+    let mut out = vec![F::ZERO; batch * n * d.d_model];
+    for b in 0..batch {
+        for t in 0..n {
+            for o in 0..d.d_model {
+                let wrow = &w.w_o.data()[o * width..][..width];
+                let mut acc = w.b_o.as_ref().map_or(F::ZERO, |b| F::from_f32(b.data()[o]));
+                for h in 0..d.heads {
+                    let yrow = &y[((b * d.heads + h) * n + t) * dv..][..dv];
+                    for (c, &val) in yrow.iter().enumerate() {
+                        acc = acc + val * F::from_f32(wrow[h * dv + c]);
+                    }
+                }
+                out[(b * n + t) * d.d_model + o] = acc;
+            }
+        }
+    }
+    out
+}

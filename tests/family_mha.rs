@@ -1,0 +1,319 @@
+//! The multi-head attention layer on the GPU against its f64 oracle: self and
+//! cross attention, GQA and MQA, biases, RoPE, ALiBi, and the KV-cache decoder
+//! matching a full recompute.
+
+mod common;
+
+use webattn::conformance::{compare, ErrorReport};
+use webattn::family::mha::{KvCache, MhaWeights, MultiHeadAttention};
+use webattn::family::position::{Rope, RopeLayout};
+use webattn::rng::SplitMix64;
+use webattn::{AttentionOptions, Engine, Error, HostTensor};
+
+fn input(shape: [usize; 3], seed: u64) -> HostTensor {
+    let mut rng = SplitMix64::new(seed);
+    HostTensor::new(shape, rng.normal_vec(shape.iter().product(), 1.0)).unwrap()
+}
+
+fn layer(
+    d_model: usize,
+    d_kv: usize,
+    heads: usize,
+    kv_heads: usize,
+    hd: usize,
+) -> MultiHeadAttention {
+    let weights = MhaWeights::random(d_model, d_kv, heads, kv_heads, hd, common::seed()).unwrap();
+    MultiHeadAttention::new(weights, heads, kv_heads).unwrap()
+}
+
+/// Runs the layer on `engine` and checks output and weights against the oracle.
+fn check(
+    name: &str,
+    engine: &Engine,
+    mha: &MultiHeadAttention,
+    query: &HostTensor,
+    key_value: Option<&HostTensor>,
+    options: &AttentionOptions,
+) -> (ErrorReport, ErrorReport) {
+    let got = mha
+        .forward_blocking(engine, query, key_value, options, true)
+        .unwrap();
+    let (exact_out, exact_w) = mha.oracle::<f64>(query, key_value, options).unwrap();
+    let (plain_out, plain_w) = mha.oracle::<f32>(query, key_value, options).unwrap();
+    let out = compare(got.output.data(), &exact_out, &plain_out, 1e-6);
+    let weights = compare(
+        got.weights.as_ref().unwrap().data(),
+        &exact_w,
+        &plain_w,
+        1e-6,
+    );
+    println!(
+        "{name:<34} output max_abs {:.3e} (allowed {:.3e})  weights max_abs {:.3e} (allowed {:.3e})",
+        out.max_abs, out.allowed, weights.max_abs, weights.allowed
+    );
+    assert!(out.passed(), "{name}: output {out:?}");
+    assert!(weights.passed(), "{name}: weights {weights:?}");
+    (out, weights)
+}
+
+#[test]
+fn self_attention_matches_the_oracle() {
+    let Some(engine) = common::gpu() else { return };
+    let mha = layer(24, 24, 4, 2, 8);
+    for (batch, n, causal) in [(1, 1, false), (2, 7, true), (2, 97, false), (1, 257, true)] {
+        let x = input([batch, n, 24], common::seed() ^ n as u64);
+        let options = AttentionOptions {
+            is_causal: causal,
+            ..Default::default()
+        };
+        check(
+            &format!("self b{batch} n{n} causal={causal}"),
+            engine,
+            &mha,
+            &x,
+            None,
+            &options,
+        );
+    }
+}
+
+#[test]
+fn cross_attention_with_other_lengths_and_features() {
+    let Some(engine) = common::gpu() else { return };
+    // MQA: three query heads share one KV head; keys/values have 20 features.
+    let mha = layer(24, 20, 3, 1, 12);
+    for (n, m) in [(7, 97), (33, 1), (1, 257)] {
+        let queries = input([2, n, 24], 11 + n as u64);
+        let memory = input([2, m, 20], 13 + m as u64);
+        check(
+            &format!("cross n{n} m{m}"),
+            engine,
+            &mha,
+            &queries,
+            Some(&memory),
+            &Default::default(),
+        );
+    }
+    // Without biases.
+    let mut weights = MhaWeights::random(16, 16, 2, 2, 8, 5).unwrap();
+    weights.b_q = None;
+    weights.b_k = None;
+    weights.b_v = None;
+    weights.b_o = None;
+    let plain = MultiHeadAttention::new(weights, 2, 2).unwrap();
+    check(
+        "no biases",
+        engine,
+        &plain,
+        &input([1, 9, 16], 3),
+        Some(&input([1, 4, 16], 4)),
+        &Default::default(),
+    );
+}
+
+#[test]
+fn rope_alibi_and_temperature_inside_the_layer() {
+    let Some(engine) = common::gpu() else { return };
+    for layout in [RopeLayout::Interleaved, RopeLayout::HalfSplit] {
+        let mha = layer(32, 32, 4, 4, 8)
+            .with_rope(Rope {
+                layout,
+                ..Default::default()
+            })
+            .unwrap();
+        let x = input([1, 33, 32], 21);
+        let options = AttentionOptions {
+            is_causal: true,
+            ..Default::default()
+        };
+        check(
+            &format!("rope {layout:?} causal"),
+            engine,
+            &mha,
+            &x,
+            None,
+            &options,
+        );
+    }
+    let mha = layer(32, 32, 8, 2, 4);
+    let options = AttentionOptions {
+        is_causal: true,
+        alibi: true,
+        temperature: 0.7,
+        ..Default::default()
+    };
+    check(
+        "alibi temperature gqa",
+        engine,
+        &mha,
+        &input([2, 40, 32], 8),
+        None,
+        &options,
+    );
+}
+
+/// A causal decoder fed a prompt and then one token at a time gives the rows
+/// a full recompute of the whole sequence gives.
+#[test]
+fn kv_cache_decoding_equals_full_recompute() {
+    let cpu = Engine::cpu();
+    let engines: Vec<&Engine> = match common::gpu() {
+        Some(gpu) => vec![gpu, &cpu],
+        None => vec![&cpu],
+    };
+    let mha = layer(24, 24, 4, 2, 6)
+        .with_rope(Rope {
+            layout: RopeLayout::HalfSplit,
+            ..Default::default()
+        })
+        .unwrap();
+    let (batch, prompt, steps) = (2, 5, 6);
+    let total = prompt + steps;
+    let x = input([batch, total, 24], 99);
+    let options = AttentionOptions::default();
+    let causal = AttentionOptions {
+        is_causal: true,
+        ..Default::default()
+    };
+    let (exact, _) = mha.oracle::<f64>(&x, None, &causal).unwrap();
+    let (plain, _) = mha.oracle::<f32>(&x, None, &causal).unwrap();
+    for engine in engines {
+        let full = mha
+            .forward_blocking(engine, &x, None, &causal, false)
+            .unwrap();
+        let mut cache = KvCache::new();
+        let mut worst_vs_full = 0.0f32;
+        let mut start = 0;
+        for len in std::iter::once(prompt).chain(std::iter::repeat_n(1, steps)) {
+            let chunk = slice_rows(&x, start, len);
+            let step = mha
+                .forward_cached_blocking(engine, &chunk, &mut cache, &options, start > 0)
+                .unwrap();
+            assert_eq!(cache.len(), start + len);
+            let rows =
+                |data: &[f32]| -> Vec<f32> { slice_rows_data(data, batch, total, 24, start, len) };
+            let exact_rows: Vec<f64> = slice_rows_f64(&exact, batch, total, 24, start, len);
+            let report = compare(step.output.data(), &exact_rows, &rows(&plain), 1e-6);
+            assert!(
+                report.passed(),
+                "{} step at {start}: {report:?}",
+                engine.describe()
+            );
+            for (a, b) in step.output.data().iter().zip(rows(full.output.data())) {
+                worst_vs_full = worst_vs_full.max((a - b).abs());
+            }
+            if let Some(w) = &step.weights {
+                // One new query row attends to every cached key.
+                assert_eq!(w.shape(), &[batch, 4, len, start + len]);
+            }
+            start += len;
+        }
+        println!(
+            "kv cache on {}: {steps} steps after a prompt of {prompt}; worst |cached - full| {worst_vs_full:.3e}",
+            engine.describe()
+        );
+    }
+}
+
+fn slice_rows(x: &HostTensor, start: usize, len: usize) -> HostTensor {
+    let (batch, total, d) = (x.shape()[0], x.shape()[1], x.shape()[2]);
+    HostTensor::new(
+        [batch, len, d],
+        slice_rows_data(x.data(), batch, total, d, start, len),
+    )
+    .unwrap()
+}
+
+fn slice_rows_data(
+    data: &[f32],
+    batch: usize,
+    total: usize,
+    d: usize,
+    start: usize,
+    len: usize,
+) -> Vec<f32> {
+    (0..batch)
+        .flat_map(|b| data[(b * total + start) * d..(b * total + start + len) * d].to_vec())
+        .collect()
+}
+
+fn slice_rows_f64(
+    data: &[f64],
+    batch: usize,
+    total: usize,
+    d: usize,
+    start: usize,
+    len: usize,
+) -> Vec<f64> {
+    (0..batch)
+        .flat_map(|b| data[(b * total + start) * d..(b * total + start + len) * d].to_vec())
+        .collect()
+}
+
+#[test]
+fn the_cpu_engine_runs_the_same_layer() {
+    let engine = Engine::cpu();
+    let mha = layer(16, 12, 2, 1, 4);
+    let (q, kv) = (input([1, 5, 16], 1), input([1, 3, 12], 2));
+    check(
+        "cpu engine cross",
+        &engine,
+        &mha,
+        &q,
+        Some(&kv),
+        &Default::default(),
+    );
+}
+
+#[test]
+fn bad_shapes_are_typed_errors() {
+    let engine = Engine::cpu();
+    let weights = MhaWeights::random(16, 16, 4, 2, 4, 1).unwrap();
+    assert!(matches!(
+        MultiHeadAttention::new(weights.clone(), 4, 3),
+        Err(Error::GqaHeads { .. })
+    ));
+    let mut wrong = weights.clone();
+    wrong.w_o = HostTensor::zeros([16, 12]).unwrap();
+    assert!(matches!(
+        MultiHeadAttention::new(wrong, 4, 2),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let mha = MultiHeadAttention::new(weights, 4, 2).unwrap();
+    let bad_features = input([1, 5, 15], 1);
+    assert!(matches!(
+        mha.forward_blocking(&engine, &bad_features, None, &Default::default(), false),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let other_batch = input([2, 5, 16], 1);
+    assert!(matches!(
+        mha.forward_blocking(
+            &engine,
+            &input([1, 5, 16], 1),
+            Some(&other_batch),
+            &Default::default(),
+            false
+        ),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let rank2 = HostTensor::zeros([5, 16]).unwrap();
+    assert!(matches!(
+        mha.forward_blocking(&engine, &rank2, None, &Default::default(), false),
+        Err(Error::Rank { .. })
+    ));
+    let cross_only =
+        MultiHeadAttention::new(MhaWeights::random(16, 8, 2, 2, 4, 1).unwrap(), 2, 2).unwrap();
+    assert!(matches!(
+        cross_only.forward_blocking(
+            &engine,
+            &input([1, 5, 16], 1),
+            None,
+            &Default::default(),
+            false
+        ),
+        Err(Error::Conflict(_))
+    ));
+    let odd =
+        MultiHeadAttention::new(MhaWeights::random(16, 16, 2, 2, 5, 1).unwrap(), 2, 2).unwrap();
+    assert!(odd.with_rope(Rope::default()).is_err());
+}
