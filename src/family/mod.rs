@@ -8,6 +8,8 @@
 //! generically over [`crate::cpu::Real`]: in f64 it is the reference the tests
 //! compare with, in f32 the plain baseline that sets their tolerance.
 
+pub mod linear;
+
 use crate::error::{Error, Result};
 use crate::tensor::HostTensor;
 

@@ -222,6 +222,10 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
         Kernel::AttentionScores,
         Kernel::AttentionDecode,
         Kernel::AttentionMerge,
+        Kernel::LinearFeatures,
+        Kernel::LinearScan,
+        Kernel::LinearOutput,
+        Kernel::LinearWeights,
     ] {
         keys.push(PipelineKey::new(kernel));
     }

@@ -33,6 +33,15 @@ pub enum Kernel {
     AttentionDecode,
     /// Merges split-K partial results by their maxima (`shaders/attention_merge.wgsl`).
     AttentionMerge,
+    /// The elu+1 feature map of linear attention (`shaders/linear_features.wgsl`).
+    LinearFeatures,
+    /// Linear attention's running state over a key range; causal rows as it
+    /// goes (`shaders/linear_scan.wgsl`).
+    LinearScan,
+    /// Non-causal linear attention rows from the final state (`shaders/linear_output.wgsl`).
+    LinearOutput,
+    /// Linear attention weights from scores and row normalisers (`shaders/linear_weights.wgsl`).
+    LinearWeights,
 }
 
 /// How a kernel sees one binding (in binding-index order, group 0).
@@ -48,7 +57,7 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 11] = [
+    pub const ALL: [Kernel; 15] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
@@ -60,6 +69,10 @@ impl Kernel {
         Kernel::AttentionSubgroup,
         Kernel::AttentionDecode,
         Kernel::AttentionMerge,
+        Kernel::LinearFeatures,
+        Kernel::LinearScan,
+        Kernel::LinearOutput,
+        Kernel::LinearWeights,
     ];
 
     /// A short lowercase name, used in pipeline labels.
@@ -76,6 +89,10 @@ impl Kernel {
             Kernel::AttentionSubgroup => "attention_sg",
             Kernel::AttentionDecode => "attention_decode",
             Kernel::AttentionMerge => "attention_merge",
+            Kernel::LinearFeatures => "linear_features",
+            Kernel::LinearScan => "linear_scan",
+            Kernel::LinearOutput => "linear_output",
+            Kernel::LinearWeights => "linear_weights",
         }
     }
 
@@ -93,6 +110,10 @@ impl Kernel {
             Kernel::AttentionSubgroup => "attention_sg.wgsl",
             Kernel::AttentionDecode => "attention_decode.wgsl",
             Kernel::AttentionMerge => "attention_merge.wgsl",
+            Kernel::LinearFeatures => "linear_features.wgsl",
+            Kernel::LinearScan => "linear_scan.wgsl",
+            Kernel::LinearOutput => "linear_output.wgsl",
+            Kernel::LinearWeights => "linear_weights.wgsl",
         }
     }
 
@@ -110,6 +131,10 @@ impl Kernel {
             Kernel::AttentionSubgroup => include_str!("../../shaders/attention_sg.wgsl"),
             Kernel::AttentionDecode => include_str!("../../shaders/attention_decode.wgsl"),
             Kernel::AttentionMerge => include_str!("../../shaders/attention_merge.wgsl"),
+            Kernel::LinearFeatures => include_str!("../../shaders/linear_features.wgsl"),
+            Kernel::LinearScan => include_str!("../../shaders/linear_scan.wgsl"),
+            Kernel::LinearOutput => include_str!("../../shaders/linear_output.wgsl"),
+            Kernel::LinearWeights => include_str!("../../shaders/linear_weights.wgsl"),
         }
     }
 
@@ -160,6 +185,14 @@ impl Kernel {
             Kernel::FmaPeak => &[Uniform, ReadWrite],
             // partial O, partial (m, l); Y, lse.
             Kernel::AttentionMerge => &[Uniform, Read, Read, ReadWrite, ReadWrite],
+            // X; phi(X).
+            Kernel::LinearFeatures => &[Uniform, Read, ReadWrite],
+            // phi(Q), phi(K), V; state, Y, normalisers.
+            Kernel::LinearScan => &[Uniform, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite],
+            // phi(Q), state; Y, normalisers.
+            Kernel::LinearOutput => &[Uniform, Read, Read, ReadWrite, ReadWrite],
+            // normalisers; scores in, weights out.
+            Kernel::LinearWeights => &[Uniform, Read, ReadWrite],
         }
     }
 
@@ -167,7 +200,8 @@ impl Kernel {
     /// zero-initialisation that WebGPU requires can be skipped natively.
     pub fn writes_workgroup_memory_first(self) -> bool {
         // gemm and softmax fill every workgroup slot before the barrier that
-        // precedes any read of it; mask and concat use no workgroup memory.
+        // precedes any read of it; mask, concat and the linear attention
+        // kernels use no workgroup memory.
         true
     }
 }
