@@ -847,8 +847,7 @@ fn attention_core<F: Real>(
                     let jj = j as i64;
                     let masked = (options.is_causal && jj > pos)
                         || (options.left_window_size >= 0 && jj < pos - options.left_window_size)
-                        || (options.right_window_size >= 0
-                            && jj > pos + options.right_window_size);
+                        || (options.right_window_size >= 0 && jj > pos + options.right_window_size);
                     if masked {
                         *s = F::NEG_INFINITY;
                         continue;

@@ -223,6 +223,10 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
         Kernel::AttentionDecode,
         Kernel::AttentionMerge,
         Kernel::Position,
+        Kernel::LinearFeatures,
+        Kernel::LinearScan,
+        Kernel::LinearOutput,
+        Kernel::LinearWeights,
     ] {
         keys.push(PipelineKey::new(kernel));
     }

@@ -35,6 +35,15 @@ pub enum Kernel {
     AttentionMerge,
     /// Sinusoidal encoding and rotary embeddings, in place (`shaders/position.wgsl`).
     Position,
+    /// The elu+1 feature map of linear attention (`shaders/linear_features.wgsl`).
+    LinearFeatures,
+    /// Linear attention's running state over a key range; causal rows as it
+    /// goes (`shaders/linear_scan.wgsl`).
+    LinearScan,
+    /// Non-causal linear attention rows from the final state (`shaders/linear_output.wgsl`).
+    LinearOutput,
+    /// Linear attention weights from scores and row normalisers (`shaders/linear_weights.wgsl`).
+    LinearWeights,
 }
 
 /// How a kernel sees one binding (in binding-index order, group 0).
@@ -50,7 +59,7 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 12] = [
+    pub const ALL: [Kernel; 16] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
@@ -63,6 +72,10 @@ impl Kernel {
         Kernel::AttentionDecode,
         Kernel::AttentionMerge,
         Kernel::Position,
+        Kernel::LinearFeatures,
+        Kernel::LinearScan,
+        Kernel::LinearOutput,
+        Kernel::LinearWeights,
     ];
 
     /// A short lowercase name, used in pipeline labels.
@@ -80,6 +93,10 @@ impl Kernel {
             Kernel::AttentionDecode => "attention_decode",
             Kernel::AttentionMerge => "attention_merge",
             Kernel::Position => "position",
+            Kernel::LinearFeatures => "linear_features",
+            Kernel::LinearScan => "linear_scan",
+            Kernel::LinearOutput => "linear_output",
+            Kernel::LinearWeights => "linear_weights",
         }
     }
 
@@ -98,6 +115,10 @@ impl Kernel {
             Kernel::AttentionDecode => "attention_decode.wgsl",
             Kernel::AttentionMerge => "attention_merge.wgsl",
             Kernel::Position => "position.wgsl",
+            Kernel::LinearFeatures => "linear_features.wgsl",
+            Kernel::LinearScan => "linear_scan.wgsl",
+            Kernel::LinearOutput => "linear_output.wgsl",
+            Kernel::LinearWeights => "linear_weights.wgsl",
         }
     }
 
@@ -116,6 +137,10 @@ impl Kernel {
             Kernel::AttentionDecode => include_str!("../../shaders/attention_decode.wgsl"),
             Kernel::AttentionMerge => include_str!("../../shaders/attention_merge.wgsl"),
             Kernel::Position => include_str!("../../shaders/position.wgsl"),
+            Kernel::LinearFeatures => include_str!("../../shaders/linear_features.wgsl"),
+            Kernel::LinearScan => include_str!("../../shaders/linear_scan.wgsl"),
+            Kernel::LinearOutput => include_str!("../../shaders/linear_output.wgsl"),
+            Kernel::LinearWeights => include_str!("../../shaders/linear_weights.wgsl"),
         }
     }
 
@@ -168,6 +193,14 @@ impl Kernel {
             Kernel::AttentionMerge => &[Uniform, Read, Read, ReadWrite, ReadWrite],
             // x (in place); inverse frequencies.
             Kernel::Position => &[Uniform, ReadWrite, Read],
+            // X; phi(X).
+            Kernel::LinearFeatures => &[Uniform, Read, ReadWrite],
+            // phi(Q), phi(K), V; state, Y, normalisers.
+            Kernel::LinearScan => &[Uniform, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite],
+            // phi(Q), state; Y, normalisers.
+            Kernel::LinearOutput => &[Uniform, Read, Read, ReadWrite, ReadWrite],
+            // normalisers; scores in, weights out.
+            Kernel::LinearWeights => &[Uniform, Read, ReadWrite],
         }
     }
 
@@ -175,7 +208,8 @@ impl Kernel {
     /// zero-initialisation that WebGPU requires can be skipped natively.
     pub fn writes_workgroup_memory_first(self) -> bool {
         // gemm and softmax fill every workgroup slot before the barrier that
-        // precedes any read of it; mask and concat use no workgroup memory.
+        // precedes any read of it; mask, concat and the linear attention
+        // kernels use no workgroup memory.
         true
     }
 }

@@ -4,6 +4,7 @@ pub mod concat;
 pub mod decode;
 pub mod fused;
 pub mod gemm;
+pub mod linear;
 pub mod mask;
 pub mod position;
 pub(crate) mod rules;
