@@ -216,6 +216,12 @@ pub struct AttentionShape {
 }
 
 impl AttentionShape {
+    /// Bytes of the f32 score matrix `[B, H, Nq, Nk]` that the unfused path
+    /// materialises (the fused path never does).
+    pub fn score_bytes(&self) -> u64 {
+        4 * (self.batch * self.heads * self.seq_q * self.seq_k) as u64
+    }
+
     /// Useful flops: 4·B·H·Nq·Nk·D (QKᵀ and PV), halved for causal square attention.
     pub fn flops(&self) -> f64 {
         let full = 4.0 * (self.batch * self.heads * self.seq_q * self.seq_k * self.head_dim) as f64;
