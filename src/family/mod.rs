@@ -71,3 +71,18 @@ pub(crate) fn expect_dim(
     }
     Ok(())
 }
+
+/// A matrix of `cols` columns as text, one bracketed row per line, for
+/// examples and reports (`decimals` places).
+pub fn format_matrix(data: &[f32], cols: usize, decimals: usize) -> String {
+    data.chunks(cols.max(1))
+        .map(|row| {
+            let cells: Vec<String> = row
+                .iter()
+                .map(|x| format!("{x:>w$.decimals$}", w = decimals + 4))
+                .collect();
+            format!("  [{}]", cells.join(" "))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
