@@ -107,16 +107,24 @@ function showAdapter() {
 
 async function showSentence() {
   const path = demo.hasGpu() ? $("sentence-path").value : "cpu";
-  $("sentence-status").textContent = "running…";
-  const r = JSON.parse(await demo.sentence(path));
-  drawHeatmap({
-    values: r.heatmap, rows: r.queries.length, cols: r.keys.length,
-    rowLabels: r.queries, colLabels: r.keys, rowTitle: "French queries", colTitle: "English keys",
-  });
-  $("heatmap-caption").textContent = "“Le chat était assis sur le tapis” attending to “The cat sat on the mat”. " +
-    "Embeddings are made from the tokens, so this picture is the same on every load.";
-  $("sentence-status").innerHTML = `${r.path} path; worst error against the f64 oracle ${r.max_abs.toExponential(2)} ` +
-    `(allowed ${r.allowed.toExponential(2)}) <span class="${r.passed ? "pass" : "fail"}">${r.passed ? "pass" : "FAIL"}</span>`;
+  const variant = $("sentence-variant").value;
+  const status = $("sentence-status");
+  status.textContent = "running…";
+  status.dataset.done = "";
+  try {
+    const r = JSON.parse(await demo.sentence(path, variant));
+    drawHeatmap({
+      values: r.heatmap, rows: r.queries.length, cols: r.keys.length,
+      rowLabels: r.queries, colLabels: r.keys, rowTitle: "French queries", colTitle: "English keys",
+    });
+    $("heatmap-caption").textContent = `${r.caption} “Le chat était assis sur le tapis” attending to “The cat sat on the mat”; ` +
+      "embeddings are made from the tokens, so this picture is the same on every load.";
+    status.innerHTML = `${r.path} path; worst error against the f64 oracle ${r.max_abs.toExponential(2)} ` +
+      `(allowed ${r.allowed.toExponential(2)}) <span class="${r.passed ? "pass" : "fail"}">${r.passed ? "pass" : "FAIL"}</span>`;
+  } catch (e) {
+    status.innerHTML = `<span class="fail">error:</span> ${e}`;
+  }
+  status.dataset.done = "1";
 }
 
 async function runExplorer(event) {
@@ -158,6 +166,15 @@ async function runCheck(kind) {
   const summary = $("check-summary");
   summary.textContent = r.summary;
   summary.className = `summary ${r.failed === 0 ? "pass" : "fail"}`;
+  const f = JSON.parse(await demo.familyCheck((done, total, name, passed) => {
+    bar.max = total;
+    bar.value = done;
+    $("check-current").textContent = `family ${done}/${total} ${passed ? "" : "FAIL "}${name}`;
+  }));
+  $("family-table").textContent = f.table;
+  const familySummary = $("family-summary");
+  familySummary.textContent = f.summary;
+  familySummary.className = `summary ${f.failed === 0 ? "pass" : "fail"}`;
   $("check-current").textContent = r.adapter;
   for (const b of [$("check-quick"), $("check-full")]) b.disabled = false;
   document.body.dataset.checkDone = "1";
@@ -271,6 +288,7 @@ async function main() {
   demo = await Demo.create();
   showAdapter();
   $("sentence-path").onchange = showSentence;
+  $("sentence-variant").onchange = showSentence;
   $("explorer").onsubmit = runExplorer;
   $("check-quick").onclick = async () => { await compileKernels(); await runCheck("quick"); };
   $("check-full").onclick = async () => { await compileKernels(); await runCheck("full"); };

@@ -8,6 +8,7 @@
 //! generically over [`crate::cpu::Real`]: in f64 it is the reference the tests
 //! compare with, in f32 the plain baseline that sets their tolerance.
 
+pub mod checks;
 pub mod linear;
 pub mod mha;
 pub mod position;

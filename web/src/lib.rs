@@ -129,9 +129,11 @@ impl Demo {
     }
 
     /// The teaching example: "Le chat était assis sur le tapis" attending to
-    /// "The cat sat on the mat", with embeddings made from the tokens.
-    pub async fn sentence(&self, path: String) -> Result<String, JsValue> {
-        sentence::run(&self.engine, &path)
+    /// "The cat sat on the mat", with embeddings made from the tokens, scored
+    /// by `variant` (`dot`, `mha`, `bahdanau`, `luong-dot`, `luong-general`,
+    /// `luong-concat`, `linear`).
+    pub async fn sentence(&self, path: String, variant: String) -> Result<String, JsValue> {
+        sentence::run(&self.engine, &path, &variant)
             .await
             .map(|v| v.to_string())
             .map_err(js_error)
@@ -165,6 +167,36 @@ impl Demo {
             "passed": report.passed(),
             "failed": report.failed(),
             "adapter": report.adapter,
+        })
+        .to_string())
+    }
+
+    /// The attention family's checks (multi-head layers, KV cache, positional
+    /// encodings, additive and multiplicative scoring, linear attention)
+    /// against their oracles; `progress(done, total, name, passed)` after each.
+    #[wasm_bindgen(js_name = familyCheck)]
+    pub async fn family_check(&self, progress: js_sys::Function) -> Result<String, JsValue> {
+        use webattn::family::checks::{family_table, run_family_checks, FAMILY_CHECKS};
+        let total = FAMILY_CHECKS.len() as u32;
+        let mut done = 0u32;
+        let results = run_family_checks(&self.engine, 0x5eed, |c| {
+            done += 1;
+            let _ = progress.call4(
+                &JsValue::NULL,
+                &JsValue::from(done),
+                &JsValue::from(total),
+                &JsValue::from_str(c.name),
+                &JsValue::from_bool(c.passed()),
+            );
+        })
+        .await
+        .map_err(js_error)?;
+        let table = family_table(&results);
+        let summary = table.lines().last().unwrap_or_default().to_string();
+        Ok(json!({
+            "table": table,
+            "summary": summary,
+            "failed": results.iter().filter(|c| !c.passed()).count(),
         })
         .to_string())
     }

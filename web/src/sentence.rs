@@ -10,6 +10,8 @@
 
 use serde_json::{json, Value};
 use webattn::conformance::{compare, DEFAULT_FLOOR};
+use webattn::family::linear::{linear_attention_oracle, LinearAttention};
+use webattn::family::mha::{MhaWeights, MultiHeadAttention};
 use webattn::rng::SplitMix64;
 use webattn::{
     AttentionInputs, AttentionOptions, Engine, HostTensor, KernelPath, QkMatmulOutputMode, Result,
@@ -58,32 +60,84 @@ fn embed(word: &str, pos: f32, gain: f32) -> Vec<f32> {
         .collect()
 }
 
-/// Runs the example on `path` (fused by default) and checks it against the oracle.
-pub async fn run(engine: &Engine, path: &str) -> Result<Value> {
+/// The two sentences' embeddings: queries `[7, DIM]` (scaled by `query_gain`)
+/// and keys `[6, DIM]`.
+fn embeddings(query_gain: f32) -> (Vec<f32>, Vec<f32>) {
+    // Query i sits where its translation does in the shorter English sentence.
+    let stretch = (KEYS.len() - 1) as f32 / (QUERIES.len() - 1) as f32;
+    let q = QUERIES
+        .iter()
+        .enumerate()
+        .flat_map(|(i, w)| embed(w, i as f32 * stretch, query_gain))
+        .collect();
+    let k = KEYS
+        .iter()
+        .enumerate()
+        .flat_map(|(j, w)| embed(w, j as f32, 1.0))
+        .collect();
+    (q, k)
+}
+
+/// One-hot values per key, so each row of the output is the row's weights.
+fn one_hot() -> Vec<f32> {
+    (0..KEYS.len())
+        .flat_map(|j| (0..KEYS.len()).map(move |c| f32::from(u8::from(c == j))))
+        .collect()
+}
+
+/// The heatmap, the check against the oracle and a caption, as JSON.
+fn result(
+    probs: &[f32],
+    report: &webattn::conformance::ErrorReport,
+    path: &str,
+    caption: &str,
+) -> Value {
+    json!({
+        "queries": QUERIES,
+        "keys": KEYS,
+        "heatmap": probs,
+        "path": path,
+        "max_abs": report.max_abs,
+        "allowed": report.allowed,
+        "passed": report.passed(),
+        "caption": caption,
+    })
+}
+
+/// Runs the example scored by `variant` on `path` (fused by default; the
+/// family's layers run on the engine's GPU, or on the CPU for `cpu`) and
+/// checks it against the oracle.
+pub async fn run(engine: &Engine, path: &str, variant: &str) -> Result<Value> {
     let path = match path {
         "unfused" => KernelPath::Unfused,
         "cpu" => KernelPath::Cpu,
         _ if engine.gpu().is_none() => KernelPath::Cpu,
         _ => KernelPath::Fused,
     };
-    // Query i sits where its translation does in the shorter English sentence.
-    let stretch = (KEYS.len() - 1) as f32 / (QUERIES.len() - 1) as f32;
-    let q: Vec<f32> = QUERIES
-        .iter()
-        .enumerate()
-        .flat_map(|(i, w)| embed(w, i as f32 * stretch, 10.0))
-        .collect();
-    let k: Vec<f32> = KEYS
-        .iter()
-        .enumerate()
-        .flat_map(|(j, w)| embed(w, j as f32, 1.0))
-        .collect();
-    let v: Vec<f32> = (0..KEYS.len())
-        .flat_map(|j| (0..KEYS.len()).map(move |c| f32::from(u8::from(c == j))))
-        .collect();
+    let cpu = Engine::cpu();
+    let family_engine = if path == KernelPath::Cpu {
+        &cpu
+    } else {
+        engine
+    };
+    let family_path = if family_engine.gpu().is_some() {
+        "GPU"
+    } else {
+        "cpu"
+    };
+    match variant {
+        "mha" => mha(family_engine, path).await,
+        "linear" => linear(family_engine, family_path).await,
+        _ => dot(engine, path).await,
+    }
+}
+
+/// Scaled dot-product attention through the engine's own operator.
+async fn dot(engine: &Engine, path: KernelPath) -> Result<Value> {
+    let (q, k) = embeddings(10.0);
     let q = HostTensor::named("Q", [1, 1, QUERIES.len(), DIM], q)?;
     let k = HostTensor::named("K", [1, 1, KEYS.len(), DIM], k)?;
-    let v = HostTensor::named("V", [1, 1, KEYS.len(), KEYS.len()], v)?;
+    let v = HostTensor::named("V", [1, 1, KEYS.len(), KEYS.len()], one_hot())?;
     let options = AttentionOptions {
         qk_matmul_output_mode: Some(QkMatmulOutputMode::Probabilities),
         path,
@@ -96,13 +150,79 @@ pub async fn run(engine: &Engine, path: &str) -> Result<Value> {
     let plain = webattn::cpu::attention_plain_f32(&inputs, &options)?;
     let probs = out.qk_matmul_output.as_ref().map_or(&[][..], |t| t.data());
     let report = compare(probs, &exact.qk, &plain.qk, DEFAULT_FLOOR);
-    Ok(json!({
-        "queries": QUERIES,
-        "keys": KEYS,
-        "heatmap": probs,
-        "path": taken.name(),
-        "max_abs": report.max_abs,
-        "allowed": report.allowed,
-        "passed": report.passed(),
-    }))
+    Ok(result(
+        probs,
+        &report,
+        taken.name(),
+        "Scaled dot-product attention, softmax(QKᵀ/√d) V, on the engine's operator.",
+    ))
+}
+
+/// A multi-head cross-attention layer whose projections pick each head's
+/// half of the features (W_Q = 10·I, W_K = W_V = W_O = I), head 0 drawn.
+async fn mha(engine: &Engine, path: KernelPath) -> Result<Value> {
+    let identity = |gain: f32| {
+        let data = (0..DIM * DIM)
+            .map(|i| if i / DIM == i % DIM { gain } else { 0.0 })
+            .collect();
+        HostTensor::new([DIM, DIM], data)
+    };
+    let weights = MhaWeights {
+        w_q: identity(10.0)?,
+        b_q: None,
+        w_k: identity(1.0)?,
+        b_k: None,
+        w_v: identity(1.0)?,
+        b_v: None,
+        w_o: identity(1.0)?,
+        b_o: None,
+    };
+    let layer = MultiHeadAttention::new(weights, 2, 2)?;
+    let (q, k) = embeddings(1.0);
+    let target = HostTensor::named("queries", [1, QUERIES.len(), DIM], q)?;
+    let source = HostTensor::named("keys", [1, KEYS.len(), DIM], k)?;
+    let options = AttentionOptions {
+        path,
+        ..Default::default()
+    };
+    let out = layer
+        .forward(engine, &target, Some(&source), &options, true)
+        .await?;
+    let weights = out.weights.as_ref().map_or(&[][..], |t| t.data());
+    let (_, exact) = layer.oracle::<f64>(&target, Some(&source), &options)?;
+    let (_, plain) = layer.oracle::<f32>(&target, Some(&source), &options)?;
+    let report = compare(weights, &exact, &plain, DEFAULT_FLOOR);
+    let head0 = &weights[..QUERIES.len() * KEYS.len()];
+    let taken = engine.last_call().map_or(path, |c| c.path);
+    Ok(result(
+        head0,
+        &report,
+        taken.name(),
+        "Multi-head cross-attention (2 heads; projections on the GPU's GEMM): head 0's weights.",
+    ))
+}
+
+/// Linear attention (elu+1 features): the weights φ(q)·φ(k) / Σ φ(q)·φ(k').
+async fn linear(engine: &Engine, path: &str) -> Result<Value> {
+    let (q, k) = embeddings(3.0);
+    let q = HostTensor::named("Q", [1, 1, QUERIES.len(), DIM], q)?;
+    let k = HostTensor::named(
+        "K",
+        [1, 1, KEYS.len(), DIM],
+        k.iter().map(|x| 3.0 * x).collect(),
+    )?;
+    let v = HostTensor::named("V", [1, 1, KEYS.len(), KEYS.len()], one_hot())?;
+    let out = LinearAttention::new(false)
+        .forward(engine, &q, &k, &v, true)
+        .await?;
+    let weights = out.weights.as_ref().map_or(&[][..], |t| t.data());
+    let exact = linear_attention_oracle::<f64>(&q, &k, &v, false, true)?;
+    let plain = linear_attention_oracle::<f32>(&q, &k, &v, false, true)?;
+    let report = compare(weights, &exact.weights, &plain.weights, DEFAULT_FLOOR);
+    Ok(result(
+        weights,
+        &report,
+        path,
+        "Linear attention with the elu+1 feature map: an O(N) kernel; the weights are drawn on request.",
+    ))
 }

@@ -44,8 +44,26 @@ try {
   console.log(`adapter: ${adapter.replace(/\s+/g, " ").trim()}`);
   console.log(table);
   console.log(summary);
+  const family = (await page.textContent("#family-summary")).trim();
+  console.log(await page.textContent("#family-table"));
   await page.locator("#heatmap-panel").screenshot({ path: screenshot });
   console.log(`heatmap screenshot: ${screenshot}`);
+
+  // Every scoring of the sentence example: each draws its weights and checks them.
+  const variants = await page.$$eval("#sentence-variant option", (os) => os.map((o) => o.value));
+  const drawn = [];
+  for (const variant of variants) {
+    await page.selectOption("#sentence-variant", variant);
+    await page.waitForFunction(() => document.getElementById("sentence-status").dataset.done === "1", null, { timeout: 60_000 });
+    const status = (await page.textContent("#sentence-status")).trim();
+    console.log(`sentence ${variant}: ${status}`);
+    drawn.push([variant, status]);
+    if (variant === "bahdanau") {
+      const shot = screenshot.replace(/\.png$/, "") + "-bahdanau.png";
+      await page.locator("#heatmap-panel").screenshot({ path: shot });
+      console.log(`Bahdanau heatmap screenshot: ${shot}`);
+    }
+  }
 
   // The explorer: the default settings (GQA, causal, Dk != Dv) on the fused path.
   await page.click("#explorer button[type=submit]");
@@ -67,6 +85,10 @@ try {
     console.error(`FAIL: ${summary}`);
   } else if (!/^\d+ kernels compiled, 0 failed$/.test(compiled) || compiled.startsWith("0 ")) {
     console.error(`FAIL: the browser's shader compiler: ${compiled}`);
+  } else if (!/^\d+ passed, 0 failed$/.test(family) || family.startsWith("0 ")) {
+    console.error(`FAIL: the attention family's checks: ${family}`);
+  } else if (drawn.some(([, status]) => !/ pass$/.test(status))) {
+    console.error(`FAIL: a sentence heatmap: ${JSON.stringify(drawn.filter(([, s]) => !/ pass$/.test(s)))}`);
   } else if (!explored.startsWith("path fused: pass")) {
     console.error(`FAIL: the explorer: ${explored}`);
   } else if (/error/.test(timing)) {

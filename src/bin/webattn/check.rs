@@ -24,6 +24,10 @@ pub struct Args {
     /// Run only the cases whose name contains TEXT.
     #[arg(long, value_name = "TEXT", default_value = "")]
     filter: String,
+    /// Run the attention family's checks instead (multi-head layers, KV cache,
+    /// positional encodings, additive and multiplicative scoring, linear attention).
+    #[arg(long, conflicts_with_all = ["full", "filter"])]
+    family: bool,
     /// Also write the results as JSON to PATH.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
@@ -48,6 +52,9 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
         SweepKind::Quick
     };
     let engine = super::engine(backend)?;
+    if args.family {
+        return run_family(&engine, args);
+    }
     eprintln!(
         "webattn check: {} on {}",
         if args.full { "full" } else { "quick" },
@@ -88,6 +95,49 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
     }
     println!("{}", report.table());
     Ok(if report.failed() == 0 && !report.results.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn run_family(engine: &webattn::Engine, args: &Args) -> anyhow::Result<ExitCode> {
+    use webattn::family::checks::{family_table, run_family_checks, FAMILY_CHECKS};
+    eprintln!(
+        "webattn check: the attention family on {}",
+        engine.describe()
+    );
+    let total = FAMILY_CHECKS.len();
+    let mut done = 0;
+    let results = pollster::block_on(run_family_checks(engine, args.seed, |c| {
+        done += 1;
+        eprintln!(
+            "[{done}/{total}] {} {} max abs {:.2e} of {:.2e}",
+            if c.passed() { "pass" } else { "FAIL" },
+            c.name,
+            c.report.max_abs,
+            c.report.allowed
+        );
+    }))?;
+    if let Some(path) = &args.json {
+        let checks: Vec<_> = results
+            .iter()
+            .map(|c| {
+                json!({
+                    "name": c.name,
+                    "shapes": c.shapes,
+                    "passed": c.passed(),
+                    "max_abs": c.report.max_abs,
+                    "allowed": c.report.allowed,
+                    "plain_f32_abs": c.report.baseline_abs,
+                })
+            })
+            .collect();
+        let value = json!({ "adapter": engine.describe(), "seed": args.seed, "family": checks });
+        super::files::write_text(path, &serde_json::to_string_pretty(&value)?)?;
+    }
+    println!("{}", family_table(&results));
+    Ok(if results.iter().all(|c| c.passed()) {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

@@ -1,0 +1,324 @@
+//! A compact certification set for the attention family: every member once,
+//! at small awkward sizes, against its f64 oracle with the tolerance rule of
+//! the conformance sweep. The browser demo runs it after the sweep, and
+//! `webattn check --family` natively; the tests in `tests/family_*.rs` go wider.
+
+use super::linear::{linear_attention_oracle, LinearAttention};
+use super::mha::{KvCache, MhaWeights, MultiHeadAttention};
+use super::position::{rope_oracle, sinusoidal_oracle, Rope, RopeLayout, Sinusoidal};
+use crate::conformance::{compare, ErrorReport, DEFAULT_FLOOR};
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::options::AttentionOptions;
+use crate::rng::SplitMix64;
+use crate::tensor::HostTensor;
+
+/// One family check: its name, shapes in words, and the worst of its outputs'
+/// error reports (by share of the error allowed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FamilyCheck {
+    /// A short name (`mha-cross`, `rope-half-split`, ...).
+    pub name: &'static str,
+    /// The sizes, in words.
+    pub shapes: String,
+    /// The worst report of the check's outputs.
+    pub report: ErrorReport,
+}
+
+impl FamilyCheck {
+    /// Whether every output was within tolerance.
+    pub fn passed(&self) -> bool {
+        self.report.passed()
+    }
+}
+
+/// The names of the checks [`run_family_checks`] runs, in order.
+pub const FAMILY_CHECKS: [&str; 10] = [
+    "sinusoidal",
+    "rope-interleaved",
+    "rope-half-split",
+    "mha-self-causal-gqa",
+    "mha-cross-mqa",
+    "mha-rope-alibi-temperature",
+    "mha-kv-cache",
+    "linear-causal",
+    "linear",
+    "temperature-alibi",
+];
+
+fn tensor(shape: &[usize], seed: u64, scale: f32) -> Result<HostTensor> {
+    let len = shape.iter().product();
+    HostTensor::new(shape.to_vec(), SplitMix64::new(seed).normal_vec(len, scale))
+}
+
+/// The worse of two reports, by share of the error allowed.
+fn worse(a: ErrorReport, b: ErrorReport) -> ErrorReport {
+    if b.share_of_allowed() > a.share_of_allowed() || !b.passed() {
+        b
+    } else {
+        a
+    }
+}
+
+fn check(name: &'static str, shapes: String, report: ErrorReport) -> FamilyCheck {
+    FamilyCheck {
+        name,
+        shapes,
+        report,
+    }
+}
+
+async fn mha_check(
+    engine: &Engine,
+    mha: &MultiHeadAttention,
+    query: &HostTensor,
+    key_value: Option<&HostTensor>,
+    options: &AttentionOptions,
+) -> Result<ErrorReport> {
+    let got = mha.forward(engine, query, key_value, options, true).await?;
+    let (out, weights) = mha.oracle::<f64>(query, key_value, options)?;
+    let (plain_out, plain_weights) = mha.oracle::<f32>(query, key_value, options)?;
+    let output = compare(got.output.data(), &out, &plain_out, DEFAULT_FLOOR);
+    let w = got.weights.as_ref().map_or(&[][..], |t| t.data());
+    Ok(worse(
+        output,
+        compare(w, &weights, &plain_weights, DEFAULT_FLOOR),
+    ))
+}
+
+/// Runs every check of [`FAMILY_CHECKS`] on `engine`, calling `progress` after each.
+pub async fn run_family_checks(
+    engine: &Engine,
+    seed: u64,
+    mut progress: impl FnMut(&FamilyCheck),
+) -> Result<Vec<FamilyCheck>> {
+    let mut results = Vec::new();
+    let mut push = |c: FamilyCheck, results: &mut Vec<FamilyCheck>| {
+        progress(&c);
+        results.push(c);
+    };
+
+    let x = tensor(&[2, 97, 33], seed, 1.0)?;
+    let encoding = Sinusoidal {
+        offset: 7,
+        ..Default::default()
+    };
+    let got = encoding.add_to(engine, &x).await?;
+    let report = compare(
+        got.data(),
+        &sinusoidal_oracle::<f64>(&x, encoding.base, 7)?,
+        &sinusoidal_oracle::<f32>(&x, encoding.base, 7)?,
+        DEFAULT_FLOOR,
+    );
+    push(
+        check("sinusoidal", "[2, 97, 33] from position 7".into(), report),
+        &mut results,
+    );
+
+    for (name, layout, shape, offset) in [
+        (
+            "rope-interleaved",
+            RopeLayout::Interleaved,
+            [1, 2, 97, 64],
+            1000,
+        ),
+        ("rope-half-split", RopeLayout::HalfSplit, [1, 3, 33, 18], 0),
+    ] {
+        let x = tensor(&shape, seed ^ 1, 1.0)?;
+        let rope = Rope {
+            layout,
+            offset,
+            ..Default::default()
+        };
+        let got = rope.apply(engine, &x).await?;
+        let report = compare(
+            got.data(),
+            &rope_oracle::<f64>(&x, &rope)?,
+            &rope_oracle::<f32>(&x, &rope)?,
+            DEFAULT_FLOOR,
+        );
+        push(
+            check(name, format!("{shape:?} from position {offset}"), report),
+            &mut results,
+        );
+    }
+
+    let causal = AttentionOptions {
+        is_causal: true,
+        ..Default::default()
+    };
+    let mha = MultiHeadAttention::new(MhaWeights::random(24, 24, 4, 2, 6, seed)?, 4, 2)?;
+    let x = tensor(&[2, 33, 24], seed ^ 2, 1.0)?;
+    let report = mha_check(engine, &mha, &x, None, &causal).await?;
+    push(
+        check(
+            "mha-self-causal-gqa",
+            "B2 N33 d_model 24, 4 heads / 2 KV heads of 6".into(),
+            report,
+        ),
+        &mut results,
+    );
+
+    let cross = MultiHeadAttention::new(MhaWeights::random(24, 20, 3, 1, 8, seed ^ 3)?, 3, 1)?;
+    let (q, memory) = (
+        tensor(&[2, 7, 24], seed ^ 4, 1.0)?,
+        tensor(&[2, 97, 20], seed ^ 5, 1.0)?,
+    );
+    let report = mha_check(engine, &cross, &q, Some(&memory), &Default::default()).await?;
+    push(
+        check(
+            "mha-cross-mqa",
+            "B2 N7 onto M97 (20 features), 3 heads / 1 KV head".into(),
+            report,
+        ),
+        &mut results,
+    );
+
+    let rotary = MultiHeadAttention::new(MhaWeights::random(32, 32, 8, 2, 4, seed ^ 6)?, 8, 2)?
+        .with_rope(Rope {
+            layout: RopeLayout::HalfSplit,
+            ..Default::default()
+        })?;
+    let options = AttentionOptions {
+        is_causal: true,
+        alibi: true,
+        temperature: 0.7,
+        ..Default::default()
+    };
+    let x = tensor(&[1, 40, 32], seed ^ 7, 1.0)?;
+    let report = mha_check(engine, &rotary, &x, None, &options).await?;
+    push(
+        check(
+            "mha-rope-alibi-temperature",
+            "B1 N40 d_model 32, 8 heads / 2 KV heads".into(),
+            report,
+        ),
+        &mut results,
+    );
+
+    // The KV-cache decoder: a prompt of 5, then 3 single steps, each step's
+    // rows against the oracle's full causal run.
+    let decoder = MultiHeadAttention::new(MhaWeights::random(24, 24, 4, 2, 6, seed ^ 8)?, 4, 2)?
+        .with_rope(Rope::default())?;
+    let x = tensor(&[2, 8, 24], seed ^ 9, 1.0)?;
+    let (exact, _) = decoder.oracle::<f64>(&x, None, &causal)?;
+    let (plain, _) = decoder.oracle::<f32>(&x, None, &causal)?;
+    let mut cache = KvCache::new();
+    let mut report: Option<ErrorReport> = None;
+    let mut start = 0;
+    for len in [5, 1, 1, 1] {
+        let pick = |data: &[f32]| -> Vec<f32> {
+            (0..2)
+                .flat_map(|b| data[(b * 8 + start) * 24..(b * 8 + start + len) * 24].to_vec())
+                .collect()
+        };
+        let pick64 = |data: &[f64]| -> Vec<f64> {
+            (0..2)
+                .flat_map(|b| data[(b * 8 + start) * 24..(b * 8 + start + len) * 24].to_vec())
+                .collect()
+        };
+        let step = HostTensor::new([2, len, 24], pick(x.data()))?;
+        let got = decoder
+            .forward_cached(engine, &step, &mut cache, &Default::default(), false)
+            .await?;
+        let r = compare(
+            got.output.data(),
+            &pick64(&exact),
+            &pick(&plain),
+            DEFAULT_FLOOR,
+        );
+        report = Some(match report {
+            Some(prev) => worse(prev, r),
+            None => r,
+        });
+        start += len;
+    }
+    push(
+        check(
+            "mha-kv-cache",
+            "prompt 5 then 3 steps, B2, RoPE".into(),
+            report.expect("steps ran"),
+        ),
+        &mut results,
+    );
+
+    for (name, causal, (n, m, dk, dv)) in [
+        ("linear-causal", true, (97, 97, 16, 8)),
+        ("linear", false, (33, 97, 12, 20)),
+    ] {
+        let q = tensor(&[1, 2, n, dk], seed ^ 10, 1.0)?;
+        let k = tensor(&[1, 2, m, dk], seed ^ 11, 1.0)?;
+        let v = tensor(&[1, 2, m, dv], seed ^ 12, 1.0)?;
+        let got = LinearAttention::new(causal)
+            .forward(engine, &q, &k, &v, true)
+            .await?;
+        let exact = linear_attention_oracle::<f64>(&q, &k, &v, causal, true)?;
+        let plain = linear_attention_oracle::<f32>(&q, &k, &v, causal, true)?;
+        let output = compare(
+            got.output.data(),
+            &exact.output,
+            &plain.output,
+            DEFAULT_FLOOR,
+        );
+        let w = got.weights.as_ref().map_or(&[][..], |t| t.data());
+        let report = worse(
+            output,
+            compare(w, &exact.weights, &plain.weights, DEFAULT_FLOOR),
+        );
+        push(
+            check(name, format!("H2 N{n} M{m} Dk{dk} Dv{dv}"), report),
+            &mut results,
+        );
+    }
+
+    // Temperature and ALiBi on the engine's own attention (the sweep covers
+    // them on every path; this runs them on the default one).
+    let (q, k, v) = (
+        tensor(&[1, 6, 33, 16], seed ^ 13, 1.0)?,
+        tensor(&[1, 3, 97, 16], seed ^ 14, 1.0)?,
+        tensor(&[1, 3, 97, 8], seed ^ 15, 1.0)?,
+    );
+    let options = AttentionOptions {
+        alibi: true,
+        temperature: 0.5,
+        qk_matmul_output_mode: Some(crate::QkMatmulOutputMode::Probabilities),
+        ..Default::default()
+    };
+    let inputs = crate::AttentionInputs::new(&q, &k, &v);
+    let got = engine.attention_host(&inputs, &options).await?;
+    let exact = crate::cpu::attention_exact(&inputs, &options)?;
+    let plain = crate::cpu::attention_plain_f32(&inputs, &options)?;
+    let y = compare(got.y.data(), &exact.y, &plain.y, DEFAULT_FLOOR);
+    let probs = got.qk_matmul_output.as_ref().map_or(&[][..], |t| t.data());
+    let report = worse(y, compare(probs, &exact.qk, &plain.qk, DEFAULT_FLOOR));
+    push(
+        check(
+            "temperature-alibi",
+            "6/3 heads, N33 M97, temperature 0.5".into(),
+            report,
+        ),
+        &mut results,
+    );
+    Ok(results)
+}
+
+/// The results as a table, ending with the `N passed, N failed` line.
+pub fn family_table(results: &[FamilyCheck]) -> String {
+    let mut out = format!(
+        "{:<28} {:<52} {:>10} {:>10}  result\n",
+        "check", "shapes", "max abs", "allowed"
+    );
+    for r in results {
+        out += &format!(
+            "{:<28} {:<52} {:>10.2e} {:>10.2e}  {}\n",
+            r.name,
+            r.shapes,
+            r.report.max_abs,
+            r.report.allowed,
+            if r.passed() { "pass" } else { "FAIL" }
+        );
+    }
+    let passed = results.iter().filter(|r| r.passed()).count();
+    out += &format!("{passed} passed, {} failed", results.len() - passed);
+    out
+}
