@@ -222,6 +222,7 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
         Kernel::AttentionScores,
         Kernel::AttentionDecode,
         Kernel::AttentionMerge,
+        Kernel::AdditiveScores,
     ] {
         keys.push(PipelineKey::new(kernel));
     }

@@ -33,6 +33,9 @@ pub enum Kernel {
     AttentionDecode,
     /// Merges split-K partial results by their maxima (`shaders/attention_merge.wgsl`).
     AttentionMerge,
+    /// Additive (Bahdanau) scores `vᵀ tanh(A_i + B_j)` from projected states,
+    /// with source padding (`shaders/additive_scores.wgsl`).
+    AdditiveScores,
 }
 
 /// How a kernel sees one binding (in binding-index order, group 0).
@@ -48,7 +51,7 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 11] = [
+    pub const ALL: [Kernel; 12] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
@@ -60,6 +63,7 @@ impl Kernel {
         Kernel::AttentionSubgroup,
         Kernel::AttentionDecode,
         Kernel::AttentionMerge,
+        Kernel::AdditiveScores,
     ];
 
     /// A short lowercase name, used in pipeline labels.
@@ -76,6 +80,7 @@ impl Kernel {
             Kernel::AttentionSubgroup => "attention_sg",
             Kernel::AttentionDecode => "attention_decode",
             Kernel::AttentionMerge => "attention_merge",
+            Kernel::AdditiveScores => "additive_scores",
         }
     }
 
@@ -93,6 +98,7 @@ impl Kernel {
             Kernel::AttentionSubgroup => "attention_sg.wgsl",
             Kernel::AttentionDecode => "attention_decode.wgsl",
             Kernel::AttentionMerge => "attention_merge.wgsl",
+            Kernel::AdditiveScores => "additive_scores.wgsl",
         }
     }
 
@@ -110,6 +116,7 @@ impl Kernel {
             Kernel::AttentionSubgroup => include_str!("../../shaders/attention_sg.wgsl"),
             Kernel::AttentionDecode => include_str!("../../shaders/attention_decode.wgsl"),
             Kernel::AttentionMerge => include_str!("../../shaders/attention_merge.wgsl"),
+            Kernel::AdditiveScores => include_str!("../../shaders/additive_scores.wgsl"),
         }
     }
 
@@ -160,14 +167,17 @@ impl Kernel {
             Kernel::FmaPeak => &[Uniform, ReadWrite],
             // partial O, partial (m, l); Y, lse.
             Kernel::AttentionMerge => &[Uniform, Read, Read, ReadWrite, ReadWrite],
+            // A = S W1ᵀ, Bm = H W2ᵀ, v, lengths; scores.
+            Kernel::AdditiveScores => &[Uniform, Read, Read, Read, Read, ReadWrite],
         }
     }
 
     /// Whether every workgroup variable is written before it is read, so the
     /// zero-initialisation that WebGPU requires can be skipped natively.
     pub fn writes_workgroup_memory_first(self) -> bool {
-        // gemm and softmax fill every workgroup slot before the barrier that
-        // precedes any read of it; mask and concat use no workgroup memory.
+        // gemm, softmax and additive_scores fill every workgroup slot before
+        // the barrier that precedes any read of it; mask and concat use no
+        // workgroup memory.
         true
     }
 }
