@@ -8,10 +8,13 @@
 //! generically over [`crate::cpu::Real`]: in f64 it is the reference the tests
 //! compare with, in f32 the plain baseline that sets their tolerance.
 
+pub mod additive;
 pub mod checks;
 pub mod linear;
+pub mod luong;
 pub mod mha;
 pub mod position;
+mod scored;
 
 use crate::error::{Error, Result};
 use crate::tensor::HostTensor;

@@ -227,6 +227,7 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
         Kernel::LinearScan,
         Kernel::LinearOutput,
         Kernel::LinearWeights,
+        Kernel::AdditiveScores,
     ] {
         keys.push(PipelineKey::new(kernel));
     }

@@ -44,6 +44,9 @@ pub enum Kernel {
     LinearOutput,
     /// Linear attention weights from scores and row normalisers (`shaders/linear_weights.wgsl`).
     LinearWeights,
+    /// Additive (Bahdanau) scores `vᵀ tanh(A_i + B_j)` from projected states,
+    /// with source padding (`shaders/additive_scores.wgsl`).
+    AdditiveScores,
 }
 
 /// How a kernel sees one binding (in binding-index order, group 0).
@@ -59,7 +62,7 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 16] = [
+    pub const ALL: [Kernel; 17] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
@@ -76,6 +79,7 @@ impl Kernel {
         Kernel::LinearScan,
         Kernel::LinearOutput,
         Kernel::LinearWeights,
+        Kernel::AdditiveScores,
     ];
 
     /// A short lowercase name, used in pipeline labels.
@@ -97,6 +101,7 @@ impl Kernel {
             Kernel::LinearScan => "linear_scan",
             Kernel::LinearOutput => "linear_output",
             Kernel::LinearWeights => "linear_weights",
+            Kernel::AdditiveScores => "additive_scores",
         }
     }
 
@@ -119,6 +124,7 @@ impl Kernel {
             Kernel::LinearScan => "linear_scan.wgsl",
             Kernel::LinearOutput => "linear_output.wgsl",
             Kernel::LinearWeights => "linear_weights.wgsl",
+            Kernel::AdditiveScores => "additive_scores.wgsl",
         }
     }
 
@@ -141,6 +147,7 @@ impl Kernel {
             Kernel::LinearScan => include_str!("../../shaders/linear_scan.wgsl"),
             Kernel::LinearOutput => include_str!("../../shaders/linear_output.wgsl"),
             Kernel::LinearWeights => include_str!("../../shaders/linear_weights.wgsl"),
+            Kernel::AdditiveScores => include_str!("../../shaders/additive_scores.wgsl"),
         }
     }
 
@@ -201,6 +208,8 @@ impl Kernel {
             Kernel::LinearOutput => &[Uniform, Read, Read, ReadWrite, ReadWrite],
             // normalisers; scores in, weights out.
             Kernel::LinearWeights => &[Uniform, Read, ReadWrite],
+            // A = S W1ᵀ, Bm = H W2ᵀ, v, lengths; scores.
+            Kernel::AdditiveScores => &[Uniform, Read, Read, Read, Read, ReadWrite],
         }
     }
 
@@ -210,6 +219,9 @@ impl Kernel {
         // gemm and softmax fill every workgroup slot before the barrier that
         // precedes any read of it; mask, concat and the linear attention
         // kernels use no workgroup memory.
+        // gemm, softmax and additive_scores fill every workgroup slot before
+        // the barrier that precedes any read of it; mask and concat use no
+        // workgroup memory.
         true
     }
 }

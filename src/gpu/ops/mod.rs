@@ -1,5 +1,6 @@
 //! One module per kernel: its parameter struct, preconditions and dispatch geometry.
 
+pub mod additive;
 pub mod concat;
 pub mod decode;
 pub mod fused;
