@@ -7,6 +7,7 @@
 mod common;
 
 use webattn::bench::AttentionShape;
+use webattn::family::additive::AdditiveAttention;
 use webattn::{AttentionInputs, AttentionOptions, Engine, HostTensor, QkMatmulOutputMode};
 
 /// Printed figures have three decimals: agree to half a unit in the last place.
@@ -161,6 +162,53 @@ fn example_3_additive_attention_given_the_scores() {
         // 0.447, 0.081] (exactly [0.33353, 0.73021, 0.44734, 0.08069]).
         assert_close("weights", &alpha, &[0.185, 0.678, 0.137], PRINTED);
         assert_close("context", &c, &[0.333, 0.730, 0.447, 0.081], PRINTED + 1e-4);
+    }
+}
+
+#[test]
+fn example_4_additive_attention_exercise() {
+    let w1 = HostTensor::new([2, 3], vec![0.5, -0.3, 0.2, 0.4, 0.6, -0.1]).unwrap();
+    let w2 = HostTensor::new([2, 3], vec![0.3, 0.5, 0.2, -0.2, 0.4, 0.6]).unwrap();
+    let v = HostTensor::new([2], vec![1.0, 0.8]).unwrap();
+    let encoder = HostTensor::new(
+        [1, 4, 3],
+        vec![1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0],
+    )
+    .unwrap();
+    let decoder = HostTensor::new([1, 1, 3], vec![0.5, 0.5, 0.5]).unwrap();
+    // The chapter's definition: e_i = vᵀ tanh(W1 s + W2 h_i), which is our
+    // AdditiveAttention (W1 on decoder states, W2 on encoder states).
+    let chapter = AdditiveAttention::new(w1.clone(), w2.clone(), v.clone()).unwrap();
+    // The printed solution's definition swaps the matrices: vᵀ tanh(W1 h_i + W2 s).
+    let printed = AdditiveAttention::new(w2, w1, v).unwrap();
+    for engine in engines() {
+        let solution = printed
+            .forward_blocking(&engine, &decoder, &encoder, None, true)
+            .unwrap();
+        // Printed W1 h1 + W2 s = [0.8, 0.7]: W1 h1 = [0.7, 0.3] and
+        // W2 s = [0.5, 0.4], so the sum is [1.2, 0.7]; the first entry was
+        // added wrongly. Printed e ≈ [1.147, 1.089, 1.118, 0.856] and
+        // α ≈ [0.268, 0.252, 0.260, 0.220] follow neither definition: with the
+        // solution's own definition e = [1.317, 0.953, 1.313, 0.837] and
+        // α = [0.302, 0.210, 0.301, 0.187].
+        assert_close(
+            "solution's definition",
+            solution.weights.as_ref().unwrap().data(),
+            &[0.302, 0.210, 0.301, 0.187],
+            PRINTED,
+        );
+        // The chapter's definition gives e = [1.157, 1.433, 1.219, 1.005] and
+        // α = [0.236, 0.311, 0.251, 0.203].
+        let correct = chapter
+            .forward_blocking(&engine, &decoder, &encoder, None, true)
+            .unwrap();
+        assert_close(
+            "chapter's definition",
+            correct.weights.as_ref().unwrap().data(),
+            &[0.236, 0.311, 0.251, 0.203],
+            PRINTED,
+        );
+        assert_eq!(correct.output.shape(), &[1, 1, 3]);
     }
 }
 

@@ -3,7 +3,9 @@
 //! the conformance sweep. The browser demo runs it after the sweep, and
 //! `webattn check --family` natively; the tests in `tests/family_*.rs` go wider.
 
+use super::additive::AdditiveAttention;
 use super::linear::{linear_attention_oracle, LinearAttention};
+use super::luong::{LuongAttention, LuongScore};
 use super::mha::{KvCache, MhaWeights, MultiHeadAttention};
 use super::position::{rope_oracle, sinusoidal_oracle, Rope, RopeLayout, Sinusoidal};
 use crate::conformance::{compare, ErrorReport, DEFAULT_FLOOR};
@@ -33,7 +35,7 @@ impl FamilyCheck {
 }
 
 /// The names of the checks [`run_family_checks`] runs, in order.
-pub const FAMILY_CHECKS: [&str; 10] = [
+pub const FAMILY_CHECKS: [&str; 14] = [
     "sinusoidal",
     "rope-interleaved",
     "rope-half-split",
@@ -41,6 +43,10 @@ pub const FAMILY_CHECKS: [&str; 10] = [
     "mha-cross-mqa",
     "mha-rope-alibi-temperature",
     "mha-kv-cache",
+    "bahdanau-padding",
+    "luong-dot",
+    "luong-general",
+    "luong-concat",
     "linear-causal",
     "linear",
     "temperature-alibi",
@@ -241,6 +247,72 @@ pub async fn run_family_checks(
         ),
         &mut results,
     );
+
+    // Additive scoring with source padding (one batch entry keeps 40 of 97).
+    let (d_s, d_h, d_a) = (12, 20, 9);
+    let bahdanau = AdditiveAttention::new(
+        tensor(&[d_a, d_s], seed ^ 16, 0.4)?,
+        tensor(&[d_a, d_h], seed ^ 17, 0.4)?,
+        tensor(&[d_a], seed ^ 18, 1.0)?,
+    )?;
+    let (s, h) = (
+        tensor(&[2, 7, d_s], seed ^ 19, 1.0)?,
+        tensor(&[2, 97, d_h], seed ^ 20, 1.0)?,
+    );
+    let lengths = [97, 40];
+    let got = bahdanau
+        .forward(engine, &s, &h, Some(&lengths), true)
+        .await?;
+    let (context, weights) = bahdanau.oracle::<f64>(&s, &h, Some(&lengths))?;
+    let (plain_context, plain_weights) = bahdanau.oracle::<f32>(&s, &h, Some(&lengths))?;
+    let w = got.weights.as_ref().map_or(&[][..], |t| t.data());
+    let report = worse(
+        compare(got.output.data(), &context, &plain_context, DEFAULT_FLOOR),
+        compare(w, &weights, &plain_weights, DEFAULT_FLOOR),
+    );
+    push(
+        check(
+            "bahdanau-padding",
+            "B2 Nq7 Nk97 (lengths 97, 40), d_s 12 d_h 20 d_a 9".into(),
+            report,
+        ),
+        &mut results,
+    );
+
+    let (s, h) = (
+        tensor(&[2, 33, 12], seed ^ 21, 1.0)?,
+        tensor(&[2, 7, 12], seed ^ 22, 1.0)?,
+    );
+    for (name, score) in [
+        ("luong-dot", LuongScore::Dot),
+        (
+            "luong-general",
+            LuongScore::General {
+                w: tensor(&[12, 12], seed ^ 23, 0.5)?,
+            },
+        ),
+        (
+            "luong-concat",
+            LuongScore::Concat {
+                w: tensor(&[10, 24], seed ^ 24, 0.4)?,
+                v: tensor(&[10], seed ^ 25, 1.0)?,
+            },
+        ),
+    ] {
+        let layer = LuongAttention::new(score)?;
+        let got = layer.forward(engine, &s, &h, Some(&[7, 3]), true).await?;
+        let (context, weights) = layer.oracle::<f64>(&s, &h, Some(&[7, 3]))?;
+        let (plain_context, plain_weights) = layer.oracle::<f32>(&s, &h, Some(&[7, 3]))?;
+        let w = got.weights.as_ref().map_or(&[][..], |t| t.data());
+        let report = worse(
+            compare(got.output.data(), &context, &plain_context, DEFAULT_FLOOR),
+            compare(w, &weights, &plain_weights, DEFAULT_FLOOR),
+        );
+        push(
+            check(name, "B2 Nq33 Nk7 (lengths 7, 3), d 12".into(), report),
+            &mut results,
+        );
+    }
 
     for (name, causal, (n, m, dk, dv)) in [
         ("linear-causal", true, (97, 97, 16, 8)),

@@ -10,7 +10,9 @@
 
 use serde_json::{json, Value};
 use webattn::conformance::{compare, DEFAULT_FLOOR};
+use webattn::family::additive::AdditiveAttention;
 use webattn::family::linear::{linear_attention_oracle, LinearAttention};
+use webattn::family::luong::{LuongAttention, LuongScore};
 use webattn::family::mha::{MhaWeights, MultiHeadAttention};
 use webattn::rng::SplitMix64;
 use webattn::{
@@ -128,6 +130,10 @@ pub async fn run(engine: &Engine, path: &str, variant: &str) -> Result<Value> {
     match variant {
         "mha" => mha(family_engine, path).await,
         "linear" => linear(family_engine, family_path).await,
+        "bahdanau" => bahdanau(family_engine, family_path).await,
+        "luong-dot" | "luong-general" | "luong-concat" => {
+            luong(family_engine, family_path, variant).await
+        }
         _ => dot(engine, path).await,
     }
 }
@@ -225,4 +231,124 @@ async fn linear(engine: &Engine, path: &str) -> Result<Value> {
         path,
         "Linear attention with the elu+1 feature map: an O(N) kernel; the weights are drawn on request.",
     ))
+}
+
+/// The embeddings with a constant feature 1 appended (`DIM + 1` wide), which
+/// lets the additive scores below carry a bias.
+fn with_constant(rows: &[f32]) -> Vec<f32> {
+    rows.chunks(DIM)
+        .flat_map(|r| r.iter().copied().chain(std::iter::once(1.0)))
+        .collect()
+}
+
+/// Additive weights that make `vᵀ tanh(W1 s + W2 h)` a similarity: for each
+/// feature a, `tanh(g(s_a − h_a) + c) − tanh(g(s_a − h_a) − c)`, a bump that
+/// peaks where the two agree (c comes from the constant feature). Returns
+/// W1 and W2 `[2·DIM, DIM + 1]` and v `[2·DIM]`.
+fn bump_weights(g: f32, c: f32, weight: f32) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let width = DIM + 1;
+    let (mut w1, mut w2) = (vec![0.0; 2 * DIM * width], vec![0.0; 2 * DIM * width]);
+    let mut v = vec![0.0; 2 * DIM];
+    for a in 0..DIM {
+        for (block, sign) in [(0, 1.0), (1, -1.0)] {
+            let row = block * DIM + a;
+            w1[row * width + a] = g;
+            w1[row * width + DIM] = sign * c;
+            w2[row * width + a] = -g;
+            v[row] = sign * weight;
+        }
+    }
+    (w1, w2, v)
+}
+
+fn states(query_gain: f32) -> Result<(HostTensor, HostTensor)> {
+    let (q, k) = embeddings(query_gain);
+    Ok((
+        HostTensor::named(
+            "decoder states",
+            [1, QUERIES.len(), DIM + 1],
+            with_constant(&q),
+        )?,
+        HostTensor::named(
+            "encoder states",
+            [1, KEYS.len(), DIM + 1],
+            with_constant(&k),
+        )?,
+    ))
+}
+
+/// Bahdanau's additive scoring, with weights that make it an alignment model.
+async fn bahdanau(engine: &Engine, path: &str) -> Result<Value> {
+    let (w1, w2, v) = bump_weights(4.0, 1.0, 0.6);
+    let width = DIM + 1;
+    let layer = AdditiveAttention::new(
+        HostTensor::new([2 * DIM, width], w1)?,
+        HostTensor::new([2 * DIM, width], w2)?,
+        HostTensor::new([2 * DIM], v)?,
+    )?;
+    let (s, h) = states(1.0)?;
+    let out = layer.forward(engine, &s, &h, None, true).await?;
+    let weights = out.weights.as_ref().map_or(&[][..], |t| t.data());
+    let (_, exact) = layer.oracle::<f64>(&s, &h, None)?;
+    let (_, plain) = layer.oracle::<f32>(&s, &h, None)?;
+    let report = compare(weights, &exact, &plain, DEFAULT_FLOOR);
+    Ok(result(
+        weights,
+        &report,
+        path,
+        "Bahdanau (additive) attention, vᵀ tanh(W1 s + W2 h): W1 S and W2 H by the GEMM, \
+         the scores by their own kernel.",
+    ))
+}
+
+/// Luong's multiplicative scorings: dot, general (W = 10·I) and concat.
+async fn luong(engine: &Engine, path: &str, variant: &str) -> Result<Value> {
+    let identity = (0..(DIM + 1) * (DIM + 1))
+        .map(|i| {
+            if i / (DIM + 1) == i % (DIM + 1) && i / (DIM + 1) < DIM {
+                10.0
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let (score, gain, caption) = match variant {
+        "luong-dot" => (LuongScore::Dot, 10.0, "Luong dot scoring, sᵀh."),
+        "luong-general" => (
+            LuongScore::General {
+                w: HostTensor::new([DIM + 1, DIM + 1], identity)?,
+            },
+            1.0,
+            "Luong general scoring, sᵀWh (W = 10·I).",
+        ),
+        _ => {
+            let (w1, w2, v) = bump_weights(3.0, 1.0, 0.6);
+            let width = DIM + 1;
+            let w = (0..2 * DIM)
+                .flat_map(|row| {
+                    w1[row * width..(row + 1) * width]
+                        .iter()
+                        .chain(&w2[row * width..(row + 1) * width])
+                        .copied()
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            (
+                LuongScore::Concat {
+                    w: HostTensor::new([2 * DIM, 2 * width], w)?,
+                    v: HostTensor::new([2 * DIM], v)?,
+                },
+                1.0,
+                "Luong concat scoring, vᵀ tanh(W [s; h]).",
+            )
+        }
+    };
+    let layer = LuongAttention::new(score)?;
+    let (s, h) = states(gain)?;
+    let out = layer.forward(engine, &s, &h, None, true).await?;
+    let weights = out.weights.as_ref().map_or(&[][..], |t| t.data());
+    let (_, exact) = layer.oracle::<f64>(&s, &h, None)?;
+    let (_, plain) = layer.oracle::<f32>(&s, &h, None)?;
+    let report = compare(weights, &exact, &plain, DEFAULT_FLOOR);
+    Ok(result(weights, &report, path, caption))
 }
