@@ -9,7 +9,8 @@ pub enum QkMatmulOutputMode {
     Scaled = 0,
     /// Mode 1: the scores after softcap (equal to mode 0 when softcap is off).
     Softcapped = 1,
-    /// Mode 2: softcap plus the whole bias (mask, causal, window, padding);
+    /// Mode 2: softcap plus the whole bias (mask, causal, window, padding, ALiBi),
+    /// before the temperature;
     /// masked entries are `-inf`.
     Biased = 2,
     /// Mode 3: the softmax probabilities; fully masked rows are zero.
@@ -217,11 +218,15 @@ impl AttentionOptions {
                 reason: "must be finite and at least 0 (0 turns it off)",
             });
         }
-        if !(self.temperature.is_finite() && self.temperature > 0.0) {
+        if !(self.temperature.is_finite()
+            && self.temperature >= f32::MIN_POSITIVE
+            && (1.0 / self.temperature).is_finite())
+        {
             return Err(Error::InvalidOption {
                 name: "temperature",
                 value: self.temperature.to_string(),
-                reason: "must be finite and greater than 0 (1 is plain softmax)",
+                reason:
+                    "must be a normal positive f32 whose inverse is finite (1 is plain softmax)",
             });
         }
         for (name, value) in [
@@ -266,6 +271,10 @@ mod tests {
             },
             AttentionOptions {
                 temperature: 0.0,
+                ..Default::default()
+            },
+            AttentionOptions {
+                temperature: 1e-39,
                 ..Default::default()
             },
             AttentionOptions {

@@ -216,11 +216,9 @@ impl Kernel {
     /// Whether every workgroup variable is written before it is read, so the
     /// zero-initialisation that WebGPU requires can be skipped natively.
     pub fn writes_workgroup_memory_first(self) -> bool {
-        // gemm and softmax fill every workgroup slot before the barrier that
-        // precedes any read of it; mask, concat and the linear attention
-        // kernels use no workgroup memory.
-        // gemm, softmax and additive_scores fill every workgroup slot before
-        // the barrier that precedes any read of it; mask and concat use no
+        // gemm, softmax, the fused kernels and additive_scores fill every
+        // workgroup slot before the barrier that precedes any read of it;
+        // mask, concat, position and the linear attention kernels use no
         // workgroup memory.
         true
     }

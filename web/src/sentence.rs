@@ -204,7 +204,7 @@ async fn mha(engine: &Engine, path: KernelPath) -> Result<Value> {
         head0,
         &report,
         taken.name(),
-        "Multi-head cross-attention (2 heads; projections on the GPU's GEMM): head 0's weights.",
+        "Multi-head cross-attention (2 heads; projections by the GEMM on a GPU engine): head 0's weights.",
     ))
 }
 

@@ -242,7 +242,8 @@ pub(crate) struct AttentionBuffers<'a> {
     pub v: &'a wgpu::Buffer,
     /// The additive mask, or a placeholder.
     pub mask: &'a wgpu::Buffer,
-    /// `nonpad_kv_seqlen` as i32, or a placeholder.
+    /// The rule data: `nonpad_kv_seqlen` as i32 (B words, zeros when absent),
+    /// then with ALiBi the query heads' slopes as f32 bits.
     pub nonpad: &'a wgpu::Buffer,
 }
 

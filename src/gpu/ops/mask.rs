@@ -47,7 +47,8 @@ pub fn key() -> PipelineKey {
 pub(crate) struct MaskBuffers<'a> {
     /// The additive mask (masked entries hold `MASKED`), or a placeholder.
     pub mask: &'a wgpu::Buffer,
-    /// `nonpad_kv_seqlen` as i32, or a placeholder.
+    /// The rule data: `nonpad_kv_seqlen` as i32 (B words, zeros when absent),
+    /// then with ALiBi the query heads' slopes as f32 bits.
     pub nonpad: &'a wgpu::Buffer,
     /// Where modes 0-2 of `qk_matmul_output` are captured, or a placeholder.
     pub qk_out: &'a wgpu::Buffer,
