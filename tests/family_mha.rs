@@ -192,7 +192,7 @@ fn kv_cache_decoding_equals_full_recompute() {
             assert_eq!(cache.len(), start + len);
             let rows =
                 |data: &[f32]| -> Vec<f32> { slice_rows_data(data, batch, total, 24, start, len) };
-            let exact_rows: Vec<f64> = slice_rows_f64(&exact, batch, total, 24, start, len);
+            let exact_rows: Vec<f64> = slice_rows_data(&exact, batch, total, 24, start, len);
             let report = compare(step.output.data(), &exact_rows, &rows(&plain), 1e-6);
             assert!(
                 report.passed(),
@@ -224,27 +224,14 @@ fn slice_rows(x: &HostTensor, start: usize, len: usize) -> HostTensor {
     .unwrap()
 }
 
-fn slice_rows_data(
-    data: &[f32],
+fn slice_rows_data<T: Copy>(
+    data: &[T],
     batch: usize,
     total: usize,
     d: usize,
     start: usize,
     len: usize,
-) -> Vec<f32> {
-    (0..batch)
-        .flat_map(|b| data[(b * total + start) * d..(b * total + start + len) * d].to_vec())
-        .collect()
-}
-
-fn slice_rows_f64(
-    data: &[f64],
-    batch: usize,
-    total: usize,
-    d: usize,
-    start: usize,
-    len: usize,
-) -> Vec<f64> {
+) -> Vec<T> {
     (0..batch)
         .flat_map(|b| data[(b * total + start) * d..(b * total + start + len) * d].to_vec())
         .collect()

@@ -92,6 +92,13 @@ async fn mha_check(
     ))
 }
 
+/// Rows `start .. start + len` of both batch entries of a `[2, 8, 24]` sequence.
+fn step_rows<T: Copy>(data: &[T], start: usize, len: usize) -> Vec<T> {
+    (0..2)
+        .flat_map(|b| data[(b * 8 + start) * 24..(b * 8 + start + len) * 24].to_vec())
+        .collect()
+}
+
 /// Runs every check of [`FAMILY_CHECKS`] on `engine`, calling `progress` after each.
 pub async fn run_family_checks(
     engine: &Engine,
@@ -210,40 +217,30 @@ pub async fn run_family_checks(
     let (exact, _) = decoder.oracle::<f64>(&x, None, &causal)?;
     let (plain, _) = decoder.oracle::<f32>(&x, None, &causal)?;
     let mut cache = KvCache::new();
-    let mut report: Option<ErrorReport> = None;
+    let mut reports = Vec::new();
     let mut start = 0;
     for len in [5, 1, 1, 1] {
-        let pick = |data: &[f32]| -> Vec<f32> {
-            (0..2)
-                .flat_map(|b| data[(b * 8 + start) * 24..(b * 8 + start + len) * 24].to_vec())
-                .collect()
-        };
-        let pick64 = |data: &[f64]| -> Vec<f64> {
-            (0..2)
-                .flat_map(|b| data[(b * 8 + start) * 24..(b * 8 + start + len) * 24].to_vec())
-                .collect()
-        };
-        let step = HostTensor::new([2, len, 24], pick(x.data()))?;
+        let step = HostTensor::new([2, len, 24], step_rows(x.data(), start, len))?;
         let got = decoder
             .forward_cached(engine, &step, &mut cache, &Default::default(), false)
             .await?;
-        let r = compare(
+        reports.push(compare(
             got.output.data(),
-            &pick64(&exact),
-            &pick(&plain),
+            &step_rows(&exact, start, len),
+            &step_rows(&plain, start, len),
             DEFAULT_FLOOR,
-        );
-        report = Some(match report {
-            Some(prev) => worse(prev, r),
-            None => r,
-        });
+        ));
         start += len;
     }
+    let report = reports
+        .into_iter()
+        .reduce(worse)
+        .ok_or(crate::Error::Conflict("the KV-cache check ran no step"))?;
     push(
         check(
             "mha-kv-cache",
             "prompt 5 then 3 steps, B2, RoPE".into(),
-            report.expect("steps ran"),
+            report,
         ),
         &mut results,
     );

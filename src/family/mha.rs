@@ -389,7 +389,7 @@ impl MultiHeadAttention {
                 self.project_gpu(engine, ctx, &weights, query, key_value, past_len)
                     .await?
             }
-            None => self.project_host(engine, query, key_value, past_len),
+            None => self.project_host(engine, query, key_value, past_len)?,
         };
         let attention_options = AttentionOptions {
             qk_matmul_output_mode: want_weights.then_some(QkMatmulOutputMode::Probabilities),
@@ -560,7 +560,7 @@ impl MultiHeadAttention {
         query: &HostTensor,
         key_value: Option<&HostTensor>,
         past_len: usize,
-    ) -> (Tensor, Tensor, Tensor) {
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         let (q, k, v) = projections::<f64>(
             &self.weights,
             self.dims,
@@ -573,13 +573,13 @@ impl MultiHeadAttention {
         let (batch, n) = (query.shape()[0], query.shape()[1]);
         let m = key_value.map_or(n, |kv| kv.shape()[1]);
         let wrap = |shape: [usize; 4], values: &[f64]| {
-            engine.wrap_host(HostTensor::new(shape, round(values)).expect("shape matches"))
+            HostTensor::new(shape, round(values)).map(|t| engine.wrap_host(t))
         };
-        (
-            wrap([batch, d.heads, n, d.head_dim], &q),
-            wrap([batch, d.kv_heads, m, d.head_dim], &k),
-            wrap([batch, d.kv_heads, m, d.v_head_dim], &v),
-        )
+        Ok((
+            wrap([batch, d.heads, n, d.head_dim], &q)?,
+            wrap([batch, d.kv_heads, m, d.head_dim], &k)?,
+            wrap([batch, d.kv_heads, m, d.v_head_dim], &v)?,
+        ))
     }
 
     /// The output projection on the device: `Σ_h Y_h W_Ohᵀ + b_O`, read back.
