@@ -2,9 +2,10 @@
 //!
 //! The rule, after FlashAttention's tests: a result passes when its worst
 //! absolute error against the f64 oracle is at most twice the worst error of a
-//! plain f32 CPU computation of the same thing, plus a small floor. Infinities
-//! must match exactly (a masked score is `-inf` in both or neither), and a NaN
-//! where the oracle has a number always fails.
+//! plain f32 CPU computation of the same thing, plus a small floor. Non-finite
+//! values must match exactly: a masked score is `-inf` in both or neither, a row
+//! the contract makes NaN (a NaN or +inf score it attends) is NaN in both, and a
+//! NaN where the oracle has a number always fails.
 
 /// The floor added to the allowed error, so exactly computable results (where
 /// the plain f32 baseline has no error at all) still leave room for rounding.
@@ -83,8 +84,9 @@ fn measure(got: &[f32], exact: &[f64]) -> ErrorReport {
                 report.max_abs = err;
                 report.worst_index = i;
             }
-        } else if g != e {
-            // The oracle's infinities (masked scores, empty rows' logsumexp) must be matched.
+        } else if !(g == e || (g.is_nan() && e.is_nan())) {
+            // The oracle's infinities (masked scores, empty rows' logsumexp) and
+            // NaNs (rows that attend a non-finite score) must be matched.
             report.mismatched_non_finite += 1;
         }
     }
@@ -134,6 +136,9 @@ mod tests {
         );
         let nan = [f32::NEG_INFINITY, f32::NAN];
         assert!(!compare(&nan, &exact, &ok, 1e-6).passed());
+        let expected_nan = [f64::NAN, 0.5];
+        assert!(compare(&[f32::NAN, 0.5], &expected_nan, &[f32::NAN, 0.5], 1e-6).passed());
+        assert!(!compare(&[0.0, 0.5], &expected_nan, &[f32::NAN, 0.5], 1e-6).passed());
     }
 
     #[test]

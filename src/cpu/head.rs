@@ -38,7 +38,8 @@ fn kv_row<'a>(
 }
 
 /// The mask's additive value at (b, h, i, j) by numpy broadcasting, or `None` when
-/// the key is masked (bool `false`, `-inf`/`-f32::MAX`, or beyond the mask's last dim).
+/// the key is masked (bool `false`, `-inf`/`-f32::MAX`, or beyond the mask's last
+/// dim). Any other float, NaN and +inf included, is added to the score.
 fn mask_value(mask: &HostMask, b: usize, h: usize, i: usize, j: usize) -> Option<f32> {
     let shape = mask.shape();
     let cols = shape[shape.len() - 1];
@@ -55,8 +56,13 @@ fn mask_value(mask: &HostMask, b: usize, h: usize, i: usize, j: usize) -> Option
     match mask {
         HostMask::Bool { data, .. } => data[index].then_some(0.0),
         HostMask::Float(t) => {
+            // -inf and -f32::MAX mask the key; a NaN is added like any value.
             let v = t.data()[index];
-            (v > -f32::MAX).then_some(v)
+            if v <= -f32::MAX {
+                None
+            } else {
+                Some(v)
+            }
         }
     }
 }
@@ -88,12 +94,14 @@ fn position_allowed(
     true
 }
 
-/// Per-row scratch: the scores at each stage, one entry per key.
+/// Per-row scratch: the scores at each stage, one entry per key, and which
+/// keys the row attends (the mask, causality, windows and padding allow them).
 struct RowScratch<F> {
     raw: Vec<F>,
     capped: Vec<F>,
     biased: Vec<F>,
     probs: Vec<F>,
+    attended: Vec<bool>,
 }
 
 impl<F: Real> RowScratch<F> {
@@ -103,12 +111,53 @@ impl<F: Real> RowScratch<F> {
             capped: vec![F::ZERO; keys],
             biased: vec![F::NEG_INFINITY; keys],
             probs: vec![F::ZERO; keys],
+            attended: vec![false; keys],
         }
+    }
+}
+
+/// How a row's softmax turns out, from its attended biased scores.
+#[derive(Clone, Copy, PartialEq)]
+enum RowKind<F> {
+    /// No key is attended: probabilities 0, Y 0, logsumexp -inf.
+    FullyMasked,
+    /// An attended score is NaN or +inf, or every attended score is -inf: the
+    /// softmax is undefined, as in PyTorch, and the row is NaN.
+    Poisoned,
+    /// The usual case, with the largest attended score.
+    Finite(F),
+}
+
+/// Classifies a row: `biased` holds the scores plus bias, `attended` which keys count.
+fn row_kind<F: Real>(biased: &[F], attended: &[bool]) -> RowKind<F> {
+    let mut any = false;
+    let mut max = F::NEG_INFINITY;
+    for (&s, &a) in biased.iter().zip(attended) {
+        if !a {
+            continue;
+        }
+        any = true;
+        if s.is_nan() || s == F::INFINITY {
+            return RowKind::Poisoned;
+        }
+        if s > max {
+            max = s;
+        }
+    }
+    match (any, max == F::NEG_INFINITY) {
+        (false, _) => RowKind::FullyMasked,
+        (true, true) => RowKind::Poisoned,
+        (true, false) => RowKind::Finite(max),
     }
 }
 
 /// Attention for query row `i` of batch `b`, head `h`: writes the row of Y into
 /// `y` and returns its logsumexp; the scratch keeps the row's scores.
+///
+/// Non-finite values follow PyTorch's `scaled_dot_product_attention` wherever
+/// the row attends them, and are ignored where it does not (see [`RowKind`]):
+/// an attended key with a score of -inf has probability 0 but still multiplies
+/// its value row, so a NaN in V reaches every row that attends that key.
 #[allow(clippy::too_many_arguments)]
 fn attend_row<F: Real>(
     inputs: &AttentionInputs<'_, HostTensor>,
@@ -138,11 +187,11 @@ fn attend_row<F: Real>(
         capped,
         biased,
         probs,
+        attended,
     } = scratch;
 
     let q_start = ((b * dims.q_heads + h) * nq + i) * dk;
     let q = &inputs.q.data()[q_start..q_start + dk];
-    let mut any_allowed = false;
     for j in 0..t_len {
         let k = kv_row(inputs.past_key, inputs.k, dims, b, kvh, j, dk);
         let mut dot = F::ZERO;
@@ -159,9 +208,10 @@ fn attend_row<F: Real>(
             Some(m) => mask_value(m, b, h, i, j),
             None => Some(0.0),
         };
+        attended[j] = false;
         biased[j] = match mask {
             Some(add) if position_allowed(options, offset, nonpad, i, j) => {
-                any_allowed = true;
+                attended[j] = true;
                 let distance = (offset + i as i64 - j as i64).unsigned_abs();
                 capped[j] + F::from_f32(add) - slope * F::from_f64(distance as f64)
             }
@@ -169,34 +219,32 @@ fn attend_row<F: Real>(
         };
     }
 
-    // Softmax of (score + bias) / temperature over the allowed keys, with the
+    // Softmax of (score + bias) / temperature over the attended keys, with the
     // maximum subtracted (the temperature is positive, so the maximum is the same key).
-    let mut max = F::NEG_INFINITY;
-    for &s in biased.iter() {
-        if s > max {
-            max = s;
-        }
-    }
+    let kind = row_kind(biased, attended);
     let mut sum = F::ZERO;
-    let fully_masked = !any_allowed || max == F::NEG_INFINITY;
     for j in 0..t_len {
-        probs[j] = if fully_masked || biased[j] == F::NEG_INFINITY {
-            F::ZERO
-        } else {
-            ((biased[j] - max) / temperature).exp()
+        probs[j] = match kind {
+            RowKind::FullyMasked => F::ZERO,
+            RowKind::Poisoned => F::NAN,
+            RowKind::Finite(_) if !attended[j] => F::ZERO,
+            RowKind::Finite(max) => ((biased[j] - max) / temperature).exp(),
         };
         sum = sum + probs[j];
     }
-    if !fully_masked {
+    if let RowKind::Finite(_) = kind {
         for p in probs.iter_mut() {
             *p = *p / sum;
         }
     }
 
-    y.fill(F::ZERO);
-    if !fully_masked {
+    y.fill(match kind {
+        RowKind::Poisoned => F::NAN,
+        _ => F::ZERO,
+    });
+    if let RowKind::Finite(_) = kind {
         for (j, &p) in probs.iter().enumerate() {
-            if biased[j] == F::NEG_INFINITY {
+            if !attended[j] {
                 continue; // masked keys take no part, whatever V holds there
             }
             let v = kv_row(inputs.past_value, inputs.v, dims, b, kvh, j, dv);
@@ -205,10 +253,10 @@ fn attend_row<F: Real>(
             }
         }
     }
-    if fully_masked {
-        F::NEG_INFINITY
-    } else {
-        max / temperature + sum.ln()
+    match kind {
+        RowKind::FullyMasked => F::NEG_INFINITY,
+        RowKind::Poisoned => F::NAN,
+        RowKind::Finite(max) => max / temperature + sum.ln(),
     }
 }
 

@@ -37,6 +37,12 @@ pub trait Real:
     fn cos(self) -> Self;
     /// √x.
     fn sqrt(self) -> Self;
+    /// NaN.
+    const NAN: Self;
+    /// +inf.
+    const INFINITY: Self;
+    /// Whether the value is NaN.
+    fn is_nan(self) -> bool;
 }
 
 macro_rules! impl_real {
@@ -44,6 +50,11 @@ macro_rules! impl_real {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
+            const NAN: Self = <$t>::NAN;
+            const INFINITY: Self = <$t>::INFINITY;
+            fn is_nan(self) -> bool {
+                <$t>::is_nan(self)
+            }
             fn from_f32(x: f32) -> Self {
                 x as $t
             }
