@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::cpu;
+use crate::cpu::fast::CpuBackend;
 use crate::device_tensor::{Mask, Storage, Tensor};
 use crate::error::{Error, Result};
 use crate::gpu::buffer;
@@ -22,7 +23,8 @@ use crate::tensor::{HostMask, HostTensor};
 pub enum BackendKind {
     /// A GPU adapter through wgpu (Vulkan, Metal, DX12, GL or browser WebGPU).
     Gpu,
-    /// The CPU oracle (f64), used when no adapter exists or when asked for.
+    /// The CPU: the fast f32 backend (and the f64 oracle on request), used
+    /// when no adapter exists or when asked for.
     Cpu,
 }
 
@@ -57,6 +59,10 @@ pub struct EngineOptions {
     /// attention), as on adapters without subgroups. Off: chosen from the
     /// adapter's capability profile.
     pub portable_kernels: bool,
+    /// Threads the fast CPU backend uses (`None`: one per available core;
+    /// always one on wasm32). It runs every call of a CPU engine and
+    /// [`KernelPath::Cpu`] calls of a GPU engine.
+    pub cpu_threads: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -100,6 +106,7 @@ pub struct Engine {
     id: u64,
     backend: Backend,
     score_budget: u64,
+    cpu: CpuBackend,
     last_call: Mutex<Option<CallStats>>,
 }
 
@@ -143,7 +150,9 @@ impl Engine {
                 }
             }
         };
-        Ok(Self::with_backend(backend, options.score_budget_bytes))
+        let mut engine = Self::with_backend(backend, options.score_budget_bytes);
+        engine.cpu = CpuBackend::new(options.cpu_threads);
+        Ok(engine)
     }
 
     /// A CPU engine.
@@ -161,6 +170,7 @@ impl Engine {
             id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
             backend,
             score_budget: score_budget.unwrap_or(u64::MAX),
+            cpu: CpuBackend::default(),
             last_call: Mutex::new(None),
         }
     }
@@ -173,19 +183,26 @@ impl Engine {
         }
     }
 
-    /// The concrete paths this engine can run (the GPU paths on a GPU engine,
-    /// the CPU path on a CPU engine): what a conformance sweep checks.
+    /// The concrete paths this engine checks in a conformance sweep: the GPU
+    /// paths and the fast CPU backend on a GPU engine, the fast CPU backend on
+    /// a CPU engine (the oracle, [`KernelPath::Oracle`], is what they are checked against).
     pub fn paths(&self) -> Vec<KernelPath> {
         match self.backend {
-            Backend::Gpu(_) => vec![KernelPath::Fused, KernelPath::Unfused],
+            Backend::Gpu(_) => vec![KernelPath::Fused, KernelPath::Unfused, KernelPath::Cpu],
             Backend::Cpu => vec![KernelPath::Cpu],
         }
+    }
+
+    /// The fast CPU backend this engine runs CPU calls on.
+    pub fn cpu_backend(&self) -> &CpuBackend {
+        &self.cpu
     }
 
     /// The concrete path a call with `options` takes on this engine, and why
     /// when `Auto` does not take the fused path.
     pub fn choose_path(&self, dims: &AttentionDims, options: &AttentionOptions) -> PathChoice {
         let ctx = match (&self.backend, options.path) {
+            (_, KernelPath::Oracle) => return PathChoice::new(KernelPath::Oracle, None),
             (Backend::Cpu, _) | (_, KernelPath::Cpu) => {
                 return PathChoice::new(KernelPath::Cpu, None)
             }
@@ -209,6 +226,7 @@ impl Engine {
     /// (`Auto` on a GPU engine is the fused path unless the sizes rule it out).
     pub fn resolve_path(&self, options: &AttentionOptions) -> KernelPath {
         match (&self.backend, options.path) {
+            (_, KernelPath::Oracle) => KernelPath::Oracle,
             (Backend::Cpu, _) | (_, KernelPath::Cpu) => KernelPath::Cpu,
             (Backend::Gpu(_), KernelPath::Auto) => KernelPath::Fused,
             (Backend::Gpu(_), forced) => forced,
@@ -246,7 +264,10 @@ impl Engine {
     pub fn describe(&self) -> String {
         match &self.backend {
             Backend::Gpu(ctx) => ctx.capabilities().summary(),
-            Backend::Cpu => "CPU backend (f64 oracle; no GPU adapter in use)".to_string(),
+            Backend::Cpu => format!(
+                "CPU backend ({}; no GPU adapter in use)",
+                self.cpu.describe()
+            ),
         }
     }
 
@@ -421,7 +442,7 @@ impl Engine {
         {
             return Err(Error::Conflict(
                 "a GPU path was asked for but this engine runs on the CPU backend; \
-                 use KernelPath::Auto or KernelPath::Cpu, or create the engine on a GPU",
+                 use KernelPath::Auto, Cpu or Oracle, or create the engine on a GPU",
             ));
         }
         let choice = self.choose_path(&dims, options);
@@ -478,7 +499,7 @@ impl Engine {
                 })
             }
             _ => {
-                // The CPU oracle: on a CPU engine, or when asked for on a GPU engine.
+                // The CPU: on a CPU engine, or when asked for on a GPU engine.
                 let (q, k, v) = (
                     self.to_host(inputs.q).await?,
                     self.to_host(inputs.k).await?,
@@ -500,14 +521,28 @@ impl Engine {
                     host_inputs = host_inputs.with_mask(m);
                 }
                 host_inputs.nonpad_kv_seqlen = inputs.nonpad_kv_seqlen;
-                let out = cpu::attention(&host_inputs, options)?;
+                let out = self.run_on_host(choice.path, &host_inputs, options)?;
                 self.record_call(CallStats {
-                    path: KernelPath::Cpu,
+                    path: choice.path,
                     reason: choice.reason,
                     allocated_bytes: 0,
                 });
                 self.adopt_outputs(out)
             }
+        }
+    }
+
+    /// The oracle for [`KernelPath::Oracle`], else the fast CPU backend.
+    fn run_on_host(
+        &self,
+        path: KernelPath,
+        inputs: &AttentionInputs<'_, HostTensor>,
+        options: &AttentionOptions,
+    ) -> Result<AttentionOutputs<HostTensor>> {
+        if path == KernelPath::Oracle {
+            cpu::attention(inputs, options)
+        } else {
+            self.cpu.attention(inputs, options)
         }
     }
 
@@ -548,9 +583,20 @@ impl Engine {
         inputs: &AttentionInputs<'_, HostTensor>,
         options: &AttentionOptions,
     ) -> Result<AttentionOutputs<HostTensor>> {
-        validate(inputs, options)?;
-        if self.resolve_path(options) == KernelPath::Cpu && options.path != KernelPath::Unfused {
-            return cpu::attention(inputs, options);
+        let dims = validate(inputs, options)?;
+        if matches!(
+            self.resolve_path(options),
+            KernelPath::Cpu | KernelPath::Oracle
+        ) && !matches!(options.path, KernelPath::Unfused | KernelPath::Fused)
+        {
+            let choice = self.choose_path(&dims, options);
+            let out = self.run_on_host(choice.path, inputs, options)?;
+            self.record_call(CallStats {
+                path: choice.path,
+                reason: choice.reason,
+                allocated_bytes: 0,
+            });
+            return Ok(out);
         }
         let q = self.upload_named("Q", inputs.q)?;
         let k = self.upload_named("K", inputs.k)?;

@@ -18,13 +18,14 @@ pub enum QkMatmulOutputMode {
 }
 
 impl KernelPath {
-    /// The lowercase name (`auto`, `fused`, `unfused`, `cpu`), as the CLI spells it.
+    /// The lowercase name (`auto`, `fused`, `unfused`, `cpu`, `oracle`), as the CLI spells it.
     pub fn name(self) -> &'static str {
         match self {
             KernelPath::Auto => "auto",
             KernelPath::Fused => "fused",
             KernelPath::Unfused => "unfused",
             KernelPath::Cpu => "cpu",
+            KernelPath::Oracle => "oracle",
         }
     }
 }
@@ -57,15 +58,20 @@ impl QkMatmulOutputMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub enum KernelPath {
     /// The engine chooses: the fused GPU path unless the sizes rule it out (the
-    /// reason is logged and kept in [`crate::Engine::last_call`]); the CPU on a CPU engine.
+    /// reason is logged and kept in [`crate::Engine::last_call`]); the fast CPU
+    /// backend on a CPU engine.
     #[default]
     Auto,
     /// The fused GPU path: one FlashAttention-style kernel, O(N) memory.
     Fused,
     /// The unfused GPU path: QKᵀ GEMM, mask, softmax, PV GEMM.
     Unfused,
-    /// The CPU oracle (f64), whatever the engine's backend.
+    /// The fast CPU backend (f32, blocked and vectorised, threaded), whatever
+    /// the engine's backend.
     Cpu,
+    /// The f64 CPU oracle, whatever the engine's backend: the reference every
+    /// other path is checked against, slow by design.
+    Oracle,
 }
 
 /// Options of one attention call: the attributes of the ONNX `Attention`
@@ -122,9 +128,10 @@ pub enum KernelPath {
 /// `softcap > 0`, mode 0 is the raw scaled QKᵀ as the operator's text says (one Python
 /// reference returns softcapped values there; we do not follow it).
 ///
-/// Precision: the GPU computes in f32 (f16 inputs are widened before upload); the CPU
-/// oracle accumulates in f64. `softmax_precision` is not an option: the result is the
-/// f32 (GPU) or f64 (oracle) softmax whatever it would say.
+/// Precision: the GPU and the fast CPU backend compute in f32 (f16 inputs are widened
+/// before upload); the CPU oracle accumulates in f64. `softmax_precision` is not an
+/// option: the result is the f32 (GPU, fast CPU backend) or f64 (oracle) softmax
+/// whatever it would say.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttentionOptions {
     /// The score scale; `None` means `1/√Dk`. Must be finite and positive.

@@ -7,7 +7,11 @@
 //! code in f32: its error against the f64 oracle sets the tolerance for the GPU.
 //!
 //! Work is spread over batch × heads with scoped std threads (one thread on wasm).
+//!
+//! [`fast`] is the backend the engine runs on the CPU: the same contract in
+//! f32, blocked and vectorised, checked against this oracle.
 
+pub mod fast;
 mod head;
 mod real;
 

@@ -1,0 +1,436 @@
+//! One query block of one (batch, query head) against its keys: FlashAttention
+//! on the CPU. For each key tile the micro-kernel computes the scores
+//! transposed, `Sᵀ = K Qᵀ` (keys × queries), so that every step after it runs
+//! across the block's queries in vector lanes: the bias and mask, the running
+//! maximum, the exponentials and the running sums (online softmax) are all
+//! element-wise over a row of `Sᵀ`, with no horizontal reduction, and `Pᵀ`
+//! is already in the layout the `O += P V` micro-kernel reads. Key tiles
+//! outside every row's interval are skipped.
+//!
+//! Non-finite values follow the oracle's rule (`cpu::head::attend_row`): a row
+//! that attends a NaN or `+inf` score, or whose attended scores are all `-inf`,
+//! is NaN; a row that attends nothing is zero (logsumexp `-inf`); attended keys
+//! with a `-inf` score get probability 0 but still multiply their value row;
+//! keys the row does not attend take no part. Masked keys get probability 0,
+//! which is the same as skipping them while their values are finite; tiles
+//! holding a non-finite value are accumulated key by key, attended keys only.
+
+use super::isa::Job;
+use super::kernel::{load, outer, pack_panel, store};
+use super::math::{exp, madd, tanh};
+use super::pack::PackedKv;
+use super::rules::{masks, HeadRules, MaskBias};
+use super::scores;
+use crate::options::{AttentionOptions, QkMatmulOutputMode};
+use crate::problem::AttentionDims;
+
+/// Everything the blocks of one call share, read-only.
+#[derive(Debug)]
+pub(crate) struct Shared<'a> {
+    pub dims: AttentionDims,
+    pub options: &'a AttentionOptions,
+    /// Q `[B, Hq, Nq, Dk]`.
+    pub q: &'a [f32],
+    /// K and V per `b · Hkv + kv head`.
+    pub kv: Vec<PackedKv>,
+    pub mask: Option<MaskBias<'a>>,
+    pub nonpad: Option<&'a [i64]>,
+    /// ALiBi slopes per query head (empty without ALiBi).
+    pub slopes: Vec<f32>,
+    pub scale: f32,
+    /// Query rows per block (a multiple of `mr` and `nr`).
+    pub bq: usize,
+    /// Keys per tile (a multiple of `mr`).
+    pub bk: usize,
+    pub mr: usize,
+    pub nr: usize,
+}
+
+impl Shared<'_> {
+    /// The rules of batch `b`, query head `h`.
+    pub(crate) fn rules(&self, b: usize, h: usize) -> HeadRules {
+        HeadRules::new(&self.dims, self.options, self.nonpad, &self.slopes, b, h)
+    }
+
+    /// The keys `[lo, hi)` some row of the block starting at `i0` attends.
+    pub(crate) fn block_keys(&self, rules: &HeadRules, i0: usize, rows: usize) -> (usize, usize) {
+        let (mut lo, mut hi) = (usize::MAX, 0);
+        for i in i0..i0 + rows {
+            let (a, b) = rules.interval(i);
+            if a < b {
+                lo = lo.min(a);
+                hi = hi.max(b);
+            }
+        }
+        if lo < hi {
+            (lo, hi)
+        } else {
+            (0, 0)
+        }
+    }
+}
+
+/// One work item: a block of query rows of one (batch, query head), with the
+/// slices of the outputs it writes.
+#[derive(Debug)]
+pub(crate) struct Unit<'o> {
+    pub b: usize,
+    pub h: usize,
+    pub i0: usize,
+    pub rows: usize,
+    /// `[rows, Dv]`.
+    pub y: &'o mut [f32],
+    /// `[rows]`.
+    pub lse: &'o mut [f32],
+    /// `[rows, T]`, or empty when `qk_matmul_output` is not asked for.
+    pub qk: &'o mut [f32],
+}
+
+/// One thread's working memory, reused across units. Per-query vectors have
+/// `bq` entries (queries past the block are padding that attends nothing).
+#[derive(Debug, Default)]
+pub(crate) struct Scratch {
+    /// The Q block packed in panels of `nr` queries: `[bq / nr][Dk][nr]`.
+    q: Vec<f32>,
+    /// Scores, then probabilities, of a tile, transposed: `[bk][bq]`.
+    st: Vec<f32>,
+    /// The mask of a tile, transposed like `st` (only with a mask).
+    mt: Vec<f32>,
+    /// The output accumulators `[bq][ldv]`.
+    o: Vec<f32>,
+    /// Per query: the keys `[lo, hi)` the position rules allow, and its position.
+    lo: Vec<i32>,
+    hi: Vec<i32>,
+    pos: Vec<i32>,
+    /// Per query: the running maximum and sum, the tile's maximum.
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    tile_max: Vec<f32>,
+    /// Per query: attended keys so far, and NaN/+inf scores among them.
+    kept: Vec<u32>,
+    bad: Vec<u32>,
+}
+
+/// Runs one unit in the instruction set the job is instantiated for.
+pub(crate) struct UnitJob<'s, 'a, 'o> {
+    pub shared: &'s Shared<'a>,
+    pub unit: Unit<'o>,
+    pub scratch: &'s mut Scratch,
+}
+
+impl Job for UnitJob<'_, '_, '_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<const MR: usize, const NR: usize, const FMA: bool>(self) {
+        attend_block::<MR, NR, FMA>(self.shared, self.unit, self.scratch);
+    }
+}
+
+/// Sets `v` to `n` copies of `x`.
+fn reset<T: Copy>(v: &mut Vec<T>, n: usize, x: T) {
+    v.clear();
+    v.resize(n, x);
+}
+
+#[inline(always)]
+fn attend_block<const MR: usize, const NR: usize, const FMA: bool>(
+    sh: &Shared<'_>,
+    unit: Unit<'_>,
+    scratch: &mut Scratch,
+) {
+    debug_assert_eq!((MR, NR), (sh.mr, sh.nr));
+    let d = &sh.dims;
+    let (dk, t_len) = (d.head_dim, d.total_len());
+    let (bq, bk) = (sh.bq, sh.bk);
+    let kv = &sh.kv[unit.b * d.kv_heads + unit.h / d.group()];
+    let ldv = kv.ldv;
+    let rules = sh.rules(unit.b, unit.h);
+    let rows = unit.rows;
+    let opts = sh.options;
+
+    // The Q block in panels of NR queries (zero queries after the last).
+    scratch.q.resize(bq * dk, 0.0);
+    let q_start = ((unit.b * d.q_heads + unit.h) * d.q_len + unit.i0) * dk;
+    for p in 0..bq / NR {
+        let first = p * NR;
+        pack_panel::<NR>(
+            &sh.q[q_start + first.min(rows) * dk..],
+            dk,
+            rows.saturating_sub(first).min(NR),
+            dk,
+            &mut scratch.q[p * NR * dk..],
+        );
+    }
+    scratch.st.resize(bk * bq, 0.0);
+    reset(&mut scratch.o, bq * ldv, 0.0);
+    reset(&mut scratch.lo, bq, 0);
+    reset(&mut scratch.hi, bq, 0);
+    reset(&mut scratch.pos, bq, 0);
+    for r in 0..rows {
+        let (lo, hi) = rules.interval(unit.i0 + r);
+        scratch.lo[r] = lo as i32;
+        scratch.hi[r] = hi as i32;
+        scratch.pos[r] = rules.position(unit.i0 + r) as i32;
+    }
+    reset(&mut scratch.max, bq, f32::NEG_INFINITY);
+    reset(&mut scratch.sum, bq, 0.0);
+    reset(&mut scratch.kept, bq, 0);
+    reset(&mut scratch.bad, bq, 0);
+
+    let mode = opts.qk_matmul_output_mode;
+    let capture = matches!(
+        mode,
+        Some(QkMatmulOutputMode::Biased | QkMatmulOutputMode::Probabilities)
+    );
+    match mode {
+        Some(QkMatmulOutputMode::Scaled | QkMatmulOutputMode::Softcapped) => {
+            scores::raw_scores::<MR, NR, FMA>(sh, kv, &scratch.q, &mut scratch.st, unit.qk);
+        }
+        Some(_) => unit.qk.fill(f32::NEG_INFINITY),
+        None => {}
+    }
+
+    let (klo, khi) = sh.block_keys(&rules, unit.i0, rows);
+    let tiles = if klo < khi {
+        klo / bk..khi.div_ceil(bk)
+    } else {
+        0..0
+    };
+    for tile in tiles {
+        let j0 = tile * bk;
+        let nk = bk.min(t_len - j0);
+        scores_t::<MR, NR>(sh, kv, j0, nk, &scratch.q, &mut scratch.st);
+        if opts.softcap > 0.0 {
+            let c = opts.softcap;
+            for x in &mut scratch.st[..nk * bq] {
+                *x = c * tanh::<FMA>(*x / c);
+            }
+        }
+        if let Some(mask) = &sh.mask {
+            scratch.mt.resize(bk * bq, 0.0);
+            for q in 0..bq {
+                let row = (q < rows).then(|| mask.row(unit.b, unit.h, unit.i0 + q));
+                for k in 0..nk {
+                    scratch.mt[k * bq + q] = match row {
+                        Some(r) if j0 + k < r.len() => r[j0 + k],
+                        _ => f32::NEG_INFINITY,
+                    };
+                }
+            }
+        }
+        apply_bias(j0, nk, bq, sh.mask.is_some(), rules.slope, scratch);
+        if capture {
+            for (q, out) in unit.qk.chunks_exact_mut(t_len).enumerate() {
+                for (k, o) in out[j0..j0 + nk].iter_mut().enumerate() {
+                    *o = scratch.st[k * bq + q];
+                }
+            }
+        }
+        online_softmax::<FMA>(nk, bq, ldv, opts.temperature, scratch);
+
+        // O += P V for the tile.
+        let st = &scratch.st;
+        if kv.finite[tile] {
+            // Value panels outside, so a panel of the tile stays in L1 while
+            // every group of queries passes over it.
+            for c in 0..ldv / NR {
+                let values = kv.value_panel(c, j0, t_len, NR);
+                for g in 0..bq / MR {
+                    let out = &mut scratch.o[g * MR * ldv + c * NR..];
+                    let mut acc = load::<MR, NR>(out, ldv, MR);
+                    outer::<MR, NR, FMA>(nk, &st[g * MR..], bq, values, &mut acc);
+                    store(&acc, out, ldv, MR, NR);
+                }
+            }
+        } else {
+            for q in 0..rows {
+                let (lo, hi) = (scratch.lo[q], scratch.hi[q]);
+                let o_row = &mut scratch.o[q * ldv..(q + 1) * ldv];
+                for k in 0..nk {
+                    let j = (j0 + k) as i32;
+                    let masked = sh.mask.is_some() && masks(scratch.mt[k * bq + q]);
+                    if j < lo || j >= hi || masked {
+                        continue;
+                    }
+                    let p = st[k * bq + q];
+                    for (c, out) in o_row.chunks_exact_mut(NR).enumerate() {
+                        let v = &kv.value_panel(c, j0 + k, t_len, NR)[..NR];
+                        for (acc, &x) in out.iter_mut().zip(v) {
+                            *acc = madd::<FMA>(p, x, *acc);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    finish::<FMA>(sh, unit, scratch, capture);
+}
+
+/// `Sᵀ[k][q] = scale · K[j0 + k] · Q[q]` for the tile's `nk` keys and every
+/// query of the block, into `st` (`[bk][bq]`). Each dot product is summed in
+/// order of d with a rounded product and a rounded sum per step: the same
+/// numbers as the plain f32 computation whose error sets the tolerance.
+/// (Fused multiply-adds round differently, and with large logits that cancel
+/// they were seen to exceed twice its error.)
+#[inline(always)]
+pub(crate) fn scores_t<const MR: usize, const NR: usize>(
+    sh: &Shared<'_>,
+    kv: &PackedKv,
+    j0: usize,
+    nk: usize,
+    q: &[f32],
+    st: &mut [f32],
+) {
+    let (dk, bq) = (sh.dims.head_dim, sh.bq);
+    for g in 0..nk.div_ceil(MR) {
+        let keys = kv.key_group(j0 / MR + g, dk, MR);
+        for p in 0..bq / NR {
+            let mut acc = [[0.0f32; NR]; MR];
+            outer::<MR, NR, false>(dk, keys, MR, &q[p * NR * dk..], &mut acc);
+            let out = &mut st[g * MR * bq + p * NR..];
+            for (r, row) in acc.iter().enumerate() {
+                let dst = &mut out[r * bq..r * bq + NR];
+                for j in 0..NR {
+                    dst[j] = row[j] * sh.scale;
+                }
+            }
+        }
+    }
+}
+
+/// Turns a tile's scaled (and softcapped) scores into its biased scores:
+/// keys outside a query's interval and masked keys become `-inf`; the others
+/// get the mask value (`s.mt`, when `mask`) and `-slope · |p − j|` added.
+/// Counts the attended keys per query, flags NaN/`+inf` scores among them,
+/// and leaves each query's largest score of the tile in `tile_max`.
+#[inline(always)]
+fn apply_bias(j0: usize, nk: usize, bq: usize, mask: bool, slope: f32, s: &mut Scratch) {
+    match (mask, slope != 0.0) {
+        (false, false) => biased_rows::<false, false>(j0, nk, bq, slope, s),
+        (false, true) => biased_rows::<false, true>(j0, nk, bq, slope, s),
+        (true, false) => biased_rows::<true, false>(j0, nk, bq, slope, s),
+        (true, true) => biased_rows::<true, true>(j0, nk, bq, slope, s),
+    }
+}
+
+/// [`apply_bias`] for one combination of mask and ALiBi.
+#[inline(always)]
+fn biased_rows<const MASK: bool, const ALIBI: bool>(
+    j0: usize,
+    nk: usize,
+    bq: usize,
+    slope: f32,
+    s: &mut Scratch,
+) {
+    reset(&mut s.tile_max, bq, f32::NEG_INFINITY);
+    let (lo, hi, pos) = (&s.lo[..bq], &s.hi[..bq], &s.pos[..bq]);
+    let (kept, bad, tile_max) = (&mut s.kept[..bq], &mut s.bad[..bq], &mut s.tile_max[..bq]);
+    let mask = if MASK { &s.mt[..nk * bq] } else { &[][..] };
+    for (k, row) in s.st[..nk * bq].chunks_exact_mut(bq).enumerate() {
+        let j = (j0 + k) as i32;
+        let mrow = if MASK {
+            &mask[k * bq..(k + 1) * bq]
+        } else {
+            &[][..]
+        };
+        for q in 0..bq {
+            let mut x = row[q];
+            let mut keep = lo[q] <= j && j < hi[q];
+            if MASK {
+                let m = mrow[q];
+                keep &= !masks(m);
+                x += m;
+            }
+            if ALIBI {
+                x -= slope * pos[q].wrapping_sub(j).wrapping_abs() as f32;
+            }
+            let x = if keep { x } else { f32::NEG_INFINITY };
+            row[q] = x;
+            kept[q] += u32::from(keep);
+            bad[q] |= u32::from(x.is_nan() || x == f32::INFINITY);
+            tile_max[q] = if x > tile_max[q] { x } else { tile_max[q] };
+        }
+    }
+}
+
+/// Folds a tile's biased scores (`st`, `[nk][bq]`) into the running maxima
+/// and sums, rescales the output rows whose maximum grew, and replaces the
+/// scores with their probabilities relative to the running maximum.
+#[inline(always)]
+fn online_softmax<const FMA: bool>(nk: usize, bq: usize, ldv: usize, tau: f32, s: &mut Scratch) {
+    let inv = tau != 1.0;
+    for q in 0..bq {
+        let (old, new) = (s.max[q], s.tile_max[q]);
+        if new > old {
+            // With no finite maximum before, the sum and output are Σ 0 (or
+            // 0·NaN): nothing to rescale.
+            if old > f32::NEG_INFINITY {
+                let delta = old - new;
+                let factor = exp::<FMA>(if inv { delta / tau } else { delta });
+                s.sum[q] *= factor;
+                for x in &mut s.o[q * ldv..(q + 1) * ldv] {
+                    *x *= factor;
+                }
+            }
+            s.max[q] = new;
+        }
+    }
+    // The reference each query's scores are taken from: its running maximum,
+    // or 0 while it has no finite one (every score is then -inf: 0 after exp).
+    let reference = &mut s.tile_max[..bq];
+    for (r, &m) in reference.iter_mut().zip(&s.max) {
+        *r = if m.is_finite() { m } else { 0.0 };
+    }
+    let sum = &mut s.sum[..bq];
+    for row in s.st[..nk * bq].chunks_exact_mut(bq) {
+        for q in 0..bq {
+            let x = row[q] - reference[q];
+            let p = exp::<FMA>(if inv { x / tau } else { x });
+            row[q] = p;
+            sum[q] += p;
+        }
+    }
+}
+
+/// Y, the logsumexp, and mode 3's probabilities, from the block's state.
+#[inline(always)]
+fn finish<const FMA: bool>(sh: &Shared<'_>, unit: Unit<'_>, s: &Scratch, capture: bool) {
+    let (dv, t_len) = (sh.dims.v_head_dim, sh.dims.total_len());
+    let ldv = s.o.len() / sh.bq;
+    let tau = sh.options.temperature;
+    let mode3 = sh.options.qk_matmul_output_mode == Some(QkMatmulOutputMode::Probabilities);
+    for r in 0..unit.rows {
+        let (max, sum, any) = (s.max[r], s.sum[r], s.kept[r] > 0);
+        let poisoned = s.bad[r] != 0 || (any && max == f32::NEG_INFINITY);
+        let y = &mut unit.y[r * dv..(r + 1) * dv];
+        if poisoned {
+            y.fill(f32::NAN);
+            unit.lse[r] = f32::NAN;
+        } else if !any {
+            y.fill(0.0);
+            unit.lse[r] = f32::NEG_INFINITY;
+        } else {
+            for (out, &acc) in y.iter_mut().zip(&s.o[r * ldv..]) {
+                *out = acc / sum;
+            }
+            unit.lse[r] = max / tau + sum.ln();
+        }
+        if capture && mode3 {
+            let row = &mut unit.qk[r * t_len..(r + 1) * t_len];
+            if poisoned {
+                row.fill(f32::NAN);
+            } else if !any {
+                row.fill(0.0);
+            } else if tau == 1.0 {
+                for p in row.iter_mut() {
+                    *p = exp::<FMA>(*p - max) / sum;
+                }
+            } else {
+                for p in row.iter_mut() {
+                    *p = exp::<FMA>((*p - max) / tau) / sum;
+                }
+            }
+        }
+    }
+}

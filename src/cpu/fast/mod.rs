@@ -1,0 +1,229 @@
+//! The fast CPU backend: attention in f32, blocked the way FlashAttention is,
+//! for machines (and browsers) without a GPU. The f64 oracle in [`crate::cpu`]
+//! stays the reference it is checked against.
+//!
+//! - [`pack`]: K as panels of `NR` keys and V as padded rows, once per
+//!   (batch, KV head), shared by the query heads of a GQA group;
+//! - [`block`]: one block of query rows against its key tiles, with the online
+//!   softmax, tile skipping, every option of the contract and the oracle's
+//!   non-finite rule;
+//! - [`kernel`]: the `MR × NR` register-tiled micro-kernel both products run on;
+//! - [`math`]: `exp`, `tanh` and reductions the compiler vectorises;
+//! - [`isa`]: the instruction set the kernels are compiled for, picked at run
+//!   time (AVX2 + FMA where the CPU has them);
+//! - [`threads`]: work items (batch × query head × query block) over scoped threads.
+
+mod block;
+pub(crate) mod isa;
+mod kernel;
+pub(crate) mod math;
+mod pack;
+mod rules;
+mod scores;
+pub(crate) mod threads;
+
+pub use isa::Isa;
+
+use std::cmp::Reverse;
+
+use crate::error::Result;
+use crate::options::{alibi_slopes, AttentionOptions};
+use crate::problem::{validate, AttentionInputs, AttentionOutputs};
+use crate::tensor::{checked_numel, HostTensor};
+use block::{Scratch, Shared, Unit, UnitJob};
+use rules::MaskBias;
+
+/// The fast CPU backend with its thread count and instruction set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuBackend {
+    threads: usize,
+    isa: Isa,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new(None)
+    }
+}
+
+impl CpuBackend {
+    /// A backend on `threads` threads (`None`: one per available core; always
+    /// one on wasm32), in the best instruction set this CPU has.
+    pub fn new(threads: Option<usize>) -> CpuBackend {
+        let threads = match threads {
+            _ if cfg!(target_arch = "wasm32") => 1,
+            Some(n) => n.max(1),
+            None => threads::default_threads(),
+        };
+        CpuBackend {
+            threads,
+            isa: Isa::detect(),
+        }
+    }
+
+    /// The number of threads a call uses at most.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// The instruction set the kernels run in.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// One line: precision, threads and instruction set.
+    pub fn describe(&self) -> String {
+        format!(
+            "f32, {} thread{}, {}",
+            self.threads,
+            if self.threads == 1 { "" } else { "s" },
+            self.isa.name()
+        )
+    }
+
+    /// Attention on the host in f32: the whole contract of
+    /// [`AttentionOptions`], every output, checked against the f64 oracle by
+    /// the tests and the conformance sweep.
+    pub fn attention(
+        &self,
+        inputs: &AttentionInputs<'_, HostTensor>,
+        options: &AttentionOptions,
+    ) -> Result<AttentionOutputs<HostTensor>> {
+        let dims = validate(inputs, options)?;
+        let (mr, nr) = (self.isa.mr(), self.isa.nr());
+        let (nq, dv, t_len) = (dims.q_len, dims.v_head_dim, dims.total_len());
+        let heads = dims.batch * dims.q_heads;
+        // Blocks of query rows and key tiles sized for the caches: the Q block,
+        // a score tile, a value panel and the output accumulators stay in L1.
+        // Query blocks are a multiple of both tile sizes; short ones for few queries.
+        let step = lcm(mr, nr);
+        let bq = (48usize.div_ceil(step) * step).min(nq.div_ceil(step) * step);
+        let bk = 48usize.div_ceil(mr) * mr;
+
+        let mut y = vec![0.0f32; checked_numel("Y", &dims.y_shape())?];
+        let mut lse = vec![0.0f32; heads * nq];
+        let mut qk = match options.qk_matmul_output_mode {
+            Some(_) => vec![0.0f32; checked_numel("qk_matmul_output", &dims.scores_shape())?],
+            None => Vec::new(),
+        };
+
+        let kv = threads::map(
+            (0..dims.batch * dims.kv_heads).collect(),
+            self.threads,
+            |bkv| {
+                pack::pack(
+                    &dims,
+                    inputs.k,
+                    inputs.v,
+                    inputs.past_key,
+                    inputs.past_value,
+                    bkv,
+                    mr,
+                    nr,
+                    bk,
+                )
+            },
+        );
+        let mask = match (inputs.attn_mask, dims.mask) {
+            (Some(m), Some(layout)) => Some(MaskBias::new(m, layout)),
+            _ => None,
+        };
+        let slopes = if options.alibi {
+            alibi_slopes(dims.q_heads)
+                .into_iter()
+                .map(|s| s as f32)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let shared = Shared {
+            dims,
+            options,
+            q: inputs.q.data(),
+            kv,
+            mask,
+            nonpad: inputs.nonpad_kv_seqlen,
+            slopes,
+            scale: options.effective_scale(dims.head_dim),
+            bq,
+            bk,
+            mr,
+            nr,
+        };
+
+        // Work items, the most expensive first so the last ones to finish are short.
+        let qk_row = if qk.is_empty() { 0 } else { t_len };
+        let mut units = Vec::with_capacity(heads * nq.div_ceil(bq));
+        let mut y_rest = y.as_mut_slice();
+        let mut lse_rest = lse.as_mut_slice();
+        let mut qk_rest = qk.as_mut_slice();
+        for z in 0..heads {
+            let (b, h) = (z / dims.q_heads, z % dims.q_heads);
+            let rules = shared.rules(b, h);
+            for i0 in (0..nq).step_by(bq) {
+                let rows = bq.min(nq - i0);
+                let (y_u, y_next) = std::mem::take(&mut y_rest).split_at_mut(rows * dv);
+                let (lse_u, lse_next) = std::mem::take(&mut lse_rest).split_at_mut(rows);
+                let (qk_u, qk_next) = std::mem::take(&mut qk_rest).split_at_mut(rows * qk_row);
+                (y_rest, lse_rest, qk_rest) = (y_next, lse_next, qk_next);
+                let (lo, hi) = shared.block_keys(&rules, i0, rows);
+                let cost = rows * (hi - lo + qk_row);
+                let unit = Unit {
+                    b,
+                    h,
+                    i0,
+                    rows,
+                    y: y_u,
+                    lse: lse_u,
+                    qk: qk_u,
+                };
+                units.push((cost, unit));
+            }
+        }
+        units.sort_by_key(|(cost, _)| Reverse(*cost));
+        let units: Vec<Unit<'_>> = units.into_iter().map(|(_, u)| u).collect();
+        threads::for_each(units, self.threads, Scratch::default, |unit, scratch| {
+            isa::dispatch(
+                self.isa,
+                UnitJob {
+                    shared: &shared,
+                    unit,
+                    scratch,
+                },
+            )
+        });
+        drop(shared);
+
+        let y = HostTensor::new(dims.y_shape(), y)?;
+        let lse = options
+            .return_lse
+            .then(|| HostTensor::new(dims.lse_shape(), lse))
+            .transpose()?;
+        let qk_matmul_output = options
+            .qk_matmul_output_mode
+            .map(|_| HostTensor::new(dims.scores_shape(), qk))
+            .transpose()?;
+        let (present_key, present_value) = if options.return_present {
+            let (k, v) = super::present(inputs, &dims)?;
+            (Some(k), Some(v))
+        } else {
+            (None, None)
+        };
+        Ok(AttentionOutputs {
+            y,
+            present_key,
+            present_value,
+            qk_matmul_output,
+            lse,
+        })
+    }
+}
+
+/// The least common multiple of two tile sizes.
+fn lcm(a: usize, b: usize) -> usize {
+    let (mut x, mut y) = (a, b);
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    a / x * b
+}
