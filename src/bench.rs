@@ -244,8 +244,10 @@ pub struct AttentionMeasurement {
     pub peak_bytes: u64,
 }
 
-/// Times attention of `shape` on `path` (`Cpu` runs the f64 CPU backend, timed
-/// by the wall clock; the GPU paths use [`measure_gpu`]).
+/// Times attention of `shape` on `path`: the GPU paths with [`measure_gpu`];
+/// `Cpu` (the fast CPU backend, on the engine's threads) and `Oracle` (the f64
+/// oracle) by the wall clock around a host call. A GPU path on a CPU engine is
+/// [`crate::Error::Conflict`].
 pub async fn attention(
     engine: &crate::Engine,
     shape: AttentionShape,
@@ -267,13 +269,12 @@ pub async fn attention(
         ..Default::default()
     };
     let measurement = match (path, engine.gpu()) {
-        (KernelPath::Cpu, _) | (_, None) => {
-            let cpu = crate::Engine::cpu();
+        (KernelPath::Cpu | KernelPath::Oracle, _) | (_, None) => {
             let host = inputs.as_inputs();
             let mut samples = Vec::new();
             for run in 0..repeats.warmup + repeats.timed {
                 let start = Instant::now();
-                cpu.attention_host(&host, &options).await?;
+                engine.attention_host(&host, &options).await?;
                 if run >= repeats.warmup {
                     samples.push(start.elapsed().as_secs_f64() * 1e3);
                 }
@@ -295,7 +296,7 @@ pub async fn attention(
         }
     };
     let peak_bytes = match path {
-        KernelPath::Cpu => 0,
+        KernelPath::Cpu | KernelPath::Oracle => 0,
         _ => engine.last_call().map_or(0, |c| c.allocated_bytes),
     };
     Ok(AttentionMeasurement {

@@ -134,7 +134,7 @@ fn pipelines_compile_once() {
 }
 
 #[test]
-fn the_cpu_path_can_be_forced_on_a_gpu_engine() {
+fn the_cpu_paths_can_be_forced_on_a_gpu_engine() {
     let Some(engine) = common::gpu() else { return };
     let (q, k, v) = (
         tensor([2, 3, 7, 5], 10),
@@ -142,15 +142,25 @@ fn the_cpu_path_can_be_forced_on_a_gpu_engine() {
         tensor([2, 1, 4, 6], 12),
     );
     let inputs = AttentionInputs::new(&q, &k, &v);
-    let on_cpu = engine
-        .attention_host_blocking(
-            &inputs,
-            &AttentionOptions {
-                path: KernelPath::Cpu,
-                ..Default::default()
-            },
-        )
+    let forced = |path| {
+        let out = engine
+            .attention_host_blocking(
+                &inputs,
+                &AttentionOptions {
+                    path,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(engine.last_call().unwrap().path, path);
+        out
+    };
+    // Cpu is the fast backend, Oracle the f64 oracle, each exactly as it runs alone.
+    let fast = webattn::cpu::fast::CpuBackend::default()
+        .attention(&inputs, &AttentionOptions::default())
         .unwrap();
+    assert_eq!(forced(KernelPath::Cpu).y, fast.y);
     let oracle = webattn::cpu::attention(&inputs, &AttentionOptions::default()).unwrap();
-    assert_eq!(on_cpu.y, oracle.y);
+    assert_eq!(forced(KernelPath::Oracle).y, oracle.y);
+    assert!(engine.paths().contains(&KernelPath::Cpu));
 }

@@ -165,7 +165,7 @@ fn subgroup_kernels_at_width_4() {
 
 #[test]
 fn cpu_backend_matches_the_oracle() {
-    // The CPU path is the oracle rounded to f32: it must pass the same rule.
+    // The fast CPU backend must pass the same rule (tests/cpu_backend.rs runs the whole sweep).
     let engine = webattn::Engine::cpu();
     common::run_cases(&engine, &sweep(SweepKind::Quick)[..6], KernelPath::Auto);
 }

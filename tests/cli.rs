@@ -265,6 +265,21 @@ fn attend_round_trips_every_option() {
         CaseSpec::new("m", [1, 2, 1], [4, 9], [8, 4]).with(qk(QkMatmulOutputMode::Scaled)),
         &["--qk-matmul-output-mode", "0", "--path", "cpu"],
     );
+    round_trip(
+        "mode3-oracle-path",
+        CaseSpec::new("o", [1, 2, 1], [4, 9], [8, 4])
+            .with(qk(QkMatmulOutputMode::Probabilities))
+            .with(|o| o.is_causal = true),
+        &[
+            "--qk-matmul-output-mode",
+            "3",
+            "--is-causal",
+            "--path",
+            "oracle",
+            "--cpu-threads",
+            "1",
+        ],
+    );
 }
 
 #[test]
@@ -730,7 +745,10 @@ fn bench_writes_the_documented_json_and_a_plot() {
         .iter()
         .filter_map(|a| a["path"].as_str())
         .collect();
-    assert_eq!(paths, ["cpu", "fused", "unfused"].into_iter().collect());
+    assert_eq!(
+        paths,
+        ["cpu", "fused", "oracle", "unfused"].into_iter().collect()
+    );
     for a in attention {
         for key in [
             "batch",

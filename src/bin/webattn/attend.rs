@@ -21,8 +21,10 @@ pub enum PathArg {
     Fused,
     /// The unfused GPU path: QK^T GEMM, mask, softmax, PV GEMM.
     Unfused,
-    /// The f64 CPU oracle.
+    /// The fast CPU backend (f32, blocked, threaded).
     Cpu,
+    /// The f64 CPU oracle (slow; the reference every path is checked against).
+    Oracle,
 }
 
 /// Arguments of `webattn attend`.
@@ -196,6 +198,7 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
             PathArg::Fused => KernelPath::Fused,
             PathArg::Unfused => KernelPath::Unfused,
             PathArg::Cpu => KernelPath::Cpu,
+            PathArg::Oracle => KernelPath::Oracle,
         },
     };
     let mut inputs = AttentionInputs::new(&q, &k, &v);
@@ -208,12 +211,13 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
     inputs.nonpad_kv_seqlen = nonpad.as_deref();
     webattn::validate(&inputs, &options)?;
 
-    // The CPU path needs no adapter; every other path takes the --backend engine.
-    let engine = if options.path == KernelPath::Cpu {
-        webattn::Engine::cpu()
+    // The CPU paths need no adapter; every other path takes the --backend engine.
+    let cpu_path = matches!(options.path, KernelPath::Cpu | KernelPath::Oracle);
+    let engine = super::engine(if cpu_path {
+        super::Backend::Cpu
     } else {
-        super::engine(backend)?
-    };
+        backend
+    })?;
     let start = Instant::now();
     let out = engine.attention_host_blocking(&inputs, &options)?;
     let millis = start.elapsed().as_secs_f64() * 1e3;
@@ -248,9 +252,10 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
     }
     staged.commit()?;
 
-    let adapter = match engine.capabilities() {
-        Some(caps) if path != KernelPath::Cpu => caps.adapter.name.clone(),
-        _ => "CPU".to_string(),
+    let adapter = match (engine.capabilities(), path) {
+        (_, KernelPath::Oracle) => "CPU (f64 oracle)".to_string(),
+        (Some(caps), KernelPath::Fused | KernelPath::Unfused) => caps.adapter.name.clone(),
+        _ => format!("CPU ({})", engine.cpu_backend().describe()),
     };
     eprintln!(
         "webattn: path {path} on {adapter}; Q {:?} K {:?} V {:?}{} -> Y {:?}; {millis:.2} ms",

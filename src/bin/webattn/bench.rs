@@ -1,5 +1,7 @@
 //! `webattn bench`: the FMA ceiling, GEMM, attention on every path and decode,
 //! measured side by side in one run; a table, JSON, and an optional SVG plot.
+//! The `cpu` rows are the fast CPU backend; the f64 oracle is timed once at
+//! seq 2048 (causal and not) for reference. On a CPU engine only the CPU rows run.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -45,15 +47,19 @@ enum Job {
     Decode(usize, KernelPath),
 }
 
-fn plan(args: &Args) -> Vec<Job> {
+fn plan(args: &Args, gpu: bool) -> Vec<Job> {
     let mut jobs = Vec::new();
-    let gemm_sizes: &[usize] = if args.quick {
-        &[256, 512, 1024]
-    } else {
-        &[256, 512, 1024, 2048]
+    let gemm_sizes: &[usize] = match (gpu, args.quick) {
+        (false, _) => &[],
+        (true, true) => &[256, 512, 1024],
+        (true, false) => &[256, 512, 1024, 2048],
     };
     jobs.extend(gemm_sizes.iter().map(|&n| Job::Gemm(n)));
-    let paths = [KernelPath::Fused, KernelPath::Unfused, KernelPath::Cpu];
+    let paths: &[KernelPath] = if gpu {
+        &[KernelPath::Fused, KernelPath::Unfused, KernelPath::Cpu]
+    } else {
+        &[KernelPath::Cpu]
+    };
     let shape = |seq: usize, head_dim: usize, causal: bool| AttentionShape {
         batch: (args.tokens / seq).max(1),
         heads: (args.width / head_dim).max(1),
@@ -64,12 +70,12 @@ fn plan(args: &Args) -> Vec<Job> {
     };
     if args.quick {
         for causal in [false, true] {
-            for path in paths {
+            for &path in paths {
                 jobs.push(Job::Attention(shape(2048, 64, causal), path));
             }
         }
         for keys in [4096, 8192] {
-            for path in paths {
+            for &path in paths {
                 jobs.push(Job::Decode(keys, path));
             }
         }
@@ -77,30 +83,34 @@ fn plan(args: &Args) -> Vec<Job> {
         for head_dim in [64, 128] {
             for causal in [false, true] {
                 for seq in [256, 512, 1024, 2048, 4096] {
-                    for path in paths {
-                        // The f64 CPU backend at 4096 adds minutes and no information.
-                        if path == KernelPath::Cpu && seq > 2048 {
-                            continue;
-                        }
+                    for &path in paths {
                         jobs.push(Job::Attention(shape(seq, head_dim, causal), path));
                     }
                 }
             }
         }
         for keys in [4096, 8192, 16384, 32768] {
-            for path in paths {
+            for &path in paths {
                 jobs.push(Job::Decode(keys, path));
             }
         }
+    }
+    // The f64 oracle once, for reference: it is what the CPU backend replaced.
+    for causal in [false, true] {
+        jobs.push(Job::Attention(shape(2048, 64, causal), KernelPath::Oracle));
     }
     jobs
 }
 
 fn repeats(path: KernelPath, quick: bool) -> Repeats {
     match (path, quick) {
-        (KernelPath::Cpu, _) => Repeats {
+        (KernelPath::Oracle, _) => Repeats {
             warmup: 0,
             timed: 1,
+        },
+        (KernelPath::Cpu, true) => Repeats {
+            warmup: 1,
+            timed: 3,
         },
         (_, true) => Repeats {
             warmup: 1,
@@ -119,19 +129,15 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot read {}", json.display()))?;
         let report: Value = serde_json::from_str(&text)
             .with_context(|| format!("{} is not a bench report", json.display()))?;
-        let ceiling = report["fma_ceiling_gflops"]
-            .as_f64()
-            .context("the report has no fma_ceiling_gflops")?;
+        // A CPU engine's report has no ceiling (null): the plot draws none.
+        let ceiling = report["fma_ceiling_gflops"].as_f64().unwrap_or(0.0);
         super::files::write_text(out, &plot::attention_svg(&report, ceiling))?;
         return Ok(ExitCode::SUCCESS);
     }
     let engine = super::engine(backend)?;
-    let Some(ctx) = engine.gpu() else {
-        anyhow::bail!("bench measures the GPU paths and needs a GPU adapter; none is in use");
-    };
-    let caps = ctx.capabilities();
+    let ctx = engine.gpu();
     eprintln!("webattn bench on {}", engine.describe());
-    let jobs = plan(args);
+    let jobs = plan(args, ctx.is_some());
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = ProgressBar::new(jobs.len() as u64 + 2);
         bar.set_style(
@@ -154,19 +160,28 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
         timed: 5,
     };
     note("FMA ceiling".into());
-    let (_, first) = pollster::block_on(bench::fma_ceiling(ctx, ceiling_repeats))?;
+    let first = match ctx {
+        Some(ctx) => Some(pollster::block_on(bench::fma_ceiling(ctx, ceiling_repeats))?.1),
+        None => None,
+    };
     // This machine's speed may drift during a run (a shared VM's did by 30%), so
-    // every measurement is paired with a short ceiling run just before it and
-    // its share of the ceiling is taken against that.
-    let adjacent = || -> anyhow::Result<f64> {
-        Ok(pollster::block_on(bench::fma_ceiling(
-            ctx,
-            Repeats {
-                warmup: 1,
-                timed: 3,
-            },
-        ))?
-        .0)
+    // every GPU measurement is paired with a short ceiling run just before it
+    // and its share of the ceiling is taken against that. The CPU rows have no
+    // GPU ceiling to share (NaN: shown as "-").
+    let adjacent = |path: KernelPath| -> anyhow::Result<f64> {
+        match (ctx, path) {
+            (Some(ctx), KernelPath::Fused | KernelPath::Unfused) => {
+                Ok(pollster::block_on(bench::fma_ceiling(
+                    ctx,
+                    Repeats {
+                        warmup: 1,
+                        timed: 3,
+                    },
+                ))?
+                .0)
+            }
+            _ => Ok(f64::NAN),
+        }
     };
     let mut gemm = Vec::new();
     let mut attention = Vec::new();
@@ -174,9 +189,10 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
     for job in &jobs {
         match *job {
             Job::Gemm(n) => {
+                let Some(ctx) = ctx else { continue };
                 note(format!("GEMM {n}^3"));
                 let r = repeats(KernelPath::Fused, args.quick);
-                let near = adjacent()?;
+                let near = adjacent(KernelPath::Fused)?;
                 let (gflops, m) = pollster::block_on(bench::gemm(ctx, n, n, n, r))?;
                 gemm.push((n, gflops, m.median_ms(), near));
             }
@@ -187,7 +203,7 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
                     shape.head_dim,
                     if shape.causal { " causal" } else { "" }
                 ));
-                let near = adjacent()?;
+                let near = adjacent(path)?;
                 let m = pollster::block_on(bench::attention(
                     &engine,
                     shape,
@@ -219,46 +235,65 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
         }
     }
     note("FMA ceiling, again".into());
-    let (_, last) = pollster::block_on(bench::fma_ceiling(ctx, ceiling_repeats))?;
+    let last = match ctx {
+        Some(ctx) => Some(pollster::block_on(bench::fma_ceiling(ctx, ceiling_repeats))?.1),
+        None => None,
+    };
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
     // The ceiling is measured at both ends of the run; its median over all
-    // samples is what every share refers to.
-    let mut ceiling_samples = first.samples_ms.clone();
-    ceiling_samples.extend(&last.samples_ms);
-    let ceiling_ms = bench::Measurement {
-        samples_ms: ceiling_samples,
-        clock: first.clock,
+    // samples is what every share refers to (none on a CPU engine).
+    let ends = first.as_ref().zip(last.as_ref());
+    let ceiling = ends.map_or(f64::NAN, |(first, last)| {
+        let mut samples = first.samples_ms.clone();
+        samples.extend(&last.samples_ms);
+        bench::Measurement {
+            samples_ms: samples,
+            clock: first.clock,
+        }
+        .gflops(bench::fma_ceiling_flops())
+    });
+    let clock = match first.as_ref().map(|m| m.clock) {
+        Some(Clock::GpuTimestamps) => "gpu timestamps",
+        _ => "wall clock",
     };
-    let ceiling = ceiling_ms.gflops(bench::fma_ceiling_flops());
-    let clock = match first.clock {
-        Clock::GpuTimestamps => "gpu timestamps",
-        Clock::Wall => "wall clock",
-    };
+    let caps = ctx.map(|c| c.capabilities());
+    let cpu = engine.cpu_backend().describe();
 
     // The table.
-    let a = &caps.adapter;
-    println!(
-        "adapter: {} ({}, {})   timing: {clock}, median of runs after warm-up",
-        a.name, a.backend, a.device_type
-    );
-    println!(
-        "FMA ceiling: {ceiling:.1} GFLOP/s, median of the run's start and end (start {:.1}, end {:.1})",
-        first.gflops(bench::fma_ceiling_flops()),
-        last.gflops(bench::fma_ceiling_flops())
-    );
-    println!("\nGEMM (f32, {:?})", ctx.gemm_kernel());
-    println!(
-        "{:>6} {:>10} {:>10} {:>9} {:>8}",
-        "n", "ms", "GFLOP/s", "ceiling*", "share"
-    );
-    for &(n, g, ms, near) in &gemm {
+    match caps.map(|c| &c.adapter) {
+        Some(a) => println!(
+            "adapter: {} ({}, {})   timing: {clock}, median of runs after warm-up",
+            a.name, a.backend, a.device_type
+        ),
+        None => println!(
+            "adapter: none (CPU engine)   timing: wall clock, median of runs after warm-up"
+        ),
+    }
+    println!("CPU backend: {cpu}; the f64 oracle timed once (one run) for reference");
+    if let Some((first, last)) = ends {
         println!(
-            "{n:>6} {ms:>10.2} {g:>10.1} {near:>9.1} {:>7.0}%",
-            100.0 * g / near
+            "FMA ceiling: {ceiling:.1} GFLOP/s, median of the run's start and end (start {:.1}, end {:.1})",
+            first.gflops(bench::fma_ceiling_flops()),
+            last.gflops(bench::fma_ceiling_flops())
         );
     }
+    if let Some(ctx) = ctx {
+        println!("\nGEMM (f32, {:?})", ctx.gemm_kernel());
+        println!(
+            "{:>6} {:>10} {:>10} {:>9} {:>8}",
+            "n", "ms", "GFLOP/s", "ceiling*", "share"
+        );
+        for &(n, g, ms, near) in &gemm {
+            println!(
+                "{n:>6} {ms:>10.2} {g:>10.1} {near:>9.1} {:>7.0}%",
+                100.0 * g / near
+            );
+        }
+    }
+    // GPU ceilings and shares are "-" on the CPU rows.
+    let or_dash = |x: f64, text: String| if x.is_finite() { text } else { "-".to_string() };
     println!("\nattention (B x H = tokens / seq x width / head dim)");
     println!(
         "{:<8} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10} {:>9} {:>9} {:>7} {:>10} {:>10}",
@@ -284,7 +319,7 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
             .map(|u| format!("{:.2}x", u / m.measurement.median_ms()))
             .unwrap_or_default();
         println!(
-            "{:<8} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10.1} {:>9.1} {:>9.1} {:>6.0}% {:>10.1} {:>10}",
+            "{:<8} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10.1} {:>9.1} {:>9} {:>7} {:>10.1} {:>10}",
             path.name(),
             shape.batch,
             shape.heads,
@@ -293,14 +328,14 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
             if shape.causal { "yes" } else { "no" },
             m.measurement.median_ms(),
             m.gflops,
-            near,
-            100.0 * m.gflops / near,
+            or_dash(*near, format!("{near:.1}")),
+            or_dash(*near, format!("{:.0}%", 100.0 * m.gflops / near)),
             m.peak_bytes as f64 / f64::from(1 << 20),
             speedup
         );
     }
     println!(
-        "* ceiling: the FMA ceiling measured just before the row (the machine's speed may drift)"
+        "* ceiling: the GPU's FMA ceiling measured just before the row (the machine's speed may drift)"
     );
     println!("\ndecode (B = 1, H = 8, Nq = 1, d = 128)");
     println!(
@@ -318,22 +353,24 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
         );
     }
 
+    let finite = |x: f64| x.is_finite().then_some(x);
     let json = json!({
-        "adapter": {"name": a.name, "backend": a.backend, "device_type": a.device_type, "driver": a.driver, "driver_info": a.driver_info},
+        "adapter": caps.map(|c| &c.adapter).map(|a| json!({"name": a.name, "backend": a.backend, "device_type": a.device_type, "driver": a.driver, "driver_info": a.driver_info})),
+        "cpu_backend": cpu,
         "clock": clock,
         "quick": args.quick,
         "tokens": args.tokens,
         "width": args.width,
-        "fma_ceiling_gflops": ceiling,
-        "fma_ceiling_start_gflops": first.gflops(bench::fma_ceiling_flops()),
-        "fma_ceiling_end_gflops": last.gflops(bench::fma_ceiling_flops()),
-        "gemm_kernel": format!("{:?}", ctx.gemm_kernel()),
+        "fma_ceiling_gflops": finite(ceiling),
+        "fma_ceiling_start_gflops": first.as_ref().map(|m| m.gflops(bench::fma_ceiling_flops())),
+        "fma_ceiling_end_gflops": last.as_ref().map(|m| m.gflops(bench::fma_ceiling_flops())),
+        "gemm_kernel": ctx.map(|c| format!("{:?}", c.gemm_kernel())),
         "gemm": gemm.iter().map(|&(n, g, ms, near)| json!({"m": n, "n": n, "k": n, "ms": ms, "gflops": g, "share_of_ceiling": g / near, "adjacent_ceiling_gflops": near})).collect::<Vec<_>>(),
         "attention": attention.iter().map(|(s, p, m, near)| json!({
             "path": p.name(), "batch": s.batch, "heads": s.heads, "seq_q": s.seq_q, "seq_k": s.seq_k,
             "head_dim": s.head_dim, "causal": s.causal, "ms": m.measurement.median_ms(),
             "samples_ms": m.measurement.samples_ms, "gflops": m.gflops,
-            "share_of_ceiling": m.gflops / near, "adjacent_ceiling_gflops": near, "peak_bytes": m.peak_bytes,
+            "share_of_ceiling": finite(m.gflops / near), "adjacent_ceiling_gflops": finite(*near), "peak_bytes": m.peak_bytes,
         })).collect::<Vec<_>>(),
         "decode": decode.iter().map(|(s, p, m)| json!({
             "path": p.name(), "seq_k": s.seq_k, "head_dim": s.head_dim, "heads": s.heads,
@@ -344,7 +381,10 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
         super::files::write_text(path, &serde_json::to_string_pretty(&json)?)?;
     }
     if let Some(path) = &args.plot {
-        super::files::write_text(path, &plot::attention_svg(&json, ceiling))?;
+        super::files::write_text(
+            path,
+            &plot::attention_svg(&json, finite(ceiling).unwrap_or(0.0)),
+        )?;
     }
     Ok(ExitCode::SUCCESS)
 }

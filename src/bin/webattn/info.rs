@@ -30,8 +30,9 @@ fn describe(engine: &Engine) -> serde_json::Value {
         return json!({
             "backend": "cpu",
             "adapter": null,
-            "note": "no GPU adapter in use: the CPU backend (f64 oracle) computes every call",
-            "paths": ["cpu"],
+            "cpu_backend": engine.cpu_backend().describe(),
+            "note": "no GPU adapter in use: the fast CPU backend computes every call (the f64 oracle on --path oracle)",
+            "paths": ["cpu", "oracle"],
         });
     };
     let a = &caps.adapter;
@@ -58,7 +59,8 @@ fn describe(engine: &Engine) -> serde_json::Value {
             "timestamp_query": caps.timestamp_query,
         },
         "default_path": plan.default_path.name(),
-        "paths": plan.paths.iter().map(|p| p.name()).chain(["cpu"]).collect::<Vec<_>>(),
+        "paths": plan.paths.iter().map(|p| p.name()).chain(["cpu", "oracle"]).collect::<Vec<_>>(),
+        "cpu_backend": engine.cpu_backend().describe(),
         "kernels": plan.kernels.iter().map(|k| json!({
             "label": k.label, "invocations": k.invocations, "tile": k.tile,
             "workgroup_bytes": k.workgroup_bytes, "role": k.role,
@@ -71,9 +73,11 @@ fn describe(engine: &Engine) -> serde_json::Value {
 fn text(engine: &Engine) -> String {
     let (Some(caps), Some(plan)) = (engine.capabilities(), engine.kernel_plan()) else {
         debug_assert_eq!(engine.backend(), BackendKind::Cpu);
-        return "adapter:  none: no GPU adapter in use\n\
-                backend:  CPU (the f64 oracle computes every call; paths: cpu)\n"
-            .to_string();
+        return format!(
+            "adapter:  none: no GPU adapter in use\n\
+             backend:  CPU ({}; paths: cpu, and oracle, the f64 reference)\n",
+            engine.cpu_backend().describe()
+        );
     };
     let a = &caps.adapter;
     let l = &caps.limits;
@@ -124,13 +128,14 @@ fn text(engine: &Engine) -> String {
     );
     out += &format!("  timestamp-query        {}\n", yes(caps.timestamp_query));
     out += &format!(
-        "paths:    {} (default: {}); cpu always\n",
+        "paths:    {} (default: {}); cpu ({}) and oracle always\n",
         plan.paths
             .iter()
             .map(|p| p.name())
             .collect::<Vec<_>>()
             .join(", "),
-        plan.default_path
+        plan.default_path,
+        engine.cpu_backend().describe()
     );
     out += "kernels:\n";
     for k in &plan.kernels {

@@ -22,9 +22,12 @@ use webattn::{BackendPreference, Engine, EngineOptions};
 #[command(name = "webattn", version, about, propagate_version = true)]
 struct Cli {
     /// Which backend to run on: a GPU if one exists (else the CPU, with a
-    /// warning), a GPU or fail, or the CPU oracle.
+    /// warning), a GPU or fail, or the fast CPU backend.
     #[arg(long, value_enum, default_value_t = Backend::Auto, global = true)]
     backend: Backend,
+    /// Threads of the fast CPU backend (default: one per core).
+    #[arg(long, value_name = "N", global = true, value_parser = clap::value_parser!(u16).range(1..))]
+    cpu_threads: Option<u16>,
     #[command(subcommand)]
     command: Command,
 }
@@ -48,6 +51,9 @@ enum Backend {
     Cpu,
 }
 
+/// `--cpu-threads`, set once from the command line before any engine is made.
+static CPU_THREADS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+
 /// Creates the engine the `--backend` option asks for.
 fn engine(backend: Backend) -> webattn::Result<Engine> {
     let backend = match backend {
@@ -57,6 +63,7 @@ fn engine(backend: Backend) -> webattn::Result<Engine> {
     };
     Engine::with_options_blocking(EngineOptions {
         backend,
+        cpu_threads: CPU_THREADS.get().copied().flatten(),
         ..Default::default()
     })
 }
@@ -66,6 +73,7 @@ fn main() -> ExitCode {
         .format_timestamp(None)
         .init();
     let cli = Cli::parse();
+    let _ = CPU_THREADS.set(cli.cpu_threads.map(usize::from));
     let outcome = match cli.command {
         Command::Info(args) => info::run(cli.backend, &args),
         Command::Attend(args) => attend::run(cli.backend, &args),

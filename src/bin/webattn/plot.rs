@@ -100,16 +100,18 @@ pub fn attention_svg(report: &Value, ceiling: f64) -> String {
         H - 14.0,
         (TOP + H - BOTTOM) / 2.0
     );
-    // The ceiling.
-    svg += &format!(
-        r##"<line x1="{LEFT}" y1="{0:.1}" x2="{1}" y2="{0:.1}" stroke="#777" stroke-dasharray="2,3"/><text x="{2}" y="{3:.1}" fill="#555">FMA ceiling {4:.0}</text>
+    // The ceiling (none on a CPU engine).
+    if ceiling > 0.0 {
+        svg += &format!(
+            r##"<line x1="{LEFT}" y1="{0:.1}" x2="{1}" y2="{0:.1}" stroke="#777" stroke-dasharray="2,3"/><text x="{2}" y="{3:.1}" fill="#555">FMA ceiling {4:.0}</text>
 "##,
-        y(ceiling),
-        W - RIGHT,
-        W - RIGHT + 6.0,
-        y(ceiling) + 4.0,
-        ceiling
-    );
+            y(ceiling),
+            W - RIGHT,
+            W - RIGHT + 6.0,
+            y(ceiling) + 4.0,
+            ceiling
+        );
+    }
     // One line per (path, causal).
     let mut legend_y = TOP + 70.0;
     for path in ["fused", "unfused", "cpu"] {
