@@ -1,8 +1,8 @@
 //! Additive (Bahdanau) and multiplicative (Luong: dot, general, concat)
-//! attention on the GPU against their f64 oracles, with the plain f32 oracle
-//! setting the tolerance: awkward sizes, batches with source padding (one
-//! fully masked), saturated tanh, weights and raw scores checked. Also the CPU
-//! engine, and typed errors for bad shapes.
+//! attention on the GPU and on the CPU engine (the fast CPU backend) against
+//! their f64 oracles, with the plain f32 oracle setting the tolerance: awkward
+//! sizes, batches with source padding (one fully masked), saturated tanh,
+//! weights and raw scores checked. Also typed errors for bad shapes.
 
 mod common;
 
@@ -13,6 +13,14 @@ use webattn::family::luong::{LuongAttention, LuongScore};
 use webattn::family::Attended;
 use webattn::rng::SplitMix64;
 use webattn::{Engine, Error, HostTensor, Result};
+
+/// The engines each case runs on: the CPU engine always, the GPU when there is one.
+fn engines() -> Vec<&'static Engine> {
+    static CPU: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
+    let mut engines = vec![CPU.get_or_init(Engine::cpu)];
+    engines.extend(common::gpu());
+    engines
+}
 
 /// Either family member, so one harness checks both.
 trait Variant {
@@ -144,10 +152,6 @@ fn tensor(shape: &[usize], rng: &mut SplitMix64, scale: f32) -> HostTensor {
     HostTensor::new(shape.to_vec(), rng.normal_vec(len, scale)).expect("tensor")
 }
 
-fn narrow(v: &[f64]) -> Vec<f32> {
-    v.iter().map(|&x| x as f32).collect()
-}
-
 fn report(what: &str, got: &[f32], exact: &[f64], plain: &[f32]) -> ErrorReport {
     let r = compare(got, exact, plain, DEFAULT_FLOOR);
     println!(
@@ -160,15 +164,27 @@ fn report(what: &str, got: &[f32], exact: &[f64], plain: &[f32]) -> ErrorReport 
     r
 }
 
-/// Runs `variant` on the GPU and checks context, weights and scores against
+/// Runs `variant` on `engine` and checks context, weights and scores against
 /// the f64 oracle; returns whether all three passed.
 fn check(engine: &Engine, label: &str, variant: &impl Variant, case: &Case, seed: u64) -> bool {
     let mut rng = SplitMix64::new(seed);
     let (s, h) = case.states(&mut rng);
     let lengths = case.lengths.as_deref();
     println!(
-        "{label} {}: B {} Nq {} Nk {} d_s {} d_h {} lengths {:?} spread {}",
-        case.name, case.batch, case.q_len, case.k_len, case.d_s, case.d_h, lengths, case.spread
+        "{label} {} on {}: B {} Nq {} Nk {} d_s {} d_h {} lengths {:?} spread {}",
+        case.name,
+        if engine.gpu().is_some() {
+            "the GPU"
+        } else {
+            "the CPU"
+        },
+        case.batch,
+        case.q_len,
+        case.k_len,
+        case.d_s,
+        case.d_h,
+        lengths,
+        case.spread
     );
     let got = variant
         .forward(engine, &s, &h, lengths)
@@ -213,7 +229,6 @@ fn bahdanau(rng: &mut SplitMix64, d_s: usize, d_h: usize, d_a: usize) -> Additiv
 
 #[test]
 fn bahdanau_matches_the_oracle() {
-    let Some(engine) = common::gpu() else { return };
     let seed = common::seed();
     // (case, d_a): d_a 70 and 130 end in a partial slice of 32.
     let cases = [
@@ -241,17 +256,19 @@ fn bahdanau_matches_the_oracle() {
         ),
     ];
     let mut failed = Vec::new();
-    for (i, (case, d_a)) in cases.iter().enumerate() {
-        let mut rng = SplitMix64::new(seed ^ (0xadd0 + i as u64));
-        let model = bahdanau(&mut rng, case.d_s, case.d_h, *d_a);
-        if !check(
-            engine,
-            &format!("bahdanau d_a {d_a}"),
-            &model,
-            case,
-            seed + i as u64,
-        ) {
-            failed.push(case.name);
+    for engine in engines() {
+        for (i, (case, d_a)) in cases.iter().enumerate() {
+            let mut rng = SplitMix64::new(seed ^ (0xadd0 + i as u64));
+            let model = bahdanau(&mut rng, case.d_s, case.d_h, *d_a);
+            if !check(
+                engine,
+                &format!("bahdanau d_a {d_a}"),
+                &model,
+                case,
+                seed + i as u64,
+            ) {
+                failed.push(case.name);
+            }
         }
     }
     assert!(failed.is_empty(), "bahdanau cases failed: {failed:?}");
@@ -259,7 +276,6 @@ fn bahdanau_matches_the_oracle() {
 
 #[test]
 fn luong_matches_the_oracle() {
-    let Some(engine) = common::gpu() else { return };
     let seed = common::seed();
     let mut rng = SplitMix64::new(seed ^ 0x1c0e);
     let dot = LuongAttention::new(LuongScore::Dot).expect("dot");
@@ -327,23 +343,27 @@ fn luong_matches_the_oracle() {
         ),
     ];
     let mut failed = Vec::new();
-    for (i, (label, model, case)) in checks.iter().enumerate() {
-        if !check(
-            engine,
-            &format!("luong {label}"),
-            model,
-            case,
-            seed + i as u64,
-        ) {
-            failed.push(format!("{label} {}", case.name));
+    for engine in engines() {
+        for (i, (label, model, case)) in checks.iter().enumerate() {
+            if !check(
+                engine,
+                &format!("luong {label}"),
+                model,
+                case,
+                seed + i as u64,
+            ) {
+                failed.push(format!("{label} {}", case.name));
+            }
         }
     }
     assert!(failed.is_empty(), "luong cases failed: {failed:?}");
 }
 
-/// The CPU engine returns the f64 oracle rounded to f32.
+/// The CPU engine computes in f32 on the fast CPU backend: within the
+/// tolerance of the f64 oracle, masked keys -inf, a fully padded batch entry
+/// zero, the weights only when asked for.
 #[test]
-fn cpu_engine_returns_the_rounded_oracle() {
+fn cpu_engine_matches_the_oracle_and_masks() {
     let engine = Engine::cpu();
     let mut rng = SplitMix64::new(common::seed());
     let case = Case::new("cpu", 2, 5, 9, 3, 4, Some(&[9, 0]), 1.0);
@@ -354,26 +374,29 @@ fn cpu_engine_returns_the_rounded_oracle() {
         w: tensor(&[3, 4], &mut rng, 0.5),
     })
     .expect("general");
-    let expect = |got: Attended, (context, weights): (Vec<f64>, Vec<f64>)| {
-        assert_eq!(got.output.data(), narrow(&context).as_slice());
-        assert_eq!(
-            got.weights.expect("weights").data(),
-            narrow(&weights).as_slice()
-        );
+    let expect = |got: Attended,
+                  (context, weights): (Vec<f64>, Vec<f64>),
+                  (plain_context, plain_weights): (Vec<f32>, Vec<f32>)| {
+        assert!(report("context", got.output.data(), &context, &plain_context).passed());
+        let got_weights = got.weights.expect("weights");
+        assert!(report("weights", got_weights.data(), &weights, &plain_weights).passed());
         // The fully masked batch entry: zeros.
         assert!(got.output.data()[20..].iter().all(|&x| x == 0.0));
+        assert!(got_weights.data()[45..].iter().all(|&x| x == 0.0));
     };
     expect(
         bahdanau
             .forward_blocking(&engine, &s, &h, lengths, true)
             .expect("bahdanau on the CPU"),
         bahdanau.oracle(&s, &h, lengths).expect("oracle"),
+        bahdanau.oracle(&s, &h, lengths).expect("plain"),
     );
     expect(
         luong
             .forward_blocking(&engine, &s, &h, lengths, true)
             .expect("luong on the CPU"),
         luong.oracle(&s, &h, lengths).expect("oracle"),
+        luong.oracle(&s, &h, lengths).expect("plain"),
     );
     let without = bahdanau
         .forward_blocking(&engine, &s, &h, None, false)

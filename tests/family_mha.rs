@@ -1,6 +1,6 @@
-//! The multi-head attention layer on the GPU against its f64 oracle: self and
-//! cross attention, GQA and MQA, biases, RoPE, ALiBi, and the KV-cache decoder
-//! matching a full recompute.
+//! The multi-head attention layer on the GPU and on the CPU engine (the fast
+//! CPU backend) against its f64 oracle: self and cross attention, GQA and MQA,
+//! biases, RoPE, ALiBi, and the KV-cache decoder matching a full recompute.
 
 mod common;
 
@@ -9,6 +9,14 @@ use webattn::family::mha::{KvCache, MhaWeights, MultiHeadAttention};
 use webattn::family::position::{Rope, RopeLayout};
 use webattn::rng::SplitMix64;
 use webattn::{AttentionOptions, Engine, Error, HostTensor};
+
+/// The engines each case runs on: the CPU engine always, the GPU when there is one.
+fn engines() -> Vec<&'static Engine> {
+    static CPU: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
+    let mut engines = vec![CPU.get_or_init(Engine::cpu)];
+    engines.extend(common::gpu());
+    engines
+}
 
 fn input(shape: [usize; 3], seed: u64) -> HostTensor {
     let mut rng = SplitMix64::new(seed);
@@ -58,98 +66,101 @@ fn check(
 
 #[test]
 fn self_attention_matches_the_oracle() {
-    let Some(engine) = common::gpu() else { return };
-    let mha = layer(24, 24, 4, 2, 8);
-    for (batch, n, causal) in [(1, 1, false), (2, 7, true), (2, 97, false), (1, 257, true)] {
-        let x = input([batch, n, 24], common::seed() ^ n as u64);
-        let options = AttentionOptions {
-            is_causal: causal,
-            ..Default::default()
-        };
-        check(
-            &format!("self b{batch} n{n} causal={causal}"),
-            engine,
-            &mha,
-            &x,
-            None,
-            &options,
-        );
+    for engine in engines() {
+        let mha = layer(24, 24, 4, 2, 8);
+        for (batch, n, causal) in [(1, 1, false), (2, 7, true), (2, 97, false), (1, 257, true)] {
+            let x = input([batch, n, 24], common::seed() ^ n as u64);
+            let options = AttentionOptions {
+                is_causal: causal,
+                ..Default::default()
+            };
+            check(
+                &format!("self b{batch} n{n} causal={causal}"),
+                engine,
+                &mha,
+                &x,
+                None,
+                &options,
+            );
+        }
     }
 }
 
 #[test]
 fn cross_attention_with_other_lengths_and_features() {
-    let Some(engine) = common::gpu() else { return };
-    // MQA: three query heads share one KV head; keys/values have 20 features.
-    let mha = layer(24, 20, 3, 1, 12);
-    for (n, m) in [(7, 97), (33, 1), (1, 257)] {
-        let queries = input([2, n, 24], 11 + n as u64);
-        let memory = input([2, m, 20], 13 + m as u64);
+    for engine in engines() {
+        // MQA: three query heads share one KV head; keys/values have 20 features.
+        let mha = layer(24, 20, 3, 1, 12);
+        for (n, m) in [(7, 97), (33, 1), (1, 257)] {
+            let queries = input([2, n, 24], 11 + n as u64);
+            let memory = input([2, m, 20], 13 + m as u64);
+            check(
+                &format!("cross n{n} m{m}"),
+                engine,
+                &mha,
+                &queries,
+                Some(&memory),
+                &Default::default(),
+            );
+        }
+        // Without biases.
+        let mut weights = MhaWeights::random(16, 16, 2, 2, 8, 5).unwrap();
+        weights.b_q = None;
+        weights.b_k = None;
+        weights.b_v = None;
+        weights.b_o = None;
+        let plain = MultiHeadAttention::new(weights, 2, 2).unwrap();
         check(
-            &format!("cross n{n} m{m}"),
+            "no biases",
             engine,
-            &mha,
-            &queries,
-            Some(&memory),
+            &plain,
+            &input([1, 9, 16], 3),
+            Some(&input([1, 4, 16], 4)),
             &Default::default(),
         );
     }
-    // Without biases.
-    let mut weights = MhaWeights::random(16, 16, 2, 2, 8, 5).unwrap();
-    weights.b_q = None;
-    weights.b_k = None;
-    weights.b_v = None;
-    weights.b_o = None;
-    let plain = MultiHeadAttention::new(weights, 2, 2).unwrap();
-    check(
-        "no biases",
-        engine,
-        &plain,
-        &input([1, 9, 16], 3),
-        Some(&input([1, 4, 16], 4)),
-        &Default::default(),
-    );
 }
 
 #[test]
 fn rope_alibi_and_temperature_inside_the_layer() {
-    let Some(engine) = common::gpu() else { return };
-    for layout in [RopeLayout::Interleaved, RopeLayout::HalfSplit] {
-        let mha = layer(32, 32, 4, 4, 8)
-            .with_rope(Rope {
-                layout,
+    for engine in engines() {
+        for layout in [RopeLayout::Interleaved, RopeLayout::HalfSplit] {
+            let mha = layer(32, 32, 4, 4, 8)
+                .with_rope(Rope {
+                    layout,
+                    ..Default::default()
+                })
+                .unwrap();
+            let x = input([1, 33, 32], 21);
+            let options = AttentionOptions {
+                is_causal: true,
                 ..Default::default()
-            })
-            .unwrap();
-        let x = input([1, 33, 32], 21);
+            };
+            check(
+                &format!("rope {layout:?} causal"),
+                engine,
+                &mha,
+                &x,
+                None,
+                &options,
+            );
+        }
+        let mha = layer(32, 32, 8, 2, 4);
         let options = AttentionOptions {
             is_causal: true,
+            alibi: true,
+            temperature: 0.7,
             ..Default::default()
         };
         check(
-            &format!("rope {layout:?} causal"),
+            "alibi temperature gqa",
             engine,
             &mha,
-            &x,
+            &input([2, 40, 32], 8),
             None,
             &options,
         );
     }
-    let mha = layer(32, 32, 8, 2, 4);
-    let options = AttentionOptions {
-        is_causal: true,
-        alibi: true,
-        temperature: 0.7,
-        ..Default::default()
-    };
-    check(
-        "alibi temperature gqa",
-        engine,
-        &mha,
-        &input([2, 40, 32], 8),
-        None,
-        &options,
-    );
 }
 
 /// A causal decoder fed a prompt and then one token at a time gives the rows

@@ -1,6 +1,6 @@
-//! Positional encodings on the GPU against their f64 oracle twins: the
-//! sinusoidal encoding and RoPE in both layouts, at awkward sizes, large
-//! positions (angles of thousands of radians) and KV-cache offsets.
+//! Positional encodings on the GPU and on the CPU engine against their f64
+//! oracle twins: the sinusoidal encoding and RoPE in both layouts, at awkward
+//! sizes, large positions (angles of thousands of radians) and KV-cache offsets.
 
 mod common;
 
@@ -11,6 +11,14 @@ use webattn::family::position::{
 use webattn::rng::SplitMix64;
 use webattn::{Engine, Error, HostTensor};
 
+/// The engines each case runs on: the CPU engine always, the GPU when there is one.
+fn engines() -> Vec<&'static Engine> {
+    static CPU: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
+    let mut engines = vec![CPU.get_or_init(Engine::cpu)];
+    engines.extend(common::gpu());
+    engines
+}
+
 fn random(shape: &[usize], seed: u64) -> HostTensor {
     let mut rng = SplitMix64::new(seed);
     let len = shape.iter().product();
@@ -18,16 +26,18 @@ fn random(shape: &[usize], seed: u64) -> HostTensor {
 }
 
 #[test]
-fn sinusoidal_on_the_gpu_matches_the_oracle() {
-    let Some(engine) = common::gpu() else { return };
+fn sinusoidal_matches_the_oracle() {
     let mut worst = 0.0f64;
-    for (n, d, offset) in [
-        (1, 6, 0),
-        (7, 7, 0),
-        (97, 64, 300),
-        (1025, 66, 0),
-        (257, 1, 5000),
-    ] {
+    for (engine, (n, d, offset)) in engines().into_iter().flat_map(|e| {
+        [
+            (1, 6, 0),
+            (7, 7, 0),
+            (97, 64, 300),
+            (1025, 66, 0),
+            (257, 1, 5000),
+        ]
+        .map(|c| (e, c))
+    }) {
         let x = random(&[2, n, d], common::seed() ^ (n * 31 + d) as u64);
         let encoding = Sinusoidal {
             offset,
@@ -38,8 +48,10 @@ fn sinusoidal_on_the_gpu_matches_the_oracle() {
         let plain = sinusoidal_oracle::<f32>(&x, DEFAULT_BASE, offset).unwrap();
         let report = compare(got.data(), &exact, &plain, 1e-6);
         println!(
-            "sinusoidal n={n:<5} d={d:<3} offset={offset:<5} max_abs {:.3e} allowed {:.3e}",
-            report.max_abs, report.allowed
+            "sinusoidal {} n={n:<5} d={d:<3} offset={offset:<5} max_abs {:.3e} allowed {:.3e}",
+            if engine.gpu().is_some() { "gpu" } else { "cpu" },
+            report.max_abs,
+            report.allowed
         );
         assert!(report.passed(), "{report:?}");
         worst = worst.max(report.max_abs);
@@ -48,9 +60,11 @@ fn sinusoidal_on_the_gpu_matches_the_oracle() {
 }
 
 #[test]
-fn rope_on_the_gpu_matches_the_oracle() {
-    let Some(engine) = common::gpu() else { return };
-    for layout in [RopeLayout::Interleaved, RopeLayout::HalfSplit] {
+fn rope_matches_the_oracle() {
+    for (engine, layout) in engines()
+        .into_iter()
+        .flat_map(|e| [RopeLayout::Interleaved, RopeLayout::HalfSplit].map(|l| (e, l)))
+    {
         for (n, d, base, offset) in [
             (1, 2, DEFAULT_BASE, 0),
             (7, 8, DEFAULT_BASE, 4096),
@@ -69,8 +83,10 @@ fn rope_on_the_gpu_matches_the_oracle() {
             let plain = rope_oracle::<f32>(&x, &rope).unwrap();
             let report = compare(got.data(), &exact, &plain, 1e-6);
             println!(
-                "rope {layout:?} n={n:<5} d={d:<3} base={base:<8} offset={offset:<5} max_abs {:.3e} allowed {:.3e}",
-                report.max_abs, report.allowed
+                "rope {} {layout:?} n={n:<5} d={d:<3} base={base:<8} offset={offset:<5} max_abs {:.3e} allowed {:.3e}",
+                if engine.gpu().is_some() { "gpu" } else { "cpu" },
+                report.max_abs,
+                report.allowed
             );
             assert!(report.passed(), "{report:?}");
         }
@@ -78,10 +94,15 @@ fn rope_on_the_gpu_matches_the_oracle() {
 }
 
 #[test]
-fn the_cpu_engine_runs_the_oracle() {
+fn the_cpu_engine_rotates_with_exact_angles() {
     let engine = Engine::cpu();
-    let x = random(&[1, 2, 5, 4], 7);
-    let rope = Rope::default();
+    // Pure rotations of (1, 0) pairs: the f32 result is the f64 cosine and
+    // sine rounded once, even at position 5000.
+    let x = HostTensor::new([1, 1, 2, 4], vec![1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0]).unwrap();
+    let rope = Rope {
+        offset: 5000,
+        ..Default::default()
+    };
     let got = rope.apply_blocking(&engine, &x).unwrap();
     let exact = rope_oracle::<f64>(&x, &rope).unwrap();
     for (g, e) in got.data().iter().zip(&exact) {

@@ -113,7 +113,7 @@ impl AdditiveAttention {
     /// context and zero weights.
     ///
     /// On a GPU engine everything runs in the engine's kernels with one
-    /// readback at the end; on a CPU engine the f64 oracle runs, rounded to f32.
+    /// readback at the end; on a CPU engine the fast CPU backend's f32 code.
     pub async fn forward(
         &self,
         engine: &Engine,
@@ -159,18 +159,9 @@ impl AdditiveAttention {
         let sizes = self.sizes(s, h, source_lengths)?;
         let (ws, wh) = self.projections();
         let Some(ctx) = engine.gpu() else {
-            let scores = scores_oracle::<f64>(&sizes, s, h, ws, wh, &self.v, source_lengths, 1.0);
-            return match want {
-                Want::Scores => Ok(Attended {
-                    output: HostTensor::new(sizes.weights_shape(), scored::narrow(&scores))?,
-                    weights: None,
-                }),
-                Want::Attend { weights } => scored::attended_from_oracle(
-                    &sizes,
-                    scored::softmax_context(&sizes, &scores, h),
-                    weights,
-                ),
-            };
+            let threads = engine.cpu_backend().threads();
+            let scores = scores_fast(&sizes, s, h, ws, wh, &self.v, source_lengths, 1.0, threads);
+            return scored::finish_on_cpu(&sizes, scores, h, want, threads);
         };
         scored::run_on_gpu(ctx, &sizes, s, h, source_lengths, want, |rec, staged| {
             let w1 = buffer::upload(ctx, "w1", self.w1.data())?;
@@ -257,6 +248,23 @@ impl Projection<'_> {
         self.w.shape()[1]
     }
 
+    /// `rows` states of `width` values projected in f32 by the fast CPU
+    /// backend's product: `[rows, d_a]`, each sum in the oracle's order.
+    pub(crate) fn apply_fast(&self, states: &[f32], width: usize, threads: usize) -> Vec<f32> {
+        use crate::cpu::fast::gemm::{matmul, Init, MatRef};
+        let (d_a, ld) = (self.w.shape()[0], self.ld());
+        let rows = states.len() / width;
+        let mut out = vec![0.0f32; rows * d_a];
+        matmul(
+            MatRef::rows(states, rows, width),
+            MatRef::strided(&self.w.data()[self.offset..], width, d_a, 1, ld),
+            Init::Zero,
+            &mut out,
+            threads,
+        );
+        out
+    }
+
     /// `rows` states of `width` values projected: `[rows, d_a]` in `F`.
     pub(crate) fn apply<F: Real>(&self, states: &[f32], width: usize) -> Vec<F> {
         let (d_a, ld) = (self.w.shape()[0], self.ld());
@@ -315,6 +323,109 @@ pub(crate) fn scores_oracle<F: Real>(
         }
     });
     scores
+}
+
+/// The additive scores in f32 on a CPU engine, as [`scores_oracle`] defines
+/// them and in its order of operations: the projections by the backend's
+/// product, then for each decoder state the sum over `a` of
+/// `v[a] · tanh(A[i, a] + Bm[j, a])`, vectorised across the encoder states `j`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scores_fast(
+    sizes: &Sizes,
+    s: &HostTensor,
+    h: &HostTensor,
+    ws: Projection<'_>,
+    wh: Projection<'_>,
+    v: &HostTensor,
+    source_lengths: Option<&[usize]>,
+    scale: f32,
+    threads: usize,
+) -> Vec<f32> {
+    use crate::cpu::fast::isa::{dispatch, Isa};
+    let d_a = v.len();
+    let nk = sizes.k_len;
+    let a_proj = ws.apply_fast(s.data(), sizes.d_s, threads);
+    let b_proj = wh.apply_fast(h.data(), sizes.d_h, threads);
+    // Bm transposed per batch entry, [B][d_a][Nk], so j runs along memory.
+    let mut b_t = vec![0.0f32; b_proj.len()];
+    for b in 0..sizes.batch {
+        for j in 0..nk {
+            for a in 0..d_a {
+                b_t[(b * d_a + a) * nk + j] = b_proj[(b * nk + j) * d_a + a];
+            }
+        }
+    }
+    let mut scores = vec![0.0f32; sizes.rows() * nk];
+    let rows_per_item = sizes.rows().div_ceil(4 * threads.max(1)).max(1);
+    let items: Vec<(usize, &mut [f32])> = scores
+        .chunks_mut(rows_per_item * nk)
+        .enumerate()
+        .map(|(i, chunk)| (i * rows_per_item, chunk))
+        .collect();
+    let isa = Isa::detect();
+    crate::cpu::fast::threads::for_each(
+        items,
+        threads,
+        || (),
+        |(first, out), _| {
+            dispatch(
+                isa,
+                AdditiveRows {
+                    sizes,
+                    a_proj: &a_proj,
+                    b_t: &b_t,
+                    v: v.data(),
+                    source_lengths,
+                    scale,
+                    first,
+                    out,
+                },
+            )
+        },
+    );
+    scores
+}
+
+/// Rows `first..` of the additive scores, in the instruction set dispatched.
+struct AdditiveRows<'x> {
+    sizes: &'x Sizes,
+    a_proj: &'x [f32],
+    b_t: &'x [f32],
+    v: &'x [f32],
+    source_lengths: Option<&'x [usize]>,
+    scale: f32,
+    first: usize,
+    out: &'x mut [f32],
+}
+
+impl crate::cpu::fast::isa::Job for AdditiveRows<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<const MR: usize, const NR: usize, const FMA: bool>(self) {
+        use crate::cpu::fast::math::tanh;
+        let (nk, d_a) = (self.sizes.k_len, self.v.len());
+        for (r, e) in self.out.chunks_exact_mut(nk).enumerate() {
+            let row = self.first + r;
+            let b = row / self.sizes.q_len;
+            let keys = self.sizes.keys(self.source_lengths, b);
+            let ai = &self.a_proj[row * d_a..(row + 1) * d_a];
+            e.fill(0.0);
+            for (a, (&va, &x)) in self.v.iter().zip(ai).enumerate() {
+                let bj = &self.b_t[(b * d_a + a) * nk..(b * d_a + a + 1) * nk];
+                for (s, &y) in e.iter_mut().zip(bj) {
+                    *s += va * tanh::<FMA>(x + y);
+                }
+            }
+            for (j, s) in e.iter_mut().enumerate() {
+                *s = if j < keys {
+                    *s * self.scale
+                } else {
+                    f32::NEG_INFINITY
+                };
+            }
+        }
+    }
 }
 
 /// Records `A = S Wsᵀ`, `Bm = H Whᵀ` and the additive scores into

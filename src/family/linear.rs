@@ -15,8 +15,8 @@
 //! On a GPU engine the feature maps, the state sweep (in key chunks on drivers
 //! that cap loop iterations), the output rows and the weights are WGSL kernels
 //! recorded into one submission; only the results are read back. On a CPU
-//! engine the f64 [`linear_attention_oracle`] runs and its results are rounded
-//! to f32.
+//! engine the same O(N) algorithm runs in f32 on the fast CPU backend (its
+//! products, vectorised scans), in the oracle's order of operations.
 
 use super::{expect_dim, expect_rank, Attended};
 use crate::cpu::Real;
@@ -264,7 +264,7 @@ impl LinearAttention {
     }
 
     /// The output and, if `want_weights`, the weights `[B, H, N, M]`: on the
-    /// GPU on a GPU engine, with the f64 oracle on a CPU engine.
+    /// GPU on a GPU engine, in f32 on the fast CPU backend on a CPU engine.
     pub async fn forward(
         &self,
         engine: &Engine,
@@ -276,16 +276,15 @@ impl LinearAttention {
         let dims = LinearDims::check(q, k, v, self.causal)?;
         match engine.gpu() {
             Some(ctx) => forward_gpu(ctx, &dims, self.causal, q, k, v, want_weights).await,
-            None => {
-                let exact = linear_attention_oracle::<f64>(q, k, v, self.causal, want_weights)?;
-                let narrow = |x: &[f64]| x.iter().map(|&x| x as f32).collect::<Vec<f32>>();
-                Ok(Attended {
-                    output: HostTensor::new(dims.output_shape(), narrow(&exact.output))?,
-                    weights: want_weights
-                        .then(|| HostTensor::new(dims.weights_shape(), narrow(&exact.weights)))
-                        .transpose()?,
-                })
-            }
+            None => forward_cpu(
+                &dims,
+                self.causal,
+                q,
+                k,
+                v,
+                want_weights,
+                engine.cpu_backend().threads(),
+            ),
         }
     }
 
@@ -361,4 +360,183 @@ async fn forward_gpu(
         output: HostTensor::new(dims.output_shape(), output)?,
         weights,
     })
+}
+
+/// Linear attention in f32 on the fast CPU backend, in the order of
+/// operations of [`linear_attention_oracle`]: non-causal, the state
+/// `S = φ(K)ᵀ V` and the outputs `φ(Q) S` are products on the backend's
+/// micro-kernel; causal, the scan adds key `i` to the state and reads row `i`
+/// off it, vectorised across the value columns. The weights are `φ(Q) φ(K)ᵀ`
+/// normalised over the allowed keys.
+fn forward_cpu(
+    dims: &LinearDims,
+    causal: bool,
+    q: &HostTensor,
+    k: &HostTensor,
+    v: &HostTensor,
+    want_weights: bool,
+    threads: usize,
+) -> Result<Attended> {
+    use crate::cpu::fast::gemm::{matmul, Init, MatRef};
+    use crate::cpu::fast::isa::{dispatch, Isa};
+    let LinearDims {
+        q_len: n,
+        kv_len: m,
+        dk,
+        dv,
+        ..
+    } = *dims;
+    let heads = dims.batch * dims.heads;
+    let isa = Isa::detect();
+    let phi_q = dispatch(isa, FeatureMap(q.data()));
+    let phi_k = dispatch(isa, FeatureMap(k.data()));
+    let mut output = vec![0.0f32; heads * n * dv];
+    let mut weights = if want_weights {
+        vec![0.0f32; dims.weights_len()?]
+    } else {
+        Vec::new()
+    };
+    for bh in 0..heads {
+        let fq = &phi_q[bh * n * dk..(bh + 1) * n * dk];
+        let fk = &phi_k[bh * m * dk..(bh + 1) * m * dk];
+        let vh = &v.data()[bh * m * dv..(bh + 1) * m * dv];
+        let out = &mut output[bh * n * dv..(bh + 1) * n * dv];
+        if causal {
+            dispatch(
+                isa,
+                CausalScan {
+                    fq,
+                    fk,
+                    v: vh,
+                    dk,
+                    dv,
+                    out,
+                },
+            );
+        } else {
+            let mut state = vec![0.0f32; dk * dv];
+            matmul(
+                MatRef::transposed(fk, m, dk),
+                MatRef::rows(vh, m, dv),
+                Init::Zero,
+                &mut state,
+                threads,
+            );
+            let mut z = vec![0.0f32; dk];
+            for row in fk.chunks_exact(dk) {
+                for (zd, &f) in z.iter_mut().zip(row) {
+                    *zd += f;
+                }
+            }
+            matmul(
+                MatRef::rows(fq, n, dk),
+                MatRef::rows(&state, dk, dv),
+                Init::Zero,
+                out,
+                threads,
+            );
+            for (row, fq_i) in out.chunks_exact_mut(dv).zip(fq.chunks_exact(dk)) {
+                let mut den = 0.0f32;
+                for (&f, &zd) in fq_i.iter().zip(&z) {
+                    den += f * zd;
+                }
+                for o in row.iter_mut() {
+                    *o /= den;
+                }
+            }
+        }
+        if want_weights {
+            let w = &mut weights[bh * n * m..(bh + 1) * n * m];
+            matmul(
+                MatRef::rows(fq, n, dk),
+                MatRef::transposed(fk, m, dk),
+                Init::Zero,
+                w,
+                threads,
+            );
+            for (i, row) in w.chunks_exact_mut(m).enumerate() {
+                let allowed = if causal { (i + 1).min(m) } else { m };
+                row[allowed..].fill(0.0);
+                let mut sum = 0.0f32;
+                for &x in &row[..allowed] {
+                    sum += x;
+                }
+                for x in &mut row[..allowed] {
+                    *x /= sum;
+                }
+            }
+        }
+    }
+    Ok(Attended {
+        output: HostTensor::new(dims.output_shape(), output)?,
+        weights: want_weights
+            .then(|| HostTensor::new(dims.weights_shape(), weights))
+            .transpose()?,
+    })
+}
+
+/// φ(x) = elu(x) + 1 of every value, vectorised.
+struct FeatureMap<'a>(&'a [f32]);
+
+impl crate::cpu::fast::isa::Job for FeatureMap<'_> {
+    type Output = Vec<f32>;
+
+    #[inline(always)]
+    fn run<const MR: usize, const NR: usize, const FMA: bool>(self) -> Vec<f32> {
+        use crate::cpu::fast::math::exp;
+        self.0
+            .iter()
+            .map(|&x| if x > 0.0 { x + 1.0 } else { exp::<FMA>(x) })
+            .collect()
+    }
+}
+
+/// One head's causal scan: key `i` joins the state `S` (`[Dk][Dv]`) and the
+/// normaliser `z`, then row `i` is `φ(q_i) S / φ(q_i) · z`.
+struct CausalScan<'a> {
+    fq: &'a [f32],
+    fk: &'a [f32],
+    v: &'a [f32],
+    dk: usize,
+    dv: usize,
+    out: &'a mut [f32],
+}
+
+impl crate::cpu::fast::isa::Job for CausalScan<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<const MR: usize, const NR: usize, const FMA: bool>(self) {
+        let CausalScan {
+            fq,
+            fk,
+            v,
+            dk,
+            dv,
+            out,
+        } = self;
+        let mut state = vec![0.0f32; dk * dv];
+        let mut z = vec![0.0f32; dk];
+        let mut num = vec![0.0f32; dv];
+        for (i, row) in out.chunks_exact_mut(dv).enumerate() {
+            let (fk_i, v_i) = (&fk[i * dk..(i + 1) * dk], &v[i * dv..(i + 1) * dv]);
+            for (d, &f) in fk_i.iter().enumerate() {
+                z[d] += f;
+                for (s, &x) in state[d * dv..(d + 1) * dv].iter_mut().zip(v_i) {
+                    *s += f * x;
+                }
+            }
+            num.fill(0.0);
+            let mut den = 0.0f32;
+            for (d, &f) in fq[i * dk..(i + 1) * dk].iter().enumerate() {
+                den += f * z[d];
+                for (acc, &s) in num.iter_mut().zip(&state[d * dv..(d + 1) * dv]) {
+                    *acc += f * s;
+                }
+            }
+            for (o, &x) in row.iter_mut().zip(&num) {
+                *o = x / den;
+            }
+        }
+    }
 }

@@ -152,7 +152,7 @@ impl LuongAttention {
     /// context and zero weights.
     ///
     /// On a GPU engine everything runs in the engine's kernels with one
-    /// readback at the end; on a CPU engine the f64 oracle runs, rounded to f32.
+    /// readback at the end; on a CPU engine the fast CPU backend's f32 code.
     pub async fn forward(
         &self,
         engine: &Engine,
@@ -197,18 +197,9 @@ impl LuongAttention {
     ) -> Result<Attended> {
         let sizes = self.sizes(s, h, source_lengths)?;
         let Some(ctx) = engine.gpu() else {
-            let scores = self.scores_in::<f64>(&sizes, s, h, source_lengths);
-            return match want {
-                Want::Scores => Ok(Attended {
-                    output: HostTensor::new(sizes.weights_shape(), scored::narrow(&scores))?,
-                    weights: None,
-                }),
-                Want::Attend { weights } => scored::attended_from_oracle(
-                    &sizes,
-                    scored::softmax_context(&sizes, &scores, h),
-                    weights,
-                ),
-            };
+            let threads = engine.cpu_backend().threads();
+            let scores = self.scores_fast(&sizes, s, h, source_lengths, threads);
+            return scored::finish_on_cpu(&sizes, scores, h, want, threads);
         };
         scored::run_on_gpu(ctx, &sizes, s, h, source_lengths, want, |rec, staged| {
             self.record_scores(rec, &sizes, staged, source_lengths.is_some())
@@ -290,6 +281,63 @@ impl LuongAttention {
     ) -> Result<Vec<F>> {
         let sizes = self.sizes(s, h, source_lengths)?;
         Ok(self.scores_in(&sizes, s, h, source_lengths))
+    }
+
+    /// The scores in f32 on a CPU engine, as [`LuongAttention::scores_in`]
+    /// defines them and in its order of operations, by the backend's product.
+    fn scores_fast(
+        &self,
+        sizes: &Sizes,
+        s: &HostTensor,
+        h: &HostTensor,
+        source_lengths: Option<&[usize]>,
+        threads: usize,
+    ) -> Vec<f32> {
+        use crate::cpu::fast::gemm::{matmul, Init, MatRef};
+        let projected;
+        let (keys, width): (&[f32], usize) = match &self.score {
+            LuongScore::Dot => (h.data(), sizes.d_h),
+            LuongScore::General { w } => {
+                projected = Projection { w, offset: 0 }.apply_fast(h.data(), sizes.d_h, threads);
+                (&projected, sizes.d_s)
+            }
+            LuongScore::Concat { w, v } => {
+                let (ws, wh) = concat_projections(w, sizes);
+                return additive::scores_fast(
+                    sizes,
+                    s,
+                    h,
+                    ws,
+                    wh,
+                    v,
+                    source_lengths,
+                    self.scale,
+                    threads,
+                );
+            }
+        };
+        let (nq, nk) = (sizes.q_len, sizes.k_len);
+        let mut scores = vec![0.0f32; sizes.rows() * nk];
+        for (b, out) in scores.chunks_mut(nq * nk).enumerate() {
+            matmul(
+                MatRef::rows(&s.data()[b * nq * width..(b + 1) * nq * width], nq, width),
+                MatRef::transposed(&keys[b * nk * width..(b + 1) * nk * width], nk, width),
+                Init::Zero,
+                out,
+                threads,
+            );
+            let limit = sizes.keys(source_lengths, b);
+            for row in out.chunks_exact_mut(nk) {
+                for (j, e) in row.iter_mut().enumerate() {
+                    *e = if j < limit {
+                        *e * self.scale
+                    } else {
+                        f32::NEG_INFINITY
+                    };
+                }
+            }
+        }
+        scores
     }
 
     fn scores_in<F: Real>(

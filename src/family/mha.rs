@@ -27,7 +27,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::position::{rope_in_place, Rope};
+use super::position::{rope_fast, rope_in_place, Rope};
 use super::{expect_dim, expect_rank, Attended};
 use crate::cpu::Real;
 use crate::device_tensor::Tensor;
@@ -410,14 +410,11 @@ impl MultiHeadAttention {
             }
             _ => {
                 let y = engine.download(&out.y).await?;
-                let exact = out_projection::<f64>(
-                    &y.data().iter().map(|&x| f64::from(x)).collect::<Vec<_>>(),
-                    &self.weights,
-                    d,
-                    batch,
-                    n,
-                );
-                HostTensor::new([batch, n, d.d_model], round(&exact))?
+                let threads = engine.cpu_backend().threads();
+                HostTensor::new(
+                    [batch, n, d.d_model],
+                    out_projection_fast(y.data(), &self.weights, d, batch, n, threads),
+                )?
             }
         };
         let weights = match &out.qk_matmul_output {
@@ -553,7 +550,8 @@ impl MultiHeadAttention {
         ))
     }
 
-    /// Projects on the host in f64 (the CPU engine's path), rounded to f32.
+    /// Projects (and rotates) on the host in f32 by the fast CPU backend's
+    /// product (the CPU engine's path).
     fn project_host(
         &self,
         engine: &Engine,
@@ -561,24 +559,36 @@ impl MultiHeadAttention {
         key_value: Option<&HostTensor>,
         past_len: usize,
     ) -> Result<(Tensor, Tensor, Tensor)> {
-        let (q, k, v) = projections::<f64>(
-            &self.weights,
-            self.dims,
-            self.rope.as_ref(),
-            query,
-            key_value,
-            past_len,
-        );
         let d = self.dims;
+        let w = &self.weights;
+        let threads = engine.cpu_backend().threads();
+        let kv = key_value.unwrap_or(query);
         let (batch, n) = (query.shape()[0], query.shape()[1]);
-        let m = key_value.map_or(n, |kv| kv.shape()[1]);
-        let wrap = |shape: [usize; 4], values: &[f64]| {
-            HostTensor::new(shape, round(values)).map(|t| engine.wrap_host(t))
+        let m = kv.shape()[1];
+        let mut q = project_heads_fast(query, &w.w_q, w.b_q.as_ref(), d.heads, d.head_dim, threads);
+        let mut k = project_heads_fast(kv, &w.w_k, w.b_k.as_ref(), d.kv_heads, d.head_dim, threads);
+        let v = project_heads_fast(
+            kv,
+            &w.w_v,
+            w.b_v.as_ref(),
+            d.kv_heads,
+            d.v_head_dim,
+            threads,
+        );
+        if let Some(rope) = &self.rope {
+            // Queries and new keys sit after the cached tokens; a cross
+            // attention's keys start at position 0 of their own sequence.
+            rope_fast(&mut q, n, d.head_dim, rope, past_len);
+            let key_offset = if key_value.is_some() { 0 } else { past_len };
+            rope_fast(&mut k, m, d.head_dim, rope, key_offset);
+        }
+        let wrap = |shape: [usize; 4], values: Vec<f32>| {
+            HostTensor::new(shape, values).map(|t| engine.wrap_host(t))
         };
         Ok((
-            wrap([batch, d.heads, n, d.head_dim], &q)?,
-            wrap([batch, d.kv_heads, m, d.head_dim], &k)?,
-            wrap([batch, d.kv_heads, m, d.v_head_dim], &v)?,
+            wrap([batch, d.heads, n, d.head_dim], q)?,
+            wrap([batch, d.kv_heads, m, d.head_dim], k)?,
+            wrap([batch, d.kv_heads, m, d.v_head_dim], v)?,
         ))
     }
 
@@ -760,8 +770,75 @@ fn record_bias(
     gemm::record(rec, &spec, ones, bias, out)
 }
 
-fn round(values: &[f64]) -> Vec<f32> {
-    values.iter().map(|&x| x as f32).collect()
+/// `x Wᵀ + b` for every head in f32 by the fast CPU backend's product (each
+/// sum from the bias in the oracle's order), head-major `[B, heads, len, head_dim]`.
+fn project_heads_fast(
+    x: &HostTensor,
+    w: &HostTensor,
+    b: Option<&HostTensor>,
+    heads: usize,
+    head_dim: usize,
+    threads: usize,
+) -> Vec<f32> {
+    use crate::cpu::fast::gemm::{matmul, Init, MatRef};
+    let (batch, len, in_dim) = (x.shape()[0], x.shape()[1], x.shape()[2]);
+    let width = heads * head_dim;
+    let mut flat = vec![0.0f32; batch * len * width];
+    let init = b.map_or(Init::Zero, |b| Init::Bias(b.data()));
+    matmul(
+        MatRef::rows(x.data(), batch * len, in_dim),
+        MatRef::transposed(w.data(), width, in_dim),
+        init,
+        &mut flat,
+        threads,
+    );
+    // [B, len, heads, head_dim] -> [B, heads, len, head_dim]
+    let mut out = vec![0.0f32; flat.len()];
+    for bi in 0..batch {
+        for t in 0..len {
+            for h in 0..heads {
+                let src = ((bi * len + t) * heads + h) * head_dim;
+                let dst = ((bi * heads + h) * len + t) * head_dim;
+                out[dst..dst + head_dim].copy_from_slice(&flat[src..src + head_dim]);
+            }
+        }
+    }
+    out
+}
+
+/// `Σ_h Y_h W_Ohᵀ + b_O` in f32: `[B, N, d_model]` from head-major Y, by the
+/// fast CPU backend's product over the heads' concatenated features.
+fn out_projection_fast(
+    y: &[f32],
+    w: &MhaWeights,
+    d: MhaDims,
+    batch: usize,
+    n: usize,
+    threads: usize,
+) -> Vec<f32> {
+    use crate::cpu::fast::gemm::{matmul, Init, MatRef};
+    let (dv, width) = (d.v_head_dim, d.heads * d.v_head_dim);
+    // [B, heads, N, Dv] -> [B, N, heads·Dv]
+    let mut concat = vec![0.0f32; batch * n * width];
+    for b in 0..batch {
+        for h in 0..d.heads {
+            for t in 0..n {
+                let src = ((b * d.heads + h) * n + t) * dv;
+                let dst = (b * n + t) * width + h * dv;
+                concat[dst..dst + dv].copy_from_slice(&y[src..src + dv]);
+            }
+        }
+    }
+    let mut out = vec![0.0f32; batch * n * d.d_model];
+    let init = w.b_o.as_ref().map_or(Init::Zero, |b| Init::Bias(b.data()));
+    matmul(
+        MatRef::rows(&concat, batch * n, width),
+        MatRef::transposed(w.w_o.data(), d.d_model, width),
+        init,
+        &mut out,
+        threads,
+    );
+    out
 }
 
 /// `x W_hᵀ + b_h` for every head, head-major `[B, heads, len, head_dim]`.

@@ -155,7 +155,7 @@ impl Sinusoidal {
     }
 
     /// `x + PE` for embeddings `x` of shape `[..., N, D]`: on the GPU on a GPU
-    /// engine, by the oracle on a CPU engine.
+    /// engine, in f32 with the angles' sines from f64 on a CPU engine.
     pub async fn add_to(&self, engine: &Engine, x: &HostTensor) -> Result<HostTensor> {
         check_base(self.base)?;
         let (_, seq_len, _) = row_shape("x", x)?;
@@ -165,11 +165,15 @@ impl Sinusoidal {
         {
             return Ok(out);
         }
-        let exact = sinusoidal_oracle::<f64>(x, self.base, self.offset)?;
-        HostTensor::new(
-            x.shape().to_vec(),
-            exact.iter().map(|&v| v as f32).collect(),
-        )
+        let (_, seq_len, dim) = row_shape("x", x)?;
+        let table = self.table(seq_len, dim)?;
+        let mut out = x.data().to_vec();
+        for row in out.chunks_mut(dim * seq_len) {
+            for (o, &pe) in row.iter_mut().zip(table.data()) {
+                *o += pe;
+            }
+        }
+        HostTensor::new(x.shape().to_vec(), out)
     }
 
     /// [`Sinusoidal::add_to`], blocking.
@@ -194,7 +198,7 @@ impl Rope {
     }
 
     /// `x` rotated, for queries or keys of shape `[..., N, D]`: on the GPU on a
-    /// GPU engine, by the oracle on a CPU engine.
+    /// GPU engine, in f32 with the angles' sines and cosines from f64 on a CPU engine.
     pub async fn apply(&self, engine: &Engine, x: &HostTensor) -> Result<HostTensor> {
         let (_, seq_len, dim) = row_shape("x", x)?;
         self.check(dim)?;
@@ -202,11 +206,9 @@ impl Rope {
         if let Some(out) = run_gpu(engine, self.mode(), x, self.base, self.offset).await? {
             return Ok(out);
         }
-        let exact = rope_oracle::<f64>(x, self)?;
-        HostTensor::new(
-            x.shape().to_vec(),
-            exact.iter().map(|&v| v as f32).collect(),
-        )
+        let mut out = x.data().to_vec();
+        rope_fast(&mut out, seq_len, dim, self, 0);
+        HostTensor::new(x.shape().to_vec(), out)
     }
 
     /// [`Rope::apply`], blocking.
@@ -282,6 +284,41 @@ pub fn rope_oracle<F: Real>(x: &HostTensor, rope: &Rope) -> Result<Vec<F>> {
     let mut out: Vec<F> = x.data().iter().map(|&v| F::from_f32(v)).collect();
     rope_in_place(&mut out, seq_len, dim, rope, 0);
     Ok(out)
+}
+
+/// Rotates rows of `dim` values in place in f32 (a CPU engine's RoPE): row `r`
+/// at position `rope.offset + extra_offset + r % seq_len` (`dim` even). Each
+/// angle's cosine and sine come from f64 and are rounded once, so positions in
+/// the thousands keep their accuracy; the rotation itself is f32.
+pub(crate) fn rope_fast(
+    rows: &mut [f32],
+    seq_len: usize,
+    dim: usize,
+    rope: &Rope,
+    extra_offset: usize,
+) {
+    let half = dim / 2;
+    let table: Vec<(f32, f32)> = (0..seq_len)
+        .flat_map(|t| {
+            let pos = rope.offset + extra_offset + t;
+            (0..half).map(move |f| {
+                let a: f64 = angle(rope.base, dim, f, pos);
+                (a.cos() as f32, a.sin() as f32)
+            })
+        })
+        .collect();
+    for (r, row) in rows.chunks_mut(dim).enumerate() {
+        let angles = &table[(r % seq_len) * half..(r % seq_len + 1) * half];
+        for (f, &(cos, sin)) in angles.iter().enumerate() {
+            let (i1, i2) = match rope.layout {
+                RopeLayout::Interleaved => (2 * f, 2 * f + 1),
+                RopeLayout::HalfSplit => (f, f + half),
+            };
+            let (x1, x2) = (row[i1], row[i2]);
+            row[i1] = x1 * cos - x2 * sin;
+            row[i2] = x1 * sin + x2 * cos;
+        }
+    }
 }
 
 /// Rotates rows of `dim` values in place, row `r` at position

@@ -161,25 +161,6 @@ pub(crate) fn softmax_context<F: Real>(
     (context, weights)
 }
 
-/// Rounds f64 values to f32.
-pub(crate) fn narrow(values: &[f64]) -> Vec<f32> {
-    values.iter().map(|&x| x as f32).collect()
-}
-
-/// The oracle's f64 results as an [`Attended`], rounded to f32.
-pub(crate) fn attended_from_oracle(
-    sizes: &Sizes,
-    (context, weights): (Vec<f64>, Vec<f64>),
-    want_weights: bool,
-) -> Result<Attended> {
-    Ok(Attended {
-        output: HostTensor::new(sizes.context_shape(), narrow(&context))?,
-        weights: want_weights
-            .then(|| HostTensor::new(sizes.weights_shape(), narrow(&weights)))
-            .transpose()?,
-    })
-}
-
 /// The buffers a variant records its scores with.
 pub(crate) struct Staged {
     /// The decoder states `[B·Nq, d_s]`.
@@ -294,5 +275,71 @@ pub(crate) async fn run_on_gpu(
                     .transpose()?,
             })
         }
+    }
+}
+
+/// The CPU engine's tail, in f32: the softmax of each score row (`scores`,
+/// `[B, Nq, Nk]`, replaced by the weights) with the oracle's rules (the
+/// largest score subtracted, `-inf` and NaN scores weigh 0, a row with no
+/// finite maximum gets zero weights and a zero context), then the context
+/// `W_b H_b` by the backend's product. Returns (context, weights).
+pub(crate) fn softmax_context_fast(
+    sizes: &Sizes,
+    mut scores: Vec<f32>,
+    h: &HostTensor,
+    threads: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    use crate::cpu::fast::gemm::{matmul, Init, MatRef};
+    let (nq, nk, dh) = (sizes.q_len, sizes.k_len, sizes.d_h);
+    let empty = crate::cpu::fast::softmax_rows(&mut scores, nk);
+    let mut context = vec![0.0f32; sizes.rows() * dh];
+    for (b, out) in context.chunks_mut(nq * dh).enumerate() {
+        matmul(
+            MatRef::rows(&scores[b * nq * nk..(b + 1) * nq * nk], nq, nk),
+            MatRef::rows(&h.data()[b * nk * dh..(b + 1) * nk * dh], nk, dh),
+            Init::Zero,
+            out,
+            threads,
+        );
+    }
+    for (row, _) in empty.iter().enumerate().filter(|(_, &e)| e) {
+        context[row * dh..(row + 1) * dh].fill(0.0);
+    }
+    (context, scores)
+}
+
+/// The f32 results as an [`Attended`].
+pub(crate) fn attended_from_fast(
+    sizes: &Sizes,
+    (context, weights): (Vec<f32>, Vec<f32>),
+    want_weights: bool,
+) -> Result<Attended> {
+    Ok(Attended {
+        output: HostTensor::new(sizes.context_shape(), context)?,
+        weights: want_weights
+            .then(|| HostTensor::new(sizes.weights_shape(), weights))
+            .transpose()?,
+    })
+}
+
+/// A CPU engine's results from f32 scores (masked keys `-inf`): the scores
+/// themselves, or the context and weights by [`softmax_context_fast`].
+pub(crate) fn finish_on_cpu(
+    sizes: &Sizes,
+    scores: Vec<f32>,
+    h: &HostTensor,
+    want: Want,
+    threads: usize,
+) -> Result<Attended> {
+    match want {
+        Want::Scores => Ok(Attended {
+            output: HostTensor::new(sizes.weights_shape(), scores)?,
+            weights: None,
+        }),
+        Want::Attend { weights } => attended_from_fast(
+            sizes,
+            softmax_context_fast(sizes, scores, h, threads),
+            weights,
+        ),
     }
 }

@@ -11,9 +11,12 @@
 //! - [`math`]: `exp`, `tanh` and reductions the compiler vectorises;
 //! - [`isa`]: the instruction set the kernels are compiled for, picked at run
 //!   time (AVX2 + FMA where the CPU has them);
-//! - [`threads`]: work items (batch × query head × query block) over scoped threads.
+//! - [`threads`]: work items (batch × query head × query block) over scoped threads;
+//! - [`gemm`]: general products on the same micro-kernel, for the attention
+//!   family's projections on a CPU engine.
 
 mod block;
+pub(crate) mod gemm;
 pub(crate) mod isa;
 mod kernel;
 pub(crate) mod math;
@@ -226,4 +229,52 @@ fn lcm(a: usize, b: usize) -> usize {
         (x, y) = (y, x % y);
     }
     a / x * b
+}
+
+/// Softmax of each `row_len`-long row of `rows` in place, as the attention
+/// family's oracles define it: the row's largest score (NaN skipped) is
+/// subtracted, scores that are `-inf` or NaN weigh 0, and a row with no finite
+/// maximum becomes zeros. Returns which rows had no finite maximum.
+pub(crate) fn softmax_rows(rows: &mut [f32], row_len: usize) -> Vec<bool> {
+    isa::dispatch(Isa::detect(), SoftmaxRows { rows, row_len })
+}
+
+/// [`softmax_rows`] in the instruction set it is dispatched in.
+struct SoftmaxRows<'a> {
+    rows: &'a mut [f32],
+    row_len: usize,
+}
+
+impl isa::Job for SoftmaxRows<'_> {
+    type Output = Vec<bool>;
+
+    #[inline(always)]
+    fn run<const MR: usize, const NR: usize, const FMA: bool>(self) -> Vec<bool> {
+        let mut empty = Vec::with_capacity(self.rows.len() / self.row_len.max(1));
+        for row in self.rows.chunks_exact_mut(self.row_len.max(1)) {
+            let max = row
+                .iter()
+                .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+            empty.push(max == f32::NEG_INFINITY);
+            if max == f32::NEG_INFINITY {
+                row.fill(0.0);
+                continue;
+            }
+            for x in row.iter_mut() {
+                *x = if *x > f32::NEG_INFINITY {
+                    math::exp::<FMA>(*x - max)
+                } else {
+                    0.0
+                };
+            }
+            let mut sum = 0.0f32;
+            for &x in row.iter() {
+                sum += x;
+            }
+            for x in row.iter_mut() {
+                *x /= sum;
+            }
+        }
+        empty
+    }
 }
