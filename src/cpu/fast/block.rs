@@ -16,9 +16,9 @@
 //! holding a non-finite value are accumulated key by key, attended keys only.
 
 use super::isa::Job;
-use super::kernel::{load, outer, pack_panel, store};
-use super::math::{exp, madd, tanh};
-use super::pack::PackedKv;
+use super::kernel::{load, outer, outer_a_rows, outer_b_rows, pack_panel, store};
+use super::math::{all_finite, exp, madd, tanh};
+use super::pack::{pack_tile, KvSource, PackedKv, TileShape};
 use super::rules::{masks, HeadRules, MaskBias};
 use super::scores;
 use crate::options::{AttentionOptions, QkMatmulOutputMode};
@@ -31,8 +31,16 @@ pub(crate) struct Shared<'a> {
     pub options: &'a AttentionOptions,
     /// Q `[B, Hq, Nq, Dk]`.
     pub q: &'a [f32],
-    /// K and V per `b · Hkv + kv head`.
-    pub kv: Vec<PackedKv>,
+    /// Where K and V come from.
+    pub src: KvSource<'a>,
+    /// K and V per `b · Hkv + kv head`, packed once when several work items
+    /// read them; `None` packs each tile as a block reaches it.
+    pub packed: Option<Vec<PackedKv>>,
+    /// The tile geometry (`mr`, `nr` match the kernels' `MR`, `NR`).
+    pub shape: TileShape,
+    /// Read K and V rows in place instead of packing tiles (a decoding step:
+    /// each key and value is read once; needs `Dv` a multiple of `nr`).
+    pub in_place: bool,
     pub mask: Option<MaskBias<'a>>,
     pub nonpad: Option<&'a [i64]>,
     /// ALiBi slopes per query head (empty without ALiBi).
@@ -40,16 +48,36 @@ pub(crate) struct Shared<'a> {
     pub scale: f32,
     /// Query rows per block (a multiple of `mr` and `nr`).
     pub bq: usize,
-    /// Keys per tile (a multiple of `mr`).
-    pub bk: usize,
-    pub mr: usize,
-    pub nr: usize,
 }
 
 impl Shared<'_> {
     /// The rules of batch `b`, query head `h`.
     pub(crate) fn rules(&self, b: usize, h: usize) -> HeadRules {
         HeadRules::new(&self.dims, self.options, self.nonpad, &self.slopes, b, h)
+    }
+
+    /// Tile `tile` (keys `j0 .. j0 + nk`) of batch-and-KV-head `bkv`: its
+    /// packed keys and values and whether the values are all finite; packed
+    /// into `keys` and `values` now unless the call packed every tile up front.
+    pub(crate) fn tile<'s>(
+        &'s self,
+        bkv: usize,
+        tile: usize,
+        keys: &'s mut Vec<f32>,
+        values: &'s mut Vec<f32>,
+    ) -> (&'s [f32], &'s [f32], bool) {
+        let dk = self.dims.head_dim;
+        match &self.packed {
+            Some(packed) => packed[bkv].tile(tile, &self.shape, dk),
+            None => {
+                let j0 = tile * self.shape.bk;
+                let nk = self.shape.bk.min(self.dims.total_len() - j0);
+                keys.resize(self.shape.key_len(dk), 0.0);
+                values.resize(self.shape.value_len(), 0.0);
+                let finite = pack_tile(&self.src, &self.shape, bkv, j0, nk, keys, values);
+                (keys, values, finite)
+            }
+        }
     }
 
     /// The keys `[lo, hi)` some row of the block starting at `i0` attends.
@@ -109,6 +137,9 @@ pub(crate) struct Scratch {
     /// Per query: attended keys so far, and NaN/+inf scores among them.
     kept: Vec<u32>,
     bad: Vec<u32>,
+    /// A tile's keys and values, when the block packs them itself.
+    keys: Vec<f32>,
+    values: Vec<f32>,
 }
 
 /// Runs one unit in the instruction set the job is instantiated for.
@@ -139,12 +170,15 @@ fn attend_block<const MR: usize, const NR: usize, const FMA: bool>(
     unit: Unit<'_>,
     scratch: &mut Scratch,
 ) {
-    debug_assert_eq!((MR, NR), (sh.mr, sh.nr));
+    debug_assert_eq!((MR, NR), (sh.shape.mr, sh.shape.nr));
     let d = &sh.dims;
     let (dk, t_len) = (d.head_dim, d.total_len());
-    let (bq, bk) = (sh.bq, sh.bk);
-    let kv = &sh.kv[unit.b * d.kv_heads + unit.h / d.group()];
-    let ldv = kv.ldv;
+    let (bq, bk, ldv) = (sh.bq, sh.shape.bk, sh.shape.ldv);
+    let bkv = unit.b * d.kv_heads + unit.h / d.group();
+    let (mut tile_keys, mut tile_values) = (
+        std::mem::take(&mut scratch.keys),
+        std::mem::take(&mut scratch.values),
+    );
     let rules = sh.rules(unit.b, unit.h);
     let rows = unit.rows;
     let opts = sh.options;
@@ -185,7 +219,14 @@ fn attend_block<const MR: usize, const NR: usize, const FMA: bool>(
     );
     match mode {
         Some(QkMatmulOutputMode::Scaled | QkMatmulOutputMode::Softcapped) => {
-            scores::raw_scores::<MR, NR, FMA>(sh, kv, &scratch.q, &mut scratch.st, unit.qk);
+            scores::raw_scores::<MR, NR, FMA>(
+                sh,
+                bkv,
+                &scratch.q,
+                &mut scratch.st,
+                (&mut tile_keys, &mut tile_values),
+                unit.qk,
+            );
         }
         Some(_) => unit.qk.fill(f32::NEG_INFINITY),
         None => {}
@@ -197,10 +238,22 @@ fn attend_block<const MR: usize, const NR: usize, const FMA: bool>(
     } else {
         0..0
     };
+    let zero_key = vec![0.0f32; if sh.in_place { dk } else { 0 }];
+    let mut value_rows: Vec<&[f32]> = Vec::with_capacity(if sh.in_place { bk } else { 0 });
     for tile in tiles {
         let j0 = tile * bk;
         let nk = bk.min(t_len - j0);
-        scores_t::<MR, NR>(sh, kv, j0, nk, &scratch.q, &mut scratch.st);
+        let (values, finite) = if sh.in_place {
+            value_rows.clear();
+            value_rows.extend((j0..j0 + nk).map(|j| sh.src.row(true, bkv, j)));
+            scores_in_place::<MR, NR>(sh, bkv, j0, nk, &zero_key, &scratch.q, &mut scratch.st);
+            let finite = value_rows.iter().all(|r| all_finite(r));
+            (&[][..], finite)
+        } else {
+            let (keys, values, finite) = sh.tile(bkv, tile, &mut tile_keys, &mut tile_values);
+            scores_t::<MR, NR>(sh, keys, nk, &scratch.q, &mut scratch.st);
+            (values, finite)
+        };
         if opts.softcap > 0.0 {
             let c = opts.softcap;
             for x in &mut scratch.st[..nk * bq] {
@@ -231,15 +284,25 @@ fn attend_block<const MR: usize, const NR: usize, const FMA: bool>(
 
         // O += P V for the tile.
         let st = &scratch.st;
-        if kv.finite[tile] {
+        if finite {
             // Value panels outside, so a panel of the tile stays in L1 while
             // every group of queries passes over it.
             for c in 0..ldv / NR {
-                let values = kv.value_panel(c, j0, t_len, NR);
+                let panel = &values[(c * bk * NR).min(values.len())..];
                 for g in 0..bq / MR {
                     let out = &mut scratch.o[g * MR * ldv + c * NR..];
                     let mut acc = load::<MR, NR>(out, ldv, MR);
-                    outer::<MR, NR, FMA>(nk, &st[g * MR..], bq, values, &mut acc);
+                    if sh.in_place {
+                        outer_b_rows::<MR, NR, FMA>(
+                            &st[g * MR..],
+                            bq,
+                            &value_rows,
+                            c * NR,
+                            &mut acc,
+                        );
+                    } else {
+                        outer::<MR, NR, FMA>(nk, &st[g * MR..], bq, panel, &mut acc);
+                    }
                     store(&acc, out, ldv, MR, NR);
                 }
             }
@@ -255,7 +318,11 @@ fn attend_block<const MR: usize, const NR: usize, const FMA: bool>(
                     }
                     let p = st[k * bq + q];
                     for (c, out) in o_row.chunks_exact_mut(NR).enumerate() {
-                        let v = &kv.value_panel(c, j0 + k, t_len, NR)[..NR];
+                        let v = if sh.in_place {
+                            &value_rows[k][c * NR..(c + 1) * NR]
+                        } else {
+                            &values[(c * bk + k) * NR..(c * bk + k + 1) * NR]
+                        };
                         for (acc, &x) in out.iter_mut().zip(v) {
                             *acc = madd::<FMA>(p, x, *acc);
                         }
@@ -264,11 +331,12 @@ fn attend_block<const MR: usize, const NR: usize, const FMA: bool>(
             }
         }
     }
+    (scratch.keys, scratch.values) = (tile_keys, tile_values);
     finish::<FMA>(sh, unit, scratch, capture);
 }
 
-/// `Sᵀ[k][q] = scale · K[j0 + k] · Q[q]` for the tile's `nk` keys and every
-/// query of the block, into `st` (`[bk][bq]`). Each dot product is summed in
+/// `Sᵀ[k][q] = scale · K[k] · Q[q]` for the tile's `nk` keys (`keys`, packed
+/// by [`pack_tile`]) and every query of the block, into `st` (`[bk][bq]`). Each dot product is summed in
 /// order of d with a rounded product and a rounded sum per step: the same
 /// numbers as the plain f32 computation whose error sets the tolerance.
 /// (Fused multiply-adds round differently, and with large logits that cancel
@@ -276,18 +344,54 @@ fn attend_block<const MR: usize, const NR: usize, const FMA: bool>(
 #[inline(always)]
 pub(crate) fn scores_t<const MR: usize, const NR: usize>(
     sh: &Shared<'_>,
-    kv: &PackedKv,
-    j0: usize,
+    keys: &[f32],
     nk: usize,
     q: &[f32],
     st: &mut [f32],
 ) {
     let (dk, bq) = (sh.dims.head_dim, sh.bq);
     for g in 0..nk.div_ceil(MR) {
-        let keys = kv.key_group(j0 / MR + g, dk, MR);
+        let keys = &keys[g * dk * MR..(g + 1) * dk * MR];
         for p in 0..bq / NR {
             let mut acc = [[0.0f32; NR]; MR];
             outer::<MR, NR, false>(dk, keys, MR, &q[p * NR * dk..], &mut acc);
+            let out = &mut st[g * MR * bq + p * NR..];
+            for (r, row) in acc.iter().enumerate() {
+                let dst = &mut out[r * bq..r * bq + NR];
+                for j in 0..NR {
+                    dst[j] = row[j] * sh.scale;
+                }
+            }
+        }
+    }
+}
+
+/// [`scores_t`] reading the tile's key rows in place (`zero_key` stands for
+/// the keys past the last).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn scores_in_place<const MR: usize, const NR: usize>(
+    sh: &Shared<'_>,
+    bkv: usize,
+    j0: usize,
+    nk: usize,
+    zero_key: &[f32],
+    q: &[f32],
+    st: &mut [f32],
+) {
+    let (dk, bq) = (sh.dims.head_dim, sh.bq);
+    for g in 0..nk.div_ceil(MR) {
+        let keys: [&[f32]; MR] = std::array::from_fn(|r| {
+            let k = g * MR + r;
+            if k < nk {
+                sh.src.row(false, bkv, j0 + k)
+            } else {
+                zero_key
+            }
+        });
+        for p in 0..bq / NR {
+            let mut acc = [[0.0f32; NR]; MR];
+            outer_a_rows::<MR, NR, false>(dk, &keys, &q[p * NR * dk..], &mut acc);
             let out = &mut st[g * MR * bq + p * NR..];
             for (r, row) in acc.iter().enumerate() {
                 let dst = &mut out[r * bq..r * bq + NR];

@@ -8,9 +8,9 @@
 //! time), or for the build's baseline otherwise (SSE2 on x86-64; SIMD128 on
 //! wasm32 when the build enables `+simd128`, see `.cargo/config.toml`).
 
-/// Register-tile sizes of one instruction set: the micro-kernels keep an
+/// Work written once for any register tile: the micro-kernels keep an
 /// `MR × NR` block of accumulators in registers, and `FMA` says whether
-/// `a * b + c` may be fused.
+/// `a * b + c` may be fused. [`dispatch`] picks the instantiation.
 pub(crate) trait Job {
     /// What the job returns.
     type Output;
@@ -55,43 +55,66 @@ impl Isa {
         }
     }
 
-    /// The key-panel width `NR` the kernels use with this instruction set.
-    pub(crate) fn nr(self) -> usize {
-        match self {
-            Isa::Avx2Fma => 16,
-            Isa::Simd128 | Isa::Baseline => 8,
+    /// The register tile `(MR, NR)` the kernels use with this instruction
+    /// set: the widest, or the narrow `4 × 8` one for short query blocks
+    /// (where wide tiles would mostly compute padding).
+    pub(crate) fn tiles(self, narrow: bool) -> (usize, usize) {
+        match (self, narrow) {
+            (Isa::Avx2Fma, false) => (6, 16),
+            _ => (4, 8),
         }
     }
 
-    /// The row-group height `MR` the kernels use with this instruction set.
+    /// `MR` of the widest tile.
     pub(crate) fn mr(self) -> usize {
-        match self {
-            Isa::Avx2Fma => 6,
-            Isa::Simd128 | Isa::Baseline => 4,
-        }
+        self.tiles(false).0
+    }
+
+    /// `NR` of the widest tile.
+    pub(crate) fn nr(self) -> usize {
+        self.tiles(false).1
     }
 }
 
-/// Runs `job` in the instruction set of `isa` (which must come from
+/// Runs `job` with the widest tiles of `isa` (which must come from
 /// [`Isa::detect`] on this machine).
 pub(crate) fn dispatch<J: Job>(isa: Isa, job: J) -> J::Output {
+    dispatch_tiles(isa, false, job)
+}
+
+/// Runs `job` with the tiles `isa.tiles(narrow)` says, in the instruction set
+/// of `isa` (which must come from [`Isa::detect`] on this machine).
+pub(crate) fn dispatch_tiles<J: Job>(isa: Isa, narrow: bool, job: J) -> J::Output {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2Fma
         && std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("fma")
     {
         // SAFETY: the CPU has AVX2 and FMA (checked just above), which is all
-        // that `run_avx2_fma` requires of its caller.
-        return unsafe { run_avx2_fma(job) };
+        // that the `run_avx2_fma_*` functions require of their caller.
+        return unsafe {
+            if narrow {
+                run_avx2_fma_narrow(job)
+            } else {
+                run_avx2_fma_wide(job)
+            }
+        };
     }
-    let _ = isa;
+    let _ = (isa, narrow);
     job.run::<4, 8, false>()
 }
 
-/// The job compiled with AVX2 and FMA enabled; every kernel it calls is
-/// `#[inline(always)]`, so they are compiled with them too.
+/// The job compiled with AVX2 and FMA enabled, 6 × 16 tiles; every kernel it
+/// calls is `#[inline(always)]`, so they are compiled with them too.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn run_avx2_fma<J: Job>(job: J) -> J::Output {
+fn run_avx2_fma_wide<J: Job>(job: J) -> J::Output {
     job.run::<6, 16, true>()
+}
+
+/// [`run_avx2_fma_wide`] with 4 × 8 tiles.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn run_avx2_fma_narrow<J: Job>(job: J) -> J::Output {
+    job.run::<4, 8, true>()
 }

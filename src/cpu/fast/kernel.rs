@@ -9,6 +9,8 @@
 //! packed as `[Dk][NR]` for `B`; then `O += P V` reads `MR` queries of the
 //! probability tile `Pᵀ` (`[keys][queries]`, so already `[depth][..MR]`) for
 //! `A` and a value panel (`[keys][NR]`) for `B`. No tile is ever transposed.
+//! A decoding step, whose keys and values are read once, skips the packing:
+//! [`outer_a_rows`] reads key rows and [`outer_b_rows`] value rows in place.
 
 use super::math::madd;
 
@@ -29,6 +31,53 @@ pub(crate) fn outer<const MR: usize, const NR: usize, const FMA: bool>(
     let mut c = *acc;
     for (k, brow) in b.chunks_exact(NR).enumerate() {
         let arow = &a[k * lda..][..MR];
+        for r in 0..MR {
+            let x = arow[r];
+            for j in 0..NR {
+                c[r][j] = madd::<FMA>(x, brow[j], c[r][j]);
+            }
+        }
+    }
+    *acc = c;
+}
+
+/// [`outer`] with `A` given as `MR` rows of `depth` values (`A[r][k] =
+/// a[r][k]`): the keys of a decoding step, read in place.
+#[inline(always)]
+pub(crate) fn outer_a_rows<const MR: usize, const NR: usize, const FMA: bool>(
+    depth: usize,
+    a: &[&[f32]; MR],
+    b: &[f32],
+    acc: &mut [[f32; NR]; MR],
+) {
+    let rows: [&[f32]; MR] = std::array::from_fn(|r| &a[r][..depth]);
+    let b = &b[..depth * NR];
+    let mut c = *acc;
+    for (k, brow) in b.chunks_exact(NR).enumerate() {
+        for r in 0..MR {
+            let x = rows[r][k];
+            for j in 0..NR {
+                c[r][j] = madd::<FMA>(x, brow[j], c[r][j]);
+            }
+        }
+    }
+    *acc = c;
+}
+
+/// [`outer`] with `B` given as rows, `NR` values from column `col` of each
+/// (`B[k][j] = b[k][col + j]`): the values of a decoding step, read in place.
+#[inline(always)]
+pub(crate) fn outer_b_rows<const MR: usize, const NR: usize, const FMA: bool>(
+    a: &[f32],
+    lda: usize,
+    b: &[&[f32]],
+    col: usize,
+    acc: &mut [[f32; NR]; MR],
+) {
+    let mut c = *acc;
+    for (k, brow) in b.iter().enumerate() {
+        let arow = &a[k * lda..][..MR];
+        let brow = &brow[col..col + NR];
         for r in 0..MR {
             let x = arow[r];
             for j in 0..NR {
@@ -115,6 +164,14 @@ mod tests {
         let mut strided = [[1.0f32; 2]; 2];
         outer::<2, 2, true>(3, &spaced, 3, &b, &mut strided);
         assert_eq!(strided, acc);
+        // A and B as rows.
+        let mut by_rows = [[1.0f32; 2]; 2];
+        outer_a_rows::<2, 2, false>(3, &[&a[..3], &a[4..7]], &b, &mut by_rows);
+        assert_eq!(by_rows, acc);
+        let b_rows: Vec<&[f32]> = b.chunks(2).collect();
+        let mut by_b_rows = [[1.0f32; 2]; 2];
+        outer_b_rows::<2, 2, true>(&packed, 2, &b_rows, 0, &mut by_b_rows);
+        assert_eq!(by_b_rows, acc);
         let mut out = [0.0f32; 6];
         store(&acc, &mut out, 3, 2, 1);
         assert_eq!(out, [3.0, 0.0, 0.0, 9.0, 0.0, 0.0]);

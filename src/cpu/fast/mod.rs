@@ -93,15 +93,27 @@ impl CpuBackend {
         options: &AttentionOptions,
     ) -> Result<AttentionOutputs<HostTensor>> {
         let dims = validate(inputs, options)?;
-        let (mr, nr) = (self.isa.mr(), self.isa.nr());
         let (nq, dv, t_len) = (dims.q_len, dims.v_head_dim, dims.total_len());
         let heads = dims.batch * dims.q_heads;
         // Blocks of query rows and key tiles sized for the caches: the Q block,
         // a score tile, a value panel and the output accumulators stay in L1.
-        // Query blocks are a multiple of both tile sizes; short ones for few queries.
+        // Query blocks are a multiple of both tile sizes; a few queries (a
+        // decoding step) take the narrow tiles, so the blocks pad less.
+        let narrow = nq <= 24;
+        let (mr, nr) = self.isa.tiles(narrow);
         let step = lcm(mr, nr);
         let bq = (48usize.div_ceil(step) * step).min(nq.div_ceil(step) * step);
-        let bk = 48usize.div_ceil(mr) * mr;
+        let bk = if narrow {
+            64
+        } else {
+            48usize.div_ceil(mr) * mr
+        };
+        let shape = pack::TileShape {
+            mr,
+            nr,
+            bk,
+            ldv: dv.div_ceil(nr) * nr,
+        };
 
         let mut y = vec![0.0f32; checked_numel("Y", &dims.y_shape())?];
         let mut lse = vec![0.0f32; heads * nq];
@@ -110,23 +122,22 @@ impl CpuBackend {
             None => Vec::new(),
         };
 
-        let kv = threads::map(
-            (0..dims.batch * dims.kv_heads).collect(),
-            self.threads,
-            |bkv| {
-                pack::pack(
-                    &dims,
-                    inputs.k,
-                    inputs.v,
-                    inputs.past_key,
-                    inputs.past_value,
-                    bkv,
-                    mr,
-                    nr,
-                    bk,
-                )
-            },
-        );
+        let src = pack::KvSource {
+            dims,
+            k: inputs.k,
+            v: inputs.v,
+            past_key: inputs.past_key,
+            past_value: inputs.past_value,
+        };
+        // K and V packed once up front when several query blocks of a head
+        // read them; a decoding step packs each tile as it reaches it.
+        let packed = (nq > bq).then(|| {
+            threads::map(
+                (0..dims.batch * dims.kv_heads).collect(),
+                self.threads,
+                |bkv| pack::PackedKv::new(&src, &shape, bkv),
+            )
+        });
         let mask = match (inputs.attn_mask, dims.mask) {
             (Some(m), Some(layout)) => Some(MaskBias::new(m, layout)),
             _ => None,
@@ -143,15 +154,15 @@ impl CpuBackend {
             dims,
             options,
             q: inputs.q.data(),
-            kv,
+            src,
+            packed,
+            shape,
+            in_place: narrow && dv % nr == 0,
             mask,
             nonpad: inputs.nonpad_kv_seqlen,
             slopes,
             scale: options.effective_scale(dims.head_dim),
             bq,
-            bk,
-            mr,
-            nr,
         };
 
         // Work items, the most expensive first so the last ones to finish are short.
@@ -186,8 +197,9 @@ impl CpuBackend {
         units.sort_by_key(|(cost, _)| Reverse(*cost));
         let units: Vec<Unit<'_>> = units.into_iter().map(|(_, u)| u).collect();
         threads::for_each(units, self.threads, Scratch::default, |unit, scratch| {
-            isa::dispatch(
+            isa::dispatch_tiles(
                 self.isa,
+                narrow,
                 UnitJob {
                     shared: &shared,
                     unit,

@@ -1,101 +1,154 @@
-//! Keys and values of one (batch, KV head) laid out for the kernels, once per
-//! call and shared by every query head of the group and every query block.
+//! Keys and values laid out for the kernels, one key tile at a time.
 //!
-//! Keys become groups of `MR` keys, each `[Dk][MR]`, the `A` operand of the
-//! `Sᵀ = K Qᵀ` kernel (the last group is padded with zero keys). Values become column panels of `NR` columns, each
-//! `[T][NR]` (the last padded with zero columns), so the P·V kernel reads a
-//! tile's values for one column chunk as one contiguous run: rows of `Dv`
-//! read in place would be `4·Dv` bytes apart, a power-of-two stride that
-//! keeps the same few L1 sets busy. For every key tile the packing also
-//! records whether all its values are finite, which decides how the kernel
-//! may skip masked keys.
+//! A tile of `bk` keys holds its keys as groups of `MR` keys, each `[Dk][MR]`
+//! (the `A` operand of the `Sᵀ = K Qᵀ` kernel), and its values as column
+//! panels of `NR` columns, each `[bk][NR]` (the `B` operand of `O += P V`),
+//! zero-padded past the last key and the last column. Values read in place
+//! would be rows `4·Dv` bytes apart, a power-of-two stride that keeps the same
+//! few L1 sets busy. Packing also records whether all of a tile's values are
+//! finite, which decides how the kernel may skip masked keys.
+//!
+//! When several work items read the same (batch, KV head) — several query
+//! blocks, or the query heads of a GQA group — [`PackedKv`] packs every tile
+//! once up front and they share it; when only one does (decoding), the block
+//! packs each tile into its own scratch as it goes ([`pack_tile`]).
 
 use crate::problem::AttentionDims;
 use crate::tensor::HostTensor;
 
-/// The K and V of one (batch, KV head), ready for the kernels.
-#[derive(Debug)]
-pub(crate) struct PackedKv {
-    /// `ceil(T / mr)` groups of `[Dk][mr]`.
-    pub keys: Vec<f32>,
-    /// `ldv / nr` panels of `[T][nr]` values (padding columns zero).
-    pub values: Vec<f32>,
+/// Where the keys and values of one call come from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KvSource<'a> {
+    pub dims: AttentionDims,
+    pub k: &'a HostTensor,
+    pub v: &'a HostTensor,
+    pub past_key: Option<&'a HostTensor>,
+    pub past_value: Option<&'a HostTensor>,
+}
+
+/// The tile geometry: groups of `mr` keys, panels of `nr` columns, `bk` keys.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TileShape {
+    pub mr: usize,
+    pub nr: usize,
+    pub bk: usize,
     /// `Dv` rounded up to a multiple of `nr`.
     pub ldv: usize,
-    /// Per key tile of `tile` keys: whether every value in it is finite.
-    pub finite: Vec<bool>,
 }
 
-/// Row `t` of the concatenation `[past; new]` for (b, KV head), `width` wide.
-fn row<'a>(
-    past: Option<&'a HostTensor>,
-    new: &'a HostTensor,
-    dims: &AttentionDims,
-    bk: usize,
-    t: usize,
-    width: usize,
-) -> &'a [f32] {
-    let (tensor, len, r) = match past {
-        Some(p) if t < dims.past_len => (p, dims.past_len, t),
-        _ => (new, dims.kv_len, t - dims.past_len),
-    };
-    let start = (bk * len + r) * width;
-    &tensor.data()[start..start + width]
-}
-
-/// Packs K and V of batch-and-KV-head index `bkv` (`b · Hkv + kv head`) for
-/// groups of `mr` keys, value panels of `nr` columns and key tiles of `tile` keys.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn pack(
-    dims: &AttentionDims,
-    k: &HostTensor,
-    v: &HostTensor,
-    past_key: Option<&HostTensor>,
-    past_value: Option<&HostTensor>,
-    bkv: usize,
-    mr: usize,
-    nr: usize,
-    tile: usize,
-) -> PackedKv {
-    let (t_len, dk, dv) = (dims.total_len(), dims.head_dim, dims.v_head_dim);
-    let groups = t_len.div_ceil(mr);
-    let mut keys = vec![0.0f32; groups * dk * mr];
-    for t in 0..t_len {
-        let key = row(past_key, k, dims, bkv, t, dk);
-        let group = &mut keys[(t / mr) * dk * mr..(t / mr + 1) * dk * mr];
-        let lane = t % mr;
-        for (d, &x) in key.iter().enumerate() {
-            group[d * mr + lane] = x;
-        }
+impl TileShape {
+    /// Floats of one tile's keys.
+    pub(crate) fn key_len(&self, dk: usize) -> usize {
+        self.bk * dk
     }
-    let ldv = dv.div_ceil(nr) * nr;
-    let mut values = vec![0.0f32; t_len * ldv];
-    let mut finite = vec![true; t_len.div_ceil(tile)];
-    for t in 0..t_len {
-        let value = row(past_value, v, dims, bkv, t, dv);
+
+    /// Floats of one tile's values.
+    pub(crate) fn value_len(&self) -> usize {
+        self.bk * self.ldv
+    }
+}
+
+impl<'a> KvSource<'a> {
+    /// Row `t` of the concatenation `[past; new]` of the values (or, when
+    /// `value` is false, the keys) for `bkv` (`b · Hkv + kv head`).
+    pub(crate) fn row(&self, value: bool, bkv: usize, t: usize) -> &'a [f32] {
+        let d = &self.dims;
+        let (past, new, width) = if value {
+            (self.past_value, self.v, d.v_head_dim)
+        } else {
+            (self.past_key, self.k, d.head_dim)
+        };
+        let (tensor, len, r) = match past {
+            Some(p) if t < d.past_len => (p, d.past_len, t),
+            _ => (new, d.kv_len, t - d.past_len),
+        };
+        let start = (bkv * len + r) * width;
+        &tensor.data()[start..start + width]
+    }
+}
+
+/// Packs keys `j0 .. j0 + nk` of `bkv` into `keys` (`[bk / mr][Dk][mr]`) and
+/// their values into `values` (`[ldv / nr][bk][nr]`); returns whether every
+/// value is finite.
+pub(crate) fn pack_tile(
+    src: &KvSource<'_>,
+    shape: &TileShape,
+    bkv: usize,
+    j0: usize,
+    nk: usize,
+    keys: &mut [f32],
+    values: &mut [f32],
+) -> bool {
+    let dk = src.dims.head_dim;
+    let TileShape { mr, nr, bk, .. } = *shape;
+    let keys = &mut keys[..shape.key_len(dk)];
+    let values = &mut values[..shape.value_len()];
+    if nk < bk {
+        keys.fill(0.0);
+        values.fill(0.0);
+    }
+    let mut finite = true;
+    for k in 0..nk {
+        let key = src.row(false, bkv, j0 + k);
+        let group = &mut keys[(k / mr) * dk * mr..(k / mr + 1) * dk * mr];
+        for (d, &x) in key.iter().enumerate() {
+            group[d * mr + k % mr] = x;
+        }
+        let value = src.row(true, bkv, j0 + k);
         for (c, chunk) in value.chunks(nr).enumerate() {
-            let start = (c * t_len + t) * nr;
+            let start = (c * bk + k) * nr;
             values[start..start + chunk.len()].copy_from_slice(chunk);
         }
-        finite[t / tile] &= value.iter().all(|x| x.is_finite());
+        finite &= super::math::all_finite(value);
     }
-    PackedKv {
-        keys,
-        values,
-        ldv,
-        finite,
-    }
+    finite
+}
+
+/// Every tile of one (batch, KV head), packed once and shared.
+#[derive(Debug)]
+pub(crate) struct PackedKv {
+    keys: Vec<f32>,
+    values: Vec<f32>,
+    finite: Vec<bool>,
 }
 
 impl PackedKv {
-    /// Key group `g` (keys `g·mr .. (g+1)·mr`), `[Dk][mr]`.
-    pub(crate) fn key_group(&self, g: usize, dk: usize, mr: usize) -> &[f32] {
-        &self.keys[g * dk * mr..(g + 1) * dk * mr]
+    /// Packs every tile of `bkv`.
+    pub(crate) fn new(src: &KvSource<'_>, shape: &TileShape, bkv: usize) -> PackedKv {
+        let (t_len, dk) = (src.dims.total_len(), src.dims.head_dim);
+        let tiles = t_len.div_ceil(shape.bk);
+        let (kl, vl) = (shape.key_len(dk), shape.value_len());
+        let mut keys = vec![0.0f32; tiles * kl];
+        let mut values = vec![0.0f32; tiles * vl];
+        let finite = (0..tiles)
+            .map(|t| {
+                let j0 = t * shape.bk;
+                pack_tile(
+                    src,
+                    shape,
+                    bkv,
+                    j0,
+                    shape.bk.min(t_len - j0),
+                    &mut keys[t * kl..(t + 1) * kl],
+                    &mut values[t * vl..(t + 1) * vl],
+                )
+            })
+            .collect();
+        PackedKv {
+            keys,
+            values,
+            finite,
+        }
     }
 
-    /// The values of keys `j0..` in column panel `c` (columns `c·nr ..`), `[..][nr]`.
-    pub(crate) fn value_panel(&self, c: usize, j0: usize, t_len: usize, nr: usize) -> &[f32] {
-        &self.values[(c * t_len + j0) * nr..(c + 1) * t_len * nr]
+    /// Tile `t`: its keys, its values and whether the values are all finite.
+    pub(crate) fn tile(&self, t: usize, shape: &TileShape, dk: usize) -> (&[f32], &[f32], bool) {
+        let (kl, vl) = (shape.key_len(dk), shape.value_len());
+        (
+            &self.keys[t * kl..(t + 1) * kl],
+            &self.values[t * vl..(t + 1) * vl],
+            self.finite[t],
+        )
     }
 }
 
@@ -106,23 +159,45 @@ mod tests {
     use crate::problem::{validate, AttentionInputs};
 
     #[test]
-    fn panels_and_padded_values() {
-        // B 1, Hkv 1, past 2 + new 3 keys, Dk 2, Dv 3.
+    fn tiles_of_groups_and_panels() {
+        // B 1, Hkv 1, past 2 + new 3 keys, Dk 2, Dv 3; tiles of 4 keys.
         let q = HostTensor::new([1, 1, 1, 2], vec![0.0; 2]).unwrap();
         let k = HostTensor::new([1, 1, 3, 2], vec![3., 30., 4., 40., 5., 50.]).unwrap();
         let v = HostTensor::new([1, 1, 3, 3], (0..9).map(|x| x as f32).collect()).unwrap();
         let pk = HostTensor::new([1, 1, 2, 2], vec![1., 10., 2., 20.]).unwrap();
         let mut pv = HostTensor::new([1, 1, 2, 3], vec![-1.0; 6]).unwrap();
-        pv.data_mut()[4] = f32::NAN;
+        pv.data_mut()[5] = f32::NAN; // past row 1, column 2
         let inputs = AttentionInputs::new(&q, &k, &v).with_past(&pk, &pv);
         let dims = validate(&inputs, &AttentionOptions::default()).unwrap();
-        let p = pack(&dims, &k, &v, Some(&pk), Some(&pv), 0, 4, 4, 4);
-        // Group 0: keys 0..4, [d][lane]; group 1: key 4 then zero padding.
-        assert_eq!(p.key_group(0, 2, 4), &[1., 2., 3., 4., 10., 20., 30., 40.]);
-        assert_eq!(p.key_group(1, 2, 4), &[5., 0., 0., 0., 50., 0., 0., 0.]);
-        assert_eq!(p.ldv, 4);
-        // Key 2 is the first new one: values 0, 1, 2 and a zero column.
-        assert_eq!(&p.value_panel(0, 2, 5, 4)[..4], &[0., 1., 2., 0.]);
-        assert_eq!(p.finite, vec![false, true]);
+        let src = KvSource {
+            dims,
+            k: &k,
+            v: &v,
+            past_key: Some(&pk),
+            past_value: Some(&pv),
+        };
+        let shape = TileShape {
+            mr: 2,
+            nr: 2,
+            bk: 4,
+            ldv: 4,
+        };
+        let p = PackedKv::new(&src, &shape, 0);
+        let (keys, values, finite) = p.tile(0, &shape, 2);
+        // Groups of 2 keys, [d][lane]: keys 0, 1 then 2, 3.
+        assert_eq!(keys, &[1., 2., 10., 20., 3., 4., 30., 40.]);
+        // Panel 0 (columns 0, 1) then panel 1 (column 2 and a zero column).
+        assert_eq!(&values[..8], &[-1., -1., -1., -1., 0., 1., 3., 4.]);
+        assert_eq!(&values[8..10], &[-1., 0.]);
+        assert!(values[10].is_nan());
+        assert_eq!(&values[11..], &[0., 2., 0., 5., 0.]);
+        assert!(!finite);
+        let (keys, values, finite) = p.tile(1, &shape, 2);
+        assert_eq!(keys, &[5., 0., 50., 0., 0., 0., 0., 0.]);
+        assert_eq!(
+            values,
+            &[6., 7., 0., 0., 0., 0., 0., 0., 8., 0., 0., 0., 0., 0., 0., 0.]
+        );
+        assert!(finite);
     }
 }
