@@ -1,5 +1,6 @@
 // The demo page: the webattn engine compiled to wasm (./pkg), driving the
-// browser's WebGPU adapter, with the f64 oracle running alongside in wasm.
+// browser's WebGPU adapter (or, without one, the fast CPU backend in wasm),
+// with the f64 oracle running alongside in wasm.
 import init, { Demo, kernels } from "./pkg/webattn_web.js";
 
 const $ = (id) => document.getElementById(id);
@@ -90,7 +91,7 @@ function showAdapter() {
   if (!info.gpu) {
     const why = navigator.gpu ? "the browser granted no WebGPU adapter" : "this browser has no navigator.gpu (WebGPU)";
     box.innerHTML = `<p class="warning">No GPU: ${why}. ${info.reason ?? ""}</p>
-      <p>Everything below still works on the CPU backend (the f64 oracle, in wasm); choose the CPU path.</p>`;
+      <p>Everything below runs on the ${info.describe} in wasm instead, checked against the f64 oracle.</p>`;
     return;
   }
   const l = info.limits, f = info.features;
@@ -138,10 +139,11 @@ async function runExplorer(event) {
   try {
     const r = JSON.parse(await demo.explore(JSON.stringify(settings)));
     const ms = (x) => (x == null ? "–" : `${x.toFixed(2)} ms`);
+    const onGpu = r.path === "fused" || r.path === "unfused";
     out.innerHTML = `path ${r.path}: <span class="${r.passed ? "pass" : "fail"}">${r.passed ? "pass" : "FAIL"}</span>
-Y: worst |GPU − f64 oracle| ${r.y.max_abs.toExponential(2)}, allowed ${r.y.allowed.toExponential(2)}
+Y: worst |${onGpu ? "GPU" : r.path} − f64 oracle| ${r.y.max_abs.toExponential(2)}, allowed ${r.y.allowed.toExponential(2)}
 probabilities: worst ${r.probs.max_abs.toExponential(2)}, allowed ${r.probs.allowed.toExponential(2)}
-GPU time ${ms(r.gpu_ms)} (call with upload and readback ${ms(r.wall_ms)}); f64 oracle in wasm ${ms(r.oracle_ms)}`;
+${onGpu ? `GPU time ${ms(r.gpu_ms)} (call with upload and readback ${ms(r.wall_ms)})` : `${r.path} time ${ms(r.wall_ms)}`}; f64 oracle in wasm ${ms(r.oracle_ms)}`;
     drawHeatmap({ values: r.heatmap, rows: r.seq_q, cols: r.seq_k, rowTitle: "queries", colTitle: `keys, head ${r.head}` });
     $("sentence-status").textContent = "(showing the explorer's result; choose a path to see the sentence again)";
     $("heatmap-caption").textContent = `Explorer: probabilities of head ${r.head} on the ${r.path} path ` +
@@ -239,7 +241,8 @@ function drawTiming(rows) {
   const canvas = $("timing");
   const ctx = canvas.getContext("2d");
   ctx.clearRect(0, 0, canvas.width, canvas.height);
-  const paths = [["fused", "#1b7837"], ["unfused", "#2166ac"], ["cpu", "#b2182b"]].filter(([p]) => rows.some((r) => r[p] != null));
+  const paths = [["fused", "#1b7837"], ["unfused", "#2166ac"], ["cpu", "#b2182b"], ["oracle", "#999999"]]
+    .filter(([p]) => rows.some((r) => r[p] != null));
   const max = Math.max(...rows.flatMap((r) => paths.map(([p]) => r[p] ?? 0)));
   const left = 60, bottom = canvas.height - 40, width = canvas.width - left - 130;
   const group = width / rows.length, bar = (group - 20) / paths.length;
@@ -271,10 +274,14 @@ async function runTiming() {
   $("timing-run").disabled = true;
   $("timing-status").textContent = "measuring…";
   try {
-    const rows = JSON.parse(await demo.timing(JSON.stringify([64, 128, 256])));
+    // ?timing=64,128,512 picks the sizes (the browser test measures larger ones).
+    const asked = new URLSearchParams(location.search).get("timing");
+    const seqs = asked ? asked.split(",").map(Number) : [64, 128, 256];
+    const rows = JSON.parse(await demo.timing(JSON.stringify(seqs)));
     drawTiming(rows);
     $("timing-status").textContent = rows.map((r) =>
-      r.fused ? `seq ${r.seq}: fused ${(r.unfused / r.fused).toFixed(1)}× faster than unfused` : `seq ${r.seq}`).join("; ");
+      `seq ${r.seq}: ` + (r.fused ? `fused ${(r.unfused / r.fused).toFixed(1)}× faster than unfused, ` : "") +
+      `CPU backend ${r.cpu.toFixed(1)} ms, ${(r.oracle / r.cpu).toFixed(1)}× faster than the f64 oracle (${r.oracle.toFixed(0)} ms)`).join("; ");
   } catch (e) {
     $("timing-status").textContent = `error: ${e}`;
   }

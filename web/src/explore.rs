@@ -25,6 +25,7 @@ fn path(name: &str) -> KernelPath {
     match name {
         "unfused" => KernelPath::Unfused,
         "cpu" => KernelPath::Cpu,
+        "oracle" => KernelPath::Oracle,
         _ => KernelPath::Fused,
     }
 }
@@ -103,7 +104,9 @@ pub async fn run(engine: &Engine, settings: &Value) -> Result<Value> {
             (result?, gpu_ms)
         }
         (None, KernelPath::Fused | KernelPath::Unfused) => {
-            return Err(Error::Conflict("no GPU adapter: choose the CPU path"));
+            return Err(Error::Conflict(
+                "no GPU adapter: choose the CPU path (or the f64 oracle)",
+            ));
         }
         _ => (engine.attention_host(&inputs, &options).await?, None),
     };
@@ -138,7 +141,9 @@ pub async fn run(engine: &Engine, settings: &Value) -> Result<Value> {
     }))
 }
 
-/// Fused, unfused and CPU milliseconds at each sequence length (B = 1, H = 4, d = 64).
+/// Fused, unfused, CPU-backend and f64-oracle milliseconds at each sequence
+/// length (B = 1, H = 4, d = 64); the CPU backend is the median of 3 runs
+/// after one, the oracle one run.
 pub async fn timing(engine: &Engine, seqs: &[usize]) -> Result<Value> {
     let mut rows = Vec::new();
     for &seq in seqs {
@@ -166,17 +171,25 @@ pub async fn timing(engine: &Engine, seqs: &[usize]) -> Result<Value> {
                 row[path.name()] = json!(m.measurement.median_ms());
             }
         }
-        let m = bench::attention(
-            engine,
-            shape,
-            KernelPath::Cpu,
-            Repeats {
-                warmup: 0,
-                timed: 1,
-            },
-        )
-        .await?;
-        row["cpu"] = json!(m.measurement.median_ms());
+        for (path, repeats) in [
+            (
+                KernelPath::Cpu,
+                Repeats {
+                    warmup: 1,
+                    timed: 3,
+                },
+            ),
+            (
+                KernelPath::Oracle,
+                Repeats {
+                    warmup: 0,
+                    timed: 1,
+                },
+            ),
+        ] {
+            let m = bench::attention(engine, shape, path, repeats).await?;
+            row[path.name()] = json!(m.measurement.median_ms());
+        }
         rows.push(row);
     }
     Ok(Value::Array(rows))

@@ -3,8 +3,8 @@
 //! Everything goes in and out as JSON text, so the page needs no generated
 //! TypeScript types; the few large arrays (heatmaps) are small enough for it.
 //! The same library runs here as natively: the browser's WebGPU adapter (or
-//! the CPU backend when there is none), the same WGSL kernels, the same
-//! conformance sweep and f64 oracle.
+//! the fast CPU backend, single-threaded and SIMD128-vectorised, when there is
+//! none), the same WGSL kernels, the same conformance sweep and f64 oracle.
 
 mod explore;
 mod sentence;
@@ -201,7 +201,7 @@ impl Demo {
         .to_string())
     }
 
-    /// Fused, unfused and CPU times at a few sizes (`[seq, ...]` as JSON).
+    /// Fused, unfused, CPU-backend and f64-oracle times at a few sizes (`[seq, ...]` as JSON).
     pub async fn timing(&self, seqs: String) -> Result<String, JsValue> {
         let seqs: Vec<usize> = serde_json::from_str(&seqs).map_err(js_error)?;
         explore::timing(&self.engine, &seqs)
