@@ -154,7 +154,14 @@ impl Job for UnitJob<'_, '_, '_> {
 
     #[inline(always)]
     fn run<const MR: usize, const NR: usize, const FMA: bool>(self) {
-        attend_block::<MR, NR, FMA>(self.shared, self.unit, self.scratch);
+        // Reading K and V in place is a narrow-tile mode: wide instantiations
+        // never contain that code (with it, the compiler kept the P·V
+        // accumulators in memory, several times slower).
+        if MR == 4 && self.shared.in_place {
+            attend_block::<MR, NR, FMA, true>(self.shared, self.unit, self.scratch);
+        } else {
+            attend_block::<MR, NR, FMA, false>(self.shared, self.unit, self.scratch);
+        }
     }
 }
 
@@ -165,7 +172,7 @@ fn reset<T: Copy>(v: &mut Vec<T>, n: usize, x: T) {
 }
 
 #[inline(always)]
-fn attend_block<const MR: usize, const NR: usize, const FMA: bool>(
+fn attend_block<const MR: usize, const NR: usize, const FMA: bool, const IN_PLACE: bool>(
     sh: &Shared<'_>,
     unit: Unit<'_>,
     scratch: &mut Scratch,
@@ -238,12 +245,12 @@ fn attend_block<const MR: usize, const NR: usize, const FMA: bool>(
     } else {
         0..0
     };
-    let zero_key = vec![0.0f32; if sh.in_place { dk } else { 0 }];
-    let mut value_rows: Vec<&[f32]> = Vec::with_capacity(if sh.in_place { bk } else { 0 });
+    let zero_key = vec![0.0f32; if IN_PLACE { dk } else { 0 }];
+    let mut value_rows: Vec<&[f32]> = Vec::with_capacity(if IN_PLACE { bk } else { 0 });
     for tile in tiles {
         let j0 = tile * bk;
         let nk = bk.min(t_len - j0);
-        let (values, finite) = if sh.in_place {
+        let (values, finite) = if IN_PLACE {
             value_rows.clear();
             value_rows.extend((j0..j0 + nk).map(|j| sh.src.row(true, bkv, j)));
             scores_in_place::<MR, NR>(sh, bkv, j0, nk, &zero_key, &scratch.q, &mut scratch.st);
@@ -284,25 +291,24 @@ fn attend_block<const MR: usize, const NR: usize, const FMA: bool>(
 
         // O += P V for the tile.
         let st = &scratch.st;
-        if finite {
-            // Value panels outside, so a panel of the tile stays in L1 while
-            // every group of queries passes over it.
+        if finite && IN_PLACE {
             for c in 0..ldv / NR {
-                let panel = &values[(c * bk * NR).min(values.len())..];
                 for g in 0..bq / MR {
                     let out = &mut scratch.o[g * MR * ldv + c * NR..];
                     let mut acc = load::<MR, NR>(out, ldv, MR);
-                    if sh.in_place {
-                        outer_b_rows::<MR, NR, FMA>(
-                            &st[g * MR..],
-                            bq,
-                            &value_rows,
-                            c * NR,
-                            &mut acc,
-                        );
-                    } else {
-                        outer::<MR, NR, FMA>(nk, &st[g * MR..], bq, panel, &mut acc);
-                    }
+                    outer_b_rows::<MR, NR, FMA>(&st[g * MR..], bq, &value_rows, c * NR, &mut acc);
+                    store(&acc, out, ldv, MR, NR);
+                }
+            }
+        } else if finite {
+            // Value panels outside, so a panel of the tile stays in L1 while
+            // every group of queries passes over it.
+            for c in 0..ldv / NR {
+                let panel = &values[c * bk * NR..(c + 1) * bk * NR];
+                for g in 0..bq / MR {
+                    let out = &mut scratch.o[g * MR * ldv + c * NR..];
+                    let mut acc = load::<MR, NR>(out, ldv, MR);
+                    outer::<MR, NR, FMA>(nk, &st[g * MR..], bq, panel, &mut acc);
                     store(&acc, out, ldv, MR, NR);
                 }
             }
@@ -318,7 +324,7 @@ fn attend_block<const MR: usize, const NR: usize, const FMA: bool>(
                     }
                     let p = st[k * bq + q];
                     for (c, out) in o_row.chunks_exact_mut(NR).enumerate() {
-                        let v = if sh.in_place {
+                        let v = if IN_PLACE {
                             &value_rows[k][c * NR..(c + 1) * NR]
                         } else {
                             &values[(c * bk + k) * NR..(c * bk + k + 1) * NR]
