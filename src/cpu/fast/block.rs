@@ -291,9 +291,24 @@ fn attend_block<const MR: usize, const NR: usize, const FMA: bool, const IN_PLAC
 
         // O += P V for the tile.
         let st = &scratch.st;
-        if finite && IN_PLACE {
+        // Groups of MR queries past the last real one are skipped.
+        let groups = rows.div_ceil(MR);
+        if finite && IN_PLACE && rows <= 2 {
+            // One or two queries (a decoding step): each output row adds its
+            // value rows one by one, the same sums in the same order as the
+            // micro-kernel, without its padding rows.
+            for q in 0..rows {
+                let o_row = &mut scratch.o[q * ldv..(q + 1) * ldv];
+                for (k, v) in value_rows.iter().enumerate() {
+                    let p = st[k * bq + q];
+                    for (acc, &x) in o_row.iter_mut().zip(v.iter()) {
+                        *acc = madd::<FMA>(p, x, *acc);
+                    }
+                }
+            }
+        } else if finite && IN_PLACE {
             for c in 0..ldv / NR {
-                for g in 0..bq / MR {
+                for g in 0..groups {
                     let out = &mut scratch.o[g * MR * ldv + c * NR..];
                     let mut acc = load::<MR, NR>(out, ldv, MR);
                     outer_b_rows::<MR, NR, FMA>(&st[g * MR..], bq, &value_rows, c * NR, &mut acc);
@@ -305,7 +320,7 @@ fn attend_block<const MR: usize, const NR: usize, const FMA: bool, const IN_PLAC
             // every group of queries passes over it.
             for c in 0..ldv / NR {
                 let panel = &values[c * bk * NR..(c + 1) * bk * NR];
-                for g in 0..bq / MR {
+                for g in 0..groups {
                     let out = &mut scratch.o[g * MR * ldv + c * NR..];
                     let mut acc = load::<MR, NR>(out, ldv, MR);
                     outer::<MR, NR, FMA>(nk, &st[g * MR..], bq, panel, &mut acc);
