@@ -699,6 +699,45 @@ fn check_quick_ends_with_the_summary_line() {
 }
 
 #[test]
+fn bench_on_a_cpu_engine_times_the_cpu_backend_and_the_oracle() {
+    let dir = scratch("bench-cpu");
+    let json = dir.join("bench.json");
+    let out = run(&[
+        "--backend",
+        "cpu",
+        "--cpu-threads",
+        "2",
+        "bench",
+        "--quick",
+        "--tokens",
+        "256",
+        "--width",
+        "64",
+        "--json",
+        arg(&json),
+    ]);
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("f32, 2 threads"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(report["adapter"].is_null() && report["fma_ceiling_gflops"].is_null());
+    let paths: std::collections::BTreeSet<&str> = report["attention"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a["path"].as_str())
+        .collect();
+    assert_eq!(paths, ["cpu", "oracle"].into_iter().collect());
+    assert!(report["decode"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|d| d["path"] == "cpu" && d["ms"].is_number()));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn bench_writes_the_documented_json_and_a_plot() {
     if common::gpu().is_none() {
         return;
@@ -758,12 +797,19 @@ fn bench_writes_the_documented_json_and_a_plot() {
             "head_dim",
             "ms",
             "gflops",
-            "share_of_ceiling",
             "peak_bytes",
         ] {
             assert!(a[key].is_number(), "attention.{key}");
         }
         assert!(a["causal"].is_boolean());
+        // A share of the GPU's FMA ceiling for the GPU paths; none for the CPU ones.
+        let gpu_path = matches!(a["path"].as_str(), Some("fused" | "unfused"));
+        assert_eq!(
+            a["share_of_ceiling"].is_number(),
+            gpu_path,
+            "attention.share_of_ceiling on {}",
+            a["path"]
+        );
     }
     for d in report["decode"].as_array().unwrap() {
         for key in ["seq_k", "head_dim", "ms", "gflops"] {
