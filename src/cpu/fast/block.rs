@@ -171,6 +171,71 @@ fn reset<T: Copy>(v: &mut Vec<T>, n: usize, x: T) {
     v.resize(n, x);
 }
 
+/// The mask values of keys `j0 .. j0 + nk` for the block's queries,
+/// transposed like the score tile (`[bk][bq]`; `-inf` past a mask row's end
+/// and for padding queries).
+fn mask_tile(
+    mask: &MaskBias<'_>,
+    unit: &Unit<'_>,
+    (j0, nk): (usize, usize),
+    (bq, bk): (usize, usize),
+    mt: &mut Vec<f32>,
+) {
+    mt.resize(bk * bq, 0.0);
+    for q in 0..bq {
+        let row = (q < unit.rows).then(|| mask.row(unit.b, unit.h, unit.i0 + q));
+        for k in 0..nk {
+            mt[k * bq + q] = match row {
+                Some(r) if j0 + k < r.len() => r[j0 + k],
+                _ => f32::NEG_INFINITY,
+            };
+        }
+    }
+}
+
+/// Resets `s` for `unit`: its Q rows packed in panels of `NR` queries (zeros
+/// past the last), empty accumulators, and each query's key interval,
+/// position and softmax state.
+#[inline(always)]
+fn start_block<const NR: usize>(
+    sh: &Shared<'_>,
+    unit: &Unit<'_>,
+    rules: &HeadRules,
+    s: &mut Scratch,
+) {
+    let d = &sh.dims;
+    let (dk, bq, rows) = (d.head_dim, sh.bq, unit.rows);
+    let (bk, ldv) = (sh.shape.bk, sh.shape.ldv);
+    // The Q block in panels of NR queries (zero queries after the last).
+    s.q.resize(bq * dk, 0.0);
+    let q_start = ((unit.b * d.q_heads + unit.h) * d.q_len + unit.i0) * dk;
+    for p in 0..bq / NR {
+        let first = p * NR;
+        pack_panel::<NR>(
+            &sh.q[q_start + first.min(rows) * dk..],
+            dk,
+            rows.saturating_sub(first).min(NR),
+            dk,
+            &mut s.q[p * NR * dk..],
+        );
+    }
+    s.st.resize(bk * bq, 0.0);
+    reset(&mut s.o, bq * ldv, 0.0);
+    reset(&mut s.lo, bq, 0);
+    reset(&mut s.hi, bq, 0);
+    reset(&mut s.pos, bq, 0);
+    for r in 0..rows {
+        let (lo, hi) = rules.interval(unit.i0 + r);
+        s.lo[r] = lo as i32;
+        s.hi[r] = hi as i32;
+        s.pos[r] = rules.position(unit.i0 + r) as i32;
+    }
+    reset(&mut s.max, bq, f32::NEG_INFINITY);
+    reset(&mut s.sum, bq, 0.0);
+    reset(&mut s.kept, bq, 0);
+    reset(&mut s.bad, bq, 0);
+}
+
 #[inline(always)]
 fn attend_block<const MR: usize, const NR: usize, const FMA: bool, const IN_PLACE: bool>(
     sh: &Shared<'_>,
@@ -190,34 +255,7 @@ fn attend_block<const MR: usize, const NR: usize, const FMA: bool, const IN_PLAC
     let rows = unit.rows;
     let opts = sh.options;
 
-    // The Q block in panels of NR queries (zero queries after the last).
-    scratch.q.resize(bq * dk, 0.0);
-    let q_start = ((unit.b * d.q_heads + unit.h) * d.q_len + unit.i0) * dk;
-    for p in 0..bq / NR {
-        let first = p * NR;
-        pack_panel::<NR>(
-            &sh.q[q_start + first.min(rows) * dk..],
-            dk,
-            rows.saturating_sub(first).min(NR),
-            dk,
-            &mut scratch.q[p * NR * dk..],
-        );
-    }
-    scratch.st.resize(bk * bq, 0.0);
-    reset(&mut scratch.o, bq * ldv, 0.0);
-    reset(&mut scratch.lo, bq, 0);
-    reset(&mut scratch.hi, bq, 0);
-    reset(&mut scratch.pos, bq, 0);
-    for r in 0..rows {
-        let (lo, hi) = rules.interval(unit.i0 + r);
-        scratch.lo[r] = lo as i32;
-        scratch.hi[r] = hi as i32;
-        scratch.pos[r] = rules.position(unit.i0 + r) as i32;
-    }
-    reset(&mut scratch.max, bq, f32::NEG_INFINITY);
-    reset(&mut scratch.sum, bq, 0.0);
-    reset(&mut scratch.kept, bq, 0);
-    reset(&mut scratch.bad, bq, 0);
+    start_block::<NR>(sh, &unit, &rules, scratch);
 
     let mode = opts.qk_matmul_output_mode;
     let capture = matches!(
@@ -268,16 +306,7 @@ fn attend_block<const MR: usize, const NR: usize, const FMA: bool, const IN_PLAC
             }
         }
         if let Some(mask) = &sh.mask {
-            scratch.mt.resize(bk * bq, 0.0);
-            for q in 0..bq {
-                let row = (q < rows).then(|| mask.row(unit.b, unit.h, unit.i0 + q));
-                for k in 0..nk {
-                    scratch.mt[k * bq + q] = match row {
-                        Some(r) if j0 + k < r.len() => r[j0 + k],
-                        _ => f32::NEG_INFINITY,
-                    };
-                }
-            }
+            mask_tile(mask, &unit, (j0, nk), (bq, bk), &mut scratch.mt);
         }
         apply_bias(j0, nk, bq, sh.mask.is_some(), rules.slope, scratch);
         if capture {
@@ -289,71 +318,92 @@ fn attend_block<const MR: usize, const NR: usize, const FMA: bool, const IN_PLAC
         }
         online_softmax::<FMA>(nk, bq, ldv, opts.temperature, scratch);
 
-        // O += P V for the tile.
-        let st = &scratch.st;
-        // Groups of MR queries past the last real one are skipped.
-        let groups = rows.div_ceil(MR);
-        if finite && IN_PLACE && rows <= 2 {
-            // One or two queries (a decoding step): each output row adds its
-            // value rows one by one, the same sums in the same order as the
-            // micro-kernel, without its padding rows.
-            for q in 0..rows {
-                let o_row = &mut scratch.o[q * ldv..(q + 1) * ldv];
-                for (k, v) in value_rows.iter().enumerate() {
-                    let p = st[k * bq + q];
-                    for (acc, &x) in o_row.iter_mut().zip(v.iter()) {
+        accumulate_values::<MR, NR, FMA, IN_PLACE>(
+            sh,
+            (values, &value_rows),
+            finite,
+            (j0, nk, rows),
+            scratch,
+        );
+    }
+    (scratch.keys, scratch.values) = (tile_keys, tile_values);
+    finish::<FMA>(sh, unit, scratch, capture);
+}
+
+/// `O += P V` for one tile: `Pᵀ` in `s.st`, the values as packed panels or,
+/// when `IN_PLACE`, as rows read in place. Masked keys have probability 0,
+/// which adds nothing while the tile's values are all finite; a tile with a
+/// non-finite value adds its attended keys only, one by one.
+#[inline(always)]
+fn accumulate_values<const MR: usize, const NR: usize, const FMA: bool, const IN_PLACE: bool>(
+    sh: &Shared<'_>,
+    (values, value_rows): (&[f32], &[&[f32]]),
+    finite: bool,
+    (j0, nk, rows): (usize, usize, usize),
+    scratch: &mut Scratch,
+) {
+    let (bq, bk, ldv) = (sh.bq, sh.shape.bk, sh.shape.ldv);
+    let st = &scratch.st;
+    // Groups of MR queries past the last real one are skipped.
+    let groups = rows.div_ceil(MR);
+    if finite && IN_PLACE && rows <= 2 {
+        // One or two queries (a decoding step): each output row adds its
+        // value rows one by one, the same sums in the same order as the
+        // micro-kernel, without its padding rows.
+        for q in 0..rows {
+            let o_row = &mut scratch.o[q * ldv..(q + 1) * ldv];
+            for (k, v) in value_rows.iter().enumerate() {
+                let p = st[k * bq + q];
+                for (acc, &x) in o_row.iter_mut().zip(v.iter()) {
+                    *acc = madd::<FMA>(p, x, *acc);
+                }
+            }
+        }
+    } else if finite && IN_PLACE {
+        for c in 0..ldv / NR {
+            for g in 0..groups {
+                let out = &mut scratch.o[g * MR * ldv + c * NR..];
+                let mut acc = load::<MR, NR>(out, ldv, MR);
+                outer_b_rows::<MR, NR, FMA>(&st[g * MR..], bq, value_rows, c * NR, &mut acc);
+                store(&acc, out, ldv, MR, NR);
+            }
+        }
+    } else if finite {
+        // Value panels outside, so a panel of the tile stays in L1 while
+        // every group of queries passes over it.
+        for c in 0..ldv / NR {
+            let panel = &values[c * bk * NR..(c + 1) * bk * NR];
+            for g in 0..groups {
+                let out = &mut scratch.o[g * MR * ldv + c * NR..];
+                let mut acc = load::<MR, NR>(out, ldv, MR);
+                outer::<MR, NR, FMA>(nk, &st[g * MR..], bq, panel, &mut acc);
+                store(&acc, out, ldv, MR, NR);
+            }
+        }
+    } else {
+        for q in 0..rows {
+            let (lo, hi) = (scratch.lo[q], scratch.hi[q]);
+            let o_row = &mut scratch.o[q * ldv..(q + 1) * ldv];
+            for k in 0..nk {
+                let j = (j0 + k) as i32;
+                let masked = sh.mask.is_some() && masks(scratch.mt[k * bq + q]);
+                if j < lo || j >= hi || masked {
+                    continue;
+                }
+                let p = st[k * bq + q];
+                for (c, out) in o_row.chunks_exact_mut(NR).enumerate() {
+                    let v = if IN_PLACE {
+                        &value_rows[k][c * NR..(c + 1) * NR]
+                    } else {
+                        &values[(c * bk + k) * NR..(c * bk + k + 1) * NR]
+                    };
+                    for (acc, &x) in out.iter_mut().zip(v) {
                         *acc = madd::<FMA>(p, x, *acc);
-                    }
-                }
-            }
-        } else if finite && IN_PLACE {
-            for c in 0..ldv / NR {
-                for g in 0..groups {
-                    let out = &mut scratch.o[g * MR * ldv + c * NR..];
-                    let mut acc = load::<MR, NR>(out, ldv, MR);
-                    outer_b_rows::<MR, NR, FMA>(&st[g * MR..], bq, &value_rows, c * NR, &mut acc);
-                    store(&acc, out, ldv, MR, NR);
-                }
-            }
-        } else if finite {
-            // Value panels outside, so a panel of the tile stays in L1 while
-            // every group of queries passes over it.
-            for c in 0..ldv / NR {
-                let panel = &values[c * bk * NR..(c + 1) * bk * NR];
-                for g in 0..groups {
-                    let out = &mut scratch.o[g * MR * ldv + c * NR..];
-                    let mut acc = load::<MR, NR>(out, ldv, MR);
-                    outer::<MR, NR, FMA>(nk, &st[g * MR..], bq, panel, &mut acc);
-                    store(&acc, out, ldv, MR, NR);
-                }
-            }
-        } else {
-            for q in 0..rows {
-                let (lo, hi) = (scratch.lo[q], scratch.hi[q]);
-                let o_row = &mut scratch.o[q * ldv..(q + 1) * ldv];
-                for k in 0..nk {
-                    let j = (j0 + k) as i32;
-                    let masked = sh.mask.is_some() && masks(scratch.mt[k * bq + q]);
-                    if j < lo || j >= hi || masked {
-                        continue;
-                    }
-                    let p = st[k * bq + q];
-                    for (c, out) in o_row.chunks_exact_mut(NR).enumerate() {
-                        let v = if IN_PLACE {
-                            &value_rows[k][c * NR..(c + 1) * NR]
-                        } else {
-                            &values[(c * bk + k) * NR..(c * bk + k + 1) * NR]
-                        };
-                        for (acc, &x) in out.iter_mut().zip(v) {
-                            *acc = madd::<FMA>(p, x, *acc);
-                        }
                     }
                 }
             }
         }
     }
-    (scratch.keys, scratch.values) = (tile_keys, tile_values);
-    finish::<FMA>(sh, unit, scratch, capture);
 }
 
 /// `Sᵀ[k][q] = scale · K[k] · Q[q]` for the tile's `nk` keys (`keys`, packed
