@@ -13,6 +13,7 @@ use crate::gpu::context::{GpuContext, PowerPreference};
 use crate::gpu::ops::fused::FusedTiles;
 use crate::gpu::ops::softmax::MASKED;
 use crate::gpu::{fused, unfused};
+use crate::limits::DeviceLimits;
 use crate::options::{AttentionOptions, KernelPath};
 use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs};
 use crate::tensor::{HostMask, HostTensor};
@@ -49,10 +50,12 @@ pub struct EngineOptions {
     /// (`None`: as much as one storage binding allows). Smaller values make it
     /// work in more, smaller chunks.
     pub score_budget_bytes: Option<u64>,
-    /// Device limits to request: `None` takes the adapter's full limits;
-    /// `Some(wgpu::Limits::default())` runs under the WebGPU defaults that every
-    /// browser guarantees. Limits beyond the adapter's give [`Error::RequestDevice`].
-    pub limits: Option<wgpu::Limits>,
+    /// Device limits to request: the default takes the adapter's full limits;
+    /// [`DeviceLimits::webgpu_default`] runs under the WebGPU defaults that every
+    /// browser guarantees, and overrides lower single limits by name, so one
+    /// machine can behave as a small adapter. A limit beyond the adapter's is an
+    /// error.
+    pub limits: DeviceLimits,
     /// Use only the kernels that need no subgroups (tiled GEMM, portable fused
     /// attention), as on adapters without subgroups. Off: chosen from the
     /// adapter's capability profile.
@@ -121,8 +124,7 @@ impl Engine {
         let backend = match options.backend {
             BackendPreference::Cpu => Backend::Cpu,
             BackendPreference::Gpu => {
-                let ctx =
-                    GpuContext::request_with_limits(options.power, options.limits.clone()).await?;
+                let ctx = GpuContext::request_with_limits(options.power, &options.limits).await?;
                 Backend::Gpu(if options.portable_kernels {
                     ctx.with_portable_kernels()
                 } else {
@@ -130,7 +132,7 @@ impl Engine {
                 })
             }
             BackendPreference::Auto => {
-                match GpuContext::request_with_limits(options.power, options.limits.clone()).await {
+                match GpuContext::request_with_limits(options.power, &options.limits).await {
                     Ok(ctx) => Backend::Gpu(if options.portable_kernels {
                         ctx.with_portable_kernels()
                     } else {

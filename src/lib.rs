@@ -38,6 +38,7 @@ mod error;
 pub mod family;
 pub mod gpu;
 pub mod layout;
+pub mod limits;
 #[cfg(feature = "npy")]
 pub mod npy;
 mod options;
@@ -50,6 +51,7 @@ pub use engine::{BackendKind, BackendPreference, CallStats, Engine, EngineOption
 pub use error::{Error, Result};
 pub use gpu::capabilities::{AdapterSummary, Capabilities, KernelLimits};
 pub use gpu::context::{GpuContext, PowerPreference};
+pub use limits::{DeviceLimits, LimitOverride, LimitsPreset};
 pub use options::{alibi_slopes, AttentionOptions, KernelPath, QkMatmulOutputMode};
 pub use problem::{
     validate, AttentionDims, AttentionInputs, AttentionOutputs, MaskLayout, MaskRef, TensorRef,

@@ -246,7 +246,7 @@ fn limits_beyond_the_adapter_are_refused() {
     };
     let options = EngineOptions {
         backend: BackendPreference::Gpu,
-        limits: Some(limits),
+        limits: limits.into(),
         ..Default::default()
     };
     let err = Engine::with_options_blocking(options).unwrap_err();
@@ -263,7 +263,7 @@ fn small_engine() -> Option<Engine> {
     };
     let options = EngineOptions {
         backend: BackendPreference::Gpu,
-        limits: Some(limits),
+        limits: limits.into(),
         ..Default::default()
     };
     Some(Engine::with_options_blocking(options).expect("a device with small limits"))

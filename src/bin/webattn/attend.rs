@@ -160,7 +160,7 @@ fn load_qkv(args: &Args) -> anyhow::Result<(HostTensor, HostTensor, HostTensor, 
     }
 }
 
-pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
+pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitCode> {
     Staged::check_targets(&args.outputs(), &args.inputs())?;
     let (q, k, v, three_d) = load_qkv(args)?;
     let mask = args.attn_mask.as_ref().map(npy::read_mask).transpose()?;
@@ -212,7 +212,7 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
     let engine = if options.path == KernelPath::Cpu {
         webattn::Engine::cpu()
     } else {
-        super::engine(backend)?
+        super::engine(engine_args)?
     };
     let start = Instant::now();
     let out = engine.attention_host_blocking(&inputs, &options)?;

@@ -45,13 +45,13 @@ fn progress_line(done: usize, total: usize, r: &CaseResult) -> String {
     )
 }
 
-pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
+pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitCode> {
     let kind = if args.full {
         SweepKind::Full
     } else {
         SweepKind::Quick
     };
-    let engine = super::engine(backend)?;
+    let engine = super::engine(engine_args)?;
     if args.family {
         return run_family(&engine, args);
     }
