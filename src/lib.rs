@@ -33,6 +33,7 @@ pub mod bench;
 pub mod conformance;
 pub mod cpu;
 mod device_tensor;
+mod devices;
 mod engine;
 mod error;
 pub mod family;

@@ -199,6 +199,16 @@ impl GpuContext {
         })
     }
 
+    /// The wgpu device, for sharing it with the caller's own wgpu work.
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    /// The wgpu queue the engine submits to.
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+
     /// The capability profile.
     pub fn capabilities(&self) -> &Capabilities {
         &self.caps
