@@ -58,7 +58,8 @@ impl KernelPlan {
                 ),
             };
             KernelConfig {
-                label: gemm::kernel_key(gemm_kernel, &spec).to_string(),
+                // P V skips masked keys (probability 0), whatever V holds there.
+                label: gemm::variant_key(gemm_kernel, &spec, !trans_b).to_string(),
                 invocations,
                 tile,
                 workgroup_bytes,
@@ -178,6 +179,8 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
             keys.push(gemm::key(trans_a, trans_b));
         }
     }
+    // The P V product of the unfused path skips masked keys.
+    keys.push(gemm::key(false, false).with_flag("SKIP_ZERO_A", true));
     for width in [4, 8] {
         for trans_b in [false, true] {
             for (k, ld) in [(64, 64), (63, 63)] {
@@ -187,6 +190,10 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
                     ..GemmSpec::contiguous(1, 64, 64, k, false, trans_b)
                 };
                 keys.push(gemm::kernel_key(GemmKernel::Subgroup { width }, &spec));
+                if !trans_b {
+                    let kernel = GemmKernel::Subgroup { width };
+                    keys.push(gemm::variant_key(kernel, &spec, true));
+                }
             }
         }
         for mask in [false, true] {
@@ -259,18 +266,19 @@ pub fn every_planned_pipeline() -> Vec<super::pipeline::PipelineKey> {
             for vec_a in flags {
                 for vec_b in flags {
                     for width in [4, 8] {
-                        keys.push(
-                            PipelineKey::new(Kernel::GemmSubgroup)
-                                .with("SG", width)
-                                .with_flag("TRANS_A", trans_a)
-                                .with_flag("TRANS_B", trans_b)
-                                .with_flag("VEC_A", vec_a)
-                                .with_flag("VEC_B", vec_b),
-                        );
+                        let key = PipelineKey::new(Kernel::GemmSubgroup)
+                            .with("SG", width)
+                            .with_flag("TRANS_A", trans_a)
+                            .with_flag("TRANS_B", trans_b)
+                            .with_flag("VEC_A", vec_a)
+                            .with_flag("VEC_B", vec_b);
+                        keys.push(key.clone().with_flag("SKIP_ZERO_A", true));
+                        keys.push(key);
                     }
                 }
             }
             keys.push(gemm::key(trans_a, trans_b));
+            keys.push(gemm::key(trans_a, trans_b).with_flag("SKIP_ZERO_A", true));
         }
     }
     for storage in WORKGROUP_STORAGE_CLASSES {
