@@ -204,3 +204,27 @@ fn a_headless_run_is_quiet() {
         _ => eprintln!("not judging {example:?}: not built from the current sources"),
     }
 }
+
+#[test]
+fn a_short_soak_passes_with_flat_memory() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let out = webattn(
+        &["--backend", "gpu", "check", "--soak", "150", "--seed", "11"],
+        &[],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("soak: 150 cases"), "{stdout}");
+    assert!(stdout.contains(": 0 failed"), "{stdout}");
+    let memory = stdout
+        .lines()
+        .find(|l| l.starts_with("device memory:"))
+        .unwrap_or_default();
+    assert!(memory.ends_with(": flat"), "{memory}");
+    assert!(
+        memory.contains("MiB in"),
+        "the memory was not measured: {memory}"
+    );
+}

@@ -233,11 +233,10 @@ async fn run_non_finite(engine: &Engine, path: KernelPath, seed: u64) -> Vec<Cas
     );
     // A NaN key under causal masking: rows that reach it are NaN, earlier rows
     // are not; the probabilities (mode 3) agree.
-    let case = CaseSpec::new("nan-k-causal", [1, 2, 1], [7, 7], [8, 8])
-        .with(|o| {
-            o.is_causal = true;
-            o.qk_matmul_output_mode = Some(crate::options::QkMatmulOutputMode::Probabilities);
-        });
+    let case = CaseSpec::new("nan-k-causal", [1, 2, 1], [7, 7], [8, 8]).with(|o| {
+        o.is_causal = true;
+        o.qk_matmul_output_mode = Some(crate::options::QkMatmulOutputMode::Probabilities);
+    });
     results.push(
         numeric(engine, name(3), path, case, seed, |inputs| {
             inputs.k.data_mut()[at(0, 7, 4, 8, 5)] = f32::NAN;
@@ -266,7 +265,8 @@ async fn run_non_finite(engine: &Engine, path: KernelPath, seed: u64) -> Vec<Cas
     );
     // A NaN in V reaches that column of every row that attends its key, and
     // only those (causal: the rows from the key on).
-    let case = CaseSpec::new("nan-v-causal", [1, 2, 1], [9, 9], [8, 8]).with(|o| o.is_causal = true);
+    let case =
+        CaseSpec::new("nan-v-causal", [1, 2, 1], [9, 9], [8, 8]).with(|o| o.is_causal = true);
     results.push(
         numeric(engine, name(6), path, case, seed, |inputs| {
             inputs.v.data_mut()[at(0, 9, 5, 8, 2)] = f32::NAN;
@@ -310,7 +310,8 @@ async fn run_non_finite(engine: &Engine, path: KernelPath, seed: u64) -> Vec<Cas
     // The split-K decode kernel (few rows, many keys): a NaN key one row
     // attends and the other does not, a NaN value both attend, and NaN values
     // at keys neither attends.
-    let case = CaseSpec::new("decode-nonfinite", [1, 1, 1], [2, 600], [8, 8]).mask(MaskForm::Bool(2));
+    let case =
+        CaseSpec::new("decode-nonfinite", [1, 1, 1], [2, 600], [8, 8]).mask(MaskForm::Bool(2));
     results.push(
         numeric(engine, name(10), path, case, seed, |inputs| {
             if let Some(HostMask::Bool { data, .. }) = &mut inputs.mask {

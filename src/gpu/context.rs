@@ -267,6 +267,21 @@ impl GpuContext {
         }
     }
 
+    /// Device buffer memory and buffers alive, from wgpu's own counters
+    /// (natively; `None` in the browser, whose WebGPU does not say).
+    pub fn memory_in_use(&self) -> Option<crate::conformance::MemoryReading> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let hal = self.device.get_internal_counters().hal;
+            Some(crate::conformance::MemoryReading {
+                buffer_bytes: hal.buffer_memory.read().max(0) as u64,
+                buffers: hal.buffers.read().max(0) as u64,
+            })
+        }
+        #[cfg(target_arch = "wasm32")]
+        None
+    }
+
     /// The pipeline cache.
     pub fn pipelines(&self) -> &PipelineCache {
         &self.pipelines

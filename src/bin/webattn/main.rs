@@ -10,6 +10,7 @@ mod check;
 mod files;
 mod info;
 mod plot;
+mod soak;
 
 use std::process::ExitCode;
 
