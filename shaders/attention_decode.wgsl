@@ -73,6 +73,18 @@ const ROW_POISONED: u32 = 2u;
 // At most 4 query rows; output quads per invocation: 4 rows x 64 quads / 64.
 const MAX_ROWS: u32 = 4u;
 
+// NaN and -inf made at run time: WGSL constant expressions cannot hold them
+// (Chrome rejects the shader), so they come from a private variable.
+var<private> non_finite_bits: vec2<u32> = vec2<u32>(0xff800000u, 0x7fc00000u);
+
+fn neg_inf() -> f32 {
+    return bitcast<f32>(non_finite_bits.x);
+}
+
+fn nan() -> f32 {
+    return bitcast<f32>(non_finite_bits.y);
+}
+
 var<workgroup> scores: array<f32, 256>;
 var<workgroup> reduce: array<f32, 256>;
 var<workgroup> batch_nonpad: i32;
@@ -218,7 +230,7 @@ fn main(
                 if (poisons(s)) {
                     // Poisons the row; counts as -inf from here on.
                     seen |= ROW_POISONED;
-                    s = bitcast<f32>(NEG_INF_BITS);
+                    s = neg_inf();
                 }
                 atomicOr(&row_flags[r], seen);
             } else {

@@ -111,6 +111,18 @@ const NAN_BITS: u32 = 0x7fc00000u;
 // The most keys per tile (the private score array's length).
 const MAX_BK: u32 = 64u;
 
+// NaN and -inf made at run time: WGSL constant expressions cannot hold them
+// (Chrome rejects the shader), so they come from a private variable.
+var<private> non_finite_bits: vec2<u32> = vec2<u32>(0xff800000u, 0x7fc00000u);
+
+fn neg_inf() -> f32 {
+    return bitcast<f32>(non_finite_bits.x);
+}
+
+fn nan() -> f32 {
+    return bitcast<f32>(non_finite_bits.y);
+}
+
 var<workgroup> k_tile: array<vec4<f32>, BK * DK4>;
 var<workgroup> v_tile: array<vec4<f32>, BK * DV4>;
 var<workgroup> batch_nonpad: i32;
@@ -327,7 +339,7 @@ fn main(
                     s *= p.inv_temperature;
                     if (poisons(s)) {
                         row_flags |= ROW_POISONED;
-                        s = bitcast<f32>(NEG_INF_BITS);
+                        s = neg_inf();
                     }
                     tile_attended = true;
                     tile_max = max(tile_max, s);
@@ -385,7 +397,7 @@ fn main(
         for (var d4 = 0u; d4 < DV4; d4++) {
             var val = vec4<f32>(0.0);
             if (nan_row) {
-                val = vec4<f32>(bitcast<f32>(NAN_BITS));
+                val = vec4<f32>(nan());
             } else if (attended) {
                 val = y_quad(y_base, d4 * 4u) * inv;
             }
@@ -399,6 +411,6 @@ fn main(
         }
         lse[r] = bits;
         lse[rows + r] = bitcast<u32>(m);
-        lse[2u * rows + r] = bitcast<u32>(select(l, bitcast<f32>(NAN_BITS), nan_row));
+        lse[2u * rows + r] = bitcast<u32>(select(l, nan(), nan_row));
     }
 }

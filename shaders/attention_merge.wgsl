@@ -27,6 +27,18 @@ const NEG_INF_BITS: u32 = 0xff800000u;
 const NAN_BITS: u32 = 0x7fc00000u;
 const WG: u32 = 64u;
 
+// NaN and -inf made at run time: WGSL constant expressions cannot hold them
+// (Chrome rejects the shader), so they come from a private variable.
+var<private> non_finite_bits: vec2<u32> = vec2<u32>(0xff800000u, 0x7fc00000u);
+
+fn neg_inf() -> f32 {
+    return bitcast<f32>(non_finite_bits.x);
+}
+
+fn nan() -> f32 {
+    return bitcast<f32>(non_finite_bits.y);
+}
+
 @compute @workgroup_size(64, 1, 1)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -66,7 +78,7 @@ fn main(
         }
         var out = acc * inv;
         if (nan_row) {
-            out = vec4<f32>(bitcast<f32>(NAN_BITS));
+            out = vec4<f32>(nan());
         }
         for (var c = 0u; c < 4u; c++) {
             if (d4 * 4u + c < p.dv) {

@@ -95,6 +95,18 @@ const FLAG_ALIBI: u32 = 32u;
 const FIRST_CHUNK: u32 = 1u;
 const LAST_CHUNK: u32 = 2u;
 
+// NaN and -inf made at run time: WGSL constant expressions cannot hold them
+// (Chrome rejects the shader), so they come from a private variable.
+var<private> non_finite_bits: vec2<u32> = vec2<u32>(0xff800000u, 0x7fc00000u);
+
+fn neg_inf() -> f32 {
+    return bitcast<f32>(non_finite_bits.x);
+}
+
+fn nan() -> f32 {
+    return bitcast<f32>(non_finite_bits.y);
+}
+
 // Which of four values are NaN (bit tests: WGSL comparisons need not see NaN).
 fn is_nan4(x: vec4<f32>) -> vec4<bool> {
     return (bitcast<vec4<u32>>(x) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
@@ -670,22 +682,22 @@ fn main(
         // A NaN or +inf score poisons the row and counts as -inf from here on.
         if (any(poisons4(s0_0) | poisons4(s0_1) | poisons4(s0_2) | poisons4(s0_3) | poisons4(s0_4) | poisons4(s0_5) | poisons4(s0_6) | poisons4(s0_7) | poisons4(s0_8) | poisons4(s0_9) | poisons4(s0_10) | poisons4(s0_11) | poisons4(s0_12) | poisons4(s0_13) | poisons4(s0_14) | poisons4(s0_15))) {
             flags0 |= ROW_POISONED;
-            s0_0 = select(s0_0, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s0_0));
-            s0_1 = select(s0_1, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s0_1));
-            s0_2 = select(s0_2, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s0_2));
-            s0_3 = select(s0_3, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s0_3));
-            s0_4 = select(s0_4, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s0_4));
-            s0_5 = select(s0_5, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s0_5));
-            s0_6 = select(s0_6, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s0_6));
-            s0_7 = select(s0_7, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s0_7));
-            s0_8 = select(s0_8, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s0_8));
-            s0_9 = select(s0_9, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s0_9));
-            s0_10 = select(s0_10, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s0_10));
-            s0_11 = select(s0_11, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s0_11));
-            s0_12 = select(s0_12, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s0_12));
-            s0_13 = select(s0_13, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s0_13));
-            s0_14 = select(s0_14, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s0_14));
-            s0_15 = select(s0_15, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s0_15));
+            s0_0 = select(s0_0, vec4<f32>(neg_inf()), poisons4(s0_0));
+            s0_1 = select(s0_1, vec4<f32>(neg_inf()), poisons4(s0_1));
+            s0_2 = select(s0_2, vec4<f32>(neg_inf()), poisons4(s0_2));
+            s0_3 = select(s0_3, vec4<f32>(neg_inf()), poisons4(s0_3));
+            s0_4 = select(s0_4, vec4<f32>(neg_inf()), poisons4(s0_4));
+            s0_5 = select(s0_5, vec4<f32>(neg_inf()), poisons4(s0_5));
+            s0_6 = select(s0_6, vec4<f32>(neg_inf()), poisons4(s0_6));
+            s0_7 = select(s0_7, vec4<f32>(neg_inf()), poisons4(s0_7));
+            s0_8 = select(s0_8, vec4<f32>(neg_inf()), poisons4(s0_8));
+            s0_9 = select(s0_9, vec4<f32>(neg_inf()), poisons4(s0_9));
+            s0_10 = select(s0_10, vec4<f32>(neg_inf()), poisons4(s0_10));
+            s0_11 = select(s0_11, vec4<f32>(neg_inf()), poisons4(s0_11));
+            s0_12 = select(s0_12, vec4<f32>(neg_inf()), poisons4(s0_12));
+            s0_13 = select(s0_13, vec4<f32>(neg_inf()), poisons4(s0_13));
+            s0_14 = select(s0_14, vec4<f32>(neg_inf()), poisons4(s0_14));
+            s0_15 = select(s0_15, vec4<f32>(neg_inf()), poisons4(s0_15));
         }
         let tile_max0 = max(max(max(max4(s0_0), max4(s0_1)), max(max4(s0_2), max4(s0_3))), max(max(max4(s0_4), max4(s0_5)), max(max4(s0_6), max4(s0_7))));
         let tile_max0b = max(max(max(max4(s0_8), max4(s0_9)), max(max4(s0_10), max4(s0_11))), max(max(max4(s0_12), max4(s0_13)), max(max4(s0_14), max4(s0_15))));
@@ -733,22 +745,22 @@ fn main(
         // A NaN or +inf score poisons the row and counts as -inf from here on.
         if (any(poisons4(s1_0) | poisons4(s1_1) | poisons4(s1_2) | poisons4(s1_3) | poisons4(s1_4) | poisons4(s1_5) | poisons4(s1_6) | poisons4(s1_7) | poisons4(s1_8) | poisons4(s1_9) | poisons4(s1_10) | poisons4(s1_11) | poisons4(s1_12) | poisons4(s1_13) | poisons4(s1_14) | poisons4(s1_15))) {
             flags1 |= ROW_POISONED;
-            s1_0 = select(s1_0, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s1_0));
-            s1_1 = select(s1_1, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s1_1));
-            s1_2 = select(s1_2, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s1_2));
-            s1_3 = select(s1_3, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s1_3));
-            s1_4 = select(s1_4, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s1_4));
-            s1_5 = select(s1_5, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s1_5));
-            s1_6 = select(s1_6, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s1_6));
-            s1_7 = select(s1_7, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s1_7));
-            s1_8 = select(s1_8, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s1_8));
-            s1_9 = select(s1_9, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s1_9));
-            s1_10 = select(s1_10, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s1_10));
-            s1_11 = select(s1_11, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s1_11));
-            s1_12 = select(s1_12, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s1_12));
-            s1_13 = select(s1_13, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s1_13));
-            s1_14 = select(s1_14, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s1_14));
-            s1_15 = select(s1_15, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s1_15));
+            s1_0 = select(s1_0, vec4<f32>(neg_inf()), poisons4(s1_0));
+            s1_1 = select(s1_1, vec4<f32>(neg_inf()), poisons4(s1_1));
+            s1_2 = select(s1_2, vec4<f32>(neg_inf()), poisons4(s1_2));
+            s1_3 = select(s1_3, vec4<f32>(neg_inf()), poisons4(s1_3));
+            s1_4 = select(s1_4, vec4<f32>(neg_inf()), poisons4(s1_4));
+            s1_5 = select(s1_5, vec4<f32>(neg_inf()), poisons4(s1_5));
+            s1_6 = select(s1_6, vec4<f32>(neg_inf()), poisons4(s1_6));
+            s1_7 = select(s1_7, vec4<f32>(neg_inf()), poisons4(s1_7));
+            s1_8 = select(s1_8, vec4<f32>(neg_inf()), poisons4(s1_8));
+            s1_9 = select(s1_9, vec4<f32>(neg_inf()), poisons4(s1_9));
+            s1_10 = select(s1_10, vec4<f32>(neg_inf()), poisons4(s1_10));
+            s1_11 = select(s1_11, vec4<f32>(neg_inf()), poisons4(s1_11));
+            s1_12 = select(s1_12, vec4<f32>(neg_inf()), poisons4(s1_12));
+            s1_13 = select(s1_13, vec4<f32>(neg_inf()), poisons4(s1_13));
+            s1_14 = select(s1_14, vec4<f32>(neg_inf()), poisons4(s1_14));
+            s1_15 = select(s1_15, vec4<f32>(neg_inf()), poisons4(s1_15));
         }
         let tile_max1 = max(max(max(max4(s1_0), max4(s1_1)), max(max4(s1_2), max4(s1_3))), max(max(max4(s1_4), max4(s1_5)), max(max4(s1_6), max4(s1_7))));
         let tile_max1b = max(max(max(max4(s1_8), max4(s1_9)), max(max4(s1_10), max4(s1_11))), max(max(max4(s1_12), max4(s1_13)), max(max4(s1_14), max4(s1_15))));
@@ -796,22 +808,22 @@ fn main(
         // A NaN or +inf score poisons the row and counts as -inf from here on.
         if (any(poisons4(s2_0) | poisons4(s2_1) | poisons4(s2_2) | poisons4(s2_3) | poisons4(s2_4) | poisons4(s2_5) | poisons4(s2_6) | poisons4(s2_7) | poisons4(s2_8) | poisons4(s2_9) | poisons4(s2_10) | poisons4(s2_11) | poisons4(s2_12) | poisons4(s2_13) | poisons4(s2_14) | poisons4(s2_15))) {
             flags2 |= ROW_POISONED;
-            s2_0 = select(s2_0, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s2_0));
-            s2_1 = select(s2_1, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s2_1));
-            s2_2 = select(s2_2, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s2_2));
-            s2_3 = select(s2_3, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s2_3));
-            s2_4 = select(s2_4, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s2_4));
-            s2_5 = select(s2_5, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s2_5));
-            s2_6 = select(s2_6, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s2_6));
-            s2_7 = select(s2_7, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s2_7));
-            s2_8 = select(s2_8, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s2_8));
-            s2_9 = select(s2_9, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s2_9));
-            s2_10 = select(s2_10, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s2_10));
-            s2_11 = select(s2_11, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s2_11));
-            s2_12 = select(s2_12, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s2_12));
-            s2_13 = select(s2_13, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s2_13));
-            s2_14 = select(s2_14, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s2_14));
-            s2_15 = select(s2_15, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s2_15));
+            s2_0 = select(s2_0, vec4<f32>(neg_inf()), poisons4(s2_0));
+            s2_1 = select(s2_1, vec4<f32>(neg_inf()), poisons4(s2_1));
+            s2_2 = select(s2_2, vec4<f32>(neg_inf()), poisons4(s2_2));
+            s2_3 = select(s2_3, vec4<f32>(neg_inf()), poisons4(s2_3));
+            s2_4 = select(s2_4, vec4<f32>(neg_inf()), poisons4(s2_4));
+            s2_5 = select(s2_5, vec4<f32>(neg_inf()), poisons4(s2_5));
+            s2_6 = select(s2_6, vec4<f32>(neg_inf()), poisons4(s2_6));
+            s2_7 = select(s2_7, vec4<f32>(neg_inf()), poisons4(s2_7));
+            s2_8 = select(s2_8, vec4<f32>(neg_inf()), poisons4(s2_8));
+            s2_9 = select(s2_9, vec4<f32>(neg_inf()), poisons4(s2_9));
+            s2_10 = select(s2_10, vec4<f32>(neg_inf()), poisons4(s2_10));
+            s2_11 = select(s2_11, vec4<f32>(neg_inf()), poisons4(s2_11));
+            s2_12 = select(s2_12, vec4<f32>(neg_inf()), poisons4(s2_12));
+            s2_13 = select(s2_13, vec4<f32>(neg_inf()), poisons4(s2_13));
+            s2_14 = select(s2_14, vec4<f32>(neg_inf()), poisons4(s2_14));
+            s2_15 = select(s2_15, vec4<f32>(neg_inf()), poisons4(s2_15));
         }
         let tile_max2 = max(max(max(max4(s2_0), max4(s2_1)), max(max4(s2_2), max4(s2_3))), max(max(max4(s2_4), max4(s2_5)), max(max4(s2_6), max4(s2_7))));
         let tile_max2b = max(max(max(max4(s2_8), max4(s2_9)), max(max4(s2_10), max4(s2_11))), max(max(max4(s2_12), max4(s2_13)), max(max4(s2_14), max4(s2_15))));
@@ -859,22 +871,22 @@ fn main(
         // A NaN or +inf score poisons the row and counts as -inf from here on.
         if (any(poisons4(s3_0) | poisons4(s3_1) | poisons4(s3_2) | poisons4(s3_3) | poisons4(s3_4) | poisons4(s3_5) | poisons4(s3_6) | poisons4(s3_7) | poisons4(s3_8) | poisons4(s3_9) | poisons4(s3_10) | poisons4(s3_11) | poisons4(s3_12) | poisons4(s3_13) | poisons4(s3_14) | poisons4(s3_15))) {
             flags3 |= ROW_POISONED;
-            s3_0 = select(s3_0, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s3_0));
-            s3_1 = select(s3_1, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s3_1));
-            s3_2 = select(s3_2, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s3_2));
-            s3_3 = select(s3_3, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s3_3));
-            s3_4 = select(s3_4, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s3_4));
-            s3_5 = select(s3_5, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s3_5));
-            s3_6 = select(s3_6, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s3_6));
-            s3_7 = select(s3_7, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s3_7));
-            s3_8 = select(s3_8, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s3_8));
-            s3_9 = select(s3_9, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s3_9));
-            s3_10 = select(s3_10, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s3_10));
-            s3_11 = select(s3_11, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s3_11));
-            s3_12 = select(s3_12, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s3_12));
-            s3_13 = select(s3_13, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s3_13));
-            s3_14 = select(s3_14, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s3_14));
-            s3_15 = select(s3_15, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s3_15));
+            s3_0 = select(s3_0, vec4<f32>(neg_inf()), poisons4(s3_0));
+            s3_1 = select(s3_1, vec4<f32>(neg_inf()), poisons4(s3_1));
+            s3_2 = select(s3_2, vec4<f32>(neg_inf()), poisons4(s3_2));
+            s3_3 = select(s3_3, vec4<f32>(neg_inf()), poisons4(s3_3));
+            s3_4 = select(s3_4, vec4<f32>(neg_inf()), poisons4(s3_4));
+            s3_5 = select(s3_5, vec4<f32>(neg_inf()), poisons4(s3_5));
+            s3_6 = select(s3_6, vec4<f32>(neg_inf()), poisons4(s3_6));
+            s3_7 = select(s3_7, vec4<f32>(neg_inf()), poisons4(s3_7));
+            s3_8 = select(s3_8, vec4<f32>(neg_inf()), poisons4(s3_8));
+            s3_9 = select(s3_9, vec4<f32>(neg_inf()), poisons4(s3_9));
+            s3_10 = select(s3_10, vec4<f32>(neg_inf()), poisons4(s3_10));
+            s3_11 = select(s3_11, vec4<f32>(neg_inf()), poisons4(s3_11));
+            s3_12 = select(s3_12, vec4<f32>(neg_inf()), poisons4(s3_12));
+            s3_13 = select(s3_13, vec4<f32>(neg_inf()), poisons4(s3_13));
+            s3_14 = select(s3_14, vec4<f32>(neg_inf()), poisons4(s3_14));
+            s3_15 = select(s3_15, vec4<f32>(neg_inf()), poisons4(s3_15));
         }
         let tile_max3 = max(max(max(max4(s3_0), max4(s3_1)), max(max4(s3_2), max4(s3_3))), max(max(max4(s3_4), max4(s3_5)), max(max4(s3_6), max4(s3_7))));
         let tile_max3b = max(max(max(max4(s3_8), max4(s3_9)), max(max4(s3_10), max4(s3_11))), max(max(max4(s3_12), max4(s3_13)), max(max4(s3_14), max4(s3_15))));
@@ -1648,10 +1660,10 @@ fn main(
     let nan_row3 = attended3 && ((flags3 & ROW_POISONED) != 0u || !(l3 > 0.0));
     let inv3 = select(0.0, 1.0 / l3, l3 > 0.0);
     for (var d4 = 0u; d4 < dv4; d4++) {
-        if (live0) { y4[y_base0 + d4] = select(select(vec4<f32>(0.0), y4[y_base0 + d4] * inv0, attended0), vec4<f32>(bitcast<f32>(NAN_BITS)), nan_row0); }
-        if (live1) { y4[y_base1 + d4] = select(select(vec4<f32>(0.0), y4[y_base1 + d4] * inv1, attended1), vec4<f32>(bitcast<f32>(NAN_BITS)), nan_row1); }
-        if (live2) { y4[y_base2 + d4] = select(select(vec4<f32>(0.0), y4[y_base2 + d4] * inv2, attended2), vec4<f32>(bitcast<f32>(NAN_BITS)), nan_row2); }
-        if (live3) { y4[y_base3 + d4] = select(select(vec4<f32>(0.0), y4[y_base3 + d4] * inv3, attended3), vec4<f32>(bitcast<f32>(NAN_BITS)), nan_row3); }
+        if (live0) { y4[y_base0 + d4] = select(select(vec4<f32>(0.0), y4[y_base0 + d4] * inv0, attended0), vec4<f32>(nan()), nan_row0); }
+        if (live1) { y4[y_base1 + d4] = select(select(vec4<f32>(0.0), y4[y_base1 + d4] * inv1, attended1), vec4<f32>(nan()), nan_row1); }
+        if (live2) { y4[y_base2 + d4] = select(select(vec4<f32>(0.0), y4[y_base2 + d4] * inv2, attended2), vec4<f32>(nan()), nan_row2); }
+        if (live3) { y4[y_base3 + d4] = select(select(vec4<f32>(0.0), y4[y_base3 + d4] * inv3, attended3), vec4<f32>(nan()), nan_row3); }
     }
     if (live0) {
         stats[stat0] = select(select(NEG_INF_BITS, bitcast<u32>(m0 + log(l0)), attended0), NAN_BITS, nan_row0);

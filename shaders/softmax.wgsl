@@ -38,6 +38,18 @@ const MIN_NORMAL: f32 = 1.17549435e-38;
 const ROW_ATTENDED: u32 = 1u;
 const ROW_POISONED: u32 = 2u;
 
+// NaN and -inf made at run time: WGSL constant expressions cannot hold them
+// (Chrome rejects the shader), so they come from a private variable.
+var<private> non_finite_bits: vec2<u32> = vec2<u32>(0xff800000u, 0x7fc00000u);
+
+fn neg_inf() -> f32 {
+    return bitcast<f32>(non_finite_bits.x);
+}
+
+fn nan() -> f32 {
+    return bitcast<f32>(non_finite_bits.y);
+}
+
 var<workgroup> red_max: array<f32, WG>;
 var<workgroup> red_sum: array<f32, WG>;
 var<workgroup> red_flags: array<u32, WG>;
@@ -121,7 +133,7 @@ fn main(
         let s = scores[base + j];
         var prob = 0.0;
         if (nan_row) {
-            prob = bitcast<f32>(NAN_BITS);
+            prob = nan();
         } else if (live && bitcast<u32>(s) != MASKED_BITS) {
             prob = max(exp(s - row_max) * inv_sum, MIN_NORMAL);
         }

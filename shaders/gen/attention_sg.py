@@ -114,6 +114,18 @@ const FLAG_ALIBI: u32 = 32u;
 const FIRST_CHUNK: u32 = 1u;
 const LAST_CHUNK: u32 = 2u;
 
+// NaN and -inf made at run time: WGSL constant expressions cannot hold them
+// (Chrome rejects the shader), so they come from a private variable.
+var<private> non_finite_bits: vec2<u32> = vec2<u32>(0xff800000u, 0x7fc00000u);
+
+fn neg_inf() -> f32 {{
+    return bitcast<f32>(non_finite_bits.x);
+}}
+
+fn nan() -> f32 {{
+    return bitcast<f32>(non_finite_bits.y);
+}}
+
 // Which of four values are NaN (bit tests: WGSL comparisons need not see NaN).
 fn is_nan4(x: vec4<f32>) -> vec4<bool> {{
     return (bitcast<vec4<u32>>(x) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
@@ -296,7 +308,7 @@ for r in range(ROWS):
     w(f"        if (any({poisoned})) {{")
     w(f"            flags{r} |= ROW_POISONED;")
     for g in range(GROUPS):
-        w(f"            s{r}_{g} = select(s{r}_{g}, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), poisons4(s{r}_{g}));")
+        w(f"            s{r}_{g} = select(s{r}_{g}, vec4<f32>(neg_inf()), poisons4(s{r}_{g}));")
     w(f"        }}")
     maxes = ", ".join(f"max4(s{r}_{g})" for g in range(GROUPS))
     w(f"        let tile_max{r} = max(max(max(max4(s{r}_0), max4(s{r}_1)), max(max4(s{r}_2), max4(s{r}_3))), max(max(max4(s{r}_4), max4(s{r}_5)), max(max4(s{r}_6), max4(s{r}_7))));")
@@ -362,7 +374,7 @@ for r in range(ROWS):
     w(f"    let inv{r} = select(0.0, 1.0 / l{r}, l{r} > 0.0);")
 w("    for (var d4 = 0u; d4 < dv4; d4++) {")
 for r in range(ROWS):
-    w(f"        if (live{r}) {{ y4[y_base{r} + d4] = select(select(vec4<f32>(0.0), y4[y_base{r} + d4] * inv{r}, attended{r}), vec4<f32>(bitcast<f32>(NAN_BITS)), nan_row{r}); }}")
+    w(f"        if (live{r}) {{ y4[y_base{r} + d4] = select(select(vec4<f32>(0.0), y4[y_base{r} + d4] * inv{r}, attended{r}), vec4<f32>(nan()), nan_row{r}); }}")
 w("    }")
 for r in range(ROWS):
     w(f"""    if (live{r}) {{
