@@ -207,6 +207,34 @@ pub enum Error {
 }
 
 impl Error {
+    /// The variant's name (`ShapeMismatch`, `Limit`, `DeviceLost`, ...): what
+    /// kind of failure this is, for bindings that carry it apart from the
+    /// message (the JavaScript library's `Error.name`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Rank { .. } => "Rank",
+            Error::ShapeMismatch { .. } => "ShapeMismatch",
+            Error::EmptyTensor { .. } => "EmptyTensor",
+            Error::DataLength { .. } => "DataLength",
+            Error::DType { .. } => "DType",
+            Error::Broadcast { .. } => "Broadcast",
+            Error::GqaHeads { .. } => "GqaHeads",
+            Error::InvalidOption { .. } => "InvalidOption",
+            Error::Conflict(_) => "Conflict",
+            Error::Limit { .. } => "Limit",
+            Error::ForeignTensor { .. } => "ForeignTensor",
+            Error::NoAdapter(_) => "NoAdapter",
+            Error::RequestDevice(_) => "RequestDevice",
+            Error::DeviceLost(_) => "DeviceLost",
+            Error::TensorLost { .. } => "TensorLost",
+            Error::OutOfMemory(_) => "OutOfMemory",
+            Error::Gpu { .. } => "Gpu",
+            Error::Readback(_) => "Readback",
+            Error::File { .. } => "File",
+            Error::Shader { .. } => "Shader",
+        }
+    }
+
     /// Builds a [`Error::Limit`] for a buffer larger than a binding or buffer limit.
     pub(crate) fn buffer_limit(
         what: impl Into<String>,
