@@ -13,7 +13,9 @@
 // (m, l); attention_merge.wgsl combines the splits by their maxima into Y and
 // the logsumexp.
 //
-// The masking rules are attention_fused.wgsl's. Head dims must be multiples
+// The masking rules and the non-finite rule are attention_fused.wgsl's: each
+// split also reports whether it attended a key and whether it met a NaN or
+// +inf score, and the merge makes such rows NaN. Head dims must be multiples
 // of 4 up to 256 (rows are read as vec4s); the host sends others to the fused
 // kernels.
 
@@ -53,8 +55,9 @@ struct Params {
 @group(0) @binding(5) var<storage, read> nonpad: array<i32>;
 // [split][row][dv4] unnormalised O.
 @group(0) @binding(6) var<storage, read_write> part_o: array<vec4<f32>>;
-// [split][row] as (m, l).
-@group(0) @binding(7) var<storage, read_write> part_ml: array<vec2<f32>>;
+// [split][row] as (m, l, flags, 0); flags as an exact small float
+// (1: a key was attended, 2: a NaN or +inf score was).
+@group(0) @binding(7) var<storage, read_write> part_ml: array<vec4<f32>>;
 
 const MASKED: f32 = -0x1.fffffep+127f;
 const FLAG_MASK: u32 = 1u;
@@ -64,14 +67,41 @@ const FLAG_PAST: u32 = 8u;
 const FLAG_SOFTCAP: u32 = 16u;
 const FLAG_ALIBI: u32 = 32u;
 const WG: u32 = 64u;
+const NEG_INF_BITS: u32 = 0xff800000u;
+const ROW_ATTENDED: u32 = 1u;
+const ROW_POISONED: u32 = 2u;
 // At most 4 query rows; output quads per invocation: 4 rows x 64 quads / 64.
 const MAX_ROWS: u32 = 4u;
+
+// NaN and -inf made at run time: WGSL constant expressions cannot hold them
+// (Chrome rejects the shader), so they come from a private variable.
+var<private> non_finite_bits: vec2<u32> = vec2<u32>(0xff800000u, 0x7fc00000u);
+
+fn neg_inf() -> f32 {
+    return bitcast<f32>(non_finite_bits.x);
+}
+
+fn nan() -> f32 {
+    return bitcast<f32>(non_finite_bits.y);
+}
 
 var<workgroup> scores: array<f32, 256>;
 var<workgroup> reduce: array<f32, 256>;
 var<workgroup> batch_nonpad: i32;
+// Each row's ROW_ATTENDED | ROW_POISONED over the split.
+var<workgroup> row_flags: array<atomic<u32>, 4>;
 
+// Whether a score is NaN or +inf (bit tests: WGSL comparisons need not see NaN).
+fn poisons(x: f32) -> bool {
+    let bits = bitcast<u32>(x);
+    return (bits & 0x7fffffffu) > 0x7f800000u || bits == 0x7f800000u;
+}
+
+// tanh accurate to a few ulp (see mask.wgsl); NaN stays NaN.
 fn accurate_tanh(x: f32) -> f32 {
+    if ((bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u) {
+        return x;
+    }
     let ax = abs(x);
     if (ax < 0.4) {
         let z = x * x;
@@ -124,6 +154,9 @@ fn main(
     let dk4 = p.dk / 4u;
     let dv4 = p.dv / 4u;
 
+    if (li < MAX_ROWS) {
+        atomicStore(&row_flags[li], 0u);
+    }
     if (li == 0u) {
         var lengths = i32(p.keys);
         if ((p.flags & FLAG_NONPAD) != 0u) {
@@ -166,7 +199,8 @@ fn main(
         for (var r = 0u; r < rows; r++) {
             var s = MASKED;
             let range = key_range(r, offset, lengths);
-            if (j >= range.x && j <= range.y && j >= split_lo && j <= split_hi) {
+            var attended = j >= range.x && j <= range.y && j >= split_lo && j <= split_hi;
+            if (attended) {
                 let q_base = (head_index * p.q_len + r) * dk4;
                 let k_base = (kv_base + key) * dk4;
                 var dot = 0.0;
@@ -180,14 +214,27 @@ fn main(
                 }
                 if ((p.flags & FLAG_MASK) != 0u) {
                     let bias = mask[b * p.mask_batch_stride + h * p.mask_head_stride + r * p.mask_row_stride + u32(j)];
-                    s = select(MASKED, s + bias, bias > MASKED);
-                }
-                if (s > MASKED) {
-                    if ((p.flags & FLAG_ALIBI) != 0u) {
-                        s -= slope * f32(abs(offset + i32(r) - j));
+                    if (bias <= MASKED) {
+                        attended = false;
+                    } else {
+                        s += bias;
                     }
-                    s *= p.inv_temperature;
                 }
+            }
+            if (attended) {
+                if ((p.flags & FLAG_ALIBI) != 0u) {
+                    s -= slope * f32(abs(offset + i32(r) - j));
+                }
+                s *= p.inv_temperature;
+                var seen = ROW_ATTENDED;
+                if (poisons(s)) {
+                    // Poisons the row; counts as -inf from here on.
+                    seen |= ROW_POISONED;
+                    s = neg_inf();
+                }
+                atomicOr(&row_flags[r], seen);
+            } else {
+                s = MASKED;
             }
             scores[r * WG + li] = s;
             reduce[r * WG + li] = s;
@@ -207,12 +254,13 @@ fn main(
             m_new[r] = max(m[r], reduce[r * WG]);
         }
         workgroupBarrier();
-        // This key's probabilities, and the tile sums.
+        // This key's probabilities (-1 for a key the row does not attend;
+        // an attended score of -inf gets 0), and the tile sums.
         for (var r = 0u; r < rows; r++) {
             let s = scores[r * WG + li];
-            let pt = select(0.0, exp(s - m_new[r]), s > MASKED && m_new[r] > MASKED);
+            let pt = select(-1.0, exp(s - m_new[r]), s != MASKED);
             scores[r * WG + li] = pt;
-            reduce[r * WG + li] = pt;
+            reduce[r * WG + li] = max(pt, 0.0);
         }
         workgroupBarrier();
         for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
@@ -223,10 +271,11 @@ fn main(
             }
             workgroupBarrier();
         }
-        // alpha rescales what the row had; a row that had nothing starts at 0.
+        // alpha rescales what the row had (O starts at 0; exp(0) = 1 while
+        // no attended score has been finite).
         var alpha = vec4<f32>(1.0);
         for (var r = 0u; r < rows; r++) {
-            alpha[r] = select(1.0, select(0.0, exp(m[r] - m_new[r]), m[r] > MASKED), m_new[r] > MASKED);
+            alpha[r] = exp(m[r] - m_new[r]);
             l[r] = l[r] * alpha[r] + reduce[r * WG];
         }
         m = m_new;
@@ -239,7 +288,7 @@ fn main(
                 var acc = vec4<f32>(0.0);
                 for (var t = 0u; t < WG; t++) {
                     let pt = scores[r * WG + t];
-                    if (pt > 0.0) {
+                    if (pt >= 0.0) {
                         let vk = u32(clamp(j0 + i32(t), 0, i32(p.keys) - 1));
                         acc += pt * v4[(kv_base + vk) * dv4 + d4];
                     }
@@ -275,6 +324,7 @@ fn main(
         }
     }
     if (li < rows) {
-        part_ml[split * part_rows + head_index * p.q_len + li] = vec2<f32>(m[li], l[li]);
+        let flags = f32(atomicLoad(&row_flags[li]));
+        part_ml[split * part_rows + head_index * p.q_len + li] = vec4<f32>(m[li], l[li], flags, 0.0);
     }
 }

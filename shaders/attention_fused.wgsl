@@ -24,6 +24,13 @@
 // KV head h / group), Dk != Dv. A row with every key masked gets Y = 0 and a
 // logsumexp of -inf. Masked keys never enter a sum, even with a non-finite score.
 //
+// Non-finite values where a row attends them (see AttentionOptions): a NaN or
+// +inf biased score, or attended scores that are all -inf, make the row NaN
+// (Y and logsumexp); an attended key with a score of -inf gets probability 0
+// but still multiplies its V row, so a NaN in V reaches every row that
+// attends that key. Per row the kernel keeps FLAG_ATTENDED and FLAG_POISONED
+// beside (m, l); between key chunks they ride in the row's logsumexp slot.
+//
 // Tiles no row of the workgroup can see are skipped: the workgroup's key range
 // is [lo of its first row, hi of its last row], computed from uniform values
 // (nonpad goes through workgroupUniformLoad) so every barrier stays in uniform
@@ -97,15 +104,40 @@ const FLAG_SOFTCAP: u32 = 16u;
 const FLAG_ALIBI: u32 = 32u;
 const FIRST_CHUNK: u32 = 1u;
 const LAST_CHUNK: u32 = 2u;
+// Row state between key chunks: a key was attended; the row is NaN.
+const ROW_ATTENDED: u32 = 1u;
+const ROW_POISONED: u32 = 2u;
+const NAN_BITS: u32 = 0x7fc00000u;
 // The most keys per tile (the private score array's length).
 const MAX_BK: u32 = 64u;
+
+// NaN and -inf made at run time: WGSL constant expressions cannot hold them
+// (Chrome rejects the shader), so they come from a private variable.
+var<private> non_finite_bits: vec2<u32> = vec2<u32>(0xff800000u, 0x7fc00000u);
+
+fn neg_inf() -> f32 {
+    return bitcast<f32>(non_finite_bits.x);
+}
+
+fn nan() -> f32 {
+    return bitcast<f32>(non_finite_bits.y);
+}
 
 var<workgroup> k_tile: array<vec4<f32>, BK * DK4>;
 var<workgroup> v_tile: array<vec4<f32>, BK * DV4>;
 var<workgroup> batch_nonpad: i32;
 
-// tanh accurate to a few ulp (see mask.wgsl).
+// Whether a score is NaN or +inf (bit tests: WGSL comparisons need not see NaN).
+fn poisons(x: f32) -> bool {
+    let bits = bitcast<u32>(x);
+    return (bits & 0x7fffffffu) > 0x7f800000u || bits == 0x7f800000u;
+}
+
+// tanh accurate to a few ulp (see mask.wgsl); NaN stays NaN.
 fn accurate_tanh(x: f32) -> f32 {
+    if ((bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u) {
+        return x;
+    }
     let ax = abs(x);
     if (ax < 0.4) {
         let z = x * x;
@@ -221,7 +253,9 @@ fn main(
     let r = head_index * p.q_len + row;
     var m = MASKED;
     var l = 0.0;
+    var row_flags = 0u;
     if ((p.chunk_flags & FIRST_CHUNK) == 0u) {
+        row_flags = lse[r];
         m = bitcast<f32>(lse[rows + r]);
         l = bitcast<f32>(lse[2u * rows + r]);
     }
@@ -275,78 +309,108 @@ fn main(
                     scores[t] += (prod.x + prod.y) + (prod.z + prod.w);
                 }
             }
-            // Scale, softcap, mask, ALiBi, temperature; masked keys become MASKED.
+            // Scale, softcap, mask, ALiBi, temperature. Keys the row does not
+            // attend become MASKED; a NaN or +inf score poisons the row and
+            // counts as -inf from here on.
             var tile_max = MASKED;
+            var tile_attended = false;
             for (var t = 0u; t < BK; t++) {
                 let j = j0 + i32(t);
                 var s = MASKED;
-                if (j >= mine.x && j <= mine.y) {
+                var attended = j >= mine.x && j <= mine.y;
+                if (attended) {
                     s = scores[t] * p.scale;
                     if ((p.flags & FLAG_SOFTCAP) != 0u) {
                         s = p.softcap * accurate_tanh(s / p.softcap);
                     }
                     if ((p.flags & FLAG_MASK) != 0u) {
                         let bias = mask[mask_base + u32(j)];
-                        s = select(MASKED, s + bias, bias > MASKED);
-                    }
-                    if (s > MASKED) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
-                            s -= slope * f32(abs(pos - j));
+                        if (bias <= MASKED) {
+                            attended = false;
+                        } else {
+                            s += bias;
                         }
-                        s *= p.inv_temperature;
                     }
+                }
+                if (attended) {
+                    if ((p.flags & FLAG_ALIBI) != 0u) {
+                        s -= slope * f32(abs(pos - j));
+                    }
+                    s *= p.inv_temperature;
+                    if (poisons(s)) {
+                        row_flags |= ROW_POISONED;
+                        s = neg_inf();
+                    }
+                    tile_attended = true;
+                    tile_max = max(tile_max, s);
+                } else {
+                    s = MASKED;
                 }
                 scores[t] = s;
-                tile_max = max(tile_max, s);
             }
-            if (tile_max > MASKED) {
+            if (tile_attended) {
                 let m_new = max(m, tile_max);
-                let alpha = select(0.0, exp(m - m_new), m > MASKED);
+                // exp(0) = 1 while no attended score has been finite yet.
+                let alpha = exp(m - m_new);
                 l = l * alpha;
                 for (var t = 0u; t < BK; t++) {
-                    let pt = select(0.0, exp(scores[t] - m_new), scores[t] > MASKED);
+                    // -1 marks a key the row does not attend; an attended key
+                    // whose score is -inf gets 0 and still multiplies V.
+                    let pt = select(-1.0, exp(scores[t] - m_new), scores[t] != MASKED);
                     scores[t] = pt;
-                    l += pt;
+                    l += max(pt, 0.0);
                 }
-                // O = alpha * O + P V, in the row's slice of Y.
+                // O = alpha * O + P V, in the row's slice of Y (which holds
+                // nothing before the row's first attended key).
+                let had = (row_flags & ROW_ATTENDED) != 0u;
                 for (var d4 = 0u; d4 < DV4; d4++) {
                     var acc = vec4<f32>(0.0);
-                    if (m > MASKED) {
+                    if (had) {
                         acc = y_quad(y_base, d4 * 4u) * alpha;
                     }
                     for (var t = 0u; t < BK; t++) {
-                        if (scores[t] > 0.0) {
+                        if (scores[t] >= 0.0) {
                             acc += scores[t] * v_tile[t * DV4 + d4];
                         }
                     }
                     store_y_quad(y_base, d4 * 4u, acc);
                 }
                 m = m_new;
+                row_flags |= ROW_ATTENDED;
             }
         }
         workgroupBarrier();
     }
 
     if (live_row && (p.chunk_flags & LAST_CHUNK) == 0u) {
+        lse[r] = row_flags;
         lse[rows + r] = bitcast<u32>(m);
         lse[2u * rows + r] = bitcast<u32>(l);
     }
     if (live_row && (p.chunk_flags & LAST_CHUNK) != 0u) {
-        // Normalise (a row with every key masked was never written: zeros).
+        // Normalise. A row with no attended key was never written: zeros and
+        // -inf. A poisoned row, or one whose attended scores were all -inf
+        // (l = 0), is NaN.
+        let attended = (row_flags & ROW_ATTENDED) != 0u;
+        let nan_row = attended && ((row_flags & ROW_POISONED) != 0u || !(l > 0.0));
         let inv = select(0.0, 1.0 / l, l > 0.0);
         for (var d4 = 0u; d4 < DV4; d4++) {
             var val = vec4<f32>(0.0);
-            if (m > MASKED) {
+            if (nan_row) {
+                val = vec4<f32>(nan());
+            } else if (attended) {
                 val = y_quad(y_base, d4 * 4u) * inv;
             }
             store_y_quad(y_base, d4 * 4u, val);
         }
         var bits = NEG_INF_BITS;
-        if (l > 0.0) {
+        if (nan_row) {
+            bits = NAN_BITS;
+        } else if (attended) {
             bits = bitcast<u32>(m + log(l));
         }
         lse[r] = bits;
         lse[rows + r] = bitcast<u32>(m);
-        lse[2u * rows + r] = bitcast<u32>(l);
+        lse[2u * rows + r] = bitcast<u32>(select(l, nan(), nan_row));
     }
 }

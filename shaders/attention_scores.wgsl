@@ -58,6 +58,10 @@ const FLAG_SOFTCAP: u32 = 16u;
 const FLAG_ALIBI: u32 = 32u;
 
 fn accurate_tanh(x: f32) -> f32 {
+    // NaN stays NaN.
+    if ((bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u) {
+        return x;
+    }
     let ax = abs(x);
     if (ax < 0.4) {
         let z = x * x;
@@ -142,8 +146,9 @@ fn main(
     if ((p.flags & FLAG_MASK) != 0u) {
         allowed = allowed && j < p.mask_cols;
         if (allowed) {
+            // MASKED (and below) masks the key; any other value, NaN included, is added.
             let bias = mask[b * p.mask_batch_stride + h * p.mask_head_stride + i * p.mask_row_stride + j];
-            allowed = bias > MASKED;
+            allowed = !(bias <= MASKED);
             s += select(0.0, bias, allowed);
         }
     }

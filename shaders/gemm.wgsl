@@ -21,6 +21,10 @@
 
 override TRANS_A: bool = false;
 override TRANS_B: bool = false;
+// Skip every term whose A value is exactly zero, so that 0 * NaN or 0 * inf
+// in B adds nothing: attention's P V, where a masked key's probability is 0
+// and its V row may hold anything (the non-finite rule of AttentionOptions).
+override SKIP_ZERO_A: bool = false;
 
 struct Params {
     m: u32,
@@ -164,22 +168,41 @@ fn main(
             let a1 = a_tile[kk * SLOTS + ty + 8u];
             let b0 = b_tile[kk * SLOTS + tx];
             let b1 = b_tile[kk * SLOTS + tx + 8u];
-            acc00 += a0.x * b0;
-            acc01 += a0.x * b1;
-            acc10 += a0.y * b0;
-            acc11 += a0.y * b1;
-            acc20 += a0.z * b0;
-            acc21 += a0.z * b1;
-            acc30 += a0.w * b0;
-            acc31 += a0.w * b1;
-            acc40 += a1.x * b0;
-            acc41 += a1.x * b1;
-            acc50 += a1.y * b0;
-            acc51 += a1.y * b1;
-            acc60 += a1.z * b0;
-            acc61 += a1.z * b1;
-            acc70 += a1.w * b0;
-            acc71 += a1.w * b1;
+            if (SKIP_ZERO_A) {
+                acc00 += select(a0.x * b0, vec4<f32>(0.0), a0.x == 0.0);
+                acc01 += select(a0.x * b1, vec4<f32>(0.0), a0.x == 0.0);
+                acc10 += select(a0.y * b0, vec4<f32>(0.0), a0.y == 0.0);
+                acc11 += select(a0.y * b1, vec4<f32>(0.0), a0.y == 0.0);
+                acc20 += select(a0.z * b0, vec4<f32>(0.0), a0.z == 0.0);
+                acc21 += select(a0.z * b1, vec4<f32>(0.0), a0.z == 0.0);
+                acc30 += select(a0.w * b0, vec4<f32>(0.0), a0.w == 0.0);
+                acc31 += select(a0.w * b1, vec4<f32>(0.0), a0.w == 0.0);
+                acc40 += select(a1.x * b0, vec4<f32>(0.0), a1.x == 0.0);
+                acc41 += select(a1.x * b1, vec4<f32>(0.0), a1.x == 0.0);
+                acc50 += select(a1.y * b0, vec4<f32>(0.0), a1.y == 0.0);
+                acc51 += select(a1.y * b1, vec4<f32>(0.0), a1.y == 0.0);
+                acc60 += select(a1.z * b0, vec4<f32>(0.0), a1.z == 0.0);
+                acc61 += select(a1.z * b1, vec4<f32>(0.0), a1.z == 0.0);
+                acc70 += select(a1.w * b0, vec4<f32>(0.0), a1.w == 0.0);
+                acc71 += select(a1.w * b1, vec4<f32>(0.0), a1.w == 0.0);
+            } else {
+                acc00 += a0.x * b0;
+                acc01 += a0.x * b1;
+                acc10 += a0.y * b0;
+                acc11 += a0.y * b1;
+                acc20 += a0.z * b0;
+                acc21 += a0.z * b1;
+                acc30 += a0.w * b0;
+                acc31 += a0.w * b1;
+                acc40 += a1.x * b0;
+                acc41 += a1.x * b1;
+                acc50 += a1.y * b0;
+                acc51 += a1.y * b1;
+                acc60 += a1.z * b0;
+                acc61 += a1.z * b1;
+                acc70 += a1.w * b0;
+                acc71 += a1.w * b1;
+            }
         }
         workgroupBarrier();
     }

@@ -61,7 +61,11 @@ const CAPTURE_BIASED: u32 = 3u;
 // tanh accurate to a few ulp over the whole range: an odd Taylor polynomial
 // near zero (where 1 - 2/(e^2x + 1) cancels) and the exponential form beyond,
 // with the argument clamped so e^2x cannot overflow (tanh(10) rounds to 1).
+// NaN stays NaN.
 fn accurate_tanh(x: f32) -> f32 {
+    if ((bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u) {
+        return x;
+    }
     let ax = abs(x);
     if (ax < 0.4) {
         let z = x * x;
@@ -136,11 +140,13 @@ fn main(
         }
         var allowed = i32(j) >= lo && i32(j) <= hi;
         if (allowed && has_mask) {
+            // MASKED (and below) masks the key; any other value, NaN and
+            // +inf included, is added (and then makes the row NaN).
             let bias = mask[mask_base + j];
-            if (bias > MASKED) {
-                s += bias;
-            } else {
+            if (bias <= MASKED) {
                 allowed = false;
+            } else {
+                s += bias;
             }
         }
         if (allowed && (p.flags & FLAG_ALIBI) != 0u) {

@@ -7,6 +7,13 @@
 // exp(s - max) / sum. A row with no unmasked score becomes all zeros and its
 // logsumexp -inf (written as bits, since WGSL arithmetic need not produce inf).
 //
+// Non-finite scores follow attention_fused.wgsl: a NaN or +inf score the row
+// attends (any value but MASKED), or attended scores that are all -inf, make
+// the whole row NaN, logsumexp included. An attended key's probability is at
+// least the smallest normal f32 (1.2e-38), so that the P V product, which
+// skips exact zeros (masked keys), still multiplies its V row: a NaN in V then
+// reaches every row that attends that key, as in PyTorch.
+//
 // Rows are numbered linearly across the 2D grid so more than 65535 rows work.
 
 struct Params {
@@ -24,9 +31,34 @@ struct Params {
 const WG: u32 = 128u;
 const MASKED: f32 = -0x1.fffffep+127f;
 const NEG_INF_BITS: u32 = 0xff800000u;
+const NAN_BITS: u32 = 0x7fc00000u;
+const MASKED_BITS: u32 = 0xff7fffffu;
+// The smallest normal f32: GPUs may flush anything smaller to zero.
+const MIN_NORMAL: f32 = 1.17549435e-38;
+const ROW_ATTENDED: u32 = 1u;
+const ROW_POISONED: u32 = 2u;
+
+// NaN and -inf made at run time: WGSL constant expressions cannot hold them
+// (Chrome rejects the shader), so they come from a private variable.
+var<private> non_finite_bits: vec2<u32> = vec2<u32>(0xff800000u, 0x7fc00000u);
+
+fn neg_inf() -> f32 {
+    return bitcast<f32>(non_finite_bits.x);
+}
+
+fn nan() -> f32 {
+    return bitcast<f32>(non_finite_bits.y);
+}
 
 var<workgroup> red_max: array<f32, WG>;
 var<workgroup> red_sum: array<f32, WG>;
+var<workgroup> red_flags: array<u32, WG>;
+
+// Whether a score is NaN or +inf (bit tests: WGSL comparisons need not see NaN).
+fn poisons(x: f32) -> bool {
+    let bits = bitcast<u32>(x);
+    return (bits & 0x7fffffffu) > 0x7f800000u || bits == 0x7f800000u;
+}
 
 // Merges two (max, sum-of-exp) pairs; a pair whose max is MASKED has sum 0.
 fn merge(m1: f32, l1: f32, m2: f32, l2: f32) -> vec2<f32> {
@@ -55,47 +87,63 @@ fn main(
 
     var m = MASKED;
     var l = 0.0;
+    var flags = 0u;
     for (var j = li; j < p.cols; j += WG) {
         let s = scores[base + j];
-        if (s > MASKED) {
-            if (s > m) {
-                if (m > MASKED) {
-                    l = l * exp(m - s);
+        // Compared as bits: a float comparison with NaN may be ordered (false).
+        if (bitcast<u32>(s) != MASKED_BITS) {
+            flags |= ROW_ATTENDED;
+            if (poisons(s)) {
+                flags |= ROW_POISONED;
+            } else if (s > MASKED) {
+                // (An attended -inf adds nothing to the sum.)
+                if (s > m) {
+                    if (m > MASKED) {
+                        l = l * exp(m - s);
+                    }
+                    l += 1.0;
+                    m = s;
+                } else {
+                    l += exp(s - m);
                 }
-                l += 1.0;
-                m = s;
-            } else {
-                l += exp(s - m);
             }
         }
     }
     red_max[li] = m;
     red_sum[li] = l;
+    red_flags[li] = flags;
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
         if (li < stride) {
             let merged = merge(red_max[li], red_sum[li], red_max[li + stride], red_sum[li + stride]);
             red_max[li] = merged.x;
             red_sum[li] = merged.y;
+            red_flags[li] = red_flags[li] | red_flags[li + stride];
         }
         workgroupBarrier();
     }
     let row_max = red_max[0];
     let row_sum = red_sum[0];
-    let live = row_max > MASKED;
+    let attended = (red_flags[0] & ROW_ATTENDED) != 0u;
+    let nan_row = attended && ((red_flags[0] & ROW_POISONED) != 0u || !(row_sum > 0.0));
+    let live = attended && !nan_row;
     let inv_sum = select(0.0, 1.0 / row_sum, live);
 
     for (var j = li; j < p.cols; j += WG) {
         let s = scores[base + j];
         var prob = 0.0;
-        if (live && s > MASKED) {
-            prob = exp(s - row_max) * inv_sum;
+        if (nan_row) {
+            prob = nan();
+        } else if (live && bitcast<u32>(s) != MASKED_BITS) {
+            prob = max(exp(s - row_max) * inv_sum, MIN_NORMAL);
         }
         scores[base + j] = prob;
     }
     if (li == 0u) {
         var bits = NEG_INF_BITS;
-        if (live) {
+        if (nan_row) {
+            bits = NAN_BITS;
+        } else if (live) {
             bits = bitcast<u32>(row_max + log(row_sum));
         }
         lse[p.lse_offset + row] = bits;

@@ -21,6 +21,8 @@ pub struct Tensor {
     pub(crate) shape: Vec<usize>,
     pub(crate) storage: Storage<HostTensor>,
     pub(crate) engine_id: u64,
+    /// The engine's device generation the buffer was made on (0 for host values).
+    pub(crate) generation: u64,
 }
 
 impl Tensor {
@@ -70,12 +72,19 @@ pub struct Mask {
     pub(crate) shape: Vec<usize>,
     pub(crate) storage: Storage<HostMask>,
     pub(crate) engine_id: u64,
+    /// The engine's device generation the buffer was made on (0 for host values).
+    pub(crate) generation: u64,
 }
 
 impl Mask {
     /// The shape.
     pub fn shape(&self) -> &[usize] {
         &self.shape
+    }
+
+    /// Whether the values are in GPU memory.
+    pub fn is_on_gpu(&self) -> bool {
+        matches!(self.storage, Storage::Gpu(_))
     }
 }
 

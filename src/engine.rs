@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crate::cpu;
 use crate::cpu::fast::CpuBackend;
 use crate::device_tensor::{Mask, Storage, Tensor};
+use crate::devices::{DeviceRecipe, GpuDevices};
 use crate::error::{Error, Result};
 use crate::gpu::buffer;
 use crate::gpu::capabilities::Capabilities;
@@ -14,6 +15,7 @@ use crate::gpu::context::{GpuContext, PowerPreference};
 use crate::gpu::ops::fused::FusedTiles;
 use crate::gpu::ops::softmax::MASKED;
 use crate::gpu::{fused, unfused};
+use crate::limits::DeviceLimits;
 use crate::options::{AttentionOptions, KernelPath};
 use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs};
 use crate::tensor::{HostMask, HostTensor};
@@ -51,10 +53,12 @@ pub struct EngineOptions {
     /// (`None`: as much as one storage binding allows). Smaller values make it
     /// work in more, smaller chunks.
     pub score_budget_bytes: Option<u64>,
-    /// Device limits to request: `None` takes the adapter's full limits;
-    /// `Some(wgpu::Limits::default())` runs under the WebGPU defaults that every
-    /// browser guarantees. Limits beyond the adapter's give [`Error::RequestDevice`].
-    pub limits: Option<wgpu::Limits>,
+    /// Device limits to request: the default takes the adapter's full limits;
+    /// [`DeviceLimits::webgpu_default`] runs under the WebGPU defaults that every
+    /// browser guarantees, and overrides lower single limits by name, so one
+    /// machine can behave as a small adapter. A limit beyond the adapter's is an
+    /// error.
+    pub limits: DeviceLimits,
     /// Use only the kernels that need no subgroups (tiled GEMM, portable fused
     /// attention), as on adapters without subgroups. Off: chosen from the
     /// adapter's capability profile.
@@ -67,11 +71,15 @@ pub struct EngineOptions {
 
 #[derive(Debug)]
 enum Backend {
-    Gpu(GpuContext),
+    Gpu(GpuDevices),
     Cpu,
 }
 
 static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// An engine's identity and its device generation: buffers made under one key
+/// are valid exactly as long as the key is the engine's current one.
+pub(crate) type DeviceKey = (u64, u64);
 
 /// The path a call takes, and why `Auto` did not take the fused path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,30 +133,22 @@ impl Engine {
 
     /// An engine as `options` ask.
     pub async fn with_options(options: EngineOptions) -> Result<Engine> {
+        let recipe = DeviceRecipe {
+            power: options.power,
+            limits: options.limits.clone(),
+            portable_kernels: options.portable_kernels,
+        };
+        let gpu = |ctx| Backend::Gpu(GpuDevices::new(ctx, Some(recipe.clone())));
         let backend = match options.backend {
             BackendPreference::Cpu => Backend::Cpu,
-            BackendPreference::Gpu => {
-                let ctx =
-                    GpuContext::request_with_limits(options.power, options.limits.clone()).await?;
-                Backend::Gpu(if options.portable_kernels {
-                    ctx.with_portable_kernels()
-                } else {
-                    ctx
-                })
-            }
-            BackendPreference::Auto => {
-                match GpuContext::request_with_limits(options.power, options.limits.clone()).await {
-                    Ok(ctx) => Backend::Gpu(if options.portable_kernels {
-                        ctx.with_portable_kernels()
-                    } else {
-                        ctx
-                    }),
-                    Err(e) => {
-                        log::warn!("webattn: {e}; using the CPU backend");
-                        Backend::Cpu
-                    }
+            BackendPreference::Gpu => gpu(recipe.request().await?),
+            BackendPreference::Auto => match recipe.request().await {
+                Ok(ctx) => gpu(ctx),
+                Err(e) => {
+                    log::warn!("webattn: {e}; using the CPU backend");
+                    Backend::Cpu
                 }
-            }
+            },
         };
         let mut engine = Self::with_backend(backend, options.score_budget_bytes);
         engine.cpu = CpuBackend::new(options.cpu_threads);
@@ -160,9 +160,32 @@ impl Engine {
         Self::with_backend(Backend::Cpu, None)
     }
 
-    /// A GPU engine on an existing context.
+    /// A GPU engine on an existing context. Such an engine cannot replace a
+    /// lost device by itself: it does not know how the device was made.
     pub fn from_context(ctx: GpuContext) -> Engine {
-        Self::with_backend(Backend::Gpu(ctx), None)
+        Self::with_backend(Backend::Gpu(GpuDevices::new(ctx, None)), None)
+    }
+
+    /// Which device a GPU engine runs on: 0 for its first, one more each time
+    /// it replaced a lost device. `None` on a CPU engine.
+    pub fn device_generation(&self) -> Option<u64> {
+        match &self.backend {
+            Backend::Gpu(gpu) => Some(gpu.generation()),
+            Backend::Cpu => None,
+        }
+    }
+
+    /// Replaces a lost GPU device with a fresh one requested as the first was
+    /// (power preference, limits, kernel set), and says whether it did. Every
+    /// async call does this first, so the call after a loss runs on a fresh
+    /// device; tensors of the lost device then report [`Error::TensorLost`].
+    /// Fails with [`Error::DeviceLost`] when no fresh device can be made, or
+    /// when the engine was made from a caller's context.
+    pub async fn recover(&self) -> Result<bool> {
+        match &self.backend {
+            Backend::Gpu(gpu) => gpu.recover().await,
+            Backend::Cpu => Ok(false),
+        }
     }
 
     fn with_backend(backend: Backend, score_budget: Option<u64>) -> Engine {
@@ -206,7 +229,7 @@ impl Engine {
             (Backend::Cpu, _) | (_, KernelPath::Cpu) => {
                 return PathChoice::new(KernelPath::Cpu, None)
             }
-            (Backend::Gpu(ctx), _) => ctx,
+            (Backend::Gpu(gpu), _) => gpu.current(),
         };
         match options.path {
             KernelPath::Auto => {
@@ -247,10 +270,10 @@ impl Engine {
             .map(crate::gpu::plan::KernelPlan::for_capabilities)
     }
 
-    /// The GPU context, on a GPU engine.
+    /// The GPU context, on a GPU engine: that of its newest device.
     pub fn gpu(&self) -> Option<&GpuContext> {
         match &self.backend {
-            Backend::Gpu(ctx) => Some(ctx),
+            Backend::Gpu(gpu) => Some(gpu.current()),
             Backend::Cpu => None,
         }
     }
@@ -263,7 +286,7 @@ impl Engine {
     /// One line saying what the engine runs on.
     pub fn describe(&self) -> String {
         match &self.backend {
-            Backend::Gpu(ctx) => ctx.capabilities().summary(),
+            Backend::Gpu(gpu) => gpu.current().capabilities().summary(),
             Backend::Cpu => format!(
                 "CPU backend ({}; no GPU adapter in use)",
                 self.cpu.describe()
@@ -271,9 +294,10 @@ impl Engine {
         }
     }
 
-    /// This engine's identity, which its tensors carry.
-    pub(crate) fn id(&self) -> u64 {
-        self.id
+    /// The engine and device a GPU buffer made now belongs to: what caches of
+    /// device data (uploaded weights) are keyed by.
+    pub(crate) fn device_key(&self) -> DeviceKey {
+        (self.id, self.device_generation().unwrap_or(0))
     }
 
     /// A device buffer of this engine's GPU, wrapped as a tensor.
@@ -282,6 +306,7 @@ impl Engine {
             shape,
             storage: Storage::Gpu(Arc::new(buffer)),
             engine_id: self.id,
+            generation: self.device_generation().unwrap_or(0),
         }
     }
 
@@ -291,63 +316,147 @@ impl Engine {
             shape: tensor.shape().to_vec(),
             storage: Storage::Host(Arc::new(tensor)),
             engine_id: self.id,
+            generation: 0,
         }
     }
 
+    /// Checks that a tensor belongs to this engine and, if it is on the GPU,
+    /// to the device the engine runs on now.
     fn own<'t>(&self, name: &'static str, t: &'t Tensor) -> Result<&'t Tensor> {
-        if t.engine_id != self.id {
-            return Err(Error::ForeignTensor { tensor: name });
-        }
+        self.check_owner(name, t.engine_id, t.generation, t.is_on_gpu())?;
         Ok(t)
     }
 
-    /// Uploads a host tensor.
-    pub fn upload(&self, tensor: &HostTensor) -> Result<Tensor> {
-        self.upload_named("tensor", tensor)
+    fn check_owner(
+        &self,
+        name: &'static str,
+        engine: u64,
+        generation: u64,
+        on_gpu: bool,
+    ) -> Result<()> {
+        if engine != self.id {
+            return Err(Error::ForeignTensor { tensor: name });
+        }
+        match self.device_generation() {
+            Some(now) if on_gpu && generation != now => Err(Error::TensorLost { tensor: name }),
+            _ => Ok(()),
+        }
     }
 
-    fn upload_named(&self, name: &'static str, tensor: &HostTensor) -> Result<Tensor> {
-        let storage = match &self.backend {
-            Backend::Gpu(ctx) => {
-                ctx.check_alive()?;
-                Storage::Gpu(Arc::new(buffer::upload(ctx, name, tensor.data())?))
-            }
-            Backend::Cpu => Storage::Host(Arc::new(tensor.clone())),
+    /// Uploads a host tensor. Natively the allocation is checked in error
+    /// scopes, so memory the device lacks is [`Error::OutOfMemory`] here and the
+    /// engine stays usable; in the browser, where nothing can block, use
+    /// [`Engine::upload_async`] for that check.
+    pub fn upload(&self, tensor: &HostTensor) -> Result<Tensor> {
+        #[cfg(not(target_arch = "wasm32"))]
+        return pollster::block_on(self.upload_async(tensor));
+        #[cfg(target_arch = "wasm32")]
+        return Ok(self.host_or_gpu(tensor, self.upload_unchecked("tensor", tensor.data())?));
+    }
+
+    /// Uploads a host tensor and waits until the device has accepted the
+    /// allocation: memory it lacks is [`Error::OutOfMemory`].
+    pub async fn upload_async(&self, tensor: &HostTensor) -> Result<Tensor> {
+        self.upload_named("tensor", tensor).await
+    }
+
+    async fn upload_named(&self, name: &'static str, tensor: &HostTensor) -> Result<Tensor> {
+        Ok(self.host_or_gpu(tensor, self.upload_scoped(name, tensor.data()).await?))
+    }
+
+    /// A tensor of this engine: the uploaded buffer on a GPU engine, the host
+    /// values (shared, not copied to a device) on a CPU engine.
+    fn host_or_gpu(&self, tensor: &HostTensor, uploaded: Option<(wgpu::Buffer, u64)>) -> Tensor {
+        let (storage, generation) = match uploaded {
+            Some((buffer, generation)) => (Storage::Gpu(Arc::new(buffer)), generation),
+            None => (Storage::Host(Arc::new(tensor.clone())), 0),
         };
-        Ok(Tensor {
+        Tensor {
             shape: tensor.shape().to_vec(),
             storage,
             engine_id: self.id,
-        })
+            generation,
+        }
     }
 
-    /// Uploads an attention mask (stored as an additive bias on the GPU).
-    pub fn upload_mask(&self, mask: &HostMask) -> Result<Mask> {
-        let storage = match &self.backend {
-            Backend::Gpu(ctx) => {
-                ctx.check_alive()?;
-                let bias: Vec<f32> = mask
-                    .to_additive()
-                    .into_iter()
-                    .map(|x| if x <= MASKED { MASKED } else { x })
-                    .collect();
-                Storage::Gpu(Arc::new(buffer::upload(ctx, "attn_mask", &bias)?))
-            }
-            Backend::Cpu => Storage::Host(Arc::new(mask.clone())),
+    /// Uploads `data` inside error scopes on a GPU engine: the buffer and the
+    /// device generation it lives on, or `None` on a CPU engine.
+    async fn upload_scoped(
+        &self,
+        name: &'static str,
+        data: &[f32],
+    ) -> Result<Option<(wgpu::Buffer, u64)>> {
+        let Backend::Gpu(gpu) = &self.backend else {
+            return Ok(None);
         };
-        Ok(Mask {
+        let (ctx, generation) = gpu.latest();
+        let buffer = ctx
+            .scoped(&format!("uploading {name}"), || {
+                buffer::upload(ctx, name, data)
+            })
+            .await?;
+        Ok(Some((buffer, generation)))
+    }
+
+    /// [`Engine::upload_scoped`] without the scopes, for the browser's synchronous calls.
+    #[cfg(target_arch = "wasm32")]
+    fn upload_unchecked(
+        &self,
+        name: &'static str,
+        data: &[f32],
+    ) -> Result<Option<(wgpu::Buffer, u64)>> {
+        let Backend::Gpu(gpu) = &self.backend else {
+            return Ok(None);
+        };
+        let (ctx, generation) = gpu.latest();
+        ctx.check_alive()?;
+        Ok(Some((buffer::upload(ctx, name, data)?, generation)))
+    }
+
+    /// Uploads an attention mask (stored as an additive bias on the GPU);
+    /// natively checked as [`Engine::upload`] is.
+    pub fn upload_mask(&self, mask: &HostMask) -> Result<Mask> {
+        #[cfg(not(target_arch = "wasm32"))]
+        return pollster::block_on(self.upload_mask_async(mask));
+        #[cfg(target_arch = "wasm32")]
+        {
+            let uploaded = match self.backend {
+                Backend::Gpu(_) => self.upload_unchecked("attn_mask", &mask_bias(mask))?,
+                Backend::Cpu => None,
+            };
+            Ok(self.mask_host_or_gpu(mask, uploaded))
+        }
+    }
+
+    /// Uploads an attention mask and waits until the device has accepted the
+    /// allocation.
+    pub async fn upload_mask_async(&self, mask: &HostMask) -> Result<Mask> {
+        let uploaded = match self.backend {
+            Backend::Gpu(_) => self.upload_scoped("attn_mask", &mask_bias(mask)).await?,
+            Backend::Cpu => None,
+        };
+        Ok(self.mask_host_or_gpu(mask, uploaded))
+    }
+
+    fn mask_host_or_gpu(&self, mask: &HostMask, uploaded: Option<(wgpu::Buffer, u64)>) -> Mask {
+        let (storage, generation) = match uploaded {
+            Some((buffer, generation)) => (Storage::Gpu(Arc::new(buffer)), generation),
+            None => (Storage::Host(Arc::new(mask.clone())), 0),
+        };
+        Mask {
             shape: mask.shape().to_vec(),
             storage,
             engine_id: self.id,
-        })
+            generation,
+        }
     }
 
     /// Reads a tensor back to the host.
     pub async fn download(&self, tensor: &Tensor) -> Result<HostTensor> {
         let tensor = self.own("tensor", tensor)?;
         match (&self.backend, &tensor.storage) {
-            (Backend::Gpu(ctx), Storage::Gpu(buf)) => {
-                let data = buffer::read_f32(ctx, buf, 0, tensor.len()).await?;
+            (Backend::Gpu(gpu), Storage::Gpu(buf)) => {
+                let data = buffer::read_f32(gpu.current(), buf, 0, tensor.len()).await?;
                 HostTensor::new(tensor.shape.clone(), data)
             }
             (_, Storage::Host(host)) => Ok((**host).clone()),
@@ -390,16 +499,17 @@ impl Engine {
     /// Reads a mask back to the host. A mask on the GPU comes back as the
     /// equivalent float mask (masked entries are `-f32::MAX`).
     pub async fn download_mask(&self, mask: &Mask) -> Result<HostMask> {
-        if mask.engine_id != self.id {
-            return Err(Error::ForeignTensor {
-                tensor: "attn_mask",
-            });
-        }
+        self.check_owner(
+            "attn_mask",
+            mask.engine_id,
+            mask.generation,
+            mask.is_on_gpu(),
+        )?;
         match (&self.backend, &mask.storage) {
             (_, Storage::Host(m)) => Ok((**m).clone()),
-            (Backend::Gpu(ctx), Storage::Gpu(buf)) => {
+            (Backend::Gpu(gpu), Storage::Gpu(buf)) => {
                 let len = mask.shape.iter().product();
-                let data = buffer::read_f32(ctx, buf, 0, len).await?;
+                let data = buffer::read_f32(gpu.current(), buf, 0, len).await?;
                 HostMask::float(mask.shape.clone(), data)
             }
             (Backend::Cpu, Storage::Gpu(_)) => Err(Error::ForeignTensor {
@@ -415,6 +525,9 @@ impl Engine {
         inputs: &AttentionInputs<'_, Tensor>,
         options: &AttentionOptions,
     ) -> Result<AttentionOutputs<Tensor>> {
+        // After a device loss, this call runs on a fresh device (and tensors of
+        // the lost one say so below).
+        self.recover().await?;
         for (name, t) in [
             ("Q", Some(inputs.q)),
             ("K", Some(inputs.k)),
@@ -430,11 +543,7 @@ impl Engine {
             }
         }
         if let Some(m) = inputs.attn_mask {
-            if m.engine_id != self.id {
-                return Err(Error::ForeignTensor {
-                    tensor: "attn_mask",
-                });
-            }
+            self.check_owner("attn_mask", m.engine_id, m.generation, m.is_on_gpu())?;
         }
         let dims = validate(inputs, options)?;
         if self.backend() == BackendKind::Cpu
@@ -447,7 +556,8 @@ impl Engine {
         }
         let choice = self.choose_path(&dims, options);
         match (&self.backend, choice.path) {
-            (Backend::Gpu(ctx), KernelPath::Fused | KernelPath::Unfused) => {
+            (Backend::Gpu(gpu), KernelPath::Fused | KernelPath::Unfused) => {
+                let (ctx, generation) = gpu.latest();
                 let buf = |t: &Tensor| match &t.storage {
                     Storage::Gpu(b) => Ok(b.clone()),
                     Storage::Host(_) => Err(Error::ForeignTensor { tensor: "tensor" }),
@@ -487,6 +597,7 @@ impl Engine {
                     shape,
                     storage: Storage::Gpu(Arc::new(b)),
                     engine_id: self.id,
+                    generation,
                 };
                 Ok(AttentionOutputs {
                     y: wrap(dims.y_shape(), out.y),
@@ -527,7 +638,7 @@ impl Engine {
                     reason: choice.reason,
                     allocated_bytes: 0,
                 });
-                self.adopt_outputs(out)
+                self.adopt_outputs(out).await
             }
         }
     }
@@ -557,23 +668,22 @@ impl Engine {
     }
 
     /// Wraps host outputs as tensors of this engine (uploading on a GPU engine).
-    fn adopt_outputs(&self, out: AttentionOutputs<HostTensor>) -> Result<AttentionOutputs<Tensor>> {
-        let adopt = |t: HostTensor| -> Result<Tensor> {
-            match &self.backend {
-                Backend::Cpu => Ok(Tensor {
-                    shape: t.shape().to_vec(),
-                    storage: Storage::Host(Arc::new(t)),
-                    engine_id: self.id,
-                }),
-                Backend::Gpu(_) => self.upload_named("output", &t),
+    async fn adopt_outputs(
+        &self,
+        out: AttentionOutputs<HostTensor>,
+    ) -> Result<AttentionOutputs<Tensor>> {
+        let adopt = |t: Option<HostTensor>| async move {
+            match t {
+                Some(t) => self.upload_named("output", &t).await.map(Some),
+                None => Ok(None),
             }
         };
         Ok(AttentionOutputs {
-            y: adopt(out.y)?,
-            present_key: out.present_key.map(adopt).transpose()?,
-            present_value: out.present_value.map(adopt).transpose()?,
-            qk_matmul_output: out.qk_matmul_output.map(adopt).transpose()?,
-            lse: out.lse.map(adopt).transpose()?,
+            y: self.upload_named("output", &out.y).await?,
+            present_key: adopt(out.present_key).await?,
+            present_value: adopt(out.present_value).await?,
+            qk_matmul_output: adopt(out.qk_matmul_output).await?,
+            lse: adopt(out.lse).await?,
         })
     }
 
@@ -598,18 +708,23 @@ impl Engine {
             });
             return Ok(out);
         }
-        let q = self.upload_named("Q", inputs.q)?;
-        let k = self.upload_named("K", inputs.k)?;
-        let v = self.upload_named("V", inputs.v)?;
-        let mask = inputs.attn_mask.map(|m| self.upload_mask(m)).transpose()?;
-        let past_key = inputs
-            .past_key
-            .map(|t| self.upload_named("past_key", t))
-            .transpose()?;
-        let past_value = inputs
-            .past_value
-            .map(|t| self.upload_named("past_value", t))
-            .transpose()?;
+        // After a device loss, the uploads go to a fresh device.
+        self.recover().await?;
+        let q = self.upload_named("Q", inputs.q).await?;
+        let k = self.upload_named("K", inputs.k).await?;
+        let v = self.upload_named("V", inputs.v).await?;
+        let mask = match inputs.attn_mask {
+            Some(m) => Some(self.upload_mask_async(m).await?),
+            None => None,
+        };
+        let past_key = match inputs.past_key {
+            Some(t) => Some(self.upload_named("past_key", t).await?),
+            None => None,
+        };
+        let past_value = match inputs.past_value {
+            Some(t) => Some(self.upload_named("past_value", t).await?),
+            None => None,
+        };
         let device_inputs = AttentionInputs {
             q: &q,
             k: &k,
@@ -622,6 +737,16 @@ impl Engine {
         let out = self.attention(&device_inputs, options).await?;
         self.download_outputs(&out).await
     }
+}
+
+/// A mask as the GPU kernels read it: an additive bias, masked entries (bool
+/// `false`, `-inf` and anything at or below `-f32::MAX`) as the MASKED marker.
+/// Any other value, NaN included, is added to the score as it is.
+fn mask_bias(mask: &HostMask) -> Vec<f32> {
+    mask.to_additive()
+        .into_iter()
+        .map(|x| if x <= MASKED { MASKED } else { x })
+        .collect()
 }
 
 #[cfg(not(target_arch = "wasm32"))]

@@ -150,9 +150,24 @@ pub enum Error {
     #[error("the adapter refused to create a device: {0}")]
     RequestDevice(String),
 
-    /// The GPU device was lost (driver reset, removal, or destruction).
-    #[error("the GPU device was lost ({0}); create a new Engine and upload the tensors again")]
+    /// The GPU device was lost (driver reset, removal, or destruction). The
+    /// engine's next async call (or [`crate::Engine::recover`]) continues on a
+    /// fresh device; tensors of the lost one must be uploaded again.
+    #[error(
+        "the GPU device was lost ({0}); the engine continues on a fresh device at its next \
+         call: upload the tensors again"
+    )]
     DeviceLost(String),
+
+    /// A tensor lived on a GPU device that has since been lost; its values are gone.
+    #[error(
+        "{tensor} lived on a GPU device that was lost, and its values went with it; \
+         upload it again (the engine now runs on a fresh device)"
+    )]
+    TensorLost {
+        /// The tensor's name.
+        tensor: &'static str,
+    },
 
     /// The GPU ran out of memory.
     #[error("the GPU ran out of memory while {0}; reduce the batch or sequence length")]
@@ -192,6 +207,34 @@ pub enum Error {
 }
 
 impl Error {
+    /// The variant's name (`ShapeMismatch`, `Limit`, `DeviceLost`, ...): what
+    /// kind of failure this is, for bindings that carry it apart from the
+    /// message (the JavaScript library's `Error.name`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Rank { .. } => "Rank",
+            Error::ShapeMismatch { .. } => "ShapeMismatch",
+            Error::EmptyTensor { .. } => "EmptyTensor",
+            Error::DataLength { .. } => "DataLength",
+            Error::DType { .. } => "DType",
+            Error::Broadcast { .. } => "Broadcast",
+            Error::GqaHeads { .. } => "GqaHeads",
+            Error::InvalidOption { .. } => "InvalidOption",
+            Error::Conflict(_) => "Conflict",
+            Error::Limit { .. } => "Limit",
+            Error::ForeignTensor { .. } => "ForeignTensor",
+            Error::NoAdapter(_) => "NoAdapter",
+            Error::RequestDevice(_) => "RequestDevice",
+            Error::DeviceLost(_) => "DeviceLost",
+            Error::TensorLost { .. } => "TensorLost",
+            Error::OutOfMemory(_) => "OutOfMemory",
+            Error::Gpu { .. } => "Gpu",
+            Error::Readback(_) => "Readback",
+            Error::File { .. } => "File",
+            Error::Shader { .. } => "Shader",
+        }
+    }
+
     /// Builds a [`Error::Limit`] for a buffer larger than a binding or buffer limit.
     pub(crate) fn buffer_limit(
         what: impl Into<String>,

@@ -33,11 +33,13 @@ pub mod bench;
 pub mod conformance;
 pub mod cpu;
 mod device_tensor;
+mod devices;
 mod engine;
 mod error;
 pub mod family;
 pub mod gpu;
 pub mod layout;
+pub mod limits;
 #[cfg(feature = "npy")]
 pub mod npy;
 mod options;
@@ -50,6 +52,7 @@ pub use engine::{BackendKind, BackendPreference, CallStats, Engine, EngineOption
 pub use error::{Error, Result};
 pub use gpu::capabilities::{AdapterSummary, Capabilities, KernelLimits};
 pub use gpu::context::{GpuContext, PowerPreference};
+pub use limits::{DeviceLimits, LimitOverride, LimitsPreset};
 pub use options::{alibi_slopes, AttentionOptions, KernelPath, QkMatmulOutputMode};
 pub use problem::{
     validate, AttentionDims, AttentionInputs, AttentionOutputs, MaskLayout, MaskRef, TensorRef,

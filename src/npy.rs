@@ -29,7 +29,29 @@ fn read_array(path: &Path, tensor: &'static str) -> Result<Array> {
         return Err(file_error(path, "is a directory, not a .npy file"));
     }
     let bytes = std::fs::read(path).map_err(|e| file_error(path, format!("cannot read: {e}")))?;
-    let npy = npyz::NpyFile::new(&bytes[..])
+    parse_array(&bytes, path, tensor)
+}
+
+/// Where the data of a `.npy` file starts: after the magic string, the
+/// version, the header length (2 bytes in version 1, 4 in versions 2 and 3)
+/// and the header. `None` when the prefix is too short to say.
+fn data_offset(bytes: &[u8]) -> Option<usize> {
+    let major = *bytes.get(6)?;
+    let (width, len) = match major {
+        1 => (
+            2,
+            u16::from_le_bytes(bytes.get(8..10)?.try_into().ok()?) as usize,
+        ),
+        _ => (
+            4,
+            u32::from_le_bytes(bytes.get(8..12)?.try_into().ok()?) as usize,
+        ),
+    };
+    (8usize + width).checked_add(len)
+}
+
+fn parse_array(bytes: &[u8], path: &Path, tensor: &'static str) -> Result<Array> {
+    let npy = npyz::NpyFile::new(bytes)
         .map_err(|e| file_error(path, format!("not a valid .npy file: {e}")))?;
     if npy.order() == npyz::Order::Fortran {
         return Err(file_error(
@@ -50,6 +72,26 @@ fn read_array(path: &Path, tensor: &'static str) -> Result<Array> {
         expected: "float32, float16, float64, bool, int32 or int64",
         got: type_str.to_string(),
     };
+    // The header's shape must fit in the file before anything is allocated
+    // for it: a corrupt header must not ask for terabytes.
+    let width: usize = match (type_str.type_char(), type_str.size_field()) {
+        (npyz::TypeChar::Float | npyz::TypeChar::Int, w @ (2 | 4 | 8)) => w as usize,
+        (npyz::TypeChar::Bool, 1) => 1,
+        _ => return Err(unsupported()),
+    };
+    let needed = shape
+        .iter()
+        .try_fold(width, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| file_error(path, format!("shape {shape:?} is too large")))?;
+    let available = data_offset(bytes).map_or(0, |start| bytes.len().saturating_sub(start));
+    if needed > available {
+        return Err(file_error(
+            path,
+            format!(
+                "is truncated: its shape {shape:?} needs {needed} bytes of data, the file has {available}"
+            ),
+        ));
+    }
     let truncated =
         |e: std::io::Error| file_error(path, format!("data is truncated or malformed: {e}"));
     use npyz::TypeChar;
@@ -87,7 +129,7 @@ fn read_array(path: &Path, tensor: &'static str) -> Result<Array> {
         ),
         _ => return Err(unsupported()),
     };
-    let expected: usize = shape.iter().product();
+    let expected: usize = needed / width;
     let width = match dtype {
         DType::Bool => 1,
         DType::F16 => 2,
@@ -117,7 +159,22 @@ fn to_le<T: Copy, const N: usize>(values: Vec<T>, to_bytes: fn(T) -> [u8; N]) ->
 /// Reads a float tensor (f32, f16 or f64) named `tensor` (for errors).
 pub fn read_tensor(path: impl AsRef<Path>, tensor: &'static str) -> Result<HostTensor> {
     let path = path.as_ref();
-    let array = read_array(path, tensor)?;
+    tensor_from_array(read_array(path, tensor)?, tensor)
+}
+
+/// Parses the bytes of a `.npy` file holding a float tensor (f32, f16 or
+/// f64), named `tensor` in errors. Malformed bytes give an error, never a panic.
+pub fn parse_tensor(bytes: &[u8], tensor: &'static str) -> Result<HostTensor> {
+    tensor_from_array(parse_array(bytes, Path::new(tensor), tensor)?, tensor)
+}
+
+/// Parses the bytes of a `.npy` file holding an attention mask.
+pub fn parse_mask(bytes: &[u8]) -> Result<HostMask> {
+    let array = parse_array(bytes, Path::new("attn_mask"), "attn_mask")?;
+    HostMask::from_le_bytes(array.dtype, array.shape, &array.le_bytes)
+}
+
+fn tensor_from_array(array: Array, tensor: &'static str) -> Result<HostTensor> {
     match array.dtype {
         DType::F32 | DType::F16 | DType::F64 => {
             HostTensor::from_le_bytes(tensor, array.dtype, array.shape, &array.le_bytes)

@@ -122,7 +122,23 @@ pub enum KernelPath {
 ///    distribution without moving the softcap's saturation point or the mask.
 /// 6. **Fully masked rows.** A row whose every key is masked has all-zero probabilities,
 ///    a zero Y row, a zero mode-3 row and a logsumexp of `-inf`: never NaN.
-/// 7. **Output.** `y_i = Σ_j p_j v_j`.
+/// 7. **Output.** `y_i = Σ_j p_j v_j` over the keys the row attends.
+/// 8. **Non-finite values** propagate where a row attends them, as in PyTorch's
+///    `scaled_dot_product_attention`, and are ignored where it does not (a key
+///    the mask, causality, windows or padding exclude takes no part, whatever Q,
+///    K, V or the score hold there). Over the attended keys' biased scores:
+///    - a NaN or `+inf` score, or scores that are all `-inf`, make the row NaN:
+///      its Y row, logsumexp and mode-3 row;
+///    - an attended key whose score is `-inf` gets probability 0 but still
+///      multiplies its V row, so a NaN in V reaches that column of every row
+///      that attends the key (and `±inf` in V makes it infinite, or NaN);
+///    - a float mask entry masks its key only at `-inf` or `≤ -f32::MAX`; any
+///      other value, NaN and `+inf` included, is added to the score.
+///
+///    Softcap maps `±inf` scores to `±softcap`, so they do not poison a row. On
+///    the unfused path an attended key's probability is at least the smallest
+///    normal f32 (1.2e-38), so its `P · V` product still multiplies V; mode-3
+///    outputs can show that value where the exact probability underflows.
 ///
 /// The `qk_matmul_output` modes are described on [`QkMatmulOutputMode`]; with
 /// `softcap > 0`, mode 0 is the raw scaled QKᵀ as the operator's text says (one Python

@@ -119,7 +119,7 @@ fn portable_kernels_within_the_webgpu_default_limits() {
     }
     let options = webattn::EngineOptions {
         backend: webattn::BackendPreference::Gpu,
-        limits: Some(webattn::wgpu::Limits::default()),
+        limits: webattn::DeviceLimits::webgpu_default(),
         portable_kernels: true,
         ..Default::default()
     };

@@ -47,6 +47,10 @@ override TRANS_B: bool = false;
 // 16-byte boundaries, so they are read through the vec4 views.
 override VEC_A: bool = false;
 override VEC_B: bool = false;
+// Skip every term whose A value is exactly zero, so that 0 * NaN or 0 * inf
+// in B adds nothing: attention's P V, where a masked key's probability is 0
+// and its V row may hold anything (gemm.wgsl has the same switch).
+override SKIP_ZERO_A: bool = false;
 override SG: u32 = 8u;
 override SLOTS: u32 = {GROUPS}u / SG;
 
@@ -201,8 +205,16 @@ def step(masked):
         for kk in range(4):
             slots = ", ".join(f"b{s}_{kk}" for s in range(MAX_SLOTS))
             L(ind + f"let s{kk}_{g} = subgroupShuffle(pick({g}u / SG, {slots}), {g}u % SG);")
+        L(ind + "if (SKIP_ZERO_A) {")
         for r in range(ROWS):
-            L(ind + f"acc{r}_{g} += q{r}.x * s0_{g} + q{r}.y * s1_{g} + q{r}.z * s2_{g} + q{r}.w * s3_{g};")
+            terms = " + ".join(
+                f"select(q{r}.{c} * s{kk}_{g}, vec4<f32>(0.0), q{r}.{c} == 0.0)"
+                for kk, c in enumerate("xyzw"))
+            L(ind + f"    acc{r}_{g} += {terms};")
+        L(ind + "} else {")
+        for r in range(ROWS):
+            L(ind + f"    acc{r}_{g} += q{r}.x * s0_{g} + q{r}.y * s1_{g} + q{r}.z * s2_{g} + q{r}.w * s3_{g};")
+        L(ind + "}")
     return lines
 
 

@@ -1,6 +1,9 @@
 //! Behaviour checks: what the engine does with bad input and with values the
-//! contract defines specially (non-finite numbers at masked positions, rows
-//! with every key masked). Each becomes a [`CaseResult`] beside the numeric cases.
+//! contract defines specially: non-finite numbers where a row attends them
+//! (they propagate as in PyTorch's `scaled_dot_product_attention`) and where
+//! it does not (they are ignored), and rows with every key masked. Each becomes
+//! a [`CaseResult`] beside the numeric cases; the oracle says which outputs are
+//! NaN, and every path must agree element by element.
 
 use super::case::{CaseInputs, CaseSpec, MaskForm};
 use super::runner::{CaseResult, Oracle};
@@ -10,13 +13,24 @@ use crate::options::{AttentionOptions, KernelPath};
 use crate::tensor::{HostMask, HostTensor};
 
 /// The names of the behaviour checks, in the order [`run_behaviour`] runs them.
-pub const BEHAVIOUR_CHECKS: [&str; 6] = [
+pub const BEHAVIOUR_CHECKS: [&str; 17] = [
     "bad-input-shape-mismatch",
     "bad-input-gqa-heads",
     "bad-input-mask-broadcast",
     "nonfinite-k-at-masked-keys",
     "nonfinite-q-in-empty-rows",
     "every-key-masked",
+    "nan-q-attended",
+    "inf-q-attended",
+    "neg-inf-scores-everywhere",
+    "nan-k-attended-causal",
+    "inf-k-attended-probabilities",
+    "inf-k-with-softcap",
+    "nan-v-attended-causal",
+    "inf-v-attended",
+    "nonfinite-v-at-masked-keys",
+    "nan-in-float-mask",
+    "nonfinite-decode",
 ];
 
 fn result(name: &str, shapes: &str, path: KernelPath, failure: Option<String>) -> CaseResult {
@@ -78,8 +92,9 @@ fn plain(q: [usize; 4], k: [usize; 4], v: [usize; 4]) -> Result<CaseInputs> {
     })
 }
 
-/// Checks a case whose inputs were edited after generation: it must match the
-/// oracle and produce no NaN anywhere.
+/// Checks a case whose inputs were edited after generation against the oracle
+/// on the same inputs: finite values within tolerance, and NaN and infinities
+/// exactly where the oracle has them.
 async fn numeric(
     engine: &Engine,
     name: &str,
@@ -170,6 +185,145 @@ pub async fn run_behaviour(engine: &Engine, path: KernelPath, seed: u64) -> Vec<
     results.push(
         numeric(engine, BEHAVIOUR_CHECKS[5], path, case, seed, |inputs| {
             inputs.nonpad = Some(vec![0, 0]);
+        })
+        .await,
+    );
+    results.extend(run_non_finite(engine, path, seed).await);
+    results
+}
+
+/// Index of element `d` of row `row` of head `head` in a `[1, H, N, D]` tensor.
+fn at(head: usize, rows: usize, row: usize, width: usize, d: usize) -> usize {
+    (head * rows + row) * width + d
+}
+
+/// Non-finite values where rows attend them, and where they do not.
+async fn run_non_finite(engine: &Engine, path: KernelPath, seed: u64) -> Vec<CaseResult> {
+    let name = |i: usize| BEHAVIOUR_CHECKS[6 + i];
+    let mut results = Vec::new();
+    // A NaN in one query row: that row (Y and logsumexp) is NaN, the others not.
+    let case = CaseSpec::new("nan-q", [1, 2, 1], [5, 9], [8, 8]);
+    results.push(
+        numeric(engine, name(0), path, case, seed, |inputs| {
+            inputs.q.data_mut()[at(1, 5, 2, 8, 3)] = f32::NAN;
+        })
+        .await,
+    );
+    // +inf in a query: scores of +inf (a NaN row) or -inf, by the keys' signs.
+    let case = CaseSpec::new("inf-q", [1, 2, 1], [5, 9], [8, 8]);
+    results.push(
+        numeric(engine, name(1), path, case, seed, |inputs| {
+            inputs.q.data_mut()[at(0, 5, 1, 8, 0)] = f32::INFINITY;
+            inputs.q.data_mut()[at(1, 5, 4, 8, 2)] = f32::NEG_INFINITY;
+        })
+        .await,
+    );
+    // -inf against keys that are all positive there: every attended score is
+    // -inf, and softmax of nothing but -inf is NaN (as in PyTorch), while a
+    // fully masked row stays 0.
+    let case = CaseSpec::new("neg-inf", [1, 1, 1], [4, 6], [8, 8]);
+    results.push(
+        numeric(engine, name(2), path, case, seed, |inputs| {
+            for key in 0..6 {
+                inputs.k.data_mut()[key * 8] = 0.5 + key as f32;
+            }
+            inputs.q.data_mut()[at(0, 4, 2, 8, 0)] = f32::NEG_INFINITY;
+        })
+        .await,
+    );
+    // A NaN key under causal masking: rows that reach it are NaN, earlier rows
+    // are not; the probabilities (mode 3) agree.
+    let case = CaseSpec::new("nan-k-causal", [1, 2, 1], [7, 7], [8, 8]).with(|o| {
+        o.is_causal = true;
+        o.qk_matmul_output_mode = Some(crate::options::QkMatmulOutputMode::Probabilities);
+    });
+    results.push(
+        numeric(engine, name(3), path, case, seed, |inputs| {
+            inputs.k.data_mut()[at(0, 7, 4, 8, 5)] = f32::NAN;
+        })
+        .await,
+    );
+    // +inf in a key, with the biased scores returned (mode 2).
+    let case = CaseSpec::new("inf-k", [1, 2, 1], [6, 10], [8, 8]).with(|o| {
+        o.qk_matmul_output_mode = Some(crate::options::QkMatmulOutputMode::Biased);
+    });
+    results.push(
+        numeric(engine, name(4), path, case, seed, |inputs| {
+            inputs.k.data_mut()[at(0, 10, 3, 8, 1)] = f32::INFINITY;
+            inputs.k.data_mut()[at(0, 10, 8, 8, 6)] = f32::NEG_INFINITY;
+        })
+        .await,
+    );
+    // Softcap turns +-inf scores into +-c: nothing is NaN.
+    let case = CaseSpec::new("inf-k-softcap", [1, 2, 1], [6, 10], [8, 8]).with(|o| o.softcap = 5.0);
+    results.push(
+        numeric(engine, name(5), path, case, seed, |inputs| {
+            inputs.k.data_mut()[at(0, 10, 3, 8, 1)] = f32::INFINITY;
+            inputs.k.data_mut()[at(0, 10, 7, 8, 0)] = f32::NEG_INFINITY;
+        })
+        .await,
+    );
+    // A NaN in V reaches that column of every row that attends its key, and
+    // only those (causal: the rows from the key on).
+    let case =
+        CaseSpec::new("nan-v-causal", [1, 2, 1], [9, 9], [8, 8]).with(|o| o.is_causal = true);
+    results.push(
+        numeric(engine, name(6), path, case, seed, |inputs| {
+            inputs.v.data_mut()[at(0, 9, 5, 8, 2)] = f32::NAN;
+        })
+        .await,
+    );
+    // +inf in V: an infinite column in every row that attends the key.
+    let case = CaseSpec::new("inf-v", [1, 2, 1], [5, 9], [8, 8]);
+    results.push(
+        numeric(engine, name(7), path, case, seed, |inputs| {
+            inputs.v.data_mut()[at(0, 9, 4, 8, 7)] = f32::INFINITY;
+        })
+        .await,
+    );
+    // NaN and infinities in V at keys no row attends change nothing.
+    let case = CaseSpec::new("masked-v", [1, 2, 1], [5, 9], [8, 8]).mask(MaskForm::Bool(1));
+    results.push(
+        numeric(engine, name(8), path, case, seed, |inputs| {
+            if let Some(HostMask::Bool { data, .. }) = &mut inputs.mask {
+                data.fill(true);
+                data[2] = false;
+                data[6] = false;
+            }
+            inputs.v.data_mut()[at(0, 9, 2, 8, 0)] = f32::NAN;
+            inputs.v.data_mut()[at(0, 9, 6, 8, 4)] = f32::INFINITY;
+            inputs.v.data_mut()[at(0, 9, 6, 8, 5)] = f32::NEG_INFINITY;
+        })
+        .await,
+    );
+    // A NaN in a float mask is added like any value: that row is NaN.
+    let case = CaseSpec::new("nan-mask", [1, 2, 1], [5, 9], [8, 8]).mask(MaskForm::Float(2));
+    results.push(
+        numeric(engine, name(9), path, case, seed, |inputs| {
+            if let Some(HostMask::Float(mask)) = &mut inputs.mask {
+                mask.data_mut()[9 + 4] = f32::NAN;
+                mask.data_mut()[3 * 9 + 1] = f32::NEG_INFINITY;
+            }
+        })
+        .await,
+    );
+    // The split-K decode kernel (few rows, many keys): a NaN key one row
+    // attends and the other does not, a NaN value both attend, and NaN values
+    // at keys neither attends.
+    let case =
+        CaseSpec::new("decode-nonfinite", [1, 1, 1], [2, 600], [8, 8]).mask(MaskForm::Bool(2));
+    results.push(
+        numeric(engine, name(10), path, case, seed, |inputs| {
+            if let Some(HostMask::Bool { data, .. }) = &mut inputs.mask {
+                data.fill(true);
+                data[9] = false; // row 0 does not attend key 9; row 1 does
+                data[400] = false;
+                data[600 + 400] = false; // neither row attends key 400
+            }
+            inputs.k.data_mut()[9 * 8 + 2] = f32::NAN;
+            inputs.v.data_mut()[5 * 8 + 3] = f32::NAN;
+            inputs.v.data_mut()[400 * 8 + 1] = f32::NAN;
+            inputs.v.data_mut()[400 * 8 + 6] = f32::INFINITY;
         })
         .await,
     );

@@ -3,7 +3,7 @@
 use web_time::Instant;
 
 use super::case::{CaseInputs, CaseSpec};
-use super::compare::{compare, ErrorReport, DEFAULT_FLOOR};
+use super::compare::{compare_baselines, ErrorReport, DEFAULT_FLOOR};
 use crate::cpu::{self, ExactOutputs};
 use crate::engine::Engine;
 use crate::error::Result;
@@ -49,6 +49,10 @@ pub struct Oracle {
     pub options: AttentionOptions,
     exact: ExactOutputs<f64>,
     plain: ExactOutputs<f32>,
+    /// The plain f32 computation with its dot products summed by quads.
+    plain_quads: ExactOutputs<f32>,
+    /// The plain f32 computation with its dot products summed from the last term.
+    plain_reverse: ExactOutputs<f32>,
     present: Option<(HostTensor, HostTensor)>,
 }
 
@@ -68,6 +72,8 @@ impl Oracle {
         let host = inputs.as_inputs();
         let exact = cpu::attention_exact(&host, &options)?;
         let plain = cpu::attention_plain_f32(&host, &options)?;
+        let plain_quads = cpu::attention_plain_f32_in(&host, &options, cpu::SumOrder::Quads)?;
+        let plain_reverse = cpu::attention_plain_f32_in(&host, &options, cpu::SumOrder::Reverse)?;
         let present = if options.return_present {
             Some(cpu::present(&host, &exact.dims)?)
         } else {
@@ -79,6 +85,8 @@ impl Oracle {
             options,
             exact,
             plain,
+            plain_quads,
+            plain_reverse,
             present,
         })
     }
@@ -121,16 +129,24 @@ impl Oracle {
         &self,
         out: &AttentionOutputs<HostTensor>,
     ) -> std::result::Result<(&'static str, ErrorReport), String> {
-        let (exact, plain) = (&self.exact, &self.plain);
+        let (exact, plain, quads, rev) = (
+            &self.exact,
+            &self.plain,
+            &self.plain_quads,
+            &self.plain_reverse,
+        );
+        let compare = |got: &[f32], exact: &[f64], plain: &[f32], quads: &[f32], rev: &[f32]| {
+            compare_baselines(got, exact, &[plain, quads, rev], DEFAULT_FLOOR)
+        };
         let lse = out.lse.as_ref().ok_or("the logsumexp was not returned")?;
         let mut reports = vec![
             (
                 "Y",
-                compare(out.y.data(), &exact.y, &plain.y, DEFAULT_FLOOR),
+                compare(out.y.data(), &exact.y, &plain.y, &quads.y, &rev.y),
             ),
             (
                 "lse",
-                compare(lse.data(), &exact.lse, &plain.lse, DEFAULT_FLOOR),
+                compare(lse.data(), &exact.lse, &plain.lse, &quads.lse, &rev.lse),
             ),
         ];
         if self.options.qk_matmul_output_mode.is_some() {
@@ -140,7 +156,7 @@ impl Oracle {
                 .ok_or("qk_matmul_output was not returned")?;
             reports.push((
                 "qk_matmul_output",
-                compare(qk.data(), &exact.qk, &plain.qk, DEFAULT_FLOOR),
+                compare(qk.data(), &exact.qk, &plain.qk, &quads.qk, &rev.qk),
             ));
         }
         if let Some((key, value)) = &self.present {

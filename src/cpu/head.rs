@@ -9,6 +9,52 @@ use crate::options::{AttentionOptions, QkMatmulOutputMode};
 use crate::problem::{AttentionDims, AttentionInputs};
 use crate::tensor::{HostMask, HostTensor};
 
+/// The order in which a dot product of Q and K sums its terms. In f64 the
+/// order hardly matters; in f32 it decides the rounding, and no order is the
+/// right one, so the plain f32 baseline is computed in more than one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SumOrder {
+    /// One term after another.
+    Sequential,
+    /// Quads of terms summed in pairs, `(a + b) + (c + d)`, then the quads in
+    /// turn: how the GPU kernels read head dims as vec4s.
+    Quads,
+    /// One term after another, from the last.
+    Reverse,
+}
+
+impl SumOrder {
+    fn dot<F: Real>(self, q: &[f32], k: &[f32]) -> F {
+        let term = |i: usize| F::from_f32(q[i]) * F::from_f32(k[i]);
+        let mut dot = F::ZERO;
+        match self {
+            SumOrder::Sequential => {
+                for i in 0..q.len() {
+                    dot = dot + term(i);
+                }
+            }
+            SumOrder::Reverse => {
+                for i in (0..q.len()).rev() {
+                    dot = dot + term(i);
+                }
+            }
+            SumOrder::Quads => {
+                for start in (0..q.len()).step_by(4) {
+                    let t = |c: usize| {
+                        if start + c < q.len() {
+                            term(start + c)
+                        } else {
+                            F::ZERO
+                        }
+                    };
+                    dot = dot + ((t(0) + t(1)) + (t(2) + t(3)));
+                }
+            }
+        }
+        dot
+    }
+}
+
 /// The outputs of one head, as slices of the whole output tensors.
 pub(super) struct HeadOutputs<'o, F> {
     /// `[Nq, Dv]`.
@@ -168,6 +214,7 @@ fn attend_row<F: Real>(
     i: usize,
     scratch: &mut RowScratch<F>,
     y: &mut [F],
+    order: SumOrder,
 ) -> F {
     let (nq, dk, dv, t_len) = (dims.q_len, dims.head_dim, dims.v_head_dim, dims.total_len());
     let kvh = h / dims.group();
@@ -194,11 +241,7 @@ fn attend_row<F: Real>(
     let q = &inputs.q.data()[q_start..q_start + dk];
     for j in 0..t_len {
         let k = kv_row(inputs.past_key, inputs.k, dims, b, kvh, j, dk);
-        let mut dot = F::ZERO;
-        for (&qa, &ka) in q.iter().zip(k) {
-            dot = dot + F::from_f32(qa) * F::from_f32(ka);
-        }
-        raw[j] = dot * scale;
+        raw[j] = order.dot::<F>(q, k) * scale;
         capped[j] = if options.softcap > 0.0 {
             softcap * (raw[j] / softcap).tanh()
         } else {
@@ -268,6 +311,7 @@ pub(super) fn attend_head<F: Real>(
     b: usize,
     h: usize,
     out: HeadOutputs<'_, F>,
+    order: SumOrder,
 ) {
     let (dv, t_len) = (dims.v_head_dim, dims.total_len());
     let mut scratch = RowScratch::new(t_len);
@@ -281,6 +325,7 @@ pub(super) fn attend_head<F: Real>(
             i,
             &mut scratch,
             &mut out.y[i * dv..(i + 1) * dv],
+            order,
         );
         if !out.lse.is_empty() {
             out.lse[i] = lse;
@@ -309,7 +354,17 @@ pub(super) fn attend_rows<F: Real>(
     rows.iter()
         .map(|&(b, h, i)| {
             let mut y = vec![F::ZERO; dims.v_head_dim];
-            let lse = attend_row(inputs, options, dims, b, h, i, &mut scratch, &mut y);
+            let lse = attend_row(
+                inputs,
+                options,
+                dims,
+                b,
+                h,
+                i,
+                &mut scratch,
+                &mut y,
+                SumOrder::Sequential,
+            );
             (y, lse)
         })
         .collect()

@@ -15,6 +15,7 @@ pub mod fast;
 mod head;
 mod real;
 
+pub use head::SumOrder;
 pub use real::Real;
 
 use crate::error::Result;
@@ -73,7 +74,7 @@ pub fn attention_exact(
     inputs: &AttentionInputs<'_, HostTensor>,
     options: &AttentionOptions,
 ) -> Result<ExactOutputs<f64>> {
-    attention_in::<f64>(inputs, options)
+    attention_in::<f64>(inputs, options, SumOrder::Sequential)
 }
 
 /// The same computation in plain f32: the baseline whose error sets the GPU's tolerance.
@@ -81,7 +82,19 @@ pub fn attention_plain_f32(
     inputs: &AttentionInputs<'_, HostTensor>,
     options: &AttentionOptions,
 ) -> Result<ExactOutputs<f32>> {
-    attention_in::<f32>(inputs, options)
+    attention_in::<f32>(inputs, options, SumOrder::Sequential)
+}
+
+/// The plain f32 computation with its Q·K dot products summed in `order`.
+/// With large logits the f32 error depends on the order as much as on
+/// anything else, so the conformance checks take the worst of the orders as
+/// the baseline.
+pub fn attention_plain_f32_in(
+    inputs: &AttentionInputs<'_, HostTensor>,
+    options: &AttentionOptions,
+    order: SumOrder,
+) -> Result<ExactOutputs<f32>> {
+    attention_in::<f32>(inputs, options, order)
 }
 
 /// Y and the logsumexp of the rows `(b, h, i)` only, in `F` (f64 for the
@@ -144,6 +157,7 @@ fn worker_count(heads: usize) -> usize {
 fn attention_in<F: Real>(
     inputs: &AttentionInputs<'_, HostTensor>,
     options: &AttentionOptions,
+    order: SumOrder,
 ) -> Result<ExactOutputs<F>> {
     let dims = validate(inputs, options)?;
     let heads = dims.batch * dims.q_heads;
@@ -180,6 +194,7 @@ fn attention_in<F: Real>(
                     lse: &mut lse[local * lse_per_head..(local + 1) * lse_per_head],
                     qk: qk_slice,
                 },
+                order,
             );
         }
     };

@@ -158,6 +158,8 @@ impl AdditiveAttention {
     ) -> Result<Attended> {
         let sizes = self.sizes(s, h, source_lengths)?;
         let (ws, wh) = self.projections();
+        // After a device loss, run on a fresh device.
+        engine.recover().await?;
         let Some(ctx) = engine.gpu() else {
             let threads = engine.cpu_backend().threads();
             let scores = scores_fast(&sizes, s, h, ws, wh, &self.v, source_lengths, 1.0, threads);

@@ -274,6 +274,8 @@ impl LinearAttention {
         want_weights: bool,
     ) -> Result<Attended> {
         let dims = LinearDims::check(q, k, v, self.causal)?;
+        // After a device loss, run on a fresh device.
+        engine.recover().await?;
         match engine.gpu() {
             Some(ctx) => forward_gpu(ctx, &dims, self.causal, q, k, v, want_weights).await,
             None => forward_cpu(

@@ -196,6 +196,8 @@ impl LuongAttention {
         want: Want,
     ) -> Result<Attended> {
         let sizes = self.sizes(s, h, source_lengths)?;
+        // After a device loss, run on a fresh device.
+        engine.recover().await?;
         let Some(ctx) = engine.gpu() else {
             let threads = engine.cpu_backend().threads();
             let scores = self.scores_fast(&sizes, s, h, source_lengths, threads);

@@ -141,7 +141,7 @@ pub struct MultiHeadAttention {
     weights: MhaWeights,
     dims: MhaDims,
     rope: Option<Rope>,
-    device: Mutex<Option<(u64, Arc<DeviceWeights>)>>,
+    device: Mutex<Option<(crate::engine::DeviceKey, Arc<DeviceWeights>)>>,
 }
 
 /// The keys and values a causal decoder has seen, kept on the engine's device
@@ -360,6 +360,9 @@ impl MultiHeadAttention {
         want_weights: bool,
     ) -> Result<Attended> {
         options.validate()?;
+        // After a device loss, run on a fresh device (a KV cache made on the
+        // lost one reports that it is gone).
+        engine.recover().await?;
         let d = self.dims;
         if key_value.is_none() && d.d_kv != d.d_model {
             return Err(Error::Conflict(
@@ -431,7 +434,7 @@ impl MultiHeadAttention {
     fn device_weights(&self, engine: &Engine, ctx: &GpuContext) -> Result<Arc<DeviceWeights>> {
         let mut slot = self.device.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((id, weights)) = slot.as_ref() {
-            if *id == engine.id() {
+            if *id == engine.device_key() {
                 return Ok(weights.clone());
             }
         }
@@ -449,7 +452,7 @@ impl MultiHeadAttention {
             w_o: up("W_O", &w.w_o)?,
             b_o: up_opt("b_O", &w.b_o)?,
         });
-        *slot = Some((engine.id(), uploaded.clone()));
+        *slot = Some((engine.device_key(), uploaded.clone()));
         Ok(uploaded)
     }
 

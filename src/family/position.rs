@@ -123,6 +123,8 @@ async fn run_gpu(
     base: f64,
     offset: usize,
 ) -> Result<Option<HostTensor>> {
+    // After a device loss, run on a fresh device.
+    engine.recover().await?;
     let Some(ctx) = engine.gpu() else {
         return Ok(None);
     };

@@ -6,6 +6,7 @@ use super::capabilities::Capabilities;
 use super::ops::gemm::GemmKernel;
 use super::pipeline::PipelineCache;
 use crate::error::{Error, Result};
+use crate::limits::DeviceLimits;
 
 /// Features the kernels can use when the adapter has them; none is required.
 fn wanted_features() -> wgpu::Features {
@@ -51,8 +52,35 @@ impl std::fmt::Debug for GpuContext {
     }
 }
 
+/// Keeps a headless machine's stderr clean. Mesa's device-select layer (an
+/// implicit Vulkan layer installed with Mesa's drivers) asks the Wayland
+/// compositor which GPU is the default while the adapters are enumerated; with
+/// no `XDG_RUNTIME_DIR`, libwayland prints "error: XDG_RUNTIME_DIR is invalid or
+/// not set in the environment." twice. Where no display server can be reached
+/// (no valid `XDG_RUNTIME_DIR`, no `WAYLAND_DISPLAY` or `DISPLAY`) and the user
+/// has not asked the layer for a device (`DRI_PRIME`, `MESA_VK_DEVICE_SELECT`),
+/// the layer has nothing to choose by, so it is turned off with its own switch,
+/// `NODEVICE_SELECT=1`, once, before the first Vulkan instance.
+#[cfg(not(target_arch = "wasm32"))]
+fn quiet_headless_vulkan() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let unset = |name: &str| std::env::var_os(name).is_none_or(|v| v.is_empty());
+        let runtime_dir = std::env::var_os("XDG_RUNTIME_DIR")
+            .is_some_and(|dir| std::path::Path::new(&dir).is_dir());
+        let headless = !runtime_dir && unset("WAYLAND_DISPLAY") && unset("DISPLAY");
+        let chosen = !unset("DRI_PRIME") || !unset("MESA_VK_DEVICE_SELECT");
+        if headless && !chosen && unset("NODEVICE_SELECT") {
+            log::debug!("webattn: headless machine, setting NODEVICE_SELECT=1");
+            std::env::set_var("NODEVICE_SELECT", "1");
+        }
+    });
+}
+
 /// An instance over `backends`, with the other `WGPU_*` settings from the environment.
 fn instance(backends: wgpu::Backends) -> wgpu::Instance {
+    #[cfg(not(target_arch = "wasm32"))]
+    quiet_headless_vulkan();
     #[cfg(not(target_arch = "wasm32"))]
     let desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
     #[cfg(target_arch = "wasm32")]
@@ -79,15 +107,16 @@ impl GpuContext {
     /// and creates a device with the adapter's full limits and the optional
     /// features the kernels can use.
     pub async fn request(power: PowerPreference) -> Result<GpuContext> {
-        Self::request_with_limits(power, None).await
+        Self::request_with_limits(power, &DeviceLimits::default()).await
     }
 
     /// Like [`GpuContext::request`], creating the device with `limits` instead of
-    /// the adapter's full limits: `wgpu::Limits::default()` gives the WebGPU
-    /// defaults a browser guarantees, so native tests can run under them.
+    /// the adapter's full limits: [`DeviceLimits::webgpu_default`] gives the
+    /// WebGPU defaults a browser guarantees, so native tests can run under them,
+    /// and overrides lower single limits further.
     pub async fn request_with_limits(
         power: PowerPreference,
-        limits: Option<wgpu::Limits>,
+        limits: &DeviceLimits,
     ) -> Result<GpuContext> {
         let power_preference = match power {
             PowerPreference::Default => wgpu::PowerPreference::from_env().unwrap_or_default(),
@@ -120,18 +149,19 @@ impl GpuContext {
 
     /// Creates the device on a given adapter with its full limits.
     pub async fn from_adapter(adapter: &wgpu::Adapter) -> Result<GpuContext> {
-        Self::from_adapter_with_limits(adapter, None).await
+        Self::from_adapter_with_limits(adapter, &DeviceLimits::default()).await
     }
 
-    /// Creates the device on a given adapter with `limits` (`None`: the adapter's
-    /// own). Limits beyond the adapter's give [`Error::RequestDevice`].
+    /// Creates the device on a given adapter with `limits` resolved against the
+    /// adapter's own. An override beyond the adapter's gives
+    /// [`Error::InvalidOption`]; exact limits beyond it give [`Error::RequestDevice`].
     pub async fn from_adapter_with_limits(
         adapter: &wgpu::Adapter,
-        limits: Option<wgpu::Limits>,
+        limits: &DeviceLimits,
     ) -> Result<GpuContext> {
         let info = adapter.get_info();
         let features = adapter.features() & wanted_features();
-        let limits = limits.unwrap_or_else(|| adapter.limits());
+        let limits = limits.resolve(&adapter.limits())?;
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("webattn"),
@@ -167,6 +197,16 @@ impl GpuContext {
             profiler: Arc::new(Mutex::new(None)),
             lost,
         })
+    }
+
+    /// The wgpu device, for sharing it with the caller's own wgpu work.
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    /// The wgpu queue the engine submits to.
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
     }
 
     /// The capability profile.
@@ -225,6 +265,21 @@ impl GpuContext {
             (FusedKernel::Subgroup { .. }, Some(width)) => Ok(FusedKernel::Subgroup { width }),
             (kernel, _) => Ok(kernel),
         }
+    }
+
+    /// Device buffer memory and buffers alive, from wgpu's own counters
+    /// (natively; `None` in the browser, whose WebGPU does not say).
+    pub fn memory_in_use(&self) -> Option<crate::conformance::MemoryReading> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let hal = self.device.get_internal_counters().hal;
+            Some(crate::conformance::MemoryReading {
+                buffer_bytes: hal.buffer_memory.read().max(0) as u64,
+                buffers: hal.buffers.read().max(0) as u64,
+            })
+        }
+        #[cfg(target_arch = "wasm32")]
+        None
     }
 
     /// The pipeline cache.

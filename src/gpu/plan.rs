@@ -58,7 +58,8 @@ impl KernelPlan {
                 ),
             };
             KernelConfig {
-                label: gemm::kernel_key(gemm_kernel, &spec).to_string(),
+                // P V skips masked keys (probability 0), whatever V holds there.
+                label: gemm::variant_key(gemm_kernel, &spec, !trans_b).to_string(),
                 invocations,
                 tile,
                 workgroup_bytes,
@@ -178,6 +179,8 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
             keys.push(gemm::key(trans_a, trans_b));
         }
     }
+    // The P V product of the unfused path skips masked keys.
+    keys.push(gemm::key(false, false).with_flag("SKIP_ZERO_A", true));
     for width in [4, 8] {
         for trans_b in [false, true] {
             for (k, ld) in [(64, 64), (63, 63)] {
@@ -187,6 +190,10 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
                     ..GemmSpec::contiguous(1, 64, 64, k, false, trans_b)
                 };
                 keys.push(gemm::kernel_key(GemmKernel::Subgroup { width }, &spec));
+                if !trans_b {
+                    let kernel = GemmKernel::Subgroup { width };
+                    keys.push(gemm::variant_key(kernel, &spec, true));
+                }
             }
         }
         for mask in [false, true] {
@@ -234,9 +241,81 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
     keys
 }
 
+/// Head dims that stand for every class the planner distinguishes: the
+/// smallest, vec4 multiples and not, the common sizes, and the largest the
+/// fused kernels take.
+pub const HEAD_DIM_CLASSES: [usize; 10] = [1, 3, 4, 8, 63, 64, 65, 128, 200, 256];
+
+/// Workgroup-memory sizes adapters report: WebGPU's default (16 KiB), common
+/// desktop GPUs (32 and 48 KiB) and large ones (64 KiB).
+pub const WORKGROUP_STORAGE_CLASSES: [u32; 4] = [16 << 10, 32 << 10, 48 << 10, 64 << 10];
+
+/// Every pipeline the planner can choose on some adapter: each kernel × each
+/// override combination it can pick × each head-dim class (and the tile sizes
+/// the workgroup-memory classes give). Larger than
+/// [`every_pipeline_variant`]; the shader translation test pushes each through
+/// naga's SPIR-V, MSL, HLSL and GLSL writers.
+pub fn every_planned_pipeline() -> Vec<super::pipeline::PipelineKey> {
+    use super::ops::gemm;
+    use super::pipeline::PipelineKey;
+    use super::registry::Kernel;
+    let mut keys = every_pipeline_variant();
+    let flags = [false, true];
+    for trans_a in flags {
+        for trans_b in flags {
+            for vec_a in flags {
+                for vec_b in flags {
+                    for width in [4, 8] {
+                        let key = PipelineKey::new(Kernel::GemmSubgroup)
+                            .with("SG", width)
+                            .with_flag("TRANS_A", trans_a)
+                            .with_flag("TRANS_B", trans_b)
+                            .with_flag("VEC_A", vec_a)
+                            .with_flag("VEC_B", vec_b);
+                        keys.push(key.clone().with_flag("SKIP_ZERO_A", true));
+                        keys.push(key);
+                    }
+                }
+            }
+            keys.push(gemm::key(trans_a, trans_b));
+            keys.push(gemm::key(trans_a, trans_b).with_flag("SKIP_ZERO_A", true));
+        }
+    }
+    for storage in WORKGROUP_STORAGE_CLASSES {
+        for invocations in [256, 1024] {
+            let limits = crate::gpu::capabilities::KernelLimits {
+                max_compute_workgroup_storage_size: storage,
+                max_compute_invocations_per_workgroup: invocations,
+                ..crate::gpu::capabilities::KernelLimits::WEBGPU_DEFAULTS
+            };
+            for dk in HEAD_DIM_CLASSES {
+                for dv in HEAD_DIM_CLASSES {
+                    if let Ok(tiles) = FusedTiles::for_dims(dk, dv, &limits) {
+                        keys.push(tiles.key());
+                    }
+                }
+            }
+        }
+    }
+    for workgroup in [64, 256] {
+        keys.push(PipelineKey::new(Kernel::FmaPeak).with("WORKGROUP", workgroup));
+    }
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_planned_list_holds_the_representative_one() {
+        let planned = every_planned_pipeline();
+        for key in every_pipeline_variant() {
+            assert!(planned.contains(&key), "{key} missing");
+        }
+    }
 
     #[test]
     fn every_kernel_has_a_variant_in_the_list() {

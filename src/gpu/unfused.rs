@@ -216,7 +216,8 @@ pub(crate) async fn run(
                 alpha: 1.0,
                 beta: 0.0,
             };
-            gemm::record(&mut rec, &output_spec, &scores, values, &y)?;
+            // Masked keys have probability 0 and take no part, whatever V holds.
+            gemm::record_skipping_zero_a(&mut rec, &output_spec, &scores, values, &y)?;
         }
         rec.submit();
 

@@ -162,7 +162,7 @@ fn load_qkv(args: &Args) -> anyhow::Result<(HostTensor, HostTensor, HostTensor, 
     }
 }
 
-pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
+pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitCode> {
     Staged::check_targets(&args.outputs(), &args.inputs())?;
     let (q, k, v, three_d) = load_qkv(args)?;
     let mask = args.attn_mask.as_ref().map(npy::read_mask).transpose()?;
@@ -213,11 +213,14 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
 
     // The CPU paths need no adapter; every other path takes the --backend engine.
     let cpu_path = matches!(options.path, KernelPath::Cpu | KernelPath::Oracle);
-    let engine = super::engine(if cpu_path {
-        super::Backend::Cpu
+    let engine = if cpu_path {
+        super::engine(&super::EngineArgs {
+            backend: super::Backend::Cpu,
+            ..engine_args.clone()
+        })?
     } else {
-        backend
-    })?;
+        super::engine(engine_args)?
+    };
     let start = Instant::now();
     let out = engine.attention_host_blocking(&inputs, &options)?;
     let millis = start.elapsed().as_secs_f64() * 1e3;

@@ -123,7 +123,7 @@ fn repeats(path: KernelPath, quick: bool) -> Repeats {
     }
 }
 
-pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
+pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitCode> {
     if let (Some(json), Some(out)) = (&args.replot, &args.plot) {
         let text = std::fs::read_to_string(json)
             .with_context(|| format!("cannot read {}", json.display()))?;
@@ -134,7 +134,7 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
         super::files::write_text(out, &plot::attention_svg(&report, ceiling))?;
         return Ok(ExitCode::SUCCESS);
     }
-    let engine = super::engine(backend)?;
+    let engine = super::engine(engine_args)?;
     let ctx = engine.gpu();
     eprintln!("webattn bench on {}", engine.describe());
     let jobs = plan(args, ctx.is_some());

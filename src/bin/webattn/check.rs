@@ -28,12 +28,19 @@ pub struct Args {
     /// positional encodings, additive and multiplicative scoring, linear attention).
     #[arg(long, conflicts_with_all = ["full", "filter"])]
     family: bool,
+    /// Run N random valid cases across the paths instead (a soak): failures,
+    /// the worst error, and the device memory the engine holds at the start,
+    /// after a warm-up and at the end, which must stay flat.
+    #[arg(long, value_name = "N", conflicts_with_all = ["full", "filter", "family"])]
+    pub soak: Option<usize>,
     /// Also write the results as JSON to PATH.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
 }
 
-fn progress_line(done: usize, total: usize, r: &CaseResult) -> String {
+/// One line of progress for a case (printed for every case without a terminal,
+/// and for failures with one).
+pub fn progress_line(done: usize, total: usize, r: &CaseResult) -> String {
     format!(
         "[{done}/{total}] {} {} ({}) {}",
         if r.passed() { "pass" } else { "FAIL" },
@@ -45,15 +52,18 @@ fn progress_line(done: usize, total: usize, r: &CaseResult) -> String {
     )
 }
 
-pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
+pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitCode> {
     let kind = if args.full {
         SweepKind::Full
     } else {
         SweepKind::Quick
     };
-    let engine = super::engine(backend)?;
+    let engine = super::engine(engine_args)?;
     if args.family {
         return run_family(&engine, args);
+    }
+    if let Some(cases) = args.soak {
+        return super::soak::run(&engine, cases, args.seed, args.json.as_deref());
     }
     eprintln!(
         "webattn check: {} on {}",
@@ -61,17 +71,7 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
         engine.describe()
     );
     let total = sweep_len(&engine, kind, &args.filter);
-    let bar = if std::io::stderr().is_terminal() {
-        let bar = ProgressBar::new(total as u64);
-        bar.set_style(
-            ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> "),
-        );
-        Some(bar)
-    } else {
-        None
-    };
+    let bar = progress_bar(total);
     let start = Instant::now();
     let mut done = 0;
     let report = pollster::block_on(run_sweep(&engine, kind, &args.filter, args.seed, |r| {
@@ -98,6 +98,19 @@ pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    })
+}
+
+/// A progress bar on a terminal; `None` otherwise (then each case gets a line).
+pub fn progress_bar(total: usize) -> Option<ProgressBar> {
+    std::io::stderr().is_terminal().then(|| {
+        let bar = ProgressBar::new(total as u64);
+        bar.set_style(
+            ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        bar
     })
 }
 

@@ -13,13 +13,13 @@ pub struct Args {
     json: bool,
 }
 
-pub fn run(backend: super::Backend, args: &Args) -> anyhow::Result<ExitCode> {
-    let engine = super::engine(backend)?;
+pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitCode> {
+    let engine = super::engine(engine_args)?;
     let report = describe(&engine);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", text(&engine));
+        print!("{}", text(&engine, engine_args));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -70,7 +70,7 @@ fn describe(engine: &Engine) -> serde_json::Value {
 }
 
 /// The report as text.
-fn text(engine: &Engine) -> String {
+fn text(engine: &Engine, engine_args: &super::EngineArgs) -> String {
     let (Some(caps), Some(plan)) = (engine.capabilities(), engine.kernel_plan()) else {
         debug_assert_eq!(engine.backend(), BackendKind::Cpu);
         return format!(
@@ -90,7 +90,11 @@ fn text(engine: &Engine) -> String {
         a.vendor, a.device, a.device_type, a.backend
     );
     out += &format!("driver:   {} {}\n", a.driver, a.driver_info);
-    out += "limits:\n";
+    if engine_args.device_limits().is_adapter_default() {
+        out += "limits:\n";
+    } else {
+        out += &format!("limits:   lowered: {}\n", engine_args.device_limits());
+    }
     out += &format!(
         "  storage binding        {}\n",
         mib(l.max_storage_buffer_binding_size)

@@ -10,17 +10,29 @@ mod check;
 mod files;
 mod info;
 mod plot;
+mod soak;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use webattn::{BackendPreference, Engine, EngineOptions};
+use webattn::{
+    BackendPreference, DeviceLimits, Engine, EngineOptions, LimitOverride, LimitsPreset,
+};
 
 /// GPU attention (ONNX Attention, opset 25) on WebGPU compute shaders, checked
 /// against an f64 CPU oracle.
 #[derive(Parser, Debug)]
 #[command(name = "webattn", version, about, propagate_version = true)]
 struct Cli {
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// How to create the engine: which backend, and under which device limits.
+#[derive(clap::Args, Debug, Clone)]
+pub struct EngineArgs {
     /// Which backend to run on: a GPU if one exists (else the CPU, with a
     /// warning), a GPU or fail, or the fast CPU backend.
     #[arg(long, value_enum, default_value_t = Backend::Auto, global = true)]
@@ -28,8 +40,27 @@ struct Cli {
     /// Threads of the fast CPU backend (default: one per core).
     #[arg(long, value_name = "N", global = true, value_parser = clap::value_parser!(u16).range(1..))]
     cpu_threads: Option<u16>,
-    #[command(subcommand)]
-    command: Command,
+    /// The device limits to start from: the adapter's own, WebGPU's defaults
+    /// (what every browser guarantees: 128 MiB bindings, 16 KiB workgroup
+    /// memory, 256 invocations), or wgpu's downlevel set.
+    #[arg(long, value_name = "PRESET", default_value = "adapter", global = true,
+          value_parser = |s: &str| s.parse::<LimitsPreset>())]
+    limits: LimitsPreset,
+    /// Lowers one device limit, by wgpu's name (repeatable), e.g.
+    /// `--limit max_storage_buffer_binding_size=4MiB`.
+    #[arg(long = "limit", value_name = "NAME=VALUE", global = true,
+          value_parser = |s: &str| s.parse::<LimitOverride>())]
+    limit: Vec<LimitOverride>,
+}
+
+impl EngineArgs {
+    /// The device limits these arguments ask for.
+    pub fn device_limits(&self) -> DeviceLimits {
+        DeviceLimits {
+            preset: self.limits.clone(),
+            overrides: self.limit.clone(),
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -51,19 +82,18 @@ enum Backend {
     Cpu,
 }
 
-/// `--cpu-threads`, set once from the command line before any engine is made.
-static CPU_THREADS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-
-/// Creates the engine the `--backend` option asks for.
-fn engine(backend: Backend) -> webattn::Result<Engine> {
-    let backend = match backend {
+/// Creates the engine the `--backend`, `--cpu-threads`, `--limits` and
+/// `--limit` options ask for.
+fn engine(args: &EngineArgs) -> webattn::Result<Engine> {
+    let backend = match args.backend {
         Backend::Auto => BackendPreference::Auto,
         Backend::Gpu => BackendPreference::Gpu,
         Backend::Cpu => BackendPreference::Cpu,
     };
     Engine::with_options_blocking(EngineOptions {
         backend,
-        cpu_threads: CPU_THREADS.get().copied().flatten(),
+        cpu_threads: args.cpu_threads.map(usize::from),
+        limits: args.device_limits(),
         ..Default::default()
     })
 }
@@ -73,12 +103,11 @@ fn main() -> ExitCode {
         .format_timestamp(None)
         .init();
     let cli = Cli::parse();
-    let _ = CPU_THREADS.set(cli.cpu_threads.map(usize::from));
     let outcome = match cli.command {
-        Command::Info(args) => info::run(cli.backend, &args),
-        Command::Attend(args) => attend::run(cli.backend, &args),
-        Command::Check(args) => check::run(cli.backend, &args),
-        Command::Bench(args) => bench::run(cli.backend, &args),
+        Command::Info(args) => info::run(&cli.engine, &args),
+        Command::Attend(args) => attend::run(&cli.engine, &args),
+        Command::Check(args) => check::run(&cli.engine, &args),
+        Command::Bench(args) => bench::run(&cli.engine, &args),
     };
     match outcome {
         Ok(code) => code,

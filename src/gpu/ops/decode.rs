@@ -69,7 +69,7 @@ impl DecodePlan {
     /// Device memory of the partial results, in f32 values.
     pub fn partial_values(&self, dims: &AttentionDims) -> usize {
         let rows = dims.batch * dims.q_heads * dims.q_len;
-        self.splits * rows * (dims.v_head_dim.div_ceil(4) * 4 + 2)
+        self.splits * rows * (dims.v_head_dim.div_ceil(4) * 4 + 4)
     }
 }
 
@@ -100,7 +100,8 @@ pub(crate) fn record(
         "decode partial O",
         plan.splits * rows * dims.v_head_dim.div_ceil(4) * 4,
     )?;
-    let part_ml = buffer::storage(ctx, "decode partial (m, l)", plan.splits * rows * 2)?;
+    // (m, l, flags, 0) per split and row.
+    let part_ml = buffer::storage(ctx, "decode partial (m, l)", plan.splits * rows * 4)?;
     let uniform = buffer::uniform(
         ctx,
         "decode params",

@@ -240,6 +240,31 @@ pub(crate) fn record(
     record_with(rec, kernel, spec, a, b, c)
 }
 
+/// Records the GEMM with the context's preferred kernel, skipping every term
+/// whose A value is exactly zero, so that `0 · NaN` or `0 · inf` in B adds
+/// nothing: attention's `P · V`, where a masked key's probability is 0 and its
+/// V row may hold anything.
+pub(crate) fn record_skipping_zero_a(
+    rec: &mut Recorder<'_>,
+    spec: &GemmSpec,
+    a: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+    c: &wgpu::Buffer,
+) -> Result<()> {
+    let kernel = rec.ctx().gemm_kernel();
+    record_variant(rec, kernel, spec, true, [a, b, c])
+}
+
+/// The pipeline key of `kernel` for `spec`, with the zero-skipping switch.
+pub fn variant_key(kernel: GemmKernel, spec: &GemmSpec, skip_zero_a: bool) -> PipelineKey {
+    let key = kernel_key(kernel, spec);
+    if skip_zero_a {
+        key.with_flag("SKIP_ZERO_A", true)
+    } else {
+        key
+    }
+}
+
 /// Records the GEMM with a given kernel.
 pub(crate) fn record_with(
     rec: &mut Recorder<'_>,
@@ -248,6 +273,16 @@ pub(crate) fn record_with(
     a: &wgpu::Buffer,
     b: &wgpu::Buffer,
     c: &wgpu::Buffer,
+) -> Result<()> {
+    record_variant(rec, kernel, spec, false, [a, b, c])
+}
+
+fn record_variant(
+    rec: &mut Recorder<'_>,
+    kernel: GemmKernel,
+    spec: &GemmSpec,
+    skip_zero_a: bool,
+    [a, b, c]: [&wgpu::Buffer; 3],
 ) -> Result<()> {
     spec.check()?;
     let kernel = match kernel {
@@ -276,12 +311,12 @@ pub(crate) fn record_with(
                 beta: if k0 == 0 { spec.beta } else { 1.0 },
                 ..*spec
             };
-            record_pass(rec, kernel, &pass, a, b, c)?;
+            record_pass(rec, kernel, &pass, skip_zero_a, [a, b, c])?;
             k0 += len;
         }
         return Ok(());
     }
-    record_pass(rec, kernel, spec, a, b, c)
+    record_pass(rec, kernel, spec, skip_zero_a, [a, b, c])
 }
 
 /// The largest K one pass may take under a loop budget: the tiled kernel runs
@@ -298,9 +333,8 @@ fn record_pass(
     rec: &mut Recorder<'_>,
     kernel: GemmKernel,
     spec: &GemmSpec,
-    a: &wgpu::Buffer,
-    b: &wgpu::Buffer,
-    c: &wgpu::Buffer,
+    skip_zero_a: bool,
+    [a, b, c]: [&wgpu::Buffer; 3],
 ) -> Result<()> {
     let (tile_m, tile_n) = match kernel {
         GemmKernel::Tiled => (TILE, TILE),
@@ -332,7 +366,7 @@ fn record_pass(
         _pad: 0,
     };
     let ctx = rec.ctx();
-    let pipeline = ctx.pipelines.get(&kernel_key(kernel, spec));
+    let pipeline = ctx.pipelines.get(&variant_key(kernel, spec, skip_zero_a));
     let uniform = buffer::uniform(ctx, "gemm params", &params);
     let workgroups = (tiles_m * tiles_n) as u64 * spec.batch as u64;
     match kernel {

@@ -1,0 +1,230 @@
+//! The conformance sweep on every backend and limit set this machine can run:
+//! Vulkan (lavapipe) under WebGPU's default limits, Mesa's GL through wgpu's GL
+//! backend, and limits far below any real adapter's, where every problem that
+//! does not fit must come back as a typed error, never as a GPU validation
+//! error. Run through the `webattn` binary, so the options are tested as users
+//! type them.
+
+mod common;
+
+use std::process::{Command, Output};
+
+fn webattn(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_webattn"));
+    cmd.env("RUST_LOG", "warn").args(args);
+    for (name, value) in env {
+        cmd.env(name, value);
+    }
+    let out = cmd.output().expect("the binary runs");
+    eprintln!(
+        "$ {} webattn {}\n{}",
+        env.iter()
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The sweep's last line, `N passed, M failed`, as numbers.
+fn summary(out: &Output) -> (usize, usize) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or_default().to_string();
+    let numbers: Vec<usize> = last
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    match numbers[..] {
+        [passed, failed] if last.contains("passed") => (passed, failed),
+        _ => panic!("no summary line in:\n{stdout}"),
+    }
+}
+
+#[test]
+fn the_quick_sweep_passes_under_webgpu_default_limits() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let out = webattn(
+        &[
+            "--backend",
+            "gpu",
+            "--limits",
+            "webgpu-default",
+            "check",
+            "--quick",
+        ],
+        &[],
+    );
+    let (passed, failed) = summary(&out);
+    assert!(out.status.success(), "exit {:?}", out.status);
+    assert_eq!(failed, 0);
+    assert!(passed >= 90, "{passed} cases");
+
+    let info = webattn(
+        &["--backend", "gpu", "--limits", "webgpu-default", "info"],
+        &[],
+    );
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(text.contains("lowered: WebGPU's default limits"), "{text}");
+    assert!(text.contains("storage binding        128 MiB"), "{text}");
+    assert!(text.contains("workgroup storage      16 KiB"), "{text}");
+    assert!(text.contains("invocations/workgroup  256"), "{text}");
+}
+
+#[test]
+fn the_quick_sweep_passes_on_mesa_gl() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let gl = [("WGPU_BACKEND", "gl")];
+    let info = webattn(&["--backend", "gpu", "info", "--json"], &gl);
+    assert!(
+        info.status.success(),
+        "no GL adapter: install libegl1 and libgl1-mesa-dri"
+    );
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(text.contains("\"backend\": \"Gl\""), "{text}");
+    let out = webattn(&["--backend", "gpu", "check", "--quick"], &gl);
+    let (passed, failed) = summary(&out);
+    assert!(out.status.success(), "exit {:?}", out.status);
+    assert_eq!(failed, 0);
+    assert!(passed >= 90, "{passed} cases");
+}
+
+#[test]
+fn problems_beyond_tiny_limits_are_typed_errors() {
+    if common::gpu().is_none() {
+        return;
+    }
+    // 256 KiB per buffer: a few cases of the quick sweep do not fit.
+    let out = webattn(
+        &[
+            "--backend",
+            "gpu",
+            "--limit",
+            "max_storage_buffer_binding_size=256KiB",
+            "--limit",
+            "max_buffer_size=256KiB",
+            "check",
+            "--quick",
+        ],
+        &[],
+    );
+    let (passed, failed) = summary(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(passed > 0 && failed > 0, "{stdout}");
+    let failures: Vec<&str> = stdout.lines().filter(|l| l.contains("FAIL:")).collect();
+    assert_eq!(failures.len(), failed, "{stdout}");
+    for line in failures {
+        let named = line.contains("(max_buffer_size)")
+            || line.contains("(max_storage_buffer_binding_size)");
+        assert!(
+            line.contains("but the limit is") && named,
+            "not a typed limit error: {line}"
+        );
+        assert!(!line.contains("internal GPU error"), "{line}");
+    }
+}
+
+#[test]
+fn limit_options_are_checked() {
+    let unknown = webattn(&["--limit", "max_textures=4", "info"], &[]);
+    assert_eq!(unknown.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&unknown.stderr);
+    assert!(stderr.contains("not a limit webattn can set"), "{stderr}");
+
+    let malformed = webattn(&["--limit", "max_buffer_size", "info"], &[]);
+    assert_eq!(malformed.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&malformed.stderr).contains("NAME=VALUE"));
+
+    let preset = webattn(&["--limits", "tiny", "info"], &[]);
+    assert_eq!(preset.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&preset.stderr).contains("webgpu-default"));
+
+    if common::gpu().is_none() {
+        return;
+    }
+    // Raising a limit beyond the adapter's is refused with the adapter's value.
+    let beyond = webattn(
+        &[
+            "--backend",
+            "gpu",
+            "--limit",
+            "max_compute_invocations_per_workgroup=1000000",
+            "info",
+        ],
+        &[],
+    );
+    assert_eq!(beyond.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&beyond.stderr);
+    assert!(stderr.contains("limits can only be lowered"), "{stderr}");
+}
+
+#[test]
+fn a_headless_run_is_quiet() {
+    if common::gpu().is_none() {
+        return;
+    }
+    // No display server and no XDG_RUNTIME_DIR, as on a CI machine or over ssh.
+    let quiet = |path: &std::path::Path, args: &[&str]| {
+        let out = Command::new(path)
+            .args(args)
+            .env_remove("XDG_RUNTIME_DIR")
+            .env_remove("WAYLAND_DISPLAY")
+            .env_remove("DISPLAY")
+            .env_remove("NODEVICE_SELECT")
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("runs");
+        assert!(out.status.success(), "{path:?} failed");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.trim().is_empty(),
+            "{path:?} wrote to stderr:\n{stderr}"
+        );
+    };
+    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_webattn"));
+    quiet(&bin, &["--backend", "gpu", "info"]);
+    // An example, as `cargo test` builds it beside the binary. A bare
+    // `cargo test --test backends` leaves older builds of the examples in
+    // place: one older than the library's sources is not judged.
+    let example = bin.with_file_name("examples").join("positional_encodings");
+    let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let newest_source = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/src/gpu"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| modified(&entry.path()))
+        .max();
+    match modified(&example) {
+        Some(built) if Some(built) >= newest_source => quiet(&example, &[]),
+        _ => eprintln!("not judging {example:?}: not built from the current sources"),
+    }
+}
+
+#[test]
+fn a_short_soak_passes_with_flat_memory() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let out = webattn(
+        &["--backend", "gpu", "check", "--soak", "150", "--seed", "11"],
+        &[],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("soak: 150 cases"), "{stdout}");
+    assert!(stdout.contains(": 0 failed"), "{stdout}");
+    let memory = stdout
+        .lines()
+        .find(|l| l.starts_with("device memory:"))
+        .unwrap_or_default();
+    assert!(memory.ends_with(": flat"), "{memory}");
+    assert!(
+        memory.contains("MiB in"),
+        "the memory was not measured: {memory}"
+    );
+}

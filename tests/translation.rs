@@ -1,0 +1,214 @@
+//! Every pipeline the planner can choose, translated for every backend wgpu
+//! runs on: naga's SPIR-V (Vulkan), MSL (Metal), HLSL (DX12) and GLSL ES 3.1
+//! (GL) writers, with the pipeline's override constants applied first, as
+//! wgpu does when it creates the pipeline. Any error fails, naming the
+//! pipeline and the backend. No GPU is needed: this is what lets a Linux
+//! machine vouch that the same WGSL compiles for Metal and DX12.
+//!
+//! The browser's own compiler (Chrome's Tint) checks the same kernels in
+//! `web/tests/e2e.mjs`.
+
+use std::collections::HashMap;
+
+use naga::back::{glsl, hlsl, msl, spv};
+use naga::valid::{Capabilities, ModuleInfo, ShaderStages, SubgroupOperationSet, Validator};
+use naga::{Module, ShaderStage};
+use webattn::gpu::pipeline::PipelineKey;
+use webattn::gpu::plan::every_planned_pipeline;
+use webattn::gpu::registry::Kernel;
+
+/// A backend's writer: the bytes it wrote, or its error.
+type Writer = fn(&Module, &ModuleInfo, &PipelineKey) -> Result<usize, String>;
+
+/// The backends, as wgpu names them.
+const BACKENDS: [&str; 4] = [
+    "vulkan (SPIR-V 1.3)",
+    "metal (MSL 2.4)",
+    "dx12 (HLSL SM 6.2)",
+    "gl (GLSL ES 3.10)",
+];
+
+fn parse(kernel: Kernel) -> (Module, ModuleInfo) {
+    let source = kernel.source();
+    let module = naga::front::wgsl::parse_str(source)
+        .unwrap_or_else(|e| panic!("{kernel}: {}", e.emit_to_string(source)));
+    let info = validator()
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{kernel}: {}", e.emit_to_string(source)));
+    (module, info)
+}
+
+fn validator() -> Validator {
+    let mut validator = Validator::new(
+        naga::valid::ValidationFlags::all(),
+        Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16,
+    );
+    validator.subgroup_stages(ShaderStages::COMPUTE);
+    validator.subgroup_operations(SubgroupOperationSet::all());
+    validator
+}
+
+/// The module with `key`'s override constants applied, as wgpu does at
+/// pipeline creation.
+fn specialise(module: &Module, info: &ModuleInfo, key: &PipelineKey) -> (Module, ModuleInfo) {
+    let constants: naga::back::PipelineConstants = key
+        .constants
+        .iter()
+        .map(|&(name, value)| (name.to_string(), value as f64))
+        .collect();
+    let entry = Some((ShaderStage::Compute, key.kernel.entry_point()));
+    let (module, info) =
+        naga::back::pipeline_constants::process_overrides(module, info, entry, &constants)
+            .unwrap_or_else(|e| panic!("{key}: overrides: {e}"));
+    (module.into_owned(), info.into_owned())
+}
+
+fn to_spirv(module: &Module, info: &ModuleInfo, key: &PipelineKey) -> Result<usize, String> {
+    let options = spv::Options {
+        lang_version: (1, 3),
+        ..Default::default()
+    };
+    let pipeline = spv::PipelineOptions {
+        shader_stage: ShaderStage::Compute,
+        entry_point: key.kernel.entry_point().to_string(),
+    };
+    spv::write_vec(module, info, &options, Some(&pipeline))
+        .map(|words| words.len() * 4)
+        .map_err(|e| e.to_string())
+}
+
+fn to_msl(module: &Module, info: &ModuleInfo, key: &PipelineKey) -> Result<usize, String> {
+    let options = msl::Options {
+        lang_version: (2, 4),
+        ..Default::default()
+    };
+    let pipeline = msl::PipelineOptions {
+        entry_point: Some((ShaderStage::Compute, key.kernel.entry_point().to_string())),
+        ..Default::default()
+    };
+    msl::write_string(module, info, &options, &pipeline)
+        .map(|(text, _)| text.len())
+        .map_err(|e| e.to_string())
+}
+
+fn to_hlsl(module: &Module, info: &ModuleInfo, key: &PipelineKey) -> Result<usize, String> {
+    let options = hlsl::Options {
+        shader_model: hlsl::ShaderModel::V6_2,
+        ..Default::default()
+    };
+    let pipeline = hlsl::PipelineOptions {
+        entry_point: Some((ShaderStage::Compute, key.kernel.entry_point().to_string())),
+    };
+    let mut text = String::new();
+    hlsl::Writer::new(&mut text, &options, &pipeline)
+        .write(module, info, None)
+        .map(|_| text.len())
+        .map_err(|e| e.to_string())
+}
+
+fn to_glsl(module: &Module, info: &ModuleInfo, key: &PipelineKey) -> Result<usize, String> {
+    let options = glsl::Options {
+        version: glsl::Version::Embedded {
+            version: 310,
+            is_webgl: false,
+        },
+        ..Default::default()
+    };
+    let pipeline = glsl::PipelineOptions {
+        shader_stage: ShaderStage::Compute,
+        entry_point: key.kernel.entry_point().to_string(),
+        multiview: None,
+    };
+    let mut text = String::new();
+    glsl::Writer::new(
+        &mut text,
+        module,
+        info,
+        &options,
+        &pipeline,
+        naga::proc::BoundsCheckPolicies::default(),
+    )
+    .and_then(|mut writer| writer.write().map(|_| ()))
+    .map(|_| text.len())
+    .map_err(|e| e.to_string())
+}
+
+/// Whether the planner can choose `kernel` on a GL adapter: wgpu's GL backend
+/// offers no subgroup operations, so the subgroup kernels never run there
+/// (`Capabilities::fixed_cpu_subgroup` needs the SUBGROUP feature).
+fn runs_on_gl(kernel: Kernel) -> bool {
+    !kernel.uses_subgroups()
+}
+
+#[test]
+fn every_planned_pipeline_translates_for_every_backend() {
+    let keys = every_planned_pipeline();
+    let mut parsed: HashMap<Kernel, (Module, ModuleInfo)> = HashMap::new();
+    let mut failures = Vec::new();
+    let mut translated = [0usize; 4];
+    for key in &keys {
+        let (module, info) = parsed
+            .entry(key.kernel)
+            .or_insert_with(|| parse(key.kernel));
+        let (module, info) = specialise(module, info, key);
+        let writers: [Writer; 4] = [to_spirv, to_msl, to_hlsl, to_glsl];
+        for (backend, write) in writers.iter().enumerate() {
+            if backend == 3 && !runs_on_gl(key.kernel) {
+                continue;
+            }
+            match write(&module, &info, key) {
+                Ok(bytes) if bytes > 0 => translated[backend] += 1,
+                Ok(_) => failures.push(format!("{key} for {}: empty output", BACKENDS[backend])),
+                Err(e) => failures.push(format!("{key} for {}: {e}", BACKENDS[backend])),
+            }
+        }
+    }
+    for (backend, count) in BACKENDS.iter().zip(translated) {
+        println!("{backend}: {count} pipelines translated");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} translation failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    // Every kernel of the registry took part.
+    for kernel in Kernel::ALL {
+        assert!(
+            keys.iter().any(|k| k.kernel == kernel),
+            "{kernel} was not translated"
+        );
+    }
+}
+
+#[test]
+fn the_subgroup_kernels_are_never_planned_without_subgroups() {
+    use webattn::{AdapterSummary, Capabilities, KernelLimits};
+    // A GL adapter on llvmpipe: CPU-backed, but wgpu's GL backend has no subgroups.
+    let caps = Capabilities {
+        adapter: AdapterSummary {
+            name: "llvmpipe (LLVM 15.0.6, 256 bits)".into(),
+            vendor: 0,
+            device: 0,
+            device_type: "Cpu".into(),
+            backend: "Gl".into(),
+            driver: String::new(),
+            driver_info: String::new(),
+        },
+        limits: KernelLimits::WEBGPU_DEFAULTS,
+        shader_f16: false,
+        subgroups: false,
+        subgroup_min_size: 8,
+        subgroup_max_size: 8,
+        timestamp_query: false,
+    };
+    assert_eq!(caps.fixed_cpu_subgroup(), None);
+    let plan = webattn::gpu::plan::KernelPlan::for_capabilities(&caps);
+    for config in &plan.kernels {
+        assert!(
+            !config.label.starts_with("gemm_sg") && !config.label.starts_with("attention_sg"),
+            "{} planned on an adapter without subgroups",
+            config.label
+        );
+    }
+}
