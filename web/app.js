@@ -1,10 +1,19 @@
-// The demo page: the webattn engine compiled to wasm (./pkg), driving the
-// browser's WebGPU adapter (or, without one, the fast CPU backend in wasm),
-// with the f64 oracle running alongside in wasm.
-import init, { Demo, kernels } from "./pkg/webattn_web.js";
+// The demo page: the first user of the JavaScript library (./lib/webattn.js,
+// the same module the npm tarball ships). The engine drives the browser's
+// WebGPU adapter (or, without one, the fast CPU backend in wasm); every result
+// is checked by the library's `verify` option against the f64 oracle in wasm.
+import { WebAttn } from "./lib/webattn.js";
+import { KEYS, QUERIES, normals, sentence } from "./sentence.js";
 
 const $ = (id) => document.getElementById(id);
-let demo = null;
+let engine = null;
+let cpuEngine = null;
+const hasGpu = () => engine.backend === "gpu";
+/** A CPU-backend engine for the family's layers on the CPU path. */
+async function cpu() {
+  cpuEngine ??= await WebAttn.create({ backend: "cpu" });
+  return cpuEngine;
+}
 
 // ---------------------------------------------------------------- heatmap
 
@@ -86,7 +95,7 @@ function drawHeatmap({ values, rows, cols, rowLabels, colLabels, rowTitle, colTi
 // ---------------------------------------------------------------- sections
 
 function showAdapter() {
-  const info = JSON.parse(demo.adapter());
+  const info = engine.adapter;
   const box = $("adapter");
   if (!info.gpu) {
     const why = navigator.gpu ? "the browser granted no WebGPU adapter" : "this browser has no navigator.gpu (WebGPU)";
@@ -97,59 +106,88 @@ function showAdapter() {
   const l = info.limits, f = info.features;
   const mib = (b) => `${Math.round(b / 1048576)} MiB`;
   box.innerHTML = `<div class="kv">
-    <span>adapter</span><span>${info.name || "(unnamed)"} — ${info.backend}, ${info.device_type}</span>
-    <span>storage binding</span><span>${mib(l.max_storage_buffer_binding_size)} (buffer ${mib(l.max_buffer_size)})</span>
-    <span>workgroup memory</span><span>${l.max_compute_workgroup_storage_size / 1024} KiB, ${l.max_compute_invocations_per_workgroup} invocations</span>
-    <span>features</span><span>subgroups ${f.subgroups ? `yes (${f.subgroup_min_size}–${f.subgroup_max_size} wide)` : "no"},
-      shader-f16 ${f.shader_f16 ? "yes" : "no"}, timestamps ${f.timestamp_query ? "yes" : "no"}</span>
+    <span>adapter</span><span>${info.name || "(unnamed)"} — ${info.backend}, ${info.deviceType}</span>
+    <span>storage binding</span><span>${mib(l.maxStorageBufferBindingSize)} (buffer ${mib(l.maxBufferSize)})</span>
+    <span>workgroup memory</span><span>${l.maxComputeWorkgroupStorageSize / 1024} KiB, ${l.maxComputeInvocationsPerWorkgroup} invocations</span>
+    <span>features</span><span>subgroups ${f.subgroups ? `yes (${f.subgroupMinSize}–${f.subgroupMaxSize} wide)` : "no"},
+      shader-f16 ${f.shaderF16 ? "yes" : "no"}, timestamps ${f.timestampQuery ? "yes" : "no"}</span>
     <span>kernels</span><span>${(info.kernels || []).map((k) => `<code>${k.label}</code>`).join(" ")}</span>
   </div>`;
 }
 
 async function showSentence() {
-  const path = demo.hasGpu() ? $("sentence-path").value : "cpu";
+  const path = hasGpu() ? $("sentence-path").value : "cpu";
   const variant = $("sentence-variant").value;
   const status = $("sentence-status");
   status.textContent = "running…";
   status.dataset.done = "";
   try {
-    const r = JSON.parse(await demo.sentence(path, variant));
+    // On the CPU path the family's layers run on a CPU-backend engine.
+    const on = path === "cpu" && variant !== "dot" ? await cpu() : engine;
+    const r = await sentence(on, path, variant);
     drawHeatmap({
-      values: r.heatmap, rows: r.queries.length, cols: r.keys.length,
-      rowLabels: r.queries, colLabels: r.keys, rowTitle: "French queries", colTitle: "English keys",
+      values: r.heatmap, rows: QUERIES.length, cols: KEYS.length,
+      rowLabels: QUERIES, colLabels: KEYS, rowTitle: "French queries", colTitle: "English keys",
     });
     $("heatmap-caption").textContent = `${r.caption} “Le chat était assis sur le tapis” attending to “The cat sat on the mat”; ` +
       "embeddings are made from the tokens, so this picture is the same on every load.";
-    status.innerHTML = `${r.path} path; worst error against the f64 oracle ${r.max_abs.toExponential(2)} ` +
-      `(allowed ${r.allowed.toExponential(2)}) <span class="${r.passed ? "pass" : "fail"}">${r.passed ? "pass" : "FAIL"}</span>`;
+    const c = r.check;
+    status.innerHTML = `${r.path} path; worst error against the f64 oracle ${c.maxAbs.toExponential(2)} ` +
+      `(allowed ${c.allowed.toExponential(2)}) <span class="${c.passed ? "pass" : "fail"}">${c.passed ? "pass" : "FAIL"}</span>`;
   } catch (e) {
     status.innerHTML = `<span class="fail">error:</span> ${e}`;
   }
   status.dataset.done = "1";
 }
 
+/** The explorer's settings, clamped as the form's limits say. */
+function explorerSettings() {
+  const form = new FormData($("explorer"));
+  const num = (key, fallback, max) => Math.min(Math.max(Math.trunc(Number(form.get(key)) || fallback), 1), max);
+  const seqQ = num("seq_q", 64, 512), seqK = num("seq_k", 64, 512), heads = num("heads", 4, 64);
+  const dk = num("head_dim", 64, 256);
+  return {
+    seqQ, seqK, heads, kvHeads: num("kv_heads", heads, heads), dk, dv: num("v_head_dim", dk, 256),
+    head: num("head", 1, heads) - 1, seed: Math.max(0, Math.trunc(Number(form.get("seed")) || 0)),
+    mask: form.get("mask"), window: num("window", 8, 1 << 20), padding: Math.min(Math.max(Number(form.get("padding")) || 0, 0), seqK),
+    softcap: Number(form.get("softcap")) || 0, temperature: Number(form.get("temperature")) > 0 ? Number(form.get("temperature")) : 1,
+    path: hasGpu() ? form.get("path") : (form.get("path") === "oracle" ? "oracle" : "cpu"),
+  };
+}
+
 async function runExplorer(event) {
   event?.preventDefault();
-  const form = new FormData($("explorer"));
-  const settings = {};
-  for (const [k, v] of form.entries()) settings[k] = k === "mask" || k === "path" ? v : Number(v);
-  if (!demo.hasGpu()) settings.path = "cpu";
+  const s = explorerSettings();
   const out = $("explorer-result");
   out.textContent = "running…";
   try {
-    const r = JSON.parse(await demo.explore(JSON.stringify(settings)));
-    const ms = (x) => (x == null ? "–" : `${x.toFixed(2)} ms`);
+    const normal = normals(s.seed);
+    const q = { data: normal(s.heads * s.seqQ * s.dk), shape: [1, s.heads, s.seqQ, s.dk] };
+    const k = { data: normal(s.kvHeads * s.seqK * s.dk), shape: [1, s.kvHeads, s.seqK, s.dk] };
+    const v = { data: normal(s.kvHeads * s.seqK * s.dv), shape: [1, s.kvHeads, s.seqK, s.dv] };
+    const options = {
+      softcap: s.softcap, temperature: s.temperature, qkMatmulOutputMode: 3, returnLse: true,
+      path: s.path, timing: true, verify: true,
+      isCausal: s.mask === "causal" || s.mask === "window",
+      alibi: s.mask === "alibi", // in-kernel: -m_h |i - j| per head, no bias matrix uploaded
+    };
+    if (s.mask === "window") options.leftWindowSize = s.window;
+    const inputs = { q, k, v };
+    if (s.mask === "padding") inputs.nonpadKvSeqlen = [s.seqK - s.padding];
+    const r = await engine.attention(inputs, options);
+    const c = r.check, ms = (x) => (x == null ? "–" : `${x.toFixed(2)} ms`);
     const onGpu = r.path === "fused" || r.path === "unfused";
-    out.innerHTML = `path ${r.path}: <span class="${r.passed ? "pass" : "fail"}">${r.passed ? "pass" : "FAIL"}</span>
-Y: worst |${onGpu ? "GPU" : r.path} − f64 oracle| ${r.y.max_abs.toExponential(2)}, allowed ${r.y.allowed.toExponential(2)}
-probabilities: worst ${r.probs.max_abs.toExponential(2)}, allowed ${r.probs.allowed.toExponential(2)}
-${onGpu ? `GPU time ${ms(r.gpu_ms)} (call with upload and readback ${ms(r.wall_ms)})` : `${r.path} time ${ms(r.wall_ms)}`}; f64 oracle in wasm ${ms(r.oracle_ms)}`;
-    drawHeatmap({ values: r.heatmap, rows: r.seq_q, cols: r.seq_k, rowTitle: "queries", colTitle: `keys, head ${r.head}` });
+    out.innerHTML = `path ${r.path}: <span class="${c.passed ? "pass" : "fail"}">${c.passed ? "pass" : "FAIL"}</span>
+Y: worst |${onGpu ? "GPU" : r.path} − f64 oracle| ${c.y.maxAbs.toExponential(2)}, allowed ${c.y.allowed.toExponential(2)}
+probabilities: worst ${c.qkMatmulOutput.maxAbs.toExponential(2)}, allowed ${c.qkMatmulOutput.allowed.toExponential(2)}
+${onGpu ? `GPU time ${ms(r.timing.gpuMs)} (call with upload and readback ${ms(r.timing.wallMs)})` : `${r.path} time ${ms(r.timing.wallMs)}`}; f64 oracle in wasm ${ms(c.oracleMs)}`;
+    const cells = s.seqQ * s.seqK;
+    drawHeatmap({ values: r.qkMatmulOutput.data.subarray(s.head * cells, (s.head + 1) * cells), rows: s.seqQ, cols: s.seqK, rowTitle: "queries", colTitle: `keys, head ${s.head + 1}` });
     $("sentence-status").textContent = "(showing the explorer's result; choose a path to see the sentence again)";
-    $("heatmap-caption").textContent = `Explorer: probabilities of head ${r.head} on the ${r.path} path ` +
+    $("heatmap-caption").textContent = `Explorer: probabilities of head ${s.head + 1} on the ${r.path} path ` +
       `(on the fused path they are recomputed tile by tile from Q, K and the row statistics).`;
   } catch (e) {
-    out.innerHTML = `<span class="fail">error:</span> ${e}`;
+    out.innerHTML = `<span class="fail">error:</span> ${e.name}: ${e.message}`;
   }
 }
 
@@ -159,20 +197,20 @@ async function runCheck(kind) {
   bar.hidden = false;
   $("check-summary").textContent = "";
   $("check-table").textContent = "";
-  const r = JSON.parse(await demo.check(kind, (done, total, name, passed) => {
+  const r = await engine.check(kind, (done, total, name, passed) => {
     bar.max = total;
     bar.value = done;
     $("check-current").textContent = `${done}/${total} ${passed ? "" : "FAIL "}${name}`;
-  }));
+  });
   $("check-table").textContent = r.table;
   const summary = $("check-summary");
   summary.textContent = r.summary;
   summary.className = `summary ${r.failed === 0 ? "pass" : "fail"}`;
-  const f = JSON.parse(await demo.familyCheck((done, total, name, passed) => {
+  const f = await engine.check("family", (done, total, name, passed) => {
     bar.max = total;
     bar.value = done;
     $("check-current").textContent = `family ${done}/${total} ${passed ? "" : "FAIL "}${name}`;
-  }));
+  });
   $("family-table").textContent = f.table;
   const familySummary = $("family-summary");
   familySummary.textContent = f.summary;
@@ -206,7 +244,7 @@ async function compileKernels() {
   });
   let passed = 0, failed = 0, skipped = 0;
   const lines = [];
-  for (const k of JSON.parse(kernels())) {
+  for (const k of await WebAttn.kernelSources()) {
     if (k.subgroups && !hasSubgroups) {
       skipped++;
       lines.push(`skip  ${k.label} (the adapter has no subgroups)`);
@@ -270,6 +308,23 @@ function drawTiming(rows) {
   });
 }
 
+/** Fused, unfused, CPU-backend and f64-oracle milliseconds at each sequence
+ * length (B = 1, H = 4, d = 64): the median of 3 runs after one, the oracle one run. */
+async function timing(seqs) {
+  const rows = [];
+  for (const seq of seqs) {
+    const n = Math.min(Math.max(seq, 16), 2048);
+    const shape = { batch: 1, heads: 4, seqQ: n, seqK: n, headDim: 64 };
+    const row = { seq: n };
+    for (const path of hasGpu() ? ["fused", "unfused", "cpu", "oracle"] : ["cpu", "oracle"]) {
+      const repeats = path === "oracle" ? { warmup: 0, timed: 1 } : { warmup: 1, timed: 3 };
+      row[path] = (await engine.benchmark(shape, { path, ...repeats })).medianMs;
+    }
+    rows.push(row);
+  }
+  return rows;
+}
+
 async function runTiming() {
   $("timing-run").disabled = true;
   $("timing-status").textContent = "measuring…";
@@ -277,7 +332,7 @@ async function runTiming() {
     // ?timing=64,128,512 picks the sizes (the browser test measures larger ones).
     const asked = new URLSearchParams(location.search).get("timing");
     const seqs = asked ? asked.split(",").map(Number) : [64, 128, 256];
-    const rows = JSON.parse(await demo.timing(JSON.stringify(seqs)));
+    const rows = await timing(seqs);
     drawTiming(rows);
     $("timing-status").textContent = rows.map((r) =>
       `seq ${r.seq}: ` + (r.fused ? `fused ${(r.unfused / r.fused).toFixed(1)}× faster than unfused, ` : "") +
@@ -291,8 +346,7 @@ async function runTiming() {
 // ---------------------------------------------------------------- start
 
 async function main() {
-  await init();
-  demo = await Demo.create();
+  engine = await WebAttn.create();
   showAdapter();
   $("sentence-path").onchange = showSentence;
   $("sentence-variant").onchange = showSentence;

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds the demo: the engine to wasm (release), then wasm-bindgen's JS glue
-# into web/pkg. The wasm-bindgen CLI must match the wasm-bindgen crate in
-# Cargo.lock (.ci/setup --web installs it).
+# Builds the JavaScript library: the engine to wasm (release), wasm-bindgen's
+# glue into web/lib/pkg, then `npm pack` of web/lib into target/npm/ (the
+# tarball a web app installs). The demo page imports web/lib/webattn.js. The
+# wasm-bindgen CLI must match the wasm-bindgen crate in Cargo.lock
+# (.ci/setup --web installs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/"/, "", $3); print $3; exit }' Cargo.lock)
@@ -12,6 +14,10 @@ if [ "$have" != "$want" ]; then
   exit 1
 fi
 cargo build -p webattn-web --target wasm32-unknown-unknown --release
-wasm-bindgen --target web --no-typescript --out-dir web/pkg \
+rm -rf web/lib/pkg
+wasm-bindgen --target web --no-typescript --out-dir web/lib/pkg \
   target/wasm32-unknown-unknown/release/webattn_web.wasm
-echo "web/build.sh: built web/pkg ($(du -h web/pkg/webattn_web_bg.wasm | cut -f1) of wasm)" >&2
+mkdir -p target/npm
+rm -f target/npm/webattn-*.tgz
+tarball=$(cd web/lib && npm pack --silent --pack-destination ../../target/npm)
+echo "web/build.sh: built web/lib/pkg ($(du -h web/lib/pkg/webattn_web_bg.wasm | cut -f1) of wasm) and target/npm/$tarball" >&2

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The end-to-end browser test: builds the wasm, serves web/ on 127.0.0.1, runs
-# the conformance sweep in headless Chromium's WebGPU, and fails unless the
-# page reads "N passed, 0 failed"; then again in a Chromium without WebGPU,
-# where the page falls back to the CPU backend. The heatmap screenshot goes to
-# $1 (default target/web-heatmap.png).
+# The browser tests: builds the wasm and the npm tarball, then in Debian's
+# headless Chromium (playwright-core):
+#  1. the JavaScript library from the packed tarball, on a page and in a Web
+#     Worker, on WebGPU (SwiftShader) and on the CPU backend (node --test);
+#  2. the demo page (the library's first user): the conformance sweep, every
+#     kernel through Chrome's compiler, the sentence, explorer and timing;
+#     the heatmap screenshot goes to $1 (default target/web-heatmap.png);
+#  3. the demo in a Chromium that grants no WebGPU adapter: the CPU backend.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 shot=${1:-target/web-heatmap.png}
@@ -12,6 +15,6 @@ bash web/build.sh
 if [ ! -d web/node_modules/playwright-core ]; then
   (cd web && npm ci --no-audit --no-fund --loglevel=error)
 fi
+node --test --test-reporter=spec web/tests/library.test.mjs
 node web/tests/e2e.mjs "$shot"
-# The same page in a browser that grants no WebGPU adapter: the CPU backend.
 node web/tests/cpu.mjs

@@ -1,0 +1,255 @@
+// Type declarations for webattn, the ONNX Attention operator on WebGPU.
+
+/** Element data a tensor accepts. Float16Array (where the browser has it) and
+ * Uint16Array (holding f16 bits) are widened to f32; Float64Array is narrowed. */
+export type TensorData = Float32Array | Uint16Array | Float64Array | ArrayLike<number> | { readonly BYTES_PER_ELEMENT: 2 };
+
+/** A tensor on the host: row-major data and its dimensions. */
+export interface Tensor {
+  data: TensorData;
+  shape: readonly number[];
+  /** `"float16"` to read Uint16Array data as f16 bits (the default for Uint16Array). */
+  dtype?: "float16" | "float32" | "float64";
+}
+
+/** A tensor returned by the engine. */
+export interface HostTensor {
+  data: Float32Array;
+  shape: number[];
+}
+
+/** An attention mask: booleans (Uint8Array or boolean[], true = attend) or an
+ * additive float bias, broadcastable to `[batch, heads, queries, keys]`. */
+export interface MaskTensor {
+  data: Uint8Array | boolean[] | TensorData;
+  shape: readonly number[];
+}
+
+/** The inputs of `attention`, named as ONNX's in camelCase. */
+export interface AttentionInputs {
+  /** `[B, Hq, Nq, Dk]`, or `[B, Nq, Hq·Dk]` with `qNumHeads`. */
+  q: Tensor | DeviceTensor;
+  /** `[B, Hkv, Nk, Dk]`, or `[B, Nk, Hkv·Dk]` with `kvNumHeads`. */
+  k: Tensor | DeviceTensor;
+  /** `[B, Hkv, Nk, Dv]`, or `[B, Nk, Hkv·Dv]` with `kvNumHeads`. */
+  v: Tensor | DeviceTensor;
+  /** Added to (float) or selecting (bool) the scores. */
+  mask?: MaskTensor | DeviceTensor;
+  /** `[B, Hkv, P, Dk]`: the cache's keys, before `k`. */
+  pastKey?: Tensor | DeviceTensor;
+  /** `[B, Hkv, P, Dv]`. */
+  pastValue?: Tensor | DeviceTensor;
+  /** `[B]`: the valid keys of each batch entry (the rest is padding). */
+  nonpadKvSeqlen?: BigInt64Array | Int32Array | number[];
+}
+
+/** The ONNX attributes in camelCase, and the library's own options. */
+export interface AttentionOptions {
+  /** Multiplies Q·Kᵀ (default 1/√Dk). */
+  scale?: number;
+  /** `softcap · tanh(x / softcap)` on the scores; 0 = off. */
+  softcap?: number;
+  /** Upper-left causal masking (offset by the past length). */
+  isCausal?: boolean;
+  /** Keys further than this to the left are masked; -1 = unbounded. */
+  leftWindowSize?: number;
+  /** Keys further than this to the right are masked; -1 = unbounded. */
+  rightWindowSize?: number;
+  /** Which scores to return as `qkMatmulOutput`: 0 raw Q·Kᵀ, 1 masked, 2 soft-capped, 3 probabilities. */
+  qkMatmulOutputMode?: 0 | 1 | 2 | 3;
+  /** Accepted as ONNX allows; the kernels accumulate in f32. */
+  softmaxPrecision?: number;
+  /** Divides the scores before the softmax. */
+  temperature?: number;
+  /** In-kernel ALiBi biases (Press et al.). */
+  alibi?: boolean;
+  /** Return the rows' logsumexp `[B, Hq, Nq]` as `lse`. */
+  returnLse?: boolean;
+  /** Return `presentKey`/`presentValue` (past ++ new). */
+  returnPresent?: boolean;
+  /** `"auto"` (default), `"fused"`, `"unfused"`, `"cpu"` (fast f32) or `"oracle"` (f64). */
+  path?: "auto" | "fused" | "unfused" | "cpu" | "oracle";
+  /** Leave the outputs on the device as DeviceTensors (no readback). */
+  keepOnDevice?: boolean;
+  /** Query heads of 3-D inputs. */
+  qNumHeads?: number;
+  /** Key/value heads of 3-D inputs. */
+  kvNumHeads?: number;
+  /** Report `timing`: wall milliseconds and GPU milliseconds (timestamp queries, where the adapter has them). */
+  timing?: boolean;
+  /** Repeat the call in the f64 oracle and report the worst errors in `check`. */
+  verify?: boolean;
+}
+
+/** How far an output is from the f64 oracle. */
+export interface ErrorReport {
+  /** Worst |got − exact|. */
+  maxAbs: number;
+  /** Twice the worst plain-f32 error of the same computation, plus a small floor. */
+  allowed: number;
+  passed: boolean;
+}
+
+/** What `attention` resolves to. Outputs are HostTensors, or DeviceTensors with `keepOnDevice`. */
+export interface AttentionResult<T = HostTensor | DeviceTensor> {
+  /** `[B, Hq, Nq, Dv]` (or `[B, Nq, Hq·Dv]` for 3-D inputs). */
+  y: T;
+  presentKey?: T;
+  presentValue?: T;
+  /** `[B, Hq, Nq, P + Nk]`. */
+  qkMatmulOutput?: T;
+  /** `[B, Hq, Nq]`. */
+  lse?: T;
+  /** The path taken. */
+  path: "fused" | "unfused" | "cpu" | "oracle";
+  /** Why the path differs from the default, when it does. */
+  reason?: string;
+  timing?: { wallMs: number; gpuMs: number | null };
+  check?: { y: ErrorReport; qkMatmulOutput?: ErrorReport; lse?: ErrorReport; passed: boolean; oracleMs: number };
+}
+
+/** A tensor held on the engine's device. */
+export declare class DeviceTensor {
+  private constructor();
+  readonly shape: readonly number[];
+  readonly kind: "tensor" | "mask";
+  readonly disposed: boolean;
+  readonly engine: WebAttn;
+  /** Reads the values back (a mask as its additive float form). */
+  read(): Promise<HostTensor>;
+  /** Frees the device memory now. */
+  dispose(): void;
+}
+
+/** Options of `WebAttn.create`. */
+export interface CreateOptions {
+  /** `"auto"` (GPU if the browser grants an adapter, else CPU), `"gpu"` or `"cpu"`. */
+  backend?: "auto" | "gpu" | "cpu";
+  powerPreference?: "high-performance" | "low-power" | "default";
+  /** `"adapter"` (everything the adapter offers, the default), `"webgpu-default"`,
+   * `"downlevel"`, or WebGPU limits to lower, e.g. `{ maxStorageBufferBindingSize: "4MiB" }`. */
+  limits?: "adapter" | "webgpu-default" | "downlevel" | ({ preset?: string } & Record<string, number | string>);
+  /** Threads of the CPU backend (one in the browser). */
+  cpuThreads?: number;
+  /** Where `webattn_web_bg.wasm` is, if not beside the module. */
+  wasm?: string | URL | Response | BufferSource | WebAssembly.Module;
+}
+
+/** The adapter an engine runs on. */
+export interface AdapterInfo {
+  gpu: boolean;
+  /** One line: adapter, backend, and kernels. */
+  describe: string;
+  /** `"BrowserWebGpu"`, `"Vulkan"`, ... or `"cpu"`. */
+  backend: string;
+  name?: string;
+  deviceType?: string;
+  /** Why there is no GPU, when the engine fell back to the CPU. */
+  reason?: string;
+  paths: string[];
+  limits?: {
+    maxStorageBufferBindingSize: number; maxBufferSize: number; maxComputeWorkgroupStorageSize: number;
+    maxComputeInvocationsPerWorkgroup: number; maxComputeWorkgroupsPerDimension: number;
+  };
+  features?: { shaderF16: boolean; subgroups: boolean; subgroupMinSize: number; subgroupMaxSize: number; timestampQuery: boolean };
+  kernels?: { label: string; role: string }[];
+}
+
+/** What a family member returns. */
+export interface Attended {
+  output: HostTensor;
+  /** The attention weights, when asked for with `weights: true`. */
+  weights?: HostTensor;
+  check?: { output: ErrorReport; weights?: ErrorReport; passed: boolean };
+}
+
+/** Options of a family call: the attention options (for multi-head layers) plus these. */
+export interface FamilyOptions extends AttentionOptions {
+  /** Return the attention weights. */
+  weights?: boolean;
+}
+
+/** A multi-head attention layer (weights `[out, in]`, uploaded once per engine). */
+export interface MultiHeadAttention {
+  /** Self-attention (`keyValue` null) or cross-attention: `query` `[B, N, dModel]`, `keyValue` `[B, M, dKv]`. */
+  forward(query: Tensor, keyValue?: Tensor | null, options?: FamilyOptions): Promise<Attended>;
+  /** A causal decoder whose keys and values stay on the device. */
+  decoder(): Decoder;
+}
+
+/** The KV-cache decoder of a multi-head layer. */
+export interface Decoder {
+  /** Attends the next tokens `x` `[B, n, dModel]` to everything before them. */
+  step(x: Tensor, options?: FamilyOptions): Promise<Attended>;
+  /** Tokens in the cache. */
+  readonly length: number;
+  /** Empties the cache. */
+  reset(): void;
+}
+
+/** Bahdanau or Luong scoring. */
+export interface ScoringLayer {
+  /** Decoder states `s` `[B, Nq, dS]` attending to encoder states `h` `[B, Nk, dH]`;
+   * `lengths` `[B]` limits each batch entry's encoder states. */
+  forward(s: Tensor, h: Tensor, options?: { lengths?: number[] | Int32Array; weights?: boolean; verify?: boolean }): Promise<Attended>;
+}
+
+/** A check's outcome. */
+export interface CheckReport {
+  /** One line per case with its worst error. */
+  table: string;
+  /** `"N passed, M failed"`. */
+  summary: string;
+  passed: number;
+  failed: number;
+  adapter?: string;
+}
+
+/** The attention engine. */
+export declare class WebAttn {
+  private constructor();
+  /** Creates an engine on the browser's WebGPU adapter, or on the CPU backend where there is none. */
+  static create(options?: CreateOptions): Promise<WebAttn>;
+  /** Every WGSL pipeline variant the engine may compile (code, entry point, override constants). */
+  static kernelSources(options?: { wasm?: CreateOptions["wasm"] }): Promise<{ label: string; code: string; entry: string; constants: Record<string, number>; subgroups: boolean }[]>;
+  readonly adapter: AdapterInfo;
+  readonly backend: "gpu" | "cpu";
+  /** The path the last call took and why, or null before the first. */
+  readonly lastCall: { path: string; reason?: string; allocatedBytes: number } | null;
+  /** Device tensors not yet disposed. */
+  readonly heldTensors: number;
+  /** The ONNX Attention operator. Rejects with an Error whose `name` is the error kind
+   * (`ShapeMismatch`, `Rank`, `DType`, `InvalidOption`, `Limit`, `DeviceLost`, ...). */
+  attention(inputs: AttentionInputs, options?: AttentionOptions & { keepOnDevice?: false }): Promise<AttentionResult<HostTensor>>;
+  attention(inputs: AttentionInputs, options: AttentionOptions & { keepOnDevice: true }): Promise<AttentionResult<DeviceTensor>>;
+  /** Uploads a tensor to the device; pass the result as an input to skip the upload per call. */
+  upload(tensor: Tensor): Promise<DeviceTensor>;
+  /** Uploads a mask. */
+  uploadMask(mask: MaskTensor): Promise<DeviceTensor>;
+  /** Compiles ahead the pipelines these calls need (each entry the inputs' shapes); resolves to milliseconds. */
+  warmup(shapes: { q: number[]; k: number[]; v: number[]; mask?: number[]; pastKey?: number[]; pastValue?: number[] }[], options?: AttentionOptions): Promise<number>;
+  /** Runs the conformance sweep (`"quick"`, `"full"`) or the family's checks on this adapter against the f64 oracle. */
+  check(kind?: "quick" | "full" | "family", onProgress?: (done: number, total: number, name: string, passed: boolean) => void): Promise<CheckReport>;
+  /** Times attention of one shape on a path (median of `timed` runs after `warmup`). */
+  benchmark(shape: { batch?: number; heads?: number; seqQ?: number; seqK?: number; headDim?: number; causal?: boolean },
+    options?: { path?: AttentionOptions["path"]; warmup?: number; timed?: number }): Promise<{ path: string; medianMs: number; gflops: number; samplesMs: number[] }>;
+  /** A multi-head attention layer: weights `[out, in]`, biases optional, RoPE optional. */
+  multiHeadAttention(config: {
+    weights: { wQ: Tensor; bQ?: Tensor; wK: Tensor; bK?: Tensor; wV: Tensor; bV?: Tensor; wO: Tensor; bO?: Tensor };
+    heads: number; kvHeads?: number; rope?: { base?: number; layout?: "interleaved" | "half-split" };
+  }): MultiHeadAttention;
+  /** Bahdanau's additive scoring `vᵀ tanh(W1 s + W2 h)`. */
+  bahdanau(config: { w1: Tensor; w2: Tensor; v: Tensor }): ScoringLayer;
+  /** Luong's scoring: `dot` (sᵀh), `general` (sᵀWh) or `concat` (vᵀ tanh(W[s; h])). */
+  luong(config: { score?: "dot" | "general" | "concat"; w?: Tensor; v?: Tensor; scale?: number }): ScoringLayer;
+  /** Linear attention with the elu+1 feature map on `[B, H, N, D]` tensors. */
+  linearAttention(q: Tensor, k: Tensor, v: Tensor, options?: { causal?: boolean; weights?: boolean; verify?: boolean }): Promise<Attended>;
+  /** Rotary position embeddings of `x` `[..., N, D]`. */
+  rope(x: Tensor, options?: { base?: number; layout?: "interleaved" | "half-split"; offset?: number; verify?: boolean }): Promise<Attended>;
+  /** `x + PE`, the sinusoidal encoding, for `x` `[..., N, D]`. */
+  sinusoidal(x: Tensor, options?: { base?: number; offset?: number; verify?: boolean }): Promise<Attended>;
+  /** Frees the engine and its device tensors. */
+  destroy(): void;
+}
+
+export default WebAttn;

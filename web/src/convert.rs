@@ -1,0 +1,387 @@
+//! JavaScript values to engine values and back: tensors `{data, shape}` with
+//! Float32Array (or Float16Array, or Uint16Array holding f16 bits, or
+//! Float64Array) data, masks, lengths, and the options in camelCase. Every
+//! malformed value is a typed engine error that names it; nothing panics.
+
+use js_sys::{
+    Array, BigInt64Array, Float32Array, Float64Array, Int32Array, Object, Reflect, Uint16Array,
+    Uint8Array,
+};
+use wasm_bindgen::{JsCast, JsValue};
+use webattn::{
+    AttentionOptions, DType, Error, HostMask, HostTensor, KernelPath, QkMatmulOutputMode, Result,
+};
+
+/// `obj[key]`, or `None` when it is missing, `undefined` or `null`.
+pub fn field(obj: &JsValue, key: &str) -> Option<JsValue> {
+    if !obj.is_object() {
+        return None;
+    }
+    Reflect::get(obj, &JsValue::from_str(key))
+        .ok()
+        .filter(|v| !v.is_undefined() && !v.is_null())
+}
+
+/// A short description of a value's type, for errors.
+pub fn type_name(v: &JsValue) -> String {
+    if v.is_undefined() {
+        return "undefined".into();
+    }
+    if v.is_null() {
+        return "null".into();
+    }
+    match v.dyn_ref::<Object>() {
+        Some(o) => o.constructor().name().into(),
+        None => v
+            .js_typeof()
+            .as_string()
+            .unwrap_or_else(|| "a value".into()),
+    }
+}
+
+/// A tensor's shape: an array of whole, non-negative numbers.
+pub fn shape(name: &'static str, v: Option<JsValue>) -> Result<Vec<usize>> {
+    let bad = |got: String| Error::DType {
+        tensor: name,
+        expected: "a shape: an array of whole numbers, e.g. [1, 8, 128, 64]",
+        got,
+    };
+    let v = v.ok_or_else(|| bad("no shape".into()))?;
+    if !Array::is_array(&v) {
+        return Err(bad(type_name(&v)));
+    }
+    Array::from(&v)
+        .iter()
+        .map(|d| match d.as_f64() {
+            Some(x) if x >= 0.0 && x.fract() == 0.0 && x <= f64::from(u32::MAX) => Ok(x as usize),
+            _ => Err(bad(format!(
+                "an entry {}",
+                d.as_string().unwrap_or_else(|| type_name(&d))
+            ))),
+        })
+        .collect()
+}
+
+/// Values from a Float16Array (read through its bytes as f16 bits).
+fn float16_bits(data: &JsValue) -> Option<Vec<u16>> {
+    let name = data.dyn_ref::<Object>()?.constructor().name();
+    if name != "Float16Array" {
+        return None;
+    }
+    let buffer = Reflect::get(data, &"buffer".into()).ok()?;
+    let offset = Reflect::get(data, &"byteOffset".into()).ok()?.as_f64()? as u32;
+    let length = Reflect::get(data, &"length".into()).ok()?.as_f64()? as u32;
+    Some(Uint16Array::new_with_byte_offset_and_length(&buffer, offset, length).to_vec())
+}
+
+/// f16 bits widened to f32.
+fn widen_f16(name: &'static str, bits: &[u16]) -> Result<Vec<f32>> {
+    let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+    Ok(HostTensor::from_le_bytes(name, DType::F16, [bits.len()], &bytes)?.into_data())
+}
+
+/// Float values of `data` (f32 as is; f16 and f64 converted), with the name
+/// of the element type they came in.
+fn floats(
+    name: &'static str,
+    data: &JsValue,
+    dtype: Option<&str>,
+) -> Result<(Vec<f32>, &'static str)> {
+    let expected =
+        "Float32Array, Float16Array, Uint16Array (f16 bits), Float64Array or an array of numbers";
+    if let Some(bits) = float16_bits(data) {
+        return Ok((widen_f16(name, &bits)?, "float16"));
+    }
+    if let Some(a) = data.dyn_ref::<Uint16Array>() {
+        if dtype.is_some_and(|d| d != "float16") {
+            return Err(Error::DType {
+                tensor: name,
+                expected: "float16 for Uint16Array data (it holds f16 bits)",
+                got: dtype.unwrap_or_default().to_string(),
+            });
+        }
+        return Ok((widen_f16(name, &a.to_vec())?, "float16"));
+    }
+    if let Some(a) = data.dyn_ref::<Float32Array>() {
+        return Ok((a.to_vec(), "float32"));
+    }
+    if let Some(a) = data.dyn_ref::<Float64Array>() {
+        return Ok((
+            a.to_vec().into_iter().map(|x| x as f32).collect(),
+            "float64",
+        ));
+    }
+    if Array::is_array(data) {
+        let values: Option<Vec<f32>> = Array::from(data)
+            .iter()
+            .map(|x| x.as_f64().map(|x| x as f32))
+            .collect();
+        return values.map(|v| (v, "number")).ok_or_else(|| Error::DType {
+            tensor: name,
+            expected,
+            got: "an array holding something other than numbers".into(),
+        });
+    }
+    Err(Error::DType {
+        tensor: name,
+        expected,
+        got: type_name(data),
+    })
+}
+
+/// A float tensor from `{data, shape}`.
+pub fn tensor(name: &'static str, v: &JsValue) -> Result<HostTensor> {
+    if !v.is_object() {
+        return Err(Error::DType {
+            tensor: name,
+            expected: "a tensor {data, shape}",
+            got: type_name(v),
+        });
+    }
+    let shape = shape(name, field(v, "shape"))?;
+    let data = field(v, "data").ok_or(Error::DType {
+        tensor: name,
+        expected: "a tensor {data, shape}",
+        got: "an object without data".into(),
+    })?;
+    let dtype = field(v, "dtype").and_then(|d| d.as_string());
+    let (values, _) = floats(name, &data, dtype.as_deref())?;
+    HostTensor::named(name, shape, values)
+}
+
+/// An attention mask from `{data, shape}`: bool (Uint8Array, nonzero attends,
+/// or an array of booleans) or an additive float mask.
+pub fn mask(v: &JsValue) -> Result<HostMask> {
+    let name = "attn_mask";
+    if !v.is_object() {
+        return Err(Error::DType {
+            tensor: name,
+            expected: "a mask {data, shape}",
+            got: type_name(v),
+        });
+    }
+    let shape = shape(name, field(v, "shape"))?;
+    let data = field(v, "data").unwrap_or(JsValue::UNDEFINED);
+    if let Some(a) = data.dyn_ref::<Uint8Array>() {
+        return HostMask::bool(shape, a.to_vec().into_iter().map(|b| b != 0).collect());
+    }
+    if Array::is_array(&data) && Array::from(&data).iter().all(|x| x.as_bool().is_some()) {
+        let values = Array::from(&data)
+            .iter()
+            .map(|x| x.as_bool() == Some(true))
+            .collect();
+        return HostMask::bool(shape, values);
+    }
+    let dtype = field(v, "dtype").and_then(|d| d.as_string());
+    let (values, _) = floats(name, &data, dtype.as_deref())?;
+    HostMask::float(shape, values)
+}
+
+/// `nonpad_kv_seqlen`: BigInt64Array, Int32Array or an array of whole numbers.
+pub fn lengths(v: &JsValue) -> Result<Vec<i64>> {
+    let bad = |got: String| Error::DType {
+        tensor: "nonpad_kv_seqlen",
+        expected: "BigInt64Array, Int32Array or an array of whole numbers",
+        got,
+    };
+    if let Some(a) = v.dyn_ref::<BigInt64Array>() {
+        return Ok(a.to_vec());
+    }
+    if let Some(a) = v.dyn_ref::<Int32Array>() {
+        return Ok(a.to_vec().into_iter().map(i64::from).collect());
+    }
+    if Array::is_array(v) {
+        return Array::from(v)
+            .iter()
+            .map(|x| match x.as_f64() {
+                Some(n) if n.fract() == 0.0 && n.abs() < 9e15 => Ok(n as i64),
+                _ => Err(bad(
+                    "an array holding something other than whole numbers".into()
+                )),
+            })
+            .collect();
+    }
+    Err(bad(type_name(v)))
+}
+
+/// A host tensor as `{data: Float32Array, shape}`.
+pub fn to_js(t: &HostTensor) -> JsValue {
+    let out = Object::new();
+    let _ = Reflect::set(&out, &"data".into(), &Float32Array::from(t.data()).into());
+    let shape: Array = t.shape().iter().map(|&d| JsValue::from(d as f64)).collect();
+    let _ = Reflect::set(&out, &"shape".into(), &shape.into());
+    out.into()
+}
+
+/// Sets `obj[key] = value`.
+pub fn set(obj: &Object, key: &str, value: impl Into<JsValue>) {
+    let _ = Reflect::set(obj, &JsValue::from_str(key), &value.into());
+}
+
+/// The options of one attention call, beyond [`AttentionOptions`].
+#[derive(Debug, Clone, Default)]
+pub struct CallOptions {
+    /// The ONNX attributes and the outputs asked for.
+    pub attention: AttentionOptions,
+    /// Return device handles instead of typed arrays.
+    pub keep_on_device: bool,
+    /// Query heads of 3D inputs `[B, S, H·D]`.
+    pub q_num_heads: Option<usize>,
+    /// KV heads of 3D inputs.
+    pub kv_num_heads: Option<usize>,
+    /// Measure the GPU time (timestamp queries) and the wall time of the call.
+    pub timing: bool,
+    /// Repeat the call in the f64 oracle and report the errors.
+    pub verify: bool,
+}
+
+/// The option names [`call_options`] accepts.
+pub const OPTION_NAMES: [&str; 17] = [
+    "scale",
+    "softcap",
+    "isCausal",
+    "leftWindowSize",
+    "rightWindowSize",
+    "qkMatmulOutputMode",
+    "softmaxPrecision",
+    "temperature",
+    "alibi",
+    "returnLse",
+    "returnPresent",
+    "path",
+    "keepOnDevice",
+    "qNumHeads",
+    "kvNumHeads",
+    "timing",
+    "verify",
+];
+
+fn invalid(name: &'static str, v: &JsValue, reason: &'static str) -> Error {
+    Error::InvalidOption {
+        name,
+        value: v
+            .as_string()
+            .or_else(|| v.as_f64().map(|x| x.to_string()))
+            .unwrap_or_else(|| type_name(v)),
+        reason,
+    }
+}
+
+fn number(options: &JsValue, name: &'static str) -> Result<Option<f64>> {
+    field(options, name)
+        .map(|v| {
+            v.as_f64()
+                .ok_or_else(|| invalid(name, &v, "must be a number"))
+        })
+        .transpose()
+}
+
+fn flag(options: &JsValue, name: &'static str) -> Result<bool> {
+    field(options, name)
+        .map(|v| {
+            v.as_bool()
+                .ok_or_else(|| invalid(name, &v, "must be true or false"))
+        })
+        .transpose()
+        .map(|b| b.unwrap_or(false))
+}
+
+fn whole(options: &JsValue, name: &'static str) -> Result<Option<i64>> {
+    match number(options, name)? {
+        Some(x) if x.fract() == 0.0 && x.abs() < 9e15 => Ok(Some(x as i64)),
+        Some(x) => Err(invalid(name, &JsValue::from(x), "must be a whole number")),
+        None => Ok(None),
+    }
+}
+
+/// The path named in JavaScript (`auto`, `fused`, `unfused`, `cpu`, `oracle`).
+pub fn path(v: &JsValue) -> Result<KernelPath> {
+    match v.as_string().as_deref() {
+        Some("auto") => Ok(KernelPath::Auto),
+        Some("fused") => Ok(KernelPath::Fused),
+        Some("unfused") => Ok(KernelPath::Unfused),
+        Some("cpu") => Ok(KernelPath::Cpu),
+        Some("oracle") => Ok(KernelPath::Oracle),
+        _ => Err(invalid(
+            "path",
+            v,
+            "must be 'auto', 'fused', 'unfused', 'cpu' or 'oracle'",
+        )),
+    }
+}
+
+/// The options of `engine.attention(inputs, options)`, in ONNX's names in
+/// camelCase. Unknown names are an error, so a misspelt option never goes
+/// unnoticed.
+pub fn call_options(options: &JsValue) -> Result<CallOptions> {
+    if options.is_undefined() || options.is_null() {
+        return Ok(CallOptions::default());
+    }
+    let Some(object) = options.dyn_ref::<Object>() else {
+        return Err(invalid("options", options, "must be an object"));
+    };
+    for key in Object::keys(object).iter() {
+        let key = key.as_string().unwrap_or_default();
+        if !OPTION_NAMES.contains(&key.as_str()) {
+            return Err(Error::InvalidOption {
+                name: "options",
+                value: key,
+                reason: "is not an option; the options are scale, softcap, isCausal, leftWindowSize, \
+                         rightWindowSize, qkMatmulOutputMode, softmaxPrecision, temperature, alibi, \
+                         returnLse, returnPresent, path, keepOnDevice, qNumHeads, kvNumHeads, timing, verify",
+            });
+        }
+    }
+    let mut a = AttentionOptions {
+        scale: number(options, "scale")?.map(|x| x as f32),
+        is_causal: flag(options, "isCausal")?,
+        alibi: flag(options, "alibi")?,
+        return_lse: flag(options, "returnLse")?,
+        return_present: flag(options, "returnPresent")?,
+        ..Default::default()
+    };
+    if let Some(x) = number(options, "softcap")? {
+        a.softcap = x as f32;
+    }
+    if let Some(x) = number(options, "temperature")? {
+        a.temperature = x as f32;
+    }
+    if let Some(x) = whole(options, "leftWindowSize")? {
+        a.left_window_size = x;
+    }
+    if let Some(x) = whole(options, "rightWindowSize")? {
+        a.right_window_size = x;
+    }
+    if let Some(mode) = whole(options, "qkMatmulOutputMode")? {
+        a.qk_matmul_output_mode = Some(QkMatmulOutputMode::from_onnx(mode)?);
+    }
+    if let Some(p) = whole(options, "softmaxPrecision")? {
+        // Accepted as ONNX allows; the kernels compute the softmax in f32.
+        if !matches!(p, 0 | 1 | 10 | 11 | 16) {
+            return Err(invalid(
+                "softmaxPrecision",
+                &JsValue::from(p as f64),
+                "must be 1 (float), 10 (float16), 11 (double) or 16 (bfloat16)",
+            ));
+        }
+    }
+    if let Some(p) = field(options, "path") {
+        a.path = path(&p)?;
+    }
+    let heads = |name: &'static str| -> Result<Option<usize>> {
+        match whole(options, name)? {
+            Some(n) if n > 0 => Ok(Some(n as usize)),
+            Some(n) => Err(invalid(name, &JsValue::from(n as f64), "must be positive")),
+            None => Ok(None),
+        }
+    };
+    a.validate()?;
+    Ok(CallOptions {
+        attention: a,
+        keep_on_device: flag(options, "keepOnDevice")?,
+        q_num_heads: heads("qNumHeads")?,
+        kv_num_heads: heads("kvNumHeads")?,
+        timing: flag(options, "timing")?,
+        verify: flag(options, "verify")?,
+    })
+}

@@ -1,0 +1,522 @@
+//! `EngineCore`: the engine as the JavaScript library's `WebAttn` class sees
+//! it. `web/lib/webattn.js` wraps it (device tensors as objects, options
+//! defaults); everything here takes and returns plain JavaScript values.
+
+use std::rc::Rc;
+
+use js_sys::{Array, Function, Object};
+use wasm_bindgen::prelude::*;
+use web_time::Instant;
+use webattn::bench::{self, AttentionShape, Repeats};
+use webattn::conformance::{run_sweep, sweep_len, SweepKind};
+use webattn::{
+    AttentionInputs, BackendKind, BackendPreference, DeviceLimits, Engine, EngineOptions,
+    HostTensor, KernelPath, LimitOverride, LimitsPreset, PowerPreference,
+};
+
+use crate::convert::{self, field, set, type_name};
+use crate::errors::{js_error, to_js, IntoJs};
+use crate::handles::{Handles, Held};
+
+/// An engine on the browser's WebGPU adapter, or on the CPU backend.
+#[wasm_bindgen]
+pub struct EngineCore {
+    pub(crate) engine: Rc<Engine>,
+    handles: Handles,
+    /// Why the engine runs on the CPU, when it fell back to it.
+    no_gpu_reason: Option<String>,
+}
+
+/// `maxStorageBufferBindingSize` → `max_storage_buffer_binding_size`.
+fn snake_case(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 8);
+    for c in name.chars() {
+        if c.is_ascii_uppercase() {
+            out.push('_');
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `limits`: a preset name, or `{preset?, maxStorageBufferBindingSize: 4 << 20, ...}`
+/// (values as numbers or strings such as `"4MiB"`).
+fn device_limits(v: &JsValue) -> Result<DeviceLimits, JsValue> {
+    if let Some(name) = v.as_string() {
+        let preset: LimitsPreset = name.parse().js()?;
+        return Ok(DeviceLimits {
+            preset,
+            overrides: Vec::new(),
+        });
+    }
+    let Some(object) = v.dyn_ref::<Object>() else {
+        return Err(js_error(
+            "InvalidOption",
+            format!(
+                "limits must be 'adapter', 'webgpu-default', 'downlevel' or an object of \
+                 WebGPU limits, got {}",
+                type_name(v)
+            ),
+        ));
+    };
+    let mut limits = DeviceLimits::default();
+    for key in Object::keys(object).iter() {
+        let key = key.as_string().unwrap_or_default();
+        let value = field(v, &key).unwrap_or(JsValue::UNDEFINED);
+        if key == "preset" {
+            limits.preset = value.as_string().unwrap_or_default().parse().js()?;
+            continue;
+        }
+        let amount = match (value.as_f64(), value.as_string()) {
+            (Some(x), _) if x >= 0.0 && x.fract() == 0.0 => x as u64,
+            (_, Some(text)) => webattn::limits::parse_size(&text).js()?,
+            _ => {
+                return Err(js_error(
+                    "InvalidOption",
+                    format!(
+                        "limits.{key} must be a whole number of bytes or a size such as '4MiB'"
+                    ),
+                ))
+            }
+        };
+        limits
+            .overrides
+            .push(LimitOverride::new(&snake_case(&key), amount).js()?);
+    }
+    Ok(limits)
+}
+
+const CREATE_OPTIONS: [&str; 4] = ["backend", "powerPreference", "limits", "cpuThreads"];
+
+fn engine_options(v: &JsValue) -> Result<EngineOptions, JsValue> {
+    let mut options = EngineOptions::default();
+    if v.is_undefined() || v.is_null() {
+        return Ok(options);
+    }
+    let Some(object) = v.dyn_ref::<Object>() else {
+        return Err(js_error(
+            "InvalidOption",
+            "create(options): options must be an object",
+        ));
+    };
+    for key in Object::keys(object).iter() {
+        let key = key.as_string().unwrap_or_default();
+        if !CREATE_OPTIONS.contains(&key.as_str()) {
+            return Err(js_error(
+                "InvalidOption",
+                format!(
+                    "create(options): `{key}` is not an option; the options are backend, \
+                     powerPreference, limits and cpuThreads"
+                ),
+            ));
+        }
+    }
+    if let Some(b) = field(v, "backend") {
+        options.backend = match b.as_string().as_deref() {
+            Some("auto") => BackendPreference::Auto,
+            Some("gpu") => BackendPreference::Gpu,
+            Some("cpu") => BackendPreference::Cpu,
+            _ => {
+                return Err(js_error(
+                    "InvalidOption",
+                    "backend must be 'auto', 'gpu' or 'cpu'",
+                ))
+            }
+        };
+    }
+    if let Some(p) = field(v, "powerPreference") {
+        options.power = match p.as_string().as_deref() {
+            Some("default") => PowerPreference::Default,
+            Some("low-power") => PowerPreference::LowPower,
+            Some("high-performance") => PowerPreference::HighPerformance,
+            _ => {
+                return Err(js_error(
+                    "InvalidOption",
+                    "powerPreference must be 'high-performance', 'low-power' or 'default'",
+                ))
+            }
+        };
+    }
+    if let Some(l) = field(v, "limits") {
+        options.limits = device_limits(&l)?;
+    }
+    if let Some(t) = field(v, "cpuThreads") {
+        match t.as_f64() {
+            Some(n) if n >= 1.0 && n.fract() == 0.0 => options.cpu_threads = Some(n as usize),
+            _ => {
+                return Err(js_error(
+                    "InvalidOption",
+                    "cpuThreads must be a positive whole number",
+                ))
+            }
+        }
+    }
+    Ok(options)
+}
+
+fn array_of_numbers<T: Into<JsValue> + Copy>(values: &[T]) -> Array {
+    values.iter().map(|&v| v.into()).collect()
+}
+
+#[wasm_bindgen]
+impl EngineCore {
+    /// Creates an engine: the browser's WebGPU adapter when it has one (unless
+    /// `backend` is `'cpu'`), else the CPU backend (unless `backend` is `'gpu'`).
+    pub async fn create(options: JsValue) -> Result<EngineCore, JsValue> {
+        console_error_panic_hook::set_once();
+        let options = engine_options(&options)?;
+        let wanted = options.backend;
+        let gpu_options = EngineOptions {
+            backend: BackendPreference::Gpu,
+            ..options.clone()
+        };
+        let cpu_options = EngineOptions {
+            backend: BackendPreference::Cpu,
+            ..options.clone()
+        };
+        let (engine, no_gpu_reason) = match wanted {
+            BackendPreference::Cpu => (Engine::with_options(cpu_options).await.js()?, None),
+            BackendPreference::Gpu => (Engine::with_options(gpu_options).await.js()?, None),
+            BackendPreference::Auto => match Engine::with_options(gpu_options).await {
+                Ok(engine) => (engine, None),
+                // No adapter (or no device on its defaults): the CPU backend.
+                // A device refused under limits the caller asked for is their error.
+                Err(e @ webattn::Error::NoAdapter(_)) => (
+                    Engine::with_options(cpu_options).await.js()?,
+                    Some(e.to_string()),
+                ),
+                Err(e @ webattn::Error::RequestDevice(_))
+                    if options.limits == DeviceLimits::default() =>
+                {
+                    (
+                        Engine::with_options(cpu_options).await.js()?,
+                        Some(e.to_string()),
+                    )
+                }
+                Err(e) => return Err(to_js(&e)),
+            },
+        };
+        Ok(EngineCore {
+            engine: Rc::new(engine),
+            handles: Handles::default(),
+            no_gpu_reason,
+        })
+    }
+
+    /// The adapter (or the CPU backend), its limits, features and kernel plan.
+    pub fn adapter(&self) -> JsValue {
+        let out = Object::new();
+        set(&out, "describe", self.engine.describe());
+        set(
+            &out,
+            "paths",
+            self.engine
+                .paths()
+                .iter()
+                .map(|p| JsValue::from(p.name()))
+                .collect::<Array>(),
+        );
+        let Some(caps) = self.engine.capabilities() else {
+            set(&out, "gpu", false);
+            set(&out, "backend", "cpu");
+            if let Some(reason) = &self.no_gpu_reason {
+                set(&out, "reason", reason.as_str());
+            }
+            return out.into();
+        };
+        set(&out, "gpu", true);
+        set(&out, "name", caps.adapter.name.as_str());
+        set(&out, "backend", caps.adapter.backend.as_str());
+        set(&out, "deviceType", caps.adapter.device_type.as_str());
+        let l = &caps.limits;
+        let limits = Object::new();
+        set(
+            &limits,
+            "maxStorageBufferBindingSize",
+            l.max_storage_buffer_binding_size as f64,
+        );
+        set(&limits, "maxBufferSize", l.max_buffer_size as f64);
+        set(
+            &limits,
+            "maxComputeWorkgroupStorageSize",
+            l.max_compute_workgroup_storage_size,
+        );
+        set(
+            &limits,
+            "maxComputeInvocationsPerWorkgroup",
+            l.max_compute_invocations_per_workgroup,
+        );
+        set(
+            &limits,
+            "maxComputeWorkgroupsPerDimension",
+            l.max_compute_workgroups_per_dimension,
+        );
+        set(&out, "limits", limits);
+        let features = Object::new();
+        set(&features, "shaderF16", caps.shader_f16);
+        set(&features, "subgroups", caps.subgroups);
+        set(&features, "subgroupMinSize", caps.subgroup_min_size);
+        set(&features, "subgroupMaxSize", caps.subgroup_max_size);
+        set(&features, "timestampQuery", caps.timestamp_query);
+        set(&out, "features", features);
+        if let Some(plan) = self.engine.kernel_plan() {
+            let kernels: Array = plan
+                .kernels
+                .iter()
+                .map(|k| {
+                    let o = Object::new();
+                    set(&o, "label", k.label.to_string());
+                    set(&o, "role", k.role.to_string());
+                    JsValue::from(o)
+                })
+                .collect();
+            set(&out, "kernels", kernels);
+        }
+        out.into()
+    }
+
+    /// `'gpu'` or `'cpu'`.
+    pub fn backend(&self) -> String {
+        match self.engine.backend() {
+            BackendKind::Gpu => "gpu".into(),
+            BackendKind::Cpu => "cpu".into(),
+        }
+    }
+
+    /// One call of the ONNX `Attention` operator (see `attention.rs`).
+    pub async fn attention(&self, inputs: JsValue, options: JsValue) -> Result<JsValue, JsValue> {
+        crate::attention::call(&self.engine, &self.handles, &inputs, &options).await
+    }
+
+    /// Uploads a tensor `{data, shape}`; returns `{handle, shape, kind}`.
+    pub async fn upload(&self, tensor: JsValue) -> Result<JsValue, JsValue> {
+        let host = convert::tensor("tensor", &tensor).js()?;
+        self.engine.recover().await.js()?;
+        let t = self.engine.upload_async(&host).await.js()?;
+        Ok(self.handles.hold(Held::Tensor(t)))
+    }
+
+    /// Uploads a mask `{data, shape}` (bool as Uint8Array, or additive floats).
+    #[wasm_bindgen(js_name = uploadMask)]
+    pub async fn upload_mask(&self, mask: JsValue) -> Result<JsValue, JsValue> {
+        let host = convert::mask(&mask).js()?;
+        self.engine.recover().await.js()?;
+        let m = self.engine.upload_mask_async(&host).await.js()?;
+        Ok(self.handles.hold(Held::Mask(m)))
+    }
+
+    /// Reads a device tensor back as `{data: Float32Array, shape}` (a mask as
+    /// its additive float form).
+    pub async fn read(&self, handle: u32) -> Result<JsValue, JsValue> {
+        let host = match self.handles.get(handle)? {
+            Held::Tensor(t) => self.engine.download(&t).await.js()?,
+            Held::Mask(m) => {
+                let mask = self.engine.download_mask(&m).await.js()?;
+                HostTensor::new(mask.shape().to_vec(), mask.to_additive()).js()?
+            }
+        };
+        Ok(convert::to_js(&host))
+    }
+
+    /// Frees a device tensor; `false` if it was already freed.
+    pub fn dispose(&self, handle: u32) -> bool {
+        self.handles.release(handle)
+    }
+
+    /// How many device tensors are held (not yet disposed).
+    #[wasm_bindgen(js_name = heldTensors)]
+    pub fn held_tensors(&self) -> usize {
+        self.handles.len()
+    }
+
+    /// Compiles ahead every pipeline the given calls need: each entry is
+    /// `{q, k, v, mask?, pastKey?, pastValue?}` of shapes, run once on zeros
+    /// with `options`. Returns the milliseconds it took.
+    pub async fn warmup(&self, shapes: JsValue, options: JsValue) -> Result<f64, JsValue> {
+        let start = Instant::now();
+        if !Array::is_array(&shapes) {
+            return Err(js_error(
+                "InvalidOption",
+                "warmup(shapes): shapes must be an array of {q, k, v} shapes",
+            ));
+        }
+        let call = convert::call_options(&options).js()?;
+        for entry in Array::from(&shapes).iter() {
+            let zeros = |name: &'static str, key: &str| -> Result<Option<HostTensor>, JsValue> {
+                let Some(shape) = field(&entry, key) else {
+                    return Ok(None);
+                };
+                let shape = convert::shape(name, Some(shape)).js()?;
+                let len = shape.iter().product();
+                HostTensor::named(name, shape, vec![0.0; len])
+                    .js()
+                    .map(Some)
+            };
+            let missing = |key: &str| {
+                js_error(
+                    "MissingInput",
+                    format!("warmup: every entry needs a `{key}` shape"),
+                )
+            };
+            let q = zeros("Q", "q")?.ok_or_else(|| missing("q"))?;
+            let k = zeros("K", "k")?.ok_or_else(|| missing("k"))?;
+            let v = zeros("V", "v")?.ok_or_else(|| missing("v"))?;
+            let mask = zeros("attn_mask", "mask")?
+                .map(|m| webattn::HostMask::float(m.shape().to_vec(), m.into_data()))
+                .transpose()
+                .js()?;
+            let past_key = zeros("past_key", "pastKey")?;
+            let past_value = zeros("past_value", "pastValue")?;
+            let mut inputs = AttentionInputs::new(&q, &k, &v);
+            if let Some(m) = &mask {
+                inputs = inputs.with_mask(m);
+            }
+            if let (Some(pk), Some(pv)) = (&past_key, &past_value) {
+                inputs = inputs.with_past(pk, pv);
+            }
+            if self.engine.gpu().is_some() {
+                self.engine
+                    .attention_host(&inputs, &call.attention)
+                    .await
+                    .js()?;
+            } else {
+                webattn::validate(&inputs, &call.attention).js()?;
+            }
+        }
+        Ok(start.elapsed().as_secs_f64() * 1e3)
+    }
+
+    /// The path the last call took, and why when it was not the default.
+    #[wasm_bindgen(js_name = lastCall)]
+    pub fn last_call(&self) -> JsValue {
+        let Some(stats) = self.engine.last_call() else {
+            return JsValue::NULL;
+        };
+        let out = Object::new();
+        set(&out, "path", stats.path.name());
+        set(&out, "allocatedBytes", stats.allocated_bytes as f64);
+        if let Some(reason) = stats.reason {
+            set(&out, "reason", reason);
+        }
+        out.into()
+    }
+
+    /// The conformance sweep (`quick`, `full`) or the family's checks
+    /// (`family`) on this adapter, against the f64 oracle;
+    /// `progress(done, total, name, passed)` after each case.
+    pub async fn check(
+        &self,
+        kind: String,
+        progress: Option<Function>,
+    ) -> Result<JsValue, JsValue> {
+        let report = |done: u32, total: u32, name: &str, passed: bool| {
+            if let Some(f) = &progress {
+                let args = Array::of4(&done.into(), &total.into(), &name.into(), &passed.into());
+                let _ = f.apply(&JsValue::NULL, &args);
+            }
+        };
+        let out = Object::new();
+        if kind == "family" {
+            use webattn::family::checks::{family_table, run_family_checks, FAMILY_CHECKS};
+            let total = FAMILY_CHECKS.len() as u32;
+            let mut done = 0;
+            let results = run_family_checks(&self.engine, 0x5eed, |c| {
+                done += 1;
+                report(done, total, c.name, c.passed());
+            })
+            .await
+            .js()?;
+            let table = family_table(&results);
+            let failed = results.iter().filter(|c| !c.passed()).count();
+            set(
+                &out,
+                "summary",
+                table.lines().last().unwrap_or_default().to_string(),
+            );
+            set(&out, "table", table);
+            set(&out, "passed", results.len() - failed);
+            set(&out, "failed", failed);
+            return Ok(out.into());
+        }
+        let sweep = match kind.as_str() {
+            "quick" => SweepKind::Quick,
+            "full" => SweepKind::Full,
+            _ => {
+                return Err(js_error(
+                    "InvalidOption",
+                    "check(kind): kind must be 'quick', 'full' or 'family'",
+                ))
+            }
+        };
+        let total = sweep_len(&self.engine, sweep, "") as u32;
+        let mut done = 0;
+        let results = run_sweep(&self.engine, sweep, "", 0x5eed, |r| {
+            done += 1;
+            report(done, total, &format!("{} ({})", r.name, r.path), r.passed());
+        })
+        .await;
+        set(&out, "table", results.table());
+        set(&out, "summary", results.summary_line());
+        set(&out, "passed", results.passed());
+        set(&out, "failed", results.failed());
+        set(&out, "adapter", results.adapter.clone());
+        Ok(out.into())
+    }
+
+    /// Times attention of `shape` `{batch, heads, seqQ, seqK, headDim, causal}`
+    /// on `path` (`warmup` untimed runs, then the median of `timed`):
+    /// `{path, medianMs, gflops}`.
+    pub async fn benchmark(&self, shape: JsValue, options: JsValue) -> Result<JsValue, JsValue> {
+        let whole = |v: &JsValue, key: &str, default: usize| -> Result<usize, JsValue> {
+            match field(v, key) {
+                None => Ok(default),
+                Some(x) => match x.as_f64() {
+                    Some(n) if n >= 0.0 && n.fract() == 0.0 => Ok(n as usize),
+                    _ => Err(js_error(
+                        "InvalidOption",
+                        format!("benchmark: {key} must be a whole number"),
+                    )),
+                },
+            }
+        };
+        let seq_q = whole(&shape, "seqQ", 128)?;
+        let shape = AttentionShape {
+            batch: whole(&shape, "batch", 1)?,
+            heads: whole(&shape, "heads", 1)?,
+            seq_q,
+            seq_k: whole(&shape, "seqK", seq_q)?,
+            head_dim: whole(&shape, "headDim", 64)?,
+            causal: field(&shape, "causal")
+                .and_then(|c| c.as_bool())
+                .unwrap_or(false),
+        };
+        let path = field(&options, "path")
+            .map(|p| convert::path(&p))
+            .transpose()
+            .js()?
+            .unwrap_or(KernelPath::Auto);
+        let repeats = Repeats {
+            warmup: whole(&options, "warmup", 1)?,
+            timed: whole(&options, "timed", 3)?.max(1),
+        };
+        let path = self.engine.resolve_path(&webattn::AttentionOptions {
+            path,
+            ..Default::default()
+        });
+        let m = bench::attention(&self.engine, shape, path, repeats)
+            .await
+            .js()?;
+        let out = Object::new();
+        set(&out, "path", path.name());
+        set(&out, "medianMs", m.measurement.median_ms());
+        set(&out, "gflops", m.gflops);
+        set(
+            &out,
+            "samplesMs",
+            array_of_numbers(&m.measurement.samples_ms),
+        );
+        Ok(out.into())
+    }
+}

@@ -1,0 +1,408 @@
+// The library's test suite, run in a page and in a Web Worker (no DOM use).
+// Imports the module from the packed tarball (served at /webattn/), drives
+// every call of the public API on the caller's own typed arrays, and checks
+// results against the f64 oracle (the `verify` option, computed in the page
+// in wasm) and against a small JavaScript f64 reference written here.
+import { WebAttn, DeviceTensor } from "/webattn/webattn.js";
+
+// ------------------------------------------------------------------ helpers
+
+/** SplitMix64 normals, so every run sees the same inputs. */
+function rng(seed) {
+  let state = BigInt(seed);
+  const M = (1n << 64n) - 1n;
+  const next = () => {
+    state = (state + 0x9e3779b97f4a7c15n) & M;
+    let z = state;
+    z = ((z ^ (z >> 30n)) * 0xbf58476d1ce4e5b9n) & M;
+    z = ((z ^ (z >> 27n)) * 0x94d049bb133111ebn) & M;
+    return z ^ (z >> 31n);
+  };
+  const unit = () => Number(next() >> 11n) / 2 ** 53;
+  return (n, scale = 1) => {
+    const out = new Float32Array(n);
+    for (let i = 0; i < n; i++) {
+      const u1 = Math.max(unit(), 1e-300), u2 = unit();
+      out[i] = scale * Math.sqrt(-2 * Math.log(u1)) * Math.cos(2 * Math.PI * u2);
+    }
+    return out;
+  };
+}
+
+const size = (shape) => shape.reduce((a, b) => a * b, 1);
+const tensor = (normal, shape, scale = 1) => ({ data: normal(size(shape), scale), shape });
+
+/** Plain f64 attention for [B, H, N, D] (GQA, optional bool mask [Nq, Nk], causal). */
+function reference({ q, k, v, mask, causal = false, scale }) {
+  const [B, H, Nq, D] = q.shape, [, Hk, Nk] = k.shape, Dv = v.shape[3];
+  const s = scale ?? 1 / Math.sqrt(D);
+  const y = new Float64Array(B * H * Nq * Dv);
+  for (let b = 0; b < B; b++) for (let h = 0; h < H; h++) {
+    const hk = Math.floor(h / (H / Hk));
+    for (let i = 0; i < Nq; i++) {
+      const scores = new Float64Array(Nk).fill(-Infinity);
+      for (let j = 0; j < Nk; j++) {
+        if (causal && j > i + (Nk - Nq)) continue;
+        if (mask && !mask.data[i * Nk + j]) continue;
+        let dot = 0;
+        for (let d = 0; d < D; d++) dot += q.data[((b * H + h) * Nq + i) * D + d] * k.data[((b * Hk + hk) * Nk + j) * D + d];
+        scores[j] = dot * s;
+      }
+      const max = Math.max(...scores);
+      if (max === -Infinity) continue; // a fully masked row is zero
+      let sum = 0;
+      for (let j = 0; j < Nk; j++) sum += (scores[j] = Math.exp(scores[j] - max));
+      for (let j = 0; j < Nk; j++) {
+        const p = scores[j] / sum;
+        for (let d = 0; d < Dv; d++) y[((b * H + h) * Nq + i) * Dv + d] += p * v.data[((b * Hk + hk) * Nk + j) * Dv + d];
+      }
+    }
+  }
+  return y;
+}
+
+const maxDiff = (a, b) => a.reduce((m, x, i) => Math.max(m, Math.abs(x - b[i])), 0);
+
+/** f32 to IEEE half bits (round to nearest even; normals and zero are all the tests need). */
+function halfBits(x) {
+  const f = new Float32Array([x]), u = new Uint32Array(f.buffer)[0];
+  const sign = (u >>> 16) & 0x8000, exp = ((u >>> 23) & 0xff) - 127 + 15, man = u & 0x7fffff;
+  if (exp <= 0) return sign;
+  let h = sign | (exp << 10) | (man >>> 13);
+  const rest = man & 0x1fff;
+  if (rest > 0x1000 || (rest === 0x1000 && (h & 1))) h++;
+  return h;
+}
+function halfValue(bits) {
+  const e = (bits >> 10) & 0x1f, m = bits & 0x3ff, s = bits & 0x8000 ? -1 : 1;
+  return e === 0 ? s * m * 2 ** -24 : s * (1 + m / 1024) * 2 ** (e - 15);
+}
+
+/** Runs `fn`, expecting a rejection named `name` whose message matches `pattern`. */
+async function rejects(fn, name, pattern) {
+  try {
+    await fn();
+  } catch (e) {
+    if (!(e instanceof Error)) throw new Error(`rejected with a non-Error: ${e}`);
+    if (e.name !== name) throw new Error(`rejected as ${e.name} (${e.message}), expected ${name}`);
+    if (pattern && !pattern.test(e.message)) throw new Error(`message "${e.message}" does not match ${pattern}`);
+    return e.message;
+  }
+  throw new Error(`resolved; expected a ${name} rejection`);
+}
+
+function expect(cond, message) {
+  if (!cond) throw new Error(message);
+}
+
+function expectVerified(r, what) {
+  expect(r.check, `${what}: no check in the result`);
+  expect(r.check.passed, `${what}: outside tolerance ${JSON.stringify(r.check)}`);
+  const y = r.check.y ?? r.check.output;
+  return `worst ${y.maxAbs.toExponential(2)} of ${y.allowed.toExponential(2)}`;
+}
+
+// ------------------------------------------------------------------ cases
+
+function cases({ worker }) {
+  const list = [];
+  const add = (name, fn) => list.push({ name, fn });
+  const n = rng(7);
+
+  add("create and adapter", async (engine) => {
+    const a = engine.adapter;
+    expect(typeof a.describe === "string" && a.describe.length > 0, "no description");
+    expect(a.gpu === (engine.backend === "gpu"), "adapter.gpu and backend disagree");
+    if (a.gpu) expect(a.limits.maxStorageBufferBindingSize > 0 && a.features && a.kernels.length > 0, "no limits/features/kernels");
+    return `${engine.backend}: ${a.describe}`;
+  });
+
+  add("the README's example", async () => {
+    const engine = await WebAttn.create();
+    const shape = [1, 8, 128, 64];
+    const q = { data: new Float32Array(8 * 128 * 64).fill(0.1), shape };
+    const { y, path } = await engine.attention({ q, k: q, v: q }, { isCausal: true });
+    expect(y.shape.join() === shape.join() && Math.abs(y.data[0] - 0.1) < 1e-6, `y ${y.shape} ${y.data[0]}`);
+    const checked = await engine.attention({ q, k: q, v: q }, { verify: true });
+    expect(checked.check.y.passed, "not verified");
+    engine.destroy();
+    return `${path}, y[0] = ${y.data[0]}`;
+  });
+
+  add("attention on typed arrays matches a JS f64 reference and the oracle (sizes 1, 7, 97, GQA)", async (engine) => {
+    const lines = [];
+    for (const [B, H, Hk, Nq, Nk, D] of [[1, 1, 1, 1, 1, 8], [1, 4, 2, 7, 97, 40], [2, 3, 1, 97, 7, 64]]) {
+      const q = tensor(n, [B, H, Nq, D]), k = tensor(n, [B, Hk, Nk, D]), v = tensor(n, [B, Hk, Nk, D]);
+      const r = await engine.attention({ q, k, v }, { verify: true });
+      expect(r.y.data instanceof Float32Array, "y is not a Float32Array");
+      expect(JSON.stringify(r.y.shape) === JSON.stringify([B, H, Nq, D]), `y shape ${r.y.shape}`);
+      const diff = maxDiff(r.y.data, reference({ q, k, v }));
+      expect(diff < 1e-5, `differs from the JS reference by ${diff}`);
+      lines.push(`${B}x${H}/${Hk}x${Nq}x${Nk}x${D} ${r.path} ${expectVerified(r, "attention")}`);
+    }
+    return lines.join("; ");
+  });
+
+  add("every mask form and option within tolerance of the oracle", async (engine) => {
+    const [B, H, Nq, Nk, D] = [2, 2, 33, 65, 32];
+    const q = tensor(n, [B, H, Nq, D]), k = tensor(n, [B, H, Nk, D]), v = tensor(n, [B, H, Nk, D]);
+    const bool = new Uint8Array(Nq * Nk).map((_, i) => (i % 5 !== 0 ? 1 : 0));
+    bool.fill(0, 3 * Nk, 4 * Nk); // row 3 fully masked
+    const additive = n(Nq * Nk, 2);
+    const variants = [
+      ["bool mask (fully masked row)", { mask: { data: bool, shape: [1, 1, Nq, Nk] } }, {}],
+      ["boolean[] mask", { mask: { data: Array.from(bool, (b) => b === 1), shape: [Nq, Nk] } }, {}],
+      ["additive mask", { mask: { data: additive, shape: [Nq, Nk] } }, {}],
+      ["causal", {}, { isCausal: true }],
+      ["windows", {}, { leftWindowSize: 5, rightWindowSize: 3 }],
+      ["nonpad lengths", { nonpadKvSeqlen: new BigInt64Array([20n, 65n]) }, {}],
+      ["softcap + scale", {}, { softcap: 3, scale: 0.5 }],
+      ["ALiBi + temperature", {}, { alibi: true, temperature: 0.7, isCausal: true }],
+      ["probabilities + lse", {}, { qkMatmulOutputMode: 3, returnLse: true }],
+      ["large logits", {}, { scale: 3 }],
+    ];
+    const lines = [];
+    for (const [label, extra, options] of variants) {
+      const r = await engine.attention({ q, k, v, ...extra }, { ...options, verify: true });
+      lines.push(`${label}: ${expectVerified(r, label)}`);
+      if (options.returnLse) {
+        expect(r.lse && r.qkMatmulOutput, "lse or probabilities missing");
+        expect(JSON.stringify(r.qkMatmulOutput.shape) === JSON.stringify([B, H, Nq, Nk]), "probabilities shape");
+      } else {
+        expect(r.lse === undefined && r.qkMatmulOutput === undefined, "outputs that were not asked for came back");
+      }
+    }
+    // The fully masked row is zero, as PyTorch's.
+    const r = await engine.attention({ q, k, v, mask: { data: bool, shape: [Nq, Nk] } });
+    expect(r.y.data.slice(3 * D, 4 * D).every((x) => x === 0), "fully masked row is not zero");
+    return lines.join("; ");
+  });
+
+  add("every path agrees with the oracle", async (engine) => {
+    const q = tensor(n, [1, 2, 97, 64]), k = tensor(n, [1, 2, 257, 64]), v = tensor(n, [1, 2, 257, 64]);
+    const paths = engine.backend === "gpu" ? ["fused", "unfused", "cpu", "oracle"] : ["cpu", "oracle"];
+    const lines = [];
+    for (const path of paths) {
+      const r = await engine.attention({ q, k, v }, { path, isCausal: true, verify: true });
+      expect(r.path === path, `asked for ${path}, ran ${r.path}`);
+      lines.push(`${path} ${expectVerified(r, path)}`);
+    }
+    if (engine.backend === "cpu") await rejects(() => engine.attention({ q, k, v }, { path: "fused" }), "Conflict", /GPU path/);
+    return lines.join("; ");
+  });
+
+  add("f16 inputs (Float16Array and Uint16Array bits)", async (engine) => {
+    const shape = [1, 2, 9, 16];
+    const values = () => Array.from({ length: size(shape) }, (_, i) => ((i * 37) % 97 - 48) / 32);
+    const bits = (a) => Uint16Array.from(a, halfBits);
+    const [qv, kv, vv] = [values(), values().reverse(), values().map((x) => x / 2)];
+    const asF32 = (a) => ({ data: Float32Array.from(bits(a), halfValue), shape });
+    const want = await engine.attention({ q: asF32(qv), k: asF32(kv), v: asF32(vv) });
+    const fromBits = await engine.attention({ q: { data: bits(qv), shape }, k: { data: bits(kv), shape }, v: { data: bits(vv), shape, dtype: "float16" } });
+    expect(maxDiff(fromBits.y.data, want.y.data) === 0, "Uint16Array f16 differs from the same values in f32");
+    let half = "no Float16Array in this browser";
+    if (typeof Float16Array === "function") {
+      const h = (a) => ({ data: Float16Array.from(a), shape });
+      const r = await engine.attention({ q: h(qv), k: h(kv), v: h(vv) }, { verify: true });
+      expect(maxDiff(r.y.data, want.y.data) === 0, "Float16Array differs from the same values in f32");
+      half = `Float16Array ${expectVerified(r, "f16")}`;
+    }
+    return `Uint16Array bits equal f32; ${half}`;
+  });
+
+  add("3-D inputs with qNumHeads/kvNumHeads; past key/value and present outputs", async (engine) => {
+    const [B, S, H, Hk, D] = [2, 11, 4, 2, 16];
+    const q = tensor(n, [B, S, H * D]), k = tensor(n, [B, 13, Hk * D]), v = tensor(n, [B, 13, Hk * D]);
+    const r = await engine.attention({ q, k, v }, { qNumHeads: H, kvNumHeads: Hk, verify: true });
+    expect(JSON.stringify(r.y.shape) === JSON.stringify([B, S, H * D]), `3-D y shape ${r.y.shape}`);
+    await rejects(() => engine.attention({ q, k, v }), "InvalidOption", /qNumHeads/);
+    const past = { pastKey: tensor(n, [B, Hk, 5, D]), pastValue: tensor(n, [B, Hk, 5, D]) };
+    const q4 = tensor(n, [B, H, 3, D]), k4 = tensor(n, [B, Hk, 3, D]), v4 = tensor(n, [B, Hk, 3, D]);
+    const p = await engine.attention({ q: q4, k: k4, v: v4, ...past }, { isCausal: true, returnPresent: true, verify: true });
+    expect(JSON.stringify(p.presentKey.shape) === JSON.stringify([B, Hk, 8, D]), `presentKey shape ${p.presentKey.shape}`);
+    expect(p.presentValue.data.slice(0, 5 * D).every((x, i) => x === past.pastValue.data[i]), "presentValue does not start with pastValue");
+    return `3-D ${expectVerified(r, "3-D")}; past ${expectVerified(p, "past")}`;
+  });
+
+  add("device tensors: upload, keepOnDevice, chaining, read, dispose, foreign and disposed handles", async (engine) => {
+    const held = engine.heldTensors;
+    const host = { q: tensor(n, [1, 2, 64, 32]), k: tensor(n, [1, 2, 80, 32]), v: tensor(n, [1, 2, 80, 32]) };
+    const q = await engine.upload(host.q), k = await engine.upload(host.k), v = await engine.upload(host.v);
+    expect(q instanceof DeviceTensor && q.shape.join() === "1,2,64,32", "upload did not give a DeviceTensor");
+    const mask = await engine.uploadMask({ data: new Uint8Array(64 * 80).fill(1).fill(0, 0, 10), shape: [64, 80] });
+    const kept = await engine.attention({ q, k, v, mask }, { keepOnDevice: true, returnLse: true });
+    expect(kept.y instanceof DeviceTensor && kept.lse instanceof DeviceTensor, "keepOnDevice did not keep");
+    const onHost = await engine.attention({ ...host, mask: { data: new Uint8Array(64 * 80).fill(1).fill(0, 0, 10), shape: [64, 80] } }, { verify: true });
+    const read = await kept.y.read();
+    expect(maxDiff(read.data, onHost.y.data) === 0, "device call differs from the host call");
+    expect(maxDiff((await q.read()).data, host.q.data) === 0, "read() of an upload differs");
+    // An output as the next call's input, without a readback in between.
+    const chained = await engine.attention({ q: kept.y, k, v }, { verify: true });
+    expectVerified(chained, "chained");
+    for (const t of [q, k, v, mask, kept.y, kept.lse]) t.dispose();
+    expect(engine.heldTensors === held, `${engine.heldTensors - held} tensors still held after dispose`);
+    await rejects(() => engine.attention({ q, k: host.k, v: host.v }), "DisposedTensor", /disposed/);
+    await rejects(() => q.read(), "DisposedTensor");
+    const other = await WebAttn.create({ backend: "cpu" });
+    const foreign = await other.upload(host.q);
+    await rejects(() => engine.attention({ q: foreign, k: host.k, v: host.v }), "ForeignTensor", /another engine/);
+    other.destroy();
+    return `kept y equals the host call exactly; chained ${expectVerified(chained, "chained")}`;
+  });
+
+  add("bad input rejects with typed, named errors", async (engine) => {
+    const q = tensor(n, [1, 2, 8, 16]), k = tensor(n, [1, 2, 9, 16]), v = tensor(n, [1, 2, 9, 16]);
+    const msgs = [];
+    msgs.push(await rejects(() => engine.attention({ q, k: tensor(n, [1, 2, 9, 12]), v }), "ShapeMismatch", /16/));
+    msgs.push(await rejects(() => engine.attention({ q: { data: new Float32Array(5), shape: [1, 2, 8, 16] }, k, v }), "DataLength", /256/));
+    msgs.push(await rejects(() => engine.attention({ q: { data: "abc", shape: [1] }, k, v }), "DType", /Float32Array/));
+    msgs.push(await rejects(() => engine.attention({ q: tensor(n, [8, 16]), k, v }), "Rank"));
+    msgs.push(await rejects(() => engine.attention({ q: tensor(n, [1, 3, 8, 16]), k, v }), "GqaHeads"));
+    msgs.push(await rejects(() => engine.attention({ q, k, v }, { isCasual: true }), "InvalidOption", /isCasual.*isCausal/s));
+    msgs.push(await rejects(() => engine.attention({ q, k, v, attnMask: null }), "InvalidOption", /attnMask/));
+    msgs.push(await rejects(() => engine.attention({ q, v }), "MissingInput", /k/));
+    msgs.push(await rejects(() => engine.attention({ q, k, v }, { qkMatmulOutputMode: 9 }), "InvalidOption"));
+    msgs.push(await rejects(() => engine.attention({ q, k, v, mask: { data: new Uint8Array(7), shape: [7, 1] } }), "Broadcast"));
+    msgs.push(await rejects(() => engine.attention(null), "InvalidOption"));
+    msgs.push(await rejects(() => WebAttn.create({ limits: { notALimit: 5 } }), "InvalidOption", /not a limit/));
+    msgs.push(await rejects(() => WebAttn.create({ backend: "tpu" }), "InvalidOption"));
+    // The engine still works after every rejection.
+    const r = await engine.attention({ q, k, v }, { verify: true });
+    expectVerified(r, "after errors");
+    return `${msgs.length} rejections, e.g. "${msgs[0]}"`;
+  });
+
+  add("the family: multi-head layer, KV-cache decoder, RoPE, sinusoidal, Bahdanau, Luong, linear", async (engine) => {
+    const lines = [];
+    const d = 32, heads = 4, kvHeads = 2, hd = 8;
+    const w = (rows, cols) => ({ data: n(rows * cols, 1 / Math.sqrt(cols)), shape: [rows, cols] });
+    const layer = engine.multiHeadAttention({
+      weights: { wQ: w(heads * hd, d), bQ: { data: n(heads * hd, 0.1), shape: [heads * hd] }, wK: w(kvHeads * hd, d), wV: w(kvHeads * hd, d), wO: w(d, heads * hd) },
+      heads, kvHeads, rope: { layout: "half-split" },
+    });
+    const x = tensor(n, [1, 9, d]);
+    const full = await layer.forward(x, null, { isCausal: true, weights: true, verify: true });
+    lines.push(`mha ${expectVerified(full, "mha")}`);
+    expect(full.weights.shape.join() === "1,4,9,9", `mha weights shape ${full.weights.shape}`);
+    const cross = await layer.forward(x, tensor(n, [1, 5, d]), { verify: true });
+    lines.push(`cross ${expectVerified(cross, "cross")}`);
+    const decoder = layer.decoder();
+    let last;
+    for (const [from, to] of [[0, 4], [4, 5], [5, 9]]) {
+      last = await decoder.step({ data: x.data.slice(from * d, to * d), shape: [1, to - from, d] });
+    }
+    expect(decoder.length === 9, `decoder length ${decoder.length}`);
+    const cachedDiff = maxDiff(last.output.data, full.output.data.slice(5 * d));
+    expect(cachedDiff < 1e-5, `decoder differs from the full pass by ${cachedDiff}`);
+    lines.push(`decoder = full pass within ${cachedDiff.toExponential(1)}`);
+    const xs = tensor(n, [2, 3, 257, 16]);
+    lines.push(`rope ${expectVerified(await engine.rope(xs, { offset: 1000, verify: true }), "rope")}`);
+    lines.push(`sinusoidal ${expectVerified(await engine.sinusoidal(xs, { verify: true }), "sinusoidal")}`);
+    const s = tensor(n, [2, 7, 12]), h = tensor(n, [2, 97, 10]);
+    const bahdanau = engine.bahdanau({ w1: w(16, 12), w2: w(16, 10), v: { data: n(16), shape: [16] } });
+    lines.push(`bahdanau ${expectVerified(await bahdanau.forward(s, h, { lengths: [97, 40], weights: true, verify: true }), "bahdanau")}`);
+    const hh = tensor(n, [2, 97, 12]);
+    for (const [score, extra] of [["dot", {}], ["general", { w: w(12, 12) }], ["concat", { w: w(16, 24), v: { data: n(16), shape: [16] } }]]) {
+      const luong = engine.luong({ score, ...extra });
+      lines.push(`luong-${score} ${expectVerified(await luong.forward(s, hh, { weights: true, verify: true }), score)}`);
+    }
+    const lq = tensor(n, [1, 2, 97, 16]), lk = tensor(n, [1, 2, 97, 16]), lv = tensor(n, [1, 2, 97, 8]);
+    lines.push(`linear ${expectVerified(await engine.linearAttention(lq, lk, lv, { causal: true, weights: true, verify: true }), "linear")}`);
+    return lines.join("; ");
+  });
+
+  add("family checks on this adapter (check('family'))", async (engine) => {
+    let calls = 0;
+    const r = await engine.check("family", () => calls++);
+    expect(r.failed === 0 && r.passed > 0, r.summary);
+    expect(calls === r.passed + r.failed, `progress called ${calls} times`);
+    return r.summary;
+  });
+
+  add("per-call overhead: warmup, then GPU time and end-to-end time of a repeated call", async (engine) => {
+    const shape = [1, 4, 128, 64];
+    const inputs = { q: tensor(n, shape), k: tensor(n, shape), v: tensor(n, shape) };
+    // A fresh engine compiles its pipelines on first use; warmup() does it ahead.
+    const fresh = await WebAttn.create({ backend: engine.backend });
+    const t0 = performance.now();
+    await fresh.attention(inputs);
+    const cold = performance.now() - t0;
+    fresh.destroy();
+    const other = await WebAttn.create({ backend: engine.backend });
+    const warm = await other.warmup([{ q: shape, k: shape, v: shape }]);
+    const t1 = performance.now();
+    await other.attention(inputs);
+    const afterWarmup = performance.now() - t1;
+    other.destroy();
+    const runs = [];
+    for (let i = 0; i < 7; i++) {
+      const t = performance.now();
+      const r = await engine.attention(inputs, { timing: true });
+      runs.push([performance.now() - t, r.timing.gpuMs]);
+    }
+    const median = (xs) => xs.sort((a, b) => a - b)[xs.length >> 1];
+    const e2e = median(runs.map((r) => r[0])), gpu = runs[0][1] == null ? null : median(runs.map((r) => r[1]));
+    const dev = { q: await engine.upload(inputs.q), k: await engine.upload(inputs.k), v: await engine.upload(inputs.v) };
+    const resident = [];
+    for (let i = 0; i < 7; i++) {
+      const t = performance.now();
+      const r = await engine.attention(dev, { keepOnDevice: true });
+      r.y.dispose();
+      resident.push(performance.now() - t);
+    }
+    Object.values(dev).forEach((t) => t.dispose());
+    const f = (x) => (x == null ? "n/a" : `${x.toFixed(1)} ms`);
+    return `B1 H4 N128 d64 on ${engine.backend}: first call on a fresh engine ${f(cold)}; ` +
+      `warmup on a fresh engine ${f(warm)}, then the first call ${f(afterWarmup)}; ` +
+      `repeated call end to end ${f(e2e)} (GPU ${f(gpu)}); ` +
+      `device-resident inputs with keepOnDevice: ${f(median(resident))} to enqueue (no readback)`;
+  });
+
+  add("benchmark and lastCall", async (engine) => {
+    const r = await engine.benchmark({ heads: 2, seqQ: 64, headDim: 32 }, { timed: 3 });
+    expect(r.medianMs > 0 && r.gflops > 0 && r.samplesMs.length === 3, JSON.stringify(r));
+    expect(engine.lastCall && typeof engine.lastCall.path === "string", "no lastCall");
+    return `${r.path} ${r.medianMs.toFixed(2)} ms, ${r.gflops.toFixed(2)} GFLOP/s`;
+  });
+
+  add("the CPU backend engine", async () => {
+    const cpu = await WebAttn.create({ backend: "cpu" });
+    expect(cpu.backend === "cpu" && !cpu.adapter.gpu, "not on the CPU");
+    const r = await cpu.attention({ q: tensor(n, [1, 2, 97, 32]), k: tensor(n, [1, 2, 97, 32]), v: tensor(n, [1, 2, 97, 32]) }, { isCausal: true, verify: true });
+    expect(r.path === "cpu", `path ${r.path}`);
+    const line = `cpu ${expectVerified(r, "cpu backend")}`;
+    cpu.destroy();
+    await rejects(() => cpu.attention({}), "Destroyed");
+    return line;
+  });
+
+  if (worker) {
+    add("no DOM in the worker", async () => {
+      expect(typeof document === "undefined", "a document exists");
+      return "ran without a document";
+    });
+  }
+  return list;
+}
+
+/** Runs every case on a fresh engine; resolves to `[{name, ok, detail, ms}]`. */
+export async function runSuite({ worker = false, backend = "auto" } = {}) {
+  const results = [];
+  let engine;
+  try {
+    engine = await WebAttn.create({ backend });
+  } catch (e) {
+    return [{ name: "create", ok: false, detail: `${e.name}: ${e.message}`, ms: 0 }];
+  }
+  for (const { name, fn } of cases({ worker })) {
+    const t = performance.now();
+    try {
+      const detail = await fn(engine);
+      results.push({ name, ok: true, detail: String(detail ?? ""), ms: performance.now() - t });
+    } catch (e) {
+      results.push({ name, ok: false, detail: `${e?.name}: ${e?.message ?? e}`, ms: performance.now() - t });
+    }
+  }
+  engine.destroy();
+  return results;
+}
