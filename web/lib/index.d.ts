@@ -218,6 +218,8 @@ export declare class WebAttn {
   readonly lastCall: { path: string; reason?: string; allocatedBytes: number } | null;
   /** Device tensors not yet disposed. */
   readonly heldTensors: number;
+  /** The labels of the pipelines compiled so far (each is compiled once per engine, on first use or in `warmup`). */
+  readonly compiledPipelines: string[];
   /** The ONNX Attention operator. Rejects with an Error whose `name` is the error kind
    * (`ShapeMismatch`, `Rank`, `DType`, `InvalidOption`, `Limit`, `DeviceLost`, ...). */
   attention(inputs: AttentionInputs, options?: AttentionOptions & { keepOnDevice?: false }): Promise<AttentionResult<HostTensor>>;

@@ -120,6 +120,8 @@ export class WebAttn {
   get lastCall() { return this._core().lastCall(); }
   /** Device tensors not yet disposed. */
   get heldTensors() { return this._core().heldTensors(); }
+  /** The labels of the pipelines compiled so far (each is compiled once per engine). */
+  get compiledPipelines() { return this._core().compiledPipelines(); }
 
   #inputs(inputs) {
     if (inputs === null || typeof inputs !== "object") return inputs;

@@ -388,6 +388,18 @@ impl EngineCore {
         Ok(start.elapsed().as_secs_f64() * 1e3)
     }
 
+    /// The labels of the pipelines compiled so far (each once per engine).
+    #[wasm_bindgen(js_name = compiledPipelines)]
+    pub fn compiled_pipelines(&self) -> Array {
+        self.engine
+            .gpu()
+            .map(|ctx| ctx.pipelines().compiled_keys())
+            .unwrap_or_default()
+            .iter()
+            .map(|key| JsValue::from(key.to_string()))
+            .collect()
+    }
+
     /// The path the last call took, and why when it was not the default.
     #[wasm_bindgen(js_name = lastCall)]
     pub fn last_call(&self) -> JsValue {

@@ -327,6 +327,9 @@ function cases({ worker }) {
     const t0 = performance.now();
     await fresh.attention(inputs);
     const cold = performance.now() - t0;
+    const compiled = fresh.compiledPipelines;
+    await fresh.attention(inputs);
+    expect(fresh.compiledPipelines.length === compiled.length, "a repeated call compiled again");
     fresh.destroy();
     const other = await WebAttn.create({ backend: engine.backend });
     const warm = await other.warmup([{ q: shape, k: shape, v: shape }]);
@@ -352,7 +355,8 @@ function cases({ worker }) {
     }
     Object.values(dev).forEach((t) => t.dispose());
     const f = (x) => (x == null ? "n/a" : `${x.toFixed(1)} ms`);
-    return `B1 H4 N128 d64 on ${engine.backend}: first call on a fresh engine ${f(cold)}; ` +
+    return `B1 H4 N128 d64 on ${engine.backend}: first call on a fresh engine ${f(cold)} ` +
+      `(compiling ${compiled.length} pipelines: ${compiled.join(", ")}); ` +
       `warmup on a fresh engine ${f(warm)}, then the first call ${f(afterWarmup)}; ` +
       `repeated call end to end ${f(e2e)} (GPU ${f(gpu)}); ` +
       `device-resident inputs with keepOnDevice: ${f(median(resident))} to enqueue (no readback)`;
