@@ -1,7 +1,7 @@
 // The JavaScript library's tests, for node's test runner:
 //   node --test web/tests/library.test.mjs        (after bash web/build.sh)
-// Installs the packed tarball (target/npm/webattn-*.tgz) into a scratch
-// folder, serves it with the test page, and runs the suite in Debian's headless
+// Installs the packed tarball (target/npm/webattn-*.tgz) into a scratch app
+// with npm, serves it with the test page, and runs the suite in Debian's headless
 // Chromium: on the page and in a Web Worker, on WebGPU (SwiftShader) and on the
 // CPU backend. Every case of the suite is a subtest here; its details (worst
 // errors, timings) are printed.
@@ -19,14 +19,20 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 const root = path.resolve(here, "../..");
 const TYPES = { ".html": "text/html; charset=utf-8", ".js": "text/javascript", ".wasm": "application/wasm" };
 
-/** Unpacks the tarball the way `npm install ./webattn-x.tgz` lays it out. */
-function unpack() {
+/** Installs the tarball into a scratch app with npm, as a web app would;
+ * returns the app folder and the installed package's folder. */
+function install() {
   const dir = path.join(root, "target/npm");
-  const tarball = fs.readdirSync(dir).find((f) => /^webattn-.*\.tgz$/.test(f));
+  const tarball = fs.existsSync(dir) && fs.readdirSync(dir).find((f) => /^webattn-.*\.tgz$/.test(f));
   assert.ok(tarball, "no target/npm/webattn-*.tgz: run bash web/build.sh first");
-  const into = fs.mkdtempSync(path.join(os.tmpdir(), "webattn-package-"));
-  execFileSync("tar", ["xzf", path.join(dir, tarball), "-C", into, "--strip-components=1"]);
-  return into;
+  const app = fs.mkdtempSync(path.join(os.tmpdir(), "webattn-app-"));
+  fs.writeFileSync(path.join(app, "package.json"), JSON.stringify({ name: "app", private: true }));
+  execFileSync("npm", ["install", "--offline", "--no-audit", "--no-fund", "--loglevel=error", path.join(dir, tarball)], { cwd: app, stdio: "inherit" });
+  const pkg = path.join(app, "node_modules/webattn");
+  for (const file of ["webattn.js", "index.d.ts", "README.md", "pkg/webattn_web.js", "pkg/webattn_web_bg.wasm"]) {
+    assert.ok(fs.existsSync(path.join(pkg, file)), `the tarball lacks ${file}`);
+  }
+  return { app, pkg };
 }
 
 /** Serves /webattn/* from the unpacked package and the rest from tests/library/. */
@@ -48,7 +54,7 @@ function serve(pkg) {
   return new Promise((resolve) => server.listen(0, "127.0.0.1", () => resolve(server)));
 }
 
-const pkg = unpack();
+const { app, pkg } = install();
 const server = await serve(pkg);
 const profile = fs.mkdtempSync(path.join(os.tmpdir(), "webattn-chromium-lib-"));
 const browser = await chromium.launchPersistentContext(profile, {
@@ -60,13 +66,19 @@ const browser = await chromium.launchPersistentContext(profile, {
 
 async function suite(t, query) {
   const page = await browser.newPage();
-  page.on("console", (m) => { if (m.type() === "error") console.log(`[page error] ${m.text()}`); });
+  const panics = [];
+  page.on("console", (m) => {
+    if (m.type() !== "error") return;
+    console.log(`[page error] ${m.text()}`);
+    if (/panicked|unreachable|RuntimeError/.test(m.text())) panics.push(m.text());
+  });
   page.on("pageerror", (e) => console.log(`[page exception] ${e}`));
   await page.goto(`http://127.0.0.1:${server.address().port}/?${query}`);
   const results = await page.waitForFunction(() => window.results, null, { timeout: 600_000, polling: 250 })
     .then((h) => h.jsonValue());
   await page.close();
   assert.ok(results.length > 1, `the suite did not run: ${JSON.stringify(results)}`);
+  await t.test("nothing panicked into the console", () => assert.deepEqual(panics, []));
   for (const r of results) {
     await t.test(r.name, () => {
       t.diagnostic(`${r.name} (${(r.ms / 1000).toFixed(1)} s): ${r.detail}`);
@@ -79,7 +91,7 @@ test.after(async () => {
   await browser.close();
   server.close();
   fs.rmSync(profile, { recursive: true, force: true });
-  fs.rmSync(pkg, { recursive: true, force: true });
+  fs.rmSync(app, { recursive: true, force: true });
 });
 
 test("page, WebGPU", { timeout: 600_000 }, (t) => suite(t, "backend=gpu"));
