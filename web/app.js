@@ -149,7 +149,7 @@ function explorerSettings() {
   return {
     seqQ, seqK, heads, kvHeads: num("kv_heads", heads, heads), dk, dv: num("v_head_dim", dk, 256),
     head: num("head", 1, heads) - 1, seed: Math.max(0, Math.trunc(Number(form.get("seed")) || 0)),
-    mask: form.get("mask"), window: num("window", 8, 1 << 20), padding: Math.min(Math.max(Number(form.get("padding")) || 0, 0), seqK),
+    mask: form.get("mask"), window: num("window", 8, 1 << 20), padding: Math.min(Math.max(Math.trunc(Number(form.get("padding")) || 0), 0), seqK),
     softcap: Number(form.get("softcap")) || 0, temperature: Number(form.get("temperature")) > 0 ? Number(form.get("temperature")) : 1,
     path: hasGpu() ? form.get("path") : (form.get("path") === "oracle" ? "oracle" : "cpu"),
   };
@@ -197,27 +197,30 @@ async function runCheck(kind) {
   bar.hidden = false;
   $("check-summary").textContent = "";
   $("check-table").textContent = "";
-  const r = await engine.check(kind, (done, total, name, passed) => {
+  const progress = (prefix) => (done, total, name, passed) => {
     bar.max = total;
     bar.value = done;
-    $("check-current").textContent = `${done}/${total} ${passed ? "" : "FAIL "}${name}`;
-  });
-  $("check-table").textContent = r.table;
+    $("check-current").textContent = `${prefix}${done}/${total} ${passed ? "" : "FAIL "}${name}`;
+  };
   const summary = $("check-summary");
-  summary.textContent = r.summary;
-  summary.className = `summary ${r.failed === 0 ? "pass" : "fail"}`;
-  const f = await engine.check("family", (done, total, name, passed) => {
-    bar.max = total;
-    bar.value = done;
-    $("check-current").textContent = `family ${done}/${total} ${passed ? "" : "FAIL "}${name}`;
-  });
-  $("family-table").textContent = f.table;
-  const familySummary = $("family-summary");
-  familySummary.textContent = f.summary;
-  familySummary.className = `summary ${f.failed === 0 ? "pass" : "fail"}`;
-  $("check-current").textContent = r.adapter;
-  for (const b of [$("check-quick"), $("check-full")]) b.disabled = false;
-  document.body.dataset.checkDone = "1";
+  try {
+    const r = await engine.check(kind, progress(""));
+    $("check-table").textContent = r.table;
+    summary.textContent = r.summary;
+    summary.className = `summary ${r.failed === 0 ? "pass" : "fail"}`;
+    const f = await engine.check("family", progress("family "));
+    $("family-table").textContent = f.table;
+    const familySummary = $("family-summary");
+    familySummary.textContent = f.summary;
+    familySummary.className = `summary ${f.failed === 0 ? "pass" : "fail"}`;
+    $("check-current").textContent = r.adapter;
+  } catch (e) {
+    summary.textContent = `error: ${e.name}: ${e.message}`;
+    summary.className = "summary fail";
+  } finally {
+    for (const b of [$("check-quick"), $("check-full")]) b.disabled = false;
+    document.body.dataset.checkDone = "1";
+  }
 }
 
 // Compiles every pipeline variant with the browser's own WebGPU on a device

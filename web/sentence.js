@@ -130,7 +130,8 @@ export async function sentence(engine, path, variant) {
       heads: 2,
     });
     const [q, k] = embeddings(1);
-    const r = await layer.forward(t(q, [1, QUERIES.length, DIM]), t(k, [1, KEYS.length, DIM]), { path, weights: true, verify: true });
+    const r = await layer.forward(t(q, [1, QUERIES.length, DIM]), t(k, [1, KEYS.length, DIM]), { path, weights: true, verify: true })
+      .finally(() => layer.dispose());
     return done(r.weights.data.slice(0, QUERIES.length * KEYS.length), r, engine.lastCall?.path ?? path);
   }
   if (variant === "linear") {
@@ -143,7 +144,7 @@ export async function sentence(engine, path, variant) {
     const { w1, w2, v } = bumpWeights(4, 1, 0.6);
     const layer = engine.bahdanau({ w1: t(w1, [2 * DIM, DIM + 1]), w2: t(w2, [2 * DIM, DIM + 1]), v: t(v, [2 * DIM]) });
     const [s, h] = states(1);
-    const r = await layer.forward(s, h, { weights: true, verify: true });
+    const r = await layer.forward(s, h, { weights: true, verify: true }).finally(() => layer.dispose());
     return done(r.weights.data, r, onEngine);
   }
   if (variant.startsWith("luong-")) {
@@ -159,7 +160,8 @@ export async function sentence(engine, path, variant) {
       config = { score, w: t(w, [2 * DIM, 2 * width]), v: t(v, [2 * DIM]) };
     }
     const [s, h] = states(gain);
-    const r = await engine.luong(config).forward(s, h, { weights: true, verify: true });
+    const layer = engine.luong(config);
+    const r = await layer.forward(s, h, { weights: true, verify: true }).finally(() => layer.dispose());
     return done(r.weights.data, r, onEngine);
   }
   const [q, k] = embeddings(10);

@@ -1,15 +1,25 @@
 // Type declarations for webattn, the ONNX Attention operator on WebGPU.
+// Calls on one engine run one after another, in the order they were made.
 
-/** Element data a tensor accepts. Float16Array (where the browser has it) and
- * Uint16Array (holding f16 bits) are widened to f32; Float64Array is narrowed. */
-export type TensorData = Float32Array | Uint16Array | Float64Array | ArrayLike<number> | { readonly BYTES_PER_ELEMENT: 2 };
+/** A Float16Array, where the browser has one (declared structurally, since
+ * older TypeScript libraries lack the type). */
+export interface Float16ArrayLike extends ArrayLike<number> {
+  readonly BYTES_PER_ELEMENT: 2;
+  readonly buffer: ArrayBufferLike;
+  readonly byteOffset: number;
+}
+
+/** Element data a tensor accepts. Float16Array and Uint16Array (holding f16
+ * bits) are widened to f32; Float64Array and number[] are narrowed. Other
+ * typed arrays are rejected with a `DType` error. */
+export type TensorData = Float32Array | Float16ArrayLike | Uint16Array | Float64Array | number[];
 
 /** A tensor on the host: row-major data and its dimensions. */
 export interface Tensor {
   data: TensorData;
   shape: readonly number[];
-  /** `"float16"` to read Uint16Array data as f16 bits (the default for Uint16Array). */
-  dtype?: "float16" | "float32" | "float64";
+  /** Only checked for Uint16Array data, which always holds f16 bits: any other value is an error. */
+  dtype?: "float16";
 }
 
 /** A tensor returned by the engine. */
@@ -23,6 +33,8 @@ export interface HostTensor {
 export interface MaskTensor {
   data: Uint8Array | boolean[] | TensorData;
   shape: readonly number[];
+  /** As `Tensor.dtype`, for Uint16Array (f16) additive masks. */
+  dtype?: "float16";
 }
 
 /** The inputs of `attention`, named as ONNX's in camelCase. */
@@ -55,7 +67,8 @@ export interface AttentionOptions {
   leftWindowSize?: number;
   /** Keys further than this to the right are masked; -1 = unbounded. */
   rightWindowSize?: number;
-  /** Which scores to return as `qkMatmulOutput`: 0 raw Q·Kᵀ, 1 masked, 2 soft-capped, 3 probabilities. */
+  /** Which scores to return as `qkMatmulOutput`: 0 the scaled Q·Kᵀ, 1 after softcap, 2 after softcap
+   * and the whole bias (mask, causal, windows, padding, ALiBi; masked entries -inf), 3 the probabilities. */
   qkMatmulOutputMode?: 0 | 1 | 2 | 3;
   /** Accepted as ONNX allows; the kernels accumulate in f32. */
   softmaxPrecision?: number;
@@ -117,7 +130,8 @@ export declare class DeviceTensor {
   readonly engine: WebAttn;
   /** Reads the values back (a mask as its additive float form). */
   read(): Promise<HostTensor>;
-  /** Frees the device memory now. */
+  /** Frees the device memory now (also done when it is garbage-collected).
+   * Where the runtime has `Symbol.dispose`, `[Symbol.dispose]()` does the same, for `using`. */
   dispose(): void;
 }
 
@@ -163,14 +177,22 @@ export interface Attended {
   check?: { output: ErrorReport; weights?: ErrorReport; passed: boolean };
 }
 
-/** Options of a family call: the attention options (for multi-head layers) plus these. */
-export interface FamilyOptions extends AttentionOptions {
+/** Options of a multi-head layer's call: the attention options that apply to
+ * its attention step, plus these. The others are an `InvalidOption` error. */
+export interface FamilyOptions extends Omit<AttentionOptions,
+  "keepOnDevice" | "timing" | "qNumHeads" | "kvNumHeads" | "returnLse" | "returnPresent" | "qkMatmulOutputMode"> {
   /** Return the attention weights. */
   weights?: boolean;
 }
 
+/** A layer made by the engine: usable while the engine lives. */
+export interface Layer {
+  /** Frees the layer (and its weights on the device); `[Symbol.dispose]()` too where the runtime has it. */
+  dispose(): void;
+}
+
 /** A multi-head attention layer (weights `[out, in]`, uploaded once per engine). */
-export interface MultiHeadAttention {
+export interface MultiHeadAttention extends Layer {
   /** Self-attention (`keyValue` null) or cross-attention: `query` `[B, N, dModel]`, `keyValue` `[B, M, dKv]`. */
   forward(query: Tensor, keyValue?: Tensor | null, options?: FamilyOptions): Promise<Attended>;
   /** A causal decoder whose keys and values stay on the device. */
@@ -178,17 +200,18 @@ export interface MultiHeadAttention {
 }
 
 /** The KV-cache decoder of a multi-head layer. */
-export interface Decoder {
-  /** Attends the next tokens `x` `[B, n, dModel]` to everything before them. */
-  step(x: Tensor, options?: FamilyOptions): Promise<Attended>;
+export interface Decoder extends Layer {
+  /** Attends the next tokens `x` `[B, n, dModel]` to everything before them
+   * (no `verify`: the oracle has no cache; verify `forward` on the whole sequence). */
+  step(x: Tensor, options?: Omit<FamilyOptions, "verify">): Promise<Attended>;
   /** Tokens in the cache. */
   readonly length: number;
-  /** Empties the cache. */
-  reset(): void;
+  /** Empties the cache, after the steps already asked for. */
+  reset(): Promise<void>;
 }
 
 /** Bahdanau or Luong scoring. */
-export interface ScoringLayer {
+export interface ScoringLayer extends Layer {
   /** Decoder states `s` `[B, Nq, dS]` attending to encoder states `h` `[B, Nk, dH]`;
    * `lengths` `[B]` limits each batch entry's encoder states. */
   forward(s: Tensor, h: Tensor, options?: { lengths?: number[] | Int32Array; weights?: boolean; verify?: boolean }): Promise<Attended>;
@@ -224,11 +247,13 @@ export declare class WebAttn {
    * (`ShapeMismatch`, `Rank`, `DType`, `InvalidOption`, `Limit`, `DeviceLost`, ...). */
   attention(inputs: AttentionInputs, options?: AttentionOptions & { keepOnDevice?: false }): Promise<AttentionResult<HostTensor>>;
   attention(inputs: AttentionInputs, options: AttentionOptions & { keepOnDevice: true }): Promise<AttentionResult<DeviceTensor>>;
+  attention(inputs: AttentionInputs, options?: AttentionOptions): Promise<AttentionResult>;
   /** Uploads a tensor to the device; pass the result as an input to skip the upload per call. */
   upload(tensor: Tensor): Promise<DeviceTensor>;
   /** Uploads a mask. */
   uploadMask(mask: MaskTensor): Promise<DeviceTensor>;
-  /** Compiles ahead the pipelines these calls need (each entry the inputs' shapes); resolves to milliseconds. */
+  /** Compiles ahead the pipelines these calls need (each entry the inputs' shapes, 3-D ones split by the
+   * options' `qNumHeads`/`kvNumHeads`); resolves to milliseconds. Pipelines belong to this engine. */
   warmup(shapes: { q: number[]; k: number[]; v: number[]; mask?: number[]; pastKey?: number[]; pastValue?: number[] }[], options?: AttentionOptions): Promise<number>;
   /** Runs the conformance sweep (`"quick"`, `"full"`) or the family's checks on this adapter against the f64 oracle. */
   check(kind?: "quick" | "full" | "family", onProgress?: (done: number, total: number, name: string, passed: boolean) => void): Promise<CheckReport>;
@@ -238,7 +263,7 @@ export declare class WebAttn {
   /** A multi-head attention layer: weights `[out, in]`, biases optional, RoPE optional. */
   multiHeadAttention(config: {
     weights: { wQ: Tensor; bQ?: Tensor; wK: Tensor; bK?: Tensor; wV: Tensor; bV?: Tensor; wO: Tensor; bO?: Tensor };
-    heads: number; kvHeads?: number; rope?: { base?: number; layout?: "interleaved" | "half-split" };
+    heads: number; kvHeads?: number; rope?: boolean | { base?: number; layout?: "interleaved" | "half-split"; offset?: number };
   }): MultiHeadAttention;
   /** Bahdanau's additive scoring `vᵀ tanh(W1 s + W2 h)`. */
   bahdanau(config: { w1: Tensor; w2: Tensor; v: Tensor }): ScoringLayer;

@@ -7,9 +7,13 @@ import init, { EngineCore, kernelSources } from "./pkg/webattn_web.js";
 
 let loaded = null;
 
-/** Loads and instantiates the wasm module once per realm (page or worker). */
+/** Loads and instantiates the wasm module once per realm (page or worker);
+ * a failed load is tried again on the next call. */
 function load(wasm) {
-  loaded ??= init(wasm === undefined ? undefined : { module_or_path: wasm });
+  loaded ??= init(wasm === undefined ? undefined : { module_or_path: wasm }).catch((e) => {
+    loaded = null;
+    throw e;
+  });
   return loaded;
 }
 
@@ -63,8 +67,6 @@ export class DeviceTensor {
     this.#engine._core(true)?.dispose(this.#handle);
   }
 
-  [Symbol.dispose ?? Symbol.for("Symbol.dispose")]() { this.dispose(); }
-
   /** @internal The handle, after checking it belongs to `engine` and is alive. */
   #ref(engine) {
     if (this.#disposed) throw libraryError("DisposedTensor", `device tensor [${this.#shape}] was disposed; upload the values again`);
@@ -76,11 +78,87 @@ export class DeviceTensor {
   static _handle(t, engine) { return t.#ref(engine); }
 }
 
+// `using t = await engine.upload(...)` where the runtime has explicit resource management.
+if (typeof Symbol.dispose === "symbol") {
+  DeviceTensor.prototype[Symbol.dispose] = function dispose() { this.dispose(); };
+}
+
+/** Family arguments are typed arrays: a DeviceTensor is an error that says so. */
+function hostOnly(...values) {
+  for (const v of values) {
+    if (v instanceof DeviceTensor) {
+      throw libraryError("DType", `the family's layers take typed arrays { data, shape }; read() the device tensor [${v.shape}] first`);
+    }
+  }
+}
+
+/** A layer of the family: the wasm object, used only while its engine lives. */
+class Layer {
+  #engine;
+  #inner;
+  constructor(engine, inner) {
+    this.#engine = engine;
+    this.#inner = inner;
+  }
+  /** @internal */
+  _inner() {
+    this.#engine._core();
+    if (!this.#inner) throw libraryError("Destroyed", "this layer was disposed");
+    return this.#inner;
+  }
+  /** @internal */
+  _engine() { return this.#engine; }
+  /** Frees the layer (and its weights on the device). */
+  dispose() {
+    const inner = this.#inner;
+    this.#inner = null;
+    try { inner?.free(); } catch { /* a call still runs: freed when it ends */ }
+  }
+}
+
+/** A multi-head attention layer (weights uploaded once per engine). */
+class MultiHeadAttention extends Layer {
+  /** Self-attention (`keyValue` null) or cross-attention. */
+  async forward(query, keyValue = null, options = {}) {
+    hostOnly(query, keyValue);
+    return this._engine()._serial(() => this._inner().forward(query, keyValue, options));
+  }
+  /** A causal decoder whose keys and values stay on the device. */
+  decoder() { return new Decoder(this._engine(), this._inner().decoder()); }
+}
+
+/** The KV-cache decoder of a multi-head layer. */
+class Decoder extends Layer {
+  /** Attends the next tokens to everything before them. */
+  async step(x, options = {}) {
+    hostOnly(x);
+    return this._engine()._serial(() => this._inner().step(x, options));
+  }
+  /** Tokens in the cache. */
+  get length() { return this._inner().length; }
+  /** Empties the cache, after the steps already asked for. */
+  async reset() { return this._engine()._serial(() => this._inner().reset()); }
+}
+
+/** Bahdanau or Luong scoring. */
+class ScoringLayer extends Layer {
+  /** Decoder states `s` attending to encoder states `h`. */
+  async forward(s, h, options = {}) {
+    hostOnly(s, h);
+    return this._engine()._serial(() => this._inner().forward(s, h, options));
+  }
+}
+
+if (typeof Symbol.dispose === "symbol") {
+  Layer.prototype[Symbol.dispose] = function dispose() { this.dispose(); };
+}
+
 const OUTPUTS = ["y", "presentKey", "presentValue", "qkMatmulOutput", "lse"];
 
 /** The engine: one WebGPU device (or the CPU backend) and its compiled pipelines. */
 export class WebAttn {
   #core;
+  #queue = Promise.resolve();
 
   /** @internal Use `WebAttn.create()`. */
   constructor(core) { this.#core = core; }
@@ -101,6 +179,13 @@ export class WebAttn {
   static async kernelSources(options = {}) {
     await load(options.wasm);
     return JSON.parse(kernelSources());
+  }
+
+  /** @internal Runs calls one after another, so each result's path and timing are its own. */
+  _serial(fn) {
+    const run = this.#queue.then(fn, fn);
+    this.#queue = run.catch(() => {});
+    return run;
   }
 
   /** @internal */
@@ -148,46 +233,58 @@ export class WebAttn {
    * qkMatmulOutput?, lse?, path, timing?, check? }`.
    */
   async attention(inputs, options = {}) {
-    return this.#wrap(await this._core().attention(this.#inputs(inputs), options));
+    const args = this.#inputs(inputs);
+    return this.#wrap(await this._serial(() => this._core().attention(args, options)));
   }
 
   /** Uploads `{ data, shape }` to the device. */
   async upload(tensor) {
-    return new DeviceTensor(this, this.#core, await this._core().upload(tensor));
+    const core = this._core();
+    return new DeviceTensor(this, core, await this._serial(() => core.upload(tensor)));
   }
 
   /** Uploads a mask `{ data, shape }` (Uint8Array/booleans: true attends; or additive floats). */
   async uploadMask(mask) {
-    return new DeviceTensor(this, this.#core, await this._core().uploadMask(mask));
+    const core = this._core();
+    return new DeviceTensor(this, core, await this._serial(() => core.uploadMask(mask)));
   }
 
   /** Compiles every pipeline the given calls need, ahead of them; resolves to the milliseconds taken. */
-  async warmup(shapes, options = {}) { return this._core().warmup(shapes, options); }
+  async warmup(shapes, options = {}) { return this._serial(() => this._core().warmup(shapes, options)); }
 
   /** The conformance sweep (`"quick"`, `"full"`) or the family's checks (`"family"`) on this adapter. */
-  async check(kind = "quick", onProgress = undefined) { return this._core().check(kind, onProgress); }
+  async check(kind = "quick", onProgress = undefined) { return this._serial(() => this._core().check(kind, onProgress)); }
 
   /** Times one attention shape on a path: `{ path, medianMs, gflops, samplesMs }`. */
-  async benchmark(shape, options = {}) { return this._core().benchmark(shape, options); }
+  async benchmark(shape, options = {}) { return this._serial(() => this._core().benchmark(shape, options)); }
 
   /** A multi-head attention layer whose weights are uploaded once. */
-  multiHeadAttention(config) { return this._core().multiHeadAttention(config); }
+  multiHeadAttention(config) { return new MultiHeadAttention(this, this._core().multiHeadAttention(config)); }
   /** Bahdanau's additive scoring. */
-  bahdanau(config) { return this._core().bahdanau(config); }
+  bahdanau(config) { return new ScoringLayer(this, this._core().bahdanau(config)); }
   /** Luong's dot, general or concat scoring. */
-  luong(config) { return this._core().luong(config); }
+  luong(config) { return new ScoringLayer(this, this._core().luong(config)); }
   /** Linear attention (elu+1 feature map). */
-  async linearAttention(q, k, v, options = {}) { return this._core().linearAttention(q, k, v, options); }
+  async linearAttention(q, k, v, options = {}) {
+    hostOnly(q, k, v);
+    return this._serial(() => this._core().linearAttention(q, k, v, options));
+  }
   /** Rotary position embeddings. */
-  async rope(x, options = {}) { return this._core().rope(x, options); }
+  async rope(x, options = {}) {
+    hostOnly(x);
+    return this._serial(() => this._core().rope(x, options));
+  }
   /** The sinusoidal absolute position encoding added to `x`. */
-  async sinusoidal(x, options = {}) { return this._core().sinusoidal(x, options); }
+  async sinusoidal(x, options = {}) {
+    hostOnly(x);
+    return this._serial(() => this._core().sinusoidal(x, options));
+  }
 
-  /** Frees the engine and every device tensor it holds. */
+  /** Frees the engine and every device tensor it holds (layers made from it stop working). */
   destroy() {
     const core = this.#core;
     this.#core = null;
-    core?.free();
+    try { core?.free(); } catch { /* a call still runs: freed when it ends */ }
   }
 }
 

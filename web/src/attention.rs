@@ -383,9 +383,10 @@ pub async fn call(
         if let Some(MaskInput::Host(m)) = &c.mask {
             view = view.with_mask(m);
         }
-        if let (Some(Input::Host(pk)), Some(Input::Host(pv))) = (&c.past_key, &c.past_value) {
-            view = view.with_past(pk, pv);
-        }
+        // Each past tensor as given, so that one without the other is the
+        // engine's typed error, not silently dropped.
+        view.past_key = host_only(&c.past_key);
+        view.past_value = host_only(&c.past_value);
         view.nonpad_kv_seqlen = c.nonpad.as_deref();
         engine
             .attention_host(&view, options)
@@ -396,6 +397,7 @@ pub async fn call(
             .await
             .map(Produced::Device)
     };
+    let stats = engine.last_call();
     let gpu_ms = match engine.gpu() {
         Some(ctx) if profiled => {
             let ms = ctx.last_gpu_ms().await.ok().flatten();
@@ -404,43 +406,48 @@ pub async fn call(
         }
         _ => None,
     };
-    let produced = produced.js()?;
+    // The host values of the outputs: returned, or (with keepOnDevice) read
+    // back only to be verified, after the wall time is taken.
+    let (mut host_out, device_out) = match produced.js()? {
+        Produced::Host(out) => (Some(out), None),
+        Produced::Device(out) if call.keep_on_device => (None, Some(out)),
+        Produced::Device(out) => (Some(engine.download_outputs(&out).await.js()?), None),
+    };
     let wall_ms = start.elapsed().as_secs_f64() * 1e3;
-
-    let result = Object::new();
-    let put_host = |key: &str, t: &HostTensor| set(&result, key, convert::to_js(t));
-    match &produced {
-        Produced::Host(out) => {
-            if c.three_d {
-                put_host("y", &merge_heads(&out.y).js()?);
-            } else {
-                put_host("y", &out.y);
-            }
-            for (key, t) in output_fields(out) {
-                put_host(key, t);
-            }
+    let check = if call.verify {
+        if let (None, Some(out)) = (&host_out, &device_out) {
+            host_out = Some(engine.download_outputs(out).await.js()?);
         }
-        Produced::Device(out) => {
-            if call.keep_on_device {
-                set(&result, "y", handles.hold(Held::Tensor(out.y.clone())));
-                for (key, t) in output_fields(out) {
-                    set(&result, key, handles.hold(Held::Tensor(t.clone())));
-                }
-            } else {
-                let host = engine.download_outputs(out).await.js()?;
-                let y = if c.three_d {
-                    merge_heads(&host.y).js()?
-                } else {
-                    host.y.clone()
-                };
-                put_host("y", &y);
-                for (key, t) in output_fields(&host) {
-                    put_host(key, t);
-                }
-            }
+        let host = host_inputs(engine, &c).await.js()?;
+        let got = host_out
+            .as_ref()
+            .ok_or_else(|| js_error("Conflict", "no outputs to verify"))?;
+        Some(verify(&host.view(c.nonpad.as_deref()), options, got).js()?)
+    } else {
+        None
+    };
+
+    // Nothing fails from here on, so handles are only made for results that
+    // reach JavaScript.
+    let result = Object::new();
+    if let Some(out) = &device_out {
+        set(&result, "y", handles.hold(Held::Tensor(out.y.clone())));
+        for (key, t) in output_fields(out) {
+            set(&result, key, handles.hold(Held::Tensor(t.clone())));
+        }
+    } else if let Some(out) = &host_out {
+        // ONNX's 3-D Y [B, S, H·Dv] for 3-D inputs (never kept on the device).
+        let y = if c.three_d {
+            merge_heads(&out.y).js()?
+        } else {
+            out.y.clone()
+        };
+        set(&result, "y", convert::to_js(&y));
+        for (key, t) in output_fields(out) {
+            set(&result, key, convert::to_js(t));
         }
     }
-    if let Some(stats) = engine.last_call() {
+    if let Some(stats) = stats {
         set(&result, "path", stats.path.name());
         if let Some(reason) = stats.reason {
             set(&result, "reason", reason);
@@ -456,16 +463,19 @@ pub async fn call(
         );
         set(&result, "timing", timing);
     }
-    if call.verify {
-        let host = host_inputs(engine, &c).await.js()?;
-        let got = match produced {
-            Produced::Host(out) => out,
-            Produced::Device(out) => engine.download_outputs(&out).await.js()?,
-        };
-        let check = verify(&host.view(c.nonpad.as_deref()), options, &got).js()?;
+    if let Some(check) = check {
         set(&result, "check", check);
     }
     Ok(result.into())
+}
+
+/// A host tensor input as a reference (`None` for none, and for device ones,
+/// which never reach the host path).
+fn host_only(input: &Option<Input>) -> Option<&HostTensor> {
+    match input {
+        Some(Input::Host(t)) => Some(t),
+        _ => None,
+    }
 }
 
 /// The optional outputs that are present, under their JavaScript names.

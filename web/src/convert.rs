@@ -385,3 +385,48 @@ pub fn call_options(options: &JsValue) -> Result<CallOptions> {
         verify: flag(options, "verify")?,
     })
 }
+
+/// The most elements the bindings allocate for a tensor they make themselves
+/// (warm-up zeros, benchmark inputs): 2^28 f32 values, 1 GiB. Beyond it the
+/// allocation would abort the wasm instance instead of failing.
+pub const MAX_ELEMENTS: u64 = 1 << 28;
+
+/// The element count of `shape`, or a [`Error::Limit`] when it overflows or
+/// exceeds [`MAX_ELEMENTS`].
+pub fn elements(name: &str, shape: &[usize]) -> Result<usize> {
+    let count = shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
+        .unwrap_or(u64::MAX);
+    if count > MAX_ELEMENTS {
+        return Err(Error::Limit {
+            what: format!("{name} of shape {shape:?}"),
+            needed: count,
+            limit: MAX_ELEMENTS,
+            limit_name: "elements of one tensor made in the browser",
+            hint: "use smaller shapes",
+        });
+    }
+    Ok(count as usize)
+}
+
+/// Rejects keys of `obj` outside `allowed`, naming the call, so that a misspelt
+/// option is an error rather than silently ignored.
+pub fn known_keys(obj: &JsValue, allowed: &[&str], what: &str) -> std::result::Result<(), JsValue> {
+    let Some(object) = obj.dyn_ref::<Object>() else {
+        return Ok(());
+    };
+    for key in Object::keys(object).iter() {
+        let key = key.as_string().unwrap_or_default();
+        if !allowed.contains(&key.as_str()) {
+            return Err(crate::errors::js_error(
+                "InvalidOption",
+                format!(
+                    "{what}: `{key}` is not an option; the options are {}",
+                    allowed.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(())
+}

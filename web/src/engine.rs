@@ -344,15 +344,28 @@ impl EngineCore {
         }
         let call = convert::call_options(&options).js()?;
         for entry in Array::from(&shapes).iter() {
-            let zeros = |name: &'static str, key: &str| -> Result<Option<HostTensor>, JsValue> {
+            convert::known_keys(
+                &entry,
+                &["q", "k", "v", "mask", "pastKey", "pastValue"],
+                "warmup entry",
+            )?;
+            // Zeros of a shape; 3-D [B, S, H·D] as the call would split it.
+            let zeros = |name: &'static str,
+                         key: &str,
+                         heads: Option<usize>|
+             -> Result<Option<HostTensor>, JsValue> {
                 let Some(shape) = field(&entry, key) else {
                     return Ok(None);
                 };
                 let shape = convert::shape(name, Some(shape)).js()?;
-                let len = shape.iter().product();
-                HostTensor::named(name, shape, vec![0.0; len])
-                    .js()
-                    .map(Some)
+                let len = convert::elements(name, &shape).js()?;
+                let t = HostTensor::named(name, shape, vec![0.0; len]).js()?;
+                match heads {
+                    Some(h) if t.shape().len() == 3 => {
+                        webattn::layout::split_heads(name, &t, h).js().map(Some)
+                    }
+                    _ => Ok(Some(t)),
+                }
             };
             let missing = |key: &str| {
                 js_error(
@@ -360,22 +373,21 @@ impl EngineCore {
                     format!("warmup: every entry needs a `{key}` shape"),
                 )
             };
-            let q = zeros("Q", "q")?.ok_or_else(|| missing("q"))?;
-            let k = zeros("K", "k")?.ok_or_else(|| missing("k"))?;
-            let v = zeros("V", "v")?.ok_or_else(|| missing("v"))?;
-            let mask = zeros("attn_mask", "mask")?
+            let q = zeros("Q", "q", call.q_num_heads)?.ok_or_else(|| missing("q"))?;
+            let k = zeros("K", "k", call.kv_num_heads)?.ok_or_else(|| missing("k"))?;
+            let v = zeros("V", "v", call.kv_num_heads)?.ok_or_else(|| missing("v"))?;
+            let mask = zeros("attn_mask", "mask", None)?
                 .map(|m| webattn::HostMask::float(m.shape().to_vec(), m.into_data()))
                 .transpose()
                 .js()?;
-            let past_key = zeros("past_key", "pastKey")?;
-            let past_value = zeros("past_value", "pastValue")?;
+            let past_key = zeros("past_key", "pastKey", None)?;
+            let past_value = zeros("past_value", "pastValue", None)?;
             let mut inputs = AttentionInputs::new(&q, &k, &v);
             if let Some(m) = &mask {
                 inputs = inputs.with_mask(m);
             }
-            if let (Some(pk), Some(pv)) = (&past_key, &past_value) {
-                inputs = inputs.with_past(pk, pv);
-            }
+            inputs.past_key = past_key.as_ref();
+            inputs.past_value = past_value.as_ref();
             if self.engine.gpu().is_some() {
                 self.engine
                     .attention_host(&inputs, &call.attention)
@@ -481,17 +493,31 @@ impl EngineCore {
     /// on `path` (`warmup` untimed runs, then the median of `timed`):
     /// `{path, medianMs, gflops}`.
     pub async fn benchmark(&self, shape: JsValue, options: JsValue) -> Result<JsValue, JsValue> {
+        convert::known_keys(
+            &shape,
+            &["batch", "heads", "seqQ", "seqK", "headDim", "causal"],
+            "benchmark shape",
+        )?;
+        convert::known_keys(&options, &["path", "warmup", "timed"], "benchmark options")?;
         let whole = |v: &JsValue, key: &str, default: usize| -> Result<usize, JsValue> {
             match field(v, key) {
                 None => Ok(default),
                 Some(x) => match x.as_f64() {
-                    Some(n) if n >= 0.0 && n.fract() == 0.0 => Ok(n as usize),
+                    Some(n) if n >= 0.0 && n.fract() == 0.0 && n <= f64::from(u32::MAX) => {
+                        Ok(n as usize)
+                    }
                     _ => Err(js_error(
                         "InvalidOption",
                         format!("benchmark: {key} must be a whole number"),
                     )),
                 },
             }
+        };
+        let causal = match field(&shape, "causal") {
+            None => false,
+            Some(c) => c.as_bool().ok_or_else(|| {
+                js_error("InvalidOption", "benchmark: causal must be true or false")
+            })?,
         };
         let seq_q = whole(&shape, "seqQ", 128)?;
         let shape = AttentionShape {
@@ -500,21 +526,33 @@ impl EngineCore {
             seq_q,
             seq_k: whole(&shape, "seqK", seq_q)?,
             head_dim: whole(&shape, "headDim", 64)?,
-            causal: field(&shape, "causal")
-                .and_then(|c| c.as_bool())
-                .unwrap_or(false),
+            causal,
         };
-        let path = field(&options, "path")
+        // The inputs it makes must fit before anything is allocated.
+        let longest = shape.seq_q.max(shape.seq_k);
+        convert::elements(
+            "benchmark input",
+            &[shape.batch, shape.heads, longest, shape.head_dim],
+        )
+        .js()?;
+        let asked = field(&options, "path")
             .map(|p| convert::path(&p))
             .transpose()
             .js()?
             .unwrap_or(KernelPath::Auto);
+        if self.engine.backend() == BackendKind::Cpu
+            && matches!(asked, KernelPath::Fused | KernelPath::Unfused)
+        {
+            return Err(to_js(&webattn::Error::Conflict(
+                "a GPU path was asked for but this engine runs on the CPU backend",
+            )));
+        }
         let repeats = Repeats {
             warmup: whole(&options, "warmup", 1)?,
             timed: whole(&options, "timed", 3)?.max(1),
         };
         let path = self.engine.resolve_path(&webattn::AttentionOptions {
-            path,
+            path: asked,
             ..Default::default()
         });
         let m = bench::attention(&self.engine, shape, path, repeats)

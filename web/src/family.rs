@@ -82,6 +82,17 @@ fn required_tensor(name: &'static str, obj: &JsValue, key: &str) -> Result<HostT
     tensor(name, &v)
 }
 
+/// Options of `engine.attention` that a layer has no use for: an error, not ignored.
+const NOT_FOR_LAYERS: [&str; 7] = [
+    "keepOnDevice",
+    "timing",
+    "qNumHeads",
+    "kvNumHeads",
+    "returnLse",
+    "returnPresent",
+    "qkMatmulOutputMode",
+];
+
 /// `options` without the keys the attention options do not know, for `call_options`.
 fn attention_options(
     options: &JsValue,
@@ -89,6 +100,17 @@ fn attention_options(
 ) -> Result<webattn::AttentionOptions, JsValue> {
     if options.is_undefined() || options.is_null() {
         return Ok(Default::default());
+    }
+    for key in NOT_FOR_LAYERS {
+        if field(options, key).is_some() {
+            return Err(js_error(
+                "InvalidOption",
+                format!(
+                    "`{key}` is an option of engine.attention, not of the family's layers \
+                     (they take the attention options, `weights` and `verify`)"
+                ),
+            ));
+        }
     }
     let copy = Object::assign(&Object::new(), &Object::from(options.clone()));
     for key in family_keys {
@@ -162,6 +184,8 @@ pub struct DecoderCore {
     layer: Rc<MultiHeadAttention>,
     /// `None` while a step runs.
     cache: RefCell<Option<KvCache>>,
+    /// Tokens in the cache (kept apart, so it reads right during a step).
+    tokens: std::cell::Cell<usize>,
 }
 
 #[wasm_bindgen]
@@ -215,6 +239,7 @@ impl MhaCore {
             engine: self.engine.clone(),
             layer: self.layer.clone(),
             cache: RefCell::new(Some(KvCache::new())),
+            tokens: std::cell::Cell::new(0),
         }
     }
 }
@@ -224,6 +249,13 @@ impl DecoderCore {
     /// One causal step: `x` `[B, n, d_model]` holds the next `n` tokens; their
     /// keys and values join the cache. Options as `forward` (without `verify`).
     pub async fn step(&self, x: JsValue, options: JsValue) -> Result<JsValue, JsValue> {
+        if field(&options, "verify").is_some() {
+            return Err(js_error(
+                "InvalidOption",
+                "verify is not available on decoder steps (the oracle has no cache); \
+                 verify layer.forward() on the whole sequence instead",
+            ));
+        }
         let x = tensor("x", &x)?;
         let attention = attention_options(&options, &["weights"])?;
         let want_weights = flag(&options, "weights")?;
@@ -237,6 +269,7 @@ impl DecoderCore {
             .layer
             .forward_cached(&self.engine, &x, &mut cache, &attention, want_weights)
             .await;
+        self.tokens.set(cache.len());
         *self.cache.borrow_mut() = Some(cache);
         Ok(attended_js(&out.js()?, None))
     }
@@ -244,12 +277,21 @@ impl DecoderCore {
     /// Tokens in the cache.
     #[wasm_bindgen(getter)]
     pub fn length(&self) -> usize {
-        self.cache.borrow().as_ref().map_or(0, KvCache::len)
+        self.tokens.get()
     }
 
-    /// Empties the cache.
-    pub fn reset(&self) {
-        *self.cache.borrow_mut() = Some(KvCache::new());
+    /// Empties the cache (an error while a step runs).
+    pub fn reset(&self) -> Result<(), JsValue> {
+        let mut cache = self.cache.borrow_mut();
+        if cache.is_none() {
+            return Err(js_error(
+                "Conflict",
+                "a decoder step is running; await it before reset()",
+            ));
+        }
+        *cache = Some(KvCache::new());
+        self.tokens.set(0);
+        Ok(())
     }
 }
 
@@ -290,6 +332,7 @@ impl ScoredCore {
         h: JsValue,
         options: JsValue,
     ) -> Result<JsValue, JsValue> {
+        convert::known_keys(&options, &["lengths", "weights", "verify"], "forward")?;
         let s = tensor("s", &s)?;
         let h = tensor("h", &h)?;
         let lengths = lengths(&options)?;
@@ -325,12 +368,22 @@ impl EngineCore {
     /// wO, bO?}, heads, kvHeads?, rope?: {base?, layout?}}`.
     #[wasm_bindgen(js_name = multiHeadAttention)]
     pub fn multi_head_attention(&self, config: JsValue) -> Result<MhaCore, JsValue> {
+        convert::known_keys(
+            &config,
+            &["weights", "heads", "kvHeads", "rope"],
+            "multiHeadAttention",
+        )?;
         let w = field(&config, "weights").ok_or_else(|| {
             js_error(
                 "MissingInput",
                 "multiHeadAttention: `weights` {wQ, wK, wV, wO, ...} is required",
             )
         })?;
+        convert::known_keys(
+            &w,
+            &["wQ", "bQ", "wK", "bK", "wV", "bV", "wO", "bO"],
+            "multiHeadAttention weights",
+        )?;
         let weights = MhaWeights {
             w_q: required_tensor("w_q", &w, "wQ")?,
             b_q: optional_tensor("b_q", &w, "bQ")?,
@@ -345,8 +398,22 @@ impl EngineCore {
             .ok_or_else(|| js_error("MissingInput", "multiHeadAttention: `heads` is required"))?;
         let kv_heads = whole(&config, "kvHeads")?.unwrap_or(heads);
         let mut layer = MultiHeadAttention::new(weights, heads, kv_heads).js()?;
-        if let Some(rope) = field(&config, "rope") {
-            layer = layer.with_rope(rope_from(&rope)?).js()?;
+        match field(&config, "rope") {
+            None => {}
+            Some(off) if off.as_bool() == Some(false) => {}
+            Some(rope) if rope.as_bool() == Some(true) => {
+                layer = layer.with_rope(Rope::default()).js()?;
+            }
+            Some(rope) if rope.is_object() => {
+                convert::known_keys(&rope, &["base", "layout", "offset"], "rope")?;
+                layer = layer.with_rope(rope_from(&rope)?).js()?;
+            }
+            Some(_) => {
+                return Err(js_error(
+                    "InvalidOption",
+                    "multiHeadAttention: rope must be true, false or {base?, layout?, offset?}",
+                ))
+            }
         }
         Ok(MhaCore {
             engine: self.engine.clone(),
@@ -356,6 +423,7 @@ impl EngineCore {
 
     /// Bahdanau's additive scoring `vᵀ tanh(W1 s + W2 h)`: `{w1, w2, v}`.
     pub fn bahdanau(&self, config: JsValue) -> Result<ScoredCore, JsValue> {
+        convert::known_keys(&config, &["w1", "w2", "v"], "bahdanau")?;
         let layer = AdditiveAttention::new(
             required_tensor("w1", &config, "w1")?,
             required_tensor("w2", &config, "w2")?,
@@ -370,10 +438,17 @@ impl EngineCore {
 
     /// Luong's scoring: `{score: 'dot' | 'general' | 'concat', w?, v?, scale?}`.
     pub fn luong(&self, config: JsValue) -> Result<ScoredCore, JsValue> {
-        let score = match field(&config, "score")
-            .and_then(|s| s.as_string())
-            .as_deref()
-        {
+        convert::known_keys(&config, &["score", "w", "v", "scale"], "luong")?;
+        let score_name = match field(&config, "score") {
+            None => None,
+            Some(s) => Some(s.as_string().ok_or_else(|| {
+                js_error(
+                    "InvalidOption",
+                    "luong: score must be 'dot', 'general' or 'concat'",
+                )
+            })?),
+        };
+        let score = match score_name.as_deref() {
             Some("dot") | None => LuongScore::Dot,
             Some("general") => LuongScore::General {
                 w: required_tensor("w", &config, "w")?,
@@ -409,6 +484,11 @@ impl EngineCore {
         v: JsValue,
         options: JsValue,
     ) -> Result<JsValue, JsValue> {
+        convert::known_keys(
+            &options,
+            &["causal", "weights", "verify"],
+            "linearAttention",
+        )?;
         let (q, k, v) = (tensor("Q", &q)?, tensor("K", &k)?, tensor("V", &v)?);
         let causal = flag(&options, "causal")?;
         let want_weights = flag(&options, "weights")?;
@@ -432,6 +512,7 @@ impl EngineCore {
 
     /// Rotary embeddings of `x` `[..., N, D]`: `{base?, layout?, offset?, verify?}`.
     pub async fn rope(&self, x: JsValue, options: JsValue) -> Result<JsValue, JsValue> {
+        convert::known_keys(&options, &["base", "layout", "offset", "verify"], "rope")?;
         let x = tensor("x", &x)?;
         let rope = rope_from(&options)?;
         let out = rope.apply(&self.engine, &x).await.js()?;
@@ -457,6 +538,7 @@ impl EngineCore {
 
     /// `x + PE` for embeddings `x` `[..., N, D]`: `{base?, offset?, verify?}`.
     pub async fn sinusoidal(&self, x: JsValue, options: JsValue) -> Result<JsValue, JsValue> {
+        convert::known_keys(&options, &["base", "offset", "verify"], "sinusoidal")?;
         let x = tensor("x", &x)?;
         let mut encoding = Sinusoidal::default();
         if let Some(base) = number(&options, "base")? {

@@ -266,6 +266,17 @@ function cases({ worker }) {
     msgs.push(await rejects(() => engine.attention(null), "InvalidOption"));
     msgs.push(await rejects(() => WebAttn.create({ limits: { notALimit: 5 } }), "InvalidOption", /not a limit/));
     msgs.push(await rejects(() => WebAttn.create({ backend: "tpu" }), "InvalidOption"));
+    // One past tensor without the other is an error, never silently dropped.
+    msgs.push(await rejects(() => engine.attention({ q, k, v, pastKey: tensor(n, [1, 2, 3, 16]) }), "Conflict", /past_value/));
+    // Sizes too large to allocate reject instead of aborting the wasm.
+    msgs.push(await rejects(() => engine.warmup([{ q: [1, 1, 1 << 20, 1 << 12], k: [1, 1, 1, 16], v: [1, 1, 1, 16] }]), "Limit"));
+    msgs.push(await rejects(() => engine.benchmark({ heads: 1 << 16, seqQ: 1 << 16, headDim: 64 }), "Limit"));
+    msgs.push(await rejects(() => engine.benchmark({ causal: "yes" }), "InvalidOption"));
+    msgs.push(await rejects(() => engine.rope(tensor(n, [1, 4, 8]), { bass: 10 }), "InvalidOption", /bass/));
+    msgs.push(await rejects(() => engine.luong({ score: 5 }), "InvalidOption"));
+    const dev = await engine.upload(q);
+    msgs.push(await rejects(() => engine.rope(dev), "DType", /read\(\)/));
+    dev.dispose();
     // The engine still works after every rejection.
     const r = await engine.attention({ q, k, v }, { verify: true });
     expectVerified(r, "after errors");
@@ -286,12 +297,23 @@ function cases({ worker }) {
     expect(full.weights.shape.join() === "1,4,9,9", `mha weights shape ${full.weights.shape}`);
     const cross = await layer.forward(x, tensor(n, [1, 5, d]), { verify: true });
     lines.push(`cross ${expectVerified(cross, "cross")}`);
+    // RoPE off and on by flag; a layer of a destroyed engine, a disposed layer.
+    const plain = engine.multiHeadAttention({ weights: { wQ: w(heads * hd, d), wK: w(kvHeads * hd, d), wV: w(kvHeads * hd, d), wO: w(d, heads * hd) }, heads, kvHeads, rope: false });
+    lines.push(`no rope ${expectVerified(await plain.forward(x, null, { verify: true }), "rope: false")}`);
+    plain.dispose();
+    await rejects(() => plain.forward(x), "Destroyed", /disposed/);
+    await rejects(async () => layer.forward(x, null, { keepOnDevice: true }), "InvalidOption", /keepOnDevice/);
     const decoder = layer.decoder();
+    await rejects(() => decoder.step(x, { verify: true }), "InvalidOption", /verify/);
     let last;
     for (const [from, to] of [[0, 4], [4, 5], [5, 9]]) {
       last = await decoder.step({ data: x.data.slice(from * d, to * d), shape: [1, to - from, d] });
     }
     expect(decoder.length === 9, `decoder length ${decoder.length}`);
+    // Calls run in order: a reset asked for after a step runs after it.
+    const running = decoder.step({ data: x.data.slice(0, d), shape: [1, 1, d] });
+    await decoder.reset();
+    expect((await running).output.shape.join() === `1,1,${d}` && decoder.length === 0, "reset did not follow the step");
     const cachedDiff = maxDiff(last.output.data, full.output.data.slice(5 * d));
     expect(cachedDiff < 1e-5, `decoder differs from the full pass by ${cachedDiff}`);
     lines.push(`decoder = full pass within ${cachedDiff.toExponential(1)}`);
