@@ -161,6 +161,74 @@ pub async fn fma_ceiling(ctx: &GpuContext, repeats: Repeats) -> Result<(f64, Mea
     Ok((m.gflops(fma_ceiling_flops()), m))
 }
 
+/// The largest copy the bandwidth ceiling makes: 256 MiB, far beyond any
+/// GPU's last-level cache (50 MiB on an H100), so the copy streams from memory.
+const COPY_BYTES: u64 = 256 << 20;
+
+/// The device's memory-bandwidth ceiling, measured by a vec4 copy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bandwidth {
+    /// GB/s (1e9 bytes per second) read and written, at the median.
+    pub gbs: f64,
+    /// Bytes one run reads plus writes.
+    pub bytes_moved: u64,
+    /// The timings.
+    pub measurement: Measurement,
+}
+
+/// The bytes of one copy: [`COPY_BYTES`], or less where a binding or buffer
+/// limit is smaller, in whole workgroups' worth of vec4s.
+fn copy_bytes(ctx: &GpuContext) -> u64 {
+    let l = &ctx.capabilities().limits;
+    let cap = COPY_BYTES
+        .min(l.max_storage_buffer_binding_size)
+        .min(l.max_buffer_size);
+    cap / (16 * 256) * (16 * 256)
+}
+
+/// The device's memory bandwidth in GB/s: a copy of a buffer much larger than
+/// its caches (`shaders/copy_peak.wgsl`), counting the bytes read and written.
+/// The memory-bound kernels (decode) report their share of it.
+pub async fn bandwidth_ceiling(ctx: &GpuContext, repeats: Repeats) -> Result<Bandwidth> {
+    #[repr(C)]
+    #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+    struct Params {
+        count: u32,
+        stride: u32,
+        _pad: [u32; 2],
+    }
+    const WORKGROUP: u32 = 256;
+    let bytes = copy_bytes(ctx);
+    let count = (bytes / 16) as u32;
+    // About four vec4s per invocation: enough invocations to fill any GPU,
+    // few enough loop trips for llvmpipe's loop budget.
+    let workgroups = count.div_ceil(WORKGROUP * 4).max(1);
+    let params = Params {
+        count,
+        stride: workgroups * WORKGROUP,
+        _pad: [0; 2],
+    };
+    let key = PipelineKey::new(Kernel::CopyPeak).with("WORKGROUP", i64::from(WORKGROUP));
+    let pipeline = ctx.pipelines.get(&key);
+    let uniform = buffer::uniform(ctx, "copy params", &params);
+    let floats = (bytes / 4) as usize;
+    let src = buffer::storage(ctx, "copy source", floats)?;
+    let dst = buffer::storage(ctx, "copy destination", floats)?;
+    let m = measure_gpu(ctx, repeats, async || {
+        let mut rec = Recorder::new(ctx, "bandwidth ceiling");
+        rec.dispatch(&pipeline, &[&uniform, &src, &dst], u64::from(workgroups))?;
+        rec.submit();
+        Ok(())
+    })
+    .await?;
+    let bytes_moved = 2 * bytes;
+    Ok(Bandwidth {
+        gbs: bytes_moved as f64 / (m.median_ms() * 1e6),
+        bytes_moved,
+        measurement: m,
+    })
+}
+
 /// One `m × k` by `k × n` GEMM on device buffers of random values: GFLOP/s
 /// (2·m·n·k flops) and the measurement.
 pub async fn gemm(
@@ -220,6 +288,12 @@ impl AttentionShape {
     /// materialises (the fused path never does).
     pub fn score_bytes(&self) -> u64 {
         4 * (self.batch * self.heads * self.seq_q * self.seq_k) as u64
+    }
+
+    /// Bytes of K and V (f32) that one call must read at least once: what
+    /// bounds decoding, where a few query rows meet a long cache.
+    pub fn kv_bytes(&self) -> u64 {
+        2 * 4 * (self.batch * self.heads * self.seq_k * self.head_dim) as u64
     }
 
     /// Useful flops: 4·B·H·Nq·Nk·D (QKᵀ and PV), halved for causal square attention.

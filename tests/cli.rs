@@ -774,6 +774,10 @@ fn bench_writes_the_documented_json_and_a_plot() {
     assert!(report["fma_ceiling_gflops"]
         .as_f64()
         .is_some_and(|g| g > 0.0));
+    assert!(report["bandwidth_ceiling_gbs"]
+        .as_f64()
+        .is_some_and(|g| g > 0.0));
+    assert!(stdout.contains("bandwidth ceiling"), "{stdout}");
     for g in report["gemm"].as_array().unwrap() {
         for key in ["m", "n", "k", "gflops", "share_of_ceiling"] {
             assert!(g[key].is_number(), "gemm.{key}");
@@ -812,10 +816,17 @@ fn bench_writes_the_documented_json_and_a_plot() {
         );
     }
     for d in report["decode"].as_array().unwrap() {
-        for key in ["seq_k", "head_dim", "ms", "gflops"] {
+        for key in ["seq_k", "head_dim", "ms", "gflops", "kv_bytes", "kv_gbs"] {
             assert!(d[key].is_number(), "decode.{key}");
         }
         assert!(d["path"].is_string());
+        // A share of the bandwidth ceiling for the GPU paths; none for the CPU ones.
+        let gpu_path = matches!(d["path"].as_str(), Some("fused" | "unfused"));
+        assert_eq!(
+            d["share_of_bandwidth"].is_number(),
+            gpu_path,
+            "decode.share_of_bandwidth"
+        );
     }
     assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
     let replot = dir.join("again.svg");

@@ -222,6 +222,7 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
         }
     }
     keys.push(PipelineKey::new(Kernel::FmaPeak).with("WORKGROUP", 64));
+    keys.push(PipelineKey::new(Kernel::CopyPeak).with("WORKGROUP", 256));
     for kernel in [
         Kernel::Softmax,
         Kernel::Mask,
@@ -300,6 +301,7 @@ pub fn every_planned_pipeline() -> Vec<super::pipeline::PipelineKey> {
     for workgroup in [64, 256] {
         keys.push(PipelineKey::new(Kernel::FmaPeak).with("WORKGROUP", workgroup));
     }
+    keys.push(PipelineKey::new(Kernel::CopyPeak).with("WORKGROUP", 256));
     keys.sort();
     keys.dedup();
     keys

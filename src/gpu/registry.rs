@@ -21,6 +21,8 @@ pub enum Kernel {
     Concat,
     /// The FMA-throughput ceiling the benchmark measures (`shaders/fma_peak.wgsl`).
     FmaPeak,
+    /// The memory-bandwidth ceiling the benchmark measures: a vec4 copy (`shaders/copy_peak.wgsl`).
+    CopyPeak,
     /// Subgroup-shuffle GEMM for CPU-backed adapters (`shaders/gemm_sg.wgsl`).
     GemmSubgroup,
     /// Portable fused attention, FlashAttention-2 style (`shaders/attention_fused.wgsl`).
@@ -62,12 +64,13 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 17] = [
+    pub const ALL: [Kernel; 18] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
         Kernel::Concat,
         Kernel::FmaPeak,
+        Kernel::CopyPeak,
         Kernel::GemmSubgroup,
         Kernel::AttentionFused,
         Kernel::AttentionScores,
@@ -90,6 +93,7 @@ impl Kernel {
             Kernel::Mask => "mask",
             Kernel::Concat => "concat",
             Kernel::FmaPeak => "fma_peak",
+            Kernel::CopyPeak => "copy_peak",
             Kernel::GemmSubgroup => "gemm_sg",
             Kernel::AttentionFused => "attention_fused",
             Kernel::AttentionScores => "attention_scores",
@@ -113,6 +117,7 @@ impl Kernel {
             Kernel::Mask => "mask.wgsl",
             Kernel::Concat => "concat.wgsl",
             Kernel::FmaPeak => "fma_peak.wgsl",
+            Kernel::CopyPeak => "copy_peak.wgsl",
             Kernel::GemmSubgroup => "gemm_sg.wgsl",
             Kernel::AttentionFused => "attention_fused.wgsl",
             Kernel::AttentionScores => "attention_scores.wgsl",
@@ -136,6 +141,7 @@ impl Kernel {
             Kernel::Mask => include_str!("../../shaders/mask.wgsl"),
             Kernel::Concat => include_str!("../../shaders/concat.wgsl"),
             Kernel::FmaPeak => include_str!("../../shaders/fma_peak.wgsl"),
+            Kernel::CopyPeak => include_str!("../../shaders/copy_peak.wgsl"),
             Kernel::GemmSubgroup => include_str!("../../shaders/gemm_sg.wgsl"),
             Kernel::AttentionFused => include_str!("../../shaders/attention_fused.wgsl"),
             Kernel::AttentionScores => include_str!("../../shaders/attention_scores.wgsl"),
@@ -196,6 +202,8 @@ impl Kernel {
             Kernel::Mask => &[Uniform, ReadWrite, Read, Read, ReadWrite],
             Kernel::Concat => &[Uniform, Read, Read, ReadWrite],
             Kernel::FmaPeak => &[Uniform, ReadWrite],
+            // source; destination.
+            Kernel::CopyPeak => &[Uniform, Read, ReadWrite],
             // partial O, partial (m, l); Y, lse.
             Kernel::AttentionMerge => &[Uniform, Read, Read, ReadWrite, ReadWrite],
             // x (in place); inverse frequencies.

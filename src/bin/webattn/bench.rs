@@ -139,7 +139,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     eprintln!("webattn bench on {}", engine.describe());
     let jobs = plan(args, ctx.is_some());
     let bar = std::io::stderr().is_terminal().then(|| {
-        let bar = ProgressBar::new(jobs.len() as u64 + 2);
+        let bar = ProgressBar::new(jobs.len() as u64 + 4);
         bar.set_style(
             ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
                 .unwrap_or_else(|_| ProgressStyle::default_bar())
@@ -162,6 +162,14 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     note("FMA ceiling".into());
     let first = match ctx {
         Some(ctx) => Some(pollster::block_on(bench::fma_ceiling(ctx, ceiling_repeats))?.1),
+        None => None,
+    };
+    note("bandwidth ceiling".into());
+    let copy_first = match ctx {
+        Some(ctx) => Some(pollster::block_on(bench::bandwidth_ceiling(
+            ctx,
+            ceiling_repeats,
+        ))?),
         None => None,
     };
     // This machine's speed may drift during a run (a shared VM's did by 30%), so
@@ -239,6 +247,14 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         Some(ctx) => Some(pollster::block_on(bench::fma_ceiling(ctx, ceiling_repeats))?.1),
         None => None,
     };
+    note("bandwidth ceiling, again".into());
+    let copy_last = match ctx {
+        Some(ctx) => Some(pollster::block_on(bench::bandwidth_ceiling(
+            ctx,
+            ceiling_repeats,
+        ))?),
+        None => None,
+    };
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
@@ -253,6 +269,18 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             clock: first.clock,
         }
         .gflops(bench::fma_ceiling_flops())
+    });
+    // The bandwidth ceiling likewise: the median over both ends' samples.
+    let copy_ends = copy_first.as_ref().zip(copy_last.as_ref());
+    let bandwidth = copy_ends.map_or(f64::NAN, |(first, last)| {
+        let mut samples = first.measurement.samples_ms.clone();
+        samples.extend(&last.measurement.samples_ms);
+        let median = bench::Measurement {
+            samples_ms: samples,
+            clock: first.measurement.clock,
+        }
+        .median_ms();
+        first.bytes_moved as f64 / (median * 1e6)
     });
     let clock = match first.as_ref().map(|m| m.clock) {
         Some(Clock::GpuTimestamps) => "gpu timestamps",
@@ -277,6 +305,14 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             "FMA ceiling: {ceiling:.1} GFLOP/s, median of the run's start and end (start {:.1}, end {:.1})",
             first.gflops(bench::fma_ceiling_flops()),
             last.gflops(bench::fma_ceiling_flops())
+        );
+    }
+    if let Some((first, last)) = copy_ends {
+        println!(
+            "bandwidth ceiling: {bandwidth:.1} GB/s, a {} MiB vec4 copy (read + write), median of the run's start and end (start {:.1}, end {:.1})",
+            (first.bytes_moved / 2) >> 20,
+            first.gbs,
+            last.gbs
         );
     }
     if let Some(ctx) = ctx {
@@ -337,20 +373,36 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     println!(
         "* ceiling: the GPU's FMA ceiling measured just before the row (the machine's speed may drift)"
     );
+    // Decode is bound by reading K and V: GB/s of K + V, and the share of the
+    // copy's bandwidth (GPU rows only).
+    let kv_gbs = |shape: &AttentionShape, m: &bench::AttentionMeasurement| {
+        shape.kv_bytes() as f64 / (m.measurement.median_ms() * 1e6)
+    };
+    let bandwidth_share = |path: KernelPath, gbs: f64| match path {
+        KernelPath::Fused | KernelPath::Unfused if bandwidth.is_finite() => gbs / bandwidth,
+        _ => f64::NAN,
+    };
     println!("\ndecode (B = 1, H = 8, Nq = 1, d = 128)");
     println!(
-        "{:<8} {:>7} {:>10} {:>9} {:>11}",
-        "path", "keys", "ms", "GFLOP/s", "peak MiB"
+        "{:<8} {:>7} {:>10} {:>9} {:>10} {:>9} {:>11}",
+        "path", "keys", "ms", "GFLOP/s", "K+V GB/s", "share**", "peak MiB"
     );
     for (shape, path, m) in &decode {
+        let gbs = kv_gbs(shape, m);
+        let share = bandwidth_share(*path, gbs);
         println!(
-            "{:<8} {:>7} {:>10.2} {:>9.2} {:>11.2}",
+            "{:<8} {:>7} {:>10.2} {:>9.2} {:>10.1} {:>9} {:>11.2}",
             path.name(),
             shape.seq_k,
             m.measurement.median_ms(),
             m.gflops,
+            gbs,
+            or_dash(share, format!("{:.0}%", 100.0 * share)),
             m.peak_bytes as f64 / f64::from(1 << 20)
         );
+    }
+    if !decode.is_empty() {
+        println!("** share: K + V bytes read per second, over the bandwidth ceiling (GPU rows)");
     }
 
     let finite = |x: f64| x.is_finite().then_some(x);
@@ -364,6 +416,10 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         "fma_ceiling_gflops": finite(ceiling),
         "fma_ceiling_start_gflops": first.as_ref().map(|m| m.gflops(bench::fma_ceiling_flops())),
         "fma_ceiling_end_gflops": last.as_ref().map(|m| m.gflops(bench::fma_ceiling_flops())),
+        "bandwidth_ceiling_gbs": finite(bandwidth),
+        "bandwidth_ceiling_start_gbs": copy_first.as_ref().map(|b| b.gbs),
+        "bandwidth_ceiling_end_gbs": copy_last.as_ref().map(|b| b.gbs),
+        "bandwidth_copy_bytes": copy_first.as_ref().map(|b| b.bytes_moved / 2),
         "gemm_kernel": ctx.map(|c| format!("{:?}", c.gemm_kernel())),
         "gemm": gemm.iter().map(|&(n, g, ms, near)| json!({"m": n, "n": n, "k": n, "ms": ms, "gflops": g, "share_of_ceiling": g / near, "adjacent_ceiling_gflops": near})).collect::<Vec<_>>(),
         "attention": attention.iter().map(|(s, p, m, near)| json!({
@@ -375,6 +431,8 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         "decode": decode.iter().map(|(s, p, m)| json!({
             "path": p.name(), "seq_k": s.seq_k, "head_dim": s.head_dim, "heads": s.heads,
             "ms": m.measurement.median_ms(), "gflops": m.gflops, "peak_bytes": m.peak_bytes,
+            "kv_bytes": s.kv_bytes(), "kv_gbs": kv_gbs(s, m),
+            "share_of_bandwidth": finite(bandwidth_share(*p, kv_gbs(s, m))),
         })).collect::<Vec<_>>(),
     });
     if let Some(path) = &args.json {
