@@ -379,3 +379,72 @@ pub async fn attention(
         peak_bytes,
     })
 }
+
+/// One decoder layer, for [`token_step`]: `heads` query heads and `kv_heads`
+/// KV heads of `head_dim`, `d_model = heads · head_dim`, RoPE on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecoderLayerShape {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (GQA).
+    pub kv_heads: usize,
+    /// Dk = Dv.
+    pub head_dim: usize,
+}
+
+impl DecoderLayerShape {
+    /// The model's width, `heads · head_dim`.
+    pub fn d_model(&self) -> usize {
+        self.heads * self.head_dim
+    }
+}
+
+/// Milliseconds per generated token of one decoder layer with `cached` tokens
+/// already in its KV cache: the whole step (Q/K/V projections, RoPE, the cache
+/// append, attention over the cache, the output projection, the readback of
+/// the token's output), by the wall clock, one token per run. The cache is
+/// filled by one prefill call first (untimed); each run adds a token, so the
+/// cache grows by `repeats.warmup + repeats.timed` over the measurement.
+pub async fn token_step(
+    engine: &crate::Engine,
+    layer: DecoderLayerShape,
+    cached: usize,
+    repeats: Repeats,
+) -> Result<Measurement> {
+    use crate::family::mha::{KvCache, MhaWeights, MultiHeadAttention};
+    use crate::family::position::Rope;
+    use crate::{AttentionOptions, HostTensor};
+    let d_model = layer.d_model();
+    let weights = MhaWeights::random(
+        d_model,
+        d_model,
+        layer.heads,
+        layer.kv_heads,
+        layer.head_dim,
+        0x70c3,
+    )?;
+    let mha =
+        MultiHeadAttention::new(weights, layer.heads, layer.kv_heads)?.with_rope(Rope::default())?;
+    let mut rng = SplitMix64::new(0x5eed ^ cached as u64);
+    let mut cache = KvCache::new();
+    let options = AttentionOptions::default();
+    if cached > 0 {
+        let prompt = HostTensor::new([1, cached, d_model], rng.normal_vec(cached * d_model, 1.0))?;
+        mha.forward_cached(engine, &prompt, &mut cache, &options, false)
+            .await?;
+    }
+    let mut samples = Vec::with_capacity(repeats.timed);
+    for run in 0..repeats.warmup + repeats.timed {
+        let token = HostTensor::new([1, 1, d_model], rng.normal_vec(d_model, 1.0))?;
+        let start = Instant::now();
+        mha.forward_cached(engine, &token, &mut cache, &options, false)
+            .await?;
+        if run >= repeats.warmup {
+            samples.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    Ok(Measurement {
+        samples_ms: samples,
+        clock: Clock::Wall,
+    })
+}

@@ -828,6 +828,14 @@ fn bench_writes_the_documented_json_and_a_plot() {
             "decode.share_of_bandwidth"
         );
     }
+    let steps = report["token_step"].as_array().unwrap();
+    assert_eq!(steps.len(), 2, "token_step rows");
+    for t in steps {
+        for key in ["d_model", "heads", "kv_heads", "head_dim", "cached", "ms"] {
+            assert!(t[key].is_number(), "token_step.{key}");
+        }
+    }
+    assert!(stdout.contains("token step"), "{stdout}");
     assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
     let replot = dir.join("again.svg");
     assert!(

@@ -1,5 +1,6 @@
-//! `webattn bench`: the FMA ceiling, GEMM, attention on every path and decode,
-//! measured side by side in one run; a table, JSON, and an optional SVG plot.
+//! `webattn bench`: the FMA and bandwidth ceilings, GEMM, attention on every
+//! path, decode, and a decoder layer's token step, measured side by side in one
+//! run; a table, JSON, and an optional SVG plot.
 //! The `cpu` rows are the fast CPU backend; the f64 oracle is timed once at
 //! seq 2048 (causal and not) for reference. On a CPU engine only the CPU rows run.
 
@@ -19,7 +20,8 @@ use super::plot;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// A short run (under two minutes on lavapipe): seq 2048 at head dim 64 on
-    /// every path, GEMM up to 1024, decode at 4096 and 8192 keys.
+    /// every path, GEMM up to 1024, decode at 4096 and 8192 keys, a small
+    /// decoder layer's token step at 256 and 1024 cached tokens.
     #[arg(long)]
     quick: bool,
     /// Write the results as JSON to PATH.
@@ -45,9 +47,30 @@ enum Job {
     Gemm(usize),
     Attention(AttentionShape, KernelPath),
     Decode(usize, KernelPath),
+    /// One decoder layer's token step with this many tokens cached.
+    TokenStep(usize),
 }
 
-fn plan(args: &Args, gpu: bool) -> Vec<Job> {
+/// The decoder layer of the token-step rows: a Llama-like layer (32 heads of
+/// 128, 8 KV heads) on a GPU; a small one with `--quick`, on a CPU adapter or
+/// on a CPU engine, where the big layer's prefill would take hours.
+fn token_layer(small: bool) -> bench::DecoderLayerShape {
+    if small {
+        bench::DecoderLayerShape {
+            heads: 8,
+            kv_heads: 2,
+            head_dim: 64,
+        }
+    } else {
+        bench::DecoderLayerShape {
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+        }
+    }
+}
+
+fn plan(args: &Args, gpu: bool, small_layer: bool) -> Vec<Job> {
     let mut jobs = Vec::new();
     let gemm_sizes: &[usize] = match (gpu, args.quick) {
         (false, _) => &[],
@@ -95,6 +118,12 @@ fn plan(args: &Args, gpu: bool) -> Vec<Job> {
             }
         }
     }
+    let cached: &[usize] = if small_layer {
+        &[256, 1024]
+    } else {
+        &[1024, 4096, 16384, 32768]
+    };
+    jobs.extend(cached.iter().map(|&n| Job::TokenStep(n)));
     // The f64 oracle once, for reference: it is what the CPU backend replaced.
     for causal in [false, true] {
         jobs.push(Job::Attention(shape(2048, 64, causal), KernelPath::Oracle));
@@ -137,7 +166,11 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     let engine = super::engine(engine_args)?;
     let ctx = engine.gpu();
     eprintln!("webattn bench on {}", engine.describe());
-    let jobs = plan(args, ctx.is_some());
+    // A CPU adapter (lavapipe) or a CPU engine gets the small decoder layer.
+    let small_layer =
+        args.quick || ctx.is_none_or(|c| c.capabilities().adapter.device_type == "Cpu");
+    let layer = token_layer(small_layer);
+    let jobs = plan(args, ctx.is_some(), small_layer);
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = ProgressBar::new(jobs.len() as u64 + 4);
         bar.set_style(
@@ -194,6 +227,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     let mut gemm = Vec::new();
     let mut attention = Vec::new();
     let mut decode = Vec::new();
+    let mut token_steps = Vec::new();
     for job in &jobs {
         match *job {
             Job::Gemm(n) => {
@@ -239,6 +273,17 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 ))
                 .with_context(|| format!("decode on the {path} path"))?;
                 decode.push((shape, path, m));
+            }
+            Job::TokenStep(cached) => {
+                note(format!("token step, {cached} tokens cached"));
+                let m = pollster::block_on(bench::token_step(
+                    &engine,
+                    layer,
+                    cached,
+                    repeats(KernelPath::Fused, args.quick),
+                ))
+                .with_context(|| format!("a token step with {cached} tokens cached"))?;
+                token_steps.push((cached, m));
             }
         }
     }
@@ -405,6 +450,22 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         println!("** share: K + V bytes read per second, over the bandwidth ceiling (GPU rows)");
     }
 
+    if !token_steps.is_empty() {
+        println!(
+            "\ntoken step: one decoder layer (d_model {}, {} heads / {} KV heads of {}, RoPE), \
+             projections + cache append + attention + output projection, per token (wall clock)",
+            layer.d_model(),
+            layer.heads,
+            layer.kv_heads,
+            layer.head_dim
+        );
+        println!("{:>8} {:>12} {:>10}", "cached", "ms/token", "tokens/s");
+        for (cached, m) in &token_steps {
+            let ms = m.median_ms();
+            println!("{cached:>8} {ms:>12.2} {:>10.1}", 1e3 / ms);
+        }
+    }
+
     let finite = |x: f64| x.is_finite().then_some(x);
     let json = json!({
         "adapter": caps.map(|c| &c.adapter).map(|a| json!({"name": a.name, "backend": a.backend, "device_type": a.device_type, "driver": a.driver, "driver_info": a.driver_info})),
@@ -433,6 +494,11 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             "ms": m.measurement.median_ms(), "gflops": m.gflops, "peak_bytes": m.peak_bytes,
             "kv_bytes": s.kv_bytes(), "kv_gbs": kv_gbs(s, m),
             "share_of_bandwidth": finite(bandwidth_share(*p, kv_gbs(s, m))),
+        })).collect::<Vec<_>>(),
+        "token_step": token_steps.iter().map(|(cached, m)| json!({
+            "d_model": layer.d_model(), "heads": layer.heads, "kv_heads": layer.kv_heads,
+            "head_dim": layer.head_dim, "cached": cached, "ms": m.median_ms(),
+            "samples_ms": m.samples_ms,
         })).collect::<Vec<_>>(),
     });
     if let Some(path) = &args.json {
