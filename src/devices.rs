@@ -20,17 +20,19 @@ pub(crate) struct DeviceRecipe {
     pub power: PowerPreference,
     pub limits: DeviceLimits,
     pub portable_kernels: bool,
+    pub fused_kernel: crate::gpu::ops::fused::FusedKernelChoice,
 }
 
 impl DeviceRecipe {
     /// A device as this recipe says.
     pub async fn request(&self) -> Result<GpuContext> {
         let ctx = GpuContext::request_with_limits(self.power, &self.limits).await?;
-        Ok(if self.portable_kernels {
+        let ctx = if self.portable_kernels {
             ctx.with_portable_kernels()
         } else {
             ctx
-        })
+        };
+        ctx.with_fused_kernel(self.fused_kernel)
     }
 }
 

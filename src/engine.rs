@@ -63,6 +63,11 @@ pub struct EngineOptions {
     /// attention), as on adapters without subgroups. Off: chosen from the
     /// adapter's capability profile.
     pub portable_kernels: bool,
+    /// The fused kernel to use (default: chosen from the adapter's profile);
+    /// forcing one runs it wherever the adapter can, e.g. to check a kernel on
+    /// lavapipe that a GPU would pick. A kernel the adapter cannot run is an
+    /// error when the engine is created.
+    pub fused_kernel: crate::gpu::ops::fused::FusedKernelChoice,
     /// Threads the fast CPU backend uses (`None`: one per available core;
     /// always one on wasm32). It runs every call of a CPU engine and
     /// [`KernelPath::Cpu`] calls of a GPU engine.
@@ -137,6 +142,7 @@ impl Engine {
             power: options.power,
             limits: options.limits.clone(),
             portable_kernels: options.portable_kernels,
+            fused_kernel: options.fused_kernel,
         };
         let gpu = |ctx| Backend::Gpu(GpuDevices::new(ctx, Some(recipe.clone())));
         let backend = match options.backend {
@@ -144,6 +150,9 @@ impl Engine {
             BackendPreference::Gpu => gpu(recipe.request().await?),
             BackendPreference::Auto => match recipe.request().await {
                 Ok(ctx) => gpu(ctx),
+                // A kernel the adapter cannot run was asked for by name: say
+                // so rather than fall back to the CPU.
+                Err(e @ Error::InvalidOption { name: "kernel", .. }) => return Err(e),
                 Err(e) => {
                     log::warn!("webattn: {e}; using the CPU backend");
                     Backend::Cpu

@@ -52,6 +52,7 @@ pub use engine::{BackendKind, BackendPreference, CallStats, Engine, EngineOption
 pub use error::{Error, Result};
 pub use gpu::capabilities::{AdapterSummary, Capabilities, KernelLimits};
 pub use gpu::context::{GpuContext, PowerPreference};
+pub use gpu::ops::fused::FusedKernelChoice;
 pub use limits::{DeviceLimits, LimitOverride, LimitsPreset};
 pub use options::{alibi_slopes, AttentionOptions, KernelPath, QkMatmulOutputMode};
 pub use problem::{

@@ -657,6 +657,51 @@ fn info_reports_the_adapter_and_the_plan() {
 }
 
 #[test]
+fn every_fused_kernel_can_be_forced_by_name() {
+    if common::gpu().is_none() {
+        return;
+    }
+    // lavapipe picks attention_sg; the portable kernel (what GPUs run) is
+    // forced by name and runs the whole quick sweep through it.
+    let info = run(&["--kernel", "attention_fused", "info"]);
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(info.status.success());
+    assert!(
+        text.contains("fused:    attention_fused (forced by --kernel)"),
+        "{text}"
+    );
+    let out = run(&[
+        "--backend",
+        "gpu",
+        "--kernel",
+        "attention_fused",
+        "check",
+        "--quick",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.trim_end().lines().last().unwrap_or_default();
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        last.ends_with(" passed, 0 failed") && !last.starts_with("0 "),
+        "{last}"
+    );
+    // The subgroup kernel by name too, where the adapter has fixed subgroups
+    // (the sweep through it is check_quick_ends_with_the_summary_line's).
+    if common::gpu()
+        .and_then(|engine| engine.capabilities())
+        .is_some_and(|caps| caps.fixed_cpu_subgroup().is_some())
+    {
+        let sg = run(&["--kernel", "attention_sg", "info"]);
+        assert!(sg.status.success());
+        assert!(String::from_utf8_lossy(&sg.stdout).contains("fused:    attention_sg (forced"));
+    }
+    // A name that is not a kernel is a usage error that lists the names.
+    let bad = run(&["--kernel", "flash3", "info"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("attention_fused"));
+}
+
+#[test]
 fn check_quick_ends_with_the_summary_line() {
     let dir = scratch("check");
     let json = dir.join("check.json");

@@ -39,7 +39,7 @@ pub struct GpuContext {
     pub(crate) pipelines: Arc<PipelineCache>,
     pub(crate) profiler: Arc<Mutex<Option<Arc<super::profile::Profiler>>>>,
     gemm_kernel: GemmKernel,
-    portable_fused_only: bool,
+    fused_choice: super::ops::fused::FusedKernelChoice,
     subgroup_width: Option<u32>,
     lost: Arc<Mutex<Option<String>>>,
 }
@@ -191,7 +191,7 @@ impl GpuContext {
             device,
             queue,
             gemm_kernel: caps.gemm_kernel(),
-            portable_fused_only: false,
+            fused_choice: Default::default(),
             subgroup_width: None,
             caps: Arc::new(caps),
             profiler: Arc::new(Mutex::new(None)),
@@ -243,20 +243,65 @@ impl GpuContext {
     /// browsers) runs them. For testing and measuring those kernels anywhere.
     pub fn with_portable_kernels(mut self) -> GpuContext {
         self.gemm_kernel = GemmKernel::Tiled;
-        self.portable_fused_only = true;
+        self.fused_choice = super::ops::fused::FusedKernelChoice::Portable;
         self
+    }
+
+    /// This context with its fused kernel forced to `choice` (the other kernels
+    /// as chosen). The subgroup kernel is refused where the adapter has no
+    /// fixed CPU subgroups to run it with.
+    pub fn with_fused_kernel(
+        mut self,
+        choice: super::ops::fused::FusedKernelChoice,
+    ) -> Result<GpuContext> {
+        use super::ops::fused::FusedKernelChoice;
+        if choice == FusedKernelChoice::Subgroup && self.caps.fixed_cpu_subgroup().is_none() {
+            return Err(Error::InvalidOption {
+                name: "kernel",
+                value: choice.name().to_string(),
+                reason: "needs an adapter with fixed subgroups of 4 or 8 (a CPU adapter such as \
+                         lavapipe or SwiftShader); this one has none, so it runs attention_fused",
+            });
+        }
+        if choice != FusedKernelChoice::Auto {
+            self.fused_choice = choice;
+        }
+        Ok(self)
+    }
+
+    /// The fused kernel this context is forced to, or `Auto`.
+    pub fn fused_kernel_choice(&self) -> super::ops::fused::FusedKernelChoice {
+        self.fused_choice
     }
 
     /// The fused kernel for head dims `dk`, `dv` (the subgroup kernel on CPU
     /// adapters unless [`GpuContext::with_portable_kernels`] asked otherwise).
     pub fn fused_kernel(&self, dk: usize, dv: usize) -> Result<super::ops::fused::FusedKernel> {
-        use super::ops::fused::{FusedKernel, FusedTiles};
-        if self.portable_fused_only {
-            return Ok(FusedKernel::Portable(FusedTiles::for_dims(
-                dk,
-                dv,
-                &self.caps.limits,
-            )?));
+        use super::ops::fused::{FusedKernel, FusedKernelChoice, FusedTiles};
+        match self.fused_choice {
+            FusedKernelChoice::Portable => {
+                return Ok(FusedKernel::Portable(FusedTiles::for_dims(
+                    dk,
+                    dv,
+                    &self.caps.limits,
+                )?));
+            }
+            FusedKernelChoice::Subgroup if dk % 4 != 0 || dv % 4 != 0 => {
+                return Err(Error::InvalidOption {
+                    name: "kernel",
+                    value: format!("attention_sg at head dims {dk}/{dv}"),
+                    reason: "the subgroup kernel needs head dims that are multiples of 4; \
+                             use attention_fused or auto",
+                });
+            }
+            FusedKernelChoice::Subgroup => {
+                let width = self
+                    .subgroup_width
+                    .or(self.caps.fixed_cpu_subgroup())
+                    .unwrap_or(8);
+                return Ok(FusedKernel::Subgroup { width });
+            }
+            FusedKernelChoice::Auto => {}
         }
         match (
             FusedKernel::choose(&self.caps, dk, dv)?,

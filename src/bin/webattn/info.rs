@@ -141,6 +141,18 @@ fn text(engine: &Engine, engine_args: &super::EngineArgs) -> String {
         plan.default_path,
         engine.cpu_backend().describe()
     );
+    if let Some(ctx) = engine.gpu() {
+        let fused = match ctx.fused_kernel(64, 64) {
+            Ok(webattn::gpu::ops::fused::FusedKernel::Subgroup { .. }) => "attention_sg",
+            Ok(webattn::gpu::ops::fused::FusedKernel::Portable(_)) => "attention_fused",
+            Err(_) => "none at head dim 64",
+        };
+        let how = match ctx.fused_kernel_choice() {
+            webattn::FusedKernelChoice::Auto => "chosen for this adapter; --kernel NAME forces one",
+            _ => "forced by --kernel",
+        };
+        out += &format!("fused:    {fused} ({how})\n");
+    }
     out += "kernels:\n";
     for k in &plan.kernels {
         out += &format!(

@@ -16,7 +16,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use webattn::{
-    BackendPreference, DeviceLimits, Engine, EngineOptions, LimitOverride, LimitsPreset,
+    BackendPreference, DeviceLimits, Engine, EngineOptions, FusedKernelChoice, LimitOverride,
+    LimitsPreset,
 };
 
 /// GPU attention (ONNX Attention, opset 25) on WebGPU compute shaders, checked
@@ -51,6 +52,12 @@ pub struct EngineArgs {
     #[arg(long = "limit", value_name = "NAME=VALUE", global = true,
           value_parser = |s: &str| s.parse::<LimitOverride>())]
     limit: Vec<LimitOverride>,
+    /// The fused kernel to use, by the name `webattn info` lists:
+    /// attention_fused (portable, any adapter) or attention_sg (subgroup
+    /// shuffles, CPU adapters); auto lets the adapter's profile decide.
+    #[arg(long, value_name = "NAME", default_value = "auto", global = true,
+          value_parser = |s: &str| s.parse::<FusedKernelChoice>())]
+    kernel: FusedKernelChoice,
 }
 
 impl EngineArgs {
@@ -94,6 +101,7 @@ fn engine(args: &EngineArgs) -> webattn::Result<Engine> {
         backend,
         cpu_threads: args.cpu_threads.map(usize::from),
         limits: args.device_limits(),
+        fused_kernel: args.kernel,
         ..Default::default()
     })
 }

@@ -106,6 +106,59 @@ impl FusedTiles {
     }
 }
 
+/// Which fused kernel an engine uses: chosen from the adapter's capabilities,
+/// or forced by name (`webattn check --kernel attention_fused`), so that every
+/// fused kernel can be run and checked on any adapter that can run it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FusedKernelChoice {
+    /// The capability profile decides (subgroup shuffles on CPU adapters with
+    /// fixed subgroups, the portable kernel elsewhere).
+    #[default]
+    Auto,
+    /// `attention_fused`: the portable kernel, on any adapter.
+    Portable,
+    /// `attention_sg`: the subgroup-shuffle kernel (CPU adapters with fixed
+    /// subgroups of 4 or 8; head dims multiples of 4).
+    Subgroup,
+}
+
+impl FusedKernelChoice {
+    /// The names `--kernel` takes, as `webattn info` lists the kernels.
+    pub const NAMES: [&'static str; 3] = ["auto", "attention_fused", "attention_sg"];
+
+    /// The kernel's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            FusedKernelChoice::Auto => "auto",
+            FusedKernelChoice::Portable => "attention_fused",
+            FusedKernelChoice::Subgroup => "attention_sg",
+        }
+    }
+}
+
+impl std::str::FromStr for FusedKernelChoice {
+    type Err = crate::error::Error;
+
+    fn from_str(text: &str) -> Result<FusedKernelChoice> {
+        match text {
+            "auto" => Ok(FusedKernelChoice::Auto),
+            "attention_fused" => Ok(FusedKernelChoice::Portable),
+            "attention_sg" => Ok(FusedKernelChoice::Subgroup),
+            _ => Err(crate::error::Error::InvalidOption {
+                name: "kernel",
+                value: text.to_string(),
+                reason: "must be auto, attention_fused or attention_sg (the fused kernels `webattn info` lists)",
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for FusedKernelChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Which fused kernel runs a problem.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FusedKernel {
