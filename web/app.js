@@ -359,6 +359,15 @@ async function main() {
   $("timing-run").onclick = runTiming;
   await showSentence();
   document.body.dataset.ready = "1";
+  // Compile the explorer's pipelines for its default settings while the page
+  // is read, so its first click does not wait for them (seconds on a CPU
+  // adapter); calls made meanwhile queue behind it.
+  if (hasGpu()) {
+    const s = explorerSettings();
+    engine.warmup([{ q: [1, s.heads, s.seqQ, s.dk], k: [1, s.kvHeads, s.seqK, s.dk], v: [1, s.kvHeads, s.seqK, s.dv] }],
+      { isCausal: s.mask === "causal", qkMatmulOutputMode: 3, returnLse: true, path: s.path === "unfused" ? "unfused" : "fused" })
+      .catch((e) => console.warn(`warmup: ${e.name}: ${e.message}`));
+  }
   const check = new URLSearchParams(location.search).get("check");
   if (check === "quick" || check === "full") {
     await compileKernels();
