@@ -138,6 +138,22 @@ impl Engine {
 
     /// An engine as `options` ask.
     pub async fn with_options(options: EngineOptions) -> Result<Engine> {
+        use crate::gpu::ops::fused::FusedKernelChoice;
+        let forced = options.fused_kernel != FusedKernelChoice::Auto;
+        if forced && options.backend == BackendPreference::Cpu {
+            return Err(Error::InvalidOption {
+                name: "kernel",
+                value: options.fused_kernel.name().to_string(),
+                reason: "names a GPU kernel, but the engine was asked to run on the CPU backend",
+            });
+        }
+        if options.portable_kernels && options.fused_kernel == FusedKernelChoice::Subgroup {
+            return Err(Error::InvalidOption {
+                name: "kernel",
+                value: options.fused_kernel.name().to_string(),
+                reason: "needs subgroups, but portable_kernels asks for none",
+            });
+        }
         let recipe = DeviceRecipe {
             power: options.power,
             limits: options.limits.clone(),
@@ -150,9 +166,9 @@ impl Engine {
             BackendPreference::Gpu => gpu(recipe.request().await?),
             BackendPreference::Auto => match recipe.request().await {
                 Ok(ctx) => gpu(ctx),
-                // A kernel the adapter cannot run was asked for by name: say
-                // so rather than fall back to the CPU.
-                Err(e @ Error::InvalidOption { name: "kernel", .. }) => return Err(e),
+                // A kernel was asked for by name: without an adapter that can
+                // run it, say so rather than fall back to the CPU.
+                Err(e) if forced => return Err(e),
                 Err(e) => {
                     log::warn!("webattn: {e}; using the CPU backend");
                     Backend::Cpu

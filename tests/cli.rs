@@ -667,7 +667,7 @@ fn every_fused_kernel_can_be_forced_by_name() {
     let text = String::from_utf8_lossy(&info.stdout);
     assert!(info.status.success());
     assert!(
-        text.contains("fused:    attention_fused (forced by --kernel)"),
+        text.contains("fused:    attention_fused (forced by --kernel"),
         "{text}"
     );
     let out = run(&[
@@ -695,6 +695,10 @@ fn every_fused_kernel_can_be_forced_by_name() {
         assert!(sg.status.success());
         assert!(String::from_utf8_lossy(&sg.stdout).contains("fused:    attention_sg (forced"));
     }
+    // A GPU kernel named for a CPU engine is an error, not ignored.
+    let cpu = run(&["--backend", "cpu", "--kernel", "attention_fused", "info"]);
+    assert_eq!(cpu.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&cpu.stderr).contains("CPU backend"));
     // A name that is not a kernel is a usage error that lists the names.
     let bad = run(&["--kernel", "flash3", "info"]);
     assert_eq!(bad.status.code(), Some(2));

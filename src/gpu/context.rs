@@ -260,7 +260,7 @@ impl GpuContext {
                 name: "kernel",
                 value: choice.name().to_string(),
                 reason: "needs an adapter with fixed subgroups of 4 or 8 (a CPU adapter such as \
-                         lavapipe or SwiftShader); this one has none, so it runs attention_fused",
+                         lavapipe or SwiftShader); this one has none: use attention_fused or auto",
             });
         }
         if choice != FusedKernelChoice::Auto {
@@ -286,15 +286,14 @@ impl GpuContext {
                     &self.caps.limits,
                 )?));
             }
-            FusedKernelChoice::Subgroup if dk % 4 != 0 || dv % 4 != 0 => {
-                return Err(Error::InvalidOption {
-                    name: "kernel",
-                    value: format!("attention_sg at head dims {dk}/{dv}"),
-                    reason: "the subgroup kernel needs head dims that are multiples of 4; \
-                             use attention_fused or auto",
-                });
-            }
+            // attention_sg wherever it can run: head dims that are not
+            // multiples of 4 take attention_fused, as they do under auto, and
+            // the same head-dim limits apply.
             FusedKernelChoice::Subgroup => {
+                let tiles = FusedTiles::for_dims(dk, dv, &self.caps.limits)?;
+                if dk % 4 != 0 || dv % 4 != 0 {
+                    return Ok(FusedKernel::Portable(tiles));
+                }
                 let width = self
                     .subgroup_width
                     .or(self.caps.fixed_cpu_subgroup())

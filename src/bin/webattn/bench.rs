@@ -206,9 +206,10 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         None => None,
     };
     // This machine's speed may drift during a run (a shared VM's did by 30%), so
-    // every GPU measurement is paired with a short ceiling run just before it
-    // and its share of the ceiling is taken against that. The CPU rows have no
-    // GPU ceiling to share (NaN: shown as "-").
+    // every GEMM and attention measurement is paired with a short FMA-ceiling
+    // run just before it and its share is taken against that (decode shares
+    // use the bandwidth ceiling's median over the run's two ends). The CPU rows
+    // have no GPU ceiling to share (NaN: shown as "-").
     let adjacent = |path: KernelPath| -> anyhow::Result<f64> {
         match (ctx, path) {
             (Some(ctx), KernelPath::Fused | KernelPath::Unfused) => {
@@ -228,6 +229,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     let mut attention = Vec::new();
     let mut decode = Vec::new();
     let mut token_steps = Vec::new();
+    let mut token_skipped = Vec::new();
     for job in &jobs {
         match *job {
             Job::Gemm(n) => {
@@ -276,14 +278,23 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             }
             Job::TokenStep(cached) => {
                 note(format!("token step, {cached} tokens cached"));
-                let m = pollster::block_on(bench::token_step(
+                match pollster::block_on(bench::token_step(
                     &engine,
                     layer,
                     cached,
                     repeats(KernelPath::Fused, args.quick),
-                ))
-                .with_context(|| format!("a token step with {cached} tokens cached"))?;
-                token_steps.push((cached, m));
+                )) {
+                    Ok(m) => token_steps.push((cached, m)),
+                    // A cache beyond this device's limits (e.g. under
+                    // --limits webgpu-default) is a skipped row, not a lost run.
+                    Err(e @ (webattn::Error::Limit { .. } | webattn::Error::OutOfMemory(_))) => {
+                        token_skipped.push((cached, e.to_string()))
+                    }
+                    Err(e) => {
+                        return Err(anyhow::Error::from(e)
+                            .context(format!("a token step with {cached} tokens cached")))
+                    }
+                }
             }
         }
     }
@@ -345,6 +356,14 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         ),
     }
     println!("CPU backend: {cpu}; the f64 oracle timed once (one run) for reference");
+    if let Some(ctx) = ctx {
+        let (fused, forced) = super::info::fused_kernel(ctx);
+        println!(
+            "fused kernel: {fused}{}; GEMM: {:?}",
+            if forced { " (forced by --kernel)" } else { "" },
+            ctx.gemm_kernel()
+        );
+    }
     if let Some((first, last)) = ends {
         println!(
             "FMA ceiling: {ceiling:.1} GFLOP/s, median of the run's start and end (start {:.1}, end {:.1})",
@@ -353,6 +372,13 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         );
     }
     if let Some((first, last)) = copy_ends {
+        if first.bytes_moved / 2 < 64 << 20 {
+            println!(
+                "note: the copy is only {} MiB (the binding limit): caches may hold it, so the \
+                 bandwidth ceiling may be a cache's",
+                (first.bytes_moved / 2) >> 20
+            );
+        }
         println!(
             "bandwidth ceiling: {bandwidth:.1} GB/s, a {} MiB vec4 copy (read + write), median of the run's start and end (start {:.1}, end {:.1})",
             (first.bytes_moved / 2) >> 20,
@@ -450,7 +476,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         println!("** share: K + V bytes read per second, over the bandwidth ceiling (GPU rows)");
     }
 
-    if !token_steps.is_empty() {
+    if !token_steps.is_empty() || !token_skipped.is_empty() {
         println!(
             "\ntoken step: one decoder layer (d_model {}, {} heads / {} KV heads of {}, RoPE), \
              projections + cache append + attention + output projection, per token (wall clock)",
@@ -463,6 +489,9 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         for (cached, m) in &token_steps {
             let ms = m.median_ms();
             println!("{cached:>8} {ms:>12.2} {:>10.1}", 1e3 / ms);
+        }
+        for (cached, why) in &token_skipped {
+            println!("{cached:>8} skipped: {why}");
         }
     }
 
@@ -482,6 +511,8 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         "bandwidth_ceiling_end_gbs": copy_last.as_ref().map(|b| b.gbs),
         "bandwidth_copy_bytes": copy_first.as_ref().map(|b| b.bytes_moved / 2),
         "gemm_kernel": ctx.map(|c| format!("{:?}", c.gemm_kernel())),
+        "fused_kernel": ctx.map(|c| super::info::fused_kernel(c).0),
+        "fused_kernel_forced": ctx.map(|c| super::info::fused_kernel(c).1),
         "gemm": gemm.iter().map(|&(n, g, ms, near)| json!({"m": n, "n": n, "k": n, "ms": ms, "gflops": g, "share_of_ceiling": g / near, "adjacent_ceiling_gflops": near})).collect::<Vec<_>>(),
         "attention": attention.iter().map(|(s, p, m, near)| json!({
             "path": p.name(), "batch": s.batch, "heads": s.heads, "seq_q": s.seq_q, "seq_k": s.seq_k,
@@ -499,6 +530,9 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             "d_model": layer.d_model(), "heads": layer.heads, "kv_heads": layer.kv_heads,
             "head_dim": layer.head_dim, "cached": cached, "ms": m.median_ms(),
             "samples_ms": m.samples_ms,
+        })).collect::<Vec<_>>(),
+        "token_step_skipped": token_skipped.iter().map(|(cached, why)| json!({
+            "cached": cached, "reason": why,
         })).collect::<Vec<_>>(),
     });
     if let Some(path) = &args.json {

@@ -59,6 +59,8 @@ fn describe(engine: &Engine) -> serde_json::Value {
             "timestamp_query": caps.timestamp_query,
         },
         "default_path": plan.default_path.name(),
+        "fused_kernel": engine.gpu().map(|ctx| fused_kernel(ctx).0),
+        "fused_kernel_forced": engine.gpu().map(|ctx| fused_kernel(ctx).1),
         "paths": plan.paths.iter().map(|p| p.name()).chain(["cpu", "oracle"]).collect::<Vec<_>>(),
         "cpu_backend": engine.cpu_backend().describe(),
         "kernels": plan.kernels.iter().map(|k| json!({
@@ -67,6 +69,19 @@ fn describe(engine: &Engine) -> serde_json::Value {
         })).collect::<Vec<_>>(),
         "notes": plan.notes,
     })
+}
+
+/// The fused kernel in use at head dims 64/64 and whether `--kernel` forced it.
+pub fn fused_kernel(ctx: &webattn::GpuContext) -> (&'static str, bool) {
+    let name = match ctx.fused_kernel(64, 64) {
+        Ok(webattn::gpu::ops::fused::FusedKernel::Subgroup { .. }) => "attention_sg",
+        Ok(webattn::gpu::ops::fused::FusedKernel::Portable(_)) => "attention_fused",
+        Err(_) => "none at head dim 64",
+    };
+    (
+        name,
+        ctx.fused_kernel_choice() != webattn::FusedKernelChoice::Auto,
+    )
 }
 
 /// The report as text.
@@ -142,16 +157,13 @@ fn text(engine: &Engine, engine_args: &super::EngineArgs) -> String {
         engine.cpu_backend().describe()
     );
     if let Some(ctx) = engine.gpu() {
-        let fused = match ctx.fused_kernel(64, 64) {
-            Ok(webattn::gpu::ops::fused::FusedKernel::Subgroup { .. }) => "attention_sg",
-            Ok(webattn::gpu::ops::fused::FusedKernel::Portable(_)) => "attention_fused",
-            Err(_) => "none at head dim 64",
+        let (fused, forced) = fused_kernel(ctx);
+        let how = if forced {
+            "forced by --kernel"
+        } else {
+            "chosen for this adapter; --kernel NAME forces one"
         };
-        let how = match ctx.fused_kernel_choice() {
-            webattn::FusedKernelChoice::Auto => "chosen for this adapter; --kernel NAME forces one",
-            _ => "forced by --kernel",
-        };
-        out += &format!("fused:    {fused} ({how})\n");
+        out += &format!("fused:    {fused} ({how}; decode runs attention_decode)\n");
     }
     out += "kernels:\n";
     for k in &plan.kernels {
