@@ -10,7 +10,7 @@
 use js_sys::Object;
 use wasm_bindgen::{JsCast, JsValue};
 use web_time::Instant;
-use webattn::conformance::{compare_baselines, ErrorReport, DEFAULT_FLOOR};
+use webattn::conformance::{compare_baselines, DEFAULT_FLOOR};
 use webattn::cpu::{attention_exact, attention_plain_f32_in, SumOrder};
 use webattn::layout::{merge_heads, split_heads};
 use webattn::{
@@ -18,7 +18,7 @@ use webattn::{
     KernelPath, Mask, Tensor,
 };
 
-use crate::convert::{self, field, set, CallOptions};
+use crate::convert::{self, field, report_js, set, CallOptions};
 use crate::errors::{js_error, IntoJs};
 use crate::handles::{Handles, Held};
 
@@ -293,14 +293,6 @@ async fn run_on_device(
 enum Produced {
     Host(AttentionOutputs<HostTensor>),
     Device(AttentionOutputs<Tensor>),
-}
-
-fn report_js(r: &ErrorReport) -> JsValue {
-    let out = Object::new();
-    set(&out, "maxAbs", r.max_abs);
-    set(&out, "allowed", r.allowed);
-    set(&out, "passed", r.passed());
-    out.into()
 }
 
 /// Checks `got` against the f64 oracle (tolerance: twice the worst of three

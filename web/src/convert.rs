@@ -430,3 +430,12 @@ pub fn known_keys(obj: &JsValue, allowed: &[&str], what: &str) -> std::result::R
     }
     Ok(())
 }
+
+/// An error report as `{maxAbs, allowed, passed}`.
+pub fn report_js(r: &webattn::conformance::ErrorReport) -> JsValue {
+    let out = Object::new();
+    set(&out, "maxAbs", r.max_abs);
+    set(&out, "allowed", r.allowed);
+    set(&out, "passed", r.passed());
+    out.into()
+}

@@ -8,7 +8,7 @@ use std::rc::Rc;
 
 use js_sys::{Object, Reflect};
 use wasm_bindgen::prelude::*;
-use webattn::conformance::{compare, ErrorReport, DEFAULT_FLOOR};
+use webattn::conformance::{compare, DEFAULT_FLOOR};
 use webattn::family::additive::AdditiveAttention;
 use webattn::family::linear::{linear_attention_oracle, LinearAttention};
 use webattn::family::luong::{LuongAttention, LuongScore};
@@ -17,17 +17,9 @@ use webattn::family::position::{rope_oracle, sinusoidal_oracle, Rope, RopeLayout
 use webattn::family::Attended;
 use webattn::{Engine, HostTensor};
 
-use crate::convert::{self, field, set};
+use crate::convert::{self, field, report_js, set};
 use crate::engine::EngineCore;
 use crate::errors::{js_error, IntoJs};
-
-fn report_js(r: &ErrorReport) -> JsValue {
-    let out = Object::new();
-    set(&out, "maxAbs", r.max_abs);
-    set(&out, "allowed", r.allowed);
-    set(&out, "passed", r.passed());
-    out.into()
-}
 
 fn flag(options: &JsValue, key: &str) -> Result<bool, JsValue> {
     match field(options, key) {
@@ -145,6 +137,17 @@ fn check_js(out: &Attended, exact: (&[f64], &[f64]), plain: (&[f32], &[f32])) ->
     }
     set(&result, "passed", passed);
     result.into()
+}
+
+/// `{output, check?}` for a positional encoding, checked against its f64 and
+/// plain f32 oracles when they are given.
+fn encoded_js(out: HostTensor, oracles: Option<(Vec<f64>, Vec<f32>)>) -> JsValue {
+    let attended = Attended {
+        output: out,
+        weights: None,
+    };
+    let check = oracles.map(|(exact, plain)| check_js(&attended, (&exact, &[]), (&plain, &[])));
+    attended_js(&attended, check)
 }
 
 fn rope_from(v: &JsValue) -> Result<Rope, JsValue> {
@@ -516,24 +519,15 @@ impl EngineCore {
         let x = tensor("x", &x)?;
         let rope = rope_from(&options)?;
         let out = rope.apply(&self.engine, &x).await.js()?;
-        let check = if flag(&options, "verify")? {
-            let exact = rope_oracle::<f64>(&x, &rope).js()?;
-            let plain = rope_oracle::<f32>(&x, &rope).js()?;
-            let attended = Attended {
-                output: out.clone(),
-                weights: None,
-            };
-            Some(check_js(&attended, (&exact, &[]), (&plain, &[])))
+        let oracles = if flag(&options, "verify")? {
+            Some((
+                rope_oracle::<f64>(&x, &rope).js()?,
+                rope_oracle::<f32>(&x, &rope).js()?,
+            ))
         } else {
             None
         };
-        Ok(attended_js(
-            &Attended {
-                output: out,
-                weights: None,
-            },
-            check,
-        ))
+        Ok(encoded_js(out, oracles))
     }
 
     /// `x + PE` for embeddings `x` `[..., N, D]`: `{base?, offset?, verify?}`.
@@ -548,23 +542,14 @@ impl EngineCore {
             encoding.offset = offset;
         }
         let out = encoding.add_to(&self.engine, &x).await.js()?;
-        let check = if flag(&options, "verify")? {
-            let exact = sinusoidal_oracle::<f64>(&x, encoding.base, encoding.offset).js()?;
-            let plain = sinusoidal_oracle::<f32>(&x, encoding.base, encoding.offset).js()?;
-            let attended = Attended {
-                output: out.clone(),
-                weights: None,
-            };
-            Some(check_js(&attended, (&exact, &[]), (&plain, &[])))
+        let oracles = if flag(&options, "verify")? {
+            Some((
+                sinusoidal_oracle::<f64>(&x, encoding.base, encoding.offset).js()?,
+                sinusoidal_oracle::<f32>(&x, encoding.base, encoding.offset).js()?,
+            ))
         } else {
             None
         };
-        Ok(attended_js(
-            &Attended {
-                output: out,
-                weights: None,
-            },
-            check,
-        ))
+        Ok(encoded_js(out, oracles))
     }
 }
