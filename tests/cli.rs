@@ -661,30 +661,40 @@ fn every_fused_kernel_can_be_forced_by_name() {
     if common::gpu().is_none() {
         return;
     }
-    // lavapipe picks attention_sg; the portable kernel (what GPUs run) is
-    // forced by name and runs the whole quick sweep through it.
-    let info = run(&["--kernel", "attention_fused", "info"]);
-    let text = String::from_utf8_lossy(&info.stdout);
-    assert!(info.status.success());
-    assert!(
-        text.contains("fused:    attention_fused (forced by --kernel"),
-        "{text}"
-    );
-    let out = run(&[
-        "--backend",
-        "gpu",
-        "--kernel",
-        "attention_fused",
-        "check",
-        "--quick",
-    ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let last = stdout.trim_end().lines().last().unwrap_or_default();
-    assert!(out.status.success(), "{stdout}");
-    assert!(
-        last.ends_with(" passed, 0 failed") && !last.starts_with("0 "),
-        "{last}"
-    );
+    // lavapipe picks attention_sg; the register-tiled kernel (what GPUs run)
+    // and the portable one are forced by name and run the whole quick sweep,
+    // the tiled one also at WebGPU's default limits (smaller tiles: 16 KiB of
+    // workgroup memory, 256 invocations).
+    for (kernel, limits) in [
+        ("attention_tiled", "adapter"),
+        ("attention_tiled", "webgpu-default"),
+        ("attention_fused", "adapter"),
+    ] {
+        let info = run(&["--kernel", kernel, "--limits", limits, "info"]);
+        let text = String::from_utf8_lossy(&info.stdout);
+        assert!(info.status.success());
+        assert!(
+            text.contains(&format!("fused:    {kernel} (forced by --kernel")),
+            "{text}"
+        );
+        let out = run(&[
+            "--backend",
+            "gpu",
+            "--kernel",
+            kernel,
+            "--limits",
+            limits,
+            "check",
+            "--quick",
+        ]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let last = stdout.trim_end().lines().last().unwrap_or_default();
+        assert!(out.status.success(), "{kernel} at {limits}: {stdout}");
+        assert!(
+            last.ends_with(" passed, 0 failed") && !last.starts_with("0 "),
+            "{kernel} at {limits}: {last}"
+        );
+    }
     // The subgroup kernel by name too, where the adapter has fixed subgroups
     // (the sweep through it is check_quick_ends_with_the_summary_line's).
     if common::gpu()

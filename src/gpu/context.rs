@@ -300,6 +300,17 @@ impl GpuContext {
                     .unwrap_or(8);
                 return Ok(FusedKernel::Subgroup { width });
             }
+            // attention_tiled wherever one of its tiles fits; where none does
+            // (head dims of 256 in 16 KiB of workgroup memory) attention_fused.
+            FusedKernelChoice::Tiled => {
+                let tiles = FusedTiles::for_dims(dk, dv, &self.caps.limits)?;
+                return Ok(FusedKernel::tiled_or_portable(
+                    tiles,
+                    dk,
+                    dv,
+                    &self.caps.limits,
+                ));
+            }
             FusedKernelChoice::Auto => {}
         }
         match (

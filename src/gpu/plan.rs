@@ -2,7 +2,7 @@
 //! an adapter, derived from its capability profile. `webattn info` prints it.
 
 use super::capabilities::Capabilities;
-use super::ops::fused::{FusedKernel, FusedTiles};
+use super::ops::fused::{FusedKernel, FusedTiles, TiledTiles};
 use super::ops::{concat, gemm, mask, softmax};
 use crate::options::KernelPath;
 
@@ -81,7 +81,13 @@ impl KernelPlan {
                 role: "fused: Q K^T, online softmax, P V in one pass (head dims multiple of 4)",
             }),
             Ok(FusedKernel::Portable(tiles)) => kernels.push(portable(tiles)),
+            Ok(FusedKernel::Tiled(tiles)) => kernels.push(tiled(tiles)),
             Err(_) => {}
+        }
+        if let Some(tiles) = TiledTiles::for_dims(64, 64, limits) {
+            if !kernels.iter().any(|k| k.label == tiles.key().to_string()) {
+                kernels.push(tiled(tiles));
+            }
         }
         if let Ok(tiles) = FusedTiles::for_dims(64, 64, limits) {
             if !kernels.iter().any(|k| k.label == tiles.key().to_string()) {
@@ -148,6 +154,17 @@ impl KernelPlan {
             max_score_chunk_bytes: limits.max_bindable_bytes(),
             notes,
         }
+    }
+}
+
+/// The register-tiled fused kernel's configuration.
+fn tiled(tiles: TiledTiles) -> KernelConfig {
+    KernelConfig {
+        label: tiles.key().to_string(),
+        invocations: tiles.invocations(),
+        tile: format!("{} (at Dk = Dv = 64)", tiles.describe()),
+        workgroup_bytes: tiles.workgroup_bytes(),
+        role: "fused (register-tiled): GPUs, head dims up to 256 where a tile fits",
     }
 }
 
@@ -218,6 +235,18 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
             ..crate::gpu::capabilities::KernelLimits::WEBGPU_DEFAULTS
         };
         if let Ok(tiles) = FusedTiles::for_dims(dk, dv, &limits) {
+            keys.push(tiles.key());
+        }
+        if let Some(tiles) = TiledTiles::for_dims(dk, dv, &limits) {
+            keys.push(tiles.key());
+        }
+    }
+    for (dk, dv) in [(128, 128), (256, 256), (65, 3)] {
+        let limits = crate::gpu::capabilities::KernelLimits {
+            max_compute_workgroup_storage_size: 48 << 10,
+            ..crate::gpu::capabilities::KernelLimits::WEBGPU_DEFAULTS
+        };
+        if let Some(tiles) = TiledTiles::for_dims(dk, dv, &limits) {
             keys.push(tiles.key());
         }
     }
@@ -296,6 +325,13 @@ pub fn every_planned_pipeline() -> Vec<super::pipeline::PipelineKey> {
                     }
                 }
             }
+        }
+    }
+    // Every tile of the register-tiled kernel at every head-dim class: the
+    // tuner may pick any candidate that fits.
+    for dk in HEAD_DIM_CLASSES {
+        for dv in HEAD_DIM_CLASSES {
+            keys.extend(TiledTiles::candidates(dk, dv).iter().map(TiledTiles::key));
         }
     }
     for workgroup in [64, 256] {

@@ -31,6 +31,8 @@ pub enum Kernel {
     AttentionScores,
     /// Fused attention with subgroup shuffles, for CPU adapters (`shaders/attention_sg.wgsl`).
     AttentionSubgroup,
+    /// Register-tiled fused attention for GPUs (`shaders/attention_tiled.wgsl`).
+    AttentionTiled,
     /// Split-K decode attention for a few query rows (`shaders/attention_decode.wgsl`).
     AttentionDecode,
     /// Merges split-K partial results by their maxima (`shaders/attention_merge.wgsl`).
@@ -64,7 +66,7 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 18] = [
+    pub const ALL: [Kernel; 19] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
@@ -75,6 +77,7 @@ impl Kernel {
         Kernel::AttentionFused,
         Kernel::AttentionScores,
         Kernel::AttentionSubgroup,
+        Kernel::AttentionTiled,
         Kernel::AttentionDecode,
         Kernel::AttentionMerge,
         Kernel::Position,
@@ -98,6 +101,7 @@ impl Kernel {
             Kernel::AttentionFused => "attention_fused",
             Kernel::AttentionScores => "attention_scores",
             Kernel::AttentionSubgroup => "attention_sg",
+            Kernel::AttentionTiled => "attention_tiled",
             Kernel::AttentionDecode => "attention_decode",
             Kernel::AttentionMerge => "attention_merge",
             Kernel::Position => "position",
@@ -122,6 +126,7 @@ impl Kernel {
             Kernel::AttentionFused => "attention_fused.wgsl",
             Kernel::AttentionScores => "attention_scores.wgsl",
             Kernel::AttentionSubgroup => "attention_sg.wgsl",
+            Kernel::AttentionTiled => "attention_tiled.wgsl",
             Kernel::AttentionDecode => "attention_decode.wgsl",
             Kernel::AttentionMerge => "attention_merge.wgsl",
             Kernel::Position => "position.wgsl",
@@ -146,6 +151,7 @@ impl Kernel {
             Kernel::AttentionFused => include_str!("../../shaders/attention_fused.wgsl"),
             Kernel::AttentionScores => include_str!("../../shaders/attention_scores.wgsl"),
             Kernel::AttentionSubgroup => include_str!("../../shaders/attention_sg.wgsl"),
+            Kernel::AttentionTiled => include_str!("../../shaders/attention_tiled.wgsl"),
             Kernel::AttentionDecode => include_str!("../../shaders/attention_decode.wgsl"),
             Kernel::AttentionMerge => include_str!("../../shaders/attention_merge.wgsl"),
             Kernel::Position => include_str!("../../shaders/position.wgsl"),
@@ -193,7 +199,10 @@ impl Kernel {
             Kernel::GemmSubgroup => &[Uniform, Read, Read, Read, Read, ReadWrite],
             // Q, K, V, mask, nonpad; Y, lse.
             // (decode: partial O and (m, l) instead of Y and lse)
-            Kernel::AttentionFused | Kernel::AttentionSubgroup | Kernel::AttentionDecode => {
+            Kernel::AttentionFused
+            | Kernel::AttentionSubgroup
+            | Kernel::AttentionTiled
+            | Kernel::AttentionDecode => {
                 &[Uniform, Read, Read, Read, Read, Read, ReadWrite, ReadWrite]
             }
             // Q, K, mask, nonpad; qk_matmul_output.

@@ -74,8 +74,7 @@ fn describe(engine: &Engine) -> serde_json::Value {
 /// The fused kernel in use at head dims 64/64 and whether `--kernel` forced it.
 pub fn fused_kernel(ctx: &webattn::GpuContext) -> (&'static str, bool) {
     let name = match ctx.fused_kernel(64, 64) {
-        Ok(webattn::gpu::ops::fused::FusedKernel::Subgroup { .. }) => "attention_sg",
-        Ok(webattn::gpu::ops::fused::FusedKernel::Portable(_)) => "attention_fused",
+        Ok(kernel) => kernel.name(),
         Err(_) => "none at head dim 64",
     };
     (

@@ -53,8 +53,9 @@ pub struct EngineArgs {
           value_parser = |s: &str| s.parse::<LimitOverride>())]
     limit: Vec<LimitOverride>,
     /// The fused kernel to use, by the name `webattn info` lists:
-    /// attention_fused (portable, any adapter) or attention_sg (subgroup
-    /// shuffles, CPU adapters); auto lets the adapter's profile decide.
+    /// attention_tiled (register-tiled, GPUs), attention_fused (portable, any
+    /// adapter) or attention_sg (subgroup shuffles, CPU adapters); auto lets
+    /// the adapter's profile decide.
     #[arg(long, value_name = "NAME", default_value = "auto", global = true,
           value_parser = |s: &str| s.parse::<FusedKernelChoice>())]
     kernel: FusedKernelChoice,

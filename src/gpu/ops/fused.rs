@@ -1,10 +1,12 @@
-//! Fused attention (`shaders/attention_fused.wgsl`) and the score recompute
+//! Fused attention (`shaders/attention_fused.wgsl`, and the choice among it,
+//! `attention_sg.wgsl` and `attention_tiled.wgsl`) and the score recompute
 //! kernel (`shaders/attention_scores.wgsl`): parameters, tile sizes chosen from
 //! the adapter's limits, and dispatch geometry.
 
 use bytemuck::{Pod, Zeroable};
 
 use super::rules::Rules;
+pub use super::tiled::TiledTiles;
 use crate::error::{Error, Result};
 use crate::gpu::buffer;
 use crate::gpu::capabilities::KernelLimits;
@@ -112,7 +114,8 @@ impl FusedTiles {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FusedKernelChoice {
     /// The capability profile decides (subgroup shuffles on CPU adapters with
-    /// fixed subgroups, the portable kernel elsewhere).
+    /// fixed subgroups, the register-tiled kernel elsewhere, the portable one
+    /// where no tile of the tiled kernel fits).
     #[default]
     Auto,
     /// `attention_fused`: the portable kernel, on any adapter.
@@ -120,11 +123,15 @@ pub enum FusedKernelChoice {
     /// `attention_sg`: the subgroup-shuffle kernel (CPU adapters with fixed
     /// subgroups of 4 or 8; head dims multiples of 4).
     Subgroup,
+    /// `attention_tiled`: the register-tiled kernel, on any adapter whose
+    /// workgroup memory holds one of its tiles at the problem's head dims.
+    Tiled,
 }
 
 impl FusedKernelChoice {
     /// The names `--kernel` takes, as `webattn info` lists the kernels.
-    pub const NAMES: [&'static str; 3] = ["auto", "attention_fused", "attention_sg"];
+    pub const NAMES: [&'static str; 4] =
+        ["auto", "attention_fused", "attention_sg", "attention_tiled"];
 
     /// The kernel's name.
     pub fn name(self) -> &'static str {
@@ -132,6 +139,7 @@ impl FusedKernelChoice {
             FusedKernelChoice::Auto => "auto",
             FusedKernelChoice::Portable => "attention_fused",
             FusedKernelChoice::Subgroup => "attention_sg",
+            FusedKernelChoice::Tiled => "attention_tiled",
         }
     }
 }
@@ -144,10 +152,11 @@ impl std::str::FromStr for FusedKernelChoice {
             "auto" => Ok(FusedKernelChoice::Auto),
             "attention_fused" => Ok(FusedKernelChoice::Portable),
             "attention_sg" => Ok(FusedKernelChoice::Subgroup),
+            "attention_tiled" => Ok(FusedKernelChoice::Tiled),
             _ => Err(crate::error::Error::InvalidOption {
                 name: "kernel",
                 value: text.to_string(),
-                reason: "must be auto, attention_fused or attention_sg (the fused kernels `webattn info` lists)",
+                reason: "must be auto, attention_fused, attention_sg or attention_tiled (the fused kernels `webattn info` lists)",
             }),
         }
     }
@@ -170,6 +179,8 @@ pub enum FusedKernel {
         /// The subgroup width.
         width: u32,
     },
+    /// `attention_tiled.wgsl`: register micro-tiles of S and O; GPUs.
+    Tiled(TiledTiles),
 }
 
 /// Query rows per invocation of `attention_sg.wgsl` (the generator's ROWS).
@@ -187,8 +198,32 @@ impl FusedKernel {
         let tiles = FusedTiles::for_dims(dk, dv, &caps.limits)?;
         Ok(match caps.fixed_cpu_subgroup() {
             Some(width) if dk % 4 == 0 && dv % 4 == 0 => FusedKernel::Subgroup { width },
-            _ => FusedKernel::Portable(tiles),
+            Some(_) => FusedKernel::Portable(tiles),
+            None => Self::tiled_or_portable(tiles, dk, dv, &caps.limits),
         })
+    }
+
+    /// The register-tiled kernel where one of its tiles fits, else the
+    /// portable kernel with `portable` tiles.
+    pub fn tiled_or_portable(
+        portable: FusedTiles,
+        dk: usize,
+        dv: usize,
+        limits: &KernelLimits,
+    ) -> FusedKernel {
+        match TiledTiles::for_dims(dk, dv, limits) {
+            Some(tiles) => FusedKernel::Tiled(tiles),
+            None => FusedKernel::Portable(portable),
+        }
+    }
+
+    /// The kernel's name, as `--kernel` takes it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            FusedKernel::Portable(_) => FusedKernelChoice::Portable.name(),
+            FusedKernel::Subgroup { .. } => FusedKernelChoice::Subgroup.name(),
+            FusedKernel::Tiled(_) => FusedKernelChoice::Tiled.name(),
+        }
     }
 
     /// Query rows per workgroup.
@@ -196,6 +231,7 @@ impl FusedKernel {
         match self {
             FusedKernel::Portable(tiles) => tiles.query_rows as usize,
             FusedKernel::Subgroup { width } => SUBGROUP_ROWS_PER_LANE * *width as usize,
+            FusedKernel::Tiled(tiles) => tiles.query_rows as usize,
         }
     }
 
@@ -205,6 +241,7 @@ impl FusedKernel {
         match (self, budget) {
             (_, None) => keys.max(1),
             (FusedKernel::Portable(tiles), budget) => tiles.keys_per_chunk(keys, budget),
+            (FusedKernel::Tiled(tiles), budget) => tiles.keys_per_chunk(keys, budget),
             (FusedKernel::Subgroup { .. }, Some(budget)) => {
                 let per_tile = (dims.head_dim / 4 + dims.v_head_dim / 4 + 8) as u64;
                 (budget / per_tile).max(1) as usize * SUBGROUP_KEYS
@@ -216,6 +253,7 @@ impl FusedKernel {
     pub fn key(&self, dims: &AttentionDims, options: &AttentionOptions) -> PipelineKey {
         match self {
             FusedKernel::Portable(tiles) => tiles.key(),
+            FusedKernel::Tiled(tiles) => tiles.key(),
             FusedKernel::Subgroup { width } => PipelineKey::new(Kernel::AttentionSubgroup)
                 .with("SG", i64::from(*width))
                 .with_flag("HAS_MASK", dims.mask.is_some())

@@ -10,3 +10,4 @@ pub mod mask;
 pub mod position;
 pub(crate) mod rules;
 pub mod softmax;
+pub mod tiled;

@@ -1,0 +1,257 @@
+//! The register-tiled fused kernel (`shaders/attention_tiled.wgsl`): its tile
+//! configurations, the workgroup memory each needs, and the choice among them
+//! for an adapter's limits and a problem's head dims.
+
+use crate::gpu::capabilities::KernelLimits;
+use crate::gpu::pipeline::PipelineKey;
+use crate::gpu::registry::Kernel;
+
+/// The capacities of the kernel's register arrays (its `MAX_*` constants).
+const MAX_RQ: u32 = 8;
+const MAX_RK: u32 = 4;
+const MAX_DVT: u32 = 8;
+const MAX_S: u32 = 16;
+const MAX_O: u32 = 16;
+
+/// One tile configuration of the register-tiled kernel: a workgroup of
+/// `tq × tk` invocations owns `query_rows` query rows and streams keys in tiles
+/// of `keys_per_tile`; each invocation holds an `rq × rk` block of S and an
+/// `rq × dvt` (vec4) block of O in registers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TiledTiles {
+    /// Query rows per workgroup.
+    pub query_rows: u32,
+    /// Keys per K/V tile.
+    pub keys_per_tile: u32,
+    /// Invocation rows of the workgroup grid.
+    pub tq: u32,
+    /// Invocation columns of the workgroup grid.
+    pub tk: u32,
+    /// vec4s per K row.
+    pub dk4: u32,
+    /// vec4s per V row.
+    pub dv4: u32,
+}
+
+/// The shapes tried, largest first: (query rows, keys per tile, tq, tk).
+/// Each is a workgroup of 256, 128 or 64 invocations; the first whose
+/// workgroup memory and register blocks fit is taken.
+const CANDIDATES: [(u32, u32, u32, u32); 5] = [
+    (64, 32, 16, 16),
+    (32, 32, 16, 16),
+    (32, 16, 8, 16),
+    (16, 16, 8, 16),
+    (16, 8, 8, 8),
+];
+
+impl TiledTiles {
+    /// The largest candidate that fits the adapter's limits at head dims
+    /// `dk`, `dv` (both at most 256), or `None` when none does (the portable
+    /// kernel then runs the problem).
+    pub fn for_dims(dk: usize, dv: usize, limits: &KernelLimits) -> Option<TiledTiles> {
+        Self::candidates(dk, dv)
+            .into_iter()
+            .find(|t| t.fits(limits))
+    }
+
+    /// Every candidate whose register blocks fit the kernel at these head dims
+    /// (whether their workgroup memory fits an adapter is [`TiledTiles::fits`]).
+    pub fn candidates(dk: usize, dv: usize) -> Vec<TiledTiles> {
+        let (dk4, dv4) = (dk.div_ceil(4) as u32, dv.div_ceil(4) as u32);
+        CANDIDATES
+            .iter()
+            .map(|&(query_rows, keys_per_tile, tq, tk)| TiledTiles {
+                query_rows,
+                keys_per_tile,
+                tq,
+                tk,
+                dk4,
+                dv4,
+            })
+            .filter(|t| {
+                t.rq() <= MAX_RQ
+                    && t.rk() <= MAX_RK
+                    && t.dvt() <= MAX_DVT
+                    && t.rq() * t.rk() <= MAX_S
+                    && t.rq() * t.dvt() <= MAX_O
+            })
+            .collect()
+    }
+
+    /// Whether the configuration fits the adapter's workgroup memory and
+    /// invocations per workgroup.
+    pub fn fits(&self, limits: &KernelLimits) -> bool {
+        self.workgroup_bytes() <= limits.max_compute_workgroup_storage_size
+            && self.invocations() <= limits.max_compute_invocations_per_workgroup
+    }
+
+    /// Invocations per workgroup.
+    pub fn invocations(&self) -> u32 {
+        self.tq * self.tk
+    }
+
+    /// Query rows per invocation.
+    pub fn rq(&self) -> u32 {
+        self.query_rows / self.tq
+    }
+
+    /// Keys per invocation in a tile.
+    pub fn rk(&self) -> u32 {
+        self.keys_per_tile / self.tk
+    }
+
+    /// vec4 columns of O per invocation.
+    pub fn dvt(&self) -> u32 {
+        self.dv4.div_ceil(self.tk)
+    }
+
+    /// The Q tile's row stride in vec4s (one vec4 of padding spreads the banks).
+    fn q_stride(&self) -> u32 {
+        self.dk4 + 1
+    }
+
+    /// The K/V tile's row stride in vec4s.
+    fn kv_stride(&self) -> u32 {
+        self.dk4.max(self.dv4) + 1
+    }
+
+    /// Workgroup memory the kernel uses: the Q block, one K/V tile, P, the
+    /// rows' partial maxima and sums, their flags and the nonpad length.
+    pub fn workgroup_bytes(&self) -> u32 {
+        let (bq, bk) = (self.query_rows, self.keys_per_tile);
+        16 * (bq * self.q_stride() + bk * self.kv_stride())
+            + 4 * bq * bk
+            + 4 * bq * self.tk
+            + 4 * bq
+            + 4
+    }
+
+    /// Loop iterations one invocation runs per key tile (every loop counted,
+    /// with margin), for drivers that cap them.
+    pub fn loop_iterations_per_tile(&self) -> u64 {
+        let wg = u64::from(self.invocations());
+        let (bk, dk4, dv4) = (
+            u64::from(self.keys_per_tile),
+            u64::from(self.dk4),
+            u64::from(self.dv4),
+        );
+        let (rq, rk, dvt, tk) = (
+            u64::from(self.rq()),
+            u64::from(self.rk()),
+            u64::from(self.dvt()),
+            u64::from(self.tk),
+        );
+        let staging = (bk * dk4).div_ceil(wg) + (bk * dv4).div_ceil(wg) + 2;
+        let scores = rq * rk + dk4 * (1 + rk + rq * (1 + rk)) + rq * (1 + rk);
+        let softmax = rq * (1 + tk + rk + dvt);
+        let product = bk * (1 + dvt + rq * (1 + dvt));
+        staging + scores + softmax + product + 8
+    }
+
+    /// Keys per dispatch so that no invocation exceeds `budget` loop
+    /// iterations (all keys in one dispatch when there is no budget). Chunks
+    /// start on tile boundaries so the kernel's tile grid lines up.
+    pub fn keys_per_chunk(&self, keys: usize, budget: Option<u64>) -> usize {
+        match budget {
+            None => keys.max(1),
+            Some(budget) => {
+                // The Q block and the final gather run once per dispatch.
+                let once = u64::from(self.query_rows * self.dk4)
+                    .div_ceil(u64::from(self.invocations()))
+                    + u64::from(self.rq()) * (3 + 2 * u64::from(self.dvt()) + u64::from(self.tk))
+                    + 16;
+                let tiles = (budget.saturating_sub(once) / self.loop_iterations_per_tile()).max(1);
+                tiles as usize * self.keys_per_tile as usize
+            }
+        }
+    }
+
+    /// The pipeline key (every override the kernel takes).
+    pub fn key(&self) -> PipelineKey {
+        PipelineKey::new(Kernel::AttentionTiled)
+            .with("BQ", i64::from(self.query_rows))
+            .with("BK", i64::from(self.keys_per_tile))
+            .with("TQ", i64::from(self.tq))
+            .with("TK", i64::from(self.tk))
+            .with("WG", i64::from(self.invocations()))
+            .with("RQ", i64::from(self.rq()))
+            .with("RK", i64::from(self.rk()))
+            .with("DK4", i64::from(self.dk4))
+            .with("DV4", i64::from(self.dv4))
+            .with("DVT", i64::from(self.dvt()))
+            .with("QS", i64::from(self.q_stride()))
+            .with("KS", i64::from(self.kv_stride()))
+    }
+
+    /// The configuration in words, for `webattn info`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} query rows x {}-key tiles, {}x{} invocations, {}x{} of S and {}x{} vec4 of O in registers each",
+            self.query_rows,
+            self.keys_per_tile,
+            self.tq,
+            self.tk,
+            self.rq(),
+            self.rk(),
+            self.rq(),
+            self.dvt()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(storage: u32) -> KernelLimits {
+        KernelLimits {
+            max_compute_workgroup_storage_size: storage,
+            ..KernelLimits::WEBGPU_DEFAULTS
+        }
+    }
+
+    #[test]
+    fn common_head_dims_get_large_tiles_on_large_adapters() {
+        let t = TiledTiles::for_dims(64, 64, &limits(48 << 10)).unwrap();
+        assert_eq!(
+            (t.query_rows, t.keys_per_tile, t.invocations()),
+            (64, 32, 256)
+        );
+        let t = TiledTiles::for_dims(128, 128, &limits(48 << 10)).unwrap();
+        assert_eq!((t.query_rows, t.keys_per_tile), (32, 32));
+        assert!(t.workgroup_bytes() <= 48 << 10);
+    }
+
+    #[test]
+    fn webgpu_defaults_fit_up_to_128_and_larger_dims_fall_back() {
+        for d in [1, 7, 64, 65, 128] {
+            let t = TiledTiles::for_dims(d, d, &limits(16 << 10)).unwrap();
+            assert!(t.workgroup_bytes() <= 16 << 10, "{d}: {t:?}");
+        }
+        assert!(TiledTiles::for_dims(256, 256, &limits(16 << 10)).is_none());
+        assert!(TiledTiles::for_dims(256, 256, &limits(48 << 10)).is_some());
+    }
+
+    #[test]
+    fn register_blocks_stay_within_the_kernel_arrays() {
+        for d in [1, 4, 8, 63, 64, 65, 128, 200, 256] {
+            for t in TiledTiles::candidates(d, d) {
+                assert!(
+                    t.rq() * t.rk() <= MAX_S && t.rq() * t.dvt() <= MAX_O,
+                    "{t:?}"
+                );
+                assert_eq!(t.rq() * t.tq, t.query_rows);
+                assert_eq!(t.rk() * t.tk, t.keys_per_tile);
+            }
+        }
+    }
+
+    #[test]
+    fn chunks_under_a_loop_budget_are_whole_tiles() {
+        let t = TiledTiles::for_dims(64, 64, &limits(32 << 10)).unwrap();
+        let chunk = t.keys_per_chunk(100_000, Some(16_000));
+        assert_eq!(chunk % t.keys_per_tile as usize, 0);
+        assert!(chunk >= t.keys_per_tile as usize);
+        assert_eq!(t.keys_per_chunk(77, None), 77);
+    }
+}
