@@ -21,6 +21,8 @@ pub(crate) struct DeviceRecipe {
     pub limits: DeviceLimits,
     pub portable_kernels: bool,
     pub fused_kernel: crate::gpu::ops::fused::FusedKernelChoice,
+    /// The engine's tuning table, shared by every device it makes.
+    pub tuning: std::sync::Arc<std::sync::Mutex<crate::tuning::TuningTable>>,
 }
 
 impl DeviceRecipe {
@@ -32,7 +34,9 @@ impl DeviceRecipe {
         } else {
             ctx
         };
-        ctx.with_fused_kernel(self.fused_kernel)
+        Ok(ctx
+            .with_fused_kernel(self.fused_kernel)?
+            .with_tuning(self.tuning.clone()))
     }
 }
 

@@ -68,6 +68,12 @@ pub struct EngineOptions {
     /// lavapipe that a GPU would pick. A kernel the adapter cannot run is an
     /// error when the engine is created.
     pub fused_kernel: crate::gpu::ops::fused::FusedKernelChoice,
+    /// Where the tuning table (`webattn tune`'s measured kernel and path
+    /// choices) comes from: by default the user's cache file natively
+    /// (`$WEBATTN_TUNING_CACHE`, else `~/.cache/webattn/tuning.tsv`), memory in
+    /// the browser. Without an entry for the adapter and head dims, the kernel
+    /// is chosen from the adapter's limits alone.
+    pub tuning_cache: crate::tuning::TuningCache,
     /// Threads the fast CPU backend uses (`None`: one per available core;
     /// always one on wasm32). It runs every call of a CPU engine and
     /// [`KernelPath::Cpu`] calls of a GPU engine.
@@ -121,6 +127,8 @@ pub struct Engine {
     score_budget: u64,
     cpu: CpuBackend,
     last_call: Mutex<Option<CallStats>>,
+    /// The tuning cache file the table was read from and is saved to.
+    tuning_path: Option<std::path::PathBuf>,
 }
 
 impl Engine {
@@ -159,6 +167,7 @@ impl Engine {
             limits: options.limits.clone(),
             portable_kernels: options.portable_kernels,
             fused_kernel: options.fused_kernel,
+            tuning: std::sync::Arc::new(std::sync::Mutex::new(options.tuning_cache.load())),
         };
         let gpu = |ctx| Backend::Gpu(GpuDevices::new(ctx, Some(recipe.clone())));
         let backend = match options.backend {
@@ -177,6 +186,7 @@ impl Engine {
         };
         let mut engine = Self::with_backend(backend, options.score_budget_bytes);
         engine.cpu = CpuBackend::new(options.cpu_threads);
+        engine.tuning_path = options.tuning_cache.path();
         Ok(engine)
     }
 
@@ -220,7 +230,36 @@ impl Engine {
             score_budget: score_budget.unwrap_or(u64::MAX),
             cpu: CpuBackend::default(),
             last_call: Mutex::new(None),
+            tuning_path: None,
         }
+    }
+
+    /// The tuning cache file this engine read its table from, natively (see
+    /// [`EngineOptions::tuning_cache`]); `None` for memory-only tables.
+    pub fn tuning_cache_path(&self) -> Option<&std::path::Path> {
+        self.tuning_path.as_deref()
+    }
+
+    /// The engine's tuning table (GPU engines): measured kernel and path
+    /// choices per adapter and head-dim class, filled by [`crate::tuning::tune`].
+    pub fn tuning_table(&self) -> Option<crate::tuning::TuningTable> {
+        self.gpu().map(|ctx| {
+            ctx.tuning_table()
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+        })
+    }
+
+    /// Writes the tuning table to the engine's cache file, natively; returns
+    /// the file, or `None` when the table lives in memory only.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn save_tuning(&self) -> Result<Option<std::path::PathBuf>> {
+        let (Some(path), Some(table)) = (&self.tuning_path, self.tuning_table()) else {
+            return Ok(None);
+        };
+        table.save(path)?;
+        Ok(Some(path.clone()))
     }
 
     /// The backend in use.
@@ -259,6 +298,29 @@ impl Engine {
         match options.path {
             KernelPath::Auto => {
                 match FusedTiles::for_dims(dims.head_dim, dims.v_head_dim, &ctx.caps.limits) {
+                    // Measured on this adapter (`webattn tune`): the unfused
+                    // path was faster at these head dims, and it fits memory
+                    // whatever the sizes (it works in score blocks). Decoding
+                    // runs its own kernel, which the tuner does not time.
+                    Ok(_)
+                        if ctx.fused_kernel_choice() == crate::FusedKernelChoice::Auto
+                            && !crate::gpu::ops::decode::DecodePlan::applies(dims)
+                            && ctx
+                                .tuned(dims.head_dim, dims.v_head_dim)
+                                .is_some_and(|t| t.unfused_ms < t.fused_ms) =>
+                    {
+                        let t = ctx
+                            .tuned(dims.head_dim, dims.v_head_dim)
+                            .expect("just read");
+                        PathChoice::new(
+                            KernelPath::Unfused,
+                            Some(format!(
+                                "unfused measured faster on this adapter at head dims {}/{} \
+                                 ({:.3} ms against {:.3} ms fused, webattn tune)",
+                                dims.head_dim, dims.v_head_dim, t.unfused_ms, t.fused_ms
+                            )),
+                        )
+                    }
                     Ok(_) => PathChoice::new(KernelPath::Fused, None),
                     Err(e) => PathChoice::new(
                         KernelPath::Unfused,

@@ -46,6 +46,7 @@ mod options;
 mod problem;
 pub mod rng;
 mod tensor;
+pub mod tuning;
 
 pub use device_tensor::{Mask, Tensor};
 pub use engine::{BackendKind, BackendPreference, CallStats, Engine, EngineOptions, PathChoice};

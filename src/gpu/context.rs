@@ -42,6 +42,12 @@ pub struct GpuContext {
     fused_choice: super::ops::fused::FusedKernelChoice,
     subgroup_width: Option<u32>,
     lost: Arc<Mutex<Option<String>>>,
+    /// Measured kernel and path choices (`webattn tune`), shared by the
+    /// contexts of one engine's devices.
+    tuning: Arc<Mutex<crate::tuning::TuningTable>>,
+    /// A fused kernel that every call runs whatever the head dims' class (the
+    /// tuner times each candidate this way).
+    pinned_fused: Option<super::ops::fused::FusedKernel>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -193,6 +199,8 @@ impl GpuContext {
             gemm_kernel: caps.gemm_kernel(),
             fused_choice: Default::default(),
             subgroup_width: None,
+            tuning: Default::default(),
+            pinned_fused: None,
             caps: Arc::new(caps),
             profiler: Arc::new(Mutex::new(None)),
             lost,
@@ -269,6 +277,70 @@ impl GpuContext {
         Ok(self)
     }
 
+    /// This context with `table` as its tuning table (shared, not copied: what
+    /// the tuner records there is seen by every context that holds it).
+    pub fn with_tuning(mut self, table: Arc<Mutex<crate::tuning::TuningTable>>) -> GpuContext {
+        self.tuning = table;
+        self
+    }
+
+    /// The tuning table this context follows.
+    pub fn tuning_table(&self) -> Arc<Mutex<crate::tuning::TuningTable>> {
+        self.tuning.clone()
+    }
+
+    /// Records a measurement in the tuning table.
+    pub fn record_tuning(&self, key: crate::tuning::TuningKey, entry: crate::tuning::TunedEntry) {
+        self.tuning
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key, entry);
+    }
+
+    /// The measured entry for head dims `dk`, `dv` on this adapter, if any.
+    pub fn tuned(&self, dk: usize, dv: usize) -> Option<crate::tuning::TunedEntry> {
+        let key = crate::tuning::TuningKey::new(&self.caps, dk, dv);
+        self.tuning
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&key)
+            .copied()
+    }
+
+    /// The tuned fused kernel for head dims `dk`, `dv`, if one was measured
+    /// and still runs here (an entry the kernel no longer offers, or whose
+    /// tiles no longer fit, is ignored with a warning).
+    fn tuned_fused_kernel(&self, dk: usize, dv: usize) -> Option<super::ops::fused::FusedKernel> {
+        let entry = self.tuned(dk, dv)?;
+        // The subgroup kernel's class also holds head dims it leaves to the
+        // portable kernel (not multiples of 4): not a stale entry.
+        if entry.kernel == crate::tuning::TunedKernel::Subgroup && (dk % 4 != 0 || dv % 4 != 0) {
+            return None;
+        }
+        match entry.kernel.resolve(&self.caps, dk, dv) {
+            Ok(kernel) => Some(kernel),
+            Err(why) => {
+                // Warned once: the entry leaves the table (the next tune rebuilds it).
+                log::warn!("webattn: tuning entry for head dims {dk}/{dv} ignored: {why}");
+                self.tuning
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .remove(&crate::tuning::TuningKey::new(&self.caps, dk, dv));
+                None
+            }
+        }
+    }
+
+    /// This context with every fused call running `kernel` (whose head-dim
+    /// class must be the calls'); for timing one candidate.
+    pub(crate) fn with_pinned_fused_kernel(
+        mut self,
+        kernel: super::ops::fused::FusedKernel,
+    ) -> GpuContext {
+        self.pinned_fused = Some(kernel);
+        self
+    }
+
     /// The fused kernel this context is forced to, or `Auto`.
     pub fn fused_kernel_choice(&self) -> super::ops::fused::FusedKernelChoice {
         self.fused_choice
@@ -278,6 +350,9 @@ impl GpuContext {
     /// adapters unless [`GpuContext::with_portable_kernels`] asked otherwise).
     pub fn fused_kernel(&self, dk: usize, dv: usize) -> Result<super::ops::fused::FusedKernel> {
         use super::ops::fused::{FusedKernel, FusedKernelChoice, FusedTiles};
+        if let Some(kernel) = self.pinned_fused {
+            return Ok(kernel);
+        }
         match self.fused_choice {
             FusedKernelChoice::Portable => {
                 return Ok(FusedKernel::Portable(FusedTiles::for_dims(
@@ -304,6 +379,9 @@ impl GpuContext {
             // (head dims of 256 in 16 KiB of workgroup memory) attention_fused.
             FusedKernelChoice::Tiled => {
                 let tiles = FusedTiles::for_dims(dk, dv, &self.caps.limits)?;
+                if let Some(tuned @ FusedKernel::Tiled(_)) = self.tuned_fused_kernel(dk, dv) {
+                    return Ok(tuned);
+                }
                 return Ok(FusedKernel::tiled_or_portable(
                     tiles,
                     dk,
@@ -313,10 +391,16 @@ impl GpuContext {
             }
             FusedKernelChoice::Auto => {}
         }
-        match (
-            FusedKernel::choose(&self.caps, dk, dv)?,
-            self.subgroup_width,
-        ) {
+        // Measured on this adapter: the tuner's winner (after the head-dim
+        // limits below have had their say).
+        let chosen = FusedKernel::choose(&self.caps, dk, dv)?;
+        if let Some(tuned) = self.tuned_fused_kernel(dk, dv) {
+            return Ok(match (tuned, self.subgroup_width) {
+                (FusedKernel::Subgroup { .. }, Some(width)) => FusedKernel::Subgroup { width },
+                (kernel, _) => kernel,
+            });
+        }
+        match (chosen, self.subgroup_width) {
             (FusedKernel::Subgroup { .. }, Some(width)) => Ok(FusedKernel::Subgroup { width }),
             (kernel, _) => Ok(kernel),
         }

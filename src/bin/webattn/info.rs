@@ -61,6 +61,11 @@ fn describe(engine: &Engine) -> serde_json::Value {
         "default_path": plan.default_path.name(),
         "fused_kernel": engine.gpu().map(|ctx| fused_kernel(ctx).0),
         "fused_kernel_forced": engine.gpu().map(|ctx| fused_kernel(ctx).1),
+        "tuning_cache": engine.tuning_cache_path().map(|p| p.display().to_string()),
+        "tuned": engine.gpu().map(|ctx| tuned_here(engine, ctx).iter().map(|(dk4, dv4, e)| json!({
+            "head_dims": [4 * dk4, 4 * dv4], "kernel": e.kernel.name(),
+            "fused_ms": e.fused_ms, "unfused_ms": e.unfused_ms,
+        })).collect::<Vec<_>>()),
         "paths": plan.paths.iter().map(|p| p.name()).chain(["cpu", "oracle"]).collect::<Vec<_>>(),
         "cpu_backend": engine.cpu_backend().describe(),
         "kernels": plan.kernels.iter().map(|k| json!({
@@ -81,6 +86,67 @@ pub fn fused_kernel(ctx: &webattn::GpuContext) -> (&'static str, bool) {
         name,
         ctx.fused_kernel_choice() != webattn::FusedKernelChoice::Auto,
     )
+}
+
+/// The tuning cache and what it holds for this adapter, as text lines.
+fn tuning_text(engine: &Engine, ctx: &webattn::GpuContext) -> String {
+    let source = match engine.tuning_cache_path() {
+        Some(path) => path.display().to_string(),
+        None => "none (memory only)".to_string(),
+    };
+    let mine = tuned_here(engine, ctx);
+    if mine.is_empty() {
+        return format!(
+            "tuning:   {source}: nothing measured for this adapter (`webattn tune` fills it); \
+             tiles are the largest that fit its limits\n"
+        );
+    }
+    let mut out = format!("tuning:   {source}\n");
+    for (dk4, dv4, entry) in mine {
+        out += &format!(
+            "  head dims {}/{}: {} {:.3} ms, unfused {:.3} ms: auto takes {}\n",
+            4 * dk4,
+            4 * dv4,
+            match ctx.fused_kernel(4 * dk4 as usize, 4 * dv4 as usize) {
+                Ok(kernel) if kernel.name() == entry.kernel.name() => kernel.label(),
+                _ => format!("{} (not runnable here now)", entry.kernel.name()),
+            },
+            entry.fused_ms,
+            entry.unfused_ms,
+            if entry.unfused_ms < entry.fused_ms {
+                "unfused"
+            } else {
+                "fused"
+            }
+        );
+    }
+    out
+}
+
+/// The tuning entries for this adapter, driver and workgroup-memory limit.
+fn tuned_here(
+    engine: &Engine,
+    ctx: &webattn::GpuContext,
+) -> Vec<(u32, u32, webattn::tuning::TunedEntry)> {
+    let probe = webattn::tuning::TuningKey::new(ctx.capabilities(), 4, 4);
+    engine
+        .tuning_table()
+        .map(|table| {
+            table
+                .entries()
+                .filter(|(k, _)| {
+                    (&k.adapter, &k.backend, &k.driver, k.workgroup_bytes)
+                        == (
+                            &probe.adapter,
+                            &probe.backend,
+                            &probe.driver,
+                            probe.workgroup_bytes,
+                        )
+                })
+                .map(|(k, e)| (k.dk4, k.dv4, *e))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The report as text.
@@ -163,6 +229,7 @@ fn text(engine: &Engine, engine_args: &super::EngineArgs) -> String {
             "chosen for this adapter; --kernel NAME forces one"
         };
         out += &format!("fused:    {fused} ({how}; decode runs attention_decode)\n");
+        out += &tuning_text(engine, ctx);
     }
     out += "kernels:\n";
     for k in &plan.kernels {

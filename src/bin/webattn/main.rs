@@ -11,10 +11,12 @@ mod files;
 mod info;
 mod plot;
 mod soak;
+mod tune;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use webattn::tuning::TuningCache;
 use webattn::{
     BackendPreference, DeviceLimits, Engine, EngineOptions, FusedKernelChoice, LimitOverride,
     LimitsPreset,
@@ -59,6 +61,11 @@ pub struct EngineArgs {
     #[arg(long, value_name = "NAME", default_value = "auto", global = true,
           value_parser = |s: &str| s.parse::<FusedKernelChoice>())]
     kernel: FusedKernelChoice,
+    /// The tuning cache (`webattn tune`'s measured kernel choices) to read and
+    /// write: a file, or `none` for none. Default: $WEBATTN_TUNING_CACHE, else
+    /// ~/.cache/webattn/tuning.tsv.
+    #[arg(long, value_name = "PATH|none", global = true)]
+    tuning_cache: Option<std::path::PathBuf>,
 }
 
 impl EngineArgs {
@@ -75,6 +82,9 @@ impl EngineArgs {
 enum Command {
     /// The adapter, its limits and features, and the kernel paths and tiles used on it.
     Info(info::Args),
+    /// Time every fused kernel and tile that fits this adapter, and the
+    /// unfused path, per head dims; remember the fastest in the tuning cache.
+    Tune(tune::Args),
     /// One attention call on NumPy `.npy` files, named as in ONNX `Attention`.
     Attend(Box<attend::Args>),
     /// The conformance sweep on this adapter against the f64 CPU oracle.
@@ -103,6 +113,11 @@ fn engine(args: &EngineArgs) -> webattn::Result<Engine> {
         cpu_threads: args.cpu_threads.map(usize::from),
         limits: args.device_limits(),
         fused_kernel: args.kernel,
+        tuning_cache: match &args.tuning_cache {
+            None => TuningCache::Default,
+            Some(path) if path.as_os_str() == "none" => TuningCache::Memory,
+            Some(path) => TuningCache::File(path.clone()),
+        },
         ..Default::default()
     })
 }
@@ -114,6 +129,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Info(args) => info::run(&cli.engine, &args),
+        Command::Tune(args) => tune::run(&cli.engine, &args),
         Command::Attend(args) => attend::run(&cli.engine, &args),
         Command::Check(args) => check::run(&cli.engine, &args),
         Command::Bench(args) => bench::run(&cli.engine, &args),

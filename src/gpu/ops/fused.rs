@@ -217,6 +217,15 @@ impl FusedKernel {
         }
     }
 
+    /// The kernel and its tiles, as a pipeline label shows them.
+    pub fn label(&self) -> String {
+        match self {
+            FusedKernel::Portable(tiles) => tiles.key().to_string(),
+            FusedKernel::Tiled(tiles) => tiles.key().to_string(),
+            FusedKernel::Subgroup { width } => format!("attention_sg[SG={width}]"),
+        }
+    }
+
     /// The kernel's name, as `--kernel` takes it.
     pub fn name(&self) -> &'static str {
         match self {

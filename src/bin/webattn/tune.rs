@@ -1,0 +1,103 @@
+//! `webattn tune`: times every fused kernel and tile that fits the adapter,
+//! and the unfused path, per head dims, and keeps the fastest in the tuning
+//! cache that every later engine on this adapter reads.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Arguments of `webattn tune`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Head dims to tune, comma-separated, each `D` (Dk = Dv = D) or `DK/DV`.
+    #[arg(long, value_delimiter = ',', default_values = ["64", "128"],
+          value_parser = parse_head_dims)]
+    head_dims: Vec<(usize, usize)>,
+}
+
+fn parse_head_dims(text: &str) -> Result<(usize, usize), String> {
+    let number = |t: &str| {
+        t.trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|&d| (1..=webattn::gpu::ops::fused::MAX_HEAD_DIM).contains(&d))
+            .ok_or_else(|| format!("{t:?} is not a head dim from 1 to 256"))
+    };
+    match text.split_once('/') {
+        Some((dk, dv)) => Ok((number(dk)?, number(dv)?)),
+        None => number(text).map(|d| (d, d)),
+    }
+}
+
+pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitCode> {
+    let engine = super::engine(engine_args)?;
+    let ctx = engine
+        .gpu()
+        .context("tuning needs a GPU adapter; this engine runs on the CPU backend")?;
+    eprintln!("webattn tune on {}", engine.describe());
+    let per_class: usize = args
+        .head_dims
+        .iter()
+        .map(|&(dk, dv)| {
+            webattn::tuning::fused_candidates(&engine, dk, dv).map_or(1, |c| c.len()) + 1
+        })
+        .sum();
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = ProgressBar::new(per_class as u64);
+        bar.set_style(
+            ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        bar
+    });
+    let reports =
+        pollster::block_on(webattn::tuning::tune(
+            &engine,
+            &args.head_dims,
+            |msg| match &bar {
+                Some(bar) => {
+                    bar.set_message(msg.to_string());
+                    bar.inc(1);
+                }
+                None => eprintln!("timing {msg}"),
+            },
+        ))?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    for report in &reports {
+        let (dk, dv) = report.head_dims;
+        println!(
+            "head dims {dk}/{dv} (B 1, H {}, seq {}):",
+            report.problem.heads, report.problem.seq
+        );
+        for (i, t) in report.timings.iter().enumerate() {
+            let mark = if i == 0 { "  <- fastest" } else { "" };
+            println!("  {:>10.3} ms  {}{mark}", t.median_ms, t.label);
+        }
+        let entry = &report.entry;
+        let path = if entry.unfused_ms < entry.fused_ms {
+            "unfused (measured faster than every fused kernel)"
+        } else {
+            "fused"
+        };
+        println!(
+            "  chosen: {} for the fused path; auto takes the {path}",
+            entry.kernel.name()
+        );
+    }
+    match engine.save_tuning()? {
+        Some(path) => println!(
+            "tuning cache: {} (adapter {})",
+            path.display(),
+            ctx.capabilities().adapter.name
+        ),
+        None => {
+            println!("tuning cache: none (--tuning-cache none): the choices lasted this run only")
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

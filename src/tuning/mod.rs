@@ -1,0 +1,8 @@
+//! Kernel tuning: the table of measured choices per adapter and head-dim
+//! class, its cache file, and the tuner that fills it (`webattn tune`).
+
+mod table;
+mod tuner;
+
+pub use table::{TunedEntry, TunedKernel, TuningCache, TuningKey, TuningTable, HEADER};
+pub use tuner::{fused_candidates, tune, Timed, TuneReport, TuningProblem};

@@ -1,0 +1,507 @@
+//! The tuning table: which fused kernel and tiles won on an adapter for a
+//! head-dim class, and how the paths compared, as measured by the tuner; and
+//! its cache file (natively; the browser keeps it in memory).
+//!
+//! The file is plain text, one tab-separated entry per line under a versioned
+//! header, so that it is easy to read and to diff. A file that is unreadable,
+//! of another format, or holds lines that do not parse is ignored (those lines,
+//! or all of it) with a warning and rebuilt by the next `webattn tune`; an
+//! entry whose tiles the kernel no longer offers, or that no longer fit the
+//! adapter's limits, is ignored when looked up.
+
+use std::collections::BTreeMap;
+#[cfg(not(target_arch = "wasm32"))]
+use std::path::{Path, PathBuf};
+
+use crate::gpu::capabilities::Capabilities;
+use crate::gpu::ops::fused::{FusedKernel, FusedTiles, TiledTiles};
+
+/// The first line of a cache file of this format.
+pub const HEADER: &str = "# webattn tuning cache, format 1";
+const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms";
+
+/// What a measurement is about: one adapter and driver under one
+/// workgroup-memory limit, at one head-dim class (head dims rounded up to 4).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TuningKey {
+    /// The adapter's name.
+    pub adapter: String,
+    /// The backend (`Vulkan`, `Metal`, ...).
+    pub backend: String,
+    /// The driver's name and version.
+    pub driver: String,
+    /// The device's workgroup-memory limit, in bytes (the tiles depend on it).
+    pub workgroup_bytes: u32,
+    /// vec4s per K row (Dk rounded up to 4, over 4).
+    pub dk4: u32,
+    /// vec4s per V row.
+    pub dv4: u32,
+}
+
+impl TuningKey {
+    /// The key for head dims `dk`, `dv` on the adapter `caps` describes.
+    pub fn new(caps: &Capabilities, dk: usize, dv: usize) -> TuningKey {
+        TuningKey {
+            adapter: caps.adapter.name.clone(),
+            backend: caps.adapter.backend.clone(),
+            driver: format!("{} {}", caps.adapter.driver, caps.adapter.driver_info)
+                .trim()
+                .to_string(),
+            workgroup_bytes: caps.limits.max_compute_workgroup_storage_size,
+            dk4: dk.div_ceil(4) as u32,
+            dv4: dv.div_ceil(4) as u32,
+        }
+    }
+}
+
+/// The fused kernel that won, in a form the file can hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TunedKernel {
+    /// `attention_tiled` with these (query rows, keys per tile, tq, tk).
+    Tiled {
+        /// Query rows per workgroup.
+        query_rows: u32,
+        /// Keys per tile.
+        keys_per_tile: u32,
+        /// Invocation rows.
+        tq: u32,
+        /// Invocation columns.
+        tk: u32,
+    },
+    /// `attention_fused` (its tiles follow from the limits).
+    Portable,
+    /// `attention_sg` (its width follows from the adapter).
+    Subgroup,
+}
+
+impl TunedKernel {
+    /// The form of `kernel` the table keeps.
+    pub fn of(kernel: &FusedKernel) -> TunedKernel {
+        match kernel {
+            FusedKernel::Tiled(t) => TunedKernel::Tiled {
+                query_rows: t.query_rows,
+                keys_per_tile: t.keys_per_tile,
+                tq: t.tq,
+                tk: t.tk,
+            },
+            FusedKernel::Portable(_) => TunedKernel::Portable,
+            FusedKernel::Subgroup { .. } => TunedKernel::Subgroup,
+        }
+    }
+
+    /// The kernel's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            TunedKernel::Tiled { .. } => "attention_tiled",
+            TunedKernel::Portable => "attention_fused",
+            TunedKernel::Subgroup => "attention_sg",
+        }
+    }
+
+    /// The runnable kernel at head dims `dk`, `dv` on `caps`, or why not: the
+    /// kernel no longer offers these tiles, or they do not fit the limits.
+    pub fn resolve(
+        &self,
+        caps: &Capabilities,
+        dk: usize,
+        dv: usize,
+    ) -> std::result::Result<FusedKernel, String> {
+        match *self {
+            TunedKernel::Tiled {
+                query_rows,
+                keys_per_tile,
+                tq,
+                tk,
+            } => TiledTiles::candidates(dk, dv)
+                .into_iter()
+                .find(|t| {
+                    (t.query_rows, t.keys_per_tile, t.tq, t.tk) == (query_rows, keys_per_tile, tq, tk)
+                })
+                .filter(|t| t.fits(&caps.limits))
+                .map(FusedKernel::Tiled)
+                .ok_or_else(|| {
+                    format!(
+                        "attention_tiled has no {query_rows}x{keys_per_tile} tile on a {tq}x{tk} grid \
+                         that fits this adapter at head dims {dk}/{dv}"
+                    )
+                }),
+            TunedKernel::Portable => FusedTiles::for_dims(dk, dv, &caps.limits)
+                .map(FusedKernel::Portable)
+                .map_err(|e| e.to_string()),
+            TunedKernel::Subgroup => match caps.fixed_cpu_subgroup() {
+                Some(width) if dk % 4 == 0 && dv % 4 == 0 => Ok(FusedKernel::Subgroup { width }),
+                _ => Err("attention_sg does not run here at these head dims".to_string()),
+            },
+        }
+    }
+}
+
+/// One measurement's outcome.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TunedEntry {
+    /// The fastest fused kernel.
+    pub kernel: TunedKernel,
+    /// Its median time on the tuning problem, in ms.
+    pub fused_ms: f64,
+    /// The unfused path's median time on the same problem, in ms.
+    pub unfused_ms: f64,
+}
+
+/// Where an engine's tuning table comes from ([`crate::EngineOptions::tuning_cache`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum TuningCache {
+    /// Natively the cache file at [`TuningTable::default_path`], if there is
+    /// one; in the browser, memory only.
+    #[default]
+    Default,
+    /// This cache file (natively; memory in the browser).
+    File(std::path::PathBuf),
+    /// An empty table; no file is read.
+    Memory,
+}
+
+impl TuningCache {
+    /// The cache file this names, natively.
+    pub fn path(&self) -> Option<std::path::PathBuf> {
+        #[cfg(not(target_arch = "wasm32"))]
+        match self {
+            TuningCache::Default => TuningTable::default_path(),
+            TuningCache::File(path) => Some(path.clone()),
+            TuningCache::Memory => None,
+        }
+        #[cfg(target_arch = "wasm32")]
+        None
+    }
+
+    /// The table to start from: the file's entries (what cannot be used is
+    /// ignored with a warning), or an empty table.
+    pub fn load(&self) -> TuningTable {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(path) = self.path() {
+            return TuningTable::load(&path);
+        }
+        TuningTable::new()
+    }
+}
+
+/// Measured choices per adapter and head-dim class.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TuningTable {
+    entries: BTreeMap<TuningKey, TunedEntry>,
+}
+
+impl TuningTable {
+    /// An empty table.
+    pub fn new() -> TuningTable {
+        TuningTable::default()
+    }
+
+    /// The entry for `key`, if measured.
+    pub fn get(&self, key: &TuningKey) -> Option<&TunedEntry> {
+        self.entries.get(key)
+    }
+
+    /// Records (or replaces) a measurement.
+    pub fn insert(&mut self, key: TuningKey, entry: TunedEntry) {
+        self.entries.insert(key, entry);
+    }
+
+    /// Removes the entry for `key`.
+    pub fn remove(&mut self, key: &TuningKey) -> Option<TunedEntry> {
+        self.entries.remove(key)
+    }
+
+    /// The entries, in key order.
+    pub fn entries(&self) -> impl Iterator<Item = (&TuningKey, &TunedEntry)> {
+        self.entries.iter()
+    }
+
+    /// Entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no entry is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Parses a cache file's text: the table and a warning per line (or for
+    /// the whole text) that was ignored.
+    pub fn parse(text: &str) -> (TuningTable, Vec<String>) {
+        let mut table = TuningTable::new();
+        let mut warnings = Vec::new();
+        let mut lines = text.lines().enumerate();
+        match lines.next() {
+            Some((_, first)) if first.trim_end() == HEADER => {}
+            Some((_, first)) => {
+                warnings.push(format!(
+                    "not a tuning cache of this format (first line {:?}, expected {HEADER:?}): ignored",
+                    first.chars().take(60).collect::<String>()
+                ));
+                return (table, warnings);
+            }
+            None => return (table, warnings),
+        }
+        for (number, line) in lines {
+            if line.starts_with('#') || line.trim().is_empty() {
+                continue;
+            }
+            match parse_line(line) {
+                Ok((key, entry)) => table.insert(key, entry),
+                Err(why) => warnings.push(format!("line {}: {why}: ignored", number + 1)),
+            }
+        }
+        (table, warnings)
+    }
+
+    /// The table as a cache file's text.
+    pub fn to_text(&self) -> String {
+        let mut out = format!("{HEADER}\n{COLUMNS}\n");
+        for (key, entry) in &self.entries {
+            let (bq, bk, tq, tk) = match entry.kernel {
+                TunedKernel::Tiled {
+                    query_rows,
+                    keys_per_tile,
+                    tq,
+                    tk,
+                } => (query_rows, keys_per_tile, tq, tk),
+                _ => (0, 0, 0, 0),
+            };
+            let clean = |s: &str| s.replace(['\t', '\n', '\r'], " ");
+            out.push_str(&format!(
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\n",
+                clean(&key.adapter),
+                clean(&key.backend),
+                clean(&key.driver),
+                key.workgroup_bytes,
+                key.dk4,
+                key.dv4,
+                entry.kernel.name(),
+                entry.fused_ms,
+                entry.unfused_ms,
+            ));
+        }
+        out
+    }
+
+    /// Where the cache file lives: `$WEBATTN_TUNING_CACHE`, else
+    /// `$XDG_CACHE_HOME/webattn/tuning.tsv`, else `~/.cache/webattn/tuning.tsv`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn default_path() -> Option<PathBuf> {
+        let set = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+        if let Some(path) = set("WEBATTN_TUNING_CACHE") {
+            return Some(PathBuf::from(path));
+        }
+        let base = set("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| set("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
+        Some(base.join("webattn").join("tuning.tsv"))
+    }
+
+    /// Reads the cache file at `path`: empty when there is none; what cannot
+    /// be used is ignored with a logged warning.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn load(path: &Path) -> TuningTable {
+        let text = match std::fs::read(path) {
+            Ok(bytes) => match String::from_utf8(bytes) {
+                Ok(text) => text,
+                Err(_) => {
+                    log::warn!(
+                        "webattn: tuning cache {} is not text: ignored (`webattn tune` rebuilds it)",
+                        path.display()
+                    );
+                    return TuningTable::new();
+                }
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return TuningTable::new(),
+            Err(e) => {
+                log::warn!(
+                    "webattn: tuning cache {} cannot be read ({e}): ignored",
+                    path.display()
+                );
+                return TuningTable::new();
+            }
+        };
+        let (table, warnings) = TuningTable::parse(&text);
+        for warning in warnings {
+            log::warn!(
+                "webattn: tuning cache {}: {warning} (`webattn tune` rebuilds it)",
+                path.display()
+            );
+        }
+        table
+    }
+
+    /// Writes the table to `path` (through a temporary file beside it, so a
+    /// reader never sees half a file), creating the directory.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn save(&self, path: &Path) -> crate::Result<()> {
+        let io = |e: std::io::Error| crate::Error::File {
+            path: path.display().to_string(),
+            reason: format!("cannot write the tuning cache: {e}"),
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        let temp = path.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&temp, self.to_text()).map_err(io)?;
+        std::fs::rename(&temp, path).map_err(io)
+    }
+}
+
+fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String> {
+    let fields: Vec<&str> = line.split('\t').collect();
+    if fields.len() != 13 {
+        return Err(format!("{} fields, expected 13", fields.len()));
+    }
+    let number = |i: usize, what: &str| -> std::result::Result<u32, String> {
+        fields[i]
+            .trim()
+            .parse()
+            .map_err(|_| format!("{what} {:?} is not a number", fields[i]))
+    };
+    let time = |i: usize, what: &str| -> std::result::Result<f64, String> {
+        fields[i]
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|t| t.is_finite() && *t >= 0.0)
+            .ok_or_else(|| format!("{what} {:?} is not a time", fields[i]))
+    };
+    let key = TuningKey {
+        adapter: fields[0].to_string(),
+        backend: fields[1].to_string(),
+        driver: fields[2].to_string(),
+        workgroup_bytes: number(3, "workgroup_bytes")?,
+        dk4: number(4, "dk4")?,
+        dv4: number(5, "dv4")?,
+    };
+    if key.dk4 == 0 || key.dv4 == 0 || key.dk4 > 64 || key.dv4 > 64 {
+        return Err(format!(
+            "head-dim class {}/{} out of range",
+            key.dk4, key.dv4
+        ));
+    }
+    let kernel = match fields[6] {
+        "attention_tiled" => TunedKernel::Tiled {
+            query_rows: number(7, "BQ")?,
+            keys_per_tile: number(8, "BK")?,
+            tq: number(9, "TQ")?,
+            tk: number(10, "TK")?,
+        },
+        "attention_fused" => TunedKernel::Portable,
+        "attention_sg" => TunedKernel::Subgroup,
+        other => return Err(format!("unknown kernel {other:?}")),
+    };
+    let entry = TunedEntry {
+        kernel,
+        fused_ms: time(11, "fused_ms")?,
+        unfused_ms: time(12, "unfused_ms")?,
+    };
+    Ok((key, entry))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(dk4: u32) -> TuningKey {
+        TuningKey {
+            adapter: "NVIDIA H100 80GB HBM3".into(),
+            backend: "Vulkan".into(),
+            driver: "NVIDIA 580.95".into(),
+            workgroup_bytes: 49152,
+            dk4,
+            dv4: dk4,
+        }
+    }
+
+    fn sample() -> TuningTable {
+        let mut table = TuningTable::new();
+        table.insert(
+            key(16),
+            TunedEntry {
+                kernel: TunedKernel::Tiled {
+                    query_rows: 64,
+                    keys_per_tile: 32,
+                    tq: 16,
+                    tk: 16,
+                },
+                fused_ms: 1.5,
+                unfused_ms: 4.25,
+            },
+        );
+        table.insert(
+            key(32),
+            TunedEntry {
+                kernel: TunedKernel::Portable,
+                fused_ms: 3.0,
+                unfused_ms: 2.0,
+            },
+        );
+        table
+    }
+
+    #[test]
+    fn the_text_form_reads_back_as_written() {
+        let table = sample();
+        let (back, warnings) = TuningTable::parse(&table.to_text());
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(back, table);
+    }
+
+    #[test]
+    fn corrupt_lines_are_ignored_with_a_warning_and_the_rest_kept() {
+        let mut text = sample().to_text();
+        text.push_str("garbage without tabs\n");
+        text.push_str(&"x\t".repeat(12));
+        text.push_str("x\n");
+        let (table, warnings) = TuningTable::parse(&text);
+        assert_eq!(table, sample());
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings[0].contains("line 5"), "{warnings:?}");
+    }
+
+    #[test]
+    fn another_format_or_binary_noise_is_ignored_whole() {
+        let (table, warnings) = TuningTable::parse("# webattn tuning cache, format 0\n");
+        assert!(table.is_empty());
+        assert_eq!(warnings.len(), 1);
+        let (table, warnings) = TuningTable::parse("\u{0}\u{1}PK\u{3}");
+        assert!(table.is_empty() && warnings.len() == 1);
+        let (table, warnings) = TuningTable::parse("");
+        assert!(table.is_empty() && warnings.is_empty());
+    }
+
+    #[test]
+    fn names_with_tabs_cannot_break_the_columns() {
+        let mut table = TuningTable::new();
+        let mut k = key(16);
+        k.adapter = "odd\tname\n".into();
+        table.insert(
+            k,
+            TunedEntry {
+                kernel: TunedKernel::Subgroup,
+                fused_ms: 1.0,
+                unfused_ms: 1.0,
+            },
+        );
+        let (back, warnings) = TuningTable::parse(&table.to_text());
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(back.len(), 1);
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    #[test]
+    fn files_are_written_whole_and_read_back() {
+        let dir = std::env::temp_dir().join(format!("webattn-tuning-{}", std::process::id()));
+        let path = dir.join("nested").join("tuning.tsv");
+        sample().save(&path).unwrap();
+        assert_eq!(TuningTable::load(&path), sample());
+        std::fs::write(&path, [0xff, 0xfe, 0x00]).unwrap();
+        assert!(TuningTable::load(&path).is_empty());
+        assert!(TuningTable::load(&dir.join("missing.tsv")).is_empty());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

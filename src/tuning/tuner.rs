@@ -1,0 +1,170 @@
+//! The tuner: times every fused kernel and tile configuration that fits the
+//! adapter, and the unfused path, on one problem per head-dim class, and
+//! records the fastest in the engine's tuning table, which the kernel choice
+//! and `KernelPath::Auto` then follow.
+
+use crate::bench::{measure_gpu, Repeats};
+use crate::conformance::CaseSpec;
+use crate::error::{Error, Result};
+use crate::gpu::ops::fused::{FusedKernel, FusedTiles, TiledTiles};
+use crate::{AttentionInputs, AttentionOptions, Engine, KernelPath};
+
+use super::table::{TunedEntry, TunedKernel, TuningKey};
+
+/// The problem each head-dim class is timed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TuningProblem {
+    /// Query heads (batch 1; as many KV heads).
+    pub heads: usize,
+    /// Query and key length.
+    pub seq: usize,
+}
+
+impl TuningProblem {
+    /// A problem that fills a GPU for a millisecond or so (16 heads x 2048),
+    /// or a small one on a CPU adapter (4 heads x 256).
+    pub fn for_device_type(device_type: &str) -> TuningProblem {
+        if device_type == "Cpu" {
+            TuningProblem { heads: 4, seq: 256 }
+        } else {
+            TuningProblem {
+                heads: 16,
+                seq: 2048,
+            }
+        }
+    }
+}
+
+/// One configuration's time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timed {
+    /// The kernel and its tiles, as a pipeline label (or `unfused`).
+    pub label: String,
+    /// Median time in ms.
+    pub median_ms: f64,
+}
+
+/// What tuning one head-dim class found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TuneReport {
+    /// Head dims Dk, Dv.
+    pub head_dims: (usize, usize),
+    /// The problem timed.
+    pub problem: TuningProblem,
+    /// Every configuration timed, fastest first (the unfused path among them).
+    pub timings: Vec<Timed>,
+    /// What the table now holds for this class.
+    pub entry: TunedEntry,
+}
+
+/// Every fused kernel that can run head dims `dk`, `dv` on the engine's
+/// adapter: each tile of the register-tiled kernel that fits, the portable
+/// kernel, and the subgroup kernel where the adapter has fixed subgroups.
+pub fn fused_candidates(engine: &Engine, dk: usize, dv: usize) -> Result<Vec<FusedKernel>> {
+    let ctx = engine.gpu().ok_or(Error::Conflict(
+        "tuning needs a GPU engine; this one runs on the CPU",
+    ))?;
+    let caps = ctx.capabilities();
+    let mut kernels: Vec<FusedKernel> = TiledTiles::candidates(dk, dv)
+        .into_iter()
+        .filter(|t| t.fits(&caps.limits))
+        .map(FusedKernel::Tiled)
+        .collect();
+    kernels.push(FusedKernel::Portable(FusedTiles::for_dims(
+        dk,
+        dv,
+        &caps.limits,
+    )?));
+    if let Some(width) = caps.fixed_cpu_subgroup() {
+        if dk % 4 == 0 && dv % 4 == 0 {
+            kernels.push(FusedKernel::Subgroup { width });
+        }
+    }
+    Ok(kernels)
+}
+
+/// Tunes each head-dim class of `head_dims` on `engine`'s adapter and records
+/// the outcome in its tuning table (see [`Engine::tuning_table`]); `progress`
+/// hears each configuration as it is timed. Calls made on the engine meanwhile
+/// keep their kernels: the candidates run on engines of their own that share
+/// the device. Each class's winner applies from then on.
+pub async fn tune(
+    engine: &Engine,
+    head_dims: &[(usize, usize)],
+    mut progress: impl FnMut(&str),
+) -> Result<Vec<TuneReport>> {
+    let ctx = engine.gpu().ok_or(Error::Conflict(
+        "tuning needs a GPU engine; this one runs on the CPU",
+    ))?;
+    let problem = TuningProblem::for_device_type(&ctx.capabilities().adapter.device_type);
+    let repeats = Repeats {
+        warmup: 1,
+        timed: 3,
+    };
+    let mut reports = Vec::new();
+    for &(dk, dv) in head_dims {
+        let case = CaseSpec::new(
+            "tune",
+            [1, problem.heads, problem.heads],
+            [problem.seq, problem.seq],
+            [dk, dv],
+        );
+        let inputs = case.generate(7)?;
+        // Times one configuration: `path` on `engine` (whose tensors are its own).
+        let time = async |engine: &Engine, path: KernelPath| -> Result<f64> {
+            let (q, k, v) = (
+                engine.upload(&inputs.q)?,
+                engine.upload(&inputs.k)?,
+                engine.upload(&inputs.v)?,
+            );
+            let device_inputs = AttentionInputs::new(&q, &k, &v);
+            let options = AttentionOptions {
+                path,
+                ..Default::default()
+            };
+            let ctx = engine.gpu().expect("a GPU engine");
+            let m = measure_gpu(ctx, repeats, async || {
+                engine.attention(&device_inputs, &options).await.map(|_| ())
+            })
+            .await?;
+            Ok(m.median_ms())
+        };
+        let mut timings = Vec::new();
+        let mut best: Option<(FusedKernel, f64)> = None;
+        for kernel in fused_candidates(engine, dk, dv)? {
+            let label = kernel.label();
+            progress(&format!("head dims {dk}/{dv}: {label}"));
+            // An engine of its own on the same device, running only this kernel.
+            let pinned = Engine::from_context(ctx.clone().with_pinned_fused_kernel(kernel));
+            let ms = time(&pinned, KernelPath::Fused).await?;
+            timings.push(Timed {
+                label,
+                median_ms: ms,
+            });
+            if best.as_ref().is_none_or(|(_, b)| ms < *b) {
+                best = Some((kernel, ms));
+            }
+        }
+        progress(&format!("head dims {dk}/{dv}: unfused"));
+        let unfused = time(engine, KernelPath::Unfused).await?;
+        timings.push(Timed {
+            label: "unfused".to_string(),
+            median_ms: unfused,
+        });
+        timings.sort_by(|a, b| a.median_ms.total_cmp(&b.median_ms));
+        let (kernel, fused_ms) = best.expect("the portable kernel is always a candidate");
+        let entry = TunedEntry {
+            kernel: TunedKernel::of(&kernel),
+            fused_ms,
+            unfused_ms: unfused,
+        };
+        ctx.record_tuning(TuningKey::new(ctx.capabilities(), dk, dv), entry);
+        reports.push(TuneReport {
+            head_dims: (dk, dv),
+            problem,
+            timings,
+            entry,
+        });
+    }
+    Ok(reports)
+}

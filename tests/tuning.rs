@@ -1,0 +1,218 @@
+//! The tuner and its cache: `webattn tune` measures and writes the cache, later
+//! engines follow it (kernel and path), and a corrupt or stale cache is ignored
+//! with a warning and rebuilt, never a failure.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use webattn::conformance::{compare, DEFAULT_FLOOR};
+use webattn::cpu;
+use webattn::tuning::{TunedEntry, TunedKernel, TuningCache, TuningKey, TuningTable, HEADER};
+use webattn::{
+    AttentionInputs, AttentionOptions, BackendPreference, Engine, EngineOptions, HostTensor,
+    KernelPath,
+};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("webattn-tuning-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn webattn(cache: &Path, args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_webattn"))
+        .arg("--tuning-cache")
+        .arg(cache)
+        .args(args)
+        .output()
+        .expect("the binary runs");
+    eprintln!(
+        "$ webattn {}\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn engine_with(cache: &Path) -> Engine {
+    Engine::with_options_blocking(EngineOptions {
+        backend: BackendPreference::Gpu,
+        tuning_cache: TuningCache::File(cache.to_path_buf()),
+        ..Default::default()
+    })
+    .expect("a GPU engine")
+}
+
+#[test]
+fn tune_writes_the_cache_and_info_shows_what_it_chose() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let cache = scratch("tune").join("cache").join("tuning.tsv");
+    let out = webattn(&cache, &["tune", "--head-dims", "8,12/4"]);
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("<- fastest") && stdout.contains("unfused"),
+        "{stdout}"
+    );
+    let (table, warnings) = TuningTable::parse(&std::fs::read_to_string(&cache).unwrap());
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(table.len(), 2);
+    let info = webattn(&cache, &["info"]);
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(
+        text.contains("head dims 8/8:") && text.contains("head dims 12/4:"),
+        "{text}"
+    );
+    // The JSON report holds the same entries.
+    let json = webattn(&cache, &["info", "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(report["tuned"].as_array().map(Vec::len), Some(2));
+}
+
+#[test]
+fn a_corrupt_cache_is_ignored_with_a_warning_and_rebuilt() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let cache = scratch("corrupt").join("tuning.tsv");
+    std::fs::write(&cache, b"\x00\x01 not a cache\n").unwrap();
+    let info = webattn(&cache, &["info"]);
+    assert!(info.status.success());
+    let stderr = String::from_utf8_lossy(&info.stderr);
+    assert!(
+        stderr.contains("tuning cache") && stderr.contains("ignored"),
+        "{stderr}"
+    );
+    assert!(String::from_utf8_lossy(&info.stdout).contains("nothing measured"));
+    let tune = webattn(&cache, &["tune", "--head-dims", "8"]);
+    assert!(tune.status.success());
+    let text = std::fs::read_to_string(&cache).unwrap();
+    assert!(text.starts_with(HEADER), "{text}");
+    assert_eq!(TuningTable::parse(&text).0.len(), 1);
+}
+
+/// Head dims 8 (the class of the quick sweep's small cases) on the test adapter.
+fn key_for_d8(engine: &Engine) -> TuningKey {
+    TuningKey::new(engine.capabilities().unwrap(), 8, 8)
+}
+
+#[test]
+fn a_stale_entry_is_ignored_with_a_warning_and_calls_stay_right() {
+    let Some(gpu) = common::gpu() else { return };
+    let cache = scratch("stale").join("tuning.tsv");
+    let mut table = TuningTable::new();
+    table.insert(
+        key_for_d8(gpu),
+        TunedEntry {
+            // Tiles the register-tiled kernel does not offer.
+            kernel: TunedKernel::Tiled {
+                query_rows: 48,
+                keys_per_tile: 24,
+                tq: 12,
+                tk: 4,
+            },
+            fused_ms: 1.0,
+            unfused_ms: 2.0,
+        },
+    );
+    table.save(&cache).unwrap();
+    let out = webattn(
+        &cache,
+        &[
+            "--kernel",
+            "attention_tiled",
+            "check",
+            "--quick",
+            "--filter",
+            "nan-q",
+        ],
+    );
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("tuning entry for head dims 8/8 ignored"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.matches("tuning entry").count(),
+        1,
+        "warned once: {stderr}"
+    );
+}
+
+#[test]
+fn auto_follows_the_measured_path_and_kernel() {
+    let Some(gpu) = common::gpu() else { return };
+    let cache = scratch("follow").join("tuning.tsv");
+    let mut table = TuningTable::new();
+    // Measured (so the table says): unfused faster at head dims 8.
+    table.insert(
+        key_for_d8(gpu),
+        TunedEntry {
+            kernel: TunedKernel::Portable,
+            fused_ms: 2.0,
+            unfused_ms: 1.0,
+        },
+    );
+    table.save(&cache).unwrap();
+    let engine = engine_with(&cache);
+    let mut rng = webattn::rng::SplitMix64::new(common::seed());
+    let tensor = |shape: [usize; 4], rng: &mut webattn::rng::SplitMix64| {
+        HostTensor::new(shape.to_vec(), rng.normal_vec(shape.iter().product(), 1.0)).unwrap()
+    };
+    let (q, k, v) = (
+        tensor([1, 2, 33, 8], &mut rng),
+        tensor([1, 2, 40, 8], &mut rng),
+        tensor([1, 2, 40, 8], &mut rng),
+    );
+    let inputs = AttentionInputs::new(&q, &k, &v);
+    let options = AttentionOptions::default();
+    let out = engine.attention_host_blocking(&inputs, &options).unwrap();
+    let call = engine.last_call().unwrap();
+    assert_eq!(call.path, KernelPath::Unfused);
+    assert!(call.reason.unwrap_or_default().contains("webattn tune"));
+    let exact = cpu::attention_exact(&inputs, &options).unwrap();
+    let plain = cpu::attention_plain_f32(&inputs, &options).unwrap();
+    let report = compare(out.y.data(), &exact.y, &plain.y, DEFAULT_FLOOR);
+    println!(
+        "unfused by measurement: worst {:.2e} of {:.2e}",
+        report.max_abs, report.allowed
+    );
+    assert!(report.passed());
+
+    // Now fused is faster with the portable kernel: auto takes it, and the
+    // fused path runs that kernel (not the one the limits alone would pick).
+    let mut table = TuningTable::new();
+    table.insert(
+        key_for_d8(gpu),
+        TunedEntry {
+            kernel: TunedKernel::Portable,
+            fused_ms: 1.0,
+            unfused_ms: 2.0,
+        },
+    );
+    table.save(&cache).unwrap();
+    let engine = engine_with(&cache);
+    let out = engine.attention_host_blocking(&inputs, &options).unwrap();
+    assert_eq!(engine.last_call().unwrap().path, KernelPath::Fused);
+    assert_eq!(
+        engine.gpu().unwrap().fused_kernel(8, 8).unwrap().name(),
+        "attention_fused"
+    );
+    assert!(compare(out.y.data(), &exact.y, &plain.y, DEFAULT_FLOOR).passed());
+    // A memory-only engine reads no file.
+    let memory = Engine::with_options_blocking(EngineOptions {
+        backend: BackendPreference::Gpu,
+        tuning_cache: TuningCache::Memory,
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(memory.tuning_table().unwrap().is_empty());
+    assert!(memory.tuning_cache_path().is_none());
+}
