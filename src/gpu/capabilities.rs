@@ -112,18 +112,6 @@ impl Capabilities {
         }
     }
 
-    /// The GEMM kernel for this adapter: the subgroup-shuffle kernel on
-    /// CPU-backed adapters with fixed subgroups of 4 or 8 lanes (where a
-    /// storage load costs a loop over the lanes and a shuffle one permute), the
-    /// tiled workgroup-memory kernel everywhere else.
-    pub fn gemm_kernel(&self) -> crate::gpu::ops::gemm::GemmKernel {
-        use crate::gpu::ops::gemm::GemmKernel;
-        match self.fixed_cpu_subgroup() {
-            Some(width) => GemmKernel::Subgroup { width },
-            None => GemmKernel::Tiled,
-        }
-    }
-
     /// The subgroup width when the adapter is CPU-backed, has subgroups, and
     /// their width is fixed at 4 or 8 (lavapipe: 8, SwiftShader: 4).
     pub fn fixed_cpu_subgroup(&self) -> Option<u32> {

@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::capabilities::Capabilities;
-use super::ops::gemm::GemmKernel;
+use super::choice::{FusedKernelChoice, GemmKernel};
 use super::pipeline::PipelineCache;
 use crate::error::{Error, Result};
 use crate::limits::DeviceLimits;
@@ -38,16 +38,17 @@ pub struct GpuContext {
     pub(crate) caps: Arc<Capabilities>,
     pub(crate) pipelines: Arc<PipelineCache>,
     pub(crate) profiler: Arc<Mutex<Option<Arc<super::profile::Profiler>>>>,
-    gemm_kernel: GemmKernel,
-    fused_choice: super::ops::fused::FusedKernelChoice,
-    subgroup_width: Option<u32>,
+    /// The GEMM kernel when one was asked for (else the planner decides).
+    pub(crate) gemm_override: Option<GemmKernel>,
+    pub(crate) fused_choice: FusedKernelChoice,
+    pub(crate) subgroup_width: Option<u32>,
     lost: Arc<Mutex<Option<String>>>,
     /// Measured kernel and path choices (`webattn tune`), shared by the
     /// contexts of one engine's devices.
-    tuning: Arc<Mutex<crate::tuning::TuningTable>>,
-    /// A fused kernel that every call runs whatever the head dims' class (the
-    /// tuner times each candidate this way).
-    pinned_fused: Option<super::ops::fused::FusedKernel>,
+    pub(crate) tuning: Arc<Mutex<crate::tuning::TuningTable>>,
+    /// A fused kernel that every call runs (the tuner times each candidate
+    /// this way), as the tuning table would name it.
+    pub(crate) pinned_fused: Option<crate::tuning::TunedKernel>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -196,7 +197,7 @@ impl GpuContext {
             pipelines: Arc::new(PipelineCache::new(device.clone())),
             device,
             queue,
-            gemm_kernel: caps.gemm_kernel(),
+            gemm_override: None,
             fused_choice: Default::default(),
             subgroup_width: None,
             tuning: Default::default(),
@@ -222,11 +223,6 @@ impl GpuContext {
         &self.caps
     }
 
-    /// The GEMM kernel this context records (chosen from the capability profile).
-    pub fn gemm_kernel(&self) -> GemmKernel {
-        self.gemm_kernel
-    }
-
     /// This context with the subgroup kernels compiled for subgroups of `width`
     /// (4 or 8) instead of the adapter's own width: a workgroup of 4 on an
     /// 8-wide adapter is a partly filled subgroup, which lets one machine test
@@ -241,7 +237,7 @@ impl GpuContext {
                 reason: "must be 4 or 8, at most the adapter's fixed CPU subgroup width",
             });
         }
-        self.gemm_kernel = GemmKernel::Subgroup { width };
+        self.gemm_override = Some(GemmKernel::Subgroup { width });
         self.subgroup_width = Some(width);
         Ok(self)
     }
@@ -250,19 +246,15 @@ impl GpuContext {
     /// GEMM, portable fused attention), as an adapter without subgroups (GL, some
     /// browsers) runs them. For testing and measuring those kernels anywhere.
     pub fn with_portable_kernels(mut self) -> GpuContext {
-        self.gemm_kernel = GemmKernel::Tiled;
-        self.fused_choice = super::ops::fused::FusedKernelChoice::Portable;
+        self.gemm_override = Some(GemmKernel::Tiled);
+        self.fused_choice = FusedKernelChoice::Portable;
         self
     }
 
     /// This context with its fused kernel forced to `choice` (the other kernels
     /// as chosen). The subgroup kernel is refused where the adapter has no
     /// fixed CPU subgroups to run it with.
-    pub fn with_fused_kernel(
-        mut self,
-        choice: super::ops::fused::FusedKernelChoice,
-    ) -> Result<GpuContext> {
-        use super::ops::fused::FusedKernelChoice;
+    pub fn with_fused_kernel(mut self, choice: FusedKernelChoice) -> Result<GpuContext> {
         if choice == FusedKernelChoice::Subgroup && self.caps.fixed_cpu_subgroup().is_none() {
             return Err(Error::InvalidOption {
                 name: "kernel",
@@ -307,103 +299,9 @@ impl GpuContext {
             .copied()
     }
 
-    /// The tuned fused kernel for head dims `dk`, `dv`, if one was measured
-    /// and still runs here (an entry the kernel no longer offers, or whose
-    /// tiles no longer fit, is ignored with a warning).
-    fn tuned_fused_kernel(&self, dk: usize, dv: usize) -> Option<super::ops::fused::FusedKernel> {
-        let entry = self.tuned(dk, dv)?;
-        // The subgroup kernel's class also holds head dims it leaves to the
-        // portable kernel (not multiples of 4): not a stale entry.
-        if entry.kernel == crate::tuning::TunedKernel::Subgroup && (dk % 4 != 0 || dv % 4 != 0) {
-            return None;
-        }
-        match entry.kernel.resolve(&self.caps, dk, dv) {
-            Ok(kernel) => Some(kernel),
-            Err(why) => {
-                // Warned once: the entry leaves the table (the next tune rebuilds it).
-                log::warn!("webattn: tuning entry for head dims {dk}/{dv} ignored: {why}");
-                self.tuning
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .remove(&crate::tuning::TuningKey::new(&self.caps, dk, dv));
-                None
-            }
-        }
-    }
-
-    /// This context with every fused call running `kernel` (whose head-dim
-    /// class must be the calls'); for timing one candidate.
-    pub(crate) fn with_pinned_fused_kernel(
-        mut self,
-        kernel: super::ops::fused::FusedKernel,
-    ) -> GpuContext {
-        self.pinned_fused = Some(kernel);
-        self
-    }
-
     /// The fused kernel this context is forced to, or `Auto`.
-    pub fn fused_kernel_choice(&self) -> super::ops::fused::FusedKernelChoice {
+    pub fn fused_kernel_choice(&self) -> FusedKernelChoice {
         self.fused_choice
-    }
-
-    /// The fused kernel for head dims `dk`, `dv` (the subgroup kernel on CPU
-    /// adapters unless [`GpuContext::with_portable_kernels`] asked otherwise).
-    pub fn fused_kernel(&self, dk: usize, dv: usize) -> Result<super::ops::fused::FusedKernel> {
-        use super::ops::fused::{FusedKernel, FusedKernelChoice, FusedTiles};
-        if let Some(kernel) = self.pinned_fused {
-            return Ok(kernel);
-        }
-        match self.fused_choice {
-            FusedKernelChoice::Portable => {
-                return Ok(FusedKernel::Portable(FusedTiles::for_dims(
-                    dk,
-                    dv,
-                    &self.caps.limits,
-                )?));
-            }
-            // attention_sg wherever it can run: head dims that are not
-            // multiples of 4 take attention_fused, as they do under auto, and
-            // the same head-dim limits apply.
-            FusedKernelChoice::Subgroup => {
-                let tiles = FusedTiles::for_dims(dk, dv, &self.caps.limits)?;
-                if dk % 4 != 0 || dv % 4 != 0 {
-                    return Ok(FusedKernel::Portable(tiles));
-                }
-                let width = self
-                    .subgroup_width
-                    .or(self.caps.fixed_cpu_subgroup())
-                    .unwrap_or(8);
-                return Ok(FusedKernel::Subgroup { width });
-            }
-            // attention_tiled wherever one of its tiles fits; where none does
-            // (head dims of 256 in 16 KiB of workgroup memory) attention_fused.
-            FusedKernelChoice::Tiled => {
-                let tiles = FusedTiles::for_dims(dk, dv, &self.caps.limits)?;
-                if let Some(tuned @ FusedKernel::Tiled(_)) = self.tuned_fused_kernel(dk, dv) {
-                    return Ok(tuned);
-                }
-                return Ok(FusedKernel::tiled_or_portable(
-                    tiles,
-                    dk,
-                    dv,
-                    &self.caps.limits,
-                ));
-            }
-            FusedKernelChoice::Auto => {}
-        }
-        // Measured on this adapter: the tuner's winner (after the head-dim
-        // limits below have had their say).
-        let chosen = FusedKernel::choose(&self.caps, dk, dv)?;
-        if let Some(tuned) = self.tuned_fused_kernel(dk, dv) {
-            return Ok(match (tuned, self.subgroup_width) {
-                (FusedKernel::Subgroup { .. }, Some(width)) => FusedKernel::Subgroup { width },
-                (kernel, _) => kernel,
-            });
-        }
-        match (chosen, self.subgroup_width) {
-            (FusedKernel::Subgroup { .. }, Some(width)) => Ok(FusedKernel::Subgroup { width }),
-            (kernel, _) => Ok(kernel),
-        }
     }
 
     /// Device buffer memory and buffers alive, from wgpu's own counters

@@ -3,6 +3,7 @@
 
 pub mod buffer;
 pub mod capabilities;
+pub mod choice;
 pub mod context;
 pub(crate) mod fused;
 pub mod kernels;
@@ -10,6 +11,7 @@ pub(crate) mod kv;
 pub mod ops;
 pub mod pipeline;
 pub mod plan;
+pub mod planner;
 pub mod profile;
 pub(crate) mod recorder;
 pub mod registry;

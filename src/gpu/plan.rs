@@ -40,7 +40,7 @@ impl KernelPlan {
     /// The plan for an adapter with these capabilities.
     pub fn for_capabilities(caps: &Capabilities) -> KernelPlan {
         let limits = &caps.limits;
-        let gemm_kernel = caps.gemm_kernel();
+        let gemm_kernel = super::planner::gemm_kernel_for(caps);
         let gemm_config = |trans_b: bool, role: &'static str| {
             let spec = gemm::GemmSpec::contiguous(1, 64, 64, 64, false, trans_b);
             let (invocations, tile, workgroup_bytes) = match gemm_kernel {
@@ -68,7 +68,7 @@ impl KernelPlan {
         };
         let mut kernels = Vec::new();
         // The fused kernel at head dims 64/64 (tiles of the portable kernel follow the dims).
-        match FusedKernel::choose(caps, 64, 64) {
+        match super::planner::fused_kernel_for(caps, 64, 64) {
             Ok(FusedKernel::Subgroup { width }) => kernels.push(KernelConfig {
                 label: format!("attention_sg[SG={width}]"),
                 invocations: width,

@@ -14,7 +14,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::gpu::capabilities::Capabilities;
-use crate::gpu::ops::fused::{FusedKernel, FusedTiles, TiledTiles};
 
 /// The first line of a cache file of this format.
 pub const HEADER: &str = "# webattn tuning cache, format 1";
@@ -75,63 +74,12 @@ pub enum TunedKernel {
 }
 
 impl TunedKernel {
-    /// The form of `kernel` the table keeps.
-    pub fn of(kernel: &FusedKernel) -> TunedKernel {
-        match kernel {
-            FusedKernel::Tiled(t) => TunedKernel::Tiled {
-                query_rows: t.query_rows,
-                keys_per_tile: t.keys_per_tile,
-                tq: t.tq,
-                tk: t.tk,
-            },
-            FusedKernel::Portable(_) => TunedKernel::Portable,
-            FusedKernel::Subgroup { .. } => TunedKernel::Subgroup,
-        }
-    }
-
     /// The kernel's name.
     pub fn name(&self) -> &'static str {
         match self {
             TunedKernel::Tiled { .. } => "attention_tiled",
             TunedKernel::Portable => "attention_fused",
             TunedKernel::Subgroup => "attention_sg",
-        }
-    }
-
-    /// The runnable kernel at head dims `dk`, `dv` on `caps`, or why not: the
-    /// kernel no longer offers these tiles, or they do not fit the limits.
-    pub fn resolve(
-        &self,
-        caps: &Capabilities,
-        dk: usize,
-        dv: usize,
-    ) -> std::result::Result<FusedKernel, String> {
-        match *self {
-            TunedKernel::Tiled {
-                query_rows,
-                keys_per_tile,
-                tq,
-                tk,
-            } => TiledTiles::candidates(dk, dv)
-                .into_iter()
-                .find(|t| {
-                    (t.query_rows, t.keys_per_tile, t.tq, t.tk) == (query_rows, keys_per_tile, tq, tk)
-                })
-                .filter(|t| t.fits(&caps.limits))
-                .map(FusedKernel::Tiled)
-                .ok_or_else(|| {
-                    format!(
-                        "attention_tiled has no {query_rows}x{keys_per_tile} tile on a {tq}x{tk} grid \
-                         that fits this adapter at head dims {dk}/{dv}"
-                    )
-                }),
-            TunedKernel::Portable => FusedTiles::for_dims(dk, dv, &caps.limits)
-                .map(FusedKernel::Portable)
-                .map_err(|e| e.to_string()),
-            TunedKernel::Subgroup => match caps.fixed_cpu_subgroup() {
-                Some(width) if dk % 4 == 0 && dv % 4 == 0 => Ok(FusedKernel::Subgroup { width }),
-                _ => Err("attention_sg does not run here at these head dims".to_string()),
-            },
         }
     }
 }

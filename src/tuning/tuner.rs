@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::gpu::ops::fused::{FusedKernel, FusedTiles, TiledTiles};
 use crate::{AttentionInputs, AttentionOptions, Engine, KernelPath};
 
-use super::table::{TunedEntry, TunedKernel, TuningKey};
+use super::table::{TunedEntry, TuningKey};
 
 /// The problem each head-dim class is timed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,7 +154,7 @@ pub async fn tune(
         timings.sort_by(|a, b| a.median_ms.total_cmp(&b.median_ms));
         let (kernel, fused_ms) = best.expect("the portable kernel is always a candidate");
         let entry = TunedEntry {
-            kernel: TunedKernel::of(&kernel),
+            kernel: crate::gpu::planner::tuned_form(&kernel),
             fused_ms,
             unfused_ms: unfused,
         };

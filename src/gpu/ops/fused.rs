@@ -10,6 +10,7 @@ pub use super::tiled::TiledTiles;
 use crate::error::{Error, Result};
 use crate::gpu::buffer;
 use crate::gpu::capabilities::KernelLimits;
+pub use crate::gpu::choice::FusedKernelChoice;
 use crate::gpu::pipeline::PipelineKey;
 use crate::gpu::recorder::Recorder;
 use crate::gpu::registry::Kernel;
@@ -108,66 +109,6 @@ impl FusedTiles {
     }
 }
 
-/// Which fused kernel an engine uses: chosen from the adapter's capabilities,
-/// or forced by name (`webattn check --kernel attention_fused`), so that every
-/// fused kernel can be run and checked on any adapter that can run it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FusedKernelChoice {
-    /// The capability profile decides (subgroup shuffles on CPU adapters with
-    /// fixed subgroups, the register-tiled kernel elsewhere, the portable one
-    /// where no tile of the tiled kernel fits).
-    #[default]
-    Auto,
-    /// `attention_fused`: the portable kernel, on any adapter.
-    Portable,
-    /// `attention_sg`: the subgroup-shuffle kernel (CPU adapters with fixed
-    /// subgroups of 4 or 8; head dims multiples of 4).
-    Subgroup,
-    /// `attention_tiled`: the register-tiled kernel, on any adapter whose
-    /// workgroup memory holds one of its tiles at the problem's head dims.
-    Tiled,
-}
-
-impl FusedKernelChoice {
-    /// The names `--kernel` takes, as `webattn info` lists the kernels.
-    pub const NAMES: [&'static str; 4] =
-        ["auto", "attention_fused", "attention_sg", "attention_tiled"];
-
-    /// The kernel's name.
-    pub fn name(self) -> &'static str {
-        match self {
-            FusedKernelChoice::Auto => "auto",
-            FusedKernelChoice::Portable => "attention_fused",
-            FusedKernelChoice::Subgroup => "attention_sg",
-            FusedKernelChoice::Tiled => "attention_tiled",
-        }
-    }
-}
-
-impl std::str::FromStr for FusedKernelChoice {
-    type Err = crate::error::Error;
-
-    fn from_str(text: &str) -> Result<FusedKernelChoice> {
-        match text {
-            "auto" => Ok(FusedKernelChoice::Auto),
-            "attention_fused" => Ok(FusedKernelChoice::Portable),
-            "attention_sg" => Ok(FusedKernelChoice::Subgroup),
-            "attention_tiled" => Ok(FusedKernelChoice::Tiled),
-            _ => Err(crate::error::Error::InvalidOption {
-                name: "kernel",
-                value: text.to_string(),
-                reason: "must be auto, attention_fused, attention_sg or attention_tiled (the fused kernels `webattn info` lists)",
-            }),
-        }
-    }
-}
-
-impl std::fmt::Display for FusedKernelChoice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 /// Which fused kernel runs a problem.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FusedKernel {
@@ -189,34 +130,6 @@ pub const SUBGROUP_ROWS_PER_LANE: usize = 4;
 pub const SUBGROUP_KEYS: usize = 64;
 
 impl FusedKernel {
-    /// The kernel for head dims `dk`, `dv` on an adapter with `caps`.
-    pub fn choose(
-        caps: &crate::gpu::capabilities::Capabilities,
-        dk: usize,
-        dv: usize,
-    ) -> Result<FusedKernel> {
-        let tiles = FusedTiles::for_dims(dk, dv, &caps.limits)?;
-        Ok(match caps.fixed_cpu_subgroup() {
-            Some(width) if dk % 4 == 0 && dv % 4 == 0 => FusedKernel::Subgroup { width },
-            Some(_) => FusedKernel::Portable(tiles),
-            None => Self::tiled_or_portable(tiles, dk, dv, &caps.limits),
-        })
-    }
-
-    /// The register-tiled kernel where one of its tiles fits, else the
-    /// portable kernel with `portable` tiles.
-    pub fn tiled_or_portable(
-        portable: FusedTiles,
-        dk: usize,
-        dv: usize,
-        limits: &KernelLimits,
-    ) -> FusedKernel {
-        match TiledTiles::for_dims(dk, dv, limits) {
-            Some(tiles) => FusedKernel::Tiled(tiles),
-            None => FusedKernel::Portable(portable),
-        }
-    }
-
     /// The kernel and its tiles, as a pipeline label shows them.
     pub fn label(&self) -> String {
         match self {

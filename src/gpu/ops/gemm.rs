@@ -170,21 +170,7 @@ struct Params {
     _pad: u32,
 }
 
-/// Which GEMM kernel records a product.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum GemmKernel {
-    /// `gemm.wgsl`: 64x64 tiles through workgroup memory, 8x8 per invocation.
-    /// Runs on every adapter.
-    Tiled,
-    /// `gemm_sg.wgsl`: one subgroup of `width` invocations per workgroup
-    /// computes `4 * width` rows by 64 columns, sharing B through shuffles.
-    /// For CPU-backed adapters with fixed subgroups of 4 or 8; products with a
-    /// transposed A go to the tiled kernel.
-    Subgroup {
-        /// The subgroup (and workgroup) width: 4 or 8.
-        width: u32,
-    },
-}
+pub use crate::gpu::choice::GemmKernel;
 
 /// Rows of C per invocation of `gemm_sg.wgsl` (the generator's ROWS).
 pub const SUBGROUP_ROWS_PER_LANE: usize = 4;

@@ -1,0 +1,82 @@
+//! The kernel choices as plain data: which GEMM kernel and which fused
+//! attention kernel, as an engine is told or the planner decides. The planner
+//! (`gpu/planner.rs`) turns them, with the capabilities and the tuning table,
+//! into kernels and tiles; the context only holds them.
+
+use crate::error::{Error, Result};
+
+/// Which GEMM kernel records a product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemmKernel {
+    /// `gemm.wgsl`: 64x64 tiles through workgroup memory, 8x8 per invocation.
+    /// Runs on every adapter.
+    Tiled,
+    /// `gemm_sg.wgsl`: one subgroup of `width` invocations per workgroup
+    /// computes `4 * width` rows by 64 columns, sharing B through shuffles.
+    /// For CPU-backed adapters with fixed subgroups of 4 or 8; products with a
+    /// transposed A go to the tiled kernel.
+    Subgroup {
+        /// The subgroup (and workgroup) width: 4 or 8.
+        width: u32,
+    },
+}
+
+/// Which fused kernel an engine uses: chosen from the adapter's capabilities,
+/// or forced by name (`webattn check --kernel attention_fused`), so that every
+/// fused kernel can be run and checked on any adapter that can run it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FusedKernelChoice {
+    /// The capability profile decides (subgroup shuffles on CPU adapters with
+    /// fixed subgroups, the register-tiled kernel elsewhere, the portable one
+    /// where no tile of the tiled kernel fits).
+    #[default]
+    Auto,
+    /// `attention_fused`: the portable kernel, on any adapter.
+    Portable,
+    /// `attention_sg`: the subgroup-shuffle kernel (CPU adapters with fixed
+    /// subgroups of 4 or 8; head dims multiples of 4).
+    Subgroup,
+    /// `attention_tiled`: the register-tiled kernel, on any adapter whose
+    /// workgroup memory holds one of its tiles at the problem's head dims.
+    Tiled,
+}
+
+impl FusedKernelChoice {
+    /// The names `--kernel` takes, as `webattn info` lists the kernels.
+    pub const NAMES: [&'static str; 4] =
+        ["auto", "attention_fused", "attention_sg", "attention_tiled"];
+
+    /// The kernel's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            FusedKernelChoice::Auto => "auto",
+            FusedKernelChoice::Portable => "attention_fused",
+            FusedKernelChoice::Subgroup => "attention_sg",
+            FusedKernelChoice::Tiled => "attention_tiled",
+        }
+    }
+}
+
+impl std::str::FromStr for FusedKernelChoice {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<FusedKernelChoice> {
+        match text {
+            "auto" => Ok(FusedKernelChoice::Auto),
+            "attention_fused" => Ok(FusedKernelChoice::Portable),
+            "attention_sg" => Ok(FusedKernelChoice::Subgroup),
+            "attention_tiled" => Ok(FusedKernelChoice::Tiled),
+            _ => Err(Error::InvalidOption {
+                name: "kernel",
+                value: text.to_string(),
+                reason: "must be auto, attention_fused, attention_sg or attention_tiled (the fused kernels `webattn info` lists)",
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for FusedKernelChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}

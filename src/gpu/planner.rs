@@ -1,0 +1,271 @@
+//! The planner: turns (capabilities, the engine's choices, the tuning table,
+//! the problem's head dims) into the GEMM kernel and the fused kernel with its
+//! tiles. It sits above the ops and the context: the ops know their own tile
+//! arithmetic, the context holds the choices as data (`gpu/choice.rs`), the
+//! capabilities describe the adapter, and only this module decides.
+
+use super::capabilities::{Capabilities, KernelLimits};
+use super::choice::{FusedKernelChoice, GemmKernel};
+use super::context::GpuContext;
+use super::ops::fused::{FusedKernel, FusedTiles, TiledTiles};
+use crate::error::Result;
+use crate::tuning::{TunedKernel, TuningKey};
+
+/// The GEMM kernel for an adapter: the subgroup-shuffle kernel on CPU-backed
+/// adapters with fixed subgroups of 4 or 8 lanes (where a storage load costs a
+/// loop over the lanes and a shuffle one permute), the tiled workgroup-memory
+/// kernel everywhere else.
+pub fn gemm_kernel_for(caps: &Capabilities) -> GemmKernel {
+    match caps.fixed_cpu_subgroup() {
+        Some(width) => GemmKernel::Subgroup { width },
+        None => GemmKernel::Tiled,
+    }
+}
+
+/// The fused kernel an adapter runs at head dims `dk`, `dv` from its limits
+/// alone (no tuning): `attention_sg` on CPU adapters with fixed subgroups (head
+/// dims multiples of 4), else the register-tiled kernel's largest tile that
+/// fits, else the portable kernel. Head dims beyond the fused kernels, or a
+/// workgroup memory too small for one key, are a typed error.
+pub fn fused_kernel_for(caps: &Capabilities, dk: usize, dv: usize) -> Result<FusedKernel> {
+    let tiles = FusedTiles::for_dims(dk, dv, &caps.limits)?;
+    Ok(match caps.fixed_cpu_subgroup() {
+        Some(width) if dk % 4 == 0 && dv % 4 == 0 => FusedKernel::Subgroup { width },
+        Some(_) => FusedKernel::Portable(tiles),
+        None => tiled_or_portable(tiles, dk, dv, &caps.limits),
+    })
+}
+
+/// The register-tiled kernel where one of its tiles fits, else the portable
+/// kernel with `portable` tiles.
+pub fn tiled_or_portable(
+    portable: FusedTiles,
+    dk: usize,
+    dv: usize,
+    limits: &KernelLimits,
+) -> FusedKernel {
+    match TiledTiles::for_dims(dk, dv, limits) {
+        Some(tiles) => FusedKernel::Tiled(tiles),
+        None => FusedKernel::Portable(portable),
+    }
+}
+
+/// The form of `kernel` the tuning table keeps.
+pub fn tuned_form(kernel: &FusedKernel) -> TunedKernel {
+    match kernel {
+        FusedKernel::Tiled(t) => TunedKernel::Tiled {
+            query_rows: t.query_rows,
+            keys_per_tile: t.keys_per_tile,
+            tq: t.tq,
+            tk: t.tk,
+        },
+        FusedKernel::Portable(_) => TunedKernel::Portable,
+        FusedKernel::Subgroup { .. } => TunedKernel::Subgroup,
+    }
+}
+
+/// The runnable kernel a tuning entry names, at head dims `dk`, `dv` on
+/// `caps`, or why not: the kernel no longer offers those tiles, or they do not
+/// fit the limits.
+pub fn resolve_tuned(
+    tuned: TunedKernel,
+    caps: &Capabilities,
+    dk: usize,
+    dv: usize,
+) -> std::result::Result<FusedKernel, String> {
+    match tuned {
+        TunedKernel::Tiled {
+            query_rows,
+            keys_per_tile,
+            tq,
+            tk,
+        } => TiledTiles::candidates(dk, dv)
+            .into_iter()
+            .find(|t| {
+                (t.query_rows, t.keys_per_tile, t.tq, t.tk) == (query_rows, keys_per_tile, tq, tk)
+            })
+            .filter(|t| t.fits(&caps.limits))
+            .map(FusedKernel::Tiled)
+            .ok_or_else(|| {
+                format!(
+                    "attention_tiled has no {query_rows}x{keys_per_tile} tile on a {tq}x{tk} grid \
+                     that fits this adapter at head dims {dk}/{dv}"
+                )
+            }),
+        TunedKernel::Portable => FusedTiles::for_dims(dk, dv, &caps.limits)
+            .map(FusedKernel::Portable)
+            .map_err(|e| e.to_string()),
+        TunedKernel::Subgroup => match caps.fixed_cpu_subgroup() {
+            Some(width) if dk % 4 == 0 && dv % 4 == 0 => Ok(FusedKernel::Subgroup { width }),
+            _ => Err("attention_sg does not run here at these head dims".to_string()),
+        },
+    }
+}
+
+impl GpuContext {
+    /// The GEMM kernel this context records: the one asked for
+    /// ([`GpuContext::with_portable_kernels`], [`GpuContext::with_subgroup_width`]),
+    /// else the adapter's ([`gemm_kernel_for`]).
+    pub fn gemm_kernel(&self) -> GemmKernel {
+        self.gemm_override
+            .unwrap_or_else(|| gemm_kernel_for(&self.caps))
+    }
+
+    /// This context with every fused call running `kernel` (whose head-dim
+    /// class must be the calls'); for timing one candidate.
+    pub(crate) fn with_pinned_fused_kernel(mut self, kernel: FusedKernel) -> GpuContext {
+        self.pinned_fused = Some(tuned_form(&kernel));
+        self
+    }
+
+    /// The tuned fused kernel for head dims `dk`, `dv`, if one was measured
+    /// and still runs here (an entry the kernel no longer offers, or whose
+    /// tiles no longer fit, is ignored with a warning, once).
+    fn tuned_fused_kernel(&self, dk: usize, dv: usize) -> Option<FusedKernel> {
+        let entry = self.tuned(dk, dv)?;
+        // The subgroup kernel's class also holds head dims it leaves to the
+        // portable kernel (not multiples of 4): not a stale entry.
+        if entry.kernel == TunedKernel::Subgroup && (dk % 4 != 0 || dv % 4 != 0) {
+            return None;
+        }
+        match resolve_tuned(entry.kernel, &self.caps, dk, dv) {
+            Ok(kernel) => Some(kernel),
+            Err(why) => {
+                log::warn!("webattn: tuning entry for head dims {dk}/{dv} ignored: {why}");
+                self.tuning
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .remove(&TuningKey::new(&self.caps, dk, dv));
+                None
+            }
+        }
+    }
+
+    /// The fused kernel for head dims `dk`, `dv`: a pinned kernel (tuner); a
+    /// forced one ([`GpuContext::with_fused_kernel`]) wherever it can run; else
+    /// the tuning table's winner for this adapter and head-dim class; else
+    /// [`fused_kernel_for`] the adapter's limits.
+    pub fn fused_kernel(&self, dk: usize, dv: usize) -> Result<FusedKernel> {
+        if let Some(pinned) = self.pinned_fused {
+            if let Ok(kernel) = resolve_tuned(pinned, &self.caps, dk, dv) {
+                return Ok(kernel);
+            }
+        }
+        let with_width = |kernel: FusedKernel| match (kernel, self.subgroup_width) {
+            (FusedKernel::Subgroup { .. }, Some(width)) => FusedKernel::Subgroup { width },
+            (kernel, _) => kernel,
+        };
+        match self.fused_choice {
+            FusedKernelChoice::Portable => Ok(FusedKernel::Portable(FusedTiles::for_dims(
+                dk,
+                dv,
+                &self.caps.limits,
+            )?)),
+            // attention_sg wherever it can run: head dims that are not
+            // multiples of 4 take attention_fused, as they do under auto, and
+            // the same head-dim limits apply.
+            FusedKernelChoice::Subgroup => {
+                let tiles = FusedTiles::for_dims(dk, dv, &self.caps.limits)?;
+                if dk % 4 != 0 || dv % 4 != 0 {
+                    return Ok(FusedKernel::Portable(tiles));
+                }
+                let width = self
+                    .subgroup_width
+                    .or(self.caps.fixed_cpu_subgroup())
+                    .unwrap_or(8);
+                Ok(FusedKernel::Subgroup { width })
+            }
+            // attention_tiled wherever one of its tiles fits (the tuned one
+            // where measured); where none does (head dims of 256 in 16 KiB of
+            // workgroup memory) attention_fused.
+            FusedKernelChoice::Tiled => {
+                let tiles = FusedTiles::for_dims(dk, dv, &self.caps.limits)?;
+                if let Some(tuned @ FusedKernel::Tiled(_)) = self.tuned_fused_kernel(dk, dv) {
+                    return Ok(tuned);
+                }
+                Ok(tiled_or_portable(tiles, dk, dv, &self.caps.limits))
+            }
+            FusedKernelChoice::Auto => {
+                // The head-dim limits have their say first.
+                let chosen = fused_kernel_for(&self.caps, dk, dv)?;
+                Ok(with_width(
+                    self.tuned_fused_kernel(dk, dv).unwrap_or(chosen),
+                ))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::capabilities::AdapterSummary;
+
+    impl Capabilities {
+        /// A discrete GPU without subgroups, with these limits.
+        fn for_tests(limits: KernelLimits) -> Capabilities {
+            Capabilities {
+                adapter: AdapterSummary {
+                    name: "test GPU".into(),
+                    vendor: 0,
+                    device: 0,
+                    device_type: "DiscreteGpu".into(),
+                    backend: "Vulkan".into(),
+                    driver: "test".into(),
+                    driver_info: "1".into(),
+                },
+                limits,
+                shader_f16: false,
+                subgroups: false,
+                subgroup_min_size: 0,
+                subgroup_max_size: 0,
+                timestamp_query: false,
+            }
+        }
+    }
+
+    #[test]
+    fn tuned_forms_resolve_back_to_their_kernel() {
+        let limits = KernelLimits {
+            max_compute_workgroup_storage_size: 48 << 10,
+            ..KernelLimits::WEBGPU_DEFAULTS
+        };
+        let caps = Capabilities::for_tests(limits);
+        for kernel in TiledTiles::candidates(64, 64)
+            .into_iter()
+            .filter(|t| t.fits(&limits))
+            .map(FusedKernel::Tiled)
+            .chain([FusedKernel::Portable(
+                FusedTiles::for_dims(64, 64, &limits).unwrap(),
+            )])
+        {
+            assert_eq!(
+                resolve_tuned(tuned_form(&kernel), &caps, 64, 64),
+                Ok(kernel)
+            );
+        }
+        let missing = TunedKernel::Tiled {
+            query_rows: 48,
+            keys_per_tile: 24,
+            tq: 12,
+            tk: 4,
+        };
+        assert!(resolve_tuned(missing, &caps, 64, 64).is_err());
+        assert!(resolve_tuned(TunedKernel::Subgroup, &caps, 64, 64).is_err());
+    }
+
+    #[test]
+    fn limits_alone_pick_the_tiled_kernel_on_gpus_and_the_portable_one_beyond_its_tiles() {
+        let small = Capabilities::for_tests(KernelLimits::WEBGPU_DEFAULTS);
+        assert_eq!(
+            fused_kernel_for(&small, 64, 64).unwrap().name(),
+            "attention_tiled"
+        );
+        assert_eq!(
+            fused_kernel_for(&small, 256, 256).unwrap().name(),
+            "attention_fused"
+        );
+        assert!(fused_kernel_for(&small, 257, 64).is_err());
+        assert_eq!(gemm_kernel_for(&small), GemmKernel::Tiled);
+    }
+}
