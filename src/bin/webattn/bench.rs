@@ -70,12 +70,29 @@ fn token_layer(small: bool) -> bench::DecoderLayerShape {
     }
 }
 
-fn plan(args: &Args, gpu: bool, small_layer: bool) -> Vec<Job> {
+/// The sequence lengths of a full run: FlashAttention's benchmark range
+/// (512 to 16384) on a GPU, 256 to 4096 on a CPU adapter or CPU engine.
+fn full_seqs(gpu_scale: bool) -> &'static [usize] {
+    if gpu_scale {
+        &[512, 1024, 2048, 4096, 8192, 16384]
+    } else {
+        &[256, 512, 1024, 2048, 4096]
+    }
+}
+
+/// The longest sequence the CPU backend's rows run in a full run at GPU
+/// scale: beyond it a row would take minutes on the host.
+const CPU_ROWS_MAX_SEQ: usize = 2048;
+
+/// The jobs of a run; `gpu_scale`: a GPU that is not CPU-backed (GEMM to
+/// 8192³, sequences to 16384).
+fn plan(args: &Args, gpu: bool, gpu_scale: bool, small_layer: bool) -> Vec<Job> {
     let mut jobs = Vec::new();
-    let gemm_sizes: &[usize] = match (gpu, args.quick) {
-        (false, _) => &[],
-        (true, true) => &[256, 512, 1024],
-        (true, false) => &[256, 512, 1024, 2048],
+    let gemm_sizes: &[usize] = match (gpu, args.quick, gpu_scale) {
+        (false, _, _) => &[],
+        (true, true, _) => &[256, 512, 1024],
+        (true, false, false) => &[256, 512, 1024, 2048],
+        (true, false, true) => &[256, 512, 1024, 2048, 4096, 8192],
     };
     jobs.extend(gemm_sizes.iter().map(|&n| Job::Gemm(n)));
     let paths: &[KernelPath] = if gpu {
@@ -105,8 +122,11 @@ fn plan(args: &Args, gpu: bool, small_layer: bool) -> Vec<Job> {
     } else {
         for head_dim in [64, 128] {
             for causal in [false, true] {
-                for seq in [256, 512, 1024, 2048, 4096] {
+                for &seq in full_seqs(gpu_scale) {
                     for &path in paths {
+                        if path == KernelPath::Cpu && gpu && gpu_scale && seq > CPU_ROWS_MAX_SEQ {
+                            continue;
+                        }
                         jobs.push(Job::Attention(shape(seq, head_dim, causal), path));
                     }
                 }
@@ -170,7 +190,8 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     let small_layer =
         args.quick || ctx.is_none_or(|c| c.capabilities().adapter.device_type == "Cpu");
     let layer = token_layer(small_layer);
-    let jobs = plan(args, ctx.is_some(), small_layer);
+    let gpu_scale = ctx.is_some_and(|c| c.capabilities().adapter.device_type != "Cpu");
+    let jobs = plan(args, ctx.is_some(), gpu_scale, small_layer);
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = ProgressBar::new(jobs.len() as u64 + 4);
         bar.set_style(
@@ -550,4 +571,59 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
 /// The entries of `key` in the report, for other modules.
 pub fn entries<'a>(report: &'a Value, key: &str) -> &'a [Value] {
     report[key].as_array().map_or(&[], Vec::as_slice)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> Args {
+        Args {
+            quick: false,
+            json: None,
+            plot: None,
+            tokens: 16384,
+            width: 2048,
+            replot: None,
+        }
+    }
+
+    fn attention_seqs(jobs: &[Job], path: KernelPath) -> Vec<usize> {
+        let mut seqs: Vec<usize> = jobs
+            .iter()
+            .filter_map(|j| match j {
+                Job::Attention(shape, p) if *p == path => Some(shape.seq_q),
+                _ => None,
+            })
+            .collect();
+        seqs.dedup();
+        seqs.sort();
+        seqs.dedup();
+        seqs
+    }
+
+    #[test]
+    fn a_gpu_runs_flash_attention_shapes_and_gemm_to_8192() {
+        let jobs = plan(&args(), true, true, false);
+        assert_eq!(
+            attention_seqs(&jobs, KernelPath::Fused),
+            [512, 1024, 2048, 4096, 8192, 16384]
+        );
+        assert_eq!(
+            attention_seqs(&jobs, KernelPath::Unfused).last(),
+            Some(&16384)
+        );
+        assert_eq!(
+            attention_seqs(&jobs, KernelPath::Cpu).last(),
+            Some(&CPU_ROWS_MAX_SEQ)
+        );
+        assert!(jobs.iter().any(|j| matches!(j, Job::Gemm(8192))));
+    }
+
+    #[test]
+    fn a_cpu_adapter_keeps_the_short_range() {
+        let jobs = plan(&args(), true, false, true);
+        assert_eq!(attention_seqs(&jobs, KernelPath::Fused).last(), Some(&4096));
+        assert!(!jobs.iter().any(|j| matches!(j, Job::Gemm(n) if *n > 2048)));
+    }
 }
