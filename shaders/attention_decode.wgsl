@@ -1,17 +1,28 @@
-// Split-K decode attention: few query rows (Nq <= 4), many keys.
+// Split-K decode attention: few query rows, many keys.
 //
-// The fused kernels give each workgroup a block of query rows; with one or two
-// rows per head almost all of that block is idle and a head's keys are
-// streamed by a single workgroup. Here the keys of a head are split across
-// workgroups instead: workgroup (batch, head, split) owns the head's Nq <= 4
-// query rows and the keys [split * split_keys, (split + 1) * split_keys).
-// Per 64-key tile, invocation t scores key t against every row; tree
-// reductions in workgroup memory give each row's tile max and sum; every
-// invocation keeps the rows' running max m and sum l (the same values in
-// all); for P V invocation c owns output quads c, c + 64, ... of the rows, so
-// O stays in registers across tiles. Each split writes its unnormalised O and
-// (m, l); attention_merge.wgsl combines the splits by their maxima into Y and
-// the logsumexp.
+// The fused kernels give each workgroup a block of query rows; with one or a
+// few rows per head almost all of that block is idle and a head's keys are
+// streamed by a single workgroup. Here the keys are split across workgroups
+// instead, and each workgroup serves every query row that reads the same KV
+// head, so K and V are read from memory once per split, not once per query
+// head (GQA): workgroup (batch, KV head, head group, split) owns the
+// `heads_per_wg` query heads h0 .. h0 + heads_per_wg of that KV head, their Nq
+// query rows each (rows = heads_per_wg * Nq <= 16), and the keys
+// [split * split_keys, (split + 1) * split_keys).
+//
+// Per 64-key tile:
+//   - scores: K's tile is staged in workgroup memory a slice of DS vec4
+//     columns at a time (coalesced: consecutive invocations read consecutive
+//     vec4s of a key row), with the same slice of every row's Q; invocation t
+//     accumulates key t's dot product against every row;
+//   - each row's tile max and sum: invocation i scans 16 keys of row i % 16,
+//     and every invocation combines the 4 partials of each row;
+//   - P V: invocation i owns vec4 column i % dv4 of every row and the keys
+//     g, g + G, ... of the tile (g = i / dv4, G = 64 / dv4 groups), so each V
+//     row is read once, coalesced; O stays in registers across tiles and the
+//     G partial O's are added up once at the end.
+// Each split writes its unnormalised O and (m, l, flags); attention_merge.wgsl
+// combines the splits by their maxima into Y and the logsumexp.
 //
 // The masking rules and the non-finite rule are attention_fused.wgsl's: each
 // split also reports whether it attended a key and whether it met a NaN or
@@ -42,7 +53,8 @@ struct Params {
     split_keys: u32,
     // 1 / temperature, applied to the biased scores before the softmax.
     inv_temperature: f32,
-    _reserved0: u32,
+    // Query heads per workgroup (divides group; heads_per_wg * q_len <= 16).
+    heads_per_wg: u32,
     _reserved1: u32,
     _reserved2: u32,
 }
@@ -66,12 +78,20 @@ const FLAG_NONPAD: u32 = 4u;
 const FLAG_PAST: u32 = 8u;
 const FLAG_SOFTCAP: u32 = 16u;
 const FLAG_ALIBI: u32 = 32u;
+// Invocations, and keys per tile.
 const WG: u32 = 64u;
-const NEG_INF_BITS: u32 = 0xff800000u;
+// vec4 columns of K per staged slice (and its padded row stride).
+const DS: u32 = 4u;
+const DS_STRIDE: u32 = 5u;
 const ROW_ATTENDED: u32 = 1u;
 const ROW_POISONED: u32 = 2u;
-// At most 4 query rows; output quads per invocation: 4 rows x 64 quads / 64.
-const MAX_ROWS: u32 = 4u;
+// The most rows per workgroup, and this pipeline's rows (heads_per_wg * Nq):
+// loops over rows have a constant trip count, so the per-row registers stay
+// registers.
+const MAX_ROWS: u32 = 16u;
+override ROWS: u32 = 1u;
+// Partial maxima and sums per row: WG / MAX_ROWS.
+const PARTS: u32 = 4u;
 
 // NaN and -inf made at run time: WGSL constant expressions cannot hold them
 // (Chrome rejects the shader), so they come from a private variable.
@@ -81,15 +101,17 @@ fn neg_inf() -> f32 {
     return bitcast<f32>(non_finite_bits.x);
 }
 
-fn nan() -> f32 {
-    return bitcast<f32>(non_finite_bits.y);
-}
-
-var<workgroup> scores: array<f32, 256>;
-var<workgroup> reduce: array<f32, 256>;
+// K's slice of the tile (then, at the end, the partial O's being added up).
+var<workgroup> k_slice: array<vec4<f32>, 320>;
+// Every row's slice of Q.
+var<workgroup> q_slice: array<vec4<f32>, 64>;
+// [row][key] scores, then probabilities.
+var<workgroup> scores: array<f32, 1024>;
+// [row][part] partial maxima, then partial sums.
+var<workgroup> parts: array<f32, 64>;
 var<workgroup> batch_nonpad: i32;
 // Each row's ROW_ATTENDED | ROW_POISONED over the split.
-var<workgroup> row_flags: array<atomic<u32>, 4>;
+var<workgroup> row_flags: array<atomic<u32>, 16>;
 
 // Whether a score is NaN or +inf (bit tests: WGSL comparisons need not see NaN).
 fn poisons(x: f32) -> bool {
@@ -114,6 +136,7 @@ fn accurate_tanh(x: f32) -> f32 {
     return select(t, -t, x < 0.0);
 }
 
+// The allowed key range [lo, hi] of query row i (hi < lo when none).
 fn key_range(i: u32, offset: i32, lengths: i32) -> vec2<i32> {
     let pos = offset + i32(i);
     var lo = 0;
@@ -143,14 +166,17 @@ fn main(
     @builtin(local_invocation_index) li: u32,
 ) {
     let block = wid.x + wid.y * nwg.x;
-    let heads = p.batch * p.q_heads;
-    let live_block = block < heads * p.splits;
-    let head_index = min(block / p.splits, heads - 1u);
+    let hpw = p.heads_per_wg;
+    let groups_per_kv = p.group / hpw;
+    let head_groups = p.batch * p.kv_heads * groups_per_kv;
+    let live_block = block < head_groups * p.splits;
+    let head_group = min(block / p.splits, head_groups - 1u);
     let split = block % p.splits;
-    let b = head_index / p.q_heads;
-    let h = head_index % p.q_heads;
-    let kvh = h / p.group;
-    let rows = min(p.q_len, MAX_ROWS);
+    let b = head_group / (p.kv_heads * groups_per_kv);
+    let within = head_group % (p.kv_heads * groups_per_kv);
+    let kvh = within / groups_per_kv;
+    let h0 = kvh * p.group + (within % groups_per_kv) * hpw;
+    let rows = ROWS;
     let dk4 = p.dk / 4u;
     let dv4 = p.dv / 4u;
 
@@ -171,49 +197,83 @@ fn main(
     } else if ((p.flags & FLAG_NONPAD) != 0u) {
         offset = lengths - i32(p.q_len);
     }
-    // The keys any row may see, within this split.
+    // The keys any row may see, within this split (rows' ranges grow with
+    // the query position, the same for every head).
     let split_lo = i32(split * p.split_keys);
     let split_hi = i32(min((split + 1u) * p.split_keys, p.keys)) - 1;
-    var slope = 0.0;
-    if ((p.flags & FLAG_ALIBI) != 0u) {
-        slope = bitcast<f32>(nonpad[p.batch + h]);
-    }
     let lo = max(key_range(0u, offset, lengths).x, split_lo);
-    let hi = select(min(key_range(rows - 1u, offset, lengths).y, split_hi), -1, !live_block);
+    let hi = select(min(key_range(p.q_len - 1u, offset, lengths).y, split_hi), -1, !live_block);
 
     // Every invocation keeps the same running max and sum of each row.
-    var m = vec4<f32>(MASKED);
-    var l = vec4<f32>(0.0);
-    // Output quads of this invocation: quad c = li + 64 * n of the rows x dv4 grid.
-    var o0 = vec4<f32>(0.0);
-    var o1 = vec4<f32>(0.0);
-    var o2 = vec4<f32>(0.0);
-    var o3 = vec4<f32>(0.0);
+    var m: array<f32, MAX_ROWS>;
+    var l: array<f32, MAX_ROWS>;
+    // This invocation's vec4 column of every row, over its key group.
+    var o: array<vec4<f32>, MAX_ROWS>;
+    for (var r = 0u; r < MAX_ROWS; r++) {
+        m[r] = MASKED;
+        l[r] = 0.0;
+        o[r] = vec4<f32>(0.0);
+    }
+    let key_groups = max(WG / dv4, 1u);
+    let my_group = li / dv4;
+    let my_col = li % dv4;
     let kv_base = (b * p.kv_heads + kvh) * p.keys;
 
     var j0 = lo - lo % i32(WG);
     for (; j0 <= hi; j0 += i32(WG)) {
-        // Scores of key j0 + li against every row.
+        // Scores of key j0 + li against every row, a slice of K at a time.
+        var dots: array<f32, MAX_ROWS>;
+        for (var r = 0u; r < MAX_ROWS; r++) {
+            dots[r] = 0.0;
+        }
+        for (var s0 = 0u; s0 < dk4; s0 += DS) {
+            for (var slot = li; slot < WG * DS; slot += WG) {
+                let t = slot / DS;
+                let c = slot % DS;
+                let key = u32(j0) + t;
+                var val = vec4<f32>(0.0);
+                if (key < p.keys && s0 + c < dk4) {
+                    val = k4[(kv_base + key) * dk4 + s0 + c];
+                }
+                k_slice[t * DS_STRIDE + c] = val;
+            }
+            if (li < MAX_ROWS * DS) {
+                let r = li / DS;
+                let c = li % DS;
+                var val = vec4<f32>(0.0);
+                if (r < rows && s0 + c < dk4) {
+                    let h = h0 + r / p.q_len;
+                    let i = r % p.q_len;
+                    val = q4[((b * p.q_heads + h) * p.q_len + i) * dk4 + s0 + c];
+                }
+                q_slice[li] = val;
+            }
+            workgroupBarrier();
+            for (var c = 0u; c < DS; c++) {
+                let kk = k_slice[li * DS_STRIDE + c];
+                for (var r = 0u; r < rows; r++) {
+                    let prod = q_slice[r * DS + c] * kk;
+                    dots[r] += (prod.x + prod.y) + (prod.z + prod.w);
+                }
+            }
+            workgroupBarrier();
+        }
+        // Scale, softcap, mask, ALiBi, temperature; MASKED for keys a row
+        // does not attend; a NaN or +inf score poisons its row.
         let j = j0 + i32(li);
-        let key = u32(clamp(j, 0, i32(p.keys) - 1));
         for (var r = 0u; r < rows; r++) {
+            let h = h0 + r / p.q_len;
+            let i = r % p.q_len;
             var s = MASKED;
-            let range = key_range(r, offset, lengths);
+            let range = key_range(i, offset, lengths);
             var attended = j >= range.x && j <= range.y && j >= split_lo && j <= split_hi;
             if (attended) {
-                let q_base = (head_index * p.q_len + r) * dk4;
-                let k_base = (kv_base + key) * dk4;
-                var dot = 0.0;
-                for (var d4 = 0u; d4 < dk4; d4++) {
-                    let prod = q4[q_base + d4] * k4[k_base + d4];
-                    dot += (prod.x + prod.y) + (prod.z + prod.w);
-                }
-                s = dot * p.scale;
+                s = dots[r] * p.scale;
                 if ((p.flags & FLAG_SOFTCAP) != 0u) {
                     s = p.softcap * accurate_tanh(s / p.softcap);
                 }
                 if ((p.flags & FLAG_MASK) != 0u) {
-                    let bias = mask[b * p.mask_batch_stride + h * p.mask_head_stride + r * p.mask_row_stride + u32(j)];
+                    let bias = mask[b * p.mask_batch_stride + h * p.mask_head_stride + i * p.mask_row_stride + u32(j)];
                     if (bias <= MASKED) {
                         attended = false;
                     } else {
@@ -223,7 +283,8 @@ fn main(
             }
             if (attended) {
                 if ((p.flags & FLAG_ALIBI) != 0u) {
-                    s -= slope * f32(abs(offset + i32(r) - j));
+                    let slope = bitcast<f32>(nonpad[p.batch + h]);
+                    s -= slope * f32(abs(offset + i32(i) - j));
                 }
                 s *= p.inv_temperature;
                 var seen = ROW_ATTENDED;
@@ -237,94 +298,89 @@ fn main(
                 s = MASKED;
             }
             scores[r * WG + li] = s;
-            reduce[r * WG + li] = s;
         }
         workgroupBarrier();
-        // Tile max of each row.
-        for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-            if (li < stride) {
-                for (var r = 0u; r < rows; r++) {
-                    reduce[r * WG + li] = max(reduce[r * WG + li], reduce[r * WG + li + stride]);
-                }
+        // Each row's tile max: 4 partials of 16 keys, then combined by all.
+        let scan_row = li % MAX_ROWS;
+        let scan_from = (li / MAX_ROWS) * (WG / PARTS);
+        if (scan_row < rows) {
+            var part = MASKED;
+            for (var t = 0u; t < WG / PARTS; t++) {
+                part = max(part, scores[scan_row * WG + scan_from + t]);
             }
-            workgroupBarrier();
-        }
-        var m_new = m;
-        for (var r = 0u; r < rows; r++) {
-            m_new[r] = max(m[r], reduce[r * WG]);
+            parts[scan_row * PARTS + li / MAX_ROWS] = part;
         }
         workgroupBarrier();
-        // This key's probabilities (-1 for a key the row does not attend;
-        // an attended score of -inf gets 0), and the tile sums.
+        var alpha: array<f32, MAX_ROWS>;
         for (var r = 0u; r < rows; r++) {
+            var tile_max = MASKED;
+            for (var q = 0u; q < PARTS; q++) {
+                tile_max = max(tile_max, parts[r * PARTS + q]);
+            }
+            let m_new = max(m[r], tile_max);
+            // exp(0) = 1 while no attended score has been finite yet.
+            alpha[r] = exp(m[r] - m_new);
+            m[r] = m_new;
+            // This key's probability (-1 for a key the row does not attend;
+            // an attended score of -inf gets 0 and still multiplies V).
             let s = scores[r * WG + li];
-            let pt = select(-1.0, exp(s - m_new[r]), s != MASKED);
-            scores[r * WG + li] = pt;
-            reduce[r * WG + li] = max(pt, 0.0);
+            scores[r * WG + li] = select(-1.0, exp(s - m_new), s != MASKED);
         }
         workgroupBarrier();
-        for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-            if (li < stride) {
-                for (var r = 0u; r < rows; r++) {
-                    reduce[r * WG + li] += reduce[r * WG + li + stride];
-                }
+        if (scan_row < rows) {
+            var part = 0.0;
+            for (var t = 0u; t < WG / PARTS; t++) {
+                part += max(scores[scan_row * WG + scan_from + t], 0.0);
             }
-            workgroupBarrier();
+            parts[scan_row * PARTS + li / MAX_ROWS] = part;
         }
-        // alpha rescales what the row had (O starts at 0; exp(0) = 1 while
-        // no attended score has been finite).
-        var alpha = vec4<f32>(1.0);
+        workgroupBarrier();
         for (var r = 0u; r < rows; r++) {
-            alpha[r] = exp(m[r] - m_new[r]);
-            l[r] = l[r] * alpha[r] + reduce[r * WG];
+            var sum = 0.0;
+            for (var q = 0u; q < PARTS; q++) {
+                sum += parts[r * PARTS + q];
+            }
+            l[r] = l[r] * alpha[r] + sum;
+            o[r] *= alpha[r];
         }
-        m = m_new;
-        // O = alpha * O + P V for this invocation's output quads.
-        for (var n = 0u; n < 4u; n++) {
-            let c = li + WG * n;
-            let r = c / dv4;
-            if (r < rows) {
-                let d4 = c % dv4;
-                var acc = vec4<f32>(0.0);
-                for (var t = 0u; t < WG; t++) {
-                    let pt = scores[r * WG + t];
-                    if (pt >= 0.0) {
-                        let vk = u32(clamp(j0 + i32(t), 0, i32(p.keys) - 1));
-                        acc += pt * v4[(kv_base + vk) * dv4 + d4];
+        // O += P V over this invocation's keys, for its column of every row.
+        if (my_group < key_groups) {
+            for (var t = my_group; t < WG; t += key_groups) {
+                let key = u32(j0) + t;
+                if (key < p.keys) {
+                    let vv = v4[(kv_base + key) * dv4 + my_col];
+                    for (var r = 0u; r < rows; r++) {
+                        let pt = scores[r * WG + t];
+                        o[r] += select(vec4<f32>(0.0), pt * vv, pt >= 0.0);
                     }
-                }
-                switch n {
-                    case 0u: { o0 = o0 * alpha[r] + acc; }
-                    case 1u: { o1 = o1 * alpha[r] + acc; }
-                    case 2u: { o2 = o2 * alpha[r] + acc; }
-                    default: { o3 = o3 * alpha[r] + acc; }
                 }
             }
         }
         workgroupBarrier();
     }
 
-    if (!live_block) {
-        return;
-    }
-    let part_rows = heads * p.q_len;
-    for (var n = 0u; n < 4u; n++) {
-        let c = li + WG * n;
-        let r = c / dv4;
-        if (r < rows) {
-            let d4 = c % dv4;
-            var o = o0;
-            switch n {
-                case 1u: { o = o1; }
-                case 2u: { o = o2; }
-                case 3u: { o = o3; }
-                default: {}
+    // Add up the key groups' partial O's, one row at a time, and write the split.
+    let part_rows = p.batch * p.q_heads * p.q_len;
+    for (var r = 0u; r < rows; r++) {
+        k_slice[li] = o[r];
+        workgroupBarrier();
+        if (live_block && my_group == 0u && li < dv4) {
+            var total = k_slice[li];
+            for (var g = 1u; g < key_groups; g++) {
+                total += k_slice[g * dv4 + li];
             }
-            part_o[(split * part_rows + head_index * p.q_len + r) * dv4 + d4] = o;
+            let h = h0 + r / p.q_len;
+            let i = r % p.q_len;
+            let row = (b * p.q_heads + h) * p.q_len + i;
+            part_o[(split * part_rows + row) * dv4 + li] = total;
         }
+        workgroupBarrier();
     }
-    if (li < rows) {
+    if (live_block && li < rows) {
+        let h = h0 + li / p.q_len;
+        let i = li % p.q_len;
+        let row = (b * p.q_heads + h) * p.q_len + i;
         let flags = f32(atomicLoad(&row_flags[li]));
-        part_ml[split * part_rows + head_index * p.q_len + li] = vec4<f32>(m[li], l[li], flags, 0.0);
+        part_ml[split * part_rows + row] = vec4<f32>(m[li], l[li], flags, 0.0);
     }
 }

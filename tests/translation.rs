@@ -201,6 +201,7 @@ fn the_subgroup_kernels_are_never_planned_without_subgroups() {
         subgroup_min_size: 8,
         subgroup_max_size: 8,
         timestamp_query: false,
+        cooperative_matrix: Vec::new(),
     };
     assert_eq!(caps.fixed_cpu_subgroup(), None);
     let plan = webattn::gpu::plan::KernelPlan::for_capabilities(&caps);

@@ -161,6 +161,29 @@ fn quick() -> Vec<CaseSpec> {
             o.alibi = true;
             o.temperature = 0.5;
         }),
+        // Decoding with GQA: one workgroup serves the 4 query heads of a KV
+        // head, 4 rows each (16 rows), against a cache and new keys.
+        CaseSpec::new("decode-gqa4-nq4-causal-past", [1, 8, 2], [4, 4], [64, 64])
+            .past(600)
+            .mask(Float(4))
+            .with(|o| o.is_causal = true),
+        // 16 query rows (speculative decoding), softcap, a 2-D bool mask.
+        CaseSpec::new("decode-nq16-softcap-bool2d", [2, 2, 2], [16, 700], [32, 48])
+            .mask(Bool(2))
+            .with(|o| o.softcap = 20.0),
+        // A GQA group of 8 at 3 rows: workgroups of 4 heads (12 rows), with
+        // padding, a window and ALiBi.
+        CaseSpec::new(
+            "decode-gqa8-nq3-nonpad-window",
+            [2, 8, 1],
+            [3, 777],
+            [128, 64],
+        )
+        .nonpad()
+        .with(|o| {
+            o.left_window_size = 300;
+            o.alibi = true;
+        }),
     ];
     for form in MASK_FORMS {
         cases.push(CaseSpec::new(format!("mask-{form}"), [2, 3, 1], [7, 33], [8, 16]).mask(form));

@@ -85,6 +85,75 @@ pub struct Capabilities {
     pub subgroup_max_size: u32,
     /// GPU timestamps can be written at pass boundaries.
     pub timestamp_query: bool,
+    /// The matrix-unit configurations the adapter reports through wgpu's
+    /// experimental cooperative-matrix feature (natively, on Vulkan with
+    /// `VK_KHR_cooperative_matrix` and on Metal); empty where it has none, and
+    /// always in the browser. Recorded, not yet used by a kernel.
+    pub cooperative_matrix: Vec<CoopMatrixConfig>,
+}
+
+/// One cooperative-matrix configuration an adapter offers: `C (m×n, cr) +=
+/// A (m×k, ab) · B (k×n, ab)` at subgroup scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoopMatrixConfig {
+    /// Rows of A and C.
+    pub m: u32,
+    /// Columns of B and C.
+    pub n: u32,
+    /// Columns of A, rows of B.
+    pub k: u32,
+    /// The inputs' element type (`f16`, `f32`, `i32`, `u32`).
+    pub ab: &'static str,
+    /// The accumulator's element type.
+    pub cr: &'static str,
+}
+
+impl std::fmt::Display for CoopMatrixConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}x{}x{} {}->{}",
+            self.m, self.n, self.k, self.ab, self.cr
+        )
+    }
+}
+
+/// The cooperative-matrix configurations `adapter` reports (none unless it
+/// has wgpu's `EXPERIMENTAL_COOPERATIVE_MATRIX` feature; none on the web).
+pub(crate) fn cooperative_matrix_configs(adapter: &wgpu::Adapter) -> Vec<CoopMatrixConfig> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        if !adapter
+            .features()
+            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        {
+            return Vec::new();
+        }
+        let name = |t: wgpu::CooperativeScalarType| match t {
+            wgpu::CooperativeScalarType::F32 => "f32",
+            wgpu::CooperativeScalarType::F16 => "f16",
+            wgpu::CooperativeScalarType::I32 => "i32",
+            wgpu::CooperativeScalarType::U32 => "u32",
+        };
+        let mut configs: Vec<CoopMatrixConfig> = adapter
+            .cooperative_matrix_properties()
+            .into_iter()
+            .map(|p| CoopMatrixConfig {
+                m: p.m_size,
+                n: p.n_size,
+                k: p.k_size,
+                ab: name(p.ab_type),
+                cr: name(p.cr_type),
+            })
+            .collect();
+        configs.dedup();
+        configs
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = adapter;
+        Vec::new()
+    }
 }
 
 impl Capabilities {
@@ -109,6 +178,7 @@ impl Capabilities {
             subgroup_min_size: info.subgroup_min_size,
             subgroup_max_size: info.subgroup_max_size,
             timestamp_query: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            cooperative_matrix: Vec::new(),
         }
     }
 

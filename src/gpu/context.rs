@@ -191,7 +191,8 @@ impl GpuContext {
             log::error!("webattn: uncaptured GPU error: {e}");
         }));
 
-        let caps = Capabilities::new(&info, &device.limits(), device.features());
+        let mut caps = Capabilities::new(&info, &device.limits(), device.features());
+        caps.cooperative_matrix = super::capabilities::cooperative_matrix_configs(adapter);
         log::info!("webattn: using {}", caps.summary());
         Ok(GpuContext {
             pipelines: Arc::new(PipelineCache::new(device.clone())),

@@ -252,12 +252,15 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
     }
     keys.push(PipelineKey::new(Kernel::FmaPeak).with("WORKGROUP", 64));
     keys.push(PipelineKey::new(Kernel::CopyPeak).with("WORKGROUP", 256));
+    // Decode: one query row, a GQA group of 4 rows, and the most rows.
+    for rows in [1, 4, 16] {
+        keys.push(PipelineKey::new(Kernel::AttentionDecode).with("ROWS", rows));
+    }
     for kernel in [
         Kernel::Softmax,
         Kernel::Mask,
         Kernel::Concat,
         Kernel::AttentionScores,
-        Kernel::AttentionDecode,
         Kernel::AttentionMerge,
         Kernel::Position,
         Kernel::LinearFeatures,
@@ -333,6 +336,9 @@ pub fn every_planned_pipeline() -> Vec<super::pipeline::PipelineKey> {
         for dv in HEAD_DIM_CLASSES {
             keys.extend(TiledTiles::candidates(dk, dv).iter().map(TiledTiles::key));
         }
+    }
+    for rows in 1..=super::ops::decode::MAX_WORKGROUP_ROWS as i64 {
+        keys.push(PipelineKey::new(Kernel::AttentionDecode).with("ROWS", rows));
     }
     for workgroup in [64, 256] {
         keys.push(PipelineKey::new(Kernel::FmaPeak).with("WORKGROUP", workgroup));

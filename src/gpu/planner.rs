@@ -220,6 +220,7 @@ mod tests {
                 subgroup_min_size: 0,
                 subgroup_max_size: 0,
                 timestamp_query: false,
+                cooperative_matrix: Vec::new(),
             }
         }
     }

@@ -57,6 +57,7 @@ fn describe(engine: &Engine) -> serde_json::Value {
             "subgroup_min_size": caps.subgroup_min_size,
             "subgroup_max_size": caps.subgroup_max_size,
             "timestamp_query": caps.timestamp_query,
+            "cooperative_matrix": caps.cooperative_matrix.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
         },
         "default_path": plan.default_path.name(),
         "fused_kernel": engine.gpu().map(|ctx| fused_kernel(ctx).0),
@@ -211,6 +212,21 @@ fn text(engine: &Engine, engine_args: &super::EngineArgs) -> String {
         }
     );
     out += &format!("  timestamp-query        {}\n", yes(caps.timestamp_query));
+    out += &format!(
+        "  cooperative matrix     {}\n",
+        if caps.cooperative_matrix.is_empty() {
+            "no (no matrix units offered through wgpu here)".to_string()
+        } else {
+            format!(
+                "{} (experimental in wgpu; no kernel uses them yet)",
+                caps.cooperative_matrix
+                    .iter()
+                    .map(|c| c.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+    );
     out += &format!(
         "paths:    {} (default: {}); cpu ({}) and oracle always\n",
         plan.paths

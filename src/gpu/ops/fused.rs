@@ -185,7 +185,7 @@ impl FusedKernel {
 }
 
 /// The uniform block the attention kernels take (fused, subgroup, decode, scores;
-/// same layout in every WGSL file; words 17 and 19 differ in meaning).
+/// same layout in every WGSL file; words 17, 19 and 21 differ in meaning).
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 pub(crate) struct Params {
@@ -210,7 +210,16 @@ pub(crate) struct Params {
     kv_heads: u32,
     extra2: u32,
     inv_temperature: f32,
-    _reserved: [u32; 3],
+    extra3: u32,
+    _reserved: [u32; 2],
+}
+
+impl Params {
+    /// The block with word 21 set (the decode kernel's query heads per workgroup).
+    pub(crate) fn with_extra3(mut self, value: u32) -> Params {
+        self.extra3 = value;
+        self
+    }
 }
 
 pub(crate) fn params(
@@ -242,7 +251,8 @@ pub(crate) fn params(
         kv_heads: dims.kv_heads as u32,
         extra2,
         inv_temperature: rules.inv_temperature,
-        _reserved: [0; 3],
+        extra3: 0,
+        _reserved: [0; 2],
     }
 }
 
