@@ -455,6 +455,9 @@ fn main(
         atomicOr(&row_flags[rr], fl[i]);
     }
     workgroupBarrier();
+    // Every invocation's resume reads of `lse` (the row state) come before
+    // column 0 overwrites it below: a storage barrier orders those too.
+    storageBarrier();
     for (var i = 0u; i < RQ; i++) {
         if (!live[i]) {
             continue;

@@ -163,7 +163,7 @@ pub async fn fma_ceiling(ctx: &GpuContext, repeats: Repeats) -> Result<(f64, Mea
 
 /// The largest copy the bandwidth ceiling makes: 256 MiB, far beyond any
 /// GPU's last-level cache (50 MiB on an H100), so the copy streams from memory.
-const COPY_BYTES: u64 = 256 << 20;
+pub const COPY_BYTES: u64 = 256 << 20;
 
 /// The device's memory-bandwidth ceiling, measured by a vec4 copy.
 #[derive(Debug, Clone, PartialEq)]
@@ -186,42 +186,70 @@ fn copy_bytes(ctx: &GpuContext) -> u64 {
     cap / (16 * 256) * (16 * 256)
 }
 
+/// A vec4 copy of a buffer much larger than the device's caches
+/// (`shaders/copy_peak.wgsl`): the bandwidth ceiling's kernel, and what
+/// evicts K and V from the last-level cache between decode runs.
+struct BigCopy {
+    pipeline: std::sync::Arc<crate::gpu::pipeline::Pipeline>,
+    uniform: wgpu::Buffer,
+    src: wgpu::Buffer,
+    dst: wgpu::Buffer,
+    workgroups: u32,
+    bytes: u64,
+}
+
+impl BigCopy {
+    fn new(ctx: &GpuContext) -> Result<BigCopy> {
+        #[repr(C)]
+        #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+        struct Params {
+            count: u32,
+            stride: u32,
+            _pad: [u32; 2],
+        }
+        const WORKGROUP: u32 = 256;
+        let bytes = copy_bytes(ctx);
+        let count = (bytes / 16) as u32;
+        // About four vec4s per invocation: enough invocations to fill any GPU,
+        // few enough loop trips for llvmpipe's loop budget.
+        let workgroups = count.div_ceil(WORKGROUP * 4).max(1);
+        let params = Params {
+            count,
+            stride: workgroups * WORKGROUP,
+            _pad: [0; 2],
+        };
+        let key = PipelineKey::new(Kernel::CopyPeak).with("WORKGROUP", i64::from(WORKGROUP));
+        let floats = (bytes / 4) as usize;
+        Ok(BigCopy {
+            pipeline: ctx.pipelines.get(&key),
+            uniform: buffer::uniform(ctx, "copy params", &params),
+            src: buffer::storage(ctx, "copy source", floats)?,
+            dst: buffer::storage(ctx, "copy destination", floats)?,
+            workgroups,
+            bytes,
+        })
+    }
+
+    /// Records and submits one copy.
+    fn submit(&self, ctx: &GpuContext) -> Result<()> {
+        let mut rec = Recorder::new(ctx, "big copy");
+        rec.dispatch(
+            &self.pipeline,
+            &[&self.uniform, &self.src, &self.dst],
+            u64::from(self.workgroups),
+        )?;
+        rec.submit();
+        Ok(())
+    }
+}
+
 /// The device's memory bandwidth in GB/s: a copy of a buffer much larger than
 /// its caches (`shaders/copy_peak.wgsl`), counting the bytes read and written.
 /// The memory-bound kernels (decode) report their share of it.
 pub async fn bandwidth_ceiling(ctx: &GpuContext, repeats: Repeats) -> Result<Bandwidth> {
-    #[repr(C)]
-    #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-    struct Params {
-        count: u32,
-        stride: u32,
-        _pad: [u32; 2],
-    }
-    const WORKGROUP: u32 = 256;
-    let bytes = copy_bytes(ctx);
-    let count = (bytes / 16) as u32;
-    // About four vec4s per invocation: enough invocations to fill any GPU,
-    // few enough loop trips for llvmpipe's loop budget.
-    let workgroups = count.div_ceil(WORKGROUP * 4).max(1);
-    let params = Params {
-        count,
-        stride: workgroups * WORKGROUP,
-        _pad: [0; 2],
-    };
-    let key = PipelineKey::new(Kernel::CopyPeak).with("WORKGROUP", i64::from(WORKGROUP));
-    let pipeline = ctx.pipelines.get(&key);
-    let uniform = buffer::uniform(ctx, "copy params", &params);
-    let floats = (bytes / 4) as usize;
-    let src = buffer::storage(ctx, "copy source", floats)?;
-    let dst = buffer::storage(ctx, "copy destination", floats)?;
-    let m = measure_gpu(ctx, repeats, async || {
-        let mut rec = Recorder::new(ctx, "bandwidth ceiling");
-        rec.dispatch(&pipeline, &[&uniform, &src, &dst], u64::from(workgroups))?;
-        rec.submit();
-        Ok(())
-    })
-    .await?;
-    let bytes_moved = 2 * bytes;
+    let copy = BigCopy::new(ctx)?;
+    let m = measure_gpu(ctx, repeats, async || copy.submit(ctx)).await?;
+    let bytes_moved = 2 * copy.bytes;
     Ok(Bandwidth {
         gbs: bytes_moved as f64 / (m.median_ms() * 1e6),
         bytes_moved,
@@ -241,7 +269,7 @@ pub async fn gemm(
     gemm_with(ctx, ctx.gemm_kernel(), m, n, k, repeats).await
 }
 
-/// [`gemm`] with a given kernel, to compare kernels in one run.
+/// [`gemm()`] with a given kernel, to compare kernels in one run.
 pub async fn gemm_with(
     ctx: &GpuContext,
     kernel: gemm::GemmKernel,
@@ -328,6 +356,30 @@ pub async fn attention(
     path: crate::KernelPath,
     repeats: Repeats,
 ) -> Result<AttentionMeasurement> {
+    attention_with(engine, shape, path, repeats, false).await
+}
+
+/// Whether [`attention_with`] can time a run with cold caches on this
+/// engine: a GPU that is not CPU-backed and has timestamp queries (so the
+/// copy that evicts the cache is not in the timed passes).
+pub fn can_flush_caches(engine: &crate::Engine) -> bool {
+    engine.gpu().is_some_and(|ctx| {
+        let caps = ctx.capabilities();
+        caps.timestamp_query && caps.adapter.device_type != "Cpu"
+    })
+}
+
+/// [`attention`], and with `cold_cache` (where [`can_flush_caches`]) a copy
+/// of 256 MiB submitted before each run so K and V come from memory, not from
+/// the last-level cache that held them after the previous run: what decode's
+/// bandwidth share needs when K and V fit in that cache.
+pub async fn attention_with(
+    engine: &crate::Engine,
+    shape: AttentionShape,
+    path: crate::KernelPath,
+    repeats: Repeats,
+    cold_cache: bool,
+) -> Result<AttentionMeasurement> {
     use crate::conformance::CaseSpec;
     use crate::{AttentionInputs, AttentionOptions, KernelPath};
     let case = CaseSpec::new(
@@ -363,7 +415,16 @@ pub async fn attention(
             let k = engine.upload(&inputs.k)?;
             let v = engine.upload(&inputs.v)?;
             let device_inputs = AttentionInputs::new(&q, &k, &v);
+            let flush = if cold_cache && can_flush_caches(engine) {
+                Some(BigCopy::new(ctx)?)
+            } else {
+                None
+            };
             measure_gpu(ctx, repeats, async || {
+                if let Some(copy) = &flush {
+                    // Its own submission: the timestamps cover the call only.
+                    copy.submit(ctx)?;
+                }
                 engine.attention(&device_inputs, &options).await.map(|_| ())
             })
             .await?

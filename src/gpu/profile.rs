@@ -1,6 +1,6 @@
 //! GPU time of a submission, from timestamp queries.
 //!
-//! With profiling on, every compute pass the [`super::recorder::Recorder`]
+//! With profiling on, every compute pass the recorder (`gpu/recorder.rs`)
 //! opens writes a timestamp at its beginning and end; the submission's GPU time
 //! is the sum over its passes. This needs only `TIMESTAMP_QUERY` (pass-level
 //! timestamps, which browsers offer too). Copies between passes are not timed.

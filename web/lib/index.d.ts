@@ -167,6 +167,8 @@ export interface AdapterInfo {
   };
   features?: { shaderF16: boolean; subgroups: boolean; subgroupMinSize: number; subgroupMaxSize: number; timestampQuery: boolean };
   kernels?: { label: string; role: string }[];
+  /** The fused kernel calls run at head dims 64 (`attention_tiled` on GPUs, `attention_sg` on CPU adapters with fixed subgroups, `attention_fused` where neither fits). */
+  fusedKernel?: string;
 }
 
 /** What a family member returns. */

@@ -274,6 +274,9 @@ impl EngineCore {
                 .collect();
             set(&out, "kernels", kernels);
         }
+        if let Some(Ok(kernel)) = self.engine.gpu().map(|ctx| ctx.fused_kernel(64, 64)) {
+            set(&out, "fusedKernel", kernel.name());
+        }
         out.into()
     }
 

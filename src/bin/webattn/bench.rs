@@ -288,11 +288,14 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                     head_dim: 128,
                     causal: false,
                 };
-                let m = pollster::block_on(bench::attention(
+                // K and V come from memory, not from the cache the previous
+                // run left them in (GPUs with timestamps; see BENCHMARKS.md).
+                let m = pollster::block_on(bench::attention_with(
                     &engine,
                     shape,
                     path,
                     repeats(path, args.quick),
+                    true,
                 ))
                 .with_context(|| format!("decode on the {path} path"))?;
                 decode.push((shape, path, m));
@@ -495,6 +498,9 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     }
     if !decode.is_empty() {
         println!("** share: K + V bytes read per second, over the bandwidth ceiling (GPU rows)");
+        if bench::can_flush_caches(&engine) {
+            println!("   each GPU run follows a {} MiB copy, so K and V are read from memory, not from the cache", bench::COPY_BYTES >> 20);
+        }
     }
 
     if !token_steps.is_empty() || !token_skipped.is_empty() {
@@ -546,6 +552,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             "ms": m.measurement.median_ms(), "gflops": m.gflops, "peak_bytes": m.peak_bytes,
             "kv_bytes": s.kv_bytes(), "kv_gbs": kv_gbs(s, m),
             "share_of_bandwidth": finite(bandwidth_share(*p, kv_gbs(s, m))),
+            "cold_cache": bench::can_flush_caches(&engine) && *p != KernelPath::Cpu,
         })).collect::<Vec<_>>(),
         "token_step": token_steps.iter().map(|(cached, m)| json!({
             "d_model": layer.d_model(), "heads": layer.heads, "kv_heads": layer.kv_heads,

@@ -18,7 +18,7 @@ pub(crate) trait Job {
     fn run<const MR: usize, const NR: usize, const FMA: bool>(self) -> Self::Output;
 }
 
-/// The instruction set [`dispatch`] picks on this machine.
+/// The instruction set `dispatch` picks on this machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
     /// x86-64 with AVX2 and FMA: 6 × 16 register tiles, fused multiply-adds.

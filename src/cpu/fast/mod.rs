@@ -2,17 +2,17 @@
 //! for machines (and browsers) without a GPU. The f64 oracle in [`crate::cpu`]
 //! stays the reference it is checked against.
 //!
-//! - [`pack`]: K as panels of `NR` keys and V as padded rows, once per
+//! - `pack`: K as panels of `NR` keys and V as padded rows, once per
 //!   (batch, KV head), shared by the query heads of a GQA group;
-//! - [`block`]: one block of query rows against its key tiles, with the online
+//! - `block`: one block of query rows against its key tiles, with the online
 //!   softmax, tile skipping, every option of the contract and the oracle's
 //!   non-finite rule;
-//! - [`kernel`]: the `MR × NR` register-tiled micro-kernel both products run on;
-//! - [`math`]: `exp`, `tanh` and reductions the compiler vectorises;
-//! - [`isa`]: the instruction set the kernels are compiled for, picked at run
+//! - `kernel`: the `MR × NR` register-tiled micro-kernel both products run on;
+//! - `math`: `exp`, `tanh` and reductions the compiler vectorises;
+//! - `isa`: the instruction set the kernels are compiled for, picked at run
 //!   time (AVX2 + FMA where the CPU has them);
-//! - [`threads`]: work items (batch × query head × query block) over scoped threads;
-//! - [`gemm`]: general products on the same micro-kernel, for the attention
+//! - `threads`: work items (batch × query head × query block) over scoped threads;
+//! - `gemm`: general products on the same micro-kernel, for the attention
 //!   family's projections on a CPU engine.
 
 mod block;

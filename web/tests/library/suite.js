@@ -114,7 +114,8 @@ function cases({ worker }) {
     expect(typeof a.describe === "string" && a.describe.length > 0, "no description");
     expect(a.gpu === (engine.backend === "gpu"), "adapter.gpu and backend disagree");
     if (a.gpu) expect(a.limits.maxStorageBufferBindingSize > 0 && a.features && a.kernels.length > 0, "no limits/features/kernels");
-    return `${engine.backend}: ${a.describe}`;
+    if (a.gpu) expect(["attention_tiled", "attention_sg", "attention_fused"].includes(a.fusedKernel), `fused kernel ${a.fusedKernel}`);
+    return `${engine.backend}: ${a.describe}${a.gpu ? ` (fused: ${a.fusedKernel})` : ""}`;
   });
 
   add("the README's example", async () => {
