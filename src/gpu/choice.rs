@@ -26,9 +26,10 @@ pub enum GemmKernel {
 /// fused kernel can be run and checked on any adapter that can run it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FusedKernelChoice {
-    /// The capability profile decides (subgroup shuffles on CPU adapters with
-    /// fixed subgroups, the register-tiled kernel elsewhere, the portable one
-    /// where no tile of the tiled kernel fits).
+    /// The capability profile decides (the tuning table where it measured
+    /// this adapter; else the register-tiled kernel on GPUs, the portable one
+    /// where none of its tiles fits; on CPU adapters subgroup shuffles where
+    /// subgroups are fixed, else the portable kernel).
     #[default]
     Auto,
     /// `attention_fused`: the portable kernel, on any adapter.

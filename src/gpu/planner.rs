@@ -23,15 +23,19 @@ pub fn gemm_kernel_for(caps: &Capabilities) -> GemmKernel {
 }
 
 /// The fused kernel an adapter runs at head dims `dk`, `dv` from its limits
-/// alone (no tuning): `attention_sg` on CPU adapters with fixed subgroups (head
-/// dims multiples of 4), else the register-tiled kernel's largest tile that
-/// fits, else the portable kernel. Head dims beyond the fused kernels, or a
-/// workgroup memory too small for one key, are a typed error.
+/// alone (no tuning): on a GPU the register-tiled kernel's largest tile that
+/// fits (else the portable kernel); on a CPU adapter `attention_sg` where it
+/// has fixed subgroups (head dims multiples of 4), else the portable kernel,
+/// which a CPU runs faster (SwiftShader in Chromium: 52 ms against 310 ms for
+/// the tiled kernel on the library's repeated call; BENCHMARKS.md). Head dims
+/// beyond the fused kernels, or a workgroup memory too small for one key, are
+/// a typed error.
 pub fn fused_kernel_for(caps: &Capabilities, dk: usize, dv: usize) -> Result<FusedKernel> {
     let tiles = FusedTiles::for_dims(dk, dv, &caps.limits)?;
     Ok(match caps.fixed_cpu_subgroup() {
         Some(width) if dk % 4 == 0 && dv % 4 == 0 => FusedKernel::Subgroup { width },
         Some(_) => FusedKernel::Portable(tiles),
+        None if caps.adapter.device_type == "Cpu" => FusedKernel::Portable(tiles),
         None => tiled_or_portable(tiles, dk, dv, &caps.limits),
     })
 }
@@ -268,5 +272,13 @@ mod tests {
         );
         assert!(fused_kernel_for(&small, 257, 64).is_err());
         assert_eq!(gemm_kernel_for(&small), GemmKernel::Tiled);
+        // A CPU adapter without fixed subgroups (SwiftShader in a browser,
+        // llvmpipe through GL) runs the portable kernel.
+        let mut cpu = Capabilities::for_tests(KernelLimits::WEBGPU_DEFAULTS);
+        cpu.adapter.device_type = "Cpu".into();
+        assert_eq!(
+            fused_kernel_for(&cpu, 64, 64).unwrap().name(),
+            "attention_fused"
+        );
     }
 }
