@@ -297,31 +297,28 @@ impl Engine {
         };
         match options.path {
             KernelPath::Auto => {
+                // Measured on this adapter (`webattn tune`): the unfused path
+                // was faster at these head dims, and it fits memory whatever
+                // the sizes (it works in score blocks). Decoding runs its own
+                // kernel, which the tuner does not time. Read once: a
+                // concurrent tune may change the table.
+                let unfused_faster = (ctx.fused_kernel_choice() == crate::FusedKernelChoice::Auto
+                    && !crate::gpu::ops::decode::DecodePlan::applies(dims))
+                .then(|| ctx.tuned(dims.head_dim, dims.v_head_dim))
+                .flatten()
+                .filter(|t| t.unfused_ms < t.fused_ms);
                 match FusedTiles::for_dims(dims.head_dim, dims.v_head_dim, &ctx.caps.limits) {
-                    // Measured on this adapter (`webattn tune`): the unfused
-                    // path was faster at these head dims, and it fits memory
-                    // whatever the sizes (it works in score blocks). Decoding
-                    // runs its own kernel, which the tuner does not time.
-                    Ok(_)
-                        if ctx.fused_kernel_choice() == crate::FusedKernelChoice::Auto
-                            && !crate::gpu::ops::decode::DecodePlan::applies(dims)
-                            && ctx
-                                .tuned(dims.head_dim, dims.v_head_dim)
-                                .is_some_and(|t| t.unfused_ms < t.fused_ms) =>
-                    {
-                        let t = ctx
-                            .tuned(dims.head_dim, dims.v_head_dim)
-                            .expect("just read");
-                        PathChoice::new(
+                    Ok(_) => match unfused_faster {
+                        Some(t) => PathChoice::new(
                             KernelPath::Unfused,
                             Some(format!(
                                 "unfused measured faster on this adapter at head dims {}/{} \
                                  ({:.3} ms against {:.3} ms fused, webattn tune)",
                                 dims.head_dim, dims.v_head_dim, t.unfused_ms, t.fused_ms
                             )),
-                        )
-                    }
-                    Ok(_) => PathChoice::new(KernelPath::Fused, None),
+                        ),
+                        None => PathChoice::new(KernelPath::Fused, None),
+                    },
                     Err(e) => PathChoice::new(
                         KernelPath::Unfused,
                         Some(format!("fused path unavailable: {e}")),

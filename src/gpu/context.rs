@@ -292,11 +292,16 @@ impl GpuContext {
 
     /// The measured entry for head dims `dk`, `dv` on this adapter, if any.
     pub fn tuned(&self, dk: usize, dv: usize) -> Option<crate::tuning::TunedEntry> {
-        let key = crate::tuning::TuningKey::new(&self.caps, dk, dv);
-        self.tuning
+        let table = self
+            .tuning
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&key)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Every call asks: an untuned engine builds no key.
+        if table.is_empty() {
+            return None;
+        }
+        table
+            .get(&crate::tuning::TuningKey::new(&self.caps, dk, dv))
             .copied()
     }
 
