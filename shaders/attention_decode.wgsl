@@ -55,7 +55,8 @@ struct Params {
     inv_temperature: f32,
     // Query heads per workgroup (divides group; heads_per_wg * q_len <= 16).
     heads_per_wg: u32,
-    _reserved1: u32,
+    // Added to every query's position (a piece of a call split across bindings).
+    position_shift: i32,
     _reserved2: u32,
 }
 
@@ -197,6 +198,7 @@ fn main(
     } else if ((p.flags & FLAG_NONPAD) != 0u) {
         offset = lengths - i32(p.q_len);
     }
+    offset = offset + p.position_shift;
     // The keys any row may see, within this split (rows' ranges grow with
     // the query position, the same for every head).
     let split_lo = i32(split * p.split_keys);

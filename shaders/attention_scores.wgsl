@@ -37,7 +37,8 @@ struct Params {
     // 1 / temperature, applied to the biased scores before the softmax.
     inv_temperature: f32,
     _reserved0: u32,
-    _reserved1: u32,
+    // Added to every query's position (a piece of a call split across bindings).
+    position_shift: i32,
     _reserved2: u32,
 }
 
@@ -131,6 +132,7 @@ fn main(
     } else if ((p.flags & FLAG_NONPAD) != 0u) {
         offset = lengths - i32(p.q_len);
     }
+    offset = offset + p.position_shift;
     let pos = offset + i32(i);
     let jj = i32(j);
     var allowed = jj < lengths;

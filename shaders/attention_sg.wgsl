@@ -63,7 +63,8 @@ struct Params {
     // 1 / temperature, applied to the biased scores before the softmax.
     inv_temperature: f32,
     _reserved0: u32,
-    _reserved1: u32,
+    // Added to every query's position (a piece of a call split across bindings).
+    position_shift: i32,
     _reserved2: u32,
     chunk_start: u32,
     chunk_end: u32,
@@ -249,6 +250,7 @@ fn main(
     } else if ((p.flags & FLAG_NONPAD) != 0u) {
         offset = lengths - i32(p.q_len);
     }
+    offset = offset + p.position_shift;
     // The block's key range: rows' ranges grow with the row index.
     let block_last = min(block_row0 + ROWS * SG - 1u, p.q_len - 1u);
     let wg_lo = max(key_range(block_row0, offset, lengths).x, i32(p.chunk_start));

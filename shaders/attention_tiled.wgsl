@@ -78,7 +78,8 @@ struct Params {
     _pad: u32,
     inv_temperature: f32,
     _reserved0: u32,
-    _reserved1: u32,
+    // Added to every query's position (a piece of a call split across bindings).
+    position_shift: i32,
     _reserved2: u32,
     chunk_start: u32,
     chunk_end: u32,
@@ -259,6 +260,7 @@ fn main(
     } else if ((p.flags & FLAG_NONPAD) != 0u) {
         offset = lengths - i32(p.q_len);
     }
+    offset = offset + p.position_shift;
     // The workgroup's key range: rows' ranges grow with the row index.
     let last_row = min(row0 + BQ - 1u, p.q_len - 1u);
     let first = key_range(row0, offset, lengths);

@@ -33,7 +33,8 @@ struct Params {
     batch: u32,
     // 1 / temperature, applied to the biased score the softmax reads.
     inv_temperature: f32,
-    _pad0: u32,
+    // Added to every query's position (a piece of a call split across bindings).
+    position_shift: i32,
     _pad1: u32,
 }
 
@@ -100,6 +101,7 @@ fn main(
     } else if ((p.flags & FLAG_NONPAD) != 0u) {
         offset = nonpad[b] - i32(p.q_len);
     }
+    offset = offset + p.position_shift;
     let pos = offset + i32(i);
     var lo = 0;
     var hi = i32(p.cols) - 1;

@@ -509,3 +509,46 @@ pub async fn token_step(
         clock: Clock::Wall,
     })
 }
+
+/// Milliseconds to append one token's keys and values to a [`crate::KvCache`]
+/// of `layer` (batch 1) that holds `cached` tokens, by the wall clock until
+/// the device has finished the copies. The cache has room for every run, so
+/// nothing grows: this is the in-place append, O(new tokens).
+pub async fn kv_append(
+    engine: &crate::Engine,
+    layer: DecoderLayerShape,
+    cached: usize,
+    repeats: Repeats,
+) -> Result<Measurement> {
+    use crate::{HostTensor, KvCache};
+    let runs = repeats.warmup + repeats.timed;
+    let (heads, d) = (layer.kv_heads, layer.head_dim);
+    let mut cache = KvCache::with_capacity(cached + runs);
+    if cached > 0 {
+        let prompt = engine.upload(&HostTensor::zeros([1, heads, cached, d])?)?;
+        cache.append(engine, &prompt, &prompt).await?;
+    }
+    let mut rng = SplitMix64::new(0xcac4e ^ cached as u64);
+    let token = engine.upload(&HostTensor::new(
+        [1, heads, 1, d],
+        rng.normal_vec(heads * d, 1.0),
+    )?)?;
+    let mut samples = Vec::with_capacity(repeats.timed);
+    for run in 0..runs {
+        let start = Instant::now();
+        cache.append(engine, &token, &token).await?;
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(ctx) = engine.gpu() {
+            ctx.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| crate::Error::Readback(e.to_string()))?;
+        }
+        if run >= repeats.warmup {
+            samples.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    Ok(Measurement {
+        samples_ms: samples,
+        clock: Clock::Wall,
+    })
+}

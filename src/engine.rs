@@ -14,7 +14,7 @@ use crate::gpu::capabilities::Capabilities;
 use crate::gpu::context::{GpuContext, PowerPreference};
 use crate::gpu::ops::fused::FusedTiles;
 use crate::gpu::ops::softmax::MASKED;
-use crate::gpu::{fused, unfused};
+use crate::gpu::split::{self, Route};
 use crate::limits::DeviceLimits;
 use crate::options::{AttentionOptions, KernelPath};
 use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs};
@@ -116,6 +116,9 @@ pub struct CallStats {
     pub reason: Option<String>,
     /// Device memory the call allocated: outputs and scratch (not the inputs).
     pub allocated_bytes: u64,
+    /// Pieces the call ran in: 1 when every tensor fits one storage binding,
+    /// more when the call was cut into pieces that do (`gpu/split.rs`).
+    pub pieces: usize,
 }
 
 /// The attention engine. Create one per device and keep it: pipelines are
@@ -406,7 +409,7 @@ impl Engine {
 
     /// Checks that a tensor belongs to this engine and, if it is on the GPU,
     /// to the device the engine runs on now.
-    fn own<'t>(&self, name: &'static str, t: &'t Tensor) -> Result<&'t Tensor> {
+    pub(crate) fn own<'t>(&self, name: &'static str, t: &'t Tensor) -> Result<&'t Tensor> {
         self.check_owner(name, t.engine_id, t.generation, t.is_on_gpu())?;
         Ok(t)
     }
@@ -476,7 +479,7 @@ impl Engine {
         let (ctx, generation) = gpu.latest();
         let buffer = ctx
             .scoped(&format!("uploading {name}"), || {
-                buffer::upload(ctx, name, data)
+                buffer::upload_tensor(ctx, name, data)
             })
             .await?;
         Ok(Some((buffer, generation)))
@@ -494,7 +497,7 @@ impl Engine {
         };
         let (ctx, generation) = gpu.latest();
         ctx.check_alive()?;
-        Ok(Some((buffer::upload(ctx, name, data)?, generation)))
+        Ok(Some((buffer::upload_tensor(ctx, name, data)?, generation)))
     }
 
     /// Uploads an attention mask (stored as an additive bias on the GPU);
@@ -667,15 +670,19 @@ impl Engine {
                     past_value: past_value.as_deref(),
                     nonpad: inputs.nonpad_kv_seqlen,
                 };
-                let out = if choice.path == KernelPath::Fused {
-                    fused::run(ctx, &dims, &gpu_inputs, options).await?
+                let route = if choice.path == KernelPath::Fused {
+                    Route::Fused
                 } else {
-                    unfused::run(ctx, &dims, &gpu_inputs, options, self.score_budget).await?
+                    Route::Unfused {
+                        score_budget: self.score_budget,
+                    }
                 };
+                let out = split::run(ctx, &dims, &gpu_inputs, options, route).await?;
                 self.record_call(CallStats {
                     path: choice.path,
                     reason: choice.reason,
                     allocated_bytes: out.allocated_bytes,
+                    pieces: out.pieces,
                 });
                 let wrap = |shape: Vec<usize>, b: wgpu::Buffer| Tensor {
                     shape,
@@ -721,6 +728,7 @@ impl Engine {
                     path: choice.path,
                     reason: choice.reason,
                     allocated_bytes: 0,
+                    pieces: 1,
                 });
                 self.adopt_outputs(out).await
             }
@@ -789,6 +797,7 @@ impl Engine {
                 path: choice.path,
                 reason: choice.reason,
                 allocated_bytes: 0,
+                pieces: 1,
             });
             return Ok(out);
         }

@@ -247,7 +247,7 @@ impl Error {
             needed,
             limit,
             limit_name,
-            hint: "split the batch or heads across calls, or use an adapter with larger limits",
+            hint: "use smaller tensors, or an adapter with larger limits",
         }
     }
 }

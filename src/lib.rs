@@ -38,6 +38,7 @@ mod engine;
 mod error;
 pub mod family;
 pub mod gpu;
+pub mod kv_cache;
 pub mod layout;
 pub mod limits;
 #[cfg(feature = "npy")]
@@ -54,6 +55,7 @@ pub use error::{Error, Result};
 pub use gpu::capabilities::{AdapterSummary, Capabilities, KernelLimits};
 pub use gpu::context::{GpuContext, PowerPreference};
 pub use gpu::ops::fused::FusedKernelChoice;
+pub use kv_cache::KvCache;
 pub use limits::{DeviceLimits, LimitOverride, LimitsPreset};
 pub use options::{alibi_slopes, AttentionOptions, KernelPath, QkMatmulOutputMode};
 pub use problem::{

@@ -154,6 +154,21 @@ pub struct AttentionDims {
     pub has_past: bool,
     /// Whether per-batch lengths were given.
     pub has_nonpad: bool,
+    /// Where this problem sits in the call it came from: the whole call, or a
+    /// piece of one split across storage bindings.
+    pub(crate) placement: Placement,
+}
+
+/// A piece's place in the call it was cut from (`gpu/split.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Placement {
+    /// Added to every query's position (causal, windows, ALiBi): the piece's
+    /// first query row, less its first key, plus what its own offset misses.
+    pub position_shift: i64,
+    /// The piece's first query head among the call's (ALiBi slopes).
+    pub first_q_head: usize,
+    /// The call's query heads (0: the piece's own).
+    pub all_q_heads: usize,
 }
 
 impl AttentionDims {
@@ -376,6 +391,7 @@ pub fn validate<T: TensorRef>(
         mask,
         has_past,
         has_nonpad: inputs.nonpad_kv_seqlen.is_some(),
+        placement: Placement::default(),
     })
 }
 

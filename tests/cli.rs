@@ -716,6 +716,35 @@ fn every_fused_kernel_can_be_forced_by_name() {
 }
 
 #[test]
+fn check_passes_when_tensors_exceed_a_binding() {
+    if common::gpu().is_none() {
+        return;
+    }
+    // At 64 KiB per storage binding a dozen quick cases exceed one binding and
+    // run in pieces (by batch and head, query rows and keys); the sweep passes
+    // through the adapter's kernel and through the register-tiled one.
+    for kernel in ["auto", "attention_tiled"] {
+        let out = run(&[
+            "--backend",
+            "gpu",
+            "--kernel",
+            kernel,
+            "--limit",
+            "max_storage_buffer_binding_size=64KiB",
+            "check",
+            "--quick",
+        ]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let last = stdout.trim_end().lines().last().unwrap_or_default();
+        assert!(out.status.success(), "{kernel}: {stdout}");
+        assert!(
+            last.ends_with(" passed, 0 failed") && !last.starts_with("0 "),
+            "{kernel}: {last}"
+        );
+    }
+}
+
+#[test]
 fn check_quick_ends_with_the_summary_line() {
     let dir = scratch("check");
     let json = dir.join("check.json");
@@ -890,7 +919,15 @@ fn bench_writes_the_documented_json_and_a_plot() {
     let steps = report["token_step"].as_array().unwrap();
     assert_eq!(steps.len(), 2, "token_step rows");
     for t in steps {
-        for key in ["d_model", "heads", "kv_heads", "head_dim", "cached", "ms"] {
+        for key in [
+            "d_model",
+            "heads",
+            "kv_heads",
+            "head_dim",
+            "cached",
+            "ms",
+            "append_ms",
+        ] {
             assert!(t[key].is_number(), "token_step.{key}");
         }
     }

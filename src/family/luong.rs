@@ -443,6 +443,7 @@ fn record_padding_mask(
         mask: None,
         has_past: false,
         has_nonpad: true,
+        placement: Default::default(),
     };
     let no_mask = buffer::storage(ctx, "no mask", 1)?;
     let no_capture = buffer::storage(ctx, "no qk output", 1)?;

@@ -144,35 +144,23 @@ pub struct MultiHeadAttention {
     device: Mutex<Option<(crate::engine::DeviceKey, Arc<DeviceWeights>)>>,
 }
 
-/// The keys and values a causal decoder has seen, kept on the engine's device
-/// (`[B, kv_heads, T, Dk]` and `[B, kv_heads, T, Dv]`; keys already rotated
-/// when the layer uses RoPE).
-#[derive(Debug, Clone, Default)]
-pub struct KvCache {
-    key: Option<Tensor>,
-    value: Option<Tensor>,
-}
+/// The keys and values a causal decoder has seen: the engine's preallocated
+/// [`crate::KvCache`] (keys already rotated when the layer uses RoPE), appended
+/// in place at each step and read in place through `nonpad_kv_seqlen`.
+pub use crate::kv_cache::KvCache;
 
-impl KvCache {
-    /// An empty cache.
-    pub fn new() -> KvCache {
-        KvCache::default()
-    }
-
-    /// Tokens cached so far.
-    pub fn len(&self) -> usize {
-        self.key.as_ref().map_or(0, |k| k.shape()[2])
-    }
-
-    /// Whether nothing is cached yet.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The cached keys and values, once a step has run.
-    pub fn tensors(&self) -> Option<(&Tensor, &Tensor)> {
-        Some((self.key.as_ref()?, self.value.as_ref()?))
-    }
+/// The first `cols` columns of a `[.., cols']` tensor.
+fn first_columns(t: &HostTensor, cols: usize) -> Result<HostTensor> {
+    let width = t.shape()[t.shape().len() - 1];
+    let data = t
+        .data()
+        .chunks(width)
+        .flat_map(|row| &row[..cols])
+        .copied()
+        .collect();
+    let mut shape = t.shape().to_vec();
+    *shape.last_mut().expect("a rank-4 tensor") = cols;
+    HostTensor::new(shape, data)
 }
 
 fn bias_len(name: &'static str, bias: &Option<HostTensor>, len: usize) -> Result<()> {
@@ -396,16 +384,33 @@ impl MultiHeadAttention {
         };
         let attention_options = AttentionOptions {
             qk_matmul_output_mode: want_weights.then_some(QkMatmulOutputMode::Probabilities),
-            return_present: cache.is_some(),
+            return_present: false,
             return_lse: false,
             ..options.clone()
         };
-        let mut inputs = AttentionInputs::new(&q, &k, &v);
-        let past = cache.as_ref().and_then(|c| c.tensors());
-        if let Some((pk, pv)) = past {
-            inputs = inputs.with_past(pk, pv);
-        }
-        let out = engine.attention(&inputs, &attention_options).await?;
+        // With a cache the new keys and values are appended in place and the
+        // queries attend to the cache's first `len` keys (its lengths as
+        // nonpad_kv_seqlen: causal positions continue from the cached tokens).
+        let (out, keys_seen) = match cache {
+            Some(cache) => {
+                let before = cache.lengths().to_vec();
+                cache.append(engine, &k, &v).await?;
+                let lengths = cache.nonpad_lengths();
+                let inputs = cache.attention_inputs(&q, &lengths)?;
+                match engine.attention(&inputs, &attention_options).await {
+                    Ok(out) => (out, Some(cache.len())),
+                    Err(e) => {
+                        // A failed step leaves the cache as it was.
+                        cache.forget_since(&before);
+                        return Err(e);
+                    }
+                }
+            }
+            None => {
+                let inputs = AttentionInputs::new(&q, &k, &v);
+                (engine.attention(&inputs, &attention_options).await?, None)
+            }
+        };
         let output = match (engine.gpu(), out.y.gpu_buffer()) {
             (Some(ctx), Some(y)) => {
                 let weights = self.device_weights(engine, ctx)?;
@@ -421,13 +426,16 @@ impl MultiHeadAttention {
             }
         };
         let weights = match &out.qk_matmul_output {
-            Some(t) => Some(engine.download(t).await?),
+            Some(t) => {
+                let all = engine.download(t).await?;
+                // A cache's weights cover its capacity: keep the cached keys' columns.
+                Some(match keys_seen {
+                    Some(len) if len < all.shape()[3] => first_columns(&all, len)?,
+                    _ => all,
+                })
+            }
             None => None,
         };
-        if let Some(cache) = cache {
-            cache.key = out.present_key;
-            cache.value = out.present_value;
-        }
         Ok(Attended { output, weights })
     }
 

@@ -12,15 +12,8 @@ const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
 
 /// Checks that `bytes` fits in one buffer that can be bound whole as storage.
 pub(crate) fn check_bindable(ctx: &GpuContext, what: &str, bytes: u64) -> Result<()> {
+    check_buffer(ctx, what, bytes)?;
     let limits = &ctx.caps.limits;
-    if bytes > limits.max_buffer_size {
-        return Err(Error::buffer_limit(
-            what,
-            bytes,
-            limits.max_buffer_size,
-            "max_buffer_size",
-        ));
-    }
     if bytes > limits.max_storage_buffer_binding_size {
         return Err(Error::buffer_limit(
             what,
@@ -28,6 +21,16 @@ pub(crate) fn check_bindable(ctx: &GpuContext, what: &str, bytes: u64) -> Result
             limits.max_storage_buffer_binding_size,
             "max_storage_buffer_binding_size",
         ));
+    }
+    Ok(())
+}
+
+/// Checks that `bytes` fits in one buffer (which may be larger than a
+/// binding: a call's tensors, which `gpu/split.rs` binds piece by piece).
+pub(crate) fn check_buffer(ctx: &GpuContext, what: &str, bytes: u64) -> Result<()> {
+    let limit = ctx.caps.limits.max_buffer_size;
+    if bytes > limit {
+        return Err(Error::buffer_limit(what, bytes, limit, "max_buffer_size"));
     }
     Ok(())
 }
@@ -50,15 +53,40 @@ pub(crate) fn storage(ctx: &GpuContext, label: &str, len: usize) -> Result<wgpu:
     }))
 }
 
-/// A storage buffer holding `data`.
+/// A zero-filled storage buffer of `len` f32 values that holds a call's
+/// tensor: it may exceed one binding (checked against `max_buffer_size` only).
+pub(crate) fn tensor_storage(ctx: &GpuContext, label: &str, len: usize) -> Result<wgpu::Buffer> {
+    let size = f32_bytes(len);
+    check_buffer(ctx, label, size)?;
+    Ok(ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size,
+        usage: STORAGE,
+        mapped_at_creation: false,
+    }))
+}
+
+/// A storage buffer holding `data`, which a kernel binds whole.
 pub(crate) fn upload<T: bytemuck::Pod>(
     ctx: &GpuContext,
     label: &str,
     data: &[T],
 ) -> Result<wgpu::Buffer> {
     let bytes: &[u8] = bytemuck::cast_slice(data);
+    check_bindable(ctx, label, (bytes.len().max(1).div_ceil(16) * 16) as u64)?;
+    upload_tensor(ctx, label, data)
+}
+
+/// A storage buffer holding a call's tensor `data`: it may exceed one binding
+/// (checked against `max_buffer_size` only; `gpu/split.rs` binds it in pieces).
+pub(crate) fn upload_tensor<T: bytemuck::Pod>(
+    ctx: &GpuContext,
+    label: &str,
+    data: &[T],
+) -> Result<wgpu::Buffer> {
+    let bytes: &[u8] = bytemuck::cast_slice(data);
     let size = (bytes.len().max(1).div_ceil(16) * 16) as u64;
-    check_bindable(ctx, label, size)?;
+    check_buffer(ctx, label, size)?;
     let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         size,

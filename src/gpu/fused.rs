@@ -75,7 +75,16 @@ pub(crate) async fn run(
         };
         match &decode {
             Some(plan) => decode::record(&mut rec, dims, options, plan, &buffers, &y, &lse)?,
-            None => fused::record_forward(&mut rec, dims, options, &kernel, &buffers, &y, &lse)?,
+            None => fused::record_forward(
+                &mut rec,
+                dims,
+                options,
+                &kernel,
+                &buffers,
+                &y,
+                &lse,
+                fused::KeyPart::WHOLE,
+            )?,
         }
         let qk = match options.qk_matmul_output_mode {
             Some(mode) => {
@@ -98,6 +107,7 @@ pub(crate) async fn run(
             present_key,
             present_value,
             allocated_bytes,
+            pieces: 1,
         })
     })
     .await

@@ -29,6 +29,8 @@ pub(crate) struct GpuOutputs {
     pub present_value: Option<wgpu::Buffer>,
     /// Bytes of device memory the call allocated (outputs and scratch).
     pub allocated_bytes: u64,
+    /// Pieces the call ran in (1: whole; more when its tensors exceed a binding).
+    pub pieces: usize,
 }
 
 /// Bytes of `values` f32 values.
@@ -125,9 +127,18 @@ pub(crate) fn upload_rule_data(
         None => vec![0; dims.batch],
     };
     if alibi {
+        // A piece of a split call takes its heads' slopes from the call's.
+        let place = dims.placement;
+        let all_heads = if place.all_q_heads == 0 {
+            dims.q_heads
+        } else {
+            place.all_q_heads
+        };
         words.extend(
-            crate::options::alibi_slopes(dims.q_heads)
+            crate::options::alibi_slopes(all_heads)
                 .into_iter()
+                .skip(place.first_q_head)
+                .take(dims.q_heads)
                 .map(|slope| (slope as f32).to_bits() as i32),
         );
     }

@@ -15,4 +15,5 @@ pub mod planner;
 pub mod profile;
 pub(crate) mod recorder;
 pub mod registry;
+pub(crate) mod split;
 pub(crate) mod unfused;

@@ -131,9 +131,61 @@ impl<'c> Recorder<'c> {
     }
 }
 
+/// The copies that move the box `extent` at `src_start` of a row-major
+/// tensor of `src_shape` to `dst_start` of one of `dst_shape`: (source
+/// element, destination element, length), contiguous runs merged.
+pub(crate) fn box_runs(
+    src_shape: [usize; 4],
+    src_start: [usize; 4],
+    dst_shape: [usize; 4],
+    dst_start: [usize; 4],
+    extent: [usize; 4],
+) -> Vec<(usize, usize, usize)> {
+    let mut runs: Vec<(usize, usize, usize)> = Vec::new();
+    if extent.contains(&0) {
+        return runs;
+    }
+    let offset = |shape: [usize; 4], at: [usize; 4]| {
+        ((at[0] * shape[1] + at[1]) * shape[2] + at[2]) * shape[3] + at[3]
+    };
+    for a in 0..extent[0] {
+        for h in 0..extent[1] {
+            for r in 0..extent[2] {
+                let row = |start: [usize; 4]| [start[0] + a, start[1] + h, start[2] + r, start[3]];
+                let (s, d) = (
+                    offset(src_shape, row(src_start)),
+                    offset(dst_shape, row(dst_start)),
+                );
+                match runs.last_mut() {
+                    Some((rs, rd, len)) if *rs + *len == s && *rd + *len == d => *len += extent[3],
+                    _ => runs.push((s, d, extent[3])),
+                }
+            }
+        }
+    }
+    runs
+}
+
+/// Records the copies of [`box_runs`] from `src` to `dst`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn copy_box(
+    rec: &mut Recorder<'_>,
+    src: &wgpu::Buffer,
+    src_shape: [usize; 4],
+    src_start: [usize; 4],
+    dst: &wgpu::Buffer,
+    dst_shape: [usize; 4],
+    dst_start: [usize; 4],
+    extent: [usize; 4],
+) {
+    for (s, d, len) in box_runs(src_shape, src_start, dst_shape, dst_start, extent) {
+        rec.copy(src, s, dst, d, len);
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::grid;
+    use super::{box_runs, grid};
 
     #[test]
     fn grids_fold_large_counts() {
@@ -142,5 +194,46 @@ mod tests {
         assert_eq!(grid(65536, 65535).unwrap(), (65535, 2));
         assert_eq!(grid(10, 4).unwrap(), (4, 3));
         assert!(grid(17, 4).is_err());
+    }
+
+    #[test]
+    fn box_copies_merge_contiguous_rows() {
+        // Whole heads of one batch: one run.
+        let runs = box_runs(
+            [2, 4, 10, 8],
+            [1, 1, 0, 0],
+            [1, 2, 10, 8],
+            [0; 4],
+            [1, 2, 10, 8],
+        );
+        assert_eq!(runs, vec![((4 + 1) * 80, 0, 160)]);
+        // Query rows 3..5 of every head: one run per head.
+        let runs = box_runs(
+            [1, 2, 10, 8],
+            [0, 0, 3, 0],
+            [1, 2, 2, 8],
+            [0; 4],
+            [1, 2, 2, 8],
+        );
+        assert_eq!(runs, vec![(24, 0, 16), (104, 16, 16)]);
+        // Key columns 4..7 of a [rows, keys] mask: one run per row.
+        let runs = box_runs(
+            [1, 1, 3, 10],
+            [0, 0, 0, 4],
+            [1, 1, 3, 3],
+            [0; 4],
+            [1, 1, 3, 3],
+        );
+        assert_eq!(runs, vec![(4, 0, 3), (14, 3, 3), (24, 6, 3)]);
+        // Scattering a piece back lands at its place; empty boxes copy nothing.
+        let runs = box_runs(
+            [1, 1, 2, 4],
+            [0; 4],
+            [2, 3, 5, 4],
+            [1, 2, 3, 0],
+            [1, 1, 2, 4],
+        );
+        assert_eq!(runs, vec![(0, ((3 + 2) * 5 + 3) * 4, 8)]);
+        assert!(box_runs([1; 4], [0; 4], [1; 4], [0; 4], [0, 1, 1, 1]).is_empty());
     }
 }

@@ -229,6 +229,7 @@ pub(crate) async fn run(
             present_key: present_key.filter(|_| want_present),
             present_value: present_value.filter(|_| want_present),
             allocated_bytes,
+            pieces: 1,
         })
     })
     .await

@@ -240,7 +240,13 @@ export declare class WebAttn {
   readonly adapter: AdapterInfo;
   readonly backend: "gpu" | "cpu";
   /** The path the last call took and why, or null before the first. */
-  readonly lastCall: { path: string; reason?: string; allocatedBytes: number } | null;
+  readonly lastCall: {
+    path: string;
+    reason?: string;
+    allocatedBytes: number;
+    /** Pieces the call ran in: 1, or more where its tensors exceed one storage binding. */
+    pieces: number;
+  } | null;
   /** Device tensors not yet disposed. */
   readonly heldTensors: number;
   /** The labels of the pipelines compiled so far (each is compiled once per engine, on first use or in `warmup`). */

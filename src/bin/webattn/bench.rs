@@ -302,13 +302,23 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             }
             Job::TokenStep(cached) => {
                 note(format!("token step, {cached} tokens cached"));
-                match pollster::block_on(bench::token_step(
+                let step = pollster::block_on(bench::token_step(
                     &engine,
                     layer,
                     cached,
                     repeats(KernelPath::Fused, args.quick),
-                )) {
-                    Ok(m) => token_steps.push((cached, m)),
+                ))
+                .and_then(|m| {
+                    let append = pollster::block_on(bench::kv_append(
+                        &engine,
+                        layer,
+                        cached,
+                        repeats(KernelPath::Fused, args.quick),
+                    ))?;
+                    Ok((m, append))
+                });
+                match step {
+                    Ok((m, append)) => token_steps.push((cached, m, append)),
                     // A cache beyond this device's limits (e.g. under
                     // --limits webgpu-default) is a skipped row, not a lost run.
                     Err(e @ (webattn::Error::Limit { .. } | webattn::Error::OutOfMemory(_))) => {
@@ -512,11 +522,19 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             layer.kv_heads,
             layer.head_dim
         );
-        println!("{:>8} {:>12} {:>10}", "cached", "ms/token", "tokens/s");
-        for (cached, m) in &token_steps {
+        println!(
+            "{:>8} {:>12} {:>10} {:>16}",
+            "cached", "ms/token", "tokens/s", "cache append ms"
+        );
+        for (cached, m, append) in &token_steps {
             let ms = m.median_ms();
-            println!("{cached:>8} {ms:>12.2} {:>10.1}", 1e3 / ms);
+            println!(
+                "{cached:>8} {ms:>12.2} {:>10.1} {:>16.3}",
+                1e3 / ms,
+                append.median_ms()
+            );
         }
+        println!("cache append: one token's keys and values copied into the preallocated cache, until the device is done (wall clock)");
         for (cached, why) in &token_skipped {
             println!("{cached:>8} skipped: {why}");
         }
@@ -554,10 +572,11 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             "share_of_bandwidth": finite(bandwidth_share(*p, kv_gbs(s, m))),
             "cold_cache": bench::can_flush_caches(&engine) && *p != KernelPath::Cpu,
         })).collect::<Vec<_>>(),
-        "token_step": token_steps.iter().map(|(cached, m)| json!({
+        "token_step": token_steps.iter().map(|(cached, m, append)| json!({
             "d_model": layer.d_model(), "heads": layer.heads, "kv_heads": layer.kv_heads,
             "head_dim": layer.head_dim, "cached": cached, "ms": m.median_ms(),
-            "samples_ms": m.samples_ms,
+            "samples_ms": m.samples_ms, "append_ms": append.median_ms(),
+            "append_samples_ms": append.samples_ms,
         })).collect::<Vec<_>>(),
         "token_step_skipped": token_skipped.iter().map(|(cached, why)| json!({
             "cached": cached, "reason": why,

@@ -220,6 +220,7 @@ mod tests {
             mask: None,
             has_past: false,
             has_nonpad: false,
+            placement: Default::default(),
         }
     }
 

@@ -211,7 +211,8 @@ pub(crate) struct Params {
     extra2: u32,
     inv_temperature: f32,
     extra3: u32,
-    _reserved: [u32; 2],
+    position_shift: i32,
+    _reserved: u32,
 }
 
 impl Params {
@@ -252,7 +253,8 @@ pub(crate) fn params(
         extra2,
         inv_temperature: rules.inv_temperature,
         extra3: 0,
-        _reserved: [0; 2],
+        position_shift: rules.position_shift,
+        _reserved: 0,
     }
 }
 
@@ -284,8 +286,27 @@ struct ChunkParams {
 const FIRST_CHUNK: u32 = 1;
 const LAST_CHUNK: u32 = 2;
 
+/// Which part of a row's keys a forward covers: a piece of a split call
+/// resumes the row state its earlier key ranges left in `stats` and Y.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KeyPart {
+    /// The row state starts empty.
+    pub first: bool,
+    /// Rows are normalised and the logsumexp written.
+    pub last: bool,
+}
+
+impl KeyPart {
+    /// All of the keys.
+    pub(crate) const WHOLE: KeyPart = KeyPart {
+        first: true,
+        last: true,
+    };
+}
+
 /// Records the fused forward: Y and `stats` = [lse | row max | row sum] for
 /// every query row, in as many key chunks as the adapter's loop budget needs.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn record_forward(
     rec: &mut Recorder<'_>,
     dims: &AttentionDims,
@@ -294,6 +315,7 @@ pub(crate) fn record_forward(
     inputs: &AttentionBuffers<'_>,
     y: &wgpu::Buffer,
     stats: &wgpu::Buffer,
+    part: KeyPart,
 ) -> Result<()> {
     let q_blocks = dims.q_len.div_ceil(kernel.query_rows());
     let ctx = rec.ctx();
@@ -305,8 +327,9 @@ pub(crate) fn record_forward(
     let mut start = 0;
     while start < keys {
         let end = (start + chunk).min(keys);
-        let flags =
-            if start == 0 { FIRST_CHUNK } else { 0 } | if end == keys { LAST_CHUNK } else { 0 };
+        let first = part.first && start == 0;
+        let last = part.last && end == keys;
+        let flags = if first { FIRST_CHUNK } else { 0 } | if last { LAST_CHUNK } else { 0 };
         let uniform = buffer::uniform(
             ctx,
             "fused params",

@@ -35,7 +35,8 @@ struct Params {
     softcap: f32,
     batch: u32,
     inv_temperature: f32,
-    _pad: [u32; 2],
+    position_shift: i32,
+    _pad: u32,
 }
 
 /// The pipeline key.
@@ -91,7 +92,8 @@ pub(crate) fn record(
         softcap: rules.softcap,
         batch: dims.batch as u32,
         inv_temperature: rules.inv_temperature,
-        _pad: [0; 2],
+        position_shift: rules.position_shift,
+        _pad: 0,
     };
     let ctx = rec.ctx();
     let pipeline = ctx.pipelines.get(&key());

@@ -31,6 +31,8 @@ pub(crate) struct Rules {
     /// `1 / temperature`, applied to the biased scores before the softmax.
     pub inv_temperature: f32,
     pub past_len: u32,
+    /// Added to every query's position (a piece of a split call).
+    pub position_shift: i32,
     pub mask: MaskLayout,
 }
 
@@ -70,6 +72,7 @@ impl Rules {
             scale: options.effective_scale(dims.head_dim),
             inv_temperature: 1.0 / options.temperature,
             past_len: dims.past_len as u32,
+            position_shift: dims.placement.position_shift as i32,
             mask: dims.mask.unwrap_or(MaskLayout {
                 batch_stride: 0,
                 head_stride: 0,

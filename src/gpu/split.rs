@@ -1,0 +1,955 @@
+//! Calls whose tensors exceed one storage binding, cut into pieces that fit.
+//!
+//! WebGPU binds at most `max_storage_buffer_binding_size` bytes of a buffer
+//! (128 MiB by default, 2 GiB less 4 bytes natively in wgpu), while a buffer
+//! itself may be larger. A call whose every binding fits runs whole, as
+//! before. Otherwise [`Cut::plan`] picks piece sizes: it halves, for each
+//! binding that does not fit, the first axis that binding depends on, in the
+//! order batches, KV heads (with their query heads), query rows, keys.
+//!
+//! Each piece gets its slices of Q, K, V, the mask and the rule data by buffer
+//! copies, runs on the path the call chose, and its Y, logsumexp and scores
+//! are copied into the call's outputs. Its query positions are shifted
+//! ([`Placement`]) so that causal masks, windows and ALiBi see the call's
+//! positions, and its ALiBi slopes are its heads' slopes among the call's.
+//! A piece that holds only some of the keys runs the fused kernel resumed
+//! across its key ranges: the row state (max, sum, the attended and poisoned
+//! flags) and the running O carry over in its stats and Y buffers, exactly as
+//! across the key chunks of a driver's loop budget. `present_key/value` are
+//! built in the call's own buffers by copies.
+
+use super::buffer;
+use super::capabilities::Capabilities;
+use super::context::GpuContext;
+use super::fused;
+use super::kv::{self, GpuInputs, GpuOutputs};
+use super::ops::decode::DecodePlan;
+use super::ops::fused::{self as fused_op, AttentionBuffers, KeyPart};
+use super::recorder::{copy_box, Recorder};
+use super::unfused;
+use crate::error::{Error, Result};
+use crate::options::{AttentionOptions, QkMatmulOutputMode};
+use crate::problem::{AttentionDims, MaskLayout, Placement};
+
+/// Which path the call takes (a piece of keys always resumes the fused kernel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// The fused kernels (and decode).
+    Fused,
+    /// Scores in memory, with the engine's score budget.
+    Unfused { score_budget: u64 },
+}
+
+/// Runs a call on `route`, whole when every binding fits, else in pieces.
+pub(crate) async fn run(
+    ctx: &GpuContext,
+    dims: &AttentionDims,
+    inputs: &GpuInputs<'_>,
+    options: &AttentionOptions,
+    route: Route,
+) -> Result<GpuOutputs> {
+    let limit = ctx.caps.limits.max_bindable_bytes();
+    if whole_fits(&ctx.caps, dims, options, route, limit) {
+        return match route {
+            Route::Fused => fused::run(ctx, dims, inputs, options).await,
+            Route::Unfused { score_budget } => {
+                unfused::run(ctx, dims, inputs, options, score_budget).await
+            }
+        };
+    }
+    let cut = Cut::plan(&ctx.caps, dims, options, route, limit)?;
+    run_pieces(ctx, dims, inputs, options, route, cut).await
+}
+
+/// Bytes of a storage buffer of `len` f32 values (whole vec4s, never empty).
+fn stored(len: usize) -> u64 {
+    (len.max(1).div_ceil(4) * 16) as u64
+}
+
+/// Whether the call runs whole: everything its path binds fits one binding.
+fn whole_fits(
+    caps: &Capabilities,
+    dims: &AttentionDims,
+    options: &AttentionOptions,
+    route: Route,
+    limit: u64,
+) -> bool {
+    let whole = Cut::whole(dims);
+    let present = dims.has_past && dims.past_len > 0 || options.return_present;
+    let kv_rows = dims.batch * dims.kv_heads;
+    let mut sizes = vec![
+        stored(kv_rows * dims.kv_len * dims.head_dim),
+        stored(kv_rows * dims.kv_len * dims.v_head_dim),
+    ];
+    if dims.has_past {
+        sizes.push(stored(kv_rows * dims.past_len * dims.head_dim));
+        sizes.push(stored(kv_rows * dims.past_len * dims.v_head_dim));
+    }
+    if present {
+        sizes.push(stored(kv_rows * dims.total_len() * dims.head_dim));
+        sizes.push(stored(kv_rows * dims.total_len() * dims.v_head_dim));
+    }
+    sizes.iter().all(|&b| b <= limit)
+        && whole
+            .bindings(caps, dims, options, route)
+            .iter()
+            .all(|b| b.bytes <= limit)
+}
+
+/// One binding of a piece: its name, size and the axes it grows with.
+#[derive(Debug, Clone, Copy)]
+struct Binding {
+    name: &'static str,
+    bytes: u64,
+    /// Batches, KV heads, query rows, keys.
+    axes: [bool; 4],
+}
+
+/// Piece sizes along batches, KV heads, query rows and keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cut {
+    batches: usize,
+    kv_heads: usize,
+    queries: usize,
+    keys: usize,
+}
+
+impl Cut {
+    fn whole(dims: &AttentionDims) -> Cut {
+        Cut {
+            batches: dims.batch,
+            kv_heads: dims.kv_heads,
+            queries: dims.q_len,
+            keys: dims.total_len(),
+        }
+    }
+
+    fn sizes(&self) -> [usize; 4] {
+        [self.batches, self.kv_heads, self.queries, self.keys]
+    }
+
+    fn halve(&mut self, axis: usize) {
+        let n = match axis {
+            0 => &mut self.batches,
+            1 => &mut self.kv_heads,
+            2 => &mut self.queries,
+            _ => &mut self.keys,
+        };
+        *n = n.div_ceil(2);
+    }
+
+    /// What a piece of this size binds.
+    fn bindings(
+        &self,
+        caps: &Capabilities,
+        dims: &AttentionDims,
+        options: &AttentionOptions,
+        route: Route,
+    ) -> Vec<Binding> {
+        let heads = self.batches * self.kv_heads;
+        let q_rows = heads * dims.group() * self.queries;
+        let all = [true; 4];
+        let mut out = vec![
+            Binding {
+                name: "Q",
+                bytes: stored(q_rows * dims.head_dim),
+                axes: [true, true, true, false],
+            },
+            Binding {
+                name: "K",
+                bytes: stored(heads * self.keys * dims.head_dim),
+                axes: [true, true, false, true],
+            },
+            Binding {
+                name: "V",
+                bytes: stored(heads * self.keys * dims.v_head_dim),
+                axes: [true, true, false, true],
+            },
+            Binding {
+                name: "Y",
+                bytes: stored(q_rows * dims.v_head_dim),
+                axes: [true, true, true, false],
+            },
+            Binding {
+                name: "lse",
+                bytes: stored(3 * q_rows),
+                axes: [true, true, true, false],
+            },
+        ];
+        if let Some(layout) = dims.mask {
+            let shape = piece_mask_shape(&layout, dims, self);
+            out.push(Binding {
+                name: "attn_mask",
+                bytes: stored(shape.iter().product()),
+                axes: [
+                    layout.batch_stride != 0,
+                    layout.head_stride != 0,
+                    layout.row_stride != 0,
+                    true,
+                ],
+            });
+        }
+        if options.qk_matmul_output_mode.is_some() {
+            out.push(Binding {
+                name: "qk_matmul_output",
+                bytes: stored(q_rows * self.keys),
+                axes: all,
+            });
+        }
+        let piece = self.piece_dims(dims);
+        if route == Route::Fused && self.keys == dims.total_len() && DecodePlan::applies(&piece) {
+            let plan = DecodePlan::new(&piece, caps);
+            out.push(Binding {
+                name: "decode partials",
+                bytes: stored(plan.partial_values(&piece)),
+                axes: [true, true, true, false],
+            });
+        }
+        if matches!(route, Route::Unfused { .. }) {
+            out.push(Binding {
+                name: "a score row",
+                bytes: stored(self.keys),
+                axes: [false, false, false, true],
+            });
+        }
+        out
+    }
+
+    /// The sizes of a piece of this cut (positions are set per piece).
+    fn piece_dims(&self, dims: &AttentionDims) -> AttentionDims {
+        AttentionDims {
+            batch: self.batches,
+            q_heads: self.kv_heads * dims.group(),
+            kv_heads: self.kv_heads,
+            q_len: self.queries,
+            kv_len: self.keys,
+            past_len: 0,
+            has_past: false,
+            mask: dims
+                .mask
+                .map(|layout| piece_mask_layout(&layout, dims, self)),
+            ..*dims
+        }
+    }
+
+    /// Halves, for each binding that does not fit, the first axis it grows
+    /// with, until every binding fits; a binding that still does not fit at one
+    /// row and one key is refused.
+    fn plan(
+        caps: &Capabilities,
+        dims: &AttentionDims,
+        options: &AttentionOptions,
+        route: Route,
+        limit: u64,
+    ) -> Result<Cut> {
+        let mut cut = Cut::whole(dims);
+        // Probabilities are normalised over whole rows, so their keys stay together.
+        let keys_split = options.qk_matmul_output_mode != Some(QkMatmulOutputMode::Probabilities);
+        loop {
+            let Some(over) = cut
+                .bindings(caps, dims, options, route)
+                .into_iter()
+                .find(|b| b.bytes > limit)
+            else {
+                return Ok(cut);
+            };
+            let sizes = cut.sizes();
+            let axis =
+                (0..4).find(|&axis| over.axes[axis] && sizes[axis] > 1 && (axis < 3 || keys_split));
+            match axis {
+                // Per-batch lengths shift positions per batch: keys split one batch at a time.
+                Some(3) if dims.has_nonpad && cut.batches > 1 => cut.halve(0),
+                Some(axis) => cut.halve(axis),
+                None => {
+                    return Err(Error::Limit {
+                        what: format!("{} of the smallest piece of this call", over.name),
+                        needed: over.bytes,
+                        limit,
+                        limit_name: "max_storage_buffer_binding_size",
+                        hint: if keys_split {
+                            "use an adapter with larger limits"
+                        } else {
+                            "ask for qk_matmul_output in mode 2 (its rows can then be \
+                             split) and normalise on the host, or use larger limits"
+                        },
+                    })
+                }
+            }
+        }
+    }
+}
+
+/// The mask's dense shape `[B or 1, Hq or 1, Nq or 1, cols]`.
+fn mask_shape(layout: &MaskLayout, dims: &AttentionDims) -> [usize; 4] {
+    let or_one = |stride: usize, n: usize| if stride == 0 { 1 } else { n };
+    [
+        or_one(layout.batch_stride, dims.batch),
+        or_one(layout.head_stride, dims.q_heads),
+        or_one(layout.row_stride, dims.q_len),
+        layout.cols,
+    ]
+}
+
+/// A piece's mask shape: its batches, heads and rows where the mask has them,
+/// and at most its keys' columns.
+fn piece_mask_shape(layout: &MaskLayout, dims: &AttentionDims, cut: &Cut) -> [usize; 4] {
+    let full = mask_shape(layout, dims);
+    let pick = |n: usize, piece: usize| if n == 1 { 1 } else { piece };
+    [
+        pick(full[0], cut.batches),
+        pick(full[1], cut.kv_heads * dims.group()),
+        pick(full[2], cut.queries),
+        layout.cols.min(cut.keys),
+    ]
+}
+
+/// The dense layout of a mask of `shape` (strides 0 on broadcast axes).
+fn layout_of(shape: [usize; 4], broadcast: [bool; 3], cols: usize) -> MaskLayout {
+    let row = cols;
+    let head = shape[2] * row;
+    let batch = shape[1] * head;
+    MaskLayout {
+        batch_stride: if broadcast[0] { 0 } else { batch },
+        head_stride: if broadcast[1] { 0 } else { head },
+        row_stride: if broadcast[2] { 0 } else { row },
+        cols,
+    }
+}
+
+fn piece_mask_layout(layout: &MaskLayout, dims: &AttentionDims, cut: &Cut) -> MaskLayout {
+    let shape = piece_mask_shape(layout, dims, cut);
+    let broadcast = [
+        layout.batch_stride == 0,
+        layout.head_stride == 0,
+        layout.row_stride == 0,
+    ];
+    layout_of(shape, broadcast, shape[3])
+}
+
+/// Where a piece starts along batches, KV heads, query rows and keys.
+#[derive(Debug, Clone, Copy)]
+struct Origin {
+    batch: usize,
+    kv_head: usize,
+    query: usize,
+    key: usize,
+}
+
+/// A piece's inputs, copied out of the call's.
+struct PieceInputs {
+    dims: AttentionDims,
+    q: wgpu::Buffer,
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+    mask: Option<wgpu::Buffer>,
+    nonpad: Option<Vec<i64>>,
+}
+
+/// The call's keys and values as one `[B, Hkv, T, D]` tensor each (the
+/// present buffers when there is a past or they were asked for).
+struct Keys<'a> {
+    k: &'a wgpu::Buffer,
+    v: &'a wgpu::Buffer,
+}
+
+async fn run_pieces(
+    ctx: &GpuContext,
+    dims: &AttentionDims,
+    inputs: &GpuInputs<'_>,
+    options: &AttentionOptions,
+    route: Route,
+    cut: Cut,
+) -> Result<GpuOutputs> {
+    let (b, hq, hkv, nq, t) = (
+        dims.batch,
+        dims.q_heads,
+        dims.kv_heads,
+        dims.q_len,
+        dims.total_len(),
+    );
+    let (dk, dv) = (dims.head_dim, dims.v_head_dim);
+    let rows = b * hq * nq;
+    let max_buffer = ctx.caps.limits.max_buffer_size;
+    let check = |what: &str, len: usize| {
+        let size = stored(len);
+        if size > max_buffer {
+            Err(Error::buffer_limit(
+                what,
+                size,
+                max_buffer,
+                "max_buffer_size",
+            ))
+        } else {
+            Ok(size)
+        }
+    };
+    let want_present = dims.has_past && dims.past_len > 0 || options.return_present;
+    let mut allocated = check("Y", rows * dv)? + check("lse", rows)?;
+    if options.qk_matmul_output_mode.is_some() {
+        allocated += check("qk_matmul_output", rows * t)?;
+    }
+    if want_present {
+        allocated += check("present_key", b * hkv * t * dk)?;
+        allocated += check("present_value", b * hkv * t * dv)?;
+    }
+    log::info!(
+        "webattn: tensors exceed one storage binding; running in pieces of \
+         {} batches x {} KV heads x {} query rows x {} keys",
+        cut.batches,
+        cut.kv_heads,
+        cut.queries,
+        cut.keys
+    );
+
+    let (y, lse, qk, present) = ctx
+        .scoped("attention outputs (in pieces)", || {
+            let y = buffer::tensor_storage(ctx, "Y", rows * dv)?;
+            let lse = buffer::tensor_storage(ctx, "lse", rows)?;
+            let qk = match options.qk_matmul_output_mode {
+                Some(_) => Some(buffer::tensor_storage(ctx, "qk_matmul_output", rows * t)?),
+                None => None,
+            };
+            let present = if want_present {
+                let pk = buffer::tensor_storage(ctx, "present_key", b * hkv * t * dk)?;
+                let pv = buffer::tensor_storage(ctx, "present_value", b * hkv * t * dv)?;
+                let mut rec = Recorder::new(ctx, "present (in pieces)");
+                let p = if dims.has_past { dims.past_len } else { 0 };
+                for (new, past, present, d) in [
+                    (inputs.k, inputs.past_key, &pk, dk),
+                    (inputs.v, inputs.past_value, &pv, dv),
+                ] {
+                    if p > 0 {
+                        let Some(past) = past else {
+                            return Err(Error::Conflict(
+                                "past_key and past_value must be given together",
+                            ));
+                        };
+                        let past_shape = [b, hkv, p, d];
+                        copy_box(
+                            &mut rec,
+                            past,
+                            past_shape,
+                            [0; 4],
+                            present,
+                            [b, hkv, t, d],
+                            [0; 4],
+                            past_shape,
+                        );
+                    }
+                    let new_shape = [b, hkv, dims.kv_len, d];
+                    copy_box(
+                        &mut rec,
+                        new,
+                        new_shape,
+                        [0; 4],
+                        present,
+                        [b, hkv, t, d],
+                        [0, 0, p, 0],
+                        new_shape,
+                    );
+                }
+                rec.submit();
+                Some((pk, pv))
+            } else {
+                None
+            };
+            Ok((y, lse, qk, present))
+        })
+        .await?;
+    let keys = match &present {
+        Some((k, v)) => Keys { k, v },
+        None => Keys {
+            k: inputs.k,
+            v: inputs.v,
+        },
+    };
+
+    let mut piece_bytes = 0u64;
+    let mut pieces = 0;
+    for b0 in (0..b).step_by(cut.batches) {
+        for g0 in (0..hkv).step_by(cut.kv_heads) {
+            for q0 in (0..nq).step_by(cut.queries) {
+                let at = Origin {
+                    batch: b0,
+                    kv_head: g0,
+                    query: q0,
+                    key: 0,
+                };
+                let outputs = (&y, &lse, qk.as_ref());
+                let (used, runs) =
+                    run_piece(ctx, dims, inputs, &keys, options, route, cut, at, outputs).await?;
+                piece_bytes = piece_bytes.max(used);
+                pieces += runs;
+            }
+        }
+    }
+    let (present_key, present_value) = match present {
+        Some((k, v)) if options.return_present => (Some(k), Some(v)),
+        _ => (None, None),
+    };
+    Ok(GpuOutputs {
+        y,
+        lse,
+        qk,
+        present_key,
+        present_value,
+        allocated_bytes: allocated + piece_bytes,
+        pieces,
+    })
+}
+
+/// The extent of a piece along each axis (the last piece may be shorter).
+fn piece_extent(dims: &AttentionDims, cut: &Cut, at: Origin) -> Cut {
+    Cut {
+        batches: cut.batches.min(dims.batch - at.batch),
+        kv_heads: cut.kv_heads.min(dims.kv_heads - at.kv_head),
+        queries: cut.queries.min(dims.q_len - at.query),
+        keys: cut.keys.min(dims.total_len() - at.key),
+    }
+}
+
+/// Copies one piece's inputs out of the call's and sets its positions.
+fn gather(
+    rec: &mut Recorder<'_>,
+    dims: &AttentionDims,
+    inputs: &GpuInputs<'_>,
+    keys: &Keys<'_>,
+    extent: &Cut,
+    at: Origin,
+) -> Result<PieceInputs> {
+    let ctx = rec.ctx();
+    let (g, t) = (dims.group(), dims.total_len());
+    let mut piece = extent.piece_dims(dims);
+    let (nb, ng, nq, nk) = (extent.batches, extent.kv_heads, extent.queries, extent.keys);
+    let q_head = at.kv_head * g;
+    let q = buffer::storage(ctx, "Q (piece)", nb * ng * g * nq * dims.head_dim)?;
+    copy_box(
+        rec,
+        inputs.q,
+        [dims.batch, dims.q_heads, dims.q_len, dims.head_dim],
+        [at.batch, q_head, at.query, 0],
+        &q,
+        [nb, ng * g, nq, dims.head_dim],
+        [0; 4],
+        [nb, ng * g, nq, dims.head_dim],
+    );
+    let mut kv = Vec::new();
+    for (src, d, name) in [
+        (keys.k, dims.head_dim, "K (piece)"),
+        (keys.v, dims.v_head_dim, "V (piece)"),
+    ] {
+        let dst = buffer::storage(ctx, name, nb * ng * nk * d)?;
+        copy_box(
+            rec,
+            src,
+            [dims.batch, dims.kv_heads, t, d],
+            [at.batch, at.kv_head, at.key, 0],
+            &dst,
+            [nb, ng, nk, d],
+            [0; 4],
+            [nb, ng, nk, d],
+        );
+        kv.push(dst);
+    }
+    let mask = match (dims.mask, inputs.mask) {
+        (Some(layout), Some(src)) => {
+            let full = mask_shape(&layout, dims);
+            let shape = piece_mask_shape(&layout, dims, extent);
+            // Columns past the mask's end stay masked: the piece's mask is shorter.
+            let cols = layout.cols.saturating_sub(at.key).min(nk);
+            let pick = |n: usize, start: usize| if n == 1 { 0 } else { start };
+            let dst = buffer::storage(
+                ctx,
+                "attn_mask (piece)",
+                shape[..3].iter().product::<usize>() * cols,
+            )?;
+            copy_box(
+                rec,
+                src,
+                full,
+                [
+                    pick(full[0], at.batch),
+                    pick(full[1], q_head),
+                    pick(full[2], at.query),
+                    at.key.min(layout.cols),
+                ],
+                &dst,
+                [shape[0], shape[1], shape[2], cols],
+                [0; 4],
+                [shape[0], shape[1], shape[2], cols],
+            );
+            let broadcast = [
+                layout.batch_stride == 0,
+                layout.head_stride == 0,
+                layout.row_stride == 0,
+            ];
+            piece.mask = Some(layout_of(
+                [shape[0], shape[1], shape[2], cols],
+                broadcast,
+                cols,
+            ));
+            Some(dst)
+        }
+        _ => None,
+    };
+    // Positions: the call's query position, in the piece's key coordinates,
+    // less what the piece's own offset (its nonpad length less its rows) gives.
+    let mut nonpad = None;
+    let mut shift = at.query as i64 - at.key as i64;
+    if dims.has_past {
+        shift += dims.past_len as i64;
+    }
+    if let Some(lengths) = inputs.nonpad {
+        let piece_lengths: Vec<i64> = lengths[at.batch..at.batch + nb]
+            .iter()
+            .map(|&n| (n - at.key as i64).clamp(0, nk as i64))
+            .collect();
+        // The call's offset is n - Nq; the piece's kernel computes n' - nq.
+        // With keys split the piece holds one batch (Cut::plan), so n' is one value.
+        let n = lengths[at.batch];
+        shift += (n - dims.q_len as i64) - (piece_lengths[0] - nq as i64);
+        nonpad = Some(piece_lengths);
+    }
+    piece.placement = Placement {
+        position_shift: shift,
+        first_q_head: q_head,
+        all_q_heads: dims.q_heads,
+    };
+    let mut kv = kv.into_iter();
+    let (k, v) = (kv.next().expect("K"), kv.next().expect("V"));
+    Ok(PieceInputs {
+        dims: piece,
+        q,
+        k,
+        v,
+        mask,
+        nonpad,
+    })
+}
+
+/// Copies a piece's Y, logsumexp and scores into the call's outputs.
+#[allow(clippy::too_many_arguments)]
+fn scatter(
+    rec: &mut Recorder<'_>,
+    dims: &AttentionDims,
+    extent: &Cut,
+    at: Origin,
+    piece: (&wgpu::Buffer, &wgpu::Buffer),
+    call: (&wgpu::Buffer, &wgpu::Buffer),
+) {
+    let (nb, nh, nq) = (
+        extent.batches,
+        extent.kv_heads * dims.group(),
+        extent.queries,
+    );
+    let start = [at.batch, at.kv_head * dims.group(), at.query, 0];
+    let full = [dims.batch, dims.q_heads, dims.q_len];
+    for (src, dst, d) in [(piece.0, call.0, dims.v_head_dim), (piece.1, call.1, 1)] {
+        copy_box(
+            rec,
+            src,
+            [nb, nh, nq, d],
+            [0; 4],
+            dst,
+            [full[0], full[1], full[2], d],
+            start,
+            [nb, nh, nq, d],
+        );
+    }
+}
+
+/// Copies a piece's `qk_matmul_output` (its keys' columns) into the call's.
+fn scatter_scores(
+    rec: &mut Recorder<'_>,
+    dims: &AttentionDims,
+    extent: &Cut,
+    at: Origin,
+    piece: &wgpu::Buffer,
+    call: &wgpu::Buffer,
+) {
+    let (nb, nh, nq, nk) = (
+        extent.batches,
+        extent.kv_heads * dims.group(),
+        extent.queries,
+        extent.keys,
+    );
+    copy_box(
+        rec,
+        piece,
+        [nb, nh, nq, nk],
+        [0; 4],
+        call,
+        [dims.batch, dims.q_heads, dims.q_len, dims.total_len()],
+        [at.batch, at.kv_head * dims.group(), at.query, at.key],
+        [nb, nh, nq, nk],
+    );
+}
+
+/// Bytes a piece's copied inputs take.
+fn input_bytes(p: &PieceInputs) -> u64 {
+    p.q.size() + p.k.size() + p.v.size() + p.mask.as_ref().map_or(0, |m| m.size())
+}
+
+/// Copies a piece's inputs out of the call's, inside error scopes.
+async fn gather_scoped(
+    ctx: &GpuContext,
+    dims: &AttentionDims,
+    inputs: &GpuInputs<'_>,
+    keys: &Keys<'_>,
+    extent: &Cut,
+    at: Origin,
+) -> Result<PieceInputs> {
+    ctx.scoped("piece inputs", || {
+        let mut rec = Recorder::new(ctx, "piece inputs");
+        let piece = gather(&mut rec, dims, inputs, keys, extent, at)?;
+        rec.submit();
+        Ok(piece)
+    })
+    .await
+}
+
+/// Runs one piece (all its keys at once, or key range by key range) and
+/// copies its outputs into the call's; returns the bytes it allocated and
+/// the runs it took (one per key range).
+#[allow(clippy::too_many_arguments)]
+async fn run_piece(
+    ctx: &GpuContext,
+    dims: &AttentionDims,
+    inputs: &GpuInputs<'_>,
+    keys: &Keys<'_>,
+    options: &AttentionOptions,
+    route: Route,
+    cut: Cut,
+    at: Origin,
+    outputs: (&wgpu::Buffer, &wgpu::Buffer, Option<&wgpu::Buffer>),
+) -> Result<(u64, usize)> {
+    let (y, lse, qk) = outputs;
+    let t = dims.total_len();
+    let extent = piece_extent(dims, &cut, at);
+    let piece_options = AttentionOptions {
+        return_present: false,
+        ..options.clone()
+    };
+    if extent.keys == t {
+        let piece = gather_scoped(ctx, dims, inputs, keys, &extent, at).await?;
+        let piece_inputs = GpuInputs {
+            q: &piece.q,
+            k: &piece.k,
+            v: &piece.v,
+            mask: piece.mask.as_ref(),
+            past_key: None,
+            past_value: None,
+            nonpad: piece.nonpad.as_deref(),
+        };
+        let out = match route {
+            Route::Fused => fused::run(ctx, &piece.dims, &piece_inputs, &piece_options).await?,
+            Route::Unfused { score_budget } => {
+                unfused::run(
+                    ctx,
+                    &piece.dims,
+                    &piece_inputs,
+                    &piece_options,
+                    score_budget,
+                )
+                .await?
+            }
+        };
+        ctx.scoped("piece outputs", || {
+            let mut rec = Recorder::new(ctx, "piece outputs");
+            scatter(&mut rec, dims, &extent, at, (&out.y, &out.lse), (y, lse));
+            if let (Some(src), Some(dst)) = (&out.qk, qk) {
+                scatter_scores(&mut rec, dims, &extent, at, src, dst);
+            }
+            rec.submit();
+            Ok(())
+        })
+        .await?;
+        return Ok((out.allocated_bytes + input_bytes(&piece), 1));
+    }
+
+    // Keys in ranges: the fused kernel, resumed from one range to the next.
+    let kernel = ctx.fused_kernel(dims.head_dim, dims.v_head_dim)?;
+    let rows = extent.batches * extent.kv_heads * dims.group() * extent.queries;
+    let (piece_y, stats) = ctx
+        .scoped("piece outputs", || {
+            Ok((
+                buffer::storage(ctx, "Y (piece)", rows * dims.v_head_dim)?,
+                buffer::storage(ctx, "lse (piece)", 3 * rows)?,
+            ))
+        })
+        .await?;
+    let mut allocated = piece_y.size() + stats.size();
+    let mut key = 0;
+    let mut runs = 0;
+    while key < t {
+        runs += 1;
+        let range_at = Origin { key, ..at };
+        let range = piece_extent(dims, &cut, range_at);
+        let part = KeyPart {
+            first: key == 0,
+            last: key + range.keys >= t,
+        };
+        let piece = gather_scoped(ctx, dims, inputs, keys, &range, range_at).await?;
+        let used = ctx
+            .scoped("attention (a key range of a piece)", || {
+                let mut rec = Recorder::new(ctx, "attention (a key range of a piece)");
+                let placeholder = buffer::storage(ctx, "no mask", 1)?;
+                let rule_data =
+                    kv::upload_rule_data(ctx, &piece.dims, piece.nonpad.as_deref(), options.alibi)?;
+                let buffers = AttentionBuffers {
+                    q: &piece.q,
+                    k: &piece.k,
+                    v: &piece.v,
+                    mask: piece.mask.as_ref().unwrap_or(&placeholder),
+                    nonpad: &rule_data,
+                };
+                fused_op::record_forward(
+                    &mut rec,
+                    &piece.dims,
+                    &piece_options,
+                    &kernel,
+                    &buffers,
+                    &piece_y,
+                    &stats,
+                    part,
+                )?;
+                let mut used = input_bytes(&piece);
+                if let (Some(mode), Some(dst)) = (options.qk_matmul_output_mode, qk) {
+                    let scores =
+                        buffer::storage(ctx, "qk_matmul_output (piece)", rows * range.keys)?;
+                    let scratch = buffer::storage(ctx, "probabilities lse", rows)?;
+                    fused_op::record_scores(
+                        &mut rec,
+                        &piece.dims,
+                        &piece_options,
+                        mode,
+                        &buffers,
+                        &scores,
+                        &scratch,
+                    )?;
+                    scatter_scores(&mut rec, dims, &range, range_at, &scores, dst);
+                    used += scores.size();
+                }
+                rec.submit();
+                Ok(used)
+            })
+            .await?;
+        allocated = allocated.max(piece_y.size() + stats.size() + used);
+        key += range.keys;
+    }
+    ctx.scoped("piece outputs", || {
+        let mut rec = Recorder::new(ctx, "piece outputs");
+        scatter(&mut rec, dims, &extent, at, (&piece_y, &stats), (y, lse));
+        rec.submit();
+        Ok(())
+    })
+    .await?;
+    Ok((allocated, runs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::capabilities::{AdapterSummary, KernelLimits};
+
+    fn gpu(binding: u64) -> Capabilities {
+        Capabilities {
+            adapter: AdapterSummary {
+                name: "test".into(),
+                vendor: 0,
+                device: 0,
+                device_type: "DiscreteGpu".into(),
+                backend: "Vulkan".into(),
+                driver: "test".into(),
+                driver_info: String::new(),
+            },
+            limits: KernelLimits {
+                max_storage_buffer_binding_size: binding,
+                max_buffer_size: 1 << 40,
+                ..KernelLimits::WEBGPU_DEFAULTS
+            },
+            shader_f16: false,
+            subgroups: false,
+            subgroup_min_size: 0,
+            subgroup_max_size: 0,
+            timestamp_query: true,
+            cooperative_matrix: Vec::new(),
+        }
+    }
+
+    fn decode(batch: usize, heads: usize, keys: usize) -> AttentionDims {
+        AttentionDims {
+            batch,
+            q_heads: heads,
+            kv_heads: heads,
+            q_len: 1,
+            kv_len: keys,
+            past_len: 0,
+            head_dim: 128,
+            v_head_dim: 128,
+            mask: None,
+            has_past: false,
+            has_nonpad: false,
+            placement: Placement::default(),
+        }
+    }
+
+    fn plan(caps: &Capabilities, dims: &AttentionDims, options: &AttentionOptions) -> Result<Cut> {
+        let limit = caps.limits.max_bindable_bytes();
+        Cut::plan(caps, dims, options, Route::Fused, limit)
+    }
+
+    #[test]
+    fn long_decodes_split_by_batch_then_by_head() {
+        // wgpu's native binding limit: 2 GiB less 4 bytes.
+        let h100 = gpu((2 << 30) - 4);
+        let options = AttentionOptions::default();
+        // B 8, H 32, d 128: K is 2 GiB at 16k keys, 16 GiB at 128k.
+        let at_16k = decode(8, 32, 16384);
+        assert!(!whole_fits(
+            &h100,
+            &at_16k,
+            &options,
+            Route::Fused,
+            (2 << 30) - 4
+        ));
+        let cut = plan(&h100, &at_16k, &options).unwrap();
+        assert_eq!(cut.sizes(), [4, 32, 1, 16384]);
+        let cut = plan(&h100, &decode(8, 32, 131072), &options).unwrap();
+        assert_eq!(cut.sizes(), [1, 16, 1, 131072]);
+        // In a browser (128 MiB), 128k keys of one head (64 MiB) still fit.
+        let browser = gpu(128 << 20);
+        let cut = plan(&browser, &decode(8, 32, 131072), &options).unwrap();
+        assert_eq!(cut.sizes(), [1, 2, 1, 131072]);
+        // Calls that fit run whole.
+        assert!(whole_fits(
+            &h100,
+            &decode(8, 32, 4096),
+            &options,
+            Route::Fused,
+            (2 << 30) - 4
+        ));
+    }
+
+    #[test]
+    fn keys_split_last_and_never_under_probabilities() {
+        let tiny = gpu(64 << 10);
+        let options = AttentionOptions::default();
+        // One head's K is 1.5 MiB: keys are halved until a piece's K fits.
+        let cut = plan(&tiny, &decode(1, 1, 3072), &options).unwrap();
+        assert_eq!(cut.sizes(), [1, 1, 1, 96]);
+        let probabilities = AttentionOptions {
+            qk_matmul_output_mode: Some(QkMatmulOutputMode::Probabilities),
+            ..Default::default()
+        };
+        let err = plan(&tiny, &decode(1, 1, 3072), &probabilities).unwrap_err();
+        assert!(err.to_string().contains("mode 2"), "{err}");
+        // Per-batch lengths: keys split one batch at a time.
+        let lengths = AttentionDims {
+            has_nonpad: true,
+            ..decode(4, 1, 3072)
+        };
+        let cut = plan(&tiny, &lengths, &options).unwrap();
+        assert_eq!(cut.batches, 1);
+    }
+}

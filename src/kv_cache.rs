@@ -1,0 +1,416 @@
+//! A preallocated KV cache: keys and values of every sequence of a batch in
+//! `[B, Hkv, capacity, D]` tensors on the engine, appended in place.
+//!
+//! Appending `n` tokens copies `n` rows per (sequence, KV head): O(new
+//! tokens), whatever is cached. When a sequence would pass the capacity, the
+//! cache grows to twice its capacity (or what is needed), copying once. The
+//! sequences of a batch may hold different lengths ([`KvCache::append_ragged`]).
+//!
+//! Attention reads the cache as it is: K and V are the whole capacity and the
+//! lengths go in as ONNX's `nonpad_kv_seqlen` ([`KvCache::attention_inputs`]),
+//! so keys past a sequence's length are masked (and their tiles skipped), and
+//! causal positions continue from the lengths: the new queries are the last
+//! tokens of each sequence, as ONNX's external-cache form defines. Where a
+//! caller needs ONNX's `present_key/value` as fresh tensors,
+//! [`KvCache::present`] copies them out.
+
+use crate::device_tensor::{Storage, Tensor};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::gpu::buffer;
+use crate::gpu::recorder::{box_runs, Recorder};
+use crate::problem::AttentionInputs;
+use crate::tensor::HostTensor;
+
+/// Capacity of a cache's first allocation unless asked otherwise (tokens).
+pub const DEFAULT_CAPACITY: usize = 256;
+
+/// Keys and values of a batch of sequences, preallocated and appended in place.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    key: Option<Tensor>,
+    value: Option<Tensor>,
+    lengths: Vec<usize>,
+    first_capacity: usize,
+}
+
+impl Default for KvCache {
+    fn default() -> KvCache {
+        KvCache::with_capacity(DEFAULT_CAPACITY)
+    }
+}
+
+impl KvCache {
+    /// An empty cache; the first append sets the batch, heads and head dims,
+    /// and allocates [`DEFAULT_CAPACITY`] tokens (or what it needs).
+    pub fn new() -> KvCache {
+        KvCache::default()
+    }
+
+    /// An empty cache whose first allocation holds at least `capacity` tokens.
+    pub fn with_capacity(capacity: usize) -> KvCache {
+        KvCache {
+            key: None,
+            value: None,
+            lengths: Vec::new(),
+            first_capacity: capacity.max(1),
+        }
+    }
+
+    /// The longest sequence's length (every sequence's, unless appended ragged).
+    pub fn len(&self) -> usize {
+        self.lengths.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Whether nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Tokens cached per sequence.
+    pub fn lengths(&self) -> &[usize] {
+        &self.lengths
+    }
+
+    /// Tokens each sequence can hold before the cache grows (0 before the first append).
+    pub fn capacity(&self) -> usize {
+        self.key.as_ref().map_or(0, |k| k.shape()[2])
+    }
+
+    /// The cache's storage, `[B, Hkv, capacity, Dk]` and `[B, Hkv, capacity, Dv]`:
+    /// rows past a sequence's length are unused.
+    pub fn tensors(&self) -> Option<(&Tensor, &Tensor)> {
+        Some((self.key.as_ref()?, self.value.as_ref()?))
+    }
+
+    /// The lengths as `nonpad_kv_seqlen`.
+    pub fn nonpad_lengths(&self) -> Vec<i64> {
+        self.lengths.iter().map(|&n| n as i64).collect()
+    }
+
+    /// Attention inputs that read the cache in place: `query` against the
+    /// cached keys and values, with the lengths as `nonpad_kv_seqlen` (pass
+    /// [`KvCache::nonpad_lengths`]). The cache must hold something.
+    pub fn attention_inputs<'a>(
+        &'a self,
+        query: &'a Tensor,
+        lengths: &'a [i64],
+    ) -> Result<AttentionInputs<'a, Tensor>> {
+        let (k, v) = self.tensors().ok_or(Error::Conflict(
+            "the KV cache is empty: append keys and values first",
+        ))?;
+        let mut inputs = AttentionInputs::new(query, k, v);
+        inputs.nonpad_kv_seqlen = Some(lengths);
+        Ok(inputs)
+    }
+
+    /// Appends `key` `[B, Hkv, n, Dk]` and `value` `[B, Hkv, n, Dv]`: `n`
+    /// tokens to every sequence.
+    pub async fn append(&mut self, engine: &Engine, key: &Tensor, value: &Tensor) -> Result<()> {
+        let n = key.shape().get(2).copied().unwrap_or(0);
+        let counts = vec![n; key.shape().first().copied().unwrap_or(0)];
+        self.append_ragged(engine, key, value, &counts).await
+    }
+
+    /// Appends the first `counts[b]` of the `n` rows of `key` and `value` to
+    /// sequence `b` (the rest are padding), so a batch of sequences of
+    /// different lengths shares one cache.
+    pub async fn append_ragged(
+        &mut self,
+        engine: &Engine,
+        key: &Tensor,
+        value: &Tensor,
+        counts: &[usize],
+    ) -> Result<()> {
+        let [b, h, n, dk] = rank4("key", key)?;
+        let [vb, vh, vn, dv] = rank4("value", value)?;
+        for (dim, got, expected) in [("batch", vb, b), ("heads", vh, h), ("length", vn, n)] {
+            if got != expected {
+                return Err(Error::ShapeMismatch {
+                    tensor: "value",
+                    dim,
+                    got,
+                    expected,
+                    expected_from: "key",
+                    hint: "keys and values of a step hold the same tokens",
+                });
+            }
+        }
+        if counts.len() != b {
+            return Err(Error::ShapeMismatch {
+                tensor: "counts",
+                dim: "length",
+                got: counts.len(),
+                expected: b,
+                expected_from: "the batch of key",
+                hint: "give one count per sequence",
+            });
+        }
+        if let Some(&bad) = counts.iter().find(|&&c| c > n) {
+            return Err(Error::InvalidOption {
+                name: "counts",
+                value: bad.to_string(),
+                reason: "a sequence cannot take more tokens than the step holds",
+            });
+        }
+        if let Some((k, v)) = self.tensors() {
+            let expected = [k.shape()[0], k.shape()[1], k.shape()[3], v.shape()[3]];
+            for (dim, got, want) in [
+                ("batch", b, expected[0]),
+                ("heads", h, expected[1]),
+                ("head dim", dk, expected[2]),
+                ("value head dim", dv, expected[3]),
+            ] {
+                if got != want {
+                    return Err(Error::ShapeMismatch {
+                        tensor: "key",
+                        dim,
+                        got,
+                        expected: want,
+                        expected_from: "the KV cache",
+                        hint: "use one cache per batch of sequences and layer",
+                    });
+                }
+            }
+        }
+        engine.own("key", key)?;
+        engine.own("value", value)?;
+        if let Some((k, v)) = self.tensors() {
+            engine.own("the KV cache's keys", k)?;
+            engine.own("the KV cache's values", v)?;
+        }
+        let lengths = if self.lengths.is_empty() {
+            vec![0; b]
+        } else {
+            self.lengths.clone()
+        };
+        let needed = lengths
+            .iter()
+            .zip(counts)
+            .map(|(l, c)| l + c)
+            .max()
+            .unwrap_or(0);
+        let capacity = self.capacity();
+        let grown = if needed > capacity {
+            (2 * capacity).max(needed).max(self.first_capacity)
+        } else {
+            capacity
+        };
+        let shapes = [[b, h, grown, dk], [b, h, grown, dv]];
+        let olds = [self.key.take(), self.value.take()];
+        let news = [key, value];
+        let mut stored = Vec::with_capacity(2);
+        for ((old, new), shape) in olds.into_iter().zip(news).zip(shapes) {
+            stored.push(append_rows(engine, old, new, shape, &lengths, counts).await?);
+        }
+        let mut stored = stored.into_iter();
+        self.key = stored.next();
+        self.value = stored.next();
+        self.lengths = lengths.iter().zip(counts).map(|(l, c)| l + c).collect();
+        Ok(())
+    }
+
+    /// Forgets the tokens appended since the cache held `lengths` (a failed step).
+    pub(crate) fn forget_since(&mut self, lengths: &[usize]) {
+        if lengths.is_empty() {
+            *self = KvCache::with_capacity(self.first_capacity);
+        } else {
+            self.lengths = lengths.to_vec();
+        }
+    }
+
+    /// `present_key/value` as ONNX defines them: fresh `[B, Hkv, T, D]`
+    /// copies of the cached tokens, T the common length (the sequences must
+    /// hold the same number of tokens).
+    pub async fn present(&self, engine: &Engine) -> Result<(Tensor, Tensor)> {
+        let (k, v) = self.tensors().ok_or(Error::Conflict(
+            "the KV cache is empty: append keys and values first",
+        ))?;
+        let t = self.len();
+        if self.lengths.iter().any(|&l| l != t) {
+            return Err(Error::Conflict(
+                "present_key/value need sequences of one length; read ragged \
+                 sequences with attention_inputs",
+            ));
+        }
+        Ok((
+            copy_rows(engine, k, t).await?,
+            copy_rows(engine, v, t).await?,
+        ))
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl KvCache {
+    /// [`KvCache::append`], blocking.
+    pub fn append_blocking(&mut self, engine: &Engine, key: &Tensor, value: &Tensor) -> Result<()> {
+        pollster::block_on(self.append(engine, key, value))
+    }
+
+    /// [`KvCache::append_ragged`], blocking.
+    pub fn append_ragged_blocking(
+        &mut self,
+        engine: &Engine,
+        key: &Tensor,
+        value: &Tensor,
+        counts: &[usize],
+    ) -> Result<()> {
+        pollster::block_on(self.append_ragged(engine, key, value, counts))
+    }
+
+    /// [`KvCache::present`], blocking.
+    pub fn present_blocking(&self, engine: &Engine) -> Result<(Tensor, Tensor)> {
+        pollster::block_on(self.present(engine))
+    }
+}
+
+fn rank4(name: &'static str, t: &Tensor) -> Result<[usize; 4]> {
+    <[usize; 4]>::try_from(t.shape()).map_err(|_| Error::Rank {
+        tensor: name,
+        expected: "4 ([batch, kv_heads, tokens, head_dim])",
+        got: t.shape().to_vec(),
+    })
+}
+
+/// The cache tensor after appending `counts[b]` rows of `new` to sequence b
+/// at `lengths[b]`: `old` itself when it has room (in place), else a tensor of
+/// `shape` holding `old`'s rows first.
+async fn append_rows(
+    engine: &Engine,
+    old: Option<Tensor>,
+    new: &Tensor,
+    shape: [usize; 4],
+    lengths: &[usize],
+    counts: &[usize],
+) -> Result<Tensor> {
+    let new_shape = <[usize; 4]>::try_from(new.shape()).expect("checked rank");
+    let old_shape = old
+        .as_ref()
+        .map(|t| <[usize; 4]>::try_from(t.shape()).expect("a cache tensor"));
+    // (source element in `old` or `new`, destination element, length) runs.
+    let regrow = old_shape.filter(|s| s[2] != shape[2]);
+    let keep: Vec<(usize, usize, usize)> = match regrow {
+        Some(s) => box_runs(s, [0; 4], shape, [0; 4], s),
+        None => Vec::new(),
+    };
+    let mut fresh = Vec::new();
+    for (b, (&len, &count)) in lengths.iter().zip(counts).enumerate() {
+        let extent = [1, shape[1], count, shape[3]];
+        fresh.extend(box_runs(
+            new_shape,
+            [b, 0, 0, 0],
+            shape,
+            [b, 0, len, 0],
+            extent,
+        ));
+    }
+    match engine.gpu() {
+        Some(ctx) => {
+            let new_buffer = new
+                .gpu_buffer()
+                .ok_or(Error::ForeignTensor { tensor: "key" })?;
+            let old_buffer = match &old {
+                Some(t) => Some(
+                    t.gpu_buffer()
+                        .ok_or(Error::ForeignTensor {
+                            tensor: "the KV cache",
+                        })?
+                        .clone(),
+                ),
+                None => None,
+            };
+            ctx.scoped("KV cache append", || {
+                // In place when there is room; else a larger buffer, old rows first.
+                let (target, fresh_buffer) = match (&old, regrow) {
+                    (Some(t), None) => (t.clone(), None),
+                    _ => {
+                        let grown =
+                            buffer::tensor_storage(ctx, "KV cache", shape.iter().product())?;
+                        (engine.wrap_gpu(shape.to_vec(), grown.clone()), Some(grown))
+                    }
+                };
+                let dst = fresh_buffer
+                    .as_ref()
+                    .or(target.gpu_buffer())
+                    .expect("a GPU tensor");
+                let mut rec = Recorder::new(ctx, "KV cache append");
+                if let (Some(src), Some(_)) = (&old_buffer, &fresh_buffer) {
+                    for &(s, d, len) in &keep {
+                        rec.copy(src, s, dst, d, len);
+                    }
+                }
+                for &(s, d, len) in &fresh {
+                    rec.copy(new_buffer, s, dst, d, len);
+                }
+                rec.submit();
+                Ok(target)
+            })
+            .await
+        }
+        None => {
+            let mut data = match (old, regrow) {
+                (Some(t), None) => host_values(t)?,
+                (Some(t), Some(_)) => {
+                    let src = host_values(t)?;
+                    let mut grown = vec![0.0f32; shape.iter().product()];
+                    for &(s, d, len) in &keep {
+                        grown[d..d + len].copy_from_slice(&src[s..s + len]);
+                    }
+                    grown
+                }
+                (None, _) => vec![0.0f32; shape.iter().product()],
+            };
+            let src = match &new.storage {
+                Storage::Host(h) => h.data(),
+                Storage::Gpu(_) => return Err(Error::ForeignTensor { tensor: "key" }),
+            };
+            for &(s, d, len) in &fresh {
+                data[d..d + len].copy_from_slice(&src[s..s + len]);
+            }
+            Ok(engine.wrap_host(HostTensor::new(shape.to_vec(), data)?))
+        }
+    }
+}
+
+/// A host tensor's values, without a copy when the cache holds the only reference.
+fn host_values(t: Tensor) -> Result<Vec<f32>> {
+    match t.storage {
+        Storage::Host(h) => Ok(std::sync::Arc::try_unwrap(h)
+            .unwrap_or_else(|shared| (*shared).clone())
+            .into_data()),
+        Storage::Gpu(_) => Err(Error::ForeignTensor {
+            tensor: "the KV cache",
+        }),
+    }
+}
+
+/// The first `rows` tokens of a cache tensor, as a fresh `[B, Hkv, rows, D]` tensor.
+async fn copy_rows(engine: &Engine, t: &Tensor, rows: usize) -> Result<Tensor> {
+    let shape = <[usize; 4]>::try_from(t.shape()).expect("a cache tensor");
+    let out = [shape[0], shape[1], rows, shape[3]];
+    let runs = box_runs(shape, [0; 4], out, [0; 4], out);
+    match (engine.gpu(), &t.storage) {
+        (Some(ctx), Storage::Gpu(src)) => {
+            ctx.scoped("present from the KV cache", || {
+                let dst = buffer::tensor_storage(ctx, "present", out.iter().product())?;
+                let mut rec = Recorder::new(ctx, "present from the KV cache");
+                for &(s, d, len) in &runs {
+                    rec.copy(src, s, &dst, d, len);
+                }
+                rec.submit();
+                Ok(engine.wrap_gpu(out.to_vec(), dst))
+            })
+            .await
+        }
+        (_, Storage::Host(h)) => {
+            let mut data = vec![0.0f32; out.iter().product()];
+            for &(s, d, len) in &runs {
+                data[d..d + len].copy_from_slice(&h.data()[s..s + len]);
+            }
+            Ok(engine.wrap_host(HostTensor::new(out.to_vec(), data)?))
+        }
+        (None, Storage::Gpu(_)) => Err(Error::ForeignTensor {
+            tensor: "the KV cache",
+        }),
+    }
+}

@@ -1,0 +1,150 @@
+//! Calls whose tensors exceed one storage binding run in pieces that fit
+//! (`gpu/split.rs`): by batches and heads, by query rows, and by keys (the
+//! fused kernel resumed across key ranges). Forced here on a small adapter,
+//! one whose `max_storage_buffer_binding_size` is 64 KiB or 8 KiB, so every
+//! kind of cut runs against the f64 oracle on every path.
+
+mod common;
+
+use webattn::conformance::{run_case, CaseSpec, MaskForm};
+use webattn::{
+    AttentionInputs, AttentionOptions, BackendPreference, DeviceLimits, Engine, EngineOptions,
+    Error, KernelPath, QkMatmulOutputMode,
+};
+
+/// A GPU engine whose storage bindings hold at most `limit` bytes.
+fn small_binding_engine(limit: u64) -> Option<Engine> {
+    common::gpu()?;
+    let options = EngineOptions {
+        backend: BackendPreference::Gpu,
+        limits: DeviceLimits::default()
+            .with("max_storage_buffer_binding_size", limit)
+            .expect("a known limit"),
+        ..Default::default()
+    };
+    Some(Engine::with_options_blocking(options).expect("an engine with a smaller binding limit"))
+}
+
+/// Runs each case on the fused and unfused paths, checks it against the
+/// oracle and that it ran in more than one piece.
+fn check_in_pieces(engine: &Engine, cases: &[CaseSpec]) {
+    let mut failed = Vec::new();
+    for case in cases {
+        for path in [KernelPath::Fused, KernelPath::Unfused] {
+            let results = pollster::block_on(run_case(engine, case, &[path], common::seed()));
+            for result in &results {
+                common::print_result(result);
+                if !result.passed() {
+                    failed.push(format!("{} on {path:?}", result.name));
+                }
+            }
+            let stats = engine.last_call().expect("a call was made");
+            println!("  {} on {path:?}: {} pieces", case.name, stats.pieces);
+            assert!(
+                stats.pieces > 1,
+                "{} on {path:?} ran whole; the case no longer exceeds the binding",
+                case.name
+            );
+        }
+    }
+    assert!(failed.is_empty(), "failed in pieces: {failed:?}");
+}
+
+#[test]
+fn calls_past_one_binding_run_in_pieces_and_agree_with_the_oracle() {
+    let Some(engine) = small_binding_engine(64 << 10) else {
+        return;
+    };
+    let cases = [
+        // Batches and heads: every (batch, KV head) fits, the whole does not.
+        CaseSpec::new("pieces-of-batches-and-heads", [4, 8, 4], [33, 65], [32, 32])
+            .mask(MaskForm::Float(4))
+            .with(|o| {
+                o.is_causal = true;
+                o.alibi = true;
+                o.return_lse = true;
+            }),
+        // Query rows, behind a past whose present is returned.
+        CaseSpec::new(
+            "pieces-of-query-rows-with-past",
+            [1, 2, 1],
+            [300, 40],
+            [64, 64],
+        )
+        .past(25)
+        .mask(MaskForm::Bool(2))
+        .with(|o| {
+            o.is_causal = true;
+            o.left_window_size = 50;
+            o.return_present = true;
+            o.qk_matmul_output_mode = Some(QkMatmulOutputMode::Probabilities);
+        }),
+        // Keys: one head's K is 750 KiB; per-batch lengths and ALiBi.
+        CaseSpec::new(
+            "pieces-of-keys-decode-nonpad",
+            [2, 8, 2],
+            [3, 3000],
+            [64, 64],
+        )
+        .nonpad()
+        .with(|o| {
+            o.left_window_size = 900;
+            o.alibi = true;
+            o.softcap = 20.0;
+            o.return_lse = true;
+        }),
+        // Keys and rows, with a short mask and the biased scores returned.
+        CaseSpec::new(
+            "pieces-of-keys-short-mask-scores",
+            [1, 2, 1],
+            [70, 700],
+            [48, 32],
+        )
+        .mask(MaskForm::ShortBool)
+        .with(|o| {
+            o.is_causal = true;
+            o.temperature = 0.7;
+            o.qk_matmul_output_mode = Some(QkMatmulOutputMode::Biased);
+        }),
+        // Every third row fully masked, rows split in pieces.
+        CaseSpec::new("pieces-with-empty-rows", [2, 4, 4], [97, 257], [64, 64])
+            .mask(MaskForm::EmptyRows)
+            .logits(30.0),
+    ];
+    check_in_pieces(&engine, &cases);
+}
+
+#[test]
+fn probabilities_whose_rows_exceed_a_binding_are_refused_with_a_hint() {
+    let Some(engine) = small_binding_engine(8 << 10) else {
+        return;
+    };
+    let case = CaseSpec::new("long-probability-rows", [1, 1, 1], [4, 97], [40, 40]).with(|o| {
+        o.qk_matmul_output_mode = Some(QkMatmulOutputMode::Probabilities);
+    });
+    let inputs = case.generate(common::seed()).expect("inputs");
+    let options = AttentionOptions {
+        path: KernelPath::Fused,
+        qk_matmul_output_mode: Some(QkMatmulOutputMode::Probabilities),
+        ..Default::default()
+    };
+    let host = AttentionInputs::new(&inputs.q, &inputs.k, &inputs.v);
+    let err = engine
+        .attention_host_blocking(&host, &options)
+        .expect_err("a row of probabilities cannot be split across bindings");
+    assert!(matches!(err, Error::Limit { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("max_storage_buffer_binding_size") && text.contains("mode 2"),
+        "{text}"
+    );
+    // The same call without the probabilities runs, in pieces of keys.
+    let plain = AttentionOptions {
+        path: KernelPath::Fused,
+        ..Default::default()
+    };
+    engine
+        .attention_host_blocking(&host, &plain)
+        .expect("without probabilities the keys can be split");
+    assert!(engine.last_call().expect("a call").pieces > 1);
+}
