@@ -14,6 +14,8 @@
 //! caller needs ONNX's `present_key/value` as fresh tensors,
 //! [`KvCache::present`] copies them out.
 
+use std::sync::Arc;
+
 use crate::device_tensor::{Storage, Tensor};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -26,6 +28,9 @@ use crate::tensor::HostTensor;
 pub const DEFAULT_CAPACITY: usize = 256;
 
 /// Keys and values of a batch of sequences, preallocated and appended in place.
+///
+/// A clone shares the storage until one of them appends: the one that
+/// appends then copies (beam search and speculative decoding can fork a cache).
 #[derive(Debug, Clone)]
 pub struct KvCache {
     key: Option<Tensor>,
@@ -112,9 +117,13 @@ impl KvCache {
         self.append_ragged(engine, key, value, &counts).await
     }
 
-    /// Appends the first `counts[b]` of the `n` rows of `key` and `value` to
-    /// sequence `b` (the rest are padding), so a batch of sequences of
-    /// different lengths shares one cache.
+    /// Appends the last `counts[b]` of the `n` rows of `key` and `value` to
+    /// sequence `b` (the rows before them are padding), so a batch of
+    /// sequences of different lengths shares one cache. Padding comes first
+    /// because attention through the lengths places a step's queries at the
+    /// end of each sequence (ONNX's `nonpad_kv_seqlen` offset): query row i of
+    /// `n` sits at position `length - n + i`, so a sequence's real queries are
+    /// its last `counts[b]` rows too.
     pub async fn append_ragged(
         &mut self,
         engine: &Engine,
@@ -192,20 +201,39 @@ impl KvCache {
             .unwrap_or(0);
         let capacity = self.capacity();
         let grown = if needed > capacity {
-            (2 * capacity).max(needed).max(self.first_capacity)
+            // Twice the capacity, unless that passes the largest buffer: then what is needed.
+            let doubled = (2 * capacity).max(needed).max(self.first_capacity);
+            let row_bytes = 4 * (b * h * dk.max(dv)).max(1) as u64;
+            let fits = engine.capabilities().map_or(u64::MAX, |c| {
+                c.limits.max_buffer_size.saturating_sub(16) / row_bytes
+            });
+            doubled
+                .min(usize::try_from(fits).unwrap_or(usize::MAX))
+                .max(needed)
         } else {
             capacity
         };
-        let shapes = [[b, h, grown, dk], [b, h, grown, dv]];
-        let olds = [self.key.take(), self.value.take()];
-        let news = [key, value];
-        let mut stored = Vec::with_capacity(2);
-        for ((old, new), shape) in olds.into_iter().zip(news).zip(shapes) {
-            stored.push(append_rows(engine, old, new, shape, &lengths, counts).await?);
+        // Both tensors are built before either is replaced: a failed append
+        // (memory, limits) leaves the cache as it was.
+        let key_shape = [b, h, grown, dk];
+        let new_key =
+            append_rows(engine, self.key.as_mut(), key, key_shape, &lengths, counts).await?;
+        let value_shape = [b, h, grown, dv];
+        let new_value = append_rows(
+            engine,
+            self.value.as_mut(),
+            value,
+            value_shape,
+            &lengths,
+            counts,
+        )
+        .await?;
+        if let Some(t) = new_key {
+            self.key = Some(t);
         }
-        let mut stored = stored.into_iter();
-        self.key = stored.next();
-        self.value = stored.next();
+        if let Some(t) = new_value {
+            self.value = Some(t);
+        }
         self.lengths = lengths.iter().zip(counts).map(|(l, c)| l + c).collect();
         Ok(())
     }
@@ -272,115 +300,130 @@ fn rank4(name: &'static str, t: &Tensor) -> Result<[usize; 4]> {
     })
 }
 
-/// The cache tensor after appending `counts[b]` rows of `new` to sequence b
-/// at `lengths[b]`: `old` itself when it has room (in place), else a tensor of
-/// `shape` holding `old`'s rows first.
+/// Appends `counts[b]` rows of `new` (its last ones: a step's padding comes
+/// first, as its queries are right-aligned) to sequence b at `lengths[b]` of
+/// the cache tensor `old`. In place when `old` has `shape`'s capacity and no
+/// clone of the cache shares its storage (returns `None`); else into a fresh
+/// tensor of `shape`, `old`'s rows first (returns it). Nothing of `old` is
+/// dropped here, so a failed append leaves the cache whole.
 async fn append_rows(
     engine: &Engine,
-    old: Option<Tensor>,
+    old: Option<&mut Tensor>,
     new: &Tensor,
     shape: [usize; 4],
     lengths: &[usize],
     counts: &[usize],
-) -> Result<Tensor> {
+) -> Result<Option<Tensor>> {
     let new_shape = <[usize; 4]>::try_from(new.shape()).expect("checked rank");
     let old_shape = old
         .as_ref()
         .map(|t| <[usize; 4]>::try_from(t.shape()).expect("a cache tensor"));
     // (source element in `old` or `new`, destination element, length) runs.
-    let regrow = old_shape.filter(|s| s[2] != shape[2]);
-    let keep: Vec<(usize, usize, usize)> = match regrow {
-        Some(s) => box_runs(s, [0; 4], shape, [0; 4], s),
-        None => Vec::new(),
-    };
     let mut fresh = Vec::new();
     for (b, (&len, &count)) in lengths.iter().zip(counts).enumerate() {
         let extent = [1, shape[1], count, shape[3]];
+        let first = new_shape[2] - count;
         fresh.extend(box_runs(
             new_shape,
-            [b, 0, 0, 0],
+            [b, 0, first, 0],
             shape,
             [b, 0, len, 0],
             extent,
         ));
     }
+    let same_capacity = old_shape.is_some_and(|s| s[2] == shape[2]);
+    let keep = |s: [usize; 4]| box_runs(s, [0; 4], shape, [0; 4], s);
     match engine.gpu() {
         Some(ctx) => {
             let new_buffer = new
                 .gpu_buffer()
                 .ok_or(Error::ForeignTensor { tensor: "key" })?;
             let old_buffer = match &old {
-                Some(t) => Some(
-                    t.gpu_buffer()
-                        .ok_or(Error::ForeignTensor {
+                Some(t) => match &t.storage {
+                    Storage::Gpu(b) => Some(b.clone()),
+                    Storage::Host(_) => {
+                        return Err(Error::ForeignTensor {
                             tensor: "the KV cache",
-                        })?
-                        .clone(),
-                ),
+                        })
+                    }
+                },
                 None => None,
             };
-            ctx.scoped("KV cache append", || {
-                // In place when there is room; else a larger buffer, old rows first.
-                let (target, fresh_buffer) = match (&old, regrow) {
-                    (Some(t), None) => (t.clone(), None),
-                    _ => {
-                        let grown =
-                            buffer::tensor_storage(ctx, "KV cache", shape.iter().product())?;
-                        (engine.wrap_gpu(shape.to_vec(), grown.clone()), Some(grown))
-                    }
-                };
-                let dst = fresh_buffer
+            // Another holder of the buffer (a clone of the cache) keeps its rows.
+            let in_place = same_capacity
+                && old_buffer
                     .as_ref()
-                    .or(target.gpu_buffer())
-                    .expect("a GPU tensor");
+                    .is_some_and(|b| Arc::strong_count(b) == 2);
+            ctx.scoped("KV cache append", || {
                 let mut rec = Recorder::new(ctx, "KV cache append");
-                if let (Some(src), Some(_)) = (&old_buffer, &fresh_buffer) {
-                    for &(s, d, len) in &keep {
-                        rec.copy(src, s, dst, d, len);
+                let replaced = if in_place {
+                    None
+                } else {
+                    Some(buffer::tensor_storage(
+                        ctx,
+                        "KV cache",
+                        shape.iter().product(),
+                    )?)
+                };
+                let dst = match (&replaced, &old_buffer) {
+                    (Some(b), _) => b,
+                    (None, Some(b)) => b.as_ref(),
+                    (None, None) => unreachable!("in place needs a cache tensor"),
+                };
+                if let (Some(src), Some(s), Some(_)) = (&old_buffer, old_shape, &replaced) {
+                    for (from, to, len) in keep(s) {
+                        rec.copy(src, from, dst, to, len);
                     }
                 }
-                for &(s, d, len) in &fresh {
-                    rec.copy(new_buffer, s, dst, d, len);
+                for &(from, to, len) in &fresh {
+                    rec.copy(new_buffer, from, dst, to, len);
                 }
                 rec.submit();
-                Ok(target)
+                Ok(replaced.map(|b| engine.wrap_gpu(shape.to_vec(), b)))
             })
             .await
         }
         None => {
-            let mut data = match (old, regrow) {
-                (Some(t), None) => host_values(t)?,
-                (Some(t), Some(_)) => {
-                    let src = host_values(t)?;
-                    let mut grown = vec![0.0f32; shape.iter().product()];
-                    for &(s, d, len) in &keep {
-                        grown[d..d + len].copy_from_slice(&src[s..s + len]);
-                    }
-                    grown
-                }
-                (None, _) => vec![0.0f32; shape.iter().product()],
-            };
             let src = match &new.storage {
                 Storage::Host(h) => h.data(),
                 Storage::Gpu(_) => return Err(Error::ForeignTensor { tensor: "key" }),
             };
-            for &(s, d, len) in &fresh {
-                data[d..d + len].copy_from_slice(&src[s..s + len]);
+            match old {
+                // In place: copy-on-write when a clone of the cache shares the values.
+                Some(t) if same_capacity => {
+                    let Storage::Host(values) = &mut t.storage else {
+                        return Err(Error::ForeignTensor {
+                            tensor: "the KV cache",
+                        });
+                    };
+                    let data = Arc::make_mut(values).data_mut();
+                    for &(from, to, len) in &fresh {
+                        data[to..to + len].copy_from_slice(&src[from..from + len]);
+                    }
+                    Ok(None)
+                }
+                old => {
+                    let mut data = vec![0.0f32; shape.iter().product()];
+                    if let Some(t) = old {
+                        let Storage::Host(values) = &t.storage else {
+                            return Err(Error::ForeignTensor {
+                                tensor: "the KV cache",
+                            });
+                        };
+                        let s = <[usize; 4]>::try_from(t.shape()).expect("a cache tensor");
+                        for (from, to, len) in keep(s) {
+                            data[to..to + len].copy_from_slice(&values.data()[from..from + len]);
+                        }
+                    }
+                    for &(from, to, len) in &fresh {
+                        data[to..to + len].copy_from_slice(&src[from..from + len]);
+                    }
+                    Ok(Some(
+                        engine.wrap_host(HostTensor::new(shape.to_vec(), data)?),
+                    ))
+                }
             }
-            Ok(engine.wrap_host(HostTensor::new(shape.to_vec(), data)?))
         }
-    }
-}
-
-/// A host tensor's values, without a copy when the cache holds the only reference.
-fn host_values(t: Tensor) -> Result<Vec<f32>> {
-    match t.storage {
-        Storage::Host(h) => Ok(std::sync::Arc::try_unwrap(h)
-            .unwrap_or_else(|shared| (*shared).clone())
-            .into_data()),
-        Storage::Gpu(_) => Err(Error::ForeignTensor {
-            tensor: "the KV cache",
-        }),
     }
 }
 

@@ -113,7 +113,8 @@ fn sequences_of_different_lengths_share_a_cache() {
     let mut rng = SplitMix64::new(common::seed() ^ 1);
     for engine in engines() {
         let mut cache = KvCache::with_capacity(4);
-        // Sequence 0 takes 3 then 2 tokens, sequence 1 takes 1 then 4.
+        // Sequence 0 takes 3 then 2 tokens, sequence 1 takes 1 then 4 (the
+        // last rows of each step: its padding comes first).
         let first = (
             random(&mut rng, [2, HEADS, 3, DK]),
             random(&mut rng, [2, HEADS, 3, DV]),
@@ -143,7 +144,8 @@ fn sequences_of_different_lengths_share_a_cache() {
         let k = engine.download_blocking(k).unwrap();
         for (b, (a, c)) in [(3, 2), (1, 4)].into_iter().enumerate() {
             let cached = rows(&k, b, 0, 5);
-            let (firsts, seconds) = (rows(&first.0, b, 0, a), rows(&second.0, b, 0, c));
+            // Each step's real rows are its last ones (padding first).
+            let (firsts, seconds) = (rows(&first.0, b, 3 - a, a), rows(&second.0, b, 4 - c, c));
             for head in 0..HEADS {
                 let mut expected = firsts[head * a * DK..(head + 1) * a * DK].to_vec();
                 expected.extend_from_slice(&seconds[head * c * DK..(head + 1) * c * DK]);
@@ -235,4 +237,44 @@ fn bad_appends_are_typed_errors_and_leave_the_cache_alone() {
         KvCache::new().attention_inputs(&q, &[]),
         Err(Error::Conflict(_))
     ));
+}
+
+#[test]
+fn a_cloned_cache_keeps_its_rows_when_the_original_appends() {
+    let mut rng = SplitMix64::new(common::seed() ^ 2);
+    for engine in engines() {
+        let mut cache = KvCache::with_capacity(16);
+        let (k, v) = (
+            random(&mut rng, [1, HEADS, 3, DK]),
+            random(&mut rng, [1, HEADS, 3, DV]),
+        );
+        cache
+            .append_blocking(&engine, &upload(&engine, &k), &upload(&engine, &v))
+            .unwrap();
+        // A fork (beam search, speculative decoding): both append at row 3.
+        let mut fork = cache.clone();
+        let one = |rng: &mut SplitMix64| {
+            (
+                random(rng, [1, HEADS, 1, DK]),
+                random(rng, [1, HEADS, 1, DV]),
+            )
+        };
+        let (a, b) = (one(&mut rng), one(&mut rng));
+        cache
+            .append_blocking(&engine, &upload(&engine, &a.0), &upload(&engine, &a.1))
+            .unwrap();
+        fork.append_blocking(&engine, &upload(&engine, &b.0), &upload(&engine, &b.1))
+            .unwrap();
+        let row3 = |c: &KvCache| {
+            let (key, _) = c.present_blocking(&engine).unwrap();
+            rows(&engine.download_blocking(&key).unwrap(), 0, 3, 1)
+        };
+        assert_eq!(
+            row3(&cache),
+            a.0.data(),
+            "{}: the original",
+            engine.describe()
+        );
+        assert_eq!(row3(&fork), b.0.data(), "{}: the fork", engine.describe());
+    }
 }

@@ -362,6 +362,15 @@ impl MultiHeadAttention {
         let kv_input = key_value.unwrap_or(query);
         self.check_input("key_value", kv_input, d.d_kv, Some(batch))?;
         let past_len = cache.as_ref().map_or(0, |c| c.len());
+        if cache
+            .as_ref()
+            .is_some_and(|c| c.lengths().iter().any(|&l| l != past_len))
+        {
+            return Err(Error::Conflict(
+                "a decoder's KV cache must hold sequences of one length (rotary \
+                 positions continue from it); this one was appended ragged",
+            ));
+        }
         if let Some((pk, _)) = cache.as_ref().and_then(|c| c.tensors()) {
             if pk.shape()[0] != batch {
                 return Err(Error::ShapeMismatch {
@@ -391,26 +400,42 @@ impl MultiHeadAttention {
         // With a cache the new keys and values are appended in place and the
         // queries attend to the cache's first `len` keys (its lengths as
         // nonpad_kv_seqlen: causal positions continue from the cached tokens).
-        let (out, keys_seen) = match cache {
+        match cache {
             Some(cache) => {
                 let before = cache.lengths().to_vec();
-                cache.append(engine, &k, &v).await?;
-                let lengths = cache.nonpad_lengths();
-                let inputs = cache.attention_inputs(&q, &lengths)?;
-                match engine.attention(&inputs, &attention_options).await {
-                    Ok(out) => (out, Some(cache.len())),
-                    Err(e) => {
-                        // A failed step leaves the cache as it was.
-                        cache.forget_since(&before);
-                        return Err(e);
-                    }
+                let step = async {
+                    cache.append(engine, &k, &v).await?;
+                    let lengths = cache.nonpad_lengths();
+                    let inputs = cache.attention_inputs(&q, &lengths)?;
+                    let out = engine.attention(&inputs, &attention_options).await?;
+                    self.finish(engine, &out, Some(cache.len()), batch, n).await
+                };
+                let result = step.await;
+                if result.is_err() {
+                    // A failed step leaves the cache as it was.
+                    cache.forget_since(&before);
                 }
+                result
             }
             None => {
                 let inputs = AttentionInputs::new(&q, &k, &v);
-                (engine.attention(&inputs, &attention_options).await?, None)
+                let out = engine.attention(&inputs, &attention_options).await?;
+                self.finish(engine, &out, None, batch, n).await
             }
-        };
+        }
+    }
+
+    /// The output projection of an attention's Y, and its weights (cut to
+    /// the `keys_seen` cached keys' columns when read from a cache).
+    async fn finish(
+        &self,
+        engine: &Engine,
+        out: &crate::AttentionOutputs<Tensor>,
+        keys_seen: Option<usize>,
+        batch: usize,
+        n: usize,
+    ) -> Result<Attended> {
+        let d = self.dims;
         let output = match (engine.gpu(), out.y.gpu_buffer()) {
             (Some(ctx), Some(y)) => {
                 let weights = self.device_weights(engine, ctx)?;

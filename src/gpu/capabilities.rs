@@ -48,6 +48,28 @@ impl KernelLimits {
         max_storage_buffers_per_shader_stage: 8,
     };
 
+    /// Each limit no larger than `other`'s.
+    pub fn at_most(&self, other: &KernelLimits) -> KernelLimits {
+        KernelLimits {
+            max_storage_buffer_binding_size: self
+                .max_storage_buffer_binding_size
+                .min(other.max_storage_buffer_binding_size),
+            max_buffer_size: self.max_buffer_size.min(other.max_buffer_size),
+            max_compute_workgroup_storage_size: self
+                .max_compute_workgroup_storage_size
+                .min(other.max_compute_workgroup_storage_size),
+            max_compute_invocations_per_workgroup: self
+                .max_compute_invocations_per_workgroup
+                .min(other.max_compute_invocations_per_workgroup),
+            max_compute_workgroups_per_dimension: self
+                .max_compute_workgroups_per_dimension
+                .min(other.max_compute_workgroups_per_dimension),
+            max_storage_buffers_per_shader_stage: self
+                .max_storage_buffers_per_shader_stage
+                .min(other.max_storage_buffers_per_shader_stage),
+        }
+    }
+
     /// The largest buffer that can also be bound whole as storage.
     pub fn max_bindable_bytes(&self) -> u64 {
         self.max_storage_buffer_binding_size

@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::capabilities::Capabilities;
+use super::capabilities::{Capabilities, KernelLimits};
 use super::choice::{FusedKernelChoice, GemmKernel};
 use super::pipeline::PipelineCache;
 use crate::error::{Error, Result};
@@ -192,6 +192,9 @@ impl GpuContext {
         }));
 
         let mut caps = Capabilities::new(&info, &device.limits(), device.features());
+        // Browsers raise a request below WebGPU's defaults to the defaults; the
+        // engine keeps to what was asked, so a small adapter can be imitated there too.
+        caps.limits = caps.limits.at_most(&KernelLimits::from(&limits));
         caps.cooperative_matrix = super::capabilities::cooperative_matrix_configs(adapter);
         log::info!("webattn: using {}", caps.summary());
         Ok(GpuContext {

@@ -61,9 +61,11 @@ pub(crate) async fn run(
     run_pieces(ctx, dims, inputs, options, route, cut).await
 }
 
-/// Bytes of a storage buffer of `len` f32 values (whole vec4s, never empty).
-fn stored(len: usize) -> u64 {
-    (len.max(1).div_ceil(4) * 16) as u64
+/// Bytes of a storage buffer of the product of `dims` f32 values (whole
+/// vec4s, never empty), in u64: on wasm32 a usize product would overflow.
+fn stored(dims: &[usize]) -> u64 {
+    let len = dims.iter().map(|&d| d as u64).product::<u64>();
+    len.max(1).div_ceil(4) * 16
 }
 
 /// Whether the call runs whole: everything its path binds fits one binding.
@@ -78,16 +80,16 @@ fn whole_fits(
     let present = dims.has_past && dims.past_len > 0 || options.return_present;
     let kv_rows = dims.batch * dims.kv_heads;
     let mut sizes = vec![
-        stored(kv_rows * dims.kv_len * dims.head_dim),
-        stored(kv_rows * dims.kv_len * dims.v_head_dim),
+        stored(&[kv_rows, dims.kv_len, dims.head_dim]),
+        stored(&[kv_rows, dims.kv_len, dims.v_head_dim]),
     ];
     if dims.has_past {
-        sizes.push(stored(kv_rows * dims.past_len * dims.head_dim));
-        sizes.push(stored(kv_rows * dims.past_len * dims.v_head_dim));
+        sizes.push(stored(&[kv_rows, dims.past_len, dims.head_dim]));
+        sizes.push(stored(&[kv_rows, dims.past_len, dims.v_head_dim]));
     }
     if present {
-        sizes.push(stored(kv_rows * dims.total_len() * dims.head_dim));
-        sizes.push(stored(kv_rows * dims.total_len() * dims.v_head_dim));
+        sizes.push(stored(&[kv_rows, dims.total_len(), dims.head_dim]));
+        sizes.push(stored(&[kv_rows, dims.total_len(), dims.v_head_dim]));
     }
     sizes.iter().all(|&b| b <= limit)
         && whole
@@ -152,27 +154,36 @@ impl Cut {
         let mut out = vec![
             Binding {
                 name: "Q",
-                bytes: stored(q_rows * dims.head_dim),
+                bytes: stored(&[q_rows, dims.head_dim]),
                 axes: [true, true, true, false],
             },
             Binding {
                 name: "K",
-                bytes: stored(heads * self.keys * dims.head_dim),
+                bytes: stored(&[heads, self.keys, dims.head_dim]),
                 axes: [true, true, false, true],
             },
             Binding {
                 name: "V",
-                bytes: stored(heads * self.keys * dims.v_head_dim),
+                bytes: stored(&[heads, self.keys, dims.v_head_dim]),
                 axes: [true, true, false, true],
             },
             Binding {
                 name: "Y",
-                bytes: stored(q_rows * dims.v_head_dim),
+                bytes: stored(&[q_rows, dims.v_head_dim]),
                 axes: [true, true, true, false],
             },
             Binding {
+                // [lse | max | sum] on the fused kernels (and pieces of keys,
+                // which resume them), the logsumexp alone unfused.
                 name: "lse",
-                bytes: stored(3 * q_rows),
+                bytes: stored(&[
+                    if route == Route::Fused || self.keys < dims.total_len() {
+                        3
+                    } else {
+                        1
+                    },
+                    q_rows,
+                ]),
                 axes: [true, true, true, false],
             },
         ];
@@ -180,7 +191,7 @@ impl Cut {
             let shape = piece_mask_shape(&layout, dims, self);
             out.push(Binding {
                 name: "attn_mask",
-                bytes: stored(shape.iter().product()),
+                bytes: stored(&shape),
                 axes: [
                     layout.batch_stride != 0,
                     layout.head_stride != 0,
@@ -192,7 +203,7 @@ impl Cut {
         if options.qk_matmul_output_mode.is_some() {
             out.push(Binding {
                 name: "qk_matmul_output",
-                bytes: stored(q_rows * self.keys),
+                bytes: stored(&[q_rows, self.keys]),
                 axes: all,
             });
         }
@@ -201,14 +212,14 @@ impl Cut {
             let plan = DecodePlan::new(&piece, caps);
             out.push(Binding {
                 name: "decode partials",
-                bytes: stored(plan.partial_values(&piece)),
+                bytes: stored(&[plan.partial_values(&piece)]),
                 axes: [true, true, true, false],
             });
         }
         if matches!(route, Route::Unfused { .. }) {
             out.push(Binding {
                 name: "a score row",
-                bytes: stored(self.keys),
+                bytes: stored(&[self.keys]),
                 axes: [false, false, false, true],
             });
         }
@@ -370,8 +381,8 @@ async fn run_pieces(
     let (dk, dv) = (dims.head_dim, dims.v_head_dim);
     let rows = b * hq * nq;
     let max_buffer = ctx.caps.limits.max_buffer_size;
-    let check = |what: &str, len: usize| {
-        let size = stored(len);
+    let check = |what: &str, dims: &[usize]| {
+        let size = stored(dims);
         if size > max_buffer {
             Err(Error::buffer_limit(
                 what,
@@ -384,13 +395,13 @@ async fn run_pieces(
         }
     };
     let want_present = dims.has_past && dims.past_len > 0 || options.return_present;
-    let mut allocated = check("Y", rows * dv)? + check("lse", rows)?;
+    let mut allocated = check("Y", &[rows, dv])? + check("lse", &[rows])?;
     if options.qk_matmul_output_mode.is_some() {
-        allocated += check("qk_matmul_output", rows * t)?;
+        allocated += check("qk_matmul_output", &[rows, t])?;
     }
     if want_present {
-        allocated += check("present_key", b * hkv * t * dk)?;
-        allocated += check("present_value", b * hkv * t * dv)?;
+        allocated += check("present_key", &[b, hkv, t, dk])?;
+        allocated += check("present_value", &[b, hkv, t, dv])?;
     }
     log::info!(
         "webattn: tensors exceed one storage binding; running in pieces of \
