@@ -45,12 +45,7 @@ fn f32_bytes(len: usize) -> u64 {
 pub(crate) fn storage(ctx: &GpuContext, label: &str, len: usize) -> Result<wgpu::Buffer> {
     let size = f32_bytes(len);
     check_bindable(ctx, label, size)?;
-    Ok(ctx.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some(label),
-        size,
-        usage: STORAGE,
-        mapped_at_creation: false,
-    }))
+    Ok(create(ctx, label, size))
 }
 
 /// A zero-filled storage buffer of `len` f32 values that holds a call's
@@ -58,12 +53,17 @@ pub(crate) fn storage(ctx: &GpuContext, label: &str, len: usize) -> Result<wgpu:
 pub(crate) fn tensor_storage(ctx: &GpuContext, label: &str, len: usize) -> Result<wgpu::Buffer> {
     let size = f32_bytes(len);
     check_buffer(ctx, label, size)?;
-    Ok(ctx.device.create_buffer(&wgpu::BufferDescriptor {
+    Ok(create(ctx, label, size))
+}
+
+/// A zero-filled storage buffer of `size` bytes (checked by the caller).
+fn create(ctx: &GpuContext, label: &str, size: u64) -> wgpu::Buffer {
+    ctx.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         size,
         usage: STORAGE,
         mapped_at_creation: false,
-    }))
+    })
 }
 
 /// A storage buffer holding `data`, which a kernel binds whole.
@@ -87,12 +87,7 @@ pub(crate) fn upload_tensor<T: bytemuck::Pod>(
     let bytes: &[u8] = bytemuck::cast_slice(data);
     let size = (bytes.len().max(1).div_ceil(16) * 16) as u64;
     check_buffer(ctx, label, size)?;
-    let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some(label),
-        size,
-        usage: STORAGE,
-        mapped_at_creation: false,
-    });
+    let buffer = create(ctx, label, size);
     // Whole 4-byte words go straight in; the padding stays zero.
     let whole = bytes.len() & !3;
     if whole > 0 {

@@ -77,6 +77,32 @@ impl KernelLimits {
     }
 }
 
+impl Capabilities {
+    /// A made-up adapter of `device_type` at WebGPU's default limits, with no
+    /// optional features: for unit tests of the planning code.
+    #[cfg(test)]
+    pub(crate) fn synthetic(device_type: &str) -> Capabilities {
+        Capabilities {
+            adapter: AdapterSummary {
+                name: "test".into(),
+                vendor: 0,
+                device: 0,
+                device_type: device_type.into(),
+                backend: "Vulkan".into(),
+                driver: "test".into(),
+                driver_info: String::new(),
+            },
+            limits: KernelLimits::WEBGPU_DEFAULTS,
+            shader_f16: false,
+            subgroups: false,
+            subgroup_min_size: 0,
+            subgroup_max_size: 0,
+            timestamp_query: false,
+            cooperative_matrix: Vec::new(),
+        }
+    }
+}
+
 impl From<&wgpu::Limits> for KernelLimits {
     fn from(l: &wgpu::Limits) -> Self {
         Self {

@@ -203,28 +203,13 @@ impl GpuContext {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::capabilities::AdapterSummary;
 
     impl Capabilities {
         /// A discrete GPU without subgroups, with these limits.
         fn for_tests(limits: KernelLimits) -> Capabilities {
             Capabilities {
-                adapter: AdapterSummary {
-                    name: "test GPU".into(),
-                    vendor: 0,
-                    device: 0,
-                    device_type: "DiscreteGpu".into(),
-                    backend: "Vulkan".into(),
-                    driver: "test".into(),
-                    driver_info: "1".into(),
-                },
                 limits,
-                shader_f16: false,
-                subgroups: false,
-                subgroup_min_size: 0,
-                subgroup_max_size: 0,
-                timestamp_query: false,
-                cooperative_matrix: Vec::new(),
+                ..Capabilities::synthetic("DiscreteGpu")
             }
         }
     }

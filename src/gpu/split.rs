@@ -861,31 +861,13 @@ async fn run_piece(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::capabilities::{AdapterSummary, KernelLimits};
 
     fn gpu(binding: u64) -> Capabilities {
-        Capabilities {
-            adapter: AdapterSummary {
-                name: "test".into(),
-                vendor: 0,
-                device: 0,
-                device_type: "DiscreteGpu".into(),
-                backend: "Vulkan".into(),
-                driver: "test".into(),
-                driver_info: String::new(),
-            },
-            limits: KernelLimits {
-                max_storage_buffer_binding_size: binding,
-                max_buffer_size: 1 << 40,
-                ..KernelLimits::WEBGPU_DEFAULTS
-            },
-            shader_f16: false,
-            subgroups: false,
-            subgroup_min_size: 0,
-            subgroup_max_size: 0,
-            timestamp_query: true,
-            cooperative_matrix: Vec::new(),
-        }
+        let mut caps = Capabilities::synthetic("DiscreteGpu");
+        caps.limits.max_storage_buffer_binding_size = binding;
+        caps.limits.max_buffer_size = 1 << 40;
+        caps.timestamp_query = true;
+        caps
     }
 
     fn decode(batch: usize, heads: usize, keys: usize) -> AttentionDims {

@@ -268,6 +268,21 @@ export declare class WebAttn {
   /** Times attention of one shape on a path (median of `timed` runs after `warmup`). */
   benchmark(shape: { batch?: number; heads?: number; seqQ?: number; seqK?: number; headDim?: number; causal?: boolean },
     options?: { path?: AttentionOptions["path"]; warmup?: number; timed?: number }): Promise<{ path: string; medianMs: number; gflops: number; samplesMs: number[] }>;
+  /**
+   * Tunes this adapter (as `webattn tune` does natively): times every fused kernel and tile that fits, and
+   * the unfused path, per head-dim class, and keeps the fastest in the engine's tuning table (in memory),
+   * which later calls follow. Rejects with `Conflict` on the CPU backend.
+   */
+  tune(options?: { headDims?: (number | [number, number])[] }, onProgress?: (label: string) => void): Promise<{
+    headDims: [number, number];
+    problem: { heads: number; seq: number };
+    /** Every configuration timed, fastest first (`unfused` among them). */
+    timings: { label: string; medianMs: number }[];
+    /** The fastest fused kernel, which calls at these head dims now use. */
+    kernel: string;
+    fusedMs: number;
+    unfusedMs: number;
+  }[]>;
   /** A multi-head attention layer: weights `[out, in]`, biases optional, RoPE optional. */
   multiHeadAttention(config: {
     weights: { wQ: Tensor; bQ?: Tensor; wK: Tensor; bK?: Tensor; wV: Tensor; bV?: Tensor; wO: Tensor; bO?: Tensor };

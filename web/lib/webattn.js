@@ -257,6 +257,13 @@ export class WebAttn {
 
   /** Times one attention shape on a path: `{ path, medianMs, gflops, samplesMs }`. */
   async benchmark(shape, options = {}) { return this._serial(() => this._core().benchmark(shape, options)); }
+  /**
+   * Tunes this adapter: times every fused kernel and tile that fits, and the
+   * unfused path, per head-dim class (`{ headDims: [[64, 64], 128] }`), and
+   * keeps the fastest in the engine's tuning table (in memory), which later
+   * calls follow. `onProgress(label)` before each configuration.
+   */
+  async tune(options = {}, onProgress = undefined) { return this._serial(() => this._core().tune(options, onProgress)); }
 
   /** A multi-head attention layer whose weights are uploaded once. */
   multiHeadAttention(config) { return new MultiHeadAttention(this, this._core().multiHeadAttention(config)); }

@@ -493,6 +493,84 @@ impl EngineCore {
         Ok(out.into())
     }
 
+    /// Tunes this adapter (`webattn tune` natively): times every fused kernel
+    /// and tile that fits, and the unfused path, for each head-dim class of
+    /// `headDims` (`[[dk, dv], ...]` or `[d, ...]`; default `[64]`), keeps the
+    /// fastest in the engine's tuning table (in memory in the browser), which
+    /// later calls follow. `progress(label)` before each configuration.
+    /// Returns `[{headDims, problem: {heads, seq}, timings: [{label, medianMs}],
+    /// kernel, fusedMs, unfusedMs}]`.
+    pub async fn tune(
+        &self,
+        options: JsValue,
+        progress: Option<Function>,
+    ) -> Result<JsValue, JsValue> {
+        convert::known_keys(&options, &["headDims"], "tune options")?;
+        let bad = |what: String| js_error("InvalidOption", format!("tune: headDims {what}"));
+        let dim = |v: &JsValue| -> Result<usize, JsValue> {
+            match v.as_f64() {
+                Some(n) if n >= 1.0 && n.fract() == 0.0 && n <= 4096.0 => Ok(n as usize),
+                _ => Err(bad(format!(
+                    "must hold head dims (whole numbers 1 to 4096), got {}",
+                    type_name(v)
+                ))),
+            }
+        };
+        let head_dims = match field(&options, "headDims") {
+            None => vec![(64, 64)],
+            Some(list) if Array::is_array(&list) => {
+                let mut dims = Vec::new();
+                for entry in Array::from(&list).iter() {
+                    if Array::is_array(&entry) {
+                        let pair = Array::from(&entry);
+                        if pair.length() != 2 {
+                            return Err(bad("entries must be [dk, dv] or d".into()));
+                        }
+                        dims.push((dim(&pair.get(0))?, dim(&pair.get(1))?));
+                    } else {
+                        let d = dim(&entry)?;
+                        dims.push((d, d));
+                    }
+                }
+                if dims.is_empty() {
+                    return Err(bad("is empty".into()));
+                }
+                dims
+            }
+            Some(other) => return Err(bad(format!("must be an array, got {}", type_name(&other)))),
+        };
+        let reports = webattn::tuning::tune(&self.engine, &head_dims, |label| {
+            if let Some(f) = &progress {
+                let _ = f.call1(&JsValue::NULL, &label.into());
+            }
+        })
+        .await
+        .js()?;
+        let out = Array::new();
+        for r in reports {
+            let item = Object::new();
+            let dims = Array::of2(&r.head_dims.0.into(), &r.head_dims.1.into());
+            set(&item, "headDims", dims);
+            let problem = Object::new();
+            set(&problem, "heads", r.problem.heads);
+            set(&problem, "seq", r.problem.seq);
+            set(&item, "problem", problem);
+            let timings = Array::new();
+            for t in &r.timings {
+                let row = Object::new();
+                set(&row, "label", t.label.as_str());
+                set(&row, "medianMs", t.median_ms);
+                timings.push(&row);
+            }
+            set(&item, "timings", timings);
+            set(&item, "kernel", r.entry.kernel.name());
+            set(&item, "fusedMs", r.entry.fused_ms);
+            set(&item, "unfusedMs", r.entry.unfused_ms);
+            out.push(&item);
+        }
+        Ok(out.into())
+    }
+
     /// Times attention of `shape` `{batch, heads, seqQ, seqK, headDim, causal}`
     /// on `path` (`warmup` untimed runs, then the median of `timed`):
     /// `{path, medianMs, gflops}`.

@@ -178,27 +178,9 @@ pub(crate) fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::capabilities::{AdapterSummary, KernelLimits};
 
     fn caps(device_type: &str) -> Capabilities {
-        Capabilities {
-            adapter: AdapterSummary {
-                name: "test".into(),
-                vendor: 0,
-                device: 0,
-                device_type: device_type.into(),
-                backend: "Vulkan".into(),
-                driver: "test".into(),
-                driver_info: String::new(),
-            },
-            limits: KernelLimits::WEBGPU_DEFAULTS,
-            shader_f16: false,
-            subgroups: false,
-            subgroup_min_size: 0,
-            subgroup_max_size: 0,
-            timestamp_query: false,
-            cooperative_matrix: Vec::new(),
-        }
+        Capabilities::synthetic(device_type)
     }
 
     fn dims(

@@ -392,6 +392,29 @@ function cases({ worker }) {
     return `${r.path} ${r.medianMs.toFixed(2)} ms, ${r.gflops.toFixed(2)} GFLOP/s`;
   });
 
+  add("tune", async (engine) => {
+    if (!engine.adapter.gpu) {
+      await rejects(() => engine.tune(), "Conflict", /GPU/);
+      return "cpu: refused (nothing to tune)";
+    }
+    // An engine of its own: the table it fills steers its later calls.
+    const own = await WebAttn.create({ backend: "gpu" });
+    const seen = [];
+    const [r] = await own.tune({ headDims: [32] }, (label) => seen.push(label));
+    expect(r.headDims.join() === "32,32", `head dims ${r.headDims}`);
+    expect(r.timings.length >= 2 && r.timings.some((t) => t.label === "unfused"), JSON.stringify(r.timings));
+    expect(seen.length >= 1 && r.fusedMs > 0 && r.unfusedMs > 0, `progress ${seen.length}, ${r.fusedMs} / ${r.unfusedMs}`);
+    expect(typeof r.kernel === "string" && r.kernel.startsWith("attention_"), `kernel ${r.kernel}`);
+    await rejects(() => own.tune({ headDims: [0] }), "InvalidOption", /headDims/);
+    await rejects(() => own.tune({ dims: [64] }), "InvalidOption", /headDims/);
+    // Calls at the tuned head dims follow the table, and stay correct.
+    const shape = [1, 2, 40, 32];
+    const out = await own.attention({ q: tensor(n, shape), k: tensor(n, shape), v: tensor(n, shape) }, { verify: true });
+    const line = `${r.kernel} ${r.fusedMs.toFixed(2)} ms, unfused ${r.unfusedMs.toFixed(2)} ms (${r.timings.length} timed); ${expectVerified(out, "tuned")}`;
+    own.destroy();
+    return line;
+  });
+
   add("tensors past one storage binding run in pieces", async (engine) => {
     if (!engine.adapter.gpu) return "skipped: no WebGPU adapter (the CPU backend has no bindings)";
     // 64 KiB bindings: one head's K (300 x 64 floats) is 75 KiB, so the keys are split too.
