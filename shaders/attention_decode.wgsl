@@ -28,7 +28,8 @@
 // split also reports whether it attended a key and whether it met a NaN or
 // +inf score, and the merge makes such rows NaN. Head dims must be multiples
 // of 4 up to 256 (rows are read as vec4s); the host sends others to the fused
-// kernels.
+// kernels. K and V may be stored as f16 (see ELEMENT below); the arithmetic
+// is f32 either way.
 
 struct Params {
     batch: u32,
@@ -62,8 +63,8 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q4: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k4: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> v4: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k4: array<KV4>;
+@group(0) @binding(3) var<storage, read> v4: array<KV4>;
 @group(0) @binding(4) var<storage, read> mask: array<f32>;
 @group(0) @binding(5) var<storage, read> nonpad: array<i32>;
 // [split][row][dv4] unnormalised O.
@@ -71,6 +72,16 @@ struct Params {
 // [split][row] as (m, l, flags, 0); flags as an exact small float
 // (1: a key was attended, 2: a NaN or +inf score was).
 @group(0) @binding(7) var<storage, read_write> part_ml: array<vec4<f32>>;
+
+// How K and V are stored. The f16 variant (attention_decode_f16) replaces this
+// block with shaders/element_f16.wgsl: four f16 values packed in two u32 words,
+// widened with unpack2x16float, so K and V stream at half the bytes.
+// ELEMENT BEGIN
+alias KV4 = vec4<f32>;
+fn widen4(x: KV4) -> vec4<f32> {
+    return x;
+}
+// ELEMENT END
 
 const MASKED: f32 = -0x1.fffffep+127f;
 const FLAG_MASK: u32 = 1u;
@@ -235,7 +246,7 @@ fn main(
                 let key = u32(j0) + t;
                 var val = vec4<f32>(0.0);
                 if (key < p.keys && s0 + c < dk4) {
-                    val = k4[(kv_base + key) * dk4 + s0 + c];
+                    val = widen4(k4[(kv_base + key) * dk4 + s0 + c]);
                 }
                 k_slice[t * DS_STRIDE + c] = val;
             }
@@ -350,7 +361,7 @@ fn main(
             for (var t = my_group; t < WG; t += key_groups) {
                 let key = u32(j0) + t;
                 if (key < p.keys) {
-                    let vv = v4[(kv_base + key) * dv4 + my_col];
+                    let vv = widen4(v4[(kv_base + key) * dv4 + my_col]);
                     for (var r = 0u; r < rows; r++) {
                         let pt = scores[r * WG + t];
                         o[r] += select(vec4<f32>(0.0), pt * vv, pt >= 0.0);

@@ -321,7 +321,13 @@ impl AttentionShape {
     /// Bytes of K and V (f32) that one call must read at least once: what
     /// bounds decoding, where a few query rows meet a long cache.
     pub fn kv_bytes(&self) -> u64 {
-        2 * 4 * (self.batch * self.heads * self.seq_k * self.head_dim) as u64
+        self.kv_bytes_as(crate::DType::F32)
+    }
+
+    /// [`AttentionShape::kv_bytes`] with K and V stored as `dtype` (f16: half).
+    pub fn kv_bytes_as(&self, dtype: crate::DType) -> u64 {
+        let width = if dtype == crate::DType::F16 { 2 } else { 4 };
+        2 * width * (self.batch * self.heads * self.seq_k * self.head_dim) as u64
     }
 
     /// Useful flops: 4·B·H·Nq·Nk·D (QKᵀ and PV), halved for causal square attention.
@@ -380,6 +386,20 @@ pub async fn attention_with(
     repeats: Repeats,
     cold_cache: bool,
 ) -> Result<AttentionMeasurement> {
+    attention_as(engine, shape, path, repeats, cold_cache, crate::DType::F32).await
+}
+
+/// [`attention_with`] with K and V of `dtype` (f16: stored as f16 on the
+/// device, so decode streams half the bytes). Q stays f32, so Y is f32 and
+/// the call is one submission, which the GPU timestamps cover whole.
+pub async fn attention_as(
+    engine: &crate::Engine,
+    shape: AttentionShape,
+    path: crate::KernelPath,
+    repeats: Repeats,
+    cold_cache: bool,
+    dtype: crate::DType,
+) -> Result<AttentionMeasurement> {
     use crate::conformance::CaseSpec;
     use crate::{AttentionInputs, AttentionOptions, KernelPath};
     let case = CaseSpec::new(
@@ -388,7 +408,11 @@ pub async fn attention_with(
         [shape.seq_q, shape.seq_k],
         [shape.head_dim, shape.head_dim],
     );
-    let inputs = case.generate(1)?;
+    let mut inputs = case.generate(1)?;
+    if dtype == crate::DType::F16 {
+        inputs.k = inputs.k.into_f16();
+        inputs.v = inputs.v.into_f16();
+    }
     let options = AttentionOptions {
         path,
         is_causal: shape.causal,

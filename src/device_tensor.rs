@@ -4,21 +4,24 @@
 use std::sync::Arc;
 
 use crate::problem::{MaskRef, TensorRef};
-use crate::tensor::{HostMask, HostTensor};
+use crate::tensor::{DType, HostMask, HostTensor};
 
 /// Where a tensor's values are.
 #[derive(Debug, Clone)]
 pub(crate) enum Storage<H> {
-    /// A GPU buffer of f32 values.
+    /// A GPU buffer: f32 values, or f16 values packed two to a word.
     Gpu(Arc<wgpu::Buffer>),
     /// Host values (CPU engine).
     Host(Arc<H>),
 }
 
-/// An f32 tensor owned by an [`crate::Engine`]. Cloning shares the storage.
+/// A tensor owned by an [`crate::Engine`], f32 or f16 ([`Tensor::dtype`]).
+/// Cloning shares the storage.
 #[derive(Debug, Clone)]
 pub struct Tensor {
     pub(crate) shape: Vec<usize>,
+    /// `F32`, or `F16` (stored as f16 on the GPU, half the bytes).
+    pub(crate) dtype: DType,
     pub(crate) storage: Storage<HostTensor>,
     pub(crate) engine_id: u64,
     /// The engine's device generation the buffer was made on (0 for host values).
@@ -34,6 +37,12 @@ impl Tensor {
     /// The number of elements.
     pub fn len(&self) -> usize {
         self.shape.iter().product()
+    }
+
+    /// The element type: `F32`, or `F16` (held as f16 on the GPU; computed
+    /// in f32 and read back widened).
+    pub fn dtype(&self) -> DType {
+        self.dtype
     }
 
     /// Whether the tensor has no elements.

@@ -12,13 +12,14 @@ use crate::error::{Error, Result};
 use crate::gpu::buffer;
 use crate::gpu::capabilities::Capabilities;
 use crate::gpu::context::{GpuContext, PowerPreference};
+use crate::gpu::half;
 use crate::gpu::ops::fused::FusedTiles;
 use crate::gpu::ops::softmax::MASKED;
 use crate::gpu::split::{self, Route};
 use crate::limits::DeviceLimits;
 use crate::options::{AttentionOptions, KernelPath};
 use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs};
-use crate::tensor::{HostMask, HostTensor};
+use crate::tensor::{DType, HostMask, HostTensor};
 
 /// Which backend an engine computes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +120,9 @@ pub struct CallStats {
     /// Pieces the call ran in: 1 when every tensor fits one storage binding,
     /// more when the call was cut into pieces that do (`gpu/split.rs`).
     pub pieces: usize,
+    /// Bytes of f32 scratch the call widened f16 inputs into (0 when it had
+    /// none, or when its kernel read them as f16 in place, as decode does).
+    pub widened_bytes: u64,
 }
 
 /// The attention engine. Create one per device and keep it: pipelines are
@@ -387,10 +391,21 @@ impl Engine {
         (self.id, self.device_generation().unwrap_or(0))
     }
 
-    /// A device buffer of this engine's GPU, wrapped as a tensor.
+    /// A device buffer of f32 values of this engine's GPU, wrapped as a tensor.
     pub(crate) fn wrap_gpu(&self, shape: Vec<usize>, buffer: wgpu::Buffer) -> Tensor {
+        self.wrap_gpu_as(shape, buffer, DType::F32)
+    }
+
+    /// A device buffer of `dtype` values (f16 packed two to a word), wrapped as a tensor.
+    pub(crate) fn wrap_gpu_as(
+        &self,
+        shape: Vec<usize>,
+        buffer: wgpu::Buffer,
+        dtype: DType,
+    ) -> Tensor {
         Tensor {
             shape,
+            dtype,
             storage: Storage::Gpu(Arc::new(buffer)),
             engine_id: self.id,
             generation: self.device_generation().unwrap_or(0),
@@ -401,6 +416,7 @@ impl Engine {
     pub(crate) fn wrap_host(&self, tensor: HostTensor) -> Tensor {
         Tensor {
             shape: tensor.shape().to_vec(),
+            dtype: tensor.dtype(),
             storage: Storage::Host(Arc::new(tensor)),
             engine_id: self.id,
             generation: 0,
@@ -438,7 +454,10 @@ impl Engine {
         #[cfg(not(target_arch = "wasm32"))]
         return pollster::block_on(self.upload_async(tensor));
         #[cfg(target_arch = "wasm32")]
-        return Ok(self.host_or_gpu(tensor, self.upload_unchecked("tensor", tensor.data())?));
+        return Ok(self.host_or_gpu(
+            tensor,
+            self.upload_unchecked("tensor", tensor.data(), tensor.dtype())?,
+        ));
     }
 
     /// Uploads a host tensor and waits until the device has accepted the
@@ -448,7 +467,11 @@ impl Engine {
     }
 
     async fn upload_named(&self, name: &'static str, tensor: &HostTensor) -> Result<Tensor> {
-        Ok(self.host_or_gpu(tensor, self.upload_scoped(name, tensor.data()).await?))
+        Ok(self.host_or_gpu(
+            tensor,
+            self.upload_scoped(name, tensor.data(), tensor.dtype())
+                .await?,
+        ))
     }
 
     /// A tensor of this engine: the uploaded buffer on a GPU engine, the host
@@ -460,18 +483,20 @@ impl Engine {
         };
         Tensor {
             shape: tensor.shape().to_vec(),
+            dtype: tensor.dtype(),
             storage,
             engine_id: self.id,
             generation,
         }
     }
 
-    /// Uploads `data` inside error scopes on a GPU engine: the buffer and the
-    /// device generation it lives on, or `None` on a CPU engine.
+    /// Uploads `data` as `dtype` inside error scopes on a GPU engine: the
+    /// buffer and the device generation it lives on, or `None` on a CPU engine.
     async fn upload_scoped(
         &self,
         name: &'static str,
         data: &[f32],
+        dtype: DType,
     ) -> Result<Option<(wgpu::Buffer, u64)>> {
         let Backend::Gpu(gpu) = &self.backend else {
             return Ok(None);
@@ -479,7 +504,7 @@ impl Engine {
         let (ctx, generation) = gpu.latest();
         let buffer = ctx
             .scoped(&format!("uploading {name}"), || {
-                buffer::upload_tensor(ctx, name, data)
+                buffer::upload_values(ctx, name, data, dtype)
             })
             .await?;
         Ok(Some((buffer, generation)))
@@ -491,13 +516,17 @@ impl Engine {
         &self,
         name: &'static str,
         data: &[f32],
+        dtype: DType,
     ) -> Result<Option<(wgpu::Buffer, u64)>> {
         let Backend::Gpu(gpu) = &self.backend else {
             return Ok(None);
         };
         let (ctx, generation) = gpu.latest();
         ctx.check_alive()?;
-        Ok(Some((buffer::upload_tensor(ctx, name, data)?, generation)))
+        Ok(Some((
+            buffer::upload_values(ctx, name, data, dtype)?,
+            generation,
+        )))
     }
 
     /// Uploads an attention mask (stored as an additive bias on the GPU);
@@ -508,7 +537,9 @@ impl Engine {
         #[cfg(target_arch = "wasm32")]
         {
             let uploaded = match self.backend {
-                Backend::Gpu(_) => self.upload_unchecked("attn_mask", &mask_bias(mask))?,
+                Backend::Gpu(_) => {
+                    self.upload_unchecked("attn_mask", &mask_bias(mask), DType::F32)?
+                }
                 Backend::Cpu => None,
             };
             Ok(self.mask_host_or_gpu(mask, uploaded))
@@ -519,7 +550,10 @@ impl Engine {
     /// allocation.
     pub async fn upload_mask_async(&self, mask: &HostMask) -> Result<Mask> {
         let uploaded = match self.backend {
-            Backend::Gpu(_) => self.upload_scoped("attn_mask", &mask_bias(mask)).await?,
+            Backend::Gpu(_) => {
+                self.upload_scoped("attn_mask", &mask_bias(mask), DType::F32)
+                    .await?
+            }
             Backend::Cpu => None,
         };
         Ok(self.mask_host_or_gpu(mask, uploaded))
@@ -543,8 +577,12 @@ impl Engine {
         let tensor = self.own("tensor", tensor)?;
         match (&self.backend, &tensor.storage) {
             (Backend::Gpu(gpu), Storage::Gpu(buf)) => {
-                let data = buffer::read_f32(gpu.current(), buf, 0, tensor.len()).await?;
-                HostTensor::new(tensor.shape.clone(), data)
+                let ctx = gpu.current();
+                let data = match tensor.dtype {
+                    DType::F16 => buffer::read_f16(ctx, buf, tensor.len()).await?,
+                    _ => buffer::read_f32(ctx, buf, 0, tensor.len()).await?,
+                };
+                Ok(HostTensor::new(tensor.shape.clone(), data)?.into_dtype(tensor.dtype))
             }
             (_, Storage::Host(host)) => Ok((**host).clone()),
             (Backend::Cpu, Storage::Gpu(_)) => Err(Error::ForeignTensor { tensor: "tensor" }),
@@ -658,9 +696,49 @@ impl Engine {
                     }
                     None => None,
                 };
-                let (q, k, v) = (buf(inputs.q)?, buf(inputs.k)?, buf(inputs.v)?);
-                let past_key = inputs.past_key.map(buf).transpose()?;
-                let past_value = inputs.past_value.map(buf).transpose()?;
+                let route = if choice.path == KernelPath::Fused {
+                    Route::Fused
+                } else {
+                    Route::Unfused {
+                        score_budget: self.score_budget,
+                    }
+                };
+                // f16 keys and values stay f16 where the decode kernel reads
+                // them; everything else reads f32 (see gpu/half.rs).
+                let kv_f16 = inputs.k.dtype == DType::F16
+                    && inputs.v.dtype == DType::F16
+                    && half::decode_reads_f16(ctx, &dims, options, route);
+                let f32_buf = |t: &Tensor, keep_f16: bool| {
+                    let (b, widen) = (buf(t), t.dtype == DType::F16 && !keep_f16);
+                    let len = t.len();
+                    async move {
+                        let b = b?;
+                        if widen {
+                            Ok::<_, Error>(Arc::new(half::widen(ctx, &b, len).await?))
+                        } else {
+                            Ok(b)
+                        }
+                    }
+                };
+                let widened_bytes = [Some(inputs.q), Some(inputs.k), Some(inputs.v)]
+                    .into_iter()
+                    .chain([inputs.past_key, inputs.past_value])
+                    .flatten()
+                    .filter(|t| t.dtype == DType::F16)
+                    .filter(|t| !kv_f16 || std::ptr::eq(*t, inputs.q))
+                    .map(|t| t.len() as u64 * 4)
+                    .sum::<u64>();
+                let q = f32_buf(inputs.q, false).await?;
+                let k = f32_buf(inputs.k, kv_f16).await?;
+                let v = f32_buf(inputs.v, kv_f16).await?;
+                let past_key = match inputs.past_key {
+                    Some(t) => Some(f32_buf(t, false).await?),
+                    None => None,
+                };
+                let past_value = match inputs.past_value {
+                    Some(t) => Some(f32_buf(t, false).await?),
+                    None => None,
+                };
                 let gpu_inputs = crate::gpu::kv::GpuInputs {
                     q: &q,
                     k: &k,
@@ -669,35 +747,49 @@ impl Engine {
                     past_key: past_key.as_deref(),
                     past_value: past_value.as_deref(),
                     nonpad: inputs.nonpad_kv_seqlen,
-                };
-                let route = if choice.path == KernelPath::Fused {
-                    Route::Fused
-                } else {
-                    Route::Unfused {
-                        score_budget: self.score_budget,
-                    }
+                    kv_f16,
                 };
                 let out = split::run(ctx, &dims, &gpu_inputs, options, route).await?;
                 self.record_call(CallStats {
                     path: choice.path,
                     reason: choice.reason,
-                    allocated_bytes: out.allocated_bytes,
+                    allocated_bytes: out.allocated_bytes + widened_bytes,
                     pieces: out.pieces,
+                    widened_bytes,
                 });
-                let wrap = |shape: Vec<usize>, b: wgpu::Buffer| Tensor {
-                    shape,
-                    storage: Storage::Gpu(Arc::new(b)),
-                    engine_id: self.id,
-                    generation,
+                // Outputs as ONNX types them: Y and the scores as Q, the
+                // presents as K and V; f16 ones narrowed from the f32 results.
+                let typed = |shape: Vec<usize>, b: Option<wgpu::Buffer>, dtype: DType| async move {
+                    let Some(b) = b else { return Ok(None) };
+                    let len = shape.iter().product();
+                    let b = if dtype == DType::F16 {
+                        half::narrow(ctx, &b, len).await?
+                    } else {
+                        b
+                    };
+                    Ok::<_, Error>(Some(Tensor {
+                        shape,
+                        dtype,
+                        storage: Storage::Gpu(Arc::new(b)),
+                        engine_id: self.id,
+                        generation,
+                    }))
                 };
+                let q_type = inputs.q.dtype;
+                let lse = options.return_lse.then_some(out.lse);
+                let y = typed(dims.y_shape(), Some(out.y), q_type).await?;
                 Ok(AttentionOutputs {
-                    y: wrap(dims.y_shape(), out.y),
-                    present_key: out.present_key.map(|b| wrap(dims.present_key_shape(), b)),
-                    present_value: out
-                        .present_value
-                        .map(|b| wrap(dims.present_value_shape(), b)),
-                    qk_matmul_output: out.qk.map(|b| wrap(dims.scores_shape(), b)),
-                    lse: options.return_lse.then(|| wrap(dims.lse_shape(), out.lse)),
+                    y: y.expect("Y is always computed"),
+                    present_key: typed(dims.present_key_shape(), out.present_key, inputs.k.dtype)
+                        .await?,
+                    present_value: typed(
+                        dims.present_value_shape(),
+                        out.present_value,
+                        inputs.v.dtype,
+                    )
+                    .await?,
+                    qk_matmul_output: typed(dims.scores_shape(), out.qk, q_type).await?,
+                    lse: typed(dims.lse_shape(), lse, DType::F32).await?,
                 })
             }
             _ => {
@@ -724,11 +816,13 @@ impl Engine {
                 }
                 host_inputs.nonpad_kv_seqlen = inputs.nonpad_kv_seqlen;
                 let out = self.run_on_host(choice.path, &host_inputs, options)?;
+                let out = typed_host_outputs(out, &host_inputs);
                 self.record_call(CallStats {
                     path: choice.path,
                     reason: choice.reason,
                     allocated_bytes: 0,
                     pieces: 1,
+                    widened_bytes: 0,
                 });
                 self.adopt_outputs(out).await
             }
@@ -792,12 +886,13 @@ impl Engine {
         ) && !matches!(options.path, KernelPath::Unfused | KernelPath::Fused)
         {
             let choice = self.choose_path(&dims, options);
-            let out = self.run_on_host(choice.path, inputs, options)?;
+            let out = typed_host_outputs(self.run_on_host(choice.path, inputs, options)?, inputs);
             self.record_call(CallStats {
                 path: choice.path,
                 reason: choice.reason,
                 allocated_bytes: 0,
                 pieces: 1,
+                widened_bytes: 0,
             });
             return Ok(out);
         }
@@ -829,6 +924,22 @@ impl Engine {
         };
         let out = self.attention(&device_inputs, options).await?;
         self.download_outputs(&out).await
+    }
+}
+
+/// Host outputs as ONNX types them: Y and the scores in Q's dtype, the
+/// presents in K's and V's (f16 ones rounded); the logsumexp stays f32.
+fn typed_host_outputs(
+    out: AttentionOutputs<HostTensor>,
+    inputs: &AttentionInputs<'_, HostTensor>,
+) -> AttentionOutputs<HostTensor> {
+    let (q, k, v) = (inputs.q.dtype(), inputs.k.dtype(), inputs.v.dtype());
+    AttentionOutputs {
+        y: out.y.into_dtype(q),
+        present_key: out.present_key.map(|t| t.into_dtype(k)),
+        present_value: out.present_value.map(|t| t.into_dtype(v)),
+        qk_matmul_output: out.qk_matmul_output.map(|t| t.into_dtype(q)),
+        lse: out.lse,
     }
 }
 

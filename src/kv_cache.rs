@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::gpu::buffer;
 use crate::gpu::recorder::{box_runs, Recorder};
 use crate::problem::AttentionInputs;
-use crate::tensor::HostTensor;
+use crate::tensor::{DType, HostTensor};
 
 /// Capacity of a cache's first allocation unless asked otherwise (tokens).
 pub const DEFAULT_CAPACITY: usize = 256;
@@ -184,6 +184,8 @@ impl KvCache {
         }
         engine.own("key", key)?;
         engine.own("value", value)?;
+        check_dtype("key", key, self.key.as_ref(), engine)?;
+        check_dtype("value", value, self.value.as_ref(), engine)?;
         if let Some((k, v)) = self.tensors() {
             engine.own("the KV cache's keys", k)?;
             engine.own("the KV cache's values", v)?;
@@ -292,6 +294,46 @@ impl KvCache {
     }
 }
 
+/// A step's tensor must have the cache's dtype (the first step's), and an
+/// f16 cache on a GPU an even head dim: its rows are copied as whole words.
+fn check_dtype(
+    name: &'static str,
+    step: &Tensor,
+    cache: Option<&Tensor>,
+    engine: &Engine,
+) -> Result<()> {
+    if let Some(cache) = cache {
+        if cache.dtype() != step.dtype() {
+            return Err(Error::DType {
+                tensor: name,
+                expected: match cache.dtype() {
+                    DType::F16 => "float16, as the KV cache holds",
+                    _ => "float32, as the KV cache holds",
+                },
+                got: step.dtype().to_string(),
+            });
+        }
+    }
+    if step.dtype() == DType::F16 && engine.gpu().is_some() && step.shape()[3] % 2 == 1 {
+        return Err(Error::DType {
+            tensor: name,
+            expected:
+                "float32 for an odd head dim (an f16 cache copies rows as whole 4-byte words)",
+            got: step.dtype().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Shape in the units a GPU copy moves: f32 values, or words of two f16s
+/// (the last dim halved; even, as [`check_dtype`] requires).
+fn copy_units(shape: [usize; 4], dtype: DType) -> [usize; 4] {
+    match dtype {
+        DType::F16 => [shape[0], shape[1], shape[2], shape[3] / 2],
+        _ => shape,
+    }
+}
+
 fn rank4(name: &'static str, t: &Tensor) -> Result<[usize; 4]> {
     <[usize; 4]>::try_from(t.shape()).map_err(|_| Error::Rank {
         tensor: name,
@@ -314,10 +356,18 @@ async fn append_rows(
     lengths: &[usize],
     counts: &[usize],
 ) -> Result<Option<Tensor>> {
-    let new_shape = <[usize; 4]>::try_from(new.shape()).expect("checked rank");
+    let dtype = new.dtype();
+    // On a GPU, f16 rows are copied as words of two values.
+    let unit = |s: [usize; 4]| match engine.gpu() {
+        Some(_) => copy_units(s, dtype),
+        None => s,
+    };
+    let new_shape = unit(<[usize; 4]>::try_from(new.shape()).expect("checked rank"));
     let old_shape = old
         .as_ref()
-        .map(|t| <[usize; 4]>::try_from(t.shape()).expect("a cache tensor"));
+        .map(|t| unit(<[usize; 4]>::try_from(t.shape()).expect("a cache tensor")));
+    let full_shape = shape;
+    let shape = unit(shape);
     // (source element in `old` or `new`, destination element, length) runs.
     let mut fresh = Vec::new();
     for (b, (&len, &count)) in lengths.iter().zip(counts).enumerate() {
@@ -356,6 +406,7 @@ async fn append_rows(
                     .is_some_and(|b| Arc::strong_count(b) == 2);
             ctx.scoped("KV cache append", || {
                 let mut rec = Recorder::new(ctx, "KV cache append");
+                // f16 words or f32 values: either way one 4-byte unit each.
                 let replaced = if in_place {
                     None
                 } else {
@@ -379,7 +430,7 @@ async fn append_rows(
                     rec.copy(new_buffer, from, dst, to, len);
                 }
                 rec.submit();
-                Ok(replaced.map(|b| engine.wrap_gpu(shape.to_vec(), b)))
+                Ok(replaced.map(|b| engine.wrap_gpu_as(full_shape.to_vec(), b, dtype)))
             })
             .await
         }
@@ -418,9 +469,9 @@ async fn append_rows(
                     for &(from, to, len) in &fresh {
                         data[to..to + len].copy_from_slice(&src[from..from + len]);
                     }
-                    Ok(Some(
-                        engine.wrap_host(HostTensor::new(shape.to_vec(), data)?),
-                    ))
+                    Ok(Some(engine.wrap_host(
+                        HostTensor::new(shape.to_vec(), data)?.into_dtype(dtype),
+                    )))
                 }
             }
         }
@@ -431,26 +482,29 @@ async fn append_rows(
 async fn copy_rows(engine: &Engine, t: &Tensor, rows: usize) -> Result<Tensor> {
     let shape = <[usize; 4]>::try_from(t.shape()).expect("a cache tensor");
     let out = [shape[0], shape[1], rows, shape[3]];
-    let runs = box_runs(shape, [0; 4], out, [0; 4], out);
     match (engine.gpu(), &t.storage) {
         (Some(ctx), Storage::Gpu(src)) => {
+            // f16 rows move as words of two values.
+            let (units, out_units) = (copy_units(shape, t.dtype()), copy_units(out, t.dtype()));
+            let runs = box_runs(units, [0; 4], out_units, [0; 4], out_units);
             ctx.scoped("present from the KV cache", || {
-                let dst = buffer::tensor_storage(ctx, "present", out.iter().product())?;
+                let dst = buffer::tensor_storage(ctx, "present", out_units.iter().product())?;
                 let mut rec = Recorder::new(ctx, "present from the KV cache");
                 for &(s, d, len) in &runs {
                     rec.copy(src, s, &dst, d, len);
                 }
                 rec.submit();
-                Ok(engine.wrap_gpu(out.to_vec(), dst))
+                Ok(engine.wrap_gpu_as(out.to_vec(), dst, t.dtype()))
             })
             .await
         }
         (_, Storage::Host(h)) => {
+            let runs = box_runs(shape, [0; 4], out, [0; 4], out);
             let mut data = vec![0.0f32; out.iter().product()];
             for &(s, d, len) in &runs {
                 data[d..d + len].copy_from_slice(&h.data()[s..s + len]);
             }
-            Ok(engine.wrap_host(HostTensor::new(out.to_vec(), data)?))
+            Ok(engine.wrap_host(HostTensor::new(out.to_vec(), data)?.into_dtype(t.dtype())))
         }
         (None, Storage::Gpu(_)) => Err(Error::ForeignTensor {
             tensor: "the KV cache",

@@ -206,7 +206,8 @@ pub fn read_lengths(path: impl AsRef<Path>) -> Result<Vec<i64>> {
     crate::tensor::lengths_from_le_bytes(array.dtype, &array.le_bytes)
 }
 
-/// Writes `tensor` as an f32 `.npy` file, atomically: the data goes to a
+/// Writes `tensor` as an `.npy` file of its dtype (f32, or f16 for an f16
+/// tensor), atomically: the data goes to a
 /// temporary file beside `path`, which is renamed over `path` once complete.
 pub fn write_tensor(path: impl AsRef<Path>, tensor: &HostTensor) -> Result<()> {
     use npyz::WriterBuilder;
@@ -219,13 +220,23 @@ pub fn write_tensor(path: impl AsRef<Path>, tensor: &HostTensor) -> Result<()> {
     let write = || -> std::io::Result<()> {
         let file = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
         let shape: Vec<u64> = tensor.shape().iter().map(|&d| d as u64).collect();
-        let mut writer = npyz::WriteOptions::<f32>::new()
-            .default_dtype()
-            .shape(&shape)
-            .writer(file)
-            .begin_nd()?;
-        writer.extend(tensor.data().iter().copied())?;
-        writer.finish()?;
+        if tensor.dtype() == DType::F16 {
+            let mut writer = npyz::WriteOptions::<half::f16>::new()
+                .default_dtype()
+                .shape(&shape)
+                .writer(file)
+                .begin_nd()?;
+            writer.extend(tensor.data().iter().map(|&x| half::f16::from_f32(x)))?;
+            writer.finish()?;
+        } else {
+            let mut writer = npyz::WriteOptions::<f32>::new()
+                .default_dtype()
+                .shape(&shape)
+                .writer(file)
+                .begin_nd()?;
+            writer.extend(tensor.data().iter().copied())?;
+            writer.finish()?;
+        }
         std::fs::rename(&tmp, path)
     };
     write().map_err(|e| {
@@ -246,6 +257,11 @@ mod tests {
         let p = dir.join("t.npy");
         write_tensor(&p, &t).unwrap();
         assert_eq!(read_tensor(&p, "Q").unwrap(), t);
+        // f16 tensors stay f16 through a file.
+        let half = t.clone().into_f16();
+        write_tensor(&p, &half).unwrap();
+        assert_eq!(read_tensor(&p, "Q").unwrap(), half);
+        assert_eq!(std::fs::metadata(&p).unwrap().len() % 2, 0);
         assert!(matches!(read_mask(&p).unwrap(), HostMask::Float(_)));
         assert!(matches!(read_lengths(&p), Err(Error::Rank { .. })));
         // Truncated: drop the last 4 bytes.

@@ -52,11 +52,17 @@ pub(crate) fn checked_numel(tensor: &'static str, shape: &[usize]) -> Result<usi
         })
 }
 
-/// A row-major `f32` tensor in host memory.
+/// A row-major tensor in host memory, its values held as `f32`.
+///
+/// Its [`DType`] is `F32`, or `F16` for a tensor whose values are f16 (read
+/// from float16 bytes, or rounded by [`HostTensor::into_f16`]): an engine then
+/// keeps it as f16 on the device (half the bytes), and outputs computed from
+/// f16 inputs are f16 too, as ONNX types them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostTensor {
     shape: Vec<usize>,
     data: Vec<f32>,
+    dtype: DType,
 }
 
 impl HostTensor {
@@ -81,7 +87,11 @@ impl HostTensor {
                 got: data.len(),
             });
         }
-        Ok(Self { shape, data })
+        Ok(Self {
+            shape,
+            data,
+            dtype: DType::F32,
+        })
     }
 
     /// A tensor of zeros.
@@ -91,7 +101,35 @@ impl HostTensor {
         Ok(Self {
             shape,
             data: vec![0.0; n],
+            dtype: DType::F32,
         })
+    }
+
+    /// The element type: `F32`, or `F16` for f16 values (see the type's docs).
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The tensor as f16: every value rounded to the nearest f16 (ties to
+    /// even; beyond f16's range, infinity), the dtype `F16`.
+    pub fn into_f16(mut self) -> Self {
+        for x in &mut self.data {
+            *x = round_to_f16(*x);
+        }
+        self.dtype = DType::F16;
+        self
+    }
+
+    /// The tensor in `dtype`: [`HostTensor::into_f16`] for `F16`, the values
+    /// as they are (marked `F32`) for anything else.
+    pub fn into_dtype(self, dtype: DType) -> Self {
+        match dtype {
+            DType::F16 => self.into_f16(),
+            _ => Self {
+                dtype: DType::F32,
+                ..self
+            },
+        }
     }
 
     /// The shape.
@@ -173,8 +211,21 @@ impl HostTensor {
         shape: impl Into<Vec<usize>>,
         bytes: &[u8],
     ) -> Result<Self> {
-        Self::named(tensor, shape, decode_floats(tensor, dtype, bytes)?)
+        let t = Self::named(tensor, shape, decode_floats(tensor, dtype, bytes)?)?;
+        Ok(if dtype == DType::F16 {
+            Self {
+                dtype: DType::F16,
+                ..t
+            }
+        } else {
+            t
+        })
     }
+}
+
+/// `x` rounded to the nearest f16 value (ties to even), as an f32.
+pub(crate) fn round_to_f16(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
 }
 
 impl HostMask {

@@ -903,11 +903,31 @@ fn bench_writes_the_documented_json_and_a_plot() {
             a["path"]
         );
     }
-    for d in report["decode"].as_array().unwrap() {
-        for key in ["seq_k", "head_dim", "ms", "gflops", "kv_bytes", "kv_gbs"] {
+    let decode = report["decode"].as_array().unwrap();
+    // The fused path's decode rows come in f32 and with f16 keys and values,
+    // which stream half the bytes.
+    for dtype in ["float32", "float16"] {
+        assert!(
+            decode
+                .iter()
+                .any(|d| d["path"] == "fused" && d["dtype"] == dtype),
+            "a fused {dtype} decode row"
+        );
+    }
+    for d in decode {
+        for key in [
+            "batch", "seq_k", "head_dim", "ms", "gflops", "kv_bytes", "kv_gbs",
+        ] {
             assert!(d[key].is_number(), "decode.{key}");
         }
-        assert!(d["path"].is_string());
+        assert!(d["path"].is_string() && d["dtype"].is_string());
+        let per_value = if d["dtype"] == "float16" { 2 } else { 4 };
+        let values = 2
+            * d["batch"].as_u64().unwrap()
+            * d["heads"].as_u64().unwrap()
+            * d["seq_k"].as_u64().unwrap()
+            * d["head_dim"].as_u64().unwrap();
+        assert_eq!(d["kv_bytes"].as_u64().unwrap(), per_value * values);
         // A share of the bandwidth ceiling for the GPU paths; none for the CPU ones.
         let gpu_path = matches!(d["path"].as_str(), Some("fused" | "unfused"));
         assert_eq!(

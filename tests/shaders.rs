@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use webattn::gpu::registry::{validate_kernel, validate_wgsl, Kernel};
+use webattn::gpu::registry::{validate_kernel, validate_wgsl, Kernel, FRAGMENTS};
 
 fn shader_files() -> BTreeSet<String> {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/shaders");
@@ -40,7 +40,11 @@ fn every_shader_file_validates() {
 
 #[test]
 fn registry_embeds_every_file_and_nothing_else() {
-    let registered: BTreeSet<String> = Kernel::ALL.iter().map(|k| k.file().to_string()).collect();
+    let registered: BTreeSet<String> = Kernel::ALL
+        .iter()
+        .map(|k| k.file().to_string())
+        .chain(FRAGMENTS.iter().map(|f| f.to_string()))
+        .collect();
     assert_eq!(registered, shader_files());
     for kernel in Kernel::ALL {
         let module = validate_kernel(kernel).expect("registered kernel validates");

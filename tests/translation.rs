@@ -41,7 +41,9 @@ fn parse(kernel: Kernel) -> (Module, ModuleInfo) {
 fn validator() -> Validator {
     let mut validator = Validator::new(
         naga::valid::ValidationFlags::all(),
-        Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16,
+        Capabilities::SUBGROUP
+            | Capabilities::SHADER_FLOAT16
+            | Capabilities::SHADER_FLOAT16_IN_FLOAT32,
     );
     validator.subgroup_stages(ShaderStages::COMPUTE);
     validator.subgroup_operations(SubgroupOperationSet::all());
@@ -197,6 +199,7 @@ fn the_subgroup_kernels_are_never_planned_without_subgroups() {
         },
         limits: KernelLimits::WEBGPU_DEFAULTS,
         shader_f16: false,
+        unpack_f16: true,
         subgroups: false,
         subgroup_min_size: 8,
         subgroup_max_size: 8,

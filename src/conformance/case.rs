@@ -81,6 +81,9 @@ pub struct CaseSpec {
     pub nonpad: bool,
     /// Multiplies Q so scores reach this magnitude (1 = ordinary logits).
     pub logit_scale: f32,
+    /// Q, K, V and the past as f16 (rounded after generation): Y, the scores
+    /// and the presents come back as f16.
+    pub f16: bool,
     /// The options (the path is chosen by the runner).
     pub options: AttentionOptions,
 }
@@ -106,6 +109,7 @@ impl CaseSpec {
             mask: MaskForm::None,
             nonpad: false,
             logit_scale: 1.0,
+            f16: false,
             options: AttentionOptions::default(),
         }
     }
@@ -125,6 +129,12 @@ impl CaseSpec {
     /// Adds random per-batch lengths.
     pub fn nonpad(mut self) -> Self {
         self.nonpad = true;
+        self
+    }
+
+    /// Makes Q, K, V and the past f16 tensors.
+    pub fn f16(mut self) -> Self {
+        self.f16 = true;
         self
     }
 
@@ -253,6 +263,16 @@ impl CaseSpec {
                 })
                 .collect()
         });
+        let (q, k, v, past) = if self.f16 {
+            (
+                q.into_f16(),
+                k.into_f16(),
+                v.into_f16(),
+                past.map(|(pk, pv)| (pk.into_f16(), pv.into_f16())),
+            )
+        } else {
+            (q, k, v, past)
+        };
         Ok(CaseInputs {
             q,
             k,

@@ -11,6 +11,10 @@
 //! the contract makes NaN (a NaN or +inf score it attends) is NaN in both, and a
 //! NaN where the oracle has a number always fails.
 
+/// The unit roundoff of f16 (half an ulp of 1): the most an f16 output's
+/// rounding adds, relative to its magnitude.
+pub const F16_UNIT_ROUNDOFF: f64 = 1.0 / 2048.0;
+
 /// The floor added to the allowed error, so exactly computable results (where
 /// the plain f32 baseline has no error at all) still leave room for rounding;
 /// it is multiplied by the largest finite `|exact|` of the output when that
@@ -48,6 +52,13 @@ impl ErrorReport {
         let mut report = measure(got, &exact);
         report.allowed = 0.0;
         report
+    }
+
+    /// Adds to the allowance the rounding of an output stored in a narrower
+    /// type: `unit_roundoff` (2⁻¹¹ for f16) times the largest finite `|exact|`.
+    pub fn allow_output_rounding(mut self, exact: &[f64], unit_roundoff: f64) -> Self {
+        self.allowed += unit_roundoff * largest_finite(exact);
+        self
     }
 
     /// How much of its allowance the error uses (`1.0` = exactly at the limit;

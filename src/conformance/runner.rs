@@ -3,13 +3,13 @@
 use web_time::Instant;
 
 use super::case::{CaseInputs, CaseSpec};
-use super::compare::{compare_baselines, ErrorReport, DEFAULT_FLOOR};
+use super::compare::{compare_baselines, ErrorReport, DEFAULT_FLOOR, F16_UNIT_ROUNDOFF};
 use crate::cpu::{self, ExactOutputs};
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::options::{AttentionOptions, KernelPath};
 use crate::problem::AttentionOutputs;
-use crate::tensor::HostTensor;
+use crate::tensor::{DType, HostTensor};
 
 /// The outcome of one case on one path.
 #[derive(Debug, Clone, PartialEq)]
@@ -135,10 +135,24 @@ impl Oracle {
             &self.plain_quads,
             &self.plain_reverse,
         );
+        // f16 outputs (Y and the scores of f16 Q) are also allowed their rounding.
+        let rounding = if self.inputs.q.dtype() == DType::F16 {
+            F16_UNIT_ROUNDOFF
+        } else {
+            0.0
+        };
         let compare = |got: &[f32], exact: &[f64], plain: &[f32], quads: &[f32], rev: &[f32]| {
             compare_baselines(got, exact, &[plain, quads, rev], DEFAULT_FLOOR)
+                .allow_output_rounding(exact, rounding)
         };
         let lse = out.lse.as_ref().ok_or("the logsumexp was not returned")?;
+        if out.y.dtype() != self.inputs.q.dtype() {
+            return Err(format!(
+                "Y came back as {} for {} queries",
+                out.y.dtype(),
+                self.inputs.q.dtype()
+            ));
+        }
         let mut reports = vec![
             (
                 "Y",
@@ -146,7 +160,12 @@ impl Oracle {
             ),
             (
                 "lse",
-                compare(lse.data(), &exact.lse, &plain.lse, &quads.lse, &rev.lse),
+                compare_baselines(
+                    lse.data(),
+                    &exact.lse,
+                    &[&plain.lse, &quads.lse, &rev.lse],
+                    DEFAULT_FLOOR,
+                ),
             ),
         ];
         if self.options.qk_matmul_output_mode.is_some() {

@@ -188,7 +188,44 @@ fn quick() -> Vec<CaseSpec> {
     for form in MASK_FORMS {
         cases.push(CaseSpec::new(format!("mask-{form}"), [2, 3, 1], [7, 33], [8, 16]).mask(form));
     }
+    cases.extend(f16_quick());
     cases
+}
+
+/// f16 storage on every path: decode reads f16 keys and values in place,
+/// the rest widens them; Y, the scores and the presents come back as f16.
+fn f16_quick() -> Vec<CaseSpec> {
+    use MaskForm::*;
+    vec![
+        CaseSpec::new("f16-decode-gqa4-nonpad", [2, 8, 2], [1, 1025], [64, 64])
+            .nonpad()
+            .f16(),
+        CaseSpec::new(
+            "f16-decode-nq4-causal-alibi",
+            [1, 4, 4],
+            [4, 700],
+            [128, 128],
+        )
+        .f16()
+        .with(|o| {
+            o.is_causal = true;
+            o.alibi = true;
+        }),
+        CaseSpec::new("f16-causal-past", [1, 4, 2], [33, 33], [64, 40])
+            .past(33)
+            .f16()
+            .with(|o| o.is_causal = true),
+        CaseSpec::new("f16-qk-mode2-bool4d", [2, 2, 1], [33, 97], [40, 40])
+            .mask(Bool(4))
+            .f16()
+            .with(|o| o.qk_matmul_output_mode = Some(QkMatmulOutputMode::Biased)),
+        CaseSpec::new("f16-logits-1e4-dk7", [1, 2, 2], [33, 97], [7, 7])
+            .logits(LARGE_LOGITS)
+            .f16(),
+        CaseSpec::new("f16-empty-rows", [2, 3, 1], [7, 33], [8, 16])
+            .mask(EmptyRows)
+            .f16(),
+    ]
 }
 
 fn full_extra() -> Vec<CaseSpec> {
@@ -295,6 +332,36 @@ fn full_extra() -> Vec<CaseSpec> {
         CaseSpec::new("long-2048-causal", [1, 2, 1], [2048, 2048], [64, 64])
             .with(|o| o.is_causal = true),
     );
+    // f16 at the awkward sizes and the long decode.
+    for (nq, nk, causal) in [(1025, 1025, true), (257, 97, false), (1, 4097, false)] {
+        cases.push(
+            CaseSpec::new(
+                format!(
+                    "f16-size-q{nq}-k{nk}{}",
+                    if causal { "-causal" } else { "" }
+                ),
+                [1, 2, 1],
+                [nq, nk],
+                [128, 128],
+            )
+            .f16()
+            .with(|o| o.is_causal = causal),
+        );
+    }
+    cases.push(
+        CaseSpec::new(
+            "f16-decode-gqa8-nq3-window-softcap-past",
+            [2, 8, 1],
+            [3, 1025],
+            [128, 64],
+        )
+        .past(600)
+        .f16()
+        .with(|o| {
+            o.left_window_size = 700;
+            o.softcap = 30.0;
+        }),
+    );
     cases
 }
 
@@ -309,5 +376,9 @@ mod tests {
         let names: HashSet<_> = cases.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names.len(), cases.len());
         assert!(filtered(SweepKind::Quick, "mask-").len() == MASK_FORMS.len());
+        // Every f16 case says so in its name (`--filter f16`), and only those.
+        for case in &cases {
+            assert_eq!(case.f16, case.name.contains("f16"), "{}", case.name);
+        }
     }
 }

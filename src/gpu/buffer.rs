@@ -101,6 +101,53 @@ pub(crate) fn upload_tensor<T: bytemuck::Pod>(
     Ok(buffer)
 }
 
+/// A storage buffer holding a call's tensor `values` as `dtype`: f32 as they
+/// are, f16 rounded to nearest and packed two to a u32 word.
+pub(crate) fn upload_values(
+    ctx: &GpuContext,
+    label: &str,
+    values: &[f32],
+    dtype: crate::tensor::DType,
+) -> Result<wgpu::Buffer> {
+    if dtype == crate::tensor::DType::F16 {
+        let bits: Vec<u16> = values
+            .iter()
+            .map(|&x| half::f16::from_f32(x).to_bits())
+            .collect();
+        upload_tensor(ctx, label, &bits)
+    } else {
+        upload_tensor(ctx, label, values)
+    }
+}
+
+/// A zero-filled storage buffer of `len` f16 values (packed two to a word),
+/// for a call's tensor: it may exceed one binding.
+pub(crate) fn f16_tensor_storage(
+    ctx: &GpuContext,
+    label: &str,
+    len: usize,
+) -> Result<wgpu::Buffer> {
+    tensor_storage(ctx, label, len.div_ceil(2))
+}
+
+/// Copies `len` f16 values (packed two to a word) back to the host, widened to f32.
+pub(crate) async fn read_f16(
+    ctx: &GpuContext,
+    buffer: &wgpu::Buffer,
+    len: usize,
+) -> Result<Vec<f32>> {
+    let words = read_f32(ctx, buffer, 0, len.div_ceil(2)).await?;
+    Ok(words
+        .iter()
+        .flat_map(|w| {
+            let bits = w.to_bits();
+            [bits as u16, (bits >> 16) as u16]
+        })
+        .take(len)
+        .map(|h| half::f16::from_bits(h).to_f32())
+        .collect())
+}
+
 /// A uniform buffer holding one parameter struct.
 pub(crate) fn uniform<T: bytemuck::Pod>(ctx: &GpuContext, label: &str, value: &T) -> wgpu::Buffer {
     ctx.device

@@ -94,6 +94,7 @@ impl Capabilities {
             },
             limits: KernelLimits::WEBGPU_DEFAULTS,
             shader_f16: false,
+            unpack_f16: true,
             subgroups: false,
             subgroup_min_size: 0,
             subgroup_max_size: 0,
@@ -125,6 +126,10 @@ pub struct Capabilities {
     pub limits: KernelLimits,
     /// `shader-f16` is available.
     pub shader_f16: bool,
+    /// WGSL's `unpack2x16float` is (wgpu's `SHADER_F16_IN_F32` downlevel
+    /// flag: every WebGPU and native adapter; not every GL ES one): the decode
+    /// kernel then reads f16 keys and values in place.
+    pub unpack_f16: bool,
     /// Subgroup operations are available.
     pub subgroups: bool,
     /// The smallest subgroup width the adapter may use.
@@ -222,6 +227,7 @@ impl Capabilities {
             },
             limits: KernelLimits::from(limits),
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
+            unpack_f16: true,
             subgroups: features.contains(wgpu::Features::SUBGROUP),
             subgroup_min_size: info.subgroup_min_size,
             subgroup_max_size: info.subgroup_max_size,

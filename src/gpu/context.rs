@@ -196,6 +196,10 @@ impl GpuContext {
         // engine keeps to what was asked, so a small adapter can be imitated there too.
         caps.limits = caps.limits.at_most(&KernelLimits::from(&limits));
         caps.cooperative_matrix = super::capabilities::cooperative_matrix_configs(adapter);
+        caps.unpack_f16 = adapter
+            .get_downlevel_capabilities()
+            .flags
+            .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32);
         log::info!("webattn: using {}", caps.summary());
         Ok(GpuContext {
             pipelines: Arc::new(PipelineCache::new(device.clone())),

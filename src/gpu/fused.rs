@@ -23,6 +23,16 @@ pub(crate) async fn run(
 ) -> Result<GpuOutputs> {
     let kernel = ctx.fused_kernel(dims.head_dim, dims.v_head_dim)?;
     let decode = DecodePlan::applies(dims).then(|| DecodePlan::new(dims, &ctx.caps));
+    if inputs.kv_f16
+        && (decode.is_none()
+            || kv::needs_present(dims, options.return_present)
+            || options.qk_matmul_output_mode.is_some())
+    {
+        return Err(Error::Conflict(
+            "f16 keys and values are read in place only by the decode kernel, \
+             without a past, presents or scores",
+        ));
+    }
     let rows = dims.batch * dims.q_heads * dims.q_len;
     let y_len = rows * dims.v_head_dim;
     let qk_len = rows * dims.total_len();
@@ -72,6 +82,7 @@ pub(crate) async fn run(
             v: values,
             mask: inputs.mask.unwrap_or(&placeholder),
             nonpad: &nonpad,
+            kv_f16: inputs.kv_f16,
         };
         match &decode {
             Some(plan) => decode::record(&mut rec, dims, options, plan, &buffers, &y, &lse)?,

@@ -18,6 +18,9 @@ pub(crate) struct GpuInputs<'a> {
     pub past_key: Option<&'a wgpu::Buffer>,
     pub past_value: Option<&'a wgpu::Buffer>,
     pub nonpad: Option<&'a [i64]>,
+    /// Whether K and V hold f16 values (see `gpu/half.rs`); the other
+    /// buffers hold f32.
+    pub kv_f16: bool,
 }
 
 /// The device buffers of one call's outputs.
@@ -39,7 +42,7 @@ pub(crate) fn bytes(values: usize) -> u64 {
 }
 
 /// Whether the call needs the `[past; new]` buffers.
-fn needs_present(dims: &AttentionDims, want_present: bool) -> bool {
+pub(crate) fn needs_present(dims: &AttentionDims, want_present: bool) -> bool {
     (dims.has_past && dims.past_len > 0) || want_present
 }
 

@@ -6,6 +6,7 @@ pub mod capabilities;
 pub mod choice;
 pub mod context;
 pub(crate) mod fused;
+pub(crate) mod half;
 pub mod kernels;
 pub(crate) mod kv;
 pub mod ops;

@@ -257,7 +257,10 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
     // Decode: one query row, a GQA group of 4 rows, and the most rows.
     for rows in [1, 4, 16] {
         keys.push(PipelineKey::new(Kernel::AttentionDecode).with("ROWS", rows));
+        keys.push(PipelineKey::new(Kernel::AttentionDecodeF16).with("ROWS", rows));
     }
+    keys.push(PipelineKey::new(Kernel::ConvertF16).with_flag("NARROW", false));
+    keys.push(PipelineKey::new(Kernel::ConvertF16).with_flag("NARROW", true));
     for kernel in [
         Kernel::Softmax,
         Kernel::Mask,
@@ -341,6 +344,7 @@ pub fn every_planned_pipeline() -> Vec<super::pipeline::PipelineKey> {
     }
     for rows in 1..=super::ops::decode::MAX_WORKGROUP_ROWS as i64 {
         keys.push(PipelineKey::new(Kernel::AttentionDecode).with("ROWS", rows));
+        keys.push(PipelineKey::new(Kernel::AttentionDecodeF16).with("ROWS", rows));
     }
     for workgroup in [64, 256] {
         keys.push(PipelineKey::new(Kernel::FmaPeak).with("WORKGROUP", workgroup));

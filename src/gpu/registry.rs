@@ -35,8 +35,13 @@ pub enum Kernel {
     AttentionTiled,
     /// Split-K decode attention for a few query rows (`shaders/attention_decode.wgsl`).
     AttentionDecode,
+    /// The decode kernel reading K and V stored as f16 (`shaders/attention_decode.wgsl`
+    /// with `shaders/element_f16.wgsl` in its ELEMENT block).
+    AttentionDecodeF16,
     /// Merges split-K partial results by their maxima (`shaders/attention_merge.wgsl`).
     AttentionMerge,
+    /// Widens f16 tensors to f32, or narrows f32 to f16 (`shaders/convert_f16.wgsl`).
+    ConvertF16,
     /// Sinusoidal encoding and rotary embeddings, in place (`shaders/position.wgsl`).
     Position,
     /// The elu+1 feature map of linear attention (`shaders/linear_features.wgsl`).
@@ -66,7 +71,7 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 19] = [
+    pub const ALL: [Kernel; 21] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
@@ -79,7 +84,9 @@ impl Kernel {
         Kernel::AttentionSubgroup,
         Kernel::AttentionTiled,
         Kernel::AttentionDecode,
+        Kernel::AttentionDecodeF16,
         Kernel::AttentionMerge,
+        Kernel::ConvertF16,
         Kernel::Position,
         Kernel::LinearFeatures,
         Kernel::LinearScan,
@@ -103,7 +110,9 @@ impl Kernel {
             Kernel::AttentionSubgroup => "attention_sg",
             Kernel::AttentionTiled => "attention_tiled",
             Kernel::AttentionDecode => "attention_decode",
+            Kernel::AttentionDecodeF16 => "attention_decode_f16",
             Kernel::AttentionMerge => "attention_merge",
+            Kernel::ConvertF16 => "convert_f16",
             Kernel::Position => "position",
             Kernel::LinearFeatures => "linear_features",
             Kernel::LinearScan => "linear_scan",
@@ -127,8 +136,9 @@ impl Kernel {
             Kernel::AttentionScores => "attention_scores.wgsl",
             Kernel::AttentionSubgroup => "attention_sg.wgsl",
             Kernel::AttentionTiled => "attention_tiled.wgsl",
-            Kernel::AttentionDecode => "attention_decode.wgsl",
+            Kernel::AttentionDecode | Kernel::AttentionDecodeF16 => "attention_decode.wgsl",
             Kernel::AttentionMerge => "attention_merge.wgsl",
+            Kernel::ConvertF16 => "convert_f16.wgsl",
             Kernel::Position => "position.wgsl",
             Kernel::LinearFeatures => "linear_features.wgsl",
             Kernel::LinearScan => "linear_scan.wgsl",
@@ -153,7 +163,17 @@ impl Kernel {
             Kernel::AttentionSubgroup => include_str!("../../shaders/attention_sg.wgsl"),
             Kernel::AttentionTiled => include_str!("../../shaders/attention_tiled.wgsl"),
             Kernel::AttentionDecode => include_str!("../../shaders/attention_decode.wgsl"),
+            Kernel::AttentionDecodeF16 => {
+                static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+                SOURCE.get_or_init(|| {
+                    with_element(
+                        include_str!("../../shaders/attention_decode.wgsl"),
+                        include_str!("../../shaders/element_f16.wgsl"),
+                    )
+                })
+            }
             Kernel::AttentionMerge => include_str!("../../shaders/attention_merge.wgsl"),
+            Kernel::ConvertF16 => include_str!("../../shaders/convert_f16.wgsl"),
             Kernel::Position => include_str!("../../shaders/position.wgsl"),
             Kernel::LinearFeatures => include_str!("../../shaders/linear_features.wgsl"),
             Kernel::LinearScan => include_str!("../../shaders/linear_scan.wgsl"),
@@ -202,7 +222,8 @@ impl Kernel {
             Kernel::AttentionFused
             | Kernel::AttentionSubgroup
             | Kernel::AttentionTiled
-            | Kernel::AttentionDecode => {
+            | Kernel::AttentionDecode
+            | Kernel::AttentionDecodeF16 => {
                 &[Uniform, Read, Read, Read, Read, Read, ReadWrite, ReadWrite]
             }
             // Q, K, mask, nonpad; qk_matmul_output.
@@ -210,6 +231,8 @@ impl Kernel {
             Kernel::Softmax => &[Uniform, ReadWrite, ReadWrite],
             Kernel::Mask => &[Uniform, ReadWrite, Read, Read, ReadWrite],
             Kernel::Concat => &[Uniform, Read, Read, ReadWrite],
+            // source words; destination words.
+            Kernel::ConvertF16 => &[Uniform, Read, ReadWrite],
             Kernel::FmaPeak => &[Uniform, ReadWrite],
             // source; destination.
             Kernel::CopyPeak => &[Uniform, Read, ReadWrite],
@@ -241,6 +264,26 @@ impl Kernel {
     }
 }
 
+/// Files in `shaders/` that are not kernels but blocks the registry puts into
+/// kernels (see [`with_element`]).
+pub const FRAGMENTS: [&str; 1] = ["element_f16.wgsl"];
+
+/// `kernel` with the text between its `// ELEMENT BEGIN` and `// ELEMENT END`
+/// lines replaced by `element`: the same kernel reading another storage type.
+pub fn with_element(kernel: &str, element: &str) -> String {
+    const BEGIN: &str = "// ELEMENT BEGIN\n";
+    const END: &str = "// ELEMENT END\n";
+    let (Some(start), Some(end)) = (kernel.find(BEGIN), kernel.find(END)) else {
+        panic!("the kernel has no ELEMENT block");
+    };
+    format!(
+        "{}{}{}",
+        &kernel[..start],
+        element,
+        &kernel[end + END.len()..]
+    )
+}
+
 impl std::fmt::Display for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -262,9 +305,11 @@ pub fn validate_wgsl(name: &str, source: &str) -> Result<naga::Module> {
     })?;
     // Subgroup operations are validated too; a kernel that uses them is only
     // chosen on adapters that report the feature.
+    // So is unpack2x16float (the f16 decode kernel), which the engine uses
+    // only where the adapter has it.
     let mut validator = naga::valid::Validator::new(
         naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::SUBGROUP,
+        naga::valid::Capabilities::SUBGROUP | naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32,
     );
     validator.subgroup_stages(naga::valid::ShaderStages::COMPUTE);
     validator.subgroup_operations(naga::valid::SubgroupOperationSet::all());

@@ -48,8 +48,7 @@ pub(crate) async fn run(
     options: &AttentionOptions,
     route: Route,
 ) -> Result<GpuOutputs> {
-    let limit = ctx.caps.limits.max_bindable_bytes();
-    if whole_fits(&ctx.caps, dims, options, route, limit) {
+    if runs_whole(ctx, dims, options, route) {
         return match route {
             Route::Fused => fused::run(ctx, dims, inputs, options).await,
             Route::Unfused { score_budget } => {
@@ -57,8 +56,25 @@ pub(crate) async fn run(
             }
         };
     }
+    if inputs.kv_f16 {
+        return Err(Error::Conflict(
+            "f16 keys and values are read in place only by a call that runs whole",
+        ));
+    }
+    let limit = ctx.caps.limits.max_bindable_bytes();
     let cut = Cut::plan(&ctx.caps, dims, options, route, limit)?;
     run_pieces(ctx, dims, inputs, options, route, cut).await
+}
+
+/// Whether the call runs whole, not in pieces: everything it binds fits one binding.
+pub(crate) fn runs_whole(
+    ctx: &GpuContext,
+    dims: &AttentionDims,
+    options: &AttentionOptions,
+    route: Route,
+) -> bool {
+    let limit = ctx.caps.limits.max_bindable_bytes();
+    whole_fits(&ctx.caps, dims, options, route, limit)
 }
 
 /// Bytes of a storage buffer of the product of `dims` f32 values (whole
@@ -751,6 +767,7 @@ async fn run_piece(
             past_key: None,
             past_value: None,
             nonpad: piece.nonpad.as_deref(),
+            kv_f16: false,
         };
         let out = match route {
             Route::Fused => fused::run(ctx, &piece.dims, &piece_inputs, &piece_options).await?,
@@ -813,6 +830,7 @@ async fn run_piece(
                     v: &piece.v,
                     mask: piece.mask.as_ref().unwrap_or(&placeholder),
                     nonpad: &rule_data,
+                    kv_f16: false,
                 };
                 fused_op::record_forward(
                     &mut rec,

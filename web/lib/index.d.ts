@@ -10,15 +10,19 @@ export interface Float16ArrayLike extends ArrayLike<number> {
 }
 
 /** Element data a tensor accepts. Float16Array and Uint16Array (holding f16
- * bits) are widened to f32; Float64Array and number[] are narrowed. Other
- * typed arrays are rejected with a `DType` error. */
+ * bits) make an f16 tensor: stored as f16 on the device (half the bytes),
+ * computed in f32, and the outputs it types (Y and the scores from Q, the
+ * presents from K and V) come back f16 (as f32 data holding f16 values).
+ * Float64Array and number[] are narrowed to f32. Other typed arrays are
+ * rejected with a `DType` error. */
 export type TensorData = Float32Array | Float16ArrayLike | Uint16Array | Float64Array | number[];
 
 /** A tensor on the host: row-major data and its dimensions. */
 export interface Tensor {
   data: TensorData;
   shape: readonly number[];
-  /** Only checked for Uint16Array data, which always holds f16 bits: any other value is an error. */
+  /** `"float16"` stores any data as f16 (rounded to nearest); Uint16Array
+   * data always holds f16 bits, so any other value is an error there. */
   dtype?: "float16";
 }
 
@@ -26,6 +30,8 @@ export interface Tensor {
 export interface HostTensor {
   data: Float32Array;
   shape: number[];
+  /** `"float16"` when the values are f16 (widened into `data`). */
+  dtype: "float32" | "float16";
 }
 
 /** An attention mask: booleans (Uint8Array or boolean[], true = attend) or an
@@ -246,6 +252,8 @@ export declare class WebAttn {
     allocatedBytes: number;
     /** Pieces the call ran in: 1, or more where its tensors exceed one storage binding. */
     pieces: number;
+    /** Bytes of f32 scratch f16 inputs were widened into (0 where the kernel reads f16 in place). */
+    widenedBytes: number;
   } | null;
   /** Device tensors not yet disposed. */
   readonly heldTensors: number;

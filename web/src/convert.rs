@@ -129,7 +129,8 @@ fn floats(
     })
 }
 
-/// A float tensor from `{data, shape}`.
+/// A float tensor from `{data, shape, dtype?}`: f16 (a Float16Array, f16
+/// bits in a Uint16Array, or `dtype: "float16"`) stays f16 on the device.
 pub fn tensor(name: &'static str, v: &JsValue) -> Result<HostTensor> {
     if !v.is_object() {
         return Err(Error::DType {
@@ -145,8 +146,12 @@ pub fn tensor(name: &'static str, v: &JsValue) -> Result<HostTensor> {
         got: "an object without data".into(),
     })?;
     let dtype = field(v, "dtype").and_then(|d| d.as_string());
-    let (values, _) = floats(name, &data, dtype.as_deref())?;
-    HostTensor::named(name, shape, values)
+    let (values, kind) = floats(name, &data, dtype.as_deref())?;
+    let t = HostTensor::named(name, shape, values)?;
+    Ok(match (kind, dtype.as_deref()) {
+        ("float16", _) | (_, Some("float16")) => t.into_f16(),
+        _ => t,
+    })
 }
 
 /// An attention mask from `{data, shape}`: bool (Uint8Array, nonzero attends,
@@ -210,6 +215,12 @@ pub fn to_js(t: &HostTensor) -> JsValue {
     let _ = Reflect::set(&out, &"data".into(), &Float32Array::from(t.data()).into());
     let shape: Array = t.shape().iter().map(|&d| JsValue::from(d as f64)).collect();
     let _ = Reflect::set(&out, &"shape".into(), &shape.into());
+    let dtype = if t.dtype() == DType::F16 {
+        "float16"
+    } else {
+        "float32"
+    };
+    let _ = Reflect::set(&out, &"dtype".into(), &dtype.into());
     out.into()
 }
 

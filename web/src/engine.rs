@@ -425,6 +425,7 @@ impl EngineCore {
         set(&out, "path", stats.path.name());
         set(&out, "allocatedBytes", stats.allocated_bytes as f64);
         set(&out, "pieces", stats.pieces as f64);
+        set(&out, "widenedBytes", stats.widened_bytes as f64);
         if let Some(reason) = stats.reason {
             set(&out, "reason", reason);
         }

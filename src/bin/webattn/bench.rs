@@ -12,7 +12,7 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use webattn::bench::{self, AttentionShape, Clock, Repeats};
-use webattn::KernelPath;
+use webattn::{DType, KernelPath};
 
 use super::plot;
 
@@ -46,7 +46,8 @@ pub struct Args {
 enum Job {
     Gemm(usize),
     Attention(AttentionShape, KernelPath),
-    Decode(usize, KernelPath),
+    /// Decode rows: the shape (Nq = 1), the path, K and V's storage type.
+    Decode(AttentionShape, KernelPath, DType),
     /// One decoder layer's token step with this many tokens cached.
     TokenStep(usize),
 }
@@ -72,6 +73,29 @@ fn token_layer(small: bool) -> bench::DecoderLayerShape {
 
 /// The sequence lengths of a full run: FlashAttention's benchmark range
 /// (512 to 16384) on a GPU, 256 to 4096 on a CPU adapter or CPU engine.
+/// A decode row's shape: one query row per head, d = 128.
+fn decode_shape(batch: usize, heads: usize, keys: usize) -> AttentionShape {
+    AttentionShape {
+        batch,
+        heads,
+        seq_q: 1,
+        seq_k: keys,
+        head_dim: 128,
+        causal: false,
+    }
+}
+
+/// Decode rows of `shape` on each of `paths` in f32, and on the fused path
+/// with f16 keys and values too (on a GPU, where they stay f16).
+fn decode_jobs(jobs: &mut Vec<Job>, shape: AttentionShape, paths: &[KernelPath], gpu: bool) {
+    for &path in paths {
+        jobs.push(Job::Decode(shape, path, DType::F32));
+        if gpu && path == KernelPath::Fused {
+            jobs.push(Job::Decode(shape, path, DType::F16));
+        }
+    }
+}
+
 fn full_seqs(gpu_scale: bool) -> &'static [usize] {
     if gpu_scale {
         &[512, 1024, 2048, 4096, 8192, 16384]
@@ -115,9 +139,7 @@ fn plan(args: &Args, gpu: bool, gpu_scale: bool, small_layer: bool) -> Vec<Job> 
             }
         }
         for keys in [4096, 8192] {
-            for &path in paths {
-                jobs.push(Job::Decode(keys, path));
-            }
+            decode_jobs(&mut jobs, decode_shape(1, 8, keys), paths, gpu);
         }
     } else {
         for head_dim in [64, 128] {
@@ -133,8 +155,18 @@ fn plan(args: &Args, gpu: bool, gpu_scale: bool, small_layer: bool) -> Vec<Job> 
             }
         }
         for keys in [4096, 8192, 16384, 32768] {
-            for &path in paths {
-                jobs.push(Job::Decode(keys, path));
+            decode_jobs(&mut jobs, decode_shape(1, 8, keys), paths, gpu);
+        }
+        if gpu_scale {
+            // Long contexts past one binding (issue 14's targets): the fused
+            // path, f32 and f16.
+            for keys in [16384, 65536, 131072] {
+                decode_jobs(
+                    &mut jobs,
+                    decode_shape(8, 32, keys),
+                    &[KernelPath::Fused],
+                    gpu,
+                );
             }
         }
     }
@@ -278,27 +310,23 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 .with_context(|| format!("attention on the {path} path"))?;
                 attention.push((shape, path, m, near));
             }
-            Job::Decode(keys, path) => {
-                note(format!("decode {path} {keys} keys"));
-                let shape = AttentionShape {
-                    batch: 1,
-                    heads: 8,
-                    seq_q: 1,
-                    seq_k: keys,
-                    head_dim: 128,
-                    causal: false,
-                };
+            Job::Decode(shape, path, dtype) => {
+                note(format!(
+                    "decode {path} B{} H{} {} keys {dtype}",
+                    shape.batch, shape.heads, shape.seq_k
+                ));
                 // K and V come from memory, not from the cache the previous
                 // run left them in (GPUs with timestamps; see BENCHMARKS.md).
-                let m = pollster::block_on(bench::attention_with(
+                let m = pollster::block_on(bench::attention_as(
                     &engine,
                     shape,
                     path,
                     repeats(path, args.quick),
                     true,
+                    dtype,
                 ))
-                .with_context(|| format!("decode on the {path} path"))?;
-                decode.push((shape, path, m));
+                .with_context(|| format!("decode on the {path} path ({dtype})"))?;
+                decode.push((shape, path, dtype, m));
             }
             Job::TokenStep(cached) => {
                 note(format!("token step, {cached} tokens cached"));
@@ -480,24 +508,26 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     );
     // Decode is bound by reading K and V: GB/s of K + V, and the share of the
     // copy's bandwidth (GPU rows only).
-    let kv_gbs = |shape: &AttentionShape, m: &bench::AttentionMeasurement| {
-        shape.kv_bytes() as f64 / (m.measurement.median_ms() * 1e6)
+    let kv_gbs = |shape: &AttentionShape, dtype: DType, m: &bench::AttentionMeasurement| {
+        shape.kv_bytes_as(dtype) as f64 / (m.measurement.median_ms() * 1e6)
     };
     let bandwidth_share = |path: KernelPath, gbs: f64| match path {
         KernelPath::Fused | KernelPath::Unfused if bandwidth.is_finite() => gbs / bandwidth,
         _ => f64::NAN,
     };
-    println!("\ndecode (B = 1, H = 8, Nq = 1, d = 128)");
+    println!("\ndecode (Nq = 1, d = 128; K and V stored as the dtype)");
     println!(
-        "{:<8} {:>7} {:>10} {:>9} {:>10} {:>9} {:>11}",
-        "path", "keys", "ms", "GFLOP/s", "K+V GB/s", "share**", "peak MiB"
+        "{:<8} {:>6} {:>7} {:>8} {:>10} {:>9} {:>10} {:>9} {:>11}",
+        "path", "B x H", "dtype", "keys", "ms", "GFLOP/s", "K+V GB/s", "share**", "peak MiB"
     );
-    for (shape, path, m) in &decode {
-        let gbs = kv_gbs(shape, m);
+    for (shape, path, dtype, m) in &decode {
+        let gbs = kv_gbs(shape, *dtype, m);
         let share = bandwidth_share(*path, gbs);
         println!(
-            "{:<8} {:>7} {:>10.2} {:>9.2} {:>10.1} {:>9} {:>11.2}",
+            "{:<8} {:>6} {:>7} {:>8} {:>10.2} {:>9.2} {:>10.1} {:>9} {:>11.2}",
             path.name(),
+            format!("{}x{}", shape.batch, shape.heads),
+            dtype.to_string(),
             shape.seq_k,
             m.measurement.median_ms(),
             m.gflops,
@@ -565,11 +595,12 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             "samples_ms": m.measurement.samples_ms, "gflops": m.gflops,
             "share_of_ceiling": finite(m.gflops / near), "adjacent_ceiling_gflops": finite(*near), "peak_bytes": m.peak_bytes,
         })).collect::<Vec<_>>(),
-        "decode": decode.iter().map(|(s, p, m)| json!({
-            "path": p.name(), "seq_k": s.seq_k, "head_dim": s.head_dim, "heads": s.heads,
+        "decode": decode.iter().map(|(s, p, d, m)| json!({
+            "path": p.name(), "batch": s.batch, "seq_k": s.seq_k, "head_dim": s.head_dim,
+            "heads": s.heads, "dtype": d.to_string(),
             "ms": m.measurement.median_ms(), "gflops": m.gflops, "peak_bytes": m.peak_bytes,
-            "kv_bytes": s.kv_bytes(), "kv_gbs": kv_gbs(s, m),
-            "share_of_bandwidth": finite(bandwidth_share(*p, kv_gbs(s, m))),
+            "kv_bytes": s.kv_bytes_as(*d), "kv_gbs": kv_gbs(s, *d, m),
+            "share_of_bandwidth": finite(bandwidth_share(*p, kv_gbs(s, *d, m))),
             "cold_cache": bench::can_flush_caches(&engine) && *p != KernelPath::Cpu,
         })).collect::<Vec<_>>(),
         "token_step": token_steps.iter().map(|(cached, m, append)| json!({

@@ -97,10 +97,15 @@ impl DecodePlan {
         }
     }
 
-    /// The decode kernel's pipeline key for `dims` (its rows per workgroup).
-    pub fn key(&self, dims: &AttentionDims) -> PipelineKey {
-        PipelineKey::new(Kernel::AttentionDecode)
-            .with("ROWS", (self.heads_per_workgroup * dims.q_len) as i64)
+    /// The decode kernel's pipeline key for `dims` (its rows per workgroup),
+    /// reading K and V as f16 when `kv_f16`.
+    pub fn key(&self, dims: &AttentionDims, kv_f16: bool) -> PipelineKey {
+        let kernel = if kv_f16 {
+            Kernel::AttentionDecodeF16
+        } else {
+            Kernel::AttentionDecode
+        };
+        PipelineKey::new(kernel).with("ROWS", (self.heads_per_workgroup * dims.q_len) as i64)
     }
 
     /// Device memory of the partial results, in f32 values.
@@ -145,7 +150,7 @@ pub(crate) fn record(
         &params(dims, options, plan.splits as u32, plan.split_keys as u32)
             .with_extra3(plan.heads_per_workgroup as u32),
     );
-    let pipeline = ctx.pipelines.get(&plan.key(dims));
+    let pipeline = ctx.pipelines.get(&plan.key(dims, inputs.kv_f16));
     rec.dispatch(
         &pipeline,
         &[

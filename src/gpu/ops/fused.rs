@@ -270,6 +270,9 @@ pub(crate) struct AttentionBuffers<'a> {
     /// The rule data: `nonpad_kv_seqlen` as i32 (B words, zeros when absent),
     /// then with ALiBi the query heads' slopes as f32 bits.
     pub nonpad: &'a wgpu::Buffer,
+    /// Whether K and V hold f16 values (packed two to a word): only the
+    /// decode kernel reads them so (`attention_decode_f16`).
+    pub kv_f16: bool,
 }
 
 /// The fused kernel's uniforms: the shared block plus the key chunk.

@@ -2,6 +2,7 @@
 
 pub mod additive;
 pub mod concat;
+pub mod convert;
 pub mod decode;
 pub mod fused;
 pub mod gemm;

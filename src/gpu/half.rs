@@ -1,0 +1,78 @@
+//! f16 tensors on the GPU: stored two values to a u32 word, computed in f32.
+//!
+//! The decode kernel reads f16 keys and values in place (`attention_decode_f16`),
+//! halving the bytes a token step streams. Every other kernel reads f32, so
+//! for those calls f16 inputs are widened into f32 scratch first; outputs that
+//! ONNX types as an f16 input (Y and the scores as Q, the presents as K and V)
+//! are narrowed back to f16 at the end. Widening is exact and narrowing rounds
+//! to nearest even, so every path returns the same f16-rounded results.
+
+use super::buffer;
+use super::context::GpuContext;
+use super::ops::convert::{self, Direction};
+use super::ops::decode::DecodePlan;
+use super::recorder::Recorder;
+use super::split::{self, Route};
+use crate::error::Result;
+use crate::options::AttentionOptions;
+use crate::problem::AttentionDims;
+
+/// Whether the call's kernels read its f16 keys and values in place: the
+/// decode kernel on the fused route, on an adapter with `unpack2x16float`
+/// (see [`super::capabilities::Capabilities::unpack_f16`]), for a call that runs whole, with no past
+/// to concatenate, no presents to copy and no scores to recompute.
+pub(crate) fn decode_reads_f16(
+    ctx: &GpuContext,
+    dims: &AttentionDims,
+    options: &AttentionOptions,
+    route: Route,
+) -> bool {
+    matches!(route, Route::Fused)
+        && ctx.caps.unpack_f16
+        && DecodePlan::applies(dims)
+        && !dims.has_past
+        && !options.return_present
+        && options.qk_matmul_output_mode.is_none()
+        && split::runs_whole(ctx, dims, options, route)
+}
+
+/// An f32 copy of the `len` f16 values in `src`.
+pub(crate) async fn widen(
+    ctx: &GpuContext,
+    src: &wgpu::Buffer,
+    len: usize,
+) -> Result<wgpu::Buffer> {
+    convert_scoped(ctx, Direction::Widen, src, len).await
+}
+
+/// An f16 copy of the `len` f32 values in `src`, rounded to nearest even.
+pub(crate) async fn narrow(
+    ctx: &GpuContext,
+    src: &wgpu::Buffer,
+    len: usize,
+) -> Result<wgpu::Buffer> {
+    convert_scoped(ctx, Direction::Narrow, src, len).await
+}
+
+async fn convert_scoped(
+    ctx: &GpuContext,
+    direction: Direction,
+    src: &wgpu::Buffer,
+    len: usize,
+) -> Result<wgpu::Buffer> {
+    let what = match direction {
+        Direction::Widen => "widening an f16 tensor",
+        Direction::Narrow => "narrowing to f16",
+    };
+    ctx.scoped(what, || {
+        let dst = match direction {
+            Direction::Widen => buffer::tensor_storage(ctx, "widened f16 tensor", len)?,
+            Direction::Narrow => buffer::f16_tensor_storage(ctx, "f16 tensor", len)?,
+        };
+        let mut rec = Recorder::new(ctx, what);
+        convert::record(&mut rec, direction, src, &dst, len)?;
+        rec.submit();
+        Ok(dst)
+    })
+    .await
+}
