@@ -15,6 +15,7 @@ use crate::gpu::context::{GpuContext, PowerPreference};
 use crate::gpu::half;
 use crate::gpu::ops::fused::FusedTiles;
 use crate::gpu::ops::softmax::MASKED;
+use crate::gpu::recorder::Seg;
 use crate::gpu::split::{self, Route};
 use crate::limits::DeviceLimits;
 use crate::options::{AttentionOptions, KernelPath};
@@ -740,9 +741,9 @@ impl Engine {
                     None => None,
                 };
                 let gpu_inputs = crate::gpu::kv::GpuInputs {
-                    q: &q,
-                    k: &k,
-                    v: &v,
+                    q: Seg::whole(&q),
+                    k: Seg::whole(&k),
+                    v: Seg::whole(&v),
                     mask: mask.as_deref(),
                     past_key: past_key.as_deref(),
                     past_value: past_value.as_deref(),

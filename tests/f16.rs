@@ -264,3 +264,53 @@ fn an_odd_head_dim_f16_cache_is_refused_on_a_gpu() {
     assert!(matches!(err, Error::DType { .. }), "{err}");
     assert!(cache.is_empty());
 }
+
+/// f16 keys and values past one binding are still read in place: the call
+/// runs in pieces whose K and V slices are views of the f16 tensors.
+#[test]
+fn f16_decode_in_pieces_reads_its_views_in_place() {
+    let Some(engine) = common::gpu().map(|_| {
+        Engine::with_options_blocking(webattn::EngineOptions {
+            backend: webattn::BackendPreference::Gpu,
+            limits: webattn::DeviceLimits::default()
+                .with("max_storage_buffer_binding_size", 2 << 20)
+                .unwrap(),
+            ..Default::default()
+        })
+        .unwrap()
+    }) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(common::seed() ^ 11);
+    let (b, hq, hkv, keys, d) = (4, 8, 2, 4096, 64);
+    let q = HostTensor::new([b, hq, 1, d], rng.normal_vec(b * hq * d, 1.0)).unwrap();
+    let k = random_f16(&mut rng, [b, hkv, keys, d]);
+    let v = random_f16(&mut rng, [b, hkv, keys, d]);
+    let (qd, kd, vd) = (
+        engine.upload(&q).unwrap(),
+        engine.upload(&k).unwrap(),
+        engine.upload(&v).unwrap(),
+    );
+    let options = AttentionOptions {
+        path: KernelPath::Fused,
+        ..Default::default()
+    };
+    let out = engine
+        .attention_blocking(&AttentionInputs::new(&qd, &kd, &vd), &options)
+        .unwrap();
+    let stats = engine.last_call().unwrap();
+    assert!(stats.pieces > 1, "ran whole");
+    assert_eq!(stats.widened_bytes, 0, "f32 queries, f16 K and V in place");
+    let y = engine.download_blocking(&out.y).unwrap();
+    let host = AttentionInputs::new(&q, &k, &v);
+    let exact = cpu::attention_exact(&host, &options).unwrap();
+    let plain = cpu::attention_plain_f32(&host, &options).unwrap();
+    let report = compare(y.data(), &exact.y, &plain.y, 1e-6);
+    assert!(report.passed(), "{report:?}");
+    println!(
+        "{} pieces, worst {:.3e} ({:.2} of allowed)",
+        stats.pieces,
+        report.max_abs,
+        report.share_of_allowed()
+    );
+}

@@ -148,3 +148,38 @@ fn probabilities_whose_rows_exceed_a_binding_are_refused_with_a_hint() {
         .expect("without probabilities the keys can be split");
     assert!(engine.last_call().expect("a call").pieces > 1);
 }
+
+/// On the fused route a piece whose slice of Q, K or V is one run of the
+/// call's tensor at an aligned offset binds it in place: a decode cut by
+/// batches allocates no copies of its keys and values.
+#[test]
+fn fused_pieces_read_aligned_slices_in_place() {
+    let Some(engine) = small_binding_engine(2 << 20) else {
+        return;
+    };
+    // Per batch: 2 heads x 4096 keys x 64 x 4 bytes = 2 MiB of K (and of V).
+    let case = CaseSpec::new("decode-in-place-pieces", [4, 8, 2], [1, 4096], [64, 64]);
+    // K and V of one batch, what a piece of one batch would copy.
+    let kv_per_batch: u64 = 2 * 2 * 4096 * 64 * 4;
+    for path in [KernelPath::Fused, KernelPath::Unfused] {
+        let results = pollster::block_on(run_case(&engine, &case, &[path], common::seed()));
+        common::print_result(&results[0]);
+        assert!(results[0].passed(), "{path:?}");
+        let stats = engine.last_call().unwrap();
+        assert!(stats.pieces > 1, "{path:?} ran whole");
+        println!(
+            "  {path:?}: {} pieces, {} bytes allocated",
+            stats.pieces, stats.allocated_bytes
+        );
+        match path {
+            // Outputs and decode partials only: far less than a batch's K and V.
+            KernelPath::Fused => assert!(
+                stats.allocated_bytes < kv_per_batch / 4,
+                "fused pieces copied their inputs: {} bytes",
+                stats.allocated_bytes
+            ),
+            // The unfused path's pieces are copies.
+            _ => assert!(stats.allocated_bytes >= kv_per_batch),
+        }
+    }
+}

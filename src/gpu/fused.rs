@@ -9,7 +9,7 @@ use super::context::GpuContext;
 use super::kv::{self, bytes, GpuInputs, GpuOutputs};
 use super::ops::decode::{self, DecodePlan};
 use super::ops::fused::{self, AttentionBuffers};
-use super::recorder::Recorder;
+use super::recorder::{Recorder, Seg};
 use crate::error::{Error, Result};
 use crate::options::{AttentionOptions, QkMatmulOutputMode};
 use crate::problem::AttentionDims;
@@ -73,7 +73,7 @@ pub(crate) async fn run(
         let mut rec = Recorder::new(ctx, "fused attention");
         let present = kv::record_present(&mut rec, dims, inputs, options.return_present)?;
         let (keys, values) = match &present {
-            Some((k, v)) => (k, v),
+            Some((k, v)) => (Seg::whole(k), Seg::whole(v)),
             None => (inputs.k, inputs.v),
         };
         let buffers = AttentionBuffers {

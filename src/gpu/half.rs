@@ -19,8 +19,9 @@ use crate::problem::AttentionDims;
 
 /// Whether the call's kernels read its f16 keys and values in place: the
 /// decode kernel on the fused route, on an adapter with `unpack2x16float`
-/// (see [`super::capabilities::Capabilities::unpack_f16`]), for a call that runs whole, with no past
-/// to concatenate, no presents to copy and no scores to recompute.
+/// (see [`super::capabilities::Capabilities::unpack_f16`]), for a call that
+/// runs whole or in pieces of whole key rows bound as views, with no past to
+/// concatenate, no presents to copy and no scores to recompute.
 pub(crate) fn decode_reads_f16(
     ctx: &GpuContext,
     dims: &AttentionDims,
@@ -33,7 +34,7 @@ pub(crate) fn decode_reads_f16(
         && !dims.has_past
         && !options.return_present
         && options.qk_matmul_output_mode.is_none()
-        && split::runs_whole(ctx, dims, options, route)
+        && split::f16_in_place(ctx, dims, options, route)
 }
 
 /// An f32 copy of the `len` f16 values in `src`.

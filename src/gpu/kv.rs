@@ -5,15 +5,17 @@
 use super::buffer;
 use super::context::GpuContext;
 use super::ops::concat;
-use super::recorder::Recorder;
+use super::recorder::{Recorder, Seg};
 use crate::error::{Error, Result};
 use crate::problem::AttentionDims;
 
-/// The device buffers of one call's inputs.
+/// The device buffers of one call's inputs. Q, K and V are whole buffers,
+/// or (a piece of a call cut by `gpu/split.rs`, on the fused route only)
+/// views of the call's.
 pub(crate) struct GpuInputs<'a> {
-    pub q: &'a wgpu::Buffer,
-    pub k: &'a wgpu::Buffer,
-    pub v: &'a wgpu::Buffer,
+    pub q: Seg<'a>,
+    pub k: Seg<'a>,
+    pub v: Seg<'a>,
     pub mask: Option<&'a wgpu::Buffer>,
     pub past_key: Option<&'a wgpu::Buffer>,
     pub past_value: Option<&'a wgpu::Buffer>,
@@ -34,6 +36,22 @@ pub(crate) struct GpuOutputs {
     pub allocated_bytes: u64,
     /// Pieces the call ran in (1: whole; more when its tensors exceed a binding).
     pub pieces: usize,
+}
+
+impl<'a> GpuInputs<'a> {
+    /// Q, K and V as whole buffers, for the steps that bind or copy them
+    /// whole (the unfused path, the presents); views are a piece's, which
+    /// never reach those.
+    pub(crate) fn whole_qkv(
+        &self,
+    ) -> Result<(&'a wgpu::Buffer, &'a wgpu::Buffer, &'a wgpu::Buffer)> {
+        if !(self.q.is_whole() && self.k.is_whole() && self.v.is_whole()) {
+            return Err(Error::Conflict(
+                "views of a call's tensors go to the fused kernels only",
+            ));
+        }
+        Ok((self.q.buffer, self.k.buffer, self.v.buffer))
+    }
 }
 
 /// Bytes of `values` f32 values.
@@ -79,6 +97,7 @@ pub(crate) fn record_present(
         return Ok(None);
     }
     let ctx = rec.ctx();
+    let (_, k, v) = inputs.whole_qkv()?;
     let heads = dims.batch * dims.kv_heads;
     let (dk, dv, t) = (dims.head_dim, dims.v_head_dim, dims.total_len());
     let pk = buffer::storage(ctx, "present_key", heads * t * dk)?;
@@ -89,29 +108,11 @@ pub(crate) fn record_present(
                 "past_key and past_value must be given together",
             ));
         };
-        concat::record(
-            rec,
-            heads,
-            dims.past_len,
-            dims.kv_len,
-            dk,
-            past_k,
-            inputs.k,
-            &pk,
-        )?;
-        concat::record(
-            rec,
-            heads,
-            dims.past_len,
-            dims.kv_len,
-            dv,
-            past_v,
-            inputs.v,
-            &pv,
-        )?;
+        concat::record(rec, heads, dims.past_len, dims.kv_len, dk, past_k, k, &pk)?;
+        concat::record(rec, heads, dims.past_len, dims.kv_len, dv, past_v, v, &pv)?;
     } else {
-        rec.copy(inputs.k, 0, &pk, 0, heads * t * dk);
-        rec.copy(inputs.v, 0, &pv, 0, heads * t * dv);
+        rec.copy(k, 0, &pk, 0, heads * t * dk);
+        rec.copy(v, 0, &pv, 0, heads * t * dv);
     }
     Ok(Some((pk, pv)))
 }

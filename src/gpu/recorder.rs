@@ -26,6 +26,51 @@ pub(crate) fn grid(total: u64, max_per_dim: u32) -> Result<(u32, u32)> {
     Ok((x as u32, y as u32))
 }
 
+/// What one storage binding binds: a whole buffer, or `size` bytes of one
+/// from `offset` (a view of a call's tensor, bound in place instead of copied;
+/// see `gpu/split.rs`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Seg<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub offset: u64,
+    /// `None`: to the end of the buffer.
+    pub size: Option<u64>,
+}
+
+/// Offsets of views are multiples of this: the largest storage-buffer offset
+/// alignment WebGPU allows, so every adapter accepts them.
+pub(crate) const SEGMENT_ALIGNMENT: u64 = 256;
+
+impl<'a> Seg<'a> {
+    /// The whole buffer.
+    pub(crate) fn whole(buffer: &'a wgpu::Buffer) -> Self {
+        Self {
+            buffer,
+            offset: 0,
+            size: None,
+        }
+    }
+
+    /// Whether this binds the whole buffer.
+    pub(crate) fn is_whole(&self) -> bool {
+        self.offset == 0 && self.size.is_none()
+    }
+
+    fn resource(&self) -> wgpu::BindingResource<'a> {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: self.buffer,
+            offset: self.offset,
+            size: self.size.and_then(wgpu::BufferSize::new),
+        })
+    }
+}
+
+impl<'a> From<&'a wgpu::Buffer> for Seg<'a> {
+    fn from(buffer: &'a wgpu::Buffer) -> Self {
+        Seg::whole(buffer)
+    }
+}
+
 /// An open command encoder plus the compute pass in progress, if any.
 pub(crate) struct Recorder<'c> {
     ctx: &'c GpuContext,
@@ -61,6 +106,18 @@ impl<'c> Recorder<'c> {
         buffers: &[&wgpu::Buffer],
         workgroups: u64,
     ) -> Result<()> {
+        let segments: Vec<Seg<'_>> = buffers.iter().map(|b| Seg::whole(b)).collect();
+        self.dispatch_segments(pipeline, &segments, workgroups)
+    }
+
+    /// Binds `segments` (whole buffers or views, in binding order) and
+    /// dispatches `workgroups` workgroups.
+    pub(crate) fn dispatch_segments(
+        &mut self,
+        pipeline: &Pipeline,
+        segments: &[Seg<'_>],
+        workgroups: u64,
+    ) -> Result<()> {
         if workgroups == 0 {
             return Ok(());
         }
@@ -68,12 +125,12 @@ impl<'c> Recorder<'c> {
             workgroups,
             self.ctx.caps.limits.max_compute_workgroups_per_dimension,
         )?;
-        let entries: Vec<wgpu::BindGroupEntry<'_>> = buffers
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = segments
             .iter()
             .enumerate()
-            .map(|(i, buffer)| wgpu::BindGroupEntry {
+            .map(|(i, segment)| wgpu::BindGroupEntry {
                 binding: i as u32,
-                resource: buffer.as_entire_binding(),
+                resource: segment.resource(),
             })
             .collect();
         let bind_group = self

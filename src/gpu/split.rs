@@ -25,7 +25,7 @@ use super::fused;
 use super::kv::{self, GpuInputs, GpuOutputs};
 use super::ops::decode::DecodePlan;
 use super::ops::fused::{self as fused_op, AttentionBuffers, KeyPart};
-use super::recorder::{copy_box, Recorder};
+use super::recorder::{copy_box, Recorder, Seg, SEGMENT_ALIGNMENT};
 use super::unfused;
 use crate::error::{Error, Result};
 use crate::options::{AttentionOptions, QkMatmulOutputMode};
@@ -56,14 +56,66 @@ pub(crate) async fn run(
             }
         };
     }
-    if inputs.kv_f16 {
-        return Err(Error::Conflict(
-            "f16 keys and values are read in place only by a call that runs whole",
-        ));
-    }
     let limit = ctx.caps.limits.max_bindable_bytes();
     let cut = Cut::plan(&ctx.caps, dims, options, route, limit)?;
+    if inputs.kv_f16 && !f16_views_fit(dims, &cut) {
+        return Err(Error::Conflict(
+            "f16 keys and values are read in place only by whole calls and aligned pieces",
+        ));
+    }
     run_pieces(ctx, dims, inputs, options, route, cut).await
+}
+
+/// Whether a call with f16 keys and values on `route` can read them in
+/// place: whole, or in pieces that keep every key (the decode kernel's) and
+/// whose slices of K and V are aligned views (f16 slices are never copied).
+pub(crate) fn f16_in_place(
+    ctx: &GpuContext,
+    dims: &AttentionDims,
+    options: &AttentionOptions,
+    route: Route,
+) -> bool {
+    if runs_whole(ctx, dims, options, route) {
+        return true;
+    }
+    let limit = ctx.caps.limits.max_bindable_bytes();
+    matches!(route, Route::Fused)
+        && Cut::plan(&ctx.caps, dims, options, route, limit)
+            .is_ok_and(|cut| f16_views_fit(dims, &cut))
+}
+
+/// Whether every piece of `cut` keeps all keys, runs the decode kernel, and
+/// binds its f16 K and V slices as aligned views of whole vec4s.
+fn f16_views_fit(dims: &AttentionDims, cut: &Cut) -> bool {
+    let t = dims.total_len();
+    if cut.keys < t || !DecodePlan::applies(&cut.piece_dims(dims)) {
+        return false;
+    }
+    (0..dims.batch).step_by(cut.batches).all(|b0| {
+        (0..dims.kv_heads).step_by(cut.kv_heads).all(|g0| {
+            let extent = piece_extent(
+                dims,
+                cut,
+                Origin {
+                    batch: b0,
+                    kv_head: g0,
+                    query: 0,
+                    key: 0,
+                },
+            );
+            [dims.head_dim, dims.v_head_dim].iter().all(|&d| {
+                let full = [dims.batch, dims.kv_heads, t, d];
+                contiguous_run(
+                    full,
+                    [b0, g0, 0, 0],
+                    [extent.batches, extent.kv_heads, t, d],
+                )
+                .is_some_and(|(offset, len)| {
+                    (offset * 2) as u64 % SEGMENT_ALIGNMENT == 0 && (len * 2) % 16 == 0
+                })
+            })
+        })
+    })
 }
 
 /// Whether the call runs whole, not in pieces: everything it binds fits one binding.
@@ -363,13 +415,92 @@ struct Origin {
 }
 
 /// A piece's inputs, copied out of the call's.
-struct PieceInputs {
+struct PieceInputs<'a> {
     dims: AttentionDims,
-    q: wgpu::Buffer,
-    k: wgpu::Buffer,
-    v: wgpu::Buffer,
+    q: Part<'a>,
+    k: Part<'a>,
+    v: Part<'a>,
     mask: Option<wgpu::Buffer>,
     nonpad: Option<Vec<i64>>,
+}
+
+/// A piece's Q, K or V: copied out of the call's tensor, or (on the fused
+/// route, where the slice is one aligned run of it) a view of it, read in place.
+enum Part<'a> {
+    Copied(wgpu::Buffer),
+    View(Seg<'a>),
+}
+
+impl Part<'_> {
+    fn seg(&self) -> Seg<'_> {
+        match self {
+            Part::Copied(b) => Seg::whole(b),
+            Part::View(s) => *s,
+        }
+    }
+
+    /// Bytes of device memory the piece allocated for it.
+    fn copied_bytes(&self) -> u64 {
+        match self {
+            Part::Copied(b) => b.size(),
+            Part::View(_) => 0,
+        }
+    }
+}
+
+/// The elements `(offset, len)` a box of a row-major tensor covers when they
+/// are one contiguous run: every axis inside the outermost partial one whole.
+fn contiguous_run(
+    full: [usize; 4],
+    start: [usize; 4],
+    extent: [usize; 4],
+) -> Option<(usize, usize)> {
+    let mut partial = false;
+    for axis in (0..4).rev() {
+        if partial && extent[axis] != 1 {
+            return None;
+        }
+        partial |= extent[axis] != full[axis];
+    }
+    let offset = ((start[0] * full[1] + start[1]) * full[2] + start[2]) * full[3] + start[3];
+    Some((offset, extent.iter().product()))
+}
+
+/// A box of `src` as a piece's tensor: a view where it is one run at an
+/// aligned offset, in whole vec4s (and `in_place`), else copied out. `f16`
+/// values (two bytes each) are only ever viewed.
+#[allow(clippy::too_many_arguments)]
+fn part<'a>(
+    rec: &mut Recorder<'_>,
+    name: &str,
+    src: &'a wgpu::Buffer,
+    full: [usize; 4],
+    start: [usize; 4],
+    extent: [usize; 4],
+    in_place: bool,
+    f16: bool,
+) -> Result<Part<'a>> {
+    let width = if f16 { 2 } else { 4 };
+    if in_place || f16 {
+        if let Some((offset, len)) = contiguous_run(full, start, extent) {
+            let (offset, size) = ((offset * width) as u64, (len * width) as u64);
+            if offset % SEGMENT_ALIGNMENT == 0 && size % 16 == 0 && size > 0 {
+                return Ok(Part::View(Seg {
+                    buffer: src,
+                    offset,
+                    size: Some(size),
+                }));
+            }
+        }
+    }
+    if f16 {
+        return Err(Error::Conflict(
+            "an f16 slice of a piece is not an aligned run of the call's tensor",
+        ));
+    }
+    let dst = buffer::storage(rec.ctx(), name, extent.iter().product())?;
+    copy_box(rec, src, full, start, &dst, extent, [0; 4], extent);
+    Ok(Part::Copied(dst))
 }
 
 /// The call's keys and values as one `[B, Hkv, T, D]` tensor each (the
@@ -411,6 +542,7 @@ async fn run_pieces(
         }
     };
     let want_present = dims.has_past && dims.past_len > 0 || options.return_present;
+    let (_, call_k, call_v) = inputs.whole_qkv()?;
     let mut allocated = check("Y", &[rows, dv])? + check("lse", &[rows])?;
     if options.qk_matmul_output_mode.is_some() {
         allocated += check("qk_matmul_output", &[rows, t])?;
@@ -442,8 +574,8 @@ async fn run_pieces(
                 let mut rec = Recorder::new(ctx, "present (in pieces)");
                 let p = if dims.has_past { dims.past_len } else { 0 };
                 for (new, past, present, d) in [
-                    (inputs.k, inputs.past_key, &pk, dk),
-                    (inputs.v, inputs.past_value, &pv, dv),
+                    (call_k, inputs.past_key, &pk, dk),
+                    (call_v, inputs.past_value, &pv, dv),
                 ] {
                     if p > 0 {
                         let Some(past) = past else {
@@ -486,8 +618,8 @@ async fn run_pieces(
     let keys = match &present {
         Some((k, v)) => Keys { k, v },
         None => Keys {
-            k: inputs.k,
-            v: inputs.v,
+            k: call_k,
+            v: call_v,
         },
     };
 
@@ -536,47 +668,47 @@ fn piece_extent(dims: &AttentionDims, cut: &Cut, at: Origin) -> Cut {
 }
 
 /// Copies one piece's inputs out of the call's and sets its positions.
-fn gather(
+#[allow(clippy::too_many_arguments)]
+fn gather<'a>(
     rec: &mut Recorder<'_>,
     dims: &AttentionDims,
-    inputs: &GpuInputs<'_>,
-    keys: &Keys<'_>,
+    inputs: &GpuInputs<'a>,
+    keys: &Keys<'a>,
     extent: &Cut,
     at: Origin,
-) -> Result<PieceInputs> {
+    in_place: bool,
+) -> Result<PieceInputs<'a>> {
     let ctx = rec.ctx();
     let (g, t) = (dims.group(), dims.total_len());
     let mut piece = extent.piece_dims(dims);
     let (nb, ng, nq, nk) = (extent.batches, extent.kv_heads, extent.queries, extent.keys);
     let q_head = at.kv_head * g;
-    let q = buffer::storage(ctx, "Q (piece)", nb * ng * g * nq * dims.head_dim)?;
-    copy_box(
+    let (q_buffer, _, _) = inputs.whole_qkv()?;
+    let q = part(
         rec,
-        inputs.q,
+        "Q (piece)",
+        q_buffer,
         [dims.batch, dims.q_heads, dims.q_len, dims.head_dim],
         [at.batch, q_head, at.query, 0],
-        &q,
         [nb, ng * g, nq, dims.head_dim],
-        [0; 4],
-        [nb, ng * g, nq, dims.head_dim],
-    );
+        in_place,
+        false,
+    )?;
     let mut kv = Vec::new();
     for (src, d, name) in [
         (keys.k, dims.head_dim, "K (piece)"),
         (keys.v, dims.v_head_dim, "V (piece)"),
     ] {
-        let dst = buffer::storage(ctx, name, nb * ng * nk * d)?;
-        copy_box(
+        kv.push(part(
             rec,
+            name,
             src,
             [dims.batch, dims.kv_heads, t, d],
             [at.batch, at.kv_head, at.key, 0],
-            &dst,
             [nb, ng, nk, d],
-            [0; 4],
-            [nb, ng, nk, d],
-        );
-        kv.push(dst);
+            in_place,
+            inputs.kv_f16,
+        )?);
     }
     let mask = match (dims.mask, inputs.mask) {
         (Some(layout), Some(src)) => {
@@ -714,21 +846,27 @@ fn scatter_scores(
 
 /// Bytes a piece's copied inputs take.
 fn input_bytes(p: &PieceInputs) -> u64 {
-    p.q.size() + p.k.size() + p.v.size() + p.mask.as_ref().map_or(0, |m| m.size())
+    p.q.copied_bytes()
+        + p.k.copied_bytes()
+        + p.v.copied_bytes()
+        + p.mask.as_ref().map_or(0, |m| m.size())
 }
 
-/// Copies a piece's inputs out of the call's, inside error scopes.
-async fn gather_scoped(
+/// A piece's inputs out of the call's (views where `in_place` allows),
+/// inside error scopes.
+#[allow(clippy::too_many_arguments)]
+async fn gather_scoped<'a>(
     ctx: &GpuContext,
     dims: &AttentionDims,
-    inputs: &GpuInputs<'_>,
-    keys: &Keys<'_>,
+    inputs: &GpuInputs<'a>,
+    keys: &Keys<'a>,
     extent: &Cut,
     at: Origin,
-) -> Result<PieceInputs> {
+    in_place: bool,
+) -> Result<PieceInputs<'a>> {
     ctx.scoped("piece inputs", || {
         let mut rec = Recorder::new(ctx, "piece inputs");
-        let piece = gather(&mut rec, dims, inputs, keys, extent, at)?;
+        let piece = gather(&mut rec, dims, inputs, keys, extent, at, in_place)?;
         rec.submit();
         Ok(piece)
     })
@@ -757,17 +895,20 @@ async fn run_piece(
         return_present: false,
         ..options.clone()
     };
+    // The fused kernels read views of the call's tensors in place; the
+    // unfused path's GEMMs bind whole buffers, so its pieces are copies.
+    let in_place = matches!(route, Route::Fused);
     if extent.keys == t {
-        let piece = gather_scoped(ctx, dims, inputs, keys, &extent, at).await?;
+        let piece = gather_scoped(ctx, dims, inputs, keys, &extent, at, in_place).await?;
         let piece_inputs = GpuInputs {
-            q: &piece.q,
-            k: &piece.k,
-            v: &piece.v,
+            q: piece.q.seg(),
+            k: piece.k.seg(),
+            v: piece.v.seg(),
             mask: piece.mask.as_ref(),
             past_key: None,
             past_value: None,
             nonpad: piece.nonpad.as_deref(),
-            kv_f16: false,
+            kv_f16: inputs.kv_f16,
         };
         let out = match route {
             Route::Fused => fused::run(ctx, &piece.dims, &piece_inputs, &piece_options).await?,
@@ -817,7 +958,7 @@ async fn run_piece(
             first: key == 0,
             last: key + range.keys >= t,
         };
-        let piece = gather_scoped(ctx, dims, inputs, keys, &range, range_at).await?;
+        let piece = gather_scoped(ctx, dims, inputs, keys, &range, range_at, true).await?;
         let used = ctx
             .scoped("attention (a key range of a piece)", || {
                 let mut rec = Recorder::new(ctx, "attention (a key range of a piece)");
@@ -825,9 +966,9 @@ async fn run_piece(
                 let rule_data =
                     kv::upload_rule_data(ctx, &piece.dims, piece.nonpad.as_deref(), options.alibi)?;
                 let buffers = AttentionBuffers {
-                    q: &piece.q,
-                    k: &piece.k,
-                    v: &piece.v,
+                    q: piece.q.seg(),
+                    k: piece.k.seg(),
+                    v: piece.v.seg(),
                     mask: piece.mask.as_ref().unwrap_or(&placeholder),
                     nonpad: &rule_data,
                     kv_f16: false,
@@ -908,6 +1049,26 @@ mod tests {
     fn plan(caps: &Capabilities, dims: &AttentionDims, options: &AttentionOptions) -> Result<Cut> {
         let limit = caps.limits.max_bindable_bytes();
         Cut::plan(caps, dims, options, Route::Fused, limit)
+    }
+
+    #[test]
+    fn contiguous_runs_are_whole_inner_axes_under_one_partial_axis() {
+        let full = [8, 32, 100, 128];
+        assert_eq!(
+            contiguous_run(full, [4, 0, 0, 0], [4, 32, 100, 128]),
+            Some((4 * 32 * 100 * 128, 4 * 32 * 100 * 128))
+        );
+        assert_eq!(
+            contiguous_run(full, [2, 16, 0, 0], [1, 16, 100, 128]),
+            Some(((2 * 32 + 16) * 100 * 128, 16 * 100 * 128))
+        );
+        // One head's range of keys is a run; two heads' are not.
+        assert_eq!(
+            contiguous_run(full, [0, 3, 50, 0], [1, 1, 50, 128]),
+            Some(((3 * 100 + 50) * 128, 50 * 128))
+        );
+        assert_eq!(contiguous_run(full, [0, 0, 50, 0], [1, 2, 50, 128]), None);
+        assert_eq!(contiguous_run(full, [0, 0, 0, 0], [2, 16, 100, 128]), None);
     }
 
     #[test]

@@ -146,8 +146,9 @@ pub(crate) async fn run(
             Some((k, v)) => (Some(k), Some(v)),
             None => (None, None),
         };
-        let keys = present_key.as_ref().unwrap_or(inputs.k);
-        let values = present_value.as_ref().unwrap_or(inputs.v);
+        let (q, k, v) = inputs.whole_qkv()?;
+        let keys = present_key.as_ref().unwrap_or(k);
+        let values = present_value.as_ref().unwrap_or(v);
 
         let mask_buffers = mask::MaskBuffers {
             mask: inputs.mask.unwrap_or(&mask_placeholder),
@@ -179,7 +180,7 @@ pub(crate) async fn run(
                 alpha: scale,
                 beta: 0.0,
             };
-            gemm::record(&mut rec, &scores_spec, inputs.q, keys, &scores)?;
+            gemm::record(&mut rec, &scores_spec, q, keys, &scores)?;
             mask::record(
                 &mut rec,
                 dims,

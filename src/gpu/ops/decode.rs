@@ -151,17 +151,17 @@ pub(crate) fn record(
             .with_extra3(plan.heads_per_workgroup as u32),
     );
     let pipeline = ctx.pipelines.get(&plan.key(dims, inputs.kv_f16));
-    rec.dispatch(
+    rec.dispatch_segments(
         &pipeline,
         &[
-            &uniform,
+            (&uniform).into(),
             inputs.q,
             inputs.k,
             inputs.v,
-            inputs.mask,
-            inputs.nonpad,
-            &part_o,
-            &part_ml,
+            inputs.mask.into(),
+            inputs.nonpad.into(),
+            (&part_o).into(),
+            (&part_ml).into(),
         ],
         (heads / plan.heads_per_workgroup * plan.splits) as u64,
     )?;

@@ -12,7 +12,7 @@ use crate::gpu::buffer;
 use crate::gpu::capabilities::KernelLimits;
 pub use crate::gpu::choice::FusedKernelChoice;
 use crate::gpu::pipeline::PipelineKey;
-use crate::gpu::recorder::Recorder;
+use crate::gpu::recorder::{Recorder, Seg};
 use crate::gpu::registry::Kernel;
 use crate::options::{AttentionOptions, QkMatmulOutputMode};
 use crate::problem::AttentionDims;
@@ -260,11 +260,12 @@ pub(crate) fn params(
 
 /// The buffers the attention kernels read.
 pub(crate) struct AttentionBuffers<'a> {
-    pub q: &'a wgpu::Buffer,
+    /// Queries `[B, Hq, Nq, Dk]`: a buffer, or a view of a call's (a piece).
+    pub q: Seg<'a>,
     /// Keys `[B, Hkv, T, Dk]` (the present keys when there is a past).
-    pub k: &'a wgpu::Buffer,
+    pub k: Seg<'a>,
     /// Values `[B, Hkv, T, Dv]`.
-    pub v: &'a wgpu::Buffer,
+    pub v: Seg<'a>,
     /// The additive mask, or a placeholder.
     pub mask: &'a wgpu::Buffer,
     /// The rule data: `nonpad_kv_seqlen` as i32 (B words, zeros when absent),
@@ -344,17 +345,17 @@ pub(crate) fn record_forward(
                 _pad: 0,
             },
         );
-        rec.dispatch(
+        rec.dispatch_segments(
             &pipeline,
             &[
-                &uniform,
+                (&uniform).into(),
                 inputs.q,
                 inputs.k,
                 inputs.v,
-                inputs.mask,
-                inputs.nonpad,
-                y,
-                stats,
+                inputs.mask.into(),
+                inputs.nonpad.into(),
+                y.into(),
+                stats.into(),
             ],
             workgroups,
         )?;
@@ -387,15 +388,15 @@ pub(crate) fn record_scores(
         .pipelines
         .get(&PipelineKey::new(Kernel::AttentionScores));
     let rows = dims.batch * dims.q_heads * dims.q_len;
-    rec.dispatch(
+    rec.dispatch_segments(
         &pipeline,
         &[
-            &uniform,
+            (&uniform).into(),
             inputs.q,
             inputs.k,
-            inputs.mask,
-            inputs.nonpad,
-            out,
+            inputs.mask.into(),
+            inputs.nonpad.into(),
+            out.into(),
         ],
         (rows * key_blocks) as u64,
     )?;
