@@ -87,6 +87,7 @@ pub async fn measure_gpu(
     let mut outcome = Ok(());
     for run in 0..repeats.warmup + repeats.timed {
         let start = Instant::now();
+        ctx.restart_profile();
         outcome = submit().await;
         if outcome.is_ok() {
             outcome = ctx.finish().await;
@@ -239,6 +240,8 @@ impl BigCopy {
             u64::from(self.workgroups),
         )?;
         rec.submit();
+        // The measurement times what follows the copy, not the copy.
+        ctx.restart_profile();
         Ok(())
     }
 }
@@ -390,8 +393,8 @@ pub async fn attention_with(
 }
 
 /// [`attention_with`] with K and V of `dtype` (f16: stored as f16 on the
-/// device, so decode streams half the bytes). Q stays f32, so Y is f32 and
-/// the call is one submission, which the GPU timestamps cover whole.
+/// device, so decode streams half the bytes). Q stays f32, as a decoder with
+/// an f16 KV cache has it.
 pub async fn attention_as(
     engine: &crate::Engine,
     shape: AttentionShape,

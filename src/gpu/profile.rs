@@ -1,9 +1,12 @@
-//! GPU time of a submission, from timestamp queries.
+//! GPU time of a call, from timestamp queries.
 //!
 //! With profiling on, every compute pass the recorder (`gpu/recorder.rs`)
-//! opens writes a timestamp at its beginning and end; the submission's GPU time
-//! is the sum over its passes. This needs only `TIMESTAMP_QUERY` (pass-level
-//! timestamps, which browsers offer too). Copies between passes are not timed.
+//! opens writes a timestamp at its beginning and end, in slots numbered across
+//! submissions since the measurement began ([`GpuContext::restart_profile`]),
+//! so a call of several submissions (pieces, f16 conversions) is timed whole:
+//! its GPU time is the sum over its passes. This needs only `TIMESTAMP_QUERY`
+//! (pass-level timestamps, which browsers offer too). Copies between passes
+//! are not timed.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -11,7 +14,7 @@ use super::buffer;
 use super::context::GpuContext;
 use crate::error::Result;
 
-/// Passes timed per submission; later passes make the measurement incomplete.
+/// Passes timed per measurement; later passes make it incomplete.
 pub const MAX_TIMED_PASSES: u32 = 64;
 
 /// Timestamp query state shared by a context's recorders.
@@ -19,8 +22,8 @@ pub const MAX_TIMED_PASSES: u32 = 64;
 pub(crate) struct Profiler {
     pub(crate) query_set: wgpu::QuerySet,
     resolve: wgpu::Buffer,
-    /// Passes the last submission timed, and whether it had more than we could time.
-    pub(crate) last: Mutex<(u32, bool)>,
+    /// Passes opened since the measurement began (slot pairs handed out).
+    opened: Mutex<u32>,
 }
 
 impl Profiler {
@@ -39,12 +42,17 @@ impl Profiler {
         Self {
             query_set,
             resolve,
-            last: Mutex::new((0, false)),
+            opened: Mutex::new(0),
         }
     }
 
-    /// The timestamp writes for pass number `pass`, or `None` beyond the limit.
-    pub(crate) fn pass_writes(&self, pass: u32) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
+    /// The timestamp writes for the next pass, or `None` beyond the limit.
+    pub(crate) fn pass_writes(&self) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
+        let pass = {
+            let mut opened = self.opened.lock().unwrap_or_else(PoisonError::into_inner);
+            *opened += 1;
+            *opened - 1
+        };
         (pass < MAX_TIMED_PASSES).then(|| wgpu::ComputePassTimestampWrites {
             query_set: &self.query_set,
             beginning_of_pass_write_index: Some(2 * pass),
@@ -52,14 +60,20 @@ impl Profiler {
         })
     }
 
-    /// Records the resolve of `passes` passes into the resolve buffer.
-    pub(crate) fn resolve(&self, encoder: &mut wgpu::CommandEncoder, passes: u32) {
-        let timed = passes.min(MAX_TIMED_PASSES);
+    /// Passes timed since the measurement began, and whether there were more
+    /// than could be timed.
+    fn timed(&self) -> (u32, bool) {
+        let opened = *self.opened.lock().unwrap_or_else(PoisonError::into_inner);
+        (opened.min(MAX_TIMED_PASSES), opened > MAX_TIMED_PASSES)
+    }
+
+    /// Records the resolve of every pass timed so far (earlier submissions'
+    /// too: their slots keep their values) into the resolve buffer.
+    pub(crate) fn resolve(&self, encoder: &mut wgpu::CommandEncoder) {
+        let (timed, _) = self.timed();
         if timed > 0 {
             encoder.resolve_query_set(&self.query_set, 0..2 * timed, &self.resolve, 0);
         }
-        *self.last.lock().unwrap_or_else(PoisonError::into_inner) =
-            (timed, passes > MAX_TIMED_PASSES);
     }
 }
 
@@ -79,6 +93,17 @@ impl GpuContext {
         true
     }
 
+    /// Begins a new measurement: [`GpuContext::last_gpu_ms`] then sums the
+    /// passes recorded from here on.
+    pub fn restart_profile(&self) {
+        if let Some(profiler) = self.profiler() {
+            *profiler
+                .opened
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = 0;
+        }
+    }
+
     /// The profiler, when profiling is on.
     pub(crate) fn profiler(&self) -> Option<Arc<Profiler>> {
         self.profiler
@@ -87,14 +112,15 @@ impl GpuContext {
             .clone()
     }
 
-    /// The GPU time of the last profiled submission in milliseconds (the sum of
-    /// its passes), or `None` when profiling is off or it had more passes than
-    /// could be timed. Waits for the submission to finish.
+    /// The GPU time of the passes recorded since the measurement began (profiling
+    /// turned on, or [`GpuContext::restart_profile`]), in milliseconds, or `None`
+    /// when profiling is off or there were more passes than could be timed.
+    /// Waits for the submissions to finish.
     pub async fn last_gpu_ms(&self) -> Result<Option<f64>> {
         let Some(profiler) = self.profiler() else {
             return Ok(None);
         };
-        let (passes, overflow) = *profiler.last.lock().unwrap_or_else(PoisonError::into_inner);
+        let (passes, overflow) = profiler.timed();
         if passes == 0 || overflow {
             return Ok(None);
         }

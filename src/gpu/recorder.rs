@@ -77,7 +77,6 @@ pub(crate) struct Recorder<'c> {
     encoder: wgpu::CommandEncoder,
     pass: Option<wgpu::ComputePass<'static>>,
     profiler: Option<std::sync::Arc<super::profile::Profiler>>,
-    passes: u32,
 }
 
 impl<'c> Recorder<'c> {
@@ -90,7 +89,6 @@ impl<'c> Recorder<'c> {
             encoder,
             pass: None,
             profiler: ctx.profiler(),
-            passes: 0,
         }
     }
 
@@ -142,10 +140,9 @@ impl<'c> Recorder<'c> {
                 entries: &entries,
             });
         let encoder = &mut self.encoder;
-        let (profiler, passes) = (&self.profiler, &mut self.passes);
+        let profiler = &self.profiler;
         let pass = self.pass.get_or_insert_with(|| {
-            let timestamp_writes = profiler.as_ref().and_then(|p| p.pass_writes(*passes));
-            *passes += 1;
+            let timestamp_writes = profiler.as_ref().and_then(|p| p.pass_writes());
             encoder
                 .begin_compute_pass(&wgpu::ComputePassDescriptor {
                     label: Some("webattn"),
@@ -182,7 +179,7 @@ impl<'c> Recorder<'c> {
     pub(crate) fn submit(mut self) {
         self.pass = None;
         if let Some(profiler) = &self.profiler {
-            profiler.resolve(&mut self.encoder, self.passes);
+            profiler.resolve(&mut self.encoder);
         }
         self.ctx.queue.submit([self.encoder.finish()]);
     }
