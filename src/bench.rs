@@ -403,7 +403,45 @@ pub async fn attention_as(
     cold_cache: bool,
     dtype: crate::DType,
 ) -> Result<AttentionMeasurement> {
+    let run = AttentionRun {
+        path,
+        precision: crate::Precision::Highest,
+        cold_cache,
+        dtype,
+    };
+    attention_run(engine, shape, run, repeats).await
+}
+
+/// How [`attention_run`] times a shape: the path, the precision its products
+/// may take, whether caches are flushed first ([`attention_with`]), and the
+/// storage type of K and V ([`attention_as`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionRun {
+    /// The path.
+    pub path: crate::KernelPath,
+    /// `Fast` lets the GPU paths multiply on the matrix units.
+    pub precision: crate::Precision,
+    /// Flush the last-level cache before each run (where [`can_flush_caches`]).
+    pub cold_cache: bool,
+    /// K and V's storage type.
+    pub dtype: crate::DType,
+}
+
+/// Times attention of `shape` as `run` says (the other functions of this
+/// family are this one with fewer choices).
+pub async fn attention_run(
+    engine: &crate::Engine,
+    shape: AttentionShape,
+    run: AttentionRun,
+    repeats: Repeats,
+) -> Result<AttentionMeasurement> {
     use crate::conformance::CaseSpec;
+    let AttentionRun {
+        path,
+        precision,
+        cold_cache,
+        dtype,
+    } = run;
     use crate::{AttentionInputs, AttentionOptions, KernelPath};
     let case = CaseSpec::new(
         "bench",
@@ -419,6 +457,7 @@ pub async fn attention_as(
     let options = AttentionOptions {
         path,
         is_causal: shape.causal,
+        precision,
         ..Default::default()
     };
     let measurement = match (path, engine.gpu()) {

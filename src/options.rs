@@ -54,6 +54,62 @@ impl QkMatmulOutputMode {
     }
 }
 
+/// How exact the products of a GPU call must be.
+///
+/// The default, [`Precision::Highest`], computes every product in f32, as the
+/// contract describes. [`Precision::Fast`] lets the engine multiply on the
+/// adapter's matrix units (tensor cores, through wgpu's cooperative matrices)
+/// where it has them: Q and K, and the probabilities P and V, are rounded to
+/// f16 for their products, which are accumulated in f32; the softmax, the
+/// masks and every other step stay f32. Values beyond ±65504 become infinite
+/// there, as in an f16 model. Where the adapter has no matrix units (every
+/// browser, lavapipe before Mesa 26, GL) `Fast` runs the f32 kernels, so it
+/// never loses anything but allows the speed. The CPU paths ignore it.
+///
+/// Checked with the f16 rule: the error against the f64 oracle on the
+/// f16-rounded inputs is at most twice a plain f32 computation's on them,
+/// plus the rounding of the probabilities (2⁻¹¹ of the largest `|V|` in Y).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub enum Precision {
+    /// Every product in f32 (the default).
+    #[default]
+    Highest,
+    /// f16 products with f32 accumulation where the adapter has matrix units.
+    Fast,
+}
+
+impl Precision {
+    /// The lowercase name (`highest`, `fast`), as the CLI spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Highest => "highest",
+            Precision::Fast => "fast",
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Precision> {
+        match text {
+            "highest" => Ok(Precision::Highest),
+            "fast" => Ok(Precision::Fast),
+            _ => Err(Error::InvalidOption {
+                name: "precision",
+                value: text.to_string(),
+                reason: "must be highest (f32 products) or fast (f16 products on the matrix units where the adapter has them)",
+            }),
+        }
+    }
+}
+
 /// Which implementation runs the call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub enum KernelPath {
@@ -145,7 +201,8 @@ pub enum KernelPath {
 /// reference returns softcapped values there; we do not follow it).
 ///
 /// Precision: the GPU and the fast CPU backend compute in f32 (f16 inputs are widened
-/// before upload); the CPU oracle accumulates in f64. `softmax_precision` is not an
+/// for the arithmetic; [`Precision::Fast`] allows f16 products on the matrix units);
+/// the CPU oracle accumulates in f64. `softmax_precision` is not an
 /// option: the result is the f32 (GPU, fast CPU backend) or f64 (oracle) softmax
 /// whatever it would say.
 #[derive(Debug, Clone, PartialEq)]
@@ -175,6 +232,9 @@ pub struct AttentionOptions {
     pub alibi: bool,
     /// Which implementation runs the call.
     pub path: KernelPath,
+    /// How exact the products must be (f32 unless the caller allows f16
+    /// products on the matrix units).
+    pub precision: Precision,
 }
 
 /// The ALiBi slopes of `heads` heads (Press et al., 2022): for a power of two
@@ -218,6 +278,7 @@ impl Default for AttentionOptions {
             temperature: 1.0,
             alibi: false,
             path: KernelPath::Auto,
+            precision: Precision::Highest,
         }
     }
 }

@@ -33,6 +33,7 @@ fn the_full_sweep_passes_on_the_cpu_backend() {
         SweepKind::Full,
         "",
         common::seed(),
+        webattn::Precision::Highest,
         |_| {},
     ));
     println!("{}", report.table());

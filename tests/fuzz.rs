@@ -241,6 +241,7 @@ fn problem(wild: bool) -> impl Strategy<Value = Problem> {
                 temperature: scales.0,
                 alibi: seed % 5 == 0,
                 path: KernelPath::Auto,
+                precision: webattn::Precision::Highest,
             };
             Problem {
                 q: vec![qd.0, qd.1, qd.2, qd.3],

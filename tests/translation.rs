@@ -43,7 +43,8 @@ fn validator() -> Validator {
         naga::valid::ValidationFlags::all(),
         Capabilities::SUBGROUP
             | Capabilities::SHADER_FLOAT16
-            | Capabilities::SHADER_FLOAT16_IN_FLOAT32,
+            | Capabilities::SHADER_FLOAT16_IN_FLOAT32
+            | Capabilities::COOPERATIVE_MATRIX,
     );
     validator.subgroup_stages(ShaderStages::COMPUTE);
     validator.subgroup_operations(SubgroupOperationSet::all());
@@ -135,11 +136,17 @@ fn to_glsl(module: &Module, info: &ModuleInfo, key: &PipelineKey) -> Result<usiz
     .map_err(|e| e.to_string())
 }
 
-/// Whether the planner can choose `kernel` on a GL adapter: wgpu's GL backend
-/// offers no subgroup operations, so the subgroup kernels never run there
-/// (`Capabilities::fixed_cpu_subgroup` needs the SUBGROUP feature).
-fn runs_on_gl(kernel: Kernel) -> bool {
-    !kernel.uses_subgroups()
+/// Whether the planner can choose `kernel` on a backend (by its index in
+/// [`BACKENDS`]): wgpu's GL backend offers no subgroup operations, so the
+/// subgroup kernels never run there (`Capabilities::fixed_cpu_subgroup` needs
+/// the SUBGROUP feature); wgpu offers cooperative matrices on Vulkan and
+/// Metal only, so the matrix-unit kernels run nowhere else.
+fn runs_on(backend: usize, kernel: Kernel) -> bool {
+    match backend {
+        0 | 1 => true,
+        2 => !kernel.uses_coop(),
+        _ => !kernel.uses_subgroups(),
+    }
 }
 
 #[test]
@@ -155,7 +162,7 @@ fn every_planned_pipeline_translates_for_every_backend() {
         let (module, info) = specialise(module, info, key);
         let writers: [Writer; 4] = [to_spirv, to_msl, to_hlsl, to_glsl];
         for (backend, write) in writers.iter().enumerate() {
-            if backend == 3 && !runs_on_gl(key.kernel) {
+            if !runs_on(backend, key.kernel) {
                 continue;
             }
             match write(&module, &info, key) {

@@ -9,7 +9,7 @@ use super::case::{CaseInputs, CaseSpec, MaskForm};
 use super::runner::{CaseResult, Oracle};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::options::{AttentionOptions, KernelPath};
+use crate::options::{AttentionOptions, KernelPath, Precision};
 use crate::tensor::{HostMask, HostTensor};
 
 /// The names of the behaviour checks, in the order [`run_behaviour`] runs them.
@@ -50,6 +50,7 @@ async fn expect_error(
     engine: &Engine,
     name: &str,
     path: KernelPath,
+    precision: Precision,
     inputs: Result<CaseInputs>,
     expected: fn(&Error) -> bool,
 ) -> CaseResult {
@@ -66,6 +67,7 @@ async fn expect_error(
     };
     let options = AttentionOptions {
         path,
+        precision,
         ..Default::default()
     };
     let shapes = format!("Q{:?} K{:?}", inputs.q.shape(), inputs.k.shape());
@@ -99,10 +101,12 @@ async fn numeric(
     engine: &Engine,
     name: &str,
     path: KernelPath,
+    precision: Precision,
     case: CaseSpec,
     seed: u64,
     edit: impl FnOnce(&mut CaseInputs),
 ) -> CaseResult {
+    let case = case.with(|o| o.precision = precision);
     let oracle = case.generate(seed).and_then(|mut inputs| {
         edit(&mut inputs);
         Oracle::from_inputs(&case, inputs)
@@ -116,14 +120,22 @@ async fn numeric(
     checked
 }
 
-/// Runs every behaviour check on `path`.
-pub async fn run_behaviour(engine: &Engine, path: KernelPath, seed: u64) -> Vec<CaseResult> {
+/// Runs every behaviour check on `path` at `precision` (under
+/// [`Precision::Fast`] the numeric ones on f16-rounded operands, with the f16
+/// rule, and through the matrix-unit kernels where the adapter has them).
+pub async fn run_behaviour(
+    engine: &Engine,
+    path: KernelPath,
+    precision: Precision,
+    seed: u64,
+) -> Vec<CaseResult> {
     let mut results = Vec::new();
     results.push(
         expect_error(
             engine,
             BEHAVIOUR_CHECKS[0],
             path,
+            precision,
             plain([2, 2, 3, 8], [1, 2, 5, 8], [1, 2, 5, 8]),
             |e| matches!(e, Error::ShapeMismatch { .. }),
         )
@@ -134,6 +146,7 @@ pub async fn run_behaviour(engine: &Engine, path: KernelPath, seed: u64) -> Vec<
             engine,
             BEHAVIOUR_CHECKS[1],
             path,
+            precision,
             plain([1, 3, 3, 8], [1, 2, 5, 8], [1, 2, 5, 8]),
             |e| matches!(e, Error::GqaHeads { .. }),
         )
@@ -145,50 +158,79 @@ pub async fn run_behaviour(engine: &Engine, path: KernelPath, seed: u64) -> Vec<
         Ok(inputs)
     });
     results.push(
-        expect_error(engine, BEHAVIOUR_CHECKS[2], path, bad_mask, |e| {
-            matches!(e, Error::Broadcast { .. })
-        })
+        expect_error(
+            engine,
+            BEHAVIOUR_CHECKS[2],
+            path,
+            precision,
+            bad_mask,
+            |e| matches!(e, Error::Broadcast { .. }),
+        )
         .await,
     );
 
     // Infinite and NaN keys where the mask excludes them take no part.
     let case = CaseSpec::new("nonfinite-k", [1, 2, 1], [5, 9], [8, 8]).mask(MaskForm::Bool(1));
     results.push(
-        numeric(engine, BEHAVIOUR_CHECKS[3], path, case, seed, |inputs| {
-            if let Some(HostMask::Bool { data, .. }) = &mut inputs.mask {
-                data[2] = false;
-                data[7] = false;
-                data[0] = true;
-            }
-            let dk = 8;
-            inputs.k.data_mut()[2 * dk] = f32::INFINITY;
-            inputs.k.data_mut()[7 * dk + 3] = f32::NAN;
-        })
+        numeric(
+            engine,
+            BEHAVIOUR_CHECKS[3],
+            path,
+            precision,
+            case,
+            seed,
+            |inputs| {
+                if let Some(HostMask::Bool { data, .. }) = &mut inputs.mask {
+                    data[2] = false;
+                    data[7] = false;
+                    data[0] = true;
+                }
+                let dk = 8;
+                inputs.k.data_mut()[2 * dk] = f32::INFINITY;
+                inputs.k.data_mut()[7 * dk + 3] = f32::NAN;
+            },
+        )
         .await,
     );
     // A NaN query row whose keys are all masked gives a zero row, not NaN.
     let case = CaseSpec::new("nonfinite-q", [2, 2, 2], [7, 9], [8, 8]).mask(MaskForm::EmptyRows);
     results.push(
-        numeric(engine, BEHAVIOUR_CHECKS[4], path, case, seed, |inputs| {
-            // Row 1 of every head is fully masked by MaskForm::EmptyRows.
-            let dk = 8;
-            for head in 0..4 {
-                let row = (head * 7 + 1) * dk;
-                inputs.q.data_mut()[row] = f32::NAN;
-                inputs.q.data_mut()[row + 1] = f32::NEG_INFINITY;
-            }
-        })
+        numeric(
+            engine,
+            BEHAVIOUR_CHECKS[4],
+            path,
+            precision,
+            case,
+            seed,
+            |inputs| {
+                // Row 1 of every head is fully masked by MaskForm::EmptyRows.
+                let dk = 8;
+                for head in 0..4 {
+                    let row = (head * 7 + 1) * dk;
+                    inputs.q.data_mut()[row] = f32::NAN;
+                    inputs.q.data_mut()[row + 1] = f32::NEG_INFINITY;
+                }
+            },
+        )
         .await,
     );
     // Every key of every row masked: zeros and a logsumexp of -inf everywhere.
     let case = CaseSpec::new("all-masked", [2, 2, 1], [4, 6], [8, 8]).nonpad();
     results.push(
-        numeric(engine, BEHAVIOUR_CHECKS[5], path, case, seed, |inputs| {
-            inputs.nonpad = Some(vec![0, 0]);
-        })
+        numeric(
+            engine,
+            BEHAVIOUR_CHECKS[5],
+            path,
+            precision,
+            case,
+            seed,
+            |inputs| {
+                inputs.nonpad = Some(vec![0, 0]);
+            },
+        )
         .await,
     );
-    results.extend(run_non_finite(engine, path, seed).await);
+    results.extend(run_non_finite(engine, path, precision, seed).await);
     results
 }
 
@@ -198,13 +240,18 @@ fn at(head: usize, rows: usize, row: usize, width: usize, d: usize) -> usize {
 }
 
 /// Non-finite values where rows attend them, and where they do not.
-async fn run_non_finite(engine: &Engine, path: KernelPath, seed: u64) -> Vec<CaseResult> {
+async fn run_non_finite(
+    engine: &Engine,
+    path: KernelPath,
+    precision: Precision,
+    seed: u64,
+) -> Vec<CaseResult> {
     let name = |i: usize| BEHAVIOUR_CHECKS[6 + i];
     let mut results = Vec::new();
     // A NaN in one query row: that row (Y and logsumexp) is NaN, the others not.
     let case = CaseSpec::new("nan-q", [1, 2, 1], [5, 9], [8, 8]);
     results.push(
-        numeric(engine, name(0), path, case, seed, |inputs| {
+        numeric(engine, name(0), path, precision, case, seed, |inputs| {
             inputs.q.data_mut()[at(1, 5, 2, 8, 3)] = f32::NAN;
         })
         .await,
@@ -212,7 +259,7 @@ async fn run_non_finite(engine: &Engine, path: KernelPath, seed: u64) -> Vec<Cas
     // +inf in a query: scores of +inf (a NaN row) or -inf, by the keys' signs.
     let case = CaseSpec::new("inf-q", [1, 2, 1], [5, 9], [8, 8]);
     results.push(
-        numeric(engine, name(1), path, case, seed, |inputs| {
+        numeric(engine, name(1), path, precision, case, seed, |inputs| {
             inputs.q.data_mut()[at(0, 5, 1, 8, 0)] = f32::INFINITY;
             inputs.q.data_mut()[at(1, 5, 4, 8, 2)] = f32::NEG_INFINITY;
         })
@@ -223,7 +270,7 @@ async fn run_non_finite(engine: &Engine, path: KernelPath, seed: u64) -> Vec<Cas
     // fully masked row stays 0.
     let case = CaseSpec::new("neg-inf", [1, 1, 1], [4, 6], [8, 8]);
     results.push(
-        numeric(engine, name(2), path, case, seed, |inputs| {
+        numeric(engine, name(2), path, precision, case, seed, |inputs| {
             for key in 0..6 {
                 inputs.k.data_mut()[key * 8] = 0.5 + key as f32;
             }
@@ -238,7 +285,7 @@ async fn run_non_finite(engine: &Engine, path: KernelPath, seed: u64) -> Vec<Cas
         o.qk_matmul_output_mode = Some(crate::options::QkMatmulOutputMode::Probabilities);
     });
     results.push(
-        numeric(engine, name(3), path, case, seed, |inputs| {
+        numeric(engine, name(3), path, precision, case, seed, |inputs| {
             inputs.k.data_mut()[at(0, 7, 4, 8, 5)] = f32::NAN;
         })
         .await,
@@ -248,7 +295,7 @@ async fn run_non_finite(engine: &Engine, path: KernelPath, seed: u64) -> Vec<Cas
         o.qk_matmul_output_mode = Some(crate::options::QkMatmulOutputMode::Biased);
     });
     results.push(
-        numeric(engine, name(4), path, case, seed, |inputs| {
+        numeric(engine, name(4), path, precision, case, seed, |inputs| {
             inputs.k.data_mut()[at(0, 10, 3, 8, 1)] = f32::INFINITY;
             inputs.k.data_mut()[at(0, 10, 8, 8, 6)] = f32::NEG_INFINITY;
         })
@@ -257,7 +304,7 @@ async fn run_non_finite(engine: &Engine, path: KernelPath, seed: u64) -> Vec<Cas
     // Softcap turns +-inf scores into +-c: nothing is NaN.
     let case = CaseSpec::new("inf-k-softcap", [1, 2, 1], [6, 10], [8, 8]).with(|o| o.softcap = 5.0);
     results.push(
-        numeric(engine, name(5), path, case, seed, |inputs| {
+        numeric(engine, name(5), path, precision, case, seed, |inputs| {
             inputs.k.data_mut()[at(0, 10, 3, 8, 1)] = f32::INFINITY;
             inputs.k.data_mut()[at(0, 10, 7, 8, 0)] = f32::NEG_INFINITY;
         })
@@ -268,7 +315,7 @@ async fn run_non_finite(engine: &Engine, path: KernelPath, seed: u64) -> Vec<Cas
     let case =
         CaseSpec::new("nan-v-causal", [1, 2, 1], [9, 9], [8, 8]).with(|o| o.is_causal = true);
     results.push(
-        numeric(engine, name(6), path, case, seed, |inputs| {
+        numeric(engine, name(6), path, precision, case, seed, |inputs| {
             inputs.v.data_mut()[at(0, 9, 5, 8, 2)] = f32::NAN;
         })
         .await,
@@ -276,7 +323,7 @@ async fn run_non_finite(engine: &Engine, path: KernelPath, seed: u64) -> Vec<Cas
     // +inf in V: an infinite column in every row that attends the key.
     let case = CaseSpec::new("inf-v", [1, 2, 1], [5, 9], [8, 8]);
     results.push(
-        numeric(engine, name(7), path, case, seed, |inputs| {
+        numeric(engine, name(7), path, precision, case, seed, |inputs| {
             inputs.v.data_mut()[at(0, 9, 4, 8, 7)] = f32::INFINITY;
         })
         .await,
@@ -284,7 +331,7 @@ async fn run_non_finite(engine: &Engine, path: KernelPath, seed: u64) -> Vec<Cas
     // NaN and infinities in V at keys no row attends change nothing.
     let case = CaseSpec::new("masked-v", [1, 2, 1], [5, 9], [8, 8]).mask(MaskForm::Bool(1));
     results.push(
-        numeric(engine, name(8), path, case, seed, |inputs| {
+        numeric(engine, name(8), path, precision, case, seed, |inputs| {
             if let Some(HostMask::Bool { data, .. }) = &mut inputs.mask {
                 data.fill(true);
                 data[2] = false;
@@ -299,7 +346,7 @@ async fn run_non_finite(engine: &Engine, path: KernelPath, seed: u64) -> Vec<Cas
     // A NaN in a float mask is added like any value: that row is NaN.
     let case = CaseSpec::new("nan-mask", [1, 2, 1], [5, 9], [8, 8]).mask(MaskForm::Float(2));
     results.push(
-        numeric(engine, name(9), path, case, seed, |inputs| {
+        numeric(engine, name(9), path, precision, case, seed, |inputs| {
             if let Some(HostMask::Float(mask)) = &mut inputs.mask {
                 mask.data_mut()[9 + 4] = f32::NAN;
                 mask.data_mut()[3 * 9 + 1] = f32::NEG_INFINITY;
@@ -313,7 +360,7 @@ async fn run_non_finite(engine: &Engine, path: KernelPath, seed: u64) -> Vec<Cas
     let case =
         CaseSpec::new("decode-nonfinite", [1, 1, 1], [2, 600], [8, 8]).mask(MaskForm::Bool(2));
     results.push(
-        numeric(engine, name(10), path, case, seed, |inputs| {
+        numeric(engine, name(10), path, precision, case, seed, |inputs| {
             if let Some(HostMask::Bool { data, .. }) = &mut inputs.mask {
                 data.fill(true);
                 data[9] = false; // row 0 does not attend key 9; row 1 does

@@ -302,6 +302,33 @@ pub struct CaseInputs {
 }
 
 impl CaseInputs {
+    /// Rounds Q, K, V and the past to the nearest f16 values (ties to even),
+    /// keeping their dtype: the operands the matrix units multiply under
+    /// `Precision::Fast`.
+    pub fn round_operands_to_f16(&mut self) {
+        let mut tensors = vec![&mut self.q, &mut self.k, &mut self.v];
+        if let Some((pk, pv)) = &mut self.past {
+            tensors.push(pk);
+            tensors.push(pv);
+        }
+        for tensor in tensors {
+            for x in tensor.data_mut() {
+                *x = crate::tensor::round_to_f16(*x);
+            }
+        }
+    }
+
+    /// The largest finite `|value|` of V and the past values (0 when none).
+    pub fn largest_finite_value(&self) -> f64 {
+        let past = self.past.as_ref().map(|(_, pv)| pv.data()).unwrap_or(&[]);
+        self.v
+            .data()
+            .iter()
+            .chain(past)
+            .filter(|x| x.is_finite())
+            .fold(0.0f64, |m, &x| m.max(f64::from(x.abs())))
+    }
+
     /// Borrows the inputs as an [`AttentionInputs`].
     pub fn as_inputs(&self) -> AttentionInputs<'_, HostTensor> {
         let mut inputs = AttentionInputs::new(&self.q, &self.k, &self.v);

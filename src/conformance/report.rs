@@ -5,7 +5,7 @@ use super::behaviour::{run_behaviour, BEHAVIOUR_CHECKS};
 use super::runner::{CaseResult, Oracle};
 use super::sweep::{filtered, SweepKind};
 use crate::engine::Engine;
-use crate::options::KernelPath;
+use crate::options::{KernelPath, Precision};
 
 /// The results of a sweep on one engine.
 #[derive(Debug, Clone, PartialEq)]
@@ -16,6 +16,8 @@ pub struct SweepReport {
     pub seed: u64,
     /// Which sweep ran.
     pub kind: SweepKind,
+    /// The precision the calls allowed.
+    pub precision: Precision,
     /// One result per case and path, in the order they ran.
     pub results: Vec<CaseResult>,
 }
@@ -98,17 +100,21 @@ pub fn sweep_len(engine: &Engine, kind: SweepKind, filter: &str) -> usize {
 }
 
 /// Runs the sweep (cases whose name contains `filter`, plus the behaviour
-/// checks) on every path the engine has, calling `progress` after each result.
+/// checks) on every path the engine has, at `precision`, calling `progress`
+/// after each result. Under [`Precision::Fast`] every case runs on
+/// f16-rounded operands and is judged by the f16 rule ([`Oracle::from_inputs`]).
 pub async fn run_sweep(
     engine: &Engine,
     kind: SweepKind,
     filter: &str,
     seed: u64,
+    precision: Precision,
     mut progress: impl FnMut(&CaseResult),
 ) -> SweepReport {
     let paths = engine.paths();
     let mut results = Vec::new();
     for case in filtered(kind, filter) {
+        let case = case.with(|o| o.precision = precision);
         match Oracle::new(&case, seed) {
             Ok(oracle) => {
                 for &path in &paths {
@@ -135,7 +141,7 @@ pub async fn run_sweep(
         }
     }
     for &path in &paths {
-        for result in run_behaviour(engine, path, seed).await {
+        for result in run_behaviour(engine, path, precision, seed).await {
             if result.name.contains(filter) {
                 progress(&result);
                 results.push(result);
@@ -146,6 +152,7 @@ pub async fn run_sweep(
         adapter: engine.describe(),
         seed,
         kind,
+        precision,
         results,
     }
 }

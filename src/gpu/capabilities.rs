@@ -140,8 +140,10 @@ pub struct Capabilities {
     pub timestamp_query: bool,
     /// The matrix-unit configurations the adapter reports through wgpu's
     /// experimental cooperative-matrix feature (natively, on Vulkan with
-    /// `VK_KHR_cooperative_matrix` and on Metal); empty where it has none, and
-    /// always in the browser. Recorded, not yet used by a kernel.
+    /// `VK_KHR_cooperative_matrix` and on Metal), with the device created
+    /// with that feature; empty where it has none, and always in the browser.
+    /// The matrix-unit kernels run on the f16 -> f32 ones
+    /// (`gpu::planner::coop_shape`).
     pub cooperative_matrix: Vec<CoopMatrixConfig>,
 }
 
@@ -171,12 +173,16 @@ impl std::fmt::Display for CoopMatrixConfig {
     }
 }
 
-/// The cooperative-matrix configurations `adapter` reports (none unless it
-/// has wgpu's `EXPERIMENTAL_COOPERATIVE_MATRIX` feature; none on the web).
-pub(crate) fn cooperative_matrix_configs(adapter: &wgpu::Adapter) -> Vec<CoopMatrixConfig> {
+/// The cooperative-matrix configurations `adapter` reports, when `device`
+/// was created with wgpu's `EXPERIMENTAL_COOPERATIVE_MATRIX` feature (none
+/// otherwise; none on the web).
+pub(crate) fn cooperative_matrix_configs(
+    adapter: &wgpu::Adapter,
+    device: &wgpu::Device,
+) -> Vec<CoopMatrixConfig> {
     #[cfg(not(target_arch = "wasm32"))]
     {
-        if !adapter
+        if !device
             .features()
             .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
         {
@@ -204,7 +210,7 @@ pub(crate) fn cooperative_matrix_configs(adapter: &wgpu::Adapter) -> Vec<CoopMat
     }
     #[cfg(target_arch = "wasm32")]
     {
-        let _ = adapter;
+        let _ = (adapter, device);
         Vec::new()
     }
 }
@@ -242,6 +248,31 @@ impl Capabilities {
         let fixed = self.subgroups && self.subgroup_min_size == self.subgroup_max_size;
         (self.adapter.device_type == "Cpu" && fixed && matches!(self.subgroup_min_size, 4 | 8))
             .then_some(self.subgroup_min_size)
+    }
+
+    /// The matrix units the cooperative-matrix kernels can run on, as (matrix
+    /// size, subgroup width): a square configuration of 16 (preferred) or 8
+    /// with f16 inputs and f32 accumulators among [`Capabilities::cooperative_matrix`],
+    /// on an adapter with shader-f16 and subgroups of one fixed width (the
+    /// kernels give each subgroup its own block of a tile, so the workgroup's
+    /// subgroup count is fixed when a pipeline is compiled). `None` elsewhere:
+    /// every browser, adapters without matrix units, and adapters whose
+    /// subgroups vary in width.
+    pub fn f16_matrix_units(&self) -> Option<(u32, u32)> {
+        let fixed = self.subgroups
+            && self.subgroup_min_size == self.subgroup_max_size
+            && (4..=128).contains(&self.subgroup_min_size);
+        if !self.shader_f16 || !fixed {
+            return None;
+        }
+        [16, 8]
+            .into_iter()
+            .find(|&n| {
+                self.cooperative_matrix
+                    .iter()
+                    .any(|c| (c.m, c.n, c.k, c.ab, c.cr) == (n, n, n, "f16", "f32"))
+            })
+            .map(|n| (n, self.subgroup_min_size))
     }
 
     /// The most loop iterations one invocation may run in all, on drivers that

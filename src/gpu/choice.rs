@@ -4,6 +4,19 @@
 //! into kernels and tiles; the context only holds them.
 
 use crate::error::{Error, Result};
+use crate::gpu::registry::CoopSize;
+
+/// The matrix-unit configuration a cooperative-matrix kernel is compiled
+/// for: square matrices of `size` with f16 inputs and f32 accumulators, at
+/// subgroup scope on an adapter whose subgroups are `subgroup` wide (fixed:
+/// the kernels give each subgroup its own block of the workgroup's tile).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CoopShape {
+    /// The matrices' size.
+    pub size: CoopSize,
+    /// The subgroup width.
+    pub subgroup: u32,
+}
 
 /// Which GEMM kernel records a product.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -19,6 +32,10 @@ pub enum GemmKernel {
         /// The subgroup (and workgroup) width: 4 or 8.
         width: u32,
     },
+    /// `gemm_coop.wgsl`: f16 operands on the matrix units, f32 accumulators,
+    /// 4 subgroups per workgroup each owning 2 x 2 matrices of C. Only where
+    /// the caller allows f16 products (`Precision::Fast`).
+    Coop(CoopShape),
 }
 
 /// Which fused kernel an engine uses: chosen from the adapter's capabilities,
@@ -40,12 +57,21 @@ pub enum FusedKernelChoice {
     /// `attention_tiled`: the register-tiled kernel, on any adapter whose
     /// workgroup memory holds one of its tiles at the problem's head dims.
     Tiled,
+    /// `attention_coop`: the matrix-unit kernel, for calls that allow f16
+    /// products (`Precision::Fast`) on adapters with matrix units; calls at
+    /// `Precision::Highest` run what `Auto` picks.
+    Coop,
 }
 
 impl FusedKernelChoice {
     /// The names `--kernel` takes, as `webattn info` lists the kernels.
-    pub const NAMES: [&'static str; 4] =
-        ["auto", "attention_fused", "attention_sg", "attention_tiled"];
+    pub const NAMES: [&'static str; 5] = [
+        "auto",
+        "attention_fused",
+        "attention_sg",
+        "attention_tiled",
+        "attention_coop",
+    ];
 
     /// The kernel's name.
     pub fn name(self) -> &'static str {
@@ -54,6 +80,7 @@ impl FusedKernelChoice {
             FusedKernelChoice::Portable => "attention_fused",
             FusedKernelChoice::Subgroup => "attention_sg",
             FusedKernelChoice::Tiled => "attention_tiled",
+            FusedKernelChoice::Coop => "attention_coop",
         }
     }
 }
@@ -67,10 +94,11 @@ impl std::str::FromStr for FusedKernelChoice {
             "attention_fused" => Ok(FusedKernelChoice::Portable),
             "attention_sg" => Ok(FusedKernelChoice::Subgroup),
             "attention_tiled" => Ok(FusedKernelChoice::Tiled),
+            "attention_coop" => Ok(FusedKernelChoice::Coop),
             _ => Err(Error::InvalidOption {
                 name: "kernel",
                 value: text.to_string(),
-                reason: "must be auto, attention_fused, attention_sg or attention_tiled (the fused kernels `webattn info` lists)",
+                reason: "must be auto, attention_fused, attention_sg, attention_tiled or attention_coop (the fused kernels `webattn info` lists)",
             }),
         }
     }

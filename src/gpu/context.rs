@@ -9,11 +9,16 @@ use crate::error::{Error, Result};
 use crate::limits::DeviceLimits;
 
 /// Features the kernels can use when the adapter has them; none is required.
+/// Natively that includes wgpu's experimental cooperative matrices (the
+/// matrix-unit kernels); browsers offer none.
 fn wanted_features() -> wgpu::Features {
-    wgpu::Features::SHADER_F16
+    let features = wgpu::Features::SHADER_F16
         | wgpu::Features::SUBGROUP
         | wgpu::Features::TIMESTAMP_QUERY
-        | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+        | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
+    #[cfg(not(target_arch = "wasm32"))]
+    let features = features | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    features
 }
 
 /// How to look for an adapter.
@@ -169,11 +174,26 @@ impl GpuContext {
         let info = adapter.get_info();
         let features = adapter.features() & wanted_features();
         let limits = limits.resolve(&adapter.limits())?;
+        #[cfg(not(target_arch = "wasm32"))]
+        let experimental_features =
+            if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+                // SAFETY: wgpu marks the cooperative-matrix feature experimental
+                // (its validation is incomplete). Only the matrix-unit kernels use
+                // it; each is validated by naga in the test suite, written for the
+                // configurations the adapter reports, and checked against the
+                // oracle wherever such an adapter is at hand.
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            };
+        #[cfg(target_arch = "wasm32")]
+        let experimental_features = wgpu::ExperimentalFeatures::disabled();
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("webattn"),
                 required_features: features,
                 required_limits: limits.clone(),
+                experimental_features,
                 ..Default::default()
             })
             .await
@@ -195,7 +215,7 @@ impl GpuContext {
         // Browsers raise a request below WebGPU's defaults to the defaults; the
         // engine keeps to what was asked, so a small adapter can be imitated there too.
         caps.limits = caps.limits.at_most(&KernelLimits::from(&limits));
-        caps.cooperative_matrix = super::capabilities::cooperative_matrix_configs(adapter);
+        caps.cooperative_matrix = super::capabilities::cooperative_matrix_configs(adapter, &device);
         caps.unpack_f16 = adapter
             .get_downlevel_capabilities()
             .flags
@@ -269,6 +289,15 @@ impl GpuContext {
                 value: choice.name().to_string(),
                 reason: "needs an adapter with fixed subgroups of 4 or 8 (a CPU adapter such as \
                          lavapipe or SwiftShader); this one has none: use attention_fused or auto",
+            });
+        }
+        if choice == FusedKernelChoice::Coop && self.caps.f16_matrix_units().is_none() {
+            return Err(Error::InvalidOption {
+                name: "kernel",
+                value: choice.name().to_string(),
+                reason: "needs matrix units: an adapter offering cooperative matrices of 8 or 16 \
+                         with f16 inputs and f32 accumulators, and subgroups of one width \
+                         (`webattn info` lists what this one has); use auto or attention_tiled",
             });
         }
         if choice != FusedKernelChoice::Auto {

@@ -21,7 +21,7 @@ pub(crate) async fn run(
     inputs: &GpuInputs<'_>,
     options: &AttentionOptions,
 ) -> Result<GpuOutputs> {
-    let kernel = ctx.fused_kernel(dims.head_dim, dims.v_head_dim)?;
+    let kernel = ctx.fused_kernel_at(dims.head_dim, dims.v_head_dim, options.precision)?;
     let decode = DecodePlan::applies(dims).then(|| DecodePlan::new(dims, &ctx.caps));
     if inputs.kv_f16
         && (decode.is_none()

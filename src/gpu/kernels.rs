@@ -42,6 +42,20 @@ pub async fn gemm_host_with(
     b: &[f32],
     c: &[f32],
 ) -> Result<Vec<f32>> {
+    gemm_host_variant(ctx, kernel, spec, false, a, b, c).await
+}
+
+/// [`gemm_host_with`], skipping every term whose A is exactly zero when
+/// `skip_zero_a` (so `0 · NaN` adds nothing, as attention's `P · V` needs).
+pub async fn gemm_host_variant(
+    ctx: &GpuContext,
+    kernel: gemm::GemmKernel,
+    spec: &gemm::GemmSpec,
+    skip_zero_a: bool,
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+) -> Result<Vec<f32>> {
     spec.check()?;
     let (a_len, b_len, c_len) = spec.extents();
     check_len("A", a.len(), a_len)?;
@@ -53,7 +67,13 @@ pub async fn gemm_host_with(
             let b_buf = buffer::upload(ctx, "B", b)?;
             let c_buf = buffer::upload(ctx, "C", c)?;
             let mut rec = Recorder::new(ctx, "gemm");
-            gemm::record_with(&mut rec, kernel, spec, &a_buf, &b_buf, &c_buf)?;
+            gemm::record_variant(
+                &mut rec,
+                kernel,
+                spec,
+                skip_zero_a,
+                [&a_buf, &b_buf, &c_buf],
+            )?;
             rec.submit();
             Ok(c_buf)
         })

@@ -2,9 +2,9 @@
 //! an adapter, derived from its capability profile. `webattn info` prints it.
 
 use super::capabilities::Capabilities;
-use super::ops::fused::{FusedKernel, FusedTiles, TiledTiles};
+use super::ops::fused::{CoopTiles, FusedKernel, FusedTiles, TiledTiles};
 use super::ops::{concat, gemm, mask, softmax};
-use crate::options::KernelPath;
+use crate::options::{KernelPath, Precision};
 
 /// One kernel configuration as it will be compiled on this adapter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,7 +41,7 @@ impl KernelPlan {
     pub fn for_capabilities(caps: &Capabilities) -> KernelPlan {
         let limits = &caps.limits;
         let gemm_kernel = super::planner::gemm_kernel_for(caps);
-        let gemm_config = |trans_b: bool, role: &'static str| {
+        let gemm_config = |gemm_kernel: gemm::GemmKernel, trans_b: bool, role: &'static str| {
             let spec = gemm::GemmSpec::contiguous(1, 64, 64, 64, false, trans_b);
             let (invocations, tile, workgroup_bytes) = match gemm_kernel {
                 gemm::GemmKernel::Tiled => (gemm::INVOCATIONS, gemm::TILE_TEXT.to_string(), gemm::WORKGROUP_BYTES),
@@ -56,6 +56,19 @@ impl KernelPlan {
                     ),
                     0,
                 ),
+                gemm::GemmKernel::Coop(shape) => {
+                    let (n, tile) = (shape.size.dim(), gemm::coop_tile(shape));
+                    (
+                        gemm::coop_invocations(shape),
+                        format!(
+                            "{tile}x{tile} of C, 4 subgroups of {} each 2x2 f32 accumulators of {n}x{n}, \
+                             f16 operands staged in slices of K = {}",
+                            shape.subgroup,
+                            gemm::COOP_SLICE
+                        ),
+                        gemm::coop_workgroup_bytes(shape),
+                    )
+                }
             };
             KernelConfig {
                 // P V skips masked keys (probability 0), whatever V holds there.
@@ -82,7 +95,13 @@ impl KernelPlan {
             }),
             Ok(FusedKernel::Portable(tiles)) => kernels.push(portable(tiles)),
             Ok(FusedKernel::Tiled(tiles)) => kernels.push(tiled(tiles)),
+            Ok(FusedKernel::Coop(tiles)) => kernels.push(coop(tiles)),
             Err(_) => {}
+        }
+        if let Some(tiles) = super::planner::coop_shape(caps)
+            .and_then(|shape| CoopTiles::for_dims(shape, 64, 64, limits))
+        {
+            kernels.push(coop(tiles));
         }
         if let Some(tiles) = TiledTiles::for_dims(64, 64, limits) {
             if !kernels.iter().any(|k| k.label == tiles.key().to_string()) {
@@ -102,7 +121,7 @@ impl KernelPlan {
                 workgroup_bytes: 0,
                 role: "unfused: KV cache concatenation",
             },
-            gemm_config(true, "unfused: S = scale * Q K^T"),
+            gemm_config(gemm_kernel, true, "unfused: S = scale * Q K^T"),
             KernelConfig {
                 label: mask::key().to_string(),
                 invocations: mask::WORKGROUP,
@@ -117,8 +136,21 @@ impl KernelPlan {
                 workgroup_bytes: softmax::WORKGROUP_BYTES,
                 role: "unfused: row softmax and logsumexp",
             },
-            gemm_config(false, "unfused: Y = P V"),
+            gemm_config(gemm_kernel, false, "unfused: Y = P V"),
         ]);
+        let fast_gemm = super::planner::gemm_kernel_at(caps, Precision::Fast, gemm_kernel);
+        if fast_gemm != gemm_kernel {
+            kernels.push(gemm_config(
+                fast_gemm,
+                true,
+                "unfused, precision fast: S = scale * Q K^T on the matrix units",
+            ));
+            kernels.push(gemm_config(
+                fast_gemm,
+                false,
+                "unfused, precision fast: Y = P V on the matrix units",
+            ));
+        }
         kernels.retain(|k| {
             k.workgroup_bytes <= limits.max_compute_workgroup_storage_size
                 && k.invocations <= limits.max_compute_invocations_per_workgroup
@@ -128,9 +160,24 @@ impl KernelPlan {
             gemm::GemmKernel::Subgroup { width } => format!(
                 "GEMM: subgroup shuffles (CPU adapter, subgroups of {width}: a storage load costs a loop over the lanes)"
             ),
+            gemm::GemmKernel::Coop(_) => "GEMM: matrix units".to_string(),
+        };
+        let coop_note = match super::planner::coop_shape(caps) {
+            Some(shape) => format!(
+                "matrix units: {n}x{n}x{n} f16 -> f32 at subgroups of {}, used by calls with precision fast",
+                shape.subgroup,
+                n = shape.size.dim()
+            ),
+            None if caps.cooperative_matrix.is_empty() => {
+                "matrix units: none offered (precision fast runs the f32 kernels)".to_string()
+            }
+            None => "matrix units: no f16 -> f32 configuration of 8 or 16 with fixed-width subgroups \
+                     (precision fast runs the f32 kernels)"
+                .to_string(),
         };
         let notes = vec![
             gemm_note,
+            coop_note,
             format!(
                 "score blocks of at most {} MiB (max_storage_buffer_binding_size)",
                 limits.max_bindable_bytes() >> 20
@@ -165,6 +212,17 @@ fn tiled(tiles: TiledTiles) -> KernelConfig {
         tile: format!("{} (at Dk = Dv = 64)", tiles.describe()),
         workgroup_bytes: tiles.workgroup_bytes(),
         role: "fused (register-tiled): GPUs, head dims up to 256 where a tile fits",
+    }
+}
+
+/// The matrix-unit fused kernel's configuration.
+fn coop(tiles: CoopTiles) -> KernelConfig {
+    KernelConfig {
+        label: tiles.key().to_string(),
+        invocations: tiles.invocations(),
+        tile: format!("{} (at Dk = Dv = 64)", tiles.describe()),
+        workgroup_bytes: tiles.workgroup_bytes(),
+        role: "fused, precision fast: Q K^T and P V on the matrix units",
     }
 }
 
@@ -350,6 +408,38 @@ pub fn every_planned_pipeline() -> Vec<super::pipeline::PipelineKey> {
         keys.push(PipelineKey::new(Kernel::FmaPeak).with("WORKGROUP", workgroup));
     }
     keys.push(PipelineKey::new(Kernel::CopyPeak).with("WORKGROUP", 256));
+    // The matrix-unit GEMM at both sizes, every transpose, with and without
+    // zero skipping, at the subgroup widths adapters report; the matrix-unit
+    // fused kernel's every candidate tile at every head-dim class.
+    for size in [
+        super::registry::CoopSize::Eight,
+        super::registry::CoopSize::Sixteen,
+    ] {
+        for subgroup in [8, 32, 64] {
+            let shape = gemm::CoopShape { size, subgroup };
+            for dk in HEAD_DIM_CLASSES {
+                for dv in HEAD_DIM_CLASSES {
+                    keys.extend(
+                        CoopTiles::candidates(shape, dk, dv)
+                            .iter()
+                            .map(CoopTiles::key),
+                    );
+                }
+            }
+            for trans_a in flags {
+                for trans_b in flags {
+                    let spec = gemm::GemmSpec::contiguous(1, 64, 64, 64, trans_a, trans_b);
+                    for skip in flags {
+                        keys.push(gemm::variant_key(
+                            gemm::GemmKernel::Coop(shape),
+                            &spec,
+                            skip,
+                        ));
+                    }
+                }
+            }
+        }
+    }
     keys.sort();
     keys.dedup();
     keys
@@ -370,8 +460,12 @@ mod tests {
     #[test]
     fn every_kernel_has_a_variant_in_the_list() {
         let keys = every_pipeline_variant();
+        // The matrix-unit kernels never run in a browser (wgpu offers no
+        // cooperative matrices there); the translation test covers them.
         for kernel in crate::gpu::registry::Kernel::ALL {
-            assert!(keys.iter().any(|k| k.kernel == kernel), "{kernel} missing");
+            if !kernel.uses_coop() {
+                assert!(keys.iter().any(|k| k.kernel == kernel), "{kernel} missing");
+            }
         }
     }
 }

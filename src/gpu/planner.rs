@@ -5,10 +5,12 @@
 //! capabilities describe the adapter, and only this module decides.
 
 use super::capabilities::{Capabilities, KernelLimits};
-use super::choice::{FusedKernelChoice, GemmKernel};
+use super::choice::{CoopShape, FusedKernelChoice, GemmKernel};
 use super::context::GpuContext;
-use super::ops::fused::{FusedKernel, FusedTiles, TiledTiles};
+use super::ops::fused::{CoopTiles, FusedKernel, FusedTiles, TiledTiles};
+use super::registry::CoopSize;
 use crate::error::Result;
+use crate::options::Precision;
 use crate::tuning::{TunedKernel, TuningKey};
 
 /// The GEMM kernel for an adapter: the subgroup-shuffle kernel on CPU-backed
@@ -19,6 +21,32 @@ pub fn gemm_kernel_for(caps: &Capabilities) -> GemmKernel {
     match caps.fixed_cpu_subgroup() {
         Some(width) => GemmKernel::Subgroup { width },
         None => GemmKernel::Tiled,
+    }
+}
+
+/// The matrix-unit configuration the cooperative-matrix kernels run on here
+/// ([`Capabilities::f16_matrix_units`]), or `None` (the f32 kernels run).
+pub fn coop_shape(caps: &Capabilities) -> Option<CoopShape> {
+    let (n, subgroup) = caps.f16_matrix_units()?;
+    Some(CoopShape {
+        size: CoopSize::from_dim(n)?,
+        subgroup,
+    })
+}
+
+/// The GEMM kernel for `precision`: under [`Precision::Fast`] the
+/// matrix-unit kernel where [`coop_shape`] finds a configuration and its
+/// tile fits the limits, else (and always under `Highest`) `f32_kernel`.
+pub fn gemm_kernel_at(
+    caps: &Capabilities,
+    precision: Precision,
+    f32_kernel: GemmKernel,
+) -> GemmKernel {
+    match (precision, coop_shape(caps)) {
+        (Precision::Fast, Some(shape)) if super::ops::gemm::coop_fits(shape, &caps.limits) => {
+            GemmKernel::Coop(shape)
+        }
+        _ => f32_kernel,
     }
 }
 
@@ -54,17 +82,19 @@ pub fn tiled_or_portable(
     }
 }
 
-/// The form of `kernel` the tuning table keeps.
-pub fn tuned_form(kernel: &FusedKernel) -> TunedKernel {
+/// The form of `kernel` the tuning table keeps (`None` for the matrix-unit
+/// kernel: the tuner measures f32 products, and the table holds f32 kernels).
+pub fn tuned_form(kernel: &FusedKernel) -> Option<TunedKernel> {
     match kernel {
-        FusedKernel::Tiled(t) => TunedKernel::Tiled {
+        FusedKernel::Tiled(t) => Some(TunedKernel::Tiled {
             query_rows: t.query_rows,
             keys_per_tile: t.keys_per_tile,
             tq: t.tq,
             tk: t.tk,
-        },
-        FusedKernel::Portable(_) => TunedKernel::Portable,
-        FusedKernel::Subgroup { .. } => TunedKernel::Subgroup,
+        }),
+        FusedKernel::Portable(_) => Some(TunedKernel::Portable),
+        FusedKernel::Subgroup { .. } => Some(TunedKernel::Subgroup),
+        FusedKernel::Coop(_) => None,
     }
 }
 
@@ -115,10 +145,22 @@ impl GpuContext {
             .unwrap_or_else(|| gemm_kernel_for(&self.caps))
     }
 
+    /// The GEMM kernel this context records for products of `precision`:
+    /// [`GpuContext::gemm_kernel`], or the matrix-unit kernel under
+    /// [`Precision::Fast`] where the adapter has one ([`gemm_kernel_at`]).
+    /// A kernel forced on the context (portable kernels, a subgroup width)
+    /// stays, whatever the precision.
+    pub fn gemm_kernel_at(&self, precision: Precision) -> GemmKernel {
+        match self.gemm_override {
+            Some(forced) => forced,
+            None => gemm_kernel_at(&self.caps, precision, gemm_kernel_for(&self.caps)),
+        }
+    }
+
     /// This context with every fused call running `kernel` (whose head-dim
     /// class must be the calls'); for timing one candidate.
     pub(crate) fn with_pinned_fused_kernel(mut self, kernel: FusedKernel) -> GpuContext {
-        self.pinned_fused = Some(tuned_form(&kernel));
+        self.pinned_fused = tuned_form(&kernel);
         self
     }
 
@@ -189,7 +231,9 @@ impl GpuContext {
                 }
                 Ok(tiled_or_portable(tiles, dk, dv, &self.caps.limits))
             }
-            FusedKernelChoice::Auto => {
+            // The matrix-unit kernel is for calls that allow f16 products
+            // ([`GpuContext::fused_kernel_at`]); f32 calls run what auto picks.
+            FusedKernelChoice::Auto | FusedKernelChoice::Coop => {
                 // The head-dim limits have their say first.
                 let chosen = fused_kernel_for(&self.caps, dk, dv)?;
                 Ok(with_width(
@@ -197,6 +241,35 @@ impl GpuContext {
                 ))
             }
         }
+    }
+}
+
+impl GpuContext {
+    /// The fused kernel for head dims `dk`, `dv` in a call at `precision`:
+    /// under [`Precision::Fast`], unless a kernel is pinned or an f32 kernel
+    /// forced, the matrix-unit kernel where the adapter has matrix units
+    /// ([`coop_shape`]) and one of its tiles fits; else (and always under
+    /// `Highest`) [`GpuContext::fused_kernel`].
+    pub fn fused_kernel_at(
+        &self,
+        dk: usize,
+        dv: usize,
+        precision: Precision,
+    ) -> Result<FusedKernel> {
+        let chooses = matches!(
+            self.fused_choice,
+            FusedKernelChoice::Auto | FusedKernelChoice::Coop
+        );
+        if precision == Precision::Fast && chooses && self.pinned_fused.is_none() {
+            // The head-dim limits have their say first.
+            FusedTiles::for_dims(dk, dv, &self.caps.limits)?;
+            if let Some(tiles) = coop_shape(&self.caps)
+                .and_then(|shape| CoopTiles::for_dims(shape, dk, dv, &self.caps.limits))
+            {
+                return Ok(FusedKernel::Coop(tiles));
+            }
+        }
+        self.fused_kernel(dk, dv)
     }
 }
 
@@ -229,10 +302,8 @@ mod tests {
                 FusedTiles::for_dims(64, 64, &limits).unwrap(),
             )])
         {
-            assert_eq!(
-                resolve_tuned(tuned_form(&kernel), &caps, 64, 64),
-                Ok(kernel)
-            );
+            let form = tuned_form(&kernel).expect("an f32 kernel");
+            assert_eq!(resolve_tuned(form, &caps, 64, 64), Ok(kernel));
         }
         let missing = TunedKernel::Tiled {
             query_rows: 48,
@@ -242,6 +313,87 @@ mod tests {
         };
         assert!(resolve_tuned(missing, &caps, 64, 64).is_err());
         assert!(resolve_tuned(TunedKernel::Subgroup, &caps, 64, 64).is_err());
+    }
+
+    /// An adapter reporting `configs` (m = n = k, ab, cr) with subgroups of
+    /// `min..=max` lanes, shader-f16, and 48 KiB of workgroup memory.
+    fn with_matrix_units(
+        configs: &[(u32, &'static str, &'static str)],
+        min: u32,
+        max: u32,
+    ) -> Capabilities {
+        use crate::gpu::capabilities::CoopMatrixConfig;
+        let mut caps = Capabilities::for_tests(KernelLimits {
+            max_compute_workgroup_storage_size: 48 << 10,
+            max_compute_invocations_per_workgroup: 1024,
+            ..KernelLimits::WEBGPU_DEFAULTS
+        });
+        caps.shader_f16 = true;
+        caps.subgroups = true;
+        caps.subgroup_min_size = min;
+        caps.subgroup_max_size = max;
+        caps.cooperative_matrix = configs
+            .iter()
+            .map(|&(n, ab, cr)| CoopMatrixConfig {
+                m: n,
+                n,
+                k: n,
+                ab,
+                cr,
+            })
+            .collect();
+        caps
+    }
+
+    #[test]
+    fn the_matrix_units_need_f16_to_f32_fixed_subgroups_and_precision_fast() {
+        // An H100 through Vulkan: 16x16x16 f16 -> f16 and f16 -> f32, subgroups of 32.
+        let h100 = with_matrix_units(&[(16, "f16", "f16"), (16, "f16", "f32")], 32, 32);
+        let shape = CoopShape {
+            size: CoopSize::Sixteen,
+            subgroup: 32,
+        };
+        assert_eq!(coop_shape(&h100), Some(shape));
+        assert_eq!(
+            gemm_kernel_at(&h100, Precision::Fast, GemmKernel::Tiled),
+            GemmKernel::Coop(shape)
+        );
+        assert_eq!(
+            gemm_kernel_at(&h100, Precision::Highest, GemmKernel::Tiled),
+            GemmKernel::Tiled
+        );
+        // lavapipe from Mesa 26: 8x8x8, subgroups of 8. 16 is preferred where both exist.
+        let lavapipe = with_matrix_units(&[(8, "f16", "f16"), (8, "f16", "f32")], 8, 8);
+        assert_eq!(coop_shape(&lavapipe).map(|s| s.size), Some(CoopSize::Eight));
+        let both = with_matrix_units(&[(8, "f16", "f32"), (16, "f16", "f32")], 32, 32);
+        assert_eq!(coop_shape(&both).map(|s| s.size), Some(CoopSize::Sixteen));
+        // No f16 -> f32 (f16 accumulators only), f32 inputs only, subgroups of
+        // varying width, no shader-f16, or none reported: the f32 kernels.
+        for caps in [
+            with_matrix_units(&[(16, "f16", "f16")], 32, 32),
+            with_matrix_units(&[(8, "f32", "f32")], 32, 32),
+            with_matrix_units(&[(16, "f16", "f32")], 32, 64),
+            with_matrix_units(&[], 32, 32),
+            Capabilities {
+                shader_f16: false,
+                ..with_matrix_units(&[(16, "f16", "f32")], 32, 32)
+            },
+        ] {
+            assert_eq!(coop_shape(&caps), None, "{:?}", caps.cooperative_matrix);
+            assert_eq!(
+                gemm_kernel_at(&caps, Precision::Fast, GemmKernel::Tiled),
+                GemmKernel::Tiled
+            );
+        }
+        // A tile that does not fit the workgroup memory falls back too.
+        let small = Capabilities {
+            limits: KernelLimits::WEBGPU_DEFAULTS,
+            ..with_matrix_units(&[(16, "f16", "f32")], 32, 32)
+        };
+        assert_eq!(
+            gemm_kernel_at(&small, Precision::Fast, GemmKernel::Tiled),
+            GemmKernel::Tiled
+        );
     }
 
     #[test]

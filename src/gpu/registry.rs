@@ -8,6 +8,36 @@
 #[cfg(not(target_arch = "wasm32"))]
 use crate::error::{Error, Result};
 
+/// The size of the square cooperative matrices a matrix-unit kernel is
+/// compiled for: the WGSL is written for 16 x 16 in its `// COOP BEGIN` block,
+/// and the registry derives the 8 x 8 form from it ([`with_coop_size`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CoopSize {
+    /// `coop_mat8x8` (Apple's simdgroup matrices, lavapipe).
+    Eight,
+    /// `coop_mat16x16` (NVIDIA's and AMD's tensor and matrix cores).
+    Sixteen,
+}
+
+impl CoopSize {
+    /// Rows (and columns) of one matrix.
+    pub fn dim(self) -> u32 {
+        match self {
+            CoopSize::Eight => 8,
+            CoopSize::Sixteen => 16,
+        }
+    }
+
+    /// The size whose matrices are `dim` x `dim`, if there is one.
+    pub fn from_dim(dim: u32) -> Option<CoopSize> {
+        match dim {
+            8 => Some(CoopSize::Eight),
+            16 => Some(CoopSize::Sixteen),
+            _ => None,
+        }
+    }
+}
+
 /// One WGSL kernel of the engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kernel {
@@ -56,6 +86,12 @@ pub enum Kernel {
     /// Additive (Bahdanau) scores `vᵀ tanh(A_i + B_j)` from projected states,
     /// with source padding (`shaders/additive_scores.wgsl`).
     AdditiveScores,
+    /// GEMM on the matrix units: f16 operands, f32 accumulators
+    /// (`shaders/gemm_coop.wgsl`).
+    GemmCoop(CoopSize),
+    /// Fused attention on the matrix units: S and O as f32 accumulator
+    /// matrices, Q, K, V and P as f16 (`shaders/attention_coop.wgsl`).
+    AttentionCoop(CoopSize),
 }
 
 /// How a kernel sees one binding (in binding-index order, group 0).
@@ -71,7 +107,7 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 21] = [
+    pub const ALL: [Kernel; 25] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
@@ -93,6 +129,10 @@ impl Kernel {
         Kernel::LinearOutput,
         Kernel::LinearWeights,
         Kernel::AdditiveScores,
+        Kernel::GemmCoop(CoopSize::Eight),
+        Kernel::GemmCoop(CoopSize::Sixteen),
+        Kernel::AttentionCoop(CoopSize::Eight),
+        Kernel::AttentionCoop(CoopSize::Sixteen),
     ];
 
     /// A short lowercase name, used in pipeline labels.
@@ -119,6 +159,10 @@ impl Kernel {
             Kernel::LinearOutput => "linear_output",
             Kernel::LinearWeights => "linear_weights",
             Kernel::AdditiveScores => "additive_scores",
+            Kernel::GemmCoop(CoopSize::Eight) => "gemm_coop8",
+            Kernel::GemmCoop(CoopSize::Sixteen) => "gemm_coop16",
+            Kernel::AttentionCoop(CoopSize::Eight) => "attention_coop8",
+            Kernel::AttentionCoop(CoopSize::Sixteen) => "attention_coop16",
         }
     }
 
@@ -145,6 +189,8 @@ impl Kernel {
             Kernel::LinearOutput => "linear_output.wgsl",
             Kernel::LinearWeights => "linear_weights.wgsl",
             Kernel::AdditiveScores => "additive_scores.wgsl",
+            Kernel::GemmCoop(_) => "gemm_coop.wgsl",
+            Kernel::AttentionCoop(_) => "attention_coop.wgsl",
         }
     }
 
@@ -180,13 +226,42 @@ impl Kernel {
             Kernel::LinearOutput => include_str!("../../shaders/linear_output.wgsl"),
             Kernel::LinearWeights => include_str!("../../shaders/linear_weights.wgsl"),
             Kernel::AdditiveScores => include_str!("../../shaders/additive_scores.wgsl"),
+            Kernel::GemmCoop(CoopSize::Sixteen) => include_str!("../../shaders/gemm_coop.wgsl"),
+            Kernel::GemmCoop(CoopSize::Eight) => {
+                static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+                SOURCE.get_or_init(|| {
+                    with_coop_size(
+                        include_str!("../../shaders/gemm_coop.wgsl"),
+                        CoopSize::Eight,
+                    )
+                })
+            }
+            Kernel::AttentionCoop(CoopSize::Sixteen) => {
+                include_str!("../../shaders/attention_coop.wgsl")
+            }
+            Kernel::AttentionCoop(CoopSize::Eight) => {
+                static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+                SOURCE.get_or_init(|| {
+                    with_coop_size(
+                        include_str!("../../shaders/attention_coop.wgsl"),
+                        CoopSize::Eight,
+                    )
+                })
+            }
         }
     }
 
     /// Whether the kernel uses subgroup operations (chosen only on adapters
     /// that have them).
     pub fn uses_subgroups(self) -> bool {
-        matches!(self, Kernel::GemmSubgroup | Kernel::AttentionSubgroup)
+        matches!(self, Kernel::GemmSubgroup | Kernel::AttentionSubgroup) || self.uses_coop()
+    }
+
+    /// Whether the kernel multiplies on the matrix units (wgpu's experimental
+    /// cooperative matrices, native Vulkan and Metal only; chosen only on
+    /// adapters that report a configuration it is written for).
+    pub fn uses_coop(self) -> bool {
+        matches!(self, Kernel::GemmCoop(_) | Kernel::AttentionCoop(_))
     }
 
     /// The WGSL handed to the device. Browsers require `enable subgroups;`
@@ -222,6 +297,7 @@ impl Kernel {
             Kernel::AttentionFused
             | Kernel::AttentionSubgroup
             | Kernel::AttentionTiled
+            | Kernel::AttentionCoop(_)
             | Kernel::AttentionDecode
             | Kernel::AttentionDecodeF16 => {
                 &[Uniform, Read, Read, Read, Read, Read, ReadWrite, ReadWrite]
@@ -250,6 +326,7 @@ impl Kernel {
             Kernel::LinearWeights => &[Uniform, Read, ReadWrite],
             // A = S W1ᵀ, Bm = H W2ᵀ, v, lengths; scores.
             Kernel::AdditiveScores => &[Uniform, Read, Read, Read, Read, ReadWrite],
+            Kernel::GemmCoop(_) => &[Uniform, Read, Read, ReadWrite],
         }
     }
 
@@ -284,6 +361,22 @@ pub fn with_element(kernel: &str, element: &str) -> String {
     )
 }
 
+/// `kernel` (written for 16 x 16 cooperative matrices) for matrices of
+/// `size`: the types and the size constant between its `// COOP BEGIN` and
+/// `// COOP END` lines rewritten.
+pub fn with_coop_size(kernel: &str, size: CoopSize) -> String {
+    const BEGIN: &str = "// COOP BEGIN\n";
+    const END: &str = "// COOP END\n";
+    let (Some(start), Some(end)) = (kernel.find(BEGIN), kernel.find(END)) else {
+        panic!("the kernel has no COOP block");
+    };
+    let n = size.dim();
+    let block = kernel[start..end]
+        .replace("coop_mat16x16", &format!("coop_mat{n}x{n}"))
+        .replace("const CM: u32 = 16u;", &format!("const CM: u32 = {n}u;"));
+    format!("{}{}{}", &kernel[..start], block, &kernel[end..])
+}
+
 impl std::fmt::Display for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -307,9 +400,14 @@ pub fn validate_wgsl(name: &str, source: &str) -> Result<naga::Module> {
     // chosen on adapters that report the feature.
     // So is unpack2x16float (the f16 decode kernel), which the engine uses
     // only where the adapter has it.
+    // So are f16 and cooperative matrices (the matrix-unit kernels), chosen
+    // only where the device has them.
     let mut validator = naga::valid::Validator::new(
         naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::SUBGROUP | naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32,
+        naga::valid::Capabilities::SUBGROUP
+            | naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32
+            | naga::valid::Capabilities::SHADER_FLOAT16
+            | naga::valid::Capabilities::COOPERATIVE_MATRIX,
     );
     validator.subgroup_stages(naga::valid::ShaderStages::COMPUTE);
     validator.subgroup_operations(naga::valid::SubgroupOperationSet::all());

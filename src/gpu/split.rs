@@ -937,7 +937,7 @@ async fn run_piece(
     }
 
     // Keys in ranges: the fused kernel, resumed from one range to the next.
-    let kernel = ctx.fused_kernel(dims.head_dim, dims.v_head_dim)?;
+    let kernel = ctx.fused_kernel_at(dims.head_dim, dims.v_head_dim, options.precision)?;
     let rows = extent.batches * extent.kv_heads * dims.group() * extent.queries;
     let (piece_y, stats) = ctx
         .scoped("piece outputs", || {

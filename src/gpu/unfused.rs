@@ -180,7 +180,7 @@ pub(crate) async fn run(
                 alpha: scale,
                 beta: 0.0,
             };
-            gemm::record(&mut rec, &scores_spec, q, keys, &scores)?;
+            gemm::record_at(&mut rec, options.precision, &scores_spec, q, keys, &scores)?;
             mask::record(
                 &mut rec,
                 dims,
@@ -218,7 +218,14 @@ pub(crate) async fn run(
                 beta: 0.0,
             };
             // Masked keys have probability 0 and take no part, whatever V holds.
-            gemm::record_skipping_zero_a(&mut rec, &output_spec, &scores, values, &y)?;
+            gemm::record_skipping_zero_a(
+                &mut rec,
+                options.precision,
+                &output_spec,
+                &scores,
+                values,
+                &y,
+            )?;
         }
         rec.submit();
 

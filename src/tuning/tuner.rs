@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::gpu::ops::fused::{FusedKernel, FusedTiles, TiledTiles};
 use crate::{AttentionInputs, AttentionOptions, Engine, KernelPath};
 
-use super::table::{TunedEntry, TuningKey};
+use super::table::{TunedEntry, TunedKernel, TuningKey};
 
 /// The problem each head-dim class is timed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,7 +130,7 @@ pub async fn tune(
             Ok(m.median_ms())
         };
         let mut timings = Vec::new();
-        let mut best: Option<(FusedKernel, f64)> = None;
+        let mut best: Option<(TunedKernel, f64)> = None;
         for kernel in fused_candidates(engine, dk, dv)? {
             let label = kernel.label();
             progress(&format!("head dims {dk}/{dv}: {label}"));
@@ -141,8 +141,10 @@ pub async fn tune(
                 label,
                 median_ms: ms,
             });
-            if best.as_ref().is_none_or(|(_, b)| ms < *b) {
-                best = Some((kernel, ms));
+            // Every candidate is an f32 kernel, which the table keeps.
+            let form = crate::gpu::planner::tuned_form(&kernel);
+            if let Some(form) = form.filter(|_| best.as_ref().is_none_or(|(_, b)| ms < *b)) {
+                best = Some((form, ms));
             }
         }
         progress(&format!("head dims {dk}/{dv}: unfused"));
@@ -154,7 +156,7 @@ pub async fn tune(
         timings.sort_by(|a, b| a.median_ms.total_cmp(&b.median_ms));
         let (kernel, fused_ms) = best.expect("the portable kernel is always a candidate");
         let entry = TunedEntry {
-            kernel: crate::gpu::planner::tuned_form(&kernel),
+            kernel,
             fused_ms,
             unfused_ms: unfused,
         };

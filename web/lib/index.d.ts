@@ -88,6 +88,9 @@ export interface AttentionOptions {
   returnPresent?: boolean;
   /** `"auto"` (default), `"fused"`, `"unfused"`, `"cpu"` (fast f32) or `"oracle"` (f64). */
   path?: "auto" | "fused" | "unfused" | "cpu" | "oracle";
+  /** `"highest"` (default: f32 products) or `"fast"` (f16 products on the matrix units natively, where
+   * the adapter has them; browsers offer none, so in a page it runs the f32 kernels). */
+  precision?: "highest" | "fast";
   /** Leave the outputs on the device as DeviceTensors (no readback). */
   keepOnDevice?: boolean;
   /** Query heads of 3-D inputs. */

@@ -247,7 +247,7 @@ pub struct CallOptions {
 }
 
 /// The option names [`call_options`] accepts.
-pub const OPTION_NAMES: [&str; 17] = [
+pub const OPTION_NAMES: [&str; 18] = [
     "scale",
     "softcap",
     "isCausal",
@@ -260,6 +260,7 @@ pub const OPTION_NAMES: [&str; 17] = [
     "returnLse",
     "returnPresent",
     "path",
+    "precision",
     "keepOnDevice",
     "qNumHeads",
     "kvNumHeads",
@@ -339,7 +340,8 @@ pub fn call_options(options: &JsValue) -> Result<CallOptions> {
                 value: key,
                 reason: "is not an option; the options are scale, softcap, isCausal, leftWindowSize, \
                          rightWindowSize, qkMatmulOutputMode, softmaxPrecision, temperature, alibi, \
-                         returnLse, returnPresent, path, keepOnDevice, qNumHeads, kvNumHeads, timing, verify",
+                         returnLse, returnPresent, path, precision, keepOnDevice, qNumHeads, kvNumHeads, \
+                         timing, verify",
             });
         }
     }
@@ -378,6 +380,12 @@ pub fn call_options(options: &JsValue) -> Result<CallOptions> {
     }
     if let Some(p) = field(options, "path") {
         a.path = path(&p)?;
+    }
+    if let Some(p) = field(options, "precision") {
+        a.precision = p
+            .as_string()
+            .and_then(|text| text.parse().ok())
+            .ok_or_else(|| invalid("precision", &p, "must be 'highest' or 'fast'"))?;
     }
     let heads = |name: &'static str| -> Result<Option<usize>> {
         match whole(options, name)? {

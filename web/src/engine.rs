@@ -9,6 +9,7 @@ use wasm_bindgen::prelude::*;
 use web_time::Instant;
 use webattn::bench::{self, AttentionShape, Repeats};
 use webattn::conformance::{run_sweep, sweep_len, SweepKind};
+use webattn::Precision;
 use webattn::{
     AttentionInputs, BackendKind, BackendPreference, DeviceLimits, Engine, EngineOptions,
     HostTensor, KernelPath, LimitOverride, LimitsPreset, PowerPreference,
@@ -481,7 +482,7 @@ impl EngineCore {
         };
         let total = sweep_len(&self.engine, sweep, "") as u32;
         let mut done = 0;
-        let results = run_sweep(&self.engine, sweep, "", 0x5eed, |r| {
+        let results = run_sweep(&self.engine, sweep, "", 0x5eed, Precision::Highest, |r| {
             done += 1;
             report(done, total, &format!("{} ({})", r.name, r.path), r.passed());
         })

@@ -193,6 +193,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         return_present: args.present_key.is_some() || args.present_value.is_some(),
         temperature: args.temperature,
         alibi: args.alibi,
+        precision: engine_args.precision,
         path: match args.path {
             PathArg::Auto => KernelPath::Auto,
             PathArg::Fused => KernelPath::Fused,

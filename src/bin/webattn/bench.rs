@@ -12,7 +12,7 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use webattn::bench::{self, AttentionShape, Clock, Repeats};
-use webattn::{DType, KernelPath};
+use webattn::{DType, KernelPath, Precision};
 
 use super::plot;
 
@@ -44,8 +44,11 @@ pub struct Args {
 
 /// One planned measurement.
 enum Job {
-    Gemm(usize),
-    Attention(AttentionShape, KernelPath),
+    /// An n³ GEMM: f32, or (`Fast`) on the matrix units.
+    Gemm(usize, Precision),
+    /// Attention of a shape on a path, at a precision (`Fast` rows only where
+    /// the adapter has matrix units).
+    Attention(AttentionShape, KernelPath, Precision),
     /// Decode rows: the shape (Nq = 1), the path, K and V's storage type.
     Decode(AttentionShape, KernelPath, DType),
     /// One decoder layer's token step with this many tokens cached.
@@ -108,9 +111,26 @@ fn full_seqs(gpu_scale: bool) -> &'static [usize] {
 /// scale: beyond it a row would take minutes on the host.
 const CPU_ROWS_MAX_SEQ: usize = 2048;
 
+/// The precisions the GPU rows run at: f32, and f16 products where the
+/// adapter has matrix units.
+fn precisions(matrix_units: bool) -> &'static [Precision] {
+    if matrix_units {
+        &[Precision::Highest, Precision::Fast]
+    } else {
+        &[Precision::Highest]
+    }
+}
+
 /// The jobs of a run; `gpu_scale`: a GPU that is not CPU-backed (GEMM to
-/// 8192³, sequences to 16384).
-fn plan(args: &Args, gpu: bool, gpu_scale: bool, small_layer: bool) -> Vec<Job> {
+/// 8192³, sequences to 16384); `matrix_units`: GEMM and the fused and
+/// unfused rows again at `Precision::Fast`.
+fn plan(
+    args: &Args,
+    gpu: bool,
+    gpu_scale: bool,
+    small_layer: bool,
+    matrix_units: bool,
+) -> Vec<Job> {
     let mut jobs = Vec::new();
     let gemm_sizes: &[usize] = match (gpu, args.quick, gpu_scale) {
         (false, _, _) => &[],
@@ -118,7 +138,18 @@ fn plan(args: &Args, gpu: bool, gpu_scale: bool, small_layer: bool) -> Vec<Job> 
         (true, false, false) => &[256, 512, 1024, 2048],
         (true, false, true) => &[256, 512, 1024, 2048, 4096, 8192],
     };
-    jobs.extend(gemm_sizes.iter().map(|&n| Job::Gemm(n)));
+    for &precision in precisions(matrix_units) {
+        jobs.extend(gemm_sizes.iter().map(|&n| Job::Gemm(n, precision)));
+    }
+    // A shape on a path: at both precisions on the GPU paths.
+    let attention = |jobs: &mut Vec<Job>, shape: AttentionShape, path: KernelPath| {
+        for &precision in precisions(matrix_units) {
+            let gpu_path = matches!(path, KernelPath::Fused | KernelPath::Unfused);
+            if precision == Precision::Highest || gpu_path {
+                jobs.push(Job::Attention(shape, path, precision));
+            }
+        }
+    };
     let paths: &[KernelPath] = if gpu {
         &[KernelPath::Fused, KernelPath::Unfused, KernelPath::Cpu]
     } else {
@@ -135,7 +166,7 @@ fn plan(args: &Args, gpu: bool, gpu_scale: bool, small_layer: bool) -> Vec<Job> 
     if args.quick {
         for causal in [false, true] {
             for &path in paths {
-                jobs.push(Job::Attention(shape(2048, 64, causal), path));
+                attention(&mut jobs, shape(2048, 64, causal), path);
             }
         }
         for keys in [4096, 8192] {
@@ -149,7 +180,7 @@ fn plan(args: &Args, gpu: bool, gpu_scale: bool, small_layer: bool) -> Vec<Job> 
                         if path == KernelPath::Cpu && gpu && gpu_scale && seq > CPU_ROWS_MAX_SEQ {
                             continue;
                         }
-                        jobs.push(Job::Attention(shape(seq, head_dim, causal), path));
+                        attention(&mut jobs, shape(seq, head_dim, causal), path);
                     }
                 }
             }
@@ -178,7 +209,11 @@ fn plan(args: &Args, gpu: bool, gpu_scale: bool, small_layer: bool) -> Vec<Job> 
     jobs.extend(cached.iter().map(|&n| Job::TokenStep(n)));
     // The f64 oracle once, for reference: it is what the CPU backend replaced.
     for causal in [false, true] {
-        jobs.push(Job::Attention(shape(2048, 64, causal), KernelPath::Oracle));
+        jobs.push(Job::Attention(
+            shape(2048, 64, causal),
+            KernelPath::Oracle,
+            Precision::Highest,
+        ));
     }
     jobs
 }
@@ -223,7 +258,9 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         args.quick || ctx.is_none_or(|c| c.capabilities().adapter.device_type == "Cpu");
     let layer = token_layer(small_layer);
     let gpu_scale = ctx.is_some_and(|c| c.capabilities().adapter.device_type != "Cpu");
-    let jobs = plan(args, ctx.is_some(), gpu_scale, small_layer);
+    let matrix_units =
+        ctx.is_some_and(|c| webattn::gpu::planner::coop_shape(c.capabilities()).is_some());
+    let jobs = plan(args, ctx.is_some(), gpu_scale, small_layer, matrix_units);
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = ProgressBar::new(jobs.len() as u64 + 4);
         bar.set_style(
@@ -285,30 +322,38 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     let mut token_skipped = Vec::new();
     for job in &jobs {
         match *job {
-            Job::Gemm(n) => {
+            Job::Gemm(n, precision) => {
                 let Some(ctx) = ctx else { continue };
-                note(format!("GEMM {n}^3"));
+                note(format!("GEMM {n}^3 {}", precision_name(precision)));
                 let r = repeats(KernelPath::Fused, args.quick);
                 let near = adjacent(KernelPath::Fused)?;
-                let (gflops, m) = pollster::block_on(bench::gemm(ctx, n, n, n, r))?;
-                gemm.push((n, gflops, m.median_ms(), near));
+                let kernel = ctx.gemm_kernel_at(precision);
+                let (gflops, m) = pollster::block_on(bench::gemm_with(ctx, kernel, n, n, n, r))?;
+                gemm.push((n, precision, gflops, m.median_ms(), near));
             }
-            Job::Attention(shape, path) => {
+            Job::Attention(shape, path, precision) => {
                 note(format!(
-                    "attention {path} seq {} d{}{}",
+                    "attention {path} seq {} d{}{} {}",
                     shape.seq_q,
                     shape.head_dim,
-                    if shape.causal { " causal" } else { "" }
+                    if shape.causal { " causal" } else { "" },
+                    precision_name(precision)
                 ));
                 let near = adjacent(path)?;
-                let m = pollster::block_on(bench::attention(
+                let run = bench::AttentionRun {
+                    path,
+                    precision,
+                    cold_cache: false,
+                    dtype: DType::F32,
+                };
+                let m = pollster::block_on(bench::attention_run(
                     &engine,
                     shape,
-                    path,
+                    run,
                     repeats(path, args.quick),
                 ))
-                .with_context(|| format!("attention on the {path} path"))?;
-                attention.push((shape, path, m, near));
+                .with_context(|| format!("attention on the {path} path ({precision})"))?;
+                attention.push((shape, path, precision, m, near));
             }
             Job::Decode(shape, path, dtype) => {
                 note(format!(
@@ -449,24 +494,39 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         );
     }
     if let Some(ctx) = ctx {
-        println!("\nGEMM (f32, {:?})", ctx.gemm_kernel());
-        println!(
-            "{:>6} {:>10} {:>10} {:>9} {:>8}",
-            "n", "ms", "GFLOP/s", "ceiling*", "share"
-        );
-        for &(n, g, ms, near) in &gemm {
+        for &precision in precisions(matrix_units) {
             println!(
-                "{n:>6} {ms:>10.2} {g:>10.1} {near:>9.1} {:>7.0}%",
-                100.0 * g / near
+                "\nGEMM ({}, {:?})",
+                match precision {
+                    Precision::Highest => "f32",
+                    Precision::Fast => "f16 products, f32 sums, on the matrix units",
+                },
+                ctx.gemm_kernel_at(precision)
             );
+            println!(
+                "{:>6} {:>10} {:>10} {:>9} {:>8}",
+                "n", "ms", "GFLOP/s", "ceiling*", "share"
+            );
+            for &(n, p, g, ms, near) in &gemm {
+                if p == precision {
+                    println!(
+                        "{n:>6} {ms:>10.2} {g:>10.1} {near:>9.1} {:>7.0}%",
+                        100.0 * g / near
+                    );
+                }
+            }
+        }
+        if matrix_units {
+            println!("(the share of the matrix-unit rows is of the f32 FMA ceiling: above 100% is what matrix units are for)");
         }
     }
     // GPU ceilings and shares are "-" on the CPU rows.
     let or_dash = |x: f64, text: String| if x.is_finite() { text } else { "-".to_string() };
     println!("\nattention (B x H = tokens / seq x width / head dim)");
     println!(
-        "{:<8} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10} {:>9} {:>9} {:>7} {:>10} {:>10}",
+        "{:<8} {:>4} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10} {:>9} {:>9} {:>7} {:>10} {:>10}",
         "path",
+        "prec",
         "batch",
         "head",
         "seq",
@@ -479,17 +539,18 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         "peak MiB",
         "vs unfused"
     );
-    for (shape, path, m, near) in &attention {
+    for (shape, path, precision, m, near) in &attention {
         let unfused = attention
             .iter()
-            .find(|(s, p, _, _)| s == shape && *p == KernelPath::Unfused)
-            .map(|(_, _, u, _)| u.measurement.median_ms());
+            .find(|(s, p, q, _, _)| s == shape && *p == KernelPath::Unfused && q == precision)
+            .map(|(_, _, _, u, _)| u.measurement.median_ms());
         let speedup = unfused
             .map(|u| format!("{:.2}x", u / m.measurement.median_ms()))
             .unwrap_or_default();
         println!(
-            "{:<8} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10.1} {:>9.1} {:>9} {:>7} {:>10.1} {:>10}",
+            "{:<8} {:>4} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10.1} {:>9.1} {:>9} {:>7} {:>10.1} {:>10}",
             path.name(),
+            precision_name(*precision),
             shape.batch,
             shape.heads,
             shape.seq_q,
@@ -504,8 +565,11 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         );
     }
     println!(
-        "* ceiling: the GPU's FMA ceiling measured just before the row (the machine's speed may drift)"
+        "* ceiling: the GPU's f32 FMA ceiling measured just before the row (the machine's speed may drift)"
     );
+    if matrix_units {
+        println!("  prec f16: Precision::Fast, f16 products on the matrix units, f32 sums; vs unfused compares within a precision");
+    }
     // Decode is bound by reading K and V: GB/s of K + V, and the share of the
     // copy's bandwidth (GPU rows only).
     let kv_gbs = |shape: &AttentionShape, dtype: DType, m: &bench::AttentionMeasurement| {
@@ -588,9 +652,10 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         "gemm_kernel": ctx.map(|c| format!("{:?}", c.gemm_kernel())),
         "fused_kernel": ctx.map(|c| super::info::fused_kernel(c).0),
         "fused_kernel_forced": ctx.map(|c| super::info::fused_kernel(c).1),
-        "gemm": gemm.iter().map(|&(n, g, ms, near)| json!({"m": n, "n": n, "k": n, "ms": ms, "gflops": g, "share_of_ceiling": g / near, "adjacent_ceiling_gflops": near})).collect::<Vec<_>>(),
-        "attention": attention.iter().map(|(s, p, m, near)| json!({
-            "path": p.name(), "batch": s.batch, "heads": s.heads, "seq_q": s.seq_q, "seq_k": s.seq_k,
+        "matrix_units": ctx.and_then(|c| webattn::gpu::planner::coop_shape(c.capabilities())).map(|s| format!("{n}x{n}x{n} f16 -> f32, subgroups of {}", s.subgroup, n = s.size.dim())),
+        "gemm": gemm.iter().map(|&(n, p, g, ms, near)| json!({"m": n, "n": n, "k": n, "precision": p.name(), "kernel": ctx.map(|c| format!("{:?}", c.gemm_kernel_at(p))), "ms": ms, "gflops": g, "share_of_ceiling": g / near, "adjacent_ceiling_gflops": near})).collect::<Vec<_>>(),
+        "attention": attention.iter().map(|(s, p, q, m, near)| json!({
+            "path": p.name(), "precision": q.name(), "batch": s.batch, "heads": s.heads, "seq_q": s.seq_q, "seq_k": s.seq_k,
             "head_dim": s.head_dim, "causal": s.causal, "ms": m.measurement.median_ms(),
             "samples_ms": m.measurement.samples_ms, "gflops": m.gflops,
             "share_of_ceiling": finite(m.gflops / near), "adjacent_ceiling_gflops": finite(*near), "peak_bytes": m.peak_bytes,
@@ -625,6 +690,14 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     Ok(ExitCode::SUCCESS)
 }
 
+/// The precision column's text: `f32`, or `f16` for f16 products.
+fn precision_name(precision: Precision) -> &'static str {
+    match precision {
+        Precision::Highest => "f32",
+        Precision::Fast => "f16",
+    }
+}
+
 /// The entries of `key` in the report, for other modules.
 pub fn entries<'a>(report: &'a Value, key: &str) -> &'a [Value] {
     report[key].as_array().map_or(&[], Vec::as_slice)
@@ -649,7 +722,7 @@ mod tests {
         let mut seqs: Vec<usize> = jobs
             .iter()
             .filter_map(|j| match j {
-                Job::Attention(shape, p) if *p == path => Some(shape.seq_q),
+                Job::Attention(shape, p, Precision::Highest) if *p == path => Some(shape.seq_q),
                 _ => None,
             })
             .collect();
@@ -661,7 +734,7 @@ mod tests {
 
     #[test]
     fn a_gpu_runs_flash_attention_shapes_and_gemm_to_8192() {
-        let jobs = plan(&args(), true, true, false);
+        let jobs = plan(&args(), true, true, false, false);
         assert_eq!(
             attention_seqs(&jobs, KernelPath::Fused),
             [512, 1024, 2048, 4096, 8192, 16384]
@@ -674,13 +747,40 @@ mod tests {
             attention_seqs(&jobs, KernelPath::Cpu).last(),
             Some(&CPU_ROWS_MAX_SEQ)
         );
-        assert!(jobs.iter().any(|j| matches!(j, Job::Gemm(8192))));
+        assert!(jobs.iter().any(|j| matches!(j, Job::Gemm(8192, _))));
+        assert!(!jobs.iter().any(|j| matches!(
+            j,
+            Job::Gemm(_, Precision::Fast) | Job::Attention(_, _, Precision::Fast)
+        )));
+    }
+
+    #[test]
+    fn matrix_units_add_f16_gemm_and_gpu_attention_rows() {
+        let jobs = plan(&args(), true, true, false, true);
+        assert!(jobs
+            .iter()
+            .any(|j| matches!(j, Job::Gemm(8192, Precision::Fast))));
+        let fast_paths: Vec<KernelPath> = jobs
+            .iter()
+            .filter_map(|j| match j {
+                Job::Attention(_, p, Precision::Fast) => Some(*p),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            fast_paths.contains(&KernelPath::Fused) && fast_paths.contains(&KernelPath::Unfused)
+        );
+        assert!(!fast_paths
+            .iter()
+            .any(|p| matches!(p, KernelPath::Cpu | KernelPath::Oracle)));
     }
 
     #[test]
     fn a_cpu_adapter_keeps_the_short_range() {
-        let jobs = plan(&args(), true, false, true);
+        let jobs = plan(&args(), true, false, true, false);
         assert_eq!(attention_seqs(&jobs, KernelPath::Fused).last(), Some(&4096));
-        assert!(!jobs.iter().any(|j| matches!(j, Job::Gemm(n) if *n > 2048)));
+        assert!(!jobs
+            .iter()
+            .any(|j| matches!(j, Job::Gemm(n, _) if *n > 2048)));
     }
 }

@@ -8,6 +8,7 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use webattn::conformance::{run_sweep, sweep_len, CaseResult, SweepKind, SweepReport};
+use webattn::Precision;
 
 /// Arguments of `webattn check`.
 #[derive(clap::Args, Debug)]
@@ -66,27 +67,39 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         return super::soak::run(&engine, cases, args.seed, args.json.as_deref());
     }
     eprintln!(
-        "webattn check: {} on {}",
+        "webattn check: {} on {}{}",
         if args.full { "full" } else { "quick" },
-        engine.describe()
+        engine.describe(),
+        match engine_args.precision {
+            Precision::Highest => "",
+            Precision::Fast => ", precision fast (f16-rounded operands, the f16 rule)",
+        }
     );
     let total = sweep_len(&engine, kind, &args.filter);
     let bar = progress_bar(total);
     let start = Instant::now();
     let mut done = 0;
-    let report = pollster::block_on(run_sweep(&engine, kind, &args.filter, args.seed, |r| {
-        done += 1;
-        match &bar {
-            Some(bar) => {
-                bar.set_position(done as u64);
-                bar.set_message(r.name.clone());
-                if !r.passed() {
-                    bar.println(progress_line(done, total, r));
+    let precision = engine_args.precision;
+    let report = pollster::block_on(run_sweep(
+        &engine,
+        kind,
+        &args.filter,
+        args.seed,
+        precision,
+        |r| {
+            done += 1;
+            match &bar {
+                Some(bar) => {
+                    bar.set_position(done as u64);
+                    bar.set_message(r.name.clone());
+                    if !r.passed() {
+                        bar.println(progress_line(done, total, r));
+                    }
                 }
+                None => eprintln!("{}", progress_line(done, total, r)),
             }
-            None => eprintln!("{}", progress_line(done, total, r)),
-        }
-    }));
+        },
+    ));
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
@@ -94,11 +107,36 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         write_json(path, &report, start.elapsed().as_secs_f64())?;
     }
     println!("{}", report.table());
+    if precision == Precision::Fast {
+        println!("{}", matrix_unit_line(&engine));
+    }
     Ok(if report.failed() == 0 && !report.results.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     })
+}
+
+/// Which matrix-unit pipelines the run compiled (those calls multiplied on
+/// the matrix units), or why none ran.
+pub fn matrix_unit_line(engine: &webattn::Engine) -> String {
+    let Some(ctx) = engine.gpu() else {
+        return "matrix units: none (CPU engine)".to_string();
+    };
+    let used: Vec<String> = ctx
+        .pipelines()
+        .compiled_keys()
+        .into_iter()
+        .filter(|key| key.kernel.uses_coop())
+        .map(|key| key.to_string())
+        .collect();
+    if used.is_empty() {
+        "matrix units: none used (this adapter offers no configuration the kernels run on; \
+         the f32 kernels ran)"
+            .to_string()
+    } else {
+        format!("matrix units: {}", used.join(", "))
+    }
 }
 
 /// A progress bar on a terminal; `None` otherwise (then each case gets a line).
@@ -181,6 +219,7 @@ fn write_json(path: &std::path::Path, report: &SweepReport, seconds: f64) -> any
         "adapter": report.adapter,
         "sweep": format!("{:?}", report.kind).to_lowercase(),
         "seed": report.seed,
+        "precision": report.precision.name(),
         "seconds": seconds,
         "passed": report.passed(),
         "failed": report.failed(),

@@ -218,12 +218,16 @@ fn text(engine: &Engine, engine_args: &super::EngineArgs) -> String {
             "no (no matrix units offered through wgpu here)".to_string()
         } else {
             format!(
-                "{} (experimental in wgpu; no kernel uses them yet)",
+                "{} (wgpu's experimental feature; {})",
                 caps.cooperative_matrix
                     .iter()
                     .map(|c| c.to_string())
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+                match webattn::gpu::planner::coop_shape(caps) {
+                    Some(_) => "calls with --precision fast multiply on them",
+                    None => "none the kernels run on: they need f16 -> f32 at 8 or 16 with fixed-width subgroups",
+                }
             )
         }
     );

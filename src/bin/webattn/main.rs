@@ -19,7 +19,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use webattn::tuning::TuningCache;
 use webattn::{
     BackendPreference, DeviceLimits, Engine, EngineOptions, FusedKernelChoice, LimitOverride,
-    LimitsPreset,
+    LimitsPreset, Precision,
 };
 
 /// GPU attention (ONNX Attention, opset 25) on WebGPU compute shaders, checked
@@ -56,11 +56,19 @@ pub struct EngineArgs {
     limit: Vec<LimitOverride>,
     /// The fused kernel to use, by the name `webattn info` lists:
     /// attention_tiled (register-tiled, GPUs), attention_fused (portable, any
-    /// adapter) or attention_sg (subgroup shuffles, CPU adapters); auto lets
-    /// the adapter's profile decide.
+    /// adapter), attention_sg (subgroup shuffles, CPU adapters) or
+    /// attention_coop (matrix units, with --precision fast); auto lets the
+    /// adapter's profile decide.
     #[arg(long, value_name = "NAME", default_value = "auto", global = true,
           value_parser = |s: &str| s.parse::<FusedKernelChoice>())]
     kernel: FusedKernelChoice,
+    /// How exact the GPU's products must be: highest (f32, the default) or
+    /// fast (f16 products with f32 accumulation on the matrix units, where the
+    /// adapter has them: `webattn info` lists them; elsewhere the f32 kernels
+    /// run). `check` then judges by the f16 rule, on f16-rounded inputs.
+    #[arg(long, value_name = "PRECISION", default_value = "highest", global = true,
+          value_parser = |s: &str| s.parse::<Precision>())]
+    precision: Precision,
     /// The tuning cache (`webattn tune`'s measured kernel choices) to read and
     /// write: a file, or `none` for none. Default: $WEBATTN_TUNING_CACHE, else
     /// ~/.cache/webattn/tuning.tsv.
@@ -103,6 +111,14 @@ enum Backend {
 /// Creates the engine the `--backend`, `--cpu-threads`, `--limits` and
 /// `--limit` options ask for.
 fn engine(args: &EngineArgs) -> webattn::Result<Engine> {
+    if args.kernel == FusedKernelChoice::Coop && args.precision != Precision::Fast {
+        return Err(webattn::Error::InvalidOption {
+            name: "kernel",
+            value: args.kernel.name().to_string(),
+            reason:
+                "attention_coop multiplies f16 operands on the matrix units: add --precision fast",
+        });
+    }
     let backend = match args.backend {
         Backend::Auto => BackendPreference::Auto,
         Backend::Gpu => BackendPreference::Gpu,

@@ -16,8 +16,19 @@ fn colour(path: &str) -> &'static str {
     match path {
         "fused" => "#1b7837",
         "unfused" => "#2166ac",
+        "fused f16" => "#5aae61",
+        "unfused f16" => "#67a9cf",
         _ => "#b2182b",
     }
+}
+
+/// A row's line: its path, with ` f16` for rows at `Precision::Fast`.
+fn line_name(row: &Value) -> Option<String> {
+    let path = row["path"].as_str()?;
+    Some(match row["precision"].as_str() {
+        Some("fast") => format!("{path} f16"),
+        _ => path.to_string(),
+    })
 }
 
 /// The chart for the report's attention entries at the smallest head dim.
@@ -28,12 +39,12 @@ pub fn attention_svg(report: &Value, ceiling: f64) -> String {
         .filter_map(|r| r["head_dim"].as_u64())
         .min()
         .unwrap_or(64);
-    let points: Vec<(&str, bool, f64, f64)> = rows
+    let points: Vec<(String, bool, f64, f64)> = rows
         .iter()
         .filter(|r| r["head_dim"].as_u64() == Some(head_dim))
         .filter_map(|r| {
             Some((
-                r["path"].as_str()?,
+                line_name(r)?,
                 r["causal"].as_bool()?,
                 r["seq_q"].as_f64()?,
                 r["gflops"].as_f64()?,
@@ -114,7 +125,7 @@ pub fn attention_svg(report: &Value, ceiling: f64) -> String {
     }
     // One line per (path, causal).
     let mut legend_y = TOP + 70.0;
-    for path in ["fused", "unfused", "cpu"] {
+    for path in ["fused", "unfused", "fused f16", "unfused f16", "cpu"] {
         for causal in [false, true] {
             let mut line: Vec<(f64, f64)> = points
                 .iter()

@@ -5,6 +5,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
+pub use super::coop::CoopTiles;
 use super::rules::Rules;
 pub use super::tiled::TiledTiles;
 use crate::error::{Error, Result};
@@ -122,6 +123,9 @@ pub enum FusedKernel {
     },
     /// `attention_tiled.wgsl`: register micro-tiles of S and O; GPUs.
     Tiled(TiledTiles),
+    /// `attention_coop.wgsl`: S and O on the matrix units (f16 products,
+    /// f32 accumulators); calls at `Precision::Fast` only.
+    Coop(CoopTiles),
 }
 
 /// Query rows per invocation of `attention_sg.wgsl` (the generator's ROWS).
@@ -135,6 +139,7 @@ impl FusedKernel {
         match self {
             FusedKernel::Portable(tiles) => tiles.key().to_string(),
             FusedKernel::Tiled(tiles) => tiles.key().to_string(),
+            FusedKernel::Coop(tiles) => tiles.key().to_string(),
             FusedKernel::Subgroup { width } => format!("attention_sg[SG={width}]"),
         }
     }
@@ -145,6 +150,7 @@ impl FusedKernel {
             FusedKernel::Portable(_) => FusedKernelChoice::Portable.name(),
             FusedKernel::Subgroup { .. } => FusedKernelChoice::Subgroup.name(),
             FusedKernel::Tiled(_) => FusedKernelChoice::Tiled.name(),
+            FusedKernel::Coop(_) => FusedKernelChoice::Coop.name(),
         }
     }
 
@@ -154,6 +160,7 @@ impl FusedKernel {
             FusedKernel::Portable(tiles) => tiles.query_rows as usize,
             FusedKernel::Subgroup { width } => SUBGROUP_ROWS_PER_LANE * *width as usize,
             FusedKernel::Tiled(tiles) => tiles.query_rows as usize,
+            FusedKernel::Coop(tiles) => tiles.query_rows() as usize,
         }
     }
 
@@ -164,6 +171,7 @@ impl FusedKernel {
             (_, None) => keys.max(1),
             (FusedKernel::Portable(tiles), budget) => tiles.keys_per_chunk(keys, budget),
             (FusedKernel::Tiled(tiles), budget) => tiles.keys_per_chunk(keys, budget),
+            (FusedKernel::Coop(tiles), budget) => tiles.keys_per_chunk(keys, budget),
             (FusedKernel::Subgroup { .. }, Some(budget)) => {
                 let per_tile = (dims.head_dim / 4 + dims.v_head_dim / 4 + 8) as u64;
                 (budget / per_tile).max(1) as usize * SUBGROUP_KEYS
@@ -176,6 +184,7 @@ impl FusedKernel {
         match self {
             FusedKernel::Portable(tiles) => tiles.key(),
             FusedKernel::Tiled(tiles) => tiles.key(),
+            FusedKernel::Coop(tiles) => tiles.key(),
             FusedKernel::Subgroup { width } => PipelineKey::new(Kernel::AttentionSubgroup)
                 .with("SG", i64::from(*width))
                 .with_flag("HAS_MASK", dims.mask.is_some())

@@ -7,6 +7,7 @@ use crate::gpu::buffer;
 use crate::gpu::pipeline::PipelineKey;
 use crate::gpu::recorder::Recorder;
 use crate::gpu::registry::Kernel;
+use crate::options::Precision;
 
 /// Rows and columns of C computed by one workgroup.
 pub const TILE: usize = 64;
@@ -170,12 +171,39 @@ struct Params {
     _pad: u32,
 }
 
-pub use crate::gpu::choice::GemmKernel;
+pub use crate::gpu::choice::{CoopShape, GemmKernel};
 
 /// Rows of C per invocation of `gemm_sg.wgsl` (the generator's ROWS).
 pub const SUBGROUP_ROWS_PER_LANE: usize = 4;
 /// Columns of C per workgroup of `gemm_sg.wgsl` (4 x the generator's GROUPS).
 pub const SUBGROUP_COLS: usize = 64;
+
+/// K per staged slice of `gemm_coop.wgsl` (its BKK).
+pub const COOP_SLICE: usize = 32;
+
+/// Rows and columns of C per workgroup of `gemm_coop.wgsl`: 4 subgroups in a
+/// 2 x 2 grid, each 2 x 2 matrices of `size`.
+pub fn coop_tile(shape: CoopShape) -> usize {
+    4 * shape.size.dim() as usize
+}
+
+/// Invocations per workgroup of `gemm_coop.wgsl`: 4 subgroups.
+pub fn coop_invocations(shape: CoopShape) -> u32 {
+    4 * shape.subgroup
+}
+
+/// Workgroup memory of `gemm_coop.wgsl`: op(A)'s and op(B)'s f16 slices and
+/// the f32 C tile, rows padded by 16 bytes (as the WGSL declares them), and a flag.
+pub fn coop_workgroup_bytes(shape: CoopShape) -> u32 {
+    let (tile, slice) = (coop_tile(shape) as u32, COOP_SLICE as u32);
+    tile * (slice + 8) * 2 + slice * (tile + 8) * 2 + tile * (tile + 4) * 4 + 4
+}
+
+/// Whether `gemm_coop.wgsl` at `shape` fits `limits` (workgroup memory and invocations).
+pub fn coop_fits(shape: CoopShape, limits: &crate::gpu::capabilities::KernelLimits) -> bool {
+    coop_workgroup_bytes(shape) <= limits.max_compute_workgroup_storage_size
+        && coop_invocations(shape) <= limits.max_compute_invocations_per_workgroup
+}
 
 /// The pipeline key for a transpose combination of the tiled kernel.
 pub fn key(trans_a: bool, trans_b: bool) -> PipelineKey {
@@ -210,6 +238,10 @@ pub fn kernel_key(kernel: GemmKernel, spec: &GemmSpec) -> PipelineKey {
                 .with_flag("VEC_A", vec_a)
                 .with_flag("VEC_B", vec_b)
         }
+        GemmKernel::Coop(shape) => PipelineKey::new(Kernel::GemmCoop(shape.size))
+            .with("SG", i64::from(shape.subgroup))
+            .with_flag("TRANS_A", spec.trans_a)
+            .with_flag("TRANS_B", spec.trans_b),
     }
 }
 
@@ -226,18 +258,33 @@ pub(crate) fn record(
     record_with(rec, kernel, spec, a, b, c)
 }
 
-/// Records the GEMM with the context's preferred kernel, skipping every term
-/// whose A value is exactly zero, so that `0 · NaN` or `0 · inf` in B adds
-/// nothing: attention's `P · V`, where a masked key's probability is 0 and its
-/// V row may hold anything.
-pub(crate) fn record_skipping_zero_a(
+/// Records the GEMM with the context's kernel for `precision` (the matrix
+/// units under [`Precision::Fast`] where the adapter has them).
+pub(crate) fn record_at(
     rec: &mut Recorder<'_>,
+    precision: Precision,
     spec: &GemmSpec,
     a: &wgpu::Buffer,
     b: &wgpu::Buffer,
     c: &wgpu::Buffer,
 ) -> Result<()> {
-    let kernel = rec.ctx().gemm_kernel();
+    let kernel = rec.ctx().gemm_kernel_at(precision);
+    record_variant(rec, kernel, spec, false, [a, b, c])
+}
+
+/// Records the GEMM with the context's kernel for `precision`, skipping every
+/// term whose A value is exactly zero, so that `0 · NaN` or `0 · inf` in B
+/// adds nothing: attention's `P · V`, where a masked key's probability is 0
+/// and its V row may hold anything.
+pub(crate) fn record_skipping_zero_a(
+    rec: &mut Recorder<'_>,
+    precision: Precision,
+    spec: &GemmSpec,
+    a: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+    c: &wgpu::Buffer,
+) -> Result<()> {
+    let kernel = rec.ctx().gemm_kernel_at(precision);
     record_variant(rec, kernel, spec, true, [a, b, c])
 }
 
@@ -263,7 +310,10 @@ pub(crate) fn record_with(
     record_variant(rec, kernel, spec, false, [a, b, c])
 }
 
-fn record_variant(
+/// Records the GEMM with `kernel`, skipping the terms whose A is exactly
+/// zero when `skip_zero_a`. The matrix-unit kernel must be one the adapter
+/// runs (`gpu::planner::coop_shape`), else a typed error.
+pub(crate) fn record_variant(
     rec: &mut Recorder<'_>,
     kernel: GemmKernel,
     spec: &GemmSpec,
@@ -271,6 +321,18 @@ fn record_variant(
     [a, b, c]: [&wgpu::Buffer; 3],
 ) -> Result<()> {
     spec.check()?;
+    if let GemmKernel::Coop(shape) = kernel {
+        let caps = &rec.ctx().caps;
+        let offered = caps.f16_matrix_units() == Some((shape.size.dim(), shape.subgroup));
+        if !offered || !coop_fits(shape, &caps.limits) {
+            return Err(Error::InvalidOption {
+                name: "gemm kernel",
+                value: format!("{kernel:?}"),
+                reason: "this adapter offers no matrix-unit configuration of that size and \
+                         subgroup width (webattn info lists what it has)",
+            });
+        }
+    }
     let kernel = match kernel {
         GemmKernel::Subgroup { .. } if spec.trans_a => GemmKernel::Tiled,
         other => other,
@@ -281,7 +343,7 @@ fn record_variant(
         .ctx()
         .caps
         .loop_budget()
-        .map(|budget| max_k_per_pass(kernel, budget));
+        .map(|budget| max_k_per_pass(kernel, budget, skip_zero_a));
     if let Some(max_k) = max_k.filter(|&max_k| spec.k > max_k) {
         let mut k0 = 0;
         while k0 < spec.k {
@@ -306,12 +368,25 @@ fn record_variant(
 }
 
 /// The largest K one pass may take under a loop budget: the tiled kernel runs
-/// about 21 loop iterations per 16 values of K, the subgroup kernel one per 4.
-fn max_k_per_pass(kernel: GemmKernel, budget: u64) -> usize {
+/// about 21 loop iterations per 16 values of K, the subgroup kernel one per 4;
+/// the matrix-unit kernel its staging loops and matrix steps per slice, and
+/// with `skip_zero_a` the scalar product of a slice (taken when B holds a
+/// non-finite value there), after its epilogue's loop.
+fn max_k_per_pass(kernel: GemmKernel, budget: u64, skip_zero_a: bool) -> usize {
     let budget = budget.saturating_sub(256) as usize;
     match kernel {
         GemmKernel::Tiled => (budget / 21 * 16).max(16),
         GemmKernel::Subgroup { .. } => (budget * 4).max(4),
+        GemmKernel::Coop(shape) => {
+            let (tile, wg) = (coop_tile(shape), coop_invocations(shape) as usize);
+            let cm = shape.size.dim() as usize;
+            let tile_loop = (tile * tile).div_ceil(wg);
+            let mut per_slice = 2 * (tile * COOP_SLICE).div_ceil(wg) + COOP_SLICE / cm + 4;
+            if skip_zero_a {
+                per_slice += tile_loop * (COOP_SLICE + 1);
+            }
+            (budget.saturating_sub(tile_loop) / per_slice * COOP_SLICE).max(COOP_SLICE)
+        }
     }
 }
 
@@ -325,6 +400,7 @@ fn record_pass(
     let (tile_m, tile_n) = match kernel {
         GemmKernel::Tiled => (TILE, TILE),
         GemmKernel::Subgroup { width } => (SUBGROUP_ROWS_PER_LANE * width as usize, SUBGROUP_COLS),
+        GemmKernel::Coop(shape) => (coop_tile(shape), coop_tile(shape)),
     };
     let tiles_m = spec.m.div_ceil(tile_m);
     let tiles_n = spec.n.div_ceil(tile_n);
@@ -356,7 +432,9 @@ fn record_pass(
     let uniform = buffer::uniform(ctx, "gemm params", &params);
     let workgroups = (tiles_m * tiles_n) as u64 * spec.batch as u64;
     match kernel {
-        GemmKernel::Tiled => rec.dispatch(&pipeline, &[&uniform, a, b, c], workgroups),
+        GemmKernel::Tiled | GemmKernel::Coop(_) => {
+            rec.dispatch(&pipeline, &[&uniform, a, b, c], workgroups)
+        }
         GemmKernel::Subgroup { .. } => {
             rec.dispatch(&pipeline, &[&uniform, a, a, b, b, c], workgroups)
         }

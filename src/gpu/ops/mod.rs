@@ -3,6 +3,7 @@
 pub mod additive;
 pub mod concat;
 pub mod convert;
+pub mod coop;
 pub mod decode;
 pub mod fused;
 pub mod gemm;

@@ -126,6 +126,9 @@ function cases({ worker }) {
     expect(y.shape.join() === shape.join() && Math.abs(y.data[0] - 0.1) < 1e-6, `y ${y.shape} ${y.data[0]}`);
     const checked = await engine.attention({ q, k: q, v: q }, { verify: true });
     expect(checked.check.y.passed, "not verified");
+    // A browser has no matrix units: "fast" runs the f32 kernels, and verifies.
+    const fast = await engine.attention({ q, k: q, v: q }, { precision: "fast", verify: true });
+    expect(fast.check.y.passed, "precision fast not verified");
     engine.destroy();
     return `${path}, y[0] = ${y.data[0]}`;
   });
@@ -283,6 +286,7 @@ function cases({ worker }) {
     msgs.push(await rejects(() => engine.attention({ q, k, v, attnMask: null }), "InvalidOption", /attnMask/));
     msgs.push(await rejects(() => engine.attention({ q, v }), "MissingInput", /k/));
     msgs.push(await rejects(() => engine.attention({ q, k, v }, { qkMatmulOutputMode: 9 }), "InvalidOption"));
+    msgs.push(await rejects(() => engine.attention({ q, k, v }, { precision: "fastest" }), "InvalidOption", /highest/));
     msgs.push(await rejects(() => engine.attention({ q, k, v, mask: { data: new Uint8Array(7), shape: [7, 1] } }), "Broadcast"));
     msgs.push(await rejects(() => engine.attention(null), "InvalidOption"));
     msgs.push(await rejects(() => WebAttn.create({ limits: { notALimit: 5 } }), "InvalidOption", /not a limit/));

@@ -1,0 +1,581 @@
+// Fused attention (FlashAttention-2 forward) on the matrix units
+// (cooperative matrices): S = Q K^T and O += P V as products of f16 matrices
+// accumulated in f32 (Precision::Fast); the online softmax and every rule of
+// the contract in f32 scalar code.
+//
+// A workgroup owns BQ = NSG * CM consecutive query rows of one (batch, query
+// head): NSG subgroups of SG invocations, subgroup s the CM-row strip
+// s * CM .. s * CM + CM. Q's block is staged once in workgroup memory as f16,
+// and each subgroup keeps its strip as matrices for the whole key loop.
+// Per key tile of BK keys:
+//   1. K's tile is staged as f16 (zeros past the last key and past Dk).
+//   2. Each subgroup computes its strip of S (CM x BK: BK / CM accumulators,
+//      DKP / CM products each) and stores it to workgroup memory as f32.
+//   3. Scalar code, one query row per invocation: scale, softcap, mask,
+//      ALiBi, temperature, the row's key range; the row maximum; P as f16 in
+//      workgroup memory, and which keys the row attends as bits. Meanwhile V's
+//      tile replaces K's, and a V value that is NaN or infinite is noted.
+//   4. O += P V: each subgroup's strip of O (CM x DVP: DVP / CM accumulators)
+//      stays in accumulator matrices for the whole key loop.
+//
+// The reference maximum is lazy (as in FlashAttention-4): P is exp(s - m)
+// against the row's reference m, which moves only when a score exceeds it by
+// more than RESCALE (P stays below e^8 = 2981, well inside f16), so the O
+// matrices, whose element layout is opaque, are seldom rescaled: then each is
+// stored to workgroup memory, its rows scaled, and loaded back. The row sums
+// stay f32 and use the unrounded probabilities.
+//
+// A V tile holding NaN or an infinity is multiplied in scalar code instead,
+// into workgroup memory, and added to the O matrices from there: a key a row
+// does not attend (P = 0) must not reach it, while an attended key whose
+// score is -inf (P = 0 too) must. Every other rule, the uniforms, the
+// bindings, the workgroup's key range (tiles no row sees are skipped) and the
+// resumable key chunks (O in Y and the row state in `lse` between chunks) are
+// attention_tiled.wgsl's.
+//
+// Matrix operations run at subgroup scope in uniform control flow: every
+// loop bound and branch around them depends on uniforms, constants and
+// workgroup-uniform loads only.
+
+enable f16;
+enable wgpu_cooperative_matrix;
+
+// COOP BEGIN
+alias MatA = coop_mat16x16<f16, A>;
+alias MatB = coop_mat16x16<f16, B>;
+alias MatC = coop_mat16x16<f32, C>;
+const CM: u32 = 16u;
+// COOP END
+
+// The adapter's (fixed) subgroup width; subgroups per workgroup.
+override SG: u32 = 32u;
+override NSG: u32 = 4u;
+// Query rows per workgroup (NSG * CM), invocations (NSG * SG).
+override BQ: u32 = 64u;
+override WG: u32 = 128u;
+// Keys per tile (a multiple of CM), and its matrices (BK / CM).
+override BK: u32 = 32u;
+override BKT: u32 = 2u;
+// Head dims rounded up to CM, and their matrices.
+override DKP: u32 = 64u;
+override DVP: u32 = 64u;
+override DKT: u32 = 4u;
+override DVT: u32 = 4u;
+// Query rows per invocation in the scalar steps: ceil(BQ / WG).
+override RPI: u32 = 1u;
+// Row strides, padded by 16 bytes: Q's tile, the K/V tile (f16); S (f32),
+// P (f16), an O block of CM columns (f32).
+override QS: u32 = 72u;
+override KS: u32 = 72u;
+override SS: u32 = 36u;
+override PS: u32 = 40u;
+override OS: u32 = 20u;
+// Words of workgroup scratch: max(BQ * SS, BQ * OS).
+override FS: u32 = 2304u;
+// u32 words of attended-key bits per row: ceil(BK / 32).
+override BW: u32 = 1u;
+
+// The largest head dim the kernel takes, in matrices; rows per invocation.
+const MAX_DT: u32 = 256u / CM;
+const MAX_RPI: u32 = 4u;
+// The reference maximum moves when a score exceeds it by more than this.
+const RESCALE: f32 = 8.0;
+
+struct Params {
+    batch: u32,
+    q_heads: u32,
+    group: u32,
+    q_len: u32,
+    keys: u32,
+    dk: u32,
+    dv: u32,
+    flags: u32,
+    scale: f32,
+    softcap: f32,
+    left_window: i32,
+    right_window: i32,
+    past_len: u32,
+    mask_cols: u32,
+    mask_batch_stride: u32,
+    mask_head_stride: u32,
+    mask_row_stride: u32,
+    q_blocks: u32,
+    kv_heads: u32,
+    _pad: u32,
+    inv_temperature: f32,
+    _reserved0: u32,
+    // Added to every query's position (a piece of a call split across bindings).
+    position_shift: i32,
+    _reserved2: u32,
+    chunk_start: u32,
+    chunk_end: u32,
+    chunk_flags: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> k: array<f32>;
+@group(0) @binding(3) var<storage, read> v: array<f32>;
+@group(0) @binding(4) var<storage, read> mask: array<f32>;
+@group(0) @binding(5) var<storage, read> nonpad: array<i32>;
+@group(0) @binding(6) var<storage, read_write> y: array<f32>;
+// [lse (as bits) | row max m | row sum l], one entry each per row.
+@group(0) @binding(7) var<storage, read_write> lse: array<u32>;
+
+const MASKED: f32 = -0x1.fffffep+127f;
+const NEG_INF_BITS: u32 = 0xff800000u;
+const FLAG_MASK: u32 = 1u;
+const FLAG_CAUSAL: u32 = 2u;
+const FLAG_NONPAD: u32 = 4u;
+const FLAG_PAST: u32 = 8u;
+const FLAG_SOFTCAP: u32 = 16u;
+const FLAG_ALIBI: u32 = 32u;
+const FIRST_CHUNK: u32 = 1u;
+const LAST_CHUNK: u32 = 2u;
+const ROW_ATTENDED: u32 = 1u;
+const ROW_POISONED: u32 = 2u;
+const NAN_BITS: u32 = 0x7fc00000u;
+
+var<private> non_finite_bits: vec2<u32> = vec2<u32>(0xff800000u, 0x7fc00000u);
+
+fn neg_inf() -> f32 {
+    return bitcast<f32>(non_finite_bits.x);
+}
+
+fn nan() -> f32 {
+    return bitcast<f32>(non_finite_bits.y);
+}
+
+// Q's block, f16, BQ rows of QS.
+var<workgroup> q_s: array<f16, BQ * QS>;
+// K's tile, then V's, f16, BK rows of KS.
+var<workgroup> kv_s: array<f16, BK * KS>;
+// S for the tile (rows of SS), or one CM-column block of O (rows of OS).
+var<workgroup> f_s: array<f32, FS>;
+// P for the tile, f16, rows of PS; 0 where a row does not attend a key.
+var<workgroup> p_s: array<f16, BQ * PS>;
+// Which keys of the tile each row attends, BW words per row.
+var<workgroup> att_s: array<u32, BQ * BW>;
+// Each row's rescaling factor when the reference maxima move.
+var<workgroup> alpha_s: array<f32, BQ>;
+// Whether any row's reference moved (O must be rescaled); whether V's tile
+// holds a non-finite value; the batch's nonpad length.
+var<workgroup> rescale_flag: u32;
+var<workgroup> v_bad: u32;
+var<workgroup> batch_nonpad: i32;
+
+fn poisons(x: f32) -> bool {
+    let bits = bitcast<u32>(x);
+    return (bits & 0x7fffffffu) > 0x7f800000u || bits == 0x7f800000u;
+}
+
+fn non_finite(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) >= 0x7f800000u;
+}
+
+// tanh accurate to a few ulp (see mask.wgsl); NaN stays NaN.
+fn accurate_tanh(x: f32) -> f32 {
+    if ((bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u) {
+        return x;
+    }
+    let ax = abs(x);
+    if (ax < 0.4) {
+        let z = x * x;
+        let poly = 1.0 + z * (-1.0 / 3.0 + z * (2.0 / 15.0 + z * (-17.0 / 315.0
+            + z * (62.0 / 2835.0 + z * (-1382.0 / 155925.0 + z * (21844.0 / 6081075.0))))));
+        return x * poly;
+    }
+    let e = exp(2.0 * min(ax, 10.0));
+    let t = 1.0 - 2.0 / (e + 1.0);
+    return select(t, -t, x < 0.0);
+}
+
+// The allowed key range [lo, hi] of query row i (hi < lo when none).
+fn key_range(i: u32, offset: i32, lengths: i32) -> vec2<i32> {
+    let pos = offset + i32(i);
+    var lo = 0;
+    var hi = i32(p.keys) - 1;
+    if ((p.flags & FLAG_CAUSAL) != 0u) {
+        hi = min(hi, pos);
+    }
+    if (p.right_window >= 0) {
+        hi = min(hi, pos + p.right_window);
+    }
+    if (p.left_window >= 0) {
+        lo = max(lo, pos - p.left_window);
+    }
+    if ((p.flags & FLAG_NONPAD) != 0u) {
+        hi = min(hi, lengths - 1);
+    }
+    if ((p.flags & FLAG_MASK) != 0u) {
+        hi = min(hi, i32(p.mask_cols) - 1);
+    }
+    return vec2<i32>(lo, hi);
+}
+
+@compute @workgroup_size(WG, 1, 1)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+) {
+    // Workgroups beyond the last block still run every matrix operation and
+    // reach every barrier below (on a clamped block), and store nothing.
+    let block = wid.x + wid.y * nwg.x;
+    let head_index = min(block / p.q_blocks, p.batch * p.q_heads - 1u);
+    let live_block = block < p.q_blocks * p.batch * p.q_heads;
+    let b = head_index / p.q_heads;
+    let h = head_index % p.q_heads;
+    let kvh = h / p.group;
+    let row0 = (block % p.q_blocks) * BQ;
+    let rows_total = p.batch * p.q_heads * p.q_len;
+    // This subgroup's strip of rows.
+    let strip = sg * CM;
+
+    if (li == 0u) {
+        var lengths = i32(p.keys);
+        if ((p.flags & FLAG_NONPAD) != 0u) {
+            lengths = nonpad[b];
+        }
+        batch_nonpad = lengths;
+        rescale_flag = 0u;
+    }
+    // Q's block as f16, zeros past the last row and past Dk.
+    for (var slot = li; slot < BQ * DKP; slot += WG) {
+        let rr = slot / DKP;
+        let d = slot % DKP;
+        let row = row0 + rr;
+        var val = 0.0;
+        if (live_block && row < p.q_len && d < p.dk) {
+            val = q[(head_index * p.q_len + row) * p.dk + d];
+        }
+        q_s[rr * QS + d] = f16(val);
+    }
+    let lengths = workgroupUniformLoad(&batch_nonpad);
+    // This subgroup's strip of Q as matrices, for the whole key loop.
+    var q_mat: array<MatA, MAX_DT>;
+    for (var d = 0u; d < DKT; d++) {
+        q_mat[d] = coopLoadT<MatA>(&q_s[strip * QS + d * CM], QS);
+    }
+    var offset = 0;
+    if ((p.flags & FLAG_PAST) != 0u) {
+        offset = i32(p.past_len);
+    } else if ((p.flags & FLAG_NONPAD) != 0u) {
+        offset = lengths - i32(p.q_len);
+    }
+    offset = offset + p.position_shift;
+    // The workgroup's key range: rows' ranges grow with the row index.
+    let last_row = min(row0 + BQ - 1u, p.q_len - 1u);
+    let first = key_range(row0, offset, lengths);
+    let last = key_range(last_row, offset, lengths);
+    let wg_lo = max(first.x, i32(p.chunk_start));
+    let wg_hi = select(min(last.y, i32(p.chunk_end) - 1), -1, !live_block);
+    let resume = (p.chunk_flags & FIRST_CHUNK) == 0u;
+
+    // The rows this invocation owns in the scalar steps (li, li + WG, ...):
+    // their ranges (within the chunk), reference maxima, sums and flags.
+    var live: array<bool, MAX_RPI>;
+    var row_of: array<u32, MAX_RPI>;
+    var lo: array<i32, MAX_RPI>;
+    var hi: array<i32, MAX_RPI>;
+    var m: array<f32, MAX_RPI>;
+    var l: array<f32, MAX_RPI>;
+    var fl: array<u32, MAX_RPI>;
+    for (var i = 0u; i < RPI; i++) {
+        let rr = li + WG * i;
+        let row = row0 + rr;
+        live[i] = live_block && rr < BQ && row < p.q_len;
+        row_of[i] = min(row, p.q_len - 1u);
+        let range = key_range(row_of[i], offset, lengths);
+        lo[i] = max(range.x, i32(p.chunk_start));
+        hi[i] = min(range.y, i32(p.chunk_end) - 1);
+        m[i] = MASKED;
+        l[i] = 0.0;
+        fl[i] = 0u;
+        if (resume && live[i]) {
+            let r = head_index * p.q_len + row_of[i];
+            fl[i] = lse[r];
+            m[i] = bitcast<f32>(lse[rows_total + r]);
+            l[i] = bitcast<f32>(lse[2u * rows_total + r]);
+        }
+    }
+
+    // The O matrices: zero, or (resuming) the previous chunk's O from Y,
+    // one CM-column block at a time through workgroup memory.
+    var o_acc: array<MatC, MAX_DT>;
+    for (var c = 0u; c < DVT; c++) {
+        o_acc[c] = MatC();
+    }
+    if (resume) {
+        for (var c = 0u; c < DVT; c++) {
+            for (var e = li; e < BQ * CM; e += WG) {
+                let rr = e / CM;
+                let col = c * CM + e % CM;
+                let row = row0 + rr;
+                var val = 0.0;
+                if (live_block && row < p.q_len && col < p.dv) {
+                    let r = head_index * p.q_len + row;
+                    if ((lse[r] & ROW_ATTENDED) != 0u) {
+                        val = y[r * p.dv + col];
+                    }
+                }
+                f_s[rr * OS + e % CM] = val;
+            }
+            workgroupBarrier();
+            o_acc[c] = coopLoadT<MatC>(&f_s[strip * OS], OS);
+            workgroupBarrier();
+        }
+    }
+    // Every resume read of Y and `lse` comes before the final writes, which
+    // other invocations make.
+    storageBarrier();
+
+    let kv_base = (b * p.kv_heads + kvh) * p.keys;
+    var slope = 0.0;
+    if ((p.flags & FLAG_ALIBI) != 0u) {
+        slope = bitcast<f32>(nonpad[p.batch + h]);
+    }
+
+    var j0 = wg_lo - wg_lo % i32(BK);
+    for (; j0 <= wg_hi; j0 += i32(BK)) {
+        // 1. K's tile as f16 (zeros past the last key and past Dk).
+        for (var slot = li; slot < BK * DKP; slot += WG) {
+            let t = slot / DKP;
+            let d = slot % DKP;
+            let key = u32(j0) + t;
+            var val = 0.0;
+            if (key < p.keys && d < p.dk) {
+                val = k[(kv_base + key) * p.dk + d];
+            }
+            kv_s[t * KS + d] = f16(val);
+        }
+        if (li == 0u) {
+            v_bad = 0u;
+        }
+        workgroupBarrier();
+
+        // 2. This subgroup's strip of S = Q K^T.
+        for (var jb = 0u; jb < BKT; jb++) {
+            var acc = MatC();
+            for (var d = 0u; d < DKT; d++) {
+                // K's rows, read column-major: the matrix K^T.
+                let kb = coopLoad<MatB>(&kv_s[jb * CM * KS + d * CM], KS);
+                acc = coopMultiplyAdd(q_mat[d], kb, acc);
+            }
+            coopStoreT(acc, &f_s[strip * SS + jb * CM], SS);
+        }
+        workgroupBarrier();
+
+        // 3. The rules, the reference maxima, P and the attended keys, row
+        // by row. Keys a row does not attend get P = 0 and no bit; a NaN or
+        // +inf score poisons the row and counts as -inf (P = 0, attended).
+        for (var i = 0u; i < RPI; i++) {
+            let rr = li + WG * i;
+            if (rr >= BQ) {
+                continue;
+            }
+            let pos = offset + i32(row_of[i]);
+            let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride
+                + row_of[i] * p.mask_row_stride;
+            var tile_max = MASKED;
+            for (var t = 0u; t < BK; t++) {
+                let key = j0 + i32(t);
+                var sc = MASKED;
+                var attended = live[i] && key >= lo[i] && key <= hi[i];
+                if (attended) {
+                    sc = f_s[rr * SS + t] * p.scale;
+                    if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        sc = p.softcap * accurate_tanh(sc / p.softcap);
+                    }
+                    if ((p.flags & FLAG_MASK) != 0u) {
+                        let bias = mask[mask_base + u32(key)];
+                        if (bias <= MASKED) {
+                            attended = false;
+                        } else {
+                            sc += bias;
+                        }
+                    }
+                }
+                if (attended) {
+                    if ((p.flags & FLAG_ALIBI) != 0u) {
+                        sc -= slope * f32(abs(pos - key));
+                    }
+                    sc *= p.inv_temperature;
+                    if (poisons(sc)) {
+                        fl[i] |= ROW_POISONED;
+                        sc = neg_inf();
+                    }
+                    fl[i] |= ROW_ATTENDED;
+                    tile_max = max(tile_max, sc);
+                } else {
+                    sc = MASKED;
+                }
+                f_s[rr * SS + t] = sc;
+            }
+            // The reference moves the first time a row attends a key, and
+            // when a score exceeds it by more than RESCALE.
+            var alpha = 1.0;
+            if (tile_max > MASKED && (m[i] == MASKED || tile_max > m[i] + RESCALE)) {
+                let m_new = max(m[i], tile_max);
+                // exp(-f32::MAX - m) = 0: the row had no O yet.
+                alpha = exp(m[i] - m_new);
+                if (m[i] != MASKED) {
+                    rescale_flag = 1u;
+                }
+                m[i] = m_new;
+            }
+            alpha_s[rr] = alpha;
+            l[i] *= alpha;
+            var bits = 0u;
+            for (var t = 0u; t < BK; t++) {
+                let sc = f_s[rr * SS + t];
+                var pt = 0.0;
+                if (sc != MASKED) {
+                    // An attended -inf score: probability 0 (and not
+                    // exp(-inf - -inf)), still multiplying its V row.
+                    if (sc > neg_inf()) {
+                        pt = exp(sc - m[i]);
+                    }
+                    l[i] += pt;
+                    bits |= 1u << (t % 32u);
+                }
+                p_s[rr * PS + t] = f16(pt);
+                if (t % 32u == 31u || t == BK - 1u) {
+                    att_s[rr * BW + t / 32u] = bits;
+                    bits = 0u;
+                }
+            }
+        }
+        // V's tile replaces K's (every read of K ended at the barrier above).
+        var bad = false;
+        for (var slot = li; slot < BK * DVP; slot += WG) {
+            let t = slot / DVP;
+            let d = slot % DVP;
+            let key = u32(j0) + t;
+            var val = 0.0;
+            if (key < p.keys && d < p.dv) {
+                val = v[(kv_base + key) * p.dv + d];
+            }
+            let rounded = f16(val);
+            bad = bad || non_finite(f32(rounded));
+            kv_s[t * KS + d] = rounded;
+        }
+        if (bad) {
+            v_bad = 1u;
+        }
+        let rescale = workgroupUniformLoad(&rescale_flag) != 0u;
+
+        // The O matrices of rows whose reference moved, rescaled.
+        if (rescale) {
+            for (var c = 0u; c < DVT; c++) {
+                coopStoreT(o_acc[c], &f_s[strip * OS], OS);
+                workgroupBarrier();
+                for (var e = li; e < BQ * CM; e += WG) {
+                    let rr = e / CM;
+                    f_s[rr * OS + e % CM] *= alpha_s[rr];
+                }
+                workgroupBarrier();
+                o_acc[c] = coopLoadT<MatC>(&f_s[strip * OS], OS);
+                workgroupBarrier();
+            }
+            if (li == 0u) {
+                rescale_flag = 0u;
+            }
+        }
+
+        // 4. O += P V.
+        if (workgroupUniformLoad(&v_bad) != 0u) {
+            // In scalar code: the keys a row attends only.
+            for (var c = 0u; c < DVT; c++) {
+                for (var e = li; e < BQ * CM; e += WG) {
+                    let rr = e / CM;
+                    let col = c * CM + e % CM;
+                    var sum = 0.0;
+                    for (var t = 0u; t < BK; t++) {
+                        if ((att_s[rr * BW + t / 32u] & (1u << (t % 32u))) != 0u) {
+                            sum += f32(p_s[rr * PS + t]) * f32(kv_s[t * KS + col]);
+                        }
+                    }
+                    f_s[rr * OS + e % CM] = sum;
+                }
+                workgroupBarrier();
+                o_acc[c] = o_acc[c] + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                workgroupBarrier();
+            }
+        } else {
+            for (var c = 0u; c < DVT; c++) {
+                var acc = o_acc[c];
+                for (var jb = 0u; jb < BKT; jb++) {
+                    let pa = coopLoadT<MatA>(&p_s[strip * PS + jb * CM], PS);
+                    let vb = coopLoadT<MatB>(&kv_s[jb * CM * KS + c * CM], KS);
+                    acc = coopMultiplyAdd(pa, vb, acc);
+                }
+                o_acc[c] = acc;
+            }
+        }
+        workgroupBarrier();
+    }
+
+    // The rows' outputs, one CM-column block at a time through workgroup
+    // memory: normalised (last chunk) or as the state the next chunk resumes.
+    let last_chunk = (p.chunk_flags & LAST_CHUNK) != 0u;
+    for (var c = 0u; c < DVT; c++) {
+        coopStoreT(o_acc[c], &f_s[strip * OS], OS);
+        workgroupBarrier();
+        for (var i = 0u; i < RPI; i++) {
+            let rr = li + WG * i;
+            if (!live[i]) {
+                continue;
+            }
+            let r = head_index * p.q_len + row_of[i];
+            let attended = (fl[i] & ROW_ATTENDED) != 0u;
+            let nan_row = attended && ((fl[i] & ROW_POISONED) != 0u || !(l[i] > 0.0));
+            let inv = select(0.0, 1.0 / l[i], l[i] > 0.0);
+            for (var e = 0u; e < CM; e++) {
+                let col = c * CM + e;
+                if (col >= p.dv) {
+                    break;
+                }
+                var val = f_s[rr * OS + e];
+                if (last_chunk) {
+                    if (nan_row) {
+                        val = nan();
+                    } else if (attended) {
+                        val = val * inv;
+                    } else {
+                        val = 0.0;
+                    }
+                }
+                y[r * p.dv + col] = val;
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < RPI; i++) {
+        if (!live[i]) {
+            continue;
+        }
+        let r = head_index * p.q_len + row_of[i];
+        if (!last_chunk) {
+            lse[r] = fl[i];
+            lse[rows_total + r] = bitcast<u32>(m[i]);
+            lse[2u * rows_total + r] = bitcast<u32>(l[i]);
+            continue;
+        }
+        // A row with no attended key gets zeros and -inf; a poisoned row, or
+        // one whose attended scores were all -inf (sum 0), NaN.
+        let attended = (fl[i] & ROW_ATTENDED) != 0u;
+        let nan_row = attended && ((fl[i] & ROW_POISONED) != 0u || !(l[i] > 0.0));
+        var bits = NEG_INF_BITS;
+        if (nan_row) {
+            bits = NAN_BITS;
+        } else if (attended) {
+            bits = bitcast<u32>(m[i] + log(l[i]));
+        }
+        lse[r] = bits;
+        lse[rows_total + r] = bitcast<u32>(m[i]);
+        lse[2u * rows_total + r] = bitcast<u32>(select(l[i], nan(), nan_row));
+    }
+}

@@ -1,0 +1,238 @@
+// Batched, strided GEMM on the matrix units (cooperative matrices):
+// C[z] = alpha * op(A[z]) * op(B[z]) + beta * C[z], with op(A) and op(B)
+// rounded to f16 and the products accumulated in f32 (Precision::Fast).
+//
+// The contract is gemm.wgsl's: the same uniforms and bindings, TRANS_A,
+// TRANS_B, SKIP_ZERO_A, offsets, strides and b_batch_div; any M, N, K.
+//
+// A workgroup of 4 subgroups of SG invocations computes a BT x BT tile of C
+// (BT = 4 * CM, CM the matrix size of the COOP block below). Each subgroup
+// owns a 2 x 2 block of CM x CM accumulators (a quadrant of the tile) for the
+// whole K loop. K is stepped in slices of BKK: op(A)'s BT x BKK slice and
+// op(B)'s BKK x BT slice are staged in workgroup memory as f16 (coalesced
+// reads from storage, zeros outside the matrices), then each subgroup loads
+// its operands from there and multiplies.
+//
+// SKIP_ZERO_A (attention's P V): a zero in A must not multiply a NaN or an
+// infinity in B, while any other value of A must, even one that rounds to
+// zero in f16 (the unfused path keeps an attended key's probability at least
+// 1.2e-38 for this). A slice of B that holds a non-finite value (after
+// rounding to f16) is multiplied in scalar code instead, skipping the terms
+// whose A is zero as stored, into workgroup memory, and added to the
+// accumulators from there.
+//
+// The epilogue goes through workgroup memory too: each subgroup stores its
+// accumulators there, and every invocation writes its share of the tile to C
+// with the bounds and beta applied (beta = 0 ignores C's contents).
+//
+// Matrix operations run at subgroup scope in uniform control flow: every
+// loop bound and branch around them depends on uniforms and constants only.
+
+enable f16;
+enable wgpu_cooperative_matrix;
+
+// COOP BEGIN
+alias MatA = coop_mat16x16<f16, A>;
+alias MatB = coop_mat16x16<f16, B>;
+alias MatC = coop_mat16x16<f32, C>;
+const CM: u32 = 16u;
+// COOP END
+
+override TRANS_A: bool = false;
+override TRANS_B: bool = false;
+override SKIP_ZERO_A: bool = false;
+// The adapter's (fixed) subgroup width; the workgroup is 4 subgroups.
+override SG: u32 = 32u;
+
+const BT: u32 = 4u * CM;
+const BKK: u32 = 32u;
+// Row strides of the staged slices and of the C tile, padded by 16 bytes so
+// rows start 16-byte aligned on different banks.
+const AS: u32 = BKK + 8u;
+const BS: u32 = BT + 8u;
+const CS: u32 = BT + 4u;
+
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    batch: u32,
+    lda: u32,
+    ldb: u32,
+    ldc: u32,
+    tiles_n: u32,
+    tiles_m: u32,
+    a_offset: u32,
+    b_offset: u32,
+    c_offset: u32,
+    a_stride: u32,
+    b_stride: u32,
+    c_stride: u32,
+    b_batch_base: u32,
+    b_batch_div: u32,
+    alpha: f32,
+    beta: f32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> a: array<f32>;
+@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c: array<f32>;
+
+// op(A)'s slice, row-major BT x BKK; op(B)'s slice, row-major BKK x BT.
+var<workgroup> a_s: array<f16, BT * AS>;
+var<workgroup> b_s: array<f16, BKK * BS>;
+// The C tile (epilogue) or a slice's scalar product (SKIP_ZERO_A), row-major.
+var<workgroup> c_s: array<f32, BT * CS>;
+// Whether the staged slice of B holds a non-finite value.
+var<workgroup> b_bad: u32;
+
+fn a_at(base: u32, row: u32, col: u32) -> f32 {
+    if (row >= p.m || col >= p.k) {
+        return 0.0;
+    }
+    if (TRANS_A) {
+        return a[base + col * p.lda + row];
+    }
+    return a[base + row * p.lda + col];
+}
+
+fn b_at(base: u32, row: u32, col: u32) -> f32 {
+    if (row >= p.k || col >= p.n) {
+        return 0.0;
+    }
+    if (TRANS_B) {
+        return b[base + col * p.ldb + row];
+    }
+    return b[base + row * p.ldb + col];
+}
+
+fn non_finite(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) >= 0x7f800000u;
+}
+
+@compute @workgroup_size(4 * SG, 1, 1)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+) {
+    let wg = 4u * SG;
+    let flat = wid.x + wid.y * nwg.x;
+    let tiles = p.tiles_m * p.tiles_n;
+    // Workgroups past the last tile compute a clamped copy and store nothing:
+    // the matrix operations below stay in uniform control flow.
+    let live = flat < tiles * p.batch;
+    let index = min(flat, tiles * p.batch - 1u);
+    let z = index / tiles;
+    let tile = index % tiles;
+    let row0 = (tile / p.tiles_n) * BT;
+    let col0 = (tile % p.tiles_n) * BT;
+    let a_base = p.a_offset + z * p.a_stride;
+    let b_base = p.b_offset + ((p.b_batch_base + z) / p.b_batch_div) * p.b_stride;
+    let c_base = p.c_offset + z * p.c_stride;
+    // This subgroup's quadrant of the tile.
+    let qr = (sg / 2u) * 2u * CM;
+    let qc = (sg % 2u) * 2u * CM;
+
+    var acc00 = MatC();
+    var acc01 = MatC();
+    var acc10 = MatC();
+    var acc11 = MatC();
+
+    let k_slices = (p.k + BKK - 1u) / BKK;
+    for (var ks = 0u; ks < k_slices; ks++) {
+        let k0 = ks * BKK;
+        if (li == 0u) {
+            b_bad = 0u;
+        }
+        // Consecutive invocations read consecutive elements of the stored
+        // matrix (rows of A along K unless transposed; rows of B along N
+        // unless transposed).
+        for (var slot = li; slot < BT * BKK; slot += wg) {
+            var r = slot / BKK;
+            var kk = slot % BKK;
+            if (TRANS_A) {
+                r = slot % BT;
+                kk = slot / BT;
+            }
+            a_s[r * AS + kk] = f16(a_at(a_base, row0 + r, k0 + kk));
+        }
+        var bad = false;
+        for (var slot = li; slot < BKK * BT; slot += wg) {
+            var kk = slot / BT;
+            var cc = slot % BT;
+            if (TRANS_B) {
+                kk = slot % BKK;
+                cc = slot / BKK;
+            }
+            let h = f16(b_at(b_base, k0 + kk, col0 + cc));
+            bad = bad || non_finite(f32(h));
+            b_s[kk * BS + cc] = h;
+        }
+        workgroupBarrier();
+        if (SKIP_ZERO_A && bad) {
+            b_bad = 1u;
+        }
+        // (select, not &&: naga lowers a short-circuit condition through a
+        // local variable, which its uniformity analysis takes as non-uniform.)
+        let slice_bad = workgroupUniformLoad(&b_bad) != 0u;
+        if (select(false, slice_bad, SKIP_ZERO_A)) {
+            // The slice's product in scalar code, zeros of A skipped.
+            for (var e = li; e < BT * BT; e += wg) {
+                let r = e / BT;
+                let cc = e % BT;
+                var sum = 0.0;
+                for (var kk = 0u; kk < BKK; kk++) {
+                    if (a_at(a_base, row0 + r, k0 + kk) != 0.0) {
+                        sum += f32(a_s[r * AS + kk]) * f32(b_s[kk * BS + cc]);
+                    }
+                }
+                c_s[r * CS + cc] = sum;
+            }
+            workgroupBarrier();
+            acc00 = acc00 + coopLoadT<MatC>(&c_s[qr * CS + qc], CS);
+            acc01 = acc01 + coopLoadT<MatC>(&c_s[qr * CS + qc + CM], CS);
+            acc10 = acc10 + coopLoadT<MatC>(&c_s[(qr + CM) * CS + qc], CS);
+            acc11 = acc11 + coopLoadT<MatC>(&c_s[(qr + CM) * CS + qc + CM], CS);
+        } else {
+            for (var kk = 0u; kk < BKK; kk += CM) {
+                let a0 = coopLoadT<MatA>(&a_s[qr * AS + kk], AS);
+                let a1 = coopLoadT<MatA>(&a_s[(qr + CM) * AS + kk], AS);
+                let b0 = coopLoadT<MatB>(&b_s[kk * BS + qc], BS);
+                let b1 = coopLoadT<MatB>(&b_s[kk * BS + qc + CM], BS);
+                acc00 = coopMultiplyAdd(a0, b0, acc00);
+                acc01 = coopMultiplyAdd(a0, b1, acc01);
+                acc10 = coopMultiplyAdd(a1, b0, acc10);
+                acc11 = coopMultiplyAdd(a1, b1, acc11);
+            }
+        }
+        workgroupBarrier();
+    }
+
+    coopStoreT(acc00, &c_s[qr * CS + qc], CS);
+    coopStoreT(acc01, &c_s[qr * CS + qc + CM], CS);
+    coopStoreT(acc10, &c_s[(qr + CM) * CS + qc], CS);
+    coopStoreT(acc11, &c_s[(qr + CM) * CS + qc + CM], CS);
+    workgroupBarrier();
+    if (!live) {
+        return;
+    }
+    for (var e = li; e < BT * BT; e += wg) {
+        let r = e / BT;
+        let cc = e % BT;
+        let row = row0 + r;
+        let col = col0 + cc;
+        if (row < p.m && col < p.n) {
+            let at = c_base + row * p.ldc + col;
+            let value = p.alpha * c_s[r * CS + cc];
+            if (p.beta == 0.0) {
+                c[at] = value;
+            } else {
+                c[at] = value + p.beta * c[at];
+            }
+        }
+    }
+}

@@ -1,0 +1,276 @@
+//! The fused kernel on the matrix units (`shaders/attention_coop.wgsl`): its
+//! tile configurations, the workgroup memory each needs, and the choice among
+//! them for an adapter's matrix units, limits and a problem's head dims.
+
+use crate::gpu::capabilities::KernelLimits;
+use crate::gpu::choice::CoopShape;
+use crate::gpu::pipeline::PipelineKey;
+use crate::gpu::registry::Kernel;
+
+/// The most query rows one invocation owns in the scalar steps (the kernel's
+/// `MAX_RPI`).
+const MAX_ROWS_PER_INVOCATION: u32 = 4;
+/// The largest head dim the kernel takes (its O matrices number 256 / size).
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// One tile configuration: `subgroups` subgroups each own a strip of
+/// `shape.size` query rows (so a workgroup owns `subgroups × size` rows) and
+/// the keys stream in tiles of `keys_per_tile`; head dims are padded to the
+/// matrix size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoopTiles {
+    /// The matrix units' configuration.
+    pub shape: CoopShape,
+    /// Subgroups per workgroup.
+    pub subgroups: u32,
+    /// Keys per K/V tile (a multiple of the matrix size).
+    pub keys_per_tile: u32,
+    /// Dk rounded up to the matrix size.
+    pub dk_padded: u32,
+    /// Dv rounded up to the matrix size.
+    pub dv_padded: u32,
+}
+
+/// The shapes tried, largest first: (subgroups, keys per tile in matrices).
+const CANDIDATES: [(u32, u32); 6] = [(4, 4), (4, 2), (2, 4), (2, 2), (4, 1), (2, 1)];
+
+impl CoopTiles {
+    /// The largest candidate that fits `limits` at head dims `dk`, `dv`, or
+    /// `None` (head dims above 256, or no tile fits: the f32 kernels run).
+    pub fn for_dims(
+        shape: CoopShape,
+        dk: usize,
+        dv: usize,
+        limits: &KernelLimits,
+    ) -> Option<CoopTiles> {
+        Self::candidates(shape, dk, dv)
+            .into_iter()
+            .find(|t| t.fits(limits))
+    }
+
+    /// Every candidate at these head dims (whether it fits an adapter is
+    /// [`CoopTiles::fits`]); none above 256.
+    pub fn candidates(shape: CoopShape, dk: usize, dv: usize) -> Vec<CoopTiles> {
+        if dk > MAX_HEAD_DIM || dv > MAX_HEAD_DIM || dk == 0 || dv == 0 {
+            return Vec::new();
+        }
+        let n = shape.size.dim();
+        let pad = |d: usize| (d as u32).div_ceil(n) * n;
+        CANDIDATES
+            .iter()
+            .map(|&(subgroups, key_matrices)| CoopTiles {
+                shape,
+                subgroups,
+                keys_per_tile: key_matrices * n,
+                dk_padded: pad(dk),
+                dv_padded: pad(dv),
+            })
+            .filter(|t| t.rows_per_invocation() <= MAX_ROWS_PER_INVOCATION)
+            .collect()
+    }
+
+    /// Whether the configuration fits the adapter's workgroup memory and
+    /// invocations per workgroup.
+    pub fn fits(&self, limits: &KernelLimits) -> bool {
+        self.workgroup_bytes() <= limits.max_compute_workgroup_storage_size
+            && self.invocations() <= limits.max_compute_invocations_per_workgroup
+    }
+
+    /// The matrices' size.
+    fn n(&self) -> u32 {
+        self.shape.size.dim()
+    }
+
+    /// Query rows per workgroup.
+    pub fn query_rows(&self) -> u32 {
+        self.subgroups * self.n()
+    }
+
+    /// Invocations per workgroup.
+    pub fn invocations(&self) -> u32 {
+        self.subgroups * self.shape.subgroup
+    }
+
+    /// Query rows per invocation in the scalar steps.
+    pub fn rows_per_invocation(&self) -> u32 {
+        self.query_rows().div_ceil(self.invocations())
+    }
+
+    /// Row strides (elements), each padded by 16 bytes: Q's tile and the K/V
+    /// tile (f16), S (f32), P (f16), an O block (f32).
+    fn strides(&self) -> [u32; 5] {
+        let n = self.n();
+        [
+            self.dk_padded + 8,
+            self.dk_padded.max(self.dv_padded) + 8,
+            self.keys_per_tile + 4,
+            self.keys_per_tile + 8,
+            n + 4,
+        ]
+    }
+
+    /// Words of the f32 scratch that holds S, or one block of O.
+    fn scratch_words(&self) -> u32 {
+        let [_, _, ss, _, os] = self.strides();
+        self.query_rows() * ss.max(os)
+    }
+
+    /// Words of attended-key bits per row.
+    fn bit_words(&self) -> u32 {
+        self.keys_per_tile.div_ceil(32)
+    }
+
+    /// Workgroup memory the kernel uses: Q's block and the K/V tile (f16),
+    /// the scratch (f32), P (f16), the attended bits, the rows' rescaling
+    /// factors, two flags and the nonpad length.
+    pub fn workgroup_bytes(&self) -> u32 {
+        let [qs, ks, _, ps, _] = self.strides();
+        let bq = self.query_rows();
+        2 * bq * qs
+            + 2 * self.keys_per_tile * ks
+            + 4 * self.scratch_words()
+            + 2 * bq * ps
+            + 4 * bq * self.bit_words()
+            + 4 * bq
+            + 12
+    }
+
+    /// Loop iterations one invocation runs per key tile, the worst case (a V
+    /// tile holding a non-finite value, multiplied in scalar code, and the O
+    /// matrices rescaled), for drivers that cap them.
+    pub fn loop_iterations_per_tile(&self) -> u64 {
+        let n = u64::from(self.n());
+        let wg = u64::from(self.invocations());
+        let bq = u64::from(self.query_rows());
+        let bk = u64::from(self.keys_per_tile);
+        let (dkp, dvp) = (u64::from(self.dk_padded), u64::from(self.dv_padded));
+        let (dkt, dvt, bkt) = (dkp / n, dvp / n, bk / n);
+        let rpi = u64::from(self.rows_per_invocation());
+        let block = (bq * n).div_ceil(wg);
+        let staging = (bk * dkp).div_ceil(wg) + (bk * dvp).div_ceil(wg);
+        let scores = bkt * (1 + dkt);
+        let softmax = rpi * (2 * bk + 2);
+        let rescale = dvt * (block + 1);
+        let product = dvt * (block * (bk + 1) + 1) + dvt * (bkt + 1);
+        staging + scores + softmax + rescale + product + 8
+    }
+
+    /// Keys per dispatch so that no invocation exceeds `budget` loop
+    /// iterations (all keys in one dispatch without a budget). Chunks start
+    /// on tile boundaries so the kernel's tile grid lines up.
+    pub fn keys_per_chunk(&self, keys: usize, budget: Option<u64>) -> usize {
+        match budget {
+            None => keys.max(1),
+            Some(budget) => {
+                // Q's block, the resumed O and the final stores, once per dispatch.
+                let n = u64::from(self.n());
+                let wg = u64::from(self.invocations());
+                let bq = u64::from(self.query_rows());
+                let dvt = u64::from(self.dv_padded) / n;
+                let rpi = u64::from(self.rows_per_invocation());
+                let once = (bq * u64::from(self.dk_padded)).div_ceil(wg)
+                    + dvt * ((bq * n).div_ceil(wg) + 1)
+                    + dvt * (rpi * (n + 1) + 1)
+                    + 2 * rpi
+                    + 16;
+                let tiles = (budget.saturating_sub(once) / self.loop_iterations_per_tile()).max(1);
+                tiles as usize * self.keys_per_tile as usize
+            }
+        }
+    }
+
+    /// The pipeline key (every override the kernel takes).
+    pub fn key(&self) -> PipelineKey {
+        let n = self.n();
+        let [qs, ks, ss, ps, os] = self.strides();
+        PipelineKey::new(Kernel::AttentionCoop(self.shape.size))
+            .with("SG", i64::from(self.shape.subgroup))
+            .with("NSG", i64::from(self.subgroups))
+            .with("BQ", i64::from(self.query_rows()))
+            .with("WG", i64::from(self.invocations()))
+            .with("BK", i64::from(self.keys_per_tile))
+            .with("BKT", i64::from(self.keys_per_tile / n))
+            .with("DKP", i64::from(self.dk_padded))
+            .with("DVP", i64::from(self.dv_padded))
+            .with("DKT", i64::from(self.dk_padded / n))
+            .with("DVT", i64::from(self.dv_padded / n))
+            .with("RPI", i64::from(self.rows_per_invocation()))
+            .with("QS", i64::from(qs))
+            .with("KS", i64::from(ks))
+            .with("SS", i64::from(ss))
+            .with("PS", i64::from(ps))
+            .with("OS", i64::from(os))
+            .with("FS", i64::from(self.scratch_words()))
+            .with("BW", i64::from(self.bit_words()))
+    }
+
+    /// The configuration in words, for `webattn info`.
+    pub fn describe(&self) -> String {
+        let n = self.n();
+        format!(
+            "{} query rows x {}-key tiles, {} subgroups of {} each a {n}-row strip: S {n}x{} and O {n}x{} \
+             as {n}x{n} f32 matrices, Q, K, V and P as f16",
+            self.query_rows(),
+            self.keys_per_tile,
+            self.subgroups,
+            self.shape.subgroup,
+            self.keys_per_tile,
+            self.dv_padded
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::registry::CoopSize;
+
+    const H100: CoopShape = CoopShape {
+        size: CoopSize::Sixteen,
+        subgroup: 32,
+    };
+    const LAVAPIPE: CoopShape = CoopShape {
+        size: CoopSize::Eight,
+        subgroup: 8,
+    };
+
+    fn limits(storage: u32) -> KernelLimits {
+        KernelLimits {
+            max_compute_workgroup_storage_size: storage,
+            max_compute_invocations_per_workgroup: 1024,
+            ..KernelLimits::WEBGPU_DEFAULTS
+        }
+    }
+
+    #[test]
+    fn common_head_dims_fit_a_48_kib_gpu_with_64_query_rows() {
+        let t = CoopTiles::for_dims(H100, 64, 64, &limits(48 << 10)).unwrap();
+        assert_eq!(
+            (t.query_rows(), t.keys_per_tile, t.invocations()),
+            (64, 64, 128)
+        );
+        let t = CoopTiles::for_dims(H100, 128, 128, &limits(48 << 10)).unwrap();
+        assert_eq!((t.query_rows(), t.keys_per_tile), (64, 32));
+        assert!(t.workgroup_bytes() <= 48 << 10);
+        assert!(CoopTiles::for_dims(H100, 257, 64, &limits(48 << 10)).is_none());
+    }
+
+    #[test]
+    fn lavapipe_fits_every_head_dim_in_32_kib() {
+        for d in [1, 7, 8, 40, 64, 65, 128, 200, 256] {
+            let t = CoopTiles::for_dims(LAVAPIPE, d, d, &limits(32 << 10)).unwrap();
+            assert!(t.workgroup_bytes() <= 32 << 10, "{d}: {t:?}");
+            assert_eq!(t.dk_padded % 8, 0);
+            assert!(t.dk_padded as usize >= d);
+        }
+    }
+
+    #[test]
+    fn chunks_under_a_loop_budget_are_whole_tiles() {
+        let t = CoopTiles::for_dims(LAVAPIPE, 64, 64, &limits(32 << 10)).unwrap();
+        let chunk = t.keys_per_chunk(100_000, Some(16_000));
+        assert_eq!(chunk % t.keys_per_tile as usize, 0);
+        assert!(chunk >= t.keys_per_tile as usize);
+        assert_eq!(t.keys_per_chunk(77, None), 77);
+    }
+}

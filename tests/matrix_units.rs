@@ -1,0 +1,408 @@
+//! The matrix-unit (cooperative-matrix) kernels against the f64 oracle, by
+//! the f16 rule: operands rounded to f16 first, then at most twice a plain f32
+//! computation's error on them (plus, in attention, the rounding of the
+//! probabilities, `Precision::Fast`'s own).
+//!
+//! They need an adapter with cooperative matrices. Where this process's
+//! adapter has none (lavapipe from Debian 12, every machine without a recent
+//! GPU driver), each test runs itself again under the lavapipe of
+//! `.ci/lavapipe-coop` (Mesa 26, 8x8x8 f16 -> f32 at subgroups of 8), which
+//! `bash .ci/setup --coop` installs. With `WEBATTN_REQUIRE_GPU=1` (CI) a
+//! missing install fails the tests rather than skipping them.
+
+mod common;
+
+use std::process::Command;
+
+use webattn::conformance::{compare, run_sweep, SweepKind, DEFAULT_FLOOR};
+use webattn::gpu::kernels::gemm_host_variant;
+use webattn::gpu::ops::gemm::{GemmKernel, GemmSpec};
+use webattn::gpu::planner::coop_shape;
+use webattn::rng::SplitMix64;
+use webattn::{
+    AttentionOptions, Engine, EngineOptions, FusedKernelChoice, HostTensor, KernelPath, Precision,
+};
+
+/// Set in the process a test starts under `.ci/lavapipe-coop`.
+const CHILD: &str = "WEBATTN_MATRIX_UNITS_CHILD";
+
+/// Runs `checks` on an engine whose adapter has matrix units: this process's,
+/// or a child's under `.ci/lavapipe-coop` running the test named `test`.
+fn on_matrix_units(test: &str, checks: impl FnOnce(&Engine)) {
+    let Some(engine) = common::gpu() else { return };
+    let ctx = engine.gpu().expect("a GPU engine");
+    if coop_shape(ctx.capabilities()).is_some() {
+        println!("matrix units on {}", engine.describe());
+        checks(engine);
+        return;
+    }
+    assert!(
+        std::env::var_os(CHILD).is_none(),
+        "the adapter under .ci/lavapipe-coop offers no matrix units: {}",
+        engine.describe()
+    );
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/lavapipe-coop");
+    let installed = Command::new("bash")
+        .args([script, "prefix"])
+        .output()
+        .is_ok_and(|out| out.status.success());
+    if !installed {
+        let why = format!(
+            "{} has no matrix units and .ci/lavapipe-coop is not installed \
+             (bash .ci/setup --coop installs it)",
+            engine.describe()
+        );
+        if std::env::var("WEBATTN_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+            panic!("WEBATTN_REQUIRE_GPU=1: {why}");
+        }
+        eprintln!("SKIPPING {test}: {why}");
+        return;
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = Command::new("bash")
+        .arg(script)
+        .arg("run")
+        .arg(&exe)
+        .args([test, "--exact", "--nocapture", "--test-threads", "1"])
+        .env(CHILD, "1")
+        .output()
+        .expect("the test runs under .ci/lavapipe-coop");
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{test} failed under .ci/lavapipe-coop"
+    );
+    // The child ran the test (a filter that matched nothing would pass too).
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("1 passed"),
+        "{test} did not run under .ci/lavapipe-coop"
+    );
+}
+
+/// `x` rounded to the nearest f16, as f32.
+fn f16(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+/// C = alpha·op(A)·op(B) + beta·C in `F` with A and B rounded to f16,
+/// skipping the terms whose A is exactly 0 as given when `skip_zero_a`.
+fn reference<F>(spec: &GemmSpec, skip_zero_a: bool, a: &[f32], b: &[f32], c: &[f32]) -> Vec<F>
+where
+    F: Copy + From<f32> + std::ops::Add<Output = F> + std::ops::Mul<Output = F>,
+{
+    let mut out: Vec<F> = c.iter().map(|&x| F::from(x)).collect();
+    for z in 0..spec.batch {
+        let a_base = spec.a_offset + z * spec.a_stride;
+        let b_base = spec.b_offset + ((spec.b_batch_base + z) / spec.b_batch_div) * spec.b_stride;
+        let c_base = spec.c_offset + z * spec.c_stride;
+        for i in 0..spec.m {
+            for j in 0..spec.n {
+                let mut acc = F::from(0.0);
+                for kk in 0..spec.k {
+                    let av = if spec.trans_a {
+                        a[a_base + kk * spec.lda + i]
+                    } else {
+                        a[a_base + i * spec.lda + kk]
+                    };
+                    let bv = if spec.trans_b {
+                        b[b_base + j * spec.ldb + kk]
+                    } else {
+                        b[b_base + kk * spec.ldb + j]
+                    };
+                    if !(skip_zero_a && av == 0.0) {
+                        acc = acc + F::from(f16(av)) * F::from(f16(bv));
+                    }
+                }
+                let idx = c_base + i * spec.ldc + j;
+                let old = if spec.beta == 0.0 {
+                    F::from(0.0)
+                } else {
+                    F::from(spec.beta) * F::from(c[idx])
+                };
+                out[idx] = F::from(spec.alpha) * acc + old;
+            }
+        }
+    }
+    out
+}
+
+/// The matrix-unit GEMM against the oracle on the f16 operands it
+/// multiplies. `a` and `b` are rounded to f16 here (so the kernel's own
+/// rounding, whose mode WGSL leaves open, is exact), except values of A that
+/// f16 flushes to zero: those stay, as the marks of terms that must not be
+/// skipped.
+fn check_gemm(
+    engine: &Engine,
+    name: &str,
+    spec: &GemmSpec,
+    skip_zero_a: bool,
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+) {
+    let ctx = engine.gpu().expect("a GPU engine");
+    let shape = coop_shape(ctx.capabilities()).expect("matrix units");
+    let a: Vec<f32> = a
+        .iter()
+        .map(|&x| if f16(x) == 0.0 { x } else { f16(x) })
+        .collect();
+    let b: Vec<f32> = b.iter().map(|&x| f16(x)).collect();
+    let exact = reference::<f64>(spec, skip_zero_a, &a, &b, c);
+    let plain = reference::<f32>(spec, skip_zero_a, &a, &b, c);
+    let got = pollster::block_on(gemm_host_variant(
+        ctx,
+        GemmKernel::Coop(shape),
+        spec,
+        skip_zero_a,
+        &a,
+        &b,
+        c,
+    ))
+    .expect("the matrix-unit GEMM runs");
+    let report = compare(&got, &exact, &plain, DEFAULT_FLOOR);
+    println!(
+        "{name:<36} max_abs {:.3e} allowed {:.3e} (plain f32 {:.3e})",
+        report.max_abs, report.allowed, report.baseline_abs
+    );
+    if !report.passed() {
+        for (i, (g, e)) in got.iter().zip(&exact).enumerate() {
+            if g.is_finite() != e.is_finite() || (g.is_nan() != e.is_nan()) {
+                println!("  C[{i}]: got {g}, the oracle {e}");
+            }
+        }
+    }
+    assert!(report.passed(), "{name}: {report:?}");
+}
+
+fn random(spec: &GemmSpec, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (a_len, b_len, c_len) = spec.extents();
+    let mut rng = SplitMix64::new(seed);
+    (
+        rng.normal_vec(a_len, 1.0),
+        rng.normal_vec(b_len, 1.0),
+        rng.normal_vec(c_len, 1.0),
+    )
+}
+
+#[test]
+fn gemm_on_the_matrix_units() {
+    on_matrix_units("gemm_on_the_matrix_units", |engine| {
+        let sizes = [1usize, 7, 33, 97, 257];
+        let mut seed = 0;
+        for (i, &m) in sizes.iter().enumerate() {
+            for (j, &n) in sizes.iter().enumerate() {
+                let k = sizes[(i + 2 * j) % sizes.len()];
+                let (ta, tb) = ((i + j) % 2 == 1, (i * j) % 2 == 1);
+                let spec = GemmSpec::contiguous(1, m, n, k, ta, tb);
+                let (a, b, c) = random(&spec, seed);
+                let name = format!("m{m} n{n} k{k} ta{} tb{}", ta as u8, tb as u8);
+                check_gemm(engine, &name, &spec, false, &a, &b, &c);
+                seed += 1;
+            }
+        }
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            let spec = GemmSpec::contiguous(1, 130, 65, 97, ta, tb);
+            let (a, b, c) = random(&spec, seed);
+            let name = format!("130x65x97 ta{} tb{}", ta as u8, tb as u8);
+            check_gemm(engine, &name, &spec, false, &a, &b, &c);
+        }
+        // alpha and beta, then padded leading dimensions, offsets and gaps
+        // between batch entries, then B shared by grouped heads.
+        let spec = GemmSpec {
+            alpha: -0.75,
+            beta: 0.5,
+            ..GemmSpec::contiguous(3, 33, 40, 17, false, true)
+        };
+        let (a, b, c) = random(&spec, 1);
+        check_gemm(engine, "alpha -0.75 beta 0.5", &spec, false, &a, &b, &c);
+        let spec = GemmSpec {
+            batch: 4,
+            m: 7,
+            n: 13,
+            k: 9,
+            trans_a: false,
+            trans_b: false,
+            lda: 11,
+            ldb: 16,
+            ldc: 20,
+            a_offset: 5,
+            b_offset: 3,
+            c_offset: 2,
+            a_stride: 7 * 11 + 4,
+            b_stride: 9 * 16 + 1,
+            c_stride: 7 * 20 + 6,
+            b_batch_base: 0,
+            b_batch_div: 1,
+            alpha: 1.0,
+            beta: 1.0,
+        };
+        let (a, b, c) = random(&spec, 2);
+        check_gemm(engine, "strided with offsets", &spec, false, &a, &b, &c);
+        let spec = GemmSpec {
+            b_batch_base: 2,
+            b_batch_div: 2,
+            ..GemmSpec::contiguous(6, 33, 7, 40, false, true)
+        };
+        let (a, b, c) = random(&spec, 3);
+        check_gemm(engine, "gqa b_batch_div 2 base 2", &spec, false, &a, &b, &c);
+        // A K long enough to need several passes on a loop-capped driver.
+        let spec = GemmSpec::contiguous(2, 5, 7, 100_000, false, false);
+        let (a, b, c) = random(&spec, 4);
+        check_gemm(engine, "k 100000", &spec, false, &a, &b, &c);
+    });
+}
+
+#[test]
+fn gemm_on_the_matrix_units_skips_zeros_of_a_against_non_finite_b() {
+    on_matrix_units(
+        "gemm_on_the_matrix_units_skips_zeros_of_a_against_non_finite_b",
+        |engine| {
+            // P V: rows of A are probabilities, some exactly 0 (masked keys),
+            // one 1.5e-38 (an attended key whose probability underflows f16,
+            // at the unfused path's floor, the smallest normal f32: it still
+            // multiplies its row of B); B holds NaN and infinities.
+            let spec = GemmSpec::contiguous(2, 37, 21, 70, false, false);
+            let (mut a, mut b, c) = random(&spec, 5);
+            for (i, x) in a.iter_mut().enumerate() {
+                *x = if i % 3 == 0 { 0.0 } else { x.abs() };
+            }
+            let (k, n) = (spec.k, spec.n);
+            // Column 3 of key 6 is NaN: every row whose A at key 6 is not 0
+            // gets NaN there. Keys 9 and 40 are infinite in columns 0 and 5.
+            b[6 * n + 3] = f32::NAN;
+            b[9 * n] = f32::INFINITY;
+            b[40 * n + 5] = f32::NEG_INFINITY;
+            // Row 1 of batch 0 attends key 6 with a probability f16 flushes to 0.
+            a[k + 6] = 1.5e-38;
+            // Keys 9 and 40 are masked (0) in every row of batch 1.
+            for row in 0..spec.m {
+                a[spec.m * k + row * k + 9] = 0.0;
+                a[spec.m * k + row * k + 40] = 0.0;
+            }
+            check_gemm(
+                engine,
+                "zeros of A, NaN and inf in B",
+                &spec,
+                true,
+                &a,
+                &b,
+                &c,
+            );
+        },
+    );
+}
+
+#[test]
+fn attention_with_fast_precision_on_the_matrix_units() {
+    on_matrix_units(
+        "attention_with_fast_precision_on_the_matrix_units",
+        |engine| {
+            let report = pollster::block_on(run_sweep(
+                engine,
+                SweepKind::Full,
+                "",
+                common::seed(),
+                Precision::Fast,
+                common::print_result,
+            ));
+            println!("{}", report.summary_line());
+            println!(
+                "worst share of the allowance: {:.3}",
+                report.worst_share_of_allowed()
+            );
+            assert_eq!(report.failed(), 0, "{}", report.table());
+            let used: Vec<String> = engine
+                .gpu()
+                .expect("a GPU engine")
+                .pipelines()
+                .compiled_keys()
+                .into_iter()
+                .filter(|key| key.kernel.uses_coop())
+                .map(|key| key.to_string())
+                .collect();
+            println!("matrix-unit pipelines: {used:?}");
+            assert!(
+                used.iter().any(|k| k.starts_with("gemm_coop")),
+                "the unfused path did not multiply on the matrix units: {used:?}"
+            );
+            assert!(
+                used.iter().any(|k| k.starts_with("attention_coop")),
+                "the fused path did not multiply on the matrix units: {used:?}"
+            );
+        },
+    );
+}
+
+#[test]
+fn the_matrix_units_run_only_where_the_caller_allows_f16_products() {
+    on_matrix_units(
+        "the_matrix_units_run_only_where_the_caller_allows_f16_products",
+        |_| {
+            let engine = Engine::with_options_blocking(Default::default()).expect("an engine");
+            let coop_pipelines = |engine: &Engine| {
+                engine
+                    .gpu()
+                    .expect("a GPU engine")
+                    .pipelines()
+                    .compiled_keys()
+                    .into_iter()
+                    .filter(|key| key.kernel.uses_coop())
+                    .count()
+            };
+            let mut rng = SplitMix64::new(6);
+            let q = HostTensor::new([1, 2, 40, 64], rng.normal_vec(2 * 40 * 64, 1.0)).unwrap();
+            let k = HostTensor::new([1, 2, 50, 64], rng.normal_vec(2 * 50 * 64, 1.0)).unwrap();
+            let v = HostTensor::new([1, 2, 50, 64], rng.normal_vec(2 * 50 * 64, 1.0)).unwrap();
+            let inputs = webattn::AttentionInputs::new(&q, &k, &v);
+            for path in [KernelPath::Fused, KernelPath::Unfused] {
+                let options = AttentionOptions {
+                    path,
+                    ..Default::default()
+                };
+                pollster::block_on(engine.attention_host(&inputs, &options)).expect("runs");
+            }
+            assert_eq!(coop_pipelines(&engine), 0, "Highest used the matrix units");
+            // The unfused path's two products (Q K^T, P V), then the fused kernel.
+            for (path, compiled) in [(KernelPath::Unfused, 2), (KernelPath::Fused, 3)] {
+                let options = AttentionOptions {
+                    path,
+                    precision: Precision::Fast,
+                    ..Default::default()
+                };
+                pollster::block_on(engine.attention_host(&inputs, &options)).expect("runs");
+                assert_eq!(
+                    coop_pipelines(&engine),
+                    compiled,
+                    "Fast did not use the matrix units on the {path} path"
+                );
+            }
+            // A forced f32 kernel stays f32 under Fast; forcing the
+            // matrix-unit kernel leaves f32 calls alone.
+            let forced = |choice: FusedKernelChoice| {
+                Engine::with_options_blocking(EngineOptions {
+                    fused_kernel: choice,
+                    ..Default::default()
+                })
+                .expect("an engine")
+            };
+            let fast = AttentionOptions {
+                path: KernelPath::Fused,
+                precision: Precision::Fast,
+                ..Default::default()
+            };
+            let highest = AttentionOptions {
+                path: KernelPath::Fused,
+                ..Default::default()
+            };
+            let tiled = forced(FusedKernelChoice::Tiled);
+            pollster::block_on(tiled.attention_host(&inputs, &fast)).expect("runs");
+            assert_eq!(coop_pipelines(&tiled), 0);
+            let coop = forced(FusedKernelChoice::Coop);
+            pollster::block_on(coop.attention_host(&inputs, &highest)).expect("runs");
+            assert_eq!(coop_pipelines(&coop), 0);
+            pollster::block_on(coop.attention_host(&inputs, &fast)).expect("runs");
+            assert_eq!(coop_pipelines(&coop), 1);
+        },
+    );
+}
