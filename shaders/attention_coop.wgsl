@@ -20,15 +20,21 @@
 //
 // The reference maximum is lazy (as in FlashAttention-4): P is exp(s - m)
 // against the row's reference m, which moves only when a score exceeds it by
-// more than RESCALE (P stays below e^8 = 2981, well inside f16), so the O
-// matrices, whose element layout is opaque, are seldom rescaled: then each is
-// stored to workgroup memory, its rows scaled, and loaded back. The row sums
-// stay f32 and use the unrounded probabilities.
+// more than RESCALE, so the O matrices, whose element layout is opaque, are
+// seldom rescaled: then each is stored to workgroup memory, its rows scaled,
+// and loaded back. P stays below e^4 and is stored times P_SCALE (2^10, so
+// below 56,000, inside f16's range): probabilities down to 6e-8 of the
+// reference keep f16's 11 bits instead of becoming subnormal. The row sums
+// stay f32 and use the unrounded probabilities; O carries the scale until it
+// is normalised (Y between key chunks holds it without).
 //
 // A V tile holding NaN or an infinity is multiplied in scalar code instead,
 // into workgroup memory, and added to the O matrices from there: a key a row
-// does not attend (P = 0) must not reach it, while an attended key whose
-// score is -inf (P = 0 too) must. Every other rule, the uniforms, the
+// does not attend (P = 0) must not reach it, while an attended key must,
+// whether its score is -inf (P = 0, so 0 times inf is NaN) or its
+// probability merely rounds to 0 in f16 (then a tiny positive weight stands
+// in, so inf stays inf). Every other rule, the uniforms, the
+
 // bindings, the workgroup's key range (tiles no row sees are skipped) and the
 // resumable key chunks (O in Y and the row state in `lse` between chunks) are
 // attention_tiled.wgsl's.
@@ -50,9 +56,9 @@ const CM: u32 = 16u;
 // The adapter's (fixed) subgroup width; subgroups per workgroup.
 override SG: u32 = 32u;
 override NSG: u32 = 4u;
-// Query rows per workgroup (NSG * CM), invocations (NSG * SG).
-override BQ: u32 = 64u;
-override WG: u32 = 128u;
+// Query rows per workgroup (one strip per subgroup), invocations.
+override BQ: u32 = NSG * CM;
+override WG: u32 = NSG * SG;
 // Keys per tile (a multiple of CM), and its matrices (BK / CM).
 override BK: u32 = 32u;
 override BKT: u32 = 2u;
@@ -78,8 +84,10 @@ override BW: u32 = 1u;
 // The largest head dim the kernel takes, in matrices; rows per invocation.
 const MAX_DT: u32 = 256u / CM;
 const MAX_RPI: u32 = 4u;
-// The reference maximum moves when a score exceeds it by more than this.
-const RESCALE: f32 = 8.0;
+// The reference maximum moves when a score exceeds it by more than this;
+// P is stored times P_SCALE (a power of two: exact to undo).
+const RESCALE: f32 = 4.0;
+const P_SCALE: f32 = 1024.0;
 
 struct Params {
     batch: u32,
@@ -155,8 +163,10 @@ var<workgroup> kv_s: array<f16, BK * KS>;
 var<workgroup> f_s: array<f32, FS>;
 // P for the tile, f16, rows of PS; 0 where a row does not attend a key.
 var<workgroup> p_s: array<f16, BQ * PS>;
-// Which keys of the tile each row attends, BW words per row.
+// Which keys of the tile each row attends, BW words per row; which of
+// those have a positive probability (one f16 may round to 0).
 var<workgroup> att_s: array<u32, BQ * BW>;
+var<workgroup> pos_s: array<u32, BQ * BW>;
 // Each row's rescaling factor when the reference maxima move.
 var<workgroup> alpha_s: array<f32, BQ>;
 // Whether any row's reference moved (O must be rescaled); whether V's tile
@@ -318,7 +328,7 @@ fn main(
                 if (live_block && row < p.q_len && col < p.dv) {
                     let r = head_index * p.q_len + row;
                     if ((lse[r] & ROW_ATTENDED) != 0u) {
-                        val = y[r * p.dv + col];
+                        val = y[r * p.dv + col] * P_SCALE;
                     }
                 }
                 f_s[rr * OS + e % CM] = val;
@@ -417,7 +427,8 @@ fn main(
             // The reference moves the first time a row attends a key, and
             // when a score exceeds it by more than RESCALE.
             var alpha = 1.0;
-            if (tile_max > MASKED && (m[i] == MASKED || tile_max > m[i] + RESCALE)) {
+            // (tile_max - m, not m + RESCALE: the sum rounds where |m| is large.)
+            if (tile_max > MASKED && (m[i] == MASKED || tile_max - m[i] > RESCALE)) {
                 let m_new = max(m[i], tile_max);
                 // exp(-f32::MAX - m) = 0: the row had no O yet.
                 alpha = exp(m[i] - m_new);
@@ -429,6 +440,7 @@ fn main(
             alpha_s[rr] = alpha;
             l[i] *= alpha;
             var bits = 0u;
+            var positive = 0u;
             for (var t = 0u; t < BK; t++) {
                 let sc = f_s[rr * SS + t];
                 var pt = 0.0;
@@ -440,11 +452,16 @@ fn main(
                     }
                     l[i] += pt;
                     bits |= 1u << (t % 32u);
+                    if (pt > 0.0) {
+                        positive |= 1u << (t % 32u);
+                    }
                 }
-                p_s[rr * PS + t] = f16(pt);
+                p_s[rr * PS + t] = f16(pt * P_SCALE);
                 if (t % 32u == 31u || t == BK - 1u) {
                     att_s[rr * BW + t / 32u] = bits;
+                    pos_s[rr * BW + t / 32u] = positive;
                     bits = 0u;
+                    positive = 0u;
                 }
             }
         }
@@ -487,15 +504,21 @@ fn main(
 
         // 4. O += P V.
         if (workgroupUniformLoad(&v_bad) != 0u) {
-            // In scalar code: the keys a row attends only.
+            // In scalar code: the keys a row attends only; a positive
+            // probability that rounded to 0 in f16 weighs a tiny amount.
             for (var c = 0u; c < DVT; c++) {
                 for (var e = li; e < BQ * CM; e += WG) {
                     let rr = e / CM;
                     let col = c * CM + e % CM;
                     var sum = 0.0;
                     for (var t = 0u; t < BK; t++) {
-                        if ((att_s[rr * BW + t / 32u] & (1u << (t % 32u))) != 0u) {
-                            sum += f32(p_s[rr * PS + t]) * f32(kv_s[t * KS + col]);
+                        let bit = 1u << (t % 32u);
+                        if ((att_s[rr * BW + t / 32u] & bit) != 0u) {
+                            var pt = f32(p_s[rr * PS + t]);
+                            if (pt == 0.0 && (pos_s[rr * BW + t / 32u] & bit) != 0u) {
+                                pt = 1e-30;
+                            }
+                            sum += pt * f32(kv_s[t * KS + col]);
                         }
                     }
                     f_s[rr * OS + e % CM] = sum;
@@ -532,14 +555,17 @@ fn main(
             let r = head_index * p.q_len + row_of[i];
             let attended = (fl[i] & ROW_ATTENDED) != 0u;
             let nan_row = attended && ((fl[i] & ROW_POISONED) != 0u || !(l[i] > 0.0));
-            let inv = select(0.0, 1.0 / l[i], l[i] > 0.0);
+            // O carries P_SCALE: removed with the sum, or alone between chunks.
+            let inv = select(0.0, 1.0 / (l[i] * P_SCALE), l[i] > 0.0);
             for (var e = 0u; e < CM; e++) {
                 let col = c * CM + e;
                 if (col >= p.dv) {
                     break;
                 }
                 var val = f_s[rr * OS + e];
-                if (last_chunk) {
+                if (!last_chunk) {
+                    val = val / P_SCALE;
+                } else {
                     if (nan_row) {
                         val = nan();
                     } else if (attended) {

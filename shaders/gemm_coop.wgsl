@@ -17,9 +17,13 @@
 // infinity in B, while any other value of A must, even one that rounds to
 // zero in f16 (the unfused path keeps an attended key's probability at least
 // 1.2e-38 for this). A slice of B that holds a non-finite value (after
-// rounding to f16) is multiplied in scalar code instead, skipping the terms
-// whose A is zero as stored, into workgroup memory, and added to the
-// accumulators from there.
+// rounding to f16) is multiplied in scalar code instead, with A as stored
+// (f32), skipping the terms whose A is zero, into workgroup memory, and added
+// to the accumulators from there.
+//
+// PROBABILITIES (attention's P V): A holds values in [0, 1], staged times
+// 2^14 so that small probabilities keep f16's 11 bits instead of becoming
+// subnormal; the epilogue divides by 2^14 (exact).
 //
 // The epilogue goes through workgroup memory too: each subgroup stores its
 // accumulators there, and every invocation writes its share of the tile to C
@@ -41,6 +45,7 @@ const CM: u32 = 16u;
 override TRANS_A: bool = false;
 override TRANS_B: bool = false;
 override SKIP_ZERO_A: bool = false;
+override PROBABILITIES: bool = false;
 // The adapter's (fixed) subgroup width; the workgroup is 4 subgroups.
 override SG: u32 = 32u;
 
@@ -133,6 +138,7 @@ fn main(
     let a_base = p.a_offset + z * p.a_stride;
     let b_base = p.b_offset + ((p.b_batch_base + z) / p.b_batch_div) * p.b_stride;
     let c_base = p.c_offset + z * p.c_stride;
+    let a_scale = select(1.0, 16384.0, PROBABILITIES);
     // This subgroup's quadrant of the tile.
     let qr = (sg / 2u) * 2u * CM;
     let qc = (sg % 2u) * 2u * CM;
@@ -158,7 +164,7 @@ fn main(
                 r = slot % BT;
                 kk = slot / BT;
             }
-            a_s[r * AS + kk] = f16(a_at(a_base, row0 + r, k0 + kk));
+            a_s[r * AS + kk] = f16(a_scale * a_at(a_base, row0 + r, k0 + kk));
         }
         var bad = false;
         for (var slot = li; slot < BKK * BT; slot += wg) {
@@ -186,8 +192,9 @@ fn main(
                 let cc = e % BT;
                 var sum = 0.0;
                 for (var kk = 0u; kk < BKK; kk++) {
-                    if (a_at(a_base, row0 + r, k0 + kk) != 0.0) {
-                        sum += f32(a_s[r * AS + kk]) * f32(b_s[kk * BS + cc]);
+                    let x = a_at(a_base, row0 + r, k0 + kk);
+                    if (x != 0.0) {
+                        sum += a_scale * x * f32(b_s[kk * BS + cc]);
                     }
                 }
                 c_s[r * CS + cc] = sum;
@@ -227,7 +234,7 @@ fn main(
         let col = col0 + cc;
         if (row < p.m && col < p.n) {
             let at = c_base + row * p.ldc + col;
-            let value = p.alpha * c_s[r * CS + cc];
+            let value = p.alpha * (c_s[r * CS + cc] / a_scale);
             if (p.beta == 0.0) {
                 c[at] = value;
             } else {

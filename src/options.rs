@@ -62,9 +62,11 @@ impl QkMatmulOutputMode {
 /// where it has them: Q and K, and the probabilities P and V, are rounded to
 /// f16 for their products, which are accumulated in f32; the softmax, the
 /// masks and every other step stay f32. Values beyond ±65504 become infinite
-/// there, as in an f16 model. Where the adapter has no matrix units (every
-/// browser, lavapipe before Mesa 26, GL) `Fast` runs the f32 kernels, so it
-/// never loses anything but allows the speed. The CPU paths ignore it.
+/// there, as in an f16 model. Where the adapter has no matrix units the
+/// kernels run on (every browser, GL, lavapipe before Mesa 26, and adapters
+/// whose subgroup width varies: AMD and Intel through Vulkan, Apple through
+/// Metal as wgpu reports it) `Fast` runs the f32 kernels, so it never loses
+/// anything but allows the speed. The CPU paths ignore it.
 ///
 /// Checked with the f16 rule: the error against the f64 oracle on the
 /// f16-rounded inputs is at most twice a plain f32 computation's on them,

@@ -16,7 +16,7 @@ use std::process::Command;
 
 use webattn::conformance::{compare, run_sweep, SweepKind, DEFAULT_FLOOR};
 use webattn::gpu::kernels::gemm_host_variant;
-use webattn::gpu::ops::gemm::{GemmKernel, GemmSpec};
+use webattn::gpu::ops::gemm::{AValues, GemmKernel, GemmSpec};
 use webattn::gpu::planner::coop_shape;
 use webattn::rng::SplitMix64;
 use webattn::{
@@ -75,7 +75,7 @@ fn on_matrix_units(test: &str, checks: impl FnOnce(&Engine)) {
     );
     // The child ran the test (a filter that matched nothing would pass too).
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("1 passed"),
+        String::from_utf8_lossy(&out.stdout).contains("test result: ok. 1 passed"),
         "{test} did not run under .ci/lavapipe-coop"
     );
 }
@@ -85,8 +85,19 @@ fn f16(x: f32) -> f32 {
     half::f16::from_f32(x).to_f32()
 }
 
-/// C = alpha·op(A)·op(B) + beta·C in `F` with A and B rounded to f16,
-/// skipping the terms whose A is exactly 0 as given when `skip_zero_a`.
+/// A value of A as the matrix units multiply it: rounded to f16, except a
+/// value f16 flushes to zero, which counts as itself (the kernel multiplies
+/// it as stored where it matters: against a NaN or an infinity).
+fn a_operand(x: f32) -> f32 {
+    if f16(x) == 0.0 {
+        x
+    } else {
+        f16(x)
+    }
+}
+
+/// C = alpha·op(A)·op(B) + beta·C in `F` with A and B as the matrix units
+/// multiply them, skipping the terms whose A is exactly 0 when `skip_zero_a`.
 fn reference<F>(spec: &GemmSpec, skip_zero_a: bool, a: &[f32], b: &[f32], c: &[f32]) -> Vec<F>
 where
     F: Copy + From<f32> + std::ops::Add<Output = F> + std::ops::Mul<Output = F>,
@@ -111,7 +122,7 @@ where
                         b[b_base + kk * spec.ldb + j]
                     };
                     if !(skip_zero_a && av == 0.0) {
-                        acc = acc + F::from(f16(av)) * F::from(f16(bv));
+                        acc = acc + F::from(a_operand(av)) * F::from(f16(bv));
                     }
                 }
                 let idx = c_base + i * spec.ldc + j;
@@ -136,7 +147,7 @@ fn check_gemm(
     engine: &Engine,
     name: &str,
     spec: &GemmSpec,
-    skip_zero_a: bool,
+    a_values: AValues,
     a: &[f32],
     b: &[f32],
     c: &[f32],
@@ -148,13 +159,13 @@ fn check_gemm(
         .map(|&x| if f16(x) == 0.0 { x } else { f16(x) })
         .collect();
     let b: Vec<f32> = b.iter().map(|&x| f16(x)).collect();
-    let exact = reference::<f64>(spec, skip_zero_a, &a, &b, c);
-    let plain = reference::<f32>(spec, skip_zero_a, &a, &b, c);
+    let exact = reference::<f64>(spec, a_values.skips_zeros(), &a, &b, c);
+    let plain = reference::<f32>(spec, a_values.skips_zeros(), &a, &b, c);
     let got = pollster::block_on(gemm_host_variant(
         ctx,
         GemmKernel::Coop(shape),
         spec,
-        skip_zero_a,
+        a_values,
         &a,
         &b,
         c,
@@ -197,7 +208,7 @@ fn gemm_on_the_matrix_units() {
                 let spec = GemmSpec::contiguous(1, m, n, k, ta, tb);
                 let (a, b, c) = random(&spec, seed);
                 let name = format!("m{m} n{n} k{k} ta{} tb{}", ta as u8, tb as u8);
-                check_gemm(engine, &name, &spec, false, &a, &b, &c);
+                check_gemm(engine, &name, &spec, AValues::Any, &a, &b, &c);
                 seed += 1;
             }
         }
@@ -205,7 +216,7 @@ fn gemm_on_the_matrix_units() {
             let spec = GemmSpec::contiguous(1, 130, 65, 97, ta, tb);
             let (a, b, c) = random(&spec, seed);
             let name = format!("130x65x97 ta{} tb{}", ta as u8, tb as u8);
-            check_gemm(engine, &name, &spec, false, &a, &b, &c);
+            check_gemm(engine, &name, &spec, AValues::Any, &a, &b, &c);
         }
         // alpha and beta, then padded leading dimensions, offsets and gaps
         // between batch entries, then B shared by grouped heads.
@@ -215,7 +226,15 @@ fn gemm_on_the_matrix_units() {
             ..GemmSpec::contiguous(3, 33, 40, 17, false, true)
         };
         let (a, b, c) = random(&spec, 1);
-        check_gemm(engine, "alpha -0.75 beta 0.5", &spec, false, &a, &b, &c);
+        check_gemm(
+            engine,
+            "alpha -0.75 beta 0.5",
+            &spec,
+            AValues::Any,
+            &a,
+            &b,
+            &c,
+        );
         let spec = GemmSpec {
             batch: 4,
             m: 7,
@@ -238,18 +257,34 @@ fn gemm_on_the_matrix_units() {
             beta: 1.0,
         };
         let (a, b, c) = random(&spec, 2);
-        check_gemm(engine, "strided with offsets", &spec, false, &a, &b, &c);
+        check_gemm(
+            engine,
+            "strided with offsets",
+            &spec,
+            AValues::Any,
+            &a,
+            &b,
+            &c,
+        );
         let spec = GemmSpec {
             b_batch_base: 2,
             b_batch_div: 2,
             ..GemmSpec::contiguous(6, 33, 7, 40, false, true)
         };
         let (a, b, c) = random(&spec, 3);
-        check_gemm(engine, "gqa b_batch_div 2 base 2", &spec, false, &a, &b, &c);
+        check_gemm(
+            engine,
+            "gqa b_batch_div 2 base 2",
+            &spec,
+            AValues::Any,
+            &a,
+            &b,
+            &c,
+        );
         // A K long enough to need several passes on a loop-capped driver.
         let spec = GemmSpec::contiguous(2, 5, 7, 100_000, false, false);
         let (a, b, c) = random(&spec, 4);
-        check_gemm(engine, "k 100000", &spec, false, &a, &b, &c);
+        check_gemm(engine, "k 100000", &spec, AValues::Any, &a, &b, &c);
     });
 }
 
@@ -259,13 +294,18 @@ fn gemm_on_the_matrix_units_skips_zeros_of_a_against_non_finite_b() {
         "gemm_on_the_matrix_units_skips_zeros_of_a_against_non_finite_b",
         |engine| {
             // P V: rows of A are probabilities, some exactly 0 (masked keys),
-            // one 1.5e-38 (an attended key whose probability underflows f16,
-            // at the unfused path's floor, the smallest normal f32: it still
-            // multiplies its row of B); B holds NaN and infinities.
+            // some tiny (f16 subnormals; staged times 2^14 they keep their
+            // bits), two 1.5e-38 (attended keys whose probabilities underflow
+            // f16, at the unfused path's floor, the smallest normal f32: they
+            // still multiply their rows of B); B holds NaN and infinities.
             let spec = GemmSpec::contiguous(2, 37, 21, 70, false, false);
             let (mut a, mut b, c) = random(&spec, 5);
             for (i, x) in a.iter_mut().enumerate() {
-                *x = if i % 3 == 0 { 0.0 } else { x.abs() };
+                *x = match i % 5 {
+                    0 => 0.0,
+                    1 => x.abs() * 1e-6,
+                    _ => (x.abs() / 4.0).min(1.0),
+                };
             }
             let (k, n) = (spec.k, spec.n);
             // Column 3 of key 6 is NaN: every row whose A at key 6 is not 0
@@ -273,8 +313,10 @@ fn gemm_on_the_matrix_units_skips_zeros_of_a_against_non_finite_b() {
             b[6 * n + 3] = f32::NAN;
             b[9 * n] = f32::INFINITY;
             b[40 * n + 5] = f32::NEG_INFINITY;
-            // Row 1 of batch 0 attends key 6 with a probability f16 flushes to 0.
+            // Rows 1 and 2 of batch 0 attend keys 6 (NaN) and 9 (+inf) with
+            // probabilities f16 flushes to 0: NaN and +inf there.
             a[k + 6] = 1.5e-38;
+            a[2 * k + 9] = 1.5e-38;
             // Keys 9 and 40 are masked (0) in every row of batch 1.
             for row in 0..spec.m {
                 a[spec.m * k + row * k + 9] = 0.0;
@@ -282,9 +324,24 @@ fn gemm_on_the_matrix_units_skips_zeros_of_a_against_non_finite_b() {
             }
             check_gemm(
                 engine,
-                "zeros of A, NaN and inf in B",
+                "probabilities, NaN and inf in B",
                 &spec,
-                true,
+                AValues::Probabilities,
+                &a,
+                &b,
+                &c,
+            );
+            // Zeros skipped for any A (not probabilities: no scaling).
+            let (mut a, _, _) = random(&spec, 6);
+            for x in a.iter_mut().step_by(3) {
+                *x = 0.0;
+            }
+            a[k + 6] = 1.5e-38;
+            check_gemm(
+                engine,
+                "zeros of A skipped, NaN and inf in B",
+                &spec,
+                AValues::ZerosSkipped,
                 &a,
                 &b,
                 &c,

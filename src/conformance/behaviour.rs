@@ -13,7 +13,7 @@ use crate::options::{AttentionOptions, KernelPath, Precision};
 use crate::tensor::{HostMask, HostTensor};
 
 /// The names of the behaviour checks, in the order [`run_behaviour`] runs them.
-pub const BEHAVIOUR_CHECKS: [&str; 17] = [
+pub const BEHAVIOUR_CHECKS: [&str; 18] = [
     "bad-input-shape-mismatch",
     "bad-input-gqa-heads",
     "bad-input-mask-broadcast",
@@ -28,6 +28,7 @@ pub const BEHAVIOUR_CHECKS: [&str; 17] = [
     "inf-k-with-softcap",
     "nan-v-attended-causal",
     "inf-v-attended",
+    "inf-v-tiny-probability",
     "nonfinite-v-at-masked-keys",
     "nan-in-float-mask",
     "nonfinite-decode",
@@ -328,10 +329,27 @@ async fn run_non_finite(
         })
         .await,
     );
+    // +inf in V at a key one row attends with a probability of about 1e-14
+    // (its score some 32 below the row's best): that row's column is +inf
+    // too, however small the weight (f16 would round it to 0, and 0 * inf is NaN).
+    let case = CaseSpec::new("inf-v-tiny-p", [1, 1, 1], [3, 9], [8, 8]);
+    results.push(
+        numeric(engine, name(8), path, precision, case, seed, |inputs| {
+            let q = inputs.q.data_mut();
+            q[at(0, 3, 1, 8, 0)..at(0, 3, 1, 8, 8)].fill(0.0);
+            q[at(0, 3, 1, 8, 0)] = 10.0;
+            let k = inputs.k.data_mut();
+            for key in 0..9 {
+                k[at(0, 9, key, 8, 0)] = if key == 4 { -8.0 } else { 1.0 };
+            }
+            inputs.v.data_mut()[at(0, 9, 4, 8, 2)] = f32::INFINITY;
+        })
+        .await,
+    );
     // NaN and infinities in V at keys no row attends change nothing.
     let case = CaseSpec::new("masked-v", [1, 2, 1], [5, 9], [8, 8]).mask(MaskForm::Bool(1));
     results.push(
-        numeric(engine, name(8), path, precision, case, seed, |inputs| {
+        numeric(engine, name(9), path, precision, case, seed, |inputs| {
             if let Some(HostMask::Bool { data, .. }) = &mut inputs.mask {
                 data.fill(true);
                 data[2] = false;
@@ -346,7 +364,7 @@ async fn run_non_finite(
     // A NaN in a float mask is added like any value: that row is NaN.
     let case = CaseSpec::new("nan-mask", [1, 2, 1], [5, 9], [8, 8]).mask(MaskForm::Float(2));
     results.push(
-        numeric(engine, name(9), path, precision, case, seed, |inputs| {
+        numeric(engine, name(10), path, precision, case, seed, |inputs| {
             if let Some(HostMask::Float(mask)) = &mut inputs.mask {
                 mask.data_mut()[9 + 4] = f32::NAN;
                 mask.data_mut()[3 * 9 + 1] = f32::NEG_INFINITY;
@@ -360,7 +378,7 @@ async fn run_non_finite(
     let case =
         CaseSpec::new("decode-nonfinite", [1, 1, 1], [2, 600], [8, 8]).mask(MaskForm::Bool(2));
     results.push(
-        numeric(engine, name(10), path, precision, case, seed, |inputs| {
+        numeric(engine, name(11), path, precision, case, seed, |inputs| {
             if let Some(HostMask::Bool { data, .. }) = &mut inputs.mask {
                 data.fill(true);
                 data[9] = false; // row 0 does not attend key 9; row 1 does

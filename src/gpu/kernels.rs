@@ -42,16 +42,16 @@ pub async fn gemm_host_with(
     b: &[f32],
     c: &[f32],
 ) -> Result<Vec<f32>> {
-    gemm_host_variant(ctx, kernel, spec, false, a, b, c).await
+    gemm_host_variant(ctx, kernel, spec, gemm::AValues::Any, a, b, c).await
 }
 
-/// [`gemm_host_with`], skipping every term whose A is exactly zero when
-/// `skip_zero_a` (so `0 · NaN` adds nothing, as attention's `P · V` needs).
+/// [`gemm_host_with`] with A holding `a_values` (zeros skipped, so `0 · NaN`
+/// adds nothing, or attention's probabilities).
 pub async fn gemm_host_variant(
     ctx: &GpuContext,
     kernel: gemm::GemmKernel,
     spec: &gemm::GemmSpec,
-    skip_zero_a: bool,
+    a_values: gemm::AValues,
     a: &[f32],
     b: &[f32],
     c: &[f32],
@@ -67,13 +67,7 @@ pub async fn gemm_host_variant(
             let b_buf = buffer::upload(ctx, "B", b)?;
             let c_buf = buffer::upload(ctx, "C", c)?;
             let mut rec = Recorder::new(ctx, "gemm");
-            gemm::record_variant(
-                &mut rec,
-                kernel,
-                spec,
-                skip_zero_a,
-                [&a_buf, &b_buf, &c_buf],
-            )?;
+            gemm::record_variant(&mut rec, kernel, spec, a_values, [&a_buf, &b_buf, &c_buf])?;
             rec.submit();
             Ok(c_buf)
         })

@@ -43,6 +43,11 @@ impl KernelPlan {
         let gemm_kernel = super::planner::gemm_kernel_for(caps);
         let gemm_config = |gemm_kernel: gemm::GemmKernel, trans_b: bool, role: &'static str| {
             let spec = gemm::GemmSpec::contiguous(1, 64, 64, 64, false, trans_b);
+            let a_values = if trans_b {
+                gemm::AValues::Any
+            } else {
+                gemm::AValues::Probabilities
+            };
             let (invocations, tile, workgroup_bytes) = match gemm_kernel {
                 gemm::GemmKernel::Tiled => (gemm::INVOCATIONS, gemm::TILE_TEXT.to_string(), gemm::WORKGROUP_BYTES),
                 gemm::GemmKernel::Subgroup { width } => (
@@ -72,7 +77,7 @@ impl KernelPlan {
             };
             KernelConfig {
                 // P V skips masked keys (probability 0), whatever V holds there.
-                label: gemm::variant_key(gemm_kernel, &spec, !trans_b).to_string(),
+                label: gemm::variant_key(gemm_kernel, &spec, a_values).to_string(),
                 invocations,
                 tile,
                 workgroup_bytes,
@@ -267,7 +272,11 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
                 keys.push(gemm::kernel_key(GemmKernel::Subgroup { width }, &spec));
                 if !trans_b {
                     let kernel = GemmKernel::Subgroup { width };
-                    keys.push(gemm::variant_key(kernel, &spec, true));
+                    keys.push(gemm::variant_key(
+                        kernel,
+                        &spec,
+                        gemm::AValues::Probabilities,
+                    ));
                 }
             }
         }
@@ -429,11 +438,15 @@ pub fn every_planned_pipeline() -> Vec<super::pipeline::PipelineKey> {
             for trans_a in flags {
                 for trans_b in flags {
                     let spec = gemm::GemmSpec::contiguous(1, 64, 64, 64, trans_a, trans_b);
-                    for skip in flags {
+                    for a_values in [
+                        gemm::AValues::Any,
+                        gemm::AValues::ZerosSkipped,
+                        gemm::AValues::Probabilities,
+                    ] {
                         keys.push(gemm::variant_key(
                             gemm::GemmKernel::Coop(shape),
                             &spec,
-                            skip,
+                            a_values,
                         ));
                     }
                 }

@@ -157,9 +157,10 @@ impl GpuContext {
         }
     }
 
-    /// This context with every fused call running `kernel` (whose head-dim
-    /// class must be the calls'); for timing one candidate.
+    /// This context with every fused call running `kernel` (an f32 kernel,
+    /// whose head-dim class must be the calls'); for timing one candidate.
     pub(crate) fn with_pinned_fused_kernel(mut self, kernel: FusedKernel) -> GpuContext {
+        debug_assert!(tuned_form(&kernel).is_some(), "only f32 kernels are tuned");
         self.pinned_fused = tuned_form(&kernel);
         self
     }

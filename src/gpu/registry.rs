@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 /// and the registry derives the 8 x 8 form from it ([`with_coop_size`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CoopSize {
-    /// `coop_mat8x8` (Apple's simdgroup matrices, lavapipe).
+    /// `coop_mat8x8` (Mesa 26's lavapipe; Apple's simdgroup matrices).
     Eight,
     /// `coop_mat16x16` (NVIDIA's and AMD's tensor and matrix cores).
     Sixteen,

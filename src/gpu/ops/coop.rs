@@ -121,8 +121,8 @@ impl CoopTiles {
     }
 
     /// Workgroup memory the kernel uses: Q's block and the K/V tile (f16),
-    /// the scratch (f32), P (f16), the attended bits, the rows' rescaling
-    /// factors, two flags and the nonpad length.
+    /// the scratch (f32), P (f16), the attended and positive-probability
+    /// bits, the rows' rescaling factors, two flags and the nonpad length.
     pub fn workgroup_bytes(&self) -> u32 {
         let [qs, ks, _, ps, _] = self.strides();
         let bq = self.query_rows();
@@ -130,7 +130,7 @@ impl CoopTiles {
             + 2 * self.keys_per_tile * ks
             + 4 * self.scratch_words()
             + 2 * bq * ps
-            + 4 * bq * self.bit_words()
+            + 2 * 4 * bq * self.bit_words()
             + 4 * bq
             + 12
     }
@@ -162,13 +162,16 @@ impl CoopTiles {
         match budget {
             None => keys.max(1),
             Some(budget) => {
-                // Q's block, the resumed O and the final stores, once per dispatch.
+                // Q's block and its matrices, the O matrices zeroed or
+                // resumed, and the final stores, once per dispatch.
                 let n = u64::from(self.n());
                 let wg = u64::from(self.invocations());
                 let bq = u64::from(self.query_rows());
-                let dvt = u64::from(self.dv_padded) / n;
+                let (dkt, dvt) = (u64::from(self.dk_padded) / n, u64::from(self.dv_padded) / n);
                 let rpi = u64::from(self.rows_per_invocation());
                 let once = (bq * u64::from(self.dk_padded)).div_ceil(wg)
+                    + dkt
+                    + dvt
                     + dvt * ((bq * n).div_ceil(wg) + 1)
                     + dvt * (rpi * (n + 1) + 1)
                     + 2 * rpi
@@ -179,15 +182,14 @@ impl CoopTiles {
         }
     }
 
-    /// The pipeline key (every override the kernel takes).
+    /// The pipeline key (every override the kernel takes but BQ and WG,
+    /// which it derives from NSG, SG and the matrix size).
     pub fn key(&self) -> PipelineKey {
         let n = self.n();
         let [qs, ks, ss, ps, os] = self.strides();
         PipelineKey::new(Kernel::AttentionCoop(self.shape.size))
             .with("SG", i64::from(self.shape.subgroup))
             .with("NSG", i64::from(self.subgroups))
-            .with("BQ", i64::from(self.query_rows()))
-            .with("WG", i64::from(self.invocations()))
             .with("BK", i64::from(self.keys_per_tile))
             .with("BKT", i64::from(self.keys_per_tile / n))
             .with("DKP", i64::from(self.dk_padded))

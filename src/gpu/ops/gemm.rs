@@ -269,13 +269,13 @@ pub(crate) fn record_at(
     c: &wgpu::Buffer,
 ) -> Result<()> {
     let kernel = rec.ctx().gemm_kernel_at(precision);
-    record_variant(rec, kernel, spec, false, [a, b, c])
+    record_variant(rec, kernel, spec, AValues::Any, [a, b, c])
 }
 
-/// Records the GEMM with the context's kernel for `precision`, skipping every
-/// term whose A value is exactly zero, so that `0 · NaN` or `0 · inf` in B
-/// adds nothing: attention's `P · V`, where a masked key's probability is 0
-/// and its V row may hold anything.
+/// Records attention's `P · V` with the context's kernel for `precision`: A
+/// holds probabilities in `[0, 1]`, and every term whose A value is exactly
+/// zero is skipped, so that `0 · NaN` or `0 · inf` in B adds nothing (a masked
+/// key's probability is 0 and its V row may hold anything).
 pub(crate) fn record_skipping_zero_a(
     rec: &mut Recorder<'_>,
     precision: Precision,
@@ -285,16 +285,42 @@ pub(crate) fn record_skipping_zero_a(
     c: &wgpu::Buffer,
 ) -> Result<()> {
     let kernel = rec.ctx().gemm_kernel_at(precision);
-    record_variant(rec, kernel, spec, true, [a, b, c])
+    record_variant(rec, kernel, spec, AValues::Probabilities, [a, b, c])
 }
 
-/// The pipeline key of `kernel` for `spec`, with the zero-skipping switch.
-pub fn variant_key(kernel: GemmKernel, spec: &GemmSpec, skip_zero_a: bool) -> PipelineKey {
+/// What the A operand holds, beyond plain numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AValues {
+    /// Any values.
+    Any,
+    /// Any values, and a term whose A is exactly zero adds nothing, whatever
+    /// B holds (so `0 · NaN` and `0 · inf` add nothing).
+    ZerosSkipped,
+    /// Attention's probabilities: values in `[0, 1]`, zeros skipped. The
+    /// matrix-unit kernel stages them times 2¹⁴ in f16 (undone exactly in its
+    /// epilogue), so that small probabilities keep f16's 11 bits instead of
+    /// becoming subnormal; the other kernels treat them as `ZerosSkipped`.
+    Probabilities,
+}
+
+impl AValues {
+    /// Whether terms whose A is zero are skipped.
+    pub fn skips_zeros(self) -> bool {
+        self != AValues::Any
+    }
+}
+
+/// The pipeline key of `kernel` for `spec` with A holding `a`.
+pub fn variant_key(kernel: GemmKernel, spec: &GemmSpec, a: AValues) -> PipelineKey {
     let key = kernel_key(kernel, spec);
-    if skip_zero_a {
+    let key = if a.skips_zeros() {
         key.with_flag("SKIP_ZERO_A", true)
     } else {
         key
+    };
+    match (kernel, a) {
+        (GemmKernel::Coop(_), AValues::Probabilities) => key.with_flag("PROBABILITIES", true),
+        _ => key,
     }
 }
 
@@ -307,17 +333,17 @@ pub(crate) fn record_with(
     b: &wgpu::Buffer,
     c: &wgpu::Buffer,
 ) -> Result<()> {
-    record_variant(rec, kernel, spec, false, [a, b, c])
+    record_variant(rec, kernel, spec, AValues::Any, [a, b, c])
 }
 
-/// Records the GEMM with `kernel`, skipping the terms whose A is exactly
-/// zero when `skip_zero_a`. The matrix-unit kernel must be one the adapter
-/// runs (`gpu::planner::coop_shape`), else a typed error.
+/// Records the GEMM with `kernel`, A holding `a_values`. The matrix-unit
+/// kernel must be one the adapter runs (`Capabilities::f16_matrix_units`),
+/// else a typed error.
 pub(crate) fn record_variant(
     rec: &mut Recorder<'_>,
     kernel: GemmKernel,
     spec: &GemmSpec,
-    skip_zero_a: bool,
+    a_values: AValues,
     [a, b, c]: [&wgpu::Buffer; 3],
 ) -> Result<()> {
     spec.check()?;
@@ -343,7 +369,7 @@ pub(crate) fn record_variant(
         .ctx()
         .caps
         .loop_budget()
-        .map(|budget| max_k_per_pass(kernel, budget, skip_zero_a));
+        .map(|budget| max_k_per_pass(kernel, budget, a_values.skips_zeros()));
     if let Some(max_k) = max_k.filter(|&max_k| spec.k > max_k) {
         let mut k0 = 0;
         while k0 < spec.k {
@@ -359,12 +385,12 @@ pub(crate) fn record_variant(
                 beta: if k0 == 0 { spec.beta } else { 1.0 },
                 ..*spec
             };
-            record_pass(rec, kernel, &pass, skip_zero_a, [a, b, c])?;
+            record_pass(rec, kernel, &pass, a_values, [a, b, c])?;
             k0 += len;
         }
         return Ok(());
     }
-    record_pass(rec, kernel, spec, skip_zero_a, [a, b, c])
+    record_pass(rec, kernel, spec, a_values, [a, b, c])
 }
 
 /// The largest K one pass may take under a loop budget: the tiled kernel runs
@@ -394,7 +420,7 @@ fn record_pass(
     rec: &mut Recorder<'_>,
     kernel: GemmKernel,
     spec: &GemmSpec,
-    skip_zero_a: bool,
+    a_values: AValues,
     [a, b, c]: [&wgpu::Buffer; 3],
 ) -> Result<()> {
     let (tile_m, tile_n) = match kernel {
@@ -428,7 +454,7 @@ fn record_pass(
         _pad: 0,
     };
     let ctx = rec.ctx();
-    let pipeline = ctx.pipelines.get(&variant_key(kernel, spec, skip_zero_a));
+    let pipeline = ctx.pipelines.get(&variant_key(kernel, spec, a_values));
     let uniform = buffer::uniform(ctx, "gemm params", &params);
     let workgroups = (tiles_m * tiles_n) as u64 * spec.batch as u64;
     match kernel {
