@@ -9,46 +9,6 @@ use webattn::gpu::kernels::gemm_host_with;
 use webattn::gpu::ops::gemm::{GemmKernel, GemmSpec};
 use webattn::rng::SplitMix64;
 
-/// C = alpha·op(A)·op(B) + beta·C computed plainly in `F`, for the oracle (f64)
-/// and the baseline (f32).
-fn reference<F>(spec: &GemmSpec, a: &[f32], b: &[f32], c: &[f32]) -> Vec<F>
-where
-    F: Copy + From<f32> + std::ops::Add<Output = F> + std::ops::Mul<Output = F>,
-{
-    let mut out: Vec<F> = c.iter().map(|&x| F::from(x)).collect();
-    for z in 0..spec.batch {
-        let a_base = spec.a_offset + z * spec.a_stride;
-        let b_base = spec.b_offset + ((spec.b_batch_base + z) / spec.b_batch_div) * spec.b_stride;
-        let c_base = spec.c_offset + z * spec.c_stride;
-        for i in 0..spec.m {
-            for j in 0..spec.n {
-                let mut acc = F::from(0.0);
-                for kk in 0..spec.k {
-                    let av = if spec.trans_a {
-                        a[a_base + kk * spec.lda + i]
-                    } else {
-                        a[a_base + i * spec.lda + kk]
-                    };
-                    let bv = if spec.trans_b {
-                        b[b_base + j * spec.ldb + kk]
-                    } else {
-                        b[b_base + kk * spec.ldb + j]
-                    };
-                    acc = acc + F::from(av) * F::from(bv);
-                }
-                let idx = c_base + i * spec.ldc + j;
-                let old = if spec.beta == 0.0 {
-                    F::from(0.0)
-                } else {
-                    F::from(spec.beta) * F::from(c[idx])
-                };
-                out[idx] = F::from(spec.alpha) * acc + old;
-            }
-        }
-    }
-    out
-}
-
 /// Every GEMM kernel this adapter can run: the tiled one always, the
 /// subgroup one on CPU adapters with fixed subgroups of 4 or 8.
 fn kernels(ctx: &webattn::GpuContext) -> Vec<GemmKernel> {
@@ -67,8 +27,8 @@ fn check(name: &str, spec: &GemmSpec, seed: u64) {
     let a = rng.normal_vec(a_len, 1.0);
     let b = rng.normal_vec(b_len, 1.0);
     let c = rng.normal_vec(c_len, 1.0);
-    let exact = reference::<f64>(spec, &a, &b, &c);
-    let plain = reference::<f32>(spec, &a, &b, &c);
+    let exact = common::gemm_reference::<f64>(spec, false, &a, &b, &c);
+    let plain = common::gemm_reference::<f32>(spec, false, &a, &b, &c);
     for kernel in kernels(ctx) {
         let got =
             pollster::block_on(gemm_host_with(ctx, kernel, spec, &a, &b, &c)).expect("gemm runs");

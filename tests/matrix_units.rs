@@ -96,48 +96,6 @@ fn a_operand(x: f32) -> f32 {
     }
 }
 
-/// C = alpha·op(A)·op(B) + beta·C in `F` with A and B as the matrix units
-/// multiply them, skipping the terms whose A is exactly 0 when `skip_zero_a`.
-fn reference<F>(spec: &GemmSpec, skip_zero_a: bool, a: &[f32], b: &[f32], c: &[f32]) -> Vec<F>
-where
-    F: Copy + From<f32> + std::ops::Add<Output = F> + std::ops::Mul<Output = F>,
-{
-    let mut out: Vec<F> = c.iter().map(|&x| F::from(x)).collect();
-    for z in 0..spec.batch {
-        let a_base = spec.a_offset + z * spec.a_stride;
-        let b_base = spec.b_offset + ((spec.b_batch_base + z) / spec.b_batch_div) * spec.b_stride;
-        let c_base = spec.c_offset + z * spec.c_stride;
-        for i in 0..spec.m {
-            for j in 0..spec.n {
-                let mut acc = F::from(0.0);
-                for kk in 0..spec.k {
-                    let av = if spec.trans_a {
-                        a[a_base + kk * spec.lda + i]
-                    } else {
-                        a[a_base + i * spec.lda + kk]
-                    };
-                    let bv = if spec.trans_b {
-                        b[b_base + j * spec.ldb + kk]
-                    } else {
-                        b[b_base + kk * spec.ldb + j]
-                    };
-                    if !(skip_zero_a && av == 0.0) {
-                        acc = acc + F::from(a_operand(av)) * F::from(f16(bv));
-                    }
-                }
-                let idx = c_base + i * spec.ldc + j;
-                let old = if spec.beta == 0.0 {
-                    F::from(0.0)
-                } else {
-                    F::from(spec.beta) * F::from(c[idx])
-                };
-                out[idx] = F::from(spec.alpha) * acc + old;
-            }
-        }
-    }
-    out
-}
-
 /// The matrix-unit GEMM against the oracle on the f16 operands it
 /// multiplies. `a` and `b` are rounded to f16 here (so the kernel's own
 /// rounding, whose mode WGSL leaves open, is exact), except values of A that
@@ -154,13 +112,11 @@ fn check_gemm(
 ) {
     let ctx = engine.gpu().expect("a GPU engine");
     let shape = coop_shape(ctx.capabilities()).expect("matrix units");
-    let a: Vec<f32> = a
-        .iter()
-        .map(|&x| if f16(x) == 0.0 { x } else { f16(x) })
-        .collect();
+    let a: Vec<f32> = a.iter().map(|&x| a_operand(x)).collect();
     let b: Vec<f32> = b.iter().map(|&x| f16(x)).collect();
-    let exact = reference::<f64>(spec, a_values.skips_zeros(), &a, &b, c);
-    let plain = reference::<f32>(spec, a_values.skips_zeros(), &a, &b, c);
+    let skip = a_values.skips_zeros();
+    let exact = common::gemm_reference::<f64>(spec, skip, &a, &b, c);
+    let plain = common::gemm_reference::<f32>(spec, skip, &a, &b, c);
     let got = pollster::block_on(gemm_host_variant(
         ctx,
         GemmKernel::Coop(shape),

@@ -6,6 +6,7 @@
 use std::sync::OnceLock;
 
 use webattn::conformance::{run_case, CaseResult, CaseSpec};
+use webattn::gpu::ops::gemm::GemmSpec;
 use webattn::{BackendPreference, Engine, EngineOptions, KernelPath};
 
 /// The seed every test draws from, unless `WEBATTN_SEED` says otherwise.
@@ -89,4 +90,53 @@ pub fn print_result(r: &CaseResult) {
         ),
         (None, None) => println!("ok   {:<34} {}", r.name, r.shapes),
     }
+}
+
+/// C = alpha·op(A)·op(B) + beta·C computed plainly in `F`, for the oracle
+/// (f64) and the baseline (f32) of the GEMM tests; with `skip_zero_a` a term
+/// whose A is exactly 0 adds nothing, whatever B holds.
+pub fn gemm_reference<F>(
+    spec: &GemmSpec,
+    skip_zero_a: bool,
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+) -> Vec<F>
+where
+    F: Copy + From<f32> + std::ops::Add<Output = F> + std::ops::Mul<Output = F>,
+{
+    let mut out: Vec<F> = c.iter().map(|&x| F::from(x)).collect();
+    for z in 0..spec.batch {
+        let a_base = spec.a_offset + z * spec.a_stride;
+        let b_base = spec.b_offset + ((spec.b_batch_base + z) / spec.b_batch_div) * spec.b_stride;
+        let c_base = spec.c_offset + z * spec.c_stride;
+        for i in 0..spec.m {
+            for j in 0..spec.n {
+                let mut acc = F::from(0.0);
+                for kk in 0..spec.k {
+                    let av = if spec.trans_a {
+                        a[a_base + kk * spec.lda + i]
+                    } else {
+                        a[a_base + i * spec.lda + kk]
+                    };
+                    let bv = if spec.trans_b {
+                        b[b_base + j * spec.ldb + kk]
+                    } else {
+                        b[b_base + kk * spec.ldb + j]
+                    };
+                    if !(skip_zero_a && av == 0.0) {
+                        acc = acc + F::from(av) * F::from(bv);
+                    }
+                }
+                let idx = c_base + i * spec.ldc + j;
+                let old = if spec.beta == 0.0 {
+                    F::from(0.0)
+                } else {
+                    F::from(spec.beta) * F::from(c[idx])
+                };
+                out[idx] = F::from(spec.alpha) * acc + old;
+            }
+        }
+    }
+    out
 }

@@ -210,7 +210,7 @@ impl CoopTiles {
     pub fn describe(&self) -> String {
         let n = self.n();
         format!(
-            "{} query rows x {}-key tiles, {} subgroups of {} each a {n}-row strip: S {n}x{} and O {n}x{} \
+            "{} query rows x {}-key tiles, {} subgroups of {}, each a strip of {n} rows: S {n}x{} and O {n}x{} \
              as {n}x{n} f32 matrices, Q, K, V and P as f16",
             self.query_rows(),
             self.keys_per_tile,
