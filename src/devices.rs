@@ -20,6 +20,7 @@ pub(crate) struct DeviceRecipe {
     pub power: PowerPreference,
     pub limits: DeviceLimits,
     pub portable_kernels: bool,
+    pub matrix_units: crate::options::MatrixUnits,
     pub fused_kernel: crate::gpu::ops::fused::FusedKernelChoice,
     /// The engine's tuning table, shared by every device it makes.
     pub tuning: std::sync::Arc<std::sync::Mutex<crate::tuning::TuningTable>>,
@@ -28,7 +29,7 @@ pub(crate) struct DeviceRecipe {
 impl DeviceRecipe {
     /// A device as this recipe says.
     pub async fn request(&self) -> Result<GpuContext> {
-        let ctx = GpuContext::request_with_limits(self.power, &self.limits).await?;
+        let ctx = GpuContext::request_with(self.power, &self.limits, self.matrix_units).await?;
         let ctx = if self.portable_kernels {
             ctx.with_portable_kernels()
         } else {

@@ -65,6 +65,11 @@ pub struct EngineOptions {
     /// attention), as on adapters without subgroups. Off: chosen from the
     /// adapter's capability profile.
     pub portable_kernels: bool,
+    /// Whether the device uses the adapter's matrix units for calls with
+    /// [`crate::Precision::Fast`]: where offered (default), never (`Off`:
+    /// wgpu's experimental feature is not requested), or `Emulated16`, a
+    /// testing aid for CPU adapters ([`crate::MatrixUnits`]).
+    pub matrix_units: crate::options::MatrixUnits,
     /// The fused kernel to use (default: chosen from the adapter's profile);
     /// forcing one runs it wherever the adapter can, e.g. to check a kernel on
     /// lavapipe that a GPU would pick. A kernel the adapter cannot run is an
@@ -174,6 +179,7 @@ impl Engine {
             power: options.power,
             limits: options.limits.clone(),
             portable_kernels: options.portable_kernels,
+            matrix_units: options.matrix_units,
             fused_kernel: options.fused_kernel,
             tuning: std::sync::Arc::new(std::sync::Mutex::new(options.tuning_cache.load())),
         };
@@ -186,6 +192,8 @@ impl Engine {
                 // A kernel was asked for by name: without an adapter that can
                 // run it, say so rather than fall back to the CPU.
                 Err(e) if forced => return Err(e),
+                // An option the adapter cannot honour is the caller's to fix.
+                Err(e @ Error::InvalidOption { .. }) => return Err(e),
                 Err(e) => {
                     log::warn!("webattn: {e}; using the CPU backend");
                     Backend::Cpu

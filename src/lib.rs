@@ -57,7 +57,9 @@ pub use gpu::context::{GpuContext, PowerPreference};
 pub use gpu::ops::fused::FusedKernelChoice;
 pub use kv_cache::KvCache;
 pub use limits::{DeviceLimits, LimitOverride, LimitsPreset};
-pub use options::{alibi_slopes, AttentionOptions, KernelPath, Precision, QkMatmulOutputMode};
+pub use options::{
+    alibi_slopes, AttentionOptions, KernelPath, MatrixUnits, Precision, QkMatmulOutputMode,
+};
 pub use problem::{
     validate, AttentionDims, AttentionInputs, AttentionOutputs, MaskLayout, MaskRef, TensorRef,
 };

@@ -112,6 +112,60 @@ impl std::str::FromStr for Precision {
     }
 }
 
+/// Whether an engine's device uses the adapter's matrix units (wgpu's
+/// experimental cooperative-matrix feature, native only), which calls with
+/// [`Precision::Fast`] multiply on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum MatrixUnits {
+    /// Request the feature where the adapter offers it and use the
+    /// configurations it lists (the default).
+    #[default]
+    Auto,
+    /// Never request the experimental feature: the device is created
+    /// without it, and `Fast` calls run the f32 kernels.
+    Off,
+    /// A testing aid for CPU adapters: on one that lists 8×8×8 f16 → f32
+    /// matrices (Mesa 26's lavapipe), also list 16×16×16 f16 → f32, which it
+    /// executes though it does not report it, so that the 16×16 kernels that
+    /// GPUs get run against the oracle on a machine without a GPU. Any other
+    /// adapter refuses it with [`Error::InvalidOption`].
+    Emulated16,
+}
+
+impl MatrixUnits {
+    /// The name the CLI spells (`auto`, `off`, `emulated16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            MatrixUnits::Auto => "auto",
+            MatrixUnits::Off => "off",
+            MatrixUnits::Emulated16 => "emulated16",
+        }
+    }
+}
+
+impl std::fmt::Display for MatrixUnits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for MatrixUnits {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<MatrixUnits> {
+        match text {
+            "auto" => Ok(MatrixUnits::Auto),
+            "off" => Ok(MatrixUnits::Off),
+            "emulated16" => Ok(MatrixUnits::Emulated16),
+            _ => Err(Error::InvalidOption {
+                name: "matrix_units",
+                value: text.to_string(),
+                reason: "must be auto (where the adapter offers them), off (never request wgpu's experimental feature) or emulated16 (a testing aid for CPU adapters)",
+            }),
+        }
+    }
+}
+
 /// Which implementation runs the call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub enum KernelPath {

@@ -9,6 +9,11 @@
 //! `.ci/lavapipe-coop` (Mesa 26, 8x8x8 f16 -> f32 at subgroups of 8), which
 //! `bash .ci/setup --coop` installs. With `WEBATTN_REQUIRE_GPU=1` (CI) a
 //! missing install fails the tests rather than skipping them.
+//!
+//! The 16x16 kernels, which GPUs get (NVIDIA lists 16x16x16 f16 -> f32), run
+//! there too: that lavapipe executes 16x16 matrices though it lists only 8x8,
+//! and `MatrixUnits::Emulated16` lists them for it. An adapter that lists
+//! 16x16 itself runs them as it is.
 
 mod common;
 
@@ -18,21 +23,51 @@ use webattn::conformance::{compare, run_sweep, SweepKind, DEFAULT_FLOOR};
 use webattn::gpu::kernels::gemm_host_variant;
 use webattn::gpu::ops::gemm::{AValues, GemmKernel, GemmSpec};
 use webattn::gpu::planner::coop_shape;
+use webattn::gpu::registry::CoopSize;
 use webattn::rng::SplitMix64;
 use webattn::{
-    AttentionOptions, Engine, EngineOptions, FusedKernelChoice, HostTensor, KernelPath, Precision,
+    AttentionOptions, Engine, EngineOptions, Error, FusedKernelChoice, HostTensor, KernelPath,
+    MatrixUnits, Precision,
 };
 
 /// Set in the process a test starts under `.ci/lavapipe-coop`.
 const CHILD: &str = "WEBATTN_MATRIX_UNITS_CHILD";
 
-/// Runs `checks` on an engine whose adapter has matrix units: this process's,
-/// or a child's under `.ci/lavapipe-coop` running the test named `test`.
-fn on_matrix_units(test: &str, checks: impl FnOnce(&Engine)) {
+/// The matrix-unit size a test runs on.
+#[derive(Clone, Copy)]
+enum Size {
+    /// The configuration the planner picks on the adapter (8 on lavapipe).
+    Native,
+    /// 16x16x16 f16 -> f32: listed by the adapter, or emulated on lavapipe.
+    Sixteen,
+}
+
+/// An engine on `engine`'s adapter whose matrix units are `size`.
+fn engine_at(engine: &Engine, size: Size) -> Option<Engine> {
+    let listed = coop_shape(engine.gpu().expect("a GPU engine").capabilities()).map(|s| s.size);
+    match size {
+        Size::Sixteen if listed != Some(CoopSize::Sixteen) => Some(
+            Engine::with_options_blocking(EngineOptions {
+                matrix_units: MatrixUnits::Emulated16,
+                ..Default::default()
+            })
+            .expect("lavapipe runs 16x16 matrices as MatrixUnits::Emulated16"),
+        ),
+        _ => None,
+    }
+}
+
+/// Runs `checks` on an engine whose adapter has matrix units of `size`: this
+/// process's, or a child's under `.ci/lavapipe-coop` running the test named
+/// `test`.
+fn on_matrix_units(test: &str, size: Size, checks: impl FnOnce(&Engine)) {
     let Some(engine) = common::gpu() else { return };
     let ctx = engine.gpu().expect("a GPU engine");
     if coop_shape(ctx.capabilities()).is_some() {
-        println!("matrix units on {}", engine.describe());
+        let own = engine_at(engine, size);
+        let engine = own.as_ref().unwrap_or(engine);
+        let shape = coop_shape(engine.gpu().expect("a GPU engine").capabilities());
+        println!("matrix units {shape:?} on {}", engine.describe());
         checks(engine);
         return;
     }
@@ -154,155 +189,177 @@ fn random(spec: &GemmSpec, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
 
 #[test]
 fn gemm_on_the_matrix_units() {
-    on_matrix_units("gemm_on_the_matrix_units", |engine| {
-        let sizes = [1usize, 7, 33, 97, 257];
-        let mut seed = 0;
-        for (i, &m) in sizes.iter().enumerate() {
-            for (j, &n) in sizes.iter().enumerate() {
-                let k = sizes[(i + 2 * j) % sizes.len()];
-                let (ta, tb) = ((i + j) % 2 == 1, (i * j) % 2 == 1);
-                let spec = GemmSpec::contiguous(1, m, n, k, ta, tb);
-                let (a, b, c) = random(&spec, seed);
-                let name = format!("m{m} n{n} k{k} ta{} tb{}", ta as u8, tb as u8);
-                check_gemm(engine, &name, &spec, AValues::Any, &a, &b, &c);
-                seed += 1;
-            }
-        }
-        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
-            let spec = GemmSpec::contiguous(1, 130, 65, 97, ta, tb);
+    on_matrix_units("gemm_on_the_matrix_units", Size::Native, gemm_cases);
+}
+
+#[test]
+fn gemm_on_16x16_matrix_units() {
+    on_matrix_units("gemm_on_16x16_matrix_units", Size::Sixteen, gemm_cases);
+}
+
+/// The GEMM at sizes that are not tile multiples, every transpose, alpha
+/// and beta, strides and offsets, B shared by grouped heads, a long K.
+fn gemm_cases(engine: &Engine) {
+    let sizes = [1usize, 7, 33, 97, 257];
+    let mut seed = 0;
+    for (i, &m) in sizes.iter().enumerate() {
+        for (j, &n) in sizes.iter().enumerate() {
+            let k = sizes[(i + 2 * j) % sizes.len()];
+            let (ta, tb) = ((i + j) % 2 == 1, (i * j) % 2 == 1);
+            let spec = GemmSpec::contiguous(1, m, n, k, ta, tb);
             let (a, b, c) = random(&spec, seed);
-            let name = format!("130x65x97 ta{} tb{}", ta as u8, tb as u8);
+            let name = format!("m{m} n{n} k{k} ta{} tb{}", ta as u8, tb as u8);
             check_gemm(engine, &name, &spec, AValues::Any, &a, &b, &c);
+            seed += 1;
         }
-        // alpha and beta, then padded leading dimensions, offsets and gaps
-        // between batch entries, then B shared by grouped heads.
-        let spec = GemmSpec {
-            alpha: -0.75,
-            beta: 0.5,
-            ..GemmSpec::contiguous(3, 33, 40, 17, false, true)
-        };
-        let (a, b, c) = random(&spec, 1);
-        check_gemm(
-            engine,
-            "alpha -0.75 beta 0.5",
-            &spec,
-            AValues::Any,
-            &a,
-            &b,
-            &c,
-        );
-        let spec = GemmSpec {
-            batch: 4,
-            m: 7,
-            n: 13,
-            k: 9,
-            trans_a: false,
-            trans_b: false,
-            lda: 11,
-            ldb: 16,
-            ldc: 20,
-            a_offset: 5,
-            b_offset: 3,
-            c_offset: 2,
-            a_stride: 7 * 11 + 4,
-            b_stride: 9 * 16 + 1,
-            c_stride: 7 * 20 + 6,
-            b_batch_base: 0,
-            b_batch_div: 1,
-            alpha: 1.0,
-            beta: 1.0,
-        };
-        let (a, b, c) = random(&spec, 2);
-        check_gemm(
-            engine,
-            "strided with offsets",
-            &spec,
-            AValues::Any,
-            &a,
-            &b,
-            &c,
-        );
-        let spec = GemmSpec {
-            b_batch_base: 2,
-            b_batch_div: 2,
-            ..GemmSpec::contiguous(6, 33, 7, 40, false, true)
-        };
-        let (a, b, c) = random(&spec, 3);
-        check_gemm(
-            engine,
-            "gqa b_batch_div 2 base 2",
-            &spec,
-            AValues::Any,
-            &a,
-            &b,
-            &c,
-        );
-        // A K long enough to need several passes on a loop-capped driver.
-        let spec = GemmSpec::contiguous(2, 5, 7, 100_000, false, false);
-        let (a, b, c) = random(&spec, 4);
-        check_gemm(engine, "k 100000", &spec, AValues::Any, &a, &b, &c);
-    });
+    }
+    for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+        let spec = GemmSpec::contiguous(1, 130, 65, 97, ta, tb);
+        let (a, b, c) = random(&spec, seed);
+        let name = format!("130x65x97 ta{} tb{}", ta as u8, tb as u8);
+        check_gemm(engine, &name, &spec, AValues::Any, &a, &b, &c);
+    }
+    // alpha and beta, then padded leading dimensions, offsets and gaps
+    // between batch entries, then B shared by grouped heads.
+    let spec = GemmSpec {
+        alpha: -0.75,
+        beta: 0.5,
+        ..GemmSpec::contiguous(3, 33, 40, 17, false, true)
+    };
+    let (a, b, c) = random(&spec, 1);
+    check_gemm(
+        engine,
+        "alpha -0.75 beta 0.5",
+        &spec,
+        AValues::Any,
+        &a,
+        &b,
+        &c,
+    );
+    let spec = GemmSpec {
+        batch: 4,
+        m: 7,
+        n: 13,
+        k: 9,
+        trans_a: false,
+        trans_b: false,
+        lda: 11,
+        ldb: 16,
+        ldc: 20,
+        a_offset: 5,
+        b_offset: 3,
+        c_offset: 2,
+        a_stride: 7 * 11 + 4,
+        b_stride: 9 * 16 + 1,
+        c_stride: 7 * 20 + 6,
+        b_batch_base: 0,
+        b_batch_div: 1,
+        alpha: 1.0,
+        beta: 1.0,
+    };
+    let (a, b, c) = random(&spec, 2);
+    check_gemm(
+        engine,
+        "strided with offsets",
+        &spec,
+        AValues::Any,
+        &a,
+        &b,
+        &c,
+    );
+    let spec = GemmSpec {
+        b_batch_base: 2,
+        b_batch_div: 2,
+        ..GemmSpec::contiguous(6, 33, 7, 40, false, true)
+    };
+    let (a, b, c) = random(&spec, 3);
+    check_gemm(
+        engine,
+        "gqa b_batch_div 2 base 2",
+        &spec,
+        AValues::Any,
+        &a,
+        &b,
+        &c,
+    );
+    // A K long enough to need several passes on a loop-capped driver.
+    let spec = GemmSpec::contiguous(2, 5, 7, 100_000, false, false);
+    let (a, b, c) = random(&spec, 4);
+    check_gemm(engine, "k 100000", &spec, AValues::Any, &a, &b, &c);
 }
 
 #[test]
 fn gemm_on_the_matrix_units_skips_zeros_of_a_against_non_finite_b() {
     on_matrix_units(
         "gemm_on_the_matrix_units_skips_zeros_of_a_against_non_finite_b",
-        |engine| {
-            // P V: rows of A are probabilities, some exactly 0 (masked keys),
-            // some tiny (f16 subnormals; staged times 2^14 they keep their
-            // bits), two 1.5e-38 (attended keys whose probabilities underflow
-            // f16, at the unfused path's floor, the smallest normal f32: they
-            // still multiply their rows of B); B holds NaN and infinities.
-            let spec = GemmSpec::contiguous(2, 37, 21, 70, false, false);
-            let (mut a, mut b, c) = random(&spec, 5);
-            for (i, x) in a.iter_mut().enumerate() {
-                *x = match i % 5 {
-                    0 => 0.0,
-                    1 => x.abs() * 1e-6,
-                    _ => (x.abs() / 4.0).min(1.0),
-                };
-            }
-            let (k, n) = (spec.k, spec.n);
-            // Column 3 of key 6 is NaN: every row whose A at key 6 is not 0
-            // gets NaN there. Keys 9 and 40 are infinite in columns 0 and 5.
-            b[6 * n + 3] = f32::NAN;
-            b[9 * n] = f32::INFINITY;
-            b[40 * n + 5] = f32::NEG_INFINITY;
-            // Rows 1 and 2 of batch 0 attend keys 6 (NaN) and 9 (+inf) with
-            // probabilities f16 flushes to 0: NaN and +inf there.
-            a[k + 6] = 1.5e-38;
-            a[2 * k + 9] = 1.5e-38;
-            // Keys 9 and 40 are masked (0) in every row of batch 1.
-            for row in 0..spec.m {
-                a[spec.m * k + row * k + 9] = 0.0;
-                a[spec.m * k + row * k + 40] = 0.0;
-            }
-            check_gemm(
-                engine,
-                "probabilities, NaN and inf in B",
-                &spec,
-                AValues::Probabilities,
-                &a,
-                &b,
-                &c,
-            );
-            // Zeros skipped for any A (not probabilities: no scaling).
-            let (mut a, _, _) = random(&spec, 6);
-            for x in a.iter_mut().step_by(3) {
-                *x = 0.0;
-            }
-            a[k + 6] = 1.5e-38;
-            check_gemm(
-                engine,
-                "zeros of A skipped, NaN and inf in B",
-                &spec,
-                AValues::ZerosSkipped,
-                &a,
-                &b,
-                &c,
-            );
-        },
+        Size::Native,
+        zero_skipping_cases,
+    );
+}
+
+#[test]
+fn gemm_on_16x16_matrix_units_skips_zeros_of_a_against_non_finite_b() {
+    on_matrix_units(
+        "gemm_on_16x16_matrix_units_skips_zeros_of_a_against_non_finite_b",
+        Size::Sixteen,
+        zero_skipping_cases,
+    );
+}
+
+/// Zeros of A against NaN and infinities of B, probabilities f16 flushes.
+fn zero_skipping_cases(engine: &Engine) {
+    // P V: rows of A are probabilities, some exactly 0 (masked keys),
+    // some tiny (f16 subnormals; staged times 2^14 they keep their
+    // bits), two 1.5e-38 (attended keys whose probabilities underflow
+    // f16, at the unfused path's floor, the smallest normal f32: they
+    // still multiply their rows of B); B holds NaN and infinities.
+    let spec = GemmSpec::contiguous(2, 37, 21, 70, false, false);
+    let (mut a, mut b, c) = random(&spec, 5);
+    for (i, x) in a.iter_mut().enumerate() {
+        *x = match i % 5 {
+            0 => 0.0,
+            1 => x.abs() * 1e-6,
+            _ => (x.abs() / 4.0).min(1.0),
+        };
+    }
+    let (k, n) = (spec.k, spec.n);
+    // Column 3 of key 6 is NaN: every row whose A at key 6 is not 0
+    // gets NaN there. Keys 9 and 40 are infinite in columns 0 and 5.
+    b[6 * n + 3] = f32::NAN;
+    b[9 * n] = f32::INFINITY;
+    b[40 * n + 5] = f32::NEG_INFINITY;
+    // Rows 1 and 2 of batch 0 attend keys 6 (NaN) and 9 (+inf) with
+    // probabilities f16 flushes to 0: NaN and +inf there.
+    a[k + 6] = 1.5e-38;
+    a[2 * k + 9] = 1.5e-38;
+    // Keys 9 and 40 are masked (0) in every row of batch 1.
+    for row in 0..spec.m {
+        a[spec.m * k + row * k + 9] = 0.0;
+        a[spec.m * k + row * k + 40] = 0.0;
+    }
+    check_gemm(
+        engine,
+        "probabilities, NaN and inf in B",
+        &spec,
+        AValues::Probabilities,
+        &a,
+        &b,
+        &c,
+    );
+    // Zeros skipped for any A (not probabilities: no scaling).
+    let (mut a, _, _) = random(&spec, 6);
+    for x in a.iter_mut().step_by(3) {
+        *x = 0.0;
+    }
+    a[k + 6] = 1.5e-38;
+    check_gemm(
+        engine,
+        "zeros of A skipped, NaN and inf in B",
+        &spec,
+        AValues::ZerosSkipped,
+        &a,
+        &b,
+        &c,
     );
 }
 
@@ -310,47 +367,76 @@ fn gemm_on_the_matrix_units_skips_zeros_of_a_against_non_finite_b() {
 fn attention_with_fast_precision_on_the_matrix_units() {
     on_matrix_units(
         "attention_with_fast_precision_on_the_matrix_units",
-        |engine| {
-            let report = pollster::block_on(run_sweep(
-                engine,
-                SweepKind::Full,
-                "",
-                common::seed(),
-                Precision::Fast,
-                common::print_result,
-            ));
-            println!("{}", report.summary_line());
-            println!(
-                "worst share of the allowance: {:.3}",
-                report.worst_share_of_allowed()
-            );
-            assert_eq!(report.failed(), 0, "{}", report.table());
-            let used: Vec<String> = engine
-                .gpu()
-                .expect("a GPU engine")
-                .pipelines()
-                .compiled_keys()
-                .into_iter()
-                .filter(|key| key.kernel.uses_coop())
-                .map(|key| key.to_string())
-                .collect();
-            println!("matrix-unit pipelines: {used:?}");
-            assert!(
-                used.iter().any(|k| k.starts_with("gemm_coop")),
-                "the unfused path did not multiply on the matrix units: {used:?}"
-            );
-            assert!(
-                used.iter().any(|k| k.starts_with("attention_coop")),
-                "the fused path did not multiply on the matrix units: {used:?}"
-            );
-        },
+        Size::Native,
+        |engine| sweep_through_the_matrix_units(engine, SweepKind::Full, CoopSize::Eight),
     );
+}
+
+/// The quick sweep through the 16x16 kernels (the full one runs at the
+/// native size; `webattn --matrix-units emulated16 --precision fast check
+/// --full` runs it at 16 under `.ci/lavapipe-coop`).
+#[test]
+fn attention_with_fast_precision_on_16x16_matrix_units() {
+    on_matrix_units(
+        "attention_with_fast_precision_on_16x16_matrix_units",
+        Size::Sixteen,
+        |engine| sweep_through_the_matrix_units(engine, SweepKind::Quick, CoopSize::Sixteen),
+    );
+}
+
+/// The sweep at `Fast` on `engine`, which must pass and must have multiplied
+/// on `size` matrices on both paths (any size where the adapter lists
+/// another natively than lavapipe's 8).
+fn sweep_through_the_matrix_units(engine: &Engine, kind: SweepKind, size: CoopSize) {
+    let report = pollster::block_on(run_sweep(
+        engine,
+        kind,
+        "",
+        common::seed(),
+        Precision::Fast,
+        common::print_result,
+    ));
+    println!("{}", report.summary_line());
+    println!(
+        "worst share of the allowance: {:.3}",
+        report.worst_share_of_allowed()
+    );
+    assert_eq!(report.failed(), 0, "{}", report.table());
+    let used: Vec<String> = engine
+        .gpu()
+        .expect("a GPU engine")
+        .pipelines()
+        .compiled_keys()
+        .into_iter()
+        .filter(|key| key.kernel.uses_coop())
+        .map(|key| key.to_string())
+        .collect();
+    println!("matrix-unit pipelines: {used:?}");
+    assert!(
+        used.iter().any(|k| k.starts_with("gemm_coop")),
+        "the unfused path did not multiply on the matrix units: {used:?}"
+    );
+    assert!(
+        used.iter().any(|k| k.starts_with("attention_coop")),
+        "the fused path did not multiply on the matrix units: {used:?}"
+    );
+    let shape = coop_shape(engine.gpu().expect("a GPU engine").capabilities());
+    if shape.is_some_and(|s| s.size == size) {
+        let n = size.dim();
+        for kernel in ["gemm_coop", "attention_coop"] {
+            assert!(
+                used.iter().any(|k| k.starts_with(&format!("{kernel}{n}["))),
+                "no {kernel}{n} pipeline: {used:?}"
+            );
+        }
+    }
 }
 
 #[test]
 fn the_matrix_units_run_only_where_the_caller_allows_f16_products() {
     on_matrix_units(
         "the_matrix_units_run_only_where_the_caller_allows_f16_products",
+        Size::Native,
         |_| {
             let engine = Engine::with_options_blocking(Default::default()).expect("an engine");
             let coop_pipelines = |engine: &Engine| {
@@ -418,4 +504,80 @@ fn the_matrix_units_run_only_where_the_caller_allows_f16_products() {
             assert_eq!(coop_pipelines(&coop), 1);
         },
     );
+}
+
+/// `MatrixUnits::Off` creates the device without wgpu's experimental
+/// feature: it lists no configurations, and `Fast` calls run the f32 kernels.
+#[test]
+fn matrix_units_off_leaves_the_experimental_feature_unrequested() {
+    on_matrix_units(
+        "matrix_units_off_leaves_the_experimental_feature_unrequested",
+        Size::Native,
+        |_| {
+            let engine = Engine::with_options_blocking(EngineOptions {
+                matrix_units: MatrixUnits::Off,
+                ..Default::default()
+            })
+            .expect("an engine");
+            let ctx = engine.gpu().expect("a GPU engine");
+            assert!(ctx.capabilities().cooperative_matrix.is_empty());
+            assert!(!ctx
+                .device()
+                .features()
+                .contains(webattn::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX));
+            let mut rng = SplitMix64::new(7);
+            let q = HostTensor::new([1, 2, 9, 16], rng.normal_vec(2 * 9 * 16, 1.0)).unwrap();
+            let k = HostTensor::new([1, 2, 11, 16], rng.normal_vec(2 * 11 * 16, 1.0)).unwrap();
+            let inputs = webattn::AttentionInputs::new(&q, &k, &k);
+            for path in [KernelPath::Fused, KernelPath::Unfused] {
+                let options = AttentionOptions {
+                    path,
+                    precision: Precision::Fast,
+                    ..Default::default()
+                };
+                pollster::block_on(engine.attention_host(&inputs, &options)).expect("runs");
+            }
+            let coop = ctx
+                .pipelines()
+                .compiled_keys()
+                .into_iter()
+                .filter(|key| key.kernel.uses_coop())
+                .count();
+            assert_eq!(coop, 0, "Off still multiplied on the matrix units");
+        },
+    );
+}
+
+/// `MatrixUnits::Emulated16` is a testing aid for a CPU adapter that lists
+/// 8x8 matrices; any other adapter refuses it with a typed error.
+#[test]
+fn emulated_matrix_units_are_refused_where_they_do_not_apply() {
+    let Some(engine) = common::gpu() else { return };
+    let caps = engine.gpu().expect("a GPU engine").capabilities();
+    let applies = caps.adapter.device_type == "Cpu"
+        && caps
+            .cooperative_matrix
+            .iter()
+            .any(|c| (c.m, c.n, c.k, c.ab, c.cr) == (8, 8, 8, "f16", "f32"));
+    let made = Engine::with_options_blocking(EngineOptions {
+        matrix_units: MatrixUnits::Emulated16,
+        backend: webattn::BackendPreference::Auto,
+        ..Default::default()
+    });
+    match made {
+        Ok(emulated) => {
+            assert!(applies, "accepted on {}", engine.describe());
+            let caps = emulated.gpu().expect("a GPU engine").capabilities().clone();
+            assert!(caps
+                .cooperative_matrix
+                .iter()
+                .any(|c| c.emulated && c.m == 16));
+            assert_eq!(coop_shape(&caps).map(|s| s.size), Some(CoopSize::Sixteen));
+        }
+        Err(Error::InvalidOption { name, .. }) => {
+            assert!(!applies, "refused on {}", engine.describe());
+            assert_eq!(name, "matrix_units");
+        }
+        Err(e) => panic!("expected a typed InvalidOption, got {e}"),
+    }
 }

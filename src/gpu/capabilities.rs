@@ -1,6 +1,9 @@
 //! The capability profile of an adapter: who it is, the limits and features
 //! that matter to our kernels. Kernel choices are made from this profile.
 
+use crate::error::{Error, Result};
+use crate::options::MatrixUnits;
+
 /// The adapter's identity, as text fit for reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdapterSummary {
@@ -161,40 +164,48 @@ pub struct CoopMatrixConfig {
     pub ab: &'static str,
     /// The accumulator's element type.
     pub cr: &'static str,
+    /// Not listed by the adapter: added by [`crate::MatrixUnits::Emulated16`],
+    /// a testing aid on CPU adapters.
+    pub emulated: bool,
 }
 
 impl std::fmt::Display for CoopMatrixConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}x{}x{} {}->{}",
-            self.m, self.n, self.k, self.ab, self.cr
+            "{}x{}x{} {}->{}{}",
+            self.m,
+            self.n,
+            self.k,
+            self.ab,
+            self.cr,
+            if self.emulated { " (emulated)" } else { "" }
         )
     }
 }
 
 /// The cooperative-matrix configurations `adapter` reports, when `device`
 /// was created with wgpu's `EXPERIMENTAL_COOPERATIVE_MATRIX` feature (none
-/// otherwise; none on the web).
+/// otherwise; none on the web), with the 16×16×16 f16 → f32 configuration
+/// added under [`MatrixUnits::Emulated16`] on a CPU adapter that lists the
+/// 8×8×8 one (else that is an [`Error::InvalidOption`]).
 pub(crate) fn cooperative_matrix_configs(
     adapter: &wgpu::Adapter,
     device: &wgpu::Device,
-) -> Vec<CoopMatrixConfig> {
+    matrix_units: MatrixUnits,
+) -> Result<Vec<CoopMatrixConfig>> {
     #[cfg(not(target_arch = "wasm32"))]
+    let mut configs: Vec<CoopMatrixConfig> = if device
+        .features()
+        .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
     {
-        if !device
-            .features()
-            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
-        {
-            return Vec::new();
-        }
         let name = |t: wgpu::CooperativeScalarType| match t {
             wgpu::CooperativeScalarType::F32 => "f32",
             wgpu::CooperativeScalarType::F16 => "f16",
             wgpu::CooperativeScalarType::I32 => "i32",
             wgpu::CooperativeScalarType::U32 => "u32",
         };
-        let mut configs: Vec<CoopMatrixConfig> = adapter
+        adapter
             .cooperative_matrix_properties()
             .into_iter()
             .map(|p| CoopMatrixConfig {
@@ -203,16 +214,46 @@ pub(crate) fn cooperative_matrix_configs(
                 k: p.k_size,
                 ab: name(p.ab_type),
                 cr: name(p.cr_type),
+                emulated: false,
             })
-            .collect();
-        configs.dedup();
-        configs
-    }
+            .collect()
+    } else {
+        Vec::new()
+    };
     #[cfg(target_arch = "wasm32")]
-    {
+    let mut configs: Vec<CoopMatrixConfig> = {
         let _ = (adapter, device);
         Vec::new()
+    };
+    configs.dedup();
+    if matrix_units == MatrixUnits::Emulated16 {
+        let square = |n: u32| CoopMatrixConfig {
+            m: n,
+            n,
+            k: n,
+            ab: "f16",
+            cr: "f32",
+            emulated: false,
+        };
+        let cpu = adapter.get_info().device_type == wgpu::DeviceType::Cpu;
+        if !cpu || !configs.contains(&square(8)) {
+            return Err(Error::InvalidOption {
+                name: "matrix_units",
+                value: matrix_units.name().to_string(),
+                reason: "is a testing aid for CPU adapters that list 8x8x8 f16->f32 matrices (Mesa 26's lavapipe: .ci/lavapipe-coop); this adapter does not",
+            });
+        }
+        if !configs.contains(&square(16)) {
+            configs.insert(
+                0,
+                CoopMatrixConfig {
+                    emulated: true,
+                    ..square(16)
+                },
+            );
+        }
     }
+    Ok(configs)
 }
 
 impl Capabilities {

@@ -7,17 +7,22 @@ use super::choice::{FusedKernelChoice, GemmKernel};
 use super::pipeline::PipelineCache;
 use crate::error::{Error, Result};
 use crate::limits::DeviceLimits;
+use crate::options::MatrixUnits;
 
 /// Features the kernels can use when the adapter has them; none is required.
 /// Natively that includes wgpu's experimental cooperative matrices (the
-/// matrix-unit kernels); browsers offer none.
-fn wanted_features() -> wgpu::Features {
+/// matrix-unit kernels) unless `matrix_units` is [`MatrixUnits::Off`];
+/// browsers offer none.
+fn wanted_features(matrix_units: MatrixUnits) -> wgpu::Features {
     let features = wgpu::Features::SHADER_F16
         | wgpu::Features::SUBGROUP
         | wgpu::Features::TIMESTAMP_QUERY
         | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
     #[cfg(not(target_arch = "wasm32"))]
-    let features = features | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    if matrix_units != MatrixUnits::Off {
+        return features | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    }
+    let _ = matrix_units;
     features
 }
 
@@ -130,6 +135,17 @@ impl GpuContext {
         power: PowerPreference,
         limits: &DeviceLimits,
     ) -> Result<GpuContext> {
+        Self::request_with(power, limits, MatrixUnits::Auto).await
+    }
+
+    /// Like [`GpuContext::request_with_limits`], with the matrix units as
+    /// `matrix_units` asks ([`MatrixUnits::Off`] creates the device without
+    /// wgpu's experimental feature).
+    pub async fn request_with(
+        power: PowerPreference,
+        limits: &DeviceLimits,
+        matrix_units: MatrixUnits,
+    ) -> Result<GpuContext> {
         let power_preference = match power {
             PowerPreference::Default => wgpu::PowerPreference::from_env().unwrap_or_default(),
             PowerPreference::LowPower => wgpu::PowerPreference::LowPower,
@@ -156,7 +172,7 @@ impl GpuContext {
             }
         }
         let adapter = adapter?;
-        Self::from_adapter_with_limits(&adapter, limits).await
+        Self::from_adapter_with(&adapter, limits, matrix_units).await
     }
 
     /// Creates the device on a given adapter with its full limits.
@@ -171,8 +187,18 @@ impl GpuContext {
         adapter: &wgpu::Adapter,
         limits: &DeviceLimits,
     ) -> Result<GpuContext> {
+        Self::from_adapter_with(adapter, limits, MatrixUnits::Auto).await
+    }
+
+    /// Like [`GpuContext::from_adapter_with_limits`], with the matrix units
+    /// as `matrix_units` asks.
+    pub async fn from_adapter_with(
+        adapter: &wgpu::Adapter,
+        limits: &DeviceLimits,
+        matrix_units: MatrixUnits,
+    ) -> Result<GpuContext> {
         let info = adapter.get_info();
-        let features = adapter.features() & wanted_features();
+        let features = adapter.features() & wanted_features(matrix_units);
         let limits = limits.resolve(&adapter.limits())?;
         #[cfg(not(target_arch = "wasm32"))]
         let experimental_features =
@@ -215,7 +241,8 @@ impl GpuContext {
         // Browsers raise a request below WebGPU's defaults to the defaults; the
         // engine keeps to what was asked, so a small adapter can be imitated there too.
         caps.limits = caps.limits.at_most(&KernelLimits::from(&limits));
-        caps.cooperative_matrix = super::capabilities::cooperative_matrix_configs(adapter, &device);
+        caps.cooperative_matrix =
+            super::capabilities::cooperative_matrix_configs(adapter, &device, matrix_units)?;
         caps.unpack_f16 = adapter
             .get_downlevel_capabilities()
             .flags

@@ -341,6 +341,7 @@ mod tests {
                 k: n,
                 ab,
                 cr,
+                emulated: false,
             })
             .collect();
         caps

@@ -19,7 +19,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use webattn::tuning::TuningCache;
 use webattn::{
     BackendPreference, DeviceLimits, Engine, EngineOptions, FusedKernelChoice, LimitOverride,
-    LimitsPreset, Precision,
+    LimitsPreset, MatrixUnits, Precision,
 };
 
 /// GPU attention (ONNX Attention, opset 25) on WebGPU compute shaders, checked
@@ -69,6 +69,14 @@ pub struct EngineArgs {
     #[arg(long, value_name = "PRECISION", default_value = "highest", global = true,
           value_parser = |s: &str| s.parse::<Precision>())]
     precision: Precision,
+    /// The adapter's matrix units: auto (used by --precision fast where the
+    /// adapter offers them), off (the device is created without wgpu's
+    /// experimental cooperative-matrix feature), or emulated16, a testing aid
+    /// for Mesa 26's lavapipe (.ci/lavapipe-coop): it lists only 8x8x8 f16
+    /// matrices but runs the 16x16x16 kernels that GPUs get.
+    #[arg(long, value_name = "auto|off|emulated16", default_value = "auto", global = true,
+          value_parser = |s: &str| s.parse::<MatrixUnits>())]
+    matrix_units: MatrixUnits,
     /// The tuning cache (`webattn tune`'s measured kernel choices) to read and
     /// write: a file, or `none` for none. Default: $WEBATTN_TUNING_CACHE, else
     /// ~/.cache/webattn/tuning.tsv.
@@ -129,6 +137,7 @@ fn engine(args: &EngineArgs) -> webattn::Result<Engine> {
         cpu_threads: args.cpu_threads.map(usize::from),
         limits: args.device_limits(),
         fused_kernel: args.kernel,
+        matrix_units: args.matrix_units,
         tuning_cache: match &args.tuning_cache {
             None => TuningCache::Default,
             Some(path) if path.as_os_str() == "none" => TuningCache::Memory,
