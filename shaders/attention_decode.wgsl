@@ -83,20 +83,13 @@ fn widen4(x: KV4) -> vec4<f32> {
 }
 // ELEMENT END
 
-const MASKED: f32 = -0x1.fffffep+127f;
-const FLAG_MASK: u32 = 1u;
-const FLAG_CAUSAL: u32 = 2u;
-const FLAG_NONPAD: u32 = 4u;
-const FLAG_PAST: u32 = 8u;
-const FLAG_SOFTCAP: u32 = 16u;
-const FLAG_ALIBI: u32 = 32u;
+// #include attention_rules.wgsl
+
 // Invocations, and keys per tile.
 const WG: u32 = 64u;
 // vec4 columns of K per staged slice (and its padded row stride).
 const DS: u32 = 4u;
 const DS_STRIDE: u32 = 5u;
-const ROW_ATTENDED: u32 = 1u;
-const ROW_POISONED: u32 = 2u;
 // The most rows per workgroup, and this pipeline's rows (heads_per_wg * Nq):
 // loops over rows have a constant trip count, so the per-row registers stay
 // registers.
@@ -104,14 +97,6 @@ const MAX_ROWS: u32 = 16u;
 override ROWS: u32 = 1u;
 // Partial maxima and sums per row: WG / MAX_ROWS.
 const PARTS: u32 = 4u;
-
-// NaN and -inf made at run time: WGSL constant expressions cannot hold them
-// (Chrome rejects the shader), so they come from a private variable.
-var<private> non_finite_bits: vec2<u32> = vec2<u32>(0xff800000u, 0x7fc00000u);
-
-fn neg_inf() -> f32 {
-    return bitcast<f32>(non_finite_bits.x);
-}
 
 // K's slice of the tile (then, at the end, the partial O's being added up).
 var<workgroup> k_slice: array<vec4<f32>, 320>;
@@ -124,29 +109,6 @@ var<workgroup> parts: array<f32, 64>;
 var<workgroup> batch_nonpad: i32;
 // Each row's ROW_ATTENDED | ROW_POISONED over the split.
 var<workgroup> row_flags: array<atomic<u32>, 16>;
-
-// Whether a score is NaN or +inf (bit tests: WGSL comparisons need not see NaN).
-fn poisons(x: f32) -> bool {
-    let bits = bitcast<u32>(x);
-    return (bits & 0x7fffffffu) > 0x7f800000u || bits == 0x7f800000u;
-}
-
-// tanh accurate to a few ulp (see mask.wgsl); NaN stays NaN.
-fn accurate_tanh(x: f32) -> f32 {
-    if ((bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u) {
-        return x;
-    }
-    let ax = abs(x);
-    if (ax < 0.4) {
-        let z = x * x;
-        let poly = 1.0 + z * (-1.0 / 3.0 + z * (2.0 / 15.0 + z * (-17.0 / 315.0
-            + z * (62.0 / 2835.0 + z * (-1382.0 / 155925.0 + z * (21844.0 / 6081075.0))))));
-        return x * poly;
-    }
-    let e = exp(2.0 * min(ax, 10.0));
-    let t = 1.0 - 2.0 / (e + 1.0);
-    return select(t, -t, x < 0.0);
-}
 
 // The allowed key range [lo, hi] of query row i (hi < lo when none).
 fn key_range(i: u32, offset: i32, lengths: i32) -> vec2<i32> {

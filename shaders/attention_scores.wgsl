@@ -49,31 +49,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> nonpad: array<i32>;
 @group(0) @binding(5) var<storage, read_write> out: array<u32>;
 
-const MASKED: f32 = -0x1.fffffep+127f;
-const NEG_INF_BITS: u32 = 0xff800000u;
-const FLAG_MASK: u32 = 1u;
-const FLAG_CAUSAL: u32 = 2u;
-const FLAG_NONPAD: u32 = 4u;
-const FLAG_PAST: u32 = 8u;
-const FLAG_SOFTCAP: u32 = 16u;
-const FLAG_ALIBI: u32 = 32u;
-
-fn accurate_tanh(x: f32) -> f32 {
-    // NaN stays NaN.
-    if ((bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u) {
-        return x;
-    }
-    let ax = abs(x);
-    if (ax < 0.4) {
-        let z = x * x;
-        let poly = 1.0 + z * (-1.0 / 3.0 + z * (2.0 / 15.0 + z * (-17.0 / 315.0
-            + z * (62.0 / 2835.0 + z * (-1382.0 / 155925.0 + z * (21844.0 / 6081075.0))))));
-        return x * poly;
-    }
-    let e = exp(2.0 * min(ax, 10.0));
-    let t = 1.0 - 2.0 / (e + 1.0);
-    return select(t, -t, x < 0.0);
-}
+// #include attention_rules.wgsl
 
 @compute @workgroup_size(64, 1, 1)
 fn main(

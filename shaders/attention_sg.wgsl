@@ -39,40 +39,8 @@ override SOFTCAP: bool = false;
 const ROWS: u32 = 4u;
 const KEYS: u32 = 64u;
 
-struct Params {
-    batch: u32,
-    q_heads: u32,
-    group: u32,
-    q_len: u32,
-    keys: u32,
-    dk: u32,
-    dv: u32,
-    flags: u32,
-    scale: f32,
-    softcap: f32,
-    left_window: i32,
-    right_window: i32,
-    past_len: u32,
-    mask_cols: u32,
-    mask_batch_stride: u32,
-    mask_head_stride: u32,
-    mask_row_stride: u32,
-    q_blocks: u32,
-    kv_heads: u32,
-    _pad: u32,
-    // 1 / temperature, applied to the biased scores before the softmax.
-    inv_temperature: f32,
-    _reserved0: u32,
-    // Added to every query's position (a piece of a call split across bindings).
-    position_shift: i32,
-    _reserved2: u32,
-    chunk_start: u32,
-    chunk_end: u32,
-    chunk_flags: u32,
-    _pad2: u32,
-}
+// #include attention_call.wgsl
 
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q4: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> k4: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> v4: array<vec4<f32>>;
@@ -82,31 +50,7 @@ struct Params {
 // [lse (as bits) | row max m | row sum l], one entry each per row.
 @group(0) @binding(7) var<storage, read_write> stats: array<u32>;
 
-const MASKED: f32 = -0x1.fffffep+127f;
-const NEG_INF_BITS: u32 = 0xff800000u;
-const NAN_BITS: u32 = 0x7fc00000u;
 const NEG_ZERO_BITS: u32 = 0x80000000u;
-// Row state between key chunks (in the row's logsumexp slot).
-const ROW_ATTENDED: u32 = 1u;
-const ROW_POISONED: u32 = 2u;
-const FLAG_CAUSAL: u32 = 2u;
-const FLAG_NONPAD: u32 = 4u;
-const FLAG_PAST: u32 = 8u;
-const FLAG_ALIBI: u32 = 32u;
-const FIRST_CHUNK: u32 = 1u;
-const LAST_CHUNK: u32 = 2u;
-
-// NaN and -inf made at run time: WGSL constant expressions cannot hold them
-// (Chrome rejects the shader), so they come from a private variable.
-var<private> non_finite_bits: vec2<u32> = vec2<u32>(0xff800000u, 0x7fc00000u);
-
-fn neg_inf() -> f32 {
-    return bitcast<f32>(non_finite_bits.x);
-}
-
-fn nan() -> f32 {
-    return bitcast<f32>(non_finite_bits.y);
-}
 
 // Which of four values are NaN (bit tests: WGSL comparisons need not see NaN).
 fn is_nan4(x: vec4<f32>) -> vec4<bool> {
@@ -123,7 +67,8 @@ fn non_finite4(x: vec4<f32>) -> bool {
     return any((bitcast<vec4<u32>>(x) & vec4<u32>(0x7f800000u)) == vec4<u32>(0x7f800000u));
 }
 
-// tanh accurate to a few ulp, on four values (see mask.wgsl); NaN stays NaN.
+// tanh accurate to a few ulp, on four values (see attention_rules.wgsl); NaN
+// stays NaN.
 fn accurate_tanh4(x: vec4<f32>) -> vec4<f32> {
     let ax = abs(x);
     let z = x * x;
@@ -133,29 +78,6 @@ fn accurate_tanh4(x: vec4<f32>) -> vec4<f32> {
     let t = 1.0 - 2.0 / (e + 1.0);
     let y = select(select(t, -t, x < vec4<f32>(0.0)), x * poly, ax < vec4<f32>(0.4));
     return select(y, x, is_nan4(x));
-}
-
-// The allowed key range [lo, hi] of query row i (hi < lo when none).
-fn key_range(i: u32, offset: i32, lengths: i32) -> vec2<i32> {
-    let pos = offset + i32(i);
-    var lo = 0;
-    var hi = i32(p.keys) - 1;
-    if ((p.flags & FLAG_CAUSAL) != 0u) {
-        hi = min(hi, pos);
-    }
-    if (p.right_window >= 0) {
-        hi = min(hi, pos + p.right_window);
-    }
-    if (p.left_window >= 0) {
-        lo = max(lo, pos - p.left_window);
-    }
-    if ((p.flags & FLAG_NONPAD) != 0u) {
-        hi = min(hi, lengths - 1);
-    }
-    if (HAS_MASK) {
-        hi = min(hi, i32(p.mask_cols) - 1);
-    }
-    return vec2<i32>(lo, hi);
 }
 
 // One of the slot values, by a slot index that is constant once SG is known.

@@ -55,39 +55,8 @@ const MAX_DVT: u32 = 8u;
 const MAX_S: u32 = 16u;
 const MAX_O: u32 = 16u;
 
-struct Params {
-    batch: u32,
-    q_heads: u32,
-    group: u32,
-    q_len: u32,
-    keys: u32,
-    dk: u32,
-    dv: u32,
-    flags: u32,
-    scale: f32,
-    softcap: f32,
-    left_window: i32,
-    right_window: i32,
-    past_len: u32,
-    mask_cols: u32,
-    mask_batch_stride: u32,
-    mask_head_stride: u32,
-    mask_row_stride: u32,
-    q_blocks: u32,
-    kv_heads: u32,
-    _pad: u32,
-    inv_temperature: f32,
-    _reserved0: u32,
-    // Added to every query's position (a piece of a call split across bindings).
-    position_shift: i32,
-    _reserved2: u32,
-    chunk_start: u32,
-    chunk_end: u32,
-    chunk_flags: u32,
-    _pad2: u32,
-}
+// #include attention_call.wgsl
 
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> k: array<f32>;
 @group(0) @binding(3) var<storage, read> v: array<f32>;
@@ -96,30 +65,6 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
 // [lse (as bits) | row max m | row sum l], one entry each per row.
 @group(0) @binding(7) var<storage, read_write> lse: array<u32>;
-
-const MASKED: f32 = -0x1.fffffep+127f;
-const NEG_INF_BITS: u32 = 0xff800000u;
-const FLAG_MASK: u32 = 1u;
-const FLAG_CAUSAL: u32 = 2u;
-const FLAG_NONPAD: u32 = 4u;
-const FLAG_PAST: u32 = 8u;
-const FLAG_SOFTCAP: u32 = 16u;
-const FLAG_ALIBI: u32 = 32u;
-const FIRST_CHUNK: u32 = 1u;
-const LAST_CHUNK: u32 = 2u;
-const ROW_ATTENDED: u32 = 1u;
-const ROW_POISONED: u32 = 2u;
-const NAN_BITS: u32 = 0x7fc00000u;
-
-var<private> non_finite_bits: vec2<u32> = vec2<u32>(0xff800000u, 0x7fc00000u);
-
-fn neg_inf() -> f32 {
-    return bitcast<f32>(non_finite_bits.x);
-}
-
-fn nan() -> f32 {
-    return bitcast<f32>(non_finite_bits.y);
-}
 
 var<workgroup> q_tile: array<vec4<f32>, BQ * QS>;
 // K's tile, then V's (rows of KS vec4s).
@@ -131,51 +76,6 @@ var<workgroup> p_tile: array<f32, BQ * BK>;
 var<workgroup> row_parts: array<f32, BQ * TK>;
 var<workgroup> row_flags: array<atomic<u32>, BQ>;
 var<workgroup> batch_nonpad: i32;
-
-fn poisons(x: f32) -> bool {
-    let bits = bitcast<u32>(x);
-    return (bits & 0x7fffffffu) > 0x7f800000u || bits == 0x7f800000u;
-}
-
-// tanh accurate to a few ulp (see mask.wgsl); NaN stays NaN.
-fn accurate_tanh(x: f32) -> f32 {
-    if ((bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u) {
-        return x;
-    }
-    let ax = abs(x);
-    if (ax < 0.4) {
-        let z = x * x;
-        let poly = 1.0 + z * (-1.0 / 3.0 + z * (2.0 / 15.0 + z * (-17.0 / 315.0
-            + z * (62.0 / 2835.0 + z * (-1382.0 / 155925.0 + z * (21844.0 / 6081075.0))))));
-        return x * poly;
-    }
-    let e = exp(2.0 * min(ax, 10.0));
-    let t = 1.0 - 2.0 / (e + 1.0);
-    return select(t, -t, x < 0.0);
-}
-
-// The allowed key range [lo, hi] of query row i (hi < lo when none).
-fn key_range(i: u32, offset: i32, lengths: i32) -> vec2<i32> {
-    let pos = offset + i32(i);
-    var lo = 0;
-    var hi = i32(p.keys) - 1;
-    if ((p.flags & FLAG_CAUSAL) != 0u) {
-        hi = min(hi, pos);
-    }
-    if (p.right_window >= 0) {
-        hi = min(hi, pos + p.right_window);
-    }
-    if (p.left_window >= 0) {
-        lo = max(lo, pos - p.left_window);
-    }
-    if ((p.flags & FLAG_NONPAD) != 0u) {
-        hi = min(hi, lengths - 1);
-    }
-    if ((p.flags & FLAG_MASK) != 0u) {
-        hi = min(hi, i32(p.mask_cols) - 1);
-    }
-    return vec2<i32>(lo, hi);
-}
 
 // Four consecutive values of a row of Q (src 0), K (1) or V (2) from element
 // d, zero past `len`.

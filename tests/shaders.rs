@@ -1,9 +1,10 @@
-//! Every file in `shaders/` parses and validates with naga (no GPU needed), and
-//! the registry embeds each of them.
+//! Every file in `shaders/` parses and validates with naga (no GPU needed),
+//! with the fragments it includes spliced in, and the registry embeds each of
+//! them.
 
 use std::collections::BTreeSet;
 
-use webattn::gpu::registry::{validate_kernel, validate_wgsl, Kernel, FRAGMENTS};
+use webattn::gpu::registry::{validate_kernel, validate_wgsl, with_includes, Kernel, FRAGMENTS};
 
 fn shader_files() -> BTreeSet<String> {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/shaders");
@@ -27,7 +28,7 @@ fn every_shader_file_validates() {
     let mut failures = Vec::new();
     for name in &files {
         let source = std::fs::read_to_string(format!("{dir}/{name}")).expect("readable shader");
-        match validate_wgsl(name, &source) {
+        match validate_wgsl(name, &with_includes(&source)) {
             Ok(module) => println!(
                 "{name}: ok ({} functions)",
                 module.functions.len() + module.entry_points.len()

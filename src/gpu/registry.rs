@@ -194,8 +194,29 @@ impl Kernel {
         }
     }
 
-    /// The WGSL source.
+    /// The WGSL source, with the fragments it includes
+    /// (`// #include NAME.wgsl` lines, [`with_includes`]) spliced in.
     pub fn source(self) -> &'static str {
+        use std::collections::HashMap;
+        use std::sync::{Mutex, OnceLock, PoisonError};
+        static EXPANDED: OnceLock<Mutex<HashMap<Kernel, &'static str>>> = OnceLock::new();
+        let text = self.file_source();
+        if !text.contains(INCLUDE) {
+            return text;
+        }
+        let mut expanded = EXPANDED
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // One string per kernel for the life of the process (kernels are few).
+        expanded
+            .entry(self)
+            .or_insert_with(|| Box::leak(with_includes(text).into_boxed_str()))
+    }
+
+    /// The kernel's file as written (its variants derived), before the
+    /// fragments it includes are spliced in.
+    fn file_source(self) -> &'static str {
         match self {
             Kernel::Gemm => include_str!("../../shaders/gemm.wgsl"),
             Kernel::Softmax => include_str!("../../shaders/softmax.wgsl"),
@@ -343,7 +364,47 @@ impl Kernel {
 
 /// Files in `shaders/` that are not kernels but blocks the registry puts into
 /// kernels (see [`with_element`]).
-pub const FRAGMENTS: [&str; 1] = ["element_f16.wgsl"];
+pub const FRAGMENTS: [&str; 3] = [
+    "element_f16.wgsl",
+    "attention_rules.wgsl",
+    "attention_call.wgsl",
+];
+
+/// The line that includes a fragment: `// #include NAME.wgsl`.
+const INCLUDE: &str = "// #include ";
+
+/// The fragments a kernel can include, with their text.
+const INCLUDABLE: [(&str, &str); 2] = [
+    (
+        "attention_rules.wgsl",
+        include_str!("../../shaders/attention_rules.wgsl"),
+    ),
+    (
+        "attention_call.wgsl",
+        include_str!("../../shaders/attention_call.wgsl"),
+    ),
+];
+
+/// `source` with each `// #include NAME.wgsl` line replaced by that
+/// fragment's text (its own includes spliced in too): WGSL has no includes,
+/// so the attention kernels' shared uniforms, constants and rules live in one
+/// file each. An unknown name panics: every kernel is expanded in the tests.
+pub fn with_includes(source: &str) -> String {
+    let mut out = String::with_capacity(source.len() + 4096);
+    for line in source.split_inclusive('\n') {
+        let Some(name) = line.trim_end().strip_prefix(INCLUDE) else {
+            out.push_str(line);
+            continue;
+        };
+        let Some((_, text)) = INCLUDABLE.iter().find(|(file, _)| *file == name) else {
+            panic!("`{INCLUDE}{name}`: no such fragment (registry INCLUDABLE)");
+        };
+        out.push_str(&format!("// {name}: begin\n"));
+        out.push_str(&with_includes(text));
+        out.push_str(&format!("// {name}: end\n"));
+    }
+    out
+}
 
 /// `kernel` with the text between its `// ELEMENT BEGIN` and `// ELEMENT END`
 /// lines replaced by `element`: the same kernel reading another storage type.
