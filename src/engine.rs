@@ -35,7 +35,9 @@ pub enum BackendKind {
 /// Which backend to ask for when creating an engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendPreference {
-    /// A GPU if one exists, else the CPU with a logged warning.
+    /// A GPU if one exists, else the CPU with a logged warning. An option the
+    /// adapter cannot honour (a limit beyond it, a kernel or matrix units it
+    /// lacks) is an error, not a fallback.
     #[default]
     Auto,
     /// A GPU, or [`Error::NoAdapter`].

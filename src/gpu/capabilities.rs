@@ -184,16 +184,45 @@ impl std::fmt::Display for CoopMatrixConfig {
     }
 }
 
+/// Whether `adapter` can take [`MatrixUnits::Emulated16`]: a CPU adapter
+/// offering wgpu's cooperative matrices with the 8×8×8 f16 → f32
+/// configuration (Mesa 26's lavapipe); else an [`Error::InvalidOption`],
+/// before any device is made.
+pub(crate) fn check_emulation(adapter: &wgpu::Adapter, matrix_units: MatrixUnits) -> Result<()> {
+    if matrix_units != MatrixUnits::Emulated16 {
+        return Ok(());
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    let eight = adapter
+        .features()
+        .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        && adapter.cooperative_matrix_properties().iter().any(|p| {
+            (p.m_size, p.n_size, p.k_size) == (8, 8, 8)
+                && p.ab_type == wgpu::CooperativeScalarType::F16
+                && p.cr_type == wgpu::CooperativeScalarType::F32
+        });
+    #[cfg(target_arch = "wasm32")]
+    let eight = false;
+    if eight && adapter.get_info().device_type == wgpu::DeviceType::Cpu {
+        return Ok(());
+    }
+    Err(Error::InvalidOption {
+        name: "matrix_units",
+        value: matrix_units.name().to_string(),
+        reason: "is a testing aid for CPU adapters that list 8x8x8 f16->f32 matrices (Mesa 26's lavapipe: .ci/lavapipe-coop); this adapter does not",
+    })
+}
+
 /// The cooperative-matrix configurations `adapter` reports, when `device`
 /// was created with wgpu's `EXPERIMENTAL_COOPERATIVE_MATRIX` feature (none
 /// otherwise; none on the web), with the 16×16×16 f16 → f32 configuration
-/// added under [`MatrixUnits::Emulated16`] on a CPU adapter that lists the
-/// 8×8×8 one (else that is an [`Error::InvalidOption`]).
+/// added under [`MatrixUnits::Emulated16`] (which [`check_emulation`]
+/// admitted) where the 8×8×8 one is listed.
 pub(crate) fn cooperative_matrix_configs(
     adapter: &wgpu::Adapter,
     device: &wgpu::Device,
     matrix_units: MatrixUnits,
-) -> Result<Vec<CoopMatrixConfig>> {
+) -> Vec<CoopMatrixConfig> {
     #[cfg(not(target_arch = "wasm32"))]
     let mut configs: Vec<CoopMatrixConfig> = if device
         .features()
@@ -226,34 +255,27 @@ pub(crate) fn cooperative_matrix_configs(
         Vec::new()
     };
     configs.dedup();
-    if matrix_units == MatrixUnits::Emulated16 {
-        let square = |n: u32| CoopMatrixConfig {
-            m: n,
-            n,
-            k: n,
-            ab: "f16",
-            cr: "f32",
-            emulated: false,
-        };
-        let cpu = adapter.get_info().device_type == wgpu::DeviceType::Cpu;
-        if !cpu || !configs.contains(&square(8)) {
-            return Err(Error::InvalidOption {
-                name: "matrix_units",
-                value: matrix_units.name().to_string(),
-                reason: "is a testing aid for CPU adapters that list 8x8x8 f16->f32 matrices (Mesa 26's lavapipe: .ci/lavapipe-coop); this adapter does not",
-            });
-        }
-        if !configs.contains(&square(16)) {
-            configs.insert(
-                0,
-                CoopMatrixConfig {
-                    emulated: true,
-                    ..square(16)
-                },
-            );
-        }
+    let square = |n: u32| CoopMatrixConfig {
+        m: n,
+        n,
+        k: n,
+        ab: "f16",
+        cr: "f32",
+        emulated: false,
+    };
+    if matrix_units == MatrixUnits::Emulated16
+        && configs.contains(&square(8))
+        && !configs.contains(&square(16))
+    {
+        configs.insert(
+            0,
+            CoopMatrixConfig {
+                emulated: true,
+                ..square(16)
+            },
+        );
     }
-    Ok(configs)
+    configs
 }
 
 impl Capabilities {

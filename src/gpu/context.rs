@@ -197,6 +197,7 @@ impl GpuContext {
         limits: &DeviceLimits,
         matrix_units: MatrixUnits,
     ) -> Result<GpuContext> {
+        super::capabilities::check_emulation(adapter, matrix_units)?;
         let info = adapter.get_info();
         let features = adapter.features() & wanted_features(matrix_units);
         let limits = limits.resolve(&adapter.limits())?;
@@ -242,7 +243,7 @@ impl GpuContext {
         // engine keeps to what was asked, so a small adapter can be imitated there too.
         caps.limits = caps.limits.at_most(&KernelLimits::from(&limits));
         caps.cooperative_matrix =
-            super::capabilities::cooperative_matrix_configs(adapter, &device, matrix_units)?;
+            super::capabilities::cooperative_matrix_configs(adapter, &device, matrix_units);
         caps.unpack_f16 = adapter
             .get_downlevel_capabilities()
             .flags

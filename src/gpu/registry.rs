@@ -388,7 +388,11 @@ const INCLUDABLE: [(&str, &str); 2] = [
 /// `source` with each `// #include NAME.wgsl` line replaced by that
 /// fragment's text (its own includes spliced in too): WGSL has no includes,
 /// so the attention kernels' shared uniforms, constants and rules live in one
-/// file each. An unknown name panics: every kernel is expanded in the tests.
+/// file each. Error lines naga reports count in the expanded text.
+///
+/// # Panics
+/// On an unknown fragment name: a fault in a shader file, which the shader
+/// tests expand for every file.
 pub fn with_includes(source: &str) -> String {
     let mut out = String::with_capacity(source.len() + 4096);
     for line in source.split_inclusive('\n') {
