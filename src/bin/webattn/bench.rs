@@ -37,9 +37,57 @@ pub struct Args {
     /// Model width; heads = width / head dim (FlashAttention uses 2048).
     #[arg(long, default_value_t = 512)]
     width: usize,
+    /// Run only these kinds of rows (comma-separated; default: all), e.g.
+    /// `--only attention,decode` to fit a run into a time slot.
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "KIND,...")]
+    only: Vec<RowKind>,
+    /// Attention rows only at these sequence lengths (comma-separated;
+    /// default: the run's range).
+    #[arg(long, value_delimiter = ',', value_name = "N,...")]
+    seqs: Vec<usize>,
+    /// Attention rows only at these head dims (comma-separated; default: 64,128).
+    #[arg(long, value_delimiter = ',', value_name = "D,...")]
+    head_dims: Vec<usize>,
+    /// Attention rows only on these paths (comma-separated; default: all).
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "PATH,...")]
+    paths: Vec<BenchPath>,
     /// Measure nothing: draw --plot from the JSON of an earlier run.
     #[arg(long, value_name = "FILE.json", requires = "plot")]
     replot: Option<PathBuf>,
+}
+
+/// The kinds of rows `--only` selects.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowKind {
+    /// GEMM rows.
+    Gemm,
+    /// Attention rows (prefill shapes).
+    Attention,
+    /// Decode rows (one query per head).
+    Decode,
+    /// The decoder layer's token steps and KV-cache appends.
+    Tokens,
+}
+
+/// The attention paths `--paths` selects.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchPath {
+    /// The fused GPU kernel.
+    Fused,
+    /// The unfused GPU path (scores, softmax, GEMM).
+    Unfused,
+    /// The fast CPU backend.
+    Cpu,
+}
+
+impl BenchPath {
+    fn kernel_path(self) -> KernelPath {
+        match self {
+            BenchPath::Fused => KernelPath::Fused,
+            BenchPath::Unfused => KernelPath::Unfused,
+            BenchPath::Cpu => KernelPath::Cpu,
+        }
+    }
 }
 
 /// One planned measurement.
@@ -173,9 +221,19 @@ fn plan(
             decode_jobs(&mut jobs, decode_shape(1, 8, keys), paths, gpu);
         }
     } else {
-        for head_dim in [64, 128] {
+        let head_dims = if args.head_dims.is_empty() {
+            vec![64, 128]
+        } else {
+            args.head_dims.clone()
+        };
+        let seqs = if args.seqs.is_empty() {
+            full_seqs(gpu_scale).to_vec()
+        } else {
+            args.seqs.clone()
+        };
+        for &head_dim in &head_dims {
             for causal in [false, true] {
-                for &seq in full_seqs(gpu_scale) {
+                for &seq in &seqs {
                     for &path in paths {
                         if path == KernelPath::Cpu && gpu && gpu_scale && seq > CPU_ROWS_MAX_SEQ {
                             continue;
@@ -215,7 +273,31 @@ fn plan(
             Precision::Highest,
         ));
     }
+    jobs.retain(|job| selected(args, job));
     jobs
+}
+
+/// Whether `--only` and `--paths` keep a job (the oracle rows go with the CPU path).
+fn selected(args: &Args, job: &Job) -> bool {
+    let kind = match job {
+        Job::Gemm(..) => RowKind::Gemm,
+        Job::Attention(..) => RowKind::Attention,
+        Job::Decode(..) => RowKind::Decode,
+        Job::TokenStep(..) => RowKind::Tokens,
+    };
+    let path = match *job {
+        Job::Attention(_, path, _) | Job::Decode(_, path, _) => Some(path),
+        _ => None,
+    };
+    let path_kept = |path: KernelPath| {
+        let path = if path == KernelPath::Oracle {
+            KernelPath::Cpu
+        } else {
+            path
+        };
+        args.paths.is_empty() || args.paths.iter().any(|p| p.kernel_path() == path)
+    };
+    (args.only.is_empty() || args.only.contains(&kind)) && path.is_none_or(path_kept)
 }
 
 fn repeats(path: KernelPath, quick: bool) -> Repeats {
@@ -277,6 +359,12 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         }
         None => eprintln!("{msg}"),
     };
+    // Each row's figures as soon as it is measured, so that a run cut short
+    // (a time slot on a lent GPU) still leaves them in its log.
+    let said = |line: String| match &bar {
+        Some(bar) => bar.println(line),
+        None => eprintln!("{line}"),
+    };
 
     let ceiling_repeats = Repeats {
         warmup: 2,
@@ -329,6 +417,11 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 let near = adjacent(KernelPath::Fused)?;
                 let kernel = ctx.gemm_kernel_at(precision);
                 let (gflops, m) = pollster::block_on(bench::gemm_with(ctx, kernel, n, n, n, r))?;
+                said(format!(
+                    "  {:.3} ms, {gflops:.0} GFLOP/s, {:.1}% of the FMA ceiling ({near:.0})",
+                    m.median_ms(),
+                    100.0 * gflops / near
+                ));
                 gemm.push((n, precision, gflops, m.median_ms(), near));
             }
             Job::Attention(shape, path, precision) => {
@@ -353,6 +446,12 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                     repeats(path, args.quick),
                 ))
                 .with_context(|| format!("attention on the {path} path ({precision})"))?;
+                said(format!(
+                    "  {:.3} ms, {:.0} GFLOP/s, {:.1}% of the FMA ceiling ({near:.0})",
+                    m.measurement.median_ms(),
+                    m.gflops,
+                    100.0 * m.gflops / near
+                ));
                 attention.push((shape, path, precision, m, near));
             }
             Job::Decode(shape, path, dtype) => {
@@ -371,6 +470,11 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                     dtype,
                 ))
                 .with_context(|| format!("decode on the {path} path ({dtype})"))?;
+                let ms = m.measurement.median_ms();
+                said(format!(
+                    "  {ms:.3} ms, K and V at {:.0} GB/s",
+                    shape.kv_bytes_as(dtype) as f64 / (ms * 1e6)
+                ));
                 decode.push((shape, path, dtype, m));
             }
             Job::TokenStep(cached) => {
@@ -391,7 +495,14 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                     Ok((m, append))
                 });
                 match step {
-                    Ok((m, append)) => token_steps.push((cached, m, append)),
+                    Ok((m, append)) => {
+                        said(format!(
+                            "  token step {:.3} ms, append {:.3} ms",
+                            m.median_ms(),
+                            append.median_ms()
+                        ));
+                        token_steps.push((cached, m, append))
+                    }
                     // A cache beyond this device's limits (e.g. under
                     // --limits webgpu-default) is a skipped row, not a lost run.
                     Err(e @ (webattn::Error::Limit { .. } | webattn::Error::OutOfMemory(_))) => {
@@ -714,8 +825,33 @@ mod tests {
             plot: None,
             tokens: 16384,
             width: 2048,
+            only: Vec::new(),
+            seqs: Vec::new(),
+            head_dims: Vec::new(),
+            paths: Vec::new(),
             replot: None,
         }
+    }
+
+    #[test]
+    fn only_paths_seqs_and_head_dims_narrow_the_plan() {
+        let mut a = args();
+        a.only = vec![RowKind::Attention];
+        a.paths = vec![BenchPath::Fused];
+        a.seqs = vec![2048];
+        a.head_dims = vec![64];
+        let jobs = plan(&a, true, true, false, false);
+        assert_eq!(jobs.len(), 2, "causal and not");
+        assert!(jobs.iter().all(|j| matches!(
+            j,
+            Job::Attention(s, KernelPath::Fused, _) if s.seq_q == 2048 && s.head_dim == 64
+        )));
+        a.only = vec![RowKind::Decode];
+        let jobs = plan(&a, true, true, false, false);
+        assert!(!jobs.is_empty());
+        assert!(jobs
+            .iter()
+            .all(|j| matches!(j, Job::Decode(_, KernelPath::Fused, _))));
     }
 
     fn attention_seqs(jobs: &[Job], path: KernelPath) -> Vec<usize> {

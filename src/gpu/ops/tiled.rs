@@ -7,7 +7,7 @@ use crate::gpu::pipeline::PipelineKey;
 use crate::gpu::registry::Kernel;
 
 /// The capacities of the kernel's register arrays (its `MAX_*` constants).
-const MAX_RQ: u32 = 8;
+const MAX_RQ: u32 = 4;
 const MAX_RK: u32 = 4;
 const MAX_DVT: u32 = 8;
 const MAX_S: u32 = 16;
@@ -33,11 +33,17 @@ pub struct TiledTiles {
     pub dv4: u32,
 }
 
-/// The shapes tried, largest first: (query rows, keys per tile, tq, tk).
-/// Each is a workgroup of 256, 128 or 64 invocations; the first whose
-/// workgroup memory and register blocks fit is taken.
-const CANDIDATES: [(u32, u32, u32, u32); 5] = [
+/// The shapes tried, in order: (query rows, keys per tile, tq, tk). Each is
+/// a workgroup of 256, 128 or 64 invocations; without a tuned choice the
+/// first whose workgroup memory and register blocks fit is taken. The first
+/// two (and the fourth, for head dims to 128 under 48 KiB) hold 4 x 4 of S
+/// per invocation (the most S work per workgroup-memory
+/// read); keys per tile are a multiple of 4 (P is stored as vec4s).
+const CANDIDATES: [(u32, u32, u32, u32); 8] = [
+    (64, 32, 16, 8),
+    (64, 64, 16, 16),
     (64, 32, 16, 16),
+    (32, 32, 8, 8),
     (32, 32, 16, 16),
     (32, 16, 8, 16),
     (16, 16, 8, 16),
@@ -116,14 +122,15 @@ impl TiledTiles {
     }
 
     /// Workgroup memory the kernel uses: the Q block, one K/V tile, P, the
-    /// rows' partial maxima and sums, their flags and the nonpad length.
+    /// rows' partial maxima and sums, their flags, the nonpad length and the
+    /// V tile's non-finite flag.
     pub fn workgroup_bytes(&self) -> u32 {
         let (bq, bk) = (self.query_rows, self.keys_per_tile);
         16 * (bq * self.q_stride() + bk * self.kv_stride())
             + 4 * bq * bk
             + 4 * bq * self.tk
             + 4 * bq
-            + 4
+            + 8
     }
 
     /// Loop iterations one invocation runs per key tile (every loop counted,
@@ -215,10 +222,12 @@ mod tests {
         let t = TiledTiles::for_dims(64, 64, &limits(48 << 10)).unwrap();
         assert_eq!(
             (t.query_rows, t.keys_per_tile, t.invocations()),
-            (64, 32, 256)
+            (64, 32, 128)
         );
+        assert_eq!((t.rq(), t.rk(), t.dvt()), (4, 4, 2));
         let t = TiledTiles::for_dims(128, 128, &limits(48 << 10)).unwrap();
         assert_eq!((t.query_rows, t.keys_per_tile), (32, 32));
+        assert_eq!((t.rq(), t.rk(), t.dvt()), (4, 4, 4));
         assert!(t.workgroup_bytes() <= 48 << 10);
     }
 
@@ -242,6 +251,7 @@ mod tests {
                 );
                 assert_eq!(t.rq() * t.tq, t.query_rows);
                 assert_eq!(t.rk() * t.tk, t.keys_per_tile);
+                assert_eq!(t.keys_per_tile % 4, 0, "{t:?}");
             }
         }
     }
