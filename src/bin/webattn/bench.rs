@@ -41,8 +41,8 @@ pub struct Args {
     /// `--only attention,decode` to fit a run into a time slot.
     #[arg(long, value_enum, value_delimiter = ',', value_name = "KIND,...")]
     only: Vec<RowKind>,
-    /// Attention rows only at these sequence lengths (comma-separated;
-    /// default: the run's range).
+    /// Attention rows only at these sequence lengths, decode rows only at
+    /// these key counts (comma-separated; default: the run's range).
     #[arg(long, value_delimiter = ',', value_name = "N,...")]
     seqs: Vec<usize>,
     /// Attention rows only at these head dims (comma-separated; default: 64,128).
@@ -297,7 +297,12 @@ fn selected(args: &Args, job: &Job) -> bool {
         };
         args.paths.is_empty() || args.paths.iter().any(|p| p.kernel_path() == path)
     };
-    (args.only.is_empty() || args.only.contains(&kind)) && path.is_none_or(path_kept)
+    // Decode rows go by their key count.
+    let keys_kept = match job {
+        Job::Decode(shape, ..) => args.seqs.is_empty() || args.seqs.contains(&shape.seq_k),
+        _ => true,
+    };
+    (args.only.is_empty() || args.only.contains(&kind)) && path.is_none_or(path_kept) && keys_kept
 }
 
 fn repeats(path: KernelPath, quick: bool) -> Repeats {
@@ -847,8 +852,12 @@ mod tests {
             Job::Attention(s, KernelPath::Fused, _) if s.seq_q == 2048 && s.head_dim == 64
         )));
         a.only = vec![RowKind::Decode];
+        a.seqs = vec![16384];
         let jobs = plan(&a, true, true, false, false);
         assert!(!jobs.is_empty());
+        assert!(jobs
+            .iter()
+            .all(|j| matches!(j, Job::Decode(s, ..) if s.seq_k == 16384)));
         assert!(jobs
             .iter()
             .all(|j| matches!(j, Job::Decode(_, KernelPath::Fused, _))));

@@ -1,0 +1,407 @@
+#!/usr/bin/env python3
+"""Writes shaders/attention_decode.wgsl, the split-K decode kernel, with its
+per-row registers named.
+
+A private array indexed by a loop variable is slow on GPUs (an H100 ran the
+looped fused kernel at 3% of its FMA ceiling, its arrays in local memory), so
+each of the up to MAX_ROWS query rows a workgroup serves has named registers
+(m, l, its column of O, its dot product, alpha), each step guarded by
+`if (ROWS > r)`: ROWS is an override, so the guards fold when the pipeline is
+made. `.ci/run` checks the committed file matches this output:
+    python3 shaders/gen/attention_decode.py > shaders/attention_decode.wgsl
+"""
+
+MAX_ROWS = 16
+DS = 8  # vec4 columns of K per staged slice
+
+out = []
+w = out.append
+
+
+def rows_guard(r, body, indent):
+    pad = " " * indent
+    if r == 0:
+        return [pad + "{"] + [pad + "    " + x if x else "" for x in body] + [pad + "}"]
+    return (
+        [pad + f"if (ROWS > {r}u) {{"]
+        + [pad + "    " + x if x else "" for x in body]
+        + [pad + "}"]
+    )
+
+
+def emit(lines):
+    for line in lines:
+        w(line)
+
+
+HEAD = r"""// Split-K decode attention: few query rows, many keys.
+//
+// The fused kernels give each workgroup a block of query rows; with one or a
+// few rows per head almost all of that block is idle and a head's keys are
+// streamed by a single workgroup. Here the keys are split across workgroups
+// instead, and each workgroup serves every query row that reads the same KV
+// head, so K and V are read from memory once per split, not once per query
+// head (GQA): workgroup (batch, KV head, head group, split) owns the
+// `heads_per_wg` query heads h0 .. h0 + heads_per_wg of that KV head, their Nq
+// query rows each (rows = heads_per_wg * Nq <= 16), and the keys
+// [split * split_keys, (split + 1) * split_keys).
+//
+// Per 64-key tile:
+//   - scores: K's tile is staged in workgroup memory a slice of DS vec4
+//     columns at a time (coalesced: consecutive invocations read consecutive
+//     vec4s of a key row), with the same slice of every row's Q; invocation t
+//     accumulates key t's dot product against every row;
+//   - each row's tile max and sum: invocation i scans 16 keys of row i % 16,
+//     and every invocation combines the 4 partials of each row;
+//   - P V: invocation i owns vec4 column i % dv4 of every row and the keys
+//     g, g + G, ... of the tile (g = i / dv4, G = 64 / dv4 groups), so each V
+//     row is read once, coalesced; O stays in registers across tiles and the
+//     G partial O's are added up once at the end.
+// Each row's registers are named (the generator writes the loops over rows
+// out, guarded by the ROWS override, which folds when the pipeline is made).
+// Each split writes its unnormalised O and (m, l, flags); attention_merge.wgsl
+// combines the splits by their maxima into Y and the logsumexp.
+//
+// The masking rules and the non-finite rule are attention_fused.wgsl's: each
+// split also reports whether it attended a key and whether it met a NaN or
+// +inf score, and the merge makes such rows NaN. Head dims must be multiples
+// of 4 up to 256 (rows are read as vec4s); the host sends others to the fused
+// kernels. K and V may be stored as f16 (see ELEMENT below); the arithmetic
+// is f32 either way.
+
+struct Params {
+    batch: u32,
+    q_heads: u32,
+    group: u32,
+    q_len: u32,
+    keys: u32,
+    dk: u32,
+    dv: u32,
+    flags: u32,
+    scale: f32,
+    softcap: f32,
+    left_window: i32,
+    right_window: i32,
+    past_len: u32,
+    mask_cols: u32,
+    mask_batch_stride: u32,
+    mask_head_stride: u32,
+    mask_row_stride: u32,
+    splits: u32,
+    kv_heads: u32,
+    split_keys: u32,
+    // 1 / temperature, applied to the biased scores before the softmax.
+    inv_temperature: f32,
+    // Query heads per workgroup (divides group; heads_per_wg * q_len <= 16).
+    heads_per_wg: u32,
+    // Added to every query's position (a piece of a call split across bindings).
+    position_shift: i32,
+    _reserved2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q4: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k4: array<KV4>;
+@group(0) @binding(3) var<storage, read> v4: array<KV4>;
+@group(0) @binding(4) var<storage, read> mask: array<f32>;
+@group(0) @binding(5) var<storage, read> nonpad: array<i32>;
+// [split][row][dv4] unnormalised O.
+@group(0) @binding(6) var<storage, read_write> part_o: array<vec4<f32>>;
+// [split][row] as (m, l, flags, 0); flags as an exact small float
+// (1: a key was attended, 2: a NaN or +inf score was).
+@group(0) @binding(7) var<storage, read_write> part_ml: array<vec4<f32>>;
+
+// How K and V are stored. The f16 variant (attention_decode_f16) replaces this
+// block with shaders/element_f16.wgsl: four f16 values packed in two u32 words,
+// widened with unpack2x16float, so K and V stream at half the bytes.
+// ELEMENT BEGIN
+alias KV4 = vec4<f32>;
+fn widen4(x: KV4) -> vec4<f32> {
+    return x;
+}
+// ELEMENT END
+
+// #include attention_rules.wgsl
+
+"""
+w("// GENERATED by shaders/gen/attention_decode.py; edit the generator, not this file.\n//")
+w(HEAD.rstrip("\n"))
+
+w(f"""// Invocations, and keys per tile.
+const WG: u32 = 64u;
+// vec4 columns of K per staged slice (and its padded row stride).
+const DS: u32 = {DS}u;
+const DS_STRIDE: u32 = {DS + 1}u;
+// The most rows per workgroup, and this pipeline's rows (heads_per_wg * Nq).
+const MAX_ROWS: u32 = {MAX_ROWS}u;
+override ROWS: u32 = 1u;
+// Partial maxima and sums per row: WG / MAX_ROWS.
+const PARTS: u32 = 4u;
+
+// K's slice of the tile (then, at the end, the partial O's being added up).
+var<workgroup> k_slice: array<vec4<f32>, {64 * (DS + 1)}>;
+// Every row's slice of Q.
+var<workgroup> q_slice: array<vec4<f32>, {MAX_ROWS * DS}>;
+// [row][key] scores, then probabilities.
+var<workgroup> scores: array<f32, 1024>;
+// [row][part] partial maxima, then partial sums.
+var<workgroup> parts: array<f32, 64>;
+var<workgroup> batch_nonpad: i32;
+// Each row's ROW_ATTENDED | ROW_POISONED over the split.
+var<workgroup> row_flags: array<atomic<u32>, 16>;
+
+// The allowed key range [lo, hi] of query row i (hi < lo when none).
+fn key_range(i: u32, offset: i32, lengths: i32) -> vec2<i32> {{
+    let pos = offset + i32(i);
+    var lo = 0;
+    var hi = i32(p.keys) - 1;
+    if ((p.flags & FLAG_CAUSAL) != 0u) {{
+        hi = min(hi, pos);
+    }}
+    if (p.right_window >= 0) {{
+        hi = min(hi, pos + p.right_window);
+    }}
+    if (p.left_window >= 0) {{
+        lo = max(lo, pos - p.left_window);
+    }}
+    if ((p.flags & FLAG_NONPAD) != 0u) {{
+        hi = min(hi, lengths - 1);
+    }}
+    if ((p.flags & FLAG_MASK) != 0u) {{
+        hi = min(hi, i32(p.mask_cols) - 1);
+    }}
+    return vec2<i32>(lo, hi);
+}}
+
+@compute @workgroup_size(64, 1, 1)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {{
+    let block = wid.x + wid.y * nwg.x;
+    let hpw = p.heads_per_wg;
+    let groups_per_kv = p.group / hpw;
+    let head_groups = p.batch * p.kv_heads * groups_per_kv;
+    let live_block = block < head_groups * p.splits;
+    let head_group = min(block / p.splits, head_groups - 1u);
+    let split = block % p.splits;
+    let b = head_group / (p.kv_heads * groups_per_kv);
+    let within = head_group % (p.kv_heads * groups_per_kv);
+    let kvh = within / groups_per_kv;
+    let h0 = kvh * p.group + (within % groups_per_kv) * hpw;
+    let dk4 = p.dk / 4u;
+    let dv4 = p.dv / 4u;
+
+    if (li < MAX_ROWS) {{
+        atomicStore(&row_flags[li], 0u);
+    }}
+    if (li == 0u) {{
+        var lengths = i32(p.keys);
+        if ((p.flags & FLAG_NONPAD) != 0u) {{
+            lengths = nonpad[b];
+        }}
+        batch_nonpad = lengths;
+    }}
+    let lengths = workgroupUniformLoad(&batch_nonpad);
+    var offset = 0;
+    if ((p.flags & FLAG_PAST) != 0u) {{
+        offset = i32(p.past_len);
+    }} else if ((p.flags & FLAG_NONPAD) != 0u) {{
+        offset = lengths - i32(p.q_len);
+    }}
+    offset = offset + p.position_shift;
+    // The keys any row may see, within this split (rows' ranges grow with
+    // the query position, the same for every head).
+    let split_lo = i32(split * p.split_keys);
+    let split_hi = i32(min((split + 1u) * p.split_keys, p.keys)) - 1;
+    let lo = max(key_range(0u, offset, lengths).x, split_lo);
+    let hi = select(min(key_range(p.q_len - 1u, offset, lengths).y, split_hi), -1, !live_block);
+
+    // Every invocation keeps the same running max and sum of each row, and
+    // its vec4 column of every row's O over its key group.""")
+for r in range(MAX_ROWS):
+    w(f"    var m{r} = MASKED;")
+    w(f"    var l{r} = 0.0;")
+    w(f"    var o{r} = vec4<f32>(0.0);")
+w("""    let key_groups = max(WG / dv4, 1u);
+    let my_group = li / dv4;
+    let my_col = li % dv4;
+    let kv_base = (b * p.kv_heads + kvh) * p.keys;
+
+    var j0 = lo - lo % i32(WG);
+    for (; j0 <= hi; j0 += i32(WG)) {
+        // Scores of key j0 + li against every row, a slice of K at a time.""")
+for r in range(MAX_ROWS):
+    w(f"        var dot{r} = 0.0;")
+w("""        for (var s0 = 0u; s0 < dk4; s0 += DS) {
+            for (var slot = li; slot < WG * DS; slot += WG) {
+                let t = slot / DS;
+                let c = slot % DS;
+                let key = u32(j0) + t;
+                var val = vec4<f32>(0.0);
+                if (key < p.keys && s0 + c < dk4) {
+                    val = widen4(k4[(kv_base + key) * dk4 + s0 + c]);
+                }
+                k_slice[t * DS_STRIDE + c] = val;
+            }
+            for (var slot = li; slot < ROWS * DS; slot += WG) {
+                let r = slot / DS;
+                let c = slot % DS;
+                var val = vec4<f32>(0.0);
+                if (s0 + c < dk4) {
+                    let h = h0 + r / p.q_len;
+                    let i = r % p.q_len;
+                    val = q4[((b * p.q_heads + h) * p.q_len + i) * dk4 + s0 + c];
+                }
+                q_slice[slot] = val;
+            }
+            workgroupBarrier();
+            for (var c = 0u; c < DS; c++) {
+                let kk = k_slice[li * DS_STRIDE + c];""")
+for r in range(MAX_ROWS):
+    emit(rows_guard(r, [
+        f"let qq = q_slice[{r}u * DS + c];",
+        f"dot{r} = fma(qq.w, kk.w, fma(qq.z, kk.z, fma(qq.y, kk.y, fma(qq.x, kk.x, dot{r}))));",
+    ], 16))
+w("""            }
+            workgroupBarrier();
+        }
+        // Scale, softcap, mask, ALiBi, temperature; MASKED for keys a row
+        // does not attend; a NaN or +inf score poisons its row.
+        let j = j0 + i32(li);""")
+for r in range(MAX_ROWS):
+    emit(rows_guard(r, [
+        f"let h = h0 + {r}u / p.q_len;",
+        f"let i = {r}u % p.q_len;",
+        "var s = MASKED;",
+        "let range = key_range(i, offset, lengths);",
+        "var attended = j >= range.x && j <= range.y && j >= split_lo && j <= split_hi;",
+        "if (attended) {",
+        f"    s = dot{r} * p.scale;",
+        "    if ((p.flags & FLAG_SOFTCAP) != 0u) {",
+        "        s = p.softcap * accurate_tanh(s / p.softcap);",
+        "    }",
+        "    if ((p.flags & FLAG_MASK) != 0u) {",
+        "        let bias = mask[b * p.mask_batch_stride + h * p.mask_head_stride + i * p.mask_row_stride + u32(j)];",
+        "        if (bias <= MASKED) {",
+        "            attended = false;",
+        "        } else {",
+        "            s += bias;",
+        "        }",
+        "    }",
+        "}",
+        "if (attended) {",
+        "    if ((p.flags & FLAG_ALIBI) != 0u) {",
+        "        let slope = bitcast<f32>(nonpad[p.batch + h]);",
+        "        s -= slope * f32(abs(offset + i32(i) - j));",
+        "    }",
+        "    s *= p.inv_temperature;",
+        "    var seen = ROW_ATTENDED;",
+        "    if (poisons(s)) {",
+        "        // Poisons the row; counts as -inf from here on.",
+        "        seen |= ROW_POISONED;",
+        "        s = neg_inf();",
+        "    }",
+        f"    atomicOr(&row_flags[{r}u], seen);",
+        "} else {",
+        "    s = MASKED;",
+        "}",
+        f"scores[{r}u * WG + li] = s;",
+    ], 8))
+w("""        workgroupBarrier();
+        // Each row's tile max: 4 partials of 16 keys, then combined by all.
+        let scan_row = li % MAX_ROWS;
+        let scan_from = (li / MAX_ROWS) * (WG / PARTS);
+        if (scan_row < ROWS) {
+            var part = MASKED;
+            for (var t = 0u; t < WG / PARTS; t++) {
+                part = max(part, scores[scan_row * WG + scan_from + t]);
+            }
+            parts[scan_row * PARTS + li / MAX_ROWS] = part;
+        }
+        workgroupBarrier();""")
+for r in range(MAX_ROWS):
+    w(f"        var alpha{r} = 1.0;")
+for r in range(MAX_ROWS):
+    emit(rows_guard(r, [
+        "var tile_max = MASKED;",
+        "for (var q = 0u; q < PARTS; q++) {",
+        f"    tile_max = max(tile_max, parts[{r}u * PARTS + q]);",
+        "}",
+        f"let m_new = max(m{r}, tile_max);",
+        "// exp(0) = 1 while no attended score has been finite yet.",
+        f"alpha{r} = exp(m{r} - m_new);",
+        f"m{r} = m_new;",
+        "// This key's probability (-1 for a key the row does not attend;",
+        "// an attended score of -inf gets 0 and still multiplies V).",
+        f"let s = scores[{r}u * WG + li];",
+        f"scores[{r}u * WG + li] = select(-1.0, exp(s - m_new), s != MASKED);",
+    ], 8))
+w("""        workgroupBarrier();
+        if (scan_row < ROWS) {
+            var part = 0.0;
+            for (var t = 0u; t < WG / PARTS; t++) {
+                part += max(scores[scan_row * WG + scan_from + t], 0.0);
+            }
+            parts[scan_row * PARTS + li / MAX_ROWS] = part;
+        }
+        workgroupBarrier();""")
+for r in range(MAX_ROWS):
+    emit(rows_guard(r, [
+        "var sum = 0.0;",
+        "for (var q = 0u; q < PARTS; q++) {",
+        f"    sum += parts[{r}u * PARTS + q];",
+        "}",
+        f"l{r} = l{r} * alpha{r} + sum;",
+        f"o{r} *= alpha{r};",
+    ], 8))
+w("""        // O += P V over this invocation's keys, for its column of every row.
+        if (my_group < key_groups) {
+            for (var t = my_group; t < WG; t += key_groups) {
+                let key = u32(j0) + t;
+                if (key < p.keys) {
+                    let vv = widen4(v4[(kv_base + key) * dv4 + my_col]);""")
+for r in range(MAX_ROWS):
+    emit(rows_guard(r, [
+        f"let pt = scores[{r}u * WG + t];",
+        f"o{r} += select(vec4<f32>(0.0), pt * vv, pt >= 0.0);",
+    ], 20))
+w("""                }
+            }
+        }
+        workgroupBarrier();
+    }
+
+    // Add up the key groups' partial O's, one row at a time, and write the split.
+    let part_rows = p.batch * p.q_heads * p.q_len;""")
+for r in range(MAX_ROWS):
+    emit(rows_guard(r, [
+        f"k_slice[li] = o{r};",
+        "workgroupBarrier();",
+        "if (live_block && my_group == 0u && li < dv4) {",
+        "    var total = k_slice[li];",
+        "    for (var g = 1u; g < key_groups; g++) {",
+        "        total += k_slice[g * dv4 + li];",
+        "    }",
+        f"    let h = h0 + {r}u / p.q_len;",
+        f"    let i = {r}u % p.q_len;",
+        "    let row = (b * p.q_heads + h) * p.q_len + i;",
+        "    part_o[(split * part_rows + row) * dv4 + li] = total;",
+        "}",
+        "workgroupBarrier();",
+    ], 4))
+w("""    // Each row's (m, l, flags), written by invocation r.""")
+for r in range(MAX_ROWS):
+    emit(rows_guard(r, [
+        f"if (live_block && li == {r}u) {{",
+        f"    let h = h0 + {r}u / p.q_len;",
+        f"    let i = {r}u % p.q_len;",
+        "    let row = (b * p.q_heads + h) * p.q_len + i;",
+        f"    let flags = f32(atomicLoad(&row_flags[{r}u]));",
+        f"    part_ml[split * part_rows + row] = vec4<f32>(m{r}, l{r}, flags, 0.0);",
+        "}",
+    ], 4))
+w("}")
+
+print("\n".join(out))
