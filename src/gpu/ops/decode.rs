@@ -23,7 +23,7 @@ pub const MIN_KEYS: usize = 512;
 /// Keys per tile (one per invocation).
 const TILE: usize = 64;
 /// vec4 columns of K per staged slice (the kernel's DS).
-const SLICE: usize = 8;
+const SLICE: usize = 4;
 /// Workgroups to aim for: on a GPU enough to keep every SM streaming (an H100
 /// holds over 2000 workgroups of 64 at once); on a CPU adapter a few per core,
 /// since each split costs a merge.

@@ -35,16 +35,19 @@ pub struct TiledTiles {
 
 /// The shapes tried, in order: (query rows, keys per tile, tq, tk). Each is
 /// a workgroup of 256, 128 or 64 invocations; without a tuned choice the
-/// first whose workgroup memory and register blocks fit is taken. The first
-/// two (and the fourth, for head dims to 128 under 48 KiB) hold 4 x 4 of S
-/// per invocation (the most S work per workgroup-memory
-/// read); keys per tile are a multiple of 4 (P is stored as vec4s).
+/// first whose workgroup memory and register blocks fit is taken. The order
+/// is an H100's (`webattn tune`, B 1, H 16, seq 2048, BENCHMARKS.md): at head
+/// dim 64, 64 x 32 on 16 x 16 (2.32 ms) before 64 x 32 on 16 x 8 (2.55 ms)
+/// and 32 x 32 on 8 x 8 (3.32 ms); at 128, where 64-row blocks exceed 48 KiB,
+/// 32 x 32 on 16 x 16 (4.35 ms) before 32 x 32 on 8 x 8 (10.0 ms); the
+/// smaller shapes ran 4 to 7 times slower and are there for small limits.
+/// Keys per tile are a multiple of 4 (P is stored as vec4s).
 const CANDIDATES: [(u32, u32, u32, u32); 8] = [
+    (64, 32, 16, 16),
     (64, 32, 16, 8),
     (64, 64, 16, 16),
-    (64, 32, 16, 16),
-    (32, 32, 8, 8),
     (32, 32, 16, 16),
+    (32, 32, 8, 8),
     (32, 16, 8, 16),
     (16, 16, 8, 16),
     (16, 8, 8, 8),
@@ -222,12 +225,12 @@ mod tests {
         let t = TiledTiles::for_dims(64, 64, &limits(48 << 10)).unwrap();
         assert_eq!(
             (t.query_rows, t.keys_per_tile, t.invocations()),
-            (64, 32, 128)
+            (64, 32, 256)
         );
-        assert_eq!((t.rq(), t.rk(), t.dvt()), (4, 4, 2));
+        assert_eq!((t.rq(), t.rk(), t.dvt()), (4, 2, 1));
         let t = TiledTiles::for_dims(128, 128, &limits(48 << 10)).unwrap();
         assert_eq!((t.query_rows, t.keys_per_tile), (32, 32));
-        assert_eq!((t.rq(), t.rk(), t.dvt()), (4, 4, 4));
+        assert_eq!((t.rq(), t.rk(), t.dvt()), (2, 2, 2));
         assert!(t.workgroup_bytes() <= 48 << 10);
     }
 
