@@ -119,6 +119,10 @@ var<workgroup> alpha_s: array<f32, BQ>;
 var<workgroup> rescale_flag: u32;
 var<workgroup> v_bad: u32;
 var<workgroup> batch_nonpad: i32;
+// Zeros the O and S accumulators start from: loaded, not `MatC()`, whose zero
+// value naga writes as OpConstantNull, a form of a cooperative matrix no
+// conformance test covers (gemm_coop.wgsl has the same).
+var<workgroup> zero_s: array<f32, CM * CM>;
 
 fn non_finite(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) >= 0x7f800000u;
@@ -163,7 +167,11 @@ fn main(
         }
         q_s[rr * QS + d] = f16(val);
     }
+    for (var i = li; i < CM * CM; i += WG) {
+        zero_s[i] = 0.0;
+    }
     let lengths = workgroupUniformLoad(&batch_nonpad);
+    let zero_c = coopLoadT<MatC>(&zero_s[0], CM);
     // This subgroup's strip of Q as matrices, for the whole key loop.
     var q_mat: array<MatA, MAX_DT>;
     for (var d = 0u; d < DKT; d++) {
@@ -216,7 +224,7 @@ fn main(
     // one CM-column block at a time through workgroup memory.
     var o_acc: array<MatC, MAX_DT>;
     for (var c = 0u; c < DVT; c++) {
-        o_acc[c] = MatC();
+        o_acc[c] = zero_c;
     }
     if (resume) {
         for (var c = 0u; c < DVT; c++) {
@@ -268,7 +276,7 @@ fn main(
 
         // 2. This subgroup's strip of S = Q K^T.
         for (var jb = 0u; jb < BKT; jb++) {
-            var acc = MatC();
+            var acc = zero_c;
             for (var d = 0u; d < DKT; d++) {
                 // K's rows, read column-major: the matrix K^T.
                 let kb = coopLoad<MatB>(&kv_s[jb * CM * KS + d * CM], KS);

@@ -92,6 +92,11 @@ var<workgroup> b_s: array<f16, BKK * BS>;
 var<workgroup> c_s: array<f32, BT * CS>;
 // Whether the staged slice of B holds a non-finite value.
 var<workgroup> b_bad: u32;
+// Zeros the accumulators start from: loaded, not `MatC()`, whose zero value
+// naga writes as OpConstantNull, a form of a cooperative matrix no
+// conformance test covers (an H100 gave garbage on every case through these
+// kernels; this is the first suspect, see BENCHMARKS.md).
+var<workgroup> zero_s: array<f32, CM * CM>;
 
 fn a_at(base: u32, row: u32, col: u32) -> f32 {
     if (row >= p.m || col >= p.k) {
@@ -143,10 +148,14 @@ fn main(
     let qr = (sg / 2u) * 2u * CM;
     let qc = (sg % 2u) * 2u * CM;
 
-    var acc00 = MatC();
-    var acc01 = MatC();
-    var acc10 = MatC();
-    var acc11 = MatC();
+    for (var i = li; i < CM * CM; i += wg) {
+        zero_s[i] = 0.0;
+    }
+    workgroupBarrier();
+    var acc00 = coopLoadT<MatC>(&zero_s[0], CM);
+    var acc01 = acc00;
+    var acc10 = acc00;
+    var acc11 = acc00;
 
     let k_slices = (p.k + BKK - 1u) / BKK;
     for (var ks = 0u; ks < k_slices; ks++) {

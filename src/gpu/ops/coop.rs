@@ -122,7 +122,8 @@ impl CoopTiles {
 
     /// Workgroup memory the kernel uses: Q's block and the K/V tile (f16),
     /// the scratch (f32), P (f16), the attended and positive-probability
-    /// bits, the rows' rescaling factors, two flags and the nonpad length.
+    /// bits, the rows' rescaling factors, two flags, the nonpad length and
+    /// the zero matrix the accumulators start from (f32).
     pub fn workgroup_bytes(&self) -> u32 {
         let [qs, ks, _, ps, _] = self.strides();
         let bq = self.query_rows();
@@ -133,6 +134,7 @@ impl CoopTiles {
             + 2 * 4 * bq * self.bit_words()
             + 4 * bq
             + 12
+            + 4 * self.n() * self.n()
     }
 
     /// Loop iterations one invocation runs per key tile, the worst case (a V

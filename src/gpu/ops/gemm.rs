@@ -193,10 +193,12 @@ pub fn coop_invocations(shape: CoopShape) -> u32 {
 }
 
 /// Workgroup memory of `gemm_coop.wgsl`: op(A)'s and op(B)'s f16 slices and
-/// the f32 C tile, rows padded by 16 bytes (as the WGSL declares them), and a flag.
+/// the f32 C tile, rows padded by 16 bytes (as the WGSL declares them), a
+/// flag and the f32 zero matrix the accumulators start from.
 pub fn coop_workgroup_bytes(shape: CoopShape) -> u32 {
     let (tile, slice) = (coop_tile(shape) as u32, COOP_SLICE as u32);
-    tile * (slice + 8) * 2 + slice * (tile + 8) * 2 + tile * (tile + 4) * 4 + 4
+    let matrix = tile / 4;
+    tile * (slice + 8) * 2 + slice * (tile + 8) * 2 + tile * (tile + 4) * 4 + 4 + 4 * matrix * matrix
 }
 
 /// Whether `gemm_coop.wgsl` at `shape` fits `limits` (workgroup memory and invocations).
