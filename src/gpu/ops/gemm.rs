@@ -198,7 +198,11 @@ pub fn coop_invocations(shape: CoopShape) -> u32 {
 pub fn coop_workgroup_bytes(shape: CoopShape) -> u32 {
     let (tile, slice) = (coop_tile(shape) as u32, COOP_SLICE as u32);
     let matrix = tile / 4;
-    tile * (slice + 8) * 2 + slice * (tile + 8) * 2 + tile * (tile + 4) * 4 + 4 + 4 * matrix * matrix
+    tile * (slice + 8) * 2
+        + slice * (tile + 8) * 2
+        + tile * (tile + 4) * 4
+        + 4
+        + 4 * matrix * matrix
 }
 
 /// Whether `gemm_coop.wgsl` at `shape` fits `limits` (workgroup memory and invocations).
