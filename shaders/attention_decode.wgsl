@@ -31,37 +31,8 @@
 // kernels. K and V may be stored as f16 (see ELEMENT below); the arithmetic
 // is f32 either way.
 
-struct Params {
-    batch: u32,
-    q_heads: u32,
-    group: u32,
-    q_len: u32,
-    keys: u32,
-    dk: u32,
-    dv: u32,
-    flags: u32,
-    scale: f32,
-    softcap: f32,
-    left_window: i32,
-    right_window: i32,
-    past_len: u32,
-    mask_cols: u32,
-    mask_batch_stride: u32,
-    mask_head_stride: u32,
-    mask_row_stride: u32,
-    splits: u32,
-    kv_heads: u32,
-    split_keys: u32,
-    // 1 / temperature, applied to the biased scores before the softmax.
-    inv_temperature: f32,
-    // Query heads per workgroup (divides group; heads_per_wg * q_len <= 16).
-    heads_per_wg: u32,
-    // Added to every query's position (a piece of a call split across bindings).
-    position_shift: i32,
-    _reserved2: u32,
-}
+// #include attention_decode_call.wgsl
 
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q4: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> k4: array<KV4>;
 @group(0) @binding(3) var<storage, read> v4: array<KV4>;
@@ -82,8 +53,6 @@ fn widen4(x: KV4) -> vec4<f32> {
     return x;
 }
 // ELEMENT END
-
-// #include attention_rules.wgsl
 
 // Invocations, and keys per tile.
 const WG: u32 = 64u;
@@ -109,29 +78,6 @@ var<workgroup> parts: array<f32, 64>;
 var<workgroup> batch_nonpad: i32;
 // Each row's ROW_ATTENDED | ROW_POISONED over the split.
 var<workgroup> row_flags: array<atomic<u32>, 16>;
-
-// The allowed key range [lo, hi] of query row i (hi < lo when none).
-fn key_range(i: u32, offset: i32, lengths: i32) -> vec2<i32> {
-    let pos = offset + i32(i);
-    var lo = 0;
-    var hi = i32(p.keys) - 1;
-    if ((p.flags & FLAG_CAUSAL) != 0u) {
-        hi = min(hi, pos);
-    }
-    if (p.right_window >= 0) {
-        hi = min(hi, pos + p.right_window);
-    }
-    if (p.left_window >= 0) {
-        lo = max(lo, pos - p.left_window);
-    }
-    if ((p.flags & FLAG_NONPAD) != 0u) {
-        hi = min(hi, lengths - 1);
-    }
-    if ((p.flags & FLAG_MASK) != 0u) {
-        hi = min(hi, i32(p.mask_cols) - 1);
-    }
-    return vec2<i32>(lo, hi);
-}
 
 @compute @workgroup_size(64, 1, 1)
 fn main(

@@ -427,6 +427,10 @@ pub struct AttentionRun {
     pub dtype: crate::DType,
 }
 
+/// Values of K (and of V) beyond which [`attention_run`] fills them on the
+/// device from a repeated block of random rows (256 MiB of f32).
+const REPEATED_KV_VALUES: usize = 1 << 26;
+
 /// Times attention of `shape` as `run` says (the other functions of this
 /// family are this one with fewer choices).
 pub async fn attention_run(
@@ -443,10 +447,36 @@ pub async fn attention_run(
         dtype,
     } = run;
     use crate::{AttentionInputs, AttentionOptions, KernelPath};
+    let kv_shape = [shape.batch, shape.heads, shape.seq_k, shape.head_dim];
+    let kv_len: usize = kv_shape.iter().product();
+    // K and V beyond REPEATED_KV_VALUES each, on a GPU: a block of random
+    // rows repeated on the device (decode at 128k keys holds 17 GB of K and
+    // V, which the host would take minutes to draw); the timing does not
+    // depend on the values.
+    let repeated = (engine.gpu().is_some()
+        && matches!(path, KernelPath::Fused | KernelPath::Unfused)
+        && kv_len > REPEATED_KV_VALUES)
+        .then(|| {
+            let rows = REPEATED_KV_VALUES / 8 / shape.head_dim;
+            let mut rng = SplitMix64::new(0xb10c);
+            let block = |rng: &mut SplitMix64| {
+                crate::HostTensor::new(
+                    [rows, shape.head_dim],
+                    rng.normal_vec(rows * shape.head_dim, 1.0),
+                )
+                .map(|t| t.into_dtype(dtype))
+            };
+            Ok::<_, crate::Error>((block(&mut rng)?, block(&mut rng)?))
+        })
+        .transpose()?;
     let case = CaseSpec::new(
         "bench",
         [shape.batch, shape.heads, shape.heads],
-        [shape.seq_q, shape.seq_k],
+        // Only Q is drawn whole where K and V repeat a block.
+        [
+            shape.seq_q,
+            if repeated.is_some() { 1 } else { shape.seq_k },
+        ],
         [shape.head_dim, shape.head_dim],
     );
     let mut inputs = case.generate(1)?;
@@ -478,8 +508,13 @@ pub async fn attention_run(
         }
         (_, Some(ctx)) => {
             let q = engine.upload(&inputs.q)?;
-            let k = engine.upload(&inputs.k)?;
-            let v = engine.upload(&inputs.v)?;
+            let (k, v) = match repeated {
+                Some((k_pattern, v_pattern)) => (
+                    engine.upload_repeated(&kv_shape, &k_pattern).await?,
+                    engine.upload_repeated(&kv_shape, &v_pattern).await?,
+                ),
+                None => (engine.upload(&inputs.k)?, engine.upload(&inputs.v)?),
+            };
             let device_inputs = AttentionInputs::new(&q, &k, &v);
             let flush = if cold_cache && can_flush_caches(engine) {
                 Some(BigCopy::new(ctx)?)

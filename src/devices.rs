@@ -22,6 +22,7 @@ pub(crate) struct DeviceRecipe {
     pub portable_kernels: bool,
     pub matrix_units: crate::options::MatrixUnits,
     pub fused_kernel: crate::gpu::ops::fused::FusedKernelChoice,
+    pub decode_kernel: crate::gpu::choice::DecodeKernelChoice,
     /// The engine's tuning table, shared by every device it makes.
     pub tuning: std::sync::Arc<std::sync::Mutex<crate::tuning::TuningTable>>,
 }
@@ -37,6 +38,7 @@ impl DeviceRecipe {
         };
         Ok(ctx
             .with_fused_kernel(self.fused_kernel)?
+            .with_decode_kernel(self.decode_kernel)?
             .with_tuning(self.tuning.clone()))
     }
 }

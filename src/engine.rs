@@ -77,6 +77,11 @@ pub struct EngineOptions {
     /// lavapipe that a GPU would pick. A kernel the adapter cannot run is an
     /// error when the engine is created.
     pub fused_kernel: crate::gpu::ops::fused::FusedKernelChoice,
+    /// The decode kernel to use for calls of a few query rows over many keys
+    /// (default: chosen from the adapter's profile and the tuning table);
+    /// forcing the streaming kernel on an adapter without subgroups of 4
+    /// lanes or more is an error when the engine is created.
+    pub decode_kernel: crate::gpu::choice::DecodeKernelChoice,
     /// Where the tuning table (`webattn tune`'s measured kernel and path
     /// choices) comes from: by default the user's cache file natively
     /// (`$WEBATTN_TUNING_CACHE`, else `~/.cache/webattn/tuning.tsv`), memory in
@@ -177,12 +182,31 @@ impl Engine {
                 reason: "needs subgroups, but portable_kernels asks for none",
             });
         }
+        use crate::gpu::choice::DecodeKernelChoice;
+        if options.decode_kernel != DecodeKernelChoice::Auto
+            && options.backend == BackendPreference::Cpu
+        {
+            return Err(Error::InvalidOption {
+                name: "decode kernel",
+                value: options.decode_kernel.name().to_string(),
+                reason: "names a GPU kernel, but the engine was asked to run on the CPU backend",
+            });
+        }
+        if options.portable_kernels && options.decode_kernel == DecodeKernelChoice::Stream {
+            return Err(Error::InvalidOption {
+                name: "decode kernel",
+                value: options.decode_kernel.name().to_string(),
+                reason: "needs subgroups, but portable_kernels asks for none",
+            });
+        }
+        let forced = forced || options.decode_kernel != DecodeKernelChoice::Auto;
         let recipe = DeviceRecipe {
             power: options.power,
             limits: options.limits.clone(),
             portable_kernels: options.portable_kernels,
             matrix_units: options.matrix_units,
             fused_kernel: options.fused_kernel,
+            decode_kernel: options.decode_kernel,
             tuning: std::sync::Arc::new(std::sync::Mutex::new(options.tuning_cache.load())),
         };
         let gpu = |ctx| Backend::Gpu(GpuDevices::new(ctx, Some(recipe.clone())));
@@ -469,6 +493,67 @@ impl Engine {
             tensor,
             self.upload_unchecked("tensor", tensor.data(), tensor.dtype())?,
         ));
+    }
+
+    /// A tensor of `shape` whose values repeat `pattern`'s in order (its
+    /// dtype too): a benchmark's large inputs without drawing every value on
+    /// the host. On a GPU engine the pattern is uploaded once and copied
+    /// into place on the device, so a tensor of many gigabytes takes about
+    /// as long as its copies; `pattern` must hold an even number of values,
+    /// at least one. Memory the device lacks is [`Error::OutOfMemory`].
+    pub async fn upload_repeated(&self, shape: &[usize], pattern: &HostTensor) -> Result<Tensor> {
+        let len = crate::tensor::checked_numel("tensor", shape)?;
+        let period = pattern.len();
+        if period == 0 || period % 2 != 0 {
+            return Err(Error::InvalidOption {
+                name: "pattern",
+                value: period.to_string(),
+                reason: "a repeated pattern needs an even number of values, at least two",
+            });
+        }
+        let Backend::Gpu(gpu) = &self.backend else {
+            let data = pattern.data().iter().copied().cycle().take(len).collect();
+            let tensor = HostTensor::new(shape.to_vec(), data)?.into_dtype(pattern.dtype());
+            return Ok(self.wrap_host(tensor));
+        };
+        let (ctx, generation) = gpu.latest();
+        // Bytes of the pattern and of the tensor (f16 packed two to a word).
+        let f16 = pattern.dtype() == DType::F16;
+        let bytes_of = |values: usize| match f16 {
+            true => values.div_ceil(2) as u64 * 4,
+            false => values as u64 * 4,
+        };
+        let (period_bytes, total_bytes) = (bytes_of(period), bytes_of(len));
+        let buffer = ctx
+            .scoped("uploading a repeated tensor", || {
+                let source =
+                    buffer::upload_values(ctx, "pattern", pattern.data(), pattern.dtype())?;
+                let target = match f16 {
+                    true => buffer::f16_tensor_storage(ctx, "repeated tensor", len)?,
+                    false => buffer::tensor_storage(ctx, "repeated tensor", len)?,
+                };
+                let mut encoder =
+                    ctx.device
+                        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                            label: Some("repeat a pattern"),
+                        });
+                let mut at = 0;
+                while at < total_bytes {
+                    let size = period_bytes.min(total_bytes - at);
+                    encoder.copy_buffer_to_buffer(&source, 0, &target, at, size);
+                    at += size;
+                }
+                ctx.queue.submit([encoder.finish()]);
+                Ok(target)
+            })
+            .await?;
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            dtype: pattern.dtype(),
+            storage: Storage::Gpu(Arc::new(buffer)),
+            engine_id: self.id,
+            generation,
+        })
     }
 
     /// Uploads a host tensor and waits until the device has accepted the

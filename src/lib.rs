@@ -53,6 +53,7 @@ pub use device_tensor::{Mask, Tensor};
 pub use engine::{BackendKind, BackendPreference, CallStats, Engine, EngineOptions, PathChoice};
 pub use error::{Error, Result};
 pub use gpu::capabilities::{AdapterSummary, Capabilities, KernelLimits};
+pub use gpu::choice::DecodeKernelChoice;
 pub use gpu::context::{GpuContext, PowerPreference};
 pub use gpu::ops::fused::FusedKernelChoice;
 pub use kv_cache::KvCache;

@@ -172,6 +172,32 @@ pub(crate) struct Placement {
 }
 
 impl AttentionDims {
+    /// The dims of a call without a mask, a past or padding lengths:
+    /// `batch` x (`q_heads`, `kv_heads`), `q_len` queries over `kv_len`
+    /// keys, head dims `dk`, `dv` (for planning and reporting; calls get
+    /// theirs from [`validate`]).
+    pub fn plain(
+        batch: usize,
+        [q_heads, kv_heads]: [usize; 2],
+        [q_len, kv_len]: [usize; 2],
+        [head_dim, v_head_dim]: [usize; 2],
+    ) -> AttentionDims {
+        AttentionDims {
+            batch,
+            q_heads,
+            kv_heads,
+            q_len,
+            kv_len,
+            past_len: 0,
+            head_dim,
+            v_head_dim,
+            mask: None,
+            has_past: false,
+            has_nonpad: false,
+            placement: Placement::default(),
+        }
+    }
+
     /// T = P + Nk, the number of keys each query sees before masking.
     pub fn total_len(&self) -> usize {
         self.past_len + self.kv_len

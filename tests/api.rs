@@ -164,3 +164,33 @@ fn the_cpu_paths_can_be_forced_on_a_gpu_engine() {
     assert_eq!(forced(KernelPath::Oracle).y, oracle.y);
     assert!(engine.paths().contains(&KernelPath::Cpu));
 }
+
+#[test]
+fn a_repeated_pattern_fills_a_tensor_on_the_device_and_on_the_cpu() {
+    let pattern = HostTensor::new([10], (0..10).map(|i| i as f32 * 0.5 - 2.0).collect()).unwrap();
+    let shape = [3, 5, 7];
+    let expected: Vec<f32> = pattern.data().iter().copied().cycle().take(105).collect();
+    let cpu = webattn::Engine::cpu();
+    let mut engines = vec![&cpu];
+    if let Some(gpu) = common::gpu() {
+        engines.push(gpu);
+    }
+    for engine in engines {
+        for dtype in [webattn::DType::F32, webattn::DType::F16] {
+            let pattern = pattern.clone().into_dtype(dtype);
+            let tensor =
+                pollster::block_on(engine.upload_repeated(&shape, &pattern)).expect("a tensor");
+            assert_eq!(tensor.shape(), shape);
+            assert_eq!(tensor.dtype(), dtype);
+            let back = engine.download_blocking(&tensor).unwrap();
+            // Every value is exact in f16 too (multiples of 0.5 up to 2.5).
+            assert_eq!(back.data(), expected.as_slice(), "{dtype:?}");
+        }
+        // An odd or empty pattern is refused, not a GPU validation error.
+        let odd = HostTensor::new([3], vec![1.0; 3]).unwrap();
+        assert!(matches!(
+            pollster::block_on(engine.upload_repeated(&shape, &odd)),
+            Err(webattn::Error::InvalidOption { .. })
+        ));
+    }
+}

@@ -716,6 +716,62 @@ fn every_fused_kernel_can_be_forced_by_name() {
 }
 
 #[test]
+fn every_decode_kernel_can_be_forced_by_name() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let streams = common::gpu()
+        .and_then(|engine| engine.capabilities())
+        .is_some_and(|caps| caps.stream_decode_subgroups());
+    // The quick sweep's decode cases (GQA groups sharing a workgroup, 16
+    // query rows, past, nonpad, windows, ALiBi, softcap, f16 K and V,
+    // non-finite values) through each decode kernel, the streaming one also
+    // at WebGPU's default limits.
+    let mut runs = vec![("attention_decode", "adapter")];
+    if streams {
+        runs.push(("attention_decode_stream", "adapter"));
+        runs.push(("attention_decode_stream", "webgpu-default"));
+    }
+    for (kernel, limits) in runs {
+        let info = run(&["--decode-kernel", kernel, "info"]);
+        let text = String::from_utf8_lossy(&info.stdout);
+        assert!(info.status.success());
+        assert!(
+            text.contains(&format!("decode:   {kernel}"))
+                && text.contains("forced by --decode-kernel"),
+            "{text}"
+        );
+        let out = run(&[
+            "--backend",
+            "gpu",
+            "--decode-kernel",
+            kernel,
+            "--limits",
+            limits,
+            "check",
+            "--quick",
+            "--filter",
+            "decode",
+        ]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let last = stdout.trim_end().lines().last().unwrap_or_default();
+        assert!(out.status.success(), "{kernel} at {limits}: {stdout}");
+        assert!(
+            last.ends_with(" passed, 0 failed") && !last.starts_with("0 "),
+            "{kernel} at {limits}: {last}"
+        );
+    }
+    if !streams {
+        // Forcing the streaming kernel without subgroups is refused.
+        let out = run(&["--decode-kernel", "attention_decode_stream", "info"]);
+        assert_eq!(out.status.code(), Some(1));
+    }
+    let bad = run(&["--decode-kernel", "flash", "info"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("attention_decode_stream"));
+}
+
+#[test]
 fn check_passes_when_tensors_exceed_a_binding() {
     if common::gpu().is_none() {
         return;

@@ -9,7 +9,10 @@ use std::process::{Command, Output};
 
 use webattn::conformance::{compare, DEFAULT_FLOOR};
 use webattn::cpu;
-use webattn::tuning::{TunedEntry, TunedKernel, TuningCache, TuningKey, TuningTable, HEADER};
+use webattn::gpu::ops::decode::{DecodeKernel, StreamShape};
+use webattn::tuning::{
+    TunedDecode, TunedEntry, TunedKernel, TuningCache, TuningKey, TuningTable, HEADER,
+};
 use webattn::{
     AttentionInputs, AttentionOptions, BackendPreference, Engine, EngineOptions, HostTensor,
     KernelPath,
@@ -63,6 +66,13 @@ fn tune_writes_the_cache_and_info_shows_what_it_chose() {
     let (table, warnings) = TuningTable::parse(&std::fs::read_to_string(&cache).unwrap());
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_eq!(table.len(), 2);
+    // Both classes take the decode kernels (head dims multiples of 4): their
+    // winner is recorded too.
+    assert!(
+        table.entries().all(|(_, entry)| entry.decode.is_some()),
+        "{table:?}"
+    );
+    assert!(stdout.contains("decode attention_decode"), "{stdout}");
     let info = webattn(&cache, &["info"]);
     let text = String::from_utf8_lossy(&info.stdout);
     assert!(
@@ -119,6 +129,7 @@ fn a_stale_entry_is_ignored_with_a_warning_and_calls_stay_right() {
             },
             fused_ms: 1.0,
             unfused_ms: 2.0,
+            decode: None,
         },
     );
     table.save(&cache).unwrap();
@@ -158,6 +169,7 @@ fn auto_follows_the_measured_path_and_kernel() {
             kernel: TunedKernel::Portable,
             fused_ms: 2.0,
             unfused_ms: 1.0,
+            decode: None,
         },
     );
     table.save(&cache).unwrap();
@@ -195,6 +207,7 @@ fn auto_follows_the_measured_path_and_kernel() {
             kernel: TunedKernel::Portable,
             fused_ms: 1.0,
             unfused_ms: 2.0,
+            decode: None,
         },
     );
     table.save(&cache).unwrap();
@@ -215,4 +228,63 @@ fn auto_follows_the_measured_path_and_kernel() {
     .unwrap();
     assert!(memory.tuning_table().unwrap().is_empty());
     assert!(memory.tuning_cache_path().is_none());
+}
+
+#[test]
+fn decode_follows_the_measured_kernel_where_it_runs() {
+    let Some(gpu) = common::gpu() else { return };
+    let dims = webattn::AttentionDims::plain(1, [4, 2], [1, 1024], [8, 8]);
+    let plain = gpu.gpu().unwrap().decode_plan(&dims, false).unwrap().kernel;
+    let cache = scratch("decode").join("tuning.tsv");
+    let shape = StreamShape {
+        lanes: 4,
+        keys_per_step: 1,
+    };
+    for measured in [DecodeKernel::Staged, DecodeKernel::Stream(shape)] {
+        let mut table = TuningTable::new();
+        table.insert(
+            key_for_d8(gpu),
+            TunedEntry {
+                kernel: TunedKernel::Portable,
+                fused_ms: 1.0,
+                unfused_ms: 2.0,
+                decode: Some(TunedDecode {
+                    kernel: measured,
+                    decode_ms: 0.5,
+                }),
+            },
+        );
+        table.save(&cache).unwrap();
+        let engine = engine_with(&cache);
+        let chosen = engine
+            .gpu()
+            .unwrap()
+            .decode_plan(&dims, false)
+            .unwrap()
+            .kernel;
+        // The streaming kernel where the adapter has subgroups for it; the
+        // limits' own choice where the measured kernel cannot run here.
+        let runs = match measured {
+            DecodeKernel::Staged => true,
+            DecodeKernel::Stream(_) => gpu.capabilities().unwrap().stream_decode_subgroups(),
+        };
+        assert_eq!(chosen, if runs { measured } else { plain }, "{measured:?}");
+        // Other head dims keep the limits' choice.
+        let d64 = webattn::AttentionDims::plain(1, [4, 2], [1, 1024], [64, 64]);
+        assert_eq!(
+            engine
+                .gpu()
+                .unwrap()
+                .decode_plan(&d64, false)
+                .unwrap()
+                .kernel
+                .name(),
+            gpu.gpu()
+                .unwrap()
+                .decode_plan(&d64, false)
+                .unwrap()
+                .kernel
+                .name()
+        );
+    }
 }

@@ -305,6 +305,16 @@ impl Capabilities {
         }
     }
 
+    /// Whether the streaming decode kernel can run here: subgroups whose
+    /// smallest width holds a team of 4 lanes and whose largest divides its
+    /// 128 invocations.
+    pub fn stream_decode_subgroups(&self) -> bool {
+        self.subgroups
+            && self.subgroup_min_size >= 4
+            && self.subgroup_max_size <= 128
+            && self.subgroup_max_size.is_power_of_two()
+    }
+
     /// The subgroup width when the adapter is CPU-backed, has subgroups, and
     /// their width is fixed at 4 or 8 (lavapipe: 8, SwiftShader: 4).
     pub fn fixed_cpu_subgroup(&self) -> Option<u32> {

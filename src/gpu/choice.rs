@@ -109,3 +109,59 @@ impl std::fmt::Display for FusedKernelChoice {
         f.write_str(self.name())
     }
 }
+
+/// Which decode kernel runs calls of a few query rows over many keys (Nq up
+/// to 16, 512 keys or more): chosen from the adapter's capabilities, or
+/// forced by name (`webattn check --decode-kernel attention_decode_stream`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodeKernelChoice {
+    /// The tuning table's winner where it measured this adapter; else the
+    /// streaming kernel on GPUs with subgroups wherever its shape fits, the
+    /// staged kernel elsewhere.
+    #[default]
+    Auto,
+    /// `attention_decode`: K staged through workgroup memory; any adapter.
+    Staged,
+    /// `attention_decode_stream`: teams of subgroup lanes stream K and V with
+    /// no barrier in the key loop; adapters with subgroups of 4 lanes or
+    /// more, where its registers hold the call's rows (else the staged
+    /// kernel runs the call).
+    Stream,
+}
+
+impl DecodeKernelChoice {
+    /// The names `--decode-kernel` takes.
+    pub const NAMES: [&'static str; 3] = ["auto", "attention_decode", "attention_decode_stream"];
+
+    /// The kernel's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            DecodeKernelChoice::Auto => "auto",
+            DecodeKernelChoice::Staged => "attention_decode",
+            DecodeKernelChoice::Stream => "attention_decode_stream",
+        }
+    }
+}
+
+impl std::str::FromStr for DecodeKernelChoice {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<DecodeKernelChoice> {
+        match text {
+            "auto" => Ok(DecodeKernelChoice::Auto),
+            "attention_decode" => Ok(DecodeKernelChoice::Staged),
+            "attention_decode_stream" => Ok(DecodeKernelChoice::Stream),
+            _ => Err(Error::InvalidOption {
+                name: "decode kernel",
+                value: text.to_string(),
+                reason: "must be auto, attention_decode or attention_decode_stream",
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for DecodeKernelChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}

@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::capabilities::{Capabilities, KernelLimits};
-use super::choice::{FusedKernelChoice, GemmKernel};
+use super::choice::{DecodeKernelChoice, FusedKernelChoice, GemmKernel};
 use super::pipeline::PipelineCache;
 use crate::error::{Error, Result};
 use crate::limits::DeviceLimits;
@@ -51,6 +51,7 @@ pub struct GpuContext {
     /// The GEMM kernel when one was asked for (else the planner decides).
     pub(crate) gemm_override: Option<GemmKernel>,
     pub(crate) fused_choice: FusedKernelChoice,
+    pub(crate) decode_choice: DecodeKernelChoice,
     pub(crate) subgroup_width: Option<u32>,
     lost: Arc<Mutex<Option<String>>>,
     /// Measured kernel and path choices (`webattn tune`), shared by the
@@ -59,6 +60,9 @@ pub struct GpuContext {
     /// A fused kernel that every call runs (the tuner times each candidate
     /// this way), as the tuning table would name it.
     pub(crate) pinned_fused: Option<crate::tuning::TunedKernel>,
+    /// A decode kernel that every decode call runs where it can (the tuner
+    /// times each candidate this way).
+    pub(crate) pinned_decode: Option<super::ops::decode::DecodeKernel>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -255,9 +259,11 @@ impl GpuContext {
             queue,
             gemm_override: None,
             fused_choice: Default::default(),
+            decode_choice: Default::default(),
             subgroup_width: None,
             tuning: Default::default(),
             pinned_fused: None,
+            pinned_decode: None,
             caps: Arc::new(caps),
             profiler: Arc::new(Mutex::new(None)),
             lost,
@@ -304,7 +310,31 @@ impl GpuContext {
     pub fn with_portable_kernels(mut self) -> GpuContext {
         self.gemm_override = Some(GemmKernel::Tiled);
         self.fused_choice = FusedKernelChoice::Portable;
+        self.decode_choice = DecodeKernelChoice::Staged;
         self
+    }
+
+    /// This context with its decode kernel forced to `choice`. The streaming
+    /// kernel is refused where the adapter has no subgroups of 4 lanes or
+    /// more; where it has, calls whose rows its registers cannot hold run the
+    /// staged kernel.
+    pub fn with_decode_kernel(mut self, choice: DecodeKernelChoice) -> Result<GpuContext> {
+        if choice == DecodeKernelChoice::Stream && !self.caps.stream_decode_subgroups() {
+            return Err(Error::InvalidOption {
+                name: "decode kernel",
+                value: choice.name().to_string(),
+                reason: "needs subgroups of 4 lanes or more (this adapter reports none, or                          narrower ones, or portable kernels were asked for): use                          attention_decode or auto",
+            });
+        }
+        if choice != DecodeKernelChoice::Auto {
+            self.decode_choice = choice;
+        }
+        Ok(self)
+    }
+
+    /// The decode kernel this context is forced to, or `Auto`.
+    pub fn decode_kernel_choice(&self) -> DecodeKernelChoice {
+        self.decode_choice
     }
 
     /// This context with its fused kernel forced to `choice` (the other kernels

@@ -7,7 +7,7 @@
 use super::buffer;
 use super::context::GpuContext;
 use super::kv::{self, bytes, GpuInputs, GpuOutputs};
-use super::ops::decode::{self, DecodePlan};
+use super::ops::decode;
 use super::ops::fused::{self, AttentionBuffers};
 use super::recorder::{Recorder, Seg};
 use crate::error::{Error, Result};
@@ -22,7 +22,7 @@ pub(crate) async fn run(
     options: &AttentionOptions,
 ) -> Result<GpuOutputs> {
     let kernel = ctx.fused_kernel_at(dims.head_dim, dims.v_head_dim, options.precision)?;
-    let decode = DecodePlan::applies(dims).then(|| DecodePlan::new(dims, &ctx.caps));
+    let decode = ctx.decode_plan(dims, inputs.kv_f16);
     if inputs.kv_f16
         && (decode.is_none()
             || kv::needs_present(dims, options.return_present)

@@ -2,6 +2,7 @@
 //! an adapter, derived from its capability profile. `webattn info` prints it.
 
 use super::capabilities::Capabilities;
+use super::ops::decode::{self, StreamShape};
 use super::ops::fused::{CoopTiles, FusedKernel, FusedTiles, TiledTiles};
 use super::ops::{concat, gemm, mask, softmax};
 use crate::options::{KernelPath, Precision};
@@ -326,6 +327,21 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
         keys.push(PipelineKey::new(Kernel::AttentionDecode).with("ROWS", rows));
         keys.push(PipelineKey::new(Kernel::AttentionDecodeF16).with("ROWS", rows));
     }
+    // The streaming decode kernel at the same rows (at head dims its
+    // registers hold them), in teams of the widths SwiftShader (4), lavapipe
+    // (8) and GPUs (16, 32) give it.
+    for (rows, d) in [(1, 128), (4, 64), (16, 16)] {
+        let dims = crate::problem::AttentionDims::plain(1, [rows, 1], [1, 4096], [d, d]);
+        for lanes in [4, 8, 16, 32] {
+            let shape = StreamShape {
+                lanes,
+                keys_per_step: 2,
+            };
+            for kv_f16 in [false, true] {
+                keys.push(decode::stream_key(shape, &dims, rows as i64, kv_f16));
+            }
+        }
+    }
     keys.push(PipelineKey::new(Kernel::ConvertF16).with_flag("NARROW", false));
     keys.push(PipelineKey::new(Kernel::ConvertF16).with_flag("NARROW", true));
     for kernel in [
@@ -412,6 +428,24 @@ pub fn every_planned_pipeline() -> Vec<super::pipeline::PipelineKey> {
     for rows in 1..=super::ops::decode::MAX_WORKGROUP_ROWS as i64 {
         keys.push(PipelineKey::new(Kernel::AttentionDecode).with("ROWS", rows));
         keys.push(PipelineKey::new(Kernel::AttentionDecodeF16).with("ROWS", rows));
+    }
+    // Every shape of the streaming decode kernel that holds 1, 2, 4, 8 or 16
+    // rows at each head-dim class it takes (f16 K and V at the first shape
+    // that holds them, as a GPU picks by default).
+    for d in HEAD_DIM_CLASSES.into_iter().filter(|d| d % 4 == 0) {
+        for rows in [1, 2, 4, 8, 16] {
+            let dims = crate::problem::AttentionDims::plain(1, [rows, 1], [1, 4096], [d, d]);
+            let shapes: Vec<StreamShape> = StreamShape::all()
+                .into_iter()
+                .filter(|shape| shape.holds(&dims, rows))
+                .collect();
+            for shape in &shapes {
+                keys.push(decode::stream_key(*shape, &dims, rows as i64, false));
+            }
+            if let Some(shape) = shapes.first() {
+                keys.push(decode::stream_key(*shape, &dims, rows as i64, true));
+            }
+        }
     }
     for workgroup in [64, 256] {
         keys.push(PipelineKey::new(Kernel::FmaPeak).with("WORKGROUP", workgroup));

@@ -5,12 +5,14 @@
 //! capabilities describe the adapter, and only this module decides.
 
 use super::capabilities::{Capabilities, KernelLimits};
-use super::choice::{CoopShape, FusedKernelChoice, GemmKernel};
+use super::choice::{CoopShape, DecodeKernelChoice, FusedKernelChoice, GemmKernel};
 use super::context::GpuContext;
+use super::ops::decode::{DecodeKernel, DecodePlan, StreamShape};
 use super::ops::fused::{CoopTiles, FusedKernel, FusedTiles, TiledTiles};
 use super::registry::CoopSize;
 use crate::error::Result;
 use crate::options::Precision;
+use crate::problem::AttentionDims;
 use crate::tuning::{TunedKernel, TuningKey};
 
 /// The GEMM kernel for an adapter: the subgroup-shuffle kernel on CPU-backed
@@ -165,6 +167,13 @@ impl GpuContext {
         self
     }
 
+    /// This context with every decode call running `kernel` where it can
+    /// (else the staged kernel): for timing or testing one candidate.
+    pub fn with_pinned_decode(mut self, kernel: DecodeKernel) -> GpuContext {
+        self.pinned_decode = Some(kernel);
+        self
+    }
+
     /// The tuned fused kernel for head dims `dk`, `dv`, if one was measured
     /// and still runs here (an entry the kernel no longer offers, or whose
     /// tiles no longer fit, is ignored with a warning, once).
@@ -245,7 +254,46 @@ impl GpuContext {
     }
 }
 
+/// The decode kernel an adapter runs for `dims` from its capabilities alone
+/// (no tuning): the streaming kernel on adapters with subgroups wide enough
+/// for its teams, where a shape holds the call's rows
+/// ([`StreamShape::choose`]); the staged kernel elsewhere. (lavapipe ran
+/// the streaming kernel 3.6-4.1 times as fast as the staged one at 4096 and
+/// 8192 keys, BENCHMARKS.md; GPUs are still to be measured.)
+pub fn decode_kernel_for(caps: &Capabilities, dims: &AttentionDims, kv_f16: bool) -> DecodeKernel {
+    let rows = DecodePlan::heads_per_workgroup(dims) * dims.q_len;
+    match StreamShape::choose(dims, rows, caps, kv_f16) {
+        Some(shape) => DecodeKernel::Stream(shape),
+        None => DecodeKernel::Staged,
+    }
+}
+
 impl GpuContext {
+    /// The decode plan for `dims`, or `None` where the decode kernels do not
+    /// apply (more than 16 query rows, few keys, head dims not multiples of
+    /// 4). Its kernel: a pinned one (tuner); a forced one
+    /// ([`GpuContext::with_decode_kernel`]); else the tuning table's for this
+    /// head-dim class; else [`decode_kernel_for`]; in each case the staged
+    /// kernel where a streaming shape does not hold the call's rows.
+    pub fn decode_plan(&self, dims: &AttentionDims, kv_f16: bool) -> Option<DecodePlan> {
+        if !DecodePlan::applies(dims) {
+            return None;
+        }
+        let chosen = || decode_kernel_for(&self.caps, dims, kv_f16);
+        let kernel = match (self.pinned_decode, self.decode_choice) {
+            (Some(pinned), _) => pinned,
+            (None, DecodeKernelChoice::Staged) => DecodeKernel::Staged,
+            (None, DecodeKernelChoice::Stream) => chosen(),
+            (None, DecodeKernelChoice::Auto) => self
+                .tuned(dims.head_dim, dims.v_head_dim)
+                .and_then(|entry| entry.decode)
+                .map(|tuned| tuned.kernel)
+                .filter(|kernel| DecodePlan::runnable(*kernel, dims, &self.caps) == *kernel)
+                .unwrap_or_else(chosen),
+        };
+        Some(DecodePlan::new(dims, &self.caps, kernel))
+    }
+
     /// The fused kernel for head dims `dk`, `dv` in a call at `precision`:
     /// under [`Precision::Fast`], unless a kernel is pinned or an f32 kernel
     /// forced, the matrix-unit kernel where the adapter has matrix units

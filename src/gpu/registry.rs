@@ -68,6 +68,13 @@ pub enum Kernel {
     /// The decode kernel reading K and V stored as f16 (`shaders/attention_decode.wgsl`
     /// with `shaders/element_f16.wgsl` in its ELEMENT block).
     AttentionDecodeF16,
+    /// Split-K decode that streams K and V: teams of subgroup lanes per key,
+    /// no barrier in the key loop (`shaders/attention_decode_stream.wgsl`).
+    AttentionDecodeStream,
+    /// The streaming decode kernel reading K and V stored as f16
+    /// (`shaders/attention_decode_stream.wgsl` with `shaders/element_f16.wgsl`
+    /// in its ELEMENT block).
+    AttentionDecodeStreamF16,
     /// Merges split-K partial results by their maxima (`shaders/attention_merge.wgsl`).
     AttentionMerge,
     /// Widens f16 tensors to f32, or narrows f32 to f16 (`shaders/convert_f16.wgsl`).
@@ -107,7 +114,7 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 25] = [
+    pub const ALL: [Kernel; 27] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
@@ -121,6 +128,8 @@ impl Kernel {
         Kernel::AttentionTiled,
         Kernel::AttentionDecode,
         Kernel::AttentionDecodeF16,
+        Kernel::AttentionDecodeStream,
+        Kernel::AttentionDecodeStreamF16,
         Kernel::AttentionMerge,
         Kernel::ConvertF16,
         Kernel::Position,
@@ -151,6 +160,8 @@ impl Kernel {
             Kernel::AttentionTiled => "attention_tiled",
             Kernel::AttentionDecode => "attention_decode",
             Kernel::AttentionDecodeF16 => "attention_decode_f16",
+            Kernel::AttentionDecodeStream => "attention_decode_stream",
+            Kernel::AttentionDecodeStreamF16 => "attention_decode_stream_f16",
             Kernel::AttentionMerge => "attention_merge",
             Kernel::ConvertF16 => "convert_f16",
             Kernel::Position => "position",
@@ -181,6 +192,9 @@ impl Kernel {
             Kernel::AttentionSubgroup => "attention_sg.wgsl",
             Kernel::AttentionTiled => "attention_tiled.wgsl",
             Kernel::AttentionDecode | Kernel::AttentionDecodeF16 => "attention_decode.wgsl",
+            Kernel::AttentionDecodeStream | Kernel::AttentionDecodeStreamF16 => {
+                "attention_decode_stream.wgsl"
+            }
             Kernel::AttentionMerge => "attention_merge.wgsl",
             Kernel::ConvertF16 => "convert_f16.wgsl",
             Kernel::Position => "position.wgsl",
@@ -239,6 +253,18 @@ impl Kernel {
                     )
                 })
             }
+            Kernel::AttentionDecodeStream => {
+                include_str!("../../shaders/attention_decode_stream.wgsl")
+            }
+            Kernel::AttentionDecodeStreamF16 => {
+                static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+                SOURCE.get_or_init(|| {
+                    with_element(
+                        include_str!("../../shaders/attention_decode_stream.wgsl"),
+                        include_str!("../../shaders/element_f16.wgsl"),
+                    )
+                })
+            }
             Kernel::AttentionMerge => include_str!("../../shaders/attention_merge.wgsl"),
             Kernel::ConvertF16 => include_str!("../../shaders/convert_f16.wgsl"),
             Kernel::Position => include_str!("../../shaders/position.wgsl"),
@@ -275,7 +301,13 @@ impl Kernel {
     /// Whether the kernel uses subgroup operations (chosen only on adapters
     /// that have them).
     pub fn uses_subgroups(self) -> bool {
-        matches!(self, Kernel::GemmSubgroup | Kernel::AttentionSubgroup) || self.uses_coop()
+        matches!(
+            self,
+            Kernel::GemmSubgroup
+                | Kernel::AttentionSubgroup
+                | Kernel::AttentionDecodeStream
+                | Kernel::AttentionDecodeStreamF16
+        ) || self.uses_coop()
     }
 
     /// Whether the kernel multiplies on the matrix units (wgpu's experimental
@@ -320,7 +352,9 @@ impl Kernel {
             | Kernel::AttentionTiled
             | Kernel::AttentionCoop(_)
             | Kernel::AttentionDecode
-            | Kernel::AttentionDecodeF16 => {
+            | Kernel::AttentionDecodeF16
+            | Kernel::AttentionDecodeStream
+            | Kernel::AttentionDecodeStreamF16 => {
                 &[Uniform, Read, Read, Read, Read, Read, ReadWrite, ReadWrite]
             }
             // Q, K, mask, nonpad; qk_matmul_output.
@@ -364,17 +398,18 @@ impl Kernel {
 
 /// Files in `shaders/` that are not kernels but blocks the registry puts into
 /// kernels (see [`with_element`]).
-pub const FRAGMENTS: [&str; 3] = [
+pub const FRAGMENTS: [&str; 4] = [
     "element_f16.wgsl",
     "attention_rules.wgsl",
     "attention_call.wgsl",
+    "attention_decode_call.wgsl",
 ];
 
 /// The line that includes a fragment: `// #include NAME.wgsl`.
 const INCLUDE: &str = "// #include ";
 
 /// The fragments a kernel can include, with their text.
-const INCLUDABLE: [(&str, &str); 2] = [
+const INCLUDABLE: [(&str, &str); 3] = [
     (
         "attention_rules.wgsl",
         include_str!("../../shaders/attention_rules.wgsl"),
@@ -382,6 +417,10 @@ const INCLUDABLE: [(&str, &str); 2] = [
     (
         "attention_call.wgsl",
         include_str!("../../shaders/attention_call.wgsl"),
+    ),
+    (
+        "attention_decode_call.wgsl",
+        include_str!("../../shaders/attention_decode_call.wgsl"),
     ),
 ];
 

@@ -23,7 +23,7 @@ use super::capabilities::Capabilities;
 use super::context::GpuContext;
 use super::fused;
 use super::kv::{self, GpuInputs, GpuOutputs};
-use super::ops::decode::DecodePlan;
+use super::ops::decode::{DecodeKernel, DecodePlan};
 use super::ops::fused::{self as fused_op, AttentionBuffers, KeyPart};
 use super::recorder::{copy_box, Recorder, Seg, SEGMENT_ALIGNMENT};
 use super::unfused;
@@ -277,7 +277,9 @@ impl Cut {
         }
         let piece = self.piece_dims(dims);
         if route == Route::Fused && self.keys == dims.total_len() && DecodePlan::applies(&piece) {
-            let plan = DecodePlan::new(&piece, caps);
+            // The staged kernel's splits: the most partials any decode kernel
+            // writes (the streaming kernel's loop budget allows longer splits).
+            let plan = DecodePlan::new(&piece, caps, DecodeKernel::Staged);
             out.push(Binding {
                 name: "decode partials",
                 bytes: stored(&[plan.partial_values(&piece)]),

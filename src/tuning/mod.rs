@@ -4,5 +4,7 @@
 mod table;
 mod tuner;
 
-pub use table::{TunedEntry, TunedKernel, TuningCache, TuningKey, TuningTable, HEADER};
+pub use table::{
+    TunedDecode, TunedEntry, TunedKernel, TuningCache, TuningKey, TuningTable, HEADER,
+};
 pub use tuner::{fused_candidates, tune, Timed, TuneReport, TuningProblem};

@@ -14,10 +14,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::gpu::capabilities::Capabilities;
+use crate::gpu::ops::decode::{DecodeKernel, StreamShape};
 
 /// The first line of a cache file of this format.
-pub const HEADER: &str = "# webattn tuning cache, format 1";
-const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms";
+pub const HEADER: &str = "# webattn tuning cache, format 2";
+/// The first line of the format before it (no decode columns), still read.
+const HEADER_1: &str = "# webattn tuning cache, format 1";
+const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms\tdecode_kernel\tL\tKB\tdecode_ms";
 
 /// What a measurement is about: one adapter and driver under one
 /// workgroup-memory limit, at one head-dim class (head dims rounded up to 4).
@@ -93,6 +96,17 @@ pub struct TunedEntry {
     pub fused_ms: f64,
     /// The unfused path's median time on the same problem, in ms.
     pub unfused_ms: f64,
+    /// The fastest decode kernel on the decode problem, where measured.
+    pub decode: Option<TunedDecode>,
+}
+
+/// The decode kernel that won on the tuner's decode problem.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TunedDecode {
+    /// The kernel and its shape.
+    pub kernel: DecodeKernel,
+    /// Its median time, in ms.
+    pub decode_ms: f64,
 }
 
 /// Where an engine's tuning table comes from ([`crate::EngineOptions::tuning_cache`]).
@@ -181,7 +195,7 @@ impl TuningTable {
         let mut warnings = Vec::new();
         let mut lines = text.lines().enumerate();
         match lines.next() {
-            Some((_, first)) if first.trim_end() == HEADER => {}
+            Some((_, first)) if first.trim_end() == HEADER || first.trim_end() == HEADER_1 => {}
             Some((_, first)) => {
                 warnings.push(format!(
                     "not a tuning cache of this format (first line {:?}, expected {HEADER:?}): ignored",
@@ -217,8 +231,22 @@ impl TuningTable {
                 _ => (0, 0, 0, 0),
             };
             let clean = |s: &str| s.replace(['\t', '\n', '\r'], " ");
+            let decode = match entry.decode {
+                None => "-\t0\t0\t0".to_string(),
+                Some(tuned) => {
+                    let (lanes, keys) = match tuned.kernel {
+                        DecodeKernel::Staged => (0, 0),
+                        DecodeKernel::Stream(shape) => (shape.lanes, shape.keys_per_step),
+                    };
+                    format!(
+                        "{}\t{lanes}\t{keys}\t{:.6}",
+                        tuned.kernel.name(),
+                        tuned.decode_ms
+                    )
+                }
+            };
             out.push_str(&format!(
-                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\n",
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\t{decode}\n",
                 clean(&key.adapter),
                 clean(&key.backend),
                 clean(&key.driver),
@@ -300,8 +328,9 @@ impl TuningTable {
 
 fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String> {
     let fields: Vec<&str> = line.split('\t').collect();
-    if fields.len() != 13 {
-        return Err(format!("{} fields, expected 13", fields.len()));
+    // 13 fields in format 1 (no decode columns), 17 in format 2.
+    if fields.len() != 13 && fields.len() != 17 {
+        return Err(format!("{} fields, expected 17", fields.len()));
     }
     let number = |i: usize, what: &str| -> std::result::Result<u32, String> {
         fields[i]
@@ -342,10 +371,28 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
         "attention_sg" => TunedKernel::Subgroup,
         other => return Err(format!("unknown kernel {other:?}")),
     };
+    let decode = match fields.get(13).copied() {
+        None | Some("-") => None,
+        Some(name) => {
+            let kernel = match name {
+                "attention_decode" => DecodeKernel::Staged,
+                "attention_decode_stream" => DecodeKernel::Stream(StreamShape {
+                    lanes: number(14, "L")?,
+                    keys_per_step: number(15, "KB")?,
+                }),
+                other => return Err(format!("unknown decode kernel {other:?}")),
+            };
+            Some(TunedDecode {
+                kernel,
+                decode_ms: time(16, "decode_ms")?,
+            })
+        }
+    };
     let entry = TunedEntry {
         kernel,
         fused_ms: time(11, "fused_ms")?,
         unfused_ms: time(12, "unfused_ms")?,
+        decode,
     };
     Ok((key, entry))
 }
@@ -378,6 +425,13 @@ mod tests {
                 },
                 fused_ms: 1.5,
                 unfused_ms: 4.25,
+                decode: Some(TunedDecode {
+                    kernel: DecodeKernel::Stream(StreamShape {
+                        lanes: 8,
+                        keys_per_step: 2,
+                    }),
+                    decode_ms: 0.5,
+                }),
             },
         );
         table.insert(
@@ -386,6 +440,7 @@ mod tests {
                 kernel: TunedKernel::Portable,
                 fused_ms: 3.0,
                 unfused_ms: 2.0,
+                decode: None,
             },
         );
         table
@@ -403,12 +458,37 @@ mod tests {
     fn corrupt_lines_are_ignored_with_a_warning_and_the_rest_kept() {
         let mut text = sample().to_text();
         text.push_str("garbage without tabs\n");
-        text.push_str(&"x\t".repeat(12));
+        text.push_str(&"x\t".repeat(16));
         text.push_str("x\n");
         let (table, warnings) = TuningTable::parse(&text);
         assert_eq!(table, sample());
         assert_eq!(warnings.len(), 2, "{warnings:?}");
         assert!(warnings[0].contains("line 5"), "{warnings:?}");
+    }
+
+    #[test]
+    fn format_1_lines_read_without_a_decode_entry_and_a_bad_decode_column_is_refused() {
+        let text = sample().to_text();
+        let old: Vec<String> = text
+            .lines()
+            .enumerate()
+            .map(|(i, line)| match i {
+                0 => HEADER_1.to_string(),
+                1 => line.to_string(),
+                _ => line.split('\t').take(13).collect::<Vec<_>>().join("\t"),
+            })
+            .collect();
+        let (table, warnings) = TuningTable::parse(&old.join("\n"));
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(table.len(), 2);
+        assert!(table.entries().all(|(_, e)| e.decode.is_none()));
+        let bad = text.replace("attention_decode_stream", "attention_decode_fast");
+        let (table, warnings) = TuningTable::parse(&bad);
+        assert_eq!(table.len(), 1);
+        assert!(
+            warnings[0].contains("unknown decode kernel"),
+            "{warnings:?}"
+        );
     }
 
     #[test]
@@ -433,6 +513,10 @@ mod tests {
                 kernel: TunedKernel::Subgroup,
                 fused_ms: 1.0,
                 unfused_ms: 1.0,
+                decode: Some(TunedDecode {
+                    kernel: DecodeKernel::Staged,
+                    decode_ms: 2.0,
+                }),
             },
         );
         let (back, warnings) = TuningTable::parse(&table.to_text());

@@ -4,32 +4,42 @@
 //! and `KernelPath::Auto` then follow.
 
 use crate::bench::{measure_gpu, Repeats};
-use crate::conformance::CaseSpec;
+use crate::conformance::{CaseInputs, CaseSpec};
 use crate::error::{Error, Result};
+use crate::gpu::ops::decode::{DecodeKernel, DecodePlan, StreamShape};
 use crate::gpu::ops::fused::{FusedKernel, FusedTiles, TiledTiles};
+use crate::problem::AttentionDims;
 use crate::{AttentionInputs, AttentionOptions, Engine, KernelPath};
 
-use super::table::{TunedEntry, TunedKernel, TuningKey};
+use super::table::{TunedDecode, TunedEntry, TunedKernel, TuningKey};
 
-/// The problem each head-dim class is timed on.
+/// The problems each head-dim class is timed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TuningProblem {
     /// Query heads (batch 1; as many KV heads).
     pub heads: usize,
     /// Query and key length.
     pub seq: usize,
+    /// Keys of the decode problem (one query row per head, same heads).
+    pub decode_keys: usize,
 }
 
 impl TuningProblem {
-    /// A problem that fills a GPU for a millisecond or so (16 heads x 2048),
-    /// or a small one on a CPU adapter (4 heads x 256).
+    /// Problems that fill a GPU for a millisecond or so (16 heads x 2048;
+    /// decode: 16 heads x 16384 keys, more K and V than a large GPU caches),
+    /// or small ones on a CPU adapter (4 heads x 256; 4 x 2048 keys).
     pub fn for_device_type(device_type: &str) -> TuningProblem {
         if device_type == "Cpu" {
-            TuningProblem { heads: 4, seq: 256 }
+            TuningProblem {
+                heads: 4,
+                seq: 256,
+                decode_keys: 2048,
+            }
         } else {
             TuningProblem {
                 heads: 16,
                 seq: 2048,
+                decode_keys: 16384,
             }
         }
     }
@@ -58,16 +68,27 @@ pub struct TuneReport {
 }
 
 /// Every fused kernel that can run head dims `dk`, `dv` on the engine's
-/// adapter: each tile of the register-tiled kernel that fits, the portable
-/// kernel, and the subgroup kernel where the adapter has fixed subgroups.
+/// adapter: each tile of the register-tiled kernel that fits (on a CPU
+/// adapter, the first one only), the portable kernel, and the subgroup
+/// kernel where the adapter has fixed subgroups.
 pub fn fused_candidates(engine: &Engine, dk: usize, dv: usize) -> Result<Vec<FusedKernel>> {
     let ctx = engine.gpu().ok_or(Error::Conflict(
         "tuning needs a GPU engine; this one runs on the CPU",
     ))?;
     let caps = ctx.capabilities();
+    // The register-tiled kernel's shapes are a GPU's choice; on a CPU adapter
+    // one shape (the first that fits) stands for the kernel: its unrolled
+    // source takes seconds to compile per shape there (SwiftShader in
+    // Chromium lost the device compiling all of them).
+    let tiles_tried = if caps.adapter.device_type == "Cpu" {
+        1
+    } else {
+        usize::MAX
+    };
     let mut kernels: Vec<FusedKernel> = TiledTiles::candidates(dk, dv)
         .into_iter()
         .filter(|t| t.fits(&caps.limits))
+        .take(tiles_tried)
         .map(FusedKernel::Tiled)
         .collect();
     kernels.push(FusedKernel::Portable(FusedTiles::for_dims(
@@ -80,6 +101,35 @@ pub fn fused_candidates(engine: &Engine, dk: usize, dv: usize) -> Result<Vec<Fus
             kernels.push(FusedKernel::Subgroup { width });
         }
     }
+    Ok(kernels)
+}
+
+/// Every decode kernel that can run the decode problem `dims` on the
+/// engine's adapter: the staged kernel and each shape of the streaming kernel
+/// that fits (on a CPU adapter, the first one only). Empty where the decode
+/// kernels do not apply (head dims not multiples of 4).
+pub fn decode_candidates(engine: &Engine, dims: &AttentionDims) -> Result<Vec<DecodeKernel>> {
+    let ctx = engine.gpu().ok_or(Error::Conflict(
+        "tuning needs a GPU engine; this one runs on the CPU",
+    ))?;
+    if !DecodePlan::applies(dims) {
+        return Ok(Vec::new());
+    }
+    let caps = ctx.capabilities();
+    let shapes_tried = if caps.adapter.device_type == "Cpu" {
+        1
+    } else {
+        usize::MAX
+    };
+    let rows = DecodePlan::heads_per_workgroup(dims) * dims.q_len;
+    let mut kernels = vec![DecodeKernel::Staged];
+    kernels.extend(
+        StreamShape::all()
+            .into_iter()
+            .filter(|shape| shape.fits(dims, rows, caps))
+            .take(shapes_tried)
+            .map(DecodeKernel::Stream),
+    );
     Ok(kernels)
 }
 
@@ -101,6 +151,26 @@ pub async fn tune(
         warmup: 1,
         timed: 3,
     };
+    // Times one configuration: `path` on `engine` (whose tensors are its
+    // own) on `inputs`.
+    let time = async |engine: &Engine, inputs: &CaseInputs, path: KernelPath| -> Result<f64> {
+        let (q, k, v) = (
+            engine.upload(&inputs.q)?,
+            engine.upload(&inputs.k)?,
+            engine.upload(&inputs.v)?,
+        );
+        let device_inputs = AttentionInputs::new(&q, &k, &v);
+        let options = AttentionOptions {
+            path,
+            ..Default::default()
+        };
+        let ctx = engine.gpu().expect("a GPU engine");
+        let m = measure_gpu(ctx, repeats, async || {
+            engine.attention(&device_inputs, &options).await.map(|_| ())
+        })
+        .await?;
+        Ok(m.median_ms())
+    };
     let mut reports = Vec::new();
     for &(dk, dv) in head_dims {
         let case = CaseSpec::new(
@@ -110,25 +180,6 @@ pub async fn tune(
             [dk, dv],
         );
         let inputs = case.generate(7)?;
-        // Times one configuration: `path` on `engine` (whose tensors are its own).
-        let time = async |engine: &Engine, path: KernelPath| -> Result<f64> {
-            let (q, k, v) = (
-                engine.upload(&inputs.q)?,
-                engine.upload(&inputs.k)?,
-                engine.upload(&inputs.v)?,
-            );
-            let device_inputs = AttentionInputs::new(&q, &k, &v);
-            let options = AttentionOptions {
-                path,
-                ..Default::default()
-            };
-            let ctx = engine.gpu().expect("a GPU engine");
-            let m = measure_gpu(ctx, repeats, async || {
-                engine.attention(&device_inputs, &options).await.map(|_| ())
-            })
-            .await?;
-            Ok(m.median_ms())
-        };
         let mut timings = Vec::new();
         let mut best: Option<(TunedKernel, f64)> = None;
         for kernel in fused_candidates(engine, dk, dv)? {
@@ -136,7 +187,7 @@ pub async fn tune(
             progress(&format!("head dims {dk}/{dv}: {label}"));
             // An engine of its own on the same device, running only this kernel.
             let pinned = Engine::from_context(ctx.clone().with_pinned_fused_kernel(kernel));
-            let ms = time(&pinned, KernelPath::Fused).await?;
+            let ms = time(&pinned, &inputs, KernelPath::Fused).await?;
             timings.push(Timed {
                 label,
                 median_ms: ms,
@@ -148,17 +199,53 @@ pub async fn tune(
             }
         }
         progress(&format!("head dims {dk}/{dv}: unfused"));
-        let unfused = time(engine, KernelPath::Unfused).await?;
+        let unfused = time(engine, &inputs, KernelPath::Unfused).await?;
         timings.push(Timed {
             label: "unfused".to_string(),
             median_ms: unfused,
         });
+        drop(inputs);
+        // The decode problem: one query row per head over many keys.
+        let decode_case = CaseSpec::new(
+            "tune-decode",
+            [1, problem.heads, problem.heads],
+            [1, problem.decode_keys],
+            [dk, dv],
+        );
+        let decode_dims = AttentionDims::plain(
+            1,
+            [problem.heads, problem.heads],
+            [1, problem.decode_keys],
+            [dk, dv],
+        );
+        let mut decode: Option<TunedDecode> = None;
+        let decode_kernels = decode_candidates(engine, &decode_dims)?;
+        if !decode_kernels.is_empty() {
+            let decode_inputs = decode_case.generate(11)?;
+            for kernel in decode_kernels {
+                let label = format!("decode {}", kernel.label());
+                progress(&format!("head dims {dk}/{dv}: {label}"));
+                let pinned = Engine::from_context(ctx.clone().with_pinned_decode(kernel));
+                let ms = time(&pinned, &decode_inputs, KernelPath::Fused).await?;
+                timings.push(Timed {
+                    label,
+                    median_ms: ms,
+                });
+                if decode.is_none_or(|best| ms < best.decode_ms) {
+                    decode = Some(TunedDecode {
+                        kernel,
+                        decode_ms: ms,
+                    });
+                }
+            }
+        }
         timings.sort_by(|a, b| a.median_ms.total_cmp(&b.median_ms));
         let (kernel, fused_ms) = best.expect("the portable kernel is always a candidate");
         let entry = TunedEntry {
             kernel,
             fused_ms,
             unfused_ms: unfused,
+            decode,
         };
         ctx.record_tuning(TuningKey::new(ctx.capabilities(), dk, dv), entry);
         reports.push(TuneReport {

@@ -62,10 +62,14 @@ fn describe(engine: &Engine) -> serde_json::Value {
         "default_path": plan.default_path.name(),
         "fused_kernel": engine.gpu().map(|ctx| fused_kernel(ctx).0),
         "fused_kernel_forced": engine.gpu().map(|ctx| fused_kernel(ctx).1),
+        "decode_kernel": engine.gpu().map(|ctx| decode_kernel(ctx).0),
+        "decode_kernel_forced": engine.gpu().map(|ctx| decode_kernel(ctx).1),
         "tuning_cache": engine.tuning_cache_path().map(|p| p.display().to_string()),
         "tuned": engine.gpu().map(|ctx| tuned_here(engine, ctx).iter().map(|(dk4, dv4, e)| json!({
             "head_dims": [4 * dk4, 4 * dv4], "kernel": e.kernel.name(),
             "fused_ms": e.fused_ms, "unfused_ms": e.unfused_ms,
+            "decode_kernel": e.decode.map(|d| d.kernel.label()),
+            "decode_ms": e.decode.map(|d| d.decode_ms),
         })).collect::<Vec<_>>()),
         "paths": plan.paths.iter().map(|p| p.name()).chain(["cpu", "oracle"]).collect::<Vec<_>>(),
         "cpu_backend": engine.cpu_backend().describe(),
@@ -86,6 +90,20 @@ pub fn fused_kernel(ctx: &webattn::GpuContext) -> (&'static str, bool) {
     (
         name,
         ctx.fused_kernel_choice() != webattn::FusedKernelChoice::Auto,
+    )
+}
+
+/// The decode kernel (with its shape) in use for a typical decode call (one
+/// token of 32 query heads over 8 KV heads of 128, 4096 cached keys) and
+/// whether `--decode-kernel` forced it.
+pub fn decode_kernel(ctx: &webattn::GpuContext) -> (String, bool) {
+    let dims = webattn::AttentionDims::plain(1, [32, 8], [1, 4096], [128, 128]);
+    let label = ctx
+        .decode_plan(&dims, false)
+        .map_or_else(|| "none".to_string(), |plan| plan.kernel.label());
+    (
+        label,
+        ctx.decode_kernel_choice() != webattn::DecodeKernelChoice::Auto,
     )
 }
 
@@ -120,6 +138,13 @@ fn tuning_text(engine: &Engine, ctx: &webattn::GpuContext) -> String {
                 "fused"
             }
         );
+        if let Some(decode) = entry.decode {
+            out += &format!(
+                "    decode: {} {:.3} ms\n",
+                decode.kernel.label(),
+                decode.decode_ms
+            );
+        }
     }
     out
 }
@@ -248,7 +273,16 @@ fn text(engine: &Engine, engine_args: &super::EngineArgs) -> String {
         } else {
             "chosen for this adapter; --kernel NAME forces one"
         };
-        out += &format!("fused:    {fused} ({how}; decode runs attention_decode)\n");
+        out += &format!("fused:    {fused} ({how})\n");
+        let (decode, forced) = decode_kernel(ctx);
+        let how = if forced {
+            "forced by --decode-kernel"
+        } else {
+            "chosen for this adapter; --decode-kernel NAME forces one"
+        };
+        out += &format!(
+            "decode:   {decode} ({how}; shown for 32 query heads over 8 KV heads of 128)\n"
+        );
         out += &tuning_text(engine, ctx);
     }
     out += "kernels:\n";

@@ -18,8 +18,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use webattn::tuning::TuningCache;
 use webattn::{
-    BackendPreference, DeviceLimits, Engine, EngineOptions, FusedKernelChoice, LimitOverride,
-    LimitsPreset, MatrixUnits, Precision,
+    BackendPreference, DecodeKernelChoice, DeviceLimits, Engine, EngineOptions, FusedKernelChoice,
+    LimitOverride, LimitsPreset, MatrixUnits, Precision,
 };
 
 /// GPU attention (ONNX Attention, opset 25) on WebGPU compute shaders, checked
@@ -62,6 +62,14 @@ pub struct EngineArgs {
     #[arg(long, value_name = "NAME", default_value = "auto", global = true,
           value_parser = |s: &str| s.parse::<FusedKernelChoice>())]
     kernel: FusedKernelChoice,
+    /// The decode kernel for calls of a few query rows (up to 16) over many
+    /// keys: attention_decode_stream (teams of subgroup lanes stream K and V,
+    /// no barrier in the key loop; adapters with subgroups of 4 or more),
+    /// attention_decode (K staged through workgroup memory; any adapter); auto
+    /// lets the adapter's profile and the tuning cache decide.
+    #[arg(long, value_name = "NAME", default_value = "auto", global = true,
+          value_parser = |s: &str| s.parse::<DecodeKernelChoice>())]
+    decode_kernel: DecodeKernelChoice,
     /// How exact the GPU's products must be: highest (f32, the default) or
     /// fast (f16 products with f32 accumulation on the matrix units, where the
     /// adapter has them: `webattn info` lists them; elsewhere the f32 kernels
@@ -137,6 +145,7 @@ fn engine(args: &EngineArgs) -> webattn::Result<Engine> {
         cpu_threads: args.cpu_threads.map(usize::from),
         limits: args.device_limits(),
         fused_kernel: args.kernel,
+        decode_kernel: args.decode_kernel,
         matrix_units: args.matrix_units,
         tuning_cache: match &args.tuning_cache {
             None => TuningCache::Default,

@@ -1,5 +1,6 @@
-//! Split-K decode (`shaders/attention_decode.wgsl`) and the merge of its
-//! partial results (`shaders/attention_merge.wgsl`).
+//! Split-K decode, staged (`shaders/attention_decode.wgsl`) or streaming
+//! (`shaders/attention_decode_stream.wgsl`), and the merge of its partial
+//! results (`shaders/attention_merge.wgsl`).
 
 use bytemuck::{Pod, Zeroable};
 
@@ -20,8 +21,144 @@ pub const MAX_QUERY_ROWS: usize = 16;
 pub const MAX_WORKGROUP_ROWS: usize = 16;
 /// Keys from which a few query rows go to the decode kernel instead of the fused one.
 pub const MIN_KEYS: usize = 512;
-/// Keys per tile (one per invocation).
+/// Keys per tile of the staged kernel (one per invocation); splits are
+/// multiples of it.
 const TILE: usize = 64;
+/// Invocations per workgroup of the streaming kernel (its WG).
+const STREAM_WORKGROUP: u32 = 128;
+/// The streaming kernel's register budget: vec4s of Q (and of O) a lane holds
+/// over the workgroup's rows, and of K (and of V) over a step's keys (its
+/// MAX_BLOCK); and the most keys per step (MAX_KB).
+const STREAM_BLOCK: usize = 16;
+const STREAM_MAX_KEYS_PER_STEP: u32 = 4;
+/// Lanes per key team of the streaming kernel: powers of two from 4 (at most
+/// 32 teams, its MAX_TEAMS) to 32.
+const STREAM_LANES: [u32; 4] = [4, 8, 16, 32];
+
+/// The streaming decode kernel's shape: how many lanes of a subgroup share
+/// a key (each holds every `lanes`-th vec4 column of the rows), and how many
+/// consecutive keys a team takes per step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StreamShape {
+    /// Lanes per key team (4 to 32, a power of two).
+    pub lanes: u32,
+    /// Keys per team and step (1 to 4).
+    pub keys_per_step: u32,
+}
+
+impl StreamShape {
+    /// Every shape the kernel offers, in the order tried when none was
+    /// measured: teams reading 128 bytes of a row per load first (8 lanes of
+    /// f32, 16 of f16), two keys a step.
+    pub fn all() -> Vec<StreamShape> {
+        let mut shapes = Vec::new();
+        for keys_per_step in [2, 1, 4] {
+            for lanes in [8, 16, 4, 32] {
+                shapes.push(StreamShape {
+                    lanes,
+                    keys_per_step,
+                });
+            }
+        }
+        shapes
+    }
+
+    /// Whether this shape runs `dims` on the adapter: lanes within its
+    /// smallest subgroup, the rows' Q and O and a step's K and V within the
+    /// register budget, the teams' O within its workgroup memory.
+    pub fn fits(&self, dims: &AttentionDims, rows: usize, caps: &Capabilities) -> bool {
+        caps.stream_decode_subgroups()
+            && self.lanes <= caps.subgroup_min_size
+            && self.holds(dims, rows)
+            && self.workgroup_bytes(dims) <= caps.limits.max_compute_workgroup_storage_size as usize
+            && STREAM_WORKGROUP <= caps.limits.max_compute_invocations_per_workgroup
+    }
+
+    /// Whether the kernel's registers hold `rows` rows at `dims`' head dims
+    /// with this shape: a lane's columns of Q and O over the rows, and of K
+    /// and V over a step's keys, within its register budget (the named
+    /// registers it declares).
+    pub fn holds(&self, dims: &AttentionDims, rows: usize) -> bool {
+        let (kt, vt) = self.columns(dims);
+        let block = kt.max(vt);
+        STREAM_LANES.contains(&self.lanes)
+            && (1..=STREAM_MAX_KEYS_PER_STEP).contains(&self.keys_per_step)
+            && (1..=MAX_WORKGROUP_ROWS).contains(&rows)
+            && rows * block <= STREAM_BLOCK
+            && self.keys_per_step as usize * block <= STREAM_BLOCK
+    }
+
+    /// The first shape of [`StreamShape::all`] that fits, preferring teams
+    /// whose loads cover 128 bytes of a row (8 lanes for f32 K and V, 16 for
+    /// f16).
+    pub fn choose(
+        dims: &AttentionDims,
+        rows: usize,
+        caps: &Capabilities,
+        kv_f16: bool,
+    ) -> Option<StreamShape> {
+        let mut shapes = StreamShape::all();
+        if kv_f16 {
+            // Half the bytes per vec4: twice the lanes for the same run.
+            shapes.sort_by_key(|s| (s.keys_per_step != 2, s.lanes != 16));
+        }
+        shapes.into_iter().find(|s| s.fits(dims, rows, caps))
+    }
+
+    /// vec4 columns of K and of V per lane.
+    fn columns(&self, dims: &AttentionDims) -> (usize, usize) {
+        let lanes = self.lanes as usize;
+        (
+            dims.head_dim.div_ceil(4).div_ceil(lanes),
+            dims.v_head_dim.div_ceil(4).div_ceil(lanes),
+        )
+    }
+
+    /// Workgroup memory the kernel declares at `dims`.
+    pub fn workgroup_bytes(&self, dims: &AttentionDims) -> usize {
+        let teams = (STREAM_WORKGROUP / self.lanes) as usize;
+        let dv4 = dims.v_head_dim.div_ceil(4);
+        // row_span, row_slope, team_ml, team_o, row_flags, the counter, nonpad.
+        16 * 16 + 16 * 4 + 512 * 8 + teams * dv4 * 16 + 16 * 4 + 4 + 4
+    }
+
+    /// A short description, as pipeline labels and `webattn tune` show it.
+    pub fn label(&self) -> String {
+        format!(
+            "attention_decode_stream[L={},KB={}]",
+            self.lanes, self.keys_per_step
+        )
+    }
+}
+
+/// Which decode kernel a plan runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DecodeKernel {
+    /// `attention_decode`: 64 invocations stage 64-key tiles of K through
+    /// workgroup memory; any adapter.
+    Staged,
+    /// `attention_decode_stream`: teams of subgroup lanes stream their own
+    /// keys with no barrier in the key loop; adapters with subgroups.
+    Stream(StreamShape),
+}
+
+impl DecodeKernel {
+    /// The kernel's name, as `--decode-kernel` takes it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            DecodeKernel::Staged => "attention_decode",
+            DecodeKernel::Stream(_) => "attention_decode_stream",
+        }
+    }
+
+    /// The kernel with its shape, as `webattn tune` reports it.
+    pub fn label(&self) -> String {
+        match self {
+            DecodeKernel::Staged => "attention_decode".to_string(),
+            DecodeKernel::Stream(shape) => shape.label(),
+        }
+    }
+}
 /// vec4 columns of K per staged slice (the kernel's DS).
 const SLICE: usize = 4;
 /// Workgroups to aim for: on a GPU enough to keep every SM streaming (an H100
@@ -30,13 +167,15 @@ const SLICE: usize = 4;
 const TARGET_WORKGROUPS_GPU: usize = 2048;
 const TARGET_WORKGROUPS_CPU: usize = 128;
 
-/// How the keys are split across workgroups, and how many query heads of a
-/// KV head each workgroup serves.
+/// How the keys are split across workgroups, how many query heads of a KV
+/// head each workgroup serves, and which kernel runs them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodePlan {
+    /// The kernel.
+    pub kernel: DecodeKernel,
     /// Splits per workgroup's heads.
     pub splits: usize,
-    /// Keys per split (a multiple of the 64-key tile).
+    /// Keys per split (a multiple of the staged kernel's 64-key tile).
     pub split_keys: usize,
     /// Query heads per workgroup: the largest divisor of the GQA group whose
     /// rows (heads x Nq) fit [`MAX_WORKGROUP_ROWS`], so K and V are read once
@@ -55,30 +194,65 @@ impl DecodePlan {
             && dims.head_dim.max(dims.v_head_dim) <= super::fused::MAX_HEAD_DIM
     }
 
-    /// Splits enough to fill the device and, on drivers that cap an
-    /// invocation's loop iterations, small enough to stay under the cap.
-    pub fn new(dims: &AttentionDims, caps: &Capabilities) -> DecodePlan {
-        let keys = dims.total_len();
+    /// Query heads per workgroup: the largest divisor of the GQA group whose
+    /// rows (heads x Nq) fit [`MAX_WORKGROUP_ROWS`].
+    pub fn heads_per_workgroup(dims: &AttentionDims) -> usize {
         let group = dims.group();
-        let heads_per_workgroup = (1..=group)
+        (1..=group)
             .rev()
             .find(|h| group % h == 0 && h * dims.q_len <= MAX_WORKGROUP_ROWS)
-            .unwrap_or(1);
+            .unwrap_or(1)
+    }
+
+    /// `kernel` where it runs `dims` here (a streaming shape must fit:
+    /// [`StreamShape::fits`]), else the staged kernel.
+    pub fn runnable(
+        kernel: DecodeKernel,
+        dims: &AttentionDims,
+        caps: &Capabilities,
+    ) -> DecodeKernel {
+        let rows = Self::heads_per_workgroup(dims) * dims.q_len;
+        match kernel {
+            DecodeKernel::Stream(shape) if shape.fits(dims, rows, caps) => kernel,
+            _ => DecodeKernel::Staged,
+        }
+    }
+
+    /// Splits enough to fill the device and, on drivers that cap an
+    /// invocation's loop iterations, small enough to stay under the cap;
+    /// `kernel` where it runs `dims` here ([`DecodePlan::runnable`]).
+    pub fn new(dims: &AttentionDims, caps: &Capabilities, kernel: DecodeKernel) -> DecodePlan {
+        let kernel = Self::runnable(kernel, dims, caps);
+        let keys = dims.total_len();
+        let heads_per_workgroup = Self::heads_per_workgroup(dims);
         let rows = heads_per_workgroup * dims.q_len;
         let workgroup_heads = dims.batch * dims.q_heads / heads_per_workgroup;
         let (dk4, dv4) = (dims.head_dim.div_ceil(4), dims.v_head_dim.div_ceil(4));
         let key_groups = (TILE / dv4.max(1)).max(1);
         // Loop iterations per invocation per tile: K and Q slices and the dot
         // products, the rules, the two scans and combinations, P V.
-        let per_tile = (dk4.div_ceil(SLICE) * (SLICE + 2 + SLICE * (1 + rows))
-            + rows
-            + 2 * (TILE / 4 + rows * 5)
-            + TILE.div_ceil(key_groups) * (1 + rows)
-            + 16) as u64;
-        let max_split_keys = match caps.loop_budget() {
-            Some(budget) => {
-                ((budget.saturating_sub(64 + 4 * rows as u64) / per_tile).max(1) as usize) * TILE
+        let per_tile = match kernel {
+            DecodeKernel::Staged => {
+                (dk4.div_ceil(SLICE) * (SLICE + 2 + SLICE * (1 + rows))
+                    + rows
+                    + 2 * (TILE / 4 + rows * 5)
+                    + TILE.div_ceil(key_groups) * (1 + rows)
+                    + 16) as u64
             }
+            // One iteration per step of TEAMS * KB keys (the rest unrolled).
+            DecodeKernel::Stream(shape) => {
+                let per_step = (STREAM_WORKGROUP / shape.lanes * shape.keys_per_step) as usize;
+                TILE.div_ceil(per_step) as u64
+            }
+        };
+        // The end: the staged kernel's partial O's, or the streaming one's
+        // merge of its teams (three loops over them per row).
+        let end = match kernel {
+            DecodeKernel::Staged => 64 + 4 * rows as u64,
+            DecodeKernel::Stream(_) => 64 + 3 * 32 * rows as u64 + dv4 as u64,
+        };
+        let max_split_keys = match caps.loop_budget() {
+            Some(budget) => ((budget.saturating_sub(end) / per_tile).max(1) as usize) * TILE,
             None => keys,
         };
         let target = if caps.adapter.device_type == "Cpu" {
@@ -91,21 +265,27 @@ impl DecodePlan {
         let splits = for_cap.max(for_parallelism).min(keys.div_ceil(TILE)).max(1);
         let split_keys = keys.div_ceil(splits).div_ceil(TILE) * TILE;
         DecodePlan {
+            kernel,
             splits: keys.div_ceil(split_keys),
             split_keys,
             heads_per_workgroup,
         }
     }
 
-    /// The decode kernel's pipeline key for `dims` (its rows per workgroup),
-    /// reading K and V as f16 when `kv_f16`.
+    /// The decode kernel's pipeline key for `dims` (its rows per workgroup;
+    /// the streaming kernel's shape and head dims), reading K and V as f16
+    /// when `kv_f16`.
     pub fn key(&self, dims: &AttentionDims, kv_f16: bool) -> PipelineKey {
-        let kernel = if kv_f16 {
-            Kernel::AttentionDecodeF16
-        } else {
-            Kernel::AttentionDecode
-        };
-        PipelineKey::new(kernel).with("ROWS", (self.heads_per_workgroup * dims.q_len) as i64)
+        let rows = (self.heads_per_workgroup * dims.q_len) as i64;
+        match self.kernel {
+            DecodeKernel::Staged => PipelineKey::new(if kv_f16 {
+                Kernel::AttentionDecodeF16
+            } else {
+                Kernel::AttentionDecode
+            })
+            .with("ROWS", rows),
+            DecodeKernel::Stream(shape) => stream_key(shape, dims, rows, kv_f16),
+        }
     }
 
     /// Device memory of the partial results, in f32 values.
@@ -113,6 +293,30 @@ impl DecodePlan {
         let rows = dims.batch * dims.q_heads * dims.q_len;
         self.splits * rows * (dims.v_head_dim.div_ceil(4) * 4 + 4)
     }
+}
+
+/// The streaming kernel's pipeline for `rows` rows per workgroup at `dims`'
+/// head dims.
+pub fn stream_key(
+    shape: StreamShape,
+    dims: &AttentionDims,
+    rows: i64,
+    kv_f16: bool,
+) -> PipelineKey {
+    let kernel = if kv_f16 {
+        Kernel::AttentionDecodeStreamF16
+    } else {
+        Kernel::AttentionDecodeStream
+    };
+    let (kt, vt) = shape.columns(dims);
+    PipelineKey::new(kernel)
+        .with("ROWS", rows)
+        .with("L", shape.lanes as i64)
+        .with("KB", shape.keys_per_step as i64)
+        .with("DK4", dims.head_dim.div_ceil(4) as i64)
+        .with("DV4", dims.v_head_dim.div_ceil(4) as i64)
+        .with("KT", kt as i64)
+        .with("VT", vt as i64)
 }
 
 #[repr(C)]
@@ -214,8 +418,10 @@ mod tests {
     #[test]
     fn the_query_heads_of_a_kv_head_share_a_workgroup_up_to_16_rows() {
         let gpu = caps("DiscreteGpu");
-        let heads =
-            |hq, hkv, nq| DecodePlan::new(&dims(1, hq, hkv, nq, 4096), &gpu).heads_per_workgroup;
+        let heads = |hq, hkv, nq| {
+            DecodePlan::new(&dims(1, hq, hkv, nq, 4096), &gpu, DecodeKernel::Staged)
+                .heads_per_workgroup
+        };
         assert_eq!(heads(32, 8, 1), 4);
         assert_eq!(heads(32, 8, 4), 4);
         assert_eq!(heads(32, 4, 3), 4); // group 8: 8 x 3 rows is too many, 4 x 3 fits
@@ -226,13 +432,17 @@ mod tests {
     #[test]
     fn a_gpu_gets_enough_workgroups_and_a_cpu_adapter_few() {
         let d = dims(8, 32, 32, 1, 4096);
-        let gpu = DecodePlan::new(&d, &caps("DiscreteGpu"));
+        let gpu = DecodePlan::new(&d, &caps("DiscreteGpu"), DecodeKernel::Staged);
         assert!(256 * gpu.splits >= TARGET_WORKGROUPS_GPU, "{gpu:?}");
         assert_eq!(gpu.split_keys % TILE, 0);
-        let cpu = DecodePlan::new(&d, &caps("Cpu"));
+        let cpu = DecodePlan::new(&d, &caps("Cpu"), DecodeKernel::Staged);
         assert_eq!(cpu.splits, 1);
         // Never more splits than tiles.
-        let short = DecodePlan::new(&dims(1, 1, 1, 1, 600), &caps("DiscreteGpu"));
+        let short = DecodePlan::new(
+            &dims(1, 1, 1, 1, 600),
+            &caps("DiscreteGpu"),
+            DecodeKernel::Staged,
+        );
         assert_eq!(short.splits, 600usize.div_ceil(TILE));
         assert!(DecodePlan::applies(&dims(1, 1, 1, 16, 600)));
         assert!(!DecodePlan::applies(&dims(1, 1, 1, 17, 600)));

@@ -1,0 +1,61 @@
+// The uniforms of the split-K decode kernels (attention_decode and
+// attention_decode_stream; src/gpu/ops/decode.rs writes them) and the key
+// range of a query row, with the contract's rules. Included as
+// `// #include attention_decode_call.wgsl`.
+
+// #include attention_rules.wgsl
+
+struct Params {
+    batch: u32,
+    q_heads: u32,
+    group: u32,
+    q_len: u32,
+    keys: u32,
+    dk: u32,
+    dv: u32,
+    flags: u32,
+    scale: f32,
+    softcap: f32,
+    left_window: i32,
+    right_window: i32,
+    past_len: u32,
+    mask_cols: u32,
+    mask_batch_stride: u32,
+    mask_head_stride: u32,
+    mask_row_stride: u32,
+    splits: u32,
+    kv_heads: u32,
+    split_keys: u32,
+    // 1 / temperature, applied to the biased scores before the softmax.
+    inv_temperature: f32,
+    // Query heads per workgroup (divides group; heads_per_wg * q_len <= 16).
+    heads_per_wg: u32,
+    // Added to every query's position (a piece of a call split across bindings).
+    position_shift: i32,
+    _reserved2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+
+// The allowed key range [lo, hi] of query row i (hi < lo when none).
+fn key_range(i: u32, offset: i32, lengths: i32) -> vec2<i32> {
+    let pos = offset + i32(i);
+    var lo = 0;
+    var hi = i32(p.keys) - 1;
+    if ((p.flags & FLAG_CAUSAL) != 0u) {
+        hi = min(hi, pos);
+    }
+    if (p.right_window >= 0) {
+        hi = min(hi, pos + p.right_window);
+    }
+    if (p.left_window >= 0) {
+        lo = max(lo, pos - p.left_window);
+    }
+    if ((p.flags & FLAG_NONPAD) != 0u) {
+        hi = min(hi, lengths - 1);
+    }
+    if ((p.flags & FLAG_MASK) != 0u) {
+        hi = min(hi, i32(p.mask_cols) - 1);
+    }
+    return vec2<i32>(lo, hi);
+}
