@@ -30,9 +30,9 @@
 //
 // A team's lanes must be L consecutive lanes of one subgroup, whatever order
 // the adapter gives its subgroups: each subgroup takes a number from a
-// workgroup counter, and an invocation's place is (that number) * (subgroup
-// width) + (its lane). The host keeps L within the adapter's smallest
-// subgroup width; WG is a multiple of every width.
+// workgroup counter, and an invocation's place is (that number) * (the
+// subgroup's lanes) + (its lane). The host keeps L within the adapter's
+// smallest subgroup width; WG is a multiple of every width.
 //
 // The masking rules and the non-finite rule are attention_fused.wgsl's: a key
 // a row does not attend never multiplies V; an attended key whose score is
@@ -174,7 +174,6 @@ fn main(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
     @builtin(subgroup_invocation_id) sg_lane: u32,
-    @builtin(subgroup_size) sg_size: u32,
 ) {
     let block = wid.x + wid.y * nwg.x;
     let hpw = p.heads_per_wg;
@@ -202,12 +201,14 @@ fn main(
     // (A barrier: the counter is zero for every subgroup after it.)
     let lengths = workgroupUniformLoad(&batch_nonpad);
     // Every lane is active here (uniform control flow), so lane 0 speaks for
-    // its subgroup.
+    // its subgroup, and the subgroup's width is its count of lanes (which
+    // lavapipe at 1024-bit vectors reports as 32 for subgroups of 16).
     var number = 0u;
     if (sg_lane == 0u) {
         number = atomicAdd(&subgroups_seen, 1u);
     }
-    let place = subgroupBroadcast(number, 0u) * sg_size + sg_lane;
+    let width = subgroupAdd(1u);
+    let place = subgroupBroadcast(number, 0u) * width + sg_lane;
     let team = place / L;
     let lane = place % L;
 
@@ -2945,113 +2946,117 @@ fn main(
     }
 
     // The teams' states, merged a row at a time by the row's maximum.
+    // A subgroup narrower than a team (a driver that reports a width it does
+    // not run) splits teams: their sums are wrong, so the rows are made NaN
+    // rather than silently wrong.
+    let misfit = select(0u, ROW_ATTENDED | ROW_POISONED, width % L != 0u);
     if (lane == 0u) {
         team_ml[0u * MAX_TEAMS + team] = vec2<f32>(m0, l0);
-        let flags0 = ((seen >> 0u) & 1u) | (((seen >> 16u) & 1u) << 1u);
+        let flags0 = ((seen >> 0u) & 1u) | (((seen >> 16u) & 1u) << 1u) | misfit;
         if (flags0 != 0u) {
             atomicOr(&row_flags[0], flags0);
         }
         if (ROWS > 1u) {
             team_ml[1u * MAX_TEAMS + team] = vec2<f32>(m1, l1);
-            let flags1 = ((seen >> 1u) & 1u) | (((seen >> 17u) & 1u) << 1u);
+            let flags1 = ((seen >> 1u) & 1u) | (((seen >> 17u) & 1u) << 1u) | misfit;
             if (flags1 != 0u) {
                 atomicOr(&row_flags[1], flags1);
             }
         }
         if (ROWS > 2u) {
             team_ml[2u * MAX_TEAMS + team] = vec2<f32>(m2, l2);
-            let flags2 = ((seen >> 2u) & 1u) | (((seen >> 18u) & 1u) << 1u);
+            let flags2 = ((seen >> 2u) & 1u) | (((seen >> 18u) & 1u) << 1u) | misfit;
             if (flags2 != 0u) {
                 atomicOr(&row_flags[2], flags2);
             }
         }
         if (ROWS > 3u) {
             team_ml[3u * MAX_TEAMS + team] = vec2<f32>(m3, l3);
-            let flags3 = ((seen >> 3u) & 1u) | (((seen >> 19u) & 1u) << 1u);
+            let flags3 = ((seen >> 3u) & 1u) | (((seen >> 19u) & 1u) << 1u) | misfit;
             if (flags3 != 0u) {
                 atomicOr(&row_flags[3], flags3);
             }
         }
         if (ROWS > 4u) {
             team_ml[4u * MAX_TEAMS + team] = vec2<f32>(m4, l4);
-            let flags4 = ((seen >> 4u) & 1u) | (((seen >> 20u) & 1u) << 1u);
+            let flags4 = ((seen >> 4u) & 1u) | (((seen >> 20u) & 1u) << 1u) | misfit;
             if (flags4 != 0u) {
                 atomicOr(&row_flags[4], flags4);
             }
         }
         if (ROWS > 5u) {
             team_ml[5u * MAX_TEAMS + team] = vec2<f32>(m5, l5);
-            let flags5 = ((seen >> 5u) & 1u) | (((seen >> 21u) & 1u) << 1u);
+            let flags5 = ((seen >> 5u) & 1u) | (((seen >> 21u) & 1u) << 1u) | misfit;
             if (flags5 != 0u) {
                 atomicOr(&row_flags[5], flags5);
             }
         }
         if (ROWS > 6u) {
             team_ml[6u * MAX_TEAMS + team] = vec2<f32>(m6, l6);
-            let flags6 = ((seen >> 6u) & 1u) | (((seen >> 22u) & 1u) << 1u);
+            let flags6 = ((seen >> 6u) & 1u) | (((seen >> 22u) & 1u) << 1u) | misfit;
             if (flags6 != 0u) {
                 atomicOr(&row_flags[6], flags6);
             }
         }
         if (ROWS > 7u) {
             team_ml[7u * MAX_TEAMS + team] = vec2<f32>(m7, l7);
-            let flags7 = ((seen >> 7u) & 1u) | (((seen >> 23u) & 1u) << 1u);
+            let flags7 = ((seen >> 7u) & 1u) | (((seen >> 23u) & 1u) << 1u) | misfit;
             if (flags7 != 0u) {
                 atomicOr(&row_flags[7], flags7);
             }
         }
         if (ROWS > 8u) {
             team_ml[8u * MAX_TEAMS + team] = vec2<f32>(m8, l8);
-            let flags8 = ((seen >> 8u) & 1u) | (((seen >> 24u) & 1u) << 1u);
+            let flags8 = ((seen >> 8u) & 1u) | (((seen >> 24u) & 1u) << 1u) | misfit;
             if (flags8 != 0u) {
                 atomicOr(&row_flags[8], flags8);
             }
         }
         if (ROWS > 9u) {
             team_ml[9u * MAX_TEAMS + team] = vec2<f32>(m9, l9);
-            let flags9 = ((seen >> 9u) & 1u) | (((seen >> 25u) & 1u) << 1u);
+            let flags9 = ((seen >> 9u) & 1u) | (((seen >> 25u) & 1u) << 1u) | misfit;
             if (flags9 != 0u) {
                 atomicOr(&row_flags[9], flags9);
             }
         }
         if (ROWS > 10u) {
             team_ml[10u * MAX_TEAMS + team] = vec2<f32>(m10, l10);
-            let flags10 = ((seen >> 10u) & 1u) | (((seen >> 26u) & 1u) << 1u);
+            let flags10 = ((seen >> 10u) & 1u) | (((seen >> 26u) & 1u) << 1u) | misfit;
             if (flags10 != 0u) {
                 atomicOr(&row_flags[10], flags10);
             }
         }
         if (ROWS > 11u) {
             team_ml[11u * MAX_TEAMS + team] = vec2<f32>(m11, l11);
-            let flags11 = ((seen >> 11u) & 1u) | (((seen >> 27u) & 1u) << 1u);
+            let flags11 = ((seen >> 11u) & 1u) | (((seen >> 27u) & 1u) << 1u) | misfit;
             if (flags11 != 0u) {
                 atomicOr(&row_flags[11], flags11);
             }
         }
         if (ROWS > 12u) {
             team_ml[12u * MAX_TEAMS + team] = vec2<f32>(m12, l12);
-            let flags12 = ((seen >> 12u) & 1u) | (((seen >> 28u) & 1u) << 1u);
+            let flags12 = ((seen >> 12u) & 1u) | (((seen >> 28u) & 1u) << 1u) | misfit;
             if (flags12 != 0u) {
                 atomicOr(&row_flags[12], flags12);
             }
         }
         if (ROWS > 13u) {
             team_ml[13u * MAX_TEAMS + team] = vec2<f32>(m13, l13);
-            let flags13 = ((seen >> 13u) & 1u) | (((seen >> 29u) & 1u) << 1u);
+            let flags13 = ((seen >> 13u) & 1u) | (((seen >> 29u) & 1u) << 1u) | misfit;
             if (flags13 != 0u) {
                 atomicOr(&row_flags[13], flags13);
             }
         }
         if (ROWS > 14u) {
             team_ml[14u * MAX_TEAMS + team] = vec2<f32>(m14, l14);
-            let flags14 = ((seen >> 14u) & 1u) | (((seen >> 30u) & 1u) << 1u);
+            let flags14 = ((seen >> 14u) & 1u) | (((seen >> 30u) & 1u) << 1u) | misfit;
             if (flags14 != 0u) {
                 atomicOr(&row_flags[14], flags14);
             }
         }
         if (ROWS > 15u) {
             team_ml[15u * MAX_TEAMS + team] = vec2<f32>(m15, l15);
-            let flags15 = ((seen >> 15u) & 1u) | (((seen >> 31u) & 1u) << 1u);
+            let flags15 = ((seen >> 15u) & 1u) | (((seen >> 31u) & 1u) << 1u) | misfit;
             if (flags15 != 0u) {
                 atomicOr(&row_flags[15], flags15);
             }

@@ -761,6 +761,38 @@ fn every_decode_kernel_can_be_forced_by_name() {
             "{kernel} at {limits}: {last}"
         );
     }
+    // lavapipe at 512-bit vectors runs subgroups of 16, so the streaming
+    // kernel's teams of 16 (what a GPU's GQA groups take) run there too.
+    let llvmpipe = common::gpu()
+        .and_then(|engine| engine.capabilities())
+        .is_some_and(|caps| caps.adapter.name.contains("llvmpipe"));
+    if streams && llvmpipe {
+        let out = bin()
+            .env("LP_NATIVE_VECTOR_WIDTH", "512")
+            .args([
+                "--backend",
+                "gpu",
+                "--decode-kernel",
+                "attention_decode_stream",
+                "check",
+                "--quick",
+                "--filter",
+                "decode",
+            ])
+            .output()
+            .expect("the binary runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let last = stdout.trim_end().lines().last().unwrap_or_default();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stdout.contains("512 bits") || stderr.contains("512 bits"),
+            "{stdout}{stderr}"
+        );
+        assert!(
+            out.status.success() && last.ends_with(" passed, 0 failed"),
+            "subgroups of 16: {stdout}"
+        );
+    }
     if !streams {
         // Forcing the streaming kernel without subgroups is refused.
         let out = run(&["--decode-kernel", "attention_decode_stream", "info"]);

@@ -12,6 +12,7 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use webattn::bench::{self, AttentionShape, Clock, Repeats};
+use webattn::gpu::ops::decode::DecodeKernel;
 use webattn::{DType, KernelPath, Precision};
 
 use super::plot;
@@ -460,27 +461,52 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 attention.push((shape, path, precision, m, near));
             }
             Job::Decode(shape, path, dtype) => {
-                note(format!(
-                    "decode {path} B{} H{} {} keys {dtype}",
-                    shape.batch, shape.heads, shape.seq_k
-                ));
-                // K and V come from memory, not from the cache the previous
-                // run left them in (GPUs with timestamps; see BENCHMARKS.md).
-                let m = pollster::block_on(bench::attention_as(
-                    &engine,
-                    shape,
-                    path,
-                    repeats(path, args.quick),
-                    true,
-                    dtype,
-                ))
-                .with_context(|| format!("decode on the {path} path ({dtype})"))?;
-                let ms = m.measurement.median_ms();
-                said(format!(
-                    "  {ms:.3} ms, K and V at {:.0} GB/s",
-                    shape.kv_bytes_as(dtype) as f64 / (ms * 1e6)
-                ));
-                decode.push((shape, path, dtype, m));
+                // The decode kernel the engine runs for this shape, and on a
+                // GPU whose choice is the streaming kernel the staged one
+                // beside it (pinned), measured the same way.
+                let dims = webattn::AttentionDims::plain(
+                    shape.batch,
+                    [shape.heads, shape.heads],
+                    [1, shape.seq_k],
+                    [shape.head_dim, shape.head_dim],
+                );
+                let chosen = match (path, ctx) {
+                    (KernelPath::Fused, Some(ctx)) => ctx
+                        .decode_plan(&dims, dtype == DType::F16)
+                        .map(|plan| plan.kernel),
+                    _ => None,
+                };
+                let mut runs = vec![(chosen, None)];
+                if let (Some(DecodeKernel::Stream(_)), Some(ctx)) = (chosen, ctx) {
+                    let staged = webattn::Engine::from_context(
+                        ctx.clone().with_pinned_decode(DecodeKernel::Staged),
+                    );
+                    runs.push((Some(DecodeKernel::Staged), Some(staged)));
+                }
+                for (kernel, pinned) in runs {
+                    let label = kernel.map_or_else(|| path.name().to_string(), |k| k.label());
+                    note(format!(
+                        "decode {path} B{} H{} {} keys {dtype} ({label})",
+                        shape.batch, shape.heads, shape.seq_k
+                    ));
+                    // K and V come from memory, not from the cache the previous
+                    // run left them in (GPUs with timestamps; see BENCHMARKS.md).
+                    let m = pollster::block_on(bench::attention_as(
+                        pinned.as_ref().unwrap_or(&engine),
+                        shape,
+                        path,
+                        repeats(path, args.quick),
+                        true,
+                        dtype,
+                    ))
+                    .with_context(|| format!("decode on the {path} path ({dtype}, {label})"))?;
+                    let ms = m.measurement.median_ms();
+                    said(format!(
+                        "  {ms:.3} ms, K and V at {:.0} GB/s",
+                        shape.kv_bytes_as(dtype) as f64 / (ms * 1e6)
+                    ));
+                    decode.push((shape, path, dtype, kernel, m));
+                }
             }
             Job::TokenStep(cached) => {
                 note(format!("token step, {cached} tokens cached"));
@@ -697,15 +723,25 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     };
     println!("\ndecode (Nq = 1, d = 128; K and V stored as the dtype)");
     println!(
-        "{:<8} {:>6} {:>7} {:>8} {:>10} {:>9} {:>10} {:>9} {:>11}",
-        "path", "B x H", "dtype", "keys", "ms", "GFLOP/s", "K+V GB/s", "share**", "peak MiB"
+        "{:<8} {:<35} {:>6} {:>7} {:>8} {:>10} {:>9} {:>10} {:>9} {:>11}",
+        "path",
+        "kernel",
+        "B x H",
+        "dtype",
+        "keys",
+        "ms",
+        "GFLOP/s",
+        "K+V GB/s",
+        "share**",
+        "peak MiB"
     );
-    for (shape, path, dtype, m) in &decode {
+    for (shape, path, dtype, kernel, m) in &decode {
         let gbs = kv_gbs(shape, *dtype, m);
         let share = bandwidth_share(*path, gbs);
         println!(
-            "{:<8} {:>6} {:>7} {:>8} {:>10.2} {:>9.2} {:>10.1} {:>9} {:>11.2}",
+            "{:<8} {:<35} {:>6} {:>7} {:>8} {:>10.2} {:>9.2} {:>10.1} {:>9} {:>11.2}",
             path.name(),
+            kernel.map_or_else(|| "-".to_string(), |k| k.label()),
             format!("{}x{}", shape.batch, shape.heads),
             dtype.to_string(),
             shape.seq_k,
@@ -776,8 +812,8 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             "samples_ms": m.measurement.samples_ms, "gflops": m.gflops,
             "share_of_ceiling": finite(m.gflops / near), "adjacent_ceiling_gflops": finite(*near), "peak_bytes": m.peak_bytes,
         })).collect::<Vec<_>>(),
-        "decode": decode.iter().map(|(s, p, d, m)| json!({
-            "path": p.name(), "batch": s.batch, "seq_k": s.seq_k, "head_dim": s.head_dim,
+        "decode": decode.iter().map(|(s, p, d, k, m)| json!({
+            "path": p.name(), "kernel": k.map(|k| k.label()), "batch": s.batch, "seq_k": s.seq_k, "head_dim": s.head_dim,
             "heads": s.heads, "dtype": d.to_string(),
             "ms": m.measurement.median_ms(), "gflops": m.gflops, "peak_bytes": m.peak_bytes,
             "kv_bytes": s.kv_bytes_as(*d), "kv_gbs": kv_gbs(s, *d, m),
