@@ -56,6 +56,13 @@ override DVT: u32 = 2u;
 // Row strides of the Q tile and of the K/V tile, in vec4s.
 override QS: u32 = 17u;
 override KS: u32 = 17u;
+// Prefetch: each invocation loads its SLOTS vec4s of the next tile (V's
+// during S = Q K^T, the next K's during O += P V) into registers, so their
+// latency overlaps the arithmetic, and stores them to workgroup memory after
+// the barrier (SLOTS = ceil(BK * max(DK4, DV4) / WG), at most MAX_SLOTS).
+// Without it, each tile is loaded from storage between two barriers.
+override PREFETCH: bool = false;
+override SLOTS: u32 = 2u;
 
 // The most rows, keys and columns an invocation holds (the host keeps RQ, RK
 // and DVT within them, and RQ * RK, RQ * DVT within MAX_S, MAX_O).
@@ -132,6 +139,23 @@ fn store_y_quad(base: u32, d: u32, val: vec4<f32>) {
         if (d + c < p.dv) {
             y[base + d + c] = val[c];
         }
+    }
+}
+
+// Prefetch slot `slot` of the tile at key j0 of K (src 1, rows of d4s vec4s,
+// len values) or V (src 2): zeros past the tile, the last key and the row.
+fn slot_load(src: u32, kv_base: u32, j0: i32, slot: u32, d4s: u32, len: u32) -> vec4<f32> {
+    let key = u32(j0) + slot / d4s;
+    if (slot >= BK * d4s || key >= p.keys) {
+        return vec4<f32>(0.0);
+    }
+    return quad(src, (kv_base + key) * len, (slot % d4s) * 4u, len);
+}
+
+// Stores a prefetched slot into the K/V tile.
+fn slot_store(slot: u32, d4s: u32, val: vec4<f32>) {
+    if (slot < BK * d4s) {
+        kv_tile[(slot / d4s) * KS + slot % d4s] = val;
     }
 }
 
@@ -462,22 +486,105 @@ fn main(
     }
 
     var j0 = wg_lo - wg_lo % i32(BK);
+    // The prefetch registers: the first K tile.
+    var pf0 = vec4<f32>(0.0);
+    var pf1 = vec4<f32>(0.0);
+    var pf2 = vec4<f32>(0.0);
+    var pf3 = vec4<f32>(0.0);
+    var pf4 = vec4<f32>(0.0);
+    var pf5 = vec4<f32>(0.0);
+    var pf6 = vec4<f32>(0.0);
+    var pf7 = vec4<f32>(0.0);
+    if (PREFETCH) {
+        pf0 = slot_load(1u, kv_base, j0, li + 0u * WG, DK4, p.dk);
+        if (SLOTS > 1u) {
+            pf1 = slot_load(1u, kv_base, j0, li + 1u * WG, DK4, p.dk);
+        }
+        if (SLOTS > 2u) {
+            pf2 = slot_load(1u, kv_base, j0, li + 2u * WG, DK4, p.dk);
+        }
+        if (SLOTS > 3u) {
+            pf3 = slot_load(1u, kv_base, j0, li + 3u * WG, DK4, p.dk);
+        }
+        if (SLOTS > 4u) {
+            pf4 = slot_load(1u, kv_base, j0, li + 4u * WG, DK4, p.dk);
+        }
+        if (SLOTS > 5u) {
+            pf5 = slot_load(1u, kv_base, j0, li + 5u * WG, DK4, p.dk);
+        }
+        if (SLOTS > 6u) {
+            pf6 = slot_load(1u, kv_base, j0, li + 6u * WG, DK4, p.dk);
+        }
+        if (SLOTS > 7u) {
+            pf7 = slot_load(1u, kv_base, j0, li + 7u * WG, DK4, p.dk);
+        }
+    }
     for (; j0 <= wg_hi; j0 += i32(BK)) {
         // 1. K's tile (zeros past the last key and past Dk).
         if (li == 0u) {
             atomicStore(&v_nonfinite, 0u);
         }
-        for (var slot = li; slot < BK * DK4; slot += WG) {
-            let t = slot / DK4;
-            let d4 = slot % DK4;
-            let key = u32(j0) + t;
-            var val = vec4<f32>(0.0);
-            if (key < p.keys) {
-                val = quad(1u, (kv_base + key) * p.dk, d4 * 4u, p.dk);
+        if (PREFETCH) {
+            slot_store(li + 0u * WG, DK4, pf0);
+            if (SLOTS > 1u) {
+                slot_store(li + 1u * WG, DK4, pf1);
             }
-            kv_tile[t * KS + d4] = val;
+            if (SLOTS > 2u) {
+                slot_store(li + 2u * WG, DK4, pf2);
+            }
+            if (SLOTS > 3u) {
+                slot_store(li + 3u * WG, DK4, pf3);
+            }
+            if (SLOTS > 4u) {
+                slot_store(li + 4u * WG, DK4, pf4);
+            }
+            if (SLOTS > 5u) {
+                slot_store(li + 5u * WG, DK4, pf5);
+            }
+            if (SLOTS > 6u) {
+                slot_store(li + 6u * WG, DK4, pf6);
+            }
+            if (SLOTS > 7u) {
+                slot_store(li + 7u * WG, DK4, pf7);
+            }
+        } else {
+            for (var slot = li; slot < BK * DK4; slot += WG) {
+                let t = slot / DK4;
+                let d4 = slot % DK4;
+                let key = u32(j0) + t;
+                var val = vec4<f32>(0.0);
+                if (key < p.keys) {
+                    val = quad(1u, (kv_base + key) * p.dk, d4 * 4u, p.dk);
+                }
+                kv_tile[t * KS + d4] = val;
+            }
         }
         workgroupBarrier();
+        // V's tile in flight while S is computed.
+        if (PREFETCH) {
+            pf0 = slot_load(2u, kv_base, j0, li + 0u * WG, DV4, p.dv);
+            if (SLOTS > 1u) {
+                pf1 = slot_load(2u, kv_base, j0, li + 1u * WG, DV4, p.dv);
+            }
+            if (SLOTS > 2u) {
+                pf2 = slot_load(2u, kv_base, j0, li + 2u * WG, DV4, p.dv);
+            }
+            if (SLOTS > 3u) {
+                pf3 = slot_load(2u, kv_base, j0, li + 3u * WG, DV4, p.dv);
+            }
+            if (SLOTS > 4u) {
+                pf4 = slot_load(2u, kv_base, j0, li + 4u * WG, DV4, p.dv);
+            }
+            if (SLOTS > 5u) {
+                pf5 = slot_load(2u, kv_base, j0, li + 5u * WG, DV4, p.dv);
+            }
+            if (SLOTS > 6u) {
+                pf6 = slot_load(2u, kv_base, j0, li + 6u * WG, DV4, p.dv);
+            }
+            if (SLOTS > 7u) {
+                pf7 = slot_load(2u, kv_base, j0, li + 7u * WG, DV4, p.dv);
+            }
+        }
 
         // 2. S = Q K^T, RQ x RK per invocation.
         var s0_0 = 0.0;
@@ -1374,20 +1481,83 @@ fn main(
             }
         }
         // V's tile replaces K's (every read of K ended at the barrier above).
-        for (var slot = li; slot < BK * DV4; slot += WG) {
-            let t = slot / DV4;
-            let d4 = slot % DV4;
-            let key = u32(j0) + t;
-            var val = vec4<f32>(0.0);
-            if (key < p.keys) {
-                val = quad(2u, (kv_base + key) * p.dv, d4 * 4u, p.dv);
-                if (nonfinite4(val)) {
-                    atomicStore(&v_nonfinite, 1u);
-                }
+        if (PREFETCH) {
+            var bad = false;
+            slot_store(li + 0u * WG, DV4, pf0);
+            bad = bad || nonfinite4(pf0);
+            if (SLOTS > 1u) {
+                slot_store(li + 1u * WG, DV4, pf1);
+                bad = bad || nonfinite4(pf1);
             }
-            kv_tile[t * KS + d4] = val;
+            if (SLOTS > 2u) {
+                slot_store(li + 2u * WG, DV4, pf2);
+                bad = bad || nonfinite4(pf2);
+            }
+            if (SLOTS > 3u) {
+                slot_store(li + 3u * WG, DV4, pf3);
+                bad = bad || nonfinite4(pf3);
+            }
+            if (SLOTS > 4u) {
+                slot_store(li + 4u * WG, DV4, pf4);
+                bad = bad || nonfinite4(pf4);
+            }
+            if (SLOTS > 5u) {
+                slot_store(li + 5u * WG, DV4, pf5);
+                bad = bad || nonfinite4(pf5);
+            }
+            if (SLOTS > 6u) {
+                slot_store(li + 6u * WG, DV4, pf6);
+                bad = bad || nonfinite4(pf6);
+            }
+            if (SLOTS > 7u) {
+                slot_store(li + 7u * WG, DV4, pf7);
+                bad = bad || nonfinite4(pf7);
+            }
+            if (bad) {
+                atomicStore(&v_nonfinite, 1u);
+            }
+        } else {
+            for (var slot = li; slot < BK * DV4; slot += WG) {
+                let t = slot / DV4;
+                let d4 = slot % DV4;
+                let key = u32(j0) + t;
+                var val = vec4<f32>(0.0);
+                if (key < p.keys) {
+                    val = quad(2u, (kv_base + key) * p.dv, d4 * 4u, p.dv);
+                    if (nonfinite4(val)) {
+                        atomicStore(&v_nonfinite, 1u);
+                    }
+                }
+                kv_tile[t * KS + d4] = val;
+            }
         }
         workgroupBarrier();
+        // The next K tile in flight while O += P V is computed.
+        if (PREFETCH) {
+            pf0 = slot_load(1u, kv_base, j0 + i32(BK), li + 0u * WG, DK4, p.dk);
+            if (SLOTS > 1u) {
+                pf1 = slot_load(1u, kv_base, j0 + i32(BK), li + 1u * WG, DK4, p.dk);
+            }
+            if (SLOTS > 2u) {
+                pf2 = slot_load(1u, kv_base, j0 + i32(BK), li + 2u * WG, DK4, p.dk);
+            }
+            if (SLOTS > 3u) {
+                pf3 = slot_load(1u, kv_base, j0 + i32(BK), li + 3u * WG, DK4, p.dk);
+            }
+            if (SLOTS > 4u) {
+                pf4 = slot_load(1u, kv_base, j0 + i32(BK), li + 4u * WG, DK4, p.dk);
+            }
+            if (SLOTS > 5u) {
+                pf5 = slot_load(1u, kv_base, j0 + i32(BK), li + 5u * WG, DK4, p.dk);
+            }
+            if (SLOTS > 6u) {
+                pf6 = slot_load(1u, kv_base, j0 + i32(BK), li + 6u * WG, DK4, p.dk);
+            }
+            if (SLOTS > 7u) {
+                pf7 = slot_load(1u, kv_base, j0 + i32(BK), li + 7u * WG, DK4, p.dk);
+            }
+        }
+
 
         // 4. O += P V, RQ x DVT vec4s per invocation, four keys a step.
         // Columns past Dv read some vec4 of the tile and are never stored.

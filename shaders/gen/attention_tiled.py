@@ -17,6 +17,7 @@ MAX_RQ = 4
 MAX_RK = 4
 MAX_DVT = 8
 MAX_O = 16  # RQ * DVT at most: O's registers
+MAX_SLOTS = 8  # vec4s of a K or V tile an invocation prefetches
 
 
 def has_o(i, c):
@@ -116,6 +117,13 @@ override DVT: u32 = 2u;
 // Row strides of the Q tile and of the K/V tile, in vec4s.
 override QS: u32 = 17u;
 override KS: u32 = 17u;
+// Prefetch: each invocation loads its SLOTS vec4s of the next tile (V's
+// during S = Q K^T, the next K's during O += P V) into registers, so their
+// latency overlaps the arithmetic, and stores them to workgroup memory after
+// the barrier (SLOTS = ceil(BK * max(DK4, DV4) / WG), at most MAX_SLOTS).
+// Without it, each tile is loaded from storage between two barriers.
+override PREFETCH: bool = false;
+override SLOTS: u32 = 2u;
 """)
 w(f"""// The most rows, keys and columns an invocation holds (the host keeps RQ, RK
 // and DVT within them, and RQ * RK, RQ * DVT within MAX_S, MAX_O).
@@ -192,6 +200,23 @@ fn store_y_quad(base: u32, d: u32, val: vec4<f32>) {
         if (d + c < p.dv) {
             y[base + d + c] = val[c];
         }
+    }
+}
+
+// Prefetch slot `slot` of the tile at key j0 of K (src 1, rows of d4s vec4s,
+// len values) or V (src 2): zeros past the tile, the last key and the row.
+fn slot_load(src: u32, kv_base: u32, j0: i32, slot: u32, d4s: u32, len: u32) -> vec4<f32> {
+    let key = u32(j0) + slot / d4s;
+    if (slot >= BK * d4s || key >= p.keys) {
+        return vec4<f32>(0.0);
+    }
+    return quad(src, (kv_base + key) * len, (slot % d4s) * 4u, len);
+}
+
+// Stores a prefetched slot into the K/V tile.
+fn slot_store(slot: u32, d4s: u32, val: vec4<f32>) {
+    if (slot < BK * d4s) {
+        kv_tile[(slot / d4s) * KS + slot % d4s] = val;
     }
 }
 
@@ -312,23 +337,42 @@ w("""    let kv_base = (b * p.kv_heads + kvh) * p.keys;
     }
 
     var j0 = wg_lo - wg_lo % i32(BK);
-    for (; j0 <= wg_hi; j0 += i32(BK)) {
+    // The prefetch registers: the first K tile.""")
+for sl in range(MAX_SLOTS):
+    w(f"    var pf{sl} = vec4<f32>(0.0);")
+emit(guard(["PREFETCH"], [
+    line for sl in range(MAX_SLOTS) for line in guard(
+        [f"SLOTS > {sl}u" if sl > 0 else ""],
+        [f"pf{sl} = slot_load(1u, kv_base, j0, li + {sl}u * WG, DK4, p.dk);"], 0)
+], 4))
+w("""    for (; j0 <= wg_hi; j0 += i32(BK)) {
         // 1. K's tile (zeros past the last key and past Dk).
         if (li == 0u) {
             atomicStore(&v_nonfinite, 0u);
         }
-        for (var slot = li; slot < BK * DK4; slot += WG) {
-            let t = slot / DK4;
-            let d4 = slot % DK4;
-            let key = u32(j0) + t;
-            var val = vec4<f32>(0.0);
-            if (key < p.keys) {
-                val = quad(1u, (kv_base + key) * p.dk, d4 * 4u, p.dk);
+        if (PREFETCH) {""")
+for sl in range(MAX_SLOTS):
+    emit(guard([f"SLOTS > {sl}u" if sl > 0 else ""], [f"slot_store(li + {sl}u * WG, DK4, pf{sl});"], 12))
+w("""        } else {
+            for (var slot = li; slot < BK * DK4; slot += WG) {
+                let t = slot / DK4;
+                let d4 = slot % DK4;
+                let key = u32(j0) + t;
+                var val = vec4<f32>(0.0);
+                if (key < p.keys) {
+                    val = quad(1u, (kv_base + key) * p.dk, d4 * 4u, p.dk);
+                }
+                kv_tile[t * KS + d4] = val;
             }
-            kv_tile[t * KS + d4] = val;
         }
         workgroupBarrier();
-
+        // V's tile in flight while S is computed.""")
+emit(guard(["PREFETCH"], [
+    line for sl in range(MAX_SLOTS) for line in guard(
+        [f"SLOTS > {sl}u" if sl > 0 else ""],
+        [f"pf{sl} = slot_load(2u, kv_base, j0, li + {sl}u * WG, DV4, p.dv);"], 0)
+], 8))
+w("""
         // 2. S = Q K^T, RQ x RK per invocation.""")
 for i in range(MAX_RQ):
     for j in range(MAX_RK):
@@ -438,20 +482,39 @@ for i in range(MAX_RQ):
     lines += [f"    m{i} = m_new;", "}"]
     emit(guard([rq(i)], lines, 8))
 w("""        // V's tile replaces K's (every read of K ended at the barrier above).
-        for (var slot = li; slot < BK * DV4; slot += WG) {
-            let t = slot / DV4;
-            let d4 = slot % DV4;
-            let key = u32(j0) + t;
-            var val = vec4<f32>(0.0);
-            if (key < p.keys) {
-                val = quad(2u, (kv_base + key) * p.dv, d4 * 4u, p.dv);
-                if (nonfinite4(val)) {
-                    atomicStore(&v_nonfinite, 1u);
-                }
+        if (PREFETCH) {
+            var bad = false;""")
+for sl in range(MAX_SLOTS):
+    emit(guard([f"SLOTS > {sl}u" if sl > 0 else ""], [
+        f"slot_store(li + {sl}u * WG, DV4, pf{sl});",
+        f"bad = bad || nonfinite4(pf{sl});",
+    ], 12))
+w("""            if (bad) {
+                atomicStore(&v_nonfinite, 1u);
             }
-            kv_tile[t * KS + d4] = val;
+        } else {
+            for (var slot = li; slot < BK * DV4; slot += WG) {
+                let t = slot / DV4;
+                let d4 = slot % DV4;
+                let key = u32(j0) + t;
+                var val = vec4<f32>(0.0);
+                if (key < p.keys) {
+                    val = quad(2u, (kv_base + key) * p.dv, d4 * 4u, p.dv);
+                    if (nonfinite4(val)) {
+                        atomicStore(&v_nonfinite, 1u);
+                    }
+                }
+                kv_tile[t * KS + d4] = val;
+            }
         }
         workgroupBarrier();
+        // The next K tile in flight while O += P V is computed.""")
+emit(guard(["PREFETCH"], [
+    line for sl in range(MAX_SLOTS) for line in guard(
+        [f"SLOTS > {sl}u" if sl > 0 else ""],
+        [f"pf{sl} = slot_load(1u, kv_base, j0 + i32(BK), li + {sl}u * WG, DK4, p.dk);"], 0)
+], 8))
+w("""
 
         // 4. O += P V, RQ x DVT vec4s per invocation, four keys a step.
         // Columns past Dv read some vec4 of the tile and are never stored.

@@ -320,6 +320,18 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
             keys.push(tiles.key());
         }
     }
+    // A shape that prefetches the next tile into registers (tried by the
+    // tuner), at head dim 64 within 32 KiB.
+    let browser = crate::gpu::capabilities::KernelLimits {
+        max_compute_workgroup_storage_size: 32 << 10,
+        ..crate::gpu::capabilities::KernelLimits::WEBGPU_DEFAULTS
+    };
+    if let Some(tiles) = TiledTiles::candidates(64, 64)
+        .into_iter()
+        .find(|t| t.prefetch && t.fits(&browser))
+    {
+        keys.push(tiles.key());
+    }
     keys.push(PipelineKey::new(Kernel::FmaPeak).with("WORKGROUP", 64));
     keys.push(PipelineKey::new(Kernel::CopyPeak).with("WORKGROUP", 256));
     // Decode: one query row, a GQA group of 4 rows, and the most rows.

@@ -93,6 +93,7 @@ pub fn tuned_form(kernel: &FusedKernel) -> Option<TunedKernel> {
             keys_per_tile: t.keys_per_tile,
             tq: t.tq,
             tk: t.tk,
+            prefetch: t.prefetch,
         }),
         FusedKernel::Portable(_) => Some(TunedKernel::Portable),
         FusedKernel::Subgroup { .. } => Some(TunedKernel::Subgroup),
@@ -115,10 +116,12 @@ pub fn resolve_tuned(
             keys_per_tile,
             tq,
             tk,
+            prefetch,
         } => TiledTiles::candidates(dk, dv)
             .into_iter()
             .find(|t| {
-                (t.query_rows, t.keys_per_tile, t.tq, t.tk) == (query_rows, keys_per_tile, tq, tk)
+                (t.query_rows, t.keys_per_tile, t.tq, t.tk, t.prefetch)
+                    == (query_rows, keys_per_tile, tq, tk, prefetch)
             })
             .filter(|t| t.fits(&caps.limits))
             .map(FusedKernel::Tiled)
@@ -161,7 +164,7 @@ impl GpuContext {
 
     /// This context with every fused call running `kernel` (an f32 kernel,
     /// whose head-dim class must be the calls'); for timing one candidate.
-    pub(crate) fn with_pinned_fused_kernel(mut self, kernel: FusedKernel) -> GpuContext {
+    pub fn with_pinned_fused_kernel(mut self, kernel: FusedKernel) -> GpuContext {
         debug_assert!(tuned_form(&kernel).is_some(), "only f32 kernels are tuned");
         self.pinned_fused = tuned_form(&kernel);
         self
@@ -359,6 +362,7 @@ mod tests {
             keys_per_tile: 24,
             tq: 12,
             tk: 4,
+            prefetch: false,
         };
         assert!(resolve_tuned(missing, &caps, 64, 64).is_err());
         assert!(resolve_tuned(TunedKernel::Subgroup, &caps, 64, 64).is_err());

@@ -20,7 +20,7 @@ use crate::gpu::ops::decode::{DecodeKernel, StreamShape};
 pub const HEADER: &str = "# webattn tuning cache, format 2";
 /// The first line of the format before it (no decode columns), still read.
 const HEADER_1: &str = "# webattn tuning cache, format 1";
-const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms\tdecode_kernel\tL\tKB\tdecode_ms";
+const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms\tdecode_kernel\tL\tKB\tdecode_ms\tprefetch";
 
 /// What a measurement is about: one adapter and driver under one
 /// workgroup-memory limit, at one head-dim class (head dims rounded up to 4).
@@ -69,6 +69,8 @@ pub enum TunedKernel {
         tq: u32,
         /// Invocation columns.
         tk: u32,
+        /// Whether the next tile is prefetched into registers.
+        prefetch: bool,
     },
     /// `attention_fused` (its tiles follow from the limits).
     Portable,
@@ -221,14 +223,15 @@ impl TuningTable {
     pub fn to_text(&self) -> String {
         let mut out = format!("{HEADER}\n{COLUMNS}\n");
         for (key, entry) in &self.entries {
-            let (bq, bk, tq, tk) = match entry.kernel {
+            let (bq, bk, tq, tk, prefetch) = match entry.kernel {
                 TunedKernel::Tiled {
                     query_rows,
                     keys_per_tile,
                     tq,
                     tk,
-                } => (query_rows, keys_per_tile, tq, tk),
-                _ => (0, 0, 0, 0),
+                    prefetch,
+                } => (query_rows, keys_per_tile, tq, tk, u32::from(prefetch)),
+                _ => (0, 0, 0, 0, 0),
             };
             let clean = |s: &str| s.replace(['\t', '\n', '\r'], " ");
             let decode = match entry.decode {
@@ -246,7 +249,7 @@ impl TuningTable {
                 }
             };
             out.push_str(&format!(
-                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\t{decode}\n",
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\t{decode}\t{prefetch}\n",
                 clean(&key.adapter),
                 clean(&key.backend),
                 clean(&key.driver),
@@ -328,9 +331,9 @@ impl TuningTable {
 
 fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String> {
     let fields: Vec<&str> = line.split('\t').collect();
-    // 13 fields in format 1 (no decode columns), 17 in format 2.
-    if fields.len() != 13 && fields.len() != 17 {
-        return Err(format!("{} fields, expected 17", fields.len()));
+    // 13 fields in format 1 (no decode or prefetch columns), 18 in format 2.
+    if fields.len() != 13 && fields.len() != 18 {
+        return Err(format!("{} fields, expected 18", fields.len()));
     }
     let number = |i: usize, what: &str| -> std::result::Result<u32, String> {
         fields[i]
@@ -366,6 +369,11 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
             keys_per_tile: number(8, "BK")?,
             tq: number(9, "TQ")?,
             tk: number(10, "TK")?,
+            prefetch: match fields.get(17).map(|f| f.trim()) {
+                None | Some("0") => false,
+                Some("1") => true,
+                Some(other) => return Err(format!("prefetch {other:?} is not 0 or 1")),
+            },
         },
         "attention_fused" => TunedKernel::Portable,
         "attention_sg" => TunedKernel::Subgroup,
@@ -422,6 +430,7 @@ mod tests {
                     keys_per_tile: 32,
                     tq: 16,
                     tk: 16,
+                    prefetch: true,
                 },
                 fused_ms: 1.5,
                 unfused_ms: 4.25,
@@ -458,7 +467,7 @@ mod tests {
     fn corrupt_lines_are_ignored_with_a_warning_and_the_rest_kept() {
         let mut text = sample().to_text();
         text.push_str("garbage without tabs\n");
-        text.push_str(&"x\t".repeat(16));
+        text.push_str(&"x\t".repeat(17));
         text.push_str("x\n");
         let (table, warnings) = TuningTable::parse(&text);
         assert_eq!(table, sample());

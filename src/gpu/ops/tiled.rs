@@ -12,6 +12,7 @@ const MAX_RK: u32 = 4;
 const MAX_DVT: u32 = 8;
 const MAX_S: u32 = 16;
 const MAX_O: u32 = 16;
+const MAX_SLOTS: u32 = 8;
 
 /// One tile configuration of the register-tiled kernel: a workgroup of
 /// `tq × tk` invocations owns `query_rows` query rows and streams keys in tiles
@@ -31,6 +32,10 @@ pub struct TiledTiles {
     pub dk4: u32,
     /// vec4s per V row.
     pub dv4: u32,
+    /// Whether each invocation prefetches its share of the next K or V tile
+    /// into registers while the current tile is multiplied (the kernel's
+    /// PREFETCH; at most MAX_SLOTS vec4s each).
+    pub prefetch: bool,
 }
 
 /// The shapes tried, in order: (query rows, keys per tile, tq, tk). Each is
@@ -64,10 +69,13 @@ impl TiledTiles {
     }
 
     /// Every candidate whose register blocks fit the kernel at these head dims
-    /// (whether their workgroup memory fits an adapter is [`TiledTiles::fits`]).
+    /// (whether their workgroup memory fits an adapter is [`TiledTiles::fits`]):
+    /// the shapes in their order, then the same shapes prefetching the next
+    /// tile into registers where its share fits them (tried by `webattn
+    /// tune`; not yet measured on a GPU, so never the untuned choice).
     pub fn candidates(dk: usize, dv: usize) -> Vec<TiledTiles> {
         let (dk4, dv4) = (dk.div_ceil(4) as u32, dv.div_ceil(4) as u32);
-        CANDIDATES
+        let shapes: Vec<TiledTiles> = CANDIDATES
             .iter()
             .map(|&(query_rows, keys_per_tile, tq, tk)| TiledTiles {
                 query_rows,
@@ -76,6 +84,7 @@ impl TiledTiles {
                 tk,
                 dk4,
                 dv4,
+                prefetch: false,
             })
             .filter(|t| {
                 t.rq() <= MAX_RQ
@@ -84,7 +93,21 @@ impl TiledTiles {
                     && t.rq() * t.rk() <= MAX_S
                     && t.rq() * t.dvt() <= MAX_O
             })
-            .collect()
+            .collect();
+        let prefetching: Vec<TiledTiles> = shapes
+            .iter()
+            .map(|t| TiledTiles {
+                prefetch: true,
+                ..*t
+            })
+            .filter(|t| t.slots() <= MAX_SLOTS)
+            .collect();
+        shapes.into_iter().chain(prefetching).collect()
+    }
+
+    /// vec4s of a K or V tile each invocation stages (the kernel's SLOTS).
+    pub fn slots(&self) -> u32 {
+        (self.keys_per_tile * self.dk4.max(self.dv4)).div_ceil(self.invocations())
     }
 
     /// Whether the configuration fits the adapter's workgroup memory and
@@ -191,12 +214,14 @@ impl TiledTiles {
             .with("DVT", i64::from(self.dvt()))
             .with("QS", i64::from(self.q_stride()))
             .with("KS", i64::from(self.kv_stride()))
+            .with_flag("PREFETCH", self.prefetch)
+            .with("SLOTS", i64::from(self.slots()))
     }
 
     /// The configuration in words, for `webattn info`.
     pub fn describe(&self) -> String {
         format!(
-            "{} query rows x {}-key tiles, {}x{} invocations, {}x{} of S and {}x{} vec4 of O in registers each",
+            "{} query rows x {}-key tiles, {}x{} invocations, {}x{} of S and {}x{} vec4 of O in registers each{}",
             self.query_rows,
             self.keys_per_tile,
             self.tq,
@@ -204,7 +229,12 @@ impl TiledTiles {
             self.rq(),
             self.rk(),
             self.rq(),
-            self.dvt()
+            self.dvt(),
+            if self.prefetch {
+                ", the next tile prefetched into registers"
+            } else {
+                ""
+            }
         )
     }
 }
@@ -255,8 +285,42 @@ mod tests {
                 assert_eq!(t.rq() * t.tq, t.query_rows);
                 assert_eq!(t.rk() * t.tk, t.keys_per_tile);
                 assert_eq!(t.keys_per_tile % 4, 0, "{t:?}");
+                assert!(!t.prefetch || t.slots() <= MAX_SLOTS, "{t:?}");
             }
         }
+    }
+
+    #[test]
+    fn prefetching_shapes_follow_the_measured_ones_and_are_never_the_default() {
+        for d in [64, 128, 256] {
+            let all = TiledTiles::candidates(d, d);
+            let first_prefetch = all.iter().position(|t| t.prefetch).expect("some prefetch");
+            assert!(all[first_prefetch..].iter().all(|t| t.prefetch), "{all:?}");
+            for storage in [16 << 10, 32 << 10, 48 << 10] {
+                if let Some(t) = TiledTiles::for_dims(d, d, &limits(storage)) {
+                    assert!(!t.prefetch, "{t:?}");
+                }
+            }
+        }
+        // An H100's first shapes prefetch two (d 64) and four (d 128) vec4s.
+        let t = TiledTiles::for_dims(64, 64, &limits(48 << 10)).unwrap();
+        assert_eq!(
+            TiledTiles {
+                prefetch: true,
+                ..t
+            }
+            .slots(),
+            2
+        );
+        let t = TiledTiles::for_dims(128, 128, &limits(48 << 10)).unwrap();
+        assert_eq!(
+            TiledTiles {
+                prefetch: true,
+                ..t
+            }
+            .slots(),
+            4
+        );
     }
 
     #[test]
