@@ -1,47 +1,93 @@
-//! The register-tiled fused kernel's prefetching shapes (`PREFETCH`: each
-//! invocation loads its share of the next K or V tile into registers while
-//! the current one is multiplied): pinned on the test adapter, the quick
-//! sweep's fused cases against the f64 oracle. (The shapes without prefetch
-//! run the sweep through `--kernel attention_tiled` in tests/cli.rs.)
+//! The register-tiled fused kernel's shapes that only `webattn tune` tries:
+//! the prefetching forms (`PREFETCH`: each invocation loads its share of the
+//! next K or V tile into registers while the current one is multiplied) and
+//! the 8-rows-per-invocation shapes. Each is pinned on the test adapter and
+//! runs the quick sweep's fused cases whose head dims it has a tile for,
+//! against the f64 oracle. (The measured shapes run the whole sweep through
+//! `--kernel attention_tiled` in tests/cli.rs.)
 
 mod common;
 
 use webattn::conformance::{sweep, SweepKind};
 use webattn::gpu::ops::fused::{FusedKernel, TiledTiles};
-use webattn::{Engine, KernelPath};
+use webattn::{Engine, KernelLimits, KernelPath};
+
+/// The same shape (rows, keys, grid, prefetch) at other head dims.
+fn same_shape(a: &TiledTiles, b: &TiledTiles) -> bool {
+    (a.query_rows, a.keys_per_tile, a.tq, a.tk, a.prefetch)
+        == (b.query_rows, b.keys_per_tile, b.tq, b.tk, b.prefetch)
+}
+
+/// `shape`'s tile at head dims `dk`, `dv`, where it exists and fits.
+fn tile_at(shape: &TiledTiles, dk: usize, dv: usize, limits: &KernelLimits) -> Option<TiledTiles> {
+    TiledTiles::candidates(dk, dv)
+        .into_iter()
+        .find(|t| same_shape(t, shape) && t.fits(limits))
+}
 
 #[test]
-fn prefetching_tiles_agree_with_the_oracle_on_the_quick_sweep() {
+fn tuner_only_tiles_agree_with_the_oracle_on_the_quick_sweep() {
     let Some(engine) = common::gpu() else { return };
     let ctx = engine.gpu().expect("a GPU engine");
     let limits = ctx.capabilities().limits;
-    // The first two prefetching shapes that fit here (at head dims 64; each
-    // call resolves the pinned shape at its own head dims, and runs the
-    // limits' choice where the shape has no tile for them).
-    let shapes: Vec<TiledTiles> = TiledTiles::candidates(64, 64)
-        .into_iter()
-        .filter(|t| t.prefetch && t.fits(&limits))
-        .take(2)
+    // Every 8-row shape (at head dim 8, where each fits any adapter), and
+    // the prefetching forms of the first two measured shapes that fit at
+    // head dim 64 and of the first 8-row shape.
+    let small = TiledTiles::candidates(8, 8);
+    let mut shapes: Vec<TiledTiles> = small
+        .iter()
+        .filter(|t| !t.prefetch && !t.is_measured() && t.fits(&limits))
+        .copied()
         .collect();
-    assert!(
-        !shapes.is_empty(),
-        "no prefetching shape fits the test adapter"
+    assert_eq!(
+        shapes.len(),
+        3,
+        "the 8-row shapes at head dim 8: {shapes:?}"
+    );
+    shapes.extend(
+        TiledTiles::candidates(64, 64)
+            .into_iter()
+            .filter(|t| t.prefetch && t.fits(&limits))
+            .take(2),
+    );
+    shapes.extend(
+        small
+            .iter()
+            .find(|t| t.prefetch && t.rq() == 8 && t.fits(&limits))
+            .copied(),
     );
     let cases = sweep(SweepKind::Quick);
     for shape in shapes {
-        println!("{}", shape.key());
+        // The cases this shape has a tile for (the others would run the
+        // limits' own choice).
+        let mine: Vec<_> = cases
+            .iter()
+            .filter(|c| tile_at(&shape, c.head_dim, c.v_head_dim, &limits).is_some())
+            .cloned()
+            .collect();
+        println!(
+            "{} ({}): {} cases",
+            shape.key(),
+            shape.describe(),
+            mine.len()
+        );
+        assert!(!mine.is_empty(), "no quick case fits {shape:?}");
         let pinned = Engine::from_context(
             ctx.clone()
                 .with_pinned_fused_kernel(FusedKernel::Tiled(shape)),
         );
-        common::run_cases(&pinned, &cases, KernelPath::Fused);
-        let compiled = pinned.gpu().unwrap().pipelines().compiled_keys();
+        common::run_cases(&pinned, &mine, KernelPath::Fused);
+        let ran = pinned.gpu().unwrap().pipelines().compiled_keys();
+        let (rq, prefetch) = (
+            format!("RQ={}", shape.rq()),
+            format!("PREFETCH={}", u8::from(shape.prefetch)),
+        );
         assert!(
-            compiled
-                .iter()
-                .any(|k| k.to_string().starts_with("attention_tiled[")
-                    && k.to_string().contains("PREFETCH=1")),
-            "no prefetching pipeline compiled: {compiled:?}"
+            ran.iter().any(|k| {
+                let k = k.to_string();
+                k.starts_with("attention_tiled") && k.contains(&prefetch) && k.contains(&rq)
+            }),
+            "{shape:?} did not run: {ran:?}"
         );
     }
 }

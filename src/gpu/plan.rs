@@ -521,9 +521,11 @@ mod tests {
     fn every_kernel_has_a_variant_in_the_list() {
         let keys = every_pipeline_variant();
         // The matrix-unit kernels never run in a browser (wgpu offers no
-        // cooperative matrices there); the translation test covers them.
+        // cooperative matrices there), nor does attention_tiled_wide (the
+        // tuner does not try it there: SwiftShader in Chromium loses its
+        // device compiling it); the translation test covers them.
         for kernel in crate::gpu::registry::Kernel::ALL {
-            if !kernel.uses_coop() {
+            if !kernel.uses_coop() && kernel != crate::gpu::registry::Kernel::AttentionTiledWide {
                 assert!(keys.iter().any(|k| k.kernel == kernel), "{kernel} missing");
             }
         }

@@ -63,6 +63,9 @@ pub enum Kernel {
     AttentionSubgroup,
     /// Register-tiled fused attention for GPUs (`shaders/attention_tiled.wgsl`).
     AttentionTiled,
+    /// The register-tiled kernel with up to 8 query rows per invocation, for
+    /// the shapes only the tuner tries (`shaders/attention_tiled_wide.wgsl`).
+    AttentionTiledWide,
     /// Split-K decode attention for a few query rows (`shaders/attention_decode.wgsl`).
     AttentionDecode,
     /// The decode kernel reading K and V stored as f16 (`shaders/attention_decode.wgsl`
@@ -114,7 +117,7 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 27] = [
+    pub const ALL: [Kernel; 28] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
@@ -126,6 +129,7 @@ impl Kernel {
         Kernel::AttentionScores,
         Kernel::AttentionSubgroup,
         Kernel::AttentionTiled,
+        Kernel::AttentionTiledWide,
         Kernel::AttentionDecode,
         Kernel::AttentionDecodeF16,
         Kernel::AttentionDecodeStream,
@@ -158,6 +162,7 @@ impl Kernel {
             Kernel::AttentionScores => "attention_scores",
             Kernel::AttentionSubgroup => "attention_sg",
             Kernel::AttentionTiled => "attention_tiled",
+            Kernel::AttentionTiledWide => "attention_tiled_wide",
             Kernel::AttentionDecode => "attention_decode",
             Kernel::AttentionDecodeF16 => "attention_decode_f16",
             Kernel::AttentionDecodeStream => "attention_decode_stream",
@@ -191,6 +196,7 @@ impl Kernel {
             Kernel::AttentionScores => "attention_scores.wgsl",
             Kernel::AttentionSubgroup => "attention_sg.wgsl",
             Kernel::AttentionTiled => "attention_tiled.wgsl",
+            Kernel::AttentionTiledWide => "attention_tiled_wide.wgsl",
             Kernel::AttentionDecode | Kernel::AttentionDecodeF16 => "attention_decode.wgsl",
             Kernel::AttentionDecodeStream | Kernel::AttentionDecodeStreamF16 => {
                 "attention_decode_stream.wgsl"
@@ -243,6 +249,7 @@ impl Kernel {
             Kernel::AttentionScores => include_str!("../../shaders/attention_scores.wgsl"),
             Kernel::AttentionSubgroup => include_str!("../../shaders/attention_sg.wgsl"),
             Kernel::AttentionTiled => include_str!("../../shaders/attention_tiled.wgsl"),
+            Kernel::AttentionTiledWide => include_str!("../../shaders/attention_tiled_wide.wgsl"),
             Kernel::AttentionDecode => include_str!("../../shaders/attention_decode.wgsl"),
             Kernel::AttentionDecodeF16 => {
                 static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -350,6 +357,7 @@ impl Kernel {
             Kernel::AttentionFused
             | Kernel::AttentionSubgroup
             | Kernel::AttentionTiled
+            | Kernel::AttentionTiledWide
             | Kernel::AttentionCoop(_)
             | Kernel::AttentionDecode
             | Kernel::AttentionDecodeF16

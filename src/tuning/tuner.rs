@@ -85,9 +85,12 @@ pub fn fused_candidates(engine: &Engine, dk: usize, dv: usize) -> Result<Vec<Fus
     } else {
         usize::MAX
     };
+    // In a browser the 8-row shapes are left out: SwiftShader in Chromium
+    // loses its device compiling their kernel (attention_tiled_wide).
+    let browser = cfg!(target_arch = "wasm32");
     let mut kernels: Vec<FusedKernel> = TiledTiles::candidates(dk, dv)
         .into_iter()
-        .filter(|t| t.fits(&caps.limits))
+        .filter(|t| t.fits(&caps.limits) && !(browser && t.is_wide()))
         .take(tiles_tried)
         .map(FusedKernel::Tiled)
         .collect();
@@ -131,6 +134,22 @@ pub fn decode_candidates(engine: &Engine, dims: &AttentionDims) -> Result<Vec<De
             .map(DecodeKernel::Stream),
     );
     Ok(kernels)
+}
+
+/// A candidate's time, or `None` when it failed in a way that leaves the
+/// device usable (a pipeline the driver refused, say), which `note` hears:
+/// one candidate that cannot run here must not stop the tuning. A lost
+/// device is an error (nothing after it would run).
+fn left_out(result: Result<f64>, note: impl FnOnce(&str)) -> Result<Option<f64>> {
+    match result {
+        Ok(ms) => Ok(Some(ms)),
+        Err(e @ Error::DeviceLost(_)) => Err(e),
+        Err(e) => {
+            log::warn!("webattn: tuning left a candidate out: {e}");
+            note(&e.to_string());
+            Ok(None)
+        }
+    }
 }
 
 /// Tunes each head-dim class of `head_dims` on `engine`'s adapter and records
@@ -187,7 +206,12 @@ pub async fn tune(
             progress(&format!("head dims {dk}/{dv}: {label}"));
             // An engine of its own on the same device, running only this kernel.
             let pinned = Engine::from_context(ctx.clone().with_pinned_fused_kernel(kernel));
-            let ms = time(&pinned, &inputs, KernelPath::Fused).await?;
+            let Some(ms) = left_out(time(&pinned, &inputs, KernelPath::Fused).await, |why| {
+                progress(&format!("head dims {dk}/{dv}: {label} left out: {why}"))
+            })?
+            else {
+                continue;
+            };
             timings.push(Timed {
                 label,
                 median_ms: ms,
@@ -226,7 +250,13 @@ pub async fn tune(
                 let label = format!("decode {}", kernel.label());
                 progress(&format!("head dims {dk}/{dv}: {label}"));
                 let pinned = Engine::from_context(ctx.clone().with_pinned_decode(kernel));
-                let ms = time(&pinned, &decode_inputs, KernelPath::Fused).await?;
+                let Some(ms) = left_out(
+                    time(&pinned, &decode_inputs, KernelPath::Fused).await,
+                    |why| progress(&format!("head dims {dk}/{dv}: {label} left out: {why}")),
+                )?
+                else {
+                    continue;
+                };
                 timings.push(Timed {
                     label,
                     median_ms: ms,
@@ -240,7 +270,9 @@ pub async fn tune(
             }
         }
         timings.sort_by(|a, b| a.median_ms.total_cmp(&b.median_ms));
-        let (kernel, fused_ms) = best.expect("the portable kernel is always a candidate");
+        let (kernel, fused_ms) = best.ok_or(Error::Conflict(
+            "no fused kernel ran at these head dims on this adapter",
+        ))?;
         let entry = TunedEntry {
             kernel,
             fused_ms,
@@ -256,4 +288,26 @@ pub async fn tune(
         });
     }
     Ok(reports)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_candidate_is_left_out_but_a_lost_device_stops_the_tuning() {
+        let mut heard = String::new();
+        let refused = Error::Gpu {
+            kernel: "attention_tiled_wide[..]".to_string(),
+            message: "the driver refused the pipeline".to_string(),
+        };
+        assert_eq!(
+            left_out(Err(refused), |why| heard = why.to_string()).ok(),
+            Some(None)
+        );
+        assert!(heard.contains("refused"), "{heard}");
+        assert_eq!(left_out(Ok(1.5), |_| unreachable!()).ok(), Some(Some(1.5)));
+        let lost = left_out(Err(Error::DeviceLost("reset".to_string())), |_| {});
+        assert!(matches!(lost, Err(Error::DeviceLost(_))));
+    }
 }

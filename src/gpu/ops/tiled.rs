@@ -6,11 +6,13 @@ use crate::gpu::capabilities::KernelLimits;
 use crate::gpu::pipeline::PipelineKey;
 use crate::gpu::registry::Kernel;
 
-/// The capacities of the kernel's register arrays (its `MAX_*` constants).
-const MAX_RQ: u32 = 4;
+/// The capacities of the kernel's register arrays (its `MAX_*` constants;
+/// `attention_tiled_wide` holds up to 8 query rows, `attention_tiled` 4).
+const MAX_RQ: u32 = 8;
+const NARROW_MAX_RQ: u32 = 4;
 const MAX_RK: u32 = 4;
 const MAX_DVT: u32 = 8;
-const MAX_S: u32 = 16;
+const MAX_S: u32 = 32;
 const MAX_O: u32 = 16;
 const MAX_SLOTS: u32 = 8;
 
@@ -58,25 +60,41 @@ const CANDIDATES: [(u32, u32, u32, u32); 8] = [
     (16, 8, 8, 8),
 ];
 
+/// Shapes not yet measured on a GPU, which only `webattn tune` tries (after
+/// [`CANDIDATES`]): 8 query rows per invocation, as the GEMM's 8 x 8 blocks
+/// that reach 44% of an H100's FMA ceiling, so each vec4 read from workgroup
+/// memory feeds more multiply-adds (64 x 32 on 8 x 8 invocations: 8 x 4 of S;
+/// on 8 x 16: 8 x 2; 32 x 32 on 4 x 16 fits head dim 128 in 48 KiB).
+const TUNER_ONLY: [(u32, u32, u32, u32); 3] = [(64, 32, 8, 8), (64, 32, 8, 16), (32, 32, 4, 16)];
+
 impl TiledTiles {
-    /// The largest candidate that fits the adapter's limits at head dims
-    /// `dk`, `dv` (both at most 256), or `None` when none does (the portable
-    /// kernel then runs the problem).
+    /// The first measured shape ([`CANDIDATES`], without prefetch) that fits
+    /// the adapter's limits at head dims `dk`, `dv` (both at most 256), or
+    /// `None` when none does (the portable kernel then runs the problem).
     pub fn for_dims(dk: usize, dv: usize, limits: &KernelLimits) -> Option<TiledTiles> {
         Self::candidates(dk, dv)
             .into_iter()
-            .find(|t| t.fits(limits))
+            .find(|t| t.is_measured() && t.fits(limits))
+    }
+
+    /// Whether this is one of the shapes measured on a GPU, in the form
+    /// measured (no prefetch): the only ones an untuned engine takes.
+    pub fn is_measured(&self) -> bool {
+        !self.prefetch
+            && CANDIDATES.contains(&(self.query_rows, self.keys_per_tile, self.tq, self.tk))
     }
 
     /// Every candidate whose register blocks fit the kernel at these head dims
     /// (whether their workgroup memory fits an adapter is [`TiledTiles::fits`]):
-    /// the shapes in their order, then the same shapes prefetching the next
-    /// tile into registers where its share fits them (tried by `webattn
-    /// tune`; not yet measured on a GPU, so never the untuned choice).
+    /// the measured shapes in their order and the tuner-only ones, then the
+    /// same shapes prefetching the next tile into registers where its share
+    /// fits them (tried by `webattn tune`; not yet measured on a GPU, so
+    /// never the untuned choice).
     pub fn candidates(dk: usize, dv: usize) -> Vec<TiledTiles> {
         let (dk4, dv4) = (dk.div_ceil(4) as u32, dv.div_ceil(4) as u32);
         let shapes: Vec<TiledTiles> = CANDIDATES
             .iter()
+            .chain(TUNER_ONLY.iter())
             .map(|&(query_rows, keys_per_tile, tq, tk)| TiledTiles {
                 query_rows,
                 keys_per_tile,
@@ -103,6 +121,12 @@ impl TiledTiles {
             .filter(|t| t.slots() <= MAX_SLOTS)
             .collect();
         shapes.into_iter().chain(prefetching).collect()
+    }
+
+    /// Whether the shape holds more query rows per invocation than
+    /// `attention_tiled` does, so `attention_tiled_wide` runs it.
+    pub fn is_wide(&self) -> bool {
+        self.rq() > NARROW_MAX_RQ
     }
 
     /// vec4s of a K or V tile each invocation stages (the kernel's SLOTS).
@@ -199,9 +223,16 @@ impl TiledTiles {
         }
     }
 
-    /// The pipeline key (every override the kernel takes).
+    /// The pipeline key (every override the kernel takes): of
+    /// `attention_tiled`, or of `attention_tiled_wide` for more than 4 query
+    /// rows per invocation.
     pub fn key(&self) -> PipelineKey {
-        PipelineKey::new(Kernel::AttentionTiled)
+        let kernel = if self.is_wide() {
+            Kernel::AttentionTiledWide
+        } else {
+            Kernel::AttentionTiled
+        };
+        PipelineKey::new(kernel)
             .with("BQ", i64::from(self.query_rows))
             .with("BK", i64::from(self.keys_per_tile))
             .with("TQ", i64::from(self.tq))
@@ -286,6 +317,31 @@ mod tests {
                 assert_eq!(t.rk() * t.tk, t.keys_per_tile);
                 assert_eq!(t.keys_per_tile % 4, 0, "{t:?}");
                 assert!(!t.prefetch || t.slots() <= MAX_SLOTS, "{t:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn tuner_only_shapes_are_candidates_but_never_the_default() {
+        let all = TiledTiles::candidates(64, 64);
+        let eight_rows = all
+            .iter()
+            .find(|t| (t.query_rows, t.keys_per_tile, t.tq, t.tk) == (64, 32, 8, 8) && !t.prefetch)
+            .expect("64 x 32 on 8 x 8 at head dim 64");
+        assert_eq!(
+            (eight_rows.rq(), eight_rows.rk(), eight_rows.dvt()),
+            (8, 4, 2)
+        );
+        assert!(eight_rows.fits(&limits(48 << 10)) && !eight_rows.is_measured());
+        let d128 = TiledTiles::candidates(128, 128);
+        assert!(d128
+            .iter()
+            .any(|t| (t.query_rows, t.tq, t.tk) == (32, 4, 16) && t.fits(&limits(48 << 10))));
+        for d in [1, 64, 65, 128, 200, 256] {
+            for storage in [16 << 10, 32 << 10, 48 << 10, 64 << 10] {
+                if let Some(t) = TiledTiles::for_dims(d, d, &limits(storage)) {
+                    assert!(t.is_measured(), "{t:?}");
+                }
             }
         }
     }
