@@ -72,7 +72,10 @@ fn tune_writes_the_cache_and_info_shows_what_it_chose() {
         table.entries().all(|(_, entry)| entry.decode.is_some()),
         "{table:?}"
     );
-    assert!(stdout.contains("decode attention_decode"), "{stdout}");
+    assert!(
+        stdout.contains("decode (B 1") && stdout.contains("attention_decode"),
+        "{stdout}"
+    );
     let info = webattn(&cache, &["info"]);
     let text = String::from_utf8_lossy(&info.stdout);
     assert!(

@@ -7,4 +7,4 @@ mod tuner;
 pub use table::{
     TunedDecode, TunedEntry, TunedKernel, TuningCache, TuningKey, TuningTable, HEADER,
 };
-pub use tuner::{fused_candidates, tune, Timed, TuneReport, TuningProblem};
+pub use tuner::{decode_candidates, fused_candidates, tune, Timed, TuneReport, TuningProblem};

@@ -61,8 +61,12 @@ pub struct TuneReport {
     pub head_dims: (usize, usize),
     /// The problem timed.
     pub problem: TuningProblem,
-    /// Every configuration timed, fastest first (the unfused path among them).
+    /// Every configuration timed on the prefill problem, fastest first (the
+    /// unfused path among them).
     pub timings: Vec<Timed>,
+    /// Every decode kernel timed on the decode problem, fastest first (empty
+    /// where the decode kernels do not apply).
+    pub decode_timings: Vec<Timed>,
     /// What the table now holds for this class.
     pub entry: TunedEntry,
 }
@@ -243,21 +247,26 @@ pub async fn tune(
             [dk, dv],
         );
         let mut decode: Option<TunedDecode> = None;
+        let mut decode_timings = Vec::new();
         let decode_kernels = decode_candidates(engine, &decode_dims)?;
         if !decode_kernels.is_empty() {
             let decode_inputs = decode_case.generate(11)?;
             for kernel in decode_kernels {
-                let label = format!("decode {}", kernel.label());
-                progress(&format!("head dims {dk}/{dv}: {label}"));
+                let label = kernel.label();
+                progress(&format!("head dims {dk}/{dv}: decode {label}"));
                 let pinned = Engine::from_context(ctx.clone().with_pinned_decode(kernel));
                 let Some(ms) = left_out(
                     time(&pinned, &decode_inputs, KernelPath::Fused).await,
-                    |why| progress(&format!("head dims {dk}/{dv}: {label} left out: {why}")),
+                    |why| {
+                        progress(&format!(
+                            "head dims {dk}/{dv}: decode {label} left out: {why}"
+                        ))
+                    },
                 )?
                 else {
                     continue;
                 };
-                timings.push(Timed {
+                decode_timings.push(Timed {
                     label,
                     median_ms: ms,
                 });
@@ -270,6 +279,7 @@ pub async fn tune(
             }
         }
         timings.sort_by(|a, b| a.median_ms.total_cmp(&b.median_ms));
+        decode_timings.sort_by(|a, b| a.median_ms.total_cmp(&b.median_ms));
         let (kernel, fused_ms) = best.ok_or(Error::Conflict(
             "no fused kernel ran at these head dims on this adapter",
         ))?;
@@ -284,6 +294,7 @@ pub async fn tune(
             head_dims: (dk, dv),
             problem,
             timings,
+            decode_timings,
             entry,
         });
     }

@@ -281,18 +281,24 @@ export declare class WebAttn {
     options?: { path?: AttentionOptions["path"]; warmup?: number; timed?: number }): Promise<{ path: string; medianMs: number; gflops: number; samplesMs: number[] }>;
   /**
    * Tunes this adapter (as `webattn tune` does natively): times every fused kernel and tile that fits, and
-   * the unfused path, per head-dim class, and keeps the fastest in the engine's tuning table (in memory),
-   * which later calls follow. Rejects with `Conflict` on the CPU backend.
+   * the unfused path, per head-dim class, and the decode kernels on one query row per head over many keys,
+   * and keeps the fastest in the engine's tuning table (in memory), which later calls follow. Rejects with
+   * `Conflict` on the CPU backend.
    */
   tune(options?: { headDims?: (number | [number, number])[] }, onProgress?: (label: string) => void): Promise<{
     headDims: [number, number];
-    problem: { heads: number; seq: number };
+    problem: { heads: number; seq: number; decodeKeys: number };
     /** Every configuration timed, fastest first (`unfused` among them). */
     timings: { label: string; medianMs: number }[];
+    /** Every decode kernel timed on the decode problem, fastest first (empty where decoding does not apply). */
+    decodeTimings: { label: string; medianMs: number }[];
     /** The fastest fused kernel, which calls at these head dims now use. */
     kernel: string;
     fusedMs: number;
     unfusedMs: number;
+    /** The fastest decode kernel (null where decoding does not apply), which decode calls now use. */
+    decodeKernel: string | null;
+    decodeMs: number | null;
   }[]>;
   /** A multi-head attention layer: weights `[out, in]`, biases optional, RoPE optional. */
   multiHeadAttention(config: {

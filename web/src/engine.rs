@@ -500,8 +500,10 @@ impl EngineCore {
     /// `headDims` (`[[dk, dv], ...]` or `[d, ...]`; default `[64]`), keeps the
     /// fastest in the engine's tuning table (in memory in the browser), which
     /// later calls follow. `progress(label)` before each configuration.
-    /// Returns `[{headDims, problem: {heads, seq}, timings: [{label, medianMs}],
-    /// kernel, fusedMs, unfusedMs}]`.
+    /// Returns `[{headDims, problem: {heads, seq, decodeKeys}, timings: [{label,
+    /// medianMs}], decodeTimings: [{label, medianMs}], kernel, fusedMs,
+    /// unfusedMs, decodeKernel, decodeMs}]` (`decodeKernel` and `decodeMs`
+    /// null where the decode kernels do not apply).
     pub async fn tune(
         &self,
         options: JsValue,
@@ -556,18 +558,33 @@ impl EngineCore {
             let problem = Object::new();
             set(&problem, "heads", r.problem.heads);
             set(&problem, "seq", r.problem.seq);
+            set(&problem, "decodeKeys", r.problem.decode_keys);
             set(&item, "problem", problem);
-            let timings = Array::new();
-            for t in &r.timings {
-                let row = Object::new();
-                set(&row, "label", t.label.as_str());
-                set(&row, "medianMs", t.median_ms);
-                timings.push(&row);
-            }
-            set(&item, "timings", timings);
+            let rows = |list: &[webattn::tuning::Timed]| {
+                let timings = Array::new();
+                for t in list {
+                    let row = Object::new();
+                    set(&row, "label", t.label.as_str());
+                    set(&row, "medianMs", t.median_ms);
+                    timings.push(&row);
+                }
+                timings
+            };
+            set(&item, "timings", rows(&r.timings));
+            set(&item, "decodeTimings", rows(&r.decode_timings));
             set(&item, "kernel", r.entry.kernel.name());
             set(&item, "fusedMs", r.entry.fused_ms);
             set(&item, "unfusedMs", r.entry.unfused_ms);
+            match r.entry.decode {
+                Some(d) => {
+                    set(&item, "decodeKernel", d.kernel.label().as_str());
+                    set(&item, "decodeMs", d.decode_ms);
+                }
+                None => {
+                    set(&item, "decodeKernel", JsValue::NULL);
+                    set(&item, "decodeMs", JsValue::NULL);
+                }
+            }
             out.push(&item);
         }
         Ok(out.into())

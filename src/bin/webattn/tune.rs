@@ -41,7 +41,18 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         .head_dims
         .iter()
         .map(|&(dk, dv)| {
-            webattn::tuning::fused_candidates(&engine, dk, dv).map_or(1, |c| c.len()) + 1
+            let problem = webattn::tuning::TuningProblem::for_device_type(
+                &ctx.capabilities().adapter.device_type,
+            );
+            let decode = webattn::AttentionDims::plain(
+                1,
+                [problem.heads, problem.heads],
+                [1, problem.decode_keys],
+                [dk, dv],
+            );
+            webattn::tuning::fused_candidates(&engine, dk, dv).map_or(1, |c| c.len())
+                + 1
+                + webattn::tuning::decode_candidates(&engine, &decode).map_or(0, |c| c.len())
         })
         .sum();
     let bar = std::io::stderr().is_terminal().then(|| {
@@ -88,6 +99,16 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             "  chosen: {} for the fused path; auto takes the {path}",
             entry.kernel.name()
         );
+        if !report.decode_timings.is_empty() {
+            println!(
+                "  decode (B 1, H {}, one query row, {} keys):",
+                report.problem.heads, report.problem.decode_keys
+            );
+            for (i, t) in report.decode_timings.iter().enumerate() {
+                let mark = if i == 0 { "  <- fastest, chosen" } else { "" };
+                println!("  {:>10.3} ms  {}{mark}", t.median_ms, t.label);
+            }
+        }
     }
     match engine.save_tuning()? {
         Some(path) => println!(

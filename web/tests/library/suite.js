@@ -429,12 +429,15 @@ function cases({ worker }) {
     expect(r.timings.length >= 2 && r.timings.some((t) => t.label === "unfused"), JSON.stringify(r.timings));
     expect(seen.length >= 1 && r.fusedMs > 0 && r.unfusedMs > 0, `progress ${seen.length}, ${r.fusedMs} / ${r.unfusedMs}`);
     expect(typeof r.kernel === "string" && r.kernel.startsWith("attention_"), `kernel ${r.kernel}`);
+    // The decode kernels too (wgpu gives the web no subgroups: the staged one).
+    expect(r.decodeTimings.length >= 1 && typeof r.decodeKernel === "string" && r.decodeKernel.startsWith("attention_decode")
+      && r.decodeMs > 0 && r.problem.decodeKeys > 0, `decode ${r.decodeKernel} ${JSON.stringify(r.decodeTimings)}`);
     await rejects(() => own.tune({ headDims: [0] }), "InvalidOption", /headDims/);
     await rejects(() => own.tune({ dims: [64] }), "InvalidOption", /headDims/);
     // Calls at the tuned head dims follow the table, and stay correct.
     const shape = [1, 2, 40, 32];
     const out = await own.attention({ q: tensor(n, shape), k: tensor(n, shape), v: tensor(n, shape) }, { verify: true });
-    const line = `${r.kernel} ${r.fusedMs.toFixed(2)} ms, unfused ${r.unfusedMs.toFixed(2)} ms (${r.timings.length} timed); ${expectVerified(out, "tuned")}`;
+    const line = `${r.kernel} ${r.fusedMs.toFixed(2)} ms, unfused ${r.unfusedMs.toFixed(2)} ms (${r.timings.length} timed), decode ${r.decodeKernel} ${r.decodeMs.toFixed(2)} ms; ${expectVerified(out, "tuned")}`;
     own.destroy();
     return line;
   });
