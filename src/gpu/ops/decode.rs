@@ -399,20 +399,69 @@ mod tests {
         q_len: usize,
         keys: usize,
     ) -> AttentionDims {
-        AttentionDims {
-            batch,
-            q_heads,
-            kv_heads,
-            q_len,
-            kv_len: keys,
-            past_len: 0,
-            head_dim: 128,
-            v_head_dim: 128,
-            mask: None,
-            has_past: false,
-            has_nonpad: false,
-            placement: Default::default(),
-        }
+        AttentionDims::plain(batch, [q_heads, kv_heads], [q_len, keys], [128, 128])
+    }
+
+    /// A GPU with subgroups of `width` lanes and 48 KiB of workgroup memory.
+    fn with_subgroups(width: u32) -> Capabilities {
+        let mut caps = caps("DiscreteGpu");
+        caps.subgroups = true;
+        caps.subgroup_min_size = width;
+        caps.subgroup_max_size = width;
+        caps.limits.max_compute_workgroup_storage_size = 48 << 10;
+        caps
+    }
+
+    #[test]
+    fn the_streaming_shape_grows_its_teams_with_the_rows_and_f16() {
+        let h100 = with_subgroups(32);
+        let shape = |hq, hkv, nq, f16| {
+            let d = dims(8, hq, hkv, nq, 16384);
+            let rows = DecodePlan::heads_per_workgroup(&d) * nq;
+            StreamShape::choose(&d, rows, &h100, f16).map(|s| (s.lanes, s.keys_per_step))
+        };
+        // d 128: 32 vec4 columns; a lane holds 16 vec4s of Q (and of O) at most.
+        assert_eq!(shape(32, 32, 1, false), Some((8, 2))); // MHA: 4 columns per lane
+        assert_eq!(shape(32, 8, 1, false), Some((8, 2))); // GQA 4: 4 rows x 4
+        assert_eq!(shape(32, 4, 1, false), Some((16, 2))); // GQA 8: 8 rows x 2
+        assert_eq!(shape(32, 2, 1, false), Some((32, 2))); // GQA 16: 16 rows x 1
+        assert_eq!(shape(32, 32, 1, true), Some((16, 2))); // f16: 128 bytes a load
+                                                           // lavapipe (subgroups of 8): 16 rows at d 128 need teams of 32: staged.
+        let lavapipe = with_subgroups(8);
+        let d = dims(1, 32, 2, 1, 4096);
+        assert_eq!(StreamShape::choose(&d, 16, &lavapipe, false), None);
+        assert_eq!(
+            DecodePlan::runnable(
+                DecodeKernel::Stream(StreamShape {
+                    lanes: 8,
+                    keys_per_step: 2
+                }),
+                &d,
+                &lavapipe
+            ),
+            DecodeKernel::Staged
+        );
+        // SwiftShader-like subgroups of 4 take teams of 4; none, or 2 lanes, none.
+        let d = dims(1, 8, 8, 1, 4096);
+        assert_eq!(
+            StreamShape::choose(&d, 1, &with_subgroups(4), false).map(|s| s.lanes),
+            Some(4)
+        );
+        assert_eq!(StreamShape::choose(&d, 1, &with_subgroups(2), false), None);
+        assert_eq!(
+            StreamShape::choose(&d, 1, &caps("DiscreteGpu"), false),
+            None
+        );
+        // The teams' O must fit the workgroup memory: d 256 in 16 KiB needs
+        // teams of 16 lanes or more (8 teams x 64 vec4s).
+        let mut small = with_subgroups(32);
+        small.limits.max_compute_workgroup_storage_size = 16 << 10;
+        let d256 = AttentionDims::plain(1, [8, 8], [1, 4096], [256, 256]);
+        let s = StreamShape::choose(&d256, 1, &small, false).expect("a shape");
+        assert!(
+            s.lanes >= 16 && s.workgroup_bytes(&d256) <= 16 << 10,
+            "{s:?}"
+        );
     }
 
     #[test]
