@@ -29,10 +29,14 @@
 // their maxima, as the splits are merged), a row at a time.
 //
 // A team's lanes must be L consecutive lanes of one subgroup, whatever order
-// the adapter gives its subgroups: each subgroup takes a number from a
-// workgroup counter, and an invocation's place is (that number) * (the
-// subgroup's lanes) + (its lane). The host keeps L within the adapter's
-// smallest subgroup width; WG is a multiple of every width.
+// the adapter gives its subgroups: lane 0 of each subgroup reserves as many
+// places as the subgroup has lanes from a workgroup counter, and an
+// invocation's place is the first of them plus its lane. The host keeps L
+// within the adapter's smallest subgroup width; WG is a multiple of every
+// width. A layout the teams cannot use (lanes not numbered 0 .. width - 1, a
+// width that is not a multiple of L, places that do not cover the workgroup
+// once: a driver that reports widths it does not run) makes the rows NaN,
+// never silently wrong.
 //
 // The masking rules and the non-finite rule are attention_fused.wgsl's: a key
 // a row does not attend never multiplies V; an attended key whose score is
@@ -92,8 +96,10 @@ var<workgroup> team_ml: array<vec2<f32>, 512>;
 var<workgroup> team_o: array<vec4<f32>, TEAMS * DV4>;
 // Each row's ROW_ATTENDED | ROW_POISONED over the split.
 var<workgroup> row_flags: array<atomic<u32>, MAX_ROWS>;
-// Subgroups numbered as they arrive.
+// Places reserved by the subgroups as they arrive; whether a subgroup found
+// a layout the teams cannot use.
 var<workgroup> subgroups_seen: atomic<u32>;
+var<workgroup> misplaced: atomic<u32>;
 var<workgroup> batch_nonpad: i32;
 
 // Lane `lane`'s part of a dot product, summed over its team: a butterfly of
@@ -192,6 +198,7 @@ fn main(
     }
     if (li == 0u) {
         atomicStore(&subgroups_seen, 0u);
+        atomicStore(&misplaced, 0u);
         var lengths = i32(p.keys);
         if ((p.flags & FLAG_NONPAD) != 0u) {
             lengths = nonpad[b];
@@ -203,13 +210,18 @@ fn main(
     // Every lane is active here (uniform control flow), so lane 0 speaks for
     // its subgroup, and the subgroup's width is its count of lanes (which
     // lavapipe at 1024-bit vectors reports as 32 for subgroups of 16).
-    var number = 0u;
-    if (sg_lane == 0u) {
-        number = atomicAdd(&subgroups_seen, 1u);
-    }
     let width = subgroupAdd(1u);
-    let place = subgroupBroadcast(number, 0u) * width + sg_lane;
-    let team = place / L;
+    var first_place = 0u;
+    if (sg_lane == 0u) {
+        first_place = atomicAdd(&subgroups_seen, width);
+    }
+    let place = subgroupBroadcast(first_place, 0u) + sg_lane;
+    if (subgroupExclusiveAdd(1u) != sg_lane || (place - sg_lane) % L != 0u || width % L != 0u) {
+        atomicOr(&misplaced, 1u);
+    }
+    // (Clamped: a layout that overflows the workgroup poisons the rows below
+    // and must not write past the teams' arrays meanwhile.)
+    let team = min(place / L, TEAMS - 1u);
     let lane = place % L;
 
     var offset = 0;
@@ -2945,11 +2957,11 @@ fn main(
         }
     }
 
-    // The teams' states, merged a row at a time by the row's maximum.
-    // A subgroup narrower than a team (a driver that reports a width it does
-    // not run) splits teams: their sums are wrong, so the rows are made NaN
-    // rather than silently wrong.
-    let misfit = select(0u, ROW_ATTENDED | ROW_POISONED, width % L != 0u);
+    // The teams' states, merged a row at a time by the row's maximum. A
+    // layout the teams cannot use (see the top) made their sums wrong, so the
+    // rows are made NaN rather than silently wrong.
+    let layout_bad = atomicLoad(&misplaced) != 0u || atomicLoad(&subgroups_seen) != WG;
+    let misfit = select(0u, ROW_ATTENDED | ROW_POISONED, layout_bad);
     if (lane == 0u) {
         team_ml[0u * MAX_TEAMS + team] = vec2<f32>(m0, l0);
         let flags0 = ((seen >> 0u) & 1u) | (((seen >> 16u) & 1u) << 1u) | misfit;

@@ -118,8 +118,9 @@ impl StreamShape {
     pub fn workgroup_bytes(&self, dims: &AttentionDims) -> usize {
         let teams = (STREAM_WORKGROUP / self.lanes) as usize;
         let dv4 = dims.v_head_dim.div_ceil(4);
-        // row_span, row_slope, team_ml, team_o, row_flags, the counter, nonpad.
-        16 * 16 + 16 * 4 + 512 * 8 + teams * dv4 * 16 + 16 * 4 + 4 + 4
+        // row_span, row_slope, team_ml, team_o, row_flags, the place counter,
+        // the layout flag, nonpad.
+        16 * 16 + 16 * 4 + 512 * 8 + teams * dv4 * 16 + 16 * 4 + 4 + 4 + 4
     }
 
     /// A short description, as pipeline labels and `webattn tune` show it.
