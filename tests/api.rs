@@ -135,7 +135,9 @@ fn pipelines_compile_once() {
 
 #[test]
 fn the_cpu_paths_can_be_forced_on_a_gpu_engine() {
-    let Some(engine) = common::gpu() else { return };
+    let Some(engine) = common::own_gpu() else {
+        return;
+    };
     let (q, k, v) = (
         tensor([2, 3, 7, 5], 10),
         tensor([2, 1, 4, 5], 11),

@@ -61,7 +61,9 @@ fn f16_tensors_take_half_the_device_memory_and_round_trip_exactly() {
 
 #[test]
 fn the_conversion_kernels_round_like_ieee() {
-    let Some(engine) = common::gpu() else { return };
+    let Some(engine) = common::own_gpu() else {
+        return;
+    };
     // Every f16 bit pattern widens exactly on the device: V of 256 batches of
     // one key, 256 values each, is f16; Q and K are f32, so Y (V itself) is f32.
     let all: Vec<f32> = (0..=u16::MAX)
@@ -133,7 +135,9 @@ fn the_conversion_kernels_round_like_ieee() {
 
 #[test]
 fn decode_reads_f16_in_place_and_prefill_widens() {
-    let Some(engine) = common::gpu() else { return };
+    let Some(engine) = common::own_gpu() else {
+        return;
+    };
     let mut rng = SplitMix64::new(common::seed() ^ 7);
     let (b, hq, hkv, d) = (2, 8, 2, 64);
     for (q_len, keys, widened_kv) in [(1, 1025, false), (33, 33, true)] {

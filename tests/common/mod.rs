@@ -51,6 +51,18 @@ pub fn gpu() -> Option<&'static Engine> {
         .as_ref()
 }
 
+/// A GPU engine of the test's own (or `None`, as [`gpu`] decides), for tests
+/// that read `Engine::last_call`: the shared engine's is overwritten by the
+/// calls of tests running beside them.
+pub fn own_gpu() -> Option<Engine> {
+    gpu()?;
+    let options = EngineOptions {
+        backend: BackendPreference::Gpu,
+        ..Default::default()
+    };
+    Some(Engine::with_options_blocking(options).expect("a second GPU engine"))
+}
+
 /// Runs each case on `path`, prints one line per case with its worst error,
 /// and fails listing every case that did not pass.
 pub fn run_cases(engine: &Engine, cases: &[CaseSpec], path: KernelPath) {
