@@ -114,14 +114,16 @@ var<workgroup> att_s: array<u32, BQ * BW>;
 var<workgroup> pos_s: array<u32, BQ * BW>;
 // Each row's rescaling factor when the reference maxima move.
 var<workgroup> alpha_s: array<f32, BQ>;
-// Whether any row's reference moved (O must be rescaled); whether V's tile
-// holds a non-finite value; the batch's nonpad length.
-var<workgroup> rescale_flag: u32;
-var<workgroup> v_bad: u32;
-var<workgroup> batch_nonpad: i32;
-// Zeros the O and S accumulators start from: loaded, not `MatC()`, whose zero
-// value naga writes as OpConstantNull, a form of a cooperative matrix no
-// conformance test covers (gemm_coop.wgsl has the same).
+// The workgroup's scalars, in one 16-byte array: whether any row's reference
+// moved (O must be rescaled), whether V's tile holds a non-finite value, the
+// batch's nonpad length (as bits). Every workgroup variable here is a multiple
+// of 16 bytes, so wherever the driver places them the f16 tiles start
+// 16-byte aligned, as the matrix loads require (gemm_coop.wgsl says more).
+var<workgroup> wg_scalars: array<u32, 4>;
+const WG_RESCALE: u32 = 0u;
+const WG_V_BAD: u32 = 1u;
+const WG_NONPAD: u32 = 2u;
+// Zeros the O and S accumulators start from.
 var<workgroup> zero_s: array<f32, CM * CM>;
 
 fn non_finite(x: f32) -> bool {
@@ -153,8 +155,8 @@ fn main(
         if ((p.flags & FLAG_NONPAD) != 0u) {
             lengths = nonpad[b];
         }
-        batch_nonpad = lengths;
-        rescale_flag = 0u;
+        wg_scalars[WG_NONPAD] = bitcast<u32>(lengths);
+        wg_scalars[WG_RESCALE] = 0u;
     }
     // Q's block as f16, zeros past the last row and past Dk.
     for (var slot = li; slot < BQ * DKP; slot += WG) {
@@ -170,7 +172,7 @@ fn main(
     for (var i = li; i < CM * CM; i += WG) {
         zero_s[i] = 0.0;
     }
-    let lengths = workgroupUniformLoad(&batch_nonpad);
+    let lengths = bitcast<i32>(workgroupUniformLoad(&wg_scalars[WG_NONPAD]));
     let zero_c = coopLoadT<MatC>(&zero_s[0], CM);
     // This subgroup's strip of Q as matrices, for the whole key loop.
     var q_mat: array<MatA, MAX_DT>;
@@ -270,7 +272,7 @@ fn main(
             kv_s[t * KS + d] = f16(val);
         }
         if (li == 0u) {
-            v_bad = 0u;
+            wg_scalars[WG_V_BAD] = 0u;
         }
         workgroupBarrier();
 
@@ -341,7 +343,7 @@ fn main(
                 // exp(-f32::MAX - m) = 0: the row had no O yet.
                 alpha = exp(m[i] - m_new);
                 if (m[i] != MASKED) {
-                    rescale_flag = 1u;
+                    wg_scalars[WG_RESCALE] = 1u;
                 }
                 m[i] = m_new;
             }
@@ -388,9 +390,9 @@ fn main(
             kv_s[t * KS + d] = rounded;
         }
         if (bad) {
-            v_bad = 1u;
+            wg_scalars[WG_V_BAD] = 1u;
         }
-        let rescale = workgroupUniformLoad(&rescale_flag) != 0u;
+        let rescale = workgroupUniformLoad(&wg_scalars[WG_RESCALE]) != 0u;
 
         // The O matrices of rows whose reference moved, rescaled.
         if (rescale) {
@@ -406,12 +408,12 @@ fn main(
                 workgroupBarrier();
             }
             if (li == 0u) {
-                rescale_flag = 0u;
+                wg_scalars[WG_RESCALE] = 0u;
             }
         }
 
         // 4. O += P V.
-        if (workgroupUniformLoad(&v_bad) != 0u) {
+        if (workgroupUniformLoad(&wg_scalars[WG_V_BAD]) != 0u) {
             // In scalar code: the keys a row attends only; a positive
             // probability that rounded to 0 in f16 weighs a tiny amount.
             for (var c = 0u; c < DVT; c++) {

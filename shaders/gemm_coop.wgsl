@@ -90,12 +90,15 @@ var<workgroup> a_s: array<f16, BT * AS>;
 var<workgroup> b_s: array<f16, BKK * BS>;
 // The C tile (epilogue) or a slice's scalar product (SKIP_ZERO_A), row-major.
 var<workgroup> c_s: array<f32, BT * CS>;
-// Whether the staged slice of B holds a non-finite value.
-var<workgroup> b_bad: u32;
-// Zeros the accumulators start from: loaded, not `MatC()`, whose zero value
-// naga writes as OpConstantNull, a form of a cooperative matrix no
-// conformance test covers (an H100 gave garbage on every case through these
-// kernels; this is the first suspect, see BENCHMARKS.md).
+// Whether the staged slice of B holds a non-finite value (element 0), in a
+// 16-byte array: every workgroup variable here is a multiple of 16 bytes.
+// The matrix loads of f16 tiles need 16-byte aligned rows, and a driver
+// places workgroup variables as it likes: with a lone u32 among them,
+// NVIDIA's left the tiles off that alignment and every product through them
+// came out wrong (an H200, driver 580; examples/coop_probe.rs narrowed it
+// down; lavapipe does not care). tests/coop_spirv.rs keeps the rule.
+var<workgroup> b_bad: array<u32, 4>;
+// Zeros the accumulators start from.
 var<workgroup> zero_s: array<f32, CM * CM>;
 
 fn a_at(base: u32, row: u32, col: u32) -> f32 {
@@ -161,7 +164,7 @@ fn main(
     for (var ks = 0u; ks < k_slices; ks++) {
         let k0 = ks * BKK;
         if (li == 0u) {
-            b_bad = 0u;
+            b_bad[0] = 0u;
         }
         // Consecutive invocations read consecutive elements of the stored
         // matrix (rows of A along K unless transposed; rows of B along N
@@ -189,11 +192,11 @@ fn main(
         }
         workgroupBarrier();
         if (SKIP_ZERO_A && bad) {
-            b_bad = 1u;
+            b_bad[0] = 1u;
         }
         // (select, not &&: naga lowers a short-circuit condition through a
         // local variable, which its uniformity analysis takes as non-uniform.)
-        let slice_bad = workgroupUniformLoad(&b_bad) != 0u;
+        let slice_bad = workgroupUniformLoad(&b_bad[0]) != 0u;
         if (select(false, slice_bad, SKIP_ZERO_A)) {
             // The slice's product in scalar code, zeros of A skipped.
             for (var e = li; e < BT * BT; e += wg) {

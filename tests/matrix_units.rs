@@ -214,6 +214,22 @@ fn gemm_on_16x16_matrix_units() {
 /// The GEMM at sizes that are not tile multiples, every transpose, alpha
 /// and beta, strides and offsets, B shared by grouped heads, a long K.
 fn gemm_cases(engine: &Engine) {
+    gemm_cases_only(engine);
+    // On Vulkan the matrix-unit kernels reach the driver as the engine's own
+    // SPIR-V (gpu::spirv: naga's leaves workgroup memory private under the
+    // Vulkan memory model, and NVIDIA computed garbage from it).
+    let ctx = engine.gpu().expect("a GPU engine");
+    if ctx.capabilities().adapter.backend == "Vulkan" {
+        let own = ctx.pipelines().own_spirv_keys();
+        assert!(
+            own.iter().any(|k| k.kernel.uses_coop()),
+            "no matrix-unit pipeline was built from the engine's SPIR-V: {own:?}"
+        );
+        assert!(own.iter().all(|k| k.kernel.uses_coop()), "{own:?}");
+    }
+}
+
+fn gemm_cases_only(engine: &Engine) {
     let sizes = [1usize, 7, 33, 97, 257];
     let mut seed = 0;
     for (i, &m) in sizes.iter().enumerate() {

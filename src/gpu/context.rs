@@ -20,7 +20,11 @@ fn wanted_features(matrix_units: MatrixUnits) -> wgpu::Features {
         | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
     #[cfg(not(target_arch = "wasm32"))]
     if matrix_units != MatrixUnits::Off {
-        return features | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        // Passthrough: the matrix-unit kernels' SPIR-V is written by the
+        // engine on Vulkan (gpu::spirv says why).
+        return features
+            | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+            | wgpu::Features::PASSTHROUGH_SHADERS;
     }
     let _ = matrix_units;
     features
@@ -254,7 +258,14 @@ impl GpuContext {
             .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32);
         log::info!("webattn: using {}", caps.summary());
         Ok(GpuContext {
-            pipelines: Arc::new(PipelineCache::new(device.clone())),
+            pipelines: Arc::new(PipelineCache::new(
+                device.clone(),
+                info.backend == wgpu::Backend::Vulkan
+                    && device.features().contains(
+                        wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+                            | wgpu::Features::PASSTHROUGH_SHADERS,
+                    ),
+            )),
             device,
             queue,
             gemm_override: None,

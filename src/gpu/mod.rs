@@ -16,5 +16,7 @@ pub mod planner;
 pub mod profile;
 pub(crate) mod recorder;
 pub mod registry;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod spirv;
 pub(crate) mod split;
 pub(crate) mod unfused;

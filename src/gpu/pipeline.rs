@@ -71,6 +71,9 @@ pub struct Pipeline {
     pub pipeline: wgpu::ComputePipeline,
     /// The layout of bind group 0.
     pub bind_group_layout: wgpu::BindGroupLayout,
+    /// Whether it was built from SPIR-V the engine wrote (the matrix-unit
+    /// kernels on Vulkan, `gpu::spirv`) rather than from WGSL by wgpu.
+    pub own_spirv: bool,
 }
 
 #[derive(Default)]
@@ -83,6 +86,9 @@ struct CacheState {
 /// Compiles each pipeline once and hands out shared references.
 pub struct PipelineCache {
     device: wgpu::Device,
+    /// Whether the matrix-unit kernels go to the driver as SPIR-V the engine
+    /// wrote (Vulkan, see `gpu::spirv`) rather than as WGSL.
+    coop_spirv: bool,
     state: Mutex<CacheState>,
 }
 
@@ -112,10 +118,54 @@ fn layout_entry(index: usize, binding: Binding) -> wgpu::BindGroupLayoutEntry {
     }
 }
 
+/// `key`'s kernel as a module of SPIR-V the engine wrote (`gpu::spirv`),
+/// through wgpu's passthrough; `None` (the WGSL path then) where naga cannot
+/// write it, which the test suite rules out for every planned key.
+#[cfg(not(target_arch = "wasm32"))]
+fn own_spirv_module(
+    device: &wgpu::Device,
+    key: &PipelineKey,
+    zero_workgroup_memory: bool,
+) -> Option<wgpu::ShaderModule> {
+    let words = match super::spirv::compile_coop_kernel(key, zero_workgroup_memory) {
+        Ok(words) => words,
+        Err(e) => {
+            log::error!("webattn: {key}: own SPIR-V failed, WGSL used instead: {e}");
+            return None;
+        }
+    };
+    let label = key.to_string();
+    let entry_points = [wgpu::PassthroughShaderEntryPoint {
+        name: key.kernel.entry_point().into(),
+        workgroup_size: (0, 0, 0),
+    }];
+    // SAFETY: the words are naga's validated translation of our WGSL, with
+    // memory operands and barrier semantics made stricter (gpu::spirv); the
+    // bindings match the explicit layout every pipeline of the kernel uses.
+    Some(unsafe {
+        device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
+            label: Some(&label),
+            entry_points: entry_points[..].into(),
+            spirv: Some(words.into()),
+            ..Default::default()
+        })
+    })
+}
+
+#[cfg(target_arch = "wasm32")]
+fn own_spirv_module(
+    _device: &wgpu::Device,
+    _key: &PipelineKey,
+    _zero_workgroup_memory: bool,
+) -> Option<wgpu::ShaderModule> {
+    None
+}
+
 impl PipelineCache {
-    pub(crate) fn new(device: wgpu::Device) -> Self {
+    pub(crate) fn new(device: wgpu::Device, coop_spirv: bool) -> Self {
         Self {
             device,
+            coop_spirv,
             state: Mutex::new(CacheState::default()),
         }
     }
@@ -128,16 +178,28 @@ impl PipelineCache {
         }
         let kernel = key.kernel;
         let device = &self.device;
-        let module = state
-            .modules
-            .entry(kernel)
-            .or_insert_with(|| {
-                device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some(kernel.name()),
-                    source: wgpu::ShaderSource::Wgsl(kernel.device_source()),
+        let zero_workgroup_memory = !kernel.writes_workgroup_memory_first();
+        // On Vulkan the matrix-unit kernels go to the driver as SPIR-V the
+        // engine wrote, one module per key (its overrides are applied).
+        let own_spirv_module = if self.coop_spirv && kernel.uses_coop() {
+            own_spirv_module(device, key, zero_workgroup_memory)
+        } else {
+            None
+        };
+        let own_spirv = own_spirv_module.is_some();
+        let module = match &own_spirv_module {
+            Some(module) => module.clone(),
+            None => state
+                .modules
+                .entry(kernel)
+                .or_insert_with(|| {
+                    device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some(kernel.name()),
+                        source: wgpu::ShaderSource::Wgsl(kernel.device_source()),
+                    })
                 })
-            })
-            .clone();
+                .clone(),
+        };
         let (bind_group_layout, pipeline_layout) = state
             .layouts
             .entry(kernel)
@@ -161,11 +223,15 @@ impl PipelineCache {
             })
             .clone();
         let label = key.to_string();
-        let constants: Vec<(&str, f64)> = key
-            .constants
-            .iter()
-            .map(|&(name, value)| (name, value as f64))
-            .collect();
+        // The engine's own SPIR-V has its overrides applied already.
+        let constants: Vec<(&str, f64)> = match own_spirv_module {
+            Some(_) => Vec::new(),
+            None => key
+                .constants
+                .iter()
+                .map(|&(name, value)| (name, value as f64))
+                .collect(),
+        };
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),
             layout: Some(&pipeline_layout),
@@ -173,7 +239,7 @@ impl PipelineCache {
             entry_point: Some(kernel.entry_point()),
             compilation_options: wgpu::PipelineCompilationOptions {
                 constants: &constants,
-                zero_initialize_workgroup_memory: !kernel.writes_workgroup_memory_first(),
+                zero_initialize_workgroup_memory: zero_workgroup_memory,
             },
             cache: None,
         });
@@ -183,9 +249,23 @@ impl PipelineCache {
             label,
             pipeline,
             bind_group_layout,
+            own_spirv,
         });
         state.pipelines.insert(key.clone(), compiled.clone());
         compiled
+    }
+
+    /// The keys compiled so far from SPIR-V the engine wrote, sorted.
+    pub fn own_spirv_keys(&self) -> Vec<PipelineKey> {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut keys: Vec<_> = state
+            .pipelines
+            .values()
+            .filter(|p| p.own_spirv)
+            .map(|p| p.key.clone())
+            .collect();
+        keys.sort();
+        keys
     }
 
     /// The keys compiled so far, sorted.
