@@ -20,28 +20,47 @@ pub struct TuningProblem {
     pub heads: usize,
     /// Query and key length.
     pub seq: usize,
-    /// Keys of the decode problem (one query row per head, same heads).
+    /// Heads of the decode problem (batch 1, as many KV heads, one query row
+    /// each).
+    pub decode_heads: usize,
+    /// Keys of the decode problem.
     pub decode_keys: usize,
 }
 
 impl TuningProblem {
     /// Problems that fill a GPU for a millisecond or so (16 heads x 2048;
-    /// decode: 16 heads x 16384 keys, more K and V than a large GPU caches),
-    /// or small ones on a CPU adapter (4 heads x 256; 4 x 2048 keys).
+    /// decode: 128 heads x 4096 keys, batch 8 x 16 heads' worth: a batch
+    /// fills a large GPU, where a few heads leave most of it idle and the
+    /// staged kernel's fewer, larger splits win on an H200 though the
+    /// streaming kernel is 5x faster on full batches; K and V outgrow any
+    /// cache), or small ones on a CPU adapter (4 heads x 256; 4 x 2048 keys).
     pub fn for_device_type(device_type: &str) -> TuningProblem {
         if device_type == "Cpu" {
             TuningProblem {
                 heads: 4,
                 seq: 256,
+                decode_heads: 4,
                 decode_keys: 2048,
             }
         } else {
             TuningProblem {
                 heads: 16,
                 seq: 2048,
-                decode_keys: 16384,
+                decode_heads: 128,
+                decode_keys: 4096,
             }
         }
+    }
+}
+
+impl TuningProblem {
+    /// The decode problem's heads at head dims `dk`, `dv` on an adapter whose
+    /// storage bindings hold `binding_bytes`: `decode_heads`, or fewer, so
+    /// that K and V (f32) each fit one binding (a browser's 128 MiB, say).
+    pub fn decode_heads_within(&self, binding_bytes: u64, dk: usize, dv: usize) -> usize {
+        let per_head = (self.decode_keys * dk.max(dv) * 4) as u64;
+        let fit = (binding_bytes / per_head.max(1)) as usize;
+        self.decode_heads.min(fit).max(1)
     }
 }
 
@@ -234,15 +253,20 @@ pub async fn tune(
         });
         drop(inputs);
         // The decode problem: one query row per head over many keys.
+        let decode_heads = problem.decode_heads_within(
+            ctx.capabilities().limits.max_storage_buffer_binding_size,
+            dk,
+            dv,
+        );
         let decode_case = CaseSpec::new(
             "tune-decode",
-            [1, problem.heads, problem.heads],
+            [1, decode_heads, decode_heads],
             [1, problem.decode_keys],
             [dk, dv],
         );
         let decode_dims = AttentionDims::plain(
             1,
-            [problem.heads, problem.heads],
+            [decode_heads, decode_heads],
             [1, problem.decode_keys],
             [dk, dv],
         );
@@ -292,7 +316,10 @@ pub async fn tune(
         ctx.record_tuning(TuningKey::new(ctx.capabilities(), dk, dv), entry);
         reports.push(TuneReport {
             head_dims: (dk, dv),
-            problem,
+            problem: TuningProblem {
+                decode_heads,
+                ..problem
+            },
             timings,
             decode_timings,
             entry,

@@ -287,7 +287,7 @@ export declare class WebAttn {
    */
   tune(options?: { headDims?: (number | [number, number])[] }, onProgress?: (label: string) => void): Promise<{
     headDims: [number, number];
-    problem: { heads: number; seq: number; decodeKeys: number };
+    problem: { heads: number; seq: number; decodeHeads: number; decodeKeys: number };
     /** Every configuration timed, fastest first (`unfused` among them). */
     timings: { label: string; medianMs: number }[];
     /** Every decode kernel timed on the decode problem, fastest first (empty where decoding does not apply). */

@@ -500,7 +500,7 @@ impl EngineCore {
     /// `headDims` (`[[dk, dv], ...]` or `[d, ...]`; default `[64]`), keeps the
     /// fastest in the engine's tuning table (in memory in the browser), which
     /// later calls follow. `progress(label)` before each configuration.
-    /// Returns `[{headDims, problem: {heads, seq, decodeKeys}, timings: [{label,
+    /// Returns `[{headDims, problem: {heads, seq, decodeHeads, decodeKeys}, timings: [{label,
     /// medianMs}], decodeTimings: [{label, medianMs}], kernel, fusedMs,
     /// unfusedMs, decodeKernel, decodeMs}]` (`decodeKernel` and `decodeMs`
     /// null where the decode kernels do not apply).
@@ -558,6 +558,7 @@ impl EngineCore {
             let problem = Object::new();
             set(&problem, "heads", r.problem.heads);
             set(&problem, "seq", r.problem.seq);
+            set(&problem, "decodeHeads", r.problem.decode_heads);
             set(&problem, "decodeKeys", r.problem.decode_keys);
             set(&item, "problem", problem);
             let rows = |list: &[webattn::tuning::Timed]| {

@@ -46,7 +46,11 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             );
             let decode = webattn::AttentionDims::plain(
                 1,
-                [problem.heads, problem.heads],
+                {
+                    let binding = ctx.capabilities().limits.max_storage_buffer_binding_size;
+                    let heads = problem.decode_heads_within(binding, dk, dv);
+                    [heads, heads]
+                },
                 [1, problem.decode_keys],
                 [dk, dv],
             );
@@ -102,7 +106,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         if !report.decode_timings.is_empty() {
             println!(
                 "  decode (B 1, H {}, one query row, {} keys):",
-                report.problem.heads, report.problem.decode_keys
+                report.problem.decode_heads, report.problem.decode_keys
             );
             for (i, t) in report.decode_timings.iter().enumerate() {
                 let mark = if i == 0 { "  <- fastest, chosen" } else { "" };
