@@ -1050,3 +1050,55 @@ fn bench_writes_the_documented_json_and_a_plot() {
     assert!(replot.exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn bench_skips_decode_rows_beyond_the_device_limits_and_goes_on() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let dir = scratch("bench-decode-limits");
+    let json = dir.join("bench.json");
+    // f32 K and V of 1 x 8 heads x 4096 keys x 128 are 16 MiB each: past an
+    // 8 MiB buffer limit; the f16 rows (8 MiB) still run.
+    let out = run(&[
+        "--backend",
+        "gpu",
+        "bench",
+        "--quick",
+        "--only",
+        "decode",
+        "--seqs",
+        "4096",
+        "--paths",
+        "fused",
+        "--limit",
+        "max_buffer_size=8MiB",
+        "--limit",
+        "max_storage_buffer_binding_size=8MiB",
+        "--json",
+        arg(&json),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("skipped: tensor needs"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let skipped = report["decode_skipped"].as_array().unwrap();
+    assert!(!skipped.is_empty());
+    for s in skipped {
+        assert_eq!(s["dtype"], "float32", "{s}");
+        assert!(
+            s["reason"].as_str().unwrap().contains("max_buffer_size"),
+            "{s}"
+        );
+    }
+    let measured = report["decode"].as_array().unwrap();
+    assert!(
+        measured.iter().all(|d| d["dtype"] == "float16") && !measured.is_empty(),
+        "{measured:?}"
+    );
+}

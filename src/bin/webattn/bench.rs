@@ -414,6 +414,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     let mut decode = Vec::new();
     let mut token_steps = Vec::new();
     let mut token_skipped = Vec::new();
+    let mut decode_skipped = Vec::new();
     for job in &jobs {
         match *job {
             Job::Gemm(n, precision) => {
@@ -491,15 +492,30 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                     ));
                     // K and V come from memory, not from the cache the previous
                     // run left them in (GPUs with timestamps; see BENCHMARKS.md).
-                    let m = pollster::block_on(bench::attention_as(
+                    let m = match pollster::block_on(bench::attention_as(
                         pinned.as_ref().unwrap_or(&engine),
                         shape,
                         path,
                         repeats(path, args.quick),
                         true,
                         dtype,
-                    ))
-                    .with_context(|| format!("decode on the {path} path ({dtype}, {label})"))?;
+                    )) {
+                        Ok(m) => m,
+                        // K and V beyond this device's limits (a buffer past
+                        // max_buffer_size at 64k keys of 8 x 32 heads) are a
+                        // skipped row, not a lost run.
+                        Err(
+                            e @ (webattn::Error::Limit { .. } | webattn::Error::OutOfMemory(_)),
+                        ) => {
+                            said(format!("  skipped: {e}"));
+                            decode_skipped.push((shape, path, dtype, label, e.to_string()));
+                            continue;
+                        }
+                        Err(e) => {
+                            return Err(anyhow::Error::from(e)
+                                .context(format!("decode on the {path} path ({dtype}, {label})")))
+                        }
+                    };
                     let ms = m.measurement.median_ms();
                     said(format!(
                         "  {ms:.3} ms, K and V at {:.0} GB/s",
@@ -752,6 +768,16 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             m.peak_bytes as f64 / f64::from(1 << 20)
         );
     }
+    for (shape, path, dtype, label, why) in &decode_skipped {
+        println!(
+            "{:<8} {:<35} {:>6} {:>7} {:>8} skipped: {why}",
+            path.name(),
+            label,
+            format!("{}x{}", shape.batch, shape.heads),
+            dtype.to_string(),
+            shape.seq_k,
+        );
+    }
     if !decode.is_empty() {
         println!("** share: K + V bytes read per second, over the bandwidth ceiling (GPU rows)");
         if bench::can_flush_caches(&engine) {
@@ -825,6 +851,10 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             "head_dim": layer.head_dim, "cached": cached, "ms": m.median_ms(),
             "samples_ms": m.samples_ms, "append_ms": append.median_ms(),
             "append_samples_ms": append.samples_ms,
+        })).collect::<Vec<_>>(),
+        "decode_skipped": decode_skipped.iter().map(|(s, p, d, label, why)| json!({
+            "path": p.name(), "kernel": label, "batch": s.batch, "heads": s.heads, "seq_k": s.seq_k,
+            "head_dim": s.head_dim, "dtype": d.to_string(), "reason": why,
         })).collect::<Vec<_>>(),
         "token_step_skipped": token_skipped.iter().map(|(cached, why)| json!({
             "cached": cached, "reason": why,
