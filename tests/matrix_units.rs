@@ -56,6 +56,7 @@ fn engine_at(engine: &Engine, size: Size) -> Result<Option<Engine>, String> {
             }
             let emulated = Engine::with_options_blocking(EngineOptions {
                 matrix_units: MatrixUnits::Emulated16,
+                tuning_cache: webattn::tuning::TuningCache::Memory,
                 ..Default::default()
             })
             .expect("lavapipe runs 16x16 matrices as MatrixUnits::Emulated16");
@@ -610,4 +611,54 @@ fn emulated_matrix_units_are_refused_where_they_do_not_apply() {
         }
         Err(e) => panic!("expected a typed InvalidOption, got {e}"),
     }
+}
+
+/// A tuning entry that measures the matrix-unit kernel slower than the f32
+/// winner keeps calls at `Fast` on the f32 kernel (an H200 measured
+/// `attention_coop16` 2 to 2.7 times slower than `attention_tiled`); one that
+/// measures it faster, or none, leaves them on it; forcing it by name wins.
+#[test]
+fn fast_calls_leave_a_matrix_unit_kernel_measured_slower() {
+    on_matrix_units(
+        "fast_calls_leave_a_matrix_unit_kernel_measured_slower",
+        Size::Native,
+        |_| {
+            use webattn::gpu::ops::fused::FusedKernel;
+            use webattn::tuning::{TunedEntry, TunedKernel, TuningCache, TuningKey};
+            let engine = Engine::with_options_blocking(EngineOptions {
+                tuning_cache: TuningCache::Memory,
+                ..Default::default()
+            })
+            .expect("an engine of its own");
+            let ctx = engine.gpu().expect("a GPU engine");
+            let is_coop = |ctx: &webattn::gpu::context::GpuContext| {
+                matches!(
+                    ctx.fused_kernel_at(8, 8, Precision::Fast),
+                    Ok(FusedKernel::Coop(_))
+                )
+            };
+            assert!(is_coop(ctx), "untuned, Fast takes the matrix units");
+            let entry = |coop_ms| TunedEntry {
+                kernel: TunedKernel::Portable,
+                fused_ms: 1.0,
+                unfused_ms: 2.0,
+                decode: None,
+                coop_ms: Some(coop_ms),
+            };
+            let key = TuningKey::new(ctx.capabilities(), 8, 8);
+            ctx.record_tuning(key.clone(), entry(2.5));
+            assert!(!is_coop(ctx), "measured slower, Fast takes the f32 winner");
+            assert!(matches!(
+                ctx.fused_kernel_at(8, 8, Precision::Fast),
+                Ok(FusedKernel::Portable(_))
+            ));
+            let forced = ctx
+                .clone()
+                .with_fused_kernel(FusedKernelChoice::Coop)
+                .expect("the matrix-unit kernel can be forced");
+            assert!(is_coop(&forced), "forced by name, it runs");
+            ctx.record_tuning(key, entry(0.5));
+            assert!(is_coop(ctx), "measured faster, Fast takes it");
+        },
+    );
 }

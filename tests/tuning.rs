@@ -134,6 +134,7 @@ fn a_stale_entry_is_ignored_with_a_warning_and_calls_stay_right() {
             fused_ms: 1.0,
             unfused_ms: 2.0,
             decode: None,
+            coop_ms: None,
         },
     );
     table.save(&cache).unwrap();
@@ -174,6 +175,7 @@ fn auto_follows_the_measured_path_and_kernel() {
             fused_ms: 2.0,
             unfused_ms: 1.0,
             decode: None,
+            coop_ms: None,
         },
     );
     table.save(&cache).unwrap();
@@ -212,6 +214,7 @@ fn auto_follows_the_measured_path_and_kernel() {
             fused_ms: 1.0,
             unfused_ms: 2.0,
             decode: None,
+            coop_ms: None,
         },
     );
     table.save(&cache).unwrap();
@@ -256,6 +259,7 @@ fn decode_follows_the_measured_kernel_where_it_runs() {
                     kernel: measured,
                     decode_ms: 0.5,
                 }),
+                coop_ms: None,
             },
         );
         table.save(&cache).unwrap();

@@ -300,8 +300,9 @@ impl GpuContext {
     /// The fused kernel for head dims `dk`, `dv` in a call at `precision`:
     /// under [`Precision::Fast`], unless a kernel is pinned or an f32 kernel
     /// forced, the matrix-unit kernel where the adapter has matrix units
-    /// ([`coop_shape`]) and one of its tiles fits; else (and always under
-    /// `Highest`) [`GpuContext::fused_kernel`].
+    /// ([`coop_shape`]) and one of its tiles fits, and (under `Auto`) the
+    /// tuning table does not measure it slower than the f32 winner; else
+    /// (and always under `Highest`) [`GpuContext::fused_kernel`].
     pub fn fused_kernel_at(
         &self,
         dk: usize,
@@ -315,8 +316,15 @@ impl GpuContext {
         if precision == Precision::Fast && chooses && self.pinned_fused.is_none() {
             // The head-dim limits have their say first.
             FusedTiles::for_dims(dk, dv, &self.caps.limits)?;
+            // Fast allows f16 products; it does not ask for a slower kernel.
+            let measured_slower = self.fused_choice == FusedKernelChoice::Auto
+                && self
+                    .tuned(dk, dv)
+                    .and_then(|entry| entry.coop_ms.map(|coop| coop > entry.fused_ms))
+                    .unwrap_or(false);
             if let Some(tiles) = coop_shape(&self.caps)
                 .and_then(|shape| CoopTiles::for_dims(shape, dk, dv, &self.caps.limits))
+                .filter(|_| !measured_slower)
             {
                 return Ok(FusedKernel::Coop(tiles));
             }

@@ -7,4 +7,6 @@ mod tuner;
 pub use table::{
     TunedDecode, TunedEntry, TunedKernel, TuningCache, TuningKey, TuningTable, HEADER,
 };
-pub use tuner::{decode_candidates, fused_candidates, tune, Timed, TuneReport, TuningProblem};
+pub use tuner::{
+    coop_candidate, decode_candidates, fused_candidates, tune, Timed, TuneReport, TuningProblem,
+};

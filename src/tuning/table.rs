@@ -17,10 +17,12 @@ use crate::gpu::capabilities::Capabilities;
 use crate::gpu::ops::decode::{DecodeKernel, StreamShape};
 
 /// The first line of a cache file of this format.
-pub const HEADER: &str = "# webattn tuning cache, format 2";
-/// The first line of the format before it (no decode columns), still read.
+pub const HEADER: &str = "# webattn tuning cache, format 3";
+/// The first lines of the formats before it, still read: format 2 (no
+/// matrix-unit column), format 1 (no decode or prefetch columns either).
+const HEADER_2: &str = "# webattn tuning cache, format 2";
 const HEADER_1: &str = "# webattn tuning cache, format 1";
-const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms\tdecode_kernel\tL\tKB\tdecode_ms\tprefetch";
+const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms\tdecode_kernel\tL\tKB\tdecode_ms\tprefetch\tcoop_ms";
 
 /// What a measurement is about: one adapter and driver under one
 /// workgroup-memory limit, at one head-dim class (head dims rounded up to 4).
@@ -100,6 +102,10 @@ pub struct TunedEntry {
     pub unfused_ms: f64,
     /// The fastest decode kernel on the decode problem, where measured.
     pub decode: Option<TunedDecode>,
+    /// The matrix-unit fused kernel's median time on the prefill problem at
+    /// `Precision::Fast`, where the adapter has one: calls at `Fast` take it
+    /// only where it is not measured slower than `fused_ms`.
+    pub coop_ms: Option<f64>,
 }
 
 /// The decode kernel that won on the tuner's decode problem.
@@ -197,7 +203,7 @@ impl TuningTable {
         let mut warnings = Vec::new();
         let mut lines = text.lines().enumerate();
         match lines.next() {
-            Some((_, first)) if first.trim_end() == HEADER || first.trim_end() == HEADER_1 => {}
+            Some((_, first)) if [HEADER, HEADER_2, HEADER_1].contains(&first.trim_end()) => {}
             Some((_, first)) => {
                 warnings.push(format!(
                     "not a tuning cache of this format (first line {:?}, expected {HEADER:?}): ignored",
@@ -248,8 +254,11 @@ impl TuningTable {
                     )
                 }
             };
+            let coop = entry
+                .coop_ms
+                .map_or_else(|| "-".to_string(), |ms| format!("{ms:.6}"));
             out.push_str(&format!(
-                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\t{decode}\t{prefetch}\n",
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\t{decode}\t{prefetch}\t{coop}\n",
                 clean(&key.adapter),
                 clean(&key.backend),
                 clean(&key.driver),
@@ -331,9 +340,10 @@ impl TuningTable {
 
 fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String> {
     let fields: Vec<&str> = line.split('\t').collect();
-    // 13 fields in format 1 (no decode or prefetch columns), 18 in format 2.
-    if fields.len() != 13 && fields.len() != 18 {
-        return Err(format!("{} fields, expected 18", fields.len()));
+    // 13 fields in format 1 (no decode or prefetch columns), 18 in format 2
+    // (no matrix-unit column), 19 in format 3.
+    if ![13, 18, 19].contains(&fields.len()) {
+        return Err(format!("{} fields, expected 19", fields.len()));
     }
     let number = |i: usize, what: &str| -> std::result::Result<u32, String> {
         fields[i]
@@ -396,11 +406,16 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
             })
         }
     };
+    let coop_ms = match fields.get(18).map(|f| f.trim()) {
+        None | Some("-") => None,
+        Some(_) => Some(time(18, "coop_ms")?),
+    };
     let entry = TunedEntry {
         kernel,
         fused_ms: time(11, "fused_ms")?,
         unfused_ms: time(12, "unfused_ms")?,
         decode,
+        coop_ms,
     };
     Ok((key, entry))
 }
@@ -441,6 +456,7 @@ mod tests {
                     }),
                     decode_ms: 0.5,
                 }),
+                coop_ms: Some(3.75),
             },
         );
         table.insert(
@@ -450,6 +466,7 @@ mod tests {
                 fused_ms: 3.0,
                 unfused_ms: 2.0,
                 decode: None,
+                coop_ms: None,
             },
         );
         table
@@ -501,6 +518,25 @@ mod tests {
     }
 
     #[test]
+    fn format_2_lines_read_without_a_matrix_unit_time() {
+        let text = sample().to_text();
+        let old: Vec<String> = text
+            .lines()
+            .enumerate()
+            .map(|(i, line)| match i {
+                0 => HEADER_2.to_string(),
+                1 => line.to_string(),
+                _ => line.split('\t').take(18).collect::<Vec<_>>().join("\t"),
+            })
+            .collect();
+        let (table, warnings) = TuningTable::parse(&old.join("\n"));
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(table.len(), 2);
+        assert!(table.entries().all(|(_, e)| e.coop_ms.is_none()));
+        assert!(table.entries().any(|(_, e)| e.decode.is_some()));
+    }
+
+    #[test]
     fn another_format_or_binary_noise_is_ignored_whole() {
         let (table, warnings) = TuningTable::parse("# webattn tuning cache, format 0\n");
         assert!(table.is_empty());
@@ -526,6 +562,7 @@ mod tests {
                     kernel: DecodeKernel::Staged,
                     decode_ms: 2.0,
                 }),
+                coop_ms: None,
             },
         );
         let (back, warnings) = TuningTable::parse(&table.to_text());

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::gpu::ops::decode::{DecodeKernel, DecodePlan, StreamShape};
 use crate::gpu::ops::fused::{FusedKernel, FusedTiles, TiledTiles};
 use crate::problem::AttentionDims;
-use crate::{AttentionInputs, AttentionOptions, Engine, KernelPath};
+use crate::{AttentionInputs, AttentionOptions, Engine, FusedKernelChoice, KernelPath, Precision};
 
 use super::table::{TunedDecode, TunedEntry, TunedKernel, TuningKey};
 
@@ -62,6 +62,16 @@ impl TuningProblem {
         let fit = (binding_bytes / per_head.max(1)) as usize;
         self.decode_heads.min(fit).max(1)
     }
+}
+
+/// The matrix-unit fused kernel a call at `Precision::Fast` with head dims
+/// `dk`, `dv` runs on `engine`'s adapter, where it has matrix units and one
+/// of the kernel's tiles fits; the tuner times it beside the f32 kernels.
+pub fn coop_candidate(engine: &Engine, dk: usize, dv: usize) -> Option<FusedKernel> {
+    let ctx = engine.gpu()?;
+    let shape = crate::gpu::planner::coop_shape(ctx.capabilities())?;
+    crate::gpu::ops::fused::CoopTiles::for_dims(shape, dk, dv, &ctx.capabilities().limits)
+        .map(FusedKernel::Coop)
 }
 
 /// One configuration's time.
@@ -195,7 +205,11 @@ pub async fn tune(
     };
     // Times one configuration: `path` on `engine` (whose tensors are its
     // own) on `inputs`.
-    let time = async |engine: &Engine, inputs: &CaseInputs, path: KernelPath| -> Result<f64> {
+    let time = async |engine: &Engine,
+                      inputs: &CaseInputs,
+                      path: KernelPath,
+                      precision: Precision|
+           -> Result<f64> {
         let (q, k, v) = (
             engine.upload(&inputs.q)?,
             engine.upload(&inputs.k)?,
@@ -204,6 +218,7 @@ pub async fn tune(
         let device_inputs = AttentionInputs::new(&q, &k, &v);
         let options = AttentionOptions {
             path,
+            precision,
             ..Default::default()
         };
         let ctx = engine.gpu().expect("a GPU engine");
@@ -229,9 +244,10 @@ pub async fn tune(
             progress(&format!("head dims {dk}/{dv}: {label}"));
             // An engine of its own on the same device, running only this kernel.
             let pinned = Engine::from_context(ctx.clone().with_pinned_fused_kernel(kernel));
-            let Some(ms) = left_out(time(&pinned, &inputs, KernelPath::Fused).await, |why| {
-                progress(&format!("head dims {dk}/{dv}: {label} left out: {why}"))
-            })?
+            let Some(ms) = left_out(
+                time(&pinned, &inputs, KernelPath::Fused, Precision::Highest).await,
+                |why| progress(&format!("head dims {dk}/{dv}: {label} left out: {why}")),
+            )?
             else {
                 continue;
             };
@@ -246,11 +262,31 @@ pub async fn tune(
             }
         }
         progress(&format!("head dims {dk}/{dv}: unfused"));
-        let unfused = time(engine, &inputs, KernelPath::Unfused).await?;
+        let unfused = time(engine, &inputs, KernelPath::Unfused, Precision::Highest).await?;
         timings.push(Timed {
             label: "unfused".to_string(),
             median_ms: unfused,
         });
+        // The matrix-unit kernel at Precision::Fast, where the adapter has
+        // one: calls at Fast take it only where it is not measured slower
+        // than the f32 winner.
+        let mut coop_ms = None;
+        if let Some(kernel) = coop_candidate(engine, dk, dv) {
+            let label = format!("{} (precision fast)", kernel.label());
+            progress(&format!("head dims {dk}/{dv}: {label}"));
+            let coop =
+                Engine::from_context(ctx.clone().with_fused_kernel(FusedKernelChoice::Coop)?);
+            if let Some(ms) = left_out(
+                time(&coop, &inputs, KernelPath::Fused, Precision::Fast).await,
+                |why| progress(&format!("head dims {dk}/{dv}: {label} left out: {why}")),
+            )? {
+                timings.push(Timed {
+                    label,
+                    median_ms: ms,
+                });
+                coop_ms = Some(ms);
+            }
+        }
         drop(inputs);
         // The decode problem: one query row per head over many keys.
         let decode_heads = problem.decode_heads_within(
@@ -280,7 +316,13 @@ pub async fn tune(
                 progress(&format!("head dims {dk}/{dv}: decode {label}"));
                 let pinned = Engine::from_context(ctx.clone().with_pinned_decode(kernel));
                 let Some(ms) = left_out(
-                    time(&pinned, &decode_inputs, KernelPath::Fused).await,
+                    time(
+                        &pinned,
+                        &decode_inputs,
+                        KernelPath::Fused,
+                        Precision::Highest,
+                    )
+                    .await,
                     |why| {
                         progress(&format!(
                             "head dims {dk}/{dv}: decode {label} left out: {why}"
@@ -312,6 +354,7 @@ pub async fn tune(
             fused_ms,
             unfused_ms: unfused,
             decode,
+            coop_ms,
         };
         ctx.record_tuning(TuningKey::new(ctx.capabilities(), dk, dv), entry);
         reports.push(TuneReport {

@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 
 use webattn::conformance::{run_case, CaseResult, CaseSpec};
 use webattn::gpu::ops::gemm::GemmSpec;
+use webattn::tuning::TuningCache;
 use webattn::{BackendPreference, Engine, EngineOptions, KernelPath};
 
 /// The seed every test draws from, unless `WEBATTN_SEED` says otherwise.
@@ -28,8 +29,11 @@ pub fn gpu() -> Option<&'static Engine> {
     ENGINE
         .get_or_init(|| {
             let _ = env_logger::builder().is_test(true).try_init();
+            // A tuning table of its own: the tests do not depend on what
+            // `webattn tune` left in this machine's cache file.
             let options = EngineOptions {
                 backend: BackendPreference::Gpu,
+                tuning_cache: TuningCache::Memory,
                 ..Default::default()
             };
             match Engine::with_options_blocking(options) {
@@ -58,6 +62,7 @@ pub fn own_gpu() -> Option<Engine> {
     gpu()?;
     let options = EngineOptions {
         backend: BackendPreference::Gpu,
+        tuning_cache: TuningCache::Memory,
         ..Default::default()
     };
     Some(Engine::with_options_blocking(options).expect("a second GPU engine"))

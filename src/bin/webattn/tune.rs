@@ -56,6 +56,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             );
             webattn::tuning::fused_candidates(&engine, dk, dv).map_or(1, |c| c.len())
                 + 1
+                + usize::from(webattn::tuning::coop_candidate(&engine, dk, dv).is_some())
                 + webattn::tuning::decode_candidates(&engine, &decode).map_or(0, |c| c.len())
         })
         .sum();
@@ -103,6 +104,14 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             "  chosen: {} for the fused path; auto takes the {path}",
             entry.kernel.name()
         );
+        if let Some(coop) = entry.coop_ms {
+            let verdict = if coop > entry.fused_ms {
+                "measured slower than the f32 winner: calls at precision fast take the f32 kernel"
+            } else {
+                "calls at precision fast take it"
+            };
+            println!("  matrix units (precision fast): {coop:.3} ms, {verdict}");
+        }
         if !report.decode_timings.is_empty() {
             println!(
                 "  decode (B 1, H {}, one query row, {} keys):",
