@@ -662,3 +662,29 @@ fn fast_calls_leave_a_matrix_unit_kernel_measured_slower() {
         },
     );
 }
+
+/// `MatrixUnits::NagaSpirv` runs the matrix-unit kernels as wgpu translates
+/// their WGSL (no pipeline from the engine's SPIR-V), still right: the
+/// measuring aid that lets a GPU session compare the two forms.
+#[test]
+fn naga_spirv_runs_the_matrix_unit_kernels_as_wgpus_translation() {
+    on_matrix_units(
+        "naga_spirv_runs_the_matrix_unit_kernels_as_wgpus_translation",
+        Size::Native,
+        |_| {
+            let engine = Engine::with_options_blocking(EngineOptions {
+                matrix_units: MatrixUnits::NagaSpirv,
+                tuning_cache: webattn::tuning::TuningCache::Memory,
+                ..Default::default()
+            })
+            .expect("an engine with naga's SPIR-V");
+            gemm_cases_only(&engine);
+            let pipelines = engine.gpu().expect("a GPU engine").pipelines();
+            assert!(pipelines
+                .compiled_keys()
+                .iter()
+                .any(|k| k.kernel.uses_coop()));
+            assert_eq!(pipelines.own_spirv_keys(), Vec::new());
+        },
+    );
+}

@@ -261,6 +261,7 @@ impl GpuContext {
             pipelines: Arc::new(PipelineCache::new(
                 device.clone(),
                 info.backend == wgpu::Backend::Vulkan
+                    && matrix_units != MatrixUnits::NagaSpirv
                     && device.features().contains(
                         wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
                             | wgpu::Features::PASSTHROUGH_SHADERS,

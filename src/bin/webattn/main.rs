@@ -81,8 +81,11 @@ pub struct EngineArgs {
     /// adapter offers them), off (the device is created without wgpu's
     /// experimental cooperative-matrix feature), or emulated16, a testing aid
     /// for Mesa 26's lavapipe (.ci/lavapipe-coop): it lists only 8x8x8 f16
-    /// matrices but runs the 16x16x16 kernels that GPUs get.
-    #[arg(long, value_name = "auto|off|emulated16", default_value = "auto", global = true,
+    /// matrices but runs the 16x16x16 kernels that GPUs get; or naga-spirv, a
+    /// measuring aid: auto, with wgpu's SPIR-V for the matrix-unit kernels on
+    /// Vulkan instead of the engine's (faster loads from workgroup memory,
+    /// without the memory-model operands naga omits).
+    #[arg(long, value_name = "auto|off|emulated16|naga-spirv", default_value = "auto", global = true,
           value_parser = |s: &str| s.parse::<MatrixUnits>())]
     matrix_units: MatrixUnits,
     /// The tuning cache (`webattn tune`'s measured kernel choices) to read and
