@@ -615,7 +615,7 @@ fn emulated_matrix_units_are_refused_where_they_do_not_apply() {
 
 /// A tuning entry that measures the matrix-unit kernel slower than the f32
 /// winner keeps calls at `Fast` on the f32 kernel (an H200 measured
-/// `attention_coop16` 2 to 2.7 times slower than `attention_tiled`); one that
+/// `attention_coop16` 1.9 to 2.6 times slower than `attention_tiled`); one that
 /// measures it faster, or none, leaves them on it; forcing it by name wins.
 #[test]
 fn fast_calls_leave_a_matrix_unit_kernel_measured_slower() {
