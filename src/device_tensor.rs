@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crate::gpu::chunks::Chunked;
 use crate::problem::{MaskRef, TensorRef};
 use crate::tensor::{DType, HostMask, HostTensor};
 
@@ -11,6 +12,8 @@ use crate::tensor::{DType, HostMask, HostTensor};
 pub(crate) enum Storage<H> {
     /// A GPU buffer: f32 values, or f16 values packed two to a word.
     Gpu(Arc<wgpu::Buffer>),
+    /// Several GPU buffers, for a tensor larger than one (`gpu/chunks.rs`).
+    GpuChunks(Arc<Chunked>),
     /// Host values (CPU engine).
     Host(Arc<H>),
 }
@@ -52,14 +55,24 @@ impl Tensor {
 
     /// Whether the values are in GPU memory.
     pub fn is_on_gpu(&self) -> bool {
-        matches!(self.storage, Storage::Gpu(_))
+        matches!(self.storage, Storage::Gpu(_) | Storage::GpuChunks(_))
     }
 
-    /// The GPU buffer, on a GPU engine.
+    /// How many device buffers hold the values: 1 on the GPU, more for a
+    /// tensor larger than one buffer (`max_buffer_size`), 0 on a CPU engine.
+    pub fn device_buffers(&self) -> usize {
+        match &self.storage {
+            Storage::Gpu(_) => 1,
+            Storage::GpuChunks(c) => c.buffers().len(),
+            Storage::Host(_) => 0,
+        }
+    }
+
+    /// The GPU buffer, on a GPU engine, when one buffer holds the tensor.
     pub(crate) fn gpu_buffer(&self) -> Option<&wgpu::Buffer> {
         match &self.storage {
             Storage::Gpu(b) => Some(b),
-            Storage::Host(_) => None,
+            Storage::GpuChunks(_) | Storage::Host(_) => None,
         }
     }
 
@@ -67,6 +80,7 @@ impl Tensor {
     pub fn device_bytes(&self) -> u64 {
         match &self.storage {
             Storage::Gpu(b) => b.size(),
+            Storage::GpuChunks(c) => c.bytes(),
             Storage::Host(_) => 0,
         }
     }
@@ -93,7 +107,7 @@ impl Mask {
 
     /// Whether the values are in GPU memory.
     pub fn is_on_gpu(&self) -> bool {
-        matches!(self.storage, Storage::Gpu(_))
+        matches!(self.storage, Storage::Gpu(_) | Storage::GpuChunks(_))
     }
 }
 

@@ -11,11 +11,11 @@ use crate::devices::{DeviceRecipe, GpuDevices};
 use crate::error::{Error, Result};
 use crate::gpu::buffer;
 use crate::gpu::capabilities::Capabilities;
+use crate::gpu::chunks::{self, Held};
 use crate::gpu::context::{GpuContext, PowerPreference};
 use crate::gpu::half;
 use crate::gpu::ops::fused::FusedTiles;
 use crate::gpu::ops::softmax::MASKED;
-use crate::gpu::recorder::Seg;
 use crate::gpu::split::{self, Route};
 use crate::limits::DeviceLimits;
 use crate::options::{AttentionOptions, KernelPath};
@@ -491,7 +491,12 @@ impl Engine {
         #[cfg(target_arch = "wasm32")]
         return Ok(self.host_or_gpu(
             tensor,
-            self.upload_unchecked("tensor", tensor.data(), tensor.dtype())?,
+            self.upload_unchecked(
+                "tensor",
+                tensor.data(),
+                tensor.dtype(),
+                Some(tensor.shape()),
+            )?,
         ));
     }
 
@@ -517,40 +522,49 @@ impl Engine {
             return Ok(self.wrap_host(tensor));
         };
         let (ctx, generation) = gpu.latest();
-        // Bytes of the pattern and of the tensor (f16 packed two to a word).
         let f16 = pattern.dtype() == DType::F16;
-        let bytes_of = |values: usize| match f16 {
-            true => values.div_ceil(2) as u64 * 4,
-            false => values as u64 * 4,
-        };
-        let (period_bytes, total_bytes) = (bytes_of(period), bytes_of(len));
-        let buffer = ctx
+        let chunk_len = chunks::chunk_len(shape, pattern.dtype(), ctx.caps.limits.max_buffer_size)?;
+        let storage = ctx
             .scoped("uploading a repeated tensor", || {
                 let source =
                     buffer::upload_values(ctx, "pattern", pattern.data(), pattern.dtype())?;
-                let target = match f16 {
-                    true => buffer::f16_tensor_storage(ctx, "repeated tensor", len)?,
-                    false => buffer::tensor_storage(ctx, "repeated tensor", len)?,
+                let storage = match chunk_len {
+                    Some(n) => Storage::GpuChunks(Arc::new(chunks::storage(
+                        ctx,
+                        "repeated tensor",
+                        len,
+                        pattern.dtype(),
+                        n,
+                    )?)),
+                    None => Storage::Gpu(Arc::new(match f16 {
+                        true => buffer::f16_tensor_storage(ctx, "repeated tensor", len)?,
+                        false => buffer::tensor_storage(ctx, "repeated tensor", len)?,
+                    })),
+                };
+                let targets: Vec<(&wgpu::Buffer, usize)> = match &storage {
+                    Storage::Gpu(b) => vec![(&**b, 0)],
+                    Storage::GpuChunks(c) => c
+                        .buffers()
+                        .iter()
+                        .enumerate()
+                        .map(|(i, b)| (b, i * c.chunk_len()))
+                        .collect(),
+                    Storage::Host(_) => Vec::new(),
                 };
                 let mut encoder =
                     ctx.device
                         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                             label: Some("repeat a pattern"),
                         });
-                let mut at = 0;
-                while at < total_bytes {
-                    let size = period_bytes.min(total_bytes - at);
-                    encoder.copy_buffer_to_buffer(&source, 0, &target, at, size);
-                    at += size;
-                }
+                chunks::fill_repeated(&mut encoder, &source, period, pattern.dtype(), &targets);
                 ctx.queue.submit([encoder.finish()]);
-                Ok(target)
+                Ok(storage)
             })
             .await?;
         Ok(Tensor {
             shape: shape.to_vec(),
             dtype: pattern.dtype(),
-            storage: Storage::Gpu(Arc::new(buffer)),
+            storage,
             engine_id: self.id,
             generation,
         })
@@ -565,16 +579,20 @@ impl Engine {
     async fn upload_named(&self, name: &'static str, tensor: &HostTensor) -> Result<Tensor> {
         Ok(self.host_or_gpu(
             tensor,
-            self.upload_scoped(name, tensor.data(), tensor.dtype())
+            self.upload_scoped(name, tensor.data(), tensor.dtype(), Some(tensor.shape()))
                 .await?,
         ))
     }
 
     /// A tensor of this engine: the uploaded buffer on a GPU engine, the host
     /// values (shared, not copied to a device) on a CPU engine.
-    fn host_or_gpu(&self, tensor: &HostTensor, uploaded: Option<(wgpu::Buffer, u64)>) -> Tensor {
+    fn host_or_gpu(
+        &self,
+        tensor: &HostTensor,
+        uploaded: Option<(Storage<HostTensor>, u64)>,
+    ) -> Tensor {
         let (storage, generation) = match uploaded {
-            Some((buffer, generation)) => (Storage::Gpu(Arc::new(buffer)), generation),
+            Some(uploaded) => uploaded,
             None => (Storage::Host(Arc::new(tensor.clone())), 0),
         };
         Tensor {
@@ -586,41 +604,45 @@ impl Engine {
         }
     }
 
-    /// Uploads `data` as `dtype` inside error scopes on a GPU engine: the
-    /// buffer and the device generation it lives on, or `None` on a CPU engine.
-    async fn upload_scoped(
+    /// Uploads `data` as `dtype` inside error scopes on a GPU engine: its
+    /// storage and the device generation it lives on, or `None` on a CPU
+    /// engine. A tensor of `shape` larger than one buffer is held in several
+    /// (`gpu/chunks.rs`); without a shape (a mask) it must fit one.
+    async fn upload_scoped<H>(
         &self,
         name: &'static str,
         data: &[f32],
         dtype: DType,
-    ) -> Result<Option<(wgpu::Buffer, u64)>> {
+        shape: Option<&[usize]>,
+    ) -> Result<Option<(Storage<H>, u64)>> {
         let Backend::Gpu(gpu) = &self.backend else {
             return Ok(None);
         };
         let (ctx, generation) = gpu.latest();
-        let buffer = ctx
+        let storage = ctx
             .scoped(&format!("uploading {name}"), || {
-                buffer::upload_values(ctx, name, data, dtype)
+                upload_storage(ctx, name, data, dtype, shape)
             })
             .await?;
-        Ok(Some((buffer, generation)))
+        Ok(Some((storage, generation)))
     }
 
     /// [`Engine::upload_scoped`] without the scopes, for the browser's synchronous calls.
     #[cfg(target_arch = "wasm32")]
-    fn upload_unchecked(
+    fn upload_unchecked<H>(
         &self,
         name: &'static str,
         data: &[f32],
         dtype: DType,
-    ) -> Result<Option<(wgpu::Buffer, u64)>> {
+        shape: Option<&[usize]>,
+    ) -> Result<Option<(Storage<H>, u64)>> {
         let Backend::Gpu(gpu) = &self.backend else {
             return Ok(None);
         };
         let (ctx, generation) = gpu.latest();
         ctx.check_alive()?;
         Ok(Some((
-            buffer::upload_values(ctx, name, data, dtype)?,
+            upload_storage(ctx, name, data, dtype, shape)?,
             generation,
         )))
     }
@@ -634,7 +656,7 @@ impl Engine {
         {
             let uploaded = match self.backend {
                 Backend::Gpu(_) => {
-                    self.upload_unchecked("attn_mask", &mask_bias(mask), DType::F32)?
+                    self.upload_unchecked("attn_mask", &mask_bias(mask), DType::F32, None)?
                 }
                 Backend::Cpu => None,
             };
@@ -647,7 +669,7 @@ impl Engine {
     pub async fn upload_mask_async(&self, mask: &HostMask) -> Result<Mask> {
         let uploaded = match self.backend {
             Backend::Gpu(_) => {
-                self.upload_scoped("attn_mask", &mask_bias(mask), DType::F32)
+                self.upload_scoped("attn_mask", &mask_bias(mask), DType::F32, None)
                     .await?
             }
             Backend::Cpu => None,
@@ -655,9 +677,13 @@ impl Engine {
         Ok(self.mask_host_or_gpu(mask, uploaded))
     }
 
-    fn mask_host_or_gpu(&self, mask: &HostMask, uploaded: Option<(wgpu::Buffer, u64)>) -> Mask {
+    fn mask_host_or_gpu(
+        &self,
+        mask: &HostMask,
+        uploaded: Option<(Storage<HostMask>, u64)>,
+    ) -> Mask {
         let (storage, generation) = match uploaded {
-            Some((buffer, generation)) => (Storage::Gpu(Arc::new(buffer)), generation),
+            Some(uploaded) => uploaded,
             None => (Storage::Host(Arc::new(mask.clone())), 0),
         };
         Mask {
@@ -680,8 +706,14 @@ impl Engine {
                 };
                 Ok(HostTensor::new(tensor.shape.clone(), data)?.into_dtype(tensor.dtype))
             }
+            (Backend::Gpu(gpu), Storage::GpuChunks(c)) => {
+                let data = chunks::read(gpu.current(), c, tensor.dtype).await?;
+                Ok(HostTensor::new(tensor.shape.clone(), data)?.into_dtype(tensor.dtype))
+            }
             (_, Storage::Host(host)) => Ok((**host).clone()),
-            (Backend::Cpu, Storage::Gpu(_)) => Err(Error::ForeignTensor { tensor: "tensor" }),
+            (Backend::Cpu, Storage::Gpu(_) | Storage::GpuChunks(_)) => {
+                Err(Error::ForeignTensor { tensor: "tensor" })
+            }
         }
     }
 
@@ -713,7 +745,7 @@ impl Engine {
     async fn to_host(&self, t: &Tensor) -> Result<Arc<HostTensor>> {
         match &t.storage {
             Storage::Host(h) => Ok(h.clone()),
-            Storage::Gpu(_) => Ok(Arc::new(self.download(t).await?)),
+            Storage::Gpu(_) | Storage::GpuChunks(_) => Ok(Arc::new(self.download(t).await?)),
         }
     }
 
@@ -733,9 +765,11 @@ impl Engine {
                 let data = buffer::read_f32(gpu.current(), buf, 0, len).await?;
                 HostMask::float(mask.shape.clone(), data)
             }
-            (Backend::Cpu, Storage::Gpu(_)) => Err(Error::ForeignTensor {
-                tensor: "attn_mask",
-            }),
+            (Backend::Cpu, Storage::Gpu(_)) | (_, Storage::GpuChunks(_)) => {
+                Err(Error::ForeignTensor {
+                    tensor: "attn_mask",
+                })
+            }
         }
     }
 
@@ -779,13 +813,14 @@ impl Engine {
         match (&self.backend, choice.path) {
             (Backend::Gpu(gpu), KernelPath::Fused | KernelPath::Unfused) => {
                 let (ctx, generation) = gpu.latest();
-                let buf = |t: &Tensor| match &t.storage {
-                    Storage::Gpu(b) => Ok(b.clone()),
+                let held = |t: &Tensor| match &t.storage {
+                    Storage::Gpu(b) => Ok(Held::One(b.clone())),
+                    Storage::GpuChunks(c) => Ok(Held::Many(c.clone())),
                     Storage::Host(_) => Err(Error::ForeignTensor { tensor: "tensor" }),
                 };
                 let mask = match inputs.attn_mask.map(|m| &m.storage) {
                     Some(Storage::Gpu(b)) => Some(b.clone()),
-                    Some(Storage::Host(_)) => {
+                    Some(Storage::Host(_) | Storage::GpuChunks(_)) => {
                         return Err(Error::ForeignTensor {
                             tensor: "attn_mask",
                         })
@@ -801,19 +836,37 @@ impl Engine {
                 };
                 // f16 keys and values stay f16 where the decode kernel reads
                 // them; everything else reads f32 (see gpu/half.rs).
+                let chunk_len = |t: &Tensor| match &t.storage {
+                    Storage::GpuChunks(c) => Some(c.chunk_len()),
+                    _ => None,
+                };
                 let kv_f16 = inputs.k.dtype == DType::F16
                     && inputs.v.dtype == DType::F16
-                    && half::decode_reads_f16(ctx, &dims, options, route);
-                let f32_buf = |t: &Tensor, keep_f16: bool| {
-                    let (b, widen) = (buf(t), t.dtype == DType::F16 && !keep_f16);
+                    && half::decode_reads_f16(
+                        ctx,
+                        &dims,
+                        options,
+                        route,
+                        [chunk_len(inputs.k), chunk_len(inputs.v)],
+                    );
+                let f32_held = |t: &Tensor, keep_f16: bool| {
+                    let (h, widen) = (held(t), t.dtype == DType::F16 && !keep_f16);
                     let len = t.len();
                     async move {
-                        let b = b?;
-                        if widen {
-                            Ok::<_, Error>(Arc::new(half::widen(ctx, &b, len).await?))
-                        } else {
-                            Ok(b)
+                        let h = h?;
+                        if !widen {
+                            return Ok::<_, Error>(h);
                         }
+                        Ok(match &h {
+                            Held::One(b) => Held::One(Arc::new(half::widen(ctx, b, len).await?)),
+                            Held::Many(c) => {
+                                let mut widened = Vec::with_capacity(c.buffers().len());
+                                for (i, b) in c.buffers().iter().enumerate() {
+                                    widened.push(half::widen(ctx, b, c.values_in(i)).await?);
+                                }
+                                Held::Many(Arc::new(chunks::with_buffers(c, widened)))
+                            }
+                        })
                     }
                 };
                 let widened_bytes = [Some(inputs.q), Some(inputs.k), Some(inputs.v)]
@@ -824,21 +877,36 @@ impl Engine {
                     .filter(|t| !kv_f16 || std::ptr::eq(*t, inputs.q))
                     .map(|t| t.len() as u64 * 4)
                     .sum::<u64>();
-                let q = f32_buf(inputs.q, false).await?;
-                let k = f32_buf(inputs.k, kv_f16).await?;
-                let v = f32_buf(inputs.v, kv_f16).await?;
-                let past_key = match inputs.past_key {
-                    Some(t) => Some(f32_buf(t, false).await?),
-                    None => None,
-                };
-                let past_value = match inputs.past_value {
-                    Some(t) => Some(f32_buf(t, false).await?),
-                    None => None,
-                };
+                let q = f32_held(inputs.q, false).await?;
+                let k = f32_held(inputs.k, kv_f16).await?;
+                let v = f32_held(inputs.v, kv_f16).await?;
+                // A past is concatenated in front of K and V into one buffer:
+                // it fits one only when the present does.
+                let mut past = Vec::new();
+                for (name, t) in [
+                    ("past_key", inputs.past_key),
+                    ("past_value", inputs.past_value),
+                ] {
+                    past.push(match t {
+                        Some(t) => match f32_held(t, false).await? {
+                            Held::One(b) => Some(b),
+                            Held::Many(c) => {
+                                return Err(Error::buffer_limit(
+                                    name,
+                                    c.bytes(),
+                                    ctx.caps.limits.max_buffer_size,
+                                    "max_buffer_size",
+                                ))
+                            }
+                        },
+                        None => None,
+                    });
+                }
+                let (past_key, past_value) = (past[0].clone(), past[1].clone());
                 let gpu_inputs = crate::gpu::kv::GpuInputs {
-                    q: Seg::whole(&q),
-                    k: Seg::whole(&k),
-                    v: Seg::whole(&v),
+                    q: q.source(),
+                    k: k.source(),
+                    v: v.source(),
                     mask: mask.as_deref(),
                     past_key: past_key.as_deref(),
                     past_value: past_value.as_deref(),
@@ -1042,6 +1110,25 @@ fn typed_host_outputs(
 /// A mask as the GPU kernels read it: an additive bias, masked entries (bool
 /// `false`, `-inf` and anything at or below `-f32::MAX`) as the MASKED marker.
 /// Any other value, NaN included, is added to the score as it is.
+/// `data` uploaded as `dtype`: one buffer, or several where a tensor of
+/// `shape` is larger than one buffer (a mask, without a shape, must fit one).
+fn upload_storage<H>(
+    ctx: &GpuContext,
+    name: &'static str,
+    data: &[f32],
+    dtype: DType,
+    shape: Option<&[usize]>,
+) -> Result<Storage<H>> {
+    let chunk_len = match shape {
+        Some(shape) => chunks::chunk_len(shape, dtype, ctx.caps.limits.max_buffer_size)?,
+        None => None,
+    };
+    Ok(match chunk_len {
+        Some(n) => Storage::GpuChunks(Arc::new(chunks::upload(ctx, name, data, dtype, n)?)),
+        None => Storage::Gpu(Arc::new(buffer::upload_values(ctx, name, data, dtype)?)),
+    })
+}
+
 fn mask_bias(mask: &HostMask) -> Vec<f32> {
     mask.to_additive()
         .into_iter()

@@ -385,13 +385,23 @@ async fn append_rows(
     let keep = |s: [usize; 4]| box_runs(s, [0; 4], shape, [0; 4], s);
     match engine.gpu() {
         Some(ctx) => {
-            let new_buffer = new
-                .gpu_buffer()
-                .ok_or(Error::ForeignTensor { tensor: "key" })?;
+            let new_buffer: &wgpu::Buffer = match &new.storage {
+                Storage::Gpu(b) => b,
+                // A cache lives in one buffer: what is appended fits one too.
+                Storage::GpuChunks(c) => {
+                    return Err(Error::buffer_limit(
+                        "a tensor appended to the KV cache",
+                        c.bytes(),
+                        ctx.caps.limits.max_buffer_size,
+                        "max_buffer_size",
+                    ))
+                }
+                Storage::Host(_) => return Err(Error::ForeignTensor { tensor: "key" }),
+            };
             let old_buffer = match &old {
                 Some(t) => match &t.storage {
                     Storage::Gpu(b) => Some(b.clone()),
-                    Storage::Host(_) => {
+                    Storage::GpuChunks(_) | Storage::Host(_) => {
                         return Err(Error::ForeignTensor {
                             tensor: "the KV cache",
                         })
@@ -437,7 +447,9 @@ async fn append_rows(
         None => {
             let src = match &new.storage {
                 Storage::Host(h) => h.data(),
-                Storage::Gpu(_) => return Err(Error::ForeignTensor { tensor: "key" }),
+                Storage::Gpu(_) | Storage::GpuChunks(_) => {
+                    return Err(Error::ForeignTensor { tensor: "key" })
+                }
             };
             match old {
                 // In place: copy-on-write when a clone of the cache shares the values.
@@ -506,7 +518,7 @@ async fn copy_rows(engine: &Engine, t: &Tensor, rows: usize) -> Result<Tensor> {
             }
             Ok(engine.wrap_host(HostTensor::new(out.to_vec(), data)?.into_dtype(t.dtype())))
         }
-        (None, Storage::Gpu(_)) => Err(Error::ForeignTensor {
+        (None, Storage::Gpu(_)) | (_, Storage::GpuChunks(_)) => Err(Error::ForeignTensor {
             tensor: "the KV cache",
         }),
     }

@@ -272,9 +272,12 @@ fn small_engine() -> Option<Engine> {
 #[test]
 fn buffers_beyond_the_binding_limit_are_typed_errors() {
     let Some(engine) = small_engine() else { return };
-    // Q alone is 2 MiB: the upload is refused, naming the limit.
+    // Q alone is 2 MiB: held in two buffers (tests/chunks.rs), but a mask
+    // of that size must fit one: refused, naming the limit.
     let big = t(&[1, 1, 1024, 512]);
-    let err = engine.upload(&big).unwrap_err();
+    assert_eq!(engine.upload(&big).unwrap().device_buffers(), 2);
+    let mask = webattn::HostMask::float(vec![1, 1, 1024, 512], vec![0.0; 1024 * 512]).unwrap();
+    let err = engine.upload_mask(&mask).unwrap_err();
     assert!(
         matches!(&err, Error::Limit { limit_name: "max_storage_buffer_binding_size" | "max_buffer_size", needed, .. } if *needed == 2 << 20),
         "{err}"

@@ -74,10 +74,10 @@ pub(crate) async fn run(
         let present = kv::record_present(&mut rec, dims, inputs, options.return_present)?;
         let (keys, values) = match &present {
             Some((k, v)) => (Seg::whole(k), Seg::whole(v)),
-            None => (inputs.k, inputs.v),
+            None => (inputs.k.seg()?, inputs.v.seg()?),
         };
         let buffers = AttentionBuffers {
-            q: inputs.q,
+            q: inputs.q.seg()?,
             k: keys,
             v: values,
             mask: inputs.mask.unwrap_or(&placeholder),

@@ -21,12 +21,15 @@ use crate::problem::AttentionDims;
 /// decode kernel on the fused route, on an adapter with `unpack2x16float`
 /// (see [`super::capabilities::Capabilities::unpack_f16`]), for a call that
 /// runs whole or in pieces of whole key rows bound as views, with no past to
-/// concatenate, no presents to copy and no scores to recompute.
+/// concatenate, no presents to copy and no scores to recompute. `kv_chunks`:
+/// values per buffer of K and V where they are held in several
+/// (`gpu/chunks.rs`); each piece's view must then lie in one.
 pub(crate) fn decode_reads_f16(
     ctx: &GpuContext,
     dims: &AttentionDims,
     options: &AttentionOptions,
     route: Route,
+    kv_chunks: [Option<usize>; 2],
 ) -> bool {
     matches!(route, Route::Fused)
         && ctx.caps.unpack_f16
@@ -34,7 +37,7 @@ pub(crate) fn decode_reads_f16(
         && !dims.has_past
         && !options.return_present
         && options.qk_matmul_output_mode.is_none()
-        && split::f16_in_place(ctx, dims, options, route)
+        && split::f16_in_place(ctx, dims, options, route, kv_chunks)
 }
 
 /// An f32 copy of the `len` f16 values in `src`.

@@ -3,19 +3,21 @@
 //! the caller asks for `present_key/value`), and `nonpad_kv_seqlen` on the device.
 
 use super::buffer;
+use super::chunks::Source;
 use super::context::GpuContext;
 use super::ops::concat;
-use super::recorder::{Recorder, Seg};
+use super::recorder::Recorder;
 use crate::error::{Error, Result};
 use crate::problem::AttentionDims;
 
 /// The device buffers of one call's inputs. Q, K and V are whole buffers,
-/// or (a piece of a call cut by `gpu/split.rs`, on the fused route only)
-/// views of the call's.
+/// several buffers (a tensor larger than one, which `gpu/split.rs` cuts
+/// into pieces), or (a piece of a call, on the fused route only) views of
+/// the call's.
 pub(crate) struct GpuInputs<'a> {
-    pub q: Seg<'a>,
-    pub k: Seg<'a>,
-    pub v: Seg<'a>,
+    pub q: Source<'a>,
+    pub k: Source<'a>,
+    pub v: Source<'a>,
     pub mask: Option<&'a wgpu::Buffer>,
     pub past_key: Option<&'a wgpu::Buffer>,
     pub past_value: Option<&'a wgpu::Buffer>,
@@ -45,12 +47,16 @@ impl<'a> GpuInputs<'a> {
     pub(crate) fn whole_qkv(
         &self,
     ) -> Result<(&'a wgpu::Buffer, &'a wgpu::Buffer, &'a wgpu::Buffer)> {
-        if !(self.q.is_whole() && self.k.is_whole() && self.v.is_whole()) {
-            return Err(Error::Conflict(
+        match (
+            self.q.whole_buffer(),
+            self.k.whole_buffer(),
+            self.v.whole_buffer(),
+        ) {
+            (Some(q), Some(k), Some(v)) => Ok((q, k, v)),
+            _ => Err(Error::Conflict(
                 "views of a call's tensors go to the fused kernels only",
-            ));
+            )),
         }
-        Ok((self.q.buffer, self.k.buffer, self.v.buffer))
     }
 }
 

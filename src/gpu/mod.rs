@@ -4,6 +4,7 @@
 pub mod buffer;
 pub mod capabilities;
 pub mod choice;
+pub(crate) mod chunks;
 pub mod context;
 pub(crate) mod fused;
 pub(crate) mod half;

@@ -20,6 +20,7 @@
 
 use super::buffer;
 use super::capabilities::Capabilities;
+use super::chunks::{copy_box_from, Source};
 use super::context::GpuContext;
 use super::fused;
 use super::kv::{self, GpuInputs, GpuOutputs};
@@ -48,7 +49,7 @@ pub(crate) async fn run(
     options: &AttentionOptions,
     route: Route,
 ) -> Result<GpuOutputs> {
-    if runs_whole(ctx, dims, options, route) {
+    if inputs_in_one_buffer(inputs) && runs_whole(ctx, dims, options, route) {
         return match route {
             Route::Fused => fused::run(ctx, dims, inputs, options).await,
             Route::Unfused { score_budget } => {
@@ -58,7 +59,8 @@ pub(crate) async fn run(
     }
     let limit = ctx.caps.limits.max_bindable_bytes();
     let cut = Cut::plan(&ctx.caps, dims, options, route, limit)?;
-    if inputs.kv_f16 && !f16_views_fit(dims, &cut) {
+    let kv_chunks = [inputs.k.chunk_len(), inputs.v.chunk_len()];
+    if inputs.kv_f16 && !f16_views_fit(dims, &cut, kv_chunks) {
         return Err(Error::Conflict(
             "f16 keys and values are read in place only by whole calls and aligned pieces",
         ));
@@ -66,27 +68,38 @@ pub(crate) async fn run(
     run_pieces(ctx, dims, inputs, options, route, cut).await
 }
 
+/// Whether Q, K and V are each in one buffer (not in chunks).
+fn inputs_in_one_buffer(inputs: &GpuInputs<'_>) -> bool {
+    [inputs.q, inputs.k, inputs.v]
+        .iter()
+        .all(|s| s.chunk_len().is_none())
+}
+
 /// Whether a call with f16 keys and values on `route` can read them in
 /// place: whole, or in pieces that keep every key (the decode kernel's) and
-/// whose slices of K and V are aligned views (f16 slices are never copied).
+/// whose slices of K and V are aligned views (f16 slices are never copied),
+/// inside one buffer each where K and V are held in chunks of `kv_chunks`
+/// values.
 pub(crate) fn f16_in_place(
     ctx: &GpuContext,
     dims: &AttentionDims,
     options: &AttentionOptions,
     route: Route,
+    kv_chunks: [Option<usize>; 2],
 ) -> bool {
-    if runs_whole(ctx, dims, options, route) {
+    if kv_chunks == [None, None] && runs_whole(ctx, dims, options, route) {
         return true;
     }
     let limit = ctx.caps.limits.max_bindable_bytes();
     matches!(route, Route::Fused)
         && Cut::plan(&ctx.caps, dims, options, route, limit)
-            .is_ok_and(|cut| f16_views_fit(dims, &cut))
+            .is_ok_and(|cut| f16_views_fit(dims, &cut, kv_chunks))
 }
 
 /// Whether every piece of `cut` keeps all keys, runs the decode kernel, and
-/// binds its f16 K and V slices as aligned views of whole vec4s.
-fn f16_views_fit(dims: &AttentionDims, cut: &Cut) -> bool {
+/// binds its f16 K and V slices as aligned views of whole vec4s, each inside
+/// one chunk where K or V is held in chunks of that many values.
+fn f16_views_fit(dims: &AttentionDims, cut: &Cut, kv_chunks: [Option<usize>; 2]) -> bool {
     let t = dims.total_len();
     if cut.keys < t || !DecodePlan::applies(&cut.piece_dims(dims)) {
         return false;
@@ -103,7 +116,12 @@ fn f16_views_fit(dims: &AttentionDims, cut: &Cut) -> bool {
                     key: 0,
                 },
             );
-            [dims.head_dim, dims.v_head_dim].iter().all(|&d| {
+            [
+                (dims.head_dim, kv_chunks[0]),
+                (dims.v_head_dim, kv_chunks[1]),
+            ]
+            .iter()
+            .all(|&(d, chunk)| {
                 let full = [dims.batch, dims.kv_heads, t, d];
                 contiguous_run(
                     full,
@@ -111,7 +129,12 @@ fn f16_views_fit(dims: &AttentionDims, cut: &Cut) -> bool {
                     [extent.batches, extent.kv_heads, t, d],
                 )
                 .is_some_and(|(offset, len)| {
-                    (offset * 2) as u64 % SEGMENT_ALIGNMENT == 0 && (len * 2) % 16 == 0
+                    let local = match chunk {
+                        Some(n) if offset / n != (offset + len - 1) / n => return false,
+                        Some(n) => offset % n,
+                        None => offset,
+                    };
+                    (local * 2) as u64 % SEGMENT_ALIGNMENT == 0 && (len * 2) % 16 == 0
                 })
             })
         })
@@ -475,7 +498,7 @@ fn contiguous_run(
 fn part<'a>(
     rec: &mut Recorder<'_>,
     name: &str,
-    src: &'a wgpu::Buffer,
+    src: Source<'a>,
     full: [usize; 4],
     start: [usize; 4],
     extent: [usize; 4],
@@ -484,14 +507,12 @@ fn part<'a>(
 ) -> Result<Part<'a>> {
     let width = if f16 { 2 } else { 4 };
     if in_place || f16 {
-        if let Some((offset, len)) = contiguous_run(full, start, extent) {
-            let (offset, size) = ((offset * width) as u64, (len * width) as u64);
-            if offset % SEGMENT_ALIGNMENT == 0 && size % 16 == 0 && size > 0 {
-                return Ok(Part::View(Seg {
-                    buffer: src,
-                    offset,
-                    size: Some(size),
-                }));
+        let view = contiguous_run(full, start, extent)
+            .and_then(|(offset, len)| src.run(offset, len, width));
+        if let Some(seg) = view {
+            let size = seg.size.unwrap_or(0);
+            if seg.offset % SEGMENT_ALIGNMENT == 0 && size % 16 == 0 && size > 0 {
+                return Ok(Part::View(seg));
             }
         }
     }
@@ -501,15 +522,15 @@ fn part<'a>(
         ));
     }
     let dst = buffer::storage(rec.ctx(), name, extent.iter().product())?;
-    copy_box(rec, src, full, start, &dst, extent, [0; 4], extent);
+    copy_box_from(rec, src, full, start, &dst, extent, [0; 4], extent);
     Ok(Part::Copied(dst))
 }
 
 /// The call's keys and values as one `[B, Hkv, T, D]` tensor each (the
 /// present buffers when there is a past or they were asked for).
 struct Keys<'a> {
-    k: &'a wgpu::Buffer,
-    v: &'a wgpu::Buffer,
+    k: Source<'a>,
+    v: Source<'a>,
 }
 
 async fn run_pieces(
@@ -544,7 +565,7 @@ async fn run_pieces(
         }
     };
     let want_present = dims.has_past && dims.past_len > 0 || options.return_present;
-    let (_, call_k, call_v) = inputs.whole_qkv()?;
+    let (call_k, call_v) = (inputs.k, inputs.v);
     let mut allocated = check("Y", &[rows, dv])? + check("lse", &[rows])?;
     if options.qk_matmul_output_mode.is_some() {
         allocated += check("qk_matmul_output", &[rows, t])?;
@@ -598,7 +619,7 @@ async fn run_pieces(
                         );
                     }
                     let new_shape = [b, hkv, dims.kv_len, d];
-                    copy_box(
+                    copy_box_from(
                         &mut rec,
                         new,
                         new_shape,
@@ -618,7 +639,10 @@ async fn run_pieces(
         })
         .await?;
     let keys = match &present {
-        Some((k, v)) => Keys { k, v },
+        Some((k, v)) => Keys {
+            k: Source::whole(k),
+            v: Source::whole(v),
+        },
         None => Keys {
             k: call_k,
             v: call_v,
@@ -685,11 +709,10 @@ fn gather<'a>(
     let mut piece = extent.piece_dims(dims);
     let (nb, ng, nq, nk) = (extent.batches, extent.kv_heads, extent.queries, extent.keys);
     let q_head = at.kv_head * g;
-    let (q_buffer, _, _) = inputs.whole_qkv()?;
     let q = part(
         rec,
         "Q (piece)",
-        q_buffer,
+        inputs.q,
         [dims.batch, dims.q_heads, dims.q_len, dims.head_dim],
         [at.batch, q_head, at.query, 0],
         [nb, ng * g, nq, dims.head_dim],
@@ -903,9 +926,9 @@ async fn run_piece(
     if extent.keys == t {
         let piece = gather_scoped(ctx, dims, inputs, keys, &extent, at, in_place).await?;
         let piece_inputs = GpuInputs {
-            q: piece.q.seg(),
-            k: piece.k.seg(),
-            v: piece.v.seg(),
+            q: Source::One(piece.q.seg()),
+            k: Source::One(piece.k.seg()),
+            v: Source::One(piece.v.seg()),
             mask: piece.mask.as_ref(),
             past_key: None,
             past_value: None,

@@ -1,0 +1,363 @@
+//! Tensors larger than one buffer, held as several.
+//!
+//! A device caps a buffer at `max_buffer_size` (4 GiB on the NVIDIA drivers
+//! measured, 256 MiB by WebGPU's default), and K and V of a long decode are
+//! larger: 8 batches x 32 heads x 64k keys x 128 f32 values is 8.6 GB each. Such a
+//! tensor is held as a [`Chunked`]: consecutive runs of its row-major
+//! elements, each in its own buffer. A chunk holds a power of two of whole
+//! heads (the last two axes) where a head fits in a buffer, so the pieces
+//! `gpu/split.rs` cuts by batches and heads lie inside one chunk and are read
+//! in place; a piece that straddles two chunks is copied out of both. Chunks
+//! are sized for f32 values even when they hold f16, so that widening one
+//! gives a chunk that fits too.
+
+use super::buffer;
+use super::context::GpuContext;
+use super::recorder::{box_runs, Recorder, Seg};
+use crate::error::{Error, Result};
+use crate::tensor::DType;
+
+/// A tensor's values in several buffers: consecutive runs of its row-major
+/// elements, `chunk_len` in each buffer but the last.
+#[derive(Debug)]
+pub(crate) struct Chunked {
+    buffers: Vec<wgpu::Buffer>,
+    chunk_len: usize,
+    len: usize,
+}
+
+impl Chunked {
+    /// The buffers, in order.
+    pub(crate) fn buffers(&self) -> &[wgpu::Buffer] {
+        &self.buffers
+    }
+
+    /// Values in each buffer but the last.
+    pub(crate) fn chunk_len(&self) -> usize {
+        self.chunk_len
+    }
+
+    /// Values in chunk `i`.
+    pub(crate) fn values_in(&self, i: usize) -> usize {
+        (self.len - i * self.chunk_len).min(self.chunk_len)
+    }
+
+    /// Bytes of device memory the chunks take.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.buffers.iter().map(wgpu::Buffer::size).sum()
+    }
+
+    /// Chunk `i`'s range of elements.
+    fn range(&self, i: usize) -> std::ops::Range<usize> {
+        let start = i * self.chunk_len;
+        start..start + self.values_in(i)
+    }
+}
+
+/// The values per chunk of a tensor of `shape` and `dtype` where one buffer of
+/// `max_buffer_size` bytes cannot hold it, else `None`: a power of two of
+/// whole heads (`shape`'s last two axes), or of whole rows (its last axis)
+/// where a head is larger than a buffer, in multiples of 8 values.
+pub(crate) fn chunk_len(
+    shape: &[usize],
+    dtype: DType,
+    max_buffer_size: u64,
+) -> Result<Option<usize>> {
+    let len: usize = shape.iter().product();
+    let stored = match dtype {
+        DType::F16 => len.div_ceil(2) as u64 * 4,
+        _ => len as u64 * 4,
+    };
+    if stored.div_ceil(16) * 16 <= max_buffer_size {
+        return Ok(None);
+    }
+    // f32 values per buffer, so that a widened chunk fits one too.
+    let most = (max_buffer_size / 4) as usize;
+    let rank = shape.len();
+    let head = shape[rank.saturating_sub(2)..].iter().product::<usize>();
+    let row = shape.last().copied().unwrap_or(1);
+    let unit = [lcm(head, 8), lcm(row, 8), 8]
+        .into_iter()
+        .find(|&u| u <= most)
+        .ok_or_else(|| {
+            Error::buffer_limit(
+                "one chunk of a tensor",
+                32,
+                max_buffer_size,
+                "max_buffer_size",
+            )
+        })?;
+    let mut chunk = unit;
+    while chunk * 2 <= most {
+        chunk *= 2;
+    }
+    Ok(Some(chunk))
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    let gcd = |mut x: usize, mut y: usize| {
+        while y != 0 {
+            (x, y) = (y, x % y);
+        }
+        x
+    };
+    a.max(1) / gcd(a.max(1), b) * b
+}
+
+/// Uploads `values` as `dtype` in chunks of `chunk_len` values.
+pub(crate) fn upload(
+    ctx: &GpuContext,
+    label: &str,
+    values: &[f32],
+    dtype: DType,
+    chunk_len: usize,
+) -> Result<Chunked> {
+    let buffers = values
+        .chunks(chunk_len)
+        .map(|run| buffer::upload_values(ctx, label, run, dtype))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Chunked {
+        buffers,
+        chunk_len,
+        len: values.len(),
+    })
+}
+
+/// Zero-filled chunks for `len` values of `dtype`.
+pub(crate) fn storage(
+    ctx: &GpuContext,
+    label: &str,
+    len: usize,
+    dtype: DType,
+    chunk_len: usize,
+) -> Result<Chunked> {
+    let count = len.div_ceil(chunk_len).max(1);
+    let buffers = (0..count)
+        .map(|i| {
+            let n = (len - i * chunk_len).min(chunk_len);
+            match dtype {
+                DType::F16 => buffer::f16_tensor_storage(ctx, label, n),
+                _ => buffer::tensor_storage(ctx, label, n),
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Chunked {
+        buffers,
+        chunk_len,
+        len,
+    })
+}
+
+/// Chunks of the same layout in `buffers` (the values converted, say).
+pub(crate) fn with_buffers(chunked: &Chunked, buffers: Vec<wgpu::Buffer>) -> Chunked {
+    debug_assert_eq!(buffers.len(), chunked.buffers.len());
+    Chunked {
+        buffers,
+        chunk_len: chunked.chunk_len,
+        len: chunked.len,
+    }
+}
+
+/// Reads every chunk back, in order, as f32 values (f16 widened).
+pub(crate) async fn read(ctx: &GpuContext, chunked: &Chunked, dtype: DType) -> Result<Vec<f32>> {
+    let mut out = Vec::with_capacity(chunked.len);
+    for (i, b) in chunked.buffers.iter().enumerate() {
+        let n = chunked.values_in(i);
+        out.extend(match dtype {
+            DType::F16 => buffer::read_f16(ctx, b, n).await?,
+            _ => buffer::read_f32(ctx, b, 0, n).await?,
+        });
+    }
+    Ok(out)
+}
+
+/// Fills `chunks` (f32 values, or f16 packed two to a word) with the values
+/// of `pattern`, a buffer of `period` values, repeated from the tensor's
+/// first element on. `period` is even, so every copy moves whole words.
+pub(crate) fn fill_repeated(
+    encoder: &mut wgpu::CommandEncoder,
+    pattern: &wgpu::Buffer,
+    period: usize,
+    dtype: DType,
+    chunks: &[(&wgpu::Buffer, usize)],
+) {
+    let width = if dtype == DType::F16 { 2 } else { 4 };
+    let period_bytes = (period * width) as u64;
+    for &(target, first) in chunks {
+        let phase = ((first % period) * width) as u64;
+        let size = target.size();
+        let mut at = 0;
+        while at < size {
+            let from = (phase + at) % period_bytes;
+            let n = (period_bytes - from).min(size - at);
+            encoder.copy_buffer_to_buffer(pattern, from, target, at, n);
+            at += n;
+        }
+    }
+}
+
+/// A tensor's device storage as a call holds it: one buffer or several.
+#[derive(Debug, Clone)]
+pub(crate) enum Held {
+    /// One buffer.
+    One(std::sync::Arc<wgpu::Buffer>),
+    /// Several buffers.
+    Many(std::sync::Arc<Chunked>),
+}
+
+impl Held {
+    /// The storage as the GPU paths read it.
+    pub(crate) fn source(&self) -> Source<'_> {
+        match self {
+            Held::One(b) => Source::whole(b),
+            Held::Many(c) => Source::Chunks(c),
+        }
+    }
+}
+
+/// A call's tensor as the GPU paths read it: one buffer (or a view of one),
+/// or several chunks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Source<'a> {
+    /// One buffer, or a view of one.
+    One(Seg<'a>),
+    /// Several buffers.
+    Chunks(&'a Chunked),
+}
+
+impl<'a> Source<'a> {
+    /// The whole buffer `b`.
+    pub(crate) fn whole(b: &'a wgpu::Buffer) -> Self {
+        Source::One(Seg::whole(b))
+    }
+
+    /// The view a kernel binds; a tensor in several buffers is cut into
+    /// pieces by `gpu/split.rs` before it reaches a kernel.
+    pub(crate) fn seg(&self) -> Result<Seg<'a>> {
+        match self {
+            Source::One(seg) => Ok(*seg),
+            Source::Chunks(_) => Err(Error::Conflict(
+                "a tensor held in several buffers goes to a kernel only in pieces",
+            )),
+        }
+    }
+
+    /// The whole buffer, for the steps that bind or copy one whole.
+    pub(crate) fn whole_buffer(&self) -> Option<&'a wgpu::Buffer> {
+        match self {
+            Source::One(seg) if seg.is_whole() => Some(seg.buffer),
+            _ => None,
+        }
+    }
+
+    /// Values per chunk, where the tensor is held in several buffers.
+    pub(crate) fn chunk_len(&self) -> Option<usize> {
+        match self {
+            Source::One(_) => None,
+            Source::Chunks(c) => Some(c.chunk_len),
+        }
+    }
+
+    /// The `len` values from element `at` (of `width` bytes each) as one
+    /// view, where they lie in one buffer.
+    pub(crate) fn run(&self, at: usize, len: usize, width: usize) -> Option<Seg<'a>> {
+        let (buffer, base, local) = match self {
+            Source::One(seg) => (seg.buffer, seg.offset, at),
+            Source::Chunks(c) => {
+                let i = at / c.chunk_len;
+                let local = at - i * c.chunk_len;
+                if i >= c.buffers.len() || local + len > c.values_in(i) {
+                    return None;
+                }
+                (&c.buffers[i], 0, local)
+            }
+        };
+        Some(Seg {
+            buffer,
+            offset: base + (local * width) as u64,
+            size: Some((len * width) as u64),
+        })
+    }
+
+    /// The pieces of f32 elements `at..at + len` by buffer: (buffer, first
+    /// element in it, values).
+    fn spans(&self, at: usize, len: usize) -> Vec<(&'a wgpu::Buffer, usize, usize)> {
+        match self {
+            Source::One(seg) => vec![(seg.buffer, seg.offset as usize / 4 + at, len)],
+            Source::Chunks(c) => {
+                let mut out = Vec::new();
+                let (mut at, end) = (at, at + len);
+                while at < end {
+                    let i = at / c.chunk_len;
+                    let range = c.range(i);
+                    let n = end.min(range.end) - at;
+                    out.push((&c.buffers[i], at - range.start, n));
+                    at += n;
+                }
+                out
+            }
+        }
+    }
+}
+
+/// Records the copies that move the box `extent` at `src_start` of an f32
+/// tensor of `src_shape` (in one buffer or several) to `dst_start` of one of
+/// `dst_shape` in `dst`, each run split where the source's buffers change.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn copy_box_from(
+    rec: &mut Recorder<'_>,
+    src: Source<'_>,
+    src_shape: [usize; 4],
+    src_start: [usize; 4],
+    dst: &wgpu::Buffer,
+    dst_shape: [usize; 4],
+    dst_start: [usize; 4],
+    extent: [usize; 4],
+) {
+    for (s, d, len) in box_runs(src_shape, src_start, dst_shape, dst_start, extent) {
+        let mut d = d;
+        for (buffer, at, n) in src.spans(s, len) {
+            rec.copy(buffer, at, dst, d, n);
+            d += n;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensors_that_fit_one_buffer_are_not_chunked() {
+        assert_eq!(
+            chunk_len(&[2, 4, 16, 8], DType::F32, 1 << 20).unwrap(),
+            None
+        );
+        // 1024 f16 values take 2 KiB: one buffer of 2 KiB holds them.
+        assert_eq!(chunk_len(&[1, 1, 1024], DType::F16, 2048).unwrap(), None);
+    }
+
+    #[test]
+    fn chunks_hold_a_power_of_two_of_whole_heads() {
+        // Heads of 100 x 64 values (25,600 bytes); a buffer of 64 KiB holds 16,384
+        // values: lcm(6400, 8) = 6400, twice that is 12,800.
+        let n = chunk_len(&[2, 8, 100, 64], DType::F32, 64 << 10).unwrap();
+        assert_eq!(n, Some(12_800));
+        // f16 chunks are sized for f32, so a widened chunk fits too.
+        let n = chunk_len(&[2, 8, 100, 64], DType::F16, 64 << 10).unwrap();
+        assert_eq!(n, Some(12_800));
+        // A head larger than a buffer: whole rows, in multiples of 8 values.
+        let n = chunk_len(&[1, 1, 10_000, 3], DType::F32, 4096).unwrap();
+        assert_eq!(n, Some(768));
+        // An odd head of 7 x 5 values: lcm(35, 8) = 280.
+        let n = chunk_len(&[4, 4, 7, 5], DType::F32, 2048).unwrap();
+        assert_eq!(n, Some(280));
+    }
+
+    #[test]
+    fn least_common_multiples() {
+        assert_eq!(lcm(6, 8), 24);
+        assert_eq!(lcm(8, 8), 8);
+        assert_eq!(lcm(0, 8), 8);
+    }
+}

@@ -1,0 +1,229 @@
+//! Tensors larger than one buffer (`max_buffer_size`) are held in several
+//! (`gpu/chunks.rs`) and attention reads them in pieces. Forced here on an
+//! adapter whose buffers hold at most 64 KiB, so uploads, downloads and every
+//! path cross chunk boundaries against the f64 oracle.
+
+mod common;
+
+use webattn::conformance::{compare, run_case, CaseSpec, MaskForm};
+use webattn::cpu;
+use webattn::rng::SplitMix64;
+use webattn::{
+    AttentionInputs, AttentionOptions, BackendPreference, DType, DeviceLimits, Engine,
+    EngineOptions, Error, HostTensor, KernelPath,
+};
+
+const BUFFER: u64 = 64 << 10;
+
+/// A GPU engine whose buffers (and so bindings) hold at most [`BUFFER`] bytes.
+fn small_buffer_engine() -> Option<Engine> {
+    common::gpu()?;
+    let options = EngineOptions {
+        backend: BackendPreference::Gpu,
+        limits: DeviceLimits::default()
+            .with("max_buffer_size", BUFFER)
+            .and_then(|l| l.with("max_storage_buffer_binding_size", BUFFER))
+            .expect("known limits"),
+        ..Default::default()
+    };
+    Some(Engine::with_options_blocking(options).expect("an engine with small buffers"))
+}
+
+fn random(rng: &mut SplitMix64, shape: [usize; 4], dtype: DType) -> HostTensor {
+    let n = shape.iter().product();
+    HostTensor::new(shape, rng.normal_vec(n, 1.0))
+        .unwrap()
+        .into_dtype(dtype)
+}
+
+#[test]
+fn tensors_past_one_buffer_are_held_in_several_and_read_back_exactly() {
+    let Some(engine) = small_buffer_engine() else {
+        return;
+    };
+    let mut rng = SplitMix64::new(common::seed());
+    // Heads of 97 x 33 values: chunks of whole heads, an odd count of values.
+    for (shape, dtype) in [
+        ([3, 5, 97, 33], DType::F32),
+        ([3, 5, 97, 33], DType::F16),
+        // One head larger than a buffer: chunks of whole rows.
+        ([1, 1, 20_000, 3], DType::F32),
+    ] {
+        let host = random(&mut rng, shape, dtype);
+        let device = engine.upload(&host).expect("an upload in chunks");
+        println!(
+            "{shape:?} {dtype}: {} buffers, {} bytes",
+            device.device_buffers(),
+            device.device_bytes()
+        );
+        assert!(device.device_buffers() > 1, "{shape:?} fit one buffer");
+        let back = engine.download_blocking(&device).unwrap();
+        assert_eq!(back.shape(), host.shape());
+        assert_eq!(back.dtype(), dtype);
+        assert_eq!(back.data(), host.data(), "{shape:?} {dtype}");
+    }
+    // A repeated pattern continues across chunk boundaries.
+    for dtype in [DType::F32, DType::F16] {
+        let pattern = HostTensor::new([14], rng.normal_vec(14, 1.0))
+            .unwrap()
+            .into_dtype(dtype);
+        let shape = [2, 3, 700, 16];
+        let t = pollster::block_on(engine.upload_repeated(&shape, &pattern)).unwrap();
+        assert!(t.device_buffers() > 1);
+        let back = engine.download_blocking(&t).unwrap();
+        let expected: Vec<f32> = pattern
+            .data()
+            .iter()
+            .copied()
+            .cycle()
+            .take(shape.iter().product())
+            .collect();
+        assert_eq!(back.data(), &expected[..], "{dtype}");
+    }
+}
+
+#[test]
+fn calls_on_tensors_in_several_buffers_agree_with_the_oracle() {
+    let Some(engine) = small_buffer_engine() else {
+        return;
+    };
+    let cases = [
+        // Decode over 2 x 2 KV heads of 1000 keys (512 KiB of K): GQA, ALiBi.
+        CaseSpec::new("chunked-decode-gqa", [2, 8, 2], [1, 1000], [64, 64]).with(|o| {
+            o.alibi = true;
+            o.return_lse = true;
+        }),
+        // Three KV heads: pieces of heads straddle chunks of two heads.
+        CaseSpec::new("chunked-straddling-heads", [3, 3, 3], [2, 257], [40, 24])
+            .mask(MaskForm::Bool(4))
+            .with(|o| o.is_causal = true),
+        // Q itself in chunks (its Y, with a small Dv, fits one buffer).
+        CaseSpec::new("chunked-queries", [1, 4, 2], [1025, 97], [32, 2])
+            .logits(30.0)
+            .with(|o| {
+                o.is_causal = true;
+                o.temperature = 0.5;
+            }),
+        // One head's keys larger than a buffer, with per-batch lengths.
+        CaseSpec::new("chunked-keys-nonpad", [2, 2, 1], [3, 7000], [8, 8])
+            .nonpad()
+            .with(|o| {
+                o.left_window_size = 900;
+                o.softcap = 20.0;
+            }),
+    ];
+    let mut failed = Vec::new();
+    for case in &cases {
+        for path in [KernelPath::Fused, KernelPath::Unfused] {
+            let results = pollster::block_on(run_case(&engine, case, &[path], common::seed()));
+            for result in &results {
+                common::print_result(result);
+                if !result.passed() {
+                    failed.push(format!("{} on {path:?}", result.name));
+                }
+            }
+            let stats = engine.last_call().expect("a call was made");
+            println!("  {} on {path:?}: {} pieces", case.name, stats.pieces);
+            assert!(stats.pieces > 1, "{} on {path:?} ran whole", case.name);
+        }
+    }
+    assert!(failed.is_empty(), "failed: {failed:?}");
+}
+
+/// f16 keys and values in several buffers are read in place by the decode
+/// kernel: each piece's slices are views inside one chunk.
+#[test]
+fn f16_decode_over_chunks_reads_them_in_place() {
+    let Some(engine) = small_buffer_engine() else {
+        return;
+    };
+    let mut rng = SplitMix64::new(common::seed() ^ 7);
+    // A head's K is 32 KiB as f32: pieces of two heads, chunks of two heads.
+    let (b, hq, hkv, keys, d) = (2, 8, 4, 512, 16);
+    let q = random(&mut rng, [b, hq, 1, d], DType::F32);
+    let k = random(&mut rng, [b, hkv, keys, d], DType::F16);
+    let v = random(&mut rng, [b, hkv, keys, d], DType::F16);
+    let (qd, kd, vd) = (
+        engine.upload(&q).unwrap(),
+        engine.upload(&k).unwrap(),
+        engine.upload(&v).unwrap(),
+    );
+    assert!(kd.device_buffers() > 1 && vd.device_buffers() > 1);
+    let options = AttentionOptions {
+        path: KernelPath::Fused,
+        ..Default::default()
+    };
+    let out = engine
+        .attention_blocking(&AttentionInputs::new(&qd, &kd, &vd), &options)
+        .unwrap();
+    let stats = engine.last_call().unwrap();
+    assert!(stats.pieces > 1, "ran whole");
+    assert_eq!(stats.widened_bytes, 0, "f16 K and V read in place");
+    let y = engine.download_blocking(&out.y).unwrap();
+    let host = AttentionInputs::new(&q, &k, &v);
+    let exact = cpu::attention_exact(&host, &options).unwrap();
+    let plain = cpu::attention_plain_f32(&host, &options).unwrap();
+    let report = compare(y.data(), &exact.y, &plain.y, 1e-6);
+    println!(
+        "{} pieces, worst {:.3e} ({:.2} of allowed)",
+        stats.pieces,
+        report.max_abs,
+        report.share_of_allowed()
+    );
+    assert!(report.passed(), "{report:?}");
+    // The unfused path widens them, chunk by chunk, and agrees too.
+    let unfused = AttentionOptions {
+        path: KernelPath::Unfused,
+        ..Default::default()
+    };
+    let out = engine
+        .attention_blocking(&AttentionInputs::new(&qd, &kd, &vd), &unfused)
+        .unwrap();
+    assert!(engine.last_call().unwrap().widened_bytes > 0);
+    let y = engine.download_blocking(&out.y).unwrap();
+    let report = compare(y.data(), &exact.y, &plain.y, 1e-6);
+    assert!(report.passed(), "unfused: {report:?}");
+}
+
+/// What must be one buffer and is not is a typed error naming the limit: a
+/// past (concatenated with K into one present), an output larger than one.
+#[test]
+fn what_must_fit_one_buffer_is_a_typed_error() {
+    let Some(engine) = small_buffer_engine() else {
+        return;
+    };
+    let mut rng = SplitMix64::new(common::seed() ^ 3);
+    let q = random(&mut rng, [1, 2, 1, 32], DType::F32);
+    let k = random(&mut rng, [1, 2, 1, 32], DType::F32);
+    let past = random(&mut rng, [1, 2, 1000, 32], DType::F32);
+    let host = AttentionInputs::new(&q, &k, &k).with_past(&past, &past);
+    let err = engine
+        .attention_host_blocking(&host, &AttentionOptions::default())
+        .unwrap_err();
+    println!("{err}");
+    assert!(
+        matches!(
+            &err,
+            Error::Limit {
+                limit_name: "max_buffer_size",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Y as large as a chunked Q is refused before anything runs.
+    let q = random(&mut rng, [1, 1, 1000, 32], DType::F32);
+    let kv = random(&mut rng, [1, 1, 10, 32], DType::F32);
+    let host = AttentionInputs::new(&q, &kv, &kv);
+    let err = engine
+        .attention_host_blocking(&host, &AttentionOptions::default())
+        .unwrap_err();
+    println!("{err}");
+    assert!(matches!(&err, Error::Limit { .. }), "{err}");
+    // The engine still runs what fits.
+    let q = random(&mut rng, [1, 1, 10, 32], DType::F32);
+    let host = AttentionInputs::new(&q, &kv, &kv);
+    engine
+        .attention_host_blocking(&host, &AttentionOptions::default())
+        .expect("a call that fits");
+}
