@@ -655,9 +655,12 @@ impl Engine {
         #[cfg(target_arch = "wasm32")]
         {
             let uploaded = match self.backend {
-                Backend::Gpu(_) => {
-                    self.upload_unchecked("attn_mask", &mask_bias(mask), DType::F32, None)?
-                }
+                Backend::Gpu(_) => self.upload_unchecked(
+                    "attn_mask",
+                    &mask_bias(mask),
+                    DType::F32,
+                    Some(mask.shape()),
+                )?,
                 Backend::Cpu => None,
             };
             Ok(self.mask_host_or_gpu(mask, uploaded))
@@ -669,8 +672,13 @@ impl Engine {
     pub async fn upload_mask_async(&self, mask: &HostMask) -> Result<Mask> {
         let uploaded = match self.backend {
             Backend::Gpu(_) => {
-                self.upload_scoped("attn_mask", &mask_bias(mask), DType::F32, None)
-                    .await?
+                self.upload_scoped(
+                    "attn_mask",
+                    &mask_bias(mask),
+                    DType::F32,
+                    Some(mask.shape()),
+                )
+                .await?
             }
             Backend::Cpu => None,
         };
@@ -765,11 +773,13 @@ impl Engine {
                 let data = buffer::read_f32(gpu.current(), buf, 0, len).await?;
                 HostMask::float(mask.shape.clone(), data)
             }
-            (Backend::Cpu, Storage::Gpu(_)) | (_, Storage::GpuChunks(_)) => {
-                Err(Error::ForeignTensor {
-                    tensor: "attn_mask",
-                })
+            (Backend::Gpu(gpu), Storage::GpuChunks(c)) => {
+                let data = chunks::read(gpu.current(), c, DType::F32).await?;
+                HostMask::float(mask.shape.clone(), data)
             }
+            (Backend::Cpu, Storage::Gpu(_) | Storage::GpuChunks(_)) => Err(Error::ForeignTensor {
+                tensor: "attn_mask",
+            }),
         }
     }
 
@@ -819,8 +829,9 @@ impl Engine {
                     Storage::Host(_) => Err(Error::ForeignTensor { tensor: "tensor" }),
                 };
                 let mask = match inputs.attn_mask.map(|m| &m.storage) {
-                    Some(Storage::Gpu(b)) => Some(b.clone()),
-                    Some(Storage::Host(_) | Storage::GpuChunks(_)) => {
+                    Some(Storage::Gpu(b)) => Some(Held::One(b.clone())),
+                    Some(Storage::GpuChunks(c)) => Some(Held::Many(c.clone())),
+                    Some(Storage::Host(_)) => {
                         return Err(Error::ForeignTensor {
                             tensor: "attn_mask",
                         })
@@ -851,12 +862,24 @@ impl Engine {
                     );
                 let f32_held = |t: &Tensor, keep_f16: bool| {
                     let (h, widen) = (held(t), t.dtype == DType::F16 && !keep_f16);
-                    let len = t.len();
+                    let (len, shape) = (t.len(), t.shape.clone());
                     async move {
                         let h = h?;
                         if !widen {
                             return Ok::<_, Error>(h);
                         }
+                        let max_buffer = ctx.caps.limits.max_buffer_size;
+                        // f16 values that fit one buffer but whose f32 values do
+                        // not are widened in chunks.
+                        let h = match (&h, chunks::chunk_len(&shape, DType::F32, max_buffer)?) {
+                            (Held::One(b), Some(n)) => Held::Many(Arc::new(
+                                ctx.scoped("f16 tensor into chunks", || {
+                                    chunks::split_f16(ctx, b, len, n)
+                                })
+                                .await?,
+                            )),
+                            _ => h,
+                        };
                         Ok(match &h {
                             Held::One(b) => Held::One(Arc::new(half::widen(ctx, b, len).await?)),
                             Held::Many(c) => {
@@ -882,34 +905,21 @@ impl Engine {
                 let v = f32_held(inputs.v, kv_f16).await?;
                 // A past is concatenated in front of K and V into one buffer:
                 // it fits one only when the present does.
-                let mut past = Vec::new();
-                for (name, t) in [
-                    ("past_key", inputs.past_key),
-                    ("past_value", inputs.past_value),
-                ] {
-                    past.push(match t {
-                        Some(t) => match f32_held(t, false).await? {
-                            Held::One(b) => Some(b),
-                            Held::Many(c) => {
-                                return Err(Error::buffer_limit(
-                                    name,
-                                    c.bytes(),
-                                    ctx.caps.limits.max_buffer_size,
-                                    "max_buffer_size",
-                                ))
-                            }
-                        },
-                        None => None,
-                    });
-                }
-                let (past_key, past_value) = (past[0].clone(), past[1].clone());
+                let past_key = match inputs.past_key {
+                    Some(t) => Some(f32_held(t, false).await?),
+                    None => None,
+                };
+                let past_value = match inputs.past_value {
+                    Some(t) => Some(f32_held(t, false).await?),
+                    None => None,
+                };
                 let gpu_inputs = crate::gpu::kv::GpuInputs {
                     q: q.source(),
                     k: k.source(),
                     v: v.source(),
-                    mask: mask.as_deref(),
-                    past_key: past_key.as_deref(),
-                    past_value: past_value.as_deref(),
+                    mask: mask.as_ref().map(Held::source),
+                    past_key: past_key.as_ref().map(Held::source),
+                    past_value: past_value.as_ref().map(Held::source),
                     nonpad: inputs.nonpad_kv_seqlen,
                     kv_f16,
                 };
@@ -923,18 +933,27 @@ impl Engine {
                 });
                 // Outputs as ONNX types them: Y and the scores as Q, the
                 // presents as K and V; f16 ones narrowed from the f32 results.
-                let typed = |shape: Vec<usize>, b: Option<wgpu::Buffer>, dtype: DType| async move {
-                    let Some(b) = b else { return Ok(None) };
+                let typed = |shape: Vec<usize>, h: Option<Held>, dtype: DType| async move {
+                    let Some(h) = h else { return Ok(None) };
                     let len = shape.iter().product();
-                    let b = if dtype == DType::F16 {
-                        half::narrow(ctx, &b, len).await?
-                    } else {
-                        b
+                    let storage = match (h, dtype == DType::F16) {
+                        (Held::One(b), false) => Storage::Gpu(b),
+                        (Held::Many(c), false) => Storage::GpuChunks(c),
+                        (Held::One(b), true) => {
+                            Storage::Gpu(Arc::new(half::narrow(ctx, &b, len).await?))
+                        }
+                        (Held::Many(c), true) => {
+                            let mut narrowed = Vec::with_capacity(c.buffers().len());
+                            for (i, b) in c.buffers().iter().enumerate() {
+                                narrowed.push(half::narrow(ctx, b, c.values_in(i)).await?);
+                            }
+                            Storage::GpuChunks(Arc::new(chunks::with_buffers(&c, narrowed)))
+                        }
                     };
                     Ok::<_, Error>(Some(Tensor {
                         shape,
                         dtype,
-                        storage: Storage::Gpu(Arc::new(b)),
+                        storage,
                         engine_id: self.id,
                         generation,
                     }))

@@ -94,20 +94,23 @@ fn the_quick_sweep_passes_on_mesa_gl() {
     assert!(passed >= 90, "{passed} cases");
 }
 
+/// The sweep with every buffer and binding at 16 KiB: Q, K, V, masks, pasts
+/// and outputs larger than that are held in several buffers and every call
+/// runs in pieces that cross their boundaries (`gpu/chunks.rs`,
+/// `gpu/split.rs`), still against the oracle.
 #[test]
-fn problems_beyond_tiny_limits_are_typed_errors() {
+fn the_quick_sweep_passes_with_tiny_buffers() {
     if common::gpu().is_none() {
         return;
     }
-    // 256 KiB per buffer: a few cases of the quick sweep do not fit.
     let out = webattn(
         &[
             "--backend",
             "gpu",
             "--limit",
-            "max_storage_buffer_binding_size=256KiB",
+            "max_storage_buffer_binding_size=16KiB",
             "--limit",
-            "max_buffer_size=256KiB",
+            "max_buffer_size=16KiB",
             "check",
             "--quick",
         ],
@@ -115,18 +118,9 @@ fn problems_beyond_tiny_limits_are_typed_errors() {
     );
     let (passed, failed) = summary(&out);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(passed > 0 && failed > 0, "{stdout}");
-    let failures: Vec<&str> = stdout.lines().filter(|l| l.contains("FAIL:")).collect();
-    assert_eq!(failures.len(), failed, "{stdout}");
-    for line in failures {
-        let named = line.contains("(max_buffer_size)")
-            || line.contains("(max_storage_buffer_binding_size)");
-        assert!(
-            line.contains("but the limit is") && named,
-            "not a typed limit error: {line}"
-        );
-        assert!(!line.contains("internal GPU error"), "{line}");
-    }
+    assert!(out.status.success(), "{stdout}");
+    assert_eq!(failed, 0, "{stdout}");
+    assert!(passed >= 90, "{passed} cases");
 }
 
 #[test]

@@ -10,7 +10,7 @@ use webattn::cpu;
 use webattn::rng::SplitMix64;
 use webattn::{
     AttentionInputs, AttentionOptions, BackendPreference, DType, DeviceLimits, Engine,
-    EngineOptions, Error, HostTensor, KernelPath,
+    EngineOptions, HostTensor, KernelPath, QkMatmulOutputMode,
 };
 
 const BUFFER: u64 = 64 << 10;
@@ -185,45 +185,92 @@ fn f16_decode_over_chunks_reads_them_in_place() {
     assert!(report.passed(), "unfused: {report:?}");
 }
 
-/// What must be one buffer and is not is a typed error naming the limit: a
-/// past (concatenated with K into one present), an output larger than one.
+/// Outputs larger than one buffer are held in several too (Y, the scores,
+/// the presents built from a past in chunks), and so are masks.
 #[test]
-fn what_must_fit_one_buffer_is_a_typed_error() {
+fn outputs_pasts_and_masks_in_several_buffers_agree_with_the_oracle() {
     let Some(engine) = small_buffer_engine() else {
         return;
     };
-    let mut rng = SplitMix64::new(common::seed() ^ 3);
-    let q = random(&mut rng, [1, 2, 1, 32], DType::F32);
-    let k = random(&mut rng, [1, 2, 1, 32], DType::F32);
-    let past = random(&mut rng, [1, 2, 1000, 32], DType::F32);
-    let host = AttentionInputs::new(&q, &k, &k).with_past(&past, &past);
-    let err = engine
-        .attention_host_blocking(&host, &AttentionOptions::default())
-        .unwrap_err();
-    println!("{err}");
-    assert!(
-        matches!(
-            &err,
-            Error::Limit {
-                limit_name: "max_buffer_size",
-                ..
+    let cases = [
+        // Q and Y of 1 x 4 x 600 x 32 (300 KiB each): both in chunks.
+        CaseSpec::new("chunked-y", [1, 4, 2], [600, 33], [32, 32]).with(|o| {
+            o.is_causal = true;
+            o.return_lse = true;
+        }),
+        // A past of 2 x 2 x 300 keys: past, present and K in chunks.
+        CaseSpec::new("chunked-past-present", [2, 4, 2], [3, 5], [64, 48])
+            .past(300)
+            .with(|o| {
+                o.is_causal = true;
+                o.return_present = true;
+            }),
+        // A float mask of 2 x 2 x 97 x 200 (152 KiB) in chunks, rows fully masked.
+        CaseSpec::new("chunked-mask", [2, 2, 2], [97, 200], [16, 16])
+            .mask(MaskForm::EmptyRows)
+            .logits(30.0),
+        // Scores of 2 x 2 x 70 x 300 (164 KiB) in chunks.
+        CaseSpec::new("chunked-scores", [2, 2, 1], [70, 300], [16, 16]).with(|o| {
+            o.qk_matmul_output_mode = Some(QkMatmulOutputMode::Biased);
+            o.softcap = 10.0;
+        }),
+    ];
+    let mut failed = Vec::new();
+    for case in &cases {
+        for path in [KernelPath::Fused, KernelPath::Unfused] {
+            let results = pollster::block_on(run_case(&engine, case, &[path], common::seed()));
+            for result in &results {
+                common::print_result(result);
+                if !result.passed() {
+                    failed.push(format!(
+                        "{} {} on {path:?}",
+                        result.name, result.worst_output
+                    ));
+                }
             }
-        ),
-        "{err}"
+        }
+    }
+    assert!(failed.is_empty(), "failed: {failed:?}");
+    // The outputs themselves are held in several buffers, and read back whole.
+    let mut rng = SplitMix64::new(common::seed() ^ 5);
+    let q = random(&mut rng, [1, 4, 600, 32], DType::F16);
+    let k = random(&mut rng, [1, 2, 5, 32], DType::F32);
+    let past = random(&mut rng, [1, 2, 300, 32], DType::F32);
+    let (qd, kd, pd) = (
+        engine.upload(&q).unwrap(),
+        engine.upload(&k).unwrap(),
+        engine.upload(&past).unwrap(),
     );
-    // Y as large as a chunked Q is refused before anything runs.
-    let q = random(&mut rng, [1, 1, 1000, 32], DType::F32);
-    let kv = random(&mut rng, [1, 1, 10, 32], DType::F32);
-    let host = AttentionInputs::new(&q, &kv, &kv);
-    let err = engine
-        .attention_host_blocking(&host, &AttentionOptions::default())
-        .unwrap_err();
-    println!("{err}");
-    assert!(matches!(&err, Error::Limit { .. }), "{err}");
-    // The engine still runs what fits.
-    let q = random(&mut rng, [1, 1, 10, 32], DType::F32);
-    let host = AttentionInputs::new(&q, &kv, &kv);
-    engine
-        .attention_host_blocking(&host, &AttentionOptions::default())
-        .expect("a call that fits");
+    let options = AttentionOptions {
+        return_present: true,
+        ..Default::default()
+    };
+    let out = engine
+        .attention_blocking(
+            &AttentionInputs::new(&qd, &kd, &kd).with_past(&pd, &pd),
+            &options,
+        )
+        .unwrap();
+    let present = out.present_key.as_ref().unwrap();
+    println!(
+        "Y (f16) in {} buffers, present_key in {}",
+        out.y.device_buffers(),
+        present.device_buffers()
+    );
+    assert!(out.y.device_buffers() > 1 && present.device_buffers() > 1);
+    assert_eq!(out.y.dtype(), DType::F16);
+    let y = engine.download_blocking(&out.y).unwrap();
+    let host_q = q.clone().into_dtype(DType::F32);
+    let host = AttentionInputs::new(&host_q, &k, &k).with_past(&past, &past);
+    let exact = cpu::attention_exact(&host, &options).unwrap();
+    let worst = y
+        .data()
+        .iter()
+        .zip(&exact.y)
+        .map(|(a, b)| (*a as f64 - b).abs())
+        .fold(0.0, f64::max);
+    println!("f16 Y in chunks: worst {worst:.3e}");
+    assert!(worst < 4e-3, "{worst}");
+    let present = engine.download_blocking(present).unwrap();
+    assert_eq!(&present.data()[..300 * 32], &past.data()[..300 * 32]);
 }

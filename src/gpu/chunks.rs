@@ -158,6 +158,30 @@ pub(crate) fn with_buffers(chunked: &Chunked, buffers: Vec<wgpu::Buffer>) -> Chu
     }
 }
 
+/// The `len` f16 values of one buffer copied into chunks of `chunk_len`
+/// values (to widen them chunk by chunk where the f32 values would not fit
+/// one buffer).
+pub(crate) fn split_f16(
+    ctx: &GpuContext,
+    src: &wgpu::Buffer,
+    len: usize,
+    chunk_len: usize,
+) -> Result<Chunked> {
+    let chunked = storage(ctx, "f16 tensor (in chunks)", len, DType::F16, chunk_len)?;
+    let mut encoder = ctx
+        .device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("f16 tensor into chunks"),
+        });
+    for (i, dst) in chunked.buffers.iter().enumerate() {
+        // Whole words: chunk_len is a multiple of 8 values, the buffers are padded.
+        let bytes = (chunked.values_in(i).div_ceil(2) * 4) as u64;
+        encoder.copy_buffer_to_buffer(src, (i * chunk_len * 2) as u64, dst, 0, bytes);
+    }
+    ctx.queue.submit([encoder.finish()]);
+    Ok(chunked)
+}
+
 /// Reads every chunk back, in order, as f32 values (f16 widened).
 pub(crate) async fn read(ctx: &GpuContext, chunked: &Chunked, dtype: DType) -> Result<Vec<f32>> {
     let mut out = Vec::with_capacity(chunked.len);
@@ -206,6 +230,19 @@ pub(crate) enum Held {
 }
 
 impl Held {
+    /// One buffer.
+    pub(crate) fn single(buffer: wgpu::Buffer) -> Held {
+        Held::One(std::sync::Arc::new(buffer))
+    }
+
+    /// Bytes of device memory it takes.
+    pub(crate) fn bytes(&self) -> u64 {
+        match self {
+            Held::One(b) => b.size(),
+            Held::Many(c) => c.bytes(),
+        }
+    }
+
     /// The storage as the GPU paths read it.
     pub(crate) fn source(&self) -> Source<'_> {
         match self {
@@ -279,48 +316,63 @@ impl<'a> Source<'a> {
         })
     }
 
-    /// The pieces of f32 elements `at..at + len` by buffer: (buffer, first
-    /// element in it, values).
-    fn spans(&self, at: usize, len: usize) -> Vec<(&'a wgpu::Buffer, usize, usize)> {
+    /// The first stretch of f32 elements `at..at + len` inside one buffer:
+    /// (buffer, first element in it, values).
+    fn span_at(&self, at: usize, len: usize) -> (&'a wgpu::Buffer, usize, usize) {
         match self {
-            Source::One(seg) => vec![(seg.buffer, seg.offset as usize / 4 + at, len)],
+            Source::One(seg) => (seg.buffer, seg.offset as usize / 4 + at, len),
             Source::Chunks(c) => {
-                let mut out = Vec::new();
-                let (mut at, end) = (at, at + len);
-                while at < end {
-                    let i = at / c.chunk_len;
-                    let range = c.range(i);
-                    let n = end.min(range.end) - at;
-                    out.push((&c.buffers[i], at - range.start, n));
-                    at += n;
-                }
-                out
+                let i = at / c.chunk_len;
+                let range = c.range(i);
+                (&c.buffers[i], at - range.start, len.min(range.end - at))
             }
         }
     }
 }
 
 /// Records the copies that move the box `extent` at `src_start` of an f32
-/// tensor of `src_shape` (in one buffer or several) to `dst_start` of one of
-/// `dst_shape` in `dst`, each run split where the source's buffers change.
+/// tensor of `src_shape` to `dst_start` of one of `dst_shape`, either of
+/// them in one buffer or several: each run split where a buffer changes.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn copy_box_from(
+pub(crate) fn copy_box_between(
     rec: &mut Recorder<'_>,
     src: Source<'_>,
     src_shape: [usize; 4],
     src_start: [usize; 4],
-    dst: &wgpu::Buffer,
+    dst: Source<'_>,
     dst_shape: [usize; 4],
     dst_start: [usize; 4],
     extent: [usize; 4],
 ) {
-    for (s, d, len) in box_runs(src_shape, src_start, dst_shape, dst_start, extent) {
-        let mut d = d;
-        for (buffer, at, n) in src.spans(s, len) {
-            rec.copy(buffer, at, dst, d, n);
-            d += n;
+    for (mut s, mut d, mut len) in box_runs(src_shape, src_start, dst_shape, dst_start, extent) {
+        while len > 0 {
+            let (sb, sat, sn) = src.span_at(s, len);
+            let (db, dat, dn) = dst.span_at(d, len);
+            let n = sn.min(dn);
+            rec.copy(sb, sat, db, dat, n);
+            (s, d, len) = (s + n, d + n, len - n);
         }
     }
+}
+
+/// Zero-filled f32 storage for a call's output of `shape`: one buffer, or
+/// several where one cannot hold it.
+pub(crate) fn output(ctx: &GpuContext, label: &str, shape: [usize; 4]) -> Result<Held> {
+    let len = shape.iter().product();
+    Ok(
+        match chunk_len(&shape, DType::F32, ctx.caps.limits.max_buffer_size)? {
+            Some(n) => Held::Many(std::sync::Arc::new(storage(
+                ctx,
+                label,
+                len,
+                DType::F32,
+                n,
+            )?)),
+            None => Held::One(std::sync::Arc::new(buffer::tensor_storage(
+                ctx, label, len,
+            )?)),
+        },
+    )
 }
 
 #[cfg(test)]

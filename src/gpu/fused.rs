@@ -5,6 +5,7 @@
 //! unless the caller asks for it as an output.
 
 use super::buffer;
+use super::chunks::Held;
 use super::context::GpuContext;
 use super::kv::{self, bytes, GpuInputs, GpuOutputs};
 use super::ops::decode;
@@ -80,7 +81,7 @@ pub(crate) async fn run(
             q: inputs.q.seg()?,
             k: keys,
             v: values,
-            mask: inputs.mask.unwrap_or(&placeholder),
+            mask: inputs.whole_mask()?.unwrap_or(&placeholder),
             nonpad: &nonpad,
             kv_f16: inputs.kv_f16,
         };
@@ -112,11 +113,11 @@ pub(crate) async fn run(
             _ => (None, None),
         };
         Ok(GpuOutputs {
-            y,
-            lse,
-            qk,
-            present_key,
-            present_value,
+            y: Held::single(y),
+            lse: Held::single(lse),
+            qk: qk.map(Held::single),
+            present_key: present_key.map(Held::single),
+            present_value: present_value.map(Held::single),
             allocated_bytes,
             pieces: 1,
         })

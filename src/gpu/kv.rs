@@ -3,7 +3,7 @@
 //! the caller asks for `present_key/value`), and `nonpad_kv_seqlen` on the device.
 
 use super::buffer;
-use super::chunks::Source;
+use super::chunks::{Held, Source};
 use super::context::GpuContext;
 use super::ops::concat;
 use super::recorder::Recorder;
@@ -18,22 +18,23 @@ pub(crate) struct GpuInputs<'a> {
     pub q: Source<'a>,
     pub k: Source<'a>,
     pub v: Source<'a>,
-    pub mask: Option<&'a wgpu::Buffer>,
-    pub past_key: Option<&'a wgpu::Buffer>,
-    pub past_value: Option<&'a wgpu::Buffer>,
+    pub mask: Option<Source<'a>>,
+    pub past_key: Option<Source<'a>>,
+    pub past_value: Option<Source<'a>>,
     pub nonpad: Option<&'a [i64]>,
     /// Whether K and V hold f16 values (see `gpu/half.rs`); the other
     /// buffers hold f32.
     pub kv_f16: bool,
 }
 
-/// The device buffers of one call's outputs.
+/// The device buffers of one call's outputs: one buffer each, or several
+/// where a call in pieces has an output larger than one.
 pub(crate) struct GpuOutputs {
-    pub y: wgpu::Buffer,
-    pub lse: wgpu::Buffer,
-    pub qk: Option<wgpu::Buffer>,
-    pub present_key: Option<wgpu::Buffer>,
-    pub present_value: Option<wgpu::Buffer>,
+    pub y: Held,
+    pub lse: Held,
+    pub qk: Option<Held>,
+    pub present_key: Option<Held>,
+    pub present_value: Option<Held>,
     /// Bytes of device memory the call allocated (outputs and scratch).
     pub allocated_bytes: u64,
     /// Pieces the call ran in (1: whole; more when its tensors exceed a binding).
@@ -41,9 +42,19 @@ pub(crate) struct GpuOutputs {
 }
 
 impl<'a> GpuInputs<'a> {
+    /// The mask as one whole buffer, for the steps that bind it whole.
+    pub(crate) fn whole_mask(&self) -> Result<Option<&'a wgpu::Buffer>> {
+        match self.mask {
+            None => Ok(None),
+            Some(m) => m.whole_buffer().map(Some).ok_or(Error::Conflict(
+                "a mask held in several buffers goes to the kernels only in pieces",
+            )),
+        }
+    }
+
     /// Q, K and V as whole buffers, for the steps that bind or copy them
     /// whole (the unfused path, the presents); views are a piece's, which
-    /// never reach those.
+    /// never reach those, and chunks are cut into pieces first.
     pub(crate) fn whole_qkv(
         &self,
     ) -> Result<(&'a wgpu::Buffer, &'a wgpu::Buffer, &'a wgpu::Buffer)> {
@@ -109,7 +120,9 @@ pub(crate) fn record_present(
     let pk = buffer::storage(ctx, "present_key", heads * t * dk)?;
     let pv = buffer::storage(ctx, "present_value", heads * t * dv)?;
     if dims.has_past && dims.past_len > 0 {
-        let (Some(past_k), Some(past_v)) = (inputs.past_key, inputs.past_value) else {
+        let past_k = inputs.past_key.and_then(|s| s.whole_buffer());
+        let past_v = inputs.past_value.and_then(|s| s.whole_buffer());
+        let (Some(past_k), Some(past_v)) = (past_k, past_v) else {
             return Err(Error::Conflict(
                 "past_key and past_value must be given together",
             ));

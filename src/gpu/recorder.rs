@@ -220,23 +220,6 @@ pub(crate) fn box_runs(
     runs
 }
 
-/// Records the copies of [`box_runs`] from `src` to `dst`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn copy_box(
-    rec: &mut Recorder<'_>,
-    src: &wgpu::Buffer,
-    src_shape: [usize; 4],
-    src_start: [usize; 4],
-    dst: &wgpu::Buffer,
-    dst_shape: [usize; 4],
-    dst_start: [usize; 4],
-    extent: [usize; 4],
-) {
-    for (s, d, len) in box_runs(src_shape, src_start, dst_shape, dst_start, extent) {
-        rec.copy(src, s, dst, d, len);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::{box_runs, grid};

@@ -20,13 +20,13 @@
 
 use super::buffer;
 use super::capabilities::Capabilities;
-use super::chunks::{copy_box_from, Source};
+use super::chunks::{self, copy_box_between, Held, Source};
 use super::context::GpuContext;
 use super::fused;
 use super::kv::{self, GpuInputs, GpuOutputs};
 use super::ops::decode::{DecodeKernel, DecodePlan};
 use super::ops::fused::{self as fused_op, AttentionBuffers, KeyPart};
-use super::recorder::{copy_box, Recorder, Seg, SEGMENT_ALIGNMENT};
+use super::recorder::{Recorder, Seg, SEGMENT_ALIGNMENT};
 use super::unfused;
 use crate::error::{Error, Result};
 use crate::options::{AttentionOptions, QkMatmulOutputMode};
@@ -68,10 +68,13 @@ pub(crate) async fn run(
     run_pieces(ctx, dims, inputs, options, route, cut).await
 }
 
-/// Whether Q, K and V are each in one buffer (not in chunks).
+/// Whether Q, K, V, the past and the mask are each in one buffer (not in chunks).
 fn inputs_in_one_buffer(inputs: &GpuInputs<'_>) -> bool {
     [inputs.q, inputs.k, inputs.v]
-        .iter()
+        .into_iter()
+        .chain(inputs.past_key)
+        .chain(inputs.past_value)
+        .chain(inputs.mask)
         .all(|s| s.chunk_len().is_none())
 }
 
@@ -522,7 +525,16 @@ fn part<'a>(
         ));
     }
     let dst = buffer::storage(rec.ctx(), name, extent.iter().product())?;
-    copy_box_from(rec, src, full, start, &dst, extent, [0; 4], extent);
+    copy_box_between(
+        rec,
+        src,
+        full,
+        start,
+        Source::whole(&dst),
+        extent,
+        [0; 4],
+        extent,
+    );
     Ok(Part::Copied(dst))
 }
 
@@ -549,31 +561,8 @@ async fn run_pieces(
         dims.total_len(),
     );
     let (dk, dv) = (dims.head_dim, dims.v_head_dim);
-    let rows = b * hq * nq;
-    let max_buffer = ctx.caps.limits.max_buffer_size;
-    let check = |what: &str, dims: &[usize]| {
-        let size = stored(dims);
-        if size > max_buffer {
-            Err(Error::buffer_limit(
-                what,
-                size,
-                max_buffer,
-                "max_buffer_size",
-            ))
-        } else {
-            Ok(size)
-        }
-    };
     let want_present = dims.has_past && dims.past_len > 0 || options.return_present;
     let (call_k, call_v) = (inputs.k, inputs.v);
-    let mut allocated = check("Y", &[rows, dv])? + check("lse", &[rows])?;
-    if options.qk_matmul_output_mode.is_some() {
-        allocated += check("qk_matmul_output", &[rows, t])?;
-    }
-    if want_present {
-        allocated += check("present_key", &[b, hkv, t, dk])?;
-        allocated += check("present_value", &[b, hkv, t, dv])?;
-    }
     log::info!(
         "webattn: tensors exceed one storage binding; running in pieces of \
          {} batches x {} KV heads x {} query rows x {} keys",
@@ -583,17 +572,18 @@ async fn run_pieces(
         cut.keys
     );
 
+    // Outputs larger than one buffer are held in several (`gpu/chunks.rs`).
     let (y, lse, qk, present) = ctx
         .scoped("attention outputs (in pieces)", || {
-            let y = buffer::tensor_storage(ctx, "Y", rows * dv)?;
-            let lse = buffer::tensor_storage(ctx, "lse", rows)?;
+            let y = chunks::output(ctx, "Y", [b, hq, nq, dv])?;
+            let lse = chunks::output(ctx, "lse", [b, hq, nq, 1])?;
             let qk = match options.qk_matmul_output_mode {
-                Some(_) => Some(buffer::tensor_storage(ctx, "qk_matmul_output", rows * t)?),
+                Some(_) => Some(chunks::output(ctx, "qk_matmul_output", [b, hq, nq, t])?),
                 None => None,
             };
             let present = if want_present {
-                let pk = buffer::tensor_storage(ctx, "present_key", b * hkv * t * dk)?;
-                let pv = buffer::tensor_storage(ctx, "present_value", b * hkv * t * dv)?;
+                let pk = chunks::output(ctx, "present_key", [b, hkv, t, dk])?;
+                let pv = chunks::output(ctx, "present_value", [b, hkv, t, dv])?;
                 let mut rec = Recorder::new(ctx, "present (in pieces)");
                 let p = if dims.has_past { dims.past_len } else { 0 };
                 for (new, past, present, d) in [
@@ -607,24 +597,24 @@ async fn run_pieces(
                             ));
                         };
                         let past_shape = [b, hkv, p, d];
-                        copy_box(
+                        copy_box_between(
                             &mut rec,
                             past,
                             past_shape,
                             [0; 4],
-                            present,
+                            present.source(),
                             [b, hkv, t, d],
                             [0; 4],
                             past_shape,
                         );
                     }
                     let new_shape = [b, hkv, dims.kv_len, d];
-                    copy_box_from(
+                    copy_box_between(
                         &mut rec,
                         new,
                         new_shape,
                         [0; 4],
-                        present,
+                        present.source(),
                         [b, hkv, t, d],
                         [0, 0, p, 0],
                         new_shape,
@@ -638,10 +628,14 @@ async fn run_pieces(
             Ok((y, lse, qk, present))
         })
         .await?;
+    let mut allocated = y.bytes() + lse.bytes() + qk.as_ref().map_or(0, Held::bytes);
+    if let Some((pk, pv)) = &present {
+        allocated += pk.bytes() + pv.bytes();
+    }
     let keys = match &present {
         Some((k, v)) => Keys {
-            k: Source::whole(k),
-            v: Source::whole(v),
+            k: k.source(),
+            v: v.source(),
         },
         None => Keys {
             k: call_k,
@@ -660,7 +654,7 @@ async fn run_pieces(
                     query: q0,
                     key: 0,
                 };
-                let outputs = (&y, &lse, qk.as_ref());
+                let outputs = (y.source(), lse.source(), qk.as_ref().map(Held::source));
                 let (used, runs) =
                     run_piece(ctx, dims, inputs, &keys, options, route, cut, at, outputs).await?;
                 piece_bytes = piece_bytes.max(used);
@@ -747,7 +741,7 @@ fn gather<'a>(
                 "attn_mask (piece)",
                 shape[..3].iter().product::<usize>() * cols,
             )?;
-            copy_box(
+            copy_box_between(
                 rec,
                 src,
                 full,
@@ -757,7 +751,7 @@ fn gather<'a>(
                     pick(full[2], at.query),
                     at.key.min(layout.cols),
                 ],
-                &dst,
+                Source::whole(&dst),
                 [shape[0], shape[1], shape[2], cols],
                 [0; 4],
                 [shape[0], shape[1], shape[2], cols],
@@ -818,8 +812,8 @@ fn scatter(
     dims: &AttentionDims,
     extent: &Cut,
     at: Origin,
-    piece: (&wgpu::Buffer, &wgpu::Buffer),
-    call: (&wgpu::Buffer, &wgpu::Buffer),
+    piece: (Source<'_>, Source<'_>),
+    call: (Source<'_>, Source<'_>),
 ) {
     let (nb, nh, nq) = (
         extent.batches,
@@ -829,7 +823,7 @@ fn scatter(
     let start = [at.batch, at.kv_head * dims.group(), at.query, 0];
     let full = [dims.batch, dims.q_heads, dims.q_len];
     for (src, dst, d) in [(piece.0, call.0, dims.v_head_dim), (piece.1, call.1, 1)] {
-        copy_box(
+        copy_box_between(
             rec,
             src,
             [nb, nh, nq, d],
@@ -848,8 +842,8 @@ fn scatter_scores(
     dims: &AttentionDims,
     extent: &Cut,
     at: Origin,
-    piece: &wgpu::Buffer,
-    call: &wgpu::Buffer,
+    piece: Source<'_>,
+    call: Source<'_>,
 ) {
     let (nb, nh, nq, nk) = (
         extent.batches,
@@ -857,7 +851,7 @@ fn scatter_scores(
         extent.queries,
         extent.keys,
     );
-    copy_box(
+    copy_box_between(
         rec,
         piece,
         [nb, nh, nq, nk],
@@ -911,7 +905,7 @@ async fn run_piece(
     route: Route,
     cut: Cut,
     at: Origin,
-    outputs: (&wgpu::Buffer, &wgpu::Buffer, Option<&wgpu::Buffer>),
+    outputs: (Source<'_>, Source<'_>, Option<Source<'_>>),
 ) -> Result<(u64, usize)> {
     let (y, lse, qk) = outputs;
     let t = dims.total_len();
@@ -929,7 +923,7 @@ async fn run_piece(
             q: Source::One(piece.q.seg()),
             k: Source::One(piece.k.seg()),
             v: Source::One(piece.v.seg()),
-            mask: piece.mask.as_ref(),
+            mask: piece.mask.as_ref().map(Source::whole),
             past_key: None,
             past_value: None,
             nonpad: piece.nonpad.as_deref(),
@@ -950,9 +944,10 @@ async fn run_piece(
         };
         ctx.scoped("piece outputs", || {
             let mut rec = Recorder::new(ctx, "piece outputs");
-            scatter(&mut rec, dims, &extent, at, (&out.y, &out.lse), (y, lse));
+            let piece = (out.y.source(), out.lse.source());
+            scatter(&mut rec, dims, &extent, at, piece, (y, lse));
             if let (Some(src), Some(dst)) = (&out.qk, qk) {
-                scatter_scores(&mut rec, dims, &extent, at, src, dst);
+                scatter_scores(&mut rec, dims, &extent, at, src.source(), dst);
             }
             rec.submit();
             Ok(())
@@ -1022,7 +1017,8 @@ async fn run_piece(
                         &scores,
                         &scratch,
                     )?;
-                    scatter_scores(&mut rec, dims, &range, range_at, &scores, dst);
+                    let piece = Source::whole(&scores);
+                    scatter_scores(&mut rec, dims, &range, range_at, piece, dst);
                     used += scores.size();
                 }
                 rec.submit();
@@ -1034,7 +1030,8 @@ async fn run_piece(
     }
     ctx.scoped("piece outputs", || {
         let mut rec = Recorder::new(ctx, "piece outputs");
-        scatter(&mut rec, dims, &extent, at, (&piece_y, &stats), (y, lse));
+        let piece = (Source::whole(&piece_y), Source::whole(&stats));
+        scatter(&mut rec, dims, &extent, at, piece, (y, lse));
         rec.submit();
         Ok(())
     })

@@ -7,6 +7,7 @@
 //! This path implements the whole contract and stays as the reference GPU path.
 
 use super::buffer;
+use super::chunks::Held;
 use super::context::GpuContext;
 use super::kv::{self, bytes, GpuInputs, GpuOutputs};
 use super::ops::{gemm, mask, softmax};
@@ -151,7 +152,7 @@ pub(crate) async fn run(
         let values = present_value.as_ref().unwrap_or(v);
 
         let mask_buffers = mask::MaskBuffers {
-            mask: inputs.mask.unwrap_or(&mask_placeholder),
+            mask: inputs.whole_mask()?.unwrap_or(&mask_placeholder),
             nonpad: &nonpad,
             qk_out: qk.as_ref().unwrap_or(&qk_placeholder),
         };
@@ -231,11 +232,11 @@ pub(crate) async fn run(
 
         let want_present = options.return_present;
         Ok(GpuOutputs {
-            y,
-            lse,
-            qk,
-            present_key: present_key.filter(|_| want_present),
-            present_value: present_value.filter(|_| want_present),
+            y: Held::single(y),
+            lse: Held::single(lse),
+            qk: qk.map(Held::single),
+            present_key: present_key.filter(|_| want_present).map(Held::single),
+            present_value: present_value.filter(|_| want_present).map(Held::single),
             allocated_bytes,
             pieces: 1,
         })
