@@ -18,6 +18,15 @@ pub(crate) enum Storage<H> {
     Host(Arc<H>),
 }
 
+impl<H> From<crate::gpu::chunks::Held> for Storage<H> {
+    fn from(held: crate::gpu::chunks::Held) -> Self {
+        match held {
+            crate::gpu::chunks::Held::One(b) => Storage::Gpu(b),
+            crate::gpu::chunks::Held::Many(c) => Storage::GpuChunks(c),
+        }
+    }
+}
+
 /// A tensor owned by an [`crate::Engine`], f32 or f16 ([`Tensor::dtype`]).
 /// Cloning shares the storage.
 #[derive(Debug, Clone)]

@@ -447,6 +447,17 @@ impl Engine {
         }
     }
 
+    /// Device storage (one buffer or several) of `dtype` values wrapped as a tensor.
+    pub(crate) fn wrap_held(&self, shape: Vec<usize>, held: Held, dtype: DType) -> Tensor {
+        Tensor {
+            shape,
+            dtype,
+            storage: held.into(),
+            engine_id: self.id,
+            generation: self.device_generation().unwrap_or(0),
+        }
+    }
+
     /// Host values wrapped as a tensor of this (CPU) engine, without a copy to a device.
     pub(crate) fn wrap_host(&self, tensor: HostTensor) -> Tensor {
         Tensor {
@@ -887,7 +898,7 @@ impl Engine {
                                 for (i, b) in c.buffers().iter().enumerate() {
                                     widened.push(half::widen(ctx, b, c.values_in(i)).await?);
                                 }
-                                Held::Many(Arc::new(chunks::with_buffers(c, widened)))
+                                Held::Many(Arc::new(chunks::with_buffers(c, widened, DType::F32)))
                             }
                         })
                     }
@@ -947,7 +958,11 @@ impl Engine {
                             for (i, b) in c.buffers().iter().enumerate() {
                                 narrowed.push(half::narrow(ctx, b, c.values_in(i)).await?);
                             }
-                            Storage::GpuChunks(Arc::new(chunks::with_buffers(&c, narrowed)))
+                            Storage::GpuChunks(Arc::new(chunks::with_buffers(
+                                &c,
+                                narrowed,
+                                DType::F16,
+                            )))
                         }
                     };
                     Ok::<_, Error>(Some(Tensor {

@@ -3,7 +3,9 @@
 //!
 //! Appending `n` tokens copies `n` rows per (sequence, KV head): O(new
 //! tokens), whatever is cached. When a sequence would pass the capacity, the
-//! cache grows to twice its capacity (or what is needed), copying once. The
+//! cache grows to twice its capacity (or what is needed, where the device
+//! lacks the memory to double), copying once; a cache larger than one buffer
+//! is held in several (`gpu/chunks.rs`), which attention reads in pieces. The
 //! sequences of a batch may hold different lengths ([`KvCache::append_ragged`]).
 //!
 //! Attention reads the cache as it is: K and V are the whole capacity and the
@@ -19,7 +21,7 @@ use std::sync::Arc;
 use crate::device_tensor::{Storage, Tensor};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::gpu::buffer;
+use crate::gpu::chunks::{self, Held};
 use crate::gpu::recorder::{box_runs, Recorder};
 use crate::problem::AttentionInputs;
 use crate::tensor::{DType, HostTensor};
@@ -202,25 +204,45 @@ impl KvCache {
             .max()
             .unwrap_or(0);
         let capacity = self.capacity();
-        let grown = if needed > capacity {
-            // Twice the capacity, unless that passes the largest buffer: then what is needed.
-            let doubled = (2 * capacity).max(needed).max(self.first_capacity);
-            let row_bytes = 4 * (b * h * dk.max(dv)).max(1) as u64;
-            let fits = engine.capabilities().map_or(u64::MAX, |c| {
-                c.limits.max_buffer_size.saturating_sub(16) / row_bytes
-            });
-            doubled
-                .min(usize::try_from(fits).unwrap_or(usize::MAX))
-                .max(needed)
-        } else {
-            capacity
-        };
+        if needed <= capacity {
+            return self
+                .append_into(engine, key, value, capacity, lengths, counts)
+                .await;
+        }
+        // Twice the capacity (a cache larger than one buffer is held in
+        // several); where the device lacks the memory for that, what is needed.
+        let doubled = (2 * capacity).max(needed).max(self.first_capacity);
+        match self
+            .append_into(engine, key, value, doubled, lengths.clone(), counts)
+            .await
+        {
+            Err(Error::OutOfMemory(_)) if doubled > needed => {
+                self.append_into(engine, key, value, needed, lengths, counts)
+                    .await
+            }
+            done => done,
+        }
+    }
+
+    /// Appends into a cache of `capacity` tokens per sequence (a fresh one
+    /// where that differs from the present capacity).
+    async fn append_into(
+        &mut self,
+        engine: &Engine,
+        key: &Tensor,
+        value: &Tensor,
+        capacity: usize,
+        lengths: Vec<usize>,
+        counts: &[usize],
+    ) -> Result<()> {
+        let [b, h, _, dk] = rank4("key", key)?;
+        let dv = value.shape()[3];
         // Both tensors are built before either is replaced: a failed append
         // (memory, limits) leaves the cache as it was.
-        let key_shape = [b, h, grown, dk];
+        let key_shape = [b, h, capacity, dk];
         let new_key =
             append_rows(engine, self.key.as_mut(), key, key_shape, &lengths, counts).await?;
-        let value_shape = [b, h, grown, dv];
+        let value_shape = [b, h, capacity, dv];
         let new_value = append_rows(
             engine,
             self.value.as_mut(),
@@ -385,62 +407,44 @@ async fn append_rows(
     let keep = |s: [usize; 4]| box_runs(s, [0; 4], shape, [0; 4], s);
     match engine.gpu() {
         Some(ctx) => {
-            let new_buffer: &wgpu::Buffer = match &new.storage {
-                Storage::Gpu(b) => b,
-                // A cache lives in one buffer: what is appended fits one too.
-                Storage::GpuChunks(c) => {
-                    return Err(Error::buffer_limit(
-                        "a tensor appended to the KV cache",
-                        c.bytes(),
-                        ctx.caps.limits.max_buffer_size,
-                        "max_buffer_size",
-                    ))
-                }
-                Storage::Host(_) => return Err(Error::ForeignTensor { tensor: "key" }),
+            let held = |t: &Tensor| match &t.storage {
+                Storage::Gpu(b) => Some(Held::One(b.clone())),
+                Storage::GpuChunks(c) => Some(Held::Many(c.clone())),
+                Storage::Host(_) => None,
             };
-            let old_buffer = match &old {
-                Some(t) => match &t.storage {
-                    Storage::Gpu(b) => Some(b.clone()),
-                    Storage::GpuChunks(_) | Storage::Host(_) => {
-                        return Err(Error::ForeignTensor {
-                            tensor: "the KV cache",
-                        })
-                    }
-                },
+            let new_held = held(new).ok_or(Error::ForeignTensor { tensor: "key" })?;
+            let old_held = match &old {
+                Some(t) => Some(held(t).ok_or(Error::ForeignTensor {
+                    tensor: "the KV cache",
+                })?),
                 None => None,
             };
-            // Another holder of the buffer (a clone of the cache) keeps its rows.
+            // Another holder of the storage (a clone of the cache) keeps its
+            // rows; `old_held` is the second reference here.
             let in_place = same_capacity
-                && old_buffer
-                    .as_ref()
-                    .is_some_and(|b| Arc::strong_count(b) == 2);
+                && old_held.as_ref().is_some_and(|h| match h {
+                    Held::One(b) => Arc::strong_count(b) == 2,
+                    Held::Many(c) => Arc::strong_count(c) == 2,
+                });
             ctx.scoped("KV cache append", || {
                 let mut rec = Recorder::new(ctx, "KV cache append");
-                // f16 words or f32 values: either way one 4-byte unit each.
+                // A cache larger than one buffer is held in several (gpu/chunks.rs).
                 let replaced = if in_place {
                     None
                 } else {
-                    Some(buffer::tensor_storage(
-                        ctx,
-                        "KV cache",
-                        shape.iter().product(),
-                    )?)
+                    Some(chunks::allocate(ctx, "KV cache", full_shape, dtype)?)
                 };
-                let dst = match (&replaced, &old_buffer) {
-                    (Some(b), _) => b,
-                    (None, Some(b)) => b.as_ref(),
+                let dst = match (&replaced, &old_held) {
+                    (Some(h), _) | (None, Some(h)) => h.source(),
                     (None, None) => unreachable!("in place needs a cache tensor"),
                 };
-                if let (Some(src), Some(s), Some(_)) = (&old_buffer, old_shape, &replaced) {
-                    for (from, to, len) in keep(s) {
-                        rec.copy(src, from, dst, to, len);
-                    }
+                // f16 words or f32 values: either way one 4-byte unit each.
+                if let (Some(src), Some(s), Some(_)) = (&old_held, old_shape, &replaced) {
+                    chunks::copy_runs(&mut rec, src.source(), dst, &keep(s));
                 }
-                for &(from, to, len) in &fresh {
-                    rec.copy(new_buffer, from, dst, to, len);
-                }
+                chunks::copy_runs(&mut rec, new_held.source(), dst, &fresh);
                 rec.submit();
-                Ok(replaced.map(|b| engine.wrap_gpu_as(full_shape.to_vec(), b, dtype)))
+                Ok(replaced.map(|h| engine.wrap_held(full_shape.to_vec(), h, dtype)))
             })
             .await
         }
@@ -494,19 +498,23 @@ async fn append_rows(
 async fn copy_rows(engine: &Engine, t: &Tensor, rows: usize) -> Result<Tensor> {
     let shape = <[usize; 4]>::try_from(t.shape()).expect("a cache tensor");
     let out = [shape[0], shape[1], rows, shape[3]];
+    let src = match &t.storage {
+        Storage::Gpu(b) => Some(Held::One(b.clone())),
+        Storage::GpuChunks(c) => Some(Held::Many(c.clone())),
+        Storage::Host(_) => None,
+    };
     match (engine.gpu(), &t.storage) {
-        (Some(ctx), Storage::Gpu(src)) => {
+        (Some(ctx), Storage::Gpu(_) | Storage::GpuChunks(_)) => {
+            let src = src.expect("device storage");
             // f16 rows move as words of two values.
             let (units, out_units) = (copy_units(shape, t.dtype()), copy_units(out, t.dtype()));
             let runs = box_runs(units, [0; 4], out_units, [0; 4], out_units);
             ctx.scoped("present from the KV cache", || {
-                let dst = buffer::tensor_storage(ctx, "present", out_units.iter().product())?;
+                let dst = chunks::allocate(ctx, "present", out, t.dtype())?;
                 let mut rec = Recorder::new(ctx, "present from the KV cache");
-                for &(s, d, len) in &runs {
-                    rec.copy(src, s, &dst, d, len);
-                }
+                chunks::copy_runs(&mut rec, src.source(), dst.source(), &runs);
                 rec.submit();
-                Ok(engine.wrap_gpu_as(out.to_vec(), dst, t.dtype()))
+                Ok(engine.wrap_held(out.to_vec(), dst, t.dtype()))
             })
             .await
         }
@@ -518,7 +526,7 @@ async fn copy_rows(engine: &Engine, t: &Tensor, rows: usize) -> Result<Tensor> {
             }
             Ok(engine.wrap_host(HostTensor::new(out.to_vec(), data)?.into_dtype(t.dtype())))
         }
-        (None, Storage::Gpu(_)) | (_, Storage::GpuChunks(_)) => Err(Error::ForeignTensor {
+        (None, Storage::Gpu(_) | Storage::GpuChunks(_)) => Err(Error::ForeignTensor {
             tensor: "the KV cache",
         }),
     }

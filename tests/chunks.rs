@@ -274,3 +274,75 @@ fn outputs_pasts_and_masks_in_several_buffers_agree_with_the_oracle() {
     let present = engine.download_blocking(present).unwrap();
     assert_eq!(&present.data()[..300 * 32], &past.data()[..300 * 32]);
 }
+
+/// A KV cache larger than one buffer is held in several: it grows past the
+/// limit by doubling, appends in place across chunks, and decode reads it
+/// (f32 and f16) against the oracle on the concatenated keys and values.
+#[test]
+fn a_kv_cache_past_one_buffer_grows_in_chunks() {
+    let Some(engine) = small_buffer_engine() else {
+        return;
+    };
+    let mut rng = SplitMix64::new(common::seed() ^ 9);
+    let (b, hq, hkv, d) = (2, 4, 2, 16);
+    // 2 x 2 heads x 16 values x 4 bytes = 256 bytes a token: 64 KiB at 256.
+    let steps = [200, 1, 60, 1, 300, 7];
+    let total: usize = steps.iter().sum();
+    for dtype in [DType::F32, DType::F16] {
+        let keys = random(&mut rng, [b, hkv, total, d], dtype);
+        let values = random(&mut rng, [b, hkv, total, d], dtype);
+        let mut cache = webattn::KvCache::with_capacity(128);
+        let mut start = 0;
+        for &n in &steps {
+            let slice = |t: &HostTensor| {
+                let mut data = Vec::new();
+                for batch in 0..b {
+                    for head in 0..hkv {
+                        let base = ((batch * hkv + head) * total + start) * d;
+                        data.extend_from_slice(&t.data()[base..base + n * d]);
+                    }
+                }
+                HostTensor::new([b, hkv, n, d], data)
+                    .unwrap()
+                    .into_dtype(dtype)
+            };
+            let (k, v) = (
+                engine.upload(&slice(&keys)).unwrap(),
+                engine.upload(&slice(&values)).unwrap(),
+            );
+            cache.append_blocking(&engine, &k, &v).unwrap();
+            start += n;
+        }
+        let (ck, _) = cache.tensors().unwrap();
+        println!(
+            "{dtype}: {} tokens, capacity {}, keys in {} buffers",
+            cache.len(),
+            cache.capacity(),
+            ck.device_buffers()
+        );
+        assert_eq!(cache.len(), total);
+        assert!(ck.device_buffers() > 1, "the cache fit one buffer");
+        // Decode one query row against the cache, through its lengths.
+        let q = random(&mut rng, [b, hq, 1, d], DType::F32);
+        let qd = engine.upload(&q).unwrap();
+        let lengths = cache.nonpad_lengths();
+        let inputs = cache.attention_inputs(&qd, &lengths).unwrap();
+        let options = AttentionOptions {
+            path: KernelPath::Fused,
+            ..Default::default()
+        };
+        let y = engine
+            .download_blocking(&engine.attention_blocking(&inputs, &options).unwrap().y)
+            .unwrap();
+        let host = AttentionInputs::new(&q, &keys, &values);
+        let exact = cpu::attention_exact(&host, &options).unwrap();
+        let plain = cpu::attention_plain_f32(&host, &options).unwrap();
+        let report = compare(y.data(), &exact.y, &plain.y, 1e-6);
+        println!("  decode over the cache: worst {:.3e}", report.max_abs);
+        assert!(report.passed(), "{dtype}: {report:?}");
+        // present: the cached tokens as a fresh tensor, exactly.
+        let (pk, _) = cache.present_blocking(&engine).unwrap();
+        let pk = engine.download_blocking(&pk).unwrap();
+        assert_eq!(pk.data(), keys.data(), "{dtype}");
+    }
+}

@@ -24,6 +24,8 @@ pub(crate) struct Chunked {
     buffers: Vec<wgpu::Buffer>,
     chunk_len: usize,
     len: usize,
+    /// Whether the values are f16, packed two to a 4-byte word.
+    f16: bool,
 }
 
 impl Chunked {
@@ -47,10 +49,13 @@ impl Chunked {
         self.buffers.iter().map(wgpu::Buffer::size).sum()
     }
 
-    /// Chunk `i`'s range of elements.
-    fn range(&self, i: usize) -> std::ops::Range<usize> {
-        let start = i * self.chunk_len;
-        start..start + self.values_in(i)
+    /// Values per 4-byte word: 2 for f16, else 1.
+    fn per_word(&self) -> usize {
+        if self.f16 {
+            2
+        } else {
+            1
+        }
     }
 }
 
@@ -120,6 +125,7 @@ pub(crate) fn upload(
         buffers,
         chunk_len,
         len: values.len(),
+        f16: dtype == DType::F16,
     })
 }
 
@@ -145,16 +151,19 @@ pub(crate) fn storage(
         buffers,
         chunk_len,
         len,
+        f16: dtype == DType::F16,
     })
 }
 
-/// Chunks of the same layout in `buffers` (the values converted, say).
-pub(crate) fn with_buffers(chunked: &Chunked, buffers: Vec<wgpu::Buffer>) -> Chunked {
+/// Chunks of the same layout in `buffers`, holding `dtype` values (the
+/// values converted, say).
+pub(crate) fn with_buffers(chunked: &Chunked, buffers: Vec<wgpu::Buffer>, dtype: DType) -> Chunked {
     debug_assert_eq!(buffers.len(), chunked.buffers.len());
     Chunked {
         buffers,
         chunk_len: chunked.chunk_len,
         len: chunked.len,
+        f16: dtype == DType::F16,
     }
 }
 
@@ -168,6 +177,7 @@ pub(crate) fn split_f16(
     chunk_len: usize,
 ) -> Result<Chunked> {
     let chunked = storage(ctx, "f16 tensor (in chunks)", len, DType::F16, chunk_len)?;
+    debug_assert!(chunked.f16);
     let mut encoder = ctx
         .device
         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -316,23 +326,29 @@ impl<'a> Source<'a> {
         })
     }
 
-    /// The first stretch of f32 elements `at..at + len` inside one buffer:
-    /// (buffer, first element in it, values).
+    /// The first stretch of 4-byte units `at..at + len` (f32 values, or
+    /// words of two f16 values) inside one buffer: (buffer, first unit in
+    /// it, units).
     fn span_at(&self, at: usize, len: usize) -> (&'a wgpu::Buffer, usize, usize) {
         match self {
             Source::One(seg) => (seg.buffer, seg.offset as usize / 4 + at, len),
             Source::Chunks(c) => {
-                let i = at / c.chunk_len;
-                let range = c.range(i);
-                (&c.buffers[i], at - range.start, len.min(range.end - at))
+                // chunk_len is a multiple of 8 values: whole words per chunk.
+                let per_chunk = c.chunk_len / c.per_word();
+                let i = at / per_chunk;
+                let start = i * per_chunk;
+                let end = start + c.values_in(i).div_ceil(c.per_word());
+                (&c.buffers[i], at - start, len.min(end - at))
             }
         }
     }
 }
 
-/// Records the copies that move the box `extent` at `src_start` of an f32
-/// tensor of `src_shape` to `dst_start` of one of `dst_shape`, either of
-/// them in one buffer or several: each run split where a buffer changes.
+/// Records the copies that move the box `extent` at `src_start` of a tensor
+/// of `src_shape` to `dst_start` of one of `dst_shape`, either of them in one
+/// buffer or several: each run split where a buffer changes. Shapes count
+/// 4-byte units: f32 values, or words of two f16 values (the last axis
+/// halved).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn copy_box_between(
     rec: &mut Recorder<'_>,
@@ -344,7 +360,19 @@ pub(crate) fn copy_box_between(
     dst_start: [usize; 4],
     extent: [usize; 4],
 ) {
-    for (mut s, mut d, mut len) in box_runs(src_shape, src_start, dst_shape, dst_start, extent) {
+    let runs = box_runs(src_shape, src_start, dst_shape, dst_start, extent);
+    copy_runs(rec, src, dst, &runs);
+}
+
+/// Records copies of `(source unit, destination unit, units)` runs (4-byte
+/// units), each split where a buffer of either side changes.
+pub(crate) fn copy_runs(
+    rec: &mut Recorder<'_>,
+    src: Source<'_>,
+    dst: Source<'_>,
+    runs: &[(usize, usize, usize)],
+) {
+    for &(mut s, mut d, mut len) in runs {
         while len > 0 {
             let (sb, sat, sn) = src.span_at(s, len);
             let (db, dat, dn) = dst.span_at(d, len);
@@ -358,19 +386,25 @@ pub(crate) fn copy_box_between(
 /// Zero-filled f32 storage for a call's output of `shape`: one buffer, or
 /// several where one cannot hold it.
 pub(crate) fn output(ctx: &GpuContext, label: &str, shape: [usize; 4]) -> Result<Held> {
+    allocate(ctx, label, shape, DType::F32)
+}
+
+/// Zero-filled storage for a tensor of `shape` and `dtype` (f16 packed two to
+/// a word): one buffer, or several where one cannot hold it.
+pub(crate) fn allocate(
+    ctx: &GpuContext,
+    label: &str,
+    shape: [usize; 4],
+    dtype: DType,
+) -> Result<Held> {
     let len = shape.iter().product();
     Ok(
-        match chunk_len(&shape, DType::F32, ctx.caps.limits.max_buffer_size)? {
-            Some(n) => Held::Many(std::sync::Arc::new(storage(
-                ctx,
-                label,
-                len,
-                DType::F32,
-                n,
-            )?)),
-            None => Held::One(std::sync::Arc::new(buffer::tensor_storage(
-                ctx, label, len,
-            )?)),
+        match chunk_len(&shape, dtype, ctx.caps.limits.max_buffer_size)? {
+            Some(n) => Held::Many(std::sync::Arc::new(storage(ctx, label, len, dtype, n)?)),
+            None => Held::One(std::sync::Arc::new(match dtype {
+                DType::F16 => buffer::f16_tensor_storage(ctx, label, len)?,
+                _ => buffer::tensor_storage(ctx, label, len)?,
+            })),
         },
     )
 }
