@@ -502,12 +502,7 @@ impl Engine {
         #[cfg(target_arch = "wasm32")]
         return Ok(self.host_or_gpu(
             tensor,
-            self.upload_unchecked(
-                "tensor",
-                tensor.data(),
-                tensor.dtype(),
-                Some(tensor.shape()),
-            )?,
+            self.upload_unchecked("tensor", tensor.data(), tensor.dtype(), tensor.shape())?,
         ));
     }
 
@@ -590,7 +585,7 @@ impl Engine {
     async fn upload_named(&self, name: &'static str, tensor: &HostTensor) -> Result<Tensor> {
         Ok(self.host_or_gpu(
             tensor,
-            self.upload_scoped(name, tensor.data(), tensor.dtype(), Some(tensor.shape()))
+            self.upload_scoped(name, tensor.data(), tensor.dtype(), tensor.shape())
                 .await?,
         ))
     }
@@ -618,13 +613,13 @@ impl Engine {
     /// Uploads `data` as `dtype` inside error scopes on a GPU engine: its
     /// storage and the device generation it lives on, or `None` on a CPU
     /// engine. A tensor of `shape` larger than one buffer is held in several
-    /// (`gpu/chunks.rs`); without a shape (a mask) it must fit one.
+    /// (`gpu/chunks.rs`).
     async fn upload_scoped<H>(
         &self,
         name: &'static str,
         data: &[f32],
         dtype: DType,
-        shape: Option<&[usize]>,
+        shape: &[usize],
     ) -> Result<Option<(Storage<H>, u64)>> {
         let Backend::Gpu(gpu) = &self.backend else {
             return Ok(None);
@@ -645,7 +640,7 @@ impl Engine {
         name: &'static str,
         data: &[f32],
         dtype: DType,
-        shape: Option<&[usize]>,
+        shape: &[usize],
     ) -> Result<Option<(Storage<H>, u64)>> {
         let Backend::Gpu(gpu) = &self.backend else {
             return Ok(None);
@@ -666,12 +661,9 @@ impl Engine {
         #[cfg(target_arch = "wasm32")]
         {
             let uploaded = match self.backend {
-                Backend::Gpu(_) => self.upload_unchecked(
-                    "attn_mask",
-                    &mask_bias(mask),
-                    DType::F32,
-                    Some(mask.shape()),
-                )?,
+                Backend::Gpu(_) => {
+                    self.upload_unchecked("attn_mask", &mask_bias(mask), DType::F32, mask.shape())?
+                }
                 Backend::Cpu => None,
             };
             Ok(self.mask_host_or_gpu(mask, uploaded))
@@ -683,13 +675,8 @@ impl Engine {
     pub async fn upload_mask_async(&self, mask: &HostMask) -> Result<Mask> {
         let uploaded = match self.backend {
             Backend::Gpu(_) => {
-                self.upload_scoped(
-                    "attn_mask",
-                    &mask_bias(mask),
-                    DType::F32,
-                    Some(mask.shape()),
-                )
-                .await?
+                self.upload_scoped("attn_mask", &mask_bias(mask), DType::F32, mask.shape())
+                    .await?
             }
             Backend::Cpu => None,
         };
@@ -1141,28 +1128,26 @@ fn typed_host_outputs(
     }
 }
 
-/// A mask as the GPU kernels read it: an additive bias, masked entries (bool
-/// `false`, `-inf` and anything at or below `-f32::MAX`) as the MASKED marker.
-/// Any other value, NaN included, is added to the score as it is.
 /// `data` uploaded as `dtype`: one buffer, or several where a tensor of
-/// `shape` is larger than one buffer (a mask, without a shape, must fit one).
+/// `shape` is larger than one buffer.
 fn upload_storage<H>(
     ctx: &GpuContext,
     name: &'static str,
     data: &[f32],
     dtype: DType,
-    shape: Option<&[usize]>,
+    shape: &[usize],
 ) -> Result<Storage<H>> {
-    let chunk_len = match shape {
-        Some(shape) => chunks::chunk_len(shape, dtype, ctx.caps.limits.max_buffer_size)?,
-        None => None,
-    };
-    Ok(match chunk_len {
-        Some(n) => Storage::GpuChunks(Arc::new(chunks::upload(ctx, name, data, dtype, n)?)),
-        None => Storage::Gpu(Arc::new(buffer::upload_values(ctx, name, data, dtype)?)),
-    })
+    Ok(
+        match chunks::chunk_len(shape, dtype, ctx.caps.limits.max_buffer_size)? {
+            Some(n) => Storage::GpuChunks(Arc::new(chunks::upload(ctx, name, data, dtype, n)?)),
+            None => Storage::Gpu(Arc::new(buffer::upload_values(ctx, name, data, dtype)?)),
+        },
+    )
 }
 
+/// A mask as the GPU kernels read it: an additive bias, masked entries (bool
+/// `false`, `-inf` and anything at or below `-f32::MAX`) as the MASKED marker.
+/// Any other value, NaN included, is added to the score as it is.
 fn mask_bias(mask: &HostMask) -> Vec<f32> {
     mask.to_additive()
         .into_iter()

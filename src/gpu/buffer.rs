@@ -38,7 +38,7 @@ pub(crate) fn check_buffer(ctx: &GpuContext, what: &str, bytes: u64) -> Result<(
 /// Bytes of a buffer for `len` f32 values: rounded up to whole vec4s (16 bytes),
 /// so every buffer can also be bound as `array<vec4<f32>>`, and never empty.
 fn f32_bytes(len: usize) -> u64 {
-    (len.max(1).div_ceil(4) * 16) as u64
+    (len.max(1) as u64).div_ceil(4) * 16
 }
 
 /// A zero-filled storage buffer of `len` f32 (or u32/i32) values.

@@ -68,21 +68,23 @@ pub(crate) fn chunk_len(
     dtype: DType,
     max_buffer_size: u64,
 ) -> Result<Option<usize>> {
-    let len: usize = shape.iter().product();
+    let len = crate::tensor::checked_numel("tensor", shape)? as u64;
     let stored = match dtype {
-        DType::F16 => len.div_ceil(2) as u64 * 4,
-        _ => len as u64 * 4,
+        DType::F16 => len.div_ceil(2) * 4,
+        _ => len * 4,
     };
     if stored.div_ceil(16) * 16 <= max_buffer_size {
         return Ok(None);
     }
-    // f32 values per buffer, so that a widened chunk fits one too.
-    let most = (max_buffer_size / 4) as usize;
+    // f32 values per buffer, so that a widened chunk fits one too (and, on
+    // 32-bit targets, so that its bytes count in a usize).
+    let most = (max_buffer_size.min(usize::MAX as u64) / 4) as usize;
     let rank = shape.len();
     let head = shape[rank.saturating_sub(2)..].iter().product::<usize>();
     let row = shape.last().copied().unwrap_or(1);
-    let unit = [lcm(head, 8), lcm(row, 8), 8]
+    let unit = [lcm(head, 8), lcm(row, 8), Some(8)]
         .into_iter()
+        .flatten()
         .find(|&u| u <= most)
         .ok_or_else(|| {
             Error::buffer_limit(
@@ -99,14 +101,15 @@ pub(crate) fn chunk_len(
     Ok(Some(chunk))
 }
 
-fn lcm(a: usize, b: usize) -> usize {
+/// The least common multiple, where it fits a usize.
+fn lcm(a: usize, b: usize) -> Option<usize> {
     let gcd = |mut x: usize, mut y: usize| {
         while y != 0 {
             (x, y) = (y, x % y);
         }
         x
     };
-    a.max(1) / gcd(a.max(1), b) * b
+    (a.max(1) / gcd(a.max(1), b)).checked_mul(b)
 }
 
 /// Uploads `values` as `dtype` in chunks of `chunk_len` values.
@@ -185,8 +188,9 @@ pub(crate) fn split_f16(
         });
     for (i, dst) in chunked.buffers.iter().enumerate() {
         // Whole words: chunk_len is a multiple of 8 values, the buffers are padded.
-        let bytes = (chunked.values_in(i).div_ceil(2) * 4) as u64;
-        encoder.copy_buffer_to_buffer(src, (i * chunk_len * 2) as u64, dst, 0, bytes);
+        let bytes = chunked.values_in(i).div_ceil(2) as u64 * 4;
+        let from = i as u64 * chunk_len as u64 * 2;
+        encoder.copy_buffer_to_buffer(src, from, dst, 0, bytes);
     }
     ctx.queue.submit([encoder.finish()]);
     Ok(chunked)
@@ -216,9 +220,9 @@ pub(crate) fn fill_repeated(
     chunks: &[(&wgpu::Buffer, usize)],
 ) {
     let width = if dtype == DType::F16 { 2 } else { 4 };
-    let period_bytes = (period * width) as u64;
+    let period_bytes = period as u64 * width as u64;
     for &(target, first) in chunks {
-        let phase = ((first % period) * width) as u64;
+        let phase = (first % period) as u64 * width as u64;
         let size = target.size();
         let mut at = 0;
         while at < size {
@@ -321,8 +325,8 @@ impl<'a> Source<'a> {
         };
         Some(Seg {
             buffer,
-            offset: base + (local * width) as u64,
-            size: Some((len * width) as u64),
+            offset: base + local as u64 * width as u64,
+            size: Some(len as u64 * width as u64),
         })
     }
 
@@ -397,16 +401,16 @@ pub(crate) fn allocate(
     shape: [usize; 4],
     dtype: DType,
 ) -> Result<Held> {
+    // chunk_len checks that the element count fits a usize.
+    let chunks = chunk_len(&shape, dtype, ctx.caps.limits.max_buffer_size)?;
     let len = shape.iter().product();
-    Ok(
-        match chunk_len(&shape, dtype, ctx.caps.limits.max_buffer_size)? {
-            Some(n) => Held::Many(std::sync::Arc::new(storage(ctx, label, len, dtype, n)?)),
-            None => Held::One(std::sync::Arc::new(match dtype {
-                DType::F16 => buffer::f16_tensor_storage(ctx, label, len)?,
-                _ => buffer::tensor_storage(ctx, label, len)?,
-            })),
-        },
-    )
+    Ok(match chunks {
+        Some(n) => Held::Many(std::sync::Arc::new(storage(ctx, label, len, dtype, n)?)),
+        None => Held::One(std::sync::Arc::new(match dtype {
+            DType::F16 => buffer::f16_tensor_storage(ctx, label, len)?,
+            _ => buffer::tensor_storage(ctx, label, len)?,
+        })),
+    })
 }
 
 #[cfg(test)]
@@ -442,8 +446,9 @@ mod tests {
 
     #[test]
     fn least_common_multiples() {
-        assert_eq!(lcm(6, 8), 24);
-        assert_eq!(lcm(8, 8), 8);
-        assert_eq!(lcm(0, 8), 8);
+        assert_eq!(lcm(6, 8), Some(24));
+        assert_eq!(lcm(8, 8), Some(8));
+        assert_eq!(lcm(0, 8), Some(8));
+        assert_eq!(lcm(usize::MAX, 8), None);
     }
 }

@@ -168,10 +168,10 @@ impl<'c> Recorder<'c> {
         self.pass = None;
         self.encoder.copy_buffer_to_buffer(
             src,
-            (src_offset * 4) as u64,
+            src_offset as u64 * 4,
             dst,
-            (dst_offset * 4) as u64,
-            (values * 4) as u64,
+            dst_offset as u64 * 4,
+            values as u64 * 4,
         );
     }
 
