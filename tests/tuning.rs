@@ -135,6 +135,7 @@ fn a_stale_entry_is_ignored_with_a_warning_and_calls_stay_right() {
             unfused_ms: 2.0,
             decode: None,
             coop_ms: None,
+            unfused_coop_ms: None,
         },
     );
     table.save(&cache).unwrap();
@@ -176,6 +177,7 @@ fn auto_follows_the_measured_path_and_kernel() {
             unfused_ms: 1.0,
             decode: None,
             coop_ms: None,
+            unfused_coop_ms: None,
         },
     );
     table.save(&cache).unwrap();
@@ -215,6 +217,7 @@ fn auto_follows_the_measured_path_and_kernel() {
             unfused_ms: 2.0,
             decode: None,
             coop_ms: None,
+            unfused_coop_ms: None,
         },
     );
     table.save(&cache).unwrap();
@@ -260,6 +263,7 @@ fn decode_follows_the_measured_kernel_where_it_runs() {
                     decode_ms: 0.5,
                 }),
                 coop_ms: None,
+                unfused_coop_ms: None,
             },
         );
         table.save(&cache).unwrap();

@@ -162,6 +162,26 @@ impl GpuContext {
         }
     }
 
+    /// The precision the unfused path's GEMMs take in a call at `precision`
+    /// with head dims `dk`, `dv`: `precision`, except that under `Auto` a
+    /// call at [`Precision::Fast`] keeps them in f32 where the tuning table
+    /// measured the unfused path slower on the matrix units than in f32
+    /// (`Fast` allows f16 products; it does not ask for a slower path).
+    /// Forcing the matrix-unit kernel keeps them on the matrix units.
+    pub fn unfused_precision(&self, dk: usize, dv: usize, precision: Precision) -> Precision {
+        let measured_slower = precision == Precision::Fast
+            && self.fused_choice == FusedKernelChoice::Auto
+            && self
+                .tuned(dk, dv)
+                .and_then(|e| e.unfused_coop_ms.map(|coop| coop > e.unfused_ms))
+                .unwrap_or(false);
+        if measured_slower {
+            Precision::Highest
+        } else {
+            precision
+        }
+    }
+
     /// This context with every fused call running `kernel` (an f32 kernel,
     /// whose head-dim class must be the calls'); for timing one candidate.
     pub fn with_pinned_fused_kernel(mut self, kernel: FusedKernel) -> GpuContext {

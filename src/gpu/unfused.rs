@@ -92,6 +92,8 @@ pub(crate) async fn run(
     let (b, hq, nq) = (dims.batch, dims.q_heads, dims.q_len);
     let (dk, dv, t) = (dims.head_dim, dims.v_head_dim, dims.total_len());
     let heads = b * hq;
+    // The GEMMs' precision: Fast stays in f32 where the matrix units measured slower.
+    let precision = ctx.unfused_precision(dk, dv, options.precision);
     let budget = score_budget.min(ctx.caps.limits.max_bindable_bytes());
     // The mask and softmax kernels loop over a row in strides of 128.
     if let Some(loops) = ctx.caps.loop_budget() {
@@ -181,7 +183,7 @@ pub(crate) async fn run(
                 alpha: scale,
                 beta: 0.0,
             };
-            gemm::record_at(&mut rec, options.precision, &scores_spec, q, keys, &scores)?;
+            gemm::record_at(&mut rec, precision, &scores_spec, q, keys, &scores)?;
             mask::record(
                 &mut rec,
                 dims,
@@ -219,14 +221,7 @@ pub(crate) async fn run(
                 beta: 0.0,
             };
             // Masked keys have probability 0 and take no part, whatever V holds.
-            gemm::record_skipping_zero_a(
-                &mut rec,
-                options.precision,
-                &output_spec,
-                &scores,
-                values,
-                &y,
-            )?;
+            gemm::record_skipping_zero_a(&mut rec, precision, &output_spec, &scores, values, &y)?;
         }
         rec.submit();
 

@@ -17,12 +17,14 @@ use crate::gpu::capabilities::Capabilities;
 use crate::gpu::ops::decode::{DecodeKernel, StreamShape};
 
 /// The first line of a cache file of this format.
-pub const HEADER: &str = "# webattn tuning cache, format 3";
-/// The first lines of the formats before it, still read: format 2 (no
-/// matrix-unit column), format 1 (no decode or prefetch columns either).
+pub const HEADER: &str = "# webattn tuning cache, format 4";
+/// The first lines of the formats before it, still read: format 3 (no
+/// unfused matrix-unit column), format 2 (no matrix-unit column), format 1
+/// (no decode or prefetch columns either).
+const HEADER_3: &str = "# webattn tuning cache, format 3";
 const HEADER_2: &str = "# webattn tuning cache, format 2";
 const HEADER_1: &str = "# webattn tuning cache, format 1";
-const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms\tdecode_kernel\tL\tKB\tdecode_ms\tprefetch\tcoop_ms";
+const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms\tdecode_kernel\tL\tKB\tdecode_ms\tprefetch\tcoop_ms\tunfused_coop_ms";
 
 /// What a measurement is about: one adapter and driver under one
 /// workgroup-memory limit, at one head-dim class (head dims rounded up to 4).
@@ -106,6 +108,11 @@ pub struct TunedEntry {
     /// `Precision::Fast`, where the adapter has one: calls at `Fast` take it
     /// only where it is not measured slower than `fused_ms`.
     pub coop_ms: Option<f64>,
+    /// The unfused path's median time at `Precision::Fast` (its GEMMs on the
+    /// matrix units), where the adapter has them: unfused calls at `Fast`
+    /// keep their GEMMs in f32 where this is measured slower than
+    /// `unfused_ms`.
+    pub unfused_coop_ms: Option<f64>,
 }
 
 /// The decode kernel that won on the tuner's decode problem.
@@ -203,7 +210,8 @@ impl TuningTable {
         let mut warnings = Vec::new();
         let mut lines = text.lines().enumerate();
         match lines.next() {
-            Some((_, first)) if [HEADER, HEADER_2, HEADER_1].contains(&first.trim_end()) => {}
+            Some((_, first))
+                if [HEADER, HEADER_3, HEADER_2, HEADER_1].contains(&first.trim_end()) => {}
             Some((_, first)) => {
                 warnings.push(format!(
                     "not a tuning cache of this format (first line {:?}, expected {HEADER:?}): ignored",
@@ -254,11 +262,11 @@ impl TuningTable {
                     )
                 }
             };
-            let coop = entry
-                .coop_ms
-                .map_or_else(|| "-".to_string(), |ms| format!("{ms:.6}"));
+            let optional =
+                |ms: Option<f64>| ms.map_or_else(|| "-".to_string(), |ms| format!("{ms:.6}"));
+            let (coop, unfused_coop) = (optional(entry.coop_ms), optional(entry.unfused_coop_ms));
             out.push_str(&format!(
-                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\t{decode}\t{prefetch}\t{coop}\n",
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\t{decode}\t{prefetch}\t{coop}\t{unfused_coop}\n",
                 clean(&key.adapter),
                 clean(&key.backend),
                 clean(&key.driver),
@@ -341,9 +349,10 @@ impl TuningTable {
 fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String> {
     let fields: Vec<&str> = line.split('\t').collect();
     // 13 fields in format 1 (no decode or prefetch columns), 18 in format 2
-    // (no matrix-unit column), 19 in format 3.
-    if ![13, 18, 19].contains(&fields.len()) {
-        return Err(format!("{} fields, expected 19", fields.len()));
+    // (no matrix-unit column), 19 in format 3 (no unfused matrix-unit
+    // column), 20 in format 4.
+    if ![13, 18, 19, 20].contains(&fields.len()) {
+        return Err(format!("{} fields, expected 20", fields.len()));
     }
     let number = |i: usize, what: &str| -> std::result::Result<u32, String> {
         fields[i]
@@ -406,16 +415,19 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
             })
         }
     };
-    let coop_ms = match fields.get(18).map(|f| f.trim()) {
-        None | Some("-") => None,
-        Some(_) => Some(time(18, "coop_ms")?),
+    let optional = |i: usize, what: &str| match fields.get(i).map(|f| f.trim()) {
+        None | Some("-") => Ok(None),
+        Some(_) => time(i, what).map(Some),
     };
+    let coop_ms = optional(18, "coop_ms")?;
+    let unfused_coop_ms = optional(19, "unfused_coop_ms")?;
     let entry = TunedEntry {
         kernel,
         fused_ms: time(11, "fused_ms")?,
         unfused_ms: time(12, "unfused_ms")?,
         decode,
         coop_ms,
+        unfused_coop_ms,
     };
     Ok((key, entry))
 }
@@ -457,6 +469,7 @@ mod tests {
                     decode_ms: 0.5,
                 }),
                 coop_ms: Some(3.75),
+                unfused_coop_ms: Some(5.5),
             },
         );
         table.insert(
@@ -467,6 +480,7 @@ mod tests {
                 unfused_ms: 2.0,
                 decode: None,
                 coop_ms: None,
+                unfused_coop_ms: None,
             },
         );
         table
@@ -537,6 +551,25 @@ mod tests {
     }
 
     #[test]
+    fn format_3_lines_read_without_an_unfused_matrix_unit_time() {
+        let text = sample().to_text();
+        let old: Vec<String> = text
+            .lines()
+            .enumerate()
+            .map(|(i, line)| match i {
+                0 => HEADER_3.to_string(),
+                1 => line.to_string(),
+                _ => line.split('\t').take(19).collect::<Vec<_>>().join("\t"),
+            })
+            .collect();
+        let (table, warnings) = TuningTable::parse(&old.join("\n"));
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(table.len(), 2);
+        assert!(table.entries().all(|(_, e)| e.unfused_coop_ms.is_none()));
+        assert!(table.entries().any(|(_, e)| e.coop_ms.is_some()));
+    }
+
+    #[test]
     fn another_format_or_binary_noise_is_ignored_whole() {
         let (table, warnings) = TuningTable::parse("# webattn tuning cache, format 0\n");
         assert!(table.is_empty());
@@ -563,6 +596,7 @@ mod tests {
                     decode_ms: 2.0,
                 }),
                 coop_ms: None,
+                unfused_coop_ms: None,
             },
         );
         let (back, warnings) = TuningTable::parse(&table.to_text());

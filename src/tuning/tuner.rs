@@ -287,6 +287,30 @@ pub async fn tune(
                 coop_ms = Some(ms);
             }
         }
+        // The unfused path at Precision::Fast (its GEMMs on the matrix units),
+        // where the adapter has them: unfused calls at Fast keep their GEMMs
+        // in f32 where this is measured slower. Timed with the matrix units
+        // forced, so an earlier entry cannot turn them off.
+        let mut unfused_coop_ms = None;
+        if matches!(
+            ctx.gemm_kernel_at(Precision::Fast),
+            crate::gpu::ops::gemm::GemmKernel::Coop(_)
+        ) {
+            let label = "unfused (precision fast)".to_string();
+            progress(&format!("head dims {dk}/{dv}: {label}"));
+            let coop =
+                Engine::from_context(ctx.clone().with_fused_kernel(FusedKernelChoice::Coop)?);
+            if let Some(ms) = left_out(
+                time(&coop, &inputs, KernelPath::Unfused, Precision::Fast).await,
+                |why| progress(&format!("head dims {dk}/{dv}: {label} left out: {why}")),
+            )? {
+                timings.push(Timed {
+                    label,
+                    median_ms: ms,
+                });
+                unfused_coop_ms = Some(ms);
+            }
+        }
         drop(inputs);
         // The decode problem: one query row per head over many keys.
         let decode_heads = problem.decode_heads_within(
@@ -355,6 +379,7 @@ pub async fn tune(
             unfused_ms: unfused,
             decode,
             coop_ms,
+            unfused_coop_ms,
         };
         ctx.record_tuning(TuningKey::new(ctx.capabilities(), dk, dv), entry);
         reports.push(TuneReport {

@@ -70,6 +70,7 @@ fn describe(engine: &Engine) -> serde_json::Value {
             "fused_ms": e.fused_ms, "unfused_ms": e.unfused_ms,
             "decode_kernel": e.decode.map(|d| d.kernel.label()),
             "decode_ms": e.decode.map(|d| d.decode_ms),
+            "coop_ms": e.coop_ms, "unfused_coop_ms": e.unfused_coop_ms,
         })).collect::<Vec<_>>()),
         "paths": plan.paths.iter().map(|p| p.name()).chain(["cpu", "oracle"]).collect::<Vec<_>>(),
         "cpu_backend": engine.cpu_backend().describe(),
@@ -144,6 +145,20 @@ fn tuning_text(engine: &Engine, ctx: &webattn::GpuContext) -> String {
                 decode.kernel.label(),
                 decode.decode_ms
             );
+        }
+        let verdict = |coop: f64, f32_ms: f64| if coop > f32_ms { "f32 kept" } else { "taken" };
+        if let Some(coop) = entry.coop_ms {
+            out += &format!(
+                "    matrix units at precision fast: fused {coop:.3} ms ({})",
+                verdict(coop, entry.fused_ms)
+            );
+            if let Some(unfused) = entry.unfused_coop_ms {
+                out += &format!(
+                    ", unfused {unfused:.3} ms ({})",
+                    verdict(unfused, entry.unfused_ms)
+                );
+            }
+            out += "\n";
         }
     }
     out

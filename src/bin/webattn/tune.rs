@@ -112,6 +112,14 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             };
             println!("  matrix units (precision fast): {coop:.3} ms, {verdict}");
         }
+        if let Some(coop) = entry.unfused_coop_ms {
+            let verdict = if coop > entry.unfused_ms {
+                "measured slower than its f32 GEMMs: unfused calls at precision fast keep them"
+            } else {
+                "unfused calls at precision fast take it"
+            };
+            println!("  unfused on the matrix units (precision fast): {coop:.3} ms, {verdict}");
+        }
         if !report.decode_timings.is_empty() {
             println!(
                 "  decode (B 1, H {}, one query row, {} keys):",
