@@ -9,9 +9,16 @@
 // (BT = 4 * CM, CM the matrix size of the COOP block below). Each subgroup
 // owns a 2 x 2 block of CM x CM accumulators (a quadrant of the tile) for the
 // whole K loop. K is stepped in slices of BKK: op(A)'s BT x BKK slice and
-// op(B)'s BKK x BT slice are staged in workgroup memory as f16 (coalesced
-// reads from storage, zeros outside the matrices), then each subgroup loads
-// its operands from there and multiplies.
+// op(B)'s BKK x BT slice are staged in workgroup memory as f16 (zeros
+// outside the matrices), then each subgroup loads its operands from there and
+// multiplies.
+//
+// Staging reads storage as vec4s where the host found the matrix aligned
+// (VEC_A, VEC_B in p.vec_ab: leading dimension, offset and batch stride all
+// multiples of 4) and the vec4 lies inside it, else element by element; each
+// invocation reads V vec4s of each operand per slice, consecutive ones along
+// the stored rows. The next slice's vec4s are read into registers before the
+// current slice is multiplied, so their latency hides behind the products.
 //
 // SKIP_ZERO_A (attention's P V): a zero in A must not multiply a NaN or an
 // infinity in B, while any other value of A must, even one that rounds to
@@ -51,6 +58,12 @@ override SG: u32 = 32u;
 
 const BT: u32 = 4u * CM;
 const BKK: u32 = 32u;
+// vec4s of each operand's slice per invocation (the host keeps SG within
+// CM / 2 ..= 8 * CM, so 1 <= V <= MAXV).
+override V: u32 = 8u * CM / SG;
+const MAXV: u32 = 16u;
+const VEC_A: u32 = 1u;
+const VEC_B: u32 = 2u;
 // Row strides of the staged slices and of the C tile, padded by 16 bytes so
 // rows start 16-byte aligned on different banks.
 const AS: u32 = BKK + 8u;
@@ -77,13 +90,17 @@ struct Params {
     b_batch_div: u32,
     alpha: f32,
     beta: f32,
-    _pad: u32,
+    // VEC_A | VEC_B: which operands may be read as vec4s.
+    vec_ab: u32,
 }
 
+// A and B twice each: an f32 view and a vec4 view of one buffer.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
-@group(0) @binding(3) var<storage, read_write> c: array<f32>;
+@group(0) @binding(2) var<storage, read> a4: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> b: array<f32>;
+@group(0) @binding(4) var<storage, read> b4: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> c: array<f32>;
 
 // op(A)'s slice, row-major BT x BKK; op(B)'s slice, row-major BKK x BT.
 var<workgroup> a_s: array<f16, BT * AS>;
@@ -125,6 +142,120 @@ fn non_finite(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) >= 0x7f800000u;
 }
 
+// Vec4 slot s of op(A)'s slice at (row0, k0): four consecutive values of a
+// stored row (along K, or along M when A is stored transposed).
+fn a_slot(base: u32, row0: u32, k0: u32, s: u32) -> vec4<f32> {
+    var r: u32;
+    var kk: u32;
+    var run_ok: bool;
+    var at: u32;
+    if (TRANS_A) {
+        kk = s / (BT / 4u);
+        r = (s % (BT / 4u)) * 4u;
+        run_ok = k0 + kk < p.k && row0 + r + 4u <= p.m;
+        at = base + (k0 + kk) * p.lda + row0 + r;
+    } else {
+        r = s / (BKK / 4u);
+        kk = (s % (BKK / 4u)) * 4u;
+        run_ok = row0 + r < p.m && k0 + kk + 4u <= p.k;
+        at = base + (row0 + r) * p.lda + k0 + kk;
+    }
+    if ((p.vec_ab & VEC_A) != 0u && run_ok) {
+        return a4[at / 4u];
+    }
+    if (TRANS_A) {
+        return vec4<f32>(
+            a_at(base, row0 + r, k0 + kk),
+            a_at(base, row0 + r + 1u, k0 + kk),
+            a_at(base, row0 + r + 2u, k0 + kk),
+            a_at(base, row0 + r + 3u, k0 + kk),
+        );
+    }
+    return vec4<f32>(
+        a_at(base, row0 + r, k0 + kk),
+        a_at(base, row0 + r, k0 + kk + 1u),
+        a_at(base, row0 + r, k0 + kk + 2u),
+        a_at(base, row0 + r, k0 + kk + 3u),
+    );
+}
+
+// Stores slot s of op(A)'s slice, scaled and rounded to f16.
+fn a_put(s: u32, v: vec4<f32>, scale: f32) {
+    let h = vec4<f16>(scale * v);
+    if (TRANS_A) {
+        let kk = s / (BT / 4u);
+        let r = (s % (BT / 4u)) * 4u;
+        for (var j = 0u; j < 4u; j++) {
+            a_s[(r + j) * AS + kk] = h[j];
+        }
+    } else {
+        let r = s / (BKK / 4u);
+        let kk = (s % (BKK / 4u)) * 4u;
+        for (var j = 0u; j < 4u; j++) {
+            a_s[r * AS + kk + j] = h[j];
+        }
+    }
+}
+
+// Vec4 slot s of op(B)'s slice at (k0, col0): four consecutive values of a
+// stored row (along N, or along K when B is stored transposed).
+fn b_slot(base: u32, k0: u32, col0: u32, s: u32) -> vec4<f32> {
+    var kk: u32;
+    var cc: u32;
+    var run_ok: bool;
+    var at: u32;
+    if (TRANS_B) {
+        cc = s / (BKK / 4u);
+        kk = (s % (BKK / 4u)) * 4u;
+        run_ok = col0 + cc < p.n && k0 + kk + 4u <= p.k;
+        at = base + (col0 + cc) * p.ldb + k0 + kk;
+    } else {
+        kk = s / (BT / 4u);
+        cc = (s % (BT / 4u)) * 4u;
+        run_ok = k0 + kk < p.k && col0 + cc + 4u <= p.n;
+        at = base + (k0 + kk) * p.ldb + col0 + cc;
+    }
+    if ((p.vec_ab & VEC_B) != 0u && run_ok) {
+        return b4[at / 4u];
+    }
+    if (TRANS_B) {
+        return vec4<f32>(
+            b_at(base, k0 + kk, col0 + cc),
+            b_at(base, k0 + kk + 1u, col0 + cc),
+            b_at(base, k0 + kk + 2u, col0 + cc),
+            b_at(base, k0 + kk + 3u, col0 + cc),
+        );
+    }
+    return vec4<f32>(
+        b_at(base, k0 + kk, col0 + cc),
+        b_at(base, k0 + kk, col0 + cc + 1u),
+        b_at(base, k0 + kk, col0 + cc + 2u),
+        b_at(base, k0 + kk, col0 + cc + 3u),
+    );
+}
+
+// Stores slot s of op(B)'s slice rounded to f16; whether a value is not
+// finite after the rounding.
+fn b_put(s: u32, v: vec4<f32>) -> bool {
+    let h = vec4<f16>(v);
+    let w = vec4<f32>(h);
+    let bad = non_finite(w.x) || non_finite(w.y) || non_finite(w.z) || non_finite(w.w);
+    if (TRANS_B) {
+        let cc = s / (BKK / 4u);
+        let kk = (s % (BKK / 4u)) * 4u;
+        for (var j = 0u; j < 4u; j++) {
+            b_s[(kk + j) * BS + cc] = h[j];
+        }
+    } else {
+        let kk = s / (BT / 4u);
+        let cc = (s % (BT / 4u)) * 4u;
+        for (var j = 0u; j < 4u; j++) {
+            b_s[kk * BS + cc + j] = h[j];
+        }
+    }
+    return bad;
+}
+
 @compute @workgroup_size(4 * SG, 1, 1)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -161,36 +292,32 @@ fn main(
     var acc11 = acc00;
 
     let k_slices = (p.k + BKK - 1u) / BKK;
+    // This invocation's vec4s of the next slice: slots li, li + wg, ...
+    // (consecutive invocations read consecutive vec4s of a stored row).
+    var next_a: array<vec4<f32>, MAXV>;
+    var next_b: array<vec4<f32>, MAXV>;
+    for (var i = 0u; i < V; i++) {
+        next_a[i] = a_slot(a_base, row0, 0u, li + i * wg);
+        next_b[i] = b_slot(b_base, 0u, col0, li + i * wg);
+    }
     for (var ks = 0u; ks < k_slices; ks++) {
         let k0 = ks * BKK;
         if (li == 0u) {
             b_bad[0] = 0u;
         }
-        // Consecutive invocations read consecutive elements of the stored
-        // matrix (rows of A along K unless transposed; rows of B along N
-        // unless transposed).
-        for (var slot = li; slot < BT * BKK; slot += wg) {
-            var r = slot / BKK;
-            var kk = slot % BKK;
-            if (TRANS_A) {
-                r = slot % BT;
-                kk = slot / BT;
-            }
-            a_s[r * AS + kk] = f16(a_scale * a_at(a_base, row0 + r, k0 + kk));
-        }
         var bad = false;
-        for (var slot = li; slot < BKK * BT; slot += wg) {
-            var kk = slot / BT;
-            var cc = slot % BT;
-            if (TRANS_B) {
-                kk = slot % BKK;
-                cc = slot / BKK;
-            }
-            let h = f16(b_at(b_base, k0 + kk, col0 + cc));
-            bad = bad || non_finite(f32(h));
-            b_s[kk * BS + cc] = h;
+        for (var i = 0u; i < V; i++) {
+            a_put(li + i * wg, next_a[i], a_scale);
+            bad = b_put(li + i * wg, next_b[i]) || bad;
         }
         workgroupBarrier();
+        // The next slice's reads go out now; the products below hide them.
+        if (ks + 1u < k_slices) {
+            for (var i = 0u; i < V; i++) {
+                next_a[i] = a_slot(a_base, row0, k0 + BKK, li + i * wg);
+                next_b[i] = b_slot(b_base, k0 + BKK, col0, li + i * wg);
+            }
+        }
         if (SKIP_ZERO_A && bad) {
             b_bad[0] = 1u;
         }

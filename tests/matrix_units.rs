@@ -19,7 +19,7 @@ mod common;
 
 use std::process::Command;
 
-use webattn::conformance::{compare, run_sweep, SweepKind, DEFAULT_FLOOR};
+use webattn::conformance::{compare, run_case, run_sweep, CaseSpec, SweepKind, DEFAULT_FLOOR};
 use webattn::gpu::kernels::gemm_host_variant;
 use webattn::gpu::ops::gemm::{AValues, GemmKernel, GemmSpec};
 use webattn::gpu::planner::coop_shape;
@@ -250,6 +250,46 @@ fn gemm_cases_only(engine: &Engine) {
         let name = format!("130x65x97 ta{} tb{}", ta as u8, tb as u8);
         check_gemm(engine, &name, &spec, AValues::Any, &a, &b, &c);
     }
+    // Leading dimensions that are multiples of 4: the kernel reads vec4s,
+    // element by element only at the matrices' edges (K = 101 leaves a vec4
+    // straddling the end of each row of A).
+    for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+        let spec = GemmSpec::contiguous(1, 68, 132, 100, ta, tb);
+        let (a, b, c) = random(&spec, seed);
+        let name = format!("68x132x100 (vec4 reads) ta{} tb{}", ta as u8, tb as u8);
+        check_gemm(engine, &name, &spec, AValues::Any, &a, &b, &c);
+    }
+    let spec = GemmSpec {
+        batch: 2,
+        m: 37,
+        n: 70,
+        k: 101,
+        trans_a: false,
+        trans_b: false,
+        lda: 104,
+        ldb: 72,
+        ldc: 70,
+        a_offset: 8,
+        b_offset: 4,
+        c_offset: 0,
+        a_stride: 37 * 104 + 4,
+        b_stride: 101 * 72,
+        c_stride: 37 * 70,
+        b_batch_base: 0,
+        b_batch_div: 1,
+        alpha: 1.0,
+        beta: 0.0,
+    };
+    let (a, b, c) = random(&spec, 3);
+    check_gemm(
+        engine,
+        "vec4 reads with padded rows",
+        &spec,
+        AValues::Any,
+        &a,
+        &b,
+        &c,
+    );
     // alpha and beta, then padded leading dimensions, offsets and gaps
     // between batch entries, then B shared by grouped heads.
     let spec = GemmSpec {
@@ -644,6 +684,7 @@ fn fast_calls_leave_a_matrix_unit_kernel_measured_slower() {
                 unfused_ms: 2.0,
                 decode: None,
                 coop_ms: Some(coop_ms),
+                unfused_coop_ms: None,
             };
             let key = TuningKey::new(ctx.capabilities(), 8, 8);
             ctx.record_tuning(key.clone(), entry(2.5));
@@ -657,8 +698,44 @@ fn fast_calls_leave_a_matrix_unit_kernel_measured_slower() {
                 .with_fused_kernel(FusedKernelChoice::Coop)
                 .expect("the matrix-unit kernel can be forced");
             assert!(is_coop(&forced), "forced by name, it runs");
-            ctx.record_tuning(key, entry(0.5));
+            ctx.record_tuning(key.clone(), entry(0.5));
             assert!(is_coop(ctx), "measured faster, Fast takes it");
+
+            // The unfused path's GEMMs likewise: measured slower on the
+            // matrix units (the H200's gemm_coop16 ran at an eighth of the
+            // f32 GEMM), calls at Fast keep them in f32.
+            assert_eq!(
+                ctx.unfused_precision(8, 8, Precision::Fast),
+                Precision::Fast
+            );
+            let unfused = |ms| TunedEntry {
+                unfused_coop_ms: Some(ms),
+                ..entry(0.5)
+            };
+            ctx.record_tuning(key.clone(), unfused(16.0));
+            assert_eq!(
+                ctx.unfused_precision(8, 8, Precision::Fast),
+                Precision::Highest
+            );
+            assert_eq!(
+                ctx.unfused_precision(8, 8, Precision::Highest),
+                Precision::Highest
+            );
+            assert_eq!(
+                forced.unfused_precision(8, 8, Precision::Fast),
+                Precision::Fast,
+                "forced, the matrix units stay"
+            );
+            // The unfused path still runs right in f32 there.
+            let case = CaseSpec::new("unfused-kept-f32", [1, 2, 2], [33, 40], [8, 8])
+                .with(|o| o.precision = Precision::Fast);
+            let results = pollster::block_on(run_case(&engine, &case, &[KernelPath::Unfused], 7));
+            assert!(results.iter().all(|r| r.passed()), "{results:?}");
+            ctx.record_tuning(key, unfused(1.0));
+            assert_eq!(
+                ctx.unfused_precision(8, 8, Precision::Fast),
+                Precision::Fast
+            );
         },
     );
 }

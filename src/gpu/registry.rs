@@ -389,7 +389,8 @@ impl Kernel {
             Kernel::LinearWeights => &[Uniform, Read, ReadWrite],
             // A = S W1ᵀ, Bm = H W2ᵀ, v, lengths; scores.
             Kernel::AdditiveScores => &[Uniform, Read, Read, Read, Read, ReadWrite],
-            Kernel::GemmCoop(_) => &[Uniform, Read, Read, ReadWrite],
+            // A and B twice each: an f32 view and a vec4 view of one buffer.
+            Kernel::GemmCoop(_) => &[Uniform, Read, Read, Read, Read, ReadWrite],
         }
     }
 

@@ -168,7 +168,10 @@ struct Params {
     b_batch_div: u32,
     alpha: f32,
     beta: f32,
-    _pad: u32,
+    /// `gemm_coop.wgsl`: 1 where A may be read as vec4s, 2 where B may
+    /// (leading dimension, offset and batch stride multiples of 4); the other
+    /// kernels ignore it.
+    vec_ab: u32,
 }
 
 pub use crate::gpu::choice::{CoopShape, GemmKernel};
@@ -205,10 +208,22 @@ pub fn coop_workgroup_bytes(shape: CoopShape) -> u32 {
         + 4 * matrix * matrix
 }
 
-/// Whether `gemm_coop.wgsl` at `shape` fits `limits` (workgroup memory and invocations).
+/// vec4s of each operand's K slice an invocation of `gemm_coop.wgsl` stages
+/// (its V): a slice's `tile x COOP_SLICE` values over the workgroup.
+pub fn coop_vec4s_per_invocation(shape: CoopShape) -> usize {
+    (coop_tile(shape) * COOP_SLICE / 4).div_ceil(coop_invocations(shape) as usize)
+}
+
+/// Whether `gemm_coop.wgsl` at `shape` fits `limits` (workgroup memory and
+/// invocations) and its staging (1 to 16 vec4s of each operand per
+/// invocation, which a subgroup of half a matrix's side to eight times it
+/// gives).
 pub fn coop_fits(shape: CoopShape, limits: &crate::gpu::capabilities::KernelLimits) -> bool {
+    let (cm, sg) = (shape.size.dim(), shape.subgroup);
     coop_workgroup_bytes(shape) <= limits.max_compute_workgroup_storage_size
         && coop_invocations(shape) <= limits.max_compute_invocations_per_workgroup
+        && cm <= 2 * sg
+        && sg <= 8 * cm
 }
 
 /// The pipeline key for a transpose combination of the tiled kernel.
@@ -413,7 +428,9 @@ fn max_k_per_pass(kernel: GemmKernel, budget: u64, skip_zero_a: bool) -> usize {
             let (tile, wg) = (coop_tile(shape), coop_invocations(shape) as usize);
             let cm = shape.size.dim() as usize;
             let tile_loop = (tile * tile).div_ceil(wg);
-            let mut per_slice = 2 * (tile * COOP_SLICE).div_ceil(wg) + COOP_SLICE / cm + 4;
+            // Staging: V vec4s of each operand read (one loop) and put (a
+            // loop of four values each, for A and for B).
+            let mut per_slice = 10 * coop_vec4s_per_invocation(shape) + COOP_SLICE / cm + 4;
             if skip_zero_a {
                 per_slice += tile_loop * (COOP_SLICE + 1);
             }
@@ -457,17 +474,26 @@ fn record_pass(
         b_batch_div: u(spec.b_batch_div),
         alpha: spec.alpha,
         beta: spec.beta,
-        _pad: 0,
+        vec_ab: match kernel {
+            GemmKernel::Coop(_) => {
+                let fours = |xs: &[usize]| xs.iter().all(|x| x % 4 == 0);
+                let (vec_a, vec_b) = (
+                    fours(&[spec.lda, spec.a_offset, spec.a_stride]),
+                    fours(&[spec.ldb, spec.b_offset, spec.b_stride]),
+                );
+                u32::from(vec_a) | (u32::from(vec_b) << 1)
+            }
+            _ => 0,
+        },
     };
     let ctx = rec.ctx();
     let pipeline = ctx.pipelines.get(&variant_key(kernel, spec, a_values));
     let uniform = buffer::uniform(ctx, "gemm params", &params);
     let workgroups = (tiles_m * tiles_n) as u64 * spec.batch as u64;
     match kernel {
-        GemmKernel::Tiled | GemmKernel::Coop(_) => {
-            rec.dispatch(&pipeline, &[&uniform, a, b, c], workgroups)
-        }
-        GemmKernel::Subgroup { .. } => {
+        GemmKernel::Tiled => rec.dispatch(&pipeline, &[&uniform, a, b, c], workgroups),
+        // A and B twice each: an f32 view and a vec4 view.
+        GemmKernel::Subgroup { .. } | GemmKernel::Coop(_) => {
             rec.dispatch(&pipeline, &[&uniform, a, a, b, b, c], workgroups)
         }
     }
