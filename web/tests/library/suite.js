@@ -460,6 +460,26 @@ function cases({ worker }) {
     return line;
   });
 
+  add("tensors past one buffer are held in several", async (engine) => {
+    if (!engine.adapter.gpu) return "skipped: no WebGPU adapter (the CPU backend has no buffers)";
+    // 64 KiB buffers: Q, K, V and Y of 2 x 2 x 300 x 64 floats (150 KiB each) go to chunks.
+    const small = await WebAttn.create({
+      backend: "gpu",
+      limits: { maxBufferSize: "64KiB", maxStorageBufferBindingSize: "64KiB" },
+    });
+    expect(small.adapter.limits.maxBufferSize === 64 << 10, "the limit was not applied");
+    const shape = [2, 2, 300, 64];
+    const inputs = { q: tensor(n, shape), k: tensor(n, shape), v: tensor(n, shape) };
+    const options = { isCausal: true };
+    await small.attention(inputs, options);
+    const pieces = small.lastCall.pieces;
+    expect(pieces > 1, `ran in ${pieces} piece(s)`);
+    const r = await small.attention(inputs, { ...options, verify: true });
+    const line = `${pieces} pieces, ${expectVerified(r, "chunks")}`;
+    small.destroy();
+    return line;
+  });
+
   add("the CPU backend engine", async () => {
     const cpu = await WebAttn.create({ backend: "cpu" });
     expect(cpu.backend === "cpu" && !cpu.adapter.gpu, "not on the CPU");
