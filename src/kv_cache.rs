@@ -209,9 +209,19 @@ impl KvCache {
                 .append_into(engine, key, value, capacity, lengths, counts)
                 .await;
         }
-        // Twice the capacity (a cache larger than one buffer is held in
-        // several); where the device lacks the memory for that, what is needed.
-        let doubled = (2 * capacity).max(needed).max(self.first_capacity);
+        // Twice the capacity, but within one buffer while what is needed
+        // fits one (attention reads a cache in one buffer whole); past that
+        // a cache is held in several, and where the device lacks the memory
+        // to double, it takes what is needed.
+        let mut doubled = (2 * capacity).max(needed).max(self.first_capacity);
+        let row_bytes = 4 * (b * h * dk.max(dv)).max(1) as u64;
+        let one_buffer = engine.capabilities().map_or(u64::MAX, |c| {
+            c.limits.max_buffer_size.saturating_sub(16) / row_bytes
+        });
+        let one_buffer = usize::try_from(one_buffer).unwrap_or(usize::MAX);
+        if needed <= one_buffer {
+            doubled = doubled.min(one_buffer);
+        }
         match self
             .append_into(engine, key, value, doubled, lengths.clone(), counts)
             .await
@@ -237,17 +247,41 @@ impl KvCache {
     ) -> Result<()> {
         let [b, h, _, dk] = rank4("key", key)?;
         let dv = value.shape()[3];
+        let key_shape = [b, h, capacity, dk];
+        let value_shape = [b, h, capacity, dv];
+        // Growing on a GPU: both new tensors are allocated before anything is
+        // recorded, so a device without the memory for them has nothing in
+        // flight to free before a smaller try.
+        let (key_dst, value_dst) = match engine.gpu() {
+            Some(ctx) if capacity != self.capacity() => {
+                let (k, v) = ctx
+                    .scoped("KV cache growth", || {
+                        Ok((
+                            chunks::allocate(ctx, "KV cache", key_shape, key.dtype())?,
+                            chunks::allocate(ctx, "KV cache", value_shape, value.dtype())?,
+                        ))
+                    })
+                    .await?;
+                (Some(k), Some(v))
+            }
+            _ => (None, None),
+        };
         // Both tensors are built before either is replaced: a failed append
         // (memory, limits) leaves the cache as it was.
-        let key_shape = [b, h, capacity, dk];
-        let new_key =
-            append_rows(engine, self.key.as_mut(), key, key_shape, &lengths, counts).await?;
-        let value_shape = [b, h, capacity, dv];
+        let new_key = append_rows(
+            engine,
+            self.key.as_mut(),
+            key,
+            (key_shape, key_dst),
+            &lengths,
+            counts,
+        )
+        .await?;
         let new_value = append_rows(
             engine,
             self.value.as_mut(),
             value,
-            value_shape,
+            (value_shape, value_dst),
             &lengths,
             counts,
         )
@@ -368,13 +402,14 @@ fn rank4(name: &'static str, t: &Tensor) -> Result<[usize; 4]> {
 /// first, as its queries are right-aligned) to sequence b at `lengths[b]` of
 /// the cache tensor `old`. In place when `old` has `shape`'s capacity and no
 /// clone of the cache shares its storage (returns `None`); else into a fresh
-/// tensor of `shape`, `old`'s rows first (returns it). Nothing of `old` is
+/// tensor of `shape` (on a GPU, `allocated` where given), `old`'s rows first
+/// (returns it). Nothing of `old` is
 /// dropped here, so a failed append leaves the cache whole.
 async fn append_rows(
     engine: &Engine,
     old: Option<&mut Tensor>,
     new: &Tensor,
-    shape: [usize; 4],
+    (shape, allocated): ([usize; 4], Option<Held>),
     lengths: &[usize],
     counts: &[usize],
 ) -> Result<Option<Tensor>> {
@@ -429,10 +464,10 @@ async fn append_rows(
             ctx.scoped("KV cache append", || {
                 let mut rec = Recorder::new(ctx, "KV cache append");
                 // A cache larger than one buffer is held in several (gpu/chunks.rs).
-                let replaced = if in_place {
-                    None
-                } else {
-                    Some(chunks::allocate(ctx, "KV cache", full_shape, dtype)?)
+                let replaced = match (in_place, allocated) {
+                    (true, _) => None,
+                    (false, Some(h)) => Some(h),
+                    (false, None) => Some(chunks::allocate(ctx, "KV cache", full_shape, dtype)?),
                 };
                 let dst = match (&replaced, &old_held) {
                     (Some(h), _) | (None, Some(h)) => h.source(),

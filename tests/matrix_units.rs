@@ -251,8 +251,8 @@ fn gemm_cases_only(engine: &Engine) {
         check_gemm(engine, &name, &spec, AValues::Any, &a, &b, &c);
     }
     // Leading dimensions that are multiples of 4: the kernel reads vec4s,
-    // element by element only at the matrices' edges (K = 101 leaves a vec4
-    // straddling the end of each row of A).
+    // element by element only at the matrices' edges (in the padded case
+    // after these, K = 101 leaves a vec4 straddling the end of each row of A).
     for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
         let spec = GemmSpec::contiguous(1, 68, 132, 100, ta, tb);
         let (a, b, c) = random(&spec, seed);

@@ -224,6 +224,7 @@ pub fn coop_fits(shape: CoopShape, limits: &crate::gpu::capabilities::KernelLimi
         && coop_invocations(shape) <= limits.max_compute_invocations_per_workgroup
         && cm <= 2 * sg
         && sg <= 8 * cm
+        && (8 * cm) % sg == 0
 }
 
 /// The pipeline key for a transpose combination of the tiled kernel.
@@ -476,10 +477,15 @@ fn record_pass(
         beta: spec.beta,
         vec_ab: match kernel {
             GemmKernel::Coop(_) => {
-                let fours = |xs: &[usize]| xs.iter().all(|x| x % 4 == 0);
+                // A batch stride matters only where an entry past the first is read.
+                let fours = |ld: usize, offset: usize, stride: usize, strided: bool| {
+                    ld % 4 == 0 && offset % 4 == 0 && (!strided || stride % 4 == 0)
+                };
+                let last_b =
+                    (spec.b_batch_base + spec.batch.saturating_sub(1)) / spec.b_batch_div.max(1);
                 let (vec_a, vec_b) = (
-                    fours(&[spec.lda, spec.a_offset, spec.a_stride]),
-                    fours(&[spec.ldb, spec.b_offset, spec.b_stride]),
+                    fours(spec.lda, spec.a_offset, spec.a_stride, spec.batch > 1),
+                    fours(spec.ldb, spec.b_offset, spec.b_stride, last_b > 0),
                 );
                 u32::from(vec_a) | (u32::from(vec_b) << 1)
             }
