@@ -13,14 +13,14 @@ use crate::gpu::buffer;
 use crate::gpu::capabilities::Capabilities;
 use crate::gpu::chunks::{self, Held};
 use crate::gpu::context::{GpuContext, PowerPreference};
-use crate::gpu::half;
 use crate::gpu::ops::fused::FusedTiles;
 use crate::gpu::ops::softmax::MASKED;
-use crate::gpu::split::{self, Route};
 use crate::limits::DeviceLimits;
 use crate::options::{AttentionOptions, KernelPath};
 use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs};
 use crate::tensor::{DType, HostMask, HostTensor};
+
+mod gpu_call;
 
 /// Which backend an engine computes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -821,161 +821,8 @@ impl Engine {
         match (&self.backend, choice.path) {
             (Backend::Gpu(gpu), KernelPath::Fused | KernelPath::Unfused) => {
                 let (ctx, generation) = gpu.latest();
-                let held = |t: &Tensor| match &t.storage {
-                    Storage::Gpu(b) => Ok(Held::One(b.clone())),
-                    Storage::GpuChunks(c) => Ok(Held::Many(c.clone())),
-                    Storage::Host(_) => Err(Error::ForeignTensor { tensor: "tensor" }),
-                };
-                let mask = match inputs.attn_mask.map(|m| &m.storage) {
-                    Some(Storage::Gpu(b)) => Some(Held::One(b.clone())),
-                    Some(Storage::GpuChunks(c)) => Some(Held::Many(c.clone())),
-                    Some(Storage::Host(_)) => {
-                        return Err(Error::ForeignTensor {
-                            tensor: "attn_mask",
-                        })
-                    }
-                    None => None,
-                };
-                let route = if choice.path == KernelPath::Fused {
-                    Route::Fused
-                } else {
-                    Route::Unfused {
-                        score_budget: self.score_budget,
-                    }
-                };
-                // f16 keys and values stay f16 where the decode kernel reads
-                // them; everything else reads f32 (see gpu/half.rs).
-                let chunk_len = |t: &Tensor| match &t.storage {
-                    Storage::GpuChunks(c) => Some(c.chunk_len()),
-                    _ => None,
-                };
-                let kv_f16 = inputs.k.dtype == DType::F16
-                    && inputs.v.dtype == DType::F16
-                    && half::decode_reads_f16(
-                        ctx,
-                        &dims,
-                        options,
-                        route,
-                        [chunk_len(inputs.k), chunk_len(inputs.v)],
-                    );
-                let f32_held = |t: &Tensor, keep_f16: bool| {
-                    let (h, widen) = (held(t), t.dtype == DType::F16 && !keep_f16);
-                    let (len, shape) = (t.len(), t.shape.clone());
-                    async move {
-                        let h = h?;
-                        if !widen {
-                            return Ok::<_, Error>(h);
-                        }
-                        let max_buffer = ctx.caps.limits.max_buffer_size;
-                        // f16 values that fit one buffer but whose f32 values do
-                        // not are widened in chunks.
-                        let h = match (&h, chunks::chunk_len(&shape, DType::F32, max_buffer)?) {
-                            (Held::One(b), Some(n)) => Held::Many(Arc::new(
-                                ctx.scoped("f16 tensor into chunks", || {
-                                    chunks::split_f16(ctx, b, len, n)
-                                })
-                                .await?,
-                            )),
-                            _ => h,
-                        };
-                        Ok(match &h {
-                            Held::One(b) => Held::One(Arc::new(half::widen(ctx, b, len).await?)),
-                            Held::Many(c) => {
-                                let mut widened = Vec::with_capacity(c.buffers().len());
-                                for (i, b) in c.buffers().iter().enumerate() {
-                                    widened.push(half::widen(ctx, b, c.values_in(i)).await?);
-                                }
-                                Held::Many(Arc::new(chunks::with_buffers(c, widened, DType::F32)))
-                            }
-                        })
-                    }
-                };
-                let widened_bytes = [Some(inputs.q), Some(inputs.k), Some(inputs.v)]
-                    .into_iter()
-                    .chain([inputs.past_key, inputs.past_value])
-                    .flatten()
-                    .filter(|t| t.dtype == DType::F16)
-                    .filter(|t| !kv_f16 || std::ptr::eq(*t, inputs.q))
-                    .map(|t| t.len() as u64 * 4)
-                    .sum::<u64>();
-                let q = f32_held(inputs.q, false).await?;
-                let k = f32_held(inputs.k, kv_f16).await?;
-                let v = f32_held(inputs.v, kv_f16).await?;
-                // A past is concatenated in front of K and V into one buffer:
-                // it fits one only when the present does.
-                let past_key = match inputs.past_key {
-                    Some(t) => Some(f32_held(t, false).await?),
-                    None => None,
-                };
-                let past_value = match inputs.past_value {
-                    Some(t) => Some(f32_held(t, false).await?),
-                    None => None,
-                };
-                let gpu_inputs = crate::gpu::kv::GpuInputs {
-                    q: q.source(),
-                    k: k.source(),
-                    v: v.source(),
-                    mask: mask.as_ref().map(Held::source),
-                    past_key: past_key.as_ref().map(Held::source),
-                    past_value: past_value.as_ref().map(Held::source),
-                    nonpad: inputs.nonpad_kv_seqlen,
-                    kv_f16,
-                };
-                let out = split::run(ctx, &dims, &gpu_inputs, options, route).await?;
-                self.record_call(CallStats {
-                    path: choice.path,
-                    reason: choice.reason,
-                    allocated_bytes: out.allocated_bytes + widened_bytes,
-                    pieces: out.pieces,
-                    widened_bytes,
-                });
-                // Outputs as ONNX types them: Y and the scores as Q, the
-                // presents as K and V; f16 ones narrowed from the f32 results.
-                let typed = |shape: Vec<usize>, h: Option<Held>, dtype: DType| async move {
-                    let Some(h) = h else { return Ok(None) };
-                    let len = shape.iter().product();
-                    let storage = match (h, dtype == DType::F16) {
-                        (Held::One(b), false) => Storage::Gpu(b),
-                        (Held::Many(c), false) => Storage::GpuChunks(c),
-                        (Held::One(b), true) => {
-                            Storage::Gpu(Arc::new(half::narrow(ctx, &b, len).await?))
-                        }
-                        (Held::Many(c), true) => {
-                            let mut narrowed = Vec::with_capacity(c.buffers().len());
-                            for (i, b) in c.buffers().iter().enumerate() {
-                                narrowed.push(half::narrow(ctx, b, c.values_in(i)).await?);
-                            }
-                            Storage::GpuChunks(Arc::new(chunks::with_buffers(
-                                &c,
-                                narrowed,
-                                DType::F16,
-                            )))
-                        }
-                    };
-                    Ok::<_, Error>(Some(Tensor {
-                        shape,
-                        dtype,
-                        storage,
-                        engine_id: self.id,
-                        generation,
-                    }))
-                };
-                let q_type = inputs.q.dtype;
-                let lse = options.return_lse.then_some(out.lse);
-                let y = typed(dims.y_shape(), Some(out.y), q_type).await?;
-                Ok(AttentionOutputs {
-                    y: y.expect("Y is always computed"),
-                    present_key: typed(dims.present_key_shape(), out.present_key, inputs.k.dtype)
-                        .await?,
-                    present_value: typed(
-                        dims.present_value_shape(),
-                        out.present_value,
-                        inputs.v.dtype,
-                    )
-                    .await?,
-                    qk_matmul_output: typed(dims.scores_shape(), out.qk, q_type).await?,
-                    lse: typed(dims.lse_shape(), lse, DType::F32).await?,
-                })
+                self.attention_on_gpu(ctx, generation, inputs, options, &dims, choice)
+                    .await
             }
             _ => {
                 // The CPU: on a CPU engine, or when asked for on a GPU engine.
