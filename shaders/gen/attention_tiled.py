@@ -141,9 +141,12 @@ const MAX_DVT: u32 = {MAX_DVT}u;
 """)
 w("""// #include attention_call.wgsl
 
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
-@group(0) @binding(3) var<storage, read> v: array<f32>;
+// Q, K and V as vec4s: a quad of a row at an element index that is a
+// multiple of 4 is one 16-byte load (head dims that are multiples of 4, the
+// common case); any other element is a component of its vec4.
+@group(0) @binding(1) var<storage, read> q4: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k4: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> v4: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> mask: array<f32>;
 @group(0) @binding(5) var<storage, read> nonpad: array<i32>;
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
@@ -165,29 +168,28 @@ var<workgroup> batch_nonpad: i32;
 // Whether V's tile holds a non-finite value (P V then tests each key).
 var<workgroup> v_nonfinite: atomic<u32>;
 
+// The vec4 at vec4 index w of Q (src 0), K (1) or V (2).
+fn word4(src: u32, w: u32) -> vec4<f32> {
+    if (src == 0u) {
+        return q4[w];
+    } else if (src == 1u) {
+        return k4[w];
+    }
+    return v4[w];
+}
+
 // Four consecutive values of a row of Q (src 0), K (1) or V (2) from element
-// d, zero past `len`.
+// d, zero past `len`: one load where they are one aligned vec4.
 fn quad(src: u32, base: u32, d: u32, len: u32) -> vec4<f32> {
-    if (d + 4u <= len) {
-        let at = base + d;
-        if (src == 0u) {
-            return vec4<f32>(q[at], q[at + 1u], q[at + 2u], q[at + 3u]);
-        } else if (src == 1u) {
-            return vec4<f32>(k[at], k[at + 1u], k[at + 2u], k[at + 3u]);
-        }
-        return vec4<f32>(v[at], v[at + 1u], v[at + 2u], v[at + 3u]);
+    let at = base + d;
+    if (d + 4u <= len && (at & 3u) == 0u) {
+        return word4(src, at >> 2u);
     }
     var out = vec4<f32>(0.0);
     for (var c = 0u; c < 4u; c++) {
         if (d + c < len) {
-            let at = base + d + c;
-            if (src == 0u) {
-                out[c] = q[at];
-            } else if (src == 1u) {
-                out[c] = k[at];
-            } else {
-                out[c] = v[at];
-            }
+            let e = at + c;
+            out[c] = word4(src, e >> 2u)[e & 3u];
         }
     }
     return out;
