@@ -91,9 +91,11 @@ const P_SCALE: f32 = 1024.0;
 
 // #include attention_call.wgsl
 
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
-@group(0) @binding(3) var<storage, read> v: array<f32>;
+// Q, K and V as vec4s: an aligned quad of a row is one 16-byte load (head
+// dims that are multiples of 4); any other element is a component of its vec4.
+@group(0) @binding(1) var<storage, read> q4: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k4: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> v4: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> mask: array<f32>;
 @group(0) @binding(5) var<storage, read> nonpad: array<i32>;
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
@@ -130,6 +132,33 @@ fn non_finite(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) >= 0x7f800000u;
 }
 
+// The vec4 at vec4 index w of Q (src 0), K (1) or V (2).
+fn word4(src: u32, w: u32) -> vec4<f32> {
+    if (src == 0u) {
+        return q4[w];
+    } else if (src == 1u) {
+        return k4[w];
+    }
+    return v4[w];
+}
+
+// Four consecutive values of a row of Q (src 0), K (1) or V (2) starting at
+// element `base` + d, zero past `len`: one load where they are one aligned vec4.
+fn quad(src: u32, base: u32, d: u32, len: u32) -> vec4<f32> {
+    let at = base + d;
+    if (d + 4u <= len && (at & 3u) == 0u) {
+        return word4(src, at >> 2u);
+    }
+    var out = vec4<f32>(0.0);
+    for (var c = 0u; c < 4u; c++) {
+        if (d + c < len) {
+            let e = at + c;
+            out[c] = word4(src, e >> 2u)[e & 3u];
+        }
+    }
+    return out;
+}
+
 @compute @workgroup_size(WG, 1, 1)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -158,16 +187,20 @@ fn main(
         wg_scalars[WG_NONPAD] = bitcast<u32>(lengths);
         wg_scalars[WG_RESCALE] = 0u;
     }
-    // Q's block as f16, zeros past the last row and past Dk.
-    for (var slot = li; slot < BQ * DKP; slot += WG) {
-        let rr = slot / DKP;
-        let d = slot % DKP;
+    // Q's block as f16, zeros past the last row and past Dk, a quad of a
+    // row per slot.
+    for (var slot = li; slot < BQ * DKP / 4u; slot += WG) {
+        let rr = slot / (DKP / 4u);
+        let d = (slot % (DKP / 4u)) * 4u;
         let row = row0 + rr;
-        var val = 0.0;
-        if (live_block && row < p.q_len && d < p.dk) {
-            val = q[(head_index * p.q_len + row) * p.dk + d];
+        var val = vec4<f32>(0.0);
+        if (live_block && row < p.q_len) {
+            val = quad(0u, (head_index * p.q_len + row) * p.dk, d, p.dk);
         }
-        q_s[rr * QS + d] = f16(val);
+        let h = vec4<f16>(val);
+        for (var j = 0u; j < 4u; j++) {
+            q_s[rr * QS + d + j] = h[j];
+        }
     }
     for (var i = li; i < CM * CM; i += WG) {
         zero_s[i] = 0.0;
@@ -260,16 +293,20 @@ fn main(
 
     var j0 = wg_lo - wg_lo % i32(BK);
     for (; j0 <= wg_hi; j0 += i32(BK)) {
-        // 1. K's tile as f16 (zeros past the last key and past Dk).
-        for (var slot = li; slot < BK * DKP; slot += WG) {
-            let t = slot / DKP;
-            let d = slot % DKP;
+        // 1. K's tile as f16 (zeros past the last key and past Dk), a quad
+        // of a row per slot.
+        for (var slot = li; slot < BK * DKP / 4u; slot += WG) {
+            let t = slot / (DKP / 4u);
+            let d = (slot % (DKP / 4u)) * 4u;
             let key = u32(j0) + t;
-            var val = 0.0;
-            if (key < p.keys && d < p.dk) {
-                val = k[(kv_base + key) * p.dk + d];
+            var val = vec4<f32>(0.0);
+            if (key < p.keys) {
+                val = quad(1u, (kv_base + key) * p.dk, d, p.dk);
             }
-            kv_s[t * KS + d] = f16(val);
+            let h = vec4<f16>(val);
+            for (var j = 0u; j < 4u; j++) {
+                kv_s[t * KS + d + j] = h[j];
+            }
         }
         if (li == 0u) {
             wg_scalars[WG_V_BAD] = 0u;
@@ -377,17 +414,20 @@ fn main(
         }
         // V's tile replaces K's (every read of K ended at the barrier above).
         var bad = false;
-        for (var slot = li; slot < BK * DVP; slot += WG) {
-            let t = slot / DVP;
-            let d = slot % DVP;
+        for (var slot = li; slot < BK * DVP / 4u; slot += WG) {
+            let t = slot / (DVP / 4u);
+            let d = (slot % (DVP / 4u)) * 4u;
             let key = u32(j0) + t;
-            var val = 0.0;
-            if (key < p.keys && d < p.dv) {
-                val = v[(kv_base + key) * p.dv + d];
+            var val = vec4<f32>(0.0);
+            if (key < p.keys) {
+                val = quad(2u, (kv_base + key) * p.dv, d, p.dv);
             }
-            let rounded = f16(val);
-            bad = bad || non_finite(f32(rounded));
-            kv_s[t * KS + d] = rounded;
+            let rounded = vec4<f16>(val);
+            let back = vec4<f32>(rounded);
+            for (var j = 0u; j < 4u; j++) {
+                bad = bad || non_finite(back[j]);
+                kv_s[t * KS + d + j] = rounded[j];
+            }
         }
         if (bad) {
             wg_scalars[WG_V_BAD] = 1u;

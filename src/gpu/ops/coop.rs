@@ -149,7 +149,7 @@ impl CoopTiles {
         let (dkt, dvt, bkt) = (dkp / n, dvp / n, bk / n);
         let rpi = u64::from(self.rows_per_invocation());
         let block = (bq * n).div_ceil(wg);
-        let staging = (bk * dkp).div_ceil(wg) + (bk * dvp).div_ceil(wg);
+        let staging = staging_iterations(bk * dkp, wg) + staging_iterations(bk * dvp, wg);
         let scores = bkt * (1 + dkt);
         let softmax = rpi * (2 * bk + 2);
         let rescale = dvt * (block + 1);
@@ -171,7 +171,7 @@ impl CoopTiles {
                 let bq = u64::from(self.query_rows());
                 let (dkt, dvt) = (u64::from(self.dk_padded) / n, u64::from(self.dv_padded) / n);
                 let rpi = u64::from(self.rows_per_invocation());
-                let once = (bq * u64::from(self.dk_padded)).div_ceil(wg)
+                let once = staging_iterations(bq * u64::from(self.dk_padded), wg)
                     + dkt
                     + dvt
                     + dvt * ((bq * n).div_ceil(wg) + 1)
@@ -222,6 +222,13 @@ impl CoopTiles {
             self.dv_padded
         )
     }
+}
+
+/// Loop iterations an invocation runs staging `values` values as f16 quads
+/// across `wg` invocations: per quad its slot, the four stores and, at a
+/// row's end, the four element reads.
+fn staging_iterations(values: u64, wg: u64) -> u64 {
+    9 * values.div_ceil(4).div_ceil(wg)
 }
 
 #[cfg(test)]
