@@ -93,9 +93,9 @@ const P_SCALE: f32 = 1024.0;
 
 // Q, K and V as vec4s: an aligned quad of a row is one 16-byte load (head
 // dims that are multiples of 4); any other element is a component of its vec4.
-@group(0) @binding(1) var<storage, read> q4: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k4: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> v4: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> q_words: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k_words: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> v_words: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> mask: array<f32>;
 @group(0) @binding(5) var<storage, read> nonpad: array<i32>;
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
@@ -135,11 +135,11 @@ fn non_finite(x: f32) -> bool {
 // The vec4 at vec4 index w of Q (src 0), K (1) or V (2).
 fn word4(src: u32, w: u32) -> vec4<f32> {
     if (src == 0u) {
-        return q4[w];
+        return q_words[w];
     } else if (src == 1u) {
-        return k4[w];
+        return k_words[w];
     }
-    return v4[w];
+    return v_words[w];
 }
 
 // Four consecutive values of a row of Q (src 0), K (1) or V (2) starting at
@@ -197,9 +197,9 @@ fn main(
         if (live_block && row < p.q_len) {
             val = quad(0u, (head_index * p.q_len + row) * p.dk, d, p.dk);
         }
-        let h = vec4<f16>(val);
+        let half4 = vec4<f16>(val);
         for (var j = 0u; j < 4u; j++) {
-            q_s[rr * QS + d + j] = h[j];
+            q_s[rr * QS + d + j] = half4[j];
         }
     }
     for (var i = li; i < CM * CM; i += WG) {
@@ -303,9 +303,9 @@ fn main(
             if (key < p.keys) {
                 val = quad(1u, (kv_base + key) * p.dk, d, p.dk);
             }
-            let h = vec4<f16>(val);
+            let half4 = vec4<f16>(val);
             for (var j = 0u; j < 4u; j++) {
-                kv_s[t * KS + d + j] = h[j];
+                kv_s[t * KS + d + j] = half4[j];
             }
         }
         if (li == 0u) {

@@ -75,9 +75,9 @@ const MAX_DVT: u32 = 8u;
 // Q, K and V as vec4s: a quad of a row at an element index that is a
 // multiple of 4 is one 16-byte load (head dims that are multiples of 4, the
 // common case); any other element is a component of its vec4.
-@group(0) @binding(1) var<storage, read> q4: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k4: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> v4: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> q_words: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k_words: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> v_words: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> mask: array<f32>;
 @group(0) @binding(5) var<storage, read> nonpad: array<i32>;
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
@@ -102,11 +102,11 @@ var<workgroup> v_nonfinite: atomic<u32>;
 // The vec4 at vec4 index w of Q (src 0), K (1) or V (2).
 fn word4(src: u32, w: u32) -> vec4<f32> {
     if (src == 0u) {
-        return q4[w];
+        return q_words[w];
     } else if (src == 1u) {
-        return k4[w];
+        return k_words[w];
     }
-    return v4[w];
+    return v_words[w];
 }
 
 // Four consecutive values of a row of Q (src 0), K (1) or V (2) from element

@@ -225,8 +225,9 @@ impl CoopTiles {
 }
 
 /// Loop iterations an invocation runs staging `values` values as f16 quads
-/// across `wg` invocations: per quad its slot, the four stores and, at a
-/// row's end, the four element reads.
+/// across `wg` invocations: per quad its slot, the four stores and, where
+/// the quad is not one aligned vec4 (a row's end, head dims that are not
+/// multiples of 4), four element reads.
 fn staging_iterations(values: u64, wg: u64) -> u64 {
     9 * values.div_ceil(4).div_ceil(wg)
 }

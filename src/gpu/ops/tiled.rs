@@ -198,7 +198,9 @@ impl TiledTiles {
             u64::from(self.dvt()),
             u64::from(self.tk),
         );
-        let staging = (bk * dk4).div_ceil(wg) + (bk * dv4).div_ceil(wg) + 2;
+        // A quad: its slot, and at head dims that are not multiples of 4
+        // (rows off vec4 boundaries) four component reads.
+        let staging = 5 * ((bk * dk4).div_ceil(wg) + (bk * dv4).div_ceil(wg)) + 2;
         let scores = rq * rk + dk4 * (1 + rk + rq * (1 + rk)) + rq * (1 + rk);
         let softmax = rq * (1 + tk + rk + dvt);
         let product = bk * (1 + dvt + rq * (1 + dvt));
@@ -213,7 +215,7 @@ impl TiledTiles {
             None => keys.max(1),
             Some(budget) => {
                 // The Q block and the final gather run once per dispatch.
-                let once = u64::from(self.query_rows * self.dk4)
+                let once = 5 * u64::from(self.query_rows * self.dk4)
                     .div_ceil(u64::from(self.invocations()))
                     + u64::from(self.rq()) * (3 + 2 * u64::from(self.dvt()) + u64::from(self.tk))
                     + 16;
