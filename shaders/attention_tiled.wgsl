@@ -72,12 +72,7 @@ const MAX_DVT: u32 = 8u;
 
 // #include attention_call.wgsl
 
-// Q, K and V as vec4s: a quad of a row at an element index that is a
-// multiple of 4 is one 16-byte load (head dims that are multiples of 4, the
-// common case); any other element is a component of its vec4.
-@group(0) @binding(1) var<storage, read> q_words: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k_words: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> v_words: array<vec4<f32>>;
+// #include attention_qkv4.wgsl
 @group(0) @binding(4) var<storage, read> mask: array<f32>;
 @group(0) @binding(5) var<storage, read> nonpad: array<i32>;
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
@@ -98,33 +93,6 @@ var<workgroup> row_flags: array<atomic<u32>, BQ>;
 var<workgroup> batch_nonpad: i32;
 // Whether V's tile holds a non-finite value (P V then tests each key).
 var<workgroup> v_nonfinite: atomic<u32>;
-
-// The vec4 at vec4 index w of Q (src 0), K (1) or V (2).
-fn word4(src: u32, w: u32) -> vec4<f32> {
-    if (src == 0u) {
-        return q_words[w];
-    } else if (src == 1u) {
-        return k_words[w];
-    }
-    return v_words[w];
-}
-
-// Four consecutive values of a row of Q (src 0), K (1) or V (2) from element
-// d, zero past `len`: one load where they are one aligned vec4.
-fn quad(src: u32, base: u32, d: u32, len: u32) -> vec4<f32> {
-    let at = base + d;
-    if (d + 4u <= len && (at & 3u) == 0u) {
-        return word4(src, at >> 2u);
-    }
-    var out = vec4<f32>(0.0);
-    for (var c = 0u; c < 4u; c++) {
-        if (d + c < len) {
-            let e = at + c;
-            out[c] = word4(src, e >> 2u)[e & 3u];
-        }
-    }
-    return out;
-}
 
 fn y_quad(base: u32, d: u32) -> vec4<f32> {
     var out = vec4<f32>(0.0);

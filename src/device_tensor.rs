@@ -18,6 +18,18 @@ pub(crate) enum Storage<H> {
     Host(Arc<H>),
 }
 
+impl<H> Storage<H> {
+    /// The device storage (one buffer or several), shared; `None` for host values.
+    pub(crate) fn held(&self) -> Option<crate::gpu::chunks::Held> {
+        use crate::gpu::chunks::Held;
+        match self {
+            Storage::Gpu(b) => Some(Held::One(b.clone())),
+            Storage::GpuChunks(c) => Some(Held::Many(c.clone())),
+            Storage::Host(_) => None,
+        }
+    }
+}
+
 impl<H> From<crate::gpu::chunks::Held> for Storage<H> {
     fn from(held: crate::gpu::chunks::Held) -> Self {
         match held {

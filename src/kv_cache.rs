@@ -442,14 +442,12 @@ async fn append_rows(
     let keep = |s: [usize; 4]| box_runs(s, [0; 4], shape, [0; 4], s);
     match engine.gpu() {
         Some(ctx) => {
-            let held = |t: &Tensor| match &t.storage {
-                Storage::Gpu(b) => Some(Held::One(b.clone())),
-                Storage::GpuChunks(c) => Some(Held::Many(c.clone())),
-                Storage::Host(_) => None,
-            };
-            let new_held = held(new).ok_or(Error::ForeignTensor { tensor: "key" })?;
+            let new_held = new
+                .storage
+                .held()
+                .ok_or(Error::ForeignTensor { tensor: "key" })?;
             let old_held = match &old {
-                Some(t) => Some(held(t).ok_or(Error::ForeignTensor {
+                Some(t) => Some(t.storage.held().ok_or(Error::ForeignTensor {
                     tensor: "the KV cache",
                 })?),
                 None => None,
@@ -533,36 +531,28 @@ async fn append_rows(
 async fn copy_rows(engine: &Engine, t: &Tensor, rows: usize) -> Result<Tensor> {
     let shape = <[usize; 4]>::try_from(t.shape()).expect("a cache tensor");
     let out = [shape[0], shape[1], rows, shape[3]];
-    let src = match &t.storage {
-        Storage::Gpu(b) => Some(Held::One(b.clone())),
-        Storage::GpuChunks(c) => Some(Held::Many(c.clone())),
-        Storage::Host(_) => None,
-    };
-    match (engine.gpu(), &t.storage) {
-        (Some(ctx), Storage::Gpu(_) | Storage::GpuChunks(_)) => {
-            let src = src.expect("device storage");
-            // f16 rows move as words of two values.
-            let (units, out_units) = (copy_units(shape, t.dtype()), copy_units(out, t.dtype()));
-            let runs = box_runs(units, [0; 4], out_units, [0; 4], out_units);
-            ctx.scoped("present from the KV cache", || {
-                let dst = chunks::allocate(ctx, "present", out, t.dtype())?;
-                let mut rec = Recorder::new(ctx, "present from the KV cache");
-                chunks::copy_runs(&mut rec, src.source(), dst.source(), &runs);
-                rec.submit();
-                Ok(engine.wrap_held(out.to_vec(), dst, t.dtype()))
-            })
-            .await
+    if let Storage::Host(h) = &t.storage {
+        let runs = box_runs(shape, [0; 4], out, [0; 4], out);
+        let mut data = vec![0.0f32; out.iter().product()];
+        for &(s, d, len) in &runs {
+            data[d..d + len].copy_from_slice(&h.data()[s..s + len]);
         }
-        (_, Storage::Host(h)) => {
-            let runs = box_runs(shape, [0; 4], out, [0; 4], out);
-            let mut data = vec![0.0f32; out.iter().product()];
-            for &(s, d, len) in &runs {
-                data[d..d + len].copy_from_slice(&h.data()[s..s + len]);
-            }
-            Ok(engine.wrap_host(HostTensor::new(out.to_vec(), data)?.into_dtype(t.dtype())))
-        }
-        (None, Storage::Gpu(_) | Storage::GpuChunks(_)) => Err(Error::ForeignTensor {
-            tensor: "the KV cache",
-        }),
+        return Ok(engine.wrap_host(HostTensor::new(out.to_vec(), data)?.into_dtype(t.dtype())));
     }
+    let (Some(ctx), Some(src)) = (engine.gpu(), t.storage.held()) else {
+        return Err(Error::ForeignTensor {
+            tensor: "the KV cache",
+        });
+    };
+    // f16 rows move as words of two values.
+    let (units, out_units) = (copy_units(shape, t.dtype()), copy_units(out, t.dtype()));
+    let runs = box_runs(units, [0; 4], out_units, [0; 4], out_units);
+    ctx.scoped("present from the KV cache", || {
+        let dst = chunks::allocate(ctx, "present", out, t.dtype())?;
+        let mut rec = Recorder::new(ctx, "present from the KV cache");
+        chunks::copy_runs(&mut rec, src.source(), dst.source(), &runs);
+        rec.submit();
+        Ok(engine.wrap_held(out.to_vec(), dst, t.dtype()))
+    })
+    .await
 }

@@ -29,6 +29,32 @@ fn small_buffer_engine() -> Option<Engine> {
     Some(Engine::with_options_blocking(options).expect("an engine with small buffers"))
 }
 
+/// Runs each case on the fused and unfused paths against the oracle (and,
+/// with `in_pieces`, checks that each call ran in more than one piece).
+fn check_on_both_paths(engine: &Engine, cases: &[CaseSpec], in_pieces: bool) {
+    let mut failed = Vec::new();
+    for case in cases {
+        for path in [KernelPath::Fused, KernelPath::Unfused] {
+            let results = pollster::block_on(run_case(engine, case, &[path], common::seed()));
+            for result in &results {
+                common::print_result(result);
+                if !result.passed() {
+                    failed.push(format!(
+                        "{} {} on {path:?}",
+                        result.name, result.worst_output
+                    ));
+                }
+            }
+            let stats = engine.last_call().expect("a call was made");
+            println!("  {} on {path:?}: {} pieces", case.name, stats.pieces);
+            if in_pieces {
+                assert!(stats.pieces > 1, "{} on {path:?} ran whole", case.name);
+            }
+        }
+    }
+    assert!(failed.is_empty(), "failed: {failed:?}");
+}
+
 fn random(rng: &mut SplitMix64, shape: [usize; 4], dtype: DType) -> HostTensor {
     let n = shape.iter().product();
     HostTensor::new(shape, rng.normal_vec(n, 1.0))
@@ -112,22 +138,7 @@ fn calls_on_tensors_in_several_buffers_agree_with_the_oracle() {
                 o.softcap = 20.0;
             }),
     ];
-    let mut failed = Vec::new();
-    for case in &cases {
-        for path in [KernelPath::Fused, KernelPath::Unfused] {
-            let results = pollster::block_on(run_case(&engine, case, &[path], common::seed()));
-            for result in &results {
-                common::print_result(result);
-                if !result.passed() {
-                    failed.push(format!("{} on {path:?}", result.name));
-                }
-            }
-            let stats = engine.last_call().expect("a call was made");
-            println!("  {} on {path:?}: {} pieces", case.name, stats.pieces);
-            assert!(stats.pieces > 1, "{} on {path:?} ran whole", case.name);
-        }
-    }
-    assert!(failed.is_empty(), "failed: {failed:?}");
+    check_on_both_paths(&engine, &cases, true);
 }
 
 /// f16 keys and values in several buffers are read in place by the decode
@@ -215,22 +226,7 @@ fn outputs_pasts_and_masks_in_several_buffers_agree_with_the_oracle() {
             o.softcap = 10.0;
         }),
     ];
-    let mut failed = Vec::new();
-    for case in &cases {
-        for path in [KernelPath::Fused, KernelPath::Unfused] {
-            let results = pollster::block_on(run_case(&engine, case, &[path], common::seed()));
-            for result in &results {
-                common::print_result(result);
-                if !result.passed() {
-                    failed.push(format!(
-                        "{} {} on {path:?}",
-                        result.name, result.worst_output
-                    ));
-                }
-            }
-        }
-    }
-    assert!(failed.is_empty(), "failed: {failed:?}");
+    check_on_both_paths(&engine, &cases, false);
     // The outputs themselves are held in several buffers, and read back whole.
     let mut rng = SplitMix64::new(common::seed() ^ 5);
     let q = random(&mut rng, [1, 4, 600, 32], DType::F16);

@@ -28,19 +28,15 @@ impl Engine {
         dims: &AttentionDims,
         choice: PathChoice,
     ) -> Result<AttentionOutputs<Tensor>> {
-        let held = |t: &Tensor| match &t.storage {
-            Storage::Gpu(b) => Ok(Held::One(b.clone())),
-            Storage::GpuChunks(c) => Ok(Held::Many(c.clone())),
-            Storage::Host(_) => Err(Error::ForeignTensor { tensor: "tensor" }),
+        let held = |t: &Tensor| {
+            t.storage
+                .held()
+                .ok_or(Error::ForeignTensor { tensor: "tensor" })
         };
-        let mask = match inputs.attn_mask.map(|m| &m.storage) {
-            Some(Storage::Gpu(b)) => Some(Held::One(b.clone())),
-            Some(Storage::GpuChunks(c)) => Some(Held::Many(c.clone())),
-            Some(Storage::Host(_)) => {
-                return Err(Error::ForeignTensor {
-                    tensor: "attn_mask",
-                })
-            }
+        let mask = match inputs.attn_mask {
+            Some(m) => Some(m.storage.held().ok_or(Error::ForeignTensor {
+                tensor: "attn_mask",
+            })?),
             None => None,
         };
         let route = if choice.path == KernelPath::Fused {

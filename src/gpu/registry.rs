@@ -407,8 +407,9 @@ impl Kernel {
 
 /// Files in `shaders/` that are not kernels but blocks the registry puts into
 /// kernels (see [`with_element`]).
-pub const FRAGMENTS: [&str; 4] = [
+pub const FRAGMENTS: [&str; 5] = [
     "element_f16.wgsl",
+    "attention_qkv4.wgsl",
     "attention_rules.wgsl",
     "attention_call.wgsl",
     "attention_decode_call.wgsl",
@@ -418,7 +419,11 @@ pub const FRAGMENTS: [&str; 4] = [
 const INCLUDE: &str = "// #include ";
 
 /// The fragments a kernel can include, with their text.
-const INCLUDABLE: [(&str, &str); 3] = [
+const INCLUDABLE: [(&str, &str); 4] = [
+    (
+        "attention_qkv4.wgsl",
+        include_str!("../../shaders/attention_qkv4.wgsl"),
+    ),
     (
         "attention_rules.wgsl",
         include_str!("../../shaders/attention_rules.wgsl"),
