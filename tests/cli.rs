@@ -664,10 +664,12 @@ fn every_fused_kernel_can_be_forced_by_name() {
     // lavapipe picks attention_sg; the register-tiled kernel (what GPUs run)
     // and the portable one are forced by name and run the whole quick sweep,
     // the tiled one also at WebGPU's default limits (smaller tiles: 16 KiB of
-    // workgroup memory, 256 invocations).
+    // workgroup memory, 256 invocations); so does the tiled kernel's shuffle
+    // form (row maxima and P by subgroup shuffles).
     for (kernel, limits) in [
         ("attention_tiled", "adapter"),
         ("attention_tiled", "webgpu-default"),
+        ("attention_tiled_shuffle", "adapter"),
         ("attention_fused", "adapter"),
     ] {
         let info = run(&["--kernel", kernel, "--limits", limits, "info"]);
@@ -810,8 +812,9 @@ fn check_passes_when_tensors_exceed_a_binding() {
     }
     // At 64 KiB per storage binding a dozen quick cases exceed one binding and
     // run in pieces (by batch and head, query rows and keys); the sweep passes
-    // through the adapter's kernel and through the register-tiled one.
-    for kernel in ["auto", "attention_tiled"] {
+    // through the adapter's kernel and through the register-tiled one (and
+    // its shuffle form).
+    for kernel in ["auto", "attention_tiled", "attention_tiled_shuffle"] {
         let out = run(&[
             "--backend",
             "gpu",

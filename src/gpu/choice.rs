@@ -57,6 +57,10 @@ pub enum FusedKernelChoice {
     /// `attention_tiled`: the register-tiled kernel, on any adapter whose
     /// workgroup memory holds one of its tiles at the problem's head dims.
     Tiled,
+    /// `attention_tiled_shuffle`: the register-tiled kernel whose row maxima
+    /// and probabilities move by subgroup shuffles, on adapters whose
+    /// subgroups hold one of its tiles' rows (elsewhere what `Tiled` runs).
+    TiledShuffle,
     /// `attention_coop`: the matrix-unit kernel, for calls that allow f16
     /// products (`Precision::Fast`) on adapters with matrix units; calls at
     /// `Precision::Highest` run what `Auto` picks.
@@ -65,11 +69,12 @@ pub enum FusedKernelChoice {
 
 impl FusedKernelChoice {
     /// The names `--kernel` takes, as `webattn info` lists the kernels.
-    pub const NAMES: [&'static str; 5] = [
+    pub const NAMES: [&'static str; 6] = [
         "auto",
         "attention_fused",
         "attention_sg",
         "attention_tiled",
+        "attention_tiled_shuffle",
         "attention_coop",
     ];
 
@@ -80,6 +85,7 @@ impl FusedKernelChoice {
             FusedKernelChoice::Portable => "attention_fused",
             FusedKernelChoice::Subgroup => "attention_sg",
             FusedKernelChoice::Tiled => "attention_tiled",
+            FusedKernelChoice::TiledShuffle => "attention_tiled_shuffle",
             FusedKernelChoice::Coop => "attention_coop",
         }
     }
@@ -94,11 +100,12 @@ impl std::str::FromStr for FusedKernelChoice {
             "attention_fused" => Ok(FusedKernelChoice::Portable),
             "attention_sg" => Ok(FusedKernelChoice::Subgroup),
             "attention_tiled" => Ok(FusedKernelChoice::Tiled),
+            "attention_tiled_shuffle" => Ok(FusedKernelChoice::TiledShuffle),
             "attention_coop" => Ok(FusedKernelChoice::Coop),
             _ => Err(Error::InvalidOption {
                 name: "kernel",
                 value: text.to_string(),
-                reason: "must be auto, attention_fused, attention_sg, attention_tiled or attention_coop (the fused kernels `webattn info` lists)",
+                reason: "must be auto, attention_fused, attention_sg, attention_tiled, attention_tiled_shuffle or attention_coop (the fused kernels `webattn info` lists)",
             }),
         }
     }

@@ -328,7 +328,15 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
     };
     if let Some(tiles) = TiledTiles::candidates(64, 64)
         .into_iter()
-        .find(|t| t.prefetch && t.fits(&browser))
+        .find(|t| t.prefetch && !t.shuffle && t.fits(&browser))
+    {
+        keys.push(tiles.key());
+    }
+    // A shuffle form (tried by the tuner where subgroups hold a row's
+    // invocations), at head dim 64 within 32 KiB, rows of 8 invocations.
+    if let Some(tiles) = TiledTiles::candidates(64, 64)
+        .into_iter()
+        .find(|t| t.shuffle && !t.prefetch && t.tk == 8 && t.fits(&browser))
     {
         keys.push(tiles.key());
     }

@@ -94,6 +94,7 @@ pub fn tuned_form(kernel: &FusedKernel) -> Option<TunedKernel> {
             tq: t.tq,
             tk: t.tk,
             prefetch: t.prefetch,
+            shuffle: t.shuffle,
         }),
         FusedKernel::Portable(_) => Some(TunedKernel::Portable),
         FusedKernel::Subgroup { .. } => Some(TunedKernel::Subgroup),
@@ -110,6 +111,7 @@ pub fn resolve_tuned(
     dk: usize,
     dv: usize,
 ) -> std::result::Result<FusedKernel, String> {
+    let name = tuned.name();
     match tuned {
         TunedKernel::Tiled {
             query_rows,
@@ -117,18 +119,25 @@ pub fn resolve_tuned(
             tq,
             tk,
             prefetch,
+            shuffle,
         } => TiledTiles::candidates(dk, dv)
             .into_iter()
             .find(|t| {
-                (t.query_rows, t.keys_per_tile, t.tq, t.tk, t.prefetch)
-                    == (query_rows, keys_per_tile, tq, tk, prefetch)
+                (
+                    t.query_rows,
+                    t.keys_per_tile,
+                    t.tq,
+                    t.tk,
+                    t.prefetch,
+                    t.shuffle,
+                ) == (query_rows, keys_per_tile, tq, tk, prefetch, shuffle)
             })
-            .filter(|t| t.fits(&caps.limits))
+            .filter(|t| t.runs_on(caps))
             .map(FusedKernel::Tiled)
             .ok_or_else(|| {
                 format!(
-                    "attention_tiled has no {query_rows}x{keys_per_tile} tile on a {tq}x{tk} grid \
-                     that fits this adapter at head dims {dk}/{dv}"
+                    "{name} has no {query_rows}x{keys_per_tile} tile on a {tq}x{tk} grid \
+                     that runs on this adapter at head dims {dk}/{dv}"
                 )
             }),
         TunedKernel::Portable => FusedTiles::for_dims(dk, dv, &caps.limits)
@@ -259,10 +268,30 @@ impl GpuContext {
             // workgroup memory) attention_fused.
             FusedKernelChoice::Tiled => {
                 let tiles = FusedTiles::for_dims(dk, dv, &self.caps.limits)?;
-                if let Some(tuned @ FusedKernel::Tiled(_)) = self.tuned_fused_kernel(dk, dv) {
-                    return Ok(tuned);
+                if let Some(tuned @ FusedKernel::Tiled(t)) = self.tuned_fused_kernel(dk, dv) {
+                    if !t.shuffle {
+                        return Ok(tuned);
+                    }
                 }
                 Ok(tiled_or_portable(tiles, dk, dv, &self.caps.limits))
+            }
+            // The shuffle form: the tuned one where measured, else the first
+            // that runs here; where none does (no subgroups, or subgroups
+            // narrower than every tile's rows), what attention_tiled runs.
+            FusedKernelChoice::TiledShuffle => {
+                let tiles = FusedTiles::for_dims(dk, dv, &self.caps.limits)?;
+                if let Some(tuned @ FusedKernel::Tiled(t)) = self.tuned_fused_kernel(dk, dv) {
+                    if t.shuffle {
+                        return Ok(tuned);
+                    }
+                }
+                let shuffled = TiledTiles::candidates(dk, dv)
+                    .into_iter()
+                    .find(|t| t.shuffle && t.runs_on(&self.caps));
+                Ok(match shuffled {
+                    Some(t) => FusedKernel::Tiled(t),
+                    None => tiled_or_portable(tiles, dk, dv, &self.caps.limits),
+                })
             }
             // The matrix-unit kernel is for calls that allow f16 products
             // ([`GpuContext::fused_kernel_at`]); f32 calls run what auto picks.
@@ -373,10 +402,17 @@ mod tests {
             max_compute_workgroup_storage_size: 48 << 10,
             ..KernelLimits::WEBGPU_DEFAULTS
         };
-        let caps = Capabilities::for_tests(limits);
-        for kernel in TiledTiles::candidates(64, 64)
+        let mut caps = Capabilities::for_tests(limits);
+        (
+            caps.subgroups,
+            caps.subgroup_min_size,
+            caps.subgroup_max_size,
+        ) = (true, 32, 32);
+        let all = TiledTiles::candidates(64, 64);
+        assert!(all.iter().any(|t| t.shuffle && t.runs_on(&caps)));
+        for kernel in all
             .into_iter()
-            .filter(|t| t.fits(&limits))
+            .filter(|t| t.runs_on(&caps))
             .map(FusedKernel::Tiled)
             .chain([FusedKernel::Portable(
                 FusedTiles::for_dims(64, 64, &limits).unwrap(),
@@ -391,8 +427,18 @@ mod tests {
             tq: 12,
             tk: 4,
             prefetch: false,
+            shuffle: false,
         };
         assert!(resolve_tuned(missing, &caps, 64, 64).is_err());
+        // A shuffle form does not resolve where subgroups are narrower than
+        // its rows of invocations.
+        let shuffled = TiledTiles::candidates(64, 64)
+            .into_iter()
+            .find(|t| t.shuffle && t.tk == 16 && t.fits(&limits))
+            .expect("a shuffle form on rows of 16");
+        let form = tuned_form(&FusedKernel::Tiled(shuffled)).unwrap();
+        caps.subgroup_min_size = 8;
+        assert!(resolve_tuned(form, &caps, 64, 64).is_err());
         assert!(resolve_tuned(TunedKernel::Subgroup, &caps, 64, 64).is_err());
     }
 

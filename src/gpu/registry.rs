@@ -66,6 +66,10 @@ pub enum Kernel {
     /// The register-tiled kernel with up to 8 query rows per invocation, for
     /// the shapes only the tuner tries (`shaders/attention_tiled_wide.wgsl`).
     AttentionTiledWide,
+    /// The register-tiled kernel whose row maxima and probabilities move
+    /// between a row's invocations by subgroup shuffles, for the forms only
+    /// the tuner tries (`shaders/attention_tiled_shuffle.wgsl`).
+    AttentionTiledShuffle,
     /// Split-K decode attention for a few query rows (`shaders/attention_decode.wgsl`).
     AttentionDecode,
     /// The decode kernel reading K and V stored as f16 (`shaders/attention_decode.wgsl`
@@ -117,7 +121,7 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 28] = [
+    pub const ALL: [Kernel; 29] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
@@ -130,6 +134,7 @@ impl Kernel {
         Kernel::AttentionSubgroup,
         Kernel::AttentionTiled,
         Kernel::AttentionTiledWide,
+        Kernel::AttentionTiledShuffle,
         Kernel::AttentionDecode,
         Kernel::AttentionDecodeF16,
         Kernel::AttentionDecodeStream,
@@ -163,6 +168,7 @@ impl Kernel {
             Kernel::AttentionSubgroup => "attention_sg",
             Kernel::AttentionTiled => "attention_tiled",
             Kernel::AttentionTiledWide => "attention_tiled_wide",
+            Kernel::AttentionTiledShuffle => "attention_tiled_shuffle",
             Kernel::AttentionDecode => "attention_decode",
             Kernel::AttentionDecodeF16 => "attention_decode_f16",
             Kernel::AttentionDecodeStream => "attention_decode_stream",
@@ -197,6 +203,7 @@ impl Kernel {
             Kernel::AttentionSubgroup => "attention_sg.wgsl",
             Kernel::AttentionTiled => "attention_tiled.wgsl",
             Kernel::AttentionTiledWide => "attention_tiled_wide.wgsl",
+            Kernel::AttentionTiledShuffle => "attention_tiled_shuffle.wgsl",
             Kernel::AttentionDecode | Kernel::AttentionDecodeF16 => "attention_decode.wgsl",
             Kernel::AttentionDecodeStream | Kernel::AttentionDecodeStreamF16 => {
                 "attention_decode_stream.wgsl"
@@ -250,6 +257,9 @@ impl Kernel {
             Kernel::AttentionSubgroup => include_str!("../../shaders/attention_sg.wgsl"),
             Kernel::AttentionTiled => include_str!("../../shaders/attention_tiled.wgsl"),
             Kernel::AttentionTiledWide => include_str!("../../shaders/attention_tiled_wide.wgsl"),
+            Kernel::AttentionTiledShuffle => {
+                include_str!("../../shaders/attention_tiled_shuffle.wgsl")
+            }
             Kernel::AttentionDecode => include_str!("../../shaders/attention_decode.wgsl"),
             Kernel::AttentionDecodeF16 => {
                 static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -312,6 +322,7 @@ impl Kernel {
             self,
             Kernel::GemmSubgroup
                 | Kernel::AttentionSubgroup
+                | Kernel::AttentionTiledShuffle
                 | Kernel::AttentionDecodeStream
                 | Kernel::AttentionDecodeStreamF16
         ) || self.uses_coop()
@@ -358,6 +369,7 @@ impl Kernel {
             | Kernel::AttentionSubgroup
             | Kernel::AttentionTiled
             | Kernel::AttentionTiledWide
+            | Kernel::AttentionTiledShuffle
             | Kernel::AttentionCoop(_)
             | Kernel::AttentionDecode
             | Kernel::AttentionDecodeF16

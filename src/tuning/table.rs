@@ -63,7 +63,8 @@ impl TuningKey {
 /// The fused kernel that won, in a form the file can hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TunedKernel {
-    /// `attention_tiled` with these (query rows, keys per tile, tq, tk).
+    /// `attention_tiled` (or its shuffle form) with these (query rows, keys
+    /// per tile, tq, tk).
     Tiled {
         /// Query rows per workgroup.
         query_rows: u32,
@@ -75,6 +76,9 @@ pub enum TunedKernel {
         tk: u32,
         /// Whether the next tile is prefetched into registers.
         prefetch: bool,
+        /// Whether it is the shuffle form (`attention_tiled_shuffle`: row
+        /// maxima and P by subgroup shuffles).
+        shuffle: bool,
     },
     /// `attention_fused` (its tiles follow from the limits).
     Portable,
@@ -86,7 +90,8 @@ impl TunedKernel {
     /// The kernel's name.
     pub fn name(&self) -> &'static str {
         match self {
-            TunedKernel::Tiled { .. } => "attention_tiled",
+            TunedKernel::Tiled { shuffle: false, .. } => "attention_tiled",
+            TunedKernel::Tiled { shuffle: true, .. } => "attention_tiled_shuffle",
             TunedKernel::Portable => "attention_fused",
             TunedKernel::Subgroup => "attention_sg",
         }
@@ -244,6 +249,7 @@ impl TuningTable {
                     tq,
                     tk,
                     prefetch,
+                    ..
                 } => (query_rows, keys_per_tile, tq, tk, u32::from(prefetch)),
                 _ => (0, 0, 0, 0, 0),
             };
@@ -383,7 +389,7 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
         ));
     }
     let kernel = match fields[6] {
-        "attention_tiled" => TunedKernel::Tiled {
+        tiled @ ("attention_tiled" | "attention_tiled_shuffle") => TunedKernel::Tiled {
             query_rows: number(7, "BQ")?,
             keys_per_tile: number(8, "BK")?,
             tq: number(9, "TQ")?,
@@ -393,6 +399,7 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
                 Some("1") => true,
                 Some(other) => return Err(format!("prefetch {other:?} is not 0 or 1")),
             },
+            shuffle: tiled == "attention_tiled_shuffle",
         },
         "attention_fused" => TunedKernel::Portable,
         "attention_sg" => TunedKernel::Subgroup,
@@ -458,6 +465,7 @@ mod tests {
                     tq: 16,
                     tk: 16,
                     prefetch: true,
+                    shuffle: false,
                 },
                 fused_ms: 1.5,
                 unfused_ms: 4.25,
@@ -492,6 +500,39 @@ mod tests {
         let (back, warnings) = TuningTable::parse(&table.to_text());
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(back, table);
+    }
+
+    #[test]
+    fn a_shuffle_form_is_written_under_its_own_kernel_name_and_reads_back() {
+        let mut table = TuningTable::new();
+        let kernel = TunedKernel::Tiled {
+            query_rows: 64,
+            keys_per_tile: 32,
+            tq: 16,
+            tk: 8,
+            prefetch: true,
+            shuffle: true,
+        };
+        table.insert(
+            key(16),
+            TunedEntry {
+                kernel,
+                fused_ms: 1.0,
+                unfused_ms: 2.0,
+                decode: None,
+                coop_ms: None,
+                unfused_coop_ms: None,
+            },
+        );
+        let text = table.to_text();
+        assert!(
+            text.contains("\tattention_tiled_shuffle\t64\t32\t16\t8\t"),
+            "{text}"
+        );
+        let (back, warnings) = TuningTable::parse(&text);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(back, table);
+        assert_eq!(kernel.name(), "attention_tiled_shuffle");
     }
 
     #[test]

@@ -123,7 +123,7 @@ pub fn fused_candidates(engine: &Engine, dk: usize, dv: usize) -> Result<Vec<Fus
     let browser = cfg!(target_arch = "wasm32");
     let mut kernels: Vec<FusedKernel> = TiledTiles::candidates(dk, dv)
         .into_iter()
-        .filter(|t| t.fits(&caps.limits) && !(browser && t.is_wide()))
+        .filter(|t| t.runs_on(caps) && !(browser && t.is_wide()))
         .take(tiles_tried)
         .map(FusedKernel::Tiled)
         .collect();

@@ -55,10 +55,12 @@ pub struct EngineArgs {
           value_parser = |s: &str| s.parse::<LimitOverride>())]
     limit: Vec<LimitOverride>,
     /// The fused kernel to use, by the name `webattn info` lists:
-    /// attention_tiled (register-tiled, GPUs), attention_fused (portable, any
-    /// adapter), attention_sg (subgroup shuffles, CPU adapters) or
-    /// attention_coop (matrix units, with --precision fast); auto lets the
-    /// adapter's profile decide.
+    /// attention_tiled (register-tiled, GPUs), attention_tiled_shuffle (its
+    /// form whose row maxima and probabilities move by subgroup shuffles;
+    /// adapters with subgroups), attention_fused (portable, any adapter),
+    /// attention_sg (subgroup shuffles, CPU adapters) or attention_coop
+    /// (matrix units, with --precision fast); auto lets the adapter's profile
+    /// decide.
     #[arg(long, value_name = "NAME", default_value = "auto", global = true,
           value_parser = |s: &str| s.parse::<FusedKernelChoice>())]
     kernel: FusedKernelChoice,

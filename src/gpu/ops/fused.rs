@@ -149,6 +149,7 @@ impl FusedKernel {
         match self {
             FusedKernel::Portable(_) => FusedKernelChoice::Portable.name(),
             FusedKernel::Subgroup { .. } => FusedKernelChoice::Subgroup.name(),
+            FusedKernel::Tiled(tiles) if tiles.shuffle => FusedKernelChoice::TiledShuffle.name(),
             FusedKernel::Tiled(_) => FusedKernelChoice::Tiled.name(),
             FusedKernel::Coop(_) => FusedKernelChoice::Coop.name(),
         }

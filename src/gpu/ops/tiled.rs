@@ -2,7 +2,7 @@
 //! configurations, the workgroup memory each needs, and the choice among them
 //! for an adapter's limits and a problem's head dims.
 
-use crate::gpu::capabilities::KernelLimits;
+use crate::gpu::capabilities::{Capabilities, KernelLimits};
 use crate::gpu::pipeline::PipelineKey;
 use crate::gpu::registry::Kernel;
 
@@ -38,6 +38,11 @@ pub struct TiledTiles {
     /// into registers while the current tile is multiplied (the kernel's
     /// PREFETCH; at most MAX_SLOTS vec4s each).
     pub prefetch: bool,
+    /// Whether the rows' maxima and P move between a row's invocations by
+    /// subgroup shuffles (`attention_tiled_shuffle`: K and V staged side by
+    /// side, two barriers per key tile instead of four); runs only where the
+    /// adapter's subgroups hold at least `tk` lanes.
+    pub shuffle: bool,
 }
 
 /// The shapes tried, in order: (query rows, keys per tile, tq, tk). Each is
@@ -78,9 +83,11 @@ impl TiledTiles {
     }
 
     /// Whether this is one of the shapes measured on a GPU, in the form
-    /// measured (no prefetch): the only ones an untuned engine takes.
+    /// measured (no prefetch, no shuffles): the only ones an untuned engine
+    /// takes.
     pub fn is_measured(&self) -> bool {
         !self.prefetch
+            && !self.shuffle
             && CANDIDATES.contains(&(self.query_rows, self.keys_per_tile, self.tq, self.tk))
     }
 
@@ -88,8 +95,11 @@ impl TiledTiles {
     /// (whether their workgroup memory fits an adapter is [`TiledTiles::fits`]):
     /// the measured shapes in their order and the tuner-only ones, then the
     /// same shapes prefetching the next tile into registers where its share
-    /// fits them (tried by `webattn tune`; not yet measured on a GPU, so
-    /// never the untuned choice).
+    /// fits them, then the shuffle forms of the shapes of 32 query rows or
+    /// more with at most 4 per invocation (the smaller shapes ran 4 to 7
+    /// times slower on an H100), without and with prefetch (tried by `webattn
+    /// tune` where they run, [`TiledTiles::runs_on`]; not yet measured on a
+    /// GPU, so never the untuned choice).
     pub fn candidates(dk: usize, dv: usize) -> Vec<TiledTiles> {
         let (dk4, dv4) = (dk.div_ceil(4) as u32, dv.div_ceil(4) as u32);
         let shapes: Vec<TiledTiles> = CANDIDATES
@@ -103,6 +113,7 @@ impl TiledTiles {
                 dk4,
                 dv4,
                 prefetch: false,
+                shuffle: false,
             })
             .filter(|t| {
                 t.rq() <= MAX_RQ
@@ -120,7 +131,28 @@ impl TiledTiles {
             })
             .filter(|t| t.slots() <= MAX_SLOTS)
             .collect();
-        shapes.into_iter().chain(prefetching).collect()
+        let shuffling: Vec<TiledTiles> = shapes
+            .iter()
+            .chain(prefetching.iter())
+            .filter(|t| !t.is_wide() && t.tk.is_power_of_two() && t.query_rows >= 32)
+            .map(|t| TiledTiles {
+                shuffle: true,
+                ..*t
+            })
+            .collect();
+        shapes
+            .into_iter()
+            .chain(prefetching)
+            .chain(shuffling)
+            .collect()
+    }
+
+    /// Whether the configuration runs on the adapter `caps` describes: it
+    /// fits its limits ([`TiledTiles::fits`]) and, for a shuffle form, its
+    /// subgroups are never narrower than a row's `tk` invocations.
+    pub fn runs_on(&self, caps: &Capabilities) -> bool {
+        self.fits(&caps.limits)
+            && (!self.shuffle || (caps.subgroups && caps.subgroup_min_size >= self.tk))
     }
 
     /// Whether the shape holds more query rows per invocation than
@@ -171,16 +203,18 @@ impl TiledTiles {
         self.dk4.max(self.dv4) + 1
     }
 
-    /// Workgroup memory the kernel uses: the Q block, one K/V tile, P, the
-    /// rows' partial maxima and sums, their flags, the nonpad length and the
-    /// V tile's non-finite flag.
+    /// Workgroup memory the kernel uses: the Q block, one K/V tile and P
+    /// (the shuffle form: a K tile and a V tile, no P), the rows' partial
+    /// maxima and sums, their flags, the nonpad length and the V tile's
+    /// non-finite flag.
     pub fn workgroup_bytes(&self) -> u32 {
         let (bq, bk) = (self.query_rows, self.keys_per_tile);
-        16 * (bq * self.q_stride() + bk * self.kv_stride())
-            + 4 * bq * bk
-            + 4 * bq * self.tk
-            + 4 * bq
-            + 8
+        let tiles = if self.shuffle {
+            16 * 2 * bk * self.kv_stride()
+        } else {
+            16 * bk * self.kv_stride() + 4 * bq * bk
+        };
+        16 * bq * self.q_stride() + tiles + 4 * bq * self.tk + 4 * bq + 8
     }
 
     /// Loop iterations one invocation runs per key tile (every loop counted,
@@ -226,10 +260,13 @@ impl TiledTiles {
     }
 
     /// The pipeline key (every override the kernel takes): of
-    /// `attention_tiled`, or of `attention_tiled_wide` for more than 4 query
-    /// rows per invocation.
+    /// `attention_tiled`, of `attention_tiled_wide` for more than 4 query
+    /// rows per invocation, or of `attention_tiled_shuffle` for the shuffle
+    /// forms.
     pub fn key(&self) -> PipelineKey {
-        let kernel = if self.is_wide() {
+        let kernel = if self.shuffle {
+            Kernel::AttentionTiledShuffle
+        } else if self.is_wide() {
             Kernel::AttentionTiledWide
         } else {
             Kernel::AttentionTiled
@@ -254,7 +291,7 @@ impl TiledTiles {
     /// The configuration in words, for `webattn info`.
     pub fn describe(&self) -> String {
         format!(
-            "{} query rows x {}-key tiles, {}x{} invocations, {}x{} of S and {}x{} vec4 of O in registers each{}",
+            "{} query rows x {}-key tiles, {}x{} invocations, {}x{} of S and {}x{} vec4 of O in registers each{}{}",
             self.query_rows,
             self.keys_per_tile,
             self.tq,
@@ -265,6 +302,11 @@ impl TiledTiles {
             self.dvt(),
             if self.prefetch {
                 ", the next tile prefetched into registers"
+            } else {
+                ""
+            },
+            if self.shuffle {
+                ", row maxima and P by subgroup shuffles"
             } else {
                 ""
             }
@@ -353,7 +395,12 @@ mod tests {
         for d in [64, 128, 256] {
             let all = TiledTiles::candidates(d, d);
             let first_prefetch = all.iter().position(|t| t.prefetch).expect("some prefetch");
-            assert!(all[first_prefetch..].iter().all(|t| t.prefetch), "{all:?}");
+            assert!(
+                all[first_prefetch..]
+                    .iter()
+                    .all(|t| t.prefetch || t.shuffle),
+                "{all:?}"
+            );
             for storage in [16 << 10, 32 << 10, 48 << 10] {
                 if let Some(t) = TiledTiles::for_dims(d, d, &limits(storage)) {
                     assert!(!t.prefetch, "{t:?}");
@@ -388,5 +435,49 @@ mod tests {
         assert_eq!(chunk % t.keys_per_tile as usize, 0);
         assert!(chunk >= t.keys_per_tile as usize);
         assert_eq!(t.keys_per_chunk(77, None), 77);
+    }
+
+    #[test]
+    fn shuffle_forms_come_last_need_subgroups_and_are_never_the_default() {
+        use crate::gpu::capabilities::Capabilities;
+        for d in [1, 64, 128, 256] {
+            let all = TiledTiles::candidates(d, d);
+            let first = all
+                .iter()
+                .position(|t| t.shuffle)
+                .expect("some shuffle form");
+            assert!(all[first..].iter().all(|t| t.shuffle), "{all:?}");
+            assert!(all[first..]
+                .iter()
+                .all(|t| !t.is_wide() && t.tk.is_power_of_two()));
+            assert!(
+                all[first..].iter().any(|t| t.prefetch) && all[first..].iter().any(|t| !t.prefetch)
+            );
+            for storage in [16 << 10, 32 << 10, 48 << 10] {
+                if let Some(t) = TiledTiles::for_dims(d, d, &limits(storage)) {
+                    assert!(!t.shuffle, "{t:?}");
+                }
+            }
+        }
+        // A shuffle form holds a K and a V tile and no P.
+        let t = TiledTiles::for_dims(64, 64, &limits(48 << 10)).unwrap();
+        let shuffled = TiledTiles { shuffle: true, ..t };
+        assert_eq!(
+            shuffled.workgroup_bytes() - t.workgroup_bytes() + 4 * t.query_rows * t.keys_per_tile,
+            16 * t.keys_per_tile * (t.dk4 + 1)
+        );
+        assert_eq!(shuffled.key().kernel, Kernel::AttentionTiledShuffle);
+        // It runs only where subgroups hold a row's tk lanes.
+        let mut caps = Capabilities::synthetic("DiscreteGpu");
+        caps.limits.max_compute_workgroup_storage_size = 48 << 10;
+        caps.subgroups = true;
+        caps.subgroup_min_size = 32;
+        caps.subgroup_max_size = 32;
+        assert!(shuffled.runs_on(&caps) && t.runs_on(&caps));
+        caps.subgroup_min_size = t.tk / 2;
+        assert!(!shuffled.runs_on(&caps) && t.runs_on(&caps));
+        caps.subgroups = false;
+        caps.subgroup_min_size = 32;
+        assert!(!shuffled.runs_on(&caps));
     }
 }
