@@ -21,6 +21,7 @@ pub(crate) struct DeviceRecipe {
     pub limits: DeviceLimits,
     pub portable_kernels: bool,
     pub matrix_units: crate::options::MatrixUnits,
+    pub runtime_checks: crate::options::RuntimeChecks,
     pub fused_kernel: crate::gpu::ops::fused::FusedKernelChoice,
     pub decode_kernel: crate::gpu::choice::DecodeKernelChoice,
     /// The engine's tuning table, shared by every device it makes.
@@ -37,6 +38,7 @@ impl DeviceRecipe {
             ctx
         };
         Ok(ctx
+            .with_runtime_checks(self.runtime_checks)
             .with_fused_kernel(self.fused_kernel)?
             .with_decode_kernel(self.decode_kernel)?
             .with_tuning(self.tuning.clone()))

@@ -72,6 +72,10 @@ pub struct EngineOptions {
     /// wgpu's experimental feature is not requested), or `Emulated16`, a
     /// testing aid for CPU adapters ([`crate::MatrixUnits`]).
     pub matrix_units: crate::options::MatrixUnits,
+    /// Whether the kernels keep naga's runtime checks (index clamps, loop
+    /// counters; the default) or are compiled without them natively, a
+    /// measuring aid ([`crate::RuntimeChecks`]).
+    pub runtime_checks: crate::options::RuntimeChecks,
     /// The fused kernel to use (default: chosen from the adapter's profile);
     /// forcing one runs it wherever the adapter can, e.g. to check a kernel on
     /// lavapipe that a GPU would pick. A kernel the adapter cannot run is an
@@ -205,6 +209,7 @@ impl Engine {
             limits: options.limits.clone(),
             portable_kernels: options.portable_kernels,
             matrix_units: options.matrix_units,
+            runtime_checks: options.runtime_checks,
             fused_kernel: options.fused_kernel,
             decode_kernel: options.decode_kernel,
             tuning: std::sync::Arc::new(std::sync::Mutex::new(options.tuning_cache.load())),

@@ -60,6 +60,7 @@ pub use kv_cache::KvCache;
 pub use limits::{DeviceLimits, LimitOverride, LimitsPreset};
 pub use options::{
     alibi_slopes, AttentionOptions, KernelPath, MatrixUnits, Precision, QkMatmulOutputMode,
+    RuntimeChecks,
 };
 pub use problem::{
     validate, AttentionDims, AttentionInputs, AttentionOutputs, MaskLayout, MaskRef, TensorRef,

@@ -175,6 +175,55 @@ impl std::str::FromStr for MatrixUnits {
     }
 }
 
+/// Whether the kernels keep the runtime checks naga adds when it translates
+/// them: index clamps on every array access the driver does not bound itself,
+/// and a counter in every loop that stops it after 2^64 iterations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum RuntimeChecks {
+    /// Keep them (the default; what WebGPU requires, and what a browser does
+    /// whatever this says).
+    #[default]
+    On,
+    /// Compile the kernels without index clamps and loop counters, natively
+    /// (`wgpu::Device::create_shader_module_trusted`). A measuring aid: the
+    /// sweep checks that every kernel stays in bounds on the cases it runs,
+    /// but an index fault would then be undefined behaviour on the device
+    /// rather than a clamped read. Integer division keeps its checks.
+    Off,
+}
+
+impl RuntimeChecks {
+    /// The name the CLI spells (`on`, `off`).
+    pub fn name(self) -> &'static str {
+        match self {
+            RuntimeChecks::On => "on",
+            RuntimeChecks::Off => "off",
+        }
+    }
+}
+
+impl std::fmt::Display for RuntimeChecks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for RuntimeChecks {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<RuntimeChecks> {
+        match text {
+            "on" => Ok(RuntimeChecks::On),
+            "off" => Ok(RuntimeChecks::Off),
+            _ => Err(Error::InvalidOption {
+                name: "runtime_checks",
+                value: text.to_string(),
+                reason: "must be on (naga's index clamps and loop counters, the default) or off (compiled without them: a measuring aid)",
+            }),
+        }
+    }
+}
+
 /// Which implementation runs the call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub enum KernelPath {
@@ -402,6 +451,21 @@ impl AttentionOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runtime_checks_read_their_names_and_refuse_others() {
+        for checks in [RuntimeChecks::On, RuntimeChecks::Off] {
+            assert_eq!(checks.name().parse::<RuntimeChecks>().unwrap(), checks);
+        }
+        assert_eq!(RuntimeChecks::default(), RuntimeChecks::On);
+        assert!(matches!(
+            "none".parse::<RuntimeChecks>(),
+            Err(Error::InvalidOption {
+                name: "runtime_checks",
+                ..
+            })
+        ));
+    }
 
     #[test]
     fn rejects_bad_options() {

@@ -836,6 +836,39 @@ fn check_passes_when_tensors_exceed_a_binding() {
 }
 
 #[test]
+fn the_sweep_passes_with_the_runtime_checks_off() {
+    if common::gpu().is_none() {
+        return;
+    }
+    // Compiled without naga's index clamps and loop counters, the kernels
+    // GPUs run (the register-tiled one and its shuffle form, the GEMM and
+    // softmax of the unfused path, the decode kernels) must still stay within
+    // their arrays: an access that relied on a clamp would read garbage here.
+    for kernel in ["attention_tiled", "attention_tiled_shuffle"] {
+        let out = run(&[
+            "--backend",
+            "gpu",
+            "--runtime-checks",
+            "off",
+            "--kernel",
+            kernel,
+            "check",
+            "--quick",
+        ]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let last = stdout.trim_end().lines().last().unwrap_or_default();
+        assert!(out.status.success(), "{kernel}: {stdout}");
+        assert!(
+            last.ends_with(" passed, 0 failed") && !last.starts_with("0 "),
+            "{kernel}: {last}"
+        );
+    }
+    let bad = run(&["--runtime-checks", "sometimes", "info"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("runtime_checks"));
+}
+
+#[test]
 fn check_quick_ends_with_the_summary_line() {
     let dir = scratch("check");
     let json = dir.join("check.json");

@@ -7,7 +7,7 @@ use super::choice::{DecodeKernelChoice, FusedKernelChoice, GemmKernel};
 use super::pipeline::PipelineCache;
 use crate::error::{Error, Result};
 use crate::limits::DeviceLimits;
-use crate::options::MatrixUnits;
+use crate::options::{MatrixUnits, RuntimeChecks};
 
 /// Features the kernels can use when the adapter has them; none is required.
 /// Natively that includes wgpu's experimental cooperative matrices (the
@@ -314,6 +314,22 @@ impl GpuContext {
         self.gemm_override = Some(GemmKernel::Subgroup { width });
         self.subgroup_width = Some(width);
         Ok(self)
+    }
+
+    /// Whether the kernels keep naga's runtime checks.
+    pub fn runtime_checks(&self) -> RuntimeChecks {
+        self.pipelines.runtime_checks()
+    }
+
+    /// This context with its kernels compiled with or without naga's runtime
+    /// checks ([`RuntimeChecks`]); it starts a pipeline cache of its own, so
+    /// call it before the first dispatch. In a browser the checks stay: the
+    /// browser adds its own whatever this says.
+    pub fn with_runtime_checks(mut self, runtime_checks: RuntimeChecks) -> GpuContext {
+        if runtime_checks != self.pipelines.runtime_checks() {
+            self.pipelines = Arc::new(self.pipelines.with_runtime_checks(runtime_checks));
+        }
+        self
     }
 
     /// This context restricted to the kernels that need no subgroups (tiled

@@ -10,6 +10,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::registry::{Binding, Kernel};
+use crate::options::RuntimeChecks;
 
 /// A kernel plus the values of its override constants: one compiled pipeline.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -89,6 +90,8 @@ pub struct PipelineCache {
     /// Whether the matrix-unit kernels go to the driver as SPIR-V the engine
     /// wrote (Vulkan, see `gpu::spirv`) rather than as WGSL.
     coop_spirv: bool,
+    /// Whether the kernels keep naga's runtime checks ([`RuntimeChecks`]).
+    runtime_checks: RuntimeChecks,
     state: Mutex<CacheState>,
 }
 
@@ -161,13 +164,59 @@ fn own_spirv_module(
     None
 }
 
+/// `kernel`'s module, with or without naga's runtime checks.
+fn shader_module(
+    device: &wgpu::Device,
+    kernel: Kernel,
+    runtime_checks: RuntimeChecks,
+) -> wgpu::ShaderModule {
+    let desc = wgpu::ShaderModuleDescriptor {
+        label: Some(kernel.name()),
+        source: wgpu::ShaderSource::Wgsl(kernel.device_source()),
+    };
+    match runtime_checks {
+        RuntimeChecks::On => device.create_shader_module(desc),
+        RuntimeChecks::Off => {
+            let checks = wgpu::ShaderRuntimeChecks {
+                bounds_checks: false,
+                force_loop_bounding: false,
+                ..wgpu::ShaderRuntimeChecks::checked()
+            };
+            // SAFETY: the caller asked for unchecked kernels
+            // (`RuntimeChecks::Off`, a measuring aid). Every loop of the
+            // engine's kernels ends (their bounds are uniforms and override
+            // constants), and their indices stay within their arrays on every
+            // case of the conformance sweep, which runs with the checks off in
+            // the tests; integer division keeps its checks.
+            unsafe { device.create_shader_module_trusted(desc, checks) }
+        }
+    }
+}
+
 impl PipelineCache {
     pub(crate) fn new(device: wgpu::Device, coop_spirv: bool) -> Self {
         Self {
             device,
             coop_spirv,
+            runtime_checks: RuntimeChecks::On,
             state: Mutex::new(CacheState::default()),
         }
+    }
+
+    /// An empty cache for the same device that compiles its kernels with or
+    /// without naga's runtime checks.
+    pub(crate) fn with_runtime_checks(&self, runtime_checks: RuntimeChecks) -> Self {
+        Self {
+            device: self.device.clone(),
+            coop_spirv: self.coop_spirv,
+            runtime_checks,
+            state: Mutex::new(CacheState::default()),
+        }
+    }
+
+    /// Whether the kernels keep naga's runtime checks.
+    pub fn runtime_checks(&self) -> RuntimeChecks {
+        self.runtime_checks
     }
 
     /// The pipeline for `key`, compiling it on first use.
@@ -192,12 +241,7 @@ impl PipelineCache {
             None => state
                 .modules
                 .entry(kernel)
-                .or_insert_with(|| {
-                    device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                        label: Some(kernel.name()),
-                        source: wgpu::ShaderSource::Wgsl(kernel.device_source()),
-                    })
-                })
+                .or_insert_with(|| shader_module(device, kernel, self.runtime_checks))
                 .clone(),
         };
         let (bind_group_layout, pipeline_layout) = state

@@ -613,8 +613,14 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     // The table.
     match caps.map(|c| &c.adapter) {
         Some(a) => println!(
-            "adapter: {} ({}, {})   timing: {clock}, median of runs after warm-up",
-            a.name, a.backend, a.device_type
+            "adapter: {} ({}, {})   timing: {clock}, median of runs after warm-up{}",
+            a.name,
+            a.backend,
+            a.device_type,
+            match ctx.map(|c| c.runtime_checks()) {
+                Some(webattn::RuntimeChecks::Off) => "   kernels without runtime checks",
+                _ => "",
+            }
         ),
         None => println!(
             "adapter: none (CPU engine)   timing: wall clock, median of runs after warm-up"
@@ -830,6 +836,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         "gemm_kernel": ctx.map(|c| format!("{:?}", c.gemm_kernel())),
         "fused_kernel": ctx.map(|c| super::info::fused_kernel(c).0),
         "fused_kernel_forced": ctx.map(|c| super::info::fused_kernel(c).1),
+        "runtime_checks": ctx.map(|c| c.runtime_checks().name()),
         "matrix_units": ctx.and_then(|c| webattn::gpu::planner::coop_shape(c.capabilities())).map(|s| format!("{n}x{n}x{n} f16 -> f32, subgroups of {}", s.subgroup, n = s.size.dim())),
         "gemm": gemm.iter().map(|&(n, p, g, ms, near)| json!({"m": n, "n": n, "k": n, "precision": p.name(), "kernel": ctx.map(|c| format!("{:?}", c.gemm_kernel_at(p))), "ms": ms, "gflops": g, "share_of_ceiling": g / near, "adjacent_ceiling_gflops": near})).collect::<Vec<_>>(),
         "attention": attention.iter().map(|(s, p, q, m, near)| json!({

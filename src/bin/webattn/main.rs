@@ -19,7 +19,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use webattn::tuning::TuningCache;
 use webattn::{
     BackendPreference, DecodeKernelChoice, DeviceLimits, Engine, EngineOptions, FusedKernelChoice,
-    LimitOverride, LimitsPreset, MatrixUnits, Precision,
+    LimitOverride, LimitsPreset, MatrixUnits, Precision, RuntimeChecks,
 };
 
 /// GPU attention (ONNX Attention, opset 25) on WebGPU compute shaders, checked
@@ -90,6 +90,13 @@ pub struct EngineArgs {
     #[arg(long, value_name = "auto|off|emulated16|naga-spirv", default_value = "auto", global = true,
           value_parser = |s: &str| s.parse::<MatrixUnits>())]
     matrix_units: MatrixUnits,
+    /// Whether the kernels keep naga's runtime checks (index clamps on array
+    /// accesses, a counter in every loop): on (the default), or off, a
+    /// measuring aid that compiles them without (natively; the sweep runs
+    /// with them off in the tests).
+    #[arg(long, value_name = "on|off", default_value = "on", global = true,
+          value_parser = |s: &str| s.parse::<RuntimeChecks>())]
+    runtime_checks: RuntimeChecks,
     /// The tuning cache (`webattn tune`'s measured kernel choices) to read and
     /// write: a file, or `none` for none. Default: $WEBATTN_TUNING_CACHE, else
     /// ~/.cache/webattn/tuning.tsv.
@@ -152,6 +159,7 @@ fn engine(args: &EngineArgs) -> webattn::Result<Engine> {
         fused_kernel: args.kernel,
         decode_kernel: args.decode_kernel,
         matrix_units: args.matrix_units,
+        runtime_checks: args.runtime_checks,
         tuning_cache: match &args.tuning_cache {
             None => TuningCache::Default,
             Some(path) if path.as_os_str() == "none" => TuningCache::Memory,
