@@ -39,23 +39,7 @@ struct Params {
 
 // The allowed key range [lo, hi] of query row i (hi < lo when none).
 fn key_range(i: u32, offset: i32, lengths: i32) -> vec2<i32> {
-    let pos = offset + i32(i);
-    var lo = 0;
-    var hi = i32(p.keys) - 1;
-    if ((p.flags & FLAG_CAUSAL) != 0u) {
-        hi = min(hi, pos);
-    }
-    if (p.right_window >= 0) {
-        hi = min(hi, pos + p.right_window);
-    }
-    if (p.left_window >= 0) {
-        lo = max(lo, pos - p.left_window);
-    }
-    if ((p.flags & FLAG_NONPAD) != 0u) {
-        hi = min(hi, lengths - 1);
-    }
-    if ((p.flags & FLAG_MASK) != 0u) {
-        hi = min(hi, i32(p.mask_cols) - 1);
-    }
-    return vec2<i32>(lo, hi);
+    return allowed_keys(
+        offset + i32(i), p.keys, p.flags, p.left_window, p.right_window, lengths, p.mask_cols
+    );
 }

@@ -57,3 +57,37 @@ fn accurate_tanh(x: f32) -> f32 {
     let t = 1.0 - 2.0 / (e + 1.0);
     return select(t, -t, x < 0.0);
 }
+
+// The allowed key range [lo, hi] of the query at position `pos` (hi < lo when
+// none) among `keys` keys: causal (FLAG_CAUSAL in `flags`), the windows
+// (negative: none), the batch's nonpad length (FLAG_NONPAD) and the mask's
+// columns (FLAG_MASK). The fused and the decode kernels' key_range pass their
+// uniforms.
+fn allowed_keys(
+    pos: i32,
+    keys: u32,
+    flags: u32,
+    left_window: i32,
+    right_window: i32,
+    lengths: i32,
+    mask_cols: u32,
+) -> vec2<i32> {
+    var lo = 0;
+    var hi = i32(keys) - 1;
+    if ((flags & FLAG_CAUSAL) != 0u) {
+        hi = min(hi, pos);
+    }
+    if (right_window >= 0) {
+        hi = min(hi, pos + right_window);
+    }
+    if (left_window >= 0) {
+        lo = max(lo, pos - left_window);
+    }
+    if ((flags & FLAG_NONPAD) != 0u) {
+        hi = min(hi, lengths - 1);
+    }
+    if ((flags & FLAG_MASK) != 0u) {
+        hi = min(hi, i32(mask_cols) - 1);
+    }
+    return vec2<i32>(lo, hi);
+}
