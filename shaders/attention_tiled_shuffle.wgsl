@@ -48,6 +48,9 @@
 // at the start of a tile, so a tile takes two barriers (K and V staged; K and
 // V read) instead of four. The V tile's non-finite flag holds the number of
 // the last tile that had one (tiles count from 1), so it is never reset.
+// WGSL does not promise how invocations map to subgroup lanes: the kernel
+// checks the layout it relies on and makes the rows NaN where it does not
+// hold, as attention_decode_stream.wgsl does.
 
 // Query rows per workgroup, keys per tile (a multiple of 4).
 override BQ: u32 = 64u;
@@ -102,6 +105,9 @@ var<workgroup> batch_nonpad: i32;
 // The last tile (counted from 1) whose V held a non-finite value (P V then
 // tests each key).
 var<workgroup> v_nonfinite: atomic<u32>;
+// Whether some invocation's subgroup lanes are not laid out as the shuffles
+// need (then every row is NaN).
+var<workgroup> layout_bad: atomic<u32>;
 
 fn y_quad(base: u32, d: u32) -> vec4<f32> {
     var out = vec4<f32>(0.0);
@@ -169,6 +175,14 @@ fn main(
     let row0 = (block % p.q_blocks) * BQ;
     let tr = li / TK;
     let tc = li % TK;
+    // A row's TK invocations must be TK consecutive lanes of one subgroup,
+    // aligned to TK, for the shuffles below: checked here (a lane whose place
+    // is not so, or whose row's first lane holds another invocation), and a
+    // layout that is not makes every row of the workgroup NaN at the end,
+    // never silently wrong.
+    let lane0 = sg_lane - sg_lane % TK;
+    let first_of_row = subgroupShuffle(li, lane0);
+    let layout_ok = sg_lane % TK == tc && first_of_row == li - tc;
     let rows_total = p.batch * p.q_heads * p.q_len;
     let bk4 = BK / 4u;
 
@@ -179,6 +193,7 @@ fn main(
         }
         batch_nonpad = lengths;
         atomicStore(&v_nonfinite, 0u);
+        atomicStore(&layout_bad, 0u);
     }
     for (var r = li; r < BQ; r += WG) {
         atomicStore(&row_flags[r], 0u);
@@ -1543,7 +1558,6 @@ fn main(
         // 3. O += P V, RQ x DVT vec4s per invocation, a key a step, its P
         // shuffled from the lane that holds it. Columns past Dv read some
         // vec4 of the tile and are never stored.
-        let lane0 = sg_lane - tc;
         if (careful) {
             for (var t = 0u; t < TK; t++) {
                 let src = lane0 + t;
@@ -2345,6 +2359,9 @@ fn main(
     }
 
     // The rows' sums and flags, gathered from their TK invocations.
+    if (!layout_ok) {
+        atomicOr(&layout_bad, 1u);
+    }
     row_parts[(tr + TQ * 0u) * TK + tc] = l0;
     atomicOr(&row_flags[tr + TQ * 0u], fl0);
     if (RQ > 1u) {
@@ -2369,7 +2386,7 @@ fn main(
         for (var t = 0u; t < TK; t++) {
             total += row_parts[rr * TK + t];
         }
-        let flags = atomicLoad(&row_flags[rr]);
+        let flags = atomicLoad(&row_flags[rr]) | select(0u, ROW_ATTENDED | ROW_POISONED, atomicLoad(&layout_bad) != 0u);
         let r = head_index * p.q_len + qrow0;
         let y_base = r * p.dv;
         if ((p.chunk_flags & LAST_CHUNK) == 0u) {
@@ -2528,7 +2545,7 @@ fn main(
             for (var t = 0u; t < TK; t++) {
                 total += row_parts[rr * TK + t];
             }
-            let flags = atomicLoad(&row_flags[rr]);
+            let flags = atomicLoad(&row_flags[rr]) | select(0u, ROW_ATTENDED | ROW_POISONED, atomicLoad(&layout_bad) != 0u);
             let r = head_index * p.q_len + qrow1;
             let y_base = r * p.dv;
             if ((p.chunk_flags & LAST_CHUNK) == 0u) {
@@ -2688,7 +2705,7 @@ fn main(
             for (var t = 0u; t < TK; t++) {
                 total += row_parts[rr * TK + t];
             }
-            let flags = atomicLoad(&row_flags[rr]);
+            let flags = atomicLoad(&row_flags[rr]) | select(0u, ROW_ATTENDED | ROW_POISONED, atomicLoad(&layout_bad) != 0u);
             let r = head_index * p.q_len + qrow2;
             let y_base = r * p.dv;
             if ((p.chunk_flags & LAST_CHUNK) == 0u) {
@@ -2800,7 +2817,7 @@ fn main(
             for (var t = 0u; t < TK; t++) {
                 total += row_parts[rr * TK + t];
             }
-            let flags = atomicLoad(&row_flags[rr]);
+            let flags = atomicLoad(&row_flags[rr]) | select(0u, ROW_ATTENDED | ROW_POISONED, atomicLoad(&layout_bad) != 0u);
             let r = head_index * p.q_len + qrow3;
             let y_base = r * p.dv;
             if ((p.chunk_flags & LAST_CHUNK) == 0u) {

@@ -186,9 +186,14 @@ pub enum RuntimeChecks {
     On,
     /// Compile the kernels without index clamps and loop counters, natively
     /// (`wgpu::Device::create_shader_module_trusted`). A measuring aid: the
-    /// sweep checks that every kernel stays in bounds on the cases it runs,
-    /// but an index fault would then be undefined behaviour on the device
-    /// rather than a clamped read. Integer division keeps its checks.
+    /// kernels' indices were audited and the sweep passes this way on
+    /// lavapipe, but an index fault would be undefined behaviour on the device
+    /// rather than a clamped read, and on Metal storage buffers lose their
+    /// bounds checks too (Vulkan and D3D12 keep the driver's robust buffer
+    /// access). Integer division keeps its checks. The matrix-unit kernels on
+    /// Vulkan, which reach the driver as the engine's own SPIR-V, are not
+    /// affected; `webattn tune` records its times under the same key either
+    /// way.
     Off,
 }
 

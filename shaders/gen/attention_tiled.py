@@ -160,6 +160,9 @@ w("""//
 // at the start of a tile, so a tile takes two barriers (K and V staged; K and
 // V read) instead of four. The V tile's non-finite flag holds the number of
 // the last tile that had one (tiles count from 1), so it is never reset.
+// WGSL does not promise how invocations map to subgroup lanes: the kernel
+// checks the layout it relies on and makes the rows NaN where it does not
+// hold, as attention_decode_stream.wgsl does.
 """ if SHUFFLE else "")
   + """
 // Query rows per workgroup, keys per tile (a multiple of 4).
@@ -215,6 +218,9 @@ var<workgroup> batch_nonpad: i32;
 // The last tile (counted from 1) whose V held a non-finite value (P V then
 // tests each key).
 var<workgroup> v_nonfinite: atomic<u32>;
+// Whether some invocation's subgroup lanes are not laid out as the shuffles
+// need (then every row is NaN).
+var<workgroup> layout_bad: atomic<u32>;
 """ if SHUFFLE else """// K's tile, then V's: BK rows of KS vec4s.
 var<workgroup> kv_tile: array<vec4<f32>, BK * KS>;
 // P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3); -1 marks a key the row
@@ -299,7 +305,15 @@ fn main(
     let kvh = h / p.group;
     let row0 = (block % p.q_blocks) * BQ;
     let tr = li / TK;
-    let tc = li % TK;
+    let tc = li % TK;""" + ("""
+    // A row's TK invocations must be TK consecutive lanes of one subgroup,
+    // aligned to TK, for the shuffles below: checked here (a lane whose place
+    // is not so, or whose row's first lane holds another invocation), and a
+    // layout that is not makes every row of the workgroup NaN at the end,
+    // never silently wrong.
+    let lane0 = sg_lane - sg_lane % TK;
+    let first_of_row = subgroupShuffle(li, lane0);
+    let layout_ok = sg_lane % TK == tc && first_of_row == li - tc;""" if SHUFFLE else "") + """
     let rows_total = p.batch * p.q_heads * p.q_len;
     let bk4 = BK / 4u;
 
@@ -309,7 +323,8 @@ fn main(
             lengths = nonpad[b];
         }
         batch_nonpad = lengths;""" + ("""
-        atomicStore(&v_nonfinite, 0u);""" if SHUFFLE else "") + """
+        atomicStore(&v_nonfinite, 0u);
+        atomicStore(&layout_bad, 0u);""" if SHUFFLE else "") + """
     }
     for (var r = li; r < BQ; r += WG) {
         atomicStore(&row_flags[r], 0u);
@@ -701,8 +716,7 @@ if SHUFFLE:
     w("""
         // 3. O += P V, RQ x DVT vec4s per invocation, a key a step, its P
         // shuffled from the lane that holds it. Columns past Dv read some
-        // vec4 of the tile and are never stored.
-        let lane0 = sg_lane - tc;""")
+        // vec4 of the tile and are never stored.""")
 w("        if (careful) {")
 emit(["            " + x if x else "" for x in (product_shuffle if SHUFFLE else product)(True)])
 w("        } else {")
@@ -711,7 +725,10 @@ w("""        }
         workgroupBarrier();
     }
 
-    // The rows' sums and flags, gathered from their TK invocations.""")
+    // The rows' sums and flags, gathered from their TK invocations.""" + ("""
+    if (!layout_ok) {
+        atomicOr(&layout_bad, 1u);
+    }""" if SHUFFLE else "") + """""")
 for i in range(MAX_RQ):
     emit(
         guard(
@@ -735,7 +752,9 @@ for i in range(MAX_RQ):
         "    for (var t = 0u; t < TK; t++) {",
         "        total += row_parts[rr * TK + t];",
         "    }",
-        "    let flags = atomicLoad(&row_flags[rr]);",
+        "    let flags = atomicLoad(&row_flags[rr])" + (
+            " | select(0u, ROW_ATTENDED | ROW_POISONED, atomicLoad(&layout_bad) != 0u);"
+            if SHUFFLE else ";"),
         f"    let r = head_index * p.q_len + qrow{i};",
         "    let y_base = r * p.dv;",
         "    if ((p.chunk_flags & LAST_CHUNK) == 0u) {",

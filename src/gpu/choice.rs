@@ -59,7 +59,8 @@ pub enum FusedKernelChoice {
     Tiled,
     /// `attention_tiled_shuffle`: the register-tiled kernel whose row maxima
     /// and probabilities move by subgroup shuffles, on adapters whose
-    /// subgroups hold one of its tiles' rows (elsewhere what `Tiled` runs).
+    /// subgroups hold a row of its invocations (8 lanes or more); head dims
+    /// none of its tiles fits run what `Tiled` runs.
     TiledShuffle,
     /// `attention_coop`: the matrix-unit kernel, for calls that allow f16
     /// products (`Precision::Fast`) on adapters with matrix units; calls at

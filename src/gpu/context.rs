@@ -367,7 +367,9 @@ impl GpuContext {
 
     /// This context with its fused kernel forced to `choice` (the other kernels
     /// as chosen). The subgroup kernel is refused where the adapter has no
-    /// fixed CPU subgroups to run it with.
+    /// fixed CPU subgroups to run it with, the shuffle form of the tiled
+    /// kernel where its subgroups are narrower than 8 lanes, the matrix-unit
+    /// kernel where it has no matrix units.
     pub fn with_fused_kernel(mut self, choice: FusedKernelChoice) -> Result<GpuContext> {
         if choice == FusedKernelChoice::Subgroup && self.caps.fixed_cpu_subgroup().is_none() {
             return Err(Error::InvalidOption {
@@ -375,6 +377,16 @@ impl GpuContext {
                 value: choice.name().to_string(),
                 reason: "needs an adapter with fixed subgroups of 4 or 8 (a CPU adapter such as \
                          lavapipe or SwiftShader); this one has none: use attention_fused or auto",
+            });
+        }
+        if choice == FusedKernelChoice::TiledShuffle
+            && !(self.caps.subgroups
+                && self.caps.subgroup_min_size >= super::ops::tiled::SHUFFLE_MIN_TK)
+        {
+            return Err(Error::InvalidOption {
+                name: "kernel",
+                value: choice.name().to_string(),
+                reason: "needs subgroups of at least 8 lanes, which hold a row of its invocations                          (`webattn info` lists this adapter's); use attention_tiled or auto",
             });
         }
         if choice == FusedKernelChoice::Coop && self.caps.f16_matrix_units().is_none() {

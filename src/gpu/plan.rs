@@ -332,14 +332,6 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
     {
         keys.push(tiles.key());
     }
-    // A shuffle form (tried by the tuner where subgroups hold a row's
-    // invocations), at head dim 64 within 32 KiB, rows of 8 invocations.
-    if let Some(tiles) = TiledTiles::candidates(64, 64)
-        .into_iter()
-        .find(|t| t.shuffle && !t.prefetch && t.tk == 8 && t.fits(&browser))
-    {
-        keys.push(tiles.key());
-    }
     keys.push(PipelineKey::new(Kernel::FmaPeak).with("WORKGROUP", 64));
     keys.push(PipelineKey::new(Kernel::CopyPeak).with("WORKGROUP", 256));
     // Decode: one query row, a GQA group of 4 rows, and the most rows.
@@ -529,11 +521,16 @@ mod tests {
     fn every_kernel_has_a_variant_in_the_list() {
         let keys = every_pipeline_variant();
         // The matrix-unit kernels never run in a browser (wgpu offers no
-        // cooperative matrices there), nor does attention_tiled_wide (the
-        // tuner does not try it there: SwiftShader in Chromium loses its
-        // device compiling it); the translation test covers them.
+        // cooperative matrices there), nor do attention_tiled_wide and
+        // attention_tiled_shuffle (SwiftShader in Chromium loses its device
+        // compiling either, and its subgroups of 4 run no shuffle form); the
+        // translation test covers them.
         for kernel in crate::gpu::registry::Kernel::ALL {
-            if !kernel.uses_coop() && kernel != crate::gpu::registry::Kernel::AttentionTiledWide {
+            use crate::gpu::registry::Kernel::{AttentionTiledShuffle, AttentionTiledWide};
+            if !kernel.uses_coop()
+                && kernel != AttentionTiledWide
+                && kernel != AttentionTiledShuffle
+            {
                 assert!(keys.iter().any(|k| k.kernel == kernel), "{kernel} missing");
             }
         }

@@ -276,8 +276,9 @@ impl GpuContext {
                 Ok(tiled_or_portable(tiles, dk, dv, &self.caps.limits))
             }
             // The shuffle form: the tuned one where measured, else the first
-            // that runs here; where none does (no subgroups, or subgroups
-            // narrower than every tile's rows), what attention_tiled runs.
+            // that runs here; where none does (head dims whose tiles exceed
+            // the workgroup memory; forcing it on subgroups narrower than 8
+            // lanes is refused earlier), what attention_tiled runs.
             FusedKernelChoice::TiledShuffle => {
                 let tiles = FusedTiles::for_dims(dk, dv, &self.caps.limits)?;
                 if let Some(tuned @ FusedKernel::Tiled(t)) = self.tuned_fused_kernel(dk, dv) {

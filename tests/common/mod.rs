@@ -157,3 +157,14 @@ where
     }
     out
 }
+
+/// Whether the test adapter runs the tiled kernel's shuffle forms
+/// (`attention_tiled_shuffle`: subgroups of 8 lanes or more).
+#[allow(dead_code)]
+pub fn runs_shuffle_forms() -> bool {
+    gpu()
+        .and_then(|engine| engine.capabilities())
+        .is_some_and(|caps| {
+            caps.subgroups && caps.subgroup_min_size >= webattn::gpu::ops::tiled::SHUFFLE_MIN_TK
+        })
+}

@@ -16,6 +16,10 @@ const MAX_S: u32 = 32;
 const MAX_O: u32 = 16;
 const MAX_SLOTS: u32 = 8;
 
+/// The fewest invocations per row (`tk`) of any shuffle form: the narrowest
+/// subgroups that run one.
+pub const SHUFFLE_MIN_TK: u32 = 8;
+
 /// One tile configuration of the register-tiled kernel: a workgroup of
 /// `tq × tk` invocations owns `query_rows` query rows and streams keys in tiles
 /// of `keys_per_tile`; each invocation holds an `rq × rk` block of S and an
@@ -204,13 +208,15 @@ impl TiledTiles {
     }
 
     /// Workgroup memory the kernel uses: the Q block, one K/V tile and P
-    /// (the shuffle form: a K tile and a V tile, no P), the rows' partial
+    /// (the shuffle form: a K tile and a V tile, no P, and a flag for its
+    /// subgroup layout), the rows' partial
     /// maxima and sums, their flags, the nonpad length and the V tile's
     /// non-finite flag.
     pub fn workgroup_bytes(&self) -> u32 {
         let (bq, bk) = (self.query_rows, self.keys_per_tile);
         let tiles = if self.shuffle {
-            16 * 2 * bk * self.kv_stride()
+            // and the layout flag
+            16 * 2 * bk * self.kv_stride() + 4
         } else {
             16 * bk * self.kv_stride() + 4 * bq * bk
         };
@@ -447,9 +453,10 @@ mod tests {
                 .position(|t| t.shuffle)
                 .expect("some shuffle form");
             assert!(all[first..].iter().all(|t| t.shuffle), "{all:?}");
-            assert!(all[first..]
-                .iter()
-                .all(|t| !t.is_wide() && t.tk.is_power_of_two()));
+            assert!(all[first..].iter().all(|t| !t.is_wide()
+                && t.tk.is_power_of_two()
+                && t.tk >= SHUFFLE_MIN_TK
+                && t.query_rows >= 32));
             assert!(
                 all[first..].iter().any(|t| t.prefetch) && all[first..].iter().any(|t| !t.prefetch)
             );
@@ -464,7 +471,7 @@ mod tests {
         let shuffled = TiledTiles { shuffle: true, ..t };
         assert_eq!(
             shuffled.workgroup_bytes() - t.workgroup_bytes() + 4 * t.query_rows * t.keys_per_tile,
-            16 * t.keys_per_tile * (t.dk4 + 1)
+            16 * t.keys_per_tile * (t.dk4 + 1) + 4
         );
         assert_eq!(shuffled.key().kernel, Kernel::AttentionTiledShuffle);
         // It runs only where subgroups hold a row's tk lanes.
