@@ -82,6 +82,10 @@ override DV4: u32 = 32u;
 override KT: u32 = 4u;
 override VT: u32 = 4u;
 override TEAMS: u32 = WG / L;
+// Prefetch: each lane loads its columns of its team's next step of K and V
+// into a second set of registers while the current step is computed, so the
+// loads' latency overlaps the arithmetic instead of opening every step.
+override PREFETCH: bool = false;
 // The most rows, and the most teams (L >= 4).
 const MAX_ROWS: u32 = 16u;
 const MAX_TEAMS: u32 = 32u;
@@ -673,6 +677,276 @@ fn main(
     workgroupBarrier();
 
     let step = i32(TEAMS * KB);
+    // The prefetch registers: this team's first step of K and V.
+    var nk0_0 = vec4<f32>(0.0);
+    var nv0_0 = vec4<f32>(0.0);
+    var nk0_1 = vec4<f32>(0.0);
+    var nv0_1 = vec4<f32>(0.0);
+    var nk0_2 = vec4<f32>(0.0);
+    var nv0_2 = vec4<f32>(0.0);
+    var nk0_3 = vec4<f32>(0.0);
+    var nv0_3 = vec4<f32>(0.0);
+    var nk0_4 = vec4<f32>(0.0);
+    var nv0_4 = vec4<f32>(0.0);
+    var nk0_5 = vec4<f32>(0.0);
+    var nv0_5 = vec4<f32>(0.0);
+    var nk0_6 = vec4<f32>(0.0);
+    var nv0_6 = vec4<f32>(0.0);
+    var nk0_7 = vec4<f32>(0.0);
+    var nv0_7 = vec4<f32>(0.0);
+    var nk0_8 = vec4<f32>(0.0);
+    var nv0_8 = vec4<f32>(0.0);
+    var nk0_9 = vec4<f32>(0.0);
+    var nv0_9 = vec4<f32>(0.0);
+    var nk0_10 = vec4<f32>(0.0);
+    var nv0_10 = vec4<f32>(0.0);
+    var nk0_11 = vec4<f32>(0.0);
+    var nv0_11 = vec4<f32>(0.0);
+    var nk0_12 = vec4<f32>(0.0);
+    var nv0_12 = vec4<f32>(0.0);
+    var nk0_13 = vec4<f32>(0.0);
+    var nv0_13 = vec4<f32>(0.0);
+    var nk0_14 = vec4<f32>(0.0);
+    var nv0_14 = vec4<f32>(0.0);
+    var nk0_15 = vec4<f32>(0.0);
+    var nv0_15 = vec4<f32>(0.0);
+    var nk1_0 = vec4<f32>(0.0);
+    var nv1_0 = vec4<f32>(0.0);
+    var nk1_1 = vec4<f32>(0.0);
+    var nv1_1 = vec4<f32>(0.0);
+    var nk1_2 = vec4<f32>(0.0);
+    var nv1_2 = vec4<f32>(0.0);
+    var nk1_3 = vec4<f32>(0.0);
+    var nv1_3 = vec4<f32>(0.0);
+    var nk1_4 = vec4<f32>(0.0);
+    var nv1_4 = vec4<f32>(0.0);
+    var nk1_5 = vec4<f32>(0.0);
+    var nv1_5 = vec4<f32>(0.0);
+    var nk1_6 = vec4<f32>(0.0);
+    var nv1_6 = vec4<f32>(0.0);
+    var nk1_7 = vec4<f32>(0.0);
+    var nv1_7 = vec4<f32>(0.0);
+    var nk2_0 = vec4<f32>(0.0);
+    var nv2_0 = vec4<f32>(0.0);
+    var nk2_1 = vec4<f32>(0.0);
+    var nv2_1 = vec4<f32>(0.0);
+    var nk2_2 = vec4<f32>(0.0);
+    var nv2_2 = vec4<f32>(0.0);
+    var nk2_3 = vec4<f32>(0.0);
+    var nv2_3 = vec4<f32>(0.0);
+    var nk2_4 = vec4<f32>(0.0);
+    var nv2_4 = vec4<f32>(0.0);
+    var nk3_0 = vec4<f32>(0.0);
+    var nv3_0 = vec4<f32>(0.0);
+    var nk3_1 = vec4<f32>(0.0);
+    var nv3_1 = vec4<f32>(0.0);
+    var nk3_2 = vec4<f32>(0.0);
+    var nv3_2 = vec4<f32>(0.0);
+    var nk3_3 = vec4<f32>(0.0);
+    var nv3_3 = vec4<f32>(0.0);
+    if (PREFETCH && lo <= hi) {
+        let first = lo + i32(team * KB);
+        {
+            let nat = kv_base + u32(clamp(first + 0, lo, hi));
+            nk0_0 = k_col(nat, lane + L * 0u);
+            nv0_0 = v_col(nat, lane + L * 0u);
+            if (KT > 1u) {
+                nk0_1 = k_col(nat, lane + L * 1u);
+            }
+            if (VT > 1u) {
+                nv0_1 = v_col(nat, lane + L * 1u);
+            }
+            if (KT > 2u) {
+                nk0_2 = k_col(nat, lane + L * 2u);
+            }
+            if (VT > 2u) {
+                nv0_2 = v_col(nat, lane + L * 2u);
+            }
+            if (KT > 3u) {
+                nk0_3 = k_col(nat, lane + L * 3u);
+            }
+            if (VT > 3u) {
+                nv0_3 = v_col(nat, lane + L * 3u);
+            }
+            if (KT > 4u) {
+                nk0_4 = k_col(nat, lane + L * 4u);
+            }
+            if (VT > 4u) {
+                nv0_4 = v_col(nat, lane + L * 4u);
+            }
+            if (KT > 5u) {
+                nk0_5 = k_col(nat, lane + L * 5u);
+            }
+            if (VT > 5u) {
+                nv0_5 = v_col(nat, lane + L * 5u);
+            }
+            if (KT > 6u) {
+                nk0_6 = k_col(nat, lane + L * 6u);
+            }
+            if (VT > 6u) {
+                nv0_6 = v_col(nat, lane + L * 6u);
+            }
+            if (KT > 7u) {
+                nk0_7 = k_col(nat, lane + L * 7u);
+            }
+            if (VT > 7u) {
+                nv0_7 = v_col(nat, lane + L * 7u);
+            }
+            if (KT > 8u) {
+                nk0_8 = k_col(nat, lane + L * 8u);
+            }
+            if (VT > 8u) {
+                nv0_8 = v_col(nat, lane + L * 8u);
+            }
+            if (KT > 9u) {
+                nk0_9 = k_col(nat, lane + L * 9u);
+            }
+            if (VT > 9u) {
+                nv0_9 = v_col(nat, lane + L * 9u);
+            }
+            if (KT > 10u) {
+                nk0_10 = k_col(nat, lane + L * 10u);
+            }
+            if (VT > 10u) {
+                nv0_10 = v_col(nat, lane + L * 10u);
+            }
+            if (KT > 11u) {
+                nk0_11 = k_col(nat, lane + L * 11u);
+            }
+            if (VT > 11u) {
+                nv0_11 = v_col(nat, lane + L * 11u);
+            }
+            if (KT > 12u) {
+                nk0_12 = k_col(nat, lane + L * 12u);
+            }
+            if (VT > 12u) {
+                nv0_12 = v_col(nat, lane + L * 12u);
+            }
+            if (KT > 13u) {
+                nk0_13 = k_col(nat, lane + L * 13u);
+            }
+            if (VT > 13u) {
+                nv0_13 = v_col(nat, lane + L * 13u);
+            }
+            if (KT > 14u) {
+                nk0_14 = k_col(nat, lane + L * 14u);
+            }
+            if (VT > 14u) {
+                nv0_14 = v_col(nat, lane + L * 14u);
+            }
+            if (KT > 15u) {
+                nk0_15 = k_col(nat, lane + L * 15u);
+            }
+            if (VT > 15u) {
+                nv0_15 = v_col(nat, lane + L * 15u);
+            }
+        }
+        if (KB > 1u) {
+            {
+                let nat = kv_base + u32(clamp(first + 1, lo, hi));
+                nk1_0 = k_col(nat, lane + L * 0u);
+                nv1_0 = v_col(nat, lane + L * 0u);
+                if (KT > 1u) {
+                    nk1_1 = k_col(nat, lane + L * 1u);
+                }
+                if (VT > 1u) {
+                    nv1_1 = v_col(nat, lane + L * 1u);
+                }
+                if (KT > 2u) {
+                    nk1_2 = k_col(nat, lane + L * 2u);
+                }
+                if (VT > 2u) {
+                    nv1_2 = v_col(nat, lane + L * 2u);
+                }
+                if (KT > 3u) {
+                    nk1_3 = k_col(nat, lane + L * 3u);
+                }
+                if (VT > 3u) {
+                    nv1_3 = v_col(nat, lane + L * 3u);
+                }
+                if (KT > 4u) {
+                    nk1_4 = k_col(nat, lane + L * 4u);
+                }
+                if (VT > 4u) {
+                    nv1_4 = v_col(nat, lane + L * 4u);
+                }
+                if (KT > 5u) {
+                    nk1_5 = k_col(nat, lane + L * 5u);
+                }
+                if (VT > 5u) {
+                    nv1_5 = v_col(nat, lane + L * 5u);
+                }
+                if (KT > 6u) {
+                    nk1_6 = k_col(nat, lane + L * 6u);
+                }
+                if (VT > 6u) {
+                    nv1_6 = v_col(nat, lane + L * 6u);
+                }
+                if (KT > 7u) {
+                    nk1_7 = k_col(nat, lane + L * 7u);
+                }
+                if (VT > 7u) {
+                    nv1_7 = v_col(nat, lane + L * 7u);
+                }
+            }
+        }
+        if (KB > 2u) {
+            {
+                let nat = kv_base + u32(clamp(first + 2, lo, hi));
+                nk2_0 = k_col(nat, lane + L * 0u);
+                nv2_0 = v_col(nat, lane + L * 0u);
+                if (KT > 1u) {
+                    nk2_1 = k_col(nat, lane + L * 1u);
+                }
+                if (VT > 1u) {
+                    nv2_1 = v_col(nat, lane + L * 1u);
+                }
+                if (KT > 2u) {
+                    nk2_2 = k_col(nat, lane + L * 2u);
+                }
+                if (VT > 2u) {
+                    nv2_2 = v_col(nat, lane + L * 2u);
+                }
+                if (KT > 3u) {
+                    nk2_3 = k_col(nat, lane + L * 3u);
+                }
+                if (VT > 3u) {
+                    nv2_3 = v_col(nat, lane + L * 3u);
+                }
+                if (KT > 4u) {
+                    nk2_4 = k_col(nat, lane + L * 4u);
+                }
+                if (VT > 4u) {
+                    nv2_4 = v_col(nat, lane + L * 4u);
+                }
+            }
+        }
+        if (KB > 3u) {
+            {
+                let nat = kv_base + u32(clamp(first + 3, lo, hi));
+                nk3_0 = k_col(nat, lane + L * 0u);
+                nv3_0 = v_col(nat, lane + L * 0u);
+                if (KT > 1u) {
+                    nk3_1 = k_col(nat, lane + L * 1u);
+                }
+                if (VT > 1u) {
+                    nv3_1 = v_col(nat, lane + L * 1u);
+                }
+                if (KT > 2u) {
+                    nk3_2 = k_col(nat, lane + L * 2u);
+                }
+                if (VT > 2u) {
+                    nv3_2 = v_col(nat, lane + L * 2u);
+                }
+                if (KT > 3u) {
+                    nk3_3 = k_col(nat, lane + L * 3u);
+                }
+                if (VT > 3u) {
+                    nv3_3 = v_col(nat, lane + L * 3u);
+                }
+            }
+        }
+    }
     for (var j0 = lo; j0 <= hi; j0 += step) {
         // This team's keys (clamped into the range for the loads; the rules
         // drop those past it) and their columns of K and V.
@@ -751,199 +1025,599 @@ fn main(
         var v3_2 = vec4<f32>(0.0);
         var k3_3 = vec4<f32>(0.0);
         var v3_3 = vec4<f32>(0.0);
-        k0_0 = k_col(at0, lane + L * 0u);
-        if (KT > 1u) {
-            k0_1 = k_col(at0, lane + L * 1u);
-        }
-        if (KT > 2u) {
-            k0_2 = k_col(at0, lane + L * 2u);
-        }
-        if (KT > 3u) {
-            k0_3 = k_col(at0, lane + L * 3u);
-        }
-        if (KT > 4u) {
-            k0_4 = k_col(at0, lane + L * 4u);
-        }
-        if (KT > 5u) {
-            k0_5 = k_col(at0, lane + L * 5u);
-        }
-        if (KT > 6u) {
-            k0_6 = k_col(at0, lane + L * 6u);
-        }
-        if (KT > 7u) {
-            k0_7 = k_col(at0, lane + L * 7u);
-        }
-        if (KT > 8u) {
-            k0_8 = k_col(at0, lane + L * 8u);
-        }
-        if (KT > 9u) {
-            k0_9 = k_col(at0, lane + L * 9u);
-        }
-        if (KT > 10u) {
-            k0_10 = k_col(at0, lane + L * 10u);
-        }
-        if (KT > 11u) {
-            k0_11 = k_col(at0, lane + L * 11u);
-        }
-        if (KT > 12u) {
-            k0_12 = k_col(at0, lane + L * 12u);
-        }
-        if (KT > 13u) {
-            k0_13 = k_col(at0, lane + L * 13u);
-        }
-        if (KT > 14u) {
-            k0_14 = k_col(at0, lane + L * 14u);
-        }
-        if (KT > 15u) {
-            k0_15 = k_col(at0, lane + L * 15u);
-        }
-        if (KB > 1u) {
-            k1_0 = k_col(at1, lane + L * 0u);
-        }
-        if (KB > 1u && KT > 1u) {
-            k1_1 = k_col(at1, lane + L * 1u);
-        }
-        if (KB > 1u && KT > 2u) {
-            k1_2 = k_col(at1, lane + L * 2u);
-        }
-        if (KB > 1u && KT > 3u) {
-            k1_3 = k_col(at1, lane + L * 3u);
-        }
-        if (KB > 1u && KT > 4u) {
-            k1_4 = k_col(at1, lane + L * 4u);
-        }
-        if (KB > 1u && KT > 5u) {
-            k1_5 = k_col(at1, lane + L * 5u);
-        }
-        if (KB > 1u && KT > 6u) {
-            k1_6 = k_col(at1, lane + L * 6u);
-        }
-        if (KB > 1u && KT > 7u) {
-            k1_7 = k_col(at1, lane + L * 7u);
-        }
-        if (KB > 2u) {
-            k2_0 = k_col(at2, lane + L * 0u);
-        }
-        if (KB > 2u && KT > 1u) {
-            k2_1 = k_col(at2, lane + L * 1u);
-        }
-        if (KB > 2u && KT > 2u) {
-            k2_2 = k_col(at2, lane + L * 2u);
-        }
-        if (KB > 2u && KT > 3u) {
-            k2_3 = k_col(at2, lane + L * 3u);
-        }
-        if (KB > 2u && KT > 4u) {
-            k2_4 = k_col(at2, lane + L * 4u);
-        }
-        if (KB > 3u) {
-            k3_0 = k_col(at3, lane + L * 0u);
-        }
-        if (KB > 3u && KT > 1u) {
-            k3_1 = k_col(at3, lane + L * 1u);
-        }
-        if (KB > 3u && KT > 2u) {
-            k3_2 = k_col(at3, lane + L * 2u);
-        }
-        if (KB > 3u && KT > 3u) {
-            k3_3 = k_col(at3, lane + L * 3u);
-        }
-        v0_0 = v_col(at0, lane + L * 0u);
-        if (VT > 1u) {
-            v0_1 = v_col(at0, lane + L * 1u);
-        }
-        if (VT > 2u) {
-            v0_2 = v_col(at0, lane + L * 2u);
-        }
-        if (VT > 3u) {
-            v0_3 = v_col(at0, lane + L * 3u);
-        }
-        if (VT > 4u) {
-            v0_4 = v_col(at0, lane + L * 4u);
-        }
-        if (VT > 5u) {
-            v0_5 = v_col(at0, lane + L * 5u);
-        }
-        if (VT > 6u) {
-            v0_6 = v_col(at0, lane + L * 6u);
-        }
-        if (VT > 7u) {
-            v0_7 = v_col(at0, lane + L * 7u);
-        }
-        if (VT > 8u) {
-            v0_8 = v_col(at0, lane + L * 8u);
-        }
-        if (VT > 9u) {
-            v0_9 = v_col(at0, lane + L * 9u);
-        }
-        if (VT > 10u) {
-            v0_10 = v_col(at0, lane + L * 10u);
-        }
-        if (VT > 11u) {
-            v0_11 = v_col(at0, lane + L * 11u);
-        }
-        if (VT > 12u) {
-            v0_12 = v_col(at0, lane + L * 12u);
-        }
-        if (VT > 13u) {
-            v0_13 = v_col(at0, lane + L * 13u);
-        }
-        if (VT > 14u) {
-            v0_14 = v_col(at0, lane + L * 14u);
-        }
-        if (VT > 15u) {
-            v0_15 = v_col(at0, lane + L * 15u);
-        }
-        if (KB > 1u) {
-            v1_0 = v_col(at1, lane + L * 0u);
-        }
-        if (KB > 1u && VT > 1u) {
-            v1_1 = v_col(at1, lane + L * 1u);
-        }
-        if (KB > 1u && VT > 2u) {
-            v1_2 = v_col(at1, lane + L * 2u);
-        }
-        if (KB > 1u && VT > 3u) {
-            v1_3 = v_col(at1, lane + L * 3u);
-        }
-        if (KB > 1u && VT > 4u) {
-            v1_4 = v_col(at1, lane + L * 4u);
-        }
-        if (KB > 1u && VT > 5u) {
-            v1_5 = v_col(at1, lane + L * 5u);
-        }
-        if (KB > 1u && VT > 6u) {
-            v1_6 = v_col(at1, lane + L * 6u);
-        }
-        if (KB > 1u && VT > 7u) {
-            v1_7 = v_col(at1, lane + L * 7u);
-        }
-        if (KB > 2u) {
-            v2_0 = v_col(at2, lane + L * 0u);
-        }
-        if (KB > 2u && VT > 1u) {
-            v2_1 = v_col(at2, lane + L * 1u);
-        }
-        if (KB > 2u && VT > 2u) {
-            v2_2 = v_col(at2, lane + L * 2u);
-        }
-        if (KB > 2u && VT > 3u) {
-            v2_3 = v_col(at2, lane + L * 3u);
-        }
-        if (KB > 2u && VT > 4u) {
-            v2_4 = v_col(at2, lane + L * 4u);
-        }
-        if (KB > 3u) {
-            v3_0 = v_col(at3, lane + L * 0u);
-        }
-        if (KB > 3u && VT > 1u) {
-            v3_1 = v_col(at3, lane + L * 1u);
-        }
-        if (KB > 3u && VT > 2u) {
-            v3_2 = v_col(at3, lane + L * 2u);
-        }
-        if (KB > 3u && VT > 3u) {
-            v3_3 = v_col(at3, lane + L * 3u);
+        if (PREFETCH) {
+            k0_0 = nk0_0;
+            v0_0 = nv0_0;
+            if (KT > 1u) {
+                k0_1 = nk0_1;
+            }
+            if (VT > 1u) {
+                v0_1 = nv0_1;
+            }
+            if (KT > 2u) {
+                k0_2 = nk0_2;
+            }
+            if (VT > 2u) {
+                v0_2 = nv0_2;
+            }
+            if (KT > 3u) {
+                k0_3 = nk0_3;
+            }
+            if (VT > 3u) {
+                v0_3 = nv0_3;
+            }
+            if (KT > 4u) {
+                k0_4 = nk0_4;
+            }
+            if (VT > 4u) {
+                v0_4 = nv0_4;
+            }
+            if (KT > 5u) {
+                k0_5 = nk0_5;
+            }
+            if (VT > 5u) {
+                v0_5 = nv0_5;
+            }
+            if (KT > 6u) {
+                k0_6 = nk0_6;
+            }
+            if (VT > 6u) {
+                v0_6 = nv0_6;
+            }
+            if (KT > 7u) {
+                k0_7 = nk0_7;
+            }
+            if (VT > 7u) {
+                v0_7 = nv0_7;
+            }
+            if (KT > 8u) {
+                k0_8 = nk0_8;
+            }
+            if (VT > 8u) {
+                v0_8 = nv0_8;
+            }
+            if (KT > 9u) {
+                k0_9 = nk0_9;
+            }
+            if (VT > 9u) {
+                v0_9 = nv0_9;
+            }
+            if (KT > 10u) {
+                k0_10 = nk0_10;
+            }
+            if (VT > 10u) {
+                v0_10 = nv0_10;
+            }
+            if (KT > 11u) {
+                k0_11 = nk0_11;
+            }
+            if (VT > 11u) {
+                v0_11 = nv0_11;
+            }
+            if (KT > 12u) {
+                k0_12 = nk0_12;
+            }
+            if (VT > 12u) {
+                v0_12 = nv0_12;
+            }
+            if (KT > 13u) {
+                k0_13 = nk0_13;
+            }
+            if (VT > 13u) {
+                v0_13 = nv0_13;
+            }
+            if (KT > 14u) {
+                k0_14 = nk0_14;
+            }
+            if (VT > 14u) {
+                v0_14 = nv0_14;
+            }
+            if (KT > 15u) {
+                k0_15 = nk0_15;
+            }
+            if (VT > 15u) {
+                v0_15 = nv0_15;
+            }
+            if (KB > 1u) {
+                k1_0 = nk1_0;
+            }
+            if (KB > 1u) {
+                v1_0 = nv1_0;
+            }
+            if (KB > 1u && KT > 1u) {
+                k1_1 = nk1_1;
+            }
+            if (KB > 1u && VT > 1u) {
+                v1_1 = nv1_1;
+            }
+            if (KB > 1u && KT > 2u) {
+                k1_2 = nk1_2;
+            }
+            if (KB > 1u && VT > 2u) {
+                v1_2 = nv1_2;
+            }
+            if (KB > 1u && KT > 3u) {
+                k1_3 = nk1_3;
+            }
+            if (KB > 1u && VT > 3u) {
+                v1_3 = nv1_3;
+            }
+            if (KB > 1u && KT > 4u) {
+                k1_4 = nk1_4;
+            }
+            if (KB > 1u && VT > 4u) {
+                v1_4 = nv1_4;
+            }
+            if (KB > 1u && KT > 5u) {
+                k1_5 = nk1_5;
+            }
+            if (KB > 1u && VT > 5u) {
+                v1_5 = nv1_5;
+            }
+            if (KB > 1u && KT > 6u) {
+                k1_6 = nk1_6;
+            }
+            if (KB > 1u && VT > 6u) {
+                v1_6 = nv1_6;
+            }
+            if (KB > 1u && KT > 7u) {
+                k1_7 = nk1_7;
+            }
+            if (KB > 1u && VT > 7u) {
+                v1_7 = nv1_7;
+            }
+            if (KB > 2u) {
+                k2_0 = nk2_0;
+            }
+            if (KB > 2u) {
+                v2_0 = nv2_0;
+            }
+            if (KB > 2u && KT > 1u) {
+                k2_1 = nk2_1;
+            }
+            if (KB > 2u && VT > 1u) {
+                v2_1 = nv2_1;
+            }
+            if (KB > 2u && KT > 2u) {
+                k2_2 = nk2_2;
+            }
+            if (KB > 2u && VT > 2u) {
+                v2_2 = nv2_2;
+            }
+            if (KB > 2u && KT > 3u) {
+                k2_3 = nk2_3;
+            }
+            if (KB > 2u && VT > 3u) {
+                v2_3 = nv2_3;
+            }
+            if (KB > 2u && KT > 4u) {
+                k2_4 = nk2_4;
+            }
+            if (KB > 2u && VT > 4u) {
+                v2_4 = nv2_4;
+            }
+            if (KB > 3u) {
+                k3_0 = nk3_0;
+            }
+            if (KB > 3u) {
+                v3_0 = nv3_0;
+            }
+            if (KB > 3u && KT > 1u) {
+                k3_1 = nk3_1;
+            }
+            if (KB > 3u && VT > 1u) {
+                v3_1 = nv3_1;
+            }
+            if (KB > 3u && KT > 2u) {
+                k3_2 = nk3_2;
+            }
+            if (KB > 3u && VT > 2u) {
+                v3_2 = nv3_2;
+            }
+            if (KB > 3u && KT > 3u) {
+                k3_3 = nk3_3;
+            }
+            if (KB > 3u && VT > 3u) {
+                v3_3 = nv3_3;
+            }
+            // The next step's, in flight while this one is computed.
+            if (j0 + step <= hi) {
+                {
+                    let nat = kv_base + u32(clamp(first + step + 0, lo, hi));
+                    nk0_0 = k_col(nat, lane + L * 0u);
+                    nv0_0 = v_col(nat, lane + L * 0u);
+                    if (KT > 1u) {
+                        nk0_1 = k_col(nat, lane + L * 1u);
+                    }
+                    if (VT > 1u) {
+                        nv0_1 = v_col(nat, lane + L * 1u);
+                    }
+                    if (KT > 2u) {
+                        nk0_2 = k_col(nat, lane + L * 2u);
+                    }
+                    if (VT > 2u) {
+                        nv0_2 = v_col(nat, lane + L * 2u);
+                    }
+                    if (KT > 3u) {
+                        nk0_3 = k_col(nat, lane + L * 3u);
+                    }
+                    if (VT > 3u) {
+                        nv0_3 = v_col(nat, lane + L * 3u);
+                    }
+                    if (KT > 4u) {
+                        nk0_4 = k_col(nat, lane + L * 4u);
+                    }
+                    if (VT > 4u) {
+                        nv0_4 = v_col(nat, lane + L * 4u);
+                    }
+                    if (KT > 5u) {
+                        nk0_5 = k_col(nat, lane + L * 5u);
+                    }
+                    if (VT > 5u) {
+                        nv0_5 = v_col(nat, lane + L * 5u);
+                    }
+                    if (KT > 6u) {
+                        nk0_6 = k_col(nat, lane + L * 6u);
+                    }
+                    if (VT > 6u) {
+                        nv0_6 = v_col(nat, lane + L * 6u);
+                    }
+                    if (KT > 7u) {
+                        nk0_7 = k_col(nat, lane + L * 7u);
+                    }
+                    if (VT > 7u) {
+                        nv0_7 = v_col(nat, lane + L * 7u);
+                    }
+                    if (KT > 8u) {
+                        nk0_8 = k_col(nat, lane + L * 8u);
+                    }
+                    if (VT > 8u) {
+                        nv0_8 = v_col(nat, lane + L * 8u);
+                    }
+                    if (KT > 9u) {
+                        nk0_9 = k_col(nat, lane + L * 9u);
+                    }
+                    if (VT > 9u) {
+                        nv0_9 = v_col(nat, lane + L * 9u);
+                    }
+                    if (KT > 10u) {
+                        nk0_10 = k_col(nat, lane + L * 10u);
+                    }
+                    if (VT > 10u) {
+                        nv0_10 = v_col(nat, lane + L * 10u);
+                    }
+                    if (KT > 11u) {
+                        nk0_11 = k_col(nat, lane + L * 11u);
+                    }
+                    if (VT > 11u) {
+                        nv0_11 = v_col(nat, lane + L * 11u);
+                    }
+                    if (KT > 12u) {
+                        nk0_12 = k_col(nat, lane + L * 12u);
+                    }
+                    if (VT > 12u) {
+                        nv0_12 = v_col(nat, lane + L * 12u);
+                    }
+                    if (KT > 13u) {
+                        nk0_13 = k_col(nat, lane + L * 13u);
+                    }
+                    if (VT > 13u) {
+                        nv0_13 = v_col(nat, lane + L * 13u);
+                    }
+                    if (KT > 14u) {
+                        nk0_14 = k_col(nat, lane + L * 14u);
+                    }
+                    if (VT > 14u) {
+                        nv0_14 = v_col(nat, lane + L * 14u);
+                    }
+                    if (KT > 15u) {
+                        nk0_15 = k_col(nat, lane + L * 15u);
+                    }
+                    if (VT > 15u) {
+                        nv0_15 = v_col(nat, lane + L * 15u);
+                    }
+                }
+                if (KB > 1u) {
+                    {
+                        let nat = kv_base + u32(clamp(first + step + 1, lo, hi));
+                        nk1_0 = k_col(nat, lane + L * 0u);
+                        nv1_0 = v_col(nat, lane + L * 0u);
+                        if (KT > 1u) {
+                            nk1_1 = k_col(nat, lane + L * 1u);
+                        }
+                        if (VT > 1u) {
+                            nv1_1 = v_col(nat, lane + L * 1u);
+                        }
+                        if (KT > 2u) {
+                            nk1_2 = k_col(nat, lane + L * 2u);
+                        }
+                        if (VT > 2u) {
+                            nv1_2 = v_col(nat, lane + L * 2u);
+                        }
+                        if (KT > 3u) {
+                            nk1_3 = k_col(nat, lane + L * 3u);
+                        }
+                        if (VT > 3u) {
+                            nv1_3 = v_col(nat, lane + L * 3u);
+                        }
+                        if (KT > 4u) {
+                            nk1_4 = k_col(nat, lane + L * 4u);
+                        }
+                        if (VT > 4u) {
+                            nv1_4 = v_col(nat, lane + L * 4u);
+                        }
+                        if (KT > 5u) {
+                            nk1_5 = k_col(nat, lane + L * 5u);
+                        }
+                        if (VT > 5u) {
+                            nv1_5 = v_col(nat, lane + L * 5u);
+                        }
+                        if (KT > 6u) {
+                            nk1_6 = k_col(nat, lane + L * 6u);
+                        }
+                        if (VT > 6u) {
+                            nv1_6 = v_col(nat, lane + L * 6u);
+                        }
+                        if (KT > 7u) {
+                            nk1_7 = k_col(nat, lane + L * 7u);
+                        }
+                        if (VT > 7u) {
+                            nv1_7 = v_col(nat, lane + L * 7u);
+                        }
+                    }
+                }
+                if (KB > 2u) {
+                    {
+                        let nat = kv_base + u32(clamp(first + step + 2, lo, hi));
+                        nk2_0 = k_col(nat, lane + L * 0u);
+                        nv2_0 = v_col(nat, lane + L * 0u);
+                        if (KT > 1u) {
+                            nk2_1 = k_col(nat, lane + L * 1u);
+                        }
+                        if (VT > 1u) {
+                            nv2_1 = v_col(nat, lane + L * 1u);
+                        }
+                        if (KT > 2u) {
+                            nk2_2 = k_col(nat, lane + L * 2u);
+                        }
+                        if (VT > 2u) {
+                            nv2_2 = v_col(nat, lane + L * 2u);
+                        }
+                        if (KT > 3u) {
+                            nk2_3 = k_col(nat, lane + L * 3u);
+                        }
+                        if (VT > 3u) {
+                            nv2_3 = v_col(nat, lane + L * 3u);
+                        }
+                        if (KT > 4u) {
+                            nk2_4 = k_col(nat, lane + L * 4u);
+                        }
+                        if (VT > 4u) {
+                            nv2_4 = v_col(nat, lane + L * 4u);
+                        }
+                    }
+                }
+                if (KB > 3u) {
+                    {
+                        let nat = kv_base + u32(clamp(first + step + 3, lo, hi));
+                        nk3_0 = k_col(nat, lane + L * 0u);
+                        nv3_0 = v_col(nat, lane + L * 0u);
+                        if (KT > 1u) {
+                            nk3_1 = k_col(nat, lane + L * 1u);
+                        }
+                        if (VT > 1u) {
+                            nv3_1 = v_col(nat, lane + L * 1u);
+                        }
+                        if (KT > 2u) {
+                            nk3_2 = k_col(nat, lane + L * 2u);
+                        }
+                        if (VT > 2u) {
+                            nv3_2 = v_col(nat, lane + L * 2u);
+                        }
+                        if (KT > 3u) {
+                            nk3_3 = k_col(nat, lane + L * 3u);
+                        }
+                        if (VT > 3u) {
+                            nv3_3 = v_col(nat, lane + L * 3u);
+                        }
+                    }
+                }
+            }
+        } else {
+            k0_0 = k_col(at0, lane + L * 0u);
+            if (KT > 1u) {
+                k0_1 = k_col(at0, lane + L * 1u);
+            }
+            if (KT > 2u) {
+                k0_2 = k_col(at0, lane + L * 2u);
+            }
+            if (KT > 3u) {
+                k0_3 = k_col(at0, lane + L * 3u);
+            }
+            if (KT > 4u) {
+                k0_4 = k_col(at0, lane + L * 4u);
+            }
+            if (KT > 5u) {
+                k0_5 = k_col(at0, lane + L * 5u);
+            }
+            if (KT > 6u) {
+                k0_6 = k_col(at0, lane + L * 6u);
+            }
+            if (KT > 7u) {
+                k0_7 = k_col(at0, lane + L * 7u);
+            }
+            if (KT > 8u) {
+                k0_8 = k_col(at0, lane + L * 8u);
+            }
+            if (KT > 9u) {
+                k0_9 = k_col(at0, lane + L * 9u);
+            }
+            if (KT > 10u) {
+                k0_10 = k_col(at0, lane + L * 10u);
+            }
+            if (KT > 11u) {
+                k0_11 = k_col(at0, lane + L * 11u);
+            }
+            if (KT > 12u) {
+                k0_12 = k_col(at0, lane + L * 12u);
+            }
+            if (KT > 13u) {
+                k0_13 = k_col(at0, lane + L * 13u);
+            }
+            if (KT > 14u) {
+                k0_14 = k_col(at0, lane + L * 14u);
+            }
+            if (KT > 15u) {
+                k0_15 = k_col(at0, lane + L * 15u);
+            }
+            if (KB > 1u) {
+                k1_0 = k_col(at1, lane + L * 0u);
+            }
+            if (KB > 1u && KT > 1u) {
+                k1_1 = k_col(at1, lane + L * 1u);
+            }
+            if (KB > 1u && KT > 2u) {
+                k1_2 = k_col(at1, lane + L * 2u);
+            }
+            if (KB > 1u && KT > 3u) {
+                k1_3 = k_col(at1, lane + L * 3u);
+            }
+            if (KB > 1u && KT > 4u) {
+                k1_4 = k_col(at1, lane + L * 4u);
+            }
+            if (KB > 1u && KT > 5u) {
+                k1_5 = k_col(at1, lane + L * 5u);
+            }
+            if (KB > 1u && KT > 6u) {
+                k1_6 = k_col(at1, lane + L * 6u);
+            }
+            if (KB > 1u && KT > 7u) {
+                k1_7 = k_col(at1, lane + L * 7u);
+            }
+            if (KB > 2u) {
+                k2_0 = k_col(at2, lane + L * 0u);
+            }
+            if (KB > 2u && KT > 1u) {
+                k2_1 = k_col(at2, lane + L * 1u);
+            }
+            if (KB > 2u && KT > 2u) {
+                k2_2 = k_col(at2, lane + L * 2u);
+            }
+            if (KB > 2u && KT > 3u) {
+                k2_3 = k_col(at2, lane + L * 3u);
+            }
+            if (KB > 2u && KT > 4u) {
+                k2_4 = k_col(at2, lane + L * 4u);
+            }
+            if (KB > 3u) {
+                k3_0 = k_col(at3, lane + L * 0u);
+            }
+            if (KB > 3u && KT > 1u) {
+                k3_1 = k_col(at3, lane + L * 1u);
+            }
+            if (KB > 3u && KT > 2u) {
+                k3_2 = k_col(at3, lane + L * 2u);
+            }
+            if (KB > 3u && KT > 3u) {
+                k3_3 = k_col(at3, lane + L * 3u);
+            }
+            v0_0 = v_col(at0, lane + L * 0u);
+            if (VT > 1u) {
+                v0_1 = v_col(at0, lane + L * 1u);
+            }
+            if (VT > 2u) {
+                v0_2 = v_col(at0, lane + L * 2u);
+            }
+            if (VT > 3u) {
+                v0_3 = v_col(at0, lane + L * 3u);
+            }
+            if (VT > 4u) {
+                v0_4 = v_col(at0, lane + L * 4u);
+            }
+            if (VT > 5u) {
+                v0_5 = v_col(at0, lane + L * 5u);
+            }
+            if (VT > 6u) {
+                v0_6 = v_col(at0, lane + L * 6u);
+            }
+            if (VT > 7u) {
+                v0_7 = v_col(at0, lane + L * 7u);
+            }
+            if (VT > 8u) {
+                v0_8 = v_col(at0, lane + L * 8u);
+            }
+            if (VT > 9u) {
+                v0_9 = v_col(at0, lane + L * 9u);
+            }
+            if (VT > 10u) {
+                v0_10 = v_col(at0, lane + L * 10u);
+            }
+            if (VT > 11u) {
+                v0_11 = v_col(at0, lane + L * 11u);
+            }
+            if (VT > 12u) {
+                v0_12 = v_col(at0, lane + L * 12u);
+            }
+            if (VT > 13u) {
+                v0_13 = v_col(at0, lane + L * 13u);
+            }
+            if (VT > 14u) {
+                v0_14 = v_col(at0, lane + L * 14u);
+            }
+            if (VT > 15u) {
+                v0_15 = v_col(at0, lane + L * 15u);
+            }
+            if (KB > 1u) {
+                v1_0 = v_col(at1, lane + L * 0u);
+            }
+            if (KB > 1u && VT > 1u) {
+                v1_1 = v_col(at1, lane + L * 1u);
+            }
+            if (KB > 1u && VT > 2u) {
+                v1_2 = v_col(at1, lane + L * 2u);
+            }
+            if (KB > 1u && VT > 3u) {
+                v1_3 = v_col(at1, lane + L * 3u);
+            }
+            if (KB > 1u && VT > 4u) {
+                v1_4 = v_col(at1, lane + L * 4u);
+            }
+            if (KB > 1u && VT > 5u) {
+                v1_5 = v_col(at1, lane + L * 5u);
+            }
+            if (KB > 1u && VT > 6u) {
+                v1_6 = v_col(at1, lane + L * 6u);
+            }
+            if (KB > 1u && VT > 7u) {
+                v1_7 = v_col(at1, lane + L * 7u);
+            }
+            if (KB > 2u) {
+                v2_0 = v_col(at2, lane + L * 0u);
+            }
+            if (KB > 2u && VT > 1u) {
+                v2_1 = v_col(at2, lane + L * 1u);
+            }
+            if (KB > 2u && VT > 2u) {
+                v2_2 = v_col(at2, lane + L * 2u);
+            }
+            if (KB > 2u && VT > 3u) {
+                v2_3 = v_col(at2, lane + L * 3u);
+            }
+            if (KB > 2u && VT > 4u) {
+                v2_4 = v_col(at2, lane + L * 4u);
+            }
+            if (KB > 3u) {
+                v3_0 = v_col(at3, lane + L * 0u);
+            }
+            if (KB > 3u && VT > 1u) {
+                v3_1 = v_col(at3, lane + L * 1u);
+            }
+            if (KB > 3u && VT > 2u) {
+                v3_2 = v_col(at3, lane + L * 2u);
+            }
+            if (KB > 3u && VT > 3u) {
+                v3_3 = v_col(at3, lane + L * 3u);
+            }
         }
 
         // Each row: its scores, new maximum, rescaled state and O += P V.

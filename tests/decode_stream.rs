@@ -102,8 +102,13 @@ fn every_team_shape_that_fits_agrees_with_the_oracle() {
         CaseSpec::new("shape-gqa2-causal", [1, 4, 2], [2, 1111], [64, 64])
             .with(|o| o.is_causal = true),
         CaseSpec::new("shape-f16", [1, 2, 2], [1, 700], [32, 32]).f16(),
+        // Long splits: many steps per team, so a prefetching shape's next
+        // step is loaded while one is computed, again and again.
+        CaseSpec::new("shape-long-window", [1, 2, 2], [1, 5000], [64, 64])
+            .with(|o| o.left_window_size = 4000),
     ];
     let mut shapes_run = 0;
+    let mut prefetching_run = 0;
     let mut failed = Vec::new();
     for case in &cases {
         let inputs = case.generate(1).expect("inputs");
@@ -114,6 +119,7 @@ fn every_team_shape_that_fits_agrees_with_the_oracle() {
                 continue;
             }
             shapes_run += 1;
+            prefetching_run += usize::from(shape.prefetch);
             let pinned =
                 Engine::from_context(ctx.clone().with_pinned_decode(DecodeKernel::Stream(shape)));
             let results = run_case(&pinned, case, &[KernelPath::Fused], common::seed());
@@ -129,5 +135,9 @@ fn every_team_shape_that_fits_agrees_with_the_oracle() {
     assert!(
         shapes_run >= 2,
         "only {shapes_run} shapes fit the test adapter"
+    );
+    assert!(
+        prefetching_run >= 1,
+        "no prefetching shape fits the test adapter"
     );
 }

@@ -250,6 +250,7 @@ fn decode_follows_the_measured_kernel_where_it_runs() {
     let shape = StreamShape {
         lanes: 4,
         keys_per_step: 1,
+        prefetch: false,
     };
     for measured in [DecodeKernel::Staged, DecodeKernel::Stream(shape)] {
         let mut table = TuningTable::new();

@@ -138,6 +138,10 @@ override DV4: u32 = 32u;
 override KT: u32 = 4u;
 override VT: u32 = 4u;
 override TEAMS: u32 = WG / L;
+// Prefetch: each lane loads its columns of its team's next step of K and V
+// into a second set of registers while the current step is computed, so the
+// loads' latency overlaps the arithmetic instead of opening every step.
+override PREFETCH: bool = false;
 // The most rows, and the most teams (L >= 4).
 const MAX_ROWS: u32 = 16u;
 const MAX_TEAMS: u32 = 32u;
@@ -337,7 +341,30 @@ w("""    // Bit r: row r attended a key; bit 16 + r: it met a NaN or +inf score.
     workgroupBarrier();
 
     let step = i32(TEAMS * KB);
-    for (var j0 = lo; j0 <= hi; j0 += step) {
+    // The prefetch registers: this team's first step of K and V.""")
+for u in range(MAX_KB):
+    for c in range(MAX_COLS):
+        if has(u, c):
+            w(f"    var nk{u}_{c} = vec4<f32>(0.0);")
+            w(f"    var nv{u}_{c} = vec4<f32>(0.0);")
+
+
+def next_loads(first, indent):
+    """The prefetch registers loaded with the step whose first key is
+    `first` (clamped into the range, which is not empty)."""
+    out_lines = []
+    for u in range(MAX_KB):
+        body = [f"let nat = kv_base + u32(clamp({first} + {u}, lo, hi));"]
+        for c in range(MAX_COLS):
+            if has(u, c):
+                body += guard([more("KT", c)], [f"nk{u}_{c} = k_col(nat, lane + L * {c}u);"], 0)
+                body += guard([more("VT", c)], [f"nv{u}_{c} = v_col(nat, lane + L * {c}u);"], 0)
+        out_lines += guard([more("KB", u)], ["{"] + ["    " + x for x in body] + ["}"], indent)
+    return out_lines
+
+
+emit(guard(["PREFETCH && lo <= hi"], ["let first = lo + i32(team * KB);"] + [x[4:] for x in next_loads("first", 4)], 4))
+w("""    for (var j0 = lo; j0 <= hi; j0 += step) {
         // This team's keys (clamped into the range for the loads; the rules
         // drop those past it) and their columns of K and V.
         let first = j0 + i32(team * KB);""")
@@ -351,27 +378,30 @@ for u in range(MAX_KB):
         if has(u, c):
             w(f"        var k{u}_{c} = vec4<f32>(0.0);")
             w(f"        var v{u}_{c} = vec4<f32>(0.0);")
+loads = []
 for u in range(MAX_KB):
     for c in range(MAX_COLS):
         if has(u, c):
-            emit(
-                guard(
-                    [more("KB", u), more("KT", c)],
-                    [f"k{u}_{c} = k_col(at{u}, lane + L * {c}u);"],
-                    8,
-                )
-            )
+            loads += guard([more("KB", u), more("KT", c)], [f"k{u}_{c} = k_col(at{u}, lane + L * {c}u);"], 0)
 for u in range(MAX_KB):
     for c in range(MAX_COLS):
         if has(u, c):
-            emit(
-                guard(
-                    [more("KB", u), more("VT", c)],
-                    [f"v{u}_{c} = v_col(at{u}, lane + L * {c}u);"],
-                    8,
-                )
-            )
-
+            loads += guard([more("KB", u), more("VT", c)], [f"v{u}_{c} = v_col(at{u}, lane + L * {c}u);"], 0)
+taken = []
+for u in range(MAX_KB):
+    for c in range(MAX_COLS):
+        if has(u, c):
+            taken += guard([more("KB", u), more("KT", c)], [f"k{u}_{c} = nk{u}_{c};"], 0)
+            taken += guard([more("KB", u), more("VT", c)], [f"v{u}_{c} = nv{u}_{c};"], 0)
+w("        if (PREFETCH) {")
+emit(["            " + x for x in taken])
+w("            // The next step's, in flight while this one is computed.")
+w("            if (j0 + step <= hi) {")
+emit(next_loads("first + step", 16))
+w("            }")
+w("        } else {")
+emit(["            " + x for x in loads])
+w("        }")
 w("""
         // Each row: its scores, new maximum, rescaled state and O += P V.""")
 for r in range(MAX_ROWS):

@@ -114,6 +114,18 @@ impl KernelPlan {
                 kernels.push(tiled(tiles));
             }
         }
+        // The tiled kernel's shuffle form where subgroups hold a row of its
+        // invocations (forced by name, or taken where tuned).
+        if let Some(tiles) = TiledTiles::candidates(64, 64)
+            .into_iter()
+            .find(|t| t.shuffle && !t.prefetch && t.runs_on(caps))
+        {
+            kernels.push(KernelConfig {
+                role: "fused (register-tiled, row maxima and P by subgroup shuffles): \
+                       --kernel attention_tiled_shuffle, or where webattn tune measured it faster",
+                ..tiled(tiles)
+            });
+        }
         if let Ok(tiles) = FusedTiles::for_dims(64, 64, limits) {
             if !kernels.iter().any(|k| k.label == tiles.key().to_string()) {
                 kernels.push(portable(tiles));
@@ -349,6 +361,7 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
         let shape = |lanes| StreamShape {
             lanes,
             keys_per_step: 2,
+            prefetch: false,
         };
         for lanes in [4, 8, 32] {
             keys.push(decode::stream_key(shape(lanes), &dims, rows as i64, false));

@@ -17,14 +17,15 @@ use crate::gpu::capabilities::Capabilities;
 use crate::gpu::ops::decode::{DecodeKernel, StreamShape};
 
 /// The first line of a cache file of this format.
-pub const HEADER: &str = "# webattn tuning cache, format 4";
+pub const HEADER: &str = "# webattn tuning cache, format 5";
 /// The first lines of the formats before it, still read: format 3 (no
 /// unfused matrix-unit column), format 2 (no matrix-unit column), format 1
 /// (no decode or prefetch columns either).
+const HEADER_4: &str = "# webattn tuning cache, format 4";
 const HEADER_3: &str = "# webattn tuning cache, format 3";
 const HEADER_2: &str = "# webattn tuning cache, format 2";
 const HEADER_1: &str = "# webattn tuning cache, format 1";
-const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms\tdecode_kernel\tL\tKB\tdecode_ms\tprefetch\tcoop_ms\tunfused_coop_ms";
+const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms\tdecode_kernel\tL\tKB\tdecode_ms\tprefetch\tcoop_ms\tunfused_coop_ms\tdecode_prefetch";
 
 /// What a measurement is about: one adapter and driver under one
 /// workgroup-memory limit, at one head-dim class (head dims rounded up to 4).
@@ -216,7 +217,8 @@ impl TuningTable {
         let mut lines = text.lines().enumerate();
         match lines.next() {
             Some((_, first))
-                if [HEADER, HEADER_3, HEADER_2, HEADER_1].contains(&first.trim_end()) => {}
+                if [HEADER, HEADER_4, HEADER_3, HEADER_2, HEADER_1].contains(&first.trim_end()) => {
+            }
             Some((_, first)) => {
                 warnings.push(format!(
                     "not a tuning cache of this format (first line {:?}, expected {HEADER:?}): ignored",
@@ -271,8 +273,12 @@ impl TuningTable {
             let optional =
                 |ms: Option<f64>| ms.map_or_else(|| "-".to_string(), |ms| format!("{ms:.6}"));
             let (coop, unfused_coop) = (optional(entry.coop_ms), optional(entry.unfused_coop_ms));
+            let decode_prefetch = match entry.decode.map(|d| d.kernel) {
+                Some(DecodeKernel::Stream(shape)) => u32::from(shape.prefetch),
+                _ => 0,
+            };
             out.push_str(&format!(
-                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\t{decode}\t{prefetch}\t{coop}\t{unfused_coop}\n",
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\t{decode}\t{prefetch}\t{coop}\t{unfused_coop}\t{decode_prefetch}\n",
                 clean(&key.adapter),
                 clean(&key.backend),
                 clean(&key.driver),
@@ -356,9 +362,9 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
     let fields: Vec<&str> = line.split('\t').collect();
     // 13 fields in format 1 (no decode or prefetch columns), 18 in format 2
     // (no matrix-unit column), 19 in format 3 (no unfused matrix-unit
-    // column), 20 in format 4.
-    if ![13, 18, 19, 20].contains(&fields.len()) {
-        return Err(format!("{} fields, expected 20", fields.len()));
+    // column), 20 in format 4 (no decode prefetch column), 21 in format 5.
+    if ![13, 18, 19, 20, 21].contains(&fields.len()) {
+        return Err(format!("{} fields, expected 21", fields.len()));
     }
     let number = |i: usize, what: &str| -> std::result::Result<u32, String> {
         fields[i]
@@ -413,6 +419,13 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
                 "attention_decode_stream" => DecodeKernel::Stream(StreamShape {
                     lanes: number(14, "L")?,
                     keys_per_step: number(15, "KB")?,
+                    prefetch: match fields.get(20).map(|f| f.trim()) {
+                        None | Some("0") => false,
+                        Some("1") => true,
+                        Some(other) => {
+                            return Err(format!("decode_prefetch {other:?} is not 0 or 1"))
+                        }
+                    },
                 }),
                 other => return Err(format!("unknown decode kernel {other:?}")),
             };
@@ -473,6 +486,7 @@ mod tests {
                     kernel: DecodeKernel::Stream(StreamShape {
                         lanes: 8,
                         keys_per_step: 2,
+                        prefetch: true,
                     }),
                     decode_ms: 0.5,
                 }),
@@ -608,6 +622,35 @@ mod tests {
         assert_eq!(table.len(), 2);
         assert!(table.entries().all(|(_, e)| e.unfused_coop_ms.is_none()));
         assert!(table.entries().any(|(_, e)| e.coop_ms.is_some()));
+    }
+
+    #[test]
+    fn format_4_lines_read_with_streaming_decode_shapes_that_do_not_prefetch() {
+        let text = sample().to_text();
+        let old: Vec<String> = text
+            .lines()
+            .enumerate()
+            .map(|(i, line)| match i {
+                0 => HEADER_4.to_string(),
+                1 => line.to_string(),
+                _ => line.split('\t').take(20).collect::<Vec<_>>().join("\t"),
+            })
+            .collect();
+        let (table, warnings) = TuningTable::parse(&old.join("\n"));
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(table.len(), 2);
+        assert!(table.entries().any(|(_, e)| e.unfused_coop_ms.is_some()));
+        let stream = table
+            .entries()
+            .find_map(|(_, e)| match e.decode.map(|d| d.kernel) {
+                Some(DecodeKernel::Stream(shape)) => Some(shape),
+                _ => None,
+            })
+            .expect("the sample's streaming decode entry");
+        assert!(!stream.prefetch);
+        // The sample's own (format 5) text keeps its prefetch.
+        let (back, _) = TuningTable::parse(&text);
+        assert_eq!(back, sample());
     }
 
     #[test]

@@ -44,20 +44,29 @@ pub struct StreamShape {
     pub lanes: u32,
     /// Keys per team and step (1 to 4).
     pub keys_per_step: u32,
+    /// Whether each lane loads its team's next step of K and V into a second
+    /// set of registers while the current step is computed (the kernel's
+    /// PREFETCH; only where both sets fit its register budget). Tried by
+    /// `webattn tune`, never the untuned choice.
+    pub prefetch: bool,
 }
 
 impl StreamShape {
     /// Every shape the kernel offers, in the order tried when none was
     /// measured: teams reading 128 bytes of a row per load first (8 lanes of
-    /// f32, 16 of f16), two keys a step.
+    /// f32, 16 of f16), two keys a step; then the same shapes prefetching the
+    /// next step (not yet measured on a GPU: only `webattn tune` tries them).
     pub fn all() -> Vec<StreamShape> {
         let mut shapes = Vec::new();
-        for keys_per_step in [2, 1, 4] {
-            for lanes in [8, 16, 4, 32] {
-                shapes.push(StreamShape {
-                    lanes,
-                    keys_per_step,
-                });
+        for prefetch in [false, true] {
+            for keys_per_step in [2, 1, 4] {
+                for lanes in [8, 16, 4, 32] {
+                    shapes.push(StreamShape {
+                        lanes,
+                        keys_per_step,
+                        prefetch,
+                    });
+                }
             }
         }
         shapes
@@ -85,12 +94,14 @@ impl StreamShape {
             && (1..=STREAM_MAX_KEYS_PER_STEP).contains(&self.keys_per_step)
             && (1..=MAX_WORKGROUP_ROWS).contains(&rows)
             && rows * block <= STREAM_BLOCK
-            && self.keys_per_step as usize * block <= STREAM_BLOCK
+            && self.keys_per_step as usize * block * (1 + usize::from(self.prefetch))
+                <= STREAM_BLOCK
     }
 
     /// The first shape of [`StreamShape::all`] that fits, preferring teams
     /// whose loads cover 128 bytes of a row (8 lanes for f32 K and V, 16 for
-    /// f16).
+    /// f16); never a prefetching one (those run where `webattn tune` measured
+    /// them faster).
     pub fn choose(
         dims: &AttentionDims,
         rows: usize,
@@ -102,7 +113,9 @@ impl StreamShape {
             // Half the bytes per vec4: twice the lanes for the same run.
             shapes.sort_by_key(|s| (s.keys_per_step != 2, s.lanes != 16));
         }
-        shapes.into_iter().find(|s| s.fits(dims, rows, caps))
+        shapes
+            .into_iter()
+            .find(|s| !s.prefetch && s.fits(dims, rows, caps))
     }
 
     /// vec4 columns of K and of V per lane.
@@ -126,8 +139,10 @@ impl StreamShape {
     /// A short description, as pipeline labels and `webattn tune` show it.
     pub fn label(&self) -> String {
         format!(
-            "attention_decode_stream[L={},KB={}]",
-            self.lanes, self.keys_per_step
+            "attention_decode_stream[L={},KB={}{}]",
+            self.lanes,
+            self.keys_per_step,
+            if self.prefetch { ",prefetch" } else { "" }
         )
     }
 }
@@ -314,6 +329,7 @@ pub fn stream_key(
         .with("ROWS", rows)
         .with("L", shape.lanes as i64)
         .with("KB", shape.keys_per_step as i64)
+        .with_flag("PREFETCH", shape.prefetch)
         .with("DK4", dims.head_dim.div_ceil(4) as i64)
         .with("DV4", dims.v_head_dim.div_ceil(4) as i64)
         .with("KT", kt as i64)
@@ -435,7 +451,8 @@ mod tests {
             DecodePlan::runnable(
                 DecodeKernel::Stream(StreamShape {
                     lanes: 8,
-                    keys_per_step: 2
+                    keys_per_step: 2,
+                    prefetch: false
                 }),
                 &d,
                 &lavapipe
