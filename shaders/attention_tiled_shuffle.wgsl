@@ -888,25 +888,29 @@ fn main(
             var sum = 0.0;
             // -1 marks a key the row does not attend; an attended key
             // whose score is -inf gets 0 and still multiplies V.
-            s0_0 = select(-1.0, exp(s0_0 - m_new), s0_0 != MASKED);
-            sum += max(s0_0, 0.0);
+            let pt = select(-1.0, exp(s0_0 - m_new), s0_0 != MASKED);
+            s0_0 = pt;
+            sum += max(pt, 0.0);
             if (RK > 1u) {
                 // -1 marks a key the row does not attend; an attended key
                 // whose score is -inf gets 0 and still multiplies V.
-                s0_1 = select(-1.0, exp(s0_1 - m_new), s0_1 != MASKED);
-                sum += max(s0_1, 0.0);
+                let pt = select(-1.0, exp(s0_1 - m_new), s0_1 != MASKED);
+                s0_1 = pt;
+                sum += max(pt, 0.0);
             }
             if (RK > 2u) {
                 // -1 marks a key the row does not attend; an attended key
                 // whose score is -inf gets 0 and still multiplies V.
-                s0_2 = select(-1.0, exp(s0_2 - m_new), s0_2 != MASKED);
-                sum += max(s0_2, 0.0);
+                let pt = select(-1.0, exp(s0_2 - m_new), s0_2 != MASKED);
+                s0_2 = pt;
+                sum += max(pt, 0.0);
             }
             if (RK > 3u) {
                 // -1 marks a key the row does not attend; an attended key
                 // whose score is -inf gets 0 and still multiplies V.
-                s0_3 = select(-1.0, exp(s0_3 - m_new), s0_3 != MASKED);
-                sum += max(s0_3, 0.0);
+                let pt = select(-1.0, exp(s0_3 - m_new), s0_3 != MASKED);
+                s0_3 = pt;
+                sum += max(pt, 0.0);
             }
             l0 = l0 * alpha + sum;
             o0_0 *= alpha;
@@ -1101,25 +1105,29 @@ fn main(
                 var sum = 0.0;
                 // -1 marks a key the row does not attend; an attended key
                 // whose score is -inf gets 0 and still multiplies V.
-                s1_0 = select(-1.0, exp(s1_0 - m_new), s1_0 != MASKED);
-                sum += max(s1_0, 0.0);
+                let pt = select(-1.0, exp(s1_0 - m_new), s1_0 != MASKED);
+                s1_0 = pt;
+                sum += max(pt, 0.0);
                 if (RK > 1u) {
                     // -1 marks a key the row does not attend; an attended key
                     // whose score is -inf gets 0 and still multiplies V.
-                    s1_1 = select(-1.0, exp(s1_1 - m_new), s1_1 != MASKED);
-                    sum += max(s1_1, 0.0);
+                    let pt = select(-1.0, exp(s1_1 - m_new), s1_1 != MASKED);
+                    s1_1 = pt;
+                    sum += max(pt, 0.0);
                 }
                 if (RK > 2u) {
                     // -1 marks a key the row does not attend; an attended key
                     // whose score is -inf gets 0 and still multiplies V.
-                    s1_2 = select(-1.0, exp(s1_2 - m_new), s1_2 != MASKED);
-                    sum += max(s1_2, 0.0);
+                    let pt = select(-1.0, exp(s1_2 - m_new), s1_2 != MASKED);
+                    s1_2 = pt;
+                    sum += max(pt, 0.0);
                 }
                 if (RK > 3u) {
                     // -1 marks a key the row does not attend; an attended key
                     // whose score is -inf gets 0 and still multiplies V.
-                    s1_3 = select(-1.0, exp(s1_3 - m_new), s1_3 != MASKED);
-                    sum += max(s1_3, 0.0);
+                    let pt = select(-1.0, exp(s1_3 - m_new), s1_3 != MASKED);
+                    s1_3 = pt;
+                    sum += max(pt, 0.0);
                 }
                 l1 = l1 * alpha + sum;
                 o1_0 *= alpha;
@@ -1315,25 +1323,29 @@ fn main(
                 var sum = 0.0;
                 // -1 marks a key the row does not attend; an attended key
                 // whose score is -inf gets 0 and still multiplies V.
-                s2_0 = select(-1.0, exp(s2_0 - m_new), s2_0 != MASKED);
-                sum += max(s2_0, 0.0);
+                let pt = select(-1.0, exp(s2_0 - m_new), s2_0 != MASKED);
+                s2_0 = pt;
+                sum += max(pt, 0.0);
                 if (RK > 1u) {
                     // -1 marks a key the row does not attend; an attended key
                     // whose score is -inf gets 0 and still multiplies V.
-                    s2_1 = select(-1.0, exp(s2_1 - m_new), s2_1 != MASKED);
-                    sum += max(s2_1, 0.0);
+                    let pt = select(-1.0, exp(s2_1 - m_new), s2_1 != MASKED);
+                    s2_1 = pt;
+                    sum += max(pt, 0.0);
                 }
                 if (RK > 2u) {
                     // -1 marks a key the row does not attend; an attended key
                     // whose score is -inf gets 0 and still multiplies V.
-                    s2_2 = select(-1.0, exp(s2_2 - m_new), s2_2 != MASKED);
-                    sum += max(s2_2, 0.0);
+                    let pt = select(-1.0, exp(s2_2 - m_new), s2_2 != MASKED);
+                    s2_2 = pt;
+                    sum += max(pt, 0.0);
                 }
                 if (RK > 3u) {
                     // -1 marks a key the row does not attend; an attended key
                     // whose score is -inf gets 0 and still multiplies V.
-                    s2_3 = select(-1.0, exp(s2_3 - m_new), s2_3 != MASKED);
-                    sum += max(s2_3, 0.0);
+                    let pt = select(-1.0, exp(s2_3 - m_new), s2_3 != MASKED);
+                    s2_3 = pt;
+                    sum += max(pt, 0.0);
                 }
                 l2 = l2 * alpha + sum;
                 o2_0 *= alpha;
@@ -1520,25 +1532,29 @@ fn main(
                 var sum = 0.0;
                 // -1 marks a key the row does not attend; an attended key
                 // whose score is -inf gets 0 and still multiplies V.
-                s3_0 = select(-1.0, exp(s3_0 - m_new), s3_0 != MASKED);
-                sum += max(s3_0, 0.0);
+                let pt = select(-1.0, exp(s3_0 - m_new), s3_0 != MASKED);
+                s3_0 = pt;
+                sum += max(pt, 0.0);
                 if (RK > 1u) {
                     // -1 marks a key the row does not attend; an attended key
                     // whose score is -inf gets 0 and still multiplies V.
-                    s3_1 = select(-1.0, exp(s3_1 - m_new), s3_1 != MASKED);
-                    sum += max(s3_1, 0.0);
+                    let pt = select(-1.0, exp(s3_1 - m_new), s3_1 != MASKED);
+                    s3_1 = pt;
+                    sum += max(pt, 0.0);
                 }
                 if (RK > 2u) {
                     // -1 marks a key the row does not attend; an attended key
                     // whose score is -inf gets 0 and still multiplies V.
-                    s3_2 = select(-1.0, exp(s3_2 - m_new), s3_2 != MASKED);
-                    sum += max(s3_2, 0.0);
+                    let pt = select(-1.0, exp(s3_2 - m_new), s3_2 != MASKED);
+                    s3_2 = pt;
+                    sum += max(pt, 0.0);
                 }
                 if (RK > 3u) {
                     // -1 marks a key the row does not attend; an attended key
                     // whose score is -inf gets 0 and still multiplies V.
-                    s3_3 = select(-1.0, exp(s3_3 - m_new), s3_3 != MASKED);
-                    sum += max(s3_3, 0.0);
+                    let pt = select(-1.0, exp(s3_3 - m_new), s3_3 != MASKED);
+                    s3_3 = pt;
+                    sum += max(pt, 0.0);
                 }
                 l3 = l3 * alpha + sum;
                 o3_0 *= alpha;

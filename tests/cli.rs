@@ -682,22 +682,18 @@ fn every_fused_kernel_can_be_forced_by_name() {
             text.contains(&format!("fused:    {kernel} (forced by --kernel")),
             "{text}"
         );
-        let out = run(&[
-            "--backend",
-            "gpu",
-            "--kernel",
-            kernel,
-            "--limits",
-            limits,
-            "check",
-            "--quick",
-        ]);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let last = stdout.trim_end().lines().last().unwrap_or_default();
-        assert!(out.status.success(), "{kernel} at {limits}: {stdout}");
-        assert!(
-            last.ends_with(" passed, 0 failed") && !last.starts_with("0 "),
-            "{kernel} at {limits}: {last}"
+        assert_sweep_passes(
+            &[
+                "--backend",
+                "gpu",
+                "--kernel",
+                kernel,
+                "--limits",
+                limits,
+                "check",
+                "--quick",
+            ],
+            &format!("{kernel} at {limits}"),
         );
     }
     // The subgroup kernel by name too, where the adapter has fixed subgroups
@@ -746,24 +742,20 @@ fn every_decode_kernel_can_be_forced_by_name() {
                 && text.contains("forced by --decode-kernel"),
             "{text}"
         );
-        let out = run(&[
-            "--backend",
-            "gpu",
-            "--decode-kernel",
-            kernel,
-            "--limits",
-            limits,
-            "check",
-            "--quick",
-            "--filter",
-            "decode",
-        ]);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let last = stdout.trim_end().lines().last().unwrap_or_default();
-        assert!(out.status.success(), "{kernel} at {limits}: {stdout}");
-        assert!(
-            last.ends_with(" passed, 0 failed") && !last.starts_with("0 "),
-            "{kernel} at {limits}: {last}"
+        assert_sweep_passes(
+            &[
+                "--backend",
+                "gpu",
+                "--decode-kernel",
+                kernel,
+                "--limits",
+                limits,
+                "check",
+                "--quick",
+                "--filter",
+                "decode",
+            ],
+            &format!("{kernel} at {limits}"),
         );
     }
     // lavapipe at 512-bit vectors runs subgroups of 16, so the streaming
@@ -819,24 +811,33 @@ fn check_passes_when_tensors_exceed_a_binding() {
     // its shuffle form).
     let shuffle = common::runs_shuffle_forms().then_some("attention_tiled_shuffle");
     for kernel in ["auto", "attention_tiled"].into_iter().chain(shuffle) {
-        let out = run(&[
-            "--backend",
-            "gpu",
-            "--kernel",
+        assert_sweep_passes(
+            &[
+                "--backend",
+                "gpu",
+                "--kernel",
+                kernel,
+                "--limit",
+                "max_storage_buffer_binding_size=64KiB",
+                "check",
+                "--quick",
+            ],
             kernel,
-            "--limit",
-            "max_storage_buffer_binding_size=64KiB",
-            "check",
-            "--quick",
-        ]);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let last = stdout.trim_end().lines().last().unwrap_or_default();
-        assert!(out.status.success(), "{kernel}: {stdout}");
-        assert!(
-            last.ends_with(" passed, 0 failed") && !last.starts_with("0 "),
-            "{kernel}: {last}"
         );
     }
+}
+
+/// Runs `webattn ARGS` (a `check`) and asserts it passed every case of a
+/// sweep that was not empty; `what` names the run in the failure.
+fn assert_sweep_passes(args: &[&str], what: &str) {
+    let out = run(args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.trim_end().lines().last().unwrap_or_default();
+    assert!(out.status.success(), "{what}: {stdout}");
+    assert!(
+        last.ends_with(" passed, 0 failed") && !last.starts_with("0 "),
+        "{what}: {last}"
+    );
 }
 
 #[test]
@@ -851,22 +852,18 @@ fn the_sweep_passes_with_the_runtime_checks_off() {
     // neighbour's data here (lavapipe need not fault on it).
     let shuffle = common::runs_shuffle_forms().then_some("attention_tiled_shuffle");
     for kernel in ["attention_tiled"].into_iter().chain(shuffle) {
-        let out = run(&[
-            "--backend",
-            "gpu",
-            "--runtime-checks",
-            "off",
-            "--kernel",
+        assert_sweep_passes(
+            &[
+                "--backend",
+                "gpu",
+                "--runtime-checks",
+                "off",
+                "--kernel",
+                kernel,
+                "check",
+                "--quick",
+            ],
             kernel,
-            "check",
-            "--quick",
-        ]);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let last = stdout.trim_end().lines().last().unwrap_or_default();
-        assert!(out.status.success(), "{kernel}: {stdout}");
-        assert!(
-            last.ends_with(" passed, 0 failed") && !last.starts_with("0 "),
-            "{kernel}: {last}"
         );
     }
     let bad = run(&["--runtime-checks", "sometimes", "info"]);

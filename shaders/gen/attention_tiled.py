@@ -72,15 +72,12 @@ def emit(lines):
         w(line)
 
 
-def shuffle_softmax(i):
-    """The shuffle form's step 3 for row i, in the block of its rules: the
-    tile's row maximum by a butterfly over the row's TK lanes, then the new
-    maximum, P in place of the scores, the rescaled partial sum and O."""
-    lines = ["// The row's tile maximum: a butterfly over its TK lanes."]
-    for off in (1, 2, 4, 8, 16, 32, 64):
-        lines += guard([f"TK > {off}u"], [f"part = max(part, subgroupShuffleXor(part, {off}u));"], 0)
-    lines += [
-        f"let m_new = max(m{i}, part);",
+def online_softmax(i, tile_max, keep_p):
+    """Row i's online-softmax step for a key tile whose row maximum is the
+    expression `tile_max`: the new maximum, each key's P (`keep_p(j)` gives
+    the lines that keep key j's P, `pt`), the rescaled partial sum and O."""
+    lines = [
+        f"let m_new = max(m{i}, {tile_max});",
         "// exp(0) = 1 while no attended score has been finite yet.",
         f"let alpha = exp(m{i} - m_new);",
         "var sum = 0.0;",
@@ -91,9 +88,10 @@ def shuffle_softmax(i):
             [
                 "// -1 marks a key the row does not attend; an attended key",
                 "// whose score is -inf gets 0 and still multiplies V.",
-                f"s{i}_{j} = select(-1.0, exp(s{i}_{j} - m_new), s{i}_{j} != MASKED);",
-                f"sum += max(s{i}_{j}, 0.0);",
-            ],
+                f"let pt = select(-1.0, exp(s{i}_{j} - m_new), s{i}_{j} != MASKED);",
+            ]
+            + keep_p(j)
+            + ["sum += max(pt, 0.0);"],
             0,
         )
     lines += [f"l{i} = l{i} * alpha + sum;"]
@@ -101,6 +99,16 @@ def shuffle_softmax(i):
         lines += guard([dvt(c)], [f"o{i}_{c} *= alpha;"], 0)
     lines += [f"m{i} = m_new;"]
     return lines
+
+
+def shuffle_softmax(i):
+    """The shuffle form's step 3 for row i, in the block of its rules: the
+    tile's row maximum by a butterfly over the row's TK lanes, then the
+    online-softmax step, P kept in place of the scores."""
+    lines = ["// The row's tile maximum: a butterfly over its TK lanes."]
+    for off in (1, 2, 4, 8, 16, 32, 64):
+        lines += guard([f"TK > {off}u"], [f"part = max(part, subgroupShuffleXor(part, {off}u));"], 0)
+    return lines + online_softmax(i, "part", lambda j: [f"s{i}_{j} = pt;"])
 
 
 if WIDE:
@@ -595,28 +603,10 @@ if not SHUFFLE:
             "    for (var t = 0u; t < TK; t++) {",
             "        tile_max = max(tile_max, row_parts[rr * TK + t]);",
             "    }",
-            f"    let m_new = max(m{i}, tile_max);",
-            "    // exp(0) = 1 while no attended score has been finite yet.",
-            f"    let alpha = exp(m{i} - m_new);",
-            "    var sum = 0.0;",
         ]
-        for j in range(MAX_RK):
-            lines += guard(
-                [rk(j)],
-                [
-                    "// -1 marks a key the row does not attend; an attended key",
-                    "// whose score is -inf gets 0 and still multiplies V.",
-                    f"let pt = select(-1.0, exp(s{i}_{j} - m_new), s{i}_{j} != MASKED);",
-                    f"let kk = tc + TK * {j}u;",
-                    "p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;",
-                    "sum += max(pt, 0.0);",
-                ],
-                4,
-            )
-        lines += [f"    l{i} = l{i} * alpha + sum;"]
-        for c in filter(lambda c: has_o(i, c), range(MAX_DVT)):
-            lines += guard([dvt(c)], [f"o{i}_{c} *= alpha;"], 4)
-        lines += [f"    m{i} = m_new;", "}"]
+        keep = lambda j: [f"let kk = tc + TK * {j}u;", "p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;"]
+        lines += ["    " + x if x else "" for x in online_softmax(i, "tile_max", keep)]
+        lines += ["}"]
         emit(guard([rq(i)], lines, 8))
     w("""        // V's tile replaces K's (every read of K ended at the barrier above).
         if (PREFETCH) {
