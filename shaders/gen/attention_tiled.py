@@ -72,6 +72,25 @@ def emit(lines):
         w(line)
 
 
+def staging_loop(src, tile, d4s, length, on_value):
+    """WGSL lines that stage a tile of K (src 1) or V (src 2) into `tile`,
+    zeros past the last key and past the row; `on_value` are lines run on
+    each loaded vec4 `val`."""
+    return (
+        [
+            f"for (var slot = li; slot < BK * {d4s}; slot += WG) {{",
+            f"    let t = slot / {d4s};",
+            f"    let d4 = slot % {d4s};",
+            "    let key = u32(j0) + t;",
+            "    var val = vec4<f32>(0.0);",
+            "    if (key < p.keys) {",
+            f"        val = quad({src}u, (kv_base + key) * {length}, d4 * 4u, {length});",
+        ]
+        + ["        " + x for x in on_value]
+        + ["    }", f"    {tile}[t * KS + d4] = val;", "}"]
+    )
+
+
 def online_softmax(i, tile_max, keep_p):
     """Row i's online-softmax step for a key tile whose row maximum is the
     expression `tile_max`: the new maximum, each key's P (`keep_p(j)` gives
@@ -442,29 +461,10 @@ if SHUFFLE:
             f"slot_store_v(li + {sl}u * WG, DV4, pv{sl});",
             f"bad = bad || nonfinite4(pv{sl});",
         ], 12))
-    w("""        } else {
-            for (var slot = li; slot < BK * DK4; slot += WG) {
-                let t = slot / DK4;
-                let d4 = slot % DK4;
-                let key = u32(j0) + t;
-                var val = vec4<f32>(0.0);
-                if (key < p.keys) {
-                    val = quad(1u, (kv_base + key) * p.dk, d4 * 4u, p.dk);
-                }
-                k_tile[t * KS + d4] = val;
-            }
-            for (var slot = li; slot < BK * DV4; slot += WG) {
-                let t = slot / DV4;
-                let d4 = slot % DV4;
-                let key = u32(j0) + t;
-                var val = vec4<f32>(0.0);
-                if (key < p.keys) {
-                    val = quad(2u, (kv_base + key) * p.dv, d4 * 4u, p.dv);
-                    bad = bad || nonfinite4(val);
-                }
-                v_tile[t * KS + d4] = val;
-            }
-        }
+    w("        } else {")
+    emit(["            " + x for x in staging_loop(1, "k_tile", "DK4", "p.dk", [])])
+    emit(["            " + x for x in staging_loop(2, "v_tile", "DV4", "p.dv", ["bad = bad || nonfinite4(val);"])])
+    w("""        }
         if (bad) {
             atomicMax(&v_nonfinite, tile_no);
         }
@@ -494,18 +494,9 @@ else:
         if (PREFETCH) {""")
     for sl in range(MAX_SLOTS):
         emit(guard([f"SLOTS > {sl}u" if sl > 0 else ""], [f"slot_store(li + {sl}u * WG, DK4, pf{sl});"], 12))
-    w("""        } else {
-            for (var slot = li; slot < BK * DK4; slot += WG) {
-                let t = slot / DK4;
-                let d4 = slot % DK4;
-                let key = u32(j0) + t;
-                var val = vec4<f32>(0.0);
-                if (key < p.keys) {
-                    val = quad(1u, (kv_base + key) * p.dk, d4 * 4u, p.dk);
-                }
-                kv_tile[t * KS + d4] = val;
-            }
-        }
+    w("        } else {")
+    emit(["            " + x for x in staging_loop(1, "kv_tile", "DK4", "p.dk", [])])
+    w("""        }
         workgroupBarrier();
         // V's tile in flight while S is computed.""")
     emit(guard(["PREFETCH"], [
@@ -619,21 +610,10 @@ if not SHUFFLE:
     w("""            if (bad) {
                 atomicStore(&v_nonfinite, 1u);
             }
-        } else {
-            for (var slot = li; slot < BK * DV4; slot += WG) {
-                let t = slot / DV4;
-                let d4 = slot % DV4;
-                let key = u32(j0) + t;
-                var val = vec4<f32>(0.0);
-                if (key < p.keys) {
-                    val = quad(2u, (kv_base + key) * p.dv, d4 * 4u, p.dv);
-                    if (nonfinite4(val)) {
-                        atomicStore(&v_nonfinite, 1u);
-                    }
-                }
-                kv_tile[t * KS + d4] = val;
-            }
-        }
+        } else {""")
+    emit(["            " + x for x in staging_loop(
+        2, "kv_tile", "DV4", "p.dv", ["if (nonfinite4(val)) {", "    atomicStore(&v_nonfinite, 1u);", "}"])])
+    w("""        }
         workgroupBarrier();
         // The next K tile in flight while O += P V is computed.""")
     emit(guard(["PREFETCH"], [
