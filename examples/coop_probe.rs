@@ -669,7 +669,13 @@ fn dispatch(
     repeats: u32,
 ) -> Result<(Vec<f32>, f64), String> {
     let module = if own_spirv {
-        let words = webattn::gpu::spirv::compile_wgsl(source, "main", &[], true)?;
+        let words = webattn::gpu::spirv::compile_wgsl(
+            source,
+            "main",
+            &[],
+            true,
+            webattn::RuntimeChecks::On,
+        )?;
         let entry = [wgpu::PassthroughShaderEntryPoint {
             name: "main".into(),
             workgroup_size: (0, 0, 0),
@@ -784,7 +790,14 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() == 4 && args[1] == "--spirv" {
         let source = std::fs::read_to_string(&args[2]).expect("the WGSL file");
-        let words = webattn::gpu::spirv::compile_wgsl(&source, "main", &[], false).expect("SPIR-V");
+        let words = webattn::gpu::spirv::compile_wgsl(
+            &source,
+            "main",
+            &[],
+            false,
+            webattn::RuntimeChecks::On,
+        )
+        .expect("SPIR-V");
         std::fs::write(&args[3], bytemuck::cast_slice::<u32, u8>(&words)).expect("written");
         return;
     }

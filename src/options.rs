@@ -191,9 +191,9 @@ pub enum RuntimeChecks {
     /// rather than a clamped read, and on Metal storage buffers lose their
     /// bounds checks too (Vulkan and D3D12 keep the driver's robust buffer
     /// access). Integer division keeps its checks. The matrix-unit kernels on
-    /// Vulkan, which reach the driver as the engine's own SPIR-V, are not
-    /// affected; `webattn tune` records its times under the same key either
-    /// way.
+    /// Vulkan, which reach the driver as the engine's own SPIR-V, are written
+    /// without the checks too. `webattn tune` records its times under the
+    /// same key either way.
     Off,
 }
 

@@ -13,6 +13,7 @@ use std::process::Command;
 
 use webattn::gpu::plan::every_planned_pipeline;
 use webattn::gpu::spirv::{compile_coop_kernel, MAKE_AVAILABLE, MAKE_VISIBLE, NON_PRIVATE_POINTER};
+use webattn::RuntimeChecks;
 
 /// (opcode, operands after the first word) of each instruction.
 fn instructions(words: &[u32]) -> Vec<(u32, &[u32])> {
@@ -132,16 +133,21 @@ fn every_matrix_unit_kernel_compiles_to_spirv_that_shares_its_memory() {
     std::fs::create_dir_all(&dir).unwrap();
     let mut failures = Vec::new();
     let mut validated = 0;
-    for key in &keys {
-        let words = match compile_coop_kernel(key, true) {
+    // With naga's runtime checks and without (`RuntimeChecks::Off` writes the
+    // same kernels without index clamps and loop counters).
+    let variants = keys
+        .iter()
+        .flat_map(|key| [RuntimeChecks::On, RuntimeChecks::Off].map(|checks| (key, checks)));
+    for (key, checks) in variants {
+        let words = match compile_coop_kernel(key, true, checks) {
             Ok(words) => words,
             Err(e) => {
-                failures.push(format!("{key}: {e}"));
+                failures.push(format!("{key} (runtime checks {checks}): {e}"));
                 continue;
             }
         };
         for v in violations(&words) {
-            failures.push(format!("{key}: {v}"));
+            failures.push(format!("{key} (runtime checks {checks}): {v}"));
         }
         if let Some(tool) = validator {
             let path = dir.join("kernel.spv");
@@ -155,7 +161,7 @@ fn every_matrix_unit_kernel_compiles_to_spirv_that_shares_its_memory() {
                 validated += 1;
             } else {
                 failures.push(format!(
-                    "{key}: spirv-val: {}",
+                    "{key} (runtime checks {checks}): spirv-val: {}",
                     String::from_utf8_lossy(&out.stderr)
                 ));
             }
@@ -163,9 +169,12 @@ fn every_matrix_unit_kernel_compiles_to_spirv_that_shares_its_memory() {
     }
     let _ = std::fs::remove_dir_all(&dir);
     match validator {
-        Some(_) => println!("{} matrix-unit pipelines compiled, {validated} accepted by spirv-val", keys.len()),
+        Some(_) => println!(
+            "{} matrix-unit pipelines compiled (with and without runtime checks), {validated} accepted by spirv-val",
+            keys.len()
+        ),
         None => println!(
-            "{} matrix-unit pipelines compiled; no spirv-val that knows cooperative matrices, not run",
+            "{} matrix-unit pipelines compiled (with and without runtime checks); no spirv-val that knows cooperative matrices, not run",
             keys.len()
         ),
     }

@@ -129,8 +129,9 @@ fn own_spirv_module(
     device: &wgpu::Device,
     key: &PipelineKey,
     zero_workgroup_memory: bool,
+    checks: RuntimeChecks,
 ) -> Option<wgpu::ShaderModule> {
-    let words = match super::spirv::compile_coop_kernel(key, zero_workgroup_memory) {
+    let words = match super::spirv::compile_coop_kernel(key, zero_workgroup_memory, checks) {
         Ok(words) => words,
         Err(e) => {
             log::error!("webattn: {key}: own SPIR-V failed, WGSL used instead: {e}");
@@ -160,6 +161,7 @@ fn own_spirv_module(
     _device: &wgpu::Device,
     _key: &PipelineKey,
     _zero_workgroup_memory: bool,
+    _checks: RuntimeChecks,
 ) -> Option<wgpu::ShaderModule> {
     None
 }
@@ -233,7 +235,7 @@ impl PipelineCache {
         // On Vulkan the matrix-unit kernels go to the driver as SPIR-V the
         // engine wrote, one module per key (its overrides are applied).
         let own_spirv_module = if self.coop_spirv && kernel.uses_coop() {
-            own_spirv_module(device, key, zero_workgroup_memory)
+            own_spirv_module(device, key, zero_workgroup_memory, self.runtime_checks)
         } else {
             None
         };

@@ -27,6 +27,7 @@
 use std::collections::HashMap;
 
 use super::pipeline::PipelineKey;
+use crate::options::RuntimeChecks;
 
 const OP_CONSTANT: u32 = 43;
 const OP_TYPE_POINTER: u32 = 32;
@@ -190,6 +191,7 @@ pub fn make_accesses_non_private(words: &[u32]) -> Vec<u32> {
 pub fn compile_coop_kernel(
     key: &PipelineKey,
     zero_workgroup_memory: bool,
+    checks: RuntimeChecks,
 ) -> Result<Vec<u32>, String> {
     let constants: Vec<(String, f64)> = key
         .constants
@@ -201,6 +203,7 @@ pub fn compile_coop_kernel(
         key.kernel.entry_point(),
         &constants,
         zero_workgroup_memory,
+        checks,
     )
     .map_err(|e| format!("{key}: {e}"))
 }
@@ -214,11 +217,14 @@ pub fn compile_coop_kernel(
 /// the device has robustBufferAccess2 (naga's clamped form lost the last
 /// element of a buffer on lavapipe: `examples/coop_probe.rs` showed it).
 /// `zero_workgroup_memory` zeroes workgroup memory first, as wgpu would.
+/// With [`RuntimeChecks::Off`] the index clamps and the loop counters are
+/// left out, as wgpu's trusted modules leave them out.
 pub fn compile_wgsl(
     source: &str,
     entry_point: &str,
     constants: &[(String, f64)],
     zero_workgroup_memory: bool,
+    checks: RuntimeChecks,
 ) -> Result<Vec<u32>, String> {
     use naga::back::spv;
     let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
@@ -236,10 +242,16 @@ pub fn compile_wgsl(
     let (module, info) =
         naga::back::pipeline_constants::process_overrides(&module, &info, entry, &constants)
             .map_err(|e| format!("overrides: {e}"))?;
+    let checked = checks == RuntimeChecks::On;
+    let restrict = if checked {
+        naga::proc::BoundsCheckPolicy::Restrict
+    } else {
+        naga::proc::BoundsCheckPolicy::Unchecked
+    };
     let policies = naga::proc::BoundsCheckPolicies {
-        index: naga::proc::BoundsCheckPolicy::Restrict,
+        index: restrict,
         buffer: naga::proc::BoundsCheckPolicy::Unchecked,
-        image_load: naga::proc::BoundsCheckPolicy::Restrict,
+        image_load: restrict,
         binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
     };
     let options = spv::Options {
@@ -250,7 +262,7 @@ pub fn compile_wgsl(
         } else {
             spv::ZeroInitializeWorkgroupMemoryMode::None
         },
-        force_loop_bounding: true,
+        force_loop_bounding: checked,
         ..Default::default()
     };
     let pipeline = spv::PipelineOptions {

@@ -1,0 +1,115 @@
+//! Writes the SPIR-V a Vulkan driver is handed for the engine's hot kernels,
+//! one file per pipeline (overrides applied, as wgpu applies them), with and
+//! without naga's runtime checks, for a GPU compiler to read offline:
+//! `.ci/shader-stats` compiles them with Mesa's RADV on a null device (no GPU
+//! needed) and prints each pipeline's registers, spills and instruction
+//! counts.
+//!
+//! `cargo run --release --example spirv_dump -- OUT_DIR`
+//!
+//! The pipelines: every register-tiled candidate at head dims 64 and 128 (the
+//! tuner's list: measured shapes, 8-row shapes, prefetching and shuffle
+//! forms), the GEMM kernels the unfused path runs, and the FMA ceiling's
+//! kernel. Files are named after the pipeline key (`attention_tiled[BK=32,...]`
+//! becomes `attention_tiled.BK32...`) with `.checked.spv` or
+//! `.unchecked.spv`; `index.tsv` lists them with their bindings (group 0, in
+//! order: `u` uniform, `r` read-only storage, `w` read-write storage) and
+//! their keys.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use webattn::gpu::ops::tiled::TiledTiles;
+use webattn::gpu::pipeline::PipelineKey;
+use webattn::gpu::registry::{Binding, Kernel};
+use webattn::gpu::spirv::compile_wgsl;
+use webattn::RuntimeChecks;
+
+/// The pipelines written: (what it is, its key).
+fn pipelines() -> Vec<(String, PipelineKey)> {
+    let mut out = Vec::new();
+    for d in [64usize, 128] {
+        for tiles in TiledTiles::candidates(d, d) {
+            let what = format!(
+                "d{d} {}x{} on {}x{}{}{}",
+                tiles.query_rows,
+                tiles.keys_per_tile,
+                tiles.tq,
+                tiles.tk,
+                if tiles.prefetch { " prefetch" } else { "" },
+                if tiles.shuffle { " shuffle" } else { "" },
+            );
+            out.push((what, tiles.key()));
+        }
+    }
+    for (trans_b, skip_zero_a, what) in [(1, 0, "S = Q K^T"), (0, 1, "Y = P V")] {
+        let key = PipelineKey::new(Kernel::Gemm)
+            .with("TRANS_A", 0)
+            .with("TRANS_B", trans_b)
+            .with("SKIP_ZERO_A", skip_zero_a);
+        out.push((format!("gemm {what}"), key));
+    }
+    out.push(("fma ceiling".to_string(), PipelineKey::new(Kernel::FmaPeak)));
+    out
+}
+
+/// A file name for `key`: its text form with brackets, commas and `=` gone.
+fn file_stem(key: &PipelineKey) -> String {
+    key.to_string()
+        .chars()
+        .filter_map(|c| match c {
+            '[' | ',' => Some('.'),
+            ']' | '=' => None,
+            c => Some(c),
+        })
+        .collect()
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = PathBuf::from(std::env::args().nth(1).ok_or("usage: spirv_dump OUT_DIR")?);
+    std::fs::create_dir_all(&dir)?;
+    let mut index = String::from("file\tchecks\tbindings\twhat\tkey\n");
+    for (what, key) in pipelines() {
+        let constants: Vec<(String, f64)> = key
+            .constants
+            .iter()
+            .map(|&(name, value)| (name.to_string(), value as f64))
+            .collect();
+        let zero = !key.kernel.writes_workgroup_memory_first();
+        // Group 0's bindings in order: u(niform), r(ead) or w(rite) storage.
+        let bindings: String = key
+            .kernel
+            .bindings()
+            .iter()
+            .map(|b| match b {
+                Binding::Uniform => 'u',
+                Binding::Read => 'r',
+                Binding::ReadWrite => 'w',
+            })
+            .collect();
+        for checks in [RuntimeChecks::On, RuntimeChecks::Off] {
+            let words = compile_wgsl(
+                &key.kernel.device_source(),
+                key.kernel.entry_point(),
+                &constants,
+                zero,
+                checks,
+            )
+            .map_err(|e| format!("{key}: {e}"))?;
+            let suffix = match checks {
+                RuntimeChecks::On => "checked",
+                RuntimeChecks::Off => "unchecked",
+            };
+            let name = format!("{}.{suffix}.spv", file_stem(&key));
+            std::fs::write(dir.join(&name), bytemuck::cast_slice::<u32, u8>(&words))?;
+            writeln!(index, "{name}\t{checks}\t{bindings}\t{what}\t{key}")?;
+        }
+    }
+    std::fs::write(dir.join("index.tsv"), &index)?;
+    println!(
+        "{} SPIR-V modules in {}",
+        index.lines().count() - 1,
+        dir.display()
+    );
+    Ok(())
+}
