@@ -33,8 +33,9 @@
 // The contract is attention_fused.wgsl's, and so are the uniforms, the
 // bindings, the non-finite rules (ROW_ATTENDED / ROW_POISONED, NaN rows, an
 // attended -inf score still multiplies its V row, a key not attended never
-// does: P marks it -1, and a tile whose V is all finite multiplies by
-// max(P, 0) instead of testing each key), the workgroup's key range that skips
+// does: P is 0 for both, a tile whose V is all finite multiplies by P as it
+// is, and one that holds a non-finite value re-applies the rows' rules to
+// each key, `attends`), the workgroup's key range that skips
 // tiles no row can see, and the resumable key chunks (O in Y, row state in
 // `stats` between chunks; chunks start on tile boundaries).
 
@@ -83,7 +84,7 @@ const MAX_DVT: u32 = 8u;
 var<workgroup> q_tile: array<vec4<f32>, BQ * QS>;
 // K's tile, then V's: BK rows of KS vec4s.
 var<workgroup> kv_tile: array<vec4<f32>, BK * KS>;
-// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3); -1 marks a key the row
+// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3); 0 for a key the row
 // does not attend.
 var<workgroup> p_tile: array<vec4<f32>, BQ * BK / 4u>;
 // Per row: the TK invocations' partial maxima, later their partial sums;
@@ -134,6 +135,20 @@ fn slot_store(slot: u32, d4s: u32, val: vec4<f32>) {
 fn nonfinite4(x: vec4<f32>) -> bool {
     let exponent = vec4<u32>(0x7f800000u);
     return any((bitcast<vec4<u32>>(x) & exponent) == exponent);
+}
+
+// Whether a row attends `key`: step 2's rules without the score (the row
+// is live, the key within its range and not masked out). The careful product
+// asks it, since P is 0 both for a key the row does not attend (which must add
+// nothing) and for an attended key whose score is -inf (which adds 0 x V).
+fn attends(live: bool, lo: i32, hi: i32, mask_base: u32, key: i32) -> bool {
+    if (!live || key < lo || key > hi) {
+        return false;
+    }
+    if ((p.flags & FLAG_MASK) != 0u) {
+        return mask[mask_base + u32(key)] > MASKED;
+    }
+    return true;
 }
 
 @compute @workgroup_size(WG, 1, 1)
@@ -454,6 +469,23 @@ fn main(
     if ((p.flags & FLAG_ALIBI) != 0u) {
         slope = bitcast<f32>(nonpad[p.batch + h]);
     }
+    // Where the invocation's first query row starts in the Q tile and in
+    // P's, and its
+    // first key in the K tile: its other rows are TQ rows on, its keys TK
+    // keys on (constant offsets from these). Its vec4 columns of V: a column
+    // past Dv (where TK does not divide DV4) reads the row's last vec4 and is
+    // never stored.
+    let q_at = tr * QS;
+    let k_at = tc * KS;
+    let p_at = tr * bk4;
+    let v_at0 = min(tc + TK * 0u, DV4 - 1u);
+    let v_at1 = min(tc + TK * 1u, DV4 - 1u);
+    let v_at2 = min(tc + TK * 2u, DV4 - 1u);
+    let v_at3 = min(tc + TK * 3u, DV4 - 1u);
+    let v_at4 = min(tc + TK * 4u, DV4 - 1u);
+    let v_at5 = min(tc + TK * 5u, DV4 - 1u);
+    let v_at6 = min(tc + TK * 6u, DV4 - 1u);
+    let v_at7 = min(tc + TK * 7u, DV4 - 1u);
 
     var j0 = wg_lo - wg_lo % i32(BK);
     // The prefetch registers: the first K tile.
@@ -573,59 +605,205 @@ fn main(
         var s3_1 = 0.0;
         var s3_2 = 0.0;
         var s3_3 = 0.0;
-        for (var d4 = 0u; d4 < DK4; d4++) {
-            let k0 = kv_tile[(tc + TK * 0u) * KS + d4];
-            let k1 = kv_tile[min(tc + TK * 1u, BK - 1u) * KS + d4];
-            let k2 = kv_tile[min(tc + TK * 2u, BK - 1u) * KS + d4];
-            let k3 = kv_tile[min(tc + TK * 3u, BK - 1u) * KS + d4];
-            let q0 = q_tile[(tr + TQ * 0u) * QS + d4];
-            s0_0 = fma(q0.w, k0.w, fma(q0.z, k0.z, fma(q0.y, k0.y, fma(q0.x, k0.x, s0_0))));
-            if (RK > 1u) {
-                s0_1 = fma(q0.w, k1.w, fma(q0.z, k1.z, fma(q0.y, k1.y, fma(q0.x, k1.x, s0_1))));
-            }
-            if (RK > 2u) {
-                s0_2 = fma(q0.w, k2.w, fma(q0.z, k2.z, fma(q0.y, k2.y, fma(q0.x, k2.x, s0_2))));
-            }
-            if (RK > 3u) {
-                s0_3 = fma(q0.w, k3.w, fma(q0.z, k3.z, fma(q0.y, k3.y, fma(q0.x, k3.x, s0_3))));
-            }
-            if (RQ > 1u) {
-                let q1 = q_tile[(tr + TQ * 1u) * QS + d4];
-                s1_0 = fma(q1.w, k0.w, fma(q1.z, k0.z, fma(q1.y, k0.y, fma(q1.x, k0.x, s1_0))));
+        for (var d4 = 0u; d4 + 1u < DK4; d4 += 2u) {
+            {
+                var k0 = vec4<f32>(0.0);
+                k0 = kv_tile[k_at + 0u * TK * KS + d4];
+                var k1 = vec4<f32>(0.0);
                 if (RK > 1u) {
-                    s1_1 = fma(q1.w, k1.w, fma(q1.z, k1.z, fma(q1.y, k1.y, fma(q1.x, k1.x, s1_1))));
+                    k1 = kv_tile[k_at + 1u * TK * KS + d4];
+                }
+                var k2 = vec4<f32>(0.0);
+                if (RK > 2u) {
+                    k2 = kv_tile[k_at + 2u * TK * KS + d4];
+                }
+                var k3 = vec4<f32>(0.0);
+                if (RK > 3u) {
+                    k3 = kv_tile[k_at + 3u * TK * KS + d4];
+                }
+                let q0 = q_tile[q_at + 0u * TQ * QS + d4];
+                s0_0 = fma(q0.w, k0.w, fma(q0.z, k0.z, fma(q0.y, k0.y, fma(q0.x, k0.x, s0_0))));
+                if (RK > 1u) {
+                    s0_1 = fma(q0.w, k1.w, fma(q0.z, k1.z, fma(q0.y, k1.y, fma(q0.x, k1.x, s0_1))));
                 }
                 if (RK > 2u) {
-                    s1_2 = fma(q1.w, k2.w, fma(q1.z, k2.z, fma(q1.y, k2.y, fma(q1.x, k2.x, s1_2))));
+                    s0_2 = fma(q0.w, k2.w, fma(q0.z, k2.z, fma(q0.y, k2.y, fma(q0.x, k2.x, s0_2))));
                 }
                 if (RK > 3u) {
-                    s1_3 = fma(q1.w, k3.w, fma(q1.z, k3.z, fma(q1.y, k3.y, fma(q1.x, k3.x, s1_3))));
+                    s0_3 = fma(q0.w, k3.w, fma(q0.z, k3.z, fma(q0.y, k3.y, fma(q0.x, k3.x, s0_3))));
+                }
+                if (RQ > 1u) {
+                    let q1 = q_tile[q_at + 1u * TQ * QS + d4];
+                    s1_0 = fma(q1.w, k0.w, fma(q1.z, k0.z, fma(q1.y, k0.y, fma(q1.x, k0.x, s1_0))));
+                    if (RK > 1u) {
+                        s1_1 = fma(q1.w, k1.w, fma(q1.z, k1.z, fma(q1.y, k1.y, fma(q1.x, k1.x, s1_1))));
+                    }
+                    if (RK > 2u) {
+                        s1_2 = fma(q1.w, k2.w, fma(q1.z, k2.z, fma(q1.y, k2.y, fma(q1.x, k2.x, s1_2))));
+                    }
+                    if (RK > 3u) {
+                        s1_3 = fma(q1.w, k3.w, fma(q1.z, k3.z, fma(q1.y, k3.y, fma(q1.x, k3.x, s1_3))));
+                    }
+                }
+                if (RQ > 2u) {
+                    let q2 = q_tile[q_at + 2u * TQ * QS + d4];
+                    s2_0 = fma(q2.w, k0.w, fma(q2.z, k0.z, fma(q2.y, k0.y, fma(q2.x, k0.x, s2_0))));
+                    if (RK > 1u) {
+                        s2_1 = fma(q2.w, k1.w, fma(q2.z, k1.z, fma(q2.y, k1.y, fma(q2.x, k1.x, s2_1))));
+                    }
+                    if (RK > 2u) {
+                        s2_2 = fma(q2.w, k2.w, fma(q2.z, k2.z, fma(q2.y, k2.y, fma(q2.x, k2.x, s2_2))));
+                    }
+                    if (RK > 3u) {
+                        s2_3 = fma(q2.w, k3.w, fma(q2.z, k3.z, fma(q2.y, k3.y, fma(q2.x, k3.x, s2_3))));
+                    }
+                }
+                if (RQ > 3u) {
+                    let q3 = q_tile[q_at + 3u * TQ * QS + d4];
+                    s3_0 = fma(q3.w, k0.w, fma(q3.z, k0.z, fma(q3.y, k0.y, fma(q3.x, k0.x, s3_0))));
+                    if (RK > 1u) {
+                        s3_1 = fma(q3.w, k1.w, fma(q3.z, k1.z, fma(q3.y, k1.y, fma(q3.x, k1.x, s3_1))));
+                    }
+                    if (RK > 2u) {
+                        s3_2 = fma(q3.w, k2.w, fma(q3.z, k2.z, fma(q3.y, k2.y, fma(q3.x, k2.x, s3_2))));
+                    }
+                    if (RK > 3u) {
+                        s3_3 = fma(q3.w, k3.w, fma(q3.z, k3.z, fma(q3.y, k3.y, fma(q3.x, k3.x, s3_3))));
+                    }
                 }
             }
-            if (RQ > 2u) {
-                let q2 = q_tile[(tr + TQ * 2u) * QS + d4];
-                s2_0 = fma(q2.w, k0.w, fma(q2.z, k0.z, fma(q2.y, k0.y, fma(q2.x, k0.x, s2_0))));
+            {
+                var k0 = vec4<f32>(0.0);
+                k0 = kv_tile[k_at + 0u * TK * KS + d4 + 1u];
+                var k1 = vec4<f32>(0.0);
                 if (RK > 1u) {
-                    s2_1 = fma(q2.w, k1.w, fma(q2.z, k1.z, fma(q2.y, k1.y, fma(q2.x, k1.x, s2_1))));
+                    k1 = kv_tile[k_at + 1u * TK * KS + d4 + 1u];
+                }
+                var k2 = vec4<f32>(0.0);
+                if (RK > 2u) {
+                    k2 = kv_tile[k_at + 2u * TK * KS + d4 + 1u];
+                }
+                var k3 = vec4<f32>(0.0);
+                if (RK > 3u) {
+                    k3 = kv_tile[k_at + 3u * TK * KS + d4 + 1u];
+                }
+                let q0 = q_tile[q_at + 0u * TQ * QS + d4 + 1u];
+                s0_0 = fma(q0.w, k0.w, fma(q0.z, k0.z, fma(q0.y, k0.y, fma(q0.x, k0.x, s0_0))));
+                if (RK > 1u) {
+                    s0_1 = fma(q0.w, k1.w, fma(q0.z, k1.z, fma(q0.y, k1.y, fma(q0.x, k1.x, s0_1))));
                 }
                 if (RK > 2u) {
-                    s2_2 = fma(q2.w, k2.w, fma(q2.z, k2.z, fma(q2.y, k2.y, fma(q2.x, k2.x, s2_2))));
+                    s0_2 = fma(q0.w, k2.w, fma(q0.z, k2.z, fma(q0.y, k2.y, fma(q0.x, k2.x, s0_2))));
                 }
                 if (RK > 3u) {
-                    s2_3 = fma(q2.w, k3.w, fma(q2.z, k3.z, fma(q2.y, k3.y, fma(q2.x, k3.x, s2_3))));
+                    s0_3 = fma(q0.w, k3.w, fma(q0.z, k3.z, fma(q0.y, k3.y, fma(q0.x, k3.x, s0_3))));
+                }
+                if (RQ > 1u) {
+                    let q1 = q_tile[q_at + 1u * TQ * QS + d4 + 1u];
+                    s1_0 = fma(q1.w, k0.w, fma(q1.z, k0.z, fma(q1.y, k0.y, fma(q1.x, k0.x, s1_0))));
+                    if (RK > 1u) {
+                        s1_1 = fma(q1.w, k1.w, fma(q1.z, k1.z, fma(q1.y, k1.y, fma(q1.x, k1.x, s1_1))));
+                    }
+                    if (RK > 2u) {
+                        s1_2 = fma(q1.w, k2.w, fma(q1.z, k2.z, fma(q1.y, k2.y, fma(q1.x, k2.x, s1_2))));
+                    }
+                    if (RK > 3u) {
+                        s1_3 = fma(q1.w, k3.w, fma(q1.z, k3.z, fma(q1.y, k3.y, fma(q1.x, k3.x, s1_3))));
+                    }
+                }
+                if (RQ > 2u) {
+                    let q2 = q_tile[q_at + 2u * TQ * QS + d4 + 1u];
+                    s2_0 = fma(q2.w, k0.w, fma(q2.z, k0.z, fma(q2.y, k0.y, fma(q2.x, k0.x, s2_0))));
+                    if (RK > 1u) {
+                        s2_1 = fma(q2.w, k1.w, fma(q2.z, k1.z, fma(q2.y, k1.y, fma(q2.x, k1.x, s2_1))));
+                    }
+                    if (RK > 2u) {
+                        s2_2 = fma(q2.w, k2.w, fma(q2.z, k2.z, fma(q2.y, k2.y, fma(q2.x, k2.x, s2_2))));
+                    }
+                    if (RK > 3u) {
+                        s2_3 = fma(q2.w, k3.w, fma(q2.z, k3.z, fma(q2.y, k3.y, fma(q2.x, k3.x, s2_3))));
+                    }
+                }
+                if (RQ > 3u) {
+                    let q3 = q_tile[q_at + 3u * TQ * QS + d4 + 1u];
+                    s3_0 = fma(q3.w, k0.w, fma(q3.z, k0.z, fma(q3.y, k0.y, fma(q3.x, k0.x, s3_0))));
+                    if (RK > 1u) {
+                        s3_1 = fma(q3.w, k1.w, fma(q3.z, k1.z, fma(q3.y, k1.y, fma(q3.x, k1.x, s3_1))));
+                    }
+                    if (RK > 2u) {
+                        s3_2 = fma(q3.w, k2.w, fma(q3.z, k2.z, fma(q3.y, k2.y, fma(q3.x, k2.x, s3_2))));
+                    }
+                    if (RK > 3u) {
+                        s3_3 = fma(q3.w, k3.w, fma(q3.z, k3.z, fma(q3.y, k3.y, fma(q3.x, k3.x, s3_3))));
+                    }
                 }
             }
-            if (RQ > 3u) {
-                let q3 = q_tile[(tr + TQ * 3u) * QS + d4];
-                s3_0 = fma(q3.w, k0.w, fma(q3.z, k0.z, fma(q3.y, k0.y, fma(q3.x, k0.x, s3_0))));
+        }
+        if (DK4 % 2u == 1u) {
+            {
+                var k0 = vec4<f32>(0.0);
+                k0 = kv_tile[k_at + 0u * TK * KS + DK4 - 1u];
+                var k1 = vec4<f32>(0.0);
                 if (RK > 1u) {
-                    s3_1 = fma(q3.w, k1.w, fma(q3.z, k1.z, fma(q3.y, k1.y, fma(q3.x, k1.x, s3_1))));
+                    k1 = kv_tile[k_at + 1u * TK * KS + DK4 - 1u];
+                }
+                var k2 = vec4<f32>(0.0);
+                if (RK > 2u) {
+                    k2 = kv_tile[k_at + 2u * TK * KS + DK4 - 1u];
+                }
+                var k3 = vec4<f32>(0.0);
+                if (RK > 3u) {
+                    k3 = kv_tile[k_at + 3u * TK * KS + DK4 - 1u];
+                }
+                let q0 = q_tile[q_at + 0u * TQ * QS + DK4 - 1u];
+                s0_0 = fma(q0.w, k0.w, fma(q0.z, k0.z, fma(q0.y, k0.y, fma(q0.x, k0.x, s0_0))));
+                if (RK > 1u) {
+                    s0_1 = fma(q0.w, k1.w, fma(q0.z, k1.z, fma(q0.y, k1.y, fma(q0.x, k1.x, s0_1))));
                 }
                 if (RK > 2u) {
-                    s3_2 = fma(q3.w, k2.w, fma(q3.z, k2.z, fma(q3.y, k2.y, fma(q3.x, k2.x, s3_2))));
+                    s0_2 = fma(q0.w, k2.w, fma(q0.z, k2.z, fma(q0.y, k2.y, fma(q0.x, k2.x, s0_2))));
                 }
                 if (RK > 3u) {
-                    s3_3 = fma(q3.w, k3.w, fma(q3.z, k3.z, fma(q3.y, k3.y, fma(q3.x, k3.x, s3_3))));
+                    s0_3 = fma(q0.w, k3.w, fma(q0.z, k3.z, fma(q0.y, k3.y, fma(q0.x, k3.x, s0_3))));
+                }
+                if (RQ > 1u) {
+                    let q1 = q_tile[q_at + 1u * TQ * QS + DK4 - 1u];
+                    s1_0 = fma(q1.w, k0.w, fma(q1.z, k0.z, fma(q1.y, k0.y, fma(q1.x, k0.x, s1_0))));
+                    if (RK > 1u) {
+                        s1_1 = fma(q1.w, k1.w, fma(q1.z, k1.z, fma(q1.y, k1.y, fma(q1.x, k1.x, s1_1))));
+                    }
+                    if (RK > 2u) {
+                        s1_2 = fma(q1.w, k2.w, fma(q1.z, k2.z, fma(q1.y, k2.y, fma(q1.x, k2.x, s1_2))));
+                    }
+                    if (RK > 3u) {
+                        s1_3 = fma(q1.w, k3.w, fma(q1.z, k3.z, fma(q1.y, k3.y, fma(q1.x, k3.x, s1_3))));
+                    }
+                }
+                if (RQ > 2u) {
+                    let q2 = q_tile[q_at + 2u * TQ * QS + DK4 - 1u];
+                    s2_0 = fma(q2.w, k0.w, fma(q2.z, k0.z, fma(q2.y, k0.y, fma(q2.x, k0.x, s2_0))));
+                    if (RK > 1u) {
+                        s2_1 = fma(q2.w, k1.w, fma(q2.z, k1.z, fma(q2.y, k1.y, fma(q2.x, k1.x, s2_1))));
+                    }
+                    if (RK > 2u) {
+                        s2_2 = fma(q2.w, k2.w, fma(q2.z, k2.z, fma(q2.y, k2.y, fma(q2.x, k2.x, s2_2))));
+                    }
+                    if (RK > 3u) {
+                        s2_3 = fma(q2.w, k3.w, fma(q2.z, k3.z, fma(q2.y, k3.y, fma(q2.x, k3.x, s2_3))));
+                    }
+                }
+                if (RQ > 3u) {
+                    let q3 = q_tile[q_at + 3u * TQ * QS + DK4 - 1u];
+                    s3_0 = fma(q3.w, k0.w, fma(q3.z, k0.z, fma(q3.y, k0.y, fma(q3.x, k0.x, s3_0))));
+                    if (RK > 1u) {
+                        s3_1 = fma(q3.w, k1.w, fma(q3.z, k1.z, fma(q3.y, k1.y, fma(q3.x, k1.x, s3_1))));
+                    }
+                    if (RK > 2u) {
+                        s3_2 = fma(q3.w, k2.w, fma(q3.z, k2.z, fma(q3.y, k2.y, fma(q3.x, k2.x, s3_2))));
+                    }
+                    if (RK > 3u) {
+                        s3_3 = fma(q3.w, k3.w, fma(q3.z, k3.z, fma(q3.y, k3.y, fma(q3.x, k3.x, s3_3))));
+                    }
                 }
             }
         }
@@ -1215,35 +1393,35 @@ fn main(
             // exp(0) = 1 while no attended score has been finite yet.
             let alpha = exp(m0 - m_new);
             var sum = 0.0;
-            // -1 marks a key the row does not attend; an attended key
-            // whose score is -inf gets 0 and still multiplies V.
-            let pt = select(-1.0, exp(s0_0 - m_new), s0_0 != MASKED);
+            // 0 for a key the row does not attend (the careful product
+            // tells those apart from attended keys whose score is -inf).
+            let pt = select(0.0, exp(s0_0 - m_new), s0_0 != MASKED);
             let kk = tc + TK * 0u;
             p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
-            sum += max(pt, 0.0);
+            sum += pt;
             if (RK > 1u) {
-                // -1 marks a key the row does not attend; an attended key
-                // whose score is -inf gets 0 and still multiplies V.
-                let pt = select(-1.0, exp(s0_1 - m_new), s0_1 != MASKED);
+                // 0 for a key the row does not attend (the careful product
+                // tells those apart from attended keys whose score is -inf).
+                let pt = select(0.0, exp(s0_1 - m_new), s0_1 != MASKED);
                 let kk = tc + TK * 1u;
                 p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
-                sum += max(pt, 0.0);
+                sum += pt;
             }
             if (RK > 2u) {
-                // -1 marks a key the row does not attend; an attended key
-                // whose score is -inf gets 0 and still multiplies V.
-                let pt = select(-1.0, exp(s0_2 - m_new), s0_2 != MASKED);
+                // 0 for a key the row does not attend (the careful product
+                // tells those apart from attended keys whose score is -inf).
+                let pt = select(0.0, exp(s0_2 - m_new), s0_2 != MASKED);
                 let kk = tc + TK * 2u;
                 p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
-                sum += max(pt, 0.0);
+                sum += pt;
             }
             if (RK > 3u) {
-                // -1 marks a key the row does not attend; an attended key
-                // whose score is -inf gets 0 and still multiplies V.
-                let pt = select(-1.0, exp(s0_3 - m_new), s0_3 != MASKED);
+                // 0 for a key the row does not attend (the careful product
+                // tells those apart from attended keys whose score is -inf).
+                let pt = select(0.0, exp(s0_3 - m_new), s0_3 != MASKED);
                 let kk = tc + TK * 3u;
                 p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
-                sum += max(pt, 0.0);
+                sum += pt;
             }
             l0 = l0 * alpha + sum;
             o0_0 *= alpha;
@@ -1281,35 +1459,35 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m1 - m_new);
                 var sum = 0.0;
-                // -1 marks a key the row does not attend; an attended key
-                // whose score is -inf gets 0 and still multiplies V.
-                let pt = select(-1.0, exp(s1_0 - m_new), s1_0 != MASKED);
+                // 0 for a key the row does not attend (the careful product
+                // tells those apart from attended keys whose score is -inf).
+                let pt = select(0.0, exp(s1_0 - m_new), s1_0 != MASKED);
                 let kk = tc + TK * 0u;
                 p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
-                sum += max(pt, 0.0);
+                sum += pt;
                 if (RK > 1u) {
-                    // -1 marks a key the row does not attend; an attended key
-                    // whose score is -inf gets 0 and still multiplies V.
-                    let pt = select(-1.0, exp(s1_1 - m_new), s1_1 != MASKED);
+                    // 0 for a key the row does not attend (the careful product
+                    // tells those apart from attended keys whose score is -inf).
+                    let pt = select(0.0, exp(s1_1 - m_new), s1_1 != MASKED);
                     let kk = tc + TK * 1u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
-                    sum += max(pt, 0.0);
+                    sum += pt;
                 }
                 if (RK > 2u) {
-                    // -1 marks a key the row does not attend; an attended key
-                    // whose score is -inf gets 0 and still multiplies V.
-                    let pt = select(-1.0, exp(s1_2 - m_new), s1_2 != MASKED);
+                    // 0 for a key the row does not attend (the careful product
+                    // tells those apart from attended keys whose score is -inf).
+                    let pt = select(0.0, exp(s1_2 - m_new), s1_2 != MASKED);
                     let kk = tc + TK * 2u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
-                    sum += max(pt, 0.0);
+                    sum += pt;
                 }
                 if (RK > 3u) {
-                    // -1 marks a key the row does not attend; an attended key
-                    // whose score is -inf gets 0 and still multiplies V.
-                    let pt = select(-1.0, exp(s1_3 - m_new), s1_3 != MASKED);
+                    // 0 for a key the row does not attend (the careful product
+                    // tells those apart from attended keys whose score is -inf).
+                    let pt = select(0.0, exp(s1_3 - m_new), s1_3 != MASKED);
                     let kk = tc + TK * 3u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
-                    sum += max(pt, 0.0);
+                    sum += pt;
                 }
                 l1 = l1 * alpha + sum;
                 o1_0 *= alpha;
@@ -1348,35 +1526,35 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m2 - m_new);
                 var sum = 0.0;
-                // -1 marks a key the row does not attend; an attended key
-                // whose score is -inf gets 0 and still multiplies V.
-                let pt = select(-1.0, exp(s2_0 - m_new), s2_0 != MASKED);
+                // 0 for a key the row does not attend (the careful product
+                // tells those apart from attended keys whose score is -inf).
+                let pt = select(0.0, exp(s2_0 - m_new), s2_0 != MASKED);
                 let kk = tc + TK * 0u;
                 p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
-                sum += max(pt, 0.0);
+                sum += pt;
                 if (RK > 1u) {
-                    // -1 marks a key the row does not attend; an attended key
-                    // whose score is -inf gets 0 and still multiplies V.
-                    let pt = select(-1.0, exp(s2_1 - m_new), s2_1 != MASKED);
+                    // 0 for a key the row does not attend (the careful product
+                    // tells those apart from attended keys whose score is -inf).
+                    let pt = select(0.0, exp(s2_1 - m_new), s2_1 != MASKED);
                     let kk = tc + TK * 1u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
-                    sum += max(pt, 0.0);
+                    sum += pt;
                 }
                 if (RK > 2u) {
-                    // -1 marks a key the row does not attend; an attended key
-                    // whose score is -inf gets 0 and still multiplies V.
-                    let pt = select(-1.0, exp(s2_2 - m_new), s2_2 != MASKED);
+                    // 0 for a key the row does not attend (the careful product
+                    // tells those apart from attended keys whose score is -inf).
+                    let pt = select(0.0, exp(s2_2 - m_new), s2_2 != MASKED);
                     let kk = tc + TK * 2u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
-                    sum += max(pt, 0.0);
+                    sum += pt;
                 }
                 if (RK > 3u) {
-                    // -1 marks a key the row does not attend; an attended key
-                    // whose score is -inf gets 0 and still multiplies V.
-                    let pt = select(-1.0, exp(s2_3 - m_new), s2_3 != MASKED);
+                    // 0 for a key the row does not attend (the careful product
+                    // tells those apart from attended keys whose score is -inf).
+                    let pt = select(0.0, exp(s2_3 - m_new), s2_3 != MASKED);
                     let kk = tc + TK * 3u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
-                    sum += max(pt, 0.0);
+                    sum += pt;
                 }
                 l2 = l2 * alpha + sum;
                 o2_0 *= alpha;
@@ -1406,35 +1584,35 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m3 - m_new);
                 var sum = 0.0;
-                // -1 marks a key the row does not attend; an attended key
-                // whose score is -inf gets 0 and still multiplies V.
-                let pt = select(-1.0, exp(s3_0 - m_new), s3_0 != MASKED);
+                // 0 for a key the row does not attend (the careful product
+                // tells those apart from attended keys whose score is -inf).
+                let pt = select(0.0, exp(s3_0 - m_new), s3_0 != MASKED);
                 let kk = tc + TK * 0u;
                 p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
-                sum += max(pt, 0.0);
+                sum += pt;
                 if (RK > 1u) {
-                    // -1 marks a key the row does not attend; an attended key
-                    // whose score is -inf gets 0 and still multiplies V.
-                    let pt = select(-1.0, exp(s3_1 - m_new), s3_1 != MASKED);
+                    // 0 for a key the row does not attend (the careful product
+                    // tells those apart from attended keys whose score is -inf).
+                    let pt = select(0.0, exp(s3_1 - m_new), s3_1 != MASKED);
                     let kk = tc + TK * 1u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
-                    sum += max(pt, 0.0);
+                    sum += pt;
                 }
                 if (RK > 2u) {
-                    // -1 marks a key the row does not attend; an attended key
-                    // whose score is -inf gets 0 and still multiplies V.
-                    let pt = select(-1.0, exp(s3_2 - m_new), s3_2 != MASKED);
+                    // 0 for a key the row does not attend (the careful product
+                    // tells those apart from attended keys whose score is -inf).
+                    let pt = select(0.0, exp(s3_2 - m_new), s3_2 != MASKED);
                     let kk = tc + TK * 2u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
-                    sum += max(pt, 0.0);
+                    sum += pt;
                 }
                 if (RK > 3u) {
-                    // -1 marks a key the row does not attend; an attended key
-                    // whose score is -inf gets 0 and still multiplies V.
-                    let pt = select(-1.0, exp(s3_3 - m_new), s3_3 != MASKED);
+                    // 0 for a key the row does not attend (the careful product
+                    // tells those apart from attended keys whose score is -inf).
+                    let pt = select(0.0, exp(s3_3 - m_new), s3_3 != MASKED);
                     let kk = tc + TK * 3u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
-                    sum += max(pt, 0.0);
+                    sum += pt;
                 }
                 l3 = l3 * alpha + sum;
                 o3_0 *= alpha;
@@ -1533,359 +1711,403 @@ fn main(
         // Columns past Dv read some vec4 of the tile and are never stored.
         let careful = atomicLoad(&v_nonfinite) != 0u;
         if (careful) {
+            let mb0 = b * p.mask_batch_stride + h * p.mask_head_stride + qrow0 * p.mask_row_stride;
+            let mb1 = b * p.mask_batch_stride + h * p.mask_head_stride + qrow1 * p.mask_row_stride;
+            let mb2 = b * p.mask_batch_stride + h * p.mask_head_stride + qrow2 * p.mask_row_stride;
+            let mb3 = b * p.mask_batch_stride + h * p.mask_head_stride + qrow3 * p.mask_row_stride;
             for (var t4 = 0u; t4 < bk4; t4++) {
-                let p0 = p_tile[min(tr + TQ * 0u, BQ - 1u) * bk4 + t4];
-                let p1 = p_tile[min(tr + TQ * 1u, BQ - 1u) * bk4 + t4];
-                let p2 = p_tile[min(tr + TQ * 2u, BQ - 1u) * bk4 + t4];
-                let p3 = p_tile[min(tr + TQ * 3u, BQ - 1u) * bk4 + t4];
+                var p0 = vec4<f32>(0.0);
+                p0 = p_tile[p_at + 0u * TQ * bk4 + t4];
+                var p1 = vec4<f32>(0.0);
+                if (RQ > 1u) {
+                    p1 = p_tile[p_at + 1u * TQ * bk4 + t4];
+                }
+                var p2 = vec4<f32>(0.0);
+                if (RQ > 2u) {
+                    p2 = p_tile[p_at + 2u * TQ * bk4 + t4];
+                }
+                var p3 = vec4<f32>(0.0);
+                if (RQ > 3u) {
+                    p3 = p_tile[p_at + 3u * TQ * bk4 + t4];
+                }
                 {
-                    let v0 = kv_tile[(t4 * 4u + 0u) * KS + min(tc + TK * 0u, DV4 - 1u)];
-                    let v1 = kv_tile[(t4 * 4u + 0u) * KS + min(tc + TK * 1u, DV4 - 1u)];
-                    let v2 = kv_tile[(t4 * 4u + 0u) * KS + min(tc + TK * 2u, DV4 - 1u)];
-                    let v3 = kv_tile[(t4 * 4u + 0u) * KS + min(tc + TK * 3u, DV4 - 1u)];
-                    let v4 = kv_tile[(t4 * 4u + 0u) * KS + min(tc + TK * 4u, DV4 - 1u)];
-                    let v5 = kv_tile[(t4 * 4u + 0u) * KS + min(tc + TK * 5u, DV4 - 1u)];
-                    let v6 = kv_tile[(t4 * 4u + 0u) * KS + min(tc + TK * 6u, DV4 - 1u)];
-                    let v7 = kv_tile[(t4 * 4u + 0u) * KS + min(tc + TK * 7u, DV4 - 1u)];
-                    o0_0 += select(vec4<f32>(0.0), p0.x * v0, p0.x >= 0.0);
+                    let key = j0 + i32(t4 * 4u + 0u);
+                    let a0 = attends(live0, lo0, hi0, mb0, key);
+                    let a1 = attends(live1, lo1, hi1, mb1, key);
+                    let a2 = attends(live2, lo2, hi2, mb2, key);
+                    let a3 = attends(live3, lo3, hi3, mb3, key);
+                    let v0 = kv_tile[(t4 * 4u + 0u) * KS + v_at0];
+                    let v1 = kv_tile[(t4 * 4u + 0u) * KS + v_at1];
+                    let v2 = kv_tile[(t4 * 4u + 0u) * KS + v_at2];
+                    let v3 = kv_tile[(t4 * 4u + 0u) * KS + v_at3];
+                    let v4 = kv_tile[(t4 * 4u + 0u) * KS + v_at4];
+                    let v5 = kv_tile[(t4 * 4u + 0u) * KS + v_at5];
+                    let v6 = kv_tile[(t4 * 4u + 0u) * KS + v_at6];
+                    let v7 = kv_tile[(t4 * 4u + 0u) * KS + v_at7];
+                    o0_0 += select(vec4<f32>(0.0), p0.x * v0, a0);
                     if (DVT > 1u) {
-                        o0_1 += select(vec4<f32>(0.0), p0.x * v1, p0.x >= 0.0);
+                        o0_1 += select(vec4<f32>(0.0), p0.x * v1, a0);
                     }
                     if (DVT > 2u) {
-                        o0_2 += select(vec4<f32>(0.0), p0.x * v2, p0.x >= 0.0);
+                        o0_2 += select(vec4<f32>(0.0), p0.x * v2, a0);
                     }
                     if (DVT > 3u) {
-                        o0_3 += select(vec4<f32>(0.0), p0.x * v3, p0.x >= 0.0);
+                        o0_3 += select(vec4<f32>(0.0), p0.x * v3, a0);
                     }
                     if (DVT > 4u) {
-                        o0_4 += select(vec4<f32>(0.0), p0.x * v4, p0.x >= 0.0);
+                        o0_4 += select(vec4<f32>(0.0), p0.x * v4, a0);
                     }
                     if (DVT > 5u) {
-                        o0_5 += select(vec4<f32>(0.0), p0.x * v5, p0.x >= 0.0);
+                        o0_5 += select(vec4<f32>(0.0), p0.x * v5, a0);
                     }
                     if (DVT > 6u) {
-                        o0_6 += select(vec4<f32>(0.0), p0.x * v6, p0.x >= 0.0);
+                        o0_6 += select(vec4<f32>(0.0), p0.x * v6, a0);
                     }
                     if (DVT > 7u) {
-                        o0_7 += select(vec4<f32>(0.0), p0.x * v7, p0.x >= 0.0);
+                        o0_7 += select(vec4<f32>(0.0), p0.x * v7, a0);
                     }
                     if (RQ > 1u) {
-                        o1_0 += select(vec4<f32>(0.0), p1.x * v0, p1.x >= 0.0);
+                        o1_0 += select(vec4<f32>(0.0), p1.x * v0, a1);
                     }
                     if (RQ > 1u && DVT > 1u) {
-                        o1_1 += select(vec4<f32>(0.0), p1.x * v1, p1.x >= 0.0);
+                        o1_1 += select(vec4<f32>(0.0), p1.x * v1, a1);
                     }
                     if (RQ > 1u && DVT > 2u) {
-                        o1_2 += select(vec4<f32>(0.0), p1.x * v2, p1.x >= 0.0);
+                        o1_2 += select(vec4<f32>(0.0), p1.x * v2, a1);
                     }
                     if (RQ > 1u && DVT > 3u) {
-                        o1_3 += select(vec4<f32>(0.0), p1.x * v3, p1.x >= 0.0);
+                        o1_3 += select(vec4<f32>(0.0), p1.x * v3, a1);
                     }
                     if (RQ > 1u && DVT > 4u) {
-                        o1_4 += select(vec4<f32>(0.0), p1.x * v4, p1.x >= 0.0);
+                        o1_4 += select(vec4<f32>(0.0), p1.x * v4, a1);
                     }
                     if (RQ > 1u && DVT > 5u) {
-                        o1_5 += select(vec4<f32>(0.0), p1.x * v5, p1.x >= 0.0);
+                        o1_5 += select(vec4<f32>(0.0), p1.x * v5, a1);
                     }
                     if (RQ > 1u && DVT > 6u) {
-                        o1_6 += select(vec4<f32>(0.0), p1.x * v6, p1.x >= 0.0);
+                        o1_6 += select(vec4<f32>(0.0), p1.x * v6, a1);
                     }
                     if (RQ > 1u && DVT > 7u) {
-                        o1_7 += select(vec4<f32>(0.0), p1.x * v7, p1.x >= 0.0);
+                        o1_7 += select(vec4<f32>(0.0), p1.x * v7, a1);
                     }
                     if (RQ > 2u) {
-                        o2_0 += select(vec4<f32>(0.0), p2.x * v0, p2.x >= 0.0);
+                        o2_0 += select(vec4<f32>(0.0), p2.x * v0, a2);
                     }
                     if (RQ > 2u && DVT > 1u) {
-                        o2_1 += select(vec4<f32>(0.0), p2.x * v1, p2.x >= 0.0);
+                        o2_1 += select(vec4<f32>(0.0), p2.x * v1, a2);
                     }
                     if (RQ > 2u && DVT > 2u) {
-                        o2_2 += select(vec4<f32>(0.0), p2.x * v2, p2.x >= 0.0);
+                        o2_2 += select(vec4<f32>(0.0), p2.x * v2, a2);
                     }
                     if (RQ > 2u && DVT > 3u) {
-                        o2_3 += select(vec4<f32>(0.0), p2.x * v3, p2.x >= 0.0);
+                        o2_3 += select(vec4<f32>(0.0), p2.x * v3, a2);
                     }
                     if (RQ > 2u && DVT > 4u) {
-                        o2_4 += select(vec4<f32>(0.0), p2.x * v4, p2.x >= 0.0);
+                        o2_4 += select(vec4<f32>(0.0), p2.x * v4, a2);
                     }
                     if (RQ > 3u) {
-                        o3_0 += select(vec4<f32>(0.0), p3.x * v0, p3.x >= 0.0);
+                        o3_0 += select(vec4<f32>(0.0), p3.x * v0, a3);
                     }
                     if (RQ > 3u && DVT > 1u) {
-                        o3_1 += select(vec4<f32>(0.0), p3.x * v1, p3.x >= 0.0);
+                        o3_1 += select(vec4<f32>(0.0), p3.x * v1, a3);
                     }
                     if (RQ > 3u && DVT > 2u) {
-                        o3_2 += select(vec4<f32>(0.0), p3.x * v2, p3.x >= 0.0);
+                        o3_2 += select(vec4<f32>(0.0), p3.x * v2, a3);
                     }
                     if (RQ > 3u && DVT > 3u) {
-                        o3_3 += select(vec4<f32>(0.0), p3.x * v3, p3.x >= 0.0);
+                        o3_3 += select(vec4<f32>(0.0), p3.x * v3, a3);
                     }
                 }
                 {
-                    let v0 = kv_tile[(t4 * 4u + 1u) * KS + min(tc + TK * 0u, DV4 - 1u)];
-                    let v1 = kv_tile[(t4 * 4u + 1u) * KS + min(tc + TK * 1u, DV4 - 1u)];
-                    let v2 = kv_tile[(t4 * 4u + 1u) * KS + min(tc + TK * 2u, DV4 - 1u)];
-                    let v3 = kv_tile[(t4 * 4u + 1u) * KS + min(tc + TK * 3u, DV4 - 1u)];
-                    let v4 = kv_tile[(t4 * 4u + 1u) * KS + min(tc + TK * 4u, DV4 - 1u)];
-                    let v5 = kv_tile[(t4 * 4u + 1u) * KS + min(tc + TK * 5u, DV4 - 1u)];
-                    let v6 = kv_tile[(t4 * 4u + 1u) * KS + min(tc + TK * 6u, DV4 - 1u)];
-                    let v7 = kv_tile[(t4 * 4u + 1u) * KS + min(tc + TK * 7u, DV4 - 1u)];
-                    o0_0 += select(vec4<f32>(0.0), p0.y * v0, p0.y >= 0.0);
+                    let key = j0 + i32(t4 * 4u + 1u);
+                    let a0 = attends(live0, lo0, hi0, mb0, key);
+                    let a1 = attends(live1, lo1, hi1, mb1, key);
+                    let a2 = attends(live2, lo2, hi2, mb2, key);
+                    let a3 = attends(live3, lo3, hi3, mb3, key);
+                    let v0 = kv_tile[(t4 * 4u + 1u) * KS + v_at0];
+                    let v1 = kv_tile[(t4 * 4u + 1u) * KS + v_at1];
+                    let v2 = kv_tile[(t4 * 4u + 1u) * KS + v_at2];
+                    let v3 = kv_tile[(t4 * 4u + 1u) * KS + v_at3];
+                    let v4 = kv_tile[(t4 * 4u + 1u) * KS + v_at4];
+                    let v5 = kv_tile[(t4 * 4u + 1u) * KS + v_at5];
+                    let v6 = kv_tile[(t4 * 4u + 1u) * KS + v_at6];
+                    let v7 = kv_tile[(t4 * 4u + 1u) * KS + v_at7];
+                    o0_0 += select(vec4<f32>(0.0), p0.y * v0, a0);
                     if (DVT > 1u) {
-                        o0_1 += select(vec4<f32>(0.0), p0.y * v1, p0.y >= 0.0);
+                        o0_1 += select(vec4<f32>(0.0), p0.y * v1, a0);
                     }
                     if (DVT > 2u) {
-                        o0_2 += select(vec4<f32>(0.0), p0.y * v2, p0.y >= 0.0);
+                        o0_2 += select(vec4<f32>(0.0), p0.y * v2, a0);
                     }
                     if (DVT > 3u) {
-                        o0_3 += select(vec4<f32>(0.0), p0.y * v3, p0.y >= 0.0);
+                        o0_3 += select(vec4<f32>(0.0), p0.y * v3, a0);
                     }
                     if (DVT > 4u) {
-                        o0_4 += select(vec4<f32>(0.0), p0.y * v4, p0.y >= 0.0);
+                        o0_4 += select(vec4<f32>(0.0), p0.y * v4, a0);
                     }
                     if (DVT > 5u) {
-                        o0_5 += select(vec4<f32>(0.0), p0.y * v5, p0.y >= 0.0);
+                        o0_5 += select(vec4<f32>(0.0), p0.y * v5, a0);
                     }
                     if (DVT > 6u) {
-                        o0_6 += select(vec4<f32>(0.0), p0.y * v6, p0.y >= 0.0);
+                        o0_6 += select(vec4<f32>(0.0), p0.y * v6, a0);
                     }
                     if (DVT > 7u) {
-                        o0_7 += select(vec4<f32>(0.0), p0.y * v7, p0.y >= 0.0);
+                        o0_7 += select(vec4<f32>(0.0), p0.y * v7, a0);
                     }
                     if (RQ > 1u) {
-                        o1_0 += select(vec4<f32>(0.0), p1.y * v0, p1.y >= 0.0);
+                        o1_0 += select(vec4<f32>(0.0), p1.y * v0, a1);
                     }
                     if (RQ > 1u && DVT > 1u) {
-                        o1_1 += select(vec4<f32>(0.0), p1.y * v1, p1.y >= 0.0);
+                        o1_1 += select(vec4<f32>(0.0), p1.y * v1, a1);
                     }
                     if (RQ > 1u && DVT > 2u) {
-                        o1_2 += select(vec4<f32>(0.0), p1.y * v2, p1.y >= 0.0);
+                        o1_2 += select(vec4<f32>(0.0), p1.y * v2, a1);
                     }
                     if (RQ > 1u && DVT > 3u) {
-                        o1_3 += select(vec4<f32>(0.0), p1.y * v3, p1.y >= 0.0);
+                        o1_3 += select(vec4<f32>(0.0), p1.y * v3, a1);
                     }
                     if (RQ > 1u && DVT > 4u) {
-                        o1_4 += select(vec4<f32>(0.0), p1.y * v4, p1.y >= 0.0);
+                        o1_4 += select(vec4<f32>(0.0), p1.y * v4, a1);
                     }
                     if (RQ > 1u && DVT > 5u) {
-                        o1_5 += select(vec4<f32>(0.0), p1.y * v5, p1.y >= 0.0);
+                        o1_5 += select(vec4<f32>(0.0), p1.y * v5, a1);
                     }
                     if (RQ > 1u && DVT > 6u) {
-                        o1_6 += select(vec4<f32>(0.0), p1.y * v6, p1.y >= 0.0);
+                        o1_6 += select(vec4<f32>(0.0), p1.y * v6, a1);
                     }
                     if (RQ > 1u && DVT > 7u) {
-                        o1_7 += select(vec4<f32>(0.0), p1.y * v7, p1.y >= 0.0);
+                        o1_7 += select(vec4<f32>(0.0), p1.y * v7, a1);
                     }
                     if (RQ > 2u) {
-                        o2_0 += select(vec4<f32>(0.0), p2.y * v0, p2.y >= 0.0);
+                        o2_0 += select(vec4<f32>(0.0), p2.y * v0, a2);
                     }
                     if (RQ > 2u && DVT > 1u) {
-                        o2_1 += select(vec4<f32>(0.0), p2.y * v1, p2.y >= 0.0);
+                        o2_1 += select(vec4<f32>(0.0), p2.y * v1, a2);
                     }
                     if (RQ > 2u && DVT > 2u) {
-                        o2_2 += select(vec4<f32>(0.0), p2.y * v2, p2.y >= 0.0);
+                        o2_2 += select(vec4<f32>(0.0), p2.y * v2, a2);
                     }
                     if (RQ > 2u && DVT > 3u) {
-                        o2_3 += select(vec4<f32>(0.0), p2.y * v3, p2.y >= 0.0);
+                        o2_3 += select(vec4<f32>(0.0), p2.y * v3, a2);
                     }
                     if (RQ > 2u && DVT > 4u) {
-                        o2_4 += select(vec4<f32>(0.0), p2.y * v4, p2.y >= 0.0);
+                        o2_4 += select(vec4<f32>(0.0), p2.y * v4, a2);
                     }
                     if (RQ > 3u) {
-                        o3_0 += select(vec4<f32>(0.0), p3.y * v0, p3.y >= 0.0);
+                        o3_0 += select(vec4<f32>(0.0), p3.y * v0, a3);
                     }
                     if (RQ > 3u && DVT > 1u) {
-                        o3_1 += select(vec4<f32>(0.0), p3.y * v1, p3.y >= 0.0);
+                        o3_1 += select(vec4<f32>(0.0), p3.y * v1, a3);
                     }
                     if (RQ > 3u && DVT > 2u) {
-                        o3_2 += select(vec4<f32>(0.0), p3.y * v2, p3.y >= 0.0);
+                        o3_2 += select(vec4<f32>(0.0), p3.y * v2, a3);
                     }
                     if (RQ > 3u && DVT > 3u) {
-                        o3_3 += select(vec4<f32>(0.0), p3.y * v3, p3.y >= 0.0);
+                        o3_3 += select(vec4<f32>(0.0), p3.y * v3, a3);
                     }
                 }
                 {
-                    let v0 = kv_tile[(t4 * 4u + 2u) * KS + min(tc + TK * 0u, DV4 - 1u)];
-                    let v1 = kv_tile[(t4 * 4u + 2u) * KS + min(tc + TK * 1u, DV4 - 1u)];
-                    let v2 = kv_tile[(t4 * 4u + 2u) * KS + min(tc + TK * 2u, DV4 - 1u)];
-                    let v3 = kv_tile[(t4 * 4u + 2u) * KS + min(tc + TK * 3u, DV4 - 1u)];
-                    let v4 = kv_tile[(t4 * 4u + 2u) * KS + min(tc + TK * 4u, DV4 - 1u)];
-                    let v5 = kv_tile[(t4 * 4u + 2u) * KS + min(tc + TK * 5u, DV4 - 1u)];
-                    let v6 = kv_tile[(t4 * 4u + 2u) * KS + min(tc + TK * 6u, DV4 - 1u)];
-                    let v7 = kv_tile[(t4 * 4u + 2u) * KS + min(tc + TK * 7u, DV4 - 1u)];
-                    o0_0 += select(vec4<f32>(0.0), p0.z * v0, p0.z >= 0.0);
+                    let key = j0 + i32(t4 * 4u + 2u);
+                    let a0 = attends(live0, lo0, hi0, mb0, key);
+                    let a1 = attends(live1, lo1, hi1, mb1, key);
+                    let a2 = attends(live2, lo2, hi2, mb2, key);
+                    let a3 = attends(live3, lo3, hi3, mb3, key);
+                    let v0 = kv_tile[(t4 * 4u + 2u) * KS + v_at0];
+                    let v1 = kv_tile[(t4 * 4u + 2u) * KS + v_at1];
+                    let v2 = kv_tile[(t4 * 4u + 2u) * KS + v_at2];
+                    let v3 = kv_tile[(t4 * 4u + 2u) * KS + v_at3];
+                    let v4 = kv_tile[(t4 * 4u + 2u) * KS + v_at4];
+                    let v5 = kv_tile[(t4 * 4u + 2u) * KS + v_at5];
+                    let v6 = kv_tile[(t4 * 4u + 2u) * KS + v_at6];
+                    let v7 = kv_tile[(t4 * 4u + 2u) * KS + v_at7];
+                    o0_0 += select(vec4<f32>(0.0), p0.z * v0, a0);
                     if (DVT > 1u) {
-                        o0_1 += select(vec4<f32>(0.0), p0.z * v1, p0.z >= 0.0);
+                        o0_1 += select(vec4<f32>(0.0), p0.z * v1, a0);
                     }
                     if (DVT > 2u) {
-                        o0_2 += select(vec4<f32>(0.0), p0.z * v2, p0.z >= 0.0);
+                        o0_2 += select(vec4<f32>(0.0), p0.z * v2, a0);
                     }
                     if (DVT > 3u) {
-                        o0_3 += select(vec4<f32>(0.0), p0.z * v3, p0.z >= 0.0);
+                        o0_3 += select(vec4<f32>(0.0), p0.z * v3, a0);
                     }
                     if (DVT > 4u) {
-                        o0_4 += select(vec4<f32>(0.0), p0.z * v4, p0.z >= 0.0);
+                        o0_4 += select(vec4<f32>(0.0), p0.z * v4, a0);
                     }
                     if (DVT > 5u) {
-                        o0_5 += select(vec4<f32>(0.0), p0.z * v5, p0.z >= 0.0);
+                        o0_5 += select(vec4<f32>(0.0), p0.z * v5, a0);
                     }
                     if (DVT > 6u) {
-                        o0_6 += select(vec4<f32>(0.0), p0.z * v6, p0.z >= 0.0);
+                        o0_6 += select(vec4<f32>(0.0), p0.z * v6, a0);
                     }
                     if (DVT > 7u) {
-                        o0_7 += select(vec4<f32>(0.0), p0.z * v7, p0.z >= 0.0);
+                        o0_7 += select(vec4<f32>(0.0), p0.z * v7, a0);
                     }
                     if (RQ > 1u) {
-                        o1_0 += select(vec4<f32>(0.0), p1.z * v0, p1.z >= 0.0);
+                        o1_0 += select(vec4<f32>(0.0), p1.z * v0, a1);
                     }
                     if (RQ > 1u && DVT > 1u) {
-                        o1_1 += select(vec4<f32>(0.0), p1.z * v1, p1.z >= 0.0);
+                        o1_1 += select(vec4<f32>(0.0), p1.z * v1, a1);
                     }
                     if (RQ > 1u && DVT > 2u) {
-                        o1_2 += select(vec4<f32>(0.0), p1.z * v2, p1.z >= 0.0);
+                        o1_2 += select(vec4<f32>(0.0), p1.z * v2, a1);
                     }
                     if (RQ > 1u && DVT > 3u) {
-                        o1_3 += select(vec4<f32>(0.0), p1.z * v3, p1.z >= 0.0);
+                        o1_3 += select(vec4<f32>(0.0), p1.z * v3, a1);
                     }
                     if (RQ > 1u && DVT > 4u) {
-                        o1_4 += select(vec4<f32>(0.0), p1.z * v4, p1.z >= 0.0);
+                        o1_4 += select(vec4<f32>(0.0), p1.z * v4, a1);
                     }
                     if (RQ > 1u && DVT > 5u) {
-                        o1_5 += select(vec4<f32>(0.0), p1.z * v5, p1.z >= 0.0);
+                        o1_5 += select(vec4<f32>(0.0), p1.z * v5, a1);
                     }
                     if (RQ > 1u && DVT > 6u) {
-                        o1_6 += select(vec4<f32>(0.0), p1.z * v6, p1.z >= 0.0);
+                        o1_6 += select(vec4<f32>(0.0), p1.z * v6, a1);
                     }
                     if (RQ > 1u && DVT > 7u) {
-                        o1_7 += select(vec4<f32>(0.0), p1.z * v7, p1.z >= 0.0);
+                        o1_7 += select(vec4<f32>(0.0), p1.z * v7, a1);
                     }
                     if (RQ > 2u) {
-                        o2_0 += select(vec4<f32>(0.0), p2.z * v0, p2.z >= 0.0);
+                        o2_0 += select(vec4<f32>(0.0), p2.z * v0, a2);
                     }
                     if (RQ > 2u && DVT > 1u) {
-                        o2_1 += select(vec4<f32>(0.0), p2.z * v1, p2.z >= 0.0);
+                        o2_1 += select(vec4<f32>(0.0), p2.z * v1, a2);
                     }
                     if (RQ > 2u && DVT > 2u) {
-                        o2_2 += select(vec4<f32>(0.0), p2.z * v2, p2.z >= 0.0);
+                        o2_2 += select(vec4<f32>(0.0), p2.z * v2, a2);
                     }
                     if (RQ > 2u && DVT > 3u) {
-                        o2_3 += select(vec4<f32>(0.0), p2.z * v3, p2.z >= 0.0);
+                        o2_3 += select(vec4<f32>(0.0), p2.z * v3, a2);
                     }
                     if (RQ > 2u && DVT > 4u) {
-                        o2_4 += select(vec4<f32>(0.0), p2.z * v4, p2.z >= 0.0);
+                        o2_4 += select(vec4<f32>(0.0), p2.z * v4, a2);
                     }
                     if (RQ > 3u) {
-                        o3_0 += select(vec4<f32>(0.0), p3.z * v0, p3.z >= 0.0);
+                        o3_0 += select(vec4<f32>(0.0), p3.z * v0, a3);
                     }
                     if (RQ > 3u && DVT > 1u) {
-                        o3_1 += select(vec4<f32>(0.0), p3.z * v1, p3.z >= 0.0);
+                        o3_1 += select(vec4<f32>(0.0), p3.z * v1, a3);
                     }
                     if (RQ > 3u && DVT > 2u) {
-                        o3_2 += select(vec4<f32>(0.0), p3.z * v2, p3.z >= 0.0);
+                        o3_2 += select(vec4<f32>(0.0), p3.z * v2, a3);
                     }
                     if (RQ > 3u && DVT > 3u) {
-                        o3_3 += select(vec4<f32>(0.0), p3.z * v3, p3.z >= 0.0);
+                        o3_3 += select(vec4<f32>(0.0), p3.z * v3, a3);
                     }
                 }
                 {
-                    let v0 = kv_tile[(t4 * 4u + 3u) * KS + min(tc + TK * 0u, DV4 - 1u)];
-                    let v1 = kv_tile[(t4 * 4u + 3u) * KS + min(tc + TK * 1u, DV4 - 1u)];
-                    let v2 = kv_tile[(t4 * 4u + 3u) * KS + min(tc + TK * 2u, DV4 - 1u)];
-                    let v3 = kv_tile[(t4 * 4u + 3u) * KS + min(tc + TK * 3u, DV4 - 1u)];
-                    let v4 = kv_tile[(t4 * 4u + 3u) * KS + min(tc + TK * 4u, DV4 - 1u)];
-                    let v5 = kv_tile[(t4 * 4u + 3u) * KS + min(tc + TK * 5u, DV4 - 1u)];
-                    let v6 = kv_tile[(t4 * 4u + 3u) * KS + min(tc + TK * 6u, DV4 - 1u)];
-                    let v7 = kv_tile[(t4 * 4u + 3u) * KS + min(tc + TK * 7u, DV4 - 1u)];
-                    o0_0 += select(vec4<f32>(0.0), p0.w * v0, p0.w >= 0.0);
+                    let key = j0 + i32(t4 * 4u + 3u);
+                    let a0 = attends(live0, lo0, hi0, mb0, key);
+                    let a1 = attends(live1, lo1, hi1, mb1, key);
+                    let a2 = attends(live2, lo2, hi2, mb2, key);
+                    let a3 = attends(live3, lo3, hi3, mb3, key);
+                    let v0 = kv_tile[(t4 * 4u + 3u) * KS + v_at0];
+                    let v1 = kv_tile[(t4 * 4u + 3u) * KS + v_at1];
+                    let v2 = kv_tile[(t4 * 4u + 3u) * KS + v_at2];
+                    let v3 = kv_tile[(t4 * 4u + 3u) * KS + v_at3];
+                    let v4 = kv_tile[(t4 * 4u + 3u) * KS + v_at4];
+                    let v5 = kv_tile[(t4 * 4u + 3u) * KS + v_at5];
+                    let v6 = kv_tile[(t4 * 4u + 3u) * KS + v_at6];
+                    let v7 = kv_tile[(t4 * 4u + 3u) * KS + v_at7];
+                    o0_0 += select(vec4<f32>(0.0), p0.w * v0, a0);
                     if (DVT > 1u) {
-                        o0_1 += select(vec4<f32>(0.0), p0.w * v1, p0.w >= 0.0);
+                        o0_1 += select(vec4<f32>(0.0), p0.w * v1, a0);
                     }
                     if (DVT > 2u) {
-                        o0_2 += select(vec4<f32>(0.0), p0.w * v2, p0.w >= 0.0);
+                        o0_2 += select(vec4<f32>(0.0), p0.w * v2, a0);
                     }
                     if (DVT > 3u) {
-                        o0_3 += select(vec4<f32>(0.0), p0.w * v3, p0.w >= 0.0);
+                        o0_3 += select(vec4<f32>(0.0), p0.w * v3, a0);
                     }
                     if (DVT > 4u) {
-                        o0_4 += select(vec4<f32>(0.0), p0.w * v4, p0.w >= 0.0);
+                        o0_4 += select(vec4<f32>(0.0), p0.w * v4, a0);
                     }
                     if (DVT > 5u) {
-                        o0_5 += select(vec4<f32>(0.0), p0.w * v5, p0.w >= 0.0);
+                        o0_5 += select(vec4<f32>(0.0), p0.w * v5, a0);
                     }
                     if (DVT > 6u) {
-                        o0_6 += select(vec4<f32>(0.0), p0.w * v6, p0.w >= 0.0);
+                        o0_6 += select(vec4<f32>(0.0), p0.w * v6, a0);
                     }
                     if (DVT > 7u) {
-                        o0_7 += select(vec4<f32>(0.0), p0.w * v7, p0.w >= 0.0);
+                        o0_7 += select(vec4<f32>(0.0), p0.w * v7, a0);
                     }
                     if (RQ > 1u) {
-                        o1_0 += select(vec4<f32>(0.0), p1.w * v0, p1.w >= 0.0);
+                        o1_0 += select(vec4<f32>(0.0), p1.w * v0, a1);
                     }
                     if (RQ > 1u && DVT > 1u) {
-                        o1_1 += select(vec4<f32>(0.0), p1.w * v1, p1.w >= 0.0);
+                        o1_1 += select(vec4<f32>(0.0), p1.w * v1, a1);
                     }
                     if (RQ > 1u && DVT > 2u) {
-                        o1_2 += select(vec4<f32>(0.0), p1.w * v2, p1.w >= 0.0);
+                        o1_2 += select(vec4<f32>(0.0), p1.w * v2, a1);
                     }
                     if (RQ > 1u && DVT > 3u) {
-                        o1_3 += select(vec4<f32>(0.0), p1.w * v3, p1.w >= 0.0);
+                        o1_3 += select(vec4<f32>(0.0), p1.w * v3, a1);
                     }
                     if (RQ > 1u && DVT > 4u) {
-                        o1_4 += select(vec4<f32>(0.0), p1.w * v4, p1.w >= 0.0);
+                        o1_4 += select(vec4<f32>(0.0), p1.w * v4, a1);
                     }
                     if (RQ > 1u && DVT > 5u) {
-                        o1_5 += select(vec4<f32>(0.0), p1.w * v5, p1.w >= 0.0);
+                        o1_5 += select(vec4<f32>(0.0), p1.w * v5, a1);
                     }
                     if (RQ > 1u && DVT > 6u) {
-                        o1_6 += select(vec4<f32>(0.0), p1.w * v6, p1.w >= 0.0);
+                        o1_6 += select(vec4<f32>(0.0), p1.w * v6, a1);
                     }
                     if (RQ > 1u && DVT > 7u) {
-                        o1_7 += select(vec4<f32>(0.0), p1.w * v7, p1.w >= 0.0);
+                        o1_7 += select(vec4<f32>(0.0), p1.w * v7, a1);
                     }
                     if (RQ > 2u) {
-                        o2_0 += select(vec4<f32>(0.0), p2.w * v0, p2.w >= 0.0);
+                        o2_0 += select(vec4<f32>(0.0), p2.w * v0, a2);
                     }
                     if (RQ > 2u && DVT > 1u) {
-                        o2_1 += select(vec4<f32>(0.0), p2.w * v1, p2.w >= 0.0);
+                        o2_1 += select(vec4<f32>(0.0), p2.w * v1, a2);
                     }
                     if (RQ > 2u && DVT > 2u) {
-                        o2_2 += select(vec4<f32>(0.0), p2.w * v2, p2.w >= 0.0);
+                        o2_2 += select(vec4<f32>(0.0), p2.w * v2, a2);
                     }
                     if (RQ > 2u && DVT > 3u) {
-                        o2_3 += select(vec4<f32>(0.0), p2.w * v3, p2.w >= 0.0);
+                        o2_3 += select(vec4<f32>(0.0), p2.w * v3, a2);
                     }
                     if (RQ > 2u && DVT > 4u) {
-                        o2_4 += select(vec4<f32>(0.0), p2.w * v4, p2.w >= 0.0);
+                        o2_4 += select(vec4<f32>(0.0), p2.w * v4, a2);
                     }
                     if (RQ > 3u) {
-                        o3_0 += select(vec4<f32>(0.0), p3.w * v0, p3.w >= 0.0);
+                        o3_0 += select(vec4<f32>(0.0), p3.w * v0, a3);
                     }
                     if (RQ > 3u && DVT > 1u) {
-                        o3_1 += select(vec4<f32>(0.0), p3.w * v1, p3.w >= 0.0);
+                        o3_1 += select(vec4<f32>(0.0), p3.w * v1, a3);
                     }
                     if (RQ > 3u && DVT > 2u) {
-                        o3_2 += select(vec4<f32>(0.0), p3.w * v2, p3.w >= 0.0);
+                        o3_2 += select(vec4<f32>(0.0), p3.w * v2, a3);
                     }
                     if (RQ > 3u && DVT > 3u) {
-                        o3_3 += select(vec4<f32>(0.0), p3.w * v3, p3.w >= 0.0);
+                        o3_3 += select(vec4<f32>(0.0), p3.w * v3, a3);
                     }
                 }
             }
         } else {
             for (var t4 = 0u; t4 < bk4; t4++) {
-                let p0 = max(p_tile[min(tr + TQ * 0u, BQ - 1u) * bk4 + t4], vec4<f32>(0.0));
-                let p1 = max(p_tile[min(tr + TQ * 1u, BQ - 1u) * bk4 + t4], vec4<f32>(0.0));
-                let p2 = max(p_tile[min(tr + TQ * 2u, BQ - 1u) * bk4 + t4], vec4<f32>(0.0));
-                let p3 = max(p_tile[min(tr + TQ * 3u, BQ - 1u) * bk4 + t4], vec4<f32>(0.0));
+                var p0 = vec4<f32>(0.0);
+                p0 = p_tile[p_at + 0u * TQ * bk4 + t4];
+                var p1 = vec4<f32>(0.0);
+                if (RQ > 1u) {
+                    p1 = p_tile[p_at + 1u * TQ * bk4 + t4];
+                }
+                var p2 = vec4<f32>(0.0);
+                if (RQ > 2u) {
+                    p2 = p_tile[p_at + 2u * TQ * bk4 + t4];
+                }
+                var p3 = vec4<f32>(0.0);
+                if (RQ > 3u) {
+                    p3 = p_tile[p_at + 3u * TQ * bk4 + t4];
+                }
                 {
-                    let v0 = kv_tile[(t4 * 4u + 0u) * KS + min(tc + TK * 0u, DV4 - 1u)];
-                    let v1 = kv_tile[(t4 * 4u + 0u) * KS + min(tc + TK * 1u, DV4 - 1u)];
-                    let v2 = kv_tile[(t4 * 4u + 0u) * KS + min(tc + TK * 2u, DV4 - 1u)];
-                    let v3 = kv_tile[(t4 * 4u + 0u) * KS + min(tc + TK * 3u, DV4 - 1u)];
-                    let v4 = kv_tile[(t4 * 4u + 0u) * KS + min(tc + TK * 4u, DV4 - 1u)];
-                    let v5 = kv_tile[(t4 * 4u + 0u) * KS + min(tc + TK * 5u, DV4 - 1u)];
-                    let v6 = kv_tile[(t4 * 4u + 0u) * KS + min(tc + TK * 6u, DV4 - 1u)];
-                    let v7 = kv_tile[(t4 * 4u + 0u) * KS + min(tc + TK * 7u, DV4 - 1u)];
+                    let v0 = kv_tile[(t4 * 4u + 0u) * KS + v_at0];
+                    let v1 = kv_tile[(t4 * 4u + 0u) * KS + v_at1];
+                    let v2 = kv_tile[(t4 * 4u + 0u) * KS + v_at2];
+                    let v3 = kv_tile[(t4 * 4u + 0u) * KS + v_at3];
+                    let v4 = kv_tile[(t4 * 4u + 0u) * KS + v_at4];
+                    let v5 = kv_tile[(t4 * 4u + 0u) * KS + v_at5];
+                    let v6 = kv_tile[(t4 * 4u + 0u) * KS + v_at6];
+                    let v7 = kv_tile[(t4 * 4u + 0u) * KS + v_at7];
                     o0_0 = fma(vec4<f32>(p0.x), v0, o0_0);
                     if (DVT > 1u) {
                         o0_1 = fma(vec4<f32>(p0.x), v1, o0_1);
@@ -1961,14 +2183,14 @@ fn main(
                     }
                 }
                 {
-                    let v0 = kv_tile[(t4 * 4u + 1u) * KS + min(tc + TK * 0u, DV4 - 1u)];
-                    let v1 = kv_tile[(t4 * 4u + 1u) * KS + min(tc + TK * 1u, DV4 - 1u)];
-                    let v2 = kv_tile[(t4 * 4u + 1u) * KS + min(tc + TK * 2u, DV4 - 1u)];
-                    let v3 = kv_tile[(t4 * 4u + 1u) * KS + min(tc + TK * 3u, DV4 - 1u)];
-                    let v4 = kv_tile[(t4 * 4u + 1u) * KS + min(tc + TK * 4u, DV4 - 1u)];
-                    let v5 = kv_tile[(t4 * 4u + 1u) * KS + min(tc + TK * 5u, DV4 - 1u)];
-                    let v6 = kv_tile[(t4 * 4u + 1u) * KS + min(tc + TK * 6u, DV4 - 1u)];
-                    let v7 = kv_tile[(t4 * 4u + 1u) * KS + min(tc + TK * 7u, DV4 - 1u)];
+                    let v0 = kv_tile[(t4 * 4u + 1u) * KS + v_at0];
+                    let v1 = kv_tile[(t4 * 4u + 1u) * KS + v_at1];
+                    let v2 = kv_tile[(t4 * 4u + 1u) * KS + v_at2];
+                    let v3 = kv_tile[(t4 * 4u + 1u) * KS + v_at3];
+                    let v4 = kv_tile[(t4 * 4u + 1u) * KS + v_at4];
+                    let v5 = kv_tile[(t4 * 4u + 1u) * KS + v_at5];
+                    let v6 = kv_tile[(t4 * 4u + 1u) * KS + v_at6];
+                    let v7 = kv_tile[(t4 * 4u + 1u) * KS + v_at7];
                     o0_0 = fma(vec4<f32>(p0.y), v0, o0_0);
                     if (DVT > 1u) {
                         o0_1 = fma(vec4<f32>(p0.y), v1, o0_1);
@@ -2044,14 +2266,14 @@ fn main(
                     }
                 }
                 {
-                    let v0 = kv_tile[(t4 * 4u + 2u) * KS + min(tc + TK * 0u, DV4 - 1u)];
-                    let v1 = kv_tile[(t4 * 4u + 2u) * KS + min(tc + TK * 1u, DV4 - 1u)];
-                    let v2 = kv_tile[(t4 * 4u + 2u) * KS + min(tc + TK * 2u, DV4 - 1u)];
-                    let v3 = kv_tile[(t4 * 4u + 2u) * KS + min(tc + TK * 3u, DV4 - 1u)];
-                    let v4 = kv_tile[(t4 * 4u + 2u) * KS + min(tc + TK * 4u, DV4 - 1u)];
-                    let v5 = kv_tile[(t4 * 4u + 2u) * KS + min(tc + TK * 5u, DV4 - 1u)];
-                    let v6 = kv_tile[(t4 * 4u + 2u) * KS + min(tc + TK * 6u, DV4 - 1u)];
-                    let v7 = kv_tile[(t4 * 4u + 2u) * KS + min(tc + TK * 7u, DV4 - 1u)];
+                    let v0 = kv_tile[(t4 * 4u + 2u) * KS + v_at0];
+                    let v1 = kv_tile[(t4 * 4u + 2u) * KS + v_at1];
+                    let v2 = kv_tile[(t4 * 4u + 2u) * KS + v_at2];
+                    let v3 = kv_tile[(t4 * 4u + 2u) * KS + v_at3];
+                    let v4 = kv_tile[(t4 * 4u + 2u) * KS + v_at4];
+                    let v5 = kv_tile[(t4 * 4u + 2u) * KS + v_at5];
+                    let v6 = kv_tile[(t4 * 4u + 2u) * KS + v_at6];
+                    let v7 = kv_tile[(t4 * 4u + 2u) * KS + v_at7];
                     o0_0 = fma(vec4<f32>(p0.z), v0, o0_0);
                     if (DVT > 1u) {
                         o0_1 = fma(vec4<f32>(p0.z), v1, o0_1);
@@ -2127,14 +2349,14 @@ fn main(
                     }
                 }
                 {
-                    let v0 = kv_tile[(t4 * 4u + 3u) * KS + min(tc + TK * 0u, DV4 - 1u)];
-                    let v1 = kv_tile[(t4 * 4u + 3u) * KS + min(tc + TK * 1u, DV4 - 1u)];
-                    let v2 = kv_tile[(t4 * 4u + 3u) * KS + min(tc + TK * 2u, DV4 - 1u)];
-                    let v3 = kv_tile[(t4 * 4u + 3u) * KS + min(tc + TK * 3u, DV4 - 1u)];
-                    let v4 = kv_tile[(t4 * 4u + 3u) * KS + min(tc + TK * 4u, DV4 - 1u)];
-                    let v5 = kv_tile[(t4 * 4u + 3u) * KS + min(tc + TK * 5u, DV4 - 1u)];
-                    let v6 = kv_tile[(t4 * 4u + 3u) * KS + min(tc + TK * 6u, DV4 - 1u)];
-                    let v7 = kv_tile[(t4 * 4u + 3u) * KS + min(tc + TK * 7u, DV4 - 1u)];
+                    let v0 = kv_tile[(t4 * 4u + 3u) * KS + v_at0];
+                    let v1 = kv_tile[(t4 * 4u + 3u) * KS + v_at1];
+                    let v2 = kv_tile[(t4 * 4u + 3u) * KS + v_at2];
+                    let v3 = kv_tile[(t4 * 4u + 3u) * KS + v_at3];
+                    let v4 = kv_tile[(t4 * 4u + 3u) * KS + v_at4];
+                    let v5 = kv_tile[(t4 * 4u + 3u) * KS + v_at5];
+                    let v6 = kv_tile[(t4 * 4u + 3u) * KS + v_at6];
+                    let v7 = kv_tile[(t4 * 4u + 3u) * KS + v_at7];
                     o0_0 = fma(vec4<f32>(p0.w), v0, o0_0);
                     if (DVT > 1u) {
                         o0_1 = fma(vec4<f32>(p0.w), v1, o0_1);

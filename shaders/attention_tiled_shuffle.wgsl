@@ -34,8 +34,9 @@
 // The contract is attention_fused.wgsl's, and so are the uniforms, the
 // bindings, the non-finite rules (ROW_ATTENDED / ROW_POISONED, NaN rows, an
 // attended -inf score still multiplies its V row, a key not attended never
-// does: P marks it -1, and a tile whose V is all finite multiplies by
-// max(P, 0) instead of testing each key), the workgroup's key range that skips
+// does: P is 0 for both, a tile whose V is all finite multiplies by P as it
+// is, and one that holds a non-finite value re-applies the rows' rules to
+// each key, `attends`), the workgroup's key range that skips
 // tiles no row can see, and the resumable key chunks (O in Y, row state in
 // `stats` between chunks; chunks start on tile boundaries).
 //
@@ -156,6 +157,20 @@ fn slot_store_v(slot: u32, d4s: u32, val: vec4<f32>) {
 fn nonfinite4(x: vec4<f32>) -> bool {
     let exponent = vec4<u32>(0x7f800000u);
     return any((bitcast<vec4<u32>>(x) & exponent) == exponent);
+}
+
+// Whether a row attends `key`: step 2's rules without the score (the row
+// is live, the key within its range and not masked out). The careful product
+// asks it, since P is 0 both for a key the row does not attend (which must add
+// nothing) and for an attended key whose score is -inf (which adds 0 x V).
+fn attends(live: bool, lo: i32, hi: i32, mask_base: u32, key: i32) -> bool {
+    if (!live || key < lo || key > hi) {
+        return false;
+    }
+    if ((p.flags & FLAG_MASK) != 0u) {
+        return mask[mask_base + u32(key)] > MASKED;
+    }
+    return true;
 }
 
 @compute @workgroup_size(WG, 1, 1)
@@ -487,6 +502,21 @@ fn main(
     if ((p.flags & FLAG_ALIBI) != 0u) {
         slope = bitcast<f32>(nonpad[p.batch + h]);
     }
+    // Where the invocation's first query row starts in the Q tile, and its
+    // first key in the K tile: its other rows are TQ rows on, its keys TK
+    // keys on (constant offsets from these). Its vec4 columns of V: a column
+    // past Dv (where TK does not divide DV4) reads the row's last vec4 and is
+    // never stored.
+    let q_at = tr * QS;
+    let k_at = tc * KS;
+    let v_at0 = min(tc + TK * 0u, DV4 - 1u);
+    let v_at1 = min(tc + TK * 1u, DV4 - 1u);
+    let v_at2 = min(tc + TK * 2u, DV4 - 1u);
+    let v_at3 = min(tc + TK * 3u, DV4 - 1u);
+    let v_at4 = min(tc + TK * 4u, DV4 - 1u);
+    let v_at5 = min(tc + TK * 5u, DV4 - 1u);
+    let v_at6 = min(tc + TK * 6u, DV4 - 1u);
+    let v_at7 = min(tc + TK * 7u, DV4 - 1u);
 
     var j0 = wg_lo - wg_lo % i32(BK);
     // The prefetch registers: the first K and V tiles.
@@ -662,59 +692,205 @@ fn main(
         var s3_1 = 0.0;
         var s3_2 = 0.0;
         var s3_3 = 0.0;
-        for (var d4 = 0u; d4 < DK4; d4++) {
-            let k0 = k_tile[(tc + TK * 0u) * KS + d4];
-            let k1 = k_tile[min(tc + TK * 1u, BK - 1u) * KS + d4];
-            let k2 = k_tile[min(tc + TK * 2u, BK - 1u) * KS + d4];
-            let k3 = k_tile[min(tc + TK * 3u, BK - 1u) * KS + d4];
-            let q0 = q_tile[(tr + TQ * 0u) * QS + d4];
-            s0_0 = fma(q0.w, k0.w, fma(q0.z, k0.z, fma(q0.y, k0.y, fma(q0.x, k0.x, s0_0))));
-            if (RK > 1u) {
-                s0_1 = fma(q0.w, k1.w, fma(q0.z, k1.z, fma(q0.y, k1.y, fma(q0.x, k1.x, s0_1))));
-            }
-            if (RK > 2u) {
-                s0_2 = fma(q0.w, k2.w, fma(q0.z, k2.z, fma(q0.y, k2.y, fma(q0.x, k2.x, s0_2))));
-            }
-            if (RK > 3u) {
-                s0_3 = fma(q0.w, k3.w, fma(q0.z, k3.z, fma(q0.y, k3.y, fma(q0.x, k3.x, s0_3))));
-            }
-            if (RQ > 1u) {
-                let q1 = q_tile[(tr + TQ * 1u) * QS + d4];
-                s1_0 = fma(q1.w, k0.w, fma(q1.z, k0.z, fma(q1.y, k0.y, fma(q1.x, k0.x, s1_0))));
+        for (var d4 = 0u; d4 + 1u < DK4; d4 += 2u) {
+            {
+                var k0 = vec4<f32>(0.0);
+                k0 = k_tile[k_at + 0u * TK * KS + d4];
+                var k1 = vec4<f32>(0.0);
                 if (RK > 1u) {
-                    s1_1 = fma(q1.w, k1.w, fma(q1.z, k1.z, fma(q1.y, k1.y, fma(q1.x, k1.x, s1_1))));
+                    k1 = k_tile[k_at + 1u * TK * KS + d4];
+                }
+                var k2 = vec4<f32>(0.0);
+                if (RK > 2u) {
+                    k2 = k_tile[k_at + 2u * TK * KS + d4];
+                }
+                var k3 = vec4<f32>(0.0);
+                if (RK > 3u) {
+                    k3 = k_tile[k_at + 3u * TK * KS + d4];
+                }
+                let q0 = q_tile[q_at + 0u * TQ * QS + d4];
+                s0_0 = fma(q0.w, k0.w, fma(q0.z, k0.z, fma(q0.y, k0.y, fma(q0.x, k0.x, s0_0))));
+                if (RK > 1u) {
+                    s0_1 = fma(q0.w, k1.w, fma(q0.z, k1.z, fma(q0.y, k1.y, fma(q0.x, k1.x, s0_1))));
                 }
                 if (RK > 2u) {
-                    s1_2 = fma(q1.w, k2.w, fma(q1.z, k2.z, fma(q1.y, k2.y, fma(q1.x, k2.x, s1_2))));
+                    s0_2 = fma(q0.w, k2.w, fma(q0.z, k2.z, fma(q0.y, k2.y, fma(q0.x, k2.x, s0_2))));
                 }
                 if (RK > 3u) {
-                    s1_3 = fma(q1.w, k3.w, fma(q1.z, k3.z, fma(q1.y, k3.y, fma(q1.x, k3.x, s1_3))));
+                    s0_3 = fma(q0.w, k3.w, fma(q0.z, k3.z, fma(q0.y, k3.y, fma(q0.x, k3.x, s0_3))));
+                }
+                if (RQ > 1u) {
+                    let q1 = q_tile[q_at + 1u * TQ * QS + d4];
+                    s1_0 = fma(q1.w, k0.w, fma(q1.z, k0.z, fma(q1.y, k0.y, fma(q1.x, k0.x, s1_0))));
+                    if (RK > 1u) {
+                        s1_1 = fma(q1.w, k1.w, fma(q1.z, k1.z, fma(q1.y, k1.y, fma(q1.x, k1.x, s1_1))));
+                    }
+                    if (RK > 2u) {
+                        s1_2 = fma(q1.w, k2.w, fma(q1.z, k2.z, fma(q1.y, k2.y, fma(q1.x, k2.x, s1_2))));
+                    }
+                    if (RK > 3u) {
+                        s1_3 = fma(q1.w, k3.w, fma(q1.z, k3.z, fma(q1.y, k3.y, fma(q1.x, k3.x, s1_3))));
+                    }
+                }
+                if (RQ > 2u) {
+                    let q2 = q_tile[q_at + 2u * TQ * QS + d4];
+                    s2_0 = fma(q2.w, k0.w, fma(q2.z, k0.z, fma(q2.y, k0.y, fma(q2.x, k0.x, s2_0))));
+                    if (RK > 1u) {
+                        s2_1 = fma(q2.w, k1.w, fma(q2.z, k1.z, fma(q2.y, k1.y, fma(q2.x, k1.x, s2_1))));
+                    }
+                    if (RK > 2u) {
+                        s2_2 = fma(q2.w, k2.w, fma(q2.z, k2.z, fma(q2.y, k2.y, fma(q2.x, k2.x, s2_2))));
+                    }
+                    if (RK > 3u) {
+                        s2_3 = fma(q2.w, k3.w, fma(q2.z, k3.z, fma(q2.y, k3.y, fma(q2.x, k3.x, s2_3))));
+                    }
+                }
+                if (RQ > 3u) {
+                    let q3 = q_tile[q_at + 3u * TQ * QS + d4];
+                    s3_0 = fma(q3.w, k0.w, fma(q3.z, k0.z, fma(q3.y, k0.y, fma(q3.x, k0.x, s3_0))));
+                    if (RK > 1u) {
+                        s3_1 = fma(q3.w, k1.w, fma(q3.z, k1.z, fma(q3.y, k1.y, fma(q3.x, k1.x, s3_1))));
+                    }
+                    if (RK > 2u) {
+                        s3_2 = fma(q3.w, k2.w, fma(q3.z, k2.z, fma(q3.y, k2.y, fma(q3.x, k2.x, s3_2))));
+                    }
+                    if (RK > 3u) {
+                        s3_3 = fma(q3.w, k3.w, fma(q3.z, k3.z, fma(q3.y, k3.y, fma(q3.x, k3.x, s3_3))));
+                    }
                 }
             }
-            if (RQ > 2u) {
-                let q2 = q_tile[(tr + TQ * 2u) * QS + d4];
-                s2_0 = fma(q2.w, k0.w, fma(q2.z, k0.z, fma(q2.y, k0.y, fma(q2.x, k0.x, s2_0))));
+            {
+                var k0 = vec4<f32>(0.0);
+                k0 = k_tile[k_at + 0u * TK * KS + d4 + 1u];
+                var k1 = vec4<f32>(0.0);
                 if (RK > 1u) {
-                    s2_1 = fma(q2.w, k1.w, fma(q2.z, k1.z, fma(q2.y, k1.y, fma(q2.x, k1.x, s2_1))));
+                    k1 = k_tile[k_at + 1u * TK * KS + d4 + 1u];
+                }
+                var k2 = vec4<f32>(0.0);
+                if (RK > 2u) {
+                    k2 = k_tile[k_at + 2u * TK * KS + d4 + 1u];
+                }
+                var k3 = vec4<f32>(0.0);
+                if (RK > 3u) {
+                    k3 = k_tile[k_at + 3u * TK * KS + d4 + 1u];
+                }
+                let q0 = q_tile[q_at + 0u * TQ * QS + d4 + 1u];
+                s0_0 = fma(q0.w, k0.w, fma(q0.z, k0.z, fma(q0.y, k0.y, fma(q0.x, k0.x, s0_0))));
+                if (RK > 1u) {
+                    s0_1 = fma(q0.w, k1.w, fma(q0.z, k1.z, fma(q0.y, k1.y, fma(q0.x, k1.x, s0_1))));
                 }
                 if (RK > 2u) {
-                    s2_2 = fma(q2.w, k2.w, fma(q2.z, k2.z, fma(q2.y, k2.y, fma(q2.x, k2.x, s2_2))));
+                    s0_2 = fma(q0.w, k2.w, fma(q0.z, k2.z, fma(q0.y, k2.y, fma(q0.x, k2.x, s0_2))));
                 }
                 if (RK > 3u) {
-                    s2_3 = fma(q2.w, k3.w, fma(q2.z, k3.z, fma(q2.y, k3.y, fma(q2.x, k3.x, s2_3))));
+                    s0_3 = fma(q0.w, k3.w, fma(q0.z, k3.z, fma(q0.y, k3.y, fma(q0.x, k3.x, s0_3))));
+                }
+                if (RQ > 1u) {
+                    let q1 = q_tile[q_at + 1u * TQ * QS + d4 + 1u];
+                    s1_0 = fma(q1.w, k0.w, fma(q1.z, k0.z, fma(q1.y, k0.y, fma(q1.x, k0.x, s1_0))));
+                    if (RK > 1u) {
+                        s1_1 = fma(q1.w, k1.w, fma(q1.z, k1.z, fma(q1.y, k1.y, fma(q1.x, k1.x, s1_1))));
+                    }
+                    if (RK > 2u) {
+                        s1_2 = fma(q1.w, k2.w, fma(q1.z, k2.z, fma(q1.y, k2.y, fma(q1.x, k2.x, s1_2))));
+                    }
+                    if (RK > 3u) {
+                        s1_3 = fma(q1.w, k3.w, fma(q1.z, k3.z, fma(q1.y, k3.y, fma(q1.x, k3.x, s1_3))));
+                    }
+                }
+                if (RQ > 2u) {
+                    let q2 = q_tile[q_at + 2u * TQ * QS + d4 + 1u];
+                    s2_0 = fma(q2.w, k0.w, fma(q2.z, k0.z, fma(q2.y, k0.y, fma(q2.x, k0.x, s2_0))));
+                    if (RK > 1u) {
+                        s2_1 = fma(q2.w, k1.w, fma(q2.z, k1.z, fma(q2.y, k1.y, fma(q2.x, k1.x, s2_1))));
+                    }
+                    if (RK > 2u) {
+                        s2_2 = fma(q2.w, k2.w, fma(q2.z, k2.z, fma(q2.y, k2.y, fma(q2.x, k2.x, s2_2))));
+                    }
+                    if (RK > 3u) {
+                        s2_3 = fma(q2.w, k3.w, fma(q2.z, k3.z, fma(q2.y, k3.y, fma(q2.x, k3.x, s2_3))));
+                    }
+                }
+                if (RQ > 3u) {
+                    let q3 = q_tile[q_at + 3u * TQ * QS + d4 + 1u];
+                    s3_0 = fma(q3.w, k0.w, fma(q3.z, k0.z, fma(q3.y, k0.y, fma(q3.x, k0.x, s3_0))));
+                    if (RK > 1u) {
+                        s3_1 = fma(q3.w, k1.w, fma(q3.z, k1.z, fma(q3.y, k1.y, fma(q3.x, k1.x, s3_1))));
+                    }
+                    if (RK > 2u) {
+                        s3_2 = fma(q3.w, k2.w, fma(q3.z, k2.z, fma(q3.y, k2.y, fma(q3.x, k2.x, s3_2))));
+                    }
+                    if (RK > 3u) {
+                        s3_3 = fma(q3.w, k3.w, fma(q3.z, k3.z, fma(q3.y, k3.y, fma(q3.x, k3.x, s3_3))));
+                    }
                 }
             }
-            if (RQ > 3u) {
-                let q3 = q_tile[(tr + TQ * 3u) * QS + d4];
-                s3_0 = fma(q3.w, k0.w, fma(q3.z, k0.z, fma(q3.y, k0.y, fma(q3.x, k0.x, s3_0))));
+        }
+        if (DK4 % 2u == 1u) {
+            {
+                var k0 = vec4<f32>(0.0);
+                k0 = k_tile[k_at + 0u * TK * KS + DK4 - 1u];
+                var k1 = vec4<f32>(0.0);
                 if (RK > 1u) {
-                    s3_1 = fma(q3.w, k1.w, fma(q3.z, k1.z, fma(q3.y, k1.y, fma(q3.x, k1.x, s3_1))));
+                    k1 = k_tile[k_at + 1u * TK * KS + DK4 - 1u];
+                }
+                var k2 = vec4<f32>(0.0);
+                if (RK > 2u) {
+                    k2 = k_tile[k_at + 2u * TK * KS + DK4 - 1u];
+                }
+                var k3 = vec4<f32>(0.0);
+                if (RK > 3u) {
+                    k3 = k_tile[k_at + 3u * TK * KS + DK4 - 1u];
+                }
+                let q0 = q_tile[q_at + 0u * TQ * QS + DK4 - 1u];
+                s0_0 = fma(q0.w, k0.w, fma(q0.z, k0.z, fma(q0.y, k0.y, fma(q0.x, k0.x, s0_0))));
+                if (RK > 1u) {
+                    s0_1 = fma(q0.w, k1.w, fma(q0.z, k1.z, fma(q0.y, k1.y, fma(q0.x, k1.x, s0_1))));
                 }
                 if (RK > 2u) {
-                    s3_2 = fma(q3.w, k2.w, fma(q3.z, k2.z, fma(q3.y, k2.y, fma(q3.x, k2.x, s3_2))));
+                    s0_2 = fma(q0.w, k2.w, fma(q0.z, k2.z, fma(q0.y, k2.y, fma(q0.x, k2.x, s0_2))));
                 }
                 if (RK > 3u) {
-                    s3_3 = fma(q3.w, k3.w, fma(q3.z, k3.z, fma(q3.y, k3.y, fma(q3.x, k3.x, s3_3))));
+                    s0_3 = fma(q0.w, k3.w, fma(q0.z, k3.z, fma(q0.y, k3.y, fma(q0.x, k3.x, s0_3))));
+                }
+                if (RQ > 1u) {
+                    let q1 = q_tile[q_at + 1u * TQ * QS + DK4 - 1u];
+                    s1_0 = fma(q1.w, k0.w, fma(q1.z, k0.z, fma(q1.y, k0.y, fma(q1.x, k0.x, s1_0))));
+                    if (RK > 1u) {
+                        s1_1 = fma(q1.w, k1.w, fma(q1.z, k1.z, fma(q1.y, k1.y, fma(q1.x, k1.x, s1_1))));
+                    }
+                    if (RK > 2u) {
+                        s1_2 = fma(q1.w, k2.w, fma(q1.z, k2.z, fma(q1.y, k2.y, fma(q1.x, k2.x, s1_2))));
+                    }
+                    if (RK > 3u) {
+                        s1_3 = fma(q1.w, k3.w, fma(q1.z, k3.z, fma(q1.y, k3.y, fma(q1.x, k3.x, s1_3))));
+                    }
+                }
+                if (RQ > 2u) {
+                    let q2 = q_tile[q_at + 2u * TQ * QS + DK4 - 1u];
+                    s2_0 = fma(q2.w, k0.w, fma(q2.z, k0.z, fma(q2.y, k0.y, fma(q2.x, k0.x, s2_0))));
+                    if (RK > 1u) {
+                        s2_1 = fma(q2.w, k1.w, fma(q2.z, k1.z, fma(q2.y, k1.y, fma(q2.x, k1.x, s2_1))));
+                    }
+                    if (RK > 2u) {
+                        s2_2 = fma(q2.w, k2.w, fma(q2.z, k2.z, fma(q2.y, k2.y, fma(q2.x, k2.x, s2_2))));
+                    }
+                    if (RK > 3u) {
+                        s2_3 = fma(q2.w, k3.w, fma(q2.z, k3.z, fma(q2.y, k3.y, fma(q2.x, k3.x, s2_3))));
+                    }
+                }
+                if (RQ > 3u) {
+                    let q3 = q_tile[q_at + 3u * TQ * QS + DK4 - 1u];
+                    s3_0 = fma(q3.w, k0.w, fma(q3.z, k0.z, fma(q3.y, k0.y, fma(q3.x, k0.x, s3_0))));
+                    if (RK > 1u) {
+                        s3_1 = fma(q3.w, k1.w, fma(q3.z, k1.z, fma(q3.y, k1.y, fma(q3.x, k1.x, s3_1))));
+                    }
+                    if (RK > 2u) {
+                        s3_2 = fma(q3.w, k2.w, fma(q3.z, k2.z, fma(q3.y, k2.y, fma(q3.x, k2.x, s3_2))));
+                    }
+                    if (RK > 3u) {
+                        s3_3 = fma(q3.w, k3.w, fma(q3.z, k3.z, fma(q3.y, k3.y, fma(q3.x, k3.x, s3_3))));
+                    }
                 }
             }
         }
@@ -886,31 +1062,31 @@ fn main(
             // exp(0) = 1 while no attended score has been finite yet.
             let alpha = exp(m0 - m_new);
             var sum = 0.0;
-            // -1 marks a key the row does not attend; an attended key
-            // whose score is -inf gets 0 and still multiplies V.
-            let pt = select(-1.0, exp(s0_0 - m_new), s0_0 != MASKED);
+            // 0 for a key the row does not attend (the careful product
+            // tells those apart from attended keys whose score is -inf).
+            let pt = select(0.0, exp(s0_0 - m_new), s0_0 != MASKED);
             s0_0 = pt;
-            sum += max(pt, 0.0);
+            sum += pt;
             if (RK > 1u) {
-                // -1 marks a key the row does not attend; an attended key
-                // whose score is -inf gets 0 and still multiplies V.
-                let pt = select(-1.0, exp(s0_1 - m_new), s0_1 != MASKED);
+                // 0 for a key the row does not attend (the careful product
+                // tells those apart from attended keys whose score is -inf).
+                let pt = select(0.0, exp(s0_1 - m_new), s0_1 != MASKED);
                 s0_1 = pt;
-                sum += max(pt, 0.0);
+                sum += pt;
             }
             if (RK > 2u) {
-                // -1 marks a key the row does not attend; an attended key
-                // whose score is -inf gets 0 and still multiplies V.
-                let pt = select(-1.0, exp(s0_2 - m_new), s0_2 != MASKED);
+                // 0 for a key the row does not attend (the careful product
+                // tells those apart from attended keys whose score is -inf).
+                let pt = select(0.0, exp(s0_2 - m_new), s0_2 != MASKED);
                 s0_2 = pt;
-                sum += max(pt, 0.0);
+                sum += pt;
             }
             if (RK > 3u) {
-                // -1 marks a key the row does not attend; an attended key
-                // whose score is -inf gets 0 and still multiplies V.
-                let pt = select(-1.0, exp(s0_3 - m_new), s0_3 != MASKED);
+                // 0 for a key the row does not attend (the careful product
+                // tells those apart from attended keys whose score is -inf).
+                let pt = select(0.0, exp(s0_3 - m_new), s0_3 != MASKED);
                 s0_3 = pt;
-                sum += max(pt, 0.0);
+                sum += pt;
             }
             l0 = l0 * alpha + sum;
             o0_0 *= alpha;
@@ -1103,31 +1279,31 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m1 - m_new);
                 var sum = 0.0;
-                // -1 marks a key the row does not attend; an attended key
-                // whose score is -inf gets 0 and still multiplies V.
-                let pt = select(-1.0, exp(s1_0 - m_new), s1_0 != MASKED);
+                // 0 for a key the row does not attend (the careful product
+                // tells those apart from attended keys whose score is -inf).
+                let pt = select(0.0, exp(s1_0 - m_new), s1_0 != MASKED);
                 s1_0 = pt;
-                sum += max(pt, 0.0);
+                sum += pt;
                 if (RK > 1u) {
-                    // -1 marks a key the row does not attend; an attended key
-                    // whose score is -inf gets 0 and still multiplies V.
-                    let pt = select(-1.0, exp(s1_1 - m_new), s1_1 != MASKED);
+                    // 0 for a key the row does not attend (the careful product
+                    // tells those apart from attended keys whose score is -inf).
+                    let pt = select(0.0, exp(s1_1 - m_new), s1_1 != MASKED);
                     s1_1 = pt;
-                    sum += max(pt, 0.0);
+                    sum += pt;
                 }
                 if (RK > 2u) {
-                    // -1 marks a key the row does not attend; an attended key
-                    // whose score is -inf gets 0 and still multiplies V.
-                    let pt = select(-1.0, exp(s1_2 - m_new), s1_2 != MASKED);
+                    // 0 for a key the row does not attend (the careful product
+                    // tells those apart from attended keys whose score is -inf).
+                    let pt = select(0.0, exp(s1_2 - m_new), s1_2 != MASKED);
                     s1_2 = pt;
-                    sum += max(pt, 0.0);
+                    sum += pt;
                 }
                 if (RK > 3u) {
-                    // -1 marks a key the row does not attend; an attended key
-                    // whose score is -inf gets 0 and still multiplies V.
-                    let pt = select(-1.0, exp(s1_3 - m_new), s1_3 != MASKED);
+                    // 0 for a key the row does not attend (the careful product
+                    // tells those apart from attended keys whose score is -inf).
+                    let pt = select(0.0, exp(s1_3 - m_new), s1_3 != MASKED);
                     s1_3 = pt;
-                    sum += max(pt, 0.0);
+                    sum += pt;
                 }
                 l1 = l1 * alpha + sum;
                 o1_0 *= alpha;
@@ -1321,31 +1497,31 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m2 - m_new);
                 var sum = 0.0;
-                // -1 marks a key the row does not attend; an attended key
-                // whose score is -inf gets 0 and still multiplies V.
-                let pt = select(-1.0, exp(s2_0 - m_new), s2_0 != MASKED);
+                // 0 for a key the row does not attend (the careful product
+                // tells those apart from attended keys whose score is -inf).
+                let pt = select(0.0, exp(s2_0 - m_new), s2_0 != MASKED);
                 s2_0 = pt;
-                sum += max(pt, 0.0);
+                sum += pt;
                 if (RK > 1u) {
-                    // -1 marks a key the row does not attend; an attended key
-                    // whose score is -inf gets 0 and still multiplies V.
-                    let pt = select(-1.0, exp(s2_1 - m_new), s2_1 != MASKED);
+                    // 0 for a key the row does not attend (the careful product
+                    // tells those apart from attended keys whose score is -inf).
+                    let pt = select(0.0, exp(s2_1 - m_new), s2_1 != MASKED);
                     s2_1 = pt;
-                    sum += max(pt, 0.0);
+                    sum += pt;
                 }
                 if (RK > 2u) {
-                    // -1 marks a key the row does not attend; an attended key
-                    // whose score is -inf gets 0 and still multiplies V.
-                    let pt = select(-1.0, exp(s2_2 - m_new), s2_2 != MASKED);
+                    // 0 for a key the row does not attend (the careful product
+                    // tells those apart from attended keys whose score is -inf).
+                    let pt = select(0.0, exp(s2_2 - m_new), s2_2 != MASKED);
                     s2_2 = pt;
-                    sum += max(pt, 0.0);
+                    sum += pt;
                 }
                 if (RK > 3u) {
-                    // -1 marks a key the row does not attend; an attended key
-                    // whose score is -inf gets 0 and still multiplies V.
-                    let pt = select(-1.0, exp(s2_3 - m_new), s2_3 != MASKED);
+                    // 0 for a key the row does not attend (the careful product
+                    // tells those apart from attended keys whose score is -inf).
+                    let pt = select(0.0, exp(s2_3 - m_new), s2_3 != MASKED);
                     s2_3 = pt;
-                    sum += max(pt, 0.0);
+                    sum += pt;
                 }
                 l2 = l2 * alpha + sum;
                 o2_0 *= alpha;
@@ -1530,31 +1706,31 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m3 - m_new);
                 var sum = 0.0;
-                // -1 marks a key the row does not attend; an attended key
-                // whose score is -inf gets 0 and still multiplies V.
-                let pt = select(-1.0, exp(s3_0 - m_new), s3_0 != MASKED);
+                // 0 for a key the row does not attend (the careful product
+                // tells those apart from attended keys whose score is -inf).
+                let pt = select(0.0, exp(s3_0 - m_new), s3_0 != MASKED);
                 s3_0 = pt;
-                sum += max(pt, 0.0);
+                sum += pt;
                 if (RK > 1u) {
-                    // -1 marks a key the row does not attend; an attended key
-                    // whose score is -inf gets 0 and still multiplies V.
-                    let pt = select(-1.0, exp(s3_1 - m_new), s3_1 != MASKED);
+                    // 0 for a key the row does not attend (the careful product
+                    // tells those apart from attended keys whose score is -inf).
+                    let pt = select(0.0, exp(s3_1 - m_new), s3_1 != MASKED);
                     s3_1 = pt;
-                    sum += max(pt, 0.0);
+                    sum += pt;
                 }
                 if (RK > 2u) {
-                    // -1 marks a key the row does not attend; an attended key
-                    // whose score is -inf gets 0 and still multiplies V.
-                    let pt = select(-1.0, exp(s3_2 - m_new), s3_2 != MASKED);
+                    // 0 for a key the row does not attend (the careful product
+                    // tells those apart from attended keys whose score is -inf).
+                    let pt = select(0.0, exp(s3_2 - m_new), s3_2 != MASKED);
                     s3_2 = pt;
-                    sum += max(pt, 0.0);
+                    sum += pt;
                 }
                 if (RK > 3u) {
-                    // -1 marks a key the row does not attend; an attended key
-                    // whose score is -inf gets 0 and still multiplies V.
-                    let pt = select(-1.0, exp(s3_3 - m_new), s3_3 != MASKED);
+                    // 0 for a key the row does not attend (the careful product
+                    // tells those apart from attended keys whose score is -inf).
+                    let pt = select(0.0, exp(s3_3 - m_new), s3_3 != MASKED);
                     s3_3 = pt;
-                    sum += max(pt, 0.0);
+                    sum += pt;
                 }
                 l3 = l3 * alpha + sum;
                 o3_0 *= alpha;
@@ -1575,399 +1751,383 @@ fn main(
         // shuffled from the lane that holds it. Columns past Dv read some
         // vec4 of the tile and are never stored.
         if (careful) {
+            let mb0 = b * p.mask_batch_stride + h * p.mask_head_stride + qrow0 * p.mask_row_stride;
+            let mb1 = b * p.mask_batch_stride + h * p.mask_head_stride + qrow1 * p.mask_row_stride;
+            let mb2 = b * p.mask_batch_stride + h * p.mask_head_stride + qrow2 * p.mask_row_stride;
+            let mb3 = b * p.mask_batch_stride + h * p.mask_head_stride + qrow3 * p.mask_row_stride;
             for (var t = 0u; t < TK; t++) {
                 let src = lane0 + t;
                 {
-                    let v0 = v_tile[(t + TK * 0u) * KS + min(tc + TK * 0u, DV4 - 1u)];
-                    let v1 = v_tile[(t + TK * 0u) * KS + min(tc + TK * 1u, DV4 - 1u)];
-                    let v2 = v_tile[(t + TK * 0u) * KS + min(tc + TK * 2u, DV4 - 1u)];
-                    let v3 = v_tile[(t + TK * 0u) * KS + min(tc + TK * 3u, DV4 - 1u)];
-                    let v4 = v_tile[(t + TK * 0u) * KS + min(tc + TK * 4u, DV4 - 1u)];
-                    let v5 = v_tile[(t + TK * 0u) * KS + min(tc + TK * 5u, DV4 - 1u)];
-                    let v6 = v_tile[(t + TK * 0u) * KS + min(tc + TK * 6u, DV4 - 1u)];
-                    let v7 = v_tile[(t + TK * 0u) * KS + min(tc + TK * 7u, DV4 - 1u)];
-                    var p0 = 0.0;
-                    p0 = subgroupShuffle(s0_0, src);
-                    var p1 = 0.0;
-                    if (RQ > 1u) {
-                        p1 = subgroupShuffle(s1_0, src);
-                    }
-                    var p2 = 0.0;
-                    if (RQ > 2u) {
-                        p2 = subgroupShuffle(s2_0, src);
-                    }
-                    var p3 = 0.0;
-                    if (RQ > 3u) {
-                        p3 = subgroupShuffle(s3_0, src);
-                    }
-                    o0_0 += select(vec4<f32>(0.0), p0 * v0, p0 >= 0.0);
+                    let key = j0 + i32(t + TK * 0u);
+                    let v0 = v_tile[(t + TK * 0u) * KS + v_at0];
+                    let v1 = v_tile[(t + TK * 0u) * KS + v_at1];
+                    let v2 = v_tile[(t + TK * 0u) * KS + v_at2];
+                    let v3 = v_tile[(t + TK * 0u) * KS + v_at3];
+                    let v4 = v_tile[(t + TK * 0u) * KS + v_at4];
+                    let v5 = v_tile[(t + TK * 0u) * KS + v_at5];
+                    let v6 = v_tile[(t + TK * 0u) * KS + v_at6];
+                    let v7 = v_tile[(t + TK * 0u) * KS + v_at7];
+                    let p0 = subgroupShuffle(s0_0, src);
+                    let a0 = attends(live0, lo0, hi0, mb0, key);
+                    o0_0 += select(vec4<f32>(0.0), p0 * v0, a0);
                     if (DVT > 1u) {
-                        o0_1 += select(vec4<f32>(0.0), p0 * v1, p0 >= 0.0);
+                        o0_1 += select(vec4<f32>(0.0), p0 * v1, a0);
                     }
                     if (DVT > 2u) {
-                        o0_2 += select(vec4<f32>(0.0), p0 * v2, p0 >= 0.0);
+                        o0_2 += select(vec4<f32>(0.0), p0 * v2, a0);
                     }
                     if (DVT > 3u) {
-                        o0_3 += select(vec4<f32>(0.0), p0 * v3, p0 >= 0.0);
+                        o0_3 += select(vec4<f32>(0.0), p0 * v3, a0);
                     }
                     if (DVT > 4u) {
-                        o0_4 += select(vec4<f32>(0.0), p0 * v4, p0 >= 0.0);
+                        o0_4 += select(vec4<f32>(0.0), p0 * v4, a0);
                     }
                     if (DVT > 5u) {
-                        o0_5 += select(vec4<f32>(0.0), p0 * v5, p0 >= 0.0);
+                        o0_5 += select(vec4<f32>(0.0), p0 * v5, a0);
                     }
                     if (DVT > 6u) {
-                        o0_6 += select(vec4<f32>(0.0), p0 * v6, p0 >= 0.0);
+                        o0_6 += select(vec4<f32>(0.0), p0 * v6, a0);
                     }
                     if (DVT > 7u) {
-                        o0_7 += select(vec4<f32>(0.0), p0 * v7, p0 >= 0.0);
+                        o0_7 += select(vec4<f32>(0.0), p0 * v7, a0);
                     }
                     if (RQ > 1u) {
-                        o1_0 += select(vec4<f32>(0.0), p1 * v0, p1 >= 0.0);
-                    }
-                    if (RQ > 1u && DVT > 1u) {
-                        o1_1 += select(vec4<f32>(0.0), p1 * v1, p1 >= 0.0);
-                    }
-                    if (RQ > 1u && DVT > 2u) {
-                        o1_2 += select(vec4<f32>(0.0), p1 * v2, p1 >= 0.0);
-                    }
-                    if (RQ > 1u && DVT > 3u) {
-                        o1_3 += select(vec4<f32>(0.0), p1 * v3, p1 >= 0.0);
-                    }
-                    if (RQ > 1u && DVT > 4u) {
-                        o1_4 += select(vec4<f32>(0.0), p1 * v4, p1 >= 0.0);
-                    }
-                    if (RQ > 1u && DVT > 5u) {
-                        o1_5 += select(vec4<f32>(0.0), p1 * v5, p1 >= 0.0);
-                    }
-                    if (RQ > 1u && DVT > 6u) {
-                        o1_6 += select(vec4<f32>(0.0), p1 * v6, p1 >= 0.0);
-                    }
-                    if (RQ > 1u && DVT > 7u) {
-                        o1_7 += select(vec4<f32>(0.0), p1 * v7, p1 >= 0.0);
+                        let p1 = subgroupShuffle(s1_0, src);
+                        let a1 = attends(live1, lo1, hi1, mb1, key);
+                        o1_0 += select(vec4<f32>(0.0), p1 * v0, a1);
+                        if (DVT > 1u) {
+                            o1_1 += select(vec4<f32>(0.0), p1 * v1, a1);
+                        }
+                        if (DVT > 2u) {
+                            o1_2 += select(vec4<f32>(0.0), p1 * v2, a1);
+                        }
+                        if (DVT > 3u) {
+                            o1_3 += select(vec4<f32>(0.0), p1 * v3, a1);
+                        }
+                        if (DVT > 4u) {
+                            o1_4 += select(vec4<f32>(0.0), p1 * v4, a1);
+                        }
+                        if (DVT > 5u) {
+                            o1_5 += select(vec4<f32>(0.0), p1 * v5, a1);
+                        }
+                        if (DVT > 6u) {
+                            o1_6 += select(vec4<f32>(0.0), p1 * v6, a1);
+                        }
+                        if (DVT > 7u) {
+                            o1_7 += select(vec4<f32>(0.0), p1 * v7, a1);
+                        }
                     }
                     if (RQ > 2u) {
-                        o2_0 += select(vec4<f32>(0.0), p2 * v0, p2 >= 0.0);
-                    }
-                    if (RQ > 2u && DVT > 1u) {
-                        o2_1 += select(vec4<f32>(0.0), p2 * v1, p2 >= 0.0);
-                    }
-                    if (RQ > 2u && DVT > 2u) {
-                        o2_2 += select(vec4<f32>(0.0), p2 * v2, p2 >= 0.0);
-                    }
-                    if (RQ > 2u && DVT > 3u) {
-                        o2_3 += select(vec4<f32>(0.0), p2 * v3, p2 >= 0.0);
-                    }
-                    if (RQ > 2u && DVT > 4u) {
-                        o2_4 += select(vec4<f32>(0.0), p2 * v4, p2 >= 0.0);
+                        let p2 = subgroupShuffle(s2_0, src);
+                        let a2 = attends(live2, lo2, hi2, mb2, key);
+                        o2_0 += select(vec4<f32>(0.0), p2 * v0, a2);
+                        if (DVT > 1u) {
+                            o2_1 += select(vec4<f32>(0.0), p2 * v1, a2);
+                        }
+                        if (DVT > 2u) {
+                            o2_2 += select(vec4<f32>(0.0), p2 * v2, a2);
+                        }
+                        if (DVT > 3u) {
+                            o2_3 += select(vec4<f32>(0.0), p2 * v3, a2);
+                        }
+                        if (DVT > 4u) {
+                            o2_4 += select(vec4<f32>(0.0), p2 * v4, a2);
+                        }
                     }
                     if (RQ > 3u) {
-                        o3_0 += select(vec4<f32>(0.0), p3 * v0, p3 >= 0.0);
-                    }
-                    if (RQ > 3u && DVT > 1u) {
-                        o3_1 += select(vec4<f32>(0.0), p3 * v1, p3 >= 0.0);
-                    }
-                    if (RQ > 3u && DVT > 2u) {
-                        o3_2 += select(vec4<f32>(0.0), p3 * v2, p3 >= 0.0);
-                    }
-                    if (RQ > 3u && DVT > 3u) {
-                        o3_3 += select(vec4<f32>(0.0), p3 * v3, p3 >= 0.0);
+                        let p3 = subgroupShuffle(s3_0, src);
+                        let a3 = attends(live3, lo3, hi3, mb3, key);
+                        o3_0 += select(vec4<f32>(0.0), p3 * v0, a3);
+                        if (DVT > 1u) {
+                            o3_1 += select(vec4<f32>(0.0), p3 * v1, a3);
+                        }
+                        if (DVT > 2u) {
+                            o3_2 += select(vec4<f32>(0.0), p3 * v2, a3);
+                        }
+                        if (DVT > 3u) {
+                            o3_3 += select(vec4<f32>(0.0), p3 * v3, a3);
+                        }
                     }
                 }
                 if (RK > 1u) {
                     {
-                        let v0 = v_tile[(t + TK * 1u) * KS + min(tc + TK * 0u, DV4 - 1u)];
-                        let v1 = v_tile[(t + TK * 1u) * KS + min(tc + TK * 1u, DV4 - 1u)];
-                        let v2 = v_tile[(t + TK * 1u) * KS + min(tc + TK * 2u, DV4 - 1u)];
-                        let v3 = v_tile[(t + TK * 1u) * KS + min(tc + TK * 3u, DV4 - 1u)];
-                        let v4 = v_tile[(t + TK * 1u) * KS + min(tc + TK * 4u, DV4 - 1u)];
-                        let v5 = v_tile[(t + TK * 1u) * KS + min(tc + TK * 5u, DV4 - 1u)];
-                        let v6 = v_tile[(t + TK * 1u) * KS + min(tc + TK * 6u, DV4 - 1u)];
-                        let v7 = v_tile[(t + TK * 1u) * KS + min(tc + TK * 7u, DV4 - 1u)];
-                        var p0 = 0.0;
-                        p0 = subgroupShuffle(s0_1, src);
-                        var p1 = 0.0;
-                        if (RQ > 1u) {
-                            p1 = subgroupShuffle(s1_1, src);
-                        }
-                        var p2 = 0.0;
-                        if (RQ > 2u) {
-                            p2 = subgroupShuffle(s2_1, src);
-                        }
-                        var p3 = 0.0;
-                        if (RQ > 3u) {
-                            p3 = subgroupShuffle(s3_1, src);
-                        }
-                        o0_0 += select(vec4<f32>(0.0), p0 * v0, p0 >= 0.0);
+                        let key = j0 + i32(t + TK * 1u);
+                        let v0 = v_tile[(t + TK * 1u) * KS + v_at0];
+                        let v1 = v_tile[(t + TK * 1u) * KS + v_at1];
+                        let v2 = v_tile[(t + TK * 1u) * KS + v_at2];
+                        let v3 = v_tile[(t + TK * 1u) * KS + v_at3];
+                        let v4 = v_tile[(t + TK * 1u) * KS + v_at4];
+                        let v5 = v_tile[(t + TK * 1u) * KS + v_at5];
+                        let v6 = v_tile[(t + TK * 1u) * KS + v_at6];
+                        let v7 = v_tile[(t + TK * 1u) * KS + v_at7];
+                        let p0 = subgroupShuffle(s0_1, src);
+                        let a0 = attends(live0, lo0, hi0, mb0, key);
+                        o0_0 += select(vec4<f32>(0.0), p0 * v0, a0);
                         if (DVT > 1u) {
-                            o0_1 += select(vec4<f32>(0.0), p0 * v1, p0 >= 0.0);
+                            o0_1 += select(vec4<f32>(0.0), p0 * v1, a0);
                         }
                         if (DVT > 2u) {
-                            o0_2 += select(vec4<f32>(0.0), p0 * v2, p0 >= 0.0);
+                            o0_2 += select(vec4<f32>(0.0), p0 * v2, a0);
                         }
                         if (DVT > 3u) {
-                            o0_3 += select(vec4<f32>(0.0), p0 * v3, p0 >= 0.0);
+                            o0_3 += select(vec4<f32>(0.0), p0 * v3, a0);
                         }
                         if (DVT > 4u) {
-                            o0_4 += select(vec4<f32>(0.0), p0 * v4, p0 >= 0.0);
+                            o0_4 += select(vec4<f32>(0.0), p0 * v4, a0);
                         }
                         if (DVT > 5u) {
-                            o0_5 += select(vec4<f32>(0.0), p0 * v5, p0 >= 0.0);
+                            o0_5 += select(vec4<f32>(0.0), p0 * v5, a0);
                         }
                         if (DVT > 6u) {
-                            o0_6 += select(vec4<f32>(0.0), p0 * v6, p0 >= 0.0);
+                            o0_6 += select(vec4<f32>(0.0), p0 * v6, a0);
                         }
                         if (DVT > 7u) {
-                            o0_7 += select(vec4<f32>(0.0), p0 * v7, p0 >= 0.0);
+                            o0_7 += select(vec4<f32>(0.0), p0 * v7, a0);
                         }
                         if (RQ > 1u) {
-                            o1_0 += select(vec4<f32>(0.0), p1 * v0, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 1u) {
-                            o1_1 += select(vec4<f32>(0.0), p1 * v1, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 2u) {
-                            o1_2 += select(vec4<f32>(0.0), p1 * v2, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 3u) {
-                            o1_3 += select(vec4<f32>(0.0), p1 * v3, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 4u) {
-                            o1_4 += select(vec4<f32>(0.0), p1 * v4, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 5u) {
-                            o1_5 += select(vec4<f32>(0.0), p1 * v5, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 6u) {
-                            o1_6 += select(vec4<f32>(0.0), p1 * v6, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 7u) {
-                            o1_7 += select(vec4<f32>(0.0), p1 * v7, p1 >= 0.0);
+                            let p1 = subgroupShuffle(s1_1, src);
+                            let a1 = attends(live1, lo1, hi1, mb1, key);
+                            o1_0 += select(vec4<f32>(0.0), p1 * v0, a1);
+                            if (DVT > 1u) {
+                                o1_1 += select(vec4<f32>(0.0), p1 * v1, a1);
+                            }
+                            if (DVT > 2u) {
+                                o1_2 += select(vec4<f32>(0.0), p1 * v2, a1);
+                            }
+                            if (DVT > 3u) {
+                                o1_3 += select(vec4<f32>(0.0), p1 * v3, a1);
+                            }
+                            if (DVT > 4u) {
+                                o1_4 += select(vec4<f32>(0.0), p1 * v4, a1);
+                            }
+                            if (DVT > 5u) {
+                                o1_5 += select(vec4<f32>(0.0), p1 * v5, a1);
+                            }
+                            if (DVT > 6u) {
+                                o1_6 += select(vec4<f32>(0.0), p1 * v6, a1);
+                            }
+                            if (DVT > 7u) {
+                                o1_7 += select(vec4<f32>(0.0), p1 * v7, a1);
+                            }
                         }
                         if (RQ > 2u) {
-                            o2_0 += select(vec4<f32>(0.0), p2 * v0, p2 >= 0.0);
-                        }
-                        if (RQ > 2u && DVT > 1u) {
-                            o2_1 += select(vec4<f32>(0.0), p2 * v1, p2 >= 0.0);
-                        }
-                        if (RQ > 2u && DVT > 2u) {
-                            o2_2 += select(vec4<f32>(0.0), p2 * v2, p2 >= 0.0);
-                        }
-                        if (RQ > 2u && DVT > 3u) {
-                            o2_3 += select(vec4<f32>(0.0), p2 * v3, p2 >= 0.0);
-                        }
-                        if (RQ > 2u && DVT > 4u) {
-                            o2_4 += select(vec4<f32>(0.0), p2 * v4, p2 >= 0.0);
+                            let p2 = subgroupShuffle(s2_1, src);
+                            let a2 = attends(live2, lo2, hi2, mb2, key);
+                            o2_0 += select(vec4<f32>(0.0), p2 * v0, a2);
+                            if (DVT > 1u) {
+                                o2_1 += select(vec4<f32>(0.0), p2 * v1, a2);
+                            }
+                            if (DVT > 2u) {
+                                o2_2 += select(vec4<f32>(0.0), p2 * v2, a2);
+                            }
+                            if (DVT > 3u) {
+                                o2_3 += select(vec4<f32>(0.0), p2 * v3, a2);
+                            }
+                            if (DVT > 4u) {
+                                o2_4 += select(vec4<f32>(0.0), p2 * v4, a2);
+                            }
                         }
                         if (RQ > 3u) {
-                            o3_0 += select(vec4<f32>(0.0), p3 * v0, p3 >= 0.0);
-                        }
-                        if (RQ > 3u && DVT > 1u) {
-                            o3_1 += select(vec4<f32>(0.0), p3 * v1, p3 >= 0.0);
-                        }
-                        if (RQ > 3u && DVT > 2u) {
-                            o3_2 += select(vec4<f32>(0.0), p3 * v2, p3 >= 0.0);
-                        }
-                        if (RQ > 3u && DVT > 3u) {
-                            o3_3 += select(vec4<f32>(0.0), p3 * v3, p3 >= 0.0);
+                            let p3 = subgroupShuffle(s3_1, src);
+                            let a3 = attends(live3, lo3, hi3, mb3, key);
+                            o3_0 += select(vec4<f32>(0.0), p3 * v0, a3);
+                            if (DVT > 1u) {
+                                o3_1 += select(vec4<f32>(0.0), p3 * v1, a3);
+                            }
+                            if (DVT > 2u) {
+                                o3_2 += select(vec4<f32>(0.0), p3 * v2, a3);
+                            }
+                            if (DVT > 3u) {
+                                o3_3 += select(vec4<f32>(0.0), p3 * v3, a3);
+                            }
                         }
                     }
                 }
                 if (RK > 2u) {
                     {
-                        let v0 = v_tile[(t + TK * 2u) * KS + min(tc + TK * 0u, DV4 - 1u)];
-                        let v1 = v_tile[(t + TK * 2u) * KS + min(tc + TK * 1u, DV4 - 1u)];
-                        let v2 = v_tile[(t + TK * 2u) * KS + min(tc + TK * 2u, DV4 - 1u)];
-                        let v3 = v_tile[(t + TK * 2u) * KS + min(tc + TK * 3u, DV4 - 1u)];
-                        let v4 = v_tile[(t + TK * 2u) * KS + min(tc + TK * 4u, DV4 - 1u)];
-                        let v5 = v_tile[(t + TK * 2u) * KS + min(tc + TK * 5u, DV4 - 1u)];
-                        let v6 = v_tile[(t + TK * 2u) * KS + min(tc + TK * 6u, DV4 - 1u)];
-                        let v7 = v_tile[(t + TK * 2u) * KS + min(tc + TK * 7u, DV4 - 1u)];
-                        var p0 = 0.0;
-                        p0 = subgroupShuffle(s0_2, src);
-                        var p1 = 0.0;
-                        if (RQ > 1u) {
-                            p1 = subgroupShuffle(s1_2, src);
-                        }
-                        var p2 = 0.0;
-                        if (RQ > 2u) {
-                            p2 = subgroupShuffle(s2_2, src);
-                        }
-                        var p3 = 0.0;
-                        if (RQ > 3u) {
-                            p3 = subgroupShuffle(s3_2, src);
-                        }
-                        o0_0 += select(vec4<f32>(0.0), p0 * v0, p0 >= 0.0);
+                        let key = j0 + i32(t + TK * 2u);
+                        let v0 = v_tile[(t + TK * 2u) * KS + v_at0];
+                        let v1 = v_tile[(t + TK * 2u) * KS + v_at1];
+                        let v2 = v_tile[(t + TK * 2u) * KS + v_at2];
+                        let v3 = v_tile[(t + TK * 2u) * KS + v_at3];
+                        let v4 = v_tile[(t + TK * 2u) * KS + v_at4];
+                        let v5 = v_tile[(t + TK * 2u) * KS + v_at5];
+                        let v6 = v_tile[(t + TK * 2u) * KS + v_at6];
+                        let v7 = v_tile[(t + TK * 2u) * KS + v_at7];
+                        let p0 = subgroupShuffle(s0_2, src);
+                        let a0 = attends(live0, lo0, hi0, mb0, key);
+                        o0_0 += select(vec4<f32>(0.0), p0 * v0, a0);
                         if (DVT > 1u) {
-                            o0_1 += select(vec4<f32>(0.0), p0 * v1, p0 >= 0.0);
+                            o0_1 += select(vec4<f32>(0.0), p0 * v1, a0);
                         }
                         if (DVT > 2u) {
-                            o0_2 += select(vec4<f32>(0.0), p0 * v2, p0 >= 0.0);
+                            o0_2 += select(vec4<f32>(0.0), p0 * v2, a0);
                         }
                         if (DVT > 3u) {
-                            o0_3 += select(vec4<f32>(0.0), p0 * v3, p0 >= 0.0);
+                            o0_3 += select(vec4<f32>(0.0), p0 * v3, a0);
                         }
                         if (DVT > 4u) {
-                            o0_4 += select(vec4<f32>(0.0), p0 * v4, p0 >= 0.0);
+                            o0_4 += select(vec4<f32>(0.0), p0 * v4, a0);
                         }
                         if (DVT > 5u) {
-                            o0_5 += select(vec4<f32>(0.0), p0 * v5, p0 >= 0.0);
+                            o0_5 += select(vec4<f32>(0.0), p0 * v5, a0);
                         }
                         if (DVT > 6u) {
-                            o0_6 += select(vec4<f32>(0.0), p0 * v6, p0 >= 0.0);
+                            o0_6 += select(vec4<f32>(0.0), p0 * v6, a0);
                         }
                         if (DVT > 7u) {
-                            o0_7 += select(vec4<f32>(0.0), p0 * v7, p0 >= 0.0);
+                            o0_7 += select(vec4<f32>(0.0), p0 * v7, a0);
                         }
                         if (RQ > 1u) {
-                            o1_0 += select(vec4<f32>(0.0), p1 * v0, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 1u) {
-                            o1_1 += select(vec4<f32>(0.0), p1 * v1, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 2u) {
-                            o1_2 += select(vec4<f32>(0.0), p1 * v2, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 3u) {
-                            o1_3 += select(vec4<f32>(0.0), p1 * v3, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 4u) {
-                            o1_4 += select(vec4<f32>(0.0), p1 * v4, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 5u) {
-                            o1_5 += select(vec4<f32>(0.0), p1 * v5, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 6u) {
-                            o1_6 += select(vec4<f32>(0.0), p1 * v6, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 7u) {
-                            o1_7 += select(vec4<f32>(0.0), p1 * v7, p1 >= 0.0);
+                            let p1 = subgroupShuffle(s1_2, src);
+                            let a1 = attends(live1, lo1, hi1, mb1, key);
+                            o1_0 += select(vec4<f32>(0.0), p1 * v0, a1);
+                            if (DVT > 1u) {
+                                o1_1 += select(vec4<f32>(0.0), p1 * v1, a1);
+                            }
+                            if (DVT > 2u) {
+                                o1_2 += select(vec4<f32>(0.0), p1 * v2, a1);
+                            }
+                            if (DVT > 3u) {
+                                o1_3 += select(vec4<f32>(0.0), p1 * v3, a1);
+                            }
+                            if (DVT > 4u) {
+                                o1_4 += select(vec4<f32>(0.0), p1 * v4, a1);
+                            }
+                            if (DVT > 5u) {
+                                o1_5 += select(vec4<f32>(0.0), p1 * v5, a1);
+                            }
+                            if (DVT > 6u) {
+                                o1_6 += select(vec4<f32>(0.0), p1 * v6, a1);
+                            }
+                            if (DVT > 7u) {
+                                o1_7 += select(vec4<f32>(0.0), p1 * v7, a1);
+                            }
                         }
                         if (RQ > 2u) {
-                            o2_0 += select(vec4<f32>(0.0), p2 * v0, p2 >= 0.0);
-                        }
-                        if (RQ > 2u && DVT > 1u) {
-                            o2_1 += select(vec4<f32>(0.0), p2 * v1, p2 >= 0.0);
-                        }
-                        if (RQ > 2u && DVT > 2u) {
-                            o2_2 += select(vec4<f32>(0.0), p2 * v2, p2 >= 0.0);
-                        }
-                        if (RQ > 2u && DVT > 3u) {
-                            o2_3 += select(vec4<f32>(0.0), p2 * v3, p2 >= 0.0);
-                        }
-                        if (RQ > 2u && DVT > 4u) {
-                            o2_4 += select(vec4<f32>(0.0), p2 * v4, p2 >= 0.0);
+                            let p2 = subgroupShuffle(s2_2, src);
+                            let a2 = attends(live2, lo2, hi2, mb2, key);
+                            o2_0 += select(vec4<f32>(0.0), p2 * v0, a2);
+                            if (DVT > 1u) {
+                                o2_1 += select(vec4<f32>(0.0), p2 * v1, a2);
+                            }
+                            if (DVT > 2u) {
+                                o2_2 += select(vec4<f32>(0.0), p2 * v2, a2);
+                            }
+                            if (DVT > 3u) {
+                                o2_3 += select(vec4<f32>(0.0), p2 * v3, a2);
+                            }
+                            if (DVT > 4u) {
+                                o2_4 += select(vec4<f32>(0.0), p2 * v4, a2);
+                            }
                         }
                         if (RQ > 3u) {
-                            o3_0 += select(vec4<f32>(0.0), p3 * v0, p3 >= 0.0);
-                        }
-                        if (RQ > 3u && DVT > 1u) {
-                            o3_1 += select(vec4<f32>(0.0), p3 * v1, p3 >= 0.0);
-                        }
-                        if (RQ > 3u && DVT > 2u) {
-                            o3_2 += select(vec4<f32>(0.0), p3 * v2, p3 >= 0.0);
-                        }
-                        if (RQ > 3u && DVT > 3u) {
-                            o3_3 += select(vec4<f32>(0.0), p3 * v3, p3 >= 0.0);
+                            let p3 = subgroupShuffle(s3_2, src);
+                            let a3 = attends(live3, lo3, hi3, mb3, key);
+                            o3_0 += select(vec4<f32>(0.0), p3 * v0, a3);
+                            if (DVT > 1u) {
+                                o3_1 += select(vec4<f32>(0.0), p3 * v1, a3);
+                            }
+                            if (DVT > 2u) {
+                                o3_2 += select(vec4<f32>(0.0), p3 * v2, a3);
+                            }
+                            if (DVT > 3u) {
+                                o3_3 += select(vec4<f32>(0.0), p3 * v3, a3);
+                            }
                         }
                     }
                 }
                 if (RK > 3u) {
                     {
-                        let v0 = v_tile[(t + TK * 3u) * KS + min(tc + TK * 0u, DV4 - 1u)];
-                        let v1 = v_tile[(t + TK * 3u) * KS + min(tc + TK * 1u, DV4 - 1u)];
-                        let v2 = v_tile[(t + TK * 3u) * KS + min(tc + TK * 2u, DV4 - 1u)];
-                        let v3 = v_tile[(t + TK * 3u) * KS + min(tc + TK * 3u, DV4 - 1u)];
-                        let v4 = v_tile[(t + TK * 3u) * KS + min(tc + TK * 4u, DV4 - 1u)];
-                        let v5 = v_tile[(t + TK * 3u) * KS + min(tc + TK * 5u, DV4 - 1u)];
-                        let v6 = v_tile[(t + TK * 3u) * KS + min(tc + TK * 6u, DV4 - 1u)];
-                        let v7 = v_tile[(t + TK * 3u) * KS + min(tc + TK * 7u, DV4 - 1u)];
-                        var p0 = 0.0;
-                        p0 = subgroupShuffle(s0_3, src);
-                        var p1 = 0.0;
-                        if (RQ > 1u) {
-                            p1 = subgroupShuffle(s1_3, src);
-                        }
-                        var p2 = 0.0;
-                        if (RQ > 2u) {
-                            p2 = subgroupShuffle(s2_3, src);
-                        }
-                        var p3 = 0.0;
-                        if (RQ > 3u) {
-                            p3 = subgroupShuffle(s3_3, src);
-                        }
-                        o0_0 += select(vec4<f32>(0.0), p0 * v0, p0 >= 0.0);
+                        let key = j0 + i32(t + TK * 3u);
+                        let v0 = v_tile[(t + TK * 3u) * KS + v_at0];
+                        let v1 = v_tile[(t + TK * 3u) * KS + v_at1];
+                        let v2 = v_tile[(t + TK * 3u) * KS + v_at2];
+                        let v3 = v_tile[(t + TK * 3u) * KS + v_at3];
+                        let v4 = v_tile[(t + TK * 3u) * KS + v_at4];
+                        let v5 = v_tile[(t + TK * 3u) * KS + v_at5];
+                        let v6 = v_tile[(t + TK * 3u) * KS + v_at6];
+                        let v7 = v_tile[(t + TK * 3u) * KS + v_at7];
+                        let p0 = subgroupShuffle(s0_3, src);
+                        let a0 = attends(live0, lo0, hi0, mb0, key);
+                        o0_0 += select(vec4<f32>(0.0), p0 * v0, a0);
                         if (DVT > 1u) {
-                            o0_1 += select(vec4<f32>(0.0), p0 * v1, p0 >= 0.0);
+                            o0_1 += select(vec4<f32>(0.0), p0 * v1, a0);
                         }
                         if (DVT > 2u) {
-                            o0_2 += select(vec4<f32>(0.0), p0 * v2, p0 >= 0.0);
+                            o0_2 += select(vec4<f32>(0.0), p0 * v2, a0);
                         }
                         if (DVT > 3u) {
-                            o0_3 += select(vec4<f32>(0.0), p0 * v3, p0 >= 0.0);
+                            o0_3 += select(vec4<f32>(0.0), p0 * v3, a0);
                         }
                         if (DVT > 4u) {
-                            o0_4 += select(vec4<f32>(0.0), p0 * v4, p0 >= 0.0);
+                            o0_4 += select(vec4<f32>(0.0), p0 * v4, a0);
                         }
                         if (DVT > 5u) {
-                            o0_5 += select(vec4<f32>(0.0), p0 * v5, p0 >= 0.0);
+                            o0_5 += select(vec4<f32>(0.0), p0 * v5, a0);
                         }
                         if (DVT > 6u) {
-                            o0_6 += select(vec4<f32>(0.0), p0 * v6, p0 >= 0.0);
+                            o0_6 += select(vec4<f32>(0.0), p0 * v6, a0);
                         }
                         if (DVT > 7u) {
-                            o0_7 += select(vec4<f32>(0.0), p0 * v7, p0 >= 0.0);
+                            o0_7 += select(vec4<f32>(0.0), p0 * v7, a0);
                         }
                         if (RQ > 1u) {
-                            o1_0 += select(vec4<f32>(0.0), p1 * v0, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 1u) {
-                            o1_1 += select(vec4<f32>(0.0), p1 * v1, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 2u) {
-                            o1_2 += select(vec4<f32>(0.0), p1 * v2, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 3u) {
-                            o1_3 += select(vec4<f32>(0.0), p1 * v3, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 4u) {
-                            o1_4 += select(vec4<f32>(0.0), p1 * v4, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 5u) {
-                            o1_5 += select(vec4<f32>(0.0), p1 * v5, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 6u) {
-                            o1_6 += select(vec4<f32>(0.0), p1 * v6, p1 >= 0.0);
-                        }
-                        if (RQ > 1u && DVT > 7u) {
-                            o1_7 += select(vec4<f32>(0.0), p1 * v7, p1 >= 0.0);
+                            let p1 = subgroupShuffle(s1_3, src);
+                            let a1 = attends(live1, lo1, hi1, mb1, key);
+                            o1_0 += select(vec4<f32>(0.0), p1 * v0, a1);
+                            if (DVT > 1u) {
+                                o1_1 += select(vec4<f32>(0.0), p1 * v1, a1);
+                            }
+                            if (DVT > 2u) {
+                                o1_2 += select(vec4<f32>(0.0), p1 * v2, a1);
+                            }
+                            if (DVT > 3u) {
+                                o1_3 += select(vec4<f32>(0.0), p1 * v3, a1);
+                            }
+                            if (DVT > 4u) {
+                                o1_4 += select(vec4<f32>(0.0), p1 * v4, a1);
+                            }
+                            if (DVT > 5u) {
+                                o1_5 += select(vec4<f32>(0.0), p1 * v5, a1);
+                            }
+                            if (DVT > 6u) {
+                                o1_6 += select(vec4<f32>(0.0), p1 * v6, a1);
+                            }
+                            if (DVT > 7u) {
+                                o1_7 += select(vec4<f32>(0.0), p1 * v7, a1);
+                            }
                         }
                         if (RQ > 2u) {
-                            o2_0 += select(vec4<f32>(0.0), p2 * v0, p2 >= 0.0);
-                        }
-                        if (RQ > 2u && DVT > 1u) {
-                            o2_1 += select(vec4<f32>(0.0), p2 * v1, p2 >= 0.0);
-                        }
-                        if (RQ > 2u && DVT > 2u) {
-                            o2_2 += select(vec4<f32>(0.0), p2 * v2, p2 >= 0.0);
-                        }
-                        if (RQ > 2u && DVT > 3u) {
-                            o2_3 += select(vec4<f32>(0.0), p2 * v3, p2 >= 0.0);
-                        }
-                        if (RQ > 2u && DVT > 4u) {
-                            o2_4 += select(vec4<f32>(0.0), p2 * v4, p2 >= 0.0);
+                            let p2 = subgroupShuffle(s2_3, src);
+                            let a2 = attends(live2, lo2, hi2, mb2, key);
+                            o2_0 += select(vec4<f32>(0.0), p2 * v0, a2);
+                            if (DVT > 1u) {
+                                o2_1 += select(vec4<f32>(0.0), p2 * v1, a2);
+                            }
+                            if (DVT > 2u) {
+                                o2_2 += select(vec4<f32>(0.0), p2 * v2, a2);
+                            }
+                            if (DVT > 3u) {
+                                o2_3 += select(vec4<f32>(0.0), p2 * v3, a2);
+                            }
+                            if (DVT > 4u) {
+                                o2_4 += select(vec4<f32>(0.0), p2 * v4, a2);
+                            }
                         }
                         if (RQ > 3u) {
-                            o3_0 += select(vec4<f32>(0.0), p3 * v0, p3 >= 0.0);
-                        }
-                        if (RQ > 3u && DVT > 1u) {
-                            o3_1 += select(vec4<f32>(0.0), p3 * v1, p3 >= 0.0);
-                        }
-                        if (RQ > 3u && DVT > 2u) {
-                            o3_2 += select(vec4<f32>(0.0), p3 * v2, p3 >= 0.0);
-                        }
-                        if (RQ > 3u && DVT > 3u) {
-                            o3_3 += select(vec4<f32>(0.0), p3 * v3, p3 >= 0.0);
+                            let p3 = subgroupShuffle(s3_3, src);
+                            let a3 = attends(live3, lo3, hi3, mb3, key);
+                            o3_0 += select(vec4<f32>(0.0), p3 * v0, a3);
+                            if (DVT > 1u) {
+                                o3_1 += select(vec4<f32>(0.0), p3 * v1, a3);
+                            }
+                            if (DVT > 2u) {
+                                o3_2 += select(vec4<f32>(0.0), p3 * v2, a3);
+                            }
+                            if (DVT > 3u) {
+                                o3_3 += select(vec4<f32>(0.0), p3 * v3, a3);
+                            }
                         }
                     }
                 }
@@ -1976,28 +2136,15 @@ fn main(
             for (var t = 0u; t < TK; t++) {
                 let src = lane0 + t;
                 {
-                    let v0 = v_tile[(t + TK * 0u) * KS + min(tc + TK * 0u, DV4 - 1u)];
-                    let v1 = v_tile[(t + TK * 0u) * KS + min(tc + TK * 1u, DV4 - 1u)];
-                    let v2 = v_tile[(t + TK * 0u) * KS + min(tc + TK * 2u, DV4 - 1u)];
-                    let v3 = v_tile[(t + TK * 0u) * KS + min(tc + TK * 3u, DV4 - 1u)];
-                    let v4 = v_tile[(t + TK * 0u) * KS + min(tc + TK * 4u, DV4 - 1u)];
-                    let v5 = v_tile[(t + TK * 0u) * KS + min(tc + TK * 5u, DV4 - 1u)];
-                    let v6 = v_tile[(t + TK * 0u) * KS + min(tc + TK * 6u, DV4 - 1u)];
-                    let v7 = v_tile[(t + TK * 0u) * KS + min(tc + TK * 7u, DV4 - 1u)];
-                    var p0 = 0.0;
-                    p0 = max(subgroupShuffle(s0_0, src), 0.0);
-                    var p1 = 0.0;
-                    if (RQ > 1u) {
-                        p1 = max(subgroupShuffle(s1_0, src), 0.0);
-                    }
-                    var p2 = 0.0;
-                    if (RQ > 2u) {
-                        p2 = max(subgroupShuffle(s2_0, src), 0.0);
-                    }
-                    var p3 = 0.0;
-                    if (RQ > 3u) {
-                        p3 = max(subgroupShuffle(s3_0, src), 0.0);
-                    }
+                    let v0 = v_tile[(t + TK * 0u) * KS + v_at0];
+                    let v1 = v_tile[(t + TK * 0u) * KS + v_at1];
+                    let v2 = v_tile[(t + TK * 0u) * KS + v_at2];
+                    let v3 = v_tile[(t + TK * 0u) * KS + v_at3];
+                    let v4 = v_tile[(t + TK * 0u) * KS + v_at4];
+                    let v5 = v_tile[(t + TK * 0u) * KS + v_at5];
+                    let v6 = v_tile[(t + TK * 0u) * KS + v_at6];
+                    let v7 = v_tile[(t + TK * 0u) * KS + v_at7];
+                    let p0 = subgroupShuffle(s0_0, src);
                     o0_0 = fma(vec4<f32>(p0), v0, o0_0);
                     if (DVT > 1u) {
                         o0_1 = fma(vec4<f32>(p0), v1, o0_1);
@@ -2021,81 +2168,71 @@ fn main(
                         o0_7 = fma(vec4<f32>(p0), v7, o0_7);
                     }
                     if (RQ > 1u) {
+                        let p1 = subgroupShuffle(s1_0, src);
                         o1_0 = fma(vec4<f32>(p1), v0, o1_0);
-                    }
-                    if (RQ > 1u && DVT > 1u) {
-                        o1_1 = fma(vec4<f32>(p1), v1, o1_1);
-                    }
-                    if (RQ > 1u && DVT > 2u) {
-                        o1_2 = fma(vec4<f32>(p1), v2, o1_2);
-                    }
-                    if (RQ > 1u && DVT > 3u) {
-                        o1_3 = fma(vec4<f32>(p1), v3, o1_3);
-                    }
-                    if (RQ > 1u && DVT > 4u) {
-                        o1_4 = fma(vec4<f32>(p1), v4, o1_4);
-                    }
-                    if (RQ > 1u && DVT > 5u) {
-                        o1_5 = fma(vec4<f32>(p1), v5, o1_5);
-                    }
-                    if (RQ > 1u && DVT > 6u) {
-                        o1_6 = fma(vec4<f32>(p1), v6, o1_6);
-                    }
-                    if (RQ > 1u && DVT > 7u) {
-                        o1_7 = fma(vec4<f32>(p1), v7, o1_7);
+                        if (DVT > 1u) {
+                            o1_1 = fma(vec4<f32>(p1), v1, o1_1);
+                        }
+                        if (DVT > 2u) {
+                            o1_2 = fma(vec4<f32>(p1), v2, o1_2);
+                        }
+                        if (DVT > 3u) {
+                            o1_3 = fma(vec4<f32>(p1), v3, o1_3);
+                        }
+                        if (DVT > 4u) {
+                            o1_4 = fma(vec4<f32>(p1), v4, o1_4);
+                        }
+                        if (DVT > 5u) {
+                            o1_5 = fma(vec4<f32>(p1), v5, o1_5);
+                        }
+                        if (DVT > 6u) {
+                            o1_6 = fma(vec4<f32>(p1), v6, o1_6);
+                        }
+                        if (DVT > 7u) {
+                            o1_7 = fma(vec4<f32>(p1), v7, o1_7);
+                        }
                     }
                     if (RQ > 2u) {
+                        let p2 = subgroupShuffle(s2_0, src);
                         o2_0 = fma(vec4<f32>(p2), v0, o2_0);
-                    }
-                    if (RQ > 2u && DVT > 1u) {
-                        o2_1 = fma(vec4<f32>(p2), v1, o2_1);
-                    }
-                    if (RQ > 2u && DVT > 2u) {
-                        o2_2 = fma(vec4<f32>(p2), v2, o2_2);
-                    }
-                    if (RQ > 2u && DVT > 3u) {
-                        o2_3 = fma(vec4<f32>(p2), v3, o2_3);
-                    }
-                    if (RQ > 2u && DVT > 4u) {
-                        o2_4 = fma(vec4<f32>(p2), v4, o2_4);
+                        if (DVT > 1u) {
+                            o2_1 = fma(vec4<f32>(p2), v1, o2_1);
+                        }
+                        if (DVT > 2u) {
+                            o2_2 = fma(vec4<f32>(p2), v2, o2_2);
+                        }
+                        if (DVT > 3u) {
+                            o2_3 = fma(vec4<f32>(p2), v3, o2_3);
+                        }
+                        if (DVT > 4u) {
+                            o2_4 = fma(vec4<f32>(p2), v4, o2_4);
+                        }
                     }
                     if (RQ > 3u) {
+                        let p3 = subgroupShuffle(s3_0, src);
                         o3_0 = fma(vec4<f32>(p3), v0, o3_0);
-                    }
-                    if (RQ > 3u && DVT > 1u) {
-                        o3_1 = fma(vec4<f32>(p3), v1, o3_1);
-                    }
-                    if (RQ > 3u && DVT > 2u) {
-                        o3_2 = fma(vec4<f32>(p3), v2, o3_2);
-                    }
-                    if (RQ > 3u && DVT > 3u) {
-                        o3_3 = fma(vec4<f32>(p3), v3, o3_3);
+                        if (DVT > 1u) {
+                            o3_1 = fma(vec4<f32>(p3), v1, o3_1);
+                        }
+                        if (DVT > 2u) {
+                            o3_2 = fma(vec4<f32>(p3), v2, o3_2);
+                        }
+                        if (DVT > 3u) {
+                            o3_3 = fma(vec4<f32>(p3), v3, o3_3);
+                        }
                     }
                 }
                 if (RK > 1u) {
                     {
-                        let v0 = v_tile[(t + TK * 1u) * KS + min(tc + TK * 0u, DV4 - 1u)];
-                        let v1 = v_tile[(t + TK * 1u) * KS + min(tc + TK * 1u, DV4 - 1u)];
-                        let v2 = v_tile[(t + TK * 1u) * KS + min(tc + TK * 2u, DV4 - 1u)];
-                        let v3 = v_tile[(t + TK * 1u) * KS + min(tc + TK * 3u, DV4 - 1u)];
-                        let v4 = v_tile[(t + TK * 1u) * KS + min(tc + TK * 4u, DV4 - 1u)];
-                        let v5 = v_tile[(t + TK * 1u) * KS + min(tc + TK * 5u, DV4 - 1u)];
-                        let v6 = v_tile[(t + TK * 1u) * KS + min(tc + TK * 6u, DV4 - 1u)];
-                        let v7 = v_tile[(t + TK * 1u) * KS + min(tc + TK * 7u, DV4 - 1u)];
-                        var p0 = 0.0;
-                        p0 = max(subgroupShuffle(s0_1, src), 0.0);
-                        var p1 = 0.0;
-                        if (RQ > 1u) {
-                            p1 = max(subgroupShuffle(s1_1, src), 0.0);
-                        }
-                        var p2 = 0.0;
-                        if (RQ > 2u) {
-                            p2 = max(subgroupShuffle(s2_1, src), 0.0);
-                        }
-                        var p3 = 0.0;
-                        if (RQ > 3u) {
-                            p3 = max(subgroupShuffle(s3_1, src), 0.0);
-                        }
+                        let v0 = v_tile[(t + TK * 1u) * KS + v_at0];
+                        let v1 = v_tile[(t + TK * 1u) * KS + v_at1];
+                        let v2 = v_tile[(t + TK * 1u) * KS + v_at2];
+                        let v3 = v_tile[(t + TK * 1u) * KS + v_at3];
+                        let v4 = v_tile[(t + TK * 1u) * KS + v_at4];
+                        let v5 = v_tile[(t + TK * 1u) * KS + v_at5];
+                        let v6 = v_tile[(t + TK * 1u) * KS + v_at6];
+                        let v7 = v_tile[(t + TK * 1u) * KS + v_at7];
+                        let p0 = subgroupShuffle(s0_1, src);
                         o0_0 = fma(vec4<f32>(p0), v0, o0_0);
                         if (DVT > 1u) {
                             o0_1 = fma(vec4<f32>(p0), v1, o0_1);
@@ -2119,82 +2256,72 @@ fn main(
                             o0_7 = fma(vec4<f32>(p0), v7, o0_7);
                         }
                         if (RQ > 1u) {
+                            let p1 = subgroupShuffle(s1_1, src);
                             o1_0 = fma(vec4<f32>(p1), v0, o1_0);
-                        }
-                        if (RQ > 1u && DVT > 1u) {
-                            o1_1 = fma(vec4<f32>(p1), v1, o1_1);
-                        }
-                        if (RQ > 1u && DVT > 2u) {
-                            o1_2 = fma(vec4<f32>(p1), v2, o1_2);
-                        }
-                        if (RQ > 1u && DVT > 3u) {
-                            o1_3 = fma(vec4<f32>(p1), v3, o1_3);
-                        }
-                        if (RQ > 1u && DVT > 4u) {
-                            o1_4 = fma(vec4<f32>(p1), v4, o1_4);
-                        }
-                        if (RQ > 1u && DVT > 5u) {
-                            o1_5 = fma(vec4<f32>(p1), v5, o1_5);
-                        }
-                        if (RQ > 1u && DVT > 6u) {
-                            o1_6 = fma(vec4<f32>(p1), v6, o1_6);
-                        }
-                        if (RQ > 1u && DVT > 7u) {
-                            o1_7 = fma(vec4<f32>(p1), v7, o1_7);
+                            if (DVT > 1u) {
+                                o1_1 = fma(vec4<f32>(p1), v1, o1_1);
+                            }
+                            if (DVT > 2u) {
+                                o1_2 = fma(vec4<f32>(p1), v2, o1_2);
+                            }
+                            if (DVT > 3u) {
+                                o1_3 = fma(vec4<f32>(p1), v3, o1_3);
+                            }
+                            if (DVT > 4u) {
+                                o1_4 = fma(vec4<f32>(p1), v4, o1_4);
+                            }
+                            if (DVT > 5u) {
+                                o1_5 = fma(vec4<f32>(p1), v5, o1_5);
+                            }
+                            if (DVT > 6u) {
+                                o1_6 = fma(vec4<f32>(p1), v6, o1_6);
+                            }
+                            if (DVT > 7u) {
+                                o1_7 = fma(vec4<f32>(p1), v7, o1_7);
+                            }
                         }
                         if (RQ > 2u) {
+                            let p2 = subgroupShuffle(s2_1, src);
                             o2_0 = fma(vec4<f32>(p2), v0, o2_0);
-                        }
-                        if (RQ > 2u && DVT > 1u) {
-                            o2_1 = fma(vec4<f32>(p2), v1, o2_1);
-                        }
-                        if (RQ > 2u && DVT > 2u) {
-                            o2_2 = fma(vec4<f32>(p2), v2, o2_2);
-                        }
-                        if (RQ > 2u && DVT > 3u) {
-                            o2_3 = fma(vec4<f32>(p2), v3, o2_3);
-                        }
-                        if (RQ > 2u && DVT > 4u) {
-                            o2_4 = fma(vec4<f32>(p2), v4, o2_4);
+                            if (DVT > 1u) {
+                                o2_1 = fma(vec4<f32>(p2), v1, o2_1);
+                            }
+                            if (DVT > 2u) {
+                                o2_2 = fma(vec4<f32>(p2), v2, o2_2);
+                            }
+                            if (DVT > 3u) {
+                                o2_3 = fma(vec4<f32>(p2), v3, o2_3);
+                            }
+                            if (DVT > 4u) {
+                                o2_4 = fma(vec4<f32>(p2), v4, o2_4);
+                            }
                         }
                         if (RQ > 3u) {
+                            let p3 = subgroupShuffle(s3_1, src);
                             o3_0 = fma(vec4<f32>(p3), v0, o3_0);
-                        }
-                        if (RQ > 3u && DVT > 1u) {
-                            o3_1 = fma(vec4<f32>(p3), v1, o3_1);
-                        }
-                        if (RQ > 3u && DVT > 2u) {
-                            o3_2 = fma(vec4<f32>(p3), v2, o3_2);
-                        }
-                        if (RQ > 3u && DVT > 3u) {
-                            o3_3 = fma(vec4<f32>(p3), v3, o3_3);
+                            if (DVT > 1u) {
+                                o3_1 = fma(vec4<f32>(p3), v1, o3_1);
+                            }
+                            if (DVT > 2u) {
+                                o3_2 = fma(vec4<f32>(p3), v2, o3_2);
+                            }
+                            if (DVT > 3u) {
+                                o3_3 = fma(vec4<f32>(p3), v3, o3_3);
+                            }
                         }
                     }
                 }
                 if (RK > 2u) {
                     {
-                        let v0 = v_tile[(t + TK * 2u) * KS + min(tc + TK * 0u, DV4 - 1u)];
-                        let v1 = v_tile[(t + TK * 2u) * KS + min(tc + TK * 1u, DV4 - 1u)];
-                        let v2 = v_tile[(t + TK * 2u) * KS + min(tc + TK * 2u, DV4 - 1u)];
-                        let v3 = v_tile[(t + TK * 2u) * KS + min(tc + TK * 3u, DV4 - 1u)];
-                        let v4 = v_tile[(t + TK * 2u) * KS + min(tc + TK * 4u, DV4 - 1u)];
-                        let v5 = v_tile[(t + TK * 2u) * KS + min(tc + TK * 5u, DV4 - 1u)];
-                        let v6 = v_tile[(t + TK * 2u) * KS + min(tc + TK * 6u, DV4 - 1u)];
-                        let v7 = v_tile[(t + TK * 2u) * KS + min(tc + TK * 7u, DV4 - 1u)];
-                        var p0 = 0.0;
-                        p0 = max(subgroupShuffle(s0_2, src), 0.0);
-                        var p1 = 0.0;
-                        if (RQ > 1u) {
-                            p1 = max(subgroupShuffle(s1_2, src), 0.0);
-                        }
-                        var p2 = 0.0;
-                        if (RQ > 2u) {
-                            p2 = max(subgroupShuffle(s2_2, src), 0.0);
-                        }
-                        var p3 = 0.0;
-                        if (RQ > 3u) {
-                            p3 = max(subgroupShuffle(s3_2, src), 0.0);
-                        }
+                        let v0 = v_tile[(t + TK * 2u) * KS + v_at0];
+                        let v1 = v_tile[(t + TK * 2u) * KS + v_at1];
+                        let v2 = v_tile[(t + TK * 2u) * KS + v_at2];
+                        let v3 = v_tile[(t + TK * 2u) * KS + v_at3];
+                        let v4 = v_tile[(t + TK * 2u) * KS + v_at4];
+                        let v5 = v_tile[(t + TK * 2u) * KS + v_at5];
+                        let v6 = v_tile[(t + TK * 2u) * KS + v_at6];
+                        let v7 = v_tile[(t + TK * 2u) * KS + v_at7];
+                        let p0 = subgroupShuffle(s0_2, src);
                         o0_0 = fma(vec4<f32>(p0), v0, o0_0);
                         if (DVT > 1u) {
                             o0_1 = fma(vec4<f32>(p0), v1, o0_1);
@@ -2218,82 +2345,72 @@ fn main(
                             o0_7 = fma(vec4<f32>(p0), v7, o0_7);
                         }
                         if (RQ > 1u) {
+                            let p1 = subgroupShuffle(s1_2, src);
                             o1_0 = fma(vec4<f32>(p1), v0, o1_0);
-                        }
-                        if (RQ > 1u && DVT > 1u) {
-                            o1_1 = fma(vec4<f32>(p1), v1, o1_1);
-                        }
-                        if (RQ > 1u && DVT > 2u) {
-                            o1_2 = fma(vec4<f32>(p1), v2, o1_2);
-                        }
-                        if (RQ > 1u && DVT > 3u) {
-                            o1_3 = fma(vec4<f32>(p1), v3, o1_3);
-                        }
-                        if (RQ > 1u && DVT > 4u) {
-                            o1_4 = fma(vec4<f32>(p1), v4, o1_4);
-                        }
-                        if (RQ > 1u && DVT > 5u) {
-                            o1_5 = fma(vec4<f32>(p1), v5, o1_5);
-                        }
-                        if (RQ > 1u && DVT > 6u) {
-                            o1_6 = fma(vec4<f32>(p1), v6, o1_6);
-                        }
-                        if (RQ > 1u && DVT > 7u) {
-                            o1_7 = fma(vec4<f32>(p1), v7, o1_7);
+                            if (DVT > 1u) {
+                                o1_1 = fma(vec4<f32>(p1), v1, o1_1);
+                            }
+                            if (DVT > 2u) {
+                                o1_2 = fma(vec4<f32>(p1), v2, o1_2);
+                            }
+                            if (DVT > 3u) {
+                                o1_3 = fma(vec4<f32>(p1), v3, o1_3);
+                            }
+                            if (DVT > 4u) {
+                                o1_4 = fma(vec4<f32>(p1), v4, o1_4);
+                            }
+                            if (DVT > 5u) {
+                                o1_5 = fma(vec4<f32>(p1), v5, o1_5);
+                            }
+                            if (DVT > 6u) {
+                                o1_6 = fma(vec4<f32>(p1), v6, o1_6);
+                            }
+                            if (DVT > 7u) {
+                                o1_7 = fma(vec4<f32>(p1), v7, o1_7);
+                            }
                         }
                         if (RQ > 2u) {
+                            let p2 = subgroupShuffle(s2_2, src);
                             o2_0 = fma(vec4<f32>(p2), v0, o2_0);
-                        }
-                        if (RQ > 2u && DVT > 1u) {
-                            o2_1 = fma(vec4<f32>(p2), v1, o2_1);
-                        }
-                        if (RQ > 2u && DVT > 2u) {
-                            o2_2 = fma(vec4<f32>(p2), v2, o2_2);
-                        }
-                        if (RQ > 2u && DVT > 3u) {
-                            o2_3 = fma(vec4<f32>(p2), v3, o2_3);
-                        }
-                        if (RQ > 2u && DVT > 4u) {
-                            o2_4 = fma(vec4<f32>(p2), v4, o2_4);
+                            if (DVT > 1u) {
+                                o2_1 = fma(vec4<f32>(p2), v1, o2_1);
+                            }
+                            if (DVT > 2u) {
+                                o2_2 = fma(vec4<f32>(p2), v2, o2_2);
+                            }
+                            if (DVT > 3u) {
+                                o2_3 = fma(vec4<f32>(p2), v3, o2_3);
+                            }
+                            if (DVT > 4u) {
+                                o2_4 = fma(vec4<f32>(p2), v4, o2_4);
+                            }
                         }
                         if (RQ > 3u) {
+                            let p3 = subgroupShuffle(s3_2, src);
                             o3_0 = fma(vec4<f32>(p3), v0, o3_0);
-                        }
-                        if (RQ > 3u && DVT > 1u) {
-                            o3_1 = fma(vec4<f32>(p3), v1, o3_1);
-                        }
-                        if (RQ > 3u && DVT > 2u) {
-                            o3_2 = fma(vec4<f32>(p3), v2, o3_2);
-                        }
-                        if (RQ > 3u && DVT > 3u) {
-                            o3_3 = fma(vec4<f32>(p3), v3, o3_3);
+                            if (DVT > 1u) {
+                                o3_1 = fma(vec4<f32>(p3), v1, o3_1);
+                            }
+                            if (DVT > 2u) {
+                                o3_2 = fma(vec4<f32>(p3), v2, o3_2);
+                            }
+                            if (DVT > 3u) {
+                                o3_3 = fma(vec4<f32>(p3), v3, o3_3);
+                            }
                         }
                     }
                 }
                 if (RK > 3u) {
                     {
-                        let v0 = v_tile[(t + TK * 3u) * KS + min(tc + TK * 0u, DV4 - 1u)];
-                        let v1 = v_tile[(t + TK * 3u) * KS + min(tc + TK * 1u, DV4 - 1u)];
-                        let v2 = v_tile[(t + TK * 3u) * KS + min(tc + TK * 2u, DV4 - 1u)];
-                        let v3 = v_tile[(t + TK * 3u) * KS + min(tc + TK * 3u, DV4 - 1u)];
-                        let v4 = v_tile[(t + TK * 3u) * KS + min(tc + TK * 4u, DV4 - 1u)];
-                        let v5 = v_tile[(t + TK * 3u) * KS + min(tc + TK * 5u, DV4 - 1u)];
-                        let v6 = v_tile[(t + TK * 3u) * KS + min(tc + TK * 6u, DV4 - 1u)];
-                        let v7 = v_tile[(t + TK * 3u) * KS + min(tc + TK * 7u, DV4 - 1u)];
-                        var p0 = 0.0;
-                        p0 = max(subgroupShuffle(s0_3, src), 0.0);
-                        var p1 = 0.0;
-                        if (RQ > 1u) {
-                            p1 = max(subgroupShuffle(s1_3, src), 0.0);
-                        }
-                        var p2 = 0.0;
-                        if (RQ > 2u) {
-                            p2 = max(subgroupShuffle(s2_3, src), 0.0);
-                        }
-                        var p3 = 0.0;
-                        if (RQ > 3u) {
-                            p3 = max(subgroupShuffle(s3_3, src), 0.0);
-                        }
+                        let v0 = v_tile[(t + TK * 3u) * KS + v_at0];
+                        let v1 = v_tile[(t + TK * 3u) * KS + v_at1];
+                        let v2 = v_tile[(t + TK * 3u) * KS + v_at2];
+                        let v3 = v_tile[(t + TK * 3u) * KS + v_at3];
+                        let v4 = v_tile[(t + TK * 3u) * KS + v_at4];
+                        let v5 = v_tile[(t + TK * 3u) * KS + v_at5];
+                        let v6 = v_tile[(t + TK * 3u) * KS + v_at6];
+                        let v7 = v_tile[(t + TK * 3u) * KS + v_at7];
+                        let p0 = subgroupShuffle(s0_3, src);
                         o0_0 = fma(vec4<f32>(p0), v0, o0_0);
                         if (DVT > 1u) {
                             o0_1 = fma(vec4<f32>(p0), v1, o0_1);
@@ -2317,55 +2434,58 @@ fn main(
                             o0_7 = fma(vec4<f32>(p0), v7, o0_7);
                         }
                         if (RQ > 1u) {
+                            let p1 = subgroupShuffle(s1_3, src);
                             o1_0 = fma(vec4<f32>(p1), v0, o1_0);
-                        }
-                        if (RQ > 1u && DVT > 1u) {
-                            o1_1 = fma(vec4<f32>(p1), v1, o1_1);
-                        }
-                        if (RQ > 1u && DVT > 2u) {
-                            o1_2 = fma(vec4<f32>(p1), v2, o1_2);
-                        }
-                        if (RQ > 1u && DVT > 3u) {
-                            o1_3 = fma(vec4<f32>(p1), v3, o1_3);
-                        }
-                        if (RQ > 1u && DVT > 4u) {
-                            o1_4 = fma(vec4<f32>(p1), v4, o1_4);
-                        }
-                        if (RQ > 1u && DVT > 5u) {
-                            o1_5 = fma(vec4<f32>(p1), v5, o1_5);
-                        }
-                        if (RQ > 1u && DVT > 6u) {
-                            o1_6 = fma(vec4<f32>(p1), v6, o1_6);
-                        }
-                        if (RQ > 1u && DVT > 7u) {
-                            o1_7 = fma(vec4<f32>(p1), v7, o1_7);
+                            if (DVT > 1u) {
+                                o1_1 = fma(vec4<f32>(p1), v1, o1_1);
+                            }
+                            if (DVT > 2u) {
+                                o1_2 = fma(vec4<f32>(p1), v2, o1_2);
+                            }
+                            if (DVT > 3u) {
+                                o1_3 = fma(vec4<f32>(p1), v3, o1_3);
+                            }
+                            if (DVT > 4u) {
+                                o1_4 = fma(vec4<f32>(p1), v4, o1_4);
+                            }
+                            if (DVT > 5u) {
+                                o1_5 = fma(vec4<f32>(p1), v5, o1_5);
+                            }
+                            if (DVT > 6u) {
+                                o1_6 = fma(vec4<f32>(p1), v6, o1_6);
+                            }
+                            if (DVT > 7u) {
+                                o1_7 = fma(vec4<f32>(p1), v7, o1_7);
+                            }
                         }
                         if (RQ > 2u) {
+                            let p2 = subgroupShuffle(s2_3, src);
                             o2_0 = fma(vec4<f32>(p2), v0, o2_0);
-                        }
-                        if (RQ > 2u && DVT > 1u) {
-                            o2_1 = fma(vec4<f32>(p2), v1, o2_1);
-                        }
-                        if (RQ > 2u && DVT > 2u) {
-                            o2_2 = fma(vec4<f32>(p2), v2, o2_2);
-                        }
-                        if (RQ > 2u && DVT > 3u) {
-                            o2_3 = fma(vec4<f32>(p2), v3, o2_3);
-                        }
-                        if (RQ > 2u && DVT > 4u) {
-                            o2_4 = fma(vec4<f32>(p2), v4, o2_4);
+                            if (DVT > 1u) {
+                                o2_1 = fma(vec4<f32>(p2), v1, o2_1);
+                            }
+                            if (DVT > 2u) {
+                                o2_2 = fma(vec4<f32>(p2), v2, o2_2);
+                            }
+                            if (DVT > 3u) {
+                                o2_3 = fma(vec4<f32>(p2), v3, o2_3);
+                            }
+                            if (DVT > 4u) {
+                                o2_4 = fma(vec4<f32>(p2), v4, o2_4);
+                            }
                         }
                         if (RQ > 3u) {
+                            let p3 = subgroupShuffle(s3_3, src);
                             o3_0 = fma(vec4<f32>(p3), v0, o3_0);
-                        }
-                        if (RQ > 3u && DVT > 1u) {
-                            o3_1 = fma(vec4<f32>(p3), v1, o3_1);
-                        }
-                        if (RQ > 3u && DVT > 2u) {
-                            o3_2 = fma(vec4<f32>(p3), v2, o3_2);
-                        }
-                        if (RQ > 3u && DVT > 3u) {
-                            o3_3 = fma(vec4<f32>(p3), v3, o3_3);
+                            if (DVT > 1u) {
+                                o3_1 = fma(vec4<f32>(p3), v1, o3_1);
+                            }
+                            if (DVT > 2u) {
+                                o3_2 = fma(vec4<f32>(p3), v2, o3_2);
+                            }
+                            if (DVT > 3u) {
+                                o3_3 = fma(vec4<f32>(p3), v3, o3_3);
+                            }
                         }
                     }
                 }

@@ -140,3 +140,74 @@ fn run_shapes(engine: &Engine, shapes: &[TiledTiles], limits: &KernelLimits) {
         );
     }
 }
+
+/// A key whose score is -inf for every row (a -inf in K against positive
+/// queries) and whose V holds +inf: its probability is 0, yet each row that
+/// attends it still multiplies its V row, so that column is NaN there (0 x
+/// inf, as in PyTorch and the f64 oracle), and rows the causal mask keeps
+/// from it stay finite. The tiled kernels take their careful product here (a
+/// non-finite V in the tile), which re-applies the rows' rules to each key;
+/// pinned: the first measured shape and the first shuffle form that run.
+#[test]
+fn an_attended_key_whose_score_is_neg_inf_still_multiplies_its_v_row() {
+    let Some(engine) = common::gpu() else { return };
+    let ctx = engine.gpu().expect("a GPU engine");
+    let caps = ctx.capabilities();
+    let candidates = TiledTiles::candidates(8, 8);
+    let shapes: Vec<TiledTiles> = [
+        candidates
+            .iter()
+            .find(|t| t.is_measured() && t.runs_on(caps)),
+        candidates
+            .iter()
+            .find(|t| t.shuffle && !t.prefetch && t.runs_on(caps)),
+    ]
+    .into_iter()
+    .flatten()
+    .copied()
+    .collect();
+    assert!(!shapes.is_empty(), "no tiled shape runs here");
+    let (rows, keys, d) = (9, 9, 8);
+    let mut rng = webattn::rng::SplitMix64::new(common::seed());
+    let mut q = rng.normal_vec(2 * rows * d, 1.0);
+    for row in 0..2 * rows {
+        q[row * d] = 0.5 + q[row * d].abs();
+    }
+    let mut k = rng.normal_vec(keys * d, 1.0);
+    let mut v = rng.normal_vec(keys * d, 1.0);
+    k[3 * d] = f32::NEG_INFINITY;
+    v[3 * d + 1] = f32::INFINITY;
+    let q = webattn::HostTensor::new([1, 2, rows, d], q).unwrap();
+    let k = webattn::HostTensor::new([1, 1, keys, d], k).unwrap();
+    let v = webattn::HostTensor::new([1, 1, keys, d], v).unwrap();
+    let options = webattn::AttentionOptions {
+        is_causal: true,
+        path: KernelPath::Fused,
+        ..Default::default()
+    };
+    for shape in shapes {
+        let pinned = Engine::from_context(
+            ctx.clone()
+                .with_pinned_fused_kernel(FusedKernel::Tiled(shape)),
+        );
+        let y = pinned
+            .attention_host_blocking(&webattn::AttentionInputs::new(&q, &k, &v), &options)
+            .unwrap()
+            .y;
+        for head in 0..2 {
+            for row in 0..rows {
+                for col in 0..d {
+                    let value = y.data()[(head * rows + row) * d + col];
+                    let nan_expected = row >= 3 && col == 1;
+                    assert_eq!(
+                        value.is_nan(),
+                        nan_expected,
+                        "{}: head {head} row {row} column {col} is {value}",
+                        shape.key()
+                    );
+                    assert!(value.is_nan() || value.is_finite());
+                }
+            }
+        }
+    }
+}

@@ -105,12 +105,12 @@ def online_softmax(i, tile_max, keep_p):
         lines += guard(
             [rk(j)],
             [
-                "// -1 marks a key the row does not attend; an attended key",
-                "// whose score is -inf gets 0 and still multiplies V.",
-                f"let pt = select(-1.0, exp(s{i}_{j} - m_new), s{i}_{j} != MASKED);",
+                "// 0 for a key the row does not attend (the careful product",
+                "// tells those apart from attended keys whose score is -inf).",
+                f"let pt = select(0.0, exp(s{i}_{j} - m_new), s{i}_{j} != MASKED);",
             ]
             + keep_p(j)
-            + ["sum += max(pt, 0.0);"],
+            + ["sum += pt;"],
             0,
         )
     lines += [f"l{i} = l{i} * alpha + sum;"]
@@ -172,8 +172,9 @@ w("""//
 // The contract is attention_fused.wgsl's, and so are the uniforms, the
 // bindings, the non-finite rules (ROW_ATTENDED / ROW_POISONED, NaN rows, an
 // attended -inf score still multiplies its V row, a key not attended never
-// does: P marks it -1, and a tile whose V is all finite multiplies by
-// max(P, 0) instead of testing each key), the workgroup's key range that skips
+// does: P is 0 for both, a tile whose V is all finite multiplies by P as it
+// is, and one that holds a non-finite value re-applies the rows' rules to
+// each key, `attends`), the workgroup's key range that skips
 // tiles no row can see, and the resumable key chunks (O in Y, row state in
 // `stats` between chunks; chunks start on tile boundaries).
 """
@@ -250,7 +251,7 @@ var<workgroup> v_nonfinite: atomic<u32>;
 var<workgroup> layout_bad: atomic<u32>;
 """ if SHUFFLE else """// K's tile, then V's: BK rows of KS vec4s.
 var<workgroup> kv_tile: array<vec4<f32>, BK * KS>;
-// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3); -1 marks a key the row
+// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3); 0 for a key the row
 // does not attend.
 var<workgroup> p_tile: array<vec4<f32>, BQ * BK / 4u>;
 // Per row: the TK invocations' partial maxima, later their partial sums;
@@ -314,6 +315,20 @@ fn slot_store(slot: u32, d4s: u32, val: vec4<f32>) {
 fn nonfinite4(x: vec4<f32>) -> bool {
     let exponent = vec4<u32>(0x7f800000u);
     return any((bitcast<vec4<u32>>(x) & exponent) == exponent);
+}
+
+// Whether a row attends `key`: step 2's rules without the score (the row
+// is live, the key within its range and not masked out). The careful product
+// asks it, since P is 0 both for a key the row does not attend (which must add
+// nothing) and for an attended key whose score is -inf (which adds 0 x V).
+fn attends(live: bool, lo: i32, hi: i32, mask_base: u32, key: i32) -> bool {
+    if (!live || key < lo || key > hi) {
+        return false;
+    }
+    if ((p.flags & FLAG_MASK) != 0u) {
+        return mask[mask_base + u32(key)] > MASKED;
+    }
+    return true;
 }
 
 @compute @workgroup_size(WG, 1, 1)
@@ -435,7 +450,17 @@ w("""    let kv_base = (b * p.kv_heads + kvh) * p.keys;
     if ((p.flags & FLAG_ALIBI) != 0u) {
         slope = bitcast<f32>(nonpad[p.batch + h]);
     }
-
+    // Where the invocation's first query row starts in the Q tile""" + ("" if SHUFFLE else " and in\n    // P's") + """, and its
+    // first key in the K tile: its other rows are TQ rows on, its keys TK
+    // keys on (constant offsets from these). Its vec4 columns of V: a column
+    // past Dv (where TK does not divide DV4) reads the row's last vec4 and is
+    // never stored.
+    let q_at = tr * QS;
+    let k_at = tc * KS;""" + ("" if SHUFFLE else """
+    let p_at = tr * bk4;""") + """""")
+for c in range(MAX_DVT):
+    w(f"    let v_at{c} = min(tc + TK * {c}u, DV4 - 1u);")
+w("""
     var j0 = wg_lo - wg_lo % i32(BK);""")
 if SHUFFLE:
     w("""    // The prefetch registers: the first K and V tiles.""")
@@ -509,26 +534,38 @@ w("""
 for i in range(MAX_RQ):
     for j in range(MAX_RK):
         w(f"        var s{i}_{j} = 0.0;")
-w("        for (var d4 = 0u; d4 < DK4; d4++) {")
-for j in range(MAX_RK):
-    emit(guard([rk(j)], [f"let k{j} = {K_TILE}[(tc + TK * {j}u) * KS + d4];"], 12) if j == 0 else [])
-# K's rows past RK are read clamped (their loads fold away with their uses).
-for j in range(1, MAX_RK):
-    w(f"            let k{j} = {K_TILE}[min(tc + TK * {j}u, BK - 1u) * KS + d4];")
-for i in range(MAX_RQ):
-    lines = [f"let q{i} = q_tile[(tr + TQ * {i}u) * QS + d4];"]
+
+
+def s_step(d4):
+    """One vec4 column `d4` (an expression) of S = Q K^T: the invocation's K
+    rows and Q rows at that column, and their fma chains. Rows and keys past
+    RQ and RK are never read (their guards fold away)."""
+    lines = []
     for j in range(MAX_RK):
-        lines += guard(
-            [rk(j)],
-            [
-                f"s{i}_{j} = fma(q{i}.w, k{j}.w, fma(q{i}.z, k{j}.z, "
-                f"fma(q{i}.y, k{j}.y, fma(q{i}.x, k{j}.x, s{i}_{j}))));"
-            ],
-            0,
-        )
-    emit(guard([rq(i)], lines, 12))
-w("""        }
-        // Scale, softcap, mask, ALiBi, temperature. Keys a row does not
+        lines.append(f"var k{j} = vec4<f32>(0.0);")
+        lines += guard([rk(j)], [f"k{j} = {K_TILE}[k_at + {j}u * TK * KS + {d4}];"], 0)
+    for i in range(MAX_RQ):
+        body = [f"let q{i} = q_tile[q_at + {i}u * TQ * QS + {d4}];"]
+        for j in range(MAX_RK):
+            body += guard(
+                [rk(j)],
+                [
+                    f"s{i}_{j} = fma(q{i}.w, k{j}.w, fma(q{i}.z, k{j}.z, "
+                    f"fma(q{i}.y, k{j}.y, fma(q{i}.x, k{j}.x, s{i}_{j}))));"
+                ],
+                0,
+            )
+        lines += guard([rq(i)], body, 0)
+    return ["{"] + ["    " + x if x else "" for x in lines] + ["}"]
+
+
+# Two columns a step (so each step's loads can be issued together), and the
+# last column of an odd DK4 after the loop; the chains add in column order.
+w("        for (var d4 = 0u; d4 + 1u < DK4; d4 += 2u) {")
+emit(["            " + x if x else "" for x in s_step("d4") + s_step("d4 + 1u")])
+w("        }")
+emit(guard(["DK4 % 2u == 1u"], s_step("DK4 - 1u"), 8))
+w("""        // Scale, softcap, mask, ALiBi, temperature. Keys a row does not
         // attend become MASKED; a NaN or +inf score poisons the row and counts
         // as -inf from here on.""")
 for i in range(MAX_RQ):
@@ -628,28 +665,38 @@ if not SHUFFLE:
         let careful = atomicLoad(&v_nonfinite) != 0u;""")
 
 
+def careful_rows():
+    """The careful product's per-row mask offsets (the rows' rules are
+    re-applied to each key there, [`attends`])."""
+    return [
+        f"let mb{i} = b * p.mask_batch_stride + h * p.mask_head_stride + qrow{i} * p.mask_row_stride;"
+        for i in range(MAX_RQ)
+    ]
+
+
 def product(careful):
-    lines = ["for (var t4 = 0u; t4 < bk4; t4++) {"]
+    """O += P V: four keys a step (one vec4 of P per row). The careful form
+    (V's tile holds a non-finite value) adds a key's P V only where the row
+    attends the key: 0 x inf would be NaN where a key not attended must add
+    nothing, and an attended key whose P is 0 must still add 0 x V."""
+    lines = careful_rows() if careful else []
+    lines.append("for (var t4 = 0u; t4 < bk4; t4++) {")
     for i in range(MAX_RQ):
-        load = f"p_tile[min(tr + TQ * {i}u, BQ - 1u) * bk4 + t4]"
-        if careful:
-            lines.append(f"    let p{i} = {load};")
-        else:
-            lines.append(f"    let p{i} = max({load}, vec4<f32>(0.0));")
+        lines.append(f"    var p{i} = vec4<f32>(0.0);")
+        lines += guard([rq(i)], [f"p{i} = p_tile[p_at + {i}u * TQ * bk4 + t4];"], 4)
     comps = "xyzw"
     for u in range(4):
-        lines.append(f"    {{")
+        lines.append("    {")
+        if careful:
+            lines.append(f"        let key = j0 + i32(t4 * 4u + {u}u);")
+            for i in range(MAX_RQ):
+                lines.append(f"        let a{i} = attends(live{i}, lo{i}, hi{i}, mb{i}, key);")
         for c in range(MAX_DVT):
-            lines.append(
-                f"        let v{c} = kv_tile[(t4 * 4u + {u}u) * KS + min(tc + TK * {c}u, DV4 - 1u)];"
-            )
+            lines.append(f"        let v{c} = kv_tile[(t4 * 4u + {u}u) * KS + v_at{c}];")
         for i in range(MAX_RQ):
             for c in filter(lambda c: has_o(i, c), range(MAX_DVT)):
                 if careful:
-                    stmt = (
-                        f"o{i}_{c} += select(vec4<f32>(0.0), p{i}.{comps[u]} * v{c}, "
-                        f"p{i}.{comps[u]} >= 0.0);"
-                    )
+                    stmt = f"o{i}_{c} += select(vec4<f32>(0.0), p{i}.{comps[u]} * v{c}, a{i});"
                 else:
                     stmt = f"o{i}_{c} = fma(vec4<f32>(p{i}.{comps[u]}), v{c}, o{i}_{c});"
                 lines += guard([rq(i), dvt(c)], [stmt], 8)
@@ -660,23 +707,27 @@ def product(careful):
 
 def product_shuffle(careful):
     """O += P V in the shuffle form: key t + TK * j of the tile has its P in
-    register s{i}_{j} of lane t of the row's TK lanes."""
-    lines = ["for (var t = 0u; t < TK; t++) {", "    let src = lane0 + t;"]
+    register s{i}_{j} of lane t of the row's TK lanes. The careful form as
+    in [`product`]."""
+    lines = careful_rows() if careful else []
+    lines += ["for (var t = 0u; t < TK; t++) {", "    let src = lane0 + t;"]
     for j in range(MAX_RK):
         body = []
+        if careful:
+            body.append(f"let key = j0 + i32(t + TK * {j}u);")
         for c in range(MAX_DVT):
-            body.append(f"let v{c} = v_tile[(t + TK * {j}u) * KS + min(tc + TK * {c}u, DV4 - 1u)];")
+            body.append(f"let v{c} = v_tile[(t + TK * {j}u) * KS + v_at{c}];")
         for i in range(MAX_RQ):
-            shuffled = f"subgroupShuffle(s{i}_{j}, src)"
-            body.append(f"var p{i} = 0.0;")
-            body += guard([rq(i)], [f"p{i} = {shuffled};" if careful else f"p{i} = max({shuffled}, 0.0);"], 0)
-        for i in range(MAX_RQ):
+            p_lines = [f"let p{i} = subgroupShuffle(s{i}_{j}, src);"]
+            if careful:
+                p_lines.append(f"let a{i} = attends(live{i}, lo{i}, hi{i}, mb{i}, key);")
             for c in filter(lambda c: has_o(i, c), range(MAX_DVT)):
                 if careful:
-                    stmt = f"o{i}_{c} += select(vec4<f32>(0.0), p{i} * v{c}, p{i} >= 0.0);"
+                    stmt = f"o{i}_{c} += select(vec4<f32>(0.0), p{i} * v{c}, a{i});"
                 else:
                     stmt = f"o{i}_{c} = fma(vec4<f32>(p{i}), v{c}, o{i}_{c});"
-                body += guard([rq(i), dvt(c)], [stmt], 0)
+                p_lines += guard([dvt(c)], [stmt], 0)
+            body += guard([rq(i)], p_lines, 0)
         lines += guard([rk(j)], ["{"] + ["    " + x for x in body] + ["}"], 4)
     lines.append("}")
     return lines
