@@ -8,8 +8,11 @@ Debian 12, has it), and prints for each pipeline what its compiler (ACO) says:
 vector registers, registers spilled to scratch memory, waves per SIMD, and the
 instructions of each innermost loop that does multiply-adds, by kind:
 
-    73/32fma(6ds,21v)   73 instructions per iteration, 32 of them fma,
+    73/32fma(6ds,21v)   73 instructions per iteration, 32 of them fma
+                        (mixed f16/f32 fma and fma with a literal count),
                         6 workgroup-memory loads, 21 other vector ALU
+
+A loop's count is static: a branch inside it counts both ways.
 
 A GPU's arithmetic ceiling is one fma per issue slot, so the fma share of a
 kernel's hot loops bounds its share of the ceiling, on any vendor's GPU: every
@@ -62,7 +65,7 @@ def kind(ins):
     op = ins.split()[0]
     if op.startswith("v_dual_"):
         return "dual"
-    if re.match(r"v_(pk_)?(fma|fmac|mac|mad)_f32", op):
+    if re.match(r"v_(pk_)?(fma|fmac|mac|mad)(ak|mk|_mix)?_f32", op):
         return "fma"
     if op.startswith("ds_"):
         return "lds"

@@ -9,8 +9,8 @@
 //!
 //! The pipelines: every register-tiled candidate at head dims 64 and 128 (the
 //! tuner's list: measured shapes, 8-row shapes, prefetching and shuffle
-//! forms), the GEMM kernels the unfused path runs, and the FMA ceiling's
-//! kernel. Files are named after the pipeline key (`attention_tiled[BK=32,...]`
+//! forms), the streaming decode kernel's shapes at head dim 128, the GEMM
+//! kernels the unfused path runs, and the FMA ceiling's kernel. Files are named after the pipeline key (`attention_tiled[BK=32,...]`
 //! becomes `attention_tiled.BK32...`) with `.checked.spv` or
 //! `.unchecked.spv`; `index.tsv` lists them with their bindings (group 0, in
 //! order: `u` uniform, `r` read-only storage, `w` read-write storage) and
@@ -19,11 +19,12 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
+use webattn::gpu::ops::decode::{stream_key, StreamShape};
 use webattn::gpu::ops::tiled::TiledTiles;
 use webattn::gpu::pipeline::PipelineKey;
 use webattn::gpu::registry::{Binding, Kernel};
 use webattn::gpu::spirv::compile_wgsl;
-use webattn::RuntimeChecks;
+use webattn::{AttentionDims, RuntimeChecks};
 
 /// The pipelines written: (what it is, its key).
 fn pipelines() -> Vec<(String, PipelineKey)> {
@@ -40,6 +41,29 @@ fn pipelines() -> Vec<(String, PipelineKey)> {
                 if tiles.shuffle { " shuffle" } else { "" },
             );
             out.push((what, tiles.key()));
+        }
+    }
+    // The streaming decode kernel at head dim 128: one query row per
+    // workgroup (8 heads over 8 KV heads) and four (32 over 8), K and V in
+    // f32 and in f16, every shape whose registers hold them.
+    for (heads, rows) in [([8, 8], 1usize), ([32, 8], 4)] {
+        let dims = AttentionDims::plain(1, heads, [1, 4096], [128, 128]);
+        for kv_f16 in [false, true] {
+            for shape in StreamShape::all()
+                .into_iter()
+                .filter(|s| s.holds(&dims, rows))
+            {
+                let what = format!(
+                    "decode {} {} row{} L={} KB={}{}",
+                    if kv_f16 { "f16" } else { "f32" },
+                    rows,
+                    if rows == 1 { "" } else { "s" },
+                    shape.lanes,
+                    shape.keys_per_step,
+                    if shape.prefetch { " prefetch" } else { "" },
+                );
+                out.push((what, stream_key(shape, &dims, rows as i64, kv_f16)));
+            }
         }
     }
     for (trans_b, skip_zero_a, what) in [(1, 0, "S = Q K^T"), (0, 1, "Y = P V")] {

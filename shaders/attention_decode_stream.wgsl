@@ -129,11 +129,19 @@ fn team_sum(x: f32) -> f32 {
 }
 
 // Column `col` (in vec4s) of key row `key` of K and of V, zero past the row.
+// Where L divides the row (KT = DK4 / L), every lane's columns lie within
+// it: one plain load (the test folds when the pipeline is made).
 fn k_col(row_base: u32, col: u32) -> vec4<f32> {
+    if (DK4 % L == 0u) {
+        return widen4(k4[row_base * DK4 + col]);
+    }
     return select(vec4<f32>(0.0), widen4(k4[row_base * DK4 + min(col, DK4 - 1u)]), col < DK4);
 }
 
 fn v_col(row_base: u32, col: u32) -> vec4<f32> {
+    if (DV4 % L == 0u) {
+        return widen4(v4[row_base * DV4 + col]);
+    }
     return select(vec4<f32>(0.0), widen4(v4[row_base * DV4 + min(col, DV4 - 1u)]), col < DV4);
 }
 
@@ -1762,150 +1770,297 @@ fn main(
             // exp(0) = 1 while no attended score has been finite yet.
             let alpha = exp(m0 - m_new);
             m0 = m_new;
-            // -1: a key the row does not attend (it never multiplies V).
-            var p0 = -1.0;
-            p0 = select(-1.0, exp(scored0.s - m_new), scored0.s != MASKED);
-            var p1 = -1.0;
+            // 0 for a key the row does not attend.
+            var p0 = 0.0;
+            p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+            var p1 = 0.0;
             if (KB > 1u) {
-                p1 = select(-1.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
             }
-            var p2 = -1.0;
+            var p2 = 0.0;
             if (KB > 2u) {
-                p2 = select(-1.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
             }
-            var p3 = -1.0;
+            var p3 = 0.0;
             if (KB > 3u) {
-                p3 = select(-1.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
             }
-            l0 = l0 * alpha + max(p0, 0.0) + max(p1, 0.0) + max(p2, 0.0) + max(p3, 0.0);
-            var acc = o0_0 * alpha;
-            acc += select(vec4<f32>(0.0), p0 * v0_0, p0 >= 0.0);
+            l0 = l0 * alpha + p0 + p1 + p2 + p3;
+            var every_key = scored0.s != MASKED;
             if (KB > 1u) {
-                acc += select(vec4<f32>(0.0), p1 * v1_0, p1 >= 0.0);
+                every_key = every_key && scored1.s != MASKED;
             }
             if (KB > 2u) {
-                acc += select(vec4<f32>(0.0), p2 * v2_0, p2 >= 0.0);
+                every_key = every_key && scored2.s != MASKED;
             }
             if (KB > 3u) {
-                acc += select(vec4<f32>(0.0), p3 * v3_0, p3 >= 0.0);
+                every_key = every_key && scored3.s != MASKED;
             }
-            o0_0 = acc;
-            if (VT > 1u) {
-                var acc = o0_1 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_1, p0 >= 0.0);
+            // O += P V. Where the row attends every key of the step, P is
+            // multiplied as it is (an attended key whose P is 0 still adds
+            // 0 x V, so a NaN or inf there reaches the row); otherwise a key
+            // the row does not attend must add nothing, even where its V is
+            // not finite.
+            if (every_key) {
+                var acc = o0_0 * alpha;
+                acc = fma(vec4<f32>(p0), v0_0, acc);
                 if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_1, p1 >= 0.0);
+                    acc = fma(vec4<f32>(p1), v1_0, acc);
                 }
                 if (KB > 2u) {
-                    acc += select(vec4<f32>(0.0), p2 * v2_1, p2 >= 0.0);
+                    acc = fma(vec4<f32>(p2), v2_0, acc);
                 }
                 if (KB > 3u) {
-                    acc += select(vec4<f32>(0.0), p3 * v3_1, p3 >= 0.0);
+                    acc = fma(vec4<f32>(p3), v3_0, acc);
                 }
-                o0_1 = acc;
-            }
-            if (VT > 2u) {
-                var acc = o0_2 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_2, p0 >= 0.0);
+                o0_0 = acc;
+                if (VT > 1u) {
+                    var acc = o0_1 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_1, acc);
+                    if (KB > 1u) {
+                        acc = fma(vec4<f32>(p1), v1_1, acc);
+                    }
+                    if (KB > 2u) {
+                        acc = fma(vec4<f32>(p2), v2_1, acc);
+                    }
+                    if (KB > 3u) {
+                        acc = fma(vec4<f32>(p3), v3_1, acc);
+                    }
+                    o0_1 = acc;
+                }
+                if (VT > 2u) {
+                    var acc = o0_2 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_2, acc);
+                    if (KB > 1u) {
+                        acc = fma(vec4<f32>(p1), v1_2, acc);
+                    }
+                    if (KB > 2u) {
+                        acc = fma(vec4<f32>(p2), v2_2, acc);
+                    }
+                    if (KB > 3u) {
+                        acc = fma(vec4<f32>(p3), v3_2, acc);
+                    }
+                    o0_2 = acc;
+                }
+                if (VT > 3u) {
+                    var acc = o0_3 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_3, acc);
+                    if (KB > 1u) {
+                        acc = fma(vec4<f32>(p1), v1_3, acc);
+                    }
+                    if (KB > 2u) {
+                        acc = fma(vec4<f32>(p2), v2_3, acc);
+                    }
+                    if (KB > 3u) {
+                        acc = fma(vec4<f32>(p3), v3_3, acc);
+                    }
+                    o0_3 = acc;
+                }
+                if (VT > 4u) {
+                    var acc = o0_4 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_4, acc);
+                    if (KB > 1u) {
+                        acc = fma(vec4<f32>(p1), v1_4, acc);
+                    }
+                    if (KB > 2u) {
+                        acc = fma(vec4<f32>(p2), v2_4, acc);
+                    }
+                    o0_4 = acc;
+                }
+                if (VT > 5u) {
+                    var acc = o0_5 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_5, acc);
+                    if (KB > 1u) {
+                        acc = fma(vec4<f32>(p1), v1_5, acc);
+                    }
+                    o0_5 = acc;
+                }
+                if (VT > 6u) {
+                    var acc = o0_6 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_6, acc);
+                    if (KB > 1u) {
+                        acc = fma(vec4<f32>(p1), v1_6, acc);
+                    }
+                    o0_6 = acc;
+                }
+                if (VT > 7u) {
+                    var acc = o0_7 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_7, acc);
+                    if (KB > 1u) {
+                        acc = fma(vec4<f32>(p1), v1_7, acc);
+                    }
+                    o0_7 = acc;
+                }
+                if (VT > 8u) {
+                    var acc = o0_8 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_8, acc);
+                    o0_8 = acc;
+                }
+                if (VT > 9u) {
+                    var acc = o0_9 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_9, acc);
+                    o0_9 = acc;
+                }
+                if (VT > 10u) {
+                    var acc = o0_10 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_10, acc);
+                    o0_10 = acc;
+                }
+                if (VT > 11u) {
+                    var acc = o0_11 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_11, acc);
+                    o0_11 = acc;
+                }
+                if (VT > 12u) {
+                    var acc = o0_12 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_12, acc);
+                    o0_12 = acc;
+                }
+                if (VT > 13u) {
+                    var acc = o0_13 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_13, acc);
+                    o0_13 = acc;
+                }
+                if (VT > 14u) {
+                    var acc = o0_14 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_14, acc);
+                    o0_14 = acc;
+                }
+                if (VT > 15u) {
+                    var acc = o0_15 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_15, acc);
+                    o0_15 = acc;
+                }
+            } else {
+                var acc = o0_0 * alpha;
+                acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
                 if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_2, p1 >= 0.0);
+                    acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
                 }
                 if (KB > 2u) {
-                    acc += select(vec4<f32>(0.0), p2 * v2_2, p2 >= 0.0);
+                    acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
                 }
                 if (KB > 3u) {
-                    acc += select(vec4<f32>(0.0), p3 * v3_2, p3 >= 0.0);
+                    acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
                 }
-                o0_2 = acc;
-            }
-            if (VT > 3u) {
-                var acc = o0_3 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_3, p0 >= 0.0);
-                if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_3, p1 >= 0.0);
+                o0_0 = acc;
+                if (VT > 1u) {
+                    var acc = o0_1 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
+                    if (KB > 1u) {
+                        acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
+                    }
+                    o0_1 = acc;
                 }
-                if (KB > 2u) {
-                    acc += select(vec4<f32>(0.0), p2 * v2_3, p2 >= 0.0);
+                if (VT > 2u) {
+                    var acc = o0_2 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_2, scored0.s != MASKED);
+                    if (KB > 1u) {
+                        acc += select(vec4<f32>(0.0), p1 * v1_2, scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        acc += select(vec4<f32>(0.0), p2 * v2_2, scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        acc += select(vec4<f32>(0.0), p3 * v3_2, scored3.s != MASKED);
+                    }
+                    o0_2 = acc;
                 }
-                if (KB > 3u) {
-                    acc += select(vec4<f32>(0.0), p3 * v3_3, p3 >= 0.0);
+                if (VT > 3u) {
+                    var acc = o0_3 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_3, scored0.s != MASKED);
+                    if (KB > 1u) {
+                        acc += select(vec4<f32>(0.0), p1 * v1_3, scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        acc += select(vec4<f32>(0.0), p2 * v2_3, scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        acc += select(vec4<f32>(0.0), p3 * v3_3, scored3.s != MASKED);
+                    }
+                    o0_3 = acc;
                 }
-                o0_3 = acc;
-            }
-            if (VT > 4u) {
-                var acc = o0_4 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_4, p0 >= 0.0);
-                if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_4, p1 >= 0.0);
+                if (VT > 4u) {
+                    var acc = o0_4 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_4, scored0.s != MASKED);
+                    if (KB > 1u) {
+                        acc += select(vec4<f32>(0.0), p1 * v1_4, scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        acc += select(vec4<f32>(0.0), p2 * v2_4, scored2.s != MASKED);
+                    }
+                    o0_4 = acc;
                 }
-                if (KB > 2u) {
-                    acc += select(vec4<f32>(0.0), p2 * v2_4, p2 >= 0.0);
+                if (VT > 5u) {
+                    var acc = o0_5 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_5, scored0.s != MASKED);
+                    if (KB > 1u) {
+                        acc += select(vec4<f32>(0.0), p1 * v1_5, scored1.s != MASKED);
+                    }
+                    o0_5 = acc;
                 }
-                o0_4 = acc;
-            }
-            if (VT > 5u) {
-                var acc = o0_5 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_5, p0 >= 0.0);
-                if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_5, p1 >= 0.0);
+                if (VT > 6u) {
+                    var acc = o0_6 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_6, scored0.s != MASKED);
+                    if (KB > 1u) {
+                        acc += select(vec4<f32>(0.0), p1 * v1_6, scored1.s != MASKED);
+                    }
+                    o0_6 = acc;
                 }
-                o0_5 = acc;
-            }
-            if (VT > 6u) {
-                var acc = o0_6 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_6, p0 >= 0.0);
-                if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_6, p1 >= 0.0);
+                if (VT > 7u) {
+                    var acc = o0_7 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_7, scored0.s != MASKED);
+                    if (KB > 1u) {
+                        acc += select(vec4<f32>(0.0), p1 * v1_7, scored1.s != MASKED);
+                    }
+                    o0_7 = acc;
                 }
-                o0_6 = acc;
-            }
-            if (VT > 7u) {
-                var acc = o0_7 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_7, p0 >= 0.0);
-                if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_7, p1 >= 0.0);
+                if (VT > 8u) {
+                    var acc = o0_8 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_8, scored0.s != MASKED);
+                    o0_8 = acc;
                 }
-                o0_7 = acc;
-            }
-            if (VT > 8u) {
-                var acc = o0_8 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_8, p0 >= 0.0);
-                o0_8 = acc;
-            }
-            if (VT > 9u) {
-                var acc = o0_9 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_9, p0 >= 0.0);
-                o0_9 = acc;
-            }
-            if (VT > 10u) {
-                var acc = o0_10 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_10, p0 >= 0.0);
-                o0_10 = acc;
-            }
-            if (VT > 11u) {
-                var acc = o0_11 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_11, p0 >= 0.0);
-                o0_11 = acc;
-            }
-            if (VT > 12u) {
-                var acc = o0_12 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_12, p0 >= 0.0);
-                o0_12 = acc;
-            }
-            if (VT > 13u) {
-                var acc = o0_13 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_13, p0 >= 0.0);
-                o0_13 = acc;
-            }
-            if (VT > 14u) {
-                var acc = o0_14 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_14, p0 >= 0.0);
-                o0_14 = acc;
-            }
-            if (VT > 15u) {
-                var acc = o0_15 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_15, p0 >= 0.0);
-                o0_15 = acc;
+                if (VT > 9u) {
+                    var acc = o0_9 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_9, scored0.s != MASKED);
+                    o0_9 = acc;
+                }
+                if (VT > 10u) {
+                    var acc = o0_10 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_10, scored0.s != MASKED);
+                    o0_10 = acc;
+                }
+                if (VT > 11u) {
+                    var acc = o0_11 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_11, scored0.s != MASKED);
+                    o0_11 = acc;
+                }
+                if (VT > 12u) {
+                    var acc = o0_12 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_12, scored0.s != MASKED);
+                    o0_12 = acc;
+                }
+                if (VT > 13u) {
+                    var acc = o0_13 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_13, scored0.s != MASKED);
+                    o0_13 = acc;
+                }
+                if (VT > 14u) {
+                    var acc = o0_14 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_14, scored0.s != MASKED);
+                    o0_14 = acc;
+                }
+                if (VT > 15u) {
+                    var acc = o0_15 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_15, scored0.s != MASKED);
+                    o0_15 = acc;
+                }
             }
         }
         if (ROWS > 1u) {
@@ -2026,110 +2181,217 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m1 - m_new);
                 m1 = m_new;
-                // -1: a key the row does not attend (it never multiplies V).
-                var p0 = -1.0;
-                p0 = select(-1.0, exp(scored0.s - m_new), scored0.s != MASKED);
-                var p1 = -1.0;
+                // 0 for a key the row does not attend.
+                var p0 = 0.0;
+                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                var p1 = 0.0;
                 if (KB > 1u) {
-                    p1 = select(-1.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
                 }
-                var p2 = -1.0;
+                var p2 = 0.0;
                 if (KB > 2u) {
-                    p2 = select(-1.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
                 }
-                var p3 = -1.0;
+                var p3 = 0.0;
                 if (KB > 3u) {
-                    p3 = select(-1.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
                 }
-                l1 = l1 * alpha + max(p0, 0.0) + max(p1, 0.0) + max(p2, 0.0) + max(p3, 0.0);
-                var acc = o1_0 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_0, p0 >= 0.0);
+                l1 = l1 * alpha + p0 + p1 + p2 + p3;
+                var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_0, p1 >= 0.0);
+                    every_key = every_key && scored1.s != MASKED;
                 }
                 if (KB > 2u) {
-                    acc += select(vec4<f32>(0.0), p2 * v2_0, p2 >= 0.0);
+                    every_key = every_key && scored2.s != MASKED;
                 }
                 if (KB > 3u) {
-                    acc += select(vec4<f32>(0.0), p3 * v3_0, p3 >= 0.0);
+                    every_key = every_key && scored3.s != MASKED;
                 }
-                o1_0 = acc;
-                if (VT > 1u) {
-                    var acc = o1_1 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_1, p0 >= 0.0);
+                // O += P V. Where the row attends every key of the step, P is
+                // multiplied as it is (an attended key whose P is 0 still adds
+                // 0 x V, so a NaN or inf there reaches the row); otherwise a key
+                // the row does not attend must add nothing, even where its V is
+                // not finite.
+                if (every_key) {
+                    var acc = o1_0 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_0, acc);
                     if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_1, p1 >= 0.0);
+                        acc = fma(vec4<f32>(p1), v1_0, acc);
                     }
                     if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_1, p2 >= 0.0);
+                        acc = fma(vec4<f32>(p2), v2_0, acc);
                     }
                     if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_1, p3 >= 0.0);
+                        acc = fma(vec4<f32>(p3), v3_0, acc);
                     }
-                    o1_1 = acc;
-                }
-                if (VT > 2u) {
-                    var acc = o1_2 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_2, p0 >= 0.0);
+                    o1_0 = acc;
+                    if (VT > 1u) {
+                        var acc = o1_1 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_1, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_1, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_1, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_1, acc);
+                        }
+                        o1_1 = acc;
+                    }
+                    if (VT > 2u) {
+                        var acc = o1_2 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_2, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_2, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_2, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_2, acc);
+                        }
+                        o1_2 = acc;
+                    }
+                    if (VT > 3u) {
+                        var acc = o1_3 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_3, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_3, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_3, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_3, acc);
+                        }
+                        o1_3 = acc;
+                    }
+                    if (VT > 4u) {
+                        var acc = o1_4 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_4, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_4, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_4, acc);
+                        }
+                        o1_4 = acc;
+                    }
+                    if (VT > 5u) {
+                        var acc = o1_5 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_5, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_5, acc);
+                        }
+                        o1_5 = acc;
+                    }
+                    if (VT > 6u) {
+                        var acc = o1_6 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_6, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_6, acc);
+                        }
+                        o1_6 = acc;
+                    }
+                    if (VT > 7u) {
+                        var acc = o1_7 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_7, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_7, acc);
+                        }
+                        o1_7 = acc;
+                    }
+                } else {
+                    var acc = o1_0 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
                     if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_2, p1 >= 0.0);
+                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
                     }
                     if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_2, p2 >= 0.0);
+                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
                     }
                     if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_2, p3 >= 0.0);
+                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
                     }
-                    o1_2 = acc;
-                }
-                if (VT > 3u) {
-                    var acc = o1_3 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_3, p0 >= 0.0);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_3, p1 >= 0.0);
+                    o1_0 = acc;
+                    if (VT > 1u) {
+                        var acc = o1_1 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
+                        }
+                        o1_1 = acc;
                     }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_3, p2 >= 0.0);
+                    if (VT > 2u) {
+                        var acc = o1_2 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_2, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_2, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_2, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_2, scored3.s != MASKED);
+                        }
+                        o1_2 = acc;
                     }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_3, p3 >= 0.0);
+                    if (VT > 3u) {
+                        var acc = o1_3 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_3, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_3, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_3, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_3, scored3.s != MASKED);
+                        }
+                        o1_3 = acc;
                     }
-                    o1_3 = acc;
-                }
-                if (VT > 4u) {
-                    var acc = o1_4 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_4, p0 >= 0.0);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_4, p1 >= 0.0);
+                    if (VT > 4u) {
+                        var acc = o1_4 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_4, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_4, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_4, scored2.s != MASKED);
+                        }
+                        o1_4 = acc;
                     }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_4, p2 >= 0.0);
+                    if (VT > 5u) {
+                        var acc = o1_5 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_5, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_5, scored1.s != MASKED);
+                        }
+                        o1_5 = acc;
                     }
-                    o1_4 = acc;
-                }
-                if (VT > 5u) {
-                    var acc = o1_5 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_5, p0 >= 0.0);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_5, p1 >= 0.0);
+                    if (VT > 6u) {
+                        var acc = o1_6 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_6, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_6, scored1.s != MASKED);
+                        }
+                        o1_6 = acc;
                     }
-                    o1_5 = acc;
-                }
-                if (VT > 6u) {
-                    var acc = o1_6 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_6, p0 >= 0.0);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_6, p1 >= 0.0);
+                    if (VT > 7u) {
+                        var acc = o1_7 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_7, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_7, scored1.s != MASKED);
+                        }
+                        o1_7 = acc;
                     }
-                    o1_6 = acc;
-                }
-                if (VT > 7u) {
-                    var acc = o1_7 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_7, p0 >= 0.0);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_7, p1 >= 0.0);
-                    }
-                    o1_7 = acc;
                 }
             }
         }
@@ -2233,86 +2495,169 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m2 - m_new);
                 m2 = m_new;
-                // -1: a key the row does not attend (it never multiplies V).
-                var p0 = -1.0;
-                p0 = select(-1.0, exp(scored0.s - m_new), scored0.s != MASKED);
-                var p1 = -1.0;
+                // 0 for a key the row does not attend.
+                var p0 = 0.0;
+                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                var p1 = 0.0;
                 if (KB > 1u) {
-                    p1 = select(-1.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
                 }
-                var p2 = -1.0;
+                var p2 = 0.0;
                 if (KB > 2u) {
-                    p2 = select(-1.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
                 }
-                var p3 = -1.0;
+                var p3 = 0.0;
                 if (KB > 3u) {
-                    p3 = select(-1.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
                 }
-                l2 = l2 * alpha + max(p0, 0.0) + max(p1, 0.0) + max(p2, 0.0) + max(p3, 0.0);
-                var acc = o2_0 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_0, p0 >= 0.0);
+                l2 = l2 * alpha + p0 + p1 + p2 + p3;
+                var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_0, p1 >= 0.0);
+                    every_key = every_key && scored1.s != MASKED;
                 }
                 if (KB > 2u) {
-                    acc += select(vec4<f32>(0.0), p2 * v2_0, p2 >= 0.0);
+                    every_key = every_key && scored2.s != MASKED;
                 }
                 if (KB > 3u) {
-                    acc += select(vec4<f32>(0.0), p3 * v3_0, p3 >= 0.0);
+                    every_key = every_key && scored3.s != MASKED;
                 }
-                o2_0 = acc;
-                if (VT > 1u) {
-                    var acc = o2_1 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_1, p0 >= 0.0);
+                // O += P V. Where the row attends every key of the step, P is
+                // multiplied as it is (an attended key whose P is 0 still adds
+                // 0 x V, so a NaN or inf there reaches the row); otherwise a key
+                // the row does not attend must add nothing, even where its V is
+                // not finite.
+                if (every_key) {
+                    var acc = o2_0 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_0, acc);
                     if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_1, p1 >= 0.0);
+                        acc = fma(vec4<f32>(p1), v1_0, acc);
                     }
                     if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_1, p2 >= 0.0);
+                        acc = fma(vec4<f32>(p2), v2_0, acc);
                     }
                     if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_1, p3 >= 0.0);
+                        acc = fma(vec4<f32>(p3), v3_0, acc);
                     }
-                    o2_1 = acc;
-                }
-                if (VT > 2u) {
-                    var acc = o2_2 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_2, p0 >= 0.0);
+                    o2_0 = acc;
+                    if (VT > 1u) {
+                        var acc = o2_1 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_1, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_1, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_1, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_1, acc);
+                        }
+                        o2_1 = acc;
+                    }
+                    if (VT > 2u) {
+                        var acc = o2_2 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_2, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_2, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_2, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_2, acc);
+                        }
+                        o2_2 = acc;
+                    }
+                    if (VT > 3u) {
+                        var acc = o2_3 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_3, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_3, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_3, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_3, acc);
+                        }
+                        o2_3 = acc;
+                    }
+                    if (VT > 4u) {
+                        var acc = o2_4 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_4, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_4, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_4, acc);
+                        }
+                        o2_4 = acc;
+                    }
+                } else {
+                    var acc = o2_0 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
                     if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_2, p1 >= 0.0);
+                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
                     }
                     if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_2, p2 >= 0.0);
+                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
                     }
                     if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_2, p3 >= 0.0);
+                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
                     }
-                    o2_2 = acc;
-                }
-                if (VT > 3u) {
-                    var acc = o2_3 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_3, p0 >= 0.0);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_3, p1 >= 0.0);
+                    o2_0 = acc;
+                    if (VT > 1u) {
+                        var acc = o2_1 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
+                        }
+                        o2_1 = acc;
                     }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_3, p2 >= 0.0);
+                    if (VT > 2u) {
+                        var acc = o2_2 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_2, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_2, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_2, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_2, scored3.s != MASKED);
+                        }
+                        o2_2 = acc;
                     }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_3, p3 >= 0.0);
+                    if (VT > 3u) {
+                        var acc = o2_3 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_3, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_3, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_3, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_3, scored3.s != MASKED);
+                        }
+                        o2_3 = acc;
                     }
-                    o2_3 = acc;
-                }
-                if (VT > 4u) {
-                    var acc = o2_4 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_4, p0 >= 0.0);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_4, p1 >= 0.0);
+                    if (VT > 4u) {
+                        var acc = o2_4 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_4, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_4, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_4, scored2.s != MASKED);
+                        }
+                        o2_4 = acc;
                     }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_4, p2 >= 0.0);
-                    }
-                    o2_4 = acc;
                 }
             }
         }
@@ -2407,75 +2752,147 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m3 - m_new);
                 m3 = m_new;
-                // -1: a key the row does not attend (it never multiplies V).
-                var p0 = -1.0;
-                p0 = select(-1.0, exp(scored0.s - m_new), scored0.s != MASKED);
-                var p1 = -1.0;
+                // 0 for a key the row does not attend.
+                var p0 = 0.0;
+                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                var p1 = 0.0;
                 if (KB > 1u) {
-                    p1 = select(-1.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
                 }
-                var p2 = -1.0;
+                var p2 = 0.0;
                 if (KB > 2u) {
-                    p2 = select(-1.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
                 }
-                var p3 = -1.0;
+                var p3 = 0.0;
                 if (KB > 3u) {
-                    p3 = select(-1.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
                 }
-                l3 = l3 * alpha + max(p0, 0.0) + max(p1, 0.0) + max(p2, 0.0) + max(p3, 0.0);
-                var acc = o3_0 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_0, p0 >= 0.0);
+                l3 = l3 * alpha + p0 + p1 + p2 + p3;
+                var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_0, p1 >= 0.0);
+                    every_key = every_key && scored1.s != MASKED;
                 }
                 if (KB > 2u) {
-                    acc += select(vec4<f32>(0.0), p2 * v2_0, p2 >= 0.0);
+                    every_key = every_key && scored2.s != MASKED;
                 }
                 if (KB > 3u) {
-                    acc += select(vec4<f32>(0.0), p3 * v3_0, p3 >= 0.0);
+                    every_key = every_key && scored3.s != MASKED;
                 }
-                o3_0 = acc;
-                if (VT > 1u) {
-                    var acc = o3_1 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_1, p0 >= 0.0);
+                // O += P V. Where the row attends every key of the step, P is
+                // multiplied as it is (an attended key whose P is 0 still adds
+                // 0 x V, so a NaN or inf there reaches the row); otherwise a key
+                // the row does not attend must add nothing, even where its V is
+                // not finite.
+                if (every_key) {
+                    var acc = o3_0 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_0, acc);
                     if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_1, p1 >= 0.0);
+                        acc = fma(vec4<f32>(p1), v1_0, acc);
                     }
                     if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_1, p2 >= 0.0);
+                        acc = fma(vec4<f32>(p2), v2_0, acc);
                     }
                     if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_1, p3 >= 0.0);
+                        acc = fma(vec4<f32>(p3), v3_0, acc);
                     }
-                    o3_1 = acc;
-                }
-                if (VT > 2u) {
-                    var acc = o3_2 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_2, p0 >= 0.0);
+                    o3_0 = acc;
+                    if (VT > 1u) {
+                        var acc = o3_1 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_1, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_1, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_1, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_1, acc);
+                        }
+                        o3_1 = acc;
+                    }
+                    if (VT > 2u) {
+                        var acc = o3_2 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_2, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_2, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_2, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_2, acc);
+                        }
+                        o3_2 = acc;
+                    }
+                    if (VT > 3u) {
+                        var acc = o3_3 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_3, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_3, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_3, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_3, acc);
+                        }
+                        o3_3 = acc;
+                    }
+                } else {
+                    var acc = o3_0 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
                     if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_2, p1 >= 0.0);
+                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
                     }
                     if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_2, p2 >= 0.0);
+                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
                     }
                     if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_2, p3 >= 0.0);
+                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
                     }
-                    o3_2 = acc;
-                }
-                if (VT > 3u) {
-                    var acc = o3_3 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_3, p0 >= 0.0);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_3, p1 >= 0.0);
+                    o3_0 = acc;
+                    if (VT > 1u) {
+                        var acc = o3_1 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
+                        }
+                        o3_1 = acc;
                     }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_3, p2 >= 0.0);
+                    if (VT > 2u) {
+                        var acc = o3_2 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_2, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_2, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_2, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_2, scored3.s != MASKED);
+                        }
+                        o3_2 = acc;
                     }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_3, p3 >= 0.0);
+                    if (VT > 3u) {
+                        var acc = o3_3 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_3, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_3, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_3, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_3, scored3.s != MASKED);
+                        }
+                        o3_3 = acc;
                     }
-                    o3_3 = acc;
                 }
             }
         }
@@ -2558,61 +2975,119 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m4 - m_new);
                 m4 = m_new;
-                // -1: a key the row does not attend (it never multiplies V).
-                var p0 = -1.0;
-                p0 = select(-1.0, exp(scored0.s - m_new), scored0.s != MASKED);
-                var p1 = -1.0;
+                // 0 for a key the row does not attend.
+                var p0 = 0.0;
+                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                var p1 = 0.0;
                 if (KB > 1u) {
-                    p1 = select(-1.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
                 }
-                var p2 = -1.0;
+                var p2 = 0.0;
                 if (KB > 2u) {
-                    p2 = select(-1.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
                 }
-                var p3 = -1.0;
+                var p3 = 0.0;
                 if (KB > 3u) {
-                    p3 = select(-1.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
                 }
-                l4 = l4 * alpha + max(p0, 0.0) + max(p1, 0.0) + max(p2, 0.0) + max(p3, 0.0);
-                var acc = o4_0 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_0, p0 >= 0.0);
+                l4 = l4 * alpha + p0 + p1 + p2 + p3;
+                var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_0, p1 >= 0.0);
+                    every_key = every_key && scored1.s != MASKED;
                 }
                 if (KB > 2u) {
-                    acc += select(vec4<f32>(0.0), p2 * v2_0, p2 >= 0.0);
+                    every_key = every_key && scored2.s != MASKED;
                 }
                 if (KB > 3u) {
-                    acc += select(vec4<f32>(0.0), p3 * v3_0, p3 >= 0.0);
+                    every_key = every_key && scored3.s != MASKED;
                 }
-                o4_0 = acc;
-                if (VT > 1u) {
-                    var acc = o4_1 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_1, p0 >= 0.0);
+                // O += P V. Where the row attends every key of the step, P is
+                // multiplied as it is (an attended key whose P is 0 still adds
+                // 0 x V, so a NaN or inf there reaches the row); otherwise a key
+                // the row does not attend must add nothing, even where its V is
+                // not finite.
+                if (every_key) {
+                    var acc = o4_0 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_0, acc);
                     if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_1, p1 >= 0.0);
+                        acc = fma(vec4<f32>(p1), v1_0, acc);
                     }
                     if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_1, p2 >= 0.0);
+                        acc = fma(vec4<f32>(p2), v2_0, acc);
                     }
                     if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_1, p3 >= 0.0);
+                        acc = fma(vec4<f32>(p3), v3_0, acc);
                     }
-                    o4_1 = acc;
-                }
-                if (VT > 2u) {
-                    var acc = o4_2 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_2, p0 >= 0.0);
+                    o4_0 = acc;
+                    if (VT > 1u) {
+                        var acc = o4_1 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_1, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_1, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_1, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_1, acc);
+                        }
+                        o4_1 = acc;
+                    }
+                    if (VT > 2u) {
+                        var acc = o4_2 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_2, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_2, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_2, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_2, acc);
+                        }
+                        o4_2 = acc;
+                    }
+                } else {
+                    var acc = o4_0 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
                     if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_2, p1 >= 0.0);
+                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
                     }
                     if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_2, p2 >= 0.0);
+                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
                     }
                     if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_2, p3 >= 0.0);
+                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
                     }
-                    o4_2 = acc;
+                    o4_0 = acc;
+                    if (VT > 1u) {
+                        var acc = o4_1 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
+                        }
+                        o4_1 = acc;
+                    }
+                    if (VT > 2u) {
+                        var acc = o4_2 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_2, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_2, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_2, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_2, scored3.s != MASKED);
+                        }
+                        o4_2 = acc;
+                    }
                 }
             }
         }
@@ -2683,47 +3158,91 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m5 - m_new);
                 m5 = m_new;
-                // -1: a key the row does not attend (it never multiplies V).
-                var p0 = -1.0;
-                p0 = select(-1.0, exp(scored0.s - m_new), scored0.s != MASKED);
-                var p1 = -1.0;
+                // 0 for a key the row does not attend.
+                var p0 = 0.0;
+                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                var p1 = 0.0;
                 if (KB > 1u) {
-                    p1 = select(-1.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
                 }
-                var p2 = -1.0;
+                var p2 = 0.0;
                 if (KB > 2u) {
-                    p2 = select(-1.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
                 }
-                var p3 = -1.0;
+                var p3 = 0.0;
                 if (KB > 3u) {
-                    p3 = select(-1.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
                 }
-                l5 = l5 * alpha + max(p0, 0.0) + max(p1, 0.0) + max(p2, 0.0) + max(p3, 0.0);
-                var acc = o5_0 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_0, p0 >= 0.0);
+                l5 = l5 * alpha + p0 + p1 + p2 + p3;
+                var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_0, p1 >= 0.0);
+                    every_key = every_key && scored1.s != MASKED;
                 }
                 if (KB > 2u) {
-                    acc += select(vec4<f32>(0.0), p2 * v2_0, p2 >= 0.0);
+                    every_key = every_key && scored2.s != MASKED;
                 }
                 if (KB > 3u) {
-                    acc += select(vec4<f32>(0.0), p3 * v3_0, p3 >= 0.0);
+                    every_key = every_key && scored3.s != MASKED;
                 }
-                o5_0 = acc;
-                if (VT > 1u) {
-                    var acc = o5_1 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_1, p0 >= 0.0);
+                // O += P V. Where the row attends every key of the step, P is
+                // multiplied as it is (an attended key whose P is 0 still adds
+                // 0 x V, so a NaN or inf there reaches the row); otherwise a key
+                // the row does not attend must add nothing, even where its V is
+                // not finite.
+                if (every_key) {
+                    var acc = o5_0 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_0, acc);
                     if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_1, p1 >= 0.0);
+                        acc = fma(vec4<f32>(p1), v1_0, acc);
                     }
                     if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_1, p2 >= 0.0);
+                        acc = fma(vec4<f32>(p2), v2_0, acc);
                     }
                     if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_1, p3 >= 0.0);
+                        acc = fma(vec4<f32>(p3), v3_0, acc);
                     }
-                    o5_1 = acc;
+                    o5_0 = acc;
+                    if (VT > 1u) {
+                        var acc = o5_1 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_1, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_1, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_1, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_1, acc);
+                        }
+                        o5_1 = acc;
+                    }
+                } else {
+                    var acc = o5_0 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
+                    if (KB > 1u) {
+                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
+                    }
+                    o5_0 = acc;
+                    if (VT > 1u) {
+                        var acc = o5_1 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
+                        }
+                        o5_1 = acc;
+                    }
                 }
             }
         }
@@ -2794,47 +3313,91 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m6 - m_new);
                 m6 = m_new;
-                // -1: a key the row does not attend (it never multiplies V).
-                var p0 = -1.0;
-                p0 = select(-1.0, exp(scored0.s - m_new), scored0.s != MASKED);
-                var p1 = -1.0;
+                // 0 for a key the row does not attend.
+                var p0 = 0.0;
+                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                var p1 = 0.0;
                 if (KB > 1u) {
-                    p1 = select(-1.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
                 }
-                var p2 = -1.0;
+                var p2 = 0.0;
                 if (KB > 2u) {
-                    p2 = select(-1.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
                 }
-                var p3 = -1.0;
+                var p3 = 0.0;
                 if (KB > 3u) {
-                    p3 = select(-1.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
                 }
-                l6 = l6 * alpha + max(p0, 0.0) + max(p1, 0.0) + max(p2, 0.0) + max(p3, 0.0);
-                var acc = o6_0 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_0, p0 >= 0.0);
+                l6 = l6 * alpha + p0 + p1 + p2 + p3;
+                var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_0, p1 >= 0.0);
+                    every_key = every_key && scored1.s != MASKED;
                 }
                 if (KB > 2u) {
-                    acc += select(vec4<f32>(0.0), p2 * v2_0, p2 >= 0.0);
+                    every_key = every_key && scored2.s != MASKED;
                 }
                 if (KB > 3u) {
-                    acc += select(vec4<f32>(0.0), p3 * v3_0, p3 >= 0.0);
+                    every_key = every_key && scored3.s != MASKED;
                 }
-                o6_0 = acc;
-                if (VT > 1u) {
-                    var acc = o6_1 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_1, p0 >= 0.0);
+                // O += P V. Where the row attends every key of the step, P is
+                // multiplied as it is (an attended key whose P is 0 still adds
+                // 0 x V, so a NaN or inf there reaches the row); otherwise a key
+                // the row does not attend must add nothing, even where its V is
+                // not finite.
+                if (every_key) {
+                    var acc = o6_0 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_0, acc);
                     if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_1, p1 >= 0.0);
+                        acc = fma(vec4<f32>(p1), v1_0, acc);
                     }
                     if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_1, p2 >= 0.0);
+                        acc = fma(vec4<f32>(p2), v2_0, acc);
                     }
                     if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_1, p3 >= 0.0);
+                        acc = fma(vec4<f32>(p3), v3_0, acc);
                     }
-                    o6_1 = acc;
+                    o6_0 = acc;
+                    if (VT > 1u) {
+                        var acc = o6_1 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_1, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_1, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_1, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_1, acc);
+                        }
+                        o6_1 = acc;
+                    }
+                } else {
+                    var acc = o6_0 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
+                    if (KB > 1u) {
+                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
+                    }
+                    o6_0 = acc;
+                    if (VT > 1u) {
+                        var acc = o6_1 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
+                        }
+                        o6_1 = acc;
+                    }
                 }
             }
         }
@@ -2905,47 +3468,91 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m7 - m_new);
                 m7 = m_new;
-                // -1: a key the row does not attend (it never multiplies V).
-                var p0 = -1.0;
-                p0 = select(-1.0, exp(scored0.s - m_new), scored0.s != MASKED);
-                var p1 = -1.0;
+                // 0 for a key the row does not attend.
+                var p0 = 0.0;
+                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                var p1 = 0.0;
                 if (KB > 1u) {
-                    p1 = select(-1.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
                 }
-                var p2 = -1.0;
+                var p2 = 0.0;
                 if (KB > 2u) {
-                    p2 = select(-1.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
                 }
-                var p3 = -1.0;
+                var p3 = 0.0;
                 if (KB > 3u) {
-                    p3 = select(-1.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
                 }
-                l7 = l7 * alpha + max(p0, 0.0) + max(p1, 0.0) + max(p2, 0.0) + max(p3, 0.0);
-                var acc = o7_0 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_0, p0 >= 0.0);
+                l7 = l7 * alpha + p0 + p1 + p2 + p3;
+                var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_0, p1 >= 0.0);
+                    every_key = every_key && scored1.s != MASKED;
                 }
                 if (KB > 2u) {
-                    acc += select(vec4<f32>(0.0), p2 * v2_0, p2 >= 0.0);
+                    every_key = every_key && scored2.s != MASKED;
                 }
                 if (KB > 3u) {
-                    acc += select(vec4<f32>(0.0), p3 * v3_0, p3 >= 0.0);
+                    every_key = every_key && scored3.s != MASKED;
                 }
-                o7_0 = acc;
-                if (VT > 1u) {
-                    var acc = o7_1 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_1, p0 >= 0.0);
+                // O += P V. Where the row attends every key of the step, P is
+                // multiplied as it is (an attended key whose P is 0 still adds
+                // 0 x V, so a NaN or inf there reaches the row); otherwise a key
+                // the row does not attend must add nothing, even where its V is
+                // not finite.
+                if (every_key) {
+                    var acc = o7_0 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_0, acc);
                     if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_1, p1 >= 0.0);
+                        acc = fma(vec4<f32>(p1), v1_0, acc);
                     }
                     if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_1, p2 >= 0.0);
+                        acc = fma(vec4<f32>(p2), v2_0, acc);
                     }
                     if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_1, p3 >= 0.0);
+                        acc = fma(vec4<f32>(p3), v3_0, acc);
                     }
-                    o7_1 = acc;
+                    o7_0 = acc;
+                    if (VT > 1u) {
+                        var acc = o7_1 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_1, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_1, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_1, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_1, acc);
+                        }
+                        o7_1 = acc;
+                    }
+                } else {
+                    var acc = o7_0 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
+                    if (KB > 1u) {
+                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
+                    }
+                    o7_0 = acc;
+                    if (VT > 1u) {
+                        var acc = o7_1 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
+                        }
+                        o7_1 = acc;
+                    }
                 }
             }
         }
@@ -3004,34 +3611,64 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m8 - m_new);
                 m8 = m_new;
-                // -1: a key the row does not attend (it never multiplies V).
-                var p0 = -1.0;
-                p0 = select(-1.0, exp(scored0.s - m_new), scored0.s != MASKED);
-                var p1 = -1.0;
+                // 0 for a key the row does not attend.
+                var p0 = 0.0;
+                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                var p1 = 0.0;
                 if (KB > 1u) {
-                    p1 = select(-1.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
                 }
-                var p2 = -1.0;
+                var p2 = 0.0;
                 if (KB > 2u) {
-                    p2 = select(-1.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
                 }
-                var p3 = -1.0;
+                var p3 = 0.0;
                 if (KB > 3u) {
-                    p3 = select(-1.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
                 }
-                l8 = l8 * alpha + max(p0, 0.0) + max(p1, 0.0) + max(p2, 0.0) + max(p3, 0.0);
-                var acc = o8_0 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_0, p0 >= 0.0);
+                l8 = l8 * alpha + p0 + p1 + p2 + p3;
+                var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_0, p1 >= 0.0);
+                    every_key = every_key && scored1.s != MASKED;
                 }
                 if (KB > 2u) {
-                    acc += select(vec4<f32>(0.0), p2 * v2_0, p2 >= 0.0);
+                    every_key = every_key && scored2.s != MASKED;
                 }
                 if (KB > 3u) {
-                    acc += select(vec4<f32>(0.0), p3 * v3_0, p3 >= 0.0);
+                    every_key = every_key && scored3.s != MASKED;
                 }
-                o8_0 = acc;
+                // O += P V. Where the row attends every key of the step, P is
+                // multiplied as it is (an attended key whose P is 0 still adds
+                // 0 x V, so a NaN or inf there reaches the row); otherwise a key
+                // the row does not attend must add nothing, even where its V is
+                // not finite.
+                if (every_key) {
+                    var acc = o8_0 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_0, acc);
+                    if (KB > 1u) {
+                        acc = fma(vec4<f32>(p1), v1_0, acc);
+                    }
+                    if (KB > 2u) {
+                        acc = fma(vec4<f32>(p2), v2_0, acc);
+                    }
+                    if (KB > 3u) {
+                        acc = fma(vec4<f32>(p3), v3_0, acc);
+                    }
+                    o8_0 = acc;
+                } else {
+                    var acc = o8_0 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
+                    if (KB > 1u) {
+                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
+                    }
+                    o8_0 = acc;
+                }
             }
         }
         if (ROWS > 9u) {
@@ -3089,34 +3726,64 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m9 - m_new);
                 m9 = m_new;
-                // -1: a key the row does not attend (it never multiplies V).
-                var p0 = -1.0;
-                p0 = select(-1.0, exp(scored0.s - m_new), scored0.s != MASKED);
-                var p1 = -1.0;
+                // 0 for a key the row does not attend.
+                var p0 = 0.0;
+                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                var p1 = 0.0;
                 if (KB > 1u) {
-                    p1 = select(-1.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
                 }
-                var p2 = -1.0;
+                var p2 = 0.0;
                 if (KB > 2u) {
-                    p2 = select(-1.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
                 }
-                var p3 = -1.0;
+                var p3 = 0.0;
                 if (KB > 3u) {
-                    p3 = select(-1.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
                 }
-                l9 = l9 * alpha + max(p0, 0.0) + max(p1, 0.0) + max(p2, 0.0) + max(p3, 0.0);
-                var acc = o9_0 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_0, p0 >= 0.0);
+                l9 = l9 * alpha + p0 + p1 + p2 + p3;
+                var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_0, p1 >= 0.0);
+                    every_key = every_key && scored1.s != MASKED;
                 }
                 if (KB > 2u) {
-                    acc += select(vec4<f32>(0.0), p2 * v2_0, p2 >= 0.0);
+                    every_key = every_key && scored2.s != MASKED;
                 }
                 if (KB > 3u) {
-                    acc += select(vec4<f32>(0.0), p3 * v3_0, p3 >= 0.0);
+                    every_key = every_key && scored3.s != MASKED;
                 }
-                o9_0 = acc;
+                // O += P V. Where the row attends every key of the step, P is
+                // multiplied as it is (an attended key whose P is 0 still adds
+                // 0 x V, so a NaN or inf there reaches the row); otherwise a key
+                // the row does not attend must add nothing, even where its V is
+                // not finite.
+                if (every_key) {
+                    var acc = o9_0 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_0, acc);
+                    if (KB > 1u) {
+                        acc = fma(vec4<f32>(p1), v1_0, acc);
+                    }
+                    if (KB > 2u) {
+                        acc = fma(vec4<f32>(p2), v2_0, acc);
+                    }
+                    if (KB > 3u) {
+                        acc = fma(vec4<f32>(p3), v3_0, acc);
+                    }
+                    o9_0 = acc;
+                } else {
+                    var acc = o9_0 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
+                    if (KB > 1u) {
+                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
+                    }
+                    o9_0 = acc;
+                }
             }
         }
         if (ROWS > 10u) {
@@ -3174,34 +3841,64 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m10 - m_new);
                 m10 = m_new;
-                // -1: a key the row does not attend (it never multiplies V).
-                var p0 = -1.0;
-                p0 = select(-1.0, exp(scored0.s - m_new), scored0.s != MASKED);
-                var p1 = -1.0;
+                // 0 for a key the row does not attend.
+                var p0 = 0.0;
+                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                var p1 = 0.0;
                 if (KB > 1u) {
-                    p1 = select(-1.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
                 }
-                var p2 = -1.0;
+                var p2 = 0.0;
                 if (KB > 2u) {
-                    p2 = select(-1.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
                 }
-                var p3 = -1.0;
+                var p3 = 0.0;
                 if (KB > 3u) {
-                    p3 = select(-1.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
                 }
-                l10 = l10 * alpha + max(p0, 0.0) + max(p1, 0.0) + max(p2, 0.0) + max(p3, 0.0);
-                var acc = o10_0 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_0, p0 >= 0.0);
+                l10 = l10 * alpha + p0 + p1 + p2 + p3;
+                var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_0, p1 >= 0.0);
+                    every_key = every_key && scored1.s != MASKED;
                 }
                 if (KB > 2u) {
-                    acc += select(vec4<f32>(0.0), p2 * v2_0, p2 >= 0.0);
+                    every_key = every_key && scored2.s != MASKED;
                 }
                 if (KB > 3u) {
-                    acc += select(vec4<f32>(0.0), p3 * v3_0, p3 >= 0.0);
+                    every_key = every_key && scored3.s != MASKED;
                 }
-                o10_0 = acc;
+                // O += P V. Where the row attends every key of the step, P is
+                // multiplied as it is (an attended key whose P is 0 still adds
+                // 0 x V, so a NaN or inf there reaches the row); otherwise a key
+                // the row does not attend must add nothing, even where its V is
+                // not finite.
+                if (every_key) {
+                    var acc = o10_0 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_0, acc);
+                    if (KB > 1u) {
+                        acc = fma(vec4<f32>(p1), v1_0, acc);
+                    }
+                    if (KB > 2u) {
+                        acc = fma(vec4<f32>(p2), v2_0, acc);
+                    }
+                    if (KB > 3u) {
+                        acc = fma(vec4<f32>(p3), v3_0, acc);
+                    }
+                    o10_0 = acc;
+                } else {
+                    var acc = o10_0 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
+                    if (KB > 1u) {
+                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
+                    }
+                    o10_0 = acc;
+                }
             }
         }
         if (ROWS > 11u) {
@@ -3259,34 +3956,64 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m11 - m_new);
                 m11 = m_new;
-                // -1: a key the row does not attend (it never multiplies V).
-                var p0 = -1.0;
-                p0 = select(-1.0, exp(scored0.s - m_new), scored0.s != MASKED);
-                var p1 = -1.0;
+                // 0 for a key the row does not attend.
+                var p0 = 0.0;
+                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                var p1 = 0.0;
                 if (KB > 1u) {
-                    p1 = select(-1.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
                 }
-                var p2 = -1.0;
+                var p2 = 0.0;
                 if (KB > 2u) {
-                    p2 = select(-1.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
                 }
-                var p3 = -1.0;
+                var p3 = 0.0;
                 if (KB > 3u) {
-                    p3 = select(-1.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
                 }
-                l11 = l11 * alpha + max(p0, 0.0) + max(p1, 0.0) + max(p2, 0.0) + max(p3, 0.0);
-                var acc = o11_0 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_0, p0 >= 0.0);
+                l11 = l11 * alpha + p0 + p1 + p2 + p3;
+                var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_0, p1 >= 0.0);
+                    every_key = every_key && scored1.s != MASKED;
                 }
                 if (KB > 2u) {
-                    acc += select(vec4<f32>(0.0), p2 * v2_0, p2 >= 0.0);
+                    every_key = every_key && scored2.s != MASKED;
                 }
                 if (KB > 3u) {
-                    acc += select(vec4<f32>(0.0), p3 * v3_0, p3 >= 0.0);
+                    every_key = every_key && scored3.s != MASKED;
                 }
-                o11_0 = acc;
+                // O += P V. Where the row attends every key of the step, P is
+                // multiplied as it is (an attended key whose P is 0 still adds
+                // 0 x V, so a NaN or inf there reaches the row); otherwise a key
+                // the row does not attend must add nothing, even where its V is
+                // not finite.
+                if (every_key) {
+                    var acc = o11_0 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_0, acc);
+                    if (KB > 1u) {
+                        acc = fma(vec4<f32>(p1), v1_0, acc);
+                    }
+                    if (KB > 2u) {
+                        acc = fma(vec4<f32>(p2), v2_0, acc);
+                    }
+                    if (KB > 3u) {
+                        acc = fma(vec4<f32>(p3), v3_0, acc);
+                    }
+                    o11_0 = acc;
+                } else {
+                    var acc = o11_0 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
+                    if (KB > 1u) {
+                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
+                    }
+                    o11_0 = acc;
+                }
             }
         }
         if (ROWS > 12u) {
@@ -3344,34 +4071,64 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m12 - m_new);
                 m12 = m_new;
-                // -1: a key the row does not attend (it never multiplies V).
-                var p0 = -1.0;
-                p0 = select(-1.0, exp(scored0.s - m_new), scored0.s != MASKED);
-                var p1 = -1.0;
+                // 0 for a key the row does not attend.
+                var p0 = 0.0;
+                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                var p1 = 0.0;
                 if (KB > 1u) {
-                    p1 = select(-1.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
                 }
-                var p2 = -1.0;
+                var p2 = 0.0;
                 if (KB > 2u) {
-                    p2 = select(-1.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
                 }
-                var p3 = -1.0;
+                var p3 = 0.0;
                 if (KB > 3u) {
-                    p3 = select(-1.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
                 }
-                l12 = l12 * alpha + max(p0, 0.0) + max(p1, 0.0) + max(p2, 0.0) + max(p3, 0.0);
-                var acc = o12_0 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_0, p0 >= 0.0);
+                l12 = l12 * alpha + p0 + p1 + p2 + p3;
+                var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_0, p1 >= 0.0);
+                    every_key = every_key && scored1.s != MASKED;
                 }
                 if (KB > 2u) {
-                    acc += select(vec4<f32>(0.0), p2 * v2_0, p2 >= 0.0);
+                    every_key = every_key && scored2.s != MASKED;
                 }
                 if (KB > 3u) {
-                    acc += select(vec4<f32>(0.0), p3 * v3_0, p3 >= 0.0);
+                    every_key = every_key && scored3.s != MASKED;
                 }
-                o12_0 = acc;
+                // O += P V. Where the row attends every key of the step, P is
+                // multiplied as it is (an attended key whose P is 0 still adds
+                // 0 x V, so a NaN or inf there reaches the row); otherwise a key
+                // the row does not attend must add nothing, even where its V is
+                // not finite.
+                if (every_key) {
+                    var acc = o12_0 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_0, acc);
+                    if (KB > 1u) {
+                        acc = fma(vec4<f32>(p1), v1_0, acc);
+                    }
+                    if (KB > 2u) {
+                        acc = fma(vec4<f32>(p2), v2_0, acc);
+                    }
+                    if (KB > 3u) {
+                        acc = fma(vec4<f32>(p3), v3_0, acc);
+                    }
+                    o12_0 = acc;
+                } else {
+                    var acc = o12_0 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
+                    if (KB > 1u) {
+                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
+                    }
+                    o12_0 = acc;
+                }
             }
         }
         if (ROWS > 13u) {
@@ -3429,34 +4186,64 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m13 - m_new);
                 m13 = m_new;
-                // -1: a key the row does not attend (it never multiplies V).
-                var p0 = -1.0;
-                p0 = select(-1.0, exp(scored0.s - m_new), scored0.s != MASKED);
-                var p1 = -1.0;
+                // 0 for a key the row does not attend.
+                var p0 = 0.0;
+                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                var p1 = 0.0;
                 if (KB > 1u) {
-                    p1 = select(-1.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
                 }
-                var p2 = -1.0;
+                var p2 = 0.0;
                 if (KB > 2u) {
-                    p2 = select(-1.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
                 }
-                var p3 = -1.0;
+                var p3 = 0.0;
                 if (KB > 3u) {
-                    p3 = select(-1.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
                 }
-                l13 = l13 * alpha + max(p0, 0.0) + max(p1, 0.0) + max(p2, 0.0) + max(p3, 0.0);
-                var acc = o13_0 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_0, p0 >= 0.0);
+                l13 = l13 * alpha + p0 + p1 + p2 + p3;
+                var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_0, p1 >= 0.0);
+                    every_key = every_key && scored1.s != MASKED;
                 }
                 if (KB > 2u) {
-                    acc += select(vec4<f32>(0.0), p2 * v2_0, p2 >= 0.0);
+                    every_key = every_key && scored2.s != MASKED;
                 }
                 if (KB > 3u) {
-                    acc += select(vec4<f32>(0.0), p3 * v3_0, p3 >= 0.0);
+                    every_key = every_key && scored3.s != MASKED;
                 }
-                o13_0 = acc;
+                // O += P V. Where the row attends every key of the step, P is
+                // multiplied as it is (an attended key whose P is 0 still adds
+                // 0 x V, so a NaN or inf there reaches the row); otherwise a key
+                // the row does not attend must add nothing, even where its V is
+                // not finite.
+                if (every_key) {
+                    var acc = o13_0 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_0, acc);
+                    if (KB > 1u) {
+                        acc = fma(vec4<f32>(p1), v1_0, acc);
+                    }
+                    if (KB > 2u) {
+                        acc = fma(vec4<f32>(p2), v2_0, acc);
+                    }
+                    if (KB > 3u) {
+                        acc = fma(vec4<f32>(p3), v3_0, acc);
+                    }
+                    o13_0 = acc;
+                } else {
+                    var acc = o13_0 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
+                    if (KB > 1u) {
+                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
+                    }
+                    o13_0 = acc;
+                }
             }
         }
         if (ROWS > 14u) {
@@ -3514,34 +4301,64 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m14 - m_new);
                 m14 = m_new;
-                // -1: a key the row does not attend (it never multiplies V).
-                var p0 = -1.0;
-                p0 = select(-1.0, exp(scored0.s - m_new), scored0.s != MASKED);
-                var p1 = -1.0;
+                // 0 for a key the row does not attend.
+                var p0 = 0.0;
+                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                var p1 = 0.0;
                 if (KB > 1u) {
-                    p1 = select(-1.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
                 }
-                var p2 = -1.0;
+                var p2 = 0.0;
                 if (KB > 2u) {
-                    p2 = select(-1.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
                 }
-                var p3 = -1.0;
+                var p3 = 0.0;
                 if (KB > 3u) {
-                    p3 = select(-1.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
                 }
-                l14 = l14 * alpha + max(p0, 0.0) + max(p1, 0.0) + max(p2, 0.0) + max(p3, 0.0);
-                var acc = o14_0 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_0, p0 >= 0.0);
+                l14 = l14 * alpha + p0 + p1 + p2 + p3;
+                var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_0, p1 >= 0.0);
+                    every_key = every_key && scored1.s != MASKED;
                 }
                 if (KB > 2u) {
-                    acc += select(vec4<f32>(0.0), p2 * v2_0, p2 >= 0.0);
+                    every_key = every_key && scored2.s != MASKED;
                 }
                 if (KB > 3u) {
-                    acc += select(vec4<f32>(0.0), p3 * v3_0, p3 >= 0.0);
+                    every_key = every_key && scored3.s != MASKED;
                 }
-                o14_0 = acc;
+                // O += P V. Where the row attends every key of the step, P is
+                // multiplied as it is (an attended key whose P is 0 still adds
+                // 0 x V, so a NaN or inf there reaches the row); otherwise a key
+                // the row does not attend must add nothing, even where its V is
+                // not finite.
+                if (every_key) {
+                    var acc = o14_0 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_0, acc);
+                    if (KB > 1u) {
+                        acc = fma(vec4<f32>(p1), v1_0, acc);
+                    }
+                    if (KB > 2u) {
+                        acc = fma(vec4<f32>(p2), v2_0, acc);
+                    }
+                    if (KB > 3u) {
+                        acc = fma(vec4<f32>(p3), v3_0, acc);
+                    }
+                    o14_0 = acc;
+                } else {
+                    var acc = o14_0 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
+                    if (KB > 1u) {
+                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
+                    }
+                    o14_0 = acc;
+                }
             }
         }
         if (ROWS > 15u) {
@@ -3599,34 +4416,64 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m15 - m_new);
                 m15 = m_new;
-                // -1: a key the row does not attend (it never multiplies V).
-                var p0 = -1.0;
-                p0 = select(-1.0, exp(scored0.s - m_new), scored0.s != MASKED);
-                var p1 = -1.0;
+                // 0 for a key the row does not attend.
+                var p0 = 0.0;
+                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                var p1 = 0.0;
                 if (KB > 1u) {
-                    p1 = select(-1.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
                 }
-                var p2 = -1.0;
+                var p2 = 0.0;
                 if (KB > 2u) {
-                    p2 = select(-1.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
                 }
-                var p3 = -1.0;
+                var p3 = 0.0;
                 if (KB > 3u) {
-                    p3 = select(-1.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
                 }
-                l15 = l15 * alpha + max(p0, 0.0) + max(p1, 0.0) + max(p2, 0.0) + max(p3, 0.0);
-                var acc = o15_0 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_0, p0 >= 0.0);
+                l15 = l15 * alpha + p0 + p1 + p2 + p3;
+                var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_0, p1 >= 0.0);
+                    every_key = every_key && scored1.s != MASKED;
                 }
                 if (KB > 2u) {
-                    acc += select(vec4<f32>(0.0), p2 * v2_0, p2 >= 0.0);
+                    every_key = every_key && scored2.s != MASKED;
                 }
                 if (KB > 3u) {
-                    acc += select(vec4<f32>(0.0), p3 * v3_0, p3 >= 0.0);
+                    every_key = every_key && scored3.s != MASKED;
                 }
-                o15_0 = acc;
+                // O += P V. Where the row attends every key of the step, P is
+                // multiplied as it is (an attended key whose P is 0 still adds
+                // 0 x V, so a NaN or inf there reaches the row); otherwise a key
+                // the row does not attend must add nothing, even where its V is
+                // not finite.
+                if (every_key) {
+                    var acc = o15_0 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_0, acc);
+                    if (KB > 1u) {
+                        acc = fma(vec4<f32>(p1), v1_0, acc);
+                    }
+                    if (KB > 2u) {
+                        acc = fma(vec4<f32>(p2), v2_0, acc);
+                    }
+                    if (KB > 3u) {
+                        acc = fma(vec4<f32>(p3), v3_0, acc);
+                    }
+                    o15_0 = acc;
+                } else {
+                    var acc = o15_0 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
+                    if (KB > 1u) {
+                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
+                    }
+                    o15_0 = acc;
+                }
             }
         }
     }

@@ -176,11 +176,19 @@ w("""    return s;
 }
 
 // Column `col` (in vec4s) of key row `key` of K and of V, zero past the row.
+// Where L divides the row (KT = DK4 / L), every lane's columns lie within
+// it: one plain load (the test folds when the pipeline is made).
 fn k_col(row_base: u32, col: u32) -> vec4<f32> {
+    if (DK4 % L == 0u) {
+        return widen4(k4[row_base * DK4 + col]);
+    }
     return select(vec4<f32>(0.0), widen4(k4[row_base * DK4 + min(col, DK4 - 1u)]), col < DK4);
 }
 
 fn v_col(row_base: u32, col: u32) -> vec4<f32> {
+    if (DV4 % L == 0u) {
+        return widen4(v4[row_base * DV4 + col]);
+    }
     return select(vec4<f32>(0.0), widen4(v4[row_base * DV4 + min(col, DV4 - 1u)]), col < DV4);
 }
 
@@ -430,29 +438,49 @@ for r in range(MAX_ROWS):
         f"    let alpha = exp(m{r} - m_new);",
         f"    m{r} = m_new;",
     ]
-    lines.append("    // -1: a key the row does not attend (it never multiplies V).")
+    lines.append("    // 0 for a key the row does not attend.")
     for u in range(MAX_KB):
-        lines.append(f"    var p{u} = -1.0;")
+        lines.append(f"    var p{u} = 0.0;")
         lines += guard(
             [more("KB", u)],
-            [f"p{u} = select(-1.0, exp(scored{u}.s - m_new), scored{u}.s != MASKED);"],
+            [f"p{u} = select(0.0, exp(scored{u}.s - m_new), scored{u}.s != MASKED);"],
             4,
         )
-    lines.append(f"    l{r} = l{r} * alpha + max(p0, 0.0)" + "".join(
-        f" + max(p{u}, 0.0)" for u in range(1, MAX_KB)) + ";")
+    lines.append(f"    l{r} = l{r} * alpha + p0" + "".join(f" + p{u}" for u in range(1, MAX_KB)) + ";")
+    # Whether the row attends every key of the step: the same on every lane
+    # of the team (the scores are the team's sums), so the branch below does
+    # not split a team.
+    lines.append("    var every_key = scored0.s != MASKED;")
+    for u in range(1, MAX_KB):
+        lines += guard([more("KB", u)], [f"every_key = every_key && scored{u}.s != MASKED;"], 4)
+    fast, careful = [], []
     for c in range(MAX_COLS):
         if not has(r, c):
             continue
-        body = [f"var acc = o{r}_{c} * alpha;"]
+        f_body = [f"var acc = o{r}_{c} * alpha;"]
+        c_body = [f"var acc = o{r}_{c} * alpha;"]
         for u in range(MAX_KB):
             if has(u, c):
-                body += guard(
+                f_body += guard([more("KB", u)], [f"acc = fma(vec4<f32>(p{u}), v{u}_{c}, acc);"], 0)
+                c_body += guard(
                     [more("KB", u)],
-                    [f"acc += select(vec4<f32>(0.0), p{u} * v{u}_{c}, p{u} >= 0.0);"],
+                    [f"acc += select(vec4<f32>(0.0), p{u} * v{u}_{c}, scored{u}.s != MASKED);"],
                     0,
                 )
-        body.append(f"o{r}_{c} = acc;")
-        lines += guard([more("VT", c)], body, 4)
+        fast += guard([more("VT", c)], f_body + [f"o{r}_{c} = acc;"], 0)
+        careful += guard([more("VT", c)], c_body + [f"o{r}_{c} = acc;"], 0)
+    lines += [
+        "    // O += P V. Where the row attends every key of the step, P is",
+        "    // multiplied as it is (an attended key whose P is 0 still adds",
+        "    // 0 x V, so a NaN or inf there reaches the row); otherwise a key",
+        "    // the row does not attend must add nothing, even where its V is",
+        "    // not finite.",
+        "    if (every_key) {",
+    ]
+    lines += ["        " + x for x in fast]
+    lines.append("    } else {")
+    lines += ["        " + x for x in careful]
+    lines.append("    }")
     lines.append("}")
     emit(guard([more("ROWS", r)], lines, 8))
 w("""    }
