@@ -34,9 +34,10 @@
 // The contract is attention_fused.wgsl's, and so are the uniforms, the
 // bindings, the non-finite rules (ROW_ATTENDED / ROW_POISONED, NaN rows, an
 // attended -inf score still multiplies its V row, a key not attended never
-// does: P is 0 for both, a tile whose V is all finite multiplies by P as it
-// is, and one that holds a non-finite value re-applies the rows' rules to
-// each key, `attends`), the workgroup's key range that skips
+// does: P is -0 for a key not attended and +0 or more for an attended one, a
+// tile whose V is all finite multiplies by P as it is (-0 times a finite V
+// adds nothing), and one that holds a non-finite value multiplies only where
+// P's sign bit is clear), the workgroup's key range that skips
 // tiles no row can see, and the resumable key chunks (O in Y, row state in
 // `stats` between chunks; chunks start on tile boundaries).
 //
@@ -159,18 +160,16 @@ fn nonfinite4(x: vec4<f32>) -> bool {
     return any((bitcast<vec4<u32>>(x) & exponent) == exponent);
 }
 
-// Whether a row attends `key`: step 2's rules without the score (the row
-// is live, the key within its range and not masked out). The careful product
-// asks it, since P is 0 both for a key the row does not attend (which must add
-// nothing) and for an attended key whose score is -inf (which adds 0 x V).
-fn attends(live: bool, lo: i32, hi: i32, mask_base: u32, key: i32) -> bool {
-    if (!live || key < lo || key > hi) {
-        return false;
-    }
-    if ((p.flags & FLAG_MASK) != 0u) {
-        return mask[mask_base + u32(key)] > MASKED;
-    }
-    return true;
+// P of a key a row does not attend: -0, as bits (a sign bit no arithmetic
+// makes: exp never returns -0). Times a finite V it adds nothing; the
+// careful product, for a V tile with a non-finite value, skips it.
+fn not_attended() -> f32 {
+    return bitcast<f32>(0x80000000u);
+}
+
+// Whether P belongs to a key the row attends: its sign bit is clear.
+fn attended_p(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x80000000u) == 0u;
 }
 
 @compute @workgroup_size(WG, 1, 1)
@@ -1062,29 +1061,33 @@ fn main(
             // exp(0) = 1 while no attended score has been finite yet.
             let alpha = exp(m0 - m_new);
             var sum = 0.0;
-            // 0 for a key the row does not attend (the careful product
-            // tells those apart from attended keys whose score is -inf).
-            let pt = select(0.0, exp(s0_0 - m_new), s0_0 != MASKED);
+            // -0 for a key the row does not attend (it adds nothing to
+            // the sum, nor, times a finite V, to O); an attended key's P
+            // is +0 or more, even where its score is -inf.
+            let pt = select(not_attended(), exp(s0_0 - m_new), s0_0 != MASKED);
             s0_0 = pt;
             sum += pt;
             if (RK > 1u) {
-                // 0 for a key the row does not attend (the careful product
-                // tells those apart from attended keys whose score is -inf).
-                let pt = select(0.0, exp(s0_1 - m_new), s0_1 != MASKED);
+                // -0 for a key the row does not attend (it adds nothing to
+                // the sum, nor, times a finite V, to O); an attended key's P
+                // is +0 or more, even where its score is -inf.
+                let pt = select(not_attended(), exp(s0_1 - m_new), s0_1 != MASKED);
                 s0_1 = pt;
                 sum += pt;
             }
             if (RK > 2u) {
-                // 0 for a key the row does not attend (the careful product
-                // tells those apart from attended keys whose score is -inf).
-                let pt = select(0.0, exp(s0_2 - m_new), s0_2 != MASKED);
+                // -0 for a key the row does not attend (it adds nothing to
+                // the sum, nor, times a finite V, to O); an attended key's P
+                // is +0 or more, even where its score is -inf.
+                let pt = select(not_attended(), exp(s0_2 - m_new), s0_2 != MASKED);
                 s0_2 = pt;
                 sum += pt;
             }
             if (RK > 3u) {
-                // 0 for a key the row does not attend (the careful product
-                // tells those apart from attended keys whose score is -inf).
-                let pt = select(0.0, exp(s0_3 - m_new), s0_3 != MASKED);
+                // -0 for a key the row does not attend (it adds nothing to
+                // the sum, nor, times a finite V, to O); an attended key's P
+                // is +0 or more, even where its score is -inf.
+                let pt = select(not_attended(), exp(s0_3 - m_new), s0_3 != MASKED);
                 s0_3 = pt;
                 sum += pt;
             }
@@ -1279,29 +1282,33 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m1 - m_new);
                 var sum = 0.0;
-                // 0 for a key the row does not attend (the careful product
-                // tells those apart from attended keys whose score is -inf).
-                let pt = select(0.0, exp(s1_0 - m_new), s1_0 != MASKED);
+                // -0 for a key the row does not attend (it adds nothing to
+                // the sum, nor, times a finite V, to O); an attended key's P
+                // is +0 or more, even where its score is -inf.
+                let pt = select(not_attended(), exp(s1_0 - m_new), s1_0 != MASKED);
                 s1_0 = pt;
                 sum += pt;
                 if (RK > 1u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s1_1 - m_new), s1_1 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s1_1 - m_new), s1_1 != MASKED);
                     s1_1 = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s1_2 - m_new), s1_2 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s1_2 - m_new), s1_2 != MASKED);
                     s1_2 = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s1_3 - m_new), s1_3 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s1_3 - m_new), s1_3 != MASKED);
                     s1_3 = pt;
                     sum += pt;
                 }
@@ -1497,29 +1504,33 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m2 - m_new);
                 var sum = 0.0;
-                // 0 for a key the row does not attend (the careful product
-                // tells those apart from attended keys whose score is -inf).
-                let pt = select(0.0, exp(s2_0 - m_new), s2_0 != MASKED);
+                // -0 for a key the row does not attend (it adds nothing to
+                // the sum, nor, times a finite V, to O); an attended key's P
+                // is +0 or more, even where its score is -inf.
+                let pt = select(not_attended(), exp(s2_0 - m_new), s2_0 != MASKED);
                 s2_0 = pt;
                 sum += pt;
                 if (RK > 1u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s2_1 - m_new), s2_1 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s2_1 - m_new), s2_1 != MASKED);
                     s2_1 = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s2_2 - m_new), s2_2 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s2_2 - m_new), s2_2 != MASKED);
                     s2_2 = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s2_3 - m_new), s2_3 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s2_3 - m_new), s2_3 != MASKED);
                     s2_3 = pt;
                     sum += pt;
                 }
@@ -1706,29 +1717,33 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m3 - m_new);
                 var sum = 0.0;
-                // 0 for a key the row does not attend (the careful product
-                // tells those apart from attended keys whose score is -inf).
-                let pt = select(0.0, exp(s3_0 - m_new), s3_0 != MASKED);
+                // -0 for a key the row does not attend (it adds nothing to
+                // the sum, nor, times a finite V, to O); an attended key's P
+                // is +0 or more, even where its score is -inf.
+                let pt = select(not_attended(), exp(s3_0 - m_new), s3_0 != MASKED);
                 s3_0 = pt;
                 sum += pt;
                 if (RK > 1u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s3_1 - m_new), s3_1 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s3_1 - m_new), s3_1 != MASKED);
                     s3_1 = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s3_2 - m_new), s3_2 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s3_2 - m_new), s3_2 != MASKED);
                     s3_2 = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s3_3 - m_new), s3_3 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s3_3 - m_new), s3_3 != MASKED);
                     s3_3 = pt;
                     sum += pt;
                 }
@@ -1751,14 +1766,9 @@ fn main(
         // shuffled from the lane that holds it. Columns past Dv read some
         // vec4 of the tile and are never stored.
         if (careful) {
-            let mb0 = b * p.mask_batch_stride + h * p.mask_head_stride + qrow0 * p.mask_row_stride;
-            let mb1 = b * p.mask_batch_stride + h * p.mask_head_stride + qrow1 * p.mask_row_stride;
-            let mb2 = b * p.mask_batch_stride + h * p.mask_head_stride + qrow2 * p.mask_row_stride;
-            let mb3 = b * p.mask_batch_stride + h * p.mask_head_stride + qrow3 * p.mask_row_stride;
             for (var t = 0u; t < TK; t++) {
                 let src = lane0 + t;
                 {
-                    let key = j0 + i32(t + TK * 0u);
                     let v0 = v_tile[(t + TK * 0u) * KS + v_at0];
                     let v1 = v_tile[(t + TK * 0u) * KS + v_at1];
                     let v2 = v_tile[(t + TK * 0u) * KS + v_at2];
@@ -1768,90 +1778,85 @@ fn main(
                     let v6 = v_tile[(t + TK * 0u) * KS + v_at6];
                     let v7 = v_tile[(t + TK * 0u) * KS + v_at7];
                     let p0 = subgroupShuffle(s0_0, src);
-                    let a0 = attends(live0, lo0, hi0, mb0, key);
-                    o0_0 += select(vec4<f32>(0.0), p0 * v0, a0);
+                    o0_0 += select(vec4<f32>(0.0), p0 * v0, attended_p(p0));
                     if (DVT > 1u) {
-                        o0_1 += select(vec4<f32>(0.0), p0 * v1, a0);
+                        o0_1 += select(vec4<f32>(0.0), p0 * v1, attended_p(p0));
                     }
                     if (DVT > 2u) {
-                        o0_2 += select(vec4<f32>(0.0), p0 * v2, a0);
+                        o0_2 += select(vec4<f32>(0.0), p0 * v2, attended_p(p0));
                     }
                     if (DVT > 3u) {
-                        o0_3 += select(vec4<f32>(0.0), p0 * v3, a0);
+                        o0_3 += select(vec4<f32>(0.0), p0 * v3, attended_p(p0));
                     }
                     if (DVT > 4u) {
-                        o0_4 += select(vec4<f32>(0.0), p0 * v4, a0);
+                        o0_4 += select(vec4<f32>(0.0), p0 * v4, attended_p(p0));
                     }
                     if (DVT > 5u) {
-                        o0_5 += select(vec4<f32>(0.0), p0 * v5, a0);
+                        o0_5 += select(vec4<f32>(0.0), p0 * v5, attended_p(p0));
                     }
                     if (DVT > 6u) {
-                        o0_6 += select(vec4<f32>(0.0), p0 * v6, a0);
+                        o0_6 += select(vec4<f32>(0.0), p0 * v6, attended_p(p0));
                     }
                     if (DVT > 7u) {
-                        o0_7 += select(vec4<f32>(0.0), p0 * v7, a0);
+                        o0_7 += select(vec4<f32>(0.0), p0 * v7, attended_p(p0));
                     }
                     if (RQ > 1u) {
                         let p1 = subgroupShuffle(s1_0, src);
-                        let a1 = attends(live1, lo1, hi1, mb1, key);
-                        o1_0 += select(vec4<f32>(0.0), p1 * v0, a1);
+                        o1_0 += select(vec4<f32>(0.0), p1 * v0, attended_p(p1));
                         if (DVT > 1u) {
-                            o1_1 += select(vec4<f32>(0.0), p1 * v1, a1);
+                            o1_1 += select(vec4<f32>(0.0), p1 * v1, attended_p(p1));
                         }
                         if (DVT > 2u) {
-                            o1_2 += select(vec4<f32>(0.0), p1 * v2, a1);
+                            o1_2 += select(vec4<f32>(0.0), p1 * v2, attended_p(p1));
                         }
                         if (DVT > 3u) {
-                            o1_3 += select(vec4<f32>(0.0), p1 * v3, a1);
+                            o1_3 += select(vec4<f32>(0.0), p1 * v3, attended_p(p1));
                         }
                         if (DVT > 4u) {
-                            o1_4 += select(vec4<f32>(0.0), p1 * v4, a1);
+                            o1_4 += select(vec4<f32>(0.0), p1 * v4, attended_p(p1));
                         }
                         if (DVT > 5u) {
-                            o1_5 += select(vec4<f32>(0.0), p1 * v5, a1);
+                            o1_5 += select(vec4<f32>(0.0), p1 * v5, attended_p(p1));
                         }
                         if (DVT > 6u) {
-                            o1_6 += select(vec4<f32>(0.0), p1 * v6, a1);
+                            o1_6 += select(vec4<f32>(0.0), p1 * v6, attended_p(p1));
                         }
                         if (DVT > 7u) {
-                            o1_7 += select(vec4<f32>(0.0), p1 * v7, a1);
+                            o1_7 += select(vec4<f32>(0.0), p1 * v7, attended_p(p1));
                         }
                     }
                     if (RQ > 2u) {
                         let p2 = subgroupShuffle(s2_0, src);
-                        let a2 = attends(live2, lo2, hi2, mb2, key);
-                        o2_0 += select(vec4<f32>(0.0), p2 * v0, a2);
+                        o2_0 += select(vec4<f32>(0.0), p2 * v0, attended_p(p2));
                         if (DVT > 1u) {
-                            o2_1 += select(vec4<f32>(0.0), p2 * v1, a2);
+                            o2_1 += select(vec4<f32>(0.0), p2 * v1, attended_p(p2));
                         }
                         if (DVT > 2u) {
-                            o2_2 += select(vec4<f32>(0.0), p2 * v2, a2);
+                            o2_2 += select(vec4<f32>(0.0), p2 * v2, attended_p(p2));
                         }
                         if (DVT > 3u) {
-                            o2_3 += select(vec4<f32>(0.0), p2 * v3, a2);
+                            o2_3 += select(vec4<f32>(0.0), p2 * v3, attended_p(p2));
                         }
                         if (DVT > 4u) {
-                            o2_4 += select(vec4<f32>(0.0), p2 * v4, a2);
+                            o2_4 += select(vec4<f32>(0.0), p2 * v4, attended_p(p2));
                         }
                     }
                     if (RQ > 3u) {
                         let p3 = subgroupShuffle(s3_0, src);
-                        let a3 = attends(live3, lo3, hi3, mb3, key);
-                        o3_0 += select(vec4<f32>(0.0), p3 * v0, a3);
+                        o3_0 += select(vec4<f32>(0.0), p3 * v0, attended_p(p3));
                         if (DVT > 1u) {
-                            o3_1 += select(vec4<f32>(0.0), p3 * v1, a3);
+                            o3_1 += select(vec4<f32>(0.0), p3 * v1, attended_p(p3));
                         }
                         if (DVT > 2u) {
-                            o3_2 += select(vec4<f32>(0.0), p3 * v2, a3);
+                            o3_2 += select(vec4<f32>(0.0), p3 * v2, attended_p(p3));
                         }
                         if (DVT > 3u) {
-                            o3_3 += select(vec4<f32>(0.0), p3 * v3, a3);
+                            o3_3 += select(vec4<f32>(0.0), p3 * v3, attended_p(p3));
                         }
                     }
                 }
                 if (RK > 1u) {
                     {
-                        let key = j0 + i32(t + TK * 1u);
                         let v0 = v_tile[(t + TK * 1u) * KS + v_at0];
                         let v1 = v_tile[(t + TK * 1u) * KS + v_at1];
                         let v2 = v_tile[(t + TK * 1u) * KS + v_at2];
@@ -1861,91 +1866,86 @@ fn main(
                         let v6 = v_tile[(t + TK * 1u) * KS + v_at6];
                         let v7 = v_tile[(t + TK * 1u) * KS + v_at7];
                         let p0 = subgroupShuffle(s0_1, src);
-                        let a0 = attends(live0, lo0, hi0, mb0, key);
-                        o0_0 += select(vec4<f32>(0.0), p0 * v0, a0);
+                        o0_0 += select(vec4<f32>(0.0), p0 * v0, attended_p(p0));
                         if (DVT > 1u) {
-                            o0_1 += select(vec4<f32>(0.0), p0 * v1, a0);
+                            o0_1 += select(vec4<f32>(0.0), p0 * v1, attended_p(p0));
                         }
                         if (DVT > 2u) {
-                            o0_2 += select(vec4<f32>(0.0), p0 * v2, a0);
+                            o0_2 += select(vec4<f32>(0.0), p0 * v2, attended_p(p0));
                         }
                         if (DVT > 3u) {
-                            o0_3 += select(vec4<f32>(0.0), p0 * v3, a0);
+                            o0_3 += select(vec4<f32>(0.0), p0 * v3, attended_p(p0));
                         }
                         if (DVT > 4u) {
-                            o0_4 += select(vec4<f32>(0.0), p0 * v4, a0);
+                            o0_4 += select(vec4<f32>(0.0), p0 * v4, attended_p(p0));
                         }
                         if (DVT > 5u) {
-                            o0_5 += select(vec4<f32>(0.0), p0 * v5, a0);
+                            o0_5 += select(vec4<f32>(0.0), p0 * v5, attended_p(p0));
                         }
                         if (DVT > 6u) {
-                            o0_6 += select(vec4<f32>(0.0), p0 * v6, a0);
+                            o0_6 += select(vec4<f32>(0.0), p0 * v6, attended_p(p0));
                         }
                         if (DVT > 7u) {
-                            o0_7 += select(vec4<f32>(0.0), p0 * v7, a0);
+                            o0_7 += select(vec4<f32>(0.0), p0 * v7, attended_p(p0));
                         }
                         if (RQ > 1u) {
                             let p1 = subgroupShuffle(s1_1, src);
-                            let a1 = attends(live1, lo1, hi1, mb1, key);
-                            o1_0 += select(vec4<f32>(0.0), p1 * v0, a1);
+                            o1_0 += select(vec4<f32>(0.0), p1 * v0, attended_p(p1));
                             if (DVT > 1u) {
-                                o1_1 += select(vec4<f32>(0.0), p1 * v1, a1);
+                                o1_1 += select(vec4<f32>(0.0), p1 * v1, attended_p(p1));
                             }
                             if (DVT > 2u) {
-                                o1_2 += select(vec4<f32>(0.0), p1 * v2, a1);
+                                o1_2 += select(vec4<f32>(0.0), p1 * v2, attended_p(p1));
                             }
                             if (DVT > 3u) {
-                                o1_3 += select(vec4<f32>(0.0), p1 * v3, a1);
+                                o1_3 += select(vec4<f32>(0.0), p1 * v3, attended_p(p1));
                             }
                             if (DVT > 4u) {
-                                o1_4 += select(vec4<f32>(0.0), p1 * v4, a1);
+                                o1_4 += select(vec4<f32>(0.0), p1 * v4, attended_p(p1));
                             }
                             if (DVT > 5u) {
-                                o1_5 += select(vec4<f32>(0.0), p1 * v5, a1);
+                                o1_5 += select(vec4<f32>(0.0), p1 * v5, attended_p(p1));
                             }
                             if (DVT > 6u) {
-                                o1_6 += select(vec4<f32>(0.0), p1 * v6, a1);
+                                o1_6 += select(vec4<f32>(0.0), p1 * v6, attended_p(p1));
                             }
                             if (DVT > 7u) {
-                                o1_7 += select(vec4<f32>(0.0), p1 * v7, a1);
+                                o1_7 += select(vec4<f32>(0.0), p1 * v7, attended_p(p1));
                             }
                         }
                         if (RQ > 2u) {
                             let p2 = subgroupShuffle(s2_1, src);
-                            let a2 = attends(live2, lo2, hi2, mb2, key);
-                            o2_0 += select(vec4<f32>(0.0), p2 * v0, a2);
+                            o2_0 += select(vec4<f32>(0.0), p2 * v0, attended_p(p2));
                             if (DVT > 1u) {
-                                o2_1 += select(vec4<f32>(0.0), p2 * v1, a2);
+                                o2_1 += select(vec4<f32>(0.0), p2 * v1, attended_p(p2));
                             }
                             if (DVT > 2u) {
-                                o2_2 += select(vec4<f32>(0.0), p2 * v2, a2);
+                                o2_2 += select(vec4<f32>(0.0), p2 * v2, attended_p(p2));
                             }
                             if (DVT > 3u) {
-                                o2_3 += select(vec4<f32>(0.0), p2 * v3, a2);
+                                o2_3 += select(vec4<f32>(0.0), p2 * v3, attended_p(p2));
                             }
                             if (DVT > 4u) {
-                                o2_4 += select(vec4<f32>(0.0), p2 * v4, a2);
+                                o2_4 += select(vec4<f32>(0.0), p2 * v4, attended_p(p2));
                             }
                         }
                         if (RQ > 3u) {
                             let p3 = subgroupShuffle(s3_1, src);
-                            let a3 = attends(live3, lo3, hi3, mb3, key);
-                            o3_0 += select(vec4<f32>(0.0), p3 * v0, a3);
+                            o3_0 += select(vec4<f32>(0.0), p3 * v0, attended_p(p3));
                             if (DVT > 1u) {
-                                o3_1 += select(vec4<f32>(0.0), p3 * v1, a3);
+                                o3_1 += select(vec4<f32>(0.0), p3 * v1, attended_p(p3));
                             }
                             if (DVT > 2u) {
-                                o3_2 += select(vec4<f32>(0.0), p3 * v2, a3);
+                                o3_2 += select(vec4<f32>(0.0), p3 * v2, attended_p(p3));
                             }
                             if (DVT > 3u) {
-                                o3_3 += select(vec4<f32>(0.0), p3 * v3, a3);
+                                o3_3 += select(vec4<f32>(0.0), p3 * v3, attended_p(p3));
                             }
                         }
                     }
                 }
                 if (RK > 2u) {
                     {
-                        let key = j0 + i32(t + TK * 2u);
                         let v0 = v_tile[(t + TK * 2u) * KS + v_at0];
                         let v1 = v_tile[(t + TK * 2u) * KS + v_at1];
                         let v2 = v_tile[(t + TK * 2u) * KS + v_at2];
@@ -1955,91 +1955,86 @@ fn main(
                         let v6 = v_tile[(t + TK * 2u) * KS + v_at6];
                         let v7 = v_tile[(t + TK * 2u) * KS + v_at7];
                         let p0 = subgroupShuffle(s0_2, src);
-                        let a0 = attends(live0, lo0, hi0, mb0, key);
-                        o0_0 += select(vec4<f32>(0.0), p0 * v0, a0);
+                        o0_0 += select(vec4<f32>(0.0), p0 * v0, attended_p(p0));
                         if (DVT > 1u) {
-                            o0_1 += select(vec4<f32>(0.0), p0 * v1, a0);
+                            o0_1 += select(vec4<f32>(0.0), p0 * v1, attended_p(p0));
                         }
                         if (DVT > 2u) {
-                            o0_2 += select(vec4<f32>(0.0), p0 * v2, a0);
+                            o0_2 += select(vec4<f32>(0.0), p0 * v2, attended_p(p0));
                         }
                         if (DVT > 3u) {
-                            o0_3 += select(vec4<f32>(0.0), p0 * v3, a0);
+                            o0_3 += select(vec4<f32>(0.0), p0 * v3, attended_p(p0));
                         }
                         if (DVT > 4u) {
-                            o0_4 += select(vec4<f32>(0.0), p0 * v4, a0);
+                            o0_4 += select(vec4<f32>(0.0), p0 * v4, attended_p(p0));
                         }
                         if (DVT > 5u) {
-                            o0_5 += select(vec4<f32>(0.0), p0 * v5, a0);
+                            o0_5 += select(vec4<f32>(0.0), p0 * v5, attended_p(p0));
                         }
                         if (DVT > 6u) {
-                            o0_6 += select(vec4<f32>(0.0), p0 * v6, a0);
+                            o0_6 += select(vec4<f32>(0.0), p0 * v6, attended_p(p0));
                         }
                         if (DVT > 7u) {
-                            o0_7 += select(vec4<f32>(0.0), p0 * v7, a0);
+                            o0_7 += select(vec4<f32>(0.0), p0 * v7, attended_p(p0));
                         }
                         if (RQ > 1u) {
                             let p1 = subgroupShuffle(s1_2, src);
-                            let a1 = attends(live1, lo1, hi1, mb1, key);
-                            o1_0 += select(vec4<f32>(0.0), p1 * v0, a1);
+                            o1_0 += select(vec4<f32>(0.0), p1 * v0, attended_p(p1));
                             if (DVT > 1u) {
-                                o1_1 += select(vec4<f32>(0.0), p1 * v1, a1);
+                                o1_1 += select(vec4<f32>(0.0), p1 * v1, attended_p(p1));
                             }
                             if (DVT > 2u) {
-                                o1_2 += select(vec4<f32>(0.0), p1 * v2, a1);
+                                o1_2 += select(vec4<f32>(0.0), p1 * v2, attended_p(p1));
                             }
                             if (DVT > 3u) {
-                                o1_3 += select(vec4<f32>(0.0), p1 * v3, a1);
+                                o1_3 += select(vec4<f32>(0.0), p1 * v3, attended_p(p1));
                             }
                             if (DVT > 4u) {
-                                o1_4 += select(vec4<f32>(0.0), p1 * v4, a1);
+                                o1_4 += select(vec4<f32>(0.0), p1 * v4, attended_p(p1));
                             }
                             if (DVT > 5u) {
-                                o1_5 += select(vec4<f32>(0.0), p1 * v5, a1);
+                                o1_5 += select(vec4<f32>(0.0), p1 * v5, attended_p(p1));
                             }
                             if (DVT > 6u) {
-                                o1_6 += select(vec4<f32>(0.0), p1 * v6, a1);
+                                o1_6 += select(vec4<f32>(0.0), p1 * v6, attended_p(p1));
                             }
                             if (DVT > 7u) {
-                                o1_7 += select(vec4<f32>(0.0), p1 * v7, a1);
+                                o1_7 += select(vec4<f32>(0.0), p1 * v7, attended_p(p1));
                             }
                         }
                         if (RQ > 2u) {
                             let p2 = subgroupShuffle(s2_2, src);
-                            let a2 = attends(live2, lo2, hi2, mb2, key);
-                            o2_0 += select(vec4<f32>(0.0), p2 * v0, a2);
+                            o2_0 += select(vec4<f32>(0.0), p2 * v0, attended_p(p2));
                             if (DVT > 1u) {
-                                o2_1 += select(vec4<f32>(0.0), p2 * v1, a2);
+                                o2_1 += select(vec4<f32>(0.0), p2 * v1, attended_p(p2));
                             }
                             if (DVT > 2u) {
-                                o2_2 += select(vec4<f32>(0.0), p2 * v2, a2);
+                                o2_2 += select(vec4<f32>(0.0), p2 * v2, attended_p(p2));
                             }
                             if (DVT > 3u) {
-                                o2_3 += select(vec4<f32>(0.0), p2 * v3, a2);
+                                o2_3 += select(vec4<f32>(0.0), p2 * v3, attended_p(p2));
                             }
                             if (DVT > 4u) {
-                                o2_4 += select(vec4<f32>(0.0), p2 * v4, a2);
+                                o2_4 += select(vec4<f32>(0.0), p2 * v4, attended_p(p2));
                             }
                         }
                         if (RQ > 3u) {
                             let p3 = subgroupShuffle(s3_2, src);
-                            let a3 = attends(live3, lo3, hi3, mb3, key);
-                            o3_0 += select(vec4<f32>(0.0), p3 * v0, a3);
+                            o3_0 += select(vec4<f32>(0.0), p3 * v0, attended_p(p3));
                             if (DVT > 1u) {
-                                o3_1 += select(vec4<f32>(0.0), p3 * v1, a3);
+                                o3_1 += select(vec4<f32>(0.0), p3 * v1, attended_p(p3));
                             }
                             if (DVT > 2u) {
-                                o3_2 += select(vec4<f32>(0.0), p3 * v2, a3);
+                                o3_2 += select(vec4<f32>(0.0), p3 * v2, attended_p(p3));
                             }
                             if (DVT > 3u) {
-                                o3_3 += select(vec4<f32>(0.0), p3 * v3, a3);
+                                o3_3 += select(vec4<f32>(0.0), p3 * v3, attended_p(p3));
                             }
                         }
                     }
                 }
                 if (RK > 3u) {
                     {
-                        let key = j0 + i32(t + TK * 3u);
                         let v0 = v_tile[(t + TK * 3u) * KS + v_at0];
                         let v1 = v_tile[(t + TK * 3u) * KS + v_at1];
                         let v2 = v_tile[(t + TK * 3u) * KS + v_at2];
@@ -2049,84 +2044,80 @@ fn main(
                         let v6 = v_tile[(t + TK * 3u) * KS + v_at6];
                         let v7 = v_tile[(t + TK * 3u) * KS + v_at7];
                         let p0 = subgroupShuffle(s0_3, src);
-                        let a0 = attends(live0, lo0, hi0, mb0, key);
-                        o0_0 += select(vec4<f32>(0.0), p0 * v0, a0);
+                        o0_0 += select(vec4<f32>(0.0), p0 * v0, attended_p(p0));
                         if (DVT > 1u) {
-                            o0_1 += select(vec4<f32>(0.0), p0 * v1, a0);
+                            o0_1 += select(vec4<f32>(0.0), p0 * v1, attended_p(p0));
                         }
                         if (DVT > 2u) {
-                            o0_2 += select(vec4<f32>(0.0), p0 * v2, a0);
+                            o0_2 += select(vec4<f32>(0.0), p0 * v2, attended_p(p0));
                         }
                         if (DVT > 3u) {
-                            o0_3 += select(vec4<f32>(0.0), p0 * v3, a0);
+                            o0_3 += select(vec4<f32>(0.0), p0 * v3, attended_p(p0));
                         }
                         if (DVT > 4u) {
-                            o0_4 += select(vec4<f32>(0.0), p0 * v4, a0);
+                            o0_4 += select(vec4<f32>(0.0), p0 * v4, attended_p(p0));
                         }
                         if (DVT > 5u) {
-                            o0_5 += select(vec4<f32>(0.0), p0 * v5, a0);
+                            o0_5 += select(vec4<f32>(0.0), p0 * v5, attended_p(p0));
                         }
                         if (DVT > 6u) {
-                            o0_6 += select(vec4<f32>(0.0), p0 * v6, a0);
+                            o0_6 += select(vec4<f32>(0.0), p0 * v6, attended_p(p0));
                         }
                         if (DVT > 7u) {
-                            o0_7 += select(vec4<f32>(0.0), p0 * v7, a0);
+                            o0_7 += select(vec4<f32>(0.0), p0 * v7, attended_p(p0));
                         }
                         if (RQ > 1u) {
                             let p1 = subgroupShuffle(s1_3, src);
-                            let a1 = attends(live1, lo1, hi1, mb1, key);
-                            o1_0 += select(vec4<f32>(0.0), p1 * v0, a1);
+                            o1_0 += select(vec4<f32>(0.0), p1 * v0, attended_p(p1));
                             if (DVT > 1u) {
-                                o1_1 += select(vec4<f32>(0.0), p1 * v1, a1);
+                                o1_1 += select(vec4<f32>(0.0), p1 * v1, attended_p(p1));
                             }
                             if (DVT > 2u) {
-                                o1_2 += select(vec4<f32>(0.0), p1 * v2, a1);
+                                o1_2 += select(vec4<f32>(0.0), p1 * v2, attended_p(p1));
                             }
                             if (DVT > 3u) {
-                                o1_3 += select(vec4<f32>(0.0), p1 * v3, a1);
+                                o1_3 += select(vec4<f32>(0.0), p1 * v3, attended_p(p1));
                             }
                             if (DVT > 4u) {
-                                o1_4 += select(vec4<f32>(0.0), p1 * v4, a1);
+                                o1_4 += select(vec4<f32>(0.0), p1 * v4, attended_p(p1));
                             }
                             if (DVT > 5u) {
-                                o1_5 += select(vec4<f32>(0.0), p1 * v5, a1);
+                                o1_5 += select(vec4<f32>(0.0), p1 * v5, attended_p(p1));
                             }
                             if (DVT > 6u) {
-                                o1_6 += select(vec4<f32>(0.0), p1 * v6, a1);
+                                o1_6 += select(vec4<f32>(0.0), p1 * v6, attended_p(p1));
                             }
                             if (DVT > 7u) {
-                                o1_7 += select(vec4<f32>(0.0), p1 * v7, a1);
+                                o1_7 += select(vec4<f32>(0.0), p1 * v7, attended_p(p1));
                             }
                         }
                         if (RQ > 2u) {
                             let p2 = subgroupShuffle(s2_3, src);
-                            let a2 = attends(live2, lo2, hi2, mb2, key);
-                            o2_0 += select(vec4<f32>(0.0), p2 * v0, a2);
+                            o2_0 += select(vec4<f32>(0.0), p2 * v0, attended_p(p2));
                             if (DVT > 1u) {
-                                o2_1 += select(vec4<f32>(0.0), p2 * v1, a2);
+                                o2_1 += select(vec4<f32>(0.0), p2 * v1, attended_p(p2));
                             }
                             if (DVT > 2u) {
-                                o2_2 += select(vec4<f32>(0.0), p2 * v2, a2);
+                                o2_2 += select(vec4<f32>(0.0), p2 * v2, attended_p(p2));
                             }
                             if (DVT > 3u) {
-                                o2_3 += select(vec4<f32>(0.0), p2 * v3, a2);
+                                o2_3 += select(vec4<f32>(0.0), p2 * v3, attended_p(p2));
                             }
                             if (DVT > 4u) {
-                                o2_4 += select(vec4<f32>(0.0), p2 * v4, a2);
+                                o2_4 += select(vec4<f32>(0.0), p2 * v4, attended_p(p2));
                             }
                         }
                         if (RQ > 3u) {
                             let p3 = subgroupShuffle(s3_3, src);
-                            let a3 = attends(live3, lo3, hi3, mb3, key);
-                            o3_0 += select(vec4<f32>(0.0), p3 * v0, a3);
+                            o3_0 += select(vec4<f32>(0.0), p3 * v0, attended_p(p3));
                             if (DVT > 1u) {
-                                o3_1 += select(vec4<f32>(0.0), p3 * v1, a3);
+                                o3_1 += select(vec4<f32>(0.0), p3 * v1, attended_p(p3));
                             }
                             if (DVT > 2u) {
-                                o3_2 += select(vec4<f32>(0.0), p3 * v2, a3);
+                                o3_2 += select(vec4<f32>(0.0), p3 * v2, attended_p(p3));
                             }
                             if (DVT > 3u) {
-                                o3_3 += select(vec4<f32>(0.0), p3 * v3, a3);
+                                o3_3 += select(vec4<f32>(0.0), p3 * v3, attended_p(p3));
                             }
                         }
                     }

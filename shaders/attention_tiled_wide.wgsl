@@ -34,9 +34,10 @@
 // The contract is attention_fused.wgsl's, and so are the uniforms, the
 // bindings, the non-finite rules (ROW_ATTENDED / ROW_POISONED, NaN rows, an
 // attended -inf score still multiplies its V row, a key not attended never
-// does: P is 0 for both, a tile whose V is all finite multiplies by P as it
-// is, and one that holds a non-finite value re-applies the rows' rules to
-// each key, `attends`), the workgroup's key range that skips
+// does: P is -0 for a key not attended and +0 or more for an attended one, a
+// tile whose V is all finite multiplies by P as it is (-0 times a finite V
+// adds nothing), and one that holds a non-finite value multiplies only where
+// P's sign bit is clear), the workgroup's key range that skips
 // tiles no row can see, and the resumable key chunks (O in Y, row state in
 // `stats` between chunks; chunks start on tile boundaries).
 
@@ -85,7 +86,7 @@ const MAX_DVT: u32 = 8u;
 var<workgroup> q_tile: array<vec4<f32>, BQ * QS>;
 // K's tile, then V's: BK rows of KS vec4s.
 var<workgroup> kv_tile: array<vec4<f32>, BK * KS>;
-// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3); 0 for a key the row
+// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3); -0 for a key the row
 // does not attend.
 var<workgroup> p_tile: array<vec4<f32>, BQ * BK / 4u>;
 // Per row: the TK invocations' partial maxima, later their partial sums;
@@ -138,18 +139,16 @@ fn nonfinite4(x: vec4<f32>) -> bool {
     return any((bitcast<vec4<u32>>(x) & exponent) == exponent);
 }
 
-// Whether a row attends `key`: step 2's rules without the score (the row
-// is live, the key within its range and not masked out). The careful product
-// asks it, since P is 0 both for a key the row does not attend (which must add
-// nothing) and for an attended key whose score is -inf (which adds 0 x V).
-fn attends(live: bool, lo: i32, hi: i32, mask_base: u32, key: i32) -> bool {
-    if (!live || key < lo || key > hi) {
-        return false;
-    }
-    if ((p.flags & FLAG_MASK) != 0u) {
-        return mask[mask_base + u32(key)] > MASKED;
-    }
-    return true;
+// P of a key a row does not attend: -0, as bits (a sign bit no arithmetic
+// makes: exp never returns -0). Times a finite V it adds nothing; the
+// careful product, for a V tile with a non-finite value, skips it.
+fn not_attended() -> f32 {
+    return bitcast<f32>(0x80000000u);
+}
+
+// Whether P belongs to a key the row attends: its sign bit is clear.
+fn attended_p(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x80000000u) == 0u;
 }
 
 @compute @workgroup_size(WG, 1, 1)
@@ -2300,32 +2299,36 @@ fn main(
             // exp(0) = 1 while no attended score has been finite yet.
             let alpha = exp(m0 - m_new);
             var sum = 0.0;
-            // 0 for a key the row does not attend (the careful product
-            // tells those apart from attended keys whose score is -inf).
-            let pt = select(0.0, exp(s0_0 - m_new), s0_0 != MASKED);
+            // -0 for a key the row does not attend (it adds nothing to
+            // the sum, nor, times a finite V, to O); an attended key's P
+            // is +0 or more, even where its score is -inf.
+            let pt = select(not_attended(), exp(s0_0 - m_new), s0_0 != MASKED);
             let kk = tc + TK * 0u;
             p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
             sum += pt;
             if (RK > 1u) {
-                // 0 for a key the row does not attend (the careful product
-                // tells those apart from attended keys whose score is -inf).
-                let pt = select(0.0, exp(s0_1 - m_new), s0_1 != MASKED);
+                // -0 for a key the row does not attend (it adds nothing to
+                // the sum, nor, times a finite V, to O); an attended key's P
+                // is +0 or more, even where its score is -inf.
+                let pt = select(not_attended(), exp(s0_1 - m_new), s0_1 != MASKED);
                 let kk = tc + TK * 1u;
                 p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                 sum += pt;
             }
             if (RK > 2u) {
-                // 0 for a key the row does not attend (the careful product
-                // tells those apart from attended keys whose score is -inf).
-                let pt = select(0.0, exp(s0_2 - m_new), s0_2 != MASKED);
+                // -0 for a key the row does not attend (it adds nothing to
+                // the sum, nor, times a finite V, to O); an attended key's P
+                // is +0 or more, even where its score is -inf.
+                let pt = select(not_attended(), exp(s0_2 - m_new), s0_2 != MASKED);
                 let kk = tc + TK * 2u;
                 p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                 sum += pt;
             }
             if (RK > 3u) {
-                // 0 for a key the row does not attend (the careful product
-                // tells those apart from attended keys whose score is -inf).
-                let pt = select(0.0, exp(s0_3 - m_new), s0_3 != MASKED);
+                // -0 for a key the row does not attend (it adds nothing to
+                // the sum, nor, times a finite V, to O); an attended key's P
+                // is +0 or more, even where its score is -inf.
+                let pt = select(not_attended(), exp(s0_3 - m_new), s0_3 != MASKED);
                 let kk = tc + TK * 3u;
                 p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                 sum += pt;
@@ -2366,32 +2369,36 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m1 - m_new);
                 var sum = 0.0;
-                // 0 for a key the row does not attend (the careful product
-                // tells those apart from attended keys whose score is -inf).
-                let pt = select(0.0, exp(s1_0 - m_new), s1_0 != MASKED);
+                // -0 for a key the row does not attend (it adds nothing to
+                // the sum, nor, times a finite V, to O); an attended key's P
+                // is +0 or more, even where its score is -inf.
+                let pt = select(not_attended(), exp(s1_0 - m_new), s1_0 != MASKED);
                 let kk = tc + TK * 0u;
                 p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s1_1 - m_new), s1_1 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s1_1 - m_new), s1_1 != MASKED);
                     let kk = tc + TK * 1u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s1_2 - m_new), s1_2 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s1_2 - m_new), s1_2 != MASKED);
                     let kk = tc + TK * 2u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s1_3 - m_new), s1_3 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s1_3 - m_new), s1_3 != MASKED);
                     let kk = tc + TK * 3u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
@@ -2433,32 +2440,36 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m2 - m_new);
                 var sum = 0.0;
-                // 0 for a key the row does not attend (the careful product
-                // tells those apart from attended keys whose score is -inf).
-                let pt = select(0.0, exp(s2_0 - m_new), s2_0 != MASKED);
+                // -0 for a key the row does not attend (it adds nothing to
+                // the sum, nor, times a finite V, to O); an attended key's P
+                // is +0 or more, even where its score is -inf.
+                let pt = select(not_attended(), exp(s2_0 - m_new), s2_0 != MASKED);
                 let kk = tc + TK * 0u;
                 p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s2_1 - m_new), s2_1 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s2_1 - m_new), s2_1 != MASKED);
                     let kk = tc + TK * 1u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s2_2 - m_new), s2_2 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s2_2 - m_new), s2_2 != MASKED);
                     let kk = tc + TK * 2u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s2_3 - m_new), s2_3 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s2_3 - m_new), s2_3 != MASKED);
                     let kk = tc + TK * 3u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
@@ -2491,32 +2502,36 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m3 - m_new);
                 var sum = 0.0;
-                // 0 for a key the row does not attend (the careful product
-                // tells those apart from attended keys whose score is -inf).
-                let pt = select(0.0, exp(s3_0 - m_new), s3_0 != MASKED);
+                // -0 for a key the row does not attend (it adds nothing to
+                // the sum, nor, times a finite V, to O); an attended key's P
+                // is +0 or more, even where its score is -inf.
+                let pt = select(not_attended(), exp(s3_0 - m_new), s3_0 != MASKED);
                 let kk = tc + TK * 0u;
                 p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s3_1 - m_new), s3_1 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s3_1 - m_new), s3_1 != MASKED);
                     let kk = tc + TK * 1u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s3_2 - m_new), s3_2 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s3_2 - m_new), s3_2 != MASKED);
                     let kk = tc + TK * 2u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s3_3 - m_new), s3_3 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s3_3 - m_new), s3_3 != MASKED);
                     let kk = tc + TK * 3u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
@@ -2546,32 +2561,36 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m4 - m_new);
                 var sum = 0.0;
-                // 0 for a key the row does not attend (the careful product
-                // tells those apart from attended keys whose score is -inf).
-                let pt = select(0.0, exp(s4_0 - m_new), s4_0 != MASKED);
+                // -0 for a key the row does not attend (it adds nothing to
+                // the sum, nor, times a finite V, to O); an attended key's P
+                // is +0 or more, even where its score is -inf.
+                let pt = select(not_attended(), exp(s4_0 - m_new), s4_0 != MASKED);
                 let kk = tc + TK * 0u;
                 p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s4_1 - m_new), s4_1 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s4_1 - m_new), s4_1 != MASKED);
                     let kk = tc + TK * 1u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s4_2 - m_new), s4_2 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s4_2 - m_new), s4_2 != MASKED);
                     let kk = tc + TK * 2u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s4_3 - m_new), s4_3 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s4_3 - m_new), s4_3 != MASKED);
                     let kk = tc + TK * 3u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
@@ -2598,32 +2617,36 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m5 - m_new);
                 var sum = 0.0;
-                // 0 for a key the row does not attend (the careful product
-                // tells those apart from attended keys whose score is -inf).
-                let pt = select(0.0, exp(s5_0 - m_new), s5_0 != MASKED);
+                // -0 for a key the row does not attend (it adds nothing to
+                // the sum, nor, times a finite V, to O); an attended key's P
+                // is +0 or more, even where its score is -inf.
+                let pt = select(not_attended(), exp(s5_0 - m_new), s5_0 != MASKED);
                 let kk = tc + TK * 0u;
                 p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s5_1 - m_new), s5_1 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s5_1 - m_new), s5_1 != MASKED);
                     let kk = tc + TK * 1u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s5_2 - m_new), s5_2 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s5_2 - m_new), s5_2 != MASKED);
                     let kk = tc + TK * 2u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s5_3 - m_new), s5_3 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s5_3 - m_new), s5_3 != MASKED);
                     let kk = tc + TK * 3u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
@@ -2647,32 +2670,36 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m6 - m_new);
                 var sum = 0.0;
-                // 0 for a key the row does not attend (the careful product
-                // tells those apart from attended keys whose score is -inf).
-                let pt = select(0.0, exp(s6_0 - m_new), s6_0 != MASKED);
+                // -0 for a key the row does not attend (it adds nothing to
+                // the sum, nor, times a finite V, to O); an attended key's P
+                // is +0 or more, even where its score is -inf.
+                let pt = select(not_attended(), exp(s6_0 - m_new), s6_0 != MASKED);
                 let kk = tc + TK * 0u;
                 p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s6_1 - m_new), s6_1 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s6_1 - m_new), s6_1 != MASKED);
                     let kk = tc + TK * 1u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s6_2 - m_new), s6_2 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s6_2 - m_new), s6_2 != MASKED);
                     let kk = tc + TK * 2u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s6_3 - m_new), s6_3 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s6_3 - m_new), s6_3 != MASKED);
                     let kk = tc + TK * 3u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
@@ -2696,32 +2723,36 @@ fn main(
                 // exp(0) = 1 while no attended score has been finite yet.
                 let alpha = exp(m7 - m_new);
                 var sum = 0.0;
-                // 0 for a key the row does not attend (the careful product
-                // tells those apart from attended keys whose score is -inf).
-                let pt = select(0.0, exp(s7_0 - m_new), s7_0 != MASKED);
+                // -0 for a key the row does not attend (it adds nothing to
+                // the sum, nor, times a finite V, to O); an attended key's P
+                // is +0 or more, even where its score is -inf.
+                let pt = select(not_attended(), exp(s7_0 - m_new), s7_0 != MASKED);
                 let kk = tc + TK * 0u;
                 p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s7_1 - m_new), s7_1 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s7_1 - m_new), s7_1 != MASKED);
                     let kk = tc + TK * 1u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s7_2 - m_new), s7_2 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s7_2 - m_new), s7_2 != MASKED);
                     let kk = tc + TK * 2u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
-                    // 0 for a key the row does not attend (the careful product
-                    // tells those apart from attended keys whose score is -inf).
-                    let pt = select(0.0, exp(s7_3 - m_new), s7_3 != MASKED);
+                    // -0 for a key the row does not attend (it adds nothing to
+                    // the sum, nor, times a finite V, to O); an attended key's P
+                    // is +0 or more, even where its score is -inf.
+                    let pt = select(not_attended(), exp(s7_3 - m_new), s7_3 != MASKED);
                     let kk = tc + TK * 3u;
                     p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
                     sum += pt;
@@ -2817,14 +2848,6 @@ fn main(
         // Columns past Dv read some vec4 of the tile and are never stored.
         let careful = atomicLoad(&v_nonfinite) != 0u;
         if (careful) {
-            let mb0 = b * p.mask_batch_stride + h * p.mask_head_stride + qrow0 * p.mask_row_stride;
-            let mb1 = b * p.mask_batch_stride + h * p.mask_head_stride + qrow1 * p.mask_row_stride;
-            let mb2 = b * p.mask_batch_stride + h * p.mask_head_stride + qrow2 * p.mask_row_stride;
-            let mb3 = b * p.mask_batch_stride + h * p.mask_head_stride + qrow3 * p.mask_row_stride;
-            let mb4 = b * p.mask_batch_stride + h * p.mask_head_stride + qrow4 * p.mask_row_stride;
-            let mb5 = b * p.mask_batch_stride + h * p.mask_head_stride + qrow5 * p.mask_row_stride;
-            let mb6 = b * p.mask_batch_stride + h * p.mask_head_stride + qrow6 * p.mask_row_stride;
-            let mb7 = b * p.mask_batch_stride + h * p.mask_head_stride + qrow7 * p.mask_row_stride;
             for (var t4 = 0u; t4 < bk4; t4++) {
                 var p0 = vec4<f32>(0.0);
                 p0 = p_tile[p_at + 0u * TQ * bk4 + t4];
@@ -2857,15 +2880,6 @@ fn main(
                     p7 = p_tile[p_at + 7u * TQ * bk4 + t4];
                 }
                 {
-                    let key = j0 + i32(t4 * 4u + 0u);
-                    let a0 = attends(live0, lo0, hi0, mb0, key);
-                    let a1 = attends(live1, lo1, hi1, mb1, key);
-                    let a2 = attends(live2, lo2, hi2, mb2, key);
-                    let a3 = attends(live3, lo3, hi3, mb3, key);
-                    let a4 = attends(live4, lo4, hi4, mb4, key);
-                    let a5 = attends(live5, lo5, hi5, mb5, key);
-                    let a6 = attends(live6, lo6, hi6, mb6, key);
-                    let a7 = attends(live7, lo7, hi7, mb7, key);
                     let v0 = kv_tile[(t4 * 4u + 0u) * KS + v_at0];
                     let v1 = kv_tile[(t4 * 4u + 0u) * KS + v_at1];
                     let v2 = kv_tile[(t4 * 4u + 0u) * KS + v_at2];
@@ -2874,117 +2888,108 @@ fn main(
                     let v5 = kv_tile[(t4 * 4u + 0u) * KS + v_at5];
                     let v6 = kv_tile[(t4 * 4u + 0u) * KS + v_at6];
                     let v7 = kv_tile[(t4 * 4u + 0u) * KS + v_at7];
-                    o0_0 += select(vec4<f32>(0.0), p0.x * v0, a0);
+                    o0_0 += select(vec4<f32>(0.0), p0.x * v0, attended_p(p0.x));
                     if (DVT > 1u) {
-                        o0_1 += select(vec4<f32>(0.0), p0.x * v1, a0);
+                        o0_1 += select(vec4<f32>(0.0), p0.x * v1, attended_p(p0.x));
                     }
                     if (DVT > 2u) {
-                        o0_2 += select(vec4<f32>(0.0), p0.x * v2, a0);
+                        o0_2 += select(vec4<f32>(0.0), p0.x * v2, attended_p(p0.x));
                     }
                     if (DVT > 3u) {
-                        o0_3 += select(vec4<f32>(0.0), p0.x * v3, a0);
+                        o0_3 += select(vec4<f32>(0.0), p0.x * v3, attended_p(p0.x));
                     }
                     if (DVT > 4u) {
-                        o0_4 += select(vec4<f32>(0.0), p0.x * v4, a0);
+                        o0_4 += select(vec4<f32>(0.0), p0.x * v4, attended_p(p0.x));
                     }
                     if (DVT > 5u) {
-                        o0_5 += select(vec4<f32>(0.0), p0.x * v5, a0);
+                        o0_5 += select(vec4<f32>(0.0), p0.x * v5, attended_p(p0.x));
                     }
                     if (DVT > 6u) {
-                        o0_6 += select(vec4<f32>(0.0), p0.x * v6, a0);
+                        o0_6 += select(vec4<f32>(0.0), p0.x * v6, attended_p(p0.x));
                     }
                     if (DVT > 7u) {
-                        o0_7 += select(vec4<f32>(0.0), p0.x * v7, a0);
+                        o0_7 += select(vec4<f32>(0.0), p0.x * v7, attended_p(p0.x));
                     }
                     if (RQ > 1u) {
-                        o1_0 += select(vec4<f32>(0.0), p1.x * v0, a1);
+                        o1_0 += select(vec4<f32>(0.0), p1.x * v0, attended_p(p1.x));
                     }
                     if (RQ > 1u && DVT > 1u) {
-                        o1_1 += select(vec4<f32>(0.0), p1.x * v1, a1);
+                        o1_1 += select(vec4<f32>(0.0), p1.x * v1, attended_p(p1.x));
                     }
                     if (RQ > 1u && DVT > 2u) {
-                        o1_2 += select(vec4<f32>(0.0), p1.x * v2, a1);
+                        o1_2 += select(vec4<f32>(0.0), p1.x * v2, attended_p(p1.x));
                     }
                     if (RQ > 1u && DVT > 3u) {
-                        o1_3 += select(vec4<f32>(0.0), p1.x * v3, a1);
+                        o1_3 += select(vec4<f32>(0.0), p1.x * v3, attended_p(p1.x));
                     }
                     if (RQ > 1u && DVT > 4u) {
-                        o1_4 += select(vec4<f32>(0.0), p1.x * v4, a1);
+                        o1_4 += select(vec4<f32>(0.0), p1.x * v4, attended_p(p1.x));
                     }
                     if (RQ > 1u && DVT > 5u) {
-                        o1_5 += select(vec4<f32>(0.0), p1.x * v5, a1);
+                        o1_5 += select(vec4<f32>(0.0), p1.x * v5, attended_p(p1.x));
                     }
                     if (RQ > 1u && DVT > 6u) {
-                        o1_6 += select(vec4<f32>(0.0), p1.x * v6, a1);
+                        o1_6 += select(vec4<f32>(0.0), p1.x * v6, attended_p(p1.x));
                     }
                     if (RQ > 1u && DVT > 7u) {
-                        o1_7 += select(vec4<f32>(0.0), p1.x * v7, a1);
+                        o1_7 += select(vec4<f32>(0.0), p1.x * v7, attended_p(p1.x));
                     }
                     if (RQ > 2u) {
-                        o2_0 += select(vec4<f32>(0.0), p2.x * v0, a2);
+                        o2_0 += select(vec4<f32>(0.0), p2.x * v0, attended_p(p2.x));
                     }
                     if (RQ > 2u && DVT > 1u) {
-                        o2_1 += select(vec4<f32>(0.0), p2.x * v1, a2);
+                        o2_1 += select(vec4<f32>(0.0), p2.x * v1, attended_p(p2.x));
                     }
                     if (RQ > 2u && DVT > 2u) {
-                        o2_2 += select(vec4<f32>(0.0), p2.x * v2, a2);
+                        o2_2 += select(vec4<f32>(0.0), p2.x * v2, attended_p(p2.x));
                     }
                     if (RQ > 2u && DVT > 3u) {
-                        o2_3 += select(vec4<f32>(0.0), p2.x * v3, a2);
+                        o2_3 += select(vec4<f32>(0.0), p2.x * v3, attended_p(p2.x));
                     }
                     if (RQ > 2u && DVT > 4u) {
-                        o2_4 += select(vec4<f32>(0.0), p2.x * v4, a2);
+                        o2_4 += select(vec4<f32>(0.0), p2.x * v4, attended_p(p2.x));
                     }
                     if (RQ > 3u) {
-                        o3_0 += select(vec4<f32>(0.0), p3.x * v0, a3);
+                        o3_0 += select(vec4<f32>(0.0), p3.x * v0, attended_p(p3.x));
                     }
                     if (RQ > 3u && DVT > 1u) {
-                        o3_1 += select(vec4<f32>(0.0), p3.x * v1, a3);
+                        o3_1 += select(vec4<f32>(0.0), p3.x * v1, attended_p(p3.x));
                     }
                     if (RQ > 3u && DVT > 2u) {
-                        o3_2 += select(vec4<f32>(0.0), p3.x * v2, a3);
+                        o3_2 += select(vec4<f32>(0.0), p3.x * v2, attended_p(p3.x));
                     }
                     if (RQ > 3u && DVT > 3u) {
-                        o3_3 += select(vec4<f32>(0.0), p3.x * v3, a3);
+                        o3_3 += select(vec4<f32>(0.0), p3.x * v3, attended_p(p3.x));
                     }
                     if (RQ > 4u) {
-                        o4_0 += select(vec4<f32>(0.0), p4.x * v0, a4);
+                        o4_0 += select(vec4<f32>(0.0), p4.x * v0, attended_p(p4.x));
                     }
                     if (RQ > 4u && DVT > 1u) {
-                        o4_1 += select(vec4<f32>(0.0), p4.x * v1, a4);
+                        o4_1 += select(vec4<f32>(0.0), p4.x * v1, attended_p(p4.x));
                     }
                     if (RQ > 4u && DVT > 2u) {
-                        o4_2 += select(vec4<f32>(0.0), p4.x * v2, a4);
+                        o4_2 += select(vec4<f32>(0.0), p4.x * v2, attended_p(p4.x));
                     }
                     if (RQ > 5u) {
-                        o5_0 += select(vec4<f32>(0.0), p5.x * v0, a5);
+                        o5_0 += select(vec4<f32>(0.0), p5.x * v0, attended_p(p5.x));
                     }
                     if (RQ > 5u && DVT > 1u) {
-                        o5_1 += select(vec4<f32>(0.0), p5.x * v1, a5);
+                        o5_1 += select(vec4<f32>(0.0), p5.x * v1, attended_p(p5.x));
                     }
                     if (RQ > 6u) {
-                        o6_0 += select(vec4<f32>(0.0), p6.x * v0, a6);
+                        o6_0 += select(vec4<f32>(0.0), p6.x * v0, attended_p(p6.x));
                     }
                     if (RQ > 6u && DVT > 1u) {
-                        o6_1 += select(vec4<f32>(0.0), p6.x * v1, a6);
+                        o6_1 += select(vec4<f32>(0.0), p6.x * v1, attended_p(p6.x));
                     }
                     if (RQ > 7u) {
-                        o7_0 += select(vec4<f32>(0.0), p7.x * v0, a7);
+                        o7_0 += select(vec4<f32>(0.0), p7.x * v0, attended_p(p7.x));
                     }
                     if (RQ > 7u && DVT > 1u) {
-                        o7_1 += select(vec4<f32>(0.0), p7.x * v1, a7);
+                        o7_1 += select(vec4<f32>(0.0), p7.x * v1, attended_p(p7.x));
                     }
                 }
                 {
-                    let key = j0 + i32(t4 * 4u + 1u);
-                    let a0 = attends(live0, lo0, hi0, mb0, key);
-                    let a1 = attends(live1, lo1, hi1, mb1, key);
-                    let a2 = attends(live2, lo2, hi2, mb2, key);
-                    let a3 = attends(live3, lo3, hi3, mb3, key);
-                    let a4 = attends(live4, lo4, hi4, mb4, key);
-                    let a5 = attends(live5, lo5, hi5, mb5, key);
-                    let a6 = attends(live6, lo6, hi6, mb6, key);
-                    let a7 = attends(live7, lo7, hi7, mb7, key);
                     let v0 = kv_tile[(t4 * 4u + 1u) * KS + v_at0];
                     let v1 = kv_tile[(t4 * 4u + 1u) * KS + v_at1];
                     let v2 = kv_tile[(t4 * 4u + 1u) * KS + v_at2];
@@ -2993,117 +2998,108 @@ fn main(
                     let v5 = kv_tile[(t4 * 4u + 1u) * KS + v_at5];
                     let v6 = kv_tile[(t4 * 4u + 1u) * KS + v_at6];
                     let v7 = kv_tile[(t4 * 4u + 1u) * KS + v_at7];
-                    o0_0 += select(vec4<f32>(0.0), p0.y * v0, a0);
+                    o0_0 += select(vec4<f32>(0.0), p0.y * v0, attended_p(p0.y));
                     if (DVT > 1u) {
-                        o0_1 += select(vec4<f32>(0.0), p0.y * v1, a0);
+                        o0_1 += select(vec4<f32>(0.0), p0.y * v1, attended_p(p0.y));
                     }
                     if (DVT > 2u) {
-                        o0_2 += select(vec4<f32>(0.0), p0.y * v2, a0);
+                        o0_2 += select(vec4<f32>(0.0), p0.y * v2, attended_p(p0.y));
                     }
                     if (DVT > 3u) {
-                        o0_3 += select(vec4<f32>(0.0), p0.y * v3, a0);
+                        o0_3 += select(vec4<f32>(0.0), p0.y * v3, attended_p(p0.y));
                     }
                     if (DVT > 4u) {
-                        o0_4 += select(vec4<f32>(0.0), p0.y * v4, a0);
+                        o0_4 += select(vec4<f32>(0.0), p0.y * v4, attended_p(p0.y));
                     }
                     if (DVT > 5u) {
-                        o0_5 += select(vec4<f32>(0.0), p0.y * v5, a0);
+                        o0_5 += select(vec4<f32>(0.0), p0.y * v5, attended_p(p0.y));
                     }
                     if (DVT > 6u) {
-                        o0_6 += select(vec4<f32>(0.0), p0.y * v6, a0);
+                        o0_6 += select(vec4<f32>(0.0), p0.y * v6, attended_p(p0.y));
                     }
                     if (DVT > 7u) {
-                        o0_7 += select(vec4<f32>(0.0), p0.y * v7, a0);
+                        o0_7 += select(vec4<f32>(0.0), p0.y * v7, attended_p(p0.y));
                     }
                     if (RQ > 1u) {
-                        o1_0 += select(vec4<f32>(0.0), p1.y * v0, a1);
+                        o1_0 += select(vec4<f32>(0.0), p1.y * v0, attended_p(p1.y));
                     }
                     if (RQ > 1u && DVT > 1u) {
-                        o1_1 += select(vec4<f32>(0.0), p1.y * v1, a1);
+                        o1_1 += select(vec4<f32>(0.0), p1.y * v1, attended_p(p1.y));
                     }
                     if (RQ > 1u && DVT > 2u) {
-                        o1_2 += select(vec4<f32>(0.0), p1.y * v2, a1);
+                        o1_2 += select(vec4<f32>(0.0), p1.y * v2, attended_p(p1.y));
                     }
                     if (RQ > 1u && DVT > 3u) {
-                        o1_3 += select(vec4<f32>(0.0), p1.y * v3, a1);
+                        o1_3 += select(vec4<f32>(0.0), p1.y * v3, attended_p(p1.y));
                     }
                     if (RQ > 1u && DVT > 4u) {
-                        o1_4 += select(vec4<f32>(0.0), p1.y * v4, a1);
+                        o1_4 += select(vec4<f32>(0.0), p1.y * v4, attended_p(p1.y));
                     }
                     if (RQ > 1u && DVT > 5u) {
-                        o1_5 += select(vec4<f32>(0.0), p1.y * v5, a1);
+                        o1_5 += select(vec4<f32>(0.0), p1.y * v5, attended_p(p1.y));
                     }
                     if (RQ > 1u && DVT > 6u) {
-                        o1_6 += select(vec4<f32>(0.0), p1.y * v6, a1);
+                        o1_6 += select(vec4<f32>(0.0), p1.y * v6, attended_p(p1.y));
                     }
                     if (RQ > 1u && DVT > 7u) {
-                        o1_7 += select(vec4<f32>(0.0), p1.y * v7, a1);
+                        o1_7 += select(vec4<f32>(0.0), p1.y * v7, attended_p(p1.y));
                     }
                     if (RQ > 2u) {
-                        o2_0 += select(vec4<f32>(0.0), p2.y * v0, a2);
+                        o2_0 += select(vec4<f32>(0.0), p2.y * v0, attended_p(p2.y));
                     }
                     if (RQ > 2u && DVT > 1u) {
-                        o2_1 += select(vec4<f32>(0.0), p2.y * v1, a2);
+                        o2_1 += select(vec4<f32>(0.0), p2.y * v1, attended_p(p2.y));
                     }
                     if (RQ > 2u && DVT > 2u) {
-                        o2_2 += select(vec4<f32>(0.0), p2.y * v2, a2);
+                        o2_2 += select(vec4<f32>(0.0), p2.y * v2, attended_p(p2.y));
                     }
                     if (RQ > 2u && DVT > 3u) {
-                        o2_3 += select(vec4<f32>(0.0), p2.y * v3, a2);
+                        o2_3 += select(vec4<f32>(0.0), p2.y * v3, attended_p(p2.y));
                     }
                     if (RQ > 2u && DVT > 4u) {
-                        o2_4 += select(vec4<f32>(0.0), p2.y * v4, a2);
+                        o2_4 += select(vec4<f32>(0.0), p2.y * v4, attended_p(p2.y));
                     }
                     if (RQ > 3u) {
-                        o3_0 += select(vec4<f32>(0.0), p3.y * v0, a3);
+                        o3_0 += select(vec4<f32>(0.0), p3.y * v0, attended_p(p3.y));
                     }
                     if (RQ > 3u && DVT > 1u) {
-                        o3_1 += select(vec4<f32>(0.0), p3.y * v1, a3);
+                        o3_1 += select(vec4<f32>(0.0), p3.y * v1, attended_p(p3.y));
                     }
                     if (RQ > 3u && DVT > 2u) {
-                        o3_2 += select(vec4<f32>(0.0), p3.y * v2, a3);
+                        o3_2 += select(vec4<f32>(0.0), p3.y * v2, attended_p(p3.y));
                     }
                     if (RQ > 3u && DVT > 3u) {
-                        o3_3 += select(vec4<f32>(0.0), p3.y * v3, a3);
+                        o3_3 += select(vec4<f32>(0.0), p3.y * v3, attended_p(p3.y));
                     }
                     if (RQ > 4u) {
-                        o4_0 += select(vec4<f32>(0.0), p4.y * v0, a4);
+                        o4_0 += select(vec4<f32>(0.0), p4.y * v0, attended_p(p4.y));
                     }
                     if (RQ > 4u && DVT > 1u) {
-                        o4_1 += select(vec4<f32>(0.0), p4.y * v1, a4);
+                        o4_1 += select(vec4<f32>(0.0), p4.y * v1, attended_p(p4.y));
                     }
                     if (RQ > 4u && DVT > 2u) {
-                        o4_2 += select(vec4<f32>(0.0), p4.y * v2, a4);
+                        o4_2 += select(vec4<f32>(0.0), p4.y * v2, attended_p(p4.y));
                     }
                     if (RQ > 5u) {
-                        o5_0 += select(vec4<f32>(0.0), p5.y * v0, a5);
+                        o5_0 += select(vec4<f32>(0.0), p5.y * v0, attended_p(p5.y));
                     }
                     if (RQ > 5u && DVT > 1u) {
-                        o5_1 += select(vec4<f32>(0.0), p5.y * v1, a5);
+                        o5_1 += select(vec4<f32>(0.0), p5.y * v1, attended_p(p5.y));
                     }
                     if (RQ > 6u) {
-                        o6_0 += select(vec4<f32>(0.0), p6.y * v0, a6);
+                        o6_0 += select(vec4<f32>(0.0), p6.y * v0, attended_p(p6.y));
                     }
                     if (RQ > 6u && DVT > 1u) {
-                        o6_1 += select(vec4<f32>(0.0), p6.y * v1, a6);
+                        o6_1 += select(vec4<f32>(0.0), p6.y * v1, attended_p(p6.y));
                     }
                     if (RQ > 7u) {
-                        o7_0 += select(vec4<f32>(0.0), p7.y * v0, a7);
+                        o7_0 += select(vec4<f32>(0.0), p7.y * v0, attended_p(p7.y));
                     }
                     if (RQ > 7u && DVT > 1u) {
-                        o7_1 += select(vec4<f32>(0.0), p7.y * v1, a7);
+                        o7_1 += select(vec4<f32>(0.0), p7.y * v1, attended_p(p7.y));
                     }
                 }
                 {
-                    let key = j0 + i32(t4 * 4u + 2u);
-                    let a0 = attends(live0, lo0, hi0, mb0, key);
-                    let a1 = attends(live1, lo1, hi1, mb1, key);
-                    let a2 = attends(live2, lo2, hi2, mb2, key);
-                    let a3 = attends(live3, lo3, hi3, mb3, key);
-                    let a4 = attends(live4, lo4, hi4, mb4, key);
-                    let a5 = attends(live5, lo5, hi5, mb5, key);
-                    let a6 = attends(live6, lo6, hi6, mb6, key);
-                    let a7 = attends(live7, lo7, hi7, mb7, key);
                     let v0 = kv_tile[(t4 * 4u + 2u) * KS + v_at0];
                     let v1 = kv_tile[(t4 * 4u + 2u) * KS + v_at1];
                     let v2 = kv_tile[(t4 * 4u + 2u) * KS + v_at2];
@@ -3112,117 +3108,108 @@ fn main(
                     let v5 = kv_tile[(t4 * 4u + 2u) * KS + v_at5];
                     let v6 = kv_tile[(t4 * 4u + 2u) * KS + v_at6];
                     let v7 = kv_tile[(t4 * 4u + 2u) * KS + v_at7];
-                    o0_0 += select(vec4<f32>(0.0), p0.z * v0, a0);
+                    o0_0 += select(vec4<f32>(0.0), p0.z * v0, attended_p(p0.z));
                     if (DVT > 1u) {
-                        o0_1 += select(vec4<f32>(0.0), p0.z * v1, a0);
+                        o0_1 += select(vec4<f32>(0.0), p0.z * v1, attended_p(p0.z));
                     }
                     if (DVT > 2u) {
-                        o0_2 += select(vec4<f32>(0.0), p0.z * v2, a0);
+                        o0_2 += select(vec4<f32>(0.0), p0.z * v2, attended_p(p0.z));
                     }
                     if (DVT > 3u) {
-                        o0_3 += select(vec4<f32>(0.0), p0.z * v3, a0);
+                        o0_3 += select(vec4<f32>(0.0), p0.z * v3, attended_p(p0.z));
                     }
                     if (DVT > 4u) {
-                        o0_4 += select(vec4<f32>(0.0), p0.z * v4, a0);
+                        o0_4 += select(vec4<f32>(0.0), p0.z * v4, attended_p(p0.z));
                     }
                     if (DVT > 5u) {
-                        o0_5 += select(vec4<f32>(0.0), p0.z * v5, a0);
+                        o0_5 += select(vec4<f32>(0.0), p0.z * v5, attended_p(p0.z));
                     }
                     if (DVT > 6u) {
-                        o0_6 += select(vec4<f32>(0.0), p0.z * v6, a0);
+                        o0_6 += select(vec4<f32>(0.0), p0.z * v6, attended_p(p0.z));
                     }
                     if (DVT > 7u) {
-                        o0_7 += select(vec4<f32>(0.0), p0.z * v7, a0);
+                        o0_7 += select(vec4<f32>(0.0), p0.z * v7, attended_p(p0.z));
                     }
                     if (RQ > 1u) {
-                        o1_0 += select(vec4<f32>(0.0), p1.z * v0, a1);
+                        o1_0 += select(vec4<f32>(0.0), p1.z * v0, attended_p(p1.z));
                     }
                     if (RQ > 1u && DVT > 1u) {
-                        o1_1 += select(vec4<f32>(0.0), p1.z * v1, a1);
+                        o1_1 += select(vec4<f32>(0.0), p1.z * v1, attended_p(p1.z));
                     }
                     if (RQ > 1u && DVT > 2u) {
-                        o1_2 += select(vec4<f32>(0.0), p1.z * v2, a1);
+                        o1_2 += select(vec4<f32>(0.0), p1.z * v2, attended_p(p1.z));
                     }
                     if (RQ > 1u && DVT > 3u) {
-                        o1_3 += select(vec4<f32>(0.0), p1.z * v3, a1);
+                        o1_3 += select(vec4<f32>(0.0), p1.z * v3, attended_p(p1.z));
                     }
                     if (RQ > 1u && DVT > 4u) {
-                        o1_4 += select(vec4<f32>(0.0), p1.z * v4, a1);
+                        o1_4 += select(vec4<f32>(0.0), p1.z * v4, attended_p(p1.z));
                     }
                     if (RQ > 1u && DVT > 5u) {
-                        o1_5 += select(vec4<f32>(0.0), p1.z * v5, a1);
+                        o1_5 += select(vec4<f32>(0.0), p1.z * v5, attended_p(p1.z));
                     }
                     if (RQ > 1u && DVT > 6u) {
-                        o1_6 += select(vec4<f32>(0.0), p1.z * v6, a1);
+                        o1_6 += select(vec4<f32>(0.0), p1.z * v6, attended_p(p1.z));
                     }
                     if (RQ > 1u && DVT > 7u) {
-                        o1_7 += select(vec4<f32>(0.0), p1.z * v7, a1);
+                        o1_7 += select(vec4<f32>(0.0), p1.z * v7, attended_p(p1.z));
                     }
                     if (RQ > 2u) {
-                        o2_0 += select(vec4<f32>(0.0), p2.z * v0, a2);
+                        o2_0 += select(vec4<f32>(0.0), p2.z * v0, attended_p(p2.z));
                     }
                     if (RQ > 2u && DVT > 1u) {
-                        o2_1 += select(vec4<f32>(0.0), p2.z * v1, a2);
+                        o2_1 += select(vec4<f32>(0.0), p2.z * v1, attended_p(p2.z));
                     }
                     if (RQ > 2u && DVT > 2u) {
-                        o2_2 += select(vec4<f32>(0.0), p2.z * v2, a2);
+                        o2_2 += select(vec4<f32>(0.0), p2.z * v2, attended_p(p2.z));
                     }
                     if (RQ > 2u && DVT > 3u) {
-                        o2_3 += select(vec4<f32>(0.0), p2.z * v3, a2);
+                        o2_3 += select(vec4<f32>(0.0), p2.z * v3, attended_p(p2.z));
                     }
                     if (RQ > 2u && DVT > 4u) {
-                        o2_4 += select(vec4<f32>(0.0), p2.z * v4, a2);
+                        o2_4 += select(vec4<f32>(0.0), p2.z * v4, attended_p(p2.z));
                     }
                     if (RQ > 3u) {
-                        o3_0 += select(vec4<f32>(0.0), p3.z * v0, a3);
+                        o3_0 += select(vec4<f32>(0.0), p3.z * v0, attended_p(p3.z));
                     }
                     if (RQ > 3u && DVT > 1u) {
-                        o3_1 += select(vec4<f32>(0.0), p3.z * v1, a3);
+                        o3_1 += select(vec4<f32>(0.0), p3.z * v1, attended_p(p3.z));
                     }
                     if (RQ > 3u && DVT > 2u) {
-                        o3_2 += select(vec4<f32>(0.0), p3.z * v2, a3);
+                        o3_2 += select(vec4<f32>(0.0), p3.z * v2, attended_p(p3.z));
                     }
                     if (RQ > 3u && DVT > 3u) {
-                        o3_3 += select(vec4<f32>(0.0), p3.z * v3, a3);
+                        o3_3 += select(vec4<f32>(0.0), p3.z * v3, attended_p(p3.z));
                     }
                     if (RQ > 4u) {
-                        o4_0 += select(vec4<f32>(0.0), p4.z * v0, a4);
+                        o4_0 += select(vec4<f32>(0.0), p4.z * v0, attended_p(p4.z));
                     }
                     if (RQ > 4u && DVT > 1u) {
-                        o4_1 += select(vec4<f32>(0.0), p4.z * v1, a4);
+                        o4_1 += select(vec4<f32>(0.0), p4.z * v1, attended_p(p4.z));
                     }
                     if (RQ > 4u && DVT > 2u) {
-                        o4_2 += select(vec4<f32>(0.0), p4.z * v2, a4);
+                        o4_2 += select(vec4<f32>(0.0), p4.z * v2, attended_p(p4.z));
                     }
                     if (RQ > 5u) {
-                        o5_0 += select(vec4<f32>(0.0), p5.z * v0, a5);
+                        o5_0 += select(vec4<f32>(0.0), p5.z * v0, attended_p(p5.z));
                     }
                     if (RQ > 5u && DVT > 1u) {
-                        o5_1 += select(vec4<f32>(0.0), p5.z * v1, a5);
+                        o5_1 += select(vec4<f32>(0.0), p5.z * v1, attended_p(p5.z));
                     }
                     if (RQ > 6u) {
-                        o6_0 += select(vec4<f32>(0.0), p6.z * v0, a6);
+                        o6_0 += select(vec4<f32>(0.0), p6.z * v0, attended_p(p6.z));
                     }
                     if (RQ > 6u && DVT > 1u) {
-                        o6_1 += select(vec4<f32>(0.0), p6.z * v1, a6);
+                        o6_1 += select(vec4<f32>(0.0), p6.z * v1, attended_p(p6.z));
                     }
                     if (RQ > 7u) {
-                        o7_0 += select(vec4<f32>(0.0), p7.z * v0, a7);
+                        o7_0 += select(vec4<f32>(0.0), p7.z * v0, attended_p(p7.z));
                     }
                     if (RQ > 7u && DVT > 1u) {
-                        o7_1 += select(vec4<f32>(0.0), p7.z * v1, a7);
+                        o7_1 += select(vec4<f32>(0.0), p7.z * v1, attended_p(p7.z));
                     }
                 }
                 {
-                    let key = j0 + i32(t4 * 4u + 3u);
-                    let a0 = attends(live0, lo0, hi0, mb0, key);
-                    let a1 = attends(live1, lo1, hi1, mb1, key);
-                    let a2 = attends(live2, lo2, hi2, mb2, key);
-                    let a3 = attends(live3, lo3, hi3, mb3, key);
-                    let a4 = attends(live4, lo4, hi4, mb4, key);
-                    let a5 = attends(live5, lo5, hi5, mb5, key);
-                    let a6 = attends(live6, lo6, hi6, mb6, key);
-                    let a7 = attends(live7, lo7, hi7, mb7, key);
                     let v0 = kv_tile[(t4 * 4u + 3u) * KS + v_at0];
                     let v1 = kv_tile[(t4 * 4u + 3u) * KS + v_at1];
                     let v2 = kv_tile[(t4 * 4u + 3u) * KS + v_at2];
@@ -3231,105 +3218,105 @@ fn main(
                     let v5 = kv_tile[(t4 * 4u + 3u) * KS + v_at5];
                     let v6 = kv_tile[(t4 * 4u + 3u) * KS + v_at6];
                     let v7 = kv_tile[(t4 * 4u + 3u) * KS + v_at7];
-                    o0_0 += select(vec4<f32>(0.0), p0.w * v0, a0);
+                    o0_0 += select(vec4<f32>(0.0), p0.w * v0, attended_p(p0.w));
                     if (DVT > 1u) {
-                        o0_1 += select(vec4<f32>(0.0), p0.w * v1, a0);
+                        o0_1 += select(vec4<f32>(0.0), p0.w * v1, attended_p(p0.w));
                     }
                     if (DVT > 2u) {
-                        o0_2 += select(vec4<f32>(0.0), p0.w * v2, a0);
+                        o0_2 += select(vec4<f32>(0.0), p0.w * v2, attended_p(p0.w));
                     }
                     if (DVT > 3u) {
-                        o0_3 += select(vec4<f32>(0.0), p0.w * v3, a0);
+                        o0_3 += select(vec4<f32>(0.0), p0.w * v3, attended_p(p0.w));
                     }
                     if (DVT > 4u) {
-                        o0_4 += select(vec4<f32>(0.0), p0.w * v4, a0);
+                        o0_4 += select(vec4<f32>(0.0), p0.w * v4, attended_p(p0.w));
                     }
                     if (DVT > 5u) {
-                        o0_5 += select(vec4<f32>(0.0), p0.w * v5, a0);
+                        o0_5 += select(vec4<f32>(0.0), p0.w * v5, attended_p(p0.w));
                     }
                     if (DVT > 6u) {
-                        o0_6 += select(vec4<f32>(0.0), p0.w * v6, a0);
+                        o0_6 += select(vec4<f32>(0.0), p0.w * v6, attended_p(p0.w));
                     }
                     if (DVT > 7u) {
-                        o0_7 += select(vec4<f32>(0.0), p0.w * v7, a0);
+                        o0_7 += select(vec4<f32>(0.0), p0.w * v7, attended_p(p0.w));
                     }
                     if (RQ > 1u) {
-                        o1_0 += select(vec4<f32>(0.0), p1.w * v0, a1);
+                        o1_0 += select(vec4<f32>(0.0), p1.w * v0, attended_p(p1.w));
                     }
                     if (RQ > 1u && DVT > 1u) {
-                        o1_1 += select(vec4<f32>(0.0), p1.w * v1, a1);
+                        o1_1 += select(vec4<f32>(0.0), p1.w * v1, attended_p(p1.w));
                     }
                     if (RQ > 1u && DVT > 2u) {
-                        o1_2 += select(vec4<f32>(0.0), p1.w * v2, a1);
+                        o1_2 += select(vec4<f32>(0.0), p1.w * v2, attended_p(p1.w));
                     }
                     if (RQ > 1u && DVT > 3u) {
-                        o1_3 += select(vec4<f32>(0.0), p1.w * v3, a1);
+                        o1_3 += select(vec4<f32>(0.0), p1.w * v3, attended_p(p1.w));
                     }
                     if (RQ > 1u && DVT > 4u) {
-                        o1_4 += select(vec4<f32>(0.0), p1.w * v4, a1);
+                        o1_4 += select(vec4<f32>(0.0), p1.w * v4, attended_p(p1.w));
                     }
                     if (RQ > 1u && DVT > 5u) {
-                        o1_5 += select(vec4<f32>(0.0), p1.w * v5, a1);
+                        o1_5 += select(vec4<f32>(0.0), p1.w * v5, attended_p(p1.w));
                     }
                     if (RQ > 1u && DVT > 6u) {
-                        o1_6 += select(vec4<f32>(0.0), p1.w * v6, a1);
+                        o1_6 += select(vec4<f32>(0.0), p1.w * v6, attended_p(p1.w));
                     }
                     if (RQ > 1u && DVT > 7u) {
-                        o1_7 += select(vec4<f32>(0.0), p1.w * v7, a1);
+                        o1_7 += select(vec4<f32>(0.0), p1.w * v7, attended_p(p1.w));
                     }
                     if (RQ > 2u) {
-                        o2_0 += select(vec4<f32>(0.0), p2.w * v0, a2);
+                        o2_0 += select(vec4<f32>(0.0), p2.w * v0, attended_p(p2.w));
                     }
                     if (RQ > 2u && DVT > 1u) {
-                        o2_1 += select(vec4<f32>(0.0), p2.w * v1, a2);
+                        o2_1 += select(vec4<f32>(0.0), p2.w * v1, attended_p(p2.w));
                     }
                     if (RQ > 2u && DVT > 2u) {
-                        o2_2 += select(vec4<f32>(0.0), p2.w * v2, a2);
+                        o2_2 += select(vec4<f32>(0.0), p2.w * v2, attended_p(p2.w));
                     }
                     if (RQ > 2u && DVT > 3u) {
-                        o2_3 += select(vec4<f32>(0.0), p2.w * v3, a2);
+                        o2_3 += select(vec4<f32>(0.0), p2.w * v3, attended_p(p2.w));
                     }
                     if (RQ > 2u && DVT > 4u) {
-                        o2_4 += select(vec4<f32>(0.0), p2.w * v4, a2);
+                        o2_4 += select(vec4<f32>(0.0), p2.w * v4, attended_p(p2.w));
                     }
                     if (RQ > 3u) {
-                        o3_0 += select(vec4<f32>(0.0), p3.w * v0, a3);
+                        o3_0 += select(vec4<f32>(0.0), p3.w * v0, attended_p(p3.w));
                     }
                     if (RQ > 3u && DVT > 1u) {
-                        o3_1 += select(vec4<f32>(0.0), p3.w * v1, a3);
+                        o3_1 += select(vec4<f32>(0.0), p3.w * v1, attended_p(p3.w));
                     }
                     if (RQ > 3u && DVT > 2u) {
-                        o3_2 += select(vec4<f32>(0.0), p3.w * v2, a3);
+                        o3_2 += select(vec4<f32>(0.0), p3.w * v2, attended_p(p3.w));
                     }
                     if (RQ > 3u && DVT > 3u) {
-                        o3_3 += select(vec4<f32>(0.0), p3.w * v3, a3);
+                        o3_3 += select(vec4<f32>(0.0), p3.w * v3, attended_p(p3.w));
                     }
                     if (RQ > 4u) {
-                        o4_0 += select(vec4<f32>(0.0), p4.w * v0, a4);
+                        o4_0 += select(vec4<f32>(0.0), p4.w * v0, attended_p(p4.w));
                     }
                     if (RQ > 4u && DVT > 1u) {
-                        o4_1 += select(vec4<f32>(0.0), p4.w * v1, a4);
+                        o4_1 += select(vec4<f32>(0.0), p4.w * v1, attended_p(p4.w));
                     }
                     if (RQ > 4u && DVT > 2u) {
-                        o4_2 += select(vec4<f32>(0.0), p4.w * v2, a4);
+                        o4_2 += select(vec4<f32>(0.0), p4.w * v2, attended_p(p4.w));
                     }
                     if (RQ > 5u) {
-                        o5_0 += select(vec4<f32>(0.0), p5.w * v0, a5);
+                        o5_0 += select(vec4<f32>(0.0), p5.w * v0, attended_p(p5.w));
                     }
                     if (RQ > 5u && DVT > 1u) {
-                        o5_1 += select(vec4<f32>(0.0), p5.w * v1, a5);
+                        o5_1 += select(vec4<f32>(0.0), p5.w * v1, attended_p(p5.w));
                     }
                     if (RQ > 6u) {
-                        o6_0 += select(vec4<f32>(0.0), p6.w * v0, a6);
+                        o6_0 += select(vec4<f32>(0.0), p6.w * v0, attended_p(p6.w));
                     }
                     if (RQ > 6u && DVT > 1u) {
-                        o6_1 += select(vec4<f32>(0.0), p6.w * v1, a6);
+                        o6_1 += select(vec4<f32>(0.0), p6.w * v1, attended_p(p6.w));
                     }
                     if (RQ > 7u) {
-                        o7_0 += select(vec4<f32>(0.0), p7.w * v0, a7);
+                        o7_0 += select(vec4<f32>(0.0), p7.w * v0, attended_p(p7.w));
                     }
                     if (RQ > 7u && DVT > 1u) {
-                        o7_1 += select(vec4<f32>(0.0), p7.w * v1, a7);
+                        o7_1 += select(vec4<f32>(0.0), p7.w * v1, attended_p(p7.w));
                     }
                 }
             }

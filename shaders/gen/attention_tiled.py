@@ -105,9 +105,10 @@ def online_softmax(i, tile_max, keep_p):
         lines += guard(
             [rk(j)],
             [
-                "// 0 for a key the row does not attend (the careful product",
-                "// tells those apart from attended keys whose score is -inf).",
-                f"let pt = select(0.0, exp(s{i}_{j} - m_new), s{i}_{j} != MASKED);",
+                "// -0 for a key the row does not attend (it adds nothing to",
+                "// the sum, nor, times a finite V, to O); an attended key's P",
+                "// is +0 or more, even where its score is -inf.",
+                f"let pt = select(not_attended(), exp(s{i}_{j} - m_new), s{i}_{j} != MASKED);",
             ]
             + keep_p(j)
             + ["sum += pt;"],
@@ -172,9 +173,10 @@ w("""//
 // The contract is attention_fused.wgsl's, and so are the uniforms, the
 // bindings, the non-finite rules (ROW_ATTENDED / ROW_POISONED, NaN rows, an
 // attended -inf score still multiplies its V row, a key not attended never
-// does: P is 0 for both, a tile whose V is all finite multiplies by P as it
-// is, and one that holds a non-finite value re-applies the rows' rules to
-// each key, `attends`), the workgroup's key range that skips
+// does: P is -0 for a key not attended and +0 or more for an attended one, a
+// tile whose V is all finite multiplies by P as it is (-0 times a finite V
+// adds nothing), and one that holds a non-finite value multiplies only where
+// P's sign bit is clear), the workgroup's key range that skips
 // tiles no row can see, and the resumable key chunks (O in Y, row state in
 // `stats` between chunks; chunks start on tile boundaries).
 """
@@ -251,7 +253,7 @@ var<workgroup> v_nonfinite: atomic<u32>;
 var<workgroup> layout_bad: atomic<u32>;
 """ if SHUFFLE else """// K's tile, then V's: BK rows of KS vec4s.
 var<workgroup> kv_tile: array<vec4<f32>, BK * KS>;
-// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3); 0 for a key the row
+// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3); -0 for a key the row
 // does not attend.
 var<workgroup> p_tile: array<vec4<f32>, BQ * BK / 4u>;
 // Per row: the TK invocations' partial maxima, later their partial sums;
@@ -317,18 +319,16 @@ fn nonfinite4(x: vec4<f32>) -> bool {
     return any((bitcast<vec4<u32>>(x) & exponent) == exponent);
 }
 
-// Whether a row attends `key`: step 2's rules without the score (the row
-// is live, the key within its range and not masked out). The careful product
-// asks it, since P is 0 both for a key the row does not attend (which must add
-// nothing) and for an attended key whose score is -inf (which adds 0 x V).
-fn attends(live: bool, lo: i32, hi: i32, mask_base: u32, key: i32) -> bool {
-    if (!live || key < lo || key > hi) {
-        return false;
-    }
-    if ((p.flags & FLAG_MASK) != 0u) {
-        return mask[mask_base + u32(key)] > MASKED;
-    }
-    return true;
+// P of a key a row does not attend: -0, as bits (a sign bit no arithmetic
+// makes: exp never returns -0). Times a finite V it adds nothing; the
+// careful product, for a V tile with a non-finite value, skips it.
+fn not_attended() -> f32 {
+    return bitcast<f32>(0x80000000u);
+}
+
+// Whether P belongs to a key the row attends: its sign bit is clear.
+fn attended_p(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x80000000u) == 0u;
 }
 
 @compute @workgroup_size(WG, 1, 1)
@@ -665,21 +665,13 @@ if not SHUFFLE:
         let careful = atomicLoad(&v_nonfinite) != 0u;""")
 
 
-def careful_rows():
-    """The careful product's per-row mask offsets (the rows' rules are
-    re-applied to each key there, [`attends`])."""
-    return [
-        f"let mb{i} = b * p.mask_batch_stride + h * p.mask_head_stride + qrow{i} * p.mask_row_stride;"
-        for i in range(MAX_RQ)
-    ]
-
-
 def product(careful):
     """O += P V: four keys a step (one vec4 of P per row). The careful form
     (V's tile holds a non-finite value) adds a key's P V only where the row
-    attends the key: 0 x inf would be NaN where a key not attended must add
-    nothing, and an attended key whose P is 0 must still add 0 x V."""
-    lines = careful_rows() if careful else []
+    attends the key (P's sign bit clear): -0 x inf would be NaN where a key
+    not attended must add nothing, and an attended key whose P is 0 must still
+    add 0 x V."""
+    lines = []
     lines.append("for (var t4 = 0u; t4 < bk4; t4++) {")
     for i in range(MAX_RQ):
         lines.append(f"    var p{i} = vec4<f32>(0.0);")
@@ -687,16 +679,15 @@ def product(careful):
     comps = "xyzw"
     for u in range(4):
         lines.append("    {")
-        if careful:
-            lines.append(f"        let key = j0 + i32(t4 * 4u + {u}u);")
-            for i in range(MAX_RQ):
-                lines.append(f"        let a{i} = attends(live{i}, lo{i}, hi{i}, mb{i}, key);")
         for c in range(MAX_DVT):
             lines.append(f"        let v{c} = kv_tile[(t4 * 4u + {u}u) * KS + v_at{c}];")
         for i in range(MAX_RQ):
             for c in filter(lambda c: has_o(i, c), range(MAX_DVT)):
                 if careful:
-                    stmt = f"o{i}_{c} += select(vec4<f32>(0.0), p{i}.{comps[u]} * v{c}, a{i});"
+                    stmt = (
+                        f"o{i}_{c} += select(vec4<f32>(0.0), p{i}.{comps[u]} * v{c}, "
+                        f"attended_p(p{i}.{comps[u]}));"
+                    )
                 else:
                     stmt = f"o{i}_{c} = fma(vec4<f32>(p{i}.{comps[u]}), v{c}, o{i}_{c});"
                 lines += guard([rq(i), dvt(c)], [stmt], 8)
@@ -709,21 +700,17 @@ def product_shuffle(careful):
     """O += P V in the shuffle form: key t + TK * j of the tile has its P in
     register s{i}_{j} of lane t of the row's TK lanes. The careful form as
     in [`product`]."""
-    lines = careful_rows() if careful else []
+    lines = []
     lines += ["for (var t = 0u; t < TK; t++) {", "    let src = lane0 + t;"]
     for j in range(MAX_RK):
         body = []
-        if careful:
-            body.append(f"let key = j0 + i32(t + TK * {j}u);")
         for c in range(MAX_DVT):
             body.append(f"let v{c} = v_tile[(t + TK * {j}u) * KS + v_at{c}];")
         for i in range(MAX_RQ):
             p_lines = [f"let p{i} = subgroupShuffle(s{i}_{j}, src);"]
-            if careful:
-                p_lines.append(f"let a{i} = attends(live{i}, lo{i}, hi{i}, mb{i}, key);")
             for c in filter(lambda c: has_o(i, c), range(MAX_DVT)):
                 if careful:
-                    stmt = f"o{i}_{c} += select(vec4<f32>(0.0), p{i} * v{c}, a{i});"
+                    stmt = f"o{i}_{c} += select(vec4<f32>(0.0), p{i} * v{c}, attended_p(p{i}));"
                 else:
                     stmt = f"o{i}_{c} = fma(vec4<f32>(p{i}), v{c}, o{i}_{c});"
                 p_lines += guard([dvt(c)], [stmt], 0)
