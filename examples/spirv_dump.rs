@@ -66,11 +66,11 @@ fn pipelines() -> Vec<(String, PipelineKey)> {
             }
         }
     }
-    for (trans_b, skip_zero_a, what) in [(1, 0, "S = Q K^T"), (0, 1, "Y = P V")] {
+    for (trans_b, skip_marked_a, what) in [(1, 0, "S = Q K^T"), (0, 1, "Y = P V")] {
         let key = PipelineKey::new(Kernel::Gemm)
             .with("TRANS_A", 0)
             .with("TRANS_B", trans_b)
-            .with("SKIP_ZERO_A", skip_zero_a);
+            .with("SKIP_MARKED_A", skip_marked_a);
         out.push((format!("gemm {what}"), key));
     }
     out.push(("fma ceiling".to_string(), PipelineKey::new(Kernel::FmaPeak)));

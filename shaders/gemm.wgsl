@@ -21,10 +21,16 @@
 
 override TRANS_A: bool = false;
 override TRANS_B: bool = false;
-// Skip every term whose A value is exactly zero, so that 0 * NaN or 0 * inf
-// in B adds nothing: attention's P V, where a masked key's probability is 0
-// and its V row may hold anything (the non-finite rule of AttentionOptions).
-override SKIP_ZERO_A: bool = false;
+// Skip every term whose A value is -0 (the mark, as bits), so that -0 * NaN
+// or -0 * inf in B adds nothing: attention's P V, where a key not attended
+// has probability -0 and its V row may hold anything, while an attended key
+// whose probability is +0 still multiplies its row (0 * inf is NaN, as in
+// PyTorch; the non-finite rule of AttentionOptions).
+override SKIP_MARKED_A: bool = false;
+
+fn marked(x: f32) -> bool {
+    return bitcast<u32>(x) == 0x80000000u;
+}
 
 struct Params {
     m: u32,
@@ -168,23 +174,23 @@ fn main(
             let a1 = a_tile[kk * SLOTS + ty + 8u];
             let b0 = b_tile[kk * SLOTS + tx];
             let b1 = b_tile[kk * SLOTS + tx + 8u];
-            if (SKIP_ZERO_A) {
-                acc00 += select(a0.x * b0, vec4<f32>(0.0), a0.x == 0.0);
-                acc01 += select(a0.x * b1, vec4<f32>(0.0), a0.x == 0.0);
-                acc10 += select(a0.y * b0, vec4<f32>(0.0), a0.y == 0.0);
-                acc11 += select(a0.y * b1, vec4<f32>(0.0), a0.y == 0.0);
-                acc20 += select(a0.z * b0, vec4<f32>(0.0), a0.z == 0.0);
-                acc21 += select(a0.z * b1, vec4<f32>(0.0), a0.z == 0.0);
-                acc30 += select(a0.w * b0, vec4<f32>(0.0), a0.w == 0.0);
-                acc31 += select(a0.w * b1, vec4<f32>(0.0), a0.w == 0.0);
-                acc40 += select(a1.x * b0, vec4<f32>(0.0), a1.x == 0.0);
-                acc41 += select(a1.x * b1, vec4<f32>(0.0), a1.x == 0.0);
-                acc50 += select(a1.y * b0, vec4<f32>(0.0), a1.y == 0.0);
-                acc51 += select(a1.y * b1, vec4<f32>(0.0), a1.y == 0.0);
-                acc60 += select(a1.z * b0, vec4<f32>(0.0), a1.z == 0.0);
-                acc61 += select(a1.z * b1, vec4<f32>(0.0), a1.z == 0.0);
-                acc70 += select(a1.w * b0, vec4<f32>(0.0), a1.w == 0.0);
-                acc71 += select(a1.w * b1, vec4<f32>(0.0), a1.w == 0.0);
+            if (SKIP_MARKED_A) {
+                acc00 += select(a0.x * b0, vec4<f32>(0.0), marked(a0.x));
+                acc01 += select(a0.x * b1, vec4<f32>(0.0), marked(a0.x));
+                acc10 += select(a0.y * b0, vec4<f32>(0.0), marked(a0.y));
+                acc11 += select(a0.y * b1, vec4<f32>(0.0), marked(a0.y));
+                acc20 += select(a0.z * b0, vec4<f32>(0.0), marked(a0.z));
+                acc21 += select(a0.z * b1, vec4<f32>(0.0), marked(a0.z));
+                acc30 += select(a0.w * b0, vec4<f32>(0.0), marked(a0.w));
+                acc31 += select(a0.w * b1, vec4<f32>(0.0), marked(a0.w));
+                acc40 += select(a1.x * b0, vec4<f32>(0.0), marked(a1.x));
+                acc41 += select(a1.x * b1, vec4<f32>(0.0), marked(a1.x));
+                acc50 += select(a1.y * b0, vec4<f32>(0.0), marked(a1.y));
+                acc51 += select(a1.y * b1, vec4<f32>(0.0), marked(a1.y));
+                acc60 += select(a1.z * b0, vec4<f32>(0.0), marked(a1.z));
+                acc61 += select(a1.z * b1, vec4<f32>(0.0), marked(a1.z));
+                acc70 += select(a1.w * b0, vec4<f32>(0.0), marked(a1.w));
+                acc71 += select(a1.w * b1, vec4<f32>(0.0), marked(a1.w));
             } else {
                 acc00 += a0.x * b0;
                 acc01 += a0.x * b1;

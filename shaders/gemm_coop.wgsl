@@ -3,7 +3,7 @@
 // rounded to f16 and the products accumulated in f32 (Precision::Fast).
 //
 // The contract is gemm.wgsl's: the same uniforms and bindings, TRANS_A,
-// TRANS_B, SKIP_ZERO_A, offsets, strides and b_batch_div; any M, N, K.
+// TRANS_B, SKIP_MARKED_A, offsets, strides and b_batch_div; any M, N, K.
 //
 // A workgroup of 4 subgroups of SG invocations computes a BT x BT tile of C
 // (BT = 4 * CM, CM the matrix size of the COOP block below). Each subgroup
@@ -20,13 +20,13 @@
 // the stored rows. The next slice's vec4s are read into registers before the
 // current slice is multiplied, so their latency hides behind the products.
 //
-// SKIP_ZERO_A (attention's P V): a zero in A must not multiply a NaN or an
-// infinity in B, while any other value of A must, even one that rounds to
-// zero in f16 (the unfused path keeps an attended key's probability at least
-// 1.2e-38 for this). A slice of B that holds a non-finite value (after
-// rounding to f16) is multiplied in scalar code instead, with A as stored
-// (f32), skipping the terms whose A is zero, into workgroup memory, and added
-// to the accumulators from there.
+// SKIP_MARKED_A (attention's P V): a -0 in A (the mark of a key not
+// attended, as bits) must not multiply a NaN or an infinity in B, while any
+// other value of A must, +0 and values that round to zero in f16 included
+// (0 * inf is NaN, as in PyTorch). A slice of B that holds a non-finite value
+// (after rounding to f16) is multiplied in scalar code instead, with A as
+// stored (f32), skipping the terms whose A is marked, into workgroup memory,
+// and added to the accumulators from there.
 //
 // PROBABILITIES (attention's P V): A holds values in [0, 1], staged times
 // 2^14 so that small probabilities keep f16's 11 bits instead of becoming
@@ -51,7 +51,7 @@ const CM: u32 = 16u;
 
 override TRANS_A: bool = false;
 override TRANS_B: bool = false;
-override SKIP_ZERO_A: bool = false;
+override SKIP_MARKED_A: bool = false;
 override PROBABILITIES: bool = false;
 // The adapter's (fixed) subgroup width; the workgroup is 4 subgroups.
 override SG: u32 = 32u;
@@ -105,7 +105,7 @@ struct Params {
 // op(A)'s slice, row-major BT x BKK; op(B)'s slice, row-major BKK x BT.
 var<workgroup> a_s: array<f16, BT * AS>;
 var<workgroup> b_s: array<f16, BKK * BS>;
-// The C tile (epilogue) or a slice's scalar product (SKIP_ZERO_A), row-major.
+// The C tile (epilogue) or a slice's scalar product (SKIP_MARKED_A), row-major.
 var<workgroup> c_s: array<f32, BT * CS>;
 // Whether the staged slice of B holds a non-finite value (element 0), in a
 // 16-byte array: every workgroup variable here is a multiple of 16 bytes.
@@ -318,21 +318,21 @@ fn main(
                 next_b[i] = b_slot(b_base, k0 + BKK, col0, li + i * wg);
             }
         }
-        if (SKIP_ZERO_A && bad) {
+        if (SKIP_MARKED_A && bad) {
             b_bad[0] = 1u;
         }
         // (select, not &&: naga lowers a short-circuit condition through a
         // local variable, which its uniformity analysis takes as non-uniform.)
         let slice_bad = workgroupUniformLoad(&b_bad[0]) != 0u;
-        if (select(false, slice_bad, SKIP_ZERO_A)) {
-            // The slice's product in scalar code, zeros of A skipped.
+        if (select(false, slice_bad, SKIP_MARKED_A)) {
+            // The slice's product in scalar code, marked terms of A skipped.
             for (var e = li; e < BT * BT; e += wg) {
                 let r = e / BT;
                 let cc = e % BT;
                 var sum = 0.0;
                 for (var kk = 0u; kk < BKK; kk++) {
                     let x = a_at(a_base, row0 + r, k0 + kk);
-                    if (x != 0.0) {
+                    if (bitcast<u32>(x) != 0x80000000u) {
                         sum += a_scale * x * f32(b_s[kk * BS + cc]);
                     }
                 }

@@ -26,10 +26,11 @@ override TRANS_B: bool = false;
 // 16-byte boundaries, so they are read through the vec4 views.
 override VEC_A: bool = false;
 override VEC_B: bool = false;
-// Skip every term whose A value is exactly zero, so that 0 * NaN or 0 * inf
-// in B adds nothing: attention's P V, where a masked key's probability is 0
-// and its V row may hold anything (gemm.wgsl has the same switch).
-override SKIP_ZERO_A: bool = false;
+// Skip every term whose A value is -0 (the mark of a key not attended, as
+// bits), so that -0 * NaN or -0 * inf in B adds nothing: attention's P V,
+// where such a key's V row may hold anything, while an attended key whose
+// probability is +0 still multiplies its row (gemm.wgsl has the same switch).
+override SKIP_MARKED_A: bool = false;
 override SG: u32 = 8u;
 override SLOTS: u32 = 16u / SG;
 
@@ -66,6 +67,11 @@ struct Params {
 @group(0) @binding(3) var<storage, read> b: array<f32>;
 @group(0) @binding(4) var<storage, read> b4: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> c: array<f32>;
+
+// Whether an A value is the mark -0 (SKIP_MARKED_A).
+fn marked(x: f32) -> bool {
+    return bitcast<u32>(x) == 0x80000000u;
+}
 
 // op(A)[row][k0 .. k0 + 4], where `line` is the row's first element (the
 // column's, when A is stored transposed).
@@ -328,11 +334,11 @@ fn main(
         let s1_0 = subgroupShuffle(pick(0u / SG, b0_1, b1_1, b2_1, b3_1), 0u % SG);
         let s2_0 = subgroupShuffle(pick(0u / SG, b0_2, b1_2, b2_2, b3_2), 0u % SG);
         let s3_0 = subgroupShuffle(pick(0u / SG, b0_3, b1_3, b2_3, b3_3), 0u % SG);
-        if (SKIP_ZERO_A) {
-            acc0_0 += select(q0.x * s0_0, vec4<f32>(0.0), q0.x == 0.0) + select(q0.y * s1_0, vec4<f32>(0.0), q0.y == 0.0) + select(q0.z * s2_0, vec4<f32>(0.0), q0.z == 0.0) + select(q0.w * s3_0, vec4<f32>(0.0), q0.w == 0.0);
-            acc1_0 += select(q1.x * s0_0, vec4<f32>(0.0), q1.x == 0.0) + select(q1.y * s1_0, vec4<f32>(0.0), q1.y == 0.0) + select(q1.z * s2_0, vec4<f32>(0.0), q1.z == 0.0) + select(q1.w * s3_0, vec4<f32>(0.0), q1.w == 0.0);
-            acc2_0 += select(q2.x * s0_0, vec4<f32>(0.0), q2.x == 0.0) + select(q2.y * s1_0, vec4<f32>(0.0), q2.y == 0.0) + select(q2.z * s2_0, vec4<f32>(0.0), q2.z == 0.0) + select(q2.w * s3_0, vec4<f32>(0.0), q2.w == 0.0);
-            acc3_0 += select(q3.x * s0_0, vec4<f32>(0.0), q3.x == 0.0) + select(q3.y * s1_0, vec4<f32>(0.0), q3.y == 0.0) + select(q3.z * s2_0, vec4<f32>(0.0), q3.z == 0.0) + select(q3.w * s3_0, vec4<f32>(0.0), q3.w == 0.0);
+        if (SKIP_MARKED_A) {
+            acc0_0 += select(q0.x * s0_0, vec4<f32>(0.0), marked(q0.x)) + select(q0.y * s1_0, vec4<f32>(0.0), marked(q0.y)) + select(q0.z * s2_0, vec4<f32>(0.0), marked(q0.z)) + select(q0.w * s3_0, vec4<f32>(0.0), marked(q0.w));
+            acc1_0 += select(q1.x * s0_0, vec4<f32>(0.0), marked(q1.x)) + select(q1.y * s1_0, vec4<f32>(0.0), marked(q1.y)) + select(q1.z * s2_0, vec4<f32>(0.0), marked(q1.z)) + select(q1.w * s3_0, vec4<f32>(0.0), marked(q1.w));
+            acc2_0 += select(q2.x * s0_0, vec4<f32>(0.0), marked(q2.x)) + select(q2.y * s1_0, vec4<f32>(0.0), marked(q2.y)) + select(q2.z * s2_0, vec4<f32>(0.0), marked(q2.z)) + select(q2.w * s3_0, vec4<f32>(0.0), marked(q2.w));
+            acc3_0 += select(q3.x * s0_0, vec4<f32>(0.0), marked(q3.x)) + select(q3.y * s1_0, vec4<f32>(0.0), marked(q3.y)) + select(q3.z * s2_0, vec4<f32>(0.0), marked(q3.z)) + select(q3.w * s3_0, vec4<f32>(0.0), marked(q3.w));
         } else {
             acc0_0 += q0.x * s0_0 + q0.y * s1_0 + q0.z * s2_0 + q0.w * s3_0;
             acc1_0 += q1.x * s0_0 + q1.y * s1_0 + q1.z * s2_0 + q1.w * s3_0;
@@ -343,11 +349,11 @@ fn main(
         let s1_1 = subgroupShuffle(pick(1u / SG, b0_1, b1_1, b2_1, b3_1), 1u % SG);
         let s2_1 = subgroupShuffle(pick(1u / SG, b0_2, b1_2, b2_2, b3_2), 1u % SG);
         let s3_1 = subgroupShuffle(pick(1u / SG, b0_3, b1_3, b2_3, b3_3), 1u % SG);
-        if (SKIP_ZERO_A) {
-            acc0_1 += select(q0.x * s0_1, vec4<f32>(0.0), q0.x == 0.0) + select(q0.y * s1_1, vec4<f32>(0.0), q0.y == 0.0) + select(q0.z * s2_1, vec4<f32>(0.0), q0.z == 0.0) + select(q0.w * s3_1, vec4<f32>(0.0), q0.w == 0.0);
-            acc1_1 += select(q1.x * s0_1, vec4<f32>(0.0), q1.x == 0.0) + select(q1.y * s1_1, vec4<f32>(0.0), q1.y == 0.0) + select(q1.z * s2_1, vec4<f32>(0.0), q1.z == 0.0) + select(q1.w * s3_1, vec4<f32>(0.0), q1.w == 0.0);
-            acc2_1 += select(q2.x * s0_1, vec4<f32>(0.0), q2.x == 0.0) + select(q2.y * s1_1, vec4<f32>(0.0), q2.y == 0.0) + select(q2.z * s2_1, vec4<f32>(0.0), q2.z == 0.0) + select(q2.w * s3_1, vec4<f32>(0.0), q2.w == 0.0);
-            acc3_1 += select(q3.x * s0_1, vec4<f32>(0.0), q3.x == 0.0) + select(q3.y * s1_1, vec4<f32>(0.0), q3.y == 0.0) + select(q3.z * s2_1, vec4<f32>(0.0), q3.z == 0.0) + select(q3.w * s3_1, vec4<f32>(0.0), q3.w == 0.0);
+        if (SKIP_MARKED_A) {
+            acc0_1 += select(q0.x * s0_1, vec4<f32>(0.0), marked(q0.x)) + select(q0.y * s1_1, vec4<f32>(0.0), marked(q0.y)) + select(q0.z * s2_1, vec4<f32>(0.0), marked(q0.z)) + select(q0.w * s3_1, vec4<f32>(0.0), marked(q0.w));
+            acc1_1 += select(q1.x * s0_1, vec4<f32>(0.0), marked(q1.x)) + select(q1.y * s1_1, vec4<f32>(0.0), marked(q1.y)) + select(q1.z * s2_1, vec4<f32>(0.0), marked(q1.z)) + select(q1.w * s3_1, vec4<f32>(0.0), marked(q1.w));
+            acc2_1 += select(q2.x * s0_1, vec4<f32>(0.0), marked(q2.x)) + select(q2.y * s1_1, vec4<f32>(0.0), marked(q2.y)) + select(q2.z * s2_1, vec4<f32>(0.0), marked(q2.z)) + select(q2.w * s3_1, vec4<f32>(0.0), marked(q2.w));
+            acc3_1 += select(q3.x * s0_1, vec4<f32>(0.0), marked(q3.x)) + select(q3.y * s1_1, vec4<f32>(0.0), marked(q3.y)) + select(q3.z * s2_1, vec4<f32>(0.0), marked(q3.z)) + select(q3.w * s3_1, vec4<f32>(0.0), marked(q3.w));
         } else {
             acc0_1 += q0.x * s0_1 + q0.y * s1_1 + q0.z * s2_1 + q0.w * s3_1;
             acc1_1 += q1.x * s0_1 + q1.y * s1_1 + q1.z * s2_1 + q1.w * s3_1;
@@ -358,11 +364,11 @@ fn main(
         let s1_2 = subgroupShuffle(pick(2u / SG, b0_1, b1_1, b2_1, b3_1), 2u % SG);
         let s2_2 = subgroupShuffle(pick(2u / SG, b0_2, b1_2, b2_2, b3_2), 2u % SG);
         let s3_2 = subgroupShuffle(pick(2u / SG, b0_3, b1_3, b2_3, b3_3), 2u % SG);
-        if (SKIP_ZERO_A) {
-            acc0_2 += select(q0.x * s0_2, vec4<f32>(0.0), q0.x == 0.0) + select(q0.y * s1_2, vec4<f32>(0.0), q0.y == 0.0) + select(q0.z * s2_2, vec4<f32>(0.0), q0.z == 0.0) + select(q0.w * s3_2, vec4<f32>(0.0), q0.w == 0.0);
-            acc1_2 += select(q1.x * s0_2, vec4<f32>(0.0), q1.x == 0.0) + select(q1.y * s1_2, vec4<f32>(0.0), q1.y == 0.0) + select(q1.z * s2_2, vec4<f32>(0.0), q1.z == 0.0) + select(q1.w * s3_2, vec4<f32>(0.0), q1.w == 0.0);
-            acc2_2 += select(q2.x * s0_2, vec4<f32>(0.0), q2.x == 0.0) + select(q2.y * s1_2, vec4<f32>(0.0), q2.y == 0.0) + select(q2.z * s2_2, vec4<f32>(0.0), q2.z == 0.0) + select(q2.w * s3_2, vec4<f32>(0.0), q2.w == 0.0);
-            acc3_2 += select(q3.x * s0_2, vec4<f32>(0.0), q3.x == 0.0) + select(q3.y * s1_2, vec4<f32>(0.0), q3.y == 0.0) + select(q3.z * s2_2, vec4<f32>(0.0), q3.z == 0.0) + select(q3.w * s3_2, vec4<f32>(0.0), q3.w == 0.0);
+        if (SKIP_MARKED_A) {
+            acc0_2 += select(q0.x * s0_2, vec4<f32>(0.0), marked(q0.x)) + select(q0.y * s1_2, vec4<f32>(0.0), marked(q0.y)) + select(q0.z * s2_2, vec4<f32>(0.0), marked(q0.z)) + select(q0.w * s3_2, vec4<f32>(0.0), marked(q0.w));
+            acc1_2 += select(q1.x * s0_2, vec4<f32>(0.0), marked(q1.x)) + select(q1.y * s1_2, vec4<f32>(0.0), marked(q1.y)) + select(q1.z * s2_2, vec4<f32>(0.0), marked(q1.z)) + select(q1.w * s3_2, vec4<f32>(0.0), marked(q1.w));
+            acc2_2 += select(q2.x * s0_2, vec4<f32>(0.0), marked(q2.x)) + select(q2.y * s1_2, vec4<f32>(0.0), marked(q2.y)) + select(q2.z * s2_2, vec4<f32>(0.0), marked(q2.z)) + select(q2.w * s3_2, vec4<f32>(0.0), marked(q2.w));
+            acc3_2 += select(q3.x * s0_2, vec4<f32>(0.0), marked(q3.x)) + select(q3.y * s1_2, vec4<f32>(0.0), marked(q3.y)) + select(q3.z * s2_2, vec4<f32>(0.0), marked(q3.z)) + select(q3.w * s3_2, vec4<f32>(0.0), marked(q3.w));
         } else {
             acc0_2 += q0.x * s0_2 + q0.y * s1_2 + q0.z * s2_2 + q0.w * s3_2;
             acc1_2 += q1.x * s0_2 + q1.y * s1_2 + q1.z * s2_2 + q1.w * s3_2;
@@ -373,11 +379,11 @@ fn main(
         let s1_3 = subgroupShuffle(pick(3u / SG, b0_1, b1_1, b2_1, b3_1), 3u % SG);
         let s2_3 = subgroupShuffle(pick(3u / SG, b0_2, b1_2, b2_2, b3_2), 3u % SG);
         let s3_3 = subgroupShuffle(pick(3u / SG, b0_3, b1_3, b2_3, b3_3), 3u % SG);
-        if (SKIP_ZERO_A) {
-            acc0_3 += select(q0.x * s0_3, vec4<f32>(0.0), q0.x == 0.0) + select(q0.y * s1_3, vec4<f32>(0.0), q0.y == 0.0) + select(q0.z * s2_3, vec4<f32>(0.0), q0.z == 0.0) + select(q0.w * s3_3, vec4<f32>(0.0), q0.w == 0.0);
-            acc1_3 += select(q1.x * s0_3, vec4<f32>(0.0), q1.x == 0.0) + select(q1.y * s1_3, vec4<f32>(0.0), q1.y == 0.0) + select(q1.z * s2_3, vec4<f32>(0.0), q1.z == 0.0) + select(q1.w * s3_3, vec4<f32>(0.0), q1.w == 0.0);
-            acc2_3 += select(q2.x * s0_3, vec4<f32>(0.0), q2.x == 0.0) + select(q2.y * s1_3, vec4<f32>(0.0), q2.y == 0.0) + select(q2.z * s2_3, vec4<f32>(0.0), q2.z == 0.0) + select(q2.w * s3_3, vec4<f32>(0.0), q2.w == 0.0);
-            acc3_3 += select(q3.x * s0_3, vec4<f32>(0.0), q3.x == 0.0) + select(q3.y * s1_3, vec4<f32>(0.0), q3.y == 0.0) + select(q3.z * s2_3, vec4<f32>(0.0), q3.z == 0.0) + select(q3.w * s3_3, vec4<f32>(0.0), q3.w == 0.0);
+        if (SKIP_MARKED_A) {
+            acc0_3 += select(q0.x * s0_3, vec4<f32>(0.0), marked(q0.x)) + select(q0.y * s1_3, vec4<f32>(0.0), marked(q0.y)) + select(q0.z * s2_3, vec4<f32>(0.0), marked(q0.z)) + select(q0.w * s3_3, vec4<f32>(0.0), marked(q0.w));
+            acc1_3 += select(q1.x * s0_3, vec4<f32>(0.0), marked(q1.x)) + select(q1.y * s1_3, vec4<f32>(0.0), marked(q1.y)) + select(q1.z * s2_3, vec4<f32>(0.0), marked(q1.z)) + select(q1.w * s3_3, vec4<f32>(0.0), marked(q1.w));
+            acc2_3 += select(q2.x * s0_3, vec4<f32>(0.0), marked(q2.x)) + select(q2.y * s1_3, vec4<f32>(0.0), marked(q2.y)) + select(q2.z * s2_3, vec4<f32>(0.0), marked(q2.z)) + select(q2.w * s3_3, vec4<f32>(0.0), marked(q2.w));
+            acc3_3 += select(q3.x * s0_3, vec4<f32>(0.0), marked(q3.x)) + select(q3.y * s1_3, vec4<f32>(0.0), marked(q3.y)) + select(q3.z * s2_3, vec4<f32>(0.0), marked(q3.z)) + select(q3.w * s3_3, vec4<f32>(0.0), marked(q3.w));
         } else {
             acc0_3 += q0.x * s0_3 + q0.y * s1_3 + q0.z * s2_3 + q0.w * s3_3;
             acc1_3 += q1.x * s0_3 + q1.y * s1_3 + q1.z * s2_3 + q1.w * s3_3;
@@ -388,11 +394,11 @@ fn main(
         let s1_4 = subgroupShuffle(pick(4u / SG, b0_1, b1_1, b2_1, b3_1), 4u % SG);
         let s2_4 = subgroupShuffle(pick(4u / SG, b0_2, b1_2, b2_2, b3_2), 4u % SG);
         let s3_4 = subgroupShuffle(pick(4u / SG, b0_3, b1_3, b2_3, b3_3), 4u % SG);
-        if (SKIP_ZERO_A) {
-            acc0_4 += select(q0.x * s0_4, vec4<f32>(0.0), q0.x == 0.0) + select(q0.y * s1_4, vec4<f32>(0.0), q0.y == 0.0) + select(q0.z * s2_4, vec4<f32>(0.0), q0.z == 0.0) + select(q0.w * s3_4, vec4<f32>(0.0), q0.w == 0.0);
-            acc1_4 += select(q1.x * s0_4, vec4<f32>(0.0), q1.x == 0.0) + select(q1.y * s1_4, vec4<f32>(0.0), q1.y == 0.0) + select(q1.z * s2_4, vec4<f32>(0.0), q1.z == 0.0) + select(q1.w * s3_4, vec4<f32>(0.0), q1.w == 0.0);
-            acc2_4 += select(q2.x * s0_4, vec4<f32>(0.0), q2.x == 0.0) + select(q2.y * s1_4, vec4<f32>(0.0), q2.y == 0.0) + select(q2.z * s2_4, vec4<f32>(0.0), q2.z == 0.0) + select(q2.w * s3_4, vec4<f32>(0.0), q2.w == 0.0);
-            acc3_4 += select(q3.x * s0_4, vec4<f32>(0.0), q3.x == 0.0) + select(q3.y * s1_4, vec4<f32>(0.0), q3.y == 0.0) + select(q3.z * s2_4, vec4<f32>(0.0), q3.z == 0.0) + select(q3.w * s3_4, vec4<f32>(0.0), q3.w == 0.0);
+        if (SKIP_MARKED_A) {
+            acc0_4 += select(q0.x * s0_4, vec4<f32>(0.0), marked(q0.x)) + select(q0.y * s1_4, vec4<f32>(0.0), marked(q0.y)) + select(q0.z * s2_4, vec4<f32>(0.0), marked(q0.z)) + select(q0.w * s3_4, vec4<f32>(0.0), marked(q0.w));
+            acc1_4 += select(q1.x * s0_4, vec4<f32>(0.0), marked(q1.x)) + select(q1.y * s1_4, vec4<f32>(0.0), marked(q1.y)) + select(q1.z * s2_4, vec4<f32>(0.0), marked(q1.z)) + select(q1.w * s3_4, vec4<f32>(0.0), marked(q1.w));
+            acc2_4 += select(q2.x * s0_4, vec4<f32>(0.0), marked(q2.x)) + select(q2.y * s1_4, vec4<f32>(0.0), marked(q2.y)) + select(q2.z * s2_4, vec4<f32>(0.0), marked(q2.z)) + select(q2.w * s3_4, vec4<f32>(0.0), marked(q2.w));
+            acc3_4 += select(q3.x * s0_4, vec4<f32>(0.0), marked(q3.x)) + select(q3.y * s1_4, vec4<f32>(0.0), marked(q3.y)) + select(q3.z * s2_4, vec4<f32>(0.0), marked(q3.z)) + select(q3.w * s3_4, vec4<f32>(0.0), marked(q3.w));
         } else {
             acc0_4 += q0.x * s0_4 + q0.y * s1_4 + q0.z * s2_4 + q0.w * s3_4;
             acc1_4 += q1.x * s0_4 + q1.y * s1_4 + q1.z * s2_4 + q1.w * s3_4;
@@ -403,11 +409,11 @@ fn main(
         let s1_5 = subgroupShuffle(pick(5u / SG, b0_1, b1_1, b2_1, b3_1), 5u % SG);
         let s2_5 = subgroupShuffle(pick(5u / SG, b0_2, b1_2, b2_2, b3_2), 5u % SG);
         let s3_5 = subgroupShuffle(pick(5u / SG, b0_3, b1_3, b2_3, b3_3), 5u % SG);
-        if (SKIP_ZERO_A) {
-            acc0_5 += select(q0.x * s0_5, vec4<f32>(0.0), q0.x == 0.0) + select(q0.y * s1_5, vec4<f32>(0.0), q0.y == 0.0) + select(q0.z * s2_5, vec4<f32>(0.0), q0.z == 0.0) + select(q0.w * s3_5, vec4<f32>(0.0), q0.w == 0.0);
-            acc1_5 += select(q1.x * s0_5, vec4<f32>(0.0), q1.x == 0.0) + select(q1.y * s1_5, vec4<f32>(0.0), q1.y == 0.0) + select(q1.z * s2_5, vec4<f32>(0.0), q1.z == 0.0) + select(q1.w * s3_5, vec4<f32>(0.0), q1.w == 0.0);
-            acc2_5 += select(q2.x * s0_5, vec4<f32>(0.0), q2.x == 0.0) + select(q2.y * s1_5, vec4<f32>(0.0), q2.y == 0.0) + select(q2.z * s2_5, vec4<f32>(0.0), q2.z == 0.0) + select(q2.w * s3_5, vec4<f32>(0.0), q2.w == 0.0);
-            acc3_5 += select(q3.x * s0_5, vec4<f32>(0.0), q3.x == 0.0) + select(q3.y * s1_5, vec4<f32>(0.0), q3.y == 0.0) + select(q3.z * s2_5, vec4<f32>(0.0), q3.z == 0.0) + select(q3.w * s3_5, vec4<f32>(0.0), q3.w == 0.0);
+        if (SKIP_MARKED_A) {
+            acc0_5 += select(q0.x * s0_5, vec4<f32>(0.0), marked(q0.x)) + select(q0.y * s1_5, vec4<f32>(0.0), marked(q0.y)) + select(q0.z * s2_5, vec4<f32>(0.0), marked(q0.z)) + select(q0.w * s3_5, vec4<f32>(0.0), marked(q0.w));
+            acc1_5 += select(q1.x * s0_5, vec4<f32>(0.0), marked(q1.x)) + select(q1.y * s1_5, vec4<f32>(0.0), marked(q1.y)) + select(q1.z * s2_5, vec4<f32>(0.0), marked(q1.z)) + select(q1.w * s3_5, vec4<f32>(0.0), marked(q1.w));
+            acc2_5 += select(q2.x * s0_5, vec4<f32>(0.0), marked(q2.x)) + select(q2.y * s1_5, vec4<f32>(0.0), marked(q2.y)) + select(q2.z * s2_5, vec4<f32>(0.0), marked(q2.z)) + select(q2.w * s3_5, vec4<f32>(0.0), marked(q2.w));
+            acc3_5 += select(q3.x * s0_5, vec4<f32>(0.0), marked(q3.x)) + select(q3.y * s1_5, vec4<f32>(0.0), marked(q3.y)) + select(q3.z * s2_5, vec4<f32>(0.0), marked(q3.z)) + select(q3.w * s3_5, vec4<f32>(0.0), marked(q3.w));
         } else {
             acc0_5 += q0.x * s0_5 + q0.y * s1_5 + q0.z * s2_5 + q0.w * s3_5;
             acc1_5 += q1.x * s0_5 + q1.y * s1_5 + q1.z * s2_5 + q1.w * s3_5;
@@ -418,11 +424,11 @@ fn main(
         let s1_6 = subgroupShuffle(pick(6u / SG, b0_1, b1_1, b2_1, b3_1), 6u % SG);
         let s2_6 = subgroupShuffle(pick(6u / SG, b0_2, b1_2, b2_2, b3_2), 6u % SG);
         let s3_6 = subgroupShuffle(pick(6u / SG, b0_3, b1_3, b2_3, b3_3), 6u % SG);
-        if (SKIP_ZERO_A) {
-            acc0_6 += select(q0.x * s0_6, vec4<f32>(0.0), q0.x == 0.0) + select(q0.y * s1_6, vec4<f32>(0.0), q0.y == 0.0) + select(q0.z * s2_6, vec4<f32>(0.0), q0.z == 0.0) + select(q0.w * s3_6, vec4<f32>(0.0), q0.w == 0.0);
-            acc1_6 += select(q1.x * s0_6, vec4<f32>(0.0), q1.x == 0.0) + select(q1.y * s1_6, vec4<f32>(0.0), q1.y == 0.0) + select(q1.z * s2_6, vec4<f32>(0.0), q1.z == 0.0) + select(q1.w * s3_6, vec4<f32>(0.0), q1.w == 0.0);
-            acc2_6 += select(q2.x * s0_6, vec4<f32>(0.0), q2.x == 0.0) + select(q2.y * s1_6, vec4<f32>(0.0), q2.y == 0.0) + select(q2.z * s2_6, vec4<f32>(0.0), q2.z == 0.0) + select(q2.w * s3_6, vec4<f32>(0.0), q2.w == 0.0);
-            acc3_6 += select(q3.x * s0_6, vec4<f32>(0.0), q3.x == 0.0) + select(q3.y * s1_6, vec4<f32>(0.0), q3.y == 0.0) + select(q3.z * s2_6, vec4<f32>(0.0), q3.z == 0.0) + select(q3.w * s3_6, vec4<f32>(0.0), q3.w == 0.0);
+        if (SKIP_MARKED_A) {
+            acc0_6 += select(q0.x * s0_6, vec4<f32>(0.0), marked(q0.x)) + select(q0.y * s1_6, vec4<f32>(0.0), marked(q0.y)) + select(q0.z * s2_6, vec4<f32>(0.0), marked(q0.z)) + select(q0.w * s3_6, vec4<f32>(0.0), marked(q0.w));
+            acc1_6 += select(q1.x * s0_6, vec4<f32>(0.0), marked(q1.x)) + select(q1.y * s1_6, vec4<f32>(0.0), marked(q1.y)) + select(q1.z * s2_6, vec4<f32>(0.0), marked(q1.z)) + select(q1.w * s3_6, vec4<f32>(0.0), marked(q1.w));
+            acc2_6 += select(q2.x * s0_6, vec4<f32>(0.0), marked(q2.x)) + select(q2.y * s1_6, vec4<f32>(0.0), marked(q2.y)) + select(q2.z * s2_6, vec4<f32>(0.0), marked(q2.z)) + select(q2.w * s3_6, vec4<f32>(0.0), marked(q2.w));
+            acc3_6 += select(q3.x * s0_6, vec4<f32>(0.0), marked(q3.x)) + select(q3.y * s1_6, vec4<f32>(0.0), marked(q3.y)) + select(q3.z * s2_6, vec4<f32>(0.0), marked(q3.z)) + select(q3.w * s3_6, vec4<f32>(0.0), marked(q3.w));
         } else {
             acc0_6 += q0.x * s0_6 + q0.y * s1_6 + q0.z * s2_6 + q0.w * s3_6;
             acc1_6 += q1.x * s0_6 + q1.y * s1_6 + q1.z * s2_6 + q1.w * s3_6;
@@ -433,11 +439,11 @@ fn main(
         let s1_7 = subgroupShuffle(pick(7u / SG, b0_1, b1_1, b2_1, b3_1), 7u % SG);
         let s2_7 = subgroupShuffle(pick(7u / SG, b0_2, b1_2, b2_2, b3_2), 7u % SG);
         let s3_7 = subgroupShuffle(pick(7u / SG, b0_3, b1_3, b2_3, b3_3), 7u % SG);
-        if (SKIP_ZERO_A) {
-            acc0_7 += select(q0.x * s0_7, vec4<f32>(0.0), q0.x == 0.0) + select(q0.y * s1_7, vec4<f32>(0.0), q0.y == 0.0) + select(q0.z * s2_7, vec4<f32>(0.0), q0.z == 0.0) + select(q0.w * s3_7, vec4<f32>(0.0), q0.w == 0.0);
-            acc1_7 += select(q1.x * s0_7, vec4<f32>(0.0), q1.x == 0.0) + select(q1.y * s1_7, vec4<f32>(0.0), q1.y == 0.0) + select(q1.z * s2_7, vec4<f32>(0.0), q1.z == 0.0) + select(q1.w * s3_7, vec4<f32>(0.0), q1.w == 0.0);
-            acc2_7 += select(q2.x * s0_7, vec4<f32>(0.0), q2.x == 0.0) + select(q2.y * s1_7, vec4<f32>(0.0), q2.y == 0.0) + select(q2.z * s2_7, vec4<f32>(0.0), q2.z == 0.0) + select(q2.w * s3_7, vec4<f32>(0.0), q2.w == 0.0);
-            acc3_7 += select(q3.x * s0_7, vec4<f32>(0.0), q3.x == 0.0) + select(q3.y * s1_7, vec4<f32>(0.0), q3.y == 0.0) + select(q3.z * s2_7, vec4<f32>(0.0), q3.z == 0.0) + select(q3.w * s3_7, vec4<f32>(0.0), q3.w == 0.0);
+        if (SKIP_MARKED_A) {
+            acc0_7 += select(q0.x * s0_7, vec4<f32>(0.0), marked(q0.x)) + select(q0.y * s1_7, vec4<f32>(0.0), marked(q0.y)) + select(q0.z * s2_7, vec4<f32>(0.0), marked(q0.z)) + select(q0.w * s3_7, vec4<f32>(0.0), marked(q0.w));
+            acc1_7 += select(q1.x * s0_7, vec4<f32>(0.0), marked(q1.x)) + select(q1.y * s1_7, vec4<f32>(0.0), marked(q1.y)) + select(q1.z * s2_7, vec4<f32>(0.0), marked(q1.z)) + select(q1.w * s3_7, vec4<f32>(0.0), marked(q1.w));
+            acc2_7 += select(q2.x * s0_7, vec4<f32>(0.0), marked(q2.x)) + select(q2.y * s1_7, vec4<f32>(0.0), marked(q2.y)) + select(q2.z * s2_7, vec4<f32>(0.0), marked(q2.z)) + select(q2.w * s3_7, vec4<f32>(0.0), marked(q2.w));
+            acc3_7 += select(q3.x * s0_7, vec4<f32>(0.0), marked(q3.x)) + select(q3.y * s1_7, vec4<f32>(0.0), marked(q3.y)) + select(q3.z * s2_7, vec4<f32>(0.0), marked(q3.z)) + select(q3.w * s3_7, vec4<f32>(0.0), marked(q3.w));
         } else {
             acc0_7 += q0.x * s0_7 + q0.y * s1_7 + q0.z * s2_7 + q0.w * s3_7;
             acc1_7 += q1.x * s0_7 + q1.y * s1_7 + q1.z * s2_7 + q1.w * s3_7;
@@ -448,11 +454,11 @@ fn main(
         let s1_8 = subgroupShuffle(pick(8u / SG, b0_1, b1_1, b2_1, b3_1), 8u % SG);
         let s2_8 = subgroupShuffle(pick(8u / SG, b0_2, b1_2, b2_2, b3_2), 8u % SG);
         let s3_8 = subgroupShuffle(pick(8u / SG, b0_3, b1_3, b2_3, b3_3), 8u % SG);
-        if (SKIP_ZERO_A) {
-            acc0_8 += select(q0.x * s0_8, vec4<f32>(0.0), q0.x == 0.0) + select(q0.y * s1_8, vec4<f32>(0.0), q0.y == 0.0) + select(q0.z * s2_8, vec4<f32>(0.0), q0.z == 0.0) + select(q0.w * s3_8, vec4<f32>(0.0), q0.w == 0.0);
-            acc1_8 += select(q1.x * s0_8, vec4<f32>(0.0), q1.x == 0.0) + select(q1.y * s1_8, vec4<f32>(0.0), q1.y == 0.0) + select(q1.z * s2_8, vec4<f32>(0.0), q1.z == 0.0) + select(q1.w * s3_8, vec4<f32>(0.0), q1.w == 0.0);
-            acc2_8 += select(q2.x * s0_8, vec4<f32>(0.0), q2.x == 0.0) + select(q2.y * s1_8, vec4<f32>(0.0), q2.y == 0.0) + select(q2.z * s2_8, vec4<f32>(0.0), q2.z == 0.0) + select(q2.w * s3_8, vec4<f32>(0.0), q2.w == 0.0);
-            acc3_8 += select(q3.x * s0_8, vec4<f32>(0.0), q3.x == 0.0) + select(q3.y * s1_8, vec4<f32>(0.0), q3.y == 0.0) + select(q3.z * s2_8, vec4<f32>(0.0), q3.z == 0.0) + select(q3.w * s3_8, vec4<f32>(0.0), q3.w == 0.0);
+        if (SKIP_MARKED_A) {
+            acc0_8 += select(q0.x * s0_8, vec4<f32>(0.0), marked(q0.x)) + select(q0.y * s1_8, vec4<f32>(0.0), marked(q0.y)) + select(q0.z * s2_8, vec4<f32>(0.0), marked(q0.z)) + select(q0.w * s3_8, vec4<f32>(0.0), marked(q0.w));
+            acc1_8 += select(q1.x * s0_8, vec4<f32>(0.0), marked(q1.x)) + select(q1.y * s1_8, vec4<f32>(0.0), marked(q1.y)) + select(q1.z * s2_8, vec4<f32>(0.0), marked(q1.z)) + select(q1.w * s3_8, vec4<f32>(0.0), marked(q1.w));
+            acc2_8 += select(q2.x * s0_8, vec4<f32>(0.0), marked(q2.x)) + select(q2.y * s1_8, vec4<f32>(0.0), marked(q2.y)) + select(q2.z * s2_8, vec4<f32>(0.0), marked(q2.z)) + select(q2.w * s3_8, vec4<f32>(0.0), marked(q2.w));
+            acc3_8 += select(q3.x * s0_8, vec4<f32>(0.0), marked(q3.x)) + select(q3.y * s1_8, vec4<f32>(0.0), marked(q3.y)) + select(q3.z * s2_8, vec4<f32>(0.0), marked(q3.z)) + select(q3.w * s3_8, vec4<f32>(0.0), marked(q3.w));
         } else {
             acc0_8 += q0.x * s0_8 + q0.y * s1_8 + q0.z * s2_8 + q0.w * s3_8;
             acc1_8 += q1.x * s0_8 + q1.y * s1_8 + q1.z * s2_8 + q1.w * s3_8;
@@ -463,11 +469,11 @@ fn main(
         let s1_9 = subgroupShuffle(pick(9u / SG, b0_1, b1_1, b2_1, b3_1), 9u % SG);
         let s2_9 = subgroupShuffle(pick(9u / SG, b0_2, b1_2, b2_2, b3_2), 9u % SG);
         let s3_9 = subgroupShuffle(pick(9u / SG, b0_3, b1_3, b2_3, b3_3), 9u % SG);
-        if (SKIP_ZERO_A) {
-            acc0_9 += select(q0.x * s0_9, vec4<f32>(0.0), q0.x == 0.0) + select(q0.y * s1_9, vec4<f32>(0.0), q0.y == 0.0) + select(q0.z * s2_9, vec4<f32>(0.0), q0.z == 0.0) + select(q0.w * s3_9, vec4<f32>(0.0), q0.w == 0.0);
-            acc1_9 += select(q1.x * s0_9, vec4<f32>(0.0), q1.x == 0.0) + select(q1.y * s1_9, vec4<f32>(0.0), q1.y == 0.0) + select(q1.z * s2_9, vec4<f32>(0.0), q1.z == 0.0) + select(q1.w * s3_9, vec4<f32>(0.0), q1.w == 0.0);
-            acc2_9 += select(q2.x * s0_9, vec4<f32>(0.0), q2.x == 0.0) + select(q2.y * s1_9, vec4<f32>(0.0), q2.y == 0.0) + select(q2.z * s2_9, vec4<f32>(0.0), q2.z == 0.0) + select(q2.w * s3_9, vec4<f32>(0.0), q2.w == 0.0);
-            acc3_9 += select(q3.x * s0_9, vec4<f32>(0.0), q3.x == 0.0) + select(q3.y * s1_9, vec4<f32>(0.0), q3.y == 0.0) + select(q3.z * s2_9, vec4<f32>(0.0), q3.z == 0.0) + select(q3.w * s3_9, vec4<f32>(0.0), q3.w == 0.0);
+        if (SKIP_MARKED_A) {
+            acc0_9 += select(q0.x * s0_9, vec4<f32>(0.0), marked(q0.x)) + select(q0.y * s1_9, vec4<f32>(0.0), marked(q0.y)) + select(q0.z * s2_9, vec4<f32>(0.0), marked(q0.z)) + select(q0.w * s3_9, vec4<f32>(0.0), marked(q0.w));
+            acc1_9 += select(q1.x * s0_9, vec4<f32>(0.0), marked(q1.x)) + select(q1.y * s1_9, vec4<f32>(0.0), marked(q1.y)) + select(q1.z * s2_9, vec4<f32>(0.0), marked(q1.z)) + select(q1.w * s3_9, vec4<f32>(0.0), marked(q1.w));
+            acc2_9 += select(q2.x * s0_9, vec4<f32>(0.0), marked(q2.x)) + select(q2.y * s1_9, vec4<f32>(0.0), marked(q2.y)) + select(q2.z * s2_9, vec4<f32>(0.0), marked(q2.z)) + select(q2.w * s3_9, vec4<f32>(0.0), marked(q2.w));
+            acc3_9 += select(q3.x * s0_9, vec4<f32>(0.0), marked(q3.x)) + select(q3.y * s1_9, vec4<f32>(0.0), marked(q3.y)) + select(q3.z * s2_9, vec4<f32>(0.0), marked(q3.z)) + select(q3.w * s3_9, vec4<f32>(0.0), marked(q3.w));
         } else {
             acc0_9 += q0.x * s0_9 + q0.y * s1_9 + q0.z * s2_9 + q0.w * s3_9;
             acc1_9 += q1.x * s0_9 + q1.y * s1_9 + q1.z * s2_9 + q1.w * s3_9;
@@ -478,11 +484,11 @@ fn main(
         let s1_10 = subgroupShuffle(pick(10u / SG, b0_1, b1_1, b2_1, b3_1), 10u % SG);
         let s2_10 = subgroupShuffle(pick(10u / SG, b0_2, b1_2, b2_2, b3_2), 10u % SG);
         let s3_10 = subgroupShuffle(pick(10u / SG, b0_3, b1_3, b2_3, b3_3), 10u % SG);
-        if (SKIP_ZERO_A) {
-            acc0_10 += select(q0.x * s0_10, vec4<f32>(0.0), q0.x == 0.0) + select(q0.y * s1_10, vec4<f32>(0.0), q0.y == 0.0) + select(q0.z * s2_10, vec4<f32>(0.0), q0.z == 0.0) + select(q0.w * s3_10, vec4<f32>(0.0), q0.w == 0.0);
-            acc1_10 += select(q1.x * s0_10, vec4<f32>(0.0), q1.x == 0.0) + select(q1.y * s1_10, vec4<f32>(0.0), q1.y == 0.0) + select(q1.z * s2_10, vec4<f32>(0.0), q1.z == 0.0) + select(q1.w * s3_10, vec4<f32>(0.0), q1.w == 0.0);
-            acc2_10 += select(q2.x * s0_10, vec4<f32>(0.0), q2.x == 0.0) + select(q2.y * s1_10, vec4<f32>(0.0), q2.y == 0.0) + select(q2.z * s2_10, vec4<f32>(0.0), q2.z == 0.0) + select(q2.w * s3_10, vec4<f32>(0.0), q2.w == 0.0);
-            acc3_10 += select(q3.x * s0_10, vec4<f32>(0.0), q3.x == 0.0) + select(q3.y * s1_10, vec4<f32>(0.0), q3.y == 0.0) + select(q3.z * s2_10, vec4<f32>(0.0), q3.z == 0.0) + select(q3.w * s3_10, vec4<f32>(0.0), q3.w == 0.0);
+        if (SKIP_MARKED_A) {
+            acc0_10 += select(q0.x * s0_10, vec4<f32>(0.0), marked(q0.x)) + select(q0.y * s1_10, vec4<f32>(0.0), marked(q0.y)) + select(q0.z * s2_10, vec4<f32>(0.0), marked(q0.z)) + select(q0.w * s3_10, vec4<f32>(0.0), marked(q0.w));
+            acc1_10 += select(q1.x * s0_10, vec4<f32>(0.0), marked(q1.x)) + select(q1.y * s1_10, vec4<f32>(0.0), marked(q1.y)) + select(q1.z * s2_10, vec4<f32>(0.0), marked(q1.z)) + select(q1.w * s3_10, vec4<f32>(0.0), marked(q1.w));
+            acc2_10 += select(q2.x * s0_10, vec4<f32>(0.0), marked(q2.x)) + select(q2.y * s1_10, vec4<f32>(0.0), marked(q2.y)) + select(q2.z * s2_10, vec4<f32>(0.0), marked(q2.z)) + select(q2.w * s3_10, vec4<f32>(0.0), marked(q2.w));
+            acc3_10 += select(q3.x * s0_10, vec4<f32>(0.0), marked(q3.x)) + select(q3.y * s1_10, vec4<f32>(0.0), marked(q3.y)) + select(q3.z * s2_10, vec4<f32>(0.0), marked(q3.z)) + select(q3.w * s3_10, vec4<f32>(0.0), marked(q3.w));
         } else {
             acc0_10 += q0.x * s0_10 + q0.y * s1_10 + q0.z * s2_10 + q0.w * s3_10;
             acc1_10 += q1.x * s0_10 + q1.y * s1_10 + q1.z * s2_10 + q1.w * s3_10;
@@ -493,11 +499,11 @@ fn main(
         let s1_11 = subgroupShuffle(pick(11u / SG, b0_1, b1_1, b2_1, b3_1), 11u % SG);
         let s2_11 = subgroupShuffle(pick(11u / SG, b0_2, b1_2, b2_2, b3_2), 11u % SG);
         let s3_11 = subgroupShuffle(pick(11u / SG, b0_3, b1_3, b2_3, b3_3), 11u % SG);
-        if (SKIP_ZERO_A) {
-            acc0_11 += select(q0.x * s0_11, vec4<f32>(0.0), q0.x == 0.0) + select(q0.y * s1_11, vec4<f32>(0.0), q0.y == 0.0) + select(q0.z * s2_11, vec4<f32>(0.0), q0.z == 0.0) + select(q0.w * s3_11, vec4<f32>(0.0), q0.w == 0.0);
-            acc1_11 += select(q1.x * s0_11, vec4<f32>(0.0), q1.x == 0.0) + select(q1.y * s1_11, vec4<f32>(0.0), q1.y == 0.0) + select(q1.z * s2_11, vec4<f32>(0.0), q1.z == 0.0) + select(q1.w * s3_11, vec4<f32>(0.0), q1.w == 0.0);
-            acc2_11 += select(q2.x * s0_11, vec4<f32>(0.0), q2.x == 0.0) + select(q2.y * s1_11, vec4<f32>(0.0), q2.y == 0.0) + select(q2.z * s2_11, vec4<f32>(0.0), q2.z == 0.0) + select(q2.w * s3_11, vec4<f32>(0.0), q2.w == 0.0);
-            acc3_11 += select(q3.x * s0_11, vec4<f32>(0.0), q3.x == 0.0) + select(q3.y * s1_11, vec4<f32>(0.0), q3.y == 0.0) + select(q3.z * s2_11, vec4<f32>(0.0), q3.z == 0.0) + select(q3.w * s3_11, vec4<f32>(0.0), q3.w == 0.0);
+        if (SKIP_MARKED_A) {
+            acc0_11 += select(q0.x * s0_11, vec4<f32>(0.0), marked(q0.x)) + select(q0.y * s1_11, vec4<f32>(0.0), marked(q0.y)) + select(q0.z * s2_11, vec4<f32>(0.0), marked(q0.z)) + select(q0.w * s3_11, vec4<f32>(0.0), marked(q0.w));
+            acc1_11 += select(q1.x * s0_11, vec4<f32>(0.0), marked(q1.x)) + select(q1.y * s1_11, vec4<f32>(0.0), marked(q1.y)) + select(q1.z * s2_11, vec4<f32>(0.0), marked(q1.z)) + select(q1.w * s3_11, vec4<f32>(0.0), marked(q1.w));
+            acc2_11 += select(q2.x * s0_11, vec4<f32>(0.0), marked(q2.x)) + select(q2.y * s1_11, vec4<f32>(0.0), marked(q2.y)) + select(q2.z * s2_11, vec4<f32>(0.0), marked(q2.z)) + select(q2.w * s3_11, vec4<f32>(0.0), marked(q2.w));
+            acc3_11 += select(q3.x * s0_11, vec4<f32>(0.0), marked(q3.x)) + select(q3.y * s1_11, vec4<f32>(0.0), marked(q3.y)) + select(q3.z * s2_11, vec4<f32>(0.0), marked(q3.z)) + select(q3.w * s3_11, vec4<f32>(0.0), marked(q3.w));
         } else {
             acc0_11 += q0.x * s0_11 + q0.y * s1_11 + q0.z * s2_11 + q0.w * s3_11;
             acc1_11 += q1.x * s0_11 + q1.y * s1_11 + q1.z * s2_11 + q1.w * s3_11;
@@ -508,11 +514,11 @@ fn main(
         let s1_12 = subgroupShuffle(pick(12u / SG, b0_1, b1_1, b2_1, b3_1), 12u % SG);
         let s2_12 = subgroupShuffle(pick(12u / SG, b0_2, b1_2, b2_2, b3_2), 12u % SG);
         let s3_12 = subgroupShuffle(pick(12u / SG, b0_3, b1_3, b2_3, b3_3), 12u % SG);
-        if (SKIP_ZERO_A) {
-            acc0_12 += select(q0.x * s0_12, vec4<f32>(0.0), q0.x == 0.0) + select(q0.y * s1_12, vec4<f32>(0.0), q0.y == 0.0) + select(q0.z * s2_12, vec4<f32>(0.0), q0.z == 0.0) + select(q0.w * s3_12, vec4<f32>(0.0), q0.w == 0.0);
-            acc1_12 += select(q1.x * s0_12, vec4<f32>(0.0), q1.x == 0.0) + select(q1.y * s1_12, vec4<f32>(0.0), q1.y == 0.0) + select(q1.z * s2_12, vec4<f32>(0.0), q1.z == 0.0) + select(q1.w * s3_12, vec4<f32>(0.0), q1.w == 0.0);
-            acc2_12 += select(q2.x * s0_12, vec4<f32>(0.0), q2.x == 0.0) + select(q2.y * s1_12, vec4<f32>(0.0), q2.y == 0.0) + select(q2.z * s2_12, vec4<f32>(0.0), q2.z == 0.0) + select(q2.w * s3_12, vec4<f32>(0.0), q2.w == 0.0);
-            acc3_12 += select(q3.x * s0_12, vec4<f32>(0.0), q3.x == 0.0) + select(q3.y * s1_12, vec4<f32>(0.0), q3.y == 0.0) + select(q3.z * s2_12, vec4<f32>(0.0), q3.z == 0.0) + select(q3.w * s3_12, vec4<f32>(0.0), q3.w == 0.0);
+        if (SKIP_MARKED_A) {
+            acc0_12 += select(q0.x * s0_12, vec4<f32>(0.0), marked(q0.x)) + select(q0.y * s1_12, vec4<f32>(0.0), marked(q0.y)) + select(q0.z * s2_12, vec4<f32>(0.0), marked(q0.z)) + select(q0.w * s3_12, vec4<f32>(0.0), marked(q0.w));
+            acc1_12 += select(q1.x * s0_12, vec4<f32>(0.0), marked(q1.x)) + select(q1.y * s1_12, vec4<f32>(0.0), marked(q1.y)) + select(q1.z * s2_12, vec4<f32>(0.0), marked(q1.z)) + select(q1.w * s3_12, vec4<f32>(0.0), marked(q1.w));
+            acc2_12 += select(q2.x * s0_12, vec4<f32>(0.0), marked(q2.x)) + select(q2.y * s1_12, vec4<f32>(0.0), marked(q2.y)) + select(q2.z * s2_12, vec4<f32>(0.0), marked(q2.z)) + select(q2.w * s3_12, vec4<f32>(0.0), marked(q2.w));
+            acc3_12 += select(q3.x * s0_12, vec4<f32>(0.0), marked(q3.x)) + select(q3.y * s1_12, vec4<f32>(0.0), marked(q3.y)) + select(q3.z * s2_12, vec4<f32>(0.0), marked(q3.z)) + select(q3.w * s3_12, vec4<f32>(0.0), marked(q3.w));
         } else {
             acc0_12 += q0.x * s0_12 + q0.y * s1_12 + q0.z * s2_12 + q0.w * s3_12;
             acc1_12 += q1.x * s0_12 + q1.y * s1_12 + q1.z * s2_12 + q1.w * s3_12;
@@ -523,11 +529,11 @@ fn main(
         let s1_13 = subgroupShuffle(pick(13u / SG, b0_1, b1_1, b2_1, b3_1), 13u % SG);
         let s2_13 = subgroupShuffle(pick(13u / SG, b0_2, b1_2, b2_2, b3_2), 13u % SG);
         let s3_13 = subgroupShuffle(pick(13u / SG, b0_3, b1_3, b2_3, b3_3), 13u % SG);
-        if (SKIP_ZERO_A) {
-            acc0_13 += select(q0.x * s0_13, vec4<f32>(0.0), q0.x == 0.0) + select(q0.y * s1_13, vec4<f32>(0.0), q0.y == 0.0) + select(q0.z * s2_13, vec4<f32>(0.0), q0.z == 0.0) + select(q0.w * s3_13, vec4<f32>(0.0), q0.w == 0.0);
-            acc1_13 += select(q1.x * s0_13, vec4<f32>(0.0), q1.x == 0.0) + select(q1.y * s1_13, vec4<f32>(0.0), q1.y == 0.0) + select(q1.z * s2_13, vec4<f32>(0.0), q1.z == 0.0) + select(q1.w * s3_13, vec4<f32>(0.0), q1.w == 0.0);
-            acc2_13 += select(q2.x * s0_13, vec4<f32>(0.0), q2.x == 0.0) + select(q2.y * s1_13, vec4<f32>(0.0), q2.y == 0.0) + select(q2.z * s2_13, vec4<f32>(0.0), q2.z == 0.0) + select(q2.w * s3_13, vec4<f32>(0.0), q2.w == 0.0);
-            acc3_13 += select(q3.x * s0_13, vec4<f32>(0.0), q3.x == 0.0) + select(q3.y * s1_13, vec4<f32>(0.0), q3.y == 0.0) + select(q3.z * s2_13, vec4<f32>(0.0), q3.z == 0.0) + select(q3.w * s3_13, vec4<f32>(0.0), q3.w == 0.0);
+        if (SKIP_MARKED_A) {
+            acc0_13 += select(q0.x * s0_13, vec4<f32>(0.0), marked(q0.x)) + select(q0.y * s1_13, vec4<f32>(0.0), marked(q0.y)) + select(q0.z * s2_13, vec4<f32>(0.0), marked(q0.z)) + select(q0.w * s3_13, vec4<f32>(0.0), marked(q0.w));
+            acc1_13 += select(q1.x * s0_13, vec4<f32>(0.0), marked(q1.x)) + select(q1.y * s1_13, vec4<f32>(0.0), marked(q1.y)) + select(q1.z * s2_13, vec4<f32>(0.0), marked(q1.z)) + select(q1.w * s3_13, vec4<f32>(0.0), marked(q1.w));
+            acc2_13 += select(q2.x * s0_13, vec4<f32>(0.0), marked(q2.x)) + select(q2.y * s1_13, vec4<f32>(0.0), marked(q2.y)) + select(q2.z * s2_13, vec4<f32>(0.0), marked(q2.z)) + select(q2.w * s3_13, vec4<f32>(0.0), marked(q2.w));
+            acc3_13 += select(q3.x * s0_13, vec4<f32>(0.0), marked(q3.x)) + select(q3.y * s1_13, vec4<f32>(0.0), marked(q3.y)) + select(q3.z * s2_13, vec4<f32>(0.0), marked(q3.z)) + select(q3.w * s3_13, vec4<f32>(0.0), marked(q3.w));
         } else {
             acc0_13 += q0.x * s0_13 + q0.y * s1_13 + q0.z * s2_13 + q0.w * s3_13;
             acc1_13 += q1.x * s0_13 + q1.y * s1_13 + q1.z * s2_13 + q1.w * s3_13;
@@ -538,11 +544,11 @@ fn main(
         let s1_14 = subgroupShuffle(pick(14u / SG, b0_1, b1_1, b2_1, b3_1), 14u % SG);
         let s2_14 = subgroupShuffle(pick(14u / SG, b0_2, b1_2, b2_2, b3_2), 14u % SG);
         let s3_14 = subgroupShuffle(pick(14u / SG, b0_3, b1_3, b2_3, b3_3), 14u % SG);
-        if (SKIP_ZERO_A) {
-            acc0_14 += select(q0.x * s0_14, vec4<f32>(0.0), q0.x == 0.0) + select(q0.y * s1_14, vec4<f32>(0.0), q0.y == 0.0) + select(q0.z * s2_14, vec4<f32>(0.0), q0.z == 0.0) + select(q0.w * s3_14, vec4<f32>(0.0), q0.w == 0.0);
-            acc1_14 += select(q1.x * s0_14, vec4<f32>(0.0), q1.x == 0.0) + select(q1.y * s1_14, vec4<f32>(0.0), q1.y == 0.0) + select(q1.z * s2_14, vec4<f32>(0.0), q1.z == 0.0) + select(q1.w * s3_14, vec4<f32>(0.0), q1.w == 0.0);
-            acc2_14 += select(q2.x * s0_14, vec4<f32>(0.0), q2.x == 0.0) + select(q2.y * s1_14, vec4<f32>(0.0), q2.y == 0.0) + select(q2.z * s2_14, vec4<f32>(0.0), q2.z == 0.0) + select(q2.w * s3_14, vec4<f32>(0.0), q2.w == 0.0);
-            acc3_14 += select(q3.x * s0_14, vec4<f32>(0.0), q3.x == 0.0) + select(q3.y * s1_14, vec4<f32>(0.0), q3.y == 0.0) + select(q3.z * s2_14, vec4<f32>(0.0), q3.z == 0.0) + select(q3.w * s3_14, vec4<f32>(0.0), q3.w == 0.0);
+        if (SKIP_MARKED_A) {
+            acc0_14 += select(q0.x * s0_14, vec4<f32>(0.0), marked(q0.x)) + select(q0.y * s1_14, vec4<f32>(0.0), marked(q0.y)) + select(q0.z * s2_14, vec4<f32>(0.0), marked(q0.z)) + select(q0.w * s3_14, vec4<f32>(0.0), marked(q0.w));
+            acc1_14 += select(q1.x * s0_14, vec4<f32>(0.0), marked(q1.x)) + select(q1.y * s1_14, vec4<f32>(0.0), marked(q1.y)) + select(q1.z * s2_14, vec4<f32>(0.0), marked(q1.z)) + select(q1.w * s3_14, vec4<f32>(0.0), marked(q1.w));
+            acc2_14 += select(q2.x * s0_14, vec4<f32>(0.0), marked(q2.x)) + select(q2.y * s1_14, vec4<f32>(0.0), marked(q2.y)) + select(q2.z * s2_14, vec4<f32>(0.0), marked(q2.z)) + select(q2.w * s3_14, vec4<f32>(0.0), marked(q2.w));
+            acc3_14 += select(q3.x * s0_14, vec4<f32>(0.0), marked(q3.x)) + select(q3.y * s1_14, vec4<f32>(0.0), marked(q3.y)) + select(q3.z * s2_14, vec4<f32>(0.0), marked(q3.z)) + select(q3.w * s3_14, vec4<f32>(0.0), marked(q3.w));
         } else {
             acc0_14 += q0.x * s0_14 + q0.y * s1_14 + q0.z * s2_14 + q0.w * s3_14;
             acc1_14 += q1.x * s0_14 + q1.y * s1_14 + q1.z * s2_14 + q1.w * s3_14;
@@ -553,11 +559,11 @@ fn main(
         let s1_15 = subgroupShuffle(pick(15u / SG, b0_1, b1_1, b2_1, b3_1), 15u % SG);
         let s2_15 = subgroupShuffle(pick(15u / SG, b0_2, b1_2, b2_2, b3_2), 15u % SG);
         let s3_15 = subgroupShuffle(pick(15u / SG, b0_3, b1_3, b2_3, b3_3), 15u % SG);
-        if (SKIP_ZERO_A) {
-            acc0_15 += select(q0.x * s0_15, vec4<f32>(0.0), q0.x == 0.0) + select(q0.y * s1_15, vec4<f32>(0.0), q0.y == 0.0) + select(q0.z * s2_15, vec4<f32>(0.0), q0.z == 0.0) + select(q0.w * s3_15, vec4<f32>(0.0), q0.w == 0.0);
-            acc1_15 += select(q1.x * s0_15, vec4<f32>(0.0), q1.x == 0.0) + select(q1.y * s1_15, vec4<f32>(0.0), q1.y == 0.0) + select(q1.z * s2_15, vec4<f32>(0.0), q1.z == 0.0) + select(q1.w * s3_15, vec4<f32>(0.0), q1.w == 0.0);
-            acc2_15 += select(q2.x * s0_15, vec4<f32>(0.0), q2.x == 0.0) + select(q2.y * s1_15, vec4<f32>(0.0), q2.y == 0.0) + select(q2.z * s2_15, vec4<f32>(0.0), q2.z == 0.0) + select(q2.w * s3_15, vec4<f32>(0.0), q2.w == 0.0);
-            acc3_15 += select(q3.x * s0_15, vec4<f32>(0.0), q3.x == 0.0) + select(q3.y * s1_15, vec4<f32>(0.0), q3.y == 0.0) + select(q3.z * s2_15, vec4<f32>(0.0), q3.z == 0.0) + select(q3.w * s3_15, vec4<f32>(0.0), q3.w == 0.0);
+        if (SKIP_MARKED_A) {
+            acc0_15 += select(q0.x * s0_15, vec4<f32>(0.0), marked(q0.x)) + select(q0.y * s1_15, vec4<f32>(0.0), marked(q0.y)) + select(q0.z * s2_15, vec4<f32>(0.0), marked(q0.z)) + select(q0.w * s3_15, vec4<f32>(0.0), marked(q0.w));
+            acc1_15 += select(q1.x * s0_15, vec4<f32>(0.0), marked(q1.x)) + select(q1.y * s1_15, vec4<f32>(0.0), marked(q1.y)) + select(q1.z * s2_15, vec4<f32>(0.0), marked(q1.z)) + select(q1.w * s3_15, vec4<f32>(0.0), marked(q1.w));
+            acc2_15 += select(q2.x * s0_15, vec4<f32>(0.0), marked(q2.x)) + select(q2.y * s1_15, vec4<f32>(0.0), marked(q2.y)) + select(q2.z * s2_15, vec4<f32>(0.0), marked(q2.z)) + select(q2.w * s3_15, vec4<f32>(0.0), marked(q2.w));
+            acc3_15 += select(q3.x * s0_15, vec4<f32>(0.0), marked(q3.x)) + select(q3.y * s1_15, vec4<f32>(0.0), marked(q3.y)) + select(q3.z * s2_15, vec4<f32>(0.0), marked(q3.z)) + select(q3.w * s3_15, vec4<f32>(0.0), marked(q3.w));
         } else {
             acc0_15 += q0.x * s0_15 + q0.y * s1_15 + q0.z * s2_15 + q0.w * s3_15;
             acc1_15 += q1.x * s0_15 + q1.y * s1_15 + q1.z * s2_15 + q1.w * s3_15;

@@ -9,10 +9,19 @@
 //
 // Non-finite scores follow attention_fused.wgsl: a NaN or +inf score the row
 // attends (any value but MASKED), or attended scores that are all -inf, make
-// the whole row NaN, logsumexp included. An attended key's probability is at
-// least the smallest normal f32 (1.2e-38), so that the P V product, which
-// skips exact zeros (masked keys), still multiplies its V row: a NaN in V then
-// reaches every row that attends that key, as in PyTorch.
+// the whole row NaN, logsumexp included. An attended key's probability is
+// exp(s - max) / sum as it is, 0 where that underflows or s is -inf.
+//
+// p.mode says what a key the row does not attend gets:
+//   MODE_ZERO      +0 (probabilities the caller reads);
+//   MODE_MARKED    -0, written as bits, for the P V product (gemm with
+//                  SKIP_MARKED_A), which skips exactly those: a key not
+//                  attended never multiplies its V row, while an attended key
+//                  whose probability is +0 still does (0 x inf or 0 x NaN is
+//                  NaN, as in PyTorch); exp never returns -0, so the sign bit
+//                  tells them apart;
+//   MODE_CLEAR     no softmax: rewrites the -0 marks of rows already
+//                  normalised as +0 (before the caller reads them).
 //
 // Rows are numbered linearly across the 2D grid so more than 65535 rows work.
 
@@ -21,7 +30,8 @@ struct Params {
     cols: u32,
     // Index in `lse` of this dispatch's first row.
     lse_offset: u32,
-    _pad: u32,
+    // MODE_ZERO, MODE_MARKED or MODE_CLEAR.
+    mode: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -33,8 +43,11 @@ const MASKED: f32 = -0x1.fffffep+127f;
 const NEG_INF_BITS: u32 = 0xff800000u;
 const NAN_BITS: u32 = 0x7fc00000u;
 const MASKED_BITS: u32 = 0xff7fffffu;
-// The smallest normal f32: GPUs may flush anything smaller to zero.
-const MIN_NORMAL: f32 = 1.17549435e-38;
+// -0: the mark of a key not attended (MODE_MARKED).
+const MARK_BITS: u32 = 0x80000000u;
+const MODE_ZERO: u32 = 0u;
+const MODE_MARKED: u32 = 1u;
+const MODE_CLEAR: u32 = 2u;
 const ROW_ATTENDED: u32 = 1u;
 const ROW_POISONED: u32 = 2u;
 
@@ -84,6 +97,14 @@ fn main(
         return;
     }
     let base = row * p.cols;
+    if (p.mode == MODE_CLEAR) {
+        for (var j = li; j < p.cols; j += WG) {
+            if (bitcast<u32>(scores[base + j]) == MARK_BITS) {
+                scores[base + j] = 0.0;
+            }
+        }
+        return;
+    }
 
     var m = MASKED;
     var l = 0.0;
@@ -129,13 +150,14 @@ fn main(
     let live = attended && !nan_row;
     let inv_sum = select(0.0, 1.0 / row_sum, live);
 
+    let not_attended = bitcast<f32>(select(0u, MARK_BITS, p.mode == MODE_MARKED));
     for (var j = li; j < p.cols; j += WG) {
         let s = scores[base + j];
-        var prob = 0.0;
+        var prob = not_attended;
         if (nan_row) {
             prob = nan();
         } else if (live && bitcast<u32>(s) != MASKED_BITS) {
-            prob = max(exp(s - row_max) * inv_sum, MIN_NORMAL);
+            prob = exp(s - row_max) * inv_sum;
         }
         scores[base + j] = prob;
     }

@@ -310,10 +310,11 @@ pub enum KernelPath {
 ///    - a float mask entry masks its key only at `-inf` or `≤ -f32::MAX`; any
 ///      other value, NaN and `+inf` included, is added to the score.
 ///
-///    Softcap maps `±inf` scores to `±softcap`, so they do not poison a row. On
-///    the unfused path an attended key's probability is at least the smallest
-///    normal f32 (1.2e-38), so its `P · V` product still multiplies V; mode-3
-///    outputs can show that value where the exact probability underflows.
+///    Softcap maps `±inf` scores to `±softcap`, so they do not poison a row. An
+///    attended key's probability is the f32 softmax as it is, `0` where it
+///    underflows, and still multiplies V (`0 · inf` is NaN); inside the GPU
+///    kernels a key not attended carries `-0` instead, the mark that keeps it
+///    out of `P · V`, and the caller's mode-3 output shows `+0` for both.
 ///
 /// The `qk_matmul_output` modes are described on [`QkMatmulOutputMode`]; with
 /// `softcap > 0`, mode 0 is the raw scaled QKᵀ as the operator's text says (one Python

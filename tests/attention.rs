@@ -169,3 +169,75 @@ fn cpu_backend_matches_the_oracle() {
     let engine = webattn::Engine::cpu();
     common::run_cases(&engine, &sweep(SweepKind::Quick)[..6], KernelPath::Auto);
 }
+
+/// An attended key whose score is -inf has probability exactly 0 and still
+/// multiplies its V row (0 · inf is NaN, as in PyTorch, and 0 times a huge
+/// finite value adds nothing), while a key the row does not attend never
+/// does, on every path; the probabilities (mode 3) are +0 at both.
+#[test]
+fn an_attended_neg_inf_score_multiplies_its_v_row_on_every_path() {
+    use webattn::{AttentionInputs, AttentionOptions, HostTensor, QkMatmulOutputMode};
+    let Some(engine) = common::gpu() else { return };
+    let (rows, keys, d) = (9, 9, 8);
+    let mut rng = webattn::rng::SplitMix64::new(common::seed());
+    let mut q = rng.normal_vec(2 * rows * d, 1.0);
+    for row in 0..2 * rows {
+        q[row * d] = 0.5 + q[row * d].abs();
+    }
+    let mut k = rng.normal_vec(keys * d, 1.0);
+    let mut v = rng.normal_vec(keys * d, 1.0);
+    // Key 3's score is -inf for every row; its V row holds +inf and a huge
+    // finite value. Key 8, which only row 8 attends, holds NaN.
+    k[3 * d] = f32::NEG_INFINITY;
+    v[3 * d + 1] = f32::INFINITY;
+    v[3 * d + 2] = 3.0e38;
+    v[8 * d + 4] = f32::NAN;
+    let q = HostTensor::new([1, 2, rows, d], q).unwrap();
+    let k = HostTensor::new([1, 1, keys, d], k).unwrap();
+    let v = HostTensor::new([1, 1, keys, d], v).unwrap();
+    let inputs = AttentionInputs::new(&q, &k, &v);
+    let run = |path| {
+        let options = AttentionOptions {
+            is_causal: true,
+            qk_matmul_output_mode: Some(QkMatmulOutputMode::Probabilities),
+            path,
+            ..Default::default()
+        };
+        engine.attention_host_blocking(&inputs, &options).unwrap()
+    };
+    let oracle = run(KernelPath::Oracle);
+    for path in [
+        KernelPath::Unfused,
+        KernelPath::Fused,
+        KernelPath::Cpu,
+        KernelPath::Oracle,
+    ] {
+        let out = run(path);
+        let mut worst = 0.0f32;
+        for (i, (&got, &want)) in out.y.data().iter().zip(oracle.y.data()).enumerate() {
+            let (row, col) = ((i / d) % rows, i % d);
+            let nan_expected = (row >= 3 && col == 1) || (row == 8 && col == 4);
+            assert_eq!(got.is_nan(), nan_expected, "{path:?}: y[{i}] is {got}");
+            if !nan_expected {
+                assert!(got.is_finite(), "{path:?}: y[{i}] is {got}");
+                worst = worst.max((got - want).abs());
+            }
+        }
+        assert!(
+            worst < 1e-5,
+            "{path:?}: worst error {worst:e} against the oracle"
+        );
+        let probabilities = out.qk_matmul_output.expect("mode 3 requested");
+        for (i, &p) in probabilities.data().iter().enumerate() {
+            let (row, key) = ((i / keys) % rows, i % keys);
+            if key > row || key == 3 {
+                assert_eq!(
+                    p.to_bits(),
+                    0,
+                    "{path:?}: probability of row {row}, key {key} is {p:e}, not +0"
+                );
+            }
+        }
+        println!("{path:?}: NaN where the oracle has it, worst finite error {worst:.2e}");
+    }
+}

@@ -5,8 +5,8 @@
 mod common;
 
 use webattn::conformance::{compare, DEFAULT_FLOOR};
-use webattn::gpu::kernels::gemm_host_with;
-use webattn::gpu::ops::gemm::{GemmKernel, GemmSpec};
+use webattn::gpu::kernels::{gemm_host_variant, gemm_host_with};
+use webattn::gpu::ops::gemm::{AValues, GemmKernel, GemmSpec};
 use webattn::rng::SplitMix64;
 
 /// Every GEMM kernel this adapter can run: the tiled one always, the
@@ -145,4 +145,77 @@ fn k_longer_than_a_loop_capped_driver_allows() {
         },
         10,
     );
+}
+
+/// Attention's `P · V` on every GEMM kernel here: a term whose A is the mark
+/// `-0` (a key not attended) adds nothing whatever B holds, while `+0` (an
+/// attended key whose probability underflowed) and tiny values still
+/// multiply their rows of B, so NaN and infinities there reach the result.
+#[test]
+fn marked_terms_of_a_are_skipped_and_zeros_are_not() {
+    let Some(engine) = common::gpu() else { return };
+    let ctx = engine.gpu().expect("a GPU engine");
+    let spec = GemmSpec::contiguous(2, 37, 21, 70, false, false);
+    let (a_len, b_len, c_len) = spec.extents();
+    let mut rng = SplitMix64::new(common::seed());
+    let mut a: Vec<f32> = rng
+        .normal_vec(a_len, 1.0)
+        .into_iter()
+        .enumerate()
+        .map(|(i, x)| match i % 7 {
+            0 | 3 => -0.0,
+            5 => 0.0,
+            1 => x.abs() * 1e-30,
+            _ => (x.abs() / 4.0).min(1.0),
+        })
+        .collect();
+    let mut b = rng.normal_vec(b_len, 1.0);
+    let c = vec![0.0; c_len];
+    let (k, n) = (spec.k, spec.n);
+    // In both batches' B, key 6 holds NaN in column 3, keys 9 and 40
+    // infinities in columns 0 and 5, key 12 a huge finite value in column 7.
+    for b in b.chunks_mut(k * n) {
+        b[6 * n + 3] = f32::NAN;
+        b[9 * n] = f32::INFINITY;
+        b[40 * n + 5] = f32::NEG_INFINITY;
+        b[12 * n + 7] = 3.0e38;
+    }
+    // Batch 1: no row attends keys 9 and 40; row 3 attends key 6 with +0.
+    for row in 0..spec.m {
+        a[spec.m * k + row * k + 9] = -0.0;
+        a[spec.m * k + row * k + 40] = -0.0;
+    }
+    a[spec.m * k + 3 * k + 6] = 0.0;
+    // Row 4 does not attend key 6: its column 3 stays finite.
+    a[spec.m * k + 4 * k + 6] = -0.0;
+    let exact = common::gemm_reference::<f64>(&spec, true, &a, &b, &c);
+    let plain = common::gemm_reference::<f32>(&spec, true, &a, &b, &c);
+    assert!(
+        exact[spec.m * n + 3 * n + 3].is_nan(),
+        "the test's own premise"
+    );
+    assert!(
+        exact[spec.m * n + 4 * n + 3].is_finite(),
+        "the test's own premise"
+    );
+    for kernel in kernels(ctx) {
+        for a_values in [AValues::MarksSkipped, AValues::Probabilities] {
+            let got =
+                pollster::block_on(gemm_host_variant(ctx, kernel, &spec, a_values, &a, &b, &c))
+                    .expect("gemm runs");
+            let report = compare(&got, &exact, &plain, DEFAULT_FLOOR);
+            println!(
+                "marks {kernel:?} {a_values:?}: max_abs {:.3e} allowed {:.3e} (plain f32 {:.3e})",
+                report.max_abs, report.allowed, report.baseline_abs
+            );
+            for (i, (g, e)) in got.iter().zip(&exact).enumerate() {
+                assert_eq!(
+                    g.is_nan(),
+                    e.is_nan(),
+                    "{kernel:?} {a_values:?}: C[{i}] is {g}, the oracle's {e}"
+                );
+            }
+            assert!(report.passed(), "{kernel:?} {a_values:?}: {report:?}");
+        }
+    }
 }

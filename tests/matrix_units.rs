@@ -164,7 +164,7 @@ fn check_gemm(
     let shape = coop_shape(ctx.capabilities()).expect("matrix units");
     let a: Vec<f32> = a.iter().map(|&x| a_operand(x)).collect();
     let b: Vec<f32> = b.iter().map(|&x| f16(x)).collect();
-    let skip = a_values.skips_zeros();
+    let skip = a_values.skips_marks();
     let exact = common::gemm_reference::<f64>(spec, skip, &a, &b, c);
     let plain = common::gemm_reference::<f32>(spec, skip, &a, &b, c);
     let got = pollster::block_on(gemm_host_variant(
@@ -360,35 +360,37 @@ fn gemm_cases_only(engine: &Engine) {
 }
 
 #[test]
-fn gemm_on_the_matrix_units_skips_zeros_of_a_against_non_finite_b() {
+fn gemm_on_the_matrix_units_skips_marks_of_a_against_non_finite_b() {
     on_matrix_units(
-        "gemm_on_the_matrix_units_skips_zeros_of_a_against_non_finite_b",
+        "gemm_on_the_matrix_units_skips_marks_of_a_against_non_finite_b",
         Size::Native,
-        zero_skipping_cases,
+        mark_skipping_cases,
     );
 }
 
 #[test]
-fn gemm_on_16x16_matrix_units_skips_zeros_of_a_against_non_finite_b() {
+fn gemm_on_16x16_matrix_units_skips_marks_of_a_against_non_finite_b() {
     on_matrix_units(
-        "gemm_on_16x16_matrix_units_skips_zeros_of_a_against_non_finite_b",
+        "gemm_on_16x16_matrix_units_skips_marks_of_a_against_non_finite_b",
         Size::Sixteen,
-        zero_skipping_cases,
+        mark_skipping_cases,
     );
 }
 
-/// Zeros of A against NaN and infinities of B, probabilities f16 flushes.
-fn zero_skipping_cases(engine: &Engine) {
-    // P V: rows of A are probabilities, some exactly 0 (masked keys),
-    // some tiny (f16 subnormals; staged times 2^14 they keep their
-    // bits), two 1.5e-38 (attended keys whose probabilities underflow
-    // f16, at the unfused path's floor, the smallest normal f32: they
-    // still multiply their rows of B); B holds NaN and infinities.
+/// Marks (-0) and zeros of A against NaN and infinities of B, probabilities f16 flushes.
+fn mark_skipping_cases(engine: &Engine) {
+    // P V: rows of A are probabilities, some -0 (keys not attended),
+    // some +0 (attended keys whose probability underflowed: they still
+    // multiply their rows of B), some tiny (f16 subnormals; staged times
+    // 2^14 they keep their bits), two 1.5e-38 (attended keys whose
+    // probabilities underflow f16: they still multiply their rows of B);
+    // B holds NaN and infinities.
     let spec = GemmSpec::contiguous(2, 37, 21, 70, false, false);
     let (mut a, mut b, c) = random(&spec, 5);
     for (i, x) in a.iter_mut().enumerate() {
-        *x = match i % 5 {
-            0 => 0.0,
+        *x = match i % 7 {
+            0 | 3 => -0.0,
+            5 => 0.0,
             1 => x.abs() * 1e-6,
             _ => (x.abs() / 4.0).min(1.0),
         };
@@ -403,11 +405,13 @@ fn zero_skipping_cases(engine: &Engine) {
     // probabilities f16 flushes to 0: NaN and +inf there.
     a[k + 6] = 1.5e-38;
     a[2 * k + 9] = 1.5e-38;
-    // Keys 9 and 40 are masked (0) in every row of batch 1.
+    // Keys 9 and 40 are not attended (-0) in every row of batch 1; row 3
+    // of batch 1 attends key 6 (NaN) with probability +0: NaN there.
     for row in 0..spec.m {
-        a[spec.m * k + row * k + 9] = 0.0;
-        a[spec.m * k + row * k + 40] = 0.0;
+        a[spec.m * k + row * k + 9] = -0.0;
+        a[spec.m * k + row * k + 40] = -0.0;
     }
+    a[spec.m * k + 3 * k + 6] = 0.0;
     check_gemm(
         engine,
         "probabilities, NaN and inf in B",
@@ -417,17 +421,18 @@ fn zero_skipping_cases(engine: &Engine) {
         &b,
         &c,
     );
-    // Zeros skipped for any A (not probabilities: no scaling).
+    // Marks skipped for any A (not probabilities: no scaling); +0 is not
+    // a mark.
     let (mut a, _, _) = random(&spec, 6);
-    for x in a.iter_mut().step_by(3) {
-        *x = 0.0;
+    for (i, x) in a.iter_mut().enumerate().step_by(3) {
+        *x = if i % 2 == 0 { -0.0 } else { 0.0 };
     }
     a[k + 6] = 1.5e-38;
     check_gemm(
         engine,
-        "zeros of A skipped, NaN and inf in B",
+        "marks of A skipped, NaN and inf in B",
         &spec,
-        AValues::ZerosSkipped,
+        AValues::MarksSkipped,
         &a,
         &b,
         &c,

@@ -47,10 +47,11 @@ override TRANS_B: bool = false;
 // 16-byte boundaries, so they are read through the vec4 views.
 override VEC_A: bool = false;
 override VEC_B: bool = false;
-// Skip every term whose A value is exactly zero, so that 0 * NaN or 0 * inf
-// in B adds nothing: attention's P V, where a masked key's probability is 0
-// and its V row may hold anything (gemm.wgsl has the same switch).
-override SKIP_ZERO_A: bool = false;
+// Skip every term whose A value is -0 (the mark of a key not attended, as
+// bits), so that -0 * NaN or -0 * inf in B adds nothing: attention's P V,
+// where such a key's V row may hold anything, while an attended key whose
+// probability is +0 still multiplies its row (gemm.wgsl has the same switch).
+override SKIP_MARKED_A: bool = false;
 override SG: u32 = 8u;
 override SLOTS: u32 = {GROUPS}u / SG;
 
@@ -87,6 +88,11 @@ struct Params {{
 @group(0) @binding(3) var<storage, read> b: array<f32>;
 @group(0) @binding(4) var<storage, read> b4: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> c: array<f32>;
+
+// Whether an A value is the mark -0 (SKIP_MARKED_A).
+fn marked(x: f32) -> bool {{
+    return bitcast<u32>(x) == 0x80000000u;
+}}
 
 // op(A)[row][k0 .. k0 + 4], where `line` is the row's first element (the
 // column's, when A is stored transposed).
@@ -205,10 +211,10 @@ def step(masked):
         for kk in range(4):
             slots = ", ".join(f"b{s}_{kk}" for s in range(MAX_SLOTS))
             L(ind + f"let s{kk}_{g} = subgroupShuffle(pick({g}u / SG, {slots}), {g}u % SG);")
-        L(ind + "if (SKIP_ZERO_A) {")
+        L(ind + "if (SKIP_MARKED_A) {")
         for r in range(ROWS):
             terms = " + ".join(
-                f"select(q{r}.{c} * s{kk}_{g}, vec4<f32>(0.0), q{r}.{c} == 0.0)"
+                f"select(q{r}.{c} * s{kk}_{g}, vec4<f32>(0.0), marked(q{r}.{c}))"
                 for kk, c in enumerate("xyzw"))
             L(ind + f"    acc{r}_{g} += {terms};")
         L(ind + "} else {")

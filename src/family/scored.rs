@@ -228,7 +228,15 @@ pub(crate) async fn run_on_gpu(
                 Want::Scores => None,
                 Want::Attend { .. } => {
                     let lse = buffer::storage(ctx, "lse", sizes.rows())?;
-                    softmax::record(&mut rec, sizes.rows(), sizes.k_len, &staged.scores, &lse, 0)?;
+                    softmax::record(
+                        &mut rec,
+                        sizes.rows(),
+                        sizes.k_len,
+                        &staged.scores,
+                        &lse,
+                        0,
+                        softmax::NotAttended::Zero,
+                    )?;
                     keep_alive.push(lse);
                     let context = buffer::storage(ctx, "context", sizes.rows() * sizes.d_h)?;
                     let spec = GemmSpec::contiguous(

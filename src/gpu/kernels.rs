@@ -45,8 +45,8 @@ pub async fn gemm_host_with(
     gemm_host_variant(ctx, kernel, spec, gemm::AValues::Any, a, b, c).await
 }
 
-/// [`gemm_host_with`] with A holding `a_values` (zeros skipped, so `0 · NaN`
-/// adds nothing, or attention's probabilities).
+/// [`gemm_host_with`] with A holding `a_values` (`-0` marks skipped, so
+/// `-0 · NaN` adds nothing, or attention's probabilities).
 pub async fn gemm_host_variant(
     ctx: &GpuContext,
     kernel: gemm::GemmKernel,
@@ -112,7 +112,15 @@ pub async fn softmax_host(
             let s_buf = buffer::upload(ctx, "scores", &clean)?;
             let lse_buf = buffer::storage(ctx, "lse", rows)?;
             let mut rec = Recorder::new(ctx, "softmax");
-            softmax::record(&mut rec, rows, cols, &s_buf, &lse_buf, 0)?;
+            softmax::record(
+                &mut rec,
+                rows,
+                cols,
+                &s_buf,
+                &lse_buf,
+                0,
+                softmax::NotAttended::Zero,
+            )?;
             rec.submit();
             Ok((s_buf, lse_buf))
         })

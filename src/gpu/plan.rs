@@ -77,7 +77,7 @@ impl KernelPlan {
                 }
             };
             KernelConfig {
-                // P V skips masked keys (probability 0), whatever V holds there.
+                // P V skips keys not attended (probability -0), whatever V holds there.
                 label: gemm::variant_key(gemm_kernel, &spec, a_values).to_string(),
                 invocations,
                 tile,
@@ -273,7 +273,7 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
         }
     }
     // The P V product of the unfused path skips masked keys.
-    keys.push(gemm::key(false, false).with_flag("SKIP_ZERO_A", true));
+    keys.push(gemm::key(false, false).with_flag("SKIP_MARKED_A", true));
     for width in [4, 8] {
         for trans_b in [false, true] {
             for (k, ld) in [(64, 64), (63, 63)] {
@@ -419,13 +419,13 @@ pub fn every_planned_pipeline() -> Vec<super::pipeline::PipelineKey> {
                             .with_flag("TRANS_B", trans_b)
                             .with_flag("VEC_A", vec_a)
                             .with_flag("VEC_B", vec_b);
-                        keys.push(key.clone().with_flag("SKIP_ZERO_A", true));
+                        keys.push(key.clone().with_flag("SKIP_MARKED_A", true));
                         keys.push(key);
                     }
                 }
             }
             keys.push(gemm::key(trans_a, trans_b));
-            keys.push(gemm::key(trans_a, trans_b).with_flag("SKIP_ZERO_A", true));
+            keys.push(gemm::key(trans_a, trans_b).with_flag("SKIP_MARKED_A", true));
         }
     }
     for storage in WORKGROUP_STORAGE_CLASSES {
@@ -500,7 +500,7 @@ pub fn every_planned_pipeline() -> Vec<super::pipeline::PipelineKey> {
                     let spec = gemm::GemmSpec::contiguous(1, 64, 64, 64, trans_a, trans_b);
                     for a_values in [
                         gemm::AValues::Any,
-                        gemm::AValues::ZerosSkipped,
+                        gemm::AValues::MarksSkipped,
                         gemm::AValues::Probabilities,
                     ] {
                         keys.push(gemm::variant_key(

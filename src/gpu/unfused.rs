@@ -193,12 +193,15 @@ pub(crate) async fn run(
                 &scores,
                 &mask_buffers,
             )?;
-            softmax::record(&mut rec, chunk.rows(), t, &scores, &lse, global_row0)?;
-            if let (Some(QkMatmulOutputMode::Probabilities), Some(qk)) =
-                (options.qk_matmul_output_mode, qk.as_ref())
-            {
-                rec.copy(&scores, 0, qk, global_row0 * t, chunk.rows() * t);
-            }
+            softmax::record(
+                &mut rec,
+                chunk.rows(),
+                t,
+                &scores,
+                &lse,
+                global_row0,
+                softmax::NotAttended::Marked,
+            )?;
             let output_spec = gemm::GemmSpec {
                 batch: chunk.heads,
                 m,
@@ -220,8 +223,16 @@ pub(crate) async fn run(
                 alpha: 1.0,
                 beta: 0.0,
             };
-            // Masked keys have probability 0 and take no part, whatever V holds.
-            gemm::record_skipping_zero_a(&mut rec, precision, &output_spec, &scores, values, &y)?;
+            // Keys not attended have probability -0 and take no part, whatever
+            // V holds; an attended key's +0 still multiplies its V row.
+            gemm::record_skipping_marked_a(&mut rec, precision, &output_spec, &scores, values, &y)?;
+            if let (Some(QkMatmulOutputMode::Probabilities), Some(qk)) =
+                (options.qk_matmul_output_mode, qk.as_ref())
+            {
+                // The caller sees +0 where a key is not attended.
+                softmax::record_clear_marks(&mut rec, chunk.rows(), t, &scores, &lse)?;
+                rec.copy(&scores, 0, qk, global_row0 * t, chunk.rows() * t);
+            }
         }
         rec.submit();
 

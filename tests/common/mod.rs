@@ -110,11 +110,12 @@ pub fn print_result(r: &CaseResult) {
 }
 
 /// C = alpha·op(A)·op(B) + beta·C computed plainly in `F`, for the oracle
-/// (f64) and the baseline (f32) of the GEMM tests; with `skip_zero_a` a term
-/// whose A is exactly 0 adds nothing, whatever B holds.
+/// (f64) and the baseline (f32) of the GEMM tests; with `skip_marked_a` a
+/// term whose A is `-0` (the mark of a key not attended) adds nothing,
+/// whatever B holds, while `+0` multiplies as any other value.
 pub fn gemm_reference<F>(
     spec: &GemmSpec,
-    skip_zero_a: bool,
+    skip_marked_a: bool,
     a: &[f32],
     b: &[f32],
     c: &[f32],
@@ -141,7 +142,7 @@ where
                     } else {
                         b[b_base + kk * spec.ldb + j]
                     };
-                    if !(skip_zero_a && av == 0.0) {
+                    if !(skip_marked_a && av.to_bits() == (-0.0f32).to_bits()) {
                         acc = acc + F::from(av) * F::from(bv);
                     }
                 }

@@ -411,7 +411,15 @@ pub(crate) fn record_scores(
         (rows * key_blocks) as u64,
     )?;
     if mode == QkMatmulOutputMode::Probabilities {
-        super::softmax::record(rec, rows, keys, out, scratch_lse, 0)?;
+        super::softmax::record(
+            rec,
+            rows,
+            keys,
+            out,
+            scratch_lse,
+            0,
+            super::softmax::NotAttended::Zero,
+        )?;
     }
     Ok(())
 }

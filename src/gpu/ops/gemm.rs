@@ -295,10 +295,11 @@ pub(crate) fn record_at(
 }
 
 /// Records attention's `P · V` with the context's kernel for `precision`: A
-/// holds probabilities in `[0, 1]`, and every term whose A value is exactly
-/// zero is skipped, so that `0 · NaN` or `0 · inf` in B adds nothing (a masked
-/// key's probability is 0 and its V row may hold anything).
-pub(crate) fn record_skipping_zero_a(
+/// holds probabilities in `[0, 1]`, `-0` for a key not attended, and every
+/// term whose A is `-0` is skipped, so that NaN or inf in such a key's V row
+/// adds nothing, while an attended key whose probability is `+0` still
+/// multiplies its row (`0 · inf` is NaN, as in PyTorch).
+pub(crate) fn record_skipping_marked_a(
     rec: &mut Recorder<'_>,
     precision: Precision,
     spec: &GemmSpec,
@@ -315,19 +316,20 @@ pub(crate) fn record_skipping_zero_a(
 pub enum AValues {
     /// Any values.
     Any,
-    /// Any values, and a term whose A is exactly zero adds nothing, whatever
-    /// B holds (so `0 · NaN` and `0 · inf` add nothing).
-    ZerosSkipped,
-    /// Attention's probabilities: values in `[0, 1]`, zeros skipped. The
+    /// Any values, and a term whose A is `-0` (the mark, compared as bits)
+    /// adds nothing, whatever B holds (so `-0 · NaN` and `-0 · inf` add
+    /// nothing); `+0` multiplies as any other value.
+    MarksSkipped,
+    /// Attention's probabilities: values in `[0, 1]`, `-0` marks skipped. The
     /// matrix-unit kernel stages them times 2¹⁴ in f16 (undone exactly in its
     /// epilogue), so that small probabilities keep f16's 11 bits instead of
-    /// becoming subnormal; the other kernels treat them as `ZerosSkipped`.
+    /// becoming subnormal; the other kernels treat them as `MarksSkipped`.
     Probabilities,
 }
 
 impl AValues {
-    /// Whether terms whose A is zero are skipped.
-    pub fn skips_zeros(self) -> bool {
+    /// Whether terms whose A is the mark `-0` are skipped.
+    pub fn skips_marks(self) -> bool {
         self != AValues::Any
     }
 }
@@ -335,8 +337,8 @@ impl AValues {
 /// The pipeline key of `kernel` for `spec` with A holding `a`.
 pub fn variant_key(kernel: GemmKernel, spec: &GemmSpec, a: AValues) -> PipelineKey {
     let key = kernel_key(kernel, spec);
-    let key = if a.skips_zeros() {
-        key.with_flag("SKIP_ZERO_A", true)
+    let key = if a.skips_marks() {
+        key.with_flag("SKIP_MARKED_A", true)
     } else {
         key
     };
@@ -391,7 +393,7 @@ pub(crate) fn record_variant(
         .ctx()
         .caps
         .loop_budget()
-        .map(|budget| max_k_per_pass(kernel, budget, a_values.skips_zeros()));
+        .map(|budget| max_k_per_pass(kernel, budget, a_values.skips_marks()));
     if let Some(max_k) = max_k.filter(|&max_k| spec.k > max_k) {
         let mut k0 = 0;
         while k0 < spec.k {
@@ -418,9 +420,9 @@ pub(crate) fn record_variant(
 /// The largest K one pass may take under a loop budget: the tiled kernel runs
 /// about 21 loop iterations per 16 values of K, the subgroup kernel one per 4;
 /// the matrix-unit kernel its staging loops and matrix steps per slice, and
-/// with `skip_zero_a` the scalar product of a slice (taken when B holds a
+/// with `skip_marked_a` the scalar product of a slice (taken when B holds a
 /// non-finite value there), after its epilogue's loop.
-fn max_k_per_pass(kernel: GemmKernel, budget: u64, skip_zero_a: bool) -> usize {
+fn max_k_per_pass(kernel: GemmKernel, budget: u64, skip_marked_a: bool) -> usize {
     let budget = budget.saturating_sub(256) as usize;
     match kernel {
         GemmKernel::Tiled => (budget / 21 * 16).max(16),
@@ -432,7 +434,7 @@ fn max_k_per_pass(kernel: GemmKernel, budget: u64, skip_zero_a: bool) -> usize {
             // Staging: V vec4s of each operand read (one loop) and put (a
             // loop of four values each, for A and for B).
             let mut per_slice = 10 * coop_vec4s_per_invocation(shape) + COOP_SLICE / cm + 4;
-            if skip_zero_a {
+            if skip_marked_a {
                 per_slice += tile_loop * (COOP_SLICE + 1);
             }
             (budget.saturating_sub(tile_loop) / per_slice * COOP_SLICE).max(COOP_SLICE)

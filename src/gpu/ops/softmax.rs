@@ -23,8 +23,24 @@ struct Params {
     rows: u32,
     cols: u32,
     lse_offset: u32,
-    _pad: u32,
+    mode: u32,
 }
+
+/// What the softmax writes for a key its row does not attend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NotAttended {
+    /// `+0`: probabilities the caller reads.
+    Zero,
+    /// `-0`: the mark the `P · V` GEMM with `SKIP_MARKED_A` skips, so that a
+    /// key not attended never multiplies its V row while an attended key whose
+    /// probability is `+0` still does (`0 · inf` is NaN, as in PyTorch). Clear
+    /// the marks with [`record_clear_marks`] before the caller reads the rows.
+    Marked,
+}
+
+const MODE_ZERO: u32 = 0;
+const MODE_MARKED: u32 = 1;
+const MODE_CLEAR: u32 = 2;
 
 /// The pipeline key.
 pub fn key() -> PipelineKey {
@@ -32,7 +48,8 @@ pub fn key() -> PipelineKey {
 }
 
 /// Replaces each of `rows` rows of `cols` scores (from element 0 of `scores`)
-/// by its softmax and writes the row's logsumexp at `lse[lse_offset + row]`.
+/// by its softmax and writes the row's logsumexp at `lse[lse_offset + row]`;
+/// a key the row does not attend gets `not_attended`'s value.
 pub(crate) fn record(
     rec: &mut Recorder<'_>,
     rows: usize,
@@ -40,12 +57,41 @@ pub(crate) fn record(
     scores: &wgpu::Buffer,
     lse: &wgpu::Buffer,
     lse_offset: usize,
+    not_attended: NotAttended,
+) -> Result<()> {
+    let mode = match not_attended {
+        NotAttended::Zero => MODE_ZERO,
+        NotAttended::Marked => MODE_MARKED,
+    };
+    dispatch(rec, rows, cols, scores, lse, lse_offset, mode)
+}
+
+/// Rewrites the `-0` marks ([`NotAttended::Marked`]) in `rows` rows of `cols`
+/// probabilities as `+0`; `lse` is bound but untouched.
+pub(crate) fn record_clear_marks(
+    rec: &mut Recorder<'_>,
+    rows: usize,
+    cols: usize,
+    probabilities: &wgpu::Buffer,
+    lse: &wgpu::Buffer,
+) -> Result<()> {
+    dispatch(rec, rows, cols, probabilities, lse, 0, MODE_CLEAR)
+}
+
+fn dispatch(
+    rec: &mut Recorder<'_>,
+    rows: usize,
+    cols: usize,
+    scores: &wgpu::Buffer,
+    lse: &wgpu::Buffer,
+    lse_offset: usize,
+    mode: u32,
 ) -> Result<()> {
     let params = Params {
         rows: rows as u32,
         cols: cols as u32,
         lse_offset: lse_offset as u32,
-        _pad: 0,
+        mode,
     };
     let ctx = rec.ctx();
     let pipeline = ctx.pipelines.get(&key());
