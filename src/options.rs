@@ -178,7 +178,7 @@ impl std::str::FromStr for MatrixUnits {
 /// Whether the kernels keep the runtime checks naga adds when it translates
 /// them: index clamps on every array access the driver does not bound itself,
 /// and a counter in every loop that stops it after 2^64 iterations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum RuntimeChecks {
     /// Keep them (the default; what WebGPU requires, and what a browser does
     /// whatever this says).
@@ -192,8 +192,8 @@ pub enum RuntimeChecks {
     /// bounds checks too (Vulkan and D3D12 keep the driver's robust buffer
     /// access). Integer division keeps its checks. The matrix-unit kernels on
     /// Vulkan, which reach the driver as the engine's own SPIR-V, are written
-    /// without the checks too. `webattn tune` records its times under the
-    /// same key either way.
+    /// without the checks too. `webattn tune` records its times under a key
+    /// of their own (the tuning cache's `runtime_checks` column).
     Off,
 }
 

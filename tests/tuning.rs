@@ -302,3 +302,37 @@ fn decode_follows_the_measured_kernel_where_it_runs() {
         );
     }
 }
+
+/// Times taken without naga's runtime checks are kept apart from the checked
+/// ones: an engine follows only the entries of its own setting.
+#[test]
+fn entries_timed_without_runtime_checks_are_followed_only_without_them() {
+    let Some(gpu) = common::gpu() else { return };
+    let cache = scratch("checks").join("tuning.tsv");
+    let mut table = TuningTable::new();
+    table.insert(
+        key_for_d8(gpu).with_runtime_checks(webattn::RuntimeChecks::Off),
+        TunedEntry {
+            kernel: TunedKernel::Portable,
+            fused_ms: 1.0,
+            unfused_ms: 2.0,
+            decode: None,
+            coop_ms: None,
+            unfused_coop_ms: None,
+        },
+    );
+    table.save(&cache).unwrap();
+    let text = std::fs::read_to_string(&cache).unwrap();
+    assert!(text.lines().nth(2).unwrap().ends_with("\toff"), "{text}");
+    let checked = webattn(&cache, &["info"]);
+    assert!(checked.status.success());
+    let checked = String::from_utf8_lossy(&checked.stdout);
+    assert!(
+        checked.contains("nothing measured") && !checked.contains("head dims 8/8:"),
+        "{checked}"
+    );
+    let unchecked = webattn(&cache, &["--runtime-checks", "off", "info"]);
+    assert!(unchecked.status.success());
+    let unchecked = String::from_utf8_lossy(&unchecked.stdout);
+    assert!(unchecked.contains("head dims 8/8:"), "{unchecked}");
+}

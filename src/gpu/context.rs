@@ -416,6 +416,12 @@ impl GpuContext {
         self.tuning.clone()
     }
 
+    /// The tuning table's key for head dims `dk`, `dv` on this adapter, with
+    /// this context's runtime-checks setting.
+    pub fn tuning_key(&self, dk: usize, dv: usize) -> crate::tuning::TuningKey {
+        crate::tuning::TuningKey::new(&self.caps, dk, dv).with_runtime_checks(self.runtime_checks())
+    }
+
     /// Records a measurement in the tuning table.
     pub fn record_tuning(&self, key: crate::tuning::TuningKey, entry: crate::tuning::TunedEntry) {
         self.tuning
@@ -434,9 +440,7 @@ impl GpuContext {
         if table.is_empty() {
             return None;
         }
-        table
-            .get(&crate::tuning::TuningKey::new(&self.caps, dk, dv))
-            .copied()
+        table.get(&self.tuning_key(dk, dv)).copied()
     }
 
     /// The fused kernel this context is forced to, or `Auto`.

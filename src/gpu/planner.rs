@@ -13,7 +13,7 @@ use super::registry::CoopSize;
 use crate::error::Result;
 use crate::options::Precision;
 use crate::problem::AttentionDims;
-use crate::tuning::{TunedKernel, TuningKey};
+use crate::tuning::TunedKernel;
 
 /// The GEMM kernel for an adapter: the subgroup-shuffle kernel on CPU-backed
 /// adapters with fixed subgroups of 4 or 8 lanes (where a storage load costs a
@@ -223,7 +223,7 @@ impl GpuContext {
                 self.tuning
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .remove(&TuningKey::new(&self.caps, dk, dv));
+                    .remove(&self.tuning_key(dk, dv));
                 None
             }
         }

@@ -15,20 +15,26 @@ use std::path::{Path, PathBuf};
 
 use crate::gpu::capabilities::Capabilities;
 use crate::gpu::ops::decode::{DecodeKernel, StreamShape};
+use crate::options::RuntimeChecks;
 
 /// The first line of a cache file of this format.
-pub const HEADER: &str = "# webattn tuning cache, format 5";
-/// The first lines of the formats before it, still read: format 3 (no
-/// unfused matrix-unit column), format 2 (no matrix-unit column), format 1
-/// (no decode or prefetch columns either).
+pub const HEADER: &str = "# webattn tuning cache, format 6";
+/// The first lines of the formats before it, still read (their entries were
+/// all timed with runtime checks on): format 5 (no runtime-checks column),
+/// format 4 (no decode prefetch column), format 3 (no unfused matrix-unit
+/// column), format 2 (no matrix-unit column), format 1 (no decode or prefetch
+/// columns either).
+const HEADER_5: &str = "# webattn tuning cache, format 5";
 const HEADER_4: &str = "# webattn tuning cache, format 4";
 const HEADER_3: &str = "# webattn tuning cache, format 3";
 const HEADER_2: &str = "# webattn tuning cache, format 2";
 const HEADER_1: &str = "# webattn tuning cache, format 1";
-const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms\tdecode_kernel\tL\tKB\tdecode_ms\tprefetch\tcoop_ms\tunfused_coop_ms\tdecode_prefetch";
+const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms\tdecode_kernel\tL\tKB\tdecode_ms\tprefetch\tcoop_ms\tunfused_coop_ms\tdecode_prefetch\truntime_checks";
 
 /// What a measurement is about: one adapter and driver under one
-/// workgroup-memory limit, at one head-dim class (head dims rounded up to 4).
+/// workgroup-memory limit, at one head-dim class (head dims rounded up to 4),
+/// with the kernels compiled with or without naga's runtime checks (their
+/// instruction counts differ, and so can the fastest tiles).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TuningKey {
     /// The adapter's name.
@@ -43,10 +49,13 @@ pub struct TuningKey {
     pub dk4: u32,
     /// vec4s per V row.
     pub dv4: u32,
+    /// Whether the kernels timed kept naga's runtime checks.
+    pub runtime_checks: RuntimeChecks,
 }
 
 impl TuningKey {
-    /// The key for head dims `dk`, `dv` on the adapter `caps` describes.
+    /// The key for head dims `dk`, `dv` on the adapter `caps` describes, with
+    /// runtime checks on (the default; see [`TuningKey::with_runtime_checks`]).
     pub fn new(caps: &Capabilities, dk: usize, dv: usize) -> TuningKey {
         TuningKey {
             adapter: caps.adapter.name.clone(),
@@ -57,7 +66,14 @@ impl TuningKey {
             workgroup_bytes: caps.limits.max_compute_workgroup_storage_size,
             dk4: dk.div_ceil(4) as u32,
             dv4: dv.div_ceil(4) as u32,
+            runtime_checks: RuntimeChecks::On,
         }
+    }
+
+    /// This key for kernels compiled with `runtime_checks`.
+    pub fn with_runtime_checks(mut self, runtime_checks: RuntimeChecks) -> TuningKey {
+        self.runtime_checks = runtime_checks;
+        self
     }
 }
 
@@ -217,8 +233,8 @@ impl TuningTable {
         let mut lines = text.lines().enumerate();
         match lines.next() {
             Some((_, first))
-                if [HEADER, HEADER_4, HEADER_3, HEADER_2, HEADER_1].contains(&first.trim_end()) => {
-            }
+                if [HEADER, HEADER_5, HEADER_4, HEADER_3, HEADER_2, HEADER_1]
+                    .contains(&first.trim_end()) => {}
             Some((_, first)) => {
                 warnings.push(format!(
                     "not a tuning cache of this format (first line {:?}, expected {HEADER:?}): ignored",
@@ -278,7 +294,7 @@ impl TuningTable {
                 _ => 0,
             };
             out.push_str(&format!(
-                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\t{decode}\t{prefetch}\t{coop}\t{unfused_coop}\t{decode_prefetch}\n",
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\t{decode}\t{prefetch}\t{coop}\t{unfused_coop}\t{decode_prefetch}\t{}\n",
                 clean(&key.adapter),
                 clean(&key.backend),
                 clean(&key.driver),
@@ -288,6 +304,7 @@ impl TuningTable {
                 entry.kernel.name(),
                 entry.fused_ms,
                 entry.unfused_ms,
+                key.runtime_checks.name(),
             ));
         }
         out
@@ -362,9 +379,10 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
     let fields: Vec<&str> = line.split('\t').collect();
     // 13 fields in format 1 (no decode or prefetch columns), 18 in format 2
     // (no matrix-unit column), 19 in format 3 (no unfused matrix-unit
-    // column), 20 in format 4 (no decode prefetch column), 21 in format 5.
-    if ![13, 18, 19, 20, 21].contains(&fields.len()) {
-        return Err(format!("{} fields, expected 21", fields.len()));
+    // column), 20 in format 4 (no decode prefetch column), 21 in format 5
+    // (no runtime-checks column), 22 in format 6.
+    if ![13, 18, 19, 20, 21, 22].contains(&fields.len()) {
+        return Err(format!("{} fields, expected 22", fields.len()));
     }
     let number = |i: usize, what: &str| -> std::result::Result<u32, String> {
         fields[i]
@@ -387,6 +405,11 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
         workgroup_bytes: number(3, "workgroup_bytes")?,
         dk4: number(4, "dk4")?,
         dv4: number(5, "dv4")?,
+        runtime_checks: match fields.get(21).map(|f| f.trim()) {
+            None | Some("on") => RuntimeChecks::On,
+            Some("off") => RuntimeChecks::Off,
+            Some(other) => return Err(format!("runtime_checks {other:?} is not on or off")),
+        },
     };
     if key.dk4 == 0 || key.dv4 == 0 || key.dk4 > 64 || key.dv4 > 64 {
         return Err(format!(
@@ -464,6 +487,7 @@ mod tests {
             workgroup_bytes: 49152,
             dk4,
             dv4: dk4,
+            runtime_checks: RuntimeChecks::On,
         }
     }
 
@@ -686,6 +710,45 @@ mod tests {
         let (back, warnings) = TuningTable::parse(&table.to_text());
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(back.len(), 1);
+    }
+
+    #[test]
+    fn runtime_checks_keep_their_own_entries_and_format_5_reads_as_checked() {
+        let mut table = sample();
+        let unchecked = key(16).with_runtime_checks(RuntimeChecks::Off);
+        let entry = TunedEntry {
+            kernel: TunedKernel::Portable,
+            fused_ms: 0.5,
+            unfused_ms: 1.0,
+            decode: None,
+            coop_ms: None,
+            unfused_coop_ms: None,
+        };
+        table.insert(unchecked.clone(), entry);
+        assert_eq!(table.len(), 3);
+        let text = table.to_text();
+        let (back, warnings) = TuningTable::parse(&text);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(back, table);
+        assert_eq!(back.get(&unchecked), Some(&entry));
+        assert_ne!(back.get(&key(16)), Some(&entry));
+        // Format 5 has no runtime-checks column: every entry was timed checked.
+        let old: Vec<String> = sample()
+            .to_text()
+            .lines()
+            .enumerate()
+            .map(|(i, line)| match i {
+                0 => HEADER_5.to_string(),
+                1 => line.to_string(),
+                _ => line.split('\t').take(21).collect::<Vec<_>>().join("\t"),
+            })
+            .collect();
+        let (old, warnings) = TuningTable::parse(&old.join("\n"));
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(old, sample());
+        let (bad, warnings) = TuningTable::parse(&text.replace("\toff\n", "\tmaybe\n"));
+        assert_eq!(bad.len(), 2);
+        assert!(warnings[0].contains("runtime_checks"), "{warnings:?}");
     }
 
     #[cfg(not(target_arch = "wasm32"))]

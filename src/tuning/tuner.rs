@@ -11,7 +11,7 @@ use crate::gpu::ops::fused::{FusedKernel, FusedTiles, TiledTiles};
 use crate::problem::AttentionDims;
 use crate::{AttentionInputs, AttentionOptions, Engine, FusedKernelChoice, KernelPath, Precision};
 
-use super::table::{TunedDecode, TunedEntry, TunedKernel, TuningKey};
+use super::table::{TunedDecode, TunedEntry, TunedKernel};
 
 /// The problems each head-dim class is timed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -381,7 +381,7 @@ pub async fn tune(
             coop_ms,
             unfused_coop_ms,
         };
-        ctx.record_tuning(TuningKey::new(ctx.capabilities(), dk, dv), entry);
+        ctx.record_tuning(ctx.tuning_key(dk, dv), entry);
         reports.push(TuneReport {
             head_dims: (dk, dv),
             problem: TuningProblem {

@@ -164,25 +164,32 @@ fn tuning_text(engine: &Engine, ctx: &webattn::GpuContext) -> String {
     out
 }
 
-/// The tuning entries for this adapter, driver and workgroup-memory limit.
+/// The tuning entries for this adapter, driver, workgroup-memory limit and
+/// runtime-checks setting.
 fn tuned_here(
     engine: &Engine,
     ctx: &webattn::GpuContext,
 ) -> Vec<(u32, u32, webattn::tuning::TunedEntry)> {
-    let probe = webattn::tuning::TuningKey::new(ctx.capabilities(), 4, 4);
+    let probe = ctx.tuning_key(4, 4);
     engine
         .tuning_table()
         .map(|table| {
             table
                 .entries()
                 .filter(|(k, _)| {
-                    (&k.adapter, &k.backend, &k.driver, k.workgroup_bytes)
-                        == (
-                            &probe.adapter,
-                            &probe.backend,
-                            &probe.driver,
-                            probe.workgroup_bytes,
-                        )
+                    (
+                        &k.adapter,
+                        &k.backend,
+                        &k.driver,
+                        k.workgroup_bytes,
+                        k.runtime_checks,
+                    ) == (
+                        &probe.adapter,
+                        &probe.backend,
+                        &probe.driver,
+                        probe.workgroup_bytes,
+                        probe.runtime_checks,
+                    )
                 })
                 .map(|(k, e)| (k.dk4, k.dv4, *e))
                 .collect()
