@@ -12,6 +12,13 @@ instructions of each innermost loop that does multiply-adds, by kind:
                         (mixed f16/f32 fma and fma with a literal count),
                         6 workgroup-memory loads, 21 other vector ALU
 
+and, for the attention kernels, the widest loop around them (the key loop)
+counted outside its innermost loops, once per trip:
+
+    around: 1500/286fma(88ds,508v,498s)   ... 498 scalar instructions and
+                                              branches (loop counters, uniform
+                                              tests)
+
 A loop's count is static: a branch inside it counts both ways.
 
 A GPU's arithmetic ceiling is one fma per issue slot, so the fma share of a
@@ -82,9 +89,9 @@ def kind(ins):
     return "other"
 
 
-def innermost_loops(blocks):
-    """(first, last) block positions of each loop (a branch back to an
-    earlier block) that contains no other loop."""
+def all_loops(blocks):
+    """(first, last) block positions of each loop: a branch back to an
+    earlier block."""
     at = {number: i for i, (number, _) in enumerate(blocks)}
     found = set()
     for i, (_, body) in enumerate(blocks):
@@ -92,10 +99,52 @@ def innermost_loops(blocks):
             target = re.match(r"s_c?branch\w*\s+BB(\d+)", ins)
             if target and at.get(int(target.group(1)), i + 1) <= i:
                 found.add((at[int(target.group(1))], i))
-    return sorted(
-        loop for loop in found
-        if not any(o != loop and loop[0] <= o[0] and o[1] <= loop[1] for o in found)
-    )
+    return sorted(found)
+
+
+def innermost(loops):
+    """The loops that contain no other loop."""
+    return [
+        loop for loop in loops
+        if not any(o != loop and loop[0] <= o[0] and o[1] <= loop[1] for o in loops)
+    ]
+
+
+def innermost_loops(blocks):
+    """(first, last) block positions of each loop that contains no other loop."""
+    return innermost(all_loops(blocks))
+
+
+def count(counts, ins):
+    """Adds one instruction to a Counter by kind."""
+    k = kind(ins)
+    counts[k] += 1
+    counts["total"] += 1
+    if k == "dual":
+        # A pair issued as one instruction: its fmacs count.
+        counts["fma"] += ins.split()[0].count("fmac")
+
+
+def outer_loop(asm):
+    """The widest loop that holds other loops (a fused kernel's key loop),
+    counted outside its innermost loops: the work around the hot loops, once
+    per trip, both sides of every branch. None where there is no such loop."""
+    blocks = blocks_of(asm)
+    loops = all_loops(blocks)
+    outer = [loop for loop in loops if loop not in innermost(loops)]
+    if not outer:
+        return None
+    first, last = max(outer, key=lambda loop: loop[1] - loop[0])
+    inside = {
+        i for a, b in innermost([l for l in loops if first <= l[0] and l[1] <= last and l != (first, last)])
+        for i in range(a, b + 1)
+    }
+    counts = Counter()
+    for i in range(first, last + 1):
+        if i not in inside:
+            for ins in blocks[i][1]:
+                count(counts, ins)
+    return dict(counts)
 
 
 def hot_loops(asm):
@@ -106,12 +155,7 @@ def hot_loops(asm):
         counts = Counter()
         for _, body in blocks[first:last + 1]:
             for ins in body:
-                k = kind(ins)
-                counts[k] += 1
-                counts["total"] += 1
-                if k == "dual":
-                    # A pair issued as one instruction: its fmacs count.
-                    counts["fma"] += ins.split()[0].count("fmac")
+                count(counts, ins)
         if counts["fma"]:
             out.append(dict(counts))
     return out
@@ -197,6 +241,14 @@ def loop_text(loop):
             f"({loop.get('lds', 0)}ds,{loop.get('valu', 0)}v)")
 
 
+def outer_text(loop):
+    if not loop:
+        return ""
+    return (f"  around: {loop['total']}/{loop['fma']}fma"
+            f"({loop.get('lds', 0)}ds,{loop.get('valu', 0)}v,"
+            f"{loop.get('salu', 0) + loop.get('branch', 0)}s)")
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -213,13 +265,15 @@ def main():
             continue
         stats, asm = compiler.compile(os.path.join(folder, name), bindings)
         loops = hot_loops(asm)
+        around = outer_loop(asm) if loops or "attention" in key else None
         row = dict(what=what, checks=checks, key=key,
                    vgprs=stats.get("VGPRs"), spilled_vgprs=stats.get("Spilled VGPRs"),
                    waves_per_simd=stats.get("Subgroups per SIMD"),
-                   instructions=stats.get("Instructions"), hot_loops=loops)
+                   instructions=stats.get("Instructions"), hot_loops=loops,
+                   around_hot_loops=around)
         rows.append(row)
         print(f"{what:38s} {checks:6s} {row['vgprs']:5d} {row['spilled_vgprs']:7d} {row['waves_per_simd']:5d}  "
-              + "  ".join(loop_text(l) for l in loops), flush=True)
+              + "  ".join(loop_text(l) for l in loops) + outer_text(around), flush=True)
     with open(os.path.join(folder, "stats.json"), "w") as out:
         json.dump(dict(compiler=f"RADV/ACO {compiler.name}", rows=rows), out, indent=1)
 

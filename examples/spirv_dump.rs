@@ -1,6 +1,7 @@
 //! Writes the SPIR-V a Vulkan driver is handed for the engine's hot kernels,
-//! one file per pipeline (overrides applied, as wgpu applies them), with and
-//! without naga's runtime checks, for a GPU compiler to read offline:
+//! one file per pipeline (overrides applied, as wgpu applies them), with
+//! naga's runtime checks, without its loop counters and without either, for a
+//! GPU compiler to read offline:
 //! `.ci/shader-stats` compiles them with Mesa's RADV on a null device (no GPU
 //! needed) and prints each pipeline's registers, spills and instruction
 //! counts.
@@ -11,7 +12,7 @@
 //! tuner's list: measured shapes, 8-row shapes, prefetching and shuffle
 //! forms), the streaming decode kernel's shapes at head dim 128, the GEMM
 //! kernels the unfused path runs, and the FMA ceiling's kernel. Files are named after the pipeline key (`attention_tiled[BK=32,...]`
-//! becomes `attention_tiled.BK32...`) with `.checked.spv` or
+//! becomes `attention_tiled.BK32...`) with `.checked.spv`, `.bounds.spv` or
 //! `.unchecked.spv`; `index.tsv` lists them with their bindings (group 0, in
 //! order: `u` uniform, `r` read-only storage, `w` read-write storage) and
 //! their keys.
@@ -111,7 +112,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 Binding::ReadWrite => 'w',
             })
             .collect();
-        for checks in [RuntimeChecks::On, RuntimeChecks::Off] {
+        for checks in [RuntimeChecks::On, RuntimeChecks::Bounds, RuntimeChecks::Off] {
             let words = compile_wgsl(
                 &key.kernel.device_source(),
                 key.kernel.entry_point(),
@@ -122,6 +123,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map_err(|e| format!("{key}: {e}"))?;
             let suffix = match checks {
                 RuntimeChecks::On => "checked",
+                RuntimeChecks::Bounds => "bounds",
                 RuntimeChecks::Off => "unchecked",
             };
             let name = format!("{}.{suffix}.spv", file_stem(&key));

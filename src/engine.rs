@@ -73,8 +73,8 @@ pub struct EngineOptions {
     /// testing aid for CPU adapters ([`crate::MatrixUnits`]).
     pub matrix_units: crate::options::MatrixUnits,
     /// Whether the kernels keep naga's runtime checks (index clamps, loop
-    /// counters; the default) or are compiled without them natively, a
-    /// measuring aid ([`crate::RuntimeChecks`]).
+    /// counters; the default), only the clamps, or are compiled without them
+    /// natively; the last two are measuring aids ([`crate::RuntimeChecks`]).
     pub runtime_checks: crate::options::RuntimeChecks,
     /// The fused kernel to use (default: chosen from the adapter's profile);
     /// forcing one runs it wherever the adapter can, e.g. to check a kernel on

@@ -184,6 +184,18 @@ pub enum RuntimeChecks {
     /// whatever this says).
     #[default]
     On,
+    /// Keep the index clamps and leave out the loop counters, natively
+    /// (`wgpu::Device::create_shader_module_trusted`). A measuring aid:
+    /// memory stays as safe as with `On` (every array index is clamped as
+    /// before, storage buffers keep what `On` gives them); the counters guard
+    /// against a loop that never ends, which some compilers take as undefined
+    /// behaviour, and every loop of the engine's kernels ends (its bound is a
+    /// uniform or an override constant, its counter only grows). The counters
+    /// cost the most of the two in the fused kernel's key loop (RADV counts
+    /// 1500 instructions in it with both, 1118 without the counters, 864
+    /// without either: BENCHMARKS.md). `webattn tune` records its times under
+    /// a key of their own.
+    Bounds,
     /// Compile the kernels without index clamps and loop counters, natively
     /// (`wgpu::Device::create_shader_module_trusted`). A measuring aid: the
     /// kernels' indices were audited and the sweep passes this way on
@@ -198,12 +210,23 @@ pub enum RuntimeChecks {
 }
 
 impl RuntimeChecks {
-    /// The name the CLI spells (`on`, `off`).
+    /// The name the CLI spells (`on`, `bounds`, `off`).
     pub fn name(self) -> &'static str {
         match self {
             RuntimeChecks::On => "on",
+            RuntimeChecks::Bounds => "bounds",
             RuntimeChecks::Off => "off",
         }
+    }
+
+    /// Whether array indices are clamped (`On`, `Bounds`).
+    pub fn bounds_checks(self) -> bool {
+        self != RuntimeChecks::Off
+    }
+
+    /// Whether every loop carries naga's counter (`On` only).
+    pub fn loop_bounding(self) -> bool {
+        self == RuntimeChecks::On
     }
 }
 
@@ -219,11 +242,12 @@ impl std::str::FromStr for RuntimeChecks {
     fn from_str(text: &str) -> Result<RuntimeChecks> {
         match text {
             "on" => Ok(RuntimeChecks::On),
+            "bounds" => Ok(RuntimeChecks::Bounds),
             "off" => Ok(RuntimeChecks::Off),
             _ => Err(Error::InvalidOption {
                 name: "runtime_checks",
                 value: text.to_string(),
-                reason: "must be on (naga's index clamps and loop counters, the default) or off (compiled without them: a measuring aid)",
+                reason: "must be on (naga's index clamps and loop counters, the default), bounds (the clamps without the counters) or off (compiled without either); bounds and off are measuring aids",
             }),
         }
     }
@@ -460,9 +484,12 @@ mod tests {
 
     #[test]
     fn runtime_checks_read_their_names_and_refuse_others() {
-        for checks in [RuntimeChecks::On, RuntimeChecks::Off] {
+        for checks in [RuntimeChecks::On, RuntimeChecks::Bounds, RuntimeChecks::Off] {
             assert_eq!(checks.name().parse::<RuntimeChecks>().unwrap(), checks);
         }
+        assert!(RuntimeChecks::Bounds.bounds_checks() && !RuntimeChecks::Bounds.loop_bounding());
+        assert!(RuntimeChecks::On.bounds_checks() && RuntimeChecks::On.loop_bounding());
+        assert!(!RuntimeChecks::Off.bounds_checks() && !RuntimeChecks::Off.loop_bounding());
         assert_eq!(RuntimeChecks::default(), RuntimeChecks::On);
         assert!(matches!(
             "none".parse::<RuntimeChecks>(),

@@ -849,21 +849,25 @@ fn the_sweep_passes_with_the_runtime_checks_off() {
     // GPUs run (the register-tiled one and its shuffle form, the GEMM and
     // softmax of the unfused path, the decode kernels) must still give the
     // oracle's answers: an access that relied on a clamp may read a
-    // neighbour's data here (lavapipe need not fault on it).
-    let shuffle = common::runs_shuffle_forms().then_some("attention_tiled_shuffle");
-    for kernel in ["attention_tiled"].into_iter().chain(shuffle) {
+    // neighbour's data here (lavapipe need not fault on it). Without the
+    // loop counters alone (`bounds`) too.
+    let shuffle = common::runs_shuffle_forms().then_some(("off", "attention_tiled_shuffle"));
+    for (checks, kernel) in [("off", "attention_tiled"), ("bounds", "attention_tiled")]
+        .into_iter()
+        .chain(shuffle)
+    {
         assert_sweep_passes(
             &[
                 "--backend",
                 "gpu",
                 "--runtime-checks",
-                "off",
+                checks,
                 "--kernel",
                 kernel,
                 "check",
                 "--quick",
             ],
-            kernel,
+            &format!("{kernel}, runtime checks {checks}"),
         );
     }
     let bad = run(&["--runtime-checks", "sometimes", "info"]);

@@ -178,16 +178,17 @@ fn shader_module(
     };
     match runtime_checks {
         RuntimeChecks::On => device.create_shader_module(desc),
-        RuntimeChecks::Off => {
+        RuntimeChecks::Bounds | RuntimeChecks::Off => {
             let checks = wgpu::ShaderRuntimeChecks {
-                bounds_checks: false,
+                bounds_checks: runtime_checks.bounds_checks(),
                 force_loop_bounding: false,
                 ..wgpu::ShaderRuntimeChecks::checked()
             };
-            // SAFETY: the caller asked for unchecked kernels
-            // (`RuntimeChecks::Off`, a measuring aid, documented as such).
-            // Every loop of the engine's kernels ends (their bounds are
-            // uniforms and override constants); their array indices were
+            // SAFETY: the caller asked for kernels without loop counters
+            // (`Bounds`) or without any checks (`Off`), measuring aids
+            // documented as such. Every loop of the engine's kernels ends
+            // (their bounds are uniforms and override constants, their
+            // counters only grow). Under `Off` their array indices were
             // audited (explicit clamps where a lane reads past a tile) and
             // the quick sweep passes this way in the tests, which is evidence,
             // not proof: an out-of-bounds workgroup read on lavapipe need not

@@ -217,8 +217,9 @@ pub fn compile_coop_kernel(
 /// the device has robustBufferAccess2 (naga's clamped form lost the last
 /// element of a buffer on lavapipe: `examples/coop_probe.rs` showed it).
 /// `zero_workgroup_memory` zeroes workgroup memory first, as wgpu would.
-/// With [`RuntimeChecks::Off`] the index clamps and the loop counters are
-/// left out, as wgpu's trusted modules leave them out.
+/// With [`RuntimeChecks::Bounds`] the loop counters are left out, with
+/// [`RuntimeChecks::Off`] the index clamps too, as wgpu's trusted modules
+/// leave them out.
 pub fn compile_wgsl(
     source: &str,
     entry_point: &str,
@@ -242,8 +243,7 @@ pub fn compile_wgsl(
     let (module, info) =
         naga::back::pipeline_constants::process_overrides(&module, &info, entry, &constants)
             .map_err(|e| format!("overrides: {e}"))?;
-    let checked = checks == RuntimeChecks::On;
-    let restrict = if checked {
+    let restrict = if checks.bounds_checks() {
         naga::proc::BoundsCheckPolicy::Restrict
     } else {
         naga::proc::BoundsCheckPolicy::Unchecked
@@ -262,7 +262,7 @@ pub fn compile_wgsl(
         } else {
             spv::ZeroInitializeWorkgroupMemoryMode::None
         },
-        force_loop_bounding: checked,
+        force_loop_bounding: checks.loop_bounding(),
         ..Default::default()
     };
     let pipeline = spv::PipelineOptions {

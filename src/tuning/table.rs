@@ -407,8 +407,11 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
         dv4: number(5, "dv4")?,
         runtime_checks: match fields.get(21).map(|f| f.trim()) {
             None | Some("on") => RuntimeChecks::On,
+            Some("bounds") => RuntimeChecks::Bounds,
             Some("off") => RuntimeChecks::Off,
-            Some(other) => return Err(format!("runtime_checks {other:?} is not on or off")),
+            Some(other) => {
+                return Err(format!("runtime_checks {other:?} is not on, bounds or off"))
+            }
         },
     };
     if key.dk4 == 0 || key.dv4 == 0 || key.dk4 > 64 || key.dv4 > 64 {

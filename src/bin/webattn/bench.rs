@@ -619,6 +619,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             a.device_type,
             match ctx.map(|c| c.runtime_checks()) {
                 Some(webattn::RuntimeChecks::Off) => "   kernels without runtime checks",
+                Some(webattn::RuntimeChecks::Bounds) => "   kernels without loop counters",
                 _ => "",
             }
         ),

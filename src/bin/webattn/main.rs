@@ -91,10 +91,10 @@ pub struct EngineArgs {
           value_parser = |s: &str| s.parse::<MatrixUnits>())]
     matrix_units: MatrixUnits,
     /// Whether the kernels keep naga's runtime checks (index clamps on array
-    /// accesses, a counter in every loop): on (the default), or off, a
-    /// measuring aid that compiles them without (natively; the sweep runs
-    /// with them off in the tests).
-    #[arg(long, value_name = "on|off", default_value = "on", global = true,
+    /// accesses, a counter in every loop): on (the default); bounds, the
+    /// clamps without the counters; or off, without either. bounds and off
+    /// are measuring aids (natively; the sweep runs both ways in the tests).
+    #[arg(long, value_name = "on|bounds|off", default_value = "on", global = true,
           value_parser = |s: &str| s.parse::<RuntimeChecks>())]
     runtime_checks: RuntimeChecks,
     /// The tuning cache (`webattn tune`'s measured kernel choices) to read and
