@@ -19,6 +19,11 @@ counted outside its innermost loops, once per trip:
                                               branches (loop counters, uniform
                                               tests)
 
+and, for attention_tiled, the key tile as a whole: the count around plus
+each hot loop times its trips, against the tile's fma:
+
+    per tile: 2132/512fma (24%)
+
 A loop's count is static: a branch inside it counts both ways.
 
 A GPU's arithmetic ceiling is one fma per issue slot, so the fma share of a
@@ -249,6 +254,41 @@ def outer_text(loop):
             f"{loop.get('salu', 0) + loop.get('branch', 0)}s)")
 
 
+def overrides(key):
+    """A pipeline key's override constants: `kernel[A=1,B=2]` -> {A: 1, B: 2}."""
+    m = re.search(r"\[(.*)\]", key)
+    out = {}
+    for item in (m.group(1).split(",") if m else []):
+        name, _, value = item.partition("=")
+        if value.isdigit():
+            out[name] = int(value)
+    return out
+
+
+def per_tile(key, loops, around):
+    """A register-tiled (not shuffle) pipeline's instructions and fma per key
+    tile: the count around the hot loops plus each hot loop times its trips
+    (S = Q K^T: two vec4 columns a step, DK4 / 2 steps; O += P V: four keys a
+    step, BK / 4 steps), against the tile's fma, RQ RK Dk + RQ BK 4 DVT. None
+    where a hot loop is neither, or for other kernels."""
+    o = overrides(key)
+    if not key.startswith("attention_tiled[") or around is None or not all(
+            k in o for k in ("RQ", "RK", "DK4", "BK", "DVT")):
+        return None
+    rq, rk, dk4, bk, dvt = o["RQ"], o["RK"], o["DK4"], o["BK"], o["DVT"]
+    total = around["total"]
+    for loop in loops:
+        if loop["fma"] == 8 * rq * rk:
+            # (An odd DK4's last column is a step after the loop, counted around.)
+            total += loop["total"] * (dk4 // 2)
+        elif loop["fma"] == 16 * rq * dvt and bk % 4 == 0:
+            total += loop["total"] * (bk // 4)
+        else:
+            return None
+    fma = rq * rk * dk4 * 4 + rq * bk * 4 * dvt
+    return dict(instructions=total, fma=fma)
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -266,14 +306,17 @@ def main():
         stats, asm = compiler.compile(os.path.join(folder, name), bindings)
         loops = hot_loops(asm)
         around = outer_loop(asm) if loops or "attention" in key else None
+        tile = per_tile(key, loops, around)
         row = dict(what=what, checks=checks, key=key,
                    vgprs=stats.get("VGPRs"), spilled_vgprs=stats.get("Spilled VGPRs"),
                    waves_per_simd=stats.get("Subgroups per SIMD"),
                    instructions=stats.get("Instructions"), hot_loops=loops,
-                   around_hot_loops=around)
+                   around_hot_loops=around, per_tile=tile)
         rows.append(row)
+        tile_text = (f"  per tile: {tile['instructions']}/{tile['fma']}fma"
+                     f" ({100 * tile['fma'] / tile['instructions']:.0f}%)" if tile else "")
         print(f"{what:38s} {checks:6s} {row['vgprs']:5d} {row['spilled_vgprs']:7d} {row['waves_per_simd']:5d}  "
-              + "  ".join(loop_text(l) for l in loops) + outer_text(around), flush=True)
+              + "  ".join(loop_text(l) for l in loops) + outer_text(around) + tile_text, flush=True)
     with open(os.path.join(folder, "stats.json"), "w") as out:
         json.dump(dict(compiler=f"RADV/ACO {compiler.name}", rows=rows), out, indent=1)
 
