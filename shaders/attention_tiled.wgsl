@@ -88,9 +88,10 @@ var<workgroup> kv_tile: array<vec4<f32>, BK * KS>;
 // P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3); -0 for a key the row
 // does not attend.
 var<workgroup> p_tile: array<vec4<f32>, BQ * BK / 4u>;
-// Per row: the TK invocations' partial maxima, later their partial sums;
-// the row's flags.
-var<workgroup> row_parts: array<f32, BQ * TK>;
+// Per row: the TK invocations' partial maxima, later their partial sums,
+// as TK / 4 vec4s (invocation tc's in component tc % 4 of vec4 tc / 4); the
+// row's flags.
+var<workgroup> row_parts: array<vec4<f32>, BQ * TK / 4u>;
 var<workgroup> row_flags: array<atomic<u32>, BQ>;
 var<workgroup> batch_nonpad: i32;
 // Whether V's tile holds a non-finite value (P V then tests each key).
@@ -166,6 +167,9 @@ fn main(
     let row0 = (block % p.q_blocks) * BQ;
     let tr = li / TK;
     let tc = li % TK;
+    // Where this invocation's partials go in `row_parts` (its first row's;
+    // its other rows are TQ rows on).
+    let part_at = tr * (TK / 4u) + tc / 4u;
     let rows_total = p.batch * p.q_heads * p.q_len;
     let bk4 = BK / 4u;
 
@@ -948,7 +952,7 @@ fn main(
                 }
                 s0_3 = sc;
             }
-            row_parts[(tr + TQ * 0u) * TK + tc] = part;
+            row_parts[part_at + 0u * TQ * (TK / 4u)][tc % 4u] = part;
         }
         if (RQ > 1u) {
             {
@@ -1090,7 +1094,7 @@ fn main(
                     }
                     s1_3 = sc;
                 }
-                row_parts[(tr + TQ * 1u) * TK + tc] = part;
+                row_parts[part_at + 1u * TQ * (TK / 4u)][tc % 4u] = part;
             }
         }
         if (RQ > 2u) {
@@ -1233,7 +1237,7 @@ fn main(
                     }
                     s2_3 = sc;
                 }
-                row_parts[(tr + TQ * 2u) * TK + tc] = part;
+                row_parts[part_at + 2u * TQ * (TK / 4u)][tc % 4u] = part;
             }
         }
         if (RQ > 3u) {
@@ -1376,7 +1380,7 @@ fn main(
                     }
                     s3_3 = sc;
                 }
-                row_parts[(tr + TQ * 3u) * TK + tc] = part;
+                row_parts[part_at + 3u * TQ * (TK / 4u)][tc % 4u] = part;
             }
         }
         workgroupBarrier();
@@ -1385,8 +1389,27 @@ fn main(
         {
             let rr = tr + TQ * 0u;
             var tile_max = MASKED;
-            for (var t = 0u; t < TK; t++) {
-                tile_max = max(tile_max, row_parts[rr * TK + t]);
+            {
+                let v = row_parts[rr * (TK / 4u) + 0u];
+                tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+            }
+            if (TK > 4u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 1u];
+                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                }
+            }
+            if (TK > 8u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 2u];
+                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                }
+            }
+            if (TK > 12u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 3u];
+                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                }
             }
             let m_new = max(m0, tile_max);
             // exp(0) = 1 while no attended score has been finite yet.
@@ -1396,16 +1419,14 @@ fn main(
             // the sum, nor, times a finite V, to O); an attended key's P
             // is +0 or more, even where its score is -inf.
             let pt = select(not_attended(), exp(s0_0 - m_new), s0_0 != MASKED);
-            let kk = tc + TK * 0u;
-            p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+            p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
             sum += pt;
             if (RK > 1u) {
                 // -0 for a key the row does not attend (it adds nothing to
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s0_1 - m_new), s0_1 != MASKED);
-                let kk = tc + TK * 1u;
-                p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                 sum += pt;
             }
             if (RK > 2u) {
@@ -1413,8 +1434,7 @@ fn main(
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s0_2 - m_new), s0_2 != MASKED);
-                let kk = tc + TK * 2u;
-                p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                 sum += pt;
             }
             if (RK > 3u) {
@@ -1422,8 +1442,7 @@ fn main(
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s0_3 - m_new), s0_3 != MASKED);
-                let kk = tc + TK * 3u;
-                p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                 sum += pt;
             }
             l0 = l0 * alpha + sum;
@@ -1455,8 +1474,27 @@ fn main(
             {
                 let rr = tr + TQ * 1u;
                 var tile_max = MASKED;
-                for (var t = 0u; t < TK; t++) {
-                    tile_max = max(tile_max, row_parts[rr * TK + t]);
+                {
+                    let v = row_parts[rr * (TK / 4u) + 0u];
+                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                }
+                if (TK > 4u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 1u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                }
+                if (TK > 8u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 2u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                }
+                if (TK > 12u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 3u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
                 }
                 let m_new = max(m1, tile_max);
                 // exp(0) = 1 while no attended score has been finite yet.
@@ -1466,16 +1504,14 @@ fn main(
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s1_0 - m_new), s1_0 != MASKED);
-                let kk = tc + TK * 0u;
-                p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s1_1 - m_new), s1_1 != MASKED);
-                    let kk = tc + TK * 1u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
@@ -1483,8 +1519,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s1_2 - m_new), s1_2 != MASKED);
-                    let kk = tc + TK * 2u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
@@ -1492,8 +1527,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s1_3 - m_new), s1_3 != MASKED);
-                    let kk = tc + TK * 3u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 l1 = l1 * alpha + sum;
@@ -1526,8 +1560,27 @@ fn main(
             {
                 let rr = tr + TQ * 2u;
                 var tile_max = MASKED;
-                for (var t = 0u; t < TK; t++) {
-                    tile_max = max(tile_max, row_parts[rr * TK + t]);
+                {
+                    let v = row_parts[rr * (TK / 4u) + 0u];
+                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                }
+                if (TK > 4u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 1u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                }
+                if (TK > 8u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 2u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                }
+                if (TK > 12u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 3u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
                 }
                 let m_new = max(m2, tile_max);
                 // exp(0) = 1 while no attended score has been finite yet.
@@ -1537,16 +1590,14 @@ fn main(
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s2_0 - m_new), s2_0 != MASKED);
-                let kk = tc + TK * 0u;
-                p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s2_1 - m_new), s2_1 != MASKED);
-                    let kk = tc + TK * 1u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
@@ -1554,8 +1605,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s2_2 - m_new), s2_2 != MASKED);
-                    let kk = tc + TK * 2u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
@@ -1563,8 +1613,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s2_3 - m_new), s2_3 != MASKED);
-                    let kk = tc + TK * 3u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 l2 = l2 * alpha + sum;
@@ -1588,8 +1637,27 @@ fn main(
             {
                 let rr = tr + TQ * 3u;
                 var tile_max = MASKED;
-                for (var t = 0u; t < TK; t++) {
-                    tile_max = max(tile_max, row_parts[rr * TK + t]);
+                {
+                    let v = row_parts[rr * (TK / 4u) + 0u];
+                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                }
+                if (TK > 4u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 1u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                }
+                if (TK > 8u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 2u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                }
+                if (TK > 12u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 3u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
                 }
                 let m_new = max(m3, tile_max);
                 // exp(0) = 1 while no attended score has been finite yet.
@@ -1599,16 +1667,14 @@ fn main(
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s3_0 - m_new), s3_0 != MASKED);
-                let kk = tc + TK * 0u;
-                p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s3_1 - m_new), s3_1 != MASKED);
-                    let kk = tc + TK * 1u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
@@ -1616,8 +1682,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s3_2 - m_new), s3_2 != MASKED);
-                    let kk = tc + TK * 2u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
@@ -1625,8 +1690,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s3_3 - m_new), s3_3 != MASKED);
-                    let kk = tc + TK * 3u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 l3 = l3 * alpha + sum;
@@ -2428,18 +2492,18 @@ fn main(
     }
 
     // The rows' sums and flags, gathered from their TK invocations.
-    row_parts[(tr + TQ * 0u) * TK + tc] = l0;
+    row_parts[part_at + 0u * TQ * (TK / 4u)][tc % 4u] = l0;
     atomicOr(&row_flags[tr + TQ * 0u], fl0);
     if (RQ > 1u) {
-        row_parts[(tr + TQ * 1u) * TK + tc] = l1;
+        row_parts[part_at + 1u * TQ * (TK / 4u)][tc % 4u] = l1;
         atomicOr(&row_flags[tr + TQ * 1u], fl1);
     }
     if (RQ > 2u) {
-        row_parts[(tr + TQ * 2u) * TK + tc] = l2;
+        row_parts[part_at + 2u * TQ * (TK / 4u)][tc % 4u] = l2;
         atomicOr(&row_flags[tr + TQ * 2u], fl2);
     }
     if (RQ > 3u) {
-        row_parts[(tr + TQ * 3u) * TK + tc] = l3;
+        row_parts[part_at + 3u * TQ * (TK / 4u)][tc % 4u] = l3;
         atomicOr(&row_flags[tr + TQ * 3u], fl3);
     }
     workgroupBarrier();
@@ -2449,8 +2513,39 @@ fn main(
     if (live0) {
         let rr = tr + TQ * 0u;
         var total = 0.0;
-        for (var t = 0u; t < TK; t++) {
-            total += row_parts[rr * TK + t];
+        {
+            let v = row_parts[rr * (TK / 4u) + 0u];
+            total += v.x;
+            total += v.y;
+            total += v.z;
+            total += v.w;
+        }
+        if (TK > 4u) {
+            {
+                let v = row_parts[rr * (TK / 4u) + 1u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
+        }
+        if (TK > 8u) {
+            {
+                let v = row_parts[rr * (TK / 4u) + 2u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
+        }
+        if (TK > 12u) {
+            {
+                let v = row_parts[rr * (TK / 4u) + 3u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
         }
         let flags = atomicLoad(&row_flags[rr]);
         let r = head_index * p.q_len + qrow0;
@@ -2608,8 +2703,39 @@ fn main(
         if (live1) {
             let rr = tr + TQ * 1u;
             var total = 0.0;
-            for (var t = 0u; t < TK; t++) {
-                total += row_parts[rr * TK + t];
+            {
+                let v = row_parts[rr * (TK / 4u) + 0u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
+            if (TK > 4u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 1u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 8u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 2u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 12u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 3u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
             }
             let flags = atomicLoad(&row_flags[rr]);
             let r = head_index * p.q_len + qrow1;
@@ -2768,8 +2894,39 @@ fn main(
         if (live2) {
             let rr = tr + TQ * 2u;
             var total = 0.0;
-            for (var t = 0u; t < TK; t++) {
-                total += row_parts[rr * TK + t];
+            {
+                let v = row_parts[rr * (TK / 4u) + 0u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
+            if (TK > 4u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 1u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 8u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 2u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 12u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 3u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
             }
             let flags = atomicLoad(&row_flags[rr]);
             let r = head_index * p.q_len + qrow2;
@@ -2880,8 +3037,39 @@ fn main(
         if (live3) {
             let rr = tr + TQ * 3u;
             var total = 0.0;
-            for (var t = 0u; t < TK; t++) {
-                total += row_parts[rr * TK + t];
+            {
+                let v = row_parts[rr * (TK / 4u) + 0u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
+            if (TK > 4u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 1u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 8u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 2u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 12u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 3u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
             }
             let flags = atomicLoad(&row_flags[rr]);
             let r = head_index * p.q_len + qrow3;

@@ -100,8 +100,9 @@ var<workgroup> q_tile: array<vec4<f32>, BQ * QS>;
 // K's tile and V's: BK rows of KS vec4s each.
 var<workgroup> k_tile: array<vec4<f32>, BK * KS>;
 var<workgroup> v_tile: array<vec4<f32>, BK * KS>;
-// Per row: the TK invocations' partial sums at the end; the row's flags.
-var<workgroup> row_parts: array<f32, BQ * TK>;
+// Per row: the TK invocations' partial sums at the end (TK / 4 vec4s); the
+// row's flags.
+var<workgroup> row_parts: array<vec4<f32>, BQ * TK / 4u>;
 var<workgroup> row_flags: array<atomic<u32>, BQ>;
 var<workgroup> batch_nonpad: i32;
 // The last tile (counted from 1) whose V held a non-finite value (P V then
@@ -189,6 +190,9 @@ fn main(
     let row0 = (block % p.q_blocks) * BQ;
     let tr = li / TK;
     let tc = li % TK;
+    // Where this invocation's partials go in `row_parts` (its first row's;
+    // its other rows are TQ rows on).
+    let part_at = tr * (TK / 4u) + tc / 4u;
     // A row's TK invocations must be TK consecutive lanes of one subgroup,
     // aligned to TK, for the shuffles below: checked here (a lane whose place
     // is not so, or whose row's first lane holds another invocation), and a
@@ -2489,18 +2493,18 @@ fn main(
     if (!layout_ok) {
         atomicOr(&layout_bad, 1u);
     }
-    row_parts[(tr + TQ * 0u) * TK + tc] = l0;
+    row_parts[part_at + 0u * TQ * (TK / 4u)][tc % 4u] = l0;
     atomicOr(&row_flags[tr + TQ * 0u], fl0);
     if (RQ > 1u) {
-        row_parts[(tr + TQ * 1u) * TK + tc] = l1;
+        row_parts[part_at + 1u * TQ * (TK / 4u)][tc % 4u] = l1;
         atomicOr(&row_flags[tr + TQ * 1u], fl1);
     }
     if (RQ > 2u) {
-        row_parts[(tr + TQ * 2u) * TK + tc] = l2;
+        row_parts[part_at + 2u * TQ * (TK / 4u)][tc % 4u] = l2;
         atomicOr(&row_flags[tr + TQ * 2u], fl2);
     }
     if (RQ > 3u) {
-        row_parts[(tr + TQ * 3u) * TK + tc] = l3;
+        row_parts[part_at + 3u * TQ * (TK / 4u)][tc % 4u] = l3;
         atomicOr(&row_flags[tr + TQ * 3u], fl3);
     }
     workgroupBarrier();
@@ -2510,8 +2514,39 @@ fn main(
     if (live0) {
         let rr = tr + TQ * 0u;
         var total = 0.0;
-        for (var t = 0u; t < TK; t++) {
-            total += row_parts[rr * TK + t];
+        {
+            let v = row_parts[rr * (TK / 4u) + 0u];
+            total += v.x;
+            total += v.y;
+            total += v.z;
+            total += v.w;
+        }
+        if (TK > 4u) {
+            {
+                let v = row_parts[rr * (TK / 4u) + 1u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
+        }
+        if (TK > 8u) {
+            {
+                let v = row_parts[rr * (TK / 4u) + 2u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
+        }
+        if (TK > 12u) {
+            {
+                let v = row_parts[rr * (TK / 4u) + 3u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
         }
         let flags = atomicLoad(&row_flags[rr]) | select(0u, ROW_ATTENDED | ROW_POISONED, atomicLoad(&layout_bad) != 0u);
         let r = head_index * p.q_len + qrow0;
@@ -2669,8 +2704,39 @@ fn main(
         if (live1) {
             let rr = tr + TQ * 1u;
             var total = 0.0;
-            for (var t = 0u; t < TK; t++) {
-                total += row_parts[rr * TK + t];
+            {
+                let v = row_parts[rr * (TK / 4u) + 0u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
+            if (TK > 4u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 1u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 8u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 2u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 12u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 3u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
             }
             let flags = atomicLoad(&row_flags[rr]) | select(0u, ROW_ATTENDED | ROW_POISONED, atomicLoad(&layout_bad) != 0u);
             let r = head_index * p.q_len + qrow1;
@@ -2829,8 +2895,39 @@ fn main(
         if (live2) {
             let rr = tr + TQ * 2u;
             var total = 0.0;
-            for (var t = 0u; t < TK; t++) {
-                total += row_parts[rr * TK + t];
+            {
+                let v = row_parts[rr * (TK / 4u) + 0u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
+            if (TK > 4u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 1u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 8u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 2u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 12u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 3u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
             }
             let flags = atomicLoad(&row_flags[rr]) | select(0u, ROW_ATTENDED | ROW_POISONED, atomicLoad(&layout_bad) != 0u);
             let r = head_index * p.q_len + qrow2;
@@ -2941,8 +3038,39 @@ fn main(
         if (live3) {
             let rr = tr + TQ * 3u;
             var total = 0.0;
-            for (var t = 0u; t < TK; t++) {
-                total += row_parts[rr * TK + t];
+            {
+                let v = row_parts[rr * (TK / 4u) + 0u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
+            if (TK > 4u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 1u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 8u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 2u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 12u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 3u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
             }
             let flags = atomicLoad(&row_flags[rr]) | select(0u, ROW_ATTENDED | ROW_POISONED, atomicLoad(&layout_bad) != 0u);
             let r = head_index * p.q_len + qrow3;

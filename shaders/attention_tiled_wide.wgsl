@@ -89,9 +89,10 @@ var<workgroup> kv_tile: array<vec4<f32>, BK * KS>;
 // P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3); -0 for a key the row
 // does not attend.
 var<workgroup> p_tile: array<vec4<f32>, BQ * BK / 4u>;
-// Per row: the TK invocations' partial maxima, later their partial sums;
-// the row's flags.
-var<workgroup> row_parts: array<f32, BQ * TK>;
+// Per row: the TK invocations' partial maxima, later their partial sums,
+// as TK / 4 vec4s (invocation tc's in component tc % 4 of vec4 tc / 4); the
+// row's flags.
+var<workgroup> row_parts: array<vec4<f32>, BQ * TK / 4u>;
 var<workgroup> row_flags: array<atomic<u32>, BQ>;
 var<workgroup> batch_nonpad: i32;
 // Whether V's tile holds a non-finite value (P V then tests each key).
@@ -167,6 +168,9 @@ fn main(
     let row0 = (block % p.q_blocks) * BQ;
     let tr = li / TK;
     let tc = li % TK;
+    // Where this invocation's partials go in `row_parts` (its first row's;
+    // its other rows are TQ rows on).
+    let part_at = tr * (TK / 4u) + tc / 4u;
     let rows_total = p.batch * p.q_heads * p.q_len;
     let bk4 = BK / 4u;
 
@@ -1283,7 +1287,7 @@ fn main(
                 }
                 s0_3 = sc;
             }
-            row_parts[(tr + TQ * 0u) * TK + tc] = part;
+            row_parts[part_at + 0u * TQ * (TK / 4u)][tc % 4u] = part;
         }
         if (RQ > 1u) {
             {
@@ -1425,7 +1429,7 @@ fn main(
                     }
                     s1_3 = sc;
                 }
-                row_parts[(tr + TQ * 1u) * TK + tc] = part;
+                row_parts[part_at + 1u * TQ * (TK / 4u)][tc % 4u] = part;
             }
         }
         if (RQ > 2u) {
@@ -1568,7 +1572,7 @@ fn main(
                     }
                     s2_3 = sc;
                 }
-                row_parts[(tr + TQ * 2u) * TK + tc] = part;
+                row_parts[part_at + 2u * TQ * (TK / 4u)][tc % 4u] = part;
             }
         }
         if (RQ > 3u) {
@@ -1711,7 +1715,7 @@ fn main(
                     }
                     s3_3 = sc;
                 }
-                row_parts[(tr + TQ * 3u) * TK + tc] = part;
+                row_parts[part_at + 3u * TQ * (TK / 4u)][tc % 4u] = part;
             }
         }
         if (RQ > 4u) {
@@ -1854,7 +1858,7 @@ fn main(
                     }
                     s4_3 = sc;
                 }
-                row_parts[(tr + TQ * 4u) * TK + tc] = part;
+                row_parts[part_at + 4u * TQ * (TK / 4u)][tc % 4u] = part;
             }
         }
         if (RQ > 5u) {
@@ -1997,7 +2001,7 @@ fn main(
                     }
                     s5_3 = sc;
                 }
-                row_parts[(tr + TQ * 5u) * TK + tc] = part;
+                row_parts[part_at + 5u * TQ * (TK / 4u)][tc % 4u] = part;
             }
         }
         if (RQ > 6u) {
@@ -2140,7 +2144,7 @@ fn main(
                     }
                     s6_3 = sc;
                 }
-                row_parts[(tr + TQ * 6u) * TK + tc] = part;
+                row_parts[part_at + 6u * TQ * (TK / 4u)][tc % 4u] = part;
             }
         }
         if (RQ > 7u) {
@@ -2283,7 +2287,7 @@ fn main(
                     }
                     s7_3 = sc;
                 }
-                row_parts[(tr + TQ * 7u) * TK + tc] = part;
+                row_parts[part_at + 7u * TQ * (TK / 4u)][tc % 4u] = part;
             }
         }
         workgroupBarrier();
@@ -2292,8 +2296,27 @@ fn main(
         {
             let rr = tr + TQ * 0u;
             var tile_max = MASKED;
-            for (var t = 0u; t < TK; t++) {
-                tile_max = max(tile_max, row_parts[rr * TK + t]);
+            {
+                let v = row_parts[rr * (TK / 4u) + 0u];
+                tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+            }
+            if (TK > 4u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 1u];
+                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                }
+            }
+            if (TK > 8u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 2u];
+                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                }
+            }
+            if (TK > 12u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 3u];
+                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                }
             }
             let m_new = max(m0, tile_max);
             // exp(0) = 1 while no attended score has been finite yet.
@@ -2303,16 +2326,14 @@ fn main(
             // the sum, nor, times a finite V, to O); an attended key's P
             // is +0 or more, even where its score is -inf.
             let pt = select(not_attended(), exp(s0_0 - m_new), s0_0 != MASKED);
-            let kk = tc + TK * 0u;
-            p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+            p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
             sum += pt;
             if (RK > 1u) {
                 // -0 for a key the row does not attend (it adds nothing to
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s0_1 - m_new), s0_1 != MASKED);
-                let kk = tc + TK * 1u;
-                p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                 sum += pt;
             }
             if (RK > 2u) {
@@ -2320,8 +2341,7 @@ fn main(
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s0_2 - m_new), s0_2 != MASKED);
-                let kk = tc + TK * 2u;
-                p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                 sum += pt;
             }
             if (RK > 3u) {
@@ -2329,8 +2349,7 @@ fn main(
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s0_3 - m_new), s0_3 != MASKED);
-                let kk = tc + TK * 3u;
-                p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                 sum += pt;
             }
             l0 = l0 * alpha + sum;
@@ -2362,8 +2381,27 @@ fn main(
             {
                 let rr = tr + TQ * 1u;
                 var tile_max = MASKED;
-                for (var t = 0u; t < TK; t++) {
-                    tile_max = max(tile_max, row_parts[rr * TK + t]);
+                {
+                    let v = row_parts[rr * (TK / 4u) + 0u];
+                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                }
+                if (TK > 4u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 1u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                }
+                if (TK > 8u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 2u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                }
+                if (TK > 12u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 3u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
                 }
                 let m_new = max(m1, tile_max);
                 // exp(0) = 1 while no attended score has been finite yet.
@@ -2373,16 +2411,14 @@ fn main(
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s1_0 - m_new), s1_0 != MASKED);
-                let kk = tc + TK * 0u;
-                p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s1_1 - m_new), s1_1 != MASKED);
-                    let kk = tc + TK * 1u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
@@ -2390,8 +2426,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s1_2 - m_new), s1_2 != MASKED);
-                    let kk = tc + TK * 2u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
@@ -2399,8 +2434,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s1_3 - m_new), s1_3 != MASKED);
-                    let kk = tc + TK * 3u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 l1 = l1 * alpha + sum;
@@ -2433,8 +2467,27 @@ fn main(
             {
                 let rr = tr + TQ * 2u;
                 var tile_max = MASKED;
-                for (var t = 0u; t < TK; t++) {
-                    tile_max = max(tile_max, row_parts[rr * TK + t]);
+                {
+                    let v = row_parts[rr * (TK / 4u) + 0u];
+                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                }
+                if (TK > 4u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 1u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                }
+                if (TK > 8u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 2u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                }
+                if (TK > 12u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 3u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
                 }
                 let m_new = max(m2, tile_max);
                 // exp(0) = 1 while no attended score has been finite yet.
@@ -2444,16 +2497,14 @@ fn main(
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s2_0 - m_new), s2_0 != MASKED);
-                let kk = tc + TK * 0u;
-                p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s2_1 - m_new), s2_1 != MASKED);
-                    let kk = tc + TK * 1u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
@@ -2461,8 +2512,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s2_2 - m_new), s2_2 != MASKED);
-                    let kk = tc + TK * 2u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
@@ -2470,8 +2520,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s2_3 - m_new), s2_3 != MASKED);
-                    let kk = tc + TK * 3u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 l2 = l2 * alpha + sum;
@@ -2495,8 +2544,27 @@ fn main(
             {
                 let rr = tr + TQ * 3u;
                 var tile_max = MASKED;
-                for (var t = 0u; t < TK; t++) {
-                    tile_max = max(tile_max, row_parts[rr * TK + t]);
+                {
+                    let v = row_parts[rr * (TK / 4u) + 0u];
+                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                }
+                if (TK > 4u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 1u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                }
+                if (TK > 8u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 2u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                }
+                if (TK > 12u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 3u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
                 }
                 let m_new = max(m3, tile_max);
                 // exp(0) = 1 while no attended score has been finite yet.
@@ -2506,16 +2574,14 @@ fn main(
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s3_0 - m_new), s3_0 != MASKED);
-                let kk = tc + TK * 0u;
-                p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s3_1 - m_new), s3_1 != MASKED);
-                    let kk = tc + TK * 1u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
@@ -2523,8 +2589,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s3_2 - m_new), s3_2 != MASKED);
-                    let kk = tc + TK * 2u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
@@ -2532,8 +2597,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s3_3 - m_new), s3_3 != MASKED);
-                    let kk = tc + TK * 3u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 l3 = l3 * alpha + sum;
@@ -2554,8 +2618,27 @@ fn main(
             {
                 let rr = tr + TQ * 4u;
                 var tile_max = MASKED;
-                for (var t = 0u; t < TK; t++) {
-                    tile_max = max(tile_max, row_parts[rr * TK + t]);
+                {
+                    let v = row_parts[rr * (TK / 4u) + 0u];
+                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                }
+                if (TK > 4u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 1u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                }
+                if (TK > 8u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 2u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                }
+                if (TK > 12u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 3u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
                 }
                 let m_new = max(m4, tile_max);
                 // exp(0) = 1 while no attended score has been finite yet.
@@ -2565,16 +2648,14 @@ fn main(
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s4_0 - m_new), s4_0 != MASKED);
-                let kk = tc + TK * 0u;
-                p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                p_tile[p_at + 4u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s4_1 - m_new), s4_1 != MASKED);
-                    let kk = tc + TK * 1u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 4u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
@@ -2582,8 +2663,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s4_2 - m_new), s4_2 != MASKED);
-                    let kk = tc + TK * 2u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 4u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
@@ -2591,8 +2671,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s4_3 - m_new), s4_3 != MASKED);
-                    let kk = tc + TK * 3u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 4u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 l4 = l4 * alpha + sum;
@@ -2610,8 +2689,27 @@ fn main(
             {
                 let rr = tr + TQ * 5u;
                 var tile_max = MASKED;
-                for (var t = 0u; t < TK; t++) {
-                    tile_max = max(tile_max, row_parts[rr * TK + t]);
+                {
+                    let v = row_parts[rr * (TK / 4u) + 0u];
+                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                }
+                if (TK > 4u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 1u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                }
+                if (TK > 8u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 2u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                }
+                if (TK > 12u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 3u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
                 }
                 let m_new = max(m5, tile_max);
                 // exp(0) = 1 while no attended score has been finite yet.
@@ -2621,16 +2719,14 @@ fn main(
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s5_0 - m_new), s5_0 != MASKED);
-                let kk = tc + TK * 0u;
-                p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                p_tile[p_at + 5u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s5_1 - m_new), s5_1 != MASKED);
-                    let kk = tc + TK * 1u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 5u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
@@ -2638,8 +2734,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s5_2 - m_new), s5_2 != MASKED);
-                    let kk = tc + TK * 2u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 5u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
@@ -2647,8 +2742,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s5_3 - m_new), s5_3 != MASKED);
-                    let kk = tc + TK * 3u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 5u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 l5 = l5 * alpha + sum;
@@ -2663,8 +2757,27 @@ fn main(
             {
                 let rr = tr + TQ * 6u;
                 var tile_max = MASKED;
-                for (var t = 0u; t < TK; t++) {
-                    tile_max = max(tile_max, row_parts[rr * TK + t]);
+                {
+                    let v = row_parts[rr * (TK / 4u) + 0u];
+                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                }
+                if (TK > 4u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 1u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                }
+                if (TK > 8u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 2u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                }
+                if (TK > 12u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 3u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
                 }
                 let m_new = max(m6, tile_max);
                 // exp(0) = 1 while no attended score has been finite yet.
@@ -2674,16 +2787,14 @@ fn main(
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s6_0 - m_new), s6_0 != MASKED);
-                let kk = tc + TK * 0u;
-                p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                p_tile[p_at + 6u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s6_1 - m_new), s6_1 != MASKED);
-                    let kk = tc + TK * 1u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 6u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
@@ -2691,8 +2802,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s6_2 - m_new), s6_2 != MASKED);
-                    let kk = tc + TK * 2u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 6u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
@@ -2700,8 +2810,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s6_3 - m_new), s6_3 != MASKED);
-                    let kk = tc + TK * 3u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 6u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 l6 = l6 * alpha + sum;
@@ -2716,8 +2825,27 @@ fn main(
             {
                 let rr = tr + TQ * 7u;
                 var tile_max = MASKED;
-                for (var t = 0u; t < TK; t++) {
-                    tile_max = max(tile_max, row_parts[rr * TK + t]);
+                {
+                    let v = row_parts[rr * (TK / 4u) + 0u];
+                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                }
+                if (TK > 4u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 1u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                }
+                if (TK > 8u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 2u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                }
+                if (TK > 12u) {
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 3u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
                 }
                 let m_new = max(m7, tile_max);
                 // exp(0) = 1 while no attended score has been finite yet.
@@ -2727,16 +2855,14 @@ fn main(
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s7_0 - m_new), s7_0 != MASKED);
-                let kk = tc + TK * 0u;
-                p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                p_tile[p_at + 7u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s7_1 - m_new), s7_1 != MASKED);
-                    let kk = tc + TK * 1u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 7u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
@@ -2744,8 +2870,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s7_2 - m_new), s7_2 != MASKED);
-                    let kk = tc + TK * 2u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 7u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
@@ -2753,8 +2878,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s7_3 - m_new), s7_3 != MASKED);
-                    let kk = tc + TK * 3u;
-                    p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;
+                    p_tile[p_at + 7u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 l7 = l7 * alpha + sum;
@@ -3798,34 +3922,34 @@ fn main(
     }
 
     // The rows' sums and flags, gathered from their TK invocations.
-    row_parts[(tr + TQ * 0u) * TK + tc] = l0;
+    row_parts[part_at + 0u * TQ * (TK / 4u)][tc % 4u] = l0;
     atomicOr(&row_flags[tr + TQ * 0u], fl0);
     if (RQ > 1u) {
-        row_parts[(tr + TQ * 1u) * TK + tc] = l1;
+        row_parts[part_at + 1u * TQ * (TK / 4u)][tc % 4u] = l1;
         atomicOr(&row_flags[tr + TQ * 1u], fl1);
     }
     if (RQ > 2u) {
-        row_parts[(tr + TQ * 2u) * TK + tc] = l2;
+        row_parts[part_at + 2u * TQ * (TK / 4u)][tc % 4u] = l2;
         atomicOr(&row_flags[tr + TQ * 2u], fl2);
     }
     if (RQ > 3u) {
-        row_parts[(tr + TQ * 3u) * TK + tc] = l3;
+        row_parts[part_at + 3u * TQ * (TK / 4u)][tc % 4u] = l3;
         atomicOr(&row_flags[tr + TQ * 3u], fl3);
     }
     if (RQ > 4u) {
-        row_parts[(tr + TQ * 4u) * TK + tc] = l4;
+        row_parts[part_at + 4u * TQ * (TK / 4u)][tc % 4u] = l4;
         atomicOr(&row_flags[tr + TQ * 4u], fl4);
     }
     if (RQ > 5u) {
-        row_parts[(tr + TQ * 5u) * TK + tc] = l5;
+        row_parts[part_at + 5u * TQ * (TK / 4u)][tc % 4u] = l5;
         atomicOr(&row_flags[tr + TQ * 5u], fl5);
     }
     if (RQ > 6u) {
-        row_parts[(tr + TQ * 6u) * TK + tc] = l6;
+        row_parts[part_at + 6u * TQ * (TK / 4u)][tc % 4u] = l6;
         atomicOr(&row_flags[tr + TQ * 6u], fl6);
     }
     if (RQ > 7u) {
-        row_parts[(tr + TQ * 7u) * TK + tc] = l7;
+        row_parts[part_at + 7u * TQ * (TK / 4u)][tc % 4u] = l7;
         atomicOr(&row_flags[tr + TQ * 7u], fl7);
     }
     workgroupBarrier();
@@ -3835,8 +3959,39 @@ fn main(
     if (live0) {
         let rr = tr + TQ * 0u;
         var total = 0.0;
-        for (var t = 0u; t < TK; t++) {
-            total += row_parts[rr * TK + t];
+        {
+            let v = row_parts[rr * (TK / 4u) + 0u];
+            total += v.x;
+            total += v.y;
+            total += v.z;
+            total += v.w;
+        }
+        if (TK > 4u) {
+            {
+                let v = row_parts[rr * (TK / 4u) + 1u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
+        }
+        if (TK > 8u) {
+            {
+                let v = row_parts[rr * (TK / 4u) + 2u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
+        }
+        if (TK > 12u) {
+            {
+                let v = row_parts[rr * (TK / 4u) + 3u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
         }
         let flags = atomicLoad(&row_flags[rr]);
         let r = head_index * p.q_len + qrow0;
@@ -3994,8 +4149,39 @@ fn main(
         if (live1) {
             let rr = tr + TQ * 1u;
             var total = 0.0;
-            for (var t = 0u; t < TK; t++) {
-                total += row_parts[rr * TK + t];
+            {
+                let v = row_parts[rr * (TK / 4u) + 0u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
+            if (TK > 4u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 1u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 8u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 2u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 12u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 3u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
             }
             let flags = atomicLoad(&row_flags[rr]);
             let r = head_index * p.q_len + qrow1;
@@ -4154,8 +4340,39 @@ fn main(
         if (live2) {
             let rr = tr + TQ * 2u;
             var total = 0.0;
-            for (var t = 0u; t < TK; t++) {
-                total += row_parts[rr * TK + t];
+            {
+                let v = row_parts[rr * (TK / 4u) + 0u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
+            if (TK > 4u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 1u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 8u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 2u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 12u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 3u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
             }
             let flags = atomicLoad(&row_flags[rr]);
             let r = head_index * p.q_len + qrow2;
@@ -4266,8 +4483,39 @@ fn main(
         if (live3) {
             let rr = tr + TQ * 3u;
             var total = 0.0;
-            for (var t = 0u; t < TK; t++) {
-                total += row_parts[rr * TK + t];
+            {
+                let v = row_parts[rr * (TK / 4u) + 0u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
+            if (TK > 4u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 1u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 8u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 2u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 12u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 3u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
             }
             let flags = atomicLoad(&row_flags[rr]);
             let r = head_index * p.q_len + qrow3;
@@ -4362,8 +4610,39 @@ fn main(
         if (live4) {
             let rr = tr + TQ * 4u;
             var total = 0.0;
-            for (var t = 0u; t < TK; t++) {
-                total += row_parts[rr * TK + t];
+            {
+                let v = row_parts[rr * (TK / 4u) + 0u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
+            if (TK > 4u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 1u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 8u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 2u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 12u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 3u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
             }
             let flags = atomicLoad(&row_flags[rr]);
             let r = head_index * p.q_len + qrow4;
@@ -4442,8 +4721,39 @@ fn main(
         if (live5) {
             let rr = tr + TQ * 5u;
             var total = 0.0;
-            for (var t = 0u; t < TK; t++) {
-                total += row_parts[rr * TK + t];
+            {
+                let v = row_parts[rr * (TK / 4u) + 0u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
+            if (TK > 4u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 1u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 8u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 2u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 12u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 3u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
             }
             let flags = atomicLoad(&row_flags[rr]);
             let r = head_index * p.q_len + qrow5;
@@ -4506,8 +4816,39 @@ fn main(
         if (live6) {
             let rr = tr + TQ * 6u;
             var total = 0.0;
-            for (var t = 0u; t < TK; t++) {
-                total += row_parts[rr * TK + t];
+            {
+                let v = row_parts[rr * (TK / 4u) + 0u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
+            if (TK > 4u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 1u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 8u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 2u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 12u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 3u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
             }
             let flags = atomicLoad(&row_flags[rr]);
             let r = head_index * p.q_len + qrow6;
@@ -4570,8 +4911,39 @@ fn main(
         if (live7) {
             let rr = tr + TQ * 7u;
             var total = 0.0;
-            for (var t = 0u; t < TK; t++) {
-                total += row_parts[rr * TK + t];
+            {
+                let v = row_parts[rr * (TK / 4u) + 0u];
+                total += v.x;
+                total += v.y;
+                total += v.z;
+                total += v.w;
+            }
+            if (TK > 4u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 1u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 8u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 2u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            if (TK > 12u) {
+                {
+                    let v = row_parts[rr * (TK / 4u) + 3u];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
             }
             let flags = atomicLoad(&row_flags[rr]);
             let r = head_index * p.q_len + qrow7;

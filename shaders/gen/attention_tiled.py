@@ -29,6 +29,7 @@ MAX_RK = 4
 MAX_DVT = 8
 MAX_O = 16  # RQ * DVT at most: O's registers
 MAX_SLOTS = 8  # vec4s of a K or V tile an invocation prefetches
+MAX_TK = 16  # invocations per row (a multiple of 4, the host checks)
 K_TILE = "k_tile" if SHUFFLE else "kv_tile"
 V_TILE = "v_tile" if SHUFFLE else "kv_tile"
 
@@ -118,6 +119,20 @@ def online_softmax(i, tile_max, keep_p):
     for c in filter(lambda c: has_o(i, c), range(MAX_DVT)):
         lines += guard([dvt(c)], [f"o{i}_{c} *= alpha;"], 0)
     lines += [f"m{i} = m_new;"]
+    return lines
+
+
+def row_parts_read(*body):
+    """Row rr's TK partials read from `row_parts` a vec4 `v` at a time, in
+    order, each step under `body` (unrolled: naga's loop counters would keep
+    a GPU compiler from unrolling a loop over TK, and this runs per key
+    tile)."""
+    lines = []
+    for t4 in range(MAX_TK // 4):
+        lines += guard([f"TK > {4 * t4}u" if t4 else ""], [
+            "{",
+            f"    let v = row_parts[rr * (TK / 4u) + {t4}u];",
+        ] + ["    " + b for b in body] + ["}"], 0)
     return lines
 
 
@@ -241,8 +256,9 @@ var<workgroup> q_tile: array<vec4<f32>, BQ * QS>;
 """ + ("""// K's tile and V's: BK rows of KS vec4s each.
 var<workgroup> k_tile: array<vec4<f32>, BK * KS>;
 var<workgroup> v_tile: array<vec4<f32>, BK * KS>;
-// Per row: the TK invocations' partial sums at the end; the row's flags.
-var<workgroup> row_parts: array<f32, BQ * TK>;
+// Per row: the TK invocations' partial sums at the end (TK / 4 vec4s); the
+// row's flags.
+var<workgroup> row_parts: array<vec4<f32>, BQ * TK / 4u>;
 var<workgroup> row_flags: array<atomic<u32>, BQ>;
 var<workgroup> batch_nonpad: i32;
 // The last tile (counted from 1) whose V held a non-finite value (P V then
@@ -256,9 +272,10 @@ var<workgroup> kv_tile: array<vec4<f32>, BK * KS>;
 // P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3); -0 for a key the row
 // does not attend.
 var<workgroup> p_tile: array<vec4<f32>, BQ * BK / 4u>;
-// Per row: the TK invocations' partial maxima, later their partial sums;
-// the row's flags.
-var<workgroup> row_parts: array<f32, BQ * TK>;
+// Per row: the TK invocations' partial maxima, later their partial sums,
+// as TK / 4 vec4s (invocation tc's in component tc % 4 of vec4 tc / 4); the
+// row's flags.
+var<workgroup> row_parts: array<vec4<f32>, BQ * TK / 4u>;
 var<workgroup> row_flags: array<atomic<u32>, BQ>;
 var<workgroup> batch_nonpad: i32;
 // Whether V's tile holds a non-finite value (P V then tests each key).
@@ -347,7 +364,10 @@ fn main(
     let kvh = h / p.group;
     let row0 = (block % p.q_blocks) * BQ;
     let tr = li / TK;
-    let tc = li % TK;""" + ("""
+    let tc = li % TK;
+    // Where this invocation's partials go in `row_parts` (its first row's;
+    // its other rows are TQ rows on).
+    let part_at = tr * (TK / 4u) + tc / 4u;""" + ("""
     // A row's TK invocations must be TK consecutive lanes of one subgroup,
     // aligned to TK, for the shuffles below: checked here (a lane whose place
     // is not so, or whose row's first lane holds another invocation), and a
@@ -617,7 +637,7 @@ for i in range(MAX_RQ):
     if SHUFFLE:
         lines += shuffle_softmax(i)
     else:
-        lines.append(f"row_parts[(tr + TQ * {i}u) * TK + tc] = part;")
+        lines.append(f"row_parts[part_at + {i}u * TQ * (TK / 4u)][tc % 4u] = part;")
     emit(guard([rq(i)], ["{"] + ["    " + x for x in lines] + ["}"], 8))
 if not SHUFFLE:
     w("""        workgroupBarrier();
@@ -628,11 +648,10 @@ if not SHUFFLE:
             "{",
             f"    let rr = tr + TQ * {i}u;",
             "    var tile_max = MASKED;",
-            "    for (var t = 0u; t < TK; t++) {",
-            "        tile_max = max(tile_max, row_parts[rr * TK + t]);",
-            "    }",
-        ]
-        keep = lambda j: [f"let kk = tc + TK * {j}u;", "p_tile[rr * bk4 + kk / 4u][kk % 4u] = pt;"]
+        ] + ["    " + x for x in row_parts_read("tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));")]
+        # Key tc + TK j of the tile is in vec4 (tc + TK j) / 4 = tc / 4 + j TK / 4
+        # of the row (TK a multiple of 4), component tc % 4.
+        keep = lambda j: [f"p_tile[p_at + {i}u * TQ * bk4 + tc / 4u + {j}u * (TK / 4u)][tc % 4u] = pt;"]
         lines += ["    " + x if x else "" for x in online_softmax(i, "tile_max", keep)]
         lines += ["}"]
         emit(guard([rq(i)], lines, 8))
@@ -742,7 +761,7 @@ for i in range(MAX_RQ):
         guard(
             [rq(i)],
             [
-                f"row_parts[(tr + TQ * {i}u) * TK + tc] = l{i};",
+                f"row_parts[part_at + {i}u * TQ * (TK / 4u)][tc % 4u] = l{i};",
                 f"atomicOr(&row_flags[tr + TQ * {i}u], fl{i});",
             ],
             4,
@@ -757,9 +776,7 @@ for i in range(MAX_RQ):
         f"if (live{i}) {{",
         f"    let rr = tr + TQ * {i}u;",
         "    var total = 0.0;",
-        "    for (var t = 0u; t < TK; t++) {",
-        "        total += row_parts[rr * TK + t];",
-        "    }",
+    ] + ["    " + x for x in row_parts_read("total += v.x;", "total += v.y;", "total += v.z;", "total += v.w;")] + [
         "    let flags = atomicLoad(&row_flags[rr])" + (
             " | select(0u, ROW_ATTENDED | ROW_POISONED, atomicLoad(&layout_bad) != 0u);"
             if SHUFFLE else ";"),

@@ -15,6 +15,9 @@ const MAX_DVT: u32 = 8;
 const MAX_S: u32 = 32;
 const MAX_O: u32 = 16;
 const MAX_SLOTS: u32 = 8;
+/// The most invocations per row (`tk`): the kernels read a row's partials
+/// as `tk / 4` vec4s, unrolled up to this many (`tk` a multiple of 4).
+const MAX_TK: u32 = 16;
 
 /// The fewest invocations per row (`tk`) of any shuffle form: the narrowest
 /// subgroups that run one.
@@ -120,7 +123,9 @@ impl TiledTiles {
                 shuffle: false,
             })
             .filter(|t| {
-                t.rq() <= MAX_RQ
+                t.tk % 4 == 0
+                    && t.tk <= MAX_TK
+                    && t.rq() <= MAX_RQ
                     && t.rk() <= MAX_RK
                     && t.dvt() <= MAX_DVT
                     && t.rq() * t.rk() <= MAX_S
