@@ -11,10 +11,15 @@
 //   1. K's tile is staged as f16 (zeros past the last key and past Dk).
 //   2. Each subgroup computes its strip of S (CM x BK: BK / CM accumulators,
 //      DKP / CM products each) and stores it to workgroup memory as f32.
-//   3. Scalar code, one query row per invocation: scale, softcap, mask,
-//      ALiBi, temperature, the row's key range; the row maximum; P as f16 in
-//      workgroup memory, and which keys the row attends as bits. Meanwhile V's
-//      tile replaces K's, and a V value that is NaN or infinite is noted.
+//   3. Scalar code, every invocation at work: each row's keys are split in
+//      LPR parts of KPI consecutive keys, and each invocation owns RPI
+//      (row, part) pairs. Per pair: scale, softcap, mask, ALiBi,
+//      temperature, the row's key range, a partial maximum; then (after a
+//      barrier) the row's maximum from its parts, P as f16 in workgroup
+//      memory, and which keys the row attends as bits (one word set per
+//      pair). Meanwhile V's tile replaces K's, and a V value that is NaN or
+//      infinite is noted. Each pair keeps a partial row sum; the parts' sums
+//      and flags are gathered once, at the end.
 //   4. O += P V: each subgroup's strip of O (CM x DVP: DVP / CM accumulators)
 //      stays in accumulator matrices for the whole key loop.
 //
@@ -67,7 +72,12 @@ override DKP: u32 = 64u;
 override DVP: u32 = 64u;
 override DKT: u32 = 4u;
 override DVT: u32 = 4u;
-// Query rows per invocation in the scalar steps: ceil(BQ / WG).
+// Invocations (parts) per row in the scalar steps, keys per part (BK / LPR),
+// bit words per part (ceil(KPI / 32)); (row, part) pairs per invocation:
+// ceil(BQ * LPR / WG).
+override LPR: u32 = 1u;
+override KPI: u32 = 32u;
+override WPP: u32 = 1u;
 override RPI: u32 = 1u;
 // Row strides, padded by 16 bytes: Q's tile, the K/V tile (f16); S (f32),
 // P (f16), an O block of CM columns (f32).
@@ -78,7 +88,7 @@ override PS: u32 = 40u;
 override OS: u32 = 20u;
 // Words of workgroup scratch: max(BQ * SS, BQ * OS).
 override FS: u32 = 2304u;
-// u32 words of attended-key bits per row: ceil(BK / 32).
+// u32 words of attended-key bits per row: LPR * WPP.
 override BW: u32 = 1u;
 
 // The largest head dim the kernel takes, in matrices; rows per invocation.
@@ -106,12 +116,16 @@ var<workgroup> kv_s: array<f16, BK * KS>;
 var<workgroup> f_s: array<f32, FS>;
 // P for the tile, f16, rows of PS; 0 where a row does not attend a key.
 var<workgroup> p_s: array<f16, BQ * PS>;
-// Which keys of the tile each row attends, BW words per row; which of
-// those have a positive probability (one f16 may round to 0).
+// Which keys of the tile each row attends, BW words per row (WPP per part,
+// `bit_word`); which of those have a positive probability (one f16 may round
+// to 0). At the end att_s gathers the pairs' flags.
 var<workgroup> att_s: array<u32, BQ * BW>;
 var<workgroup> pos_s: array<u32, BQ * BW>;
 // Each row's rescaling factor when the reference maxima move.
 var<workgroup> alpha_s: array<f32, BQ>;
+// Per (row, part) pair: its partial maximum of the tile; at the end, its
+// partial row sum.
+var<workgroup> part_s: array<f32, BQ * LPR>;
 // The workgroup's scalars, in one 16-byte array: whether any row's reference
 // moved (O must be rescaled), whether V's tile holds a non-finite value, the
 // batch's nonpad length (as bits). Every workgroup variable here is a multiple
@@ -123,6 +137,15 @@ const WG_V_BAD: u32 = 1u;
 const WG_NONPAD: u32 = 2u;
 // Zeros the O and S accumulators start from.
 var<workgroup> zero_s: array<f32, CM * CM>;
+
+// The word of `att_s` and `pos_s` that holds key t of row rr, and its bit.
+fn bit_word(rr: u32, t: u32) -> u32 {
+    return rr * BW + (t / KPI) * WPP + (t % KPI) / 32u;
+}
+
+fn key_bit(t: u32) -> u32 {
+    return 1u << ((t % KPI) % 32u);
+}
 
 fn non_finite(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) >= 0x7f800000u;
@@ -166,10 +189,13 @@ fn main(
         if (live_block && row < p.q_len) {
             val = quad(0u, (head_index * p.q_len + row) * p.dk, d, p.dk);
         }
+        // (Written out: a loop would carry naga's loop counter.)
         let half4 = vec4<f16>(val);
-        for (var j = 0u; j < 4u; j++) {
-            q_s[rr * QS + d + j] = half4[j];
-        }
+        let at = rr * QS + d;
+        q_s[at] = half4.x;
+        q_s[at + 1u] = half4.y;
+        q_s[at + 2u] = half4.z;
+        q_s[at + 3u] = half4.w;
     }
     for (var i = li; i < CM * CM; i += WG) {
         zero_s[i] = 0.0;
@@ -196,8 +222,10 @@ fn main(
     let wg_hi = select(min(last.y, i32(p.chunk_end) - 1), -1, !live_block);
     let resume = (p.chunk_flags & FIRST_CHUNK) == 0u;
 
-    // The rows this invocation owns in the scalar steps (li, li + WG, ...):
-    // their ranges (within the chunk), reference maxima, sums and flags.
+    // The (row, part) pairs this invocation owns in the scalar steps (pair
+    // li + WG i is part (li + WG i) % LPR of row (li + WG i) / LPR): their
+    // rows' ranges (within the chunk) and reference maxima (the same in
+    // every part of a row), their partial sums and flags.
     var live: array<bool, MAX_RPI>;
     var row_of: array<u32, MAX_RPI>;
     var lo: array<i32, MAX_RPI>;
@@ -206,7 +234,8 @@ fn main(
     var l: array<f32, MAX_RPI>;
     var fl: array<u32, MAX_RPI>;
     for (var i = 0u; i < RPI; i++) {
-        let rr = li + WG * i;
+        let pair = li + WG * i;
+        let rr = pair / LPR;
         let row = row0 + rr;
         live[i] = live_block && rr < BQ && row < p.q_len;
         row_of[i] = min(row, p.q_len - 1u);
@@ -220,7 +249,10 @@ fn main(
             let r = head_index * p.q_len + row_of[i];
             fl[i] = lse[r];
             m[i] = bitcast<f32>(lse[rows_total + r]);
-            l[i] = bitcast<f32>(lse[2u * rows_total + r]);
+            // The sum is taken by part 0 only (the parts add up at the end).
+            if (pair % LPR == 0u) {
+                l[i] = bitcast<f32>(lse[2u * rows_total + r]);
+            }
         }
     }
 
@@ -273,9 +305,11 @@ fn main(
                 val = quad(1u, (kv_base + key) * p.dk, d, p.dk);
             }
             let half4 = vec4<f16>(val);
-            for (var j = 0u; j < 4u; j++) {
-                kv_s[t * KS + d + j] = half4[j];
-            }
+            let at = t * KS + d;
+            kv_s[at] = half4.x;
+            kv_s[at + 1u] = half4.y;
+            kv_s[at + 2u] = half4.z;
+            kv_s[at + 3u] = half4.w;
         }
         if (li == 0u) {
             wg_scalars[WG_V_BAD] = 0u;
@@ -294,19 +328,22 @@ fn main(
         }
         workgroupBarrier();
 
-        // 3. The rules, the reference maxima, P and the attended keys, row
-        // by row. Keys a row does not attend get P = 0 and no bit; a NaN or
-        // +inf score poisons the row and counts as -inf (P = 0, attended).
+        // 3a. The rules and each pair's partial maximum. Keys a row does not
+        // attend become MASKED; a NaN or +inf score poisons the row and counts
+        // as -inf (P = 0, attended).
         for (var i = 0u; i < RPI; i++) {
-            let rr = li + WG * i;
-            if (rr >= BQ) {
+            let pair = li + WG * i;
+            if (pair >= BQ * LPR) {
                 continue;
             }
+            let rr = pair / LPR;
+            let t0 = (pair % LPR) * KPI;
             let pos = offset + i32(row_of[i]);
             let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride
                 + row_of[i] * p.mask_row_stride;
-            var tile_max = MASKED;
-            for (var t = 0u; t < BK; t++) {
+            var part_max = MASKED;
+            for (var u = 0u; u < KPI; u++) {
+                let t = t0 + u;
                 let key = j0 + i32(t);
                 var sc = MASKED;
                 var attended = live[i] && key >= lo[i] && key <= hi[i];
@@ -334,14 +371,32 @@ fn main(
                         sc = neg_inf();
                     }
                     fl[i] |= ROW_ATTENDED;
-                    tile_max = max(tile_max, sc);
+                    part_max = max(part_max, sc);
                 } else {
                     sc = MASKED;
                 }
                 f_s[rr * SS + t] = sc;
             }
+            part_s[pair] = part_max;
+        }
+        workgroupBarrier();
+
+        // 3b. The rows' maxima from their parts; the reference maxima, P and
+        // the attended keys, pair by pair.
+        for (var i = 0u; i < RPI; i++) {
+            let pair = li + WG * i;
+            if (pair >= BQ * LPR) {
+                continue;
+            }
+            let rr = pair / LPR;
+            let t0 = (pair % LPR) * KPI;
+            var tile_max = MASKED;
+            for (var k = 0u; k < LPR; k++) {
+                tile_max = max(tile_max, part_s[rr * LPR + k]);
+            }
             // The reference moves the first time a row attends a key, and
-            // when a score exceeds it by more than RESCALE.
+            // when a score exceeds it by more than RESCALE (alike in every
+            // part of the row: the same maxima, the same test).
             var alpha = 1.0;
             // (tile_max - m, not m + RESCALE: the sum rounds where |m| is large.)
             if (tile_max > MASKED && (m[i] == MASKED || tile_max - m[i] > RESCALE)) {
@@ -353,11 +408,14 @@ fn main(
                 }
                 m[i] = m_new;
             }
-            alpha_s[rr] = alpha;
+            if (t0 == 0u) {
+                alpha_s[rr] = alpha;
+            }
             l[i] *= alpha;
             var bits = 0u;
             var positive = 0u;
-            for (var t = 0u; t < BK; t++) {
+            for (var u = 0u; u < KPI; u++) {
+                let t = t0 + u;
                 let sc = f_s[rr * SS + t];
                 var pt = 0.0;
                 if (sc != MASKED) {
@@ -367,15 +425,15 @@ fn main(
                         pt = exp(sc - m[i]);
                     }
                     l[i] += pt;
-                    bits |= 1u << (t % 32u);
+                    bits |= key_bit(t);
                     if (pt > 0.0) {
-                        positive |= 1u << (t % 32u);
+                        positive |= key_bit(t);
                     }
                 }
                 p_s[rr * PS + t] = f16(pt * P_SCALE);
-                if (t % 32u == 31u || t == BK - 1u) {
-                    att_s[rr * BW + t / 32u] = bits;
-                    pos_s[rr * BW + t / 32u] = positive;
+                if (u % 32u == 31u || u == KPI - 1u) {
+                    att_s[bit_word(rr, t)] = bits;
+                    pos_s[bit_word(rr, t)] = positive;
                     bits = 0u;
                     positive = 0u;
                 }
@@ -393,10 +451,12 @@ fn main(
             }
             let rounded = vec4<f16>(val);
             let back = vec4<f32>(rounded);
-            for (var j = 0u; j < 4u; j++) {
-                bad = bad || non_finite(back[j]);
-                kv_s[t * KS + d + j] = rounded[j];
-            }
+            bad = bad || any((bitcast<vec4<u32>>(back) & vec4<u32>(0x7fffffffu)) >= vec4<u32>(0x7f800000u));
+            let at = t * KS + d;
+            kv_s[at] = rounded.x;
+            kv_s[at + 1u] = rounded.y;
+            kv_s[at + 2u] = rounded.z;
+            kv_s[at + 3u] = rounded.w;
         }
         if (bad) {
             wg_scalars[WG_V_BAD] = 1u;
@@ -431,10 +491,11 @@ fn main(
                     let col = c * CM + e % CM;
                     var sum = 0.0;
                     for (var t = 0u; t < BK; t++) {
-                        let bit = 1u << (t % 32u);
-                        if ((att_s[rr * BW + t / 32u] & bit) != 0u) {
+                        let bit = key_bit(t);
+                        let word = bit_word(rr, t);
+                        if ((att_s[word] & bit) != 0u) {
                             var pt = f32(p_s[rr * PS + t]);
-                            if (pt == 0.0 && (pos_s[rr * BW + t / 32u] & bit) != 0u) {
+                            if (pt == 0.0 && (pos_s[word] & bit) != 0u) {
                                 pt = 1e-30;
                             }
                             sum += pt * f32(kv_s[t * KS + col]);
@@ -460,23 +521,51 @@ fn main(
         workgroupBarrier();
     }
 
+    // The rows' sums and flags, gathered from their parts (every pair of a
+    // row ends with the row's, so each writes its own columns below). The
+    // key loop ended at a barrier: att_s is free.
+    for (var i = 0u; i < RPI; i++) {
+        let pair = li + WG * i;
+        if (pair < BQ * LPR) {
+            part_s[pair] = l[i];
+            att_s[pair] = fl[i];
+        }
+    }
+    workgroupBarrier();
+    for (var i = 0u; i < RPI; i++) {
+        let pair = li + WG * i;
+        if (pair < BQ * LPR) {
+            let rr = pair / LPR;
+            var total = 0.0;
+            var flags = 0u;
+            for (var k = 0u; k < LPR; k++) {
+                total += part_s[rr * LPR + k];
+                flags |= att_s[rr * LPR + k];
+            }
+            l[i] = total;
+            fl[i] = flags;
+        }
+    }
+
     // The rows' outputs, one CM-column block at a time through workgroup
-    // memory: normalised (last chunk) or as the state the next chunk resumes.
+    // memory: normalised (last chunk) or as the state the next chunk resumes;
+    // part k of a row writes columns k, k + LPR, ... of each block.
     let last_chunk = (p.chunk_flags & LAST_CHUNK) != 0u;
     for (var c = 0u; c < DVT; c++) {
         coopStoreT(o_acc[c], &f_s[strip * OS], OS);
         workgroupBarrier();
         for (var i = 0u; i < RPI; i++) {
-            let rr = li + WG * i;
+            let pair = li + WG * i;
             if (!live[i]) {
                 continue;
             }
+            let rr = pair / LPR;
             let r = head_index * p.q_len + row_of[i];
             let attended = (fl[i] & ROW_ATTENDED) != 0u;
             let nan_row = attended && ((fl[i] & ROW_POISONED) != 0u || !(l[i] > 0.0));
             // O carries P_SCALE: removed with the sum, or alone between chunks.
             let inv = select(0.0, 1.0 / (l[i] * P_SCALE), l[i] > 0.0);
-            for (var e = 0u; e < CM; e++) {
+            for (var e = pair % LPR; e < CM; e += LPR) {
                 let col = c * CM + e;
                 if (col >= p.dv) {
                     break;
@@ -499,7 +588,8 @@ fn main(
         workgroupBarrier();
     }
     for (var i = 0u; i < RPI; i++) {
-        if (!live[i]) {
+        let pair = li + WG * i;
+        if (!live[i] || pair % LPR != 0u) {
             continue;
         }
         let r = head_index * p.q_len + row_of[i];

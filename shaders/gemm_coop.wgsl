@@ -185,15 +185,19 @@ fn a_put(s: u32, v: vec4<f32>, scale: f32) {
     if (TRANS_A) {
         let kk = s / (BT / 4u);
         let r = (s % (BT / 4u)) * 4u;
-        for (var j = 0u; j < 4u; j++) {
-            a_s[(r + j) * AS + kk] = h[j];
-        }
+        // (Written out: a loop would carry naga's loop counter.)
+        a_s[r * AS + kk] = h.x;
+        a_s[(r + 1u) * AS + kk] = h.y;
+        a_s[(r + 2u) * AS + kk] = h.z;
+        a_s[(r + 3u) * AS + kk] = h.w;
     } else {
         let r = s / (BKK / 4u);
         let kk = (s % (BKK / 4u)) * 4u;
-        for (var j = 0u; j < 4u; j++) {
-            a_s[r * AS + kk + j] = h[j];
-        }
+        let at = r * AS + kk;
+        a_s[at] = h.x;
+        a_s[at + 1u] = h.y;
+        a_s[at + 2u] = h.z;
+        a_s[at + 3u] = h.w;
     }
 }
 
@@ -243,15 +247,18 @@ fn b_put(s: u32, v: vec4<f32>) -> bool {
     if (TRANS_B) {
         let cc = s / (BKK / 4u);
         let kk = (s % (BKK / 4u)) * 4u;
-        for (var j = 0u; j < 4u; j++) {
-            b_s[(kk + j) * BS + cc] = h[j];
-        }
+        b_s[kk * BS + cc] = h.x;
+        b_s[(kk + 1u) * BS + cc] = h.y;
+        b_s[(kk + 2u) * BS + cc] = h.z;
+        b_s[(kk + 3u) * BS + cc] = h.w;
     } else {
         let kk = s / (BT / 4u);
         let cc = (s % (BT / 4u)) * 4u;
-        for (var j = 0u; j < 4u; j++) {
-            b_s[kk * BS + cc + j] = h[j];
-        }
+        let at = kk * BS + cc;
+        b_s[at] = h.x;
+        b_s[at + 1u] = h.y;
+        b_s[at + 2u] = h.z;
+        b_s[at + 3u] = h.w;
     }
     return bad;
 }

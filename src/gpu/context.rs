@@ -67,6 +67,9 @@ pub struct GpuContext {
     /// A decode kernel that every decode call runs where it can (the tuner
     /// times each candidate this way).
     pub(crate) pinned_decode: Option<super::ops::decode::DecodeKernel>,
+    /// Invocations per row in the matrix-unit kernel's scalar steps, where a
+    /// test asks for other than its tiles' default.
+    pub(crate) coop_lanes_per_row: Option<u32>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -276,6 +279,7 @@ impl GpuContext {
             tuning: Default::default(),
             pinned_fused: None,
             pinned_decode: None,
+            coop_lanes_per_row: None,
             caps: Arc::new(caps),
             profiler: Arc::new(Mutex::new(None)),
             lost,

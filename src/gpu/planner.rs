@@ -199,6 +199,15 @@ impl GpuContext {
         self
     }
 
+    /// This context with the matrix-unit kernel's scalar steps (the rules,
+    /// the maxima, P) sharing each row among `lanes` invocations where its
+    /// tiles take that many ([`CoopTiles::with_lanes_per_row`]; else their
+    /// default): for testing the shares an adapter's own shapes do not use.
+    pub fn with_coop_lanes_per_row(mut self, lanes: u32) -> GpuContext {
+        self.coop_lanes_per_row = Some(lanes);
+        self
+    }
+
     /// This context with every decode call running `kernel` where it can
     /// (else the staged kernel): for timing or testing one candidate.
     pub fn with_pinned_decode(mut self, kernel: DecodeKernel) -> GpuContext {
@@ -374,6 +383,12 @@ impl GpuContext {
                     .unwrap_or(false);
             if let Some(tiles) = coop_shape(&self.caps)
                 .and_then(|shape| CoopTiles::for_dims(shape, dk, dv, &self.caps.limits))
+                .map(|tiles| match self.coop_lanes_per_row {
+                    Some(lanes) => Some(tiles.with_lanes_per_row(lanes))
+                        .filter(|t| t.is_valid() && t.fits(&self.caps.limits))
+                        .unwrap_or(tiles),
+                    None => tiles,
+                })
                 .filter(|_| !measured_slower)
             {
                 return Ok(FusedKernel::Coop(tiles));

@@ -7,8 +7,8 @@ use crate::gpu::choice::CoopShape;
 use crate::gpu::pipeline::PipelineKey;
 use crate::gpu::registry::Kernel;
 
-/// The most query rows one invocation owns in the scalar steps (the kernel's
-/// `MAX_RPI`).
+/// The most (row, part) pairs one invocation owns in the scalar steps (the
+/// kernel's `MAX_RPI`).
 const MAX_ROWS_PER_INVOCATION: u32 = 4;
 /// The largest head dim the kernel takes (its O matrices number 256 / size).
 pub const MAX_HEAD_DIM: usize = 256;
@@ -29,6 +29,11 @@ pub struct CoopTiles {
     pub dk_padded: u32,
     /// Dv rounded up to the matrix size.
     pub dv_padded: u32,
+    /// Invocations that share a row in the scalar steps (the rules, the
+    /// maxima, P), each a part of `keys_per_tile / lanes_per_row`
+    /// consecutive keys: a power of two, by default as many as leave no
+    /// invocation idle (`invocations / query_rows`, at least 1).
+    pub lanes_per_row: u32,
 }
 
 /// The shapes tried, largest first: (subgroups, keys per tile in matrices).
@@ -58,15 +63,39 @@ impl CoopTiles {
         let pad = |d: usize| (d as u32).div_ceil(n) * n;
         CANDIDATES
             .iter()
-            .map(|&(subgroups, key_matrices)| CoopTiles {
-                shape,
-                subgroups,
-                keys_per_tile: key_matrices * n,
-                dk_padded: pad(dk),
-                dv_padded: pad(dv),
+            .map(|&(subgroups, key_matrices)| {
+                let tiles = CoopTiles {
+                    shape,
+                    subgroups,
+                    keys_per_tile: key_matrices * n,
+                    dk_padded: pad(dk),
+                    dv_padded: pad(dv),
+                    lanes_per_row: 1,
+                };
+                let lanes = (tiles.invocations() / tiles.query_rows()).max(1);
+                tiles.with_lanes_per_row(lanes)
             })
-            .filter(|t| t.rows_per_invocation() <= MAX_ROWS_PER_INVOCATION)
+            .filter(|t| t.is_valid())
             .collect()
+    }
+
+    /// The same tiles with `lanes` invocations per row in the scalar steps
+    /// (a power of two dividing the keys per tile; more than the default
+    /// gives an invocation several pairs, as tests do on adapters where the
+    /// default is 1). Whether the result is runnable is [`CoopTiles::is_valid`].
+    pub fn with_lanes_per_row(self, lanes: u32) -> CoopTiles {
+        CoopTiles {
+            lanes_per_row: lanes,
+            ..self
+        }
+    }
+
+    /// Whether the kernel takes these tiles: lanes per row a power of two
+    /// dividing the keys per tile, and at most `MAX_RPI` pairs per invocation.
+    pub fn is_valid(&self) -> bool {
+        self.lanes_per_row.is_power_of_two()
+            && self.keys_per_tile % self.lanes_per_row == 0
+            && self.rows_per_invocation() <= MAX_ROWS_PER_INVOCATION
     }
 
     /// Whether the configuration fits the adapter's workgroup memory and
@@ -91,9 +120,19 @@ impl CoopTiles {
         self.subgroups * self.shape.subgroup
     }
 
-    /// Query rows per invocation in the scalar steps.
+    /// (Row, part) pairs per invocation in the scalar steps.
     pub fn rows_per_invocation(&self) -> u32 {
-        self.query_rows().div_ceil(self.invocations())
+        (self.query_rows() * self.lanes_per_row).div_ceil(self.invocations())
+    }
+
+    /// Keys per part of a row in the scalar steps.
+    fn keys_per_part(&self) -> u32 {
+        self.keys_per_tile / self.lanes_per_row
+    }
+
+    /// Words of attended-key bits per part.
+    fn words_per_part(&self) -> u32 {
+        self.keys_per_part().div_ceil(32)
     }
 
     /// Row strides (elements), each padded by 16 bytes: Q's tile and the K/V
@@ -117,13 +156,14 @@ impl CoopTiles {
 
     /// Words of attended-key bits per row.
     fn bit_words(&self) -> u32 {
-        self.keys_per_tile.div_ceil(32)
+        self.lanes_per_row * self.words_per_part()
     }
 
     /// Workgroup memory the kernel uses: Q's block and the K/V tile (f16),
     /// the scratch (f32), P (f16), the attended and positive-probability
-    /// bits, the rows' rescaling factors, two flags, the nonpad length and
-    /// the zero matrix the accumulators start from (f32).
+    /// bits, the rows' rescaling factors, the pairs' partial maxima (later
+    /// sums), the workgroup's flags and nonpad length and the zero matrix the
+    /// accumulators start from (f32).
     pub fn workgroup_bytes(&self) -> u32 {
         let [qs, ks, _, ps, _] = self.strides();
         let bq = self.query_rows();
@@ -133,7 +173,8 @@ impl CoopTiles {
             + 2 * bq * ps
             + 2 * 4 * bq * self.bit_words()
             + 4 * bq
-            + 12
+            + 4 * bq * self.lanes_per_row
+            + 16
             + 4 * self.n() * self.n()
     }
 
@@ -148,10 +189,14 @@ impl CoopTiles {
         let (dkp, dvp) = (u64::from(self.dk_padded), u64::from(self.dv_padded));
         let (dkt, dvt, bkt) = (dkp / n, dvp / n, bk / n);
         let rpi = u64::from(self.rows_per_invocation());
+        let (kpi, lpr) = (
+            u64::from(self.keys_per_part()),
+            u64::from(self.lanes_per_row),
+        );
         let block = (bq * n).div_ceil(wg);
         let staging = staging_iterations(bk * dkp, wg) + staging_iterations(bk * dvp, wg);
         let scores = bkt * (1 + dkt);
-        let softmax = rpi * (2 * bk + 2);
+        let softmax = rpi * (2 * kpi + lpr + 4);
         let rescale = dvt * (block + 1);
         let product = dvt * (block * (bk + 1) + 1) + dvt * (bkt + 1);
         staging + scores + softmax + rescale + product + 8
@@ -171,12 +216,13 @@ impl CoopTiles {
                 let bq = u64::from(self.query_rows());
                 let (dkt, dvt) = (u64::from(self.dk_padded) / n, u64::from(self.dv_padded) / n);
                 let rpi = u64::from(self.rows_per_invocation());
+                let lpr = u64::from(self.lanes_per_row);
                 let once = staging_iterations(bq * u64::from(self.dk_padded), wg)
                     + dkt
                     + dvt
                     + dvt * ((bq * n).div_ceil(wg) + 1)
                     + dvt * (rpi * (n + 1) + 1)
-                    + 2 * rpi
+                    + rpi * (lpr + 4)
                     + 16;
                 let tiles = (budget.saturating_sub(once) / self.loop_iterations_per_tile()).max(1);
                 tiles as usize * self.keys_per_tile as usize
@@ -198,6 +244,9 @@ impl CoopTiles {
             .with("DVP", i64::from(self.dv_padded))
             .with("DKT", i64::from(self.dk_padded / n))
             .with("DVT", i64::from(self.dv_padded / n))
+            .with("LPR", i64::from(self.lanes_per_row))
+            .with("KPI", i64::from(self.keys_per_part()))
+            .with("WPP", i64::from(self.words_per_part()))
             .with("RPI", i64::from(self.rows_per_invocation()))
             .with("QS", i64::from(qs))
             .with("KS", i64::from(ks))
@@ -213,13 +262,14 @@ impl CoopTiles {
         let n = self.n();
         format!(
             "{} query rows x {}-key tiles, {} subgroups of {}, each a strip of {n} rows: S {n}x{} and O {n}x{} \
-             as {n}x{n} f32 matrices, Q, K, V and P as f16",
+             as {n}x{n} f32 matrices, Q, K, V and P as f16; softmax {} invocation(s) per row",
             self.query_rows(),
             self.keys_per_tile,
             self.subgroups,
             self.shape.subgroup,
             self.keys_per_tile,
-            self.dv_padded
+            self.dv_padded,
+            self.lanes_per_row
         )
     }
 }
@@ -265,6 +315,30 @@ mod tests {
         assert_eq!((t.query_rows(), t.keys_per_tile), (64, 32));
         assert!(t.workgroup_bytes() <= 48 << 10);
         assert!(CoopTiles::for_dims(H100, 257, 64, &limits(48 << 10)).is_none());
+    }
+
+    #[test]
+    fn every_invocation_takes_part_in_the_scalar_steps_by_default() {
+        // An H100's 4 subgroups of 32 over 64 rows: 2 invocations per row,
+        // one (row, part) pair each, 32 keys of 64 per part (one bit word).
+        let t = CoopTiles::for_dims(H100, 64, 64, &limits(48 << 10)).unwrap();
+        assert_eq!((t.lanes_per_row, t.rows_per_invocation()), (2, 1));
+        assert_eq!((t.keys_per_part(), t.bit_words()), (32, 2));
+        // Lavapipe's 8 lanes over 8-row strips: 1, as before.
+        let t = CoopTiles::for_dims(LAVAPIPE, 64, 64, &limits(32 << 10)).unwrap();
+        assert_eq!((t.lanes_per_row, t.rows_per_invocation()), (1, 1));
+        // More lanes than the default: several pairs per invocation, up to 4.
+        assert_eq!(t.with_lanes_per_row(4).rows_per_invocation(), 4);
+        assert!(t.with_lanes_per_row(4).is_valid());
+        assert!(!t.with_lanes_per_row(8).is_valid());
+        assert!(!t.with_lanes_per_row(3).is_valid());
+        // Parts of more than 32 keys take several bit words each.
+        let wide = CoopTiles {
+            keys_per_tile: 64,
+            ..t
+        };
+        assert_eq!((wide.words_per_part(), wide.bit_words()), (2, 2));
+        assert_eq!(wide.with_lanes_per_row(4).bit_words(), 4);
     }
 
     #[test]
