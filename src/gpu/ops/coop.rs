@@ -10,8 +10,13 @@ use crate::gpu::registry::Kernel;
 /// The most (row, part) pairs one invocation owns in the scalar steps (the
 /// kernel's `MAX_RPI`).
 const MAX_ROWS_PER_INVOCATION: u32 = 4;
-/// The largest head dim the kernel takes (its O matrices number 256 / size).
+/// The largest head dim the kernel takes (256 at 16x16: its Q and O
+/// matrices number at most [`MAX_MATRICES`] each).
 pub const MAX_HEAD_DIM: usize = 256;
+/// The most matrices of Q's and of O's columns the kernel holds (its
+/// generator's `MAX_DT`): head dims up to 16 times the matrix size (128 at
+/// 8x8, where larger head dims run the f32 kernels).
+pub const MAX_MATRICES: u32 = 16;
 
 /// One tile configuration: `subgroups` subgroups each own a strip of
 /// `shape.size` query rows (so a workgroup owns `subgroups × size` rows) and
@@ -54,12 +59,15 @@ impl CoopTiles {
     }
 
     /// Every candidate at these head dims (whether it fits an adapter is
-    /// [`CoopTiles::fits`]); none above 256.
+    /// [`CoopTiles::fits`]); none above 256, or 16 matrices.
     pub fn candidates(shape: CoopShape, dk: usize, dv: usize) -> Vec<CoopTiles> {
         if dk > MAX_HEAD_DIM || dv > MAX_HEAD_DIM || dk == 0 || dv == 0 {
             return Vec::new();
         }
         let n = shape.size.dim();
+        if dk.max(dv) as u32 > MAX_MATRICES * n {
+            return Vec::new();
+        }
         let pad = |d: usize| (d as u32).div_ceil(n) * n;
         CANDIDATES
             .iter()
@@ -343,7 +351,9 @@ mod tests {
 
     #[test]
     fn lavapipe_fits_every_head_dim_in_32_kib() {
-        for d in [1, 7, 8, 40, 64, 65, 128, 200, 256] {
+        // (Up to 16 matrices of 8: head dim 128; the f32 kernels run larger.)
+        assert!(CoopTiles::for_dims(LAVAPIPE, 129, 64, &limits(32 << 10)).is_none());
+        for d in [1, 7, 8, 40, 64, 65, 128] {
             let t = CoopTiles::for_dims(LAVAPIPE, d, d, &limits(32 << 10)).unwrap();
             assert!(t.workgroup_bytes() <= 32 << 10, "{d}: {t:?}");
             assert_eq!(t.dk_padded % 8, 0);
