@@ -371,79 +371,79 @@ fn main(
                     o_acc0 = coopLoadT<MatC>(&f_s[strip * OS], OS);
                 }
                 case 1u: {
-        if (DVT > 1u) {
+                    if (DVT > 1u) {
                         o_acc1 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                    }
                 }
                 case 2u: {
-        if (DVT > 2u) {
+                    if (DVT > 2u) {
                         o_acc2 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                    }
                 }
                 case 3u: {
-        if (DVT > 3u) {
+                    if (DVT > 3u) {
                         o_acc3 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                    }
                 }
                 case 4u: {
-        if (DVT > 4u) {
+                    if (DVT > 4u) {
                         o_acc4 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                    }
                 }
                 case 5u: {
-        if (DVT > 5u) {
+                    if (DVT > 5u) {
                         o_acc5 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                    }
                 }
                 case 6u: {
-        if (DVT > 6u) {
+                    if (DVT > 6u) {
                         o_acc6 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                    }
                 }
                 case 7u: {
-        if (DVT > 7u) {
+                    if (DVT > 7u) {
                         o_acc7 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                    }
                 }
                 case 8u: {
-        if (DVT > 8u) {
+                    if (DVT > 8u) {
                         o_acc8 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                    }
                 }
                 case 9u: {
-        if (DVT > 9u) {
+                    if (DVT > 9u) {
                         o_acc9 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                    }
                 }
                 case 10u: {
-        if (DVT > 10u) {
+                    if (DVT > 10u) {
                         o_acc10 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                    }
                 }
                 case 11u: {
-        if (DVT > 11u) {
+                    if (DVT > 11u) {
                         o_acc11 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                    }
                 }
                 case 12u: {
-        if (DVT > 12u) {
+                    if (DVT > 12u) {
                         o_acc12 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                    }
                 }
                 case 13u: {
-        if (DVT > 13u) {
+                    if (DVT > 13u) {
                         o_acc13 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                    }
                 }
                 case 14u: {
-        if (DVT > 14u) {
+                    if (DVT > 14u) {
                         o_acc14 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                    }
                 }
                 case 15u: {
-        if (DVT > 15u) {
+                    if (DVT > 15u) {
                         o_acc15 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                    }
                 }
                 default: {}
             }
@@ -686,79 +686,79 @@ fn main(
                         coopStoreT(o_acc0, &f_s[strip * OS], OS);
                     }
                     case 1u: {
-        if (DVT > 1u) {
+                        if (DVT > 1u) {
                             coopStoreT(o_acc1, &f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 2u: {
-        if (DVT > 2u) {
+                        if (DVT > 2u) {
                             coopStoreT(o_acc2, &f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 3u: {
-        if (DVT > 3u) {
+                        if (DVT > 3u) {
                             coopStoreT(o_acc3, &f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 4u: {
-        if (DVT > 4u) {
+                        if (DVT > 4u) {
                             coopStoreT(o_acc4, &f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 5u: {
-        if (DVT > 5u) {
+                        if (DVT > 5u) {
                             coopStoreT(o_acc5, &f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 6u: {
-        if (DVT > 6u) {
+                        if (DVT > 6u) {
                             coopStoreT(o_acc6, &f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 7u: {
-        if (DVT > 7u) {
+                        if (DVT > 7u) {
                             coopStoreT(o_acc7, &f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 8u: {
-        if (DVT > 8u) {
+                        if (DVT > 8u) {
                             coopStoreT(o_acc8, &f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 9u: {
-        if (DVT > 9u) {
+                        if (DVT > 9u) {
                             coopStoreT(o_acc9, &f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 10u: {
-        if (DVT > 10u) {
+                        if (DVT > 10u) {
                             coopStoreT(o_acc10, &f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 11u: {
-        if (DVT > 11u) {
+                        if (DVT > 11u) {
                             coopStoreT(o_acc11, &f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 12u: {
-        if (DVT > 12u) {
+                        if (DVT > 12u) {
                             coopStoreT(o_acc12, &f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 13u: {
-        if (DVT > 13u) {
+                        if (DVT > 13u) {
                             coopStoreT(o_acc13, &f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 14u: {
-        if (DVT > 14u) {
+                        if (DVT > 14u) {
                             coopStoreT(o_acc14, &f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 15u: {
-        if (DVT > 15u) {
+                        if (DVT > 15u) {
                             coopStoreT(o_acc15, &f_s[strip * OS], OS);
-        }
+                        }
                     }
                     default: {}
                 }
@@ -773,79 +773,79 @@ fn main(
                         o_acc0 = coopLoadT<MatC>(&f_s[strip * OS], OS);
                     }
                     case 1u: {
-        if (DVT > 1u) {
+                        if (DVT > 1u) {
                             o_acc1 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 2u: {
-        if (DVT > 2u) {
+                        if (DVT > 2u) {
                             o_acc2 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 3u: {
-        if (DVT > 3u) {
+                        if (DVT > 3u) {
                             o_acc3 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 4u: {
-        if (DVT > 4u) {
+                        if (DVT > 4u) {
                             o_acc4 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 5u: {
-        if (DVT > 5u) {
+                        if (DVT > 5u) {
                             o_acc5 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 6u: {
-        if (DVT > 6u) {
+                        if (DVT > 6u) {
                             o_acc6 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 7u: {
-        if (DVT > 7u) {
+                        if (DVT > 7u) {
                             o_acc7 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 8u: {
-        if (DVT > 8u) {
+                        if (DVT > 8u) {
                             o_acc8 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 9u: {
-        if (DVT > 9u) {
+                        if (DVT > 9u) {
                             o_acc9 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 10u: {
-        if (DVT > 10u) {
+                        if (DVT > 10u) {
                             o_acc10 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 11u: {
-        if (DVT > 11u) {
+                        if (DVT > 11u) {
                             o_acc11 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 12u: {
-        if (DVT > 12u) {
+                        if (DVT > 12u) {
                             o_acc12 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 13u: {
-        if (DVT > 13u) {
+                        if (DVT > 13u) {
                             o_acc13 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 14u: {
-        if (DVT > 14u) {
+                        if (DVT > 14u) {
                             o_acc14 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 15u: {
-        if (DVT > 15u) {
+                        if (DVT > 15u) {
                             o_acc15 = coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     default: {}
                 }
@@ -889,79 +889,79 @@ fn main(
                         o_acc0 = o_acc0 + coopLoadT<MatC>(&f_s[strip * OS], OS);
                     }
                     case 1u: {
-        if (DVT > 1u) {
+                        if (DVT > 1u) {
                             o_acc1 = o_acc1 + coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 2u: {
-        if (DVT > 2u) {
+                        if (DVT > 2u) {
                             o_acc2 = o_acc2 + coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 3u: {
-        if (DVT > 3u) {
+                        if (DVT > 3u) {
                             o_acc3 = o_acc3 + coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 4u: {
-        if (DVT > 4u) {
+                        if (DVT > 4u) {
                             o_acc4 = o_acc4 + coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 5u: {
-        if (DVT > 5u) {
+                        if (DVT > 5u) {
                             o_acc5 = o_acc5 + coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 6u: {
-        if (DVT > 6u) {
+                        if (DVT > 6u) {
                             o_acc6 = o_acc6 + coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 7u: {
-        if (DVT > 7u) {
+                        if (DVT > 7u) {
                             o_acc7 = o_acc7 + coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 8u: {
-        if (DVT > 8u) {
+                        if (DVT > 8u) {
                             o_acc8 = o_acc8 + coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 9u: {
-        if (DVT > 9u) {
+                        if (DVT > 9u) {
                             o_acc9 = o_acc9 + coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 10u: {
-        if (DVT > 10u) {
+                        if (DVT > 10u) {
                             o_acc10 = o_acc10 + coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 11u: {
-        if (DVT > 11u) {
+                        if (DVT > 11u) {
                             o_acc11 = o_acc11 + coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 12u: {
-        if (DVT > 12u) {
+                        if (DVT > 12u) {
                             o_acc12 = o_acc12 + coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 13u: {
-        if (DVT > 13u) {
+                        if (DVT > 13u) {
                             o_acc13 = o_acc13 + coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 14u: {
-        if (DVT > 14u) {
+                        if (DVT > 14u) {
                             o_acc14 = o_acc14 + coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     case 15u: {
-        if (DVT > 15u) {
+                        if (DVT > 15u) {
                             o_acc15 = o_acc15 + coopLoadT<MatC>(&f_s[strip * OS], OS);
-        }
+                        }
                     }
                     default: {}
                 }
@@ -1062,79 +1062,79 @@ fn main(
                 coopStoreT(o_acc0, &f_s[strip * OS], OS);
             }
             case 1u: {
-        if (DVT > 1u) {
+                if (DVT > 1u) {
                     coopStoreT(o_acc1, &f_s[strip * OS], OS);
-        }
+                }
             }
             case 2u: {
-        if (DVT > 2u) {
+                if (DVT > 2u) {
                     coopStoreT(o_acc2, &f_s[strip * OS], OS);
-        }
+                }
             }
             case 3u: {
-        if (DVT > 3u) {
+                if (DVT > 3u) {
                     coopStoreT(o_acc3, &f_s[strip * OS], OS);
-        }
+                }
             }
             case 4u: {
-        if (DVT > 4u) {
+                if (DVT > 4u) {
                     coopStoreT(o_acc4, &f_s[strip * OS], OS);
-        }
+                }
             }
             case 5u: {
-        if (DVT > 5u) {
+                if (DVT > 5u) {
                     coopStoreT(o_acc5, &f_s[strip * OS], OS);
-        }
+                }
             }
             case 6u: {
-        if (DVT > 6u) {
+                if (DVT > 6u) {
                     coopStoreT(o_acc6, &f_s[strip * OS], OS);
-        }
+                }
             }
             case 7u: {
-        if (DVT > 7u) {
+                if (DVT > 7u) {
                     coopStoreT(o_acc7, &f_s[strip * OS], OS);
-        }
+                }
             }
             case 8u: {
-        if (DVT > 8u) {
+                if (DVT > 8u) {
                     coopStoreT(o_acc8, &f_s[strip * OS], OS);
-        }
+                }
             }
             case 9u: {
-        if (DVT > 9u) {
+                if (DVT > 9u) {
                     coopStoreT(o_acc9, &f_s[strip * OS], OS);
-        }
+                }
             }
             case 10u: {
-        if (DVT > 10u) {
+                if (DVT > 10u) {
                     coopStoreT(o_acc10, &f_s[strip * OS], OS);
-        }
+                }
             }
             case 11u: {
-        if (DVT > 11u) {
+                if (DVT > 11u) {
                     coopStoreT(o_acc11, &f_s[strip * OS], OS);
-        }
+                }
             }
             case 12u: {
-        if (DVT > 12u) {
+                if (DVT > 12u) {
                     coopStoreT(o_acc12, &f_s[strip * OS], OS);
-        }
+                }
             }
             case 13u: {
-        if (DVT > 13u) {
+                if (DVT > 13u) {
                     coopStoreT(o_acc13, &f_s[strip * OS], OS);
-        }
+                }
             }
             case 14u: {
-        if (DVT > 14u) {
+                if (DVT > 14u) {
                     coopStoreT(o_acc14, &f_s[strip * OS], OS);
-        }
+                }
             }
             case 15u: {
-        if (DVT > 15u) {
+                if (DVT > 15u) {
                     coopStoreT(o_acc15, &f_s[strip * OS], OS);
-        }
+                }
             }
             default: {}
         }

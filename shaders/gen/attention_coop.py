@@ -51,11 +51,13 @@ def expand(kind, args, block, pad):
         out.append(f"{pad}switch {selector} {{")
         for n in range(MAX_DT):
             out.append(f"{pad}    case {n}u: {{")
-            body = substitute(block, var, n)
+            body = ["        " + line if line else "" for line in substitute(block, var, n)]
             if n > 0:
                 # (The guard folds: a compiler keeps only the cases that occur.)
-                body = [f"if ({bound} > {n}u) {{"] + ["    " + line if line else "" for line in body] + ["}"]
-            out += ["        " + line if line else "" for line in body]
+                body = ([f"{pad}        if ({bound} > {n}u) {{"]
+                        + ["    " + line if line else "" for line in body]
+                        + [f"{pad}        }}"])
+            out += body
             out.append(f"{pad}    }}")
         out.append(f"{pad}    default: {{}}")
         out.append(f"{pad}}}")
