@@ -268,17 +268,24 @@ def overrides(key):
 def per_tile(key, loops, around):
     """A register-tiled (not shuffle) pipeline's instructions and fma per key
     tile: the count around the hot loops plus each hot loop times its trips
-    (S = Q K^T: two vec4 columns a step, DK4 / 2 steps; O += P V: four keys a
-    step, BK / 4 steps), against the tile's fma, RQ RK Dk + RQ BK 4 DVT. None
-    where a hot loop is neither, or for other kernels."""
+    (S = Q K^T: two vec4 columns a step, DK4 / 2 steps, or in the chunked
+    form a chunk of 8 a step, DK4 / 8 steps, then DK4 % 8 steps of one; O +=
+    P V: four keys a step, BK / 4 steps), against the tile's fma, RQ RK Dk +
+    RQ BK 4 DVT. None where a hot loop is none of these, or for other
+    kernels."""
     o = overrides(key)
-    if not key.startswith("attention_tiled[") or around is None or not all(
+    chunked = key.startswith("attention_tiled_chunked[")
+    if not (key.startswith("attention_tiled[") or chunked) or around is None or not all(
             k in o for k in ("RQ", "RK", "DK4", "BK", "DVT")):
         return None
     rq, rk, dk4, bk, dvt = o["RQ"], o["RK"], o["DK4"], o["BK"], o["DVT"]
     total = around["total"]
     for loop in loops:
-        if loop["fma"] == 8 * rq * rk:
+        if chunked and loop["fma"] == 32 * rq * rk:
+            total += loop["total"] * (dk4 // 8)
+        elif chunked and dk4 % 8 and loop["fma"] == 4 * rq * rk:
+            total += loop["total"] * (dk4 % 8)
+        elif not chunked and loop["fma"] == 8 * rq * rk:
             # (An odd DK4's last column is a step after the loop, counted around.)
             total += loop["total"] * (dk4 // 2)
         elif loop["fma"] == 16 * rq * dvt and bk % 4 == 0:

@@ -9,7 +9,7 @@
 //! `cargo run --release --example spirv_dump -- OUT_DIR`
 //!
 //! The pipelines: every register-tiled candidate at head dims 64 and 128 (the
-//! tuner's list: measured shapes, 8-row shapes, prefetching and shuffle
+//! tuner's list: measured shapes, 8-row shapes, prefetching, chunked and shuffle
 //! forms), the streaming decode kernel's shapes at head dim 128, the GEMM
 //! kernels the unfused path runs, and the FMA ceiling's kernel. Files are named after the pipeline key (`attention_tiled[BK=32,...]`
 //! becomes `attention_tiled.BK32...`) with `.checked.spv`, `.bounds.spv` or
@@ -33,13 +33,14 @@ fn pipelines() -> Vec<(String, PipelineKey)> {
     for d in [64usize, 128] {
         for tiles in TiledTiles::candidates(d, d) {
             let what = format!(
-                "d{d} {}x{} on {}x{}{}{}",
+                "d{d} {}x{} on {}x{}{}{}{}",
                 tiles.query_rows,
                 tiles.keys_per_tile,
                 tiles.tq,
                 tiles.tk,
                 if tiles.prefetch { " prefetch" } else { "" },
                 if tiles.shuffle { " shuffle" } else { "" },
+                if tiles.chunked { " chunked" } else { "" },
             );
             out.push((what, tiles.key()));
         }

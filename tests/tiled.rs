@@ -1,9 +1,10 @@
 //! The register-tiled fused kernel's shapes that only `webattn tune` tries:
 //! the prefetching forms (`PREFETCH`: each invocation loads its share of the
 //! next K or V tile into registers while the current one is multiplied) and
-//! the 8-rows-per-invocation shapes, and the shuffle forms
-//! (`attention_tiled_shuffle`: row maxima and P by subgroup shuffles). Each
-//! is pinned on the test adapter and
+//! the 8-rows-per-invocation shapes, the shuffle forms
+//! (`attention_tiled_shuffle`: row maxima and P by subgroup shuffles) and the
+//! chunked forms (`attention_tiled_chunked`: Q, K and V tiles in chunks of
+//! columns). Each is pinned on the test adapter and
 //! runs the quick sweep's fused cases whose head dims it has a tile for,
 //! against the f64 oracle. (The measured shapes run the whole sweep through
 //! `--kernel attention_tiled` in tests/cli.rs.)
@@ -24,6 +25,7 @@ fn same_shape(a: &TiledTiles, b: &TiledTiles) -> bool {
         a.tk,
         a.prefetch,
         a.shuffle,
+        a.chunked,
     ) == (
         b.query_rows,
         b.keys_per_tile,
@@ -31,6 +33,7 @@ fn same_shape(a: &TiledTiles, b: &TiledTiles) -> bool {
         b.tk,
         b.prefetch,
         b.shuffle,
+        b.chunked,
     )
 }
 
@@ -52,7 +55,7 @@ fn tuner_only_tiles_agree_with_the_oracle_on_the_quick_sweep() {
     let small = TiledTiles::candidates(8, 8);
     let mut shapes: Vec<TiledTiles> = small
         .iter()
-        .filter(|t| !t.prefetch && !t.shuffle && !t.is_measured() && t.fits(&limits))
+        .filter(|t| t.is_wide() && !t.prefetch && t.fits(&limits))
         .copied()
         .collect();
     assert_eq!(
@@ -63,7 +66,7 @@ fn tuner_only_tiles_agree_with_the_oracle_on_the_quick_sweep() {
     shapes.extend(
         TiledTiles::candidates(64, 64)
             .into_iter()
-            .filter(|t| t.prefetch && !t.shuffle && t.fits(&limits))
+            .filter(|t| t.prefetch && !t.shuffle && !t.chunked && t.fits(&limits))
             .take(2),
     );
     shapes.extend(
@@ -98,6 +101,27 @@ fn shuffle_forms_agree_with_the_oracle_on_the_quick_sweep() {
         "shuffle forms at head dim 8: {shapes:?}"
     );
     run_shapes(engine, &shapes, &caps.limits);
+}
+
+#[test]
+fn chunked_forms_agree_with_the_oracle_on_the_quick_sweep() {
+    let Some(engine) = common::gpu() else { return };
+    let ctx = engine.gpu().expect("a GPU engine");
+    let limits = ctx.capabilities().limits;
+    // The first chunked shapes that fit at head dim 64 (two chunks of
+    // columns; the quick sweep's other head dims take the tail of a chunk),
+    // without and with prefetch.
+    let all = TiledTiles::candidates(64, 64);
+    let shapes: Vec<TiledTiles> = [false, true]
+        .into_iter()
+        .filter_map(|prefetch| {
+            all.iter()
+                .find(|t| t.chunked && t.prefetch == prefetch && t.fits(&limits))
+                .copied()
+        })
+        .collect();
+    assert_eq!(shapes.len(), 2, "chunked forms at head dim 64: {all:?}");
+    run_shapes(engine, &shapes, &limits);
 }
 
 /// Pins each of `shapes` in turn and runs the quick sweep's fused cases it
@@ -147,7 +171,7 @@ fn run_shapes(engine: &Engine, shapes: &[TiledTiles], limits: &KernelLimits) {
 /// inf, as in PyTorch and the f64 oracle), and rows the causal mask keeps
 /// from it stay finite. The tiled kernels take their careful product here (a
 /// non-finite V in the tile), which re-applies the rows' rules to each key;
-/// pinned: the first measured shape and the first shuffle form that run.
+/// pinned: the first measured shape, shuffle form and chunked form that run.
 #[test]
 fn an_attended_key_whose_score_is_neg_inf_still_multiplies_its_v_row() {
     let Some(engine) = common::gpu() else { return };
@@ -161,6 +185,9 @@ fn an_attended_key_whose_score_is_neg_inf_still_multiplies_its_v_row() {
         candidates
             .iter()
             .find(|t| t.shuffle && !t.prefetch && t.runs_on(caps)),
+        candidates
+            .iter()
+            .find(|t| t.chunked && !t.prefetch && t.runs_on(caps)),
     ]
     .into_iter()
     .flatten()

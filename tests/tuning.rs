@@ -131,6 +131,7 @@ fn a_stale_entry_is_ignored_with_a_warning_and_calls_stay_right() {
                 tk: 4,
                 prefetch: false,
                 shuffle: false,
+                chunked: false,
             },
             fused_ms: 1.0,
             unfused_ms: 2.0,

@@ -62,6 +62,10 @@ pub enum FusedKernelChoice {
     /// subgroups hold a row of its invocations (8 lanes or more); head dims
     /// none of its tiles fits run what `Tiled` runs.
     TiledShuffle,
+    /// `attention_tiled_chunked`: the register-tiled kernel with its Q, K
+    /// and V tiles in chunks of columns; head dims none of its tiles fits run
+    /// what `Tiled` runs.
+    TiledChunked,
     /// `attention_coop`: the matrix-unit kernel, for calls that allow f16
     /// products (`Precision::Fast`) on adapters with matrix units; calls at
     /// `Precision::Highest` run what `Auto` picks.
@@ -70,12 +74,13 @@ pub enum FusedKernelChoice {
 
 impl FusedKernelChoice {
     /// The names `--kernel` takes, as `webattn info` lists the kernels.
-    pub const NAMES: [&'static str; 6] = [
+    pub const NAMES: [&'static str; 7] = [
         "auto",
         "attention_fused",
         "attention_sg",
         "attention_tiled",
         "attention_tiled_shuffle",
+        "attention_tiled_chunked",
         "attention_coop",
     ];
 
@@ -87,6 +92,7 @@ impl FusedKernelChoice {
             FusedKernelChoice::Subgroup => "attention_sg",
             FusedKernelChoice::Tiled => "attention_tiled",
             FusedKernelChoice::TiledShuffle => "attention_tiled_shuffle",
+            FusedKernelChoice::TiledChunked => "attention_tiled_chunked",
             FusedKernelChoice::Coop => "attention_coop",
         }
     }
@@ -102,11 +108,12 @@ impl std::str::FromStr for FusedKernelChoice {
             "attention_sg" => Ok(FusedKernelChoice::Subgroup),
             "attention_tiled" => Ok(FusedKernelChoice::Tiled),
             "attention_tiled_shuffle" => Ok(FusedKernelChoice::TiledShuffle),
+            "attention_tiled_chunked" => Ok(FusedKernelChoice::TiledChunked),
             "attention_coop" => Ok(FusedKernelChoice::Coop),
             _ => Err(Error::InvalidOption {
                 name: "kernel",
                 value: text.to_string(),
-                reason: "must be auto, attention_fused, attention_sg, attention_tiled, attention_tiled_shuffle or attention_coop (the fused kernels `webattn info` lists)",
+                reason: "must be auto, attention_fused, attention_sg, attention_tiled, attention_tiled_shuffle, attention_tiled_chunked or attention_coop (the fused kernels `webattn info` lists)",
             }),
         }
     }

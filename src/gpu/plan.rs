@@ -126,6 +126,18 @@ impl KernelPlan {
                 ..tiled(tiles)
             });
         }
+        // The chunked form (forced by name, or taken where tuned).
+        if let Some(tiles) = TiledTiles::candidates(64, 64)
+            .into_iter()
+            .find(|t| t.chunked && !t.prefetch && t.runs_on(caps))
+        {
+            kernels.push(KernelConfig {
+                role: "fused (register-tiled, Q, K and V tiles in chunks of columns: one index \
+                       clamp per row and chunk): --kernel attention_tiled_chunked, or where \
+                       webattn tune measured it faster",
+                ..tiled(tiles)
+            });
+        }
         if let Ok(tiles) = FusedTiles::for_dims(64, 64, limits) {
             if !kernels.iter().any(|k| k.label == tiles.key().to_string()) {
                 kernels.push(portable(tiles));
@@ -340,7 +352,14 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
     };
     if let Some(tiles) = TiledTiles::candidates(64, 64)
         .into_iter()
-        .find(|t| t.prefetch && !t.shuffle && t.fits(&browser))
+        .find(|t| t.prefetch && !t.shuffle && !t.chunked && t.fits(&browser))
+    {
+        keys.push(tiles.key());
+    }
+    // The chunked form (tried by the tuner where the adapter is a GPU).
+    if let Some(tiles) = TiledTiles::candidates(64, 64)
+        .into_iter()
+        .find(|t| t.chunked && !t.prefetch && t.fits(&browser))
     {
         keys.push(tiles.key());
     }

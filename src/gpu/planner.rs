@@ -95,6 +95,7 @@ pub fn tuned_form(kernel: &FusedKernel) -> Option<TunedKernel> {
             tk: t.tk,
             prefetch: t.prefetch,
             shuffle: t.shuffle,
+            chunked: t.chunked,
         }),
         FusedKernel::Portable(_) => Some(TunedKernel::Portable),
         FusedKernel::Subgroup { .. } => Some(TunedKernel::Subgroup),
@@ -118,20 +119,10 @@ pub fn resolve_tuned(
             keys_per_tile,
             tq,
             tk,
-            prefetch,
-            shuffle,
+            ..
         } => TiledTiles::candidates(dk, dv)
             .into_iter()
-            .find(|t| {
-                (
-                    t.query_rows,
-                    t.keys_per_tile,
-                    t.tq,
-                    t.tk,
-                    t.prefetch,
-                    t.shuffle,
-                ) == (query_rows, keys_per_tile, tq, tk, prefetch, shuffle)
-            })
+            .find(|t| tuned_form(&FusedKernel::Tiled(*t)) == Some(tuned))
             .filter(|t| t.runs_on(caps))
             .map(FusedKernel::Tiled)
             .ok_or_else(|| {
@@ -278,27 +269,32 @@ impl GpuContext {
             FusedKernelChoice::Tiled => {
                 let tiles = FusedTiles::for_dims(dk, dv, &self.caps.limits)?;
                 if let Some(tuned @ FusedKernel::Tiled(t)) = self.tuned_fused_kernel(dk, dv) {
-                    if !t.shuffle {
+                    if !t.shuffle && !t.chunked {
                         return Ok(tuned);
                     }
                 }
                 Ok(tiled_or_portable(tiles, dk, dv, &self.caps.limits))
             }
-            // The shuffle form: the tuned one where measured, else the first
-            // that runs here; where none does (head dims whose tiles exceed
-            // the workgroup memory; forcing it on subgroups narrower than 8
-            // lanes is refused earlier), what attention_tiled runs.
-            FusedKernelChoice::TiledShuffle => {
+            // The shuffle or the chunked form: the tuned one where measured,
+            // else the first that runs here; where none does (head dims whose
+            // tiles exceed the workgroup memory; forcing the shuffle form on
+            // subgroups narrower than 8 lanes is refused earlier), what
+            // attention_tiled runs.
+            choice @ (FusedKernelChoice::TiledShuffle | FusedKernelChoice::TiledChunked) => {
+                let of_form = |t: &TiledTiles| match choice {
+                    FusedKernelChoice::TiledShuffle => t.shuffle,
+                    _ => t.chunked,
+                };
                 let tiles = FusedTiles::for_dims(dk, dv, &self.caps.limits)?;
                 if let Some(tuned @ FusedKernel::Tiled(t)) = self.tuned_fused_kernel(dk, dv) {
-                    if t.shuffle {
+                    if of_form(&t) {
                         return Ok(tuned);
                     }
                 }
-                let shuffled = TiledTiles::candidates(dk, dv)
+                let form = TiledTiles::candidates(dk, dv)
                     .into_iter()
-                    .find(|t| t.shuffle && t.runs_on(&self.caps));
-                Ok(match shuffled {
+                    .find(|t| of_form(t) && t.runs_on(&self.caps));
+                Ok(match form {
                     Some(t) => FusedKernel::Tiled(t),
                     None => tiled_or_portable(tiles, dk, dv, &self.caps.limits),
                 })
@@ -444,6 +440,7 @@ mod tests {
             tk: 4,
             prefetch: false,
             shuffle: false,
+            chunked: false,
         };
         assert!(resolve_tuned(missing, &caps, 64, 64).is_err());
         // A shuffle form does not resolve where subgroups are narrower than

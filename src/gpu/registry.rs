@@ -70,6 +70,10 @@ pub enum Kernel {
     /// between a row's invocations by subgroup shuffles, for the forms only
     /// the tuner tries (`shaders/attention_tiled_shuffle.wgsl`).
     AttentionTiledShuffle,
+    /// The register-tiled kernel with its Q, K and V tiles in chunks of
+    /// columns (one index clamp per row and chunk instead of one per load),
+    /// for the forms only the tuner tries (`shaders/attention_tiled_chunked.wgsl`).
+    AttentionTiledChunked,
     /// Split-K decode attention for a few query rows (`shaders/attention_decode.wgsl`).
     AttentionDecode,
     /// The decode kernel reading K and V stored as f16 (`shaders/attention_decode.wgsl`
@@ -121,7 +125,7 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 29] = [
+    pub const ALL: [Kernel; 30] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
@@ -135,6 +139,7 @@ impl Kernel {
         Kernel::AttentionTiled,
         Kernel::AttentionTiledWide,
         Kernel::AttentionTiledShuffle,
+        Kernel::AttentionTiledChunked,
         Kernel::AttentionDecode,
         Kernel::AttentionDecodeF16,
         Kernel::AttentionDecodeStream,
@@ -169,6 +174,7 @@ impl Kernel {
             Kernel::AttentionTiled => "attention_tiled",
             Kernel::AttentionTiledWide => "attention_tiled_wide",
             Kernel::AttentionTiledShuffle => "attention_tiled_shuffle",
+            Kernel::AttentionTiledChunked => "attention_tiled_chunked",
             Kernel::AttentionDecode => "attention_decode",
             Kernel::AttentionDecodeF16 => "attention_decode_f16",
             Kernel::AttentionDecodeStream => "attention_decode_stream",
@@ -204,6 +210,7 @@ impl Kernel {
             Kernel::AttentionTiled => "attention_tiled.wgsl",
             Kernel::AttentionTiledWide => "attention_tiled_wide.wgsl",
             Kernel::AttentionTiledShuffle => "attention_tiled_shuffle.wgsl",
+            Kernel::AttentionTiledChunked => "attention_tiled_chunked.wgsl",
             Kernel::AttentionDecode | Kernel::AttentionDecodeF16 => "attention_decode.wgsl",
             Kernel::AttentionDecodeStream | Kernel::AttentionDecodeStreamF16 => {
                 "attention_decode_stream.wgsl"
@@ -259,6 +266,9 @@ impl Kernel {
             Kernel::AttentionTiledWide => include_str!("../../shaders/attention_tiled_wide.wgsl"),
             Kernel::AttentionTiledShuffle => {
                 include_str!("../../shaders/attention_tiled_shuffle.wgsl")
+            }
+            Kernel::AttentionTiledChunked => {
+                include_str!("../../shaders/attention_tiled_chunked.wgsl")
             }
             Kernel::AttentionDecode => include_str!("../../shaders/attention_decode.wgsl"),
             Kernel::AttentionDecodeF16 => {
@@ -370,6 +380,7 @@ impl Kernel {
             | Kernel::AttentionTiled
             | Kernel::AttentionTiledWide
             | Kernel::AttentionTiledShuffle
+            | Kernel::AttentionTiledChunked
             | Kernel::AttentionCoop(_)
             | Kernel::AttentionDecode
             | Kernel::AttentionDecodeF16

@@ -96,6 +96,9 @@ pub enum TunedKernel {
         /// Whether it is the shuffle form (`attention_tiled_shuffle`: row
         /// maxima and P by subgroup shuffles).
         shuffle: bool,
+        /// Whether it is the chunked form (`attention_tiled_chunked`: the Q,
+        /// K and V tiles in chunks of columns).
+        chunked: bool,
     },
     /// `attention_fused` (its tiles follow from the limits).
     Portable,
@@ -107,8 +110,9 @@ impl TunedKernel {
     /// The kernel's name.
     pub fn name(&self) -> &'static str {
         match self {
-            TunedKernel::Tiled { shuffle: false, .. } => "attention_tiled",
             TunedKernel::Tiled { shuffle: true, .. } => "attention_tiled_shuffle",
+            TunedKernel::Tiled { chunked: true, .. } => "attention_tiled_chunked",
+            TunedKernel::Tiled { .. } => "attention_tiled",
             TunedKernel::Portable => "attention_fused",
             TunedKernel::Subgroup => "attention_sg",
         }
@@ -421,18 +425,21 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
         ));
     }
     let kernel = match fields[6] {
-        tiled @ ("attention_tiled" | "attention_tiled_shuffle") => TunedKernel::Tiled {
-            query_rows: number(7, "BQ")?,
-            keys_per_tile: number(8, "BK")?,
-            tq: number(9, "TQ")?,
-            tk: number(10, "TK")?,
-            prefetch: match fields.get(17).map(|f| f.trim()) {
-                None | Some("0") => false,
-                Some("1") => true,
-                Some(other) => return Err(format!("prefetch {other:?} is not 0 or 1")),
-            },
-            shuffle: tiled == "attention_tiled_shuffle",
-        },
+        tiled @ ("attention_tiled" | "attention_tiled_shuffle" | "attention_tiled_chunked") => {
+            TunedKernel::Tiled {
+                query_rows: number(7, "BQ")?,
+                keys_per_tile: number(8, "BK")?,
+                tq: number(9, "TQ")?,
+                tk: number(10, "TK")?,
+                prefetch: match fields.get(17).map(|f| f.trim()) {
+                    None | Some("0") => false,
+                    Some("1") => true,
+                    Some(other) => return Err(format!("prefetch {other:?} is not 0 or 1")),
+                },
+                shuffle: tiled == "attention_tiled_shuffle",
+                chunked: tiled == "attention_tiled_chunked",
+            }
+        }
         "attention_fused" => TunedKernel::Portable,
         "attention_sg" => TunedKernel::Subgroup,
         other => return Err(format!("unknown kernel {other:?}")),
@@ -506,6 +513,7 @@ mod tests {
                     tk: 16,
                     prefetch: true,
                     shuffle: false,
+                    chunked: false,
                 },
                 fused_ms: 1.5,
                 unfused_ms: 4.25,
@@ -544,36 +552,42 @@ mod tests {
     }
 
     #[test]
-    fn a_shuffle_form_is_written_under_its_own_kernel_name_and_reads_back() {
-        let mut table = TuningTable::new();
-        let kernel = TunedKernel::Tiled {
-            query_rows: 64,
-            keys_per_tile: 32,
-            tq: 16,
-            tk: 8,
-            prefetch: true,
-            shuffle: true,
-        };
-        table.insert(
-            key(16),
-            TunedEntry {
-                kernel,
-                fused_ms: 1.0,
-                unfused_ms: 2.0,
-                decode: None,
-                coop_ms: None,
-                unfused_coop_ms: None,
-            },
-        );
-        let text = table.to_text();
-        assert!(
-            text.contains("\tattention_tiled_shuffle\t64\t32\t16\t8\t"),
-            "{text}"
-        );
-        let (back, warnings) = TuningTable::parse(&text);
-        assert!(warnings.is_empty(), "{warnings:?}");
-        assert_eq!(back, table);
-        assert_eq!(kernel.name(), "attention_tiled_shuffle");
+    fn shuffle_and_chunked_forms_are_written_under_their_own_kernel_names_and_read_back() {
+        for (shuffle, chunked, name) in [
+            (true, false, "attention_tiled_shuffle"),
+            (false, true, "attention_tiled_chunked"),
+        ] {
+            let mut table = TuningTable::new();
+            let kernel = TunedKernel::Tiled {
+                query_rows: 64,
+                keys_per_tile: 32,
+                tq: 16,
+                tk: 8,
+                prefetch: true,
+                shuffle,
+                chunked,
+            };
+            table.insert(
+                key(16),
+                TunedEntry {
+                    kernel,
+                    fused_ms: 1.0,
+                    unfused_ms: 2.0,
+                    decode: None,
+                    coop_ms: None,
+                    unfused_coop_ms: None,
+                },
+            );
+            let text = table.to_text();
+            assert!(
+                text.contains(&format!("\t{name}\t64\t32\t16\t8\t")),
+                "{text}"
+            );
+            let (back, warnings) = TuningTable::parse(&text);
+            assert!(warnings.is_empty(), "{warnings:?}");
+            assert_eq!(back, table);
+            assert_eq!(kernel.name(), name);
+        }
     }
 
     #[test]

@@ -150,6 +150,7 @@ impl FusedKernel {
             FusedKernel::Portable(_) => FusedKernelChoice::Portable.name(),
             FusedKernel::Subgroup { .. } => FusedKernelChoice::Subgroup.name(),
             FusedKernel::Tiled(tiles) if tiles.shuffle => FusedKernelChoice::TiledShuffle.name(),
+            FusedKernel::Tiled(tiles) if tiles.chunked => FusedKernelChoice::TiledChunked.name(),
             FusedKernel::Tiled(_) => FusedKernelChoice::Tiled.name(),
             FusedKernel::Coop(_) => FusedKernelChoice::Coop.name(),
         }

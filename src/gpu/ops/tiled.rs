@@ -18,6 +18,9 @@ const MAX_SLOTS: u32 = 8;
 /// The most invocations per row (`tk`): the kernels read a row's partials
 /// as `tk / 4` vec4s, unrolled up to this many (`tk` a multiple of 4).
 const MAX_TK: u32 = 16;
+/// vec4 columns per chunk of the chunked form's Q, K and V tiles (its `CW`):
+/// a chunk holds that many columns of one row and a vec4 of padding.
+pub const CHUNK_COLUMNS: u32 = 8;
 
 /// The fewest invocations per row (`tk`) of any shuffle form: the narrowest
 /// subgroups that run one.
@@ -50,6 +53,11 @@ pub struct TiledTiles {
     /// side, two barriers per key tile instead of four); runs only where the
     /// adapter's subgroups hold at least `tk` lanes.
     pub shuffle: bool,
+    /// Whether the Q, K and V tiles are held in chunks of [`CHUNK_COLUMNS`]
+    /// columns of a row (`attention_tiled_chunked`): one index clamp per row
+    /// and chunk instead of one per load, for a vec4 of padding per chunk
+    /// instead of per row.
+    pub chunked: bool,
 }
 
 /// The shapes tried, in order: (query rows, keys per tile, tq, tk). Each is
@@ -90,11 +98,12 @@ impl TiledTiles {
     }
 
     /// Whether this is one of the shapes measured on a GPU, in the form
-    /// measured (no prefetch, no shuffles): the only ones an untuned engine
-    /// takes.
+    /// measured (no prefetch, no shuffles, tiles not in chunks): the only
+    /// ones an untuned engine takes.
     pub fn is_measured(&self) -> bool {
         !self.prefetch
             && !self.shuffle
+            && !self.chunked
             && CANDIDATES.contains(&(self.query_rows, self.keys_per_tile, self.tq, self.tk))
     }
 
@@ -102,11 +111,12 @@ impl TiledTiles {
     /// (whether their workgroup memory fits an adapter is [`TiledTiles::fits`]):
     /// the measured shapes in their order and the tuner-only ones, then the
     /// same shapes prefetching the next tile into registers where its share
-    /// fits them, then the shuffle forms of the shapes of 32 query rows or
-    /// more with at most 4 per invocation (the smaller shapes ran 4 to 7
-    /// times slower on an H100), without and with prefetch (tried by `webattn
-    /// tune` where they run, [`TiledTiles::runs_on`]; not yet measured on a
-    /// GPU, so never the untuned choice).
+    /// fits them, then the chunked forms and then the shuffle forms of the
+    /// shapes of 32 query rows or more with at most 4 per invocation (the
+    /// smaller shapes ran 4 to 7 times slower on an H100), each without and
+    /// with prefetch (tried by `webattn tune` where they run,
+    /// [`TiledTiles::runs_on`]; not yet measured on a GPU, so never the
+    /// untuned choice).
     pub fn candidates(dk: usize, dv: usize) -> Vec<TiledTiles> {
         let (dk4, dv4) = (dk.div_ceil(4) as u32, dv.div_ceil(4) as u32);
         let shapes: Vec<TiledTiles> = CANDIDATES
@@ -121,6 +131,7 @@ impl TiledTiles {
                 dv4,
                 prefetch: false,
                 shuffle: false,
+                chunked: false,
             })
             .filter(|t| {
                 t.tk % 4 == 0
@@ -140,10 +151,21 @@ impl TiledTiles {
             })
             .filter(|t| t.slots() <= MAX_SLOTS)
             .collect();
+        let large_narrow = |t: &&TiledTiles| !t.is_wide() && t.query_rows >= 32;
+        let chunking: Vec<TiledTiles> = shapes
+            .iter()
+            .chain(prefetching.iter())
+            .filter(large_narrow)
+            .map(|t| TiledTiles {
+                chunked: true,
+                ..*t
+            })
+            .collect();
         let shuffling: Vec<TiledTiles> = shapes
             .iter()
             .chain(prefetching.iter())
-            .filter(|t| !t.is_wide() && t.tk.is_power_of_two() && t.query_rows >= 32)
+            .filter(large_narrow)
+            .filter(|t| t.tk.is_power_of_two())
             .map(|t| TiledTiles {
                 shuffle: true,
                 ..*t
@@ -152,6 +174,7 @@ impl TiledTiles {
         shapes
             .into_iter()
             .chain(prefetching)
+            .chain(chunking)
             .chain(shuffling)
             .collect()
     }
@@ -202,14 +225,34 @@ impl TiledTiles {
         self.dv4.div_ceil(self.tk)
     }
 
-    /// The Q tile's row stride in vec4s (one vec4 of padding spreads the banks).
-    fn q_stride(&self) -> u32 {
-        self.dk4 + 1
+    /// Chunks of [`CHUNK_COLUMNS`] columns per row of the Q tile (the
+    /// chunked form's QB).
+    fn q_chunks(&self) -> u32 {
+        self.dk4.div_ceil(CHUNK_COLUMNS)
     }
 
-    /// The K/V tile's row stride in vec4s.
+    /// Chunks per row of the K/V tile (the chunked form's KB).
+    fn kv_chunks(&self) -> u32 {
+        self.dk4.max(self.dv4).div_ceil(CHUNK_COLUMNS)
+    }
+
+    /// vec4s per row of the Q tile: one of padding per row (which spreads
+    /// the banks), or per chunk in the chunked form.
+    fn q_stride(&self) -> u32 {
+        if self.chunked {
+            self.q_chunks() * (CHUNK_COLUMNS + 1)
+        } else {
+            self.dk4 + 1
+        }
+    }
+
+    /// vec4s per row of the K and V tiles.
     fn kv_stride(&self) -> u32 {
-        self.dk4.max(self.dv4) + 1
+        if self.chunked {
+            self.kv_chunks() * (CHUNK_COLUMNS + 1)
+        } else {
+            self.dk4.max(self.dv4) + 1
+        }
     }
 
     /// Workgroup memory the kernel uses: the Q block, one K/V tile and P
@@ -272,17 +315,26 @@ impl TiledTiles {
 
     /// The pipeline key (every override the kernel takes): of
     /// `attention_tiled`, of `attention_tiled_wide` for more than 4 query
-    /// rows per invocation, or of `attention_tiled_shuffle` for the shuffle
-    /// forms.
+    /// rows per invocation, of `attention_tiled_shuffle` for the shuffle
+    /// forms or of `attention_tiled_chunked` for the chunked ones.
     pub fn key(&self) -> PipelineKey {
         let kernel = if self.shuffle {
             Kernel::AttentionTiledShuffle
+        } else if self.chunked {
+            Kernel::AttentionTiledChunked
         } else if self.is_wide() {
             Kernel::AttentionTiledWide
         } else {
             Kernel::AttentionTiled
         };
+        let strides = if self.chunked {
+            [("QB", self.q_chunks()), ("KB", self.kv_chunks())]
+        } else {
+            [("QS", self.q_stride()), ("KS", self.kv_stride())]
+        };
         PipelineKey::new(kernel)
+            .with(strides[0].0, i64::from(strides[0].1))
+            .with(strides[1].0, i64::from(strides[1].1))
             .with("BQ", i64::from(self.query_rows))
             .with("BK", i64::from(self.keys_per_tile))
             .with("TQ", i64::from(self.tq))
@@ -293,8 +345,6 @@ impl TiledTiles {
             .with("DK4", i64::from(self.dk4))
             .with("DV4", i64::from(self.dv4))
             .with("DVT", i64::from(self.dvt()))
-            .with("QS", i64::from(self.q_stride()))
-            .with("KS", i64::from(self.kv_stride()))
             .with_flag("PREFETCH", self.prefetch)
             .with("SLOTS", i64::from(self.slots()))
     }
@@ -302,7 +352,7 @@ impl TiledTiles {
     /// The configuration in words, for `webattn info`.
     pub fn describe(&self) -> String {
         format!(
-            "{} query rows x {}-key tiles, {}x{} invocations, {}x{} of S and {}x{} vec4 of O in registers each{}{}",
+            "{} query rows x {}-key tiles, {}x{} invocations, {}x{} of S and {}x{} vec4 of O in registers each{}{}{}",
             self.query_rows,
             self.keys_per_tile,
             self.tq,
@@ -320,6 +370,11 @@ impl TiledTiles {
                 ", row maxima and P by subgroup shuffles"
             } else {
                 ""
+            },
+            if self.chunked {
+                ", Q, K and V tiles in chunks of columns"
+            } else {
+                ""
             }
         )
     }
@@ -334,6 +389,36 @@ mod tests {
             max_compute_workgroup_storage_size: storage,
             ..KernelLimits::WEBGPU_DEFAULTS
         }
+    }
+
+    #[test]
+    fn chunked_forms_are_tuner_only_and_chunk_as_the_kernel_does() {
+        let line = format!("const CW: u32 = {CHUNK_COLUMNS}u;");
+        assert!(Kernel::AttentionTiledChunked.source().contains(&line));
+        for d in [1, 64, 65, 128, 256] {
+            let all = TiledTiles::candidates(d, d);
+            let chunked: Vec<_> = all.iter().filter(|t| t.chunked).collect();
+            assert!(chunked.iter().any(|t| t.prefetch) && chunked.iter().any(|t| !t.prefetch));
+            assert!(chunked
+                .iter()
+                .all(|t| !t.shuffle && !t.is_wide() && !t.is_measured() && t.query_rows >= 32));
+            for storage in [16 << 10, 32 << 10, 48 << 10] {
+                if let Some(t) = TiledTiles::for_dims(d, d, &limits(storage)) {
+                    assert!(!t.chunked, "{t:?}");
+                }
+            }
+        }
+        // A vec4 of padding per 8 columns instead of per row: at head dim 64,
+        // rows of 18 vec4s instead of 17.
+        let t = TiledTiles::for_dims(64, 64, &limits(48 << 10)).unwrap();
+        let chunked = TiledTiles { chunked: true, ..t };
+        assert_eq!(
+            chunked.workgroup_bytes() - t.workgroup_bytes(),
+            16 * (t.query_rows + t.keys_per_tile)
+        );
+        let key = chunked.key();
+        assert_eq!(key.kernel, Kernel::AttentionTiledChunked);
+        assert!(key.constants.contains(&("QB", 2)) && key.constants.contains(&("KB", 2)));
     }
 
     #[test]
@@ -409,7 +494,7 @@ mod tests {
             assert!(
                 all[first_prefetch..]
                     .iter()
-                    .all(|t| t.prefetch || t.shuffle),
+                    .all(|t| t.prefetch || t.chunked || t.shuffle),
                 "{all:?}"
             );
             for storage in [16 << 10, 32 << 10, 48 << 10] {
@@ -476,7 +561,7 @@ mod tests {
         let shuffled = TiledTiles { shuffle: true, ..t };
         assert_eq!(
             shuffled.workgroup_bytes() - t.workgroup_bytes() + 4 * t.query_rows * t.keys_per_tile,
-            16 * t.keys_per_tile * (t.dk4 + 1) + 4
+            16 * t.keys_per_tile * t.kv_stride() + 4
         );
         assert_eq!(shuffled.key().kernel, Kernel::AttentionTiledShuffle);
         // It runs only where subgroups hold a row's tk lanes.
