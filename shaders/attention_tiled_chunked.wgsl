@@ -41,13 +41,14 @@
 // tiles no row can see, and the resumable key chunks (O in Y, row state in
 // `stats` between chunks; chunks start on tile boundaries).
 //
-// This form (attention_tiled_chunked) holds the Q, K and V tiles in chunks
+// This form (attention_tiled_chunked) holds the Q, K, V and P tiles in chunks
 // of CW vec4 columns of one row and a vec4 of padding (which spreads a
 // column's rows over the banks): row r's columns CW c .. CW c + CW - 1 are
 // chunk c * (rows of the tile) + r. S = Q K^T takes a chunk of columns a
 // step, the columns within it constants: naga's runtime checks then clamp
 // an invocation's row once per chunk, not every load's index, and a
-// compiler folds the column into the load's offset. The padding costs
+// compiler folds the column into the load's offset (so too for P's vec4s in
+// O += P V, once the compiler unrolls that loop). The padding costs
 // workgroup memory (a vec4 per CW columns instead of one per row), and a
 // compiler may keep more of a chunk's loads in flight (more registers); only
 // `webattn tune` tries it.
@@ -100,9 +101,9 @@ const MAX_DVT: u32 = 8u;
 var<workgroup> q_tile: array<array<vec4<f32>, CW + 1u>, BQ * QB>;
 // K's tile, then V's: BK rows in KB chunks.
 var<workgroup> kv_tile: array<array<vec4<f32>, CW + 1u>, BK * KB>;
-// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3); -0 for a key the row
-// does not attend.
-var<workgroup> p_tile: array<vec4<f32>, BQ * BK / 4u>;
+// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3) in chunks of CW; -0 for
+// a key the row does not attend.
+var<workgroup> p_tile: array<array<vec4<f32>, CW + 1u>, BQ * ((BK / 4u + CW - 1u) / CW)>;
 // Per row: the TK invocations' partial maxima, later their partial sums,
 // as TK / 4 vec4s (invocation tc's in component tc % 4 of vec4 tc / 4); the
 // row's flags.
@@ -487,11 +488,9 @@ fn main(
     if ((p.flags & FLAG_ALIBI) != 0u) {
         slope = bitcast<f32>(nonpad[p.batch + h]);
     }
-    // Where the invocation's first query row starts in P's tile (its other
-    // rows are TQ rows on). Its vec4 columns of V: their chunk's first row
-    // and their place in it (a column past Dv, where TK does not divide DV4,
-    // reads the row's last vec4 and is never stored).
-    let p_at = tr * bk4;
+    // Its vec4 columns of V: their chunk's first row and their place in it
+    // (a column past Dv, where TK does not divide DV4, reads the row's last
+    // vec4 and is never stored).
     let v_at0 = min(tc + TK * 0u, DV4 - 1u);
     let v_chunk0 = (v_at0 / CW) * BK;
     let v_col0 = v_at0 % CW;
@@ -1846,14 +1845,16 @@ fn main(
             // the sum, nor, times a finite V, to O); an attended key's P
             // is +0 or more, even where its score is -inf.
             let pt = select(not_attended(), exp(s0_0 - m_new), s0_0 != MASKED);
-            p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+            let t4 = tc / 4u + 0u * (TK / 4u);
+            p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
             sum += pt;
             if (RK > 1u) {
                 // -0 for a key the row does not attend (it adds nothing to
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s0_1 - m_new), s0_1 != MASKED);
-                p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                let t4 = tc / 4u + 1u * (TK / 4u);
+                p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                 sum += pt;
             }
             if (RK > 2u) {
@@ -1861,7 +1862,8 @@ fn main(
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s0_2 - m_new), s0_2 != MASKED);
-                p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                let t4 = tc / 4u + 2u * (TK / 4u);
+                p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                 sum += pt;
             }
             if (RK > 3u) {
@@ -1869,7 +1871,8 @@ fn main(
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s0_3 - m_new), s0_3 != MASKED);
-                p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                let t4 = tc / 4u + 3u * (TK / 4u);
+                p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                 sum += pt;
             }
             l0 = l0 * alpha + sum;
@@ -1931,14 +1934,16 @@ fn main(
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s1_0 - m_new), s1_0 != MASKED);
-                p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+                let t4 = tc / 4u + 0u * (TK / 4u);
+                p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s1_1 - m_new), s1_1 != MASKED);
-                    p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                    let t4 = tc / 4u + 1u * (TK / 4u);
+                    p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
@@ -1946,7 +1951,8 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s1_2 - m_new), s1_2 != MASKED);
-                    p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                    let t4 = tc / 4u + 2u * (TK / 4u);
+                    p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
@@ -1954,7 +1960,8 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s1_3 - m_new), s1_3 != MASKED);
-                    p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                    let t4 = tc / 4u + 3u * (TK / 4u);
+                    p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                     sum += pt;
                 }
                 l1 = l1 * alpha + sum;
@@ -2017,14 +2024,16 @@ fn main(
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s2_0 - m_new), s2_0 != MASKED);
-                p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+                let t4 = tc / 4u + 0u * (TK / 4u);
+                p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s2_1 - m_new), s2_1 != MASKED);
-                    p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                    let t4 = tc / 4u + 1u * (TK / 4u);
+                    p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
@@ -2032,7 +2041,8 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s2_2 - m_new), s2_2 != MASKED);
-                    p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                    let t4 = tc / 4u + 2u * (TK / 4u);
+                    p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
@@ -2040,7 +2050,8 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s2_3 - m_new), s2_3 != MASKED);
-                    p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                    let t4 = tc / 4u + 3u * (TK / 4u);
+                    p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                     sum += pt;
                 }
                 l2 = l2 * alpha + sum;
@@ -2094,14 +2105,16 @@ fn main(
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s3_0 - m_new), s3_0 != MASKED);
-                p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+                let t4 = tc / 4u + 0u * (TK / 4u);
+                p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s3_1 - m_new), s3_1 != MASKED);
-                    p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                    let t4 = tc / 4u + 1u * (TK / 4u);
+                    p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
@@ -2109,7 +2122,8 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s3_2 - m_new), s3_2 != MASKED);
-                    p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                    let t4 = tc / 4u + 2u * (TK / 4u);
+                    p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
@@ -2117,7 +2131,8 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s3_3 - m_new), s3_3 != MASKED);
-                    p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                    let t4 = tc / 4u + 3u * (TK / 4u);
+                    p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                     sum += pt;
                 }
                 l3 = l3 * alpha + sum;
@@ -2219,18 +2234,18 @@ fn main(
         if (careful) {
             for (var t4 = 0u; t4 < bk4; t4++) {
                 var p0 = vec4<f32>(0.0);
-                p0 = p_tile[p_at + 0u * TQ * bk4 + t4];
+                p0 = p_tile[(t4 / CW) * BQ + tr + 0u * TQ][t4 % CW];
                 var p1 = vec4<f32>(0.0);
                 if (RQ > 1u) {
-                    p1 = p_tile[p_at + 1u * TQ * bk4 + t4];
+                    p1 = p_tile[(t4 / CW) * BQ + tr + 1u * TQ][t4 % CW];
                 }
                 var p2 = vec4<f32>(0.0);
                 if (RQ > 2u) {
-                    p2 = p_tile[p_at + 2u * TQ * bk4 + t4];
+                    p2 = p_tile[(t4 / CW) * BQ + tr + 2u * TQ][t4 % CW];
                 }
                 var p3 = vec4<f32>(0.0);
                 if (RQ > 3u) {
-                    p3 = p_tile[p_at + 3u * TQ * bk4 + t4];
+                    p3 = p_tile[(t4 / CW) * BQ + tr + 3u * TQ][t4 % CW];
                 }
                 {
                     let v0 = kv_tile[v_chunk0 + t4 * 4u + 0u][v_col0];
@@ -2568,18 +2583,18 @@ fn main(
         } else {
             for (var t4 = 0u; t4 < bk4; t4++) {
                 var p0 = vec4<f32>(0.0);
-                p0 = p_tile[p_at + 0u * TQ * bk4 + t4];
+                p0 = p_tile[(t4 / CW) * BQ + tr + 0u * TQ][t4 % CW];
                 var p1 = vec4<f32>(0.0);
                 if (RQ > 1u) {
-                    p1 = p_tile[p_at + 1u * TQ * bk4 + t4];
+                    p1 = p_tile[(t4 / CW) * BQ + tr + 1u * TQ][t4 % CW];
                 }
                 var p2 = vec4<f32>(0.0);
                 if (RQ > 2u) {
-                    p2 = p_tile[p_at + 2u * TQ * bk4 + t4];
+                    p2 = p_tile[(t4 / CW) * BQ + tr + 2u * TQ][t4 % CW];
                 }
                 var p3 = vec4<f32>(0.0);
                 if (RQ > 3u) {
-                    p3 = p_tile[p_at + 3u * TQ * bk4 + t4];
+                    p3 = p_tile[(t4 / CW) * BQ + tr + 3u * TQ][t4 % CW];
                 }
                 {
                     let v0 = kv_tile[v_chunk0 + t4 * 4u + 0u][v_col0];

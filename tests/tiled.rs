@@ -3,7 +3,7 @@
 //! next K or V tile into registers while the current one is multiplied) and
 //! the 8-rows-per-invocation shapes, the shuffle forms
 //! (`attention_tiled_shuffle`: row maxima and P by subgroup shuffles) and the
-//! chunked forms (`attention_tiled_chunked`: Q, K and V tiles in chunks of
+//! chunked forms (`attention_tiled_chunked`: Q, K, V and P tiles in chunks of
 //! columns). Each is pinned on the test adapter and
 //! runs the quick sweep's fused cases whose head dims it has a tile for,
 //! against the f64 oracle. (The measured shapes run the whole sweep through

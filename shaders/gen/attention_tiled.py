@@ -208,13 +208,14 @@ w("""//
 // `stats` between chunks; chunks start on tile boundaries).
 """
   + ("""//
-// This form (attention_tiled_chunked) holds the Q, K and V tiles in chunks
+// This form (attention_tiled_chunked) holds the Q, K, V and P tiles in chunks
 // of CW vec4 columns of one row and a vec4 of padding (which spreads a
 // column's rows over the banks): row r's columns CW c .. CW c + CW - 1 are
 // chunk c * (rows of the tile) + r. S = Q K^T takes a chunk of columns a
 // step, the columns within it constants: naga's runtime checks then clamp
 // an invocation's row once per chunk, not every load's index, and a
-// compiler folds the column into the load's offset. The padding costs
+// compiler folds the column into the load's offset (so too for P's vec4s in
+// O += P V, once the compiler unrolls that loop). The padding costs
 // workgroup memory (a vec4 per CW columns instead of one per row), and a
 // compiler may keep more of a chunk's loads in flight (more registers); only
 // `webattn tune` tries it.
@@ -304,9 +305,11 @@ var<workgroup> layout_bad: atomic<u32>;
 var<workgroup> kv_tile: array<array<vec4<f32>, CW + 1u>, BK * KB>;
 """ if CHUNKED else """// K's tile, then V's: BK rows of KS vec4s.
 var<workgroup> kv_tile: array<vec4<f32>, BK * KS>;
-""") + """// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3); -0 for a key the row
+""") + ("""// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3) in chunks of CW; -0 for
+// a key the row does not attend.
+var<workgroup> p_tile: array<array<vec4<f32>, CW + 1u>, BQ * ((BK / 4u + CW - 1u) / CW)>;""" if CHUNKED else """// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3); -0 for a key the row
 // does not attend.
-var<workgroup> p_tile: array<vec4<f32>, BQ * BK / 4u>;
+var<workgroup> p_tile: array<vec4<f32>, BQ * BK / 4u>;""") + """
 // Per row: the TK invocations' partial maxima, later their partial sums,
 // as TK / 4 vec4s (invocation tc's in component tc % 4 of vec4 tc / 4); the
 // row's flags.
@@ -507,11 +510,9 @@ w("""    let kv_base = (b * p.kv_heads + kvh) * p.keys;
     if ((p.flags & FLAG_ALIBI) != 0u) {
         slope = bitcast<f32>(nonpad[p.batch + h]);
     }
-    """ + ("""// Where the invocation's first query row starts in P's tile (its other
-    // rows are TQ rows on). Its vec4 columns of V: their chunk's first row
-    // and their place in it (a column past Dv, where TK does not divide DV4,
-    // reads the row's last vec4 and is never stored).
-    let p_at = tr * bk4;""" if CHUNKED else """// Where the invocation's first query row starts in the Q tile""" + ("" if SHUFFLE else " and in\n    // P's") + """, and its
+    """ + ("""// Its vec4 columns of V: their chunk's first row and their place in it
+    // (a column past Dv, where TK does not divide DV4, reads the row's last
+    // vec4 and is never stored).""" if CHUNKED else """// Where the invocation's first query row starts in the Q tile""" + ("" if SHUFFLE else " and in\n    // P's") + """, and its
     // first key in the K tile: its other rows are TQ rows on, its keys TK
     // keys on (constant offsets from these). Its vec4 columns of V: a column
     // past Dv (where TK does not divide DV4) reads the row's last vec4 and is
@@ -716,7 +717,13 @@ if not SHUFFLE:
         ] + ["    " + x for x in row_parts_read("tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));")]
         # Key tc + TK j of the tile is in vec4 (tc + TK j) / 4 = tc / 4 + j TK / 4
         # of the row (TK a multiple of 4), component tc % 4.
-        keep = lambda j: [f"p_tile[p_at + {i}u * TQ * bk4 + tc / 4u + {j}u * (TK / 4u)][tc % 4u] = pt;"]
+        if CHUNKED:
+            keep = lambda j: [
+                f"let t4 = tc / 4u + {j}u * (TK / 4u);",
+                f"p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;",
+            ]
+        else:
+            keep = lambda j: [f"p_tile[p_at + {i}u * TQ * bk4 + tc / 4u + {j}u * (TK / 4u)][tc % 4u] = pt;"]
         lines += ["    " + x if x else "" for x in online_softmax(i, "tile_max", keep)]
         lines += ["}"]
         emit(guard([rq(i)], lines, 8))
@@ -759,7 +766,11 @@ def product(careful):
     lines.append("for (var t4 = 0u; t4 < bk4; t4++) {")
     for i in range(MAX_RQ):
         lines.append(f"    var p{i} = vec4<f32>(0.0);")
-        lines += guard([rq(i)], [f"p{i} = p_tile[p_at + {i}u * TQ * bk4 + t4];"], 4)
+        if CHUNKED:
+            load = f"p_tile[(t4 / CW) * BQ + tr + {i}u * TQ][t4 % CW]"
+        else:
+            load = f"p_tile[p_at + {i}u * TQ * bk4 + t4]"
+        lines += guard([rq(i)], [f"p{i} = {load};"], 4)
     comps = "xyzw"
     for u in range(4):
         lines.append("    {")

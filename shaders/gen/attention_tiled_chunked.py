@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes shaders/attention_tiled_chunked.wgsl: attention_tiled.py's kernel
-with its Q, K and V tiles held in chunks of CW columns of a row, so naga's
+with its Q, K, V and P tiles held in chunks of CW columns of a row, so naga's
 runtime checks clamp an invocation's row once per chunk instead of every
 load's index (fewer instructions per key tile, more workgroup memory and
 perhaps more registers); only `webattn tune` tries it.

@@ -132,7 +132,7 @@ impl KernelPlan {
             .find(|t| t.chunked && !t.prefetch && t.runs_on(caps))
         {
             kernels.push(KernelConfig {
-                role: "fused (register-tiled, Q, K and V tiles in chunks of columns: one index \
+                role: "fused (register-tiled, Q, K, V and P tiles in chunks of columns: one index \
                        clamp per row and chunk): --kernel attention_tiled_chunked, or where \
                        webattn tune measured it faster",
                 ..tiled(tiles)

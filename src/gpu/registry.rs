@@ -70,7 +70,7 @@ pub enum Kernel {
     /// between a row's invocations by subgroup shuffles, for the forms only
     /// the tuner tries (`shaders/attention_tiled_shuffle.wgsl`).
     AttentionTiledShuffle,
-    /// The register-tiled kernel with its Q, K and V tiles in chunks of
+    /// The register-tiled kernel with its Q, K, V and P tiles in chunks of
     /// columns (one index clamp per row and chunk instead of one per load),
     /// for the forms only the tuner tries (`shaders/attention_tiled_chunked.wgsl`).
     AttentionTiledChunked,

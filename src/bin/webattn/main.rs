@@ -58,7 +58,7 @@ pub struct EngineArgs {
     /// attention_tiled (register-tiled, GPUs), attention_tiled_shuffle (its
     /// form whose row maxima and probabilities move by subgroup shuffles;
     /// adapters with subgroups of 8 lanes or more), attention_tiled_chunked
-    /// (its form with the Q, K and V tiles in chunks of columns: fewer index
+    /// (its form with the Q, K, V and P tiles in chunks of columns: fewer index
     /// clamps), attention_fused (portable, any adapter),
     /// attention_sg (subgroup shuffles, CPU adapters) or attention_coop
     /// (matrix units, with --precision fast); auto lets the adapter's profile

@@ -18,7 +18,7 @@ const MAX_SLOTS: u32 = 8;
 /// The most invocations per row (`tk`): the kernels read a row's partials
 /// as `tk / 4` vec4s, unrolled up to this many (`tk` a multiple of 4).
 const MAX_TK: u32 = 16;
-/// vec4 columns per chunk of the chunked form's Q, K and V tiles (its `CW`):
+/// vec4 columns per chunk of the chunked form's Q, K, V and P tiles (its `CW`):
 /// a chunk holds that many columns of one row and a vec4 of padding.
 pub const CHUNK_COLUMNS: u32 = 8;
 
@@ -53,7 +53,7 @@ pub struct TiledTiles {
     /// side, two barriers per key tile instead of four); runs only where the
     /// adapter's subgroups hold at least `tk` lanes.
     pub shuffle: bool,
-    /// Whether the Q, K and V tiles are held in chunks of [`CHUNK_COLUMNS`]
+    /// Whether the Q, K, V and P tiles are held in chunks of [`CHUNK_COLUMNS`]
     /// columns of a row (`attention_tiled_chunked`): one index clamp per row
     /// and chunk instead of one per load, for a vec4 of padding per chunk
     /// instead of per row.
@@ -266,9 +266,20 @@ impl TiledTiles {
             // and the layout flag
             16 * 2 * bk * self.kv_stride() + 4
         } else {
-            16 * bk * self.kv_stride() + 4 * bq * bk
+            16 * bk * self.kv_stride() + 16 * bq * self.p_stride()
         };
         16 * bq * self.q_stride() + tiles + 4 * bq * self.tk + 4 * bq + 8
+    }
+
+    /// vec4s per row of the P tile: BK / 4, in chunks of [`CHUNK_COLUMNS`]
+    /// and a vec4 of padding in the chunked form.
+    fn p_stride(&self) -> u32 {
+        let vec4s = self.keys_per_tile / 4;
+        if self.chunked {
+            vec4s.div_ceil(CHUNK_COLUMNS) * (CHUNK_COLUMNS + 1)
+        } else {
+            vec4s
+        }
     }
 
     /// Loop iterations one invocation runs per key tile (every loop counted,
@@ -372,7 +383,7 @@ impl TiledTiles {
                 ""
             },
             if self.chunked {
-                ", Q, K and V tiles in chunks of columns"
+                ", Q, K, V and P tiles in chunks of columns"
             } else {
                 ""
             }
@@ -409,12 +420,14 @@ mod tests {
             }
         }
         // A vec4 of padding per 8 columns instead of per row: at head dim 64,
-        // rows of 18 vec4s instead of 17.
+        // rows of 18 vec4s instead of 17; P's rows of 8 vec4s (32 keys) get
+        // one too.
         let t = TiledTiles::for_dims(64, 64, &limits(48 << 10)).unwrap();
+        assert_eq!(t.keys_per_tile, 32);
         let chunked = TiledTiles { chunked: true, ..t };
         assert_eq!(
             chunked.workgroup_bytes() - t.workgroup_bytes(),
-            16 * (t.query_rows + t.keys_per_tile)
+            16 * (2 * t.query_rows + t.keys_per_tile)
         );
         let key = chunked.key();
         assert_eq!(key.kernel, Kernel::AttentionTiledChunked);
