@@ -115,28 +115,32 @@ impl KernelPlan {
             }
         }
         // The tiled kernel's shuffle form where subgroups hold a row of its
-        // invocations (forced by name, or taken where tuned).
-        if let Some(tiles) = TiledTiles::candidates(64, 64)
-            .into_iter()
-            .find(|t| t.shuffle && !t.prefetch && t.runs_on(caps))
-        {
-            kernels.push(KernelConfig {
-                role: "fused (register-tiled, row maxima and P by subgroup shuffles): \
-                       --kernel attention_tiled_shuffle, or where webattn tune measured it faster",
-                ..tiled(tiles)
-            });
-        }
-        // The chunked form (forced by name, or taken where tuned).
-        if let Some(tiles) = TiledTiles::candidates(64, 64)
-            .into_iter()
-            .find(|t| t.chunked && !t.prefetch && t.runs_on(caps))
-        {
-            kernels.push(KernelConfig {
-                role: "fused (register-tiled, Q, K, V and P tiles in chunks of columns: one index \
-                       clamp per row and chunk): --kernel attention_tiled_chunked, or where \
-                       webattn tune measured it faster",
-                ..tiled(tiles)
-            });
+        // invocations, and its chunked form (each forced by name, or taken
+        // where tuned).
+        type OfForm = fn(&TiledTiles) -> bool;
+        let forms: [(OfForm, &'static str); 2] = [
+            (
+                |t| t.shuffle,
+                "fused (register-tiled, row maxima and P by subgroup shuffles): \
+                 --kernel attention_tiled_shuffle, or where webattn tune measured it faster",
+            ),
+            (
+                |t| t.chunked,
+                "fused (register-tiled, Q, K, V and P tiles in chunks of columns: one index \
+                 clamp per row and chunk): --kernel attention_tiled_chunked, or where \
+                 webattn tune measured it faster",
+            ),
+        ];
+        for (of_form, role) in forms {
+            if let Some(tiles) = TiledTiles::candidates(64, 64)
+                .into_iter()
+                .find(|t| of_form(t) && !t.prefetch && t.runs_on(caps))
+            {
+                kernels.push(KernelConfig {
+                    role,
+                    ..tiled(tiles)
+                });
+            }
         }
         if let Ok(tiles) = FusedTiles::for_dims(64, 64, limits) {
             if !kernels.iter().any(|k| k.label == tiles.key().to_string()) {

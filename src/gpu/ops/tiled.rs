@@ -236,11 +236,17 @@ impl TiledTiles {
         self.dk4.max(self.dv4).div_ceil(CHUNK_COLUMNS)
     }
 
+    /// vec4s per row of a chunked tile whose rows hold `vec4s` columns: a
+    /// vec4 of padding per chunk of [`CHUNK_COLUMNS`].
+    fn in_chunks(vec4s: u32) -> u32 {
+        vec4s.div_ceil(CHUNK_COLUMNS) * (CHUNK_COLUMNS + 1)
+    }
+
     /// vec4s per row of the Q tile: one of padding per row (which spreads
     /// the banks), or per chunk in the chunked form.
     fn q_stride(&self) -> u32 {
         if self.chunked {
-            self.q_chunks() * (CHUNK_COLUMNS + 1)
+            Self::in_chunks(self.dk4)
         } else {
             self.dk4 + 1
         }
@@ -248,10 +254,11 @@ impl TiledTiles {
 
     /// vec4s per row of the K and V tiles.
     fn kv_stride(&self) -> u32 {
+        let vec4s = self.dk4.max(self.dv4);
         if self.chunked {
-            self.kv_chunks() * (CHUNK_COLUMNS + 1)
+            Self::in_chunks(vec4s)
         } else {
-            self.dk4.max(self.dv4) + 1
+            vec4s + 1
         }
     }
 
@@ -276,7 +283,7 @@ impl TiledTiles {
     fn p_stride(&self) -> u32 {
         let vec4s = self.keys_per_tile / 4;
         if self.chunked {
-            vec4s.div_ceil(CHUNK_COLUMNS) * (CHUNK_COLUMNS + 1)
+            Self::in_chunks(vec4s)
         } else {
             vec4s
         }
