@@ -1,7 +1,8 @@
 //! The matrix-unit kernels' own SPIR-V (`webattn::gpu::spirv`), which the
 //! engine hands to Vulkan drivers through wgpu's passthrough: every planned
-//! key compiles, every load and store of workgroup or storage memory is
-//! `NonPrivatePointer`, every acquire-release barrier makes memory available
+//! key compiles, every load and store of workgroup or writable storage
+//! memory is `NonPrivatePointer` (loads from read-only storage stay
+//! private: nothing writes it), every acquire-release barrier makes memory available
 //! and visible, and, where a `spirv-val` that knows cooperative matrices is
 //! on the PATH (SPIRV-Tools 2023.4 or later; Debian 12's is older), it
 //! accepts the module for Vulkan 1.2 (the Vulkan memory model's version);
@@ -37,8 +38,16 @@ fn violations(words: &[u32]) -> Vec<String> {
     let mut pointer_types = HashMap::new();
     let mut pointers = HashMap::new();
     let mut constants = HashMap::new();
+    let mut read_only = std::collections::HashSet::new();
     let mut bad = Vec::new();
     for &(op, w) in &ins {
+        // OpDecorate NonWritable; pointers derived from such variables.
+        if op == 71 && w.len() >= 2 && w[1] == 24 {
+            read_only.insert(w[0]);
+        }
+        if matches!(op, 65 | 66 | 67 | 83) && w.len() >= 3 && read_only.contains(&w[2]) {
+            read_only.insert(w[1]);
+        }
         match op {
             32 => {
                 pointer_types.insert(w[0], w[1]);
@@ -59,7 +68,11 @@ fn violations(words: &[u32]) -> Vec<String> {
             }
         }
     }
-    let shared = |id: u32| matches!(pointers.get(&id), Some(4 | 12));
+    let shared = |id: u32| match pointers.get(&id) {
+        Some(4) => true,
+        Some(12) => !read_only.contains(&id),
+        _ => false,
+    };
     for &(op, w) in &ins {
         // (pointer operand, memory operand mask) after the first word
         let access = match op {
@@ -70,8 +83,15 @@ fn violations(words: &[u32]) -> Vec<String> {
             _ => None,
         };
         if let Some((pointer, mask)) = access {
-            if shared(w[pointer]) && w.get(mask).is_none_or(|m| m & NON_PRIVATE_POINTER == 0) {
+            let non_private = w.get(mask).is_some_and(|m| m & NON_PRIVATE_POINTER != 0);
+            if shared(w[pointer]) && !non_private {
                 bad.push(format!("op {op} through %{} is private", w[pointer]));
+            }
+            if read_only.contains(&w[pointer]) && non_private {
+                bad.push(format!(
+                    "op {op} through read-only %{} is non-private",
+                    w[pointer]
+                ));
             }
         }
         let semantics = match op {

@@ -21,7 +21,9 @@ use std::process::Command;
 
 use webattn::conformance::{compare, run_case, run_sweep, CaseSpec, SweepKind, DEFAULT_FLOOR};
 use webattn::gpu::kernels::gemm_host_variant;
-use webattn::gpu::ops::gemm::{AValues, GemmKernel, GemmSpec};
+use webattn::gpu::ops::gemm::{
+    kernel_for as gemm_kernel_for, AValues, GemmKernel, GemmSpec, PackedTile,
+};
 use webattn::gpu::planner::coop_shape;
 use webattn::gpu::registry::CoopSize;
 use webattn::rng::SplitMix64;
@@ -153,30 +155,20 @@ fn a_operand(x: f32) -> f32 {
 /// skipped.
 fn check_gemm(
     engine: &Engine,
+    kernel: GemmKernel,
     name: &str,
     spec: &GemmSpec,
     a_values: AValues,
-    a: &[f32],
-    b: &[f32],
-    c: &[f32],
+    [a, b, c]: [&[f32]; 3],
 ) {
     let ctx = engine.gpu().expect("a GPU engine");
-    let shape = coop_shape(ctx.capabilities()).expect("matrix units");
     let a: Vec<f32> = a.iter().map(|&x| a_operand(x)).collect();
     let b: Vec<f32> = b.iter().map(|&x| f16(x)).collect();
     let skip = a_values.skips_marks();
     let exact = common::gemm_reference::<f64>(spec, skip, &a, &b, c);
     let plain = common::gemm_reference::<f32>(spec, skip, &a, &b, c);
-    let got = pollster::block_on(gemm_host_variant(
-        ctx,
-        GemmKernel::Coop(shape),
-        spec,
-        a_values,
-        &a,
-        &b,
-        c,
-    ))
-    .expect("the matrix-unit GEMM runs");
+    let got = pollster::block_on(gemm_host_variant(ctx, kernel, spec, a_values, &a, &b, c))
+        .expect("the matrix-unit GEMM runs");
     let report = compare(&got, &exact, &plain, DEFAULT_FLOOR);
     println!(
         "{name:<36} max_abs {:.3e} allowed {:.3e} (plain f32 {:.3e})",
@@ -212,10 +204,17 @@ fn gemm_on_16x16_matrix_units() {
     on_matrix_units("gemm_on_16x16_matrix_units", Size::Sixteen, gemm_cases);
 }
 
+/// The staged matrix-unit GEMM (`gemm_coop.wgsl`) on `engine`'s matrix units.
+fn staged(engine: &Engine) -> GemmKernel {
+    GemmKernel::Coop(
+        coop_shape(engine.gpu().expect("a GPU engine").capabilities()).expect("matrix units"),
+    )
+}
+
 /// The GEMM at sizes that are not tile multiples, every transpose, alpha
 /// and beta, strides and offsets, B shared by grouped heads, a long K.
 fn gemm_cases(engine: &Engine) {
-    gemm_cases_only(engine);
+    gemm_cases_only(engine, staged(engine));
     // On Vulkan the matrix-unit kernels reach the driver as the engine's own
     // SPIR-V (gpu::spirv: naga's leaves workgroup memory private under the
     // Vulkan memory model, and NVIDIA computed garbage from it).
@@ -230,7 +229,71 @@ fn gemm_cases(engine: &Engine) {
     }
 }
 
-fn gemm_cases_only(engine: &Engine) {
+/// The packed matrix-unit GEMM (`gemm_coop_packed.wgsl`) at `tile`.
+fn packed(engine: &Engine, tile: PackedTile) -> GemmKernel {
+    let GemmKernel::Coop(shape) = staged(engine) else {
+        unreachable!()
+    };
+    GemmKernel::CoopPacked { shape, tile }
+}
+
+#[test]
+fn packed_gemm_on_the_matrix_units() {
+    on_matrix_units(
+        "packed_gemm_on_the_matrix_units",
+        Size::Native,
+        packed_gemm_cases,
+    );
+}
+
+#[test]
+fn packed_gemm_on_16x16_matrix_units() {
+    on_matrix_units(
+        "packed_gemm_on_16x16_matrix_units",
+        Size::Sixteen,
+        packed_gemm_cases,
+    );
+}
+
+/// The staged kernel's cases through the packed one (its shape cases only
+/// at the larger tiles `webattn bench` measures), each run by the packed
+/// kernel itself (not handed to the staged one); products with marks to
+/// skip go to the staged kernel.
+fn packed_gemm_cases(engine: &Engine) {
+    let ctx = engine.gpu().expect("a GPU engine");
+    for tile in PackedTile::CANDIDATES {
+        println!("tile {tile:?}");
+        if tile == PackedTile::DEFAULT {
+            gemm_cases_only(engine, packed(engine, tile));
+        } else {
+            gemm_shape_cases(engine, packed(engine, tile));
+        }
+        let key = format!("RM={},RN={}", tile.rows, tile.cols);
+        let compiled = ctx.pipelines().compiled_keys();
+        assert!(
+            compiled
+                .iter()
+                .any(|k| k.kernel.name().starts_with("gemm_coop_packed")
+                    && k.to_string().contains(&key)),
+            "the packed kernel at {tile:?} never ran: {compiled:?}"
+        );
+    }
+    let spec = GemmSpec::contiguous(1, 8, 8, 8, false, false);
+    assert_eq!(
+        gemm_kernel_for(
+            ctx,
+            packed(engine, PackedTile::DEFAULT),
+            &spec,
+            AValues::Probabilities
+        ),
+        staged(engine),
+        "P V's marks go to the staged kernel"
+    );
+}
+
+/// Sizes that are not tile multiples (1, 7, 33, 97, 257, 130 x 65 x 97) at
+/// every transpose.
+fn gemm_shape_cases(engine: &Engine, kernel: GemmKernel) {
     let sizes = [1usize, 7, 33, 97, 257];
     let mut seed = 0;
     for (i, &m) in sizes.iter().enumerate() {
@@ -240,7 +303,7 @@ fn gemm_cases_only(engine: &Engine) {
             let spec = GemmSpec::contiguous(1, m, n, k, ta, tb);
             let (a, b, c) = random(&spec, seed);
             let name = format!("m{m} n{n} k{k} ta{} tb{}", ta as u8, tb as u8);
-            check_gemm(engine, &name, &spec, AValues::Any, &a, &b, &c);
+            check_gemm(engine, kernel, &name, &spec, AValues::Any, [&a, &b, &c]);
             seed += 1;
         }
     }
@@ -248,8 +311,15 @@ fn gemm_cases_only(engine: &Engine) {
         let spec = GemmSpec::contiguous(1, 130, 65, 97, ta, tb);
         let (a, b, c) = random(&spec, seed);
         let name = format!("130x65x97 ta{} tb{}", ta as u8, tb as u8);
-        check_gemm(engine, &name, &spec, AValues::Any, &a, &b, &c);
+        check_gemm(engine, kernel, &name, &spec, AValues::Any, [&a, &b, &c]);
     }
+}
+
+/// [`gemm_shape_cases`], then leading dimensions, offsets and strides,
+/// alpha and beta, B shared by grouped heads and a long K.
+fn gemm_cases_only(engine: &Engine, kernel: GemmKernel) {
+    gemm_shape_cases(engine, kernel);
+    let seed = 100;
     // Leading dimensions that are multiples of 4: the kernel reads vec4s,
     // element by element only at the matrices' edges (in the padded case
     // after these, K = 101 leaves a vec4 straddling the end of each row of A).
@@ -257,7 +327,7 @@ fn gemm_cases_only(engine: &Engine) {
         let spec = GemmSpec::contiguous(1, 68, 132, 100, ta, tb);
         let (a, b, c) = random(&spec, seed);
         let name = format!("68x132x100 (vec4 reads) ta{} tb{}", ta as u8, tb as u8);
-        check_gemm(engine, &name, &spec, AValues::Any, &a, &b, &c);
+        check_gemm(engine, kernel, &name, &spec, AValues::Any, [&a, &b, &c]);
     }
     let spec = GemmSpec {
         batch: 2,
@@ -283,12 +353,11 @@ fn gemm_cases_only(engine: &Engine) {
     let (a, b, c) = random(&spec, 3);
     check_gemm(
         engine,
+        kernel,
         "vec4 reads with padded rows",
         &spec,
         AValues::Any,
-        &a,
-        &b,
-        &c,
+        [&a, &b, &c],
     );
     // alpha and beta, then padded leading dimensions, offsets and gaps
     // between batch entries, then B shared by grouped heads.
@@ -300,12 +369,11 @@ fn gemm_cases_only(engine: &Engine) {
     let (a, b, c) = random(&spec, 1);
     check_gemm(
         engine,
+        kernel,
         "alpha -0.75 beta 0.5",
         &spec,
         AValues::Any,
-        &a,
-        &b,
-        &c,
+        [&a, &b, &c],
     );
     let spec = GemmSpec {
         batch: 4,
@@ -331,12 +399,11 @@ fn gemm_cases_only(engine: &Engine) {
     let (a, b, c) = random(&spec, 2);
     check_gemm(
         engine,
+        kernel,
         "strided with offsets",
         &spec,
         AValues::Any,
-        &a,
-        &b,
-        &c,
+        [&a, &b, &c],
     );
     let spec = GemmSpec {
         b_batch_base: 2,
@@ -346,17 +413,23 @@ fn gemm_cases_only(engine: &Engine) {
     let (a, b, c) = random(&spec, 3);
     check_gemm(
         engine,
+        kernel,
         "gqa b_batch_div 2 base 2",
         &spec,
         AValues::Any,
-        &a,
-        &b,
-        &c,
+        [&a, &b, &c],
     );
     // A K long enough to need several passes on a loop-capped driver.
     let spec = GemmSpec::contiguous(2, 5, 7, 100_000, false, false);
     let (a, b, c) = random(&spec, 4);
-    check_gemm(engine, "k 100000", &spec, AValues::Any, &a, &b, &c);
+    check_gemm(
+        engine,
+        kernel,
+        "k 100000",
+        &spec,
+        AValues::Any,
+        [&a, &b, &c],
+    );
 }
 
 #[test]
@@ -379,6 +452,7 @@ fn gemm_on_16x16_matrix_units_skips_marks_of_a_against_non_finite_b() {
 
 /// Marks (-0) and zeros of A against NaN and infinities of B, probabilities f16 flushes.
 fn mark_skipping_cases(engine: &Engine) {
+    let kernel = staged(engine);
     // P V: rows of A are probabilities, some -0 (keys not attended),
     // some +0 (attended keys whose probability underflowed: they still
     // multiply their rows of B), some tiny (f16 subnormals; staged times
@@ -414,12 +488,11 @@ fn mark_skipping_cases(engine: &Engine) {
     a[spec.m * k + 3 * k + 6] = 0.0;
     check_gemm(
         engine,
+        kernel,
         "probabilities, NaN and inf in B",
         &spec,
         AValues::Probabilities,
-        &a,
-        &b,
-        &c,
+        [&a, &b, &c],
     );
     // Marks skipped for any A (not probabilities: no scaling); +0 is not
     // a mark.
@@ -430,12 +503,11 @@ fn mark_skipping_cases(engine: &Engine) {
     a[k + 6] = 1.5e-38;
     check_gemm(
         engine,
+        kernel,
         "marks of A skipped, NaN and inf in B",
         &spec,
         AValues::MarksSkipped,
-        &a,
-        &b,
-        &c,
+        [&a, &b, &c],
     );
 }
 
@@ -804,7 +876,8 @@ fn naga_spirv_runs_the_matrix_unit_kernels_as_wgpus_translation() {
                 ..Default::default()
             })
             .expect("an engine with naga's SPIR-V");
-            gemm_cases_only(&engine);
+            gemm_cases_only(&engine, staged(&engine));
+            gemm_cases_only(&engine, packed(&engine, PackedTile::DEFAULT));
             let pipelines = engine.gpu().expect("a GPU engine").pipelines();
             assert!(pipelines
                 .compiled_keys()

@@ -144,8 +144,8 @@ fn to_glsl(module: &Module, info: &ModuleInfo, key: &PipelineKey) -> Result<usiz
 fn runs_on(backend: usize, kernel: Kernel) -> bool {
     match backend {
         0 | 1 => true,
-        2 => !kernel.uses_coop(),
-        _ => !kernel.uses_subgroups(),
+        2 => !kernel.runs_with_matrix_units(),
+        _ => !kernel.uses_subgroups() && !kernel.runs_with_matrix_units(),
     }
 }
 

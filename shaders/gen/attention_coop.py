@@ -12,6 +12,9 @@ over their matrices, up to MAX_DT = 16 (head dims up to 256 at 16x16 and
     //@ CASES cu c DVT `switch cu` (a uniform value) with the block, `@c`
                        replaced, as the case of each matrix, under
                        `if (DVT > c)` (none for 0)
+    //@ GRID r RM c RN the block once per pair (r, c), `@r` and `@c`
+                       replaced, under `if (RM > r)` and `if (RN > c)`
+                       (none for 0; a bound `-` puts no test: declarations)
     //@ END
 
 with `@d` (or `@c`) in the block replaced by the matrix's number.
@@ -61,6 +64,21 @@ def expand(kind, args, block, pad, count):
             out.append(f"{pad}    }}")
         out.append(f"{pad}    default: {{}}")
         out.append(f"{pad}}}")
+    elif kind == "GRID":
+        var_r, bound_r, var_c, bound_c = args
+        for r in range(count):
+            for c in range(count):
+                body = substitute(substitute(block, var_r, r), var_c, c)
+                tests = [f"{bound} > {n}u" for bound, n in ((bound_r, r), (bound_c, c))
+                         if n > 0 and bound != "-"]
+                # (Nested, not &&: naga lowers a short-circuit condition
+                # through a local variable, which its uniformity analysis
+                # takes as non-uniform.)
+                for depth, test in enumerate(tests):
+                    out.append(f"{pad}{'    ' * depth}if ({test}) {{")
+                out += [("    " * len(tests)) + line if line else "" for line in body]
+                for depth in reversed(range(len(tests))):
+                    out.append(f"{pad}{'    ' * depth}}}")
     else:
         sys.exit(f"unknown block //@ {kind}")
     return out
@@ -76,7 +94,7 @@ def render(name, count=MAX_DT):
     i = 0
     while i < len(template):
         line = template[i]
-        m = re.match(r"^(\s*)//@ (ALL|EACH|CASES) (.*)$", line)
+        m = re.match(r"^(\s*)//@ (ALL|EACH|CASES|GRID) (.*)$", line)
         if not m:
             out.append(line)
             i += 1

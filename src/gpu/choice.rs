@@ -18,6 +18,31 @@ pub struct CoopShape {
     pub subgroup: u32,
 }
 
+/// The accumulators each subgroup of `gemm_coop_packed.wgsl` owns: `rows`
+/// by `cols` matrices of C (1 to 4 each), so a workgroup of 2 x 2 subgroups
+/// computes `2 * rows` by `2 * cols` matrices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PackedTile {
+    /// Matrices down C.
+    pub rows: u8,
+    /// Matrices across C.
+    pub cols: u8,
+}
+
+impl PackedTile {
+    /// The tile calls at `Precision::Fast` take: 2 x 2 matrices a subgroup,
+    /// the staged kernel's geometry.
+    pub const DEFAULT: PackedTile = PackedTile { rows: 2, cols: 2 };
+
+    /// The tiles `webattn bench` measures side by side: the default, then
+    /// twice and four times the products per matrix loaded (more registers).
+    pub const CANDIDATES: [PackedTile; 3] = [
+        PackedTile::DEFAULT,
+        PackedTile { rows: 4, cols: 2 },
+        PackedTile { rows: 4, cols: 4 },
+    ];
+}
+
 /// Which GEMM kernel records a product.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GemmKernel {
@@ -36,6 +61,35 @@ pub enum GemmKernel {
     /// 4 subgroups per workgroup each owning 2 x 2 matrices of C. Only where
     /// the caller allows f16 products (`Precision::Fast`).
     Coop(CoopShape),
+    /// `gemm_coop_packed.wgsl`: op(A) and op(B) packed as f16 first
+    /// (`coop_pack.wgsl`, zero-padded to whole tiles), then matrix loads
+    /// from storage and products with no workgroup memory in the K loop.
+    /// Products whose A carries marks to skip (attention's `P V`), or whose
+    /// packed operands exceed a binding or a loop budget, run as `Coop`.
+    CoopPacked {
+        /// The matrix-unit configuration.
+        shape: CoopShape,
+        /// The accumulators per subgroup.
+        tile: PackedTile,
+    },
+}
+
+impl GemmKernel {
+    /// The kernel's name, with the configuration it is compiled for
+    /// (`gemm_coop_packed16 4x2`: 16x16 matrices, 4 x 2 per subgroup).
+    pub fn label(self) -> String {
+        match self {
+            GemmKernel::Tiled => "gemm".to_string(),
+            GemmKernel::Subgroup { width } => format!("gemm_sg (subgroups of {width})"),
+            GemmKernel::Coop(shape) => format!("gemm_coop{}", shape.size.dim()),
+            GemmKernel::CoopPacked { shape, tile } => format!(
+                "gemm_coop_packed{} {}x{}",
+                shape.size.dim(),
+                tile.rows,
+                tile.cols
+            ),
+        }
+    }
 }
 
 /// Which fused kernel an engine uses: chosen from the adapter's capabilities,

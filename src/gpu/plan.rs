@@ -49,6 +49,7 @@ impl KernelPlan {
             } else {
                 gemm::AValues::Probabilities
             };
+            let gemm_kernel = gemm::marks_to_staged(gemm_kernel, a_values);
             let (invocations, tile, workgroup_bytes) = match gemm_kernel {
                 gemm::GemmKernel::Tiled => (gemm::INVOCATIONS, gemm::TILE_TEXT.to_string(), gemm::WORKGROUP_BYTES),
                 gemm::GemmKernel::Subgroup { width } => (
@@ -73,6 +74,19 @@ impl KernelPlan {
                             gemm::COOP_SLICE
                         ),
                         gemm::coop_workgroup_bytes(shape),
+                    )
+                }
+                gemm::GemmKernel::CoopPacked { shape, tile } => {
+                    let n = shape.size.dim();
+                    let (rows, cols) = super::ops::gemm_packed::tile_dims(shape, tile);
+                    (
+                        super::ops::gemm_packed::invocations(shape),
+                        format!(
+                            "{rows}x{cols} of C, 4 subgroups of {} each {}x{} f32 accumulators of {n}x{n}, \
+                             f16 operands packed first (coop_pack) and loaded from storage",
+                            shape.subgroup, tile.rows, tile.cols
+                        ),
+                        super::ops::gemm_packed::workgroup_bytes(shape),
                     )
                 }
             };
@@ -174,6 +188,15 @@ impl KernelPlan {
         ]);
         let fast_gemm = super::planner::gemm_kernel_at(caps, Precision::Fast, gemm_kernel);
         if fast_gemm != gemm_kernel {
+            if let gemm::GemmKernel::CoopPacked { .. } = fast_gemm {
+                kernels.push(KernelConfig {
+                    label: super::ops::gemm_packed::pack_key().to_string(),
+                    invocations: super::ops::gemm_packed::PACK_INVOCATIONS,
+                    tile: "8 values of a packed row per invocation".to_string(),
+                    workgroup_bytes: 0,
+                    role: "unfused, precision fast: Q and K as f16, padded to whole tiles",
+                });
+            }
             kernels.push(gemm_config(
                 fast_gemm,
                 true,
@@ -194,7 +217,9 @@ impl KernelPlan {
             gemm::GemmKernel::Subgroup { width } => format!(
                 "GEMM: subgroup shuffles (CPU adapter, subgroups of {width}: a storage load costs a loop over the lanes)"
             ),
-            gemm::GemmKernel::Coop(_) => "GEMM: matrix units".to_string(),
+            gemm::GemmKernel::Coop(_) | gemm::GemmKernel::CoopPacked { .. } => {
+                "GEMM: matrix units".to_string()
+            }
         };
         let coop_note = match super::planner::coop_shape(caps) {
             Some(shape) => format!(
@@ -532,10 +557,14 @@ pub fn every_planned_pipeline() -> Vec<super::pipeline::PipelineKey> {
                             a_values,
                         ));
                     }
+                    for tile in gemm::PackedTile::CANDIDATES {
+                        keys.push(super::ops::gemm_packed::key(shape, tile, &spec));
+                    }
                 }
             }
         }
     }
+    keys.push(super::ops::gemm_packed::pack_key());
     keys.sort();
     keys.dedup();
     keys
@@ -556,14 +585,15 @@ mod tests {
     #[test]
     fn every_kernel_has_a_variant_in_the_list() {
         let keys = every_pipeline_variant();
-        // The matrix-unit kernels never run in a browser (wgpu offers no
-        // cooperative matrices there), nor do attention_tiled_wide and
+        // The matrix-unit kernels (and the pass that packs their operands)
+        // never run in a browser (wgpu offers no cooperative matrices
+        // there), nor do attention_tiled_wide and
         // attention_tiled_shuffle (SwiftShader in Chromium loses its device
         // compiling either, and its subgroups of 4 run no shuffle form); the
         // translation test covers them.
         for kernel in crate::gpu::registry::Kernel::ALL {
             use crate::gpu::registry::Kernel::{AttentionTiledShuffle, AttentionTiledWide};
-            if !kernel.uses_coop()
+            if !kernel.runs_with_matrix_units()
                 && kernel != AttentionTiledWide
                 && kernel != AttentionTiledShuffle
             {

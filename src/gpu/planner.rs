@@ -37,8 +37,10 @@ pub fn coop_shape(caps: &Capabilities) -> Option<CoopShape> {
 }
 
 /// The GEMM kernel for `precision`: under [`Precision::Fast`] the
-/// matrix-unit kernel where [`coop_shape`] finds a configuration and its
-/// tile fits the limits, else (and always under `Highest`) `f32_kernel`.
+/// matrix-unit kernel where [`coop_shape`] finds a configuration and the
+/// staged kernel's tile fits the limits (the packed kernel, at its default
+/// tile, where that fits too: it hands the staged one what it cannot hold),
+/// else (and always under `Highest`) `f32_kernel`.
 pub fn gemm_kernel_at(
     caps: &Capabilities,
     precision: Precision,
@@ -46,7 +48,12 @@ pub fn gemm_kernel_at(
 ) -> GemmKernel {
     match (precision, coop_shape(caps)) {
         (Precision::Fast, Some(shape)) if super::ops::gemm::coop_fits(shape, &caps.limits) => {
-            GemmKernel::Coop(shape)
+            let tile = super::ops::gemm::PackedTile::DEFAULT;
+            if super::ops::gemm_packed::fits(shape, tile, &caps.limits) {
+                GemmKernel::CoopPacked { shape, tile }
+            } else {
+                GemmKernel::Coop(shape)
+            }
         }
         _ => f32_kernel,
     }
@@ -497,7 +504,10 @@ mod tests {
         assert_eq!(coop_shape(&h100), Some(shape));
         assert_eq!(
             gemm_kernel_at(&h100, Precision::Fast, GemmKernel::Tiled),
-            GemmKernel::Coop(shape)
+            GemmKernel::CoopPacked {
+                shape,
+                tile: crate::gpu::ops::gemm::PackedTile::DEFAULT
+            }
         );
         assert_eq!(
             gemm_kernel_at(&h100, Precision::Highest, GemmKernel::Tiled),

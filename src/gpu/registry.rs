@@ -107,6 +107,13 @@ pub enum Kernel {
     /// GEMM on the matrix units: f16 operands, f32 accumulators
     /// (`shaders/gemm_coop.wgsl`).
     GemmCoop(CoopSize),
+    /// GEMM on the matrix units from operands packed as f16 by
+    /// [`Kernel::CoopPack`]: no workgroup memory in the K loop
+    /// (`shaders/gemm_coop_packed.wgsl`).
+    GemmCoopPacked(CoopSize),
+    /// Packs a GEMM operand as f16, zero-padded to whole tiles, for
+    /// [`Kernel::GemmCoopPacked`] (`shaders/coop_pack.wgsl`).
+    CoopPack,
     /// Fused attention on the matrix units: S and O as f32 accumulator
     /// matrices, Q, K, V and P as f16 (`shaders/attention_coop.wgsl`).
     AttentionCoop(CoopSize),
@@ -125,7 +132,7 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 30] = [
+    pub const ALL: [Kernel; 33] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
@@ -154,6 +161,9 @@ impl Kernel {
         Kernel::AdditiveScores,
         Kernel::GemmCoop(CoopSize::Eight),
         Kernel::GemmCoop(CoopSize::Sixteen),
+        Kernel::GemmCoopPacked(CoopSize::Eight),
+        Kernel::GemmCoopPacked(CoopSize::Sixteen),
+        Kernel::CoopPack,
         Kernel::AttentionCoop(CoopSize::Eight),
         Kernel::AttentionCoop(CoopSize::Sixteen),
     ];
@@ -189,6 +199,9 @@ impl Kernel {
             Kernel::AdditiveScores => "additive_scores",
             Kernel::GemmCoop(CoopSize::Eight) => "gemm_coop8",
             Kernel::GemmCoop(CoopSize::Sixteen) => "gemm_coop16",
+            Kernel::GemmCoopPacked(CoopSize::Eight) => "gemm_coop_packed8",
+            Kernel::GemmCoopPacked(CoopSize::Sixteen) => "gemm_coop_packed16",
+            Kernel::CoopPack => "coop_pack",
             Kernel::AttentionCoop(CoopSize::Eight) => "attention_coop8",
             Kernel::AttentionCoop(CoopSize::Sixteen) => "attention_coop16",
         }
@@ -224,6 +237,8 @@ impl Kernel {
             Kernel::LinearWeights => "linear_weights.wgsl",
             Kernel::AdditiveScores => "additive_scores.wgsl",
             Kernel::GemmCoop(_) => "gemm_coop.wgsl",
+            Kernel::GemmCoopPacked(_) => "gemm_coop_packed.wgsl",
+            Kernel::CoopPack => "coop_pack.wgsl",
             Kernel::AttentionCoop(_) => "attention_coop.wgsl",
         }
     }
@@ -310,6 +325,19 @@ impl Kernel {
                     )
                 })
             }
+            Kernel::GemmCoopPacked(CoopSize::Sixteen) => {
+                include_str!("../../shaders/gemm_coop_packed.wgsl")
+            }
+            Kernel::GemmCoopPacked(CoopSize::Eight) => {
+                static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+                SOURCE.get_or_init(|| {
+                    with_coop_size(
+                        include_str!("../../shaders/gemm_coop_packed.wgsl"),
+                        CoopSize::Eight,
+                    )
+                })
+            }
+            Kernel::CoopPack => include_str!("../../shaders/coop_pack.wgsl"),
             Kernel::AttentionCoop(CoopSize::Sixteen) => {
                 include_str!("../../shaders/attention_coop.wgsl")
             }
@@ -342,7 +370,17 @@ impl Kernel {
     /// cooperative matrices, native Vulkan and Metal only; chosen only on
     /// adapters that report a configuration it is written for).
     pub fn uses_coop(self) -> bool {
-        matches!(self, Kernel::GemmCoop(_) | Kernel::AttentionCoop(_))
+        matches!(
+            self,
+            Kernel::GemmCoop(_) | Kernel::GemmCoopPacked(_) | Kernel::AttentionCoop(_)
+        )
+    }
+
+    /// Whether the kernel runs only beside the matrix-unit kernels: those,
+    /// and [`Kernel::CoopPack`], which packs their operands as f16 (so it
+    /// needs shader-f16, which every adapter with matrix units has).
+    pub fn runs_with_matrix_units(self) -> bool {
+        self.uses_coop() || self == Kernel::CoopPack
     }
 
     /// The WGSL handed to the device. Browsers require `enable subgroups;`
@@ -414,6 +452,10 @@ impl Kernel {
             Kernel::AdditiveScores => &[Uniform, Read, Read, Read, Read, ReadWrite],
             // A and B twice each: an f32 view and a vec4 view of one buffer.
             Kernel::GemmCoop(_) => &[Uniform, Read, Read, Read, Read, ReadWrite],
+            // packed A, packed B; C.
+            Kernel::GemmCoopPacked(_) => &[Uniform, Read, Read, ReadWrite],
+            // an operand as stored; packed.
+            Kernel::CoopPack => &[Uniform, Read, ReadWrite],
         }
     }
 

@@ -40,12 +40,14 @@ const OP_IN_BOUNDS_ACCESS_CHAIN: u32 = 66;
 const OP_PTR_ACCESS_CHAIN: u32 = 67;
 const OP_COPY_OBJECT: u32 = 83;
 const OP_MEMORY_MODEL: u32 = 14;
+const OP_DECORATE: u32 = 71;
 const OP_CONTROL_BARRIER: u32 = 224;
 const OP_MEMORY_BARRIER: u32 = 225;
 const OP_COOPERATIVE_MATRIX_LOAD: u32 = 4457;
 const OP_COOPERATIVE_MATRIX_STORE: u32 = 4458;
 
 const MEMORY_MODEL_VULKAN: u32 = 3;
+const DECORATION_NON_WRITABLE: u32 = 24;
 const STORAGE_CLASS_WORKGROUP: u32 = 4;
 const STORAGE_CLASS_STORAGE_BUFFER: u32 = 12;
 
@@ -80,6 +82,13 @@ fn instructions(words: &[u32]) -> impl Iterator<Item = (u32, std::ops::Range<usi
 /// acquire-release semantics gets `MakeAvailable | MakeVisible` (a new
 /// constant each, since naga shares its integer constants). Modules under
 /// another memory model come back unchanged.
+///
+/// Loads from read-only storage buffers (`NonWritable`: `var<storage, read>`)
+/// stay private: no invocation writes them during the dispatch (WebGPU
+/// forbids binding a buffer read-only and writable at once), so there is
+/// nothing to order, and a compiler may keep and reuse what it loaded. The
+/// kernels' operands are such buffers; `gemm_coop_packed.wgsl`'s K loop is
+/// nothing but loads from them.
 pub fn make_accesses_non_private(words: &[u32]) -> Vec<u32> {
     if words.len() < 5
         || !instructions(words).any(|(op, r)| {
@@ -94,8 +103,21 @@ pub fn make_accesses_non_private(words: &[u32]) -> Vec<u32> {
     let mut pointers: HashMap<u32, u32> = HashMap::new();
     let mut constants: HashMap<u32, (u32, u32)> = HashMap::new();
     let mut semantics_ids: Vec<u32> = Vec::new();
+    // Variables decorated NonWritable, and the pointers derived from them.
+    let mut read_only: std::collections::HashSet<u32> = std::collections::HashSet::new();
     for (op, r) in instructions(words) {
         let w = &words[r];
+        if op == OP_DECORATE && w.len() >= 3 && w[2] == DECORATION_NON_WRITABLE {
+            read_only.insert(w[1]);
+        }
+        if matches!(
+            op,
+            OP_ACCESS_CHAIN | OP_IN_BOUNDS_ACCESS_CHAIN | OP_PTR_ACCESS_CHAIN | OP_COPY_OBJECT
+        ) && w.len() >= 4
+            && read_only.contains(&w[3])
+        {
+            read_only.insert(w[2]);
+        }
         match op {
             OP_TYPE_POINTER if w.len() >= 3 => {
                 pointer_types.insert(w[1], w[2]);
@@ -134,11 +156,10 @@ pub fn make_accesses_non_private(words: &[u32]) -> Vec<u32> {
             }
         }
     }
-    let shared = |id: u32| {
-        matches!(
-            pointers.get(&id),
-            Some(&STORAGE_CLASS_WORKGROUP | &STORAGE_CLASS_STORAGE_BUFFER)
-        )
+    let shared = |id: u32| match pointers.get(&id) {
+        Some(&STORAGE_CLASS_WORKGROUP) => true,
+        Some(&STORAGE_CLASS_STORAGE_BUFFER) => !read_only.contains(&id),
+        _ => false,
     };
     // Pass 2: the rewritten module.
     let mut out = Vec::with_capacity(words.len() + words.len() / 8);

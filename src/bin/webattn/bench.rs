@@ -13,6 +13,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use webattn::bench::{self, AttentionShape, Clock, Repeats};
 use webattn::gpu::ops::decode::DecodeKernel;
+use webattn::gpu::ops::gemm::{GemmKernel, PackedTile};
+use webattn::gpu::ops::gemm_packed;
 use webattn::{DType, KernelPath, Precision};
 
 use super::plot;
@@ -168,6 +170,23 @@ fn precisions(matrix_units: bool) -> &'static [Precision] {
     } else {
         &[Precision::Highest]
     }
+}
+
+/// The other forms of the matrix-unit GEMM than `kernel`, the one calls at
+/// `Precision::Fast` take: the packed kernel's other tiles that fit, and the
+/// staged kernel. None for the f32 kernels.
+fn gemm_alternatives(ctx: &webattn::GpuContext, kernel: GemmKernel) -> Vec<GemmKernel> {
+    let GemmKernel::CoopPacked { shape, tile } = kernel else {
+        return Vec::new();
+    };
+    let limits = &ctx.capabilities().limits;
+    let mut others: Vec<GemmKernel> = PackedTile::CANDIDATES
+        .into_iter()
+        .filter(|&other| other != tile && gemm_packed::fits(shape, other, limits))
+        .map(|tile| GemmKernel::CoopPacked { shape, tile })
+        .collect();
+    others.push(GemmKernel::Coop(shape));
+    others
 }
 
 /// The jobs of a run; `gpu_scale`: a GPU that is not CPU-backed (GEMM to
@@ -423,13 +442,24 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 let r = repeats(KernelPath::Fused, args.quick);
                 let near = adjacent(KernelPath::Fused)?;
                 let kernel = ctx.gemm_kernel_at(precision);
-                let (gflops, m) = pollster::block_on(bench::gemm_with(ctx, kernel, n, n, n, r))?;
-                said(format!(
-                    "  {:.3} ms, {gflops:.0} GFLOP/s, {:.1}% of the FMA ceiling ({near:.0})",
-                    m.median_ms(),
-                    100.0 * gflops / near
-                ));
-                gemm.push((n, precision, gflops, m.median_ms(), near));
+                // From 1024³ on, the matrix-unit GEMM's other forms beside
+                // the one calls take: the packed kernel's other tiles and
+                // the staged kernel.
+                let mut kernels = vec![kernel];
+                if n >= 1024 {
+                    kernels.extend(gemm_alternatives(ctx, kernel));
+                }
+                for kernel in kernels {
+                    let (gflops, m) =
+                        pollster::block_on(bench::gemm_with(ctx, kernel, n, n, n, r))?;
+                    said(format!(
+                        "  {}: {:.3} ms, {gflops:.0} GFLOP/s, {:.1}% of the FMA ceiling ({near:.0})",
+                        kernel.label(),
+                        m.median_ms(),
+                        100.0 * gflops / near
+                    ));
+                    gemm.push((n, precision, kernel, gflops, m.median_ms(), near));
+                }
             }
             Job::Attention(shape, path, precision) => {
                 note(format!(
@@ -661,21 +691,22 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     if let Some(ctx) = ctx {
         for &precision in precisions(matrix_units) {
             println!(
-                "\nGEMM ({}, {:?})",
+                "\nGEMM ({}; calls take {})",
                 match precision {
                     Precision::Highest => "f32",
                     Precision::Fast => "f16 products, f32 sums, on the matrix units",
                 },
-                ctx.gemm_kernel_at(precision)
+                ctx.gemm_kernel_at(precision).label()
             );
             println!(
-                "{:>6} {:>10} {:>10} {:>9} {:>8}",
-                "n", "ms", "GFLOP/s", "ceiling*", "share"
+                "{:>6} {:<24} {:>10} {:>10} {:>9} {:>8}",
+                "n", "kernel", "ms", "GFLOP/s", "ceiling*", "share"
             );
-            for &(n, p, g, ms, near) in &gemm {
+            for &(n, p, kernel, g, ms, near) in &gemm {
                 if p == precision {
                     println!(
-                        "{n:>6} {ms:>10.2} {g:>10.1} {near:>9.1} {:>7.0}%",
+                        "{n:>6} {:<24} {ms:>10.2} {g:>10.1} {near:>9.1} {:>7.0}%",
+                        kernel.label(),
                         100.0 * g / near
                     );
                 }
@@ -839,7 +870,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         "fused_kernel_forced": ctx.map(|c| super::info::fused_kernel(c).1),
         "runtime_checks": ctx.map(|c| c.runtime_checks().name()),
         "matrix_units": ctx.and_then(|c| webattn::gpu::planner::coop_shape(c.capabilities())).map(|s| format!("{n}x{n}x{n} f16 -> f32, subgroups of {}", s.subgroup, n = s.size.dim())),
-        "gemm": gemm.iter().map(|&(n, p, g, ms, near)| json!({"m": n, "n": n, "k": n, "precision": p.name(), "kernel": ctx.map(|c| format!("{:?}", c.gemm_kernel_at(p))), "ms": ms, "gflops": g, "share_of_ceiling": g / near, "adjacent_ceiling_gflops": near})).collect::<Vec<_>>(),
+        "gemm": gemm.iter().map(|&(n, p, kernel, g, ms, near)| json!({"m": n, "n": n, "k": n, "precision": p.name(), "kernel": format!("{kernel:?}"), "kernel_name": kernel.label(), "default_kernel": ctx.is_some_and(|c| c.gemm_kernel_at(p) == kernel), "ms": ms, "gflops": g, "share_of_ceiling": g / near, "adjacent_ceiling_gflops": near})).collect::<Vec<_>>(),
         "attention": attention.iter().map(|(s, p, q, m, near)| json!({
             "path": p.name(), "precision": q.name(), "batch": s.batch, "heads": s.heads, "seq_q": s.seq_q, "seq_k": s.seq_k,
             "head_dim": s.head_dim, "causal": s.causal, "ms": m.measurement.median_ms(),

@@ -174,7 +174,7 @@ struct Params {
     vec_ab: u32,
 }
 
-pub use crate::gpu::choice::{CoopShape, GemmKernel};
+pub use crate::gpu::choice::{CoopShape, GemmKernel, PackedTile};
 
 /// Rows of C per invocation of `gemm_sg.wgsl` (the generator's ROWS).
 pub const SUBGROUP_ROWS_PER_LANE: usize = 4;
@@ -264,6 +264,7 @@ pub fn kernel_key(kernel: GemmKernel, spec: &GemmSpec) -> PipelineKey {
             .with("SG", i64::from(shape.subgroup))
             .with_flag("TRANS_A", spec.trans_a)
             .with_flag("TRANS_B", spec.trans_b),
+        GemmKernel::CoopPacked { shape, tile } => super::gemm_packed::key(shape, tile, spec),
     }
 }
 
@@ -336,6 +337,7 @@ impl AValues {
 
 /// The pipeline key of `kernel` for `spec` with A holding `a`.
 pub fn variant_key(kernel: GemmKernel, spec: &GemmSpec, a: AValues) -> PipelineKey {
+    let kernel = marks_to_staged(kernel, a);
     let key = kernel_key(kernel, spec);
     let key = if a.skips_marks() {
         key.with_flag("SKIP_MARKED_A", true)
@@ -360,6 +362,37 @@ pub(crate) fn record_with(
     record_variant(rec, kernel, spec, AValues::Any, [a, b, c])
 }
 
+/// `kernel`, except that the packed matrix-unit GEMM hands products whose A
+/// carries marks to skip to the staged one (which tests B for non-finite
+/// values slice by slice).
+pub fn marks_to_staged(kernel: GemmKernel, a_values: AValues) -> GemmKernel {
+    match kernel {
+        GemmKernel::CoopPacked { shape, .. } if a_values.skips_marks() => GemmKernel::Coop(shape),
+        other => other,
+    }
+}
+
+/// The kernel that records `spec` with A holding `a_values` when `kernel`
+/// is asked for: the packed matrix-unit GEMM hands products with marks to
+/// skip, and those it cannot hold (a packed operand past one binding, a K
+/// loop past the driver's budget), to the staged one.
+pub fn kernel_for(
+    ctx: &crate::gpu::context::GpuContext,
+    kernel: GemmKernel,
+    spec: &GemmSpec,
+    a_values: AValues,
+) -> GemmKernel {
+    match marks_to_staged(kernel, a_values) {
+        GemmKernel::CoopPacked { shape, tile }
+            if !super::gemm_packed::runs(ctx, shape, tile, spec) =>
+        {
+            GemmKernel::Coop(shape)
+        }
+        GemmKernel::Subgroup { .. } if spec.trans_a => GemmKernel::Tiled,
+        other => other,
+    }
+}
+
 /// Records the GEMM with `kernel`, A holding `a_values`. The matrix-unit
 /// kernel must be one the adapter runs (`Capabilities::f16_matrix_units`),
 /// else a typed error.
@@ -371,6 +404,18 @@ pub(crate) fn record_variant(
     [a, b, c]: [&wgpu::Buffer; 3],
 ) -> Result<()> {
     spec.check()?;
+    if let GemmKernel::CoopPacked { shape, tile } = kernel {
+        let limits = &rec.ctx().caps.limits;
+        if !super::gemm_packed::fits(shape, tile, limits) {
+            return Err(Error::InvalidOption {
+                name: "gemm kernel",
+                value: format!("{kernel:?}"),
+                reason: "the packed matrix-unit GEMM takes 1 to 4 matrices each way per \
+                         subgroup, in a workgroup this adapter allows",
+            });
+        }
+    }
+    let kernel = kernel_for(rec.ctx(), kernel, spec, a_values);
     if let GemmKernel::Coop(shape) = kernel {
         let caps = &rec.ctx().caps;
         let offered = caps.f16_matrix_units() == Some((shape.size.dim(), shape.subgroup));
@@ -383,10 +428,17 @@ pub(crate) fn record_variant(
             });
         }
     }
-    let kernel = match kernel {
-        GemmKernel::Subgroup { .. } if spec.trans_a => GemmKernel::Tiled,
-        other => other,
-    };
+    if let GemmKernel::CoopPacked { shape, .. } = kernel {
+        let caps = &rec.ctx().caps;
+        if caps.f16_matrix_units() != Some((shape.size.dim(), shape.subgroup)) {
+            return Err(Error::InvalidOption {
+                name: "gemm kernel",
+                value: format!("{kernel:?}"),
+                reason: "this adapter offers no matrix-unit configuration of that size and \
+                         subgroup width (webattn info lists what it has)",
+            });
+        }
+    }
     // On drivers that cap an invocation's loop iterations, split K into
     // passes that accumulate into C (beta = 1 after the first).
     let max_k = rec
@@ -439,6 +491,8 @@ fn max_k_per_pass(kernel: GemmKernel, budget: u64, skip_marked_a: bool) -> usize
             }
             (budget.saturating_sub(tile_loop) / per_slice * COOP_SLICE).max(COOP_SLICE)
         }
+        // (Recorded whole or not at all: `kernel_for` checks its budget.)
+        GemmKernel::CoopPacked { .. } => usize::MAX,
     }
 }
 
@@ -449,10 +503,14 @@ fn record_pass(
     a_values: AValues,
     [a, b, c]: [&wgpu::Buffer; 3],
 ) -> Result<()> {
+    if let GemmKernel::CoopPacked { shape, tile } = kernel {
+        return super::gemm_packed::record(rec, shape, tile, spec, [a, b, c]);
+    }
     let (tile_m, tile_n) = match kernel {
         GemmKernel::Tiled => (TILE, TILE),
         GemmKernel::Subgroup { width } => (SUBGROUP_ROWS_PER_LANE * width as usize, SUBGROUP_COLS),
         GemmKernel::Coop(shape) => (coop_tile(shape), coop_tile(shape)),
+        GemmKernel::CoopPacked { shape, tile } => super::gemm_packed::tile_dims(shape, tile),
     };
     let tiles_m = spec.m.div_ceil(tile_m);
     let tiles_n = spec.n.div_ceil(tile_n);
@@ -504,6 +562,8 @@ fn record_pass(
         GemmKernel::Subgroup { .. } | GemmKernel::Coop(_) => {
             rec.dispatch(&pipeline, &[&uniform, a, a, b, b, c], workgroups)
         }
+        // (Recorded by gemm_packed::record above; its bindings are these.)
+        GemmKernel::CoopPacked { .. } => rec.dispatch(&pipeline, &[&uniform, a, b, c], workgroups),
     }
 }
 

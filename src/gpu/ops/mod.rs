@@ -7,6 +7,7 @@ pub mod coop;
 pub mod decode;
 pub mod fused;
 pub mod gemm;
+pub mod gemm_packed;
 pub mod linear;
 pub mod mask;
 pub mod position;
