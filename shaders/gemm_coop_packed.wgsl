@@ -22,7 +22,9 @@
 // them out under `if (RM > r)`, `if (RN > c)`, which fold: RM and RN are
 // overrides).
 //
-// Epilogue: each subgroup stores one accumulator at a time into its own
+// Epilogue: a tile inside C with beta = 0 (every product but those that
+// accumulate into C) stores its accumulators, times alpha, straight to C.
+// Elsewhere each subgroup stores one accumulator at a time into its own
 // CM x CM block of workgroup memory, and its lanes write that block to C
 // with the bounds, alpha and beta (beta = 0 ignores C's contents).
 //
@@ -139,9 +141,12 @@ fn main(
     let a_base = z * p.a_matrix;
     let b_base = ((p.b_batch_base + z) / p.b_batch_div - p.b_first) * p.b_matrix;
     let c_base = p.c_offset + z * p.c_stride;
-    // This subgroup's first row and column of C (and of the packed operands).
-    let row0 = (tile / p.tiles_n) * 2u * RM * CM + (sg / 2u) * RM * CM;
-    let col0 = (tile % p.tiles_n) * 2u * RN * CM + (sg % 2u) * RN * CM;
+    // The tile's first row and column of C (and of the packed operands),
+    // then this subgroup's.
+    let tile_row0 = (tile / p.tiles_n) * 2u * RM * CM;
+    let tile_col0 = (tile % p.tiles_n) * 2u * RN * CM;
+    let row0 = tile_row0 + (sg / 2u) * RM * CM;
+    let col0 = tile_col0 + (sg % 2u) * RN * CM;
 
     for (var i = li; i < CM * CM; i += 4u * SG) {
         c_s[i] = 0.0;
@@ -297,6 +302,112 @@ fn main(
         }
     }
 
+    // (`&`, not `&&`: naga lowers a short-circuit condition through a local
+    // variable, which its uniformity analysis takes as non-uniform.)
+    let inside = (tile_row0 + 2u * RM * CM <= p.m) & (tile_col0 + 2u * RN * CM <= p.n);
+    if (live & inside & (p.beta == 0.0)) {
+        // (Every operand through a `let`: naga 30 writes no SPIR-V for an
+        // expression whose only use is a matrix store's.)
+        let ldc = p.ldc;
+        let alpha = p.alpha;
+        let out0_0 = alpha * acc0_0;
+        let at0_0 = c_base + (row0 + 0u * CM) * ldc + col0 + 0u * CM;
+        coopStoreT(out0_0, &c[at0_0], ldc);
+        if (RN > 1u) {
+            let out0_1 = alpha * acc0_1;
+            let at0_1 = c_base + (row0 + 0u * CM) * ldc + col0 + 1u * CM;
+            coopStoreT(out0_1, &c[at0_1], ldc);
+        }
+        if (RN > 2u) {
+            let out0_2 = alpha * acc0_2;
+            let at0_2 = c_base + (row0 + 0u * CM) * ldc + col0 + 2u * CM;
+            coopStoreT(out0_2, &c[at0_2], ldc);
+        }
+        if (RN > 3u) {
+            let out0_3 = alpha * acc0_3;
+            let at0_3 = c_base + (row0 + 0u * CM) * ldc + col0 + 3u * CM;
+            coopStoreT(out0_3, &c[at0_3], ldc);
+        }
+        if (RM > 1u) {
+            let out1_0 = alpha * acc1_0;
+            let at1_0 = c_base + (row0 + 1u * CM) * ldc + col0 + 0u * CM;
+            coopStoreT(out1_0, &c[at1_0], ldc);
+        }
+        if (RM > 1u) {
+            if (RN > 1u) {
+                let out1_1 = alpha * acc1_1;
+                let at1_1 = c_base + (row0 + 1u * CM) * ldc + col0 + 1u * CM;
+                coopStoreT(out1_1, &c[at1_1], ldc);
+            }
+        }
+        if (RM > 1u) {
+            if (RN > 2u) {
+                let out1_2 = alpha * acc1_2;
+                let at1_2 = c_base + (row0 + 1u * CM) * ldc + col0 + 2u * CM;
+                coopStoreT(out1_2, &c[at1_2], ldc);
+            }
+        }
+        if (RM > 1u) {
+            if (RN > 3u) {
+                let out1_3 = alpha * acc1_3;
+                let at1_3 = c_base + (row0 + 1u * CM) * ldc + col0 + 3u * CM;
+                coopStoreT(out1_3, &c[at1_3], ldc);
+            }
+        }
+        if (RM > 2u) {
+            let out2_0 = alpha * acc2_0;
+            let at2_0 = c_base + (row0 + 2u * CM) * ldc + col0 + 0u * CM;
+            coopStoreT(out2_0, &c[at2_0], ldc);
+        }
+        if (RM > 2u) {
+            if (RN > 1u) {
+                let out2_1 = alpha * acc2_1;
+                let at2_1 = c_base + (row0 + 2u * CM) * ldc + col0 + 1u * CM;
+                coopStoreT(out2_1, &c[at2_1], ldc);
+            }
+        }
+        if (RM > 2u) {
+            if (RN > 2u) {
+                let out2_2 = alpha * acc2_2;
+                let at2_2 = c_base + (row0 + 2u * CM) * ldc + col0 + 2u * CM;
+                coopStoreT(out2_2, &c[at2_2], ldc);
+            }
+        }
+        if (RM > 2u) {
+            if (RN > 3u) {
+                let out2_3 = alpha * acc2_3;
+                let at2_3 = c_base + (row0 + 2u * CM) * ldc + col0 + 3u * CM;
+                coopStoreT(out2_3, &c[at2_3], ldc);
+            }
+        }
+        if (RM > 3u) {
+            let out3_0 = alpha * acc3_0;
+            let at3_0 = c_base + (row0 + 3u * CM) * ldc + col0 + 0u * CM;
+            coopStoreT(out3_0, &c[at3_0], ldc);
+        }
+        if (RM > 3u) {
+            if (RN > 1u) {
+                let out3_1 = alpha * acc3_1;
+                let at3_1 = c_base + (row0 + 3u * CM) * ldc + col0 + 1u * CM;
+                coopStoreT(out3_1, &c[at3_1], ldc);
+            }
+        }
+        if (RM > 3u) {
+            if (RN > 2u) {
+                let out3_2 = alpha * acc3_2;
+                let at3_2 = c_base + (row0 + 3u * CM) * ldc + col0 + 2u * CM;
+                coopStoreT(out3_2, &c[at3_2], ldc);
+            }
+        }
+        if (RM > 3u) {
+            if (RN > 3u) {
+                let out3_3 = alpha * acc3_3;
+                let at3_3 = c_base + (row0 + 3u * CM) * ldc + col0 + 3u * CM;
+                coopStoreT(out3_3, &c[at3_3], ldc);
+            }
+        }
+        return;
+    }
     let mine = sg * CM * CM;
     coopStoreT(acc0_0, &c_s[mine], CM);
     workgroupBarrier();
