@@ -1,13 +1,19 @@
-// Packs one operand of gemm_coop_packed.wgsl: `batches` matrices stored
-// row-major (rows x cols values each, leading dimension ld, `stride` values
-// apart from `offset`) rounded to f16 into a dense buffer of rows_p x cols_p
-// matrices, zeros outside (cols_p a multiple of 8). The matrices keep their
-// stored orientation: the GEMM loads a transposed operand column-major.
+// Packs one operand of gemm_coop_packed.wgsl as f16: `batches` matrices of
+// rows_p x cols_p (zeros outside rows x cols; both multiples of BLOCK), each
+// cut into BLOCK x BLOCK blocks stored one after another along each row of
+// blocks, every block row-major. So a matrix load reads one contiguous run of
+// BLOCK² values at the constant stride BLOCK, and K (the columns) is the
+// contiguous axis of both operands: op(A) is packed as M x K, op(B) as its
+// transpose, N x K.
 //
-// One invocation per 8 values of a packed row, written as two vec4s of
-// f16; consecutive invocations read consecutive values of a stored row. The rounding is the f16 conversion's
-// (gemm_coop.wgsl's too). Workgroups are numbered linearly across the 2D grid
-// so large operands need no second dispatch.
+// Element (r, c) of matrix z comes from src[offset + z * stride + r * ld + c],
+// or with `transposed` from src[offset + z * stride + c * ld + r] (the stored
+// matrix's transpose). One invocation per 8 values of a packed row (two vec4s
+// of f16); consecutive invocations take consecutive 8-value runs of a row, or
+// with `transposed` the same run of consecutive rows, so that a subgroup's
+// reads are consecutive values of the stored rows either way. The rounding is
+// the f16 conversion's (gemm_coop.wgsl's too). Workgroups are numbered
+// linearly across the 2D grid so large operands need no second dispatch.
 
 enable f16;
 
@@ -20,6 +26,12 @@ struct Params {
     batches: u32,
     rows_p: u32,
     cols_p: u32,
+    // The matrix units' size (8 or 16).
+    block: u32,
+    // 1: element (r, c) is stored at c * ld + r.
+    transposed: u32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -29,10 +41,13 @@ struct Params {
 const WG: u32 = 256u;
 
 fn value(base: u32, row: u32, col: u32) -> f32 {
-    if (row < p.rows && col < p.cols) {
-        return src[base + row * p.ld + col];
+    if (row >= p.rows || col >= p.cols) {
+        return 0.0;
     }
-    return 0.0;
+    if (p.transposed != 0u) {
+        return src[base + col * p.ld + row];
+    }
+    return src[base + row * p.ld + col];
 }
 
 // Values (row, col) to (row, col + 3) rounded to f16.
@@ -53,13 +68,26 @@ fn main(
 ) {
     let i = (wid.x + wid.y * nwg.x) * WG + li;
     let per_row = p.cols_p / 8u;
-    if (i >= p.batches * p.rows_p * per_row) {
+    let per_matrix = p.rows_p * per_row;
+    if (i >= p.batches * per_matrix) {
         return;
     }
-    let col = (i % per_row) * 8u;
-    let row_z = i / per_row;
-    let row = row_z % p.rows_p;
-    let base = p.offset + (row_z / p.rows_p) * p.stride;
-    dst[2u * i] = quad(base, row, col);
-    dst[2u * i + 1u] = quad(base, row, col + 4u);
+    let z = i / per_matrix;
+    let j = i % per_matrix;
+    var row: u32;
+    var col: u32;
+    if (p.transposed != 0u) {
+        row = j % p.rows_p;
+        col = (j / p.rows_p) * 8u;
+    } else {
+        row = j / per_row;
+        col = (j % per_row) * 8u;
+    }
+    let base = p.offset + z * p.stride;
+    let b = p.block;
+    // (8 values never straddle a block: col is a multiple of 8, b of 8.)
+    let at = z * p.rows_p * p.cols_p + (row / b) * b * p.cols_p + (col / b) * b * b
+        + (row % b) * b + col % b;
+    dst[at / 4u] = quad(base, row, col);
+    dst[at / 4u + 1u] = quad(base, row, col + 4u);
 }

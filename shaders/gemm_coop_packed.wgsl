@@ -6,13 +6,13 @@
 //
 // gemm_coop.wgsl stages every K slice of both operands through workgroup
 // memory, converting and bounds-testing element by element between two
-// barriers. Here a first pass (coop_pack.wgsl) has written A and B as f16,
-// as stored (transposed or not), into buffers padded with zeros to whole
-// tiles: A as `batch` matrices of MP x KP (KP x MP with TRANS_A), B as its
-// own matrices of KP x NP (NP x KP with TRANS_B), MP and NP multiples of the
-// workgroup's tile, KP of CM. So the K loop is nothing but matrix loads from
-// storage and products: no workgroup memory, no barrier, no bounds test.
-// (A transposed operand is the same matrix loaded column-major.)
+// barriers. Here a first pass (coop_pack.wgsl) has written op(A) as `batch`
+// f16 matrices of MP x KP and op(B) as its own matrices' transposes, NP x KP,
+// zero-padded (MP and NP multiples of the workgroup's tile, KP of CM), in
+// CM x CM blocks stored one after another along each row of blocks. So the
+// K loop is nothing but matrix loads from storage, each one contiguous run
+// of CM² values at the constant stride CM, and products: no workgroup
+// memory, no barrier, no bounds test, whatever the operands' transposes.
 //
 // A workgroup of 4 subgroups (2 x 2) computes a (2 RM CM) x (2 RN CM) tile of
 // C; each subgroup owns RM x RN accumulators for the whole K loop. Each step
@@ -23,7 +23,8 @@
 // overrides).
 //
 // Epilogue: a tile inside C with beta = 0 (every product but those that
-// accumulate into C) stores its accumulators, times alpha, straight to C.
+// accumulate into C), where C's rows are 16-byte aligned, stores its
+// accumulators, times alpha, straight to C.
 // Elsewhere each subgroup stores one accumulator at a time into its own
 // CM x CM block of workgroup memory, and its lanes write that block to C
 // with the bounds, alpha and beta (beta = 0 ignores C's contents).
@@ -42,8 +43,6 @@ alias MatC = coop_mat16x16<f32, C>;
 const CM: u32 = 16u;
 // COOP END
 
-override TRANS_A: bool = false;
-override TRANS_B: bool = false;
 // The adapter's (fixed) subgroup width; the workgroup is 4 subgroups.
 override SG: u32 = 32u;
 // Matrices of C per subgroup: RM rows by RN columns, 1 to 4 each.
@@ -74,7 +73,9 @@ struct Params {
     b_first: u32,
     alpha: f32,
     beta: f32,
-    _pad0: u32,
+    // 1 where C's leading dimension, offset and batch stride are multiples
+    // of 4: a matrix store to C is 16-byte aligned, as Vulkan requires.
+    c_aligned: u32,
     _pad1: u32,
 }
 
@@ -88,20 +89,16 @@ struct Params {
 // variable of these kernels: tests/coop_spirv.rs).
 var<workgroup> c_s: array<f32, 4u * CM * CM>;
 
-// op(A)'s CM x CM matrix at (row, k) of packed matrix `base`.
+// op(A)'s CM x CM matrix at (row, k) of packed matrix `base` (row and k
+// multiples of CM): the block row-major.
 fn load_a(base: u32, row: u32, k: u32) -> MatA {
-    if (TRANS_A) {
-        return coopLoad<MatA>(&pa[base + k * p.mp + row], p.mp);
-    }
-    return coopLoadT<MatA>(&pa[base + row * p.kp + k], p.kp);
+    return coopLoadT<MatA>(&pa[base + row * p.kp + k * CM], CM);
 }
 
-// op(B)'s CM x CM matrix at (k, col) of packed matrix `base`.
+// op(B)'s CM x CM matrix at (k, col) of packed matrix `base` (k and col
+// multiples of CM): the block of its transpose, so column-major.
 fn load_b(base: u32, k: u32, col: u32) -> MatB {
-    if (TRANS_B) {
-        return coopLoad<MatB>(&pb[base + col * p.kp + k], p.kp);
-    }
-    return coopLoadT<MatB>(&pb[base + k * p.np + col], p.np);
+    return coopLoad<MatB>(&pb[base + col * p.kp + k * CM], CM);
 }
 
 // Writes the subgroup's block at `at` in c_s, which holds C's CM x CM
@@ -305,7 +302,7 @@ fn main(
     // (`&`, not `&&`: naga lowers a short-circuit condition through a local
     // variable, which its uniformity analysis takes as non-uniform.)
     let inside = (tile_row0 + 2u * RM * CM <= p.m) & (tile_col0 + 2u * RN * CM <= p.n);
-    if (live & inside & (p.beta == 0.0)) {
+    if (live & inside & (p.beta == 0.0) & (p.c_aligned != 0u)) {
         // (Every operand through a `let`: naga 30 writes no SPIR-V for an
         // expression whose only use is a matrix store's.)
         let ldc = p.ldc;

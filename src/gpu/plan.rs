@@ -558,7 +558,7 @@ pub fn every_planned_pipeline() -> Vec<super::pipeline::PipelineKey> {
                         ));
                     }
                     for tile in gemm::PackedTile::CANDIDATES {
-                        keys.push(super::ops::gemm_packed::key(shape, tile, &spec));
+                        keys.push(super::ops::gemm_packed::key(shape, tile));
                     }
                 }
             }

@@ -264,7 +264,7 @@ pub fn kernel_key(kernel: GemmKernel, spec: &GemmSpec) -> PipelineKey {
             .with("SG", i64::from(shape.subgroup))
             .with_flag("TRANS_A", spec.trans_a)
             .with_flag("TRANS_B", spec.trans_b),
-        GemmKernel::CoopPacked { shape, tile } => super::gemm_packed::key(shape, tile, spec),
+        GemmKernel::CoopPacked { shape, tile } => super::gemm_packed::key(shape, tile),
     }
 }
 

@@ -1,5 +1,6 @@
 //! The GEMM on the matrix units from packed operands: `coop_pack.wgsl`
-//! writes op(A) and op(B) as f16, zero-padded to whole tiles, then
+//! writes op(A) and op(B)ᵀ as f16, zero-padded to whole tiles, in blocks of
+//! one matrix each (so K is contiguous and every matrix load one run), then
 //! `gemm_coop_packed.wgsl` multiplies them with nothing but matrix loads from
 //! storage and products in its K loop (no workgroup memory, no barrier, no
 //! bounds test there: what held `gemm_coop.wgsl`'s staging back).
@@ -49,14 +50,13 @@ pub fn fits(shape: CoopShape, tile: PackedTile, limits: &KernelLimits) -> bool {
         && invocations(shape) <= limits.max_compute_invocations_per_workgroup
 }
 
-/// The pipeline key of the packed GEMM for `spec`'s transposes.
-pub fn key(shape: CoopShape, tile: PackedTile, spec: &GemmSpec) -> PipelineKey {
+/// The pipeline key of the packed GEMM (the packing resolves the
+/// transposes: one pipeline serves them all).
+pub fn key(shape: CoopShape, tile: PackedTile) -> PipelineKey {
     PipelineKey::new(Kernel::GemmCoopPacked(shape.size))
         .with("SG", i64::from(shape.subgroup))
         .with("RM", i64::from(tile.rows))
         .with("RN", i64::from(tile.cols))
-        .with_flag("TRANS_A", spec.trans_a)
-        .with_flag("TRANS_B", spec.trans_b)
 }
 
 /// The pipeline key of the packing pass.
@@ -65,11 +65,13 @@ pub fn pack_key() -> PipelineKey {
 }
 
 /// One operand's packing: its matrices as stored, and the padded shape they
-/// take as f16.
+/// take as f16 (element (r, c) stored at `r * ld + c`, or at `c * ld + r`
+/// where `transposed`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Operand {
     rows: usize,
     cols: usize,
+    transposed: bool,
     ld: usize,
     offset: usize,
     stride: usize,
@@ -110,40 +112,33 @@ fn packing(shape: CoopShape, tile: PackedTile, spec: &GemmSpec) -> Packing {
         spec.n.next_multiple_of(tile_n),
     );
     let kp = spec.k.next_multiple_of(cm);
-    // Stored orientation: op(A) is m x k, stored k x m when transposed.
-    let (a_rows, a_cols, a_rows_p, a_cols_p) = if spec.trans_a {
-        (spec.k, spec.m, kp, mp)
-    } else {
-        (spec.m, spec.k, mp, kp)
-    };
-    let (b_rows, b_cols, b_rows_p, b_cols_p) = if spec.trans_b {
-        (spec.n, spec.k, np, kp)
-    } else {
-        (spec.k, spec.n, kp, np)
-    };
     let div = spec.b_batch_div.max(1);
     let b_first = spec.b_batch_base / div;
     let b_last = (spec.b_batch_base + spec.batch - 1) / div;
     Packing {
+        // op(A), m x k: A as stored, or its transpose.
         a: Operand {
-            rows: a_rows,
-            cols: a_cols,
+            rows: spec.m,
+            cols: spec.k,
+            transposed: spec.trans_a,
             ld: spec.lda,
             offset: spec.a_offset,
             stride: spec.a_stride,
             batches: spec.batch,
-            rows_p: a_rows_p,
-            cols_p: a_cols_p,
+            rows_p: mp,
+            cols_p: kp,
         },
+        // op(B)ᵀ, n x k: B stored transposed as is, else its transpose.
         b: Operand {
-            rows: b_rows,
-            cols: b_cols,
+            rows: spec.n,
+            cols: spec.k,
+            transposed: !spec.trans_b,
             ld: spec.ldb,
             offset: spec.b_offset + b_first * spec.b_stride,
             stride: spec.b_stride,
             batches: b_last - b_first + 1,
-            rows_p: b_rows_p,
-            cols_p: b_cols_p,
+            rows_p: np,
+            cols_p: kp,
         },
         mp,
         np,
@@ -194,6 +189,10 @@ struct PackParams {
     batches: u32,
     rows_p: u32,
     cols_p: u32,
+    block: u32,
+    transposed: u32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 #[repr(C)]
@@ -217,7 +216,7 @@ struct Params {
     b_first: u32,
     alpha: f32,
     beta: f32,
-    _pad0: u32,
+    c_aligned: u32,
     _pad1: u32,
 }
 
@@ -225,6 +224,7 @@ struct Params {
 fn record_pack(
     rec: &mut Recorder<'_>,
     label: &str,
+    shape: CoopShape,
     operand: &Operand,
     src: &wgpu::Buffer,
 ) -> Result<wgpu::Buffer> {
@@ -242,6 +242,10 @@ fn record_pack(
         batches: u(operand.batches),
         rows_p: u(operand.rows_p),
         cols_p: u(operand.cols_p),
+        block: shape.size.dim(),
+        transposed: u32::from(operand.transposed),
+        _pad0: 0,
+        _pad1: 0,
     };
     let uniform = buffer::uniform(ctx, "coop pack params", &params);
     let pipeline = ctx.pipelines.get(&pack_key());
@@ -254,6 +258,14 @@ fn record_pack(
     Ok(packed)
 }
 
+/// Whether C's rows all start 16-byte aligned (leading dimension, offset
+/// and, where a second matrix is written, batch stride multiples of 4), as a
+/// matrix store to storage requires (Vulkan: the pointer and the stride
+/// aligned to 16 bytes or a row, whichever is less).
+fn c_aligned(spec: &GemmSpec) -> bool {
+    spec.ldc % 4 == 0 && spec.c_offset % 4 == 0 && (spec.batch == 1 || spec.c_stride % 4 == 0)
+}
+
 /// Records `spec` on the packed GEMM: both packings, then the product. The
 /// caller has checked [`runs`] and [`GemmSpec::check`].
 pub(crate) fn record(
@@ -264,8 +276,8 @@ pub(crate) fn record(
     [a, b, c]: [&wgpu::Buffer; 3],
 ) -> Result<()> {
     let plan = packing(shape, tile, spec);
-    let packed_a = record_pack(rec, "A as f16", &plan.a, a)?;
-    let packed_b = record_pack(rec, "B as f16", &plan.b, b)?;
+    let packed_a = record_pack(rec, "A as f16", shape, &plan.a, a)?;
+    let packed_b = record_pack(rec, "B as f16", shape, &plan.b, b)?;
     let (tile_m, tile_n) = tile_dims(shape, tile);
     let (tiles_m, tiles_n) = (plan.mp / tile_m, plan.np / tile_n);
     let u = |x: usize| x as u32;
@@ -288,11 +300,11 @@ pub(crate) fn record(
         b_first: u(plan.b_first),
         alpha: spec.alpha,
         beta: spec.beta,
-        _pad0: 0,
+        c_aligned: u32::from(c_aligned(spec)),
         _pad1: 0,
     };
     let ctx = rec.ctx();
-    let pipeline = ctx.pipelines.get(&key(shape, tile, spec));
+    let pipeline = ctx.pipelines.get(&key(shape, tile));
     let uniform = buffer::uniform(ctx, "packed gemm params", &params);
     let workgroups = (tiles_m * tiles_n) as u64 * spec.batch as u64;
     rec.dispatch(&pipeline, &[&uniform, &packed_a, &packed_b, c], workgroups)
@@ -316,20 +328,48 @@ mod tests {
             ..GemmSpec::contiguous(6, 33, 7, 40, true, true)
         };
         let plan = packing(H100, PackedTile { rows: 4, cols: 2 }, &spec);
-        // A stored k x m: 40 x 33 -> 48 x 128; B stored n x k: 7 x 40 -> 64 x 48.
+        // op(A) 33 x 40 -> 128 x 48 (A stored k x m: read transposed);
+        // op(B)ᵀ 7 x 40 -> 64 x 48 (B stored n x k: read as is).
         assert_eq!((plan.mp, plan.np, plan.kp), (128, 64, 48));
         assert_eq!(
             (plan.a.rows, plan.a.cols, plan.a.rows_p, plan.a.cols_p),
-            (40, 33, 48, 128)
+            (33, 40, 128, 48)
         );
         assert_eq!(
             (plan.b.rows, plan.b.cols, plan.b.rows_p, plan.b.cols_p),
             (7, 40, 64, 48)
         );
+        assert!(plan.a.transposed && !plan.b.transposed);
+        let plain = packing(
+            H100,
+            PackedTile::DEFAULT,
+            &GemmSpec::contiguous(1, 5, 6, 7, false, false),
+        );
+        assert!(!plain.a.transposed && plain.b.transposed);
         assert_eq!(plan.a.batches, 6);
         // Batches 0..6 read B matrices (2 + z) / 2 = 1..=3.
         assert_eq!((plan.b_first, plan.b.batches), (1, 3));
         assert_eq!(plan.b.offset, spec.b_stride);
+    }
+
+    #[test]
+    fn stores_to_c_need_rows_aligned_to_16_bytes() {
+        let spec = GemmSpec::contiguous(3, 8, 8, 8, false, false);
+        assert!(c_aligned(&spec));
+        assert!(!c_aligned(&GemmSpec { ldc: 77, ..spec }));
+        assert!(!c_aligned(&GemmSpec {
+            c_offset: 2,
+            ..spec
+        }));
+        assert!(!c_aligned(&GemmSpec {
+            c_stride: 66,
+            ..spec
+        }));
+        assert!(c_aligned(&GemmSpec {
+            c_stride: 66,
+            batch: 1,
+            ..spec
+        }));
     }
 
     #[test]
@@ -340,8 +380,13 @@ mod tests {
                 for (m, n, k) in [(1, 1, 1), (97, 257, 7), (7, 1025, 33)] {
                     let spec = GemmSpec::contiguous(2, m, n, k, false, true);
                     let plan = packing(shape, tile, &spec);
-                    assert_eq!(plan.a.cols_p % PACK_VALUES, 0);
-                    assert_eq!(plan.b.cols_p % PACK_VALUES, 0);
+                    let cm = size.dim() as usize;
+                    for operand in [plan.a, plan.b] {
+                        assert_eq!(operand.cols_p % PACK_VALUES, 0);
+                        // Whole blocks of matrices.
+                        assert_eq!(operand.cols_p % cm, 0);
+                        assert_eq!(operand.rows_p % cm, 0);
+                    }
                 }
             }
         }
