@@ -119,9 +119,42 @@ pub(crate) async fn run(
         buffer::check_bindable(ctx, "qk_matmul_output", bytes(qk_len))?;
     }
     let present_bytes = kv::check_present(ctx, dims, options.return_present)?;
+    let scale = options.effective_scale(dk);
+    // S = scale · Q Kᵀ for the rows of one chunk, into the scores buffer.
+    let scores_spec = |chunk: &Chunk| {
+        let m = chunk.rows_per_head;
+        gemm::GemmSpec {
+            batch: chunk.heads,
+            m,
+            n: t,
+            k: dk,
+            trans_a: false,
+            trans_b: true,
+            lda: dk,
+            ldb: dk,
+            ldc: t,
+            a_offset: (chunk.head0 * nq + chunk.row0) * dk,
+            b_offset: 0,
+            c_offset: 0,
+            a_stride: nq * dk,
+            b_stride: t * dk,
+            c_stride: m * t,
+            b_batch_base: chunk.head0,
+            b_batch_div: dims.group(),
+            alpha: scale,
+            beta: 0.0,
+        }
+    };
+    // The packed matrix-unit GEMM's f16 operands, at the largest chunk's.
+    let packed_bytes = chunks
+        .iter()
+        .map(|chunk| gemm::packed_bytes(ctx, precision, &scores_spec(chunk), gemm::AValues::Any))
+        .max()
+        .unwrap_or(0);
     let allocated_bytes = bytes(y_len)
         + bytes(heads * nq)
         + bytes(chunk_rows * t)
+        + packed_bytes
         + present_bytes
         + if options.qk_matmul_output_mode.is_some() {
             bytes(qk_len)
@@ -158,32 +191,10 @@ pub(crate) async fn run(
             nonpad: &nonpad,
             qk_out: qk.as_ref().unwrap_or(&qk_placeholder),
         };
-        let scale = options.effective_scale(dk);
         for chunk in &chunks {
             let m = chunk.rows_per_head;
             let global_row0 = chunk.head0 * nq + chunk.row0;
-            let scores_spec = gemm::GemmSpec {
-                batch: chunk.heads,
-                m,
-                n: t,
-                k: dk,
-                trans_a: false,
-                trans_b: true,
-                lda: dk,
-                ldb: dk,
-                ldc: t,
-                a_offset: global_row0 * dk,
-                b_offset: 0,
-                c_offset: 0,
-                a_stride: nq * dk,
-                b_stride: t * dk,
-                c_stride: m * t,
-                b_batch_base: chunk.head0,
-                b_batch_div: dims.group(),
-                alpha: scale,
-                beta: 0.0,
-            };
-            gemm::record_at(&mut rec, precision, &scores_spec, q, keys, &scores)?;
+            gemm::record_at(&mut rec, precision, &scores_spec(chunk), q, keys, &scores)?;
             mask::record(
                 &mut rec,
                 dims,

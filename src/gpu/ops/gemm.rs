@@ -295,6 +295,23 @@ pub(crate) fn record_at(
     record_variant(rec, kernel, spec, AValues::Any, [a, b, c])
 }
 
+/// Bytes of scratch the context's kernel for `precision` allocates to record
+/// `spec` with A holding `a_values`: the packed matrix-unit GEMM's f16
+/// operands where it runs the product, else nothing.
+pub(crate) fn packed_bytes(
+    ctx: &crate::gpu::context::GpuContext,
+    precision: Precision,
+    spec: &GemmSpec,
+    a_values: AValues,
+) -> u64 {
+    match kernel_for(ctx, ctx.gemm_kernel_at(precision), spec, a_values) {
+        GemmKernel::CoopPacked { shape, tile } => {
+            super::gemm_packed::scratch_bytes(shape, tile, spec)
+        }
+        _ => 0,
+    }
+}
+
 /// Records attention's `P · V` with the context's kernel for `precision`: A
 /// holds probabilities in `[0, 1]`, `-0` for a key not attended, and every
 /// term whose A is `-0` is skipped, so that NaN or inf in such a key's V row

@@ -178,6 +178,13 @@ pub fn runs(ctx: &GpuContext, shape: CoopShape, tile: PackedTile, spec: &GemmSpe
         && within_budget
 }
 
+/// Bytes of the two packed operands of `spec` (allocated per product,
+/// freed when its commands have run).
+pub fn scratch_bytes(shape: CoopShape, tile: PackedTile, spec: &GemmSpec) -> u64 {
+    let plan = packing(shape, tile, spec);
+    plan.a.bytes() + plan.b.bytes()
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct PackParams {
