@@ -100,7 +100,7 @@ pub struct EngineOptions {
 
 #[derive(Debug)]
 enum Backend {
-    Gpu(GpuDevices),
+    Gpu(Box<GpuDevices>),
     Cpu,
 }
 
@@ -214,7 +214,7 @@ impl Engine {
             decode_kernel: options.decode_kernel,
             tuning: std::sync::Arc::new(std::sync::Mutex::new(options.tuning_cache.load())),
         };
-        let gpu = |ctx| Backend::Gpu(GpuDevices::new(ctx, Some(recipe.clone())));
+        let gpu = |ctx| Backend::Gpu(Box::new(GpuDevices::new(ctx, Some(recipe.clone()))));
         let backend = match options.backend {
             BackendPreference::Cpu => Backend::Cpu,
             BackendPreference::Gpu => gpu(recipe.request().await?),
@@ -245,7 +245,7 @@ impl Engine {
     /// A GPU engine on an existing context. Such an engine cannot replace a
     /// lost device by itself: it does not know how the device was made.
     pub fn from_context(ctx: GpuContext) -> Engine {
-        Self::with_backend(Backend::Gpu(GpuDevices::new(ctx, None)), None)
+        Self::with_backend(Backend::Gpu(Box::new(GpuDevices::new(ctx, None))), None)
     }
 
     /// Which device a GPU engine runs on: 0 for its first, one more each time

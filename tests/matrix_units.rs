@@ -806,6 +806,7 @@ fn fast_calls_leave_a_matrix_unit_kernel_measured_slower() {
                 decode: None,
                 coop_ms: Some(coop_ms),
                 unfused_coop_ms: None,
+                fast_gemm: None,
             };
             let key = TuningKey::new(ctx.capabilities(), 8, 8);
             ctx.record_tuning(key.clone(), entry(2.5));
@@ -831,6 +832,7 @@ fn fast_calls_leave_a_matrix_unit_kernel_measured_slower() {
             );
             let unfused = |ms| TunedEntry {
                 unfused_coop_ms: Some(ms),
+                fast_gemm: None,
                 ..entry(0.5)
             };
             ctx.record_tuning(key.clone(), unfused(16.0));
@@ -884,6 +886,100 @@ fn naga_spirv_runs_the_matrix_unit_kernels_as_wgpus_translation() {
                 .iter()
                 .any(|k| k.kernel.uses_coop()));
             assert_eq!(pipelines.own_spirv_keys(), Vec::new());
+        },
+    );
+}
+
+/// The unfused path at `Fast` takes the form of the matrix-unit GEMM that
+/// `webattn tune` measured fastest (or one pinned on the context), and the
+/// default (the packed kernel at 2x2) where nothing was measured; the tuner
+/// times every form and records the fastest.
+#[test]
+fn fast_calls_take_the_matrix_unit_gemm_form_tuned_fastest() {
+    on_matrix_units(
+        "fast_calls_take_the_matrix_unit_gemm_form_tuned_fastest",
+        Size::Native,
+        |_| {
+            use webattn::gpu::choice::FastGemm;
+            use webattn::tuning::{TunedEntry, TunedGemm, TunedKernel, TuningCache, TuningKey};
+            let engine = Engine::with_options_blocking(EngineOptions {
+                tuning_cache: TuningCache::Memory,
+                ..Default::default()
+            })
+            .expect("an engine of its own");
+            let ctx = engine.gpu().expect("a GPU engine");
+            let default = packed(&engine, PackedTile::DEFAULT);
+            assert_eq!(ctx.gemm_kernel_for_call(Precision::Fast, 8, 8), default);
+            let tall = PackedTile { rows: 4, cols: 2 };
+            let entry = |form| TunedEntry {
+                kernel: TunedKernel::Portable,
+                fused_ms: 1.0,
+                unfused_ms: 2.0,
+                decode: None,
+                coop_ms: None,
+                unfused_coop_ms: Some(1.0),
+                fast_gemm: Some(TunedGemm {
+                    form,
+                    unfused_ms: 1.0,
+                }),
+            };
+            let key = TuningKey::new(ctx.capabilities(), 8, 8);
+            ctx.record_tuning(key.clone(), entry(FastGemm::Staged));
+            assert_eq!(
+                ctx.gemm_kernel_for_call(Precision::Fast, 8, 8),
+                staged(&engine)
+            );
+            assert_eq!(
+                ctx.gemm_kernel_for_call(Precision::Highest, 8, 8),
+                ctx.gemm_kernel_at(Precision::Highest),
+                "f32 calls keep the f32 GEMM"
+            );
+            assert_eq!(
+                ctx.gemm_kernel_for_call(Precision::Fast, 16, 16),
+                default,
+                "other head dims keep the default"
+            );
+            ctx.record_tuning(key, entry(FastGemm::Packed(tall)));
+            assert_eq!(
+                ctx.gemm_kernel_for_call(Precision::Fast, 8, 8),
+                packed(&engine, tall)
+            );
+            // An unfused call at Fast runs that form, right.
+            let case = CaseSpec::new("unfused-tuned-form", [1, 2, 2], [33, 40], [8, 8])
+                .with(|o| o.precision = Precision::Fast);
+            let results = pollster::block_on(run_case(&engine, &case, &[KernelPath::Unfused], 7));
+            assert!(results.iter().all(|r| r.passed()), "{results:?}");
+            assert!(ctx.pipelines().compiled_keys().iter().any(|k| k
+                .kernel
+                .name()
+                .starts_with("gemm_coop_packed")
+                && k.to_string().contains("RM=4,RN=2")));
+            // Pinned on a context, a form wins over the table.
+            let pinned = ctx.clone().with_pinned_fast_gemm(FastGemm::Staged);
+            assert_eq!(
+                pinned.gemm_kernel_for_call(Precision::Fast, 8, 8),
+                staged(&engine)
+            );
+            // The tuner times every form on the unfused path at Fast and
+            // records the fastest.
+            let reports = pollster::block_on(webattn::tuning::tune(&engine, &[(8, 8)], |_| {}))
+                .expect("the tuner runs");
+            let timed: Vec<&str> = reports[0]
+                .timings
+                .iter()
+                .map(|t| t.label.as_str())
+                .filter(|label| label.starts_with("unfused (precision fast"))
+                .collect();
+            assert_eq!(timed.len(), FastGemm::ALL.len(), "{timed:?}");
+            let tuned = reports[0].entry.fast_gemm.expect("a form was recorded");
+            assert_eq!(reports[0].entry.unfused_coop_ms, Some(tuned.unfused_ms));
+            assert_eq!(
+                ctx.gemm_kernel_for_call(Precision::Fast, 8, 8),
+                tuned.form.kernel(match staged(&engine) {
+                    GemmKernel::Coop(shape) => shape,
+                    _ => unreachable!(),
+                })
+            );
         },
     );
 }

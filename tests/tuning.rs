@@ -138,6 +138,7 @@ fn a_stale_entry_is_ignored_with_a_warning_and_calls_stay_right() {
             decode: None,
             coop_ms: None,
             unfused_coop_ms: None,
+            fast_gemm: None,
         },
     );
     table.save(&cache).unwrap();
@@ -180,6 +181,7 @@ fn auto_follows_the_measured_path_and_kernel() {
             decode: None,
             coop_ms: None,
             unfused_coop_ms: None,
+            fast_gemm: None,
         },
     );
     table.save(&cache).unwrap();
@@ -220,6 +222,7 @@ fn auto_follows_the_measured_path_and_kernel() {
             decode: None,
             coop_ms: None,
             unfused_coop_ms: None,
+            fast_gemm: None,
         },
     );
     table.save(&cache).unwrap();
@@ -267,6 +270,7 @@ fn decode_follows_the_measured_kernel_where_it_runs() {
                 }),
                 coop_ms: None,
                 unfused_coop_ms: None,
+                fast_gemm: None,
             },
         );
         table.save(&cache).unwrap();
@@ -320,11 +324,15 @@ fn entries_timed_without_runtime_checks_are_followed_only_without_them() {
             decode: None,
             coop_ms: None,
             unfused_coop_ms: None,
+            fast_gemm: None,
         },
     );
     table.save(&cache).unwrap();
     let text = std::fs::read_to_string(&cache).unwrap();
-    assert!(text.lines().nth(2).unwrap().ends_with("\toff"), "{text}");
+    assert!(
+        text.lines().nth(2).unwrap().ends_with("\toff\t-\t-"),
+        "{text}"
+    );
     let checked = webattn(&cache, &["info"]);
     assert!(checked.status.success());
     let checked = String::from_utf8_lossy(&checked.stdout);

@@ -43,6 +43,47 @@ impl PackedTile {
     ];
 }
 
+/// The form of the matrix-unit GEMM that calls at `Precision::Fast` take,
+/// as `webattn tune` measures and remembers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FastGemm {
+    /// `gemm_coop_packed.wgsl` at a tile.
+    Packed(PackedTile),
+    /// `gemm_coop.wgsl`, operands staged through workgroup memory.
+    Staged,
+}
+
+impl FastGemm {
+    /// Every form the tuner times: the packed tiles, then the staged kernel.
+    pub const ALL: [FastGemm; 4] = [
+        FastGemm::Packed(PackedTile::CANDIDATES[0]),
+        FastGemm::Packed(PackedTile::CANDIDATES[1]),
+        FastGemm::Packed(PackedTile::CANDIDATES[2]),
+        FastGemm::Staged,
+    ];
+
+    /// The form's name in the tuning table: `packed2x2`, `staged`.
+    pub fn name(self) -> String {
+        match self {
+            FastGemm::Packed(tile) => format!("packed{}x{}", tile.rows, tile.cols),
+            FastGemm::Staged => "staged".to_string(),
+        }
+    }
+
+    /// The form named `name` ([`FastGemm::name`]), if it is one of [`FastGemm::ALL`].
+    pub fn from_name(name: &str) -> Option<FastGemm> {
+        FastGemm::ALL.into_iter().find(|form| form.name() == name)
+    }
+
+    /// The kernel of this form for matrix units of `shape`.
+    pub fn kernel(self, shape: CoopShape) -> GemmKernel {
+        match self {
+            FastGemm::Packed(tile) => GemmKernel::CoopPacked { shape, tile },
+            FastGemm::Staged => GemmKernel::Coop(shape),
+        }
+    }
+}
+
 /// Which GEMM kernel records a product.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GemmKernel {

@@ -70,6 +70,9 @@ pub struct GpuContext {
     /// Invocations per row in the matrix-unit kernel's scalar steps, where a
     /// test asks for other than its tiles' default.
     pub(crate) coop_lanes_per_row: Option<u32>,
+    /// A form of the matrix-unit GEMM that calls at `Precision::Fast` take
+    /// where it runs (the tuner times each form this way).
+    pub(crate) pinned_fast_gemm: Option<super::choice::FastGemm>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -280,6 +283,7 @@ impl GpuContext {
             pinned_fused: None,
             pinned_decode: None,
             coop_lanes_per_row: None,
+            pinned_fast_gemm: None,
             caps: Arc::new(caps),
             profiler: Arc::new(Mutex::new(None)),
             lost,

@@ -5,7 +5,7 @@
 //! capabilities describe the adapter, and only this module decides.
 
 use super::capabilities::{Capabilities, KernelLimits};
-use super::choice::{CoopShape, DecodeKernelChoice, FusedKernelChoice, GemmKernel};
+use super::choice::{CoopShape, DecodeKernelChoice, FastGemm, FusedKernelChoice, GemmKernel};
 use super::context::GpuContext;
 use super::ops::decode::{DecodeKernel, DecodePlan, StreamShape};
 use super::ops::fused::{CoopTiles, FusedKernel, FusedTiles, TiledTiles};
@@ -204,6 +204,42 @@ impl GpuContext {
     pub fn with_coop_lanes_per_row(mut self, lanes: u32) -> GpuContext {
         self.coop_lanes_per_row = Some(lanes);
         self
+    }
+
+    /// This context with calls at [`Precision::Fast`] taking `form` of the
+    /// matrix-unit GEMM where it runs: for timing or testing one form.
+    pub fn with_pinned_fast_gemm(mut self, form: FastGemm) -> GpuContext {
+        self.pinned_fast_gemm = Some(form);
+        self
+    }
+
+    /// The GEMM kernel a call at `precision` with head dims `dk`, `dv`
+    /// records ([`GpuContext::gemm_kernel_at`]), except that at
+    /// [`Precision::Fast`] on the matrix units the form pinned on the
+    /// context, else the one `webattn tune` measured fastest for these head
+    /// dims, replaces the default where it fits.
+    pub fn gemm_kernel_for_call(&self, precision: Precision, dk: usize, dv: usize) -> GemmKernel {
+        let default = self.gemm_kernel_at(precision);
+        if self.gemm_override.is_some() {
+            return default;
+        }
+        let (GemmKernel::CoopPacked { shape, .. } | GemmKernel::Coop(shape)) = default else {
+            return default;
+        };
+        let form = self.pinned_fast_gemm.or_else(|| {
+            self.tuned(dk, dv)
+                .and_then(|entry| entry.fast_gemm)
+                .map(|tuned| tuned.form)
+        });
+        match form.map(|form| form.kernel(shape)) {
+            Some(GemmKernel::CoopPacked { tile, .. })
+                if !super::ops::gemm_packed::fits(shape, tile, &self.caps.limits) =>
+            {
+                default
+            }
+            Some(kernel) => kernel,
+            None => default,
+        }
     }
 
     /// This context with every decode call running `kernel` where it can

@@ -94,6 +94,7 @@ pub(crate) async fn run(
     let heads = b * hq;
     // The GEMMs' precision: Fast stays in f32 where the matrix units measured slower.
     let precision = ctx.unfused_precision(dk, dv, options.precision);
+    let gemm_kernel = ctx.gemm_kernel_for_call(precision, dk, dv);
     let budget = score_budget.min(ctx.caps.limits.max_bindable_bytes());
     // The mask and softmax kernels loop over a row in strides of 128.
     if let Some(loops) = ctx.caps.loop_budget() {
@@ -148,7 +149,7 @@ pub(crate) async fn run(
     // The packed matrix-unit GEMM's f16 operands, at the largest chunk's.
     let packed_bytes = chunks
         .iter()
-        .map(|chunk| gemm::packed_bytes(ctx, precision, &scores_spec(chunk), gemm::AValues::Any))
+        .map(|chunk| gemm::packed_bytes(ctx, gemm_kernel, &scores_spec(chunk), gemm::AValues::Any))
         .max()
         .unwrap_or(0);
     let allocated_bytes = bytes(y_len)
@@ -194,7 +195,13 @@ pub(crate) async fn run(
         for chunk in &chunks {
             let m = chunk.rows_per_head;
             let global_row0 = chunk.head0 * nq + chunk.row0;
-            gemm::record_at(&mut rec, precision, &scores_spec(chunk), q, keys, &scores)?;
+            gemm::record_variant(
+                &mut rec,
+                gemm_kernel,
+                &scores_spec(chunk),
+                gemm::AValues::Any,
+                [q, keys, &scores],
+            )?;
             mask::record(
                 &mut rec,
                 dims,
@@ -236,7 +243,18 @@ pub(crate) async fn run(
             };
             // Keys not attended have probability -0 and take no part, whatever
             // V holds; an attended key's +0 still multiplies its V row.
-            gemm::record_skipping_marked_a(&mut rec, precision, &output_spec, &scores, values, &y)?;
+            // P holds probabilities in [0, 1], -0 for a key not attended:
+            // every term whose P is -0 is skipped, so NaN or inf in such a
+            // key's V row adds nothing, while an attended key whose
+            // probability is +0 still multiplies its row (0 · inf is NaN, as
+            // in PyTorch).
+            gemm::record_variant(
+                &mut rec,
+                gemm_kernel,
+                &output_spec,
+                gemm::AValues::Probabilities,
+                [&scores, values, &y],
+            )?;
             if let (Some(QkMatmulOutputMode::Probabilities), Some(qk)) =
                 (options.qk_matmul_output_mode, qk.as_ref())
             {

@@ -5,7 +5,7 @@ mod table;
 mod tuner;
 
 pub use table::{
-    TunedDecode, TunedEntry, TunedKernel, TuningCache, TuningKey, TuningTable, HEADER,
+    TunedDecode, TunedEntry, TunedGemm, TunedKernel, TuningCache, TuningKey, TuningTable, HEADER,
 };
 pub use tuner::{
     coop_candidate, decode_candidates, fused_candidates, tune, Timed, TuneReport, TuningProblem,

@@ -18,18 +18,20 @@ use crate::gpu::ops::decode::{DecodeKernel, StreamShape};
 use crate::options::RuntimeChecks;
 
 /// The first line of a cache file of this format.
-pub const HEADER: &str = "# webattn tuning cache, format 6";
+pub const HEADER: &str = "# webattn tuning cache, format 7";
 /// The first lines of the formats before it, still read (their entries were
-/// all timed with runtime checks on): format 5 (no runtime-checks column),
+/// all timed with runtime checks on but format 6's): format 6 (no
+/// matrix-unit GEMM columns), format 5 (no runtime-checks column),
 /// format 4 (no decode prefetch column), format 3 (no unfused matrix-unit
 /// column), format 2 (no matrix-unit column), format 1 (no decode or prefetch
 /// columns either).
+const HEADER_6: &str = "# webattn tuning cache, format 6";
 const HEADER_5: &str = "# webattn tuning cache, format 5";
 const HEADER_4: &str = "# webattn tuning cache, format 4";
 const HEADER_3: &str = "# webattn tuning cache, format 3";
 const HEADER_2: &str = "# webattn tuning cache, format 2";
 const HEADER_1: &str = "# webattn tuning cache, format 1";
-const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms\tdecode_kernel\tL\tKB\tdecode_ms\tprefetch\tcoop_ms\tunfused_coop_ms\tdecode_prefetch\truntime_checks";
+const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms\tdecode_kernel\tL\tKB\tdecode_ms\tprefetch\tcoop_ms\tunfused_coop_ms\tdecode_prefetch\truntime_checks\tfast_gemm\tfast_gemm_ms";
 
 /// What a measurement is about: one adapter and driver under one
 /// workgroup-memory limit, at one head-dim class (head dims rounded up to 4),
@@ -139,6 +141,20 @@ pub struct TunedEntry {
     /// keep their GEMMs in f32 where this is measured slower than
     /// `unfused_ms`.
     pub unfused_coop_ms: Option<f64>,
+    /// The form of the matrix-unit GEMM with which the unfused path at
+    /// `Fast` ran fastest, where the adapter has matrix units: its products
+    /// at `Fast` take it (`unfused_coop_ms` is that run's time).
+    pub fast_gemm: Option<TunedGemm>,
+}
+
+/// The matrix-unit GEMM form with which the unfused path at
+/// `Precision::Fast` ran fastest on the tuning problem.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TunedGemm {
+    /// The form.
+    pub form: crate::gpu::choice::FastGemm,
+    /// The unfused path's median time at `Fast` with it, in ms.
+    pub unfused_ms: f64,
 }
 
 /// The decode kernel that won on the tuner's decode problem.
@@ -237,8 +253,10 @@ impl TuningTable {
         let mut lines = text.lines().enumerate();
         match lines.next() {
             Some((_, first))
-                if [HEADER, HEADER_5, HEADER_4, HEADER_3, HEADER_2, HEADER_1]
-                    .contains(&first.trim_end()) => {}
+                if [
+                    HEADER, HEADER_6, HEADER_5, HEADER_4, HEADER_3, HEADER_2, HEADER_1,
+                ]
+                .contains(&first.trim_end()) => {}
             Some((_, first)) => {
                 warnings.push(format!(
                     "not a tuning cache of this format (first line {:?}, expected {HEADER:?}): ignored",
@@ -297,8 +315,12 @@ impl TuningTable {
                 Some(DecodeKernel::Stream(shape)) => u32::from(shape.prefetch),
                 _ => 0,
             };
+            let fast_gemm = match entry.fast_gemm {
+                None => "-\t-".to_string(),
+                Some(tuned) => format!("{}\t{:.6}", tuned.form.name(), tuned.unfused_ms),
+            };
             out.push_str(&format!(
-                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\t{decode}\t{prefetch}\t{coop}\t{unfused_coop}\t{decode_prefetch}\t{}\n",
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\t{decode}\t{prefetch}\t{coop}\t{unfused_coop}\t{decode_prefetch}\t{}\t{fast_gemm}\n",
                 clean(&key.adapter),
                 clean(&key.backend),
                 clean(&key.driver),
@@ -384,9 +406,10 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
     // 13 fields in format 1 (no decode or prefetch columns), 18 in format 2
     // (no matrix-unit column), 19 in format 3 (no unfused matrix-unit
     // column), 20 in format 4 (no decode prefetch column), 21 in format 5
-    // (no runtime-checks column), 22 in format 6.
-    if ![13, 18, 19, 20, 21, 22].contains(&fields.len()) {
-        return Err(format!("{} fields, expected 22", fields.len()));
+    // (no runtime-checks column), 22 in format 6 (no matrix-unit GEMM
+    // columns), 24 in format 7.
+    if ![13, 18, 19, 20, 21, 22, 24].contains(&fields.len()) {
+        return Err(format!("{} fields, expected 24", fields.len()));
     }
     let number = |i: usize, what: &str| -> std::result::Result<u32, String> {
         fields[i]
@@ -474,6 +497,14 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
     };
     let coop_ms = optional(18, "coop_ms")?;
     let unfused_coop_ms = optional(19, "unfused_coop_ms")?;
+    let fast_gemm = match fields.get(22).map(|f| f.trim()) {
+        None | Some("-") => None,
+        Some(name) => Some(TunedGemm {
+            form: crate::gpu::choice::FastGemm::from_name(name)
+                .ok_or_else(|| format!("unknown matrix-unit GEMM form {name:?}"))?,
+            unfused_ms: time(23, "fast_gemm_ms")?,
+        }),
+    };
     let entry = TunedEntry {
         kernel,
         fused_ms: time(11, "fused_ms")?,
@@ -481,6 +512,7 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
         decode,
         coop_ms,
         unfused_coop_ms,
+        fast_gemm,
     };
     Ok((key, entry))
 }
@@ -527,6 +559,13 @@ mod tests {
                 }),
                 coop_ms: Some(3.75),
                 unfused_coop_ms: Some(5.5),
+                fast_gemm: Some(TunedGemm {
+                    form: crate::gpu::choice::FastGemm::Packed(crate::gpu::choice::PackedTile {
+                        rows: 4,
+                        cols: 2,
+                    }),
+                    unfused_ms: 0.75,
+                }),
             },
         );
         table.insert(
@@ -538,6 +577,7 @@ mod tests {
                 decode: None,
                 coop_ms: None,
                 unfused_coop_ms: None,
+                fast_gemm: None,
             },
         );
         table
@@ -576,6 +616,7 @@ mod tests {
                     decode: None,
                     coop_ms: None,
                     unfused_coop_ms: None,
+                    fast_gemm: None,
                 },
             );
             let text = table.to_text();
@@ -689,9 +730,44 @@ mod tests {
             })
             .expect("the sample's streaming decode entry");
         assert!(!stream.prefetch);
-        // The sample's own (format 5) text keeps its prefetch.
+        // The sample's own text keeps its prefetch.
         let (back, _) = TuningTable::parse(&text);
         assert_eq!(back, sample());
+    }
+
+    /// `table` with no matrix-unit GEMM measured (as formats before 7 read).
+    fn without_fast_gemm(mut table: TuningTable) -> TuningTable {
+        let keys: Vec<TuningKey> = table.entries().map(|(k, _)| k.clone()).collect();
+        for key in keys {
+            let mut entry = *table.get(&key).unwrap();
+            entry.fast_gemm = None;
+            table.insert(key, entry);
+        }
+        table
+    }
+
+    #[test]
+    fn format_6_lines_read_without_a_matrix_unit_gemm_form_and_an_unknown_form_is_refused() {
+        let text = sample().to_text();
+        assert!(text.contains("\tpacked4x2\t0.750000\n"), "{text}");
+        let old: Vec<String> = text
+            .lines()
+            .enumerate()
+            .map(|(i, line)| match i {
+                0 => HEADER_6.to_string(),
+                1 => line.to_string(),
+                _ => line.split('\t').take(22).collect::<Vec<_>>().join("\t"),
+            })
+            .collect();
+        let (table, warnings) = TuningTable::parse(&old.join("\n"));
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(table, without_fast_gemm(sample()));
+        let (table, warnings) = TuningTable::parse(&text.replace("packed4x2", "packed9x9"));
+        assert_eq!(table.len(), 1);
+        assert!(
+            warnings[0].contains("unknown matrix-unit GEMM form"),
+            "{warnings:?}"
+        );
     }
 
     #[test]
@@ -722,6 +798,7 @@ mod tests {
                 }),
                 coop_ms: None,
                 unfused_coop_ms: None,
+                fast_gemm: None,
             },
         );
         let (back, warnings) = TuningTable::parse(&table.to_text());
@@ -740,6 +817,7 @@ mod tests {
             decode: None,
             coop_ms: None,
             unfused_coop_ms: None,
+            fast_gemm: None,
         };
         table.insert(unchecked.clone(), entry);
         assert_eq!(table.len(), 3);
@@ -762,8 +840,8 @@ mod tests {
             .collect();
         let (old, warnings) = TuningTable::parse(&old.join("\n"));
         assert!(warnings.is_empty(), "{warnings:?}");
-        assert_eq!(old, sample());
-        let (bad, warnings) = TuningTable::parse(&text.replace("\toff\n", "\tmaybe\n"));
+        assert_eq!(old, without_fast_gemm(sample()));
+        let (bad, warnings) = TuningTable::parse(&text.replace("\toff\t-\t-\n", "\tmaybe\t-\t-\n"));
         assert_eq!(bad.len(), 2);
         assert!(warnings[0].contains("runtime_checks"), "{warnings:?}");
     }

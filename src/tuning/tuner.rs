@@ -6,12 +6,13 @@
 use crate::bench::{measure_gpu, Repeats};
 use crate::conformance::{CaseInputs, CaseSpec};
 use crate::error::{Error, Result};
+use crate::gpu::choice::{FastGemm, GemmKernel};
 use crate::gpu::ops::decode::{DecodeKernel, DecodePlan, StreamShape};
 use crate::gpu::ops::fused::{FusedKernel, FusedTiles, TiledTiles};
 use crate::problem::AttentionDims;
 use crate::{AttentionInputs, AttentionOptions, Engine, FusedKernelChoice, KernelPath, Precision};
 
-use super::table::{TunedDecode, TunedEntry, TunedKernel};
+use super::table::{TunedDecode, TunedEntry, TunedGemm, TunedKernel};
 
 /// The problems each head-dim class is timed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +170,24 @@ pub fn decode_candidates(engine: &Engine, dims: &AttentionDims) -> Result<Vec<De
     Ok(kernels)
 }
 
+/// The forms of the matrix-unit GEMM the tuner times on the unfused path at
+/// `Precision::Fast`: every one that fits where the adapter has matrix
+/// units, none elsewhere.
+fn fast_gemm_candidates(ctx: &crate::GpuContext) -> Vec<FastGemm> {
+    let shape = match ctx.gemm_kernel_at(Precision::Fast) {
+        GemmKernel::CoopPacked { shape, .. } | GemmKernel::Coop(shape) => shape,
+        _ => return Vec::new(),
+    };
+    let limits = &ctx.capabilities().limits;
+    FastGemm::ALL
+        .into_iter()
+        .filter(|form| match form {
+            FastGemm::Packed(tile) => crate::gpu::ops::gemm_packed::fits(shape, *tile, limits),
+            FastGemm::Staged => crate::gpu::ops::gemm::coop_fits(shape, limits),
+        })
+        .collect()
+}
+
 /// A candidate's time, or `None` when it failed in a way that leaves the
 /// device usable (a pipeline the driver refused, say), which `note` hears:
 /// one candidate that cannot run here must not stop the tuning. A lost
@@ -288,18 +307,20 @@ pub async fn tune(
             }
         }
         // The unfused path at Precision::Fast (its GEMMs on the matrix units),
-        // where the adapter has them: unfused calls at Fast keep their GEMMs
-        // in f32 where this is measured slower. Timed with the matrix units
-        // forced, so an earlier entry cannot turn them off.
+        // where the adapter has them, once per form of the matrix-unit GEMM:
+        // its calls at Fast take the fastest form, and keep their GEMMs in
+        // f32 where even that is measured slower. Timed with the matrix
+        // units forced, so an earlier entry cannot turn them off.
         let mut unfused_coop_ms = None;
-        if matches!(
-            ctx.gemm_kernel_at(Precision::Fast),
-            crate::gpu::ops::gemm::GemmKernel::Coop(_)
-        ) {
-            let label = "unfused (precision fast)".to_string();
+        let mut fast_gemm: Option<TunedGemm> = None;
+        for form in fast_gemm_candidates(ctx) {
+            let label = format!("unfused (precision fast, {})", form.name());
             progress(&format!("head dims {dk}/{dv}: {label}"));
-            let coop =
-                Engine::from_context(ctx.clone().with_fused_kernel(FusedKernelChoice::Coop)?);
+            let coop = Engine::from_context(
+                ctx.clone()
+                    .with_fused_kernel(FusedKernelChoice::Coop)?
+                    .with_pinned_fast_gemm(form),
+            );
             if let Some(ms) = left_out(
                 time(&coop, &inputs, KernelPath::Unfused, Precision::Fast).await,
                 |why| progress(&format!("head dims {dk}/{dv}: {label} left out: {why}")),
@@ -308,7 +329,13 @@ pub async fn tune(
                     label,
                     median_ms: ms,
                 });
-                unfused_coop_ms = Some(ms);
+                if fast_gemm.is_none_or(|best| ms < best.unfused_ms) {
+                    fast_gemm = Some(TunedGemm {
+                        form,
+                        unfused_ms: ms,
+                    });
+                    unfused_coop_ms = Some(ms);
+                }
             }
         }
         drop(inputs);
@@ -380,6 +407,7 @@ pub async fn tune(
             decode,
             coop_ms,
             unfused_coop_ms,
+            fast_gemm,
         };
         ctx.record_tuning(ctx.tuning_key(dk, dv), entry);
         reports.push(TuneReport {

@@ -71,6 +71,7 @@ fn describe(engine: &Engine) -> serde_json::Value {
             "decode_kernel": e.decode.map(|d| d.kernel.label()),
             "decode_ms": e.decode.map(|d| d.decode_ms),
             "coop_ms": e.coop_ms, "unfused_coop_ms": e.unfused_coop_ms,
+            "fast_gemm": e.fast_gemm.map(|g| g.form.name()),
         })).collect::<Vec<_>>()),
         "paths": plan.paths.iter().map(|p| p.name()).chain(["cpu", "oracle"]).collect::<Vec<_>>(),
         "cpu_backend": engine.cpu_backend().describe(),
@@ -157,6 +158,9 @@ fn tuning_text(engine: &Engine, ctx: &webattn::GpuContext) -> String {
                     ", unfused {unfused:.3} ms ({})",
                     verdict(unfused, entry.unfused_ms)
                 );
+            }
+            if let Some(gemm) = entry.fast_gemm {
+                out += &format!(", its GEMM {}", gemm.form.name());
             }
             out += "\n";
         }

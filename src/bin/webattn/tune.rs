@@ -118,7 +118,12 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             } else {
                 "unfused calls at precision fast take it"
             };
-            println!("  unfused on the matrix units (precision fast): {coop:.3} ms, {verdict}");
+            let form = entry.fast_gemm.map_or(String::new(), |g| {
+                format!(" with its GEMM {}", g.form.name())
+            });
+            println!(
+                "  unfused on the matrix units (precision fast){form}: {coop:.3} ms, {verdict}"
+            );
         }
         if !report.decode_timings.is_empty() {
             println!(

@@ -7,7 +7,6 @@ use crate::gpu::buffer;
 use crate::gpu::pipeline::PipelineKey;
 use crate::gpu::recorder::Recorder;
 use crate::gpu::registry::Kernel;
-use crate::options::Precision;
 
 /// Rows and columns of C computed by one workgroup.
 pub const TILE: usize = 64;
@@ -281,52 +280,21 @@ pub(crate) fn record(
     record_with(rec, kernel, spec, a, b, c)
 }
 
-/// Records the GEMM with the context's kernel for `precision` (the matrix
-/// units under [`Precision::Fast`] where the adapter has them).
-pub(crate) fn record_at(
-    rec: &mut Recorder<'_>,
-    precision: Precision,
-    spec: &GemmSpec,
-    a: &wgpu::Buffer,
-    b: &wgpu::Buffer,
-    c: &wgpu::Buffer,
-) -> Result<()> {
-    let kernel = rec.ctx().gemm_kernel_at(precision);
-    record_variant(rec, kernel, spec, AValues::Any, [a, b, c])
-}
-
-/// Bytes of scratch the context's kernel for `precision` allocates to record
-/// `spec` with A holding `a_values`: the packed matrix-unit GEMM's f16
-/// operands where it runs the product, else nothing.
+/// Bytes of scratch `kernel` allocates to record `spec` with A holding
+/// `a_values`: the packed matrix-unit GEMM's f16 operands where it runs the
+/// product, else nothing.
 pub(crate) fn packed_bytes(
     ctx: &crate::gpu::context::GpuContext,
-    precision: Precision,
+    kernel: GemmKernel,
     spec: &GemmSpec,
     a_values: AValues,
 ) -> u64 {
-    match kernel_for(ctx, ctx.gemm_kernel_at(precision), spec, a_values) {
+    match kernel_for(ctx, kernel, spec, a_values) {
         GemmKernel::CoopPacked { shape, tile } => {
             super::gemm_packed::scratch_bytes(shape, tile, spec)
         }
         _ => 0,
     }
-}
-
-/// Records attention's `P · V` with the context's kernel for `precision`: A
-/// holds probabilities in `[0, 1]`, `-0` for a key not attended, and every
-/// term whose A is `-0` is skipped, so that NaN or inf in such a key's V row
-/// adds nothing, while an attended key whose probability is `+0` still
-/// multiplies its row (`0 · inf` is NaN, as in PyTorch).
-pub(crate) fn record_skipping_marked_a(
-    rec: &mut Recorder<'_>,
-    precision: Precision,
-    spec: &GemmSpec,
-    a: &wgpu::Buffer,
-    b: &wgpu::Buffer,
-    c: &wgpu::Buffer,
-) -> Result<()> {
-    let kernel = rec.ctx().gemm_kernel_at(precision);
-    record_variant(rec, kernel, spec, AValues::Probabilities, [a, b, c])
 }
 
 /// What the A operand holds, beyond plain numbers.
