@@ -39,6 +39,8 @@ const OP_ACCESS_CHAIN: u32 = 65;
 const OP_IN_BOUNDS_ACCESS_CHAIN: u32 = 66;
 const OP_PTR_ACCESS_CHAIN: u32 = 67;
 const OP_COPY_OBJECT: u32 = 83;
+const OP_SELECT: u32 = 169;
+const OP_PHI: u32 = 245;
 const OP_MEMORY_MODEL: u32 = 14;
 const OP_DECORATE: u32 = 71;
 const OP_CONTROL_BARRIER: u32 = 224;
@@ -131,6 +133,10 @@ pub fn make_accesses_non_private(words: &[u32]) -> Vec<u32> {
             | OP_IN_BOUNDS_ACCESS_CHAIN
             | OP_PTR_ACCESS_CHAIN
             | OP_COPY_OBJECT
+            // (naga writes no pointer selects or phis; a pointer one yields
+            // is shared, and never counted read-only.)
+            | OP_SELECT
+            | OP_PHI
                 if w.len() >= 3 =>
             {
                 if let Some(&class) = pointer_types.get(&w[1]) {
