@@ -88,7 +88,7 @@ const CANDIDATES: [(u32, u32, u32, u32); 8] = [
 const TUNER_ONLY: [(u32, u32, u32, u32); 3] = [(64, 32, 8, 8), (64, 32, 8, 16), (32, 32, 4, 16)];
 
 impl TiledTiles {
-    /// The first measured shape ([`CANDIDATES`], without prefetch) that fits
+    /// The first measured shape (of `CANDIDATES`, without prefetch) that fits
     /// the adapter's limits at head dims `dk`, `dv` (both at most 256), or
     /// `None` when none does (the portable kernel then runs the problem).
     pub fn for_dims(dk: usize, dv: usize, limits: &KernelLimits) -> Option<TiledTiles> {
