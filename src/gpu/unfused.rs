@@ -146,12 +146,12 @@ pub(crate) async fn run(
             beta: 0.0,
         }
     };
-    // The packed matrix-unit GEMM's f16 operands, at the largest chunk's.
-    let packed_bytes = chunks
+    // The packed matrix-unit GEMM's f16 operands: each chunk's own, all
+    // alive until the call's one submission has run.
+    let packed_bytes: u64 = chunks
         .iter()
         .map(|chunk| gemm::packed_bytes(ctx, gemm_kernel, &scores_spec(chunk), gemm::AValues::Any))
-        .max()
-        .unwrap_or(0);
+        .sum();
     let allocated_bytes = bytes(y_len)
         + bytes(heads * nq)
         + bytes(chunk_rows * t)

@@ -8,5 +8,6 @@ pub use table::{
     TunedDecode, TunedEntry, TunedGemm, TunedKernel, TuningCache, TuningKey, TuningTable, HEADER,
 };
 pub use tuner::{
-    coop_candidate, decode_candidates, fused_candidates, tune, Timed, TuneReport, TuningProblem,
+    coop_candidate, decode_candidates, fast_gemm_candidates, fused_candidates, tune, Timed,
+    TuneReport, TuningProblem,
 };

@@ -498,7 +498,13 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
     let coop_ms = optional(18, "coop_ms")?;
     let unfused_coop_ms = optional(19, "unfused_coop_ms")?;
     let fast_gemm = match fields.get(22).map(|f| f.trim()) {
-        None | Some("-") => None,
+        // Before format 7 the tuner timed the unfused path at `Fast` through
+        // the staged kernel only: that time is the staged form's.
+        None => unfused_coop_ms.map(|ms| TunedGemm {
+            form: crate::gpu::choice::FastGemm::Staged,
+            unfused_ms: ms,
+        }),
+        Some("-") => None,
         Some(name) => Some(TunedGemm {
             form: crate::gpu::choice::FastGemm::from_name(name)
                 .ok_or_else(|| format!("unknown matrix-unit GEMM form {name:?}"))?,
@@ -735,19 +741,24 @@ mod tests {
         assert_eq!(back, sample());
     }
 
-    /// `table` with no matrix-unit GEMM measured (as formats before 7 read).
+    /// `table` as formats before 7 read it: their unfused time at `Fast` was
+    /// the staged kernel's, so that is the form.
     fn without_fast_gemm(mut table: TuningTable) -> TuningTable {
         let keys: Vec<TuningKey> = table.entries().map(|(k, _)| k.clone()).collect();
         for key in keys {
             let mut entry = *table.get(&key).unwrap();
-            entry.fast_gemm = None;
+            entry.fast_gemm = entry.unfused_coop_ms.map(|ms| TunedGemm {
+                form: crate::gpu::choice::FastGemm::Staged,
+                unfused_ms: ms,
+            });
             table.insert(key, entry);
         }
         table
     }
 
     #[test]
-    fn format_6_lines_read_without_a_matrix_unit_gemm_form_and_an_unknown_form_is_refused() {
+    fn format_6_lines_read_their_unfused_fast_time_as_the_staged_forms_and_an_unknown_form_is_refused(
+    ) {
         let text = sample().to_text();
         assert!(text.contains("\tpacked4x2\t0.750000\n"), "{text}");
         let old: Vec<String> = text

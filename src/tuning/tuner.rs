@@ -173,7 +173,7 @@ pub fn decode_candidates(engine: &Engine, dims: &AttentionDims) -> Result<Vec<De
 /// The forms of the matrix-unit GEMM the tuner times on the unfused path at
 /// `Precision::Fast`: every one that fits where the adapter has matrix
 /// units, none elsewhere.
-fn fast_gemm_candidates(ctx: &crate::GpuContext) -> Vec<FastGemm> {
+pub fn fast_gemm_candidates(ctx: &crate::GpuContext) -> Vec<FastGemm> {
     let shape = match ctx.gemm_kernel_at(Precision::Fast) {
         GemmKernel::CoopPacked { shape, .. } | GemmKernel::Coop(shape) => shape,
         _ => return Vec::new(),

@@ -148,21 +148,24 @@ fn tuning_text(engine: &Engine, ctx: &webattn::GpuContext) -> String {
             );
         }
         let verdict = |coop: f64, f32_ms: f64| if coop > f32_ms { "f32 kept" } else { "taken" };
+        let mut fast = Vec::new();
         if let Some(coop) = entry.coop_ms {
-            out += &format!(
-                "    matrix units at precision fast: fused {coop:.3} ms ({})",
+            fast.push(format!(
+                "fused {coop:.3} ms ({})",
                 verdict(coop, entry.fused_ms)
-            );
-            if let Some(unfused) = entry.unfused_coop_ms {
-                out += &format!(
-                    ", unfused {unfused:.3} ms ({})",
-                    verdict(unfused, entry.unfused_ms)
-                );
-            }
-            if let Some(gemm) = entry.fast_gemm {
-                out += &format!(", its GEMM {}", gemm.form.name());
-            }
-            out += "\n";
+            ));
+        }
+        if let Some(unfused) = entry.unfused_coop_ms {
+            let gemm = entry
+                .fast_gemm
+                .map_or(String::new(), |g| format!(", its GEMM {}", g.form.name()));
+            fast.push(format!(
+                "unfused {unfused:.3} ms ({}{gemm})",
+                verdict(unfused, entry.unfused_ms)
+            ));
+        }
+        if !fast.is_empty() {
+            out += &format!("    matrix units at precision fast: {}\n", fast.join(", "));
         }
     }
     out
