@@ -487,52 +487,54 @@ fn main(
         // 2. This subgroup's strip of S = Q K^T.
         for (var jb = 0u; jb < BKT; jb++) {
             var acc = zero_c;
-            // K's rows, read column-major: the matrix K^T.
-            acc = coopMultiplyAdd(q_mat0, coopLoad<MatB>(&kv_s[jb * CM * KS + 0u * CM], KS), acc);
-            if (DKT > 1u) {
-                acc = coopMultiplyAdd(q_mat1, coopLoad<MatB>(&kv_s[jb * CM * KS + 1u * CM], KS), acc);
-            }
-            if (DKT > 2u) {
-                acc = coopMultiplyAdd(q_mat2, coopLoad<MatB>(&kv_s[jb * CM * KS + 2u * CM], KS), acc);
-            }
-            if (DKT > 3u) {
-                acc = coopMultiplyAdd(q_mat3, coopLoad<MatB>(&kv_s[jb * CM * KS + 3u * CM], KS), acc);
-            }
-            if (DKT > 4u) {
-                acc = coopMultiplyAdd(q_mat4, coopLoad<MatB>(&kv_s[jb * CM * KS + 4u * CM], KS), acc);
-            }
-            if (DKT > 5u) {
-                acc = coopMultiplyAdd(q_mat5, coopLoad<MatB>(&kv_s[jb * CM * KS + 5u * CM], KS), acc);
-            }
-            if (DKT > 6u) {
-                acc = coopMultiplyAdd(q_mat6, coopLoad<MatB>(&kv_s[jb * CM * KS + 6u * CM], KS), acc);
-            }
-            if (DKT > 7u) {
-                acc = coopMultiplyAdd(q_mat7, coopLoad<MatB>(&kv_s[jb * CM * KS + 7u * CM], KS), acc);
-            }
-            if (DKT > 8u) {
-                acc = coopMultiplyAdd(q_mat8, coopLoad<MatB>(&kv_s[jb * CM * KS + 8u * CM], KS), acc);
-            }
-            if (DKT > 9u) {
-                acc = coopMultiplyAdd(q_mat9, coopLoad<MatB>(&kv_s[jb * CM * KS + 9u * CM], KS), acc);
-            }
-            if (DKT > 10u) {
-                acc = coopMultiplyAdd(q_mat10, coopLoad<MatB>(&kv_s[jb * CM * KS + 10u * CM], KS), acc);
-            }
-            if (DKT > 11u) {
-                acc = coopMultiplyAdd(q_mat11, coopLoad<MatB>(&kv_s[jb * CM * KS + 11u * CM], KS), acc);
-            }
-            if (DKT > 12u) {
-                acc = coopMultiplyAdd(q_mat12, coopLoad<MatB>(&kv_s[jb * CM * KS + 12u * CM], KS), acc);
-            }
-            if (DKT > 13u) {
-                acc = coopMultiplyAdd(q_mat13, coopLoad<MatB>(&kv_s[jb * CM * KS + 13u * CM], KS), acc);
-            }
-            if (DKT > 14u) {
-                acc = coopMultiplyAdd(q_mat14, coopLoad<MatB>(&kv_s[jb * CM * KS + 14u * CM], KS), acc);
-            }
-            if (DKT > 15u) {
-                acc = coopMultiplyAdd(q_mat15, coopLoad<MatB>(&kv_s[jb * CM * KS + 15u * CM], KS), acc);
+            if ((ABLATE & ABLATE_SCORES) == 0u) {
+                // K's rows, read column-major: the matrix K^T.
+                acc = coopMultiplyAdd(q_mat0, coopLoad<MatB>(&kv_s[jb * CM * KS + 0u * CM], KS), acc);
+                if (DKT > 1u) {
+                    acc = coopMultiplyAdd(q_mat1, coopLoad<MatB>(&kv_s[jb * CM * KS + 1u * CM], KS), acc);
+                }
+                if (DKT > 2u) {
+                    acc = coopMultiplyAdd(q_mat2, coopLoad<MatB>(&kv_s[jb * CM * KS + 2u * CM], KS), acc);
+                }
+                if (DKT > 3u) {
+                    acc = coopMultiplyAdd(q_mat3, coopLoad<MatB>(&kv_s[jb * CM * KS + 3u * CM], KS), acc);
+                }
+                if (DKT > 4u) {
+                    acc = coopMultiplyAdd(q_mat4, coopLoad<MatB>(&kv_s[jb * CM * KS + 4u * CM], KS), acc);
+                }
+                if (DKT > 5u) {
+                    acc = coopMultiplyAdd(q_mat5, coopLoad<MatB>(&kv_s[jb * CM * KS + 5u * CM], KS), acc);
+                }
+                if (DKT > 6u) {
+                    acc = coopMultiplyAdd(q_mat6, coopLoad<MatB>(&kv_s[jb * CM * KS + 6u * CM], KS), acc);
+                }
+                if (DKT > 7u) {
+                    acc = coopMultiplyAdd(q_mat7, coopLoad<MatB>(&kv_s[jb * CM * KS + 7u * CM], KS), acc);
+                }
+                if (DKT > 8u) {
+                    acc = coopMultiplyAdd(q_mat8, coopLoad<MatB>(&kv_s[jb * CM * KS + 8u * CM], KS), acc);
+                }
+                if (DKT > 9u) {
+                    acc = coopMultiplyAdd(q_mat9, coopLoad<MatB>(&kv_s[jb * CM * KS + 9u * CM], KS), acc);
+                }
+                if (DKT > 10u) {
+                    acc = coopMultiplyAdd(q_mat10, coopLoad<MatB>(&kv_s[jb * CM * KS + 10u * CM], KS), acc);
+                }
+                if (DKT > 11u) {
+                    acc = coopMultiplyAdd(q_mat11, coopLoad<MatB>(&kv_s[jb * CM * KS + 11u * CM], KS), acc);
+                }
+                if (DKT > 12u) {
+                    acc = coopMultiplyAdd(q_mat12, coopLoad<MatB>(&kv_s[jb * CM * KS + 12u * CM], KS), acc);
+                }
+                if (DKT > 13u) {
+                    acc = coopMultiplyAdd(q_mat13, coopLoad<MatB>(&kv_s[jb * CM * KS + 13u * CM], KS), acc);
+                }
+                if (DKT > 14u) {
+                    acc = coopMultiplyAdd(q_mat14, coopLoad<MatB>(&kv_s[jb * CM * KS + 14u * CM], KS), acc);
+                }
+                if (DKT > 15u) {
+                    acc = coopMultiplyAdd(q_mat15, coopLoad<MatB>(&kv_s[jb * CM * KS + 15u * CM], KS), acc);
+                }
             }
             coopStoreT(acc, &f_s[strip * SS + jb * CM], SS);
         }
@@ -541,111 +543,115 @@ fn main(
         // 3a. The rules and each pair's partial maximum. Keys a row does not
         // attend become MASKED; a NaN or +inf score poisons the row and counts
         // as -inf (P = 0, attended).
-        for (var i = 0u; i < RPI; i++) {
-            let pair = li + WG * i;
-            if (pair >= BQ * LPR) {
-                continue;
-            }
-            let rr = pair / LPR;
-            let t0 = (pair % LPR) * KPI;
-            let pos = offset + i32(row_of[i]);
-            let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride
-                + row_of[i] * p.mask_row_stride;
-            var part_max = MASKED;
-            for (var u = 0u; u < KPI; u++) {
-                let t = t0 + u;
-                let key = j0 + i32(t);
-                var sc = MASKED;
-                var attended = live[i] && key >= lo[i] && key <= hi[i];
-                if (attended) {
-                    sc = f_s[rr * SS + t] * p.scale;
-                    if ((p.flags & FLAG_SOFTCAP) != 0u) {
-                        sc = p.softcap * accurate_tanh(sc / p.softcap);
-                    }
-                    if ((p.flags & FLAG_MASK) != 0u) {
-                        let bias = mask[mask_base + u32(key)];
-                        if (bias <= MASKED) {
-                            attended = false;
-                        } else {
-                            sc += bias;
+        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+            for (var i = 0u; i < RPI; i++) {
+                let pair = li + WG * i;
+                if (pair >= BQ * LPR) {
+                    continue;
+                }
+                let rr = pair / LPR;
+                let t0 = (pair % LPR) * KPI;
+                let pos = offset + i32(row_of[i]);
+                let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride
+                    + row_of[i] * p.mask_row_stride;
+                var part_max = MASKED;
+                for (var u = 0u; u < KPI; u++) {
+                    let t = t0 + u;
+                    let key = j0 + i32(t);
+                    var sc = MASKED;
+                    var attended = live[i] && key >= lo[i] && key <= hi[i];
+                    if (attended) {
+                        sc = f_s[rr * SS + t] * p.scale;
+                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            sc = p.softcap * accurate_tanh(sc / p.softcap);
+                        }
+                        if ((p.flags & FLAG_MASK) != 0u) {
+                            let bias = mask[mask_base + u32(key)];
+                            if (bias <= MASKED) {
+                                attended = false;
+                            } else {
+                                sc += bias;
+                            }
                         }
                     }
-                }
-                if (attended) {
-                    if ((p.flags & FLAG_ALIBI) != 0u) {
-                        sc -= slope * f32(abs(pos - key));
+                    if (attended) {
+                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                            sc -= slope * f32(abs(pos - key));
+                        }
+                        sc *= p.inv_temperature;
+                        if (poisons(sc)) {
+                            fl[i] |= ROW_POISONED;
+                            sc = neg_inf();
+                        }
+                        fl[i] |= ROW_ATTENDED;
+                        part_max = max(part_max, sc);
+                    } else {
+                        sc = MASKED;
                     }
-                    sc *= p.inv_temperature;
-                    if (poisons(sc)) {
-                        fl[i] |= ROW_POISONED;
-                        sc = neg_inf();
-                    }
-                    fl[i] |= ROW_ATTENDED;
-                    part_max = max(part_max, sc);
-                } else {
-                    sc = MASKED;
+                    f_s[rr * SS + t] = sc;
                 }
-                f_s[rr * SS + t] = sc;
+                part_s[pair] = part_max;
             }
-            part_s[pair] = part_max;
         }
         workgroupBarrier();
 
         // 3b. The rows' maxima from their parts; the reference maxima, P and
         // the attended keys, pair by pair.
-        for (var i = 0u; i < RPI; i++) {
-            let pair = li + WG * i;
-            if (pair >= BQ * LPR) {
-                continue;
-            }
-            let rr = pair / LPR;
-            let t0 = (pair % LPR) * KPI;
-            var tile_max = MASKED;
-            for (var k = 0u; k < LPR; k++) {
-                tile_max = max(tile_max, part_s[rr * LPR + k]);
-            }
-            // The reference moves the first time a row attends a key, and
-            // when a score exceeds it by more than RESCALE (alike in every
-            // part of the row: the same maxima, the same test).
-            var alpha = 1.0;
-            // (tile_max - m, not m + RESCALE: the sum rounds where |m| is large.)
-            if (tile_max > MASKED && (m[i] == MASKED || tile_max - m[i] > RESCALE)) {
-                let m_new = max(m[i], tile_max);
-                // exp(-f32::MAX - m) = 0: the row had no O yet.
-                alpha = exp(m[i] - m_new);
-                if (m[i] != MASKED) {
-                    wg_scalars[WG_RESCALE] = 1u;
+        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+            for (var i = 0u; i < RPI; i++) {
+                let pair = li + WG * i;
+                if (pair >= BQ * LPR) {
+                    continue;
                 }
-                m[i] = m_new;
-            }
-            if (t0 == 0u) {
-                alpha_s[rr] = alpha;
-            }
-            l[i] *= alpha;
-            var bits = 0u;
-            var positive = 0u;
-            for (var u = 0u; u < KPI; u++) {
-                let t = t0 + u;
-                let sc = f_s[rr * SS + t];
-                var pt = 0.0;
-                if (sc != MASKED) {
-                    // An attended -inf score: probability 0 (and not
-                    // exp(-inf - -inf)), still multiplying its V row.
-                    if (sc > neg_inf()) {
-                        pt = exp(sc - m[i]);
-                    }
-                    l[i] += pt;
-                    bits |= key_bit(t);
-                    if (pt > 0.0) {
-                        positive |= key_bit(t);
-                    }
+                let rr = pair / LPR;
+                let t0 = (pair % LPR) * KPI;
+                var tile_max = MASKED;
+                for (var k = 0u; k < LPR; k++) {
+                    tile_max = max(tile_max, part_s[rr * LPR + k]);
                 }
-                p_s[rr * PS + t] = f16(pt * P_SCALE);
-                if (u % 32u == 31u || u == KPI - 1u) {
-                    att_s[bit_word(rr, t)] = bits;
-                    pos_s[bit_word(rr, t)] = positive;
-                    bits = 0u;
-                    positive = 0u;
+                // The reference moves the first time a row attends a key, and
+                // when a score exceeds it by more than RESCALE (alike in every
+                // part of the row: the same maxima, the same test).
+                var alpha = 1.0;
+                // (tile_max - m, not m + RESCALE: the sum rounds where |m| is large.)
+                if (tile_max > MASKED && (m[i] == MASKED || tile_max - m[i] > RESCALE)) {
+                    let m_new = max(m[i], tile_max);
+                    // exp(-f32::MAX - m) = 0: the row had no O yet.
+                    alpha = exp(m[i] - m_new);
+                    if (m[i] != MASKED) {
+                        wg_scalars[WG_RESCALE] = 1u;
+                    }
+                    m[i] = m_new;
+                }
+                if (t0 == 0u) {
+                    alpha_s[rr] = alpha;
+                }
+                l[i] *= alpha;
+                var bits = 0u;
+                var positive = 0u;
+                for (var u = 0u; u < KPI; u++) {
+                    let t = t0 + u;
+                    let sc = f_s[rr * SS + t];
+                    var pt = 0.0;
+                    if (sc != MASKED) {
+                        // An attended -inf score: probability 0 (and not
+                        // exp(-inf - -inf)), still multiplying its V row.
+                        if (sc > neg_inf()) {
+                            pt = exp(sc - m[i]);
+                        }
+                        l[i] += pt;
+                        bits |= key_bit(t);
+                        if (pt > 0.0) {
+                            positive |= key_bit(t);
+                        }
+                    }
+                    p_s[rr * PS + t] = f16(pt * P_SCALE);
+                    if (u % 32u == 31u || u == KPI - 1u) {
+                        att_s[bit_word(rr, t)] = bits;
+                        pos_s[bit_word(rr, t)] = positive;
+                        bits = 0u;
+                        positive = 0u;
+                    }
                 }
             }
         }
@@ -857,164 +863,166 @@ fn main(
         }
 
         // 4. O += P V.
-        if (workgroupUniformLoad(&wg_scalars[WG_V_BAD]) != 0u) {
-            // In scalar code: the keys a row attends only; a positive
-            // probability that rounded to 0 in f16 weighs a tiny amount.
-            for (var c = 0u; c < DVT; c++) {
-                if (li == 0u) {
-                    wg_scalars[WG_BLOCK] = c;
-                }
-                // (The block as a uniform value: naga takes a loop variable as non-uniform.)
-                let cu = workgroupUniformLoad(&wg_scalars[WG_BLOCK]);
-                for (var e = li; e < BQ * CM; e += WG) {
-                    let rr = e / CM;
-                    let col = c * CM + e % CM;
-                    var sum = 0.0;
-                    for (var t = 0u; t < BK; t++) {
-                        let bit = key_bit(t);
-                        let word = bit_word(rr, t);
-                        if ((att_s[word] & bit) != 0u) {
-                            var pt = f32(p_s[rr * PS + t]);
-                            if (pt == 0.0 && (pos_s[word] & bit) != 0u) {
-                                pt = 1e-30;
+        if ((ABLATE & ABLATE_PRODUCT) == 0u) {
+            if (workgroupUniformLoad(&wg_scalars[WG_V_BAD]) != 0u) {
+                // In scalar code: the keys a row attends only; a positive
+                // probability that rounded to 0 in f16 weighs a tiny amount.
+                for (var c = 0u; c < DVT; c++) {
+                    if (li == 0u) {
+                        wg_scalars[WG_BLOCK] = c;
+                    }
+                    // (The block as a uniform value: naga takes a loop variable as non-uniform.)
+                    let cu = workgroupUniformLoad(&wg_scalars[WG_BLOCK]);
+                    for (var e = li; e < BQ * CM; e += WG) {
+                        let rr = e / CM;
+                        let col = c * CM + e % CM;
+                        var sum = 0.0;
+                        for (var t = 0u; t < BK; t++) {
+                            let bit = key_bit(t);
+                            let word = bit_word(rr, t);
+                            if ((att_s[word] & bit) != 0u) {
+                                var pt = f32(p_s[rr * PS + t]);
+                                if (pt == 0.0 && (pos_s[word] & bit) != 0u) {
+                                    pt = 1e-30;
+                                }
+                                sum += pt * f32(kv_s[t * KS + col]);
                             }
-                            sum += pt * f32(kv_s[t * KS + col]);
                         }
+                        f_s[rr * OS + e % CM] = sum;
                     }
-                    f_s[rr * OS + e % CM] = sum;
-                }
-                workgroupBarrier();
-                switch cu {
-                    case 0u: {
-                        o_acc0 = o_acc0 + coopLoadT<MatC>(&f_s[strip * OS], OS);
-                    }
-                    case 1u: {
-                        if (DVT > 1u) {
-                            o_acc1 = o_acc1 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                    workgroupBarrier();
+                    switch cu {
+                        case 0u: {
+                            o_acc0 = o_acc0 + coopLoadT<MatC>(&f_s[strip * OS], OS);
                         }
-                    }
-                    case 2u: {
-                        if (DVT > 2u) {
-                            o_acc2 = o_acc2 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                        case 1u: {
+                            if (DVT > 1u) {
+                                o_acc1 = o_acc1 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                            }
                         }
-                    }
-                    case 3u: {
-                        if (DVT > 3u) {
-                            o_acc3 = o_acc3 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                        case 2u: {
+                            if (DVT > 2u) {
+                                o_acc2 = o_acc2 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                            }
                         }
-                    }
-                    case 4u: {
-                        if (DVT > 4u) {
-                            o_acc4 = o_acc4 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                        case 3u: {
+                            if (DVT > 3u) {
+                                o_acc3 = o_acc3 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                            }
                         }
-                    }
-                    case 5u: {
-                        if (DVT > 5u) {
-                            o_acc5 = o_acc5 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                        case 4u: {
+                            if (DVT > 4u) {
+                                o_acc4 = o_acc4 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                            }
                         }
-                    }
-                    case 6u: {
-                        if (DVT > 6u) {
-                            o_acc6 = o_acc6 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                        case 5u: {
+                            if (DVT > 5u) {
+                                o_acc5 = o_acc5 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                            }
                         }
-                    }
-                    case 7u: {
-                        if (DVT > 7u) {
-                            o_acc7 = o_acc7 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                        case 6u: {
+                            if (DVT > 6u) {
+                                o_acc6 = o_acc6 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                            }
                         }
-                    }
-                    case 8u: {
-                        if (DVT > 8u) {
-                            o_acc8 = o_acc8 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                        case 7u: {
+                            if (DVT > 7u) {
+                                o_acc7 = o_acc7 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                            }
                         }
-                    }
-                    case 9u: {
-                        if (DVT > 9u) {
-                            o_acc9 = o_acc9 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                        case 8u: {
+                            if (DVT > 8u) {
+                                o_acc8 = o_acc8 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                            }
                         }
-                    }
-                    case 10u: {
-                        if (DVT > 10u) {
-                            o_acc10 = o_acc10 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                        case 9u: {
+                            if (DVT > 9u) {
+                                o_acc9 = o_acc9 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                            }
                         }
-                    }
-                    case 11u: {
-                        if (DVT > 11u) {
-                            o_acc11 = o_acc11 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                        case 10u: {
+                            if (DVT > 10u) {
+                                o_acc10 = o_acc10 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                            }
                         }
-                    }
-                    case 12u: {
-                        if (DVT > 12u) {
-                            o_acc12 = o_acc12 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                        case 11u: {
+                            if (DVT > 11u) {
+                                o_acc11 = o_acc11 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                            }
                         }
-                    }
-                    case 13u: {
-                        if (DVT > 13u) {
-                            o_acc13 = o_acc13 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                        case 12u: {
+                            if (DVT > 12u) {
+                                o_acc12 = o_acc12 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                            }
                         }
-                    }
-                    case 14u: {
-                        if (DVT > 14u) {
-                            o_acc14 = o_acc14 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                        case 13u: {
+                            if (DVT > 13u) {
+                                o_acc13 = o_acc13 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                            }
                         }
-                    }
-                    case 15u: {
-                        if (DVT > 15u) {
-                            o_acc15 = o_acc15 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                        case 14u: {
+                            if (DVT > 14u) {
+                                o_acc14 = o_acc14 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                            }
                         }
+                        case 15u: {
+                            if (DVT > 15u) {
+                                o_acc15 = o_acc15 + coopLoadT<MatC>(&f_s[strip * OS], OS);
+                            }
+                        }
+                        default: {}
                     }
-                    default: {}
+                    workgroupBarrier();
                 }
-                workgroupBarrier();
-            }
-        } else {
-            for (var jb = 0u; jb < BKT; jb++) {
-                let pa = coopLoadT<MatA>(&p_s[strip * PS + jb * CM], PS);
-                o_acc0 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 0u * CM], KS), o_acc0);
-                if (DVT > 1u) {
-                    o_acc1 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 1u * CM], KS), o_acc1);
-                }
-                if (DVT > 2u) {
-                    o_acc2 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 2u * CM], KS), o_acc2);
-                }
-                if (DVT > 3u) {
-                    o_acc3 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 3u * CM], KS), o_acc3);
-                }
-                if (DVT > 4u) {
-                    o_acc4 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 4u * CM], KS), o_acc4);
-                }
-                if (DVT > 5u) {
-                    o_acc5 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 5u * CM], KS), o_acc5);
-                }
-                if (DVT > 6u) {
-                    o_acc6 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 6u * CM], KS), o_acc6);
-                }
-                if (DVT > 7u) {
-                    o_acc7 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 7u * CM], KS), o_acc7);
-                }
-                if (DVT > 8u) {
-                    o_acc8 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 8u * CM], KS), o_acc8);
-                }
-                if (DVT > 9u) {
-                    o_acc9 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 9u * CM], KS), o_acc9);
-                }
-                if (DVT > 10u) {
-                    o_acc10 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 10u * CM], KS), o_acc10);
-                }
-                if (DVT > 11u) {
-                    o_acc11 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 11u * CM], KS), o_acc11);
-                }
-                if (DVT > 12u) {
-                    o_acc12 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 12u * CM], KS), o_acc12);
-                }
-                if (DVT > 13u) {
-                    o_acc13 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 13u * CM], KS), o_acc13);
-                }
-                if (DVT > 14u) {
-                    o_acc14 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 14u * CM], KS), o_acc14);
-                }
-                if (DVT > 15u) {
-                    o_acc15 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 15u * CM], KS), o_acc15);
+            } else {
+                for (var jb = 0u; jb < BKT; jb++) {
+                    let pa = coopLoadT<MatA>(&p_s[strip * PS + jb * CM], PS);
+                    o_acc0 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 0u * CM], KS), o_acc0);
+                    if (DVT > 1u) {
+                        o_acc1 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 1u * CM], KS), o_acc1);
+                    }
+                    if (DVT > 2u) {
+                        o_acc2 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 2u * CM], KS), o_acc2);
+                    }
+                    if (DVT > 3u) {
+                        o_acc3 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 3u * CM], KS), o_acc3);
+                    }
+                    if (DVT > 4u) {
+                        o_acc4 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 4u * CM], KS), o_acc4);
+                    }
+                    if (DVT > 5u) {
+                        o_acc5 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 5u * CM], KS), o_acc5);
+                    }
+                    if (DVT > 6u) {
+                        o_acc6 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 6u * CM], KS), o_acc6);
+                    }
+                    if (DVT > 7u) {
+                        o_acc7 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 7u * CM], KS), o_acc7);
+                    }
+                    if (DVT > 8u) {
+                        o_acc8 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 8u * CM], KS), o_acc8);
+                    }
+                    if (DVT > 9u) {
+                        o_acc9 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 9u * CM], KS), o_acc9);
+                    }
+                    if (DVT > 10u) {
+                        o_acc10 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 10u * CM], KS), o_acc10);
+                    }
+                    if (DVT > 11u) {
+                        o_acc11 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 11u * CM], KS), o_acc11);
+                    }
+                    if (DVT > 12u) {
+                        o_acc12 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 12u * CM], KS), o_acc12);
+                    }
+                    if (DVT > 13u) {
+                        o_acc13 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 13u * CM], KS), o_acc13);
+                    }
+                    if (DVT > 14u) {
+                        o_acc14 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 14u * CM], KS), o_acc14);
+                    }
+                    if (DVT > 15u) {
+                        o_acc15 = coopMultiplyAdd(pa, coopLoadT<MatB>(&kv_s[jb * CM * KS + 15u * CM], KS), o_acc15);
+                    }
                 }
             }
         }

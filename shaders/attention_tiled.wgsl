@@ -608,204 +608,206 @@ fn main(
         var s3_1 = 0.0;
         var s3_2 = 0.0;
         var s3_3 = 0.0;
-        for (var d4 = 0u; d4 + 1u < DK4; d4 += 2u) {
-            {
-                var k0 = vec4<f32>(0.0);
-                k0 = kv_tile[k_at + 0u * TK * KS + d4];
-                var k1 = vec4<f32>(0.0);
-                if (RK > 1u) {
-                    k1 = kv_tile[k_at + 1u * TK * KS + d4];
-                }
-                var k2 = vec4<f32>(0.0);
-                if (RK > 2u) {
-                    k2 = kv_tile[k_at + 2u * TK * KS + d4];
-                }
-                var k3 = vec4<f32>(0.0);
-                if (RK > 3u) {
-                    k3 = kv_tile[k_at + 3u * TK * KS + d4];
-                }
-                let q0 = q_tile[q_at + 0u * TQ * QS + d4];
-                s0_0 = fma(q0.w, k0.w, fma(q0.z, k0.z, fma(q0.y, k0.y, fma(q0.x, k0.x, s0_0))));
-                if (RK > 1u) {
-                    s0_1 = fma(q0.w, k1.w, fma(q0.z, k1.z, fma(q0.y, k1.y, fma(q0.x, k1.x, s0_1))));
-                }
-                if (RK > 2u) {
-                    s0_2 = fma(q0.w, k2.w, fma(q0.z, k2.z, fma(q0.y, k2.y, fma(q0.x, k2.x, s0_2))));
-                }
-                if (RK > 3u) {
-                    s0_3 = fma(q0.w, k3.w, fma(q0.z, k3.z, fma(q0.y, k3.y, fma(q0.x, k3.x, s0_3))));
-                }
-                if (RQ > 1u) {
-                    let q1 = q_tile[q_at + 1u * TQ * QS + d4];
-                    s1_0 = fma(q1.w, k0.w, fma(q1.z, k0.z, fma(q1.y, k0.y, fma(q1.x, k0.x, s1_0))));
+        if ((ABLATE & ABLATE_SCORES) == 0u) {
+            for (var d4 = 0u; d4 + 1u < DK4; d4 += 2u) {
+                {
+                    var k0 = vec4<f32>(0.0);
+                    k0 = kv_tile[k_at + 0u * TK * KS + d4];
+                    var k1 = vec4<f32>(0.0);
                     if (RK > 1u) {
-                        s1_1 = fma(q1.w, k1.w, fma(q1.z, k1.z, fma(q1.y, k1.y, fma(q1.x, k1.x, s1_1))));
+                        k1 = kv_tile[k_at + 1u * TK * KS + d4];
+                    }
+                    var k2 = vec4<f32>(0.0);
+                    if (RK > 2u) {
+                        k2 = kv_tile[k_at + 2u * TK * KS + d4];
+                    }
+                    var k3 = vec4<f32>(0.0);
+                    if (RK > 3u) {
+                        k3 = kv_tile[k_at + 3u * TK * KS + d4];
+                    }
+                    let q0 = q_tile[q_at + 0u * TQ * QS + d4];
+                    s0_0 = fma(q0.w, k0.w, fma(q0.z, k0.z, fma(q0.y, k0.y, fma(q0.x, k0.x, s0_0))));
+                    if (RK > 1u) {
+                        s0_1 = fma(q0.w, k1.w, fma(q0.z, k1.z, fma(q0.y, k1.y, fma(q0.x, k1.x, s0_1))));
                     }
                     if (RK > 2u) {
-                        s1_2 = fma(q1.w, k2.w, fma(q1.z, k2.z, fma(q1.y, k2.y, fma(q1.x, k2.x, s1_2))));
+                        s0_2 = fma(q0.w, k2.w, fma(q0.z, k2.z, fma(q0.y, k2.y, fma(q0.x, k2.x, s0_2))));
                     }
                     if (RK > 3u) {
-                        s1_3 = fma(q1.w, k3.w, fma(q1.z, k3.z, fma(q1.y, k3.y, fma(q1.x, k3.x, s1_3))));
+                        s0_3 = fma(q0.w, k3.w, fma(q0.z, k3.z, fma(q0.y, k3.y, fma(q0.x, k3.x, s0_3))));
+                    }
+                    if (RQ > 1u) {
+                        let q1 = q_tile[q_at + 1u * TQ * QS + d4];
+                        s1_0 = fma(q1.w, k0.w, fma(q1.z, k0.z, fma(q1.y, k0.y, fma(q1.x, k0.x, s1_0))));
+                        if (RK > 1u) {
+                            s1_1 = fma(q1.w, k1.w, fma(q1.z, k1.z, fma(q1.y, k1.y, fma(q1.x, k1.x, s1_1))));
+                        }
+                        if (RK > 2u) {
+                            s1_2 = fma(q1.w, k2.w, fma(q1.z, k2.z, fma(q1.y, k2.y, fma(q1.x, k2.x, s1_2))));
+                        }
+                        if (RK > 3u) {
+                            s1_3 = fma(q1.w, k3.w, fma(q1.z, k3.z, fma(q1.y, k3.y, fma(q1.x, k3.x, s1_3))));
+                        }
+                    }
+                    if (RQ > 2u) {
+                        let q2 = q_tile[q_at + 2u * TQ * QS + d4];
+                        s2_0 = fma(q2.w, k0.w, fma(q2.z, k0.z, fma(q2.y, k0.y, fma(q2.x, k0.x, s2_0))));
+                        if (RK > 1u) {
+                            s2_1 = fma(q2.w, k1.w, fma(q2.z, k1.z, fma(q2.y, k1.y, fma(q2.x, k1.x, s2_1))));
+                        }
+                        if (RK > 2u) {
+                            s2_2 = fma(q2.w, k2.w, fma(q2.z, k2.z, fma(q2.y, k2.y, fma(q2.x, k2.x, s2_2))));
+                        }
+                        if (RK > 3u) {
+                            s2_3 = fma(q2.w, k3.w, fma(q2.z, k3.z, fma(q2.y, k3.y, fma(q2.x, k3.x, s2_3))));
+                        }
+                    }
+                    if (RQ > 3u) {
+                        let q3 = q_tile[q_at + 3u * TQ * QS + d4];
+                        s3_0 = fma(q3.w, k0.w, fma(q3.z, k0.z, fma(q3.y, k0.y, fma(q3.x, k0.x, s3_0))));
+                        if (RK > 1u) {
+                            s3_1 = fma(q3.w, k1.w, fma(q3.z, k1.z, fma(q3.y, k1.y, fma(q3.x, k1.x, s3_1))));
+                        }
+                        if (RK > 2u) {
+                            s3_2 = fma(q3.w, k2.w, fma(q3.z, k2.z, fma(q3.y, k2.y, fma(q3.x, k2.x, s3_2))));
+                        }
+                        if (RK > 3u) {
+                            s3_3 = fma(q3.w, k3.w, fma(q3.z, k3.z, fma(q3.y, k3.y, fma(q3.x, k3.x, s3_3))));
+                        }
                     }
                 }
-                if (RQ > 2u) {
-                    let q2 = q_tile[q_at + 2u * TQ * QS + d4];
-                    s2_0 = fma(q2.w, k0.w, fma(q2.z, k0.z, fma(q2.y, k0.y, fma(q2.x, k0.x, s2_0))));
+                {
+                    var k0 = vec4<f32>(0.0);
+                    k0 = kv_tile[k_at + 0u * TK * KS + d4 + 1u];
+                    var k1 = vec4<f32>(0.0);
                     if (RK > 1u) {
-                        s2_1 = fma(q2.w, k1.w, fma(q2.z, k1.z, fma(q2.y, k1.y, fma(q2.x, k1.x, s2_1))));
+                        k1 = kv_tile[k_at + 1u * TK * KS + d4 + 1u];
+                    }
+                    var k2 = vec4<f32>(0.0);
+                    if (RK > 2u) {
+                        k2 = kv_tile[k_at + 2u * TK * KS + d4 + 1u];
+                    }
+                    var k3 = vec4<f32>(0.0);
+                    if (RK > 3u) {
+                        k3 = kv_tile[k_at + 3u * TK * KS + d4 + 1u];
+                    }
+                    let q0 = q_tile[q_at + 0u * TQ * QS + d4 + 1u];
+                    s0_0 = fma(q0.w, k0.w, fma(q0.z, k0.z, fma(q0.y, k0.y, fma(q0.x, k0.x, s0_0))));
+                    if (RK > 1u) {
+                        s0_1 = fma(q0.w, k1.w, fma(q0.z, k1.z, fma(q0.y, k1.y, fma(q0.x, k1.x, s0_1))));
                     }
                     if (RK > 2u) {
-                        s2_2 = fma(q2.w, k2.w, fma(q2.z, k2.z, fma(q2.y, k2.y, fma(q2.x, k2.x, s2_2))));
+                        s0_2 = fma(q0.w, k2.w, fma(q0.z, k2.z, fma(q0.y, k2.y, fma(q0.x, k2.x, s0_2))));
                     }
                     if (RK > 3u) {
-                        s2_3 = fma(q2.w, k3.w, fma(q2.z, k3.z, fma(q2.y, k3.y, fma(q2.x, k3.x, s2_3))));
+                        s0_3 = fma(q0.w, k3.w, fma(q0.z, k3.z, fma(q0.y, k3.y, fma(q0.x, k3.x, s0_3))));
                     }
-                }
-                if (RQ > 3u) {
-                    let q3 = q_tile[q_at + 3u * TQ * QS + d4];
-                    s3_0 = fma(q3.w, k0.w, fma(q3.z, k0.z, fma(q3.y, k0.y, fma(q3.x, k0.x, s3_0))));
-                    if (RK > 1u) {
-                        s3_1 = fma(q3.w, k1.w, fma(q3.z, k1.z, fma(q3.y, k1.y, fma(q3.x, k1.x, s3_1))));
+                    if (RQ > 1u) {
+                        let q1 = q_tile[q_at + 1u * TQ * QS + d4 + 1u];
+                        s1_0 = fma(q1.w, k0.w, fma(q1.z, k0.z, fma(q1.y, k0.y, fma(q1.x, k0.x, s1_0))));
+                        if (RK > 1u) {
+                            s1_1 = fma(q1.w, k1.w, fma(q1.z, k1.z, fma(q1.y, k1.y, fma(q1.x, k1.x, s1_1))));
+                        }
+                        if (RK > 2u) {
+                            s1_2 = fma(q1.w, k2.w, fma(q1.z, k2.z, fma(q1.y, k2.y, fma(q1.x, k2.x, s1_2))));
+                        }
+                        if (RK > 3u) {
+                            s1_3 = fma(q1.w, k3.w, fma(q1.z, k3.z, fma(q1.y, k3.y, fma(q1.x, k3.x, s1_3))));
+                        }
                     }
-                    if (RK > 2u) {
-                        s3_2 = fma(q3.w, k2.w, fma(q3.z, k2.z, fma(q3.y, k2.y, fma(q3.x, k2.x, s3_2))));
+                    if (RQ > 2u) {
+                        let q2 = q_tile[q_at + 2u * TQ * QS + d4 + 1u];
+                        s2_0 = fma(q2.w, k0.w, fma(q2.z, k0.z, fma(q2.y, k0.y, fma(q2.x, k0.x, s2_0))));
+                        if (RK > 1u) {
+                            s2_1 = fma(q2.w, k1.w, fma(q2.z, k1.z, fma(q2.y, k1.y, fma(q2.x, k1.x, s2_1))));
+                        }
+                        if (RK > 2u) {
+                            s2_2 = fma(q2.w, k2.w, fma(q2.z, k2.z, fma(q2.y, k2.y, fma(q2.x, k2.x, s2_2))));
+                        }
+                        if (RK > 3u) {
+                            s2_3 = fma(q2.w, k3.w, fma(q2.z, k3.z, fma(q2.y, k3.y, fma(q2.x, k3.x, s2_3))));
+                        }
                     }
-                    if (RK > 3u) {
-                        s3_3 = fma(q3.w, k3.w, fma(q3.z, k3.z, fma(q3.y, k3.y, fma(q3.x, k3.x, s3_3))));
+                    if (RQ > 3u) {
+                        let q3 = q_tile[q_at + 3u * TQ * QS + d4 + 1u];
+                        s3_0 = fma(q3.w, k0.w, fma(q3.z, k0.z, fma(q3.y, k0.y, fma(q3.x, k0.x, s3_0))));
+                        if (RK > 1u) {
+                            s3_1 = fma(q3.w, k1.w, fma(q3.z, k1.z, fma(q3.y, k1.y, fma(q3.x, k1.x, s3_1))));
+                        }
+                        if (RK > 2u) {
+                            s3_2 = fma(q3.w, k2.w, fma(q3.z, k2.z, fma(q3.y, k2.y, fma(q3.x, k2.x, s3_2))));
+                        }
+                        if (RK > 3u) {
+                            s3_3 = fma(q3.w, k3.w, fma(q3.z, k3.z, fma(q3.y, k3.y, fma(q3.x, k3.x, s3_3))));
+                        }
                     }
                 }
             }
-            {
-                var k0 = vec4<f32>(0.0);
-                k0 = kv_tile[k_at + 0u * TK * KS + d4 + 1u];
-                var k1 = vec4<f32>(0.0);
-                if (RK > 1u) {
-                    k1 = kv_tile[k_at + 1u * TK * KS + d4 + 1u];
-                }
-                var k2 = vec4<f32>(0.0);
-                if (RK > 2u) {
-                    k2 = kv_tile[k_at + 2u * TK * KS + d4 + 1u];
-                }
-                var k3 = vec4<f32>(0.0);
-                if (RK > 3u) {
-                    k3 = kv_tile[k_at + 3u * TK * KS + d4 + 1u];
-                }
-                let q0 = q_tile[q_at + 0u * TQ * QS + d4 + 1u];
-                s0_0 = fma(q0.w, k0.w, fma(q0.z, k0.z, fma(q0.y, k0.y, fma(q0.x, k0.x, s0_0))));
-                if (RK > 1u) {
-                    s0_1 = fma(q0.w, k1.w, fma(q0.z, k1.z, fma(q0.y, k1.y, fma(q0.x, k1.x, s0_1))));
-                }
-                if (RK > 2u) {
-                    s0_2 = fma(q0.w, k2.w, fma(q0.z, k2.z, fma(q0.y, k2.y, fma(q0.x, k2.x, s0_2))));
-                }
-                if (RK > 3u) {
-                    s0_3 = fma(q0.w, k3.w, fma(q0.z, k3.z, fma(q0.y, k3.y, fma(q0.x, k3.x, s0_3))));
-                }
-                if (RQ > 1u) {
-                    let q1 = q_tile[q_at + 1u * TQ * QS + d4 + 1u];
-                    s1_0 = fma(q1.w, k0.w, fma(q1.z, k0.z, fma(q1.y, k0.y, fma(q1.x, k0.x, s1_0))));
+            if (DK4 % 2u == 1u) {
+                {
+                    var k0 = vec4<f32>(0.0);
+                    k0 = kv_tile[k_at + 0u * TK * KS + DK4 - 1u];
+                    var k1 = vec4<f32>(0.0);
                     if (RK > 1u) {
-                        s1_1 = fma(q1.w, k1.w, fma(q1.z, k1.z, fma(q1.y, k1.y, fma(q1.x, k1.x, s1_1))));
+                        k1 = kv_tile[k_at + 1u * TK * KS + DK4 - 1u];
+                    }
+                    var k2 = vec4<f32>(0.0);
+                    if (RK > 2u) {
+                        k2 = kv_tile[k_at + 2u * TK * KS + DK4 - 1u];
+                    }
+                    var k3 = vec4<f32>(0.0);
+                    if (RK > 3u) {
+                        k3 = kv_tile[k_at + 3u * TK * KS + DK4 - 1u];
+                    }
+                    let q0 = q_tile[q_at + 0u * TQ * QS + DK4 - 1u];
+                    s0_0 = fma(q0.w, k0.w, fma(q0.z, k0.z, fma(q0.y, k0.y, fma(q0.x, k0.x, s0_0))));
+                    if (RK > 1u) {
+                        s0_1 = fma(q0.w, k1.w, fma(q0.z, k1.z, fma(q0.y, k1.y, fma(q0.x, k1.x, s0_1))));
                     }
                     if (RK > 2u) {
-                        s1_2 = fma(q1.w, k2.w, fma(q1.z, k2.z, fma(q1.y, k2.y, fma(q1.x, k2.x, s1_2))));
+                        s0_2 = fma(q0.w, k2.w, fma(q0.z, k2.z, fma(q0.y, k2.y, fma(q0.x, k2.x, s0_2))));
                     }
                     if (RK > 3u) {
-                        s1_3 = fma(q1.w, k3.w, fma(q1.z, k3.z, fma(q1.y, k3.y, fma(q1.x, k3.x, s1_3))));
+                        s0_3 = fma(q0.w, k3.w, fma(q0.z, k3.z, fma(q0.y, k3.y, fma(q0.x, k3.x, s0_3))));
                     }
-                }
-                if (RQ > 2u) {
-                    let q2 = q_tile[q_at + 2u * TQ * QS + d4 + 1u];
-                    s2_0 = fma(q2.w, k0.w, fma(q2.z, k0.z, fma(q2.y, k0.y, fma(q2.x, k0.x, s2_0))));
-                    if (RK > 1u) {
-                        s2_1 = fma(q2.w, k1.w, fma(q2.z, k1.z, fma(q2.y, k1.y, fma(q2.x, k1.x, s2_1))));
+                    if (RQ > 1u) {
+                        let q1 = q_tile[q_at + 1u * TQ * QS + DK4 - 1u];
+                        s1_0 = fma(q1.w, k0.w, fma(q1.z, k0.z, fma(q1.y, k0.y, fma(q1.x, k0.x, s1_0))));
+                        if (RK > 1u) {
+                            s1_1 = fma(q1.w, k1.w, fma(q1.z, k1.z, fma(q1.y, k1.y, fma(q1.x, k1.x, s1_1))));
+                        }
+                        if (RK > 2u) {
+                            s1_2 = fma(q1.w, k2.w, fma(q1.z, k2.z, fma(q1.y, k2.y, fma(q1.x, k2.x, s1_2))));
+                        }
+                        if (RK > 3u) {
+                            s1_3 = fma(q1.w, k3.w, fma(q1.z, k3.z, fma(q1.y, k3.y, fma(q1.x, k3.x, s1_3))));
+                        }
                     }
-                    if (RK > 2u) {
-                        s2_2 = fma(q2.w, k2.w, fma(q2.z, k2.z, fma(q2.y, k2.y, fma(q2.x, k2.x, s2_2))));
+                    if (RQ > 2u) {
+                        let q2 = q_tile[q_at + 2u * TQ * QS + DK4 - 1u];
+                        s2_0 = fma(q2.w, k0.w, fma(q2.z, k0.z, fma(q2.y, k0.y, fma(q2.x, k0.x, s2_0))));
+                        if (RK > 1u) {
+                            s2_1 = fma(q2.w, k1.w, fma(q2.z, k1.z, fma(q2.y, k1.y, fma(q2.x, k1.x, s2_1))));
+                        }
+                        if (RK > 2u) {
+                            s2_2 = fma(q2.w, k2.w, fma(q2.z, k2.z, fma(q2.y, k2.y, fma(q2.x, k2.x, s2_2))));
+                        }
+                        if (RK > 3u) {
+                            s2_3 = fma(q2.w, k3.w, fma(q2.z, k3.z, fma(q2.y, k3.y, fma(q2.x, k3.x, s2_3))));
+                        }
                     }
-                    if (RK > 3u) {
-                        s2_3 = fma(q2.w, k3.w, fma(q2.z, k3.z, fma(q2.y, k3.y, fma(q2.x, k3.x, s2_3))));
-                    }
-                }
-                if (RQ > 3u) {
-                    let q3 = q_tile[q_at + 3u * TQ * QS + d4 + 1u];
-                    s3_0 = fma(q3.w, k0.w, fma(q3.z, k0.z, fma(q3.y, k0.y, fma(q3.x, k0.x, s3_0))));
-                    if (RK > 1u) {
-                        s3_1 = fma(q3.w, k1.w, fma(q3.z, k1.z, fma(q3.y, k1.y, fma(q3.x, k1.x, s3_1))));
-                    }
-                    if (RK > 2u) {
-                        s3_2 = fma(q3.w, k2.w, fma(q3.z, k2.z, fma(q3.y, k2.y, fma(q3.x, k2.x, s3_2))));
-                    }
-                    if (RK > 3u) {
-                        s3_3 = fma(q3.w, k3.w, fma(q3.z, k3.z, fma(q3.y, k3.y, fma(q3.x, k3.x, s3_3))));
-                    }
-                }
-            }
-        }
-        if (DK4 % 2u == 1u) {
-            {
-                var k0 = vec4<f32>(0.0);
-                k0 = kv_tile[k_at + 0u * TK * KS + DK4 - 1u];
-                var k1 = vec4<f32>(0.0);
-                if (RK > 1u) {
-                    k1 = kv_tile[k_at + 1u * TK * KS + DK4 - 1u];
-                }
-                var k2 = vec4<f32>(0.0);
-                if (RK > 2u) {
-                    k2 = kv_tile[k_at + 2u * TK * KS + DK4 - 1u];
-                }
-                var k3 = vec4<f32>(0.0);
-                if (RK > 3u) {
-                    k3 = kv_tile[k_at + 3u * TK * KS + DK4 - 1u];
-                }
-                let q0 = q_tile[q_at + 0u * TQ * QS + DK4 - 1u];
-                s0_0 = fma(q0.w, k0.w, fma(q0.z, k0.z, fma(q0.y, k0.y, fma(q0.x, k0.x, s0_0))));
-                if (RK > 1u) {
-                    s0_1 = fma(q0.w, k1.w, fma(q0.z, k1.z, fma(q0.y, k1.y, fma(q0.x, k1.x, s0_1))));
-                }
-                if (RK > 2u) {
-                    s0_2 = fma(q0.w, k2.w, fma(q0.z, k2.z, fma(q0.y, k2.y, fma(q0.x, k2.x, s0_2))));
-                }
-                if (RK > 3u) {
-                    s0_3 = fma(q0.w, k3.w, fma(q0.z, k3.z, fma(q0.y, k3.y, fma(q0.x, k3.x, s0_3))));
-                }
-                if (RQ > 1u) {
-                    let q1 = q_tile[q_at + 1u * TQ * QS + DK4 - 1u];
-                    s1_0 = fma(q1.w, k0.w, fma(q1.z, k0.z, fma(q1.y, k0.y, fma(q1.x, k0.x, s1_0))));
-                    if (RK > 1u) {
-                        s1_1 = fma(q1.w, k1.w, fma(q1.z, k1.z, fma(q1.y, k1.y, fma(q1.x, k1.x, s1_1))));
-                    }
-                    if (RK > 2u) {
-                        s1_2 = fma(q1.w, k2.w, fma(q1.z, k2.z, fma(q1.y, k2.y, fma(q1.x, k2.x, s1_2))));
-                    }
-                    if (RK > 3u) {
-                        s1_3 = fma(q1.w, k3.w, fma(q1.z, k3.z, fma(q1.y, k3.y, fma(q1.x, k3.x, s1_3))));
-                    }
-                }
-                if (RQ > 2u) {
-                    let q2 = q_tile[q_at + 2u * TQ * QS + DK4 - 1u];
-                    s2_0 = fma(q2.w, k0.w, fma(q2.z, k0.z, fma(q2.y, k0.y, fma(q2.x, k0.x, s2_0))));
-                    if (RK > 1u) {
-                        s2_1 = fma(q2.w, k1.w, fma(q2.z, k1.z, fma(q2.y, k1.y, fma(q2.x, k1.x, s2_1))));
-                    }
-                    if (RK > 2u) {
-                        s2_2 = fma(q2.w, k2.w, fma(q2.z, k2.z, fma(q2.y, k2.y, fma(q2.x, k2.x, s2_2))));
-                    }
-                    if (RK > 3u) {
-                        s2_3 = fma(q2.w, k3.w, fma(q2.z, k3.z, fma(q2.y, k3.y, fma(q2.x, k3.x, s2_3))));
-                    }
-                }
-                if (RQ > 3u) {
-                    let q3 = q_tile[q_at + 3u * TQ * QS + DK4 - 1u];
-                    s3_0 = fma(q3.w, k0.w, fma(q3.z, k0.z, fma(q3.y, k0.y, fma(q3.x, k0.x, s3_0))));
-                    if (RK > 1u) {
-                        s3_1 = fma(q3.w, k1.w, fma(q3.z, k1.z, fma(q3.y, k1.y, fma(q3.x, k1.x, s3_1))));
-                    }
-                    if (RK > 2u) {
-                        s3_2 = fma(q3.w, k2.w, fma(q3.z, k2.z, fma(q3.y, k2.y, fma(q3.x, k2.x, s3_2))));
-                    }
-                    if (RK > 3u) {
-                        s3_3 = fma(q3.w, k3.w, fma(q3.z, k3.z, fma(q3.y, k3.y, fma(q3.x, k3.x, s3_3))));
+                    if (RQ > 3u) {
+                        let q3 = q_tile[q_at + 3u * TQ * QS + DK4 - 1u];
+                        s3_0 = fma(q3.w, k0.w, fma(q3.z, k0.z, fma(q3.y, k0.y, fma(q3.x, k0.x, s3_0))));
+                        if (RK > 1u) {
+                            s3_1 = fma(q3.w, k1.w, fma(q3.z, k1.z, fma(q3.y, k1.y, fma(q3.x, k1.x, s3_1))));
+                        }
+                        if (RK > 2u) {
+                            s3_2 = fma(q3.w, k2.w, fma(q3.z, k2.z, fma(q3.y, k2.y, fma(q3.x, k2.x, s3_2))));
+                        }
+                        if (RK > 3u) {
+                            s3_3 = fma(q3.w, k3.w, fma(q3.z, k3.z, fma(q3.y, k3.y, fma(q3.x, k3.x, s3_3))));
+                        }
                     }
                 }
             }
@@ -813,49 +815,17 @@ fn main(
         // Scale, softcap, mask, ALiBi, temperature. Keys a row does not
         // attend become MASKED; a NaN or +inf score poisons the row and counts
         // as -inf from here on.
-        {
-            let pos = offset + i32(qrow0);
-            let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride
-                + qrow0 * p.mask_row_stride;
-            var part = MASKED;
-            let key = j0 + i32(tc + TK * 0u);
-            var sc = MASKED;
-            var attended = live0 && key >= lo0 && key <= hi0;
-            if (attended) {
-                sc = s0_0 * p.scale;
-                if ((p.flags & FLAG_SOFTCAP) != 0u) {
-                    sc = p.softcap * accurate_tanh(sc / p.softcap);
-                }
-                if ((p.flags & FLAG_MASK) != 0u) {
-                    let bias = mask[mask_base + u32(key)];
-                    if (bias <= MASKED) {
-                        attended = false;
-                    } else {
-                        sc += bias;
-                    }
-                }
-            }
-            if (attended) {
-                if ((p.flags & FLAG_ALIBI) != 0u) {
-                    sc -= slope * f32(abs(pos - key));
-                }
-                sc *= p.inv_temperature;
-                if (poisons(sc)) {
-                    fl0 |= ROW_POISONED;
-                    sc = neg_inf();
-                }
-                fl0 |= ROW_ATTENDED;
-                part = max(part, sc);
-            } else {
-                sc = MASKED;
-            }
-            s0_0 = sc;
-            if (RK > 1u) {
-                let key = j0 + i32(tc + TK * 1u);
+        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+            {
+                let pos = offset + i32(qrow0);
+                let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride
+                    + qrow0 * p.mask_row_stride;
+                var part = MASKED;
+                let key = j0 + i32(tc + TK * 0u);
                 var sc = MASKED;
                 var attended = live0 && key >= lo0 && key <= hi0;
                 if (attended) {
-                    sc = s0_1 * p.scale;
+                    sc = s0_0 * p.scale;
                     if ((p.flags & FLAG_SOFTCAP) != 0u) {
                         sc = p.softcap * accurate_tanh(sc / p.softcap);
                     }
@@ -882,122 +852,122 @@ fn main(
                 } else {
                     sc = MASKED;
                 }
-                s0_1 = sc;
-            }
-            if (RK > 2u) {
-                let key = j0 + i32(tc + TK * 2u);
-                var sc = MASKED;
-                var attended = live0 && key >= lo0 && key <= hi0;
-                if (attended) {
-                    sc = s0_2 * p.scale;
-                    if ((p.flags & FLAG_SOFTCAP) != 0u) {
-                        sc = p.softcap * accurate_tanh(sc / p.softcap);
-                    }
-                    if ((p.flags & FLAG_MASK) != 0u) {
-                        let bias = mask[mask_base + u32(key)];
-                        if (bias <= MASKED) {
-                            attended = false;
-                        } else {
-                            sc += bias;
-                        }
-                    }
-                }
-                if (attended) {
-                    if ((p.flags & FLAG_ALIBI) != 0u) {
-                        sc -= slope * f32(abs(pos - key));
-                    }
-                    sc *= p.inv_temperature;
-                    if (poisons(sc)) {
-                        fl0 |= ROW_POISONED;
-                        sc = neg_inf();
-                    }
-                    fl0 |= ROW_ATTENDED;
-                    part = max(part, sc);
-                } else {
-                    sc = MASKED;
-                }
-                s0_2 = sc;
-            }
-            if (RK > 3u) {
-                let key = j0 + i32(tc + TK * 3u);
-                var sc = MASKED;
-                var attended = live0 && key >= lo0 && key <= hi0;
-                if (attended) {
-                    sc = s0_3 * p.scale;
-                    if ((p.flags & FLAG_SOFTCAP) != 0u) {
-                        sc = p.softcap * accurate_tanh(sc / p.softcap);
-                    }
-                    if ((p.flags & FLAG_MASK) != 0u) {
-                        let bias = mask[mask_base + u32(key)];
-                        if (bias <= MASKED) {
-                            attended = false;
-                        } else {
-                            sc += bias;
-                        }
-                    }
-                }
-                if (attended) {
-                    if ((p.flags & FLAG_ALIBI) != 0u) {
-                        sc -= slope * f32(abs(pos - key));
-                    }
-                    sc *= p.inv_temperature;
-                    if (poisons(sc)) {
-                        fl0 |= ROW_POISONED;
-                        sc = neg_inf();
-                    }
-                    fl0 |= ROW_ATTENDED;
-                    part = max(part, sc);
-                } else {
-                    sc = MASKED;
-                }
-                s0_3 = sc;
-            }
-            row_parts[part_at + 0u * TQ * (TK / 4u)][tc % 4u] = part;
-        }
-        if (RQ > 1u) {
-            {
-                let pos = offset + i32(qrow1);
-                let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride
-                    + qrow1 * p.mask_row_stride;
-                var part = MASKED;
-                let key = j0 + i32(tc + TK * 0u);
-                var sc = MASKED;
-                var attended = live1 && key >= lo1 && key <= hi1;
-                if (attended) {
-                    sc = s1_0 * p.scale;
-                    if ((p.flags & FLAG_SOFTCAP) != 0u) {
-                        sc = p.softcap * accurate_tanh(sc / p.softcap);
-                    }
-                    if ((p.flags & FLAG_MASK) != 0u) {
-                        let bias = mask[mask_base + u32(key)];
-                        if (bias <= MASKED) {
-                            attended = false;
-                        } else {
-                            sc += bias;
-                        }
-                    }
-                }
-                if (attended) {
-                    if ((p.flags & FLAG_ALIBI) != 0u) {
-                        sc -= slope * f32(abs(pos - key));
-                    }
-                    sc *= p.inv_temperature;
-                    if (poisons(sc)) {
-                        fl1 |= ROW_POISONED;
-                        sc = neg_inf();
-                    }
-                    fl1 |= ROW_ATTENDED;
-                    part = max(part, sc);
-                } else {
-                    sc = MASKED;
-                }
-                s1_0 = sc;
+                s0_0 = sc;
                 if (RK > 1u) {
                     let key = j0 + i32(tc + TK * 1u);
                     var sc = MASKED;
+                    var attended = live0 && key >= lo0 && key <= hi0;
+                    if (attended) {
+                        sc = s0_1 * p.scale;
+                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            sc = p.softcap * accurate_tanh(sc / p.softcap);
+                        }
+                        if ((p.flags & FLAG_MASK) != 0u) {
+                            let bias = mask[mask_base + u32(key)];
+                            if (bias <= MASKED) {
+                                attended = false;
+                            } else {
+                                sc += bias;
+                            }
+                        }
+                    }
+                    if (attended) {
+                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                            sc -= slope * f32(abs(pos - key));
+                        }
+                        sc *= p.inv_temperature;
+                        if (poisons(sc)) {
+                            fl0 |= ROW_POISONED;
+                            sc = neg_inf();
+                        }
+                        fl0 |= ROW_ATTENDED;
+                        part = max(part, sc);
+                    } else {
+                        sc = MASKED;
+                    }
+                    s0_1 = sc;
+                }
+                if (RK > 2u) {
+                    let key = j0 + i32(tc + TK * 2u);
+                    var sc = MASKED;
+                    var attended = live0 && key >= lo0 && key <= hi0;
+                    if (attended) {
+                        sc = s0_2 * p.scale;
+                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            sc = p.softcap * accurate_tanh(sc / p.softcap);
+                        }
+                        if ((p.flags & FLAG_MASK) != 0u) {
+                            let bias = mask[mask_base + u32(key)];
+                            if (bias <= MASKED) {
+                                attended = false;
+                            } else {
+                                sc += bias;
+                            }
+                        }
+                    }
+                    if (attended) {
+                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                            sc -= slope * f32(abs(pos - key));
+                        }
+                        sc *= p.inv_temperature;
+                        if (poisons(sc)) {
+                            fl0 |= ROW_POISONED;
+                            sc = neg_inf();
+                        }
+                        fl0 |= ROW_ATTENDED;
+                        part = max(part, sc);
+                    } else {
+                        sc = MASKED;
+                    }
+                    s0_2 = sc;
+                }
+                if (RK > 3u) {
+                    let key = j0 + i32(tc + TK * 3u);
+                    var sc = MASKED;
+                    var attended = live0 && key >= lo0 && key <= hi0;
+                    if (attended) {
+                        sc = s0_3 * p.scale;
+                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            sc = p.softcap * accurate_tanh(sc / p.softcap);
+                        }
+                        if ((p.flags & FLAG_MASK) != 0u) {
+                            let bias = mask[mask_base + u32(key)];
+                            if (bias <= MASKED) {
+                                attended = false;
+                            } else {
+                                sc += bias;
+                            }
+                        }
+                    }
+                    if (attended) {
+                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                            sc -= slope * f32(abs(pos - key));
+                        }
+                        sc *= p.inv_temperature;
+                        if (poisons(sc)) {
+                            fl0 |= ROW_POISONED;
+                            sc = neg_inf();
+                        }
+                        fl0 |= ROW_ATTENDED;
+                        part = max(part, sc);
+                    } else {
+                        sc = MASKED;
+                    }
+                    s0_3 = sc;
+                }
+                row_parts[part_at + 0u * TQ * (TK / 4u)][tc % 4u] = part;
+            }
+            if (RQ > 1u) {
+                {
+                    let pos = offset + i32(qrow1);
+                    let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride
+                        + qrow1 * p.mask_row_stride;
+                    var part = MASKED;
+                    let key = j0 + i32(tc + TK * 0u);
+                    var sc = MASKED;
                     var attended = live1 && key >= lo1 && key <= hi1;
                     if (attended) {
-                        sc = s1_1 * p.scale;
+                        sc = s1_0 * p.scale;
                         if ((p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
@@ -1024,266 +994,266 @@ fn main(
                     } else {
                         sc = MASKED;
                     }
-                    s1_1 = sc;
-                }
-                if (RK > 2u) {
-                    let key = j0 + i32(tc + TK * 2u);
-                    var sc = MASKED;
-                    var attended = live1 && key >= lo1 && key <= hi1;
-                    if (attended) {
-                        sc = s1_2 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
-                            sc = p.softcap * accurate_tanh(sc / p.softcap);
-                        }
-                        if ((p.flags & FLAG_MASK) != 0u) {
-                            let bias = mask[mask_base + u32(key)];
-                            if (bias <= MASKED) {
-                                attended = false;
-                            } else {
-                                sc += bias;
+                    s1_0 = sc;
+                    if (RK > 1u) {
+                        let key = j0 + i32(tc + TK * 1u);
+                        var sc = MASKED;
+                        var attended = live1 && key >= lo1 && key <= hi1;
+                        if (attended) {
+                            sc = s1_1 * p.scale;
+                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                                sc = p.softcap * accurate_tanh(sc / p.softcap);
+                            }
+                            if ((p.flags & FLAG_MASK) != 0u) {
+                                let bias = mask[mask_base + u32(key)];
+                                if (bias <= MASKED) {
+                                    attended = false;
+                                } else {
+                                    sc += bias;
+                                }
                             }
                         }
-                    }
-                    if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
-                            sc -= slope * f32(abs(pos - key));
-                        }
-                        sc *= p.inv_temperature;
-                        if (poisons(sc)) {
-                            fl1 |= ROW_POISONED;
-                            sc = neg_inf();
-                        }
-                        fl1 |= ROW_ATTENDED;
-                        part = max(part, sc);
-                    } else {
-                        sc = MASKED;
-                    }
-                    s1_2 = sc;
-                }
-                if (RK > 3u) {
-                    let key = j0 + i32(tc + TK * 3u);
-                    var sc = MASKED;
-                    var attended = live1 && key >= lo1 && key <= hi1;
-                    if (attended) {
-                        sc = s1_3 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
-                            sc = p.softcap * accurate_tanh(sc / p.softcap);
-                        }
-                        if ((p.flags & FLAG_MASK) != 0u) {
-                            let bias = mask[mask_base + u32(key)];
-                            if (bias <= MASKED) {
-                                attended = false;
-                            } else {
-                                sc += bias;
+                        if (attended) {
+                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                                sc -= slope * f32(abs(pos - key));
                             }
-                        }
-                    }
-                    if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
-                            sc -= slope * f32(abs(pos - key));
-                        }
-                        sc *= p.inv_temperature;
-                        if (poisons(sc)) {
-                            fl1 |= ROW_POISONED;
-                            sc = neg_inf();
-                        }
-                        fl1 |= ROW_ATTENDED;
-                        part = max(part, sc);
-                    } else {
-                        sc = MASKED;
-                    }
-                    s1_3 = sc;
-                }
-                row_parts[part_at + 1u * TQ * (TK / 4u)][tc % 4u] = part;
-            }
-        }
-        if (RQ > 2u) {
-            {
-                let pos = offset + i32(qrow2);
-                let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride
-                    + qrow2 * p.mask_row_stride;
-                var part = MASKED;
-                let key = j0 + i32(tc + TK * 0u);
-                var sc = MASKED;
-                var attended = live2 && key >= lo2 && key <= hi2;
-                if (attended) {
-                    sc = s2_0 * p.scale;
-                    if ((p.flags & FLAG_SOFTCAP) != 0u) {
-                        sc = p.softcap * accurate_tanh(sc / p.softcap);
-                    }
-                    if ((p.flags & FLAG_MASK) != 0u) {
-                        let bias = mask[mask_base + u32(key)];
-                        if (bias <= MASKED) {
-                            attended = false;
+                            sc *= p.inv_temperature;
+                            if (poisons(sc)) {
+                                fl1 |= ROW_POISONED;
+                                sc = neg_inf();
+                            }
+                            fl1 |= ROW_ATTENDED;
+                            part = max(part, sc);
                         } else {
-                            sc += bias;
+                            sc = MASKED;
                         }
+                        s1_1 = sc;
                     }
-                }
-                if (attended) {
-                    if ((p.flags & FLAG_ALIBI) != 0u) {
-                        sc -= slope * f32(abs(pos - key));
-                    }
-                    sc *= p.inv_temperature;
-                    if (poisons(sc)) {
-                        fl2 |= ROW_POISONED;
-                        sc = neg_inf();
-                    }
-                    fl2 |= ROW_ATTENDED;
-                    part = max(part, sc);
-                } else {
-                    sc = MASKED;
-                }
-                s2_0 = sc;
-                if (RK > 1u) {
-                    let key = j0 + i32(tc + TK * 1u);
-                    var sc = MASKED;
-                    var attended = live2 && key >= lo2 && key <= hi2;
-                    if (attended) {
-                        sc = s2_1 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
-                            sc = p.softcap * accurate_tanh(sc / p.softcap);
-                        }
-                        if ((p.flags & FLAG_MASK) != 0u) {
-                            let bias = mask[mask_base + u32(key)];
-                            if (bias <= MASKED) {
-                                attended = false;
-                            } else {
-                                sc += bias;
+                    if (RK > 2u) {
+                        let key = j0 + i32(tc + TK * 2u);
+                        var sc = MASKED;
+                        var attended = live1 && key >= lo1 && key <= hi1;
+                        if (attended) {
+                            sc = s1_2 * p.scale;
+                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                                sc = p.softcap * accurate_tanh(sc / p.softcap);
+                            }
+                            if ((p.flags & FLAG_MASK) != 0u) {
+                                let bias = mask[mask_base + u32(key)];
+                                if (bias <= MASKED) {
+                                    attended = false;
+                                } else {
+                                    sc += bias;
+                                }
                             }
                         }
-                    }
-                    if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
-                            sc -= slope * f32(abs(pos - key));
-                        }
-                        sc *= p.inv_temperature;
-                        if (poisons(sc)) {
-                            fl2 |= ROW_POISONED;
-                            sc = neg_inf();
-                        }
-                        fl2 |= ROW_ATTENDED;
-                        part = max(part, sc);
-                    } else {
-                        sc = MASKED;
-                    }
-                    s2_1 = sc;
-                }
-                if (RK > 2u) {
-                    let key = j0 + i32(tc + TK * 2u);
-                    var sc = MASKED;
-                    var attended = live2 && key >= lo2 && key <= hi2;
-                    if (attended) {
-                        sc = s2_2 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
-                            sc = p.softcap * accurate_tanh(sc / p.softcap);
-                        }
-                        if ((p.flags & FLAG_MASK) != 0u) {
-                            let bias = mask[mask_base + u32(key)];
-                            if (bias <= MASKED) {
-                                attended = false;
-                            } else {
-                                sc += bias;
+                        if (attended) {
+                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                                sc -= slope * f32(abs(pos - key));
                             }
-                        }
-                    }
-                    if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
-                            sc -= slope * f32(abs(pos - key));
-                        }
-                        sc *= p.inv_temperature;
-                        if (poisons(sc)) {
-                            fl2 |= ROW_POISONED;
-                            sc = neg_inf();
-                        }
-                        fl2 |= ROW_ATTENDED;
-                        part = max(part, sc);
-                    } else {
-                        sc = MASKED;
-                    }
-                    s2_2 = sc;
-                }
-                if (RK > 3u) {
-                    let key = j0 + i32(tc + TK * 3u);
-                    var sc = MASKED;
-                    var attended = live2 && key >= lo2 && key <= hi2;
-                    if (attended) {
-                        sc = s2_3 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
-                            sc = p.softcap * accurate_tanh(sc / p.softcap);
-                        }
-                        if ((p.flags & FLAG_MASK) != 0u) {
-                            let bias = mask[mask_base + u32(key)];
-                            if (bias <= MASKED) {
-                                attended = false;
-                            } else {
-                                sc += bias;
+                            sc *= p.inv_temperature;
+                            if (poisons(sc)) {
+                                fl1 |= ROW_POISONED;
+                                sc = neg_inf();
                             }
-                        }
-                    }
-                    if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
-                            sc -= slope * f32(abs(pos - key));
-                        }
-                        sc *= p.inv_temperature;
-                        if (poisons(sc)) {
-                            fl2 |= ROW_POISONED;
-                            sc = neg_inf();
-                        }
-                        fl2 |= ROW_ATTENDED;
-                        part = max(part, sc);
-                    } else {
-                        sc = MASKED;
-                    }
-                    s2_3 = sc;
-                }
-                row_parts[part_at + 2u * TQ * (TK / 4u)][tc % 4u] = part;
-            }
-        }
-        if (RQ > 3u) {
-            {
-                let pos = offset + i32(qrow3);
-                let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride
-                    + qrow3 * p.mask_row_stride;
-                var part = MASKED;
-                let key = j0 + i32(tc + TK * 0u);
-                var sc = MASKED;
-                var attended = live3 && key >= lo3 && key <= hi3;
-                if (attended) {
-                    sc = s3_0 * p.scale;
-                    if ((p.flags & FLAG_SOFTCAP) != 0u) {
-                        sc = p.softcap * accurate_tanh(sc / p.softcap);
-                    }
-                    if ((p.flags & FLAG_MASK) != 0u) {
-                        let bias = mask[mask_base + u32(key)];
-                        if (bias <= MASKED) {
-                            attended = false;
+                            fl1 |= ROW_ATTENDED;
+                            part = max(part, sc);
                         } else {
-                            sc += bias;
+                            sc = MASKED;
+                        }
+                        s1_2 = sc;
+                    }
+                    if (RK > 3u) {
+                        let key = j0 + i32(tc + TK * 3u);
+                        var sc = MASKED;
+                        var attended = live1 && key >= lo1 && key <= hi1;
+                        if (attended) {
+                            sc = s1_3 * p.scale;
+                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                                sc = p.softcap * accurate_tanh(sc / p.softcap);
+                            }
+                            if ((p.flags & FLAG_MASK) != 0u) {
+                                let bias = mask[mask_base + u32(key)];
+                                if (bias <= MASKED) {
+                                    attended = false;
+                                } else {
+                                    sc += bias;
+                                }
+                            }
+                        }
+                        if (attended) {
+                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                                sc -= slope * f32(abs(pos - key));
+                            }
+                            sc *= p.inv_temperature;
+                            if (poisons(sc)) {
+                                fl1 |= ROW_POISONED;
+                                sc = neg_inf();
+                            }
+                            fl1 |= ROW_ATTENDED;
+                            part = max(part, sc);
+                        } else {
+                            sc = MASKED;
+                        }
+                        s1_3 = sc;
+                    }
+                    row_parts[part_at + 1u * TQ * (TK / 4u)][tc % 4u] = part;
+                }
+            }
+            if (RQ > 2u) {
+                {
+                    let pos = offset + i32(qrow2);
+                    let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride
+                        + qrow2 * p.mask_row_stride;
+                    var part = MASKED;
+                    let key = j0 + i32(tc + TK * 0u);
+                    var sc = MASKED;
+                    var attended = live2 && key >= lo2 && key <= hi2;
+                    if (attended) {
+                        sc = s2_0 * p.scale;
+                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            sc = p.softcap * accurate_tanh(sc / p.softcap);
+                        }
+                        if ((p.flags & FLAG_MASK) != 0u) {
+                            let bias = mask[mask_base + u32(key)];
+                            if (bias <= MASKED) {
+                                attended = false;
+                            } else {
+                                sc += bias;
+                            }
                         }
                     }
-                }
-                if (attended) {
-                    if ((p.flags & FLAG_ALIBI) != 0u) {
-                        sc -= slope * f32(abs(pos - key));
+                    if (attended) {
+                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                            sc -= slope * f32(abs(pos - key));
+                        }
+                        sc *= p.inv_temperature;
+                        if (poisons(sc)) {
+                            fl2 |= ROW_POISONED;
+                            sc = neg_inf();
+                        }
+                        fl2 |= ROW_ATTENDED;
+                        part = max(part, sc);
+                    } else {
+                        sc = MASKED;
                     }
-                    sc *= p.inv_temperature;
-                    if (poisons(sc)) {
-                        fl3 |= ROW_POISONED;
-                        sc = neg_inf();
+                    s2_0 = sc;
+                    if (RK > 1u) {
+                        let key = j0 + i32(tc + TK * 1u);
+                        var sc = MASKED;
+                        var attended = live2 && key >= lo2 && key <= hi2;
+                        if (attended) {
+                            sc = s2_1 * p.scale;
+                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                                sc = p.softcap * accurate_tanh(sc / p.softcap);
+                            }
+                            if ((p.flags & FLAG_MASK) != 0u) {
+                                let bias = mask[mask_base + u32(key)];
+                                if (bias <= MASKED) {
+                                    attended = false;
+                                } else {
+                                    sc += bias;
+                                }
+                            }
+                        }
+                        if (attended) {
+                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                                sc -= slope * f32(abs(pos - key));
+                            }
+                            sc *= p.inv_temperature;
+                            if (poisons(sc)) {
+                                fl2 |= ROW_POISONED;
+                                sc = neg_inf();
+                            }
+                            fl2 |= ROW_ATTENDED;
+                            part = max(part, sc);
+                        } else {
+                            sc = MASKED;
+                        }
+                        s2_1 = sc;
                     }
-                    fl3 |= ROW_ATTENDED;
-                    part = max(part, sc);
-                } else {
-                    sc = MASKED;
+                    if (RK > 2u) {
+                        let key = j0 + i32(tc + TK * 2u);
+                        var sc = MASKED;
+                        var attended = live2 && key >= lo2 && key <= hi2;
+                        if (attended) {
+                            sc = s2_2 * p.scale;
+                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                                sc = p.softcap * accurate_tanh(sc / p.softcap);
+                            }
+                            if ((p.flags & FLAG_MASK) != 0u) {
+                                let bias = mask[mask_base + u32(key)];
+                                if (bias <= MASKED) {
+                                    attended = false;
+                                } else {
+                                    sc += bias;
+                                }
+                            }
+                        }
+                        if (attended) {
+                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                                sc -= slope * f32(abs(pos - key));
+                            }
+                            sc *= p.inv_temperature;
+                            if (poisons(sc)) {
+                                fl2 |= ROW_POISONED;
+                                sc = neg_inf();
+                            }
+                            fl2 |= ROW_ATTENDED;
+                            part = max(part, sc);
+                        } else {
+                            sc = MASKED;
+                        }
+                        s2_2 = sc;
+                    }
+                    if (RK > 3u) {
+                        let key = j0 + i32(tc + TK * 3u);
+                        var sc = MASKED;
+                        var attended = live2 && key >= lo2 && key <= hi2;
+                        if (attended) {
+                            sc = s2_3 * p.scale;
+                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                                sc = p.softcap * accurate_tanh(sc / p.softcap);
+                            }
+                            if ((p.flags & FLAG_MASK) != 0u) {
+                                let bias = mask[mask_base + u32(key)];
+                                if (bias <= MASKED) {
+                                    attended = false;
+                                } else {
+                                    sc += bias;
+                                }
+                            }
+                        }
+                        if (attended) {
+                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                                sc -= slope * f32(abs(pos - key));
+                            }
+                            sc *= p.inv_temperature;
+                            if (poisons(sc)) {
+                                fl2 |= ROW_POISONED;
+                                sc = neg_inf();
+                            }
+                            fl2 |= ROW_ATTENDED;
+                            part = max(part, sc);
+                        } else {
+                            sc = MASKED;
+                        }
+                        s2_3 = sc;
+                    }
+                    row_parts[part_at + 2u * TQ * (TK / 4u)][tc % 4u] = part;
                 }
-                s3_0 = sc;
-                if (RK > 1u) {
-                    let key = j0 + i32(tc + TK * 1u);
+            }
+            if (RQ > 3u) {
+                {
+                    let pos = offset + i32(qrow3);
+                    let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride
+                        + qrow3 * p.mask_row_stride;
+                    var part = MASKED;
+                    let key = j0 + i32(tc + TK * 0u);
                     var sc = MASKED;
                     var attended = live3 && key >= lo3 && key <= hi3;
                     if (attended) {
-                        sc = s3_1 * p.scale;
+                        sc = s3_0 * p.scale;
                         if ((p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
@@ -1310,169 +1280,119 @@ fn main(
                     } else {
                         sc = MASKED;
                     }
-                    s3_1 = sc;
-                }
-                if (RK > 2u) {
-                    let key = j0 + i32(tc + TK * 2u);
-                    var sc = MASKED;
-                    var attended = live3 && key >= lo3 && key <= hi3;
-                    if (attended) {
-                        sc = s3_2 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
-                            sc = p.softcap * accurate_tanh(sc / p.softcap);
-                        }
-                        if ((p.flags & FLAG_MASK) != 0u) {
-                            let bias = mask[mask_base + u32(key)];
-                            if (bias <= MASKED) {
-                                attended = false;
-                            } else {
-                                sc += bias;
+                    s3_0 = sc;
+                    if (RK > 1u) {
+                        let key = j0 + i32(tc + TK * 1u);
+                        var sc = MASKED;
+                        var attended = live3 && key >= lo3 && key <= hi3;
+                        if (attended) {
+                            sc = s3_1 * p.scale;
+                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                                sc = p.softcap * accurate_tanh(sc / p.softcap);
+                            }
+                            if ((p.flags & FLAG_MASK) != 0u) {
+                                let bias = mask[mask_base + u32(key)];
+                                if (bias <= MASKED) {
+                                    attended = false;
+                                } else {
+                                    sc += bias;
+                                }
                             }
                         }
+                        if (attended) {
+                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                                sc -= slope * f32(abs(pos - key));
+                            }
+                            sc *= p.inv_temperature;
+                            if (poisons(sc)) {
+                                fl3 |= ROW_POISONED;
+                                sc = neg_inf();
+                            }
+                            fl3 |= ROW_ATTENDED;
+                            part = max(part, sc);
+                        } else {
+                            sc = MASKED;
+                        }
+                        s3_1 = sc;
                     }
-                    if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
-                            sc -= slope * f32(abs(pos - key));
-                        }
-                        sc *= p.inv_temperature;
-                        if (poisons(sc)) {
-                            fl3 |= ROW_POISONED;
-                            sc = neg_inf();
-                        }
-                        fl3 |= ROW_ATTENDED;
-                        part = max(part, sc);
-                    } else {
-                        sc = MASKED;
-                    }
-                    s3_2 = sc;
-                }
-                if (RK > 3u) {
-                    let key = j0 + i32(tc + TK * 3u);
-                    var sc = MASKED;
-                    var attended = live3 && key >= lo3 && key <= hi3;
-                    if (attended) {
-                        sc = s3_3 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
-                            sc = p.softcap * accurate_tanh(sc / p.softcap);
-                        }
-                        if ((p.flags & FLAG_MASK) != 0u) {
-                            let bias = mask[mask_base + u32(key)];
-                            if (bias <= MASKED) {
-                                attended = false;
-                            } else {
-                                sc += bias;
+                    if (RK > 2u) {
+                        let key = j0 + i32(tc + TK * 2u);
+                        var sc = MASKED;
+                        var attended = live3 && key >= lo3 && key <= hi3;
+                        if (attended) {
+                            sc = s3_2 * p.scale;
+                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                                sc = p.softcap * accurate_tanh(sc / p.softcap);
+                            }
+                            if ((p.flags & FLAG_MASK) != 0u) {
+                                let bias = mask[mask_base + u32(key)];
+                                if (bias <= MASKED) {
+                                    attended = false;
+                                } else {
+                                    sc += bias;
+                                }
                             }
                         }
-                    }
-                    if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
-                            sc -= slope * f32(abs(pos - key));
+                        if (attended) {
+                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                                sc -= slope * f32(abs(pos - key));
+                            }
+                            sc *= p.inv_temperature;
+                            if (poisons(sc)) {
+                                fl3 |= ROW_POISONED;
+                                sc = neg_inf();
+                            }
+                            fl3 |= ROW_ATTENDED;
+                            part = max(part, sc);
+                        } else {
+                            sc = MASKED;
                         }
-                        sc *= p.inv_temperature;
-                        if (poisons(sc)) {
-                            fl3 |= ROW_POISONED;
-                            sc = neg_inf();
-                        }
-                        fl3 |= ROW_ATTENDED;
-                        part = max(part, sc);
-                    } else {
-                        sc = MASKED;
+                        s3_2 = sc;
                     }
-                    s3_3 = sc;
+                    if (RK > 3u) {
+                        let key = j0 + i32(tc + TK * 3u);
+                        var sc = MASKED;
+                        var attended = live3 && key >= lo3 && key <= hi3;
+                        if (attended) {
+                            sc = s3_3 * p.scale;
+                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                                sc = p.softcap * accurate_tanh(sc / p.softcap);
+                            }
+                            if ((p.flags & FLAG_MASK) != 0u) {
+                                let bias = mask[mask_base + u32(key)];
+                                if (bias <= MASKED) {
+                                    attended = false;
+                                } else {
+                                    sc += bias;
+                                }
+                            }
+                        }
+                        if (attended) {
+                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                                sc -= slope * f32(abs(pos - key));
+                            }
+                            sc *= p.inv_temperature;
+                            if (poisons(sc)) {
+                                fl3 |= ROW_POISONED;
+                                sc = neg_inf();
+                            }
+                            fl3 |= ROW_ATTENDED;
+                            part = max(part, sc);
+                        } else {
+                            sc = MASKED;
+                        }
+                        s3_3 = sc;
+                    }
+                    row_parts[part_at + 3u * TQ * (TK / 4u)][tc % 4u] = part;
                 }
-                row_parts[part_at + 3u * TQ * (TK / 4u)][tc % 4u] = part;
             }
         }
         workgroupBarrier();
 
         // 3. The rows' new maxima; O and the partial sums rescaled; P.
-        {
-            let rr = tr + TQ * 0u;
-            var tile_max = MASKED;
+        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
             {
-                let v = row_parts[rr * (TK / 4u) + 0u];
-                tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
-            }
-            if (TK > 4u) {
-                {
-                    let v = row_parts[rr * (TK / 4u) + 1u];
-                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
-                }
-            }
-            if (TK > 8u) {
-                {
-                    let v = row_parts[rr * (TK / 4u) + 2u];
-                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
-                }
-            }
-            if (TK > 12u) {
-                {
-                    let v = row_parts[rr * (TK / 4u) + 3u];
-                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
-                }
-            }
-            let m_new = max(m0, tile_max);
-            // exp(0) = 1 while no attended score has been finite yet.
-            let alpha = exp(m0 - m_new);
-            var sum = 0.0;
-            // -0 for a key the row does not attend (it adds nothing to
-            // the sum, nor, times a finite V, to O); an attended key's P
-            // is +0 or more, even where its score is -inf.
-            let pt = select(not_attended(), exp(s0_0 - m_new), s0_0 != MASKED);
-            p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
-            sum += pt;
-            if (RK > 1u) {
-                // -0 for a key the row does not attend (it adds nothing to
-                // the sum, nor, times a finite V, to O); an attended key's P
-                // is +0 or more, even where its score is -inf.
-                let pt = select(not_attended(), exp(s0_1 - m_new), s0_1 != MASKED);
-                p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
-                sum += pt;
-            }
-            if (RK > 2u) {
-                // -0 for a key the row does not attend (it adds nothing to
-                // the sum, nor, times a finite V, to O); an attended key's P
-                // is +0 or more, even where its score is -inf.
-                let pt = select(not_attended(), exp(s0_2 - m_new), s0_2 != MASKED);
-                p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
-                sum += pt;
-            }
-            if (RK > 3u) {
-                // -0 for a key the row does not attend (it adds nothing to
-                // the sum, nor, times a finite V, to O); an attended key's P
-                // is +0 or more, even where its score is -inf.
-                let pt = select(not_attended(), exp(s0_3 - m_new), s0_3 != MASKED);
-                p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
-                sum += pt;
-            }
-            l0 = l0 * alpha + sum;
-            o0_0 *= alpha;
-            if (DVT > 1u) {
-                o0_1 *= alpha;
-            }
-            if (DVT > 2u) {
-                o0_2 *= alpha;
-            }
-            if (DVT > 3u) {
-                o0_3 *= alpha;
-            }
-            if (DVT > 4u) {
-                o0_4 *= alpha;
-            }
-            if (DVT > 5u) {
-                o0_5 *= alpha;
-            }
-            if (DVT > 6u) {
-                o0_6 *= alpha;
-            }
-            if (DVT > 7u) {
-                o0_7 *= alpha;
-            }
-            m0 = m_new;
-        }
-        if (RQ > 1u) {
-            {
-                let rr = tr + TQ * 1u;
+                let rr = tr + TQ * 0u;
                 var tile_max = MASKED;
                 {
                     let v = row_parts[rr * (TK / 4u) + 0u];
@@ -1496,215 +1416,301 @@ fn main(
                         tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
                     }
                 }
-                let m_new = max(m1, tile_max);
+                let m_new = max(m0, tile_max);
                 // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m1 - m_new);
+                let alpha = exp(m0 - m_new);
                 var sum = 0.0;
                 // -0 for a key the row does not attend (it adds nothing to
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
-                let pt = select(not_attended(), exp(s1_0 - m_new), s1_0 != MASKED);
-                p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+                let pt = select(not_attended(), exp(s0_0 - m_new), s0_0 != MASKED);
+                p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s1_1 - m_new), s1_1 != MASKED);
-                    p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                    let pt = select(not_attended(), exp(s0_1 - m_new), s0_1 != MASKED);
+                    p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s1_2 - m_new), s1_2 != MASKED);
-                    p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                    let pt = select(not_attended(), exp(s0_2 - m_new), s0_2 != MASKED);
+                    p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s1_3 - m_new), s1_3 != MASKED);
-                    p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                    let pt = select(not_attended(), exp(s0_3 - m_new), s0_3 != MASKED);
+                    p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
-                l1 = l1 * alpha + sum;
-                o1_0 *= alpha;
+                l0 = l0 * alpha + sum;
+                o0_0 *= alpha;
                 if (DVT > 1u) {
-                    o1_1 *= alpha;
+                    o0_1 *= alpha;
                 }
                 if (DVT > 2u) {
-                    o1_2 *= alpha;
+                    o0_2 *= alpha;
                 }
                 if (DVT > 3u) {
-                    o1_3 *= alpha;
+                    o0_3 *= alpha;
                 }
                 if (DVT > 4u) {
-                    o1_4 *= alpha;
+                    o0_4 *= alpha;
                 }
                 if (DVT > 5u) {
-                    o1_5 *= alpha;
+                    o0_5 *= alpha;
                 }
                 if (DVT > 6u) {
-                    o1_6 *= alpha;
+                    o0_6 *= alpha;
                 }
                 if (DVT > 7u) {
-                    o1_7 *= alpha;
+                    o0_7 *= alpha;
                 }
-                m1 = m_new;
+                m0 = m_new;
             }
-        }
-        if (RQ > 2u) {
-            {
-                let rr = tr + TQ * 2u;
-                var tile_max = MASKED;
+            if (RQ > 1u) {
                 {
-                    let v = row_parts[rr * (TK / 4u) + 0u];
-                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
-                }
-                if (TK > 4u) {
+                    let rr = tr + TQ * 1u;
+                    var tile_max = MASKED;
                     {
-                        let v = row_parts[rr * (TK / 4u) + 1u];
+                        let v = row_parts[rr * (TK / 4u) + 0u];
                         tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
                     }
-                }
-                if (TK > 8u) {
-                    {
-                        let v = row_parts[rr * (TK / 4u) + 2u];
-                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    if (TK > 4u) {
+                        {
+                            let v = row_parts[rr * (TK / 4u) + 1u];
+                            tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                        }
                     }
-                }
-                if (TK > 12u) {
-                    {
-                        let v = row_parts[rr * (TK / 4u) + 3u];
-                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    if (TK > 8u) {
+                        {
+                            let v = row_parts[rr * (TK / 4u) + 2u];
+                            tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                        }
                     }
-                }
-                let m_new = max(m2, tile_max);
-                // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m2 - m_new);
-                var sum = 0.0;
-                // -0 for a key the row does not attend (it adds nothing to
-                // the sum, nor, times a finite V, to O); an attended key's P
-                // is +0 or more, even where its score is -inf.
-                let pt = select(not_attended(), exp(s2_0 - m_new), s2_0 != MASKED);
-                p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
-                sum += pt;
-                if (RK > 1u) {
+                    if (TK > 12u) {
+                        {
+                            let v = row_parts[rr * (TK / 4u) + 3u];
+                            tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                        }
+                    }
+                    let m_new = max(m1, tile_max);
+                    // exp(0) = 1 while no attended score has been finite yet.
+                    let alpha = exp(m1 - m_new);
+                    var sum = 0.0;
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s2_1 - m_new), s2_1 != MASKED);
-                    p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                    let pt = select(not_attended(), exp(s1_0 - m_new), s1_0 != MASKED);
+                    p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
+                    if (RK > 1u) {
+                        // -0 for a key the row does not attend (it adds nothing to
+                        // the sum, nor, times a finite V, to O); an attended key's P
+                        // is +0 or more, even where its score is -inf.
+                        let pt = select(not_attended(), exp(s1_1 - m_new), s1_1 != MASKED);
+                        p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                        sum += pt;
+                    }
+                    if (RK > 2u) {
+                        // -0 for a key the row does not attend (it adds nothing to
+                        // the sum, nor, times a finite V, to O); an attended key's P
+                        // is +0 or more, even where its score is -inf.
+                        let pt = select(not_attended(), exp(s1_2 - m_new), s1_2 != MASKED);
+                        p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                        sum += pt;
+                    }
+                    if (RK > 3u) {
+                        // -0 for a key the row does not attend (it adds nothing to
+                        // the sum, nor, times a finite V, to O); an attended key's P
+                        // is +0 or more, even where its score is -inf.
+                        let pt = select(not_attended(), exp(s1_3 - m_new), s1_3 != MASKED);
+                        p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                        sum += pt;
+                    }
+                    l1 = l1 * alpha + sum;
+                    o1_0 *= alpha;
+                    if (DVT > 1u) {
+                        o1_1 *= alpha;
+                    }
+                    if (DVT > 2u) {
+                        o1_2 *= alpha;
+                    }
+                    if (DVT > 3u) {
+                        o1_3 *= alpha;
+                    }
+                    if (DVT > 4u) {
+                        o1_4 *= alpha;
+                    }
+                    if (DVT > 5u) {
+                        o1_5 *= alpha;
+                    }
+                    if (DVT > 6u) {
+                        o1_6 *= alpha;
+                    }
+                    if (DVT > 7u) {
+                        o1_7 *= alpha;
+                    }
+                    m1 = m_new;
                 }
-                if (RK > 2u) {
-                    // -0 for a key the row does not attend (it adds nothing to
-                    // the sum, nor, times a finite V, to O); an attended key's P
-                    // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s2_2 - m_new), s2_2 != MASKED);
-                    p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
-                    sum += pt;
-                }
-                if (RK > 3u) {
-                    // -0 for a key the row does not attend (it adds nothing to
-                    // the sum, nor, times a finite V, to O); an attended key's P
-                    // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s2_3 - m_new), s2_3 != MASKED);
-                    p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
-                    sum += pt;
-                }
-                l2 = l2 * alpha + sum;
-                o2_0 *= alpha;
-                if (DVT > 1u) {
-                    o2_1 *= alpha;
-                }
-                if (DVT > 2u) {
-                    o2_2 *= alpha;
-                }
-                if (DVT > 3u) {
-                    o2_3 *= alpha;
-                }
-                if (DVT > 4u) {
-                    o2_4 *= alpha;
-                }
-                m2 = m_new;
             }
-        }
-        if (RQ > 3u) {
-            {
-                let rr = tr + TQ * 3u;
-                var tile_max = MASKED;
+            if (RQ > 2u) {
                 {
-                    let v = row_parts[rr * (TK / 4u) + 0u];
-                    tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
-                }
-                if (TK > 4u) {
+                    let rr = tr + TQ * 2u;
+                    var tile_max = MASKED;
                     {
-                        let v = row_parts[rr * (TK / 4u) + 1u];
+                        let v = row_parts[rr * (TK / 4u) + 0u];
                         tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
                     }
-                }
-                if (TK > 8u) {
-                    {
-                        let v = row_parts[rr * (TK / 4u) + 2u];
-                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    if (TK > 4u) {
+                        {
+                            let v = row_parts[rr * (TK / 4u) + 1u];
+                            tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                        }
                     }
-                }
-                if (TK > 12u) {
-                    {
-                        let v = row_parts[rr * (TK / 4u) + 3u];
-                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    if (TK > 8u) {
+                        {
+                            let v = row_parts[rr * (TK / 4u) + 2u];
+                            tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                        }
                     }
-                }
-                let m_new = max(m3, tile_max);
-                // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m3 - m_new);
-                var sum = 0.0;
-                // -0 for a key the row does not attend (it adds nothing to
-                // the sum, nor, times a finite V, to O); an attended key's P
-                // is +0 or more, even where its score is -inf.
-                let pt = select(not_attended(), exp(s3_0 - m_new), s3_0 != MASKED);
-                p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
-                sum += pt;
-                if (RK > 1u) {
+                    if (TK > 12u) {
+                        {
+                            let v = row_parts[rr * (TK / 4u) + 3u];
+                            tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                        }
+                    }
+                    let m_new = max(m2, tile_max);
+                    // exp(0) = 1 while no attended score has been finite yet.
+                    let alpha = exp(m2 - m_new);
+                    var sum = 0.0;
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s3_1 - m_new), s3_1 != MASKED);
-                    p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                    let pt = select(not_attended(), exp(s2_0 - m_new), s2_0 != MASKED);
+                    p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
+                    if (RK > 1u) {
+                        // -0 for a key the row does not attend (it adds nothing to
+                        // the sum, nor, times a finite V, to O); an attended key's P
+                        // is +0 or more, even where its score is -inf.
+                        let pt = select(not_attended(), exp(s2_1 - m_new), s2_1 != MASKED);
+                        p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                        sum += pt;
+                    }
+                    if (RK > 2u) {
+                        // -0 for a key the row does not attend (it adds nothing to
+                        // the sum, nor, times a finite V, to O); an attended key's P
+                        // is +0 or more, even where its score is -inf.
+                        let pt = select(not_attended(), exp(s2_2 - m_new), s2_2 != MASKED);
+                        p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                        sum += pt;
+                    }
+                    if (RK > 3u) {
+                        // -0 for a key the row does not attend (it adds nothing to
+                        // the sum, nor, times a finite V, to O); an attended key's P
+                        // is +0 or more, even where its score is -inf.
+                        let pt = select(not_attended(), exp(s2_3 - m_new), s2_3 != MASKED);
+                        p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                        sum += pt;
+                    }
+                    l2 = l2 * alpha + sum;
+                    o2_0 *= alpha;
+                    if (DVT > 1u) {
+                        o2_1 *= alpha;
+                    }
+                    if (DVT > 2u) {
+                        o2_2 *= alpha;
+                    }
+                    if (DVT > 3u) {
+                        o2_3 *= alpha;
+                    }
+                    if (DVT > 4u) {
+                        o2_4 *= alpha;
+                    }
+                    m2 = m_new;
                 }
-                if (RK > 2u) {
+            }
+            if (RQ > 3u) {
+                {
+                    let rr = tr + TQ * 3u;
+                    var tile_max = MASKED;
+                    {
+                        let v = row_parts[rr * (TK / 4u) + 0u];
+                        tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                    }
+                    if (TK > 4u) {
+                        {
+                            let v = row_parts[rr * (TK / 4u) + 1u];
+                            tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                        }
+                    }
+                    if (TK > 8u) {
+                        {
+                            let v = row_parts[rr * (TK / 4u) + 2u];
+                            tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                        }
+                    }
+                    if (TK > 12u) {
+                        {
+                            let v = row_parts[rr * (TK / 4u) + 3u];
+                            tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));
+                        }
+                    }
+                    let m_new = max(m3, tile_max);
+                    // exp(0) = 1 while no attended score has been finite yet.
+                    let alpha = exp(m3 - m_new);
+                    var sum = 0.0;
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s3_2 - m_new), s3_2 != MASKED);
-                    p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                    let pt = select(not_attended(), exp(s3_0 - m_new), s3_0 != MASKED);
+                    p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
+                    if (RK > 1u) {
+                        // -0 for a key the row does not attend (it adds nothing to
+                        // the sum, nor, times a finite V, to O); an attended key's P
+                        // is +0 or more, even where its score is -inf.
+                        let pt = select(not_attended(), exp(s3_1 - m_new), s3_1 != MASKED);
+                        p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                        sum += pt;
+                    }
+                    if (RK > 2u) {
+                        // -0 for a key the row does not attend (it adds nothing to
+                        // the sum, nor, times a finite V, to O); an attended key's P
+                        // is +0 or more, even where its score is -inf.
+                        let pt = select(not_attended(), exp(s3_2 - m_new), s3_2 != MASKED);
+                        p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                        sum += pt;
+                    }
+                    if (RK > 3u) {
+                        // -0 for a key the row does not attend (it adds nothing to
+                        // the sum, nor, times a finite V, to O); an attended key's P
+                        // is +0 or more, even where its score is -inf.
+                        let pt = select(not_attended(), exp(s3_3 - m_new), s3_3 != MASKED);
+                        p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                        sum += pt;
+                    }
+                    l3 = l3 * alpha + sum;
+                    o3_0 *= alpha;
+                    if (DVT > 1u) {
+                        o3_1 *= alpha;
+                    }
+                    if (DVT > 2u) {
+                        o3_2 *= alpha;
+                    }
+                    if (DVT > 3u) {
+                        o3_3 *= alpha;
+                    }
+                    m3 = m_new;
                 }
-                if (RK > 3u) {
-                    // -0 for a key the row does not attend (it adds nothing to
-                    // the sum, nor, times a finite V, to O); an attended key's P
-                    // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s3_3 - m_new), s3_3 != MASKED);
-                    p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
-                    sum += pt;
-                }
-                l3 = l3 * alpha + sum;
-                o3_0 *= alpha;
-                if (DVT > 1u) {
-                    o3_1 *= alpha;
-                }
-                if (DVT > 2u) {
-                    o3_2 *= alpha;
-                }
-                if (DVT > 3u) {
-                    o3_3 *= alpha;
-                }
-                m3 = m_new;
             }
         }
         // V's tile replaces K's (every read of K ended at the barrier above).
@@ -1789,701 +1795,703 @@ fn main(
         // 4. O += P V, RQ x DVT vec4s per invocation, four keys a step.
         // Columns past Dv read some vec4 of the tile and are never stored.
         let careful = atomicLoad(&v_nonfinite) != 0u;
-        if (careful) {
-            for (var t4 = 0u; t4 < bk4; t4++) {
-                var p0 = vec4<f32>(0.0);
-                p0 = p_tile[p_at + 0u * TQ * bk4 + t4];
-                var p1 = vec4<f32>(0.0);
-                if (RQ > 1u) {
-                    p1 = p_tile[p_at + 1u * TQ * bk4 + t4];
-                }
-                var p2 = vec4<f32>(0.0);
-                if (RQ > 2u) {
-                    p2 = p_tile[p_at + 2u * TQ * bk4 + t4];
-                }
-                var p3 = vec4<f32>(0.0);
-                if (RQ > 3u) {
-                    p3 = p_tile[p_at + 3u * TQ * bk4 + t4];
-                }
-                {
-                    let v0 = kv_tile[(t4 * 4u + 0u) * KS + v_at0];
-                    let v1 = kv_tile[(t4 * 4u + 0u) * KS + v_at1];
-                    let v2 = kv_tile[(t4 * 4u + 0u) * KS + v_at2];
-                    let v3 = kv_tile[(t4 * 4u + 0u) * KS + v_at3];
-                    let v4 = kv_tile[(t4 * 4u + 0u) * KS + v_at4];
-                    let v5 = kv_tile[(t4 * 4u + 0u) * KS + v_at5];
-                    let v6 = kv_tile[(t4 * 4u + 0u) * KS + v_at6];
-                    let v7 = kv_tile[(t4 * 4u + 0u) * KS + v_at7];
-                    o0_0 += select(vec4<f32>(0.0), p0.x * v0, attended_p(p0.x));
-                    if (DVT > 1u) {
-                        o0_1 += select(vec4<f32>(0.0), p0.x * v1, attended_p(p0.x));
-                    }
-                    if (DVT > 2u) {
-                        o0_2 += select(vec4<f32>(0.0), p0.x * v2, attended_p(p0.x));
-                    }
-                    if (DVT > 3u) {
-                        o0_3 += select(vec4<f32>(0.0), p0.x * v3, attended_p(p0.x));
-                    }
-                    if (DVT > 4u) {
-                        o0_4 += select(vec4<f32>(0.0), p0.x * v4, attended_p(p0.x));
-                    }
-                    if (DVT > 5u) {
-                        o0_5 += select(vec4<f32>(0.0), p0.x * v5, attended_p(p0.x));
-                    }
-                    if (DVT > 6u) {
-                        o0_6 += select(vec4<f32>(0.0), p0.x * v6, attended_p(p0.x));
-                    }
-                    if (DVT > 7u) {
-                        o0_7 += select(vec4<f32>(0.0), p0.x * v7, attended_p(p0.x));
-                    }
+        if ((ABLATE & ABLATE_PRODUCT) == 0u) {
+            if (careful) {
+                for (var t4 = 0u; t4 < bk4; t4++) {
+                    var p0 = vec4<f32>(0.0);
+                    p0 = p_tile[p_at + 0u * TQ * bk4 + t4];
+                    var p1 = vec4<f32>(0.0);
                     if (RQ > 1u) {
-                        o1_0 += select(vec4<f32>(0.0), p1.x * v0, attended_p(p1.x));
+                        p1 = p_tile[p_at + 1u * TQ * bk4 + t4];
                     }
-                    if (RQ > 1u && DVT > 1u) {
-                        o1_1 += select(vec4<f32>(0.0), p1.x * v1, attended_p(p1.x));
-                    }
-                    if (RQ > 1u && DVT > 2u) {
-                        o1_2 += select(vec4<f32>(0.0), p1.x * v2, attended_p(p1.x));
-                    }
-                    if (RQ > 1u && DVT > 3u) {
-                        o1_3 += select(vec4<f32>(0.0), p1.x * v3, attended_p(p1.x));
-                    }
-                    if (RQ > 1u && DVT > 4u) {
-                        o1_4 += select(vec4<f32>(0.0), p1.x * v4, attended_p(p1.x));
-                    }
-                    if (RQ > 1u && DVT > 5u) {
-                        o1_5 += select(vec4<f32>(0.0), p1.x * v5, attended_p(p1.x));
-                    }
-                    if (RQ > 1u && DVT > 6u) {
-                        o1_6 += select(vec4<f32>(0.0), p1.x * v6, attended_p(p1.x));
-                    }
-                    if (RQ > 1u && DVT > 7u) {
-                        o1_7 += select(vec4<f32>(0.0), p1.x * v7, attended_p(p1.x));
-                    }
+                    var p2 = vec4<f32>(0.0);
                     if (RQ > 2u) {
-                        o2_0 += select(vec4<f32>(0.0), p2.x * v0, attended_p(p2.x));
+                        p2 = p_tile[p_at + 2u * TQ * bk4 + t4];
                     }
-                    if (RQ > 2u && DVT > 1u) {
-                        o2_1 += select(vec4<f32>(0.0), p2.x * v1, attended_p(p2.x));
-                    }
-                    if (RQ > 2u && DVT > 2u) {
-                        o2_2 += select(vec4<f32>(0.0), p2.x * v2, attended_p(p2.x));
-                    }
-                    if (RQ > 2u && DVT > 3u) {
-                        o2_3 += select(vec4<f32>(0.0), p2.x * v3, attended_p(p2.x));
-                    }
-                    if (RQ > 2u && DVT > 4u) {
-                        o2_4 += select(vec4<f32>(0.0), p2.x * v4, attended_p(p2.x));
-                    }
+                    var p3 = vec4<f32>(0.0);
                     if (RQ > 3u) {
-                        o3_0 += select(vec4<f32>(0.0), p3.x * v0, attended_p(p3.x));
+                        p3 = p_tile[p_at + 3u * TQ * bk4 + t4];
                     }
-                    if (RQ > 3u && DVT > 1u) {
-                        o3_1 += select(vec4<f32>(0.0), p3.x * v1, attended_p(p3.x));
+                    {
+                        let v0 = kv_tile[(t4 * 4u + 0u) * KS + v_at0];
+                        let v1 = kv_tile[(t4 * 4u + 0u) * KS + v_at1];
+                        let v2 = kv_tile[(t4 * 4u + 0u) * KS + v_at2];
+                        let v3 = kv_tile[(t4 * 4u + 0u) * KS + v_at3];
+                        let v4 = kv_tile[(t4 * 4u + 0u) * KS + v_at4];
+                        let v5 = kv_tile[(t4 * 4u + 0u) * KS + v_at5];
+                        let v6 = kv_tile[(t4 * 4u + 0u) * KS + v_at6];
+                        let v7 = kv_tile[(t4 * 4u + 0u) * KS + v_at7];
+                        o0_0 += select(vec4<f32>(0.0), p0.x * v0, attended_p(p0.x));
+                        if (DVT > 1u) {
+                            o0_1 += select(vec4<f32>(0.0), p0.x * v1, attended_p(p0.x));
+                        }
+                        if (DVT > 2u) {
+                            o0_2 += select(vec4<f32>(0.0), p0.x * v2, attended_p(p0.x));
+                        }
+                        if (DVT > 3u) {
+                            o0_3 += select(vec4<f32>(0.0), p0.x * v3, attended_p(p0.x));
+                        }
+                        if (DVT > 4u) {
+                            o0_4 += select(vec4<f32>(0.0), p0.x * v4, attended_p(p0.x));
+                        }
+                        if (DVT > 5u) {
+                            o0_5 += select(vec4<f32>(0.0), p0.x * v5, attended_p(p0.x));
+                        }
+                        if (DVT > 6u) {
+                            o0_6 += select(vec4<f32>(0.0), p0.x * v6, attended_p(p0.x));
+                        }
+                        if (DVT > 7u) {
+                            o0_7 += select(vec4<f32>(0.0), p0.x * v7, attended_p(p0.x));
+                        }
+                        if (RQ > 1u) {
+                            o1_0 += select(vec4<f32>(0.0), p1.x * v0, attended_p(p1.x));
+                        }
+                        if (RQ > 1u && DVT > 1u) {
+                            o1_1 += select(vec4<f32>(0.0), p1.x * v1, attended_p(p1.x));
+                        }
+                        if (RQ > 1u && DVT > 2u) {
+                            o1_2 += select(vec4<f32>(0.0), p1.x * v2, attended_p(p1.x));
+                        }
+                        if (RQ > 1u && DVT > 3u) {
+                            o1_3 += select(vec4<f32>(0.0), p1.x * v3, attended_p(p1.x));
+                        }
+                        if (RQ > 1u && DVT > 4u) {
+                            o1_4 += select(vec4<f32>(0.0), p1.x * v4, attended_p(p1.x));
+                        }
+                        if (RQ > 1u && DVT > 5u) {
+                            o1_5 += select(vec4<f32>(0.0), p1.x * v5, attended_p(p1.x));
+                        }
+                        if (RQ > 1u && DVT > 6u) {
+                            o1_6 += select(vec4<f32>(0.0), p1.x * v6, attended_p(p1.x));
+                        }
+                        if (RQ > 1u && DVT > 7u) {
+                            o1_7 += select(vec4<f32>(0.0), p1.x * v7, attended_p(p1.x));
+                        }
+                        if (RQ > 2u) {
+                            o2_0 += select(vec4<f32>(0.0), p2.x * v0, attended_p(p2.x));
+                        }
+                        if (RQ > 2u && DVT > 1u) {
+                            o2_1 += select(vec4<f32>(0.0), p2.x * v1, attended_p(p2.x));
+                        }
+                        if (RQ > 2u && DVT > 2u) {
+                            o2_2 += select(vec4<f32>(0.0), p2.x * v2, attended_p(p2.x));
+                        }
+                        if (RQ > 2u && DVT > 3u) {
+                            o2_3 += select(vec4<f32>(0.0), p2.x * v3, attended_p(p2.x));
+                        }
+                        if (RQ > 2u && DVT > 4u) {
+                            o2_4 += select(vec4<f32>(0.0), p2.x * v4, attended_p(p2.x));
+                        }
+                        if (RQ > 3u) {
+                            o3_0 += select(vec4<f32>(0.0), p3.x * v0, attended_p(p3.x));
+                        }
+                        if (RQ > 3u && DVT > 1u) {
+                            o3_1 += select(vec4<f32>(0.0), p3.x * v1, attended_p(p3.x));
+                        }
+                        if (RQ > 3u && DVT > 2u) {
+                            o3_2 += select(vec4<f32>(0.0), p3.x * v2, attended_p(p3.x));
+                        }
+                        if (RQ > 3u && DVT > 3u) {
+                            o3_3 += select(vec4<f32>(0.0), p3.x * v3, attended_p(p3.x));
+                        }
                     }
-                    if (RQ > 3u && DVT > 2u) {
-                        o3_2 += select(vec4<f32>(0.0), p3.x * v2, attended_p(p3.x));
+                    {
+                        let v0 = kv_tile[(t4 * 4u + 1u) * KS + v_at0];
+                        let v1 = kv_tile[(t4 * 4u + 1u) * KS + v_at1];
+                        let v2 = kv_tile[(t4 * 4u + 1u) * KS + v_at2];
+                        let v3 = kv_tile[(t4 * 4u + 1u) * KS + v_at3];
+                        let v4 = kv_tile[(t4 * 4u + 1u) * KS + v_at4];
+                        let v5 = kv_tile[(t4 * 4u + 1u) * KS + v_at5];
+                        let v6 = kv_tile[(t4 * 4u + 1u) * KS + v_at6];
+                        let v7 = kv_tile[(t4 * 4u + 1u) * KS + v_at7];
+                        o0_0 += select(vec4<f32>(0.0), p0.y * v0, attended_p(p0.y));
+                        if (DVT > 1u) {
+                            o0_1 += select(vec4<f32>(0.0), p0.y * v1, attended_p(p0.y));
+                        }
+                        if (DVT > 2u) {
+                            o0_2 += select(vec4<f32>(0.0), p0.y * v2, attended_p(p0.y));
+                        }
+                        if (DVT > 3u) {
+                            o0_3 += select(vec4<f32>(0.0), p0.y * v3, attended_p(p0.y));
+                        }
+                        if (DVT > 4u) {
+                            o0_4 += select(vec4<f32>(0.0), p0.y * v4, attended_p(p0.y));
+                        }
+                        if (DVT > 5u) {
+                            o0_5 += select(vec4<f32>(0.0), p0.y * v5, attended_p(p0.y));
+                        }
+                        if (DVT > 6u) {
+                            o0_6 += select(vec4<f32>(0.0), p0.y * v6, attended_p(p0.y));
+                        }
+                        if (DVT > 7u) {
+                            o0_7 += select(vec4<f32>(0.0), p0.y * v7, attended_p(p0.y));
+                        }
+                        if (RQ > 1u) {
+                            o1_0 += select(vec4<f32>(0.0), p1.y * v0, attended_p(p1.y));
+                        }
+                        if (RQ > 1u && DVT > 1u) {
+                            o1_1 += select(vec4<f32>(0.0), p1.y * v1, attended_p(p1.y));
+                        }
+                        if (RQ > 1u && DVT > 2u) {
+                            o1_2 += select(vec4<f32>(0.0), p1.y * v2, attended_p(p1.y));
+                        }
+                        if (RQ > 1u && DVT > 3u) {
+                            o1_3 += select(vec4<f32>(0.0), p1.y * v3, attended_p(p1.y));
+                        }
+                        if (RQ > 1u && DVT > 4u) {
+                            o1_4 += select(vec4<f32>(0.0), p1.y * v4, attended_p(p1.y));
+                        }
+                        if (RQ > 1u && DVT > 5u) {
+                            o1_5 += select(vec4<f32>(0.0), p1.y * v5, attended_p(p1.y));
+                        }
+                        if (RQ > 1u && DVT > 6u) {
+                            o1_6 += select(vec4<f32>(0.0), p1.y * v6, attended_p(p1.y));
+                        }
+                        if (RQ > 1u && DVT > 7u) {
+                            o1_7 += select(vec4<f32>(0.0), p1.y * v7, attended_p(p1.y));
+                        }
+                        if (RQ > 2u) {
+                            o2_0 += select(vec4<f32>(0.0), p2.y * v0, attended_p(p2.y));
+                        }
+                        if (RQ > 2u && DVT > 1u) {
+                            o2_1 += select(vec4<f32>(0.0), p2.y * v1, attended_p(p2.y));
+                        }
+                        if (RQ > 2u && DVT > 2u) {
+                            o2_2 += select(vec4<f32>(0.0), p2.y * v2, attended_p(p2.y));
+                        }
+                        if (RQ > 2u && DVT > 3u) {
+                            o2_3 += select(vec4<f32>(0.0), p2.y * v3, attended_p(p2.y));
+                        }
+                        if (RQ > 2u && DVT > 4u) {
+                            o2_4 += select(vec4<f32>(0.0), p2.y * v4, attended_p(p2.y));
+                        }
+                        if (RQ > 3u) {
+                            o3_0 += select(vec4<f32>(0.0), p3.y * v0, attended_p(p3.y));
+                        }
+                        if (RQ > 3u && DVT > 1u) {
+                            o3_1 += select(vec4<f32>(0.0), p3.y * v1, attended_p(p3.y));
+                        }
+                        if (RQ > 3u && DVT > 2u) {
+                            o3_2 += select(vec4<f32>(0.0), p3.y * v2, attended_p(p3.y));
+                        }
+                        if (RQ > 3u && DVT > 3u) {
+                            o3_3 += select(vec4<f32>(0.0), p3.y * v3, attended_p(p3.y));
+                        }
                     }
-                    if (RQ > 3u && DVT > 3u) {
-                        o3_3 += select(vec4<f32>(0.0), p3.x * v3, attended_p(p3.x));
+                    {
+                        let v0 = kv_tile[(t4 * 4u + 2u) * KS + v_at0];
+                        let v1 = kv_tile[(t4 * 4u + 2u) * KS + v_at1];
+                        let v2 = kv_tile[(t4 * 4u + 2u) * KS + v_at2];
+                        let v3 = kv_tile[(t4 * 4u + 2u) * KS + v_at3];
+                        let v4 = kv_tile[(t4 * 4u + 2u) * KS + v_at4];
+                        let v5 = kv_tile[(t4 * 4u + 2u) * KS + v_at5];
+                        let v6 = kv_tile[(t4 * 4u + 2u) * KS + v_at6];
+                        let v7 = kv_tile[(t4 * 4u + 2u) * KS + v_at7];
+                        o0_0 += select(vec4<f32>(0.0), p0.z * v0, attended_p(p0.z));
+                        if (DVT > 1u) {
+                            o0_1 += select(vec4<f32>(0.0), p0.z * v1, attended_p(p0.z));
+                        }
+                        if (DVT > 2u) {
+                            o0_2 += select(vec4<f32>(0.0), p0.z * v2, attended_p(p0.z));
+                        }
+                        if (DVT > 3u) {
+                            o0_3 += select(vec4<f32>(0.0), p0.z * v3, attended_p(p0.z));
+                        }
+                        if (DVT > 4u) {
+                            o0_4 += select(vec4<f32>(0.0), p0.z * v4, attended_p(p0.z));
+                        }
+                        if (DVT > 5u) {
+                            o0_5 += select(vec4<f32>(0.0), p0.z * v5, attended_p(p0.z));
+                        }
+                        if (DVT > 6u) {
+                            o0_6 += select(vec4<f32>(0.0), p0.z * v6, attended_p(p0.z));
+                        }
+                        if (DVT > 7u) {
+                            o0_7 += select(vec4<f32>(0.0), p0.z * v7, attended_p(p0.z));
+                        }
+                        if (RQ > 1u) {
+                            o1_0 += select(vec4<f32>(0.0), p1.z * v0, attended_p(p1.z));
+                        }
+                        if (RQ > 1u && DVT > 1u) {
+                            o1_1 += select(vec4<f32>(0.0), p1.z * v1, attended_p(p1.z));
+                        }
+                        if (RQ > 1u && DVT > 2u) {
+                            o1_2 += select(vec4<f32>(0.0), p1.z * v2, attended_p(p1.z));
+                        }
+                        if (RQ > 1u && DVT > 3u) {
+                            o1_3 += select(vec4<f32>(0.0), p1.z * v3, attended_p(p1.z));
+                        }
+                        if (RQ > 1u && DVT > 4u) {
+                            o1_4 += select(vec4<f32>(0.0), p1.z * v4, attended_p(p1.z));
+                        }
+                        if (RQ > 1u && DVT > 5u) {
+                            o1_5 += select(vec4<f32>(0.0), p1.z * v5, attended_p(p1.z));
+                        }
+                        if (RQ > 1u && DVT > 6u) {
+                            o1_6 += select(vec4<f32>(0.0), p1.z * v6, attended_p(p1.z));
+                        }
+                        if (RQ > 1u && DVT > 7u) {
+                            o1_7 += select(vec4<f32>(0.0), p1.z * v7, attended_p(p1.z));
+                        }
+                        if (RQ > 2u) {
+                            o2_0 += select(vec4<f32>(0.0), p2.z * v0, attended_p(p2.z));
+                        }
+                        if (RQ > 2u && DVT > 1u) {
+                            o2_1 += select(vec4<f32>(0.0), p2.z * v1, attended_p(p2.z));
+                        }
+                        if (RQ > 2u && DVT > 2u) {
+                            o2_2 += select(vec4<f32>(0.0), p2.z * v2, attended_p(p2.z));
+                        }
+                        if (RQ > 2u && DVT > 3u) {
+                            o2_3 += select(vec4<f32>(0.0), p2.z * v3, attended_p(p2.z));
+                        }
+                        if (RQ > 2u && DVT > 4u) {
+                            o2_4 += select(vec4<f32>(0.0), p2.z * v4, attended_p(p2.z));
+                        }
+                        if (RQ > 3u) {
+                            o3_0 += select(vec4<f32>(0.0), p3.z * v0, attended_p(p3.z));
+                        }
+                        if (RQ > 3u && DVT > 1u) {
+                            o3_1 += select(vec4<f32>(0.0), p3.z * v1, attended_p(p3.z));
+                        }
+                        if (RQ > 3u && DVT > 2u) {
+                            o3_2 += select(vec4<f32>(0.0), p3.z * v2, attended_p(p3.z));
+                        }
+                        if (RQ > 3u && DVT > 3u) {
+                            o3_3 += select(vec4<f32>(0.0), p3.z * v3, attended_p(p3.z));
+                        }
+                    }
+                    {
+                        let v0 = kv_tile[(t4 * 4u + 3u) * KS + v_at0];
+                        let v1 = kv_tile[(t4 * 4u + 3u) * KS + v_at1];
+                        let v2 = kv_tile[(t4 * 4u + 3u) * KS + v_at2];
+                        let v3 = kv_tile[(t4 * 4u + 3u) * KS + v_at3];
+                        let v4 = kv_tile[(t4 * 4u + 3u) * KS + v_at4];
+                        let v5 = kv_tile[(t4 * 4u + 3u) * KS + v_at5];
+                        let v6 = kv_tile[(t4 * 4u + 3u) * KS + v_at6];
+                        let v7 = kv_tile[(t4 * 4u + 3u) * KS + v_at7];
+                        o0_0 += select(vec4<f32>(0.0), p0.w * v0, attended_p(p0.w));
+                        if (DVT > 1u) {
+                            o0_1 += select(vec4<f32>(0.0), p0.w * v1, attended_p(p0.w));
+                        }
+                        if (DVT > 2u) {
+                            o0_2 += select(vec4<f32>(0.0), p0.w * v2, attended_p(p0.w));
+                        }
+                        if (DVT > 3u) {
+                            o0_3 += select(vec4<f32>(0.0), p0.w * v3, attended_p(p0.w));
+                        }
+                        if (DVT > 4u) {
+                            o0_4 += select(vec4<f32>(0.0), p0.w * v4, attended_p(p0.w));
+                        }
+                        if (DVT > 5u) {
+                            o0_5 += select(vec4<f32>(0.0), p0.w * v5, attended_p(p0.w));
+                        }
+                        if (DVT > 6u) {
+                            o0_6 += select(vec4<f32>(0.0), p0.w * v6, attended_p(p0.w));
+                        }
+                        if (DVT > 7u) {
+                            o0_7 += select(vec4<f32>(0.0), p0.w * v7, attended_p(p0.w));
+                        }
+                        if (RQ > 1u) {
+                            o1_0 += select(vec4<f32>(0.0), p1.w * v0, attended_p(p1.w));
+                        }
+                        if (RQ > 1u && DVT > 1u) {
+                            o1_1 += select(vec4<f32>(0.0), p1.w * v1, attended_p(p1.w));
+                        }
+                        if (RQ > 1u && DVT > 2u) {
+                            o1_2 += select(vec4<f32>(0.0), p1.w * v2, attended_p(p1.w));
+                        }
+                        if (RQ > 1u && DVT > 3u) {
+                            o1_3 += select(vec4<f32>(0.0), p1.w * v3, attended_p(p1.w));
+                        }
+                        if (RQ > 1u && DVT > 4u) {
+                            o1_4 += select(vec4<f32>(0.0), p1.w * v4, attended_p(p1.w));
+                        }
+                        if (RQ > 1u && DVT > 5u) {
+                            o1_5 += select(vec4<f32>(0.0), p1.w * v5, attended_p(p1.w));
+                        }
+                        if (RQ > 1u && DVT > 6u) {
+                            o1_6 += select(vec4<f32>(0.0), p1.w * v6, attended_p(p1.w));
+                        }
+                        if (RQ > 1u && DVT > 7u) {
+                            o1_7 += select(vec4<f32>(0.0), p1.w * v7, attended_p(p1.w));
+                        }
+                        if (RQ > 2u) {
+                            o2_0 += select(vec4<f32>(0.0), p2.w * v0, attended_p(p2.w));
+                        }
+                        if (RQ > 2u && DVT > 1u) {
+                            o2_1 += select(vec4<f32>(0.0), p2.w * v1, attended_p(p2.w));
+                        }
+                        if (RQ > 2u && DVT > 2u) {
+                            o2_2 += select(vec4<f32>(0.0), p2.w * v2, attended_p(p2.w));
+                        }
+                        if (RQ > 2u && DVT > 3u) {
+                            o2_3 += select(vec4<f32>(0.0), p2.w * v3, attended_p(p2.w));
+                        }
+                        if (RQ > 2u && DVT > 4u) {
+                            o2_4 += select(vec4<f32>(0.0), p2.w * v4, attended_p(p2.w));
+                        }
+                        if (RQ > 3u) {
+                            o3_0 += select(vec4<f32>(0.0), p3.w * v0, attended_p(p3.w));
+                        }
+                        if (RQ > 3u && DVT > 1u) {
+                            o3_1 += select(vec4<f32>(0.0), p3.w * v1, attended_p(p3.w));
+                        }
+                        if (RQ > 3u && DVT > 2u) {
+                            o3_2 += select(vec4<f32>(0.0), p3.w * v2, attended_p(p3.w));
+                        }
+                        if (RQ > 3u && DVT > 3u) {
+                            o3_3 += select(vec4<f32>(0.0), p3.w * v3, attended_p(p3.w));
+                        }
                     }
                 }
-                {
-                    let v0 = kv_tile[(t4 * 4u + 1u) * KS + v_at0];
-                    let v1 = kv_tile[(t4 * 4u + 1u) * KS + v_at1];
-                    let v2 = kv_tile[(t4 * 4u + 1u) * KS + v_at2];
-                    let v3 = kv_tile[(t4 * 4u + 1u) * KS + v_at3];
-                    let v4 = kv_tile[(t4 * 4u + 1u) * KS + v_at4];
-                    let v5 = kv_tile[(t4 * 4u + 1u) * KS + v_at5];
-                    let v6 = kv_tile[(t4 * 4u + 1u) * KS + v_at6];
-                    let v7 = kv_tile[(t4 * 4u + 1u) * KS + v_at7];
-                    o0_0 += select(vec4<f32>(0.0), p0.y * v0, attended_p(p0.y));
-                    if (DVT > 1u) {
-                        o0_1 += select(vec4<f32>(0.0), p0.y * v1, attended_p(p0.y));
-                    }
-                    if (DVT > 2u) {
-                        o0_2 += select(vec4<f32>(0.0), p0.y * v2, attended_p(p0.y));
-                    }
-                    if (DVT > 3u) {
-                        o0_3 += select(vec4<f32>(0.0), p0.y * v3, attended_p(p0.y));
-                    }
-                    if (DVT > 4u) {
-                        o0_4 += select(vec4<f32>(0.0), p0.y * v4, attended_p(p0.y));
-                    }
-                    if (DVT > 5u) {
-                        o0_5 += select(vec4<f32>(0.0), p0.y * v5, attended_p(p0.y));
-                    }
-                    if (DVT > 6u) {
-                        o0_6 += select(vec4<f32>(0.0), p0.y * v6, attended_p(p0.y));
-                    }
-                    if (DVT > 7u) {
-                        o0_7 += select(vec4<f32>(0.0), p0.y * v7, attended_p(p0.y));
-                    }
+            } else {
+                for (var t4 = 0u; t4 < bk4; t4++) {
+                    var p0 = vec4<f32>(0.0);
+                    p0 = p_tile[p_at + 0u * TQ * bk4 + t4];
+                    var p1 = vec4<f32>(0.0);
                     if (RQ > 1u) {
-                        o1_0 += select(vec4<f32>(0.0), p1.y * v0, attended_p(p1.y));
+                        p1 = p_tile[p_at + 1u * TQ * bk4 + t4];
                     }
-                    if (RQ > 1u && DVT > 1u) {
-                        o1_1 += select(vec4<f32>(0.0), p1.y * v1, attended_p(p1.y));
-                    }
-                    if (RQ > 1u && DVT > 2u) {
-                        o1_2 += select(vec4<f32>(0.0), p1.y * v2, attended_p(p1.y));
-                    }
-                    if (RQ > 1u && DVT > 3u) {
-                        o1_3 += select(vec4<f32>(0.0), p1.y * v3, attended_p(p1.y));
-                    }
-                    if (RQ > 1u && DVT > 4u) {
-                        o1_4 += select(vec4<f32>(0.0), p1.y * v4, attended_p(p1.y));
-                    }
-                    if (RQ > 1u && DVT > 5u) {
-                        o1_5 += select(vec4<f32>(0.0), p1.y * v5, attended_p(p1.y));
-                    }
-                    if (RQ > 1u && DVT > 6u) {
-                        o1_6 += select(vec4<f32>(0.0), p1.y * v6, attended_p(p1.y));
-                    }
-                    if (RQ > 1u && DVT > 7u) {
-                        o1_7 += select(vec4<f32>(0.0), p1.y * v7, attended_p(p1.y));
-                    }
+                    var p2 = vec4<f32>(0.0);
                     if (RQ > 2u) {
-                        o2_0 += select(vec4<f32>(0.0), p2.y * v0, attended_p(p2.y));
+                        p2 = p_tile[p_at + 2u * TQ * bk4 + t4];
                     }
-                    if (RQ > 2u && DVT > 1u) {
-                        o2_1 += select(vec4<f32>(0.0), p2.y * v1, attended_p(p2.y));
-                    }
-                    if (RQ > 2u && DVT > 2u) {
-                        o2_2 += select(vec4<f32>(0.0), p2.y * v2, attended_p(p2.y));
-                    }
-                    if (RQ > 2u && DVT > 3u) {
-                        o2_3 += select(vec4<f32>(0.0), p2.y * v3, attended_p(p2.y));
-                    }
-                    if (RQ > 2u && DVT > 4u) {
-                        o2_4 += select(vec4<f32>(0.0), p2.y * v4, attended_p(p2.y));
-                    }
+                    var p3 = vec4<f32>(0.0);
                     if (RQ > 3u) {
-                        o3_0 += select(vec4<f32>(0.0), p3.y * v0, attended_p(p3.y));
-                    }
-                    if (RQ > 3u && DVT > 1u) {
-                        o3_1 += select(vec4<f32>(0.0), p3.y * v1, attended_p(p3.y));
-                    }
-                    if (RQ > 3u && DVT > 2u) {
-                        o3_2 += select(vec4<f32>(0.0), p3.y * v2, attended_p(p3.y));
-                    }
-                    if (RQ > 3u && DVT > 3u) {
-                        o3_3 += select(vec4<f32>(0.0), p3.y * v3, attended_p(p3.y));
-                    }
-                }
-                {
-                    let v0 = kv_tile[(t4 * 4u + 2u) * KS + v_at0];
-                    let v1 = kv_tile[(t4 * 4u + 2u) * KS + v_at1];
-                    let v2 = kv_tile[(t4 * 4u + 2u) * KS + v_at2];
-                    let v3 = kv_tile[(t4 * 4u + 2u) * KS + v_at3];
-                    let v4 = kv_tile[(t4 * 4u + 2u) * KS + v_at4];
-                    let v5 = kv_tile[(t4 * 4u + 2u) * KS + v_at5];
-                    let v6 = kv_tile[(t4 * 4u + 2u) * KS + v_at6];
-                    let v7 = kv_tile[(t4 * 4u + 2u) * KS + v_at7];
-                    o0_0 += select(vec4<f32>(0.0), p0.z * v0, attended_p(p0.z));
-                    if (DVT > 1u) {
-                        o0_1 += select(vec4<f32>(0.0), p0.z * v1, attended_p(p0.z));
-                    }
-                    if (DVT > 2u) {
-                        o0_2 += select(vec4<f32>(0.0), p0.z * v2, attended_p(p0.z));
-                    }
-                    if (DVT > 3u) {
-                        o0_3 += select(vec4<f32>(0.0), p0.z * v3, attended_p(p0.z));
-                    }
-                    if (DVT > 4u) {
-                        o0_4 += select(vec4<f32>(0.0), p0.z * v4, attended_p(p0.z));
-                    }
-                    if (DVT > 5u) {
-                        o0_5 += select(vec4<f32>(0.0), p0.z * v5, attended_p(p0.z));
-                    }
-                    if (DVT > 6u) {
-                        o0_6 += select(vec4<f32>(0.0), p0.z * v6, attended_p(p0.z));
-                    }
-                    if (DVT > 7u) {
-                        o0_7 += select(vec4<f32>(0.0), p0.z * v7, attended_p(p0.z));
-                    }
-                    if (RQ > 1u) {
-                        o1_0 += select(vec4<f32>(0.0), p1.z * v0, attended_p(p1.z));
-                    }
-                    if (RQ > 1u && DVT > 1u) {
-                        o1_1 += select(vec4<f32>(0.0), p1.z * v1, attended_p(p1.z));
-                    }
-                    if (RQ > 1u && DVT > 2u) {
-                        o1_2 += select(vec4<f32>(0.0), p1.z * v2, attended_p(p1.z));
-                    }
-                    if (RQ > 1u && DVT > 3u) {
-                        o1_3 += select(vec4<f32>(0.0), p1.z * v3, attended_p(p1.z));
-                    }
-                    if (RQ > 1u && DVT > 4u) {
-                        o1_4 += select(vec4<f32>(0.0), p1.z * v4, attended_p(p1.z));
-                    }
-                    if (RQ > 1u && DVT > 5u) {
-                        o1_5 += select(vec4<f32>(0.0), p1.z * v5, attended_p(p1.z));
-                    }
-                    if (RQ > 1u && DVT > 6u) {
-                        o1_6 += select(vec4<f32>(0.0), p1.z * v6, attended_p(p1.z));
-                    }
-                    if (RQ > 1u && DVT > 7u) {
-                        o1_7 += select(vec4<f32>(0.0), p1.z * v7, attended_p(p1.z));
-                    }
-                    if (RQ > 2u) {
-                        o2_0 += select(vec4<f32>(0.0), p2.z * v0, attended_p(p2.z));
-                    }
-                    if (RQ > 2u && DVT > 1u) {
-                        o2_1 += select(vec4<f32>(0.0), p2.z * v1, attended_p(p2.z));
-                    }
-                    if (RQ > 2u && DVT > 2u) {
-                        o2_2 += select(vec4<f32>(0.0), p2.z * v2, attended_p(p2.z));
-                    }
-                    if (RQ > 2u && DVT > 3u) {
-                        o2_3 += select(vec4<f32>(0.0), p2.z * v3, attended_p(p2.z));
-                    }
-                    if (RQ > 2u && DVT > 4u) {
-                        o2_4 += select(vec4<f32>(0.0), p2.z * v4, attended_p(p2.z));
-                    }
-                    if (RQ > 3u) {
-                        o3_0 += select(vec4<f32>(0.0), p3.z * v0, attended_p(p3.z));
-                    }
-                    if (RQ > 3u && DVT > 1u) {
-                        o3_1 += select(vec4<f32>(0.0), p3.z * v1, attended_p(p3.z));
-                    }
-                    if (RQ > 3u && DVT > 2u) {
-                        o3_2 += select(vec4<f32>(0.0), p3.z * v2, attended_p(p3.z));
-                    }
-                    if (RQ > 3u && DVT > 3u) {
-                        o3_3 += select(vec4<f32>(0.0), p3.z * v3, attended_p(p3.z));
-                    }
-                }
-                {
-                    let v0 = kv_tile[(t4 * 4u + 3u) * KS + v_at0];
-                    let v1 = kv_tile[(t4 * 4u + 3u) * KS + v_at1];
-                    let v2 = kv_tile[(t4 * 4u + 3u) * KS + v_at2];
-                    let v3 = kv_tile[(t4 * 4u + 3u) * KS + v_at3];
-                    let v4 = kv_tile[(t4 * 4u + 3u) * KS + v_at4];
-                    let v5 = kv_tile[(t4 * 4u + 3u) * KS + v_at5];
-                    let v6 = kv_tile[(t4 * 4u + 3u) * KS + v_at6];
-                    let v7 = kv_tile[(t4 * 4u + 3u) * KS + v_at7];
-                    o0_0 += select(vec4<f32>(0.0), p0.w * v0, attended_p(p0.w));
-                    if (DVT > 1u) {
-                        o0_1 += select(vec4<f32>(0.0), p0.w * v1, attended_p(p0.w));
-                    }
-                    if (DVT > 2u) {
-                        o0_2 += select(vec4<f32>(0.0), p0.w * v2, attended_p(p0.w));
-                    }
-                    if (DVT > 3u) {
-                        o0_3 += select(vec4<f32>(0.0), p0.w * v3, attended_p(p0.w));
-                    }
-                    if (DVT > 4u) {
-                        o0_4 += select(vec4<f32>(0.0), p0.w * v4, attended_p(p0.w));
-                    }
-                    if (DVT > 5u) {
-                        o0_5 += select(vec4<f32>(0.0), p0.w * v5, attended_p(p0.w));
-                    }
-                    if (DVT > 6u) {
-                        o0_6 += select(vec4<f32>(0.0), p0.w * v6, attended_p(p0.w));
-                    }
-                    if (DVT > 7u) {
-                        o0_7 += select(vec4<f32>(0.0), p0.w * v7, attended_p(p0.w));
-                    }
-                    if (RQ > 1u) {
-                        o1_0 += select(vec4<f32>(0.0), p1.w * v0, attended_p(p1.w));
-                    }
-                    if (RQ > 1u && DVT > 1u) {
-                        o1_1 += select(vec4<f32>(0.0), p1.w * v1, attended_p(p1.w));
-                    }
-                    if (RQ > 1u && DVT > 2u) {
-                        o1_2 += select(vec4<f32>(0.0), p1.w * v2, attended_p(p1.w));
-                    }
-                    if (RQ > 1u && DVT > 3u) {
-                        o1_3 += select(vec4<f32>(0.0), p1.w * v3, attended_p(p1.w));
-                    }
-                    if (RQ > 1u && DVT > 4u) {
-                        o1_4 += select(vec4<f32>(0.0), p1.w * v4, attended_p(p1.w));
-                    }
-                    if (RQ > 1u && DVT > 5u) {
-                        o1_5 += select(vec4<f32>(0.0), p1.w * v5, attended_p(p1.w));
-                    }
-                    if (RQ > 1u && DVT > 6u) {
-                        o1_6 += select(vec4<f32>(0.0), p1.w * v6, attended_p(p1.w));
-                    }
-                    if (RQ > 1u && DVT > 7u) {
-                        o1_7 += select(vec4<f32>(0.0), p1.w * v7, attended_p(p1.w));
-                    }
-                    if (RQ > 2u) {
-                        o2_0 += select(vec4<f32>(0.0), p2.w * v0, attended_p(p2.w));
-                    }
-                    if (RQ > 2u && DVT > 1u) {
-                        o2_1 += select(vec4<f32>(0.0), p2.w * v1, attended_p(p2.w));
-                    }
-                    if (RQ > 2u && DVT > 2u) {
-                        o2_2 += select(vec4<f32>(0.0), p2.w * v2, attended_p(p2.w));
-                    }
-                    if (RQ > 2u && DVT > 3u) {
-                        o2_3 += select(vec4<f32>(0.0), p2.w * v3, attended_p(p2.w));
-                    }
-                    if (RQ > 2u && DVT > 4u) {
-                        o2_4 += select(vec4<f32>(0.0), p2.w * v4, attended_p(p2.w));
-                    }
-                    if (RQ > 3u) {
-                        o3_0 += select(vec4<f32>(0.0), p3.w * v0, attended_p(p3.w));
-                    }
-                    if (RQ > 3u && DVT > 1u) {
-                        o3_1 += select(vec4<f32>(0.0), p3.w * v1, attended_p(p3.w));
-                    }
-                    if (RQ > 3u && DVT > 2u) {
-                        o3_2 += select(vec4<f32>(0.0), p3.w * v2, attended_p(p3.w));
-                    }
-                    if (RQ > 3u && DVT > 3u) {
-                        o3_3 += select(vec4<f32>(0.0), p3.w * v3, attended_p(p3.w));
-                    }
-                }
-            }
-        } else {
-            for (var t4 = 0u; t4 < bk4; t4++) {
-                var p0 = vec4<f32>(0.0);
-                p0 = p_tile[p_at + 0u * TQ * bk4 + t4];
-                var p1 = vec4<f32>(0.0);
-                if (RQ > 1u) {
-                    p1 = p_tile[p_at + 1u * TQ * bk4 + t4];
-                }
-                var p2 = vec4<f32>(0.0);
-                if (RQ > 2u) {
-                    p2 = p_tile[p_at + 2u * TQ * bk4 + t4];
-                }
-                var p3 = vec4<f32>(0.0);
-                if (RQ > 3u) {
-                    p3 = p_tile[p_at + 3u * TQ * bk4 + t4];
-                }
-                {
-                    let v0 = kv_tile[(t4 * 4u + 0u) * KS + v_at0];
-                    let v1 = kv_tile[(t4 * 4u + 0u) * KS + v_at1];
-                    let v2 = kv_tile[(t4 * 4u + 0u) * KS + v_at2];
-                    let v3 = kv_tile[(t4 * 4u + 0u) * KS + v_at3];
-                    let v4 = kv_tile[(t4 * 4u + 0u) * KS + v_at4];
-                    let v5 = kv_tile[(t4 * 4u + 0u) * KS + v_at5];
-                    let v6 = kv_tile[(t4 * 4u + 0u) * KS + v_at6];
-                    let v7 = kv_tile[(t4 * 4u + 0u) * KS + v_at7];
-                    o0_0 = fma(vec4<f32>(p0.x), v0, o0_0);
-                    if (DVT > 1u) {
-                        o0_1 = fma(vec4<f32>(p0.x), v1, o0_1);
-                    }
-                    if (DVT > 2u) {
-                        o0_2 = fma(vec4<f32>(p0.x), v2, o0_2);
-                    }
-                    if (DVT > 3u) {
-                        o0_3 = fma(vec4<f32>(p0.x), v3, o0_3);
-                    }
-                    if (DVT > 4u) {
-                        o0_4 = fma(vec4<f32>(p0.x), v4, o0_4);
-                    }
-                    if (DVT > 5u) {
-                        o0_5 = fma(vec4<f32>(p0.x), v5, o0_5);
-                    }
-                    if (DVT > 6u) {
-                        o0_6 = fma(vec4<f32>(p0.x), v6, o0_6);
-                    }
-                    if (DVT > 7u) {
-                        o0_7 = fma(vec4<f32>(p0.x), v7, o0_7);
-                    }
-                    if (RQ > 1u) {
-                        o1_0 = fma(vec4<f32>(p1.x), v0, o1_0);
-                    }
-                    if (RQ > 1u && DVT > 1u) {
-                        o1_1 = fma(vec4<f32>(p1.x), v1, o1_1);
-                    }
-                    if (RQ > 1u && DVT > 2u) {
-                        o1_2 = fma(vec4<f32>(p1.x), v2, o1_2);
-                    }
-                    if (RQ > 1u && DVT > 3u) {
-                        o1_3 = fma(vec4<f32>(p1.x), v3, o1_3);
-                    }
-                    if (RQ > 1u && DVT > 4u) {
-                        o1_4 = fma(vec4<f32>(p1.x), v4, o1_4);
-                    }
-                    if (RQ > 1u && DVT > 5u) {
-                        o1_5 = fma(vec4<f32>(p1.x), v5, o1_5);
-                    }
-                    if (RQ > 1u && DVT > 6u) {
-                        o1_6 = fma(vec4<f32>(p1.x), v6, o1_6);
-                    }
-                    if (RQ > 1u && DVT > 7u) {
-                        o1_7 = fma(vec4<f32>(p1.x), v7, o1_7);
-                    }
-                    if (RQ > 2u) {
-                        o2_0 = fma(vec4<f32>(p2.x), v0, o2_0);
-                    }
-                    if (RQ > 2u && DVT > 1u) {
-                        o2_1 = fma(vec4<f32>(p2.x), v1, o2_1);
-                    }
-                    if (RQ > 2u && DVT > 2u) {
-                        o2_2 = fma(vec4<f32>(p2.x), v2, o2_2);
-                    }
-                    if (RQ > 2u && DVT > 3u) {
-                        o2_3 = fma(vec4<f32>(p2.x), v3, o2_3);
-                    }
-                    if (RQ > 2u && DVT > 4u) {
-                        o2_4 = fma(vec4<f32>(p2.x), v4, o2_4);
-                    }
-                    if (RQ > 3u) {
-                        o3_0 = fma(vec4<f32>(p3.x), v0, o3_0);
-                    }
-                    if (RQ > 3u && DVT > 1u) {
-                        o3_1 = fma(vec4<f32>(p3.x), v1, o3_1);
-                    }
-                    if (RQ > 3u && DVT > 2u) {
-                        o3_2 = fma(vec4<f32>(p3.x), v2, o3_2);
-                    }
-                    if (RQ > 3u && DVT > 3u) {
-                        o3_3 = fma(vec4<f32>(p3.x), v3, o3_3);
-                    }
-                }
-                {
-                    let v0 = kv_tile[(t4 * 4u + 1u) * KS + v_at0];
-                    let v1 = kv_tile[(t4 * 4u + 1u) * KS + v_at1];
-                    let v2 = kv_tile[(t4 * 4u + 1u) * KS + v_at2];
-                    let v3 = kv_tile[(t4 * 4u + 1u) * KS + v_at3];
-                    let v4 = kv_tile[(t4 * 4u + 1u) * KS + v_at4];
-                    let v5 = kv_tile[(t4 * 4u + 1u) * KS + v_at5];
-                    let v6 = kv_tile[(t4 * 4u + 1u) * KS + v_at6];
-                    let v7 = kv_tile[(t4 * 4u + 1u) * KS + v_at7];
-                    o0_0 = fma(vec4<f32>(p0.y), v0, o0_0);
-                    if (DVT > 1u) {
-                        o0_1 = fma(vec4<f32>(p0.y), v1, o0_1);
-                    }
-                    if (DVT > 2u) {
-                        o0_2 = fma(vec4<f32>(p0.y), v2, o0_2);
-                    }
-                    if (DVT > 3u) {
-                        o0_3 = fma(vec4<f32>(p0.y), v3, o0_3);
-                    }
-                    if (DVT > 4u) {
-                        o0_4 = fma(vec4<f32>(p0.y), v4, o0_4);
-                    }
-                    if (DVT > 5u) {
-                        o0_5 = fma(vec4<f32>(p0.y), v5, o0_5);
-                    }
-                    if (DVT > 6u) {
-                        o0_6 = fma(vec4<f32>(p0.y), v6, o0_6);
-                    }
-                    if (DVT > 7u) {
-                        o0_7 = fma(vec4<f32>(p0.y), v7, o0_7);
-                    }
-                    if (RQ > 1u) {
-                        o1_0 = fma(vec4<f32>(p1.y), v0, o1_0);
-                    }
-                    if (RQ > 1u && DVT > 1u) {
-                        o1_1 = fma(vec4<f32>(p1.y), v1, o1_1);
-                    }
-                    if (RQ > 1u && DVT > 2u) {
-                        o1_2 = fma(vec4<f32>(p1.y), v2, o1_2);
-                    }
-                    if (RQ > 1u && DVT > 3u) {
-                        o1_3 = fma(vec4<f32>(p1.y), v3, o1_3);
-                    }
-                    if (RQ > 1u && DVT > 4u) {
-                        o1_4 = fma(vec4<f32>(p1.y), v4, o1_4);
-                    }
-                    if (RQ > 1u && DVT > 5u) {
-                        o1_5 = fma(vec4<f32>(p1.y), v5, o1_5);
-                    }
-                    if (RQ > 1u && DVT > 6u) {
-                        o1_6 = fma(vec4<f32>(p1.y), v6, o1_6);
-                    }
-                    if (RQ > 1u && DVT > 7u) {
-                        o1_7 = fma(vec4<f32>(p1.y), v7, o1_7);
-                    }
-                    if (RQ > 2u) {
-                        o2_0 = fma(vec4<f32>(p2.y), v0, o2_0);
-                    }
-                    if (RQ > 2u && DVT > 1u) {
-                        o2_1 = fma(vec4<f32>(p2.y), v1, o2_1);
-                    }
-                    if (RQ > 2u && DVT > 2u) {
-                        o2_2 = fma(vec4<f32>(p2.y), v2, o2_2);
-                    }
-                    if (RQ > 2u && DVT > 3u) {
-                        o2_3 = fma(vec4<f32>(p2.y), v3, o2_3);
-                    }
-                    if (RQ > 2u && DVT > 4u) {
-                        o2_4 = fma(vec4<f32>(p2.y), v4, o2_4);
-                    }
-                    if (RQ > 3u) {
-                        o3_0 = fma(vec4<f32>(p3.y), v0, o3_0);
-                    }
-                    if (RQ > 3u && DVT > 1u) {
-                        o3_1 = fma(vec4<f32>(p3.y), v1, o3_1);
-                    }
-                    if (RQ > 3u && DVT > 2u) {
-                        o3_2 = fma(vec4<f32>(p3.y), v2, o3_2);
-                    }
-                    if (RQ > 3u && DVT > 3u) {
-                        o3_3 = fma(vec4<f32>(p3.y), v3, o3_3);
-                    }
-                }
-                {
-                    let v0 = kv_tile[(t4 * 4u + 2u) * KS + v_at0];
-                    let v1 = kv_tile[(t4 * 4u + 2u) * KS + v_at1];
-                    let v2 = kv_tile[(t4 * 4u + 2u) * KS + v_at2];
-                    let v3 = kv_tile[(t4 * 4u + 2u) * KS + v_at3];
-                    let v4 = kv_tile[(t4 * 4u + 2u) * KS + v_at4];
-                    let v5 = kv_tile[(t4 * 4u + 2u) * KS + v_at5];
-                    let v6 = kv_tile[(t4 * 4u + 2u) * KS + v_at6];
-                    let v7 = kv_tile[(t4 * 4u + 2u) * KS + v_at7];
-                    o0_0 = fma(vec4<f32>(p0.z), v0, o0_0);
-                    if (DVT > 1u) {
-                        o0_1 = fma(vec4<f32>(p0.z), v1, o0_1);
-                    }
-                    if (DVT > 2u) {
-                        o0_2 = fma(vec4<f32>(p0.z), v2, o0_2);
-                    }
-                    if (DVT > 3u) {
-                        o0_3 = fma(vec4<f32>(p0.z), v3, o0_3);
-                    }
-                    if (DVT > 4u) {
-                        o0_4 = fma(vec4<f32>(p0.z), v4, o0_4);
-                    }
-                    if (DVT > 5u) {
-                        o0_5 = fma(vec4<f32>(p0.z), v5, o0_5);
-                    }
-                    if (DVT > 6u) {
-                        o0_6 = fma(vec4<f32>(p0.z), v6, o0_6);
-                    }
-                    if (DVT > 7u) {
-                        o0_7 = fma(vec4<f32>(p0.z), v7, o0_7);
-                    }
-                    if (RQ > 1u) {
-                        o1_0 = fma(vec4<f32>(p1.z), v0, o1_0);
-                    }
-                    if (RQ > 1u && DVT > 1u) {
-                        o1_1 = fma(vec4<f32>(p1.z), v1, o1_1);
-                    }
-                    if (RQ > 1u && DVT > 2u) {
-                        o1_2 = fma(vec4<f32>(p1.z), v2, o1_2);
-                    }
-                    if (RQ > 1u && DVT > 3u) {
-                        o1_3 = fma(vec4<f32>(p1.z), v3, o1_3);
-                    }
-                    if (RQ > 1u && DVT > 4u) {
-                        o1_4 = fma(vec4<f32>(p1.z), v4, o1_4);
-                    }
-                    if (RQ > 1u && DVT > 5u) {
-                        o1_5 = fma(vec4<f32>(p1.z), v5, o1_5);
-                    }
-                    if (RQ > 1u && DVT > 6u) {
-                        o1_6 = fma(vec4<f32>(p1.z), v6, o1_6);
-                    }
-                    if (RQ > 1u && DVT > 7u) {
-                        o1_7 = fma(vec4<f32>(p1.z), v7, o1_7);
-                    }
-                    if (RQ > 2u) {
-                        o2_0 = fma(vec4<f32>(p2.z), v0, o2_0);
-                    }
-                    if (RQ > 2u && DVT > 1u) {
-                        o2_1 = fma(vec4<f32>(p2.z), v1, o2_1);
-                    }
-                    if (RQ > 2u && DVT > 2u) {
-                        o2_2 = fma(vec4<f32>(p2.z), v2, o2_2);
-                    }
-                    if (RQ > 2u && DVT > 3u) {
-                        o2_3 = fma(vec4<f32>(p2.z), v3, o2_3);
-                    }
-                    if (RQ > 2u && DVT > 4u) {
-                        o2_4 = fma(vec4<f32>(p2.z), v4, o2_4);
-                    }
-                    if (RQ > 3u) {
-                        o3_0 = fma(vec4<f32>(p3.z), v0, o3_0);
-                    }
-                    if (RQ > 3u && DVT > 1u) {
-                        o3_1 = fma(vec4<f32>(p3.z), v1, o3_1);
-                    }
-                    if (RQ > 3u && DVT > 2u) {
-                        o3_2 = fma(vec4<f32>(p3.z), v2, o3_2);
-                    }
-                    if (RQ > 3u && DVT > 3u) {
-                        o3_3 = fma(vec4<f32>(p3.z), v3, o3_3);
-                    }
-                }
-                {
-                    let v0 = kv_tile[(t4 * 4u + 3u) * KS + v_at0];
-                    let v1 = kv_tile[(t4 * 4u + 3u) * KS + v_at1];
-                    let v2 = kv_tile[(t4 * 4u + 3u) * KS + v_at2];
-                    let v3 = kv_tile[(t4 * 4u + 3u) * KS + v_at3];
-                    let v4 = kv_tile[(t4 * 4u + 3u) * KS + v_at4];
-                    let v5 = kv_tile[(t4 * 4u + 3u) * KS + v_at5];
-                    let v6 = kv_tile[(t4 * 4u + 3u) * KS + v_at6];
-                    let v7 = kv_tile[(t4 * 4u + 3u) * KS + v_at7];
-                    o0_0 = fma(vec4<f32>(p0.w), v0, o0_0);
-                    if (DVT > 1u) {
-                        o0_1 = fma(vec4<f32>(p0.w), v1, o0_1);
-                    }
-                    if (DVT > 2u) {
-                        o0_2 = fma(vec4<f32>(p0.w), v2, o0_2);
-                    }
-                    if (DVT > 3u) {
-                        o0_3 = fma(vec4<f32>(p0.w), v3, o0_3);
-                    }
-                    if (DVT > 4u) {
-                        o0_4 = fma(vec4<f32>(p0.w), v4, o0_4);
-                    }
-                    if (DVT > 5u) {
-                        o0_5 = fma(vec4<f32>(p0.w), v5, o0_5);
-                    }
-                    if (DVT > 6u) {
-                        o0_6 = fma(vec4<f32>(p0.w), v6, o0_6);
-                    }
-                    if (DVT > 7u) {
-                        o0_7 = fma(vec4<f32>(p0.w), v7, o0_7);
-                    }
-                    if (RQ > 1u) {
-                        o1_0 = fma(vec4<f32>(p1.w), v0, o1_0);
-                    }
-                    if (RQ > 1u && DVT > 1u) {
-                        o1_1 = fma(vec4<f32>(p1.w), v1, o1_1);
-                    }
-                    if (RQ > 1u && DVT > 2u) {
-                        o1_2 = fma(vec4<f32>(p1.w), v2, o1_2);
-                    }
-                    if (RQ > 1u && DVT > 3u) {
-                        o1_3 = fma(vec4<f32>(p1.w), v3, o1_3);
-                    }
-                    if (RQ > 1u && DVT > 4u) {
-                        o1_4 = fma(vec4<f32>(p1.w), v4, o1_4);
-                    }
-                    if (RQ > 1u && DVT > 5u) {
-                        o1_5 = fma(vec4<f32>(p1.w), v5, o1_5);
-                    }
-                    if (RQ > 1u && DVT > 6u) {
-                        o1_6 = fma(vec4<f32>(p1.w), v6, o1_6);
-                    }
-                    if (RQ > 1u && DVT > 7u) {
-                        o1_7 = fma(vec4<f32>(p1.w), v7, o1_7);
-                    }
-                    if (RQ > 2u) {
-                        o2_0 = fma(vec4<f32>(p2.w), v0, o2_0);
-                    }
-                    if (RQ > 2u && DVT > 1u) {
-                        o2_1 = fma(vec4<f32>(p2.w), v1, o2_1);
-                    }
-                    if (RQ > 2u && DVT > 2u) {
-                        o2_2 = fma(vec4<f32>(p2.w), v2, o2_2);
-                    }
-                    if (RQ > 2u && DVT > 3u) {
-                        o2_3 = fma(vec4<f32>(p2.w), v3, o2_3);
-                    }
-                    if (RQ > 2u && DVT > 4u) {
-                        o2_4 = fma(vec4<f32>(p2.w), v4, o2_4);
-                    }
-                    if (RQ > 3u) {
-                        o3_0 = fma(vec4<f32>(p3.w), v0, o3_0);
-                    }
-                    if (RQ > 3u && DVT > 1u) {
-                        o3_1 = fma(vec4<f32>(p3.w), v1, o3_1);
-                    }
-                    if (RQ > 3u && DVT > 2u) {
-                        o3_2 = fma(vec4<f32>(p3.w), v2, o3_2);
-                    }
-                    if (RQ > 3u && DVT > 3u) {
-                        o3_3 = fma(vec4<f32>(p3.w), v3, o3_3);
+                        p3 = p_tile[p_at + 3u * TQ * bk4 + t4];
+                    }
+                    {
+                        let v0 = kv_tile[(t4 * 4u + 0u) * KS + v_at0];
+                        let v1 = kv_tile[(t4 * 4u + 0u) * KS + v_at1];
+                        let v2 = kv_tile[(t4 * 4u + 0u) * KS + v_at2];
+                        let v3 = kv_tile[(t4 * 4u + 0u) * KS + v_at3];
+                        let v4 = kv_tile[(t4 * 4u + 0u) * KS + v_at4];
+                        let v5 = kv_tile[(t4 * 4u + 0u) * KS + v_at5];
+                        let v6 = kv_tile[(t4 * 4u + 0u) * KS + v_at6];
+                        let v7 = kv_tile[(t4 * 4u + 0u) * KS + v_at7];
+                        o0_0 = fma(vec4<f32>(p0.x), v0, o0_0);
+                        if (DVT > 1u) {
+                            o0_1 = fma(vec4<f32>(p0.x), v1, o0_1);
+                        }
+                        if (DVT > 2u) {
+                            o0_2 = fma(vec4<f32>(p0.x), v2, o0_2);
+                        }
+                        if (DVT > 3u) {
+                            o0_3 = fma(vec4<f32>(p0.x), v3, o0_3);
+                        }
+                        if (DVT > 4u) {
+                            o0_4 = fma(vec4<f32>(p0.x), v4, o0_4);
+                        }
+                        if (DVT > 5u) {
+                            o0_5 = fma(vec4<f32>(p0.x), v5, o0_5);
+                        }
+                        if (DVT > 6u) {
+                            o0_6 = fma(vec4<f32>(p0.x), v6, o0_6);
+                        }
+                        if (DVT > 7u) {
+                            o0_7 = fma(vec4<f32>(p0.x), v7, o0_7);
+                        }
+                        if (RQ > 1u) {
+                            o1_0 = fma(vec4<f32>(p1.x), v0, o1_0);
+                        }
+                        if (RQ > 1u && DVT > 1u) {
+                            o1_1 = fma(vec4<f32>(p1.x), v1, o1_1);
+                        }
+                        if (RQ > 1u && DVT > 2u) {
+                            o1_2 = fma(vec4<f32>(p1.x), v2, o1_2);
+                        }
+                        if (RQ > 1u && DVT > 3u) {
+                            o1_3 = fma(vec4<f32>(p1.x), v3, o1_3);
+                        }
+                        if (RQ > 1u && DVT > 4u) {
+                            o1_4 = fma(vec4<f32>(p1.x), v4, o1_4);
+                        }
+                        if (RQ > 1u && DVT > 5u) {
+                            o1_5 = fma(vec4<f32>(p1.x), v5, o1_5);
+                        }
+                        if (RQ > 1u && DVT > 6u) {
+                            o1_6 = fma(vec4<f32>(p1.x), v6, o1_6);
+                        }
+                        if (RQ > 1u && DVT > 7u) {
+                            o1_7 = fma(vec4<f32>(p1.x), v7, o1_7);
+                        }
+                        if (RQ > 2u) {
+                            o2_0 = fma(vec4<f32>(p2.x), v0, o2_0);
+                        }
+                        if (RQ > 2u && DVT > 1u) {
+                            o2_1 = fma(vec4<f32>(p2.x), v1, o2_1);
+                        }
+                        if (RQ > 2u && DVT > 2u) {
+                            o2_2 = fma(vec4<f32>(p2.x), v2, o2_2);
+                        }
+                        if (RQ > 2u && DVT > 3u) {
+                            o2_3 = fma(vec4<f32>(p2.x), v3, o2_3);
+                        }
+                        if (RQ > 2u && DVT > 4u) {
+                            o2_4 = fma(vec4<f32>(p2.x), v4, o2_4);
+                        }
+                        if (RQ > 3u) {
+                            o3_0 = fma(vec4<f32>(p3.x), v0, o3_0);
+                        }
+                        if (RQ > 3u && DVT > 1u) {
+                            o3_1 = fma(vec4<f32>(p3.x), v1, o3_1);
+                        }
+                        if (RQ > 3u && DVT > 2u) {
+                            o3_2 = fma(vec4<f32>(p3.x), v2, o3_2);
+                        }
+                        if (RQ > 3u && DVT > 3u) {
+                            o3_3 = fma(vec4<f32>(p3.x), v3, o3_3);
+                        }
+                    }
+                    {
+                        let v0 = kv_tile[(t4 * 4u + 1u) * KS + v_at0];
+                        let v1 = kv_tile[(t4 * 4u + 1u) * KS + v_at1];
+                        let v2 = kv_tile[(t4 * 4u + 1u) * KS + v_at2];
+                        let v3 = kv_tile[(t4 * 4u + 1u) * KS + v_at3];
+                        let v4 = kv_tile[(t4 * 4u + 1u) * KS + v_at4];
+                        let v5 = kv_tile[(t4 * 4u + 1u) * KS + v_at5];
+                        let v6 = kv_tile[(t4 * 4u + 1u) * KS + v_at6];
+                        let v7 = kv_tile[(t4 * 4u + 1u) * KS + v_at7];
+                        o0_0 = fma(vec4<f32>(p0.y), v0, o0_0);
+                        if (DVT > 1u) {
+                            o0_1 = fma(vec4<f32>(p0.y), v1, o0_1);
+                        }
+                        if (DVT > 2u) {
+                            o0_2 = fma(vec4<f32>(p0.y), v2, o0_2);
+                        }
+                        if (DVT > 3u) {
+                            o0_3 = fma(vec4<f32>(p0.y), v3, o0_3);
+                        }
+                        if (DVT > 4u) {
+                            o0_4 = fma(vec4<f32>(p0.y), v4, o0_4);
+                        }
+                        if (DVT > 5u) {
+                            o0_5 = fma(vec4<f32>(p0.y), v5, o0_5);
+                        }
+                        if (DVT > 6u) {
+                            o0_6 = fma(vec4<f32>(p0.y), v6, o0_6);
+                        }
+                        if (DVT > 7u) {
+                            o0_7 = fma(vec4<f32>(p0.y), v7, o0_7);
+                        }
+                        if (RQ > 1u) {
+                            o1_0 = fma(vec4<f32>(p1.y), v0, o1_0);
+                        }
+                        if (RQ > 1u && DVT > 1u) {
+                            o1_1 = fma(vec4<f32>(p1.y), v1, o1_1);
+                        }
+                        if (RQ > 1u && DVT > 2u) {
+                            o1_2 = fma(vec4<f32>(p1.y), v2, o1_2);
+                        }
+                        if (RQ > 1u && DVT > 3u) {
+                            o1_3 = fma(vec4<f32>(p1.y), v3, o1_3);
+                        }
+                        if (RQ > 1u && DVT > 4u) {
+                            o1_4 = fma(vec4<f32>(p1.y), v4, o1_4);
+                        }
+                        if (RQ > 1u && DVT > 5u) {
+                            o1_5 = fma(vec4<f32>(p1.y), v5, o1_5);
+                        }
+                        if (RQ > 1u && DVT > 6u) {
+                            o1_6 = fma(vec4<f32>(p1.y), v6, o1_6);
+                        }
+                        if (RQ > 1u && DVT > 7u) {
+                            o1_7 = fma(vec4<f32>(p1.y), v7, o1_7);
+                        }
+                        if (RQ > 2u) {
+                            o2_0 = fma(vec4<f32>(p2.y), v0, o2_0);
+                        }
+                        if (RQ > 2u && DVT > 1u) {
+                            o2_1 = fma(vec4<f32>(p2.y), v1, o2_1);
+                        }
+                        if (RQ > 2u && DVT > 2u) {
+                            o2_2 = fma(vec4<f32>(p2.y), v2, o2_2);
+                        }
+                        if (RQ > 2u && DVT > 3u) {
+                            o2_3 = fma(vec4<f32>(p2.y), v3, o2_3);
+                        }
+                        if (RQ > 2u && DVT > 4u) {
+                            o2_4 = fma(vec4<f32>(p2.y), v4, o2_4);
+                        }
+                        if (RQ > 3u) {
+                            o3_0 = fma(vec4<f32>(p3.y), v0, o3_0);
+                        }
+                        if (RQ > 3u && DVT > 1u) {
+                            o3_1 = fma(vec4<f32>(p3.y), v1, o3_1);
+                        }
+                        if (RQ > 3u && DVT > 2u) {
+                            o3_2 = fma(vec4<f32>(p3.y), v2, o3_2);
+                        }
+                        if (RQ > 3u && DVT > 3u) {
+                            o3_3 = fma(vec4<f32>(p3.y), v3, o3_3);
+                        }
+                    }
+                    {
+                        let v0 = kv_tile[(t4 * 4u + 2u) * KS + v_at0];
+                        let v1 = kv_tile[(t4 * 4u + 2u) * KS + v_at1];
+                        let v2 = kv_tile[(t4 * 4u + 2u) * KS + v_at2];
+                        let v3 = kv_tile[(t4 * 4u + 2u) * KS + v_at3];
+                        let v4 = kv_tile[(t4 * 4u + 2u) * KS + v_at4];
+                        let v5 = kv_tile[(t4 * 4u + 2u) * KS + v_at5];
+                        let v6 = kv_tile[(t4 * 4u + 2u) * KS + v_at6];
+                        let v7 = kv_tile[(t4 * 4u + 2u) * KS + v_at7];
+                        o0_0 = fma(vec4<f32>(p0.z), v0, o0_0);
+                        if (DVT > 1u) {
+                            o0_1 = fma(vec4<f32>(p0.z), v1, o0_1);
+                        }
+                        if (DVT > 2u) {
+                            o0_2 = fma(vec4<f32>(p0.z), v2, o0_2);
+                        }
+                        if (DVT > 3u) {
+                            o0_3 = fma(vec4<f32>(p0.z), v3, o0_3);
+                        }
+                        if (DVT > 4u) {
+                            o0_4 = fma(vec4<f32>(p0.z), v4, o0_4);
+                        }
+                        if (DVT > 5u) {
+                            o0_5 = fma(vec4<f32>(p0.z), v5, o0_5);
+                        }
+                        if (DVT > 6u) {
+                            o0_6 = fma(vec4<f32>(p0.z), v6, o0_6);
+                        }
+                        if (DVT > 7u) {
+                            o0_7 = fma(vec4<f32>(p0.z), v7, o0_7);
+                        }
+                        if (RQ > 1u) {
+                            o1_0 = fma(vec4<f32>(p1.z), v0, o1_0);
+                        }
+                        if (RQ > 1u && DVT > 1u) {
+                            o1_1 = fma(vec4<f32>(p1.z), v1, o1_1);
+                        }
+                        if (RQ > 1u && DVT > 2u) {
+                            o1_2 = fma(vec4<f32>(p1.z), v2, o1_2);
+                        }
+                        if (RQ > 1u && DVT > 3u) {
+                            o1_3 = fma(vec4<f32>(p1.z), v3, o1_3);
+                        }
+                        if (RQ > 1u && DVT > 4u) {
+                            o1_4 = fma(vec4<f32>(p1.z), v4, o1_4);
+                        }
+                        if (RQ > 1u && DVT > 5u) {
+                            o1_5 = fma(vec4<f32>(p1.z), v5, o1_5);
+                        }
+                        if (RQ > 1u && DVT > 6u) {
+                            o1_6 = fma(vec4<f32>(p1.z), v6, o1_6);
+                        }
+                        if (RQ > 1u && DVT > 7u) {
+                            o1_7 = fma(vec4<f32>(p1.z), v7, o1_7);
+                        }
+                        if (RQ > 2u) {
+                            o2_0 = fma(vec4<f32>(p2.z), v0, o2_0);
+                        }
+                        if (RQ > 2u && DVT > 1u) {
+                            o2_1 = fma(vec4<f32>(p2.z), v1, o2_1);
+                        }
+                        if (RQ > 2u && DVT > 2u) {
+                            o2_2 = fma(vec4<f32>(p2.z), v2, o2_2);
+                        }
+                        if (RQ > 2u && DVT > 3u) {
+                            o2_3 = fma(vec4<f32>(p2.z), v3, o2_3);
+                        }
+                        if (RQ > 2u && DVT > 4u) {
+                            o2_4 = fma(vec4<f32>(p2.z), v4, o2_4);
+                        }
+                        if (RQ > 3u) {
+                            o3_0 = fma(vec4<f32>(p3.z), v0, o3_0);
+                        }
+                        if (RQ > 3u && DVT > 1u) {
+                            o3_1 = fma(vec4<f32>(p3.z), v1, o3_1);
+                        }
+                        if (RQ > 3u && DVT > 2u) {
+                            o3_2 = fma(vec4<f32>(p3.z), v2, o3_2);
+                        }
+                        if (RQ > 3u && DVT > 3u) {
+                            o3_3 = fma(vec4<f32>(p3.z), v3, o3_3);
+                        }
+                    }
+                    {
+                        let v0 = kv_tile[(t4 * 4u + 3u) * KS + v_at0];
+                        let v1 = kv_tile[(t4 * 4u + 3u) * KS + v_at1];
+                        let v2 = kv_tile[(t4 * 4u + 3u) * KS + v_at2];
+                        let v3 = kv_tile[(t4 * 4u + 3u) * KS + v_at3];
+                        let v4 = kv_tile[(t4 * 4u + 3u) * KS + v_at4];
+                        let v5 = kv_tile[(t4 * 4u + 3u) * KS + v_at5];
+                        let v6 = kv_tile[(t4 * 4u + 3u) * KS + v_at6];
+                        let v7 = kv_tile[(t4 * 4u + 3u) * KS + v_at7];
+                        o0_0 = fma(vec4<f32>(p0.w), v0, o0_0);
+                        if (DVT > 1u) {
+                            o0_1 = fma(vec4<f32>(p0.w), v1, o0_1);
+                        }
+                        if (DVT > 2u) {
+                            o0_2 = fma(vec4<f32>(p0.w), v2, o0_2);
+                        }
+                        if (DVT > 3u) {
+                            o0_3 = fma(vec4<f32>(p0.w), v3, o0_3);
+                        }
+                        if (DVT > 4u) {
+                            o0_4 = fma(vec4<f32>(p0.w), v4, o0_4);
+                        }
+                        if (DVT > 5u) {
+                            o0_5 = fma(vec4<f32>(p0.w), v5, o0_5);
+                        }
+                        if (DVT > 6u) {
+                            o0_6 = fma(vec4<f32>(p0.w), v6, o0_6);
+                        }
+                        if (DVT > 7u) {
+                            o0_7 = fma(vec4<f32>(p0.w), v7, o0_7);
+                        }
+                        if (RQ > 1u) {
+                            o1_0 = fma(vec4<f32>(p1.w), v0, o1_0);
+                        }
+                        if (RQ > 1u && DVT > 1u) {
+                            o1_1 = fma(vec4<f32>(p1.w), v1, o1_1);
+                        }
+                        if (RQ > 1u && DVT > 2u) {
+                            o1_2 = fma(vec4<f32>(p1.w), v2, o1_2);
+                        }
+                        if (RQ > 1u && DVT > 3u) {
+                            o1_3 = fma(vec4<f32>(p1.w), v3, o1_3);
+                        }
+                        if (RQ > 1u && DVT > 4u) {
+                            o1_4 = fma(vec4<f32>(p1.w), v4, o1_4);
+                        }
+                        if (RQ > 1u && DVT > 5u) {
+                            o1_5 = fma(vec4<f32>(p1.w), v5, o1_5);
+                        }
+                        if (RQ > 1u && DVT > 6u) {
+                            o1_6 = fma(vec4<f32>(p1.w), v6, o1_6);
+                        }
+                        if (RQ > 1u && DVT > 7u) {
+                            o1_7 = fma(vec4<f32>(p1.w), v7, o1_7);
+                        }
+                        if (RQ > 2u) {
+                            o2_0 = fma(vec4<f32>(p2.w), v0, o2_0);
+                        }
+                        if (RQ > 2u && DVT > 1u) {
+                            o2_1 = fma(vec4<f32>(p2.w), v1, o2_1);
+                        }
+                        if (RQ > 2u && DVT > 2u) {
+                            o2_2 = fma(vec4<f32>(p2.w), v2, o2_2);
+                        }
+                        if (RQ > 2u && DVT > 3u) {
+                            o2_3 = fma(vec4<f32>(p2.w), v3, o2_3);
+                        }
+                        if (RQ > 2u && DVT > 4u) {
+                            o2_4 = fma(vec4<f32>(p2.w), v4, o2_4);
+                        }
+                        if (RQ > 3u) {
+                            o3_0 = fma(vec4<f32>(p3.w), v0, o3_0);
+                        }
+                        if (RQ > 3u && DVT > 1u) {
+                            o3_1 = fma(vec4<f32>(p3.w), v1, o3_1);
+                        }
+                        if (RQ > 3u && DVT > 2u) {
+                            o3_2 = fma(vec4<f32>(p3.w), v2, o3_2);
+                        }
+                        if (RQ > 3u && DVT > 3u) {
+                            o3_3 = fma(vec4<f32>(p3.w), v3, o3_3);
+                        }
                     }
                 }
             }

@@ -956,6 +956,71 @@ fn bench_on_a_cpu_engine_times_the_cpu_backend_and_the_oracle() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `webattn phases` on the register-tiled kernel: the whole kernel and five
+/// variants (each phase removed, then all four), in the table and the JSON;
+/// a kernel without phase switches is refused by name.
+#[test]
+fn phases_times_the_tiled_kernel_without_each_phase() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let dir = scratch("phases");
+    let json = dir.join("phases.json");
+    let small = [
+        "phases",
+        "--quick",
+        "--head-dims",
+        "8",
+        "--seq",
+        "64",
+        "--tokens",
+        "128",
+        "--width",
+        "16",
+    ];
+    let mut args = vec!["--backend", "gpu", "--kernel", "attention_tiled"];
+    args.extend(small);
+    args.extend(["--json", arg(&json)]);
+    let out = run(&args);
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("skeleton") && stdout.contains("FMA ceiling"),
+        "{stdout}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(report["fma_ceiling_gflops"]
+        .as_f64()
+        .is_some_and(|g| g > 0.0));
+    let rows = report["rows"].as_array().unwrap();
+    assert!(!rows.is_empty());
+    for row in rows {
+        assert!(
+            row["kernel"]
+                .as_str()
+                .unwrap()
+                .starts_with("attention_tiled["),
+            "{row}"
+        );
+        assert!(row["whole_ms"].as_f64().is_some_and(|ms| ms > 0.0));
+        let without = row["without"].as_array().unwrap();
+        let bits: Vec<u64> = without
+            .iter()
+            .map(|v| v["bits"].as_u64().unwrap())
+            .collect();
+        assert_eq!(bits, [1, 2, 4, 8, 15]);
+        assert!(without
+            .iter()
+            .all(|v| v["ms"].as_f64().is_some_and(|ms| ms > 0.0)));
+    }
+    let mut args = vec!["--backend", "gpu", "--kernel", "attention_fused"];
+    args.extend(small);
+    let out = run(&args);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no phase switches"));
+}
+
 #[test]
 fn bench_writes_the_documented_json_and_a_plot() {
     if common::gpu().is_none() {

@@ -983,3 +983,76 @@ fn fast_calls_take_the_matrix_unit_gemm_form_tuned_fastest() {
         },
     );
 }
+
+/// `webattn phases` on the matrix-unit kernel: each phase switch removes
+/// what it names (as tests/tiled.rs checks for the register-tiled kernels).
+/// Without S = Q K^T every score is 0, so each row is the mean of V's rows
+/// (rounded to f16); without O += P V, or without K and V's loads, every row
+/// is 0. At 8x8: the switches are the same code at 16x16.
+#[test]
+fn each_phase_switch_of_the_matrix_unit_kernel_removes_its_phase() {
+    use webattn::gpu::phases::Phases;
+    on_matrix_units(
+        "each_phase_switch_of_the_matrix_unit_kernel_removes_its_phase",
+        Size::Native,
+        |engine| {
+            let ctx = engine.gpu().expect("a GPU engine");
+            let (rows, keys, d) = (21, 37, 16);
+            let mut rng = SplitMix64::new(common::seed());
+            let q = HostTensor::new([1, 2, rows, d], rng.normal_vec(2 * rows * d, 1.0)).unwrap();
+            let k = HostTensor::new([1, 2, keys, d], rng.normal_vec(2 * keys * d, 1.0)).unwrap();
+            let v = HostTensor::new([1, 2, keys, d], rng.normal_vec(2 * keys * d, 1.0)).unwrap();
+            let options = AttentionOptions {
+                path: KernelPath::Fused,
+                precision: Precision::Fast,
+                ..Default::default()
+            };
+            let inputs = webattn::AttentionInputs::new(&q, &k, &v);
+            let mean: Vec<f64> = (0..2 * d)
+                .map(|i| {
+                    let (head, col) = (i / d, i % d);
+                    (0..keys)
+                        .map(|j| f64::from(f16(v.data()[(head * keys + j) * d + col])))
+                        .sum::<f64>()
+                        / keys as f64
+                })
+                .collect();
+            let run = |phases: Phases| {
+                let variant = Engine::from_context(ctx.clone().without_phases(phases));
+                let y = variant
+                    .attention_host_blocking(&inputs, &options)
+                    .unwrap()
+                    .y;
+                let bits = i64::from(phases.bits());
+                let keys = variant.gpu().unwrap().pipelines().compiled_keys();
+                assert!(
+                    keys.iter().any(|k| {
+                        k.kernel.name().starts_with("attention_coop")
+                            && (phases.is_empty() || k.constants.contains(&("ABLATE", bits)))
+                    }),
+                    "without {}: {keys:?}",
+                    phases.name()
+                );
+                y
+            };
+            assert!(run(Phases::NONE).data().iter().all(|x| x.is_finite()));
+            for (i, &value) in run(Phases::SCORES).data().iter().enumerate() {
+                let (head, col) = (i / (rows * d), i % d);
+                let want = mean[head * d + col];
+                assert!(
+                    (f64::from(value) - want).abs() < 1e-5,
+                    "without S: element {i} is {value}, the mean of V is {want}"
+                );
+            }
+            for phases in [Phases::PRODUCT, Phases::KV_LOADS] {
+                let y = run(phases);
+                assert!(
+                    y.data().iter().all(|&x| x == 0.0),
+                    "without {}: {:?}",
+                    phases.name(),
+                    &y.data()[..8]
+                );
+            }
+        },
+    );
+}

@@ -238,3 +238,102 @@ fn an_attended_key_whose_score_is_neg_inf_still_multiplies_its_v_row() {
         }
     }
 }
+
+/// `webattn phases` times the kernels without a phase of their key loop
+/// (`GpuContext::without_phases`); each switch must remove what it names.
+/// Without S = Q K^T every score is 0, so each row is the mean of V's rows;
+/// without O += P V, or without K and V's loads (V read as zeros), every row
+/// is 0; with no phase removed the pipeline is the one calls always run.
+/// The first measured shape, shuffle form and chunked form that run here.
+#[test]
+fn each_phase_switch_removes_its_phase() {
+    use webattn::gpu::phases::Phases;
+    let Some(engine) = common::gpu() else { return };
+    let ctx = engine.gpu().expect("a GPU engine");
+    let caps = ctx.capabilities();
+    let candidates = TiledTiles::candidates(8, 8);
+    let shapes: Vec<TiledTiles> = [
+        candidates
+            .iter()
+            .find(|t| t.is_measured() && t.runs_on(caps)),
+        candidates
+            .iter()
+            .find(|t| t.shuffle && !t.prefetch && t.runs_on(caps)),
+        candidates
+            .iter()
+            .find(|t| t.chunked && !t.prefetch && t.runs_on(caps)),
+    ]
+    .into_iter()
+    .flatten()
+    .copied()
+    .collect();
+    assert!(!shapes.is_empty(), "no tiled shape runs here");
+    let (rows, keys, d) = (37, 45, 8);
+    let mut rng = webattn::rng::SplitMix64::new(common::seed());
+    let q = webattn::HostTensor::new([1, 2, rows, d], rng.normal_vec(2 * rows * d, 1.0)).unwrap();
+    let k = webattn::HostTensor::new([1, 2, keys, d], rng.normal_vec(2 * keys * d, 1.0)).unwrap();
+    let v = webattn::HostTensor::new([1, 2, keys, d], rng.normal_vec(2 * keys * d, 1.0)).unwrap();
+    let options = webattn::AttentionOptions {
+        path: KernelPath::Fused,
+        ..Default::default()
+    };
+    let inputs = webattn::AttentionInputs::new(&q, &k, &v);
+    // Each head's mean V row, in f64.
+    let mean: Vec<f64> = (0..2 * d)
+        .map(|i| {
+            let (head, col) = (i / d, i % d);
+            (0..keys)
+                .map(|j| f64::from(v.data()[(head * keys + j) * d + col]))
+                .sum::<f64>()
+                / keys as f64
+        })
+        .collect();
+    for shape in shapes {
+        let run = |phases: Phases| {
+            let variant = Engine::from_context(
+                ctx.clone()
+                    .with_pinned_fused_kernel(FusedKernel::Tiled(shape))
+                    .without_phases(phases),
+            );
+            let y = variant
+                .attention_host_blocking(&inputs, &options)
+                .unwrap()
+                .y;
+            // (The pipeline cache is shared: keys of other shapes are there too.)
+            let keys = variant.gpu().unwrap().pipelines().compiled_keys();
+            let bits = i64::from(phases.bits());
+            assert!(
+                phases.is_empty()
+                    || keys.iter().any(|k| {
+                        k.kernel == shape.key().kernel && k.constants.contains(&("ABLATE", bits))
+                    }),
+                "{} without {}: {keys:?}",
+                shape.key(),
+                phases.name()
+            );
+            y
+        };
+        let whole = run(Phases::NONE);
+        assert!(whole.data().iter().all(|x| x.is_finite()));
+        let flat = run(Phases::SCORES);
+        for (i, &value) in flat.data().iter().enumerate() {
+            let (head, col) = (i / (rows * d), i % d);
+            let want = mean[head * d + col];
+            assert!(
+                (f64::from(value) - want).abs() < 1e-5,
+                "{} without S: element {i} is {value}, the mean of V is {want}",
+                shape.key()
+            );
+        }
+        for phases in [Phases::PRODUCT, Phases::KV_LOADS] {
+            let y = run(phases);
+            assert!(
+                y.data().iter().all(|&x| x == 0.0),
+                "{} without {}: {:?}",
+                shape.key(),
+                phases.name(),
+                &y.data()[..8]
+            );
+        }
+    }
+}

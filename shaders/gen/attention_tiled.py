@@ -81,6 +81,19 @@ def emit(lines):
         w(line)
 
 
+def keep_phase(start, phase, indent):
+    """Puts the lines written since `out[start]` under `if` the phase
+    `ABLATE_<phase>` of the key loop is kept (attention_qkv4.wgsl: always, but
+    where `webattn phases` measures the kernel without it)."""
+    body = [line for chunk in out[start:] for line in chunk.split("\n")]
+    del out[start:]
+    pad = " " * indent
+    w(pad + f"if ((ABLATE & ABLATE_{phase}) == 0u) {{")
+    for line in body:
+        w("    " + line if line else "")
+    w(pad + "}")
+
+
 def staging_loop(src, tile, d4s, length, on_value):
     """WGSL lines that stage a tile of K (src 1) or V (src 2) into `tile`,
     zeros past the last key and past the row; `on_value` are lines run on
@@ -599,6 +612,7 @@ w("""
 for i in range(MAX_RQ):
     for j in range(MAX_RK):
         w(f"        var s{i}_{j} = 0.0;")
+scores_start = len(out)
 
 
 def s_step(d4):
@@ -651,9 +665,11 @@ else:
     emit(["            " + x if x else "" for x in s_step("d4") + s_step("d4 + 1u")])
     w("        }")
     emit(guard(["DK4 % 2u == 1u"], s_step("DK4 - 1u"), 8))
+keep_phase(scores_start, "SCORES", 8)
 w("""        // Scale, softcap, mask, ALiBi, temperature. Keys a row does not
         // attend become MASKED; a NaN or +inf score poisons the row and counts
         // as -inf from here on.""")
+rules_start = len(out)
 for i in range(MAX_RQ):
     lines = [
         f"let pos = offset + i32(qrow{i});",
@@ -705,10 +721,12 @@ for i in range(MAX_RQ):
     else:
         lines.append(f"row_parts[part_at + {i}u * TQ * (TK / 4u)][tc % 4u] = part;")
     emit(guard([rq(i)], ["{"] + ["    " + x for x in lines] + ["}"], 8))
+keep_phase(rules_start, "SOFTMAX", 8)
 if not SHUFFLE:
     w("""        workgroupBarrier();
 
         // 3. The rows' new maxima; O and the partial sums rescaled; P.""")
+    softmax_start = len(out)
     for i in range(MAX_RQ):
         lines = [
             "{",
@@ -727,6 +745,7 @@ if not SHUFFLE:
         lines += ["    " + x if x else "" for x in online_softmax(i, "tile_max", keep)]
         lines += ["}"]
         emit(guard([rq(i)], lines, 8))
+    keep_phase(softmax_start, "SOFTMAX", 8)
     w("""        // V's tile replaces K's (every read of K ended at the barrier above).
         if (PREFETCH) {
             var bad = false;""")
@@ -823,12 +842,14 @@ if SHUFFLE:
         // 3. O += P V, RQ x DVT vec4s per invocation, a key a step, its P
         // shuffled from the lane that holds it. Columns past Dv read some
         // vec4 of the tile and are never stored.""")
+product_start = len(out)
 w("        if (careful) {")
 emit(["            " + x if x else "" for x in (product_shuffle if SHUFFLE else product)(True)])
 w("        } else {")
 emit(["            " + x if x else "" for x in (product_shuffle if SHUFFLE else product)(False)])
-w("""        }
-        workgroupBarrier();
+w("        }")
+keep_phase(product_start, "PRODUCT", 8)
+w("""        workgroupBarrier();
     }
 
     // The rows' sums and flags, gathered from their TK invocations.""" + ("""

@@ -73,6 +73,9 @@ pub struct GpuContext {
     /// A form of the matrix-unit GEMM that calls at `Precision::Fast` take
     /// where it runs (the tuner times each form this way).
     pub(crate) pinned_fast_gemm: Option<super::choice::FastGemm>,
+    /// Phases of the key loop the fused calls run without (a measurement of
+    /// where a kernel's time goes; none otherwise).
+    pub(crate) removed_phases: super::phases::Phases,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -284,6 +287,7 @@ impl GpuContext {
             pinned_decode: None,
             coop_lanes_per_row: None,
             pinned_fast_gemm: None,
+            removed_phases: super::phases::Phases::NONE,
             caps: Arc::new(caps),
             profiler: Arc::new(Mutex::new(None)),
             lost,

@@ -11,6 +11,7 @@ pub(crate) mod half;
 pub mod kernels;
 pub(crate) mod kv;
 pub mod ops;
+pub mod phases;
 pub mod pipeline;
 pub mod plan;
 pub mod planner;

@@ -164,7 +164,7 @@ const CPU_ROWS_MAX_SEQ: usize = 2048;
 
 /// The precisions the GPU rows run at: f32, and f16 products where the
 /// adapter has matrix units.
-fn precisions(matrix_units: bool) -> &'static [Precision] {
+pub fn precisions(matrix_units: bool) -> &'static [Precision] {
     if matrix_units {
         &[Precision::Highest, Precision::Fast]
     } else {

@@ -9,6 +9,7 @@ mod bench;
 mod check;
 mod files;
 mod info;
+mod phases;
 mod plot;
 mod soak;
 mod tune;
@@ -129,6 +130,10 @@ enum Command {
     Check(check::Args),
     /// Measure the FMA ceiling, GEMM, attention per path and decode, side by side.
     Bench(bench::Args),
+    /// Where a fused kernel's time goes: timed whole and without each phase
+    /// of its key loop in turn (a measuring aid; the variants' results are
+    /// discarded).
+    Phases(phases::Args),
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,6 +187,7 @@ fn main() -> ExitCode {
         Command::Attend(args) => attend::run(&cli.engine, &args),
         Command::Check(args) => check::run(&cli.engine, &args),
         Command::Bench(args) => bench::run(&cli.engine, &args),
+        Command::Phases(args) => phases::run(&cli.engine, &args),
     };
     match outcome {
         Ok(code) => code,

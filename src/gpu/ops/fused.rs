@@ -336,7 +336,8 @@ pub(crate) fn record_forward(
     let ctx = rec.ctx();
     let keys = dims.total_len();
     let chunk = kernel.keys_per_chunk(dims, ctx.caps.loop_budget());
-    let pipeline = ctx.pipelines.get(&kernel.key(dims, options));
+    let key = ctx.removed_phases.key(kernel.key(dims, options))?;
+    let pipeline = ctx.pipelines.get(&key);
     let workgroups = (dims.batch * dims.q_heads * q_blocks) as u64;
     let base = params(dims, options, q_blocks as u32, 0);
     let mut start = 0;
