@@ -6,8 +6,9 @@
 //! engine's own SPIR-V (`webattn::gpu::spirv`, through wgpu's passthrough),
 //! and prints its worst error against what it should give.
 //!
-//! `cargo run --release --example coop_probe` (Vulkan adapters with 16x16x16
-//! f16 -> f32 matrices; `.ci/lavapipe-coop run` offers only 8x8).
+//! `cargo run --release --example coop_probe [throughput]` (Vulkan adapters
+//! with 16x16x16 f16 -> f32 matrices; `.ci/lavapipe-coop run` offers only
+//! 8x8). With `throughput`, only the throughput kernels run.
 
 use wgpu::util::DeviceExt;
 
@@ -498,17 +499,136 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     coopStoreT(c0 + c1 + c2 + c3, &out[(wid.x * 4u + sg) * 256u], 16u);
 }";
 
+/// THROUGHPUT_SHARED with a workgroup barrier after each step's products.
+const THROUGHPUT_SHARED_BARRIER: &str = "var<workgroup> a: array<f16, 4096>;
+var<workgroup> b: array<f16, 4096>;
+@compute @workgroup_size(128)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_id) sg: u32) {
+    for (var i = li; i < 4096u; i += 128u) {
+        a[i] = f16(inp[i % 512u] * 0.001);
+        b[i] = f16(inp[(i + 7u) % 512u] * 0.001);
+    }
+    workgroupBarrier();
+    var c0 = MatC();
+    var c1 = MatC();
+    var c2 = MatC();
+    var c3 = MatC();
+    for (var i = 0u; i < 2048u; i++) {
+        let at = ((i + sg) % 8u) * 512u;
+        let x0 = coopLoadT<MatA>(&a[at], 32u);
+        let x1 = coopLoadT<MatA>(&a[at + 16u], 32u);
+        let y0 = coopLoadT<MatB>(&b[at], 32u);
+        let y1 = coopLoadT<MatB>(&b[at + 16u], 32u);
+        c0 = coopMultiplyAdd(x0, y0, c0);
+        c1 = coopMultiplyAdd(x0, y1, c1);
+        c2 = coopMultiplyAdd(x1, y0, c2);
+        c3 = coopMultiplyAdd(x1, y1, c3);
+        workgroupBarrier();
+    }
+    coopStoreT(c0 + c1 + c2 + c3, &out[(wid.x * 4u + sg) * 256u], 16u);
+}";
+
+/// gemm_coop's K loop, step by step: per step a 64 x 32 slice of A and a
+/// 32 x 64 slice of B are staged as f16 in workgroup memory (rows padded to
+/// 40 and 72, 16 values of each per invocation), a barrier, each subgroup's
+/// 2 x 2 blocks of C take two 16-deep products each (8 products), a barrier.
+/// `@VALUE` is where the staged values come from (an expression of `e`, the
+/// value's index in the slice, and `i`, the step); `@GATE` what precedes the
+/// products. 512 steps.
+const THROUGHPUT_STAGED: &str = "var<workgroup> a: array<f16, 2560>;
+var<workgroup> b: array<f16, 2304>;
+var<workgroup> flag: array<u32, 4>;
+@compute @workgroup_size(128)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32, @builtin(subgroup_id) sg: u32) {
+    if (li == 0u) { flag[0] = 0u; }
+    let r0 = (sg / 2u) * 32u;
+    let c0 = (sg % 2u) * 32u;
+    var acc0 = MatC();
+    var acc1 = MatC();
+    var acc2 = MatC();
+    var acc3 = MatC();
+    for (var i = 0u; i < 512u; i++) {
+        for (var j = 0u; j < 16u; j++) {
+            let e = li * 16u + j;
+            a[(e / 32u) * 40u + e % 32u] = f16(@VALUE);
+            b[(e / 64u) * 72u + e % 64u] = f16(@VALUE * 0.5);
+        }
+        workgroupBarrier();
+        @GATE {
+            for (var kk = 0u; kk < 32u; kk += 16u) {
+                let x0 = coopLoadT<MatA>(&a[r0 * 40u + kk], 40u);
+                let x1 = coopLoadT<MatA>(&a[(r0 + 16u) * 40u + kk], 40u);
+                let y0 = coopLoadT<MatB>(&b[kk * 72u + c0], 72u);
+                let y1 = coopLoadT<MatB>(&b[kk * 72u + c0 + 16u], 72u);
+                acc0 = coopMultiplyAdd(x0, y0, acc0);
+                acc1 = coopMultiplyAdd(x0, y1, acc1);
+                acc2 = coopMultiplyAdd(x1, y0, acc2);
+                acc3 = coopMultiplyAdd(x1, y1, acc3);
+            }
+        }
+        workgroupBarrier();
+    }
+    coopStoreT(acc0 + acc1 + acc2 + acc3, &out[(wid.x * 4u + sg) * 256u], 16u);
+}";
+
+/// The staged step's forms, each one change from the one before, so that the
+/// one which costs the most shows: values from registers; from storage (the
+/// 512-value input: always in cache), converted to f16; and the products
+/// behind a workgroup-uniform flag (gemm_coop's test for a non-finite B).
+fn staged_forms() -> Vec<(&'static str, String)> {
+    let form = |value: &str, gate: &str| {
+        THROUGHPUT_STAGED
+            .replace("@VALUE", value)
+            .replace("@GATE", gate)
+    };
+    vec![
+        (
+            "staged from registers, 2 barriers a step",
+            form("f32((e + i) % 7u) * 0.01", "if (true)"),
+        ),
+        (
+            "staged from storage (cached)",
+            form("inp[(e + i * 7u) % 512u] * 0.001", "if (true)"),
+        ),
+        (
+            "staged from storage, products behind a uniform flag",
+            form(
+                "inp[(e + i * 7u) % 512u] * 0.001",
+                "if (workgroupUniformLoad(&flag[0]) == 0u)",
+            ),
+        ),
+    ]
+}
+
 /// Times the throughput kernels: 16x16x16 products per second, as TFLOP/s.
+/// From the products on registers to gemm_coop's staged K loop, one change
+/// at a time (each as wgpu's SPIR-V and as the engine's): where the matrix
+/// units' throughput goes between the probe and the kernels.
 fn throughput(device: &wgpu::Device, queue: &wgpu::Queue, workgroups: usize) {
-    let products = workgroups as f64 * 4.0 * 2048.0 * 4.0;
-    let flops = products * 2.0 * 16.0 * 16.0 * 16.0;
     let input: Vec<f32> = (0..512)
         .map(|i| ((i * 37) % 97) as f32 * 0.25 - 12.0)
         .collect();
-    for (name, body) in [
-        ("registers", THROUGHPUT_REGISTERS),
-        ("workgroup loads", THROUGHPUT_SHARED),
-    ] {
+    let mut kernels: Vec<(&str, String, f64)> = vec![
+        ("registers", THROUGHPUT_REGISTERS.to_string(), 2048.0 * 4.0),
+        (
+            "workgroup loads",
+            THROUGHPUT_SHARED.to_string(),
+            2048.0 * 4.0,
+        ),
+        (
+            "workgroup loads, a barrier a step",
+            THROUGHPUT_SHARED_BARRIER.to_string(),
+            2048.0 * 4.0,
+        ),
+    ];
+    kernels.extend(
+        staged_forms()
+            .into_iter()
+            .map(|(name, body)| (name, body, 512.0 * 8.0)),
+    );
+    for (name, body, per_subgroup) in kernels {
+        let products = workgroups as f64 * 4.0 * per_subgroup;
+        let flops = products * 2.0 * 16.0 * 16.0 * 16.0;
         let source = format!("{HEADER}{body}");
         for own in [false, true] {
             let how = if own { "own SPIR-V" } else { "wgpu WGSL " };
@@ -835,7 +955,9 @@ fn main() {
     let input: Vec<f32> = (0..512)
         .map(|i| ((i * 37) % 97) as f32 * 0.25 - 12.0)
         .collect();
-    for probe in probes() {
+    // `throughput`: the throughput kernels only.
+    let only_throughput = args.get(1).is_some_and(|a| a == "throughput");
+    for probe in probes().into_iter().filter(|_| !only_throughput) {
         let expected = (probe.expected)(&input);
         let source = format!("{HEADER}{}", probe.body);
         for own in [false, true] {
@@ -880,5 +1002,7 @@ fn main() {
     let cpu = info.device_type == wgpu::DeviceType::Cpu;
     throughput(&device, &queue, if cpu { 1 } else { 132 * 8 });
     drop((device, queue));
-    engine_gemms();
+    if !only_throughput {
+        engine_gemms();
+    }
 }

@@ -439,7 +439,24 @@ pub async fn attention_run(
     run: AttentionRun,
     repeats: Repeats,
 ) -> Result<AttentionMeasurement> {
+    let mut measured = attention_runs(&[engine], shape, run, repeats).await?;
+    Ok(measured.remove(0))
+}
+
+/// [`attention_run`] on each of `engines` in turn (engines of one kind: the
+/// contexts of one device made for a measurement, say), on inputs drawn once
+/// and uploaded to each: a measurement per engine, in order. Drawing the
+/// inputs of FlashAttention's shapes takes the host longer than timing them.
+pub async fn attention_runs(
+    engines: &[&crate::Engine],
+    shape: AttentionShape,
+    run: AttentionRun,
+    repeats: Repeats,
+) -> Result<Vec<AttentionMeasurement>> {
     use crate::conformance::CaseSpec;
+    let Some(&first) = engines.first() else {
+        return Ok(Vec::new());
+    };
     let AttentionRun {
         path,
         precision,
@@ -453,7 +470,7 @@ pub async fn attention_run(
     // rows repeated on the device (decode at 128k keys holds 17 GB of K and
     // V, which the host would take minutes to draw); the timing does not
     // depend on the values.
-    let repeated = (engine.gpu().is_some()
+    let repeated = (first.gpu().is_some()
         && matches!(path, KernelPath::Fused | KernelPath::Unfused)
         && kv_len > REPEATED_KV_VALUES)
         .then(|| {
@@ -490,56 +507,60 @@ pub async fn attention_run(
         precision,
         ..Default::default()
     };
-    let measurement = match (path, engine.gpu()) {
-        (KernelPath::Cpu | KernelPath::Oracle, _) | (_, None) => {
-            let host = inputs.as_inputs();
-            let mut samples = Vec::new();
-            for run in 0..repeats.warmup + repeats.timed {
-                let start = Instant::now();
-                engine.attention_host(&host, &options).await?;
-                if run >= repeats.warmup {
-                    samples.push(start.elapsed().as_secs_f64() * 1e3);
+    let mut measured = Vec::new();
+    for &engine in engines {
+        let measurement = match (path, engine.gpu()) {
+            (KernelPath::Cpu | KernelPath::Oracle, _) | (_, None) => {
+                let host = inputs.as_inputs();
+                let mut samples = Vec::new();
+                for run in 0..repeats.warmup + repeats.timed {
+                    let start = Instant::now();
+                    engine.attention_host(&host, &options).await?;
+                    if run >= repeats.warmup {
+                        samples.push(start.elapsed().as_secs_f64() * 1e3);
+                    }
+                }
+                Measurement {
+                    samples_ms: samples,
+                    clock: Clock::Wall,
                 }
             }
-            Measurement {
-                samples_ms: samples,
-                clock: Clock::Wall,
+            (_, Some(ctx)) => {
+                let q = engine.upload(&inputs.q)?;
+                let (k, v) = match &repeated {
+                    Some((k_pattern, v_pattern)) => (
+                        engine.upload_repeated(&kv_shape, k_pattern).await?,
+                        engine.upload_repeated(&kv_shape, v_pattern).await?,
+                    ),
+                    None => (engine.upload(&inputs.k)?, engine.upload(&inputs.v)?),
+                };
+                let device_inputs = AttentionInputs::new(&q, &k, &v);
+                let flush = if cold_cache && can_flush_caches(engine) {
+                    Some(BigCopy::new(ctx)?)
+                } else {
+                    None
+                };
+                measure_gpu(ctx, repeats, async || {
+                    if let Some(copy) = &flush {
+                        // Its own submission: the timestamps cover the call only.
+                        copy.submit(ctx)?;
+                    }
+                    engine.attention(&device_inputs, &options).await.map(|_| ())
+                })
+                .await?
             }
-        }
-        (_, Some(ctx)) => {
-            let q = engine.upload(&inputs.q)?;
-            let (k, v) = match repeated {
-                Some((k_pattern, v_pattern)) => (
-                    engine.upload_repeated(&kv_shape, &k_pattern).await?,
-                    engine.upload_repeated(&kv_shape, &v_pattern).await?,
-                ),
-                None => (engine.upload(&inputs.k)?, engine.upload(&inputs.v)?),
-            };
-            let device_inputs = AttentionInputs::new(&q, &k, &v);
-            let flush = if cold_cache && can_flush_caches(engine) {
-                Some(BigCopy::new(ctx)?)
-            } else {
-                None
-            };
-            measure_gpu(ctx, repeats, async || {
-                if let Some(copy) = &flush {
-                    // Its own submission: the timestamps cover the call only.
-                    copy.submit(ctx)?;
-                }
-                engine.attention(&device_inputs, &options).await.map(|_| ())
-            })
-            .await?
-        }
-    };
-    let peak_bytes = match path {
-        KernelPath::Cpu | KernelPath::Oracle => 0,
-        _ => engine.last_call().map_or(0, |c| c.allocated_bytes),
-    };
-    Ok(AttentionMeasurement {
-        gflops: measurement.gflops(shape.flops()),
-        measurement,
-        peak_bytes,
-    })
+        };
+        let peak_bytes = match path {
+            KernelPath::Cpu | KernelPath::Oracle => 0,
+            _ => engine.last_call().map_or(0, |c| c.allocated_bytes),
+        };
+        measured.push(AttentionMeasurement {
+            gflops: measurement.gflops(shape.flops()),
+            measurement,
+            peak_bytes,
+        });
+    }
+    Ok(measured)
 }
 
 /// One decoder layer, for [`token_step`]: `heads` query heads and `kv_heads`

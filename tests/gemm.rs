@@ -219,3 +219,52 @@ fn marked_terms_of_a_are_skipped_and_zeros_are_not() {
         }
     }
 }
+
+/// A matrix-unit kernel at a configuration the adapter does not offer (16x16
+/// at subgroups of 32 on lavapipe, which lists none or 8x8) is a typed error
+/// naming it, staged or packed, and never reaches the device.
+#[test]
+fn matrix_unit_kernels_the_adapter_does_not_offer_are_refused() {
+    use webattn::gpu::ops::gemm::{CoopShape, PackedTile};
+    use webattn::gpu::registry::CoopSize;
+    let Some(engine) = common::gpu() else { return };
+    let ctx = engine.gpu().expect("a GPU engine");
+    let shape = CoopShape {
+        size: CoopSize::Sixteen,
+        subgroup: 32,
+    };
+    if ctx.capabilities().f16_matrix_units() == Some((16, 32)) {
+        println!(
+            "{} offers 16x16 at 32 lanes: nothing to refuse",
+            engine.describe()
+        );
+        return;
+    }
+    let spec = GemmSpec::contiguous(1, 32, 32, 32, false, false);
+    let (a_len, b_len, c_len) = spec.extents();
+    let (a, b, c) = (vec![1.0; a_len], vec![1.0; b_len], vec![0.0; c_len]);
+    for kernel in [
+        GemmKernel::Coop(shape),
+        GemmKernel::CoopPacked {
+            shape,
+            tile: PackedTile::DEFAULT,
+        },
+    ] {
+        let got = pollster::block_on(gemm_host_variant(
+            ctx,
+            kernel,
+            &spec,
+            AValues::Any,
+            &a,
+            &b,
+            &c,
+        ));
+        match got {
+            Err(webattn::Error::InvalidOption { name, reason, .. }) => {
+                assert_eq!(name, "gemm kernel");
+                assert!(reason.contains("matrix-unit"), "{reason}");
+            }
+            other => panic!("{kernel:?}: {other:?}"),
+        }
+    }
+}

@@ -98,6 +98,18 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     } else {
         &[false]
     };
+    // The context each precision's rows run on: at fast, the matrix-unit
+    // kernel forced under auto (calls at fast take the f32 kernel where
+    // `webattn tune` measured it slower, and its phases are the question).
+    let forced_coop = matrix_units && engine_args.kernel == webattn::FusedKernelChoice::Auto;
+    let base = |precision: Precision| -> webattn::Result<webattn::GpuContext> {
+        if precision == Precision::Fast && forced_coop {
+            ctx.clone()
+                .with_fused_kernel(webattn::FusedKernelChoice::Coop)
+        } else {
+            Ok(ctx.clone())
+        }
+    };
     let mut plan = Vec::new();
     for &precision in super::bench::precisions(matrix_units) {
         for &head_dim in &args.head_dims {
@@ -121,7 +133,9 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     // whose fused kernel is attention_sg, say) are left out, and said so.
     let mut skipped = Vec::new();
     plan.retain(|&(precision, shape)| {
-        match ctx.fused_kernel_at(shape.head_dim, shape.head_dim, precision) {
+        let kernel = base(precision)
+            .and_then(|c| c.fused_kernel_at(shape.head_dim, shape.head_dim, precision));
+        match kernel {
             Ok(FusedKernel::Tiled(_) | FusedKernel::Coop(_)) => true,
             Ok(kernel) => {
                 skipped.push(format!(
@@ -148,7 +162,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
          kernels do (pass --kernel attention_tiled, say)",
         skipped.join("; ")
     );
-    let steps = plan.len() * variants().len() + 1;
+    let steps = plan.len() + 1;
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = ProgressBar::new(steps as u64);
         bar.set_style(
@@ -176,49 +190,50 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     .0;
     let mut rows = Vec::new();
     for &(precision, shape) in &plan {
-        let kernel = ctx.fused_kernel_at(shape.head_dim, shape.head_dim, precision)?;
+        let base = base(precision)?;
+        let kernel = base.fused_kernel_at(shape.head_dim, shape.head_dim, precision)?;
         let mut row = Row {
             precision,
             shape,
             kernel: kernel.label(),
             variants: Vec::new(),
         };
-        for removed in variants() {
-            note(format!(
-                "{} d{} {}{}",
-                precision.name(),
-                shape.head_dim,
-                if shape.causal { "causal " } else { "" },
-                if removed.is_empty() {
-                    "whole".to_string()
-                } else {
-                    format!("without {}", removed.name())
-                }
-            ));
-            let variant = webattn::Engine::from_context(ctx.clone().without_phases(removed));
-            let run = AttentionRun {
-                path: KernelPath::Fused,
-                precision,
-                cold_cache: false,
-                dtype: DType::F32,
-            };
-            let m = pollster::block_on(bench::attention_run(&variant, shape, run, repeats))
-                .with_context(|| format!("{} without {}", row.kernel, removed.name()))?;
+        note(format!(
+            "{} d{}{}: the kernel whole and without each phase",
+            precision.name(),
+            shape.head_dim,
+            if shape.causal { " causal" } else { "" },
+        ));
+        let engines: Vec<webattn::Engine> = variants()
+            .into_iter()
+            .map(|removed| webattn::Engine::from_context(base.clone().without_phases(removed)))
+            .collect();
+        let run = AttentionRun {
+            path: KernelPath::Fused,
+            precision,
+            cold_cache: false,
+            dtype: DType::F32,
+        };
+        let measured = pollster::block_on(bench::attention_runs(
+            &engines.iter().collect::<Vec<_>>(),
+            shape,
+            run,
+            repeats,
+        ))
+        .with_context(|| format!("{} without its phases", row.kernel))?;
+        for (removed, m) in variants().into_iter().zip(measured) {
             // The call ran the kernel without these phases: its pipeline is
             // in the (shared) cache under the key that says so.
-            if !removed.is_empty() {
-                let ran = ctx.pipelines().compiled_keys().iter().any(|key| {
-                    has_phase_switches(key.kernel)
-                        && key
-                            .constants
-                            .contains(&("ABLATE", i64::from(removed.bits())))
+            let bits = i64::from(removed.bits());
+            let ran = removed.is_empty()
+                || ctx.pipelines().compiled_keys().iter().any(|key| {
+                    has_phase_switches(key.kernel) && key.constants.contains(&("ABLATE", bits))
                 });
-                anyhow::ensure!(
-                    ran,
-                    "the call did not run a kernel without {}",
-                    removed.name()
-                );
-            }
+            anyhow::ensure!(
+                ran,
+                "the call did not run a kernel without {}",
+                removed.name()
+            );
             row.variants.push(Variant {
                 removed,
                 ms: m.measurement.median_ms(),
@@ -239,6 +254,12 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         "each phase of the kernel's key loop removed in turn (the results are discarded): what is \
          left is timed; the phase's cost is what removing it saved"
     );
+    if forced_coop {
+        println!(
+            "the f16 rows run attention_coop whatever the tuning cache says (calls at precision \
+             fast take it only where it measured faster)"
+        );
+    }
     for why in &skipped {
         println!("skipped: {why}");
     }

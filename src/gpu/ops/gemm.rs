@@ -401,28 +401,23 @@ pub(crate) fn record_variant(
         }
     }
     let kernel = kernel_for(rec.ctx(), kernel, spec, a_values);
-    if let GemmKernel::Coop(shape) = kernel {
-        let caps = &rec.ctx().caps;
-        let offered = caps.f16_matrix_units() == Some((shape.size.dim(), shape.subgroup));
-        if !offered || !coop_fits(shape, &caps.limits) {
-            return Err(Error::InvalidOption {
-                name: "gemm kernel",
-                value: format!("{kernel:?}"),
-                reason: "this adapter offers no matrix-unit configuration of that size and \
-                         subgroup width (webattn info lists what it has)",
-            });
-        }
-    }
-    if let GemmKernel::CoopPacked { shape, .. } = kernel {
-        let caps = &rec.ctx().caps;
-        if caps.f16_matrix_units() != Some((shape.size.dim(), shape.subgroup)) {
-            return Err(Error::InvalidOption {
-                name: "gemm kernel",
-                value: format!("{kernel:?}"),
-                reason: "this adapter offers no matrix-unit configuration of that size and \
-                         subgroup width (webattn info lists what it has)",
-            });
-        }
+    // A matrix-unit kernel only at the configuration the adapter offers (and
+    // the staged one only where its workgroup fits).
+    let caps = &rec.ctx().caps;
+    let offered =
+        |shape: CoopShape| caps.f16_matrix_units() == Some((shape.size.dim(), shape.subgroup));
+    let runs = match kernel {
+        GemmKernel::Coop(shape) => offered(shape) && coop_fits(shape, &caps.limits),
+        GemmKernel::CoopPacked { shape, .. } => offered(shape),
+        GemmKernel::Tiled | GemmKernel::Subgroup { .. } => true,
+    };
+    if !runs {
+        return Err(Error::InvalidOption {
+            name: "gemm kernel",
+            value: format!("{kernel:?}"),
+            reason: "this adapter offers no matrix-unit configuration of that size and \
+                     subgroup width (webattn info lists what it has)",
+        });
     }
     // On drivers that cap an invocation's loop iterations, split K into
     // passes that accumulate into C (beta = 1 after the first).
