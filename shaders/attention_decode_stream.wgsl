@@ -46,6 +46,7 @@
 // is f32 either way.
 
 // #include attention_decode_call.wgsl
+// #include ablate.wgsl
 
 @group(0) @binding(1) var<storage, read> q4: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> k4: array<KV4>;
@@ -132,6 +133,9 @@ fn team_sum(x: f32) -> f32 {
 // Where L divides the row (KT = DK4 / L), every lane's columns lie within
 // it: one plain load (the test folds when the pipeline is made).
 fn k_col(row_base: u32, col: u32) -> vec4<f32> {
+    if ((ABLATE & ABLATE_KV_LOADS) != 0u) {
+        return vec4<f32>(0.0);
+    }
     if (DK4 % L == 0u) {
         return widen4(k4[row_base * DK4 + col]);
     }
@@ -139,6 +143,9 @@ fn k_col(row_base: u32, col: u32) -> vec4<f32> {
 }
 
 fn v_col(row_base: u32, col: u32) -> vec4<f32> {
+    if ((ABLATE & ABLATE_KV_LOADS) != 0u) {
+        return vec4<f32>(0.0);
+    }
     if (DV4 % L == 0u) {
         return widen4(v4[row_base * DV4 + col]);
     }
@@ -1635,53 +1642,60 @@ fn main(
             var scored0 = Scored(MASKED, 0u);
             {
                 var dot0 = 0.0;
-                dot0 += dot(q0_0, k0_0);
-                if (KT > 1u) {
-                    dot0 += dot(q0_1, k0_1);
+                if ((ABLATE & ABLATE_SCORES) == 0u) {
+                    dot0 += dot(q0_0, k0_0);
+                    if (KT > 1u) {
+                        dot0 += dot(q0_1, k0_1);
+                    }
+                    if (KT > 2u) {
+                        dot0 += dot(q0_2, k0_2);
+                    }
+                    if (KT > 3u) {
+                        dot0 += dot(q0_3, k0_3);
+                    }
+                    if (KT > 4u) {
+                        dot0 += dot(q0_4, k0_4);
+                    }
+                    if (KT > 5u) {
+                        dot0 += dot(q0_5, k0_5);
+                    }
+                    if (KT > 6u) {
+                        dot0 += dot(q0_6, k0_6);
+                    }
+                    if (KT > 7u) {
+                        dot0 += dot(q0_7, k0_7);
+                    }
+                    if (KT > 8u) {
+                        dot0 += dot(q0_8, k0_8);
+                    }
+                    if (KT > 9u) {
+                        dot0 += dot(q0_9, k0_9);
+                    }
+                    if (KT > 10u) {
+                        dot0 += dot(q0_10, k0_10);
+                    }
+                    if (KT > 11u) {
+                        dot0 += dot(q0_11, k0_11);
+                    }
+                    if (KT > 12u) {
+                        dot0 += dot(q0_12, k0_12);
+                    }
+                    if (KT > 13u) {
+                        dot0 += dot(q0_13, k0_13);
+                    }
+                    if (KT > 14u) {
+                        dot0 += dot(q0_14, k0_14);
+                    }
+                    if (KT > 15u) {
+                        dot0 += dot(q0_15, k0_15);
+                    }
+                    dot0 = team_sum(dot0);
                 }
-                if (KT > 2u) {
-                    dot0 += dot(q0_2, k0_2);
+                if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                    scored0 = rules(dot0, key0, span, slope);
+                } else {
+                    scored0 = Scored(dot0, 0u);
                 }
-                if (KT > 3u) {
-                    dot0 += dot(q0_3, k0_3);
-                }
-                if (KT > 4u) {
-                    dot0 += dot(q0_4, k0_4);
-                }
-                if (KT > 5u) {
-                    dot0 += dot(q0_5, k0_5);
-                }
-                if (KT > 6u) {
-                    dot0 += dot(q0_6, k0_6);
-                }
-                if (KT > 7u) {
-                    dot0 += dot(q0_7, k0_7);
-                }
-                if (KT > 8u) {
-                    dot0 += dot(q0_8, k0_8);
-                }
-                if (KT > 9u) {
-                    dot0 += dot(q0_9, k0_9);
-                }
-                if (KT > 10u) {
-                    dot0 += dot(q0_10, k0_10);
-                }
-                if (KT > 11u) {
-                    dot0 += dot(q0_11, k0_11);
-                }
-                if (KT > 12u) {
-                    dot0 += dot(q0_12, k0_12);
-                }
-                if (KT > 13u) {
-                    dot0 += dot(q0_13, k0_13);
-                }
-                if (KT > 14u) {
-                    dot0 += dot(q0_14, k0_14);
-                }
-                if (KT > 15u) {
-                    dot0 += dot(q0_15, k0_15);
-                }
-                scored0 = rules(team_sum(dot0), key0, span, slope);
                 seen |= (scored0.flags & ROW_ATTENDED) << 0u;
                 seen |= ((scored0.flags & ROW_POISONED) >> 1u) << 16u;
             }
@@ -1689,29 +1703,36 @@ fn main(
             if (KB > 1u) {
                 {
                     var dot1 = 0.0;
-                    dot1 += dot(q0_0, k1_0);
-                    if (KT > 1u) {
-                        dot1 += dot(q0_1, k1_1);
+                    if ((ABLATE & ABLATE_SCORES) == 0u) {
+                        dot1 += dot(q0_0, k1_0);
+                        if (KT > 1u) {
+                            dot1 += dot(q0_1, k1_1);
+                        }
+                        if (KT > 2u) {
+                            dot1 += dot(q0_2, k1_2);
+                        }
+                        if (KT > 3u) {
+                            dot1 += dot(q0_3, k1_3);
+                        }
+                        if (KT > 4u) {
+                            dot1 += dot(q0_4, k1_4);
+                        }
+                        if (KT > 5u) {
+                            dot1 += dot(q0_5, k1_5);
+                        }
+                        if (KT > 6u) {
+                            dot1 += dot(q0_6, k1_6);
+                        }
+                        if (KT > 7u) {
+                            dot1 += dot(q0_7, k1_7);
+                        }
+                        dot1 = team_sum(dot1);
                     }
-                    if (KT > 2u) {
-                        dot1 += dot(q0_2, k1_2);
+                    if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                        scored1 = rules(dot1, key1, span, slope);
+                    } else {
+                        scored1 = Scored(dot1, 0u);
                     }
-                    if (KT > 3u) {
-                        dot1 += dot(q0_3, k1_3);
-                    }
-                    if (KT > 4u) {
-                        dot1 += dot(q0_4, k1_4);
-                    }
-                    if (KT > 5u) {
-                        dot1 += dot(q0_5, k1_5);
-                    }
-                    if (KT > 6u) {
-                        dot1 += dot(q0_6, k1_6);
-                    }
-                    if (KT > 7u) {
-                        dot1 += dot(q0_7, k1_7);
-                    }
-                    scored1 = rules(team_sum(dot1), key1, span, slope);
                     seen |= (scored1.flags & ROW_ATTENDED) << 0u;
                     seen |= ((scored1.flags & ROW_POISONED) >> 1u) << 16u;
                 }
@@ -1720,20 +1741,27 @@ fn main(
             if (KB > 2u) {
                 {
                     var dot2 = 0.0;
-                    dot2 += dot(q0_0, k2_0);
-                    if (KT > 1u) {
-                        dot2 += dot(q0_1, k2_1);
+                    if ((ABLATE & ABLATE_SCORES) == 0u) {
+                        dot2 += dot(q0_0, k2_0);
+                        if (KT > 1u) {
+                            dot2 += dot(q0_1, k2_1);
+                        }
+                        if (KT > 2u) {
+                            dot2 += dot(q0_2, k2_2);
+                        }
+                        if (KT > 3u) {
+                            dot2 += dot(q0_3, k2_3);
+                        }
+                        if (KT > 4u) {
+                            dot2 += dot(q0_4, k2_4);
+                        }
+                        dot2 = team_sum(dot2);
                     }
-                    if (KT > 2u) {
-                        dot2 += dot(q0_2, k2_2);
+                    if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                        scored2 = rules(dot2, key2, span, slope);
+                    } else {
+                        scored2 = Scored(dot2, 0u);
                     }
-                    if (KT > 3u) {
-                        dot2 += dot(q0_3, k2_3);
-                    }
-                    if (KT > 4u) {
-                        dot2 += dot(q0_4, k2_4);
-                    }
-                    scored2 = rules(team_sum(dot2), key2, span, slope);
                     seen |= (scored2.flags & ROW_ATTENDED) << 0u;
                     seen |= ((scored2.flags & ROW_POISONED) >> 1u) << 16u;
                 }
@@ -1742,50 +1770,71 @@ fn main(
             if (KB > 3u) {
                 {
                     var dot3 = 0.0;
-                    dot3 += dot(q0_0, k3_0);
-                    if (KT > 1u) {
-                        dot3 += dot(q0_1, k3_1);
+                    if ((ABLATE & ABLATE_SCORES) == 0u) {
+                        dot3 += dot(q0_0, k3_0);
+                        if (KT > 1u) {
+                            dot3 += dot(q0_1, k3_1);
+                        }
+                        if (KT > 2u) {
+                            dot3 += dot(q0_2, k3_2);
+                        }
+                        if (KT > 3u) {
+                            dot3 += dot(q0_3, k3_3);
+                        }
+                        dot3 = team_sum(dot3);
                     }
-                    if (KT > 2u) {
-                        dot3 += dot(q0_2, k3_2);
+                    if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                        scored3 = rules(dot3, key3, span, slope);
+                    } else {
+                        scored3 = Scored(dot3, 0u);
                     }
-                    if (KT > 3u) {
-                        dot3 += dot(q0_3, k3_3);
-                    }
-                    scored3 = rules(team_sum(dot3), key3, span, slope);
                     seen |= (scored3.flags & ROW_ATTENDED) << 0u;
                     seen |= ((scored3.flags & ROW_POISONED) >> 1u) << 16u;
                 }
             }
-            var m_new = max(m0, scored0.s);
-            if (KB > 1u) {
-                m_new = max(m_new, scored1.s);
-            }
-            if (KB > 2u) {
-                m_new = max(m_new, scored2.s);
-            }
-            if (KB > 3u) {
-                m_new = max(m_new, scored3.s);
-            }
-            // exp(0) = 1 while no attended score has been finite yet.
-            let alpha = exp(m0 - m_new);
-            m0 = m_new;
-            // 0 for a key the row does not attend.
+            var alpha = 1.0;
             var p0 = 0.0;
-            p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
             var p1 = 0.0;
-            if (KB > 1u) {
-                p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
-            }
             var p2 = 0.0;
-            if (KB > 2u) {
-                p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
-            }
             var p3 = 0.0;
-            if (KB > 3u) {
-                p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+            if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                var m_new = max(m0, scored0.s);
+                if (KB > 1u) {
+                    m_new = max(m_new, scored1.s);
+                }
+                if (KB > 2u) {
+                    m_new = max(m_new, scored2.s);
+                }
+                if (KB > 3u) {
+                    m_new = max(m_new, scored3.s);
+                }
+                // exp(0) = 1 while no attended score has been finite yet.
+                alpha = exp(m0 - m_new);
+                m0 = m_new;
+                // 0 for a key the row does not attend.
+                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                if (KB > 1u) {
+                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                }
+                if (KB > 2u) {
+                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                }
+                if (KB > 3u) {
+                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                }
+                l0 = l0 * alpha + p0 + p1 + p2 + p3;
+            } else {
+                p0 = scored0.s;
+                if (KB > 1u) {
+                    p1 = scored1.s;
+                }
+                if (KB > 2u) {
+                    p2 = scored2.s;
+                }
+                if (KB > 3u) {
+                    p3 = scored3.s;
+                }
             }
-            l0 = l0 * alpha + p0 + p1 + p2 + p3;
             var every_key = scored0.s != MASKED;
             if (KB > 1u) {
                 every_key = every_key && scored1.s != MASKED;
@@ -1801,265 +1850,267 @@ fn main(
             // 0 x V, so a NaN or inf there reaches the row); otherwise a key
             // the row does not attend must add nothing, even where its V is
             // not finite.
-            if (every_key) {
-                var acc = o0_0 * alpha;
-                acc = fma(vec4<f32>(p0), v0_0, acc);
-                if (KB > 1u) {
-                    acc = fma(vec4<f32>(p1), v1_0, acc);
-                }
-                if (KB > 2u) {
-                    acc = fma(vec4<f32>(p2), v2_0, acc);
-                }
-                if (KB > 3u) {
-                    acc = fma(vec4<f32>(p3), v3_0, acc);
-                }
-                o0_0 = acc;
-                if (VT > 1u) {
-                    var acc = o0_1 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_1, acc);
+            if ((ABLATE & ABLATE_PRODUCT) == 0u) {
+                if (every_key) {
+                    var acc = o0_0 * alpha;
+                    acc = fma(vec4<f32>(p0), v0_0, acc);
                     if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_1, acc);
+                        acc = fma(vec4<f32>(p1), v1_0, acc);
                     }
                     if (KB > 2u) {
-                        acc = fma(vec4<f32>(p2), v2_1, acc);
+                        acc = fma(vec4<f32>(p2), v2_0, acc);
                     }
                     if (KB > 3u) {
-                        acc = fma(vec4<f32>(p3), v3_1, acc);
+                        acc = fma(vec4<f32>(p3), v3_0, acc);
                     }
-                    o0_1 = acc;
-                }
-                if (VT > 2u) {
-                    var acc = o0_2 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_2, acc);
+                    o0_0 = acc;
+                    if (VT > 1u) {
+                        var acc = o0_1 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_1, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_1, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_1, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_1, acc);
+                        }
+                        o0_1 = acc;
+                    }
+                    if (VT > 2u) {
+                        var acc = o0_2 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_2, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_2, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_2, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_2, acc);
+                        }
+                        o0_2 = acc;
+                    }
+                    if (VT > 3u) {
+                        var acc = o0_3 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_3, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_3, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_3, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_3, acc);
+                        }
+                        o0_3 = acc;
+                    }
+                    if (VT > 4u) {
+                        var acc = o0_4 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_4, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_4, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_4, acc);
+                        }
+                        o0_4 = acc;
+                    }
+                    if (VT > 5u) {
+                        var acc = o0_5 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_5, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_5, acc);
+                        }
+                        o0_5 = acc;
+                    }
+                    if (VT > 6u) {
+                        var acc = o0_6 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_6, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_6, acc);
+                        }
+                        o0_6 = acc;
+                    }
+                    if (VT > 7u) {
+                        var acc = o0_7 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_7, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_7, acc);
+                        }
+                        o0_7 = acc;
+                    }
+                    if (VT > 8u) {
+                        var acc = o0_8 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_8, acc);
+                        o0_8 = acc;
+                    }
+                    if (VT > 9u) {
+                        var acc = o0_9 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_9, acc);
+                        o0_9 = acc;
+                    }
+                    if (VT > 10u) {
+                        var acc = o0_10 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_10, acc);
+                        o0_10 = acc;
+                    }
+                    if (VT > 11u) {
+                        var acc = o0_11 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_11, acc);
+                        o0_11 = acc;
+                    }
+                    if (VT > 12u) {
+                        var acc = o0_12 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_12, acc);
+                        o0_12 = acc;
+                    }
+                    if (VT > 13u) {
+                        var acc = o0_13 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_13, acc);
+                        o0_13 = acc;
+                    }
+                    if (VT > 14u) {
+                        var acc = o0_14 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_14, acc);
+                        o0_14 = acc;
+                    }
+                    if (VT > 15u) {
+                        var acc = o0_15 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_15, acc);
+                        o0_15 = acc;
+                    }
+                } else {
+                    var acc = o0_0 * alpha;
+                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
                     if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_2, acc);
+                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
                     }
                     if (KB > 2u) {
-                        acc = fma(vec4<f32>(p2), v2_2, acc);
+                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
                     }
                     if (KB > 3u) {
-                        acc = fma(vec4<f32>(p3), v3_2, acc);
+                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
                     }
-                    o0_2 = acc;
-                }
-                if (VT > 3u) {
-                    var acc = o0_3 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_3, acc);
-                    if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_3, acc);
+                    o0_0 = acc;
+                    if (VT > 1u) {
+                        var acc = o0_1 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
+                        }
+                        o0_1 = acc;
                     }
-                    if (KB > 2u) {
-                        acc = fma(vec4<f32>(p2), v2_3, acc);
+                    if (VT > 2u) {
+                        var acc = o0_2 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_2, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_2, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_2, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_2, scored3.s != MASKED);
+                        }
+                        o0_2 = acc;
                     }
-                    if (KB > 3u) {
-                        acc = fma(vec4<f32>(p3), v3_3, acc);
+                    if (VT > 3u) {
+                        var acc = o0_3 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_3, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_3, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_3, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_3, scored3.s != MASKED);
+                        }
+                        o0_3 = acc;
                     }
-                    o0_3 = acc;
-                }
-                if (VT > 4u) {
-                    var acc = o0_4 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_4, acc);
-                    if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_4, acc);
+                    if (VT > 4u) {
+                        var acc = o0_4 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_4, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_4, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_4, scored2.s != MASKED);
+                        }
+                        o0_4 = acc;
                     }
-                    if (KB > 2u) {
-                        acc = fma(vec4<f32>(p2), v2_4, acc);
+                    if (VT > 5u) {
+                        var acc = o0_5 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_5, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_5, scored1.s != MASKED);
+                        }
+                        o0_5 = acc;
                     }
-                    o0_4 = acc;
-                }
-                if (VT > 5u) {
-                    var acc = o0_5 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_5, acc);
-                    if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_5, acc);
+                    if (VT > 6u) {
+                        var acc = o0_6 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_6, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_6, scored1.s != MASKED);
+                        }
+                        o0_6 = acc;
                     }
-                    o0_5 = acc;
-                }
-                if (VT > 6u) {
-                    var acc = o0_6 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_6, acc);
-                    if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_6, acc);
+                    if (VT > 7u) {
+                        var acc = o0_7 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_7, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_7, scored1.s != MASKED);
+                        }
+                        o0_7 = acc;
                     }
-                    o0_6 = acc;
-                }
-                if (VT > 7u) {
-                    var acc = o0_7 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_7, acc);
-                    if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_7, acc);
+                    if (VT > 8u) {
+                        var acc = o0_8 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_8, scored0.s != MASKED);
+                        o0_8 = acc;
                     }
-                    o0_7 = acc;
-                }
-                if (VT > 8u) {
-                    var acc = o0_8 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_8, acc);
-                    o0_8 = acc;
-                }
-                if (VT > 9u) {
-                    var acc = o0_9 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_9, acc);
-                    o0_9 = acc;
-                }
-                if (VT > 10u) {
-                    var acc = o0_10 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_10, acc);
-                    o0_10 = acc;
-                }
-                if (VT > 11u) {
-                    var acc = o0_11 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_11, acc);
-                    o0_11 = acc;
-                }
-                if (VT > 12u) {
-                    var acc = o0_12 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_12, acc);
-                    o0_12 = acc;
-                }
-                if (VT > 13u) {
-                    var acc = o0_13 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_13, acc);
-                    o0_13 = acc;
-                }
-                if (VT > 14u) {
-                    var acc = o0_14 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_14, acc);
-                    o0_14 = acc;
-                }
-                if (VT > 15u) {
-                    var acc = o0_15 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_15, acc);
-                    o0_15 = acc;
-                }
-            } else {
-                var acc = o0_0 * alpha;
-                acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
-                if (KB > 1u) {
-                    acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
-                }
-                if (KB > 2u) {
-                    acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
-                }
-                if (KB > 3u) {
-                    acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
-                }
-                o0_0 = acc;
-                if (VT > 1u) {
-                    var acc = o0_1 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                    if (VT > 9u) {
+                        var acc = o0_9 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_9, scored0.s != MASKED);
+                        o0_9 = acc;
                     }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                    if (VT > 10u) {
+                        var acc = o0_10 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_10, scored0.s != MASKED);
+                        o0_10 = acc;
                     }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
+                    if (VT > 11u) {
+                        var acc = o0_11 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_11, scored0.s != MASKED);
+                        o0_11 = acc;
                     }
-                    o0_1 = acc;
-                }
-                if (VT > 2u) {
-                    var acc = o0_2 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_2, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_2, scored1.s != MASKED);
+                    if (VT > 12u) {
+                        var acc = o0_12 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_12, scored0.s != MASKED);
+                        o0_12 = acc;
                     }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_2, scored2.s != MASKED);
+                    if (VT > 13u) {
+                        var acc = o0_13 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_13, scored0.s != MASKED);
+                        o0_13 = acc;
                     }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_2, scored3.s != MASKED);
+                    if (VT > 14u) {
+                        var acc = o0_14 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_14, scored0.s != MASKED);
+                        o0_14 = acc;
                     }
-                    o0_2 = acc;
-                }
-                if (VT > 3u) {
-                    var acc = o0_3 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_3, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_3, scored1.s != MASKED);
+                    if (VT > 15u) {
+                        var acc = o0_15 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_15, scored0.s != MASKED);
+                        o0_15 = acc;
                     }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_3, scored2.s != MASKED);
-                    }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_3, scored3.s != MASKED);
-                    }
-                    o0_3 = acc;
-                }
-                if (VT > 4u) {
-                    var acc = o0_4 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_4, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_4, scored1.s != MASKED);
-                    }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_4, scored2.s != MASKED);
-                    }
-                    o0_4 = acc;
-                }
-                if (VT > 5u) {
-                    var acc = o0_5 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_5, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_5, scored1.s != MASKED);
-                    }
-                    o0_5 = acc;
-                }
-                if (VT > 6u) {
-                    var acc = o0_6 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_6, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_6, scored1.s != MASKED);
-                    }
-                    o0_6 = acc;
-                }
-                if (VT > 7u) {
-                    var acc = o0_7 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_7, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_7, scored1.s != MASKED);
-                    }
-                    o0_7 = acc;
-                }
-                if (VT > 8u) {
-                    var acc = o0_8 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_8, scored0.s != MASKED);
-                    o0_8 = acc;
-                }
-                if (VT > 9u) {
-                    var acc = o0_9 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_9, scored0.s != MASKED);
-                    o0_9 = acc;
-                }
-                if (VT > 10u) {
-                    var acc = o0_10 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_10, scored0.s != MASKED);
-                    o0_10 = acc;
-                }
-                if (VT > 11u) {
-                    var acc = o0_11 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_11, scored0.s != MASKED);
-                    o0_11 = acc;
-                }
-                if (VT > 12u) {
-                    var acc = o0_12 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_12, scored0.s != MASKED);
-                    o0_12 = acc;
-                }
-                if (VT > 13u) {
-                    var acc = o0_13 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_13, scored0.s != MASKED);
-                    o0_13 = acc;
-                }
-                if (VT > 14u) {
-                    var acc = o0_14 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_14, scored0.s != MASKED);
-                    o0_14 = acc;
-                }
-                if (VT > 15u) {
-                    var acc = o0_15 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_15, scored0.s != MASKED);
-                    o0_15 = acc;
                 }
             }
         }
@@ -2070,29 +2121,36 @@ fn main(
                 var scored0 = Scored(MASKED, 0u);
                 {
                     var dot0 = 0.0;
-                    dot0 += dot(q1_0, k0_0);
-                    if (KT > 1u) {
-                        dot0 += dot(q1_1, k0_1);
+                    if ((ABLATE & ABLATE_SCORES) == 0u) {
+                        dot0 += dot(q1_0, k0_0);
+                        if (KT > 1u) {
+                            dot0 += dot(q1_1, k0_1);
+                        }
+                        if (KT > 2u) {
+                            dot0 += dot(q1_2, k0_2);
+                        }
+                        if (KT > 3u) {
+                            dot0 += dot(q1_3, k0_3);
+                        }
+                        if (KT > 4u) {
+                            dot0 += dot(q1_4, k0_4);
+                        }
+                        if (KT > 5u) {
+                            dot0 += dot(q1_5, k0_5);
+                        }
+                        if (KT > 6u) {
+                            dot0 += dot(q1_6, k0_6);
+                        }
+                        if (KT > 7u) {
+                            dot0 += dot(q1_7, k0_7);
+                        }
+                        dot0 = team_sum(dot0);
                     }
-                    if (KT > 2u) {
-                        dot0 += dot(q1_2, k0_2);
+                    if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                        scored0 = rules(dot0, key0, span, slope);
+                    } else {
+                        scored0 = Scored(dot0, 0u);
                     }
-                    if (KT > 3u) {
-                        dot0 += dot(q1_3, k0_3);
-                    }
-                    if (KT > 4u) {
-                        dot0 += dot(q1_4, k0_4);
-                    }
-                    if (KT > 5u) {
-                        dot0 += dot(q1_5, k0_5);
-                    }
-                    if (KT > 6u) {
-                        dot0 += dot(q1_6, k0_6);
-                    }
-                    if (KT > 7u) {
-                        dot0 += dot(q1_7, k0_7);
-                    }
-                    scored0 = rules(team_sum(dot0), key0, span, slope);
                     seen |= (scored0.flags & ROW_ATTENDED) << 1u;
                     seen |= ((scored0.flags & ROW_POISONED) >> 1u) << 17u;
                 }
@@ -2100,29 +2158,36 @@ fn main(
                 if (KB > 1u) {
                     {
                         var dot1 = 0.0;
-                        dot1 += dot(q1_0, k1_0);
-                        if (KT > 1u) {
-                            dot1 += dot(q1_1, k1_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot1 += dot(q1_0, k1_0);
+                            if (KT > 1u) {
+                                dot1 += dot(q1_1, k1_1);
+                            }
+                            if (KT > 2u) {
+                                dot1 += dot(q1_2, k1_2);
+                            }
+                            if (KT > 3u) {
+                                dot1 += dot(q1_3, k1_3);
+                            }
+                            if (KT > 4u) {
+                                dot1 += dot(q1_4, k1_4);
+                            }
+                            if (KT > 5u) {
+                                dot1 += dot(q1_5, k1_5);
+                            }
+                            if (KT > 6u) {
+                                dot1 += dot(q1_6, k1_6);
+                            }
+                            if (KT > 7u) {
+                                dot1 += dot(q1_7, k1_7);
+                            }
+                            dot1 = team_sum(dot1);
                         }
-                        if (KT > 2u) {
-                            dot1 += dot(q1_2, k1_2);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored1 = rules(dot1, key1, span, slope);
+                        } else {
+                            scored1 = Scored(dot1, 0u);
                         }
-                        if (KT > 3u) {
-                            dot1 += dot(q1_3, k1_3);
-                        }
-                        if (KT > 4u) {
-                            dot1 += dot(q1_4, k1_4);
-                        }
-                        if (KT > 5u) {
-                            dot1 += dot(q1_5, k1_5);
-                        }
-                        if (KT > 6u) {
-                            dot1 += dot(q1_6, k1_6);
-                        }
-                        if (KT > 7u) {
-                            dot1 += dot(q1_7, k1_7);
-                        }
-                        scored1 = rules(team_sum(dot1), key1, span, slope);
                         seen |= (scored1.flags & ROW_ATTENDED) << 1u;
                         seen |= ((scored1.flags & ROW_POISONED) >> 1u) << 17u;
                     }
@@ -2131,20 +2196,27 @@ fn main(
                 if (KB > 2u) {
                     {
                         var dot2 = 0.0;
-                        dot2 += dot(q1_0, k2_0);
-                        if (KT > 1u) {
-                            dot2 += dot(q1_1, k2_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot2 += dot(q1_0, k2_0);
+                            if (KT > 1u) {
+                                dot2 += dot(q1_1, k2_1);
+                            }
+                            if (KT > 2u) {
+                                dot2 += dot(q1_2, k2_2);
+                            }
+                            if (KT > 3u) {
+                                dot2 += dot(q1_3, k2_3);
+                            }
+                            if (KT > 4u) {
+                                dot2 += dot(q1_4, k2_4);
+                            }
+                            dot2 = team_sum(dot2);
                         }
-                        if (KT > 2u) {
-                            dot2 += dot(q1_2, k2_2);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored2 = rules(dot2, key2, span, slope);
+                        } else {
+                            scored2 = Scored(dot2, 0u);
                         }
-                        if (KT > 3u) {
-                            dot2 += dot(q1_3, k2_3);
-                        }
-                        if (KT > 4u) {
-                            dot2 += dot(q1_4, k2_4);
-                        }
-                        scored2 = rules(team_sum(dot2), key2, span, slope);
                         seen |= (scored2.flags & ROW_ATTENDED) << 1u;
                         seen |= ((scored2.flags & ROW_POISONED) >> 1u) << 17u;
                     }
@@ -2153,50 +2225,71 @@ fn main(
                 if (KB > 3u) {
                     {
                         var dot3 = 0.0;
-                        dot3 += dot(q1_0, k3_0);
-                        if (KT > 1u) {
-                            dot3 += dot(q1_1, k3_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot3 += dot(q1_0, k3_0);
+                            if (KT > 1u) {
+                                dot3 += dot(q1_1, k3_1);
+                            }
+                            if (KT > 2u) {
+                                dot3 += dot(q1_2, k3_2);
+                            }
+                            if (KT > 3u) {
+                                dot3 += dot(q1_3, k3_3);
+                            }
+                            dot3 = team_sum(dot3);
                         }
-                        if (KT > 2u) {
-                            dot3 += dot(q1_2, k3_2);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored3 = rules(dot3, key3, span, slope);
+                        } else {
+                            scored3 = Scored(dot3, 0u);
                         }
-                        if (KT > 3u) {
-                            dot3 += dot(q1_3, k3_3);
-                        }
-                        scored3 = rules(team_sum(dot3), key3, span, slope);
                         seen |= (scored3.flags & ROW_ATTENDED) << 1u;
                         seen |= ((scored3.flags & ROW_POISONED) >> 1u) << 17u;
                     }
                 }
-                var m_new = max(m1, scored0.s);
-                if (KB > 1u) {
-                    m_new = max(m_new, scored1.s);
-                }
-                if (KB > 2u) {
-                    m_new = max(m_new, scored2.s);
-                }
-                if (KB > 3u) {
-                    m_new = max(m_new, scored3.s);
-                }
-                // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m1 - m_new);
-                m1 = m_new;
-                // 0 for a key the row does not attend.
+                var alpha = 1.0;
                 var p0 = 0.0;
-                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
                 var p1 = 0.0;
-                if (KB > 1u) {
-                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
-                }
                 var p2 = 0.0;
-                if (KB > 2u) {
-                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
-                }
                 var p3 = 0.0;
-                if (KB > 3u) {
-                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                    var m_new = max(m1, scored0.s);
+                    if (KB > 1u) {
+                        m_new = max(m_new, scored1.s);
+                    }
+                    if (KB > 2u) {
+                        m_new = max(m_new, scored2.s);
+                    }
+                    if (KB > 3u) {
+                        m_new = max(m_new, scored3.s);
+                    }
+                    // exp(0) = 1 while no attended score has been finite yet.
+                    alpha = exp(m1 - m_new);
+                    m1 = m_new;
+                    // 0 for a key the row does not attend.
+                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    if (KB > 1u) {
+                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    }
+                    l1 = l1 * alpha + p0 + p1 + p2 + p3;
+                } else {
+                    p0 = scored0.s;
+                    if (KB > 1u) {
+                        p1 = scored1.s;
+                    }
+                    if (KB > 2u) {
+                        p2 = scored2.s;
+                    }
+                    if (KB > 3u) {
+                        p3 = scored3.s;
+                    }
                 }
-                l1 = l1 * alpha + p0 + p1 + p2 + p3;
                 var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
                     every_key = every_key && scored1.s != MASKED;
@@ -2212,185 +2305,187 @@ fn main(
                 // 0 x V, so a NaN or inf there reaches the row); otherwise a key
                 // the row does not attend must add nothing, even where its V is
                 // not finite.
-                if (every_key) {
-                    var acc = o1_0 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_0, acc);
-                    if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_0, acc);
-                    }
-                    if (KB > 2u) {
-                        acc = fma(vec4<f32>(p2), v2_0, acc);
-                    }
-                    if (KB > 3u) {
-                        acc = fma(vec4<f32>(p3), v3_0, acc);
-                    }
-                    o1_0 = acc;
-                    if (VT > 1u) {
-                        var acc = o1_1 * alpha;
-                        acc = fma(vec4<f32>(p0), v0_1, acc);
+                if ((ABLATE & ABLATE_PRODUCT) == 0u) {
+                    if (every_key) {
+                        var acc = o1_0 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_0, acc);
                         if (KB > 1u) {
-                            acc = fma(vec4<f32>(p1), v1_1, acc);
+                            acc = fma(vec4<f32>(p1), v1_0, acc);
                         }
                         if (KB > 2u) {
-                            acc = fma(vec4<f32>(p2), v2_1, acc);
+                            acc = fma(vec4<f32>(p2), v2_0, acc);
                         }
                         if (KB > 3u) {
-                            acc = fma(vec4<f32>(p3), v3_1, acc);
+                            acc = fma(vec4<f32>(p3), v3_0, acc);
                         }
-                        o1_1 = acc;
-                    }
-                    if (VT > 2u) {
-                        var acc = o1_2 * alpha;
-                        acc = fma(vec4<f32>(p0), v0_2, acc);
+                        o1_0 = acc;
+                        if (VT > 1u) {
+                            var acc = o1_1 * alpha;
+                            acc = fma(vec4<f32>(p0), v0_1, acc);
+                            if (KB > 1u) {
+                                acc = fma(vec4<f32>(p1), v1_1, acc);
+                            }
+                            if (KB > 2u) {
+                                acc = fma(vec4<f32>(p2), v2_1, acc);
+                            }
+                            if (KB > 3u) {
+                                acc = fma(vec4<f32>(p3), v3_1, acc);
+                            }
+                            o1_1 = acc;
+                        }
+                        if (VT > 2u) {
+                            var acc = o1_2 * alpha;
+                            acc = fma(vec4<f32>(p0), v0_2, acc);
+                            if (KB > 1u) {
+                                acc = fma(vec4<f32>(p1), v1_2, acc);
+                            }
+                            if (KB > 2u) {
+                                acc = fma(vec4<f32>(p2), v2_2, acc);
+                            }
+                            if (KB > 3u) {
+                                acc = fma(vec4<f32>(p3), v3_2, acc);
+                            }
+                            o1_2 = acc;
+                        }
+                        if (VT > 3u) {
+                            var acc = o1_3 * alpha;
+                            acc = fma(vec4<f32>(p0), v0_3, acc);
+                            if (KB > 1u) {
+                                acc = fma(vec4<f32>(p1), v1_3, acc);
+                            }
+                            if (KB > 2u) {
+                                acc = fma(vec4<f32>(p2), v2_3, acc);
+                            }
+                            if (KB > 3u) {
+                                acc = fma(vec4<f32>(p3), v3_3, acc);
+                            }
+                            o1_3 = acc;
+                        }
+                        if (VT > 4u) {
+                            var acc = o1_4 * alpha;
+                            acc = fma(vec4<f32>(p0), v0_4, acc);
+                            if (KB > 1u) {
+                                acc = fma(vec4<f32>(p1), v1_4, acc);
+                            }
+                            if (KB > 2u) {
+                                acc = fma(vec4<f32>(p2), v2_4, acc);
+                            }
+                            o1_4 = acc;
+                        }
+                        if (VT > 5u) {
+                            var acc = o1_5 * alpha;
+                            acc = fma(vec4<f32>(p0), v0_5, acc);
+                            if (KB > 1u) {
+                                acc = fma(vec4<f32>(p1), v1_5, acc);
+                            }
+                            o1_5 = acc;
+                        }
+                        if (VT > 6u) {
+                            var acc = o1_6 * alpha;
+                            acc = fma(vec4<f32>(p0), v0_6, acc);
+                            if (KB > 1u) {
+                                acc = fma(vec4<f32>(p1), v1_6, acc);
+                            }
+                            o1_6 = acc;
+                        }
+                        if (VT > 7u) {
+                            var acc = o1_7 * alpha;
+                            acc = fma(vec4<f32>(p0), v0_7, acc);
+                            if (KB > 1u) {
+                                acc = fma(vec4<f32>(p1), v1_7, acc);
+                            }
+                            o1_7 = acc;
+                        }
+                    } else {
+                        var acc = o1_0 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
                         if (KB > 1u) {
-                            acc = fma(vec4<f32>(p1), v1_2, acc);
+                            acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
                         }
                         if (KB > 2u) {
-                            acc = fma(vec4<f32>(p2), v2_2, acc);
+                            acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
                         }
                         if (KB > 3u) {
-                            acc = fma(vec4<f32>(p3), v3_2, acc);
+                            acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
                         }
-                        o1_2 = acc;
-                    }
-                    if (VT > 3u) {
-                        var acc = o1_3 * alpha;
-                        acc = fma(vec4<f32>(p0), v0_3, acc);
-                        if (KB > 1u) {
-                            acc = fma(vec4<f32>(p1), v1_3, acc);
+                        o1_0 = acc;
+                        if (VT > 1u) {
+                            var acc = o1_1 * alpha;
+                            acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
+                            if (KB > 1u) {
+                                acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                            }
+                            if (KB > 2u) {
+                                acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                            }
+                            if (KB > 3u) {
+                                acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
+                            }
+                            o1_1 = acc;
                         }
-                        if (KB > 2u) {
-                            acc = fma(vec4<f32>(p2), v2_3, acc);
+                        if (VT > 2u) {
+                            var acc = o1_2 * alpha;
+                            acc += select(vec4<f32>(0.0), p0 * v0_2, scored0.s != MASKED);
+                            if (KB > 1u) {
+                                acc += select(vec4<f32>(0.0), p1 * v1_2, scored1.s != MASKED);
+                            }
+                            if (KB > 2u) {
+                                acc += select(vec4<f32>(0.0), p2 * v2_2, scored2.s != MASKED);
+                            }
+                            if (KB > 3u) {
+                                acc += select(vec4<f32>(0.0), p3 * v3_2, scored3.s != MASKED);
+                            }
+                            o1_2 = acc;
                         }
-                        if (KB > 3u) {
-                            acc = fma(vec4<f32>(p3), v3_3, acc);
+                        if (VT > 3u) {
+                            var acc = o1_3 * alpha;
+                            acc += select(vec4<f32>(0.0), p0 * v0_3, scored0.s != MASKED);
+                            if (KB > 1u) {
+                                acc += select(vec4<f32>(0.0), p1 * v1_3, scored1.s != MASKED);
+                            }
+                            if (KB > 2u) {
+                                acc += select(vec4<f32>(0.0), p2 * v2_3, scored2.s != MASKED);
+                            }
+                            if (KB > 3u) {
+                                acc += select(vec4<f32>(0.0), p3 * v3_3, scored3.s != MASKED);
+                            }
+                            o1_3 = acc;
                         }
-                        o1_3 = acc;
-                    }
-                    if (VT > 4u) {
-                        var acc = o1_4 * alpha;
-                        acc = fma(vec4<f32>(p0), v0_4, acc);
-                        if (KB > 1u) {
-                            acc = fma(vec4<f32>(p1), v1_4, acc);
+                        if (VT > 4u) {
+                            var acc = o1_4 * alpha;
+                            acc += select(vec4<f32>(0.0), p0 * v0_4, scored0.s != MASKED);
+                            if (KB > 1u) {
+                                acc += select(vec4<f32>(0.0), p1 * v1_4, scored1.s != MASKED);
+                            }
+                            if (KB > 2u) {
+                                acc += select(vec4<f32>(0.0), p2 * v2_4, scored2.s != MASKED);
+                            }
+                            o1_4 = acc;
                         }
-                        if (KB > 2u) {
-                            acc = fma(vec4<f32>(p2), v2_4, acc);
+                        if (VT > 5u) {
+                            var acc = o1_5 * alpha;
+                            acc += select(vec4<f32>(0.0), p0 * v0_5, scored0.s != MASKED);
+                            if (KB > 1u) {
+                                acc += select(vec4<f32>(0.0), p1 * v1_5, scored1.s != MASKED);
+                            }
+                            o1_5 = acc;
                         }
-                        o1_4 = acc;
-                    }
-                    if (VT > 5u) {
-                        var acc = o1_5 * alpha;
-                        acc = fma(vec4<f32>(p0), v0_5, acc);
-                        if (KB > 1u) {
-                            acc = fma(vec4<f32>(p1), v1_5, acc);
+                        if (VT > 6u) {
+                            var acc = o1_6 * alpha;
+                            acc += select(vec4<f32>(0.0), p0 * v0_6, scored0.s != MASKED);
+                            if (KB > 1u) {
+                                acc += select(vec4<f32>(0.0), p1 * v1_6, scored1.s != MASKED);
+                            }
+                            o1_6 = acc;
                         }
-                        o1_5 = acc;
-                    }
-                    if (VT > 6u) {
-                        var acc = o1_6 * alpha;
-                        acc = fma(vec4<f32>(p0), v0_6, acc);
-                        if (KB > 1u) {
-                            acc = fma(vec4<f32>(p1), v1_6, acc);
+                        if (VT > 7u) {
+                            var acc = o1_7 * alpha;
+                            acc += select(vec4<f32>(0.0), p0 * v0_7, scored0.s != MASKED);
+                            if (KB > 1u) {
+                                acc += select(vec4<f32>(0.0), p1 * v1_7, scored1.s != MASKED);
+                            }
+                            o1_7 = acc;
                         }
-                        o1_6 = acc;
-                    }
-                    if (VT > 7u) {
-                        var acc = o1_7 * alpha;
-                        acc = fma(vec4<f32>(p0), v0_7, acc);
-                        if (KB > 1u) {
-                            acc = fma(vec4<f32>(p1), v1_7, acc);
-                        }
-                        o1_7 = acc;
-                    }
-                } else {
-                    var acc = o1_0 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
-                    }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
-                    }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
-                    }
-                    o1_0 = acc;
-                    if (VT > 1u) {
-                        var acc = o1_1 * alpha;
-                        acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
-                        if (KB > 1u) {
-                            acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
-                        }
-                        if (KB > 2u) {
-                            acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
-                        }
-                        if (KB > 3u) {
-                            acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
-                        }
-                        o1_1 = acc;
-                    }
-                    if (VT > 2u) {
-                        var acc = o1_2 * alpha;
-                        acc += select(vec4<f32>(0.0), p0 * v0_2, scored0.s != MASKED);
-                        if (KB > 1u) {
-                            acc += select(vec4<f32>(0.0), p1 * v1_2, scored1.s != MASKED);
-                        }
-                        if (KB > 2u) {
-                            acc += select(vec4<f32>(0.0), p2 * v2_2, scored2.s != MASKED);
-                        }
-                        if (KB > 3u) {
-                            acc += select(vec4<f32>(0.0), p3 * v3_2, scored3.s != MASKED);
-                        }
-                        o1_2 = acc;
-                    }
-                    if (VT > 3u) {
-                        var acc = o1_3 * alpha;
-                        acc += select(vec4<f32>(0.0), p0 * v0_3, scored0.s != MASKED);
-                        if (KB > 1u) {
-                            acc += select(vec4<f32>(0.0), p1 * v1_3, scored1.s != MASKED);
-                        }
-                        if (KB > 2u) {
-                            acc += select(vec4<f32>(0.0), p2 * v2_3, scored2.s != MASKED);
-                        }
-                        if (KB > 3u) {
-                            acc += select(vec4<f32>(0.0), p3 * v3_3, scored3.s != MASKED);
-                        }
-                        o1_3 = acc;
-                    }
-                    if (VT > 4u) {
-                        var acc = o1_4 * alpha;
-                        acc += select(vec4<f32>(0.0), p0 * v0_4, scored0.s != MASKED);
-                        if (KB > 1u) {
-                            acc += select(vec4<f32>(0.0), p1 * v1_4, scored1.s != MASKED);
-                        }
-                        if (KB > 2u) {
-                            acc += select(vec4<f32>(0.0), p2 * v2_4, scored2.s != MASKED);
-                        }
-                        o1_4 = acc;
-                    }
-                    if (VT > 5u) {
-                        var acc = o1_5 * alpha;
-                        acc += select(vec4<f32>(0.0), p0 * v0_5, scored0.s != MASKED);
-                        if (KB > 1u) {
-                            acc += select(vec4<f32>(0.0), p1 * v1_5, scored1.s != MASKED);
-                        }
-                        o1_5 = acc;
-                    }
-                    if (VT > 6u) {
-                        var acc = o1_6 * alpha;
-                        acc += select(vec4<f32>(0.0), p0 * v0_6, scored0.s != MASKED);
-                        if (KB > 1u) {
-                            acc += select(vec4<f32>(0.0), p1 * v1_6, scored1.s != MASKED);
-                        }
-                        o1_6 = acc;
-                    }
-                    if (VT > 7u) {
-                        var acc = o1_7 * alpha;
-                        acc += select(vec4<f32>(0.0), p0 * v0_7, scored0.s != MASKED);
-                        if (KB > 1u) {
-                            acc += select(vec4<f32>(0.0), p1 * v1_7, scored1.s != MASKED);
-                        }
-                        o1_7 = acc;
                     }
                 }
             }
@@ -2402,20 +2497,27 @@ fn main(
                 var scored0 = Scored(MASKED, 0u);
                 {
                     var dot0 = 0.0;
-                    dot0 += dot(q2_0, k0_0);
-                    if (KT > 1u) {
-                        dot0 += dot(q2_1, k0_1);
+                    if ((ABLATE & ABLATE_SCORES) == 0u) {
+                        dot0 += dot(q2_0, k0_0);
+                        if (KT > 1u) {
+                            dot0 += dot(q2_1, k0_1);
+                        }
+                        if (KT > 2u) {
+                            dot0 += dot(q2_2, k0_2);
+                        }
+                        if (KT > 3u) {
+                            dot0 += dot(q2_3, k0_3);
+                        }
+                        if (KT > 4u) {
+                            dot0 += dot(q2_4, k0_4);
+                        }
+                        dot0 = team_sum(dot0);
                     }
-                    if (KT > 2u) {
-                        dot0 += dot(q2_2, k0_2);
+                    if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                        scored0 = rules(dot0, key0, span, slope);
+                    } else {
+                        scored0 = Scored(dot0, 0u);
                     }
-                    if (KT > 3u) {
-                        dot0 += dot(q2_3, k0_3);
-                    }
-                    if (KT > 4u) {
-                        dot0 += dot(q2_4, k0_4);
-                    }
-                    scored0 = rules(team_sum(dot0), key0, span, slope);
                     seen |= (scored0.flags & ROW_ATTENDED) << 2u;
                     seen |= ((scored0.flags & ROW_POISONED) >> 1u) << 18u;
                 }
@@ -2423,20 +2525,27 @@ fn main(
                 if (KB > 1u) {
                     {
                         var dot1 = 0.0;
-                        dot1 += dot(q2_0, k1_0);
-                        if (KT > 1u) {
-                            dot1 += dot(q2_1, k1_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot1 += dot(q2_0, k1_0);
+                            if (KT > 1u) {
+                                dot1 += dot(q2_1, k1_1);
+                            }
+                            if (KT > 2u) {
+                                dot1 += dot(q2_2, k1_2);
+                            }
+                            if (KT > 3u) {
+                                dot1 += dot(q2_3, k1_3);
+                            }
+                            if (KT > 4u) {
+                                dot1 += dot(q2_4, k1_4);
+                            }
+                            dot1 = team_sum(dot1);
                         }
-                        if (KT > 2u) {
-                            dot1 += dot(q2_2, k1_2);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored1 = rules(dot1, key1, span, slope);
+                        } else {
+                            scored1 = Scored(dot1, 0u);
                         }
-                        if (KT > 3u) {
-                            dot1 += dot(q2_3, k1_3);
-                        }
-                        if (KT > 4u) {
-                            dot1 += dot(q2_4, k1_4);
-                        }
-                        scored1 = rules(team_sum(dot1), key1, span, slope);
                         seen |= (scored1.flags & ROW_ATTENDED) << 2u;
                         seen |= ((scored1.flags & ROW_POISONED) >> 1u) << 18u;
                     }
@@ -2445,20 +2554,27 @@ fn main(
                 if (KB > 2u) {
                     {
                         var dot2 = 0.0;
-                        dot2 += dot(q2_0, k2_0);
-                        if (KT > 1u) {
-                            dot2 += dot(q2_1, k2_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot2 += dot(q2_0, k2_0);
+                            if (KT > 1u) {
+                                dot2 += dot(q2_1, k2_1);
+                            }
+                            if (KT > 2u) {
+                                dot2 += dot(q2_2, k2_2);
+                            }
+                            if (KT > 3u) {
+                                dot2 += dot(q2_3, k2_3);
+                            }
+                            if (KT > 4u) {
+                                dot2 += dot(q2_4, k2_4);
+                            }
+                            dot2 = team_sum(dot2);
                         }
-                        if (KT > 2u) {
-                            dot2 += dot(q2_2, k2_2);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored2 = rules(dot2, key2, span, slope);
+                        } else {
+                            scored2 = Scored(dot2, 0u);
                         }
-                        if (KT > 3u) {
-                            dot2 += dot(q2_3, k2_3);
-                        }
-                        if (KT > 4u) {
-                            dot2 += dot(q2_4, k2_4);
-                        }
-                        scored2 = rules(team_sum(dot2), key2, span, slope);
                         seen |= (scored2.flags & ROW_ATTENDED) << 2u;
                         seen |= ((scored2.flags & ROW_POISONED) >> 1u) << 18u;
                     }
@@ -2467,50 +2583,71 @@ fn main(
                 if (KB > 3u) {
                     {
                         var dot3 = 0.0;
-                        dot3 += dot(q2_0, k3_0);
-                        if (KT > 1u) {
-                            dot3 += dot(q2_1, k3_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot3 += dot(q2_0, k3_0);
+                            if (KT > 1u) {
+                                dot3 += dot(q2_1, k3_1);
+                            }
+                            if (KT > 2u) {
+                                dot3 += dot(q2_2, k3_2);
+                            }
+                            if (KT > 3u) {
+                                dot3 += dot(q2_3, k3_3);
+                            }
+                            dot3 = team_sum(dot3);
                         }
-                        if (KT > 2u) {
-                            dot3 += dot(q2_2, k3_2);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored3 = rules(dot3, key3, span, slope);
+                        } else {
+                            scored3 = Scored(dot3, 0u);
                         }
-                        if (KT > 3u) {
-                            dot3 += dot(q2_3, k3_3);
-                        }
-                        scored3 = rules(team_sum(dot3), key3, span, slope);
                         seen |= (scored3.flags & ROW_ATTENDED) << 2u;
                         seen |= ((scored3.flags & ROW_POISONED) >> 1u) << 18u;
                     }
                 }
-                var m_new = max(m2, scored0.s);
-                if (KB > 1u) {
-                    m_new = max(m_new, scored1.s);
-                }
-                if (KB > 2u) {
-                    m_new = max(m_new, scored2.s);
-                }
-                if (KB > 3u) {
-                    m_new = max(m_new, scored3.s);
-                }
-                // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m2 - m_new);
-                m2 = m_new;
-                // 0 for a key the row does not attend.
+                var alpha = 1.0;
                 var p0 = 0.0;
-                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
                 var p1 = 0.0;
-                if (KB > 1u) {
-                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
-                }
                 var p2 = 0.0;
-                if (KB > 2u) {
-                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
-                }
                 var p3 = 0.0;
-                if (KB > 3u) {
-                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                    var m_new = max(m2, scored0.s);
+                    if (KB > 1u) {
+                        m_new = max(m_new, scored1.s);
+                    }
+                    if (KB > 2u) {
+                        m_new = max(m_new, scored2.s);
+                    }
+                    if (KB > 3u) {
+                        m_new = max(m_new, scored3.s);
+                    }
+                    // exp(0) = 1 while no attended score has been finite yet.
+                    alpha = exp(m2 - m_new);
+                    m2 = m_new;
+                    // 0 for a key the row does not attend.
+                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    if (KB > 1u) {
+                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    }
+                    l2 = l2 * alpha + p0 + p1 + p2 + p3;
+                } else {
+                    p0 = scored0.s;
+                    if (KB > 1u) {
+                        p1 = scored1.s;
+                    }
+                    if (KB > 2u) {
+                        p2 = scored2.s;
+                    }
+                    if (KB > 3u) {
+                        p3 = scored3.s;
+                    }
                 }
-                l2 = l2 * alpha + p0 + p1 + p2 + p3;
                 var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
                     every_key = every_key && scored1.s != MASKED;
@@ -2526,137 +2663,139 @@ fn main(
                 // 0 x V, so a NaN or inf there reaches the row); otherwise a key
                 // the row does not attend must add nothing, even where its V is
                 // not finite.
-                if (every_key) {
-                    var acc = o2_0 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_0, acc);
-                    if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_0, acc);
-                    }
-                    if (KB > 2u) {
-                        acc = fma(vec4<f32>(p2), v2_0, acc);
-                    }
-                    if (KB > 3u) {
-                        acc = fma(vec4<f32>(p3), v3_0, acc);
-                    }
-                    o2_0 = acc;
-                    if (VT > 1u) {
-                        var acc = o2_1 * alpha;
-                        acc = fma(vec4<f32>(p0), v0_1, acc);
+                if ((ABLATE & ABLATE_PRODUCT) == 0u) {
+                    if (every_key) {
+                        var acc = o2_0 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_0, acc);
                         if (KB > 1u) {
-                            acc = fma(vec4<f32>(p1), v1_1, acc);
+                            acc = fma(vec4<f32>(p1), v1_0, acc);
                         }
                         if (KB > 2u) {
-                            acc = fma(vec4<f32>(p2), v2_1, acc);
+                            acc = fma(vec4<f32>(p2), v2_0, acc);
                         }
                         if (KB > 3u) {
-                            acc = fma(vec4<f32>(p3), v3_1, acc);
+                            acc = fma(vec4<f32>(p3), v3_0, acc);
                         }
-                        o2_1 = acc;
-                    }
-                    if (VT > 2u) {
-                        var acc = o2_2 * alpha;
-                        acc = fma(vec4<f32>(p0), v0_2, acc);
+                        o2_0 = acc;
+                        if (VT > 1u) {
+                            var acc = o2_1 * alpha;
+                            acc = fma(vec4<f32>(p0), v0_1, acc);
+                            if (KB > 1u) {
+                                acc = fma(vec4<f32>(p1), v1_1, acc);
+                            }
+                            if (KB > 2u) {
+                                acc = fma(vec4<f32>(p2), v2_1, acc);
+                            }
+                            if (KB > 3u) {
+                                acc = fma(vec4<f32>(p3), v3_1, acc);
+                            }
+                            o2_1 = acc;
+                        }
+                        if (VT > 2u) {
+                            var acc = o2_2 * alpha;
+                            acc = fma(vec4<f32>(p0), v0_2, acc);
+                            if (KB > 1u) {
+                                acc = fma(vec4<f32>(p1), v1_2, acc);
+                            }
+                            if (KB > 2u) {
+                                acc = fma(vec4<f32>(p2), v2_2, acc);
+                            }
+                            if (KB > 3u) {
+                                acc = fma(vec4<f32>(p3), v3_2, acc);
+                            }
+                            o2_2 = acc;
+                        }
+                        if (VT > 3u) {
+                            var acc = o2_3 * alpha;
+                            acc = fma(vec4<f32>(p0), v0_3, acc);
+                            if (KB > 1u) {
+                                acc = fma(vec4<f32>(p1), v1_3, acc);
+                            }
+                            if (KB > 2u) {
+                                acc = fma(vec4<f32>(p2), v2_3, acc);
+                            }
+                            if (KB > 3u) {
+                                acc = fma(vec4<f32>(p3), v3_3, acc);
+                            }
+                            o2_3 = acc;
+                        }
+                        if (VT > 4u) {
+                            var acc = o2_4 * alpha;
+                            acc = fma(vec4<f32>(p0), v0_4, acc);
+                            if (KB > 1u) {
+                                acc = fma(vec4<f32>(p1), v1_4, acc);
+                            }
+                            if (KB > 2u) {
+                                acc = fma(vec4<f32>(p2), v2_4, acc);
+                            }
+                            o2_4 = acc;
+                        }
+                    } else {
+                        var acc = o2_0 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
                         if (KB > 1u) {
-                            acc = fma(vec4<f32>(p1), v1_2, acc);
+                            acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
                         }
                         if (KB > 2u) {
-                            acc = fma(vec4<f32>(p2), v2_2, acc);
+                            acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
                         }
                         if (KB > 3u) {
-                            acc = fma(vec4<f32>(p3), v3_2, acc);
+                            acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
                         }
-                        o2_2 = acc;
-                    }
-                    if (VT > 3u) {
-                        var acc = o2_3 * alpha;
-                        acc = fma(vec4<f32>(p0), v0_3, acc);
-                        if (KB > 1u) {
-                            acc = fma(vec4<f32>(p1), v1_3, acc);
+                        o2_0 = acc;
+                        if (VT > 1u) {
+                            var acc = o2_1 * alpha;
+                            acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
+                            if (KB > 1u) {
+                                acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                            }
+                            if (KB > 2u) {
+                                acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                            }
+                            if (KB > 3u) {
+                                acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
+                            }
+                            o2_1 = acc;
                         }
-                        if (KB > 2u) {
-                            acc = fma(vec4<f32>(p2), v2_3, acc);
+                        if (VT > 2u) {
+                            var acc = o2_2 * alpha;
+                            acc += select(vec4<f32>(0.0), p0 * v0_2, scored0.s != MASKED);
+                            if (KB > 1u) {
+                                acc += select(vec4<f32>(0.0), p1 * v1_2, scored1.s != MASKED);
+                            }
+                            if (KB > 2u) {
+                                acc += select(vec4<f32>(0.0), p2 * v2_2, scored2.s != MASKED);
+                            }
+                            if (KB > 3u) {
+                                acc += select(vec4<f32>(0.0), p3 * v3_2, scored3.s != MASKED);
+                            }
+                            o2_2 = acc;
                         }
-                        if (KB > 3u) {
-                            acc = fma(vec4<f32>(p3), v3_3, acc);
+                        if (VT > 3u) {
+                            var acc = o2_3 * alpha;
+                            acc += select(vec4<f32>(0.0), p0 * v0_3, scored0.s != MASKED);
+                            if (KB > 1u) {
+                                acc += select(vec4<f32>(0.0), p1 * v1_3, scored1.s != MASKED);
+                            }
+                            if (KB > 2u) {
+                                acc += select(vec4<f32>(0.0), p2 * v2_3, scored2.s != MASKED);
+                            }
+                            if (KB > 3u) {
+                                acc += select(vec4<f32>(0.0), p3 * v3_3, scored3.s != MASKED);
+                            }
+                            o2_3 = acc;
                         }
-                        o2_3 = acc;
-                    }
-                    if (VT > 4u) {
-                        var acc = o2_4 * alpha;
-                        acc = fma(vec4<f32>(p0), v0_4, acc);
-                        if (KB > 1u) {
-                            acc = fma(vec4<f32>(p1), v1_4, acc);
+                        if (VT > 4u) {
+                            var acc = o2_4 * alpha;
+                            acc += select(vec4<f32>(0.0), p0 * v0_4, scored0.s != MASKED);
+                            if (KB > 1u) {
+                                acc += select(vec4<f32>(0.0), p1 * v1_4, scored1.s != MASKED);
+                            }
+                            if (KB > 2u) {
+                                acc += select(vec4<f32>(0.0), p2 * v2_4, scored2.s != MASKED);
+                            }
+                            o2_4 = acc;
                         }
-                        if (KB > 2u) {
-                            acc = fma(vec4<f32>(p2), v2_4, acc);
-                        }
-                        o2_4 = acc;
-                    }
-                } else {
-                    var acc = o2_0 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
-                    }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
-                    }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
-                    }
-                    o2_0 = acc;
-                    if (VT > 1u) {
-                        var acc = o2_1 * alpha;
-                        acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
-                        if (KB > 1u) {
-                            acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
-                        }
-                        if (KB > 2u) {
-                            acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
-                        }
-                        if (KB > 3u) {
-                            acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
-                        }
-                        o2_1 = acc;
-                    }
-                    if (VT > 2u) {
-                        var acc = o2_2 * alpha;
-                        acc += select(vec4<f32>(0.0), p0 * v0_2, scored0.s != MASKED);
-                        if (KB > 1u) {
-                            acc += select(vec4<f32>(0.0), p1 * v1_2, scored1.s != MASKED);
-                        }
-                        if (KB > 2u) {
-                            acc += select(vec4<f32>(0.0), p2 * v2_2, scored2.s != MASKED);
-                        }
-                        if (KB > 3u) {
-                            acc += select(vec4<f32>(0.0), p3 * v3_2, scored3.s != MASKED);
-                        }
-                        o2_2 = acc;
-                    }
-                    if (VT > 3u) {
-                        var acc = o2_3 * alpha;
-                        acc += select(vec4<f32>(0.0), p0 * v0_3, scored0.s != MASKED);
-                        if (KB > 1u) {
-                            acc += select(vec4<f32>(0.0), p1 * v1_3, scored1.s != MASKED);
-                        }
-                        if (KB > 2u) {
-                            acc += select(vec4<f32>(0.0), p2 * v2_3, scored2.s != MASKED);
-                        }
-                        if (KB > 3u) {
-                            acc += select(vec4<f32>(0.0), p3 * v3_3, scored3.s != MASKED);
-                        }
-                        o2_3 = acc;
-                    }
-                    if (VT > 4u) {
-                        var acc = o2_4 * alpha;
-                        acc += select(vec4<f32>(0.0), p0 * v0_4, scored0.s != MASKED);
-                        if (KB > 1u) {
-                            acc += select(vec4<f32>(0.0), p1 * v1_4, scored1.s != MASKED);
-                        }
-                        if (KB > 2u) {
-                            acc += select(vec4<f32>(0.0), p2 * v2_4, scored2.s != MASKED);
-                        }
-                        o2_4 = acc;
                     }
                 }
             }
@@ -2668,17 +2807,24 @@ fn main(
                 var scored0 = Scored(MASKED, 0u);
                 {
                     var dot0 = 0.0;
-                    dot0 += dot(q3_0, k0_0);
-                    if (KT > 1u) {
-                        dot0 += dot(q3_1, k0_1);
+                    if ((ABLATE & ABLATE_SCORES) == 0u) {
+                        dot0 += dot(q3_0, k0_0);
+                        if (KT > 1u) {
+                            dot0 += dot(q3_1, k0_1);
+                        }
+                        if (KT > 2u) {
+                            dot0 += dot(q3_2, k0_2);
+                        }
+                        if (KT > 3u) {
+                            dot0 += dot(q3_3, k0_3);
+                        }
+                        dot0 = team_sum(dot0);
                     }
-                    if (KT > 2u) {
-                        dot0 += dot(q3_2, k0_2);
+                    if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                        scored0 = rules(dot0, key0, span, slope);
+                    } else {
+                        scored0 = Scored(dot0, 0u);
                     }
-                    if (KT > 3u) {
-                        dot0 += dot(q3_3, k0_3);
-                    }
-                    scored0 = rules(team_sum(dot0), key0, span, slope);
                     seen |= (scored0.flags & ROW_ATTENDED) << 3u;
                     seen |= ((scored0.flags & ROW_POISONED) >> 1u) << 19u;
                 }
@@ -2686,17 +2832,24 @@ fn main(
                 if (KB > 1u) {
                     {
                         var dot1 = 0.0;
-                        dot1 += dot(q3_0, k1_0);
-                        if (KT > 1u) {
-                            dot1 += dot(q3_1, k1_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot1 += dot(q3_0, k1_0);
+                            if (KT > 1u) {
+                                dot1 += dot(q3_1, k1_1);
+                            }
+                            if (KT > 2u) {
+                                dot1 += dot(q3_2, k1_2);
+                            }
+                            if (KT > 3u) {
+                                dot1 += dot(q3_3, k1_3);
+                            }
+                            dot1 = team_sum(dot1);
                         }
-                        if (KT > 2u) {
-                            dot1 += dot(q3_2, k1_2);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored1 = rules(dot1, key1, span, slope);
+                        } else {
+                            scored1 = Scored(dot1, 0u);
                         }
-                        if (KT > 3u) {
-                            dot1 += dot(q3_3, k1_3);
-                        }
-                        scored1 = rules(team_sum(dot1), key1, span, slope);
                         seen |= (scored1.flags & ROW_ATTENDED) << 3u;
                         seen |= ((scored1.flags & ROW_POISONED) >> 1u) << 19u;
                     }
@@ -2705,17 +2858,24 @@ fn main(
                 if (KB > 2u) {
                     {
                         var dot2 = 0.0;
-                        dot2 += dot(q3_0, k2_0);
-                        if (KT > 1u) {
-                            dot2 += dot(q3_1, k2_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot2 += dot(q3_0, k2_0);
+                            if (KT > 1u) {
+                                dot2 += dot(q3_1, k2_1);
+                            }
+                            if (KT > 2u) {
+                                dot2 += dot(q3_2, k2_2);
+                            }
+                            if (KT > 3u) {
+                                dot2 += dot(q3_3, k2_3);
+                            }
+                            dot2 = team_sum(dot2);
                         }
-                        if (KT > 2u) {
-                            dot2 += dot(q3_2, k2_2);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored2 = rules(dot2, key2, span, slope);
+                        } else {
+                            scored2 = Scored(dot2, 0u);
                         }
-                        if (KT > 3u) {
-                            dot2 += dot(q3_3, k2_3);
-                        }
-                        scored2 = rules(team_sum(dot2), key2, span, slope);
                         seen |= (scored2.flags & ROW_ATTENDED) << 3u;
                         seen |= ((scored2.flags & ROW_POISONED) >> 1u) << 19u;
                     }
@@ -2724,50 +2884,71 @@ fn main(
                 if (KB > 3u) {
                     {
                         var dot3 = 0.0;
-                        dot3 += dot(q3_0, k3_0);
-                        if (KT > 1u) {
-                            dot3 += dot(q3_1, k3_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot3 += dot(q3_0, k3_0);
+                            if (KT > 1u) {
+                                dot3 += dot(q3_1, k3_1);
+                            }
+                            if (KT > 2u) {
+                                dot3 += dot(q3_2, k3_2);
+                            }
+                            if (KT > 3u) {
+                                dot3 += dot(q3_3, k3_3);
+                            }
+                            dot3 = team_sum(dot3);
                         }
-                        if (KT > 2u) {
-                            dot3 += dot(q3_2, k3_2);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored3 = rules(dot3, key3, span, slope);
+                        } else {
+                            scored3 = Scored(dot3, 0u);
                         }
-                        if (KT > 3u) {
-                            dot3 += dot(q3_3, k3_3);
-                        }
-                        scored3 = rules(team_sum(dot3), key3, span, slope);
                         seen |= (scored3.flags & ROW_ATTENDED) << 3u;
                         seen |= ((scored3.flags & ROW_POISONED) >> 1u) << 19u;
                     }
                 }
-                var m_new = max(m3, scored0.s);
-                if (KB > 1u) {
-                    m_new = max(m_new, scored1.s);
-                }
-                if (KB > 2u) {
-                    m_new = max(m_new, scored2.s);
-                }
-                if (KB > 3u) {
-                    m_new = max(m_new, scored3.s);
-                }
-                // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m3 - m_new);
-                m3 = m_new;
-                // 0 for a key the row does not attend.
+                var alpha = 1.0;
                 var p0 = 0.0;
-                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
                 var p1 = 0.0;
-                if (KB > 1u) {
-                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
-                }
                 var p2 = 0.0;
-                if (KB > 2u) {
-                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
-                }
                 var p3 = 0.0;
-                if (KB > 3u) {
-                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                    var m_new = max(m3, scored0.s);
+                    if (KB > 1u) {
+                        m_new = max(m_new, scored1.s);
+                    }
+                    if (KB > 2u) {
+                        m_new = max(m_new, scored2.s);
+                    }
+                    if (KB > 3u) {
+                        m_new = max(m_new, scored3.s);
+                    }
+                    // exp(0) = 1 while no attended score has been finite yet.
+                    alpha = exp(m3 - m_new);
+                    m3 = m_new;
+                    // 0 for a key the row does not attend.
+                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    if (KB > 1u) {
+                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    }
+                    l3 = l3 * alpha + p0 + p1 + p2 + p3;
+                } else {
+                    p0 = scored0.s;
+                    if (KB > 1u) {
+                        p1 = scored1.s;
+                    }
+                    if (KB > 2u) {
+                        p2 = scored2.s;
+                    }
+                    if (KB > 3u) {
+                        p3 = scored3.s;
+                    }
                 }
-                l3 = l3 * alpha + p0 + p1 + p2 + p3;
                 var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
                     every_key = every_key && scored1.s != MASKED;
@@ -2783,115 +2964,117 @@ fn main(
                 // 0 x V, so a NaN or inf there reaches the row); otherwise a key
                 // the row does not attend must add nothing, even where its V is
                 // not finite.
-                if (every_key) {
-                    var acc = o3_0 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_0, acc);
-                    if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_0, acc);
-                    }
-                    if (KB > 2u) {
-                        acc = fma(vec4<f32>(p2), v2_0, acc);
-                    }
-                    if (KB > 3u) {
-                        acc = fma(vec4<f32>(p3), v3_0, acc);
-                    }
-                    o3_0 = acc;
-                    if (VT > 1u) {
-                        var acc = o3_1 * alpha;
-                        acc = fma(vec4<f32>(p0), v0_1, acc);
+                if ((ABLATE & ABLATE_PRODUCT) == 0u) {
+                    if (every_key) {
+                        var acc = o3_0 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_0, acc);
                         if (KB > 1u) {
-                            acc = fma(vec4<f32>(p1), v1_1, acc);
+                            acc = fma(vec4<f32>(p1), v1_0, acc);
                         }
                         if (KB > 2u) {
-                            acc = fma(vec4<f32>(p2), v2_1, acc);
+                            acc = fma(vec4<f32>(p2), v2_0, acc);
                         }
                         if (KB > 3u) {
-                            acc = fma(vec4<f32>(p3), v3_1, acc);
+                            acc = fma(vec4<f32>(p3), v3_0, acc);
                         }
-                        o3_1 = acc;
-                    }
-                    if (VT > 2u) {
-                        var acc = o3_2 * alpha;
-                        acc = fma(vec4<f32>(p0), v0_2, acc);
+                        o3_0 = acc;
+                        if (VT > 1u) {
+                            var acc = o3_1 * alpha;
+                            acc = fma(vec4<f32>(p0), v0_1, acc);
+                            if (KB > 1u) {
+                                acc = fma(vec4<f32>(p1), v1_1, acc);
+                            }
+                            if (KB > 2u) {
+                                acc = fma(vec4<f32>(p2), v2_1, acc);
+                            }
+                            if (KB > 3u) {
+                                acc = fma(vec4<f32>(p3), v3_1, acc);
+                            }
+                            o3_1 = acc;
+                        }
+                        if (VT > 2u) {
+                            var acc = o3_2 * alpha;
+                            acc = fma(vec4<f32>(p0), v0_2, acc);
+                            if (KB > 1u) {
+                                acc = fma(vec4<f32>(p1), v1_2, acc);
+                            }
+                            if (KB > 2u) {
+                                acc = fma(vec4<f32>(p2), v2_2, acc);
+                            }
+                            if (KB > 3u) {
+                                acc = fma(vec4<f32>(p3), v3_2, acc);
+                            }
+                            o3_2 = acc;
+                        }
+                        if (VT > 3u) {
+                            var acc = o3_3 * alpha;
+                            acc = fma(vec4<f32>(p0), v0_3, acc);
+                            if (KB > 1u) {
+                                acc = fma(vec4<f32>(p1), v1_3, acc);
+                            }
+                            if (KB > 2u) {
+                                acc = fma(vec4<f32>(p2), v2_3, acc);
+                            }
+                            if (KB > 3u) {
+                                acc = fma(vec4<f32>(p3), v3_3, acc);
+                            }
+                            o3_3 = acc;
+                        }
+                    } else {
+                        var acc = o3_0 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
                         if (KB > 1u) {
-                            acc = fma(vec4<f32>(p1), v1_2, acc);
+                            acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
                         }
                         if (KB > 2u) {
-                            acc = fma(vec4<f32>(p2), v2_2, acc);
+                            acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
                         }
                         if (KB > 3u) {
-                            acc = fma(vec4<f32>(p3), v3_2, acc);
+                            acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
                         }
-                        o3_2 = acc;
-                    }
-                    if (VT > 3u) {
-                        var acc = o3_3 * alpha;
-                        acc = fma(vec4<f32>(p0), v0_3, acc);
-                        if (KB > 1u) {
-                            acc = fma(vec4<f32>(p1), v1_3, acc);
+                        o3_0 = acc;
+                        if (VT > 1u) {
+                            var acc = o3_1 * alpha;
+                            acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
+                            if (KB > 1u) {
+                                acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                            }
+                            if (KB > 2u) {
+                                acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                            }
+                            if (KB > 3u) {
+                                acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
+                            }
+                            o3_1 = acc;
                         }
-                        if (KB > 2u) {
-                            acc = fma(vec4<f32>(p2), v2_3, acc);
+                        if (VT > 2u) {
+                            var acc = o3_2 * alpha;
+                            acc += select(vec4<f32>(0.0), p0 * v0_2, scored0.s != MASKED);
+                            if (KB > 1u) {
+                                acc += select(vec4<f32>(0.0), p1 * v1_2, scored1.s != MASKED);
+                            }
+                            if (KB > 2u) {
+                                acc += select(vec4<f32>(0.0), p2 * v2_2, scored2.s != MASKED);
+                            }
+                            if (KB > 3u) {
+                                acc += select(vec4<f32>(0.0), p3 * v3_2, scored3.s != MASKED);
+                            }
+                            o3_2 = acc;
                         }
-                        if (KB > 3u) {
-                            acc = fma(vec4<f32>(p3), v3_3, acc);
+                        if (VT > 3u) {
+                            var acc = o3_3 * alpha;
+                            acc += select(vec4<f32>(0.0), p0 * v0_3, scored0.s != MASKED);
+                            if (KB > 1u) {
+                                acc += select(vec4<f32>(0.0), p1 * v1_3, scored1.s != MASKED);
+                            }
+                            if (KB > 2u) {
+                                acc += select(vec4<f32>(0.0), p2 * v2_3, scored2.s != MASKED);
+                            }
+                            if (KB > 3u) {
+                                acc += select(vec4<f32>(0.0), p3 * v3_3, scored3.s != MASKED);
+                            }
+                            o3_3 = acc;
                         }
-                        o3_3 = acc;
-                    }
-                } else {
-                    var acc = o3_0 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
-                    }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
-                    }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
-                    }
-                    o3_0 = acc;
-                    if (VT > 1u) {
-                        var acc = o3_1 * alpha;
-                        acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
-                        if (KB > 1u) {
-                            acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
-                        }
-                        if (KB > 2u) {
-                            acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
-                        }
-                        if (KB > 3u) {
-                            acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
-                        }
-                        o3_1 = acc;
-                    }
-                    if (VT > 2u) {
-                        var acc = o3_2 * alpha;
-                        acc += select(vec4<f32>(0.0), p0 * v0_2, scored0.s != MASKED);
-                        if (KB > 1u) {
-                            acc += select(vec4<f32>(0.0), p1 * v1_2, scored1.s != MASKED);
-                        }
-                        if (KB > 2u) {
-                            acc += select(vec4<f32>(0.0), p2 * v2_2, scored2.s != MASKED);
-                        }
-                        if (KB > 3u) {
-                            acc += select(vec4<f32>(0.0), p3 * v3_2, scored3.s != MASKED);
-                        }
-                        o3_2 = acc;
-                    }
-                    if (VT > 3u) {
-                        var acc = o3_3 * alpha;
-                        acc += select(vec4<f32>(0.0), p0 * v0_3, scored0.s != MASKED);
-                        if (KB > 1u) {
-                            acc += select(vec4<f32>(0.0), p1 * v1_3, scored1.s != MASKED);
-                        }
-                        if (KB > 2u) {
-                            acc += select(vec4<f32>(0.0), p2 * v2_3, scored2.s != MASKED);
-                        }
-                        if (KB > 3u) {
-                            acc += select(vec4<f32>(0.0), p3 * v3_3, scored3.s != MASKED);
-                        }
-                        o3_3 = acc;
                     }
                 }
             }
@@ -2903,14 +3086,21 @@ fn main(
                 var scored0 = Scored(MASKED, 0u);
                 {
                     var dot0 = 0.0;
-                    dot0 += dot(q4_0, k0_0);
-                    if (KT > 1u) {
-                        dot0 += dot(q4_1, k0_1);
+                    if ((ABLATE & ABLATE_SCORES) == 0u) {
+                        dot0 += dot(q4_0, k0_0);
+                        if (KT > 1u) {
+                            dot0 += dot(q4_1, k0_1);
+                        }
+                        if (KT > 2u) {
+                            dot0 += dot(q4_2, k0_2);
+                        }
+                        dot0 = team_sum(dot0);
                     }
-                    if (KT > 2u) {
-                        dot0 += dot(q4_2, k0_2);
+                    if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                        scored0 = rules(dot0, key0, span, slope);
+                    } else {
+                        scored0 = Scored(dot0, 0u);
                     }
-                    scored0 = rules(team_sum(dot0), key0, span, slope);
                     seen |= (scored0.flags & ROW_ATTENDED) << 4u;
                     seen |= ((scored0.flags & ROW_POISONED) >> 1u) << 20u;
                 }
@@ -2918,14 +3108,21 @@ fn main(
                 if (KB > 1u) {
                     {
                         var dot1 = 0.0;
-                        dot1 += dot(q4_0, k1_0);
-                        if (KT > 1u) {
-                            dot1 += dot(q4_1, k1_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot1 += dot(q4_0, k1_0);
+                            if (KT > 1u) {
+                                dot1 += dot(q4_1, k1_1);
+                            }
+                            if (KT > 2u) {
+                                dot1 += dot(q4_2, k1_2);
+                            }
+                            dot1 = team_sum(dot1);
                         }
-                        if (KT > 2u) {
-                            dot1 += dot(q4_2, k1_2);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored1 = rules(dot1, key1, span, slope);
+                        } else {
+                            scored1 = Scored(dot1, 0u);
                         }
-                        scored1 = rules(team_sum(dot1), key1, span, slope);
                         seen |= (scored1.flags & ROW_ATTENDED) << 4u;
                         seen |= ((scored1.flags & ROW_POISONED) >> 1u) << 20u;
                     }
@@ -2934,14 +3131,21 @@ fn main(
                 if (KB > 2u) {
                     {
                         var dot2 = 0.0;
-                        dot2 += dot(q4_0, k2_0);
-                        if (KT > 1u) {
-                            dot2 += dot(q4_1, k2_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot2 += dot(q4_0, k2_0);
+                            if (KT > 1u) {
+                                dot2 += dot(q4_1, k2_1);
+                            }
+                            if (KT > 2u) {
+                                dot2 += dot(q4_2, k2_2);
+                            }
+                            dot2 = team_sum(dot2);
                         }
-                        if (KT > 2u) {
-                            dot2 += dot(q4_2, k2_2);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored2 = rules(dot2, key2, span, slope);
+                        } else {
+                            scored2 = Scored(dot2, 0u);
                         }
-                        scored2 = rules(team_sum(dot2), key2, span, slope);
                         seen |= (scored2.flags & ROW_ATTENDED) << 4u;
                         seen |= ((scored2.flags & ROW_POISONED) >> 1u) << 20u;
                     }
@@ -2950,47 +3154,68 @@ fn main(
                 if (KB > 3u) {
                     {
                         var dot3 = 0.0;
-                        dot3 += dot(q4_0, k3_0);
-                        if (KT > 1u) {
-                            dot3 += dot(q4_1, k3_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot3 += dot(q4_0, k3_0);
+                            if (KT > 1u) {
+                                dot3 += dot(q4_1, k3_1);
+                            }
+                            if (KT > 2u) {
+                                dot3 += dot(q4_2, k3_2);
+                            }
+                            dot3 = team_sum(dot3);
                         }
-                        if (KT > 2u) {
-                            dot3 += dot(q4_2, k3_2);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored3 = rules(dot3, key3, span, slope);
+                        } else {
+                            scored3 = Scored(dot3, 0u);
                         }
-                        scored3 = rules(team_sum(dot3), key3, span, slope);
                         seen |= (scored3.flags & ROW_ATTENDED) << 4u;
                         seen |= ((scored3.flags & ROW_POISONED) >> 1u) << 20u;
                     }
                 }
-                var m_new = max(m4, scored0.s);
-                if (KB > 1u) {
-                    m_new = max(m_new, scored1.s);
-                }
-                if (KB > 2u) {
-                    m_new = max(m_new, scored2.s);
-                }
-                if (KB > 3u) {
-                    m_new = max(m_new, scored3.s);
-                }
-                // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m4 - m_new);
-                m4 = m_new;
-                // 0 for a key the row does not attend.
+                var alpha = 1.0;
                 var p0 = 0.0;
-                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
                 var p1 = 0.0;
-                if (KB > 1u) {
-                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
-                }
                 var p2 = 0.0;
-                if (KB > 2u) {
-                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
-                }
                 var p3 = 0.0;
-                if (KB > 3u) {
-                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                    var m_new = max(m4, scored0.s);
+                    if (KB > 1u) {
+                        m_new = max(m_new, scored1.s);
+                    }
+                    if (KB > 2u) {
+                        m_new = max(m_new, scored2.s);
+                    }
+                    if (KB > 3u) {
+                        m_new = max(m_new, scored3.s);
+                    }
+                    // exp(0) = 1 while no attended score has been finite yet.
+                    alpha = exp(m4 - m_new);
+                    m4 = m_new;
+                    // 0 for a key the row does not attend.
+                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    if (KB > 1u) {
+                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    }
+                    l4 = l4 * alpha + p0 + p1 + p2 + p3;
+                } else {
+                    p0 = scored0.s;
+                    if (KB > 1u) {
+                        p1 = scored1.s;
+                    }
+                    if (KB > 2u) {
+                        p2 = scored2.s;
+                    }
+                    if (KB > 3u) {
+                        p3 = scored3.s;
+                    }
                 }
-                l4 = l4 * alpha + p0 + p1 + p2 + p3;
                 var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
                     every_key = every_key && scored1.s != MASKED;
@@ -3006,87 +3231,89 @@ fn main(
                 // 0 x V, so a NaN or inf there reaches the row); otherwise a key
                 // the row does not attend must add nothing, even where its V is
                 // not finite.
-                if (every_key) {
-                    var acc = o4_0 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_0, acc);
-                    if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_0, acc);
-                    }
-                    if (KB > 2u) {
-                        acc = fma(vec4<f32>(p2), v2_0, acc);
-                    }
-                    if (KB > 3u) {
-                        acc = fma(vec4<f32>(p3), v3_0, acc);
-                    }
-                    o4_0 = acc;
-                    if (VT > 1u) {
-                        var acc = o4_1 * alpha;
-                        acc = fma(vec4<f32>(p0), v0_1, acc);
+                if ((ABLATE & ABLATE_PRODUCT) == 0u) {
+                    if (every_key) {
+                        var acc = o4_0 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_0, acc);
                         if (KB > 1u) {
-                            acc = fma(vec4<f32>(p1), v1_1, acc);
+                            acc = fma(vec4<f32>(p1), v1_0, acc);
                         }
                         if (KB > 2u) {
-                            acc = fma(vec4<f32>(p2), v2_1, acc);
+                            acc = fma(vec4<f32>(p2), v2_0, acc);
                         }
                         if (KB > 3u) {
-                            acc = fma(vec4<f32>(p3), v3_1, acc);
+                            acc = fma(vec4<f32>(p3), v3_0, acc);
                         }
-                        o4_1 = acc;
-                    }
-                    if (VT > 2u) {
-                        var acc = o4_2 * alpha;
-                        acc = fma(vec4<f32>(p0), v0_2, acc);
+                        o4_0 = acc;
+                        if (VT > 1u) {
+                            var acc = o4_1 * alpha;
+                            acc = fma(vec4<f32>(p0), v0_1, acc);
+                            if (KB > 1u) {
+                                acc = fma(vec4<f32>(p1), v1_1, acc);
+                            }
+                            if (KB > 2u) {
+                                acc = fma(vec4<f32>(p2), v2_1, acc);
+                            }
+                            if (KB > 3u) {
+                                acc = fma(vec4<f32>(p3), v3_1, acc);
+                            }
+                            o4_1 = acc;
+                        }
+                        if (VT > 2u) {
+                            var acc = o4_2 * alpha;
+                            acc = fma(vec4<f32>(p0), v0_2, acc);
+                            if (KB > 1u) {
+                                acc = fma(vec4<f32>(p1), v1_2, acc);
+                            }
+                            if (KB > 2u) {
+                                acc = fma(vec4<f32>(p2), v2_2, acc);
+                            }
+                            if (KB > 3u) {
+                                acc = fma(vec4<f32>(p3), v3_2, acc);
+                            }
+                            o4_2 = acc;
+                        }
+                    } else {
+                        var acc = o4_0 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
                         if (KB > 1u) {
-                            acc = fma(vec4<f32>(p1), v1_2, acc);
+                            acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
                         }
                         if (KB > 2u) {
-                            acc = fma(vec4<f32>(p2), v2_2, acc);
+                            acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
                         }
                         if (KB > 3u) {
-                            acc = fma(vec4<f32>(p3), v3_2, acc);
+                            acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
                         }
-                        o4_2 = acc;
-                    }
-                } else {
-                    var acc = o4_0 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
-                    }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
-                    }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
-                    }
-                    o4_0 = acc;
-                    if (VT > 1u) {
-                        var acc = o4_1 * alpha;
-                        acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
-                        if (KB > 1u) {
-                            acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                        o4_0 = acc;
+                        if (VT > 1u) {
+                            var acc = o4_1 * alpha;
+                            acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
+                            if (KB > 1u) {
+                                acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                            }
+                            if (KB > 2u) {
+                                acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                            }
+                            if (KB > 3u) {
+                                acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
+                            }
+                            o4_1 = acc;
                         }
-                        if (KB > 2u) {
-                            acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                        if (VT > 2u) {
+                            var acc = o4_2 * alpha;
+                            acc += select(vec4<f32>(0.0), p0 * v0_2, scored0.s != MASKED);
+                            if (KB > 1u) {
+                                acc += select(vec4<f32>(0.0), p1 * v1_2, scored1.s != MASKED);
+                            }
+                            if (KB > 2u) {
+                                acc += select(vec4<f32>(0.0), p2 * v2_2, scored2.s != MASKED);
+                            }
+                            if (KB > 3u) {
+                                acc += select(vec4<f32>(0.0), p3 * v3_2, scored3.s != MASKED);
+                            }
+                            o4_2 = acc;
                         }
-                        if (KB > 3u) {
-                            acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
-                        }
-                        o4_1 = acc;
-                    }
-                    if (VT > 2u) {
-                        var acc = o4_2 * alpha;
-                        acc += select(vec4<f32>(0.0), p0 * v0_2, scored0.s != MASKED);
-                        if (KB > 1u) {
-                            acc += select(vec4<f32>(0.0), p1 * v1_2, scored1.s != MASKED);
-                        }
-                        if (KB > 2u) {
-                            acc += select(vec4<f32>(0.0), p2 * v2_2, scored2.s != MASKED);
-                        }
-                        if (KB > 3u) {
-                            acc += select(vec4<f32>(0.0), p3 * v3_2, scored3.s != MASKED);
-                        }
-                        o4_2 = acc;
                     }
                 }
             }
@@ -3098,11 +3325,18 @@ fn main(
                 var scored0 = Scored(MASKED, 0u);
                 {
                     var dot0 = 0.0;
-                    dot0 += dot(q5_0, k0_0);
-                    if (KT > 1u) {
-                        dot0 += dot(q5_1, k0_1);
+                    if ((ABLATE & ABLATE_SCORES) == 0u) {
+                        dot0 += dot(q5_0, k0_0);
+                        if (KT > 1u) {
+                            dot0 += dot(q5_1, k0_1);
+                        }
+                        dot0 = team_sum(dot0);
                     }
-                    scored0 = rules(team_sum(dot0), key0, span, slope);
+                    if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                        scored0 = rules(dot0, key0, span, slope);
+                    } else {
+                        scored0 = Scored(dot0, 0u);
+                    }
                     seen |= (scored0.flags & ROW_ATTENDED) << 5u;
                     seen |= ((scored0.flags & ROW_POISONED) >> 1u) << 21u;
                 }
@@ -3110,11 +3344,18 @@ fn main(
                 if (KB > 1u) {
                     {
                         var dot1 = 0.0;
-                        dot1 += dot(q5_0, k1_0);
-                        if (KT > 1u) {
-                            dot1 += dot(q5_1, k1_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot1 += dot(q5_0, k1_0);
+                            if (KT > 1u) {
+                                dot1 += dot(q5_1, k1_1);
+                            }
+                            dot1 = team_sum(dot1);
                         }
-                        scored1 = rules(team_sum(dot1), key1, span, slope);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored1 = rules(dot1, key1, span, slope);
+                        } else {
+                            scored1 = Scored(dot1, 0u);
+                        }
                         seen |= (scored1.flags & ROW_ATTENDED) << 5u;
                         seen |= ((scored1.flags & ROW_POISONED) >> 1u) << 21u;
                     }
@@ -3123,11 +3364,18 @@ fn main(
                 if (KB > 2u) {
                     {
                         var dot2 = 0.0;
-                        dot2 += dot(q5_0, k2_0);
-                        if (KT > 1u) {
-                            dot2 += dot(q5_1, k2_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot2 += dot(q5_0, k2_0);
+                            if (KT > 1u) {
+                                dot2 += dot(q5_1, k2_1);
+                            }
+                            dot2 = team_sum(dot2);
                         }
-                        scored2 = rules(team_sum(dot2), key2, span, slope);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored2 = rules(dot2, key2, span, slope);
+                        } else {
+                            scored2 = Scored(dot2, 0u);
+                        }
                         seen |= (scored2.flags & ROW_ATTENDED) << 5u;
                         seen |= ((scored2.flags & ROW_POISONED) >> 1u) << 21u;
                     }
@@ -3136,44 +3384,65 @@ fn main(
                 if (KB > 3u) {
                     {
                         var dot3 = 0.0;
-                        dot3 += dot(q5_0, k3_0);
-                        if (KT > 1u) {
-                            dot3 += dot(q5_1, k3_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot3 += dot(q5_0, k3_0);
+                            if (KT > 1u) {
+                                dot3 += dot(q5_1, k3_1);
+                            }
+                            dot3 = team_sum(dot3);
                         }
-                        scored3 = rules(team_sum(dot3), key3, span, slope);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored3 = rules(dot3, key3, span, slope);
+                        } else {
+                            scored3 = Scored(dot3, 0u);
+                        }
                         seen |= (scored3.flags & ROW_ATTENDED) << 5u;
                         seen |= ((scored3.flags & ROW_POISONED) >> 1u) << 21u;
                     }
                 }
-                var m_new = max(m5, scored0.s);
-                if (KB > 1u) {
-                    m_new = max(m_new, scored1.s);
-                }
-                if (KB > 2u) {
-                    m_new = max(m_new, scored2.s);
-                }
-                if (KB > 3u) {
-                    m_new = max(m_new, scored3.s);
-                }
-                // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m5 - m_new);
-                m5 = m_new;
-                // 0 for a key the row does not attend.
+                var alpha = 1.0;
                 var p0 = 0.0;
-                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
                 var p1 = 0.0;
-                if (KB > 1u) {
-                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
-                }
                 var p2 = 0.0;
-                if (KB > 2u) {
-                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
-                }
                 var p3 = 0.0;
-                if (KB > 3u) {
-                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                    var m_new = max(m5, scored0.s);
+                    if (KB > 1u) {
+                        m_new = max(m_new, scored1.s);
+                    }
+                    if (KB > 2u) {
+                        m_new = max(m_new, scored2.s);
+                    }
+                    if (KB > 3u) {
+                        m_new = max(m_new, scored3.s);
+                    }
+                    // exp(0) = 1 while no attended score has been finite yet.
+                    alpha = exp(m5 - m_new);
+                    m5 = m_new;
+                    // 0 for a key the row does not attend.
+                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    if (KB > 1u) {
+                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    }
+                    l5 = l5 * alpha + p0 + p1 + p2 + p3;
+                } else {
+                    p0 = scored0.s;
+                    if (KB > 1u) {
+                        p1 = scored1.s;
+                    }
+                    if (KB > 2u) {
+                        p2 = scored2.s;
+                    }
+                    if (KB > 3u) {
+                        p3 = scored3.s;
+                    }
                 }
-                l5 = l5 * alpha + p0 + p1 + p2 + p3;
                 var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
                     every_key = every_key && scored1.s != MASKED;
@@ -3189,59 +3458,61 @@ fn main(
                 // 0 x V, so a NaN or inf there reaches the row); otherwise a key
                 // the row does not attend must add nothing, even where its V is
                 // not finite.
-                if (every_key) {
-                    var acc = o5_0 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_0, acc);
-                    if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_0, acc);
-                    }
-                    if (KB > 2u) {
-                        acc = fma(vec4<f32>(p2), v2_0, acc);
-                    }
-                    if (KB > 3u) {
-                        acc = fma(vec4<f32>(p3), v3_0, acc);
-                    }
-                    o5_0 = acc;
-                    if (VT > 1u) {
-                        var acc = o5_1 * alpha;
-                        acc = fma(vec4<f32>(p0), v0_1, acc);
+                if ((ABLATE & ABLATE_PRODUCT) == 0u) {
+                    if (every_key) {
+                        var acc = o5_0 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_0, acc);
                         if (KB > 1u) {
-                            acc = fma(vec4<f32>(p1), v1_1, acc);
+                            acc = fma(vec4<f32>(p1), v1_0, acc);
                         }
                         if (KB > 2u) {
-                            acc = fma(vec4<f32>(p2), v2_1, acc);
+                            acc = fma(vec4<f32>(p2), v2_0, acc);
                         }
                         if (KB > 3u) {
-                            acc = fma(vec4<f32>(p3), v3_1, acc);
+                            acc = fma(vec4<f32>(p3), v3_0, acc);
                         }
-                        o5_1 = acc;
-                    }
-                } else {
-                    var acc = o5_0 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
-                    }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
-                    }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
-                    }
-                    o5_0 = acc;
-                    if (VT > 1u) {
-                        var acc = o5_1 * alpha;
-                        acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
+                        o5_0 = acc;
+                        if (VT > 1u) {
+                            var acc = o5_1 * alpha;
+                            acc = fma(vec4<f32>(p0), v0_1, acc);
+                            if (KB > 1u) {
+                                acc = fma(vec4<f32>(p1), v1_1, acc);
+                            }
+                            if (KB > 2u) {
+                                acc = fma(vec4<f32>(p2), v2_1, acc);
+                            }
+                            if (KB > 3u) {
+                                acc = fma(vec4<f32>(p3), v3_1, acc);
+                            }
+                            o5_1 = acc;
+                        }
+                    } else {
+                        var acc = o5_0 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
                         if (KB > 1u) {
-                            acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                            acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
                         }
                         if (KB > 2u) {
-                            acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                            acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
                         }
                         if (KB > 3u) {
-                            acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
+                            acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
                         }
-                        o5_1 = acc;
+                        o5_0 = acc;
+                        if (VT > 1u) {
+                            var acc = o5_1 * alpha;
+                            acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
+                            if (KB > 1u) {
+                                acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                            }
+                            if (KB > 2u) {
+                                acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                            }
+                            if (KB > 3u) {
+                                acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
+                            }
+                            o5_1 = acc;
+                        }
                     }
                 }
             }
@@ -3253,11 +3524,18 @@ fn main(
                 var scored0 = Scored(MASKED, 0u);
                 {
                     var dot0 = 0.0;
-                    dot0 += dot(q6_0, k0_0);
-                    if (KT > 1u) {
-                        dot0 += dot(q6_1, k0_1);
+                    if ((ABLATE & ABLATE_SCORES) == 0u) {
+                        dot0 += dot(q6_0, k0_0);
+                        if (KT > 1u) {
+                            dot0 += dot(q6_1, k0_1);
+                        }
+                        dot0 = team_sum(dot0);
                     }
-                    scored0 = rules(team_sum(dot0), key0, span, slope);
+                    if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                        scored0 = rules(dot0, key0, span, slope);
+                    } else {
+                        scored0 = Scored(dot0, 0u);
+                    }
                     seen |= (scored0.flags & ROW_ATTENDED) << 6u;
                     seen |= ((scored0.flags & ROW_POISONED) >> 1u) << 22u;
                 }
@@ -3265,11 +3543,18 @@ fn main(
                 if (KB > 1u) {
                     {
                         var dot1 = 0.0;
-                        dot1 += dot(q6_0, k1_0);
-                        if (KT > 1u) {
-                            dot1 += dot(q6_1, k1_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot1 += dot(q6_0, k1_0);
+                            if (KT > 1u) {
+                                dot1 += dot(q6_1, k1_1);
+                            }
+                            dot1 = team_sum(dot1);
                         }
-                        scored1 = rules(team_sum(dot1), key1, span, slope);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored1 = rules(dot1, key1, span, slope);
+                        } else {
+                            scored1 = Scored(dot1, 0u);
+                        }
                         seen |= (scored1.flags & ROW_ATTENDED) << 6u;
                         seen |= ((scored1.flags & ROW_POISONED) >> 1u) << 22u;
                     }
@@ -3278,11 +3563,18 @@ fn main(
                 if (KB > 2u) {
                     {
                         var dot2 = 0.0;
-                        dot2 += dot(q6_0, k2_0);
-                        if (KT > 1u) {
-                            dot2 += dot(q6_1, k2_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot2 += dot(q6_0, k2_0);
+                            if (KT > 1u) {
+                                dot2 += dot(q6_1, k2_1);
+                            }
+                            dot2 = team_sum(dot2);
                         }
-                        scored2 = rules(team_sum(dot2), key2, span, slope);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored2 = rules(dot2, key2, span, slope);
+                        } else {
+                            scored2 = Scored(dot2, 0u);
+                        }
                         seen |= (scored2.flags & ROW_ATTENDED) << 6u;
                         seen |= ((scored2.flags & ROW_POISONED) >> 1u) << 22u;
                     }
@@ -3291,44 +3583,65 @@ fn main(
                 if (KB > 3u) {
                     {
                         var dot3 = 0.0;
-                        dot3 += dot(q6_0, k3_0);
-                        if (KT > 1u) {
-                            dot3 += dot(q6_1, k3_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot3 += dot(q6_0, k3_0);
+                            if (KT > 1u) {
+                                dot3 += dot(q6_1, k3_1);
+                            }
+                            dot3 = team_sum(dot3);
                         }
-                        scored3 = rules(team_sum(dot3), key3, span, slope);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored3 = rules(dot3, key3, span, slope);
+                        } else {
+                            scored3 = Scored(dot3, 0u);
+                        }
                         seen |= (scored3.flags & ROW_ATTENDED) << 6u;
                         seen |= ((scored3.flags & ROW_POISONED) >> 1u) << 22u;
                     }
                 }
-                var m_new = max(m6, scored0.s);
-                if (KB > 1u) {
-                    m_new = max(m_new, scored1.s);
-                }
-                if (KB > 2u) {
-                    m_new = max(m_new, scored2.s);
-                }
-                if (KB > 3u) {
-                    m_new = max(m_new, scored3.s);
-                }
-                // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m6 - m_new);
-                m6 = m_new;
-                // 0 for a key the row does not attend.
+                var alpha = 1.0;
                 var p0 = 0.0;
-                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
                 var p1 = 0.0;
-                if (KB > 1u) {
-                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
-                }
                 var p2 = 0.0;
-                if (KB > 2u) {
-                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
-                }
                 var p3 = 0.0;
-                if (KB > 3u) {
-                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                    var m_new = max(m6, scored0.s);
+                    if (KB > 1u) {
+                        m_new = max(m_new, scored1.s);
+                    }
+                    if (KB > 2u) {
+                        m_new = max(m_new, scored2.s);
+                    }
+                    if (KB > 3u) {
+                        m_new = max(m_new, scored3.s);
+                    }
+                    // exp(0) = 1 while no attended score has been finite yet.
+                    alpha = exp(m6 - m_new);
+                    m6 = m_new;
+                    // 0 for a key the row does not attend.
+                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    if (KB > 1u) {
+                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    }
+                    l6 = l6 * alpha + p0 + p1 + p2 + p3;
+                } else {
+                    p0 = scored0.s;
+                    if (KB > 1u) {
+                        p1 = scored1.s;
+                    }
+                    if (KB > 2u) {
+                        p2 = scored2.s;
+                    }
+                    if (KB > 3u) {
+                        p3 = scored3.s;
+                    }
                 }
-                l6 = l6 * alpha + p0 + p1 + p2 + p3;
                 var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
                     every_key = every_key && scored1.s != MASKED;
@@ -3344,59 +3657,61 @@ fn main(
                 // 0 x V, so a NaN or inf there reaches the row); otherwise a key
                 // the row does not attend must add nothing, even where its V is
                 // not finite.
-                if (every_key) {
-                    var acc = o6_0 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_0, acc);
-                    if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_0, acc);
-                    }
-                    if (KB > 2u) {
-                        acc = fma(vec4<f32>(p2), v2_0, acc);
-                    }
-                    if (KB > 3u) {
-                        acc = fma(vec4<f32>(p3), v3_0, acc);
-                    }
-                    o6_0 = acc;
-                    if (VT > 1u) {
-                        var acc = o6_1 * alpha;
-                        acc = fma(vec4<f32>(p0), v0_1, acc);
+                if ((ABLATE & ABLATE_PRODUCT) == 0u) {
+                    if (every_key) {
+                        var acc = o6_0 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_0, acc);
                         if (KB > 1u) {
-                            acc = fma(vec4<f32>(p1), v1_1, acc);
+                            acc = fma(vec4<f32>(p1), v1_0, acc);
                         }
                         if (KB > 2u) {
-                            acc = fma(vec4<f32>(p2), v2_1, acc);
+                            acc = fma(vec4<f32>(p2), v2_0, acc);
                         }
                         if (KB > 3u) {
-                            acc = fma(vec4<f32>(p3), v3_1, acc);
+                            acc = fma(vec4<f32>(p3), v3_0, acc);
                         }
-                        o6_1 = acc;
-                    }
-                } else {
-                    var acc = o6_0 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
-                    }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
-                    }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
-                    }
-                    o6_0 = acc;
-                    if (VT > 1u) {
-                        var acc = o6_1 * alpha;
-                        acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
+                        o6_0 = acc;
+                        if (VT > 1u) {
+                            var acc = o6_1 * alpha;
+                            acc = fma(vec4<f32>(p0), v0_1, acc);
+                            if (KB > 1u) {
+                                acc = fma(vec4<f32>(p1), v1_1, acc);
+                            }
+                            if (KB > 2u) {
+                                acc = fma(vec4<f32>(p2), v2_1, acc);
+                            }
+                            if (KB > 3u) {
+                                acc = fma(vec4<f32>(p3), v3_1, acc);
+                            }
+                            o6_1 = acc;
+                        }
+                    } else {
+                        var acc = o6_0 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
                         if (KB > 1u) {
-                            acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                            acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
                         }
                         if (KB > 2u) {
-                            acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                            acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
                         }
                         if (KB > 3u) {
-                            acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
+                            acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
                         }
-                        o6_1 = acc;
+                        o6_0 = acc;
+                        if (VT > 1u) {
+                            var acc = o6_1 * alpha;
+                            acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
+                            if (KB > 1u) {
+                                acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                            }
+                            if (KB > 2u) {
+                                acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                            }
+                            if (KB > 3u) {
+                                acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
+                            }
+                            o6_1 = acc;
+                        }
                     }
                 }
             }
@@ -3408,11 +3723,18 @@ fn main(
                 var scored0 = Scored(MASKED, 0u);
                 {
                     var dot0 = 0.0;
-                    dot0 += dot(q7_0, k0_0);
-                    if (KT > 1u) {
-                        dot0 += dot(q7_1, k0_1);
+                    if ((ABLATE & ABLATE_SCORES) == 0u) {
+                        dot0 += dot(q7_0, k0_0);
+                        if (KT > 1u) {
+                            dot0 += dot(q7_1, k0_1);
+                        }
+                        dot0 = team_sum(dot0);
                     }
-                    scored0 = rules(team_sum(dot0), key0, span, slope);
+                    if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                        scored0 = rules(dot0, key0, span, slope);
+                    } else {
+                        scored0 = Scored(dot0, 0u);
+                    }
                     seen |= (scored0.flags & ROW_ATTENDED) << 7u;
                     seen |= ((scored0.flags & ROW_POISONED) >> 1u) << 23u;
                 }
@@ -3420,11 +3742,18 @@ fn main(
                 if (KB > 1u) {
                     {
                         var dot1 = 0.0;
-                        dot1 += dot(q7_0, k1_0);
-                        if (KT > 1u) {
-                            dot1 += dot(q7_1, k1_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot1 += dot(q7_0, k1_0);
+                            if (KT > 1u) {
+                                dot1 += dot(q7_1, k1_1);
+                            }
+                            dot1 = team_sum(dot1);
                         }
-                        scored1 = rules(team_sum(dot1), key1, span, slope);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored1 = rules(dot1, key1, span, slope);
+                        } else {
+                            scored1 = Scored(dot1, 0u);
+                        }
                         seen |= (scored1.flags & ROW_ATTENDED) << 7u;
                         seen |= ((scored1.flags & ROW_POISONED) >> 1u) << 23u;
                     }
@@ -3433,11 +3762,18 @@ fn main(
                 if (KB > 2u) {
                     {
                         var dot2 = 0.0;
-                        dot2 += dot(q7_0, k2_0);
-                        if (KT > 1u) {
-                            dot2 += dot(q7_1, k2_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot2 += dot(q7_0, k2_0);
+                            if (KT > 1u) {
+                                dot2 += dot(q7_1, k2_1);
+                            }
+                            dot2 = team_sum(dot2);
                         }
-                        scored2 = rules(team_sum(dot2), key2, span, slope);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored2 = rules(dot2, key2, span, slope);
+                        } else {
+                            scored2 = Scored(dot2, 0u);
+                        }
                         seen |= (scored2.flags & ROW_ATTENDED) << 7u;
                         seen |= ((scored2.flags & ROW_POISONED) >> 1u) << 23u;
                     }
@@ -3446,44 +3782,65 @@ fn main(
                 if (KB > 3u) {
                     {
                         var dot3 = 0.0;
-                        dot3 += dot(q7_0, k3_0);
-                        if (KT > 1u) {
-                            dot3 += dot(q7_1, k3_1);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot3 += dot(q7_0, k3_0);
+                            if (KT > 1u) {
+                                dot3 += dot(q7_1, k3_1);
+                            }
+                            dot3 = team_sum(dot3);
                         }
-                        scored3 = rules(team_sum(dot3), key3, span, slope);
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored3 = rules(dot3, key3, span, slope);
+                        } else {
+                            scored3 = Scored(dot3, 0u);
+                        }
                         seen |= (scored3.flags & ROW_ATTENDED) << 7u;
                         seen |= ((scored3.flags & ROW_POISONED) >> 1u) << 23u;
                     }
                 }
-                var m_new = max(m7, scored0.s);
-                if (KB > 1u) {
-                    m_new = max(m_new, scored1.s);
-                }
-                if (KB > 2u) {
-                    m_new = max(m_new, scored2.s);
-                }
-                if (KB > 3u) {
-                    m_new = max(m_new, scored3.s);
-                }
-                // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m7 - m_new);
-                m7 = m_new;
-                // 0 for a key the row does not attend.
+                var alpha = 1.0;
                 var p0 = 0.0;
-                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
                 var p1 = 0.0;
-                if (KB > 1u) {
-                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
-                }
                 var p2 = 0.0;
-                if (KB > 2u) {
-                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
-                }
                 var p3 = 0.0;
-                if (KB > 3u) {
-                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                    var m_new = max(m7, scored0.s);
+                    if (KB > 1u) {
+                        m_new = max(m_new, scored1.s);
+                    }
+                    if (KB > 2u) {
+                        m_new = max(m_new, scored2.s);
+                    }
+                    if (KB > 3u) {
+                        m_new = max(m_new, scored3.s);
+                    }
+                    // exp(0) = 1 while no attended score has been finite yet.
+                    alpha = exp(m7 - m_new);
+                    m7 = m_new;
+                    // 0 for a key the row does not attend.
+                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    if (KB > 1u) {
+                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    }
+                    l7 = l7 * alpha + p0 + p1 + p2 + p3;
+                } else {
+                    p0 = scored0.s;
+                    if (KB > 1u) {
+                        p1 = scored1.s;
+                    }
+                    if (KB > 2u) {
+                        p2 = scored2.s;
+                    }
+                    if (KB > 3u) {
+                        p3 = scored3.s;
+                    }
                 }
-                l7 = l7 * alpha + p0 + p1 + p2 + p3;
                 var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
                     every_key = every_key && scored1.s != MASKED;
@@ -3499,59 +3856,61 @@ fn main(
                 // 0 x V, so a NaN or inf there reaches the row); otherwise a key
                 // the row does not attend must add nothing, even where its V is
                 // not finite.
-                if (every_key) {
-                    var acc = o7_0 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_0, acc);
-                    if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_0, acc);
-                    }
-                    if (KB > 2u) {
-                        acc = fma(vec4<f32>(p2), v2_0, acc);
-                    }
-                    if (KB > 3u) {
-                        acc = fma(vec4<f32>(p3), v3_0, acc);
-                    }
-                    o7_0 = acc;
-                    if (VT > 1u) {
-                        var acc = o7_1 * alpha;
-                        acc = fma(vec4<f32>(p0), v0_1, acc);
+                if ((ABLATE & ABLATE_PRODUCT) == 0u) {
+                    if (every_key) {
+                        var acc = o7_0 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_0, acc);
                         if (KB > 1u) {
-                            acc = fma(vec4<f32>(p1), v1_1, acc);
+                            acc = fma(vec4<f32>(p1), v1_0, acc);
                         }
                         if (KB > 2u) {
-                            acc = fma(vec4<f32>(p2), v2_1, acc);
+                            acc = fma(vec4<f32>(p2), v2_0, acc);
                         }
                         if (KB > 3u) {
-                            acc = fma(vec4<f32>(p3), v3_1, acc);
+                            acc = fma(vec4<f32>(p3), v3_0, acc);
                         }
-                        o7_1 = acc;
-                    }
-                } else {
-                    var acc = o7_0 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
-                    }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
-                    }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
-                    }
-                    o7_0 = acc;
-                    if (VT > 1u) {
-                        var acc = o7_1 * alpha;
-                        acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
+                        o7_0 = acc;
+                        if (VT > 1u) {
+                            var acc = o7_1 * alpha;
+                            acc = fma(vec4<f32>(p0), v0_1, acc);
+                            if (KB > 1u) {
+                                acc = fma(vec4<f32>(p1), v1_1, acc);
+                            }
+                            if (KB > 2u) {
+                                acc = fma(vec4<f32>(p2), v2_1, acc);
+                            }
+                            if (KB > 3u) {
+                                acc = fma(vec4<f32>(p3), v3_1, acc);
+                            }
+                            o7_1 = acc;
+                        }
+                    } else {
+                        var acc = o7_0 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
                         if (KB > 1u) {
-                            acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                            acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
                         }
                         if (KB > 2u) {
-                            acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                            acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
                         }
                         if (KB > 3u) {
-                            acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
+                            acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
                         }
-                        o7_1 = acc;
+                        o7_0 = acc;
+                        if (VT > 1u) {
+                            var acc = o7_1 * alpha;
+                            acc += select(vec4<f32>(0.0), p0 * v0_1, scored0.s != MASKED);
+                            if (KB > 1u) {
+                                acc += select(vec4<f32>(0.0), p1 * v1_1, scored1.s != MASKED);
+                            }
+                            if (KB > 2u) {
+                                acc += select(vec4<f32>(0.0), p2 * v2_1, scored2.s != MASKED);
+                            }
+                            if (KB > 3u) {
+                                acc += select(vec4<f32>(0.0), p3 * v3_1, scored3.s != MASKED);
+                            }
+                            o7_1 = acc;
+                        }
                     }
                 }
             }
@@ -3563,8 +3922,15 @@ fn main(
                 var scored0 = Scored(MASKED, 0u);
                 {
                     var dot0 = 0.0;
-                    dot0 += dot(q8_0, k0_0);
-                    scored0 = rules(team_sum(dot0), key0, span, slope);
+                    if ((ABLATE & ABLATE_SCORES) == 0u) {
+                        dot0 += dot(q8_0, k0_0);
+                        dot0 = team_sum(dot0);
+                    }
+                    if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                        scored0 = rules(dot0, key0, span, slope);
+                    } else {
+                        scored0 = Scored(dot0, 0u);
+                    }
                     seen |= (scored0.flags & ROW_ATTENDED) << 8u;
                     seen |= ((scored0.flags & ROW_POISONED) >> 1u) << 24u;
                 }
@@ -3572,8 +3938,15 @@ fn main(
                 if (KB > 1u) {
                     {
                         var dot1 = 0.0;
-                        dot1 += dot(q8_0, k1_0);
-                        scored1 = rules(team_sum(dot1), key1, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot1 += dot(q8_0, k1_0);
+                            dot1 = team_sum(dot1);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored1 = rules(dot1, key1, span, slope);
+                        } else {
+                            scored1 = Scored(dot1, 0u);
+                        }
                         seen |= (scored1.flags & ROW_ATTENDED) << 8u;
                         seen |= ((scored1.flags & ROW_POISONED) >> 1u) << 24u;
                     }
@@ -3582,8 +3955,15 @@ fn main(
                 if (KB > 2u) {
                     {
                         var dot2 = 0.0;
-                        dot2 += dot(q8_0, k2_0);
-                        scored2 = rules(team_sum(dot2), key2, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot2 += dot(q8_0, k2_0);
+                            dot2 = team_sum(dot2);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored2 = rules(dot2, key2, span, slope);
+                        } else {
+                            scored2 = Scored(dot2, 0u);
+                        }
                         seen |= (scored2.flags & ROW_ATTENDED) << 8u;
                         seen |= ((scored2.flags & ROW_POISONED) >> 1u) << 24u;
                     }
@@ -3592,41 +3972,62 @@ fn main(
                 if (KB > 3u) {
                     {
                         var dot3 = 0.0;
-                        dot3 += dot(q8_0, k3_0);
-                        scored3 = rules(team_sum(dot3), key3, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot3 += dot(q8_0, k3_0);
+                            dot3 = team_sum(dot3);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored3 = rules(dot3, key3, span, slope);
+                        } else {
+                            scored3 = Scored(dot3, 0u);
+                        }
                         seen |= (scored3.flags & ROW_ATTENDED) << 8u;
                         seen |= ((scored3.flags & ROW_POISONED) >> 1u) << 24u;
                     }
                 }
-                var m_new = max(m8, scored0.s);
-                if (KB > 1u) {
-                    m_new = max(m_new, scored1.s);
-                }
-                if (KB > 2u) {
-                    m_new = max(m_new, scored2.s);
-                }
-                if (KB > 3u) {
-                    m_new = max(m_new, scored3.s);
-                }
-                // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m8 - m_new);
-                m8 = m_new;
-                // 0 for a key the row does not attend.
+                var alpha = 1.0;
                 var p0 = 0.0;
-                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
                 var p1 = 0.0;
-                if (KB > 1u) {
-                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
-                }
                 var p2 = 0.0;
-                if (KB > 2u) {
-                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
-                }
                 var p3 = 0.0;
-                if (KB > 3u) {
-                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                    var m_new = max(m8, scored0.s);
+                    if (KB > 1u) {
+                        m_new = max(m_new, scored1.s);
+                    }
+                    if (KB > 2u) {
+                        m_new = max(m_new, scored2.s);
+                    }
+                    if (KB > 3u) {
+                        m_new = max(m_new, scored3.s);
+                    }
+                    // exp(0) = 1 while no attended score has been finite yet.
+                    alpha = exp(m8 - m_new);
+                    m8 = m_new;
+                    // 0 for a key the row does not attend.
+                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    if (KB > 1u) {
+                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    }
+                    l8 = l8 * alpha + p0 + p1 + p2 + p3;
+                } else {
+                    p0 = scored0.s;
+                    if (KB > 1u) {
+                        p1 = scored1.s;
+                    }
+                    if (KB > 2u) {
+                        p2 = scored2.s;
+                    }
+                    if (KB > 3u) {
+                        p3 = scored3.s;
+                    }
                 }
-                l8 = l8 * alpha + p0 + p1 + p2 + p3;
                 var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
                     every_key = every_key && scored1.s != MASKED;
@@ -3642,32 +4043,34 @@ fn main(
                 // 0 x V, so a NaN or inf there reaches the row); otherwise a key
                 // the row does not attend must add nothing, even where its V is
                 // not finite.
-                if (every_key) {
-                    var acc = o8_0 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_0, acc);
-                    if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_0, acc);
+                if ((ABLATE & ABLATE_PRODUCT) == 0u) {
+                    if (every_key) {
+                        var acc = o8_0 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_0, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_0, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_0, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_0, acc);
+                        }
+                        o8_0 = acc;
+                    } else {
+                        var acc = o8_0 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
+                        }
+                        o8_0 = acc;
                     }
-                    if (KB > 2u) {
-                        acc = fma(vec4<f32>(p2), v2_0, acc);
-                    }
-                    if (KB > 3u) {
-                        acc = fma(vec4<f32>(p3), v3_0, acc);
-                    }
-                    o8_0 = acc;
-                } else {
-                    var acc = o8_0 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
-                    }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
-                    }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
-                    }
-                    o8_0 = acc;
                 }
             }
         }
@@ -3678,8 +4081,15 @@ fn main(
                 var scored0 = Scored(MASKED, 0u);
                 {
                     var dot0 = 0.0;
-                    dot0 += dot(q9_0, k0_0);
-                    scored0 = rules(team_sum(dot0), key0, span, slope);
+                    if ((ABLATE & ABLATE_SCORES) == 0u) {
+                        dot0 += dot(q9_0, k0_0);
+                        dot0 = team_sum(dot0);
+                    }
+                    if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                        scored0 = rules(dot0, key0, span, slope);
+                    } else {
+                        scored0 = Scored(dot0, 0u);
+                    }
                     seen |= (scored0.flags & ROW_ATTENDED) << 9u;
                     seen |= ((scored0.flags & ROW_POISONED) >> 1u) << 25u;
                 }
@@ -3687,8 +4097,15 @@ fn main(
                 if (KB > 1u) {
                     {
                         var dot1 = 0.0;
-                        dot1 += dot(q9_0, k1_0);
-                        scored1 = rules(team_sum(dot1), key1, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot1 += dot(q9_0, k1_0);
+                            dot1 = team_sum(dot1);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored1 = rules(dot1, key1, span, slope);
+                        } else {
+                            scored1 = Scored(dot1, 0u);
+                        }
                         seen |= (scored1.flags & ROW_ATTENDED) << 9u;
                         seen |= ((scored1.flags & ROW_POISONED) >> 1u) << 25u;
                     }
@@ -3697,8 +4114,15 @@ fn main(
                 if (KB > 2u) {
                     {
                         var dot2 = 0.0;
-                        dot2 += dot(q9_0, k2_0);
-                        scored2 = rules(team_sum(dot2), key2, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot2 += dot(q9_0, k2_0);
+                            dot2 = team_sum(dot2);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored2 = rules(dot2, key2, span, slope);
+                        } else {
+                            scored2 = Scored(dot2, 0u);
+                        }
                         seen |= (scored2.flags & ROW_ATTENDED) << 9u;
                         seen |= ((scored2.flags & ROW_POISONED) >> 1u) << 25u;
                     }
@@ -3707,41 +4131,62 @@ fn main(
                 if (KB > 3u) {
                     {
                         var dot3 = 0.0;
-                        dot3 += dot(q9_0, k3_0);
-                        scored3 = rules(team_sum(dot3), key3, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot3 += dot(q9_0, k3_0);
+                            dot3 = team_sum(dot3);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored3 = rules(dot3, key3, span, slope);
+                        } else {
+                            scored3 = Scored(dot3, 0u);
+                        }
                         seen |= (scored3.flags & ROW_ATTENDED) << 9u;
                         seen |= ((scored3.flags & ROW_POISONED) >> 1u) << 25u;
                     }
                 }
-                var m_new = max(m9, scored0.s);
-                if (KB > 1u) {
-                    m_new = max(m_new, scored1.s);
-                }
-                if (KB > 2u) {
-                    m_new = max(m_new, scored2.s);
-                }
-                if (KB > 3u) {
-                    m_new = max(m_new, scored3.s);
-                }
-                // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m9 - m_new);
-                m9 = m_new;
-                // 0 for a key the row does not attend.
+                var alpha = 1.0;
                 var p0 = 0.0;
-                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
                 var p1 = 0.0;
-                if (KB > 1u) {
-                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
-                }
                 var p2 = 0.0;
-                if (KB > 2u) {
-                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
-                }
                 var p3 = 0.0;
-                if (KB > 3u) {
-                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                    var m_new = max(m9, scored0.s);
+                    if (KB > 1u) {
+                        m_new = max(m_new, scored1.s);
+                    }
+                    if (KB > 2u) {
+                        m_new = max(m_new, scored2.s);
+                    }
+                    if (KB > 3u) {
+                        m_new = max(m_new, scored3.s);
+                    }
+                    // exp(0) = 1 while no attended score has been finite yet.
+                    alpha = exp(m9 - m_new);
+                    m9 = m_new;
+                    // 0 for a key the row does not attend.
+                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    if (KB > 1u) {
+                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    }
+                    l9 = l9 * alpha + p0 + p1 + p2 + p3;
+                } else {
+                    p0 = scored0.s;
+                    if (KB > 1u) {
+                        p1 = scored1.s;
+                    }
+                    if (KB > 2u) {
+                        p2 = scored2.s;
+                    }
+                    if (KB > 3u) {
+                        p3 = scored3.s;
+                    }
                 }
-                l9 = l9 * alpha + p0 + p1 + p2 + p3;
                 var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
                     every_key = every_key && scored1.s != MASKED;
@@ -3757,32 +4202,34 @@ fn main(
                 // 0 x V, so a NaN or inf there reaches the row); otherwise a key
                 // the row does not attend must add nothing, even where its V is
                 // not finite.
-                if (every_key) {
-                    var acc = o9_0 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_0, acc);
-                    if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_0, acc);
+                if ((ABLATE & ABLATE_PRODUCT) == 0u) {
+                    if (every_key) {
+                        var acc = o9_0 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_0, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_0, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_0, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_0, acc);
+                        }
+                        o9_0 = acc;
+                    } else {
+                        var acc = o9_0 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
+                        }
+                        o9_0 = acc;
                     }
-                    if (KB > 2u) {
-                        acc = fma(vec4<f32>(p2), v2_0, acc);
-                    }
-                    if (KB > 3u) {
-                        acc = fma(vec4<f32>(p3), v3_0, acc);
-                    }
-                    o9_0 = acc;
-                } else {
-                    var acc = o9_0 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
-                    }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
-                    }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
-                    }
-                    o9_0 = acc;
                 }
             }
         }
@@ -3793,8 +4240,15 @@ fn main(
                 var scored0 = Scored(MASKED, 0u);
                 {
                     var dot0 = 0.0;
-                    dot0 += dot(q10_0, k0_0);
-                    scored0 = rules(team_sum(dot0), key0, span, slope);
+                    if ((ABLATE & ABLATE_SCORES) == 0u) {
+                        dot0 += dot(q10_0, k0_0);
+                        dot0 = team_sum(dot0);
+                    }
+                    if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                        scored0 = rules(dot0, key0, span, slope);
+                    } else {
+                        scored0 = Scored(dot0, 0u);
+                    }
                     seen |= (scored0.flags & ROW_ATTENDED) << 10u;
                     seen |= ((scored0.flags & ROW_POISONED) >> 1u) << 26u;
                 }
@@ -3802,8 +4256,15 @@ fn main(
                 if (KB > 1u) {
                     {
                         var dot1 = 0.0;
-                        dot1 += dot(q10_0, k1_0);
-                        scored1 = rules(team_sum(dot1), key1, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot1 += dot(q10_0, k1_0);
+                            dot1 = team_sum(dot1);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored1 = rules(dot1, key1, span, slope);
+                        } else {
+                            scored1 = Scored(dot1, 0u);
+                        }
                         seen |= (scored1.flags & ROW_ATTENDED) << 10u;
                         seen |= ((scored1.flags & ROW_POISONED) >> 1u) << 26u;
                     }
@@ -3812,8 +4273,15 @@ fn main(
                 if (KB > 2u) {
                     {
                         var dot2 = 0.0;
-                        dot2 += dot(q10_0, k2_0);
-                        scored2 = rules(team_sum(dot2), key2, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot2 += dot(q10_0, k2_0);
+                            dot2 = team_sum(dot2);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored2 = rules(dot2, key2, span, slope);
+                        } else {
+                            scored2 = Scored(dot2, 0u);
+                        }
                         seen |= (scored2.flags & ROW_ATTENDED) << 10u;
                         seen |= ((scored2.flags & ROW_POISONED) >> 1u) << 26u;
                     }
@@ -3822,41 +4290,62 @@ fn main(
                 if (KB > 3u) {
                     {
                         var dot3 = 0.0;
-                        dot3 += dot(q10_0, k3_0);
-                        scored3 = rules(team_sum(dot3), key3, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot3 += dot(q10_0, k3_0);
+                            dot3 = team_sum(dot3);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored3 = rules(dot3, key3, span, slope);
+                        } else {
+                            scored3 = Scored(dot3, 0u);
+                        }
                         seen |= (scored3.flags & ROW_ATTENDED) << 10u;
                         seen |= ((scored3.flags & ROW_POISONED) >> 1u) << 26u;
                     }
                 }
-                var m_new = max(m10, scored0.s);
-                if (KB > 1u) {
-                    m_new = max(m_new, scored1.s);
-                }
-                if (KB > 2u) {
-                    m_new = max(m_new, scored2.s);
-                }
-                if (KB > 3u) {
-                    m_new = max(m_new, scored3.s);
-                }
-                // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m10 - m_new);
-                m10 = m_new;
-                // 0 for a key the row does not attend.
+                var alpha = 1.0;
                 var p0 = 0.0;
-                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
                 var p1 = 0.0;
-                if (KB > 1u) {
-                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
-                }
                 var p2 = 0.0;
-                if (KB > 2u) {
-                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
-                }
                 var p3 = 0.0;
-                if (KB > 3u) {
-                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                    var m_new = max(m10, scored0.s);
+                    if (KB > 1u) {
+                        m_new = max(m_new, scored1.s);
+                    }
+                    if (KB > 2u) {
+                        m_new = max(m_new, scored2.s);
+                    }
+                    if (KB > 3u) {
+                        m_new = max(m_new, scored3.s);
+                    }
+                    // exp(0) = 1 while no attended score has been finite yet.
+                    alpha = exp(m10 - m_new);
+                    m10 = m_new;
+                    // 0 for a key the row does not attend.
+                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    if (KB > 1u) {
+                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    }
+                    l10 = l10 * alpha + p0 + p1 + p2 + p3;
+                } else {
+                    p0 = scored0.s;
+                    if (KB > 1u) {
+                        p1 = scored1.s;
+                    }
+                    if (KB > 2u) {
+                        p2 = scored2.s;
+                    }
+                    if (KB > 3u) {
+                        p3 = scored3.s;
+                    }
                 }
-                l10 = l10 * alpha + p0 + p1 + p2 + p3;
                 var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
                     every_key = every_key && scored1.s != MASKED;
@@ -3872,32 +4361,34 @@ fn main(
                 // 0 x V, so a NaN or inf there reaches the row); otherwise a key
                 // the row does not attend must add nothing, even where its V is
                 // not finite.
-                if (every_key) {
-                    var acc = o10_0 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_0, acc);
-                    if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_0, acc);
+                if ((ABLATE & ABLATE_PRODUCT) == 0u) {
+                    if (every_key) {
+                        var acc = o10_0 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_0, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_0, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_0, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_0, acc);
+                        }
+                        o10_0 = acc;
+                    } else {
+                        var acc = o10_0 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
+                        }
+                        o10_0 = acc;
                     }
-                    if (KB > 2u) {
-                        acc = fma(vec4<f32>(p2), v2_0, acc);
-                    }
-                    if (KB > 3u) {
-                        acc = fma(vec4<f32>(p3), v3_0, acc);
-                    }
-                    o10_0 = acc;
-                } else {
-                    var acc = o10_0 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
-                    }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
-                    }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
-                    }
-                    o10_0 = acc;
                 }
             }
         }
@@ -3908,8 +4399,15 @@ fn main(
                 var scored0 = Scored(MASKED, 0u);
                 {
                     var dot0 = 0.0;
-                    dot0 += dot(q11_0, k0_0);
-                    scored0 = rules(team_sum(dot0), key0, span, slope);
+                    if ((ABLATE & ABLATE_SCORES) == 0u) {
+                        dot0 += dot(q11_0, k0_0);
+                        dot0 = team_sum(dot0);
+                    }
+                    if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                        scored0 = rules(dot0, key0, span, slope);
+                    } else {
+                        scored0 = Scored(dot0, 0u);
+                    }
                     seen |= (scored0.flags & ROW_ATTENDED) << 11u;
                     seen |= ((scored0.flags & ROW_POISONED) >> 1u) << 27u;
                 }
@@ -3917,8 +4415,15 @@ fn main(
                 if (KB > 1u) {
                     {
                         var dot1 = 0.0;
-                        dot1 += dot(q11_0, k1_0);
-                        scored1 = rules(team_sum(dot1), key1, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot1 += dot(q11_0, k1_0);
+                            dot1 = team_sum(dot1);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored1 = rules(dot1, key1, span, slope);
+                        } else {
+                            scored1 = Scored(dot1, 0u);
+                        }
                         seen |= (scored1.flags & ROW_ATTENDED) << 11u;
                         seen |= ((scored1.flags & ROW_POISONED) >> 1u) << 27u;
                     }
@@ -3927,8 +4432,15 @@ fn main(
                 if (KB > 2u) {
                     {
                         var dot2 = 0.0;
-                        dot2 += dot(q11_0, k2_0);
-                        scored2 = rules(team_sum(dot2), key2, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot2 += dot(q11_0, k2_0);
+                            dot2 = team_sum(dot2);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored2 = rules(dot2, key2, span, slope);
+                        } else {
+                            scored2 = Scored(dot2, 0u);
+                        }
                         seen |= (scored2.flags & ROW_ATTENDED) << 11u;
                         seen |= ((scored2.flags & ROW_POISONED) >> 1u) << 27u;
                     }
@@ -3937,41 +4449,62 @@ fn main(
                 if (KB > 3u) {
                     {
                         var dot3 = 0.0;
-                        dot3 += dot(q11_0, k3_0);
-                        scored3 = rules(team_sum(dot3), key3, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot3 += dot(q11_0, k3_0);
+                            dot3 = team_sum(dot3);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored3 = rules(dot3, key3, span, slope);
+                        } else {
+                            scored3 = Scored(dot3, 0u);
+                        }
                         seen |= (scored3.flags & ROW_ATTENDED) << 11u;
                         seen |= ((scored3.flags & ROW_POISONED) >> 1u) << 27u;
                     }
                 }
-                var m_new = max(m11, scored0.s);
-                if (KB > 1u) {
-                    m_new = max(m_new, scored1.s);
-                }
-                if (KB > 2u) {
-                    m_new = max(m_new, scored2.s);
-                }
-                if (KB > 3u) {
-                    m_new = max(m_new, scored3.s);
-                }
-                // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m11 - m_new);
-                m11 = m_new;
-                // 0 for a key the row does not attend.
+                var alpha = 1.0;
                 var p0 = 0.0;
-                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
                 var p1 = 0.0;
-                if (KB > 1u) {
-                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
-                }
                 var p2 = 0.0;
-                if (KB > 2u) {
-                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
-                }
                 var p3 = 0.0;
-                if (KB > 3u) {
-                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                    var m_new = max(m11, scored0.s);
+                    if (KB > 1u) {
+                        m_new = max(m_new, scored1.s);
+                    }
+                    if (KB > 2u) {
+                        m_new = max(m_new, scored2.s);
+                    }
+                    if (KB > 3u) {
+                        m_new = max(m_new, scored3.s);
+                    }
+                    // exp(0) = 1 while no attended score has been finite yet.
+                    alpha = exp(m11 - m_new);
+                    m11 = m_new;
+                    // 0 for a key the row does not attend.
+                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    if (KB > 1u) {
+                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    }
+                    l11 = l11 * alpha + p0 + p1 + p2 + p3;
+                } else {
+                    p0 = scored0.s;
+                    if (KB > 1u) {
+                        p1 = scored1.s;
+                    }
+                    if (KB > 2u) {
+                        p2 = scored2.s;
+                    }
+                    if (KB > 3u) {
+                        p3 = scored3.s;
+                    }
                 }
-                l11 = l11 * alpha + p0 + p1 + p2 + p3;
                 var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
                     every_key = every_key && scored1.s != MASKED;
@@ -3987,32 +4520,34 @@ fn main(
                 // 0 x V, so a NaN or inf there reaches the row); otherwise a key
                 // the row does not attend must add nothing, even where its V is
                 // not finite.
-                if (every_key) {
-                    var acc = o11_0 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_0, acc);
-                    if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_0, acc);
+                if ((ABLATE & ABLATE_PRODUCT) == 0u) {
+                    if (every_key) {
+                        var acc = o11_0 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_0, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_0, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_0, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_0, acc);
+                        }
+                        o11_0 = acc;
+                    } else {
+                        var acc = o11_0 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
+                        }
+                        o11_0 = acc;
                     }
-                    if (KB > 2u) {
-                        acc = fma(vec4<f32>(p2), v2_0, acc);
-                    }
-                    if (KB > 3u) {
-                        acc = fma(vec4<f32>(p3), v3_0, acc);
-                    }
-                    o11_0 = acc;
-                } else {
-                    var acc = o11_0 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
-                    }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
-                    }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
-                    }
-                    o11_0 = acc;
                 }
             }
         }
@@ -4023,8 +4558,15 @@ fn main(
                 var scored0 = Scored(MASKED, 0u);
                 {
                     var dot0 = 0.0;
-                    dot0 += dot(q12_0, k0_0);
-                    scored0 = rules(team_sum(dot0), key0, span, slope);
+                    if ((ABLATE & ABLATE_SCORES) == 0u) {
+                        dot0 += dot(q12_0, k0_0);
+                        dot0 = team_sum(dot0);
+                    }
+                    if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                        scored0 = rules(dot0, key0, span, slope);
+                    } else {
+                        scored0 = Scored(dot0, 0u);
+                    }
                     seen |= (scored0.flags & ROW_ATTENDED) << 12u;
                     seen |= ((scored0.flags & ROW_POISONED) >> 1u) << 28u;
                 }
@@ -4032,8 +4574,15 @@ fn main(
                 if (KB > 1u) {
                     {
                         var dot1 = 0.0;
-                        dot1 += dot(q12_0, k1_0);
-                        scored1 = rules(team_sum(dot1), key1, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot1 += dot(q12_0, k1_0);
+                            dot1 = team_sum(dot1);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored1 = rules(dot1, key1, span, slope);
+                        } else {
+                            scored1 = Scored(dot1, 0u);
+                        }
                         seen |= (scored1.flags & ROW_ATTENDED) << 12u;
                         seen |= ((scored1.flags & ROW_POISONED) >> 1u) << 28u;
                     }
@@ -4042,8 +4591,15 @@ fn main(
                 if (KB > 2u) {
                     {
                         var dot2 = 0.0;
-                        dot2 += dot(q12_0, k2_0);
-                        scored2 = rules(team_sum(dot2), key2, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot2 += dot(q12_0, k2_0);
+                            dot2 = team_sum(dot2);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored2 = rules(dot2, key2, span, slope);
+                        } else {
+                            scored2 = Scored(dot2, 0u);
+                        }
                         seen |= (scored2.flags & ROW_ATTENDED) << 12u;
                         seen |= ((scored2.flags & ROW_POISONED) >> 1u) << 28u;
                     }
@@ -4052,41 +4608,62 @@ fn main(
                 if (KB > 3u) {
                     {
                         var dot3 = 0.0;
-                        dot3 += dot(q12_0, k3_0);
-                        scored3 = rules(team_sum(dot3), key3, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot3 += dot(q12_0, k3_0);
+                            dot3 = team_sum(dot3);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored3 = rules(dot3, key3, span, slope);
+                        } else {
+                            scored3 = Scored(dot3, 0u);
+                        }
                         seen |= (scored3.flags & ROW_ATTENDED) << 12u;
                         seen |= ((scored3.flags & ROW_POISONED) >> 1u) << 28u;
                     }
                 }
-                var m_new = max(m12, scored0.s);
-                if (KB > 1u) {
-                    m_new = max(m_new, scored1.s);
-                }
-                if (KB > 2u) {
-                    m_new = max(m_new, scored2.s);
-                }
-                if (KB > 3u) {
-                    m_new = max(m_new, scored3.s);
-                }
-                // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m12 - m_new);
-                m12 = m_new;
-                // 0 for a key the row does not attend.
+                var alpha = 1.0;
                 var p0 = 0.0;
-                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
                 var p1 = 0.0;
-                if (KB > 1u) {
-                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
-                }
                 var p2 = 0.0;
-                if (KB > 2u) {
-                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
-                }
                 var p3 = 0.0;
-                if (KB > 3u) {
-                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                    var m_new = max(m12, scored0.s);
+                    if (KB > 1u) {
+                        m_new = max(m_new, scored1.s);
+                    }
+                    if (KB > 2u) {
+                        m_new = max(m_new, scored2.s);
+                    }
+                    if (KB > 3u) {
+                        m_new = max(m_new, scored3.s);
+                    }
+                    // exp(0) = 1 while no attended score has been finite yet.
+                    alpha = exp(m12 - m_new);
+                    m12 = m_new;
+                    // 0 for a key the row does not attend.
+                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    if (KB > 1u) {
+                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    }
+                    l12 = l12 * alpha + p0 + p1 + p2 + p3;
+                } else {
+                    p0 = scored0.s;
+                    if (KB > 1u) {
+                        p1 = scored1.s;
+                    }
+                    if (KB > 2u) {
+                        p2 = scored2.s;
+                    }
+                    if (KB > 3u) {
+                        p3 = scored3.s;
+                    }
                 }
-                l12 = l12 * alpha + p0 + p1 + p2 + p3;
                 var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
                     every_key = every_key && scored1.s != MASKED;
@@ -4102,32 +4679,34 @@ fn main(
                 // 0 x V, so a NaN or inf there reaches the row); otherwise a key
                 // the row does not attend must add nothing, even where its V is
                 // not finite.
-                if (every_key) {
-                    var acc = o12_0 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_0, acc);
-                    if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_0, acc);
+                if ((ABLATE & ABLATE_PRODUCT) == 0u) {
+                    if (every_key) {
+                        var acc = o12_0 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_0, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_0, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_0, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_0, acc);
+                        }
+                        o12_0 = acc;
+                    } else {
+                        var acc = o12_0 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
+                        }
+                        o12_0 = acc;
                     }
-                    if (KB > 2u) {
-                        acc = fma(vec4<f32>(p2), v2_0, acc);
-                    }
-                    if (KB > 3u) {
-                        acc = fma(vec4<f32>(p3), v3_0, acc);
-                    }
-                    o12_0 = acc;
-                } else {
-                    var acc = o12_0 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
-                    }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
-                    }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
-                    }
-                    o12_0 = acc;
                 }
             }
         }
@@ -4138,8 +4717,15 @@ fn main(
                 var scored0 = Scored(MASKED, 0u);
                 {
                     var dot0 = 0.0;
-                    dot0 += dot(q13_0, k0_0);
-                    scored0 = rules(team_sum(dot0), key0, span, slope);
+                    if ((ABLATE & ABLATE_SCORES) == 0u) {
+                        dot0 += dot(q13_0, k0_0);
+                        dot0 = team_sum(dot0);
+                    }
+                    if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                        scored0 = rules(dot0, key0, span, slope);
+                    } else {
+                        scored0 = Scored(dot0, 0u);
+                    }
                     seen |= (scored0.flags & ROW_ATTENDED) << 13u;
                     seen |= ((scored0.flags & ROW_POISONED) >> 1u) << 29u;
                 }
@@ -4147,8 +4733,15 @@ fn main(
                 if (KB > 1u) {
                     {
                         var dot1 = 0.0;
-                        dot1 += dot(q13_0, k1_0);
-                        scored1 = rules(team_sum(dot1), key1, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot1 += dot(q13_0, k1_0);
+                            dot1 = team_sum(dot1);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored1 = rules(dot1, key1, span, slope);
+                        } else {
+                            scored1 = Scored(dot1, 0u);
+                        }
                         seen |= (scored1.flags & ROW_ATTENDED) << 13u;
                         seen |= ((scored1.flags & ROW_POISONED) >> 1u) << 29u;
                     }
@@ -4157,8 +4750,15 @@ fn main(
                 if (KB > 2u) {
                     {
                         var dot2 = 0.0;
-                        dot2 += dot(q13_0, k2_0);
-                        scored2 = rules(team_sum(dot2), key2, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot2 += dot(q13_0, k2_0);
+                            dot2 = team_sum(dot2);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored2 = rules(dot2, key2, span, slope);
+                        } else {
+                            scored2 = Scored(dot2, 0u);
+                        }
                         seen |= (scored2.flags & ROW_ATTENDED) << 13u;
                         seen |= ((scored2.flags & ROW_POISONED) >> 1u) << 29u;
                     }
@@ -4167,41 +4767,62 @@ fn main(
                 if (KB > 3u) {
                     {
                         var dot3 = 0.0;
-                        dot3 += dot(q13_0, k3_0);
-                        scored3 = rules(team_sum(dot3), key3, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot3 += dot(q13_0, k3_0);
+                            dot3 = team_sum(dot3);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored3 = rules(dot3, key3, span, slope);
+                        } else {
+                            scored3 = Scored(dot3, 0u);
+                        }
                         seen |= (scored3.flags & ROW_ATTENDED) << 13u;
                         seen |= ((scored3.flags & ROW_POISONED) >> 1u) << 29u;
                     }
                 }
-                var m_new = max(m13, scored0.s);
-                if (KB > 1u) {
-                    m_new = max(m_new, scored1.s);
-                }
-                if (KB > 2u) {
-                    m_new = max(m_new, scored2.s);
-                }
-                if (KB > 3u) {
-                    m_new = max(m_new, scored3.s);
-                }
-                // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m13 - m_new);
-                m13 = m_new;
-                // 0 for a key the row does not attend.
+                var alpha = 1.0;
                 var p0 = 0.0;
-                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
                 var p1 = 0.0;
-                if (KB > 1u) {
-                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
-                }
                 var p2 = 0.0;
-                if (KB > 2u) {
-                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
-                }
                 var p3 = 0.0;
-                if (KB > 3u) {
-                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                    var m_new = max(m13, scored0.s);
+                    if (KB > 1u) {
+                        m_new = max(m_new, scored1.s);
+                    }
+                    if (KB > 2u) {
+                        m_new = max(m_new, scored2.s);
+                    }
+                    if (KB > 3u) {
+                        m_new = max(m_new, scored3.s);
+                    }
+                    // exp(0) = 1 while no attended score has been finite yet.
+                    alpha = exp(m13 - m_new);
+                    m13 = m_new;
+                    // 0 for a key the row does not attend.
+                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    if (KB > 1u) {
+                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    }
+                    l13 = l13 * alpha + p0 + p1 + p2 + p3;
+                } else {
+                    p0 = scored0.s;
+                    if (KB > 1u) {
+                        p1 = scored1.s;
+                    }
+                    if (KB > 2u) {
+                        p2 = scored2.s;
+                    }
+                    if (KB > 3u) {
+                        p3 = scored3.s;
+                    }
                 }
-                l13 = l13 * alpha + p0 + p1 + p2 + p3;
                 var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
                     every_key = every_key && scored1.s != MASKED;
@@ -4217,32 +4838,34 @@ fn main(
                 // 0 x V, so a NaN or inf there reaches the row); otherwise a key
                 // the row does not attend must add nothing, even where its V is
                 // not finite.
-                if (every_key) {
-                    var acc = o13_0 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_0, acc);
-                    if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_0, acc);
+                if ((ABLATE & ABLATE_PRODUCT) == 0u) {
+                    if (every_key) {
+                        var acc = o13_0 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_0, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_0, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_0, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_0, acc);
+                        }
+                        o13_0 = acc;
+                    } else {
+                        var acc = o13_0 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
+                        }
+                        o13_0 = acc;
                     }
-                    if (KB > 2u) {
-                        acc = fma(vec4<f32>(p2), v2_0, acc);
-                    }
-                    if (KB > 3u) {
-                        acc = fma(vec4<f32>(p3), v3_0, acc);
-                    }
-                    o13_0 = acc;
-                } else {
-                    var acc = o13_0 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
-                    }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
-                    }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
-                    }
-                    o13_0 = acc;
                 }
             }
         }
@@ -4253,8 +4876,15 @@ fn main(
                 var scored0 = Scored(MASKED, 0u);
                 {
                     var dot0 = 0.0;
-                    dot0 += dot(q14_0, k0_0);
-                    scored0 = rules(team_sum(dot0), key0, span, slope);
+                    if ((ABLATE & ABLATE_SCORES) == 0u) {
+                        dot0 += dot(q14_0, k0_0);
+                        dot0 = team_sum(dot0);
+                    }
+                    if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                        scored0 = rules(dot0, key0, span, slope);
+                    } else {
+                        scored0 = Scored(dot0, 0u);
+                    }
                     seen |= (scored0.flags & ROW_ATTENDED) << 14u;
                     seen |= ((scored0.flags & ROW_POISONED) >> 1u) << 30u;
                 }
@@ -4262,8 +4892,15 @@ fn main(
                 if (KB > 1u) {
                     {
                         var dot1 = 0.0;
-                        dot1 += dot(q14_0, k1_0);
-                        scored1 = rules(team_sum(dot1), key1, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot1 += dot(q14_0, k1_0);
+                            dot1 = team_sum(dot1);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored1 = rules(dot1, key1, span, slope);
+                        } else {
+                            scored1 = Scored(dot1, 0u);
+                        }
                         seen |= (scored1.flags & ROW_ATTENDED) << 14u;
                         seen |= ((scored1.flags & ROW_POISONED) >> 1u) << 30u;
                     }
@@ -4272,8 +4909,15 @@ fn main(
                 if (KB > 2u) {
                     {
                         var dot2 = 0.0;
-                        dot2 += dot(q14_0, k2_0);
-                        scored2 = rules(team_sum(dot2), key2, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot2 += dot(q14_0, k2_0);
+                            dot2 = team_sum(dot2);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored2 = rules(dot2, key2, span, slope);
+                        } else {
+                            scored2 = Scored(dot2, 0u);
+                        }
                         seen |= (scored2.flags & ROW_ATTENDED) << 14u;
                         seen |= ((scored2.flags & ROW_POISONED) >> 1u) << 30u;
                     }
@@ -4282,41 +4926,62 @@ fn main(
                 if (KB > 3u) {
                     {
                         var dot3 = 0.0;
-                        dot3 += dot(q14_0, k3_0);
-                        scored3 = rules(team_sum(dot3), key3, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot3 += dot(q14_0, k3_0);
+                            dot3 = team_sum(dot3);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored3 = rules(dot3, key3, span, slope);
+                        } else {
+                            scored3 = Scored(dot3, 0u);
+                        }
                         seen |= (scored3.flags & ROW_ATTENDED) << 14u;
                         seen |= ((scored3.flags & ROW_POISONED) >> 1u) << 30u;
                     }
                 }
-                var m_new = max(m14, scored0.s);
-                if (KB > 1u) {
-                    m_new = max(m_new, scored1.s);
-                }
-                if (KB > 2u) {
-                    m_new = max(m_new, scored2.s);
-                }
-                if (KB > 3u) {
-                    m_new = max(m_new, scored3.s);
-                }
-                // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m14 - m_new);
-                m14 = m_new;
-                // 0 for a key the row does not attend.
+                var alpha = 1.0;
                 var p0 = 0.0;
-                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
                 var p1 = 0.0;
-                if (KB > 1u) {
-                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
-                }
                 var p2 = 0.0;
-                if (KB > 2u) {
-                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
-                }
                 var p3 = 0.0;
-                if (KB > 3u) {
-                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                    var m_new = max(m14, scored0.s);
+                    if (KB > 1u) {
+                        m_new = max(m_new, scored1.s);
+                    }
+                    if (KB > 2u) {
+                        m_new = max(m_new, scored2.s);
+                    }
+                    if (KB > 3u) {
+                        m_new = max(m_new, scored3.s);
+                    }
+                    // exp(0) = 1 while no attended score has been finite yet.
+                    alpha = exp(m14 - m_new);
+                    m14 = m_new;
+                    // 0 for a key the row does not attend.
+                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    if (KB > 1u) {
+                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    }
+                    l14 = l14 * alpha + p0 + p1 + p2 + p3;
+                } else {
+                    p0 = scored0.s;
+                    if (KB > 1u) {
+                        p1 = scored1.s;
+                    }
+                    if (KB > 2u) {
+                        p2 = scored2.s;
+                    }
+                    if (KB > 3u) {
+                        p3 = scored3.s;
+                    }
                 }
-                l14 = l14 * alpha + p0 + p1 + p2 + p3;
                 var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
                     every_key = every_key && scored1.s != MASKED;
@@ -4332,32 +4997,34 @@ fn main(
                 // 0 x V, so a NaN or inf there reaches the row); otherwise a key
                 // the row does not attend must add nothing, even where its V is
                 // not finite.
-                if (every_key) {
-                    var acc = o14_0 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_0, acc);
-                    if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_0, acc);
+                if ((ABLATE & ABLATE_PRODUCT) == 0u) {
+                    if (every_key) {
+                        var acc = o14_0 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_0, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_0, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_0, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_0, acc);
+                        }
+                        o14_0 = acc;
+                    } else {
+                        var acc = o14_0 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
+                        }
+                        o14_0 = acc;
                     }
-                    if (KB > 2u) {
-                        acc = fma(vec4<f32>(p2), v2_0, acc);
-                    }
-                    if (KB > 3u) {
-                        acc = fma(vec4<f32>(p3), v3_0, acc);
-                    }
-                    o14_0 = acc;
-                } else {
-                    var acc = o14_0 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
-                    }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
-                    }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
-                    }
-                    o14_0 = acc;
                 }
             }
         }
@@ -4368,8 +5035,15 @@ fn main(
                 var scored0 = Scored(MASKED, 0u);
                 {
                     var dot0 = 0.0;
-                    dot0 += dot(q15_0, k0_0);
-                    scored0 = rules(team_sum(dot0), key0, span, slope);
+                    if ((ABLATE & ABLATE_SCORES) == 0u) {
+                        dot0 += dot(q15_0, k0_0);
+                        dot0 = team_sum(dot0);
+                    }
+                    if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                        scored0 = rules(dot0, key0, span, slope);
+                    } else {
+                        scored0 = Scored(dot0, 0u);
+                    }
                     seen |= (scored0.flags & ROW_ATTENDED) << 15u;
                     seen |= ((scored0.flags & ROW_POISONED) >> 1u) << 31u;
                 }
@@ -4377,8 +5051,15 @@ fn main(
                 if (KB > 1u) {
                     {
                         var dot1 = 0.0;
-                        dot1 += dot(q15_0, k1_0);
-                        scored1 = rules(team_sum(dot1), key1, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot1 += dot(q15_0, k1_0);
+                            dot1 = team_sum(dot1);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored1 = rules(dot1, key1, span, slope);
+                        } else {
+                            scored1 = Scored(dot1, 0u);
+                        }
                         seen |= (scored1.flags & ROW_ATTENDED) << 15u;
                         seen |= ((scored1.flags & ROW_POISONED) >> 1u) << 31u;
                     }
@@ -4387,8 +5068,15 @@ fn main(
                 if (KB > 2u) {
                     {
                         var dot2 = 0.0;
-                        dot2 += dot(q15_0, k2_0);
-                        scored2 = rules(team_sum(dot2), key2, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot2 += dot(q15_0, k2_0);
+                            dot2 = team_sum(dot2);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored2 = rules(dot2, key2, span, slope);
+                        } else {
+                            scored2 = Scored(dot2, 0u);
+                        }
                         seen |= (scored2.flags & ROW_ATTENDED) << 15u;
                         seen |= ((scored2.flags & ROW_POISONED) >> 1u) << 31u;
                     }
@@ -4397,41 +5085,62 @@ fn main(
                 if (KB > 3u) {
                     {
                         var dot3 = 0.0;
-                        dot3 += dot(q15_0, k3_0);
-                        scored3 = rules(team_sum(dot3), key3, span, slope);
+                        if ((ABLATE & ABLATE_SCORES) == 0u) {
+                            dot3 += dot(q15_0, k3_0);
+                            dot3 = team_sum(dot3);
+                        }
+                        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                            scored3 = rules(dot3, key3, span, slope);
+                        } else {
+                            scored3 = Scored(dot3, 0u);
+                        }
                         seen |= (scored3.flags & ROW_ATTENDED) << 15u;
                         seen |= ((scored3.flags & ROW_POISONED) >> 1u) << 31u;
                     }
                 }
-                var m_new = max(m15, scored0.s);
-                if (KB > 1u) {
-                    m_new = max(m_new, scored1.s);
-                }
-                if (KB > 2u) {
-                    m_new = max(m_new, scored2.s);
-                }
-                if (KB > 3u) {
-                    m_new = max(m_new, scored3.s);
-                }
-                // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m15 - m_new);
-                m15 = m_new;
-                // 0 for a key the row does not attend.
+                var alpha = 1.0;
                 var p0 = 0.0;
-                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
                 var p1 = 0.0;
-                if (KB > 1u) {
-                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
-                }
                 var p2 = 0.0;
-                if (KB > 2u) {
-                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
-                }
                 var p3 = 0.0;
-                if (KB > 3u) {
-                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+                    var m_new = max(m15, scored0.s);
+                    if (KB > 1u) {
+                        m_new = max(m_new, scored1.s);
+                    }
+                    if (KB > 2u) {
+                        m_new = max(m_new, scored2.s);
+                    }
+                    if (KB > 3u) {
+                        m_new = max(m_new, scored3.s);
+                    }
+                    // exp(0) = 1 while no attended score has been finite yet.
+                    alpha = exp(m15 - m_new);
+                    m15 = m_new;
+                    // 0 for a key the row does not attend.
+                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    if (KB > 1u) {
+                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    }
+                    if (KB > 2u) {
+                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    }
+                    if (KB > 3u) {
+                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    }
+                    l15 = l15 * alpha + p0 + p1 + p2 + p3;
+                } else {
+                    p0 = scored0.s;
+                    if (KB > 1u) {
+                        p1 = scored1.s;
+                    }
+                    if (KB > 2u) {
+                        p2 = scored2.s;
+                    }
+                    if (KB > 3u) {
+                        p3 = scored3.s;
+                    }
                 }
-                l15 = l15 * alpha + p0 + p1 + p2 + p3;
                 var every_key = scored0.s != MASKED;
                 if (KB > 1u) {
                     every_key = every_key && scored1.s != MASKED;
@@ -4447,32 +5156,34 @@ fn main(
                 // 0 x V, so a NaN or inf there reaches the row); otherwise a key
                 // the row does not attend must add nothing, even where its V is
                 // not finite.
-                if (every_key) {
-                    var acc = o15_0 * alpha;
-                    acc = fma(vec4<f32>(p0), v0_0, acc);
-                    if (KB > 1u) {
-                        acc = fma(vec4<f32>(p1), v1_0, acc);
+                if ((ABLATE & ABLATE_PRODUCT) == 0u) {
+                    if (every_key) {
+                        var acc = o15_0 * alpha;
+                        acc = fma(vec4<f32>(p0), v0_0, acc);
+                        if (KB > 1u) {
+                            acc = fma(vec4<f32>(p1), v1_0, acc);
+                        }
+                        if (KB > 2u) {
+                            acc = fma(vec4<f32>(p2), v2_0, acc);
+                        }
+                        if (KB > 3u) {
+                            acc = fma(vec4<f32>(p3), v3_0, acc);
+                        }
+                        o15_0 = acc;
+                    } else {
+                        var acc = o15_0 * alpha;
+                        acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
+                        if (KB > 1u) {
+                            acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
+                        }
+                        if (KB > 2u) {
+                            acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
+                        }
+                        if (KB > 3u) {
+                            acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
+                        }
+                        o15_0 = acc;
                     }
-                    if (KB > 2u) {
-                        acc = fma(vec4<f32>(p2), v2_0, acc);
-                    }
-                    if (KB > 3u) {
-                        acc = fma(vec4<f32>(p3), v3_0, acc);
-                    }
-                    o15_0 = acc;
-                } else {
-                    var acc = o15_0 * alpha;
-                    acc += select(vec4<f32>(0.0), p0 * v0_0, scored0.s != MASKED);
-                    if (KB > 1u) {
-                        acc += select(vec4<f32>(0.0), p1 * v1_0, scored1.s != MASKED);
-                    }
-                    if (KB > 2u) {
-                        acc += select(vec4<f32>(0.0), p2 * v2_0, scored2.s != MASKED);
-                    }
-                    if (KB > 3u) {
-                        acc += select(vec4<f32>(0.0), p3 * v3_0, scored3.s != MASKED);
-                    }
-                    o15_0 = acc;
                 }
             }
         }

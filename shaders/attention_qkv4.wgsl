@@ -4,17 +4,7 @@
 // other element is a component of its vec4. Every buffer and view bound here
 // holds whole vec4s (buffers are rounded to 16 bytes, views are 16-byte runs).
 
-// Phases of the key loop a measurement removes (`webattn phases`,
-// gpu/phases.rs): 0 in every pipeline a call runs, so the guards fold away.
-// With a bit set the kernel's results are wrong by design; only its time is
-// of interest. KV_LOADS: K and V read as zeros, never from memory. SCORES: no
-// S = Q K^T. SOFTMAX: no rules, maxima, probabilities or sums. PRODUCT: no
-// O += P V.
-override ABLATE: u32 = 0u;
-const ABLATE_KV_LOADS: u32 = 1u;
-const ABLATE_SCORES: u32 = 2u;
-const ABLATE_SOFTMAX: u32 = 4u;
-const ABLATE_PRODUCT: u32 = 8u;
+// #include ablate.wgsl
 
 @group(0) @binding(1) var<storage, read> q_words: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> k_words: array<vec4<f32>>;

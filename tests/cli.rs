@@ -956,9 +956,9 @@ fn bench_on_a_cpu_engine_times_the_cpu_backend_and_the_oracle() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `webattn phases` on the register-tiled kernel: the whole kernel and five
-/// variants (each phase removed, then all four), in the table and the JSON;
-/// a kernel without phase switches is refused by name.
+/// `webattn phases` on the register-tiled kernel and the decode kernel: the
+/// whole kernel and five variants (each phase removed, then all four), in
+/// the table and the JSON; a kernel without phase switches is refused by name.
 #[test]
 fn phases_times_the_tiled_kernel_without_each_phase() {
     if common::gpu().is_none() {
@@ -977,6 +977,8 @@ fn phases_times_the_tiled_kernel_without_each_phase() {
         "128",
         "--width",
         "16",
+        "--decode-keys",
+        "300",
     ];
     let mut args = vec!["--backend", "gpu", "--kernel", "attention_tiled"];
     args.extend(small);
@@ -994,15 +996,14 @@ fn phases_times_the_tiled_kernel_without_each_phase() {
         .as_f64()
         .is_some_and(|g| g > 0.0));
     let rows = report["rows"].as_array().unwrap();
-    assert!(!rows.is_empty());
+    // The tiled kernel's rows, and the decode kernel's where it streams.
+    assert!(rows.iter().any(|row| row["kind"] == "fused"));
     for row in rows {
-        assert!(
-            row["kernel"]
-                .as_str()
-                .unwrap()
-                .starts_with("attention_tiled["),
-            "{row}"
-        );
+        let kernel = row["kernel"].as_str().unwrap();
+        match row["kind"].as_str().unwrap() {
+            "fused" => assert!(kernel.starts_with("attention_tiled["), "{row}"),
+            _ => assert!(kernel.starts_with("attention_decode_stream["), "{row}"),
+        }
         assert!(row["whole_ms"].as_f64().is_some_and(|ms| ms > 0.0));
         let without = row["without"].as_array().unwrap();
         let bits: Vec<u64> = without
@@ -1016,6 +1017,7 @@ fn phases_times_the_tiled_kernel_without_each_phase() {
     }
     let mut args = vec!["--backend", "gpu", "--kernel", "attention_fused"];
     args.extend(small);
+    args.extend(["--only", "fused"]);
     let out = run(&args);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no phase switches"));

@@ -141,3 +141,70 @@ fn every_team_shape_that_fits_agrees_with_the_oracle() {
         "no prefetching shape fits the test adapter"
     );
 }
+
+/// `webattn phases` times the streaming kernel without a phase of its key
+/// loop (`GpuContext::without_phases`); each switch must remove what it
+/// names. Without the dot products every score is 0, so each row is the mean
+/// of its KV head's V rows; without O += P V, or without K and V's loads,
+/// every row is 0. Two query rows per head (a GQA group of 2) over 1000 keys.
+#[test]
+fn each_phase_switch_of_the_streaming_kernel_removes_its_phase() {
+    use webattn::gpu::phases::Phases;
+    let Some(engine) = stream_engine() else {
+        return;
+    };
+    let ctx = engine.gpu().expect("a GPU engine");
+    let (heads, kv_heads, rows, keys, d) = (4, 2, 2, 1000, 64);
+    let mut rng = webattn::rng::SplitMix64::new(common::seed());
+    let tensor = |shape: [usize; 4], rng: &mut webattn::rng::SplitMix64| {
+        webattn::HostTensor::new(shape, rng.normal_vec(shape.iter().product(), 1.0)).unwrap()
+    };
+    let q = tensor([1, heads, rows, d], &mut rng);
+    let k = tensor([1, kv_heads, keys, d], &mut rng);
+    let v = tensor([1, kv_heads, keys, d], &mut rng);
+    let options = webattn::AttentionOptions {
+        path: KernelPath::Fused,
+        ..Default::default()
+    };
+    let inputs = webattn::AttentionInputs::new(&q, &k, &v);
+    let run = |phases: Phases| {
+        let variant = Engine::from_context(ctx.clone().without_phases(phases));
+        let y = variant
+            .attention_host_blocking(&inputs, &options)
+            .unwrap()
+            .y;
+        let compiled = variant.gpu().unwrap().pipelines().compiled_keys();
+        let bits = i64::from(phases.bits());
+        assert!(
+            compiled.iter().any(|key| {
+                key.kernel.name().starts_with("attention_decode_stream")
+                    && (phases.is_empty() || key.constants.contains(&("ABLATE", bits)))
+            }),
+            "without {}: {compiled:?}",
+            phases.name()
+        );
+        y
+    };
+    assert!(run(Phases::NONE).data().iter().all(|x| x.is_finite()));
+    for (i, &value) in run(Phases::SCORES).data().iter().enumerate() {
+        let (head, col) = (i / (rows * d), i % d);
+        let kv = head / (heads / kv_heads);
+        let mean = (0..keys)
+            .map(|j| f64::from(v.data()[(kv * keys + j) * d + col]))
+            .sum::<f64>()
+            / keys as f64;
+        assert!(
+            (f64::from(value) - mean).abs() < 1e-5,
+            "without S: element {i} is {value}, the mean of V is {mean}"
+        );
+    }
+    for phases in [Phases::PRODUCT, Phases::KV_LOADS] {
+        let y = run(phases);
+        assert!(
+            y.data().iter().all(|&x| x == 0.0),
+            "without {}: {:?}",
+            phases.name(),
+            &y.data()[..8]
+        );
+    }
+}

@@ -1,12 +1,13 @@
 //! Phases of a fused kernel's key loop that a measurement can remove, to
 //! learn where its time goes (`webattn phases`).
 //!
-//! The register-tiled kernels and the matrix-unit kernel take an override
-//! constant, `ABLATE` (`shaders/attention_qkv4.wgsl`), whose bits remove one
-//! phase of the key loop each: K and V read from memory, S = Q K^T, the
+//! The register-tiled kernels, the matrix-unit kernel and the streaming
+//! decode kernel take an override constant, `ABLATE` (`shaders/ablate.wgsl`),
+//! whose bits remove one phase of the key loop each: K and V read from
+//! memory, S = Q K^T (in decode, the dot products and their butterflies), the
 //! softmax (the contract's rules, the maxima, P, the sums), O += P V. A call
-//! made through [`GpuContext::without_phases`] compiles its fused pipeline
-//! with those bits set; every other pipeline, and every call through a
+//! made through [`GpuContext::without_phases`] compiles its fused or decode
+//! pipeline with those bits set; every other pipeline, and every call through a
 //! context without them, is the kernel as it always runs (the constant is 0
 //! and its guards fold away). The barriers, the staging stores, Q's block and
 //! the final writes stay, so removing all four phases times the loop's
@@ -84,8 +85,8 @@ impl Phases {
         }
         if !has_phase_switches(key.kernel) {
             return Err(Error::Conflict(
-                "only the register-tiled and matrix-unit fused kernels can run without a phase \
-                 (pass --kernel attention_tiled, or another `webattn info` lists)",
+                "only the register-tiled and matrix-unit fused kernels and the streaming decode \
+                 kernel can run without a phase (pass --kernel attention_tiled, say)",
             ));
         }
         Ok(key.with("ABLATE", i64::from(self.0)))
@@ -100,7 +101,8 @@ impl std::ops::BitOr for Phases {
 }
 
 /// Whether `kernel` takes the `ABLATE` override (it includes
-/// `shaders/attention_qkv4.wgsl`).
+/// `shaders/ablate.wgsl`): the register-tiled and matrix-unit fused kernels
+/// and the streaming decode kernel.
 pub fn has_phase_switches(kernel: Kernel) -> bool {
     matches!(
         kernel,
@@ -109,14 +111,16 @@ pub fn has_phase_switches(kernel: Kernel) -> bool {
             | Kernel::AttentionTiledShuffle
             | Kernel::AttentionTiledChunked
             | Kernel::AttentionCoop(_)
+            | Kernel::AttentionDecodeStream
+            | Kernel::AttentionDecodeStreamF16
     )
 }
 
 impl GpuContext {
-    /// This context with its fused calls compiled without `phases`: **their
-    /// results are wrong by design**, for measuring what each phase costs
-    /// (`webattn phases`). Calls whose fused kernel has no phase switches
-    /// fail with [`Error::Conflict`]; other paths are unchanged.
+    /// This context with its fused and decode calls compiled without
+    /// `phases`: **their results are wrong by design**, for measuring what
+    /// each phase costs (`webattn phases`). Calls whose kernel has no phase
+    /// switches fail with [`Error::Conflict`]; the unfused path is unchanged.
     pub fn without_phases(mut self, phases: Phases) -> GpuContext {
         self.removed_phases = phases;
         self

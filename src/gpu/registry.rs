@@ -472,7 +472,8 @@ impl Kernel {
 
 /// Files in `shaders/` that are not kernels but blocks the registry puts into
 /// kernels (see [`with_element`]).
-pub const FRAGMENTS: [&str; 5] = [
+pub const FRAGMENTS: [&str; 6] = [
+    "ablate.wgsl",
     "element_f16.wgsl",
     "attention_qkv4.wgsl",
     "attention_rules.wgsl",
@@ -484,7 +485,8 @@ pub const FRAGMENTS: [&str; 5] = [
 const INCLUDE: &str = "// #include ";
 
 /// The fragments a kernel can include, with their text.
-const INCLUDABLE: [(&str, &str); 4] = [
+const INCLUDABLE: [(&str, &str); 5] = [
+    ("ablate.wgsl", include_str!("../../shaders/ablate.wgsl")),
     (
         "attention_qkv4.wgsl",
         include_str!("../../shaders/attention_qkv4.wgsl"),

@@ -1,9 +1,10 @@
-//! `webattn phases`: where a fused kernel's time goes. The kernel a call
-//! takes is timed whole, then without each phase of its key loop in turn
-//! (K/V loads, S = Q K^T, the softmax, O += P V), then with all four removed
-//! (the loop's skeleton: barriers, staging stores, Q's block, the writes),
-//! in one run beside the FMA ceiling. The variants compute garbage by design
-//! (`webattn::gpu::phases`); only their times are kept.
+//! `webattn phases`: where a kernel's time goes. The fused kernel a call
+//! takes, and the decode kernel, are timed whole, then without each phase of
+//! their key loop in turn (K/V loads, S = Q K^T, the softmax, O += P V), then
+//! with all four removed (the loop's skeleton: barriers, staging stores, Q's
+//! block, the writes), in one run beside the FMA and copy ceilings. The
+//! variants compute garbage by design (`webattn::gpu::phases`); only their
+//! times are kept.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -38,6 +39,14 @@ pub struct Args {
     /// Causal rows too (non-causal only by default).
     #[arg(long)]
     causal: bool,
+    /// Decode rows at these key counts (one query row per head, d 128, K and
+    /// V as f32 and as f16). Default: 16384 keys for B 8 x H 32 on a GPU,
+    /// 2048 for B 1 x H 8 on a CPU adapter.
+    #[arg(long, value_delimiter = ',', value_name = "N,...")]
+    decode_keys: Vec<usize>,
+    /// Only these kinds of rows (comma-separated; default both).
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "KIND,...")]
+    only: Vec<Kind>,
     /// One warm-up and three timed runs per variant (two and five otherwise).
     #[arg(long)]
     quick: bool,
@@ -46,17 +55,30 @@ pub struct Args {
     json: Option<PathBuf>,
 }
 
+/// The kinds of rows.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// The fused kernel on prefill shapes (Nq = Nk).
+    Fused,
+    /// The decode kernel: one query row per head against many keys.
+    Decode,
+}
+
 /// One variant's time.
 struct Variant {
     removed: Phases,
     ms: f64,
 }
 
-/// One shape at one precision: the kernel and its variants (the first is the
+/// One shape at one precision and K/V type, the context its calls run on
+/// and the kernel they take; once measured, its variants (the first is the
 /// whole kernel).
 struct Row {
+    kind: Kind,
     precision: Precision,
+    dtype: DType,
     shape: AttentionShape,
+    base: webattn::GpuContext,
     kernel: String,
     variants: Vec<Variant>,
 }
@@ -73,7 +95,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     let engine = super::engine(engine_args)?;
     let ctx = engine
         .gpu()
-        .context("webattn phases measures a GPU's fused kernels; this engine runs on the CPU")?;
+        .context("webattn phases measures a GPU's kernels; this engine runs on the CPU")?;
     eprintln!("webattn phases on {}", engine.describe());
     let cpu_adapter = ctx.capabilities().adapter.device_type == "Cpu";
     let seq = args.seq.unwrap_or(if cpu_adapter { 256 } else { 4096 });
@@ -81,6 +103,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         .tokens
         .unwrap_or(if cpu_adapter { 1024 } else { 16384 });
     let width = args.width.unwrap_or(if cpu_adapter { 256 } else { 2048 });
+    let wanted = |kind: Kind| args.only.is_empty() || args.only.contains(&kind);
     let matrix_units = webattn::gpu::planner::coop_shape(ctx.capabilities()).is_some();
     let repeats = if args.quick {
         Repeats {
@@ -110,61 +133,94 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             Ok(ctx.clone())
         }
     };
-    let mut plan = Vec::new();
-    for &precision in super::bench::precisions(matrix_units) {
+    // Rows whose kernel has no phase switches (an f32 row on an adapter whose
+    // fused kernel is attention_sg, a decode row the staged kernel takes) are
+    // left out, and said so.
+    let mut rows = Vec::new();
+    let mut skipped = Vec::new();
+    let fused_precisions: &[Precision] = if wanted(Kind::Fused) {
+        super::bench::precisions(matrix_units)
+    } else {
+        &[]
+    };
+    for &precision in fused_precisions {
         for &head_dim in &args.head_dims {
             anyhow::ensure!(head_dim > 0, "a head dim of 0 has no kernel");
             for &causal in causal {
-                plan.push((
-                    precision,
-                    AttentionShape {
-                        batch: (tokens / seq).max(1),
-                        heads: (width / head_dim).max(1),
-                        seq_q: seq,
-                        seq_k: seq,
-                        head_dim,
-                        causal,
-                    },
-                ));
+                let shape = AttentionShape {
+                    batch: (tokens / seq).max(1),
+                    heads: (width / head_dim).max(1),
+                    seq_q: seq,
+                    seq_k: seq,
+                    head_dim,
+                    causal,
+                };
+                let base = base(precision)?;
+                let what = format!("{} d {head_dim}", precision_label(precision));
+                match base.fused_kernel_at(head_dim, head_dim, precision) {
+                    Ok(kernel @ (FusedKernel::Tiled(_) | FusedKernel::Coop(_))) => rows.push(Row {
+                        kind: Kind::Fused,
+                        precision,
+                        dtype: DType::F32,
+                        shape,
+                        base,
+                        kernel: kernel.label(),
+                        variants: Vec::new(),
+                    }),
+                    Ok(kernel) => {
+                        skipped.push(format!("{what}: {} has no phase switches", kernel.label()))
+                    }
+                    Err(e) => skipped.push(format!("{what}: {e}")),
+                }
             }
         }
     }
-    // Shapes whose kernel has no phase switches (an f32 row on an adapter
-    // whose fused kernel is attention_sg, say) are left out, and said so.
-    let mut skipped = Vec::new();
-    plan.retain(|&(precision, shape)| {
-        let kernel = base(precision)
-            .and_then(|c| c.fused_kernel_at(shape.head_dim, shape.head_dim, precision));
-        match kernel {
-            Ok(FusedKernel::Tiled(_) | FusedKernel::Coop(_)) => true,
-            Ok(kernel) => {
-                skipped.push(format!(
-                    "{} d {}: {} has no phase switches",
-                    precision_label(precision),
-                    shape.head_dim,
-                    kernel.label()
-                ));
-                false
-            }
-            Err(e) => {
-                skipped.push(format!(
-                    "{} d {}: {e}",
-                    precision_label(precision),
-                    shape.head_dim
-                ));
-                false
+    let decode_keys = match (wanted(Kind::Decode), args.decode_keys.is_empty()) {
+        (false, _) => Vec::new(),
+        (true, false) => args.decode_keys.clone(),
+        (true, true) => vec![if cpu_adapter { 2048 } else { 16384 }],
+    };
+    let (batch, heads) = if cpu_adapter { (1, 8) } else { (8, 32) };
+    for &keys in &decode_keys {
+        anyhow::ensure!(keys > 0, "a decode row needs keys");
+        for dtype in [DType::F32, DType::F16] {
+            let shape = AttentionShape {
+                batch,
+                heads,
+                seq_q: 1,
+                seq_k: keys,
+                head_dim: 128,
+                causal: false,
+            };
+            let dims = webattn::AttentionDims::plain(batch, [heads, heads], [1, keys], [128, 128]);
+            let f16 = dtype == DType::F16;
+            let what = format!("decode {keys} keys {dtype}");
+            match ctx.decode_plan(&dims, f16) {
+                Some(plan) if has_phase_switches(plan.key(&dims, f16).kernel) => rows.push(Row {
+                    kind: Kind::Decode,
+                    precision: Precision::Highest,
+                    dtype,
+                    shape,
+                    base: ctx.clone(),
+                    kernel: plan.kernel.label(),
+                    variants: Vec::new(),
+                }),
+                Some(plan) => skipped.push(format!(
+                    "{what}: {} has no phase switches",
+                    plan.kernel.label()
+                )),
+                None => skipped.push(format!("{what}: no decode kernel takes it")),
             }
         }
-    });
+    }
     anyhow::ensure!(
-        !plan.is_empty(),
-        "no fused kernel here has phase switches ({}): only the register-tiled and matrix-unit \
-         kernels do (pass --kernel attention_tiled, say)",
+        !rows.is_empty(),
+        "no kernel here has phase switches ({}): only the register-tiled and matrix-unit \
+         fused kernels and the streaming decode kernel do (pass --kernel attention_tiled, say)",
         skipped.join("; ")
     );
-    let steps = plan.len() + 1;
     let bar = std::io::stderr().is_terminal().then(|| {
-        let bar = ProgressBar::new(steps as u64);
+        let bar = ProgressBar::new(rows.len() as u64 + 2);
         bar.set_style(
             ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
                 .unwrap_or_else(|_| ProgressStyle::default_bar())
@@ -179,44 +235,47 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         }
         None => eprintln!("{msg}"),
     };
+    let ceiling_repeats = Repeats {
+        warmup: 2,
+        timed: 5,
+    };
     note("FMA ceiling".into());
-    let ceiling = pollster::block_on(bench::fma_ceiling(
-        ctx,
-        Repeats {
-            warmup: 2,
-            timed: 5,
-        },
-    ))?
-    .0;
-    let mut rows = Vec::new();
-    for &(precision, shape) in &plan {
-        let base = base(precision)?;
-        let kernel = base.fused_kernel_at(shape.head_dim, shape.head_dim, precision)?;
-        let mut row = Row {
-            precision,
-            shape,
-            kernel: kernel.label(),
-            variants: Vec::new(),
-        };
-        note(format!(
-            "{} d{}{}: the kernel whole and without each phase",
-            precision.name(),
-            shape.head_dim,
-            if shape.causal { " causal" } else { "" },
-        ));
+    let ceiling = pollster::block_on(bench::fma_ceiling(ctx, ceiling_repeats))?.0;
+    note("bandwidth ceiling".into());
+    let bandwidth = if rows.iter().any(|r| r.kind == Kind::Decode) {
+        Some(pollster::block_on(bench::bandwidth_ceiling(ctx, ceiling_repeats))?.gbs)
+    } else {
+        None
+    };
+    for row in &mut rows {
+        let s = row.shape;
+        note(match row.kind {
+            Kind::Fused => format!(
+                "{} d{}{}: the kernel whole and without each phase",
+                row.precision.name(),
+                s.head_dim,
+                if s.causal { " causal" } else { "" },
+            ),
+            Kind::Decode => format!(
+                "decode {} keys {}: whole and without each phase",
+                s.seq_k, row.dtype
+            ),
+        });
         let engines: Vec<webattn::Engine> = variants()
             .into_iter()
-            .map(|removed| webattn::Engine::from_context(base.clone().without_phases(removed)))
+            .map(|removed| webattn::Engine::from_context(row.base.clone().without_phases(removed)))
             .collect();
         let run = AttentionRun {
             path: KernelPath::Fused,
-            precision,
-            cold_cache: false,
-            dtype: DType::F32,
+            precision: row.precision,
+            // Decode reads K and V from memory, not from the cache the last
+            // run left them in (where the adapter allows).
+            cold_cache: row.kind == Kind::Decode,
+            dtype: row.dtype,
         };
         let measured = pollster::block_on(bench::attention_runs(
             &engines.iter().collect::<Vec<_>>(),
-            shape,
+            s,
             run,
             repeats,
         ))
@@ -239,7 +298,6 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 ms: m.measurement.median_ms(),
             });
         }
-        rows.push(row);
     }
     if let Some(bar) = bar {
         bar.finish_and_clear();
@@ -247,9 +305,10 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
 
     let a = &ctx.capabilities().adapter;
     println!("adapter: {} ({}, {})", a.name, a.backend, a.device_type);
-    println!(
-        "FMA ceiling: {ceiling:.1} GFLOP/s (this run); B x H = {tokens} tokens / seq x {width} / head dim"
-    );
+    println!("FMA ceiling: {ceiling:.1} GFLOP/s (this run)");
+    if let Some(gbs) = bandwidth {
+        println!("bandwidth ceiling: {gbs:.1} GB/s, a vec4 copy (this run)");
+    }
     println!(
         "each phase of the kernel's key loop removed in turn (the results are discarded): what is \
          left is timed; the phase's cost is what removing it saved"
@@ -263,24 +322,40 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     for why in &skipped {
         println!("skipped: {why}");
     }
+    let kv_gbs = |row: &Row| row.shape.kv_bytes_as(row.dtype) as f64 / (row.variants[0].ms * 1e6);
     for row in &rows {
         let whole = row.variants[0].ms;
         let s = row.shape;
-        let gflops = s.flops() / (whole * 1e6);
-        println!(
-            "\n{} seq {} d {}{}, B {} x H {}: {}",
-            precision_label(row.precision),
-            s.seq_q,
-            s.head_dim,
-            if s.causal { " causal" } else { "" },
-            s.batch,
-            s.heads,
-            row.kernel
-        );
-        println!(
-            "  whole: {whole:.3} ms, {gflops:.0} GFLOP/s, {:.1}% of the FMA ceiling",
-            100.0 * gflops / ceiling
-        );
+        match row.kind {
+            Kind::Fused => {
+                let gflops = s.flops() / (whole * 1e6);
+                println!(
+                    "\n{} seq {} d {}{}, B {} x H {}: {}",
+                    precision_label(row.precision),
+                    s.seq_q,
+                    s.head_dim,
+                    if s.causal { " causal" } else { "" },
+                    s.batch,
+                    s.heads,
+                    row.kernel
+                );
+                println!(
+                    "  whole: {whole:.3} ms, {gflops:.0} GFLOP/s, {:.1}% of the FMA ceiling",
+                    100.0 * gflops / ceiling
+                );
+            }
+            Kind::Decode => {
+                let gbs = kv_gbs(row);
+                println!(
+                    "\ndecode, K and V as {}, {} keys, d {}, B {} x H {}: {}",
+                    row.dtype, s.seq_k, s.head_dim, s.batch, s.heads, row.kernel
+                );
+                let share = bandwidth.map_or(String::new(), |b| {
+                    format!(", {:.0}% of the copy ceiling", 100.0 * gbs / b)
+                });
+                println!("  whole: {whole:.3} ms, K and V at {gbs:.0} GB/s{share}");
+            }
+        }
         println!(
             "  {:<34} {:>10} {:>9} {:>13}",
             "without", "ms", "of whole", "phase's cost"
@@ -306,16 +381,20 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     let json = json!({
         "adapter": {"name": a.name, "backend": a.backend, "device_type": a.device_type, "driver": a.driver, "driver_info": a.driver_info},
         "fma_ceiling_gflops": ceiling,
+        "bandwidth_ceiling_gbs": bandwidth,
         "runtime_checks": ctx.runtime_checks().name(),
         "skipped": skipped,
         "rows": rows.iter().map(|row| {
             let whole = row.variants[0].ms;
+            let gflops = row.shape.flops() / (whole * 1e6);
             json!({
-                "precision": row.precision.name(), "kernel": row.kernel,
-                "batch": row.shape.batch, "heads": row.shape.heads, "seq": row.shape.seq_q,
-                "head_dim": row.shape.head_dim, "causal": row.shape.causal,
-                "whole_ms": whole, "gflops": row.shape.flops() / (whole * 1e6),
-                "share_of_ceiling": row.shape.flops() / (whole * 1e6) / ceiling,
+                "kind": match row.kind { Kind::Fused => "fused", Kind::Decode => "decode" },
+                "precision": row.precision.name(), "dtype": row.dtype.to_string(), "kernel": row.kernel,
+                "batch": row.shape.batch, "heads": row.shape.heads, "seq_q": row.shape.seq_q,
+                "seq_k": row.shape.seq_k, "head_dim": row.shape.head_dim, "causal": row.shape.causal,
+                "whole_ms": whole, "gflops": gflops, "share_of_ceiling": gflops / ceiling,
+                "kv_gbs": kv_gbs(row),
+                "share_of_bandwidth": bandwidth.map(|b| kv_gbs(row) / b),
                 "without": row.variants[1..].iter().map(|v| json!({
                     "phases": v.removed.name(), "bits": v.removed.bits(), "ms": v.ms,
                     "of_whole": v.ms / whole,

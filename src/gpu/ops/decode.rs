@@ -371,7 +371,8 @@ pub(crate) fn record(
         &params(dims, options, plan.splits as u32, plan.split_keys as u32)
             .with_extra3(plan.heads_per_workgroup as u32),
     );
-    let pipeline = ctx.pipelines.get(&plan.key(dims, inputs.kv_f16));
+    let key = ctx.removed_phases.key(plan.key(dims, inputs.kv_f16))?;
+    let pipeline = ctx.pipelines.get(&key);
     rec.dispatch_segments(
         &pipeline,
         &[
