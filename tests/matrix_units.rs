@@ -807,6 +807,7 @@ fn fast_calls_leave_a_matrix_unit_kernel_measured_slower() {
                 coop_ms: Some(coop_ms),
                 unfused_coop_ms: None,
                 fast_gemm: None,
+                coop_tiles: None,
             };
             let key = TuningKey::new(ctx.capabilities(), 8, 8);
             ctx.record_tuning(key.clone(), entry(2.5));
@@ -833,6 +834,7 @@ fn fast_calls_leave_a_matrix_unit_kernel_measured_slower() {
             let unfused = |ms| TunedEntry {
                 unfused_coop_ms: Some(ms),
                 fast_gemm: None,
+                coop_tiles: None,
                 ..entry(0.5)
             };
             ctx.record_tuning(key.clone(), unfused(16.0));
@@ -922,6 +924,7 @@ fn fast_calls_take_the_matrix_unit_gemm_form_tuned_fastest() {
                     form,
                     unfused_ms: 1.0,
                 }),
+                coop_tiles: None,
             };
             let key = TuningKey::new(ctx.capabilities(), 8, 8);
             ctx.record_tuning(key.clone(), entry(FastGemm::Staged));
@@ -1053,6 +1056,110 @@ fn each_phase_switch_of_the_matrix_unit_kernel_removes_its_phase() {
                     &y.data()[..8]
                 );
             }
+        },
+    );
+}
+
+/// The matrix-unit kernel's tiles: calls at `Fast` take those `webattn
+/// tune` measured fastest where they are a candidate that fits, tiles pinned
+/// on a context before them, the largest that fit otherwise; a call through
+/// tuned tiles agrees with the oracle; and the tuner records the tiles it
+/// timed (on a CPU adapter, the one candidate it tries).
+#[test]
+fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
+    on_matrix_units(
+        "fast_calls_take_the_matrix_unit_tiles_measured_fastest",
+        Size::Native,
+        |_| {
+            use webattn::gpu::ops::fused::{CoopTiles, FusedKernel};
+            use webattn::tuning::{TunedCoop, TunedEntry, TunedKernel, TuningCache, TuningKey};
+            let engine = Engine::with_options_blocking(EngineOptions {
+                tuning_cache: TuningCache::Memory,
+                ..Default::default()
+            })
+            .expect("an engine of its own");
+            let ctx = engine.gpu().expect("a GPU engine");
+            let shape = coop_shape(ctx.capabilities()).expect("matrix units");
+            let tiles_at = |ctx: &webattn::gpu::context::GpuContext| match ctx.fused_kernel_at(
+                8,
+                8,
+                Precision::Fast,
+            ) {
+                Ok(FusedKernel::Coop(t)) => (t.subgroups, t.keys_per_tile),
+                other => panic!("not the matrix-unit kernel: {other:?}"),
+            };
+            let largest = CoopTiles::for_dims(shape, 8, 8, &ctx.capabilities().limits).unwrap();
+            assert_eq!(tiles_at(ctx), (largest.subgroups, largest.keys_per_tile));
+            // Another candidate that fits, as the tuner would record it.
+            let other = CoopTiles::candidates(shape, 8, 8)
+                .into_iter()
+                .find(|t| t.fits(&ctx.capabilities().limits) && *t != largest)
+                .expect("a second candidate");
+            let tuned = |tiles: Option<TunedCoop>| TunedEntry {
+                kernel: TunedKernel::Portable,
+                fused_ms: 1.0,
+                unfused_ms: 2.0,
+                decode: None,
+                coop_ms: Some(0.5),
+                unfused_coop_ms: None,
+                fast_gemm: None,
+                coop_tiles: tiles,
+            };
+            let key = TuningKey::new(ctx.capabilities(), 8, 8);
+            let other_tiles = TunedCoop {
+                subgroups: other.subgroups,
+                keys_per_tile: other.keys_per_tile,
+            };
+            ctx.record_tuning(key.clone(), tuned(Some(other_tiles)));
+            assert_eq!(tiles_at(ctx), (other.subgroups, other.keys_per_tile));
+            // Pinned tiles come first; tiles that are no candidate are passed over.
+            let pinned = ctx.clone().with_pinned_coop_tiles(TunedCoop {
+                subgroups: largest.subgroups,
+                keys_per_tile: largest.keys_per_tile,
+            });
+            assert_eq!(
+                tiles_at(&pinned),
+                (largest.subgroups, largest.keys_per_tile)
+            );
+            let unknown = TunedCoop {
+                subgroups: 3,
+                keys_per_tile: 24,
+            };
+            assert_eq!(
+                tiles_at(&ctx.clone().with_pinned_coop_tiles(unknown)),
+                (other.subgroups, other.keys_per_tile)
+            );
+            // A call through the tuned tiles runs them, right.
+            let case = CaseSpec::new("tuned-coop-tiles", [1, 2, 2], [70, 90], [8, 8])
+                .with(|o| o.precision = Precision::Fast);
+            let results = pollster::block_on(run_case(&engine, &case, &[KernelPath::Fused], 7));
+            assert!(results.iter().all(|r| r.passed()), "{results:?}");
+            let keys: Vec<String> = ctx
+                .pipelines()
+                .compiled_keys()
+                .into_iter()
+                .map(|k| k.to_string())
+                .filter(|k| k.starts_with("attention_coop"))
+                .collect();
+            let want = (
+                format!("NSG={},", other.subgroups),
+                format!("BK={},", other.keys_per_tile),
+            );
+            assert!(
+                keys.iter()
+                    .any(|k| k.contains(&want.0) && k.contains(&want.1)),
+                "{want:?} not among {keys:?}"
+            );
+            // The tuner records the tiles it timed.
+            let reports = pollster::block_on(webattn::tuning::tune(&engine, &[(8, 8)], |_| {}))
+                .expect("tuning runs");
+            let recorded = reports[0].entry.coop_tiles.expect("tiles recorded");
+            let timed = webattn::tuning::coop_candidates(&engine, 8, 8);
+            assert!(
+                timed.iter().any(|t| (t.subgroups, t.keys_per_tile)
+                    == (recorded.subgroups, recorded.keys_per_tile)),
+                "{recorded:?} not among {timed:?}"
+            );
         },
     );
 }

@@ -139,6 +139,7 @@ fn a_stale_entry_is_ignored_with_a_warning_and_calls_stay_right() {
             coop_ms: None,
             unfused_coop_ms: None,
             fast_gemm: None,
+            coop_tiles: None,
         },
     );
     table.save(&cache).unwrap();
@@ -182,6 +183,7 @@ fn auto_follows_the_measured_path_and_kernel() {
             coop_ms: None,
             unfused_coop_ms: None,
             fast_gemm: None,
+            coop_tiles: None,
         },
     );
     table.save(&cache).unwrap();
@@ -223,6 +225,7 @@ fn auto_follows_the_measured_path_and_kernel() {
             coop_ms: None,
             unfused_coop_ms: None,
             fast_gemm: None,
+            coop_tiles: None,
         },
     );
     table.save(&cache).unwrap();
@@ -271,6 +274,7 @@ fn decode_follows_the_measured_kernel_where_it_runs() {
                 coop_ms: None,
                 unfused_coop_ms: None,
                 fast_gemm: None,
+                coop_tiles: None,
             },
         );
         table.save(&cache).unwrap();
@@ -325,12 +329,13 @@ fn entries_timed_without_runtime_checks_are_followed_only_without_them() {
             coop_ms: None,
             unfused_coop_ms: None,
             fast_gemm: None,
+            coop_tiles: None,
         },
     );
     table.save(&cache).unwrap();
     let text = std::fs::read_to_string(&cache).unwrap();
     assert!(
-        text.lines().nth(2).unwrap().ends_with("\toff\t-\t-"),
+        text.lines().nth(2).unwrap().ends_with("\toff\t-\t-\t-"),
         "{text}"
     );
     let checked = webattn(&cache, &["info"]);

@@ -70,6 +70,9 @@ pub struct GpuContext {
     /// Invocations per row in the matrix-unit kernel's scalar steps, where a
     /// test asks for other than its tiles' default.
     pub(crate) coop_lanes_per_row: Option<u32>,
+    /// Tiles of the matrix-unit kernel that calls at `Fast` take where they
+    /// fit (the tuner times each candidate this way).
+    pub(crate) pinned_coop: Option<crate::tuning::TunedCoop>,
     /// A form of the matrix-unit GEMM that calls at `Precision::Fast` take
     /// where it runs (the tuner times each form this way).
     pub(crate) pinned_fast_gemm: Option<super::choice::FastGemm>,
@@ -286,6 +289,7 @@ impl GpuContext {
             pinned_fused: None,
             pinned_decode: None,
             coop_lanes_per_row: None,
+            pinned_coop: None,
             pinned_fast_gemm: None,
             removed_phases: super::phases::Phases::NONE,
             caps: Arc::new(caps),

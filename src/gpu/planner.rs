@@ -206,6 +206,14 @@ impl GpuContext {
         self
     }
 
+    /// This context with calls at [`Precision::Fast`] that take the
+    /// matrix-unit fused kernel taking `tiles` where they fit (else its
+    /// tuned or default tiles): for timing or testing one configuration.
+    pub fn with_pinned_coop_tiles(mut self, tiles: crate::tuning::TunedCoop) -> GpuContext {
+        self.pinned_coop = Some(tiles);
+        self
+    }
+
     /// This context with calls at [`Precision::Fast`] taking `form` of the
     /// matrix-unit GEMM where it runs: for timing or testing one form.
     pub fn with_pinned_fast_gemm(mut self, form: FastGemm) -> GpuContext {
@@ -421,7 +429,7 @@ impl GpuContext {
                     .and_then(|entry| entry.coop_ms.map(|coop| coop > entry.fused_ms))
                     .unwrap_or(false);
             if let Some(tiles) = coop_shape(&self.caps)
-                .and_then(|shape| CoopTiles::for_dims(shape, dk, dv, &self.caps.limits))
+                .and_then(|shape| self.coop_tiles(shape, dk, dv))
                 .map(|tiles| match self.coop_lanes_per_row {
                     Some(lanes) => Some(tiles.with_lanes_per_row(lanes))
                         .filter(|t| t.is_valid() && t.fits(&self.caps.limits))
@@ -434,6 +442,28 @@ impl GpuContext {
             }
         }
         self.fused_kernel(dk, dv)
+    }
+
+    /// The matrix-unit kernel's tiles at head dims `dk`, `dv`: those pinned
+    /// on the context, else those `webattn tune` measured fastest, where
+    /// either is a candidate that fits; else the largest candidate that fits.
+    fn coop_tiles(&self, shape: CoopShape, dk: usize, dv: usize) -> Option<CoopTiles> {
+        let limits = &self.caps.limits;
+        let candidate = |want: crate::tuning::TunedCoop| {
+            CoopTiles::candidates(shape, dk, dv).into_iter().find(|t| {
+                t.subgroups == want.subgroups
+                    && t.keys_per_tile == want.keys_per_tile
+                    && t.fits(limits)
+            })
+        };
+        self.pinned_coop
+            .and_then(candidate)
+            .or_else(|| {
+                self.tuned(dk, dv)
+                    .and_then(|entry| entry.coop_tiles)
+                    .and_then(candidate)
+            })
+            .or_else(|| CoopTiles::for_dims(shape, dk, dv, limits))
     }
 }
 

@@ -5,9 +5,10 @@ mod table;
 mod tuner;
 
 pub use table::{
-    TunedDecode, TunedEntry, TunedGemm, TunedKernel, TuningCache, TuningKey, TuningTable, HEADER,
+    TunedCoop, TunedDecode, TunedEntry, TunedGemm, TunedKernel, TuningCache, TuningKey,
+    TuningTable, HEADER,
 };
 pub use tuner::{
-    coop_candidate, decode_candidates, fast_gemm_candidates, fused_candidates, tune, Timed,
+    coop_candidates, decode_candidates, fast_gemm_candidates, fused_candidates, tune, Timed,
     TuneReport, TuningProblem,
 };

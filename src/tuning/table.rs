@@ -18,20 +18,22 @@ use crate::gpu::ops::decode::{DecodeKernel, StreamShape};
 use crate::options::RuntimeChecks;
 
 /// The first line of a cache file of this format.
-pub const HEADER: &str = "# webattn tuning cache, format 7";
+pub const HEADER: &str = "# webattn tuning cache, format 8";
 /// The first lines of the formats before it, still read (their entries were
-/// all timed with runtime checks on but format 6's): format 6 (no
-/// matrix-unit GEMM columns), format 5 (no runtime-checks column),
+/// all timed with runtime checks on but format 6's): format 7 (no
+/// matrix-unit tile column: those calls take the largest tiles that fit),
+/// format 6 (no matrix-unit GEMM columns), format 5 (no runtime-checks column),
 /// format 4 (no decode prefetch column), format 3 (no unfused matrix-unit
 /// column), format 2 (no matrix-unit column), format 1 (no decode or prefetch
 /// columns either).
+const HEADER_7: &str = "# webattn tuning cache, format 7";
 const HEADER_6: &str = "# webattn tuning cache, format 6";
 const HEADER_5: &str = "# webattn tuning cache, format 5";
 const HEADER_4: &str = "# webattn tuning cache, format 4";
 const HEADER_3: &str = "# webattn tuning cache, format 3";
 const HEADER_2: &str = "# webattn tuning cache, format 2";
 const HEADER_1: &str = "# webattn tuning cache, format 1";
-const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms\tdecode_kernel\tL\tKB\tdecode_ms\tprefetch\tcoop_ms\tunfused_coop_ms\tdecode_prefetch\truntime_checks\tfast_gemm\tfast_gemm_ms";
+const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms\tdecode_kernel\tL\tKB\tdecode_ms\tprefetch\tcoop_ms\tunfused_coop_ms\tdecode_prefetch\truntime_checks\tfast_gemm\tfast_gemm_ms\tcoop_tiles";
 
 /// What a measurement is about: one adapter and driver under one
 /// workgroup-memory limit, at one head-dim class (head dims rounded up to 4),
@@ -145,6 +147,36 @@ pub struct TunedEntry {
     /// `Fast` ran fastest, where the adapter has matrix units: its products
     /// at `Fast` take it (`unfused_coop_ms` is that run's time).
     pub fast_gemm: Option<TunedGemm>,
+    /// The matrix-unit fused kernel's tiles that ran fastest at `Fast`
+    /// (`coop_ms` is their time), where the tuner timed several: calls at
+    /// `Fast` take them where they fit.
+    pub coop_tiles: Option<TunedCoop>,
+}
+
+/// Tiles of the matrix-unit fused kernel (`attention_coop`): the rest of its
+/// configuration follows from the adapter's matrix units and the head dims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TunedCoop {
+    /// Subgroups per workgroup (each a strip of query rows).
+    pub subgroups: u32,
+    /// Keys per K/V tile.
+    pub keys_per_tile: u32,
+}
+
+impl TunedCoop {
+    /// The text form: `4x64` (subgroups x keys per tile).
+    pub fn name(&self) -> String {
+        format!("{}x{}", self.subgroups, self.keys_per_tile)
+    }
+
+    /// Reads [`TunedCoop::name`]'s form.
+    pub fn from_name(name: &str) -> Option<TunedCoop> {
+        let (subgroups, keys) = name.split_once('x')?;
+        Some(TunedCoop {
+            subgroups: subgroups.parse().ok().filter(|&n| n > 0)?,
+            keys_per_tile: keys.parse().ok().filter(|&n| n > 0)?,
+        })
+    }
 }
 
 /// The matrix-unit GEMM form with which the unfused path at
@@ -254,7 +286,7 @@ impl TuningTable {
         match lines.next() {
             Some((_, first))
                 if [
-                    HEADER, HEADER_6, HEADER_5, HEADER_4, HEADER_3, HEADER_2, HEADER_1,
+                    HEADER, HEADER_7, HEADER_6, HEADER_5, HEADER_4, HEADER_3, HEADER_2, HEADER_1,
                 ]
                 .contains(&first.trim_end()) => {}
             Some((_, first)) => {
@@ -319,8 +351,11 @@ impl TuningTable {
                 None => "-\t-".to_string(),
                 Some(tuned) => format!("{}\t{:.6}", tuned.form.name(), tuned.unfused_ms),
             };
+            let coop_tiles = entry
+                .coop_tiles
+                .map_or_else(|| "-".to_string(), |t| t.name());
             out.push_str(&format!(
-                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\t{decode}\t{prefetch}\t{coop}\t{unfused_coop}\t{decode_prefetch}\t{}\t{fast_gemm}\n",
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\t{decode}\t{prefetch}\t{coop}\t{unfused_coop}\t{decode_prefetch}\t{}\t{fast_gemm}\t{coop_tiles}\n",
                 clean(&key.adapter),
                 clean(&key.backend),
                 clean(&key.driver),
@@ -407,9 +442,9 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
     // (no matrix-unit column), 19 in format 3 (no unfused matrix-unit
     // column), 20 in format 4 (no decode prefetch column), 21 in format 5
     // (no runtime-checks column), 22 in format 6 (no matrix-unit GEMM
-    // columns), 24 in format 7.
-    if ![13, 18, 19, 20, 21, 22, 24].contains(&fields.len()) {
-        return Err(format!("{} fields, expected 24", fields.len()));
+    // columns), 24 in format 7 (no matrix-unit tile column), 25 in format 8.
+    if ![13, 18, 19, 20, 21, 22, 24, 25].contains(&fields.len()) {
+        return Err(format!("{} fields, expected 25", fields.len()));
     }
     let number = |i: usize, what: &str| -> std::result::Result<u32, String> {
         fields[i]
@@ -511,6 +546,15 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
             unfused_ms: time(23, "fast_gemm_ms")?,
         }),
     };
+    // Before format 8 the tuner timed the largest tiles that fit, which
+    // calls then take: no tiles recorded.
+    let coop_tiles = match fields.get(24).map(|f| f.trim()) {
+        None | Some("-") => None,
+        Some(name) => Some(
+            TunedCoop::from_name(name)
+                .ok_or_else(|| format!("matrix-unit tiles {name:?} are not SUBGROUPSxKEYS"))?,
+        ),
+    };
     let entry = TunedEntry {
         kernel,
         fused_ms: time(11, "fused_ms")?,
@@ -519,6 +563,7 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
         coop_ms,
         unfused_coop_ms,
         fast_gemm,
+        coop_tiles,
     };
     Ok((key, entry))
 }
@@ -572,6 +617,10 @@ mod tests {
                     }),
                     unfused_ms: 0.75,
                 }),
+                coop_tiles: Some(TunedCoop {
+                    subgroups: 2,
+                    keys_per_tile: 32,
+                }),
             },
         );
         table.insert(
@@ -584,6 +633,7 @@ mod tests {
                 coop_ms: None,
                 unfused_coop_ms: None,
                 fast_gemm: None,
+                coop_tiles: None,
             },
         );
         table
@@ -623,6 +673,7 @@ mod tests {
                     coop_ms: None,
                     unfused_coop_ms: None,
                     fast_gemm: None,
+                    coop_tiles: None,
                 },
             );
             let text = table.to_text();
@@ -742,7 +793,8 @@ mod tests {
     }
 
     /// `table` as formats before 7 read it: their unfused time at `Fast` was
-    /// the staged kernel's, so that is the form.
+    /// the staged kernel's, so that is the form (and no format before 8
+    /// recorded the matrix-unit tiles).
     fn without_fast_gemm(mut table: TuningTable) -> TuningTable {
         let keys: Vec<TuningKey> = table.entries().map(|(k, _)| k.clone()).collect();
         for key in keys {
@@ -751,6 +803,7 @@ mod tests {
                 form: crate::gpu::choice::FastGemm::Staged,
                 unfused_ms: ms,
             });
+            entry.coop_tiles = None;
             table.insert(key, entry);
         }
         table
@@ -760,7 +813,7 @@ mod tests {
     fn format_6_lines_read_their_unfused_fast_time_as_the_staged_forms_and_an_unknown_form_is_refused(
     ) {
         let text = sample().to_text();
-        assert!(text.contains("\tpacked4x2\t0.750000\n"), "{text}");
+        assert!(text.contains("\tpacked4x2\t0.750000\t"), "{text}");
         let old: Vec<String> = text
             .lines()
             .enumerate()
@@ -778,6 +831,41 @@ mod tests {
         assert!(
             warnings[0].contains("unknown matrix-unit GEMM form"),
             "{warnings:?}"
+        );
+    }
+
+    #[test]
+    fn format_7_lines_keep_no_matrix_unit_tiles_and_malformed_tiles_are_refused() {
+        let text = sample().to_text();
+        assert!(text.contains("\tpacked4x2\t0.750000\t2x32\n"), "{text}");
+        let old: Vec<String> = text
+            .lines()
+            .enumerate()
+            .map(|(i, line)| match i {
+                0 => HEADER_7.to_string(),
+                1 => line.to_string(),
+                _ => line.split('\t').take(24).collect::<Vec<_>>().join("\t"),
+            })
+            .collect();
+        let (table, warnings) = TuningTable::parse(&old.join("\n"));
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let mut expected = sample();
+        let mut entry = *expected.get(&key(16)).unwrap();
+        entry.coop_tiles = None;
+        expected.insert(key(16), entry);
+        assert_eq!(table, expected);
+        for bad in ["2x", "0x32", "twox32"] {
+            let (table, warnings) =
+                TuningTable::parse(&text.replace("\t2x32\n", &format!("\t{bad}\n")));
+            assert_eq!(table.len(), 1, "{bad}");
+            assert!(warnings[0].contains("matrix-unit tiles"), "{warnings:?}");
+        }
+        assert_eq!(
+            TunedCoop::from_name("4x64"),
+            Some(TunedCoop {
+                subgroups: 4,
+                keys_per_tile: 64
+            })
         );
     }
 
@@ -810,6 +898,7 @@ mod tests {
                 coop_ms: None,
                 unfused_coop_ms: None,
                 fast_gemm: None,
+                coop_tiles: None,
             },
         );
         let (back, warnings) = TuningTable::parse(&table.to_text());
@@ -829,6 +918,7 @@ mod tests {
             coop_ms: None,
             unfused_coop_ms: None,
             fast_gemm: None,
+            coop_tiles: None,
         };
         table.insert(unchecked.clone(), entry);
         assert_eq!(table.len(), 3);
@@ -852,7 +942,8 @@ mod tests {
         let (old, warnings) = TuningTable::parse(&old.join("\n"));
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(old, without_fast_gemm(sample()));
-        let (bad, warnings) = TuningTable::parse(&text.replace("\toff\t-\t-\n", "\tmaybe\t-\t-\n"));
+        let (bad, warnings) =
+            TuningTable::parse(&text.replace("\toff\t-\t-\t-\n", "\tmaybe\t-\t-\t-\n"));
         assert_eq!(bad.len(), 2);
         assert!(warnings[0].contains("runtime_checks"), "{warnings:?}");
     }

@@ -8,11 +8,11 @@ use crate::conformance::{CaseInputs, CaseSpec};
 use crate::error::{Error, Result};
 use crate::gpu::choice::{FastGemm, GemmKernel};
 use crate::gpu::ops::decode::{DecodeKernel, DecodePlan, StreamShape};
-use crate::gpu::ops::fused::{FusedKernel, FusedTiles, TiledTiles};
+use crate::gpu::ops::fused::{CoopTiles, FusedKernel, FusedTiles, TiledTiles};
 use crate::problem::AttentionDims;
 use crate::{AttentionInputs, AttentionOptions, Engine, FusedKernelChoice, KernelPath, Precision};
 
-use super::table::{TunedDecode, TunedEntry, TunedGemm, TunedKernel};
+use super::table::{TunedCoop, TunedDecode, TunedEntry, TunedGemm, TunedKernel};
 
 /// The problems each head-dim class is timed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,14 +65,29 @@ impl TuningProblem {
     }
 }
 
-/// The matrix-unit fused kernel a call at `Precision::Fast` with head dims
-/// `dk`, `dv` runs on `engine`'s adapter, where it has matrix units and one
-/// of the kernel's tiles fits; the tuner times it beside the f32 kernels.
-pub fn coop_candidate(engine: &Engine, dk: usize, dv: usize) -> Option<FusedKernel> {
-    let ctx = engine.gpu()?;
-    let shape = crate::gpu::planner::coop_shape(ctx.capabilities())?;
-    crate::gpu::ops::fused::CoopTiles::for_dims(shape, dk, dv, &ctx.capabilities().limits)
-        .map(FusedKernel::Coop)
+/// The matrix-unit fused kernel's tiles that the tuner times at head dims
+/// `dk`, `dv` on `engine`'s adapter, where it has matrix units: every
+/// candidate that fits (on a CPU adapter the first only, as for the f32
+/// kernel: each takes seconds to compile there). Calls at `Precision::Fast`
+/// take the fastest.
+pub fn coop_candidates(engine: &Engine, dk: usize, dv: usize) -> Vec<CoopTiles> {
+    let Some(ctx) = engine.gpu() else {
+        return Vec::new();
+    };
+    let caps = ctx.capabilities();
+    let Some(shape) = crate::gpu::planner::coop_shape(caps) else {
+        return Vec::new();
+    };
+    let tried = if caps.adapter.device_type == "Cpu" {
+        1
+    } else {
+        usize::MAX
+    };
+    CoopTiles::candidates(shape, dk, dv)
+        .into_iter()
+        .filter(|t| t.fits(&caps.limits))
+        .take(tried)
+        .collect()
 }
 
 /// One configuration's time.
@@ -290,11 +305,19 @@ pub async fn tune(
         // one: calls at Fast take it only where it is not measured slower
         // than the f32 winner.
         let mut coop_ms = None;
-        if let Some(kernel) = coop_candidate(engine, dk, dv) {
-            let label = format!("{} (precision fast)", kernel.label());
+        let mut coop_tiles = None;
+        for tiles in coop_candidates(engine, dk, dv) {
+            let label = format!("{} (precision fast)", tiles.key());
             progress(&format!("head dims {dk}/{dv}: {label}"));
-            let coop =
-                Engine::from_context(ctx.clone().with_fused_kernel(FusedKernelChoice::Coop)?);
+            let tuned = TunedCoop {
+                subgroups: tiles.subgroups,
+                keys_per_tile: tiles.keys_per_tile,
+            };
+            let coop = Engine::from_context(
+                ctx.clone()
+                    .with_fused_kernel(FusedKernelChoice::Coop)?
+                    .with_pinned_coop_tiles(tuned),
+            );
             if let Some(ms) = left_out(
                 time(&coop, &inputs, KernelPath::Fused, Precision::Fast).await,
                 |why| progress(&format!("head dims {dk}/{dv}: {label} left out: {why}")),
@@ -303,7 +326,10 @@ pub async fn tune(
                     label,
                     median_ms: ms,
                 });
-                coop_ms = Some(ms);
+                if coop_ms.is_none_or(|best| ms < best) {
+                    coop_ms = Some(ms);
+                    coop_tiles = Some(tuned);
+                }
             }
         }
         // The unfused path at Precision::Fast (its GEMMs on the matrix units),
@@ -408,6 +434,7 @@ pub async fn tune(
             coop_ms,
             unfused_coop_ms,
             fast_gemm,
+            coop_tiles,
         };
         ctx.record_tuning(ctx.tuning_key(dk, dv), entry);
         reports.push(TuneReport {

@@ -72,6 +72,7 @@ fn describe(engine: &Engine) -> serde_json::Value {
             "decode_ms": e.decode.map(|d| d.decode_ms),
             "coop_ms": e.coop_ms, "unfused_coop_ms": e.unfused_coop_ms,
             "fast_gemm": e.fast_gemm.map(|g| g.form.name()),
+            "coop_tiles": e.coop_tiles.map(|t| t.name()),
         })).collect::<Vec<_>>()),
         "paths": plan.paths.iter().map(|p| p.name()).chain(["cpu", "oracle"]).collect::<Vec<_>>(),
         "cpu_backend": engine.cpu_backend().describe(),
@@ -150,8 +151,11 @@ fn tuning_text(engine: &Engine, ctx: &webattn::GpuContext) -> String {
         let verdict = |coop: f64, f32_ms: f64| if coop > f32_ms { "f32 kept" } else { "taken" };
         let mut fast = Vec::new();
         if let Some(coop) = entry.coop_ms {
+            let tiles = entry
+                .coop_tiles
+                .map_or(String::new(), |t| format!(", tiles {}", t.name()));
             fast.push(format!(
-                "fused {coop:.3} ms ({})",
+                "fused {coop:.3} ms ({}{tiles})",
                 verdict(coop, entry.fused_ms)
             ));
         }

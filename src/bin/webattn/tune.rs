@@ -56,7 +56,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             );
             webattn::tuning::fused_candidates(&engine, dk, dv).map_or(1, |c| c.len())
                 + 1
-                + usize::from(webattn::tuning::coop_candidate(&engine, dk, dv).is_some())
+                + webattn::tuning::coop_candidates(&engine, dk, dv).len()
                 + webattn::tuning::fast_gemm_candidates(ctx).len()
                 + webattn::tuning::decode_candidates(&engine, &decode).map_or(0, |c| c.len())
         })
@@ -111,7 +111,10 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             } else {
                 "calls at precision fast take it"
             };
-            println!("  matrix units (precision fast): {coop:.3} ms, {verdict}");
+            let tiles = entry.coop_tiles.map_or(String::new(), |t| {
+                format!(", tiles {} (subgroups x keys)", t.name())
+            });
+            println!("  matrix units (precision fast){tiles}: {coop:.3} ms, {verdict}");
         }
         if let Some(coop) = entry.unfused_coop_ms {
             let verdict = if coop > entry.unfused_ms {
