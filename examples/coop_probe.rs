@@ -603,7 +603,9 @@ fn staged_forms() -> Vec<(&'static str, String)> {
 /// Times the throughput kernels: 16x16x16 products per second, as TFLOP/s.
 /// From the products on registers to gemm_coop's staged K loop, one change
 /// at a time (each as wgpu's SPIR-V and as the engine's): where the matrix
-/// units' throughput goes between the probe and the kernels.
+/// units' throughput goes between the probe and the kernels. Like the probes
+/// above, they assume subgroups of 32 lanes (4 per workgroup of 128), as
+/// NVIDIA's are; elsewhere only that they run is meaningful.
 fn throughput(device: &wgpu::Device, queue: &wgpu::Queue, workgroups: usize) {
     let input: Vec<f32> = (0..512)
         .map(|i| ((i * 37) % 97) as f32 * 0.25 - 12.0)

@@ -129,12 +129,18 @@ fn team_sum(x: f32) -> f32 {
     return s;
 }
 
+// Zeros a compiler cannot fold (a key count is below 2^31), for K and V
+// without their loads: the arithmetic on them must stay.
+fn unseen_zero() -> vec4<f32> {
+    return vec4<f32>(f32(p.keys >> 31u));
+}
+
 // Column `col` (in vec4s) of key row `key` of K and of V, zero past the row.
 // Where L divides the row (KT = DK4 / L), every lane's columns lie within
 // it: one plain load (the test folds when the pipeline is made).
 fn k_col(row_base: u32, col: u32) -> vec4<f32> {
     if ((ABLATE & ABLATE_KV_LOADS) != 0u) {
-        return vec4<f32>(0.0);
+        return unseen_zero();
     }
     if (DK4 % L == 0u) {
         return widen4(k4[row_base * DK4 + col]);
@@ -144,7 +150,7 @@ fn k_col(row_base: u32, col: u32) -> vec4<f32> {
 
 fn v_col(row_base: u32, col: u32) -> vec4<f32> {
     if ((ABLATE & ABLATE_KV_LOADS) != 0u) {
-        return vec4<f32>(0.0);
+        return unseen_zero();
     }
     if (DV4 % L == 0u) {
         return widen4(v4[row_base * DV4 + col]);
@@ -688,6 +694,10 @@ fn main(
     }
     // Bit r: row r attended a key; bit 16 + r: it met a NaN or +inf score.
     var seen = 0u;
+    // Without O += P V: a sum of V's registers, added to O once after the
+    // key loop times a zero the compiler cannot see, so that their loads are
+    // not dead code (O stays 0).
+    var v_sink = 0.0;
     let kv_base = (b * p.kv_heads + kvh) * p.keys;
     workgroupBarrier();
 
@@ -1634,6 +1644,105 @@ fn main(
                 v3_3 = v_col(at3, lane + L * 3u);
             }
         }
+        if ((ABLATE & ABLATE_PRODUCT) != 0u) {
+            v_sink += v0_0.x;
+            if (VT > 1u) {
+                v_sink += v0_1.x;
+            }
+            if (VT > 2u) {
+                v_sink += v0_2.x;
+            }
+            if (VT > 3u) {
+                v_sink += v0_3.x;
+            }
+            if (VT > 4u) {
+                v_sink += v0_4.x;
+            }
+            if (VT > 5u) {
+                v_sink += v0_5.x;
+            }
+            if (VT > 6u) {
+                v_sink += v0_6.x;
+            }
+            if (VT > 7u) {
+                v_sink += v0_7.x;
+            }
+            if (VT > 8u) {
+                v_sink += v0_8.x;
+            }
+            if (VT > 9u) {
+                v_sink += v0_9.x;
+            }
+            if (VT > 10u) {
+                v_sink += v0_10.x;
+            }
+            if (VT > 11u) {
+                v_sink += v0_11.x;
+            }
+            if (VT > 12u) {
+                v_sink += v0_12.x;
+            }
+            if (VT > 13u) {
+                v_sink += v0_13.x;
+            }
+            if (VT > 14u) {
+                v_sink += v0_14.x;
+            }
+            if (VT > 15u) {
+                v_sink += v0_15.x;
+            }
+            if (KB > 1u) {
+                v_sink += v1_0.x;
+            }
+            if (KB > 1u && VT > 1u) {
+                v_sink += v1_1.x;
+            }
+            if (KB > 1u && VT > 2u) {
+                v_sink += v1_2.x;
+            }
+            if (KB > 1u && VT > 3u) {
+                v_sink += v1_3.x;
+            }
+            if (KB > 1u && VT > 4u) {
+                v_sink += v1_4.x;
+            }
+            if (KB > 1u && VT > 5u) {
+                v_sink += v1_5.x;
+            }
+            if (KB > 1u && VT > 6u) {
+                v_sink += v1_6.x;
+            }
+            if (KB > 1u && VT > 7u) {
+                v_sink += v1_7.x;
+            }
+            if (KB > 2u) {
+                v_sink += v2_0.x;
+            }
+            if (KB > 2u && VT > 1u) {
+                v_sink += v2_1.x;
+            }
+            if (KB > 2u && VT > 2u) {
+                v_sink += v2_2.x;
+            }
+            if (KB > 2u && VT > 3u) {
+                v_sink += v2_3.x;
+            }
+            if (KB > 2u && VT > 4u) {
+                v_sink += v2_4.x;
+            }
+            if (KB > 3u) {
+                v_sink += v3_0.x;
+            }
+            if (KB > 3u && VT > 1u) {
+                v_sink += v3_1.x;
+            }
+            if (KB > 3u && VT > 2u) {
+                v_sink += v3_2.x;
+            }
+            if (KB > 3u && VT > 3u) {
+                v_sink += v3_3.x;
+            }
+        }
 
         // Each row: its scores, new maximum, rescaled state and O += P V.
         {
@@ -1690,6 +1799,54 @@ fn main(
                         dot0 += dot(q0_15, k0_15);
                     }
                     dot0 = team_sum(dot0);
+                } else {
+                    dot0 += k0_0.x;
+                    if (KT > 1u) {
+                        dot0 += k0_1.x;
+                    }
+                    if (KT > 2u) {
+                        dot0 += k0_2.x;
+                    }
+                    if (KT > 3u) {
+                        dot0 += k0_3.x;
+                    }
+                    if (KT > 4u) {
+                        dot0 += k0_4.x;
+                    }
+                    if (KT > 5u) {
+                        dot0 += k0_5.x;
+                    }
+                    if (KT > 6u) {
+                        dot0 += k0_6.x;
+                    }
+                    if (KT > 7u) {
+                        dot0 += k0_7.x;
+                    }
+                    if (KT > 8u) {
+                        dot0 += k0_8.x;
+                    }
+                    if (KT > 9u) {
+                        dot0 += k0_9.x;
+                    }
+                    if (KT > 10u) {
+                        dot0 += k0_10.x;
+                    }
+                    if (KT > 11u) {
+                        dot0 += k0_11.x;
+                    }
+                    if (KT > 12u) {
+                        dot0 += k0_12.x;
+                    }
+                    if (KT > 13u) {
+                        dot0 += k0_13.x;
+                    }
+                    if (KT > 14u) {
+                        dot0 += k0_14.x;
+                    }
+                    if (KT > 15u) {
+                        dot0 += k0_15.x;
+                    }
+                    dot0 *= unseen_zero().x;
                 }
                 if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                     scored0 = rules(dot0, key0, span, slope);
@@ -1727,6 +1884,30 @@ fn main(
                             dot1 += dot(q0_7, k1_7);
                         }
                         dot1 = team_sum(dot1);
+                    } else {
+                        dot1 += k1_0.x;
+                        if (KT > 1u) {
+                            dot1 += k1_1.x;
+                        }
+                        if (KT > 2u) {
+                            dot1 += k1_2.x;
+                        }
+                        if (KT > 3u) {
+                            dot1 += k1_3.x;
+                        }
+                        if (KT > 4u) {
+                            dot1 += k1_4.x;
+                        }
+                        if (KT > 5u) {
+                            dot1 += k1_5.x;
+                        }
+                        if (KT > 6u) {
+                            dot1 += k1_6.x;
+                        }
+                        if (KT > 7u) {
+                            dot1 += k1_7.x;
+                        }
+                        dot1 *= unseen_zero().x;
                     }
                     if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                         scored1 = rules(dot1, key1, span, slope);
@@ -1756,6 +1937,21 @@ fn main(
                             dot2 += dot(q0_4, k2_4);
                         }
                         dot2 = team_sum(dot2);
+                    } else {
+                        dot2 += k2_0.x;
+                        if (KT > 1u) {
+                            dot2 += k2_1.x;
+                        }
+                        if (KT > 2u) {
+                            dot2 += k2_2.x;
+                        }
+                        if (KT > 3u) {
+                            dot2 += k2_3.x;
+                        }
+                        if (KT > 4u) {
+                            dot2 += k2_4.x;
+                        }
+                        dot2 *= unseen_zero().x;
                     }
                     if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                         scored2 = rules(dot2, key2, span, slope);
@@ -1782,6 +1978,18 @@ fn main(
                             dot3 += dot(q0_3, k3_3);
                         }
                         dot3 = team_sum(dot3);
+                    } else {
+                        dot3 += k3_0.x;
+                        if (KT > 1u) {
+                            dot3 += k3_1.x;
+                        }
+                        if (KT > 2u) {
+                            dot3 += k3_2.x;
+                        }
+                        if (KT > 3u) {
+                            dot3 += k3_3.x;
+                        }
+                        dot3 *= unseen_zero().x;
                     }
                     if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                         scored3 = rules(dot3, key3, span, slope);
@@ -2145,6 +2353,30 @@ fn main(
                             dot0 += dot(q1_7, k0_7);
                         }
                         dot0 = team_sum(dot0);
+                    } else {
+                        dot0 += k0_0.x;
+                        if (KT > 1u) {
+                            dot0 += k0_1.x;
+                        }
+                        if (KT > 2u) {
+                            dot0 += k0_2.x;
+                        }
+                        if (KT > 3u) {
+                            dot0 += k0_3.x;
+                        }
+                        if (KT > 4u) {
+                            dot0 += k0_4.x;
+                        }
+                        if (KT > 5u) {
+                            dot0 += k0_5.x;
+                        }
+                        if (KT > 6u) {
+                            dot0 += k0_6.x;
+                        }
+                        if (KT > 7u) {
+                            dot0 += k0_7.x;
+                        }
+                        dot0 *= unseen_zero().x;
                     }
                     if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                         scored0 = rules(dot0, key0, span, slope);
@@ -2182,6 +2414,30 @@ fn main(
                                 dot1 += dot(q1_7, k1_7);
                             }
                             dot1 = team_sum(dot1);
+                        } else {
+                            dot1 += k1_0.x;
+                            if (KT > 1u) {
+                                dot1 += k1_1.x;
+                            }
+                            if (KT > 2u) {
+                                dot1 += k1_2.x;
+                            }
+                            if (KT > 3u) {
+                                dot1 += k1_3.x;
+                            }
+                            if (KT > 4u) {
+                                dot1 += k1_4.x;
+                            }
+                            if (KT > 5u) {
+                                dot1 += k1_5.x;
+                            }
+                            if (KT > 6u) {
+                                dot1 += k1_6.x;
+                            }
+                            if (KT > 7u) {
+                                dot1 += k1_7.x;
+                            }
+                            dot1 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored1 = rules(dot1, key1, span, slope);
@@ -2211,6 +2467,21 @@ fn main(
                                 dot2 += dot(q1_4, k2_4);
                             }
                             dot2 = team_sum(dot2);
+                        } else {
+                            dot2 += k2_0.x;
+                            if (KT > 1u) {
+                                dot2 += k2_1.x;
+                            }
+                            if (KT > 2u) {
+                                dot2 += k2_2.x;
+                            }
+                            if (KT > 3u) {
+                                dot2 += k2_3.x;
+                            }
+                            if (KT > 4u) {
+                                dot2 += k2_4.x;
+                            }
+                            dot2 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored2 = rules(dot2, key2, span, slope);
@@ -2237,6 +2508,18 @@ fn main(
                                 dot3 += dot(q1_3, k3_3);
                             }
                             dot3 = team_sum(dot3);
+                        } else {
+                            dot3 += k3_0.x;
+                            if (KT > 1u) {
+                                dot3 += k3_1.x;
+                            }
+                            if (KT > 2u) {
+                                dot3 += k3_2.x;
+                            }
+                            if (KT > 3u) {
+                                dot3 += k3_3.x;
+                            }
+                            dot3 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored3 = rules(dot3, key3, span, slope);
@@ -2512,6 +2795,21 @@ fn main(
                             dot0 += dot(q2_4, k0_4);
                         }
                         dot0 = team_sum(dot0);
+                    } else {
+                        dot0 += k0_0.x;
+                        if (KT > 1u) {
+                            dot0 += k0_1.x;
+                        }
+                        if (KT > 2u) {
+                            dot0 += k0_2.x;
+                        }
+                        if (KT > 3u) {
+                            dot0 += k0_3.x;
+                        }
+                        if (KT > 4u) {
+                            dot0 += k0_4.x;
+                        }
+                        dot0 *= unseen_zero().x;
                     }
                     if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                         scored0 = rules(dot0, key0, span, slope);
@@ -2540,6 +2838,21 @@ fn main(
                                 dot1 += dot(q2_4, k1_4);
                             }
                             dot1 = team_sum(dot1);
+                        } else {
+                            dot1 += k1_0.x;
+                            if (KT > 1u) {
+                                dot1 += k1_1.x;
+                            }
+                            if (KT > 2u) {
+                                dot1 += k1_2.x;
+                            }
+                            if (KT > 3u) {
+                                dot1 += k1_3.x;
+                            }
+                            if (KT > 4u) {
+                                dot1 += k1_4.x;
+                            }
+                            dot1 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored1 = rules(dot1, key1, span, slope);
@@ -2569,6 +2882,21 @@ fn main(
                                 dot2 += dot(q2_4, k2_4);
                             }
                             dot2 = team_sum(dot2);
+                        } else {
+                            dot2 += k2_0.x;
+                            if (KT > 1u) {
+                                dot2 += k2_1.x;
+                            }
+                            if (KT > 2u) {
+                                dot2 += k2_2.x;
+                            }
+                            if (KT > 3u) {
+                                dot2 += k2_3.x;
+                            }
+                            if (KT > 4u) {
+                                dot2 += k2_4.x;
+                            }
+                            dot2 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored2 = rules(dot2, key2, span, slope);
@@ -2595,6 +2923,18 @@ fn main(
                                 dot3 += dot(q2_3, k3_3);
                             }
                             dot3 = team_sum(dot3);
+                        } else {
+                            dot3 += k3_0.x;
+                            if (KT > 1u) {
+                                dot3 += k3_1.x;
+                            }
+                            if (KT > 2u) {
+                                dot3 += k3_2.x;
+                            }
+                            if (KT > 3u) {
+                                dot3 += k3_3.x;
+                            }
+                            dot3 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored3 = rules(dot3, key3, span, slope);
@@ -2819,6 +3159,18 @@ fn main(
                             dot0 += dot(q3_3, k0_3);
                         }
                         dot0 = team_sum(dot0);
+                    } else {
+                        dot0 += k0_0.x;
+                        if (KT > 1u) {
+                            dot0 += k0_1.x;
+                        }
+                        if (KT > 2u) {
+                            dot0 += k0_2.x;
+                        }
+                        if (KT > 3u) {
+                            dot0 += k0_3.x;
+                        }
+                        dot0 *= unseen_zero().x;
                     }
                     if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                         scored0 = rules(dot0, key0, span, slope);
@@ -2844,6 +3196,18 @@ fn main(
                                 dot1 += dot(q3_3, k1_3);
                             }
                             dot1 = team_sum(dot1);
+                        } else {
+                            dot1 += k1_0.x;
+                            if (KT > 1u) {
+                                dot1 += k1_1.x;
+                            }
+                            if (KT > 2u) {
+                                dot1 += k1_2.x;
+                            }
+                            if (KT > 3u) {
+                                dot1 += k1_3.x;
+                            }
+                            dot1 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored1 = rules(dot1, key1, span, slope);
@@ -2870,6 +3234,18 @@ fn main(
                                 dot2 += dot(q3_3, k2_3);
                             }
                             dot2 = team_sum(dot2);
+                        } else {
+                            dot2 += k2_0.x;
+                            if (KT > 1u) {
+                                dot2 += k2_1.x;
+                            }
+                            if (KT > 2u) {
+                                dot2 += k2_2.x;
+                            }
+                            if (KT > 3u) {
+                                dot2 += k2_3.x;
+                            }
+                            dot2 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored2 = rules(dot2, key2, span, slope);
@@ -2896,6 +3272,18 @@ fn main(
                                 dot3 += dot(q3_3, k3_3);
                             }
                             dot3 = team_sum(dot3);
+                        } else {
+                            dot3 += k3_0.x;
+                            if (KT > 1u) {
+                                dot3 += k3_1.x;
+                            }
+                            if (KT > 2u) {
+                                dot3 += k3_2.x;
+                            }
+                            if (KT > 3u) {
+                                dot3 += k3_3.x;
+                            }
+                            dot3 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored3 = rules(dot3, key3, span, slope);
@@ -3095,6 +3483,15 @@ fn main(
                             dot0 += dot(q4_2, k0_2);
                         }
                         dot0 = team_sum(dot0);
+                    } else {
+                        dot0 += k0_0.x;
+                        if (KT > 1u) {
+                            dot0 += k0_1.x;
+                        }
+                        if (KT > 2u) {
+                            dot0 += k0_2.x;
+                        }
+                        dot0 *= unseen_zero().x;
                     }
                     if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                         scored0 = rules(dot0, key0, span, slope);
@@ -3117,6 +3514,15 @@ fn main(
                                 dot1 += dot(q4_2, k1_2);
                             }
                             dot1 = team_sum(dot1);
+                        } else {
+                            dot1 += k1_0.x;
+                            if (KT > 1u) {
+                                dot1 += k1_1.x;
+                            }
+                            if (KT > 2u) {
+                                dot1 += k1_2.x;
+                            }
+                            dot1 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored1 = rules(dot1, key1, span, slope);
@@ -3140,6 +3546,15 @@ fn main(
                                 dot2 += dot(q4_2, k2_2);
                             }
                             dot2 = team_sum(dot2);
+                        } else {
+                            dot2 += k2_0.x;
+                            if (KT > 1u) {
+                                dot2 += k2_1.x;
+                            }
+                            if (KT > 2u) {
+                                dot2 += k2_2.x;
+                            }
+                            dot2 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored2 = rules(dot2, key2, span, slope);
@@ -3163,6 +3578,15 @@ fn main(
                                 dot3 += dot(q4_2, k3_2);
                             }
                             dot3 = team_sum(dot3);
+                        } else {
+                            dot3 += k3_0.x;
+                            if (KT > 1u) {
+                                dot3 += k3_1.x;
+                            }
+                            if (KT > 2u) {
+                                dot3 += k3_2.x;
+                            }
+                            dot3 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored3 = rules(dot3, key3, span, slope);
@@ -3331,6 +3755,12 @@ fn main(
                             dot0 += dot(q5_1, k0_1);
                         }
                         dot0 = team_sum(dot0);
+                    } else {
+                        dot0 += k0_0.x;
+                        if (KT > 1u) {
+                            dot0 += k0_1.x;
+                        }
+                        dot0 *= unseen_zero().x;
                     }
                     if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                         scored0 = rules(dot0, key0, span, slope);
@@ -3350,6 +3780,12 @@ fn main(
                                 dot1 += dot(q5_1, k1_1);
                             }
                             dot1 = team_sum(dot1);
+                        } else {
+                            dot1 += k1_0.x;
+                            if (KT > 1u) {
+                                dot1 += k1_1.x;
+                            }
+                            dot1 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored1 = rules(dot1, key1, span, slope);
@@ -3370,6 +3806,12 @@ fn main(
                                 dot2 += dot(q5_1, k2_1);
                             }
                             dot2 = team_sum(dot2);
+                        } else {
+                            dot2 += k2_0.x;
+                            if (KT > 1u) {
+                                dot2 += k2_1.x;
+                            }
+                            dot2 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored2 = rules(dot2, key2, span, slope);
@@ -3390,6 +3832,12 @@ fn main(
                                 dot3 += dot(q5_1, k3_1);
                             }
                             dot3 = team_sum(dot3);
+                        } else {
+                            dot3 += k3_0.x;
+                            if (KT > 1u) {
+                                dot3 += k3_1.x;
+                            }
+                            dot3 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored3 = rules(dot3, key3, span, slope);
@@ -3530,6 +3978,12 @@ fn main(
                             dot0 += dot(q6_1, k0_1);
                         }
                         dot0 = team_sum(dot0);
+                    } else {
+                        dot0 += k0_0.x;
+                        if (KT > 1u) {
+                            dot0 += k0_1.x;
+                        }
+                        dot0 *= unseen_zero().x;
                     }
                     if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                         scored0 = rules(dot0, key0, span, slope);
@@ -3549,6 +4003,12 @@ fn main(
                                 dot1 += dot(q6_1, k1_1);
                             }
                             dot1 = team_sum(dot1);
+                        } else {
+                            dot1 += k1_0.x;
+                            if (KT > 1u) {
+                                dot1 += k1_1.x;
+                            }
+                            dot1 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored1 = rules(dot1, key1, span, slope);
@@ -3569,6 +4029,12 @@ fn main(
                                 dot2 += dot(q6_1, k2_1);
                             }
                             dot2 = team_sum(dot2);
+                        } else {
+                            dot2 += k2_0.x;
+                            if (KT > 1u) {
+                                dot2 += k2_1.x;
+                            }
+                            dot2 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored2 = rules(dot2, key2, span, slope);
@@ -3589,6 +4055,12 @@ fn main(
                                 dot3 += dot(q6_1, k3_1);
                             }
                             dot3 = team_sum(dot3);
+                        } else {
+                            dot3 += k3_0.x;
+                            if (KT > 1u) {
+                                dot3 += k3_1.x;
+                            }
+                            dot3 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored3 = rules(dot3, key3, span, slope);
@@ -3729,6 +4201,12 @@ fn main(
                             dot0 += dot(q7_1, k0_1);
                         }
                         dot0 = team_sum(dot0);
+                    } else {
+                        dot0 += k0_0.x;
+                        if (KT > 1u) {
+                            dot0 += k0_1.x;
+                        }
+                        dot0 *= unseen_zero().x;
                     }
                     if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                         scored0 = rules(dot0, key0, span, slope);
@@ -3748,6 +4226,12 @@ fn main(
                                 dot1 += dot(q7_1, k1_1);
                             }
                             dot1 = team_sum(dot1);
+                        } else {
+                            dot1 += k1_0.x;
+                            if (KT > 1u) {
+                                dot1 += k1_1.x;
+                            }
+                            dot1 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored1 = rules(dot1, key1, span, slope);
@@ -3768,6 +4252,12 @@ fn main(
                                 dot2 += dot(q7_1, k2_1);
                             }
                             dot2 = team_sum(dot2);
+                        } else {
+                            dot2 += k2_0.x;
+                            if (KT > 1u) {
+                                dot2 += k2_1.x;
+                            }
+                            dot2 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored2 = rules(dot2, key2, span, slope);
@@ -3788,6 +4278,12 @@ fn main(
                                 dot3 += dot(q7_1, k3_1);
                             }
                             dot3 = team_sum(dot3);
+                        } else {
+                            dot3 += k3_0.x;
+                            if (KT > 1u) {
+                                dot3 += k3_1.x;
+                            }
+                            dot3 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored3 = rules(dot3, key3, span, slope);
@@ -3925,6 +4421,9 @@ fn main(
                     if ((ABLATE & ABLATE_SCORES) == 0u) {
                         dot0 += dot(q8_0, k0_0);
                         dot0 = team_sum(dot0);
+                    } else {
+                        dot0 += k0_0.x;
+                        dot0 *= unseen_zero().x;
                     }
                     if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                         scored0 = rules(dot0, key0, span, slope);
@@ -3941,6 +4440,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot1 += dot(q8_0, k1_0);
                             dot1 = team_sum(dot1);
+                        } else {
+                            dot1 += k1_0.x;
+                            dot1 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored1 = rules(dot1, key1, span, slope);
@@ -3958,6 +4460,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot2 += dot(q8_0, k2_0);
                             dot2 = team_sum(dot2);
+                        } else {
+                            dot2 += k2_0.x;
+                            dot2 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored2 = rules(dot2, key2, span, slope);
@@ -3975,6 +4480,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot3 += dot(q8_0, k3_0);
                             dot3 = team_sum(dot3);
+                        } else {
+                            dot3 += k3_0.x;
+                            dot3 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored3 = rules(dot3, key3, span, slope);
@@ -4084,6 +4592,9 @@ fn main(
                     if ((ABLATE & ABLATE_SCORES) == 0u) {
                         dot0 += dot(q9_0, k0_0);
                         dot0 = team_sum(dot0);
+                    } else {
+                        dot0 += k0_0.x;
+                        dot0 *= unseen_zero().x;
                     }
                     if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                         scored0 = rules(dot0, key0, span, slope);
@@ -4100,6 +4611,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot1 += dot(q9_0, k1_0);
                             dot1 = team_sum(dot1);
+                        } else {
+                            dot1 += k1_0.x;
+                            dot1 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored1 = rules(dot1, key1, span, slope);
@@ -4117,6 +4631,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot2 += dot(q9_0, k2_0);
                             dot2 = team_sum(dot2);
+                        } else {
+                            dot2 += k2_0.x;
+                            dot2 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored2 = rules(dot2, key2, span, slope);
@@ -4134,6 +4651,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot3 += dot(q9_0, k3_0);
                             dot3 = team_sum(dot3);
+                        } else {
+                            dot3 += k3_0.x;
+                            dot3 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored3 = rules(dot3, key3, span, slope);
@@ -4243,6 +4763,9 @@ fn main(
                     if ((ABLATE & ABLATE_SCORES) == 0u) {
                         dot0 += dot(q10_0, k0_0);
                         dot0 = team_sum(dot0);
+                    } else {
+                        dot0 += k0_0.x;
+                        dot0 *= unseen_zero().x;
                     }
                     if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                         scored0 = rules(dot0, key0, span, slope);
@@ -4259,6 +4782,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot1 += dot(q10_0, k1_0);
                             dot1 = team_sum(dot1);
+                        } else {
+                            dot1 += k1_0.x;
+                            dot1 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored1 = rules(dot1, key1, span, slope);
@@ -4276,6 +4802,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot2 += dot(q10_0, k2_0);
                             dot2 = team_sum(dot2);
+                        } else {
+                            dot2 += k2_0.x;
+                            dot2 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored2 = rules(dot2, key2, span, slope);
@@ -4293,6 +4822,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot3 += dot(q10_0, k3_0);
                             dot3 = team_sum(dot3);
+                        } else {
+                            dot3 += k3_0.x;
+                            dot3 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored3 = rules(dot3, key3, span, slope);
@@ -4402,6 +4934,9 @@ fn main(
                     if ((ABLATE & ABLATE_SCORES) == 0u) {
                         dot0 += dot(q11_0, k0_0);
                         dot0 = team_sum(dot0);
+                    } else {
+                        dot0 += k0_0.x;
+                        dot0 *= unseen_zero().x;
                     }
                     if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                         scored0 = rules(dot0, key0, span, slope);
@@ -4418,6 +4953,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot1 += dot(q11_0, k1_0);
                             dot1 = team_sum(dot1);
+                        } else {
+                            dot1 += k1_0.x;
+                            dot1 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored1 = rules(dot1, key1, span, slope);
@@ -4435,6 +4973,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot2 += dot(q11_0, k2_0);
                             dot2 = team_sum(dot2);
+                        } else {
+                            dot2 += k2_0.x;
+                            dot2 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored2 = rules(dot2, key2, span, slope);
@@ -4452,6 +4993,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot3 += dot(q11_0, k3_0);
                             dot3 = team_sum(dot3);
+                        } else {
+                            dot3 += k3_0.x;
+                            dot3 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored3 = rules(dot3, key3, span, slope);
@@ -4561,6 +5105,9 @@ fn main(
                     if ((ABLATE & ABLATE_SCORES) == 0u) {
                         dot0 += dot(q12_0, k0_0);
                         dot0 = team_sum(dot0);
+                    } else {
+                        dot0 += k0_0.x;
+                        dot0 *= unseen_zero().x;
                     }
                     if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                         scored0 = rules(dot0, key0, span, slope);
@@ -4577,6 +5124,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot1 += dot(q12_0, k1_0);
                             dot1 = team_sum(dot1);
+                        } else {
+                            dot1 += k1_0.x;
+                            dot1 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored1 = rules(dot1, key1, span, slope);
@@ -4594,6 +5144,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot2 += dot(q12_0, k2_0);
                             dot2 = team_sum(dot2);
+                        } else {
+                            dot2 += k2_0.x;
+                            dot2 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored2 = rules(dot2, key2, span, slope);
@@ -4611,6 +5164,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot3 += dot(q12_0, k3_0);
                             dot3 = team_sum(dot3);
+                        } else {
+                            dot3 += k3_0.x;
+                            dot3 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored3 = rules(dot3, key3, span, slope);
@@ -4720,6 +5276,9 @@ fn main(
                     if ((ABLATE & ABLATE_SCORES) == 0u) {
                         dot0 += dot(q13_0, k0_0);
                         dot0 = team_sum(dot0);
+                    } else {
+                        dot0 += k0_0.x;
+                        dot0 *= unseen_zero().x;
                     }
                     if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                         scored0 = rules(dot0, key0, span, slope);
@@ -4736,6 +5295,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot1 += dot(q13_0, k1_0);
                             dot1 = team_sum(dot1);
+                        } else {
+                            dot1 += k1_0.x;
+                            dot1 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored1 = rules(dot1, key1, span, slope);
@@ -4753,6 +5315,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot2 += dot(q13_0, k2_0);
                             dot2 = team_sum(dot2);
+                        } else {
+                            dot2 += k2_0.x;
+                            dot2 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored2 = rules(dot2, key2, span, slope);
@@ -4770,6 +5335,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot3 += dot(q13_0, k3_0);
                             dot3 = team_sum(dot3);
+                        } else {
+                            dot3 += k3_0.x;
+                            dot3 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored3 = rules(dot3, key3, span, slope);
@@ -4879,6 +5447,9 @@ fn main(
                     if ((ABLATE & ABLATE_SCORES) == 0u) {
                         dot0 += dot(q14_0, k0_0);
                         dot0 = team_sum(dot0);
+                    } else {
+                        dot0 += k0_0.x;
+                        dot0 *= unseen_zero().x;
                     }
                     if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                         scored0 = rules(dot0, key0, span, slope);
@@ -4895,6 +5466,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot1 += dot(q14_0, k1_0);
                             dot1 = team_sum(dot1);
+                        } else {
+                            dot1 += k1_0.x;
+                            dot1 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored1 = rules(dot1, key1, span, slope);
@@ -4912,6 +5486,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot2 += dot(q14_0, k2_0);
                             dot2 = team_sum(dot2);
+                        } else {
+                            dot2 += k2_0.x;
+                            dot2 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored2 = rules(dot2, key2, span, slope);
@@ -4929,6 +5506,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot3 += dot(q14_0, k3_0);
                             dot3 = team_sum(dot3);
+                        } else {
+                            dot3 += k3_0.x;
+                            dot3 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored3 = rules(dot3, key3, span, slope);
@@ -5038,6 +5618,9 @@ fn main(
                     if ((ABLATE & ABLATE_SCORES) == 0u) {
                         dot0 += dot(q15_0, k0_0);
                         dot0 = team_sum(dot0);
+                    } else {
+                        dot0 += k0_0.x;
+                        dot0 *= unseen_zero().x;
                     }
                     if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                         scored0 = rules(dot0, key0, span, slope);
@@ -5054,6 +5637,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot1 += dot(q15_0, k1_0);
                             dot1 = team_sum(dot1);
+                        } else {
+                            dot1 += k1_0.x;
+                            dot1 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored1 = rules(dot1, key1, span, slope);
@@ -5071,6 +5657,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot2 += dot(q15_0, k2_0);
                             dot2 = team_sum(dot2);
+                        } else {
+                            dot2 += k2_0.x;
+                            dot2 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored2 = rules(dot2, key2, span, slope);
@@ -5088,6 +5677,9 @@ fn main(
                         if ((ABLATE & ABLATE_SCORES) == 0u) {
                             dot3 += dot(q15_0, k3_0);
                             dot3 = team_sum(dot3);
+                        } else {
+                            dot3 += k3_0.x;
+                            dot3 *= unseen_zero().x;
                         }
                         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
                             scored3 = rules(dot3, key3, span, slope);
@@ -5187,6 +5779,9 @@ fn main(
                 }
             }
         }
+    }
+    if ((ABLATE & ABLATE_PRODUCT) != 0u) {
+        o0_0.x += v_sink * unseen_zero().x;
     }
 
     // The teams' states, merged a row at a time by the row's maximum. A

@@ -1237,6 +1237,54 @@ fn main(
                     }
                 }
             }
+        } else {
+            let unseen = f32(p.keys >> 31u);
+            s0_0 = unseen;
+            if (RK > 1u) {
+                s0_1 = unseen;
+            }
+            if (RK > 2u) {
+                s0_2 = unseen;
+            }
+            if (RK > 3u) {
+                s0_3 = unseen;
+            }
+            if (RQ > 1u) {
+                s1_0 = unseen;
+            }
+            if (RQ > 1u && RK > 1u) {
+                s1_1 = unseen;
+            }
+            if (RQ > 1u && RK > 2u) {
+                s1_2 = unseen;
+            }
+            if (RQ > 1u && RK > 3u) {
+                s1_3 = unseen;
+            }
+            if (RQ > 2u) {
+                s2_0 = unseen;
+            }
+            if (RQ > 2u && RK > 1u) {
+                s2_1 = unseen;
+            }
+            if (RQ > 2u && RK > 2u) {
+                s2_2 = unseen;
+            }
+            if (RQ > 2u && RK > 3u) {
+                s2_3 = unseen;
+            }
+            if (RQ > 3u) {
+                s3_0 = unseen;
+            }
+            if (RQ > 3u && RK > 1u) {
+                s3_1 = unseen;
+            }
+            if (RQ > 3u && RK > 2u) {
+                s3_2 = unseen;
+            }
+            if (RQ > 3u && RK > 3u) {
+                s3_3 = unseen;
+            }
         }
         // Scale, softcap, mask, ALiBi, temperature. Keys a row does not
         // attend become MASKED; a NaN or +inf score poisons the row and counts
@@ -2152,6 +2200,129 @@ fn main(
                         o3_3 *= alpha;
                     }
                     m3 = m_new;
+                }
+            }
+        } else {
+            {
+                let rr = tr + TQ * 0u;
+                {
+                    let pt = s0_0;
+                    let t4 = tc / 4u + 0u * (TK / 4u);
+                    p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
+                }
+                if (RK > 1u) {
+                    {
+                        let pt = s0_1;
+                        let t4 = tc / 4u + 1u * (TK / 4u);
+                        p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
+                    }
+                }
+                if (RK > 2u) {
+                    {
+                        let pt = s0_2;
+                        let t4 = tc / 4u + 2u * (TK / 4u);
+                        p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
+                    }
+                }
+                if (RK > 3u) {
+                    {
+                        let pt = s0_3;
+                        let t4 = tc / 4u + 3u * (TK / 4u);
+                        p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
+                    }
+                }
+            }
+            if (RQ > 1u) {
+                {
+                    let rr = tr + TQ * 1u;
+                    {
+                        let pt = s1_0;
+                        let t4 = tc / 4u + 0u * (TK / 4u);
+                        p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
+                    }
+                    if (RK > 1u) {
+                        {
+                            let pt = s1_1;
+                            let t4 = tc / 4u + 1u * (TK / 4u);
+                            p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
+                        }
+                    }
+                    if (RK > 2u) {
+                        {
+                            let pt = s1_2;
+                            let t4 = tc / 4u + 2u * (TK / 4u);
+                            p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
+                        }
+                    }
+                    if (RK > 3u) {
+                        {
+                            let pt = s1_3;
+                            let t4 = tc / 4u + 3u * (TK / 4u);
+                            p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
+                        }
+                    }
+                }
+            }
+            if (RQ > 2u) {
+                {
+                    let rr = tr + TQ * 2u;
+                    {
+                        let pt = s2_0;
+                        let t4 = tc / 4u + 0u * (TK / 4u);
+                        p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
+                    }
+                    if (RK > 1u) {
+                        {
+                            let pt = s2_1;
+                            let t4 = tc / 4u + 1u * (TK / 4u);
+                            p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
+                        }
+                    }
+                    if (RK > 2u) {
+                        {
+                            let pt = s2_2;
+                            let t4 = tc / 4u + 2u * (TK / 4u);
+                            p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
+                        }
+                    }
+                    if (RK > 3u) {
+                        {
+                            let pt = s2_3;
+                            let t4 = tc / 4u + 3u * (TK / 4u);
+                            p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
+                        }
+                    }
+                }
+            }
+            if (RQ > 3u) {
+                {
+                    let rr = tr + TQ * 3u;
+                    {
+                        let pt = s3_0;
+                        let t4 = tc / 4u + 0u * (TK / 4u);
+                        p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
+                    }
+                    if (RK > 1u) {
+                        {
+                            let pt = s3_1;
+                            let t4 = tc / 4u + 1u * (TK / 4u);
+                            p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
+                        }
+                    }
+                    if (RK > 2u) {
+                        {
+                            let pt = s3_2;
+                            let t4 = tc / 4u + 2u * (TK / 4u);
+                            p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
+                        }
+                    }
+                    if (RK > 3u) {
+                        {
+                            let pt = s3_3;
+                            let t4 = tc / 4u + 3u * (TK / 4u);
+                            p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
+                        }
+                    }
                 }
             }
         }

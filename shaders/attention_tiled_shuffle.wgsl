@@ -898,6 +898,54 @@ fn main(
                     }
                 }
             }
+        } else {
+            let unseen = f32(p.keys >> 31u);
+            s0_0 = unseen;
+            if (RK > 1u) {
+                s0_1 = unseen;
+            }
+            if (RK > 2u) {
+                s0_2 = unseen;
+            }
+            if (RK > 3u) {
+                s0_3 = unseen;
+            }
+            if (RQ > 1u) {
+                s1_0 = unseen;
+            }
+            if (RQ > 1u && RK > 1u) {
+                s1_1 = unseen;
+            }
+            if (RQ > 1u && RK > 2u) {
+                s1_2 = unseen;
+            }
+            if (RQ > 1u && RK > 3u) {
+                s1_3 = unseen;
+            }
+            if (RQ > 2u) {
+                s2_0 = unseen;
+            }
+            if (RQ > 2u && RK > 1u) {
+                s2_1 = unseen;
+            }
+            if (RQ > 2u && RK > 2u) {
+                s2_2 = unseen;
+            }
+            if (RQ > 2u && RK > 3u) {
+                s2_3 = unseen;
+            }
+            if (RQ > 3u) {
+                s3_0 = unseen;
+            }
+            if (RQ > 3u && RK > 1u) {
+                s3_1 = unseen;
+            }
+            if (RQ > 3u && RK > 2u) {
+                s3_2 = unseen;
+            }
+            if (RQ > 3u && RK > 3u) {
+                s3_3 = unseen;
+            }
         }
         // Scale, softcap, mask, ALiBi, temperature. Keys a row does not
         // attend become MASKED; a NaN or +inf score poisons the row and counts

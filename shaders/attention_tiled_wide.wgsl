@@ -1146,6 +1146,102 @@ fn main(
                     }
                 }
             }
+        } else {
+            let unseen = f32(p.keys >> 31u);
+            s0_0 = unseen;
+            if (RK > 1u) {
+                s0_1 = unseen;
+            }
+            if (RK > 2u) {
+                s0_2 = unseen;
+            }
+            if (RK > 3u) {
+                s0_3 = unseen;
+            }
+            if (RQ > 1u) {
+                s1_0 = unseen;
+            }
+            if (RQ > 1u && RK > 1u) {
+                s1_1 = unseen;
+            }
+            if (RQ > 1u && RK > 2u) {
+                s1_2 = unseen;
+            }
+            if (RQ > 1u && RK > 3u) {
+                s1_3 = unseen;
+            }
+            if (RQ > 2u) {
+                s2_0 = unseen;
+            }
+            if (RQ > 2u && RK > 1u) {
+                s2_1 = unseen;
+            }
+            if (RQ > 2u && RK > 2u) {
+                s2_2 = unseen;
+            }
+            if (RQ > 2u && RK > 3u) {
+                s2_3 = unseen;
+            }
+            if (RQ > 3u) {
+                s3_0 = unseen;
+            }
+            if (RQ > 3u && RK > 1u) {
+                s3_1 = unseen;
+            }
+            if (RQ > 3u && RK > 2u) {
+                s3_2 = unseen;
+            }
+            if (RQ > 3u && RK > 3u) {
+                s3_3 = unseen;
+            }
+            if (RQ > 4u) {
+                s4_0 = unseen;
+            }
+            if (RQ > 4u && RK > 1u) {
+                s4_1 = unseen;
+            }
+            if (RQ > 4u && RK > 2u) {
+                s4_2 = unseen;
+            }
+            if (RQ > 4u && RK > 3u) {
+                s4_3 = unseen;
+            }
+            if (RQ > 5u) {
+                s5_0 = unseen;
+            }
+            if (RQ > 5u && RK > 1u) {
+                s5_1 = unseen;
+            }
+            if (RQ > 5u && RK > 2u) {
+                s5_2 = unseen;
+            }
+            if (RQ > 5u && RK > 3u) {
+                s5_3 = unseen;
+            }
+            if (RQ > 6u) {
+                s6_0 = unseen;
+            }
+            if (RQ > 6u && RK > 1u) {
+                s6_1 = unseen;
+            }
+            if (RQ > 6u && RK > 2u) {
+                s6_2 = unseen;
+            }
+            if (RQ > 6u && RK > 3u) {
+                s6_3 = unseen;
+            }
+            if (RQ > 7u) {
+                s7_0 = unseen;
+            }
+            if (RQ > 7u && RK > 1u) {
+                s7_1 = unseen;
+            }
+            if (RQ > 7u && RK > 2u) {
+                s7_2 = unseen;
+            }
+            if (RQ > 7u && RK > 3u) {
+                s7_3 = unseen;
+            }
         }
         // Scale, softcap, mask, ALiBi, temperature. Keys a row does not
         // attend become MASKED; a NaN or +inf score poisons the row and counts
@@ -2892,6 +2988,221 @@ fn main(
                         o7_1 *= alpha;
                     }
                     m7 = m_new;
+                }
+            }
+        } else {
+            {
+                let rr = tr + TQ * 0u;
+                {
+                    let pt = s0_0;
+                    p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+                }
+                if (RK > 1u) {
+                    {
+                        let pt = s0_1;
+                        p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                    }
+                }
+                if (RK > 2u) {
+                    {
+                        let pt = s0_2;
+                        p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                    }
+                }
+                if (RK > 3u) {
+                    {
+                        let pt = s0_3;
+                        p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                    }
+                }
+            }
+            if (RQ > 1u) {
+                {
+                    let rr = tr + TQ * 1u;
+                    {
+                        let pt = s1_0;
+                        p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+                    }
+                    if (RK > 1u) {
+                        {
+                            let pt = s1_1;
+                            p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
+                    if (RK > 2u) {
+                        {
+                            let pt = s1_2;
+                            p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
+                    if (RK > 3u) {
+                        {
+                            let pt = s1_3;
+                            p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
+                }
+            }
+            if (RQ > 2u) {
+                {
+                    let rr = tr + TQ * 2u;
+                    {
+                        let pt = s2_0;
+                        p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+                    }
+                    if (RK > 1u) {
+                        {
+                            let pt = s2_1;
+                            p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
+                    if (RK > 2u) {
+                        {
+                            let pt = s2_2;
+                            p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
+                    if (RK > 3u) {
+                        {
+                            let pt = s2_3;
+                            p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
+                }
+            }
+            if (RQ > 3u) {
+                {
+                    let rr = tr + TQ * 3u;
+                    {
+                        let pt = s3_0;
+                        p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+                    }
+                    if (RK > 1u) {
+                        {
+                            let pt = s3_1;
+                            p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
+                    if (RK > 2u) {
+                        {
+                            let pt = s3_2;
+                            p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
+                    if (RK > 3u) {
+                        {
+                            let pt = s3_3;
+                            p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
+                }
+            }
+            if (RQ > 4u) {
+                {
+                    let rr = tr + TQ * 4u;
+                    {
+                        let pt = s4_0;
+                        p_tile[p_at + 4u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+                    }
+                    if (RK > 1u) {
+                        {
+                            let pt = s4_1;
+                            p_tile[p_at + 4u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
+                    if (RK > 2u) {
+                        {
+                            let pt = s4_2;
+                            p_tile[p_at + 4u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
+                    if (RK > 3u) {
+                        {
+                            let pt = s4_3;
+                            p_tile[p_at + 4u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
+                }
+            }
+            if (RQ > 5u) {
+                {
+                    let rr = tr + TQ * 5u;
+                    {
+                        let pt = s5_0;
+                        p_tile[p_at + 5u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+                    }
+                    if (RK > 1u) {
+                        {
+                            let pt = s5_1;
+                            p_tile[p_at + 5u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
+                    if (RK > 2u) {
+                        {
+                            let pt = s5_2;
+                            p_tile[p_at + 5u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
+                    if (RK > 3u) {
+                        {
+                            let pt = s5_3;
+                            p_tile[p_at + 5u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
+                }
+            }
+            if (RQ > 6u) {
+                {
+                    let rr = tr + TQ * 6u;
+                    {
+                        let pt = s6_0;
+                        p_tile[p_at + 6u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+                    }
+                    if (RK > 1u) {
+                        {
+                            let pt = s6_1;
+                            p_tile[p_at + 6u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
+                    if (RK > 2u) {
+                        {
+                            let pt = s6_2;
+                            p_tile[p_at + 6u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
+                    if (RK > 3u) {
+                        {
+                            let pt = s6_3;
+                            p_tile[p_at + 6u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
+                }
+            }
+            if (RQ > 7u) {
+                {
+                    let rr = tr + TQ * 7u;
+                    {
+                        let pt = s7_0;
+                        p_tile[p_at + 7u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+                    }
+                    if (RK > 1u) {
+                        {
+                            let pt = s7_1;
+                            p_tile[p_at + 7u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
+                    if (RK > 2u) {
+                        {
+                            let pt = s7_2;
+                            p_tile[p_at + 7u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
+                    if (RK > 3u) {
+                        {
+                            let pt = s7_3;
+                            p_tile[p_at + 7u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                        }
+                    }
                 }
             }
         }

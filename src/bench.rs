@@ -457,6 +457,14 @@ pub async fn attention_runs(
     let Some(&first) = engines.first() else {
         return Ok(Vec::new());
     };
+    if engines
+        .iter()
+        .any(|e| e.gpu().is_some() != first.gpu().is_some())
+    {
+        return Err(crate::Error::Conflict(
+            "engines measured on one set of inputs must all run on a GPU or all on the CPU",
+        ));
+    }
     let AttentionRun {
         path,
         precision,

@@ -1062,7 +1062,8 @@ fn each_phase_switch_of_the_matrix_unit_kernel_removes_its_phase() {
 
 /// The matrix-unit kernel's tiles: calls at `Fast` take those `webattn
 /// tune` measured fastest where they are a candidate that fits, tiles pinned
-/// on a context before them, the largest that fit otherwise; a call through
+/// on a context before them, the largest that fit otherwise (a stale entry's
+/// tiles and time are dropped); a call through
 /// tuned tiles agrees with the oracle; and the tuner records the tiles it
 /// timed (on a CPU adapter, the one candidate it tries).
 #[test]
@@ -1129,6 +1130,13 @@ fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
                 tiles_at(&ctx.clone().with_pinned_coop_tiles(unknown)),
                 (other.subgroups, other.keys_per_tile)
             );
+            // Tuned tiles that are no candidate (a stale entry) are dropped
+            // with their time: the largest tiles run.
+            ctx.record_tuning(key.clone(), tuned(Some(unknown)));
+            assert_eq!(tiles_at(ctx), (largest.subgroups, largest.keys_per_tile));
+            let kept = ctx.tuned(8, 8).expect("the entry stays");
+            assert_eq!((kept.coop_tiles, kept.coop_ms), (None, None));
+            ctx.record_tuning(key.clone(), tuned(Some(other_tiles)));
             // A call through the tuned tiles runs them, right.
             let case = CaseSpec::new("tuned-coop-tiles", [1, 2, 2], [70, 90], [8, 8])
                 .with(|o| o.precision = Precision::Fast);

@@ -243,7 +243,7 @@ fn an_attended_key_whose_score_is_neg_inf_still_multiplies_its_v_row() {
 /// (`GpuContext::without_phases`); each switch must remove what it names.
 /// Without S = Q K^T every score is 0, so each row is the mean of V's rows;
 /// without O += P V, or without K and V's loads (V read as zeros), every row
-/// is 0; with no phase removed the pipeline is the one calls always run.
+/// is 0; each variant ran a pipeline with its own `ABLATE` bits.
 /// The first measured shape, shuffle form and chunked form that run here.
 #[test]
 fn each_phase_switch_removes_its_phase() {

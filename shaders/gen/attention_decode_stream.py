@@ -176,12 +176,18 @@ while lanes < MAX_LANES:
 w("""    return s;
 }
 
+// Zeros a compiler cannot fold (a key count is below 2^31), for K and V
+// without their loads: the arithmetic on them must stay.
+fn unseen_zero() -> vec4<f32> {
+    return vec4<f32>(f32(p.keys >> 31u));
+}
+
 // Column `col` (in vec4s) of key row `key` of K and of V, zero past the row.
 // Where L divides the row (KT = DK4 / L), every lane's columns lie within
 // it: one plain load (the test folds when the pipeline is made).
 fn k_col(row_base: u32, col: u32) -> vec4<f32> {
     if ((ABLATE & ABLATE_KV_LOADS) != 0u) {
-        return vec4<f32>(0.0);
+        return unseen_zero();
     }
     if (DK4 % L == 0u) {
         return widen4(k4[row_base * DK4 + col]);
@@ -191,7 +197,7 @@ fn k_col(row_base: u32, col: u32) -> vec4<f32> {
 
 fn v_col(row_base: u32, col: u32) -> vec4<f32> {
     if ((ABLATE & ABLATE_KV_LOADS) != 0u) {
-        return vec4<f32>(0.0);
+        return unseen_zero();
     }
     if (DV4 % L == 0u) {
         return widen4(v4[row_base * DV4 + col]);
@@ -352,6 +358,10 @@ for r in range(MAX_ROWS):
 
 w("""    // Bit r: row r attended a key; bit 16 + r: it met a NaN or +inf score.
     var seen = 0u;
+    // Without O += P V: a sum of V's registers, added to O once after the
+    // key loop times a zero the compiler cannot see, so that their loads are
+    // not dead code (O stays 0).
+    var v_sink = 0.0;
     let kv_base = (b * p.kv_heads + kvh) * p.keys;
     workgroupBarrier();
 
@@ -417,6 +427,12 @@ w("            }")
 w("        } else {")
 emit(["            " + x for x in loads])
 w("        }")
+sink = []
+for u in range(MAX_KB):
+    for c in range(MAX_COLS):
+        if has(u, c):
+            sink += guard([more("KB", u), more("VT", c)], [f"v_sink += v{u}_{c}.x;"], 0)
+emit(guard(["(ABLATE & ABLATE_PRODUCT) != 0u"], sink, 8))
 w("""
         // Each row: its scores, new maximum, rescaled state and O += P V.""")
 for r in range(MAX_ROWS):
@@ -431,7 +447,18 @@ for r in range(MAX_ROWS):
             if has(r, c) and has(u, c):
                 dots += guard([more("KT", c)], [f"dot{u} += dot(q{r}_{c}, k{u}_{c});"], 0)
         body = [f"var dot{u} = 0.0;"]
-        body += guard(["(ABLATE & ABLATE_SCORES) == 0u"], dots + [f"dot{u} = team_sum(dot{u});"], 0)
+        # Without S = Q K^T, the lane's K registers still make its score (a
+        # sum of their first components, times a zero the compiler cannot
+        # see: no products, no butterfly, and the score is 0), so their loads
+        # are not dead code.
+        sums = []
+        for c in range(MAX_COLS):
+            if has(r, c) and has(u, c):
+                sums += guard([more("KT", c)], [f"dot{u} += k{u}_{c}.x;"], 0)
+        sums.append(f"dot{u} *= unseen_zero().x;")
+        body += ["if ((ABLATE & ABLATE_SCORES) == 0u) {"]
+        body += ["    " + x for x in dots + [f"dot{u} = team_sum(dot{u});"]]
+        body += ["} else {"] + ["    " + x for x in sums] + ["}"]
         body += [
             "if ((ABLATE & ABLATE_SOFTMAX) == 0u) {",
             f"    scored{u} = rules(dot{u}, key{u}, span, slope);",
@@ -507,6 +534,9 @@ for r in range(MAX_ROWS):
     lines.append("}")
     emit(guard([more("ROWS", r)], lines, 8))
 w("""    }
+    if ((ABLATE & ABLATE_PRODUCT) != 0u) {
+        o0_0.x += v_sink * unseen_zero().x;
+    }
 
     // The teams' states, merged a row at a time by the row's maximum. A
     // layout the teams cannot use (see the top) made their sums wrong, so the

@@ -81,16 +81,21 @@ def emit(lines):
         w(line)
 
 
-def keep_phase(start, phase, indent):
+def keep_phase(start, phase, indent, otherwise=()):
     """Puts the lines written since `out[start]` under `if` the phase
-    `ABLATE_<phase>` of the key loop is kept (attention_qkv4.wgsl: always, but
-    where `webattn phases` measures the kernel without it)."""
+    `ABLATE_<phase>` of the key loop is kept (shaders/ablate.wgsl: always, but
+    where `webattn phases` measures the kernel without it); `otherwise` are
+    lines for the kernel without it."""
     body = [line for chunk in out[start:] for line in chunk.split("\n")]
     del out[start:]
     pad = " " * indent
     w(pad + f"if ((ABLATE & ABLATE_{phase}) == 0u) {{")
     for line in body:
         w("    " + line if line else "")
+    if otherwise:
+        w(pad + "} else {")
+        for line in otherwise:
+            w(pad + "    " + line if line else "")
     w(pad + "}")
 
 
@@ -665,7 +670,13 @@ else:
     emit(["            " + x if x else "" for x in s_step("d4") + s_step("d4 + 1u")])
     w("        }")
     emit(guard(["DK4 % 2u == 1u"], s_step("DK4 - 1u"), 8))
-keep_phase(scores_start, "SCORES", 8)
+# Without S = Q K^T the scores are zeros the compiler cannot see (a key count
+# is below 2^31), so that the rules on them are not folded away.
+unseen = ["let unseen = f32(p.keys >> 31u);"]
+for i in range(MAX_RQ):
+    for j in range(MAX_RK):
+        unseen += guard([rq(i), rk(j)], [f"s{i}_{j} = unseen;"], 0)
+keep_phase(scores_start, "SCORES", 8, unseen)
 w("""        // Scale, softcap, mask, ALiBi, temperature. Keys a row does not
         // attend become MASKED; a NaN or +inf score poisons the row and counts
         // as -inf from here on.""")
@@ -727,6 +738,9 @@ if not SHUFFLE:
 
         // 3. The rows' new maxima; O and the partial sums rescaled; P.""")
     softmax_start = len(out)
+    # Without the softmax, the raw scores stand in for P, so that S = Q K^T
+    # (read by nothing else here) is not dead code the compiler drops.
+    raw_p = []
     for i in range(MAX_RQ):
         lines = [
             "{",
@@ -745,7 +759,11 @@ if not SHUFFLE:
         lines += ["    " + x if x else "" for x in online_softmax(i, "tile_max", keep)]
         lines += ["}"]
         emit(guard([rq(i)], lines, 8))
-    keep_phase(softmax_start, "SOFTMAX", 8)
+        raw = []
+        for j in range(MAX_RK):
+            raw += guard([rk(j)], ["{", f"    let pt = s{i}_{j};"] + ["    " + x for x in keep(j)] + ["}"], 0)
+        raw_p += guard([rq(i)], ["{", f"    let rr = tr + TQ * {i}u;"] + ["    " + x for x in raw] + ["}"], 0)
+    keep_phase(softmax_start, "SOFTMAX", 8, raw_p)
     w("""        // V's tile replaces K's (every read of K ended at the barrier above).
         if (PREFETCH) {
             var bad = false;""")

@@ -76,8 +76,8 @@ pub struct GpuContext {
     /// A form of the matrix-unit GEMM that calls at `Precision::Fast` take
     /// where it runs (the tuner times each form this way).
     pub(crate) pinned_fast_gemm: Option<super::choice::FastGemm>,
-    /// Phases of the key loop the fused calls run without (a measurement of
-    /// where a kernel's time goes; none otherwise).
+    /// Phases of the key loop the fused and decode calls run without (a
+    /// measurement of where a kernel's time goes; none otherwise).
     pub(crate) removed_phases: super::phases::Phases,
 }
 

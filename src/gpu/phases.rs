@@ -11,8 +11,15 @@
 //! context without them, is the kernel as it always runs (the constant is 0
 //! and its guards fold away). The barriers, the staging stores, Q's block and
 //! the final writes stay, so removing all four phases times the loop's
-//! skeleton. **A call without a phase computes garbage**: this is for timing
-//! only, and nothing in the engine makes such a context but the measurement.
+//! skeleton (in decode, which stages nothing, little more than the loop).
+//! Where a removed phase was the only reader of a value (the scores in the
+//! tiled kernels without their softmax, K and V's registers in decode
+//! without their products), a cheap stand-in reads it instead, so that a
+//! compiler does not drop the phases before it as dead code; and zeros that
+//! stand in for values are ones a compiler cannot see (`p.keys >> 31`) where
+//! it could otherwise fold the arithmetic on them. **A call without a phase
+//! computes garbage**: this is for timing only, and nothing in the engine
+//! makes such a context but the measurement.
 
 use super::context::GpuContext;
 use super::pipeline::PipelineKey;
@@ -27,7 +34,8 @@ pub struct Phases(u32);
 impl Phases {
     /// No phase: the kernel as calls run it.
     pub const NONE: Phases = Phases(0);
-    /// K and V read from storage (the staging stores stay, of zeros).
+    /// K and V read from storage (zeros instead: staged as such by the fused
+    /// kernels; in decode, zeros the compiler cannot fold).
     pub const KV_LOADS: Phases = Phases(1);
     /// The scores S = Q K^T.
     pub const SCORES: Phases = Phases(2);
@@ -78,7 +86,8 @@ impl Phases {
 
     /// The key of the pipeline that runs `key`'s kernel without these
     /// phases: `key` itself for no phase; an error for a kernel that has no
-    /// phase switches (the portable and subgroup fused kernels, decode).
+    /// phase switches (the portable and subgroup fused kernels, the staged
+    /// decode kernel).
     pub fn key(self, key: PipelineKey) -> Result<PipelineKey> {
         if self.is_empty() {
             return Ok(key);

@@ -422,14 +422,15 @@ impl GpuContext {
         if precision == Precision::Fast && chooses && self.pinned_fused.is_none() {
             // The head-dim limits have their say first.
             FusedTiles::for_dims(dk, dv, &self.caps.limits)?;
+            // (First: a stale entry's tiles and their time are dropped.)
+            let tiles = coop_shape(&self.caps).and_then(|shape| self.coop_tiles(shape, dk, dv));
             // Fast allows f16 products; it does not ask for a slower kernel.
             let measured_slower = self.fused_choice == FusedKernelChoice::Auto
                 && self
                     .tuned(dk, dv)
                     .and_then(|entry| entry.coop_ms.map(|coop| coop > entry.fused_ms))
                     .unwrap_or(false);
-            if let Some(tiles) = coop_shape(&self.caps)
-                .and_then(|shape| self.coop_tiles(shape, dk, dv))
+            if let Some(tiles) = tiles
                 .map(|tiles| match self.coop_lanes_per_row {
                     Some(lanes) => Some(tiles.with_lanes_per_row(lanes))
                         .filter(|t| t.is_valid() && t.fits(&self.caps.limits))
@@ -447,6 +448,8 @@ impl GpuContext {
     /// The matrix-unit kernel's tiles at head dims `dk`, `dv`: those pinned
     /// on the context, else those `webattn tune` measured fastest, where
     /// either is a candidate that fits; else the largest candidate that fits.
+    /// Tuned tiles that are no candidate here (a stale entry) are dropped
+    /// from the table with their time, with a warning, once.
     fn coop_tiles(&self, shape: CoopShape, dk: usize, dv: usize) -> Option<CoopTiles> {
         let limits = &self.caps.limits;
         let candidate = |want: crate::tuning::TunedCoop| {
@@ -456,13 +459,28 @@ impl GpuContext {
                     && t.fits(limits)
             })
         };
+        let tuned = || {
+            let mut entry = self.tuned(dk, dv)?;
+            let want = entry.coop_tiles?;
+            let tiles = candidate(want);
+            if tiles.is_none() {
+                log::warn!(
+                    "webattn: tuned matrix-unit tiles {} for head dims {dk}/{dv} ignored: no \
+                     candidate that fits here",
+                    want.name()
+                );
+                entry.coop_tiles = None;
+                entry.coop_ms = None;
+                self.tuning
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(self.tuning_key(dk, dv), entry);
+            }
+            tiles
+        };
         self.pinned_coop
             .and_then(candidate)
-            .or_else(|| {
-                self.tuned(dk, dv)
-                    .and_then(|entry| entry.coop_tiles)
-                    .and_then(candidate)
-            })
+            .or_else(tuned)
             .or_else(|| CoopTiles::for_dims(shape, dk, dv, limits))
     }
 }

@@ -20,7 +20,7 @@ use crate::options::RuntimeChecks;
 /// The first line of a cache file of this format.
 pub const HEADER: &str = "# webattn tuning cache, format 8";
 /// The first lines of the formats before it, still read (their entries were
-/// all timed with runtime checks on but format 6's): format 7 (no
+/// all timed with runtime checks on but formats 6 and 7's): format 7 (no
 /// matrix-unit tile column: those calls take the largest tiles that fit),
 /// format 6 (no matrix-unit GEMM columns), format 5 (no runtime-checks column),
 /// format 4 (no decode prefetch column), format 3 (no unfused matrix-unit

@@ -130,9 +130,9 @@ enum Command {
     Check(check::Args),
     /// Measure the FMA ceiling, GEMM, attention per path and decode, side by side.
     Bench(bench::Args),
-    /// Where a fused kernel's time goes: timed whole and without each phase
-    /// of its key loop in turn (a measuring aid; the variants' results are
-    /// discarded).
+    /// Where the fused and decode kernels' time goes: timed whole and without
+    /// each phase of their key loop in turn (a measuring aid; the variants'
+    /// results are discarded).
     Phases(phases::Args),
 }
 

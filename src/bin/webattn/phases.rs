@@ -80,6 +80,8 @@ struct Row {
     shape: AttentionShape,
     base: webattn::GpuContext,
     kernel: String,
+    /// The kernel whose pipelines without a phase the row must run.
+    expected: webattn::gpu::registry::Kernel,
     variants: Vec<Variant>,
 }
 
@@ -99,6 +101,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     eprintln!("webattn phases on {}", engine.describe());
     let cpu_adapter = ctx.capabilities().adapter.device_type == "Cpu";
     let seq = args.seq.unwrap_or(if cpu_adapter { 256 } else { 4096 });
+    anyhow::ensure!(seq > 0, "--seq must be at least 1");
     let tokens = args
         .tokens
         .unwrap_or(if cpu_adapter { 1024 } else { 16384 });
@@ -157,20 +160,29 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 };
                 let base = base(precision)?;
                 let what = format!("{} d {head_dim}", precision_label(precision));
-                match base.fused_kernel_at(head_dim, head_dim, precision) {
-                    Ok(kernel @ (FusedKernel::Tiled(_) | FusedKernel::Coop(_))) => rows.push(Row {
+                let expected = match base.fused_kernel_at(head_dim, head_dim, precision) {
+                    // At fast, the matrix-unit kernel only (an f32 kernel
+                    // forced by --kernel would repeat the f32 row).
+                    Ok(FusedKernel::Coop(tiles)) => Ok((tiles.key().kernel, tiles.key())),
+                    Ok(kernel) if precision == Precision::Fast => {
+                        Err(format!("{} is not the matrix-unit kernel", kernel.label()))
+                    }
+                    Ok(FusedKernel::Tiled(tiles)) => Ok((tiles.key().kernel, tiles.key())),
+                    Ok(kernel) => Err(format!("{} has no phase switches", kernel.label())),
+                    Err(e) => Err(e.to_string()),
+                };
+                match expected {
+                    Ok((expected, key)) => rows.push(Row {
                         kind: Kind::Fused,
                         precision,
                         dtype: DType::F32,
                         shape,
                         base,
-                        kernel: kernel.label(),
+                        kernel: key.to_string(),
+                        expected,
                         variants: Vec::new(),
                     }),
-                    Ok(kernel) => {
-                        skipped.push(format!("{what}: {} has no phase switches", kernel.label()))
-                    }
-                    Err(e) => skipped.push(format!("{what}: {e}")),
+                    Err(why) => skipped.push(format!("{what}: {why}")),
                 }
             }
         }
@@ -203,6 +215,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                     shape,
                     base: ctx.clone(),
                     kernel: plan.kernel.label(),
+                    expected: plan.key(&dims, f16).kernel,
                     variants: Vec::new(),
                 }),
                 Some(plan) => skipped.push(format!(
@@ -286,7 +299,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             let bits = i64::from(removed.bits());
             let ran = removed.is_empty()
                 || ctx.pipelines().compiled_keys().iter().any(|key| {
-                    has_phase_switches(key.kernel) && key.constants.contains(&("ABLATE", bits))
+                    key.kernel == row.expected && key.constants.contains(&("ABLATE", bits))
                 });
             anyhow::ensure!(
                 ran,

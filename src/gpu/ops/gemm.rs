@@ -416,7 +416,8 @@ pub(crate) fn record_variant(
             name: "gemm kernel",
             value: format!("{kernel:?}"),
             reason: "this adapter offers no matrix-unit configuration of that size and \
-                     subgroup width (webattn info lists what it has)",
+                     subgroup width, or not a workgroup that large (webattn info lists what it \
+                     has)",
         });
     }
     // On drivers that cap an invocation's loop iterations, split K into
