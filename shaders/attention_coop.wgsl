@@ -551,15 +551,23 @@ fn main(
                 }
                 let rr = pair / LPR;
                 let t0 = (pair % LPR) * KPI;
-                let pos = offset + i32(row_of[i]);
+                // The pair's row state as scalars for the key loop: the
+                // arrays are indexed by a loop variable, and a compiler that
+                // keeps them in memory would go there on every key.
+                let row = row_of[i];
+                let row_live = live[i];
+                let row_lo = lo[i];
+                let row_hi = hi[i];
+                var flags = fl[i];
+                let pos = offset + i32(row);
                 let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride
-                    + row_of[i] * p.mask_row_stride;
+                    + row * p.mask_row_stride;
                 var part_max = MASKED;
                 for (var u = 0u; u < KPI; u++) {
                     let t = t0 + u;
                     let key = j0 + i32(t);
                     var sc = MASKED;
-                    var attended = live[i] && key >= lo[i] && key <= hi[i];
+                    var attended = row_live && key >= row_lo && key <= row_hi;
                     if (attended) {
                         sc = f_s[rr * SS + t] * p.scale;
                         if ((p.flags & FLAG_SOFTCAP) != 0u) {
@@ -580,10 +588,10 @@ fn main(
                         }
                         sc *= p.inv_temperature;
                         if (poisons(sc)) {
-                            fl[i] |= ROW_POISONED;
+                            flags |= ROW_POISONED;
                             sc = neg_inf();
                         }
-                        fl[i] |= ROW_ATTENDED;
+                        flags |= ROW_ATTENDED;
                         part_max = max(part_max, sc);
                     } else {
                         sc = MASKED;
@@ -591,6 +599,7 @@ fn main(
                     f_s[rr * SS + t] = sc;
                 }
                 part_s[pair] = part_max;
+                fl[i] = flags;
             }
         }
         workgroupBarrier();
@@ -613,20 +622,24 @@ fn main(
                 // when a score exceeds it by more than RESCALE (alike in every
                 // part of the row: the same maxima, the same test).
                 var alpha = 1.0;
+                // The pair's maximum and sum as scalars for the key loop (see 3a).
+                var m_row = m[i];
+                var l_row = l[i];
                 // (tile_max - m, not m + RESCALE: the sum rounds where |m| is large.)
-                if (tile_max > MASKED && (m[i] == MASKED || tile_max - m[i] > RESCALE)) {
-                    let m_new = max(m[i], tile_max);
+                if (tile_max > MASKED && (m_row == MASKED || tile_max - m_row > RESCALE)) {
+                    let m_new = max(m_row, tile_max);
                     // exp(-f32::MAX - m) = 0: the row had no O yet.
-                    alpha = exp(m[i] - m_new);
-                    if (m[i] != MASKED) {
+                    alpha = exp(m_row - m_new);
+                    if (m_row != MASKED) {
                         wg_scalars[WG_RESCALE] = 1u;
                     }
+                    m_row = m_new;
                     m[i] = m_new;
                 }
                 if (t0 == 0u) {
                     alpha_s[rr] = alpha;
                 }
-                l[i] *= alpha;
+                l_row *= alpha;
                 var bits = 0u;
                 var positive = 0u;
                 for (var u = 0u; u < KPI; u++) {
@@ -637,9 +650,9 @@ fn main(
                         // An attended -inf score: probability 0 (and not
                         // exp(-inf - -inf)), still multiplying its V row.
                         if (sc > neg_inf()) {
-                            pt = exp(sc - m[i]);
+                            pt = exp(sc - m_row);
                         }
-                        l[i] += pt;
+                        l_row += pt;
                         bits |= key_bit(t);
                         if (pt > 0.0) {
                             positive |= key_bit(t);
@@ -653,6 +666,7 @@ fn main(
                         positive = 0u;
                     }
                 }
+                l[i] = l_row;
             }
         }
         // V's tile replaces K's (every read of K ended at the barrier above).
