@@ -252,7 +252,7 @@ fn auto_follows_the_measured_path_and_kernel() {
 fn decode_follows_the_measured_kernel_where_it_runs() {
     let Some(gpu) = common::gpu() else { return };
     let dims = webattn::AttentionDims::plain(1, [4, 2], [1, 1024], [8, 8]);
-    let plain = gpu.gpu().unwrap().decode_plan(&dims, false).unwrap().kernel;
+    let plain = gpu.gpu().unwrap().decode_plan(&dims).unwrap().kernel;
     let cache = scratch("decode").join("tuning.tsv");
     let shape = StreamShape {
         lanes: 4,
@@ -279,12 +279,7 @@ fn decode_follows_the_measured_kernel_where_it_runs() {
         );
         table.save(&cache).unwrap();
         let engine = engine_with(&cache);
-        let chosen = engine
-            .gpu()
-            .unwrap()
-            .decode_plan(&dims, false)
-            .unwrap()
-            .kernel;
+        let chosen = engine.gpu().unwrap().decode_plan(&dims).unwrap().kernel;
         // The streaming kernel where the adapter has subgroups for it; the
         // limits' own choice where the measured kernel cannot run here.
         let runs = match measured {
@@ -298,16 +293,11 @@ fn decode_follows_the_measured_kernel_where_it_runs() {
             engine
                 .gpu()
                 .unwrap()
-                .decode_plan(&d64, false)
+                .decode_plan(&d64)
                 .unwrap()
                 .kernel
                 .name(),
-            gpu.gpu()
-                .unwrap()
-                .decode_plan(&d64, false)
-                .unwrap()
-                .kernel
-                .name()
+            gpu.gpu().unwrap().decode_plan(&d64).unwrap().kernel.name()
         );
     }
 }

@@ -23,7 +23,7 @@ pub(crate) async fn run(
     options: &AttentionOptions,
 ) -> Result<GpuOutputs> {
     let kernel = ctx.fused_kernel_at(dims.head_dim, dims.v_head_dim, options.precision)?;
-    let decode = ctx.decode_plan(dims, inputs.kv_f16);
+    let decode = ctx.decode_plan(dims);
     if inputs.kv_f16
         && (decode.is_none()
             || kv::needs_present(dims, options.return_present)

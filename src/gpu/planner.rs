@@ -369,9 +369,9 @@ impl GpuContext {
 /// ([`StreamShape::choose`]); the staged kernel elsewhere. (lavapipe ran
 /// the streaming kernel 3.6-4.1 times as fast as the staged one at 4096 and
 /// 8192 keys, BENCHMARKS.md; GPUs are still to be measured.)
-pub fn decode_kernel_for(caps: &Capabilities, dims: &AttentionDims, kv_f16: bool) -> DecodeKernel {
+pub fn decode_kernel_for(caps: &Capabilities, dims: &AttentionDims) -> DecodeKernel {
     let rows = DecodePlan::heads_per_workgroup(dims) * dims.q_len;
-    match StreamShape::choose(dims, rows, caps, kv_f16) {
+    match StreamShape::choose(dims, rows, caps) {
         Some(shape) => DecodeKernel::Stream(shape),
         None => DecodeKernel::Staged,
     }
@@ -384,11 +384,11 @@ impl GpuContext {
     /// ([`GpuContext::with_decode_kernel`]); else the tuning table's for this
     /// head-dim class; else [`decode_kernel_for`]; in each case the staged
     /// kernel where a streaming shape does not hold the call's rows.
-    pub fn decode_plan(&self, dims: &AttentionDims, kv_f16: bool) -> Option<DecodePlan> {
+    pub fn decode_plan(&self, dims: &AttentionDims) -> Option<DecodePlan> {
         if !DecodePlan::applies(dims) {
             return None;
         }
-        let chosen = || decode_kernel_for(&self.caps, dims, kv_f16);
+        let chosen = || decode_kernel_for(&self.caps, dims);
         let kernel = match (self.pinned_decode, self.decode_choice) {
             (Some(pinned), _) => pinned,
             (None, DecodeKernelChoice::Staged) => DecodeKernel::Staged,

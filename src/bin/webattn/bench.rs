@@ -502,9 +502,9 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                     [shape.head_dim, shape.head_dim],
                 );
                 let chosen = match (path, ctx) {
-                    (KernelPath::Fused, Some(ctx)) => ctx
-                        .decode_plan(&dims, dtype == DType::F16)
-                        .map(|plan| plan.kernel),
+                    (KernelPath::Fused, Some(ctx)) => {
+                        ctx.decode_plan(&dims).map(|plan| plan.kernel)
+                    }
                     _ => None,
                 };
                 let mut runs = vec![(chosen, None)];

@@ -102,7 +102,7 @@ pub fn fused_kernel(ctx: &webattn::GpuContext) -> (&'static str, bool) {
 pub fn decode_kernel(ctx: &webattn::GpuContext) -> (String, bool) {
     let dims = webattn::AttentionDims::plain(1, [32, 8], [1, 4096], [128, 128]);
     let label = ctx
-        .decode_plan(&dims, false)
+        .decode_plan(&dims)
         .map_or_else(|| "none".to_string(), |plan| plan.kernel.label());
     (
         label,

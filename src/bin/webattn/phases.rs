@@ -207,7 +207,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             let dims = webattn::AttentionDims::plain(batch, [heads, heads], [1, keys], [128, 128]);
             let f16 = dtype == DType::F16;
             let what = format!("decode {keys} keys {dtype}");
-            match ctx.decode_plan(&dims, f16) {
+            match ctx.decode_plan(&dims) {
                 Some(plan) if has_phase_switches(plan.key(&dims, f16).kernel) => rows.push(Row {
                     kind: Kind::Decode,
                     precision: Precision::Highest,

@@ -53,9 +53,9 @@ pub struct StreamShape {
 
 impl StreamShape {
     /// Every shape the kernel offers, in the order tried when none was
-    /// measured: teams reading 128 bytes of a row per load first (8 lanes of
-    /// f32, 16 of f16), two keys a step; then the same shapes prefetching the
-    /// next step (not yet measured on a GPU: only `webattn tune` tries them).
+    /// measured: teams of 8 lanes first, two keys a step; then the same
+    /// shapes prefetching the next step (not yet measured on a GPU: only
+    /// `webattn tune` tries them).
     pub fn all() -> Vec<StreamShape> {
         let mut shapes = Vec::new();
         for prefetch in [false, true] {
@@ -98,22 +98,16 @@ impl StreamShape {
                 <= STREAM_BLOCK
     }
 
-    /// The first shape of [`StreamShape::all`] that fits, preferring teams
-    /// whose loads cover 128 bytes of a row (8 lanes for f32 K and V, 16 for
-    /// f16); never a prefetching one (those run where `webattn tune` measured
-    /// them faster).
-    pub fn choose(
-        dims: &AttentionDims,
-        rows: usize,
-        caps: &Capabilities,
-        kv_f16: bool,
-    ) -> Option<StreamShape> {
-        let mut shapes = StreamShape::all();
-        if kv_f16 {
-            // Half the bytes per vec4: twice the lanes for the same run.
-            shapes.sort_by_key(|s| (s.keys_per_step != 2, s.lanes != 16));
-        }
-        shapes
+    /// The first shape of [`StreamShape::all`] that fits (teams of 8 lanes,
+    /// two keys a step, where the rows allow), whether K and V are f32 or
+    /// f16; never a prefetching one (those run where `webattn tune` measured
+    /// them faster). Every lane of a team repeats its keys' softmax, so
+    /// wider teams repeat more of it per byte: on an H200 (BENCHMARKS.md,
+    /// 2026-11-27) f16 K and V in teams of 16 took 2.4-3.7 ms at B 8 x H 32
+    /// x 16k keys, the softmax 41-47% of it, where f32 in teams of 8, twice
+    /// the bytes, took 1.1-3.5 ms.
+    pub fn choose(dims: &AttentionDims, rows: usize, caps: &Capabilities) -> Option<StreamShape> {
+        StreamShape::all()
             .into_iter()
             .find(|s| !s.prefetch && s.fits(dims, rows, caps))
     }
@@ -431,23 +425,23 @@ mod tests {
     }
 
     #[test]
-    fn the_streaming_shape_grows_its_teams_with_the_rows_and_f16() {
+    fn the_streaming_shape_grows_its_teams_with_the_rows_alone() {
         let h100 = with_subgroups(32);
-        let shape = |hq, hkv, nq, f16| {
+        let shape = |hq, hkv, nq| {
             let d = dims(8, hq, hkv, nq, 16384);
             let rows = DecodePlan::heads_per_workgroup(&d) * nq;
-            StreamShape::choose(&d, rows, &h100, f16).map(|s| (s.lanes, s.keys_per_step))
+            StreamShape::choose(&d, rows, &h100).map(|s| (s.lanes, s.keys_per_step))
         };
         // d 128: 32 vec4 columns; a lane holds 16 vec4s of Q (and of O) at most.
-        assert_eq!(shape(32, 32, 1, false), Some((8, 2))); // MHA: 4 columns per lane
-        assert_eq!(shape(32, 8, 1, false), Some((8, 2))); // GQA 4: 4 rows x 4
-        assert_eq!(shape(32, 4, 1, false), Some((16, 2))); // GQA 8: 8 rows x 2
-        assert_eq!(shape(32, 2, 1, false), Some((32, 2))); // GQA 16: 16 rows x 1
-        assert_eq!(shape(32, 32, 1, true), Some((16, 2))); // f16: 128 bytes a load
-                                                           // lavapipe (subgroups of 8): 16 rows at d 128 need teams of 32: staged.
+        assert_eq!(shape(32, 32, 1), Some((8, 2))); // MHA: 4 columns per lane
+        assert_eq!(shape(32, 8, 1), Some((8, 2))); // GQA 4: 4 rows x 4
+        assert_eq!(shape(32, 4, 1), Some((16, 2))); // GQA 8: 8 rows x 2
+        assert_eq!(shape(32, 2, 1), Some((32, 2))); // GQA 16: 16 rows x 1
+
+        // lavapipe (subgroups of 8): 16 rows at d 128 need teams of 32: staged.
         let lavapipe = with_subgroups(8);
         let d = dims(1, 32, 2, 1, 4096);
-        assert_eq!(StreamShape::choose(&d, 16, &lavapipe, false), None);
+        assert_eq!(StreamShape::choose(&d, 16, &lavapipe), None);
         assert_eq!(
             DecodePlan::runnable(
                 DecodeKernel::Stream(StreamShape {
@@ -463,20 +457,17 @@ mod tests {
         // SwiftShader-like subgroups of 4 take teams of 4; none, or 2 lanes, none.
         let d = dims(1, 8, 8, 1, 4096);
         assert_eq!(
-            StreamShape::choose(&d, 1, &with_subgroups(4), false).map(|s| s.lanes),
+            StreamShape::choose(&d, 1, &with_subgroups(4)).map(|s| s.lanes),
             Some(4)
         );
-        assert_eq!(StreamShape::choose(&d, 1, &with_subgroups(2), false), None);
-        assert_eq!(
-            StreamShape::choose(&d, 1, &caps("DiscreteGpu"), false),
-            None
-        );
+        assert_eq!(StreamShape::choose(&d, 1, &with_subgroups(2)), None);
+        assert_eq!(StreamShape::choose(&d, 1, &caps("DiscreteGpu")), None);
         // The teams' O must fit the workgroup memory: d 256 in 16 KiB needs
         // teams of 16 lanes or more (8 teams x 64 vec4s).
         let mut small = with_subgroups(32);
         small.limits.max_compute_workgroup_storage_size = 16 << 10;
         let d256 = AttentionDims::plain(1, [8, 8], [1, 4096], [256, 256]);
-        let s = StreamShape::choose(&d256, 1, &small, false).expect("a shape");
+        let s = StreamShape::choose(&d256, 1, &small).expect("a shape");
         assert!(
             s.lanes >= 16 && s.workgroup_bytes(&d256) <= 16 << 10,
             "{s:?}"
