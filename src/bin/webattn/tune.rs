@@ -70,22 +70,48 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         );
         bar
     });
-    let reports =
-        pollster::block_on(webattn::tuning::tune(
-            &engine,
-            &args.head_dims,
-            |msg| match &bar {
-                Some(bar) => {
-                    bar.set_message(msg.to_string());
-                    bar.inc(1);
-                }
-                None => eprintln!("timing {msg}"),
-            },
-        ))?;
+    // One head-dim class at a time, the cache saved after each: a run cut
+    // short (a lent GPU's time limit) keeps what it measured.
+    let mut saved = None;
+    for &head_dims in &args.head_dims {
+        let reports =
+            pollster::block_on(webattn::tuning::tune(
+                &engine,
+                &[head_dims],
+                |msg| match &bar {
+                    Some(bar) => {
+                        bar.set_message(msg.to_string());
+                        bar.inc(1);
+                    }
+                    None => eprintln!("timing {msg}"),
+                },
+            ))?;
+        if let Some(bar) = &bar {
+            bar.suspend(|| print_reports(&reports));
+        } else {
+            print_reports(&reports);
+        }
+        saved = engine.save_tuning()?;
+    }
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    for report in &reports {
+    match saved {
+        Some(path) => println!(
+            "tuning cache: {} (adapter {})",
+            path.display(),
+            ctx.capabilities().adapter.name
+        ),
+        None => {
+            println!("tuning cache: none (--tuning-cache none): the choices lasted this run only")
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints each head-dim class's timings, fastest first, and what was chosen.
+fn print_reports(reports: &[webattn::tuning::TuneReport]) {
+    for report in reports {
         let (dk, dv) = report.head_dims;
         println!(
             "head dims {dk}/{dv} (B 1, H {}, seq {}):",
@@ -140,15 +166,4 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             }
         }
     }
-    match engine.save_tuning()? {
-        Some(path) => println!(
-            "tuning cache: {} (adapter {})",
-            path.display(),
-            ctx.capabilities().adapter.name
-        ),
-        None => {
-            println!("tuning cache: none (--tuning-cache none): the choices lasted this run only")
-        }
-    }
-    Ok(ExitCode::SUCCESS)
 }
