@@ -16,8 +16,9 @@
 //   3. Scalar code, every invocation at work: each row's keys are split in
 //      LPR parts of KPI consecutive keys, and each invocation owns RPI
 //      (row, part) pairs. Per pair: scale, softcap, mask, ALiBi,
-//      temperature, the row's key range, a partial maximum; then (after a
-//      barrier) the row's maximum from its parts, P as f16 in workgroup
+//      temperature, the row's key range, a partial maximum; then the row's
+//      maximum from its parts (neighbouring lanes of one subgroup, combined
+//      by shuffles, with no barrier), P as f16 in workgroup
 //      memory, and which keys the row attends as bits (one word set per
 //      pair). Meanwhile V's tile replaces K's, and a V value that is NaN or
 //      infinite is noted. Each pair keeps a partial row sum; the parts' sums
@@ -134,8 +135,7 @@ var<workgroup> att_s: array<u32, BQ * BW>;
 var<workgroup> pos_s: array<u32, BQ * BW>;
 // Each row's rescaling factor when the reference maxima move.
 var<workgroup> alpha_s: array<f32, BQ>;
-// Per (row, part) pair: its partial maximum of the tile; at the end, its
-// partial row sum.
+// Per (row, part) pair, at the end: its partial row sum.
 var<workgroup> part_s: array<f32, BQ * LPR>;
 // The workgroup's scalars, in one 16-byte array: whether any row's reference
 // moved (O must be rescaled), whether V's tile holds a non-finite value, the
@@ -170,6 +170,7 @@ fn main(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
     @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) sg_lane: u32,
 ) {
     // Workgroups beyond the last block still run every matrix operation and
     // reach every barrier below (on a clamped block), and store nothing.
@@ -183,6 +184,9 @@ fn main(
     let rows_total = p.batch * p.q_heads * p.q_len;
     // This subgroup's strip of rows.
     let strip = sg * CM;
+    // This invocation's place in the scalar steps, numbered by subgroup and
+    // lane, so that a row's LPR parts are neighbouring lanes of one subgroup.
+    let lane_pair = sg * SG + sg_lane;
 
     if (li == 0u) {
         var lengths = i32(p.keys);
@@ -294,9 +298,10 @@ fn main(
     let resume = (p.chunk_flags & FIRST_CHUNK) == 0u;
 
     // The (row, part) pairs this invocation owns in the scalar steps (pair
-    // li + WG i is part (li + WG i) % LPR of row (li + WG i) / LPR): their
-    // rows' ranges (within the chunk) and reference maxima (the same in
-    // every part of a row), their partial sums and flags.
+    // n + WG i, n = lane_pair, is part (n + WG i) % LPR of row
+    // (n + WG i) / LPR): their rows' ranges (within the chunk) and
+    // reference maxima (the same in every part of a row), their partial
+    // sums and flags.
     var live: array<bool, MAX_RPI>;
     var row_of: array<u32, MAX_RPI>;
     var lo: array<i32, MAX_RPI>;
@@ -305,7 +310,7 @@ fn main(
     var l: array<f32, MAX_RPI>;
     var fl: array<u32, MAX_RPI>;
     for (var i = 0u; i < RPI; i++) {
-        let pair = li + WG * i;
+        let pair = lane_pair + WG * i;
         let rr = pair / LPR;
         let row = row0 + rr;
         live[i] = live_block && rr < BQ && row < p.q_len;
@@ -540,133 +545,136 @@ fn main(
         }
         workgroupBarrier();
 
-        // 3a. The rules and each pair's partial maximum. Keys a row does not
-        // attend become MASKED; a NaN or +inf score poisons the row and counts
-        // as -inf (P = 0, attended).
+        // 3. Per (row, part) pair: the rules and the pair's maximum; the
+        // row's maximum from its parts (LPR neighbouring lanes of one
+        // subgroup, by shuffles: no barrier); the reference maximum, P and
+        // the attended keys. Keys a row does not attend become MASKED; a NaN
+        // or +inf score poisons the row and counts as -inf (P = 0, attended).
         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
             for (var i = 0u; i < RPI; i++) {
-                let pair = li + WG * i;
-                if (pair >= BQ * LPR) {
-                    continue;
-                }
-                let rr = pair / LPR;
+                let pair = lane_pair + WG * i;
+                // Pairs past the last idle through the steps (every lane
+                // takes part in the shuffles).
+                let in_range = pair < BQ * LPR;
+                let rr = min(pair / LPR, BQ - 1u);
                 let t0 = (pair % LPR) * KPI;
-                // The pair's row state as scalars for the key loop: the
-                // arrays are indexed by a loop variable, and a compiler that
-                // keeps them in memory would go there on every key.
-                let row = row_of[i];
-                let row_live = live[i];
-                let row_lo = lo[i];
-                let row_hi = hi[i];
-                var flags = fl[i];
-                let pos = offset + i32(row);
-                let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride
-                    + row * p.mask_row_stride;
                 var part_max = MASKED;
-                for (var u = 0u; u < KPI; u++) {
-                    let t = t0 + u;
-                    let key = j0 + i32(t);
-                    var sc = MASKED;
-                    var attended = row_live && key >= row_lo && key <= row_hi;
-                    if (attended) {
-                        sc = f_s[rr * SS + t] * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
-                            sc = p.softcap * accurate_tanh(sc / p.softcap);
-                        }
-                        if ((p.flags & FLAG_MASK) != 0u) {
-                            let bias = mask[mask_base + u32(key)];
-                            if (bias <= MASKED) {
-                                attended = false;
-                            } else {
-                                sc += bias;
+                if (in_range) {
+                    // The pair's row state as scalars for the key loop: the
+                    // arrays are indexed by a loop variable, and a compiler that
+                    // keeps them in memory would go there on every key.
+                    let row = row_of[i];
+                    let row_live = live[i];
+                    let row_lo = lo[i];
+                    let row_hi = hi[i];
+                    var flags = fl[i];
+                    let pos = offset + i32(row);
+                    let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride
+                        + row * p.mask_row_stride;
+                    for (var u = 0u; u < KPI; u++) {
+                        let t = t0 + u;
+                        let key = j0 + i32(t);
+                        var sc = MASKED;
+                        var attended = row_live && key >= row_lo && key <= row_hi;
+                        if (attended) {
+                            sc = f_s[rr * SS + t] * p.scale;
+                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                                sc = p.softcap * accurate_tanh(sc / p.softcap);
+                            }
+                            if ((p.flags & FLAG_MASK) != 0u) {
+                                let bias = mask[mask_base + u32(key)];
+                                if (bias <= MASKED) {
+                                    attended = false;
+                                } else {
+                                    sc += bias;
+                                }
                             }
                         }
-                    }
-                    if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
-                            sc -= slope * f32(abs(pos - key));
+                        if (attended) {
+                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                                sc -= slope * f32(abs(pos - key));
+                            }
+                            sc *= p.inv_temperature;
+                            if (poisons(sc)) {
+                                flags |= ROW_POISONED;
+                                sc = neg_inf();
+                            }
+                            flags |= ROW_ATTENDED;
+                            part_max = max(part_max, sc);
+                        } else {
+                            sc = MASKED;
                         }
-                        sc *= p.inv_temperature;
-                        if (poisons(sc)) {
-                            flags |= ROW_POISONED;
-                            sc = neg_inf();
-                        }
-                        flags |= ROW_ATTENDED;
-                        part_max = max(part_max, sc);
-                    } else {
-                        sc = MASKED;
+                        f_s[rr * SS + t] = sc;
                     }
-                    f_s[rr * SS + t] = sc;
+                    fl[i] = flags;
                 }
-                part_s[pair] = part_max;
-                fl[i] = flags;
-            }
-        }
-        workgroupBarrier();
-
-        // 3b. The rows' maxima from their parts; the reference maxima, P and
-        // the attended keys, pair by pair.
-        if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
-            for (var i = 0u; i < RPI; i++) {
-                let pair = li + WG * i;
-                if (pair >= BQ * LPR) {
-                    continue;
+                var tile_max = part_max;
+                if (LPR > 1u) {
+                    tile_max = max(tile_max, subgroupShuffleXor(tile_max, 1u));
                 }
-                let rr = pair / LPR;
-                let t0 = (pair % LPR) * KPI;
-                var tile_max = MASKED;
-                for (var k = 0u; k < LPR; k++) {
-                    tile_max = max(tile_max, part_s[rr * LPR + k]);
+                if (LPR > 2u) {
+                    tile_max = max(tile_max, subgroupShuffleXor(tile_max, 2u));
                 }
-                // The reference moves the first time a row attends a key, and
-                // when a score exceeds it by more than RESCALE (alike in every
-                // part of the row: the same maxima, the same test).
-                var alpha = 1.0;
-                // The pair's maximum and sum as scalars for the key loop (see 3a).
-                var m_row = m[i];
-                var l_row = l[i];
-                // (tile_max - m, not m + RESCALE: the sum rounds where |m| is large.)
-                if (tile_max > MASKED && (m_row == MASKED || tile_max - m_row > RESCALE)) {
-                    let m_new = max(m_row, tile_max);
-                    // exp(-f32::MAX - m) = 0: the row had no O yet.
-                    alpha = exp(m_row - m_new);
-                    if (m_row != MASKED) {
-                        wg_scalars[WG_RESCALE] = 1u;
-                    }
-                    m_row = m_new;
-                    m[i] = m_new;
+                if (LPR > 4u) {
+                    tile_max = max(tile_max, subgroupShuffleXor(tile_max, 4u));
                 }
-                if (t0 == 0u) {
-                    alpha_s[rr] = alpha;
+                if (LPR > 8u) {
+                    tile_max = max(tile_max, subgroupShuffleXor(tile_max, 8u));
                 }
-                l_row *= alpha;
-                var bits = 0u;
-                var positive = 0u;
-                for (var u = 0u; u < KPI; u++) {
-                    let t = t0 + u;
-                    let sc = f_s[rr * SS + t];
-                    var pt = 0.0;
-                    if (sc != MASKED) {
-                        // An attended -inf score: probability 0 (and not
-                        // exp(-inf - -inf)), still multiplying its V row.
-                        if (sc > neg_inf()) {
-                            pt = exp(sc - m_row);
+                if (LPR > 16u) {
+                    tile_max = max(tile_max, subgroupShuffleXor(tile_max, 16u));
+                }
+                if (in_range) {
+                    // The reference moves the first time a row attends a key, and
+                    // when a score exceeds it by more than RESCALE (alike in every
+                    // part of the row: the same maxima, the same test).
+                    var alpha = 1.0;
+                    // The pair's maximum and sum as scalars for the key loop (as above).
+                    var m_row = m[i];
+                    var l_row = l[i];
+                    // (tile_max - m, not m + RESCALE: the sum rounds where |m| is large.)
+                    if (tile_max > MASKED && (m_row == MASKED || tile_max - m_row > RESCALE)) {
+                        let m_new = max(m_row, tile_max);
+                        // exp(-f32::MAX - m) = 0: the row had no O yet.
+                        alpha = exp(m_row - m_new);
+                        if (m_row != MASKED) {
+                            wg_scalars[WG_RESCALE] = 1u;
                         }
-                        l_row += pt;
-                        bits |= key_bit(t);
-                        if (pt > 0.0) {
-                            positive |= key_bit(t);
+                        m_row = m_new;
+                        m[i] = m_new;
+                    }
+                    if (t0 == 0u) {
+                        alpha_s[rr] = alpha;
+                    }
+                    l_row *= alpha;
+                    var bits = 0u;
+                    var positive = 0u;
+                    for (var u = 0u; u < KPI; u++) {
+                        let t = t0 + u;
+                        let sc = f_s[rr * SS + t];
+                        var pt = 0.0;
+                        if (sc != MASKED) {
+                            // An attended -inf score: probability 0 (and not
+                            // exp(-inf - -inf)), still multiplying its V row.
+                            if (sc > neg_inf()) {
+                                pt = exp(sc - m_row);
+                            }
+                            l_row += pt;
+                            bits |= key_bit(t);
+                            if (pt > 0.0) {
+                                positive |= key_bit(t);
+                            }
+                        }
+                        p_s[rr * PS + t] = f16(pt * P_SCALE);
+                        if (u % 32u == 31u || u == KPI - 1u) {
+                            att_s[bit_word(rr, t)] = bits;
+                            pos_s[bit_word(rr, t)] = positive;
+                            bits = 0u;
+                            positive = 0u;
                         }
                     }
-                    p_s[rr * PS + t] = f16(pt * P_SCALE);
-                    if (u % 32u == 31u || u == KPI - 1u) {
-                        att_s[bit_word(rr, t)] = bits;
-                        pos_s[bit_word(rr, t)] = positive;
-                        bits = 0u;
-                        positive = 0u;
-                    }
+                    l[i] = l_row;
                 }
-                l[i] = l_row;
             }
         }
         // V's tile replaces K's (every read of K ended at the barrier above).
@@ -691,7 +699,11 @@ fn main(
         if (bad) {
             wg_scalars[WG_V_BAD] = 1u;
         }
-        let rescale = workgroupUniformLoad(&wg_scalars[WG_RESCALE]) != 0u;
+        // Both flags in one load (one barrier): whether a reference moved,
+        // and whether V's tile holds a non-finite value.
+        let flags_now = workgroupUniformLoad(&wg_scalars);
+        let rescale = flags_now[WG_RESCALE] != 0u;
+        let v_bad = flags_now[WG_V_BAD] != 0u;
 
         // The O matrices of rows whose reference moved, rescaled.
         if (rescale) {
@@ -878,7 +890,7 @@ fn main(
 
         // 4. O += P V.
         if ((ABLATE & ABLATE_PRODUCT) == 0u) {
-            if (workgroupUniformLoad(&wg_scalars[WG_V_BAD]) != 0u) {
+            if (v_bad) {
                 // In scalar code: the keys a row attends only; a positive
                 // probability that rounded to 0 in f16 weighs a tiny amount.
                 for (var c = 0u; c < DVT; c++) {
@@ -1047,7 +1059,7 @@ fn main(
     // row ends with the row's, so each writes its own columns below). The
     // key loop ended at a barrier: att_s is free.
     for (var i = 0u; i < RPI; i++) {
-        let pair = li + WG * i;
+        let pair = lane_pair + WG * i;
         if (pair < BQ * LPR) {
             part_s[pair] = l[i];
             att_s[pair] = fl[i];
@@ -1055,7 +1067,7 @@ fn main(
     }
     workgroupBarrier();
     for (var i = 0u; i < RPI; i++) {
-        let pair = li + WG * i;
+        let pair = lane_pair + WG * i;
         if (pair < BQ * LPR) {
             let rr = pair / LPR;
             var total = 0.0;
@@ -1162,7 +1174,7 @@ fn main(
         }
         workgroupBarrier();
         for (var i = 0u; i < RPI; i++) {
-            let pair = li + WG * i;
+            let pair = lane_pair + WG * i;
             if (!live[i]) {
                 continue;
             }
@@ -1195,7 +1207,7 @@ fn main(
         workgroupBarrier();
     }
     for (var i = 0u; i < RPI; i++) {
-        let pair = li + WG * i;
+        let pair = lane_pair + WG * i;
         if (!live[i] || pair % LPR != 0u) {
             continue;
         }

@@ -10,6 +10,9 @@ use crate::gpu::registry::Kernel;
 /// The most (row, part) pairs one invocation owns in the scalar steps (the
 /// kernel's `MAX_RPI`).
 const MAX_ROWS_PER_INVOCATION: u32 = 4;
+/// The most lanes a row's scalar steps take: the kernel's shuffles combine
+/// up to 32.
+const MAX_LANES_PER_ROW: u32 = 32;
 /// The largest head dim the kernel takes (256 at 16x16: its Q and O
 /// matrices number at most [`MAX_MATRICES`] each).
 pub const MAX_HEAD_DIM: usize = 256;
@@ -99,10 +102,14 @@ impl CoopTiles {
     }
 
     /// Whether the kernel takes these tiles: lanes per row a power of two
-    /// dividing the keys per tile, and at most `MAX_RPI` pairs per invocation.
+    /// dividing the keys per tile and within one subgroup (a row's maximum
+    /// is taken from its parts by shuffles; with matrices of 8 or more rows
+    /// the limit on pairs already implies it), and at most `MAX_RPI` pairs
+    /// per invocation.
     pub fn is_valid(&self) -> bool {
         self.lanes_per_row.is_power_of_two()
             && self.keys_per_tile % self.lanes_per_row == 0
+            && self.lanes_per_row <= self.shape.subgroup.min(MAX_LANES_PER_ROW)
             && self.rows_per_invocation() <= MAX_ROWS_PER_INVOCATION
     }
 
