@@ -76,36 +76,57 @@ pub async fn measure_gpu(
     repeats: Repeats,
     mut submit: impl AsyncFnMut() -> Result<()>,
 ) -> Result<Measurement> {
+    let mut measured = measure_gpu_interleaved(ctx, repeats, 1, async |_| submit().await).await?;
+    Ok(measured.remove(0))
+}
+
+/// Times `count` pieces of work on `ctx`'s device as [`measure_gpu`] does
+/// one, interleaved: each round runs `submit(0)`, ..., `submit(count - 1)`
+/// once, warm-up rounds first, so a drift in the device's clocks over the
+/// measurement falls on every piece alike. One measurement per piece, in
+/// order. Every piece must run on `ctx` or its clones, whose profiler times
+/// it.
+pub async fn measure_gpu_interleaved(
+    ctx: &GpuContext,
+    repeats: Repeats,
+    count: usize,
+    mut submit: impl AsyncFnMut(usize) -> Result<()>,
+) -> Result<Vec<Measurement>> {
     let gpu_timed = ctx.set_profiling(true);
     let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let mut clock = if gpu_timed {
-        Clock::GpuTimestamps
-    } else {
-        Clock::Wall
-    };
-    let mut samples = Vec::with_capacity(repeats.timed);
-    let mut outcome = Ok(());
-    for run in 0..repeats.warmup + repeats.timed {
-        let start = Instant::now();
-        ctx.restart_profile();
-        outcome = submit().await;
-        if outcome.is_ok() {
-            outcome = ctx.finish().await;
-        }
-        let wall = start.elapsed().as_secs_f64() * 1e3;
-        if outcome.is_err() {
-            break;
-        }
-        let gpu = if gpu_timed {
-            ctx.last_gpu_ms().await?
+    let mut clocks = vec![
+        if gpu_timed {
+            Clock::GpuTimestamps
         } else {
-            None
+            Clock::Wall
         };
-        if run >= repeats.warmup {
-            samples.push(gpu.unwrap_or_else(|| {
-                clock = Clock::Wall;
-                wall
-            }));
+        count
+    ];
+    let mut samples = vec![Vec::with_capacity(repeats.timed); count];
+    let mut outcome = Ok(());
+    'rounds: for round in 0..repeats.warmup + repeats.timed {
+        for piece in 0..count {
+            let start = Instant::now();
+            ctx.restart_profile();
+            outcome = submit(piece).await;
+            if outcome.is_ok() {
+                outcome = ctx.finish().await;
+            }
+            let wall = start.elapsed().as_secs_f64() * 1e3;
+            if outcome.is_err() {
+                break 'rounds;
+            }
+            let gpu = if gpu_timed {
+                ctx.last_gpu_ms().await?
+            } else {
+                None
+            };
+            if round >= repeats.warmup {
+                samples[piece].push(gpu.unwrap_or_else(|| {
+                    clocks[piece] = Clock::Wall;
+                    wall
+                }));
+            }
         }
     }
     ctx.set_profiling(false);
@@ -113,10 +134,11 @@ pub async fn measure_gpu(
         return Err(crate::gpu::context::classify("benchmark", &e));
     }
     outcome?;
-    Ok(Measurement {
-        samples_ms: samples,
-        clock,
-    })
+    Ok(samples
+        .into_iter()
+        .zip(clocks)
+        .map(|(samples_ms, clock)| Measurement { samples_ms, clock })
+        .collect())
 }
 
 /// Flops per invocation and round of `shaders/fma_peak.wgsl`: 32 vec4 fmas.
@@ -443,10 +465,13 @@ pub async fn attention_run(
     Ok(measured.remove(0))
 }
 
-/// [`attention_run`] on each of `engines` in turn (engines of one kind: the
-/// contexts of one device made for a measurement, say), on inputs drawn once
-/// and uploaded to each: a measurement per engine, in order. Drawing the
-/// inputs of FlashAttention's shapes takes the host longer than timing them.
+/// [`attention_run`] on each of `engines` (engines of one kind: the contexts
+/// of one device made for a measurement, say), on inputs drawn once and
+/// uploaded to each: a measurement per engine, in order. Drawing the inputs
+/// of FlashAttention's shapes takes the host longer than timing them. On a
+/// GPU the engines' runs interleave ([`measure_gpu_interleaved`]), each
+/// engine's inputs held on the device meanwhile; GPU engines must be made
+/// from one context (its clones, as `Engine::from_context` takes them).
 pub async fn attention_runs(
     engines: &[&crate::Engine],
     shape: AttentionShape,
@@ -515,11 +540,11 @@ pub async fn attention_runs(
         precision,
         ..Default::default()
     };
-    let mut measured = Vec::new();
-    for &engine in engines {
-        let measurement = match (path, engine.gpu()) {
-            (KernelPath::Cpu | KernelPath::Oracle, _) | (_, None) => {
-                let host = inputs.as_inputs();
+    let measurements = match (path, first.gpu()) {
+        (KernelPath::Cpu | KernelPath::Oracle, _) | (_, None) => {
+            let host = inputs.as_inputs();
+            let mut measurements = Vec::new();
+            for &engine in engines {
                 let mut samples = Vec::new();
                 for run in 0..repeats.warmup + repeats.timed {
                     let start = Instant::now();
@@ -528,12 +553,28 @@ pub async fn attention_runs(
                         samples.push(start.elapsed().as_secs_f64() * 1e3);
                     }
                 }
-                Measurement {
+                measurements.push(Measurement {
                     samples_ms: samples,
                     clock: Clock::Wall,
-                }
+                });
             }
-            (_, Some(ctx)) => {
+            measurements
+        }
+        (_, Some(ctx)) => {
+            // One context's clones share its device and its profiler, which
+            // times every engine's runs.
+            if engines.iter().any(|e| {
+                e.gpu()
+                    .is_some_and(|other| !std::sync::Arc::ptr_eq(&other.profiler, &ctx.profiler))
+            }) {
+                return Err(crate::Error::Conflict(
+                    "engines measured side by side must come from one GPU context (its clones)",
+                ));
+            }
+            // Each engine's own copy of the inputs (a tensor belongs to the
+            // engine that made it), all held while the runs interleave.
+            let mut held = Vec::with_capacity(engines.len());
+            for &engine in engines {
                 let q = engine.upload(&inputs.q)?;
                 let (k, v) = match &repeated {
                     Some((k_pattern, v_pattern)) => (
@@ -542,22 +583,29 @@ pub async fn attention_runs(
                     ),
                     None => (engine.upload(&inputs.k)?, engine.upload(&inputs.v)?),
                 };
-                let device_inputs = AttentionInputs::new(&q, &k, &v);
-                let flush = if cold_cache && can_flush_caches(engine) {
-                    Some(BigCopy::new(ctx)?)
-                } else {
-                    None
-                };
-                measure_gpu(ctx, repeats, async || {
-                    if let Some(copy) = &flush {
-                        // Its own submission: the timestamps cover the call only.
-                        copy.submit(ctx)?;
-                    }
-                    engine.attention(&device_inputs, &options).await.map(|_| ())
-                })
-                .await?
+                held.push((q, k, v));
             }
-        };
+            let flush = if cold_cache && can_flush_caches(first) {
+                Some(BigCopy::new(ctx)?)
+            } else {
+                None
+            };
+            measure_gpu_interleaved(ctx, repeats, engines.len(), async |i| {
+                if let Some(copy) = &flush {
+                    // Its own submission: the timestamps cover the call only.
+                    copy.submit(ctx)?;
+                }
+                let (q, k, v) = &held[i];
+                engines[i]
+                    .attention(&AttentionInputs::new(q, k, v), &options)
+                    .await
+                    .map(|_| ())
+            })
+            .await?
+        }
+    };
+    let mut measured = Vec::with_capacity(engines.len());
+    for (&engine, measurement) in engines.iter().zip(measurements) {
         let peak_bytes = match path {
             KernelPath::Cpu | KernelPath::Oracle => 0,
             _ => engine.last_call().map_or(0, |c| c.allocated_bytes),

@@ -196,3 +196,59 @@ fn a_repeated_pattern_fills_a_tensor_on_the_device_and_on_the_cpu() {
         ));
     }
 }
+
+/// Measurements side by side interleave: each round runs every piece once,
+/// warm-ups first, and each piece gets its own timed samples.
+#[test]
+fn side_by_side_measurements_interleave_their_runs() {
+    let Some(engine) = common::gpu() else { return };
+    let ctx = engine.gpu().expect("a GPU engine");
+    let repeats = webattn::bench::Repeats {
+        warmup: 1,
+        timed: 2,
+    };
+    let mut order = Vec::new();
+    let measured = pollster::block_on(webattn::bench::measure_gpu_interleaved(
+        ctx,
+        repeats,
+        3,
+        async |piece| {
+            order.push(piece);
+            Ok(())
+        },
+    ))
+    .unwrap();
+    assert_eq!(order, [0, 1, 2, 0, 1, 2, 0, 1, 2]);
+    assert_eq!(measured.len(), 3);
+    assert!(measured.iter().all(|m| m.samples_ms.len() == 2));
+
+    // Engines of two contexts are not measured side by side.
+    let other = webattn::Engine::with_options_blocking(webattn::EngineOptions {
+        backend: webattn::BackendPreference::Gpu,
+        tuning_cache: webattn::tuning::TuningCache::Memory,
+        ..Default::default()
+    })
+    .unwrap();
+    let shape = webattn::bench::AttentionShape {
+        batch: 1,
+        heads: 1,
+        seq_q: 4,
+        seq_k: 4,
+        head_dim: 8,
+        causal: false,
+    };
+    let run = webattn::bench::AttentionRun {
+        path: KernelPath::Fused,
+        precision: webattn::Precision::Highest,
+        cold_cache: false,
+        dtype: webattn::DType::F32,
+    };
+    let err = pollster::block_on(webattn::bench::attention_runs(
+        &[engine, &other],
+        shape,
+        run,
+        repeats,
+    ))
+    .unwrap_err();
+    assert!(err.to_string().contains("one GPU context"), "{err}");
+}
