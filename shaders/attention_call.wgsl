@@ -35,7 +35,9 @@ struct Params {
     chunk_end: u32,
     // FIRST_CHUNK: start from an empty state; LAST_CHUNK: normalise and write lse.
     chunk_flags: u32,
-    _pad2: u32,
+    // attention_coop_packed: keys per (batch, KV head) in the packed K and V
+    // (the keys padded to whole tiles); unused elsewhere.
+    packed_keys: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

@@ -14,13 +14,21 @@
 //   2. Each subgroup computes its strip of S (CM x BK: BK / CM accumulators,
 //      DKP / CM products each) and stores it to workgroup memory as f32.
 //   3. Scalar code, every invocation at work: each row's keys are split in
-//      LPR parts of KPI consecutive keys, and each invocation owns RPI
-//      (row, part) pairs. Per pair: scale, softcap, mask, ALiBi,
-//      temperature, the row's key range, a partial maximum; then the row's
-//      maximum from its parts (neighbouring lanes of one subgroup, combined
-//      by shuffles, with no barrier), P as f16 in workgroup
-//      memory, and which keys the row attends as bits (one word set per
-//      pair). Meanwhile V's tile replaces K's, and a V value that is NaN or
+//      LPR parts of KPI keys (part k every LPR-th key from key k, so that a
+//      row's parts, neighbouring lanes, touch neighbouring words of S), and
+//      each invocation owns RPI (row, part) pairs. Per pair, two walks over
+//      its keys. The first: scale, softcap, mask, ALiBi, temperature, the
+//      row's key range, a partial maximum (the scores written back to S
+//      where a softcap, mask or ALiBi changed them; else the second walk
+//      computes them again and S is only read). Then the row's maximum from
+//      its parts (neighbouring lanes of one subgroup, combined by shuffles,
+//      with no barrier). The second: P as f16 in workgroup memory, and which
+//      keys the row attends as bits (one word set per pair). Each walk
+//      starts at a place that depends on the row (within runs of 32), so
+//      that a subgroup's lanes touch different banks of workgroup memory at
+//      each step (S's rows are 4 words apart modulo 32: walks in step would
+//      put 4 lanes on one bank at 32 lanes and 2 parts a row). Meanwhile
+//      V's tile replaces K's, and a V value that is NaN or
 //      infinite is noted. Each pair keeps a partial row sum; the parts' sums
 //      and flags are gathered once, at the end.
 //   4. O += P V: each subgroup's strip of O (CM x DVP: DVP / CM accumulators)
@@ -151,13 +159,23 @@ const WG_BLOCK: u32 = 3u;
 // Zeros the O and S accumulators start from.
 var<workgroup> zero_s: array<f32, CM * CM>;
 
-// The word of `att_s` and `pos_s` that holds key t of row rr, and its bit.
+// The word of `att_s` and `pos_s` that holds key t of row rr, and its bit:
+// key t is key t / LPR of part t % LPR (see the header).
 fn bit_word(rr: u32, t: u32) -> u32 {
-    return rr * BW + (t / KPI) * WPP + (t % KPI) / 32u;
+    return rr * BW + (t % LPR) * WPP + (t / LPR) / 32u;
 }
 
 fn key_bit(t: u32) -> u32 {
-    return 1u << ((t % KPI) % 32u);
+    return 1u << ((t / LPR) % 32u);
+}
+
+// Step n of the walk of row rr's part over its KPI keys: the part's key
+// index u, rotated by the row within each run of 32 (the last run may be
+// shorter), so that every step of a run stays in that run's bit word.
+fn walk(n: u32, rr: u32) -> u32 {
+    let base = (n / 32u) * 32u;
+    let width = min(32u, KPI - base);
+    return base + (n - base + rr) % width;
 }
 
 fn non_finite(x: f32) -> bool {
@@ -551,13 +569,18 @@ fn main(
         // the attended keys. Keys a row does not attend become MASKED; a NaN
         // or +inf score poisons the row and counts as -inf (P = 0, attended).
         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
+            // Whether the rules go beyond the scale and the temperature: then
+            // the first walk writes each final score back to S for the
+            // second; else the second computes it again from S as it is (the
+            // same operations, the same value) and S is only read.
+            let rewrite = (p.flags & (FLAG_SOFTCAP | FLAG_MASK | FLAG_ALIBI)) != 0u;
             for (var i = 0u; i < RPI; i++) {
                 let pair = lane_pair + WG * i;
                 // Pairs past the last idle through the steps (every lane
                 // takes part in the shuffles).
                 let in_range = pair < BQ * LPR;
                 let rr = min(pair / LPR, BQ - 1u);
-                let t0 = (pair % LPR) * KPI;
+                let part = pair % LPR;
                 var part_max = MASKED;
                 if (in_range) {
                     // The pair's row state as scalars for the key loop: the
@@ -571,8 +594,8 @@ fn main(
                     let pos = offset + i32(row);
                     let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride
                         + row * p.mask_row_stride;
-                    for (var u = 0u; u < KPI; u++) {
-                        let t = t0 + u;
+                    for (var n = 0u; n < KPI; n++) {
+                        let t = walk(n, rr) * LPR + part;
                         let key = j0 + i32(t);
                         var sc = MASKED;
                         var attended = row_live && key >= row_lo && key <= row_hi;
@@ -604,7 +627,9 @@ fn main(
                         } else {
                             sc = MASKED;
                         }
-                        f_s[rr * SS + t] = sc;
+                        if (rewrite) {
+                            f_s[rr * SS + t] = sc;
+                        }
                     }
                     fl[i] = flags;
                 }
@@ -632,6 +657,10 @@ fn main(
                     // The pair's maximum and sum as scalars for the key loop (as above).
                     var m_row = m[i];
                     var l_row = l[i];
+                    // (And the row's range, for scores computed again.)
+                    let row_live = live[i];
+                    let row_lo = lo[i];
+                    let row_hi = hi[i];
                     // (tile_max - m, not m + RESCALE: the sum rounds where |m| is large.)
                     if (tile_max > MASKED && (m_row == MASKED || tile_max - m_row > RESCALE)) {
                         let m_new = max(m_row, tile_max);
@@ -643,15 +672,27 @@ fn main(
                         m_row = m_new;
                         m[i] = m_new;
                     }
-                    if (t0 == 0u) {
+                    if (part == 0u) {
                         alpha_s[rr] = alpha;
                     }
                     l_row *= alpha;
                     var bits = 0u;
                     var positive = 0u;
-                    for (var u = 0u; u < KPI; u++) {
-                        let t = t0 + u;
-                        let sc = f_s[rr * SS + t];
+                    for (var n = 0u; n < KPI; n++) {
+                        let t = walk(n, rr) * LPR + part;
+                        var sc = f_s[rr * SS + t];
+                        if (!rewrite) {
+                            let key = j0 + i32(t);
+                            if (row_live && key >= row_lo && key <= row_hi) {
+                                sc = sc * p.scale;
+                                sc *= p.inv_temperature;
+                                if (poisons(sc)) {
+                                    sc = neg_inf();
+                                }
+                            } else {
+                                sc = MASKED;
+                            }
+                        }
                         var pt = 0.0;
                         if (sc != MASKED) {
                             // An attended -inf score: probability 0 (and not
@@ -666,7 +707,8 @@ fn main(
                             }
                         }
                         p_s[rr * PS + t] = f16(pt * P_SCALE);
-                        if (u % 32u == 31u || u == KPI - 1u) {
+                        // (The end of a run of the walk: its word is whole.)
+                        if (n % 32u == 31u || n == KPI - 1u) {
                             att_s[bit_word(rr, t)] = bits;
                             pos_s[bit_word(rr, t)] = positive;
                             bits = 0u;

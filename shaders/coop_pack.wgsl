@@ -14,6 +14,11 @@
 // reads are consecutive values of the stored rows either way. The rounding is
 // the f16 conversion's (gemm_coop.wgsl's too). Workgroups are numbered
 // linearly across the 2D grid so large operands need no second dispatch.
+//
+// With `flag_rows` > 0 (attention_coop_packed.wgsl's V), the pass also
+// notes which runs of `flag_rows` packed rows hold a value that is NaN or
+// infinite once rounded: word z * (rows_p / flag_rows) + row / flag_rows of
+// `flags` (zero-filled by its creator) becomes nonzero.
 
 enable f16;
 
@@ -30,13 +35,15 @@ struct Params {
     block: u32,
     // 1: element (r, c) is stored at c * ld + r.
     transposed: u32,
-    _pad0: u32,
+    // Rows per flag word (0: no flags).
+    flag_rows: u32,
     _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<f32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<vec4<f16>>;
+@group(0) @binding(3) var<storage, read_write> flags: array<atomic<u32>>;
 
 const WG: u32 = 256u;
 
@@ -88,6 +95,16 @@ fn main(
     // (8 values never straddle a block: col is a multiple of 8, b of 8.)
     let at = z * p.rows_p * p.cols_p + (row / b) * b * p.cols_p + (col / b) * b * b
         + (row % b) * b + col % b;
-    dst[at / 4u] = quad(base, row, col);
-    dst[at / 4u + 1u] = quad(base, row, col + 4u);
+    let lo = quad(base, row, col);
+    let hi = quad(base, row, col + 4u);
+    dst[at / 4u] = lo;
+    dst[at / 4u + 1u] = hi;
+    if (p.flag_rows != 0u) {
+        let bits = bitcast<vec4<u32>>(vec4<f32>(lo)) & vec4<u32>(0x7fffffffu);
+        let bits_hi = bitcast<vec4<u32>>(vec4<f32>(hi)) & vec4<u32>(0x7fffffffu);
+        let inf = vec4<u32>(0x7f800000u);
+        if (any(bits >= inf) || any(bits_hi >= inf)) {
+            atomicOr(&flags[z * (p.rows_p / p.flag_rows) + row / p.flag_rows], 1u);
+        }
+    }
 }

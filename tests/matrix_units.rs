@@ -538,16 +538,27 @@ fn attention_with_fast_precision_on_16x16_matrix_units() {
 /// rows: 2): lavapipe's 8 lanes over 8 rows share none by default, so here
 /// each invocation takes several (row, part) pairs. The quick sweep at `Fast`
 /// through the 8x8 kernels at 2 and 4 lanes per row (the share is the same
-/// code at 16x16, whose emulation on lavapipe compiles 5 times slower).
+/// code at 16x16, whose emulation on lavapipe compiles 5 times slower), in
+/// the packed form (the default) and at 2 in the staged form
+/// (`attention_coop_staged`: K and V through workgroup memory).
 #[test]
 fn attention_on_the_matrix_units_with_rows_shared_among_invocations() {
     on_matrix_units(
         "attention_on_the_matrix_units_with_rows_shared_among_invocations",
         Size::Native,
         |engine| {
-            for lanes in [2, 4] {
+            for (lanes, form) in [
+                (2, FusedKernelChoice::Coop),
+                (4, FusedKernelChoice::Coop),
+                (2, FusedKernelChoice::CoopStaged),
+            ] {
                 let ctx = engine.gpu().expect("a GPU engine");
-                let shared = Engine::from_context(ctx.clone().with_coop_lanes_per_row(lanes));
+                let ctx = ctx
+                    .clone()
+                    .with_coop_lanes_per_row(lanes)
+                    .with_fused_kernel(form)
+                    .expect("the matrix-unit kernel");
+                let shared = Engine::from_context(ctx);
                 let report = pollster::block_on(run_sweep(
                     &shared,
                     SweepKind::Quick,
@@ -556,7 +567,11 @@ fn attention_on_the_matrix_units_with_rows_shared_among_invocations() {
                     Precision::Fast,
                     common::print_result,
                 ));
-                println!("{lanes} lanes per row: {}", report.summary_line());
+                println!(
+                    "{lanes} lanes per row, {}: {}",
+                    form.name(),
+                    report.summary_line()
+                );
                 assert_eq!(report.failed(), 0, "{}", report.table());
                 let keys: Vec<String> = shared
                     .gpu()
@@ -567,9 +582,13 @@ fn attention_on_the_matrix_units_with_rows_shared_among_invocations() {
                     .map(|k| k.to_string())
                     .filter(|k| k.starts_with("attention_coop"))
                     .collect();
+                // (The packed kernel's name is attention_coop_packed8.)
+                let packed = form == FusedKernelChoice::Coop;
                 assert!(
-                    keys.iter().any(|k| k.contains(&format!("LPR={lanes},"))),
-                    "no attention_coop pipeline with {lanes} lanes per row: {keys:?}"
+                    keys.iter().any(|k| k.contains(&format!("LPR={lanes},"))
+                        && k.starts_with("attention_coop_packed") == packed),
+                    "no {} pipeline with {lanes} lanes per row: {keys:?}",
+                    form.name()
                 );
             }
         },
@@ -615,7 +634,7 @@ fn sweep_through_the_matrix_units(engine: &Engine, kind: SweepKind, size: CoopSi
     let shape = coop_shape(engine.gpu().expect("a GPU engine").capabilities());
     if shape.is_some_and(|s| s.size == size) {
         let n = size.dim();
-        for kernel in ["gemm_coop", "attention_coop"] {
+        for kernel in ["gemm_coop", "attention_coop_packed"] {
             assert!(
                 used.iter().any(|k| k.starts_with(&format!("{kernel}{n}["))),
                 "no {kernel}{n} pipeline: {used:?}"
@@ -1110,6 +1129,7 @@ fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
             let other_tiles = TunedCoop {
                 subgroups: other.subgroups,
                 keys_per_tile: other.keys_per_tile,
+                packed: true,
             };
             ctx.record_tuning(key.clone(), tuned(Some(other_tiles)));
             assert_eq!(tiles_at(ctx), (other.subgroups, other.keys_per_tile));
@@ -1117,6 +1137,7 @@ fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
             let pinned = ctx.clone().with_pinned_coop_tiles(TunedCoop {
                 subgroups: largest.subgroups,
                 keys_per_tile: largest.keys_per_tile,
+                packed: true,
             });
             assert_eq!(
                 tiles_at(&pinned),
@@ -1125,6 +1146,7 @@ fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
             let unknown = TunedCoop {
                 subgroups: 3,
                 keys_per_tile: 24,
+                packed: true,
             };
             assert_eq!(
                 tiles_at(&ctx.clone().with_pinned_coop_tiles(unknown)),
@@ -1158,6 +1180,31 @@ fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
                     .any(|k| k.contains(&want.0) && k.contains(&want.1)),
                 "{want:?} not among {keys:?}"
             );
+            // The form is tuned too: packed by default, staged where the
+            // staged form was measured faster or is forced.
+            let packed_at = |ctx: &webattn::gpu::context::GpuContext| match ctx.fused_kernel_at(
+                8,
+                8,
+                Precision::Fast,
+            ) {
+                Ok(FusedKernel::Coop(t)) => t.packed,
+                other => panic!("not the matrix-unit kernel: {other:?}"),
+            };
+            assert!(packed_at(ctx));
+            let staged_tiles = TunedCoop {
+                packed: false,
+                ..other_tiles
+            };
+            ctx.record_tuning(key.clone(), tuned(Some(staged_tiles)));
+            assert!(!packed_at(ctx));
+            assert_eq!(tiles_at(ctx), (other.subgroups, other.keys_per_tile));
+            ctx.record_tuning(key.clone(), tuned(Some(other_tiles)));
+            let forced = ctx
+                .clone()
+                .with_fused_kernel(FusedKernelChoice::CoopStaged)
+                .expect("the staged form");
+            assert!(!packed_at(&forced));
+            assert_eq!(tiles_at(&forced), (other.subgroups, other.keys_per_tile));
             // The tuner records the tiles it timed.
             let reports = pollster::block_on(webattn::tuning::tune(&engine, &[(8, 8)], |_| {}))
                 .expect("tuning runs");

@@ -163,13 +163,26 @@ pub enum FusedKernelChoice {
     TiledChunked,
     /// `attention_coop`: the matrix-unit kernel, for calls that allow f16
     /// products (`Precision::Fast`) on adapters with matrix units; calls at
-    /// `Precision::Highest` run what `Auto` picks.
+    /// `Precision::Highest` run what `Auto` picks. K and V are packed as
+    /// f16 ahead of it where they fit one binding, else staged.
     Coop,
+    /// `attention_coop_staged`: the matrix-unit kernel with K and V staged
+    /// tile by tile through workgroup memory (no packing pass), as `Coop`
+    /// runs where its packed K and V do not fit; for comparing the forms.
+    CoopStaged,
 }
 
 impl FusedKernelChoice {
+    /// Whether this names the matrix-unit kernel (either form).
+    pub fn is_coop(self) -> bool {
+        matches!(
+            self,
+            FusedKernelChoice::Coop | FusedKernelChoice::CoopStaged
+        )
+    }
+
     /// The names `--kernel` takes, as `webattn info` lists the kernels.
-    pub const NAMES: [&'static str; 7] = [
+    pub const NAMES: [&'static str; 8] = [
         "auto",
         "attention_fused",
         "attention_sg",
@@ -177,6 +190,7 @@ impl FusedKernelChoice {
         "attention_tiled_shuffle",
         "attention_tiled_chunked",
         "attention_coop",
+        "attention_coop_staged",
     ];
 
     /// The kernel's name.
@@ -189,6 +203,7 @@ impl FusedKernelChoice {
             FusedKernelChoice::TiledShuffle => "attention_tiled_shuffle",
             FusedKernelChoice::TiledChunked => "attention_tiled_chunked",
             FusedKernelChoice::Coop => "attention_coop",
+            FusedKernelChoice::CoopStaged => "attention_coop_staged",
         }
     }
 }
@@ -205,10 +220,11 @@ impl std::str::FromStr for FusedKernelChoice {
             "attention_tiled_shuffle" => Ok(FusedKernelChoice::TiledShuffle),
             "attention_tiled_chunked" => Ok(FusedKernelChoice::TiledChunked),
             "attention_coop" => Ok(FusedKernelChoice::Coop),
+            "attention_coop_staged" => Ok(FusedKernelChoice::CoopStaged),
             _ => Err(Error::InvalidOption {
                 name: "kernel",
                 value: text.to_string(),
-                reason: "must be auto, attention_fused, attention_sg, attention_tiled, attention_tiled_shuffle, attention_tiled_chunked or attention_coop (the fused kernels `webattn info` lists)",
+                reason: "must be auto, attention_fused, attention_sg, attention_tiled, attention_tiled_shuffle, attention_tiled_chunked, attention_coop or attention_coop_staged (the fused kernels `webattn info` lists)",
             }),
         }
     }

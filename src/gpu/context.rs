@@ -405,7 +405,7 @@ impl GpuContext {
                 reason: "needs subgroups of at least 8 lanes, which hold a row of its invocations                          (`webattn info` lists this adapter's); use attention_tiled or auto",
             });
         }
-        if choice == FusedKernelChoice::Coop && self.caps.f16_matrix_units().is_none() {
+        if choice.is_coop() && self.caps.f16_matrix_units().is_none() {
             return Err(Error::InvalidOption {
                 name: "kernel",
                 value: choice.name().to_string(),

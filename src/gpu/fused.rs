@@ -57,7 +57,10 @@ pub(crate) async fn run(
     let present_bytes = kv::check_present(ctx, dims, options.return_present)?;
     let allocated_bytes = bytes(y_len)
         + bytes(3 * rows)
-        + decode.map_or(0, |plan| bytes(plan.partial_values(dims)))
+        + match &decode {
+            Some(plan) => bytes(plan.partial_values(dims)),
+            None => fused::scratch_bytes(&kernel, dims, &ctx.caps.limits),
+        }
         + present_bytes
         + if options.qk_matmul_output_mode.is_some() {
             bytes(qk_len)

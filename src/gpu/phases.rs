@@ -120,6 +120,7 @@ pub fn has_phase_switches(kernel: Kernel) -> bool {
             | Kernel::AttentionTiledShuffle
             | Kernel::AttentionTiledChunked
             | Kernel::AttentionCoop(_)
+            | Kernel::AttentionCoopPacked(_)
             | Kernel::AttentionDecodeStream
             | Kernel::AttentionDecodeStreamF16
     )

@@ -352,7 +352,7 @@ impl GpuContext {
             }
             // The matrix-unit kernel is for calls that allow f16 products
             // ([`GpuContext::fused_kernel_at`]); f32 calls run what auto picks.
-            FusedKernelChoice::Auto | FusedKernelChoice::Coop => {
+            FusedKernelChoice::Auto | FusedKernelChoice::Coop | FusedKernelChoice::CoopStaged => {
                 // The head-dim limits have their say first.
                 let chosen = fused_kernel_for(&self.caps, dk, dv)?;
                 Ok(with_width(
@@ -415,15 +415,14 @@ impl GpuContext {
         dv: usize,
         precision: Precision,
     ) -> Result<FusedKernel> {
-        let chooses = matches!(
-            self.fused_choice,
-            FusedKernelChoice::Auto | FusedKernelChoice::Coop
-        );
+        let chooses = self.fused_choice == FusedKernelChoice::Auto || self.fused_choice.is_coop();
         if precision == Precision::Fast && chooses && self.pinned_fused.is_none() {
             // The head-dim limits have their say first.
             FusedTiles::for_dims(dk, dv, &self.caps.limits)?;
             // (First: a stale entry's tiles and their time are dropped.)
-            let tiles = coop_shape(&self.caps).and_then(|shape| self.coop_tiles(shape, dk, dv));
+            let staged_only = self.fused_choice == FusedKernelChoice::CoopStaged;
+            let tiles = coop_shape(&self.caps)
+                .and_then(|shape| self.coop_tiles(shape, dk, dv, staged_only));
             // Fast allows f16 products; it does not ask for a slower kernel.
             let measured_slower = self.fused_choice == FusedKernelChoice::Auto
                 && self
@@ -445,17 +444,32 @@ impl GpuContext {
         self.fused_kernel(dk, dv)
     }
 
-    /// The matrix-unit kernel's tiles at head dims `dk`, `dv`: those pinned
+    /// The matrix-unit kernel's tiles at head dims `dk`, `dv`, in the
+    /// staged form only where `staged_only` ([`CoopTiles::packed`]): those pinned
     /// on the context, else those `webattn tune` measured fastest, where
     /// either is a candidate that fits; else the largest candidate that fits.
     /// Tuned tiles that are no candidate here (a stale entry) are dropped
     /// from the table with their time, with a warning, once.
-    fn coop_tiles(&self, shape: CoopShape, dk: usize, dv: usize) -> Option<CoopTiles> {
+    fn coop_tiles(
+        &self,
+        shape: CoopShape,
+        dk: usize,
+        dv: usize,
+        staged_only: bool,
+    ) -> Option<CoopTiles> {
         let limits = &self.caps.limits;
+        // Each candidate packed (first), then staged.
+        let in_form = move || {
+            CoopTiles::candidates(shape, dk, dv)
+                .into_iter()
+                .flat_map(|t| [t, t.staged()])
+                .filter(move |t| !(staged_only && t.packed))
+        };
         let candidate = |want: crate::tuning::TunedCoop| {
-            CoopTiles::candidates(shape, dk, dv).into_iter().find(|t| {
+            in_form().find(|t| {
                 t.subgroups == want.subgroups
                     && t.keys_per_tile == want.keys_per_tile
+                    && (staged_only || t.packed == want.packed)
                     && t.fits(limits)
             })
         };
@@ -481,7 +495,7 @@ impl GpuContext {
         self.pinned_coop
             .and_then(candidate)
             .or_else(tuned)
-            .or_else(|| CoopTiles::for_dims(shape, dk, dv, limits))
+            .or_else(|| in_form().find(|t| t.fits(limits)))
     }
 }
 

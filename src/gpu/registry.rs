@@ -117,6 +117,10 @@ pub enum Kernel {
     /// Fused attention on the matrix units: S and O as f32 accumulator
     /// matrices, Q, K, V and P as f16 (`shaders/attention_coop.wgsl`).
     AttentionCoop(CoopSize),
+    /// The same with K and V packed as f16 by [`Kernel::CoopPack`] ahead of
+    /// it: its products load them straight from storage, with no staging
+    /// (`shaders/attention_coop_packed.wgsl`).
+    AttentionCoopPacked(CoopSize),
 }
 
 /// How a kernel sees one binding (in binding-index order, group 0).
@@ -132,7 +136,7 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 33] = [
+    pub const ALL: [Kernel; 35] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
@@ -166,6 +170,8 @@ impl Kernel {
         Kernel::CoopPack,
         Kernel::AttentionCoop(CoopSize::Eight),
         Kernel::AttentionCoop(CoopSize::Sixteen),
+        Kernel::AttentionCoopPacked(CoopSize::Eight),
+        Kernel::AttentionCoopPacked(CoopSize::Sixteen),
     ];
 
     /// A short lowercase name, used in pipeline labels.
@@ -204,6 +210,8 @@ impl Kernel {
             Kernel::CoopPack => "coop_pack",
             Kernel::AttentionCoop(CoopSize::Eight) => "attention_coop8",
             Kernel::AttentionCoop(CoopSize::Sixteen) => "attention_coop16",
+            Kernel::AttentionCoopPacked(CoopSize::Eight) => "attention_coop_packed8",
+            Kernel::AttentionCoopPacked(CoopSize::Sixteen) => "attention_coop_packed16",
         }
     }
 
@@ -240,6 +248,7 @@ impl Kernel {
             Kernel::GemmCoopPacked(_) => "gemm_coop_packed.wgsl",
             Kernel::CoopPack => "coop_pack.wgsl",
             Kernel::AttentionCoop(_) => "attention_coop.wgsl",
+            Kernel::AttentionCoopPacked(_) => "attention_coop_packed.wgsl",
         }
     }
 
@@ -350,6 +359,18 @@ impl Kernel {
                     )
                 })
             }
+            Kernel::AttentionCoopPacked(CoopSize::Sixteen) => {
+                include_str!("../../shaders/attention_coop_packed.wgsl")
+            }
+            Kernel::AttentionCoopPacked(CoopSize::Eight) => {
+                static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+                SOURCE.get_or_init(|| {
+                    with_coop_size(
+                        include_str!("../../shaders/attention_coop_packed.wgsl"),
+                        CoopSize::Eight,
+                    )
+                })
+            }
         }
     }
 
@@ -372,7 +393,10 @@ impl Kernel {
     pub fn uses_coop(self) -> bool {
         matches!(
             self,
-            Kernel::GemmCoop(_) | Kernel::GemmCoopPacked(_) | Kernel::AttentionCoop(_)
+            Kernel::GemmCoop(_)
+                | Kernel::GemmCoopPacked(_)
+                | Kernel::AttentionCoop(_)
+                | Kernel::AttentionCoopPacked(_)
         )
     }
 
@@ -426,6 +450,10 @@ impl Kernel {
             | Kernel::AttentionDecodeStreamF16 => {
                 &[Uniform, Read, Read, Read, Read, Read, ReadWrite, ReadWrite]
             }
+            // The same, K and V packed; then V's tiles' flags.
+            Kernel::AttentionCoopPacked(_) => &[
+                Uniform, Read, Read, Read, Read, Read, ReadWrite, ReadWrite, Read,
+            ],
             // Q, K, mask, nonpad; qk_matmul_output.
             Kernel::AttentionScores => &[Uniform, Read, Read, Read, Read, ReadWrite],
             Kernel::Softmax => &[Uniform, ReadWrite, ReadWrite],
@@ -454,8 +482,8 @@ impl Kernel {
             Kernel::GemmCoop(_) => &[Uniform, Read, Read, Read, Read, ReadWrite],
             // packed A, packed B; C.
             Kernel::GemmCoopPacked(_) => &[Uniform, Read, Read, ReadWrite],
-            // an operand as stored; packed.
-            Kernel::CoopPack => &[Uniform, Read, ReadWrite],
+            // an operand as stored; packed; the non-finite flags.
+            Kernel::CoopPack => &[Uniform, Read, ReadWrite, ReadWrite],
         }
     }
 

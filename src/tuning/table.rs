@@ -161,20 +161,30 @@ pub struct TunedCoop {
     pub subgroups: u32,
     /// Keys per K/V tile.
     pub keys_per_tile: u32,
+    /// K and V packed ahead of the kernel (`attention_coop_packed`), or
+    /// staged through workgroup memory (`attention_coop`).
+    pub packed: bool,
 }
 
 impl TunedCoop {
-    /// The text form: `4x64` (subgroups x keys per tile).
+    /// The text form: `4x64` (subgroups x keys per tile, packed), or
+    /// `4x64-staged`.
     pub fn name(&self) -> String {
-        format!("{}x{}", self.subgroups, self.keys_per_tile)
+        let form = if self.packed { "" } else { "-staged" };
+        format!("{}x{}{form}", self.subgroups, self.keys_per_tile)
     }
 
     /// Reads [`TunedCoop::name`]'s form.
     pub fn from_name(name: &str) -> Option<TunedCoop> {
-        let (subgroups, keys) = name.split_once('x')?;
+        let (tiles, packed) = match name.strip_suffix("-staged") {
+            Some(tiles) => (tiles, false),
+            None => (name, true),
+        };
+        let (subgroups, keys) = tiles.split_once('x')?;
         Some(TunedCoop {
             subgroups: subgroups.parse().ok().filter(|&n| n > 0)?,
             keys_per_tile: keys.parse().ok().filter(|&n| n > 0)?,
+            packed,
         })
     }
 }
@@ -620,6 +630,7 @@ mod tests {
                 coop_tiles: Some(TunedCoop {
                     subgroups: 2,
                     keys_per_tile: 32,
+                    packed: true,
                 }),
             },
         );
@@ -864,9 +875,14 @@ mod tests {
             TunedCoop::from_name("4x64"),
             Some(TunedCoop {
                 subgroups: 4,
-                keys_per_tile: 64
+                keys_per_tile: 64,
+                packed: true,
             })
         );
+        let staged = TunedCoop::from_name("2x32-staged").unwrap();
+        assert!(!staged.packed);
+        assert_eq!(staged.name(), "2x32-staged");
+        assert_eq!(TunedCoop::from_name("2x32-packed"), None);
     }
 
     #[test]

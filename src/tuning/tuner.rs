@@ -68,8 +68,9 @@ impl TuningProblem {
 /// The matrix-unit fused kernel's tiles that the tuner times at head dims
 /// `dk`, `dv` on `engine`'s adapter, where it has matrix units: every
 /// candidate that fits (on a CPU adapter the first only, as for the f32
-/// kernel: each takes seconds to compile there). Calls at `Precision::Fast`
-/// take the fastest.
+/// kernel: each takes seconds to compile there), packed, and the largest
+/// that fits in the staged form, to compare the forms. Calls at
+/// `Precision::Fast` take the fastest.
 pub fn coop_candidates(engine: &Engine, dk: usize, dv: usize) -> Vec<CoopTiles> {
     let Some(ctx) = engine.gpu() else {
         return Vec::new();
@@ -83,11 +84,13 @@ pub fn coop_candidates(engine: &Engine, dk: usize, dv: usize) -> Vec<CoopTiles> 
     } else {
         usize::MAX
     };
-    CoopTiles::candidates(shape, dk, dv)
-        .into_iter()
-        .filter(|t| t.fits(&caps.limits))
-        .take(tried)
-        .collect()
+    let fitting = |t: &CoopTiles| t.fits(&caps.limits);
+    let all = CoopTiles::candidates(shape, dk, dv);
+    let mut tiles: Vec<CoopTiles> = all.iter().copied().filter(fitting).take(tried).collect();
+    if tried > 1 {
+        tiles.extend(all.into_iter().map(CoopTiles::staged).find(fitting));
+    }
+    tiles
 }
 
 /// One configuration's time.
@@ -312,6 +315,7 @@ pub async fn tune(
             let tuned = TunedCoop {
                 subgroups: tiles.subgroups,
                 keys_per_tile: tiles.keys_per_tile,
+                packed: tiles.packed,
             };
             let coop = Engine::from_context(
                 ctx.clone()

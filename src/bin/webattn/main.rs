@@ -61,9 +61,10 @@ pub struct EngineArgs {
     /// adapters with subgroups of 8 lanes or more), attention_tiled_chunked
     /// (its form with the Q, K, V and P tiles in chunks of columns: fewer index
     /// clamps), attention_fused (portable, any adapter),
-    /// attention_sg (subgroup shuffles, CPU adapters) or attention_coop
-    /// (matrix units, with --precision fast); auto lets the adapter's profile
-    /// decide.
+    /// attention_sg (subgroup shuffles, CPU adapters), attention_coop
+    /// (matrix units, with --precision fast; K and V packed ahead where they
+    /// fit a binding) or attention_coop_staged (the same with K and V staged
+    /// through workgroup memory); auto lets the adapter's profile decide.
     #[arg(long, value_name = "NAME", default_value = "auto", global = true,
           value_parser = |s: &str| s.parse::<FusedKernelChoice>())]
     kernel: FusedKernelChoice,
@@ -146,12 +147,12 @@ enum Backend {
 /// Creates the engine the `--backend`, `--cpu-threads`, `--limits` and
 /// `--limit` options ask for.
 fn engine(args: &EngineArgs) -> webattn::Result<Engine> {
-    if args.kernel == FusedKernelChoice::Coop && args.precision != Precision::Fast {
+    if args.kernel.is_coop() && args.precision != Precision::Fast {
         return Err(webattn::Error::InvalidOption {
             name: "kernel",
             value: args.kernel.name().to_string(),
             reason:
-                "attention_coop multiplies f16 operands on the matrix units: add --precision fast",
+                "attention_coop and attention_coop_staged multiply f16 operands on the matrix units: add --precision fast",
         });
     }
     let backend = match args.backend {

@@ -42,6 +42,12 @@ pub struct CoopTiles {
     /// consecutive keys: a power of two, by default as many as leave no
     /// invocation idle (`invocations / query_rows`, at least 1).
     pub lanes_per_row: u32,
+    /// Whether K and V are packed as f16 ahead of the kernel
+    /// (`attention_coop_packed.wgsl`: its products load them from storage)
+    /// rather than staged tile by tile through workgroup memory
+    /// (`attention_coop.wgsl`). Packed by default; a call whose packed K
+    /// and V would not fit one binding runs staged ([`CoopTiles::packs`]).
+    pub packed: bool,
 }
 
 /// The shapes tried, largest first: (subgroups, keys per tile in matrices).
@@ -82,6 +88,7 @@ impl CoopTiles {
                     dk_padded: pad(dk),
                     dv_padded: pad(dv),
                     lanes_per_row: 1,
+                    packed: true,
                 };
                 let lanes = (tiles.invocations() / tiles.query_rows()).max(1);
                 tiles.with_lanes_per_row(lanes)
@@ -99,6 +106,45 @@ impl CoopTiles {
             lanes_per_row: lanes,
             ..self
         }
+    }
+
+    /// The same tiles in the staged form (`attention_coop.wgsl`: K and V
+    /// through workgroup memory, no packing pass).
+    pub fn staged(self) -> CoopTiles {
+        CoopTiles {
+            packed: false,
+            ..self
+        }
+    }
+
+    /// Keys per (batch, KV head) in the packed K and V: `keys` padded to
+    /// whole tiles.
+    pub fn packed_keys(&self, keys: usize) -> usize {
+        keys.max(1).next_multiple_of(self.keys_per_tile as usize)
+    }
+
+    /// Bytes of packed K and of packed V for `kv_heads` (batch × KV heads)
+    /// matrices of `keys` keys.
+    pub fn packed_bytes(&self, kv_heads: usize, keys: usize) -> (u64, u64) {
+        let rows = (kv_heads * self.packed_keys(keys)) as u64;
+        (
+            rows * u64::from(self.dk_padded) * 2,
+            rows * u64::from(self.dv_padded) * 2,
+        )
+    }
+
+    /// Whether these tiles, if packed, run packed for `kv_heads` (batch ×
+    /// KV heads) matrices of `keys` keys: both packed tensors fit one
+    /// binding and the largest buffer, and their indices 32 bits. Else the
+    /// call runs the staged form.
+    pub fn packs(&self, kv_heads: usize, keys: usize, limits: &KernelLimits) -> bool {
+        let (k, v) = self.packed_bytes(kv_heads, keys);
+        self.packed
+            && [k, v].iter().all(|&bytes| {
+                bytes <= limits.max_storage_buffer_binding_size
+                    && bytes <= limits.max_buffer_size
+                    && bytes / 2 <= u64::from(u32::MAX)
+            })
     }
 
     /// Whether the kernel takes these tiles: lanes per row a power of two
@@ -182,8 +228,14 @@ impl CoopTiles {
     pub fn workgroup_bytes(&self) -> u32 {
         let [qs, ks, _, ps, _] = self.strides();
         let bq = self.query_rows();
+        // (The packed form has no K/V tile.)
+        let kv_tile = if self.packed {
+            0
+        } else {
+            2 * self.keys_per_tile * ks
+        };
         2 * bq * qs
-            + 2 * self.keys_per_tile * ks
+            + kv_tile
             + 4 * self.scratch_words()
             + 2 * bq * ps
             + 2 * 4 * bq * self.bit_words()
@@ -209,7 +261,11 @@ impl CoopTiles {
             u64::from(self.lanes_per_row),
         );
         let block = (bq * n).div_ceil(wg);
-        let staging = staging_iterations(bk * dkp, wg) + staging_iterations(bk * dvp, wg);
+        let staging = if self.packed {
+            0
+        } else {
+            staging_iterations(bk * dkp, wg) + staging_iterations(bk * dvp, wg)
+        };
         let scores = bkt * (1 + dkt);
         let softmax = rpi * (2 * kpi + lpr + 4);
         let rescale = dvt * (block + 1);
@@ -250,7 +306,12 @@ impl CoopTiles {
     pub fn key(&self) -> PipelineKey {
         let n = self.n();
         let [qs, ks, ss, ps, os] = self.strides();
-        PipelineKey::new(Kernel::AttentionCoop(self.shape.size))
+        let kernel = if self.packed {
+            Kernel::AttentionCoopPacked(self.shape.size)
+        } else {
+            Kernel::AttentionCoop(self.shape.size)
+        };
+        PipelineKey::new(kernel)
             .with("SG", i64::from(self.shape.subgroup))
             .with("NSG", i64::from(self.subgroups))
             .with("BK", i64::from(self.keys_per_tile))
@@ -277,13 +338,18 @@ impl CoopTiles {
         let n = self.n();
         format!(
             "{} query rows x {}-key tiles, {} subgroups of {}, each a strip of {n} rows: S {n}x{} and O {n}x{} \
-             as {n}x{n} f32 matrices, Q, K, V and P as f16; softmax {} invocation(s) per row",
+             as {n}x{n} f32 matrices, Q, K, V and P as f16, K and V {}; softmax {} invocation(s) per row",
             self.query_rows(),
             self.keys_per_tile,
             self.subgroups,
             self.shape.subgroup,
             self.keys_per_tile,
             self.dv_padded,
+            if self.packed {
+                "packed ahead (loaded from storage)"
+            } else {
+                "staged through workgroup memory"
+            },
             self.lanes_per_row
         )
     }
@@ -326,9 +392,17 @@ mod tests {
             (t.query_rows(), t.keys_per_tile, t.invocations()),
             (64, 64, 128)
         );
+        // Packed (no K/V tile in workgroup memory), 64 keys fit at 128;
+        // staged, 32.
         let t = CoopTiles::for_dims(H100, 128, 128, &limits(48 << 10)).unwrap();
-        assert_eq!((t.query_rows(), t.keys_per_tile), (64, 32));
+        assert_eq!((t.query_rows(), t.keys_per_tile), (64, 64));
         assert!(t.workgroup_bytes() <= 48 << 10);
+        let staged = CoopTiles::candidates(H100, 128, 128)
+            .into_iter()
+            .map(CoopTiles::staged)
+            .find(|t| t.fits(&limits(48 << 10)))
+            .unwrap();
+        assert_eq!((staged.query_rows(), staged.keys_per_tile), (64, 32));
         assert!(CoopTiles::for_dims(H100, 257, 64, &limits(48 << 10)).is_none());
     }
 
@@ -366,6 +440,48 @@ mod tests {
             assert_eq!(t.dk_padded % 8, 0);
             assert!(t.dk_padded as usize >= d);
         }
+    }
+
+    #[test]
+    fn packed_tiles_leave_the_kv_tile_out_of_workgroup_memory() {
+        let t = CoopTiles::for_dims(H100, 128, 128, &limits(48 << 10)).unwrap();
+        assert!(t.packed);
+        let staged = t.staged();
+        assert!(!staged.packed);
+        // The staged form's K/V tile: keys x (128 + 8) f16.
+        assert_eq!(
+            staged.workgroup_bytes() - t.workgroup_bytes(),
+            2 * t.keys_per_tile * 136
+        );
+        assert_ne!(t.key().kernel, staged.key().kernel);
+        assert_eq!(staged.key().kernel, Kernel::AttentionCoop(H100.size));
+        assert_eq!(t.key().kernel, Kernel::AttentionCoopPacked(H100.size));
+        // The packing pass: no staging iterations per tile.
+        assert!(t.loop_iterations_per_tile() < staged.loop_iterations_per_tile());
+    }
+
+    #[test]
+    fn packing_needs_both_packed_tensors_within_one_binding() {
+        let t = CoopTiles::for_dims(H100, 64, 128, &limits(48 << 10)).unwrap();
+        // 1000 keys pad to whole tiles; K has 64 columns, V 128, f16.
+        let keys = t.packed_keys(1000);
+        assert_eq!(keys % t.keys_per_tile as usize, 0);
+        assert!(keys >= 1000 && keys < 1000 + t.keys_per_tile as usize);
+        let (k, v) = t.packed_bytes(4, 1000);
+        assert_eq!(
+            (k, v),
+            (4 * keys as u64 * 64 * 2, 4 * keys as u64 * 128 * 2)
+        );
+        let mut small = limits(48 << 10);
+        assert!(t.packs(4, 1000, &small));
+        small.max_storage_buffer_binding_size = v - 1;
+        assert!(!t.packs(4, 1000, &small), "V exceeds the binding");
+        small.max_storage_buffer_binding_size = v;
+        assert!(t.packs(4, 1000, &small));
+        assert!(
+            !t.staged().packs(4, 1000, &small),
+            "the staged form packs nothing"
+        );
     }
 
     #[test]

@@ -152,6 +152,7 @@ impl FusedKernel {
             FusedKernel::Tiled(tiles) if tiles.shuffle => FusedKernelChoice::TiledShuffle.name(),
             FusedKernel::Tiled(tiles) if tiles.chunked => FusedKernelChoice::TiledChunked.name(),
             FusedKernel::Tiled(_) => FusedKernelChoice::Tiled.name(),
+            FusedKernel::Coop(tiles) if !tiles.packed => FusedKernelChoice::CoopStaged.name(),
             FusedKernel::Coop(_) => FusedKernelChoice::Coop.name(),
         }
     }
@@ -295,7 +296,8 @@ struct ChunkParams {
     chunk_start: u32,
     chunk_end: u32,
     chunk_flags: u32,
-    _pad: u32,
+    /// `attention_coop_packed`: keys per (batch, KV head) in packed K and V.
+    packed_keys: u32,
 }
 
 const FIRST_CHUNK: u32 = 1;
@@ -335,6 +337,24 @@ pub(crate) fn record_forward(
     let q_blocks = dims.q_len.div_ceil(kernel.query_rows());
     let ctx = rec.ctx();
     let keys = dims.total_len();
+    // The matrix-unit kernel's packed form where its packed K and V fit.
+    let kv_heads = dims.batch * dims.kv_heads;
+    let (kernel, packed) = match *kernel {
+        FusedKernel::Coop(tiles) if tiles.packed => {
+            if tiles.packs(kv_heads, keys, &ctx.caps.limits) {
+                let packed = record_kv_pack(rec, dims, &tiles, inputs)?;
+                (FusedKernel::Coop(tiles), Some(packed))
+            } else {
+                (FusedKernel::Coop(tiles.staged()), None)
+            }
+        }
+        other => (other, None),
+    };
+    let kernel = &kernel;
+    let packed_keys = match kernel {
+        FusedKernel::Coop(tiles) => tiles.packed_keys(keys) as u32,
+        _ => 0,
+    };
     let chunk = kernel.keys_per_chunk(dims, ctx.caps.loop_budget());
     let key = ctx.removed_phases.key(kernel.key(dims, options))?;
     let pipeline = ctx.pipelines.get(&key);
@@ -354,26 +374,97 @@ pub(crate) fn record_forward(
                 chunk_start: start as u32,
                 chunk_end: end as u32,
                 chunk_flags: flags,
-                _pad: 0,
+                packed_keys,
             },
         );
-        rec.dispatch_segments(
-            &pipeline,
-            &[
-                (&uniform).into(),
-                inputs.q,
-                inputs.k,
-                inputs.v,
-                inputs.mask.into(),
-                inputs.nonpad.into(),
-                y.into(),
-                stats.into(),
-            ],
-            workgroups,
-        )?;
+        let mut bindings = vec![
+            (&uniform).into(),
+            inputs.q,
+            inputs.k,
+            inputs.v,
+            inputs.mask.into(),
+            inputs.nonpad.into(),
+            y.into(),
+            stats.into(),
+        ];
+        if let Some(packed) = &packed {
+            bindings[2] = (&packed.k).into();
+            bindings[3] = (&packed.v).into();
+            bindings.push((&packed.v_flags).into());
+        }
+        rec.dispatch_segments(&pipeline, &bindings, workgroups)?;
         start = end;
     }
     Ok(())
+}
+
+/// Bytes of scratch [`record_forward`] allocates for `kernel` at `dims`: the
+/// packed K and V and V's flags where the matrix-unit kernel runs packed,
+/// else nothing.
+pub(crate) fn scratch_bytes(
+    kernel: &FusedKernel,
+    dims: &AttentionDims,
+    limits: &KernelLimits,
+) -> u64 {
+    let (kv_heads, keys) = (dims.batch * dims.kv_heads, dims.total_len());
+    match kernel {
+        FusedKernel::Coop(tiles) if tiles.packs(kv_heads, keys, limits) => {
+            let (k, v) = tiles.packed_bytes(kv_heads, keys);
+            let flags = kv_heads * tiles.packed_keys(keys) / tiles.keys_per_tile as usize;
+            k + v + 4 * flags as u64
+        }
+        _ => 0,
+    }
+}
+
+/// K and V packed as f16 for `attention_coop_packed.wgsl`, and its flags of
+/// V's tiles that hold a non-finite value.
+struct PackedKv {
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+    v_flags: wgpu::Buffer,
+}
+
+/// Records the packing of K and V (`coop_pack.wgsl`) for the packed
+/// matrix-unit kernel: per (batch, KV head) a matrix of the keys padded to
+/// whole tiles by the head dim padded to the matrix size, in blocks of one
+/// matrix; V's flags per tile of keys.
+fn record_kv_pack(
+    rec: &mut Recorder<'_>,
+    dims: &AttentionDims,
+    tiles: &CoopTiles,
+    inputs: &AttentionBuffers<'_>,
+) -> Result<PackedKv> {
+    let keys = dims.total_len();
+    let operand = |cols: usize, cols_p: u32| super::gemm_packed::Operand {
+        rows: keys,
+        cols,
+        transposed: false,
+        ld: cols,
+        offset: 0,
+        stride: keys * cols,
+        batches: dims.batch * dims.kv_heads,
+        rows_p: tiles.packed_keys(keys),
+        cols_p: cols_p as usize,
+    };
+    let shape = tiles.shape;
+    let (k, _) = super::gemm_packed::record_pack(
+        rec,
+        "K as f16",
+        shape,
+        &operand(dims.head_dim, tiles.dk_padded),
+        inputs.k,
+        0,
+    )?;
+    let (v, v_flags) = super::gemm_packed::record_pack(
+        rec,
+        "V as f16",
+        shape,
+        &operand(dims.v_head_dim, tiles.dv_padded),
+        inputs.v,
+        tiles.keys_per_tile as usize,
+    )?;
+    Ok(PackedKv { k, v, v_flags })
 }
 
 /// Records the recompute of `qk_matmul_output` in `mode` from Q and K; for

@@ -14,7 +14,7 @@ use crate::gpu::capabilities::KernelLimits;
 use crate::gpu::choice::PackedTile;
 use crate::gpu::context::GpuContext;
 use crate::gpu::pipeline::PipelineKey;
-use crate::gpu::recorder::Recorder;
+use crate::gpu::recorder::{Recorder, Seg};
 use crate::gpu::registry::Kernel;
 
 /// Invocations per workgroup of `coop_pack.wgsl`.
@@ -68,16 +68,16 @@ pub fn pack_key() -> PipelineKey {
 /// take as f16 (element (r, c) stored at `r * ld + c`, or at `c * ld + r`
 /// where `transposed`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Operand {
-    rows: usize,
-    cols: usize,
-    transposed: bool,
-    ld: usize,
-    offset: usize,
-    stride: usize,
-    batches: usize,
-    rows_p: usize,
-    cols_p: usize,
+pub(crate) struct Operand {
+    pub rows: usize,
+    pub cols: usize,
+    pub transposed: bool,
+    pub ld: usize,
+    pub offset: usize,
+    pub stride: usize,
+    pub batches: usize,
+    pub rows_p: usize,
+    pub cols_p: usize,
 }
 
 impl Operand {
@@ -198,7 +198,7 @@ struct PackParams {
     cols_p: u32,
     block: u32,
     transposed: u32,
-    _pad0: u32,
+    flag_rows: u32,
     _pad1: u32,
 }
 
@@ -227,18 +227,27 @@ struct Params {
     _pad1: u32,
 }
 
-/// Records the packing of one operand from `src` into a new buffer.
-fn record_pack(
+/// Records the packing of one operand from `src` into a new buffer; with
+/// `flag_rows` > 0 also which runs of that many packed rows hold a value
+/// that is not finite once rounded (one word each, in the second buffer;
+/// else that is a placeholder).
+pub(crate) fn record_pack(
     rec: &mut Recorder<'_>,
     label: &str,
     shape: CoopShape,
     operand: &Operand,
-    src: &wgpu::Buffer,
-) -> Result<wgpu::Buffer> {
+    src: Seg<'_>,
+    flag_rows: usize,
+) -> Result<(wgpu::Buffer, wgpu::Buffer)> {
     let ctx = rec.ctx();
     let values = operand.batches * operand.matrix();
     // (f16 values two to a word: the buffer is sized in f32 words.)
     let packed = buffer::storage(ctx, label, values.div_ceil(2))?;
+    let flag_words = match flag_rows {
+        0 => 1,
+        rows => operand.batches * operand.rows_p.div_ceil(rows),
+    };
+    let flags = buffer::storage(ctx, "non-finite flags", flag_words)?;
     let u = |x: usize| x as u32;
     let params = PackParams {
         rows: u(operand.rows),
@@ -251,18 +260,18 @@ fn record_pack(
         cols_p: u(operand.cols_p),
         block: shape.size.dim(),
         transposed: u32::from(operand.transposed),
-        _pad0: 0,
+        flag_rows: flag_rows as u32,
         _pad1: 0,
     };
     let uniform = buffer::uniform(ctx, "coop pack params", &params);
     let pipeline = ctx.pipelines.get(&pack_key());
     let workgroups = (values / PACK_VALUES) as u64;
-    rec.dispatch(
+    rec.dispatch_segments(
         &pipeline,
-        &[&uniform, src, &packed],
+        &[(&uniform).into(), src, (&packed).into(), (&flags).into()],
         workgroups.div_ceil(u64::from(PACK_INVOCATIONS)),
     )?;
-    Ok(packed)
+    Ok((packed, flags))
 }
 
 /// Whether C's rows all start 16-byte aligned (leading dimension, offset
@@ -283,8 +292,8 @@ pub(crate) fn record(
     [a, b, c]: [&wgpu::Buffer; 3],
 ) -> Result<()> {
     let plan = packing(shape, tile, spec);
-    let packed_a = record_pack(rec, "A as f16", shape, &plan.a, a)?;
-    let packed_b = record_pack(rec, "B as f16", shape, &plan.b, b)?;
+    let (packed_a, _) = record_pack(rec, "A as f16", shape, &plan.a, a.into(), 0)?;
+    let (packed_b, _) = record_pack(rec, "B as f16", shape, &plan.b, b.into(), 0)?;
     let (tile_m, tile_n) = tile_dims(shape, tile);
     let (tiles_m, tiles_n) = (plan.mp / tile_m, plan.np / tile_n);
     let u = |x: usize| x as u32;
