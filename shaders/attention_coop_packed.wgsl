@@ -226,13 +226,26 @@ fn key_bit(t: u32) -> u32 {
     return 1u << ((t / LPR) % 32u);
 }
 
-// Step n of the walk of row rr's part over its KPI keys: the part's key
-// index u, rotated by the row within each run of 32 (the last run may be
-// shorter), so that every step of a run stays in that run's bit word.
-fn walk(n: u32, rr: u32) -> u32 {
+// How far row rr's walks over its parts' keys are rotated: within the runs
+// of 32 keys, and within the last run (shorter where KPI is no multiple of
+// 32). Taken once per pair, so that a step has no division.
+fn walk_shifts(rr: u32) -> vec2<u32> {
+    let last_width = KPI - ((KPI - 1u) / 32u) * 32u;
+    return vec2<u32>(rr % min(32u, KPI), rr % last_width);
+}
+
+// Step n of a walk over a part's KPI keys: the part's key index, rotated by
+// `shifts` (walk_shifts) within each run of 32, so that every step of a run
+// stays in that run's bit word: (n + shift) mod the run's width.
+fn walk(n: u32, shifts: vec2<u32>) -> u32 {
     let base = (n / 32u) * 32u;
-    let width = min(32u, KPI - base);
-    return base + (n - base + rr) % width;
+    let last = base + 32u >= KPI;
+    let width = select(32u, KPI - base, last);
+    var u = n - base + select(shifts.x, shifts.y, last);
+    if (u >= width) {
+        u -= width;
+    }
+    return base + u;
 }
 
 fn non_finite(x: f32) -> bool {
@@ -631,6 +644,7 @@ fn main(
                 let in_range = pair < BQ * LPR;
                 let rr = min(pair / LPR, BQ - 1u);
                 let part = pair % LPR;
+                let shifts = walk_shifts(rr);
                 var part_max = MASKED;
                 if (in_range) {
                     // The pair's row state as scalars for the key loop: the
@@ -645,7 +659,7 @@ fn main(
                     let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride
                         + row * p.mask_row_stride;
                     for (var n = 0u; n < KPI; n++) {
-                        let t = walk(n, rr) * LPR + part;
+                        let t = walk(n, shifts) * LPR + part;
                         let key = j0 + i32(t);
                         var sc = MASKED;
                         var attended = row_live && key >= row_lo && key <= row_hi;
@@ -729,7 +743,7 @@ fn main(
                     var bits = 0u;
                     var positive = 0u;
                     for (var n = 0u; n < KPI; n++) {
-                        let t = walk(n, rr) * LPR + part;
+                        let t = walk(n, shifts) * LPR + part;
                         var sc = f_s[rr * SS + t];
                         if (!rewrite) {
                             let key = j0 + i32(t);
