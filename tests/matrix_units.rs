@@ -1079,6 +1079,62 @@ fn each_phase_switch_of_the_matrix_unit_kernel_removes_its_phase() {
     );
 }
 
+/// Where packed K or V would pass one binding (a head dim padded to the
+/// matrix size grows them: Dk = 1 takes 8 f16 values per key against one
+/// f32), the matrix-unit kernel runs its staged form, right, and packs
+/// nothing; a call that fits runs packed.
+#[test]
+fn calls_whose_packed_keys_would_pass_a_binding_run_staged() {
+    on_matrix_units(
+        "calls_whose_packed_keys_would_pass_a_binding_run_staged",
+        Size::Native,
+        |_| {
+            let engine = Engine::with_options_blocking(EngineOptions {
+                limits: webattn::DeviceLimits::default()
+                    .with("max_storage_buffer_binding_size", 64 << 10)
+                    .expect("a known limit"),
+                tuning_cache: webattn::tuning::TuningCache::Memory,
+                ..Default::default()
+            })
+            .expect("an engine with 64 KiB bindings");
+            let coop_keys = || -> Vec<String> {
+                engine
+                    .gpu()
+                    .expect("a GPU engine")
+                    .pipelines()
+                    .compiled_keys()
+                    .into_iter()
+                    .map(|k| k.to_string())
+                    .filter(|k| k.starts_with("attention_coop"))
+                    .collect()
+            };
+            // K and V: 6000 keys of 1 value, 24 KB as f32; packed, 6016 x 8
+            // f16 values, 96 KiB each.
+            let case = CaseSpec::new("packed-past-a-binding", [1, 1, 1], [5, 6000], [1, 1])
+                .with(|o| o.precision = Precision::Fast);
+            let results = pollster::block_on(run_case(&engine, &case, &[KernelPath::Fused], 11));
+            assert!(results.iter().all(|r| r.passed()), "{results:?}");
+            let keys = coop_keys();
+            assert!(
+                keys.iter().all(|k| !k.starts_with("attention_coop_packed")) && !keys.is_empty(),
+                "{keys:?}"
+            );
+            // 600 keys pack into 12 KiB each: packed.
+            let case = CaseSpec::new("packed-within-a-binding", [1, 1, 1], [5, 600], [1, 1])
+                .with(|o| o.precision = Precision::Fast);
+            let results = pollster::block_on(run_case(&engine, &case, &[KernelPath::Fused], 12));
+            assert!(results.iter().all(|r| r.passed()), "{results:?}");
+            assert!(
+                coop_keys()
+                    .iter()
+                    .any(|k| k.starts_with("attention_coop_packed")),
+                "{:?}",
+                coop_keys()
+            );
+        },
+    );
+}
+
 /// The matrix-unit kernel's tiles: calls at `Fast` take those `webattn
 /// tune` measured fastest where they are a candidate that fits, tiles pinned
 /// on a context before them, the largest that fit otherwise (a stale entry's

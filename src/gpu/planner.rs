@@ -465,19 +465,24 @@ impl GpuContext {
                 .flat_map(|t| [t, t.staged()])
                 .filter(move |t| !(staged_only && t.packed))
         };
+        let matches = move |t: &CoopTiles, want: crate::tuning::TunedCoop| {
+            t.subgroups == want.subgroups && t.keys_per_tile == want.keys_per_tile && t.fits(limits)
+        };
         let candidate = |want: crate::tuning::TunedCoop| {
-            in_form().find(|t| {
-                t.subgroups == want.subgroups
-                    && t.keys_per_tile == want.keys_per_tile
-                    && (staged_only || t.packed == want.packed)
-                    && t.fits(limits)
-            })
+            in_form().find(|t| matches(t, want) && (staged_only || t.packed == want.packed))
         };
         let tuned = || {
             let mut entry = self.tuned(dk, dv)?;
             let want = entry.coop_tiles?;
             let tiles = candidate(want);
-            if tiles.is_none() {
+            // Stale only where no form of the tiles fits (forcing the staged
+            // form must not drop a packed entry whose staged tiles do not).
+            let stale = tiles.is_none()
+                && !CoopTiles::candidates(shape, dk, dv)
+                    .into_iter()
+                    .flat_map(|t| [t, t.staged()])
+                    .any(|t| matches(&t, want) && t.packed == want.packed);
+            if stale {
                 log::warn!(
                     "webattn: tuned matrix-unit tiles {} for head dims {dk}/{dv} ignored: no \
                      candidate that fits here",

@@ -1003,7 +1003,8 @@ async fn run_piece(
                     &stats,
                     part,
                 )?;
-                let mut used = input_bytes(&piece);
+                let mut used = input_bytes(&piece)
+                    + fused_op::scratch_bytes(&kernel, &piece.dims, &ctx.caps.limits);
                 if let (Some(mode), Some(dst)) = (options.qk_matmul_output_mode, qk) {
                     let scores =
                         buffer::storage(ctx, "qk_matmul_output (piece)", rows * range.keys)?;

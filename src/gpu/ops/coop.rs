@@ -38,8 +38,8 @@ pub struct CoopTiles {
     /// Dv rounded up to the matrix size.
     pub dv_padded: u32,
     /// Invocations that share a row in the scalar steps (the rules, the
-    /// maxima, P), each a part of `keys_per_tile / lanes_per_row`
-    /// consecutive keys: a power of two, by default as many as leave no
+    /// maxima, P), each a part of `keys_per_tile / lanes_per_row` keys
+    /// (every `lanes_per_row`-th): a power of two, by default as many as leave no
     /// invocation idle (`invocations / query_rows`, at least 1).
     pub lanes_per_row: u32,
     /// Whether K and V are packed as f16 ahead of the kernel
@@ -228,9 +228,10 @@ impl CoopTiles {
     pub fn workgroup_bytes(&self) -> u32 {
         let [qs, ks, _, ps, _] = self.strides();
         let bq = self.query_rows();
-        // (The packed form has no K/V tile.)
+        // (The packed form has no K/V tile, but a zero block of f16 for
+        // its phase switch.)
         let kv_tile = if self.packed {
-            0
+            2 * self.n() * self.n()
         } else {
             2 * self.keys_per_tile * ks
         };
@@ -448,10 +449,11 @@ mod tests {
         assert!(t.packed);
         let staged = t.staged();
         assert!(!staged.packed);
-        // The staged form's K/V tile: keys x (128 + 8) f16.
+        // The staged form's K/V tile: keys x (128 + 8) f16; the packed
+        // form's zero block: 16 x 16 f16.
         assert_eq!(
             staged.workgroup_bytes() - t.workgroup_bytes(),
-            2 * t.keys_per_tile * 136
+            2 * t.keys_per_tile * 136 - 2 * 16 * 16
         );
         assert_ne!(t.key().kernel, staged.key().kernel);
         assert_eq!(staged.key().kernel, Kernel::AttentionCoop(H100.size));

@@ -345,7 +345,7 @@ pub(crate) fn record_forward(
                 let packed = record_kv_pack(rec, dims, &tiles, inputs)?;
                 (FusedKernel::Coop(tiles), Some(packed))
             } else {
-                (FusedKernel::Coop(tiles.staged()), None)
+                (unpacked(ctx, dims, tiles)?, None)
             }
         }
         other => (other, None),
@@ -396,6 +396,31 @@ pub(crate) fn record_forward(
         start = end;
     }
     Ok(())
+}
+
+/// The kernel a call runs whose packed K or V would not fit ([`CoopTiles::packs`]):
+/// the same tiles staged where they fit the adapter's workgroup memory (the
+/// packed form needs less), else the largest staged candidate that does,
+/// else the f32 kernel.
+fn unpacked(
+    ctx: &crate::gpu::context::GpuContext,
+    dims: &AttentionDims,
+    tiles: CoopTiles,
+) -> Result<FusedKernel> {
+    let limits = &ctx.caps.limits;
+    let staged = tiles.staged();
+    if staged.fits(limits) {
+        return Ok(FusedKernel::Coop(staged));
+    }
+    let (dk, dv) = (dims.head_dim, dims.v_head_dim);
+    match CoopTiles::candidates(tiles.shape, dk, dv)
+        .into_iter()
+        .map(CoopTiles::staged)
+        .find(|t| t.fits(limits))
+    {
+        Some(t) => Ok(FusedKernel::Coop(t)),
+        None => ctx.fused_kernel(dk, dv),
+    }
 }
 
 /// Bytes of scratch [`record_forward`] allocates for `kernel` at `dims`: the
