@@ -527,7 +527,7 @@ pub fn every_planned_pipeline() -> Vec<super::pipeline::PipelineKey> {
     keys.push(PipelineKey::new(Kernel::CopyPeak).with("WORKGROUP", 256));
     // The matrix-unit GEMM at both sizes, every transpose, with and without
     // zero skipping, at the subgroup widths adapters report; the matrix-unit
-    // fused kernel's every candidate tile at every head-dim class.
+    // fused kernel's every candidate tile at every head-dim class, in both forms.
     for size in [
         super::registry::CoopSize::Eight,
         super::registry::CoopSize::Sixteen,
@@ -536,10 +536,12 @@ pub fn every_planned_pipeline() -> Vec<super::pipeline::PipelineKey> {
             let shape = gemm::CoopShape { size, subgroup };
             for dk in HEAD_DIM_CLASSES {
                 for dv in HEAD_DIM_CLASSES {
+                    // (Each packed, as calls take it, and staged.)
                     keys.extend(
                         CoopTiles::candidates(shape, dk, dv)
-                            .iter()
-                            .map(CoopTiles::key),
+                            .into_iter()
+                            .flat_map(|t| [t, t.staged()])
+                            .map(|t| t.key()),
                     );
                 }
             }
