@@ -37,6 +37,9 @@ spills on every GPU). Writes DIR/stats.json.
     python3 .ci/shader-stats.py DIR [FILTER]   (FILTER: a substring of the
                                                 pipeline's description or key)
 
+With WEBATTN_STATS_ASM set, each module's disassembly is kept beside it
+(DIR/NAME.asm), to read what a loop spends its instructions on.
+
 `bash .ci/shader-stats` builds the example, writes the modules and runs this.
 """
 import json
@@ -311,6 +314,9 @@ def main():
         if only and only not in what and only not in key:
             continue
         stats, asm = compiler.compile(os.path.join(folder, name), bindings)
+        if os.environ.get("WEBATTN_STATS_ASM"):
+            with open(os.path.join(folder, name[:-len(".spv")] + ".asm"), "w") as out:
+                out.write(asm)
         loops = hot_loops(asm)
         around = outer_loop(asm) if loops or "attention" in key else None
         tile = per_tile(key, loops, around)

@@ -10,7 +10,10 @@
 //!
 //! The pipelines: every register-tiled candidate at head dims 64 and 128 (the
 //! tuner's list: measured shapes, 8-row shapes, prefetching, chunked and shuffle
-//! forms), the streaming decode kernel's shapes at head dim 128, the GEMM
+//! forms) and the streaming decode kernel's shapes at head dim 128, each as a
+//! plain call runs it (`RULES` = 0: no mask, softcap, ALiBi or temperature;
+//! the first tiled and decode shapes also with every rule compiled, "all
+//! rules"), the GEMM
 //! kernels the unfused path runs, and the FMA ceiling's kernel. Files are named after the pipeline key (`attention_tiled[BK=32,...]`
 //! becomes `attention_tiled.BK32...`) with `.checked.spv`, `.bounds.spv` or
 //! `.unchecked.spv`; `index.tsv` lists them with their bindings (group 0, in
@@ -42,7 +45,13 @@ fn pipelines() -> Vec<(String, PipelineKey)> {
                 if tiles.shuffle { " shuffle" } else { "" },
                 if tiles.chunked { " chunked" } else { "" },
             );
-            out.push((what, tiles.key()));
+            // A plain call's pipeline: no per-score rule beyond the scale
+            // (`RULES` = 0: no mask, softcap, ALiBi or temperature).
+            out.push((what.clone(), tiles.key().with("RULES", 0)));
+            if tiles == TiledTiles::candidates(d, d)[0] {
+                // The first shape also with every rule compiled (the default).
+                out.push((format!("{what} all rules"), tiles.key()));
+            }
         }
     }
     // The streaming decode kernel at head dim 128: one query row per
@@ -64,7 +73,11 @@ fn pipelines() -> Vec<(String, PipelineKey)> {
                     shape.keys_per_step,
                     if shape.prefetch { " prefetch" } else { "" },
                 );
-                out.push((what, stream_key(shape, &dims, rows as i64, kv_f16)));
+                let key = stream_key(shape, &dims, rows as i64, kv_f16);
+                out.push((what.clone(), key.clone().with("RULES", 0)));
+                if shape == StreamShape::all()[0] {
+                    out.push((format!("{what} all rules"), key));
+                }
             }
         }
     }

@@ -586,7 +586,7 @@ fn main(
             // the first walk writes each final score back to S for the
             // second; else the second computes it again from S as it is (the
             // same operations, the same value) and S is only read.
-            let rewrite = (p.flags & (FLAG_SOFTCAP | FLAG_MASK | FLAG_ALIBI)) != 0u;
+            let rewrite = (p.flags & (RULES & (FLAG_SOFTCAP | FLAG_MASK | FLAG_ALIBI))) != 0u;
             for (var i = 0u; i < RPI; i++) {
                 let pair = lane_pair + WG * i;
                 // Pairs past the last idle through the steps (every lane
@@ -615,10 +615,10 @@ fn main(
                         var attended = row_live && key >= row_lo && key <= row_hi;
                         if (attended) {
                             sc = f_s[rr * SS + t] * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -628,10 +628,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 flags |= ROW_POISONED;
                                 sc = neg_inf();
@@ -699,7 +701,9 @@ fn main(
                             let key = j0 + i32(t);
                             if (row_live && key >= row_lo && key <= row_hi) {
                                 sc = sc * p.scale;
-                                sc *= p.inv_temperature;
+                                if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                    sc *= p.inv_temperature;
+                                }
                                 if (poisons(sc)) {
                                     sc = neg_inf();
                                 }

@@ -13,6 +13,15 @@ const FLAG_NONPAD: u32 = 4u;
 const FLAG_PAST: u32 = 8u;
 const FLAG_SOFTCAP: u32 = 16u;
 const FLAG_ALIBI: u32 = 32u;
+// The rules applied score by score that a pipeline is made for: bits of
+// FLAG_MASK, FLAG_SOFTCAP and FLAG_ALIBI, and RULE_TEMPERATURE. The kernels
+// whose key loops test it (tiled, matrix-unit, streaming decode) are made
+// with none for a call that applies none, so its key loop has none of their
+// code, and with all of them otherwise (src/gpu/ops/rules.rs, from the same
+// rules as Params.flags); the default compiles every rule.
+override RULES: u32 = 113u;
+// A RULES bit: the temperature is not 1 (its product is made only then).
+const RULE_TEMPERATURE: u32 = 64u;
 // Params.chunk_flags: the first and the last chunk of a row's keys.
 const FIRST_CHUNK: u32 = 1u;
 const LAST_CHUNK: u32 = 2u;

@@ -874,10 +874,10 @@ fn main(
                 var attended = live0 && key >= lo0 && key <= hi0;
                 if (attended) {
                     sc = s0_0 * p.scale;
-                    if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                    if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                         sc = p.softcap * accurate_tanh(sc / p.softcap);
                     }
-                    if ((p.flags & FLAG_MASK) != 0u) {
+                    if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                         let bias = mask[mask_base + u32(key)];
                         if (bias <= MASKED) {
                             attended = false;
@@ -887,10 +887,12 @@ fn main(
                     }
                 }
                 if (attended) {
-                    if ((p.flags & FLAG_ALIBI) != 0u) {
+                    if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                         sc -= slope * f32(abs(pos - key));
                     }
-                    sc *= p.inv_temperature;
+                    if ((RULES & RULE_TEMPERATURE) != 0u) {
+                        sc *= p.inv_temperature;
+                    }
                     if (poisons(sc)) {
                         fl0 |= ROW_POISONED;
                         sc = neg_inf();
@@ -907,10 +909,10 @@ fn main(
                     var attended = live0 && key >= lo0 && key <= hi0;
                     if (attended) {
                         sc = s0_1 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -920,10 +922,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
                             sc = neg_inf();
@@ -941,10 +945,10 @@ fn main(
                     var attended = live0 && key >= lo0 && key <= hi0;
                     if (attended) {
                         sc = s0_2 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -954,10 +958,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
                             sc = neg_inf();
@@ -975,10 +981,10 @@ fn main(
                     var attended = live0 && key >= lo0 && key <= hi0;
                     if (attended) {
                         sc = s0_3 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -988,10 +994,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1016,10 +1024,10 @@ fn main(
                     var attended = live1 && key >= lo1 && key <= hi1;
                     if (attended) {
                         sc = s1_0 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1029,10 +1037,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl1 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1049,10 +1059,10 @@ fn main(
                         var attended = live1 && key >= lo1 && key <= hi1;
                         if (attended) {
                             sc = s1_1 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1062,10 +1072,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1083,10 +1095,10 @@ fn main(
                         var attended = live1 && key >= lo1 && key <= hi1;
                         if (attended) {
                             sc = s1_2 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1096,10 +1108,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1117,10 +1131,10 @@ fn main(
                         var attended = live1 && key >= lo1 && key <= hi1;
                         if (attended) {
                             sc = s1_3 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1130,10 +1144,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1159,10 +1175,10 @@ fn main(
                     var attended = live2 && key >= lo2 && key <= hi2;
                     if (attended) {
                         sc = s2_0 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1172,10 +1188,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl2 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1192,10 +1210,10 @@ fn main(
                         var attended = live2 && key >= lo2 && key <= hi2;
                         if (attended) {
                             sc = s2_1 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1205,10 +1223,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1226,10 +1246,10 @@ fn main(
                         var attended = live2 && key >= lo2 && key <= hi2;
                         if (attended) {
                             sc = s2_2 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1239,10 +1259,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1260,10 +1282,10 @@ fn main(
                         var attended = live2 && key >= lo2 && key <= hi2;
                         if (attended) {
                             sc = s2_3 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1273,10 +1295,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1302,10 +1326,10 @@ fn main(
                     var attended = live3 && key >= lo3 && key <= hi3;
                     if (attended) {
                         sc = s3_0 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1315,10 +1339,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl3 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1335,10 +1361,10 @@ fn main(
                         var attended = live3 && key >= lo3 && key <= hi3;
                         if (attended) {
                             sc = s3_1 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1348,10 +1374,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1369,10 +1397,10 @@ fn main(
                         var attended = live3 && key >= lo3 && key <= hi3;
                         if (attended) {
                             sc = s3_2 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1382,10 +1410,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1403,10 +1433,10 @@ fn main(
                         var attended = live3 && key >= lo3 && key <= hi3;
                         if (attended) {
                             sc = s3_3 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1416,10 +1446,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
                                 sc = neg_inf();

@@ -1300,10 +1300,10 @@ fn main(
                 var attended = live0 && key >= lo0 && key <= hi0;
                 if (attended) {
                     sc = s0_0 * p.scale;
-                    if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                    if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                         sc = p.softcap * accurate_tanh(sc / p.softcap);
                     }
-                    if ((p.flags & FLAG_MASK) != 0u) {
+                    if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                         let bias = mask[mask_base + u32(key)];
                         if (bias <= MASKED) {
                             attended = false;
@@ -1313,10 +1313,12 @@ fn main(
                     }
                 }
                 if (attended) {
-                    if ((p.flags & FLAG_ALIBI) != 0u) {
+                    if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                         sc -= slope * f32(abs(pos - key));
                     }
-                    sc *= p.inv_temperature;
+                    if ((RULES & RULE_TEMPERATURE) != 0u) {
+                        sc *= p.inv_temperature;
+                    }
                     if (poisons(sc)) {
                         fl0 |= ROW_POISONED;
                         sc = neg_inf();
@@ -1333,10 +1335,10 @@ fn main(
                     var attended = live0 && key >= lo0 && key <= hi0;
                     if (attended) {
                         sc = s0_1 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1346,10 +1348,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1367,10 +1371,10 @@ fn main(
                     var attended = live0 && key >= lo0 && key <= hi0;
                     if (attended) {
                         sc = s0_2 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1380,10 +1384,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1401,10 +1407,10 @@ fn main(
                     var attended = live0 && key >= lo0 && key <= hi0;
                     if (attended) {
                         sc = s0_3 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1414,10 +1420,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1442,10 +1450,10 @@ fn main(
                     var attended = live1 && key >= lo1 && key <= hi1;
                     if (attended) {
                         sc = s1_0 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1455,10 +1463,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl1 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1475,10 +1485,10 @@ fn main(
                         var attended = live1 && key >= lo1 && key <= hi1;
                         if (attended) {
                             sc = s1_1 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1488,10 +1498,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1509,10 +1521,10 @@ fn main(
                         var attended = live1 && key >= lo1 && key <= hi1;
                         if (attended) {
                             sc = s1_2 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1522,10 +1534,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1543,10 +1557,10 @@ fn main(
                         var attended = live1 && key >= lo1 && key <= hi1;
                         if (attended) {
                             sc = s1_3 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1556,10 +1570,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1585,10 +1601,10 @@ fn main(
                     var attended = live2 && key >= lo2 && key <= hi2;
                     if (attended) {
                         sc = s2_0 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1598,10 +1614,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl2 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1618,10 +1636,10 @@ fn main(
                         var attended = live2 && key >= lo2 && key <= hi2;
                         if (attended) {
                             sc = s2_1 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1631,10 +1649,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1652,10 +1672,10 @@ fn main(
                         var attended = live2 && key >= lo2 && key <= hi2;
                         if (attended) {
                             sc = s2_2 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1665,10 +1685,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1686,10 +1708,10 @@ fn main(
                         var attended = live2 && key >= lo2 && key <= hi2;
                         if (attended) {
                             sc = s2_3 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1699,10 +1721,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1728,10 +1752,10 @@ fn main(
                     var attended = live3 && key >= lo3 && key <= hi3;
                     if (attended) {
                         sc = s3_0 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1741,10 +1765,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl3 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1761,10 +1787,10 @@ fn main(
                         var attended = live3 && key >= lo3 && key <= hi3;
                         if (attended) {
                             sc = s3_1 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1774,10 +1800,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1795,10 +1823,10 @@ fn main(
                         var attended = live3 && key >= lo3 && key <= hi3;
                         if (attended) {
                             sc = s3_2 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1808,10 +1836,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1829,10 +1859,10 @@ fn main(
                         var attended = live3 && key >= lo3 && key <= hi3;
                         if (attended) {
                             sc = s3_3 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1842,10 +1872,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
                                 sc = neg_inf();

@@ -961,10 +961,10 @@ fn main(
                 var attended = live0 && key >= lo0 && key <= hi0;
                 if (attended) {
                     sc = s0_0 * p.scale;
-                    if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                    if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                         sc = p.softcap * accurate_tanh(sc / p.softcap);
                     }
-                    if ((p.flags & FLAG_MASK) != 0u) {
+                    if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                         let bias = mask[mask_base + u32(key)];
                         if (bias <= MASKED) {
                             attended = false;
@@ -974,10 +974,12 @@ fn main(
                     }
                 }
                 if (attended) {
-                    if ((p.flags & FLAG_ALIBI) != 0u) {
+                    if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                         sc -= slope * f32(abs(pos - key));
                     }
-                    sc *= p.inv_temperature;
+                    if ((RULES & RULE_TEMPERATURE) != 0u) {
+                        sc *= p.inv_temperature;
+                    }
                     if (poisons(sc)) {
                         fl0 |= ROW_POISONED;
                         sc = neg_inf();
@@ -994,10 +996,10 @@ fn main(
                     var attended = live0 && key >= lo0 && key <= hi0;
                     if (attended) {
                         sc = s0_1 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1007,10 +1009,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1028,10 +1032,10 @@ fn main(
                     var attended = live0 && key >= lo0 && key <= hi0;
                     if (attended) {
                         sc = s0_2 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1041,10 +1045,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1062,10 +1068,10 @@ fn main(
                     var attended = live0 && key >= lo0 && key <= hi0;
                     if (attended) {
                         sc = s0_3 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1075,10 +1081,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1182,10 +1190,10 @@ fn main(
                     var attended = live1 && key >= lo1 && key <= hi1;
                     if (attended) {
                         sc = s1_0 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1195,10 +1203,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl1 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1215,10 +1225,10 @@ fn main(
                         var attended = live1 && key >= lo1 && key <= hi1;
                         if (attended) {
                             sc = s1_1 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1228,10 +1238,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1249,10 +1261,10 @@ fn main(
                         var attended = live1 && key >= lo1 && key <= hi1;
                         if (attended) {
                             sc = s1_2 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1262,10 +1274,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1283,10 +1297,10 @@ fn main(
                         var attended = live1 && key >= lo1 && key <= hi1;
                         if (attended) {
                             sc = s1_3 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1296,10 +1310,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1404,10 +1420,10 @@ fn main(
                     var attended = live2 && key >= lo2 && key <= hi2;
                     if (attended) {
                         sc = s2_0 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1417,10 +1433,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl2 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1437,10 +1455,10 @@ fn main(
                         var attended = live2 && key >= lo2 && key <= hi2;
                         if (attended) {
                             sc = s2_1 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1450,10 +1468,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1471,10 +1491,10 @@ fn main(
                         var attended = live2 && key >= lo2 && key <= hi2;
                         if (attended) {
                             sc = s2_2 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1484,10 +1504,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1505,10 +1527,10 @@ fn main(
                         var attended = live2 && key >= lo2 && key <= hi2;
                         if (attended) {
                             sc = s2_3 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1518,10 +1540,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1617,10 +1641,10 @@ fn main(
                     var attended = live3 && key >= lo3 && key <= hi3;
                     if (attended) {
                         sc = s3_0 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1630,10 +1654,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl3 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1650,10 +1676,10 @@ fn main(
                         var attended = live3 && key >= lo3 && key <= hi3;
                         if (attended) {
                             sc = s3_1 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1663,10 +1689,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1684,10 +1712,10 @@ fn main(
                         var attended = live3 && key >= lo3 && key <= hi3;
                         if (attended) {
                             sc = s3_2 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1697,10 +1725,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1718,10 +1748,10 @@ fn main(
                         var attended = live3 && key >= lo3 && key <= hi3;
                         if (attended) {
                             sc = s3_3 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1731,10 +1761,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
                                 sc = neg_inf();

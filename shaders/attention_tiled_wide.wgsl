@@ -1257,10 +1257,10 @@ fn main(
                 var attended = live0 && key >= lo0 && key <= hi0;
                 if (attended) {
                     sc = s0_0 * p.scale;
-                    if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                    if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                         sc = p.softcap * accurate_tanh(sc / p.softcap);
                     }
-                    if ((p.flags & FLAG_MASK) != 0u) {
+                    if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                         let bias = mask[mask_base + u32(key)];
                         if (bias <= MASKED) {
                             attended = false;
@@ -1270,10 +1270,12 @@ fn main(
                     }
                 }
                 if (attended) {
-                    if ((p.flags & FLAG_ALIBI) != 0u) {
+                    if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                         sc -= slope * f32(abs(pos - key));
                     }
-                    sc *= p.inv_temperature;
+                    if ((RULES & RULE_TEMPERATURE) != 0u) {
+                        sc *= p.inv_temperature;
+                    }
                     if (poisons(sc)) {
                         fl0 |= ROW_POISONED;
                         sc = neg_inf();
@@ -1290,10 +1292,10 @@ fn main(
                     var attended = live0 && key >= lo0 && key <= hi0;
                     if (attended) {
                         sc = s0_1 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1303,10 +1305,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1324,10 +1328,10 @@ fn main(
                     var attended = live0 && key >= lo0 && key <= hi0;
                     if (attended) {
                         sc = s0_2 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1337,10 +1341,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1358,10 +1364,10 @@ fn main(
                     var attended = live0 && key >= lo0 && key <= hi0;
                     if (attended) {
                         sc = s0_3 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1371,10 +1377,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1399,10 +1407,10 @@ fn main(
                     var attended = live1 && key >= lo1 && key <= hi1;
                     if (attended) {
                         sc = s1_0 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1412,10 +1420,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl1 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1432,10 +1442,10 @@ fn main(
                         var attended = live1 && key >= lo1 && key <= hi1;
                         if (attended) {
                             sc = s1_1 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1445,10 +1455,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1466,10 +1478,10 @@ fn main(
                         var attended = live1 && key >= lo1 && key <= hi1;
                         if (attended) {
                             sc = s1_2 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1479,10 +1491,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1500,10 +1514,10 @@ fn main(
                         var attended = live1 && key >= lo1 && key <= hi1;
                         if (attended) {
                             sc = s1_3 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1513,10 +1527,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1542,10 +1558,10 @@ fn main(
                     var attended = live2 && key >= lo2 && key <= hi2;
                     if (attended) {
                         sc = s2_0 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1555,10 +1571,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl2 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1575,10 +1593,10 @@ fn main(
                         var attended = live2 && key >= lo2 && key <= hi2;
                         if (attended) {
                             sc = s2_1 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1588,10 +1606,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1609,10 +1629,10 @@ fn main(
                         var attended = live2 && key >= lo2 && key <= hi2;
                         if (attended) {
                             sc = s2_2 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1622,10 +1642,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1643,10 +1665,10 @@ fn main(
                         var attended = live2 && key >= lo2 && key <= hi2;
                         if (attended) {
                             sc = s2_3 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1656,10 +1678,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1685,10 +1709,10 @@ fn main(
                     var attended = live3 && key >= lo3 && key <= hi3;
                     if (attended) {
                         sc = s3_0 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1698,10 +1722,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl3 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1718,10 +1744,10 @@ fn main(
                         var attended = live3 && key >= lo3 && key <= hi3;
                         if (attended) {
                             sc = s3_1 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1731,10 +1757,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1752,10 +1780,10 @@ fn main(
                         var attended = live3 && key >= lo3 && key <= hi3;
                         if (attended) {
                             sc = s3_2 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1765,10 +1793,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1786,10 +1816,10 @@ fn main(
                         var attended = live3 && key >= lo3 && key <= hi3;
                         if (attended) {
                             sc = s3_3 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1799,10 +1829,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1828,10 +1860,10 @@ fn main(
                     var attended = live4 && key >= lo4 && key <= hi4;
                     if (attended) {
                         sc = s4_0 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1841,10 +1873,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl4 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1861,10 +1895,10 @@ fn main(
                         var attended = live4 && key >= lo4 && key <= hi4;
                         if (attended) {
                             sc = s4_1 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1874,10 +1908,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl4 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1895,10 +1931,10 @@ fn main(
                         var attended = live4 && key >= lo4 && key <= hi4;
                         if (attended) {
                             sc = s4_2 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1908,10 +1944,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl4 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1929,10 +1967,10 @@ fn main(
                         var attended = live4 && key >= lo4 && key <= hi4;
                         if (attended) {
                             sc = s4_3 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -1942,10 +1980,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl4 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1971,10 +2011,10 @@ fn main(
                     var attended = live5 && key >= lo5 && key <= hi5;
                     if (attended) {
                         sc = s5_0 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -1984,10 +2024,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl5 |= ROW_POISONED;
                             sc = neg_inf();
@@ -2004,10 +2046,10 @@ fn main(
                         var attended = live5 && key >= lo5 && key <= hi5;
                         if (attended) {
                             sc = s5_1 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -2017,10 +2059,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl5 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -2038,10 +2082,10 @@ fn main(
                         var attended = live5 && key >= lo5 && key <= hi5;
                         if (attended) {
                             sc = s5_2 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -2051,10 +2095,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl5 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -2072,10 +2118,10 @@ fn main(
                         var attended = live5 && key >= lo5 && key <= hi5;
                         if (attended) {
                             sc = s5_3 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -2085,10 +2131,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl5 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -2114,10 +2162,10 @@ fn main(
                     var attended = live6 && key >= lo6 && key <= hi6;
                     if (attended) {
                         sc = s6_0 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -2127,10 +2175,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl6 |= ROW_POISONED;
                             sc = neg_inf();
@@ -2147,10 +2197,10 @@ fn main(
                         var attended = live6 && key >= lo6 && key <= hi6;
                         if (attended) {
                             sc = s6_1 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -2160,10 +2210,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl6 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -2181,10 +2233,10 @@ fn main(
                         var attended = live6 && key >= lo6 && key <= hi6;
                         if (attended) {
                             sc = s6_2 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -2194,10 +2246,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl6 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -2215,10 +2269,10 @@ fn main(
                         var attended = live6 && key >= lo6 && key <= hi6;
                         if (attended) {
                             sc = s6_3 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -2228,10 +2282,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl6 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -2257,10 +2313,10 @@ fn main(
                     var attended = live7 && key >= lo7 && key <= hi7;
                     if (attended) {
                         sc = s7_0 * p.scale;
-                        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                             sc = p.softcap * accurate_tanh(sc / p.softcap);
                         }
-                        if ((p.flags & FLAG_MASK) != 0u) {
+                        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                             let bias = mask[mask_base + u32(key)];
                             if (bias <= MASKED) {
                                 attended = false;
@@ -2270,10 +2326,12 @@ fn main(
                         }
                     }
                     if (attended) {
-                        if ((p.flags & FLAG_ALIBI) != 0u) {
+                        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        sc *= p.inv_temperature;
+                        if ((RULES & RULE_TEMPERATURE) != 0u) {
+                            sc *= p.inv_temperature;
+                        }
                         if (poisons(sc)) {
                             fl7 |= ROW_POISONED;
                             sc = neg_inf();
@@ -2290,10 +2348,10 @@ fn main(
                         var attended = live7 && key >= lo7 && key <= hi7;
                         if (attended) {
                             sc = s7_1 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -2303,10 +2361,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl7 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -2324,10 +2384,10 @@ fn main(
                         var attended = live7 && key >= lo7 && key <= hi7;
                         if (attended) {
                             sc = s7_2 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -2337,10 +2397,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl7 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -2358,10 +2420,10 @@ fn main(
                         var attended = live7 && key >= lo7 && key <= hi7;
                         if (attended) {
                             sc = s7_3 * p.scale;
-                            if ((p.flags & FLAG_SOFTCAP) != 0u) {
+                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
                                 sc = p.softcap * accurate_tanh(sc / p.softcap);
                             }
-                            if ((p.flags & FLAG_MASK) != 0u) {
+                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
                                 let bias = mask[mask_base + u32(key)];
                                 if (bias <= MASKED) {
                                     attended = false;
@@ -2371,10 +2433,12 @@ fn main(
                             }
                         }
                         if (attended) {
-                            if ((p.flags & FLAG_ALIBI) != 0u) {
+                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            sc *= p.inv_temperature;
+                            if ((RULES & RULE_TEMPERATURE) != 0u) {
+                                sc *= p.inv_temperature;
+                            }
                             if (poisons(sc)) {
                                 fl7 |= ROW_POISONED;
                                 sc = neg_inf();

@@ -219,10 +219,10 @@ fn rules(dot: f32, key: i32, span: vec4<i32>, slope: f32) -> Scored {
     var s = 0.0;
     if (attended) {
         s = dot * p.scale;
-        if ((p.flags & FLAG_SOFTCAP) != 0u) {
+        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
             s = p.softcap * accurate_tanh(s / p.softcap);
         }
-        if ((p.flags & FLAG_MASK) != 0u) {
+        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
             let bias = mask[bitcast<u32>(span.z) + u32(key)];
             if (bias <= MASKED) {
                 attended = false;
@@ -232,10 +232,12 @@ fn rules(dot: f32, key: i32, span: vec4<i32>, slope: f32) -> Scored {
         }
     }
     if (attended) {
-        if ((p.flags & FLAG_ALIBI) != 0u) {
+        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
             s -= slope * f32(abs(span.w - key));
         }
-        s *= p.inv_temperature;
+        if ((RULES & RULE_TEMPERATURE) != 0u) {
+            s *= p.inv_temperature;
+        }
         out.flags = ROW_ATTENDED;
         if (poisons(s)) {
             out.flags |= ROW_POISONED;

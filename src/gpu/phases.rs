@@ -111,19 +111,9 @@ impl std::ops::BitOr for Phases {
 
 /// Whether `kernel` takes the `ABLATE` override (it includes
 /// `shaders/ablate.wgsl`): the register-tiled and matrix-unit fused kernels
-/// and the streaming decode kernel.
+/// and the streaming decode kernel ([`Kernel::is_specialised_per_call`]).
 pub fn has_phase_switches(kernel: Kernel) -> bool {
-    matches!(
-        kernel,
-        Kernel::AttentionTiled
-            | Kernel::AttentionTiledWide
-            | Kernel::AttentionTiledShuffle
-            | Kernel::AttentionTiledChunked
-            | Kernel::AttentionCoop(_)
-            | Kernel::AttentionCoopPacked(_)
-            | Kernel::AttentionDecodeStream
-            | Kernel::AttentionDecodeStreamF16
-    )
+    kernel.is_specialised_per_call()
 }
 
 impl GpuContext {

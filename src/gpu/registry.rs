@@ -387,6 +387,25 @@ impl Kernel {
         ) || self.uses_coop()
     }
 
+    /// Whether the kernel's key loop is made for each call: it tests the
+    /// `RULES` override (the per-score rules a call applies,
+    /// `shaders/attention_rules.wgsl`) and includes `shaders/ablate.wgsl`
+    /// (`ABLATE`, the phases a measurement removes). These are the hot
+    /// kernels: register-tiled and matrix-unit fused, streaming decode.
+    pub fn is_specialised_per_call(self) -> bool {
+        matches!(
+            self,
+            Kernel::AttentionTiled
+                | Kernel::AttentionTiledWide
+                | Kernel::AttentionTiledShuffle
+                | Kernel::AttentionTiledChunked
+                | Kernel::AttentionCoop(_)
+                | Kernel::AttentionCoopPacked(_)
+                | Kernel::AttentionDecodeStream
+                | Kernel::AttentionDecodeStreamF16
+        )
+    }
+
     /// Whether the kernel multiplies on the matrix units (wgpu's experimental
     /// cooperative matrices, native Vulkan and Metal only; chosen only on
     /// adapters that report a configuration it is written for).

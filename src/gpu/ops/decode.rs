@@ -5,6 +5,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::fused::{params, AttentionBuffers};
+use super::rules::Rules;
 use crate::error::Result;
 use crate::gpu::buffer;
 use crate::gpu::capabilities::Capabilities;
@@ -365,7 +366,8 @@ pub(crate) fn record(
         &params(dims, options, plan.splits as u32, plan.split_keys as u32)
             .with_extra3(plan.heads_per_workgroup as u32),
     );
-    let key = ctx.removed_phases.key(plan.key(dims, inputs.kv_f16))?;
+    let key = Rules::new(dims, options).specialise(plan.key(dims, inputs.kv_f16));
+    let key = ctx.removed_phases.key(key)?;
     let pipeline = ctx.pipelines.get(&key);
     rec.dispatch_segments(
         &pipeline,

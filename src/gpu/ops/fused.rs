@@ -182,12 +182,13 @@ impl FusedKernel {
         }
     }
 
-    /// The pipeline key.
+    /// The pipeline key for a call: the register-tiled and matrix-unit
+    /// kernels' made for whether it applies per-score rules (`RULES`).
     pub fn key(&self, dims: &AttentionDims, options: &AttentionOptions) -> PipelineKey {
         match self {
             FusedKernel::Portable(tiles) => tiles.key(),
-            FusedKernel::Tiled(tiles) => tiles.key(),
-            FusedKernel::Coop(tiles) => tiles.key(),
+            FusedKernel::Tiled(tiles) => Rules::new(dims, options).specialise(tiles.key()),
+            FusedKernel::Coop(tiles) => Rules::new(dims, options).specialise(tiles.key()),
             FusedKernel::Subgroup { width } => PipelineKey::new(Kernel::AttentionSubgroup)
                 .with("SG", i64::from(*width))
                 .with_flag("HAS_MASK", dims.mask.is_some())
