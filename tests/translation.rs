@@ -152,10 +152,23 @@ fn runs_on(backend: usize, kernel: Kernel) -> bool {
 #[test]
 fn every_planned_pipeline_translates_for_every_backend() {
     let keys = every_planned_pipeline();
+    // The hot kernels also as plain calls run them (`RULES` = 0: the rules
+    // applied score by score folded out), at head dims 64 and 128.
+    let plain: Vec<_> = keys
+        .iter()
+        .filter(|key| key.kernel.is_specialised_per_call())
+        .filter(|key| {
+            key.constants
+                .iter()
+                .any(|&c| matches!(c, ("DK4", 16 | 32) | ("DKP", 64 | 128)))
+        })
+        .map(|key| key.clone().with("RULES", 0))
+        .collect();
+    assert!(!plain.is_empty());
     let mut parsed: HashMap<Kernel, (Module, ModuleInfo)> = HashMap::new();
     let mut failures = Vec::new();
     let mut translated = [0usize; 4];
-    for key in &keys {
+    for key in keys.iter().chain(&plain) {
         let (module, info) = parsed
             .entry(key.kernel)
             .or_insert_with(|| parse(key.kernel));
@@ -172,6 +185,11 @@ fn every_planned_pipeline_translates_for_every_backend() {
             }
         }
     }
+    println!(
+        "{} planned pipelines, {} more as plain calls run them",
+        keys.len(),
+        plain.len()
+    );
     for (backend, count) in BACKENDS.iter().zip(translated) {
         println!("{backend}: {count} pipelines translated");
     }
