@@ -32,6 +32,13 @@ const STREAM_WORKGROUP: u32 = 128;
 /// MAX_BLOCK); and the most keys per step (MAX_KB).
 const STREAM_BLOCK: usize = 16;
 const STREAM_MAX_KEYS_PER_STEP: u32 = 4;
+/// The untuned choice's register budget: vec4s of Q, O, K and V a lane
+/// holds at once ([`StreamShape::registers`]). On RADV (gfx1100, `bash
+/// .ci/shader-stats decode`) every shape at or under 24 compiled without
+/// spilling (24 to 132 registers), and 20 of 22 above it spilled: 4 rows at
+/// d 128 in teams of 8, two keys a step (48), spilled 152; in teams of 16
+/// (24), none.
+const STREAM_REGISTERS: usize = 24;
 /// Lanes per key team of the streaming kernel: powers of two from 4 (at most
 /// 32 teams, its MAX_TEAMS) to 32.
 const STREAM_LANES: [u32; 4] = [4, 8, 16, 32];
@@ -99,18 +106,53 @@ impl StreamShape {
                 <= STREAM_BLOCK
     }
 
-    /// The first shape of [`StreamShape::all`] that fits (teams of 8 lanes,
-    /// two keys a step, where the rows allow), whether K and V are f32 or
-    /// f16; never a prefetching one (those run where `webattn tune` measured
-    /// them faster). Every lane of a team repeats its keys' softmax, so
-    /// wider teams repeat more of it per byte: on an H200 (BENCHMARKS.md,
-    /// 2026-11-27) f16 K and V in teams of 16 took 2.4-3.7 ms at B 8 x H 32
-    /// x 16k keys, the softmax 41-47% of it, where f32 in teams of 8, twice
-    /// the bytes, took 1.1-3.5 ms.
+    /// The first shape of [`StreamShape::all`] that fits within the
+    /// register budget (teams of 8 lanes, two keys a step, where the rows
+    /// allow), whether K and V are f32 or f16; where none is within it (many
+    /// rows, or subgroups too narrow for the teams that would be), the first
+    /// that fits. Never a prefetching one (those run where `webattn tune`
+    /// measured them faster). Every lane of a team repeats its keys'
+    /// softmax, so wider teams repeat more of it per byte: on an H200
+    /// (BENCHMARKS.md, 2026-11-27) f16 K and V in teams of 16 took 2.4-3.7
+    /// ms at B 8 x H 32 x 16k keys, the softmax 41-47% of it, where f32 in
+    /// teams of 8, twice the bytes, took 1.1-3.5 ms. But a lane of a team of
+    /// 8 holds a quarter of each row's Q and O, so for the 4 query heads of
+    /// a GQA group at d 128 it would hold 48 vec4s and spill: teams of 16
+    /// hold 24.
     pub fn choose(dims: &AttentionDims, rows: usize, caps: &Capabilities) -> Option<StreamShape> {
-        StreamShape::all()
-            .into_iter()
-            .find(|s| !s.prefetch && s.fits(dims, rows, caps))
+        StreamShape::untuned(
+            StreamShape::all()
+                .into_iter()
+                .filter(|s| s.fits(dims, rows, caps)),
+            dims,
+            rows,
+        )
+    }
+
+    /// The untuned pick among `shapes` (in [`StreamShape::all`]'s order,
+    /// each holding `rows` rows at `dims`): the first that does not
+    /// prefetch within [`STREAM_REGISTERS`], else the first that does not
+    /// prefetch.
+    pub fn untuned(
+        shapes: impl IntoIterator<Item = StreamShape>,
+        dims: &AttentionDims,
+        rows: usize,
+    ) -> Option<StreamShape> {
+        let plain: Vec<StreamShape> = shapes.into_iter().filter(|s| !s.prefetch).collect();
+        plain
+            .iter()
+            .find(|s| s.registers(dims, rows) <= STREAM_REGISTERS)
+            .or(plain.first())
+            .copied()
+    }
+
+    /// vec4 registers a lane names for `rows` rows at `dims`: its columns of
+    /// each row's Q and O, and of K and V for each key of a step (twice
+    /// where it prefetches the next step).
+    pub fn registers(&self, dims: &AttentionDims, rows: usize) -> usize {
+        let (kt, vt) = self.columns(dims);
+        let keys = self.keys_per_step as usize * (1 + usize::from(self.prefetch));
+        (rows + keys) * (kt + vt)
     }
 
     /// vec4 columns of K and of V per lane.
@@ -427,6 +469,54 @@ mod tests {
     }
 
     #[test]
+    fn a_lanes_registers_count_its_rows_and_its_steps_keys() {
+        let d = dims(1, 8, 8, 1, 4096);
+        let shape = |lanes, keys_per_step, prefetch| StreamShape {
+            lanes,
+            keys_per_step,
+            prefetch,
+        };
+        // d 128 in teams of 8: 4 vec4 columns of Q, O, K and V per lane.
+        assert_eq!(shape(8, 2, false).registers(&d, 1), 24);
+        assert_eq!(shape(8, 2, false).registers(&d, 4), 48);
+        assert_eq!(shape(8, 2, true).registers(&d, 1), 40);
+        assert_eq!(shape(16, 2, false).registers(&d, 4), 24);
+        assert_eq!(shape(32, 1, false).registers(&d, 16), 34);
+        // Dk != Dv: Q and K take Dk's columns, O and V Dv's.
+        let wide_v = AttentionDims::plain(1, [8, 8], [1, 4096], [64, 128]);
+        assert_eq!(shape(8, 1, false).registers(&wide_v, 1), 2 * (2 + 4));
+    }
+
+    #[test]
+    fn the_untuned_shape_stays_within_the_register_budget_where_one_does() {
+        let gpu = with_subgroups(32);
+        for d in [64, 128, 256] {
+            for (hq, hkv) in [(32, 32), (32, 16), (32, 8), (32, 4), (32, 2)] {
+                let dims = AttentionDims::plain(8, [hq, hkv], [1, 16384], [d, d]);
+                let rows = DecodePlan::heads_per_workgroup(&dims);
+                let fitting: Vec<StreamShape> = StreamShape::all()
+                    .into_iter()
+                    .filter(|s| !s.prefetch && s.fits(&dims, rows, &gpu))
+                    .collect();
+                let chosen = StreamShape::choose(&dims, rows, &gpu);
+                let within = fitting
+                    .iter()
+                    .any(|s| s.registers(&dims, rows) <= STREAM_REGISTERS);
+                match chosen {
+                    Some(s) if within => {
+                        assert!(
+                            s.registers(&dims, rows) <= STREAM_REGISTERS,
+                            "{d} {rows} {s:?}"
+                        )
+                    }
+                    Some(s) => assert_eq!(Some(&s), fitting.first(), "{d} {rows}"),
+                    None => assert!(fitting.is_empty(), "{d} {rows}"),
+                }
+            }
+        }
+    }
+
+    #[test]
     fn the_streaming_shape_grows_its_teams_with_the_rows_alone() {
         let h100 = with_subgroups(32);
         let shape = |hq, hkv, nq| {
@@ -434,11 +524,19 @@ mod tests {
             let rows = DecodePlan::heads_per_workgroup(&d) * nq;
             StreamShape::choose(&d, rows, &h100).map(|s| (s.lanes, s.keys_per_step))
         };
-        // d 128: 32 vec4 columns; a lane holds 16 vec4s of Q (and of O) at most.
-        assert_eq!(shape(32, 32, 1), Some((8, 2))); // MHA: 4 columns per lane
-        assert_eq!(shape(32, 8, 1), Some((8, 2))); // GQA 4: 4 rows x 4
-        assert_eq!(shape(32, 4, 1), Some((16, 2))); // GQA 8: 8 rows x 2
-        assert_eq!(shape(32, 2, 1), Some((32, 2))); // GQA 16: 16 rows x 1
+        // d 128: 32 vec4 columns; a lane holds 16 vec4s of Q (and of O) at
+        // most, and 24 vec4s of Q, O, K and V within the untuned budget.
+        assert_eq!(shape(32, 32, 1), Some((8, 2))); // MHA: (1 + 2) x (4 + 4)
+        assert_eq!(shape(32, 8, 1), Some((16, 2))); // GQA 4: (4 + 2) x (2 + 2)
+        assert_eq!(shape(32, 4, 1), Some((32, 2))); // GQA 8: (8 + 2) x (1 + 1)
+        assert_eq!(shape(32, 2, 1), Some((32, 2))); // GQA 16: none within, the first
+                                                    // Subgroups of 8 have no team within the budget for 4 rows: the
+                                                    // first that fits, as before the budget.
+        let d = dims(1, 32, 8, 1, 4096);
+        assert_eq!(
+            StreamShape::choose(&d, 4, &with_subgroups(8)).map(|s| (s.lanes, s.keys_per_step)),
+            Some((8, 2))
+        );
 
         // lavapipe (subgroups of 8): 16 rows at d 128 need teams of 32: staged.
         let lavapipe = with_subgroups(8);
