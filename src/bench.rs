@@ -324,8 +324,11 @@ pub async fn gemm_with(
 pub struct AttentionShape {
     /// B.
     pub batch: usize,
-    /// Hq = Hkv.
+    /// Hq.
     pub heads: usize,
+    /// Hkv: `heads` for multi-head attention, a divisor of it for grouped
+    /// queries (each KV head serves `heads / kv_heads` query heads).
+    pub kv_heads: usize,
     /// Nq.
     pub seq_q: usize,
     /// Nk.
@@ -352,7 +355,7 @@ impl AttentionShape {
     /// [`AttentionShape::kv_bytes`] with K and V stored as `dtype` (f16: half).
     pub fn kv_bytes_as(&self, dtype: crate::DType) -> u64 {
         let width = if dtype == crate::DType::F16 { 2 } else { 4 };
-        2 * width * (self.batch * self.heads * self.seq_k * self.head_dim) as u64
+        2 * width * (self.batch * self.kv_heads * self.seq_k * self.head_dim) as u64
     }
 
     /// Useful flops: 4·B·H·Nq·Nk·D (QKᵀ and PV), halved for causal square attention.
@@ -497,7 +500,7 @@ pub async fn attention_runs(
         dtype,
     } = run;
     use crate::{AttentionInputs, AttentionOptions, KernelPath};
-    let kv_shape = [shape.batch, shape.heads, shape.seq_k, shape.head_dim];
+    let kv_shape = [shape.batch, shape.kv_heads, shape.seq_k, shape.head_dim];
     let kv_len: usize = kv_shape.iter().product();
     // K and V beyond REPEATED_KV_VALUES each, on a GPU: a block of random
     // rows repeated on the device (decode at 128k keys holds 17 GB of K and
@@ -521,7 +524,7 @@ pub async fn attention_runs(
         .transpose()?;
     let case = CaseSpec::new(
         "bench",
-        [shape.batch, shape.heads, shape.heads],
+        [shape.batch, shape.heads, shape.kv_heads],
         // Only Q is drawn whole where K and V repeat a block.
         [
             shape.seq_q,

@@ -232,6 +232,7 @@ fn side_by_side_measurements_interleave_their_runs() {
     let shape = webattn::bench::AttentionShape {
         batch: 1,
         heads: 1,
+        kv_heads: 1,
         seq_q: 4,
         seq_k: 4,
         head_dim: 8,
@@ -251,4 +252,38 @@ fn side_by_side_measurements_interleave_their_runs() {
     ))
     .unwrap_err();
     assert!(err.to_string().contains("one GPU context"), "{err}");
+}
+
+/// The benchmark measures grouped-query decode (the token-step layer's
+/// heads): Q has the query heads, K and V the KV heads, and the bytes a row
+/// reads count K and V once per KV head.
+#[test]
+fn a_grouped_query_decode_row_is_measured_with_its_kv_heads() {
+    let Some(engine) = common::gpu() else { return };
+    let shape = webattn::bench::AttentionShape {
+        batch: 1,
+        heads: 4,
+        kv_heads: 2,
+        seq_q: 1,
+        seq_k: 600,
+        head_dim: 8,
+        causal: false,
+    };
+    assert_eq!(shape.kv_bytes(), 2 * 4 * (2 * 600 * 8));
+    let repeats = webattn::bench::Repeats {
+        warmup: 1,
+        timed: 2,
+    };
+    for dtype in [webattn::DType::F32, webattn::DType::F16] {
+        let m = pollster::block_on(webattn::bench::attention_as(
+            engine,
+            shape,
+            KernelPath::Fused,
+            repeats,
+            false,
+            dtype,
+        ))
+        .unwrap_or_else(|e| panic!("{dtype:?}: {e}"));
+        assert!(m.measurement.median_ms() > 0.0, "{dtype:?}");
+    }
 }

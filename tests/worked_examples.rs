@@ -277,6 +277,7 @@ fn example_7_complexity_figures() {
     let bert = AttentionShape {
         batch: 32,
         heads: 12,
+        kv_heads: 12,
         seq_q: 512,
         seq_k: 512,
         head_dim: 64,
@@ -287,6 +288,7 @@ fn example_7_complexity_figures() {
     let shape = AttentionShape {
         batch: 1,
         heads: 1,
+        kv_heads: 1,
         seq_q: 512,
         seq_k: 512,
         head_dim: 64,

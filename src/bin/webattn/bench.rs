@@ -128,14 +128,25 @@ fn token_layer(small: bool) -> bench::DecoderLayerShape {
 /// The sequence lengths of a full run: FlashAttention's benchmark range
 /// (512 to 16384) on a GPU, 256 to 4096 on a CPU adapter or CPU engine.
 /// A decode row's shape: one query row per head, d = 128.
-fn decode_shape(batch: usize, heads: usize, keys: usize) -> AttentionShape {
+fn decode_shape(batch: usize, [heads, kv_heads]: [usize; 2], keys: usize) -> AttentionShape {
     AttentionShape {
         batch,
         heads,
+        kv_heads,
         seq_q: 1,
         seq_k: keys,
         head_dim: 128,
         causal: false,
+    }
+}
+
+/// A shape's heads as the decode table shows them: `H` where every query
+/// head has its own KV head, `H/Hkv` where they are grouped.
+fn heads_label(shape: &AttentionShape) -> String {
+    if shape.kv_heads == shape.heads {
+        shape.heads.to_string()
+    } else {
+        format!("{}/{}", shape.heads, shape.kv_heads)
     }
 }
 
@@ -226,6 +237,7 @@ fn plan(
     let shape = |seq: usize, head_dim: usize, causal: bool| AttentionShape {
         batch: (args.tokens / seq).max(1),
         heads: (args.width / head_dim).max(1),
+        kv_heads: (args.width / head_dim).max(1),
         seq_q: seq,
         seq_k: seq,
         head_dim,
@@ -238,7 +250,7 @@ fn plan(
             }
         }
         for keys in [4096, 8192] {
-            decode_jobs(&mut jobs, decode_shape(1, 8, keys), paths, gpu);
+            decode_jobs(&mut jobs, decode_shape(1, [8, 8], keys), paths, gpu);
         }
     } else {
         let head_dims = if args.head_dims.is_empty() {
@@ -264,7 +276,7 @@ fn plan(
             }
         }
         for keys in [4096, 8192, 16384, 32768] {
-            decode_jobs(&mut jobs, decode_shape(1, 8, keys), paths, gpu);
+            decode_jobs(&mut jobs, decode_shape(1, [8, 8], keys), paths, gpu);
         }
         if gpu_scale {
             // Long contexts past one binding (issue 14's targets): the fused
@@ -272,7 +284,18 @@ fn plan(
             for keys in [16384, 65536, 131072] {
                 decode_jobs(
                     &mut jobs,
-                    decode_shape(8, 32, keys),
+                    decode_shape(8, [32, 32], keys),
+                    &[KernelPath::Fused],
+                    gpu,
+                );
+            }
+            // Grouped queries as the token-step layer has them (32 query
+            // heads, 8 KV heads): each workgroup serves the 4 query heads of
+            // a KV head from one read of K and V.
+            for keys in [16384, 65536] {
+                decode_jobs(
+                    &mut jobs,
+                    decode_shape(8, [32, 8], keys),
                     &[KernelPath::Fused],
                     gpu,
                 );
@@ -497,7 +520,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 // beside it (pinned), measured the same way.
                 let dims = webattn::AttentionDims::plain(
                     shape.batch,
-                    [shape.heads, shape.heads],
+                    [shape.heads, shape.kv_heads],
                     [1, shape.seq_k],
                     [shape.head_dim, shape.head_dim],
                 );
@@ -518,7 +541,9 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                     let label = kernel.map_or_else(|| path.name().to_string(), |k| k.label());
                     note(format!(
                         "decode {path} B{} H{} {} keys {dtype} ({label})",
-                        shape.batch, shape.heads, shape.seq_k
+                        shape.batch,
+                        heads_label(&shape),
+                        shape.seq_k
                     ));
                     // K and V come from memory, not from the cache the previous
                     // run left them in (GPUs with timestamps; see BENCHMARKS.md).
@@ -775,9 +800,11 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         KernelPath::Fused | KernelPath::Unfused if bandwidth.is_finite() => gbs / bandwidth,
         _ => f64::NAN,
     };
-    println!("\ndecode (Nq = 1, d = 128; K and V stored as the dtype)");
     println!(
-        "{:<8} {:<35} {:>6} {:>7} {:>8} {:>10} {:>9} {:>10} {:>9} {:>11}",
+        "\ndecode (Nq = 1, d = 128; K and V stored as the dtype; H: query heads, /KV heads where grouped)"
+    );
+    println!(
+        "{:<8} {:<35} {:>9} {:>7} {:>8} {:>10} {:>9} {:>10} {:>9} {:>11}",
         "path",
         "kernel",
         "B x H",
@@ -793,10 +820,10 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         let gbs = kv_gbs(shape, *dtype, m);
         let share = bandwidth_share(*path, gbs);
         println!(
-            "{:<8} {:<35} {:>6} {:>7} {:>8} {:>10.2} {:>9.2} {:>10.1} {:>9} {:>11.2}",
+            "{:<8} {:<35} {:>9} {:>7} {:>8} {:>10.2} {:>9.2} {:>10.1} {:>9} {:>11.2}",
             path.name(),
             kernel.map_or_else(|| "-".to_string(), |k| k.label()),
-            format!("{}x{}", shape.batch, shape.heads),
+            format!("{}x{}", shape.batch, heads_label(shape)),
             dtype.to_string(),
             shape.seq_k,
             m.measurement.median_ms(),
@@ -808,10 +835,10 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     }
     for (shape, path, dtype, label, why) in &decode_skipped {
         println!(
-            "{:<8} {:<35} {:>6} {:>7} {:>8} skipped: {why}",
+            "{:<8} {:<35} {:>9} {:>7} {:>8} skipped: {why}",
             path.name(),
             label,
-            format!("{}x{}", shape.batch, shape.heads),
+            format!("{}x{}", shape.batch, heads_label(shape)),
             dtype.to_string(),
             shape.seq_k,
         );
@@ -879,7 +906,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         })).collect::<Vec<_>>(),
         "decode": decode.iter().map(|(s, p, d, k, m)| json!({
             "path": p.name(), "kernel": k.map(|k| k.label()), "batch": s.batch, "seq_k": s.seq_k, "head_dim": s.head_dim,
-            "heads": s.heads, "dtype": d.to_string(),
+            "heads": s.heads, "kv_heads": s.kv_heads, "dtype": d.to_string(),
             "ms": m.measurement.median_ms(), "gflops": m.gflops, "peak_bytes": m.peak_bytes,
             "kv_bytes": s.kv_bytes_as(*d), "kv_gbs": kv_gbs(s, *d, m),
             "share_of_bandwidth": finite(bandwidth_share(*p, kv_gbs(s, *d, m))),
@@ -892,7 +919,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             "append_samples_ms": append.samples_ms,
         })).collect::<Vec<_>>(),
         "decode_skipped": decode_skipped.iter().map(|(s, p, d, label, why)| json!({
-            "path": p.name(), "kernel": label, "batch": s.batch, "heads": s.heads, "seq_k": s.seq_k,
+            "path": p.name(), "kernel": label, "batch": s.batch, "heads": s.heads, "kv_heads": s.kv_heads, "seq_k": s.seq_k,
             "head_dim": s.head_dim, "dtype": d.to_string(), "reason": why,
         })).collect::<Vec<_>>(),
         "token_step_skipped": token_skipped.iter().map(|(cached, why)| json!({
@@ -966,6 +993,21 @@ mod tests {
         assert!(jobs
             .iter()
             .all(|j| matches!(j, Job::Decode(_, KernelPath::Fused, _))));
+        // At GPU scale, grouped queries beside the MHA rows: K and V count
+        // the KV heads only.
+        let grouped: Vec<&AttentionShape> = jobs
+            .iter()
+            .filter_map(|j| match j {
+                Job::Decode(s, ..) if s.kv_heads < s.heads => Some(s),
+                _ => None,
+            })
+            .collect();
+        assert!(!grouped.is_empty());
+        for s in grouped {
+            assert_eq!((s.heads, s.kv_heads), (32, 8));
+            assert_eq!(heads_label(s), "32/8");
+            assert_eq!(s.kv_bytes(), 2 * 4 * (s.batch * 8 * s.seq_k * 128) as u64);
+        }
     }
 
     fn attention_seqs(jobs: &[Job], path: KernelPath) -> Vec<usize> {

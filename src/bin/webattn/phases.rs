@@ -153,6 +153,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 let shape = AttentionShape {
                     batch: (tokens / seq).max(1),
                     heads: (width / head_dim).max(1),
+                    kv_heads: (width / head_dim).max(1),
                     seq_q: seq,
                     seq_k: seq,
                     head_dim,
@@ -199,6 +200,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             let shape = AttentionShape {
                 batch,
                 heads,
+                kv_heads: heads,
                 seq_q: 1,
                 seq_k: keys,
                 head_dim: 128,
