@@ -277,7 +277,7 @@ export declare class WebAttn {
   /** Runs the conformance sweep (`"quick"`, `"full"`) or the family's checks on this adapter against the f64 oracle. */
   check(kind?: "quick" | "full" | "family", onProgress?: (done: number, total: number, name: string, passed: boolean) => void): Promise<CheckReport>;
   /** Times attention of one shape on a path (median of `timed` runs after `warmup`). */
-  benchmark(shape: { batch?: number; heads?: number; seqQ?: number; seqK?: number; headDim?: number; causal?: boolean },
+  benchmark(shape: { batch?: number; heads?: number; kvHeads?: number; seqQ?: number; seqK?: number; headDim?: number; causal?: boolean },
     options?: { path?: AttentionOptions["path"]; warmup?: number; timed?: number }): Promise<{ path: string; medianMs: number; gflops: number; samplesMs: number[] }>;
   /**
    * Tunes this adapter (as `webattn tune` does natively): times every fused kernel and tile that fits, and

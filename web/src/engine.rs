@@ -597,7 +597,9 @@ impl EngineCore {
     pub async fn benchmark(&self, shape: JsValue, options: JsValue) -> Result<JsValue, JsValue> {
         convert::known_keys(
             &shape,
-            &["batch", "heads", "seqQ", "seqK", "headDim", "causal"],
+            &[
+                "batch", "heads", "kvHeads", "seqQ", "seqK", "headDim", "causal",
+            ],
             "benchmark shape",
         )?;
         convert::known_keys(&options, &["path", "warmup", "timed"], "benchmark options")?;
@@ -622,9 +624,18 @@ impl EngineCore {
             })?,
         };
         let seq_q = whole(&shape, "seqQ", 128)?;
+        let heads = whole(&shape, "heads", 1)?;
+        let kv_heads = whole(&shape, "kvHeads", heads)?;
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(js_error(
+                "InvalidOption",
+                format!("benchmark: kvHeads ({kv_heads}) must divide heads ({heads})"),
+            ));
+        }
         let shape = AttentionShape {
             batch: whole(&shape, "batch", 1)?,
-            heads: whole(&shape, "heads", 1)?,
+            heads,
+            kv_heads,
             seq_q,
             seq_k: whole(&shape, "seqK", seq_q)?,
             head_dim: whole(&shape, "headDim", 64)?,

@@ -297,6 +297,7 @@ function cases({ worker }) {
     msgs.push(await rejects(() => engine.warmup([{ q: [1, 1, 1 << 20, 1 << 12], k: [1, 1, 1, 16], v: [1, 1, 1, 16] }]), "Limit"));
     msgs.push(await rejects(() => engine.benchmark({ heads: 1 << 16, seqQ: 1 << 16, headDim: 64 }), "Limit"));
     msgs.push(await rejects(() => engine.benchmark({ causal: "yes" }), "InvalidOption"));
+    msgs.push(await rejects(() => engine.benchmark({ heads: 4, kvHeads: 3 }), "InvalidOption", /kvHeads/));
     msgs.push(await rejects(() => engine.rope(tensor(n, [1, 4, 8]), { bass: 10 }), "InvalidOption", /bass/));
     msgs.push(await rejects(() => engine.luong({ score: 5 }), "InvalidOption"));
     const dev = await engine.upload(q);
@@ -413,7 +414,10 @@ function cases({ worker }) {
     const r = await engine.benchmark({ heads: 2, seqQ: 64, headDim: 32 }, { timed: 3 });
     expect(r.medianMs > 0 && r.gflops > 0 && r.samplesMs.length === 3, JSON.stringify(r));
     expect(engine.lastCall && typeof engine.lastCall.path === "string", "no lastCall");
-    return `${r.path} ${r.medianMs.toFixed(2)} ms, ${r.gflops.toFixed(2)} GFLOP/s`;
+    // Grouped queries: 4 query heads over 2 KV heads, one query row (decode).
+    const g = await engine.benchmark({ heads: 4, kvHeads: 2, seqQ: 1, seqK: 600, headDim: 32 }, { timed: 2 });
+    expect(g.medianMs > 0 && g.samplesMs.length === 2, JSON.stringify(g));
+    return `${r.path} ${r.medianMs.toFixed(2)} ms, ${r.gflops.toFixed(2)} GFLOP/s; GQA decode ${g.medianMs.toFixed(2)} ms`;
   });
 
   add("tune", async (engine) => {
