@@ -382,8 +382,10 @@ impl GpuContext {
     /// apply (more than 16 query rows, few keys, head dims not multiples of
     /// 4). Its kernel: a pinned one (tuner); a forced one
     /// ([`GpuContext::with_decode_kernel`]); else the tuning table's for this
-    /// head-dim class; else [`decode_kernel_for`]; in each case the staged
-    /// kernel where a streaming shape does not hold the call's rows.
+    /// head-dim class where it suits the call's rows per workgroup
+    /// ([`StreamShape::suits`]: the tuner measures one row); else
+    /// [`decode_kernel_for`]; in each case the staged kernel where a
+    /// streaming shape does not hold the call's rows.
     pub fn decode_plan(&self, dims: &AttentionDims) -> Option<DecodePlan> {
         if !DecodePlan::applies(dims) {
             return None;
@@ -398,6 +400,13 @@ impl GpuContext {
                 .and_then(|entry| entry.decode)
                 .map(|tuned| tuned.kernel)
                 .filter(|kernel| DecodePlan::runnable(*kernel, dims, &self.caps) == *kernel)
+                .filter(|kernel| match kernel {
+                    DecodeKernel::Stream(shape) => {
+                        let rows = DecodePlan::heads_per_workgroup(dims) * dims.q_len;
+                        shape.suits(dims, rows, &self.caps)
+                    }
+                    DecodeKernel::Staged => true,
+                })
                 .unwrap_or_else(chosen),
         };
         Some(DecodePlan::new(dims, &self.caps, kernel))

@@ -159,6 +159,15 @@ pub fn fused_candidates(engine: &Engine, dk: usize, dv: usize) -> Result<Vec<Fus
     Ok(kernels)
 }
 
+/// The decode problem's dims: batch 1, `heads` query heads over as many KV
+/// heads, one query row each ([`decode::TUNED_ROWS`] rows per workgroup,
+/// which [`StreamShape::suits`] takes as what was measured).
+///
+/// [`decode::TUNED_ROWS`]: crate::gpu::ops::decode::TUNED_ROWS
+fn decode_problem(heads: usize, keys: usize, head_dims: [usize; 2]) -> AttentionDims {
+    AttentionDims::plain(1, [heads, heads], [1, keys], head_dims)
+}
+
 /// Every decode kernel that can run the decode problem `dims` on the
 /// engine's adapter: the staged kernel and each shape of the streaming kernel
 /// that fits (on a CPU adapter, the first one only). Empty where the decode
@@ -369,7 +378,8 @@ pub async fn tune(
             }
         }
         drop(inputs);
-        // The decode problem: one query row per head over many keys.
+        // The decode problem: one query row per head over many keys
+        // (decode::TUNED_ROWS rows per workgroup).
         let decode_heads = problem.decode_heads_within(
             ctx.capabilities().limits.max_storage_buffer_binding_size,
             dk,
@@ -381,12 +391,7 @@ pub async fn tune(
             [1, problem.decode_keys],
             [dk, dv],
         );
-        let decode_dims = AttentionDims::plain(
-            1,
-            [decode_heads, decode_heads],
-            [1, problem.decode_keys],
-            [dk, dv],
-        );
+        let decode_dims = decode_problem(decode_heads, problem.decode_keys, [dk, dv]);
         let mut decode: Option<TunedDecode> = None;
         let mut decode_timings = Vec::new();
         let decode_kernels = decode_candidates(engine, &decode_dims)?;
@@ -474,5 +479,16 @@ mod tests {
         assert_eq!(left_out(Ok(1.5), |_| unreachable!()).ok(), Some(Some(1.5)));
         let lost = left_out(Err(Error::DeviceLost("reset".to_string())), |_| {});
         assert!(matches!(lost, Err(Error::DeviceLost(_))));
+    }
+
+    #[test]
+    fn the_decode_problem_has_the_rows_per_workgroup_the_planner_assumes() {
+        for heads in [1, 4, 128] {
+            let dims = decode_problem(heads, 4096, [128, 128]);
+            assert_eq!(
+                DecodePlan::heads_per_workgroup(&dims) * dims.q_len,
+                crate::gpu::ops::decode::TUNED_ROWS
+            );
+        }
     }
 }

@@ -20,6 +20,9 @@ use crate::problem::AttentionDims;
 pub const MAX_QUERY_ROWS: usize = 16;
 /// The most rows one workgroup serves (query heads of one KV head x their rows).
 pub const MAX_WORKGROUP_ROWS: usize = 16;
+/// Rows per workgroup of the decode problem `webattn tune` times (one query
+/// row per head, as many KV heads as query heads).
+pub const TUNED_ROWS: usize = 1;
 /// Keys from which a few query rows go to the decode kernel instead of the fused one.
 pub const MIN_KEYS: usize = 512;
 /// Keys per tile of the staged kernel (one per invocation); splits are
@@ -38,7 +41,7 @@ const STREAM_MAX_KEYS_PER_STEP: u32 = 4;
 /// spilling (24 to 132 registers), and 20 of 22 above it spilled: 4 rows at
 /// d 128 in teams of 8, two keys a step (48), spilled 152; in teams of 16
 /// (24), none.
-const STREAM_REGISTERS: usize = 24;
+pub const STREAM_REGISTERS: usize = 24;
 /// Lanes per key team of the streaming kernel: powers of two from 4 (at most
 /// 32 teams, its MAX_TEAMS) to 32.
 const STREAM_LANES: [u32; 4] = [4, 8, 16, 32];
@@ -144,6 +147,20 @@ impl StreamShape {
             .find(|s| s.registers(dims, rows) <= STREAM_REGISTERS)
             .or(plain.first())
             .copied()
+    }
+
+    /// Whether this shape, measured fastest by `webattn tune` on its decode
+    /// problem ([`TUNED_ROWS`] rows per workgroup), also suits a call with
+    /// `rows` rows per workgroup: where its registers for them stay within
+    /// the budget or within what it held when measured, or where no shape
+    /// that fits stays within the budget either. (The tuner measures one
+    /// row; a lane of the same shape holds 4 rows' Q and O for a GQA group
+    /// of 4, and teams of 8 at d 128 would spill: BENCHMARKS.md.)
+    pub fn suits(&self, dims: &AttentionDims, rows: usize, caps: &Capabilities) -> bool {
+        let held = self.registers(dims, rows);
+        held <= STREAM_REGISTERS.max(self.registers(dims, TUNED_ROWS))
+            || StreamShape::choose(dims, rows, caps)
+                .is_none_or(|s| s.registers(dims, rows) > STREAM_REGISTERS)
     }
 
     /// vec4 registers a lane names for `rows` rows at `dims`: its columns of
@@ -514,6 +531,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_tuned_shape_suits_the_rows_it_holds_without_more_registers() {
+        let gpu = with_subgroups(32);
+        let shape = |lanes, keys_per_step| StreamShape {
+            lanes,
+            keys_per_step,
+            prefetch: false,
+        };
+        let mha = dims(8, 32, 32, 1, 16384);
+        let gqa4 = dims(8, 32, 8, 1, 16384);
+        // Measured on one row: it suits one row, whatever its registers.
+        assert!(shape(8, 2).suits(&mha, 1, &gpu));
+        assert!(shape(8, 4).suits(&mha, 1, &gpu)); // 40 vec4s, as measured
+                                                   // Four rows in teams of 8 hold 48 where teams of 16 hold 24: the
+                                                   // untuned choice instead.
+        assert!(!shape(8, 2).suits(&gqa4, 4, &gpu));
+        assert!(shape(16, 2).suits(&gqa4, 4, &gpu));
+        // Where nothing that fits stays within the budget (subgroups of 8),
+        // the measured shape is as good a guess as any.
+        assert!(shape(8, 2).suits(&gqa4, 4, &with_subgroups(8)));
     }
 
     #[test]
