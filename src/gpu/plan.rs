@@ -504,8 +504,8 @@ pub fn every_planned_pipeline() -> Vec<super::pipeline::PipelineKey> {
         keys.push(PipelineKey::new(Kernel::AttentionDecodeF16).with("ROWS", rows));
     }
     // Every shape of the streaming decode kernel that holds 1, 2, 4, 8 or 16
-    // rows at each head-dim class it takes (f16 K and V at the shape a GPU
-    // picks untuned among those that hold them).
+    // rows at each head-dim class it takes, with K and V in f32 and in f16
+    // (any of them may be an adapter's untuned pick or its tuned one).
     for d in HEAD_DIM_CLASSES.into_iter().filter(|d| d % 4 == 0) {
         for rows in [1, 2, 4, 8, 16] {
             let dims = crate::problem::AttentionDims::plain(1, [rows, 1], [1, 4096], [d, d]);
@@ -514,10 +514,9 @@ pub fn every_planned_pipeline() -> Vec<super::pipeline::PipelineKey> {
                 .filter(|shape| shape.holds(&dims, rows))
                 .collect();
             for shape in &shapes {
-                keys.push(decode::stream_key(*shape, &dims, rows as i64, false));
-            }
-            if let Some(shape) = StreamShape::untuned(shapes.iter().copied(), &dims, rows) {
-                keys.push(decode::stream_key(shape, &dims, rows as i64, true));
+                for kv_f16 in [false, true] {
+                    keys.push(decode::stream_key(*shape, &dims, rows as i64, kv_f16));
+                }
             }
         }
     }

@@ -385,13 +385,13 @@ pub async fn tune(
             dk,
             dv,
         );
+        let decode_dims = decode_problem(decode_heads, problem.decode_keys, [dk, dv]);
         let decode_case = CaseSpec::new(
             "tune-decode",
-            [1, decode_heads, decode_heads],
-            [1, problem.decode_keys],
-            [dk, dv],
+            [decode_dims.batch, decode_dims.q_heads, decode_dims.kv_heads],
+            [decode_dims.q_len, decode_dims.kv_len],
+            [decode_dims.head_dim, decode_dims.v_head_dim],
         );
-        let decode_dims = decode_problem(decode_heads, problem.decode_keys, [dk, dv]);
         let mut decode: Option<TunedDecode> = None;
         let mut decode_timings = Vec::new();
         let decode_kernels = decode_candidates(engine, &decode_dims)?;

@@ -625,6 +625,12 @@ impl EngineCore {
         };
         let seq_q = whole(&shape, "seqQ", 128)?;
         let heads = whole(&shape, "heads", 1)?;
+        if heads == 0 {
+            return Err(js_error(
+                "InvalidOption",
+                "benchmark: heads must be at least 1",
+            ));
+        }
         let kv_heads = whole(&shape, "kvHeads", heads)?;
         if kv_heads == 0 || heads % kv_heads != 0 {
             return Err(js_error(

@@ -109,11 +109,12 @@ impl StreamShape {
                 <= STREAM_BLOCK
     }
 
-    /// The first shape of [`StreamShape::all`] that fits within the
-    /// register budget (teams of 8 lanes, two keys a step, where the rows
-    /// allow), whether K and V are f32 or f16; where none is within it (many
-    /// rows, or subgroups too narrow for the teams that would be), the first
-    /// that fits. Never a prefetching one (those run where `webattn tune`
+    /// On a GPU, the first shape of [`StreamShape::all`] that fits within
+    /// the register budget (teams of 8 lanes, two keys a step, where the
+    /// rows allow), whether K and V are f32 or f16; where none is within it
+    /// (many rows, or subgroups too narrow for the teams that would be), the
+    /// first that fits; on a CPU adapter the first that fits. Never a
+    /// prefetching one (those run where `webattn tune`
     /// measured them faster). Every lane of a team repeats its keys'
     /// softmax, so wider teams repeat more of it per byte: on an H200
     /// (BENCHMARKS.md, 2026-11-27) f16 K and V in teams of 16 took 2.4-3.7
@@ -123,20 +124,22 @@ impl StreamShape {
     /// a GQA group at d 128 it would hold 48 vec4s and spill: teams of 16
     /// hold 24.
     pub fn choose(dims: &AttentionDims, rows: usize, caps: &Capabilities) -> Option<StreamShape> {
-        StreamShape::untuned(
-            StreamShape::all()
-                .into_iter()
-                .filter(|s| s.fits(dims, rows, caps)),
-            dims,
-            rows,
-        )
+        let fitting = StreamShape::all()
+            .into_iter()
+            .filter(|s| s.fits(dims, rows, caps));
+        if caps.adapter.device_type == "Cpu" {
+            // A CPU adapter's "registers" are its compiler's vectors: the
+            // budget is a GPU's, and lavapipe keeps the list's order.
+            return fitting.into_iter().find(|s| !s.prefetch);
+        }
+        StreamShape::untuned(fitting, dims, rows)
     }
 
-    /// The untuned pick among `shapes` (in [`StreamShape::all`]'s order,
-    /// each holding `rows` rows at `dims`): the first that does not
+    /// The untuned pick on a GPU among `shapes` (in [`StreamShape::all`]'s
+    /// order, each holding `rows` rows at `dims`): the first that does not
     /// prefetch within [`STREAM_REGISTERS`], else the first that does not
     /// prefetch.
-    pub fn untuned(
+    fn untuned(
         shapes: impl IntoIterator<Item = StreamShape>,
         dims: &AttentionDims,
         rows: usize,
@@ -151,16 +154,22 @@ impl StreamShape {
 
     /// Whether this shape, measured fastest by `webattn tune` on its decode
     /// problem ([`TUNED_ROWS`] rows per workgroup), also suits a call with
-    /// `rows` rows per workgroup: where its registers for them stay within
-    /// the budget or within what it held when measured, or where no shape
-    /// that fits stays within the budget either. (The tuner measures one
-    /// row; a lane of the same shape holds 4 rows' Q and O for a GQA group
-    /// of 4, and teams of 8 at d 128 would spill: BENCHMARKS.md.)
+    /// `rows` rows per workgroup on a GPU: where a lane's registers for them
+    /// stay within the budget, within what it held when measured, or within
+    /// what the untuned choice would hold. (The tuner measures one row; a
+    /// lane of the same shape holds 4 rows' Q and O for a GQA group of 4,
+    /// and teams of 8 at d 128 would spill: BENCHMARKS.md.) Always on a CPU
+    /// adapter, which has no such budget.
     pub fn suits(&self, dims: &AttentionDims, rows: usize, caps: &Capabilities) -> bool {
-        let held = self.registers(dims, rows);
-        held <= STREAM_REGISTERS.max(self.registers(dims, TUNED_ROWS))
-            || StreamShape::choose(dims, rows, caps)
-                .is_none_or(|s| s.registers(dims, rows) > STREAM_REGISTERS)
+        if caps.adapter.device_type == "Cpu" {
+            return true;
+        }
+        let untuned =
+            StreamShape::choose(dims, rows, caps).map_or(usize::MAX, |s| s.registers(dims, rows));
+        self.registers(dims, rows)
+            <= STREAM_REGISTERS
+                .max(self.registers(dims, TUNED_ROWS))
+                .max(untuned)
     }
 
     /// vec4 registers a lane names for `rows` rows at `dims`: its columns of
@@ -551,8 +560,18 @@ mod tests {
         assert!(!shape(8, 2).suits(&gqa4, 4, &gpu));
         assert!(shape(16, 2).suits(&gqa4, 4, &gpu));
         // Where nothing that fits stays within the budget (subgroups of 8),
-        // the measured shape is as good a guess as any.
-        assert!(shape(8, 2).suits(&gqa4, 4, &with_subgroups(8)));
+        // the measured shape where it holds no more than the untuned pick.
+        let narrow = with_subgroups(8);
+        assert_eq!(
+            StreamShape::choose(&gqa4, 4, &narrow).map(|s| s.registers(&gqa4, 4)),
+            Some(48)
+        );
+        assert!(shape(8, 2).suits(&gqa4, 4, &narrow));
+        assert!(!shape(8, 4).suits(&gqa4, 4, &narrow)); // 64
+                                                        // A CPU adapter has no register budget.
+        let mut cpu = with_subgroups(8);
+        cpu.adapter.device_type = "Cpu".to_string();
+        assert!(shape(8, 4).suits(&gqa4, 4, &cpu));
     }
 
     #[test]
@@ -569,8 +588,25 @@ mod tests {
         assert_eq!(shape(32, 8, 1), Some((16, 2))); // GQA 4: (4 + 2) x (2 + 2)
         assert_eq!(shape(32, 4, 1), Some((32, 2))); // GQA 8: (8 + 2) x (1 + 1)
         assert_eq!(shape(32, 2, 1), Some((32, 2))); // GQA 16: none within, the first
-                                                    // Subgroups of 8 have no team within the budget for 4 rows: the
-                                                    // first that fits, as before the budget.
+
+        // MHA past d 128: teams of 8 would hold 48 vec4s at d 256, teams of
+        // 16 hold 24.
+        let d256 = AttentionDims::plain(8, [32, 32], [1, 16384], [256, 256]);
+        assert_eq!(
+            StreamShape::choose(&d256, 1, &h100).map(|s| (s.lanes, s.keys_per_step)),
+            Some((16, 2))
+        );
+        // A CPU adapter keeps the list's order: 2 rows at d 128 in teams of
+        // 8, two keys a step (32 vec4s), as on lavapipe before the budget.
+        let mut lavapipe_like = with_subgroups(8);
+        lavapipe_like.adapter.device_type = "Cpu".to_string();
+        let gqa2 = dims(1, 8, 4, 1, 4096);
+        assert_eq!(
+            StreamShape::choose(&gqa2, 2, &lavapipe_like).map(|s| (s.lanes, s.keys_per_step)),
+            Some((8, 2))
+        );
+        // Subgroups of 8 on a GPU have no team within the budget for 4
+        // rows: the first that fits, as before the budget.
         let d = dims(1, 32, 8, 1, 4096);
         assert_eq!(
             StreamShape::choose(&d, 4, &with_subgroups(8)).map(|s| (s.lanes, s.keys_per_step)),

@@ -298,6 +298,7 @@ function cases({ worker }) {
     msgs.push(await rejects(() => engine.benchmark({ heads: 1 << 16, seqQ: 1 << 16, headDim: 64 }), "Limit"));
     msgs.push(await rejects(() => engine.benchmark({ causal: "yes" }), "InvalidOption"));
     msgs.push(await rejects(() => engine.benchmark({ heads: 4, kvHeads: 3 }), "InvalidOption", /kvHeads/));
+    msgs.push(await rejects(() => engine.benchmark({ heads: 0, kvHeads: 1 }), "InvalidOption", /heads must be at least 1/));
     msgs.push(await rejects(() => engine.rope(tensor(n, [1, 4, 8]), { bass: 10 }), "InvalidOption", /bass/));
     msgs.push(await rejects(() => engine.luong({ score: 5 }), "InvalidOption"));
     const dev = await engine.upload(q);
