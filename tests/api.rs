@@ -259,7 +259,12 @@ fn side_by_side_measurements_interleave_their_runs() {
 /// reads count K and V once per KV head.
 #[test]
 fn a_grouped_query_decode_row_is_measured_with_its_kv_heads() {
-    let Some(engine) = common::gpu() else { return };
+    // An engine of its own: the pipelines it compiles must not land in the
+    // shared engine while another test counts that engine's pipelines.
+    let Some(engine) = common::own_gpu() else {
+        return;
+    };
+    let engine = &engine;
     let shape = webattn::bench::AttentionShape {
         batch: 1,
         heads: 4,
