@@ -8,6 +8,16 @@
 // in each key tile, the RK = BK / TK keys tc, tc + TK, ...; in O it owns the
 // same rows and the DVT vec4 columns tc, tc + TK, ... of the head dim.
 //
+// Invocations are numbered in pairs: invocations 2n and 2n + 1 share their
+// column tc (so their reads of K and of V are of one address) and stand on
+// neighbouring rows; 2n and 2n + 2 share their row (so do their reads of Q
+// and of P). NVIDIA's workgroup memory returns 128 bytes a cycle to a whole
+// SM, so a subgroup's 16-byte read takes 4 cycles, and 2 where lanes 2n and
+// 2n + 1 (or 2n and 2n + 2) read one address (as NVIDIA describes its Volta
+// and Turing GPUs): every read of the hot loops is then such a read, where
+// K's and V's took 4 cycles with rows of consecutive invocations. The
+// padding of the tiles' rows keeps a pair's two rows on different banks.
+//
 // Per workgroup: Q's block is staged once in workgroup memory (vec4s, rows
 // padded to QS to spread the banks). Per key tile:
 //   1. K's tile is staged in workgroup memory (coalesced: consecutive
@@ -85,9 +95,10 @@ const MAX_DVT: u32 = 8u;
 var<workgroup> q_tile: array<vec4<f32>, BQ * QS>;
 // K's tile, then V's: BK rows of KS vec4s.
 var<workgroup> kv_tile: array<vec4<f32>, BK * KS>;
-// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3); -0 for a key the row
-// does not attend.
-var<workgroup> p_tile: array<vec4<f32>, BQ * BK / 4u>;
+// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3) and a vec4 of padding
+// (so that the two rows a pair of lanes reads fall on different banks); -0
+// for a key the row does not attend.
+var<workgroup> p_tile: array<vec4<f32>, BQ * (BK / 4u + 1u)>;
 // Per row: the TK invocations' partial maxima, later their partial sums,
 // as TK / 4 vec4s (invocation tc's in component tc % 4 of vec4 tc / 4); the
 // row's flags.
@@ -165,13 +176,15 @@ fn main(
     let h = head_index % p.q_heads;
     let kvh = h / p.group;
     let row0 = (block % p.q_blocks) * BQ;
-    let tr = li / TK;
-    let tc = li % TK;
+    let tr = (li & 1u) | ((li / (2u * TK)) << 1u);
+    let tc = (li >> 1u) % TK;
     // Where this invocation's partials go in `row_parts` (its first row's;
     // its other rows are TQ rows on).
     let part_at = tr * (TK / 4u) + tc / 4u;
     let rows_total = p.batch * p.q_heads * p.q_len;
     let bk4 = BK / 4u;
+    // vec4s per row of the P tile.
+    let ps = bk4 + 1u;
 
     if (li == 0u) {
         var lengths = i32(p.keys);
@@ -480,7 +493,7 @@ fn main(
     // never stored.
     let q_at = tr * QS;
     let k_at = tc * KS;
-    let p_at = tr * bk4;
+    let p_at = tr * ps;
     let v_at0 = min(tc + TK * 0u, DV4 - 1u);
     let v_at1 = min(tc + TK * 1u, DV4 - 1u);
     let v_at2 = min(tc + TK * 2u, DV4 - 1u);
@@ -1504,14 +1517,14 @@ fn main(
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
                 let pt = select(not_attended(), exp(s0_0 - m_new), s0_0 != MASKED);
-                p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+                p_tile[p_at + 0u * TQ * ps + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s0_1 - m_new), s0_1 != MASKED);
-                    p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                    p_tile[p_at + 0u * TQ * ps + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 2u) {
@@ -1519,7 +1532,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s0_2 - m_new), s0_2 != MASKED);
-                    p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                    p_tile[p_at + 0u * TQ * ps + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 if (RK > 3u) {
@@ -1527,7 +1540,7 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s0_3 - m_new), s0_3 != MASKED);
-                    p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                    p_tile[p_at + 0u * TQ * ps + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
                 l0 = l0 * alpha + sum;
@@ -1589,14 +1602,14 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s1_0 - m_new), s1_0 != MASKED);
-                    p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+                    p_tile[p_at + 1u * TQ * ps + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                     if (RK > 1u) {
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
                         let pt = select(not_attended(), exp(s1_1 - m_new), s1_1 != MASKED);
-                        p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                        p_tile[p_at + 1u * TQ * ps + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
                     if (RK > 2u) {
@@ -1604,7 +1617,7 @@ fn main(
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
                         let pt = select(not_attended(), exp(s1_2 - m_new), s1_2 != MASKED);
-                        p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                        p_tile[p_at + 1u * TQ * ps + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
                     if (RK > 3u) {
@@ -1612,7 +1625,7 @@ fn main(
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
                         let pt = select(not_attended(), exp(s1_3 - m_new), s1_3 != MASKED);
-                        p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                        p_tile[p_at + 1u * TQ * ps + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
                     l1 = l1 * alpha + sum;
@@ -1675,14 +1688,14 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s2_0 - m_new), s2_0 != MASKED);
-                    p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+                    p_tile[p_at + 2u * TQ * ps + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                     if (RK > 1u) {
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
                         let pt = select(not_attended(), exp(s2_1 - m_new), s2_1 != MASKED);
-                        p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                        p_tile[p_at + 2u * TQ * ps + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
                     if (RK > 2u) {
@@ -1690,7 +1703,7 @@ fn main(
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
                         let pt = select(not_attended(), exp(s2_2 - m_new), s2_2 != MASKED);
-                        p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                        p_tile[p_at + 2u * TQ * ps + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
                     if (RK > 3u) {
@@ -1698,7 +1711,7 @@ fn main(
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
                         let pt = select(not_attended(), exp(s2_3 - m_new), s2_3 != MASKED);
-                        p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                        p_tile[p_at + 2u * TQ * ps + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
                     l2 = l2 * alpha + sum;
@@ -1752,14 +1765,14 @@ fn main(
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
                     let pt = select(not_attended(), exp(s3_0 - m_new), s3_0 != MASKED);
-                    p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+                    p_tile[p_at + 3u * TQ * ps + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                     if (RK > 1u) {
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
                         let pt = select(not_attended(), exp(s3_1 - m_new), s3_1 != MASKED);
-                        p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                        p_tile[p_at + 3u * TQ * ps + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
                     if (RK > 2u) {
@@ -1767,7 +1780,7 @@ fn main(
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
                         let pt = select(not_attended(), exp(s3_2 - m_new), s3_2 != MASKED);
-                        p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                        p_tile[p_at + 3u * TQ * ps + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
                     if (RK > 3u) {
@@ -1775,7 +1788,7 @@ fn main(
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
                         let pt = select(not_attended(), exp(s3_3 - m_new), s3_3 != MASKED);
-                        p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                        p_tile[p_at + 3u * TQ * ps + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
                     l3 = l3 * alpha + sum;
@@ -1797,24 +1810,24 @@ fn main(
                 let rr = tr + TQ * 0u;
                 {
                     let pt = s0_0;
-                    p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+                    p_tile[p_at + 0u * TQ * ps + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                 }
                 if (RK > 1u) {
                     {
                         let pt = s0_1;
-                        p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                        p_tile[p_at + 0u * TQ * ps + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                     }
                 }
                 if (RK > 2u) {
                     {
                         let pt = s0_2;
-                        p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                        p_tile[p_at + 0u * TQ * ps + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                     }
                 }
                 if (RK > 3u) {
                     {
                         let pt = s0_3;
-                        p_tile[p_at + 0u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                        p_tile[p_at + 0u * TQ * ps + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                     }
                 }
             }
@@ -1823,24 +1836,24 @@ fn main(
                     let rr = tr + TQ * 1u;
                     {
                         let pt = s1_0;
-                        p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+                        p_tile[p_at + 1u * TQ * ps + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                     }
                     if (RK > 1u) {
                         {
                             let pt = s1_1;
-                            p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                            p_tile[p_at + 1u * TQ * ps + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                         }
                     }
                     if (RK > 2u) {
                         {
                             let pt = s1_2;
-                            p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                            p_tile[p_at + 1u * TQ * ps + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                         }
                     }
                     if (RK > 3u) {
                         {
                             let pt = s1_3;
-                            p_tile[p_at + 1u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                            p_tile[p_at + 1u * TQ * ps + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                         }
                     }
                 }
@@ -1850,24 +1863,24 @@ fn main(
                     let rr = tr + TQ * 2u;
                     {
                         let pt = s2_0;
-                        p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+                        p_tile[p_at + 2u * TQ * ps + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                     }
                     if (RK > 1u) {
                         {
                             let pt = s2_1;
-                            p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                            p_tile[p_at + 2u * TQ * ps + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                         }
                     }
                     if (RK > 2u) {
                         {
                             let pt = s2_2;
-                            p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                            p_tile[p_at + 2u * TQ * ps + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                         }
                     }
                     if (RK > 3u) {
                         {
                             let pt = s2_3;
-                            p_tile[p_at + 2u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                            p_tile[p_at + 2u * TQ * ps + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                         }
                     }
                 }
@@ -1877,24 +1890,24 @@ fn main(
                     let rr = tr + TQ * 3u;
                     {
                         let pt = s3_0;
-                        p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
+                        p_tile[p_at + 3u * TQ * ps + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                     }
                     if (RK > 1u) {
                         {
                             let pt = s3_1;
-                            p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
+                            p_tile[p_at + 3u * TQ * ps + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                         }
                     }
                     if (RK > 2u) {
                         {
                             let pt = s3_2;
-                            p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
+                            p_tile[p_at + 3u * TQ * ps + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                         }
                     }
                     if (RK > 3u) {
                         {
                             let pt = s3_3;
-                            p_tile[p_at + 3u * TQ * bk4 + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
+                            p_tile[p_at + 3u * TQ * ps + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                         }
                     }
                 }
@@ -1986,18 +1999,18 @@ fn main(
             if (careful) {
                 for (var t4 = 0u; t4 < bk4; t4++) {
                     var p0 = vec4<f32>(0.0);
-                    p0 = p_tile[p_at + 0u * TQ * bk4 + t4];
+                    p0 = p_tile[p_at + 0u * TQ * ps + t4];
                     var p1 = vec4<f32>(0.0);
                     if (RQ > 1u) {
-                        p1 = p_tile[p_at + 1u * TQ * bk4 + t4];
+                        p1 = p_tile[p_at + 1u * TQ * ps + t4];
                     }
                     var p2 = vec4<f32>(0.0);
                     if (RQ > 2u) {
-                        p2 = p_tile[p_at + 2u * TQ * bk4 + t4];
+                        p2 = p_tile[p_at + 2u * TQ * ps + t4];
                     }
                     var p3 = vec4<f32>(0.0);
                     if (RQ > 3u) {
-                        p3 = p_tile[p_at + 3u * TQ * bk4 + t4];
+                        p3 = p_tile[p_at + 3u * TQ * ps + t4];
                     }
                     {
                         let v0 = kv_tile[(t4 * 4u + 0u) * KS + v_at0];
@@ -2335,18 +2348,18 @@ fn main(
             } else {
                 for (var t4 = 0u; t4 < bk4; t4++) {
                     var p0 = vec4<f32>(0.0);
-                    p0 = p_tile[p_at + 0u * TQ * bk4 + t4];
+                    p0 = p_tile[p_at + 0u * TQ * ps + t4];
                     var p1 = vec4<f32>(0.0);
                     if (RQ > 1u) {
-                        p1 = p_tile[p_at + 1u * TQ * bk4 + t4];
+                        p1 = p_tile[p_at + 1u * TQ * ps + t4];
                     }
                     var p2 = vec4<f32>(0.0);
                     if (RQ > 2u) {
-                        p2 = p_tile[p_at + 2u * TQ * bk4 + t4];
+                        p2 = p_tile[p_at + 2u * TQ * ps + t4];
                     }
                     var p3 = vec4<f32>(0.0);
                     if (RQ > 3u) {
-                        p3 = p_tile[p_at + 3u * TQ * bk4 + t4];
+                        p3 = p_tile[p_at + 3u * TQ * ps + t4];
                     }
                     {
                         let v0 = kv_tile[(t4 * 4u + 0u) * KS + v_at0];

@@ -9,6 +9,16 @@
 // in each key tile, the RK = BK / TK keys tc, tc + TK, ...; in O it owns the
 // same rows and the DVT vec4 columns tc, tc + TK, ... of the head dim.
 //
+// Invocations are numbered in pairs: invocations 2n and 2n + 1 share their
+// column tc (so their reads of K and of V are of one address) and stand on
+// neighbouring rows; 2n and 2n + 2 share their row (so do their reads of Q
+// and of P). NVIDIA's workgroup memory returns 128 bytes a cycle to a whole
+// SM, so a subgroup's 16-byte read takes 4 cycles, and 2 where lanes 2n and
+// 2n + 1 (or 2n and 2n + 2) read one address (as NVIDIA describes its Volta
+// and Turing GPUs): every read of the hot loops is then such a read, where
+// K's and V's took 4 cycles with rows of consecutive invocations. The
+// padding of the tiles' rows keeps a pair's two rows on different banks.
+//
 // Per workgroup: Q's block is staged once in workgroup memory (vec4s, rows
 // padded to QS to spread the banks). Per key tile:
 //   1. K's tile is staged in workgroup memory (coalesced: consecutive
@@ -181,8 +191,8 @@ fn main(
     let h = head_index % p.q_heads;
     let kvh = h / p.group;
     let row0 = (block % p.q_blocks) * BQ;
-    let tr = li / TK;
-    let tc = li % TK;
+    let tr = (li & 1u) | ((li / (2u * TK)) << 1u);
+    let tc = (li >> 1u) % TK;
     // Where this invocation's partials go in `row_parts` (its first row's;
     // its other rows are TQ rows on).
     let part_at = tr * (TK / 4u) + tc / 4u;

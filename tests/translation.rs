@@ -241,3 +241,45 @@ fn the_subgroup_kernels_are_never_planned_without_subgroups() {
         );
     }
 }
+
+/// Bytes of workgroup memory a specialised module declares, as naga lays
+/// out its types.
+fn workgroup_bytes(module: &Module) -> u32 {
+    let mut layouter = naga::proc::Layouter::default();
+    layouter
+        .update(module.to_ctx())
+        .expect("a validated module lays out");
+    module
+        .global_variables
+        .iter()
+        .filter(|(_, var)| var.space == naga::AddressSpace::WorkGroup)
+        .map(|(_, var)| layouter[var.ty].size)
+        .sum()
+}
+
+#[test]
+fn the_tiled_kernels_workgroup_memory_is_what_the_host_counts() {
+    // The planner takes a tile shape where `workgroup_bytes` fits the
+    // adapter's limit: counting less than the kernel declares would make a
+    // pipeline wgpu refuses, counting more would leave shapes out.
+    use webattn::gpu::ops::tiled::TiledTiles;
+    let mut parsed: HashMap<Kernel, (Module, ModuleInfo)> = HashMap::new();
+    let mut checked = 0;
+    for (dk, dv) in [(1, 1), (7, 5), (64, 64), (100, 36), (128, 128), (256, 256)] {
+        for tiles in TiledTiles::candidates(dk, dv) {
+            let key = tiles.key();
+            let (module, info) = parsed
+                .entry(key.kernel)
+                .or_insert_with(|| parse(key.kernel));
+            let (module, _) = specialise(module, info, &key);
+            assert_eq!(
+                workgroup_bytes(&module),
+                tiles.workgroup_bytes(),
+                "{key} ({})",
+                tiles.describe()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 100, "{checked} shapes checked");
+}

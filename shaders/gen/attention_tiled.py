@@ -192,7 +192,17 @@ w("""//
 // invocation (tr, tc) owns the RQ = BQ / TQ query rows tr, tr + TQ, ... and,
 // in each key tile, the RK = BK / TK keys tc, tc + TK, ...; in O it owns the
 // same rows and the DVT vec4 columns tc, tc + TK, ... of the head dim.
-//
+""" + ("" if SHUFFLE else """//
+// Invocations are numbered in pairs: invocations 2n and 2n + 1 share their
+// column tc (so their reads of K and of V are of one address) and stand on
+// neighbouring rows; 2n and 2n + 2 share their row (so do their reads of Q
+// and of P). NVIDIA's workgroup memory returns 128 bytes a cycle to a whole
+// SM, so a subgroup's 16-byte read takes 4 cycles, and 2 where lanes 2n and
+// 2n + 1 (or 2n and 2n + 2) read one address (as NVIDIA describes its Volta
+// and Turing GPUs): every read of the hot loops is then such a read, where
+// K's and V's took 4 cycles with rows of consecutive invocations. The
+// padding of the tiles' rows keeps a pair's two rows on different banks.
+""") + """//
 // Per workgroup: Q's block is staged once in workgroup memory (vec4s, rows
 // padded to QS to spread the banks). Per key tile:
 //   1. K's tile is staged in workgroup memory (coalesced: consecutive
@@ -325,9 +335,10 @@ var<workgroup> kv_tile: array<array<vec4<f32>, CW + 1u>, BK * KB>;
 var<workgroup> kv_tile: array<vec4<f32>, BK * KS>;
 """) + ("""// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3) in chunks of CW; -0 for
 // a key the row does not attend.
-var<workgroup> p_tile: array<array<vec4<f32>, CW + 1u>, BQ * ((BK / 4u + CW - 1u) / CW)>;""" if CHUNKED else """// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3); -0 for a key the row
-// does not attend.
-var<workgroup> p_tile: array<vec4<f32>, BQ * BK / 4u>;""") + """
+var<workgroup> p_tile: array<array<vec4<f32>, CW + 1u>, BQ * ((BK / 4u + CW - 1u) / CW)>;""" if CHUNKED else """// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3) and a vec4 of padding
+// (so that the two rows a pair of lanes reads fall on different banks); -0
+// for a key the row does not attend.
+var<workgroup> p_tile: array<vec4<f32>, BQ * (BK / 4u + 1u)>;""") + """
 // Per row: the TK invocations' partial maxima, later their partial sums,
 // as TK / 4 vec4s (invocation tc's in component tc % 4 of vec4 tc / 4); the
 // row's flags.
@@ -420,8 +431,8 @@ fn main(
     let h = head_index % p.q_heads;
     let kvh = h / p.group;
     let row0 = (block % p.q_blocks) * BQ;
-    let tr = li / TK;
-    let tc = li % TK;
+    let tr = """ + ("li / TK;" if SHUFFLE else "(li & 1u) | ((li / (2u * TK)) << 1u);") + """
+    let tc = """ + ("li % TK;" if SHUFFLE else "(li >> 1u) % TK;") + """
     // Where this invocation's partials go in `row_parts` (its first row's;
     // its other rows are TQ rows on).
     let part_at = tr * (TK / 4u) + tc / 4u;""" + ("""
@@ -434,7 +445,9 @@ fn main(
     let first_of_row = subgroupShuffle(li, lane0);
     let layout_ok = sg_lane % TK == tc && first_of_row == li - tc;""" if SHUFFLE else "") + """
     let rows_total = p.batch * p.q_heads * p.q_len;
-    let bk4 = BK / 4u;
+    let bk4 = BK / 4u;""" + ("" if SHUFFLE or CHUNKED else """
+    // vec4s per row of the P tile.
+    let ps = bk4 + 1u;""") + """
 
     if (li == 0u) {
         var lengths = i32(p.keys);
@@ -537,7 +550,7 @@ w("""    let kv_base = (b * p.kv_heads + kvh) * p.keys;
     // never stored.
     let q_at = tr * QS;
     let k_at = tc * KS;""" + ("" if SHUFFLE else """
-    let p_at = tr * bk4;""")) + """""")
+    let p_at = tr * ps;""")) + """""")
 for c in range(MAX_DVT):
     w(f"    let v_at{c} = min(tc + TK * {c}u, DV4 - 1u);")
     if CHUNKED:
@@ -757,7 +770,7 @@ if not SHUFFLE:
                 f"p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;",
             ]
         else:
-            keep = lambda j: [f"p_tile[p_at + {i}u * TQ * bk4 + tc / 4u + {j}u * (TK / 4u)][tc % 4u] = pt;"]
+            keep = lambda j: [f"p_tile[p_at + {i}u * TQ * ps + tc / 4u + {j}u * (TK / 4u)][tc % 4u] = pt;"]
         lines += ["    " + x if x else "" for x in online_softmax(i, "tile_max", keep)]
         lines += ["}"]
         emit(guard([rq(i)], lines, 8))
@@ -808,7 +821,7 @@ def product(careful):
         if CHUNKED:
             load = f"p_tile[(t4 / CW) * BQ + tr + {i}u * TQ][t4 % CW]"
         else:
-            load = f"p_tile[p_at + {i}u * TQ * bk4 + t4]"
+            load = f"p_tile[p_at + {i}u * TQ * ps + t4]"
         lines += guard([rq(i)], [f"p{i} = {load};"], 4)
     comps = "xyzw"
     for u in range(4):

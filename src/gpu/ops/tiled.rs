@@ -134,7 +134,10 @@ impl TiledTiles {
                 chunked: false,
             })
             .filter(|t| {
-                t.tk % 4 == 0
+                // Invocations stand in pairs on neighbouring rows (the
+                // kernels' `tr`), so the grid has an even number of rows.
+                t.tq % 2 == 0
+                    && t.tk % 4 == 0
                     && t.tk <= MAX_TK
                     && t.rq() <= MAX_RQ
                     && t.rk() <= MAX_RK
@@ -278,14 +281,16 @@ impl TiledTiles {
         16 * bq * self.q_stride() + tiles + 4 * bq * self.tk + 4 * bq + 8
     }
 
-    /// vec4s per row of the P tile: BK / 4, in chunks of [`CHUNK_COLUMNS`]
-    /// and a vec4 of padding in the chunked form.
+    /// vec4s per row of the P tile: BK / 4 and a vec4 of padding (so that
+    /// the two rows a pair of invocations reads fall on different banks),
+    /// in chunks of [`CHUNK_COLUMNS`] and a vec4 of padding each in the
+    /// chunked form.
     fn p_stride(&self) -> u32 {
         let vec4s = self.keys_per_tile / 4;
         if self.chunked {
             Self::in_chunks(vec4s)
         } else {
-            vec4s
+            vec4s + 1
         }
     }
 
@@ -427,14 +432,14 @@ mod tests {
             }
         }
         // A vec4 of padding per 8 columns instead of per row: at head dim 64,
-        // rows of 18 vec4s instead of 17; P's rows of 8 vec4s (32 keys) get
-        // one too.
+        // rows of 18 vec4s instead of 17; P's rows of 8 vec4s (32 keys) have
+        // one in both forms.
         let t = TiledTiles::for_dims(64, 64, &limits(48 << 10)).unwrap();
         assert_eq!(t.keys_per_tile, 32);
         let chunked = TiledTiles { chunked: true, ..t };
         assert_eq!(
             chunked.workgroup_bytes() - t.workgroup_bytes(),
-            16 * (2 * t.query_rows + t.keys_per_tile)
+            16 * (t.query_rows + t.keys_per_tile)
         );
         let key = chunked.key();
         assert_eq!(key.kernel, Kernel::AttentionTiledChunked);
@@ -576,11 +581,13 @@ mod tests {
                 }
             }
         }
-        // A shuffle form holds a K and a V tile and no P.
+        // A shuffle form holds a K and a V tile and no P (whose rows hold
+        // BK / 4 vec4s and one of padding).
         let t = TiledTiles::for_dims(64, 64, &limits(48 << 10)).unwrap();
         let shuffled = TiledTiles { shuffle: true, ..t };
         assert_eq!(
-            shuffled.workgroup_bytes() - t.workgroup_bytes() + 4 * t.query_rows * t.keys_per_tile,
+            shuffled.workgroup_bytes() - t.workgroup_bytes()
+                + 16 * t.query_rows * (t.keys_per_tile / 4 + 1),
             16 * t.keys_per_tile * t.kv_stride() + 4
         );
         assert_eq!(shuffled.key().kernel, Kernel::AttentionTiledShuffle);
