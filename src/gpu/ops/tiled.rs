@@ -586,9 +586,8 @@ mod tests {
         let t = TiledTiles::for_dims(64, 64, &limits(48 << 10)).unwrap();
         let shuffled = TiledTiles { shuffle: true, ..t };
         assert_eq!(
-            shuffled.workgroup_bytes() - t.workgroup_bytes()
-                + 16 * t.query_rows * (t.keys_per_tile / 4 + 1),
-            16 * t.keys_per_tile * t.kv_stride() + 4
+            shuffled.workgroup_bytes() + 16 * t.query_rows * (t.keys_per_tile / 4 + 1),
+            t.workgroup_bytes() + 16 * t.keys_per_tile * t.kv_stride() + 4
         );
         assert_eq!(shuffled.key().kernel, Kernel::AttentionTiledShuffle);
         // It runs only where subgroups hold a row's tk lanes.
