@@ -820,6 +820,7 @@ fn fast_calls_leave_a_matrix_unit_kernel_measured_slower() {
             assert!(is_coop(ctx), "untuned, Fast takes the matrix units");
             let entry = |coop_ms| TunedEntry {
                 kernel: TunedKernel::Portable,
+                grouped_decode: None,
                 fused_ms: 1.0,
                 unfused_ms: 2.0,
                 decode: None,
@@ -934,6 +935,7 @@ fn fast_calls_take_the_matrix_unit_gemm_form_tuned_fastest() {
             let tall = PackedTile { rows: 4, cols: 2 };
             let entry = |form| TunedEntry {
                 kernel: TunedKernel::Portable,
+                grouped_decode: None,
                 fused_ms: 1.0,
                 unfused_ms: 2.0,
                 decode: None,
@@ -1173,6 +1175,7 @@ fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
                 .expect("a second candidate");
             let tuned = |tiles: Option<TunedCoop>| TunedEntry {
                 kernel: TunedKernel::Portable,
+                grouped_decode: None,
                 fused_ms: 1.0,
                 unfused_ms: 2.0,
                 decode: None,

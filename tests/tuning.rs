@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use webattn::conformance::{compare, DEFAULT_FLOOR};
+use webattn::conformance::{compare, CaseSpec, DEFAULT_FLOOR};
 use webattn::cpu;
 use webattn::gpu::ops::decode::{DecodeKernel, StreamShape};
 use webattn::tuning::{
@@ -76,6 +76,14 @@ fn tune_writes_the_cache_and_info_shows_what_it_chose() {
         stdout.contains("decode (B 1") && stdout.contains("attention_decode"),
         "{stdout}"
     );
+    // And the grouped problem's (GQA groups of 4).
+    assert!(
+        table
+            .entries()
+            .all(|(_, entry)| entry.grouped_decode.is_some()),
+        "{table:?}"
+    );
+    assert!(stdout.contains("grouped decode (B 1"), "{stdout}");
     let info = webattn(&cache, &["info"]);
     let text = String::from_utf8_lossy(&info.stdout);
     assert!(
@@ -133,6 +141,7 @@ fn a_stale_entry_is_ignored_with_a_warning_and_calls_stay_right() {
                 shuffle: false,
                 chunked: false,
             },
+            grouped_decode: None,
             fused_ms: 1.0,
             unfused_ms: 2.0,
             decode: None,
@@ -177,6 +186,7 @@ fn auto_follows_the_measured_path_and_kernel() {
         key_for_d8(gpu),
         TunedEntry {
             kernel: TunedKernel::Portable,
+            grouped_decode: None,
             fused_ms: 2.0,
             unfused_ms: 1.0,
             decode: None,
@@ -219,6 +229,7 @@ fn auto_follows_the_measured_path_and_kernel() {
         key_for_d8(gpu),
         TunedEntry {
             kernel: TunedKernel::Portable,
+            grouped_decode: None,
             fused_ms: 1.0,
             unfused_ms: 2.0,
             decode: None,
@@ -265,6 +276,7 @@ fn decode_follows_the_measured_kernel_where_it_runs() {
             key_for_d8(gpu),
             TunedEntry {
                 kernel: TunedKernel::Portable,
+                grouped_decode: None,
                 fused_ms: 1.0,
                 unfused_ms: 2.0,
                 decode: Some(TunedDecode {
@@ -302,6 +314,66 @@ fn decode_follows_the_measured_kernel_where_it_runs() {
     }
 }
 
+#[test]
+fn calls_with_several_rows_per_workgroup_follow_the_grouped_winner() {
+    let Some(gpu) = common::gpu() else { return };
+    if !gpu.capabilities().unwrap().stream_decode_subgroups() {
+        return;
+    }
+    let shape = StreamShape {
+        lanes: 4,
+        keys_per_step: 1,
+        prefetch: false,
+    };
+    let measured = |grouped: Option<DecodeKernel>| {
+        let mut table = TuningTable::new();
+        table.insert(
+            key_for_d8(gpu),
+            TunedEntry {
+                kernel: TunedKernel::Portable,
+                grouped_decode: grouped.map(|kernel| TunedDecode {
+                    kernel,
+                    decode_ms: 0.25,
+                }),
+                fused_ms: 1.0,
+                unfused_ms: 2.0,
+                decode: Some(TunedDecode {
+                    kernel: DecodeKernel::Staged,
+                    decode_ms: 0.5,
+                }),
+                coop_ms: None,
+                unfused_coop_ms: None,
+                fast_gemm: None,
+                coop_tiles: None,
+            },
+        );
+        let cache = scratch(&format!("grouped-{}", grouped.is_some())).join("tuning.tsv");
+        table.save(&cache).unwrap();
+        engine_with(&cache)
+    };
+    let kernel = |engine: &Engine, heads: [usize; 2], q_len: usize| {
+        let dims = webattn::AttentionDims::plain(1, heads, [q_len, 1024], [8, 8]);
+        engine.gpu().unwrap().decode_plan(&dims).unwrap().kernel
+    };
+    let engine = measured(Some(DecodeKernel::Stream(shape)));
+    // One row per workgroup: the one-row winner; several (a GQA group of 4,
+    // of 2, or an MHA call with 4 query rows): the grouped winner.
+    assert_eq!(kernel(&engine, [4, 4], 1), DecodeKernel::Staged);
+    assert_eq!(kernel(&engine, [4, 1], 1), DecodeKernel::Stream(shape));
+    assert_eq!(kernel(&engine, [4, 2], 1), DecodeKernel::Stream(shape));
+    assert_eq!(kernel(&engine, [4, 4], 4), DecodeKernel::Stream(shape));
+    // Without a grouped measurement (a format 8 cache), the one-row winner.
+    let engine = measured(None);
+    assert_eq!(kernel(&engine, [4, 1], 1), DecodeKernel::Staged);
+    // And the grouped winner's calls stay right.
+    let engine = measured(Some(DecodeKernel::Stream(shape)));
+    let cases = [
+        CaseSpec::new("grouped-decode", [2, 8, 2], [1, 700], [8, 8]),
+        CaseSpec::new("grouped-decode-rows", [1, 4, 4], [3, 600], [8, 8]),
+    ];
+    common::run_cases(&engine, &cases, KernelPath::Fused);
+}
+
 /// Times taken without naga's runtime checks are kept apart from the checked
 /// ones: an engine follows only the entries of its own setting.
 #[test]
@@ -313,6 +385,7 @@ fn entries_timed_without_runtime_checks_are_followed_only_without_them() {
         key_for_d8(gpu).with_runtime_checks(webattn::RuntimeChecks::Off),
         TunedEntry {
             kernel: TunedKernel::Portable,
+            grouped_decode: None,
             fused_ms: 1.0,
             unfused_ms: 2.0,
             decode: None,
@@ -325,7 +398,7 @@ fn entries_timed_without_runtime_checks_are_followed_only_without_them() {
     table.save(&cache).unwrap();
     let text = std::fs::read_to_string(&cache).unwrap();
     assert!(
-        text.lines().nth(2).unwrap().ends_with("\toff\t-\t-\t-"),
+        text.lines().nth(2).unwrap().ends_with("\toff\t-\t-\t-\t-"),
         "{text}"
     );
     let checked = webattn(&cache, &["info"]);

@@ -7,7 +7,7 @@
 use super::capabilities::{Capabilities, KernelLimits};
 use super::choice::{CoopShape, DecodeKernelChoice, FastGemm, FusedKernelChoice, GemmKernel};
 use super::context::GpuContext;
-use super::ops::decode::{DecodeKernel, DecodePlan, StreamShape};
+use super::ops::decode::{DecodeKernel, DecodePlan, StreamShape, GROUPED_ROWS, TUNED_ROWS};
 use super::ops::fused::{CoopTiles, FusedKernel, FusedTiles, TiledTiles};
 use super::registry::CoopSize;
 use crate::error::Result;
@@ -383,7 +383,9 @@ impl GpuContext {
     /// 4). Its kernel: a pinned one (tuner); a forced one
     /// ([`GpuContext::with_decode_kernel`]); else the tuning table's for this
     /// head-dim class where it suits the call's rows per workgroup
-    /// ([`StreamShape::suits`]: the tuner measures one row); else
+    /// ([`StreamShape::suits`]; the tuner measures one row per workgroup and
+    /// [`GROUPED_ROWS`], and a call with several rows tries the grouped
+    /// winner first, one row the one-row winner); else
     /// [`decode_kernel_for`]; in each case the staged kernel where a
     /// streaming shape does not hold the call's rows.
     pub fn decode_plan(&self, dims: &AttentionDims) -> Option<DecodePlan> {
@@ -395,19 +397,34 @@ impl GpuContext {
             (Some(pinned), _) => pinned,
             (None, DecodeKernelChoice::Staged) => DecodeKernel::Staged,
             (None, DecodeKernelChoice::Stream) => chosen(),
-            (None, DecodeKernelChoice::Auto) => self
-                .tuned(dims.head_dim, dims.v_head_dim)
-                .and_then(|entry| entry.decode)
-                .map(|tuned| tuned.kernel)
-                .filter(|kernel| DecodePlan::runnable(*kernel, dims, &self.caps) == *kernel)
-                .filter(|kernel| match kernel {
-                    DecodeKernel::Stream(shape) => {
-                        let rows = DecodePlan::heads_per_workgroup(dims) * dims.q_len;
-                        shape.suits(dims, rows, &self.caps)
-                    }
-                    DecodeKernel::Staged => true,
-                })
-                .unwrap_or_else(chosen),
+            (None, DecodeKernelChoice::Auto) => {
+                let rows = DecodePlan::heads_per_workgroup(dims) * dims.q_len;
+                let entry = self.tuned(dims.head_dim, dims.v_head_dim);
+                let one_row = entry.and_then(|e| e.decode).map(|d| (d, TUNED_ROWS));
+                let grouped = entry
+                    .and_then(|e| e.grouped_decode)
+                    .map(|d| (d, GROUPED_ROWS));
+                // The winner measured at the rows nearest the call's first.
+                let measured = if rows > TUNED_ROWS {
+                    [grouped, one_row]
+                } else {
+                    [one_row, grouped]
+                };
+                measured
+                    .into_iter()
+                    .flatten()
+                    .map(|(tuned, measured_rows)| (tuned.kernel, measured_rows))
+                    .find(|&(kernel, measured_rows)| {
+                        DecodePlan::runnable(kernel, dims, &self.caps) == kernel
+                            && match kernel {
+                                DecodeKernel::Stream(shape) => {
+                                    shape.suits(dims, rows, measured_rows, &self.caps)
+                                }
+                                DecodeKernel::Staged => true,
+                            }
+                    })
+                    .map_or_else(chosen, |(kernel, _)| kernel)
+            }
         };
         Some(DecodePlan::new(dims, &self.caps, kernel))
     }

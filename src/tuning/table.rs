@@ -14,18 +14,21 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::gpu::capabilities::Capabilities;
-use crate::gpu::ops::decode::{DecodeKernel, StreamShape};
+use crate::gpu::ops::decode::{DecodeKernel, StreamShape, GROUPED_ROWS};
 use crate::options::RuntimeChecks;
 
 /// The first line of a cache file of this format.
-pub const HEADER: &str = "# webattn tuning cache, format 8";
+pub const HEADER: &str = "# webattn tuning cache, format 9";
 /// The first lines of the formats before it, still read (their entries were
-/// all timed with runtime checks on but formats 6 and 7's): format 7 (no
+/// all timed with runtime checks on but formats 6 to 8's): format 8 (no
+/// grouped decode column: grouped calls follow the one-row winner where it
+/// suits them), format 7 (no
 /// matrix-unit tile column: those calls take the largest tiles that fit),
 /// format 6 (no matrix-unit GEMM columns), format 5 (no runtime-checks column),
 /// format 4 (no decode prefetch column), format 3 (no unfused matrix-unit
 /// column), format 2 (no matrix-unit column), format 1 (no decode or prefetch
 /// columns either).
+const HEADER_8: &str = "# webattn tuning cache, format 8";
 const HEADER_7: &str = "# webattn tuning cache, format 7";
 const HEADER_6: &str = "# webattn tuning cache, format 6";
 const HEADER_5: &str = "# webattn tuning cache, format 5";
@@ -33,7 +36,7 @@ const HEADER_4: &str = "# webattn tuning cache, format 4";
 const HEADER_3: &str = "# webattn tuning cache, format 3";
 const HEADER_2: &str = "# webattn tuning cache, format 2";
 const HEADER_1: &str = "# webattn tuning cache, format 1";
-const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms\tdecode_kernel\tL\tKB\tdecode_ms\tprefetch\tcoop_ms\tunfused_coop_ms\tdecode_prefetch\truntime_checks\tfast_gemm\tfast_gemm_ms\tcoop_tiles";
+const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms\tdecode_kernel\tL\tKB\tdecode_ms\tprefetch\tcoop_ms\tunfused_coop_ms\tdecode_prefetch\truntime_checks\tfast_gemm\tfast_gemm_ms\tcoop_tiles\tgrouped_decode";
 
 /// What a measurement is about: one adapter and driver under one
 /// workgroup-memory limit, at one head-dim class (head dims rounded up to 4),
@@ -132,8 +135,14 @@ pub struct TunedEntry {
     pub fused_ms: f64,
     /// The unfused path's median time on the same problem, in ms.
     pub unfused_ms: f64,
-    /// The fastest decode kernel on the decode problem, where measured.
+    /// The fastest decode kernel on the decode problem (one query row per
+    /// workgroup), where measured.
     pub decode: Option<TunedDecode>,
+    /// The fastest decode kernel on the grouped decode problem (the query
+    /// heads of a GQA group of [`GROUPED_ROWS`] per workgroup, one row each),
+    /// where measured: calls with several rows per workgroup take it where
+    /// it suits them.
+    pub grouped_decode: Option<TunedDecode>,
     /// The matrix-unit fused kernel's median time on the prefill problem at
     /// `Precision::Fast`, where the adapter has one: calls at `Fast` take it
     /// only where it is not measured slower than `fused_ms`.
@@ -206,6 +215,63 @@ pub struct TunedDecode {
     pub kernel: DecodeKernel,
     /// Its median time, in ms.
     pub decode_ms: f64,
+}
+
+impl TunedDecode {
+    /// The grouped decode column's text: the kernel (`staged`, or the
+    /// streaming kernel's `L{lanes}xKB{keys per step}`, `-prefetch` where it
+    /// prefetches), the rows per workgroup it was measured at and its time:
+    /// `L16xKB2/4/0.412000`.
+    pub fn grouped_text(&self) -> String {
+        let kernel = match self.kernel {
+            DecodeKernel::Staged => "staged".to_string(),
+            DecodeKernel::Stream(shape) => format!(
+                "L{}xKB{}{}",
+                shape.lanes,
+                shape.keys_per_step,
+                if shape.prefetch { "-prefetch" } else { "" }
+            ),
+        };
+        format!("{kernel}/{GROUPED_ROWS}/{:.6}", self.decode_ms)
+    }
+
+    /// Reads [`TunedDecode::grouped_text`]'s form: `None` where it was
+    /// measured at other rows per workgroup than the tuner's now (a stale
+    /// measurement, which the one-row winner stands in for).
+    fn from_grouped_text(text: &str) -> std::result::Result<Option<TunedDecode>, String> {
+        let bad = || format!("grouped decode {text:?} is not KERNEL/ROWS/MS");
+        let mut parts = text.split('/');
+        let (Some(kernel), Some(rows), Some(ms), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad());
+        };
+        let kernel = match kernel {
+            "staged" => DecodeKernel::Staged,
+            shape => {
+                let (shape, prefetch) = match shape.strip_suffix("-prefetch") {
+                    Some(shape) => (shape, true),
+                    None => (shape, false),
+                };
+                let (lanes, keys) = shape
+                    .strip_prefix('L')
+                    .and_then(|s| s.split_once("xKB"))
+                    .ok_or_else(bad)?;
+                DecodeKernel::Stream(StreamShape {
+                    lanes: lanes.parse().map_err(|_| bad())?,
+                    keys_per_step: keys.parse().map_err(|_| bad())?,
+                    prefetch,
+                })
+            }
+        };
+        let rows: usize = rows.parse().map_err(|_| bad())?;
+        let decode_ms = ms
+            .parse::<f64>()
+            .ok()
+            .filter(|t| t.is_finite() && *t >= 0.0)
+            .ok_or_else(bad)?;
+        Ok((rows == GROUPED_ROWS).then_some(TunedDecode { kernel, decode_ms }))
+    }
 }
 
 /// Where an engine's tuning table comes from ([`crate::EngineOptions::tuning_cache`]).
@@ -296,7 +362,8 @@ impl TuningTable {
         match lines.next() {
             Some((_, first))
                 if [
-                    HEADER, HEADER_7, HEADER_6, HEADER_5, HEADER_4, HEADER_3, HEADER_2, HEADER_1,
+                    HEADER, HEADER_8, HEADER_7, HEADER_6, HEADER_5, HEADER_4, HEADER_3, HEADER_2,
+                    HEADER_1,
                 ]
                 .contains(&first.trim_end()) => {}
             Some((_, first)) => {
@@ -364,8 +431,11 @@ impl TuningTable {
             let coop_tiles = entry
                 .coop_tiles
                 .map_or_else(|| "-".to_string(), |t| t.name());
+            let grouped = entry
+                .grouped_decode
+                .map_or_else(|| "-".to_string(), |d| d.grouped_text());
             out.push_str(&format!(
-                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\t{decode}\t{prefetch}\t{coop}\t{unfused_coop}\t{decode_prefetch}\t{}\t{fast_gemm}\t{coop_tiles}\n",
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\t{decode}\t{prefetch}\t{coop}\t{unfused_coop}\t{decode_prefetch}\t{}\t{fast_gemm}\t{coop_tiles}\t{grouped}\n",
                 clean(&key.adapter),
                 clean(&key.backend),
                 clean(&key.driver),
@@ -452,9 +522,10 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
     // (no matrix-unit column), 19 in format 3 (no unfused matrix-unit
     // column), 20 in format 4 (no decode prefetch column), 21 in format 5
     // (no runtime-checks column), 22 in format 6 (no matrix-unit GEMM
-    // columns), 24 in format 7 (no matrix-unit tile column), 25 in format 8.
-    if ![13, 18, 19, 20, 21, 22, 24, 25].contains(&fields.len()) {
-        return Err(format!("{} fields, expected 25", fields.len()));
+    // columns), 24 in format 7 (no matrix-unit tile column), 25 in format 8
+    // (no grouped decode column), 26 in format 9.
+    if ![13, 18, 19, 20, 21, 22, 24, 25, 26].contains(&fields.len()) {
+        return Err(format!("{} fields, expected 26", fields.len()));
     }
     let number = |i: usize, what: &str| -> std::result::Result<u32, String> {
         fields[i]
@@ -565,8 +636,14 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
                 .ok_or_else(|| format!("matrix-unit tiles {name:?} are not SUBGROUPSxKEYS"))?,
         ),
     };
+    // Before format 9 the tuner timed one row per workgroup only.
+    let grouped_decode = match fields.get(25).map(|f| f.trim()) {
+        None | Some("-") => None,
+        Some(text) => TunedDecode::from_grouped_text(text)?,
+    };
     let entry = TunedEntry {
         kernel,
+        grouped_decode,
         fused_ms: time(11, "fused_ms")?,
         unfused_ms: time(12, "unfused_ms")?,
         decode,
@@ -608,6 +685,14 @@ mod tests {
                     shuffle: false,
                     chunked: false,
                 },
+                grouped_decode: Some(TunedDecode {
+                    kernel: DecodeKernel::Stream(StreamShape {
+                        lanes: 16,
+                        keys_per_step: 4,
+                        prefetch: true,
+                    }),
+                    decode_ms: 0.25,
+                }),
                 fused_ms: 1.5,
                 unfused_ms: 4.25,
                 decode: Some(TunedDecode {
@@ -638,6 +723,7 @@ mod tests {
             key(32),
             TunedEntry {
                 kernel: TunedKernel::Portable,
+                grouped_decode: None,
                 fused_ms: 3.0,
                 unfused_ms: 2.0,
                 decode: None,
@@ -678,6 +764,7 @@ mod tests {
                 key(16),
                 TunedEntry {
                     kernel,
+                    grouped_decode: None,
                     fused_ms: 1.0,
                     unfused_ms: 2.0,
                     decode: None,
@@ -697,6 +784,46 @@ mod tests {
             assert_eq!(back, table);
             assert_eq!(kernel.name(), name);
         }
+    }
+
+    #[test]
+    fn format_8_lines_read_without_a_grouped_decode_entry_and_a_stale_one_is_dropped() {
+        let text = sample().to_text();
+        assert!(text.contains("\tL16xKB4-prefetch/4/0.250000\n"), "{text}");
+        let old: Vec<String> = text
+            .lines()
+            .enumerate()
+            .map(|(i, line)| match i {
+                0 => HEADER_8.to_string(),
+                1 => line.to_string(),
+                _ => line.split('\t').take(25).collect::<Vec<_>>().join("\t"),
+            })
+            .collect();
+        let (table, warnings) = TuningTable::parse(&old.join("\n"));
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(table.len(), 2);
+        assert!(table.entries().all(|(_, e)| e.grouped_decode.is_none()));
+        assert!(table.entries().any(|(_, e)| e.decode.is_some()));
+        // Measured at other rows per workgroup: dropped, the entry kept.
+        let stale = text.replace("L16xKB4-prefetch/4/", "L16xKB4-prefetch/8/");
+        let (table, warnings) = TuningTable::parse(&stale);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(table.len(), 2);
+        assert!(table.entries().all(|(_, e)| e.grouped_decode.is_none()));
+        // The staged kernel reads back; a malformed column refuses its line.
+        let staged = TunedDecode {
+            kernel: DecodeKernel::Staged,
+            decode_ms: 1.5,
+        };
+        assert_eq!(staged.grouped_text(), "staged/4/1.500000");
+        assert_eq!(
+            TunedDecode::from_grouped_text(&staged.grouped_text()),
+            Ok(Some(staged))
+        );
+        let bad = text.replace("L16xKB4-prefetch/4/", "L16xKB/4/");
+        let (table, warnings) = TuningTable::parse(&bad);
+        assert_eq!(table.len(), 1);
+        assert!(warnings[0].contains("grouped decode"), "{warnings:?}");
     }
 
     #[test]
@@ -815,6 +942,7 @@ mod tests {
                 unfused_ms: ms,
             });
             entry.coop_tiles = None;
+            entry.grouped_decode = None;
             table.insert(key, entry);
         }
         table
@@ -848,7 +976,10 @@ mod tests {
     #[test]
     fn format_7_lines_keep_no_matrix_unit_tiles_and_malformed_tiles_are_refused() {
         let text = sample().to_text();
-        assert!(text.contains("\tpacked4x2\t0.750000\t2x32\n"), "{text}");
+        assert!(
+            text.contains("\tpacked4x2\t0.750000\t2x32\tL16xKB4-prefetch/4/0.250000\n"),
+            "{text}"
+        );
         let old: Vec<String> = text
             .lines()
             .enumerate()
@@ -863,11 +994,12 @@ mod tests {
         let mut expected = sample();
         let mut entry = *expected.get(&key(16)).unwrap();
         entry.coop_tiles = None;
+        entry.grouped_decode = None;
         expected.insert(key(16), entry);
         assert_eq!(table, expected);
         for bad in ["2x", "0x32", "twox32"] {
             let (table, warnings) =
-                TuningTable::parse(&text.replace("\t2x32\n", &format!("\t{bad}\n")));
+                TuningTable::parse(&text.replace("\t2x32\t", &format!("\t{bad}\t")));
             assert_eq!(table.len(), 1, "{bad}");
             assert!(warnings[0].contains("matrix-unit tiles"), "{warnings:?}");
         }
@@ -905,6 +1037,7 @@ mod tests {
             k,
             TunedEntry {
                 kernel: TunedKernel::Subgroup,
+                grouped_decode: None,
                 fused_ms: 1.0,
                 unfused_ms: 1.0,
                 decode: Some(TunedDecode {
@@ -928,6 +1061,7 @@ mod tests {
         let unchecked = key(16).with_runtime_checks(RuntimeChecks::Off);
         let entry = TunedEntry {
             kernel: TunedKernel::Portable,
+            grouped_decode: None,
             fused_ms: 0.5,
             unfused_ms: 1.0,
             decode: None,
@@ -959,7 +1093,7 @@ mod tests {
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(old, without_fast_gemm(sample()));
         let (bad, warnings) =
-            TuningTable::parse(&text.replace("\toff\t-\t-\t-\n", "\tmaybe\t-\t-\t-\n"));
+            TuningTable::parse(&text.replace("\toff\t-\t-\t-\t-\n", "\tmaybe\t-\t-\t-\t-\n"));
         assert_eq!(bad.len(), 2);
         assert!(warnings[0].contains("runtime_checks"), "{warnings:?}");
     }

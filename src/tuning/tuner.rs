@@ -7,7 +7,7 @@ use crate::bench::{measure_gpu, Repeats};
 use crate::conformance::{CaseInputs, CaseSpec};
 use crate::error::{Error, Result};
 use crate::gpu::choice::{FastGemm, GemmKernel};
-use crate::gpu::ops::decode::{DecodeKernel, DecodePlan, StreamShape};
+use crate::gpu::ops::decode::{DecodeKernel, DecodePlan, StreamShape, GROUPED_ROWS};
 use crate::gpu::ops::fused::{CoopTiles, FusedKernel, FusedTiles, TiledTiles};
 use crate::problem::AttentionDims;
 use crate::{AttentionInputs, AttentionOptions, Engine, FusedKernelChoice, KernelPath, Precision};
@@ -22,7 +22,8 @@ pub struct TuningProblem {
     /// Query and key length.
     pub seq: usize,
     /// Heads of the decode problem (batch 1, as many KV heads, one query row
-    /// each).
+    /// each); the grouped decode problem has as many query heads in GQA
+    /// groups of [`GROUPED_ROWS`] (a quarter as many KV heads).
     pub decode_heads: usize,
     /// Keys of the decode problem.
     pub decode_keys: usize,
@@ -115,6 +116,9 @@ pub struct TuneReport {
     /// Every decode kernel timed on the decode problem, fastest first (empty
     /// where the decode kernels do not apply).
     pub decode_timings: Vec<Timed>,
+    /// Every decode kernel timed on the grouped decode problem (GQA groups
+    /// of [`GROUPED_ROWS`] query heads), fastest first.
+    pub grouped_decode_timings: Vec<Timed>,
     /// What the table now holds for this class.
     pub entry: TunedEntry,
 }
@@ -168,6 +172,74 @@ fn decode_problem(heads: usize, keys: usize, head_dims: [usize; 2]) -> Attention
     AttentionDims::plain(1, [heads, heads], [1, keys], head_dims)
 }
 
+/// The grouped decode problem's dims: batch 1, `heads` query heads (at least
+/// [`GROUPED_ROWS`], rounded down to a multiple of it) in GQA groups of
+/// [`GROUPED_ROWS`] over their KV heads, one query row each: [`GROUPED_ROWS`]
+/// rows per workgroup.
+fn grouped_decode_problem(heads: usize, keys: usize, head_dims: [usize; 2]) -> AttentionDims {
+    let heads = (heads / GROUPED_ROWS).max(1) * GROUPED_ROWS;
+    AttentionDims::plain(1, [heads, heads / GROUPED_ROWS], [1, keys], head_dims)
+}
+
+/// Times every decode kernel that runs the decode problem `dims` on
+/// `engine`'s adapter (inputs from `seed`), each on an engine of its own that
+/// runs only it, into `timings` (fastest first); the fastest, or `None` where
+/// the decode kernels do not apply or none ran. `what` names the problem in
+/// `progress`.
+async fn time_decode(
+    engine: &Engine,
+    dims: &AttentionDims,
+    seed: u64,
+    what: &str,
+    timings: &mut Vec<Timed>,
+    progress: &mut impl FnMut(&str),
+) -> Result<Option<TunedDecode>> {
+    let ctx = engine.gpu().ok_or(Error::Conflict(
+        "tuning needs a GPU engine; this one runs on the CPU",
+    ))?;
+    let kernels = decode_candidates(engine, dims)?;
+    if kernels.is_empty() {
+        return Ok(None);
+    }
+    let (dk, dv) = (dims.head_dim, dims.v_head_dim);
+    let case = CaseSpec::new(
+        "tune-decode",
+        [dims.batch, dims.q_heads, dims.kv_heads],
+        [dims.q_len, dims.kv_len],
+        [dk, dv],
+    );
+    let inputs = case.generate(seed)?;
+    let mut best: Option<TunedDecode> = None;
+    for kernel in kernels {
+        let label = kernel.label();
+        progress(&format!("head dims {dk}/{dv}: {what} {label}"));
+        let pinned = Engine::from_context(ctx.clone().with_pinned_decode(kernel));
+        let Some(ms) = left_out(
+            time_call(&pinned, &inputs, KernelPath::Fused, Precision::Highest).await,
+            |why| {
+                progress(&format!(
+                    "head dims {dk}/{dv}: {what} {label} left out: {why}"
+                ))
+            },
+        )?
+        else {
+            continue;
+        };
+        timings.push(Timed {
+            label,
+            median_ms: ms,
+        });
+        if best.is_none_or(|b| ms < b.decode_ms) {
+            best = Some(TunedDecode {
+                kernel,
+                decode_ms: ms,
+            });
+        }
+    }
+    timings.sort_by(|a, b| a.median_ms.total_cmp(&b.median_ms));
+    Ok(best)
+}
+
 /// Every decode kernel that can run the decode problem `dims` on the
 /// engine's adapter: the staged kernel and each shape of the streaming kernel
 /// that fits (on a CPU adapter, the first one only). Empty where the decode
@@ -215,6 +287,39 @@ pub fn fast_gemm_candidates(ctx: &crate::GpuContext) -> Vec<FastGemm> {
         .collect()
 }
 
+/// The median time of `path` on `engine` (whose tensors are its own) on
+/// `inputs` at `precision`, in ms: one warm-up, three timed runs.
+async fn time_call(
+    engine: &Engine,
+    inputs: &CaseInputs,
+    path: KernelPath,
+    precision: Precision,
+) -> Result<f64> {
+    let repeats = Repeats {
+        warmup: 1,
+        timed: 3,
+    };
+    let (q, k, v) = (
+        engine.upload(&inputs.q)?,
+        engine.upload(&inputs.k)?,
+        engine.upload(&inputs.v)?,
+    );
+    let device_inputs = AttentionInputs::new(&q, &k, &v);
+    let options = AttentionOptions {
+        path,
+        precision,
+        ..Default::default()
+    };
+    let ctx = engine.gpu().ok_or(Error::Conflict(
+        "tuning needs a GPU engine; this one runs on the CPU",
+    ))?;
+    let m = measure_gpu(ctx, repeats, async || {
+        engine.attention(&device_inputs, &options).await.map(|_| ())
+    })
+    .await?;
+    Ok(m.median_ms())
+}
+
 /// A candidate's time, or `None` when it failed in a way that leaves the
 /// device usable (a pipeline the driver refused, say), which `note` hears:
 /// one candidate that cannot run here must not stop the tuning. A lost
@@ -245,35 +350,6 @@ pub async fn tune(
         "tuning needs a GPU engine; this one runs on the CPU",
     ))?;
     let problem = TuningProblem::for_device_type(&ctx.capabilities().adapter.device_type);
-    let repeats = Repeats {
-        warmup: 1,
-        timed: 3,
-    };
-    // Times one configuration: `path` on `engine` (whose tensors are its
-    // own) on `inputs`.
-    let time = async |engine: &Engine,
-                      inputs: &CaseInputs,
-                      path: KernelPath,
-                      precision: Precision|
-           -> Result<f64> {
-        let (q, k, v) = (
-            engine.upload(&inputs.q)?,
-            engine.upload(&inputs.k)?,
-            engine.upload(&inputs.v)?,
-        );
-        let device_inputs = AttentionInputs::new(&q, &k, &v);
-        let options = AttentionOptions {
-            path,
-            precision,
-            ..Default::default()
-        };
-        let ctx = engine.gpu().expect("a GPU engine");
-        let m = measure_gpu(ctx, repeats, async || {
-            engine.attention(&device_inputs, &options).await.map(|_| ())
-        })
-        .await?;
-        Ok(m.median_ms())
-    };
     let mut reports = Vec::new();
     for &(dk, dv) in head_dims {
         let case = CaseSpec::new(
@@ -291,7 +367,7 @@ pub async fn tune(
             // An engine of its own on the same device, running only this kernel.
             let pinned = Engine::from_context(ctx.clone().with_pinned_fused_kernel(kernel));
             let Some(ms) = left_out(
-                time(&pinned, &inputs, KernelPath::Fused, Precision::Highest).await,
+                time_call(&pinned, &inputs, KernelPath::Fused, Precision::Highest).await,
                 |why| progress(&format!("head dims {dk}/{dv}: {label} left out: {why}")),
             )?
             else {
@@ -308,7 +384,7 @@ pub async fn tune(
             }
         }
         progress(&format!("head dims {dk}/{dv}: unfused"));
-        let unfused = time(engine, &inputs, KernelPath::Unfused, Precision::Highest).await?;
+        let unfused = time_call(engine, &inputs, KernelPath::Unfused, Precision::Highest).await?;
         timings.push(Timed {
             label: "unfused".to_string(),
             median_ms: unfused,
@@ -332,7 +408,7 @@ pub async fn tune(
                     .with_pinned_coop_tiles(tuned),
             );
             if let Some(ms) = left_out(
-                time(&coop, &inputs, KernelPath::Fused, Precision::Fast).await,
+                time_call(&coop, &inputs, KernelPath::Fused, Precision::Fast).await,
                 |why| progress(&format!("head dims {dk}/{dv}: {label} left out: {why}")),
             )? {
                 timings.push(Timed {
@@ -361,7 +437,7 @@ pub async fn tune(
                     .with_pinned_fast_gemm(form),
             );
             if let Some(ms) = left_out(
-                time(&coop, &inputs, KernelPath::Unfused, Precision::Fast).await,
+                time_call(&coop, &inputs, KernelPath::Unfused, Precision::Fast).await,
                 |why| progress(&format!("head dims {dk}/{dv}: {label} left out: {why}")),
             )? {
                 timings.push(Timed {
@@ -378,60 +454,35 @@ pub async fn tune(
             }
         }
         drop(inputs);
-        // The decode problem: one query row per head over many keys
-        // (decode::TUNED_ROWS rows per workgroup).
+        // The decode problems: one query row per head over many keys
+        // (decode::TUNED_ROWS rows per workgroup), and the query heads of GQA
+        // groups of decode::GROUPED_ROWS over as many keys.
         let decode_heads = problem.decode_heads_within(
             ctx.capabilities().limits.max_storage_buffer_binding_size,
             dk,
             dv,
         );
-        let decode_dims = decode_problem(decode_heads, problem.decode_keys, [dk, dv]);
-        let decode_case = CaseSpec::new(
-            "tune-decode",
-            [decode_dims.batch, decode_dims.q_heads, decode_dims.kv_heads],
-            [decode_dims.q_len, decode_dims.kv_len],
-            [decode_dims.head_dim, decode_dims.v_head_dim],
-        );
-        let mut decode: Option<TunedDecode> = None;
         let mut decode_timings = Vec::new();
-        let decode_kernels = decode_candidates(engine, &decode_dims)?;
-        if !decode_kernels.is_empty() {
-            let decode_inputs = decode_case.generate(11)?;
-            for kernel in decode_kernels {
-                let label = kernel.label();
-                progress(&format!("head dims {dk}/{dv}: decode {label}"));
-                let pinned = Engine::from_context(ctx.clone().with_pinned_decode(kernel));
-                let Some(ms) = left_out(
-                    time(
-                        &pinned,
-                        &decode_inputs,
-                        KernelPath::Fused,
-                        Precision::Highest,
-                    )
-                    .await,
-                    |why| {
-                        progress(&format!(
-                            "head dims {dk}/{dv}: decode {label} left out: {why}"
-                        ))
-                    },
-                )?
-                else {
-                    continue;
-                };
-                decode_timings.push(Timed {
-                    label,
-                    median_ms: ms,
-                });
-                if decode.is_none_or(|best| ms < best.decode_ms) {
-                    decode = Some(TunedDecode {
-                        kernel,
-                        decode_ms: ms,
-                    });
-                }
-            }
-        }
+        let decode = time_decode(
+            engine,
+            &decode_problem(decode_heads, problem.decode_keys, [dk, dv]),
+            11,
+            "decode",
+            &mut decode_timings,
+            &mut progress,
+        )
+        .await?;
+        let mut grouped_decode_timings = Vec::new();
+        let grouped_decode = time_decode(
+            engine,
+            &grouped_decode_problem(decode_heads, problem.decode_keys, [dk, dv]),
+            13,
+            "grouped decode",
+            &mut grouped_decode_timings,
+            &mut progress,
+        )
+        .await?;
         timings.sort_by(|a, b| a.median_ms.total_cmp(&b.median_ms));
-        decode_timings.sort_by(|a, b| a.median_ms.total_cmp(&b.median_ms));
         let (kernel, fused_ms) = best.ok_or(Error::Conflict(
             "no fused kernel ran at these head dims on this adapter",
         ))?;
@@ -440,6 +491,7 @@ pub async fn tune(
             fused_ms,
             unfused_ms: unfused,
             decode,
+            grouped_decode,
             coop_ms,
             unfused_coop_ms,
             fast_gemm,
@@ -454,6 +506,7 @@ pub async fn tune(
             },
             timings,
             decode_timings,
+            grouped_decode_timings,
             entry,
         });
     }
@@ -479,6 +532,19 @@ mod tests {
         assert_eq!(left_out(Ok(1.5), |_| unreachable!()).ok(), Some(Some(1.5)));
         let lost = left_out(Err(Error::DeviceLost("reset".to_string())), |_| {});
         assert!(matches!(lost, Err(Error::DeviceLost(_))));
+    }
+
+    #[test]
+    fn the_grouped_decode_problem_has_the_grouped_rows_per_workgroup() {
+        for heads in [1, 4, 6, 128] {
+            let dims = grouped_decode_problem(heads, 4096, [128, 128]);
+            assert_eq!(
+                DecodePlan::heads_per_workgroup(&dims) * dims.q_len,
+                GROUPED_ROWS
+            );
+            assert_eq!(dims.q_heads % GROUPED_ROWS, 0, "{heads}");
+            assert!(dims.q_heads <= heads.max(GROUPED_ROWS), "{heads}");
+        }
     }
 
     #[test]

@@ -281,8 +281,8 @@ export declare class WebAttn {
     options?: { path?: AttentionOptions["path"]; warmup?: number; timed?: number }): Promise<{ path: string; medianMs: number; gflops: number; samplesMs: number[] }>;
   /**
    * Tunes this adapter (as `webattn tune` does natively): times every fused kernel and tile that fits, and
-   * the unfused path, per head-dim class, and the decode kernels on one query row per head over many keys,
-   * and keeps the fastest in the engine's tuning table (in memory), which later calls follow. Rejects with
+   * the unfused path, per head-dim class, and the decode kernels on one query row per head over many keys
+   * (one KV head per query head, and GQA groups of 4), and keeps the fastest in the engine's tuning table (in memory), which later calls follow. Rejects with
    * `Conflict` on the CPU backend.
    */
   tune(options?: { headDims?: (number | [number, number])[] }, onProgress?: (label: string) => void): Promise<{
@@ -292,6 +292,8 @@ export declare class WebAttn {
     timings: { label: string; medianMs: number }[];
     /** Every decode kernel timed on the decode problem, fastest first (empty where decoding does not apply). */
     decodeTimings: { label: string; medianMs: number }[];
+    /** Every decode kernel timed on the grouped decode problem (GQA groups of 4 query heads), fastest first. */
+    groupedDecodeTimings: { label: string; medianMs: number }[];
     /** The fastest fused kernel, which calls at these head dims now use. */
     kernel: string;
     fusedMs: number;
@@ -299,6 +301,9 @@ export declare class WebAttn {
     /** The fastest decode kernel (null where decoding does not apply), which decode calls now use. */
     decodeKernel: string | null;
     decodeMs: number | null;
+    /** The fastest decode kernel on the grouped problem, which decode calls with several rows per workgroup now use where it suits them. */
+    groupedDecodeKernel: string | null;
+    groupedDecodeMs: number | null;
   }[]>;
   /** A multi-head attention layer: weights `[out, in]`, biases optional, RoPE optional. */
   multiHeadAttention(config: {

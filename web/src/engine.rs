@@ -501,9 +501,11 @@ impl EngineCore {
     /// fastest in the engine's tuning table (in memory in the browser), which
     /// later calls follow. `progress(label)` before each configuration.
     /// Returns `[{headDims, problem: {heads, seq, decodeHeads, decodeKeys}, timings: [{label,
-    /// medianMs}], decodeTimings: [{label, medianMs}], kernel, fusedMs,
-    /// unfusedMs, decodeKernel, decodeMs}]` (`decodeKernel` and `decodeMs`
-    /// null where the decode kernels do not apply).
+    /// medianMs}], decodeTimings: [{label, medianMs}], groupedDecodeTimings,
+    /// kernel, fusedMs, unfusedMs, decodeKernel, decodeMs,
+    /// groupedDecodeKernel, groupedDecodeMs}]` (the decode fields null or
+    /// empty where the decode kernels do not apply; the grouped ones are the
+    /// decode kernels timed on GQA groups of 4 query heads).
     pub async fn tune(
         &self,
         options: JsValue,
@@ -573,17 +575,31 @@ impl EngineCore {
             };
             set(&item, "timings", rows(&r.timings));
             set(&item, "decodeTimings", rows(&r.decode_timings));
+            set(
+                &item,
+                "groupedDecodeTimings",
+                rows(&r.grouped_decode_timings),
+            );
             set(&item, "kernel", r.entry.kernel.name());
             set(&item, "fusedMs", r.entry.fused_ms);
             set(&item, "unfusedMs", r.entry.unfused_ms);
-            match r.entry.decode {
-                Some(d) => {
-                    set(&item, "decodeKernel", d.kernel.label().as_str());
-                    set(&item, "decodeMs", d.decode_ms);
-                }
-                None => {
-                    set(&item, "decodeKernel", JsValue::NULL);
-                    set(&item, "decodeMs", JsValue::NULL);
+            for (decode, kernel, ms) in [
+                (r.entry.decode, "decodeKernel", "decodeMs"),
+                (
+                    r.entry.grouped_decode,
+                    "groupedDecodeKernel",
+                    "groupedDecodeMs",
+                ),
+            ] {
+                match decode {
+                    Some(d) => {
+                        set(&item, kernel, d.kernel.label().as_str());
+                        set(&item, ms, d.decode_ms);
+                    }
+                    None => {
+                        set(&item, kernel, JsValue::NULL);
+                        set(&item, ms, JsValue::NULL);
+                    }
                 }
             }
             out.push(&item);

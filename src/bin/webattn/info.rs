@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use serde_json::json;
+use webattn::gpu::ops::decode::GROUPED_ROWS;
 use webattn::{BackendKind, Engine};
 
 /// Arguments of `webattn info`.
@@ -70,6 +71,8 @@ fn describe(engine: &Engine) -> serde_json::Value {
             "fused_ms": e.fused_ms, "unfused_ms": e.unfused_ms,
             "decode_kernel": e.decode.map(|d| d.kernel.label()),
             "decode_ms": e.decode.map(|d| d.decode_ms),
+            "grouped_decode_kernel": e.grouped_decode.map(|d| d.kernel.label()),
+            "grouped_decode_ms": e.grouped_decode.map(|d| d.decode_ms),
             "coop_ms": e.coop_ms, "unfused_coop_ms": e.unfused_coop_ms,
             "fast_gemm": e.fast_gemm.map(|g| g.form.name()),
             "coop_tiles": e.coop_tiles.map(|t| t.name()),
@@ -144,6 +147,13 @@ fn tuning_text(engine: &Engine, ctx: &webattn::GpuContext) -> String {
         if let Some(decode) = entry.decode {
             out += &format!(
                 "    decode: {} {:.3} ms\n",
+                decode.kernel.label(),
+                decode.decode_ms
+            );
+        }
+        if let Some(decode) = entry.grouped_decode {
+            out += &format!(
+                "    decode, GQA groups of {GROUPED_ROWS}: {} {:.3} ms\n",
                 decode.kernel.label(),
                 decode.decode_ms
             );

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
+use webattn::gpu::ops::decode::GROUPED_ROWS;
 
 /// Arguments of `webattn tune`.
 #[derive(clap::Args, Debug)]
@@ -161,6 +162,19 @@ fn print_reports(reports: &[webattn::tuning::TuneReport]) {
                 report.problem.decode_heads, report.problem.decode_keys
             );
             for (i, t) in report.decode_timings.iter().enumerate() {
+                let mark = if i == 0 { "  <- fastest, chosen" } else { "" };
+                println!("  {:>10.3} ms  {}{mark}", t.median_ms, t.label);
+            }
+        }
+        if !report.grouped_decode_timings.is_empty() {
+            let heads = report.problem.decode_heads / GROUPED_ROWS * GROUPED_ROWS;
+            println!(
+                "  grouped decode (B 1, H {} over {} KV heads, one query row, {} keys; calls with several rows per workgroup):",
+                heads.max(GROUPED_ROWS),
+                (heads / GROUPED_ROWS).max(1),
+                report.problem.decode_keys
+            );
+            for (i, t) in report.grouped_decode_timings.iter().enumerate() {
                 let mark = if i == 0 { "  <- fastest, chosen" } else { "" };
                 println!("  {:>10.3} ms  {}{mark}", t.median_ms, t.label);
             }

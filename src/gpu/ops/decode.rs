@@ -23,6 +23,10 @@ pub const MAX_WORKGROUP_ROWS: usize = 16;
 /// Rows per workgroup of the decode problem `webattn tune` times (one query
 /// row per head, as many KV heads as query heads).
 pub const TUNED_ROWS: usize = 1;
+/// Rows per workgroup of the grouped decode problem `webattn tune` also
+/// times: the query heads of a GQA group of 4, one row each (32 query heads
+/// over 8 KV heads, as Llama's layers have).
+pub const GROUPED_ROWS: usize = 4;
 /// Keys from which a few query rows go to the decode kernel instead of the fused one.
 pub const MIN_KEYS: usize = 512;
 /// Keys per tile of the staged kernel (one per invocation); splits are
@@ -152,15 +156,22 @@ impl StreamShape {
             .copied()
     }
 
-    /// Whether this shape, measured fastest by `webattn tune` on its decode
-    /// problem ([`TUNED_ROWS`] rows per workgroup), also suits a call with
-    /// `rows` rows per workgroup on a GPU: where a lane's registers for them
-    /// stay within the budget, within what it held when measured, or within
-    /// what the untuned choice would hold. (The tuner measures one row; a
+    /// Whether this shape, measured fastest by `webattn tune` on a decode
+    /// problem of `measured_rows` rows per workgroup ([`TUNED_ROWS`], or
+    /// [`GROUPED_ROWS`]), also suits a call with `rows` rows per workgroup on
+    /// a GPU: where a lane's registers for them stay within the budget,
+    /// within what it held when measured, or within what the untuned choice
+    /// would hold. (The tuner measures one row; a
     /// lane of the same shape holds 4 rows' Q and O for a GQA group of 4,
     /// and teams of 8 at d 128 would spill: BENCHMARKS.md.) Always on a CPU
     /// adapter, which has no such budget.
-    pub fn suits(&self, dims: &AttentionDims, rows: usize, caps: &Capabilities) -> bool {
+    pub fn suits(
+        &self,
+        dims: &AttentionDims,
+        rows: usize,
+        measured_rows: usize,
+        caps: &Capabilities,
+    ) -> bool {
         if caps.adapter.device_type == "Cpu" {
             return true;
         }
@@ -168,7 +179,7 @@ impl StreamShape {
             StreamShape::choose(dims, rows, caps).map_or(usize::MAX, |s| s.registers(dims, rows));
         self.registers(dims, rows)
             <= STREAM_REGISTERS
-                .max(self.registers(dims, TUNED_ROWS))
+                .max(self.registers(dims, measured_rows))
                 .max(untuned)
     }
 
@@ -553,12 +564,18 @@ mod tests {
         let mha = dims(8, 32, 32, 1, 16384);
         let gqa4 = dims(8, 32, 8, 1, 16384);
         // Measured on one row: it suits one row, whatever its registers.
-        assert!(shape(8, 2).suits(&mha, 1, &gpu));
-        assert!(shape(8, 4).suits(&mha, 1, &gpu)); // 40 vec4s, as measured
-                                                   // Four rows in teams of 8 hold 48 where teams of 16 hold 24: the
-                                                   // untuned choice instead.
-        assert!(!shape(8, 2).suits(&gqa4, 4, &gpu));
-        assert!(shape(16, 2).suits(&gqa4, 4, &gpu));
+        assert!(shape(8, 2).suits(&mha, 1, TUNED_ROWS, &gpu));
+        // (40 vec4s, as measured.)
+        assert!(shape(8, 4).suits(&mha, 1, TUNED_ROWS, &gpu));
+        // Four rows in teams of 8 hold 48 where teams of 16 hold 24: the
+        // untuned choice instead.
+        assert!(!shape(8, 2).suits(&gqa4, 4, TUNED_ROWS, &gpu));
+        assert!(shape(16, 2).suits(&gqa4, 4, TUNED_ROWS, &gpu));
+        // Measured on the grouped problem's four rows, teams of 8 suit four
+        // rows (48, as measured), not eight (80).
+        assert!(shape(8, 2).suits(&gqa4, 4, GROUPED_ROWS, &gpu));
+        let gqa8 = dims(8, 32, 4, 1, 16384);
+        assert!(!shape(8, 2).suits(&gqa8, 8, GROUPED_ROWS, &gpu));
         // Where nothing that fits stays within the budget (subgroups of 8),
         // the measured shape where it holds no more than the untuned pick.
         let narrow = with_subgroups(8);
@@ -566,12 +583,13 @@ mod tests {
             StreamShape::choose(&gqa4, 4, &narrow).map(|s| s.registers(&gqa4, 4)),
             Some(48)
         );
-        assert!(shape(8, 2).suits(&gqa4, 4, &narrow));
-        assert!(!shape(8, 4).suits(&gqa4, 4, &narrow)); // 64
-                                                        // A CPU adapter has no register budget.
+        assert!(shape(8, 2).suits(&gqa4, 4, TUNED_ROWS, &narrow));
+        // (64.)
+        assert!(!shape(8, 4).suits(&gqa4, 4, TUNED_ROWS, &narrow));
+        // A CPU adapter has no register budget.
         let mut cpu = with_subgroups(8);
         cpu.adapter.device_type = "Cpu".to_string();
-        assert!(shape(8, 4).suits(&gqa4, 4, &cpu));
+        assert!(shape(8, 4).suits(&gqa4, 4, TUNED_ROWS, &cpu));
     }
 
     #[test]

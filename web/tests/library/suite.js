@@ -437,12 +437,16 @@ function cases({ worker }) {
     // The decode kernels too (wgpu gives the web no subgroups: the staged one).
     expect(r.decodeTimings.length >= 1 && typeof r.decodeKernel === "string" && r.decodeKernel.startsWith("attention_decode")
       && r.decodeMs > 0 && r.problem.decodeKeys > 0, `decode ${r.decodeKernel} ${JSON.stringify(r.decodeTimings)}`);
+    // And on GQA groups of 4 query heads per KV head.
+    expect(r.groupedDecodeTimings.length >= 1 && typeof r.groupedDecodeKernel === "string"
+      && r.groupedDecodeKernel.startsWith("attention_decode") && r.groupedDecodeMs > 0,
+      `grouped decode ${r.groupedDecodeKernel} ${JSON.stringify(r.groupedDecodeTimings)}`);
     await rejects(() => own.tune({ headDims: [0] }), "InvalidOption", /headDims/);
     await rejects(() => own.tune({ dims: [64] }), "InvalidOption", /headDims/);
     // Calls at the tuned head dims follow the table, and stay correct.
     const shape = [1, 2, 40, 32];
     const out = await own.attention({ q: tensor(n, shape), k: tensor(n, shape), v: tensor(n, shape) }, { verify: true });
-    const line = `${r.kernel} ${r.fusedMs.toFixed(2)} ms, unfused ${r.unfusedMs.toFixed(2)} ms (${r.timings.length} timed), decode ${r.decodeKernel} ${r.decodeMs.toFixed(2)} ms; ${expectVerified(out, "tuned")}`;
+    const line = `${r.kernel} ${r.fusedMs.toFixed(2)} ms, unfused ${r.unfusedMs.toFixed(2)} ms (${r.timings.length} timed), decode ${r.decodeKernel} ${r.decodeMs.toFixed(2)} ms, grouped ${r.groupedDecodeKernel}; ${expectVerified(out, "tuned")}`;
     own.destroy();
     return line;
   });
