@@ -26,6 +26,12 @@ each hot loop times its trips, against the tile's fma:
 
 A loop's count is static: a branch inside it counts both ways.
 
+For the matrix-unit attention kernel's scalar code ("coop scalar" rows: its
+matrices stood in by f32 scalars, examples/spirv_dump.rs), the instructions
+per trip of each loop inside its key loop, in layout order: the softmax
+step's walks first (one trip per key, or per 4 keys since 2026-11-27), then
+the rare ones (O rescaled, V non-finite, ...).
+
 A GPU's arithmetic ceiling is one fma per issue slot, so the fma share of a
 kernel's hot loops bounds its share of the ceiling, on any vendor's GPU: every
 other instruction (an address, a clamp, a max, a wait) takes a slot. This is a
@@ -153,6 +159,25 @@ def outer_loop(asm):
             for ins in blocks[i][1]:
                 count(counts, ins)
     return dict(counts)
+
+
+def key_loop_inner_loops(asm):
+    """The instructions of each innermost loop inside the widest loop that
+    holds others (a fused kernel's key loop), in layout order."""
+    blocks = blocks_of(asm)
+    loops = all_loops(blocks)
+    outer = [loop for loop in loops if loop not in innermost(loops)]
+    if not outer:
+        return []
+    first, last = max(outer, key=lambda loop: loop[1] - loop[0])
+    out = []
+    for a, b in innermost([l for l in loops if first <= l[0] and l[1] <= last and l != (first, last)]):
+        counts = Counter()
+        for _, body in blocks[a:b + 1]:
+            for ins in body:
+                count(counts, ins)
+        out.append(counts["total"])
+    return out
 
 
 def hot_loops(asm):
@@ -328,6 +353,15 @@ def main():
         rows.append(row)
         tile_text = (f"  per tile: {tile['instructions']}/{tile['fma']}fma"
                      f" ({100 * tile['fma'] / tile['instructions']:.0f}%)" if tile else "")
+        if what.startswith("coop scalar"):
+            # The matrix-unit kernel's scalar code: its loops inside the key
+            # loop (the softmax step's walks first, then the rare rescaling
+            # and non-finite-V loops), instructions per trip.
+            inner = key_loop_inner_loops(asm)
+            row["key_loop_inner_loops"] = inner
+            print(f"{what:38s} {checks:6s} {row['vgprs']:5d} {row['spilled_vgprs']:7d} {row['waves_per_simd']:5d}  "
+                  + "loops in the key loop: " + " ".join(map(str, inner)) + outer_text(around), flush=True)
+            continue
         print(f"{what:38s} {checks:6s} {row['vgprs']:5d} {row['spilled_vgprs']:7d} {row['waves_per_simd']:5d}  "
               + "  ".join(loop_text(l) for l in loops) + outer_text(around) + tile_text, flush=True)
     with open(os.path.join(folder, "stats.json"), "w") as out:

@@ -14,7 +14,11 @@
 //! plain call runs it (`RULES` = 0: no mask, softcap, ALiBi or temperature;
 //! the first tiled and decode shapes also with every rule compiled, "all
 //! rules"), the GEMM
-//! kernels the unfused path runs, and the FMA ceiling's kernel. Files are named after the pipeline key (`attention_tiled[BK=32,...]`
+//! kernels the unfused path runs, the FMA ceiling's kernel, and the
+//! matrix-unit attention kernel's scalar code ("coop scalar": the packed
+//! kernel at an H100's tiles for head dims 64 and 128, its matrices stood in
+//! by f32 scalars, [`without_matrices`], since RADV 22.3 has no cooperative
+//! matrices). Files are named after the pipeline key (`attention_tiled[BK=32,...]`
 //! becomes `attention_tiled.BK32...`) with `.checked.spv`, `.bounds.spv` or
 //! `.unchecked.spv`; `index.tsv` lists them with their bindings (group 0, in
 //! order: `u` uniform, `r` read-only storage, `w` read-write storage) and
@@ -23,10 +27,13 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
+use webattn::gpu::capabilities::KernelLimits;
+use webattn::gpu::choice::CoopShape;
+use webattn::gpu::ops::coop::CoopTiles;
 use webattn::gpu::ops::decode::{stream_key, StreamShape};
 use webattn::gpu::ops::tiled::TiledTiles;
 use webattn::gpu::pipeline::PipelineKey;
-use webattn::gpu::registry::{Binding, Kernel};
+use webattn::gpu::registry::{Binding, CoopSize, Kernel};
 use webattn::gpu::spirv::compile_wgsl;
 use webattn::{AttentionDims, RuntimeChecks};
 
@@ -89,7 +96,114 @@ fn pipelines() -> Vec<(String, PipelineKey)> {
         out.push((format!("gemm {what}"), key));
     }
     out.push(("fma ceiling".to_string(), PipelineKey::new(Kernel::FmaPeak)));
+    // The matrix-unit kernel as an H100 runs it untuned (16x16 matrices,
+    // subgroups of 32, 48 KiB), for a plain call.
+    let h100 = CoopShape {
+        size: CoopSize::Sixteen,
+        subgroup: 32,
+    };
+    let limits = KernelLimits {
+        max_compute_workgroup_storage_size: 48 << 10,
+        ..KernelLimits::WEBGPU_DEFAULTS
+    };
+    for d in [64usize, 128] {
+        if let Some(tiles) = CoopTiles::for_dims(h100, d, d, &limits) {
+            let what = format!(
+                "coop scalar d{d} {}x{} LPR {}",
+                tiles.query_rows(),
+                tiles.keys_per_tile,
+                tiles.lanes_per_row
+            );
+            out.push((what, tiles.key().with("RULES", 0)));
+        }
+    }
     out
+}
+
+/// A matrix-unit kernel's source with its matrices stood in by f32 scalars:
+/// the matrix types become `f32`, a load the element it starts at, a
+/// product an `fma`, a store a store of the scalar. What a compiler without
+/// matrix units makes of the rest (the scalar code between the products) is
+/// what it makes of the kernel's own; the products and their operands'
+/// traffic are not the kernel's.
+fn without_matrices(source: &str) -> String {
+    const F16_ARRAYS: [&str; 4] = ["q_s", "kv_s", "p_s", "zero_h"];
+    let mut src: String = source
+        .lines()
+        .map(|line| match line.trim_start().strip_prefix("alias ") {
+            Some(rest) if line.contains("coop_mat") => {
+                let name = rest.split(" =").next().unwrap_or(rest);
+                format!("alias {name} = f32;")
+            }
+            _ if line.trim() == "enable wgpu_cooperative_matrix;" => String::new(),
+            _ => line.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let names = [
+        "coopLoadT",
+        "coopLoad",
+        "coopMultiplyAdd",
+        "coopStoreT",
+        "coopStore",
+    ];
+    while let Some((start, name)) = names
+        .iter()
+        .filter_map(|n| {
+            src.match_indices(n)
+                .find(|(i, _)| {
+                    let after = src[i + n.len()..].chars().next();
+                    matches!(after, Some('(' | '<'))
+                })
+                .map(|(i, _)| (i, *n))
+        })
+        .min()
+    {
+        let open = start + src[start..].find('(').expect("a call");
+        let (mut depth, mut end) = (0i32, open);
+        for (i, c) in src[open..].char_indices() {
+            depth += match c {
+                '(' | '[' => 1,
+                ')' | ']' => -1,
+                _ => 0,
+            };
+            if depth == 0 {
+                end = open + i;
+                break;
+            }
+        }
+        let (mut args, mut depth, mut arg) = (Vec::new(), 0i32, String::new());
+        for c in src[open + 1..end].chars() {
+            depth += match c {
+                '(' | '[' => 1,
+                ')' | ']' => -1,
+                _ => 0,
+            };
+            if c == ',' && depth == 0 {
+                args.push(std::mem::take(&mut arg).trim().to_string());
+            } else {
+                arg.push(c);
+            }
+        }
+        args.push(arg.trim().to_string());
+        let replacement = if name.starts_with("coopLoad") {
+            format!("f32({})", args[0].trim_start_matches('&'))
+        } else if name == "coopMultiplyAdd" {
+            format!("fma({}, {}, {})", args[0], args[1], args[2])
+        } else {
+            let place = args[1].trim_start_matches('&');
+            let half = F16_ARRAYS
+                .iter()
+                .any(|a| place.starts_with(&format!("{a}[")));
+            format!(
+                "{place} = {}({})",
+                if half { "f16" } else { "f32" },
+                args[0]
+            )
+        };
+        src.replace_range(start..=end, &replacement);
+    }
+    src
 }
 
 /// A file name for `key`: its text form with brackets, commas and `=` gone.
@@ -127,14 +241,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .collect();
         for checks in [RuntimeChecks::On, RuntimeChecks::Bounds, RuntimeChecks::Off] {
-            let words = compile_wgsl(
-                &key.kernel.device_source(),
-                key.kernel.entry_point(),
-                &constants,
-                zero,
-                checks,
-            )
-            .map_err(|e| format!("{key}: {e}"))?;
+            let source = if what.starts_with("coop scalar") {
+                without_matrices(&key.kernel.device_source()).into()
+            } else {
+                key.kernel.device_source()
+            };
+            let words = compile_wgsl(&source, key.kernel.entry_point(), &constants, zero, checks)
+                .map_err(|e| format!("{key}: {e}"))?;
             let suffix = match checks {
                 RuntimeChecks::On => "checked",
                 RuntimeChecks::Bounds => "bounds",

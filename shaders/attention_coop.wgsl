@@ -14,23 +14,25 @@
 //   2. Each subgroup computes its strip of S (CM x BK: BK / CM accumulators,
 //      DKP / CM products each) and stores it to workgroup memory as f32.
 //   3. Scalar code, every invocation at work: each row's keys are split in
-//      LPR parts of KPI keys (part k every LPR-th key from key k, so that a
-//      row's parts, neighbouring lanes, touch neighbouring words of S), and
-//      each invocation owns RPI (row, part) pairs. Per pair, two walks over
-//      its keys. The first: scale, softcap, mask, ALiBi, temperature, the
-//      row's key range, a partial maximum (the scores written back to S
-//      where a softcap, mask or ALiBi changed them; else the second walk
-//      computes them again and S is only read). Then the row's maximum from
-//      its parts (neighbouring lanes of one subgroup, combined by shuffles,
-//      with no barrier). The second: P as f16 in workgroup memory, and which
-//      keys the row attends as bits (one word set per pair). Each walk
-//      starts at a place that depends on the row (within runs of 32), so
-//      that a subgroup's lanes touch different banks of workgroup memory at
-//      each step (S's rows are 4 words apart modulo 32: walks in step would
-//      put 4 lanes on one bank at 32 lanes and 2 parts a row). Meanwhile
-//      V's tile replaces K's, and a V value that is NaN or
-//      infinite is noted. Each pair keeps a partial row sum; the parts' sums
-//      and flags are gathered once, at the end.
+//      LPR parts of KPI keys (part k the quads of 4 keys k, k + LPR, ...),
+//      and each invocation owns RPI (row, part) pairs. Per pair, a walk
+//      over its keys four at a time: scale, softcap, mask, ALiBi,
+//      temperature, the row's key range, a partial maximum (the scores
+//      written back to S where a softcap, mask or ALiBi changed them), and
+//      P as f16 in workgroup memory against the row's reference maximum as
+//      it stands, with which keys the row attends as bits (a word per 32
+//      keys of a part). Then the row's maximum from its parts (neighbouring
+//      lanes of one subgroup, combined by shuffles, with no barrier); where
+//      it moves the reference (a row's first attended keys, or, seldom, a
+//      score above it by more than RESCALE), a second walk writes P and the
+//      bits again (from S, computing the scores again where no rule beyond
+//      the scale changed them). S's rows are padded so that the quads a
+//      subgroup's lanes read at a step fall on different banks (a row's
+//      stride is LPR vec4s modulo 8 vec4s: the 8 lanes served together
+//      read 8 different bank groups). Meanwhile V's tile replaces K's, and
+//      a V value that is NaN or infinite is noted. Each pair keeps a
+//      partial row sum; the parts' sums and flags are gathered once, at
+//      the end.
 //   4. O += P V: each subgroup's strip of O (CM x DVP: DVP / CM accumulators)
 //      stays in accumulator matrices for the whole key loop.
 //
@@ -98,6 +100,8 @@ override DVT: u32 = 4u;
 // ceil(BQ * LPR / WG).
 override LPR: u32 = 1u;
 override KPI: u32 = 32u;
+// Steps of 4 keys per part (KPI / 4: KPI is a multiple of 4).
+override QPP: u32 = KPI / 4u;
 override WPP: u32 = 1u;
 override RPI: u32 = 1u;
 // Row strides, padded by 16 bytes: Q's tile, the K/V tile (f16); S (f32),
@@ -160,35 +164,104 @@ const WG_BLOCK: u32 = 3u;
 var<workgroup> zero_s: array<f32, CM * CM>;
 
 // The word of `att_s` and `pos_s` that holds key t of row rr, and its bit:
-// key t is key t / LPR of part t % LPR (see the header).
+// key t is in quad q = t / 4 of the tile, which is step q / LPR of part
+// q % LPR (see the header); a part's word holds 8 steps, 4 bits each.
 fn bit_word(rr: u32, t: u32) -> u32 {
-    return rr * BW + (t % LPR) * WPP + (t / LPR) / 32u;
+    let q = t / 4u;
+    return rr * BW + (q % LPR) * WPP + (q / LPR) / 8u;
 }
 
 fn key_bit(t: u32) -> u32 {
-    return 1u << ((t / LPR) % 32u);
+    return 1u << ((((t / 4u) / LPR) % 8u) * 4u + t % 4u);
 }
 
-// How far row rr's walks over its parts' keys are rotated: within the runs
-// of 32 keys, and within the last run (shorter where KPI is no multiple of
-// 32). Taken once per pair, so that a step has no division.
-fn walk_shifts(rr: u32) -> vec2<u32> {
-    let last_width = KPI - ((KPI - 1u) / 32u) * 32u;
-    return vec2<u32>(rr % min(32u, KPI), rr % last_width);
+// Four scores of the tile's S from key t0 of row rr (t0 a multiple of 4).
+fn s_quad(rr: u32, t0: u32) -> vec4<f32> {
+    let at = rr * SS + t0;
+    return vec4<f32>(f_s[at], f_s[at + 1u], f_s[at + 2u], f_s[at + 3u]);
 }
 
-// Step n of a walk over a part's KPI keys: the part's key index, rotated by
-// `shifts` (walk_shifts) within each run of 32, so that every step of a run
-// stays in that run's bit word: (n + shift) mod the run's width.
-fn walk(n: u32, shifts: vec2<u32>) -> u32 {
-    let base = (n / 32u) * 32u;
-    let last = base + 32u >= KPI;
-    let width = select(32u, KPI - base, last);
-    var u = n - base + select(shifts.x, shifts.y, last);
-    if (u >= width) {
-        u -= width;
+// Four final scores written back to S (a rule beyond the scale changed them).
+fn store_s_quad(rr: u32, t0: u32, sc: vec4<f32>) {
+    let at = rr * SS + t0;
+    f_s[at] = sc.x;
+    f_s[at + 1u] = sc.y;
+    f_s[at + 2u] = sc.z;
+    f_s[at + 3u] = sc.w;
+}
+
+// Whether each score is NaN or +inf (poisons, four at a time).
+fn poisons4(x: vec4<f32>) -> vec4<bool> {
+    let bits = bitcast<vec4<u32>>(x);
+    return ((bits & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u))
+        | (bits == vec4<u32>(0x7f800000u));
+}
+
+// Raw scores with only the scale and the temperature: MASKED outside the
+// row's range (`in_row`), the rest scaled (NaN and +inf left for the caller).
+fn plain_scores(raw: vec4<f32>, in_row: vec4<bool>) -> vec4<f32> {
+    var sc = raw * p.scale;
+    if ((RULES & RULE_TEMPERATURE) != 0u) {
+        sc *= p.inv_temperature;
     }
-    return base + u;
+    return select(vec4<f32>(MASKED), sc, in_row);
+}
+
+// One raw score through every rule: the scale, softcap, mask, ALiBi and
+// temperature; MASKED outside the row's range or where the mask drops the
+// key (NaN and +inf left for the caller).
+fn ruled_score(raw: f32, in_row: bool, key: i32, mask_base: u32, pos: i32, slope: f32) -> f32 {
+    if (!in_row) {
+        return MASKED;
+    }
+    var sc = raw * p.scale;
+    if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
+        sc = p.softcap * accurate_tanh(sc / p.softcap);
+    }
+    if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
+        let bias = mask[mask_base + u32(key)];
+        if (bias <= MASKED) {
+            return MASKED;
+        }
+        sc += bias;
+    }
+    if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
+        sc -= slope * f32(abs(pos - key));
+    }
+    if ((RULES & RULE_TEMPERATURE) != 0u) {
+        sc *= p.inv_temperature;
+    }
+    return sc;
+}
+
+// What four keys' probabilities gave: their sum, and as 4-bit nibbles
+// which keys the row attends and which have a positive probability.
+struct PQuad {
+    sum: f32,
+    attended: u32,
+    positive: u32,
+}
+
+// Four keys' probabilities against the reference m_row from their final
+// scores `sc` (MASKED: not attended; -inf: attended, probability 0), written
+// to P (times P_SCALE, as f16) at key t0 of row rr.
+fn store_p_quad(rr: u32, t0: u32, sc: vec4<f32>, m_row: f32) -> PQuad {
+    let attended = sc != vec4<f32>(MASKED);
+    // An attended -inf score: probability 0 (and not exp(-inf - -inf)),
+    // still multiplying its V row.
+    let pt = select(vec4<f32>(0.0), exp(sc - vec4<f32>(m_row)),
+        attended & (sc > vec4<f32>(neg_inf())));
+    let at = rr * PS + t0;
+    let scaled = vec4<f16>(pt * P_SCALE);
+    p_s[at] = scaled.x;
+    p_s[at + 1u] = scaled.y;
+    p_s[at + 2u] = scaled.z;
+    p_s[at + 3u] = scaled.w;
+    let nibble = vec4<u32>(1u, 2u, 4u, 8u);
+    let zero = vec4<u32>(0u);
+    let a = select(zero, nibble, attended);
+    let pos = select(zero, nibble, pt > vec4<f32>(0.0));
+    return PQuad(pt.x + pt.y + pt.z + pt.w, a.x | a.y | a.z | a.w, pos.x | pos.y | pos.z | pos.w);
 }
 
 fn non_finite(x: f32) -> bool {
@@ -576,11 +649,15 @@ fn main(
         }
         workgroupBarrier();
 
-        // 3. Per (row, part) pair: the rules and the pair's maximum; the
+        // 3. Per (row, part) pair, a walk over its keys four at a time: the
+        // rules and the pair's maximum, and P against the row's reference
+        // maximum as it stands, with the keys the row attends as bits; the
         // row's maximum from its parts (LPR neighbouring lanes of one
-        // subgroup, by shuffles: no barrier); the reference maximum, P and
-        // the attended keys. Keys a row does not attend become MASKED; a NaN
-        // or +inf score poisons the row and counts as -inf (P = 0, attended).
+        // subgroup, by shuffles: no barrier); where that moves the reference
+        // (the row's first keys, or a score above it by more than RESCALE),
+        // a second walk writes P and the bits again against the new one.
+        // Keys a row does not attend become MASKED; a NaN or +inf score
+        // poisons the row and counts as -inf (P = 0, attended).
         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
             // Whether the rules go beyond the scale and the temperature: then
             // the first walk writes each final score back to S for the
@@ -594,57 +671,63 @@ fn main(
                 let in_range = pair < BQ * LPR;
                 let rr = min(pair / LPR, BQ - 1u);
                 let part = pair % LPR;
-                let shifts = walk_shifts(rr);
+                // The pair's row state as scalars for the key loop: the
+                // arrays are indexed by a loop variable, and a compiler that
+                // keeps them in memory would go there on every key.
+                let row_live = live[i];
+                let row_lo = vec4<i32>(lo[i]);
+                let row_hi = vec4<i32>(hi[i]);
+                var m_row = m[i];
+                // Whether the row has a reference maximum to take P against.
+                let has_ref = m_row != MASKED;
                 var part_max = MASKED;
+                var l_tile = 0.0;
                 if (in_range) {
-                    // The pair's row state as scalars for the key loop: the
-                    // arrays are indexed by a loop variable, and a compiler that
-                    // keeps them in memory would go there on every key.
-                    let row = row_of[i];
-                    let row_live = live[i];
-                    let row_lo = lo[i];
-                    let row_hi = hi[i];
                     var flags = fl[i];
-                    let pos = offset + i32(row);
+                    let pos = offset + i32(row_of[i]);
                     let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride
-                        + row * p.mask_row_stride;
-                    for (var n = 0u; n < KPI; n++) {
-                        let t = walk(n, shifts) * LPR + part;
-                        let key = j0 + i32(t);
-                        var sc = MASKED;
-                        var attended = row_live && key >= row_lo && key <= row_hi;
-                        if (attended) {
-                            sc = f_s[rr * SS + t] * p.scale;
-                            if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
-                                sc = p.softcap * accurate_tanh(sc / p.softcap);
-                            }
-                            if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
-                                let bias = mask[mask_base + u32(key)];
-                                if (bias <= MASKED) {
-                                    attended = false;
-                                } else {
-                                    sc += bias;
-                                }
-                            }
-                        }
-                        if (attended) {
-                            if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
-                                sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
-                            }
-                            if (poisons(sc)) {
-                                flags |= ROW_POISONED;
-                                sc = neg_inf();
-                            }
-                            flags |= ROW_ATTENDED;
-                            part_max = max(part_max, sc);
-                        } else {
-                            sc = MASKED;
-                        }
+                        + row_of[i] * p.mask_row_stride;
+                    var bits = 0u;
+                    var positive = 0u;
+                    for (var n = 0u; n < QPP; n++) {
+                        let t0 = (n * LPR + part) * 4u;
+                        let keys = vec4<i32>(j0 + i32(t0)) + vec4<i32>(0, 1, 2, 3);
+                        let in_row = vec4<bool>(row_live) & (keys >= row_lo) & (keys <= row_hi);
+                        let raw = s_quad(rr, t0);
+                        var sc: vec4<f32>;
                         if (rewrite) {
-                            f_s[rr * SS + t] = sc;
+                            sc = vec4<f32>(
+                                ruled_score(raw.x, in_row.x, keys.x, mask_base, pos, slope),
+                                ruled_score(raw.y, in_row.y, keys.y, mask_base, pos, slope),
+                                ruled_score(raw.z, in_row.z, keys.z, mask_base, pos, slope),
+                                ruled_score(raw.w, in_row.w, keys.w, mask_base, pos, slope));
+                        } else {
+                            sc = plain_scores(raw, in_row);
+                        }
+                        let poison = poisons4(sc);
+                        if (any(poison)) {
+                            flags |= ROW_POISONED;
+                            sc = select(sc, vec4<f32>(neg_inf()), poison);
+                        }
+                        if (any(sc != vec4<f32>(MASKED))) {
+                            flags |= ROW_ATTENDED;
+                        }
+                        part_max = max(part_max, max(max(sc.x, sc.y), max(sc.z, sc.w)));
+                        if (rewrite) {
+                            store_s_quad(rr, t0, sc);
+                        }
+                        if (has_ref) {
+                            let quad = store_p_quad(rr, t0, sc, m_row);
+                            l_tile += quad.sum;
+                            bits |= quad.attended << ((n % 8u) * 4u);
+                            positive |= quad.positive << ((n % 8u) * 4u);
+                            // (The end of a word's 8 steps: the word is whole.)
+                            if (n % 8u == 7u || n + 1u == QPP) {
+                                att_s[rr * BW + part * WPP + n / 8u] = bits;
+                                pos_s[rr * BW + part * WPP + n / 8u] = positive;
+                                bits = 0u;
+                                positive = 0u;
+                            }
                         }
                     }
                     fl[i] = flags;
@@ -670,15 +753,9 @@ fn main(
                     // when a score exceeds it by more than RESCALE (alike in every
                     // part of the row: the same maxima, the same test).
                     var alpha = 1.0;
-                    // The pair's maximum and sum as scalars for the key loop (as above).
-                    var m_row = m[i];
-                    var l_row = l[i];
-                    // (And the row's range, for scores computed again.)
-                    let row_live = live[i];
-                    let row_lo = lo[i];
-                    let row_hi = hi[i];
                     // (tile_max - m, not m + RESCALE: the sum rounds where |m| is large.)
-                    if (tile_max > MASKED && (m_row == MASKED || tile_max - m_row > RESCALE)) {
+                    let moves = tile_max > MASKED && (m_row == MASKED || tile_max - m_row > RESCALE);
+                    if (moves) {
                         let m_new = max(m_row, tile_max);
                         // exp(-f32::MAX - m) = 0: the row had no O yet.
                         alpha = exp(m_row - m_new);
@@ -691,49 +768,34 @@ fn main(
                     if (part == 0u) {
                         alpha_s[rr] = alpha;
                     }
-                    l_row *= alpha;
-                    var bits = 0u;
-                    var positive = 0u;
-                    for (var n = 0u; n < KPI; n++) {
-                        let t = walk(n, shifts) * LPR + part;
-                        var sc = f_s[rr * SS + t];
-                        if (!rewrite) {
-                            let key = j0 + i32(t);
-                            if (row_live && key >= row_lo && key <= row_hi) {
-                                sc = sc * p.scale;
-                                if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                    sc *= p.inv_temperature;
-                                }
-                                if (poisons(sc)) {
-                                    sc = neg_inf();
-                                }
-                            } else {
-                                sc = MASKED;
+                    // P and the bits again, against the new reference (or, for
+                    // a row without one still, the keys it attends at -inf).
+                    if (moves || !has_ref) {
+                        l_tile = 0.0;
+                        var bits = 0u;
+                        var positive = 0u;
+                        for (var n = 0u; n < QPP; n++) {
+                            let t0 = (n * LPR + part) * 4u;
+                            var sc = s_quad(rr, t0);
+                            if (!rewrite) {
+                                let keys = vec4<i32>(j0 + i32(t0)) + vec4<i32>(0, 1, 2, 3);
+                                let in_row = vec4<bool>(row_live) & (keys >= row_lo) & (keys <= row_hi);
+                                sc = plain_scores(sc, in_row);
+                                sc = select(sc, vec4<f32>(neg_inf()), poisons4(sc));
                             }
-                        }
-                        var pt = 0.0;
-                        if (sc != MASKED) {
-                            // An attended -inf score: probability 0 (and not
-                            // exp(-inf - -inf)), still multiplying its V row.
-                            if (sc > neg_inf()) {
-                                pt = exp(sc - m_row);
+                            let quad = store_p_quad(rr, t0, sc, m_row);
+                            l_tile += quad.sum;
+                            bits |= quad.attended << ((n % 8u) * 4u);
+                            positive |= quad.positive << ((n % 8u) * 4u);
+                            if (n % 8u == 7u || n + 1u == QPP) {
+                                att_s[rr * BW + part * WPP + n / 8u] = bits;
+                                pos_s[rr * BW + part * WPP + n / 8u] = positive;
+                                bits = 0u;
+                                positive = 0u;
                             }
-                            l_row += pt;
-                            bits |= key_bit(t);
-                            if (pt > 0.0) {
-                                positive |= key_bit(t);
-                            }
-                        }
-                        p_s[rr * PS + t] = f16(pt * P_SCALE);
-                        // (The end of a run of the walk: its word is whole.)
-                        if (n % 32u == 31u || n == KPI - 1u) {
-                            att_s[bit_word(rr, t)] = bits;
-                            pos_s[bit_word(rr, t)] = positive;
-                            bits = 0u;
-                            positive = 0u;
                         }
                     }
-                    l[i] = l_row;
+                    l[i] = l[i] * alpha + l_tile;
                 }
             }
         }

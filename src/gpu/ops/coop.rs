@@ -39,7 +39,7 @@ pub struct CoopTiles {
     pub dv_padded: u32,
     /// Invocations that share a row in the scalar steps (the rules, the
     /// maxima, P), each a part of `keys_per_tile / lanes_per_row` keys
-    /// (every `lanes_per_row`-th): a power of two, by default as many as leave no
+    /// (every `lanes_per_row`-th quad of 4 keys): a power of two, by default as many as leave no
     /// invocation idle (`invocations / query_rows`, at least 1).
     pub lanes_per_row: u32,
     /// Whether K and V are packed as f16 ahead of the kernel
@@ -148,13 +148,14 @@ impl CoopTiles {
     }
 
     /// Whether the kernel takes these tiles: lanes per row a power of two
-    /// dividing the keys per tile and within one subgroup (a row's maximum
+    /// whose parts of a tile's keys are whole quads (the scalar steps take
+    /// keys four at a time), within one subgroup (a row's maximum
     /// is taken from its parts by shuffles; with matrices of 8 or more rows
     /// the limit on pairs already implies it), and at most `MAX_RPI` pairs
     /// per invocation.
     pub fn is_valid(&self) -> bool {
         self.lanes_per_row.is_power_of_two()
-            && self.keys_per_tile % self.lanes_per_row == 0
+            && self.keys_per_tile % (4 * self.lanes_per_row) == 0
             && self.lanes_per_row <= self.shape.subgroup.min(MAX_LANES_PER_ROW)
             && self.rows_per_invocation() <= MAX_ROWS_PER_INVOCATION
     }
@@ -197,16 +198,34 @@ impl CoopTiles {
     }
 
     /// Row strides (elements), each padded by 16 bytes: Q's tile and the K/V
-    /// tile (f16), S (f32), P (f16), an O block (f32).
+    /// tile (f16), S (f32: see [`CoopTiles::s_stride`]), P (f16), an O block
+    /// (f32).
     fn strides(&self) -> [u32; 5] {
         let n = self.n();
         [
             self.dk_padded + 8,
             self.dk_padded.max(self.dv_padded) + 8,
-            self.keys_per_tile + 4,
+            self.s_stride(),
             self.keys_per_tile + 8,
             n + 4,
         ]
+    }
+
+    /// S's row stride (f32 elements): the keys padded by 1 to 8 vec4s so that
+    /// the stride is `lanes_per_row` vec4s modulo 8 (where fewer than 8 lanes
+    /// share a row). In the scalar steps the 8 lanes a GPU serves together
+    /// (8/LPR rows, LPR parts each) each read a quad of keys at the same step,
+    /// part k's at vec4 k of its row: at that stride their 8 quads lie in 8
+    /// different groups of 4 banks. (With 8 or more lanes a row, the 8 are
+    /// parts of one row and any stride does.)
+    pub fn s_stride(&self) -> u32 {
+        let quads = self.keys_per_tile / 4;
+        let pad = if self.lanes_per_row < 8 {
+            (self.lanes_per_row + 8 - quads % 8 - 1) % 8 + 1
+        } else {
+            1
+        };
+        self.keys_per_tile + 4 * pad
     }
 
     /// Words of the f32 scratch that holds S, or one block of O.
@@ -268,7 +287,7 @@ impl CoopTiles {
             staging_iterations(bk * dkp, wg) + staging_iterations(bk * dvp, wg)
         };
         let scores = bkt * (1 + dkt);
-        let softmax = rpi * (2 * kpi + lpr + 4);
+        let softmax = rpi * (2 * (kpi / 4) + lpr + 4);
         let rescale = dvt * (block + 1);
         let product = dvt * (block * (bk + 1) + 1) + dvt * (bkt + 1);
         staging + scores + softmax + rescale + product + 8
@@ -429,6 +448,36 @@ mod tests {
         };
         assert_eq!((wide.words_per_part(), wide.bit_words()), (2, 2));
         assert_eq!(wide.with_lanes_per_row(4).bit_words(), 4);
+    }
+
+    #[test]
+    fn the_quads_eight_lanes_read_at_a_step_fall_on_eight_bank_groups() {
+        for shape in [H100, LAVAPIPE] {
+            for t in CoopTiles::candidates(shape, 64, 64) {
+                for lanes in [1, 2, 4, 8, 16] {
+                    let t = t.with_lanes_per_row(lanes);
+                    if !t.is_valid() {
+                        // Only where a part would hold no whole quads (or
+                        // too many pairs an invocation).
+                        assert!(
+                            t.keys_per_part() % 4 != 0
+                                || t.rows_per_invocation() > MAX_ROWS_PER_INVOCATION
+                                || lanes > shape.subgroup,
+                            "{t:?}"
+                        );
+                        continue;
+                    }
+                    let stride = t.s_stride();
+                    assert!(stride % 4 == 0 && stride > t.keys_per_tile, "{t:?}");
+                    // Lanes 0..8: row n / LPR, part n % LPR, each at its
+                    // part's first quad (vec4 index row * stride / 4 + part).
+                    let groups: std::collections::BTreeSet<u32> = (0..8)
+                        .map(|n| ((n / lanes) * stride / 4 + n % lanes) % 8)
+                        .collect();
+                    assert_eq!(groups.len(), 8, "{t:?}: stride {stride}");
+                }
+            }
+        }
     }
 
     #[test]
