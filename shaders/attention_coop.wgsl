@@ -242,6 +242,19 @@ struct PQuad {
     positive: u32,
 }
 
+// Adds step n's nibbles of (row rr, part) to the pair's bit words being
+// filled (`bits`: attended, positive), storing them where a word's 8 steps
+// end.
+fn keep_bits(rr: u32, part: u32, n: u32, quad: PQuad, bits: ptr<function, vec2<u32>>) {
+    *bits |= vec2<u32>(quad.attended, quad.positive) << vec2<u32>((n % 8u) * 4u);
+    if (n % 8u == 7u || n + 1u == QPP) {
+        let word = rr * BW + part * WPP + n / 8u;
+        att_s[word] = (*bits).x;
+        pos_s[word] = (*bits).y;
+        *bits = vec2<u32>(0u);
+    }
+}
+
 // Four keys' probabilities against the reference m_row from their final
 // scores `sc` (MASKED: not attended; -inf: attended, probability 0), written
 // to P (times P_SCALE, as f16) at key t0 of row rr.
@@ -687,8 +700,8 @@ fn main(
                     let pos = offset + i32(row_of[i]);
                     let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride
                         + row_of[i] * p.mask_row_stride;
-                    var bits = 0u;
-                    var positive = 0u;
+                    // The pair's bit words being filled: attended, positive.
+                    var bits = vec2<u32>(0u);
                     for (var n = 0u; n < QPP; n++) {
                         let t0 = (n * LPR + part) * 4u;
                         let keys = vec4<i32>(j0 + i32(t0)) + vec4<i32>(0, 1, 2, 3);
@@ -719,15 +732,7 @@ fn main(
                         if (has_ref) {
                             let quad = store_p_quad(rr, t0, sc, m_row);
                             l_tile += quad.sum;
-                            bits |= quad.attended << ((n % 8u) * 4u);
-                            positive |= quad.positive << ((n % 8u) * 4u);
-                            // (The end of a word's 8 steps: the word is whole.)
-                            if (n % 8u == 7u || n + 1u == QPP) {
-                                att_s[rr * BW + part * WPP + n / 8u] = bits;
-                                pos_s[rr * BW + part * WPP + n / 8u] = positive;
-                                bits = 0u;
-                                positive = 0u;
-                            }
+                            keep_bits(rr, part, n, quad, &bits);
                         }
                     }
                     fl[i] = flags;
@@ -772,8 +777,7 @@ fn main(
                     // a row without one still, the keys it attends at -inf).
                     if (moves || !has_ref) {
                         l_tile = 0.0;
-                        var bits = 0u;
-                        var positive = 0u;
+                        var bits = vec2<u32>(0u);
                         for (var n = 0u; n < QPP; n++) {
                             let t0 = (n * LPR + part) * 4u;
                             var sc = s_quad(rr, t0);
@@ -785,14 +789,7 @@ fn main(
                             }
                             let quad = store_p_quad(rr, t0, sc, m_row);
                             l_tile += quad.sum;
-                            bits |= quad.attended << ((n % 8u) * 4u);
-                            positive |= quad.positive << ((n % 8u) * 4u);
-                            if (n % 8u == 7u || n + 1u == QPP) {
-                                att_s[rr * BW + part * WPP + n / 8u] = bits;
-                                pos_s[rr * BW + part * WPP + n / 8u] = positive;
-                                bits = 0u;
-                                positive = 0u;
-                            }
+                            keep_bits(rr, part, n, quad, &bits);
                         }
                     }
                     l[i] = l[i] * alpha + l_tile;
