@@ -404,7 +404,8 @@ impl GpuContext {
                 let grouped = entry
                     .and_then(|e| e.grouped_decode)
                     .map(|d| (d, GROUPED_ROWS));
-                // The winner measured at the rows nearest the call's first.
+                // The grouped problem's winner first for a call with several
+                // rows per workgroup, the one-row problem's for one.
                 let measured = if rows > TUNED_ROWS {
                     [grouped, one_row]
                 } else {

@@ -40,7 +40,8 @@ pub struct CoopTiles {
     /// Invocations that share a row in the scalar steps (the rules, the
     /// maxima, P), each a part of `keys_per_tile / lanes_per_row` keys
     /// (every `lanes_per_row`-th quad of 4 keys): a power of two, by default as many as leave no
-    /// invocation idle (`invocations / query_rows`, at least 1).
+    /// invocation idle (`invocations / query_rows`, at least 1), at most a
+    /// quad each.
     pub lanes_per_row: u32,
     /// Whether K and V are packed as f16 ahead of the kernel
     /// (`attention_coop_packed.wgsl`: its products load them from storage)
@@ -90,7 +91,11 @@ impl CoopTiles {
                     lanes_per_row: 1,
                     packed: true,
                 };
-                let lanes = (tiles.invocations() / tiles.query_rows()).max(1);
+                // As many as leave no invocation idle, at most a quad of
+                // keys each (an 8-key tile on 32-lane subgroups: 2).
+                let lanes = (tiles.invocations() / tiles.query_rows())
+                    .min(tiles.keys_per_tile / 4)
+                    .max(1);
                 tiles.with_lanes_per_row(lanes)
             })
             .filter(|t| t.is_valid())
@@ -98,7 +103,7 @@ impl CoopTiles {
     }
 
     /// The same tiles with `lanes` invocations per row in the scalar steps
-    /// (a power of two dividing the keys per tile; more than the default
+    /// (a power of two whose parts are whole quads of keys; more than the default
     /// gives an invocation several pairs, as tests do on adapters where the
     /// default is 1). Whether the result is runnable is [`CoopTiles::is_valid`].
     pub fn with_lanes_per_row(self, lanes: u32) -> CoopTiles {
@@ -448,6 +453,24 @@ mod tests {
         };
         assert_eq!((wide.words_per_part(), wide.bit_words()), (2, 2));
         assert_eq!(wide.with_lanes_per_row(4).bit_words(), 4);
+    }
+
+    #[test]
+    fn small_tiles_on_wide_subgroups_share_rows_among_fewer_lanes() {
+        // 8x8 matrices on subgroups of 32 and 64: 4 and 8 invocations per
+        // row would leave 8- and 16-key tiles parts of fewer than 4 keys;
+        // they take a quad a part instead, and every shape stays.
+        for subgroup in [32, 64] {
+            let shape = CoopShape {
+                size: CoopSize::Eight,
+                subgroup,
+            };
+            let tiles = CoopTiles::candidates(shape, 64, 64);
+            assert_eq!(tiles.len(), CANDIDATES.len(), "{subgroup}");
+            for t in tiles {
+                assert!(t.is_valid() && t.keys_per_part() >= 4, "{t:?}");
+            }
+        }
     }
 
     #[test]

@@ -103,10 +103,13 @@ impl StreamShape {
     /// and V over a step's keys, within its register budget (the named
     /// registers it declares).
     pub fn holds(&self, dims: &AttentionDims, rows: usize) -> bool {
+        // (The lanes first: a shape read from a corrupt cache may have none.)
+        if !STREAM_LANES.contains(&self.lanes) {
+            return false;
+        }
         let (kt, vt) = self.columns(dims);
         let block = kt.max(vt);
-        STREAM_LANES.contains(&self.lanes)
-            && (1..=STREAM_MAX_KEYS_PER_STEP).contains(&self.keys_per_step)
+        (1..=STREAM_MAX_KEYS_PER_STEP).contains(&self.keys_per_step)
             && (1..=MAX_WORKGROUP_ROWS).contains(&rows)
             && rows * block <= STREAM_BLOCK
             && self.keys_per_step as usize * block * (1 + usize::from(self.prefetch))
@@ -551,6 +554,19 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_shape_without_lanes_holds_nothing() {
+        // (As a corrupt tuning cache could give one: refused, not a panic.)
+        let dims = dims(8, 32, 8, 1, 16384);
+        let shape = StreamShape {
+            lanes: 0,
+            keys_per_step: 2,
+            prefetch: false,
+        };
+        assert!(!shape.holds(&dims, 4));
+        assert!(!shape.fits(&dims, 4, &with_subgroups(32)));
     }
 
     #[test]
