@@ -169,8 +169,9 @@ pub enum Error {
         tensor: &'static str,
     },
 
-    /// The GPU ran out of memory.
-    #[error("the GPU ran out of memory while {0}; reduce the batch or sequence length")]
+    /// The GPU ran out of memory (or, on a CPU engine, the host could not
+    /// allocate what a call needed).
+    #[error("out of memory while {0}; reduce the batch or sequence length")]
     OutOfMemory(String),
 
     /// wgpu reported an error that the engine's checks did not prevent.

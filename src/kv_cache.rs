@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::gpu::chunks::{self, Held};
 use crate::gpu::recorder::{box_runs, Recorder};
 use crate::problem::AttentionInputs;
-use crate::tensor::{DType, HostTensor};
+use crate::tensor::{checked_numel, DType, HostTensor};
 
 /// Capacity of a cache's first allocation unless asked otherwise (tokens).
 pub const DEFAULT_CAPACITY: usize = 256;
@@ -213,7 +213,10 @@ impl KvCache {
         // fits one (attention reads a cache in one buffer whole); past that
         // a cache is held in several, and where the device lacks the memory
         // to double, it takes what is needed.
-        let mut doubled = (2 * capacity).max(needed).max(self.first_capacity);
+        let mut doubled = capacity
+            .saturating_mul(2)
+            .max(needed)
+            .max(self.first_capacity);
         let row_bytes = 4 * (b * h * dk.max(dv)).max(1) as u64;
         let one_buffer = engine.capabilities().map_or(u64::MAX, |c| {
             c.limits.max_buffer_size.saturating_sub(16) / row_bytes
@@ -222,16 +225,26 @@ impl KvCache {
         if needed <= one_buffer {
             doubled = doubled.min(one_buffer);
         }
-        match self
-            .append_into(engine, key, value, doubled, lengths.clone(), counts)
-            .await
-        {
-            Err(Error::OutOfMemory(_)) if doubled > needed => {
-                self.append_into(engine, key, value, needed, lengths, counts)
-                    .await
+        // Where the memory for that is missing (a first capacity larger than
+        // the device or the host holds): twice the present, then what is needed.
+        let mut tries: Vec<usize> = Vec::new();
+        for c in [doubled, capacity.saturating_mul(2).max(needed), needed] {
+            if tries.last().is_none_or(|&l| c < l) {
+                tries.push(c);
             }
-            done => done,
         }
+        let (&last, larger) = tries.split_last().expect("at least one capacity");
+        for &c in larger {
+            match self
+                .append_into(engine, key, value, c, lengths.clone(), counts)
+                .await
+            {
+                Err(Error::OutOfMemory(_)) => {}
+                done => return done,
+            }
+        }
+        self.append_into(engine, key, value, last, lengths, counts)
+            .await
     }
 
     /// Appends into a cache of `capacity` tokens per sequence (a fresh one
@@ -249,6 +262,15 @@ impl KvCache {
         let dv = value.shape()[3];
         let key_shape = [b, h, capacity, dk];
         let value_shape = [b, h, capacity, dv];
+        // A capacity whose element count overflows is more memory than any
+        // device or host has: the growth then retries smaller.
+        for shape in [key_shape, value_shape] {
+            checked_numel("the KV cache", &shape).map_err(|_| {
+                Error::OutOfMemory(format!(
+                    "growing the KV cache to {capacity} tokens per sequence"
+                ))
+            })?;
+        }
         // Growing on a GPU: both new tensors are allocated before anything is
         // recorded, so a device without the memory for them has nothing in
         // flight to free before a smaller try.
@@ -271,7 +293,7 @@ impl KvCache {
         let new_key = append_rows(
             engine,
             self.key.as_mut(),
-            key,
+            ("key", key),
             (key_shape, key_dst),
             &lengths,
             counts,
@@ -280,7 +302,7 @@ impl KvCache {
         let new_value = append_rows(
             engine,
             self.value.as_mut(),
-            value,
+            ("value", value),
             (value_shape, value_dst),
             &lengths,
             counts,
@@ -408,7 +430,7 @@ fn rank4(name: &'static str, t: &Tensor) -> Result<[usize; 4]> {
 async fn append_rows(
     engine: &Engine,
     old: Option<&mut Tensor>,
-    new: &Tensor,
+    (name, new): (&'static str, &Tensor),
     (shape, allocated): ([usize; 4], Option<Held>),
     lengths: &[usize],
     counts: &[usize],
@@ -445,7 +467,7 @@ async fn append_rows(
             let new_held = new
                 .storage
                 .held()
-                .ok_or(Error::ForeignTensor { tensor: "key" })?;
+                .ok_or(Error::ForeignTensor { tensor: name })?;
             let old_held = match &old {
                 Some(t) => Some(t.storage.held().ok_or(Error::ForeignTensor {
                     tensor: "the KV cache",
@@ -485,7 +507,7 @@ async fn append_rows(
             let src = match &new.storage {
                 Storage::Host(h) => h.data(),
                 Storage::Gpu(_) | Storage::GpuChunks(_) => {
-                    return Err(Error::ForeignTensor { tensor: "key" })
+                    return Err(Error::ForeignTensor { tensor: name })
                 }
             };
             match old {
@@ -503,7 +525,18 @@ async fn append_rows(
                     Ok(None)
                 }
                 old => {
-                    let mut data = vec![0.0f32; shape.iter().product()];
+                    // A typed error, not an abort, where the host cannot hold
+                    // the grown cache: the growth then retries smaller, as on
+                    // a GPU. (`append_into` checked that the count fits.)
+                    let numel = shape.iter().product();
+                    let mut data = Vec::new();
+                    data.try_reserve_exact(numel).map_err(|_| {
+                        Error::OutOfMemory(format!(
+                            "growing the KV cache to {} tokens per sequence in host memory",
+                            shape[2]
+                        ))
+                    })?;
+                    data.resize(numel, 0.0f32);
                     if let Some(t) = old {
                         let Storage::Host(values) = &t.storage else {
                             return Err(Error::ForeignTensor {

@@ -222,3 +222,56 @@ fn a_short_soak_passes_with_flat_memory() {
         "the memory was not measured: {memory}"
     );
 }
+
+/// The allowance of a soak's worst case, from its line `worst error: X of Y
+/// allowed ...`.
+fn soak_worst_allowed(stdout: &str) -> f64 {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("worst error:"))
+        .unwrap_or_else(|| panic!("no worst error in:\n{stdout}"));
+    line.split_whitespace()
+        .nth(4)
+        .and_then(|y| y.parse().ok())
+        .unwrap_or_else(|| panic!("no allowance in {line:?}"))
+}
+
+#[test]
+fn a_soak_at_precision_fast_runs_its_cases_at_fast() {
+    if common::gpu().is_none() {
+        return;
+    }
+    // The same random cases at both precisions: at `fast` the operands are
+    // rounded to f16 and the f16 rule also allows for the probabilities'
+    // rounding, so each case's allowance grows (2.6 times at this seed on
+    // lavapipe, whose f32 kernels run these cases). A soak that ignored the
+    // precision would show the same allowances at both.
+    let soak = |precision: &str| {
+        let out = webattn(
+            &[
+                "--backend",
+                "gpu",
+                "--precision",
+                precision,
+                "check",
+                "--soak",
+                "9",
+                "--seed",
+                "5",
+            ],
+            &[],
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "{stdout}");
+        assert!(stdout.contains(": 0 failed"), "{stdout}");
+        stdout
+    };
+    let highest = soak("highest");
+    let fast = soak("fast");
+    assert!(fast.contains("matrix units:"), "{fast}");
+    let (highest, fast) = (soak_worst_allowed(&highest), soak_worst_allowed(&fast));
+    assert!(
+        fast > 1.5 * highest,
+        "the worst allowance at fast ({fast:e}) is an f32 one (highest: {highest:e})"
+    );
+}

@@ -231,6 +231,14 @@ fn bad_appends_are_typed_errors_and_leave_the_cache_alone() {
         Err(Error::ForeignTensor { .. })
     ));
     assert_eq!(cache.lengths(), &[2]);
+    // An error names the tensor that was foreign.
+    let foreign_v = upload(&other, &random(&mut rng, [1, HEADS, 2, DV]));
+    let err = cache.append_blocking(&engine, &k, &foreign_v).unwrap_err();
+    assert!(
+        matches!(err, Error::ForeignTensor { tensor: "value" }),
+        "{err}"
+    );
+    assert_eq!(cache.lengths(), &[2]);
     // Reading an empty cache is a conflict, not a panic.
     let q = upload(&engine, &random(&mut rng, [1, HEADS, 1, DK]));
     assert!(matches!(
@@ -276,5 +284,28 @@ fn a_cloned_cache_keeps_its_rows_when_the_original_appends() {
             engine.describe()
         );
         assert_eq!(row3(&fork), b.0.data(), "{}: the fork", engine.describe());
+    }
+}
+
+#[test]
+fn a_first_capacity_the_host_cannot_hold_falls_back_on_the_cpu_engine() {
+    // The CPU engine has no buffer limit to cap a doubling: a first capacity
+    // whose values the host cannot allocate (2^40 tokens: 256 TiB here), or
+    // whose element count overflows, falls back to twice the present
+    // capacity or what the append needs, instead of aborting or panicking.
+    let mut rng = SplitMix64::new(5);
+    let engine = Engine::cpu();
+    for capacity in [1usize << 40, 1 << 60, usize::MAX] {
+        let mut cache = KvCache::with_capacity(capacity);
+        let k = upload(&engine, &random(&mut rng, [1, HEADS, 3, DK]));
+        let v = upload(&engine, &random(&mut rng, [1, HEADS, 3, DV]));
+        cache.append_blocking(&engine, &k, &v).unwrap();
+        assert_eq!(cache.lengths(), &[3]);
+        assert_eq!(cache.capacity(), 3, "capacity {capacity}");
+        // The next append doubles from there.
+        let k = upload(&engine, &random(&mut rng, [1, HEADS, 1, DK]));
+        let v = upload(&engine, &random(&mut rng, [1, HEADS, 1, DV]));
+        cache.append_blocking(&engine, &k, &v).unwrap();
+        assert_eq!((cache.lengths(), cache.capacity()), (&[4][..], 6));
     }
 }

@@ -106,6 +106,22 @@ fn calls_past_one_binding_run_in_pieces_and_agree_with_the_oracle() {
             o.temperature = 0.7;
             o.qk_matmul_output_mode = Some(QkMatmulOutputMode::Biased);
         }),
+        // Keys behind a past, with a mask per query head ([Hq, 1, T]) and GQA.
+        CaseSpec::new(
+            "pieces-of-keys-with-past-head-mask",
+            [1, 4, 2],
+            [5, 900],
+            [64, 64],
+        )
+        .past(30)
+        .mask(MaskForm::Float(3))
+        .with(|o| {
+            o.is_causal = true;
+            o.return_present = true;
+        }),
+        // Batches and heads, with a mask per query head.
+        CaseSpec::new("pieces-of-heads-head-mask", [4, 8, 4], [33, 65], [32, 32])
+            .mask(MaskForm::Bool(3)),
         // Every third row fully masked, rows split in pieces.
         CaseSpec::new("pieces-with-empty-rows", [2, 4, 4], [97, 257], [64, 64])
             .mask(MaskForm::EmptyRows)
@@ -147,6 +163,45 @@ fn probabilities_whose_rows_exceed_a_binding_are_refused_with_a_hint() {
         .attention_host_blocking(&host, &plain)
         .expect("without probabilities the keys can be split");
     assert!(engine.last_call().expect("a call").pieces > 1);
+}
+
+/// Keys past one binding run in ranges, which only the fused kernel resumes:
+/// at head dims it does not take (above 256) the call is refused with a
+/// typed error that says so, not with the fused kernel's advice to go
+/// unfused (the call already was).
+#[test]
+fn keys_past_a_binding_at_head_dims_the_fused_kernel_refuses_say_why() {
+    let Some(engine) = small_binding_engine(64 << 10) else {
+        return;
+    };
+    // K: 100 keys of 260 values, 104,000 bytes, over 64 KiB for one head.
+    let case = CaseSpec::new("wide-heads-many-keys", [1, 1, 1], [2, 100], [260, 260]);
+    let inputs = case.generate(common::seed()).expect("inputs");
+    let host = AttentionInputs::new(&inputs.q, &inputs.k, &inputs.v);
+    for path in [KernelPath::Auto, KernelPath::Unfused] {
+        let options = AttentionOptions {
+            path,
+            ..Default::default()
+        };
+        let err = engine
+            .attention_host_blocking(&host, &options)
+            .expect_err("keys in ranges need the fused kernel");
+        assert!(matches!(err, Error::Limit { .. }), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("keys in ranges") && !text.contains("use KernelPath::Unfused"),
+            "{path:?}: {text}"
+        );
+    }
+    // The same heads with keys that fit one binding run, unfused.
+    let short = CaseSpec::new("wide-heads-few-keys", [1, 1, 1], [2, 40], [260, 260]);
+    let results = pollster::block_on(run_case(
+        &engine,
+        &short,
+        &[KernelPath::Auto],
+        common::seed(),
+    ));
+    assert!(results.iter().all(|r| r.passed()), "{results:?}");
 }
 
 /// On the fused route a piece whose slice of Q, K or V is one run of the

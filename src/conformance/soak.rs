@@ -6,7 +6,7 @@
 use super::case::{CaseSpec, MaskForm};
 use super::runner::{CaseResult, Oracle};
 use crate::engine::Engine;
-use crate::options::QkMatmulOutputMode;
+use crate::options::{Precision, QkMatmulOutputMode};
 use crate::rng::SplitMix64;
 
 /// Device memory in use, as wgpu's own counters see it.
@@ -137,12 +137,15 @@ pub fn random_case(index: usize, rng: &mut SplitMix64) -> CaseSpec {
     case
 }
 
-/// Runs `cases` random cases from `seed`, spread over the engine's paths, and
-/// calls `progress(done, total, &result)` after each.
+/// Runs `cases` random cases from `seed`, spread over the engine's paths, at
+/// `precision` (under [`Precision::Fast`] on f16-rounded operands, with the
+/// f16 rule, as the sweep does), and calls `progress(done, total, &result)`
+/// after each.
 pub async fn run_soak(
     engine: &Engine,
     cases: usize,
     seed: u64,
+    precision: Precision,
     mut progress: impl FnMut(usize, usize, &CaseResult),
 ) -> SoakReport {
     let start = web_time::Instant::now();
@@ -155,7 +158,8 @@ pub async fn run_soak(
     let mut failures = Vec::new();
     let mut worst: Option<CaseResult> = None;
     for index in 0..cases {
-        let case = random_case(index, &mut rng);
+        let mut case = random_case(index, &mut rng);
+        case.options.precision = precision;
         let path_index = index % paths.len();
         let result = match Oracle::new(&case, seed ^ index as u64) {
             Ok(oracle) => oracle.check(engine, paths[path_index]).await,

@@ -957,7 +957,31 @@ async fn run_piece(
     }
 
     // Keys in ranges: the fused kernel, resumed from one range to the next.
-    let kernel = ctx.fused_kernel_at(dims.head_dim, dims.v_head_dim, options.precision)?;
+    // (Also where the call was routed unfused: the unfused path cannot resume
+    // a row over key ranges, so a call whose keys exceed a binding needs the
+    // fused kernel at its head dims.)
+    let kernel = ctx
+        .fused_kernel_at(dims.head_dim, dims.v_head_dim, options.precision)
+        .map_err(|e| match e {
+            Error::Limit {
+                what,
+                needed,
+                limit,
+                limit_name,
+                ..
+            } => Error::Limit {
+                what: format!(
+                    "{what}, for this call's keys in ranges ({t} keys: K, V or the mask \
+                     exceed one binding even one head at a time)"
+                ),
+                needed,
+                limit,
+                limit_name,
+                hint: "only the fused kernel runs keys in ranges: use fewer keys per call, \
+                       an adapter with larger binding limits, or head dims the fused kernel takes",
+            },
+            other => other,
+        })?;
     let rows = extent.batches * extent.kv_heads * dims.group() * extent.queries;
     let (piece_y, stats) = ctx
         .scoped("piece outputs", || {

@@ -64,7 +64,13 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         return run_family(&engine, args);
     }
     if let Some(cases) = args.soak {
-        return super::soak::run(&engine, cases, args.seed, args.json.as_deref());
+        return super::soak::run(
+            &engine,
+            cases,
+            args.seed,
+            engine_args.precision,
+            args.json.as_deref(),
+        );
     }
     eprintln!(
         "webattn check: {} on {}{}",

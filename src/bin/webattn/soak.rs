@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use serde_json::json;
 use webattn::conformance::{run_soak, MemoryReading, SoakReport};
-use webattn::Engine;
+use webattn::{Engine, Precision};
 
 fn memory_text(m: Option<MemoryReading>) -> String {
     match m {
@@ -77,25 +77,36 @@ pub fn run(
     engine: &Engine,
     cases: usize,
     seed: u64,
+    precision: Precision,
     json_path: Option<&Path>,
 ) -> anyhow::Result<ExitCode> {
     eprintln!(
-        "webattn check: soak of {cases} random cases on {}",
-        engine.describe()
+        "webattn check: soak of {cases} random cases on {}{}",
+        engine.describe(),
+        match precision {
+            Precision::Highest => "",
+            Precision::Fast => ", precision fast (f16-rounded operands, the f16 rule)",
+        }
     );
     let bar = super::check::progress_bar(cases);
-    let report = pollster::block_on(run_soak(engine, cases, seed, |done, total, r| match &bar {
-        Some(bar) => {
-            bar.set_position(done as u64);
-            if !r.passed() {
-                bar.println(super::check::progress_line(done, total, r));
+    let report = pollster::block_on(run_soak(
+        engine,
+        cases,
+        seed,
+        precision,
+        |done, total, r| match &bar {
+            Some(bar) => {
+                bar.set_position(done as u64);
+                if !r.passed() {
+                    bar.println(super::check::progress_line(done, total, r));
+                }
             }
-        }
-        None if !r.passed() || done % 100 == 0 || done == total => {
-            eprintln!("{}", super::check::progress_line(done, total, r))
-        }
-        None => {}
-    }));
+            None if !r.passed() || done % 100 == 0 || done == total => {
+                eprintln!("{}", super::check::progress_line(done, total, r))
+            }
+            None => {}
+        },
+    ));
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
@@ -106,6 +117,7 @@ pub fn run(
         let value = json!({
             "adapter": engine.describe(),
             "seed": seed,
+            "precision": precision.name(),
             "cases": report.cases,
             "per_path": report.per_path.iter().map(|(p, n)| json!({"path": p.name(), "cases": n})).collect::<Vec<_>>(),
             "failed": report.failures.len(),
@@ -117,6 +129,9 @@ pub fn run(
         super::files::write_text(path, &serde_json::to_string_pretty(&value)?)?;
     }
     println!("{}", summary(&report));
+    if precision == Precision::Fast {
+        println!("{}", super::check::matrix_unit_line(engine));
+    }
     Ok(if report.passed() {
         ExitCode::SUCCESS
     } else {
