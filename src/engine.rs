@@ -345,23 +345,27 @@ impl Engine {
         match options.path {
             KernelPath::Auto => {
                 // Measured on this adapter (`webattn tune`): the unfused path
-                // was faster at these head dims, and it fits memory whatever
-                // the sizes (it works in score blocks). Decoding runs its own
-                // kernel, which the tuner does not time. Read once: a
-                // concurrent tune may change the table.
+                // was faster at these head dims, at the call's precision (at
+                // `Fast` each path on the matrix units where they measured
+                // faster), and it fits memory whatever the sizes (it works in
+                // score blocks). Decoding runs its own kernel, which the
+                // tuner does not time. Read once: a concurrent tune may
+                // change the table.
                 let unfused_faster = (ctx.fused_kernel_choice() == crate::FusedKernelChoice::Auto
                     && !crate::gpu::ops::decode::DecodePlan::applies(dims))
                 .then(|| ctx.tuned(dims.head_dim, dims.v_head_dim))
                 .flatten()
-                .filter(|t| t.unfused_ms < t.fused_ms);
+                .map(|t| t.path_ms(options.precision))
+                .filter(|(fused, unfused)| unfused < fused);
                 match FusedTiles::for_dims(dims.head_dim, dims.v_head_dim, &ctx.caps.limits) {
                     Ok(_) => match unfused_faster {
-                        Some(t) => PathChoice::new(
+                        Some((fused_ms, unfused_ms)) => PathChoice::new(
                             KernelPath::Unfused,
                             Some(format!(
-                                "unfused measured faster on this adapter at head dims {}/{} \
-                                 ({:.3} ms against {:.3} ms fused, webattn tune)",
-                                dims.head_dim, dims.v_head_dim, t.unfused_ms, t.fused_ms
+                                "unfused measured faster on this adapter at head dims {}/{}, \
+                                 precision {} ({unfused_ms:.3} ms against {fused_ms:.3} ms fused, \
+                                 webattn tune)",
+                                dims.head_dim, dims.v_head_dim, options.precision
                             )),
                         ),
                         None => PathChoice::new(KernelPath::Fused, None),
@@ -528,7 +532,10 @@ impl Engine {
             });
         }
         let Backend::Gpu(gpu) = &self.backend else {
-            let data = pattern.data().iter().copied().cycle().take(len).collect();
+            let mut data = crate::tensor::try_filled("a repeated tensor", len, 0.0f32)?;
+            for (out, value) in data.iter_mut().zip(pattern.data().iter().cycle()) {
+                *out = *value;
+            }
             let tensor = HostTensor::new(shape.to_vec(), data)?.into_dtype(pattern.dtype());
             return Ok(self.wrap_host(tensor));
         };

@@ -50,7 +50,40 @@ fn data_offset(bytes: &[u8]) -> Option<usize> {
     (8usize + width).checked_add(len)
 }
 
+/// The dimensions the header's `'shape'` declares, where the header reads as
+/// text with one: checked before npyz parses it, since npyz multiplies them
+/// unchecked (a panic in a build with overflow checks, for a file of a
+/// hundred bytes).
+fn header_shape(bytes: &[u8]) -> Option<Vec<u64>> {
+    let start = if *bytes.get(6)? == 1 { 10 } else { 12 };
+    let end = data_offset(bytes)?.min(bytes.len());
+    let header = std::str::from_utf8(bytes.get(start..end)?).ok()?;
+    let after = header.split_once("'shape'")?.1;
+    let open = after.find('(')?;
+    let close = open + after[open..].find(')')?;
+    after[open + 1..close]
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(|d| d.trim_end_matches('L').parse().ok())
+        .collect()
+}
+
 fn parse_array(bytes: &[u8], path: &Path, tensor: &'static str) -> Result<Array> {
+    // Every product of dimensions npyz forms (the count, the strides) is at
+    // most the product of the non-zero ones.
+    if let Some(shape) = header_shape(bytes) {
+        let mut nonzero = shape.iter().filter(|&&d| d != 0);
+        if nonzero
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .is_none()
+        {
+            return Err(file_error(
+                path,
+                format!("declares a shape {shape:?} whose element count overflows"),
+            ));
+        }
+    }
     let npy = npyz::NpyFile::new(bytes)
         .map_err(|e| file_error(path, format!("not a valid .npy file: {e}")))?;
     if npy.order() == npyz::Order::Fortran {

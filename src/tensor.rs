@@ -52,6 +52,21 @@ pub(crate) fn checked_numel(tensor: &'static str, shape: &[usize]) -> Result<usi
         })
 }
 
+/// `n` copies of `value` in a fresh vector, or [`Error::OutOfMemory`] naming
+/// `what` where the host cannot allocate them (where `vec!` would abort the
+/// process).
+pub(crate) fn try_filled<T: Clone>(what: &str, n: usize, value: T) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(n).map_err(|_| {
+        Error::OutOfMemory(format!(
+            "allocating {what} ({} MiB of host memory)",
+            (n as u128 * std::mem::size_of::<T>() as u128) >> 20
+        ))
+    })?;
+    out.resize(n, value);
+    Ok(out)
+}
+
 /// A row-major tensor in host memory, its values held as `f32`.
 ///
 /// Its [`DType`] is `F32`, or `F16` for a tensor whose values are f16 (read

@@ -194,7 +194,47 @@ fn a_repeated_pattern_fills_a_tensor_on_the_device_and_on_the_cpu() {
             pollster::block_on(engine.upload_repeated(&shape, &odd)),
             Err(webattn::Error::InvalidOption { .. })
         ));
+        // A tensor no memory holds is a typed error, not an abort, a panic or
+        // an empty buffer: 2^62 values (bytes past a u64) everywhere, and on
+        // the CPU 2^45 (128 TiB, an x86-64 process's whole address space;
+        // lavapipe hands out buffers of device memory it never touches, so
+        // only a device's own allocation can refuse that there).
+        let lens: &[usize] = match engine.gpu() {
+            Some(_) => &[1 << 62],
+            None => &[1 << 45, 1 << 62],
+        };
+        for &len in lens {
+            let err = pollster::block_on(engine.upload_repeated(&[len], &pattern))
+                .expect_err("no memory holds it");
+            assert!(
+                matches!(
+                    err,
+                    webattn::Error::OutOfMemory(_) | webattn::Error::Limit { .. }
+                ),
+                "{len}: {err}"
+            );
+        }
     }
+}
+
+/// Outputs the host cannot allocate (Y of 2^45 values, from 48 MiB of
+/// inputs) are a typed error on the CPU backend and the oracle, not an
+/// aborted process.
+#[test]
+fn outputs_the_host_cannot_hold_are_out_of_memory_on_the_cpu() {
+    let q = HostTensor::new([1, 1, 1 << 22, 1], vec![0.0; 1 << 22]).unwrap();
+    let k = HostTensor::new([1, 1, 1, 1], vec![0.0]).unwrap();
+    let v = HostTensor::new([1, 1, 1, 1 << 23], vec![0.0; 1 << 23]).unwrap();
+    let inputs = AttentionInputs::new(&q, &k, &v);
+    let options = AttentionOptions::default();
+    let engine = webattn::Engine::cpu();
+    let err = engine
+        .attention_host_blocking(&inputs, &options)
+        .expect_err("128 TiB of Y");
+    assert!(matches!(err, webattn::Error::OutOfMemory(_)), "{err}");
+    assert!(err.to_string().contains("Y"), "{err}");
+    let err = webattn::cpu::attention_exact(&inputs, &options).expect_err("256 TiB of f64 Y");
+    assert!(matches!(err, webattn::Error::OutOfMemory(_)), "{err}");
 }
 
 /// Measurements side by side interleave: each round runs every piece once,

@@ -479,3 +479,23 @@ fn npy_bytes(shape: &[usize], kind: u8) -> Vec<u8> {
     bytes.extend(std::iter::repeat_n(0u8, len * width));
     bytes
 }
+
+/// A header whose shape's element count overflows is a typed error in every
+/// build (npyz would multiply it unchecked: a panic where overflow checks
+/// are on, as in `cargo test`), for a file of a hundred bytes.
+#[test]
+fn an_npy_header_whose_count_overflows_is_a_file_error() {
+    for shape in ["(4294967296, 4294967296)", "(0, 4294967296, 4294967296)"] {
+        let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}");
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+        bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        bytes.extend_from_slice(header.as_bytes());
+        let err = npy::parse_tensor(&bytes, "Q").expect_err("no such tensor");
+        assert!(matches!(err, Error::File { .. }), "{shape}: {err}");
+        assert!(npy::parse_mask(&bytes).is_err(), "{shape}");
+    }
+}

@@ -1137,6 +1137,66 @@ fn calls_whose_packed_keys_would_pass_a_binding_run_staged() {
     );
 }
 
+/// A call whose packed K and V would pass a binding falls back to staged
+/// tiles or the f32 kernel ([`CoopTiles::packs`]); where those hold fewer
+/// query rows per workgroup than the packed tiles, the dispatch counts its
+/// blocks by the kernel that runs, so every row is computed. Forced with a
+/// small binding (keys of one value pack into 8) and workgroup memory that
+/// holds the packed tiles but not their staged form.
+#[test]
+fn a_packed_call_that_falls_back_computes_every_query_row() {
+    on_matrix_units(
+        "a_packed_call_that_falls_back_computes_every_query_row",
+        Size::Native,
+        |_| {
+            let mut fewer_rows = 0;
+            for workgroup_kib in [4u64, 8, 12, 32] {
+                let engine = Engine::with_options_blocking(EngineOptions {
+                    limits: webattn::DeviceLimits::default()
+                        .with("max_storage_buffer_binding_size", 64 << 10)
+                        .and_then(|l| {
+                            l.with("max_compute_workgroup_storage_size", workgroup_kib << 10)
+                        })
+                        .expect("known limits"),
+                    tuning_cache: webattn::tuning::TuningCache::Memory,
+                    ..Default::default()
+                })
+                .expect("an engine with small limits");
+                let case = CaseSpec::new("packed-fallback-rows", [1, 2, 1], [100, 6000], [1, 1])
+                    .with(|o| o.precision = Precision::Fast);
+                let results =
+                    pollster::block_on(run_case(&engine, &case, &[KernelPath::Fused], 13));
+                let keys: Vec<String> = engine
+                    .gpu()
+                    .expect("a GPU engine")
+                    .pipelines()
+                    .compiled_keys()
+                    .into_iter()
+                    .map(|k| k.to_string())
+                    .collect();
+                println!("{workgroup_kib} KiB: {keys:?}");
+                assert!(
+                    results.iter().all(|r| r.passed()),
+                    "{workgroup_kib} KiB of workgroup memory, {keys:?}: {results:?}"
+                );
+                if keys
+                    .iter()
+                    .any(|k| k.contains("NSG=1") || k.contains("NSG=2"))
+                {
+                    fewer_rows += 1;
+                }
+            }
+            // (At 8 KiB on Mesa 26's lavapipe: 16 rows staged where 32 were
+            // packed; before the fix, the rows past 50 of each head were 0.)
+            assert!(
+                fewer_rows > 0,
+                "no limit made the call fall back to tiles of fewer rows: the test no longer \
+                 reaches the case"
+            );
+        },
+    );
+}
+
 /// The matrix-unit kernel's tiles: calls at `Fast` take those `webattn
 /// tune` measured fastest where they are a candidate that fits, tiles pinned
 /// on a context before them, the largest that fit otherwise (a stale entry's

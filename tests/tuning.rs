@@ -248,6 +248,35 @@ fn auto_follows_the_measured_path_and_kernel() {
         "attention_fused"
     );
     assert!(compare(out.y.data(), &exact.y, &plain.y, DEFAULT_FLOOR).passed());
+    // At precision fast each path counts at its faster precision: unfused is
+    // faster in f32 (1.5 against 2.0 ms), but the matrix-unit fused kernel
+    // (0.6) beats the unfused path on the matrix units (1.0), so auto takes
+    // the fused path at fast and the unfused one at highest.
+    let mut table = TuningTable::new();
+    table.insert(
+        key_for_d8(gpu),
+        TunedEntry {
+            kernel: TunedKernel::Portable,
+            grouped_decode: None,
+            fused_ms: 2.0,
+            unfused_ms: 1.5,
+            decode: None,
+            coop_ms: Some(0.6),
+            unfused_coop_ms: Some(1.0),
+            fast_gemm: None,
+            coop_tiles: None,
+        },
+    );
+    table.save(&cache).unwrap();
+    let engine = engine_with(&cache);
+    engine.attention_host_blocking(&inputs, &options).unwrap();
+    assert_eq!(engine.last_call().unwrap().path, KernelPath::Unfused);
+    let fast = AttentionOptions {
+        precision: webattn::Precision::Fast,
+        ..Default::default()
+    };
+    engine.attention_host_blocking(&inputs, &fast).unwrap();
+    assert_eq!(engine.last_call().unwrap().path, KernelPath::Fused);
     // A memory-only engine reads no file.
     let memory = Engine::with_options_blocking(EngineOptions {
         backend: BackendPreference::Gpu,

@@ -21,7 +21,7 @@ pub use real::Real;
 use crate::error::Result;
 use crate::options::AttentionOptions;
 use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs};
-use crate::tensor::HostTensor;
+use crate::tensor::{checked_numel, try_filled, HostTensor};
 use head::{attend_head, attend_rows, HeadOutputs};
 
 /// The oracle's outputs at the precision they were computed in.
@@ -164,13 +164,17 @@ fn attention_in<F: Real>(
     let y_per_head = dims.q_len * dims.v_head_dim;
     let lse_per_head = dims.q_len;
     let qk_per_head = if options.qk_matmul_output_mode.is_some() {
-        dims.q_len * dims.total_len()
+        checked_numel("qk_matmul_output", &[dims.q_len, dims.total_len()])?
     } else {
         0
     };
-    let mut y = vec![F::ZERO; heads * y_per_head];
-    let mut lse = vec![F::ZERO; heads * lse_per_head];
-    let mut qk = vec![F::ZERO; heads * qk_per_head];
+    let mut y = try_filled("Y", checked_numel("Y", &dims.y_shape())?, F::ZERO)?;
+    let mut lse = try_filled("the logsumexp", heads * lse_per_head, F::ZERO)?;
+    let mut qk = try_filled(
+        "qk_matmul_output",
+        checked_numel("qk_matmul_output", &[heads, qk_per_head])?,
+        F::ZERO,
+    )?;
 
     let workers = worker_count(heads);
     let heads_per_worker = heads.div_ceil(workers);

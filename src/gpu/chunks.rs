@@ -70,9 +70,17 @@ pub(crate) fn chunk_len(
 ) -> Result<Option<usize>> {
     let len = crate::tensor::checked_numel("tensor", shape)? as u64;
     let stored = match dtype {
-        DType::F16 => len.div_ceil(2) * 4,
-        _ => len * 4,
-    };
+        DType::F16 => len.div_ceil(2).checked_mul(4),
+        _ => len.checked_mul(4),
+    }
+    .ok_or_else(|| {
+        Error::buffer_limit(
+            "a tensor's bytes",
+            u64::MAX,
+            max_buffer_size,
+            "max_buffer_size",
+        )
+    })?;
     if stored.div_ceil(16) * 16 <= max_buffer_size {
         return Ok(None);
     }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use crate::gpu::capabilities::Capabilities;
 use crate::gpu::ops::decode::{DecodeKernel, StreamShape, GROUPED_ROWS};
-use crate::options::RuntimeChecks;
+use crate::options::{Precision, RuntimeChecks};
 
 /// The first line of a cache file of this format.
 pub const HEADER: &str = "# webattn tuning cache, format 9";
@@ -160,6 +160,23 @@ pub struct TunedEntry {
     /// (`coop_ms` is their time), where the tuner timed several: calls at
     /// `Fast` take them where they fit.
     pub coop_tiles: Option<TunedCoop>,
+}
+
+impl TunedEntry {
+    /// The fused and the unfused path's measured times (ms) for a call at
+    /// `precision`. At [`Precision::Fast`] each path runs on the matrix
+    /// units where they measured faster, else in f32 (the planner's rule), so
+    /// its time is the smaller of the two it was measured at.
+    pub fn path_ms(&self, precision: Precision) -> (f64, f64) {
+        match precision {
+            Precision::Highest => (self.fused_ms, self.unfused_ms),
+            Precision::Fast => (
+                self.coop_ms.map_or(self.fused_ms, |c| c.min(self.fused_ms)),
+                self.unfused_coop_ms
+                    .map_or(self.unfused_ms, |c| c.min(self.unfused_ms)),
+            ),
+        }
+    }
 }
 
 /// Tiles of the matrix-unit fused kernel (`attention_coop`): the rest of its

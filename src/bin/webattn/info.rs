@@ -179,7 +179,16 @@ fn tuning_text(engine: &Engine, ctx: &webattn::GpuContext) -> String {
             ));
         }
         if !fast.is_empty() {
-            out += &format!("    matrix units at precision fast: {}\n", fast.join(", "));
+            let (fused_ms, unfused_ms) = entry.path_ms(webattn::Precision::Fast);
+            let path = if unfused_ms < fused_ms {
+                "unfused"
+            } else {
+                "fused"
+            };
+            out += &format!(
+                "    matrix units at precision fast: {}; auto at fast takes {path}\n",
+                fast.join(", ")
+            );
         }
     }
     out

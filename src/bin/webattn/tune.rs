@@ -156,6 +156,18 @@ fn print_reports(reports: &[webattn::tuning::TuneReport]) {
                 "  unfused on the matrix units (precision fast){form}: {coop:.3} ms, {verdict}"
             );
         }
+        if entry.coop_ms.is_some() || entry.unfused_coop_ms.is_some() {
+            let (fused_ms, unfused_ms) = entry.path_ms(webattn::Precision::Fast);
+            let path = if unfused_ms < fused_ms {
+                "unfused"
+            } else {
+                "fused"
+            };
+            println!(
+                "  auto at precision fast takes the {path} path ({fused_ms:.3} ms fused, \
+                 {unfused_ms:.3} ms unfused, each at its faster precision)"
+            );
+        }
         if !report.decode_timings.is_empty() {
             println!(
                 "  decode (B 1, H {}, one query row, {} keys):",

@@ -32,7 +32,7 @@ use std::cmp::Reverse;
 use crate::error::Result;
 use crate::options::{alibi_slopes, AttentionOptions};
 use crate::problem::{validate, AttentionInputs, AttentionOutputs};
-use crate::tensor::{checked_numel, HostTensor};
+use crate::tensor::{checked_numel, try_filled, HostTensor};
 use block::{Scratch, Shared, Unit, UnitJob};
 use rules::MaskBias;
 
@@ -115,10 +115,14 @@ impl CpuBackend {
             ldv: dv.div_ceil(nr) * nr,
         };
 
-        let mut y = vec![0.0f32; checked_numel("Y", &dims.y_shape())?];
-        let mut lse = vec![0.0f32; heads * nq];
+        let mut y = try_filled("Y", checked_numel("Y", &dims.y_shape())?, 0.0f32)?;
+        let mut lse = try_filled("the logsumexp", heads * nq, 0.0f32)?;
         let mut qk = match options.qk_matmul_output_mode {
-            Some(_) => vec![0.0f32; checked_numel("qk_matmul_output", &dims.scores_shape())?],
+            Some(_) => try_filled(
+                "qk_matmul_output",
+                checked_numel("qk_matmul_output", &dims.scores_shape())?,
+                0.0f32,
+            )?,
             None => Vec::new(),
         };
 

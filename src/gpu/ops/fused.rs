@@ -335,7 +335,6 @@ pub(crate) fn record_forward(
     stats: &wgpu::Buffer,
     part: KeyPart,
 ) -> Result<()> {
-    let q_blocks = dims.q_len.div_ceil(kernel.query_rows());
     let ctx = rec.ctx();
     let keys = dims.total_len();
     // The matrix-unit kernel's packed form where its packed K and V fit.
@@ -352,6 +351,8 @@ pub(crate) fn record_forward(
         other => (other, None),
     };
     let kernel = &kernel;
+    // (After the choice above: a staged or f32 kernel may hold fewer rows.)
+    let q_blocks = dims.q_len.div_ceil(kernel.query_rows());
     let packed_keys = match kernel {
         FusedKernel::Coop(tiles) => tiles.packed_keys(keys) as u32,
         _ => 0,
