@@ -299,13 +299,22 @@ impl Engine {
     }
 
     /// Writes the tuning table to the engine's cache file, natively; returns
-    /// the file, or `None` when the table lives in memory only.
+    /// the file, or `None` when the table lives in memory only. Entries the
+    /// file gained since the engine read it (another process tuning another
+    /// adapter or head dim at the same time) are kept; the engine's own
+    /// replace the file's key by key.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn save_tuning(&self) -> Result<Option<std::path::PathBuf>> {
         let (Some(path), Some(table)) = (&self.tuning_path, self.tuning_table()) else {
             return Ok(None);
         };
-        table.save(path)?;
+        let mut merged = std::fs::read_to_string(path)
+            .map(|text| crate::tuning::TuningTable::parse(&text).0)
+            .unwrap_or_default();
+        for (key, entry) in table.entries() {
+            merged.insert(key.clone(), *entry);
+        }
+        merged.save(path)?;
         Ok(Some(path.clone()))
     }
 

@@ -442,3 +442,46 @@ fn entries_timed_without_runtime_checks_are_followed_only_without_them() {
     let unchecked = String::from_utf8_lossy(&unchecked.stdout);
     assert!(unchecked.contains("head dims 8/8:"), "{unchecked}");
 }
+
+/// An engine saving its tuning keeps the entries another process saved to
+/// the file since the engine read it (two tunes at once, of two adapters or
+/// head dims), and its own replace the file's key by key.
+#[test]
+fn saving_keeps_what_another_process_saved_meanwhile() {
+    let Some(gpu) = common::gpu() else { return };
+    let cache = scratch("merge").join("tuning.tsv");
+    let caps = gpu.capabilities().unwrap();
+    let entry = |fused_ms: f64| TunedEntry {
+        kernel: TunedKernel::Portable,
+        grouped_decode: None,
+        fused_ms,
+        unfused_ms: 9.0,
+        decode: None,
+        coop_ms: None,
+        unfused_coop_ms: None,
+        fast_gemm: None,
+        coop_tiles: None,
+    };
+    let (mine, theirs) = (TuningKey::new(caps, 8, 8), TuningKey::new(caps, 16, 16));
+    let mut table = TuningTable::new();
+    table.insert(mine.clone(), entry(1.0));
+    table.save(&cache).unwrap();
+    let engine = engine_with(&cache);
+    // Another process saves its own table meanwhile: its entry for our key
+    // is older than ours, its other entry new to us.
+    let mut other = TuningTable::new();
+    other.insert(mine.clone(), entry(5.0));
+    other.insert(theirs.clone(), entry(2.0));
+    other.save(&cache).unwrap();
+    engine.save_tuning().unwrap();
+    let saved = TuningTable::load(&cache);
+    assert_eq!(saved.get(&mine).map(|e| e.fused_ms), Some(1.0));
+    assert_eq!(saved.get(&theirs).map(|e| e.fused_ms), Some(2.0));
+    // No temporary file is left beside it.
+    let left: Vec<_> = std::fs::read_dir(cache.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+}

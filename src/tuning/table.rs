@@ -527,7 +527,10 @@ impl TuningTable {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
-        let temp = path.with_extension(format!("tmp{}", std::process::id()));
+        // A name of its own per save: two engines of one process may save at once.
+        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let save = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let temp = path.with_extension(format!("tmp{}.{save}", std::process::id()));
         std::fs::write(&temp, self.to_text()).map_err(io)?;
         std::fs::rename(&temp, path).map_err(io)
     }
