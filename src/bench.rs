@@ -253,7 +253,8 @@ impl BigCopy {
         })
     }
 
-    /// Records and submits one copy.
+    /// Records and submits one copy (its pass timed where the context
+    /// profiles: the bandwidth ceiling's measurement).
     fn submit(&self, ctx: &GpuContext) -> Result<()> {
         let mut rec = Recorder::new(ctx, "big copy");
         rec.dispatch(
@@ -262,7 +263,13 @@ impl BigCopy {
             u64::from(self.workgroups),
         )?;
         rec.submit();
-        // The measurement times what follows the copy, not the copy.
+        Ok(())
+    }
+
+    /// Submits one copy to evict the caches before a measurement, which then
+    /// times what follows the copy, not the copy.
+    fn flush(&self, ctx: &GpuContext) -> Result<()> {
+        self.submit(ctx)?;
         ctx.restart_profile();
         Ok(())
     }
@@ -343,7 +350,11 @@ impl AttentionShape {
     /// Bytes of the f32 score matrix `[B, H, Nq, Nk]` that the unfused path
     /// materialises (the fused path never does).
     pub fn score_bytes(&self) -> u64 {
-        4 * (self.batch * self.heads * self.seq_q * self.seq_k) as u64
+        // (In u64: on wasm32 a usize product passes 2^32 at ordinary sizes.)
+        4 * [self.batch, self.heads, self.seq_q, self.seq_k]
+            .iter()
+            .map(|&d| d as u64)
+            .product::<u64>()
     }
 
     /// Bytes of K and V (f32) that one call must read at least once: what
@@ -355,12 +366,26 @@ impl AttentionShape {
     /// [`AttentionShape::kv_bytes`] with K and V stored as `dtype` (f16: half).
     pub fn kv_bytes_as(&self, dtype: crate::DType) -> u64 {
         let width = if dtype == crate::DType::F16 { 2 } else { 4 };
-        2 * width * (self.batch * self.kv_heads * self.seq_k * self.head_dim) as u64
+        2 * width
+            * [self.batch, self.kv_heads, self.seq_k, self.head_dim]
+                .iter()
+                .map(|&d| d as u64)
+                .product::<u64>()
     }
 
     /// Useful flops: 4·B·H·Nq·Nk·D (QKᵀ and PV), halved for causal square attention.
     pub fn flops(&self) -> f64 {
-        let full = 4.0 * (self.batch * self.heads * self.seq_q * self.seq_k * self.head_dim) as f64;
+        let full = 4.0
+            * [
+                self.batch,
+                self.heads,
+                self.seq_q,
+                self.seq_k,
+                self.head_dim,
+            ]
+            .iter()
+            .map(|&d| d as f64)
+            .product::<f64>();
         if self.causal && self.seq_q == self.seq_k {
             full / 2.0
         } else {
@@ -596,7 +621,7 @@ pub async fn attention_runs(
             measure_gpu_interleaved(ctx, repeats, engines.len(), async |i| {
                 if let Some(copy) = &flush {
                     // Its own submission: the timestamps cover the call only.
-                    copy.submit(ctx)?;
+                    copy.flush(ctx)?;
                 }
                 let (q, k, v) = &held[i];
                 engines[i]

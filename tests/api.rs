@@ -332,3 +332,24 @@ fn a_grouped_query_decode_row_is_measured_with_its_kv_heads() {
         assert!(m.measurement.median_ms() > 0.0, "{dtype:?}");
     }
 }
+
+/// The bandwidth ceiling is timed as the FMA ceiling is: by the copy's GPU
+/// timestamps where the adapter has them, not by the wall clock around its
+/// submission (which counted the submit and the wait in, and put decode's
+/// share of the ceiling too high).
+#[test]
+fn the_bandwidth_ceiling_is_timed_like_the_fma_ceiling() {
+    let Some(engine) = common::gpu() else { return };
+    let ctx = engine.gpu().expect("a GPU engine");
+    let repeats = webattn::bench::Repeats {
+        warmup: 1,
+        timed: 2,
+    };
+    let (_, fma) = pollster::block_on(webattn::bench::fma_ceiling(ctx, repeats)).unwrap();
+    let copy = pollster::block_on(webattn::bench::bandwidth_ceiling(ctx, repeats)).unwrap();
+    println!(
+        "fma ceiling {:?}, copy ceiling {:?}",
+        fma.clock, copy.measurement.clock
+    );
+    assert_eq!(copy.measurement.clock, fma.clock);
+}

@@ -846,7 +846,10 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     if !decode.is_empty() {
         println!("** share: K + V bytes read per second, over the bandwidth ceiling (GPU rows)");
         if bench::can_flush_caches(&engine) {
-            println!("   each GPU run follows a {} MiB copy, so K and V are read from memory, not from the cache", bench::COPY_BYTES >> 20);
+            let copied = copy_first
+                .as_ref()
+                .map_or(bench::COPY_BYTES, |b| b.bytes_moved / 2);
+            println!("   each GPU run follows a {} MiB copy, so K and V are read from memory, not from the cache", copied >> 20);
         }
     }
 
