@@ -32,7 +32,8 @@ pub fn split_heads(tensor: &'static str, t: &HostTensor, heads: usize) -> Result
             }
         }
     }
-    HostTensor::named(tensor, [b, heads, s, d], out)
+    // (f16 inputs stay f16: the device keeps them so.)
+    Ok(HostTensor::named(tensor, [b, heads, s, d], out)?.into_dtype(t.dtype()))
 }
 
 /// `[B, H, S, D]` → `[B, S, H·D]` (ONNX's 3D Y).
@@ -55,7 +56,7 @@ pub fn merge_heads(t: &HostTensor) -> Result<HostTensor> {
             }
         }
     }
-    HostTensor::named("Y", [b, s, heads * d], out)
+    Ok(HostTensor::named("Y", [b, s, heads * d], out)?.into_dtype(t.dtype()))
 }
 
 #[cfg(test)]
@@ -78,5 +79,13 @@ mod tests {
             split_heads("Q", &four, 2),
             Err(Error::Rank { .. })
         ));
+        // An f16 tensor stays f16 both ways.
+        let half = t.clone().into_dtype(crate::tensor::DType::F16);
+        let split = split_heads("Q", &half, 4).unwrap();
+        assert_eq!(split.dtype(), crate::tensor::DType::F16);
+        assert_eq!(
+            merge_heads(&split).unwrap().dtype(),
+            crate::tensor::DType::F16
+        );
     }
 }

@@ -276,7 +276,8 @@ export declare class WebAttn {
   warmup(shapes: { q: number[]; k: number[]; v: number[]; mask?: number[]; pastKey?: number[]; pastValue?: number[] }[], options?: AttentionOptions): Promise<number>;
   /** Runs the conformance sweep (`"quick"`, `"full"`) or the family's checks on this adapter against the f64 oracle. */
   check(kind?: "quick" | "full" | "family", onProgress?: (done: number, total: number, name: string, passed: boolean) => void): Promise<CheckReport>;
-  /** Times attention of one shape on a path (median of `timed` runs after `warmup`). */
+  /** Times attention of one shape on a path (median of `timed` runs after `warmup`); `path` `"auto"` (the
+   * default) times the path `attention` would take for that shape, which the result names. */
   benchmark(shape: { batch?: number; heads?: number; kvHeads?: number; seqQ?: number; seqK?: number; headDim?: number; causal?: boolean },
     options?: { path?: AttentionOptions["path"]; warmup?: number; timed?: number }): Promise<{ path: string; medianMs: number; gflops: number; samplesMs: number[] }>;
   /**

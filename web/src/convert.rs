@@ -62,6 +62,34 @@ pub fn shape(name: &'static str, v: Option<JsValue>) -> Result<Vec<usize>> {
         .collect()
 }
 
+/// An error for `data` (a typed array's, a mask's or lengths') whose buffer
+/// was detached: transferred to a worker (`postMessage`, `structuredClone`
+/// with `transfer`) or by `ArrayBuffer.prototype.transfer`. Reading such an
+/// array throws in JavaScript, which inside the engine's call would leave its
+/// promise pending and the engine busy; so it is refused first. (Browsers
+/// without `ArrayBuffer.prototype.detached` show a detached buffer as one of
+/// no bytes: a non-empty array over no bytes is refused too.)
+fn refuse_detached(name: &'static str, data: &JsValue) -> Result<()> {
+    let Some(buffer) = field(data, "buffer").filter(|b| b.is_object()) else {
+        return Ok(());
+    };
+    let number = |v: &JsValue, key: &str| field(v, key).and_then(|x| x.as_f64());
+    let detached = match field(&buffer, "detached").and_then(|d| d.as_bool()) {
+        Some(detached) => detached,
+        None => number(&buffer, "byteLength") == Some(0.0) && number(data, "length") != Some(0.0),
+    };
+    if detached {
+        return Err(Error::DType {
+            tensor: name,
+            expected: "data whose buffer is still this page's (not transferred)",
+            got: "a typed array over a detached ArrayBuffer (transferred to a worker, or by \
+                  ArrayBuffer.prototype.transfer)"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
 /// Values from a Float16Array (read through its bytes as f16 bits).
 fn float16_bits(data: &JsValue) -> Option<Vec<u16>> {
     let name = data.dyn_ref::<Object>()?.constructor().name();
@@ -89,6 +117,7 @@ fn floats(
 ) -> Result<(Vec<f32>, &'static str)> {
     let expected =
         "Float32Array, Float16Array, Uint16Array (f16 bits), Float64Array or an array of numbers";
+    refuse_detached(name, data)?;
     if let Some(bits) = float16_bits(data) {
         return Ok((widen_f16(name, &bits)?, "float16"));
     }
@@ -167,6 +196,7 @@ pub fn mask(v: &JsValue) -> Result<HostMask> {
     }
     let shape = shape(name, field(v, "shape"))?;
     let data = field(v, "data").unwrap_or(JsValue::UNDEFINED);
+    refuse_detached(name, &data)?;
     if let Some(a) = data.dyn_ref::<Uint8Array>() {
         return HostMask::bool(shape, a.to_vec().into_iter().map(|b| b != 0).collect());
     }
@@ -189,6 +219,7 @@ pub fn lengths(v: &JsValue) -> Result<Vec<i64>> {
         expected: "BigInt64Array, Int32Array or an array of whole numbers",
         got,
     };
+    refuse_detached("nonpad_kv_seqlen", v)?;
     if let Some(a) = v.dyn_ref::<BigInt64Array>() {
         return Ok(a.to_vec());
     }

@@ -686,10 +686,25 @@ impl EngineCore {
             warmup: whole(&options, "warmup", 1)?,
             timed: whole(&options, "timed", 3)?.max(1),
         };
-        let path = self.engine.resolve_path(&webattn::AttentionOptions {
-            path: asked,
-            ..Default::default()
-        });
+        // The path a call of this shape takes (auto: the one `attention`
+        // would take at these sizes and head dims, the tuner's choice included).
+        let dims = webattn::AttentionDims::plain(
+            shape.batch,
+            [shape.heads, shape.kv_heads],
+            [shape.seq_q, shape.seq_k],
+            [shape.head_dim, shape.head_dim],
+        );
+        let path = self
+            .engine
+            .choose_path(
+                &dims,
+                &webattn::AttentionOptions {
+                    path: asked,
+                    is_causal: shape.causal,
+                    ..Default::default()
+                },
+            )
+            .path;
         let m = bench::attention(&self.engine, shape, path, repeats)
             .await
             .js()?;

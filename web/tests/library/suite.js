@@ -240,6 +240,10 @@ function cases({ worker }) {
     const r = await engine.attention({ q, k, v }, { qNumHeads: H, kvNumHeads: Hk, verify: true });
     expect(JSON.stringify(r.y.shape) === JSON.stringify([B, S, H * D]), `3-D y shape ${r.y.shape}`);
     await rejects(() => engine.attention({ q, k, v }), "InvalidOption", /qNumHeads/);
+    // f16 3-D inputs stay f16, as 4-D ones do: Y comes back float16.
+    const half = (t) => ({ ...t, dtype: "float16" });
+    const r16 = await engine.attention({ q: half(q), k: half(k), v: half(v) }, { qNumHeads: H, kvNumHeads: Hk });
+    expect(r16.y.dtype === "float16" && JSON.stringify(r16.y.shape) === JSON.stringify([B, S, H * D]), `3-D f16 y: ${r16.y.dtype} ${r16.y.shape}`);
     const past = { pastKey: tensor(n, [B, Hk, 5, D]), pastValue: tensor(n, [B, Hk, 5, D]) };
     const q4 = tensor(n, [B, H, 3, D]), k4 = tensor(n, [B, Hk, 3, D]), v4 = tensor(n, [B, Hk, 3, D]);
     const p = await engine.attention({ q: q4, k: k4, v: v4, ...past }, { isCausal: true, returnPresent: true, verify: true });
@@ -301,6 +305,14 @@ function cases({ worker }) {
     msgs.push(await rejects(() => engine.benchmark({ heads: 0, kvHeads: 1 }), "InvalidOption", /heads must be at least 1/));
     msgs.push(await rejects(() => engine.rope(tensor(n, [1, 4, 8]), { bass: 10 }), "InvalidOption", /bass/));
     msgs.push(await rejects(() => engine.luong({ score: 5 }), "InvalidOption"));
+    // Data whose buffer was transferred away (detached) is refused, not read
+    // (reading it throws inside the call, which would never settle).
+    const moved = new Float32Array(q.data);
+    structuredClone(moved.buffer, { transfer: [moved.buffer] });
+    msgs.push(await rejects(() => engine.attention({ q: { data: moved, shape: q.shape }, k, v }), "DType", /detached/));
+    const movedMask = new Uint8Array(8 * 9);
+    structuredClone(movedMask.buffer, { transfer: [movedMask.buffer] });
+    msgs.push(await rejects(() => engine.attention({ q, k, v, mask: { data: movedMask, shape: [8, 9] } }), "DType", /detached/));
     const dev = await engine.upload(q);
     msgs.push(await rejects(() => engine.rope(dev), "DType", /read\(\)/));
     dev.dispose();
@@ -418,7 +430,12 @@ function cases({ worker }) {
     // Grouped queries: 4 query heads over 2 KV heads, one query row (decode).
     const g = await engine.benchmark({ heads: 4, kvHeads: 2, seqQ: 1, seqK: 600, headDim: 32 }, { timed: 2 });
     expect(g.medianMs > 0 && g.samplesMs.length === 2, JSON.stringify(g));
-    return `${r.path} ${r.medianMs.toFixed(2)} ms, ${r.gflops.toFixed(2)} GFLOP/s; GQA decode ${g.medianMs.toFixed(2)} ms`;
+    // Auto times the path a call of the shape takes: head dims the fused
+    // kernel refuses (above 256) run unfused on a GPU, as attention() does.
+    const wide = await engine.benchmark({ heads: 1, seqQ: 8, seqK: 8, headDim: 260 }, { timed: 1 });
+    const widePath = engine.adapter.gpu ? "unfused" : "cpu";
+    expect(wide.path === widePath, `head dim 260 timed on ${wide.path}, not ${widePath}`);
+    return `${r.path} ${r.medianMs.toFixed(2)} ms, ${r.gflops.toFixed(2)} GFLOP/s; GQA decode ${g.medianMs.toFixed(2)} ms; d 260 on ${wide.path}`;
   });
 
   add("tune", async (engine) => {
