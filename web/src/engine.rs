@@ -363,7 +363,18 @@ impl EngineCore {
                 };
                 let shape = convert::shape(name, Some(shape)).js()?;
                 let len = convert::elements(name, &shape).js()?;
-                let t = HostTensor::named(name, shape, vec![0.0; len]).js()?;
+                // Fallible: several tensors, each within the per-tensor cap,
+                // can still exceed what wasm32's memory holds (an abort there
+                // would end the module).
+                let mut zeros = Vec::new();
+                zeros.try_reserve_exact(len).map_err(|_| {
+                    to_js(&webattn::Error::OutOfMemory(format!(
+                        "allocating {name} for the warm-up ({} MiB)",
+                        (len as u64 * 4) >> 20
+                    )))
+                })?;
+                zeros.resize(len, 0.0);
+                let t = HostTensor::named(name, shape, zeros).js()?;
                 match heads {
                     Some(h) if t.shape().len() == 3 => {
                         webattn::layout::split_heads(name, &t, h).js().map(Some)
@@ -441,6 +452,8 @@ impl EngineCore {
         kind: String,
         progress: Option<Function>,
     ) -> Result<JsValue, JsValue> {
+        // A lost device is replaced first, as attention and upload do.
+        self.engine.recover().await.js()?;
         let report = |done: u32, total: u32, name: &str, passed: bool| {
             if let Some(f) = &progress {
                 let args = Array::of4(&done.into(), &total.into(), &name.into(), &passed.into());
@@ -512,6 +525,8 @@ impl EngineCore {
         progress: Option<Function>,
     ) -> Result<JsValue, JsValue> {
         convert::known_keys(&options, &["headDims"], "tune options")?;
+        // A lost device is replaced first: the tuner's engines share its context.
+        self.engine.recover().await.js()?;
         let bad = |what: String| js_error("InvalidOption", format!("tune: headDims {what}"));
         let dim = |v: &JsValue| -> Result<usize, JsValue> {
             match v.as_f64() {
@@ -619,6 +634,8 @@ impl EngineCore {
             "benchmark shape",
         )?;
         convert::known_keys(&options, &["path", "warmup", "timed"], "benchmark options")?;
+        // A lost device is replaced first: the inputs are uploaded before the call.
+        self.engine.recover().await.js()?;
         let whole = |v: &JsValue, key: &str, default: usize| -> Result<usize, JsValue> {
             match field(v, key) {
                 None => Ok(default),
