@@ -153,6 +153,9 @@ pub struct Engine {
     last_call: Mutex<Option<CallStats>>,
     /// The tuning cache file the table was read from and is saved to.
     tuning_path: Option<std::path::PathBuf>,
+    /// The table as last read from or written to that file: what this
+    /// engine changed since is what a save writes (see [`Engine::save_tuning`]).
+    tuning_base: Mutex<crate::tuning::TuningTable>,
 }
 
 impl Engine {
@@ -234,6 +237,12 @@ impl Engine {
         let mut engine = Self::with_backend(backend, options.score_budget_bytes);
         engine.cpu = CpuBackend::new(options.cpu_threads);
         engine.tuning_path = options.tuning_cache.path();
+        if let Some(table) = engine.tuning_table() {
+            *engine
+                .tuning_base
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = table;
+        }
         Ok(engine)
     }
 
@@ -278,6 +287,7 @@ impl Engine {
             cpu: CpuBackend::default(),
             last_call: Mutex::new(None),
             tuning_path: None,
+            tuning_base: Mutex::new(crate::tuning::TuningTable::new()),
         }
     }
 
@@ -299,22 +309,35 @@ impl Engine {
     }
 
     /// Writes the tuning table to the engine's cache file, natively; returns
-    /// the file, or `None` when the table lives in memory only. Entries the
-    /// file gained since the engine read it (another process tuning another
-    /// adapter or head dim at the same time) are kept; the engine's own
-    /// replace the file's key by key.
+    /// the file, or `None` when the table lives in memory only. Only what the
+    /// engine changed since it read (or last wrote) the file is written: its
+    /// new or re-measured entries, and the removal of stale ones nobody else
+    /// has replaced meanwhile. Entries another process saved in between (a
+    /// tune of another adapter or head dim at the same time) are kept.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn save_tuning(&self) -> Result<Option<std::path::PathBuf>> {
         let (Some(path), Some(table)) = (&self.tuning_path, self.tuning_table()) else {
             return Ok(None);
         };
+        let mut base = self
+            .tuning_base
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let mut merged = std::fs::read_to_string(path)
             .map(|text| crate::tuning::TuningTable::parse(&text).0)
             .unwrap_or_default();
         for (key, entry) in table.entries() {
-            merged.insert(key.clone(), *entry);
+            if base.get(key) != Some(entry) {
+                merged.insert(key.clone(), *entry);
+            }
+        }
+        for (key, entry) in base.entries() {
+            if table.get(key).is_none() && merged.get(key) == Some(entry) {
+                merged.remove(key);
+            }
         }
         merged.save(path)?;
+        *base = table;
         Ok(Some(path.clone()))
     }
 
@@ -364,7 +387,23 @@ impl Engine {
                     && !crate::gpu::ops::decode::DecodePlan::applies(dims))
                 .then(|| ctx.tuned(dims.head_dim, dims.v_head_dim))
                 .flatten()
-                .map(|t| t.path_ms(options.precision))
+                .map(|t| {
+                    // Each path's time as it runs here: on the matrix units
+                    // only where the adapter has them now and the planner
+                    // puts the call there (where they measured no slower).
+                    let (dk, dv) = (dims.head_dim, dims.v_head_dim);
+                    let fast = options.precision == crate::Precision::Fast
+                        && crate::gpu::planner::coop_shape(&ctx.caps).is_some();
+                    let fused_units = fast
+                        && matches!(
+                            ctx.fused_kernel_at(dk, dv, crate::Precision::Fast),
+                            Ok(crate::gpu::ops::fused::FusedKernel::Coop(_))
+                        );
+                    let unfused_units = fast
+                        && ctx.unfused_precision(dk, dv, crate::Precision::Fast)
+                            == crate::Precision::Fast;
+                    t.path_ms([fused_units, unfused_units])
+                })
                 .filter(|(fused, unfused)| unfused < fused);
                 match FusedTiles::for_dims(dims.head_dim, dims.v_head_dim, &ctx.caps.limits) {
                     Ok(_) => match unfused_faster {

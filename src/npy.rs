@@ -58,9 +58,12 @@ fn header_shape(bytes: &[u8]) -> Option<Vec<u64>> {
     let start = if *bytes.get(6)? == 1 { 10 } else { 12 };
     let end = data_offset(bytes)?.min(bytes.len());
     let header = std::str::from_utf8(bytes.get(start..end)?).ok()?;
-    let after = header.split_once("'shape'")?.1;
-    let open = after.find('(')?;
-    let close = open + after[open..].find(')')?;
+    // The key in either quotes; its last occurrence (numpy writes it last,
+    // after a descr that may name a field 'shape'); a tuple or a list.
+    let at = header.rfind("'shape'").max(header.rfind("\"shape\""))?;
+    let after = &header[at + "'shape'".len()..];
+    let open = after.find(['(', '['])?;
+    let close = open + after[open..].find([')', ']'])?;
     after[open + 1..close]
         .split(',')
         .map(str::trim)

@@ -200,8 +200,8 @@ fn a_repeated_pattern_fills_a_tensor_on_the_device_and_on_the_cpu() {
         // lavapipe hands out buffers of device memory it never touches, so
         // only a device's own allocation can refuse that there).
         let lens: &[usize] = match engine.gpu() {
-            Some(_) => &[1 << 62],
-            None => &[1 << 45, 1 << 62],
+            None if cfg!(target_arch = "x86_64") => &[1 << 45, 1 << 62],
+            _ => &[1 << 62],
         };
         for &len in lens {
             let err = pollster::block_on(engine.upload_repeated(&[len], &pattern))
@@ -219,7 +219,9 @@ fn a_repeated_pattern_fills_a_tensor_on_the_device_and_on_the_cpu() {
 
 /// Outputs the host cannot allocate (Y of 2^45 values, from 48 MiB of
 /// inputs) are a typed error on the CPU backend and the oracle, not an
-/// aborted process.
+/// aborted process. (On x86-64, whose processes address 128 TiB: elsewhere a
+/// permissive overcommit might grant the allocation.)
+#[cfg(target_arch = "x86_64")]
 #[test]
 fn outputs_the_host_cannot_hold_are_out_of_memory_on_the_cpu() {
     let q = HostTensor::new([1, 1, 1 << 22, 1], vec![0.0; 1 << 22]).unwrap();

@@ -485,8 +485,14 @@ fn npy_bytes(shape: &[usize], kind: u8) -> Vec<u8> {
 /// are on, as in `cargo test`), for a file of a hundred bytes.
 #[test]
 fn an_npy_header_whose_count_overflows_is_a_file_error() {
-    for shape in ["(4294967296, 4294967296)", "(0, 4294967296, 4294967296)"] {
-        let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}");
+    for shape in [
+        "'shape': (4294967296, 4294967296)",
+        "'shape': (0, 4294967296, 4294967296)",
+        // Forms npyz's parser also takes: the key in double quotes, a list.
+        "\"shape\": (4294967296, 4294967296)",
+        "'shape': [4294967296, 4294967296]",
+    ] {
+        let mut header = format!("{{'descr': '<f4', 'fortran_order': False, {shape}, }}");
         while (10 + header.len() + 1) % 64 != 0 {
             header.push(' ');
         }

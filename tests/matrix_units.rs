@@ -1197,6 +1197,52 @@ fn a_packed_call_that_falls_back_computes_every_query_row() {
     );
 }
 
+/// `Auto` at `Fast` compares each path as it runs: on the matrix units where
+/// they measured faster. Unfused is faster in f32 (1.5 against 2.0 ms), but
+/// the matrix-unit fused kernel (0.6) beats the unfused path on the matrix
+/// units (1.0): fused at fast, unfused at highest.
+#[test]
+fn auto_at_fast_compares_the_paths_on_the_matrix_units() {
+    on_matrix_units(
+        "auto_at_fast_compares_the_paths_on_the_matrix_units",
+        Size::Native,
+        |_| {
+            use webattn::tuning::{TunedEntry, TunedKernel, TuningCache, TuningKey};
+            let engine = Engine::with_options_blocking(EngineOptions {
+                tuning_cache: TuningCache::Memory,
+                ..Default::default()
+            })
+            .expect("an engine of its own");
+            let ctx = engine.gpu().expect("a GPU engine");
+            ctx.record_tuning(
+                TuningKey::new(ctx.capabilities(), 8, 8),
+                TunedEntry {
+                    kernel: TunedKernel::Portable,
+                    grouped_decode: None,
+                    fused_ms: 2.0,
+                    unfused_ms: 1.5,
+                    decode: None,
+                    coop_ms: Some(0.6),
+                    unfused_coop_ms: Some(1.0),
+                    fast_gemm: None,
+                    coop_tiles: None,
+                },
+            );
+            for (precision, want) in [
+                (Precision::Highest, KernelPath::Unfused),
+                (Precision::Fast, KernelPath::Fused),
+            ] {
+                let case = CaseSpec::new("auto-at-fast", [1, 2, 2], [33, 40], [8, 8])
+                    .with(|o| o.precision = precision);
+                let results = pollster::block_on(run_case(&engine, &case, &[KernelPath::Auto], 7));
+                assert!(results.iter().all(|r| r.passed()), "{results:?}");
+                let call = engine.last_call().expect("a call");
+                assert_eq!(call.path, want, "{precision:?}: {:?}", call.reason);
+            }
+        },
+    );
+}
+
 /// The matrix-unit kernel's tiles: calls at `Fast` take those `webattn
 /// tune` measured fastest where they are a candidate that fits, tiles pinned
 /// on a context before them, the largest that fit otherwise (a stale entry's

@@ -81,7 +81,11 @@ pub(crate) fn chunk_len(
             "max_buffer_size",
         )
     })?;
-    if stored.div_ceil(16) * 16 <= max_buffer_size {
+    if stored
+        .div_ceil(16)
+        .checked_mul(16)
+        .is_some_and(|padded| padded <= max_buffer_size)
+    {
         return Ok(None);
     }
     // f32 values per buffer, so that a widened chunk fits one too (and, on

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use crate::gpu::capabilities::Capabilities;
 use crate::gpu::ops::decode::{DecodeKernel, StreamShape, GROUPED_ROWS};
-use crate::options::{Precision, RuntimeChecks};
+use crate::options::RuntimeChecks;
 
 /// The first line of a cache file of this format.
 pub const HEADER: &str = "# webattn tuning cache, format 9";
@@ -163,19 +163,28 @@ pub struct TunedEntry {
 }
 
 impl TunedEntry {
-    /// The fused and the unfused path's measured times (ms) for a call at
-    /// `precision`. At [`Precision::Fast`] each path runs on the matrix
-    /// units where they measured faster, else in f32 (the planner's rule), so
-    /// its time is the smaller of the two it was measured at.
-    pub fn path_ms(&self, precision: Precision) -> (f64, f64) {
-        match precision {
-            Precision::Highest => (self.fused_ms, self.unfused_ms),
-            Precision::Fast => (
-                self.coop_ms.map_or(self.fused_ms, |c| c.min(self.fused_ms)),
-                self.unfused_coop_ms
-                    .map_or(self.unfused_ms, |c| c.min(self.unfused_ms)),
-            ),
-        }
+    /// The fused and the unfused path's measured times (ms), each path's
+    /// time at `Precision::Fast` (its matrix-unit run, where measured) where
+    /// `[fused, unfused]` says it runs on the matrix units, else its f32 time.
+    pub fn path_ms(&self, [fused_units, unfused_units]: [bool; 2]) -> (f64, f64) {
+        let pick = |units: bool, fast: Option<f64>, f32_ms: f64| match (units, fast) {
+            (true, Some(ms)) => ms,
+            _ => f32_ms,
+        };
+        (
+            pick(fused_units, self.coop_ms, self.fused_ms),
+            pick(unfused_units, self.unfused_coop_ms, self.unfused_ms),
+        )
+    }
+
+    /// [`TunedEntry::path_ms`] for a call at `Precision::Fast` on the adapter
+    /// as it was measured: each path on the matrix units where they measured
+    /// no slower than its f32 form (the planner's rule).
+    pub fn fast_path_ms(&self) -> (f64, f64) {
+        self.path_ms([
+            self.coop_ms.is_some_and(|c| c <= self.fused_ms),
+            self.unfused_coop_ms.is_some_and(|c| c <= self.unfused_ms),
+        ])
     }
 }
 

@@ -22,8 +22,10 @@ export interface Tensor {
   data: TensorData;
   shape: readonly number[];
   /** `"float16"` stores any data as f16 (rounded to nearest); Uint16Array
-   * data always holds f16 bits, so any other value is an error there. */
-  dtype?: "float16";
+   * data always holds f16 bits, so any other value is an error there.
+   * `"float32"` (what a returned `HostTensor` says) keeps f32 data as it is;
+   * any other value is a `DType` error. */
+  dtype?: "float16" | "float32";
 }
 
 /** A tensor returned by the engine. */

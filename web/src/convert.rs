@@ -68,7 +68,7 @@ pub fn shape(name: &'static str, v: Option<JsValue>) -> Result<Vec<usize>> {
 /// array throws in JavaScript, which inside the engine's call would leave its
 /// promise pending and the engine busy; so it is refused first. (Browsers
 /// without `ArrayBuffer.prototype.detached` show a detached buffer as one of
-/// no bytes: a non-empty array over no bytes is refused too.)
+/// no bytes, as an empty one: there any buffer of no bytes is refused.)
 fn refuse_detached(name: &'static str, data: &JsValue) -> Result<()> {
     let Some(buffer) = field(data, "buffer").filter(|b| b.is_object()) else {
         return Ok(());
@@ -76,14 +76,14 @@ fn refuse_detached(name: &'static str, data: &JsValue) -> Result<()> {
     let number = |v: &JsValue, key: &str| field(v, key).and_then(|x| x.as_f64());
     let detached = match field(&buffer, "detached").and_then(|d| d.as_bool()) {
         Some(detached) => detached,
-        None => number(&buffer, "byteLength") == Some(0.0) && number(data, "length") != Some(0.0),
+        None => number(&buffer, "byteLength") == Some(0.0),
     };
     if detached {
         return Err(Error::DType {
             tensor: name,
             expected: "data whose buffer is still this page's (not transferred)",
             got: "a typed array over a detached ArrayBuffer (transferred to a worker, or by \
-                  ArrayBuffer.prototype.transfer)"
+                  ArrayBuffer.prototype.transfer; or, where the browser cannot tell, an empty one)"
                 .into(),
         });
     }
@@ -118,6 +118,13 @@ fn floats(
     let expected =
         "Float32Array, Float16Array, Uint16Array (f16 bits), Float64Array or an array of numbers";
     refuse_detached(name, data)?;
+    if let Some(other) = dtype.filter(|d| !matches!(*d, "float16" | "float32")) {
+        return Err(Error::DType {
+            tensor: name,
+            expected: "dtype \"float16\" or \"float32\" (or none)",
+            got: format!("dtype {other:?}"),
+        });
+    }
     if let Some(bits) = float16_bits(data) {
         return Ok((widen_f16(name, &bits)?, "float16"));
     }
@@ -420,8 +427,13 @@ pub fn call_options(options: &JsValue) -> Result<CallOptions> {
     }
     let heads = |name: &'static str| -> Result<Option<usize>> {
         match whole(options, name)? {
-            Some(n) if n > 0 => Ok(Some(n as usize)),
-            Some(n) => Err(invalid(name, &JsValue::from(n as f64), "must be positive")),
+            // (Within u32: `as usize` would wrap on wasm32, 2^32 + 4 heads to 4.)
+            Some(n) if n > 0 && n <= i64::from(u32::MAX) => Ok(Some(n as usize)),
+            Some(n) => Err(invalid(
+                name,
+                &JsValue::from(n as f64),
+                "must be a positive whole number below 2^32",
+            )),
             None => Ok(None),
         }
     };

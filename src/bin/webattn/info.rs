@@ -179,7 +179,7 @@ fn tuning_text(engine: &Engine, ctx: &webattn::GpuContext) -> String {
             ));
         }
         if !fast.is_empty() {
-            let (fused_ms, unfused_ms) = entry.path_ms(webattn::Precision::Fast);
+            let (fused_ms, unfused_ms) = entry.fast_path_ms();
             let path = if unfused_ms < fused_ms {
                 "unfused"
             } else {

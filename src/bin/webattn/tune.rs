@@ -157,7 +157,7 @@ fn print_reports(reports: &[webattn::tuning::TuneReport]) {
             );
         }
         if entry.coop_ms.is_some() || entry.unfused_coop_ms.is_some() {
-            let (fused_ms, unfused_ms) = entry.path_ms(webattn::Precision::Fast);
+            let (fused_ms, unfused_ms) = entry.fast_path_ms();
             let path = if unfused_ms < fused_ms {
                 "unfused"
             } else {

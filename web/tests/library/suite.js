@@ -240,6 +240,8 @@ function cases({ worker }) {
     const r = await engine.attention({ q, k, v }, { qNumHeads: H, kvNumHeads: Hk, verify: true });
     expect(JSON.stringify(r.y.shape) === JSON.stringify([B, S, H * D]), `3-D y shape ${r.y.shape}`);
     await rejects(() => engine.attention({ q, k, v }), "InvalidOption", /qNumHeads/);
+    // A head count past 2^32 is refused, not wrapped (2^32 + 4 would read as 4 on wasm32).
+    await rejects(() => engine.attention({ q, k, v }, { qNumHeads: 2 ** 32 + H, kvNumHeads: Hk }), "InvalidOption", /qNumHeads/);
     // f16 3-D inputs stay f16, as 4-D ones do: Y comes back float16.
     const half = (t) => ({ ...t, dtype: "float16" });
     const r16 = await engine.attention({ q: half(q), k: half(k), v: half(v) }, { qNumHeads: H, kvNumHeads: Hk });
@@ -305,6 +307,8 @@ function cases({ worker }) {
     msgs.push(await rejects(() => engine.benchmark({ heads: 0, kvHeads: 1 }), "InvalidOption", /heads must be at least 1/));
     msgs.push(await rejects(() => engine.rope(tensor(n, [1, 4, 8]), { bass: 10 }), "InvalidOption", /bass/));
     msgs.push(await rejects(() => engine.luong({ score: 5 }), "InvalidOption"));
+    // A dtype the engine does not know is refused, not ignored.
+    msgs.push(await rejects(() => engine.attention({ q: { ...q, dtype: "fp16" }, k, v }), "DType", /fp16/));
     // Data whose buffer was transferred away (detached) is refused, not read
     // (reading it throws inside the call, which would never settle).
     const moved = new Float32Array(q.data);
