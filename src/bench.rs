@@ -14,6 +14,8 @@ use crate::gpu::recorder::Recorder;
 use crate::gpu::registry::Kernel;
 use crate::rng::SplitMix64;
 
+pub mod clock_guard;
+
 /// How a measurement was timed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Clock {
@@ -30,9 +32,34 @@ pub struct Measurement {
     pub samples_ms: Vec<f64>,
     /// How the runs were timed.
     pub clock: Clock,
+    /// Runs discarded and taken again because the clock guard's probe
+    /// beside them read slow ([`clock_guard`]).
+    pub retaken: usize,
+    /// Runs kept although a probe beside them read slow (the retakes ran
+    /// out): the median may hold a GPU with its clocks down.
+    pub throttled: usize,
 }
 
 impl Measurement {
+    /// Runs timed by the wall clock, with no clock guard.
+    pub fn wall(samples_ms: Vec<f64>) -> Measurement {
+        Measurement {
+            samples_ms,
+            clock: Clock::Wall,
+            retaken: 0,
+            throttled: 0,
+        }
+    }
+
+    /// The fastest run in milliseconds.
+    pub fn min_ms(&self) -> f64 {
+        self.samples_ms
+            .iter()
+            .copied()
+            .min_by(f64::total_cmp)
+            .unwrap_or(f64::NAN)
+    }
+
     /// The median run time in milliseconds.
     pub fn median_ms(&self) -> f64 {
         let mut s = self.samples_ms.clone();
@@ -94,51 +121,109 @@ pub async fn measure_gpu_interleaved(
 ) -> Result<Vec<Measurement>> {
     let gpu_timed = ctx.set_profiling(true);
     let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let mut clocks = vec![
-        if gpu_timed {
-            Clock::GpuTimestamps
-        } else {
-            Clock::Wall
+    let mut measured = vec![
+        Measurement {
+            samples_ms: Vec::with_capacity(repeats.timed),
+            clock: if gpu_timed {
+                Clock::GpuTimestamps
+            } else {
+                Clock::Wall
+            },
+            retaken: 0,
+            throttled: 0,
         };
         count
     ];
-    let mut samples = vec![Vec::with_capacity(repeats.timed); count];
-    let mut outcome = Ok(());
-    'rounds: for round in 0..repeats.warmup + repeats.timed {
-        for piece in 0..count {
-            let start = Instant::now();
-            ctx.restart_profile();
-            outcome = submit(piece).await;
-            if outcome.is_ok() {
-                outcome = ctx.finish().await;
-            }
-            let wall = start.elapsed().as_secs_f64() * 1e3;
-            if outcome.is_err() {
-                break 'rounds;
-            }
-            let gpu = if gpu_timed {
-                ctx.last_gpu_ms().await?
-            } else {
-                None
-            };
-            if round >= repeats.warmup {
-                samples[piece].push(gpu.unwrap_or_else(|| {
-                    clocks[piece] = Clock::Wall;
-                    wall
-                }));
-            }
-        }
-    }
+    let outcome = timed_rounds(ctx, repeats, gpu_timed, &mut measured, &mut submit).await;
     ctx.set_profiling(false);
     if let Some(e) = scope.pop().await {
         return Err(crate::gpu::context::classify("benchmark", &e));
     }
     outcome?;
-    Ok(samples
-        .into_iter()
-        .zip(clocks)
-        .map(|(samples_ms, clock)| Measurement { samples_ms, clock })
-        .collect())
+    Ok(measured)
+}
+
+/// The rounds of [`measure_gpu_interleaved`], into `measured`: each piece's
+/// run timed, bracketed by the clock guard's probes where it is on.
+async fn timed_rounds(
+    ctx: &GpuContext,
+    repeats: Repeats,
+    gpu_timed: bool,
+    measured: &mut [Measurement],
+    submit: &mut impl AsyncFnMut(usize) -> Result<()>,
+) -> Result<()> {
+    use clock_guard::Verdict;
+    let probe = match gpu_timed && ctx.clock_guard_on() {
+        true => Some(FmaRun::new(ctx, clock_guard::PROBE_SHAPE)?),
+        false => None,
+    };
+    // Whether the last probe read slow (none yet: not slow).
+    let mut slow = match &probe {
+        Some(probe) => probe_slow(ctx, probe).await?,
+        None => false,
+    };
+    let mut retakes_left = vec![clock_guard::retake_budget(repeats.timed); measured.len()];
+    for round in 0..repeats.warmup + repeats.timed {
+        for (piece, measurement) in measured.iter_mut().enumerate() {
+            loop {
+                let start = Instant::now();
+                ctx.restart_profile();
+                submit(piece).await?;
+                ctx.finish().await?;
+                let wall = start.elapsed().as_secs_f64() * 1e3;
+                let gpu = if gpu_timed {
+                    ctx.last_gpu_ms().await?
+                } else {
+                    None
+                };
+                let slow_before = slow;
+                if let Some(probe) = &probe {
+                    slow = probe_slow(ctx, probe).await?;
+                }
+                if round < repeats.warmup {
+                    break;
+                }
+                match clock_guard::verdict(slow_before, slow, retakes_left[piece]) {
+                    Verdict::Retake => {
+                        retakes_left[piece] -= 1;
+                        measurement.retaken += 1;
+                        // Let the clocks come back before the retake.
+                        if let Some(probe) = &probe {
+                            for _ in 0..clock_guard::RECOVERY_PROBES {
+                                if !slow {
+                                    break;
+                                }
+                                slow = probe_slow(ctx, probe).await?;
+                            }
+                        }
+                        continue;
+                    }
+                    Verdict::KeepThrottled => measurement.throttled += 1,
+                    Verdict::Keep => {}
+                }
+                measurement.samples_ms.push(gpu.unwrap_or_else(|| {
+                    measurement.clock = Clock::Wall;
+                    wall
+                }));
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs the clock guard's probe alone and says whether it read slow against
+/// the fastest probe seen on the device (which it may become).
+async fn probe_slow(ctx: &GpuContext, probe: &FmaRun) -> Result<bool> {
+    ctx.restart_profile();
+    probe.submit(ctx, "clock probe")?;
+    ctx.finish().await?;
+    let gflops = match ctx.last_gpu_ms().await? {
+        Some(ms) if ms > 0.0 => probe.flops / (ms * 1e6),
+        _ => f64::NAN,
+    };
+    let fastest = ctx.note_clock_probe(gflops);
+    Ok(clock_guard::is_slow(gflops, fastest))
 }
 
 /// Flops per invocation and round of `shaders/fma_peak.wgsl`: 32 vec4 fmas.
@@ -146,42 +231,72 @@ const FMA_FLOPS_PER_ROUND: f64 = 32.0 * 4.0 * 2.0;
 
 /// Flops of one run of the FMA-ceiling kernel.
 pub fn fma_ceiling_flops() -> f64 {
-    let (workgroups, invocations, iterations) = FMA_SHAPE;
-    f64::from(workgroups * invocations * iterations) * FMA_FLOPS_PER_ROUND
+    FmaRun::flops_of(FMA_SHAPE)
 }
 
 /// Workgroups, invocations per workgroup and rounds of the FMA-ceiling run.
 const FMA_SHAPE: (u32, u32, u32) = (2048, 64, 256);
 
-/// The device's FMA throughput ceiling in GFLOP/s, with its measurement.
-pub async fn fma_ceiling(ctx: &GpuContext, repeats: Repeats) -> Result<(f64, Measurement)> {
-    #[repr(C)]
-    #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-    struct Params {
-        iterations: u32,
-        mul: f32,
-        add: f32,
-        _pad: u32,
+/// One dispatch of `shaders/fma_peak.wgsl` of a given shape (workgroups,
+/// invocations, rounds): the FMA ceiling's kernel, and the clock guard's
+/// probe at a quarter of its rounds.
+struct FmaRun {
+    pipeline: std::sync::Arc<crate::gpu::pipeline::Pipeline>,
+    uniform: wgpu::Buffer,
+    sink: wgpu::Buffer,
+    workgroups: u32,
+    flops: f64,
+}
+
+impl FmaRun {
+    fn flops_of((workgroups, invocations, rounds): (u32, u32, u32)) -> f64 {
+        f64::from(workgroups) * f64::from(invocations) * f64::from(rounds) * FMA_FLOPS_PER_ROUND
     }
-    let (workgroups, invocations, iterations) = FMA_SHAPE;
-    let params = Params {
-        iterations,
-        mul: 0.999,
-        add: 1e-3,
-        _pad: 0,
-    };
-    let key = PipelineKey::new(Kernel::FmaPeak).with("WORKGROUP", i64::from(invocations));
-    let pipeline = ctx.pipelines.get(&key);
-    let uniform = buffer::uniform(ctx, "fma params", &params);
-    let sink = buffer::storage(ctx, "fma sink", (workgroups * invocations * 4) as usize)?;
-    let m = measure_gpu(ctx, repeats, async || {
-        let mut rec = Recorder::new(ctx, "fma ceiling");
-        rec.dispatch(&pipeline, &[&uniform, &sink], u64::from(workgroups))?;
+
+    fn new(ctx: &GpuContext, shape: (u32, u32, u32)) -> Result<FmaRun> {
+        #[repr(C)]
+        #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+        struct Params {
+            iterations: u32,
+            mul: f32,
+            add: f32,
+            _pad: u32,
+        }
+        let (workgroups, invocations, iterations) = shape;
+        let params = Params {
+            iterations,
+            mul: 0.999,
+            add: 1e-3,
+            _pad: 0,
+        };
+        let key = PipelineKey::new(Kernel::FmaPeak).with("WORKGROUP", i64::from(invocations));
+        Ok(FmaRun {
+            pipeline: ctx.pipelines.get(&key),
+            uniform: buffer::uniform(ctx, "fma params", &params),
+            sink: buffer::storage(ctx, "fma sink", (workgroups * invocations * 4) as usize)?,
+            workgroups,
+            flops: Self::flops_of(shape),
+        })
+    }
+
+    /// Records and submits one run.
+    fn submit(&self, ctx: &GpuContext, label: &str) -> Result<()> {
+        let mut rec = Recorder::new(ctx, label);
+        rec.dispatch(
+            &self.pipeline,
+            &[&self.uniform, &self.sink],
+            u64::from(self.workgroups),
+        )?;
         rec.submit();
         Ok(())
-    })
-    .await?;
-    Ok((m.gflops(fma_ceiling_flops()), m))
+    }
+}
+
+/// The device's FMA throughput ceiling in GFLOP/s, with its measurement.
+pub async fn fma_ceiling(ctx: &GpuContext, repeats: Repeats) -> Result<(f64, Measurement)> {
+    let run = FmaRun::new(ctx, FMA_SHAPE)?;
+    let m = measure_gpu(ctx, repeats, async || run.submit(ctx, "fma ceiling")).await?;
+    Ok((m.gflops(run.flops), m))
 }
 
 /// The largest copy the bandwidth ceiling makes: 256 MiB, far beyond any
@@ -581,10 +696,7 @@ pub async fn attention_runs(
                         samples.push(start.elapsed().as_secs_f64() * 1e3);
                     }
                 }
-                measurements.push(Measurement {
-                    samples_ms: samples,
-                    clock: Clock::Wall,
-                });
+                measurements.push(Measurement::wall(samples));
             }
             measurements
         }
@@ -710,10 +822,7 @@ pub async fn token_step(
             samples.push(start.elapsed().as_secs_f64() * 1e3);
         }
     }
-    Ok(Measurement {
-        samples_ms: samples,
-        clock: Clock::Wall,
-    })
+    Ok(Measurement::wall(samples))
 }
 
 /// Milliseconds to append one token's keys and values to a [`crate::KvCache`]
@@ -753,8 +862,5 @@ pub async fn kv_append(
             samples.push(start.elapsed().as_secs_f64() * 1e3);
         }
     }
-    Ok(Measurement {
-        samples_ms: samples,
-        clock: Clock::Wall,
-    })
+    Ok(Measurement::wall(samples))
 }

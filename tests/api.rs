@@ -355,3 +355,48 @@ fn the_bandwidth_ceiling_is_timed_like_the_fma_ceiling() {
     );
     assert_eq!(copy.measurement.clock, fma.clock);
 }
+
+/// The clock guard (`bench::clock_guard`): off by default on a CPU adapter
+/// (lavapipe), and when turned on every timed run still counts once, with
+/// probes run around the runs (their fastest recorded on the context) and
+/// retakes within the budget.
+#[test]
+fn the_clock_guard_probes_around_each_run_where_it_is_on() {
+    let Some(engine) = common::gpu() else { return };
+    let ctx = engine.gpu().expect("a GPU engine");
+    let repeats = webattn::bench::Repeats {
+        warmup: 1,
+        timed: 3,
+    };
+    let cpu_adapter = ctx.capabilities().adapter.device_type == "Cpu";
+    if cpu_adapter {
+        assert!(
+            !ctx.clock_guard_on(),
+            "the guard is off by default on a CPU adapter"
+        );
+        let (_, m) = pollster::block_on(webattn::bench::fma_ceiling(ctx, repeats)).unwrap();
+        assert_eq!((m.retaken, m.throttled), (0, 0));
+        assert_eq!(ctx.fastest_clock_probe_gflops(), None, "no probe ran");
+    }
+    ctx.set_clock_guard(Some(true));
+    if !ctx.capabilities().timestamp_query {
+        assert!(!ctx.clock_guard_on(), "the guard needs timestamps");
+        return;
+    }
+    assert!(ctx.clock_guard_on());
+    let (_, m) = pollster::block_on(webattn::bench::fma_ceiling(ctx, repeats)).unwrap();
+    ctx.set_clock_guard(None);
+    println!(
+        "samples {:?}, retaken {}, throttled {}, fastest probe {:?} GFLOP/s",
+        m.samples_ms,
+        m.retaken,
+        m.throttled,
+        ctx.fastest_clock_probe_gflops()
+    );
+    assert_eq!(m.samples_ms.len(), repeats.timed);
+    assert!(m.retaken <= webattn::bench::clock_guard::retake_budget(repeats.timed));
+    assert!(
+        m.throttled == 0 || m.retaken == webattn::bench::clock_guard::retake_budget(repeats.timed)
+    );
+    assert!(ctx.fastest_clock_probe_gflops().is_some_and(|g| g > 0.0));
+}

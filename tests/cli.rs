@@ -1074,6 +1074,24 @@ fn bench_writes_the_documented_json_and_a_plot() {
         .as_f64()
         .is_some_and(|g| g > 0.0));
     assert!(stdout.contains("bandwidth ceiling"), "{stdout}");
+    // The clock guard: off by default on a CPU adapter, on on a GPU; its
+    // tallies and every row's runs are in the report.
+    let cpu_adapter = report["adapter"]["device_type"] == "Cpu";
+    assert_eq!(report["clock_guard"].as_bool(), Some(!cpu_adapter));
+    assert!(stdout.contains("clock guard: "), "{stdout}");
+    for key in ["retaken_runs", "throttled_runs"] {
+        assert!(report[key].is_u64(), "{key}");
+    }
+    for row in ["gemm", "attention", "decode"]
+        .iter()
+        .flat_map(|kind| report[*kind].as_array().unwrap())
+    {
+        assert!(row["samples_ms"].as_array().is_some_and(|s| !s.is_empty()));
+        if row["path"] != "cpu" && row["path"] != "oracle" {
+            assert!(row["min_ms"].as_f64().unwrap() <= row["ms"].as_f64().unwrap());
+            assert!(row["retaken"].is_u64() && row["throttled"].is_u64());
+        }
+    }
     for g in report["gemm"].as_array().unwrap() {
         for key in ["m", "n", "k", "gflops", "share_of_ceiling"] {
             assert!(g[key].is_number(), "gemm.{key}");

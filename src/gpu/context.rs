@@ -79,6 +79,8 @@ pub struct GpuContext {
     /// Phases of the key loop the fused and decode calls run without (a
     /// measurement of where a kernel's time goes; none otherwise).
     pub(crate) removed_phases: super::phases::Phases,
+    /// The clock guard of measurements on this device, shared by clones.
+    pub(crate) clock_guard: Arc<Mutex<super::profile::ClockGuardState>>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -292,6 +294,7 @@ impl GpuContext {
             pinned_coop: None,
             pinned_fast_gemm: None,
             removed_phases: super::phases::Phases::NONE,
+            clock_guard: Default::default(),
             caps: Arc::new(caps),
             profiler: Arc::new(Mutex::new(None)),
             lost,

@@ -77,7 +77,65 @@ impl Profiler {
     }
 }
 
+/// The clock guard of one device's measurements (`bench`): whether each
+/// timed run is bracketed by a short FMA probe, and the fastest probe seen,
+/// against which a slow probe marks the device's clocks as down.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ClockGuardState {
+    /// `None`: the default ([`GpuContext::clock_guard_on`]).
+    pub(crate) setting: Option<bool>,
+    /// GFLOP/s of the fastest probe on this device so far (0: none yet).
+    pub(crate) fastest_gflops: f64,
+}
+
 impl GpuContext {
+    /// Turns the clock guard of measurements on or off, or (`None`) back to
+    /// its default: on where the adapter is not a CPU and has timestamp
+    /// queries. With it on, `bench`'s measurements time a short FMA probe
+    /// before and after every timed run and retake a run beside a probe that
+    /// read under 3/4 of the fastest probe (its clocks were down: a GPU's
+    /// power state, another tenant), as NVIDIA's nvbench discards samples
+    /// whose clock read low. Shared by the context's clones.
+    pub fn set_clock_guard(&self, on: Option<bool>) {
+        self.clock_guard
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .setting = on;
+    }
+
+    /// Whether measurements on this device run the clock guard
+    /// ([`GpuContext::set_clock_guard`]).
+    pub fn clock_guard_on(&self) -> bool {
+        let setting = self
+            .clock_guard
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .setting;
+        setting.unwrap_or(self.caps.adapter.device_type != "Cpu") && self.caps.timestamp_query
+    }
+
+    /// GFLOP/s of the fastest clock probe on this device so far, if any ran.
+    pub fn fastest_clock_probe_gflops(&self) -> Option<f64> {
+        let fastest = self
+            .clock_guard
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .fastest_gflops;
+        (fastest > 0.0).then_some(fastest)
+    }
+
+    /// Records a probe's rate; returns the fastest seen on this device.
+    pub(crate) fn note_clock_probe(&self, gflops: f64) -> f64 {
+        let mut state = self
+            .clock_guard
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if gflops.is_finite() && gflops > state.fastest_gflops {
+            state.fastest_gflops = gflops;
+        }
+        state.fastest_gflops
+    }
+
     /// Turns pass timestamps on or off. Returns whether GPU timing is available
     /// (the adapter has `TIMESTAMP_QUERY`); without it callers fall back to
     /// wall-clock time.

@@ -451,6 +451,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             _ => Ok(f64::NAN),
         }
     };
+    let mut guarded = GuardTally::default();
     let mut gemm = Vec::new();
     let mut attention = Vec::new();
     let mut decode = Vec::new();
@@ -476,12 +477,14 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                     let (gflops, m) =
                         pollster::block_on(bench::gemm_with(ctx, kernel, n, n, n, r))?;
                     said(format!(
-                        "  {}: {:.3} ms, {gflops:.0} GFLOP/s, {:.1}% of the FMA ceiling ({near:.0})",
+                        "  {}: {:.3} ms, {gflops:.0} GFLOP/s, {:.1}% of the FMA ceiling ({near:.0}){}",
                         kernel.label(),
                         m.median_ms(),
-                        100.0 * gflops / near
+                        100.0 * gflops / near,
+                        guard_note(&m)
                     ));
-                    gemm.push((n, precision, kernel, gflops, m.median_ms(), near));
+                    guarded.note(&m);
+                    gemm.push((n, precision, kernel, gflops, m, near));
                 }
             }
             Job::Attention(shape, path, precision) => {
@@ -507,11 +510,13 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 ))
                 .with_context(|| format!("attention on the {path} path ({precision})"))?;
                 said(format!(
-                    "  {:.3} ms, {:.0} GFLOP/s, {:.1}% of the FMA ceiling ({near:.0})",
+                    "  {:.3} ms, {:.0} GFLOP/s, {:.1}% of the FMA ceiling ({near:.0}){}",
                     m.measurement.median_ms(),
                     m.gflops,
-                    100.0 * m.gflops / near
+                    100.0 * m.gflops / near,
+                    guard_note(&m.measurement)
                 ));
+                guarded.note(&m.measurement);
                 attention.push((shape, path, precision, m, near));
             }
             Job::Decode(shape, path, dtype) => {
@@ -573,9 +578,11 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                     };
                     let ms = m.measurement.median_ms();
                     said(format!(
-                        "  {ms:.3} ms, K and V at {:.0} GB/s",
-                        shape.kv_bytes_as(dtype) as f64 / (ms * 1e6)
+                        "  {ms:.3} ms, K and V at {:.0} GB/s{}",
+                        shape.kv_bytes_as(dtype) as f64 / (ms * 1e6),
+                        guard_note(&m.measurement)
                     ));
+                    guarded.note(&m.measurement);
                     decode.push((shape, path, dtype, kernel, m));
                 }
             }
@@ -642,7 +649,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         samples.extend(&last.samples_ms);
         bench::Measurement {
             samples_ms: samples,
-            clock: first.clock,
+            ..first.clone()
         }
         .gflops(bench::fma_ceiling_flops())
     });
@@ -653,7 +660,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         samples.extend(&last.measurement.samples_ms);
         let median = bench::Measurement {
             samples_ms: samples,
-            clock: first.measurement.clock,
+            ..first.measurement.clone()
         }
         .median_ms();
         first.bytes_moved as f64 / (median * 1e6)
@@ -698,6 +705,19 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             last.gflops(bench::fma_ceiling_flops())
         );
     }
+    if let Some(ctx) = ctx {
+        println!(
+            "clock guard: {}",
+            match (ctx.clock_guard_on(), guarded.retaken, guarded.throttled) {
+                (false, ..) => "off (--clock-guard on to probe the clocks around each run)".to_string(),
+                (true, 0, 0) => "on; every timed run had a fast clock probe on either side".to_string(),
+                (true, r, 0) => format!("on; {r} run(s) retaken beside a slow clock probe"),
+                (true, r, t) => format!(
+                    "on; {r} run(s) retaken beside a slow clock probe, {t} kept with the clocks down (rows marked in the log)"
+                ),
+            }
+        );
+    }
     if let Some((first, last)) = copy_ends {
         if first.bytes_moved / 2 < 64 << 20 {
             println!(
@@ -727,11 +747,12 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 "{:>6} {:<24} {:>10} {:>10} {:>9} {:>8}",
                 "n", "kernel", "ms", "GFLOP/s", "ceiling*", "share"
             );
-            for &(n, p, kernel, g, ms, near) in &gemm {
-                if p == precision {
+            for (n, p, kernel, g, m, near) in &gemm {
+                if *p == precision {
                     println!(
-                        "{n:>6} {:<24} {ms:>10.2} {g:>10.1} {near:>9.1} {:>7.0}%",
+                        "{n:>6} {:<24} {:>10.2} {g:>10.1} {near:>9.1} {:>7.0}%",
                         kernel.label(),
+                        m.median_ms(),
                         100.0 * g / near
                     );
                 }
@@ -899,18 +920,24 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         "fused_kernel": ctx.map(|c| super::info::fused_kernel(c).0),
         "fused_kernel_forced": ctx.map(|c| super::info::fused_kernel(c).1),
         "runtime_checks": ctx.map(|c| c.runtime_checks().name()),
+        "clock_guard": ctx.map(|c| c.clock_guard_on()),
+        "retaken_runs": guarded.retaken,
+        "throttled_runs": guarded.throttled,
         "matrix_units": ctx.and_then(|c| webattn::gpu::planner::coop_shape(c.capabilities())).map(|s| format!("{n}x{n}x{n} f16 -> f32, subgroups of {}", s.subgroup, n = s.size.dim())),
-        "gemm": gemm.iter().map(|&(n, p, kernel, g, ms, near)| json!({"m": n, "n": n, "k": n, "precision": p.name(), "kernel": format!("{kernel:?}"), "kernel_name": kernel.label(), "default_kernel": ctx.is_some_and(|c| c.gemm_kernel_at(p) == kernel), "ms": ms, "gflops": g, "share_of_ceiling": g / near, "adjacent_ceiling_gflops": near})).collect::<Vec<_>>(),
+        "gemm": gemm.iter().map(|(n, p, kernel, g, m, near)| json!({"m": n, "n": n, "k": n, "precision": p.name(), "kernel": format!("{kernel:?}"), "kernel_name": kernel.label(), "default_kernel": ctx.is_some_and(|c| c.gemm_kernel_at(*p) == *kernel), "ms": m.median_ms(), "min_ms": m.min_ms(), "samples_ms": m.samples_ms, "retaken": m.retaken, "throttled": m.throttled, "gflops": g, "share_of_ceiling": g / near, "adjacent_ceiling_gflops": near})).collect::<Vec<_>>(),
         "attention": attention.iter().map(|(s, p, q, m, near)| json!({
             "path": p.name(), "precision": q.name(), "batch": s.batch, "heads": s.heads, "seq_q": s.seq_q, "seq_k": s.seq_k,
             "head_dim": s.head_dim, "causal": s.causal, "ms": m.measurement.median_ms(),
-            "samples_ms": m.measurement.samples_ms, "gflops": m.gflops,
+            "samples_ms": m.measurement.samples_ms, "min_ms": m.measurement.min_ms(),
+            "retaken": m.measurement.retaken, "throttled": m.measurement.throttled, "gflops": m.gflops,
             "share_of_ceiling": finite(m.gflops / near), "adjacent_ceiling_gflops": finite(*near), "peak_bytes": m.peak_bytes,
         })).collect::<Vec<_>>(),
         "decode": decode.iter().map(|(s, p, d, k, m)| json!({
             "path": p.name(), "kernel": k.map(|k| k.label()), "batch": s.batch, "seq_k": s.seq_k, "head_dim": s.head_dim,
             "heads": s.heads, "kv_heads": s.kv_heads, "dtype": d.to_string(),
-            "ms": m.measurement.median_ms(), "gflops": m.gflops, "peak_bytes": m.peak_bytes,
+            "ms": m.measurement.median_ms(), "min_ms": m.measurement.min_ms(),
+            "samples_ms": m.measurement.samples_ms, "retaken": m.measurement.retaken,
+            "throttled": m.measurement.throttled, "gflops": m.gflops, "peak_bytes": m.peak_bytes,
             "kv_bytes": s.kv_bytes_as(*d), "kv_gbs": kv_gbs(s, *d, m),
             "share_of_bandwidth": finite(bandwidth_share(*p, kv_gbs(s, *d, m))),
             "cold_cache": bench::can_flush_caches(&engine) && *p != KernelPath::Cpu,
@@ -939,6 +966,32 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         )?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs the clock guard retook or kept throttled, over a whole bench run.
+#[derive(Debug, Default)]
+struct GuardTally {
+    retaken: usize,
+    throttled: usize,
+}
+
+impl GuardTally {
+    fn note(&mut self, m: &bench::Measurement) {
+        self.retaken += m.retaken;
+        self.throttled += m.throttled;
+    }
+}
+
+/// What a row's line adds where the clock guard retook runs or kept
+/// throttled ones ([`bench::clock_guard`]); empty otherwise.
+fn guard_note(m: &bench::Measurement) -> String {
+    match (m.retaken, m.throttled) {
+        (0, 0) => String::new(),
+        (r, 0) => format!(" (retook {r} run(s): the clock probe beside them read slow)"),
+        (r, t) => format!(
+            " (retook {r} run(s); {t} of the timed runs had the clocks down: the median may be slow)"
+        ),
+    }
 }
 
 /// The precision column's text: `f32`, or `f16` for f16 products.

@@ -4,6 +4,9 @@
 //! convention). Input files are never modified; output files are written whole
 //! or not at all.
 
+// The bench report is one json! literal whose rows pass the macro's default depth.
+#![recursion_limit = "256"]
+
 mod attend;
 mod bench;
 mod check;
@@ -106,6 +109,21 @@ pub struct EngineArgs {
     /// ~/.cache/webattn/tuning.tsv.
     #[arg(long, value_name = "PATH|none", global = true)]
     tuning_cache: Option<std::path::PathBuf>,
+    /// The clock guard of measurements (bench, phases, tune): auto (on for
+    /// GPUs that are not CPU adapters and have timestamp queries), on or off.
+    /// With it on, a short FMA probe runs before and after each timed run,
+    /// and a run beside a probe under 3/4 of the fastest is retaken: its
+    /// GPU's clocks were down.
+    #[arg(long, value_enum, default_value_t = ClockGuard::Auto, global = true)]
+    clock_guard: ClockGuard,
+}
+
+/// `--clock-guard`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ClockGuard {
+    Auto,
+    On,
+    Off,
 }
 
 impl EngineArgs {
@@ -160,7 +178,7 @@ fn engine(args: &EngineArgs) -> webattn::Result<Engine> {
         Backend::Gpu => BackendPreference::Gpu,
         Backend::Cpu => BackendPreference::Cpu,
     };
-    Engine::with_options_blocking(EngineOptions {
+    let engine = Engine::with_options_blocking(EngineOptions {
         backend,
         cpu_threads: args.cpu_threads.map(usize::from),
         limits: args.device_limits(),
@@ -174,7 +192,15 @@ fn engine(args: &EngineArgs) -> webattn::Result<Engine> {
             Some(path) => TuningCache::File(path.clone()),
         },
         ..Default::default()
-    })
+    })?;
+    if let Some(ctx) = engine.gpu() {
+        ctx.set_clock_guard(match args.clock_guard {
+            ClockGuard::Auto => None,
+            ClockGuard::On => Some(true),
+            ClockGuard::Off => Some(false),
+        });
+    }
+    Ok(engine)
 }
 
 fn main() -> ExitCode {

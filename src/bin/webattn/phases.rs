@@ -68,6 +68,9 @@ pub enum Kind {
 struct Variant {
     removed: Phases,
     ms: f64,
+    /// Runs the clock guard retook, and kept with the clocks down.
+    retaken: usize,
+    throttled: usize,
 }
 
 /// One shape at one precision and K/V type, the context its calls run on
@@ -311,6 +314,8 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             row.variants.push(Variant {
                 removed,
                 ms: m.measurement.median_ms(),
+                retaken: m.measurement.retaken,
+                throttled: m.measurement.throttled,
             });
         }
     }
@@ -327,6 +332,20 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     println!(
         "each phase of the kernel's key loop removed in turn (the results are discarded): what is \
          left is timed; the phase's cost is what removing it saved"
+    );
+    let (retaken, throttled) = rows
+        .iter()
+        .flat_map(|row| &row.variants)
+        .fold((0, 0), |(r, t), v| (r + v.retaken, t + v.throttled));
+    println!(
+        "clock guard: {}",
+        match (ctx.clock_guard_on(), throttled) {
+            (false, _) => "off".to_string(),
+            (true, 0) => format!("on; {retaken} run(s) retaken beside a slow clock probe"),
+            (true, t) => format!(
+                "on; {retaken} run(s) retaken beside a slow clock probe, {t} kept with the clocks down"
+            ),
+        }
     );
     if forced_coop {
         println!(
@@ -398,6 +417,8 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         "fma_ceiling_gflops": ceiling,
         "bandwidth_ceiling_gbs": bandwidth,
         "runtime_checks": ctx.runtime_checks().name(),
+        "clock_guard": ctx.clock_guard_on(),
+        "whole_retaken": rows.iter().map(|row| row.variants[0].retaken).sum::<usize>(),
         "skipped": skipped,
         "rows": rows.iter().map(|row| {
             let whole = row.variants[0].ms;
@@ -412,7 +433,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 "share_of_bandwidth": bandwidth.map(|b| kv_gbs(row) / b),
                 "without": row.variants[1..].iter().map(|v| json!({
                     "phases": v.removed.name(), "bits": v.removed.bits(), "ms": v.ms,
-                    "of_whole": v.ms / whole,
+                    "of_whole": v.ms / whole, "retaken": v.retaken, "throttled": v.throttled,
                 })).collect::<Vec<_>>(),
             })
         }).collect::<Vec<_>>(),
