@@ -83,6 +83,28 @@ if (typeof Symbol.dispose === "symbol") {
   DeviceTensor.prototype[Symbol.dispose] = function dispose() { this.dispose(); };
 }
 
+/**
+ * A call's host values as they are when the call is made. Calls run one after
+ * another, so a call may wait for earlier ones, and even an idle engine's wasm
+ * core reads its arguments a microtask later: a caller who refills its typed
+ * array for the next batch right after the call (without awaiting it) would
+ * otherwise have the call read the new values. Typed arrays and plain arrays
+ * are copied (a view over a detached buffer is left as it is, for the core to
+ * refuse); DeviceTensors, functions and other objects pass through.
+ */
+function asNow(value, depth = 0) {
+  if (value === null || typeof value !== "object" || value instanceof DeviceTensor) return value;
+  if (ArrayBuffer.isView(value)) {
+    return value instanceof DataView || value.byteLength === 0 ? value : value.slice();
+  }
+  if (depth > 4) return value;
+  if (Array.isArray(value)) return value.map((x) => asNow(x, depth + 1));
+  if (Object.getPrototypeOf(value) !== Object.prototype) return value;
+  const out = {};
+  for (const [key, x] of Object.entries(value)) out[key] = asNow(x, depth + 1);
+  return out;
+}
+
 /** Family arguments are typed arrays: a DeviceTensor is an error that says so. */
 function hostOnly(...values) {
   for (const v of values) {
@@ -121,6 +143,7 @@ class MultiHeadAttention extends Layer {
   /** Self-attention (`keyValue` null) or cross-attention. */
   async forward(query, keyValue = null, options = {}) {
     hostOnly(query, keyValue);
+    [query, keyValue] = [asNow(query), asNow(keyValue)];
     return this._engine()._serial(() => this._inner().forward(query, keyValue, options));
   }
   /** A causal decoder whose keys and values stay on the device. */
@@ -132,6 +155,7 @@ class Decoder extends Layer {
   /** Attends the next tokens to everything before them. */
   async step(x, options = {}) {
     hostOnly(x);
+    x = asNow(x);
     return this._engine()._serial(() => this._inner().step(x, options));
   }
   /** Tokens in the cache. */
@@ -145,6 +169,7 @@ class ScoringLayer extends Layer {
   /** Decoder states `s` attending to encoder states `h`. */
   async forward(s, h, options = {}) {
     hostOnly(s, h);
+    [s, h] = [asNow(s), asNow(h)];
     return this._engine()._serial(() => this._inner().forward(s, h, options));
   }
 }
@@ -212,7 +237,7 @@ export class WebAttn {
     if (inputs === null || typeof inputs !== "object") return inputs;
     const out = {};
     for (const [key, value] of Object.entries(inputs)) {
-      out[key] = value instanceof DeviceTensor ? { handle: DeviceTensor._handle(value, this) } : value;
+      out[key] = value instanceof DeviceTensor ? { handle: DeviceTensor._handle(value, this) } : asNow(value);
     }
     return out;
   }
@@ -240,12 +265,14 @@ export class WebAttn {
   /** Uploads `{ data, shape }` to the device. */
   async upload(tensor) {
     const core = this._core();
+    tensor = asNow(tensor);
     return new DeviceTensor(this, core, await this._serial(() => core.upload(tensor)));
   }
 
   /** Uploads a mask `{ data, shape }` (Uint8Array/booleans: true attends; or additive floats). */
   async uploadMask(mask) {
     const core = this._core();
+    mask = asNow(mask);
     return new DeviceTensor(this, core, await this._serial(() => core.uploadMask(mask)));
   }
 
@@ -253,7 +280,12 @@ export class WebAttn {
   async warmup(shapes, options = {}) { return this._serial(() => this._core().warmup(shapes, options)); }
 
   /** The conformance sweep (`"quick"`, `"full"`) or the family's checks (`"family"`) on this adapter. */
-  async check(kind = "quick", onProgress = undefined) { return this._serial(() => this._core().check(kind, onProgress)); }
+  async check(kind = "quick", onProgress = undefined) {
+    if (typeof kind !== "string") {
+      throw libraryError("InvalidOption", `check(kind): kind must be "quick", "full" or "family", not ${kind}`);
+    }
+    return this._serial(() => this._core().check(kind, onProgress));
+  }
 
   /** Times one attention shape on a path: `{ path, medianMs, gflops, samplesMs }`. */
   async benchmark(shape, options = {}) { return this._serial(() => this._core().benchmark(shape, options)); }
@@ -274,16 +306,19 @@ export class WebAttn {
   /** Linear attention (elu+1 feature map). */
   async linearAttention(q, k, v, options = {}) {
     hostOnly(q, k, v);
+    [q, k, v] = [asNow(q), asNow(k), asNow(v)];
     return this._serial(() => this._core().linearAttention(q, k, v, options));
   }
   /** Rotary position embeddings. */
   async rope(x, options = {}) {
     hostOnly(x);
+    x = asNow(x);
     return this._serial(() => this._core().rope(x, options));
   }
   /** The sinusoidal absolute position encoding added to `x`. */
   async sinusoidal(x, options = {}) {
     hostOnly(x);
+    x = asNow(x);
     return this._serial(() => this._core().sinusoidal(x, options));
   }
 

@@ -280,6 +280,38 @@ function cases({ worker }) {
     return `kept y equals the host call exactly; chained ${expectVerified(chained, "chained")}`;
   });
 
+  add("a call reads its inputs when it is made: the caller may refill its arrays at once", async (engine) => {
+    const q = tensor(n, [1, 2, 7, 16]), k = tensor(n, [1, 2, 9, 16]), v = tensor(n, [1, 2, 9, 16]);
+    const x = tensor(n, [1, 5, 8]);
+    const want = await engine.attention({ q, k, v });
+    const wantUpload = new Float32Array(q.data);
+    const wantRope = await engine.rope(x);
+    // Each call is made, then its arrays are overwritten before it is awaited:
+    // on an idle engine (the wasm core reads its arguments a microtask
+    // later), then behind another call that holds the queue.
+    const refill = (t) => ({ data: new Float32Array(t.data), shape: t.shape });
+    const lines = [];
+    for (const busy of [false, true]) {
+      const ahead = busy ? engine.attention({ q, k, v }) : null;
+      const mine = { q: refill(q), k: refill(k), v: refill(v) };
+      const call = engine.attention(mine);
+      const up = refill(q);
+      const upload = engine.upload(up);
+      const xr = refill(x);
+      const roped = engine.rope(xr);
+      for (const t of [mine.q, mine.k, mine.v, up, xr]) t.data.fill(Number.NaN);
+      await ahead;
+      const got = await call;
+      expect(maxDiff(got.y.data, want.y.data) === 0, `${busy ? "a queued" : "an idle"} call read the refilled arrays`);
+      const dev = await upload;
+      expect(maxDiff((await dev.read()).data, wantUpload) === 0, `${busy ? "a queued" : "an idle"} upload read the refilled array`);
+      dev.dispose();
+      expect(maxDiff((await roped).output.data, wantRope.output.data) === 0, `${busy ? "a queued" : "an idle"} rope read the refilled array`);
+      lines.push(busy ? "queued" : "idle");
+    }
+    return `attention, upload and rope read their arrays when made (${lines.join(", ")})`;
+  });
+
   add("bad input rejects with typed, named errors", async (engine) => {
     const q = tensor(n, [1, 2, 8, 16]), k = tensor(n, [1, 2, 9, 16]), v = tensor(n, [1, 2, 9, 16]);
     const msgs = [];
@@ -319,6 +351,7 @@ function cases({ worker }) {
     msgs.push(await rejects(() => engine.attention({ q, k, v, mask: { data: movedMask, shape: [8, 9] } }), "DType", /detached/));
     const dev = await engine.upload(q);
     msgs.push(await rejects(() => engine.rope(dev), "DType", /read\(\)/));
+    msgs.push(await rejects(() => engine.check(null), "InvalidOption", /kind/));
     dev.dispose();
     // The engine still works after every rejection.
     const r = await engine.attention({ q, k, v }, { verify: true });
