@@ -26,7 +26,9 @@ fn main(
     @builtin(local_invocation_index) li: u32,
 ) {
     let index = (wid.x + wid.y * nwg.x) * WORKGROUP + li;
-    let seed = vec4<f32>(f32(index & 1023u) * 1e-3);
+    // Each lane its own start: with equal lanes a compiler that splits the
+    // vec4s into scalars could keep one chain per accumulator and count four.
+    let seed = vec4<f32>(f32(index & 1023u) * 1e-3) + vec4<f32>(0.0, 0.25, 0.5, 0.75);
     let m = vec4<f32>(p.mul);
     let c = vec4<f32>(p.add);
     var a0 = seed + vec4<f32>(0.0);

@@ -444,7 +444,7 @@ fn entries_timed_without_runtime_checks_are_followed_only_without_them() {
     table.save(&cache).unwrap();
     let text = std::fs::read_to_string(&cache).unwrap();
     assert!(
-        text.lines().nth(2).unwrap().ends_with("\toff\t-\t-\t-\t-"),
+        text.lines().nth(2).unwrap().contains("\toff\t-\t-\t-\t-\t"),
         "{text}"
     );
     let checked = webattn(&cache, &["info"]);
@@ -458,6 +458,100 @@ fn entries_timed_without_runtime_checks_are_followed_only_without_them() {
     assert!(unchecked.status.success());
     let unchecked = String::from_utf8_lossy(&unchecked.stdout);
     assert!(unchecked.contains("head dims 8/8:"), "{unchecked}");
+}
+
+/// An entry measured on other kernels (another webattn version: the key's
+/// fingerprint of the kernels' WGSL differs) chooses nothing, and `info`
+/// says it is there; the same entry under this build's fingerprint is
+/// followed.
+#[test]
+fn entries_measured_on_other_kernels_are_ignored() {
+    let Some(gpu) = common::gpu() else { return };
+    let cache = scratch("kernels").join("tuning.tsv");
+    let entry = TunedEntry {
+        kernel: TunedKernel::Portable,
+        grouped_decode: None,
+        fused_ms: 1.0,
+        unfused_ms: 2.0,
+        decode: None,
+        coop_ms: None,
+        unfused_coop_ms: None,
+        fast_gemm: None,
+        coop_tiles: None,
+    };
+    let current = key_for_d8(gpu);
+    assert!(current.is_current());
+    assert_eq!(
+        current.kernels,
+        webattn::gpu::registry::Kernel::fingerprint()
+    );
+    let mut old = current.clone();
+    old.kernels = "0123456789abcdef".into();
+    assert!(!old.is_current());
+    let mut table = TuningTable::new();
+    table.insert(old.clone(), entry);
+    table.save(&cache).unwrap();
+    let text = std::fs::read_to_string(&cache).unwrap();
+    assert!(
+        text.lines().nth(2).unwrap().ends_with("\t0123456789abcdef"),
+        "{text}"
+    );
+    // The stale entry names the portable kernel; calls keep the planner's.
+    let planned = gpu.gpu().unwrap().fused_kernel(8, 8).unwrap().name();
+    assert_ne!(planned, "attention_fused", "the test needs another default");
+    assert_eq!(
+        engine_with(&cache)
+            .gpu()
+            .unwrap()
+            .fused_kernel(8, 8)
+            .unwrap()
+            .name(),
+        planned
+    );
+    let info = webattn(&cache, &["info"]);
+    assert!(info.status.success());
+    let info = String::from_utf8_lossy(&info.stdout);
+    assert!(
+        info.contains("nothing measured")
+            && info.contains("1 entry for this adapter measured on other kernels"),
+        "{info}"
+    );
+    // Format 9's entries (no kernels column) read as measured on unknown kernels.
+    let format_9: Vec<String> = text
+        .lines()
+        .enumerate()
+        .map(|(i, line)| match i {
+            0 => "# webattn tuning cache, format 9".to_string(),
+            _ => line
+                .rsplit_once('\t')
+                .map_or(line, |(head, _)| head)
+                .to_string(),
+        })
+        .collect();
+    let (read, warnings) = TuningTable::parse(&format_9.join("\n"));
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(read
+        .entries()
+        .all(|(k, _)| k.kernels.is_empty() && !k.is_current()));
+    // This build's fingerprint: followed.
+    table.remove(&old);
+    table.insert(current, entry);
+    table.save(&cache).unwrap();
+    let info = webattn(&cache, &["info"]);
+    let info = String::from_utf8_lossy(&info.stdout);
+    assert!(
+        info.contains("head dims 8/8:") && !info.contains("other kernels"),
+        "{info}"
+    );
+    assert_eq!(
+        engine_with(&cache)
+            .gpu()
+            .unwrap()
+            .fused_kernel(8, 8)
+            .unwrap()
+            .name(),
+        "attention_fused"
+    );
 }
 
 /// An engine saving its tuning writes what it changed since it read the

@@ -252,6 +252,28 @@ impl Kernel {
         }
     }
 
+    /// A fingerprint of every kernel's WGSL (FNV-1a, 64 bits, as 16 hex
+    /// digits): what a tuning cache entry was measured on. Kernels that
+    /// changed (another webattn version) give another fingerprint, so their
+    /// old timings no longer choose tiles or paths.
+    pub fn fingerprint() -> &'static str {
+        static PRINT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        PRINT.get_or_init(|| {
+            let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+            let mut seen = std::collections::BTreeSet::new();
+            for kernel in Kernel::ALL {
+                if !seen.insert(kernel.file()) {
+                    continue;
+                }
+                for byte in kernel.source().bytes().chain([0]) {
+                    hash ^= u64::from(byte);
+                    hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+                }
+            }
+            format!("{hash:016x}")
+        })
+    }
+
     /// The WGSL source, with the fragments it includes
     /// (`// #include NAME.wgsl` lines, [`with_includes`]) spliced in.
     pub fn source(self) -> &'static str {

@@ -7,7 +7,9 @@
 //! of another format, or holds lines that do not parse is ignored (those lines,
 //! or all of it) with a warning and rebuilt by the next `webattn tune`; an
 //! entry whose tiles the kernel no longer offers, or that no longer fit the
-//! adapter's limits, is ignored when looked up.
+//! adapter's limits, is ignored when looked up, and so is an entry measured
+//! on other kernels (another webattn version: the key's fingerprint of the
+//! kernels' WGSL differs, [`crate::gpu::registry::Kernel::fingerprint`]).
 
 use std::collections::BTreeMap;
 #[cfg(not(target_arch = "wasm32"))]
@@ -18,9 +20,11 @@ use crate::gpu::ops::decode::{DecodeKernel, StreamShape, GROUPED_ROWS};
 use crate::options::RuntimeChecks;
 
 /// The first line of a cache file of this format.
-pub const HEADER: &str = "# webattn tuning cache, format 9";
-/// The first lines of the formats before it, still read (their entries were
-/// all timed with runtime checks on but formats 6 to 8's): format 8 (no
+pub const HEADER: &str = "# webattn tuning cache, format 10";
+/// The first lines of the formats before it, still read, their entries as
+/// measured on unknown kernels (never looked up: the next `webattn tune`
+/// measures these kernels) and all timed with runtime checks on but formats
+/// 6 to 9's: format 9 (no kernels column), format 8 (no
 /// grouped decode column: grouped calls follow the one-row winner where it
 /// suits them), format 7 (no
 /// matrix-unit tile column: those calls take the largest tiles that fit),
@@ -28,6 +32,7 @@ pub const HEADER: &str = "# webattn tuning cache, format 9";
 /// format 4 (no decode prefetch column), format 3 (no unfused matrix-unit
 /// column), format 2 (no matrix-unit column), format 1 (no decode or prefetch
 /// columns either).
+const HEADER_9: &str = "# webattn tuning cache, format 9";
 const HEADER_8: &str = "# webattn tuning cache, format 8";
 const HEADER_7: &str = "# webattn tuning cache, format 7";
 const HEADER_6: &str = "# webattn tuning cache, format 6";
@@ -36,7 +41,7 @@ const HEADER_4: &str = "# webattn tuning cache, format 4";
 const HEADER_3: &str = "# webattn tuning cache, format 3";
 const HEADER_2: &str = "# webattn tuning cache, format 2";
 const HEADER_1: &str = "# webattn tuning cache, format 1";
-const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms\tdecode_kernel\tL\tKB\tdecode_ms\tprefetch\tcoop_ms\tunfused_coop_ms\tdecode_prefetch\truntime_checks\tfast_gemm\tfast_gemm_ms\tcoop_tiles\tgrouped_decode";
+const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms\tdecode_kernel\tL\tKB\tdecode_ms\tprefetch\tcoop_ms\tunfused_coop_ms\tdecode_prefetch\truntime_checks\tfast_gemm\tfast_gemm_ms\tcoop_tiles\tgrouped_decode\tkernels";
 
 /// What a measurement is about: one adapter and driver under one
 /// workgroup-memory limit, at one head-dim class (head dims rounded up to 4),
@@ -58,6 +63,10 @@ pub struct TuningKey {
     pub dv4: u32,
     /// Whether the kernels timed kept naga's runtime checks.
     pub runtime_checks: RuntimeChecks,
+    /// The fingerprint of the kernels timed
+    /// ([`crate::gpu::registry::Kernel::fingerprint`]; empty for entries of
+    /// formats before 10, measured on unknown kernels).
+    pub kernels: String,
 }
 
 impl TuningKey {
@@ -74,7 +83,14 @@ impl TuningKey {
             dk4: dk.div_ceil(4) as u32,
             dv4: dv.div_ceil(4) as u32,
             runtime_checks: RuntimeChecks::On,
+            kernels: crate::gpu::registry::Kernel::fingerprint().to_string(),
         }
+    }
+
+    /// Whether the entry under this key was measured on the kernels of this
+    /// build.
+    pub fn is_current(&self) -> bool {
+        self.kernels == crate::gpu::registry::Kernel::fingerprint()
     }
 
     /// This key for kernels compiled with `runtime_checks`.
@@ -388,8 +404,8 @@ impl TuningTable {
         match lines.next() {
             Some((_, first))
                 if [
-                    HEADER, HEADER_8, HEADER_7, HEADER_6, HEADER_5, HEADER_4, HEADER_3, HEADER_2,
-                    HEADER_1,
+                    HEADER, HEADER_9, HEADER_8, HEADER_7, HEADER_6, HEADER_5, HEADER_4, HEADER_3,
+                    HEADER_2, HEADER_1,
                 ]
                 .contains(&first.trim_end()) => {}
             Some((_, first)) => {
@@ -461,7 +477,7 @@ impl TuningTable {
                 .grouped_decode
                 .map_or_else(|| "-".to_string(), |d| d.grouped_text());
             out.push_str(&format!(
-                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\t{decode}\t{prefetch}\t{coop}\t{unfused_coop}\t{decode_prefetch}\t{}\t{fast_gemm}\t{coop_tiles}\t{grouped}\n",
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{bq}\t{bk}\t{tq}\t{tk}\t{:.6}\t{:.6}\t{decode}\t{prefetch}\t{coop}\t{unfused_coop}\t{decode_prefetch}\t{}\t{fast_gemm}\t{coop_tiles}\t{grouped}\t{}\n",
                 clean(&key.adapter),
                 clean(&key.backend),
                 clean(&key.driver),
@@ -472,6 +488,7 @@ impl TuningTable {
                 entry.fused_ms,
                 entry.unfused_ms,
                 key.runtime_checks.name(),
+                if key.kernels.is_empty() { "-".to_string() } else { clean(&key.kernels) },
             ));
         }
         out
@@ -522,6 +539,14 @@ impl TuningTable {
                 path.display()
             );
         }
+        let stale = table.entries().filter(|(k, _)| !k.is_current()).count();
+        if stale > 0 {
+            log::info!(
+                "webattn: tuning cache {}: {stale} entries measured on other kernels (another \
+                 webattn version): ignored (`webattn tune` measures these kernels)",
+                path.display()
+            );
+        }
         table
     }
 
@@ -552,9 +577,10 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
     // column), 20 in format 4 (no decode prefetch column), 21 in format 5
     // (no runtime-checks column), 22 in format 6 (no matrix-unit GEMM
     // columns), 24 in format 7 (no matrix-unit tile column), 25 in format 8
-    // (no grouped decode column), 26 in format 9.
-    if ![13, 18, 19, 20, 21, 22, 24, 25, 26].contains(&fields.len()) {
-        return Err(format!("{} fields, expected 26", fields.len()));
+    // (no grouped decode column), 26 in format 9 (no kernels column), 27 in
+    // format 10.
+    if ![13, 18, 19, 20, 21, 22, 24, 25, 26, 27].contains(&fields.len()) {
+        return Err(format!("{} fields, expected 27", fields.len()));
     }
     let number = |i: usize, what: &str| -> std::result::Result<u32, String> {
         fields[i]
@@ -584,6 +610,10 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
             Some(other) => {
                 return Err(format!("runtime_checks {other:?} is not on, bounds or off"))
             }
+        },
+        kernels: match fields.get(26).map(|f| f.trim()) {
+            None | Some("-") => String::new(),
+            Some(print) => print.to_string(),
         },
     };
     if key.dk4 == 0 || key.dv4 == 0 || key.dk4 > 64 || key.dv4 > 64 {
@@ -697,6 +727,7 @@ mod tests {
             dk4,
             dv4: dk4,
             runtime_checks: RuntimeChecks::On,
+            kernels: crate::gpu::registry::Kernel::fingerprint().to_string(),
         }
     }
 
@@ -818,7 +849,7 @@ mod tests {
     #[test]
     fn format_8_lines_read_without_a_grouped_decode_entry_and_a_stale_one_is_dropped() {
         let text = sample().to_text();
-        assert!(text.contains("\tL16xKB4-prefetch/4/0.250000\n"), "{text}");
+        assert!(text.contains("\tL16xKB4-prefetch/4/0.250000\t"), "{text}");
         let old: Vec<String> = text
             .lines()
             .enumerate()
@@ -962,6 +993,18 @@ mod tests {
     /// `table` as formats before 7 read it: their unfused time at `Fast` was
     /// the staged kernel's, so that is the form (and no format before 8
     /// recorded the matrix-unit tiles).
+    /// `table` as a cache file of a format before 10 reads back: its keys
+    /// without a kernels fingerprint (measured on unknown kernels).
+    fn unprinted(table: TuningTable) -> TuningTable {
+        let mut out = TuningTable::new();
+        for (key, entry) in table.entries() {
+            let mut key = key.clone();
+            key.kernels.clear();
+            out.insert(key, *entry);
+        }
+        out
+    }
+
     fn without_fast_gemm(mut table: TuningTable) -> TuningTable {
         let keys: Vec<TuningKey> = table.entries().map(|(k, _)| k.clone()).collect();
         for key in keys {
@@ -993,7 +1036,7 @@ mod tests {
             .collect();
         let (table, warnings) = TuningTable::parse(&old.join("\n"));
         assert!(warnings.is_empty(), "{warnings:?}");
-        assert_eq!(table, without_fast_gemm(sample()));
+        assert_eq!(table, unprinted(without_fast_gemm(sample())));
         let (table, warnings) = TuningTable::parse(&text.replace("packed4x2", "packed9x9"));
         assert_eq!(table.len(), 1);
         assert!(
@@ -1006,7 +1049,7 @@ mod tests {
     fn format_7_lines_keep_no_matrix_unit_tiles_and_malformed_tiles_are_refused() {
         let text = sample().to_text();
         assert!(
-            text.contains("\tpacked4x2\t0.750000\t2x32\tL16xKB4-prefetch/4/0.250000\n"),
+            text.contains("\tpacked4x2\t0.750000\t2x32\tL16xKB4-prefetch/4/0.250000\t"),
             "{text}"
         );
         let old: Vec<String> = text
@@ -1025,7 +1068,7 @@ mod tests {
         entry.coop_tiles = None;
         entry.grouped_decode = None;
         expected.insert(key(16), entry);
-        assert_eq!(table, expected);
+        assert_eq!(table, unprinted(expected));
         for bad in ["2x", "0x32", "twox32"] {
             let (table, warnings) =
                 TuningTable::parse(&text.replace("\t2x32\t", &format!("\t{bad}\t")));
@@ -1120,9 +1163,9 @@ mod tests {
             .collect();
         let (old, warnings) = TuningTable::parse(&old.join("\n"));
         assert!(warnings.is_empty(), "{warnings:?}");
-        assert_eq!(old, without_fast_gemm(sample()));
+        assert_eq!(old, unprinted(without_fast_gemm(sample())));
         let (bad, warnings) =
-            TuningTable::parse(&text.replace("\toff\t-\t-\t-\t-\n", "\tmaybe\t-\t-\t-\t-\n"));
+            TuningTable::parse(&text.replace("\toff\t-\t-\t-\t-\t", "\tmaybe\t-\t-\t-\t-\t"));
         assert_eq!(bad.len(), 2);
         assert!(warnings[0].contains("runtime_checks"), "{warnings:?}");
     }

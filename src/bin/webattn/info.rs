@@ -66,7 +66,7 @@ fn describe(engine: &Engine) -> serde_json::Value {
         "decode_kernel": engine.gpu().map(|ctx| decode_kernel(ctx).0),
         "decode_kernel_forced": engine.gpu().map(|ctx| decode_kernel(ctx).1),
         "tuning_cache": engine.tuning_cache_path().map(|p| p.display().to_string()),
-        "tuned": engine.gpu().map(|ctx| tuned_here(engine, ctx).iter().map(|(dk4, dv4, e)| json!({
+        "tuned": engine.gpu().map(|ctx| tuned_here(engine, ctx).0.iter().map(|(dk4, dv4, e)| json!({
             "head_dims": [4 * dk4, 4 * dv4], "kernel": e.kernel.name(),
             "fused_ms": e.fused_ms, "unfused_ms": e.unfused_ms,
             "decode_kernel": e.decode.map(|d| d.kernel.label()),
@@ -119,11 +119,19 @@ fn tuning_text(engine: &Engine, ctx: &webattn::GpuContext) -> String {
         Some(path) => path.display().to_string(),
         None => "none (memory only)".to_string(),
     };
-    let mine = tuned_here(engine, ctx);
+    let (mine, stale) = tuned_here(engine, ctx);
+    let stale_note = match stale {
+        0 => String::new(),
+        n => format!(
+            "  {n} entr{} for this adapter measured on other kernels (another webattn version): \
+             ignored until `webattn tune` measures these\n",
+            if n == 1 { "y" } else { "ies" }
+        ),
+    };
     if mine.is_empty() {
         return format!(
             "tuning:   {source}: nothing measured for this adapter (`webattn tune` fills it); \
-             tiles are the largest that fit its limits\n"
+             tiles are the largest that fit its limits\n{stale_note}"
         );
     }
     let mut out = format!("tuning:   {source}\n");
@@ -195,13 +203,14 @@ fn tuning_text(engine: &Engine, ctx: &webattn::GpuContext) -> String {
 }
 
 /// The tuning entries for this adapter, driver, workgroup-memory limit and
-/// runtime-checks setting.
+/// runtime-checks setting measured on this build's kernels, and how many
+/// others were measured on other kernels.
 fn tuned_here(
     engine: &Engine,
     ctx: &webattn::GpuContext,
-) -> Vec<(u32, u32, webattn::tuning::TunedEntry)> {
+) -> (Vec<(u32, u32, webattn::tuning::TunedEntry)>, usize) {
     let probe = ctx.tuning_key(4, 4);
-    engine
+    let here: Vec<_> = engine
         .tuning_table()
         .map(|table| {
             table
@@ -221,10 +230,20 @@ fn tuned_here(
                         probe.runtime_checks,
                     )
                 })
-                .map(|(k, e)| (k.dk4, k.dv4, *e))
+                .map(|(k, e)| (k.clone(), *e))
                 .collect()
         })
-        .unwrap_or_default()
+        .unwrap_or_default();
+    let stale = here
+        .iter()
+        .filter(|(k, _)| k.kernels != probe.kernels)
+        .count();
+    let current = here
+        .into_iter()
+        .filter(|(k, _)| k.kernels == probe.kernels)
+        .map(|(k, e)| (k.dk4, k.dv4, e))
+        .collect();
+    (current, stale)
 }
 
 /// The report as text.
