@@ -51,6 +51,33 @@ impl SplitMix64 {
         (0..len).map(|_| self.normal() * scale).collect()
     }
 
+    /// [`SplitMix64::normal_vec`] of as many values as the product of
+    /// `dims`, or [`crate::Error::OutOfMemory`] naming `what` where the host
+    /// cannot hold them (a count past `usize` included), where a plain
+    /// vector would abort the process (and in a browser, the page's wasm).
+    pub fn try_normal_vec(
+        &mut self,
+        what: &str,
+        dims: &[usize],
+        scale: f32,
+    ) -> crate::Result<Vec<f32>> {
+        let refused = |bytes: u128| {
+            crate::Error::OutOfMemory(format!(
+                "drawing {what} ({} MiB of host memory)",
+                bytes >> 20
+            ))
+        };
+        let len = dims
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| refused(dims.iter().map(|&d| d as u128).product::<u128>() * 4))?;
+        let mut out = Vec::new();
+        out.try_reserve_exact(len)
+            .map_err(|_| refused(len as u128 * 4))?;
+        out.extend((0..len).map(|_| self.normal() * scale));
+        Ok(out)
+    }
+
     /// `true` with probability `p`.
     pub fn chance(&mut self, p: f64) -> bool {
         self.unit() < p

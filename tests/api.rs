@@ -239,6 +239,37 @@ fn outputs_the_host_cannot_hold_are_out_of_memory_on_the_cpu() {
     assert!(matches!(err, webattn::Error::OutOfMemory(_)), "{err}");
 }
 
+/// Random inputs the host cannot hold (the bench's and the JS library's
+/// `benchmark()` draw them from a shape) are a typed error, not an aborted
+/// process: 2^45 values of Q (x86-64 only, as above), and a count past
+/// `usize` anywhere.
+#[test]
+fn inputs_drawn_past_the_host_memory_are_out_of_memory() {
+    let mut rng = webattn::rng::SplitMix64::new(1);
+    let huge: &[usize] = if cfg!(target_arch = "x86_64") {
+        &[1 << 15, 1 << 15, 1 << 15]
+    } else {
+        &[]
+    };
+    for dims in [huge, &[usize::MAX, 2][..]] {
+        if dims.is_empty() {
+            continue;
+        }
+        let err = rng
+            .try_normal_vec("Q", dims, 1.0)
+            .expect_err("no host holds it");
+        assert!(matches!(err, webattn::Error::OutOfMemory(_)), "{err}");
+        assert!(err.to_string().contains("drawing Q"), "{err}");
+    }
+    let case =
+        webattn::conformance::CaseSpec::new("huge", [1, 1 << 15, 1], [1 << 15, 1], [1 << 15, 8]);
+    if cfg!(target_arch = "x86_64") {
+        let err = case.generate(1).expect_err("2^45 values of Q");
+        assert!(matches!(err, webattn::Error::OutOfMemory(_)), "{err}");
+    }
+    assert_eq!(rng.try_normal_vec("Q", &[2, 3], 1.0).unwrap().len(), 6);
+}
+
 /// Measurements side by side interleave: each round runs every piece once,
 /// warm-ups first, and each piece gets its own timed samples.
 #[test]

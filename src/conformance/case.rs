@@ -195,29 +195,29 @@ impl CaseSpec {
         let q = HostTensor::named(
             "Q",
             [b, hq, nq, dk],
-            rng.normal_vec(b * hq * nq * dk, self.logit_scale),
+            rng.try_normal_vec("Q", &[b, hq, nq, dk], self.logit_scale)?,
         )?;
         let k = HostTensor::named(
             "K",
             [b, hkv, nk, dk],
-            rng.normal_vec(b * hkv * nk * dk, 1.0),
+            rng.try_normal_vec("K", &[b, hkv, nk, dk], 1.0)?,
         )?;
         let v = HostTensor::named(
             "V",
             [b, hkv, nk, dv],
-            rng.normal_vec(b * hkv * nk * dv, 1.0),
+            rng.try_normal_vec("V", &[b, hkv, nk, dv], 1.0)?,
         )?;
         let past = if p > 0 {
             Some((
                 HostTensor::named(
                     "past_key",
                     [b, hkv, p, dk],
-                    rng.normal_vec(b * hkv * p * dk, 1.0),
+                    rng.try_normal_vec("past_key", &[b, hkv, p, dk], 1.0)?,
                 )?,
                 HostTensor::named(
                     "past_value",
                     [b, hkv, p, dv],
-                    rng.normal_vec(b * hkv * p * dv, 1.0),
+                    rng.try_normal_vec("past_value", &[b, hkv, p, dv], 1.0)?,
                 )?,
             ))
         } else {
