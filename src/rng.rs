@@ -70,7 +70,10 @@ impl SplitMix64 {
         let len = dims
             .iter()
             .try_fold(1usize, |n, &d| n.checked_mul(d))
-            .ok_or_else(|| refused(dims.iter().map(|&d| d as u128).product::<u128>() * 4))?;
+            .ok_or_else(|| {
+                let bytes = dims.iter().fold(4u128, |n, &d| n.saturating_mul(d as u128));
+                refused(bytes)
+            })?;
         let mut out = Vec::new();
         out.try_reserve_exact(len)
             .map_err(|_| refused(len as u128 * 4))?;

@@ -441,12 +441,30 @@ impl GpuContext {
         crate::tuning::TuningKey::new(&self.caps, dk, dv).with_runtime_checks(self.runtime_checks())
     }
 
-    /// Records a measurement in the tuning table.
+    /// Records a measurement in the tuning table, in place of the same
+    /// class's entries measured on other kernels (an older webattn's: the
+    /// table's next save removes them from the file).
     pub fn record_tuning(&self, key: crate::tuning::TuningKey, entry: crate::tuning::TunedEntry) {
-        self.tuning
+        let mut table = self
+            .tuning
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(key, entry);
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let superseded: Vec<_> = table
+            .entries()
+            .map(|(k, _)| k)
+            .filter(|k| {
+                k.kernels != key.kernels && {
+                    let mut same = (*k).clone();
+                    same.kernels.clone_from(&key.kernels);
+                    same == key
+                }
+            })
+            .cloned()
+            .collect();
+        for old in superseded {
+            table.remove(&old);
+        }
+        table.insert(key, entry);
     }
 
     /// The measured entry for head dims `dk`, `dv` on this adapter, if any.

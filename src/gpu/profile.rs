@@ -91,7 +91,7 @@ pub(crate) struct ClockGuardState {
 impl GpuContext {
     /// Turns the clock guard of measurements on or off, or (`None`) back to
     /// its default: on where the adapter is not a CPU and has timestamp
-    /// queries. With it on, `bench`'s measurements time a short FMA probe
+    /// queries, natively (a browser's timestamps are too coarse). With it on, `bench`'s measurements time a short FMA probe
     /// before and after every timed run and retake a run beside a probe that
     /// read under 3/4 of the fastest probe (its clocks were down: a GPU's
     /// power state, another tenant), as NVIDIA's nvbench discards samples
@@ -111,7 +111,10 @@ impl GpuContext {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .setting;
-        setting.unwrap_or(self.caps.adapter.device_type != "Cpu") && self.caps.timestamp_query
+        // Off by default in a browser: its timestamps are rounded (to 100 µs
+        // in Chrome), too coarse for a probe of tens of microseconds.
+        let default = self.caps.adapter.device_type != "Cpu" && !cfg!(target_arch = "wasm32");
+        setting.unwrap_or(default) && self.caps.timestamp_query
     }
 
     /// GFLOP/s of the fastest clock probe on this device so far, if any ran.

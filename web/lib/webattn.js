@@ -99,9 +99,17 @@ function asNow(value, depth = 0) {
   }
   if (depth > 4) return value;
   if (Array.isArray(value)) return value.map((x) => asNow(x, depth + 1));
-  if (Object.getPrototypeOf(value) !== Object.prototype) return value;
+  const tensorLike = "data" in value;
+  // Other objects (class instances, proxies) pass through, but a tensor of
+  // any make is read now: its data, shape and dtype, own or inherited.
+  if (Object.getPrototypeOf(value) !== Object.prototype && !tensorLike) return value;
   const out = {};
   for (const [key, x] of Object.entries(value)) out[key] = asNow(x, depth + 1);
+  if (tensorLike) {
+    for (const key of ["data", "shape", "dtype"]) {
+      if (!(key in out) && value[key] !== undefined) out[key] = asNow(value[key], depth + 1);
+    }
+  }
   return out;
 }
 
@@ -143,7 +151,7 @@ class MultiHeadAttention extends Layer {
   /** Self-attention (`keyValue` null) or cross-attention. */
   async forward(query, keyValue = null, options = {}) {
     hostOnly(query, keyValue);
-    [query, keyValue] = [asNow(query), asNow(keyValue)];
+    [query, keyValue, options] = [asNow(query), asNow(keyValue), asNow(options)];
     return this._engine()._serial(() => this._inner().forward(query, keyValue, options));
   }
   /** A causal decoder whose keys and values stay on the device. */
@@ -155,7 +163,7 @@ class Decoder extends Layer {
   /** Attends the next tokens to everything before them. */
   async step(x, options = {}) {
     hostOnly(x);
-    x = asNow(x);
+    [x, options] = [asNow(x), asNow(options)];
     return this._engine()._serial(() => this._inner().step(x, options));
   }
   /** Tokens in the cache. */
@@ -169,7 +177,7 @@ class ScoringLayer extends Layer {
   /** Decoder states `s` attending to encoder states `h`. */
   async forward(s, h, options = {}) {
     hostOnly(s, h);
-    [s, h] = [asNow(s), asNow(h)];
+    [s, h, options] = [asNow(s), asNow(h), asNow(options)];
     return this._engine()._serial(() => this._inner().forward(s, h, options));
   }
 }
@@ -259,6 +267,7 @@ export class WebAttn {
    */
   async attention(inputs, options = {}) {
     const args = this.#inputs(inputs);
+    options = asNow(options);
     return this.#wrap(await this._serial(() => this._core().attention(args, options)));
   }
 
@@ -282,7 +291,7 @@ export class WebAttn {
   /** The conformance sweep (`"quick"`, `"full"`) or the family's checks (`"family"`) on this adapter. */
   async check(kind = "quick", onProgress = undefined) {
     if (typeof kind !== "string") {
-      throw libraryError("InvalidOption", `check(kind): kind must be "quick", "full" or "family", not ${kind}`);
+      throw libraryError("InvalidOption", `check(kind): kind must be "quick", "full" or "family", not ${String(kind)}`);
     }
     return this._serial(() => this._core().check(kind, onProgress));
   }
@@ -306,19 +315,19 @@ export class WebAttn {
   /** Linear attention (elu+1 feature map). */
   async linearAttention(q, k, v, options = {}) {
     hostOnly(q, k, v);
-    [q, k, v] = [asNow(q), asNow(k), asNow(v)];
+    [q, k, v, options] = [asNow(q), asNow(k), asNow(v), asNow(options)];
     return this._serial(() => this._core().linearAttention(q, k, v, options));
   }
   /** Rotary position embeddings. */
   async rope(x, options = {}) {
     hostOnly(x);
-    x = asNow(x);
+    [x, options] = [asNow(x), asNow(options)];
     return this._serial(() => this._core().rope(x, options));
   }
   /** The sinusoidal absolute position encoding added to `x`. */
   async sinusoidal(x, options = {}) {
     hostOnly(x);
-    x = asNow(x);
+    [x, options] = [asNow(x), asNow(options)];
     return this._serial(() => this._core().sinusoidal(x, options));
   }
 

@@ -436,22 +436,28 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     // run just before it and its share is taken against that (decode shares
     // use the bandwidth ceiling's median over the run's two ends). The CPU rows
     // have no GPU ceiling to share (NaN: shown as "-").
-    let adjacent = |path: KernelPath| -> anyhow::Result<f64> {
+    let adjacent = |path: KernelPath, guarded: &mut GuardTally| -> anyhow::Result<f64> {
         match (ctx, path) {
             (Some(ctx), KernelPath::Fused | KernelPath::Unfused) => {
-                Ok(pollster::block_on(bench::fma_ceiling(
+                let (gflops, m) = pollster::block_on(bench::fma_ceiling(
                     ctx,
                     Repeats {
                         warmup: 1,
                         timed: 3,
                     },
-                ))?
-                .0)
+                ))?;
+                guarded.note(&m);
+                Ok(gflops)
             }
             _ => Ok(f64::NAN),
         }
     };
+    // Every measurement's retakes are counted, the ceilings' too.
     let mut guarded = GuardTally::default();
+    if let (Some(first), Some(copy)) = (&first, &copy_first) {
+        guarded.note(first);
+        guarded.note(&copy.measurement);
+    }
     let mut gemm = Vec::new();
     let mut attention = Vec::new();
     let mut decode = Vec::new();
@@ -464,7 +470,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 let Some(ctx) = ctx else { continue };
                 note(format!("GEMM {n}^3 {}", precision_name(precision)));
                 let r = repeats(KernelPath::Fused, args.quick);
-                let near = adjacent(KernelPath::Fused)?;
+                let near = adjacent(KernelPath::Fused, &mut guarded)?;
                 let kernel = ctx.gemm_kernel_at(precision);
                 // From 1024³ on, the matrix-unit GEMM's other forms beside
                 // the one calls take: the packed kernel's other tiles and
@@ -495,7 +501,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                     if shape.causal { " causal" } else { "" },
                     precision_name(precision)
                 ));
-                let near = adjacent(path)?;
+                let near = adjacent(path, &mut guarded)?;
                 let run = bench::AttentionRun {
                     path,
                     precision,
@@ -638,6 +644,10 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         ))?),
         None => None,
     };
+    if let (Some(last), Some(copy)) = (&last, &copy_last) {
+        guarded.note(last);
+        guarded.note(&copy.measurement);
+    }
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
@@ -709,6 +719,9 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         println!(
             "clock guard: {}",
             match (ctx.clock_guard_on(), guarded.retaken, guarded.throttled) {
+                (false, ..) if !ctx.capabilities().timestamp_query => {
+                    "off (the adapter has no timestamp queries to time a probe)".to_string()
+                }
                 (false, ..) => "off (--clock-guard on to probe the clocks around each run)".to_string(),
                 (true, 0, 0) => "on; every timed run had a fast clock probe on either side".to_string(),
                 (true, r, 0) => format!("on; {r} run(s) retaken beside a slow clock probe"),

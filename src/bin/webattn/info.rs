@@ -66,6 +66,7 @@ fn describe(engine: &Engine) -> serde_json::Value {
         "decode_kernel": engine.gpu().map(|ctx| decode_kernel(ctx).0),
         "decode_kernel_forced": engine.gpu().map(|ctx| decode_kernel(ctx).1),
         "tuning_cache": engine.tuning_cache_path().map(|p| p.display().to_string()),
+        "stale_tuning_entries": engine.gpu().map(|ctx| tuned_here(engine, ctx).1),
         "tuned": engine.gpu().map(|ctx| tuned_here(engine, ctx).0.iter().map(|(dk4, dv4, e)| json!({
             "head_dims": [4 * dk4, 4 * dv4], "kernel": e.kernel.name(),
             "fused_ms": e.fused_ms, "unfused_ms": e.unfused_ms,
@@ -134,7 +135,7 @@ fn tuning_text(engine: &Engine, ctx: &webattn::GpuContext) -> String {
              tiles are the largest that fit its limits\n{stale_note}"
         );
     }
-    let mut out = format!("tuning:   {source}\n");
+    let mut out = format!("tuning:   {source}\n{stale_note}");
     for (dk4, dv4, entry) in mine {
         out += &format!(
             "  head dims {}/{}: {} {:.3} ms, unfused {:.3} ms: auto takes {}\n",

@@ -309,6 +309,20 @@ function cases({ worker }) {
       expect(maxDiff((await roped).output.data, wantRope.output.data) === 0, `${busy ? "a queued" : "an idle"} rope read the refilled array`);
       lines.push(busy ? "queued" : "idle");
     }
+    // Options are read when the call is made too, and a tensor of another
+    // make (a class instance whose data is not enumerable) is copied whole.
+    const options = { isCausal: false };
+    class Held {
+      constructor(t) {
+        Object.defineProperty(this, "data", { value: new Float32Array(t.data), enumerable: false });
+        this.shape = t.shape;
+      }
+    }
+    const held = new Held(q);
+    const call = engine.attention({ q: held, k, v }, options);
+    options.isCausal = true;
+    held.data.fill(Number.NaN);
+    expect(maxDiff((await call).y.data, want.y.data) === 0, "a call read its options or a class instance's data late");
     return `attention, upload and rope read their arrays when made (${lines.join(", ")})`;
   });
 
