@@ -118,6 +118,22 @@ fn a_corrupt_cache_is_ignored_with_a_warning_and_rebuilt() {
     assert_eq!(TuningTable::parse(&text).0.len(), 1);
 }
 
+/// An entry where the portable kernel measured 1 ms fused against 2 ms
+/// unfused, nothing else measured.
+fn portable_entry() -> TunedEntry {
+    TunedEntry {
+        kernel: TunedKernel::Portable,
+        grouped_decode: None,
+        fused_ms: 1.0,
+        unfused_ms: 2.0,
+        decode: None,
+        coop_ms: None,
+        unfused_coop_ms: None,
+        fast_gemm: None,
+        coop_tiles: None,
+    }
+}
+
 /// Head dims 8 (the class of the quick sweep's small cases) on the test adapter.
 fn key_for_d8(engine: &Engine) -> TuningKey {
     TuningKey::new(engine.capabilities().unwrap(), 8, 8)
@@ -225,20 +241,7 @@ fn auto_follows_the_measured_path_and_kernel() {
     // Now fused is faster with the portable kernel: auto takes it, and the
     // fused path runs that kernel (not the one the limits alone would pick).
     let mut table = TuningTable::new();
-    table.insert(
-        key_for_d8(gpu),
-        TunedEntry {
-            kernel: TunedKernel::Portable,
-            grouped_decode: None,
-            fused_ms: 1.0,
-            unfused_ms: 2.0,
-            decode: None,
-            coop_ms: None,
-            unfused_coop_ms: None,
-            fast_gemm: None,
-            coop_tiles: None,
-        },
-    );
+    table.insert(key_for_d8(gpu), portable_entry());
     table.save(&cache).unwrap();
     let engine = engine_with(&cache);
     let out = engine.attention_host_blocking(&inputs, &options).unwrap();
@@ -429,17 +432,7 @@ fn entries_timed_without_runtime_checks_are_followed_only_without_them() {
     let mut table = TuningTable::new();
     table.insert(
         key_for_d8(gpu).with_runtime_checks(webattn::RuntimeChecks::Off),
-        TunedEntry {
-            kernel: TunedKernel::Portable,
-            grouped_decode: None,
-            fused_ms: 1.0,
-            unfused_ms: 2.0,
-            decode: None,
-            coop_ms: None,
-            unfused_coop_ms: None,
-            fast_gemm: None,
-            coop_tiles: None,
-        },
+        portable_entry(),
     );
     table.save(&cache).unwrap();
     let text = std::fs::read_to_string(&cache).unwrap();
@@ -468,17 +461,7 @@ fn entries_timed_without_runtime_checks_are_followed_only_without_them() {
 fn entries_measured_on_other_kernels_are_ignored() {
     let Some(gpu) = common::gpu() else { return };
     let cache = scratch("kernels").join("tuning.tsv");
-    let entry = TunedEntry {
-        kernel: TunedKernel::Portable,
-        grouped_decode: None,
-        fused_ms: 1.0,
-        unfused_ms: 2.0,
-        decode: None,
-        coop_ms: None,
-        unfused_coop_ms: None,
-        fast_gemm: None,
-        coop_tiles: None,
-    };
+    let entry = portable_entry();
     let current = key_for_d8(gpu);
     assert!(current.is_current());
     assert_eq!(
