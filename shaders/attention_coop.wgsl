@@ -16,10 +16,11 @@
 //   3. Scalar code, every invocation at work: each row's keys are split in
 //      LPR parts of KPI keys (part k the quads of 4 keys k, k + LPR, ...),
 //      and each invocation owns RPI (row, part) pairs. Per pair, a walk
-//      over its keys four at a time: scale, softcap, mask, ALiBi,
-//      temperature, the row's key range, a partial maximum (the scores
-//      written back to S where a softcap, mask or ALiBi changed them), and
-//      P as f16 in workgroup memory against the row's reference maximum as
+//      over its keys four at a time: scale, softcap, mask, ALiBi, the
+//      row's key range, a partial maximum (the scores written back to S
+//      where a softcap, mask or ALiBi changed them), and P (the exponents
+//      divided by the temperature) as f16 in workgroup memory against the
+//      row's reference maximum as
 //      it stands, with which keys the row attends as bits (a word per 32
 //      keys of a part). Then the row's maximum from its parts (neighbouring
 //      lanes of one subgroup, combined by shuffles, with no barrier); where
@@ -36,9 +37,10 @@
 //   4. O += P V: each subgroup's strip of O (CM x DVP: DVP / CM accumulators)
 //      stays in accumulator matrices for the whole key loop.
 //
-// The reference maximum is lazy (as in FlashAttention-4): P is exp(s - m)
-// against the row's reference m, which moves only when a score exceeds it by
-// more than RESCALE, so the O matrices, whose element layout is opaque, are
+// The reference maximum is lazy (as in FlashAttention-4): P is
+// exp((s - m) / temperature) against the row's reference m (of the biased
+// scores before the temperature: see tempered() in attention_rules.wgsl),
+// which moves only when a score divided so exceeds it by more than RESCALE, so the O matrices, whose element layout is opaque, are
 // seldom rescaled: then each is stored to workgroup memory, its rows scaled,
 // and loaded back. P stays below e^4 and is stored times P_SCALE (2^10, so
 // below 56,000, inside f16's range): probabilities down to 6e-8 of the
@@ -197,18 +199,14 @@ fn poisons4(x: vec4<f32>) -> vec4<bool> {
         | (bits == vec4<u32>(0x7f800000u));
 }
 
-// Raw scores with only the scale and the temperature: MASKED outside the
-// row's range (`in_row`), the rest scaled (NaN and +inf left for the caller).
+// Raw scores with only the scale: MASKED outside the row's range (`in_row`),
+// the rest scaled (NaN and +inf left for the caller).
 fn plain_scores(raw: vec4<f32>, in_row: vec4<bool>) -> vec4<f32> {
-    var sc = raw * p.scale;
-    if ((RULES & RULE_TEMPERATURE) != 0u) {
-        sc *= p.inv_temperature;
-    }
-    return select(vec4<f32>(MASKED), sc, in_row);
+    return select(vec4<f32>(MASKED), raw * p.scale, in_row);
 }
 
-// One raw score through every rule: the scale, softcap, mask, ALiBi and
-// temperature; MASKED outside the row's range or where the mask drops the
+// One raw score through every rule: the scale, softcap, mask and ALiBi (the
+// temperature divides the exponents of the softmax); MASKED outside the row's range or where the mask drops the
 // key (NaN and +inf left for the caller).
 fn ruled_score(raw: f32, in_row: bool, key: i32, mask_base: u32, pos: i32, slope: f32) -> f32 {
     if (!in_row) {
@@ -227,9 +225,6 @@ fn ruled_score(raw: f32, in_row: bool, key: i32, mask_base: u32, pos: i32, slope
     }
     if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
         sc -= slope * f32(abs(pos - key));
-    }
-    if ((RULES & RULE_TEMPERATURE) != 0u) {
-        sc *= p.inv_temperature;
     }
     return sc;
 }
@@ -262,7 +257,11 @@ fn store_p_quad(rr: u32, t0: u32, sc: vec4<f32>, m_row: f32) -> PQuad {
     let attended = sc != vec4<f32>(MASKED);
     // An attended -inf score: probability 0 (and not exp(-inf - -inf)),
     // still multiplying its V row.
-    let pt = select(vec4<f32>(0.0), exp(sc - vec4<f32>(m_row)),
+    var x = sc - vec4<f32>(m_row);
+    if ((RULES & RULE_TEMPERATURE) != 0u) {
+        x *= p.inv_temperature;
+    }
+    let pt = select(vec4<f32>(0.0), exp(x),
         attended & (sc > vec4<f32>(neg_inf())));
     let at = rr * PS + t0;
     let scaled = vec4<f16>(pt * P_SCALE);
@@ -672,7 +671,7 @@ fn main(
         // Keys a row does not attend become MASKED; a NaN or +inf score
         // poisons the row and counts as -inf (P = 0, attended).
         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
-            // Whether the rules go beyond the scale and the temperature: then
+            // Whether the rules go beyond the scale: then
             // the first walk writes each final score back to S for the
             // second; else the second computes it again from S as it is (the
             // same operations, the same value) and S is only read.
@@ -755,15 +754,16 @@ fn main(
                 }
                 if (in_range) {
                     // The reference moves the first time a row attends a key, and
-                    // when a score exceeds it by more than RESCALE (alike in every
-                    // part of the row: the same maxima, the same test).
+                    // when a score exceeds it by more than RESCALE once divided by
+                    // the temperature (alike in every part of the row: the same
+                    // maxima, the same test).
                     var alpha = 1.0;
                     // (tile_max - m, not m + RESCALE: the sum rounds where |m| is large.)
-                    let moves = tile_max > MASKED && (m_row == MASKED || tile_max - m_row > RESCALE);
+                    let moves = tile_max > MASKED && (m_row == MASKED || tempered(tile_max - m_row, p.inv_temperature) > RESCALE);
                     if (moves) {
                         let m_new = max(m_row, tile_max);
                         // exp(-f32::MAX - m) = 0: the row had no O yet.
-                        alpha = exp(m_row - m_new);
+                        alpha = exp(tempered(m_row - m_new, p.inv_temperature));
                         if (m_row != MASKED) {
                             wg_scalars[WG_RESCALE] = 1u;
                         }
@@ -1345,7 +1345,7 @@ fn main(
         if (nan_row) {
             bits = NAN_BITS;
         } else if (attended) {
-            bits = bitcast<u32>(m[i] + log(l[i]));
+            bits = bitcast<u32>(tempered(m[i], p.inv_temperature) + log(l[i]));
         }
         lse[r] = bits;
         lse[rows_total + r] = bitcast<u32>(m[i]);

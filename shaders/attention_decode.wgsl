@@ -179,8 +179,9 @@ fn main(
             }
             workgroupBarrier();
         }
-        // Scale, softcap, mask, ALiBi, temperature; MASKED for keys a row
-        // does not attend; a NaN or +inf score poisons its row.
+        // Scale, softcap, mask, ALiBi (the temperature divides the online
+        // softmax's exponents); MASKED for keys a row does not attend; a NaN
+        // or +inf score poisons its row.
         let j = j0 + i32(li);
         for (var r = 0u; r < rows; r++) {
             let h = h0 + r / p.q_len;
@@ -207,7 +208,6 @@ fn main(
                     let slope = bitcast<f32>(nonpad[p.batch + h]);
                     s -= slope * f32(abs(offset + i32(i) - j));
                 }
-                s *= p.inv_temperature;
                 var seen = ROW_ATTENDED;
                 if (poisons(s)) {
                     // Poisons the row; counts as -inf from here on.
@@ -240,12 +240,12 @@ fn main(
             }
             let m_new = max(m[r], tile_max);
             // exp(0) = 1 while no attended score has been finite yet.
-            alpha[r] = exp(m[r] - m_new);
+            alpha[r] = exp(tempered(m[r] - m_new, p.inv_temperature));
             m[r] = m_new;
             // This key's probability (-1 for a key the row does not attend;
             // an attended score of -inf gets 0 and still multiplies V).
             let s = scores[r * WG + li];
-            scores[r * WG + li] = select(-1.0, exp(s - m_new), s != MASKED);
+            scores[r * WG + li] = select(-1.0, exp(tempered(s - m_new, p.inv_temperature)), s != MASKED);
         }
         workgroupBarrier();
         if (scan_row < rows) {

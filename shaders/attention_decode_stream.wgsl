@@ -158,9 +158,10 @@ fn v_col(row_base: u32, col: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), widen4(v4[row_base * DV4 + min(col, DV4 - 1u)]), col < DV4);
 }
 
-// A score after the contract's rules (scale, softcap, mask, ALiBi,
-// temperature), MASKED for a key the row does not attend, -inf for a NaN or
-// +inf score; and the row's flags it sets.
+// A score after the contract's rules (scale, softcap, mask, ALiBi; the
+// temperature divides the online softmax's exponents), MASKED for a key the
+// row does not attend, -inf for a NaN or +inf score; and the row's flags it
+// sets.
 struct Scored {
     s: f32,
     flags: u32,
@@ -187,9 +188,6 @@ fn rules(dot: f32, key: i32, span: vec4<i32>, slope: f32) -> Scored {
     if (attended) {
         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
             s -= slope * f32(abs(span.w - key));
-        }
-        if ((RULES & RULE_TEMPERATURE) != 0u) {
-            s *= p.inv_temperature;
         }
         out.flags = ROW_ATTENDED;
         if (poisons(s)) {
@@ -2019,18 +2017,18 @@ fn main(
                     m_new = max(m_new, scored3.s);
                 }
                 // exp(0) = 1 while no attended score has been finite yet.
-                alpha = exp(m0 - m_new);
+                alpha = exp(tempered(m0 - m_new, p.inv_temperature));
                 m0 = m_new;
                 // 0 for a key the row does not attend.
-                p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                p0 = select(0.0, exp(tempered(scored0.s - m_new, p.inv_temperature)), scored0.s != MASKED);
                 if (KB > 1u) {
-                    p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                    p1 = select(0.0, exp(tempered(scored1.s - m_new, p.inv_temperature)), scored1.s != MASKED);
                 }
                 if (KB > 2u) {
-                    p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                    p2 = select(0.0, exp(tempered(scored2.s - m_new, p.inv_temperature)), scored2.s != MASKED);
                 }
                 if (KB > 3u) {
-                    p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                    p3 = select(0.0, exp(tempered(scored3.s - m_new, p.inv_temperature)), scored3.s != MASKED);
                 }
                 l0 = l0 * alpha + p0 + p1 + p2 + p3;
             } else {
@@ -2549,18 +2547,18 @@ fn main(
                         m_new = max(m_new, scored3.s);
                     }
                     // exp(0) = 1 while no attended score has been finite yet.
-                    alpha = exp(m1 - m_new);
+                    alpha = exp(tempered(m1 - m_new, p.inv_temperature));
                     m1 = m_new;
                     // 0 for a key the row does not attend.
-                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    p0 = select(0.0, exp(tempered(scored0.s - m_new, p.inv_temperature)), scored0.s != MASKED);
                     if (KB > 1u) {
-                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                        p1 = select(0.0, exp(tempered(scored1.s - m_new, p.inv_temperature)), scored1.s != MASKED);
                     }
                     if (KB > 2u) {
-                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                        p2 = select(0.0, exp(tempered(scored2.s - m_new, p.inv_temperature)), scored2.s != MASKED);
                     }
                     if (KB > 3u) {
-                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                        p3 = select(0.0, exp(tempered(scored3.s - m_new, p.inv_temperature)), scored3.s != MASKED);
                     }
                     l1 = l1 * alpha + p0 + p1 + p2 + p3;
                 } else {
@@ -2964,18 +2962,18 @@ fn main(
                         m_new = max(m_new, scored3.s);
                     }
                     // exp(0) = 1 while no attended score has been finite yet.
-                    alpha = exp(m2 - m_new);
+                    alpha = exp(tempered(m2 - m_new, p.inv_temperature));
                     m2 = m_new;
                     // 0 for a key the row does not attend.
-                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    p0 = select(0.0, exp(tempered(scored0.s - m_new, p.inv_temperature)), scored0.s != MASKED);
                     if (KB > 1u) {
-                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                        p1 = select(0.0, exp(tempered(scored1.s - m_new, p.inv_temperature)), scored1.s != MASKED);
                     }
                     if (KB > 2u) {
-                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                        p2 = select(0.0, exp(tempered(scored2.s - m_new, p.inv_temperature)), scored2.s != MASKED);
                     }
                     if (KB > 3u) {
-                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                        p3 = select(0.0, exp(tempered(scored3.s - m_new, p.inv_temperature)), scored3.s != MASKED);
                     }
                     l2 = l2 * alpha + p0 + p1 + p2 + p3;
                 } else {
@@ -3313,18 +3311,18 @@ fn main(
                         m_new = max(m_new, scored3.s);
                     }
                     // exp(0) = 1 while no attended score has been finite yet.
-                    alpha = exp(m3 - m_new);
+                    alpha = exp(tempered(m3 - m_new, p.inv_temperature));
                     m3 = m_new;
                     // 0 for a key the row does not attend.
-                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    p0 = select(0.0, exp(tempered(scored0.s - m_new, p.inv_temperature)), scored0.s != MASKED);
                     if (KB > 1u) {
-                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                        p1 = select(0.0, exp(tempered(scored1.s - m_new, p.inv_temperature)), scored1.s != MASKED);
                     }
                     if (KB > 2u) {
-                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                        p2 = select(0.0, exp(tempered(scored2.s - m_new, p.inv_temperature)), scored2.s != MASKED);
                     }
                     if (KB > 3u) {
-                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                        p3 = select(0.0, exp(tempered(scored3.s - m_new, p.inv_temperature)), scored3.s != MASKED);
                     }
                     l3 = l3 * alpha + p0 + p1 + p2 + p3;
                 } else {
@@ -3616,18 +3614,18 @@ fn main(
                         m_new = max(m_new, scored3.s);
                     }
                     // exp(0) = 1 while no attended score has been finite yet.
-                    alpha = exp(m4 - m_new);
+                    alpha = exp(tempered(m4 - m_new, p.inv_temperature));
                     m4 = m_new;
                     // 0 for a key the row does not attend.
-                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    p0 = select(0.0, exp(tempered(scored0.s - m_new, p.inv_temperature)), scored0.s != MASKED);
                     if (KB > 1u) {
-                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                        p1 = select(0.0, exp(tempered(scored1.s - m_new, p.inv_temperature)), scored1.s != MASKED);
                     }
                     if (KB > 2u) {
-                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                        p2 = select(0.0, exp(tempered(scored2.s - m_new, p.inv_temperature)), scored2.s != MASKED);
                     }
                     if (KB > 3u) {
-                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                        p3 = select(0.0, exp(tempered(scored3.s - m_new, p.inv_temperature)), scored3.s != MASKED);
                     }
                     l4 = l4 * alpha + p0 + p1 + p2 + p3;
                 } else {
@@ -3867,18 +3865,18 @@ fn main(
                         m_new = max(m_new, scored3.s);
                     }
                     // exp(0) = 1 while no attended score has been finite yet.
-                    alpha = exp(m5 - m_new);
+                    alpha = exp(tempered(m5 - m_new, p.inv_temperature));
                     m5 = m_new;
                     // 0 for a key the row does not attend.
-                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    p0 = select(0.0, exp(tempered(scored0.s - m_new, p.inv_temperature)), scored0.s != MASKED);
                     if (KB > 1u) {
-                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                        p1 = select(0.0, exp(tempered(scored1.s - m_new, p.inv_temperature)), scored1.s != MASKED);
                     }
                     if (KB > 2u) {
-                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                        p2 = select(0.0, exp(tempered(scored2.s - m_new, p.inv_temperature)), scored2.s != MASKED);
                     }
                     if (KB > 3u) {
-                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                        p3 = select(0.0, exp(tempered(scored3.s - m_new, p.inv_temperature)), scored3.s != MASKED);
                     }
                     l5 = l5 * alpha + p0 + p1 + p2 + p3;
                 } else {
@@ -4090,18 +4088,18 @@ fn main(
                         m_new = max(m_new, scored3.s);
                     }
                     // exp(0) = 1 while no attended score has been finite yet.
-                    alpha = exp(m6 - m_new);
+                    alpha = exp(tempered(m6 - m_new, p.inv_temperature));
                     m6 = m_new;
                     // 0 for a key the row does not attend.
-                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    p0 = select(0.0, exp(tempered(scored0.s - m_new, p.inv_temperature)), scored0.s != MASKED);
                     if (KB > 1u) {
-                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                        p1 = select(0.0, exp(tempered(scored1.s - m_new, p.inv_temperature)), scored1.s != MASKED);
                     }
                     if (KB > 2u) {
-                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                        p2 = select(0.0, exp(tempered(scored2.s - m_new, p.inv_temperature)), scored2.s != MASKED);
                     }
                     if (KB > 3u) {
-                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                        p3 = select(0.0, exp(tempered(scored3.s - m_new, p.inv_temperature)), scored3.s != MASKED);
                     }
                     l6 = l6 * alpha + p0 + p1 + p2 + p3;
                 } else {
@@ -4313,18 +4311,18 @@ fn main(
                         m_new = max(m_new, scored3.s);
                     }
                     // exp(0) = 1 while no attended score has been finite yet.
-                    alpha = exp(m7 - m_new);
+                    alpha = exp(tempered(m7 - m_new, p.inv_temperature));
                     m7 = m_new;
                     // 0 for a key the row does not attend.
-                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    p0 = select(0.0, exp(tempered(scored0.s - m_new, p.inv_temperature)), scored0.s != MASKED);
                     if (KB > 1u) {
-                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                        p1 = select(0.0, exp(tempered(scored1.s - m_new, p.inv_temperature)), scored1.s != MASKED);
                     }
                     if (KB > 2u) {
-                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                        p2 = select(0.0, exp(tempered(scored2.s - m_new, p.inv_temperature)), scored2.s != MASKED);
                     }
                     if (KB > 3u) {
-                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                        p3 = select(0.0, exp(tempered(scored3.s - m_new, p.inv_temperature)), scored3.s != MASKED);
                     }
                     l7 = l7 * alpha + p0 + p1 + p2 + p3;
                 } else {
@@ -4512,18 +4510,18 @@ fn main(
                         m_new = max(m_new, scored3.s);
                     }
                     // exp(0) = 1 while no attended score has been finite yet.
-                    alpha = exp(m8 - m_new);
+                    alpha = exp(tempered(m8 - m_new, p.inv_temperature));
                     m8 = m_new;
                     // 0 for a key the row does not attend.
-                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    p0 = select(0.0, exp(tempered(scored0.s - m_new, p.inv_temperature)), scored0.s != MASKED);
                     if (KB > 1u) {
-                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                        p1 = select(0.0, exp(tempered(scored1.s - m_new, p.inv_temperature)), scored1.s != MASKED);
                     }
                     if (KB > 2u) {
-                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                        p2 = select(0.0, exp(tempered(scored2.s - m_new, p.inv_temperature)), scored2.s != MASKED);
                     }
                     if (KB > 3u) {
-                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                        p3 = select(0.0, exp(tempered(scored3.s - m_new, p.inv_temperature)), scored3.s != MASKED);
                     }
                     l8 = l8 * alpha + p0 + p1 + p2 + p3;
                 } else {
@@ -4683,18 +4681,18 @@ fn main(
                         m_new = max(m_new, scored3.s);
                     }
                     // exp(0) = 1 while no attended score has been finite yet.
-                    alpha = exp(m9 - m_new);
+                    alpha = exp(tempered(m9 - m_new, p.inv_temperature));
                     m9 = m_new;
                     // 0 for a key the row does not attend.
-                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    p0 = select(0.0, exp(tempered(scored0.s - m_new, p.inv_temperature)), scored0.s != MASKED);
                     if (KB > 1u) {
-                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                        p1 = select(0.0, exp(tempered(scored1.s - m_new, p.inv_temperature)), scored1.s != MASKED);
                     }
                     if (KB > 2u) {
-                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                        p2 = select(0.0, exp(tempered(scored2.s - m_new, p.inv_temperature)), scored2.s != MASKED);
                     }
                     if (KB > 3u) {
-                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                        p3 = select(0.0, exp(tempered(scored3.s - m_new, p.inv_temperature)), scored3.s != MASKED);
                     }
                     l9 = l9 * alpha + p0 + p1 + p2 + p3;
                 } else {
@@ -4854,18 +4852,18 @@ fn main(
                         m_new = max(m_new, scored3.s);
                     }
                     // exp(0) = 1 while no attended score has been finite yet.
-                    alpha = exp(m10 - m_new);
+                    alpha = exp(tempered(m10 - m_new, p.inv_temperature));
                     m10 = m_new;
                     // 0 for a key the row does not attend.
-                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    p0 = select(0.0, exp(tempered(scored0.s - m_new, p.inv_temperature)), scored0.s != MASKED);
                     if (KB > 1u) {
-                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                        p1 = select(0.0, exp(tempered(scored1.s - m_new, p.inv_temperature)), scored1.s != MASKED);
                     }
                     if (KB > 2u) {
-                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                        p2 = select(0.0, exp(tempered(scored2.s - m_new, p.inv_temperature)), scored2.s != MASKED);
                     }
                     if (KB > 3u) {
-                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                        p3 = select(0.0, exp(tempered(scored3.s - m_new, p.inv_temperature)), scored3.s != MASKED);
                     }
                     l10 = l10 * alpha + p0 + p1 + p2 + p3;
                 } else {
@@ -5025,18 +5023,18 @@ fn main(
                         m_new = max(m_new, scored3.s);
                     }
                     // exp(0) = 1 while no attended score has been finite yet.
-                    alpha = exp(m11 - m_new);
+                    alpha = exp(tempered(m11 - m_new, p.inv_temperature));
                     m11 = m_new;
                     // 0 for a key the row does not attend.
-                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    p0 = select(0.0, exp(tempered(scored0.s - m_new, p.inv_temperature)), scored0.s != MASKED);
                     if (KB > 1u) {
-                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                        p1 = select(0.0, exp(tempered(scored1.s - m_new, p.inv_temperature)), scored1.s != MASKED);
                     }
                     if (KB > 2u) {
-                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                        p2 = select(0.0, exp(tempered(scored2.s - m_new, p.inv_temperature)), scored2.s != MASKED);
                     }
                     if (KB > 3u) {
-                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                        p3 = select(0.0, exp(tempered(scored3.s - m_new, p.inv_temperature)), scored3.s != MASKED);
                     }
                     l11 = l11 * alpha + p0 + p1 + p2 + p3;
                 } else {
@@ -5196,18 +5194,18 @@ fn main(
                         m_new = max(m_new, scored3.s);
                     }
                     // exp(0) = 1 while no attended score has been finite yet.
-                    alpha = exp(m12 - m_new);
+                    alpha = exp(tempered(m12 - m_new, p.inv_temperature));
                     m12 = m_new;
                     // 0 for a key the row does not attend.
-                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    p0 = select(0.0, exp(tempered(scored0.s - m_new, p.inv_temperature)), scored0.s != MASKED);
                     if (KB > 1u) {
-                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                        p1 = select(0.0, exp(tempered(scored1.s - m_new, p.inv_temperature)), scored1.s != MASKED);
                     }
                     if (KB > 2u) {
-                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                        p2 = select(0.0, exp(tempered(scored2.s - m_new, p.inv_temperature)), scored2.s != MASKED);
                     }
                     if (KB > 3u) {
-                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                        p3 = select(0.0, exp(tempered(scored3.s - m_new, p.inv_temperature)), scored3.s != MASKED);
                     }
                     l12 = l12 * alpha + p0 + p1 + p2 + p3;
                 } else {
@@ -5367,18 +5365,18 @@ fn main(
                         m_new = max(m_new, scored3.s);
                     }
                     // exp(0) = 1 while no attended score has been finite yet.
-                    alpha = exp(m13 - m_new);
+                    alpha = exp(tempered(m13 - m_new, p.inv_temperature));
                     m13 = m_new;
                     // 0 for a key the row does not attend.
-                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    p0 = select(0.0, exp(tempered(scored0.s - m_new, p.inv_temperature)), scored0.s != MASKED);
                     if (KB > 1u) {
-                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                        p1 = select(0.0, exp(tempered(scored1.s - m_new, p.inv_temperature)), scored1.s != MASKED);
                     }
                     if (KB > 2u) {
-                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                        p2 = select(0.0, exp(tempered(scored2.s - m_new, p.inv_temperature)), scored2.s != MASKED);
                     }
                     if (KB > 3u) {
-                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                        p3 = select(0.0, exp(tempered(scored3.s - m_new, p.inv_temperature)), scored3.s != MASKED);
                     }
                     l13 = l13 * alpha + p0 + p1 + p2 + p3;
                 } else {
@@ -5538,18 +5536,18 @@ fn main(
                         m_new = max(m_new, scored3.s);
                     }
                     // exp(0) = 1 while no attended score has been finite yet.
-                    alpha = exp(m14 - m_new);
+                    alpha = exp(tempered(m14 - m_new, p.inv_temperature));
                     m14 = m_new;
                     // 0 for a key the row does not attend.
-                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    p0 = select(0.0, exp(tempered(scored0.s - m_new, p.inv_temperature)), scored0.s != MASKED);
                     if (KB > 1u) {
-                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                        p1 = select(0.0, exp(tempered(scored1.s - m_new, p.inv_temperature)), scored1.s != MASKED);
                     }
                     if (KB > 2u) {
-                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                        p2 = select(0.0, exp(tempered(scored2.s - m_new, p.inv_temperature)), scored2.s != MASKED);
                     }
                     if (KB > 3u) {
-                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                        p3 = select(0.0, exp(tempered(scored3.s - m_new, p.inv_temperature)), scored3.s != MASKED);
                     }
                     l14 = l14 * alpha + p0 + p1 + p2 + p3;
                 } else {
@@ -5709,18 +5707,18 @@ fn main(
                         m_new = max(m_new, scored3.s);
                     }
                     // exp(0) = 1 while no attended score has been finite yet.
-                    alpha = exp(m15 - m_new);
+                    alpha = exp(tempered(m15 - m_new, p.inv_temperature));
                     m15 = m_new;
                     // 0 for a key the row does not attend.
-                    p0 = select(0.0, exp(scored0.s - m_new), scored0.s != MASKED);
+                    p0 = select(0.0, exp(tempered(scored0.s - m_new, p.inv_temperature)), scored0.s != MASKED);
                     if (KB > 1u) {
-                        p1 = select(0.0, exp(scored1.s - m_new), scored1.s != MASKED);
+                        p1 = select(0.0, exp(tempered(scored1.s - m_new, p.inv_temperature)), scored1.s != MASKED);
                     }
                     if (KB > 2u) {
-                        p2 = select(0.0, exp(scored2.s - m_new), scored2.s != MASKED);
+                        p2 = select(0.0, exp(tempered(scored2.s - m_new, p.inv_temperature)), scored2.s != MASKED);
                     }
                     if (KB > 3u) {
-                        p3 = select(0.0, exp(scored3.s - m_new), scored3.s != MASKED);
+                        p3 = select(0.0, exp(tempered(scored3.s - m_new, p.inv_temperature)), scored3.s != MASKED);
                     }
                     l15 = l15 * alpha + p0 + p1 + p2 + p3;
                 } else {
@@ -5910,7 +5908,7 @@ fn main(
         for (var t = 0u; t < TEAMS; t++) {
             m_all = max(m_all, team_ml[0u * MAX_TEAMS + t].x);
         }
-        let factor = exp(m0 - m_all);
+        let factor = exp(tempered(m0 - m_all, p.inv_temperature));
         let col = lane + L * 0u;
         if (col < DV4) {
             team_o[team * DV4 + col] = o0_0 * factor;
@@ -6021,7 +6019,7 @@ fn main(
                 var l_all = 0.0;
                 for (var t = 0u; t < TEAMS; t++) {
                     let ml = team_ml[0u * MAX_TEAMS + t];
-                    l_all += ml.y * exp(ml.x - m_all);
+                    l_all += ml.y * exp(tempered(ml.x - m_all, p.inv_temperature));
                 }
                 let flags = f32(atomicLoad(&row_flags[0]));
                 part_ml[split * part_rows + row] = vec4<f32>(m_all, l_all, flags, 0.0);
@@ -6035,7 +6033,7 @@ fn main(
             for (var t = 0u; t < TEAMS; t++) {
                 m_all = max(m_all, team_ml[1u * MAX_TEAMS + t].x);
             }
-            let factor = exp(m1 - m_all);
+            let factor = exp(tempered(m1 - m_all, p.inv_temperature));
             let col = lane + L * 0u;
             if (col < DV4) {
                 team_o[team * DV4 + col] = o1_0 * factor;
@@ -6098,7 +6096,7 @@ fn main(
                     var l_all = 0.0;
                     for (var t = 0u; t < TEAMS; t++) {
                         let ml = team_ml[1u * MAX_TEAMS + t];
-                        l_all += ml.y * exp(ml.x - m_all);
+                        l_all += ml.y * exp(tempered(ml.x - m_all, p.inv_temperature));
                     }
                     let flags = f32(atomicLoad(&row_flags[1]));
                     part_ml[split * part_rows + row] = vec4<f32>(m_all, l_all, flags, 0.0);
@@ -6113,7 +6111,7 @@ fn main(
             for (var t = 0u; t < TEAMS; t++) {
                 m_all = max(m_all, team_ml[2u * MAX_TEAMS + t].x);
             }
-            let factor = exp(m2 - m_all);
+            let factor = exp(tempered(m2 - m_all, p.inv_temperature));
             let col = lane + L * 0u;
             if (col < DV4) {
                 team_o[team * DV4 + col] = o2_0 * factor;
@@ -6158,7 +6156,7 @@ fn main(
                     var l_all = 0.0;
                     for (var t = 0u; t < TEAMS; t++) {
                         let ml = team_ml[2u * MAX_TEAMS + t];
-                        l_all += ml.y * exp(ml.x - m_all);
+                        l_all += ml.y * exp(tempered(ml.x - m_all, p.inv_temperature));
                     }
                     let flags = f32(atomicLoad(&row_flags[2]));
                     part_ml[split * part_rows + row] = vec4<f32>(m_all, l_all, flags, 0.0);
@@ -6173,7 +6171,7 @@ fn main(
             for (var t = 0u; t < TEAMS; t++) {
                 m_all = max(m_all, team_ml[3u * MAX_TEAMS + t].x);
             }
-            let factor = exp(m3 - m_all);
+            let factor = exp(tempered(m3 - m_all, p.inv_temperature));
             let col = lane + L * 0u;
             if (col < DV4) {
                 team_o[team * DV4 + col] = o3_0 * factor;
@@ -6212,7 +6210,7 @@ fn main(
                     var l_all = 0.0;
                     for (var t = 0u; t < TEAMS; t++) {
                         let ml = team_ml[3u * MAX_TEAMS + t];
-                        l_all += ml.y * exp(ml.x - m_all);
+                        l_all += ml.y * exp(tempered(ml.x - m_all, p.inv_temperature));
                     }
                     let flags = f32(atomicLoad(&row_flags[3]));
                     part_ml[split * part_rows + row] = vec4<f32>(m_all, l_all, flags, 0.0);
@@ -6227,7 +6225,7 @@ fn main(
             for (var t = 0u; t < TEAMS; t++) {
                 m_all = max(m_all, team_ml[4u * MAX_TEAMS + t].x);
             }
-            let factor = exp(m4 - m_all);
+            let factor = exp(tempered(m4 - m_all, p.inv_temperature));
             let col = lane + L * 0u;
             if (col < DV4) {
                 team_o[team * DV4 + col] = o4_0 * factor;
@@ -6260,7 +6258,7 @@ fn main(
                     var l_all = 0.0;
                     for (var t = 0u; t < TEAMS; t++) {
                         let ml = team_ml[4u * MAX_TEAMS + t];
-                        l_all += ml.y * exp(ml.x - m_all);
+                        l_all += ml.y * exp(tempered(ml.x - m_all, p.inv_temperature));
                     }
                     let flags = f32(atomicLoad(&row_flags[4]));
                     part_ml[split * part_rows + row] = vec4<f32>(m_all, l_all, flags, 0.0);
@@ -6275,7 +6273,7 @@ fn main(
             for (var t = 0u; t < TEAMS; t++) {
                 m_all = max(m_all, team_ml[5u * MAX_TEAMS + t].x);
             }
-            let factor = exp(m5 - m_all);
+            let factor = exp(tempered(m5 - m_all, p.inv_temperature));
             let col = lane + L * 0u;
             if (col < DV4) {
                 team_o[team * DV4 + col] = o5_0 * factor;
@@ -6302,7 +6300,7 @@ fn main(
                     var l_all = 0.0;
                     for (var t = 0u; t < TEAMS; t++) {
                         let ml = team_ml[5u * MAX_TEAMS + t];
-                        l_all += ml.y * exp(ml.x - m_all);
+                        l_all += ml.y * exp(tempered(ml.x - m_all, p.inv_temperature));
                     }
                     let flags = f32(atomicLoad(&row_flags[5]));
                     part_ml[split * part_rows + row] = vec4<f32>(m_all, l_all, flags, 0.0);
@@ -6317,7 +6315,7 @@ fn main(
             for (var t = 0u; t < TEAMS; t++) {
                 m_all = max(m_all, team_ml[6u * MAX_TEAMS + t].x);
             }
-            let factor = exp(m6 - m_all);
+            let factor = exp(tempered(m6 - m_all, p.inv_temperature));
             let col = lane + L * 0u;
             if (col < DV4) {
                 team_o[team * DV4 + col] = o6_0 * factor;
@@ -6344,7 +6342,7 @@ fn main(
                     var l_all = 0.0;
                     for (var t = 0u; t < TEAMS; t++) {
                         let ml = team_ml[6u * MAX_TEAMS + t];
-                        l_all += ml.y * exp(ml.x - m_all);
+                        l_all += ml.y * exp(tempered(ml.x - m_all, p.inv_temperature));
                     }
                     let flags = f32(atomicLoad(&row_flags[6]));
                     part_ml[split * part_rows + row] = vec4<f32>(m_all, l_all, flags, 0.0);
@@ -6359,7 +6357,7 @@ fn main(
             for (var t = 0u; t < TEAMS; t++) {
                 m_all = max(m_all, team_ml[7u * MAX_TEAMS + t].x);
             }
-            let factor = exp(m7 - m_all);
+            let factor = exp(tempered(m7 - m_all, p.inv_temperature));
             let col = lane + L * 0u;
             if (col < DV4) {
                 team_o[team * DV4 + col] = o7_0 * factor;
@@ -6386,7 +6384,7 @@ fn main(
                     var l_all = 0.0;
                     for (var t = 0u; t < TEAMS; t++) {
                         let ml = team_ml[7u * MAX_TEAMS + t];
-                        l_all += ml.y * exp(ml.x - m_all);
+                        l_all += ml.y * exp(tempered(ml.x - m_all, p.inv_temperature));
                     }
                     let flags = f32(atomicLoad(&row_flags[7]));
                     part_ml[split * part_rows + row] = vec4<f32>(m_all, l_all, flags, 0.0);
@@ -6401,7 +6399,7 @@ fn main(
             for (var t = 0u; t < TEAMS; t++) {
                 m_all = max(m_all, team_ml[8u * MAX_TEAMS + t].x);
             }
-            let factor = exp(m8 - m_all);
+            let factor = exp(tempered(m8 - m_all, p.inv_temperature));
             let col = lane + L * 0u;
             if (col < DV4) {
                 team_o[team * DV4 + col] = o8_0 * factor;
@@ -6422,7 +6420,7 @@ fn main(
                     var l_all = 0.0;
                     for (var t = 0u; t < TEAMS; t++) {
                         let ml = team_ml[8u * MAX_TEAMS + t];
-                        l_all += ml.y * exp(ml.x - m_all);
+                        l_all += ml.y * exp(tempered(ml.x - m_all, p.inv_temperature));
                     }
                     let flags = f32(atomicLoad(&row_flags[8]));
                     part_ml[split * part_rows + row] = vec4<f32>(m_all, l_all, flags, 0.0);
@@ -6437,7 +6435,7 @@ fn main(
             for (var t = 0u; t < TEAMS; t++) {
                 m_all = max(m_all, team_ml[9u * MAX_TEAMS + t].x);
             }
-            let factor = exp(m9 - m_all);
+            let factor = exp(tempered(m9 - m_all, p.inv_temperature));
             let col = lane + L * 0u;
             if (col < DV4) {
                 team_o[team * DV4 + col] = o9_0 * factor;
@@ -6458,7 +6456,7 @@ fn main(
                     var l_all = 0.0;
                     for (var t = 0u; t < TEAMS; t++) {
                         let ml = team_ml[9u * MAX_TEAMS + t];
-                        l_all += ml.y * exp(ml.x - m_all);
+                        l_all += ml.y * exp(tempered(ml.x - m_all, p.inv_temperature));
                     }
                     let flags = f32(atomicLoad(&row_flags[9]));
                     part_ml[split * part_rows + row] = vec4<f32>(m_all, l_all, flags, 0.0);
@@ -6473,7 +6471,7 @@ fn main(
             for (var t = 0u; t < TEAMS; t++) {
                 m_all = max(m_all, team_ml[10u * MAX_TEAMS + t].x);
             }
-            let factor = exp(m10 - m_all);
+            let factor = exp(tempered(m10 - m_all, p.inv_temperature));
             let col = lane + L * 0u;
             if (col < DV4) {
                 team_o[team * DV4 + col] = o10_0 * factor;
@@ -6494,7 +6492,7 @@ fn main(
                     var l_all = 0.0;
                     for (var t = 0u; t < TEAMS; t++) {
                         let ml = team_ml[10u * MAX_TEAMS + t];
-                        l_all += ml.y * exp(ml.x - m_all);
+                        l_all += ml.y * exp(tempered(ml.x - m_all, p.inv_temperature));
                     }
                     let flags = f32(atomicLoad(&row_flags[10]));
                     part_ml[split * part_rows + row] = vec4<f32>(m_all, l_all, flags, 0.0);
@@ -6509,7 +6507,7 @@ fn main(
             for (var t = 0u; t < TEAMS; t++) {
                 m_all = max(m_all, team_ml[11u * MAX_TEAMS + t].x);
             }
-            let factor = exp(m11 - m_all);
+            let factor = exp(tempered(m11 - m_all, p.inv_temperature));
             let col = lane + L * 0u;
             if (col < DV4) {
                 team_o[team * DV4 + col] = o11_0 * factor;
@@ -6530,7 +6528,7 @@ fn main(
                     var l_all = 0.0;
                     for (var t = 0u; t < TEAMS; t++) {
                         let ml = team_ml[11u * MAX_TEAMS + t];
-                        l_all += ml.y * exp(ml.x - m_all);
+                        l_all += ml.y * exp(tempered(ml.x - m_all, p.inv_temperature));
                     }
                     let flags = f32(atomicLoad(&row_flags[11]));
                     part_ml[split * part_rows + row] = vec4<f32>(m_all, l_all, flags, 0.0);
@@ -6545,7 +6543,7 @@ fn main(
             for (var t = 0u; t < TEAMS; t++) {
                 m_all = max(m_all, team_ml[12u * MAX_TEAMS + t].x);
             }
-            let factor = exp(m12 - m_all);
+            let factor = exp(tempered(m12 - m_all, p.inv_temperature));
             let col = lane + L * 0u;
             if (col < DV4) {
                 team_o[team * DV4 + col] = o12_0 * factor;
@@ -6566,7 +6564,7 @@ fn main(
                     var l_all = 0.0;
                     for (var t = 0u; t < TEAMS; t++) {
                         let ml = team_ml[12u * MAX_TEAMS + t];
-                        l_all += ml.y * exp(ml.x - m_all);
+                        l_all += ml.y * exp(tempered(ml.x - m_all, p.inv_temperature));
                     }
                     let flags = f32(atomicLoad(&row_flags[12]));
                     part_ml[split * part_rows + row] = vec4<f32>(m_all, l_all, flags, 0.0);
@@ -6581,7 +6579,7 @@ fn main(
             for (var t = 0u; t < TEAMS; t++) {
                 m_all = max(m_all, team_ml[13u * MAX_TEAMS + t].x);
             }
-            let factor = exp(m13 - m_all);
+            let factor = exp(tempered(m13 - m_all, p.inv_temperature));
             let col = lane + L * 0u;
             if (col < DV4) {
                 team_o[team * DV4 + col] = o13_0 * factor;
@@ -6602,7 +6600,7 @@ fn main(
                     var l_all = 0.0;
                     for (var t = 0u; t < TEAMS; t++) {
                         let ml = team_ml[13u * MAX_TEAMS + t];
-                        l_all += ml.y * exp(ml.x - m_all);
+                        l_all += ml.y * exp(tempered(ml.x - m_all, p.inv_temperature));
                     }
                     let flags = f32(atomicLoad(&row_flags[13]));
                     part_ml[split * part_rows + row] = vec4<f32>(m_all, l_all, flags, 0.0);
@@ -6617,7 +6615,7 @@ fn main(
             for (var t = 0u; t < TEAMS; t++) {
                 m_all = max(m_all, team_ml[14u * MAX_TEAMS + t].x);
             }
-            let factor = exp(m14 - m_all);
+            let factor = exp(tempered(m14 - m_all, p.inv_temperature));
             let col = lane + L * 0u;
             if (col < DV4) {
                 team_o[team * DV4 + col] = o14_0 * factor;
@@ -6638,7 +6636,7 @@ fn main(
                     var l_all = 0.0;
                     for (var t = 0u; t < TEAMS; t++) {
                         let ml = team_ml[14u * MAX_TEAMS + t];
-                        l_all += ml.y * exp(ml.x - m_all);
+                        l_all += ml.y * exp(tempered(ml.x - m_all, p.inv_temperature));
                     }
                     let flags = f32(atomicLoad(&row_flags[14]));
                     part_ml[split * part_rows + row] = vec4<f32>(m_all, l_all, flags, 0.0);
@@ -6653,7 +6651,7 @@ fn main(
             for (var t = 0u; t < TEAMS; t++) {
                 m_all = max(m_all, team_ml[15u * MAX_TEAMS + t].x);
             }
-            let factor = exp(m15 - m_all);
+            let factor = exp(tempered(m15 - m_all, p.inv_temperature));
             let col = lane + L * 0u;
             if (col < DV4) {
                 team_o[team * DV4 + col] = o15_0 * factor;
@@ -6674,7 +6672,7 @@ fn main(
                     var l_all = 0.0;
                     for (var t = 0u; t < TEAMS; t++) {
                         let ml = team_ml[15u * MAX_TEAMS + t];
-                        l_all += ml.y * exp(ml.x - m_all);
+                        l_all += ml.y * exp(tempered(ml.x - m_all, p.inv_temperature));
                     }
                     let flags = f32(atomicLoad(&row_flags[15]));
                     part_ml[split * part_rows + row] = vec4<f32>(m_all, l_all, flags, 0.0);

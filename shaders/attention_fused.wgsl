@@ -6,10 +6,11 @@
 // copies K[j0 .. j0+BK] and V[j0 .. j0+BK] into workgroup memory (vec4s, head
 // dims padded to 4), then each invocation scores its row against the tile,
 // updates its running max m and sum l (online softmax: O and l are rescaled by
-// exp(m_old - m_new) when the max grows), and accumulates O += p * v. The
+// exp((m_old - m_new) / temperature) when the max grows), and accumulates O += p * v. The
 // Nq x T score matrix is never written. At the end O / l goes to Y and
-// m + log(l) to the logsumexp; the row's m and l also go to `stats`, for the
-// score recompute kernel.
+// m / temperature + log(l) to the logsumexp (m is the maximum of the biased
+// scores, before the temperature: see tempered()); the row's m and l also go
+// to `stats`, for the score recompute kernel.
 //
 // The unnormalised O accumulates in the row's own slice of Y (read, rescaled
 // and written back once per tile): only the invocation that owns a row touches
@@ -206,7 +207,8 @@ fn main(
                     scores[t] += (prod.x + prod.y) + (prod.z + prod.w);
                 }
             }
-            // Scale, softcap, mask, ALiBi, temperature. Keys the row does not
+            // Scale, softcap, mask, ALiBi (the temperature divides the
+            // exponents of the online softmax). Keys the row does not
             // attend become MASKED; a NaN or +inf score poisons the row and
             // counts as -inf from here on.
             var tile_max = MASKED;
@@ -233,7 +235,6 @@ fn main(
                     if ((p.flags & FLAG_ALIBI) != 0u) {
                         s -= slope * f32(abs(pos - j));
                     }
-                    s *= p.inv_temperature;
                     if (poisons(s)) {
                         row_flags |= ROW_POISONED;
                         s = neg_inf();
@@ -248,12 +249,12 @@ fn main(
             if (tile_attended) {
                 let m_new = max(m, tile_max);
                 // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m - m_new);
+                let alpha = exp(tempered(m - m_new, p.inv_temperature));
                 l = l * alpha;
                 for (var t = 0u; t < BK; t++) {
                     // -1 marks a key the row does not attend; an attended key
                     // whose score is -inf gets 0 and still multiplies V.
-                    let pt = select(-1.0, exp(scores[t] - m_new), scores[t] != MASKED);
+                    let pt = select(-1.0, exp(tempered(scores[t] - m_new, p.inv_temperature)), scores[t] != MASKED);
                     scores[t] = pt;
                     l += max(pt, 0.0);
                 }
@@ -304,7 +305,7 @@ fn main(
         if (nan_row) {
             bits = NAN_BITS;
         } else if (attended) {
-            bits = bitcast<u32>(m + log(l));
+            bits = bitcast<u32>(tempered(m, p.inv_temperature) + log(l));
         }
         lse[r] = bits;
         lse[rows + r] = bitcast<u32>(m);

@@ -1,6 +1,8 @@
 // Merges split-K partial attention results (attention_decode.wgsl) by their
-// maxima: with M = max_s m_s and w_s = exp(m_s - M),
-//   Y = sum_s w_s O_s / sum_s w_s l_s,   lse = M + log(sum_s w_s l_s).
+// maxima: with M = max_s m_s and w_s = exp((m_s - M) / temperature),
+//   Y = sum_s w_s O_s / sum_s w_s l_s,   lse = M / temperature + log(sum_s w_s l_s)
+// (the maxima are of the biased scores before the temperature, as the decode
+// kernels keep them: see tempered() in attention_rules.wgsl).
 // A row whose every split saw no attended key gets Y = 0 and lse = -inf; a
 // row for which a split met a NaN or +inf score, or whose attended scores were
 // all -inf (sum 0), is NaN (attention_fused.wgsl's rule). Splits that attended
@@ -11,7 +13,8 @@ struct Params {
     rows: u32,
     dv: u32,
     splits: u32,
-    _pad: u32,
+    // 1 / temperature.
+    inv_temperature: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -62,7 +65,7 @@ fn main(
     for (var s = 0u; s < p.splits; s++) {
         let ml = part_ml[s * p.rows + row];
         if (ml.z >= 1.0) {
-            big_l += exp(ml.x - big_m) * ml.y;
+            big_l += exp((ml.x - big_m) * p.inv_temperature) * ml.y;
         }
     }
     let nan_row = attended && (poisoned || !(big_l > 0.0));
@@ -73,7 +76,7 @@ fn main(
         for (var s = 0u; s < p.splits; s++) {
             let ml = part_ml[s * p.rows + row];
             if (ml.z >= 1.0) {
-                acc += exp(ml.x - big_m) * part_o[(s * p.rows + row) * dv4 + d4];
+                acc += exp((ml.x - big_m) * p.inv_temperature) * part_o[(s * p.rows + row) * dv4 + d4];
             }
         }
         var out = acc * inv;
@@ -91,7 +94,7 @@ fn main(
         if (nan_row) {
             bits = NAN_BITS;
         } else if (attended) {
-            bits = bitcast<u32>(big_m + log(big_l));
+            bits = bitcast<u32>(big_m * p.inv_temperature + log(big_l));
         }
         stats[row] = bits;
         stats[p.rows + row] = bitcast<u32>(big_m);

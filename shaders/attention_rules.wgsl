@@ -41,6 +41,19 @@ fn nan() -> f32 {
     return bitcast<f32>(non_finite_bits.y);
 }
 
+// An exponent's argument divided by the temperature: `inv_temperature` times
+// `x`, where the pipeline applies one. The kernels keep the biased scores and
+// the rows' maxima as they are and divide only differences from the maximum
+// (never above 0) and, at the end, the maximum in the logsumexp: a biased
+// score near f32::MAX is finite, but divided by a temperature below 1 it
+// would not be, and the row would turn NaN where the contract gives a number.
+fn tempered(x: f32, inv_temperature: f32) -> f32 {
+    if ((RULES & RULE_TEMPERATURE) != 0u) {
+        return x * inv_temperature;
+    }
+    return x;
+}
+
 // Whether a score is NaN or +inf (bit tests: WGSL comparisons need not see NaN).
 fn poisons(x: f32) -> bool {
     let bits = bitcast<u32>(x);

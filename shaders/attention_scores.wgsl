@@ -5,8 +5,8 @@
 // For key j of row i it computes s = scale * q_i . k_j and writes, by mode:
 //   0: s;  1: softcap(s);  2: softcap(s) + bias (mask and ALiBi), or -inf when
 //      the key is masked;
-//   3: (softcap(s) + bias) / temperature, or MASKED (-f32::MAX) when masked; the host then runs
-//      softmax.wgsl over these rows in place, so each row's max and sum come
+//   3: softcap(s) + bias, or MASKED (-f32::MAX) when masked; the host then runs
+//      softmax.wgsl over these rows in place (dividing by the temperature), so each row's max and sum come
 //      from the very scores being normalised. (exp(s - lse) with the fused
 //      kernel's lse is off by the rounding difference between the two kernels'
 //      dot products: 2e-3 at logits of 1e4.)
@@ -34,7 +34,7 @@ struct Params {
     mode: u32,
     kv_heads: u32,
     key_blocks: u32,
-    // 1 / temperature, applied to the biased scores before the softmax.
+    // 1 / temperature (the softmax after mode 3 applies it; unused here).
     inv_temperature: f32,
     _reserved0: u32,
     // Added to every query's position (a piece of a call split across bindings).
@@ -137,5 +137,5 @@ fn main(
         out[index] = select(NEG_INF_BITS, bitcast<u32>(s), allowed);
         return;
     }
-    out[index] = bitcast<u32>(select(MASKED, s * p.inv_temperature, allowed));
+    out[index] = bitcast<u32>(select(MASKED, s, allowed));
 }

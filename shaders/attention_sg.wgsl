@@ -14,7 +14,9 @@
 //      of 4), one step per 4 head dims; key group g is loaded by lane g % SG
 //      (slot g / SG) and shuffled to all.
 //   2. scale, softcap, position rules and mask; online softmax per row
-//      (m, l; alpha = exp(m_old - m_new)); S becomes P = exp(S - m_new).
+//      (m, l; alpha = exp((m_old - m_new) / temperature)); S becomes
+//      P = exp((S - m_new) / temperature) (m is of the biased scores before
+//      the temperature: see tempered() in attention_rules.wgsl).
 //   3. O = alpha * O + P V, 4 value dims at a time: key k's V quad is loaded
 //      by lane k % SG and shuffled; P[r][k] is a component of a score register.
 //      O lives in the row's slice of Y (read, updated, written per quad).
@@ -112,8 +114,8 @@ fn pick16(slot: u32, v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4<f32>,
     }
 }
 
-// Scale, softcap, position rules, mask, ALiBi (row position `pos`, the head's
-// slope) and temperature for four keys from j of one row.
+// Scale, softcap, position rules, mask and ALiBi (row position `pos`, the
+// head's slope) for four keys from j of one row.
 fn bias4(s: vec4<f32>, j: i32, range: vec2<i32>, mask_row: u32, pos: i32, slope: f32) -> vec4<f32> {
     var x = s * p.scale;
     if (SOFTCAP) {
@@ -134,7 +136,6 @@ fn bias4(s: vec4<f32>, j: i32, range: vec2<i32>, mask_row: u32, pos: i32, slope:
     if ((p.flags & FLAG_ALIBI) != 0u) {
         x -= slope * vec4<f32>(abs(vec4<i32>(pos) - js));
     }
-    x *= p.inv_temperature;
     return select(vec4<f32>(MASKED), x, allowed);
 }
 
@@ -628,25 +629,25 @@ fn main(
         let m_new0 = max(m0, max(tile_max0, tile_max0b));
         // Start from zero when the row had no attended key yet (Y holds nothing).
         let fresh0 = (flags0 & ROW_ATTENDED) == 0u;
-        let alpha0 = select(exp(m0 - m_new0), 0.0, fresh0);
+        let alpha0 = select(exp(tempered(m0 - m_new0, p.inv_temperature)), 0.0, fresh0);
         let live_max0 = vec4<f32>(max(m_new0, -3.0e38));
         if (any((s0_0 != vec4<f32>(MASKED)) | (s0_1 != vec4<f32>(MASKED)) | (s0_2 != vec4<f32>(MASKED)) | (s0_3 != vec4<f32>(MASKED)) | (s0_4 != vec4<f32>(MASKED)) | (s0_5 != vec4<f32>(MASKED)) | (s0_6 != vec4<f32>(MASKED)) | (s0_7 != vec4<f32>(MASKED)) | (s0_8 != vec4<f32>(MASKED)) | (s0_9 != vec4<f32>(MASKED)) | (s0_10 != vec4<f32>(MASKED)) | (s0_11 != vec4<f32>(MASKED)) | (s0_12 != vec4<f32>(MASKED)) | (s0_13 != vec4<f32>(MASKED)) | (s0_14 != vec4<f32>(MASKED)) | (s0_15 != vec4<f32>(MASKED)))) { flags0 |= ROW_ATTENDED; }
-        s0_0 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s0_0 - live_max0), s0_0 != vec4<f32>(MASKED));
-        s0_1 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s0_1 - live_max0), s0_1 != vec4<f32>(MASKED));
-        s0_2 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s0_2 - live_max0), s0_2 != vec4<f32>(MASKED));
-        s0_3 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s0_3 - live_max0), s0_3 != vec4<f32>(MASKED));
-        s0_4 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s0_4 - live_max0), s0_4 != vec4<f32>(MASKED));
-        s0_5 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s0_5 - live_max0), s0_5 != vec4<f32>(MASKED));
-        s0_6 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s0_6 - live_max0), s0_6 != vec4<f32>(MASKED));
-        s0_7 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s0_7 - live_max0), s0_7 != vec4<f32>(MASKED));
-        s0_8 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s0_8 - live_max0), s0_8 != vec4<f32>(MASKED));
-        s0_9 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s0_9 - live_max0), s0_9 != vec4<f32>(MASKED));
-        s0_10 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s0_10 - live_max0), s0_10 != vec4<f32>(MASKED));
-        s0_11 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s0_11 - live_max0), s0_11 != vec4<f32>(MASKED));
-        s0_12 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s0_12 - live_max0), s0_12 != vec4<f32>(MASKED));
-        s0_13 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s0_13 - live_max0), s0_13 != vec4<f32>(MASKED));
-        s0_14 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s0_14 - live_max0), s0_14 != vec4<f32>(MASKED));
-        s0_15 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s0_15 - live_max0), s0_15 != vec4<f32>(MASKED));
+        s0_0 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s0_0 - live_max0) * p.inv_temperature), s0_0 != vec4<f32>(MASKED));
+        s0_1 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s0_1 - live_max0) * p.inv_temperature), s0_1 != vec4<f32>(MASKED));
+        s0_2 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s0_2 - live_max0) * p.inv_temperature), s0_2 != vec4<f32>(MASKED));
+        s0_3 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s0_3 - live_max0) * p.inv_temperature), s0_3 != vec4<f32>(MASKED));
+        s0_4 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s0_4 - live_max0) * p.inv_temperature), s0_4 != vec4<f32>(MASKED));
+        s0_5 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s0_5 - live_max0) * p.inv_temperature), s0_5 != vec4<f32>(MASKED));
+        s0_6 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s0_6 - live_max0) * p.inv_temperature), s0_6 != vec4<f32>(MASKED));
+        s0_7 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s0_7 - live_max0) * p.inv_temperature), s0_7 != vec4<f32>(MASKED));
+        s0_8 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s0_8 - live_max0) * p.inv_temperature), s0_8 != vec4<f32>(MASKED));
+        s0_9 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s0_9 - live_max0) * p.inv_temperature), s0_9 != vec4<f32>(MASKED));
+        s0_10 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s0_10 - live_max0) * p.inv_temperature), s0_10 != vec4<f32>(MASKED));
+        s0_11 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s0_11 - live_max0) * p.inv_temperature), s0_11 != vec4<f32>(MASKED));
+        s0_12 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s0_12 - live_max0) * p.inv_temperature), s0_12 != vec4<f32>(MASKED));
+        s0_13 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s0_13 - live_max0) * p.inv_temperature), s0_13 != vec4<f32>(MASKED));
+        s0_14 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s0_14 - live_max0) * p.inv_temperature), s0_14 != vec4<f32>(MASKED));
+        s0_15 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s0_15 - live_max0) * p.inv_temperature), s0_15 != vec4<f32>(MASKED));
         let p_sum0 = s0_0 + s0_1 + s0_2 + s0_3 + s0_4 + s0_5 + s0_6 + s0_7 + s0_8 + s0_9 + s0_10 + s0_11 + s0_12 + s0_13 + s0_14 + s0_15;
         l0 = l0 * alpha0 + (p_sum0.x + p_sum0.y + p_sum0.z + p_sum0.w);
         m0 = m_new0;
@@ -691,25 +692,25 @@ fn main(
         let m_new1 = max(m1, max(tile_max1, tile_max1b));
         // Start from zero when the row had no attended key yet (Y holds nothing).
         let fresh1 = (flags1 & ROW_ATTENDED) == 0u;
-        let alpha1 = select(exp(m1 - m_new1), 0.0, fresh1);
+        let alpha1 = select(exp(tempered(m1 - m_new1, p.inv_temperature)), 0.0, fresh1);
         let live_max1 = vec4<f32>(max(m_new1, -3.0e38));
         if (any((s1_0 != vec4<f32>(MASKED)) | (s1_1 != vec4<f32>(MASKED)) | (s1_2 != vec4<f32>(MASKED)) | (s1_3 != vec4<f32>(MASKED)) | (s1_4 != vec4<f32>(MASKED)) | (s1_5 != vec4<f32>(MASKED)) | (s1_6 != vec4<f32>(MASKED)) | (s1_7 != vec4<f32>(MASKED)) | (s1_8 != vec4<f32>(MASKED)) | (s1_9 != vec4<f32>(MASKED)) | (s1_10 != vec4<f32>(MASKED)) | (s1_11 != vec4<f32>(MASKED)) | (s1_12 != vec4<f32>(MASKED)) | (s1_13 != vec4<f32>(MASKED)) | (s1_14 != vec4<f32>(MASKED)) | (s1_15 != vec4<f32>(MASKED)))) { flags1 |= ROW_ATTENDED; }
-        s1_0 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s1_0 - live_max1), s1_0 != vec4<f32>(MASKED));
-        s1_1 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s1_1 - live_max1), s1_1 != vec4<f32>(MASKED));
-        s1_2 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s1_2 - live_max1), s1_2 != vec4<f32>(MASKED));
-        s1_3 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s1_3 - live_max1), s1_3 != vec4<f32>(MASKED));
-        s1_4 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s1_4 - live_max1), s1_4 != vec4<f32>(MASKED));
-        s1_5 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s1_5 - live_max1), s1_5 != vec4<f32>(MASKED));
-        s1_6 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s1_6 - live_max1), s1_6 != vec4<f32>(MASKED));
-        s1_7 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s1_7 - live_max1), s1_7 != vec4<f32>(MASKED));
-        s1_8 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s1_8 - live_max1), s1_8 != vec4<f32>(MASKED));
-        s1_9 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s1_9 - live_max1), s1_9 != vec4<f32>(MASKED));
-        s1_10 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s1_10 - live_max1), s1_10 != vec4<f32>(MASKED));
-        s1_11 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s1_11 - live_max1), s1_11 != vec4<f32>(MASKED));
-        s1_12 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s1_12 - live_max1), s1_12 != vec4<f32>(MASKED));
-        s1_13 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s1_13 - live_max1), s1_13 != vec4<f32>(MASKED));
-        s1_14 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s1_14 - live_max1), s1_14 != vec4<f32>(MASKED));
-        s1_15 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s1_15 - live_max1), s1_15 != vec4<f32>(MASKED));
+        s1_0 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s1_0 - live_max1) * p.inv_temperature), s1_0 != vec4<f32>(MASKED));
+        s1_1 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s1_1 - live_max1) * p.inv_temperature), s1_1 != vec4<f32>(MASKED));
+        s1_2 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s1_2 - live_max1) * p.inv_temperature), s1_2 != vec4<f32>(MASKED));
+        s1_3 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s1_3 - live_max1) * p.inv_temperature), s1_3 != vec4<f32>(MASKED));
+        s1_4 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s1_4 - live_max1) * p.inv_temperature), s1_4 != vec4<f32>(MASKED));
+        s1_5 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s1_5 - live_max1) * p.inv_temperature), s1_5 != vec4<f32>(MASKED));
+        s1_6 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s1_6 - live_max1) * p.inv_temperature), s1_6 != vec4<f32>(MASKED));
+        s1_7 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s1_7 - live_max1) * p.inv_temperature), s1_7 != vec4<f32>(MASKED));
+        s1_8 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s1_8 - live_max1) * p.inv_temperature), s1_8 != vec4<f32>(MASKED));
+        s1_9 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s1_9 - live_max1) * p.inv_temperature), s1_9 != vec4<f32>(MASKED));
+        s1_10 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s1_10 - live_max1) * p.inv_temperature), s1_10 != vec4<f32>(MASKED));
+        s1_11 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s1_11 - live_max1) * p.inv_temperature), s1_11 != vec4<f32>(MASKED));
+        s1_12 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s1_12 - live_max1) * p.inv_temperature), s1_12 != vec4<f32>(MASKED));
+        s1_13 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s1_13 - live_max1) * p.inv_temperature), s1_13 != vec4<f32>(MASKED));
+        s1_14 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s1_14 - live_max1) * p.inv_temperature), s1_14 != vec4<f32>(MASKED));
+        s1_15 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s1_15 - live_max1) * p.inv_temperature), s1_15 != vec4<f32>(MASKED));
         let p_sum1 = s1_0 + s1_1 + s1_2 + s1_3 + s1_4 + s1_5 + s1_6 + s1_7 + s1_8 + s1_9 + s1_10 + s1_11 + s1_12 + s1_13 + s1_14 + s1_15;
         l1 = l1 * alpha1 + (p_sum1.x + p_sum1.y + p_sum1.z + p_sum1.w);
         m1 = m_new1;
@@ -754,25 +755,25 @@ fn main(
         let m_new2 = max(m2, max(tile_max2, tile_max2b));
         // Start from zero when the row had no attended key yet (Y holds nothing).
         let fresh2 = (flags2 & ROW_ATTENDED) == 0u;
-        let alpha2 = select(exp(m2 - m_new2), 0.0, fresh2);
+        let alpha2 = select(exp(tempered(m2 - m_new2, p.inv_temperature)), 0.0, fresh2);
         let live_max2 = vec4<f32>(max(m_new2, -3.0e38));
         if (any((s2_0 != vec4<f32>(MASKED)) | (s2_1 != vec4<f32>(MASKED)) | (s2_2 != vec4<f32>(MASKED)) | (s2_3 != vec4<f32>(MASKED)) | (s2_4 != vec4<f32>(MASKED)) | (s2_5 != vec4<f32>(MASKED)) | (s2_6 != vec4<f32>(MASKED)) | (s2_7 != vec4<f32>(MASKED)) | (s2_8 != vec4<f32>(MASKED)) | (s2_9 != vec4<f32>(MASKED)) | (s2_10 != vec4<f32>(MASKED)) | (s2_11 != vec4<f32>(MASKED)) | (s2_12 != vec4<f32>(MASKED)) | (s2_13 != vec4<f32>(MASKED)) | (s2_14 != vec4<f32>(MASKED)) | (s2_15 != vec4<f32>(MASKED)))) { flags2 |= ROW_ATTENDED; }
-        s2_0 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s2_0 - live_max2), s2_0 != vec4<f32>(MASKED));
-        s2_1 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s2_1 - live_max2), s2_1 != vec4<f32>(MASKED));
-        s2_2 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s2_2 - live_max2), s2_2 != vec4<f32>(MASKED));
-        s2_3 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s2_3 - live_max2), s2_3 != vec4<f32>(MASKED));
-        s2_4 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s2_4 - live_max2), s2_4 != vec4<f32>(MASKED));
-        s2_5 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s2_5 - live_max2), s2_5 != vec4<f32>(MASKED));
-        s2_6 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s2_6 - live_max2), s2_6 != vec4<f32>(MASKED));
-        s2_7 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s2_7 - live_max2), s2_7 != vec4<f32>(MASKED));
-        s2_8 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s2_8 - live_max2), s2_8 != vec4<f32>(MASKED));
-        s2_9 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s2_9 - live_max2), s2_9 != vec4<f32>(MASKED));
-        s2_10 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s2_10 - live_max2), s2_10 != vec4<f32>(MASKED));
-        s2_11 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s2_11 - live_max2), s2_11 != vec4<f32>(MASKED));
-        s2_12 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s2_12 - live_max2), s2_12 != vec4<f32>(MASKED));
-        s2_13 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s2_13 - live_max2), s2_13 != vec4<f32>(MASKED));
-        s2_14 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s2_14 - live_max2), s2_14 != vec4<f32>(MASKED));
-        s2_15 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s2_15 - live_max2), s2_15 != vec4<f32>(MASKED));
+        s2_0 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s2_0 - live_max2) * p.inv_temperature), s2_0 != vec4<f32>(MASKED));
+        s2_1 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s2_1 - live_max2) * p.inv_temperature), s2_1 != vec4<f32>(MASKED));
+        s2_2 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s2_2 - live_max2) * p.inv_temperature), s2_2 != vec4<f32>(MASKED));
+        s2_3 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s2_3 - live_max2) * p.inv_temperature), s2_3 != vec4<f32>(MASKED));
+        s2_4 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s2_4 - live_max2) * p.inv_temperature), s2_4 != vec4<f32>(MASKED));
+        s2_5 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s2_5 - live_max2) * p.inv_temperature), s2_5 != vec4<f32>(MASKED));
+        s2_6 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s2_6 - live_max2) * p.inv_temperature), s2_6 != vec4<f32>(MASKED));
+        s2_7 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s2_7 - live_max2) * p.inv_temperature), s2_7 != vec4<f32>(MASKED));
+        s2_8 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s2_8 - live_max2) * p.inv_temperature), s2_8 != vec4<f32>(MASKED));
+        s2_9 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s2_9 - live_max2) * p.inv_temperature), s2_9 != vec4<f32>(MASKED));
+        s2_10 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s2_10 - live_max2) * p.inv_temperature), s2_10 != vec4<f32>(MASKED));
+        s2_11 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s2_11 - live_max2) * p.inv_temperature), s2_11 != vec4<f32>(MASKED));
+        s2_12 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s2_12 - live_max2) * p.inv_temperature), s2_12 != vec4<f32>(MASKED));
+        s2_13 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s2_13 - live_max2) * p.inv_temperature), s2_13 != vec4<f32>(MASKED));
+        s2_14 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s2_14 - live_max2) * p.inv_temperature), s2_14 != vec4<f32>(MASKED));
+        s2_15 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s2_15 - live_max2) * p.inv_temperature), s2_15 != vec4<f32>(MASKED));
         let p_sum2 = s2_0 + s2_1 + s2_2 + s2_3 + s2_4 + s2_5 + s2_6 + s2_7 + s2_8 + s2_9 + s2_10 + s2_11 + s2_12 + s2_13 + s2_14 + s2_15;
         l2 = l2 * alpha2 + (p_sum2.x + p_sum2.y + p_sum2.z + p_sum2.w);
         m2 = m_new2;
@@ -817,25 +818,25 @@ fn main(
         let m_new3 = max(m3, max(tile_max3, tile_max3b));
         // Start from zero when the row had no attended key yet (Y holds nothing).
         let fresh3 = (flags3 & ROW_ATTENDED) == 0u;
-        let alpha3 = select(exp(m3 - m_new3), 0.0, fresh3);
+        let alpha3 = select(exp(tempered(m3 - m_new3, p.inv_temperature)), 0.0, fresh3);
         let live_max3 = vec4<f32>(max(m_new3, -3.0e38));
         if (any((s3_0 != vec4<f32>(MASKED)) | (s3_1 != vec4<f32>(MASKED)) | (s3_2 != vec4<f32>(MASKED)) | (s3_3 != vec4<f32>(MASKED)) | (s3_4 != vec4<f32>(MASKED)) | (s3_5 != vec4<f32>(MASKED)) | (s3_6 != vec4<f32>(MASKED)) | (s3_7 != vec4<f32>(MASKED)) | (s3_8 != vec4<f32>(MASKED)) | (s3_9 != vec4<f32>(MASKED)) | (s3_10 != vec4<f32>(MASKED)) | (s3_11 != vec4<f32>(MASKED)) | (s3_12 != vec4<f32>(MASKED)) | (s3_13 != vec4<f32>(MASKED)) | (s3_14 != vec4<f32>(MASKED)) | (s3_15 != vec4<f32>(MASKED)))) { flags3 |= ROW_ATTENDED; }
-        s3_0 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s3_0 - live_max3), s3_0 != vec4<f32>(MASKED));
-        s3_1 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s3_1 - live_max3), s3_1 != vec4<f32>(MASKED));
-        s3_2 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s3_2 - live_max3), s3_2 != vec4<f32>(MASKED));
-        s3_3 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s3_3 - live_max3), s3_3 != vec4<f32>(MASKED));
-        s3_4 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s3_4 - live_max3), s3_4 != vec4<f32>(MASKED));
-        s3_5 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s3_5 - live_max3), s3_5 != vec4<f32>(MASKED));
-        s3_6 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s3_6 - live_max3), s3_6 != vec4<f32>(MASKED));
-        s3_7 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s3_7 - live_max3), s3_7 != vec4<f32>(MASKED));
-        s3_8 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s3_8 - live_max3), s3_8 != vec4<f32>(MASKED));
-        s3_9 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s3_9 - live_max3), s3_9 != vec4<f32>(MASKED));
-        s3_10 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s3_10 - live_max3), s3_10 != vec4<f32>(MASKED));
-        s3_11 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s3_11 - live_max3), s3_11 != vec4<f32>(MASKED));
-        s3_12 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s3_12 - live_max3), s3_12 != vec4<f32>(MASKED));
-        s3_13 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s3_13 - live_max3), s3_13 != vec4<f32>(MASKED));
-        s3_14 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s3_14 - live_max3), s3_14 != vec4<f32>(MASKED));
-        s3_15 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp(s3_15 - live_max3), s3_15 != vec4<f32>(MASKED));
+        s3_0 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s3_0 - live_max3) * p.inv_temperature), s3_0 != vec4<f32>(MASKED));
+        s3_1 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s3_1 - live_max3) * p.inv_temperature), s3_1 != vec4<f32>(MASKED));
+        s3_2 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s3_2 - live_max3) * p.inv_temperature), s3_2 != vec4<f32>(MASKED));
+        s3_3 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s3_3 - live_max3) * p.inv_temperature), s3_3 != vec4<f32>(MASKED));
+        s3_4 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s3_4 - live_max3) * p.inv_temperature), s3_4 != vec4<f32>(MASKED));
+        s3_5 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s3_5 - live_max3) * p.inv_temperature), s3_5 != vec4<f32>(MASKED));
+        s3_6 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s3_6 - live_max3) * p.inv_temperature), s3_6 != vec4<f32>(MASKED));
+        s3_7 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s3_7 - live_max3) * p.inv_temperature), s3_7 != vec4<f32>(MASKED));
+        s3_8 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s3_8 - live_max3) * p.inv_temperature), s3_8 != vec4<f32>(MASKED));
+        s3_9 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s3_9 - live_max3) * p.inv_temperature), s3_9 != vec4<f32>(MASKED));
+        s3_10 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s3_10 - live_max3) * p.inv_temperature), s3_10 != vec4<f32>(MASKED));
+        s3_11 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s3_11 - live_max3) * p.inv_temperature), s3_11 != vec4<f32>(MASKED));
+        s3_12 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s3_12 - live_max3) * p.inv_temperature), s3_12 != vec4<f32>(MASKED));
+        s3_13 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s3_13 - live_max3) * p.inv_temperature), s3_13 != vec4<f32>(MASKED));
+        s3_14 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s3_14 - live_max3) * p.inv_temperature), s3_14 != vec4<f32>(MASKED));
+        s3_15 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s3_15 - live_max3) * p.inv_temperature), s3_15 != vec4<f32>(MASKED));
         let p_sum3 = s3_0 + s3_1 + s3_2 + s3_3 + s3_4 + s3_5 + s3_6 + s3_7 + s3_8 + s3_9 + s3_10 + s3_11 + s3_12 + s3_13 + s3_14 + s3_15;
         l3 = l3 * alpha3 + (p_sum3.x + p_sum3.y + p_sum3.z + p_sum3.w);
         m3 = m_new3;
@@ -1590,22 +1591,22 @@ fn main(
         if (live3) { y4[y_base3 + d4] = select(select(vec4<f32>(0.0), y4[y_base3 + d4] * inv3, attended3), vec4<f32>(nan()), nan_row3); }
     }
     if (live0) {
-        stats[stat0] = select(select(NEG_INF_BITS, bitcast<u32>(m0 + log(l0)), attended0), NAN_BITS, nan_row0);
+        stats[stat0] = select(select(NEG_INF_BITS, bitcast<u32>(tempered(m0, p.inv_temperature) + log(l0)), attended0), NAN_BITS, nan_row0);
         stats[rows + stat0] = bitcast<u32>(m0);
         stats[2u * rows + stat0] = select(bitcast<u32>(l0), NAN_BITS, nan_row0);
     }
     if (live1) {
-        stats[stat1] = select(select(NEG_INF_BITS, bitcast<u32>(m1 + log(l1)), attended1), NAN_BITS, nan_row1);
+        stats[stat1] = select(select(NEG_INF_BITS, bitcast<u32>(tempered(m1, p.inv_temperature) + log(l1)), attended1), NAN_BITS, nan_row1);
         stats[rows + stat1] = bitcast<u32>(m1);
         stats[2u * rows + stat1] = select(bitcast<u32>(l1), NAN_BITS, nan_row1);
     }
     if (live2) {
-        stats[stat2] = select(select(NEG_INF_BITS, bitcast<u32>(m2 + log(l2)), attended2), NAN_BITS, nan_row2);
+        stats[stat2] = select(select(NEG_INF_BITS, bitcast<u32>(tempered(m2, p.inv_temperature) + log(l2)), attended2), NAN_BITS, nan_row2);
         stats[rows + stat2] = bitcast<u32>(m2);
         stats[2u * rows + stat2] = select(bitcast<u32>(l2), NAN_BITS, nan_row2);
     }
     if (live3) {
-        stats[stat3] = select(select(NEG_INF_BITS, bitcast<u32>(m3 + log(l3)), attended3), NAN_BITS, nan_row3);
+        stats[stat3] = select(select(NEG_INF_BITS, bitcast<u32>(tempered(m3, p.inv_temperature) + log(l3)), attended3), NAN_BITS, nan_row3);
         stats[rows + stat3] = bitcast<u32>(m3);
         stats[2u * rows + stat3] = select(bitcast<u32>(l3), NAN_BITS, nan_row3);
     }

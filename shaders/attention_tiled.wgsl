@@ -23,13 +23,15 @@
 //   1. K's tile is staged in workgroup memory (coalesced: consecutive
 //      invocations read consecutive vec4s of a row).
 //   2. S = Q K^T as an RQ x RK register micro-tile per invocation (fma
-//      chains); the contract's rules (scale, softcap, mask, ALiBi,
-//      temperature, ranges) applied in registers; each invocation's partial
-//      row maxima go to workgroup memory.
+//      chains); the contract's rules (scale, softcap, mask, ALiBi, ranges)
+//      applied in registers; each invocation's partial row maxima go to
+//      workgroup memory.
 //   3. Each invocation reads its rows' TK partial maxima, rescales its O
-//      registers and its partial row sums by exp(m_old - m_new) and writes its
-//      probabilities P to workgroup memory (vec4s of four keys); V's tile
-//      replaces K's, noting whether it holds a non-finite value.
+//      registers and its partial row sums by exp((m_old - m_new) / τ) and
+//      writes its probabilities P = exp((s - m_new) / τ) to workgroup memory
+//      (vec4s of four keys); V's tile replaces K's, noting whether it holds a
+//      non-finite value. (τ is the temperature; the maxima are of the biased
+//      scores before it: see tempered() in attention_rules.wgsl.)
 //   4. O += P V as an RQ x DVT (vec4) register micro-tile per invocation, four
 //      keys per step (one vec4 of P per row).
 // O stays in registers for the whole key loop and is written once, with the
@@ -873,9 +875,9 @@ fn main(
                 s3_3 = unseen;
             }
         }
-        // Scale, softcap, mask, ALiBi, temperature. Keys a row does not
-        // attend become MASKED; a NaN or +inf score poisons the row and counts
-        // as -inf from here on.
+        // Scale, softcap, mask, ALiBi (the temperature divides the online
+        // softmax's exponents). Keys a row does not attend become MASKED; a
+        // NaN or +inf score poisons the row and counts as -inf from here on.
         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
             {
                 let pos = offset + i32(qrow0);
@@ -902,9 +904,6 @@ fn main(
                 if (attended) {
                     if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                         sc -= slope * f32(abs(pos - key));
-                    }
-                    if ((RULES & RULE_TEMPERATURE) != 0u) {
-                        sc *= p.inv_temperature;
                     }
                     if (poisons(sc)) {
                         fl0 |= ROW_POISONED;
@@ -937,9 +936,6 @@ fn main(
                     if (attended) {
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
-                        }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
                         }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
@@ -974,9 +970,6 @@ fn main(
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
-                        }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1009,9 +1002,6 @@ fn main(
                     if (attended) {
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
-                        }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
                         }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
@@ -1053,9 +1043,6 @@ fn main(
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
-                        }
                         if (poisons(sc)) {
                             fl1 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1087,9 +1074,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
@@ -1124,9 +1108,6 @@ fn main(
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
-                            }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1159,9 +1140,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
@@ -1204,9 +1182,6 @@ fn main(
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
-                        }
                         if (poisons(sc)) {
                             fl2 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1238,9 +1213,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
@@ -1275,9 +1247,6 @@ fn main(
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
-                            }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1310,9 +1279,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
@@ -1355,9 +1321,6 @@ fn main(
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
-                        }
                         if (poisons(sc)) {
                             fl3 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1389,9 +1352,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
@@ -1426,9 +1386,6 @@ fn main(
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
-                            }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1461,9 +1418,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
@@ -1511,19 +1465,19 @@ fn main(
                 }
                 let m_new = max(m0, tile_max);
                 // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m0 - m_new);
+                let alpha = exp(tempered(m0 - m_new, p.inv_temperature));
                 var sum = 0.0;
                 // -0 for a key the row does not attend (it adds nothing to
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
-                let pt = select(not_attended(), exp(s0_0 - m_new), s0_0 != MASKED);
+                let pt = select(not_attended(), exp(tempered(s0_0 - m_new, p.inv_temperature)), s0_0 != MASKED);
                 p_tile[p_at + 0u * TQ * ps + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s0_1 - m_new), s0_1 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s0_1 - m_new, p.inv_temperature)), s0_1 != MASKED);
                     p_tile[p_at + 0u * TQ * ps + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
@@ -1531,7 +1485,7 @@ fn main(
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s0_2 - m_new), s0_2 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s0_2 - m_new, p.inv_temperature)), s0_2 != MASKED);
                     p_tile[p_at + 0u * TQ * ps + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
@@ -1539,7 +1493,7 @@ fn main(
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s0_3 - m_new), s0_3 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s0_3 - m_new, p.inv_temperature)), s0_3 != MASKED);
                     p_tile[p_at + 0u * TQ * ps + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
@@ -1596,19 +1550,19 @@ fn main(
                     }
                     let m_new = max(m1, tile_max);
                     // exp(0) = 1 while no attended score has been finite yet.
-                    let alpha = exp(m1 - m_new);
+                    let alpha = exp(tempered(m1 - m_new, p.inv_temperature));
                     var sum = 0.0;
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s1_0 - m_new), s1_0 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s1_0 - m_new, p.inv_temperature)), s1_0 != MASKED);
                     p_tile[p_at + 1u * TQ * ps + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                     if (RK > 1u) {
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s1_1 - m_new), s1_1 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s1_1 - m_new, p.inv_temperature)), s1_1 != MASKED);
                         p_tile[p_at + 1u * TQ * ps + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -1616,7 +1570,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s1_2 - m_new), s1_2 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s1_2 - m_new, p.inv_temperature)), s1_2 != MASKED);
                         p_tile[p_at + 1u * TQ * ps + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -1624,7 +1578,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s1_3 - m_new), s1_3 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s1_3 - m_new, p.inv_temperature)), s1_3 != MASKED);
                         p_tile[p_at + 1u * TQ * ps + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -1682,19 +1636,19 @@ fn main(
                     }
                     let m_new = max(m2, tile_max);
                     // exp(0) = 1 while no attended score has been finite yet.
-                    let alpha = exp(m2 - m_new);
+                    let alpha = exp(tempered(m2 - m_new, p.inv_temperature));
                     var sum = 0.0;
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s2_0 - m_new), s2_0 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s2_0 - m_new, p.inv_temperature)), s2_0 != MASKED);
                     p_tile[p_at + 2u * TQ * ps + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                     if (RK > 1u) {
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s2_1 - m_new), s2_1 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s2_1 - m_new, p.inv_temperature)), s2_1 != MASKED);
                         p_tile[p_at + 2u * TQ * ps + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -1702,7 +1656,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s2_2 - m_new), s2_2 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s2_2 - m_new, p.inv_temperature)), s2_2 != MASKED);
                         p_tile[p_at + 2u * TQ * ps + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -1710,7 +1664,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s2_3 - m_new), s2_3 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s2_3 - m_new, p.inv_temperature)), s2_3 != MASKED);
                         p_tile[p_at + 2u * TQ * ps + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -1759,19 +1713,19 @@ fn main(
                     }
                     let m_new = max(m3, tile_max);
                     // exp(0) = 1 while no attended score has been finite yet.
-                    let alpha = exp(m3 - m_new);
+                    let alpha = exp(tempered(m3 - m_new, p.inv_temperature));
                     var sum = 0.0;
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s3_0 - m_new), s3_0 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s3_0 - m_new, p.inv_temperature)), s3_0 != MASKED);
                     p_tile[p_at + 3u * TQ * ps + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                     if (RK > 1u) {
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s3_1 - m_new), s3_1 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s3_1 - m_new, p.inv_temperature)), s3_1 != MASKED);
                         p_tile[p_at + 3u * TQ * ps + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -1779,7 +1733,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s3_2 - m_new), s3_2 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s3_2 - m_new, p.inv_temperature)), s3_2 != MASKED);
                         p_tile[p_at + 3u * TQ * ps + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -1787,7 +1741,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s3_3 - m_new), s3_3 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s3_3 - m_new, p.inv_temperature)), s3_3 != MASKED);
                         p_tile[p_at + 3u * TQ * ps + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -2899,7 +2853,7 @@ fn main(
                 if (nan_row) {
                     bits = NAN_BITS;
                 } else if (attended) {
-                    bits = bitcast<u32>(m0 + log(total));
+                    bits = bitcast<u32>(tempered(m0, p.inv_temperature) + log(total));
                 }
                 lse[r] = bits;
                 lse[rows_total + r] = bitcast<u32>(m0);
@@ -3089,7 +3043,7 @@ fn main(
                     if (nan_row) {
                         bits = NAN_BITS;
                     } else if (attended) {
-                        bits = bitcast<u32>(m1 + log(total));
+                        bits = bitcast<u32>(tempered(m1, p.inv_temperature) + log(total));
                     }
                     lse[r] = bits;
                     lse[rows_total + r] = bitcast<u32>(m1);
@@ -3232,7 +3186,7 @@ fn main(
                     if (nan_row) {
                         bits = NAN_BITS;
                     } else if (attended) {
-                        bits = bitcast<u32>(m2 + log(total));
+                        bits = bitcast<u32>(tempered(m2, p.inv_temperature) + log(total));
                     }
                     lse[r] = bits;
                     lse[rows_total + r] = bitcast<u32>(m2);
@@ -3359,7 +3313,7 @@ fn main(
                     if (nan_row) {
                         bits = NAN_BITS;
                     } else if (attended) {
-                        bits = bitcast<u32>(m3 + log(total));
+                        bits = bitcast<u32>(tempered(m3, p.inv_temperature) + log(total));
                     }
                     lse[r] = bits;
                     lse[rows_total + r] = bitcast<u32>(m3);

@@ -24,13 +24,15 @@
 //   1. K's tile is staged in workgroup memory (coalesced: consecutive
 //      invocations read consecutive vec4s of a row).
 //   2. S = Q K^T as an RQ x RK register micro-tile per invocation (fma
-//      chains); the contract's rules (scale, softcap, mask, ALiBi,
-//      temperature, ranges) applied in registers; each invocation's partial
-//      row maxima go to workgroup memory.
+//      chains); the contract's rules (scale, softcap, mask, ALiBi, ranges)
+//      applied in registers; each invocation's partial row maxima go to
+//      workgroup memory.
 //   3. Each invocation reads its rows' TK partial maxima, rescales its O
-//      registers and its partial row sums by exp(m_old - m_new) and writes its
-//      probabilities P to workgroup memory (vec4s of four keys); V's tile
-//      replaces K's, noting whether it holds a non-finite value.
+//      registers and its partial row sums by exp((m_old - m_new) / τ) and
+//      writes its probabilities P = exp((s - m_new) / τ) to workgroup memory
+//      (vec4s of four keys); V's tile replaces K's, noting whether it holds a
+//      non-finite value. (τ is the temperature; the maxima are of the biased
+//      scores before it: see tempered() in attention_rules.wgsl.)
 //   4. O += P V as an RQ x DVT (vec4) register micro-tile per invocation, four
 //      keys per step (one vec4 of P per row).
 // O stays in registers for the whole key loop and is written once, with the
@@ -1296,9 +1298,9 @@ fn main(
                 s3_3 = unseen;
             }
         }
-        // Scale, softcap, mask, ALiBi, temperature. Keys a row does not
-        // attend become MASKED; a NaN or +inf score poisons the row and counts
-        // as -inf from here on.
+        // Scale, softcap, mask, ALiBi (the temperature divides the online
+        // softmax's exponents). Keys a row does not attend become MASKED; a
+        // NaN or +inf score poisons the row and counts as -inf from here on.
         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
             {
                 let pos = offset + i32(qrow0);
@@ -1325,9 +1327,6 @@ fn main(
                 if (attended) {
                     if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                         sc -= slope * f32(abs(pos - key));
-                    }
-                    if ((RULES & RULE_TEMPERATURE) != 0u) {
-                        sc *= p.inv_temperature;
                     }
                     if (poisons(sc)) {
                         fl0 |= ROW_POISONED;
@@ -1360,9 +1359,6 @@ fn main(
                     if (attended) {
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
-                        }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
                         }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
@@ -1397,9 +1393,6 @@ fn main(
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
-                        }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1432,9 +1425,6 @@ fn main(
                     if (attended) {
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
-                        }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
                         }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
@@ -1476,9 +1466,6 @@ fn main(
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
-                        }
                         if (poisons(sc)) {
                             fl1 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1510,9 +1497,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
@@ -1547,9 +1531,6 @@ fn main(
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
-                            }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1582,9 +1563,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
@@ -1627,9 +1605,6 @@ fn main(
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
-                        }
                         if (poisons(sc)) {
                             fl2 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1661,9 +1636,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
@@ -1698,9 +1670,6 @@ fn main(
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
-                            }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1733,9 +1702,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
@@ -1778,9 +1744,6 @@ fn main(
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
-                        }
                         if (poisons(sc)) {
                             fl3 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1812,9 +1775,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
@@ -1849,9 +1809,6 @@ fn main(
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
-                            }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1884,9 +1841,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
@@ -1934,12 +1888,12 @@ fn main(
                 }
                 let m_new = max(m0, tile_max);
                 // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m0 - m_new);
+                let alpha = exp(tempered(m0 - m_new, p.inv_temperature));
                 var sum = 0.0;
                 // -0 for a key the row does not attend (it adds nothing to
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
-                let pt = select(not_attended(), exp(s0_0 - m_new), s0_0 != MASKED);
+                let pt = select(not_attended(), exp(tempered(s0_0 - m_new, p.inv_temperature)), s0_0 != MASKED);
                 let t4 = tc / 4u + 0u * (TK / 4u);
                 p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                 sum += pt;
@@ -1947,7 +1901,7 @@ fn main(
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s0_1 - m_new), s0_1 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s0_1 - m_new, p.inv_temperature)), s0_1 != MASKED);
                     let t4 = tc / 4u + 1u * (TK / 4u);
                     p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                     sum += pt;
@@ -1956,7 +1910,7 @@ fn main(
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s0_2 - m_new), s0_2 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s0_2 - m_new, p.inv_temperature)), s0_2 != MASKED);
                     let t4 = tc / 4u + 2u * (TK / 4u);
                     p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                     sum += pt;
@@ -1965,7 +1919,7 @@ fn main(
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s0_3 - m_new), s0_3 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s0_3 - m_new, p.inv_temperature)), s0_3 != MASKED);
                     let t4 = tc / 4u + 3u * (TK / 4u);
                     p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                     sum += pt;
@@ -2023,12 +1977,12 @@ fn main(
                     }
                     let m_new = max(m1, tile_max);
                     // exp(0) = 1 while no attended score has been finite yet.
-                    let alpha = exp(m1 - m_new);
+                    let alpha = exp(tempered(m1 - m_new, p.inv_temperature));
                     var sum = 0.0;
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s1_0 - m_new), s1_0 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s1_0 - m_new, p.inv_temperature)), s1_0 != MASKED);
                     let t4 = tc / 4u + 0u * (TK / 4u);
                     p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                     sum += pt;
@@ -2036,7 +1990,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s1_1 - m_new), s1_1 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s1_1 - m_new, p.inv_temperature)), s1_1 != MASKED);
                         let t4 = tc / 4u + 1u * (TK / 4u);
                         p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                         sum += pt;
@@ -2045,7 +1999,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s1_2 - m_new), s1_2 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s1_2 - m_new, p.inv_temperature)), s1_2 != MASKED);
                         let t4 = tc / 4u + 2u * (TK / 4u);
                         p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                         sum += pt;
@@ -2054,7 +2008,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s1_3 - m_new), s1_3 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s1_3 - m_new, p.inv_temperature)), s1_3 != MASKED);
                         let t4 = tc / 4u + 3u * (TK / 4u);
                         p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                         sum += pt;
@@ -2113,12 +2067,12 @@ fn main(
                     }
                     let m_new = max(m2, tile_max);
                     // exp(0) = 1 while no attended score has been finite yet.
-                    let alpha = exp(m2 - m_new);
+                    let alpha = exp(tempered(m2 - m_new, p.inv_temperature));
                     var sum = 0.0;
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s2_0 - m_new), s2_0 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s2_0 - m_new, p.inv_temperature)), s2_0 != MASKED);
                     let t4 = tc / 4u + 0u * (TK / 4u);
                     p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                     sum += pt;
@@ -2126,7 +2080,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s2_1 - m_new), s2_1 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s2_1 - m_new, p.inv_temperature)), s2_1 != MASKED);
                         let t4 = tc / 4u + 1u * (TK / 4u);
                         p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                         sum += pt;
@@ -2135,7 +2089,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s2_2 - m_new), s2_2 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s2_2 - m_new, p.inv_temperature)), s2_2 != MASKED);
                         let t4 = tc / 4u + 2u * (TK / 4u);
                         p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                         sum += pt;
@@ -2144,7 +2098,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s2_3 - m_new), s2_3 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s2_3 - m_new, p.inv_temperature)), s2_3 != MASKED);
                         let t4 = tc / 4u + 3u * (TK / 4u);
                         p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                         sum += pt;
@@ -2194,12 +2148,12 @@ fn main(
                     }
                     let m_new = max(m3, tile_max);
                     // exp(0) = 1 while no attended score has been finite yet.
-                    let alpha = exp(m3 - m_new);
+                    let alpha = exp(tempered(m3 - m_new, p.inv_temperature));
                     var sum = 0.0;
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s3_0 - m_new), s3_0 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s3_0 - m_new, p.inv_temperature)), s3_0 != MASKED);
                     let t4 = tc / 4u + 0u * (TK / 4u);
                     p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                     sum += pt;
@@ -2207,7 +2161,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s3_1 - m_new), s3_1 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s3_1 - m_new, p.inv_temperature)), s3_1 != MASKED);
                         let t4 = tc / 4u + 1u * (TK / 4u);
                         p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                         sum += pt;
@@ -2216,7 +2170,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s3_2 - m_new), s3_2 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s3_2 - m_new, p.inv_temperature)), s3_2 != MASKED);
                         let t4 = tc / 4u + 2u * (TK / 4u);
                         p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                         sum += pt;
@@ -2225,7 +2179,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s3_3 - m_new), s3_3 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s3_3 - m_new, p.inv_temperature)), s3_3 != MASKED);
                         let t4 = tc / 4u + 3u * (TK / 4u);
                         p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;
                         sum += pt;
@@ -3354,7 +3308,7 @@ fn main(
                 if (nan_row) {
                     bits = NAN_BITS;
                 } else if (attended) {
-                    bits = bitcast<u32>(m0 + log(total));
+                    bits = bitcast<u32>(tempered(m0, p.inv_temperature) + log(total));
                 }
                 lse[r] = bits;
                 lse[rows_total + r] = bitcast<u32>(m0);
@@ -3544,7 +3498,7 @@ fn main(
                     if (nan_row) {
                         bits = NAN_BITS;
                     } else if (attended) {
-                        bits = bitcast<u32>(m1 + log(total));
+                        bits = bitcast<u32>(tempered(m1, p.inv_temperature) + log(total));
                     }
                     lse[r] = bits;
                     lse[rows_total + r] = bitcast<u32>(m1);
@@ -3687,7 +3641,7 @@ fn main(
                     if (nan_row) {
                         bits = NAN_BITS;
                     } else if (attended) {
-                        bits = bitcast<u32>(m2 + log(total));
+                        bits = bitcast<u32>(tempered(m2, p.inv_temperature) + log(total));
                     }
                     lse[r] = bits;
                     lse[rows_total + r] = bitcast<u32>(m2);
@@ -3814,7 +3768,7 @@ fn main(
                     if (nan_row) {
                         bits = NAN_BITS;
                     } else if (attended) {
-                        bits = bitcast<u32>(m3 + log(total));
+                        bits = bitcast<u32>(tempered(m3, p.inv_temperature) + log(total));
                     }
                     lse[r] = bits;
                     lse[rows_total + r] = bitcast<u32>(m3);

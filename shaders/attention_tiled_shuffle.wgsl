@@ -14,13 +14,15 @@
 //   1. K's tile is staged in workgroup memory (coalesced: consecutive
 //      invocations read consecutive vec4s of a row).
 //   2. S = Q K^T as an RQ x RK register micro-tile per invocation (fma
-//      chains); the contract's rules (scale, softcap, mask, ALiBi,
-//      temperature, ranges) applied in registers; each invocation's partial
-//      row maxima go to workgroup memory.
+//      chains); the contract's rules (scale, softcap, mask, ALiBi, ranges)
+//      applied in registers; each invocation's partial row maxima go to
+//      workgroup memory.
 //   3. Each invocation reads its rows' TK partial maxima, rescales its O
-//      registers and its partial row sums by exp(m_old - m_new) and writes its
-//      probabilities P to workgroup memory (vec4s of four keys); V's tile
-//      replaces K's, noting whether it holds a non-finite value.
+//      registers and its partial row sums by exp((m_old - m_new) / τ) and
+//      writes its probabilities P = exp((s - m_new) / τ) to workgroup memory
+//      (vec4s of four keys); V's tile replaces K's, noting whether it holds a
+//      non-finite value. (τ is the temperature; the maxima are of the biased
+//      scores before it: see tempered() in attention_rules.wgsl.)
 //   4. O += P V as an RQ x DVT (vec4) register micro-tile per invocation, four
 //      keys per step (one vec4 of P per row).
 // O stays in registers for the whole key loop and is written once, with the
@@ -947,9 +949,9 @@ fn main(
                 s3_3 = unseen;
             }
         }
-        // Scale, softcap, mask, ALiBi, temperature. Keys a row does not
-        // attend become MASKED; a NaN or +inf score poisons the row and counts
-        // as -inf from here on.
+        // Scale, softcap, mask, ALiBi (the temperature divides the online
+        // softmax's exponents). Keys a row does not attend become MASKED; a
+        // NaN or +inf score poisons the row and counts as -inf from here on.
         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
             {
                 let pos = offset + i32(qrow0);
@@ -976,9 +978,6 @@ fn main(
                 if (attended) {
                     if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                         sc -= slope * f32(abs(pos - key));
-                    }
-                    if ((RULES & RULE_TEMPERATURE) != 0u) {
-                        sc *= p.inv_temperature;
                     }
                     if (poisons(sc)) {
                         fl0 |= ROW_POISONED;
@@ -1011,9 +1010,6 @@ fn main(
                     if (attended) {
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
-                        }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
                         }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
@@ -1048,9 +1044,6 @@ fn main(
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
-                        }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1083,9 +1076,6 @@ fn main(
                     if (attended) {
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
-                        }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
                         }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
@@ -1122,19 +1112,19 @@ fn main(
                 }
                 let m_new = max(m0, part);
                 // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m0 - m_new);
+                let alpha = exp(tempered(m0 - m_new, p.inv_temperature));
                 var sum = 0.0;
                 // -0 for a key the row does not attend (it adds nothing to
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
-                let pt = select(not_attended(), exp(s0_0 - m_new), s0_0 != MASKED);
+                let pt = select(not_attended(), exp(tempered(s0_0 - m_new, p.inv_temperature)), s0_0 != MASKED);
                 s0_0 = pt;
                 sum += pt;
                 if (RK > 1u) {
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s0_1 - m_new), s0_1 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s0_1 - m_new, p.inv_temperature)), s0_1 != MASKED);
                     s0_1 = pt;
                     sum += pt;
                 }
@@ -1142,7 +1132,7 @@ fn main(
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s0_2 - m_new), s0_2 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s0_2 - m_new, p.inv_temperature)), s0_2 != MASKED);
                     s0_2 = pt;
                     sum += pt;
                 }
@@ -1150,7 +1140,7 @@ fn main(
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s0_3 - m_new), s0_3 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s0_3 - m_new, p.inv_temperature)), s0_3 != MASKED);
                     s0_3 = pt;
                     sum += pt;
                 }
@@ -1206,9 +1196,6 @@ fn main(
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
-                        }
                         if (poisons(sc)) {
                             fl1 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1240,9 +1227,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
@@ -1277,9 +1261,6 @@ fn main(
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
-                            }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1312,9 +1293,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
@@ -1351,19 +1329,19 @@ fn main(
                     }
                     let m_new = max(m1, part);
                     // exp(0) = 1 while no attended score has been finite yet.
-                    let alpha = exp(m1 - m_new);
+                    let alpha = exp(tempered(m1 - m_new, p.inv_temperature));
                     var sum = 0.0;
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s1_0 - m_new), s1_0 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s1_0 - m_new, p.inv_temperature)), s1_0 != MASKED);
                     s1_0 = pt;
                     sum += pt;
                     if (RK > 1u) {
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s1_1 - m_new), s1_1 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s1_1 - m_new, p.inv_temperature)), s1_1 != MASKED);
                         s1_1 = pt;
                         sum += pt;
                     }
@@ -1371,7 +1349,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s1_2 - m_new), s1_2 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s1_2 - m_new, p.inv_temperature)), s1_2 != MASKED);
                         s1_2 = pt;
                         sum += pt;
                     }
@@ -1379,7 +1357,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s1_3 - m_new), s1_3 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s1_3 - m_new, p.inv_temperature)), s1_3 != MASKED);
                         s1_3 = pt;
                         sum += pt;
                     }
@@ -1436,9 +1414,6 @@ fn main(
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
-                        }
                         if (poisons(sc)) {
                             fl2 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1470,9 +1445,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
@@ -1507,9 +1479,6 @@ fn main(
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
-                            }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1542,9 +1511,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
@@ -1581,19 +1547,19 @@ fn main(
                     }
                     let m_new = max(m2, part);
                     // exp(0) = 1 while no attended score has been finite yet.
-                    let alpha = exp(m2 - m_new);
+                    let alpha = exp(tempered(m2 - m_new, p.inv_temperature));
                     var sum = 0.0;
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s2_0 - m_new), s2_0 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s2_0 - m_new, p.inv_temperature)), s2_0 != MASKED);
                     s2_0 = pt;
                     sum += pt;
                     if (RK > 1u) {
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s2_1 - m_new), s2_1 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s2_1 - m_new, p.inv_temperature)), s2_1 != MASKED);
                         s2_1 = pt;
                         sum += pt;
                     }
@@ -1601,7 +1567,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s2_2 - m_new), s2_2 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s2_2 - m_new, p.inv_temperature)), s2_2 != MASKED);
                         s2_2 = pt;
                         sum += pt;
                     }
@@ -1609,7 +1575,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s2_3 - m_new), s2_3 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s2_3 - m_new, p.inv_temperature)), s2_3 != MASKED);
                         s2_3 = pt;
                         sum += pt;
                     }
@@ -1657,9 +1623,6 @@ fn main(
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
-                        }
                         if (poisons(sc)) {
                             fl3 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1691,9 +1654,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
@@ -1728,9 +1688,6 @@ fn main(
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
-                            }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1763,9 +1720,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
@@ -1802,19 +1756,19 @@ fn main(
                     }
                     let m_new = max(m3, part);
                     // exp(0) = 1 while no attended score has been finite yet.
-                    let alpha = exp(m3 - m_new);
+                    let alpha = exp(tempered(m3 - m_new, p.inv_temperature));
                     var sum = 0.0;
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s3_0 - m_new), s3_0 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s3_0 - m_new, p.inv_temperature)), s3_0 != MASKED);
                     s3_0 = pt;
                     sum += pt;
                     if (RK > 1u) {
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s3_1 - m_new), s3_1 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s3_1 - m_new, p.inv_temperature)), s3_1 != MASKED);
                         s3_1 = pt;
                         sum += pt;
                     }
@@ -1822,7 +1776,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s3_2 - m_new), s3_2 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s3_2 - m_new, p.inv_temperature)), s3_2 != MASKED);
                         s3_2 = pt;
                         sum += pt;
                     }
@@ -1830,7 +1784,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s3_3 - m_new), s3_3 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s3_3 - m_new, p.inv_temperature)), s3_3 != MASKED);
                         s3_3 = pt;
                         sum += pt;
                     }
@@ -2778,7 +2732,7 @@ fn main(
                 if (nan_row) {
                     bits = NAN_BITS;
                 } else if (attended) {
-                    bits = bitcast<u32>(m0 + log(total));
+                    bits = bitcast<u32>(tempered(m0, p.inv_temperature) + log(total));
                 }
                 lse[r] = bits;
                 lse[rows_total + r] = bitcast<u32>(m0);
@@ -2968,7 +2922,7 @@ fn main(
                     if (nan_row) {
                         bits = NAN_BITS;
                     } else if (attended) {
-                        bits = bitcast<u32>(m1 + log(total));
+                        bits = bitcast<u32>(tempered(m1, p.inv_temperature) + log(total));
                     }
                     lse[r] = bits;
                     lse[rows_total + r] = bitcast<u32>(m1);
@@ -3111,7 +3065,7 @@ fn main(
                     if (nan_row) {
                         bits = NAN_BITS;
                     } else if (attended) {
-                        bits = bitcast<u32>(m2 + log(total));
+                        bits = bitcast<u32>(tempered(m2, p.inv_temperature) + log(total));
                     }
                     lse[r] = bits;
                     lse[rows_total + r] = bitcast<u32>(m2);
@@ -3238,7 +3192,7 @@ fn main(
                     if (nan_row) {
                         bits = NAN_BITS;
                     } else if (attended) {
-                        bits = bitcast<u32>(m3 + log(total));
+                        bits = bitcast<u32>(tempered(m3, p.inv_temperature) + log(total));
                     }
                     lse[r] = bits;
                     lse[rows_total + r] = bitcast<u32>(m3);

@@ -24,13 +24,15 @@
 //   1. K's tile is staged in workgroup memory (coalesced: consecutive
 //      invocations read consecutive vec4s of a row).
 //   2. S = Q K^T as an RQ x RK register micro-tile per invocation (fma
-//      chains); the contract's rules (scale, softcap, mask, ALiBi,
-//      temperature, ranges) applied in registers; each invocation's partial
-//      row maxima go to workgroup memory.
+//      chains); the contract's rules (scale, softcap, mask, ALiBi, ranges)
+//      applied in registers; each invocation's partial row maxima go to
+//      workgroup memory.
 //   3. Each invocation reads its rows' TK partial maxima, rescales its O
-//      registers and its partial row sums by exp(m_old - m_new) and writes its
-//      probabilities P to workgroup memory (vec4s of four keys); V's tile
-//      replaces K's, noting whether it holds a non-finite value.
+//      registers and its partial row sums by exp((m_old - m_new) / τ) and
+//      writes its probabilities P = exp((s - m_new) / τ) to workgroup memory
+//      (vec4s of four keys); V's tile replaces K's, noting whether it holds a
+//      non-finite value. (τ is the temperature; the maxima are of the biased
+//      scores before it: see tempered() in attention_rules.wgsl.)
 //   4. O += P V as an RQ x DVT (vec4) register micro-tile per invocation, four
 //      keys per step (one vec4 of P per row).
 // O stays in registers for the whole key loop and is written once, with the
@@ -1256,9 +1258,9 @@ fn main(
                 s7_3 = unseen;
             }
         }
-        // Scale, softcap, mask, ALiBi, temperature. Keys a row does not
-        // attend become MASKED; a NaN or +inf score poisons the row and counts
-        // as -inf from here on.
+        // Scale, softcap, mask, ALiBi (the temperature divides the online
+        // softmax's exponents). Keys a row does not attend become MASKED; a
+        // NaN or +inf score poisons the row and counts as -inf from here on.
         if ((ABLATE & ABLATE_SOFTMAX) == 0u) {
             {
                 let pos = offset + i32(qrow0);
@@ -1285,9 +1287,6 @@ fn main(
                 if (attended) {
                     if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                         sc -= slope * f32(abs(pos - key));
-                    }
-                    if ((RULES & RULE_TEMPERATURE) != 0u) {
-                        sc *= p.inv_temperature;
                     }
                     if (poisons(sc)) {
                         fl0 |= ROW_POISONED;
@@ -1320,9 +1319,6 @@ fn main(
                     if (attended) {
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
-                        }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
                         }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
@@ -1357,9 +1353,6 @@ fn main(
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
-                        }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1392,9 +1385,6 @@ fn main(
                     if (attended) {
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
-                        }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
                         }
                         if (poisons(sc)) {
                             fl0 |= ROW_POISONED;
@@ -1436,9 +1426,6 @@ fn main(
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
-                        }
                         if (poisons(sc)) {
                             fl1 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1470,9 +1457,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
@@ -1507,9 +1491,6 @@ fn main(
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
-                            }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1542,9 +1523,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl1 |= ROW_POISONED;
@@ -1587,9 +1565,6 @@ fn main(
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
-                        }
                         if (poisons(sc)) {
                             fl2 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1621,9 +1596,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
@@ -1658,9 +1630,6 @@ fn main(
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
-                            }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1693,9 +1662,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl2 |= ROW_POISONED;
@@ -1738,9 +1704,6 @@ fn main(
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
-                        }
                         if (poisons(sc)) {
                             fl3 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1772,9 +1735,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
@@ -1809,9 +1769,6 @@ fn main(
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
-                            }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1844,9 +1801,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl3 |= ROW_POISONED;
@@ -1889,9 +1843,6 @@ fn main(
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
-                        }
                         if (poisons(sc)) {
                             fl4 |= ROW_POISONED;
                             sc = neg_inf();
@@ -1923,9 +1874,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl4 |= ROW_POISONED;
@@ -1960,9 +1908,6 @@ fn main(
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
-                            }
                             if (poisons(sc)) {
                                 fl4 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -1995,9 +1940,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl4 |= ROW_POISONED;
@@ -2040,9 +1982,6 @@ fn main(
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
-                        }
                         if (poisons(sc)) {
                             fl5 |= ROW_POISONED;
                             sc = neg_inf();
@@ -2074,9 +2013,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl5 |= ROW_POISONED;
@@ -2111,9 +2047,6 @@ fn main(
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
-                            }
                             if (poisons(sc)) {
                                 fl5 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -2146,9 +2079,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl5 |= ROW_POISONED;
@@ -2191,9 +2121,6 @@ fn main(
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
-                        }
                         if (poisons(sc)) {
                             fl6 |= ROW_POISONED;
                             sc = neg_inf();
@@ -2225,9 +2152,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl6 |= ROW_POISONED;
@@ -2262,9 +2186,6 @@ fn main(
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
-                            }
                             if (poisons(sc)) {
                                 fl6 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -2297,9 +2218,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl6 |= ROW_POISONED;
@@ -2342,9 +2260,6 @@ fn main(
                         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                             sc -= slope * f32(abs(pos - key));
                         }
-                        if ((RULES & RULE_TEMPERATURE) != 0u) {
-                            sc *= p.inv_temperature;
-                        }
                         if (poisons(sc)) {
                             fl7 |= ROW_POISONED;
                             sc = neg_inf();
@@ -2376,9 +2291,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl7 |= ROW_POISONED;
@@ -2413,9 +2325,6 @@ fn main(
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
                             }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
-                            }
                             if (poisons(sc)) {
                                 fl7 |= ROW_POISONED;
                                 sc = neg_inf();
@@ -2448,9 +2357,6 @@ fn main(
                         if (attended) {
                             if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
                                 sc -= slope * f32(abs(pos - key));
-                            }
-                            if ((RULES & RULE_TEMPERATURE) != 0u) {
-                                sc *= p.inv_temperature;
                             }
                             if (poisons(sc)) {
                                 fl7 |= ROW_POISONED;
@@ -2498,19 +2404,19 @@ fn main(
                 }
                 let m_new = max(m0, tile_max);
                 // exp(0) = 1 while no attended score has been finite yet.
-                let alpha = exp(m0 - m_new);
+                let alpha = exp(tempered(m0 - m_new, p.inv_temperature));
                 var sum = 0.0;
                 // -0 for a key the row does not attend (it adds nothing to
                 // the sum, nor, times a finite V, to O); an attended key's P
                 // is +0 or more, even where its score is -inf.
-                let pt = select(not_attended(), exp(s0_0 - m_new), s0_0 != MASKED);
+                let pt = select(not_attended(), exp(tempered(s0_0 - m_new, p.inv_temperature)), s0_0 != MASKED);
                 p_tile[p_at + 0u * TQ * ps + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                 sum += pt;
                 if (RK > 1u) {
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s0_1 - m_new), s0_1 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s0_1 - m_new, p.inv_temperature)), s0_1 != MASKED);
                     p_tile[p_at + 0u * TQ * ps + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
@@ -2518,7 +2424,7 @@ fn main(
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s0_2 - m_new), s0_2 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s0_2 - m_new, p.inv_temperature)), s0_2 != MASKED);
                     p_tile[p_at + 0u * TQ * ps + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
@@ -2526,7 +2432,7 @@ fn main(
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s0_3 - m_new), s0_3 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s0_3 - m_new, p.inv_temperature)), s0_3 != MASKED);
                     p_tile[p_at + 0u * TQ * ps + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                 }
@@ -2583,19 +2489,19 @@ fn main(
                     }
                     let m_new = max(m1, tile_max);
                     // exp(0) = 1 while no attended score has been finite yet.
-                    let alpha = exp(m1 - m_new);
+                    let alpha = exp(tempered(m1 - m_new, p.inv_temperature));
                     var sum = 0.0;
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s1_0 - m_new), s1_0 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s1_0 - m_new, p.inv_temperature)), s1_0 != MASKED);
                     p_tile[p_at + 1u * TQ * ps + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                     if (RK > 1u) {
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s1_1 - m_new), s1_1 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s1_1 - m_new, p.inv_temperature)), s1_1 != MASKED);
                         p_tile[p_at + 1u * TQ * ps + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -2603,7 +2509,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s1_2 - m_new), s1_2 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s1_2 - m_new, p.inv_temperature)), s1_2 != MASKED);
                         p_tile[p_at + 1u * TQ * ps + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -2611,7 +2517,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s1_3 - m_new), s1_3 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s1_3 - m_new, p.inv_temperature)), s1_3 != MASKED);
                         p_tile[p_at + 1u * TQ * ps + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -2669,19 +2575,19 @@ fn main(
                     }
                     let m_new = max(m2, tile_max);
                     // exp(0) = 1 while no attended score has been finite yet.
-                    let alpha = exp(m2 - m_new);
+                    let alpha = exp(tempered(m2 - m_new, p.inv_temperature));
                     var sum = 0.0;
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s2_0 - m_new), s2_0 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s2_0 - m_new, p.inv_temperature)), s2_0 != MASKED);
                     p_tile[p_at + 2u * TQ * ps + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                     if (RK > 1u) {
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s2_1 - m_new), s2_1 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s2_1 - m_new, p.inv_temperature)), s2_1 != MASKED);
                         p_tile[p_at + 2u * TQ * ps + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -2689,7 +2595,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s2_2 - m_new), s2_2 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s2_2 - m_new, p.inv_temperature)), s2_2 != MASKED);
                         p_tile[p_at + 2u * TQ * ps + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -2697,7 +2603,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s2_3 - m_new), s2_3 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s2_3 - m_new, p.inv_temperature)), s2_3 != MASKED);
                         p_tile[p_at + 2u * TQ * ps + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -2746,19 +2652,19 @@ fn main(
                     }
                     let m_new = max(m3, tile_max);
                     // exp(0) = 1 while no attended score has been finite yet.
-                    let alpha = exp(m3 - m_new);
+                    let alpha = exp(tempered(m3 - m_new, p.inv_temperature));
                     var sum = 0.0;
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s3_0 - m_new), s3_0 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s3_0 - m_new, p.inv_temperature)), s3_0 != MASKED);
                     p_tile[p_at + 3u * TQ * ps + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                     if (RK > 1u) {
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s3_1 - m_new), s3_1 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s3_1 - m_new, p.inv_temperature)), s3_1 != MASKED);
                         p_tile[p_at + 3u * TQ * ps + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -2766,7 +2672,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s3_2 - m_new), s3_2 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s3_2 - m_new, p.inv_temperature)), s3_2 != MASKED);
                         p_tile[p_at + 3u * TQ * ps + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -2774,7 +2680,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s3_3 - m_new), s3_3 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s3_3 - m_new, p.inv_temperature)), s3_3 != MASKED);
                         p_tile[p_at + 3u * TQ * ps + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -2820,19 +2726,19 @@ fn main(
                     }
                     let m_new = max(m4, tile_max);
                     // exp(0) = 1 while no attended score has been finite yet.
-                    let alpha = exp(m4 - m_new);
+                    let alpha = exp(tempered(m4 - m_new, p.inv_temperature));
                     var sum = 0.0;
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s4_0 - m_new), s4_0 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s4_0 - m_new, p.inv_temperature)), s4_0 != MASKED);
                     p_tile[p_at + 4u * TQ * ps + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                     if (RK > 1u) {
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s4_1 - m_new), s4_1 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s4_1 - m_new, p.inv_temperature)), s4_1 != MASKED);
                         p_tile[p_at + 4u * TQ * ps + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -2840,7 +2746,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s4_2 - m_new), s4_2 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s4_2 - m_new, p.inv_temperature)), s4_2 != MASKED);
                         p_tile[p_at + 4u * TQ * ps + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -2848,7 +2754,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s4_3 - m_new), s4_3 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s4_3 - m_new, p.inv_temperature)), s4_3 != MASKED);
                         p_tile[p_at + 4u * TQ * ps + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -2891,19 +2797,19 @@ fn main(
                     }
                     let m_new = max(m5, tile_max);
                     // exp(0) = 1 while no attended score has been finite yet.
-                    let alpha = exp(m5 - m_new);
+                    let alpha = exp(tempered(m5 - m_new, p.inv_temperature));
                     var sum = 0.0;
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s5_0 - m_new), s5_0 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s5_0 - m_new, p.inv_temperature)), s5_0 != MASKED);
                     p_tile[p_at + 5u * TQ * ps + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                     if (RK > 1u) {
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s5_1 - m_new), s5_1 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s5_1 - m_new, p.inv_temperature)), s5_1 != MASKED);
                         p_tile[p_at + 5u * TQ * ps + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -2911,7 +2817,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s5_2 - m_new), s5_2 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s5_2 - m_new, p.inv_temperature)), s5_2 != MASKED);
                         p_tile[p_at + 5u * TQ * ps + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -2919,7 +2825,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s5_3 - m_new), s5_3 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s5_3 - m_new, p.inv_temperature)), s5_3 != MASKED);
                         p_tile[p_at + 5u * TQ * ps + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -2959,19 +2865,19 @@ fn main(
                     }
                     let m_new = max(m6, tile_max);
                     // exp(0) = 1 while no attended score has been finite yet.
-                    let alpha = exp(m6 - m_new);
+                    let alpha = exp(tempered(m6 - m_new, p.inv_temperature));
                     var sum = 0.0;
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s6_0 - m_new), s6_0 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s6_0 - m_new, p.inv_temperature)), s6_0 != MASKED);
                     p_tile[p_at + 6u * TQ * ps + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                     if (RK > 1u) {
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s6_1 - m_new), s6_1 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s6_1 - m_new, p.inv_temperature)), s6_1 != MASKED);
                         p_tile[p_at + 6u * TQ * ps + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -2979,7 +2885,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s6_2 - m_new), s6_2 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s6_2 - m_new, p.inv_temperature)), s6_2 != MASKED);
                         p_tile[p_at + 6u * TQ * ps + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -2987,7 +2893,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s6_3 - m_new), s6_3 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s6_3 - m_new, p.inv_temperature)), s6_3 != MASKED);
                         p_tile[p_at + 6u * TQ * ps + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -3027,19 +2933,19 @@ fn main(
                     }
                     let m_new = max(m7, tile_max);
                     // exp(0) = 1 while no attended score has been finite yet.
-                    let alpha = exp(m7 - m_new);
+                    let alpha = exp(tempered(m7 - m_new, p.inv_temperature));
                     var sum = 0.0;
                     // -0 for a key the row does not attend (it adds nothing to
                     // the sum, nor, times a finite V, to O); an attended key's P
                     // is +0 or more, even where its score is -inf.
-                    let pt = select(not_attended(), exp(s7_0 - m_new), s7_0 != MASKED);
+                    let pt = select(not_attended(), exp(tempered(s7_0 - m_new, p.inv_temperature)), s7_0 != MASKED);
                     p_tile[p_at + 7u * TQ * ps + tc / 4u + 0u * (TK / 4u)][tc % 4u] = pt;
                     sum += pt;
                     if (RK > 1u) {
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s7_1 - m_new), s7_1 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s7_1 - m_new, p.inv_temperature)), s7_1 != MASKED);
                         p_tile[p_at + 7u * TQ * ps + tc / 4u + 1u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -3047,7 +2953,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s7_2 - m_new), s7_2 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s7_2 - m_new, p.inv_temperature)), s7_2 != MASKED);
                         p_tile[p_at + 7u * TQ * ps + tc / 4u + 2u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -3055,7 +2961,7 @@ fn main(
                         // -0 for a key the row does not attend (it adds nothing to
                         // the sum, nor, times a finite V, to O); an attended key's P
                         // is +0 or more, even where its score is -inf.
-                        let pt = select(not_attended(), exp(s7_3 - m_new), s7_3 != MASKED);
+                        let pt = select(not_attended(), exp(tempered(s7_3 - m_new, p.inv_temperature)), s7_3 != MASKED);
                         p_tile[p_at + 7u * TQ * ps + tc / 4u + 3u * (TK / 4u)][tc % 4u] = pt;
                         sum += pt;
                     }
@@ -4533,7 +4439,7 @@ fn main(
                 if (nan_row) {
                     bits = NAN_BITS;
                 } else if (attended) {
-                    bits = bitcast<u32>(m0 + log(total));
+                    bits = bitcast<u32>(tempered(m0, p.inv_temperature) + log(total));
                 }
                 lse[r] = bits;
                 lse[rows_total + r] = bitcast<u32>(m0);
@@ -4723,7 +4629,7 @@ fn main(
                     if (nan_row) {
                         bits = NAN_BITS;
                     } else if (attended) {
-                        bits = bitcast<u32>(m1 + log(total));
+                        bits = bitcast<u32>(tempered(m1, p.inv_temperature) + log(total));
                     }
                     lse[r] = bits;
                     lse[rows_total + r] = bitcast<u32>(m1);
@@ -4866,7 +4772,7 @@ fn main(
                     if (nan_row) {
                         bits = NAN_BITS;
                     } else if (attended) {
-                        bits = bitcast<u32>(m2 + log(total));
+                        bits = bitcast<u32>(tempered(m2, p.inv_temperature) + log(total));
                     }
                     lse[r] = bits;
                     lse[rows_total + r] = bitcast<u32>(m2);
@@ -4993,7 +4899,7 @@ fn main(
                     if (nan_row) {
                         bits = NAN_BITS;
                     } else if (attended) {
-                        bits = bitcast<u32>(m3 + log(total));
+                        bits = bitcast<u32>(tempered(m3, p.inv_temperature) + log(total));
                     }
                     lse[r] = bits;
                     lse[rows_total + r] = bitcast<u32>(m3);
@@ -5104,7 +5010,7 @@ fn main(
                     if (nan_row) {
                         bits = NAN_BITS;
                     } else if (attended) {
-                        bits = bitcast<u32>(m4 + log(total));
+                        bits = bitcast<u32>(tempered(m4, p.inv_temperature) + log(total));
                     }
                     lse[r] = bits;
                     lse[rows_total + r] = bitcast<u32>(m4);
@@ -5199,7 +5105,7 @@ fn main(
                     if (nan_row) {
                         bits = NAN_BITS;
                     } else if (attended) {
-                        bits = bitcast<u32>(m5 + log(total));
+                        bits = bitcast<u32>(tempered(m5, p.inv_temperature) + log(total));
                     }
                     lse[r] = bits;
                     lse[rows_total + r] = bitcast<u32>(m5);
@@ -5294,7 +5200,7 @@ fn main(
                     if (nan_row) {
                         bits = NAN_BITS;
                     } else if (attended) {
-                        bits = bitcast<u32>(m6 + log(total));
+                        bits = bitcast<u32>(tempered(m6, p.inv_temperature) + log(total));
                     }
                     lse[r] = bits;
                     lse[rows_total + r] = bitcast<u32>(m6);
@@ -5389,7 +5295,7 @@ fn main(
                     if (nan_row) {
                         bits = NAN_BITS;
                     } else if (attended) {
-                        bits = bitcast<u32>(m7 + log(total));
+                        bits = bitcast<u32>(tempered(m7, p.inv_temperature) + log(total));
                     }
                     lse[r] = bits;
                     lse[rows_total + r] = bitcast<u32>(m7);

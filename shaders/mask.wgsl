@@ -10,8 +10,9 @@
 //      value must not be MASKED (bool false and -inf arrive as MASKED),
 //   4. adds the float mask value and the ALiBi bias (the head's slope times
 //      |position - j|; slopes follow the lengths in the rule data), captures
-//      (mode 2, masked = -inf), and writes the biased score divided by the
-//      temperature, or MASKED for a masked key.
+//      (mode 2, masked = -inf), and writes the biased score, or MASKED for a
+//      masked key (softmax.wgsl divides by the temperature once the row's
+//      maximum is taken out).
 // Positions use the causal offset: the past length, else nonpad[b] - Nq, else 0.
 
 struct Params {
@@ -31,8 +32,7 @@ struct Params {
     right_window: i32,
     softcap: f32,
     batch: u32,
-    // 1 / temperature, applied to the biased score the softmax reads.
-    inv_temperature: f32,
+    _reserved: u32,
     // Added to every query's position (a piece of a call split across bindings).
     position_shift: i32,
     _pad1: u32,
@@ -130,6 +130,6 @@ fn main(
         if (p.capture == CAPTURE_BIASED) {
             qk_out[out_base + j] = select(NEG_INF_BITS, bitcast<u32>(s), allowed);
         }
-        scores[base + j] = select(MASKED, s * p.inv_temperature, allowed);
+        scores[base + j] = select(MASKED, s, allowed);
     }
 }

@@ -1,10 +1,14 @@
 // Row softmax with the maximum subtracted, in place, writing each row's logsumexp.
+// The scores are the biased scores before the temperature: the probabilities
+// are exp((s - max) / temperature) / sum and the logsumexp is
+// max / temperature + log(sum), so that a finite score near f32::MAX stays
+// finite (divided by a temperature below 1 first, it would not be).
 //
 // One workgroup per row of `cols` scores. Masked scores carry the value
 // MASKED (-f32::MAX, written by the mask kernel) and take no part. Each
 // invocation keeps an online (max, sum) pair over its strided share of the
 // row; the pairs are merged in workgroup memory; a second sweep writes
-// exp(s - max) / sum. A row with no unmasked score becomes all zeros and its
+// exp((s - max) / temperature) / sum. A row with no unmasked score becomes all zeros and its
 // logsumexp -inf (written as bits, since WGSL arithmetic need not produce inf).
 //
 // Non-finite scores follow attention_fused.wgsl: a NaN or +inf score the row
@@ -32,6 +36,11 @@ struct Params {
     lse_offset: u32,
     // MODE_ZERO, MODE_MARKED or MODE_CLEAR.
     mode: u32,
+    // 1 / temperature: the exponents' divisor (1 for a plain softmax).
+    inv_temperature: f32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -73,15 +82,20 @@ fn poisons(x: f32) -> bool {
     return (bits & 0x7fffffffu) > 0x7f800000u || bits == 0x7f800000u;
 }
 
+// exp(x / temperature).
+fn exp_tempered(x: f32) -> f32 {
+    return exp(x * p.inv_temperature);
+}
+
 // Merges two (max, sum-of-exp) pairs; a pair whose max is MASKED has sum 0.
 fn merge(m1: f32, l1: f32, m2: f32, l2: f32) -> vec2<f32> {
     let m = max(m1, m2);
     var l = 0.0;
     if (m1 > MASKED) {
-        l += l1 * exp(m1 - m);
+        l += l1 * exp_tempered(m1 - m);
     }
     if (m2 > MASKED) {
-        l += l2 * exp(m2 - m);
+        l += l2 * exp_tempered(m2 - m);
     }
     return vec2<f32>(m, l);
 }
@@ -120,12 +134,12 @@ fn main(
                 // (An attended -inf adds nothing to the sum.)
                 if (s > m) {
                     if (m > MASKED) {
-                        l = l * exp(m - s);
+                        l = l * exp_tempered(m - s);
                     }
                     l += 1.0;
                     m = s;
                 } else {
-                    l += exp(s - m);
+                    l += exp_tempered(s - m);
                 }
             }
         }
@@ -157,7 +171,7 @@ fn main(
         if (nan_row) {
             prob = nan();
         } else if (live && bitcast<u32>(s) != MASKED_BITS) {
-            prob = exp(s - row_max) * inv_sum;
+            prob = exp_tempered(s - row_max) * inv_sum;
         }
         scores[base + j] = prob;
     }
@@ -166,7 +180,7 @@ fn main(
         if (nan_row) {
             bits = NAN_BITS;
         } else if (live) {
-            bits = bitcast<u32>(row_max + log(row_sum));
+            bits = bitcast<u32>(row_max * p.inv_temperature + log(row_sum));
         }
         lse[p.lse_offset + row] = bits;
     }

@@ -318,7 +318,11 @@ pub enum KernelPath {
 ///    subtracted. Masked keys take no part, even when their score is not finite.
 ///    The temperature (an extension beyond ONNX, default 1) is distinct from `scale`:
 ///    it acts after softcap and bias, so it sharpens (`< 1`) or flattens (`> 1`) the
-///    distribution without moving the softcap's saturation point or the mask.
+///    distribution without moving the softcap's saturation point or the mask. Every
+///    backend takes the row maximum out before it divides, `exp((s_j + bias_j − max)
+///    / temperature)`, with a logsumexp of `max / temperature + ln Σ`: a finite biased
+///    score near `f32::MAX` under a temperature below 1 takes the row's weight rather
+///    than making the row NaN (its logsumexp may round to `+inf`).
 /// 6. **Fully masked rows.** A row whose every key is masked has all-zero probabilities,
 ///    a zero Y row, a zero mode-3 row and a logsumexp of `-inf`: never NaN.
 /// 7. **Output.** `y_i = Σ_j p_j v_j` over the keys the row attends.
@@ -448,13 +452,14 @@ impl AttentionOptions {
         }
         if !(self.temperature.is_finite()
             && self.temperature >= f32::MIN_POSITIVE
-            && (1.0 / self.temperature).is_finite())
+            && (1.0 / self.temperature).is_finite()
+            && 1.0 / self.temperature >= f32::MIN_POSITIVE)
         {
             return Err(Error::InvalidOption {
                 name: "temperature",
                 value: self.temperature.to_string(),
                 reason:
-                    "must be a normal positive f32 whose inverse is finite (1 is plain softmax)",
+                    "must be a normal positive f32 whose inverse is normal too (1 is plain softmax)",
             });
         }
         for (name, value) in [
@@ -525,6 +530,11 @@ mod tests {
             },
             AttentionOptions {
                 temperature: f32::INFINITY,
+                ..Default::default()
+            },
+            // Its inverse is subnormal: a GPU that flushes it would divide by 0.
+            AttentionOptions {
+                temperature: 1e38,
                 ..Default::default()
             },
             AttentionOptions {

@@ -205,9 +205,10 @@ fn v_col(row_base: u32, col: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), widen4(v4[row_base * DV4 + min(col, DV4 - 1u)]), col < DV4);
 }
 
-// A score after the contract's rules (scale, softcap, mask, ALiBi,
-// temperature), MASKED for a key the row does not attend, -inf for a NaN or
-// +inf score; and the row's flags it sets.
+// A score after the contract's rules (scale, softcap, mask, ALiBi; the
+// temperature divides the online softmax's exponents), MASKED for a key the
+// row does not attend, -inf for a NaN or +inf score; and the row's flags it
+// sets.
 struct Scored {
     s: f32,
     flags: u32,
@@ -234,9 +235,6 @@ fn rules(dot: f32, key: i32, span: vec4<i32>, slope: f32) -> Scored {
     if (attended) {
         if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
             s -= slope * f32(abs(span.w - key));
-        }
-        if ((RULES & RULE_TEMPERATURE) != 0u) {
-            s *= p.inv_temperature;
         }
         out.flags = ROW_ATTENDED;
         if (poisons(s)) {
@@ -480,14 +478,14 @@ for r in range(MAX_ROWS):
         softmax += guard([more("KB", u)], [f"m_new = max(m_new, scored{u}.s);"], 0)
     softmax += [
         "// exp(0) = 1 while no attended score has been finite yet.",
-        f"alpha = exp(m{r} - m_new);",
+        f"alpha = exp(tempered(m{r} - m_new, p.inv_temperature));",
         f"m{r} = m_new;",
         "// 0 for a key the row does not attend.",
     ]
     for u in range(MAX_KB):
         softmax += guard(
             [more("KB", u)],
-            [f"p{u} = select(0.0, exp(scored{u}.s - m_new), scored{u}.s != MASKED);"],
+            [f"p{u} = select(0.0, exp(tempered(scored{u}.s - m_new, p.inv_temperature)), scored{u}.s != MASKED);"],
             0,
         )
     softmax.append(f"l{r} = l{r} * alpha + p0" + "".join(f" + p{u}" for u in range(1, MAX_KB)) + ";")
@@ -570,7 +568,7 @@ for r in range(MAX_ROWS):
         "    for (var t = 0u; t < TEAMS; t++) {",
         f"        m_all = max(m_all, team_ml[{r}u * MAX_TEAMS + t].x);",
         "    }",
-        f"    let factor = exp(m{r} - m_all);",
+        f"    let factor = exp(tempered(m{r} - m_all, p.inv_temperature));",
     ]
     for c in range(MAX_COLS):
         if has(r, c):
@@ -601,7 +599,7 @@ for r in range(MAX_ROWS):
         "            var l_all = 0.0;",
         "            for (var t = 0u; t < TEAMS; t++) {",
         f"                let ml = team_ml[{r}u * MAX_TEAMS + t];",
-        "                l_all += ml.y * exp(ml.x - m_all);",
+        "                l_all += ml.y * exp(tempered(ml.x - m_all, p.inv_temperature));",
         "            }",
         f"            let flags = f32(atomicLoad(&row_flags[{r}]));",
         "            part_ml[split * part_rows + row] = vec4<f32>(m_all, l_all, flags, 0.0);",

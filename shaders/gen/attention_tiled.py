@@ -126,7 +126,7 @@ def online_softmax(i, tile_max, keep_p):
     lines = [
         f"let m_new = max(m{i}, {tile_max});",
         "// exp(0) = 1 while no attended score has been finite yet.",
-        f"let alpha = exp(m{i} - m_new);",
+        f"let alpha = exp(tempered(m{i} - m_new, p.inv_temperature));",
         "var sum = 0.0;",
     ]
     for j in range(MAX_RK):
@@ -136,7 +136,7 @@ def online_softmax(i, tile_max, keep_p):
                 "// -0 for a key the row does not attend (it adds nothing to",
                 "// the sum, nor, times a finite V, to O); an attended key's P",
                 "// is +0 or more, even where its score is -inf.",
-                f"let pt = select(not_attended(), exp(s{i}_{j} - m_new), s{i}_{j} != MASKED);",
+                f"let pt = select(not_attended(), exp(tempered(s{i}_{j} - m_new, p.inv_temperature)), s{i}_{j} != MASKED);",
             ]
             + keep_p(j)
             + ["sum += pt;"],
@@ -208,13 +208,15 @@ w("""//
 //   1. K's tile is staged in workgroup memory (coalesced: consecutive
 //      invocations read consecutive vec4s of a row).
 //   2. S = Q K^T as an RQ x RK register micro-tile per invocation (fma
-//      chains); the contract's rules (scale, softcap, mask, ALiBi,
-//      temperature, ranges) applied in registers; each invocation's partial
-//      row maxima go to workgroup memory.
+//      chains); the contract's rules (scale, softcap, mask, ALiBi, ranges)
+//      applied in registers; each invocation's partial row maxima go to
+//      workgroup memory.
 //   3. Each invocation reads its rows' TK partial maxima, rescales its O
-//      registers and its partial row sums by exp(m_old - m_new) and writes its
-//      probabilities P to workgroup memory (vec4s of four keys); V's tile
-//      replaces K's, noting whether it holds a non-finite value.
+//      registers and its partial row sums by exp((m_old - m_new) / τ) and
+//      writes its probabilities P = exp((s - m_new) / τ) to workgroup memory
+//      (vec4s of four keys); V's tile replaces K's, noting whether it holds a
+//      non-finite value. (τ is the temperature; the maxima are of the biased
+//      scores before it: see tempered() in attention_rules.wgsl.)
 //   4. O += P V as an RQ x DVT (vec4) register micro-tile per invocation, four
 //      keys per step (one vec4 of P per row).
 // O stays in registers for the whole key loop and is written once, with the
@@ -690,9 +692,9 @@ for i in range(MAX_RQ):
     for j in range(MAX_RK):
         unseen += guard([rq(i), rk(j)], [f"s{i}_{j} = unseen;"], 0)
 keep_phase(scores_start, "SCORES", 8, unseen)
-w("""        // Scale, softcap, mask, ALiBi, temperature. Keys a row does not
-        // attend become MASKED; a NaN or +inf score poisons the row and counts
-        // as -inf from here on.""")
+w("""        // Scale, softcap, mask, ALiBi (the temperature divides the online
+        // softmax's exponents). Keys a row does not attend become MASKED; a
+        // NaN or +inf score poisons the row and counts as -inf from here on.""")
 rules_start = len(out)
 for i in range(MAX_RQ):
     lines = [
@@ -725,9 +727,6 @@ for i in range(MAX_RQ):
                 "if (attended) {",
                 "    if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {",
                 "        sc -= slope * f32(abs(pos - key));",
-                "    }",
-                "    if ((RULES & RULE_TEMPERATURE) != 0u) {",
-                "        sc *= p.inv_temperature;",
                 "    }",
                 "    if (poisons(sc)) {",
                 f"        fl{i} |= ROW_POISONED;",
@@ -962,7 +961,7 @@ for i in range(MAX_RQ):
         "            if (nan_row) {",
         "                bits = NAN_BITS;",
         "            } else if (attended) {",
-        f"                bits = bitcast<u32>(m{i} + log(total));",
+        f"                bits = bitcast<u32>(tempered(m{i}, p.inv_temperature) + log(total));",
         "            }",
         "            lse[r] = bits;",
         f"            lse[rows_total + r] = bitcast<u32>(m{i});",

@@ -13,7 +13,7 @@ use crate::options::{AttentionOptions, KernelPath, Precision};
 use crate::tensor::{HostMask, HostTensor};
 
 /// The names of the behaviour checks, in the order [`run_behaviour`] runs them.
-pub const BEHAVIOUR_CHECKS: [&str; 18] = [
+pub const BEHAVIOUR_CHECKS: [&str; 20] = [
     "bad-input-shape-mismatch",
     "bad-input-gqa-heads",
     "bad-input-mask-broadcast",
@@ -32,6 +32,8 @@ pub const BEHAVIOUR_CHECKS: [&str; 18] = [
     "nonfinite-v-at-masked-keys",
     "nan-in-float-mask",
     "nonfinite-decode",
+    "huge-bias-temperature",
+    "huge-bias-temperature-decode",
 ];
 
 fn result(name: &str, shapes: &str, path: KernelPath, failure: Option<String>) -> CaseResult {
@@ -389,6 +391,54 @@ async fn run_non_finite(
             inputs.v.data_mut()[5 * 8 + 3] = f32::NAN;
             inputs.v.data_mut()[400 * 8 + 1] = f32::NAN;
             inputs.v.data_mut()[400 * 8 + 6] = f32::INFINITY;
+        })
+        .await,
+    );
+    results.extend(run_huge_bias(engine, path, precision, seed).await);
+    results
+}
+
+/// Float-mask biases near `f32::MAX` under a temperature below 1: each
+/// biased score is finite, though dividing it by the temperature is not, so
+/// the kernels must take the row maximum out before they divide (the row
+/// then gives the key all its weight, not NaN). Through the prefill kernels
+/// with the probabilities returned (mode 3), and through the decode kernels.
+async fn run_huge_bias(
+    engine: &Engine,
+    path: KernelPath,
+    precision: Precision,
+    seed: u64,
+) -> Vec<CaseResult> {
+    let name = |i: usize| BEHAVIOUR_CHECKS[18 + i];
+    // Row r's bias at key (3 r) % T: +3e38, +1e38 or -3e38 (attended: only
+    // -inf and -f32::MAX mask a key), the other keys' biases small.
+    let huge = |inputs: &mut CaseInputs, rows: usize, keys: usize| {
+        if let Some(HostMask::Float(mask)) = &mut inputs.mask {
+            for row in 0..rows {
+                let bias = [3e38, 1e38, -3e38][row % 3];
+                mask.data_mut()[row * keys + (3 * row) % keys] = bias;
+            }
+        }
+    };
+    let mut results = Vec::new();
+    let case = CaseSpec::new("huge-bias", [1, 2, 1], [5, 9], [8, 8])
+        .mask(MaskForm::Float(2))
+        .with(|o| {
+            o.temperature = 0.5;
+            o.qk_matmul_output_mode = Some(crate::options::QkMatmulOutputMode::Probabilities);
+        });
+    results.push(
+        numeric(engine, name(0), path, precision, case, seed, |inputs| {
+            huge(inputs, 5, 9)
+        })
+        .await,
+    );
+    let case = CaseSpec::new("huge-bias-decode", [1, 2, 1], [2, 600], [8, 8])
+        .mask(MaskForm::Float(2))
+        .with(|o| o.temperature = 0.25);
+    results.push(
+        numeric(engine, name(1), path, precision, case, seed, |inputs| {
+            huge(inputs, 2, 600)
         })
         .await,
     );

@@ -97,6 +97,7 @@ fn measure(got: &[f32], exact: &[f64]) -> ErrorReport {
     let mut largest = 0.0f64;
     for (i, (&g, &e)) in got.iter().zip(exact).enumerate() {
         let g = f64::from(g);
+        let e = in_f32_range(e);
         if e.is_finite() {
             largest = largest.max(e.abs());
             if !g.is_finite() {
@@ -147,10 +148,22 @@ pub fn compare_baselines(
     report
 }
 
-/// The largest finite `|x|` in `values` (0 when there is none).
+/// `exact` as an f32 output can hold it: a finite value beyond f32's range
+/// (a logsumexp of scores near `f32::MAX` divided by a temperature below 1)
+/// rounds to an infinity of its sign, which the result must then match.
+fn in_f32_range(exact: f64) -> f64 {
+    if exact.is_finite() && (exact as f32).is_infinite() {
+        f64::from(exact as f32)
+    } else {
+        exact
+    }
+}
+
+/// The largest finite `|x|` in `values` (0 when there is none), as f32 holds them.
 fn largest_finite(values: &[f64]) -> f64 {
     values
         .iter()
+        .map(|&x| in_f32_range(x))
         .filter(|x| x.is_finite())
         .fold(0.0, |m, x| m.max(x.abs()))
 }
@@ -196,6 +209,19 @@ mod tests {
         let expected_nan = [f64::NAN, 0.5];
         assert!(compare(&[f32::NAN, 0.5], &expected_nan, &[f32::NAN, 0.5], 1e-6).passed());
         assert!(!compare(&[0.0, 0.5], &expected_nan, &[f32::NAN, 0.5], 1e-6).passed());
+    }
+
+    #[test]
+    fn exact_values_beyond_the_f32_range_expect_infinities() {
+        // 1.2e39 overflows f32: +inf matches it, f32::MAX does not; a value
+        // that rounds to f32::MAX stays finite.
+        let exact = [1.2e39, -1.0e39, 0.5];
+        let inf = [f32::INFINITY, f32::NEG_INFINITY, 0.5];
+        assert!(compare(&inf, &exact, &inf, 1e-6).passed());
+        let max = [f32::MAX, f32::NEG_INFINITY, 0.5];
+        assert_eq!(compare(&max, &exact, &inf, 1e-6).mismatched_non_finite, 1);
+        let near = [f64::from(f32::MAX) * (1.0 + 1e-9)];
+        assert!(compare(&[f32::MAX], &near, &[f32::MAX], 1e-6).passed());
     }
 
     #[test]

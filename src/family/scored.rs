@@ -236,6 +236,7 @@ pub(crate) async fn run_on_gpu(
                         &lse,
                         0,
                         softmax::NotAttended::Zero,
+                        1.0,
                     )?;
                     keep_alive.push(lse);
                     let context = buffer::storage(ctx, "context", sizes.rows() * sizes.d_h)?;

@@ -120,6 +120,7 @@ pub async fn softmax_host(
                 &lse_buf,
                 0,
                 softmax::NotAttended::Zero,
+                1.0,
             )?;
             rec.submit();
             Ok((s_buf, lse_buf))

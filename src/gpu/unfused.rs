@@ -219,6 +219,7 @@ pub(crate) async fn run(
                 &lse,
                 global_row0,
                 softmax::NotAttended::Marked,
+                1.0 / options.temperature,
             )?;
             let output_spec = gemm::GemmSpec {
                 batch: chunk.heads,

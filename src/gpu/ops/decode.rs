@@ -419,7 +419,7 @@ struct MergeParams {
     rows: u32,
     dv: u32,
     splits: u32,
-    _pad: u32,
+    inv_temperature: f32,
 }
 
 /// Records the split-K decode and the merge into `y` and `stats` ([lse | m | l]).
@@ -469,7 +469,7 @@ pub(crate) fn record(
         rows: rows as u32,
         dv: dims.v_head_dim as u32,
         splits: plan.splits as u32,
-        _pad: 0,
+        inv_temperature: 1.0 / options.temperature,
     };
     let uniform = buffer::uniform(ctx, "merge params", &merge_params);
     let pipeline = ctx.pipelines.get(&PipelineKey::new(Kernel::AttentionMerge));

@@ -539,6 +539,7 @@ pub(crate) fn record_scores(
             scratch_lse,
             0,
             super::softmax::NotAttended::Zero,
+            1.0 / options.temperature,
         )?;
     }
     Ok(())

@@ -34,7 +34,7 @@ struct Params {
     right_window: i32,
     softcap: f32,
     batch: u32,
-    inv_temperature: f32,
+    _reserved: u32,
     position_shift: i32,
     _pad: u32,
 }
@@ -91,7 +91,7 @@ pub(crate) fn record(
         right_window: rules.right_window,
         softcap: rules.softcap,
         batch: dims.batch as u32,
-        inv_temperature: rules.inv_temperature,
+        _reserved: 0,
         position_shift: rules.position_shift,
         _pad: 0,
     };

@@ -19,7 +19,8 @@ pub const FLAG_SOFTCAP: u32 = 16;
 pub const FLAG_ALIBI: u32 = 32;
 
 /// A bit of the `RULES` override (`shaders/attention_rules.wgsl`): the
-/// temperature is not 1, so scores are multiplied by its inverse.
+/// temperature is not 1, so the softmax's exponents (differences from the
+/// row maximum) are multiplied by its inverse.
 pub const RULE_TEMPERATURE: u32 = 64;
 /// The rules a kernel applies score by score, which `RULES` can leave out of
 /// a pipeline: its bits.
@@ -36,7 +37,8 @@ pub(crate) struct Rules {
     pub right_window: i32,
     pub softcap: f32,
     pub scale: f32,
-    /// `1 / temperature`, applied to the biased scores before the softmax.
+    /// `1 / temperature`, applied to the softmax's exponents (the biased
+    /// scores less the row maximum) and to the maximum in the logsumexp.
     pub inv_temperature: f32,
     pub past_len: u32,
     /// Added to every query's position (a piece of a split call).

@@ -24,6 +24,8 @@ struct Params {
     cols: u32,
     lse_offset: u32,
     mode: u32,
+    inv_temperature: f32,
+    _pad: [u32; 3],
 }
 
 /// What the softmax writes for a key its row does not attend.
@@ -48,8 +50,11 @@ pub fn key() -> PipelineKey {
 }
 
 /// Replaces each of `rows` rows of `cols` scores (from element 0 of `scores`)
-/// by its softmax and writes the row's logsumexp at `lse[lse_offset + row]`;
-/// a key the row does not attend gets `not_attended`'s value.
+/// by its softmax at the temperature `1 / inv_temperature` (the scores are
+/// divided only after the row maximum is taken out) and writes the row's
+/// logsumexp at `lse[lse_offset + row]`; a key the row does not attend gets
+/// `not_attended`'s value.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn record(
     rec: &mut Recorder<'_>,
     rows: usize,
@@ -58,12 +63,22 @@ pub(crate) fn record(
     lse: &wgpu::Buffer,
     lse_offset: usize,
     not_attended: NotAttended,
+    inv_temperature: f32,
 ) -> Result<()> {
     let mode = match not_attended {
         NotAttended::Zero => MODE_ZERO,
         NotAttended::Marked => MODE_MARKED,
     };
-    dispatch(rec, rows, cols, scores, lse, lse_offset, mode)
+    dispatch(
+        rec,
+        rows,
+        cols,
+        scores,
+        lse,
+        lse_offset,
+        mode,
+        inv_temperature,
+    )
 }
 
 /// Rewrites the `-0` marks ([`NotAttended::Marked`]) in `rows` rows of `cols`
@@ -75,9 +90,10 @@ pub(crate) fn record_clear_marks(
     probabilities: &wgpu::Buffer,
     lse: &wgpu::Buffer,
 ) -> Result<()> {
-    dispatch(rec, rows, cols, probabilities, lse, 0, MODE_CLEAR)
+    dispatch(rec, rows, cols, probabilities, lse, 0, MODE_CLEAR, 1.0)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn dispatch(
     rec: &mut Recorder<'_>,
     rows: usize,
@@ -86,12 +102,15 @@ fn dispatch(
     lse: &wgpu::Buffer,
     lse_offset: usize,
     mode: u32,
+    inv_temperature: f32,
 ) -> Result<()> {
     let params = Params {
         rows: rows as u32,
         cols: cols as u32,
         lse_offset: lse_offset as u32,
         mode,
+        inv_temperature,
+        _pad: [0; 3],
     };
     let ctx = rec.ctx();
     let pipeline = ctx.pipelines.get(&key());
