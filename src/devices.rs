@@ -124,6 +124,9 @@ impl GpuDevices {
         let ctx = recipe.request().await.map_err(|e| {
             Error::DeviceLost(format!("{reason}; no fresh device could be created: {e}"))
         })?;
+        // Settings made on the device after it was requested carry over (its
+        // clock readings do not: the fresh device's clocks are its own).
+        ctx.set_clock_guard(current.ctx.clock_guard_setting());
         let number = current.number + 1;
         if current
             .next

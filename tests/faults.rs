@@ -52,6 +52,8 @@ fn a_lost_device_fails_the_call_in_flight_and_the_next_call_recovers() {
             &AttentionOptions::default(),
         )
         .unwrap();
+    // The clock guard's setting is the device's; the fresh one keeps it.
+    engine.gpu().expect("gpu").set_clock_guard(Some(false));
     engine.gpu().expect("gpu").destroy_device();
     let lost = engine.download_blocking(&out.y).unwrap_err();
     assert!(matches!(lost, Error::DeviceLost(_)), "{lost}");
@@ -69,6 +71,10 @@ fn a_lost_device_fails_the_call_in_flight_and_the_next_call_recovers() {
     check(&engine, &oracle, KernelPath::Fused);
     check(&engine, &oracle, KernelPath::Unfused);
     assert_eq!(engine.device_generation(), Some(1));
+    assert_eq!(
+        engine.gpu().expect("gpu").clock_guard_setting(),
+        Some(false)
+    );
 
     // Tensors of the lost device report that they are gone, by name.
     let gone = engine.download_blocking(&q).unwrap_err();

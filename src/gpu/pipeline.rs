@@ -82,6 +82,8 @@ struct CacheState {
     modules: HashMap<Kernel, wgpu::ShaderModule>,
     layouts: HashMap<Kernel, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>,
     pipelines: HashMap<PipelineKey, Arc<Pipeline>>,
+    /// How many times each pipeline was handed out ([`PipelineCache::use_counts`]).
+    uses: HashMap<PipelineKey, u64>,
 }
 
 /// Compiles each pipeline once and hands out shared references.
@@ -227,6 +229,12 @@ impl PipelineCache {
     /// The pipeline for `key`, compiling it on first use.
     pub fn get(&self, key: &PipelineKey) -> Arc<Pipeline> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        match state.uses.get_mut(key) {
+            Some(uses) => *uses += 1,
+            None => {
+                state.uses.insert(key.clone(), 1);
+            }
+        }
         if let Some(p) = state.pipelines.get(key) {
             return p.clone();
         }
@@ -315,6 +323,14 @@ impl PipelineCache {
             .collect();
         keys.sort();
         keys
+    }
+
+    /// How many times each pipeline was handed out for a dispatch so far: a
+    /// measurement compares two readings to learn which kernels a call ran
+    /// (`webattn phases` checks each ablated kernel ran in its own row).
+    pub fn use_counts(&self) -> HashMap<PipelineKey, u64> {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.uses.clone()
     }
 
     /// The keys compiled so far, sorted.

@@ -103,14 +103,19 @@ impl GpuContext {
             .setting = on;
     }
 
+    /// The clock guard's setting as [`GpuContext::set_clock_guard`] left it
+    /// (`None`: the default); a device that replaces a lost one keeps it.
+    pub fn clock_guard_setting(&self) -> Option<bool> {
+        self.clock_guard
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .setting
+    }
+
     /// Whether measurements on this device run the clock guard
     /// ([`GpuContext::set_clock_guard`]).
     pub fn clock_guard_on(&self) -> bool {
-        let setting = self
-            .clock_guard
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .setting;
+        let setting = self.clock_guard_setting();
         // Off by default in a browser: its timestamps are rounded (to 100 µs
         // in Chrome), too coarse for a probe of tens of microseconds.
         let default = self.caps.adapter.device_type != "Cpu" && !cfg!(target_arch = "wasm32");

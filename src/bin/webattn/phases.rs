@@ -291,6 +291,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             cold_cache: row.kind == Kind::Decode,
             dtype: row.dtype,
         };
+        let uses_before = ctx.pipelines().use_counts();
         let measured = pollster::block_on(bench::attention_runs(
             &engines.iter().collect::<Vec<_>>(),
             s,
@@ -299,12 +300,15 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         ))
         .with_context(|| format!("{} without its phases", row.kernel))?;
         for (removed, m) in variants().into_iter().zip(measured) {
-            // The call ran the kernel without these phases: its pipeline is
-            // in the (shared) cache under the key that says so.
+            // This row's calls ran the kernel without these phases: the
+            // (shared) cache handed out the key that says so during them.
             let bits = i64::from(removed.bits());
+            let uses_after = ctx.pipelines().use_counts();
             let ran = removed.is_empty()
-                || ctx.pipelines().compiled_keys().iter().any(|key| {
-                    key.kernel == row.expected && key.constants.contains(&("ABLATE", bits))
+                || uses_after.iter().any(|(key, &uses)| {
+                    key.kernel == row.expected
+                        && key.constants.contains(&("ABLATE", bits))
+                        && uses > uses_before.get(key).copied().unwrap_or(0)
                 });
             anyhow::ensure!(
                 ran,
