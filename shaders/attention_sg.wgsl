@@ -630,7 +630,8 @@ fn main(
         // Start from zero when the row had no attended key yet (Y holds nothing).
         let fresh0 = (flags0 & ROW_ATTENDED) == 0u;
         let alpha0 = select(exp(tempered(m0 - m_new0, p.inv_temperature)), 0.0, fresh0);
-        let live_max0 = vec4<f32>(max(m_new0, -3.0e38));
+        // (Not clamped: a row whose scores all lie below -3e38 still has weights.)
+        let live_max0 = vec4<f32>(m_new0);
         if (any((s0_0 != vec4<f32>(MASKED)) | (s0_1 != vec4<f32>(MASKED)) | (s0_2 != vec4<f32>(MASKED)) | (s0_3 != vec4<f32>(MASKED)) | (s0_4 != vec4<f32>(MASKED)) | (s0_5 != vec4<f32>(MASKED)) | (s0_6 != vec4<f32>(MASKED)) | (s0_7 != vec4<f32>(MASKED)) | (s0_8 != vec4<f32>(MASKED)) | (s0_9 != vec4<f32>(MASKED)) | (s0_10 != vec4<f32>(MASKED)) | (s0_11 != vec4<f32>(MASKED)) | (s0_12 != vec4<f32>(MASKED)) | (s0_13 != vec4<f32>(MASKED)) | (s0_14 != vec4<f32>(MASKED)) | (s0_15 != vec4<f32>(MASKED)))) { flags0 |= ROW_ATTENDED; }
         s0_0 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s0_0 - live_max0) * p.inv_temperature), s0_0 != vec4<f32>(MASKED));
         s0_1 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s0_1 - live_max0) * p.inv_temperature), s0_1 != vec4<f32>(MASKED));
@@ -693,7 +694,8 @@ fn main(
         // Start from zero when the row had no attended key yet (Y holds nothing).
         let fresh1 = (flags1 & ROW_ATTENDED) == 0u;
         let alpha1 = select(exp(tempered(m1 - m_new1, p.inv_temperature)), 0.0, fresh1);
-        let live_max1 = vec4<f32>(max(m_new1, -3.0e38));
+        // (Not clamped: a row whose scores all lie below -3e38 still has weights.)
+        let live_max1 = vec4<f32>(m_new1);
         if (any((s1_0 != vec4<f32>(MASKED)) | (s1_1 != vec4<f32>(MASKED)) | (s1_2 != vec4<f32>(MASKED)) | (s1_3 != vec4<f32>(MASKED)) | (s1_4 != vec4<f32>(MASKED)) | (s1_5 != vec4<f32>(MASKED)) | (s1_6 != vec4<f32>(MASKED)) | (s1_7 != vec4<f32>(MASKED)) | (s1_8 != vec4<f32>(MASKED)) | (s1_9 != vec4<f32>(MASKED)) | (s1_10 != vec4<f32>(MASKED)) | (s1_11 != vec4<f32>(MASKED)) | (s1_12 != vec4<f32>(MASKED)) | (s1_13 != vec4<f32>(MASKED)) | (s1_14 != vec4<f32>(MASKED)) | (s1_15 != vec4<f32>(MASKED)))) { flags1 |= ROW_ATTENDED; }
         s1_0 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s1_0 - live_max1) * p.inv_temperature), s1_0 != vec4<f32>(MASKED));
         s1_1 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s1_1 - live_max1) * p.inv_temperature), s1_1 != vec4<f32>(MASKED));
@@ -756,7 +758,8 @@ fn main(
         // Start from zero when the row had no attended key yet (Y holds nothing).
         let fresh2 = (flags2 & ROW_ATTENDED) == 0u;
         let alpha2 = select(exp(tempered(m2 - m_new2, p.inv_temperature)), 0.0, fresh2);
-        let live_max2 = vec4<f32>(max(m_new2, -3.0e38));
+        // (Not clamped: a row whose scores all lie below -3e38 still has weights.)
+        let live_max2 = vec4<f32>(m_new2);
         if (any((s2_0 != vec4<f32>(MASKED)) | (s2_1 != vec4<f32>(MASKED)) | (s2_2 != vec4<f32>(MASKED)) | (s2_3 != vec4<f32>(MASKED)) | (s2_4 != vec4<f32>(MASKED)) | (s2_5 != vec4<f32>(MASKED)) | (s2_6 != vec4<f32>(MASKED)) | (s2_7 != vec4<f32>(MASKED)) | (s2_8 != vec4<f32>(MASKED)) | (s2_9 != vec4<f32>(MASKED)) | (s2_10 != vec4<f32>(MASKED)) | (s2_11 != vec4<f32>(MASKED)) | (s2_12 != vec4<f32>(MASKED)) | (s2_13 != vec4<f32>(MASKED)) | (s2_14 != vec4<f32>(MASKED)) | (s2_15 != vec4<f32>(MASKED)))) { flags2 |= ROW_ATTENDED; }
         s2_0 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s2_0 - live_max2) * p.inv_temperature), s2_0 != vec4<f32>(MASKED));
         s2_1 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s2_1 - live_max2) * p.inv_temperature), s2_1 != vec4<f32>(MASKED));
@@ -819,7 +822,8 @@ fn main(
         // Start from zero when the row had no attended key yet (Y holds nothing).
         let fresh3 = (flags3 & ROW_ATTENDED) == 0u;
         let alpha3 = select(exp(tempered(m3 - m_new3, p.inv_temperature)), 0.0, fresh3);
-        let live_max3 = vec4<f32>(max(m_new3, -3.0e38));
+        // (Not clamped: a row whose scores all lie below -3e38 still has weights.)
+        let live_max3 = vec4<f32>(m_new3);
         if (any((s3_0 != vec4<f32>(MASKED)) | (s3_1 != vec4<f32>(MASKED)) | (s3_2 != vec4<f32>(MASKED)) | (s3_3 != vec4<f32>(MASKED)) | (s3_4 != vec4<f32>(MASKED)) | (s3_5 != vec4<f32>(MASKED)) | (s3_6 != vec4<f32>(MASKED)) | (s3_7 != vec4<f32>(MASKED)) | (s3_8 != vec4<f32>(MASKED)) | (s3_9 != vec4<f32>(MASKED)) | (s3_10 != vec4<f32>(MASKED)) | (s3_11 != vec4<f32>(MASKED)) | (s3_12 != vec4<f32>(MASKED)) | (s3_13 != vec4<f32>(MASKED)) | (s3_14 != vec4<f32>(MASKED)) | (s3_15 != vec4<f32>(MASKED)))) { flags3 |= ROW_ATTENDED; }
         s3_0 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s3_0 - live_max3) * p.inv_temperature), s3_0 != vec4<f32>(MASKED));
         s3_1 = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s3_1 - live_max3) * p.inv_temperature), s3_1 != vec4<f32>(MASKED));

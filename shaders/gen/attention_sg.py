@@ -242,7 +242,8 @@ for r in range(ROWS):
     w(f"        // Start from zero when the row had no attended key yet (Y holds nothing).")
     w(f"        let fresh{r} = (flags{r} & ROW_ATTENDED) == 0u;")
     w(f"        let alpha{r} = select(exp(tempered(m{r} - m_new{r}, p.inv_temperature)), 0.0, fresh{r});")
-    w(f"        let live_max{r} = vec4<f32>(max(m_new{r}, -3.0e38));")
+    w(f"        // (Not clamped: a row whose scores all lie below -3e38 still has weights.)")
+    w(f"        let live_max{r} = vec4<f32>(m_new{r});")
     attended = " | ".join(f"(s{r}_{g} != vec4<f32>(MASKED))" for g in range(GROUPS))
     w(f"        if (any({attended})) {{ flags{r} |= ROW_ATTENDED; }}")
     for g in range(GROUPS):

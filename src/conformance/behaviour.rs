@@ -411,12 +411,19 @@ async fn run_huge_bias(
 ) -> Vec<CaseResult> {
     let name = |i: usize| BEHAVIOUR_CHECKS[18 + i];
     // Row r's bias at key (3 r) % T: +3e38, +1e38 or -3e38 (attended: only
-    // -inf and -f32::MAX mask a key), the other keys' biases small.
+    // -inf and -f32::MAX mask a key), the other keys' biases small; and, in
+    // a fourth row, -3.3e38 at every key (its maximum is below -3e38: every
+    // key attended, the weights as the scores' differences give them).
     let huge = |inputs: &mut CaseInputs, rows: usize, keys: usize| {
         if let Some(HostMask::Float(mask)) = &mut inputs.mask {
             for row in 0..rows {
-                let bias = [3e38, 1e38, -3e38][row % 3];
-                mask.data_mut()[row * keys + (3 * row) % keys] = bias;
+                let at = row * keys;
+                if row == 3 {
+                    mask.data_mut()[at..at + keys].fill(-3.3e38);
+                } else {
+                    let bias = [3e38, 1e38, -3e38][row % 3];
+                    mask.data_mut()[at + (3 * row) % keys] = bias;
+                }
             }
         }
     };
@@ -433,12 +440,12 @@ async fn run_huge_bias(
         })
         .await,
     );
-    let case = CaseSpec::new("huge-bias-decode", [1, 2, 1], [2, 600], [8, 8])
+    let case = CaseSpec::new("huge-bias-decode", [1, 2, 1], [4, 600], [8, 8])
         .mask(MaskForm::Float(2))
         .with(|o| o.temperature = 0.25);
     results.push(
         numeric(engine, name(1), path, precision, case, seed, |inputs| {
-            huge(inputs, 2, 600)
+            huge(inputs, 4, 600)
         })
         .await,
     );
