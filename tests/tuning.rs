@@ -157,14 +157,7 @@ fn a_stale_entry_is_ignored_with_a_warning_and_calls_stay_right() {
                 shuffle: false,
                 chunked: false,
             },
-            grouped_decode: None,
-            fused_ms: 1.0,
-            unfused_ms: 2.0,
-            decode: None,
-            coop_ms: None,
-            unfused_coop_ms: None,
-            fast_gemm: None,
-            coop_tiles: None,
+            ..portable_entry()
         },
     );
     table.save(&cache).unwrap();
