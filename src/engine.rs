@@ -623,6 +623,7 @@ impl Engine {
                             label: Some("repeat a pattern"),
                         });
                 chunks::fill_repeated(&mut encoder, &source, period, pattern.dtype(), &targets);
+                ctx.counters.submitted();
                 ctx.queue.submit([encoder.finish()]);
                 Ok(storage)
             })

@@ -55,7 +55,9 @@ pub use error::{Error, Result};
 pub use gpu::capabilities::{AdapterSummary, Capabilities, KernelLimits};
 pub use gpu::choice::DecodeKernelChoice;
 pub use gpu::context::{GpuContext, PowerPreference};
+pub use gpu::counters::WorkCounts;
 pub use gpu::ops::fused::FusedKernelChoice;
+pub use gpu::ops::projection::WeightStorage;
 pub use kv_cache::KvCache;
 pub use limits::{DeviceLimits, LimitOverride, LimitsPreset};
 pub use options::{

@@ -315,3 +315,95 @@ fn bad_shapes_are_typed_errors() {
         MultiHeadAttention::new(MhaWeights::random(16, 16, 2, 2, 5, 1).unwrap(), 2, 2).unwrap();
     assert!(odd.with_rope(Rope::default()).is_err());
 }
+
+/// Weights kept as f16 on the device: every path computes with the rounded
+/// weights, so the layer still meets the oracle's f32 rule (of those weights),
+/// through the prepared products (few rows), their row blocks (many rows),
+/// the split matrices of a cross attention and a cached decoder with RoPE.
+#[test]
+fn f16_weight_storage_matches_the_oracle_of_its_weights() {
+    use webattn::WeightStorage;
+    for engine in engines() {
+        let mha = layer(24, 24, 4, 2, 8).with_weight_storage(WeightStorage::F16);
+        assert_eq!(mha.weight_storage(), WeightStorage::F16);
+        for (batch, n, causal) in [(1, 1, false), (2, 7, true), (2, 41, false)] {
+            let x = input([batch, n, 24], common::seed() ^ (n as u64 + 5));
+            let options = AttentionOptions {
+                is_causal: causal,
+                ..Default::default()
+            };
+            check(
+                &format!("f16 weights b{batch} n{n}"),
+                engine,
+                &mha,
+                &x,
+                None,
+                &options,
+            );
+        }
+        let cross = layer(24, 20, 3, 1, 12).with_weight_storage(WeightStorage::F16);
+        check(
+            "f16 weights cross n3 m5",
+            engine,
+            &cross,
+            &input([2, 3, 24], 31),
+            Some(&input([2, 5, 20], 37)),
+            &Default::default(),
+        );
+    }
+}
+
+/// A decoder step after the first reuses everything the layer prepared: its
+/// projections allocate no buffer, and the whole step (projections, RoPE,
+/// cache append, attention, output projection and its readback) stays within
+/// a few dispatches, whatever the head count (per-head products made ~130
+/// dispatches a token at 32 heads).
+#[test]
+fn a_decoder_step_reuses_what_it_prepared() {
+    // An engine of its own: the counts are the device's, and other tests
+    // share the common engine's device.
+    let Some(engine) = common::own_gpu() else {
+        return;
+    };
+    let engine = &engine;
+    let ctx = engine.gpu().expect("a GPU engine");
+    let mha = layer(64, 64, 8, 2, 8).with_rope(Rope::default()).unwrap();
+    let mut cache = KvCache::with_capacity(64);
+    let x = input([1, 12, 64], 77);
+    let options = AttentionOptions::default();
+    let mut worst = 0.0f64;
+    let causal = AttentionOptions {
+        is_causal: true,
+        ..Default::default()
+    };
+    let (exact, _) = mha.oracle::<f64>(&x, None, &causal).unwrap();
+    let (plain, _) = mha.oracle::<f32>(&x, None, &causal).unwrap();
+    let mut per_step = Vec::new();
+    for t in 0..12 {
+        let before = ctx.work_counts();
+        let step = mha
+            .forward_cached_blocking(engine, &slice_rows(&x, t, 1), &mut cache, &options, false)
+            .unwrap();
+        per_step.push(ctx.work_counts() - before);
+        let exact_rows: Vec<f64> = slice_rows_data(&exact, 1, 12, 64, t, 1);
+        let plain_rows: Vec<f32> = slice_rows_data(&plain, 1, 12, 64, t, 1);
+        let report = compare(step.output.data(), &exact_rows, &plain_rows, 1e-6);
+        assert!(report.passed(), "step {t}: {report:?}");
+        worst = worst.max(report.max_abs);
+    }
+    for (t, counts) in per_step.iter().enumerate() {
+        println!(
+            "step {t}: {} buffers, {} dispatches, {} submissions",
+            counts.buffers, counts.dispatches, counts.submissions
+        );
+    }
+    println!("worst |step - f64 oracle| {worst:.3e}");
+    // Projections 1, RoPE 2, attention, output projection; the buffers
+    // are the attention call's own (Y, its statistics, parameters), which a
+    // prepared attention will take to none.
+    for counts in &per_step[1..] {
+        assert!(counts.dispatches <= 8, "{counts:?}");
+        assert!(counts.submissions <= 6, "{counts:?}");
+        assert!(counts.buffers <= 6, "{counts:?}");
+    }
+}

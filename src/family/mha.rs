@@ -36,6 +36,10 @@ use crate::error::{Error, Result};
 use crate::gpu::buffer;
 use crate::gpu::context::GpuContext;
 use crate::gpu::ops::gemm::{self, GemmSpec};
+use crate::gpu::ops::position::PreparedPosition;
+use crate::gpu::ops::projection::{
+    self, InputLayout, PackedWeights, Projection, Segment, WeightStorage,
+};
 use crate::gpu::recorder::Recorder;
 use crate::options::{alibi_slopes, AttentionOptions, QkMatmulOutputMode};
 use crate::problem::AttentionInputs;
@@ -122,17 +126,90 @@ pub struct MhaDims {
     pub v_head_dim: usize,
 }
 
-/// Weights uploaded to one engine's device.
+/// Weights laid out on one engine's device at load: W_Q, W_K and W_V stacked
+/// into one matrix where the inputs share a feature size (one product gives a
+/// decoder step's Q, K and V), biases folded in beside it.
 #[derive(Debug)]
 struct DeviceWeights {
-    w_q: wgpu::Buffer,
-    b_q: Option<wgpu::Buffer>,
-    w_k: wgpu::Buffer,
-    b_k: Option<wgpu::Buffer>,
-    w_v: wgpu::Buffer,
-    b_v: Option<wgpu::Buffer>,
-    w_o: wgpu::Buffer,
-    b_o: Option<wgpu::Buffer>,
+    inputs: InputWeights,
+    /// W_O and b_O.
+    out: PackedWeights,
+}
+
+#[derive(Debug)]
+enum InputWeights {
+    /// `[W_Q; W_K; W_V]` (`d_kv == d_model`).
+    Fused(PackedWeights),
+    /// W_Q, and `[W_K; W_V]` over the key/value input's own features.
+    Split { q: PackedWeights, kv: PackedWeights },
+}
+
+impl DeviceWeights {
+    /// The matrix holding W_Q and W_Q's first row in it.
+    fn q(&self) -> (&PackedWeights, usize) {
+        match &self.inputs {
+            InputWeights::Fused(w) | InputWeights::Split { q: w, .. } => (w, 0),
+        }
+    }
+
+    /// The matrix holding `[W_K; W_V]` and W_K's first row in it.
+    fn kv(&self, d: MhaDims) -> (&PackedWeights, usize) {
+        match &self.inputs {
+            InputWeights::Fused(w) => (w, d.heads * d.head_dim),
+            InputWeights::Split { kv, .. } => (kv, 0),
+        }
+    }
+
+    /// Bytes of weights one token step reads (each weight once).
+    fn bytes(&self) -> u64 {
+        let inputs = match &self.inputs {
+            InputWeights::Fused(w) => w.bytes(),
+            InputWeights::Split { q, kv } => q.bytes() + kv.bytes(),
+        };
+        inputs + self.out.bytes()
+    }
+}
+
+/// What a layer prepares once for one shape of step on one device: its
+/// buffers, products and rotations. A step with the same shape reuses it and
+/// allocates nothing. Taken out of the layer for a step, so concurrent
+/// steps never share one.
+#[derive(Debug)]
+struct Workspace {
+    key: WorkspaceKey,
+    x_q: wgpu::Buffer,
+    x_kv: Option<wgpu::Buffer>,
+    q: wgpu::Buffer,
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+    /// Q, K and V in one product (self-attention over a fused matrix), or
+    /// Q's and K|V's.
+    products: Vec<(Projection, Source)>,
+    rope_q: Option<PreparedPosition>,
+    rope_k: Option<PreparedPosition>,
+    output: wgpu::Buffer,
+    out_product: Projection,
+    staging: wgpu::Buffer,
+}
+
+/// Which input a product reads and where its outputs go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// Q, K and V from the query input.
+    All,
+    /// Q from the query input.
+    Query,
+    /// K and V from the key/value input.
+    KeyValue,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct WorkspaceKey {
+    device: crate::engine::DeviceKey,
+    batch: usize,
+    n: usize,
+    m: usize,
+    cross: bool,
 }
 
 /// A multi-head attention layer. See the module docs for the computation.
@@ -141,7 +218,9 @@ pub struct MultiHeadAttention {
     weights: MhaWeights,
     dims: MhaDims,
     rope: Option<Rope>,
+    storage: WeightStorage,
     device: Mutex<Option<(crate::engine::DeviceKey, Arc<DeviceWeights>)>>,
+    workspace: Mutex<Option<Workspace>>,
 }
 
 /// The keys and values a causal decoder has seen: the engine's preallocated
@@ -239,7 +318,9 @@ impl MultiHeadAttention {
                 v_head_dim,
             },
             rope: None,
+            storage: WeightStorage::F32,
             device: Mutex::new(None),
+            workspace: Mutex::new(None),
         })
     }
 
@@ -248,6 +329,46 @@ impl MultiHeadAttention {
         rope.check(self.dims.head_dim)?;
         self.rope = Some(rope);
         Ok(self)
+    }
+
+    /// Keeps the weights on the device as `storage`. With
+    /// [`WeightStorage::F16`] the weights are rounded to f16 here, once, and
+    /// every path (GPU, CPU, [`MultiHeadAttention::oracle`]) computes with the
+    /// rounded values in f32: a decoder step streams half the bytes.
+    pub fn with_weight_storage(mut self, storage: WeightStorage) -> Self {
+        if storage == WeightStorage::F16 {
+            let w = &mut self.weights;
+            // Biases stay f32 on the device.
+            for t in [&mut w.w_q, &mut w.w_k, &mut w.w_v, &mut w.w_o] {
+                for v in t.data_mut() {
+                    *v = half::f16::from_f32(*v).to_f32();
+                }
+            }
+        }
+        self.storage = storage;
+        *self
+            .device
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        *self
+            .workspace
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        self
+    }
+
+    /// How the weights are kept on the device.
+    pub fn weight_storage(&self) -> WeightStorage {
+        self.storage
+    }
+
+    /// Bytes of weights one token step reads on this engine's device
+    /// (uploading them first if needed); `None` on a CPU engine.
+    pub fn device_weight_bytes(&self, engine: &Engine) -> Result<Option<u64>> {
+        match engine.gpu() {
+            Some(ctx) => Ok(Some(self.device_weights(engine, ctx)?.bytes())),
+            None => Ok(None),
+        }
     }
 
     /// The layer's sizes.
@@ -383,11 +504,31 @@ impl MultiHeadAttention {
                 });
             }
         }
+        let m = kv_input.shape()[1];
+        // A step of few rows (or f16 weights) runs the prepared skinny
+        // products; its workspace is taken for the step and put back after.
+        let mut workspace = None;
         let (q, k, v) = match engine.gpu() {
             Some(ctx) => {
                 let weights = self.device_weights(engine, ctx)?;
-                self.project_gpu(engine, ctx, &weights, query, key_value, past_len)
-                    .await?
+                if self.storage == WeightStorage::F16 || batch * n.max(m) <= projection::MAX_ROWS {
+                    let key = WorkspaceKey {
+                        device: engine.device_key(),
+                        batch,
+                        n,
+                        m,
+                        cross: key_value.is_some(),
+                    };
+                    let ws = self.take_workspace(ctx, &weights, key)?;
+                    let qkv = self
+                        .project_prepared(engine, ctx, &weights, &ws, query, key_value, past_len)
+                        .await?;
+                    workspace = Some(ws);
+                    qkv
+                } else {
+                    self.project_gpu(engine, ctx, &weights, query, key_value, past_len)
+                        .await?
+                }
             }
             None => self.project_host(engine, query, key_value, past_len)?,
         };
@@ -400,7 +541,7 @@ impl MultiHeadAttention {
         // With a cache the new keys and values are appended in place and the
         // queries attend to the cache's first `len` keys (its lengths as
         // nonpad_kv_seqlen: causal positions continue from the cached tokens).
-        match cache {
+        let result = match cache {
             Some(cache) => {
                 let before = cache.lengths().to_vec();
                 let step = async {
@@ -408,7 +549,15 @@ impl MultiHeadAttention {
                     let lengths = cache.nonpad_lengths();
                     let inputs = cache.attention_inputs(&q, &lengths)?;
                     let out = engine.attention(&inputs, &attention_options).await?;
-                    self.finish(engine, &out, Some(cache.len()), batch, n).await
+                    self.finish(
+                        engine,
+                        &out,
+                        Some(cache.len()),
+                        batch,
+                        n,
+                        workspace.as_ref(),
+                    )
+                    .await
                 };
                 let result = step.await;
                 if result.is_err() {
@@ -420,9 +569,17 @@ impl MultiHeadAttention {
             None => {
                 let inputs = AttentionInputs::new(&q, &k, &v);
                 let out = engine.attention(&inputs, &attention_options).await?;
-                self.finish(engine, &out, None, batch, n).await
+                self.finish(engine, &out, None, batch, n, workspace.as_ref())
+                    .await
             }
+        };
+        if let (Ok(_), Some(ws)) = (&result, workspace) {
+            *self
+                .workspace
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(ws);
         }
+        result
     }
 
     /// The output projection of an attention's Y, and its weights (cut to
@@ -434,12 +591,16 @@ impl MultiHeadAttention {
         keys_seen: Option<usize>,
         batch: usize,
         n: usize,
+        workspace: Option<&Workspace>,
     ) -> Result<Attended> {
         let d = self.dims;
         let output = match (engine.gpu(), out.y.gpu_buffer()) {
             (Some(ctx), Some(y)) => {
                 let weights = self.device_weights(engine, ctx)?;
-                self.output_gpu(ctx, &weights, y, batch, n).await?
+                match workspace {
+                    Some(ws) => self.output_prepared(ctx, &weights, ws, y, batch, n).await?,
+                    None => self.output_gpu(ctx, &weights, y, batch, n).await?,
+                }
             }
             _ => {
                 let y = engine.download(&out.y).await?;
@@ -471,25 +632,215 @@ impl MultiHeadAttention {
                 return Ok(weights.clone());
             }
         }
-        let w = &self.weights;
-        let up = |name: &str, t: &HostTensor| buffer::upload(ctx, name, t.data());
-        let up_opt =
-            |name: &str, t: &Option<HostTensor>| t.as_ref().map(|t| up(name, t)).transpose();
-        let uploaded = Arc::new(DeviceWeights {
-            w_q: up("W_Q", &w.w_q)?,
-            b_q: up_opt("b_Q", &w.b_q)?,
-            w_k: up("W_K", &w.w_k)?,
-            b_k: up_opt("b_K", &w.b_k)?,
-            w_v: up("W_V", &w.w_v)?,
-            b_v: up_opt("b_V", &w.b_v)?,
-            w_o: up("W_O", &w.w_o)?,
-            b_o: up_opt("b_O", &w.b_o)?,
-        });
+        let (w, d, storage) = (&self.weights, self.dims, self.storage);
+        let (q, k, v) = (
+            (&w.w_q, w.b_q.as_ref()),
+            (&w.w_k, w.b_k.as_ref()),
+            (&w.w_v, w.b_v.as_ref()),
+        );
+        let inputs = if d.d_kv == d.d_model {
+            InputWeights::Fused(PackedWeights::upload(ctx, "W_QKV", &[q, k, v], storage)?)
+        } else {
+            InputWeights::Split {
+                q: PackedWeights::upload(ctx, "W_Q", &[q], storage)?,
+                kv: PackedWeights::upload(ctx, "W_KV", &[k, v], storage)?,
+            }
+        };
+        let out = PackedWeights::upload(ctx, "W_O", &[(&w.w_o, w.b_o.as_ref())], storage)?;
+        let uploaded = Arc::new(DeviceWeights { inputs, out });
         *slot = Some((engine.device_key(), uploaded.clone()));
         Ok(uploaded)
     }
 
-    /// Projects and (with RoPE) rotates Q, K, V on the device.
+    /// The workspace for `key`: the one kept from an earlier step of that
+    /// shape, or a new one.
+    fn take_workspace(
+        &self,
+        ctx: &GpuContext,
+        weights: &DeviceWeights,
+        key: WorkspaceKey,
+    ) -> Result<Workspace> {
+        let kept = self
+            .workspace
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match kept {
+            Some(ws) if ws.key == key => Ok(ws),
+            _ => self.prepare_workspace(ctx, weights, key),
+        }
+    }
+
+    fn prepare_workspace(
+        &self,
+        ctx: &GpuContext,
+        weights: &DeviceWeights,
+        key: WorkspaceKey,
+    ) -> Result<Workspace> {
+        let d = self.dims;
+        let WorkspaceKey { batch, n, m, .. } = key;
+        let in_kv = if key.cross { d.d_kv } else { d.d_model };
+        let q_end = d.heads * d.head_dim;
+        let (kv_w, kv_first) = weights.kv(d);
+        let k_end = kv_first + d.kv_heads * d.head_dim;
+        let v_end = k_end + d.kv_heads * d.v_head_dim;
+        let q_seg = Segment::heads(q_end, d.heads, n, d.head_dim);
+        let k_seg = Segment::heads(k_end, d.kv_heads, m, d.head_dim);
+        let v_seg = Segment::heads(v_end, d.kv_heads, m, d.v_head_dim);
+        let products = match (&weights.inputs, key.cross) {
+            (InputWeights::Fused(w), false) => vec![(
+                Projection::prepare(
+                    ctx,
+                    w,
+                    (0, v_end),
+                    batch * n,
+                    InputLayout::rows(n, d.d_model),
+                    &[q_seg, k_seg, v_seg],
+                )?,
+                Source::All,
+            )],
+            _ => {
+                let (q_w, _) = weights.q();
+                vec![
+                    (
+                        Projection::prepare(
+                            ctx,
+                            q_w,
+                            (0, q_end),
+                            batch * n,
+                            InputLayout::rows(n, d.d_model),
+                            &[q_seg],
+                        )?,
+                        Source::Query,
+                    ),
+                    (
+                        Projection::prepare(
+                            ctx,
+                            kv_w,
+                            (kv_first, v_end - kv_first),
+                            batch * m,
+                            InputLayout::rows(m, in_kv),
+                            &[k_seg, v_seg],
+                        )?,
+                        Source::KeyValue,
+                    ),
+                ]
+            }
+        };
+        let (rope_q, rope_k) = match &self.rope {
+            Some(rope) => (
+                Some(rope.prepare(ctx, batch * d.heads * n, n, d.head_dim)?),
+                Some(rope.prepare(ctx, batch * d.kv_heads * m, m, d.head_dim)?),
+            ),
+            None => (None, None),
+        };
+        let out_len = batch * n * d.d_model;
+        let out_product = Projection::prepare(
+            ctx,
+            &weights.out,
+            (0, d.d_model),
+            batch * n,
+            InputLayout::heads(d.heads, n, d.v_head_dim),
+            &[Segment::rows(d.d_model, n, d.d_model)],
+        )?;
+        Ok(Workspace {
+            key,
+            x_q: buffer::storage(ctx, "query input", batch * n * d.d_model)?,
+            x_kv: if key.cross {
+                Some(buffer::storage(ctx, "key/value input", batch * m * d.d_kv)?)
+            } else {
+                None
+            },
+            q: buffer::storage(ctx, "Q", batch * d.heads * n * d.head_dim)?,
+            k: buffer::storage(ctx, "K", batch * d.kv_heads * m * d.head_dim)?,
+            v: buffer::storage(ctx, "V", batch * d.kv_heads * m * d.v_head_dim)?,
+            products,
+            rope_q,
+            rope_k,
+            output: buffer::storage(ctx, "output", out_len)?,
+            out_product,
+            staging: buffer::staging(ctx, "output readback", out_len)?,
+        })
+    }
+
+    /// Projects and (with RoPE) rotates Q, K, V by the workspace's prepared
+    /// products: one submission, no allocation.
+    #[allow(clippy::too_many_arguments)]
+    async fn project_prepared(
+        &self,
+        engine: &Engine,
+        ctx: &GpuContext,
+        weights: &DeviceWeights,
+        ws: &Workspace,
+        query: &HostTensor,
+        key_value: Option<&HostTensor>,
+        past_len: usize,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let d = self.dims;
+        let WorkspaceKey { batch, n, m, .. } = ws.key;
+        ctx.scoped("multi-head projections", || {
+            buffer::write(ctx, &ws.x_q, query.data());
+            if let (Some(x_kv), Some(kv)) = (&ws.x_kv, key_value) {
+                buffer::write(ctx, x_kv, kv.data());
+            }
+            let mut rec = Recorder::new(ctx, "multi-head projections");
+            for (product, source) in &ws.products {
+                match source {
+                    Source::All => {
+                        product.record(&mut rec, &ws.x_q, weights.q().0, &[&ws.q, &ws.k, &ws.v])?
+                    }
+                    Source::Query => product.record(&mut rec, &ws.x_q, weights.q().0, &[&ws.q])?,
+                    Source::KeyValue => {
+                        let x = ws.x_kv.as_ref().unwrap_or(&ws.x_q);
+                        product.record(&mut rec, x, weights.kv(d).0, &[&ws.k, &ws.v])?
+                    }
+                }
+            }
+            if let (Some(rope), Some(rq), Some(rk)) = (&self.rope, &ws.rope_q, &ws.rope_k) {
+                // Queries and new keys sit after the cached tokens; a cross
+                // attention's keys start at position 0 of their own sequence.
+                rope.record_prepared(&mut rec, rq, &ws.q, n, past_len)?;
+                let key_offset = if key_value.is_some() { 0 } else { past_len };
+                rope.record_prepared(&mut rec, rk, &ws.k, m, key_offset)?;
+            }
+            rec.submit();
+            Ok(())
+        })
+        .await?;
+        Ok((
+            engine.wrap_gpu(vec![batch, d.heads, n, d.head_dim], ws.q.clone()),
+            engine.wrap_gpu(vec![batch, d.kv_heads, m, d.head_dim], ws.k.clone()),
+            engine.wrap_gpu(vec![batch, d.kv_heads, m, d.v_head_dim], ws.v.clone()),
+        ))
+    }
+
+    /// The output projection by the workspace's prepared product, copied to
+    /// its staging buffer in the same submission and read back.
+    async fn output_prepared(
+        &self,
+        ctx: &GpuContext,
+        weights: &DeviceWeights,
+        ws: &Workspace,
+        y: &wgpu::Buffer,
+        batch: usize,
+        n: usize,
+    ) -> Result<HostTensor> {
+        let len = batch * n * self.dims.d_model;
+        ctx.scoped("multi-head output projection", || {
+            let mut rec = Recorder::new(ctx, "multi-head output projection");
+            ws.out_product
+                .record(&mut rec, y, &weights.out, &[&ws.output])?;
+            rec.copy(&ws.output, 0, &ws.staging, 0, len);
+            rec.submit();
+            Ok(())
+        })
+        .await?;
+        let data = buffer::map_and_read(ctx, &ws.staging).await?;
+        HostTensor::new([batch, n, self.dims.d_model], data)
+    }
+
+    /// Projects and (with RoPE) rotates Q, K, V on the device by tiled GEMMs
+    /// (many rows, f32 weights): one GEMM per head into the head-major layout.
     async fn project_gpu(
         &self,
         engine: &Engine,
@@ -502,6 +853,9 @@ impl MultiHeadAttention {
         let d = self.dims;
         let (batch, n) = (query.shape()[0], query.shape()[1]);
         let m = key_value.map_or(n, |kv| kv.shape()[1]);
+        let (q_w, q_first) = weights.q();
+        let (kv_w, k_first) = weights.kv(d);
+        let v_first = k_first + d.kv_heads * d.head_dim;
         let (q, k, v) = ctx
             .scoped("multi-head projections", || {
                 let x_q = buffer::upload(ctx, "query input", query.data())?;
@@ -515,51 +869,12 @@ impl MultiHeadAttention {
                 let mut rec = Recorder::new(ctx, "multi-head projections");
                 let kv_src = x_kv.as_ref().unwrap_or(&x_q);
                 let projections = [
-                    (
-                        &x_q,
-                        n,
-                        d.d_model,
-                        &weights.w_q,
-                        &weights.b_q,
-                        d.heads,
-                        d.head_dim,
-                        &q,
-                    ),
-                    (
-                        kv_src,
-                        m,
-                        d.d_kv,
-                        &weights.w_k,
-                        &weights.b_k,
-                        d.kv_heads,
-                        d.head_dim,
-                        &k,
-                    ),
-                    (
-                        kv_src,
-                        m,
-                        d.d_kv,
-                        &weights.w_v,
-                        &weights.b_v,
-                        d.kv_heads,
-                        d.v_head_dim,
-                        &v,
-                    ),
+                    (&x_q, n, (q_w, q_first), d.heads, d.head_dim, &q),
+                    (kv_src, m, (kv_w, k_first), d.kv_heads, d.head_dim, &k),
+                    (kv_src, m, (kv_w, v_first), d.kv_heads, d.v_head_dim, &v),
                 ];
-                for (x, len, in_dim, w, b, heads, hd, out) in projections {
-                    record_projection(
-                        &mut rec,
-                        x,
-                        &ones,
-                        batch,
-                        len,
-                        in_dim,
-                        w,
-                        b.as_ref(),
-                        heads,
-                        hd,
-                        out,
-                    )?;
+                for (x, len, part, heads, hd, out) in projections {
+                    record_projection(&mut rec, x, &ones, batch, len, part, heads, hd, out)?;
                 }
                 if let Some(rope) = &self.rope {
                     // Queries and new keys sit after the cached tokens; a cross
@@ -651,7 +966,7 @@ impl MultiHeadAttention {
                         trans_a: false,
                         trans_b: true,
                         lda: d.v_head_dim,
-                        ldb: d.heads * d.v_head_dim,
+                        ldb: weights.out.stride * 4,
                         ldc: d.d_model,
                         a_offset: h * n * d.v_head_dim,
                         b_offset: h * d.v_head_dim,
@@ -664,14 +979,14 @@ impl MultiHeadAttention {
                         alpha: 1.0,
                         beta: if h == 0 { 0.0 } else { 1.0 },
                     };
-                    gemm::record(&mut rec, &spec, y, &weights.w_o, &out)?;
+                    gemm::record(&mut rec, &spec, y, &weights.out.words, &out)?;
                 }
-                if let Some(b_o) = &weights.b_o {
+                if weights.out.has_bias {
                     let ones = buffer::upload(ctx, "ones", &vec![1.0f32; n])?;
                     record_bias(
                         &mut rec,
                         &ones,
-                        b_o,
+                        &weights.out.bias,
                         0,
                         &out,
                         batch,
@@ -710,8 +1025,9 @@ impl MultiHeadAttention {
     }
 }
 
-/// Records `out[b, h] = x[b] W_hᵀ (+ b_h)` for every head: one GEMM per head
-/// writing into the head-major layout, and a rank-1 update for the bias.
+/// Records `out[b, h] = x[b] W_hᵀ (+ b_h)` for every head, W_h the rows of
+/// a packed f32 matrix from `first`: one GEMM per head writing into the
+/// head-major layout, and a rank-1 update for the bias.
 #[allow(clippy::too_many_arguments)]
 fn record_projection(
     rec: &mut Recorder<'_>,
@@ -719,13 +1035,13 @@ fn record_projection(
     ones: &wgpu::Buffer,
     batch: usize,
     len: usize,
-    in_dim: usize,
-    w: &wgpu::Buffer,
-    bias: Option<&wgpu::Buffer>,
+    (w, first): (&PackedWeights, usize),
     heads: usize,
     head_dim: usize,
     out: &wgpu::Buffer,
 ) -> Result<()> {
+    debug_assert_eq!(w.storage, WeightStorage::F32);
+    let (in_dim, ldb) = (w.in_dim, w.stride * 4);
     for h in 0..heads {
         let spec = GemmSpec {
             batch,
@@ -735,10 +1051,10 @@ fn record_projection(
             trans_a: false,
             trans_b: true,
             lda: in_dim,
-            ldb: in_dim,
+            ldb,
             ldc: head_dim,
             a_offset: 0,
-            b_offset: h * head_dim * in_dim,
+            b_offset: (first + h * head_dim) * ldb,
             c_offset: h * len * head_dim,
             a_stride: len * in_dim,
             b_stride: 0,
@@ -748,13 +1064,13 @@ fn record_projection(
             alpha: 1.0,
             beta: 0.0,
         };
-        gemm::record(rec, &spec, x, w, out)?;
-        if let Some(bias) = bias {
+        gemm::record(rec, &spec, x, &w.words, out)?;
+        if w.has_bias {
             record_bias(
                 rec,
                 ones,
-                bias,
-                h * head_dim,
+                &w.bias,
+                first + h * head_dim,
                 out,
                 batch,
                 len,

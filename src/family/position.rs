@@ -226,6 +226,34 @@ impl Rope {
         }
     }
 
+    /// The rotation of `rows` rows of `dim` values (`seq_len` a sequence)
+    /// prepared once for a decoder's steps.
+    pub(crate) fn prepare(
+        &self,
+        ctx: &crate::gpu::context::GpuContext,
+        rows: usize,
+        seq_len: usize,
+        dim: usize,
+    ) -> Result<position::PreparedPosition> {
+        self.check(dim)?;
+        let freqs = position::inverse_frequencies(self.base, dim, dim / 2);
+        position::PreparedPosition::prepare(ctx, self.mode(), rows, dim, seq_len, &freqs)
+    }
+
+    /// Records a prepared rotation of `x` (sequences of `seq_len` rows) from
+    /// position `offset + extra_offset`.
+    pub(crate) fn record_prepared(
+        &self,
+        rec: &mut Recorder<'_>,
+        prepared: &position::PreparedPosition,
+        x: &wgpu::Buffer,
+        seq_len: usize,
+        extra_offset: usize,
+    ) -> Result<()> {
+        check_positions(seq_len, self.offset + extra_offset)?;
+        prepared.record(rec, x, self.offset + extra_offset)
+    }
+
     /// Records the rotation of `rows` rows of `dim` values on the device (row
     /// `r` at position `offset + extra_offset + r % seq_len`), for the layers
     /// that keep their activations on the GPU.

@@ -58,6 +58,7 @@ pub(crate) fn tensor_storage(ctx: &GpuContext, label: &str, len: usize) -> Resul
 
 /// A zero-filled storage buffer of `size` bytes (checked by the caller).
 fn create(ctx: &GpuContext, label: &str, size: u64) -> wgpu::Buffer {
+    ctx.counters.buffer_created();
     ctx.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         size,
@@ -148,13 +149,39 @@ pub(crate) async fn read_f16(
         .collect())
 }
 
-/// A uniform buffer holding one parameter struct.
+/// Writes `data` at the start of `buffer` (queued: it lands before the next
+/// submission's commands run). Allocates nothing on the device.
+pub(crate) fn write<T: bytemuck::Pod>(ctx: &GpuContext, buffer: &wgpu::Buffer, data: &[T]) {
+    let bytes: &[u8] = bytemuck::cast_slice(data);
+    let whole = bytes.len() & !3;
+    if whole > 0 {
+        ctx.queue.write_buffer(buffer, 0, &bytes[..whole]);
+    }
+}
+
+/// A `MAP_READ` buffer of exactly `len` f32 values that a prepared call
+/// copies its output into and reads back each time ([`map_and_read`]).
+pub(crate) fn staging(ctx: &GpuContext, label: &str, len: usize) -> Result<wgpu::Buffer> {
+    let size = (len.max(1) * 4) as u64;
+    check_buffer(ctx, label, size)?;
+    ctx.counters.buffer_created();
+    Ok(ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    }))
+}
+
+/// A uniform buffer holding one parameter struct (rewritable in place by
+/// `queue.write_buffer`: prepared calls update positions per step).
 pub(crate) fn uniform<T: bytemuck::Pod>(ctx: &GpuContext, label: &str, value: &T) -> wgpu::Buffer {
+    ctx.counters.buffer_created();
     ctx.device
         .create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some(label),
             contents: bytemuck::bytes_of(value),
-            usage: wgpu::BufferUsages::UNIFORM,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
         })
 }
 
@@ -174,6 +201,7 @@ pub(crate) async fn read_f32(
     }
     let size = (len * 4) as u64;
     let staging = ctx.scoped("readback", || {
+        ctx.counters.buffer_created();
         let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback staging"),
             size,
@@ -186,6 +214,7 @@ pub(crate) async fn read_f32(
                 label: Some("readback"),
             });
         encoder.copy_buffer_to_buffer(buffer, (offset * 4) as u64, &staging, 0, size);
+        ctx.counters.submitted();
         ctx.queue.submit([encoder.finish()]);
         Ok(staging)
     });

@@ -204,6 +204,7 @@ pub(crate) fn split_f16(
         let from = i as u64 * chunk_len as u64 * 2;
         encoder.copy_buffer_to_buffer(src, from, dst, 0, bytes);
     }
+    ctx.counters.submitted();
     ctx.queue.submit([encoder.finish()]);
     Ok(chunked)
 }

@@ -81,6 +81,8 @@ pub struct GpuContext {
     pub(crate) removed_phases: super::phases::Phases,
     /// The clock guard of measurements on this device, shared by clones.
     pub(crate) clock_guard: Arc<Mutex<super::profile::ClockGuardState>>,
+    /// Buffers, dispatches and submissions given to this device so far.
+    pub(crate) counters: Arc<super::counters::Counters>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -295,6 +297,7 @@ impl GpuContext {
             pinned_fast_gemm: None,
             removed_phases: super::phases::Phases::NONE,
             clock_guard: Default::default(),
+            counters: Default::default(),
             caps: Arc::new(caps),
             profiler: Arc::new(Mutex::new(None)),
             lost,
@@ -314,6 +317,12 @@ impl GpuContext {
     /// The capability profile.
     pub fn capabilities(&self) -> &Capabilities {
         &self.caps
+    }
+
+    /// Buffers created, dispatches recorded and submissions made on this
+    /// device so far (read before and after a call: the difference is its cost).
+    pub fn work_counts(&self) -> super::counters::WorkCounts {
+        self.counters.snapshot()
     }
 
     /// This context with the subgroup kernels compiled for subgroups of `width`

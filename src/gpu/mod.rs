@@ -6,6 +6,7 @@ pub mod capabilities;
 pub mod choice;
 pub(crate) mod chunks;
 pub mod context;
+pub mod counters;
 pub(crate) mod fused;
 pub(crate) mod half;
 pub mod kernels;

@@ -150,6 +150,7 @@ impl<'c> Recorder<'c> {
                 })
                 .forget_lifetime()
         });
+        self.ctx.counters.dispatched();
         pass.set_pipeline(&pipeline.pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(x, y, 1);
@@ -181,6 +182,7 @@ impl<'c> Recorder<'c> {
         if let Some(profiler) = &self.profiler {
             profiler.resolve(&mut self.encoder);
         }
+        self.ctx.counters.submitted();
         self.ctx.queue.submit([self.encoder.finish()]);
     }
 }

@@ -121,6 +121,10 @@ pub enum Kernel {
     /// it: its products load them straight from storage, with no staging
     /// (`shaders/attention_coop_packed.wgsl`).
     AttentionCoopPacked(CoopSize),
+    /// Skinny products `x Wᵀ + b` for a few rows (a decoder step's
+    /// projections), each weight read once, f32 or f16 weights, up to three
+    /// head-major outputs from one fused matrix (`shaders/projection.wgsl`).
+    Projection,
 }
 
 /// How a kernel sees one binding (in binding-index order, group 0).
@@ -136,7 +140,7 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 35] = [
+    pub const ALL: [Kernel; 36] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
@@ -172,6 +176,7 @@ impl Kernel {
         Kernel::AttentionCoop(CoopSize::Sixteen),
         Kernel::AttentionCoopPacked(CoopSize::Eight),
         Kernel::AttentionCoopPacked(CoopSize::Sixteen),
+        Kernel::Projection,
     ];
 
     /// A short lowercase name, used in pipeline labels.
@@ -212,6 +217,7 @@ impl Kernel {
             Kernel::AttentionCoop(CoopSize::Sixteen) => "attention_coop16",
             Kernel::AttentionCoopPacked(CoopSize::Eight) => "attention_coop_packed8",
             Kernel::AttentionCoopPacked(CoopSize::Sixteen) => "attention_coop_packed16",
+            Kernel::Projection => "projection",
         }
     }
 
@@ -249,6 +255,7 @@ impl Kernel {
             Kernel::CoopPack => "coop_pack.wgsl",
             Kernel::AttentionCoop(_) => "attention_coop.wgsl",
             Kernel::AttentionCoopPacked(_) => "attention_coop_packed.wgsl",
+            Kernel::Projection => "projection.wgsl",
         }
     }
 
@@ -347,6 +354,7 @@ impl Kernel {
             Kernel::LinearOutput => include_str!("../../shaders/linear_output.wgsl"),
             Kernel::LinearWeights => include_str!("../../shaders/linear_weights.wgsl"),
             Kernel::AdditiveScores => include_str!("../../shaders/additive_scores.wgsl"),
+            Kernel::Projection => include_str!("../../shaders/projection.wgsl"),
             Kernel::GemmCoop(CoopSize::Sixteen) => include_str!("../../shaders/gemm_coop.wgsl"),
             Kernel::GemmCoop(CoopSize::Eight) => {
                 static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -522,6 +530,8 @@ impl Kernel {
             Kernel::AdditiveScores => &[Uniform, Read, Read, Read, Read, ReadWrite],
             // A and B twice each: an f32 view and a vec4 view of one buffer.
             Kernel::GemmCoop(_) => &[Uniform, Read, Read, Read, Read, ReadWrite],
+            // x, weight words, bias; the three outputs.
+            Kernel::Projection => &[Uniform, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite],
             // packed A, packed B; C.
             Kernel::GemmCoopPacked(_) => &[Uniform, Read, Read, ReadWrite],
             // an operand as stored; packed; the non-finite flags.

@@ -11,6 +11,7 @@ pub mod gemm_packed;
 pub mod linear;
 pub mod mask;
 pub mod position;
+pub mod projection;
 pub(crate) mod rules;
 pub mod softmax;
 pub mod tiled;

@@ -24,7 +24,7 @@ pub enum PositionMode {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
 struct Params {
     rows: u32,
     dim: u32,
@@ -79,4 +79,78 @@ pub(crate) fn record(
     let uniform = buffer::uniform(ctx, "position params", &params);
     let workgroups = (rows * pairs).div_ceil(WORKGROUP as usize) as u64;
     rec.dispatch(&pipeline, &[&uniform, x, inv_freq], workgroups)
+}
+
+/// A rotation prepared once for a shape (pipeline, parameters and inverse
+/// frequencies on the device): each decoder step rewrites its position in
+/// place and records it with no allocation.
+#[derive(Debug)]
+pub(crate) struct PreparedPosition {
+    pipeline: std::sync::Arc<crate::gpu::pipeline::Pipeline>,
+    uniform: wgpu::Buffer,
+    inv_freq: wgpu::Buffer,
+    params: Params,
+    /// The position the uniform holds now.
+    offset: std::sync::atomic::AtomicU32,
+    workgroups: u64,
+}
+
+impl PreparedPosition {
+    /// Prepares the encoding of `rows` rows of `dim` values (row `r` at
+    /// position `offset + r % seq_len`, the offset set per step).
+    pub(crate) fn prepare(
+        ctx: &crate::gpu::context::GpuContext,
+        mode: PositionMode,
+        rows: usize,
+        dim: usize,
+        seq_len: usize,
+        inv_freq: &[f32],
+    ) -> Result<Self> {
+        let pairs = match mode {
+            PositionMode::Sinusoidal => dim.div_ceil(2),
+            PositionMode::RopeInterleaved | PositionMode::RopeHalfSplit => dim / 2,
+        };
+        let params = Params {
+            rows: rows as u32,
+            dim: dim as u32,
+            pairs: pairs as u32,
+            seq_len: seq_len as u32,
+            offset: 0,
+            mode: mode as u32,
+            _pad: [0; 2],
+        };
+        Ok(PreparedPosition {
+            pipeline: ctx.pipelines.get(&key()),
+            uniform: buffer::uniform(ctx, "position params", &params),
+            inv_freq: buffer::upload(ctx, "inverse frequencies", inv_freq)?,
+            params,
+            offset: std::sync::atomic::AtomicU32::new(0),
+            workgroups: (rows * pairs).div_ceil(WORKGROUP as usize) as u64,
+        })
+    }
+
+    /// Records the encoding of `x` with its first row at `offset`.
+    pub(crate) fn record(
+        &self,
+        rec: &mut Recorder<'_>,
+        x: &wgpu::Buffer,
+        offset: usize,
+    ) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        let offset = offset as u32;
+        if self.offset.swap(offset, Ordering::Relaxed) != offset {
+            let params = Params {
+                offset,
+                ..self.params
+            };
+            rec.ctx()
+                .queue
+                .write_buffer(&self.uniform, 0, bytemuck::bytes_of(&params));
+        }
+        rec.dispatch(
+            &self.pipeline,
+            &[&self.uniform, x, &self.inv_freq],
+            self.workgroups,
+        )
+    }
 }

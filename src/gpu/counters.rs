@@ -1,0 +1,60 @@
+//! Counts of the work a device was given: buffers created, dispatches
+//! recorded, submissions. Tests and the bench read them around a call to show
+//! what it costs beyond its arithmetic (a prepared decoder step allocates
+//! nothing and dispatches a handful of kernels).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Running totals for one device (shared by the clones of its context).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    buffers: AtomicU64,
+    dispatches: AtomicU64,
+    submissions: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn buffer_created(&self) {
+        self.buffers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn dispatched(&self) {
+        self.dispatches.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn submitted(&self) {
+        self.submissions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> WorkCounts {
+        WorkCounts {
+            buffers: self.buffers.load(Ordering::Relaxed),
+            dispatches: self.dispatches.load(Ordering::Relaxed),
+            submissions: self.submissions.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Totals of the work given to a device since it was created; the difference
+/// of two readings is what happened between them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkCounts {
+    /// Buffers created (storage, uniform, staging).
+    pub buffers: u64,
+    /// Compute dispatches recorded.
+    pub dispatches: u64,
+    /// Command buffers submitted to the queue.
+    pub submissions: u64,
+}
+
+impl std::ops::Sub for WorkCounts {
+    type Output = WorkCounts;
+
+    fn sub(self, earlier: WorkCounts) -> WorkCounts {
+        WorkCounts {
+            buffers: self.buffers - earlier.buffers,
+            dispatches: self.dispatches - earlier.dispatches,
+            submissions: self.submissions - earlier.submissions,
+        }
+    }
+}
