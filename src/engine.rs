@@ -21,6 +21,9 @@ use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs}
 use crate::tensor::{DType, HostMask, HostTensor};
 
 mod gpu_call;
+mod prepared;
+
+pub use prepared::PreparedAttention;
 
 /// Which backend an engine computes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -622,6 +625,7 @@ impl Engine {
                         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                             label: Some("repeat a pattern"),
                         });
+                ctx.clear_pending(&mut encoder);
                 chunks::fill_repeated(&mut encoder, &source, period, pattern.dtype(), &targets);
                 ctx.counters.submitted();
                 ctx.queue.submit([encoder.finish()]);
@@ -852,32 +856,9 @@ impl Engine {
         // After a device loss, this call runs on a fresh device (and tensors of
         // the lost one say so below).
         self.recover().await?;
-        for (name, t) in [
-            ("Q", Some(inputs.q)),
-            ("K", Some(inputs.k)),
-            ("V", Some(inputs.v)),
-        ]
-        .into_iter()
-        .chain([
-            ("past_key", inputs.past_key),
-            ("past_value", inputs.past_value),
-        ]) {
-            if let Some(t) = t {
-                self.own(name, t)?;
-            }
-        }
-        if let Some(m) = inputs.attn_mask {
-            self.check_owner("attn_mask", m.engine_id, m.generation, m.is_on_gpu())?;
-        }
+        self.check_input_owners(inputs)?;
         let dims = validate(inputs, options)?;
-        if self.backend() == BackendKind::Cpu
-            && matches!(options.path, KernelPath::Unfused | KernelPath::Fused)
-        {
-            return Err(Error::Conflict(
-                "a GPU path was asked for but this engine runs on the CPU backend; \
-                 use KernelPath::Auto, Cpu or Oracle, or create the engine on a GPU",
-            ));
-        }
+        self.refuse_gpu_path_on_cpu(options)?;
         let choice = self.choose_path(&dims, options);
         match (&self.backend, choice.path) {
             (Backend::Gpu(gpu), KernelPath::Fused | KernelPath::Unfused) => {
@@ -920,6 +901,41 @@ impl Engine {
                 self.adopt_outputs(out).await
             }
         }
+    }
+
+    /// Checks that every input tensor belongs to this engine's current device.
+    fn check_input_owners(&self, inputs: &AttentionInputs<'_, Tensor>) -> Result<()> {
+        for (name, t) in [
+            ("Q", Some(inputs.q)),
+            ("K", Some(inputs.k)),
+            ("V", Some(inputs.v)),
+        ]
+        .into_iter()
+        .chain([
+            ("past_key", inputs.past_key),
+            ("past_value", inputs.past_value),
+        ]) {
+            if let Some(t) = t {
+                self.own(name, t)?;
+            }
+        }
+        if let Some(m) = inputs.attn_mask {
+            self.check_owner("attn_mask", m.engine_id, m.generation, m.is_on_gpu())?;
+        }
+        Ok(())
+    }
+
+    /// A GPU path asked of a CPU engine is a conflict, not a silent CPU run.
+    fn refuse_gpu_path_on_cpu(&self, options: &AttentionOptions) -> Result<()> {
+        if self.backend() == BackendKind::Cpu
+            && matches!(options.path, KernelPath::Unfused | KernelPath::Fused)
+        {
+            return Err(Error::Conflict(
+                "a GPU path was asked for but this engine runs on the CPU backend; \
+                 use KernelPath::Auto, Cpu or Oracle, or create the engine on a GPU",
+            ));
+        }
+        Ok(())
     }
 
     /// The oracle for [`KernelPath::Oracle`], else the fast CPU backend.

@@ -50,7 +50,9 @@ mod tensor;
 pub mod tuning;
 
 pub use device_tensor::{Mask, Tensor};
-pub use engine::{BackendKind, BackendPreference, CallStats, Engine, EngineOptions, PathChoice};
+pub use engine::{
+    BackendKind, BackendPreference, CallStats, Engine, EngineOptions, PathChoice, PreparedAttention,
+};
 pub use error::{Error, Result};
 pub use gpu::capabilities::{AdapterSummary, Capabilities, KernelLimits};
 pub use gpu::choice::DecodeKernelChoice;

@@ -31,7 +31,7 @@ use super::position::{rope_fast, rope_in_place, Rope};
 use super::{expect_dim, expect_rank, Attended};
 use crate::cpu::Real;
 use crate::device_tensor::Tensor;
-use crate::engine::Engine;
+use crate::engine::{Engine, PreparedAttention};
 use crate::error::{Error, Result};
 use crate::gpu::buffer;
 use crate::gpu::context::GpuContext;
@@ -190,6 +190,8 @@ struct Workspace {
     output: wgpu::Buffer,
     out_product: Projection,
     staging: wgpu::Buffer,
+    /// The attention of the step's shape (re-prepared when the cache grows).
+    attention: Option<PreparedAttention>,
 }
 
 /// Which input a product reads and where its outputs go.
@@ -548,7 +550,8 @@ impl MultiHeadAttention {
                     cache.append(engine, &k, &v).await?;
                     let lengths = cache.nonpad_lengths();
                     let inputs = cache.attention_inputs(&q, &lengths)?;
-                    let out = engine.attention(&inputs, &attention_options).await?;
+                    let out =
+                        attend(engine, workspace.as_mut(), &inputs, &attention_options).await?;
                     self.finish(
                         engine,
                         &out,
@@ -568,7 +571,7 @@ impl MultiHeadAttention {
             }
             None => {
                 let inputs = AttentionInputs::new(&q, &k, &v);
-                let out = engine.attention(&inputs, &attention_options).await?;
+                let out = attend(engine, workspace.as_mut(), &inputs, &attention_options).await?;
                 self.finish(engine, &out, None, batch, n, workspace.as_ref())
                     .await
             }
@@ -760,6 +763,7 @@ impl MultiHeadAttention {
             output: buffer::storage(ctx, "output", out_len)?,
             out_product,
             staging: buffer::staging(ctx, "output readback", out_len)?,
+            attention: None,
         })
     }
 
@@ -1023,6 +1027,28 @@ impl MultiHeadAttention {
         let (y, probs) = attention_core(&q, &k, &v, d, batch, n, m, options);
         Ok((out_projection(&y, &self.weights, d, batch, n), probs))
     }
+}
+
+/// The attention of a step: through the workspace's prepared call (made
+/// again when the shapes or options changed, as when the cache grows), or a
+/// plain call without a workspace.
+async fn attend(
+    engine: &Engine,
+    workspace: Option<&mut Workspace>,
+    inputs: &AttentionInputs<'_, Tensor>,
+    options: &AttentionOptions,
+) -> Result<crate::AttentionOutputs<Tensor>> {
+    let Some(ws) = workspace else {
+        return engine.attention(inputs, options).await;
+    };
+    let dims = crate::problem::validate(inputs, options)?;
+    let prepared = match ws.attention.take() {
+        Some(p) if p.dims() == &dims && p.options() == options => p,
+        _ => engine.prepare(&dims, options)?,
+    };
+    let out = prepared.run(engine, inputs).await;
+    ws.attention = Some(prepared);
+    out
 }
 
 /// Records `out[b, h] = x[b] W_hᵀ (+ b_h)` for every head, W_h the rows of

@@ -2,6 +2,7 @@
 
 use wgpu::util::DeviceExt;
 
+use super::arena::Kind;
 use super::context::GpuContext;
 use crate::error::{Error, Result};
 
@@ -45,7 +46,7 @@ fn f32_bytes(len: usize) -> u64 {
 pub(crate) fn storage(ctx: &GpuContext, label: &str, len: usize) -> Result<wgpu::Buffer> {
     let size = f32_bytes(len);
     check_bindable(ctx, label, size)?;
-    Ok(create(ctx, label, size))
+    Ok(create(ctx, label, size, Kind::Zeroed))
 }
 
 /// A zero-filled storage buffer of `len` f32 values that holds a call's
@@ -53,18 +54,26 @@ pub(crate) fn storage(ctx: &GpuContext, label: &str, len: usize) -> Result<wgpu:
 pub(crate) fn tensor_storage(ctx: &GpuContext, label: &str, len: usize) -> Result<wgpu::Buffer> {
     let size = f32_bytes(len);
     check_buffer(ctx, label, size)?;
-    Ok(create(ctx, label, size))
+    Ok(create(ctx, label, size, Kind::Zeroed))
 }
 
-/// A zero-filled storage buffer of `size` bytes (checked by the caller).
-fn create(ctx: &GpuContext, label: &str, size: u64) -> wgpu::Buffer {
-    ctx.counters.buffer_created();
-    ctx.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some(label),
-        size,
-        usage: STORAGE,
-        mapped_at_creation: false,
-    })
+/// A storage buffer of `size` bytes (checked by the caller): zero-filled, or
+/// (`Kind::Filled`) about to be written whole. A prepared call's runs take
+/// the one their first run created (`gpu/arena.rs`).
+fn create(ctx: &GpuContext, label: &str, size: u64, kind: Kind) -> wgpu::Buffer {
+    let make = || {
+        ctx.counters.buffer_created();
+        ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: STORAGE,
+            mapped_at_creation: false,
+        })
+    };
+    match &ctx.arena {
+        Some(arena) => arena.take(kind, size, make),
+        None => make(),
+    }
 }
 
 /// A storage buffer holding `data`, which a kernel binds whole.
@@ -88,7 +97,7 @@ pub(crate) fn upload_tensor<T: bytemuck::Pod>(
     let bytes: &[u8] = bytemuck::cast_slice(data);
     let size = (bytes.len().max(1).div_ceil(16) * 16) as u64;
     check_buffer(ctx, label, size)?;
-    let buffer = create(ctx, label, size);
+    let buffer = create(ctx, label, size, Kind::Filled);
     // Whole 4-byte words go straight in; the padding stays zero.
     let whole = bytes.len() & !3;
     if whole > 0 {
@@ -176,13 +185,30 @@ pub(crate) fn staging(ctx: &GpuContext, label: &str, len: usize) -> Result<wgpu:
 /// A uniform buffer holding one parameter struct (rewritable in place by
 /// `queue.write_buffer`: prepared calls update positions per step).
 pub(crate) fn uniform<T: bytemuck::Pod>(ctx: &GpuContext, label: &str, value: &T) -> wgpu::Buffer {
-    ctx.counters.buffer_created();
-    ctx.device
-        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents: bytemuck::bytes_of(value),
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-        })
+    let contents = bytemuck::bytes_of(value);
+    let make = || {
+        ctx.counters.buffer_created();
+        ctx.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            })
+    };
+    match &ctx.arena {
+        Some(arena) => {
+            let mut fresh = false;
+            let buffer = arena.take(Kind::Uniform, contents.len() as u64, || {
+                fresh = true;
+                make()
+            });
+            if !fresh {
+                ctx.queue.write_buffer(&buffer, 0, contents);
+            }
+            buffer
+        }
+        None => make(),
+    }
 }
 
 /// Copies `len` f32 values starting at element `offset` of `buffer` back to the host.
@@ -201,18 +227,25 @@ pub(crate) async fn read_f32(
     }
     let size = (len * 4) as u64;
     let staging = ctx.scoped("readback", || {
-        ctx.counters.buffer_created();
-        let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback staging"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let make = || {
+            ctx.counters.buffer_created();
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("readback staging"),
+                size,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        };
+        let staging = match &ctx.arena {
+            Some(arena) => arena.take(Kind::Staging, size, make),
+            None => make(),
+        };
         let mut encoder = ctx
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("readback"),
             });
+        ctx.clear_pending(&mut encoder);
         encoder.copy_buffer_to_buffer(buffer, (offset * 4) as u64, &staging, 0, size);
         ctx.counters.submitted();
         ctx.queue.submit([encoder.finish()]);

@@ -198,6 +198,7 @@ pub(crate) fn split_f16(
         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("f16 tensor into chunks"),
         });
+    ctx.clear_pending(&mut encoder);
     for (i, dst) in chunked.buffers.iter().enumerate() {
         // Whole words: chunk_len is a multiple of 8 values, the buffers are padded.
         let bytes = chunked.values_in(i).div_ceil(2) as u64 * 4;

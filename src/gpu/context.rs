@@ -83,6 +83,9 @@ pub struct GpuContext {
     pub(crate) clock_guard: Arc<Mutex<super::profile::ClockGuardState>>,
     /// Buffers, dispatches and submissions given to this device so far.
     pub(crate) counters: Arc<super::counters::Counters>,
+    /// The workspace of the prepared call this clone runs (`gpu/arena.rs`):
+    /// buffers are taken from it instead of created.
+    pub(crate) arena: Option<Arc<super::arena::Arena>>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -298,6 +301,7 @@ impl GpuContext {
             removed_phases: super::phases::Phases::NONE,
             clock_guard: Default::default(),
             counters: Default::default(),
+            arena: None,
             caps: Arc::new(caps),
             profiler: Arc::new(Mutex::new(None)),
             lost,
@@ -317,6 +321,27 @@ impl GpuContext {
     /// The capability profile.
     pub fn capabilities(&self) -> &Capabilities {
         &self.caps
+    }
+
+    /// This context with buffers taken from `arena` (a prepared call's runs).
+    pub(crate) fn with_arena(&self, arena: Arc<super::arena::Arena>) -> GpuContext {
+        GpuContext {
+            arena: Some(arena),
+            ..self.clone()
+        }
+    }
+
+    /// Records the clearing of the arena's reused zero-filled buffers (if
+    /// any) ahead of whatever `encoder` records next.
+    pub(crate) fn clear_pending(&self, encoder: &mut wgpu::CommandEncoder) {
+        if let Some(arena) = &self.arena {
+            arena.clear_pending(encoder);
+        }
+    }
+
+    /// Whether reused buffers wait to be cleared.
+    pub(crate) fn has_pending_clears(&self) -> bool {
+        self.arena.as_ref().is_some_and(|a| a.has_pending())
     }
 
     /// Buffers created, dispatches recorded and submissions made on this

@@ -1,6 +1,7 @@
 //! The GPU backend: device acquisition, the kernel registry, the pipeline
 //! cache, buffers, and the kernels' dispatch code.
 
+pub(crate) mod arena;
 pub mod buffer;
 pub mod capabilities;
 pub mod choice;

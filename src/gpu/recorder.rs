@@ -139,6 +139,11 @@ impl<'c> Recorder<'c> {
                 layout: &pipeline.bind_group_layout,
                 entries: &entries,
             });
+        if self.ctx.has_pending_clears() {
+            // Reused zero-filled buffers are cleared before anything reads them.
+            self.pass = None;
+            self.ctx.clear_pending(&mut self.encoder);
+        }
         let encoder = &mut self.encoder;
         let profiler = &self.profiler;
         let pass = self.pass.get_or_insert_with(|| {
@@ -167,6 +172,7 @@ impl<'c> Recorder<'c> {
         values: usize,
     ) {
         self.pass = None;
+        self.ctx.clear_pending(&mut self.encoder);
         self.encoder.copy_buffer_to_buffer(
             src,
             src_offset as u64 * 4,

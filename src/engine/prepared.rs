@@ -1,0 +1,142 @@
+//! Prepared attention calls: planned once, their workspace made by the first
+//! run and reused by every run after it (`gpu/arena.rs`), so a call repeated
+//! at one shape (a decoder's token steps) allocates nothing on the device.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::{Backend, Engine, PathChoice};
+use crate::device_tensor::Tensor;
+use crate::error::{Error, Result};
+use crate::gpu::arena::Arena;
+use crate::options::{AttentionOptions, KernelPath};
+use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs};
+
+/// An attention call of one shape and set of options, planned once
+/// ([`Engine::prepare`]). Its runs reuse one workspace on the device: after
+/// the first, a run creates no buffer.
+///
+/// The outputs of a run live in that workspace: they hold the run's values
+/// until the next run of the same prepared call (download or copy them
+/// before it). Runs of one prepared call take turns; prepare one per
+/// concurrent caller.
+#[derive(Debug)]
+pub struct PreparedAttention {
+    engine_id: u64,
+    dims: AttentionDims,
+    options: AttentionOptions,
+    choice: PathChoice,
+    arena: Arc<Arena>,
+    /// The device generation the workspace belongs to.
+    generation: Mutex<Option<u64>>,
+    /// Held by the run in progress.
+    turn: futures_intrusive::sync::Mutex<()>,
+}
+
+impl Engine {
+    /// Plans a call of `dims` with `options` once: the path (and its reason)
+    /// is fixed here, the workspace is made by the first run. Inputs of other
+    /// shapes are refused by [`PreparedAttention::run`].
+    pub fn prepare(
+        &self,
+        dims: &AttentionDims,
+        options: &AttentionOptions,
+    ) -> Result<PreparedAttention> {
+        options.validate()?;
+        self.refuse_gpu_path_on_cpu(options)?;
+        Ok(PreparedAttention {
+            engine_id: self.id,
+            dims: *dims,
+            options: options.clone(),
+            choice: self.choose_path(dims, options),
+            arena: Arc::default(),
+            generation: Mutex::new(None),
+            turn: futures_intrusive::sync::Mutex::new((), true),
+        })
+    }
+}
+
+impl PreparedAttention {
+    /// The shapes this call was prepared for.
+    pub fn dims(&self) -> &AttentionDims {
+        &self.dims
+    }
+
+    /// The options it runs with.
+    pub fn options(&self) -> &AttentionOptions {
+        &self.options
+    }
+
+    /// The path it takes, and why `Auto` did not take the fused one.
+    pub fn path(&self) -> &PathChoice {
+        &self.choice
+    }
+
+    /// Buffers its workspace holds on the device, and their bytes.
+    pub fn workspace(&self) -> (usize, u64) {
+        self.arena.held()
+    }
+
+    /// Runs the call on `inputs` (of the prepared shapes) on `engine` (the
+    /// one that prepared it). See the type's docs for how long the outputs last.
+    pub async fn run(
+        &self,
+        engine: &Engine,
+        inputs: &AttentionInputs<'_, Tensor>,
+    ) -> Result<AttentionOutputs<Tensor>> {
+        if engine.id != self.engine_id {
+            return Err(Error::Conflict(
+                "a prepared call runs on the engine that prepared it",
+            ));
+        }
+        let _turn = self.turn.lock().await;
+        engine.recover().await?;
+        engine.check_input_owners(inputs)?;
+        let dims = validate(inputs, &self.options)?;
+        if dims != self.dims {
+            return Err(Error::Conflict(
+                "the inputs' shapes are not those the call was prepared for; \
+                 prepare a call for them",
+            ));
+        }
+        match (&engine.backend, self.choice.path) {
+            (Backend::Gpu(gpu), KernelPath::Fused | KernelPath::Unfused) => {
+                let (ctx, generation) = gpu.latest();
+                {
+                    let mut prepared_on = self
+                        .generation
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    if *prepared_on != Some(generation) {
+                        // A lost device's buffers are gone with it.
+                        self.arena.reset();
+                        *prepared_on = Some(generation);
+                    }
+                }
+                self.arena.begin_run();
+                let ctx = ctx.with_arena(self.arena.clone());
+                engine
+                    .attention_on_gpu(
+                        &ctx,
+                        generation,
+                        inputs,
+                        &self.options,
+                        &dims,
+                        self.choice.clone(),
+                    )
+                    .await
+            }
+            // The CPU paths keep nothing on a device.
+            _ => engine.attention(inputs, &self.options).await,
+        }
+    }
+
+    /// [`PreparedAttention::run`], blocking.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn run_blocking(
+        &self,
+        engine: &Engine,
+        inputs: &AttentionInputs<'_, Tensor>,
+    ) -> Result<AttentionOutputs<Tensor>> {
+        pollster::block_on(self.run(engine, inputs))
+    }
+}

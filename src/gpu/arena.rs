@@ -1,0 +1,114 @@
+//! The workspace of a prepared call: every buffer its first run created, kept
+//! and handed out again, in the same order, to the runs after it.
+//!
+//! A prepared call runs on a clone of the device's context that carries its
+//! arena; `gpu/buffer.rs` asks the arena before it creates a buffer. The
+//! n-th buffer a run asks for is the n-th one the arena holds when its size
+//! and kind match (the same plan asks for the same buffers in the same
+//! order): a parameter block or an upload gets its new contents written in
+//! place, a zero-filled buffer is cleared by the next command the run records
+//! ([`Arena::clear_pending`]). Where a run asks for something else (another
+//! size), the arena creates it and keeps it in that place from then on, so a
+//! plan that changed costs allocations, never a wrong result.
+//!
+//! Buffers a run hands to its caller (Y) are the arena's too: they hold that
+//! run's values until the next run of the same prepared call.
+
+use std::sync::{Mutex, PoisonError};
+
+/// What a buffer is for; only a buffer of the same kind and size is reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Storage that starts zero-filled.
+    Zeroed,
+    /// Storage whose contents the caller writes at once.
+    Filled,
+    /// A uniform parameter block.
+    Uniform,
+    /// A `MAP_READ` staging buffer.
+    Staging,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    held: Vec<(Kind, u64, wgpu::Buffer)>,
+    next: usize,
+    to_clear: Vec<wgpu::Buffer>,
+}
+
+/// Buffers kept for the runs of one prepared call.
+#[derive(Debug, Default)]
+pub(crate) struct Arena {
+    state: Mutex<State>,
+}
+
+impl Arena {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts a run: buffers are handed out from the first again.
+    pub(crate) fn begin_run(&self) {
+        let mut state = self.state();
+        state.next = 0;
+        state.to_clear.clear();
+    }
+
+    /// Forgets every buffer (they belonged to a device that was lost).
+    pub(crate) fn reset(&self) {
+        *self.state() = State::default();
+    }
+
+    /// The buffer in the next place when it is of `kind` and `size`, else the
+    /// one `create` makes (kept in that place from now on).
+    pub(crate) fn take(
+        &self,
+        kind: Kind,
+        size: u64,
+        create: impl FnOnce() -> wgpu::Buffer,
+    ) -> wgpu::Buffer {
+        let mut state = self.state();
+        let at = state.next;
+        state.next += 1;
+        if let Some((k, s, buffer)) = state.held.get(at) {
+            if *k == kind && *s == size {
+                let buffer = buffer.clone();
+                if kind == Kind::Zeroed {
+                    state.to_clear.push(buffer.clone());
+                }
+                return buffer;
+            }
+        }
+        let buffer = create();
+        let entry = (kind, size, buffer.clone());
+        if at < state.held.len() {
+            state.held[at] = entry;
+        } else {
+            state.held.push(entry);
+        }
+        buffer
+    }
+
+    /// Records the clearing of the reused zero-filled buffers into `encoder`:
+    /// called before any command that could read one.
+    pub(crate) fn clear_pending(&self, encoder: &mut wgpu::CommandEncoder) {
+        let pending = std::mem::take(&mut self.state().to_clear);
+        for buffer in pending {
+            encoder.clear_buffer(&buffer, 0, None);
+        }
+    }
+
+    /// Whether clears are waiting (a command must be recorded before them).
+    pub(crate) fn has_pending(&self) -> bool {
+        !self.state().to_clear.is_empty()
+    }
+
+    /// Buffers held, and bytes in them.
+    pub(crate) fn held(&self) -> (usize, u64) {
+        let state = self.state();
+        (
+            state.held.len(),
+            state.held.iter().map(|(_, size, _)| size).sum(),
+        )
+    }
+}
