@@ -260,6 +260,58 @@ impl Engine {
         Self::with_backend(Backend::Gpu(Box::new(GpuDevices::new(ctx, None))), None)
     }
 
+    /// A GPU engine on the caller's own wgpu device (see
+    /// [`GpuContext::from_wgpu`]): tensors can wrap the caller's buffers
+    /// ([`Engine::wrap_buffer`]) and prepared calls record into its encoders
+    /// ([`crate::PreparedAttention::record`]).
+    pub fn from_wgpu(
+        adapter: &wgpu::Adapter,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+    ) -> Result<Engine> {
+        Ok(Self::from_context(GpuContext::from_wgpu(
+            adapter, device, queue,
+        )?))
+    }
+
+    /// The caller's buffer (of this engine's device, made with
+    /// `BufferUsages::STORAGE`) as a tensor of `shape` and `dtype` (f16
+    /// packed two to a 4-byte word), with no copy: a call reads it in place.
+    pub fn wrap_buffer(
+        &self,
+        buffer: wgpu::Buffer,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor> {
+        if self.gpu().is_none() {
+            return Err(Error::Conflict(
+                "a CPU engine has no device to read the buffer from",
+            ));
+        }
+        if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+            return Err(Error::Conflict(
+                "a wrapped buffer needs BufferUsages::STORAGE (and COPY_SRC/COPY_DST \
+                 where calls copy it: caches, pieces of large calls)",
+            ));
+        }
+        let numel = crate::tensor::checked_numel("the wrapped buffer", shape)?;
+        let bytes = match dtype {
+            DType::F16 => numel.div_ceil(2) as u64 * 4,
+            DType::F32 => numel as u64 * 4,
+            _ => return Err(Error::Conflict("a wrapped buffer holds f32 or f16 values")),
+        };
+        if buffer.size() < bytes {
+            return Err(Error::Limit {
+                what: format!("a {dtype} tensor of shape {shape:?}"),
+                needed: bytes,
+                limit: buffer.size(),
+                limit_name: "the wrapped buffer's size in bytes",
+                hint: "wrap a buffer that holds the whole tensor",
+            });
+        }
+        Ok(self.wrap_gpu_as(shape.to_vec(), buffer, dtype))
+    }
+
     /// Which device a GPU engine runs on: 0 for its first, one more each time
     /// it replaced a lost device. `None` on a CPU engine.
     pub fn device_generation(&self) -> Option<u64> {
@@ -620,15 +672,9 @@ impl Engine {
                         .collect(),
                     Storage::Host(_) => Vec::new(),
                 };
-                let mut encoder =
-                    ctx.device
-                        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                            label: Some("repeat a pattern"),
-                        });
-                ctx.clear_pending(&mut encoder);
-                chunks::fill_repeated(&mut encoder, &source, period, pattern.dtype(), &targets);
-                ctx.counters.submitted();
-                ctx.queue.submit([encoder.finish()]);
+                ctx.encode("repeat a pattern", |encoder| {
+                    chunks::fill_repeated(encoder, &source, period, pattern.dtype(), &targets)
+                });
                 Ok(storage)
             })
             .await?;

@@ -210,3 +210,114 @@ fn other_shapes_and_engines_are_refused() {
         Err(Error::Conflict(_))
     ));
 }
+
+/// A wgpu program's own device, buffers and encoder: the engine wraps the
+/// buffers in place, records after the program's own command in the same
+/// encoder, submits nothing itself, and the result meets the oracle.
+#[test]
+fn recording_into_the_hosts_own_encoder() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let instance = wgpu::Instance::default();
+    let adapter = pollster::block_on(instance.request_adapter(&Default::default()))
+        .expect("the adapter the tests run on");
+    let (device, queue) = pollster::block_on(adapter.request_device(&Default::default())).unwrap();
+
+    // Too few storage bindings for the kernels: refused, naming the limit.
+    let (small, small_queue) =
+        pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            required_limits: wgpu::Limits {
+                max_storage_buffers_per_shader_stage: 4,
+                ..Default::default()
+            },
+            ..Default::default()
+        }))
+        .unwrap();
+    let err = Engine::from_wgpu(&adapter, small, small_queue).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("max_storage_buffers_per_shader_stage"),
+        "{err}"
+    );
+
+    let engine = Engine::from_wgpu(&adapter, device.clone(), queue.clone()).unwrap();
+    let (qs, ks) = ([1, 4, 33, 16], [1, 2, 40, 16]);
+    let hosts = [tensor(qs, 5), tensor(ks, 6), tensor(ks, 7)];
+    let buffers: Vec<wgpu::Buffer> = hosts
+        .iter()
+        .map(|t| {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("host tensor"),
+                size: (t.len() * 4) as u64,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })
+        .collect();
+    let wrap = |i: usize, shape: [usize; 4]| {
+        engine
+            .wrap_buffer(buffers[i].clone(), &shape, webattn::DType::F32)
+            .unwrap()
+    };
+    let (q, k, v) = (wrap(0, qs), wrap(1, ks), wrap(2, ks));
+    // Buffers that cannot be bound, or are too small, are refused.
+    let staging = device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: 64,
+        usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ,
+        mapped_at_creation: false,
+    });
+    assert!(matches!(
+        engine.wrap_buffer(staging, &[4], webattn::DType::F32),
+        Err(Error::Conflict(_))
+    ));
+    assert!(matches!(
+        engine.wrap_buffer(buffers[0].clone(), &[1, 4, 34, 16], webattn::DType::F32),
+        Err(Error::Limit { .. })
+    ));
+
+    let options = AttentionOptions {
+        is_causal: true,
+        ..Default::default()
+    };
+    let inputs = AttentionInputs::new(&q, &k, &v);
+    let prepared = engine
+        .prepare(&webattn::validate(&inputs, &options).unwrap(), &options)
+        .unwrap();
+    let ctx = engine.gpu().unwrap();
+    for run in 0..2 {
+        // The program's own commands first: its uploads, then a copy that
+        // the attention must see (V written by the encoder, not before it).
+        let v_host = tensor(ks, 7 + run);
+        queue.write_buffer(&buffers[0], 0, bytemuck::cast_slice(hosts[0].data()));
+        queue.write_buffer(&buffers[1], 0, bytemuck::cast_slice(hosts[1].data()));
+        let v_source = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("V source"),
+            size: buffers[2].size(),
+            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        queue.write_buffer(&v_source, 0, bytemuck::cast_slice(v_host.data()));
+        let mut encoder = device.create_command_encoder(&Default::default());
+        encoder.copy_buffer_to_buffer(&v_source, 0, &buffers[2], 0, buffers[2].size());
+        let before = ctx.work_counts();
+        let out = prepared
+            .record_blocking(&engine, &mut encoder, &inputs)
+            .unwrap();
+        let counts = ctx.work_counts() - before;
+        assert_eq!(counts.submissions, 0, "a recorded call submits nothing");
+        assert!(counts.dispatches >= 1);
+        queue.submit([encoder.finish()]);
+        let y = engine.download_blocking(&out.y).unwrap();
+        let host = AttentionInputs::new(&hosts[0], &hosts[1], &v_host);
+        let exact = webattn::cpu::attention_exact(&host, &options).unwrap();
+        let plain = webattn::cpu::attention_plain_f32(&host, &options).unwrap();
+        let report = compare(y.data(), &exact.y, &plain.y, 1e-6);
+        println!(
+            "recorded run {run}: worst |Y - f64 oracle| {:.3e}",
+            report.max_abs
+        );
+        assert!(report.passed(), "run {run}: {report:?}");
+    }
+}

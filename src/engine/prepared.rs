@@ -83,6 +83,31 @@ impl PreparedAttention {
         engine: &Engine,
         inputs: &AttentionInputs<'_, Tensor>,
     ) -> Result<AttentionOutputs<Tensor>> {
+        self.run_into(engine, inputs, None).await
+    }
+
+    /// Records the call into `encoder` (the engine's device's, e.g. one
+    /// holding the caller's own passes before it): nothing is submitted and
+    /// nothing read back. The outputs hold their values once the caller has
+    /// submitted `encoder` (read them with [`Engine::download`] after that).
+    /// Only a GPU path records; a call planned for the CPU is a conflict.
+    /// Submit `encoder` before the next run or recording of this prepared
+    /// call: both use the one workspace.
+    pub async fn record(
+        &self,
+        engine: &Engine,
+        encoder: &mut wgpu::CommandEncoder,
+        inputs: &AttentionInputs<'_, Tensor>,
+    ) -> Result<AttentionOutputs<Tensor>> {
+        self.run_into(engine, inputs, Some(encoder)).await
+    }
+
+    async fn run_into(
+        &self,
+        engine: &Engine,
+        inputs: &AttentionInputs<'_, Tensor>,
+        encoder: Option<&mut wgpu::CommandEncoder>,
+    ) -> Result<AttentionOutputs<Tensor>> {
         if engine.id != self.engine_id {
             return Err(Error::Conflict(
                 "a prepared call runs on the engine that prepared it",
@@ -98,36 +123,79 @@ impl PreparedAttention {
                  prepare a call for them",
             ));
         }
-        match (&engine.backend, self.choice.path) {
-            (Backend::Gpu(gpu), KernelPath::Fused | KernelPath::Unfused) => {
-                let (ctx, generation) = gpu.latest();
-                {
-                    let mut prepared_on = self
-                        .generation
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner);
-                    if *prepared_on != Some(generation) {
-                        // A lost device's buffers are gone with it.
-                        self.arena.reset();
-                        *prepared_on = Some(generation);
-                    }
-                }
-                self.arena.begin_run();
-                let ctx = ctx.with_arena(self.arena.clone());
-                engine
-                    .attention_on_gpu(
-                        &ctx,
-                        generation,
-                        inputs,
-                        &self.options,
-                        &dims,
-                        self.choice.clone(),
-                    )
-                    .await
-            }
+        let (ctx, generation) = match (&engine.backend, self.choice.path) {
+            (Backend::Gpu(gpu), KernelPath::Fused | KernelPath::Unfused) => gpu.latest(),
             // The CPU paths keep nothing on a device.
-            _ => engine.attention(inputs, &self.options).await,
+            _ if encoder.is_none() => return engine.attention(inputs, &self.options).await,
+            _ => {
+                return Err(Error::Conflict(
+                    "only a call planned for a GPU path records into an encoder",
+                ))
+            }
+        };
+        {
+            let mut prepared_on = self
+                .generation
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if *prepared_on != Some(generation) {
+                // A lost device's buffers are gone with it.
+                self.arena.reset();
+                *prepared_on = Some(generation);
+            }
         }
+        self.arena.begin_run();
+        let ctx = ctx.with_arena(self.arena.clone());
+        let Some(encoder) = encoder else {
+            return engine
+                .attention_on_gpu(
+                    &ctx,
+                    generation,
+                    inputs,
+                    &self.options,
+                    &dims,
+                    self.choice.clone(),
+                )
+                .await;
+        };
+        // The caller's encoder goes into the context's slot for the call's
+        // recorders, and comes back whatever happens.
+        let placeholder = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+        let slot = Arc::new(Mutex::new(Some(std::mem::replace(encoder, placeholder))));
+        let ctx = ctx.with_capture(slot.clone());
+        let result = engine
+            .attention_on_gpu(
+                &ctx,
+                generation,
+                inputs,
+                &self.options,
+                &dims,
+                self.choice.clone(),
+            )
+            .await;
+        let back = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+        match back {
+            Some(recorded) => *encoder = recorded,
+            None => {
+                return Err(Error::Conflict(
+                    "the encoder was not given back by the recorded call",
+                ))
+            }
+        }
+        result
+    }
+
+    /// [`PreparedAttention::record`], blocking.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn record_blocking(
+        &self,
+        engine: &Engine,
+        encoder: &mut wgpu::CommandEncoder,
+        inputs: &AttentionInputs<'_, Tensor>,
+    ) -> Result<AttentionOutputs<Tensor>> {
+        pollster::block_on(self.record(engine, encoder, inputs))
     }
 
     /// [`PreparedAttention::run`], blocking.

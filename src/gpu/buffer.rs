@@ -225,6 +225,11 @@ pub(crate) async fn read_f32(
     if len == 0 {
         return Ok(Vec::new());
     }
+    if ctx.capture.is_some() {
+        return Err(Error::Conflict(
+            "a call recorded into an encoder cannot read back before it is submitted",
+        ));
+    }
     let size = (len * 4) as u64;
     let staging = ctx.scoped("readback", || {
         let make = || {

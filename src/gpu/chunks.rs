@@ -193,20 +193,14 @@ pub(crate) fn split_f16(
 ) -> Result<Chunked> {
     let chunked = storage(ctx, "f16 tensor (in chunks)", len, DType::F16, chunk_len)?;
     debug_assert!(chunked.f16);
-    let mut encoder = ctx
-        .device
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("f16 tensor into chunks"),
-        });
-    ctx.clear_pending(&mut encoder);
-    for (i, dst) in chunked.buffers.iter().enumerate() {
-        // Whole words: chunk_len is a multiple of 8 values, the buffers are padded.
-        let bytes = chunked.values_in(i).div_ceil(2) as u64 * 4;
-        let from = i as u64 * chunk_len as u64 * 2;
-        encoder.copy_buffer_to_buffer(src, from, dst, 0, bytes);
-    }
-    ctx.counters.submitted();
-    ctx.queue.submit([encoder.finish()]);
+    ctx.encode("f16 tensor into chunks", |encoder| {
+        for (i, dst) in chunked.buffers.iter().enumerate() {
+            // Whole words: chunk_len is a multiple of 8 values, the buffers are padded.
+            let bytes = chunked.values_in(i).div_ceil(2) as u64 * 4;
+            let from = i as u64 * chunk_len as u64 * 2;
+            encoder.copy_buffer_to_buffer(src, from, dst, 0, bytes);
+        }
+    });
     Ok(chunked)
 }
 

@@ -42,6 +42,10 @@ pub enum PowerPreference {
     HighPerformance,
 }
 
+/// Storage buffers the kernels bind at most in one stage (attention: Q, K,
+/// V, mask, lengths, Y and its statistics).
+const HOST_STORAGE_BUFFERS: u32 = 7;
+
 /// A device with its queue, capability profile and pipeline cache.
 ///
 /// Cloning is cheap and shares everything.
@@ -86,6 +90,9 @@ pub struct GpuContext {
     /// The workspace of the prepared call this clone runs (`gpu/arena.rs`):
     /// buffers are taken from it instead of created.
     pub(crate) arena: Option<Arc<super::arena::Arena>>,
+    /// The caller's encoder a recorded call records into (taken by the
+    /// recorder at work, given back when it is done); `None`: calls submit.
+    pub(crate) capture: Option<Arc<Mutex<Option<wgpu::CommandEncoder>>>>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -225,7 +232,6 @@ impl GpuContext {
         matrix_units: MatrixUnits,
     ) -> Result<GpuContext> {
         super::capabilities::check_emulation(adapter, matrix_units)?;
-        let info = adapter.get_info();
         let features = adapter.features() & wanted_features(matrix_units);
         let limits = limits.resolve(&adapter.limits())?;
         #[cfg(not(target_arch = "wasm32"))]
@@ -253,8 +259,60 @@ impl GpuContext {
             .await
             .map_err(|e| Error::RequestDevice(e.to_string()))?;
 
-        let lost = Arc::new(Mutex::new(None));
-        let lost_flag = lost.clone();
+        let ctx = Self::assemble(adapter, device, queue, Some(&limits), matrix_units);
+        ctx.watch_device();
+        Ok(ctx)
+    }
+
+    /// Runs the engine on a device the caller made (a renderer's, an ML
+    /// runtime's), with its features and limits as they are. The engine sets
+    /// no callbacks on it (the caller's stay), so a lost device shows as the
+    /// calls' errors, and it cannot be replaced by the engine. A device whose
+    /// limits cannot bind the kernels is refused, naming the limit.
+    pub fn from_wgpu(
+        adapter: &wgpu::Adapter,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+    ) -> Result<GpuContext> {
+        let limits = device.limits();
+        for (name, have, need) in [
+            (
+                "max_storage_buffers_per_shader_stage",
+                limits.max_storage_buffers_per_shader_stage,
+                HOST_STORAGE_BUFFERS,
+            ),
+            (
+                "max_compute_invocations_per_workgroup",
+                limits.max_compute_invocations_per_workgroup,
+                256,
+            ),
+            ("max_bind_groups", limits.max_bind_groups, 1),
+        ] {
+            if have < need {
+                return Err(Error::Limit {
+                    what: "the host's wgpu device".into(),
+                    needed: u64::from(need),
+                    limit: u64::from(have),
+                    limit_name: name,
+                    hint: "request the device with at least WebGPU's default limits \
+                           (wgpu::Limits::default())",
+                });
+            }
+        }
+        Ok(Self::assemble(
+            adapter,
+            device,
+            queue,
+            None,
+            MatrixUnits::Auto,
+        ))
+    }
+
+    /// Watches the engine's own device: a loss is recorded (the next call
+    /// replaces the device), and errors outside the engine's scopes are logged.
+    fn watch_device(&self) {
+        let device = &self.device;
+        let lost_flag = self.lost.clone();
         device.set_device_lost_callback(move |reason, message| {
             log::error!("webattn: GPU device lost ({reason:?}): {message}");
             *lost_flag.lock().unwrap_or_else(PoisonError::into_inner) =
@@ -264,11 +322,26 @@ impl GpuContext {
         device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
             log::error!("webattn: uncaptured GPU error: {e}");
         }));
+    }
 
+    /// The context of a device: its capability profile (limits as the device
+    /// has them, at most `requested` where the engine asked), pipeline cache
+    /// and caches.
+    fn assemble(
+        adapter: &wgpu::Adapter,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        requested: Option<&wgpu::Limits>,
+        matrix_units: MatrixUnits,
+    ) -> GpuContext {
+        let info = adapter.get_info();
+        let lost = Arc::new(Mutex::new(None));
         let mut caps = Capabilities::new(&info, &device.limits(), device.features());
         // Browsers raise a request below WebGPU's defaults to the defaults; the
         // engine keeps to what was asked, so a small adapter can be imitated there too.
-        caps.limits = caps.limits.at_most(&KernelLimits::from(&limits));
+        if let Some(limits) = requested {
+            caps.limits = caps.limits.at_most(&KernelLimits::from(limits));
+        }
         caps.cooperative_matrix =
             super::capabilities::cooperative_matrix_configs(adapter, &device, matrix_units);
         caps.unpack_f16 = adapter
@@ -276,7 +349,7 @@ impl GpuContext {
             .flags
             .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32);
         log::info!("webattn: using {}", caps.summary());
-        Ok(GpuContext {
+        GpuContext {
             pipelines: Arc::new(PipelineCache::new(
                 device.clone(),
                 info.backend == wgpu::Backend::Vulkan
@@ -302,10 +375,11 @@ impl GpuContext {
             clock_guard: Default::default(),
             counters: Default::default(),
             arena: None,
+            capture: None,
             caps: Arc::new(caps),
             profiler: Arc::new(Mutex::new(None)),
             lost,
-        })
+        }
     }
 
     /// The wgpu device, for sharing it with the caller's own wgpu work.
@@ -328,6 +402,51 @@ impl GpuContext {
         GpuContext {
             arena: Some(arena),
             ..self.clone()
+        }
+    }
+
+    /// This context recording into the encoder in `slot` instead of submitting.
+    pub(crate) fn with_capture(
+        &self,
+        slot: Arc<Mutex<Option<wgpu::CommandEncoder>>>,
+    ) -> GpuContext {
+        GpuContext {
+            capture: Some(slot),
+            ..self.clone()
+        }
+    }
+
+    /// The captured encoder, for the recorder that works next.
+    pub(crate) fn take_captured(&self) -> Option<wgpu::CommandEncoder> {
+        self.capture
+            .as_ref()
+            .and_then(|slot| slot.lock().unwrap_or_else(PoisonError::into_inner).take())
+    }
+
+    /// Returns the captured encoder to its slot.
+    pub(crate) fn give_back_captured(&self, encoder: wgpu::CommandEncoder) {
+        if let Some(slot) = &self.capture {
+            *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(encoder);
+        }
+    }
+
+    /// Runs `record` on the captured encoder, or on a new one submitted after.
+    pub(crate) fn encode(&self, label: &str, record: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        match self.take_captured() {
+            Some(mut encoder) => {
+                self.clear_pending(&mut encoder);
+                record(&mut encoder);
+                self.give_back_captured(encoder);
+            }
+            None => {
+                let mut encoder = self
+                    .device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
+                self.clear_pending(&mut encoder);
+                record(&mut encoder);
+                self.counters.submitted();
+                self.queue.submit([encoder.finish()]);
+            }
         }
     }
 

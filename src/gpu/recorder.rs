@@ -72,24 +72,47 @@ impl<'a> From<&'a wgpu::Buffer> for Seg<'a> {
 }
 
 /// An open command encoder plus the compute pass in progress, if any.
+///
+/// On a context that captures (`GpuContext::with_capture`: a call recorded
+/// into the caller's encoder) the recorder borrows the captured encoder and
+/// gives it back on submit or drop, submitting nothing.
 pub(crate) struct Recorder<'c> {
     ctx: &'c GpuContext,
-    encoder: wgpu::CommandEncoder,
+    /// `None` only once submitted.
+    encoder: Option<wgpu::CommandEncoder>,
     pass: Option<wgpu::ComputePass<'static>>,
     profiler: Option<std::sync::Arc<super::profile::Profiler>>,
+    captured: bool,
 }
 
 impl<'c> Recorder<'c> {
     pub(crate) fn new(ctx: &'c GpuContext, label: &str) -> Self {
-        let encoder = ctx
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
-        Self {
-            ctx,
-            encoder,
-            pass: None,
-            profiler: ctx.profiler(),
+        match ctx.take_captured() {
+            Some(encoder) => Self {
+                ctx,
+                encoder: Some(encoder),
+                pass: None,
+                profiler: None,
+                captured: true,
+            },
+            None => {
+                Self {
+                    ctx,
+                    encoder: Some(ctx.device.create_command_encoder(
+                        &wgpu::CommandEncoderDescriptor { label: Some(label) },
+                    )),
+                    pass: None,
+                    profiler: ctx.profiler(),
+                    captured: false,
+                }
+            }
         }
+    }
+
+    fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
+        self.encoder
+            .as_mut()
+            .expect("an open recorder has its encoder")
     }
 
     /// The context this recorder belongs to.
@@ -142,9 +165,13 @@ impl<'c> Recorder<'c> {
         if self.ctx.has_pending_clears() {
             // Reused zero-filled buffers are cleared before anything reads them.
             self.pass = None;
-            self.ctx.clear_pending(&mut self.encoder);
+            let ctx = self.ctx;
+            ctx.clear_pending(self.encoder());
         }
-        let encoder = &mut self.encoder;
+        let encoder = self
+            .encoder
+            .as_mut()
+            .expect("an open recorder has its encoder");
         let profiler = &self.profiler;
         let pass = self.pass.get_or_insert_with(|| {
             let timestamp_writes = profiler.as_ref().and_then(|p| p.pass_writes());
@@ -172,8 +199,9 @@ impl<'c> Recorder<'c> {
         values: usize,
     ) {
         self.pass = None;
-        self.ctx.clear_pending(&mut self.encoder);
-        self.encoder.copy_buffer_to_buffer(
+        let ctx = self.ctx;
+        ctx.clear_pending(self.encoder());
+        self.encoder().copy_buffer_to_buffer(
             src,
             src_offset as u64 * 4,
             dst,
@@ -182,14 +210,31 @@ impl<'c> Recorder<'c> {
         );
     }
 
-    /// Ends the pass and submits everything recorded.
+    /// Ends the pass and submits everything recorded (on a capturing
+    /// context: gives the encoder back, submitting nothing).
     pub(crate) fn submit(mut self) {
         self.pass = None;
+        if self.captured {
+            return; // Drop gives the encoder back.
+        }
+        let mut encoder = self.encoder.take().expect("submitted once");
         if let Some(profiler) = &self.profiler {
-            profiler.resolve(&mut self.encoder);
+            profiler.resolve(&mut encoder);
         }
         self.ctx.counters.submitted();
-        self.ctx.queue.submit([self.encoder.finish()]);
+        self.ctx.queue.submit([encoder.finish()]);
+    }
+}
+
+impl Drop for Recorder<'_> {
+    fn drop(&mut self) {
+        // The pass ends before its encoder moves on.
+        self.pass = None;
+        if self.captured {
+            if let Some(encoder) = self.encoder.take() {
+                self.ctx.give_back_captured(encoder);
+            }
+        }
     }
 }
 
