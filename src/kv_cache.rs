@@ -318,6 +318,68 @@ impl KvCache {
         Ok(())
     }
 
+    /// Records the append of `n` tokens to every sequence into `rec`, copied
+    /// from `key` `[B, Hkv, n, Dk]` and `value` `[B, Hkv, n, Dv]` (f32 buffers
+    /// of the engine's device), in place: a decoder step's append in its one
+    /// submission. Records nothing and returns `false` unless the cache holds
+    /// f32 rows in one buffer each, has room for the tokens, and shares its
+    /// storage with no clone; [`KvCache::append`] covers those cases.
+    pub(crate) fn record_append(
+        &mut self,
+        rec: &mut Recorder<'_>,
+        key: &wgpu::Buffer,
+        value: &wgpu::Buffer,
+        n: usize,
+    ) -> bool {
+        let Some((kb, vb)) = self.in_place_buffers(n) else {
+            return false;
+        };
+        let (k, v) = (
+            self.key.as_ref().expect("checked"),
+            self.value.as_ref().expect("checked"),
+        );
+        for (dst, src, shape) in [(&kb, key, k.shape()), (&vb, value, v.shape())] {
+            let cache_shape = [shape[0], shape[1], shape[2], shape[3]];
+            let new_shape = [shape[0], shape[1], n, shape[3]];
+            for (b, &len) in self.lengths.iter().enumerate() {
+                let runs = box_runs(
+                    new_shape,
+                    [b, 0, 0, 0],
+                    cache_shape,
+                    [b, 0, len, 0],
+                    [1, shape[1], n, shape[3]],
+                );
+                for (from, to, count) in runs {
+                    rec.copy(src, from, dst, to, count);
+                }
+            }
+        }
+        for len in &mut self.lengths {
+            *len += n;
+        }
+        true
+    }
+
+    /// Whether `n` tokens per sequence can be appended in place by
+    /// [`KvCache::record_append`].
+    pub(crate) fn has_room_in_place(&self, n: usize) -> bool {
+        self.in_place_buffers(n).is_some()
+    }
+
+    fn in_place_buffers(&self, n: usize) -> Option<(Arc<wgpu::Buffer>, Arc<wgpu::Buffer>)> {
+        let (Some(k), Some(v)) = (&self.key, &self.value) else {
+            return None;
+        };
+        let (Storage::Gpu(kb), Storage::Gpu(vb)) = (&k.storage, &v.storage) else {
+            return None;
+        };
+        let unshared = Arc::strong_count(kb) == 1 && Arc::strong_count(vb) == 1;
+        let f32_rows = k.dtype() == DType::F32 && v.dtype() == DType::F32;
+        let capacity = k.shape()[2];
+        let room = self.lengths.iter().all(|&len| len + n <= capacity);
+        (unshared && f32_rows && room).then(|| (kb.clone(), vb.clone()))
+    }
+
     /// Forgets the tokens appended since the cache held `lengths` (a failed step).
     pub(crate) fn forget_since(&mut self, lengths: &[usize]) {
         if lengths.is_empty() {

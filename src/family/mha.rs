@@ -507,6 +507,13 @@ impl MultiHeadAttention {
             }
         }
         let m = kv_input.shape()[1];
+        let attention_options = AttentionOptions {
+            qk_matmul_output_mode: want_weights.then_some(QkMatmulOutputMode::Probabilities),
+            return_present: false,
+            return_lse: false,
+            ..options.clone()
+        };
+        let mut cache = cache;
         // A step of few rows (or f16 weights) runs the prepared skinny
         // products; its workspace is taken for the step and put back after.
         let mut workspace = None;
@@ -521,7 +528,41 @@ impl MultiHeadAttention {
                         m,
                         cross: key_value.is_some(),
                     };
-                    let ws = self.take_workspace(ctx, &weights, key)?;
+                    let mut ws = self.take_workspace(ctx, &weights, key)?;
+                    // A decoder step whose cache has room: one submission.
+                    if let Some(cache) = cache.as_deref_mut() {
+                        if !want_weights && key_value.is_none() && cache.has_room_in_place(n) {
+                            let before = cache.lengths().to_vec();
+                            let step = self
+                                .step_in_one_submission(
+                                    engine,
+                                    ctx,
+                                    &weights,
+                                    &mut ws,
+                                    query,
+                                    cache,
+                                    &attention_options,
+                                )
+                                .await;
+                            match step {
+                                Ok(output) => {
+                                    *self
+                                        .workspace
+                                        .lock()
+                                        .unwrap_or_else(PoisonError::into_inner) = Some(ws);
+                                    return Ok(Attended {
+                                        output,
+                                        weights: None,
+                                    });
+                                }
+                                Err(e) => {
+                                    // A failed step leaves the cache as it was.
+                                    cache.forget_since(&before);
+                                    return Err(e);
+                                }
+                            }
+                        }
+                    }
                     let qkv = self
                         .project_prepared(engine, ctx, &weights, &ws, query, key_value, past_len)
                         .await?;
@@ -533,12 +574,6 @@ impl MultiHeadAttention {
                 }
             }
             None => self.project_host(engine, query, key_value, past_len)?,
-        };
-        let attention_options = AttentionOptions {
-            qk_matmul_output_mode: want_weights.then_some(QkMatmulOutputMode::Probabilities),
-            return_present: false,
-            return_lse: false,
-            ..options.clone()
         };
         // With a cache the new keys and values are appended in place and the
         // queries attend to the cache's first `len` keys (its lengths as
@@ -765,6 +800,78 @@ impl MultiHeadAttention {
             staging: buffer::staging(ctx, "output readback", out_len)?,
             attention: None,
         })
+    }
+
+    /// A decoder step of self-attention recorded whole and submitted once:
+    /// the fused Q|K|V product, RoPE, the append into the cache (in place,
+    /// which the caller checked has room), the prepared attention over the
+    /// cache, the output product and its copy to the staging buffer; then one
+    /// readback. Allocates nothing after the first step of its shape.
+    #[allow(clippy::too_many_arguments)]
+    async fn step_in_one_submission(
+        &self,
+        engine: &Engine,
+        ctx: &GpuContext,
+        weights: &DeviceWeights,
+        ws: &mut Workspace,
+        x: &HostTensor,
+        cache: &mut KvCache,
+        options: &AttentionOptions,
+    ) -> Result<HostTensor> {
+        let d = self.dims;
+        let WorkspaceKey { batch, n, .. } = ws.key;
+        let past_len = cache.len();
+        let ws_ref = &*ws;
+        let mut rec = ctx
+            .scoped("decoder step", || {
+                buffer::write(ctx, &ws_ref.x_q, x.data());
+                let mut rec = Recorder::new(ctx, "decoder step");
+                for (product, _) in &ws_ref.products {
+                    product.record(
+                        &mut rec,
+                        &ws_ref.x_q,
+                        weights.q().0,
+                        &[&ws_ref.q, &ws_ref.k, &ws_ref.v],
+                    )?;
+                }
+                if let (Some(rope), Some(rq), Some(rk)) =
+                    (&self.rope, &ws_ref.rope_q, &ws_ref.rope_k)
+                {
+                    rope.record_prepared(&mut rec, rq, &ws_ref.q, n, past_len)?;
+                    rope.record_prepared(&mut rec, rk, &ws_ref.k, n, past_len)?;
+                }
+                if !cache.record_append(&mut rec, &ws_ref.k, &ws_ref.v, n) {
+                    return Err(Error::Conflict("the KV cache had no room in place"));
+                }
+                Ok(rec)
+            })
+            .await?;
+        let q = engine.wrap_gpu(vec![batch, d.heads, n, d.head_dim], ws.q.clone());
+        let lengths = cache.nonpad_lengths();
+        let inputs = cache.attention_inputs(&q, &lengths)?;
+        let dims = crate::problem::validate(&inputs, options)?;
+        let prepared = match ws.attention.take() {
+            Some(p) if p.dims() == &dims && p.options() == options => p,
+            _ => engine.prepare(&dims, options)?,
+        };
+        let out = prepared.record(engine, rec.encoder(), &inputs).await;
+        ws.attention = Some(prepared);
+        let out = out?;
+        let y = out
+            .y
+            .gpu_buffer()
+            .ok_or(Error::ForeignTensor { tensor: "Y" })?;
+        let len = batch * n * d.d_model;
+        ctx.scoped("decoder step output", || {
+            ws.out_product
+                .record(&mut rec, y, &weights.out, &[&ws.output])?;
+            rec.copy(&ws.output, 0, &ws.staging, 0, len);
+            rec.submit();
+            Ok(())
+        })
+        .await?;
+        let data = buffer::map_and_read(ctx, &ws.staging).await?;
+        HostTensor::new([batch, n, d.d_model], data)
     }
 
     /// Projects and (with RoPE) rotates Q, K, V by the workspace's prepared

@@ -109,7 +109,10 @@ impl<'c> Recorder<'c> {
         }
     }
 
-    fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
+    /// The encoder, with no pass open: for recording a call into it
+    /// (`PreparedAttention::record`) between this recorder's own commands.
+    pub(crate) fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
+        self.pass = None;
         self.encoder
             .as_mut()
             .expect("an open recorder has its encoder")
