@@ -37,12 +37,17 @@ fn main() -> webattn::Result<()> {
             std::process::exit(1);
         }
         (Some(report), None) => {
+            // The rule: twice the plain f32 error, plus a floor of 1e-6 times
+            // the largest |exact| value (at least 1).
+            let floor = report.allowed - 2.0 * report.baseline_abs;
             println!(
-                "error:   worst |GPU - f64 oracle| = {:.2e} in {} (allowed {:.2e} = 2 x plain f32 {:.2e} + 1e-6): {}",
+                "error:   worst |GPU - f64 oracle| = {:.2e} in {} (allowed {:.2e} = 2 x plain f32 {:.2e} + floor {:.2e} = 1e-6 x max(1, max |{}|)): {}",
                 report.max_abs,
                 result.worst_output,
                 report.allowed,
                 report.baseline_abs,
+                floor,
+                result.worst_output,
                 if report.passed() { "PASS" } else { "FAIL" }
             );
             println!(

@@ -52,6 +52,9 @@ struct Params {
 
 // Weights stored as f16 pairs (8 values a word) rather than f32 (4 a word).
 override F16_WEIGHTS: bool = false;
+// Rows of x this pipeline takes (1..MAX_ROWS): the row loops have constant
+// bounds, so the compiler keeps one sum per row in registers.
+override ROWS: u32 = 1u;
 
 const LANES: u32 = 32u;
 const TEAMS: u32 = 4u;
@@ -107,11 +110,11 @@ fn main(
     // Every invocation reaches the barrier: a team past the last feature
     // reads the last one's weights and writes nothing.
     let feature = min(p.feature_base + group * TEAMS + team, p.features - 1u);
-    let rows = min(p.rows, MAX_ROWS);
+    let rows = min(ROWS, MAX_ROWS);
 
     var bases: array<u32, MAX_ROWS>;
-    for (var r = 0u; r < MAX_ROWS; r++) {
-        bases[r] = x_row_base(min(r, rows - 1u));
+    for (var r = 0u; r < rows; r++) {
+        bases[r] = x_row_base(r);
     }
     var acc: array<f32, MAX_ROWS>;
     let per_word = select(4u, 8u, F16_WEIGHTS);
@@ -131,29 +134,27 @@ fn main(
         let valid_lo = quad_valid(k0);
         let cols_hi = quad_columns(k0 + 4u);
         let valid_hi = quad_valid(k0 + 4u) & vec4<bool>(F16_WEIGHTS);
-        for (var r = 0u; r < MAX_ROWS; r++) {
-            if (r < rows) {
-                var sum = dot(lo, x_quad(bases[r], cols_lo, valid_lo));
-                if (F16_WEIGHTS) {
-                    sum += dot(hi, x_quad(bases[r], cols_hi, valid_hi));
-                }
-                acc[r] += sum;
+        for (var r = 0u; r < rows; r++) {
+            var sum = dot(lo, x_quad(bases[r], cols_lo, valid_lo));
+            if (F16_WEIGHTS) {
+                sum += dot(hi, x_quad(bases[r], cols_hi, valid_hi));
             }
+            acc[r] += sum;
         }
     }
-    for (var r = 0u; r < MAX_ROWS; r++) {
+    for (var r = 0u; r < rows; r++) {
         partial[r * INVOCATIONS + lid] = acc[r];
     }
     workgroupBarrier();
 
     // One invocation per (team, row) finishes a sum.
-    if (lid >= TEAMS * MAX_ROWS) {
+    if (lid >= TEAMS * rows) {
         return;
     }
-    let sum_team = lid / MAX_ROWS;
-    let r = lid % MAX_ROWS;
+    let sum_team = lid / rows;
+    let r = lid % rows;
     let f = p.feature_base + group * TEAMS + sum_team;
-    if (r >= rows || f >= p.features) {
+    if (f >= p.features) {
         return;
     }
     var total = bias[f];

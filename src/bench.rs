@@ -781,18 +781,41 @@ impl DecoderLayerShape {
     }
 }
 
+/// One decoder layer's token step as [`token_step`] measured it.
+#[derive(Debug, Clone)]
+pub struct TokenStep {
+    /// Milliseconds per token, by the wall clock.
+    pub measurement: Measurement,
+    /// The work of the last timed step: buffers created, dispatches,
+    /// submissions (zero on a CPU engine).
+    pub counts: crate::WorkCounts,
+    /// Bytes of weights the step reads (each weight once), as stored.
+    pub weight_bytes: u64,
+    /// Bytes of cached keys and values the step's attention reads (f32).
+    pub kv_bytes: u64,
+}
+
+impl TokenStep {
+    /// GB/s of the step's bytes (weights and cached K/V) at the median time.
+    pub fn gbs(&self) -> f64 {
+        (self.weight_bytes + self.kv_bytes) as f64 / (self.measurement.median_ms() * 1e6)
+    }
+}
+
 /// Milliseconds per generated token of one decoder layer with `cached` tokens
 /// already in its KV cache: the whole step (Q/K/V projections, RoPE, the cache
 /// append, attention over the cache, the output projection, the readback of
-/// the token's output), by the wall clock, one token per run. The cache is
-/// filled by one prefill call first (untimed); each run adds a token, so the
-/// cache grows by `repeats.warmup + repeats.timed` over the measurement.
+/// the token's output), by the wall clock, one token per run, the weights kept
+/// as `storage`. The cache is filled by one prefill call first (untimed); each
+/// run adds a token, so the cache grows by `repeats.warmup + repeats.timed`
+/// over the measurement.
 pub async fn token_step(
     engine: &crate::Engine,
     layer: DecoderLayerShape,
     cached: usize,
+    storage: crate::WeightStorage,
     repeats: Repeats,
-) -> Result<Measurement> {
+) -> Result<TokenStep> {
     use crate::family::mha::{KvCache, MhaWeights, MultiHeadAttention};
     use crate::family::position::Rope;
     use crate::{AttentionOptions, HostTensor};
@@ -805,10 +828,12 @@ pub async fn token_step(
         layer.head_dim,
         0x70c3,
     )?;
-    let mha =
-        MultiHeadAttention::new(weights, layer.heads, layer.kv_heads)?.with_rope(Rope::default())?;
+    let mha = MultiHeadAttention::new(weights, layer.heads, layer.kv_heads)?
+        .with_rope(Rope::default())?
+        .with_weight_storage(storage);
     let mut rng = SplitMix64::new(0x5eed ^ cached as u64);
-    let mut cache = KvCache::new();
+    // Room for every run: the timed steps append in place.
+    let mut cache = KvCache::with_capacity(cached + repeats.warmup + repeats.timed + 1);
     let options = AttentionOptions::default();
     if cached > 0 {
         let prompt = HostTensor::new([1, cached, d_model], rng.normal_vec(cached * d_model, 1.0))?;
@@ -816,16 +841,85 @@ pub async fn token_step(
             .await?;
     }
     let mut samples = Vec::with_capacity(repeats.timed);
+    let mut counts = crate::WorkCounts::default();
     for run in 0..repeats.warmup + repeats.timed {
         let token = HostTensor::new([1, 1, d_model], rng.normal_vec(d_model, 1.0))?;
+        let before = engine.gpu().map(|g| g.work_counts());
         let start = Instant::now();
         mha.forward_cached(engine, &token, &mut cache, &options, false)
             .await?;
         if run >= repeats.warmup {
             samples.push(start.elapsed().as_secs_f64() * 1e3);
         }
+        if let (Some(before), Some(g)) = (before, engine.gpu()) {
+            counts = g.work_counts() - before;
+        }
     }
-    Ok(Measurement::wall(samples))
+    let weight_count =
+        (2 * d_model * d_model + 2 * d_model * layer.kv_heads * layer.head_dim) as u64;
+    let weight_bytes = match mha.device_weight_bytes(engine)? {
+        Some(bytes) => bytes,
+        None => weight_count * 4,
+    };
+    let kv_bytes = (cache.len() * layer.kv_heads * layer.head_dim * 2 * 4) as u64;
+    Ok(TokenStep {
+        measurement: Measurement::wall(samples),
+        counts,
+        weight_bytes,
+        kv_bytes,
+    })
+}
+
+/// The host time to issue one attention call at a tiny shape (B1 H1 N16 d16),
+/// where the arithmetic is nothing and the call's own costs are everything:
+/// a plain [`crate::Engine::attention`] against a [`crate::PreparedAttention`]
+/// run, inputs on the device, no readback; the device is waited for after
+/// each batch of calls, outside the timing.
+pub async fn call_overhead(
+    engine: &crate::Engine,
+    repeats: Repeats,
+) -> Result<(Measurement, Measurement)> {
+    use crate::{AttentionInputs, AttentionOptions, HostTensor};
+    const CALLS: usize = 20;
+    let mut rng = SplitMix64::new(0x0c0c);
+    let shape = [1, 1, 16, 16];
+    let mut upload = || -> Result<crate::Tensor> {
+        engine.upload(&HostTensor::new(shape, rng.normal_vec(256, 1.0))?)
+    };
+    let (q, k, v) = (upload()?, upload()?, upload()?);
+    let inputs = AttentionInputs::new(&q, &k, &v);
+    let options = AttentionOptions::default();
+    let prepared = engine.prepare(&crate::validate(&inputs, &options)?, &options)?;
+    let wait = || -> Result<()> {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(ctx) = engine.gpu() {
+            ctx.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| crate::Error::Readback(e.to_string()))?;
+        }
+        Ok(())
+    };
+    let mut plain = Vec::with_capacity(repeats.timed);
+    let mut ready = Vec::with_capacity(repeats.timed);
+    for run in 0..repeats.warmup + repeats.timed {
+        let start = Instant::now();
+        for _ in 0..CALLS {
+            engine.attention(&inputs, &options).await?;
+        }
+        let plain_ms = start.elapsed().as_secs_f64() * 1e3 / CALLS as f64;
+        wait()?;
+        let start = Instant::now();
+        for _ in 0..CALLS {
+            prepared.run(engine, &inputs).await?;
+        }
+        let prepared_ms = start.elapsed().as_secs_f64() * 1e3 / CALLS as f64;
+        wait()?;
+        if run >= repeats.warmup {
+            plain.push(plain_ms);
+            ready.push(prepared_ms);
+        }
+    }
+    Ok((Measurement::wall(plain), Measurement::wall(ready)))
 }
 
 /// Milliseconds to append one token's keys and values to a [`crate::KvCache`]

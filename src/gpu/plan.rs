@@ -419,7 +419,9 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
     keys.push(PipelineKey::new(Kernel::ConvertF16).with_flag("NARROW", false));
     keys.push(PipelineKey::new(Kernel::ConvertF16).with_flag("NARROW", true));
     for f16 in [false, true] {
-        keys.push(crate::gpu::ops::projection::key(f16));
+        for rows in [1, 7, crate::gpu::ops::projection::MAX_ROWS] {
+            keys.push(crate::gpu::ops::projection::key(f16, rows));
+        }
     }
     for kernel in [
         Kernel::Softmax,

@@ -102,8 +102,11 @@ enum Job {
     Attention(AttentionShape, KernelPath, Precision),
     /// Decode rows: the shape (Nq = 1), the path, K and V's storage type.
     Decode(AttentionShape, KernelPath, DType),
-    /// One decoder layer's token step with this many tokens cached.
-    TokenStep(usize),
+    /// One decoder layer's token step with this many tokens cached, its
+    /// weights kept as the storage says.
+    TokenStep(usize, webattn::WeightStorage),
+    /// The host cost of a plain call against a prepared one at a tiny shape.
+    Overhead,
 }
 
 /// The decoder layer of the token-step rows: a Llama-like layer (32 heads of
@@ -307,7 +310,17 @@ fn plan(
     } else {
         &[1024, 4096, 16384, 32768]
     };
-    jobs.extend(cached.iter().map(|&n| Job::TokenStep(n)));
+    // f16 weights halve the bytes a step streams on a device; a CPU engine
+    // computes from f32 weights either way.
+    let storages: &[webattn::WeightStorage] = if gpu {
+        &[webattn::WeightStorage::F32, webattn::WeightStorage::F16]
+    } else {
+        &[webattn::WeightStorage::F32]
+    };
+    for &n in cached {
+        jobs.extend(storages.iter().map(|&s| Job::TokenStep(n, s)));
+    }
+    jobs.push(Job::Overhead);
     // The f64 oracle once, for reference: it is what the CPU backend replaced.
     for causal in [false, true] {
         jobs.push(Job::Attention(
@@ -326,7 +339,7 @@ fn selected(args: &Args, job: &Job) -> bool {
         Job::Gemm(..) => RowKind::Gemm,
         Job::Attention(..) => RowKind::Attention,
         Job::Decode(..) => RowKind::Decode,
-        Job::TokenStep(..) => RowKind::Tokens,
+        Job::TokenStep(..) | Job::Overhead => RowKind::Tokens,
     };
     let path = match *job {
         Job::Attention(_, path, _) | Job::Decode(_, path, _) => Some(path),
@@ -463,6 +476,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     let mut decode = Vec::new();
     let mut token_steps = Vec::new();
     let mut token_skipped = Vec::new();
+    let mut overhead: Option<(bench::Measurement, bench::Measurement)> = None;
     let mut decode_skipped = Vec::new();
     for job in &jobs {
         match *job {
@@ -592,12 +606,15 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                     decode.push((shape, path, dtype, kernel, m));
                 }
             }
-            Job::TokenStep(cached) => {
-                note(format!("token step, {cached} tokens cached"));
+            Job::TokenStep(cached, storage) => {
+                note(format!(
+                    "token step, {cached} tokens cached, {storage:?} weights"
+                ));
                 let step = pollster::block_on(bench::token_step(
                     &engine,
                     layer,
                     cached,
+                    storage,
                     repeats(KernelPath::Fused, args.quick),
                 ))
                 .and_then(|m| {
@@ -612,11 +629,13 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 match step {
                     Ok((m, append)) => {
                         said(format!(
-                            "  token step {:.3} ms, append {:.3} ms",
-                            m.median_ms(),
+                            "  token step {:.3} ms ({} dispatches, {} buffers), append {:.3} ms",
+                            m.measurement.median_ms(),
+                            m.counts.dispatches,
+                            m.counts.buffers,
                             append.median_ms()
                         ));
-                        token_steps.push((cached, m, append))
+                        token_steps.push((cached, storage, m, append))
                     }
                     // A cache beyond this device's limits (e.g. under
                     // --limits webgpu-default) is a skipped row, not a lost run.
@@ -628,6 +647,19 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                             .context(format!("a token step with {cached} tokens cached")))
                     }
                 }
+            }
+            Job::Overhead => {
+                note("per-call overhead, B1 H1 N16 d16".into());
+                let (plain, prepared) = pollster::block_on(bench::call_overhead(
+                    &engine,
+                    repeats(KernelPath::Fused, args.quick),
+                ))?;
+                said(format!(
+                    "  Engine::attention {:.3} ms, prepared {:.3} ms",
+                    plain.median_ms(),
+                    prepared.median_ms()
+                ));
+                overhead = Some((plain, prepared));
             }
         }
     }
@@ -897,21 +929,49 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             layer.head_dim
         );
         println!(
-            "{:>8} {:>12} {:>10} {:>16}",
-            "cached", "ms/token", "tokens/s", "cache append ms"
+            "{:>8} {:>7} {:>10} {:>9} {:>6} {:>6} {:>6} {:>9} {:>8} {:>8} {:>10}",
+            "cached",
+            "weights",
+            "ms/token",
+            "tokens/s",
+            "disp",
+            "bufs",
+            "subm",
+            "MB/token",
+            "GB/s",
+            "of copy",
+            "append ms"
         );
-        for (cached, m, append) in &token_steps {
-            let ms = m.median_ms();
+        for (cached, storage, m, append) in &token_steps {
+            let ms = m.measurement.median_ms();
+            let share = m.gbs() / bandwidth;
             println!(
-                "{cached:>8} {ms:>12.2} {:>10.1} {:>16.3}",
+                "{cached:>8} {:>7} {ms:>10.3} {:>9.1} {:>6} {:>6} {:>6} {:>9.2} {:>8.1} {:>8} {:>10.3}",
+                format!("{storage:?}").to_lowercase(),
                 1e3 / ms,
+                m.counts.dispatches,
+                m.counts.buffers,
+                m.counts.submissions,
+                (m.weight_bytes + m.kv_bytes) as f64 / 1e6,
+                m.gbs(),
+                if share.is_finite() { format!("{:.1}%", 100.0 * share) } else { "-".into() },
                 append.median_ms()
             );
         }
+        println!("disp/bufs/subm: dispatches, buffers created and submissions of the last timed token; MB/token: weights (as stored) + the cached K and V the step reads; of copy: share of the copy ceiling measured in this run");
         println!("cache append: one token's keys and values copied into the preallocated cache, until the device is done (wall clock)");
         for (cached, why) in &token_skipped {
             println!("{cached:>8} skipped: {why}");
         }
+    }
+    if let Some((plain, prepared)) = &overhead {
+        println!(
+            "\nper-call host overhead at B1 H1 N16 d16 (host time to issue a call, no readback): \
+             Engine::attention {:.3} ms, PreparedAttention::run {:.3} ms ({:.0}%)",
+            plain.median_ms(),
+            prepared.median_ms(),
+            100.0 * prepared.median_ms() / plain.median_ms()
+        );
     }
 
     let finite = |x: f64| x.is_finite().then_some(x);
@@ -955,12 +1015,19 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             "share_of_bandwidth": finite(bandwidth_share(*p, kv_gbs(s, *d, m))),
             "cold_cache": bench::can_flush_caches(&engine) && *p != KernelPath::Cpu,
         })).collect::<Vec<_>>(),
-        "token_step": token_steps.iter().map(|(cached, m, append)| json!({
+        "token_step": token_steps.iter().map(|(cached, storage, m, append)| json!({
             "d_model": layer.d_model(), "heads": layer.heads, "kv_heads": layer.kv_heads,
-            "head_dim": layer.head_dim, "cached": cached, "ms": m.median_ms(),
-            "samples_ms": m.samples_ms, "append_ms": append.median_ms(),
-            "append_samples_ms": append.samples_ms,
+            "head_dim": layer.head_dim, "cached": cached, "weights": format!("{storage:?}").to_lowercase(),
+            "ms": m.measurement.median_ms(), "samples_ms": m.measurement.samples_ms,
+            "dispatches": m.counts.dispatches, "buffers_created": m.counts.buffers,
+            "submissions": m.counts.submissions, "weight_bytes": m.weight_bytes, "kv_bytes": m.kv_bytes,
+            "gbs": m.gbs(), "share_of_bandwidth": finite(m.gbs() / bandwidth),
+            "append_ms": append.median_ms(), "append_samples_ms": append.samples_ms,
         })).collect::<Vec<_>>(),
+        "call_overhead": overhead.as_ref().map(|(plain, prepared)| json!({
+            "shape": [1, 1, 16, 16], "attention_ms": plain.median_ms(), "prepared_ms": prepared.median_ms(),
+            "attention_samples_ms": plain.samples_ms, "prepared_samples_ms": prepared.samples_ms,
+        })),
         "decode_skipped": decode_skipped.iter().map(|(s, p, d, label, why)| json!({
             "path": p.name(), "kernel": label, "batch": s.batch, "heads": s.heads, "kv_heads": s.kv_heads, "seq_k": s.seq_k,
             "head_dim": s.head_dim, "dtype": d.to_string(), "reason": why,

@@ -79,9 +79,11 @@ pub(crate) struct Params {
     out_row: [u32; 4],
 }
 
-/// The pipeline key.
-pub fn key(f16_weights: bool) -> PipelineKey {
-    PipelineKey::new(Kernel::Projection).with_flag("F16_WEIGHTS", f16_weights)
+/// The pipeline key: weights' storage, and rows of x (1..=[`MAX_ROWS`]).
+pub fn key(f16_weights: bool, rows: usize) -> PipelineKey {
+    PipelineKey::new(Kernel::Projection)
+        .with_flag("F16_WEIGHTS", f16_weights)
+        .with("ROWS", rows.clamp(1, MAX_ROWS) as i64)
 }
 
 /// Linear maps stacked into one matrix `[features, in_dim]`, stored as the
@@ -233,9 +235,9 @@ impl Segment {
 /// the device already; recording it allocates nothing.
 #[derive(Debug)]
 pub(crate) struct Projection {
-    pipeline: Arc<Pipeline>,
-    /// One parameter block per block of [`MAX_ROWS`] rows.
-    uniforms: Vec<wgpu::Buffer>,
+    /// One pipeline and parameter block per block of [`MAX_ROWS`] rows (the
+    /// last block's pipeline compiled for its own row count).
+    blocks: Vec<(Arc<Pipeline>, wgpu::Buffer)>,
     workgroups: u64,
     outputs: usize,
     /// Bound in place of the outputs a product lacks (WebGPU forbids one
@@ -308,25 +310,27 @@ impl Projection {
             out_head: pick(|s| s.head)?,
             out_row: pick(|s| s.row)?,
         };
-        let uniforms = (0..rows)
+        let f16 = weights.storage == WeightStorage::F16;
+        let blocks = (0..rows)
             .step_by(MAX_ROWS)
             .map(|base| {
+                let block_rows = (rows - base).min(MAX_ROWS);
                 let params = Params {
-                    rows: (rows - base).min(MAX_ROWS) as u32,
+                    rows: block_rows as u32,
                     row_base: base as u32,
                     ..template
                 };
-                buffer::uniform(ctx, "projection params", &params)
+                (
+                    ctx.pipelines.get(&key(f16, block_rows)),
+                    buffer::uniform(ctx, "projection params", &params),
+                )
             })
             .collect();
         let spares = (segments.len()..3)
             .map(|_| buffer::storage(ctx, "projection spare output", 4))
             .collect::<Result<Vec<_>>>()?;
         Ok(Projection {
-            pipeline: ctx
-                .pipelines
-                .get(&key(weights.storage == WeightStorage::F16)),
-            uniforms,
+            blocks,
             workgroups: count.div_ceil(TEAMS) as u64,
             outputs: segments.len(),
             spares,
@@ -345,9 +349,9 @@ impl Projection {
         debug_assert_eq!(outputs.len(), self.outputs);
         let mut outs: Vec<&wgpu::Buffer> = outputs.to_vec();
         outs.extend(self.spares.iter());
-        for uniform in &self.uniforms {
+        for (pipeline, uniform) in &self.blocks {
             rec.dispatch(
-                &self.pipeline,
+                pipeline,
                 &[
                     uniform,
                     x,
