@@ -269,6 +269,8 @@ export declare class WebAttn {
   attention(inputs: AttentionInputs, options?: AttentionOptions & { keepOnDevice?: false }): Promise<AttentionResult<HostTensor>>;
   attention(inputs: AttentionInputs, options: AttentionOptions & { keepOnDevice: true }): Promise<AttentionResult<DeviceTensor>>;
   attention(inputs: AttentionInputs, options?: AttentionOptions): Promise<AttentionResult>;
+  /** Plans a call of these inputs' shapes and these options once; its runs reuse one workspace on the device. */
+  prepare(inputs: AttentionInputs, options?: AttentionOptions): Promise<PreparedCall>;
   /** Uploads a tensor to the device; pass the result as an input to skip the upload per call. */
   upload(tensor: Tensor): Promise<DeviceTensor>;
   /** Uploads a mask. */
@@ -328,3 +330,19 @@ export declare class WebAttn {
 }
 
 export default WebAttn;
+
+/** A call planned once (`WebAttn.prepare`): runs after the first allocate nothing on the device. Outputs kept
+ * on the device live in its workspace until its next run. */
+export declare class PreparedCall {
+  /** The path its runs take. */
+  readonly path: "fused" | "unfused" | "cpu" | "oracle";
+  /** Why `auto` did not take the fused path, if it did not. */
+  readonly reason?: string;
+  /** Whether `dispose()` was called. */
+  readonly disposed: boolean;
+  /** Runs the call on inputs of the prepared shapes (options: only `keepOnDevice`, `timing`, `verify`). */
+  run(inputs: AttentionInputs, options?: { keepOnDevice?: false; timing?: boolean; verify?: boolean }): Promise<AttentionResult<HostTensor>>;
+  run(inputs: AttentionInputs, options: { keepOnDevice: true; timing?: boolean; verify?: boolean }): Promise<AttentionResult<DeviceTensor>>;
+  /** Frees its workspace now. */
+  dispose(): void;
+}

@@ -188,6 +188,58 @@ if (typeof Symbol.dispose === "symbol") {
 
 const OUTPUTS = ["y", "presentKey", "presentValue", "qkMatmulOutput", "lse"];
 
+// Frees prepared calls' workspaces that were garbage-collected undisposed.
+const collectedCalls = typeof FinalizationRegistry === "function"
+  ? new FinalizationRegistry(({ core, id }) => { try { core.disposePrepared(id); } catch { /* engine gone */ } })
+  : null;
+
+/**
+ * A call planned once (`WebAttn.prepare`): its path is fixed and its runs
+ * reuse one workspace on the device, so a run after the first allocates
+ * nothing. Outputs kept on the device (`keepOnDevice`) live in that workspace
+ * until the next run.
+ */
+export class PreparedCall {
+  #engine;
+  #id;
+  #path;
+  #reason;
+  #disposed = false;
+
+  /** @internal Made by `WebAttn.prepare`. */
+  constructor(engine, core, descriptor) {
+    this.#engine = engine;
+    this.#id = descriptor.id;
+    this.#path = descriptor.path;
+    this.#reason = descriptor.reason;
+    collectedCalls?.register(this, { core, id: this.#id }, this);
+  }
+
+  /** The path its runs take (`fused`, `unfused`, `cpu`, `oracle`). */
+  get path() { return this.#path; }
+  /** Why `auto` did not take the fused path, if it did not. */
+  get reason() { return this.#reason; }
+  /** Whether `dispose()` was called. */
+  get disposed() { return this.#disposed; }
+
+  /**
+   * Runs the call on inputs of the prepared shapes; `options` may hold only
+   * `keepOnDevice`, `timing` and `verify`. Resolves as `attention` does.
+   */
+  async run(inputs, options = {}) {
+    if (this.#disposed) throw libraryError("Conflict", "this prepared call was disposed; prepare it again");
+    return this.#engine._runPrepared(this.#id, inputs, options);
+  }
+
+  /** Frees its workspace now (also done when the object is collected). */
+  dispose() {
+    if (this.#disposed) return;
+    this.#disposed = true;
+    collectedCalls?.unregister(this);
+    this.#engine._core(true)?.disposePrepared(this.#id);
+  }
+}
+
 /** The engine: one WebGPU device (or the CPU backend) and its compiled pipelines. */
 export class WebAttn {
   #core;
@@ -269,6 +321,25 @@ export class WebAttn {
     const args = this.#inputs(inputs);
     options = asNow(options);
     return this.#wrap(await this._serial(() => this._core().attention(args, options)));
+  }
+
+  /**
+   * Plans a call of the shapes of `inputs` (values or DeviceTensors) with
+   * `options` (the ONNX attributes, `path`, `qNumHeads`/`kvNumHeads`) once;
+   * resolves to a `PreparedCall` whose runs allocate nothing after the first.
+   */
+  async prepare(inputs, options = {}) {
+    const core = this._core();
+    const args = this.#inputs(inputs);
+    options = asNow(options);
+    return new PreparedCall(this, core, await this._serial(() => core.prepare(args, options)));
+  }
+
+  /** @internal A run of a prepared call. */
+  async _runPrepared(id, inputs, options) {
+    const args = this.#inputs(inputs);
+    options = asNow(options);
+    return this.#wrap(await this._serial(() => this._core().runPrepared(id, args, options)));
   }
 
   /** Uploads `{ data, shape }` to the device. */

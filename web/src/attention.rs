@@ -13,6 +13,7 @@ use web_time::Instant;
 use webattn::conformance::{compare_baselines, DEFAULT_FLOOR, F16_UNIT_ROUNDOFF};
 use webattn::cpu::{attention_exact, attention_plain_f32_in, SumOrder};
 use webattn::layout::{merge_heads, split_heads};
+use webattn::PreparedAttention;
 use webattn::{
     AttentionInputs, AttentionOptions, AttentionOutputs, Engine, Error, HostMask, HostTensor,
     KernelPath, Mask, Tensor,
@@ -259,6 +260,7 @@ async fn run_on_device(
     engine: &Engine,
     c: &CallInputs,
     options: &AttentionOptions,
+    prepared: Option<&PreparedAttention>,
 ) -> webattn::Result<AttentionOutputs<Tensor>> {
     engine.recover().await?;
     let q = device_tensor(engine, &c.q).await?;
@@ -286,7 +288,60 @@ async fn run_on_device(
         past_value: past_value.as_ref(),
         nonpad_kv_seqlen: c.nonpad.as_deref(),
     };
-    engine.attention(&inputs, options).await
+    match prepared {
+        Some(p) => p.run(engine, &inputs).await,
+        None => engine.attention(&inputs, options).await,
+    }
+}
+
+/// Plans a call of the shapes of `inputs` (values or device tensors; host
+/// values are uploaded once to take their shapes) with `options`: the
+/// prepared call, its path and why.
+pub async fn prepare(
+    engine: &Engine,
+    handles: &Handles,
+    inputs: &JsValue,
+    options: &JsValue,
+) -> Result<(PreparedAttention, String, Option<String>), JsValue> {
+    let call = convert::call_options(options).js()?;
+    if call.keep_on_device || call.timing || call.verify {
+        return Err(js_error(
+            "InvalidOption",
+            "keepOnDevice, timing and verify are options of run(), not of prepare()",
+        ));
+    }
+    let c = parse_inputs(handles, inputs, &call)?;
+    engine.recover().await.js()?;
+    let q = device_tensor(engine, &c.q).await.js()?;
+    let k = device_tensor(engine, &c.k).await.js()?;
+    let v = device_tensor(engine, &c.v).await.js()?;
+    let mask = match &c.mask {
+        Some(MaskInput::Host(m)) => Some(engine.upload_mask_async(m).await.js()?),
+        Some(MaskInput::Device(m)) => Some(m.clone()),
+        None => None,
+    };
+    let past_key = match &c.past_key {
+        Some(t) => Some(device_tensor(engine, t).await.js()?),
+        None => None,
+    };
+    let past_value = match &c.past_value {
+        Some(t) => Some(device_tensor(engine, t).await.js()?),
+        None => None,
+    };
+    let view = AttentionInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        attn_mask: mask.as_ref(),
+        past_key: past_key.as_ref(),
+        past_value: past_value.as_ref(),
+        nonpad_kv_seqlen: c.nonpad.as_deref(),
+    };
+    let dims = webattn::validate(&view, &call.attention).js()?;
+    let prepared = engine.prepare(&dims, &call.attention).js()?;
+    let path = prepared.path().path.name().to_string();
+    let reason = prepared.path().reason.clone();
+    Ok((prepared, path, reason))
 }
 
 /// What a call produced: host values, or tensors kept on the device.
@@ -358,8 +413,34 @@ pub async fn call(
     handles: &Handles,
     inputs: &JsValue,
     options: &JsValue,
+    prepared: Option<&PreparedAttention>,
 ) -> Result<JsValue, JsValue> {
-    let call = convert::call_options(options).js()?;
+    let mut call = convert::call_options(options).js()?;
+    if let Some(p) = prepared {
+        // A prepared call's attributes were fixed when it was prepared.
+        const RUN_OPTIONS: [&str; 5] = [
+            "keepOnDevice",
+            "timing",
+            "verify",
+            "qNumHeads",
+            "kvNumHeads",
+        ];
+        if let Some(object) = options.dyn_ref::<Object>() {
+            for key in Object::keys(object).iter().filter_map(|k| k.as_string()) {
+                if !RUN_OPTIONS.contains(&key.as_str()) {
+                    return Err(js_error(
+                        "InvalidOption",
+                        format!(
+                            "{key}: a prepared call runs with the options it was prepared \
+                             with; run() takes only keepOnDevice, timing, verify (and \
+                             qNumHeads, kvNumHeads for 3-D inputs)"
+                        ),
+                    ));
+                }
+            }
+        }
+        call.attention = p.options().clone();
+    }
     let c = parse_inputs(handles, inputs, &call)?;
     if call.keep_on_device && c.three_d {
         return Err(js_error(
@@ -376,7 +457,7 @@ pub async fn call(
             KernelPath::Fused | KernelPath::Unfused | KernelPath::Auto
         )
         && engine.gpu().is_some_and(|ctx| ctx.set_profiling(true));
-    let produced = if c.all_host() && !call.keep_on_device {
+    let produced = if c.all_host() && !call.keep_on_device && prepared.is_none() {
         let Input::Host(q) = &c.q else { unreachable!() };
         let Input::Host(k) = &c.k else { unreachable!() };
         let Input::Host(v) = &c.v else { unreachable!() };
@@ -394,7 +475,7 @@ pub async fn call(
             .await
             .map(Produced::Host)
     } else {
-        run_on_device(engine, &c, options)
+        run_on_device(engine, &c, options, prepared)
             .await
             .map(Produced::Device)
     };

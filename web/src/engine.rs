@@ -24,6 +24,8 @@ use crate::handles::{Handles, Held};
 pub struct EngineCore {
     pub(crate) engine: Rc<Engine>,
     handles: Handles,
+    /// Prepared calls (`prepare`), by number.
+    prepared: std::cell::RefCell<std::collections::HashMap<u32, Rc<webattn::PreparedAttention>>>,
     /// Why the engine runs on the CPU, when it fell back to it.
     no_gpu_reason: Option<String>,
 }
@@ -202,6 +204,7 @@ impl EngineCore {
         Ok(EngineCore {
             engine: Rc::new(engine),
             handles: Handles::default(),
+            prepared: Default::default(),
             no_gpu_reason,
         })
     }
@@ -291,7 +294,59 @@ impl EngineCore {
 
     /// One call of the ONNX `Attention` operator (see `attention.rs`).
     pub async fn attention(&self, inputs: JsValue, options: JsValue) -> Result<JsValue, JsValue> {
-        crate::attention::call(&self.engine, &self.handles, &inputs, &options).await
+        crate::attention::call(&self.engine, &self.handles, &inputs, &options, None).await
+    }
+
+    /// Plans a call of the shapes of `inputs` with `options` once; returns
+    /// `{id, path, reason}`. Runs of it (`runPrepared`) reuse one workspace.
+    pub async fn prepare(&self, inputs: JsValue, options: JsValue) -> Result<JsValue, JsValue> {
+        let (prepared, path, reason) =
+            crate::attention::prepare(&self.engine, &self.handles, &inputs, &options).await?;
+        let id = {
+            let mut map = self.prepared.borrow_mut();
+            let id = map.keys().max().map_or(1, |k| k + 1);
+            map.insert(id, Rc::new(prepared));
+            id
+        };
+        let out = Object::new();
+        set(&out, "id", id);
+        set(&out, "path", path);
+        if let Some(reason) = reason {
+            set(&out, "reason", reason);
+        }
+        Ok(out.into())
+    }
+
+    /// Runs prepared call `id` on `inputs` of its shapes; `options` may hold
+    /// only `keepOnDevice`, `timing` and `verify` (the attributes are the
+    /// prepared ones). Resolves as `attention` does.
+    #[wasm_bindgen(js_name = runPrepared)]
+    pub async fn run_prepared(
+        &self,
+        id: u32,
+        inputs: JsValue,
+        options: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        let prepared = self.prepared.borrow().get(&id).cloned().ok_or_else(|| {
+            js_error(
+                "Conflict",
+                format!("prepared call {id} was disposed (or belongs to another engine)"),
+            )
+        })?;
+        crate::attention::call(
+            &self.engine,
+            &self.handles,
+            &inputs,
+            &options,
+            Some(&prepared),
+        )
+        .await
+    }
+
+    /// Frees a prepared call's workspace; `false` if it was already freed.
+    #[wasm_bindgen(js_name = disposePrepared)]
+    pub fn dispose_prepared(&self, id: u32) -> bool {
+        self.prepared.borrow_mut().remove(&id).is_some()
     }
 
     /// Uploads a tensor `{data, shape}`; returns `{handle, shape, kind}`.

@@ -3,7 +3,7 @@
 // every call of the public API on the caller's own typed arrays, and checks
 // results against the f64 oracle (the `verify` option, computed in the page
 // in wasm) and against a small JavaScript f64 reference written here.
-import { WebAttn, DeviceTensor } from "/webattn/webattn.js";
+import { WebAttn, DeviceTensor, PreparedCall } from "/webattn/webattn.js";
 
 // ------------------------------------------------------------------ helpers
 
@@ -252,6 +252,32 @@ function cases({ worker }) {
     expect(JSON.stringify(p.presentKey.shape) === JSON.stringify([B, Hk, 8, D]), `presentKey shape ${p.presentKey.shape}`);
     expect(p.presentValue.data.slice(0, 5 * D).every((x, i) => x === past.pastValue.data[i]), "presentValue does not start with pastValue");
     return `3-D ${expectVerified(r, "3-D")}; past ${expectVerified(p, "past")}`;
+  });
+
+  add("prepared calls: runs equal plain calls, options fixed at prepare, other shapes refused", async (engine) => {
+    const shapes = { q: [1, 4, 1, 32], k: [1, 2, 600, 32], v: [1, 2, 600, 32] };
+    const options = { isCausal: true };
+    const first = { q: tensor(n, shapes.q), k: tensor(n, shapes.k), v: tensor(n, shapes.v) };
+    const prepared = await engine.prepare(first, options);
+    expect(prepared instanceof PreparedCall && typeof prepared.path === "string", "prepare did not give a PreparedCall");
+    let worst = "";
+    for (let run = 0; run < 3; run++) {
+      const inputs = { q: tensor(n, shapes.q), k: tensor(n, shapes.k), v: tensor(n, shapes.v) };
+      const got = await prepared.run(inputs, { verify: true });
+      const want = await engine.attention(inputs, options);
+      expect(got.path === prepared.path, `ran ${got.path}, prepared ${prepared.path}`);
+      expect(maxDiff(got.y.data, want.y.data) === 0, `run ${run} differs from a plain call`);
+      worst = expectVerified(got, `prepared run ${run}`);
+    }
+    const kept = await prepared.run(first, { keepOnDevice: true });
+    expect(kept.y instanceof DeviceTensor, "keepOnDevice did not keep");
+    kept.y.dispose();
+    await rejects(() => prepared.run(first, { isCausal: false }), "InvalidOption", /prepared/);
+    await rejects(() => prepared.run({ ...first, k: tensor(n, [1, 2, 601, 32]), v: tensor(n, [1, 2, 601, 32]) }), "Conflict", /prepared/);
+    await rejects(() => engine.prepare(first, { keepOnDevice: true }), "InvalidOption", /run\(\)/);
+    prepared.dispose();
+    await rejects(() => prepared.run(first), "Conflict", /disposed/);
+    return `${prepared.path}: 3 runs equal plain calls; ${worst}`;
   });
 
   add("device tensors: upload, keepOnDevice, chaining, read, dispose, foreign and disposed handles", async (engine) => {
