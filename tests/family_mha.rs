@@ -316,6 +316,32 @@ fn bad_shapes_are_typed_errors() {
     assert!(odd.with_rope(Rope::default()).is_err());
 }
 
+/// Feature sizes that are no multiple of a weight word (4 values in f32, 8 in
+/// f16), odd head dims, and row counts on both sides of one product's 16.
+#[test]
+fn odd_feature_sizes_through_the_skinny_products() {
+    use webattn::WeightStorage;
+    for engine in engines() {
+        for storage in [WeightStorage::F32, WeightStorage::F16] {
+            let mha = layer(97, 97, 3, 1, 5).with_weight_storage(storage);
+            for (batch, n) in [(1, 1), (3, 5), (1, 16), (1, 17)] {
+                let x = input(
+                    [batch, n, 97],
+                    common::seed() ^ (n as u64 * 3 + batch as u64),
+                );
+                check(
+                    &format!("d_model 97 {storage:?} b{batch} n{n}"),
+                    engine,
+                    &mha,
+                    &x,
+                    None,
+                    &Default::default(),
+                );
+            }
+        }
+    }
+}
+
 /// Weights kept as f16 on the device: every path computes with the rounded
 /// weights, so the layer still meets the oracle's f32 rule (of those weights),
 /// through the prepared products (few rows), their row blocks (many rows),
