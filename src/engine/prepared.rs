@@ -106,7 +106,7 @@ impl PreparedAttention {
         &self,
         engine: &Engine,
         inputs: &AttentionInputs<'_, Tensor>,
-        encoder: Option<&mut wgpu::CommandEncoder>,
+        mut encoder: Option<&mut wgpu::CommandEncoder>,
     ) -> Result<AttentionOutputs<Tensor>> {
         if engine.id != self.engine_id {
             return Err(Error::Conflict(
@@ -146,25 +146,18 @@ impl PreparedAttention {
         }
         self.arena.begin_run();
         let ctx = ctx.with_arena(self.arena.clone());
-        let Some(encoder) = encoder else {
-            return engine
-                .attention_on_gpu(
-                    &ctx,
-                    generation,
-                    inputs,
-                    &self.options,
-                    &dims,
-                    self.choice.clone(),
-                )
-                .await;
+        // Recording: the caller's encoder goes into the context's slot for
+        // the call's recorders, and comes back whatever happens.
+        let slot = encoder.as_deref_mut().map(|encoder| {
+            let placeholder = ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+            Arc::new(Mutex::new(Some(std::mem::replace(encoder, placeholder))))
+        });
+        let ctx = match &slot {
+            Some(slot) => ctx.with_capture(slot.clone()),
+            None => ctx,
         };
-        // The caller's encoder goes into the context's slot for the call's
-        // recorders, and comes back whatever happens.
-        let placeholder = ctx
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-        let slot = Arc::new(Mutex::new(Some(std::mem::replace(encoder, placeholder))));
-        let ctx = ctx.with_capture(slot.clone());
         let result = engine
             .attention_on_gpu(
                 &ctx,
@@ -175,14 +168,11 @@ impl PreparedAttention {
                 self.choice.clone(),
             )
             .await;
-        let back = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
-        match back {
-            Some(recorded) => *encoder = recorded,
-            None => {
-                return Err(Error::Conflict(
-                    "the encoder was not given back by the recorded call",
-                ))
-            }
+        if let (Some(slot), Some(encoder)) = (slot, encoder) {
+            let back = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+            *encoder = back.ok_or(Error::Conflict(
+                "the encoder was not given back by the recorded call",
+            ))?;
         }
         result
     }

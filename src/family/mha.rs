@@ -824,22 +824,8 @@ impl MultiHeadAttention {
         let ws_ref = &*ws;
         let mut rec = ctx
             .scoped("decoder step", || {
-                buffer::write(ctx, &ws_ref.x_q, x.data());
                 let mut rec = Recorder::new(ctx, "decoder step");
-                for (product, _) in &ws_ref.products {
-                    product.record(
-                        &mut rec,
-                        &ws_ref.x_q,
-                        weights.q().0,
-                        &[&ws_ref.q, &ws_ref.k, &ws_ref.v],
-                    )?;
-                }
-                if let (Some(rope), Some(rq), Some(rk)) =
-                    (&self.rope, &ws_ref.rope_q, &ws_ref.rope_k)
-                {
-                    rope.record_prepared(&mut rec, rq, &ws_ref.q, n, past_len)?;
-                    rope.record_prepared(&mut rec, rk, &ws_ref.k, n, past_len)?;
-                }
+                self.record_projections(&mut rec, ws_ref, weights, x, None, past_len)?;
                 if !cache.record_append(&mut rec, &ws_ref.k, &ws_ref.v, n) {
                     return Err(Error::Conflict("the KV cache had no room in place"));
                 }
@@ -874,6 +860,45 @@ impl MultiHeadAttention {
         HostTensor::new([batch, n, d.d_model], data)
     }
 
+    /// Writes the inputs into the workspace and records its products and
+    /// rotations: queries and new keys sit after the `past_len` cached
+    /// tokens; a cross attention's keys start at position 0 of their own
+    /// sequence.
+    fn record_projections(
+        &self,
+        rec: &mut Recorder<'_>,
+        ws: &Workspace,
+        weights: &DeviceWeights,
+        query: &HostTensor,
+        key_value: Option<&HostTensor>,
+        past_len: usize,
+    ) -> Result<()> {
+        let ctx = rec.ctx();
+        let WorkspaceKey { n, m, .. } = ws.key;
+        buffer::write(ctx, &ws.x_q, query.data());
+        if let (Some(x_kv), Some(kv)) = (&ws.x_kv, key_value) {
+            buffer::write(ctx, x_kv, kv.data());
+        }
+        for (product, source) in &ws.products {
+            match source {
+                Source::All => {
+                    product.record(rec, &ws.x_q, weights.q().0, &[&ws.q, &ws.k, &ws.v])?
+                }
+                Source::Query => product.record(rec, &ws.x_q, weights.q().0, &[&ws.q])?,
+                Source::KeyValue => {
+                    let x = ws.x_kv.as_ref().unwrap_or(&ws.x_q);
+                    product.record(rec, x, weights.kv(self.dims).0, &[&ws.k, &ws.v])?
+                }
+            }
+        }
+        if let (Some(rope), Some(rq), Some(rk)) = (&self.rope, &ws.rope_q, &ws.rope_k) {
+            rope.record_prepared(rec, rq, &ws.q, n, past_len)?;
+            let key_offset = if key_value.is_some() { 0 } else { past_len };
+            rope.record_prepared(rec, rk, &ws.k, m, key_offset)?;
+        }
+        Ok(())
+    }
+
     /// Projects and (with RoPE) rotates Q, K, V by the workspace's prepared
     /// products: one submission, no allocation.
     #[allow(clippy::too_many_arguments)]
@@ -890,30 +915,8 @@ impl MultiHeadAttention {
         let d = self.dims;
         let WorkspaceKey { batch, n, m, .. } = ws.key;
         ctx.scoped("multi-head projections", || {
-            buffer::write(ctx, &ws.x_q, query.data());
-            if let (Some(x_kv), Some(kv)) = (&ws.x_kv, key_value) {
-                buffer::write(ctx, x_kv, kv.data());
-            }
             let mut rec = Recorder::new(ctx, "multi-head projections");
-            for (product, source) in &ws.products {
-                match source {
-                    Source::All => {
-                        product.record(&mut rec, &ws.x_q, weights.q().0, &[&ws.q, &ws.k, &ws.v])?
-                    }
-                    Source::Query => product.record(&mut rec, &ws.x_q, weights.q().0, &[&ws.q])?,
-                    Source::KeyValue => {
-                        let x = ws.x_kv.as_ref().unwrap_or(&ws.x_q);
-                        product.record(&mut rec, x, weights.kv(d).0, &[&ws.k, &ws.v])?
-                    }
-                }
-            }
-            if let (Some(rope), Some(rq), Some(rk)) = (&self.rope, &ws.rope_q, &ws.rope_k) {
-                // Queries and new keys sit after the cached tokens; a cross
-                // attention's keys start at position 0 of their own sequence.
-                rope.record_prepared(&mut rec, rq, &ws.q, n, past_len)?;
-                let key_offset = if key_value.is_some() { 0 } else { past_len };
-                rope.record_prepared(&mut rec, rk, &ws.k, m, key_offset)?;
-            }
+            self.record_projections(&mut rec, ws, weights, query, key_value, past_len)?;
             rec.submit();
             Ok(())
         })

@@ -48,19 +48,15 @@ pub fn inverse_frequencies(base: f64, dim: usize, pairs: usize) -> Vec<f32> {
         .collect()
 }
 
-/// Records the encoding of `rows` rows of `dim` values in `x`, row `r` at
-/// position `offset + r % seq_len`. `inv_freq` holds the pairs' inverse frequencies.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn record(
-    rec: &mut Recorder<'_>,
+/// The parameter block of `rows` rows of `dim` values from position
+/// `offset`, and the pairs a row has.
+fn params(
     mode: PositionMode,
     rows: usize,
     dim: usize,
     seq_len: usize,
     offset: usize,
-    x: &wgpu::Buffer,
-    inv_freq: &wgpu::Buffer,
-) -> Result<()> {
+) -> (Params, usize) {
     let pairs = match mode {
         PositionMode::Sinusoidal => dim.div_ceil(2),
         PositionMode::RopeInterleaved | PositionMode::RopeHalfSplit => dim / 2,
@@ -74,6 +70,23 @@ pub(crate) fn record(
         mode: mode as u32,
         _pad: [0; 2],
     };
+    (params, pairs)
+}
+
+/// Records the encoding of `rows` rows of `dim` values in `x`, row `r` at
+/// position `offset + r % seq_len`. `inv_freq` holds the pairs' inverse frequencies.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn record(
+    rec: &mut Recorder<'_>,
+    mode: PositionMode,
+    rows: usize,
+    dim: usize,
+    seq_len: usize,
+    offset: usize,
+    x: &wgpu::Buffer,
+    inv_freq: &wgpu::Buffer,
+) -> Result<()> {
+    let (params, pairs) = params(mode, rows, dim, seq_len, offset);
     let ctx = rec.ctx();
     let pipeline = ctx.pipelines.get(&key());
     let uniform = buffer::uniform(ctx, "position params", &params);
@@ -106,19 +119,7 @@ impl PreparedPosition {
         seq_len: usize,
         inv_freq: &[f32],
     ) -> Result<Self> {
-        let pairs = match mode {
-            PositionMode::Sinusoidal => dim.div_ceil(2),
-            PositionMode::RopeInterleaved | PositionMode::RopeHalfSplit => dim / 2,
-        };
-        let params = Params {
-            rows: rows as u32,
-            dim: dim as u32,
-            pairs: pairs as u32,
-            seq_len: seq_len as u32,
-            offset: 0,
-            mode: mode as u32,
-            _pad: [0; 2],
-        };
+        let (params, pairs) = params(mode, rows, dim, seq_len, 0);
         Ok(PreparedPosition {
             pipeline: ctx.pipelines.get(&key()),
             uniform: buffer::uniform(ctx, "position params", &params),

@@ -367,3 +367,51 @@ impl Projection {
         Ok(())
     }
 }
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    /// The Rust parameter block is the WGSL one, field by field: a field
+    /// added on one side cannot shift the other silently.
+    #[test]
+    fn params_match_the_wgsl_struct() {
+        let module = naga::front::wgsl::parse_str(Kernel::Projection.source()).unwrap();
+        let params = module
+            .types
+            .iter()
+            .find(|(_, t)| t.name.as_deref() == Some("Params"))
+            .expect("a Params struct");
+        let naga::TypeInner::Struct { members, span } = &params.1.inner else {
+            panic!("Params is a struct");
+        };
+        let rust = [
+            ("rows", offset_of!(Params, rows)),
+            ("row_base", offset_of!(Params, row_base)),
+            ("in_dim", offset_of!(Params, in_dim)),
+            ("w_stride", offset_of!(Params, w_stride)),
+            ("features", offset_of!(Params, features)),
+            ("seq_len", offset_of!(Params, seq_len)),
+            ("x_batch", offset_of!(Params, x_batch)),
+            ("x_row", offset_of!(Params, x_row)),
+            ("x_group", offset_of!(Params, x_group)),
+            ("x_group_stride", offset_of!(Params, x_group_stride)),
+            ("feature_base", offset_of!(Params, feature_base)),
+            ("_pad", offset_of!(Params, _pad)),
+            ("seg_end", offset_of!(Params, seg_end)),
+            ("seg_width", offset_of!(Params, seg_width)),
+            ("out_base", offset_of!(Params, out_base)),
+            ("out_batch", offset_of!(Params, out_batch)),
+            ("out_head", offset_of!(Params, out_head)),
+            ("out_row", offset_of!(Params, out_row)),
+        ];
+        let wgsl: Vec<(String, usize)> = members
+            .iter()
+            .map(|m| (m.name.clone().unwrap_or_default(), m.offset as usize))
+            .collect();
+        let rust: Vec<(String, usize)> = rust.iter().map(|&(n, o)| (n.to_string(), o)).collect();
+        assert_eq!(wgsl, rust);
+        assert_eq!(*span as usize, size_of::<Params>());
+    }
+}
