@@ -3,9 +3,10 @@
 //! its cache file (natively; the browser keeps it in memory).
 //!
 //! The file is plain text, one tab-separated entry per line under a versioned
-//! header, so that it is easy to read and to diff. A file that is unreadable,
-//! of another format, or holds lines that do not parse is ignored (those lines,
-//! or all of it) with a warning and rebuilt by the next `webattn tune`; an
+//! header, so that it is easy to read and to diff. One format is read: a file
+//! of another (an older webattn's) is set aside beside it with one warning
+//! and measured again by the next `webattn tune`; a file that is unreadable,
+//! or lines that do not parse, are ignored with a warning likewise; an
 //! entry whose tiles the kernel no longer offers, or that no longer fit the
 //! adapter's limits, is ignored when looked up, and so is an entry measured
 //! on other kernels (another webattn version: the key's fingerprint of the
@@ -21,26 +22,8 @@ use crate::options::RuntimeChecks;
 
 /// The first line of a cache file of this format.
 pub const HEADER: &str = "# webattn tuning cache, format 10";
-/// The first lines of the formats before it, still read, their entries as
-/// measured on unknown kernels (never looked up: the next `webattn tune`
-/// measures these kernels) and all timed with runtime checks on but formats
-/// 6 to 9's: format 9 (no kernels column), format 8 (no
-/// grouped decode column: grouped calls follow the one-row winner where it
-/// suits them), format 7 (no
-/// matrix-unit tile column: those calls take the largest tiles that fit),
-/// format 6 (no matrix-unit GEMM columns), format 5 (no runtime-checks column),
-/// format 4 (no decode prefetch column), format 3 (no unfused matrix-unit
-/// column), format 2 (no matrix-unit column), format 1 (no decode or prefetch
-/// columns either).
-const HEADER_9: &str = "# webattn tuning cache, format 9";
-const HEADER_8: &str = "# webattn tuning cache, format 8";
-const HEADER_7: &str = "# webattn tuning cache, format 7";
-const HEADER_6: &str = "# webattn tuning cache, format 6";
-const HEADER_5: &str = "# webattn tuning cache, format 5";
-const HEADER_4: &str = "# webattn tuning cache, format 4";
-const HEADER_3: &str = "# webattn tuning cache, format 3";
-const HEADER_2: &str = "# webattn tuning cache, format 2";
-const HEADER_1: &str = "# webattn tuning cache, format 1";
+/// The warning for a file of another format.
+const OTHER_FORMAT: &str = "not a tuning cache of this format";
 const COLUMNS: &str = "# adapter\tbackend\tdriver\tworkgroup_bytes\tdk4\tdv4\tkernel\tBQ\tBK\tTQ\tTK\tfused_ms\tunfused_ms\tdecode_kernel\tL\tKB\tdecode_ms\tprefetch\tcoop_ms\tunfused_coop_ms\tdecode_prefetch\truntime_checks\tfast_gemm\tfast_gemm_ms\tcoop_tiles\tgrouped_decode\tkernels";
 
 /// What a measurement is about: one adapter and driver under one
@@ -64,8 +47,8 @@ pub struct TuningKey {
     /// Whether the kernels timed kept naga's runtime checks.
     pub runtime_checks: RuntimeChecks,
     /// The fingerprint of the kernels timed
-    /// ([`crate::gpu::registry::Kernel::fingerprint`]; empty for entries of
-    /// formats before 10, measured on unknown kernels).
+    /// ([`crate::gpu::registry::Kernel::fingerprint`]; `-` in the file when
+    /// unknown: such an entry is never looked up).
     pub kernels: String,
 }
 
@@ -402,15 +385,10 @@ impl TuningTable {
         let mut warnings = Vec::new();
         let mut lines = text.lines().enumerate();
         match lines.next() {
-            Some((_, first))
-                if [
-                    HEADER, HEADER_9, HEADER_8, HEADER_7, HEADER_6, HEADER_5, HEADER_4, HEADER_3,
-                    HEADER_2, HEADER_1,
-                ]
-                .contains(&first.trim_end()) => {}
+            Some((_, first)) if first.trim_end() == HEADER => {}
             Some((_, first)) => {
                 warnings.push(format!(
-                    "not a tuning cache of this format (first line {:?}, expected {HEADER:?}): ignored",
+                    "{OTHER_FORMAT} (first line {:?}, this webattn writes {HEADER:?})",
                     first.chars().take(60).collect::<String>()
                 ));
                 return (table, warnings);
@@ -533,6 +511,20 @@ impl TuningTable {
             }
         };
         let (table, warnings) = TuningTable::parse(&text);
+        if warnings.iter().any(|w| w.starts_with(OTHER_FORMAT)) {
+            // Another webattn's file: kept beside for its owner, not read.
+            let aside = PathBuf::from(format!("{}.old", path.display()));
+            let moved = std::fs::rename(path, &aside).map_or_else(
+                |e| format!("could not be set aside ({e})"),
+                |()| format!("set aside as {}", aside.display()),
+            );
+            log::warn!(
+                "webattn: tuning cache {}: {}; {moved}: `webattn tune` measures this adapter again",
+                path.display(),
+                warnings[0]
+            );
+            return table;
+        }
         for warning in warnings {
             log::warn!(
                 "webattn: tuning cache {}: {warning} (`webattn tune` rebuilds it)",
@@ -572,14 +564,7 @@ impl TuningTable {
 
 fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String> {
     let fields: Vec<&str> = line.split('\t').collect();
-    // 13 fields in format 1 (no decode or prefetch columns), 18 in format 2
-    // (no matrix-unit column), 19 in format 3 (no unfused matrix-unit
-    // column), 20 in format 4 (no decode prefetch column), 21 in format 5
-    // (no runtime-checks column), 22 in format 6 (no matrix-unit GEMM
-    // columns), 24 in format 7 (no matrix-unit tile column), 25 in format 8
-    // (no grouped decode column), 26 in format 9 (no kernels column), 27 in
-    // format 10.
-    if ![13, 18, 19, 20, 21, 22, 24, 25, 26, 27].contains(&fields.len()) {
+    if fields.len() != 27 {
         return Err(format!("{} fields, expected 27", fields.len()));
     }
     let number = |i: usize, what: &str| -> std::result::Result<u32, String> {
@@ -673,21 +658,13 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
     let coop_ms = optional(18, "coop_ms")?;
     let unfused_coop_ms = optional(19, "unfused_coop_ms")?;
     let fast_gemm = match fields.get(22).map(|f| f.trim()) {
-        // Before format 7 the tuner timed the unfused path at `Fast` through
-        // the staged kernel only: that time is the staged form's.
-        None => unfused_coop_ms.map(|ms| TunedGemm {
-            form: crate::gpu::choice::FastGemm::Staged,
-            unfused_ms: ms,
-        }),
-        Some("-") => None,
+        None | Some("-") => None,
         Some(name) => Some(TunedGemm {
             form: crate::gpu::choice::FastGemm::from_name(name)
                 .ok_or_else(|| format!("unknown matrix-unit GEMM form {name:?}"))?,
             unfused_ms: time(23, "fast_gemm_ms")?,
         }),
     };
-    // Before format 8 the tuner timed the largest tiles that fit, which
-    // calls then take: no tiles recorded.
     let coop_tiles = match fields.get(24).map(|f| f.trim()) {
         None | Some("-") => None,
         Some(name) => Some(
@@ -695,7 +672,6 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
                 .ok_or_else(|| format!("matrix-unit tiles {name:?} are not SUBGROUPSxKEYS"))?,
         ),
     };
-    // Before format 9 the tuner timed one row per workgroup only.
     let grouped_decode = match fields.get(25).map(|f| f.trim()) {
         None | Some("-") => None,
         Some(text) => TunedDecode::from_grouped_text(text)?,
@@ -847,46 +823,6 @@ mod tests {
     }
 
     #[test]
-    fn format_8_lines_read_without_a_grouped_decode_entry_and_a_stale_one_is_dropped() {
-        let text = sample().to_text();
-        assert!(text.contains("\tL16xKB4-prefetch/4/0.250000\t"), "{text}");
-        let old: Vec<String> = text
-            .lines()
-            .enumerate()
-            .map(|(i, line)| match i {
-                0 => HEADER_8.to_string(),
-                1 => line.to_string(),
-                _ => line.split('\t').take(25).collect::<Vec<_>>().join("\t"),
-            })
-            .collect();
-        let (table, warnings) = TuningTable::parse(&old.join("\n"));
-        assert!(warnings.is_empty(), "{warnings:?}");
-        assert_eq!(table.len(), 2);
-        assert!(table.entries().all(|(_, e)| e.grouped_decode.is_none()));
-        assert!(table.entries().any(|(_, e)| e.decode.is_some()));
-        // Measured at other rows per workgroup: dropped, the entry kept.
-        let stale = text.replace("L16xKB4-prefetch/4/", "L16xKB4-prefetch/8/");
-        let (table, warnings) = TuningTable::parse(&stale);
-        assert!(warnings.is_empty(), "{warnings:?}");
-        assert_eq!(table.len(), 2);
-        assert!(table.entries().all(|(_, e)| e.grouped_decode.is_none()));
-        // The staged kernel reads back; a malformed column refuses its line.
-        let staged = TunedDecode {
-            kernel: DecodeKernel::Staged,
-            decode_ms: 1.5,
-        };
-        assert_eq!(staged.grouped_text(), "staged/4/1.500000");
-        assert_eq!(
-            TunedDecode::from_grouped_text(&staged.grouped_text()),
-            Ok(Some(staged))
-        );
-        let bad = text.replace("L16xKB4-prefetch/4/", "L16xKB/4/");
-        let (table, warnings) = TuningTable::parse(&bad);
-        assert_eq!(table.len(), 1);
-        assert!(warnings[0].contains("grouped decode"), "{warnings:?}");
-    }
-
-    #[test]
     fn corrupt_lines_are_ignored_with_a_warning_and_the_rest_kept() {
         let mut text = sample().to_text();
         text.push_str("garbage without tabs\n");
@@ -899,194 +835,69 @@ mod tests {
     }
 
     #[test]
-    fn format_1_lines_read_without_a_decode_entry_and_a_bad_decode_column_is_refused() {
-        let text = sample().to_text();
-        let old: Vec<String> = text
-            .lines()
-            .enumerate()
-            .map(|(i, line)| match i {
-                0 => HEADER_1.to_string(),
-                1 => line.to_string(),
-                _ => line.split('\t').take(13).collect::<Vec<_>>().join("\t"),
-            })
-            .collect();
-        let (table, warnings) = TuningTable::parse(&old.join("\n"));
-        assert!(warnings.is_empty(), "{warnings:?}");
-        assert_eq!(table.len(), 2);
-        assert!(table.entries().all(|(_, e)| e.decode.is_none()));
-        let bad = text.replace("attention_decode_stream", "attention_decode_fast");
-        let (table, warnings) = TuningTable::parse(&bad);
-        assert_eq!(table.len(), 1);
-        assert!(
-            warnings[0].contains("unknown decode kernel"),
-            "{warnings:?}"
-        );
-    }
-
-    #[test]
-    fn format_2_lines_read_without_a_matrix_unit_time() {
-        let text = sample().to_text();
-        let old: Vec<String> = text
-            .lines()
-            .enumerate()
-            .map(|(i, line)| match i {
-                0 => HEADER_2.to_string(),
-                1 => line.to_string(),
-                _ => line.split('\t').take(18).collect::<Vec<_>>().join("\t"),
-            })
-            .collect();
-        let (table, warnings) = TuningTable::parse(&old.join("\n"));
-        assert!(warnings.is_empty(), "{warnings:?}");
-        assert_eq!(table.len(), 2);
-        assert!(table.entries().all(|(_, e)| e.coop_ms.is_none()));
-        assert!(table.entries().any(|(_, e)| e.decode.is_some()));
-    }
-
-    #[test]
-    fn format_3_lines_read_without_an_unfused_matrix_unit_time() {
-        let text = sample().to_text();
-        let old: Vec<String> = text
-            .lines()
-            .enumerate()
-            .map(|(i, line)| match i {
-                0 => HEADER_3.to_string(),
-                1 => line.to_string(),
-                _ => line.split('\t').take(19).collect::<Vec<_>>().join("\t"),
-            })
-            .collect();
-        let (table, warnings) = TuningTable::parse(&old.join("\n"));
-        assert!(warnings.is_empty(), "{warnings:?}");
-        assert_eq!(table.len(), 2);
-        assert!(table.entries().all(|(_, e)| e.unfused_coop_ms.is_none()));
-        assert!(table.entries().any(|(_, e)| e.coop_ms.is_some()));
-    }
-
-    #[test]
-    fn format_4_lines_read_with_streaming_decode_shapes_that_do_not_prefetch() {
-        let text = sample().to_text();
-        let old: Vec<String> = text
-            .lines()
-            .enumerate()
-            .map(|(i, line)| match i {
-                0 => HEADER_4.to_string(),
-                1 => line.to_string(),
-                _ => line.split('\t').take(20).collect::<Vec<_>>().join("\t"),
-            })
-            .collect();
-        let (table, warnings) = TuningTable::parse(&old.join("\n"));
-        assert!(warnings.is_empty(), "{warnings:?}");
-        assert_eq!(table.len(), 2);
-        assert!(table.entries().any(|(_, e)| e.unfused_coop_ms.is_some()));
-        let stream = table
-            .entries()
-            .find_map(|(_, e)| match e.decode.map(|d| d.kernel) {
-                Some(DecodeKernel::Stream(shape)) => Some(shape),
-                _ => None,
-            })
-            .expect("the sample's streaming decode entry");
-        assert!(!stream.prefetch);
-        // The sample's own text keeps its prefetch.
-        let (back, _) = TuningTable::parse(&text);
-        assert_eq!(back, sample());
-    }
-
-    /// `table` as formats before 7 read it: their unfused time at `Fast` was
-    /// the staged kernel's, so that is the form (and no format before 8
-    /// recorded the matrix-unit tiles).
-    /// `table` as a cache file of a format before 10 reads back: its keys
-    /// without a kernels fingerprint (measured on unknown kernels).
-    fn unprinted(table: TuningTable) -> TuningTable {
-        let mut out = TuningTable::new();
-        for (key, entry) in table.entries() {
-            let mut key = key.clone();
-            key.kernels.clear();
-            out.insert(key, *entry);
-        }
-        out
-    }
-
-    fn without_fast_gemm(mut table: TuningTable) -> TuningTable {
-        let keys: Vec<TuningKey> = table.entries().map(|(k, _)| k.clone()).collect();
-        for key in keys {
-            let mut entry = *table.get(&key).unwrap();
-            entry.fast_gemm = entry.unfused_coop_ms.map(|ms| TunedGemm {
-                form: crate::gpu::choice::FastGemm::Staged,
-                unfused_ms: ms,
-            });
-            entry.coop_tiles = None;
-            entry.grouped_decode = None;
-            table.insert(key, entry);
-        }
-        table
-    }
-
-    #[test]
-    fn format_6_lines_read_their_unfused_fast_time_as_the_staged_forms_and_an_unknown_form_is_refused(
-    ) {
-        let text = sample().to_text();
-        assert!(text.contains("\tpacked4x2\t0.750000\t"), "{text}");
-        let old: Vec<String> = text
-            .lines()
-            .enumerate()
-            .map(|(i, line)| match i {
-                0 => HEADER_6.to_string(),
-                1 => line.to_string(),
-                _ => line.split('\t').take(22).collect::<Vec<_>>().join("\t"),
-            })
-            .collect();
-        let (table, warnings) = TuningTable::parse(&old.join("\n"));
-        assert!(warnings.is_empty(), "{warnings:?}");
-        assert_eq!(table, unprinted(without_fast_gemm(sample())));
-        let (table, warnings) = TuningTable::parse(&text.replace("packed4x2", "packed9x9"));
-        assert_eq!(table.len(), 1);
-        assert!(
-            warnings[0].contains("unknown matrix-unit GEMM form"),
-            "{warnings:?}"
-        );
-    }
-
-    #[test]
-    fn format_7_lines_keep_no_matrix_unit_tiles_and_malformed_tiles_are_refused() {
+    fn malformed_columns_refuse_their_line_and_a_stale_grouped_decode_is_dropped() {
         let text = sample().to_text();
         assert!(
             text.contains("\tpacked4x2\t0.750000\t2x32\tL16xKB4-prefetch/4/0.250000\t"),
             "{text}"
         );
-        let old: Vec<String> = text
-            .lines()
-            .enumerate()
-            .map(|(i, line)| match i {
-                0 => HEADER_7.to_string(),
-                1 => line.to_string(),
-                _ => line.split('\t').take(24).collect::<Vec<_>>().join("\t"),
-            })
-            .collect();
-        let (table, warnings) = TuningTable::parse(&old.join("\n"));
+        // Measured at other rows per workgroup: dropped, the entry kept.
+        let stale = text.replace("L16xKB4-prefetch/4/", "L16xKB4-prefetch/8/");
+        let (table, warnings) = TuningTable::parse(&stale);
         assert!(warnings.is_empty(), "{warnings:?}");
-        let mut expected = sample();
-        let mut entry = *expected.get(&key(16)).unwrap();
-        entry.coop_tiles = None;
-        entry.grouped_decode = None;
-        expected.insert(key(16), entry);
-        assert_eq!(table, unprinted(expected));
-        for bad in ["2x", "0x32", "twox32"] {
-            let (table, warnings) =
-                TuningTable::parse(&text.replace("\t2x32\t", &format!("\t{bad}\t")));
-            assert_eq!(table.len(), 1, "{bad}");
-            assert!(warnings[0].contains("matrix-unit tiles"), "{warnings:?}");
-        }
+        assert_eq!(table.len(), 2);
+        assert!(table.entries().all(|(_, e)| e.grouped_decode.is_none()));
+        let staged = TunedDecode {
+            kernel: DecodeKernel::Staged,
+            decode_ms: 1.5,
+        };
+        assert_eq!(staged.grouped_text(), "staged/4/1.500000");
         assert_eq!(
-            TunedCoop::from_name("4x64"),
-            Some(TunedCoop {
-                subgroups: 4,
-                keys_per_tile: 64,
-                packed: true,
-            })
+            TunedDecode::from_grouped_text(&staged.grouped_text()),
+            Ok(Some(staged))
         );
-        let staged = TunedCoop::from_name("2x32-staged").unwrap();
-        assert!(!staged.packed);
-        assert_eq!(staged.name(), "2x32-staged");
-        assert_eq!(TunedCoop::from_name("2x32-packed"), None);
+        for (from, to, why) in [
+            ("L16xKB4-prefetch/4/", "L16xKB/4/", "grouped decode"),
+            (
+                "attention_decode_stream",
+                "attention_decode_fast",
+                "unknown decode kernel",
+            ),
+            ("packed4x2", "packed9x9", "unknown matrix-unit GEMM form"),
+            ("\t2x32\t", "\t2x\t", "matrix-unit tiles"),
+            ("\t2x32\t", "\t0x32\t", "matrix-unit tiles"),
+            ("\t2x32\t", "\ttwox32\t", "matrix-unit tiles"),
+        ] {
+            let (table, warnings) = TuningTable::parse(&text.replacen(from, to, 1));
+            assert_eq!(table.len(), 1, "{to}");
+            assert!(warnings[0].contains(why), "{to}: {warnings:?}");
+        }
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    #[test]
+    fn a_file_of_another_format_is_set_aside_with_one_warning() {
+        let dir = std::env::temp_dir().join(format!("webattn-tuning-old-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tuning.tsv");
+        let old = sample()
+            .to_text()
+            .replacen(HEADER, "# webattn tuning cache, format 9", 1);
+        std::fs::write(&path, &old).unwrap();
+        let (table, warnings) = TuningTable::parse(&old);
+        assert!(table.is_empty() && warnings.len() == 1, "{warnings:?}");
+        assert!(TuningTable::load(&path).is_empty());
+        assert!(!path.exists(), "the old file stayed in place");
+        let aside = dir.join("tuning.tsv.old");
+        assert_eq!(std::fs::read_to_string(&aside).unwrap(), old);
+        // Lines of another width are refused one by one.
+        let (table, warnings) = TuningTable::parse(&format!("{HEADER}\na\tb\tc\n"));
+        assert!(table.is_empty());
+        assert!(
+            warnings[0].contains("3 fields, expected 27"),
+            "{warnings:?}"
+        );
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]
@@ -1128,7 +939,7 @@ mod tests {
     }
 
     #[test]
-    fn runtime_checks_keep_their_own_entries_and_format_5_reads_as_checked() {
+    fn runtime_checks_keep_their_own_entries() {
         let mut table = sample();
         let unchecked = key(16).with_runtime_checks(RuntimeChecks::Off);
         let entry = TunedEntry {
@@ -1150,20 +961,6 @@ mod tests {
         assert_eq!(back, table);
         assert_eq!(back.get(&unchecked), Some(&entry));
         assert_ne!(back.get(&key(16)), Some(&entry));
-        // Format 5 has no runtime-checks column: every entry was timed checked.
-        let old: Vec<String> = sample()
-            .to_text()
-            .lines()
-            .enumerate()
-            .map(|(i, line)| match i {
-                0 => HEADER_5.to_string(),
-                1 => line.to_string(),
-                _ => line.split('\t').take(21).collect::<Vec<_>>().join("\t"),
-            })
-            .collect();
-        let (old, warnings) = TuningTable::parse(&old.join("\n"));
-        assert!(warnings.is_empty(), "{warnings:?}");
-        assert_eq!(old, unprinted(without_fast_gemm(sample())));
         let (bad, warnings) =
             TuningTable::parse(&text.replace("\toff\t-\t-\t-\t-\t", "\tmaybe\t-\t-\t-\t-\t"));
         assert_eq!(bad.len(), 2);
