@@ -636,7 +636,10 @@ impl MultiHeadAttention {
             (Some(ctx), Some(y)) => {
                 let weights = self.device_weights(engine, ctx)?;
                 match workspace {
-                    Some(ws) => self.output_prepared(ctx, &weights, ws, y, batch, n).await?,
+                    Some(ws) => {
+                        let rec = Recorder::new(ctx, "multi-head output projection");
+                        self.output_prepared(rec, &weights, ws, y).await?
+                    }
                     None => self.output_gpu(ctx, &weights, y, batch, n).await?,
                 }
             }
@@ -847,17 +850,7 @@ impl MultiHeadAttention {
             .y
             .gpu_buffer()
             .ok_or(Error::ForeignTensor { tensor: "Y" })?;
-        let len = batch * n * d.d_model;
-        ctx.scoped("decoder step output", || {
-            ws.out_product
-                .record(&mut rec, y, &weights.out, &[&ws.output])?;
-            rec.copy(&ws.output, 0, &ws.staging, 0, len);
-            rec.submit();
-            Ok(())
-        })
-        .await?;
-        let data = buffer::map_and_read(ctx, &ws.staging).await?;
-        HostTensor::new([batch, n, d.d_model], data)
+        self.output_prepared(rec, weights, ws, y).await
     }
 
     /// Writes the inputs into the workspace and records its products and
@@ -928,20 +921,20 @@ impl MultiHeadAttention {
         ))
     }
 
-    /// The output projection by the workspace's prepared product, copied to
-    /// its staging buffer in the same submission and read back.
+    /// Records the output projection by the workspace's prepared product and
+    /// its copy to the staging buffer after what `rec` holds, submits, and
+    /// reads the output back.
     async fn output_prepared(
         &self,
-        ctx: &GpuContext,
+        mut rec: Recorder<'_>,
         weights: &DeviceWeights,
         ws: &Workspace,
         y: &wgpu::Buffer,
-        batch: usize,
-        n: usize,
     ) -> Result<HostTensor> {
+        let ctx = rec.ctx();
+        let WorkspaceKey { batch, n, .. } = ws.key;
         let len = batch * n * self.dims.d_model;
         ctx.scoped("multi-head output projection", || {
-            let mut rec = Recorder::new(ctx, "multi-head output projection");
             ws.out_product
                 .record(&mut rec, y, &weights.out, &[&ws.output])?;
             rec.copy(&ws.output, 0, &ws.staging, 0, len);

@@ -256,38 +256,64 @@ async fn device_tensor(engine: &Engine, input: &Input) -> webattn::Result<Tensor
 }
 
 /// Runs on the engine with every input on it; the outputs stay there.
+async fn optional_tensor(
+    engine: &Engine,
+    input: &Option<Input>,
+) -> webattn::Result<Option<Tensor>> {
+    match input {
+        Some(t) => device_tensor(engine, t).await.map(Some),
+        None => Ok(None),
+    }
+}
+
+/// A call's inputs on the device (host values uploaded).
+struct DeviceInputs {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Option<webattn::Mask>,
+    past_key: Option<Tensor>,
+    past_value: Option<Tensor>,
+}
+
+impl DeviceInputs {
+    async fn of(engine: &Engine, c: &CallInputs) -> webattn::Result<DeviceInputs> {
+        engine.recover().await?;
+        Ok(DeviceInputs {
+            q: device_tensor(engine, &c.q).await?,
+            k: device_tensor(engine, &c.k).await?,
+            v: device_tensor(engine, &c.v).await?,
+            mask: match &c.mask {
+                Some(MaskInput::Host(m)) => Some(engine.upload_mask_async(m).await?),
+                Some(MaskInput::Device(m)) => Some(m.clone()),
+                None => None,
+            },
+            past_key: optional_tensor(engine, &c.past_key).await?,
+            past_value: optional_tensor(engine, &c.past_value).await?,
+        })
+    }
+
+    fn view<'a>(&'a self, nonpad: Option<&'a [i64]>) -> AttentionInputs<'a, Tensor> {
+        AttentionInputs {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            attn_mask: self.mask.as_ref(),
+            past_key: self.past_key.as_ref(),
+            past_value: self.past_value.as_ref(),
+            nonpad_kv_seqlen: nonpad,
+        }
+    }
+}
+
 async fn run_on_device(
     engine: &Engine,
     c: &CallInputs,
     options: &AttentionOptions,
     prepared: Option<&PreparedAttention>,
 ) -> webattn::Result<AttentionOutputs<Tensor>> {
-    engine.recover().await?;
-    let q = device_tensor(engine, &c.q).await?;
-    let k = device_tensor(engine, &c.k).await?;
-    let v = device_tensor(engine, &c.v).await?;
-    let mask = match &c.mask {
-        Some(MaskInput::Host(m)) => Some(engine.upload_mask_async(m).await?),
-        Some(MaskInput::Device(m)) => Some(m.clone()),
-        None => None,
-    };
-    let past_key = match &c.past_key {
-        Some(t) => Some(device_tensor(engine, t).await?),
-        None => None,
-    };
-    let past_value = match &c.past_value {
-        Some(t) => Some(device_tensor(engine, t).await?),
-        None => None,
-    };
-    let inputs = AttentionInputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        attn_mask: mask.as_ref(),
-        past_key: past_key.as_ref(),
-        past_value: past_value.as_ref(),
-        nonpad_kv_seqlen: c.nonpad.as_deref(),
-    };
+    let held = DeviceInputs::of(engine, c).await?;
+    let inputs = held.view(c.nonpad.as_deref());
     match prepared {
         Some(p) => p.run(engine, &inputs).await,
         None => engine.attention(&inputs, options).await,
@@ -311,33 +337,8 @@ pub async fn prepare(
         ));
     }
     let c = parse_inputs(handles, inputs, &call)?;
-    engine.recover().await.js()?;
-    let q = device_tensor(engine, &c.q).await.js()?;
-    let k = device_tensor(engine, &c.k).await.js()?;
-    let v = device_tensor(engine, &c.v).await.js()?;
-    let mask = match &c.mask {
-        Some(MaskInput::Host(m)) => Some(engine.upload_mask_async(m).await.js()?),
-        Some(MaskInput::Device(m)) => Some(m.clone()),
-        None => None,
-    };
-    let past_key = match &c.past_key {
-        Some(t) => Some(device_tensor(engine, t).await.js()?),
-        None => None,
-    };
-    let past_value = match &c.past_value {
-        Some(t) => Some(device_tensor(engine, t).await.js()?),
-        None => None,
-    };
-    let view = AttentionInputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        attn_mask: mask.as_ref(),
-        past_key: past_key.as_ref(),
-        past_value: past_value.as_ref(),
-        nonpad_kv_seqlen: c.nonpad.as_deref(),
-    };
-    let dims = webattn::validate(&view, &call.attention).js()?;
+    let held = DeviceInputs::of(engine, &c).await.js()?;
+    let dims = webattn::validate(&held.view(c.nonpad.as_deref()), &call.attention).js()?;
     let prepared = engine.prepare(&dims, &call.attention).js()?;
     let path = prepared.path().path.name().to_string();
     let reason = prepared.path().reason.clone();
