@@ -1165,8 +1165,10 @@ fn bench_writes_the_documented_json_and_a_plot() {
             "decode.share_of_bandwidth"
         );
     }
+    // Two cache lengths, each with f32 and f16 weights on a device; after
+    // its first token a step creates no buffer and submits once.
     let steps = report["token_step"].as_array().unwrap();
-    assert_eq!(steps.len(), 2, "token_step rows");
+    assert_eq!(steps.len(), 4, "token_step rows");
     for t in steps {
         for key in [
             "d_model",
@@ -1176,11 +1178,28 @@ fn bench_writes_the_documented_json_and_a_plot() {
             "cached",
             "ms",
             "append_ms",
+            "dispatches",
+            "buffers_created",
+            "submissions",
+            "weight_bytes",
+            "kv_bytes",
+            "gbs",
         ] {
             assert!(t[key].is_number(), "token_step.{key}");
         }
+        assert!(["f32", "f16"].contains(&t["weights"].as_str().unwrap()));
+        assert_eq!(t["buffers_created"], 0, "token_step.buffers_created");
+        assert_eq!(t["submissions"], 1, "token_step.submissions");
+    }
+    let overhead = &report["call_overhead"];
+    for key in ["attention_ms", "prepared_ms"] {
+        assert!(
+            overhead[key].as_f64().is_some_and(|ms| ms > 0.0),
+            "call_overhead.{key}"
+        );
     }
     assert!(stdout.contains("token step"), "{stdout}");
+    assert!(stdout.contains("per-call host overhead"), "{stdout}");
     assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
     let replot = dir.join("again.svg");
     assert!(
