@@ -255,8 +255,9 @@ function cases({ worker }) {
   });
 
   add("prepared calls: runs equal plain calls, options fixed at prepare, other shapes refused", async (engine) => {
+    // One query row over 600 keys (a decoder step: the decode route on a GPU).
     const shapes = { q: [1, 4, 1, 32], k: [1, 2, 600, 32], v: [1, 2, 600, 32] };
-    const options = { isCausal: true };
+    const options = { scale: 0.3 };
     const first = { q: tensor(n, shapes.q), k: tensor(n, shapes.k), v: tensor(n, shapes.v) };
     const prepared = await engine.prepare(first, options);
     expect(prepared instanceof PreparedCall && typeof prepared.path === "string", "prepare did not give a PreparedCall");
