@@ -342,6 +342,23 @@ fn odd_feature_sizes_through_the_skinny_products() {
     }
 }
 
+/// An input with no tokens is a typed error on every engine and weight
+/// storage, never a panic in the products.
+#[test]
+fn empty_inputs_give_empty_outputs() {
+    use webattn::WeightStorage;
+    for engine in engines() {
+        for storage in [WeightStorage::F32, WeightStorage::F16] {
+            let mha = layer(24, 24, 4, 2, 8).with_weight_storage(storage);
+            let empty = HostTensor::new([1, 0, 24], Vec::new()).unwrap();
+            let err = mha
+                .forward_blocking(engine, &empty, None, &Default::default(), false)
+                .unwrap_err();
+            assert!(err.to_string().contains("empty dimension"), "{err}");
+        }
+    }
+}
+
 /// Weights kept as f16 on the device: every path computes with the rounded
 /// weights, so the layer still meets the oracle's f32 rule (of those weights),
 /// through the prepared products (few rows), their row blocks (many rows),

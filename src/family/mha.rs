@@ -520,7 +520,12 @@ impl MultiHeadAttention {
         let (q, k, v) = match engine.gpu() {
             Some(ctx) => {
                 let weights = self.device_weights(engine, ctx)?;
-                if self.storage == WeightStorage::F16 || batch * n.max(m) <= projection::MAX_ROWS {
+                // (Inputs with no rows have nothing to project: the plain path.)
+                let rows = batch * n.min(m);
+                if rows > 0
+                    && (self.storage == WeightStorage::F16
+                        || batch * n.max(m) <= projection::MAX_ROWS)
+                {
                     let key = WorkspaceKey {
                         device: engine.device_key(),
                         batch,

@@ -256,8 +256,15 @@ impl Projection {
         input: InputLayout,
         segments: &[Segment],
     ) -> Result<Projection> {
-        assert!((1..=3).contains(&segments.len()) && count > 0 && rows > 0);
-        assert_eq!(segments.last().map(|s| s.end), Some(first + count));
+        if !(1..=3).contains(&segments.len())
+            || count == 0
+            || rows == 0
+            || segments.last().map(|s| s.end) != Some(first + count)
+        {
+            return Err(Error::Conflict(
+                "a projection needs rows, features and one to three segments ending at its last feature",
+            ));
+        }
         // llvmpipe ends an invocation's loops past a budget: the weight walk
         // takes stride / LANES steps of MAX_ROWS rows each.
         let steps = 3 * MAX_ROWS + LANES + weights.stride.div_ceil(LANES) * (MAX_ROWS + 1);
