@@ -28,7 +28,7 @@ fn main() -> webattn::Result<()> {
     let path = KernelPath::Auto;
     let warm_up = pollster::block_on(oracle.check(&engine, path));
     let result = pollster::block_on(oracle.check(&engine, path));
-    let taken = engine.last_call().map_or(path, |call| call.path);
+    let taken = engine.last_call().map_or(path, |call| call.plan.path);
     let cpu = pollster::block_on(oracle.check(&engine, KernelPath::Cpu));
 
     match (&result.report, &result.failure) {

@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::call_plan::CallPlan;
 use crate::cpu;
 use crate::cpu::fast::CpuBackend;
 use crate::device_tensor::{Mask, Storage, Tensor};
@@ -13,7 +14,6 @@ use crate::gpu::buffer;
 use crate::gpu::capabilities::Capabilities;
 use crate::gpu::chunks::{self, Held};
 use crate::gpu::context::{GpuContext, PowerPreference};
-use crate::gpu::ops::fused::FusedTiles;
 use crate::gpu::ops::softmax::MASKED;
 use crate::limits::DeviceLimits;
 use crate::options::{AttentionOptions, KernelPath};
@@ -113,28 +113,11 @@ static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
 /// are valid exactly as long as the key is the engine's current one.
 pub(crate) type DeviceKey = (u64, u64);
 
-/// The path a call takes, and why `Auto` did not take the fused path.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PathChoice {
-    /// The concrete path (never `Auto`).
-    pub path: KernelPath,
-    /// Why `Auto` chose another path than the fused one, if it did.
-    pub reason: Option<String>,
-}
-
-impl PathChoice {
-    fn new(path: KernelPath, reason: Option<String>) -> Self {
-        Self { path, reason }
-    }
-}
-
 /// What one attention call did on the device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallStats {
-    /// The path that ran.
-    pub path: KernelPath,
-    /// Why `Auto` did not take the fused path, if it did not.
-    pub reason: Option<String>,
+    /// The plan the call ran: its path, kernels, pieces and reasons.
+    pub plan: CallPlan,
     /// Device memory the call allocated: outputs and scratch (not the inputs).
     pub allocated_bytes: u64,
     /// Pieces the call ran in: 1 when every tensor fits one storage binding,
@@ -419,68 +402,20 @@ impl Engine {
         &self.cpu
     }
 
-    /// The concrete path a call with `options` takes on this engine, and why
-    /// when `Auto` does not take the fused path.
-    pub fn choose_path(&self, dims: &AttentionDims, options: &AttentionOptions) -> PathChoice {
-        let ctx = match (&self.backend, options.path) {
-            (_, KernelPath::Oracle) => return PathChoice::new(KernelPath::Oracle, None),
-            (Backend::Cpu, _) | (_, KernelPath::Cpu) => {
-                return PathChoice::new(KernelPath::Cpu, None)
+    /// The plan of a validated call of `dims` with `options` on this engine
+    /// ([`crate::call_plan::plan_call`] on its adapter, overrides and tuning
+    /// table as they are now): what [`Engine::attention`] runs, and what
+    /// [`Engine::last_call`] then reports. A typed error where no kernel takes
+    /// the call (head dims beyond the fused kernels on a forced fused path,
+    /// pieces that cannot fit).
+    pub fn plan(&self, dims: &AttentionDims, options: &AttentionOptions) -> Result<CallPlan> {
+        let planner = match &self.backend {
+            Backend::Gpu(gpu) if !matches!(options.path, KernelPath::Cpu | KernelPath::Oracle) => {
+                Some(gpu.current().planner(dims.head_dim, dims.v_head_dim))
             }
-            (Backend::Gpu(gpu), _) => gpu.current(),
+            _ => None,
         };
-        match options.path {
-            KernelPath::Auto => {
-                // Measured on this adapter (`webattn tune`): the unfused path
-                // was faster at these head dims, at the call's precision (at
-                // `Fast` each path on the matrix units where they measured
-                // faster), and it fits memory whatever the sizes (it works in
-                // score blocks). Decoding runs its own kernel, which the
-                // tuner does not time. Read once: a concurrent tune may
-                // change the table.
-                let unfused_faster = (ctx.fused_kernel_choice() == crate::FusedKernelChoice::Auto
-                    && !crate::gpu::ops::decode::DecodePlan::applies(dims))
-                .then(|| ctx.tuned(dims.head_dim, dims.v_head_dim))
-                .flatten()
-                .map(|t| {
-                    // Each path's time as it runs here: on the matrix units
-                    // only where the adapter has them now and the planner
-                    // puts the call there (where they measured no slower).
-                    let (dk, dv) = (dims.head_dim, dims.v_head_dim);
-                    let fast = options.precision == crate::Precision::Fast
-                        && crate::gpu::planner::coop_shape(&ctx.caps).is_some();
-                    let fused_units = fast
-                        && matches!(
-                            ctx.fused_kernel_at(dk, dv, crate::Precision::Fast),
-                            Ok(crate::gpu::ops::fused::FusedKernel::Coop(_))
-                        );
-                    let unfused_units = fast
-                        && ctx.unfused_precision(dk, dv, crate::Precision::Fast)
-                            == crate::Precision::Fast;
-                    t.path_ms([fused_units, unfused_units])
-                })
-                .filter(|(fused, unfused)| unfused < fused);
-                match FusedTiles::for_dims(dims.head_dim, dims.v_head_dim, &ctx.caps.limits) {
-                    Ok(_) => match unfused_faster {
-                        Some((fused_ms, unfused_ms)) => PathChoice::new(
-                            KernelPath::Unfused,
-                            Some(format!(
-                                "unfused measured faster on this adapter at head dims {}/{}, \
-                                 precision {} ({unfused_ms:.3} ms against {fused_ms:.3} ms fused, \
-                                 webattn tune)",
-                                dims.head_dim, dims.v_head_dim, options.precision
-                            )),
-                        ),
-                        None => PathChoice::new(KernelPath::Fused, None),
-                    },
-                    Err(e) => PathChoice::new(
-                        KernelPath::Unfused,
-                        Some(format!("fused path unavailable: {e}")),
-                    ),
-                }
-            }
-            forced => PathChoice::new(forced, None),
-        }
+        crate::call_plan::plan_call(planner.as_ref(), self.score_budget, dims, options)
     }
 
     /// The concrete path a call with `options` takes, before the sizes are known
@@ -905,11 +840,11 @@ impl Engine {
         self.check_input_owners(inputs)?;
         let dims = validate(inputs, options)?;
         self.refuse_gpu_path_on_cpu(options)?;
-        let choice = self.choose_path(&dims, options);
-        match (&self.backend, choice.path) {
-            (Backend::Gpu(gpu), KernelPath::Fused | KernelPath::Unfused) => {
+        let plan = self.plan(&dims, options)?;
+        match (&self.backend, plan.gpu) {
+            (Backend::Gpu(gpu), Some(_)) => {
                 let (ctx, generation) = gpu.latest();
-                self.attention_on_gpu(ctx, generation, inputs, options, &dims, choice)
+                self.attention_on_gpu(ctx, generation, inputs, options, &dims, &plan)
                     .await
             }
             _ => {
@@ -935,11 +870,10 @@ impl Engine {
                     host_inputs = host_inputs.with_mask(m);
                 }
                 host_inputs.nonpad_kv_seqlen = inputs.nonpad_kv_seqlen;
-                let out = self.run_on_host(choice.path, &host_inputs, options)?;
+                let out = self.run_on_host(plan.path, &host_inputs, options)?;
                 let out = typed_host_outputs(out, &host_inputs);
                 self.record_call(CallStats {
-                    path: choice.path,
-                    reason: choice.reason,
+                    plan,
                     allocated_bytes: 0,
                     pieces: 1,
                     widened_bytes: 0,
@@ -999,8 +933,8 @@ impl Engine {
     }
 
     fn record_call(&self, stats: CallStats) {
-        if let Some(reason) = &stats.reason {
-            log::info!("webattn: {} path: {reason}", stats.path);
+        if let Some(reason) = &stats.plan.reason {
+            log::info!("webattn: {} path: {reason}", stats.plan.path);
         }
         *self
             .last_call
@@ -1040,11 +974,10 @@ impl Engine {
             KernelPath::Cpu | KernelPath::Oracle
         ) && !matches!(options.path, KernelPath::Unfused | KernelPath::Fused)
         {
-            let choice = self.choose_path(&dims, options);
-            let out = typed_host_outputs(self.run_on_host(choice.path, inputs, options)?, inputs);
+            let plan = self.plan(&dims, options)?;
+            let out = typed_host_outputs(self.run_on_host(plan.path, inputs, options)?, inputs);
             self.record_call(CallStats {
-                path: choice.path,
-                reason: choice.reason,
+                plan,
                 allocated_bytes: 0,
                 pieces: 1,
                 widened_bytes: 0,

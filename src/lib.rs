@@ -30,6 +30,7 @@
 #![cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
 
 pub mod bench;
+pub mod call_plan;
 pub mod conformance;
 pub mod cpu;
 mod device_tensor;
@@ -49,9 +50,10 @@ pub mod rng;
 mod tensor;
 pub mod tuning;
 
+pub use call_plan::CallPlan;
 pub use device_tensor::{Mask, Tensor};
 pub use engine::{
-    BackendKind, BackendPreference, CallStats, Engine, EngineOptions, PathChoice, PreparedAttention,
+    BackendKind, BackendPreference, CallStats, Engine, EngineOptions, PreparedAttention,
 };
 pub use error::{Error, Result};
 pub use gpu::capabilities::{AdapterSummary, Capabilities, KernelLimits};

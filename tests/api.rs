@@ -154,7 +154,7 @@ fn the_cpu_paths_can_be_forced_on_a_gpu_engine() {
                 },
             )
             .unwrap();
-        assert_eq!(engine.last_call().unwrap().path, path);
+        assert_eq!(engine.last_call().unwrap().plan.path, path);
         out
     };
     // Cpu is the fast backend, Oracle the f64 oracle, each exactly as it runs alone.

@@ -160,7 +160,7 @@ fn the_oracle_path_is_reachable_and_named() {
         } else {
             KernelPath::Cpu
         };
-        assert_eq!(engine.last_call().unwrap().path, expected);
+        assert_eq!(engine.last_call().unwrap().plan.path, expected);
     }
     assert_eq!(KernelPath::Oracle.name(), "oracle");
     // The oracle's outputs are those of webattn::cpu::attention.

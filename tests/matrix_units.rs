@@ -1237,7 +1237,11 @@ fn auto_at_fast_compares_the_paths_on_the_matrix_units() {
                 let results = pollster::block_on(run_case(&engine, &case, &[KernelPath::Auto], 7));
                 assert!(results.iter().all(|r| r.passed()), "{results:?}");
                 let call = engine.last_call().expect("a call");
-                assert_eq!(call.path, want, "{precision:?}: {:?}", call.reason);
+                assert_eq!(
+                    call.plan.path, want,
+                    "{precision:?}: {:?}",
+                    call.plan.reason
+                );
             }
         },
     );

@@ -59,7 +59,7 @@ fn fused_attention_at_32768_tokens_in_linear_memory() {
         (3 * row_bytes) >> 20,
         (3 * y_bytes) >> 20
     );
-    assert_eq!(stats.path, KernelPath::Fused);
+    assert_eq!(stats.plan.path, KernelPath::Fused);
     assert!(
         stats.allocated_bytes <= y_bytes + 3 * row_bytes,
         "{stats:?}"

@@ -161,7 +161,7 @@ fn run_cases(engine: &Engine) -> u64 {
             "{:<34} on {}: path {}, workspace {:?}, worst |Y - f64 oracle| {worst:.3e}",
             case.name,
             engine.describe(),
-            prepared.path().path,
+            prepared.plan().path,
             prepared.workspace()
         );
     }

@@ -222,8 +222,12 @@ fn auto_follows_the_measured_path_and_kernel() {
     let options = AttentionOptions::default();
     let out = engine.attention_host_blocking(&inputs, &options).unwrap();
     let call = engine.last_call().unwrap();
-    assert_eq!(call.path, KernelPath::Unfused);
-    assert!(call.reason.unwrap_or_default().contains("webattn tune"));
+    assert_eq!(call.plan.path, KernelPath::Unfused);
+    assert!(call
+        .plan
+        .reason
+        .unwrap_or_default()
+        .contains("webattn tune"));
     let exact = cpu::attention_exact(&inputs, &options).unwrap();
     let plain = cpu::attention_plain_f32(&inputs, &options).unwrap();
     let report = compare(out.y.data(), &exact.y, &plain.y, DEFAULT_FLOOR);
@@ -240,7 +244,7 @@ fn auto_follows_the_measured_path_and_kernel() {
     table.save(&cache).unwrap();
     let engine = engine_with(&cache);
     let out = engine.attention_host_blocking(&inputs, &options).unwrap();
-    assert_eq!(engine.last_call().unwrap().path, KernelPath::Fused);
+    assert_eq!(engine.last_call().unwrap().plan.path, KernelPath::Fused);
     assert_eq!(
         engine.gpu().unwrap().fused_kernel(8, 8).unwrap().name(),
         "attention_fused"
@@ -286,7 +290,7 @@ fn auto_follows_the_measured_path_and_kernel() {
     ] {
         engine.attention_host_blocking(&inputs, options).unwrap();
         assert_eq!(
-            engine.last_call().unwrap().path,
+            engine.last_call().unwrap().plan.path,
             want,
             "{:?}",
             options.precision

@@ -5,20 +5,21 @@
 
 use std::sync::Arc;
 
-use super::{CallStats, Engine, PathChoice};
+use super::{CallStats, Engine};
+use crate::call_plan::CallPlan;
 use crate::device_tensor::{Storage, Tensor};
 use crate::error::{Error, Result};
 use crate::gpu::chunks::{self, Held};
 use crate::gpu::context::GpuContext;
 use crate::gpu::half;
-use crate::gpu::split::{self, Route};
-use crate::options::{AttentionOptions, KernelPath};
+use crate::gpu::split;
+use crate::options::AttentionOptions;
 use crate::problem::{AttentionDims, AttentionInputs, AttentionOutputs};
 use crate::tensor::DType;
 
 impl Engine {
-    /// Runs a validated call on the fused or unfused path `choice` names, on
-    /// `ctx` (the device of `generation`).
+    /// Runs a validated call's `plan` (a GPU route) on `ctx` (the device of
+    /// `generation`).
     pub(super) async fn attention_on_gpu(
         &self,
         ctx: &GpuContext,
@@ -26,8 +27,13 @@ impl Engine {
         inputs: &AttentionInputs<'_, Tensor>,
         options: &AttentionOptions,
         dims: &AttentionDims,
-        choice: PathChoice,
+        plan: &CallPlan,
     ) -> Result<AttentionOutputs<Tensor>> {
+        let Some(route) = plan.gpu else {
+            return Err(Error::Conflict(
+                "a call planned for the host runs no GPU kernels",
+            ));
+        };
         let held = |t: &Tensor| {
             t.storage
                 .held()
@@ -38,13 +44,6 @@ impl Engine {
                 tensor: "attn_mask",
             })?),
             None => None,
-        };
-        let route = if choice.path == KernelPath::Fused {
-            Route::Fused
-        } else {
-            Route::Unfused {
-                score_budget: self.score_budget,
-            }
         };
         // f16 keys and values stay f16 where the decode kernel reads
         // them; everything else reads f32 (see gpu/half.rs).
@@ -126,8 +125,7 @@ impl Engine {
         };
         let out = split::run(ctx, dims, &gpu_inputs, options, route).await?;
         self.record_call(CallStats {
-            path: choice.path,
-            reason: choice.reason,
+            plan: plan.clone(),
             allocated_bytes: out.allocated_bytes + widened_bytes,
             pieces: out.pieces,
             widened_bytes,

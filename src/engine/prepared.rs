@@ -4,11 +4,12 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::{Backend, Engine, PathChoice};
+use super::{Backend, Engine};
+use crate::call_plan::CallPlan;
 use crate::device_tensor::Tensor;
 use crate::error::{Error, Result};
 use crate::gpu::arena::Arena;
-use crate::options::{AttentionOptions, KernelPath};
+use crate::options::AttentionOptions;
 use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs};
 
 /// An attention call of one shape and set of options, planned once
@@ -24,7 +25,7 @@ pub struct PreparedAttention {
     engine_id: u64,
     dims: AttentionDims,
     options: AttentionOptions,
-    choice: PathChoice,
+    plan: CallPlan,
     arena: Arc<Arena>,
     /// The device generation the workspace belongs to.
     generation: Mutex<Option<u64>>,
@@ -33,8 +34,9 @@ pub struct PreparedAttention {
 }
 
 impl Engine {
-    /// Plans a call of `dims` with `options` once: the path (and its reason)
-    /// is fixed here, the workspace is made by the first run. Inputs of other
+    /// Plans a call of `dims` with `options` once ([`Engine::plan`]): its
+    /// path, kernels and pieces are fixed here, the workspace is made by the
+    /// first run. Inputs of other
     /// shapes are refused by [`PreparedAttention::run`].
     pub fn prepare(
         &self,
@@ -47,7 +49,7 @@ impl Engine {
             engine_id: self.id,
             dims: *dims,
             options: options.clone(),
-            choice: self.choose_path(dims, options),
+            plan: self.plan(dims, options)?,
             arena: Arc::default(),
             generation: Mutex::new(None),
             turn: futures_intrusive::sync::Mutex::new((), true),
@@ -66,9 +68,9 @@ impl PreparedAttention {
         &self.options
     }
 
-    /// The path it takes, and why `Auto` did not take the fused one.
-    pub fn path(&self) -> &PathChoice {
-        &self.choice
+    /// Its plan: the path, kernels and pieces every run takes, and why.
+    pub fn plan(&self) -> &CallPlan {
+        &self.plan
     }
 
     /// Buffers its workspace holds on the device, and their bytes.
@@ -123,8 +125,8 @@ impl PreparedAttention {
                  prepare a call for them",
             ));
         }
-        let (ctx, generation) = match (&engine.backend, self.choice.path) {
-            (Backend::Gpu(gpu), KernelPath::Fused | KernelPath::Unfused) => gpu.latest(),
+        let (ctx, generation) = match (&engine.backend, self.plan.gpu) {
+            (Backend::Gpu(gpu), Some(_)) => gpu.latest(),
             // The CPU paths keep nothing on a device.
             _ if encoder.is_none() => return engine.attention(inputs, &self.options).await,
             _ => {
@@ -159,14 +161,7 @@ impl PreparedAttention {
             None => ctx,
         };
         let result = engine
-            .attention_on_gpu(
-                &ctx,
-                generation,
-                inputs,
-                &self.options,
-                &dims,
-                self.choice.clone(),
-            )
+            .attention_on_gpu(&ctx, generation, inputs, &self.options, &dims, &self.plan)
             .await;
         if let (Some(slot), Some(encoder)) = (slot, encoder) {
             let back = slot.lock().unwrap_or_else(PoisonError::into_inner).take();

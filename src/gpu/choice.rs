@@ -291,3 +291,34 @@ impl std::fmt::Display for DecodeKernelChoice {
         f.write_str(self.name())
     }
 }
+
+/// Everything an engine is told to run in place of what the planner would
+/// pick, as one value: forced kernels (`webattn check --kernel`), the
+/// candidates the tuner pins while it times them, and the phases a
+/// measurement removes. The planner reads it beside the capabilities and
+/// the tuning table; the default overrides nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Overrides {
+    /// The GEMM kernel every product records (portable kernels, a subgroup width).
+    pub gemm: Option<GemmKernel>,
+    /// The fused kernel forced by name, or `Auto`.
+    pub fused: FusedKernelChoice,
+    /// The decode kernel forced by name, or `Auto`.
+    pub decode: DecodeKernelChoice,
+    /// The width the subgroup kernels are compiled for, below the adapter's own.
+    pub subgroup_width: Option<u32>,
+    /// A fused kernel every call runs (the tuner times each candidate this way).
+    pub pinned_fused: Option<crate::tuning::TunedKernel>,
+    /// A decode kernel every decode call runs where it can.
+    pub pinned_decode: Option<crate::gpu::ops::decode::DecodeKernel>,
+    /// Tiles of the matrix-unit kernel that calls at `Fast` take where they fit.
+    pub pinned_coop: Option<crate::tuning::TunedCoop>,
+    /// A form of the matrix-unit GEMM that calls at `Fast` take where it runs.
+    pub pinned_fast_gemm: Option<FastGemm>,
+    /// Invocations per row in the matrix-unit kernel's scalar steps, where a
+    /// test asks for other than its tiles' default.
+    pub coop_lanes_per_row: Option<u32>,
+    /// Phases of the key loop the fused and decode kernels run without
+    /// (`webattn phases`; none otherwise).
+    pub removed_phases: crate::gpu::phases::Phases,
+}

@@ -56,33 +56,12 @@ pub struct GpuContext {
     pub(crate) caps: Arc<Capabilities>,
     pub(crate) pipelines: Arc<PipelineCache>,
     pub(crate) profiler: Arc<Mutex<Option<Arc<super::profile::Profiler>>>>,
-    /// The GEMM kernel when one was asked for (else the planner decides).
-    pub(crate) gemm_override: Option<GemmKernel>,
-    pub(crate) fused_choice: FusedKernelChoice,
-    pub(crate) decode_choice: DecodeKernelChoice,
-    pub(crate) subgroup_width: Option<u32>,
+    /// What this context is told to run in place of the planner's picks.
+    pub(crate) overrides: super::choice::Overrides,
     lost: Arc<Mutex<Option<String>>>,
     /// Measured kernel and path choices (`webattn tune`), shared by the
     /// contexts of one engine's devices.
     pub(crate) tuning: Arc<Mutex<crate::tuning::TuningTable>>,
-    /// A fused kernel that every call runs (the tuner times each candidate
-    /// this way), as the tuning table would name it.
-    pub(crate) pinned_fused: Option<crate::tuning::TunedKernel>,
-    /// A decode kernel that every decode call runs where it can (the tuner
-    /// times each candidate this way).
-    pub(crate) pinned_decode: Option<super::ops::decode::DecodeKernel>,
-    /// Invocations per row in the matrix-unit kernel's scalar steps, where a
-    /// test asks for other than its tiles' default.
-    pub(crate) coop_lanes_per_row: Option<u32>,
-    /// Tiles of the matrix-unit kernel that calls at `Fast` take where they
-    /// fit (the tuner times each candidate this way).
-    pub(crate) pinned_coop: Option<crate::tuning::TunedCoop>,
-    /// A form of the matrix-unit GEMM that calls at `Precision::Fast` take
-    /// where it runs (the tuner times each form this way).
-    pub(crate) pinned_fast_gemm: Option<super::choice::FastGemm>,
-    /// Phases of the key loop the fused and decode calls run without (a
-    /// measurement of where a kernel's time goes; none otherwise).
-    pub(crate) removed_phases: super::phases::Phases,
     /// The clock guard of measurements on this device, shared by clones.
     pub(crate) clock_guard: Arc<Mutex<super::profile::ClockGuardState>>,
     /// Buffers, dispatches and submissions given to this device so far.
@@ -361,17 +340,8 @@ impl GpuContext {
             )),
             device,
             queue,
-            gemm_override: None,
-            fused_choice: Default::default(),
-            decode_choice: Default::default(),
-            subgroup_width: None,
+            overrides: Default::default(),
             tuning: Default::default(),
-            pinned_fused: None,
-            pinned_decode: None,
-            coop_lanes_per_row: None,
-            pinned_coop: None,
-            pinned_fast_gemm: None,
-            removed_phases: super::phases::Phases::NONE,
             clock_guard: Default::default(),
             counters: Default::default(),
             arena: None,
@@ -483,8 +453,8 @@ impl GpuContext {
                 reason: "must be 4 or 8, at most the adapter's fixed CPU subgroup width",
             });
         }
-        self.gemm_override = Some(GemmKernel::Subgroup { width });
-        self.subgroup_width = Some(width);
+        self.overrides.gemm = Some(GemmKernel::Subgroup { width });
+        self.overrides.subgroup_width = Some(width);
         Ok(self)
     }
 
@@ -508,9 +478,9 @@ impl GpuContext {
     /// GEMM, portable fused attention), as an adapter without subgroups (GL, some
     /// browsers) runs them. For testing and measuring those kernels anywhere.
     pub fn with_portable_kernels(mut self) -> GpuContext {
-        self.gemm_override = Some(GemmKernel::Tiled);
-        self.fused_choice = FusedKernelChoice::Portable;
-        self.decode_choice = DecodeKernelChoice::Staged;
+        self.overrides.gemm = Some(GemmKernel::Tiled);
+        self.overrides.fused = FusedKernelChoice::Portable;
+        self.overrides.decode = DecodeKernelChoice::Staged;
         self
     }
 
@@ -527,14 +497,14 @@ impl GpuContext {
             });
         }
         if choice != DecodeKernelChoice::Auto {
-            self.decode_choice = choice;
+            self.overrides.decode = choice;
         }
         Ok(self)
     }
 
     /// The decode kernel this context is forced to, or `Auto`.
     pub fn decode_kernel_choice(&self) -> DecodeKernelChoice {
-        self.decode_choice
+        self.overrides.decode
     }
 
     /// This context with its fused kernel forced to `choice` (the other kernels
@@ -571,7 +541,7 @@ impl GpuContext {
             });
         }
         if choice != FusedKernelChoice::Auto {
-            self.fused_choice = choice;
+            self.overrides.fused = choice;
         }
         Ok(self)
     }
@@ -635,7 +605,7 @@ impl GpuContext {
 
     /// The fused kernel this context is forced to, or `Auto`.
     pub fn fused_kernel_choice(&self) -> FusedKernelChoice {
-        self.fused_choice
+        self.overrides.fused
     }
 
     /// Device buffer memory and buffers alive, from wgpu's own counters

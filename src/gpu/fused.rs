@@ -9,21 +9,23 @@ use super::chunks::Held;
 use super::context::GpuContext;
 use super::kv::{self, bytes, GpuInputs, GpuOutputs};
 use super::ops::decode;
-use super::ops::fused::{self, AttentionBuffers};
+use super::ops::decode::DecodePlan;
+use super::ops::fused::{self, AttentionBuffers, FusedKernel};
 use super::recorder::{Recorder, Seg};
 use crate::error::{Error, Result};
 use crate::options::{AttentionOptions, QkMatmulOutputMode};
 use crate::problem::AttentionDims;
 
-/// Runs the fused path; returns once the work is submitted.
+/// Runs the fused path with the planned `kernel` (and `decode`, where the
+/// call decodes); returns once the work is submitted.
 pub(crate) async fn run(
     ctx: &GpuContext,
     dims: &AttentionDims,
     inputs: &GpuInputs<'_>,
     options: &AttentionOptions,
+    kernel: &FusedKernel,
+    decode: Option<DecodePlan>,
 ) -> Result<GpuOutputs> {
-    let kernel = ctx.fused_kernel_at(dims.head_dim, dims.v_head_dim, options.precision)?;
-    let decode = ctx.decode_plan(dims);
     if inputs.kv_f16
         && (decode.is_none()
             || kv::needs_present(dims, options.return_present)
@@ -59,7 +61,7 @@ pub(crate) async fn run(
         + bytes(3 * rows)
         + match &decode {
             Some(plan) => bytes(plan.partial_values(dims)),
-            None => fused::scratch_bytes(&kernel, dims, &ctx.caps.limits),
+            None => fused::scratch_bytes(kernel, dims, &ctx.caps.limits),
         }
         + present_bytes
         + if options.qk_matmul_output_mode.is_some() {
@@ -94,7 +96,7 @@ pub(crate) async fn run(
                 &mut rec,
                 dims,
                 options,
-                &kernel,
+                kernel,
                 &buffers,
                 &y,
                 &lse,

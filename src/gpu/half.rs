@@ -10,7 +10,6 @@
 use super::buffer;
 use super::context::GpuContext;
 use super::ops::convert::{self, Direction};
-use super::ops::decode::DecodePlan;
 use super::recorder::Recorder;
 use super::split::{self, Route};
 use crate::error::Result;
@@ -31,9 +30,13 @@ pub(crate) fn decode_reads_f16(
     route: Route,
     kv_chunks: [Option<usize>; 2],
 ) -> bool {
-    matches!(route, Route::Fused)
-        && ctx.caps.unpack_f16
-        && DecodePlan::applies(dims)
+    matches!(
+        route,
+        Route::Fused {
+            decode: Some(_),
+            ..
+        }
+    ) && ctx.caps.unpack_f16
         && !dims.has_past
         && !options.return_present
         && options.qk_matmul_output_mode.is_none()

@@ -122,13 +122,13 @@ impl GpuContext {
     /// each phase costs (`webattn phases`). Calls whose kernel has no phase
     /// switches fail with [`Error::Conflict`]; the unfused path is unchanged.
     pub fn without_phases(mut self, phases: Phases) -> GpuContext {
-        self.removed_phases = phases;
+        self.overrides.removed_phases = phases;
         self
     }
 
     /// The phases this context's fused calls run without (none, normally).
     pub fn removed_phases(&self) -> Phases {
-        self.removed_phases
+        self.overrides.removed_phases
     }
 }
 

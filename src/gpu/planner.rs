@@ -5,7 +5,9 @@
 //! capabilities describe the adapter, and only this module decides.
 
 use super::capabilities::{Capabilities, KernelLimits};
-use super::choice::{CoopShape, DecodeKernelChoice, FastGemm, FusedKernelChoice, GemmKernel};
+use super::choice::{
+    CoopShape, DecodeKernelChoice, FastGemm, FusedKernelChoice, GemmKernel, Overrides,
+};
 use super::context::GpuContext;
 use super::ops::decode::{DecodeKernel, DecodePlan, StreamShape, GROUPED_ROWS, TUNED_ROWS};
 use super::ops::fused::{CoopTiles, FusedKernel, FusedTiles, TiledTiles};
@@ -13,7 +15,7 @@ use super::registry::CoopSize;
 use crate::error::Result;
 use crate::options::Precision;
 use crate::problem::AttentionDims;
-use crate::tuning::TunedKernel;
+use crate::tuning::{TunedCoop, TunedEntry, TunedKernel};
 
 /// The GEMM kernel for an adapter: the subgroup-shuffle kernel on CPU-backed
 /// adapters with fixed subgroups of 4 or 8 lanes (where a storage load costs a
@@ -148,94 +150,58 @@ pub fn resolve_tuned(
     }
 }
 
-impl GpuContext {
-    /// The GEMM kernel this context records: the one asked for
-    /// ([`GpuContext::with_portable_kernels`], [`GpuContext::with_subgroup_width`]),
-    /// else the adapter's ([`gemm_kernel_for`]).
+/// The kernel choices for calls at head dims `dk`, `dv` on one adapter, as a
+/// pure function of its inputs: the capabilities, a snapshot of the tuning
+/// table's entry for these head dims, and the overrides. Nothing here touches
+/// a device, so every choice can be tested on made-up adapters.
+#[derive(Debug, Clone, Copy)]
+pub struct Planner<'a> {
+    /// The adapter.
+    pub caps: &'a Capabilities,
+    /// What the engine is told to run in place of the planner's picks.
+    pub overrides: &'a Overrides,
+    /// The tuning table's entry for these head dims (stale parts already
+    /// dropped, see [`GpuContext::tuning_snapshot`]).
+    pub tuned: Option<TunedEntry>,
+    /// The query and key head dim.
+    pub dk: usize,
+    /// The value head dim.
+    pub dv: usize,
+}
+
+impl Planner<'_> {
+    /// The GEMM kernel the context records: the one forced by the
+    /// overrides, else the adapter's ([`gemm_kernel_for`]).
     pub fn gemm_kernel(&self) -> GemmKernel {
-        self.gemm_override
-            .unwrap_or_else(|| gemm_kernel_for(&self.caps))
+        self.overrides
+            .gemm
+            .unwrap_or_else(|| gemm_kernel_for(self.caps))
     }
 
-    /// The GEMM kernel this context records for products of `precision`:
-    /// [`GpuContext::gemm_kernel`], or the matrix-unit kernel under
-    /// [`Precision::Fast`] where the adapter has one ([`gemm_kernel_at`]).
-    /// A kernel forced on the context (portable kernels, a subgroup width)
-    /// stays, whatever the precision.
+    /// The GEMM kernel for products of `precision`: [`Planner::gemm_kernel`],
+    /// or the matrix-unit kernel under [`Precision::Fast`] where the adapter
+    /// has one ([`gemm_kernel_at`]). A forced kernel stays, whatever the precision.
     pub fn gemm_kernel_at(&self, precision: Precision) -> GemmKernel {
-        match self.gemm_override {
+        match self.overrides.gemm {
             Some(forced) => forced,
-            None => gemm_kernel_at(&self.caps, precision, gemm_kernel_for(&self.caps)),
+            None => gemm_kernel_at(self.caps, precision, gemm_kernel_for(self.caps)),
         }
     }
 
-    /// The precision the unfused path's GEMMs take in a call at `precision`
-    /// with head dims `dk`, `dv`: `precision`, except that under `Auto` a
-    /// call at [`Precision::Fast`] keeps them in f32 where the tuning table
-    /// measured the unfused path slower on the matrix units than in f32
-    /// (`Fast` allows f16 products; it does not ask for a slower path).
-    /// Forcing the matrix-unit kernel keeps them on the matrix units.
-    pub fn unfused_precision(&self, dk: usize, dv: usize, precision: Precision) -> Precision {
-        let measured_slower = precision == Precision::Fast
-            && self.fused_choice == FusedKernelChoice::Auto
-            && self
-                .tuned(dk, dv)
-                .and_then(|e| e.unfused_coop_ms.map(|coop| coop > e.unfused_ms))
-                .unwrap_or(false);
-        if measured_slower {
-            Precision::Highest
-        } else {
-            precision
-        }
-    }
-
-    /// This context with every fused call running `kernel` (an f32 kernel,
-    /// whose head-dim class must be the calls'); for timing one candidate.
-    pub fn with_pinned_fused_kernel(mut self, kernel: FusedKernel) -> GpuContext {
-        debug_assert!(tuned_form(&kernel).is_some(), "only f32 kernels are tuned");
-        self.pinned_fused = tuned_form(&kernel);
-        self
-    }
-
-    /// This context with the matrix-unit kernel's scalar steps (the rules,
-    /// the maxima, P) sharing each row among `lanes` invocations where its
-    /// tiles take that many ([`CoopTiles::with_lanes_per_row`]; else their
-    /// default): for testing the shares an adapter's own shapes do not use.
-    pub fn with_coop_lanes_per_row(mut self, lanes: u32) -> GpuContext {
-        self.coop_lanes_per_row = Some(lanes);
-        self
-    }
-
-    /// This context with calls at [`Precision::Fast`] that take the
-    /// matrix-unit fused kernel taking `tiles` where they fit (else its
-    /// tuned or default tiles): for timing or testing one configuration.
-    pub fn with_pinned_coop_tiles(mut self, tiles: crate::tuning::TunedCoop) -> GpuContext {
-        self.pinned_coop = Some(tiles);
-        self
-    }
-
-    /// This context with calls at [`Precision::Fast`] taking `form` of the
-    /// matrix-unit GEMM where it runs: for timing or testing one form.
-    pub fn with_pinned_fast_gemm(mut self, form: FastGemm) -> GpuContext {
-        self.pinned_fast_gemm = Some(form);
-        self
-    }
-
-    /// The GEMM kernel a call at `precision` with head dims `dk`, `dv`
-    /// records ([`GpuContext::gemm_kernel_at`]), except that at
-    /// [`Precision::Fast`] on the matrix units the form pinned on the
-    /// context, else the one `webattn tune` measured fastest for these head
-    /// dims, replaces the default where it fits.
-    pub fn gemm_kernel_for_call(&self, precision: Precision, dk: usize, dv: usize) -> GemmKernel {
+    /// The GEMM kernel a call at `precision` records: [`Planner::gemm_kernel_at`],
+    /// except that at [`Precision::Fast`] on the matrix units the form pinned
+    /// in the overrides, else the one `webattn tune` measured fastest for
+    /// these head dims, replaces the default where it fits.
+    pub fn gemm_kernel_for_call(&self, precision: Precision) -> GemmKernel {
         let default = self.gemm_kernel_at(precision);
-        if self.gemm_override.is_some() {
+        if self.overrides.gemm.is_some() {
             return default;
         }
         let (GemmKernel::CoopPacked { shape, .. } | GemmKernel::Coop(shape)) = default else {
             return default;
         };
-        let form = self.pinned_fast_gemm.or_else(|| {
-            self.tuned(dk, dv)
+        let form = self.overrides.pinned_fast_gemm.or_else(|| {
+            self.tuned
                 .and_then(|entry| entry.fast_gemm)
                 .map(|tuned| tuned.form)
         });
@@ -250,67 +216,69 @@ impl GpuContext {
         }
     }
 
-    /// This context with every decode call running `kernel` where it can
-    /// (else the staged kernel): for timing or testing one candidate.
-    pub fn with_pinned_decode(mut self, kernel: DecodeKernel) -> GpuContext {
-        self.pinned_decode = Some(kernel);
-        self
+    /// The precision the unfused path's GEMMs take in a call at `precision`:
+    /// `precision`, except that under `Auto` a call at [`Precision::Fast`]
+    /// keeps them in f32 where the tuning table measured the unfused path
+    /// slower on the matrix units than in f32 (`Fast` allows f16 products;
+    /// it does not ask for a slower path). Forcing the matrix-unit kernel
+    /// keeps them on the matrix units.
+    pub fn unfused_precision(&self, precision: Precision) -> Precision {
+        let measured_slower = precision == Precision::Fast
+            && self.overrides.fused == FusedKernelChoice::Auto
+            && self
+                .tuned
+                .and_then(|e| e.unfused_coop_ms.map(|coop| coop > e.unfused_ms))
+                .unwrap_or(false);
+        if measured_slower {
+            Precision::Highest
+        } else {
+            precision
+        }
     }
 
-    /// The tuned fused kernel for head dims `dk`, `dv`, if one was measured
-    /// and still runs here (an entry the kernel no longer offers, or whose
-    /// tiles no longer fit, is ignored with a warning, once).
-    fn tuned_fused_kernel(&self, dk: usize, dv: usize) -> Option<FusedKernel> {
-        let entry = self.tuned(dk, dv)?;
+    /// The tuned fused kernel, if one was measured and still runs here.
+    fn tuned_fused_kernel(&self) -> Option<FusedKernel> {
+        let entry = self.tuned?;
         // The subgroup kernel's class also holds head dims it leaves to the
-        // portable kernel (not multiples of 4): not a stale entry.
-        if entry.kernel == TunedKernel::Subgroup && (dk % 4 != 0 || dv % 4 != 0) {
+        // portable kernel (not multiples of 4).
+        if entry.kernel == TunedKernel::Subgroup && (self.dk % 4 != 0 || self.dv % 4 != 0) {
             return None;
         }
-        match resolve_tuned(entry.kernel, &self.caps, dk, dv) {
-            Ok(kernel) => Some(kernel),
-            Err(why) => {
-                log::warn!("webattn: tuning entry for head dims {dk}/{dv} ignored: {why}");
-                self.tuning
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .remove(&self.tuning_key(dk, dv));
-                None
-            }
-        }
+        resolve_tuned(entry.kernel, self.caps, self.dk, self.dv).ok()
     }
 
-    /// The fused kernel for head dims `dk`, `dv`: a pinned kernel (tuner); a
-    /// forced one ([`GpuContext::with_fused_kernel`]) wherever it can run; else
-    /// the tuning table's winner for this adapter and head-dim class; else
-    /// [`fused_kernel_for`] the adapter's limits.
-    pub fn fused_kernel(&self, dk: usize, dv: usize) -> Result<FusedKernel> {
-        if let Some(pinned) = self.pinned_fused {
-            if let Ok(kernel) = resolve_tuned(pinned, &self.caps, dk, dv) {
+    /// The f32 fused kernel: a pinned kernel (tuner); a forced one wherever
+    /// it can run; else the tuning table's winner for this adapter and
+    /// head-dim class; else [`fused_kernel_for`] the adapter's limits.
+    pub fn fused_kernel(&self) -> Result<FusedKernel> {
+        let (dk, dv, caps) = (self.dk, self.dv, self.caps);
+        if let Some(pinned) = self.overrides.pinned_fused {
+            if let Ok(kernel) = resolve_tuned(pinned, caps, dk, dv) {
                 return Ok(kernel);
             }
         }
-        let with_width = |kernel: FusedKernel| match (kernel, self.subgroup_width) {
+        let with_width = |kernel: FusedKernel| match (kernel, self.overrides.subgroup_width) {
             (FusedKernel::Subgroup { .. }, Some(width)) => FusedKernel::Subgroup { width },
             (kernel, _) => kernel,
         };
-        match self.fused_choice {
+        match self.overrides.fused {
             FusedKernelChoice::Portable => Ok(FusedKernel::Portable(FusedTiles::for_dims(
                 dk,
                 dv,
-                &self.caps.limits,
+                &caps.limits,
             )?)),
             // attention_sg wherever it can run: head dims that are not
             // multiples of 4 take attention_fused, as they do under auto, and
             // the same head-dim limits apply.
             FusedKernelChoice::Subgroup => {
-                let tiles = FusedTiles::for_dims(dk, dv, &self.caps.limits)?;
+                let tiles = FusedTiles::for_dims(dk, dv, &caps.limits)?;
                 if dk % 4 != 0 || dv % 4 != 0 {
                     return Ok(FusedKernel::Portable(tiles));
                 }
                 let width = self
+                    .overrides
                     .subgroup_width
-                    .or(self.caps.fixed_cpu_subgroup())
+                    .or(caps.fixed_cpu_subgroup())
                     .unwrap_or(8);
                 Ok(FusedKernel::Subgroup { width })
             }
@@ -318,90 +286,132 @@ impl GpuContext {
             // where measured); where none does (head dims of 256 in 16 KiB of
             // workgroup memory) attention_fused.
             FusedKernelChoice::Tiled => {
-                let tiles = FusedTiles::for_dims(dk, dv, &self.caps.limits)?;
-                if let Some(tuned @ FusedKernel::Tiled(t)) = self.tuned_fused_kernel(dk, dv) {
+                let tiles = FusedTiles::for_dims(dk, dv, &caps.limits)?;
+                if let Some(tuned @ FusedKernel::Tiled(t)) = self.tuned_fused_kernel() {
                     if !t.shuffle && !t.chunked {
                         return Ok(tuned);
                     }
                 }
-                Ok(tiled_or_portable(tiles, dk, dv, &self.caps.limits))
+                Ok(tiled_or_portable(tiles, dk, dv, &caps.limits))
             }
             // The shuffle or the chunked form: the tuned one where measured,
-            // else the first that runs here; where none does (head dims whose
-            // tiles exceed the workgroup memory; forcing the shuffle form on
-            // subgroups narrower than 8 lanes is refused earlier), what
+            // else the first that runs here; where none does, what
             // attention_tiled runs.
             choice @ (FusedKernelChoice::TiledShuffle | FusedKernelChoice::TiledChunked) => {
                 let of_form = |t: &TiledTiles| match choice {
                     FusedKernelChoice::TiledShuffle => t.shuffle,
                     _ => t.chunked,
                 };
-                let tiles = FusedTiles::for_dims(dk, dv, &self.caps.limits)?;
-                if let Some(tuned @ FusedKernel::Tiled(t)) = self.tuned_fused_kernel(dk, dv) {
+                let tiles = FusedTiles::for_dims(dk, dv, &caps.limits)?;
+                if let Some(tuned @ FusedKernel::Tiled(t)) = self.tuned_fused_kernel() {
                     if of_form(&t) {
                         return Ok(tuned);
                     }
                 }
                 let form = TiledTiles::candidates(dk, dv)
                     .into_iter()
-                    .find(|t| of_form(t) && t.runs_on(&self.caps));
+                    .find(|t| of_form(t) && t.runs_on(caps));
                 Ok(match form {
                     Some(t) => FusedKernel::Tiled(t),
-                    None => tiled_or_portable(tiles, dk, dv, &self.caps.limits),
+                    None => tiled_or_portable(tiles, dk, dv, &caps.limits),
                 })
             }
             // The matrix-unit kernel is for calls that allow f16 products
-            // ([`GpuContext::fused_kernel_at`]); f32 calls run what auto picks.
+            // ([`Planner::fused_kernel_at`]); f32 calls run what auto picks.
             FusedKernelChoice::Auto | FusedKernelChoice::Coop | FusedKernelChoice::CoopStaged => {
                 // The head-dim limits have their say first.
-                let chosen = fused_kernel_for(&self.caps, dk, dv)?;
-                Ok(with_width(
-                    self.tuned_fused_kernel(dk, dv).unwrap_or(chosen),
-                ))
+                let chosen = fused_kernel_for(caps, dk, dv)?;
+                Ok(with_width(self.tuned_fused_kernel().unwrap_or(chosen)))
             }
         }
     }
-}
 
-/// The decode kernel an adapter runs for `dims` from its capabilities alone
-/// (no tuning): the streaming kernel on adapters with subgroups wide enough
-/// for its teams, where a shape holds the call's rows
-/// ([`StreamShape::choose`]); the staged kernel elsewhere. (lavapipe ran
-/// the streaming kernel 3.6-4.1 times as fast as the staged one at 4096 and
-/// 8192 keys, BENCHMARKS.md; GPUs are still to be measured.)
-pub fn decode_kernel_for(caps: &Capabilities, dims: &AttentionDims) -> DecodeKernel {
-    let rows = DecodePlan::heads_per_workgroup(dims) * dims.q_len;
-    match StreamShape::choose(dims, rows, caps) {
-        Some(shape) => DecodeKernel::Stream(shape),
-        None => DecodeKernel::Staged,
+    /// The fused kernel in a call at `precision`: under [`Precision::Fast`],
+    /// unless a kernel is pinned or an f32 kernel forced, the matrix-unit
+    /// kernel where the adapter has matrix units ([`coop_shape`]) and one of
+    /// its tiles fits, and (under `Auto`) the tuning table does not measure
+    /// it slower than the f32 winner; else (and always under `Highest`)
+    /// [`Planner::fused_kernel`].
+    pub fn fused_kernel_at(&self, precision: Precision) -> Result<FusedKernel> {
+        let choice = self.overrides.fused;
+        let chooses = choice == FusedKernelChoice::Auto || choice.is_coop();
+        if precision == Precision::Fast && chooses && self.overrides.pinned_fused.is_none() {
+            // The head-dim limits have their say first.
+            FusedTiles::for_dims(self.dk, self.dv, &self.caps.limits)?;
+            let staged_only = choice == FusedKernelChoice::CoopStaged;
+            let tiles = coop_shape(self.caps).and_then(|shape| self.coop_tiles(shape, staged_only));
+            // Fast allows f16 products; it does not ask for a slower kernel.
+            let measured_slower = choice == FusedKernelChoice::Auto
+                && self
+                    .tuned
+                    .and_then(|entry| entry.coop_ms.map(|coop| coop > entry.fused_ms))
+                    .unwrap_or(false);
+            if let Some(tiles) = tiles
+                .map(|tiles| match self.overrides.coop_lanes_per_row {
+                    Some(lanes) => Some(tiles.with_lanes_per_row(lanes))
+                        .filter(|t| t.is_valid() && t.fits(&self.caps.limits))
+                        .unwrap_or(tiles),
+                    None => tiles,
+                })
+                .filter(|_| !measured_slower)
+            {
+                return Ok(FusedKernel::Coop(tiles));
+            }
+        }
+        self.fused_kernel()
     }
-}
 
-impl GpuContext {
-    /// The decode plan for `dims`, or `None` where the decode kernels do not
-    /// apply (more than 16 query rows, few keys, head dims not multiples of
-    /// 4). Its kernel: a pinned one (tuner); a forced one
-    /// ([`GpuContext::with_decode_kernel`]); else the tuning table's for this
-    /// head-dim class where it suits the call's rows per workgroup
+    /// The matrix-unit kernel's tiles, in the staged form only where
+    /// `staged_only` ([`CoopTiles::packed`]): those pinned in the overrides,
+    /// else those `webattn tune` measured fastest, where either is a
+    /// candidate that fits; else the largest candidate that fits.
+    fn coop_tiles(&self, shape: CoopShape, staged_only: bool) -> Option<CoopTiles> {
+        let limits = &self.caps.limits;
+        let (dk, dv) = (self.dk, self.dv);
+        // Each candidate packed (first), then staged.
+        let in_form = move || {
+            CoopTiles::candidates(shape, dk, dv)
+                .into_iter()
+                .flat_map(|t| [t, t.staged()])
+                .filter(move |t| !(staged_only && t.packed))
+        };
+        let candidate = |want: TunedCoop| {
+            in_form()
+                .find(|t| coop_matches(t, want, limits) && (staged_only || t.packed == want.packed))
+        };
+        self.overrides
+            .pinned_coop
+            .and_then(candidate)
+            .or_else(|| self.tuned.and_then(|e| e.coop_tiles).and_then(candidate))
+            .or_else(|| in_form().find(|t| t.fits(limits)))
+    }
+
+    /// The decode plan for `dims` (whose head dims are the planner's), or
+    /// `None` where the decode kernels do not apply (more than 16 query
+    /// rows, few keys, head dims not multiples of 4). Its kernel: a pinned
+    /// one (tuner); a forced one; else the tuning table's for this head-dim
+    /// class where it suits the call's rows per workgroup
     /// ([`StreamShape::suits`]; the tuner measures one row per workgroup and
     /// [`GROUPED_ROWS`], and a call with several rows tries the grouped
     /// winner first, one row the one-row winner); else
     /// [`decode_kernel_for`]; in each case the staged kernel where a
     /// streaming shape does not hold the call's rows.
     pub fn decode_plan(&self, dims: &AttentionDims) -> Option<DecodePlan> {
+        debug_assert_eq!((dims.head_dim, dims.v_head_dim), (self.dk, self.dv));
         if !DecodePlan::applies(dims) {
             return None;
         }
-        let chosen = || decode_kernel_for(&self.caps, dims);
-        let kernel = match (self.pinned_decode, self.decode_choice) {
+        let caps = self.caps;
+        let chosen = || decode_kernel_for(caps, dims);
+        let kernel = match (self.overrides.pinned_decode, self.overrides.decode) {
             (Some(pinned), _) => pinned,
             (None, DecodeKernelChoice::Staged) => DecodeKernel::Staged,
             (None, DecodeKernelChoice::Stream) => chosen(),
             (None, DecodeKernelChoice::Auto) => {
                 let rows = DecodePlan::heads_per_workgroup(dims) * dims.q_len;
-                let entry = self.tuned(dims.head_dim, dims.v_head_dim);
-                let one_row = entry.and_then(|e| e.decode).map(|d| (d, TUNED_ROWS));
-                let grouped = entry
+                let one_row = self.tuned.and_then(|e| e.decode).map(|d| (d, TUNED_ROWS));
+                let grouped = self
+                    .tuned
                     .and_then(|e| e.grouped_decode)
                     .map(|d| (d, GROUPED_ROWS));
                 // The grouped problem's winner first for a call with several
@@ -416,10 +426,10 @@ impl GpuContext {
                     .flatten()
                     .map(|(tuned, measured_rows)| (tuned.kernel, measured_rows))
                     .find(|&(kernel, measured_rows)| {
-                        DecodePlan::runnable(kernel, dims, &self.caps) == kernel
+                        DecodePlan::runnable(kernel, dims, caps) == kernel
                             && match kernel {
                                 DecodeKernel::Stream(shape) => {
-                                    shape.suits(dims, rows, measured_rows, &self.caps)
+                                    shape.suits(dims, rows, measured_rows, caps)
                                 }
                                 DecodeKernel::Staged => true,
                             }
@@ -427,88 +437,57 @@ impl GpuContext {
                     .map_or_else(chosen, |(kernel, _)| kernel)
             }
         };
-        Some(DecodePlan::new(dims, &self.caps, kernel))
+        Some(DecodePlan::new(dims, caps, kernel))
+    }
+}
+
+/// Whether matrix-unit tiles `t` are the tuned tiles `want` and fit `limits`.
+fn coop_matches(t: &CoopTiles, want: TunedCoop, limits: &KernelLimits) -> bool {
+    t.subgroups == want.subgroups && t.keys_per_tile == want.keys_per_tile && t.fits(limits)
+}
+
+impl GpuContext {
+    /// What this context is told to run in place of the planner's picks.
+    pub fn overrides(&self) -> &Overrides {
+        &self.overrides
     }
 
-    /// The fused kernel for head dims `dk`, `dv` in a call at `precision`:
-    /// under [`Precision::Fast`], unless a kernel is pinned or an f32 kernel
-    /// forced, the matrix-unit kernel where the adapter has matrix units
-    /// ([`coop_shape`]) and one of its tiles fits, and (under `Auto`) the
-    /// tuning table does not measure it slower than the f32 winner; else
-    /// (and always under `Highest`) [`GpuContext::fused_kernel`].
-    pub fn fused_kernel_at(
-        &self,
-        dk: usize,
-        dv: usize,
-        precision: Precision,
-    ) -> Result<FusedKernel> {
-        let chooses = self.fused_choice == FusedKernelChoice::Auto || self.fused_choice.is_coop();
-        if precision == Precision::Fast && chooses && self.pinned_fused.is_none() {
-            // The head-dim limits have their say first.
-            FusedTiles::for_dims(dk, dv, &self.caps.limits)?;
-            // (First: a stale entry's tiles and their time are dropped.)
-            let staged_only = self.fused_choice == FusedKernelChoice::CoopStaged;
-            let tiles = coop_shape(&self.caps)
-                .and_then(|shape| self.coop_tiles(shape, dk, dv, staged_only));
-            // Fast allows f16 products; it does not ask for a slower kernel.
-            let measured_slower = self.fused_choice == FusedKernelChoice::Auto
-                && self
-                    .tuned(dk, dv)
-                    .and_then(|entry| entry.coop_ms.map(|coop| coop > entry.fused_ms))
-                    .unwrap_or(false);
-            if let Some(tiles) = tiles
-                .map(|tiles| match self.coop_lanes_per_row {
-                    Some(lanes) => Some(tiles.with_lanes_per_row(lanes))
-                        .filter(|t| t.is_valid() && t.fits(&self.caps.limits))
-                        .unwrap_or(tiles),
-                    None => tiles,
-                })
-                .filter(|_| !measured_slower)
-            {
-                return Ok(FusedKernel::Coop(tiles));
+    /// The planner for calls at head dims `dk`, `dv` on this context: its
+    /// capabilities, overrides, and a snapshot of its tuning entry.
+    pub fn planner(&self, dk: usize, dv: usize) -> Planner<'_> {
+        Planner {
+            caps: &self.caps,
+            overrides: &self.overrides,
+            tuned: self.tuning_snapshot(dk, dv),
+            dk,
+            dv,
+        }
+    }
+
+    /// The tuning table's entry for head dims `dk`, `dv`, with what no longer
+    /// runs here dropped from the table, with a warning, once: a fused kernel
+    /// the kernel no longer offers or whose tiles no longer fit (the whole
+    /// entry), matrix-unit tiles no candidate matches (those tiles and their
+    /// time).
+    pub fn tuning_snapshot(&self, dk: usize, dv: usize) -> Option<TunedEntry> {
+        let mut entry = self.tuned(dk, dv)?;
+        let subgroup_elsewhere =
+            entry.kernel == TunedKernel::Subgroup && (dk % 4 != 0 || dv % 4 != 0);
+        if !subgroup_elsewhere {
+            if let Err(why) = resolve_tuned(entry.kernel, &self.caps, dk, dv) {
+                log::warn!("webattn: tuning entry for head dims {dk}/{dv} ignored: {why}");
+                self.tuning
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .remove(&self.tuning_key(dk, dv));
+                return None;
             }
         }
-        self.fused_kernel(dk, dv)
-    }
-
-    /// The matrix-unit kernel's tiles at head dims `dk`, `dv`, in the
-    /// staged form only where `staged_only` ([`CoopTiles::packed`]): those pinned
-    /// on the context, else those `webattn tune` measured fastest, where
-    /// either is a candidate that fits; else the largest candidate that fits.
-    /// Tuned tiles that are no candidate here (a stale entry) are dropped
-    /// from the table with their time, with a warning, once.
-    fn coop_tiles(
-        &self,
-        shape: CoopShape,
-        dk: usize,
-        dv: usize,
-        staged_only: bool,
-    ) -> Option<CoopTiles> {
-        let limits = &self.caps.limits;
-        // Each candidate packed (first), then staged.
-        let in_form = move || {
-            CoopTiles::candidates(shape, dk, dv)
+        if let (Some(shape), Some(want)) = (coop_shape(&self.caps), entry.coop_tiles) {
+            let stale = !CoopTiles::candidates(shape, dk, dv)
                 .into_iter()
                 .flat_map(|t| [t, t.staged()])
-                .filter(move |t| !(staged_only && t.packed))
-        };
-        let matches = move |t: &CoopTiles, want: crate::tuning::TunedCoop| {
-            t.subgroups == want.subgroups && t.keys_per_tile == want.keys_per_tile && t.fits(limits)
-        };
-        let candidate = |want: crate::tuning::TunedCoop| {
-            in_form().find(|t| matches(t, want) && (staged_only || t.packed == want.packed))
-        };
-        let tuned = || {
-            let mut entry = self.tuned(dk, dv)?;
-            let want = entry.coop_tiles?;
-            let tiles = candidate(want);
-            // Stale only where no form of the tiles fits (forcing the staged
-            // form must not drop a packed entry whose staged tiles do not).
-            let stale = tiles.is_none()
-                && !CoopTiles::candidates(shape, dk, dv)
-                    .into_iter()
-                    .flat_map(|t| [t, t.staged()])
-                    .any(|t| matches(&t, want) && t.packed == want.packed);
+                .any(|t| coop_matches(&t, want, &self.caps.limits) && t.packed == want.packed);
             if stale {
                 log::warn!(
                     "webattn: tuned matrix-unit tiles {} for head dims {dk}/{dv} ignored: no \
@@ -522,12 +501,116 @@ impl GpuContext {
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .insert(self.tuning_key(dk, dv), entry);
             }
-            tiles
-        };
-        self.pinned_coop
-            .and_then(candidate)
-            .or_else(tuned)
-            .or_else(|| in_form().find(|t| t.fits(limits)))
+        }
+        Some(entry)
+    }
+
+    /// The GEMM kernel this context records ([`Planner::gemm_kernel`]).
+    pub fn gemm_kernel(&self) -> GemmKernel {
+        self.untuned_planner().gemm_kernel()
+    }
+
+    /// A planner for the choices no tuning entry touches.
+    fn untuned_planner(&self) -> Planner<'_> {
+        Planner {
+            caps: &self.caps,
+            overrides: &self.overrides,
+            tuned: None,
+            dk: 0,
+            dv: 0,
+        }
+    }
+
+    /// The GEMM kernel this context records for products of `precision`
+    /// ([`Planner::gemm_kernel_at`]).
+    pub fn gemm_kernel_at(&self, precision: Precision) -> GemmKernel {
+        self.untuned_planner().gemm_kernel_at(precision)
+    }
+
+    /// The GEMM kernel a call at `precision` with head dims `dk`, `dv`
+    /// records ([`Planner::gemm_kernel_for_call`]).
+    pub fn gemm_kernel_for_call(&self, precision: Precision, dk: usize, dv: usize) -> GemmKernel {
+        self.planner(dk, dv).gemm_kernel_for_call(precision)
+    }
+
+    /// The precision of the unfused path's GEMMs ([`Planner::unfused_precision`]).
+    pub fn unfused_precision(&self, dk: usize, dv: usize, precision: Precision) -> Precision {
+        self.planner(dk, dv).unfused_precision(precision)
+    }
+
+    /// The f32 fused kernel for head dims `dk`, `dv` ([`Planner::fused_kernel`]).
+    pub fn fused_kernel(&self, dk: usize, dv: usize) -> Result<FusedKernel> {
+        self.planner(dk, dv).fused_kernel()
+    }
+
+    /// The fused kernel for head dims `dk`, `dv` in a call at `precision`
+    /// ([`Planner::fused_kernel_at`]).
+    pub fn fused_kernel_at(
+        &self,
+        dk: usize,
+        dv: usize,
+        precision: Precision,
+    ) -> Result<FusedKernel> {
+        self.planner(dk, dv).fused_kernel_at(precision)
+    }
+
+    /// The decode plan for `dims` ([`Planner::decode_plan`]).
+    pub fn decode_plan(&self, dims: &AttentionDims) -> Option<DecodePlan> {
+        self.planner(dims.head_dim, dims.v_head_dim)
+            .decode_plan(dims)
+    }
+
+    /// This context with every fused call running `kernel` (an f32 kernel,
+    /// whose head-dim class must be the calls'); for timing one candidate.
+    pub fn with_pinned_fused_kernel(mut self, kernel: FusedKernel) -> GpuContext {
+        debug_assert!(tuned_form(&kernel).is_some(), "only f32 kernels are tuned");
+        self.overrides.pinned_fused = tuned_form(&kernel);
+        self
+    }
+
+    /// This context with the matrix-unit kernel's scalar steps (the rules,
+    /// the maxima, P) sharing each row among `lanes` invocations where its
+    /// tiles take that many ([`CoopTiles::with_lanes_per_row`]; else their
+    /// default): for testing the shares an adapter's own shapes do not use.
+    pub fn with_coop_lanes_per_row(mut self, lanes: u32) -> GpuContext {
+        self.overrides.coop_lanes_per_row = Some(lanes);
+        self
+    }
+
+    /// This context with calls at [`Precision::Fast`] that take the
+    /// matrix-unit fused kernel taking `tiles` where they fit (else its
+    /// tuned or default tiles): for timing or testing one configuration.
+    pub fn with_pinned_coop_tiles(mut self, tiles: TunedCoop) -> GpuContext {
+        self.overrides.pinned_coop = Some(tiles);
+        self
+    }
+
+    /// This context with calls at [`Precision::Fast`] taking `form` of the
+    /// matrix-unit GEMM where it runs: for timing or testing one form.
+    pub fn with_pinned_fast_gemm(mut self, form: FastGemm) -> GpuContext {
+        self.overrides.pinned_fast_gemm = Some(form);
+        self
+    }
+
+    /// This context with every decode call running `kernel` where it can
+    /// (else the staged kernel): for timing or testing one candidate.
+    pub fn with_pinned_decode(mut self, kernel: DecodeKernel) -> GpuContext {
+        self.overrides.pinned_decode = Some(kernel);
+        self
+    }
+}
+
+/// The decode kernel an adapter runs for `dims` from its capabilities alone
+/// (no tuning): the streaming kernel on adapters with subgroups wide enough
+/// for its teams, where a shape holds the call's rows
+/// ([`StreamShape::choose`]); the staged kernel elsewhere. (lavapipe ran
+/// the streaming kernel 3.6-4.1 times as fast as the staged one at 4096 and
+/// 8192 keys, BENCHMARKS.md; GPUs are still to be measured.)
+pub fn decode_kernel_for(caps: &Capabilities, dims: &AttentionDims) -> DecodeKernel {
+    let rows = DecodePlan::heads_per_workgroup(dims) * dims.q_len;
+    match StreamShape::choose(dims, rows, caps) {
+        Some(shape) => DecodeKernel::Stream(shape),
+        None => DecodeKernel::Staged,
     }
 }
 

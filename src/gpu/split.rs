@@ -28,18 +28,11 @@ use super::ops::decode::{DecodeKernel, DecodePlan};
 use super::ops::fused::{self as fused_op, AttentionBuffers, KeyPart};
 use super::recorder::{Recorder, Seg, SEGMENT_ALIGNMENT};
 use super::unfused;
+pub(crate) use crate::call_plan::GpuRoute as Route;
+use crate::call_plan::Pieces;
 use crate::error::{Error, Result};
 use crate::options::{AttentionOptions, QkMatmulOutputMode};
 use crate::problem::{AttentionDims, MaskLayout, Placement};
-
-/// Which path the call takes (a piece of keys always resumes the fused kernel).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Route {
-    /// The fused kernels (and decode).
-    Fused,
-    /// Scores in memory, with the engine's score budget.
-    Unfused { score_budget: u64 },
-}
 
 /// Runs a call on `route`, whole when every binding fits, else in pieces.
 pub(crate) async fn run(
@@ -51,10 +44,12 @@ pub(crate) async fn run(
 ) -> Result<GpuOutputs> {
     if inputs_in_one_buffer(inputs) && runs_whole(ctx, dims, options, route) {
         return match route {
-            Route::Fused => fused::run(ctx, dims, inputs, options).await,
-            Route::Unfused { score_budget } => {
-                unfused::run(ctx, dims, inputs, options, score_budget).await
+            Route::Fused { kernel, decode } => {
+                fused::run(ctx, dims, inputs, options, &kernel, decode).await
             }
+            Route::Unfused {
+                gemm, score_budget, ..
+            } => unfused::run(ctx, dims, inputs, options, gemm, score_budget).await,
         };
     }
     let limit = ctx.caps.limits.max_bindable_bytes();
@@ -94,7 +89,7 @@ pub(crate) fn f16_in_place(
         return true;
     }
     let limit = ctx.caps.limits.max_bindable_bytes();
-    matches!(route, Route::Fused)
+    route.is_fused()
         && Cut::plan(&ctx.caps, dims, options, route, limit)
             .is_ok_and(|cut| f16_views_fit(dims, &cut, kv_chunks))
 }
@@ -153,6 +148,27 @@ pub(crate) fn runs_whole(
 ) -> bool {
     let limit = ctx.caps.limits.max_bindable_bytes();
     whole_fits(&ctx.caps, dims, options, route, limit)
+}
+
+/// How a call on `route` is cut: whole where every binding fits, else the
+/// pieces [`Cut::plan`] picks (a typed error where even the smallest does not fit).
+pub(crate) fn pieces(
+    caps: &Capabilities,
+    dims: &AttentionDims,
+    options: &AttentionOptions,
+    route: &Route,
+) -> Result<Pieces> {
+    let limit = caps.limits.max_bindable_bytes();
+    if whole_fits(caps, dims, options, *route, limit) {
+        return Ok(Pieces::Whole);
+    }
+    let cut = Cut::plan(caps, dims, options, *route, limit)?;
+    Ok(Pieces::Cut {
+        batches: cut.batches,
+        kv_heads: cut.kv_heads,
+        queries: cut.queries,
+        keys: cut.keys,
+    })
 }
 
 /// Bytes of a storage buffer of the product of `dims` f32 values (whole
@@ -271,7 +287,7 @@ impl Cut {
                 // which resume them), the logsumexp alone unfused.
                 name: "lse",
                 bytes: stored(&[
-                    if route == Route::Fused || self.keys < dims.total_len() {
+                    if route.is_fused() || self.keys < dims.total_len() {
                         3
                     } else {
                         1
@@ -302,7 +318,7 @@ impl Cut {
             });
         }
         let piece = self.piece_dims(dims);
-        if route == Route::Fused && self.keys == dims.total_len() && DecodePlan::applies(&piece) {
+        if route.is_fused() && self.keys == dims.total_len() && DecodePlan::applies(&piece) {
             // The staged kernel's splits: the most partials any decode kernel
             // writes (the streaming kernel's loop budget allows longer splits).
             let plan = DecodePlan::new(&piece, caps, DecodeKernel::Staged);
@@ -916,7 +932,7 @@ async fn run_piece(
     };
     // The fused kernels read views of the call's tensors in place; the
     // unfused path's GEMMs bind whole buffers, so its pieces are copies.
-    let in_place = matches!(route, Route::Fused);
+    let in_place = route.is_fused();
     if extent.keys == t {
         let piece = gather_scoped(ctx, dims, inputs, keys, &extent, at, in_place).await?;
         let piece_inputs = GpuInputs {
@@ -930,13 +946,28 @@ async fn run_piece(
             kv_f16: inputs.kv_f16,
         };
         let out = match route {
-            Route::Fused => fused::run(ctx, &piece.dims, &piece_inputs, &piece_options).await?,
-            Route::Unfused { score_budget } => {
+            // A piece decodes by its own sizes (the planner's, per piece).
+            Route::Fused { kernel, .. } => {
+                let decode = ctx.decode_plan(&piece.dims);
+                fused::run(
+                    ctx,
+                    &piece.dims,
+                    &piece_inputs,
+                    &piece_options,
+                    &kernel,
+                    decode,
+                )
+                .await?
+            }
+            Route::Unfused {
+                gemm, score_budget, ..
+            } => {
                 unfused::run(
                     ctx,
                     &piece.dims,
                     &piece_inputs,
                     &piece_options,
+                    gemm,
                     score_budget,
                 )
                 .await?
@@ -960,28 +991,32 @@ async fn run_piece(
     // (Also where the call was routed unfused: the unfused path cannot resume
     // a row over key ranges, so a call whose keys exceed a binding needs the
     // fused kernel at its head dims.)
-    let kernel = ctx
-        .fused_kernel_at(dims.head_dim, dims.v_head_dim, options.precision)
-        .map_err(|e| match e {
-            Error::Limit {
-                what,
-                needed,
-                limit,
-                limit_name,
-                ..
-            } => Error::Limit {
-                what: format!(
-                    "{what}, for this call's keys in ranges ({t} keys: K, V or the mask \
+    let planned = match route {
+        Route::Fused { kernel, .. } => Ok(kernel),
+        Route::Unfused { .. } => {
+            ctx.fused_kernel_at(dims.head_dim, dims.v_head_dim, options.precision)
+        }
+    };
+    let kernel = planned.map_err(|e| match e {
+        Error::Limit {
+            what,
+            needed,
+            limit,
+            limit_name,
+            ..
+        } => Error::Limit {
+            what: format!(
+                "{what}, for this call's keys in ranges ({t} keys: K, V or the mask \
                      exceed one binding even one head at a time)"
-                ),
-                needed,
-                limit,
-                limit_name,
-                hint: "only the fused kernel runs keys in ranges: use fewer keys per call, \
+            ),
+            needed,
+            limit,
+            limit_name,
+            hint: "only the fused kernel runs keys in ranges: use fewer keys per call, \
                        an adapter with larger binding limits, or head dims the fused kernel takes",
-            },
-            other => other,
-        })?;
+        },
+        other => other,
+    })?;
     let rows = extent.batches * extent.kv_heads * dims.group() * extent.queries;
     let (piece_y, stats) = ctx
         .scoped("piece outputs", || {
@@ -1093,9 +1128,17 @@ mod tests {
         }
     }
 
+    /// The fused route; which kernel does not change how a call is cut.
+    fn fused_route() -> Route {
+        Route::Fused {
+            kernel: crate::gpu::ops::fused::FusedKernel::Subgroup { width: 8 },
+            decode: None,
+        }
+    }
+
     fn plan(caps: &Capabilities, dims: &AttentionDims, options: &AttentionOptions) -> Result<Cut> {
         let limit = caps.limits.max_bindable_bytes();
-        Cut::plan(caps, dims, options, Route::Fused, limit)
+        Cut::plan(caps, dims, options, fused_route(), limit)
     }
 
     #[test]
@@ -1129,7 +1172,7 @@ mod tests {
             &h100,
             &at_16k,
             &options,
-            Route::Fused,
+            fused_route(),
             (2 << 30) - 4
         ));
         let cut = plan(&h100, &at_16k, &options).unwrap();
@@ -1145,7 +1188,7 @@ mod tests {
             &h100,
             &decode(8, 32, 4096),
             &options,
-            Route::Fused,
+            fused_route(),
             (2 << 30) - 4
         ));
     }

@@ -7,6 +7,7 @@
 //! This path implements the whole contract and stays as the reference GPU path.
 
 use super::buffer;
+use super::choice::GemmKernel;
 use super::chunks::Held;
 use super::context::GpuContext;
 use super::kv::{self, bytes, GpuInputs, GpuOutputs};
@@ -81,20 +82,19 @@ pub(crate) fn plan_chunks(
     Ok(chunks)
 }
 
-/// Runs the unfused path; returns once the work is submitted.
+/// Runs the unfused path with the planned GEMM kernel (at the planned
+/// precision); returns once the work is submitted.
 pub(crate) async fn run(
     ctx: &GpuContext,
     dims: &AttentionDims,
     inputs: &GpuInputs<'_>,
     options: &AttentionOptions,
+    gemm_kernel: GemmKernel,
     score_budget: u64,
 ) -> Result<GpuOutputs> {
     let (b, hq, nq) = (dims.batch, dims.q_heads, dims.q_len);
     let (dk, dv, t) = (dims.head_dim, dims.v_head_dim, dims.total_len());
     let heads = b * hq;
-    // The GEMMs' precision: Fast stays in f32 where the matrix units measured slower.
-    let precision = ctx.unfused_precision(dk, dv, options.precision);
-    let gemm_kernel = ctx.gemm_kernel_for_call(precision, dk, dv);
     let budget = score_budget.min(ctx.caps.limits.max_bindable_bytes());
     // The mask and softmax kernels loop over a row in strides of 128.
     if let Some(loops) = ctx.caps.loop_budget() {

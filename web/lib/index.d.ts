@@ -126,6 +126,8 @@ export interface AttentionResult<T = HostTensor | DeviceTensor> {
   lse?: T;
   /** The path taken. */
   path: "fused" | "unfused" | "cpu" | "oracle";
+  /** The call's plan in one line: kernels with their tiles, pieces (as `lastCall.plan`). */
+  plan?: string;
   /** Why the path differs from the default, when it does. */
   reason?: string;
   timing?: { wallMs: number; gpuMs: number | null };
@@ -250,9 +252,11 @@ export declare class WebAttn {
   static kernelSources(options?: { wasm?: CreateOptions["wasm"] }): Promise<{ label: string; code: string; entry: string; constants: Record<string, number>; subgroups: boolean }[]>;
   readonly adapter: AdapterInfo;
   readonly backend: "gpu" | "cpu";
-  /** The path the last call took and why, or null before the first. */
+  /** The plan the last call ran (its path, and in one line its kernels, tiles and pieces, as the native
+   * `Engine::last_call` and `webattn info` print it) and why, or null before the first. */
   readonly lastCall: {
     path: string;
+    plan: string;
     reason?: string;
     allocatedBytes: number;
     /** Pieces the call ran in: 1, or more where its tensors exceed one storage binding. */
@@ -336,6 +340,8 @@ export default WebAttn;
 export declare class PreparedCall {
   /** The path its runs take. */
   readonly path: "fused" | "unfused" | "cpu" | "oracle";
+  /** Its plan in one line: the kernels with their tiles and the pieces every run takes. */
+  readonly plan: string;
   /** Why `auto` did not take the fused path, if it did not. */
   readonly reason?: string;
   /** Whether `dispose()` was called. */

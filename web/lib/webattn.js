@@ -203,6 +203,7 @@ export class PreparedCall {
   #engine;
   #id;
   #path;
+  #plan;
   #reason;
   #disposed = false;
 
@@ -211,12 +212,15 @@ export class PreparedCall {
     this.#engine = engine;
     this.#id = descriptor.id;
     this.#path = descriptor.path;
+    this.#plan = descriptor.plan;
     this.#reason = descriptor.reason;
     collectedCalls?.register(this, { core, id: this.#id }, this);
   }
 
   /** The path its runs take (`fused`, `unfused`, `cpu`, `oracle`). */
   get path() { return this.#path; }
+  /** Its plan in one line: the kernels with their tiles and the pieces every run takes. */
+  get plan() { return this.#plan; }
   /** Why `auto` did not take the fused path, if it did not. */
   get reason() { return this.#reason; }
   /** Whether `dispose()` was called. */

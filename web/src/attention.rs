@@ -322,13 +322,13 @@ async fn run_on_device(
 
 /// Plans a call of the shapes of `inputs` (values or device tensors; host
 /// values are uploaded once to take their shapes) with `options`: the
-/// prepared call, its path and why.
+/// prepared call (whose plan says its path, kernels and why).
 pub async fn prepare(
     engine: &Engine,
     handles: &Handles,
     inputs: &JsValue,
     options: &JsValue,
-) -> Result<(PreparedAttention, String, Option<String>), JsValue> {
+) -> Result<PreparedAttention, JsValue> {
     let call = convert::call_options(options).js()?;
     if call.keep_on_device || call.timing || call.verify {
         return Err(js_error(
@@ -339,10 +339,7 @@ pub async fn prepare(
     let c = parse_inputs(handles, inputs, &call)?;
     let held = DeviceInputs::of(engine, &c).await.js()?;
     let dims = webattn::validate(&held.view(c.nonpad.as_deref()), &call.attention).js()?;
-    let prepared = engine.prepare(&dims, &call.attention).js()?;
-    let path = prepared.path().path.name().to_string();
-    let reason = prepared.path().reason.clone();
-    Ok((prepared, path, reason))
+    engine.prepare(&dims, &call.attention).js()
 }
 
 /// What a call produced: host values, or tensors kept on the device.
@@ -531,8 +528,9 @@ pub async fn call(
         }
     }
     if let Some(stats) = stats {
-        set(&result, "path", stats.path.name());
-        if let Some(reason) = stats.reason {
+        set(&result, "path", stats.plan.path.name());
+        set(&result, "plan", stats.plan.to_string());
+        if let Some(reason) = stats.plan.reason {
             set(&result, "reason", reason);
         }
     }

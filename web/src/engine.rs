@@ -298,10 +298,11 @@ impl EngineCore {
     }
 
     /// Plans a call of the shapes of `inputs` with `options` once; returns
-    /// `{id, path, reason}`. Runs of it (`runPrepared`) reuse one workspace.
+    /// `{id, path, plan, reason}`. Runs of it (`runPrepared`) reuse one workspace.
     pub async fn prepare(&self, inputs: JsValue, options: JsValue) -> Result<JsValue, JsValue> {
-        let (prepared, path, reason) =
+        let prepared =
             crate::attention::prepare(&self.engine, &self.handles, &inputs, &options).await?;
+        let plan = prepared.plan().clone();
         let id = {
             let mut map = self.prepared.borrow_mut();
             let id = map.keys().max().map_or(1, |k| k + 1);
@@ -310,8 +311,9 @@ impl EngineCore {
         };
         let out = Object::new();
         set(&out, "id", id);
-        set(&out, "path", path);
-        if let Some(reason) = reason {
+        set(&out, "path", plan.path.name());
+        set(&out, "plan", plan.to_string());
+        if let Some(reason) = plan.reason {
             set(&out, "reason", reason);
         }
         Ok(out.into())
@@ -482,18 +484,21 @@ impl EngineCore {
             .collect()
     }
 
-    /// The path the last call took, and why when it was not the default.
+    /// The plan the last call ran: its path, the plan in one line (kernels,
+    /// tiles, pieces; `Engine::last_call` natively), and why when the path
+    /// was not the default.
     #[wasm_bindgen(js_name = lastCall)]
     pub fn last_call(&self) -> JsValue {
         let Some(stats) = self.engine.last_call() else {
             return JsValue::NULL;
         };
         let out = Object::new();
-        set(&out, "path", stats.path.name());
+        set(&out, "path", stats.plan.path.name());
+        set(&out, "plan", stats.plan.to_string());
         set(&out, "allocatedBytes", stats.allocated_bytes as f64);
         set(&out, "pieces", stats.pieces as f64);
         set(&out, "widenedBytes", stats.widened_bytes as f64);
-        if let Some(reason) = stats.reason {
+        if let Some(reason) = stats.plan.reason {
             set(&out, "reason", reason);
         }
         out.into()
@@ -768,7 +773,7 @@ impl EngineCore {
         );
         let path = self
             .engine
-            .choose_path(
+            .plan(
                 &dims,
                 &webattn::AttentionOptions {
                     path: asked,
@@ -776,6 +781,7 @@ impl EngineCore {
                     ..Default::default()
                 },
             )
+            .js()?
             .path;
         let m = bench::attention(&self.engine, shape, path, repeats)
             .await

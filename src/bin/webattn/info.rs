@@ -85,7 +85,59 @@ fn describe(engine: &Engine) -> serde_json::Value {
             "workgroup_bytes": k.workgroup_bytes, "role": k.role,
         })).collect::<Vec<_>>(),
         "notes": plan.notes,
+        "plans": sample_plans(engine).into_iter().map(|(call, plan)| json!({
+            "call": call.trim(), "plan": plan,
+        })).collect::<Vec<_>>(),
     })
+}
+
+/// The plans of a few typical calls on this engine, each with what it is:
+/// the plan's one line, or the error that refuses it.
+fn sample_plans(engine: &Engine) -> Vec<(String, String)> {
+    use webattn::{AttentionDims, AttentionOptions, Precision};
+    let prefill = AttentionDims::plain(1, [8, 8], [1024, 1024], [64, 64]);
+    let causal = AttentionOptions {
+        is_causal: true,
+        ..Default::default()
+    };
+    let mut calls = vec![(
+        "prefill B1 H8 N1024 d64 causal".to_string(),
+        prefill,
+        causal.clone(),
+    )];
+    if engine
+        .capabilities()
+        .is_some_and(|caps| webattn::gpu::planner::coop_shape(caps).is_some())
+    {
+        calls.push((
+            "  the same at --precision fast".to_string(),
+            prefill,
+            AttentionOptions {
+                precision: Precision::Fast,
+                ..causal
+            },
+        ));
+    }
+    calls.push((
+        "decode 32/8 heads of 128, 4096 keys".to_string(),
+        AttentionDims::plain(1, [32, 8], [1, 4096], [128, 128]),
+        AttentionOptions::default(),
+    ));
+    calls.push((
+        "B1 H2 N256 head dim 512".to_string(),
+        AttentionDims::plain(1, [2, 2], [256, 256], [512, 512]),
+        AttentionOptions::default(),
+    ));
+    calls
+        .into_iter()
+        .map(|(call, dims, options)| {
+            let plan = match engine.plan(&dims, &options) {
+                Ok(plan) => plan.to_string(),
+                Err(e) => format!("refused: {e}"),
+            };
+            (call, plan)
+        })
+        .collect()
 }
 
 /// The fused kernel in use at head dims 64/64 and whether `--kernel` forced it.
@@ -356,6 +408,10 @@ fn text(engine: &Engine, engine_args: &super::EngineArgs) -> String {
             "decode:   {decode} ({how}; shown for 32 query heads over 8 KV heads of 128)\n"
         );
         out += &tuning_text(engine, ctx);
+    }
+    out += "plans:    (what `attention` runs for these calls; `Engine::plan`, `last_call`)\n";
+    for (call, plan) in sample_plans(engine) {
+        out += &format!("  {call:<40} {plan}\n");
     }
     out += "kernels:\n";
     for k in &plan.kernels {

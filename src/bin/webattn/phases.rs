@@ -14,6 +14,7 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use webattn::bench::{self, AttentionRun, AttentionShape, Repeats};
+use webattn::call_plan::{plan_call, CallPlan, GpuRoute};
 use webattn::gpu::ops::fused::FusedKernel;
 use webattn::gpu::phases::{has_phase_switches, Phases};
 use webattn::{DType, KernelPath, Precision};
@@ -82,7 +83,10 @@ struct Row {
     dtype: DType,
     shape: AttentionShape,
     base: webattn::GpuContext,
+    /// The kernel with its tiles.
     kernel: String,
+    /// The row's call as `attention` plans it, in one line.
+    plan: String,
     /// The kernel whose pipelines without a phase the row must run.
     expected: webattn::gpu::registry::Kernel,
     variants: Vec<Variant>,
@@ -164,25 +168,47 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 };
                 let base = base(precision)?;
                 let what = format!("{} d {head_dim}", precision_label(precision));
-                let expected = match base.fused_kernel_at(head_dim, head_dim, precision) {
-                    // At fast, the matrix-unit kernel only (an f32 kernel
-                    // forced by --kernel would repeat the f32 row).
-                    Ok(FusedKernel::Coop(tiles)) => Ok((tiles.key().kernel, tiles.key())),
-                    Ok(kernel) if precision == Precision::Fast => {
-                        Err(format!("{} is not the matrix-unit kernel", kernel.label()))
-                    }
-                    Ok(FusedKernel::Tiled(tiles)) => Ok((tiles.key().kernel, tiles.key())),
-                    Ok(kernel) => Err(format!("{} has no phase switches", kernel.label())),
+                // The row's call as `attention` plans it (the plan it prints).
+                let dims = webattn::AttentionDims::plain(
+                    shape.batch,
+                    [shape.heads, shape.kv_heads],
+                    [seq, seq],
+                    [head_dim, head_dim],
+                );
+                let options = webattn::AttentionOptions {
+                    path: KernelPath::Fused,
+                    precision,
+                    is_causal: causal,
+                    ..Default::default()
+                };
+                let plan = plan_call(Some(&base.planner(head_dim, head_dim)), 0, &dims, &options);
+                let expected = match &plan {
+                    Ok(CallPlan {
+                        gpu: Some(GpuRoute::Fused { kernel, .. }),
+                        ..
+                    }) => match kernel {
+                        // At fast, the matrix-unit kernel only (an f32 kernel
+                        // forced by --kernel would repeat the f32 row).
+                        FusedKernel::Coop(tiles) => Ok((tiles.key().kernel, kernel.label())),
+                        kernel if precision == Precision::Fast => {
+                            Err(format!("{} is not the matrix-unit kernel", kernel.label()))
+                        }
+                        FusedKernel::Tiled(tiles) => Ok((tiles.key().kernel, kernel.label())),
+                        kernel => Err(format!("{} has no phase switches", kernel.label())),
+                    },
+                    Ok(other) => Err(format!("planned {other}")),
                     Err(e) => Err(e.to_string()),
                 };
+                let plan = plan.as_ref().map(ToString::to_string).unwrap_or_default();
                 match expected {
-                    Ok((expected, key)) => rows.push(Row {
+                    Ok((expected, kernel)) => rows.push(Row {
                         kind: Kind::Fused,
                         precision,
                         dtype: DType::F32,
                         shape,
                         base,
-                        kernel: key.to_string(),
+                        kernel,
+                        plan,
                         expected,
                         variants: Vec::new(),
                     }),
@@ -212,7 +238,19 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             let dims = webattn::AttentionDims::plain(batch, [heads, heads], [1, keys], [128, 128]);
             let f16 = dtype == DType::F16;
             let what = format!("decode {keys} keys {dtype}");
-            match ctx.decode_plan(&dims) {
+            let options = webattn::AttentionOptions {
+                path: KernelPath::Fused,
+                ..Default::default()
+            };
+            let call = plan_call(Some(&ctx.planner(128, 128)), 0, &dims, &options);
+            let decode = match &call {
+                Ok(CallPlan {
+                    gpu: Some(GpuRoute::Fused { decode, .. }),
+                    ..
+                }) => *decode,
+                _ => None,
+            };
+            match decode {
                 Some(plan) if has_phase_switches(plan.key(&dims, f16).kernel) => rows.push(Row {
                     kind: Kind::Decode,
                     precision: Precision::Highest,
@@ -220,6 +258,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                     shape,
                     base: ctx.clone(),
                     kernel: plan.kernel.label(),
+                    plan: call.as_ref().map(ToString::to_string).unwrap_or_default(),
                     expected: plan.key(&dims, f16).kernel,
                     variants: Vec::new(),
                 }),
@@ -375,7 +414,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                     if s.causal { " causal" } else { "" },
                     s.batch,
                     s.heads,
-                    row.kernel
+                    row.plan
                 );
                 println!(
                     "  whole: {whole:.3} ms, {gflops:.0} GFLOP/s, {:.1}% of the FMA ceiling",
@@ -386,7 +425,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 let gbs = kv_gbs(row);
                 println!(
                     "\ndecode, K and V as {}, {} keys, d {}, B {} x H {}: {}",
-                    row.dtype, s.seq_k, s.head_dim, s.batch, s.heads, row.kernel
+                    row.dtype, s.seq_k, s.head_dim, s.batch, s.heads, row.plan
                 );
                 let share = bandwidth.map_or(String::new(), |b| {
                     format!(", {:.0}% of the copy ceiling", 100.0 * gbs / b)
@@ -429,7 +468,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             let gflops = row.shape.flops() / (whole * 1e6);
             json!({
                 "kind": match row.kind { Kind::Fused => "fused", Kind::Decode => "decode" },
-                "precision": row.precision.name(), "dtype": row.dtype.to_string(), "kernel": row.kernel,
+                "precision": row.precision.name(), "dtype": row.dtype.to_string(), "kernel": row.kernel, "plan": row.plan,
                 "batch": row.shape.batch, "heads": row.shape.heads, "seq_q": row.shape.seq_q,
                 "seq_k": row.shape.seq_k, "head_dim": row.shape.head_dim, "causal": row.shape.causal,
                 "whole_ms": whole, "gflops": gflops, "share_of_ceiling": gflops / ceiling,

@@ -449,7 +449,7 @@ pub(crate) fn record(
             .with_extra3(plan.heads_per_workgroup as u32),
     );
     let key = Rules::new(dims, options).specialise(plan.key(dims, inputs.kv_f16));
-    let key = ctx.removed_phases.key(key)?;
+    let key = ctx.overrides.removed_phases.key(key)?;
     let pipeline = ctx.pipelines.get(&key);
     rec.dispatch_segments(
         &pipeline,

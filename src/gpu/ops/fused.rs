@@ -358,7 +358,10 @@ pub(crate) fn record_forward(
         _ => 0,
     };
     let chunk = kernel.keys_per_chunk(dims, ctx.caps.loop_budget());
-    let key = ctx.removed_phases.key(kernel.key(dims, options))?;
+    let key = ctx
+        .overrides
+        .removed_phases
+        .key(kernel.key(dims, options))?;
     let pipeline = ctx.pipelines.get(&key);
     let workgroups = (dims.batch * dims.q_heads * q_blocks) as u64;
     let base = params(dims, options, q_blocks as u32, 0);

@@ -261,6 +261,7 @@ function cases({ worker }) {
     const first = { q: tensor(n, shapes.q), k: tensor(n, shapes.k), v: tensor(n, shapes.v) };
     const prepared = await engine.prepare(first, options);
     expect(prepared instanceof PreparedCall && typeof prepared.path === "string", "prepare did not give a PreparedCall");
+    expect(prepared.plan.startsWith(prepared.path), `prepared.plan: ${prepared.plan}`);
     let worst = "";
     for (let run = 0; run < 3; run++) {
       const inputs = { q: tensor(n, shapes.q), k: tensor(n, shapes.k), v: tensor(n, shapes.v) };
@@ -505,6 +506,8 @@ function cases({ worker }) {
     const r = await engine.benchmark({ heads: 2, seqQ: 64, headDim: 32 }, { timed: 3 });
     expect(r.medianMs > 0 && r.gflops > 0 && r.samplesMs.length === 3, JSON.stringify(r));
     expect(engine.lastCall && typeof engine.lastCall.path === "string", "no lastCall");
+    // The plan in one line names the path it ran (`fused: attention_tiled[...]`, `cpu`).
+    expect(engine.lastCall.plan.startsWith(engine.lastCall.path), `lastCall.plan: ${engine.lastCall.plan}`);
     // Grouped queries: 4 query heads over 2 KV heads, one query row (decode).
     const g = await engine.benchmark({ heads: 4, kvHeads: 2, seqQ: 1, seqK: 600, headDim: 32 }, { timed: 2 });
     expect(g.medianMs > 0 && g.samplesMs.length === 2, JSON.stringify(g));
