@@ -407,6 +407,40 @@ pub async fn bandwidth_ceiling(ctx: &GpuContext, repeats: Repeats) -> Result<Ban
     })
 }
 
+/// The host's memory bandwidth in GB/s: a copy of [`COPY_BYTES`] between two
+/// host buffers (far larger than the caches), shared among `threads`
+/// threads, counting the bytes read and written as [`bandwidth_ceiling`]
+/// does: the ceiling the CPU engine's memory-bound rows (its token step)
+/// report their share of.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn host_bandwidth_ceiling(threads: usize, repeats: Repeats) -> Bandwidth {
+    let len = (COPY_BYTES / 4) as usize;
+    let src: Vec<f32> = (0..len).map(|i| i as f32).collect();
+    let mut dst = vec![0.0f32; len];
+    let threads = threads.max(1);
+    let part = len.div_ceil(threads);
+    let mut samples = Vec::with_capacity(repeats.timed);
+    for run in 0..repeats.warmup + repeats.timed {
+        let start = Instant::now();
+        std::thread::scope(|scope| {
+            for (to, from) in dst.chunks_mut(part).zip(src.chunks(part)) {
+                scope.spawn(move || to.copy_from_slice(from));
+            }
+        });
+        if run >= repeats.warmup {
+            samples.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    std::hint::black_box(&dst);
+    let measurement = Measurement::wall(samples);
+    let bytes_moved = 2 * COPY_BYTES;
+    Bandwidth {
+        gbs: bytes_moved as f64 / (measurement.median_ms() * 1e6),
+        bytes_moved,
+        measurement,
+    }
+}
+
 /// One `m × k` by `k × n` GEMM on device buffers of random values: GFLOP/s
 /// (2·m·n·k flops) and the measurement.
 pub async fn gemm(
@@ -870,15 +904,27 @@ pub async fn token_step(
     })
 }
 
+/// Host times to issue one attention call at a tiny shape ([`call_overhead`]).
+#[derive(Debug, Clone)]
+pub struct CallOverhead {
+    /// [`crate::Engine::attention`]: plan, buffers, record, submit.
+    pub plain: Measurement,
+    /// [`crate::PreparedAttention::run`]: its workspace and bind groups
+    /// reused, one submission a call.
+    pub prepared: Measurement,
+    /// [`crate::PreparedAttention::record`] into one caller's encoder for all
+    /// the calls of a batch, submitted once (its share of that submission
+    /// included): a host that records its frame's work in one encoder.
+    pub recorded: Measurement,
+}
+
 /// The host time to issue one attention call at a tiny shape (B1 H1 N16 d16),
 /// where the arithmetic is nothing and the call's own costs are everything:
-/// a plain [`crate::Engine::attention`] against a [`crate::PreparedAttention`]
-/// run, inputs on the device, no readback; the device is waited for after
+/// a plain [`crate::Engine::attention`], a [`crate::PreparedAttention`] run,
+/// and its recording into an encoder the caller submits once for a batch of
+/// calls; inputs on the device, no readback; the device is waited for after
 /// each batch of calls, outside the timing.
-pub async fn call_overhead(
-    engine: &crate::Engine,
-    repeats: Repeats,
-) -> Result<(Measurement, Measurement)> {
+pub async fn call_overhead(engine: &crate::Engine, repeats: Repeats) -> Result<CallOverhead> {
     use crate::{AttentionInputs, AttentionOptions, HostTensor};
     const CALLS: usize = 20;
     let mut rng = SplitMix64::new(0x0c0c);
@@ -899,27 +945,48 @@ pub async fn call_overhead(
         }
         Ok(())
     };
-    let mut plain = Vec::with_capacity(repeats.timed);
-    let mut ready = Vec::with_capacity(repeats.timed);
+    let per_call = |start: Instant| start.elapsed().as_secs_f64() * 1e3 / CALLS as f64;
+    let (mut plain, mut ready, mut recorded) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..repeats.warmup + repeats.timed {
         let start = Instant::now();
         for _ in 0..CALLS {
             engine.attention(&inputs, &options).await?;
         }
-        let plain_ms = start.elapsed().as_secs_f64() * 1e3 / CALLS as f64;
+        let plain_ms = per_call(start);
         wait()?;
         let start = Instant::now();
         for _ in 0..CALLS {
             prepared.run(engine, &inputs).await?;
         }
-        let prepared_ms = start.elapsed().as_secs_f64() * 1e3 / CALLS as f64;
+        let prepared_ms = per_call(start);
         wait()?;
+        let recorded_ms = match engine.gpu() {
+            Some(ctx) => {
+                let start = Instant::now();
+                let mut encoder = ctx
+                    .device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+                for _ in 0..CALLS {
+                    prepared.record(engine, &mut encoder, &inputs).await?;
+                }
+                ctx.queue.submit([encoder.finish()]);
+                let ms = per_call(start);
+                wait()?;
+                ms
+            }
+            None => prepared_ms,
+        };
         if run >= repeats.warmup {
             plain.push(plain_ms);
             ready.push(prepared_ms);
+            recorded.push(recorded_ms);
         }
     }
-    Ok((Measurement::wall(plain), Measurement::wall(ready)))
+    Ok(CallOverhead {
+        plain: Measurement::wall(plain),
+        prepared: Measurement::wall(ready),
+        recorded: Measurement::wall(recorded),
+    })
 }
 
 /// Milliseconds to append one token's keys and values to a [`crate::KvCache`]

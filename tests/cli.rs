@@ -1166,10 +1166,18 @@ fn bench_writes_the_documented_json_and_a_plot() {
         );
     }
     // Two cache lengths, each with f32 and f16 weights on a device; after
-    // its first token a step creates no buffer and submits once.
+    // its first token a step creates no buffer and submits once. The CPU
+    // engine's rows beside them, shared against the host's copy ceiling.
     let steps = report["token_step"].as_array().unwrap();
-    assert_eq!(steps.len(), 4, "token_step rows");
-    for t in steps {
+    let on = |engine: &'static str| steps.iter().filter(move |t| t["engine"] == engine);
+    assert_eq!(on("gpu").count(), 4, "GPU token_step rows");
+    assert_eq!(on("cpu").count(), 2, "CPU token_step rows");
+    assert!(report["host_copy_gbs"].as_f64().is_some_and(|g| g > 0.0));
+    for t in on("cpu") {
+        assert!(t["share_of_bandwidth"].as_f64().is_some_and(|s| s > 0.0));
+        assert_eq!(t["submissions"], 0, "no device work on a CPU engine");
+    }
+    for t in on("gpu") {
         for key in [
             "d_model",
             "heads",
@@ -1192,7 +1200,7 @@ fn bench_writes_the_documented_json_and_a_plot() {
         assert_eq!(t["submissions"], 1, "token_step.submissions");
     }
     let overhead = &report["call_overhead"];
-    for key in ["attention_ms", "prepared_ms"] {
+    for key in ["attention_ms", "prepared_ms", "recorded_ms"] {
         assert!(
             overhead[key].as_f64().is_some_and(|ms| ms > 0.0),
             "call_overhead.{key}"

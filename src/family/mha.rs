@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::position::{rope_fast, rope_in_place, Rope};
 use super::{expect_dim, expect_rank, Attended};
+use crate::cpu::fast::gemm::{matmul_packed, Init, MatRef, PackedMatrix};
 use crate::cpu::Real;
 use crate::device_tensor::Tensor;
 use crate::engine::{Engine, PreparedAttention};
@@ -192,6 +193,9 @@ struct Workspace {
     staging: wgpu::Buffer,
     /// The attention of the step's shape (re-prepared when the cache grows).
     attention: Option<PreparedAttention>,
+    /// The step's own recordings reuse their bind groups from here (the
+    /// buffers above are the same every step).
+    arena: Arc<crate::gpu::arena::Arena>,
 }
 
 /// Which input a product reads and where its outputs go.
@@ -223,6 +227,62 @@ pub struct MultiHeadAttention {
     storage: WeightStorage,
     device: Mutex<Option<(crate::engine::DeviceKey, Arc<DeviceWeights>)>>,
     workspace: Mutex<Option<Workspace>>,
+    /// The weights packed for the CPU backend's products, at their first use.
+    host: HostWeights,
+}
+
+/// A weight `W` (`[out, in]`) packed as the `Wᵀ` of `x Wᵀ + b` for the CPU
+/// backend's products, with its bias (zeros where the layer has none:
+/// starting a sum from 0.0 is starting it from nothing).
+#[derive(Debug)]
+struct HostProduct {
+    packed: PackedMatrix,
+    bias: Vec<f32>,
+}
+
+impl HostProduct {
+    /// `weights` stacked by rows (each `[out_i, in]`, the same `in`), with their biases.
+    fn stack(weights: &[(&HostTensor, Option<&HostTensor>)]) -> HostProduct {
+        let inputs = weights[0].0.shape()[1];
+        let mut data = Vec::new();
+        let mut bias = Vec::new();
+        for (w, b) in weights {
+            data.extend_from_slice(w.data());
+            match b {
+                Some(b) => bias.extend_from_slice(b.data()),
+                None => bias.resize(bias.len() + w.shape()[0], 0.0),
+            }
+        }
+        let rows = bias.len();
+        HostProduct {
+            packed: PackedMatrix::pack(MatRef::transposed(&data, rows, inputs)),
+            bias,
+        }
+    }
+
+    /// `x Wᵀ + b` for the `rows` rows of `x`, row-major `[rows, out]`.
+    fn apply(&self, x: &[f32], rows: usize, threads: usize) -> Vec<f32> {
+        let mut out = vec![0.0f32; rows * self.packed.cols()];
+        matmul_packed(
+            MatRef::rows(x, rows, self.packed.rows()),
+            &self.packed,
+            Init::Bias(&self.bias),
+            &mut out,
+            threads,
+        );
+        out
+    }
+}
+
+/// The CPU engine's packed weights: Q|K|V stacked for self-attention (one
+/// product reads each weight once), Q and K|V apart for cross-attention, and
+/// the output projection; each packed at its first use and kept.
+#[derive(Debug, Default)]
+struct HostWeights {
+    qkv: std::sync::OnceLock<HostProduct>,
+    q: std::sync::OnceLock<HostProduct>,
+    kv: std::sync::OnceLock<HostProduct>,
+    out: std::sync::OnceLock<HostProduct>,
 }
 
 /// The keys and values a causal decoder has seen: the engine's preallocated
@@ -323,6 +383,7 @@ impl MultiHeadAttention {
             storage: WeightStorage::F32,
             device: Mutex::new(None),
             workspace: Mutex::new(None),
+            host: HostWeights::default(),
         })
     }
 
@@ -653,7 +714,7 @@ impl MultiHeadAttention {
                 let threads = engine.cpu_backend().threads();
                 HostTensor::new(
                     [batch, n, d.d_model],
-                    out_projection_fast(y.data(), &self.weights, d, batch, n, threads),
+                    out_projection_fast(y.data(), self, batch, n, threads),
                 )?
             }
         };
@@ -807,6 +868,7 @@ impl MultiHeadAttention {
             out_product,
             staging: buffer::staging(ctx, "output readback", out_len)?,
             attention: None,
+            arena: Arc::default(),
         })
     }
 
@@ -830,6 +892,8 @@ impl MultiHeadAttention {
         let WorkspaceKey { batch, n, .. } = ws.key;
         let past_len = cache.len();
         let ws_ref = &*ws;
+        ws.arena.begin_run();
+        let ctx = &ctx.with_arena(ws.arena.clone());
         let mut rec = ctx
             .scoped("decoder step", || {
                 let mut rec = Recorder::new(ctx, "decoder step");
@@ -1024,20 +1088,46 @@ impl MultiHeadAttention {
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let d = self.dims;
         let w = &self.weights;
+        let h = &self.host;
         let threads = engine.cpu_backend().threads();
-        let kv = key_value.unwrap_or(query);
         let (batch, n) = (query.shape()[0], query.shape()[1]);
-        let m = kv.shape()[1];
-        let mut q = project_heads_fast(query, &w.w_q, w.b_q.as_ref(), d.heads, d.head_dim, threads);
-        let mut k = project_heads_fast(kv, &w.w_k, w.b_k.as_ref(), d.kv_heads, d.head_dim, threads);
-        let v = project_heads_fast(
-            kv,
-            &w.w_v,
-            w.b_v.as_ref(),
-            d.kv_heads,
-            d.v_head_dim,
-            threads,
-        );
+        let m = key_value.map_or(n, |kv| kv.shape()[1]);
+        let (q_width, k_width) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
+        let v_width = d.kv_heads * d.v_head_dim;
+        let (mut q, mut k, v) = match key_value {
+            // Self-attention: one product for Q, K and V.
+            None => {
+                let qkv = h.qkv.get_or_init(|| {
+                    HostProduct::stack(&[
+                        (&w.w_q, w.b_q.as_ref()),
+                        (&w.w_k, w.b_k.as_ref()),
+                        (&w.w_v, w.b_v.as_ref()),
+                    ])
+                });
+                let flat = qkv.apply(query.data(), batch * n, threads);
+                let rows = (batch, n, q_width + k_width + v_width);
+                (
+                    heads_of(&flat, rows, 0, d.heads, d.head_dim),
+                    heads_of(&flat, rows, q_width, d.kv_heads, d.head_dim),
+                    heads_of(&flat, rows, q_width + k_width, d.kv_heads, d.v_head_dim),
+                )
+            }
+            Some(kv) => {
+                let qp =
+                    h.q.get_or_init(|| HostProduct::stack(&[(&w.w_q, w.b_q.as_ref())]));
+                let kvp = h.kv.get_or_init(|| {
+                    HostProduct::stack(&[(&w.w_k, w.b_k.as_ref()), (&w.w_v, w.b_v.as_ref())])
+                });
+                let fq = qp.apply(query.data(), batch * n, threads);
+                let fkv = kvp.apply(kv.data(), batch * m, threads);
+                let rows = (batch, m, k_width + v_width);
+                (
+                    heads_of(&fq, (batch, n, q_width), 0, d.heads, d.head_dim),
+                    heads_of(&fkv, rows, 0, d.kv_heads, d.head_dim),
+                    heads_of(&fkv, rows, k_width, d.kv_heads, d.v_head_dim),
+                )
+            }
+        };
         if let Some(rope) = &self.rope {
             // Queries and new keys sit after the cached tokens; a cross
             // attention's keys start at position 0 of their own sequence.
@@ -1256,34 +1346,21 @@ fn record_bias(
     gemm::record(rec, &spec, ones, bias, out)
 }
 
-/// `x Wᵀ + b` for every head in f32 by the fast CPU backend's product (each
-/// sum from the bias in the oracle's order), head-major `[B, heads, len, head_dim]`.
-fn project_heads_fast(
-    x: &HostTensor,
-    w: &HostTensor,
-    b: Option<&HostTensor>,
+/// The `heads` heads of `head_dim` features that start at column `first` of
+/// the row-major `[batch · len, width]` products `flat` (`rows` = (batch,
+/// len, width)), head-major `[batch, heads, len, head_dim]`.
+fn heads_of(
+    flat: &[f32],
+    (batch, len, width): (usize, usize, usize),
+    first: usize,
     heads: usize,
     head_dim: usize,
-    threads: usize,
 ) -> Vec<f32> {
-    use crate::cpu::fast::gemm::{matmul, Init, MatRef};
-    let (batch, len, in_dim) = (x.shape()[0], x.shape()[1], x.shape()[2]);
-    let width = heads * head_dim;
-    let mut flat = vec![0.0f32; batch * len * width];
-    let init = b.map_or(Init::Zero, |b| Init::Bias(b.data()));
-    matmul(
-        MatRef::rows(x.data(), batch * len, in_dim),
-        MatRef::transposed(w.data(), width, in_dim),
-        init,
-        &mut flat,
-        threads,
-    );
-    // [B, len, heads, head_dim] -> [B, heads, len, head_dim]
-    let mut out = vec![0.0f32; flat.len()];
+    let mut out = vec![0.0f32; batch * heads * len * head_dim];
     for bi in 0..batch {
         for t in 0..len {
             for h in 0..heads {
-                let src = ((bi * len + t) * heads + h) * head_dim;
+                let src = (bi * len + t) * width + first + h * head_dim;
                 let dst = ((bi * heads + h) * len + t) * head_dim;
                 out[dst..dst + head_dim].copy_from_slice(&flat[src..src + head_dim]);
             }
@@ -1293,16 +1370,16 @@ fn project_heads_fast(
 }
 
 /// `Σ_h Y_h W_Ohᵀ + b_O` in f32: `[B, N, d_model]` from head-major Y, by the
-/// fast CPU backend's product over the heads' concatenated features.
+/// fast CPU backend's product over the heads' concatenated features (`W_O`
+/// packed once).
 fn out_projection_fast(
     y: &[f32],
-    w: &MhaWeights,
-    d: MhaDims,
+    layer: &MultiHeadAttention,
     batch: usize,
     n: usize,
     threads: usize,
 ) -> Vec<f32> {
-    use crate::cpu::fast::gemm::{matmul, Init, MatRef};
+    let (d, w) = (layer.dims, &layer.weights);
     let (dv, width) = (d.v_head_dim, d.heads * d.v_head_dim);
     // [B, heads, N, Dv] -> [B, N, heads·Dv]
     let mut concat = vec![0.0f32; batch * n * width];
@@ -1315,16 +1392,11 @@ fn out_projection_fast(
             }
         }
     }
-    let mut out = vec![0.0f32; batch * n * d.d_model];
-    let init = w.b_o.as_ref().map_or(Init::Zero, |b| Init::Bias(b.data()));
-    matmul(
-        MatRef::rows(&concat, batch * n, width),
-        MatRef::transposed(w.w_o.data(), d.d_model, width),
-        init,
-        &mut out,
-        threads,
-    );
-    out
+    let out = layer
+        .host
+        .out
+        .get_or_init(|| HostProduct::stack(&[(&w.w_o, w.b_o.as_ref())]));
+    out.apply(&concat, batch * n, threads)
 }
 
 /// `x W_hᵀ + b_h` for every head, head-major `[B, heads, len, head_dim]`.

@@ -13,6 +13,10 @@
 //!
 //! Buffers a run hands to its caller (Y) are the arena's too: they hold that
 //! run's values until the next run of the same prepared call.
+//!
+//! Bind groups are kept the same way: the n-th one a run records is the one
+//! the run before made where it binds the same layout to the same buffer
+//! ranges (the usual case, since the buffers are the same), else a new one.
 
 use std::sync::{Mutex, PoisonError};
 
@@ -29,11 +33,16 @@ pub(crate) enum Kind {
     Staging,
 }
 
+/// What a bind group binds: its layout and each entry's buffer range.
+pub(crate) type GroupKey = (wgpu::BindGroupLayout, Vec<(wgpu::Buffer, u64, Option<u64>)>);
+
 #[derive(Debug, Default)]
 struct State {
     held: Vec<(Kind, u64, wgpu::Buffer)>,
     next: usize,
     to_clear: Vec<wgpu::Buffer>,
+    groups: Vec<(GroupKey, wgpu::BindGroup)>,
+    next_group: usize,
 }
 
 /// Buffers kept for the runs of one prepared call.
@@ -51,6 +60,7 @@ impl Arena {
     pub(crate) fn begin_run(&self) {
         let mut state = self.state();
         state.next = 0;
+        state.next_group = 0;
         state.to_clear.clear();
     }
 
@@ -87,6 +97,31 @@ impl Arena {
             state.held.push(entry);
         }
         buffer
+    }
+
+    /// The bind group in the next place when it binds `key`, else the one
+    /// `create` makes (kept in that place from now on).
+    pub(crate) fn bind_group(
+        &self,
+        key: GroupKey,
+        create: impl FnOnce() -> wgpu::BindGroup,
+    ) -> wgpu::BindGroup {
+        let mut state = self.state();
+        let at = state.next_group;
+        state.next_group += 1;
+        if let Some((held, group)) = state.groups.get(at) {
+            if *held == key {
+                return group.clone();
+            }
+        }
+        let group = create();
+        let entry = (key, group.clone());
+        if at < state.groups.len() {
+            state.groups[at] = entry;
+        } else {
+            state.groups.push(entry);
+        }
+        group
     }
 
     /// Records the clearing of the reused zero-filled buffers into `encoder`:

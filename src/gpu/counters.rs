@@ -1,5 +1,5 @@
-//! Counts of the work a device was given: buffers created, dispatches
-//! recorded, submissions. Tests and the bench read them around a call to show
+//! Counts of the work a device was given: buffers and bind groups created,
+//! dispatches recorded, submissions. Tests and the bench read them around a call to show
 //! what it costs beyond its arithmetic (a prepared decoder step allocates
 //! nothing and dispatches a handful of kernels).
 
@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     buffers: AtomicU64,
+    bind_groups: AtomicU64,
     dispatches: AtomicU64,
     submissions: AtomicU64,
 }
@@ -16,6 +17,10 @@ pub(crate) struct Counters {
 impl Counters {
     pub(crate) fn buffer_created(&self) {
         self.buffers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn bind_group_created(&self) {
+        self.bind_groups.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn dispatched(&self) {
@@ -29,6 +34,7 @@ impl Counters {
     pub(crate) fn snapshot(&self) -> WorkCounts {
         WorkCounts {
             buffers: self.buffers.load(Ordering::Relaxed),
+            bind_groups: self.bind_groups.load(Ordering::Relaxed),
             dispatches: self.dispatches.load(Ordering::Relaxed),
             submissions: self.submissions.load(Ordering::Relaxed),
         }
@@ -41,6 +47,8 @@ impl Counters {
 pub struct WorkCounts {
     /// Buffers created (storage, uniform, staging).
     pub buffers: u64,
+    /// Bind groups created (a prepared call's runs reuse theirs).
+    pub bind_groups: u64,
     /// Compute dispatches recorded.
     pub dispatches: u64,
     /// Command buffers submitted to the queue.
@@ -53,6 +61,7 @@ impl std::ops::Sub for WorkCounts {
     fn sub(self, earlier: WorkCounts) -> WorkCounts {
         WorkCounts {
             buffers: self.buffers - earlier.buffers,
+            bind_groups: self.bind_groups - earlier.bind_groups,
             dispatches: self.dispatches - earlier.dispatches,
             submissions: self.submissions - earlier.submissions,
         }

@@ -157,14 +157,27 @@ impl<'c> Recorder<'c> {
                 resource: segment.resource(),
             })
             .collect();
-        let bind_group = self
-            .ctx
-            .device
-            .create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(&pipeline.label),
-                layout: &pipeline.bind_group_layout,
-                entries: &entries,
-            });
+        let create = || {
+            self.ctx.counters.bind_group_created();
+            self.ctx
+                .device
+                .create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(&pipeline.label),
+                    layout: &pipeline.bind_group_layout,
+                    entries: &entries,
+                })
+        };
+        // A prepared call's runs bind the same buffers: its arena keeps the groups.
+        let bind_group = match &self.ctx.arena {
+            Some(arena) => {
+                let key = segments
+                    .iter()
+                    .map(|s| (s.buffer.clone(), s.offset, s.size))
+                    .collect();
+                arena.bind_group((pipeline.bind_group_layout.clone(), key), create)
+            }
+            None => create(),
+        };
         if self.ctx.has_pending_clears() {
             // Reused zero-filled buffers are cleared before anything reads them.
             self.pass = None;

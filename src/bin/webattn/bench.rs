@@ -105,6 +105,8 @@ enum Job {
     /// One decoder layer's token step with this many tokens cached, its
     /// weights kept as the storage says.
     TokenStep(usize, webattn::WeightStorage),
+    /// The same step on a CPU engine beside a GPU engine's rows.
+    CpuTokenStep(usize),
     /// The host cost of a plain call against a prepared one at a tiny shape.
     Overhead,
 }
@@ -320,6 +322,13 @@ fn plan(
     for &n in cached {
         jobs.extend(storages.iter().map(|&s| Job::TokenStep(n, s)));
     }
+    // The CPU engine's step beside a GPU's (its prefill of the large layer
+    // limits it to 1024 cached tokens there).
+    if gpu {
+        for &n in cached.iter().filter(|&&n| small_layer || n <= 1024) {
+            jobs.push(Job::CpuTokenStep(n));
+        }
+    }
     jobs.push(Job::Overhead);
     // The f64 oracle once, for reference: it is what the CPU backend replaced.
     for causal in [false, true] {
@@ -339,7 +348,7 @@ fn selected(args: &Args, job: &Job) -> bool {
         Job::Gemm(..) => RowKind::Gemm,
         Job::Attention(..) => RowKind::Attention,
         Job::Decode(..) => RowKind::Decode,
-        Job::TokenStep(..) | Job::Overhead => RowKind::Tokens,
+        Job::TokenStep(..) | Job::CpuTokenStep(..) | Job::Overhead => RowKind::Tokens,
     };
     let path = match *job {
         Job::Attention(_, path, _) | Job::Decode(_, path, _) => Some(path),
@@ -476,7 +485,11 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     let mut decode = Vec::new();
     let mut token_steps = Vec::new();
     let mut token_skipped = Vec::new();
-    let mut overhead: Option<(bench::Measurement, bench::Measurement)> = None;
+    // The CPU engine of the CPU token rows, and the host's copy ceiling they
+    // are shared against (measured before the first of them).
+    let mut cpu_engine: Option<webattn::Engine> = None;
+    let mut host_copy: Option<bench::Bandwidth> = None;
+    let mut overhead: Option<bench::CallOverhead> = None;
     let mut decode_skipped = Vec::new();
     for job in &jobs {
         match *job {
@@ -606,12 +619,30 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                     decode.push((shape, path, dtype, kernel, m));
                 }
             }
-            Job::TokenStep(cached, storage) => {
+            Job::TokenStep(cached, _) | Job::CpuTokenStep(cached) => {
+                let (on, storage) = match *job {
+                    Job::TokenStep(_, storage) => (&engine, storage),
+                    _ => (
+                        &*cpu_engine.get_or_insert_with(webattn::Engine::cpu),
+                        webattn::WeightStorage::F32,
+                    ),
+                };
+                let label = match on.backend() {
+                    webattn::BackendKind::Gpu => "gpu",
+                    webattn::BackendKind::Cpu => "cpu",
+                };
+                if label == "cpu" && host_copy.is_none() {
+                    note("host copy ceiling".into());
+                    host_copy = Some(bench::host_bandwidth_ceiling(
+                        on.cpu_backend().threads(),
+                        ceiling_repeats,
+                    ));
+                }
                 note(format!(
-                    "token step, {cached} tokens cached, {storage:?} weights"
+                    "token step, {cached} tokens cached, {storage:?} weights, {label} engine"
                 ));
                 let step = pollster::block_on(bench::token_step(
-                    &engine,
+                    on,
                     layer,
                     cached,
                     storage,
@@ -619,7 +650,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 ))
                 .and_then(|m| {
                     let append = pollster::block_on(bench::kv_append(
-                        &engine,
+                        on,
                         layer,
                         cached,
                         repeats(KernelPath::Fused, args.quick),
@@ -635,7 +666,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                             m.counts.buffers,
                             append.median_ms()
                         ));
-                        token_steps.push((cached, storage, m, append))
+                        token_steps.push((label, cached, storage, m, append))
                     }
                     // A cache beyond this device's limits (e.g. under
                     // --limits webgpu-default) is a skipped row, not a lost run.
@@ -650,16 +681,19 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             }
             Job::Overhead => {
                 note("per-call overhead, B1 H1 N16 d16".into());
-                let (plain, prepared) = pollster::block_on(bench::call_overhead(
+                let measured = pollster::block_on(bench::call_overhead(
                     &engine,
                     repeats(KernelPath::Fused, args.quick),
                 ))?;
                 said(format!(
-                    "  Engine::attention {:.3} ms, prepared {:.3} ms",
-                    plain.median_ms(),
-                    prepared.median_ms()
+                    "  Engine::attention {:.3} ms, prepared run {:.3} ms, recorded into one \
+                     encoder {:.3} ms ({:.0}% of Engine::attention)",
+                    measured.plain.median_ms(),
+                    measured.prepared.median_ms(),
+                    measured.recorded.median_ms(),
+                    100.0 * measured.recorded.median_ms() / measured.plain.median_ms()
                 ));
-                overhead = Some((plain, prepared));
+                overhead = Some(measured);
             }
         }
     }
@@ -919,6 +953,12 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         }
     }
 
+    // A token row's share is of its own engine's memory: the GPU's copy
+    // ceiling, or the host's.
+    let token_ceiling = |label: &str| match label {
+        "cpu" => host_copy.as_ref().map_or(f64::NAN, |c| c.gbs),
+        _ => bandwidth,
+    };
     if !token_steps.is_empty() || !token_skipped.is_empty() {
         println!(
             "\ntoken step: one decoder layer (d_model {}, {} heads / {} KV heads of {}, RoPE), \
@@ -929,7 +969,8 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             layer.head_dim
         );
         println!(
-            "{:>8} {:>7} {:>10} {:>9} {:>6} {:>6} {:>6} {:>9} {:>8} {:>8} {:>10}",
+            "{:>6} {:>8} {:>7} {:>10} {:>9} {:>6} {:>6} {:>6} {:>9} {:>8} {:>8} {:>10}",
+            "engine",
             "cached",
             "weights",
             "ms/token",
@@ -942,11 +983,11 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             "of copy",
             "append ms"
         );
-        for (cached, storage, m, append) in &token_steps {
+        for (label, cached, storage, m, append) in &token_steps {
             let ms = m.measurement.median_ms();
-            let share = m.gbs() / bandwidth;
+            let share = m.gbs() / token_ceiling(label);
             println!(
-                "{cached:>8} {:>7} {ms:>10.3} {:>9.1} {:>6} {:>6} {:>6} {:>9.2} {:>8.1} {:>8} {:>10.3}",
+                "{label:>6} {cached:>8} {:>7} {ms:>10.3} {:>9.1} {:>6} {:>6} {:>6} {:>9.2} {:>8.1} {:>8} {:>10.3}",
                 format!("{storage:?}").to_lowercase(),
                 1e3 / ms,
                 m.counts.dispatches,
@@ -958,19 +999,35 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 append.median_ms()
             );
         }
-        println!("disp/bufs/subm: dispatches, buffers created and submissions of the last timed token; MB/token: weights (as stored) + the cached K and V the step reads; of copy: share of the copy ceiling measured in this run");
+        println!("disp/bufs/subm: dispatches, buffers created and submissions of the last timed token; MB/token: weights (as stored) + the cached K and V the step reads; of copy: share of the copy ceiling measured in this run (the GPU's for gpu rows, the host's for cpu rows)");
+        if let Some(copy) = &host_copy {
+            println!(
+                "host copy ceiling: {:.1} GB/s, a {} MiB copy (read + write) on {} threads",
+                copy.gbs,
+                copy.bytes_moved >> 21,
+                cpu_engine
+                    .as_ref()
+                    .unwrap_or(&engine)
+                    .cpu_backend()
+                    .threads()
+            );
+        }
         println!("cache append: one token's keys and values copied into the preallocated cache, until the device is done (wall clock)");
         for (cached, why) in &token_skipped {
             println!("{cached:>8} skipped: {why}");
         }
     }
-    if let Some((plain, prepared)) = &overhead {
+    if let Some(o) = &overhead {
+        let share = |m: &bench::Measurement| 100.0 * m.median_ms() / o.plain.median_ms();
         println!(
             "\nper-call host overhead at B1 H1 N16 d16 (host time to issue a call, no readback): \
-             Engine::attention {:.3} ms, PreparedAttention::run {:.3} ms ({:.0}%)",
-            plain.median_ms(),
-            prepared.median_ms(),
-            100.0 * prepared.median_ms() / plain.median_ms()
+             Engine::attention {:.3} ms, PreparedAttention::run {:.3} ms ({:.0}%), \
+             PreparedAttention::record into one encoder per 20 calls {:.3} ms ({:.0}%)",
+            o.plain.median_ms(),
+            o.prepared.median_ms(),
+            share(&o.prepared),
+            o.recorded.median_ms(),
+            share(&o.recorded)
         );
     }
 
@@ -1015,18 +1072,21 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             "share_of_bandwidth": finite(bandwidth_share(*p, kv_gbs(s, *d, m))),
             "cold_cache": bench::can_flush_caches(&engine) && *p != KernelPath::Cpu,
         })).collect::<Vec<_>>(),
-        "token_step": token_steps.iter().map(|(cached, storage, m, append)| json!({
-            "d_model": layer.d_model(), "heads": layer.heads, "kv_heads": layer.kv_heads,
+        "host_copy_gbs": host_copy.as_ref().map(|c| c.gbs),
+        "token_step": token_steps.iter().map(|(label, cached, storage, m, append)| json!({
+            "engine": label, "d_model": layer.d_model(), "heads": layer.heads, "kv_heads": layer.kv_heads,
             "head_dim": layer.head_dim, "cached": cached, "weights": format!("{storage:?}").to_lowercase(),
             "ms": m.measurement.median_ms(), "samples_ms": m.measurement.samples_ms,
             "dispatches": m.counts.dispatches, "buffers_created": m.counts.buffers,
             "submissions": m.counts.submissions, "weight_bytes": m.weight_bytes, "kv_bytes": m.kv_bytes,
-            "gbs": m.gbs(), "share_of_bandwidth": finite(m.gbs() / bandwidth),
+            "gbs": m.gbs(), "share_of_bandwidth": finite(m.gbs() / token_ceiling(label)),
             "append_ms": append.median_ms(), "append_samples_ms": append.samples_ms,
         })).collect::<Vec<_>>(),
-        "call_overhead": overhead.as_ref().map(|(plain, prepared)| json!({
-            "shape": [1, 1, 16, 16], "attention_ms": plain.median_ms(), "prepared_ms": prepared.median_ms(),
-            "attention_samples_ms": plain.samples_ms, "prepared_samples_ms": prepared.samples_ms,
+        "call_overhead": overhead.as_ref().map(|o| json!({
+            "shape": [1, 1, 16, 16], "attention_ms": o.plain.median_ms(), "prepared_ms": o.prepared.median_ms(),
+            "recorded_ms": o.recorded.median_ms(),
+            "attention_samples_ms": o.plain.samples_ms, "prepared_samples_ms": o.prepared.samples_ms,
+            "recorded_samples_ms": o.recorded.samples_ms,
         })),
         "decode_skipped": decode_skipped.iter().map(|(s, p, d, label, why)| json!({
             "path": p.name(), "kernel": label, "batch": s.batch, "heads": s.heads, "kv_heads": s.kv_heads, "seq_k": s.seq_k,

@@ -102,8 +102,74 @@ pub(crate) enum Init<'a> {
 /// If the inner dimensions, the output's length or the bias length disagree
 /// (the callers check shapes and return typed errors first).
 pub(crate) fn matmul(a: MatRef<'_>, b: MatRef<'_>, init: Init<'_>, c: &mut [f32], threads: usize) {
-    let (m, k, n) = (a.rows, a.cols, b.cols);
-    assert_eq!(b.rows, k, "inner dimensions");
+    matmul_packed(a, &PackedMatrix::pack(b), init, c, threads);
+}
+
+/// `B` packed once for the products that read it: panels of the widest
+/// register tile's `NR` columns of this machine's instruction set,
+/// `[panels][k][NR]`, zero past the last column. A weight packed at load
+/// ([`PackedMatrix::pack`] of its `Wᵀ`) is read once per product, in order,
+/// by vector loads: a decoder step's products then run at memory speed.
+#[derive(Debug, Clone)]
+pub(crate) struct PackedMatrix {
+    data: Vec<f32>,
+    k: usize,
+    n: usize,
+    nr: usize,
+}
+
+impl PackedMatrix {
+    /// `b` (`k × n`) as panels for this machine's widest tile.
+    pub(crate) fn pack(b: MatRef<'_>) -> PackedMatrix {
+        let (k, n, nr) = (b.rows, b.cols, Isa::detect().nr());
+        let panels = n.div_ceil(nr);
+        let mut data = vec![0.0f32; panels * k * nr];
+        for (p, panel) in data.chunks_exact_mut(k * nr).enumerate() {
+            let cols = nr.min(n - p * nr);
+            if b.col_stride == 1 {
+                // Row-major B: each row of the panel is a contiguous run.
+                for kk in 0..k {
+                    let at = kk * b.row_stride + p * nr;
+                    panel[kk * nr..kk * nr + cols].copy_from_slice(&b.data[at..at + cols]);
+                }
+            } else {
+                // Each column of the panel (a row of a transposed B) is read in order.
+                for j in 0..cols {
+                    for kk in 0..k {
+                        panel[kk * nr + j] = b.at(kk, p * nr + j);
+                    }
+                }
+            }
+        }
+        PackedMatrix { data, k, n, nr }
+    }
+
+    /// Rows of `B` (the inner dimension).
+    pub(crate) fn rows(&self) -> usize {
+        self.k
+    }
+
+    /// Columns of `B`.
+    pub(crate) fn cols(&self) -> usize {
+        self.n
+    }
+}
+
+/// [`matmul`] with `B` packed beforehand. Many rows are shared out among the
+/// threads by blocks of rows; a few rows (a decoder step's one token) by
+/// blocks of columns, so that every thread streams its share of `B`.
+///
+/// # Panics
+/// As [`matmul`]; also where `b` was packed for another register tile.
+pub(crate) fn matmul_packed(
+    a: MatRef<'_>,
+    b: &PackedMatrix,
+    init: Init<'_>,
+    c: &mut [f32],
+    threads: usize,
+) {
+    let (m, k, n) = (a.rows, a.cols, b.n);
+    assert_eq!(b.k, k, "inner dimensions");
     assert_eq!(c.len(), m * n, "output size");
     if let Init::Bias(bias) = init {
         assert_eq!(bias.len(), n, "bias length");
@@ -113,50 +179,86 @@ pub(crate) fn matmul(a: MatRef<'_>, b: MatRef<'_>, init: Init<'_>, c: &mut [f32]
     }
     let isa = Isa::detect();
     let (mr, nr) = (isa.mr(), isa.nr());
-    let panels = n.div_ceil(nr);
-    // B once, as panels of nr columns: [panels][k][nr], zero columns past n.
-    let mut packed_b = vec![0.0f32; panels * k * nr];
-    for (p, panel) in packed_b.chunks_exact_mut(k * nr).enumerate() {
-        for kk in 0..k {
-            for j in 0..nr.min(n - p * nr) {
-                panel[kk * nr + j] = b.at(kk, p * nr + j);
-            }
-        }
-    }
-    // Blocks of whole row groups, about four work items per thread.
+    assert_eq!(b.nr, nr, "packed for another tile");
+    let panel_len = k * nr;
     let groups = m.div_ceil(mr);
-    let block_rows = mr * groups.div_ceil(4 * threads.max(1));
-    let items: Vec<(usize, &mut [f32])> = c
-        .chunks_mut(block_rows * n)
-        .enumerate()
-        .map(|(i, rows)| (i * block_rows, rows))
-        .collect();
-    threads::for_each(items, threads, Vec::new, |(r0, out), packed_a| {
-        dispatch(
-            isa,
-            Block {
+    let threads = threads.max(1);
+    if groups >= threads || n <= nr {
+        // Blocks of whole row groups, about four work items per thread.
+        let block_rows = mr * groups.div_ceil(4 * threads);
+        let items: Vec<(usize, &mut [f32])> = c
+            .chunks_mut(block_rows * n)
+            .enumerate()
+            .map(|(i, rows)| (i * block_rows, rows))
+            .collect();
+        threads::for_each(items, threads, Vec::new, |(r0, out), packed_a| {
+            let block = Block {
                 a,
-                packed_b: &packed_b,
+                panels: &b.data,
+                col0: 0,
+                ldc: n,
                 init,
                 r0,
                 out,
                 packed_a,
                 k,
                 n,
-            },
-        )
+            };
+            dispatch(isa, block)
+        });
+        return;
+    }
+    // Few rows: blocks of panels, each thread's columns into a block of its
+    // own (rows × its columns), then into C.
+    let panels = n.div_ceil(nr);
+    let per_item = panels.div_ceil(4 * threads).max(1);
+    let mut blocks = vec![0.0f32; m * panels * nr];
+    let items: Vec<(usize, &mut [f32])> = blocks
+        .chunks_mut(m * per_item * nr)
+        .enumerate()
+        .map(|(i, out)| (i * per_item, out))
+        .collect();
+    threads::for_each(items, threads, Vec::new, |(p0, out), packed_a| {
+        let count = out.len() / (m * nr);
+        let block = Block {
+            a,
+            panels: &b.data[p0 * panel_len..(p0 + count) * panel_len],
+            col0: p0 * nr,
+            ldc: count * nr,
+            init,
+            r0: 0,
+            out,
+            packed_a,
+            k,
+            n,
+        };
+        dispatch(isa, block)
     });
+    for (i, block) in blocks.chunks(m * per_item * nr).enumerate() {
+        let (c0, width) = (i * per_item * nr, block.len() / m);
+        let cols = width.min(n - c0);
+        for r in 0..m {
+            c[r * n + c0..r * n + c0 + cols].copy_from_slice(&block[r * width..r * width + cols]);
+        }
+    }
 }
 
-/// One block of output rows.
+/// One block of output rows over a run of panels of `B`.
 struct Block<'x, 'a> {
     a: MatRef<'a>,
-    packed_b: &'x [f32],
+    /// The panels this block computes.
+    panels: &'x [f32],
+    /// The column of `B` its first panel starts at.
+    col0: usize,
+    /// The row stride of `out`.
+    ldc: usize,
     init: Init<'x>,
     r0: usize,
+    /// Rows from `r0`, `ldc` apart; column 0 is `col0`.
     out: &'x mut [f32],
     packed_a: &'x mut Vec<f32>,
     k: usize,
+    /// Columns of `B` in all.
     n: usize,
 }
 
@@ -167,7 +269,9 @@ impl Job for Block<'_, '_> {
     fn run<const MR: usize, const NR: usize, const FMA: bool>(self) {
         let Block {
             a,
-            packed_b,
+            panels,
+            col0,
+            ldc,
             init,
             r0,
             out,
@@ -175,7 +279,7 @@ impl Job for Block<'_, '_> {
             k,
             n,
         } = self;
-        let rows = out.len() / n;
+        let rows = out.len() / ldc;
         packed_a.clear();
         packed_a.resize(k * MR, 0.0);
         for g0 in (0..rows).step_by(MR) {
@@ -189,8 +293,8 @@ impl Job for Block<'_, '_> {
                     };
                 }
             }
-            for (p, panel) in packed_b.chunks_exact(k * NR).enumerate() {
-                let c0 = p * NR;
+            for (p, panel) in panels.chunks_exact(k * NR).enumerate() {
+                let c0 = col0 + p * NR;
                 let cols = NR.min(n - c0);
                 let mut acc = [[0.0f32; NR]; MR];
                 for row in acc.iter_mut().take(group) {
@@ -202,7 +306,7 @@ impl Job for Block<'_, '_> {
                     }
                 }
                 outer::<MR, NR, false>(k, packed_a, MR, panel, &mut acc);
-                store(&acc, &mut out[g0 * n + c0..], n, group, cols);
+                store(&acc, &mut out[g0 * ldc + (c0 - col0)..], ldc, group, cols);
             }
         }
     }
@@ -232,11 +336,19 @@ mod tests {
     #[test]
     fn products_match_the_plain_sums_bit_for_bit() {
         let mut rng = SplitMix64::new(5);
-        for (m, k, n) in [(1, 1, 1), (7, 33, 5), (50, 64, 100), (13, 1, 40)] {
+        // Few rows over many columns: shared out by blocks of panels.
+        for (m, k, n) in [
+            (1, 1, 1),
+            (7, 33, 5),
+            (50, 64, 100),
+            (13, 1, 40),
+            (1, 97, 1025),
+            (3, 64, 257),
+        ] {
             let a = rng.normal_vec(m * k, 1.0);
             let bt = rng.normal_vec(n * k, 1.0);
             let bias = rng.normal_vec(n, 1.0);
-            for threads in [1, 3] {
+            for threads in [1, 3, 8] {
                 let (am, bm) = (MatRef::rows(&a, m, k), MatRef::transposed(&bt, n, k));
                 let mut c = vec![0.0; m * n];
                 matmul(am, bm, Init::Bias(&bias), &mut c, threads);
