@@ -80,11 +80,12 @@ impl Shared<'_> {
         }
     }
 
-    /// The keys `[lo, hi)` some row of the block starting at `i0` attends.
+    /// The keys `[lo, hi)` some row of the block starting at row `i0` of its
+    /// unit attends (row `i` is query `i % Nq`: see [`Unit`]).
     pub(crate) fn block_keys(&self, rules: &HeadRules, i0: usize, rows: usize) -> (usize, usize) {
         let (mut lo, mut hi) = (usize::MAX, 0);
         for i in i0..i0 + rows {
-            let (a, b) = rules.interval(i);
+            let (a, b) = rules.interval(i % self.dims.q_len);
             if a < b {
                 lo = lo.min(a);
                 hi = hi.max(b);
@@ -98,14 +99,20 @@ impl Shared<'_> {
     }
 }
 
-/// One work item: a block of query rows of one (batch, query head), with the
-/// slices of the outputs it writes.
+/// One work item: a block of query rows of one batch entry, with the slices
+/// of the outputs it writes. Its rows are rows `i0 ..` of the `Nq` rows of
+/// query head `h` and of the heads after it (a decoding step's unit holds the
+/// query heads of a GQA group, which read one K and V and fill the vector
+/// lanes together): row `i0 + r` is query `(i0 + r) % Nq` of head
+/// `h + (i0 + r) / Nq`, and Q and the outputs hold them one after another.
 #[derive(Debug)]
 pub(crate) struct Unit<'o> {
     pub b: usize,
     pub h: usize,
     pub i0: usize,
     pub rows: usize,
+    /// `Nq`: rows per head.
+    pub q_len: usize,
     /// `[rows, Dv]`.
     pub y: &'o mut [f32],
     /// `[rows]`.
@@ -183,7 +190,8 @@ fn mask_tile(
 ) {
     mt.resize(bk * bq, 0.0);
     for q in 0..bq {
-        let row = (q < unit.rows).then(|| mask.row(unit.b, unit.h, unit.i0 + q));
+        let (nq, i) = (unit.q_len, unit.i0 + q);
+        let row = (q < unit.rows).then(|| mask.row(unit.b, unit.h + i / nq, i % nq));
         for k in 0..nk {
             mt[k * bq + q] = match row {
                 Some(r) if j0 + k < r.len() => r[j0 + k],
@@ -225,10 +233,12 @@ fn start_block<const NR: usize>(
     reset(&mut s.hi, bq, 0);
     reset(&mut s.pos, bq, 0);
     for r in 0..rows {
-        let (lo, hi) = rules.interval(unit.i0 + r);
+        // The position rules are the batch entry's, the same for every head.
+        let i = (unit.i0 + r) % d.q_len;
+        let (lo, hi) = rules.interval(i);
         s.lo[r] = lo as i32;
         s.hi[r] = hi as i32;
-        s.pos[r] = rules.position(unit.i0 + r) as i32;
+        s.pos[r] = rules.position(i) as i32;
     }
     reset(&mut s.max, bq, f32::NEG_INFINITY);
     reset(&mut s.sum, bq, 0.0);

@@ -21,6 +21,8 @@ pub(crate) mod isa;
 mod kernel;
 pub(crate) mod math;
 mod pack;
+#[cfg(not(target_arch = "wasm32"))]
+mod pool;
 mod rules;
 mod scores;
 pub(crate) mod threads;
@@ -102,7 +104,16 @@ impl CpuBackend {
         let narrow = nq <= 24;
         let (mr, nr) = self.isa.tiles(narrow);
         let step = lcm(mr, nr);
-        let bq = (48usize.div_ceil(step) * step).min(nq.div_ceil(step) * step);
+        // A decoding step's units hold a GQA group's query heads: they read
+        // one K and V, and their rows fill the vector lanes one head's would
+        // mostly pad. (Not with ALiBi, whose bias differs per head.)
+        let heads_per_unit = if narrow && !options.alibi {
+            dims.group()
+        } else {
+            1
+        };
+        let unit_rows = heads_per_unit * nq;
+        let bq = (48usize.div_ceil(step) * step).min(unit_rows.div_ceil(step) * step);
         let bk = if narrow {
             64
         } else {
@@ -135,7 +146,7 @@ impl CpuBackend {
         };
         // K and V packed once up front when several query blocks of a head
         // read them; a decoding step packs each tile as it reaches it.
-        let packed = (nq > bq).then(|| {
+        let packed = (unit_rows > bq).then(|| {
             threads::map(
                 (0..dims.batch * dims.kv_heads).collect(),
                 self.threads,
@@ -172,14 +183,15 @@ impl CpuBackend {
         // Work items, the most expensive first so the last ones to finish are short.
         let qk_row = if qk.is_empty() { 0 } else { t_len };
         let mut units = Vec::with_capacity(heads * nq.div_ceil(bq));
+        debug_assert_eq!(dims.q_heads % heads_per_unit, 0);
         let mut y_rest = y.as_mut_slice();
         let mut lse_rest = lse.as_mut_slice();
         let mut qk_rest = qk.as_mut_slice();
-        for z in 0..heads {
+        for z in (0..heads).step_by(heads_per_unit) {
             let (b, h) = (z / dims.q_heads, z % dims.q_heads);
             let rules = shared.rules(b, h);
-            for i0 in (0..nq).step_by(bq) {
-                let rows = bq.min(nq - i0);
+            for i0 in (0..unit_rows).step_by(bq) {
+                let rows = bq.min(unit_rows - i0);
                 let (y_u, y_next) = std::mem::take(&mut y_rest).split_at_mut(rows * dv);
                 let (lse_u, lse_next) = std::mem::take(&mut lse_rest).split_at_mut(rows);
                 let (qk_u, qk_next) = std::mem::take(&mut qk_rest).split_at_mut(rows * qk_row);
@@ -191,6 +203,7 @@ impl CpuBackend {
                     h,
                     i0,
                     rows,
+                    q_len: nq,
                     y: y_u,
                     lse: lse_u,
                     qk: qk_u,

@@ -1,6 +1,8 @@
-//! Spreading work items over scoped threads: each thread takes the next item
-//! from a shared queue, so uneven items (causal query blocks) balance.
-//! On wasm32, and with one thread, everything runs on the calling thread.
+//! Spreading work items over threads: each thread takes the next item from a
+//! shared queue, so uneven items (causal query blocks) balance. The threads
+//! are the caller and the process's worker pool (`pool.rs`), or scoped
+//! threads where the pool is busy or smaller than asked. On wasm32, and with
+//! one thread, everything runs on the calling thread.
 
 use std::sync::{Mutex, PoisonError};
 
@@ -34,14 +36,19 @@ pub(crate) fn for_each<T: Send, S>(
     }
     let queue = Mutex::new(items.into_iter());
     let next = || queue.lock().unwrap_or_else(PoisonError::into_inner).next();
+    let share = || {
+        let mut s = scratch();
+        while let Some(item) = next() {
+            work(item, &mut s);
+        }
+    };
+    #[cfg(not(target_arch = "wasm32"))]
+    if super::pool::Pool::global().run(threads - 1, &share).is_ok() {
+        return;
+    }
     std::thread::scope(|scope| {
         for _ in 0..threads {
-            scope.spawn(|| {
-                let mut s = scratch();
-                while let Some(item) = next() {
-                    work(item, &mut s);
-                }
-            });
+            scope.spawn(share);
         }
     });
 }
