@@ -904,6 +904,87 @@ pub async fn token_step(
     })
 }
 
+/// Milliseconds per generated token of a stack of `layers` decoder layers
+/// of `layer`'s shape (each its own random weights, kept as `storage`, and
+/// its own cache of `cached` tokens), the hidden state kept on the device
+/// from layer to layer ([`crate::family::mha::MultiHeadAttention::forward_cached_on_device`]):
+/// the token uploaded, every layer's step, the last output read back, by the
+/// wall clock. The caches are filled with random keys and values (a step's
+/// cost does not depend on them), not by a prefill through the stack.
+pub async fn token_stack(
+    engine: &crate::Engine,
+    layer: DecoderLayerShape,
+    layers: usize,
+    cached: usize,
+    storage: crate::WeightStorage,
+    repeats: Repeats,
+) -> Result<TokenStep> {
+    use crate::family::mha::{KvCache, MhaWeights, MultiHeadAttention};
+    use crate::family::position::Rope;
+    use crate::{AttentionOptions, HostTensor};
+    let d_model = layer.d_model();
+    let runs = repeats.warmup + repeats.timed;
+    let mut rng = SplitMix64::new(0x57ac ^ cached as u64);
+    let mut stack = Vec::with_capacity(layers);
+    let mut caches = Vec::with_capacity(layers);
+    for i in 0..layers {
+        let weights = MhaWeights::random(
+            d_model,
+            d_model,
+            layer.heads,
+            layer.kv_heads,
+            layer.head_dim,
+            0x70c3 + i as u64,
+        )?;
+        stack.push(
+            MultiHeadAttention::new(weights, layer.heads, layer.kv_heads)?
+                .with_rope(Rope::default())?
+                .with_weight_storage(storage),
+        );
+        let mut cache = KvCache::with_capacity(cached + runs + 1);
+        if cached > 0 {
+            let shape = [1, layer.kv_heads, cached, layer.head_dim];
+            let len = layer.kv_heads * cached * layer.head_dim;
+            let k = engine.upload(&HostTensor::new(shape, rng.normal_vec(len, 1.0))?)?;
+            let v = engine.upload(&HostTensor::new(shape, rng.normal_vec(len, 1.0))?)?;
+            cache.append(engine, &k, &v).await?;
+        }
+        caches.push(cache);
+    }
+    let options = AttentionOptions::default();
+    let mut samples = Vec::with_capacity(repeats.timed);
+    let mut counts = crate::WorkCounts::default();
+    for run in 0..runs {
+        let token = HostTensor::new([1, 1, d_model], rng.normal_vec(d_model, 1.0))?;
+        let before = engine.gpu().map(|g| g.work_counts());
+        let start = Instant::now();
+        let mut x = engine.upload(&token)?;
+        for (layer, cache) in stack.iter().zip(&mut caches) {
+            x = layer
+                .forward_cached_on_device(engine, &x, cache, &options)
+                .await?;
+        }
+        engine.download(&x).await?;
+        if run >= repeats.warmup {
+            samples.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+        if let (Some(before), Some(g)) = (before, engine.gpu()) {
+            counts = g.work_counts() - before;
+        }
+    }
+    let per_layer = match stack[0].device_weight_bytes(engine)? {
+        Some(bytes) => bytes,
+        None => (2 * d_model * d_model + 2 * d_model * layer.kv_heads * layer.head_dim) as u64 * 4,
+    };
+    let kv_per_layer = (caches[0].len() * layer.kv_heads * layer.head_dim * 2 * 4) as u64;
+    Ok(TokenStep {
+        measurement: Measurement::wall(samples),
+        counts,
+        weight_bytes: per_layer * layers as u64,
+        kv_bytes: kv_per_layer * layers as u64,
+    })
+}
+
 /// Host times to issue one attention call at a tiny shape ([`call_overhead`]).
 #[derive(Debug, Clone)]
 pub struct CallOverhead {

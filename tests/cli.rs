@@ -658,8 +658,23 @@ fn info_reports_the_adapter_and_the_plan() {
             .as_str()
             .is_some_and(|n| !n.is_empty()));
         assert!(json["kernels"].as_array().is_some_and(|k| !k.is_empty()));
+        // The plans of typical calls, as `Engine::plan` makes them: a decode
+        // call plans the decode kernel, head dims past the fused kernels the
+        // unfused path with its reason.
+        let plans = json["plans"].as_array().unwrap();
+        let plan = |call: &str| {
+            plans
+                .iter()
+                .find(|p| p["call"].as_str().unwrap().starts_with(call))
+                .map(|p| p["plan"].as_str().unwrap().to_string())
+                .unwrap()
+        };
+        assert!(plan("prefill").starts_with("fused: attention_"));
+        assert!(plan("decode").starts_with("fused, decode: attention_decode"));
+        assert!(plan("B1 H2 N256 head dim 512").contains("fused path unavailable"));
         let text = run(&["info"]);
-        assert!(String::from_utf8_lossy(&text.stdout).contains("kernels:"));
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert!(text.contains("kernels:") && text.contains("plans:"), "{text}");
     }
     let cpu = run(&["--backend", "cpu", "info"]);
     assert!(cpu.status.success());
@@ -1169,8 +1184,21 @@ fn bench_writes_the_documented_json_and_a_plot() {
     // its first token a step creates no buffer and submits once. The CPU
     // engine's rows beside them, shared against the host's copy ceiling.
     let steps = report["token_step"].as_array().unwrap();
-    let on = |engine: &'static str| steps.iter().filter(move |t| t["engine"] == engine);
+    let on = |engine: &'static str| {
+        steps
+            .iter()
+            .filter(move |t| t["engine"] == engine && t["layers"] == 1)
+    };
     assert_eq!(on("gpu").count(), 4, "GPU token_step rows");
+    // The stack of 32 layers, its hidden state on the device: one upload,
+    // a submission per layer and one readback a token, nothing else created.
+    let stacks: Vec<_> = steps.iter().filter(|t| t["layers"] == 32).collect();
+    assert_eq!(stacks.len(), 4, "stack rows");
+    for t in stacks {
+        assert_eq!(t["buffers_created"], 2, "the upload and the readback: {t}");
+        assert_eq!(t["submissions"], 33, "{t}");
+        assert!(t["dispatches"].as_u64().is_some_and(|d| d <= 32 * 8), "{t}");
+    }
     assert_eq!(on("cpu").count(), 2, "CPU token_step rows");
     assert!(report["host_copy_gbs"].as_f64().is_some_and(|g| g > 0.0));
     for t in on("cpu") {

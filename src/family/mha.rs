@@ -209,6 +209,15 @@ enum Source {
     KeyValue,
 }
 
+/// Where a step's input rows come from.
+#[derive(Debug, Clone, Copy)]
+enum StepInput<'a> {
+    /// Host values, written into the workspace.
+    Host(&'a HostTensor),
+    /// A device buffer of the engine's, copied into the workspace in the step's encoder.
+    Device(&'a wgpu::Buffer),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct WorkspaceKey {
     device: crate::engine::DeviceKey,
@@ -506,6 +515,118 @@ impl MultiHeadAttention {
         pollster::block_on(self.forward_cached(engine, x, cache, options, want_weights))
     }
 
+    /// One decoder step whose input and output stay on the device, for a
+    /// stack of layers that reads back only its last: `x` `[B, n, d_model]`
+    /// is a tensor of `engine`'s, as the previous layer's step returned it
+    /// (or uploaded). On a GPU engine with room in `cache`, for steps the
+    /// skinny products take (up to 16 rows, or f16 weights), the step is one
+    /// submission with no readback: `x` is copied into the layer's workspace
+    /// in the step's own encoder, and the output is the workspace's output
+    /// buffer, **valid until this layer's next step** (feed it to the next
+    /// layer or copy it first). Elsewhere the step runs as
+    /// [`MultiHeadAttention::forward_cached`] does and its output is uploaded.
+    pub async fn forward_cached_on_device(
+        &self,
+        engine: &Engine,
+        x: &Tensor,
+        cache: &mut KvCache,
+        options: &AttentionOptions,
+    ) -> Result<Tensor> {
+        options.validate()?;
+        engine.recover().await?;
+        let d = self.dims;
+        let shape = x.shape().to_vec();
+        engine.own("x", x)?;
+        let [batch, n, features] = shape[..] else {
+            return Err(Error::Rank {
+                tensor: "x",
+                expected: "3 ([batch, length, features])",
+                got: shape,
+            });
+        };
+        if features != d.d_model {
+            return Err(Error::ShapeMismatch {
+                tensor: "x",
+                dim: "features",
+                got: features,
+                expected: d.d_model,
+                expected_from: "the layer's weights",
+                hint: "pass the previous layer's output [batch, length, d_model]",
+            });
+        }
+        let options = AttentionOptions {
+            is_causal: true,
+            ..options.clone()
+        };
+        let on_device = engine.gpu().zip(x.gpu_buffer()).filter(|_| {
+            x.dtype() == crate::DType::F32
+                && d.d_kv == d.d_model
+                && batch * n > 0
+                && (self.storage == WeightStorage::F16 || batch * n <= projection::MAX_ROWS)
+                && cache.has_room_in_place(n)
+                && cache.lengths().iter().all(|&l| l == cache.len())
+                && cache.tensors().is_none_or(|(k, _)| k.shape()[0] == batch)
+        });
+        let Some((ctx, buffer)) = on_device else {
+            let host = engine.download(x).await?;
+            let out = self
+                .forward_cached(engine, &host, cache, &options, false)
+                .await?;
+            return engine.upload(&out.output);
+        };
+        let weights = self.device_weights(engine, ctx)?;
+        let key = WorkspaceKey {
+            device: engine.device_key(),
+            batch,
+            n,
+            m: n,
+            cross: false,
+        };
+        let mut ws = self.take_workspace(ctx, &weights, key)?;
+        let attention_options = AttentionOptions {
+            qk_matmul_output_mode: None,
+            return_present: false,
+            return_lse: false,
+            ..options
+        };
+        let before = cache.lengths().to_vec();
+        let step = self
+            .step_in_one_submission(
+                engine,
+                ctx,
+                &weights,
+                &mut ws,
+                StepInput::Device(buffer),
+                cache,
+                &attention_options,
+                false,
+            )
+            .await;
+        let output = ws.output.clone();
+        *self
+            .workspace
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(ws);
+        if let Err(e) = step {
+            // A failed step leaves the cache as it was.
+            cache.forget_since(&before);
+            return Err(e);
+        }
+        Ok(engine.wrap_gpu(vec![batch, n, d.d_model], output))
+    }
+
+    /// [`MultiHeadAttention::forward_cached_on_device`], blocking.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn forward_cached_on_device_blocking(
+        &self,
+        engine: &Engine,
+        x: &Tensor,
+        cache: &mut KvCache,
+        options: &AttentionOptions,
+    ) -> Result<Tensor> {
+        pollster::block_on(self.forward_cached_on_device(engine, x, cache, options))
+    }
+
     /// Checks an input's rank, batch and feature size; returns (batch, length).
     fn check_input(
         &self,
@@ -605,11 +726,15 @@ impl MultiHeadAttention {
                                     ctx,
                                     &weights,
                                     &mut ws,
-                                    query,
+                                    StepInput::Host(query),
                                     cache,
                                     &attention_options,
+                                    true,
                                 )
-                                .await;
+                                .await
+                                .and_then(|out| {
+                                    out.ok_or(Error::Readback("no output read".into()))
+                                });
                             match step {
                                 Ok(output) => {
                                     *self
@@ -875,8 +1000,10 @@ impl MultiHeadAttention {
     /// A decoder step of self-attention recorded whole and submitted once:
     /// the fused Q|K|V product, RoPE, the append into the cache (in place,
     /// which the caller checked has room), the prepared attention over the
-    /// cache, the output product and its copy to the staging buffer; then one
-    /// readback. Allocates nothing after the first step of its shape.
+    /// cache, the output product and (with `read_back`) its copy to the
+    /// staging buffer and one readback; without it the output stays in the
+    /// workspace's `output` (`None` is returned). Allocates nothing after the
+    /// first step of its shape.
     #[allow(clippy::too_many_arguments)]
     async fn step_in_one_submission(
         &self,
@@ -884,10 +1011,11 @@ impl MultiHeadAttention {
         ctx: &GpuContext,
         weights: &DeviceWeights,
         ws: &mut Workspace,
-        x: &HostTensor,
+        x: StepInput<'_>,
         cache: &mut KvCache,
         options: &AttentionOptions,
-    ) -> Result<HostTensor> {
+        read_back: bool,
+    ) -> Result<Option<HostTensor>> {
         let d = self.dims;
         let WorkspaceKey { batch, n, .. } = ws.key;
         let past_len = cache.len();
@@ -919,7 +1047,17 @@ impl MultiHeadAttention {
             .y
             .gpu_buffer()
             .ok_or(Error::ForeignTensor { tensor: "Y" })?;
-        self.output_prepared(rec, weights, ws, y).await
+        if read_back {
+            return self.output_prepared(rec, weights, ws, y).await.map(Some);
+        }
+        ctx.scoped("multi-head output projection", || {
+            ws.out_product
+                .record(&mut rec, y, &weights.out, &[&ws.output])?;
+            rec.submit();
+            Ok(())
+        })
+        .await?;
+        Ok(None)
     }
 
     /// Writes the inputs into the workspace and records its products and
@@ -931,13 +1069,18 @@ impl MultiHeadAttention {
         rec: &mut Recorder<'_>,
         ws: &Workspace,
         weights: &DeviceWeights,
-        query: &HostTensor,
+        query: StepInput<'_>,
         key_value: Option<&HostTensor>,
         past_len: usize,
     ) -> Result<()> {
         let ctx = rec.ctx();
-        let WorkspaceKey { n, m, .. } = ws.key;
-        buffer::write(ctx, &ws.x_q, query.data());
+        let WorkspaceKey { batch, n, m, .. } = ws.key;
+        match query {
+            StepInput::Host(x) => buffer::write(ctx, &ws.x_q, x.data()),
+            StepInput::Device(x) => {
+                rec.copy(x, 0, &ws.x_q, 0, batch * n * self.dims.d_model);
+            }
+        }
         if let (Some(x_kv), Some(kv)) = (&ws.x_kv, key_value) {
             buffer::write(ctx, x_kv, kv.data());
         }
@@ -978,6 +1121,7 @@ impl MultiHeadAttention {
         let WorkspaceKey { batch, n, m, .. } = ws.key;
         ctx.scoped("multi-head projections", || {
             let mut rec = Recorder::new(ctx, "multi-head projections");
+            let query = StepInput::Host(query);
             self.record_projections(&mut rec, ws, weights, query, key_value, past_len)?;
             rec.submit();
             Ok(())

@@ -107,9 +107,14 @@ enum Job {
     TokenStep(usize, webattn::WeightStorage),
     /// The same step on a CPU engine beside a GPU engine's rows.
     CpuTokenStep(usize),
+    /// A stack of [`STACK_LAYERS`] such layers, the hidden state on the device.
+    TokenStack(usize, webattn::WeightStorage),
     /// The host cost of a plain call against a prepared one at a tiny shape.
     Overhead,
 }
+
+/// Layers of the stack rows: a Llama-2-7B-like model's.
+const STACK_LAYERS: usize = 32;
 
 /// The decoder layer of the token-step rows: a Llama-like layer (32 heads of
 /// 128, 8 KV heads) on a GPU; a small one with `--quick`, on a CPU adapter or
@@ -322,6 +327,12 @@ fn plan(
     for &n in cached {
         jobs.extend(storages.iter().map(|&s| Job::TokenStep(n, s)));
     }
+    // The stack of layers whose hidden state stays on the device.
+    if gpu {
+        for &n in cached {
+            jobs.extend(storages.iter().map(|&s| Job::TokenStack(n, s)));
+        }
+    }
     // The CPU engine's step beside a GPU's (its prefill of the large layer
     // limits it to 1024 cached tokens there).
     if gpu {
@@ -348,7 +359,9 @@ fn selected(args: &Args, job: &Job) -> bool {
         Job::Gemm(..) => RowKind::Gemm,
         Job::Attention(..) => RowKind::Attention,
         Job::Decode(..) => RowKind::Decode,
-        Job::TokenStep(..) | Job::CpuTokenStep(..) | Job::Overhead => RowKind::Tokens,
+        Job::TokenStep(..) | Job::CpuTokenStep(..) | Job::TokenStack(..) | Job::Overhead => {
+            RowKind::Tokens
+        }
     };
     let path = match *job {
         Job::Attention(_, path, _) | Job::Decode(_, path, _) => Some(path),
@@ -666,7 +679,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                             m.counts.buffers,
                             append.median_ms()
                         ));
-                        token_steps.push((label, cached, storage, m, append))
+                        token_steps.push((label, 1, cached, storage, m, Some(append)))
                     }
                     // A cache beyond this device's limits (e.g. under
                     // --limits webgpu-default) is a skipped row, not a lost run.
@@ -676,6 +689,38 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                     Err(e) => {
                         return Err(anyhow::Error::from(e)
                             .context(format!("a token step with {cached} tokens cached")))
+                    }
+                }
+            }
+            Job::TokenStack(cached, storage) => {
+                note(format!(
+                    "stack of {STACK_LAYERS} layers, {cached} tokens cached, {storage:?} weights"
+                ));
+                match pollster::block_on(bench::token_stack(
+                    &engine,
+                    layer,
+                    STACK_LAYERS,
+                    cached,
+                    storage,
+                    repeats(KernelPath::Fused, args.quick),
+                )) {
+                    Ok(m) => {
+                        said(format!(
+                            "  {:.3} ms a token ({} dispatches, {} buffers, {} submissions)",
+                            m.measurement.median_ms(),
+                            m.counts.dispatches,
+                            m.counts.buffers,
+                            m.counts.submissions
+                        ));
+                        token_steps.push(("gpu", STACK_LAYERS, cached, storage, m, None));
+                    }
+                    Err(e @ (webattn::Error::Limit { .. } | webattn::Error::OutOfMemory(_))) => {
+                        token_skipped.push((cached, format!("stack of {STACK_LAYERS}: {e}")))
+                    }
+                    Err(e) => {
+                        return Err(anyhow::Error::from(e).context(format!(
+                            "a stack of {STACK_LAYERS} layers with {cached} tokens cached"
+                        )))
                     }
                 }
             }
@@ -969,8 +1014,9 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             layer.head_dim
         );
         println!(
-            "{:>6} {:>8} {:>7} {:>10} {:>9} {:>6} {:>6} {:>6} {:>9} {:>8} {:>8} {:>10}",
+            "{:>6} {:>6} {:>8} {:>7} {:>10} {:>9} {:>6} {:>6} {:>6} {:>9} {:>8} {:>8} {:>10}",
             "engine",
+            "layers",
             "cached",
             "weights",
             "ms/token",
@@ -983,11 +1029,11 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             "of copy",
             "append ms"
         );
-        for (label, cached, storage, m, append) in &token_steps {
+        for (label, layers, cached, storage, m, append) in &token_steps {
             let ms = m.measurement.median_ms();
             let share = m.gbs() / token_ceiling(label);
             println!(
-                "{label:>6} {cached:>8} {:>7} {ms:>10.3} {:>9.1} {:>6} {:>6} {:>6} {:>9.2} {:>8.1} {:>8} {:>10.3}",
+                "{label:>6} {layers:>6} {cached:>8} {:>7} {ms:>10.3} {:>9.1} {:>6} {:>6} {:>6} {:>9.2} {:>8.1} {:>8} {:>10}",
                 format!("{storage:?}").to_lowercase(),
                 1e3 / ms,
                 m.counts.dispatches,
@@ -996,9 +1042,10 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 (m.weight_bytes + m.kv_bytes) as f64 / 1e6,
                 m.gbs(),
                 if share.is_finite() { format!("{:.1}%", 100.0 * share) } else { "-".into() },
-                append.median_ms()
+                append.as_ref().map_or("-".into(), |a| format!("{:.3}", a.median_ms()))
             );
         }
+        println!("layers: one layer, or a stack of {STACK_LAYERS} whose hidden state stays on the device (upload, every layer's step, one readback; its counts, MB and share are the whole stack's)");
         println!("disp/bufs/subm: dispatches, buffers created and submissions of the last timed token; MB/token: weights (as stored) + the cached K and V the step reads; of copy: share of the copy ceiling measured in this run (the GPU's for gpu rows, the host's for cpu rows)");
         if let Some(copy) = &host_copy {
             println!(
@@ -1073,14 +1120,15 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             "cold_cache": bench::can_flush_caches(&engine) && *p != KernelPath::Cpu,
         })).collect::<Vec<_>>(),
         "host_copy_gbs": host_copy.as_ref().map(|c| c.gbs),
-        "token_step": token_steps.iter().map(|(label, cached, storage, m, append)| json!({
-            "engine": label, "d_model": layer.d_model(), "heads": layer.heads, "kv_heads": layer.kv_heads,
+        "token_step": token_steps.iter().map(|(label, layers, cached, storage, m, append)| json!({
+            "engine": label, "layers": layers, "d_model": layer.d_model(), "heads": layer.heads, "kv_heads": layer.kv_heads,
             "head_dim": layer.head_dim, "cached": cached, "weights": format!("{storage:?}").to_lowercase(),
             "ms": m.measurement.median_ms(), "samples_ms": m.measurement.samples_ms,
             "dispatches": m.counts.dispatches, "buffers_created": m.counts.buffers,
             "submissions": m.counts.submissions, "weight_bytes": m.weight_bytes, "kv_bytes": m.kv_bytes,
             "gbs": m.gbs(), "share_of_bandwidth": finite(m.gbs() / token_ceiling(label)),
-            "append_ms": append.median_ms(), "append_samples_ms": append.samples_ms,
+            "append_ms": append.as_ref().map(|a| a.median_ms()),
+            "append_samples_ms": append.as_ref().map(|a| &a.samples_ms),
         })).collect::<Vec<_>>(),
         "call_overhead": overhead.as_ref().map(|o| json!({
             "shape": [1, 1, 16, 16], "attention_ms": o.plain.median_ms(), "prepared_ms": o.prepared.median_ms(),
