@@ -904,50 +904,69 @@ pub async fn token_step(
     })
 }
 
-/// Milliseconds per generated token of a stack of `layers` decoder layers
-/// of `layer`'s shape (each its own random weights, kept as `storage`, and
-/// its own cache of `cached` tokens), the hidden state kept on the device
-/// from layer to layer ([`crate::family::mha::MultiHeadAttention::forward_cached_on_device`]):
-/// the token uploaded, every layer's step, the last output read back, by the
-/// wall clock. The caches are filled with random keys and values (a step's
-/// cost does not depend on them), not by a prefill through the stack.
-pub async fn token_stack(
-    engine: &crate::Engine,
+/// A stack of `layers` decoder layers of `layer`'s shape, each with its own
+/// random weights kept as `storage` and RoPE: what [`token_stack`] times
+/// (made once and timed at several cache lengths).
+pub fn decoder_stack(
     layer: DecoderLayerShape,
     layers: usize,
-    cached: usize,
     storage: crate::WeightStorage,
+) -> Result<Vec<crate::family::mha::MultiHeadAttention>> {
+    use crate::family::mha::{MhaWeights, MultiHeadAttention};
+    use crate::family::position::Rope;
+    let d_model = layer.d_model();
+    (0..layers)
+        .map(|i| {
+            let weights = MhaWeights::random(
+                d_model,
+                d_model,
+                layer.heads,
+                layer.kv_heads,
+                layer.head_dim,
+                0x70c3 + i as u64,
+            )?;
+            Ok(
+                MultiHeadAttention::new(weights, layer.heads, layer.kv_heads)?
+                    .with_rope(Rope::default())?
+                    .with_weight_storage(storage),
+            )
+        })
+        .collect()
+}
+
+/// Milliseconds per generated token of `stack` (layers of `layer`'s shape,
+/// [`decoder_stack`]), each layer with its own cache of `cached` tokens, the
+/// hidden state kept on the device from layer to layer
+/// ([`crate::family::mha::MultiHeadAttention::forward_cached_on_device`]):
+/// the token uploaded, every layer's step, the last output read back, by the
+/// wall clock. The caches hold zeros (a step's cost does not depend on the
+/// values), not a prefill through the stack.
+pub async fn token_stack(
+    engine: &crate::Engine,
+    stack: &[crate::family::mha::MultiHeadAttention],
+    layer: DecoderLayerShape,
+    cached: usize,
     repeats: Repeats,
 ) -> Result<TokenStep> {
-    use crate::family::mha::{KvCache, MhaWeights, MultiHeadAttention};
-    use crate::family::position::Rope;
+    use crate::family::mha::KvCache;
     use crate::{AttentionOptions, HostTensor};
     let d_model = layer.d_model();
     let runs = repeats.warmup + repeats.timed;
     let mut rng = SplitMix64::new(0x57ac ^ cached as u64);
-    let mut stack = Vec::with_capacity(layers);
-    let mut caches = Vec::with_capacity(layers);
-    for i in 0..layers {
-        let weights = MhaWeights::random(
-            d_model,
-            d_model,
-            layer.heads,
+    let mut caches = Vec::with_capacity(stack.len());
+    let filled = match cached {
+        0 => None,
+        _ => Some(engine.upload(&HostTensor::zeros([
+            1,
             layer.kv_heads,
+            cached,
             layer.head_dim,
-            0x70c3 + i as u64,
-        )?;
-        stack.push(
-            MultiHeadAttention::new(weights, layer.heads, layer.kv_heads)?
-                .with_rope(Rope::default())?
-                .with_weight_storage(storage),
-        );
+        ])?)?),
+    };
+    for _ in stack {
         let mut cache = KvCache::with_capacity(cached + runs + 1);
-        if cached > 0 {
-            let shape = [1, layer.kv_heads, cached, layer.head_dim];
-            let len = layer.kv_heads * cached * layer.head_dim;
-            let k = engine.upload(&HostTensor::new(shape, rng.normal_vec(len, 1.0))?)?;
-            let v = engine.upload(&HostTensor::new(shape, rng.normal_vec(len, 1.0))?)?;
-            cache.append(engine, &k, &v).await?;
+        if let Some(kv) = &filled {
+            cache.append(engine, kv, kv).await?;
         }
         caches.push(cache);
     }
@@ -972,16 +991,23 @@ pub async fn token_stack(
             counts = g.work_counts() - before;
         }
     }
-    let per_layer = match stack[0].device_weight_bytes(engine)? {
-        Some(bytes) => bytes,
-        None => (2 * d_model * d_model + 2 * d_model * layer.kv_heads * layer.head_dim) as u64 * 4,
+    let layers = stack.len() as u64;
+    let per_layer = match stack
+        .first()
+        .map(|l| l.device_weight_bytes(engine))
+        .transpose()?
+    {
+        Some(Some(bytes)) => bytes,
+        _ => (2 * d_model * d_model + 2 * d_model * layer.kv_heads * layer.head_dim) as u64 * 4,
     };
-    let kv_per_layer = (caches[0].len() * layer.kv_heads * layer.head_dim * 2 * 4) as u64;
+    let kv_per_layer = caches.first().map_or(0, |c| {
+        (c.len() * layer.kv_heads * layer.head_dim * 2 * 4) as u64
+    });
     Ok(TokenStep {
         measurement: Measurement::wall(samples),
         counts,
-        weight_bytes: per_layer * layers as u64,
-        kv_bytes: kv_per_layer * layers as u64,
+        weight_bytes: per_layer * layers,
+        kv_bytes: kv_per_layer * layers,
     })
 }
 

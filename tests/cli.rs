@@ -674,7 +674,10 @@ fn info_reports_the_adapter_and_the_plan() {
         assert!(plan("B1 H2 N256 head dim 512").contains("fused path unavailable"));
         let text = run(&["info"]);
         let text = String::from_utf8_lossy(&text.stdout);
-        assert!(text.contains("kernels:") && text.contains("plans:"), "{text}");
+        assert!(
+            text.contains("kernels:") && text.contains("plans:"),
+            "{text}"
+        );
     }
     let cpu = run(&["--backend", "cpu", "info"]);
     assert!(cpu.status.success());

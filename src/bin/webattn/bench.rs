@@ -501,6 +501,10 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     // The CPU engine of the CPU token rows, and the host's copy ceiling they
     // are shared against (measured before the first of them).
     let mut cpu_engine: Option<webattn::Engine> = None;
+    let mut stacks: Vec<(
+        webattn::WeightStorage,
+        Vec<webattn::family::mha::MultiHeadAttention>,
+    )> = Vec::new();
     let mut host_copy: Option<bench::Bandwidth> = None;
     let mut overhead: Option<bench::CallOverhead> = None;
     let mut decode_skipped = Vec::new();
@@ -696,12 +700,19 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 note(format!(
                     "stack of {STACK_LAYERS} layers, {cached} tokens cached, {storage:?} weights"
                 ));
+                // One stack per weight storage, kept for every cache length.
+                let stack = match stacks.iter().position(|(s, _)| *s == storage) {
+                    Some(i) => &stacks[i].1,
+                    None => {
+                        stacks.push((storage, bench::decoder_stack(layer, STACK_LAYERS, storage)?));
+                        &stacks.last().expect("just pushed").1
+                    }
+                };
                 match pollster::block_on(bench::token_stack(
                     &engine,
+                    stack,
                     layer,
-                    STACK_LAYERS,
                     cached,
-                    storage,
                     repeats(KernelPath::Fused, args.quick),
                 )) {
                     Ok(m) => {
