@@ -134,6 +134,26 @@ impl std::fmt::Display for CallPlan {
     }
 }
 
+/// Why an engine left to choose (`BackendPreference::Auto`) should run its
+/// calls on the CPU backend rather than on `caps`'s adapter, if it should:
+/// where the adapter is a CPU implementation of its API (device type `Cpu`:
+/// llvmpipe/lavapipe, SwiftShader, WARP). Such adapters run the same kernels
+/// several times slower than the CPU backend on the same cores (the README's
+/// main job: 338 ms on lavapipe against 50.5 ms; a B1 H4 N128 d64 call in
+/// Chromium: 52 ms on SwiftShader against 1.6-2.4 ms in wasm); they are for
+/// testing the kernels (`--backend gpu`), not for users' work.
+pub fn cpu_backend_over(caps: &crate::Capabilities) -> Option<String> {
+    let a = &caps.adapter;
+    (a.device_type == "Cpu").then(|| {
+        format!(
+            "the only adapter, {} ({}), is a CPU implementation: the CPU backend computes the \
+             same calls several times faster on these cores (ask for the adapter with \
+             --backend gpu or BackendPreference::Gpu)",
+            a.name, a.backend
+        )
+    })
+}
+
 /// Plans a validated call of `dims` with `options`. `gpu`: the planner for
 /// the call's head dims on a GPU engine, `None` on a CPU engine;
 /// `score_budget`: the unfused path's bytes of scores per block. Pure: the
@@ -511,6 +531,27 @@ mod tests {
             let plan = plan_call(gpu.then_some(&planner), 0, &dims, &options).unwrap();
             assert_eq!((plan.path, plan.gpu), (want, None));
             assert_eq!(plan.to_string(), want.name());
+        }
+    }
+
+    #[test]
+    fn an_engine_left_to_choose_takes_the_cpu_backend_over_a_cpu_adapter_only() {
+        let mut swiftshader = Capabilities::synthetic("Cpu");
+        swiftshader.adapter.backend = "BrowserWebGpu".into();
+        for caps in [lavapipe(), swiftshader] {
+            let why = cpu_backend_over(&caps).expect("a CPU adapter");
+            assert!(
+                why.contains("CPU implementation") && why.contains("--backend gpu"),
+                "{why}"
+            );
+        }
+        for caps in [h100(), apple(), webgpu_default()] {
+            assert_eq!(
+                cpu_backend_over(&caps),
+                None,
+                "{}",
+                caps.adapter.device_type
+            );
         }
     }
 

@@ -38,9 +38,14 @@ pub enum BackendKind {
 /// Which backend to ask for when creating an engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendPreference {
-    /// A GPU if one exists, else the CPU with a logged warning. An option the
-    /// adapter cannot honour (a limit beyond it, a kernel or matrix units it
-    /// lacks) is an error, not a fallback.
+    /// A GPU if one exists, else the CPU with a logged warning; and the CPU
+    /// backend, not the adapter, where the only adapter is a CPU
+    /// implementation (lavapipe, SwiftShader, WARP: several times slower on
+    /// the same cores; [`Engine::cpu_reason`] says so) unless an option asks
+    /// for what only the adapter does (a kernel, portable kernels, matrix
+    /// units, limits, runtime checks). An option the adapter cannot honour (a
+    /// limit beyond it, a kernel or matrix units it lacks) is an error, not a
+    /// fallback.
     #[default]
     Auto,
     /// A GPU, or [`Error::NoAdapter`].
@@ -139,6 +144,8 @@ pub struct Engine {
     last_call: Mutex<Option<CallStats>>,
     /// The tuning cache file the table was read from and is saved to.
     tuning_path: Option<std::path::PathBuf>,
+    /// Why an engine left to choose runs on the CPU backend.
+    cpu_reason: Option<String>,
     /// The table as last read from or written to that file: what this
     /// engine changed since is what a save writes (see [`Engine::save_tuning`]).
     tuning_base: Mutex<crate::tuning::TuningTable>,
@@ -204,11 +211,25 @@ impl Engine {
             tuning: std::sync::Arc::new(std::sync::Mutex::new(options.tuning_cache.load())),
         };
         let gpu = |ctx| Backend::Gpu(Box::new(GpuDevices::new(ctx, Some(recipe.clone()))));
+        // Options only an adapter honours keep an engine left to choose on it.
+        let asks_adapter = forced
+            || options.portable_kernels
+            || options.matrix_units != crate::options::MatrixUnits::default()
+            || options.runtime_checks != crate::options::RuntimeChecks::default()
+            || !options.limits.is_adapter_default();
+        let mut cpu_reason = None;
         let backend = match options.backend {
             BackendPreference::Cpu => Backend::Cpu,
             BackendPreference::Gpu => gpu(recipe.request().await?),
             BackendPreference::Auto => match recipe.request().await {
-                Ok(ctx) => gpu(ctx),
+                Ok(ctx) => match crate::call_plan::cpu_backend_over(ctx.capabilities()) {
+                    Some(why) if !asks_adapter => {
+                        log::info!("webattn: using the CPU backend: {why}");
+                        cpu_reason = Some(why);
+                        Backend::Cpu
+                    }
+                    _ => gpu(ctx),
+                },
                 // A kernel was asked for by name: without an adapter that can
                 // run it, say so rather than fall back to the CPU.
                 Err(e) if forced => return Err(e),
@@ -216,11 +237,13 @@ impl Engine {
                 Err(e @ Error::InvalidOption { .. }) => return Err(e),
                 Err(e) => {
                     log::warn!("webattn: {e}; using the CPU backend");
+                    cpu_reason = Some(format!("no GPU adapter: {e}"));
                     Backend::Cpu
                 }
             },
         };
         let mut engine = Self::with_backend(backend, options.score_budget_bytes);
+        engine.cpu_reason = cpu_reason;
         engine.cpu = CpuBackend::new(options.cpu_threads);
         engine.tuning_path = options.tuning_cache.path();
         if let Some(table) = engine.tuning_table() {
@@ -326,7 +349,15 @@ impl Engine {
             last_call: Mutex::new(None),
             tuning_path: None,
             tuning_base: Mutex::new(crate::tuning::TuningTable::new()),
+            cpu_reason: None,
         }
+    }
+
+    /// Why this engine runs on the CPU backend though it was left to choose
+    /// (`BackendPreference::Auto`): no adapter, or one that is a CPU
+    /// implementation ([`crate::call_plan::cpu_backend_over`]); `None` otherwise.
+    pub fn cpu_reason(&self) -> Option<&str> {
+        self.cpu_reason.as_deref()
     }
 
     /// The tuning cache file this engine read its table from, natively (see
@@ -460,10 +491,13 @@ impl Engine {
     pub fn describe(&self) -> String {
         match &self.backend {
             Backend::Gpu(gpu) => gpu.current().capabilities().summary(),
-            Backend::Cpu => format!(
-                "CPU backend ({}; no GPU adapter in use)",
-                self.cpu.describe()
-            ),
+            Backend::Cpu => match &self.cpu_reason {
+                Some(why) => format!("CPU backend ({}): {why}", self.cpu.describe()),
+                None => format!(
+                    "CPU backend ({}; no GPU adapter in use)",
+                    self.cpu.describe()
+                ),
+            },
         }
     }
 

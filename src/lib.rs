@@ -11,7 +11,7 @@
 //! use webattn::{AttentionInputs, AttentionOptions, Engine, HostTensor};
 //!
 //! # fn main() -> webattn::Result<()> {
-//! let engine = Engine::new_blocking(); // GPU if there is one, else the CPU
+//! let engine = Engine::new_blocking(); // a GPU if there is one, else the CPU backend (also over a CPU adapter such as lavapipe)
 //! let q = HostTensor::new([1, 8, 128, 64], vec![0.1; 8 * 128 * 64])?;
 //! let k = HostTensor::new([1, 2, 128, 64], vec![0.2; 2 * 128 * 64])?;
 //! let v = HostTensor::new([1, 2, 128, 32], vec![0.3; 2 * 128 * 32])?;

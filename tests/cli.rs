@@ -672,7 +672,7 @@ fn info_reports_the_adapter_and_the_plan() {
         assert!(plan("prefill").starts_with("fused: attention_"));
         assert!(plan("decode").starts_with("fused, decode: attention_decode"));
         assert!(plan("B1 H2 N256 head dim 512").contains("fused path unavailable"));
-        let text = run(&["info"]);
+        let text = run(&["--backend", "gpu", "info"]);
         let text = String::from_utf8_lossy(&text.stdout);
         assert!(
             text.contains("kernels:") && text.contains("plans:"),

@@ -14,9 +14,9 @@ use webattn::{
 
 fn engines() -> Vec<Engine> {
     let mut engines = vec![Engine::cpu()];
-    if common::gpu().is_some() {
-        engines.push(Engine::new_blocking());
-    }
+    // A GPU engine of its own (on lavapipe too: an engine left to choose
+    // would take the CPU backend there).
+    engines.extend(common::own_gpu());
     engines
 }
 

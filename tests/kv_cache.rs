@@ -16,9 +16,9 @@ const DV: usize = 8;
 
 fn engines() -> Vec<Engine> {
     let mut engines = vec![Engine::cpu()];
-    if common::gpu().is_some() {
-        engines.push(Engine::new_blocking());
-    }
+    // A GPU engine of its own (on lavapipe too: an engine left to choose
+    // would take the CPU backend there).
+    engines.extend(common::own_gpu());
     engines
 }
 

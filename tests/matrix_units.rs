@@ -649,7 +649,10 @@ fn the_matrix_units_run_only_where_the_caller_allows_f16_products() {
         "the_matrix_units_run_only_where_the_caller_allows_f16_products",
         Size::Native,
         |_| {
-            let engine = Engine::with_options_blocking(Default::default()).expect("an engine");
+            let engine = Engine::with_options_blocking(EngineOptions {
+                backend: webattn::BackendPreference::Gpu,
+                ..Default::default()
+            }).expect("an engine");
             let coop_pipelines = |engine: &Engine| {
                 engine
                     .gpu()
@@ -806,6 +809,7 @@ fn fast_calls_leave_a_matrix_unit_kernel_measured_slower() {
             use webattn::gpu::ops::fused::FusedKernel;
             use webattn::tuning::{TunedEntry, TunedKernel, TuningCache, TuningKey};
             let engine = Engine::with_options_blocking(EngineOptions {
+                backend: webattn::BackendPreference::Gpu,
                 tuning_cache: TuningCache::Memory,
                 ..Default::default()
             })
@@ -925,6 +929,7 @@ fn fast_calls_take_the_matrix_unit_gemm_form_tuned_fastest() {
             use webattn::gpu::choice::FastGemm;
             use webattn::tuning::{TunedEntry, TunedGemm, TunedKernel, TuningCache, TuningKey};
             let engine = Engine::with_options_blocking(EngineOptions {
+                backend: webattn::BackendPreference::Gpu,
                 tuning_cache: TuningCache::Memory,
                 ..Default::default()
             })
@@ -1209,6 +1214,7 @@ fn auto_at_fast_compares_the_paths_on_the_matrix_units() {
         |_| {
             use webattn::tuning::{TunedEntry, TunedKernel, TuningCache, TuningKey};
             let engine = Engine::with_options_blocking(EngineOptions {
+                backend: webattn::BackendPreference::Gpu,
                 tuning_cache: TuningCache::Memory,
                 ..Default::default()
             })
@@ -1262,6 +1268,7 @@ fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
             use webattn::gpu::ops::fused::{CoopTiles, FusedKernel};
             use webattn::tuning::{TunedCoop, TunedEntry, TunedKernel, TuningCache, TuningKey};
             let engine = Engine::with_options_blocking(EngineOptions {
+                backend: webattn::BackendPreference::Gpu,
                 tuning_cache: TuningCache::Memory,
                 ..Default::default()
             })

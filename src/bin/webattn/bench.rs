@@ -415,7 +415,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         super::files::write_text(out, &plot::attention_svg(&report, ceiling))?;
         return Ok(ExitCode::SUCCESS);
     }
-    let engine = super::engine(engine_args)?;
+    let engine = super::adapter_engine(engine_args)?;
     let ctx = engine.gpu();
     eprintln!("webattn bench on {}", engine.describe());
     // A CPU adapter (lavapipe) or a CPU engine gets the small decoder layer.

@@ -59,7 +59,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     } else {
         SweepKind::Quick
     };
-    let engine = super::engine(engine_args)?;
+    let engine = super::adapter_engine(engine_args)?;
     if args.family {
         return run_family(&engine, args);
     }

@@ -15,7 +15,7 @@ pub struct Args {
 }
 
 pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitCode> {
-    let engine = super::engine(engine_args)?;
+    let engine = super::adapter_engine(engine_args)?;
     let report = describe(&engine);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -85,6 +85,8 @@ fn describe(engine: &Engine) -> serde_json::Value {
             "workgroup_bytes": k.workgroup_bytes, "role": k.role,
         })).collect::<Vec<_>>(),
         "notes": plan.notes,
+        "auto_backend": if webattn::call_plan::cpu_backend_over(caps).is_some() { "cpu" } else { "gpu" },
+        "auto_reason": webattn::call_plan::cpu_backend_over(caps),
         "plans": sample_plans(engine).into_iter().map(|(call, plan)| json!({
             "call": call.trim(), "plan": plan,
         })).collect::<Vec<_>>(),
@@ -380,6 +382,9 @@ fn text(engine: &Engine, engine_args: &super::EngineArgs) -> String {
             )
         }
     );
+    if let Some(why) = webattn::call_plan::cpu_backend_over(caps) {
+        out += &format!("auto:     an engine left to choose runs the CPU backend: {why}\n");
+    }
     out += &format!(
         "paths:    {} (default: {}); cpu ({}) and oracle always\n",
         plan.paths

@@ -164,7 +164,21 @@ enum Backend {
 
 /// Creates the engine the `--backend`, `--cpu-threads`, `--limits` and
 /// `--limit` options ask for.
+/// The engine for a user's work (`attend`): `--backend auto` takes the
+/// fastest, the CPU backend where the only adapter is a CPU implementation.
 fn engine(args: &EngineArgs) -> webattn::Result<Engine> {
+    engine_as(args, false)
+}
+
+/// The engine of the tools that certify or measure the adapter (`check`,
+/// `bench`, `tune`, `phases`, `info`): `--backend auto` takes the adapter,
+/// lavapipe and SwiftShader included, and the CPU backend only where there
+/// is none.
+fn adapter_engine(args: &EngineArgs) -> webattn::Result<Engine> {
+    engine_as(args, true)
+}
+
+fn engine_as(args: &EngineArgs, adapter_first: bool) -> webattn::Result<Engine> {
     if args.kernel.is_coop() && args.precision != Precision::Fast {
         return Err(webattn::Error::InvalidOption {
             name: "kernel",
@@ -174,11 +188,12 @@ fn engine(args: &EngineArgs) -> webattn::Result<Engine> {
         });
     }
     let backend = match args.backend {
+        Backend::Auto if adapter_first => BackendPreference::Gpu,
         Backend::Auto => BackendPreference::Auto,
         Backend::Gpu => BackendPreference::Gpu,
         Backend::Cpu => BackendPreference::Cpu,
     };
-    let engine = Engine::with_options_blocking(EngineOptions {
+    let options = |backend| EngineOptions {
         backend,
         cpu_threads: args.cpu_threads.map(usize::from),
         limits: args.device_limits(),
@@ -192,7 +207,15 @@ fn engine(args: &EngineArgs) -> webattn::Result<Engine> {
             Some(path) => TuningCache::File(path.clone()),
         },
         ..Default::default()
-    })?;
+    };
+    let engine = match Engine::with_options_blocking(options(backend)) {
+        // No adapter at all: the tools run on the CPU backend, as auto does.
+        Err(webattn::Error::NoAdapter(why)) if args.backend == Backend::Auto => {
+            log::warn!("webattn: {why}; using the CPU backend");
+            Engine::with_options_blocking(options(BackendPreference::Cpu))?
+        }
+        made => made?,
+    };
     if let Some(ctx) = engine.gpu() {
         ctx.set_clock_guard(match args.clock_guard {
             ClockGuard::Auto => None,

@@ -101,7 +101,7 @@ fn variants() -> Vec<Phases> {
 }
 
 pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitCode> {
-    let engine = super::engine(engine_args)?;
+    let engine = super::adapter_engine(engine_args)?;
     let ctx = engine
         .gpu()
         .context("webattn phases measures a GPU's kernels; this engine runs on the CPU")?;

@@ -33,7 +33,7 @@ fn parse_head_dims(text: &str) -> Result<(usize, usize), String> {
 }
 
 pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitCode> {
-    let engine = super::engine(engine_args)?;
+    let engine = super::adapter_engine(engine_args)?;
     let ctx = engine
         .gpu()
         .context("tuning needs a GPU adapter; this engine runs on the CPU backend")?;
