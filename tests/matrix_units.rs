@@ -652,7 +652,8 @@ fn the_matrix_units_run_only_where_the_caller_allows_f16_products() {
             let engine = Engine::with_options_blocking(EngineOptions {
                 backend: webattn::BackendPreference::Gpu,
                 ..Default::default()
-            }).expect("an engine");
+            })
+            .expect("an engine");
             let coop_pipelines = |engine: &Engine| {
                 engine
                     .gpu()

@@ -570,6 +570,14 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 attention.push((shape, path, precision, m, near));
             }
             Job::Decode(shape, path, dtype) => {
+                // CPU rows are shared against the host's copy ceiling.
+                if path == KernelPath::Cpu && host_copy.is_none() {
+                    note("host copy ceiling".into());
+                    host_copy = Some(bench::host_bandwidth_ceiling(
+                        engine.cpu_backend().threads(),
+                        ceiling_repeats,
+                    ));
+                }
                 // The decode kernel the engine runs for this shape, and on a
                 // GPU whose choice is the streaming kernel the staged one
                 // beside it (pinned), measured the same way.
@@ -954,6 +962,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     };
     let bandwidth_share = |path: KernelPath, gbs: f64| match path {
         KernelPath::Fused | KernelPath::Unfused if bandwidth.is_finite() => gbs / bandwidth,
+        KernelPath::Cpu => host_copy.as_ref().map_or(f64::NAN, |c| gbs / c.gbs),
         _ => f64::NAN,
     };
     println!(
@@ -1000,7 +1009,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         );
     }
     if !decode.is_empty() {
-        println!("** share: K + V bytes read per second, over the bandwidth ceiling (GPU rows)");
+        println!("** share: K + V bytes read per second, over the copy ceiling measured in this run (the GPU's for GPU rows, the host's for cpu rows)");
         if bench::can_flush_caches(&engine) {
             let copied = copy_first
                 .as_ref()
