@@ -1175,12 +1175,11 @@ fn bench_writes_the_documented_json_and_a_plot() {
             * d["seq_k"].as_u64().unwrap()
             * d["head_dim"].as_u64().unwrap();
         assert_eq!(d["kv_bytes"].as_u64().unwrap(), per_value * values);
-        // A share of the bandwidth ceiling for the GPU paths; none for the CPU ones.
-        let gpu_path = matches!(d["path"].as_str(), Some("fused" | "unfused"));
-        assert_eq!(
-            d["share_of_bandwidth"].is_number(),
-            gpu_path,
-            "decode.share_of_bandwidth"
+        // A share of the copy ceiling on every path: the GPU's for the GPU
+        // paths, the host's (measured in the same run) for the CPU backend.
+        assert!(
+            d["share_of_bandwidth"].as_f64().is_some_and(|s| s > 0.0),
+            "decode.share_of_bandwidth: {d}"
         );
     }
     // Two cache lengths, each with f32 and f16 weights on a device; after
