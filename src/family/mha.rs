@@ -589,7 +589,6 @@ impl MultiHeadAttention {
             return_lse: false,
             ..options
         };
-        let before = cache.lengths().to_vec();
         let step = self
             .step_in_one_submission(
                 engine,
@@ -603,15 +602,8 @@ impl MultiHeadAttention {
             )
             .await;
         let output = ws.output.clone();
-        *self
-            .workspace
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(ws);
-        if let Err(e) = step {
-            // A failed step leaves the cache as it was.
-            cache.forget_since(&before);
-            return Err(e);
-        }
+        self.keep_workspace(ws);
+        step?;
         Ok(engine.wrap_gpu(vec![batch, n, d.d_model], output))
     }
 
@@ -719,8 +711,7 @@ impl MultiHeadAttention {
                     // A decoder step whose cache has room: one submission.
                     if let Some(cache) = cache.as_deref_mut() {
                         if !want_weights && key_value.is_none() && cache.has_room_in_place(n) {
-                            let before = cache.lengths().to_vec();
-                            let step = self
+                            let output = self
                                 .step_in_one_submission(
                                     engine,
                                     ctx,
@@ -731,27 +722,13 @@ impl MultiHeadAttention {
                                     &attention_options,
                                     true,
                                 )
-                                .await
-                                .and_then(|out| {
-                                    out.ok_or(Error::Readback("no output read".into()))
-                                });
-                            match step {
-                                Ok(output) => {
-                                    *self
-                                        .workspace
-                                        .lock()
-                                        .unwrap_or_else(PoisonError::into_inner) = Some(ws);
-                                    return Ok(Attended {
-                                        output,
-                                        weights: None,
-                                    });
-                                }
-                                Err(e) => {
-                                    // A failed step leaves the cache as it was.
-                                    cache.forget_since(&before);
-                                    return Err(e);
-                                }
-                            }
+                                .await?
+                                .ok_or(Error::Readback("no output read".into()))?;
+                            self.keep_workspace(ws);
+                            return Ok(Attended {
+                                output,
+                                weights: None,
+                            });
                         }
                     }
                     let qkv = self
@@ -803,10 +780,7 @@ impl MultiHeadAttention {
             }
         };
         if let (Ok(_), Some(ws)) = (&result, workspace) {
-            *self
-                .workspace
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = Some(ws);
+            self.keep_workspace(ws);
         }
         result
     }
@@ -901,6 +875,14 @@ impl MultiHeadAttention {
             Some(ws) if ws.key == key => Ok(ws),
             _ => self.prepare_workspace(ctx, weights, key),
         }
+    }
+
+    /// Puts a step's workspace back for the next step of its shape.
+    fn keep_workspace(&self, ws: Workspace) {
+        *self
+            .workspace
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(ws);
     }
 
     fn prepare_workspace(
@@ -1004,8 +986,32 @@ impl MultiHeadAttention {
     /// staging buffer and one readback; without it the output stays in the
     /// workspace's `output` (`None` is returned). Allocates nothing after the
     /// first step of its shape.
+    /// A failed step leaves the cache as it was.
     #[allow(clippy::too_many_arguments)]
     async fn step_in_one_submission(
+        &self,
+        engine: &Engine,
+        ctx: &GpuContext,
+        weights: &DeviceWeights,
+        ws: &mut Workspace,
+        x: StepInput<'_>,
+        cache: &mut KvCache,
+        options: &AttentionOptions,
+        read_back: bool,
+    ) -> Result<Option<HostTensor>> {
+        let before = cache.lengths().to_vec();
+        let step = self
+            .record_step(engine, ctx, weights, ws, x, cache, options, read_back)
+            .await;
+        if step.is_err() {
+            cache.forget_since(&before);
+        }
+        step
+    }
+
+    /// [`MultiHeadAttention::step_in_one_submission`]'s recording and submission.
+    #[allow(clippy::too_many_arguments)]
+    async fn record_step(
         &self,
         engine: &Engine,
         ctx: &GpuContext,

@@ -45,6 +45,26 @@ struct State {
     next_group: usize,
 }
 
+/// The entry in place `at` of `slots` where `fits` takes it (and `true`),
+/// else the one `create` makes, kept in that place from now on (and `false`).
+fn reuse<T>(
+    slots: &mut Vec<T>,
+    at: usize,
+    fits: impl Fn(&T) -> bool,
+    create: impl FnOnce() -> T,
+) -> (&T, bool) {
+    let reused = slots.get(at).is_some_and(&fits);
+    if !reused {
+        let made = create();
+        if at < slots.len() {
+            slots[at] = made;
+        } else {
+            slots.push(made);
+        }
+    }
+    (&slots[at], reused)
+}
+
 /// Buffers kept for the runs of one prepared call.
 #[derive(Debug, Default)]
 pub(crate) struct Arena {
@@ -80,21 +100,15 @@ impl Arena {
         let mut state = self.state();
         let at = state.next;
         state.next += 1;
-        if let Some((k, s, buffer)) = state.held.get(at) {
-            if *k == kind && *s == size {
-                let buffer = buffer.clone();
-                if kind == Kind::Zeroed {
-                    state.to_clear.push(buffer.clone());
-                }
-                return buffer;
-            }
-        }
-        let buffer = create();
-        let entry = (kind, size, buffer.clone());
-        if at < state.held.len() {
-            state.held[at] = entry;
-        } else {
-            state.held.push(entry);
+        let ((_, _, buffer), reused) = reuse(
+            &mut state.held,
+            at,
+            |(k, s, _)| *k == kind && *s == size,
+            || (kind, size, create()),
+        );
+        let buffer = buffer.clone();
+        if reused && kind == Kind::Zeroed {
+            state.to_clear.push(buffer.clone());
         }
         buffer
     }
@@ -109,19 +123,9 @@ impl Arena {
         let mut state = self.state();
         let at = state.next_group;
         state.next_group += 1;
-        if let Some((held, group)) = state.groups.get(at) {
-            if *held == key {
-                return group.clone();
-            }
-        }
-        let group = create();
-        let entry = (key, group.clone());
-        if at < state.groups.len() {
-            state.groups[at] = entry;
-        } else {
-            state.groups.push(entry);
-        }
-        group
+        let fits = |(held, _): &(GroupKey, wgpu::BindGroup)| *held == key;
+        let ((_, group), _) = reuse(&mut state.groups, at, fits, || (key.clone(), create()));
+        group.clone()
     }
 
     /// Records the clearing of the reused zero-filled buffers into `encoder`:
