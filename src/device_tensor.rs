@@ -14,6 +14,10 @@ pub(crate) enum Storage<H> {
     Gpu(Arc<wgpu::Buffer>),
     /// Several GPU buffers, for a tensor larger than one (`gpu/chunks.rs`).
     GpuChunks(Arc<Chunked>),
+    /// A caller's GPU buffer from a byte offset ([`crate::Engine::wrap_buffer_at`]):
+    /// calls copy it into their workspace on the device, since kernels bind
+    /// whole buffers.
+    GpuAt(Arc<wgpu::Buffer>, u64),
     /// Host values (CPU engine).
     Host(Arc<H>),
 }
@@ -25,7 +29,7 @@ impl<H> Storage<H> {
         match self {
             Storage::Gpu(b) => Some(Held::One(b.clone())),
             Storage::GpuChunks(c) => Some(Held::Many(c.clone())),
-            Storage::Host(_) => None,
+            Storage::GpuAt(..) | Storage::Host(_) => None,
         }
     }
 }
@@ -76,16 +80,27 @@ impl Tensor {
 
     /// Whether the values are in GPU memory.
     pub fn is_on_gpu(&self) -> bool {
-        matches!(self.storage, Storage::Gpu(_) | Storage::GpuChunks(_))
+        matches!(
+            self.storage,
+            Storage::Gpu(_) | Storage::GpuChunks(_) | Storage::GpuAt(..)
+        )
     }
 
     /// How many device buffers hold the values: 1 on the GPU, more for a
     /// tensor larger than one buffer (`max_buffer_size`), 0 on a CPU engine.
     pub fn device_buffers(&self) -> usize {
         match &self.storage {
-            Storage::Gpu(_) => 1,
+            Storage::Gpu(_) | Storage::GpuAt(..) => 1,
             Storage::GpuChunks(c) => c.buffers().len(),
             Storage::Host(_) => 0,
+        }
+    }
+
+    /// 4-byte words of its values (f16 packed two to a word).
+    pub(crate) fn words(&self) -> usize {
+        match self.dtype {
+            DType::F16 => self.len().div_ceil(2),
+            _ => self.len(),
         }
     }
 
@@ -93,7 +108,7 @@ impl Tensor {
     pub(crate) fn gpu_buffer(&self) -> Option<&wgpu::Buffer> {
         match &self.storage {
             Storage::Gpu(b) => Some(b),
-            Storage::GpuChunks(_) | Storage::Host(_) => None,
+            Storage::GpuChunks(_) | Storage::GpuAt(..) | Storage::Host(_) => None,
         }
     }
 
@@ -102,6 +117,8 @@ impl Tensor {
         match &self.storage {
             Storage::Gpu(b) => b.size(),
             Storage::GpuChunks(c) => c.bytes(),
+            // The caller's buffer, of which the tensor is a part.
+            Storage::GpuAt(b, offset) => b.size() - offset,
             Storage::Host(_) => 0,
         }
     }
@@ -128,7 +145,10 @@ impl Mask {
 
     /// Whether the values are in GPU memory.
     pub fn is_on_gpu(&self) -> bool {
-        matches!(self.storage, Storage::Gpu(_) | Storage::GpuChunks(_))
+        matches!(
+            self.storage,
+            Storage::Gpu(_) | Storage::GpuChunks(_) | Storage::GpuAt(..)
+        )
     }
 }
 
@@ -143,4 +163,21 @@ impl MaskRef for Mask {
     fn shape(&self) -> &[usize] {
         &self.shape
     }
+}
+
+/// A copy of `t` in a buffer of its own where `t` is a view of a caller's
+/// buffer at an offset ([`crate::Engine::wrap_buffer_at`]), which kernels
+/// cannot bind in place; `None` where `t` can be used as it is.
+pub(crate) async fn unview(
+    ctx: &crate::gpu::context::GpuContext,
+    t: &Tensor,
+) -> crate::error::Result<Option<Tensor>> {
+    let Storage::GpuAt(buffer, offset) = &t.storage else {
+        return Ok(None);
+    };
+    let copy = crate::gpu::buffer::contiguous(ctx, buffer, *offset, t.words()).await?;
+    Ok(Some(Tensor {
+        storage: Storage::Gpu(Arc::new(copy)),
+        ..t.clone()
+    }))
 }

@@ -20,6 +20,7 @@ use crate::options::{AttentionOptions, KernelPath};
 use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs};
 use crate::tensor::{DType, HostMask, HostTensor};
 
+mod call_cache;
 mod gpu_call;
 mod prepared;
 
@@ -149,6 +150,8 @@ pub struct Engine {
     /// The table as last read from or written to that file: what this
     /// engine changed since is what a save writes (see [`Engine::save_tuning`]).
     tuning_base: Mutex<crate::tuning::TuningTable>,
+    /// The workspaces of recent calls, kept by their plan.
+    call_cache: call_cache::CallCache,
 }
 
 impl Engine {
@@ -289,6 +292,32 @@ impl Engine {
         shape: &[usize],
         dtype: DType,
     ) -> Result<Tensor> {
+        self.wrap_buffer_at(buffer, 0, shape, dtype)
+    }
+
+    /// [`Engine::wrap_buffer`] for a tensor that starts `offset` bytes into
+    /// the buffer (a multiple of 4; e.g. Q, K and V of one fused projection).
+    /// A call copies such a tensor into its workspace on the device first
+    /// (kernels bind whole buffers; the buffer needs `COPY_SRC`), and
+    /// [`crate::PreparedAttention::record_into`] writes outputs there in place.
+    pub fn wrap_buffer_at(
+        &self,
+        buffer: wgpu::Buffer,
+        offset: u64,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor> {
+        if offset % 4 != 0 {
+            return Err(Error::Conflict(
+                "a wrapped tensor starts at a multiple of 4 bytes",
+            ));
+        }
+        if offset > 0 && !buffer.usage().contains(wgpu::BufferUsages::COPY_SRC) {
+            return Err(Error::Conflict(
+                "a buffer wrapped at an offset needs BufferUsages::COPY_SRC: \
+                 calls copy the tensor out of it",
+            ));
+        }
         if self.gpu().is_none() {
             return Err(Error::Conflict(
                 "a CPU engine has no device to read the buffer from",
@@ -306,16 +335,22 @@ impl Engine {
             DType::F32 => numel as u64 * 4,
             _ => return Err(Error::Conflict("a wrapped buffer holds f32 or f16 values")),
         };
-        if buffer.size() < bytes {
+        if buffer.size() < bytes.saturating_add(offset) {
             return Err(Error::Limit {
-                what: format!("a {dtype} tensor of shape {shape:?}"),
-                needed: bytes,
+                what: format!("a {dtype} tensor of shape {shape:?} from byte {offset}"),
+                needed: bytes.saturating_add(offset),
                 limit: buffer.size(),
                 limit_name: "the wrapped buffer's size in bytes",
                 hint: "wrap a buffer that holds the whole tensor",
             });
         }
-        Ok(self.wrap_gpu_as(shape.to_vec(), buffer, dtype))
+        let mut tensor = self.wrap_gpu_as(shape.to_vec(), buffer, dtype);
+        if offset > 0 {
+            if let Storage::Gpu(buffer) = tensor.storage {
+                tensor.storage = Storage::GpuAt(buffer, offset);
+            }
+        }
+        Ok(tensor)
     }
 
     /// Which device a GPU engine runs on: 0 for its first, one more each time
@@ -350,7 +385,22 @@ impl Engine {
             tuning_path: None,
             tuning_base: Mutex::new(crate::tuning::TuningTable::new()),
             cpu_reason: None,
+            call_cache: call_cache::CallCache::default(),
         }
+    }
+
+    /// How many recent calls' workspaces [`Engine::attention`] keeps for the
+    /// next call of the same plan (parameter blocks, scratch buffers and bind
+    /// groups; never outputs), and the device bytes they hold. Only small
+    /// workspaces are kept, of at most eight calls.
+    pub fn kept_workspaces(&self) -> (usize, u64) {
+        self.call_cache.held()
+    }
+
+    /// Frees the kept workspaces ([`Engine::kept_workspaces`]); the next call
+    /// of each shape makes its workspace again.
+    pub fn free_kept_workspaces(&self) {
+        self.call_cache.clear();
     }
 
     /// Why this engine runs on the CPU backend though it was left to choose
@@ -632,7 +682,7 @@ impl Engine {
                     })),
                 };
                 let targets: Vec<(&wgpu::Buffer, usize)> = match &storage {
-                    Storage::Gpu(b) => vec![(&**b, 0)],
+                    Storage::Gpu(b) | Storage::GpuAt(b, _) => vec![(&**b, 0)],
                     Storage::GpuChunks(c) => c
                         .buffers()
                         .iter()
@@ -796,8 +846,17 @@ impl Engine {
                 let data = chunks::read(gpu.current(), c, tensor.dtype).await?;
                 Ok(HostTensor::new(tensor.shape.clone(), data)?.into_dtype(tensor.dtype))
             }
+            (Backend::Gpu(gpu), Storage::GpuAt(buf, offset)) => {
+                let ctx = gpu.current();
+                let copy = buffer::contiguous(ctx, buf, *offset, tensor.words()).await?;
+                let data = match tensor.dtype {
+                    DType::F16 => buffer::read_f16(ctx, &copy, tensor.len()).await?,
+                    _ => buffer::read_f32(ctx, &copy, 0, tensor.len()).await?,
+                };
+                Ok(HostTensor::new(tensor.shape.clone(), data)?.into_dtype(tensor.dtype))
+            }
             (_, Storage::Host(host)) => Ok((**host).clone()),
-            (Backend::Cpu, Storage::Gpu(_) | Storage::GpuChunks(_)) => {
+            (Backend::Cpu, Storage::Gpu(_) | Storage::GpuChunks(_) | Storage::GpuAt(..)) => {
                 Err(Error::ForeignTensor { tensor: "tensor" })
             }
         }
@@ -831,7 +890,9 @@ impl Engine {
     async fn to_host(&self, t: &Tensor) -> Result<Arc<HostTensor>> {
         match &t.storage {
             Storage::Host(h) => Ok(h.clone()),
-            Storage::Gpu(_) | Storage::GpuChunks(_) => Ok(Arc::new(self.download(t).await?)),
+            Storage::Gpu(_) | Storage::GpuChunks(_) | Storage::GpuAt(..) => {
+                Ok(Arc::new(self.download(t).await?))
+            }
         }
     }
 
@@ -858,6 +919,7 @@ impl Engine {
             (Backend::Cpu, Storage::Gpu(_) | Storage::GpuChunks(_)) => Err(Error::ForeignTensor {
                 tensor: "attn_mask",
             }),
+            (_, Storage::GpuAt(..)) => Err(Error::Conflict("masks are never wrapped buffers")),
         }
     }
 
@@ -878,8 +940,14 @@ impl Engine {
         match (&self.backend, plan.gpu) {
             (Backend::Gpu(gpu), Some(_)) => {
                 let (ctx, generation) = gpu.latest();
-                self.attention_on_gpu(ctx, generation, inputs, options, &dims, &plan)
-                    .await
+                // The workspace of the last call of this plan, if kept.
+                let taken = self.call_cache.take(&dims, options, &plan, generation);
+                let ctx = ctx.with_arena(taken.arena().clone());
+                let out = self
+                    .attention_on_gpu(&ctx, generation, inputs, options, &dims, &plan)
+                    .await?;
+                self.call_cache.put_back(taken, &out);
+                Ok(out)
             }
             _ => {
                 // The CPU: on a CPU engine, or when asked for on a GPU engine.

@@ -133,6 +133,16 @@ impl KvCache {
         value: &Tensor,
         counts: &[usize],
     ) -> Result<()> {
+        // Tensors wrapped at an offset are appended from copies of their own.
+        let (key_copy, value_copy) = match engine.gpu() {
+            Some(ctx) if key.is_on_gpu() || value.is_on_gpu() => (
+                crate::device_tensor::unview(ctx, engine.own("key", key)?).await?,
+                crate::device_tensor::unview(ctx, engine.own("value", value)?).await?,
+            ),
+            _ => (None, None),
+        };
+        let key = key_copy.as_ref().unwrap_or(key);
+        let value = value_copy.as_ref().unwrap_or(value);
         let [b, h, n, dk] = rank4("key", key)?;
         let [vb, vh, vn, dv] = rank4("value", value)?;
         for (dim, got, expected) in [("batch", vb, b), ("heads", vh, h), ("length", vn, n)] {
@@ -568,7 +578,7 @@ async fn append_rows(
         None => {
             let src = match &new.storage {
                 Storage::Host(h) => h.data(),
-                Storage::Gpu(_) | Storage::GpuChunks(_) => {
+                Storage::Gpu(_) | Storage::GpuChunks(_) | Storage::GpuAt(..) => {
                     return Err(Error::ForeignTensor { tensor: name })
                 }
             };

@@ -320,4 +320,219 @@ fn recording_into_the_hosts_own_encoder() {
         );
         assert!(report.passed(), "run {run}: {report:?}");
     }
+
+    // The outputs into the program's own buffer, read back by the program.
+    let y_bytes = (qs.iter().product::<usize>() * 4) as u64;
+    let y_buffer = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("host Y"),
+        size: y_bytes,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let readback = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("host readback"),
+        size: y_bytes,
+        usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ,
+        mapped_at_creation: false,
+    });
+    let y_tensor = engine
+        .wrap_buffer(y_buffer.clone(), &qs, webattn::DType::F32)
+        .unwrap();
+    let mut outputs = webattn::AttentionOutputs {
+        y: y_tensor,
+        present_key: None,
+        present_value: None,
+        qk_matmul_output: None,
+        lse: None,
+    };
+    let v_host = tensor(ks, 70);
+    queue.write_buffer(&buffers[2], 0, bytemuck::cast_slice(v_host.data()));
+    let mut encoder = device.create_command_encoder(&Default::default());
+    prepared
+        .record_into_blocking(&engine, &mut encoder, &inputs, &outputs)
+        .unwrap();
+    encoder.copy_buffer_to_buffer(&y_buffer, 0, &readback, 0, y_bytes);
+    queue.submit([encoder.finish()]);
+    readback
+        .slice(..)
+        .map_async(wgpu::MapMode::Read, |r| r.unwrap());
+    device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+    let view = readback.slice(..).get_mapped_range().unwrap();
+    let y: Vec<f32> = bytemuck::cast_slice(&view).to_vec();
+    drop(view);
+    let host = AttentionInputs::new(&hosts[0], &hosts[1], &v_host);
+    let exact = webattn::cpu::attention_exact(&host, &options).unwrap();
+    let plain = webattn::cpu::attention_plain_f32(&host, &options).unwrap();
+    let report = compare(&y, &exact.y, &plain.y, 1e-6);
+    println!(
+        "recorded into the program's Y: worst |Y - f64 oracle| {:.3e}",
+        report.max_abs
+    );
+    assert!(report.passed(), "{report:?}");
+
+    // Outputs of another shape, or ones the options do not ask for, are refused.
+    let mut encoder = device.create_command_encoder(&Default::default());
+    outputs.lse = Some(
+        engine
+            .wrap_buffer(y_buffer.clone(), &[1, 4, 33], webattn::DType::F32)
+            .unwrap(),
+    );
+    let err = prepared
+        .record_into_blocking(&engine, &mut encoder, &inputs, &outputs)
+        .unwrap_err();
+    assert!(matches!(err, Error::Conflict(_)), "{err}");
+    outputs.lse = None;
+    outputs.y = engine
+        .wrap_buffer(y_buffer, &[1, 4, 32, 16], webattn::DType::F32)
+        .unwrap();
+    let err = prepared
+        .record_into_blocking(&engine, &mut encoder, &inputs, &outputs)
+        .unwrap_err();
+    assert!(matches!(err, Error::ShapeMismatch { .. }), "{err}");
+}
+
+/// `Engine::attention` keeps the workspace of its recent calls by their
+/// plan: a repeated call creates only its outputs, which stay the caller's
+/// (a later call never writes into an earlier call's Y).
+#[test]
+fn plain_calls_reuse_their_workspace_and_keep_their_outputs() {
+    let Some(engine) = common::own_gpu() else {
+        return;
+    };
+    let options = AttentionOptions {
+        is_causal: true,
+        ..Default::default()
+    };
+    let (qs, ks) = ([1, 4, 1, 16], [1, 2, 300, 16]);
+    let mut kept = Vec::new();
+    for call in 0..3u64 {
+        let seed = common::seed() ^ (call * 31 + 7);
+        let host = [tensor(qs, seed), tensor(ks, seed + 1), tensor(ks, seed + 2)];
+        let [q, k, v] = host.each_ref().map(|t| engine.upload(t).unwrap());
+        let before = engine.gpu().unwrap().work_counts();
+        let out = engine
+            .attention_blocking(&AttentionInputs::new(&q, &k, &v), &options)
+            .unwrap();
+        let counts = engine.gpu().unwrap().work_counts() - before;
+        if call > 0 {
+            assert_eq!(counts.buffers, 1, "call {call}: only Y is new: {counts:?}");
+        }
+        kept.push((host, out.y));
+    }
+    let (calls, bytes) = engine.kept_workspaces();
+    assert!(calls >= 1 && bytes > 0, "{calls} workspaces, {bytes} bytes");
+    // Every call's Y still holds its own values.
+    for (i, ([qh, kh, vh], y)) in kept.iter().enumerate() {
+        let y = engine.download_blocking(y).unwrap();
+        let host = AttentionInputs::new(qh, kh, vh);
+        let exact = webattn::cpu::attention_exact(&host, &options).unwrap();
+        let plain = webattn::cpu::attention_plain_f32(&host, &options).unwrap();
+        let report = compare(y.data(), &exact.y, &plain.y, 1e-6);
+        assert!(report.passed(), "call {i}: {report:?}");
+    }
+    engine.free_kept_workspaces();
+    assert_eq!(engine.kept_workspaces(), (0, 0));
+}
+
+/// Q, K and V as views of one buffer of the program's (a fused projection's
+/// output), and Y written into a view of another: runs after the first create
+/// no buffer, and every result meets the oracle.
+#[test]
+fn views_of_the_hosts_buffers_in_and_out() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let instance = wgpu::Instance::default();
+    let adapter = pollster::block_on(instance.request_adapter(&Default::default()))
+        .expect("the adapter the tests run on");
+    let (device, queue) = pollster::block_on(adapter.request_device(&Default::default())).unwrap();
+    let engine = Engine::from_wgpu(&adapter, device.clone(), queue.clone()).unwrap();
+    let (qs, ks) = ([1, 2, 5, 8], [1, 1, 97, 8]);
+    let (q_len, k_len) = (qs.iter().product::<usize>(), ks.iter().product::<usize>());
+    // Offsets in bytes: 12 (not a binding's alignment), then packed tightly.
+    let offsets = [
+        12u64,
+        12 + 4 * q_len as u64,
+        12 + 4 * (q_len + k_len) as u64,
+    ];
+    let usage =
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+    let qkv = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("host QKV"),
+        size: offsets[2] + 4 * k_len as u64,
+        usage,
+        mapped_at_creation: false,
+    });
+    let out = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("host outputs"),
+        size: 256 + 4 * q_len as u64,
+        usage,
+        mapped_at_creation: false,
+    });
+    let view = |buffer: &wgpu::Buffer, at: u64, shape: [usize; 4]| {
+        engine
+            .wrap_buffer_at(buffer.clone(), at, &shape, webattn::DType::F32)
+            .unwrap()
+    };
+    let (q, k, v) = (
+        view(&qkv, offsets[0], qs),
+        view(&qkv, offsets[1], ks),
+        view(&qkv, offsets[2], ks),
+    );
+    assert!(matches!(
+        engine.wrap_buffer_at(qkv.clone(), 2, &qs, webattn::DType::F32),
+        Err(Error::Conflict(_))
+    ));
+    assert!(matches!(
+        engine.wrap_buffer_at(qkv.clone(), offsets[2] + 4, &ks, webattn::DType::F32),
+        Err(Error::Limit { .. })
+    ));
+    let outputs = webattn::AttentionOutputs {
+        y: view(&out, 256, qs),
+        present_key: None,
+        present_value: None,
+        qk_matmul_output: None,
+        lse: None,
+    };
+    let options = AttentionOptions::default();
+    let inputs = AttentionInputs::new(&q, &k, &v);
+    let prepared = engine
+        .prepare(&webattn::validate(&inputs, &options).unwrap(), &options)
+        .unwrap();
+    let ctx = engine.gpu().unwrap();
+    for run in 0..3u64 {
+        let hosts = [
+            tensor(qs, 40 + run),
+            tensor(ks, 50 + run),
+            tensor(ks, 60 + run),
+        ];
+        for (t, at) in hosts.iter().zip(offsets) {
+            queue.write_buffer(&qkv, at, bytemuck::cast_slice(t.data()));
+        }
+        let before = ctx.work_counts();
+        let mut encoder = device.create_command_encoder(&Default::default());
+        prepared
+            .record_into_blocking(&engine, &mut encoder, &inputs, &outputs)
+            .unwrap();
+        queue.submit([encoder.finish()]);
+        let counts = ctx.work_counts() - before;
+        if run > 0 {
+            assert_eq!(counts.buffers, 0, "run {run}: {counts:?}");
+        }
+        let y = engine.download_blocking(&outputs.y).unwrap();
+        let host = AttentionInputs::new(&hosts[0], &hosts[1], &hosts[2]);
+        let exact = webattn::cpu::attention_exact(&host, &options).unwrap();
+        let plain = webattn::cpu::attention_plain_f32(&host, &options).unwrap();
+        let report = compare(y.data(), &exact.y, &plain.y, 1e-6);
+        println!(
+            "views, run {run}: worst |Y - f64 oracle| {:.3e}",
+            report.max_abs
+        );
+        assert!(report.passed(), "run {run}: {report:?}");
+        // A plain call reads the same views.
+        let plain_call = engine.attention_blocking(&inputs, &options).unwrap();
+        assert_eq!(engine.download_blocking(&plain_call.y).unwrap(), y);
+    }
 }

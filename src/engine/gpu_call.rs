@@ -34,6 +34,34 @@ impl Engine {
                 "a call planned for the host runs no GPU kernels",
             ));
         };
+        // Tensors wrapped at an offset are copied into the workspace first.
+        let unviewed = [
+            Some(inputs.q),
+            Some(inputs.k),
+            Some(inputs.v),
+            inputs.past_key,
+            inputs.past_value,
+        ];
+        let mut copies = Vec::with_capacity(unviewed.len());
+        for t in unviewed {
+            copies.push(match t {
+                Some(t) => crate::device_tensor::unview(ctx, t).await?,
+                None => None,
+            });
+        }
+        fn pick<'t>(copy: &'t Option<Tensor>, t: &'t Tensor) -> &'t Tensor {
+            copy.as_ref().unwrap_or(t)
+        }
+        let local = AttentionInputs {
+            q: pick(&copies[0], inputs.q),
+            k: pick(&copies[1], inputs.k),
+            v: pick(&copies[2], inputs.v),
+            past_key: inputs.past_key.map(|t| pick(&copies[3], t)),
+            past_value: inputs.past_value.map(|t| pick(&copies[4], t)),
+            attn_mask: inputs.attn_mask,
+            nonpad_kv_seqlen: inputs.nonpad_kv_seqlen,
+        };
+        let inputs = &local;
         let held = |t: &Tensor| {
             t.storage
                 .held()

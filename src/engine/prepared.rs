@@ -6,11 +6,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{Backend, Engine};
 use crate::call_plan::CallPlan;
-use crate::device_tensor::Tensor;
+use crate::device_tensor::{Storage, Tensor};
 use crate::error::{Error, Result};
 use crate::gpu::arena::Arena;
 use crate::options::AttentionOptions;
 use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs};
+use crate::tensor::DType;
 
 /// An attention call of one shape and set of options, planned once
 /// ([`Engine::prepare`]). Its runs reuse one workspace on the device: after
@@ -104,6 +105,61 @@ impl PreparedAttention {
         self.run_into(engine, inputs, Some(encoder)).await
     }
 
+    /// [`PreparedAttention::record`], with the outputs written into the
+    /// caller's tensors (e.g. [`Engine::wrap_buffer`]s of its own buffers,
+    /// made with `COPY_DST`): each output the options ask for, of the shape and
+    /// dtype the call gives, recorded as one copy from the workspace after
+    /// the kernels. The caller's tensors hold the values once it has
+    /// submitted `encoder`.
+    pub async fn record_into(
+        &self,
+        engine: &Engine,
+        encoder: &mut wgpu::CommandEncoder,
+        inputs: &AttentionInputs<'_, Tensor>,
+        outputs: &AttentionOutputs<Tensor>,
+    ) -> Result<()> {
+        let given = named_outputs(outputs);
+        let dims = &self.dims;
+        let options = &self.options;
+        let q_type = inputs.q.dtype;
+        let wanted = [
+            Some((dims.y_shape(), q_type)),
+            options
+                .return_present
+                .then(|| (dims.present_key_shape(), inputs.k.dtype)),
+            options
+                .return_present
+                .then(|| (dims.present_value_shape(), inputs.v.dtype)),
+            options
+                .qk_matmul_output_mode
+                .map(|_| (dims.scores_shape(), q_type)),
+            options.return_lse.then(|| (dims.lse_shape(), DType::F32)),
+        ];
+        for ((name, tensor), wanted) in given.iter().zip(wanted) {
+            match (tensor, wanted) {
+                (None, None) => {}
+                (None, Some(_)) => {
+                    return Err(Error::Conflict(
+                        "the options ask for an output that was given no tensor to record into",
+                    ))
+                }
+                (Some(_), None) => {
+                    return Err(Error::Conflict(
+                        "a tensor was given for an output the options do not ask for",
+                    ))
+                }
+                (Some(t), Some((shape, dtype))) => check_output(engine, name, t, &shape, dtype)?,
+            }
+        }
+        let made = self.record(engine, encoder, inputs).await?;
+        for ((_, mine), (_, theirs)) in named_outputs(&made).into_iter().zip(given) {
+            if let (Some(mine), Some(theirs)) = (mine, theirs) {
+                copy_output(encoder, mine, theirs)?;
+            }
+        }
+        Ok(())
+    }
+
     async fn run_into(
         &self,
         engine: &Engine,
@@ -183,6 +239,18 @@ impl PreparedAttention {
         pollster::block_on(self.record(engine, encoder, inputs))
     }
 
+    /// [`PreparedAttention::record_into`], blocking.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn record_into_blocking(
+        &self,
+        engine: &Engine,
+        encoder: &mut wgpu::CommandEncoder,
+        inputs: &AttentionInputs<'_, Tensor>,
+        outputs: &AttentionOutputs<Tensor>,
+    ) -> Result<()> {
+        pollster::block_on(self.record_into(engine, encoder, inputs, outputs))
+    }
+
     /// [`PreparedAttention::run`], blocking.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn run_blocking(
@@ -192,4 +260,98 @@ impl PreparedAttention {
     ) -> Result<AttentionOutputs<Tensor>> {
         pollster::block_on(self.run(engine, inputs))
     }
+}
+
+/// The outputs by their ONNX names.
+fn named_outputs(out: &AttentionOutputs<Tensor>) -> [(&'static str, Option<&Tensor>); 5] {
+    [
+        ("Y", Some(&out.y)),
+        ("present_key", out.present_key.as_ref()),
+        ("present_value", out.present_value.as_ref()),
+        ("qk_matmul_output", out.qk_matmul_output.as_ref()),
+        ("lse", out.lse.as_ref()),
+    ]
+}
+
+/// Checks the caller's tensor `t` for output `name` before anything is recorded.
+fn check_output(
+    engine: &Engine,
+    name: &'static str,
+    t: &Tensor,
+    shape: &[usize],
+    dtype: DType,
+) -> Result<()> {
+    engine.own(name, t)?;
+    if t.dtype != dtype {
+        return Err(Error::DType {
+            tensor: name,
+            expected: if dtype == DType::F16 { "f16" } else { "f32" },
+            got: t.dtype.to_string(),
+        });
+    }
+    if t.shape.len() != shape.len() {
+        return Err(Error::Rank {
+            tensor: name,
+            expected: "4 (3 for lse)",
+            got: t.shape.clone(),
+        });
+    }
+    if let Some((&got, &expected)) = t.shape.iter().zip(shape).find(|(got, want)| got != want) {
+        return Err(Error::ShapeMismatch {
+            tensor: name,
+            dim: "a dimension",
+            got,
+            expected,
+            expected_from: "the prepared call's dims",
+            hint: "give an output tensor of the shape the call returns",
+        });
+    }
+    let (Storage::Gpu(buffer) | Storage::GpuAt(buffer, _)) = &t.storage else {
+        return Err(Error::Conflict(
+            "an output to record into is one device buffer (Engine::wrap_buffer)",
+        ));
+    };
+    if !buffer.usage().contains(wgpu::BufferUsages::COPY_DST) {
+        return Err(Error::Conflict(
+            "an output to record into needs BufferUsages::COPY_DST",
+        ));
+    }
+    Ok(())
+}
+
+/// Records the copy of the workspace's output `mine` into the caller's `theirs`.
+fn copy_output(encoder: &mut wgpu::CommandEncoder, mine: &Tensor, theirs: &Tensor) -> Result<()> {
+    let (dst, start) = match &theirs.storage {
+        Storage::Gpu(dst) => (dst, 0),
+        Storage::GpuAt(dst, offset) => (dst, *offset),
+        _ => {
+            return Err(Error::Conflict(
+                "an output to record into is one device buffer",
+            ))
+        }
+    };
+    // Whole 4-byte words: f16 values are packed two to one.
+    let bytes_of = |values: usize| match mine.dtype {
+        DType::F16 => values.div_ceil(2) as u64 * 4,
+        _ => values as u64 * 4,
+    };
+    match &mine.storage {
+        Storage::Gpu(src) => {
+            encoder.copy_buffer_to_buffer(src, 0, dst, start, bytes_of(mine.len()))
+        }
+        Storage::GpuChunks(chunks) => {
+            let mut at = start;
+            for (i, src) in chunks.buffers().iter().enumerate() {
+                let bytes = bytes_of(chunks.values_in(i));
+                encoder.copy_buffer_to_buffer(src, 0, dst, at, bytes);
+                at += bytes;
+            }
+        }
+        Storage::GpuAt(..) | Storage::Host(_) => {
+            return Err(Error::Conflict(
+                "a recorded call's outputs are in its workspace",
+            ))
+        }
+    }
+    Ok(())
 }

@@ -12,7 +12,9 @@
 //! plan that changed costs allocations, never a wrong result.
 //!
 //! Buffers a run hands to its caller (Y) are the arena's too: they hold that
-//! run's values until the next run of the same prepared call.
+//! run's values until the next run of the same prepared call, unless the run
+//! gives them away ([`Arena::release`]: `Engine::attention`'s cached calls,
+//! whose outputs belong to the caller), so the next run makes new ones.
 //!
 //! Bind groups are kept the same way: the n-th one a run records is the one
 //! the run before made where it binds the same layout to the same buffer
@@ -36,33 +38,37 @@ pub(crate) enum Kind {
 /// What a bind group binds: its layout and each entry's buffer range.
 pub(crate) type GroupKey = (wgpu::BindGroupLayout, Vec<(wgpu::Buffer, u64, Option<u64>)>);
 
+/// A place in the arena: empty once its buffer or group was given away.
+type Slot<T> = Option<T>;
+
 #[derive(Debug, Default)]
 struct State {
-    held: Vec<(Kind, u64, wgpu::Buffer)>,
+    held: Vec<Slot<(Kind, u64, wgpu::Buffer)>>,
     next: usize,
     to_clear: Vec<wgpu::Buffer>,
-    groups: Vec<(GroupKey, wgpu::BindGroup)>,
+    groups: Vec<Slot<(GroupKey, wgpu::BindGroup)>>,
     next_group: usize,
 }
 
 /// The entry in place `at` of `slots` where `fits` takes it (and `true`),
 /// else the one `create` makes, kept in that place from now on (and `false`).
 fn reuse<T>(
-    slots: &mut Vec<T>,
+    slots: &mut Vec<Slot<T>>,
     at: usize,
     fits: impl Fn(&T) -> bool,
     create: impl FnOnce() -> T,
 ) -> (&T, bool) {
-    let reused = slots.get(at).is_some_and(&fits);
+    let reused = slots.get(at).is_some_and(|s| s.as_ref().is_some_and(&fits));
     if !reused {
-        let made = create();
+        let made = Some(create());
         if at < slots.len() {
             slots[at] = made;
         } else {
             slots.push(made);
         }
     }
-    (&slots[at], reused)
+    let held = slots[at].as_ref().expect("the place was just filled");
+    (held, reused)
 }
 
 /// Buffers kept for the runs of one prepared call.
@@ -128,6 +134,26 @@ impl Arena {
         group.clone()
     }
 
+    /// Gives `buffer` away (to the caller of the run): the arena forgets it
+    /// and every bind group that binds it, so the next run makes new ones and
+    /// the buffer lives exactly as long as the caller keeps it.
+    pub(crate) fn release(&self, buffer: &wgpu::Buffer) {
+        let mut state = self.state();
+        for slot in &mut state.held {
+            if slot.as_ref().is_some_and(|(_, _, b)| b == buffer) {
+                *slot = None;
+            }
+        }
+        for slot in &mut state.groups {
+            if slot
+                .as_ref()
+                .is_some_and(|((_, entries), _)| entries.iter().any(|(b, _, _)| b == buffer))
+            {
+                *slot = None;
+            }
+        }
+    }
+
     /// Records the clearing of the reused zero-filled buffers into `encoder`:
     /// called before any command that could read one.
     pub(crate) fn clear_pending(&self, encoder: &mut wgpu::CommandEncoder) {
@@ -145,9 +171,7 @@ impl Arena {
     /// Buffers held, and bytes in them.
     pub(crate) fn held(&self) -> (usize, u64) {
         let state = self.state();
-        (
-            state.held.len(),
-            state.held.iter().map(|(_, size, _)| size).sum(),
-        )
+        let held = || state.held.iter().flatten();
+        (held().count(), held().map(|(_, size, _)| size).sum())
     }
 }
