@@ -693,16 +693,21 @@ fn every_fused_kernel_can_be_forced_by_name() {
     // and the portable one are forced by name and run the whole quick sweep,
     // the tiled one also at WebGPU's default limits (smaller tiles: 16 KiB of
     // workgroup memory, 256 invocations); so does the tiled kernel's shuffle
-    // form (row maxima and P by subgroup shuffles).
+    // form (row maxima and P by subgroup shuffles). The kernels GPUs run go
+    // without naga's runtime checks (`off`: no index clamps or loop counters;
+    // `bounds`: no loop counters): an access that relied on a clamp may read
+    // a neighbour's data there (lavapipe need not fault on it), so passing
+    // without them is the stricter test. The sweep with the checks on goes
+    // through every tile shape in tests/tiled.rs.
     let mut forced = vec![
-        ("attention_tiled", "adapter"),
-        ("attention_tiled", "webgpu-default"),
-        ("attention_fused", "adapter"),
+        ("attention_tiled", "adapter", "off"),
+        ("attention_tiled", "webgpu-default", "bounds"),
+        ("attention_fused", "adapter", "on"),
     ];
     if common::runs_shuffle_forms() {
-        forced.push(("attention_tiled_shuffle", "adapter"));
+        forced.push(("attention_tiled_shuffle", "adapter", "off"));
     }
-    for (kernel, limits) in forced {
+    for (kernel, limits, checks) in forced {
         let info = run(&["--kernel", kernel, "--limits", limits, "info"]);
         let text = String::from_utf8_lossy(&info.stdout);
         assert!(info.status.success());
@@ -718,12 +723,17 @@ fn every_fused_kernel_can_be_forced_by_name() {
                 kernel,
                 "--limits",
                 limits,
+                "--runtime-checks",
+                checks,
                 "check",
                 "--quick",
             ],
-            &format!("{kernel} at {limits}"),
+            &format!("{kernel} at {limits}, runtime checks {checks}"),
         );
     }
+    let bad = run(&["--runtime-checks", "sometimes", "info"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("runtime_checks"));
     // The subgroup kernel by name too, where the adapter has fixed subgroups
     // (the sweep through it is check_quick_ends_with_the_summary_line's).
     if common::gpu()
@@ -754,14 +764,15 @@ fn every_decode_kernel_can_be_forced_by_name() {
         .is_some_and(|caps| caps.stream_decode_subgroups());
     // The quick sweep's decode cases (GQA groups sharing a workgroup, 16
     // query rows, past, nonpad, windows, ALiBi, softcap, f16 K and V,
-    // non-finite values) through each decode kernel, the streaming one also
-    // at WebGPU's default limits.
-    let mut runs = vec![("attention_decode", "adapter")];
+    // non-finite values) through each decode kernel: the staged one, and the
+    // streaming one at WebGPU's default limits (at the adapter's, it is what
+    // lavapipe chooses: check_quick_ends_with_the_summary_line sweeps it).
+    let mut runs = vec![("attention_decode", "adapter", true)];
     if streams {
-        runs.push(("attention_decode_stream", "adapter"));
-        runs.push(("attention_decode_stream", "webgpu-default"));
+        runs.push(("attention_decode_stream", "adapter", false));
+        runs.push(("attention_decode_stream", "webgpu-default", true));
     }
-    for (kernel, limits) in runs {
+    for (kernel, limits, sweep) in runs {
         let info = run(&["--decode-kernel", kernel, "info"]);
         let text = String::from_utf8_lossy(&info.stdout);
         assert!(info.status.success());
@@ -770,6 +781,9 @@ fn every_decode_kernel_can_be_forced_by_name() {
                 && text.contains("forced by --decode-kernel"),
             "{text}"
         );
+        if !sweep {
+            continue;
+        }
         assert_sweep_passes(
             &[
                 "--backend",
@@ -835,10 +849,15 @@ fn check_passes_when_tensors_exceed_a_binding() {
     }
     // At 64 KiB per storage binding a dozen quick cases exceed one binding and
     // run in pieces (by batch and head, query rows and keys); the sweep passes
-    // through the adapter's kernel and through the register-tiled one (and
-    // its shuffle form).
-    let shuffle = common::runs_shuffle_forms().then_some("attention_tiled_shuffle");
-    for kernel in ["auto", "attention_tiled"].into_iter().chain(shuffle) {
+    // through the adapter's kernel and through a GPU's kernel on a rotation:
+    // the register-tiled one or its shuffle form (pieces are cut above the
+    // kernels, which see views of the call's buffers).
+    let mut gpu_kernels = vec!["attention_tiled"];
+    if common::runs_shuffle_forms() {
+        gpu_kernels.push("attention_tiled_shuffle");
+    }
+    let pick = gpu_kernels[common::rotation("the GPU kernel in pieces", gpu_kernels.len())];
+    for kernel in ["auto", pick] {
         assert_sweep_passes(
             &[
                 "--backend",
@@ -866,41 +885,6 @@ fn assert_sweep_passes(args: &[&str], what: &str) {
         last.ends_with(" passed, 0 failed") && !last.starts_with("0 "),
         "{what}: {last}"
     );
-}
-
-#[test]
-fn the_sweep_passes_with_the_runtime_checks_off() {
-    if common::gpu().is_none() {
-        return;
-    }
-    // Compiled without naga's index clamps and loop counters, the kernels
-    // GPUs run (the register-tiled one and its shuffle form, the GEMM and
-    // softmax of the unfused path, the decode kernels) must still give the
-    // oracle's answers: an access that relied on a clamp may read a
-    // neighbour's data here (lavapipe need not fault on it). Without the
-    // loop counters alone (`bounds`) too.
-    let shuffle = common::runs_shuffle_forms().then_some(("off", "attention_tiled_shuffle"));
-    for (checks, kernel) in [("off", "attention_tiled"), ("bounds", "attention_tiled")]
-        .into_iter()
-        .chain(shuffle)
-    {
-        assert_sweep_passes(
-            &[
-                "--backend",
-                "gpu",
-                "--runtime-checks",
-                checks,
-                "--kernel",
-                kernel,
-                "check",
-                "--quick",
-            ],
-            &format!("{kernel}, runtime checks {checks}"),
-        );
-    }
-    let bad = run(&["--runtime-checks", "sometimes", "info"]);
-    assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("runtime_checks"));
 }
 
 #[test]

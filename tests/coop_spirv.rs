@@ -151,41 +151,62 @@ fn every_matrix_unit_kernel_compiles_to_spirv_that_shares_its_memory() {
     let validator = spirv_val();
     let dir = std::env::temp_dir().join(format!("webattn-coop-spirv-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    // With naga's runtime checks, without its loop counters (`Bounds`) and
+    // without either (`Off`), shared out over the cores.
+    let variants: Vec<_> = keys
+        .iter()
+        .flat_map(|key| {
+            [RuntimeChecks::On, RuntimeChecks::Bounds, RuntimeChecks::Off]
+                .map(|checks| (key, checks))
+        })
+        .collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let check = |first: usize| {
+        let mut failures = Vec::new();
+        let mut validated = 0;
+        for &(key, checks) in variants.iter().skip(first).step_by(threads) {
+            let words = match compile_coop_kernel(key, true, checks) {
+                Ok(words) => words,
+                Err(e) => {
+                    failures.push(format!("{key} (runtime checks {checks}): {e}"));
+                    continue;
+                }
+            };
+            for v in violations(&words) {
+                failures.push(format!("{key} (runtime checks {checks}): {v}"));
+            }
+            if let Some(tool) = validator {
+                let path = dir.join(format!("kernel{first}.spv"));
+                std::fs::write(&path, bytemuck::cast_slice::<u32, u8>(&words)).unwrap();
+                let out = Command::new(tool)
+                    .args(["--target-env", "vulkan1.2"])
+                    .arg(&path)
+                    .output()
+                    .unwrap();
+                if out.status.success() {
+                    validated += 1;
+                } else {
+                    failures.push(format!(
+                        "{key} (runtime checks {checks}): spirv-val: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    ));
+                }
+            }
+        }
+        (failures, validated)
+    };
+    let parts: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads).map(|t| s.spawn(move || check(t))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a compiling thread finishes"))
+            .collect()
+    });
     let mut failures = Vec::new();
     let mut validated = 0;
-    // With naga's runtime checks, without its loop counters (`Bounds`) and
-    // without either (`Off`).
-    let variants = keys.iter().flat_map(|key| {
-        [RuntimeChecks::On, RuntimeChecks::Bounds, RuntimeChecks::Off].map(|checks| (key, checks))
-    });
-    for (key, checks) in variants {
-        let words = match compile_coop_kernel(key, true, checks) {
-            Ok(words) => words,
-            Err(e) => {
-                failures.push(format!("{key} (runtime checks {checks}): {e}"));
-                continue;
-            }
-        };
-        for v in violations(&words) {
-            failures.push(format!("{key} (runtime checks {checks}): {v}"));
-        }
-        if let Some(tool) = validator {
-            let path = dir.join("kernel.spv");
-            std::fs::write(&path, bytemuck::cast_slice::<u32, u8>(&words)).unwrap();
-            let out = Command::new(tool)
-                .args(["--target-env", "vulkan1.2"])
-                .arg(&path)
-                .output()
-                .unwrap();
-            if out.status.success() {
-                validated += 1;
-            } else {
-                failures.push(format!(
-                    "{key} (runtime checks {checks}): spirv-val: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                ));
-            }
-        }
+    for (f, n) in parts {
+        failures.extend(f);
+        validated += n;
     }
     let _ = std::fs::remove_dir_all(&dir);
     match validator {
@@ -226,19 +247,24 @@ fn modules_under_the_glsl450_model_are_left_alone() {
 fn matrix_unit_kernels_keep_their_workgroup_variables_in_16_byte_multiples() {
     let mut failures = Vec::new();
     let mut checked = 0;
+    // Each kernel parsed and validated once, specialised per key.
+    let mut parsed = HashMap::new();
     for key in every_planned_pipeline()
         .into_iter()
         .filter(|k| k.kernel.uses_coop())
     {
-        let source = key.kernel.source();
-        let module = naga::front::wgsl::parse_str(source).expect("the kernel parses");
-        let mut validator = naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::all(),
-        );
-        validator.subgroup_stages(naga::valid::ShaderStages::COMPUTE);
-        validator.subgroup_operations(naga::valid::SubgroupOperationSet::all());
-        let info = validator.validate(&module).expect("the kernel validates");
+        let (module, info) = parsed.entry(key.kernel).or_insert_with(|| {
+            let source = key.kernel.source();
+            let module = naga::front::wgsl::parse_str(source).expect("the kernel parses");
+            let mut validator = naga::valid::Validator::new(
+                naga::valid::ValidationFlags::all(),
+                naga::valid::Capabilities::all(),
+            );
+            validator.subgroup_stages(naga::valid::ShaderStages::COMPUTE);
+            validator.subgroup_operations(naga::valid::SubgroupOperationSet::all());
+            let info = validator.validate(&module).expect("the kernel validates");
+            (module, info)
+        });
         let constants: naga::back::PipelineConstants = key
             .constants
             .iter()
@@ -246,7 +272,7 @@ fn matrix_unit_kernels_keep_their_workgroup_variables_in_16_byte_multiples() {
             .collect();
         let entry = Some((naga::ShaderStage::Compute, key.kernel.entry_point()));
         let (module, _) =
-            naga::back::pipeline_constants::process_overrides(&module, &info, entry, &constants)
+            naga::back::pipeline_constants::process_overrides(module, info, entry, &constants)
                 .expect("the overrides apply");
         let mut layouter = naga::proc::Layouter::default();
         layouter.update(module.to_ctx()).expect("the types lay out");

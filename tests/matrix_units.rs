@@ -598,10 +598,20 @@ fn attention_on_the_matrix_units_with_rows_shared_among_invocations() {
 /// The sweep at `Fast` on `engine`, which must pass and must have multiplied
 /// on `size` matrices on both paths (any size where the adapter lists
 /// another natively than lavapipe's 8).
+/// The sweep of `kind` at `Fast` through the matrix units: the full one as
+/// the quick cases and a third of the others, on a rotation (all of it:
+/// `webattn --precision fast check --full` under `.ci/lavapipe-coop`).
 fn sweep_through_the_matrix_units(engine: &Engine, kind: SweepKind, size: CoopSize) {
-    let report = pollster::block_on(run_sweep(
+    let quick = webattn::conformance::sweep(SweepKind::Quick);
+    let mut cases = webattn::conformance::sweep(kind);
+    if kind == SweepKind::Full {
+        let turn = common::rotation("a third of the full sweep's extra cases", 3);
+        let extra: Vec<_> = cases.split_off(quick.len());
+        cases.extend(extra.into_iter().skip(turn).step_by(3));
+    }
+    let report = pollster::block_on(webattn::conformance::run_sweep_of(
         engine,
-        kind,
+        (kind, cases),
         "",
         common::seed(),
         Precision::Fast,

@@ -51,9 +51,10 @@ fn tuner_only_tiles_agree_with_the_oracle_on_the_quick_sweep() {
     let limits = ctx.capabilities().limits;
     // Every 8-row shape (at head dim 8, where each fits any adapter), and
     // the prefetching forms of the first two measured shapes that fit at
-    // head dim 64 and of the first 8-row shape.
+    // head dim 64 and of the first 8-row shape: two of them a run, on a
+    // rotation (one 8-row shape, one prefetching form).
     let small = TiledTiles::candidates(8, 8);
-    let mut shapes: Vec<TiledTiles> = small
+    let shapes: Vec<TiledTiles> = small
         .iter()
         .filter(|t| t.is_wide() && !t.prefetch && t.fits(&limits))
         .copied()
@@ -63,19 +64,20 @@ fn tuner_only_tiles_agree_with_the_oracle_on_the_quick_sweep() {
         3,
         "the 8-row shapes at head dim 8: {shapes:?}"
     );
-    shapes.extend(
-        TiledTiles::candidates(64, 64)
-            .into_iter()
-            .filter(|t| t.prefetch && !t.shuffle && !t.chunked && t.fits(&limits))
-            .take(2),
-    );
-    shapes.extend(
+    let mut prefetching: Vec<TiledTiles> = TiledTiles::candidates(64, 64)
+        .into_iter()
+        .filter(|t| t.prefetch && !t.shuffle && !t.chunked && t.fits(&limits))
+        .take(2)
+        .collect();
+    prefetching.extend(
         small
             .iter()
             .find(|t| t.prefetch && !t.shuffle && t.rq() == 8 && t.fits(&limits))
             .copied(),
     );
-    run_shapes(engine, &shapes, &limits);
+    assert_eq!(prefetching.len(), 3, "prefetching forms: {prefetching:?}");
+    let turn = common::rotation("the tuner's tile shapes", 3);
+    run_shapes(engine, &[shapes[turn], prefetching[turn]], &limits);
 }
 
 #[test]
@@ -83,8 +85,9 @@ fn shuffle_forms_agree_with_the_oracle_on_the_quick_sweep() {
     let Some(engine) = common::gpu() else { return };
     let ctx = engine.gpu().expect("a GPU engine");
     let caps = ctx.capabilities();
-    // Every shuffle form that runs here (at head dim 8, where each shape
-    // fits the most adapters), with and without prefetch.
+    // The shuffle forms that run here (at head dim 8, where each shape fits
+    // the most adapters): one with and one without prefetch a run, on a
+    // rotation through them all.
     let shapes: Vec<TiledTiles> = TiledTiles::candidates(8, 8)
         .into_iter()
         .filter(|t| t.shuffle && t.runs_on(caps))
@@ -96,11 +99,15 @@ fn shuffle_forms_agree_with_the_oracle_on_the_quick_sweep() {
         );
         return;
     }
+    let (with, without): (Vec<TiledTiles>, Vec<TiledTiles>) =
+        shapes.iter().partition(|t| t.prefetch);
     assert!(
-        shapes.iter().any(|t| t.prefetch) && shapes.iter().any(|t| !t.prefetch),
+        !with.is_empty() && !without.is_empty(),
         "shuffle forms at head dim 8: {shapes:?}"
     );
-    run_shapes(engine, &shapes, &caps.limits);
+    let turn = common::rotation("the shuffle forms", with.len().max(without.len()));
+    let picked = [with[turn % with.len()], without[turn % without.len()]];
+    run_shapes(engine, &picked, &caps.limits);
 }
 
 #[test]
@@ -110,7 +117,7 @@ fn chunked_forms_agree_with_the_oracle_on_the_quick_sweep() {
     let limits = ctx.capabilities().limits;
     // The first chunked shapes that fit at head dim 64 (two chunks of
     // columns; the quick sweep's other head dims take the tail of a chunk),
-    // without and with prefetch.
+    // without or with prefetch, on a rotation.
     let all = TiledTiles::candidates(64, 64);
     let shapes: Vec<TiledTiles> = [false, true]
         .into_iter()
@@ -121,7 +128,8 @@ fn chunked_forms_agree_with_the_oracle_on_the_quick_sweep() {
         })
         .collect();
     assert_eq!(shapes.len(), 2, "chunked forms at head dim 64: {all:?}");
-    run_shapes(engine, &shapes, &limits);
+    let turn = common::rotation("the chunked forms", 2);
+    run_shapes(engine, &shapes[turn..=turn], &limits);
 }
 
 /// Pins each of `shapes` in turn and runs the quick sweep's fused cases it

@@ -165,24 +165,49 @@ fn every_planned_pipeline_translates_for_every_backend() {
         .map(|key| key.clone().with("RULES", 0))
         .collect();
     assert!(!plain.is_empty());
-    let mut parsed: HashMap<Kernel, (Module, ModuleInfo)> = HashMap::new();
+    // Shared out over the cores: each thread parses the kernels it meets.
+    let work: Vec<_> = keys.iter().chain(&plain).collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let translate = |first: usize| {
+        let mut parsed: HashMap<Kernel, (Module, ModuleInfo)> = HashMap::new();
+        let mut failures = Vec::new();
+        let mut translated = [0usize; 4];
+        for key in work.iter().skip(first).step_by(threads) {
+            let (module, info) = parsed
+                .entry(key.kernel)
+                .or_insert_with(|| parse(key.kernel));
+            let (module, info) = specialise(module, info, key);
+            let writers: [Writer; 4] = [to_spirv, to_msl, to_hlsl, to_glsl];
+            for (backend, write) in writers.iter().enumerate() {
+                if !runs_on(backend, key.kernel) {
+                    continue;
+                }
+                match write(&module, &info, key) {
+                    Ok(bytes) if bytes > 0 => translated[backend] += 1,
+                    Ok(_) => {
+                        failures.push(format!("{key} for {}: empty output", BACKENDS[backend]))
+                    }
+                    Err(e) => failures.push(format!("{key} for {}: {e}", BACKENDS[backend])),
+                }
+            }
+        }
+        (failures, translated)
+    };
+    let parts: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| s.spawn(move || translate(t)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a translating thread finishes"))
+            .collect()
+    });
     let mut failures = Vec::new();
     let mut translated = [0usize; 4];
-    for key in keys.iter().chain(&plain) {
-        let (module, info) = parsed
-            .entry(key.kernel)
-            .or_insert_with(|| parse(key.kernel));
-        let (module, info) = specialise(module, info, key);
-        let writers: [Writer; 4] = [to_spirv, to_msl, to_hlsl, to_glsl];
-        for (backend, write) in writers.iter().enumerate() {
-            if !runs_on(backend, key.kernel) {
-                continue;
-            }
-            match write(&module, &info, key) {
-                Ok(bytes) if bytes > 0 => translated[backend] += 1,
-                Ok(_) => failures.push(format!("{key} for {}: empty output", BACKENDS[backend])),
-                Err(e) => failures.push(format!("{key} for {}: {e}", BACKENDS[backend])),
-            }
+    for (f, counts) in parts {
+        failures.extend(f);
+        for (total, n) in translated.iter_mut().zip(counts) {
+            *total += n;
         }
     }
     println!(

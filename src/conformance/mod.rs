@@ -24,7 +24,7 @@ mod sweep;
 pub use behaviour::{run_behaviour, BEHAVIOUR_CHECKS};
 pub use case::{CaseInputs, CaseSpec, MaskForm};
 pub use compare::{compare, compare_baselines, ErrorReport, DEFAULT_FLOOR, F16_UNIT_ROUNDOFF};
-pub use report::{path_name, run_sweep, sweep_len, SweepReport};
+pub use report::{path_name, run_sweep, run_sweep_of, sweep_len, SweepReport};
 pub use runner::{run_case, CaseResult, Oracle};
 pub use soak::{random_case, run_soak, MemoryReading, SoakReport, MEMORY_SLACK_BYTES};
 pub use sweep::{filtered, sweep, SweepKind, LARGE_LOGITS, MASK_FORMS};

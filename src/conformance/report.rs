@@ -2,6 +2,7 @@
 //! table of cases and a last line `N passed, N failed`.
 
 use super::behaviour::{run_behaviour, BEHAVIOUR_CHECKS};
+use super::case::CaseSpec;
 use super::runner::{CaseResult, Oracle};
 use super::sweep::{filtered, SweepKind};
 use crate::engine::Engine;
@@ -109,11 +110,25 @@ pub async fn run_sweep(
     filter: &str,
     seed: u64,
     precision: Precision,
+    progress: impl FnMut(&CaseResult),
+) -> SweepReport {
+    let cases = filtered(kind, filter);
+    run_sweep_of(engine, (kind, cases), filter, seed, precision, progress).await
+}
+
+/// [`run_sweep`] over `cases` taken from the sweep of `kind` (e.g. a share
+/// of it), with the behaviour cases whose name contains `filter`.
+pub async fn run_sweep_of(
+    engine: &Engine,
+    (kind, cases): (SweepKind, Vec<CaseSpec>),
+    filter: &str,
+    seed: u64,
+    precision: Precision,
     mut progress: impl FnMut(&CaseResult),
 ) -> SweepReport {
     let paths = engine.paths();
     let mut results = Vec::new();
-    for case in filtered(kind, filter) {
+    for case in cases {
         let case = case.with(|o| o.precision = precision);
         match Oracle::new(&case, seed) {
             Ok(oracle) => {

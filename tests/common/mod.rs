@@ -169,3 +169,21 @@ pub fn runs_shuffle_forms() -> bool {
             caps.subgroups && caps.subgroup_min_size >= webattn::gpu::ops::tiled::SHUFFLE_MIN_TK
         })
 }
+
+/// One of `n` variants for this run, on a rotation: `WEBATTN_ROTATION` when
+/// set, else the day (UTC), so successive days cover every variant. Prints
+/// the pick and how to repeat it, for `what`.
+#[allow(dead_code)]
+pub fn rotation(what: &str, n: usize) -> usize {
+    let turn = std::env::var("WEBATTN_ROTATION")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() / 86_400)
+        });
+    let pick = (turn % n as u64) as usize;
+    println!("rotation for {what}: {pick} of {n} (WEBATTN_ROTATION={turn} repeats it)");
+    pick
+}
