@@ -257,16 +257,8 @@ impl FmaRun {
     }
 
     fn new(ctx: &GpuContext, shape: (u32, u32, u32)) -> Result<FmaRun> {
-        #[repr(C)]
-        #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-        struct Params {
-            iterations: u32,
-            mul: f32,
-            add: f32,
-            _pad: u32,
-        }
         let (workgroups, invocations, iterations) = shape;
-        let params = Params {
+        let params = FmaParams {
             iterations,
             mul: 0.999,
             add: 1e-3,
@@ -339,22 +331,34 @@ struct BigCopy {
     bytes: u64,
 }
 
+crate::gpu::uniform::uniform_block! {
+    /// `fma_peak.wgsl`'s parameters.
+    pub(crate) struct FmaParams {
+        iterations: u32,
+        mul: f32,
+        add: f32,
+        _pad: u32,
+    }
+}
+
+crate::gpu::uniform::uniform_block! {
+    /// `copy_peak.wgsl`'s parameters.
+    pub(crate) struct CopyParams {
+        count: u32,
+        stride: u32,
+        _pad: [u32; 2],
+    }
+}
+
 impl BigCopy {
     fn new(ctx: &GpuContext) -> Result<BigCopy> {
-        #[repr(C)]
-        #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-        struct Params {
-            count: u32,
-            stride: u32,
-            _pad: [u32; 2],
-        }
         const WORKGROUP: u32 = 256;
         let bytes = copy_bytes(ctx);
         let count = (bytes / 16) as u32;
         // About four vec4s per invocation: enough invocations to fill any GPU,
         // few enough loop trips for llvmpipe's loop budget.
         let workgroups = count.div_ceil(WORKGROUP * 4).max(1);
-        let params = Params {
+        let params = CopyParams {
             count,
             stride: workgroups * WORKGROUP,
             _pad: [0; 2],

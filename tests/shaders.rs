@@ -66,3 +66,84 @@ fn invalid_wgsl_is_a_typed_error_quoting_the_line() {
     let text = err.to_string();
     assert!(text.contains("broken") && text.contains("let x"), "{text}");
 }
+
+/// Each kernel's WGSL `Params` (its uniform block) against the Rust block
+/// the engine writes (`webattn::gpu::uniform`), word by word: the same
+/// types at the same offsets, and the same names wherever the Rust field has
+/// a name of its own (not padding, nor a word whose meaning differs by
+/// kernel), so a field added, dropped or moved on one side fails here.
+#[test]
+fn every_kernels_uniform_block_matches_its_rust_definition() {
+    use naga::{AddressSpace, ScalarKind, TypeInner};
+    use webattn::gpu::uniform::{kernel_words, Scalar};
+    let mut failures = Vec::new();
+    for kernel in Kernel::ALL {
+        let module = naga::front::wgsl::parse_str(kernel.source()).expect("the kernel parses");
+        let uniforms: Vec<_> = module
+            .global_variables
+            .iter()
+            .filter(|(_, v)| v.space == AddressSpace::Uniform)
+            .collect();
+        let [(_, global)] = uniforms[..] else {
+            failures.push(format!(
+                "{kernel}: {} uniform blocks, expected 1",
+                uniforms.len()
+            ));
+            continue;
+        };
+        let TypeInner::Struct { members, span } = &module.types[global.ty].inner else {
+            failures.push(format!("{kernel}: its uniform is not a struct"));
+            continue;
+        };
+        // The WGSL's words: (offset, name, type).
+        let mut wgsl = Vec::new();
+        for member in members {
+            let name = member.name.clone().unwrap_or_default();
+            let (scalar, count) = match &module.types[member.ty].inner {
+                TypeInner::Scalar(s) => (*s, 1),
+                TypeInner::Vector { size, scalar } => (*scalar, *size as u32),
+                other => {
+                    failures.push(format!("{kernel}: `{name}` is {other:?}, not words"));
+                    continue;
+                }
+            };
+            let scalar = match (scalar.kind, scalar.width) {
+                (ScalarKind::Uint, 4) => Scalar::U32,
+                (ScalarKind::Sint, 4) => Scalar::I32,
+                (ScalarKind::Float, 4) => Scalar::F32,
+                _ => {
+                    failures.push(format!("{kernel}: `{name}` is {scalar:?}"));
+                    continue;
+                }
+            };
+            for i in 0..count {
+                wgsl.push((member.offset + 4 * i, name.clone(), scalar));
+            }
+        }
+        let rust = kernel_words(kernel);
+        if *span as usize != 4 * rust.len() || wgsl.len() != rust.len() {
+            failures.push(format!(
+                "{kernel}: the WGSL block is {span} bytes in {} words, the Rust one {} words",
+                wgsl.len(),
+                rust.len()
+            ));
+            continue;
+        }
+        for (i, ((offset, name, scalar), word)) in wgsl.iter().zip(&rust).enumerate() {
+            if *offset as usize != 4 * i {
+                failures.push(format!("{kernel}: `{name}` at byte {offset}, word {i}"));
+            } else if *scalar != word.scalar {
+                failures.push(format!(
+                    "{kernel}: word {i} is `{name}`: {scalar:?} in WGSL, `{}`: {:?} in Rust",
+                    word.name, word.scalar
+                ));
+            } else if word.is_named() && !name.starts_with('_') && *name != word.name {
+                failures.push(format!(
+                    "{kernel}: word {i} is `{name}` in WGSL, `{}` in Rust",
+                    word.name
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -24,3 +24,4 @@ pub mod registry;
 pub mod spirv;
 pub(crate) mod split;
 pub(crate) mod unfused;
+pub mod uniform;

@@ -5,8 +5,6 @@
 //! `j >= lengths[b]` written as [`MASKED`](super::softmax::MASKED). A and Bm
 //! come from the GEMM; the `[Nq, Nk, d_a]` tensor of sums is never stored.
 
-use bytemuck::{Pod, Zeroable};
-
 use crate::error::{Error, Result};
 use crate::gpu::buffer;
 use crate::gpu::capabilities::Capabilities;
@@ -23,17 +21,17 @@ pub const WORKGROUP: u32 = (TILE * TILE) as u32;
 /// Workgroup memory: `TILE` rows of A and of Bm, `CHUNK` values each.
 pub const WORKGROUP_BYTES: u32 = (2 * 4 * TILE * CHUNK) as u32;
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct Params {
-    batch: u32,
-    q_len: u32,
-    k_len: u32,
-    d_a: u32,
-    tiles_q: u32,
-    tiles_k: u32,
-    scale: f32,
-    _pad: u32,
+crate::gpu::uniform::uniform_block! {
+    pub(crate) struct Params {
+        batch: u32,
+        q_len: u32,
+        k_len: u32,
+        d_a: u32,
+        tiles_q: u32,
+        tiles_k: u32,
+        scale: f32,
+        _pad: u32,
+    }
 }
 
 /// The sizes of one additive score computation.

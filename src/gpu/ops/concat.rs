@@ -1,7 +1,5 @@
 //! KV-cache concatenation (`shaders/concat.wgsl`).
 
-use bytemuck::{Pod, Zeroable};
-
 use crate::error::Result;
 use crate::gpu::buffer;
 use crate::gpu::pipeline::PipelineKey;
@@ -11,13 +9,13 @@ use crate::gpu::registry::Kernel;
 /// Invocations per workgroup (one output element each); matches the WGSL.
 pub const WORKGROUP: usize = 256;
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct Params {
-    total: u32,
-    past_len: u32,
-    new_len: u32,
-    width: u32,
+crate::gpu::uniform::uniform_block! {
+    pub(crate) struct Params {
+        total: u32,
+        past_len: u32,
+        new_len: u32,
+        width: u32,
+    }
 }
 
 /// The pipeline key.

@@ -2,8 +2,6 @@
 //! (`shaders/convert_f16.wgsl`): f16 inputs are widened for the kernels that
 //! read f32, and f32 results narrowed where the caller's tensors are f16.
 
-use bytemuck::{Pod, Zeroable};
-
 use crate::error::Result;
 use crate::gpu::buffer;
 use crate::gpu::pipeline::PipelineKey;
@@ -13,11 +11,11 @@ use crate::gpu::registry::Kernel;
 /// Invocations per workgroup (one u32 word, two elements, each); matches the WGSL.
 pub const WORKGROUP: usize = 256;
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct Params {
-    len: u32,
-    _pad: [u32; 3],
+crate::gpu::uniform::uniform_block! {
+    pub(crate) struct Params {
+        len: u32,
+        _pad: [u32; 3],
+    }
 }
 
 /// Which way a conversion goes.

@@ -2,8 +2,6 @@
 //! (`shaders/attention_decode_stream.wgsl`), and the merge of its partial
 //! results (`shaders/attention_merge.wgsl`).
 
-use bytemuck::{Pod, Zeroable};
-
 use super::fused::{params, AttentionBuffers};
 use super::rules::Rules;
 use crate::error::Result;
@@ -413,13 +411,13 @@ pub fn stream_key(
         .with("VT", vt as i64)
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct MergeParams {
-    rows: u32,
-    dv: u32,
-    splits: u32,
-    inv_temperature: f32,
+crate::gpu::uniform::uniform_block! {
+    pub(crate) struct MergeParams {
+        rows: u32,
+        dv: u32,
+        splits: u32,
+        inv_temperature: f32,
+    }
 }
 
 /// Records the split-K decode and the merge into `y` and `stats` ([lse | m | l]).

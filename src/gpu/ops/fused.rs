@@ -3,8 +3,6 @@
 //! kernel (`shaders/attention_scores.wgsl`): parameters, tile sizes chosen from
 //! the adapter's limits, and dispatch geometry.
 
-use bytemuck::{Pod, Zeroable};
-
 pub use super::coop::CoopTiles;
 use super::rules::Rules;
 pub use super::tiled::TiledTiles;
@@ -197,35 +195,35 @@ impl FusedKernel {
     }
 }
 
-/// The uniform block the attention kernels take (fused, subgroup, decode, scores;
-/// same layout in every WGSL file; words 17, 19 and 21 differ in meaning).
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-pub(crate) struct Params {
-    batch: u32,
-    q_heads: u32,
-    group: u32,
-    q_len: u32,
-    keys: u32,
-    dk: u32,
-    dv: u32,
-    flags: u32,
-    scale: f32,
-    softcap: f32,
-    left_window: i32,
-    right_window: i32,
-    past_len: u32,
-    mask_cols: u32,
-    mask_batch_stride: u32,
-    mask_head_stride: u32,
-    mask_row_stride: u32,
-    extra0: u32,
-    kv_heads: u32,
-    extra2: u32,
-    inv_temperature: f32,
-    extra3: u32,
-    position_shift: i32,
-    _reserved: u32,
+crate::gpu::uniform::uniform_block! {
+    /// The uniform block the attention kernels take (fused, subgroup, decode, scores;
+    /// same layout in every WGSL file; words 17, 19 and 21 differ in meaning).
+    pub(crate) struct Params {
+        batch: u32,
+        q_heads: u32,
+        group: u32,
+        q_len: u32,
+        keys: u32,
+        dk: u32,
+        dv: u32,
+        flags: u32,
+        scale: f32,
+        softcap: f32,
+        left_window: i32,
+        right_window: i32,
+        past_len: u32,
+        mask_cols: u32,
+        mask_batch_stride: u32,
+        mask_head_stride: u32,
+        mask_row_stride: u32,
+        extra0: u32,
+        kv_heads: u32,
+        extra2: u32,
+        inv_temperature: f32,
+        extra3: u32,
+        position_shift: i32,
+        _reserved: u32,
+    }
 }
 
 impl Params {
@@ -289,16 +287,16 @@ pub(crate) struct AttentionBuffers<'a> {
     pub kv_f16: bool,
 }
 
-/// The fused kernel's uniforms: the shared block plus the key chunk.
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct ChunkParams {
-    base: Params,
-    chunk_start: u32,
-    chunk_end: u32,
-    chunk_flags: u32,
-    /// `attention_coop_packed`: keys per (batch, KV head) in packed K and V.
-    packed_keys: u32,
+crate::gpu::uniform::uniform_block! {
+    /// The fused kernel's uniforms: the shared block plus the key chunk.
+    pub(crate) struct ChunkParams {
+        base: Params,
+        chunk_start: u32,
+        chunk_end: u32,
+        chunk_flags: u32,
+        /// `attention_coop_packed`: keys per (batch, KV head) in packed K and V.
+        packed_keys: u32,
+    }
 }
 
 const FIRST_CHUNK: u32 = 1;

@@ -1,7 +1,5 @@
 //! Batched, strided GEMM (`shaders/gemm.wgsl`).
 
-use bytemuck::{Pod, Zeroable};
-
 use crate::error::{Error, Result};
 use crate::gpu::buffer;
 use crate::gpu::pipeline::PipelineKey;
@@ -145,32 +143,32 @@ impl GemmSpec {
     }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    batch: u32,
-    lda: u32,
-    ldb: u32,
-    ldc: u32,
-    tiles_n: u32,
-    tiles_m: u32,
-    a_offset: u32,
-    b_offset: u32,
-    c_offset: u32,
-    a_stride: u32,
-    b_stride: u32,
-    c_stride: u32,
-    b_batch_base: u32,
-    b_batch_div: u32,
-    alpha: f32,
-    beta: f32,
-    /// `gemm_coop.wgsl`: 1 where A may be read as vec4s, 2 where B may
-    /// (leading dimension, offset and batch stride multiples of 4); the other
-    /// kernels ignore it.
-    vec_ab: u32,
+crate::gpu::uniform::uniform_block! {
+    pub(crate) struct Params {
+        m: u32,
+        n: u32,
+        k: u32,
+        batch: u32,
+        lda: u32,
+        ldb: u32,
+        ldc: u32,
+        tiles_n: u32,
+        tiles_m: u32,
+        a_offset: u32,
+        b_offset: u32,
+        c_offset: u32,
+        a_stride: u32,
+        b_stride: u32,
+        c_stride: u32,
+        b_batch_base: u32,
+        b_batch_div: u32,
+        alpha: f32,
+        beta: f32,
+        /// `gemm_coop.wgsl`: 1 where A may be read as vec4s, 2 where B may
+        /// (leading dimension, offset and batch stride multiples of 4); the other
+        /// kernels ignore it.
+        vec_ab: u32,
+    }
 }
 
 pub use crate::gpu::choice::{CoopShape, GemmKernel, PackedTile};

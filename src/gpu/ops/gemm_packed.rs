@@ -5,8 +5,6 @@
 //! storage and products in its K loop (no workgroup memory, no barrier, no
 //! bounds test there: what held `gemm_coop.wgsl`'s staging back).
 
-use bytemuck::{Pod, Zeroable};
-
 use super::gemm::{CoopShape, GemmSpec};
 use crate::error::Result;
 use crate::gpu::buffer;
@@ -185,46 +183,46 @@ pub fn scratch_bytes(shape: CoopShape, tile: PackedTile, spec: &GemmSpec) -> u64
     plan.a.bytes() + plan.b.bytes()
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct PackParams {
-    rows: u32,
-    cols: u32,
-    ld: u32,
-    offset: u32,
-    stride: u32,
-    batches: u32,
-    rows_p: u32,
-    cols_p: u32,
-    block: u32,
-    transposed: u32,
-    flag_rows: u32,
-    _pad1: u32,
+crate::gpu::uniform::uniform_block! {
+    pub(crate) struct PackParams {
+        rows: u32,
+        cols: u32,
+        ld: u32,
+        offset: u32,
+        stride: u32,
+        batches: u32,
+        rows_p: u32,
+        cols_p: u32,
+        block: u32,
+        transposed: u32,
+        flag_rows: u32,
+        _pad1: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct Params {
-    m: u32,
-    n: u32,
-    kp: u32,
-    batch: u32,
-    mp: u32,
-    np: u32,
-    tiles_n: u32,
-    tiles_m: u32,
-    ldc: u32,
-    c_offset: u32,
-    c_stride: u32,
-    a_matrix: u32,
-    b_matrix: u32,
-    b_batch_base: u32,
-    b_batch_div: u32,
-    b_first: u32,
-    alpha: f32,
-    beta: f32,
-    c_aligned: u32,
-    _pad1: u32,
+crate::gpu::uniform::uniform_block! {
+    pub(crate) struct Params {
+        m: u32,
+        n: u32,
+        kp: u32,
+        batch: u32,
+        mp: u32,
+        np: u32,
+        tiles_n: u32,
+        tiles_m: u32,
+        ldc: u32,
+        c_offset: u32,
+        c_stride: u32,
+        a_matrix: u32,
+        b_matrix: u32,
+        b_batch_base: u32,
+        b_batch_div: u32,
+        b_first: u32,
+        alpha: f32,
+        beta: f32,
+        c_aligned: u32,
+        _pad1: u32,
+    }
 }
 
 /// Records the packing of one operand from `src` into a new buffer; with

@@ -4,8 +4,6 @@
 //! (`shaders/linear_output.wgsl`) and the weights
 //! (`shaders/linear_weights.wgsl`, after a GEMM of φ(Q) and φ(K)ᵀ).
 
-use bytemuck::{Pod, Zeroable};
-
 use super::gemm::{self, GemmSpec};
 use crate::error::{Error, Result};
 use crate::gpu::buffer;
@@ -66,42 +64,42 @@ impl LinearSizes {
     }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct FeatureParams {
-    len: u32,
-    _pad: [u32; 3],
+crate::gpu::uniform::uniform_block! {
+    pub(crate) struct FeatureParams {
+        len: u32,
+        _pad: [u32; 3],
+    }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct ScanParams {
-    heads: u32,
-    q_len: u32,
-    kv_len: u32,
-    dk: u32,
-    dv: u32,
-    start: u32,
-    end: u32,
-    causal: u32,
+crate::gpu::uniform::uniform_block! {
+    pub(crate) struct ScanParams {
+        heads: u32,
+        q_len: u32,
+        kv_len: u32,
+        dk: u32,
+        dv: u32,
+        start: u32,
+        end: u32,
+        causal: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct OutputParams {
-    heads: u32,
-    q_len: u32,
-    dk: u32,
-    dv: u32,
+crate::gpu::uniform::uniform_block! {
+    pub(crate) struct OutputParams {
+        heads: u32,
+        q_len: u32,
+        dk: u32,
+        dv: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct WeightParams {
-    rows: u32,
-    q_len: u32,
-    kv_len: u32,
-    causal: u32,
+crate::gpu::uniform::uniform_block! {
+    pub(crate) struct WeightParams {
+        rows: u32,
+        q_len: u32,
+        kv_len: u32,
+        causal: u32,
+    }
 }
 
 /// The device buffers of one forward call.

@@ -1,7 +1,5 @@
 //! Softcap, mask and bias of score rows (`shaders/mask.wgsl`).
 
-use bytemuck::{Pod, Zeroable};
-
 use crate::error::Result;
 use crate::gpu::buffer;
 use crate::gpu::pipeline::PipelineKey;
@@ -15,28 +13,28 @@ use crate::problem::AttentionDims;
 /// Invocations per workgroup (one workgroup per score row); matches the WGSL.
 pub const WORKGROUP: u32 = 128;
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct Params {
-    rows: u32,
-    cols: u32,
-    row_base: u32,
-    q_len: u32,
-    q_heads: u32,
-    flags: u32,
-    mask_cols: u32,
-    past_len: u32,
-    mask_batch_stride: u32,
-    mask_head_stride: u32,
-    mask_row_stride: u32,
-    capture: u32,
-    left_window: i32,
-    right_window: i32,
-    softcap: f32,
-    batch: u32,
-    _reserved: u32,
-    position_shift: i32,
-    _pad: u32,
+crate::gpu::uniform::uniform_block! {
+    pub(crate) struct Params {
+        rows: u32,
+        cols: u32,
+        row_base: u32,
+        q_len: u32,
+        q_heads: u32,
+        flags: u32,
+        mask_cols: u32,
+        past_len: u32,
+        mask_batch_stride: u32,
+        mask_head_stride: u32,
+        mask_row_stride: u32,
+        capture: u32,
+        left_window: i32,
+        right_window: i32,
+        softcap: f32,
+        batch: u32,
+        _reserved: u32,
+        position_shift: i32,
+        _pad: u32,
+    }
 }
 
 /// The pipeline key.

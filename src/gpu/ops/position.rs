@@ -1,8 +1,6 @@
 //! Positional encodings in place (`shaders/position.wgsl`): the sinusoidal
 //! encoding added to embeddings, and rotary embeddings on queries or keys.
 
-use bytemuck::{Pod, Zeroable};
-
 use crate::error::Result;
 use crate::gpu::buffer;
 use crate::gpu::pipeline::PipelineKey;
@@ -23,16 +21,16 @@ pub enum PositionMode {
     RopeHalfSplit = 2,
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Pod, Zeroable)]
-struct Params {
-    rows: u32,
-    dim: u32,
-    pairs: u32,
-    seq_len: u32,
-    offset: u32,
-    mode: u32,
-    _pad: [u32; 2],
+crate::gpu::uniform::uniform_block! {
+    pub(crate) struct Params {
+        rows: u32,
+        dim: u32,
+        pairs: u32,
+        seq_len: u32,
+        offset: u32,
+        mode: u32,
+        _pad: [u32; 2],
+    }
 }
 
 /// The pipeline key.

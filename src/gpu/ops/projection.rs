@@ -9,8 +9,6 @@
 
 use std::sync::Arc;
 
-use bytemuck::{Pod, Zeroable};
-
 use crate::error::{Error, Result};
 use crate::gpu::buffer;
 use crate::gpu::context::GpuContext;
@@ -55,28 +53,28 @@ impl WeightStorage {
     }
 }
 
-/// The uniform block of `shaders/projection.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
-pub(crate) struct Params {
-    rows: u32,
-    row_base: u32,
-    in_dim: u32,
-    w_stride: u32,
-    features: u32,
-    seq_len: u32,
-    x_batch: u32,
-    x_row: u32,
-    x_group: u32,
-    x_group_stride: u32,
-    feature_base: u32,
-    _pad: u32,
-    seg_end: [u32; 4],
-    seg_width: [u32; 4],
-    out_base: [u32; 4],
-    out_batch: [u32; 4],
-    out_head: [u32; 4],
-    out_row: [u32; 4],
+crate::gpu::uniform::uniform_block! {
+    /// The uniform block of `shaders/projection.wgsl`.
+    pub(crate) struct Params {
+        rows: u32,
+        row_base: u32,
+        in_dim: u32,
+        w_stride: u32,
+        features: u32,
+        seq_len: u32,
+        x_batch: u32,
+        x_row: u32,
+        x_group: u32,
+        x_group_stride: u32,
+        feature_base: u32,
+        _pad: u32,
+        seg_end: [u32; 4],
+        seg_width: [u32; 4],
+        out_base: [u32; 4],
+        out_batch: [u32; 4],
+        out_head: [u32; 4],
+        out_row: [u32; 4],
+    }
 }
 
 /// The pipeline key: weights' storage, and rows of x (1..=[`MAX_ROWS`]).

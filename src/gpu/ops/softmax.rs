@@ -1,7 +1,5 @@
 //! Row softmax with logsumexp (`shaders/softmax.wgsl`).
 
-use bytemuck::{Pod, Zeroable};
-
 use crate::error::Result;
 use crate::gpu::buffer;
 use crate::gpu::pipeline::PipelineKey;
@@ -17,15 +15,15 @@ pub const WORKGROUP: u32 = 128;
 /// Workgroup memory: a running max and sum per invocation.
 pub const WORKGROUP_BYTES: u32 = 2 * 4 * WORKGROUP;
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct Params {
-    rows: u32,
-    cols: u32,
-    lse_offset: u32,
-    mode: u32,
-    inv_temperature: f32,
-    _pad: [u32; 3],
+crate::gpu::uniform::uniform_block! {
+    pub(crate) struct Params {
+        rows: u32,
+        cols: u32,
+        lse_offset: u32,
+        mode: u32,
+        inv_temperature: f32,
+        _pad: [u32; 3],
+    }
 }
 
 /// What the softmax writes for a key its row does not attend.
