@@ -349,7 +349,9 @@ async function runTiming() {
 // ---------------------------------------------------------------- start
 
 async function main() {
-  engine = await WebAttn.create();
+  // The demo shows the WebGPU kernels: on the adapter wherever one exists,
+  // even a CPU implementation that an engine left to choose would pass over.
+  engine = await WebAttn.create({ backend: "gpu" }).catch(() => WebAttn.create());
   showAdapter();
   $("sentence-path").onchange = showSentence;
   $("sentence-variant").onchange = showSentence;

@@ -246,7 +246,8 @@ export interface CheckReport {
 /** The attention engine. */
 export declare class WebAttn {
   private constructor();
-  /** Creates an engine on the browser's WebGPU adapter, or on the CPU backend where there is none. */
+  /** Creates an engine on the browser's WebGPU adapter, or on the CPU backend where there is none or it is
+   * a CPU implementation such as SwiftShader (`adapter.reason` says why; `backend: "gpu"` takes it anyway). */
   static create(options?: CreateOptions): Promise<WebAttn>;
   /** Every WGSL pipeline variant the engine may compile (code, entry point, override constants). */
   static kernelSources(options?: { wasm?: CreateOptions["wasm"] }): Promise<{ label: string; code: string; entry: string; constants: Record<string, number>; subgroups: boolean }[]>;

@@ -254,7 +254,9 @@ export class WebAttn {
 
   /**
    * Creates an engine on the browser's WebGPU adapter, or on the CPU backend
-   * (f32, SIMD128) where there is none. Options: `backend` (`"auto"`, `"gpu"`,
+   * (f32, SIMD128) where there is none or it is a CPU implementation
+   * (SwiftShader: several times slower; `adapter.reason` says so, and
+   * `backend: "gpu"` takes it anyway). Options: `backend` (`"auto"`, `"gpu"`,
    * `"cpu"`), `powerPreference`, `limits` (a preset or WebGPU limits),
    * `cpuThreads`, `wasm` (where the `.wasm` file is, if not beside this module).
    */

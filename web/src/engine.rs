@@ -167,6 +167,9 @@ fn array_of_numbers<T: Into<JsValue> + Copy>(values: &[T]) -> Array {
 impl EngineCore {
     /// Creates an engine: the browser's WebGPU adapter when it has one (unless
     /// `backend` is `'cpu'`), else the CPU backend (unless `backend` is `'gpu'`).
+    /// Left to choose, it takes the CPU backend over an adapter that is a CPU
+    /// implementation (SwiftShader: several times slower on the same cores)
+    /// unless the caller asked for limits of its own.
     pub async fn create(options: JsValue) -> Result<EngineCore, JsValue> {
         console_error_panic_hook::set_once();
         let options = engine_options(&options)?;
@@ -183,7 +186,31 @@ impl EngineCore {
             BackendPreference::Cpu => (Engine::with_options(cpu_options).await.js()?, None),
             BackendPreference::Gpu => (Engine::with_options(gpu_options).await.js()?, None),
             BackendPreference::Auto => match Engine::with_options(gpu_options).await {
-                Ok(engine) => (engine, None),
+                Ok(engine) => {
+                    let software = engine
+                        .capabilities()
+                        .filter(|caps| webattn::call_plan::cpu_backend_over(caps).is_some())
+                        .filter(|_| options.limits == DeviceLimits::default())
+                        .map(|caps| {
+                            // Browsers may report no name (SwiftShader in Chromium).
+                            let name = match caps.adapter.name.as_str() {
+                                "" => "the browser's WebGPU adapter",
+                                name => name,
+                            };
+                            format!(
+                                "the only adapter, {name}, is a CPU implementation: the CPU \
+                                 backend computes the same calls several times faster on these \
+                                 cores (ask for the adapter with backend: \"gpu\")"
+                            )
+                        });
+                    match software {
+                        Some(why) => {
+                            drop(engine);
+                            (Engine::with_options(cpu_options).await.js()?, Some(why))
+                        }
+                        None => (engine, None),
+                    }
+                }
                 // No adapter (or no device on its defaults): the CPU backend.
                 // A device refused under limits the caller asked for is their error.
                 Err(e @ webattn::Error::NoAdapter(_)) => (

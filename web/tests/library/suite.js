@@ -587,6 +587,29 @@ function cases({ worker }) {
     return line;
   });
 
+  add("an engine left to choose takes the faster side", async () => {
+    // The adapter when it is a GPU; the CPU backend when it is a CPU
+    // implementation (SwiftShader in headless Chromium) or when there is none.
+    const auto = await WebAttn.create();
+    let adapter = null;
+    try {
+      const gpu = await WebAttn.create({ backend: "gpu" });
+      adapter = gpu.adapter;
+      gpu.destroy();
+    } catch (e) {
+      expect(e.name === "NoAdapter" || e.name === "RequestDevice", `${e.name}: ${e.message}`);
+    }
+    const software = !adapter || adapter.deviceType === "Cpu";
+    expect(auto.backend === (software ? "cpu" : "gpu"), `auto took ${auto.backend} over ${adapter?.describe}`);
+    if (adapter && software) {
+      expect(/CPU implementation/.test(auto.adapter.reason ?? "") && /backend: "gpu"/.test(auto.adapter.reason),
+        `reason: ${auto.adapter.reason}`);
+    }
+    const line = `${auto.backend}${auto.adapter.reason ? `: ${auto.adapter.reason}` : ""}`;
+    auto.destroy();
+    return line;
+  });
+
   add("the CPU backend engine", async () => {
     const cpu = await WebAttn.create({ backend: "cpu" });
     expect(cpu.backend === "cpu" && !cpu.adapter.gpu, "not on the CPU");
