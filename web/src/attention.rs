@@ -329,7 +329,7 @@ pub async fn prepare(
     inputs: &JsValue,
     options: &JsValue,
 ) -> Result<PreparedAttention, JsValue> {
-    let call = convert::call_options(options).js()?;
+    let call = convert::call_options(options)?;
     if call.keep_on_device || call.timing || call.verify {
         return Err(js_error(
             "InvalidOption",
@@ -413,7 +413,7 @@ pub async fn call(
     options: &JsValue,
     prepared: Option<&PreparedAttention>,
 ) -> Result<JsValue, JsValue> {
-    let mut call = convert::call_options(options).js()?;
+    let mut call = convert::call_options(options)?;
     if let Some(p) = prepared {
         // A prepared call's attributes were fixed when it was prepared.
         const RUN_OPTIONS: [&str; 5] = [

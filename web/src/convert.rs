@@ -363,25 +363,18 @@ pub fn path(v: &JsValue) -> Result<KernelPath> {
 /// The options of `engine.attention(inputs, options)`, in ONNX's names in
 /// camelCase. Unknown names are an error, so a misspelt option never goes
 /// unnoticed.
-pub fn call_options(options: &JsValue) -> Result<CallOptions> {
+pub fn call_options(options: &JsValue) -> std::result::Result<CallOptions, JsValue> {
+    known_keys(options, &OPTION_NAMES, "options")?;
+    checked_call_options(options).map_err(|e| crate::errors::to_js(&e))
+}
+
+/// [`call_options`] once the names are known.
+fn checked_call_options(options: &JsValue) -> Result<CallOptions> {
     if options.is_undefined() || options.is_null() {
         return Ok(CallOptions::default());
     }
-    let Some(object) = options.dyn_ref::<Object>() else {
+    if options.dyn_ref::<Object>().is_none() {
         return Err(invalid("options", options, "must be an object"));
-    };
-    for key in Object::keys(object).iter() {
-        let key = key.as_string().unwrap_or_default();
-        if !OPTION_NAMES.contains(&key.as_str()) {
-            return Err(Error::InvalidOption {
-                name: "options",
-                value: key,
-                reason: "is not an option; the options are scale, softcap, isCausal, leftWindowSize, \
-                         rightWindowSize, qkMatmulOutputMode, softmaxPrecision, temperature, alibi, \
-                         returnLse, returnPresent, path, precision, keepOnDevice, qNumHeads, kvNumHeads, \
-                         timing, verify",
-            });
-        }
     }
     let mut a = AttentionOptions {
         scale: number(options, "scale")?.map(|x| x as f32),
@@ -481,16 +474,49 @@ pub fn known_keys(obj: &JsValue, allowed: &[&str], what: &str) -> std::result::R
     for key in Object::keys(object).iter() {
         let key = key.as_string().unwrap_or_default();
         if !allowed.contains(&key.as_str()) {
+            let hint = match closest(&key, allowed) {
+                Some(name) => format!(" (did you mean `{name}`?)"),
+                None => String::new(),
+            };
             return Err(crate::errors::js_error(
                 "InvalidOption",
                 format!(
-                    "{what}: `{key}` is not an option; the options are {}",
+                    "{what}: `{key}` is not an option{hint}; the options are {}",
                     allowed.join(", ")
                 ),
             ));
         }
     }
     Ok(())
+}
+
+/// The name in `names` closest to `key` (a misspelling, another case, or
+/// snake_case for camelCase), where one is within two edits.
+pub fn closest<'n>(key: &str, names: &[&'n str]) -> Option<&'n str> {
+    let plain = |s: &str| s.replace('_', "").to_lowercase();
+    let key = plain(key);
+    names
+        .iter()
+        .map(|name| (edits(&key, &plain(name)), *name))
+        .filter(|&(d, _)| d <= 2)
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, name)| name)
+}
+
+/// Levenshtein distance (insertions, deletions, substitutions).
+fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1).min(row[j] + 1).min(diagonal + usize::from(ca != cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }
 
 /// An error report as `{maxAbs, allowed, passed}`.

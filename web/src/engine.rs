@@ -430,7 +430,7 @@ impl EngineCore {
                 "warmup(shapes): shapes must be an array of {q, k, v} shapes",
             ));
         }
-        let call = convert::call_options(&options).js()?;
+        let call = convert::call_options(&options)?;
         for entry in Array::from(&shapes).iter() {
             convert::known_keys(
                 &entry,

@@ -4,9 +4,18 @@
 
 use wasm_bindgen::JsValue;
 
-/// A JavaScript `Error` for an engine error.
+/// A JavaScript `Error` for an engine error. Options are named as a
+/// JavaScript caller writes them (`isCausal`, not ONNX's `is_causal`).
 pub fn to_js(e: &webattn::Error) -> JsValue {
-    let error = js_sys::Error::new(&e.to_string());
+    let message = match e {
+        webattn::Error::InvalidOption {
+            name,
+            value,
+            reason,
+        } => format!("option {} = {value} is invalid: {reason}", camel_case(name)),
+        _ => e.to_string(),
+    };
+    let error = js_sys::Error::new(&message);
     error.set_name(e.kind());
     error.into()
 }
@@ -29,4 +38,21 @@ impl<T> IntoJs<T> for webattn::Result<T> {
     fn js(self) -> Result<T, JsValue> {
         self.map_err(|e| to_js(&e))
     }
+}
+
+/// `left_window_size` → `leftWindowSize`.
+pub fn camel_case(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut upper = false;
+    for c in name.chars() {
+        match c {
+            '_' => upper = !out.is_empty(),
+            c if upper => {
+                out.extend(c.to_uppercase());
+                upper = false;
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }

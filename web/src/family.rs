@@ -108,7 +108,7 @@ fn attention_options(
     for key in family_keys {
         let _ = Reflect::delete_property(&copy, &JsValue::from_str(key));
     }
-    Ok(convert::call_options(&copy.into()).js()?.attention)
+    Ok(convert::call_options(&copy.into())?.attention)
 }
 
 /// `{output, weights?}` (and `check` when verified).

@@ -362,10 +362,11 @@ function cases({ worker }) {
     msgs.push(await rejects(() => engine.attention({ q: { data: "abc", shape: [1] }, k, v }), "DType", /Float32Array/));
     msgs.push(await rejects(() => engine.attention({ q: tensor(n, [8, 16]), k, v }), "Rank"));
     msgs.push(await rejects(() => engine.attention({ q: tensor(n, [1, 3, 8, 16]), k, v }), "GqaHeads"));
-    msgs.push(await rejects(() => engine.attention({ q, k, v }, { isCasual: true }), "InvalidOption", /isCasual.*isCausal/s));
+    msgs.push(await rejects(() => engine.attention({ q, k, v }, { isCasual: true }), "InvalidOption", /`isCasual` is not an option \(did you mean `isCausal`\?\)/));
+    msgs.push(await rejects(() => engine.attention({ q, k, v }, { return_lse: true }), "InvalidOption", /did you mean `returnLse`/));
     msgs.push(await rejects(() => engine.attention({ q, k, v, attnMask: null }), "InvalidOption", /attnMask/));
     msgs.push(await rejects(() => engine.attention({ q, v }), "MissingInput", /k/));
-    msgs.push(await rejects(() => engine.attention({ q, k, v }, { qkMatmulOutputMode: 9 }), "InvalidOption"));
+    msgs.push(await rejects(() => engine.attention({ q, k, v }, { qkMatmulOutputMode: 9 }), "InvalidOption", /option qkMatmulOutputMode = 9/));
     msgs.push(await rejects(() => engine.attention({ q, k, v }, { precision: "fastest" }), "InvalidOption", /highest/));
     msgs.push(await rejects(() => engine.attention({ q, k, v, mask: { data: new Uint8Array(7), shape: [7, 1] } }), "Broadcast"));
     msgs.push(await rejects(() => engine.attention(null), "InvalidOption"));
