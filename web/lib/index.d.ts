@@ -169,9 +169,13 @@ export interface AdapterInfo {
   describe: string;
   /** `"BrowserWebGpu"`, `"Vulkan"`, ... or `"cpu"`. */
   backend: string;
+  /** The adapter's name: wgpu's, else the browser's description, else its vendor and architecture. */
   name?: string;
+  /** What the browser reports (`GPUAdapter.info`), e.g. `"google"` and `"swiftshader"`. */
+  vendor?: string;
+  architecture?: string;
   deviceType?: string;
-  /** Why there is no GPU, when the engine fell back to the CPU. */
+  /** Why the engine is not on the adapter: none, or a CPU implementation passed over. */
   reason?: string;
   paths: string[];
   limits?: {

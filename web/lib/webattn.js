@@ -244,13 +244,28 @@ export class PreparedCall {
   }
 }
 
+/** What the browser says of its WebGPU adapter (`GPUAdapter.info`), or null. */
+async function browserAdapterInfo(powerPreference) {
+  try {
+    const adapter = await globalThis.navigator?.gpu?.requestAdapter(powerPreference ? { powerPreference } : undefined);
+    const info = adapter?.info ?? (await adapter?.requestAdapterInfo?.());
+    return info ? { vendor: info.vendor, architecture: info.architecture, description: info.description } : null;
+  } catch {
+    return null;
+  }
+}
+
 /** The engine: one WebGPU device (or the CPU backend) and its compiled pipelines. */
 export class WebAttn {
   #core;
   #queue = Promise.resolve();
+  #adapterInfo;
 
   /** @internal Use `WebAttn.create()`. */
-  constructor(core) { this.#core = core; }
+  constructor(core, adapterInfo) {
+    this.#core = core;
+    this.#adapterInfo = adapterInfo;
+  }
 
   /**
    * Creates an engine on the browser's WebGPU adapter, or on the CPU backend
@@ -263,7 +278,8 @@ export class WebAttn {
   static async create(options = {}) {
     const { wasm, ...rest } = options ?? {};
     await load(wasm);
-    return new WebAttn(await EngineCore.create(rest));
+    const core = await EngineCore.create(rest);
+    return new WebAttn(core, core.backend() === "gpu" ? await browserAdapterInfo(rest.powerPreference) : null);
   }
 
   /** Every WGSL pipeline variant the engine may compile, with its constants. */
@@ -288,8 +304,21 @@ export class WebAttn {
     return this.#core;
   }
 
-  /** The adapter (or CPU backend), its limits, features and kernels. */
-  get adapter() { return this._core().adapter(); }
+  /** The adapter (or CPU backend), its limits, features and kernels; the
+   * browser's own words for the adapter (vendor, architecture) where wgpu has none. */
+  get adapter() {
+    const a = this._core().adapter();
+    const info = this.#adapterInfo;
+    if (a.gpu && info) {
+      a.vendor = info.vendor ?? "";
+      a.architecture = info.architecture ?? "";
+      if (!a.name) {
+        a.name = info.description || [info.vendor, info.architecture].filter(Boolean).join(" ");
+        if (a.describe.startsWith(" ")) a.describe = a.name + a.describe;
+      }
+    }
+    return a;
+  }
   /** `"gpu"` or `"cpu"`. */
   get backend() { return this._core().backend(); }
   /** The path the last call took (`fused`, `unfused`, `cpu`, `oracle`) and why. */
