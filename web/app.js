@@ -247,7 +247,12 @@ async function compileKernels() {
   });
   let passed = 0, failed = 0, skipped = 0;
   const lines = [];
-  for (const k of await WebAttn.kernelSources()) {
+  // `?compile=K/N`: only every N-th variant from the K-th (a share, as the
+  // end-to-end test takes on a rotation); all of them by default.
+  const [part, parts] = (new URLSearchParams(location.search).get("compile") ?? "0/1").split("/").map(Number);
+  const share = Number.isInteger(part) && Number.isInteger(parts) && parts > 0 ? [part % parts, parts] : [0, 1];
+  const sources = (await WebAttn.kernelSources()).filter((_, i) => i % share[1] === share[0]);
+  for (const k of sources) {
     if (k.subgroups && !hasSubgroups) {
       skipped++;
       lines.push(`skip  ${k.label} (the adapter has no subgroups)`);
@@ -274,7 +279,8 @@ async function compileKernels() {
   }
   device.destroy();
   table.textContent = lines.join("\n");
-  summary.textContent = `${passed} kernels compiled, ${failed} failed${skipped ? `, ${skipped} skipped` : ""}`;
+  const of = share[1] > 1 ? ` (share ${share[0]} of ${share[1]})` : "";
+  summary.textContent = `${passed} kernels compiled, ${failed} failed${skipped ? `, ${skipped} skipped` : ""}${of}`;
   summary.className = `summary ${failed === 0 ? "pass" : "fail"}`;
 }
 

@@ -94,6 +94,15 @@ test.after(async () => {
   fs.rmSync(app, { recursive: true, force: true });
 });
 
-test("page, WebGPU", { timeout: 600_000 }, (t) => suite(t, "backend=gpu"));
-test("Web Worker, WebGPU", { timeout: 600_000 }, (t) => suite(t, "backend=gpu&worker=1"));
+// The suite on WebGPU (SwiftShader: about a minute) on the page or in a
+// Worker, on a rotation that WEBATTN_ROTATION (else the day) picks; the other
+// runs it on the CPU backend, and the page on the CPU backend every time.
+const turn = Number(process.env.WEBATTN_ROTATION ?? Math.floor(Date.now() / 86_400_000));
+console.log(`rotation for WebGPU: ${turn % 2 === 0 ? "the page" : "the Worker"} (WEBATTN_ROTATION=${turn} repeats it)`);
+if (turn % 2 === 0) {
+  test("page, WebGPU", { timeout: 600_000 }, (t) => suite(t, "backend=gpu"));
+  test("Web Worker, CPU backend", { timeout: 600_000 }, (t) => suite(t, "backend=cpu&worker=1"));
+} else {
+  test("Web Worker, WebGPU", { timeout: 600_000 }, (t) => suite(t, "backend=gpu&worker=1"));
+}
 test("page, CPU backend", { timeout: 600_000 }, (t) => suite(t, "backend=cpu"));
