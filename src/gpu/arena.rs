@@ -58,17 +58,15 @@ fn reuse<T>(
     fits: impl Fn(&T) -> bool,
     create: impl FnOnce() -> T,
 ) -> (&T, bool) {
-    let reused = slots.get(at).is_some_and(|s| s.as_ref().is_some_and(&fits));
-    if !reused {
-        let made = Some(create());
-        if at < slots.len() {
-            slots[at] = made;
-        } else {
-            slots.push(made);
-        }
+    if at >= slots.len() {
+        slots.resize_with(at + 1, || None);
     }
-    let held = slots[at].as_ref().expect("the place was just filled");
-    (held, reused)
+    let slot = &mut slots[at];
+    let reused = slot.as_ref().is_some_and(&fits);
+    if !reused {
+        *slot = None;
+    }
+    (slot.get_or_insert_with(create), reused)
 }
 
 /// Buffers kept for the runs of one prepared call.
