@@ -307,7 +307,7 @@ impl Engine {
         shape: &[usize],
         dtype: DType,
     ) -> Result<Tensor> {
-        if offset % 4 != 0 {
+        if !offset.is_multiple_of(4) {
             return Err(Error::Conflict(
                 "a wrapped tensor starts at a multiple of 4 bytes",
             ));
@@ -646,7 +646,7 @@ impl Engine {
     pub async fn upload_repeated(&self, shape: &[usize], pattern: &HostTensor) -> Result<Tensor> {
         let len = crate::tensor::checked_numel("tensor", shape)?;
         let period = pattern.len();
-        if period == 0 || period % 2 != 0 {
+        if period == 0 || !period.is_multiple_of(2) {
             return Err(Error::InvalidOption {
                 name: "pattern",
                 value: period.to_string(),

@@ -193,7 +193,7 @@ fn decode_floats(tensor: &'static str, dtype: DType, bytes: &[u8]) -> Result<Vec
             })
         }
     };
-    if bytes.len() % width != 0 {
+    if !bytes.len().is_multiple_of(width) {
         return Err(Error::DataLength {
             tensor,
             shape: vec![bytes.len() / width],
@@ -270,11 +270,11 @@ pub fn lengths_from_le_bytes(dtype: DType, bytes: &[u8]) -> Result<Vec<i64>> {
         got: bytes.len() / width,
     };
     match dtype {
-        DType::I32 if bytes.len() % 4 == 0 => Ok(bytes
+        DType::I32 if bytes.len().is_multiple_of(4) => Ok(bytes
             .chunks_exact(4)
             .map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])))
             .collect()),
-        DType::I64 if bytes.len() % 8 == 0 => Ok(bytes
+        DType::I64 if bytes.len().is_multiple_of(8) => Ok(bytes
             .chunks_exact(8)
             .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
             .collect()),

@@ -333,7 +333,7 @@ impl MultiHeadAttention {
         ] {
             expect_rank(name, w, 2, "2 ([out_features, in_features])")?;
         }
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+        if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
             return Err(Error::GqaHeads {
                 q_heads: heads,
                 kv_heads,
@@ -342,7 +342,7 @@ impl MultiHeadAttention {
         let d_model = weights.w_q.shape()[1];
         let d_kv = weights.w_k.shape()[1];
         let head_rows = |name: &'static str, w: &HostTensor, count: usize| -> Result<usize> {
-            if w.shape()[0] % count != 0 {
+            if !w.shape()[0].is_multiple_of(count) {
                 return Err(Error::ShapeMismatch {
                     tensor: name,
                     dim: "out_features",

@@ -189,7 +189,7 @@ impl Rope {
     /// Checks the base and that `dim` is even.
     pub(crate) fn check(&self, dim: usize) -> Result<()> {
         check_base(self.base)?;
-        if dim % 2 != 0 {
+        if !dim.is_multiple_of(2) {
             return Err(Error::InvalidOption {
                 name: "rope",
                 value: format!("head dim {dim}"),

@@ -132,7 +132,7 @@ fn f16_views_fit(dims: &AttentionDims, cut: &Cut, kv_chunks: [Option<usize>; 2])
                         Some(n) => offset % n,
                         None => offset,
                     };
-                    (local * 2) as u64 % SEGMENT_ALIGNMENT == 0 && (len * 2) % 16 == 0
+                    ((local * 2) as u64).is_multiple_of(SEGMENT_ALIGNMENT) && (len * 2) % 16 == 0
                 })
             })
         })

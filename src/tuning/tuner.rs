@@ -156,7 +156,7 @@ pub fn fused_candidates(engine: &Engine, dk: usize, dv: usize) -> Result<Vec<Fus
         &caps.limits,
     )?));
     if let Some(width) = caps.fixed_cpu_subgroup() {
-        if dk % 4 == 0 && dv % 4 == 0 {
+        if dk.is_multiple_of(4) && dv.is_multiple_of(4) {
             kernels.push(FusedKernel::Subgroup { width });
         }
     }

@@ -267,6 +267,22 @@ impl Job for Block<'_, '_> {
 
     #[inline(always)]
     fn run<const MR: usize, const NR: usize, const FMA: bool>(self) {
+        // A few rows (a decoder step's tokens) take groups of their own size:
+        // groups of MR would multiply mostly padding, and a step's products
+        // would be bound by that arithmetic rather than by reading B.
+        match self.out.len() / self.ldc {
+            1 => self.groups_of::<1, NR>(),
+            2 => self.groups_of::<2, NR>(),
+            3 | 4 if MR > 4 => self.groups_of::<4, NR>(),
+            _ => self.groups_of::<MR, NR>(),
+        }
+    }
+}
+
+impl Block<'_, '_> {
+    /// The block's rows in groups of `MR`, each against every panel.
+    #[inline(always)]
+    fn groups_of<const MR: usize, const NR: usize>(self) {
         let Block {
             a,
             panels,
@@ -344,6 +360,8 @@ mod tests {
             (13, 1, 40),
             (1, 97, 1025),
             (3, 64, 257),
+            (2, 40, 70),
+            (4, 17, 100),
         ] {
             let a = rng.normal_vec(m * k, 1.0);
             let bt = rng.normal_vec(n * k, 1.0);

@@ -12,6 +12,8 @@
 //! A decoding step, whose keys and values are read once, skips the packing:
 //! [`outer_a_rows`] reads key rows and [`outer_b_rows`] value rows in place.
 
+#[cfg(target_arch = "x86_64")]
+use super::avx512;
 use super::math::madd;
 
 /// `acc += A · B` over `depth` steps: `A` step `k` is `a[k * lda ..][..MR]`,
@@ -27,6 +29,11 @@ pub(crate) fn outer<const MR: usize, const NR: usize, const FMA: bool>(
     b: &[f32],
     acc: &mut [[f32; NR]; MR],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if NR == avx512::NR && avx512::available() {
+        // SAFETY: the CPU has AVX-512F (checked just above).
+        return unsafe { avx512::outer::<MR, FMA>(depth, a, lda, b, acc.as_flattened_mut()) };
+    }
     let b = &b[..depth * NR];
     let mut c = *acc;
     for (k, brow) in b.chunks_exact(NR).enumerate() {
@@ -50,6 +57,11 @@ pub(crate) fn outer_a_rows<const MR: usize, const NR: usize, const FMA: bool>(
     b: &[f32],
     acc: &mut [[f32; NR]; MR],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if NR == avx512::NR && avx512::available() {
+        // SAFETY: the CPU has AVX-512F (checked just above).
+        return unsafe { avx512::outer_a_rows::<MR, FMA>(depth, a, b, acc.as_flattened_mut()) };
+    }
     let rows: [&[f32]; MR] = std::array::from_fn(|r| &a[r][..depth]);
     let b = &b[..depth * NR];
     let mut c = *acc;
@@ -74,6 +86,11 @@ pub(crate) fn outer_b_rows<const MR: usize, const NR: usize, const FMA: bool>(
     col: usize,
     acc: &mut [[f32; NR]; MR],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if NR == avx512::NR && avx512::available() {
+        // SAFETY: the CPU has AVX-512F (checked just above).
+        return unsafe { avx512::outer_b_rows::<MR, FMA>(a, lda, b, col, acc.as_flattened_mut()) };
+    }
     let mut c = *acc;
     for (k, brow) in b.iter().enumerate() {
         let arow = &a[k * lda..][..MR];

@@ -10,11 +10,14 @@
 //! - `kernel`: the `MR × NR` register-tiled micro-kernel both products run on;
 //! - `math`: `exp`, `tanh` and reductions the compiler vectorises;
 //! - `isa`: the instruction set the kernels are compiled for, picked at run
-//!   time (AVX2 + FMA where the CPU has them);
+//!   time (AVX-512 or AVX2 + FMA where the CPU has them);
+//! - `avx512`: the micro-kernels written by hand for AVX-512;
 //! - `threads`: work items (batch × query head × query block) over scoped threads;
 //! - `gemm`: general products on the same micro-kernel, for the attention
 //!   family's projections on a CPU engine.
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod block;
 pub(crate) mod gemm;
 pub(crate) mod isa;
@@ -27,7 +30,7 @@ mod rules;
 mod scores;
 pub(crate) mod threads;
 
-pub use isa::Isa;
+pub use isa::{Isa, ISA_VARIABLE};
 
 use std::cmp::Reverse;
 
@@ -117,7 +120,7 @@ impl CpuBackend {
         let bk = if narrow {
             64
         } else {
-            48usize.div_ceil(mr) * mr
+            self.isa.key_tile().div_ceil(mr) * mr
         };
         let shape = pack::TileShape {
             mr,

@@ -160,7 +160,7 @@ impl CoopTiles {
     /// per invocation.
     pub fn is_valid(&self) -> bool {
         self.lanes_per_row.is_power_of_two()
-            && self.keys_per_tile % (4 * self.lanes_per_row) == 0
+            && self.keys_per_tile.is_multiple_of(4 * self.lanes_per_row)
             && self.lanes_per_row <= self.shape.subgroup.min(MAX_LANES_PER_ROW)
             && self.rows_per_invocation() <= MAX_ROWS_PER_INVOCATION
     }

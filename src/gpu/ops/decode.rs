@@ -280,8 +280,8 @@ impl DecodePlan {
     pub fn applies(dims: &AttentionDims) -> bool {
         dims.q_len <= MAX_QUERY_ROWS
             && dims.total_len() >= MIN_KEYS
-            && dims.head_dim % 4 == 0
-            && dims.v_head_dim % 4 == 0
+            && dims.head_dim.is_multiple_of(4)
+            && dims.v_head_dim.is_multiple_of(4)
             && dims.head_dim.max(dims.v_head_dim) <= super::fused::MAX_HEAD_DIM
     }
 
@@ -291,7 +291,7 @@ impl DecodePlan {
         let group = dims.group();
         (1..=group)
             .rev()
-            .find(|h| group % h == 0 && h * dims.q_len <= MAX_WORKGROUP_ROWS)
+            .find(|h| group.is_multiple_of(*h) && h * dims.q_len <= MAX_WORKGROUP_ROWS)
             .unwrap_or(1)
     }
 

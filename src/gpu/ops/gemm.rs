@@ -233,7 +233,7 @@ pub fn key(trans_a: bool, trans_b: bool) -> PipelineKey {
 
 /// Whether A (as op(A) rows) and B can be read as 16-byte aligned vec4s.
 fn vec_flags(spec: &GemmSpec) -> (bool, bool) {
-    let aligned = |x: usize| x % 4 == 0;
+    let aligned = |x: usize| x.is_multiple_of(4);
     let strided = |stride: usize, used: bool| !used || aligned(stride);
     let vec_a = !spec.trans_a
         && aligned(spec.lda)
@@ -518,7 +518,7 @@ fn record_pass(
             GemmKernel::Coop(_) => {
                 // A batch stride matters only where an entry past the first is read.
                 let fours = |ld: usize, offset: usize, stride: usize, strided: bool| {
-                    ld % 4 == 0 && offset % 4 == 0 && (!strided || stride % 4 == 0)
+                    ld.is_multiple_of(4) && offset.is_multiple_of(4) && (!strided || stride.is_multiple_of(4))
                 };
                 let last_b =
                     (spec.b_batch_base + spec.batch.saturating_sub(1)) / spec.b_batch_div.max(1);
