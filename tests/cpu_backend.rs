@@ -294,25 +294,29 @@ fn nan_in_v_reaches_every_row_that_attends_its_key() {
         // Rows 0..=20 see key 0..20 only under the window... key 0 is outside
         // the window of rows past 20, and inside for the first ones.
     });
-    // Decoding steps (1, 2 and 5 queries read K and V in place): a NaN value
+    // Decoding steps (1, 2 and 5 queries read K and V in place; one or two
+    // rows a unit check their sums after each tile): a NaN or infinite value
     // at a masked key takes no part, at an attended one it reaches every row.
-    for q_len in [1, 2, 5] {
-        let case = CaseSpec::new("nan-v-decode", [2, 4, 2], [q_len, 300], [16, 16])
+    for (q_len, kv_heads) in [(1, 4), (1, 2), (2, 2), (5, 2)] {
+        let case = CaseSpec::new("nan-v-decode", [2, 4, kv_heads], [q_len, 300], [16, 16])
             .mask(MaskForm::Bool(1));
         check_edited(
-            &format!("nan-v-decode-masked-{q_len}"),
+            &format!("nan-v-decode-masked-{q_len}-of-{kv_heads}"),
             case.clone(),
             false,
             |inputs| {
                 if let Some(HostMask::Bool { data, .. }) = &mut inputs.mask {
                     data[10] = false;
+                    data[11] = false;
                 }
                 let i = kv_index(inputs, 1, 10, 5, true);
                 inputs.v.data_mut()[i] = f32::NAN;
+                let i = kv_index(inputs, 1, 11, 2, true);
+                inputs.v.data_mut()[i] = f32::INFINITY;
             },
         );
         check_edited(
-            &format!("nan-v-decode-attended-{q_len}"),
+            &format!("nan-v-decode-attended-{q_len}-of-{kv_heads}"),
             case,
             true,
             |inputs| {

@@ -72,7 +72,9 @@ pub fn gemm_kernel_at(
 pub fn fused_kernel_for(caps: &Capabilities, dk: usize, dv: usize) -> Result<FusedKernel> {
     let tiles = FusedTiles::for_dims(dk, dv, &caps.limits)?;
     Ok(match caps.fixed_cpu_subgroup() {
-        Some(width) if dk.is_multiple_of(4) && dv.is_multiple_of(4) => FusedKernel::Subgroup { width },
+        Some(width) if dk.is_multiple_of(4) && dv.is_multiple_of(4) => {
+            FusedKernel::Subgroup { width }
+        }
         Some(_) => FusedKernel::Portable(tiles),
         None if caps.adapter.device_type == "Cpu" => FusedKernel::Portable(tiles),
         None => tiled_or_portable(tiles, dk, dv, &caps.limits),
@@ -144,7 +146,9 @@ pub fn resolve_tuned(
             .map(FusedKernel::Portable)
             .map_err(|e| e.to_string()),
         TunedKernel::Subgroup => match caps.fixed_cpu_subgroup() {
-            Some(width) if dk.is_multiple_of(4) && dv.is_multiple_of(4) => Ok(FusedKernel::Subgroup { width }),
+            Some(width) if dk.is_multiple_of(4) && dv.is_multiple_of(4) => {
+                Ok(FusedKernel::Subgroup { width })
+            }
             _ => Err("attention_sg does not run here at these head dims".to_string()),
         },
     }
@@ -241,7 +245,9 @@ impl Planner<'_> {
         let entry = self.tuned?;
         // The subgroup kernel's class also holds head dims it leaves to the
         // portable kernel (not multiples of 4).
-        if entry.kernel == TunedKernel::Subgroup && (!self.dk.is_multiple_of(4) || !self.dv.is_multiple_of(4)) {
+        if entry.kernel == TunedKernel::Subgroup
+            && (!self.dk.is_multiple_of(4) || !self.dv.is_multiple_of(4))
+        {
             return None;
         }
         resolve_tuned(entry.kernel, self.caps, self.dk, self.dv).ok()
@@ -471,8 +477,8 @@ impl GpuContext {
     /// time).
     pub fn tuning_snapshot(&self, dk: usize, dv: usize) -> Option<TunedEntry> {
         let mut entry = self.tuned(dk, dv)?;
-        let subgroup_elsewhere =
-            entry.kernel == TunedKernel::Subgroup && (!dk.is_multiple_of(4) || !dv.is_multiple_of(4));
+        let subgroup_elsewhere = entry.kernel == TunedKernel::Subgroup
+            && (!dk.is_multiple_of(4) || !dv.is_multiple_of(4));
         if !subgroup_elsewhere {
             if let Err(why) = resolve_tuned(entry.kernel, &self.caps, dk, dv) {
                 log::warn!("webattn: tuning entry for head dims {dk}/{dv} ignored: {why}");

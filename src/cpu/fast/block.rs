@@ -15,6 +15,7 @@
 //! which is the same as skipping them while their values are finite; tiles
 //! holding a non-finite value are accumulated key by key, attended keys only.
 
+use super::dots::{dots, prefetch};
 use super::isa::Job;
 use super::kernel::{load, outer, outer_a_rows, outer_b_rows, pack_panel, store};
 use super::math::{all_finite, exp, madd, tanh};
@@ -144,6 +145,10 @@ pub(crate) struct Scratch {
     /// Per query: attended keys so far, and NaN/+inf scores among them.
     kept: Vec<u32>,
     bad: Vec<u32>,
+    /// A tile's scores for one query ([`scores_keys_in_lanes`]).
+    dots: Vec<f32>,
+    /// The output rows before a tile, to put back (see [`accumulate_values`]).
+    saved: Vec<f32>,
     /// A tile's keys and values, when the block packs them itself.
     keys: Vec<f32>,
     values: Vec<f32>,
@@ -295,19 +300,36 @@ fn attend_block<const MR: usize, const NR: usize, const FMA: bool, const IN_PLAC
     };
     let zero_key = vec![0.0f32; if IN_PLACE { dk } else { 0 }];
     let mut value_rows: Vec<&[f32]> = Vec::with_capacity(if IN_PLACE { bk } else { 0 });
+    let mut key_rows: Vec<&[f32]> = Vec::with_capacity(if IN_PLACE { bk } else { 0 });
+    // One or two queries read in place take the keys into the lanes instead.
+    let keys_in_lanes = IN_PLACE && rows <= 2;
     for tile in tiles {
         let j0 = tile * bk;
         let nk = bk.min(t_len - j0);
         let (values, finite) = if IN_PLACE {
+            // The next tile's keys and values on their way while this one is
+            // computed: a step reads each once, and the hardware prefetchers
+            // alone left a core at a quarter of its read bandwidth.
+            for j in j0 + nk..(j0 + nk + bk).min(t_len) {
+                prefetch(sh.src.row(false, bkv, j));
+                prefetch(sh.src.row(true, bkv, j));
+            }
             value_rows.clear();
             value_rows.extend((j0..j0 + nk).map(|j| sh.src.row(true, bkv, j)));
-            scores_in_place::<MR, NR>(sh, bkv, j0, nk, &zero_key, &scratch.q, &mut scratch.st);
-            let finite = value_rows.iter().all(|r| all_finite(r));
+            if keys_in_lanes {
+                key_rows.clear();
+                key_rows.extend((j0..j0 + nk).map(|j| sh.src.row(false, bkv, j)));
+                scores_keys_in_lanes(sh, &unit, &key_rows, scratch);
+            } else {
+                scores_in_place::<MR, NR>(sh, bkv, j0, nk, &zero_key, &scratch.q, &mut scratch.st);
+            }
+            // One or two queries check their sums instead, after the fact.
+            let finite = (!keys_in_lanes).then(|| value_rows.iter().all(|r| all_finite(r)));
             (&[][..], finite)
         } else {
             let (keys, values, finite) = sh.tile(bkv, tile, &mut tile_keys, &mut tile_values);
             scores_t::<MR, NR>(sh, keys, nk, &scratch.q, &mut scratch.st);
-            (values, finite)
+            (values, Some(finite))
         };
         if opts.softcap > 0.0 {
             let c = opts.softcap;
@@ -343,33 +365,55 @@ fn attend_block<const MR: usize, const NR: usize, const FMA: bool, const IN_PLAC
 /// `O += P V` for one tile: `Pᵀ` in `s.st`, the values as packed panels or,
 /// when `IN_PLACE`, as rows read in place. Masked keys have probability 0,
 /// which adds nothing while the tile's values are all finite; a tile with a
-/// non-finite value adds its attended keys only, one by one.
+/// non-finite value adds its attended keys only, one by one. `finite: None`
+/// (one or two queries, values in place) has the sums say it: a non-finite
+/// value makes every sum it enters non-finite for good, so a tile whose sums
+/// stay finite had finite values; otherwise the sums are put back and the
+/// tile is added key by key.
 #[inline(always)]
 fn accumulate_values<const MR: usize, const NR: usize, const FMA: bool, const IN_PLACE: bool>(
     sh: &Shared<'_>,
     (values, value_rows): (&[f32], &[&[f32]]),
-    finite: bool,
+    finite: Option<bool>,
     (j0, nk, rows): (usize, usize, usize),
     scratch: &mut Scratch,
 ) {
     let (bq, bk, ldv) = (sh.bq, sh.shape.bk, sh.shape.ldv);
-    let st = &scratch.st;
     // Groups of MR queries past the last real one are skipped.
     let groups = rows.div_ceil(MR);
+    let check_after = finite.is_none();
+    let finite = finite.unwrap_or(true);
     if finite && IN_PLACE && rows <= 2 {
         // One or two queries (a decoding step): each output row adds its
         // value rows one by one, the same sums in the same order as the
         // micro-kernel, without its padding rows.
+        let sums = rows * ldv;
+        if check_after {
+            scratch.saved.clear();
+            scratch.saved.extend_from_slice(&scratch.o[..sums]);
+        }
         for q in 0..rows {
             let o_row = &mut scratch.o[q * ldv..(q + 1) * ldv];
             for (k, v) in value_rows.iter().enumerate() {
-                let p = st[k * bq + q];
+                let p = scratch.st[k * bq + q];
                 for (acc, &x) in o_row.iter_mut().zip(v.iter()) {
                     *acc = madd::<FMA>(p, x, *acc);
                 }
             }
         }
-    } else if finite && IN_PLACE {
+        if !check_after || all_finite(&scratch.o[..sums]) {
+            return;
+        }
+        scratch.o[..sums].copy_from_slice(&scratch.saved);
+        return attended_keys_only::<NR, FMA, IN_PLACE>(
+            sh,
+            (values, value_rows),
+            (j0, nk, rows),
+            scratch,
+        );
+    }
+    let st = &scratch.st;
+    if finite && IN_PLACE {
         for c in 0..ldv / NR {
             for g in 0..groups {
                 let out = &mut scratch.o[g * MR * ldv + c * NR..];
@@ -391,25 +435,39 @@ fn accumulate_values<const MR: usize, const NR: usize, const FMA: bool, const IN
             }
         }
     } else {
-        for q in 0..rows {
-            let (lo, hi) = (scratch.lo[q], scratch.hi[q]);
-            let o_row = &mut scratch.o[q * ldv..(q + 1) * ldv];
-            for k in 0..nk {
-                let j = (j0 + k) as i32;
-                let masked = sh.mask.is_some() && masks(scratch.mt[k * bq + q]);
-                if j < lo || j >= hi || masked {
-                    continue;
-                }
-                let p = st[k * bq + q];
-                for (c, out) in o_row.chunks_exact_mut(NR).enumerate() {
-                    let v = if IN_PLACE {
-                        &value_rows[k][c * NR..(c + 1) * NR]
-                    } else {
-                        &values[(c * bk + k) * NR..(c * bk + k + 1) * NR]
-                    };
-                    for (acc, &x) in out.iter_mut().zip(v) {
-                        *acc = madd::<FMA>(p, x, *acc);
-                    }
+        attended_keys_only::<NR, FMA, IN_PLACE>(sh, (values, value_rows), (j0, nk, rows), scratch);
+    }
+}
+
+/// [`accumulate_values`] for a tile holding a non-finite value: each row adds
+/// the keys it attends, one by one.
+#[inline(always)]
+fn attended_keys_only<const NR: usize, const FMA: bool, const IN_PLACE: bool>(
+    sh: &Shared<'_>,
+    (values, value_rows): (&[f32], &[&[f32]]),
+    (j0, nk, rows): (usize, usize, usize),
+    scratch: &mut Scratch,
+) {
+    let (bq, bk, ldv) = (sh.bq, sh.shape.bk, sh.shape.ldv);
+    let st = &scratch.st;
+    for q in 0..rows {
+        let (lo, hi) = (scratch.lo[q], scratch.hi[q]);
+        let o_row = &mut scratch.o[q * ldv..(q + 1) * ldv];
+        for k in 0..nk {
+            let j = (j0 + k) as i32;
+            let masked = sh.mask.is_some() && masks(scratch.mt[k * bq + q]);
+            if j < lo || j >= hi || masked {
+                continue;
+            }
+            let p = st[k * bq + q];
+            for (c, out) in o_row.chunks_exact_mut(NR).enumerate() {
+                let v = if IN_PLACE {
+                    &value_rows[k][c * NR..(c + 1) * NR]
+                } else {
+                    &values[(c * bk + k) * NR..(c * bk + k + 1) * NR]
+                };
+                for (acc, &x) in out.iter_mut().zip(v) {
+                    *acc = madd::<FMA>(p, x, *acc);
                 }
             }
         }
@@ -480,6 +538,25 @@ fn scores_in_place<const MR: usize, const NR: usize>(
                     dst[j] = row[j] * sh.scale;
                 }
             }
+        }
+    }
+}
+
+/// [`scores_t`] for the block's one or two queries, with the tile's key rows
+/// in the vector lanes ([`dots`]; the same sums): queries past the block's
+/// rows score 0 (they attend nothing).
+fn scores_keys_in_lanes(sh: &Shared<'_>, unit: &Unit<'_>, keys: &[&[f32]], s: &mut Scratch) {
+    let (d, bq, nk) = (&sh.dims, sh.bq, keys.len());
+    let dk = d.head_dim;
+    let q_start = ((unit.b * d.q_heads + unit.h) * d.q_len + unit.i0) * dk;
+    s.dots.resize(nk, 0.0);
+    for k in 0..nk {
+        s.st[k * bq..(k + 1) * bq].fill(0.0);
+    }
+    for r in 0..unit.rows {
+        dots(keys, &sh.q[q_start + r * dk..][..dk], &mut s.dots);
+        for (k, &x) in s.dots.iter().enumerate() {
+            s.st[k * bq + r] = x * sh.scale;
         }
     }
 }

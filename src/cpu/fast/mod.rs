@@ -7,6 +7,7 @@
 //! - `block`: one block of query rows against its key tiles, with the online
 //!   softmax, tile skipping, every option of the contract and the oracle's
 //!   non-finite rule;
+//! - `dots`: a decoding step's scores with the keys in the vector lanes;
 //! - `kernel`: the `MR × NR` register-tiled micro-kernel both products run on;
 //! - `math`: `exp`, `tanh` and reductions the compiler vectorises;
 //! - `isa`: the instruction set the kernels are compiled for, picked at run
@@ -19,6 +20,7 @@
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod block;
+mod dots;
 pub(crate) mod gemm;
 pub(crate) mod isa;
 mod kernel;

@@ -518,7 +518,9 @@ fn record_pass(
             GemmKernel::Coop(_) => {
                 // A batch stride matters only where an entry past the first is read.
                 let fours = |ld: usize, offset: usize, stride: usize, strided: bool| {
-                    ld.is_multiple_of(4) && offset.is_multiple_of(4) && (!strided || stride.is_multiple_of(4))
+                    ld.is_multiple_of(4)
+                        && offset.is_multiple_of(4)
+                        && (!strided || stride.is_multiple_of(4))
                 };
                 let last_b =
                     (spec.b_batch_base + spec.batch.saturating_sub(1)) / spec.b_batch_div.max(1);

@@ -277,7 +277,9 @@ pub(crate) fn record_pack(
 /// matrix store to storage requires (Vulkan: the pointer and the stride
 /// aligned to 16 bytes or a row, whichever is less).
 fn c_aligned(spec: &GemmSpec) -> bool {
-    spec.ldc.is_multiple_of(4) && spec.c_offset.is_multiple_of(4) && (spec.batch == 1 || spec.c_stride.is_multiple_of(4))
+    spec.ldc.is_multiple_of(4)
+        && spec.c_offset.is_multiple_of(4)
+        && (spec.batch == 1 || spec.c_stride.is_multiple_of(4))
 }
 
 /// Records `spec` on the packed GEMM: both packings, then the product. The
