@@ -445,6 +445,38 @@ pub fn host_bandwidth_ceiling(threads: usize, repeats: Repeats) -> Bandwidth {
     }
 }
 
+/// The host's f32 FMA ceiling in GFLOP/s: independent multiply-add chains on
+/// registers in the CPU backend's instruction set, on `threads` threads at
+/// once: what the CPU rows of the bench report their share of.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn host_fma_ceiling(threads: usize, repeats: Repeats) -> (f64, Measurement) {
+    const STEPS: usize = 1 << 20;
+    let isa = crate::cpu::fast::Isa::detect();
+    let threads = threads.max(1);
+    let mut samples = Vec::with_capacity(repeats.timed);
+    let mut flops = 0.0;
+    for run in 0..repeats.warmup + repeats.timed {
+        let start = Instant::now();
+        flops = std::thread::scope(|scope| {
+            let runs: Vec<_> = (0..threads)
+                .map(|_| scope.spawn(move || crate::cpu::fast::peak::fma_chains(isa, STEPS)))
+                .collect();
+            runs.into_iter()
+                .map(|run| {
+                    let (flops, sum) = run.join().unwrap_or((0.0, 0.0));
+                    std::hint::black_box(sum);
+                    flops
+                })
+                .sum::<f64>()
+        });
+        if run >= repeats.warmup {
+            samples.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let measurement = Measurement::wall(samples);
+    (flops / (measurement.median_ms() * 1e6), measurement)
+}
+
 /// One `m × k` by `k × n` GEMM on device buffers of random values: GFLOP/s
 /// (2·m·n·k flops) and the measurement.
 pub async fn gemm(

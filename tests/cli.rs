@@ -1125,11 +1125,10 @@ fn bench_writes_the_documented_json_and_a_plot() {
             assert!(a[key].is_number(), "attention.{key}");
         }
         assert!(a["causal"].is_boolean());
-        // A share of the GPU's FMA ceiling for the GPU paths; none for the CPU ones.
-        let gpu_path = matches!(a["path"].as_str(), Some("fused" | "unfused"));
-        assert_eq!(
-            a["share_of_ceiling"].is_number(),
-            gpu_path,
+        // A share of the FMA ceiling on every path: the GPU's for the GPU
+        // paths, the host's for the CPU backend and the oracle.
+        assert!(
+            a["share_of_ceiling"].as_f64().is_some_and(|s| s > 0.0),
             "attention.share_of_ceiling on {}",
             a["path"]
         );

@@ -469,10 +469,18 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     // This machine's speed may drift during a run (a shared VM's did by 30%), so
     // every GEMM and attention measurement is paired with a short FMA-ceiling
     // run just before it and its share is taken against that (decode shares
-    // use the bandwidth ceiling's median over the run's two ends). The CPU rows
-    // have no GPU ceiling to share (NaN: shown as "-").
+    // use the bandwidth ceiling's median over the run's two ends). The CPU
+    // rows share the host's FMA ceiling, measured the same way just before.
     let adjacent = |path: KernelPath, guarded: &mut GuardTally| -> anyhow::Result<f64> {
         match (ctx, path) {
+            (_, KernelPath::Cpu | KernelPath::Oracle) => Ok(bench::host_fma_ceiling(
+                engine.cpu_backend().threads(),
+                Repeats {
+                    warmup: 1,
+                    timed: 3,
+                },
+            )
+            .0),
             (Some(ctx), KernelPath::Fused | KernelPath::Unfused) => {
                 let (gflops, m) = pollster::block_on(bench::fma_ceiling(
                     ctx,
@@ -950,7 +958,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         );
     }
     println!(
-        "* ceiling: the GPU's f32 FMA ceiling measured just before the row (the machine's speed may drift)"
+        "* ceiling: the f32 FMA ceiling measured just before the row, the GPU's (the host's for cpu and oracle rows, in the CPU backend's instruction set on its threads; the machine's speed may drift)"
     );
     if matrix_units {
         println!("  prec f16: Precision::Fast, f16 products on the matrix units, f32 sums; vs unfused compares within a precision");

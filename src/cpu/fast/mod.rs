@@ -13,6 +13,7 @@
 //! - `isa`: the instruction set the kernels are compiled for, picked at run
 //!   time (AVX-512 or AVX2 + FMA where the CPU has them);
 //! - `avx512`: the micro-kernels written by hand for AVX-512;
+//! - `peak`: the core's FMA ceiling, for the bench's shares;
 //! - `threads`: work items (batch × query head × query block) over scoped threads;
 //! - `gemm`: general products on the same micro-kernel, for the attention
 //!   family's projections on a CPU engine.
@@ -26,6 +27,7 @@ pub(crate) mod isa;
 mod kernel;
 pub(crate) mod math;
 mod pack;
+pub(crate) mod peak;
 #[cfg(not(target_arch = "wasm32"))]
 mod pool;
 mod rules;
