@@ -5,11 +5,12 @@
 //! a function is compiled with, so every hot loop is generic and
 //! `#[inline(always)]`, and [`dispatch`] instantiates the whole job inside a
 //! function compiled for AVX-512 or AVX2 + FMA when the CPU has them (checked
-//! at run time), or for the build's baseline otherwise (SSE2 on x86-64;
-//! SIMD128 on wasm32 when the build enables `+simd128`, see
-//! `.cargo/config.toml`). Under AVX-512 the micro-kernels are written by hand
+//! at run time), with NEON's fused multiply-adds on aarch64, or for the
+//! build's baseline otherwise (SSE2 on x86-64; SIMD128 on wasm32 when the
+//! build enables `+simd128`, see `.cargo/config.toml`). Under AVX-512 the micro-kernels are written by hand
 //! (`avx512.rs`); `WEBATTN_CPU_ISA` (`avx512`, `avx2`, `baseline`) caps the
-//! choice, to measure one instruction set against another on one machine.
+//! choice (`neon` on aarch64), to measure one instruction set against
+//! another on one machine.
 
 use std::sync::OnceLock;
 
@@ -34,9 +35,11 @@ pub enum Isa {
     Avx512,
     /// x86-64 with AVX2 and FMA: 6 × 16 register tiles, fused multiply-adds.
     Avx2Fma,
+    /// aarch64 with NEON (always there): 8 × 8 tiles, fused multiply-adds.
+    Neon,
     /// wasm32 with SIMD128: 4 × 8 tiles, separate multiply and add.
     Simd128,
-    /// The build's baseline (SSE2 on x86-64, NEON on aarch64, scalar elsewhere): 4 × 8 tiles.
+    /// The build's baseline (SSE2 on x86-64, scalar elsewhere): 4 × 8 tiles, no fused multiply-adds.
     Baseline,
 }
 
@@ -74,6 +77,9 @@ impl Isa {
                 return Isa::Avx2Fma;
             }
         }
+        if cfg!(target_arch = "aarch64") {
+            return Isa::Neon;
+        }
         if cfg!(all(target_arch = "wasm32", target_feature = "simd128")) {
             return Isa::Simd128;
         }
@@ -94,6 +100,7 @@ impl Isa {
                 std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("fma")
             }
+            Isa::Neon => cfg!(target_arch = "aarch64"),
             Isa::Simd128 => cfg!(all(target_arch = "wasm32", target_feature = "simd128")),
             Isa::Baseline => true,
             #[allow(unreachable_patterns)]
@@ -107,6 +114,7 @@ impl Isa {
         match name.trim().to_ascii_lowercase().as_str() {
             "avx512" | "avx-512" | "avx512f" => Some(Isa::Avx512),
             "avx2" | "avx2+fma" => Some(Isa::Avx2Fma),
+            "neon" => Some(Isa::Neon),
             "simd128" => Some(Isa::Simd128),
             "baseline" | "scalar" | "none" => Some(Isa::Baseline),
             _ => None,
@@ -118,7 +126,7 @@ impl Isa {
         let rank = |isa: Isa| match isa {
             Isa::Baseline => 0,
             Isa::Simd128 => 1,
-            Isa::Avx2Fma => 2,
+            Isa::Avx2Fma | Isa::Neon => 2,
             Isa::Avx512 => 3,
         };
         if rank(cap) < rank(self) && cap.runs_here() {
@@ -135,6 +143,7 @@ impl Isa {
         match self {
             Isa::Avx512 => "avx512",
             Isa::Avx2Fma => "avx2+fma",
+            Isa::Neon => "neon",
             Isa::Simd128 => "simd128",
             Isa::Baseline => "baseline",
         }
@@ -147,6 +156,7 @@ impl Isa {
         match (self, narrow) {
             (Isa::Avx512, false) => (8, 32),
             (Isa::Avx2Fma, false) => (6, 16),
+            (Isa::Neon, false) => (8, 8),
             _ => (4, 8),
         }
     }
@@ -199,6 +209,15 @@ pub(crate) fn dispatch_tiles<J: Job>(isa: Isa, narrow: bool, job: J) -> J::Outpu
             }
         };
     }
+    if isa == Isa::Neon && isa.runs_here() {
+        // NEON's fused multiply-add is one instruction on every aarch64 CPU;
+        // its 32 registers hold an 8 × 8 tile (16) beside the operands.
+        return if narrow {
+            job.run::<4, 8, true>()
+        } else {
+            job.run::<8, 8, true>()
+        };
+    }
     let _ = (isa, narrow);
     job.run::<4, 8, false>()
 }
@@ -234,7 +253,13 @@ mod tests {
 
     #[test]
     fn names_and_caps() {
-        for isa in [Isa::Avx512, Isa::Avx2Fma, Isa::Simd128, Isa::Baseline] {
+        for isa in [
+            Isa::Avx512,
+            Isa::Avx2Fma,
+            Isa::Neon,
+            Isa::Simd128,
+            Isa::Baseline,
+        ] {
             assert_eq!(Isa::from_name(isa.name()), Some(isa));
         }
         assert_eq!(Isa::from_name(" AVX2 "), Some(Isa::Avx2Fma));
@@ -244,11 +269,17 @@ mod tests {
         let best = Isa::best();
         assert_eq!(best.min(Isa::Avx512), best);
         assert_eq!(best.min(Isa::Baseline), Isa::Baseline);
-        for cap in [Isa::Avx512, Isa::Avx2Fma, Isa::Simd128, Isa::Baseline] {
+        for cap in [
+            Isa::Avx512,
+            Isa::Avx2Fma,
+            Isa::Neon,
+            Isa::Simd128,
+            Isa::Baseline,
+        ] {
             assert!(best.min(cap).runs_here());
         }
         for narrow in [false, true] {
-            for isa in [Isa::Avx512, Isa::Avx2Fma, Isa::Baseline] {
+            for isa in [Isa::Avx512, Isa::Avx2Fma, Isa::Neon, Isa::Baseline] {
                 let (mr, nr) = isa.tiles(narrow);
                 assert!(mr > 0 && nr % 8 == 0);
             }
