@@ -22,10 +22,12 @@ export interface Tensor {
   data: TensorData;
   shape: readonly number[];
   /** `"float16"` stores any data as f16 (rounded to nearest); Uint16Array
-   * data always holds f16 bits, so any other value is an error there.
-   * `"float32"` (what a returned `HostTensor` says) keeps f32 data as it is;
-   * any other value is a `DType` error. */
-  dtype?: "float16" | "float32";
+   * data holds f16 bits unless `"bfloat16"` says it holds bfloat16 bits
+   * (the upper half of each f32; widened exactly to an f32 tensor, since
+   * the engine computes in f32); `"bfloat16"` with other data is a `DType`
+   * error. `"float32"` (what a returned `HostTensor` says) keeps f32 data as
+   * it is; any other value is a `DType` error. */
+  dtype?: "float16" | "float32" | "bfloat16";
 }
 
 /** A tensor returned by the engine. */
@@ -41,8 +43,8 @@ export interface HostTensor {
 export interface MaskTensor {
   data: Uint8Array | boolean[] | TensorData;
   shape: readonly number[];
-  /** As `Tensor.dtype`, for Uint16Array (f16) additive masks. */
-  dtype?: "float16";
+  /** As `Tensor.dtype`, for Uint16Array (f16 or bfloat16) additive masks. */
+  dtype?: "float16" | "bfloat16";
 }
 
 /** The inputs of `attention`, named as ONNX's in camelCase. */

@@ -1,6 +1,7 @@
 //! JavaScript values to engine values and back: tensors `{data, shape}` with
-//! Float32Array (or Float16Array, or Uint16Array holding f16 bits, or
-//! Float64Array) data, masks, lengths, and the options in camelCase. Every
+//! Float32Array (or Float16Array, or Uint16Array holding f16 bits or, with
+//! `dtype: "bfloat16"`, bfloat16 bits, or Float64Array) data, masks, lengths,
+//! and the options in camelCase. Every
 //! malformed value is a typed engine error that names it; nothing panics.
 
 use js_sys::{
@@ -108,22 +109,41 @@ fn widen_f16(name: &'static str, bits: &[u16]) -> Result<Vec<f32>> {
     Ok(HostTensor::from_le_bytes(name, DType::F16, [bits.len()], &bytes)?.into_data())
 }
 
-/// Float values of `data` (f32 as is; f16 and f64 converted), with the name
-/// of the element type they came in.
+/// bfloat16 bits widened to f32: exact, the bits are an f32's upper half.
+fn widen_bf16(bits: &[u16]) -> Vec<f32> {
+    bits.iter()
+        .map(|&b| f32::from_bits(u32::from(b) << 16))
+        .collect()
+}
+
+/// Float values of `data` (f32 as is; f16, bfloat16 and f64 converted), with
+/// the name of the element type they came in.
 fn floats(
     name: &'static str,
     data: &JsValue,
     dtype: Option<&str>,
 ) -> Result<(Vec<f32>, &'static str)> {
-    let expected =
-        "Float32Array, Float16Array, Uint16Array (f16 bits), Float64Array or an array of numbers";
+    let expected = "Float32Array, Float16Array, Uint16Array (f16 bits, or bfloat16 bits with \
+                    dtype \"bfloat16\"), Float64Array or an array of numbers";
     refuse_detached(name, data)?;
-    if let Some(other) = dtype.filter(|d| !matches!(*d, "float16" | "float32")) {
+    if let Some(other) = dtype.filter(|d| !matches!(*d, "float16" | "float32" | "bfloat16")) {
         return Err(Error::DType {
             tensor: name,
-            expected: "dtype \"float16\" or \"float32\" (or none)",
+            expected: "dtype \"float16\", \"bfloat16\" or \"float32\" (or none)",
             got: format!("dtype {other:?}"),
         });
+    }
+    if dtype == Some("bfloat16") {
+        // bfloat16 has no typed array: its bits come in a Uint16Array, and
+        // are widened to f32 exactly (the engine computes in f32).
+        return match data.dyn_ref::<Uint16Array>() {
+            Some(a) => Ok((widen_bf16(&a.to_vec()), "bfloat16")),
+            None => Err(Error::DType {
+                tensor: name,
+                expected: "a Uint16Array of bfloat16 bits for dtype \"bfloat16\"",
+                got: type_name(data),
+            }),
+        };
     }
     if let Some(bits) = float16_bits(data) {
         return Ok((widen_f16(name, &bits)?, "float16"));
@@ -132,7 +152,8 @@ fn floats(
         if dtype.is_some_and(|d| d != "float16") {
             return Err(Error::DType {
                 tensor: name,
-                expected: "float16 for Uint16Array data (it holds f16 bits)",
+                expected: "float16 or bfloat16 for Uint16Array data (it holds f16 bits, or \
+                           bfloat16 bits with dtype \"bfloat16\")",
                 got: dtype.unwrap_or_default().to_string(),
             });
         }

@@ -27,6 +27,7 @@ pub(crate) mod isa;
 mod kernel;
 pub(crate) mod math;
 mod pack;
+#[cfg(not(target_arch = "wasm32"))]
 pub(crate) mod peak;
 #[cfg(not(target_arch = "wasm32"))]
 mod pool;

@@ -235,6 +235,21 @@ function cases({ worker }) {
     return `Uint16Array bits equal f32 rounded; ${half}`;
   });
 
+  add("bfloat16 inputs (Uint16Array bits with dtype bfloat16)", async (engine) => {
+    const shape = [1, 2, 9, 16];
+    // Values bfloat16 holds exactly (6 significant bits), and their bits: the upper half of an f32's.
+    const values = (salt) => Float32Array.from({ length: size(shape) }, (_, i) => (((i + salt) * 37) % 97 - 48) / 32);
+    const bf16 = (a) => Uint16Array.from(new Uint32Array(a.buffer), (b) => b >>> 16);
+    const [qv, kv, vv] = [values(0), values(5), values(11)];
+    const want = await engine.attention({ q: { data: qv, shape }, k: { data: kv, shape }, v: { data: vv, shape } });
+    const t = (a) => ({ data: bf16(a), shape, dtype: "bfloat16" });
+    const got = await engine.attention({ q: t(qv), k: t(kv), v: t(vv) }, { verify: true });
+    expect(got.y.dtype === "float32", `bfloat16 queries gave ${got.y.dtype}`);
+    expect(maxDiff(got.y.data, want.y.data) === 0, "bfloat16 bits differ from the same values in f32");
+    await rejects(() => engine.attention({ q: { data: qv, shape, dtype: "bfloat16" }, k: t(kv), v: t(vv) }), "DType", /bfloat16 bits/);
+    return `bfloat16 bits equal the f32 values; ${expectVerified(got, "bfloat16")}`;
+  });
+
   add("3-D inputs with qNumHeads/kvNumHeads; past key/value and present outputs", async (engine) => {
     const [B, S, H, Hk, D] = [2, 11, 4, 2, 16];
     const q = tensor(n, [B, S, H * D]), k = tensor(n, [B, 13, Hk * D]), v = tensor(n, [B, 13, Hk * D]);
