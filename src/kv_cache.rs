@@ -370,6 +370,31 @@ impl KvCache {
         true
     }
 
+    /// Where `n` new tokens per sequence go in place when every sequence
+    /// holds the same number of tokens (a decoder's steps): the cache's K
+    /// and V buffers, its capacity and that number. A kernel the caller
+    /// records writes them there, and [`KvCache::note_appended`] counts them.
+    pub(crate) fn uniform_slot(
+        &self,
+        n: usize,
+    ) -> Option<(Arc<wgpu::Buffer>, Arc<wgpu::Buffer>, usize, usize)> {
+        let (kb, vb) = self.in_place_buffers(n)?;
+        let len = *self.lengths.first()?;
+        let capacity = self.key.as_ref()?.shape()[2];
+        self.lengths
+            .iter()
+            .all(|&l| l == len)
+            .then_some((kb, vb, capacity, len))
+    }
+
+    /// Counts `n` tokens per sequence written in place by the caller's kernel
+    /// (see [`KvCache::uniform_slot`]).
+    pub(crate) fn note_appended(&mut self, n: usize) {
+        for len in &mut self.lengths {
+            *len += n;
+        }
+    }
+
     /// Whether `n` tokens per sequence can be appended in place by
     /// [`KvCache::record_append`].
     pub(crate) fn has_room_in_place(&self, n: usize) -> bool {

@@ -1200,6 +1200,7 @@ fn bench_writes_the_documented_json_and_a_plot() {
             "ms",
             "append_ms",
             "dispatches",
+            "copies",
             "buffers_created",
             "submissions",
             "weight_bytes",

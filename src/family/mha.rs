@@ -36,6 +36,7 @@ use crate::engine::{Engine, PreparedAttention};
 use crate::error::{Error, Result};
 use crate::gpu::buffer;
 use crate::gpu::context::GpuContext;
+use crate::gpu::ops::cache_append::{CacheSlot, PreparedCacheAppend};
 use crate::gpu::ops::gemm::{self, GemmSpec};
 use crate::gpu::ops::position::PreparedPosition;
 use crate::gpu::ops::projection::{
@@ -188,6 +189,9 @@ struct Workspace {
     products: Vec<(Projection, Source)>,
     rope_q: Option<PreparedPosition>,
     rope_k: Option<PreparedPosition>,
+    /// A self-attention step's keys (rotated) and values into the cache in
+    /// one dispatch, where the cache has room and equal lengths.
+    append: Option<PreparedCacheAppend>,
     output: wgpu::Buffer,
     out_product: Projection,
     staging: wgpu::Buffer,
@@ -948,6 +952,15 @@ impl MultiHeadAttention {
             ),
             None => (None, None),
         };
+        let append = if !key.cross && d.head_dim == d.v_head_dim {
+            let rows = batch * d.kv_heads * m;
+            Some(match &self.rope {
+                Some(rope) => rope.prepare_append(ctx, rows, m, d.head_dim)?,
+                None => PreparedCacheAppend::prepare(ctx, None, rows, d.head_dim, m)?,
+            })
+        } else {
+            None
+        };
         let out_len = batch * n * d.d_model;
         let out_product = Projection::prepare(
             ctx,
@@ -971,6 +984,7 @@ impl MultiHeadAttention {
             products,
             rope_q,
             rope_k,
+            append,
             output: buffer::storage(ctx, "output", out_len)?,
             out_product,
             staging: buffer::staging(ctx, "output readback", out_len)?,
@@ -1031,9 +1045,35 @@ impl MultiHeadAttention {
         let mut rec = ctx
             .scoped("decoder step", || {
                 let mut rec = Recorder::new(ctx, "decoder step");
-                self.record_projections(&mut rec, ws_ref, weights, x, None, past_len)?;
-                if !cache.record_append(&mut rec, &ws_ref.k, &ws_ref.v, n) {
-                    return Err(Error::Conflict("the KV cache had no room in place"));
+                // The keys' rotation and the append in one dispatch where the
+                // cache's sequences are equally long; else rotation, then copies.
+                let slot = ws_ref.append.as_ref().zip(cache.uniform_slot(n));
+                self.record_projections(
+                    &mut rec,
+                    ws_ref,
+                    weights,
+                    x,
+                    None,
+                    past_len,
+                    slot.is_none(),
+                )?;
+                match slot {
+                    Some((append, (key, value, capacity, len))) => {
+                        let position = match &self.rope {
+                            Some(rope) => rope.position(n, past_len)?,
+                            None => 0,
+                        };
+                        let slot = CacheSlot {
+                            key: &key,
+                            value: &value,
+                            capacity,
+                            len,
+                        };
+                        append.record(&mut rec, &ws_ref.k, &ws_ref.v, slot, position)?;
+                        cache.note_appended(n);
+                    }
+                    None if cache.record_append(&mut rec, &ws_ref.k, &ws_ref.v, n) => {}
+                    None => return Err(Error::Conflict("the KV cache had no room in place")),
                 }
                 Ok(rec)
             })
@@ -1069,7 +1109,9 @@ impl MultiHeadAttention {
     /// Writes the inputs into the workspace and records its products and
     /// rotations: queries and new keys sit after the `past_len` cached
     /// tokens; a cross attention's keys start at position 0 of their own
-    /// sequence.
+    /// sequence. Without `rotate_keys` the keys are left for the cache
+    /// append to rotate.
+    #[allow(clippy::too_many_arguments)]
     fn record_projections(
         &self,
         rec: &mut Recorder<'_>,
@@ -1078,6 +1120,7 @@ impl MultiHeadAttention {
         query: StepInput<'_>,
         key_value: Option<&HostTensor>,
         past_len: usize,
+        rotate_keys: bool,
     ) -> Result<()> {
         let ctx = rec.ctx();
         let WorkspaceKey { batch, n, m, .. } = ws.key;
@@ -1104,8 +1147,10 @@ impl MultiHeadAttention {
         }
         if let (Some(rope), Some(rq), Some(rk)) = (&self.rope, &ws.rope_q, &ws.rope_k) {
             rope.record_prepared(rec, rq, &ws.q, n, past_len)?;
-            let key_offset = if key_value.is_some() { 0 } else { past_len };
-            rope.record_prepared(rec, rk, &ws.k, m, key_offset)?;
+            if rotate_keys {
+                let key_offset = if key_value.is_some() { 0 } else { past_len };
+                rope.record_prepared(rec, rk, &ws.k, m, key_offset)?;
+            }
         }
         Ok(())
     }
@@ -1128,7 +1173,7 @@ impl MultiHeadAttention {
         ctx.scoped("multi-head projections", || {
             let mut rec = Recorder::new(ctx, "multi-head projections");
             let query = StepInput::Host(query);
-            self.record_projections(&mut rec, ws, weights, query, key_value, past_len)?;
+            self.record_projections(&mut rec, ws, weights, query, key_value, past_len, true)?;
             rec.submit();
             Ok(())
         })

@@ -240,6 +240,33 @@ impl Rope {
         position::PreparedPosition::prepare(ctx, self.mode(), rows, dim, seq_len, &freqs)
     }
 
+    /// The append of a decoder step's keys (rotated) and values into its KV
+    /// cache, prepared once: `rows` rows of `dim` values, `seq_len` a sequence.
+    pub(crate) fn prepare_append(
+        &self,
+        ctx: &crate::gpu::context::GpuContext,
+        rows: usize,
+        seq_len: usize,
+        dim: usize,
+    ) -> Result<crate::gpu::ops::cache_append::PreparedCacheAppend> {
+        self.check(dim)?;
+        let freqs = position::inverse_frequencies(self.base, dim, dim / 2);
+        crate::gpu::ops::cache_append::PreparedCacheAppend::prepare(
+            ctx,
+            Some((self.mode(), &freqs)),
+            rows,
+            dim,
+            seq_len,
+        )
+    }
+
+    /// The position of the first of `seq_len` rows at `extra_offset` past
+    /// this encoding's own offset, checked to stay exact in f32.
+    pub(crate) fn position(&self, seq_len: usize, extra_offset: usize) -> Result<usize> {
+        check_positions(seq_len, self.offset + extra_offset)?;
+        Ok(self.offset + extra_offset)
+    }
+
     /// Records a prepared rotation of `x` (sequences of `seq_len` rows) from
     /// position `offset + extra_offset`.
     pub(crate) fn record_prepared(

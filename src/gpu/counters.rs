@@ -1,5 +1,5 @@
 //! Counts of the work a device was given: buffers and bind groups created,
-//! dispatches recorded, submissions. Tests and the bench read them around a call to show
+//! dispatches and copies recorded, submissions. Tests and the bench read them around a call to show
 //! what it costs beyond its arithmetic (a prepared decoder step allocates
 //! nothing and dispatches a handful of kernels).
 
@@ -11,6 +11,7 @@ pub(crate) struct Counters {
     buffers: AtomicU64,
     bind_groups: AtomicU64,
     dispatches: AtomicU64,
+    copies: AtomicU64,
     submissions: AtomicU64,
 }
 
@@ -27,6 +28,10 @@ impl Counters {
         self.dispatches.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(crate) fn copied(&self) {
+        self.copies.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn submitted(&self) {
         self.submissions.fetch_add(1, Ordering::Relaxed);
     }
@@ -36,6 +41,7 @@ impl Counters {
             buffers: self.buffers.load(Ordering::Relaxed),
             bind_groups: self.bind_groups.load(Ordering::Relaxed),
             dispatches: self.dispatches.load(Ordering::Relaxed),
+            copies: self.copies.load(Ordering::Relaxed),
             submissions: self.submissions.load(Ordering::Relaxed),
         }
     }
@@ -51,6 +57,8 @@ pub struct WorkCounts {
     pub bind_groups: u64,
     /// Compute dispatches recorded.
     pub dispatches: u64,
+    /// Buffer-to-buffer copies recorded.
+    pub copies: u64,
     /// Command buffers submitted to the queue.
     pub submissions: u64,
 }
@@ -63,6 +71,7 @@ impl std::ops::Sub for WorkCounts {
             buffers: self.buffers - earlier.buffers,
             bind_groups: self.bind_groups - earlier.bind_groups,
             dispatches: self.dispatches - earlier.dispatches,
+            copies: self.copies - earlier.copies,
             submissions: self.submissions - earlier.submissions,
         }
     }

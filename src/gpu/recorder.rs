@@ -217,6 +217,7 @@ impl<'c> Recorder<'c> {
         self.pass = None;
         let ctx = self.ctx;
         ctx.clear_pending(self.encoder());
+        ctx.counters.copied();
         self.encoder().copy_buffer_to_buffer(
             src,
             src_offset as u64 * 4,

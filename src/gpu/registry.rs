@@ -125,6 +125,9 @@ pub enum Kernel {
     /// projections), each weight read once, f32 or f16 weights, up to three
     /// head-major outputs from one fused matrix (`shaders/projection.wgsl`).
     Projection,
+    /// A decoder step's keys (rotated by RoPE, or copied) and values into its
+    /// preallocated KV cache, in one dispatch (`shaders/cache_append.wgsl`).
+    CacheAppend,
 }
 
 /// How a kernel sees one binding (in binding-index order, group 0).
@@ -140,7 +143,7 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 36] = [
+    pub const ALL: [Kernel; 37] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
@@ -177,6 +180,7 @@ impl Kernel {
         Kernel::AttentionCoopPacked(CoopSize::Eight),
         Kernel::AttentionCoopPacked(CoopSize::Sixteen),
         Kernel::Projection,
+        Kernel::CacheAppend,
     ];
 
     /// A short lowercase name, used in pipeline labels.
@@ -218,6 +222,7 @@ impl Kernel {
             Kernel::AttentionCoopPacked(CoopSize::Eight) => "attention_coop_packed8",
             Kernel::AttentionCoopPacked(CoopSize::Sixteen) => "attention_coop_packed16",
             Kernel::Projection => "projection",
+            Kernel::CacheAppend => "cache_append",
         }
     }
 
@@ -256,6 +261,7 @@ impl Kernel {
             Kernel::AttentionCoop(_) => "attention_coop.wgsl",
             Kernel::AttentionCoopPacked(_) => "attention_coop_packed.wgsl",
             Kernel::Projection => "projection.wgsl",
+            Kernel::CacheAppend => "cache_append.wgsl",
         }
     }
 
@@ -355,6 +361,7 @@ impl Kernel {
             Kernel::LinearWeights => include_str!("../../shaders/linear_weights.wgsl"),
             Kernel::AdditiveScores => include_str!("../../shaders/additive_scores.wgsl"),
             Kernel::Projection => include_str!("../../shaders/projection.wgsl"),
+            Kernel::CacheAppend => include_str!("../../shaders/cache_append.wgsl"),
             Kernel::GemmCoop(CoopSize::Sixteen) => include_str!("../../shaders/gemm_coop.wgsl"),
             Kernel::GemmCoop(CoopSize::Eight) => {
                 static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -532,6 +539,8 @@ impl Kernel {
             Kernel::GemmCoop(_) => &[Uniform, Read, Read, Read, Read, ReadWrite],
             // x, weight words, bias; the three outputs.
             Kernel::Projection => &[Uniform, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite],
+            // new K, new V, inverse frequencies; K cache, V cache.
+            Kernel::CacheAppend => &[Uniform, Read, Read, Read, ReadWrite, ReadWrite],
             // packed A, packed B; C.
             Kernel::GemmCoopPacked(_) => &[Uniform, Read, Read, ReadWrite],
             // an operand as stored; packed; the non-finite flags.
@@ -552,8 +561,9 @@ impl Kernel {
 
 /// Files in `shaders/` that are not kernels but blocks the registry puts into
 /// kernels (see [`with_element`]).
-pub const FRAGMENTS: [&str; 6] = [
+pub const FRAGMENTS: [&str; 7] = [
     "ablate.wgsl",
+    "sincos.wgsl",
     "element_f16.wgsl",
     "attention_qkv4.wgsl",
     "attention_rules.wgsl",
@@ -565,8 +575,9 @@ pub const FRAGMENTS: [&str; 6] = [
 const INCLUDE: &str = "// #include ";
 
 /// The fragments a kernel can include, with their text.
-const INCLUDABLE: [(&str, &str); 5] = [
+const INCLUDABLE: [(&str, &str); 6] = [
     ("ablate.wgsl", include_str!("../../shaders/ablate.wgsl")),
+    ("sincos.wgsl", include_str!("../../shaders/sincos.wgsl")),
     (
         "attention_qkv4.wgsl",
         include_str!("../../shaders/attention_qkv4.wgsl"),

@@ -136,6 +136,7 @@ pub fn kernel_words(kernel: super::registry::Kernel) -> Vec<Word> {
         K::LinearWeights => linear::WeightParams::words(),
         K::AdditiveScores => additive::Params::words(),
         K::Projection => projection::Params::words(),
+        K::CacheAppend => cache_append::Params::words(),
     }
 }
 

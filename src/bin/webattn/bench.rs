@@ -1042,7 +1042,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             layer.head_dim
         );
         println!(
-            "{:>6} {:>6} {:>8} {:>7} {:>10} {:>9} {:>6} {:>6} {:>6} {:>9} {:>8} {:>8} {:>10}",
+            "{:>6} {:>6} {:>8} {:>7} {:>10} {:>9} {:>6} {:>6} {:>6} {:>6} {:>9} {:>8} {:>8} {:>10}",
             "engine",
             "layers",
             "cached",
@@ -1050,6 +1050,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             "ms/token",
             "tokens/s",
             "disp",
+            "copies",
             "bufs",
             "subm",
             "MB/token",
@@ -1061,10 +1062,11 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             let ms = m.measurement.median_ms();
             let share = m.gbs() / token_ceiling(label);
             println!(
-                "{label:>6} {layers:>6} {cached:>8} {:>7} {ms:>10.3} {:>9.1} {:>6} {:>6} {:>6} {:>9.2} {:>8.1} {:>8} {:>10}",
+                "{label:>6} {layers:>6} {cached:>8} {:>7} {ms:>10.3} {:>9.1} {:>6} {:>6} {:>6} {:>6} {:>9.2} {:>8.1} {:>8} {:>10}",
                 format!("{storage:?}").to_lowercase(),
                 1e3 / ms,
                 m.counts.dispatches,
+                m.counts.copies,
                 m.counts.buffers,
                 m.counts.submissions,
                 (m.weight_bytes + m.kv_bytes) as f64 / 1e6,
@@ -1074,7 +1076,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             );
         }
         println!("layers: one layer, or a stack of {STACK_LAYERS} whose hidden state stays on the device (upload, every layer's step, one readback; its counts, MB and share are the whole stack's)");
-        println!("disp/bufs/subm: dispatches, buffers created and submissions of the last timed token; MB/token: weights (as stored) + the cached K and V the step reads; of copy: share of the copy ceiling measured in this run (the GPU's for gpu rows, the host's for cpu rows)");
+        println!("disp/copies/bufs/subm: dispatches, buffer-to-buffer copies, buffers created and submissions of the last timed token; MB/token: weights (as stored) + the cached K and V the step reads; of copy: share of the copy ceiling measured in this run (the GPU's for gpu rows, the host's for cpu rows)");
         if let Some(copy) = &host_copy {
             println!(
                 "host copy ceiling: {:.1} GB/s, a {} MiB copy (read + write) on {} threads",
@@ -1152,7 +1154,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             "engine": label, "layers": layers, "d_model": layer.d_model(), "heads": layer.heads, "kv_heads": layer.kv_heads,
             "head_dim": layer.head_dim, "cached": cached, "weights": format!("{storage:?}").to_lowercase(),
             "ms": m.measurement.median_ms(), "samples_ms": m.measurement.samples_ms,
-            "dispatches": m.counts.dispatches, "buffers_created": m.counts.buffers,
+            "dispatches": m.counts.dispatches, "copies": m.counts.copies, "buffers_created": m.counts.buffers,
             "submissions": m.counts.submissions, "weight_bytes": m.weight_bytes, "kv_bytes": m.kv_bytes,
             "gbs": m.gbs(), "share_of_bandwidth": finite(m.gbs() / token_ceiling(label)),
             "append_ms": append.as_ref().map(|a| a.median_ms()),

@@ -1,6 +1,7 @@
 //! One module per kernel: its parameter struct, preconditions and dispatch geometry.
 
 pub mod additive;
+pub(crate) mod cache_append;
 pub mod concat;
 pub mod convert;
 pub mod coop;
