@@ -430,6 +430,7 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
         Kernel::AttentionScores,
         Kernel::AttentionMerge,
         Kernel::Position,
+        Kernel::CacheAppend,
         Kernel::LinearFeatures,
         Kernel::LinearScan,
         Kernel::LinearOutput,
