@@ -28,37 +28,7 @@ override TRANS_B: bool = false;
 // PyTorch; the non-finite rule of AttentionOptions).
 override SKIP_MARKED_A: bool = false;
 
-fn marked(x: f32) -> bool {
-    return bitcast<u32>(x) == 0x80000000u;
-}
-
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    batch: u32,
-    lda: u32,
-    ldb: u32,
-    ldc: u32,
-    tiles_n: u32,
-    tiles_m: u32,
-    a_offset: u32,
-    b_offset: u32,
-    c_offset: u32,
-    a_stride: u32,
-    b_stride: u32,
-    c_stride: u32,
-    b_batch_base: u32,
-    b_batch_div: u32,
-    alpha: f32,
-    beta: f32,
-    _pad: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
-@group(0) @binding(3) var<storage, read_write> c: array<f32>;
+// #include gemm_params.wgsl
 
 const TILE: u32 = 64u;
 const TILE_K: u32 = 16u;

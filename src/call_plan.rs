@@ -181,7 +181,8 @@ pub fn plan_call(
         _ => {
             let precision = planner.unfused_precision(options.precision);
             GpuRoute::Unfused {
-                gemm: planner.gemm_kernel_for_call(precision),
+                // Each product has a block's rows of one head: a call's query rows at most.
+                gemm: planner.gemm_kernel_for_rows(precision, dims.q_len),
                 precision,
                 // A block of scores is bound whole.
                 score_budget: score_budget.min(planner.caps.limits.max_bindable_bytes()),
@@ -403,6 +404,62 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// A call of at most 16 query rows a head on the unfused path takes the
+    /// skinny GEMM at either precision, but on CPU adapters with fixed
+    /// subgroups (their shuffling kernel); taller calls the adapter's
+    /// kernel. The portable kernels (the tiled GEMM forced) take it too;
+    /// another forced kernel stays.
+    #[test]
+    fn few_query_rows_take_the_skinny_gemm_unless_a_kernel_is_forced() {
+        let unfused = |precision| AttentionOptions {
+            path: KernelPath::Unfused,
+            precision,
+            ..Default::default()
+        };
+        let gemm = |plan: &CallPlan| match plan.gpu {
+            Some(GpuRoute::Unfused { gemm, .. }) => gemm,
+            ref other => panic!("not unfused: {other:?}"),
+        };
+        for caps in [h100(), apple(), lavapipe(), webgpu_default()] {
+            let few_rows = match caps.fixed_cpu_subgroup() {
+                Some(width) => GemmKernel::Subgroup { width },
+                None => GemmKernel::Skinny,
+            };
+            for precision in [Precision::Highest, Precision::Fast] {
+                for rows in [1, 16] {
+                    let dims = AttentionDims::plain(1, [32, 8], [rows, 4096], [128, 128]);
+                    let step = plan(&caps, &dims, &unfused(precision));
+                    assert_eq!(gemm(&step), few_rows, "{step}");
+                }
+                let tall = AttentionDims::plain(1, [32, 8], [17, 4096], [128, 128]);
+                assert_ne!(
+                    gemm(&plan(&caps, &tall, &unfused(precision))),
+                    GemmKernel::Skinny
+                );
+            }
+            for (forced, kernel) in [
+                (GemmKernel::Tiled, GemmKernel::Skinny),
+                (
+                    GemmKernel::Subgroup { width: 4 },
+                    GemmKernel::Subgroup { width: 4 },
+                ),
+            ] {
+                let overrides = Overrides {
+                    gemm: Some(forced),
+                    ..Overrides::default()
+                };
+                let dims = decode(4096);
+                let step = plan_on(&caps, &overrides, None, &dims, &unfused(Precision::Highest));
+                assert_eq!(gemm(&step.unwrap()), kernel);
+            }
+        }
+        let step = plan(&h100(), &decode(4096), &unfused(Precision::Fast));
+        assert!(
+            step.to_string().starts_with("unfused: gemm_skinny at fast"),
+            "{step}"
+        );
     }
 
     #[test]

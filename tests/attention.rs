@@ -101,6 +101,17 @@ fn quick_sweep_and_long_keys_with_portable_kernels() {
         ..Default::default()
     };
     let engine = webattn::Engine::with_options_blocking(options).expect("a GPU engine");
+    // Calls of a few query rows take the skinny GEMM, which needs no subgroups.
+    let unfused = webattn::AttentionOptions {
+        path: KernelPath::Unfused,
+        ..Default::default()
+    };
+    let few_rows = webattn::AttentionDims::plain(1, [4, 2], [7, 3000], [64, 256]);
+    let plan = engine.plan(&few_rows, &unfused).expect("a plan");
+    assert!(
+        plan.to_string().starts_with("unfused: gemm_skinny"),
+        "{plan}"
+    );
     let mut cases = sweep(SweepKind::Quick);
     // Long enough to cross llvmpipe's loop cap: the kernel must split the keys.
     cases.push(

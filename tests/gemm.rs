@@ -6,15 +6,19 @@ mod common;
 
 use webattn::conformance::{compare, DEFAULT_FLOOR};
 use webattn::gpu::kernels::{gemm_host_variant, gemm_host_with};
-use webattn::gpu::ops::gemm::{AValues, GemmKernel, GemmSpec};
+use webattn::gpu::ops::gemm::{AValues, GemmKernel, GemmSpec, SKINNY_MAX_ROWS};
 use webattn::rng::SplitMix64;
 
-/// Every GEMM kernel this adapter can run: the tiled one always, the
-/// subgroup one on CPU adapters with fixed subgroups of 4 or 8.
-fn kernels(ctx: &webattn::GpuContext) -> Vec<GemmKernel> {
+/// Every GEMM kernel this adapter can run on `spec`: the tiled one always,
+/// the subgroup one on CPU adapters with fixed subgroups of 4 or 8, the
+/// skinny one where op(A) has at most 16 rows.
+fn kernels(ctx: &webattn::GpuContext, spec: &GemmSpec) -> Vec<GemmKernel> {
     let mut kernels = vec![GemmKernel::Tiled];
     if let Some(width) = ctx.capabilities().fixed_cpu_subgroup() {
         kernels.push(GemmKernel::Subgroup { width });
+    }
+    if spec.m <= SKINNY_MAX_ROWS {
+        kernels.push(GemmKernel::Skinny);
     }
     kernels
 }
@@ -29,7 +33,7 @@ fn check(name: &str, spec: &GemmSpec, seed: u64) {
     let c = rng.normal_vec(c_len, 1.0);
     let exact = common::gemm_reference::<f64>(spec, false, &a, &b, &c);
     let plain = common::gemm_reference::<f32>(spec, false, &a, &b, &c);
-    for kernel in kernels(ctx) {
+    for kernel in kernels(ctx, spec) {
         let got =
             pollster::block_on(gemm_host_with(ctx, kernel, spec, &a, &b, &c)).expect("gemm runs");
         let report = compare(&got, &exact, &plain, DEFAULT_FLOOR);
@@ -147,6 +151,37 @@ fn k_longer_than_a_loop_capped_driver_allows() {
     );
 }
 
+/// Products of at most 16 rows (a decoder step's), where the skinny kernel
+/// runs: every height its pipelines hold and some between, each transpose,
+/// columns and K that fill no workgroup evenly, alpha and beta, and B shared
+/// by grouped heads from an offset head, as the unfused path decodes.
+#[test]
+fn skinny_products_of_every_height() {
+    let flags = [(false, true), (false, false), (true, false), (true, true)];
+    for (i, m) in [1usize, 2, 3, 5, 8, 13, 16].into_iter().enumerate() {
+        let all = m == 1 || m == 16;
+        for (j, &(ta, tb)) in flags.iter().enumerate() {
+            if !all && j != i % flags.len() {
+                continue;
+            }
+            let spec = GemmSpec {
+                alpha: 0.75,
+                beta: if j == 1 { 0.5 } else { 0.0 },
+                ..GemmSpec::contiguous(3, m, 97, 257, ta, tb)
+            };
+            let name = format!("skinny m{m} ta{} tb{}", ta as u8, tb as u8);
+            check(&name, &spec, 100 + (i * 4 + j) as u64);
+        }
+    }
+    let mut gqa = GemmSpec::contiguous(6, 1, 1025, 7, false, true);
+    gqa.b_batch_base = 2;
+    gqa.b_batch_div = 3;
+    check("skinny gqa m1 n1025 k7", &gqa, 130);
+    let mut long = GemmSpec::contiguous(2, 4, 33, 1025, false, false);
+    long.b_batch_div = 2;
+    check("skinny m4 k1025 shared B", &long, 131);
+}
+
 /// Attention's `P · V` on every GEMM kernel here: a term whose A is the mark
 /// `-0` (a key not attended) adds nothing whatever B holds, while `+0` (an
 /// attended key whose probability underflowed) and tiny values still
@@ -155,7 +190,14 @@ fn k_longer_than_a_loop_capped_driver_allows() {
 fn marked_terms_of_a_are_skipped_and_zeros_are_not() {
     let Some(engine) = common::gpu() else { return };
     let ctx = engine.gpu().expect("a GPU engine");
-    let spec = GemmSpec::contiguous(2, 37, 21, 70, false, false);
+    // Tall products, and a decoder step's few rows (the skinny kernel's).
+    for m in [37, 5] {
+        marks_case(ctx, m);
+    }
+}
+
+fn marks_case(ctx: &webattn::GpuContext, m: usize) {
+    let spec = GemmSpec::contiguous(2, m, 21, 70, false, false);
     let (a_len, b_len, c_len) = spec.extents();
     let mut rng = SplitMix64::new(common::seed());
     let mut a: Vec<f32> = rng
@@ -198,7 +240,7 @@ fn marked_terms_of_a_are_skipped_and_zeros_are_not() {
         exact[spec.m * n + 4 * n + 3].is_finite(),
         "the test's own premise"
     );
-    for kernel in kernels(ctx) {
+    for kernel in kernels(ctx, &spec) {
         for a_values in [AValues::MarksSkipped, AValues::Probabilities] {
             let got =
                 pollster::block_on(gemm_host_variant(ctx, kernel, &spec, a_values, &a, &b, &c))

@@ -113,6 +113,11 @@ pub enum GemmKernel {
         /// The accumulators per subgroup.
         tile: PackedTile,
     },
+    /// `gemm_skinny.wgsl`: products of at most 16 rows (a decoder step's
+    /// `Q Kᵀ` and `P V`), each value of B read once by invocations that
+    /// split K, where the 64 x 64 tiles would compute rows no one asked
+    /// for. Taller products run the adapter's tiled kernel.
+    Skinny,
 }
 
 impl GemmKernel {
@@ -121,6 +126,7 @@ impl GemmKernel {
     pub fn label(self) -> String {
         match self {
             GemmKernel::Tiled => "gemm".to_string(),
+            GemmKernel::Skinny => "gemm_skinny".to_string(),
             GemmKernel::Subgroup { width } => format!("gemm_sg (subgroups of {width})"),
             GemmKernel::Coop(shape) => format!("gemm_coop{}", shape.size.dim()),
             GemmKernel::CoopPacked { shape, tile } => format!(

@@ -475,7 +475,8 @@ impl GpuContext {
     }
 
     /// This context restricted to the kernels that need no subgroups (tiled
-    /// GEMM, portable fused attention), as an adapter without subgroups (GL, some
+    /// GEMM and, for products of up to 16 rows, the skinny one; portable fused
+    /// attention; staged decode), as an adapter without subgroups (GL, some
     /// browsers) runs them. For testing and measuring those kernels anywhere.
     pub fn with_portable_kernels(mut self) -> GpuContext {
         self.overrides.gemm = Some(GemmKernel::Tiled);

@@ -52,6 +52,11 @@ impl KernelPlan {
             let gemm_kernel = gemm::marks_to_staged(gemm_kernel, a_values);
             let (invocations, tile, workgroup_bytes) = match gemm_kernel {
                 gemm::GemmKernel::Tiled => (gemm::INVOCATIONS, gemm::TILE_TEXT.to_string(), gemm::WORKGROUP_BYTES),
+                gemm::GemmKernel::Skinny => (
+                    gemm::SKINNY_INVOCATIONS,
+                    gemm::SKINNY_TEXT.to_string(),
+                    gemm::SKINNY_WORKGROUP_BYTES,
+                ),
                 gemm::GemmKernel::Subgroup { width } => (
                     width,
                     format!(
@@ -186,6 +191,20 @@ impl KernelPlan {
             },
             gemm_config(gemm_kernel, false, "unfused: Y = P V"),
         ]);
+        // Products of a few query rows (decoding), where the adapter's
+        // kernel is not the subgroup one (`Planner::gemm_kernel_for_rows`).
+        if !matches!(gemm_kernel, gemm::GemmKernel::Subgroup { .. }) {
+            kernels.push(gemm_config(
+                gemm::GemmKernel::Skinny,
+                true,
+                "unfused, up to 16 query rows a head (decoding): S = scale * Q K^T",
+            ));
+            kernels.push(gemm_config(
+                gemm::GemmKernel::Skinny,
+                false,
+                "unfused, up to 16 query rows a head (decoding): Y = P V",
+            ));
+        }
         let fast_gemm = super::planner::gemm_kernel_at(caps, Precision::Fast, gemm_kernel);
         if fast_gemm != gemm_kernel {
             if let gemm::GemmKernel::CoopPacked { .. } = fast_gemm {
@@ -220,6 +239,7 @@ impl KernelPlan {
             gemm::GemmKernel::Coop(_) | gemm::GemmKernel::CoopPacked { .. } => {
                 "GEMM: matrix units".to_string()
             }
+            gemm::GemmKernel::Skinny => "GEMM: skinny products".to_string(),
         };
         let coop_note = match super::planner::coop_shape(caps) {
             Some(shape) => format!(
@@ -315,6 +335,27 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
     }
     // The P V product of the unfused path skips masked keys.
     keys.push(gemm::key(false, false).with_flag("SKIP_MARKED_A", true));
+    // The skinny kernel at each height it compiles: decoding's Q Kᵀ and P V,
+    // then a plain product and a transposed A.
+    for m in [1, 2, 4, 8, 16] {
+        let scores = GemmSpec::contiguous(1, m, 64, 64, false, true);
+        keys.push(gemm::variant_key(
+            GemmKernel::Skinny,
+            &scores,
+            gemm::AValues::Any,
+        ));
+        let output = GemmSpec::contiguous(1, m, 64, 64, false, false);
+        let probabilities = gemm::AValues::Probabilities;
+        keys.push(gemm::variant_key(
+            GemmKernel::Skinny,
+            &output,
+            probabilities,
+        ));
+    }
+    for trans_a in [false, true] {
+        let spec = GemmSpec::contiguous(1, 16, 64, 64, trans_a, false);
+        keys.push(gemm::kernel_key(GemmKernel::Skinny, &spec));
+    }
     for width in [4, 8] {
         for trans_b in [false, true] {
             for (k, ld) in [(64, 64), (63, 63)] {

@@ -13,6 +13,7 @@ use super::ops::decode::{DecodeKernel, DecodePlan, StreamShape, GROUPED_ROWS, TU
 use super::ops::fused::{CoopTiles, FusedKernel, FusedTiles, TiledTiles};
 use super::registry::CoopSize;
 use crate::error::Result;
+use crate::gpu::ops::gemm::SKINNY_MAX_ROWS;
 use crate::options::Precision;
 use crate::problem::AttentionDims;
 use crate::tuning::{TunedCoop, TunedEntry, TunedKernel};
@@ -218,6 +219,26 @@ impl Planner<'_> {
             Some(kernel) => kernel,
             None => default,
         }
+    }
+
+    /// The GEMM kernel for products of `rows` rows of op(A) at `precision`:
+    /// the skinny kernel up to [`SKINNY_MAX_ROWS`] rows (a decoder step's
+    /// products read each value of B once; matrix units and 64-row tiles would
+    /// compute rows of zeros), else [`Planner::gemm_kernel_for_call`]. CPU
+    /// adapters with fixed subgroups keep the subgroup kernel, whose shuffles
+    /// spare the per-lane loads that the skinny kernel's split K makes
+    /// (measured 1.3-1.9x slower on lavapipe). A forced kernel stays, but
+    /// for the tiled one (the portable kernels), which hands such products to
+    /// the skinny kernel as an adapter without subgroups does.
+    pub fn gemm_kernel_for_rows(&self, precision: Precision, rows: usize) -> GemmKernel {
+        let skinny = match self.overrides.gemm {
+            None => self.caps.fixed_cpu_subgroup().is_none(),
+            Some(forced) => matches!(forced, GemmKernel::Tiled | GemmKernel::Skinny),
+        };
+        if skinny && rows <= SKINNY_MAX_ROWS {
+            return GemmKernel::Skinny;
+        }
+        self.gemm_kernel_for_call(precision)
     }
 
     /// The precision the unfused path's GEMMs take in a call at `precision`:
@@ -514,6 +535,13 @@ impl GpuContext {
     /// The GEMM kernel this context records ([`Planner::gemm_kernel`]).
     pub fn gemm_kernel(&self) -> GemmKernel {
         self.untuned_planner().gemm_kernel()
+    }
+
+    /// The f32 GEMM kernel this context records for a product of `rows`
+    /// rows ([`Planner::gemm_kernel_for_rows`]).
+    pub fn gemm_kernel_for_rows(&self, rows: usize) -> GemmKernel {
+        self.untuned_planner()
+            .gemm_kernel_for_rows(Precision::Highest, rows)
     }
 
     /// A planner for the choices no tuning entry touches.

@@ -128,6 +128,9 @@ pub enum Kernel {
     /// A decoder step's keys (rotated by RoPE, or copied) and values into its
     /// preallocated KV cache, in one dispatch (`shaders/cache_append.wgsl`).
     CacheAppend,
+    /// GEMM for products of at most 16 rows: each value of B read once,
+    /// K split among invocations (`shaders/gemm_skinny.wgsl`).
+    GemmSkinny,
 }
 
 /// How a kernel sees one binding (in binding-index order, group 0).
@@ -143,7 +146,7 @@ pub enum Binding {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 37] = [
+    pub const ALL: [Kernel; 38] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
@@ -181,6 +184,7 @@ impl Kernel {
         Kernel::AttentionCoopPacked(CoopSize::Sixteen),
         Kernel::Projection,
         Kernel::CacheAppend,
+        Kernel::GemmSkinny,
     ];
 
     /// A short lowercase name, used in pipeline labels.
@@ -223,6 +227,7 @@ impl Kernel {
             Kernel::AttentionCoopPacked(CoopSize::Sixteen) => "attention_coop_packed16",
             Kernel::Projection => "projection",
             Kernel::CacheAppend => "cache_append",
+            Kernel::GemmSkinny => "gemm_skinny",
         }
     }
 
@@ -262,6 +267,7 @@ impl Kernel {
             Kernel::AttentionCoopPacked(_) => "attention_coop_packed.wgsl",
             Kernel::Projection => "projection.wgsl",
             Kernel::CacheAppend => "cache_append.wgsl",
+            Kernel::GemmSkinny => "gemm_skinny.wgsl",
         }
     }
 
@@ -362,6 +368,7 @@ impl Kernel {
             Kernel::AdditiveScores => include_str!("../../shaders/additive_scores.wgsl"),
             Kernel::Projection => include_str!("../../shaders/projection.wgsl"),
             Kernel::CacheAppend => include_str!("../../shaders/cache_append.wgsl"),
+            Kernel::GemmSkinny => include_str!("../../shaders/gemm_skinny.wgsl"),
             Kernel::GemmCoop(CoopSize::Sixteen) => include_str!("../../shaders/gemm_coop.wgsl"),
             Kernel::GemmCoop(CoopSize::Eight) => {
                 static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -489,7 +496,7 @@ impl Kernel {
     pub fn bindings(self) -> &'static [Binding] {
         use Binding::*;
         match self {
-            Kernel::Gemm => &[Uniform, Read, Read, ReadWrite],
+            Kernel::Gemm | Kernel::GemmSkinny => &[Uniform, Read, Read, ReadWrite],
             // A and B twice each: an f32 view and a vec4 view of one buffer.
             Kernel::GemmSubgroup => &[Uniform, Read, Read, Read, Read, ReadWrite],
             // Q, K, V, mask, nonpad; Y, lse.
@@ -561,8 +568,9 @@ impl Kernel {
 
 /// Files in `shaders/` that are not kernels but blocks the registry puts into
 /// kernels (see [`with_element`]).
-pub const FRAGMENTS: [&str; 7] = [
+pub const FRAGMENTS: [&str; 8] = [
     "ablate.wgsl",
+    "gemm_params.wgsl",
     "sincos.wgsl",
     "element_f16.wgsl",
     "attention_qkv4.wgsl",
@@ -575,8 +583,12 @@ pub const FRAGMENTS: [&str; 7] = [
 const INCLUDE: &str = "// #include ";
 
 /// The fragments a kernel can include, with their text.
-const INCLUDABLE: [(&str, &str); 6] = [
+const INCLUDABLE: [(&str, &str); 7] = [
     ("ablate.wgsl", include_str!("../../shaders/ablate.wgsl")),
+    (
+        "gemm_params.wgsl",
+        include_str!("../../shaders/gemm_params.wgsl"),
+    ),
     ("sincos.wgsl", include_str!("../../shaders/sincos.wgsl")),
     (
         "attention_qkv4.wgsl",

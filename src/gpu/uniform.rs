@@ -106,7 +106,7 @@ pub fn kernel_words(kernel: super::registry::Kernel) -> Vec<Word> {
     use super::ops::*;
     use super::registry::Kernel as K;
     match kernel {
-        K::Gemm | K::GemmSubgroup | K::GemmCoop(_) => gemm::Params::words(),
+        K::Gemm | K::GemmSkinny | K::GemmSubgroup | K::GemmCoop(_) => gemm::Params::words(),
         K::GemmCoopPacked(_) => gemm_packed::Params::words(),
         K::CoopPack => gemm_packed::PackParams::words(),
         K::Softmax => softmax::Params::words(),

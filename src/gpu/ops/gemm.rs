@@ -178,6 +178,39 @@ pub const SUBGROUP_ROWS_PER_LANE: usize = 4;
 /// Columns of C per workgroup of `gemm_sg.wgsl` (4 x the generator's GROUPS).
 pub const SUBGROUP_COLS: usize = 64;
 
+/// The most rows of op(A) `gemm_skinny.wgsl` takes (its MAX_ROWS).
+pub const SKINNY_MAX_ROWS: usize = 16;
+/// Invocations per workgroup of `gemm_skinny.wgsl`.
+pub const SKINNY_INVOCATIONS: u32 = 128;
+/// Workgroup memory of `gemm_skinny.wgsl`: a sum per row and invocation.
+pub const SKINNY_WORKGROUP_BYTES: u32 = SKINNY_MAX_ROWS as u32 * SKINNY_INVOCATIONS * 4;
+
+/// Invocations of `gemm_skinny.wgsl` that share one column of C (its
+/// `split()`): along a stored row of B where B is transposed, down its rows
+/// otherwise.
+pub fn skinny_split(trans_b: bool) -> usize {
+    if trans_b {
+        16
+    } else {
+        8
+    }
+}
+
+/// Columns of C per workgroup of `gemm_skinny.wgsl`.
+pub fn skinny_cols(trans_b: bool) -> usize {
+    SKINNY_INVOCATIONS as usize / skinny_split(trans_b)
+}
+
+/// The rows of sums a `gemm_skinny.wgsl` pipeline holds for `m` rows: the
+/// next power of two (1 to 16), so that five pipelines serve every height.
+pub fn skinny_rows(m: usize) -> usize {
+    m.clamp(1, SKINNY_MAX_ROWS).next_power_of_two()
+}
+
+/// The tile the skinny kernel's plan describes.
+pub const SKINNY_TEXT: &str = "up to 16 rows x 8 columns (B transposed) or 16 columns of C per \
+     workgroup of 128, K split 16 or 8 ways, each B value read once";
+
 /// K per staged slice of `gemm_coop.wgsl` (its BKK).
 pub const COOP_SLICE: usize = 32;
 
@@ -262,10 +295,14 @@ pub fn kernel_key(kernel: GemmKernel, spec: &GemmSpec) -> PipelineKey {
             .with_flag("TRANS_A", spec.trans_a)
             .with_flag("TRANS_B", spec.trans_b),
         GemmKernel::CoopPacked { shape, tile } => super::gemm_packed::key(shape, tile),
+        GemmKernel::Skinny => PipelineKey::new(Kernel::GemmSkinny)
+            .with_flag("TRANS_A", spec.trans_a)
+            .with_flag("TRANS_B", spec.trans_b)
+            .with("ROWS", skinny_rows(spec.m) as i64),
     }
 }
 
-/// Records the GEMM with the context's preferred kernel. The caller guarantees
+/// Records the GEMM with the context's preferred kernel for its rows. The caller guarantees
 /// the buffers hold [`GemmSpec::extents`] elements.
 pub(crate) fn record(
     rec: &mut Recorder<'_>,
@@ -274,7 +311,7 @@ pub(crate) fn record(
     b: &wgpu::Buffer,
     c: &wgpu::Buffer,
 ) -> Result<()> {
-    let kernel = rec.ctx().gemm_kernel();
+    let kernel = rec.ctx().gemm_kernel_for_rows(spec.m);
     record_with(rec, kernel, spec, a, b, c)
 }
 
@@ -372,6 +409,13 @@ pub fn kernel_for(
             GemmKernel::Coop(shape)
         }
         GemmKernel::Subgroup { .. } if spec.trans_a => GemmKernel::Tiled,
+        // Taller products run the adapter's own kernel.
+        GemmKernel::Skinny if spec.m > SKINNY_MAX_ROWS => kernel_for(
+            ctx,
+            crate::gpu::planner::gemm_kernel_for(&ctx.caps),
+            spec,
+            a_values,
+        ),
         other => other,
     }
 }
@@ -407,7 +451,7 @@ pub(crate) fn record_variant(
     let runs = match kernel {
         GemmKernel::Coop(shape) => offered(shape) && coop_fits(shape, &caps.limits),
         GemmKernel::CoopPacked { shape, .. } => offered(shape),
-        GemmKernel::Tiled | GemmKernel::Subgroup { .. } => true,
+        GemmKernel::Tiled | GemmKernel::Subgroup { .. } | GemmKernel::Skinny => true,
     };
     if !runs {
         return Err(Error::InvalidOption {
@@ -424,7 +468,7 @@ pub(crate) fn record_variant(
         .ctx()
         .caps
         .loop_budget()
-        .map(|budget| max_k_per_pass(kernel, budget, a_values.skips_marks()));
+        .map(|budget| max_k_per_pass(kernel, spec, budget, a_values.skips_marks()));
     if let Some(max_k) = max_k.filter(|&max_k| spec.k > max_k) {
         let mut k0 = 0;
         while k0 < spec.k {
@@ -452,10 +496,15 @@ pub(crate) fn record_variant(
 /// about 21 loop iterations per 16 values of K, the subgroup kernel one per 4;
 /// the matrix-unit kernel its staging loops and matrix steps per slice, and
 /// with `skip_marked_a` the scalar product of a slice (taken when B holds a
-/// non-finite value there), after its epilogue's loop.
-fn max_k_per_pass(kernel: GemmKernel, budget: u64, skip_marked_a: bool) -> usize {
+/// non-finite value there), after its epilogue's loop; the skinny kernel
+/// one per K step of its share and one per row in each, then its sums.
+fn max_k_per_pass(kernel: GemmKernel, spec: &GemmSpec, budget: u64, skip_marked_a: bool) -> usize {
     let budget = budget.saturating_sub(256) as usize;
     match kernel {
+        GemmKernel::Skinny => {
+            let split = skinny_split(spec.trans_b);
+            (budget / (skinny_rows(spec.m) + 1) * split).max(split)
+        }
         GemmKernel::Tiled => (budget / 21 * 16).max(16),
         GemmKernel::Subgroup { .. } => (budget * 4).max(4),
         GemmKernel::Coop(shape) => {
@@ -487,6 +536,7 @@ fn record_pass(
     }
     let (tile_m, tile_n) = match kernel {
         GemmKernel::Tiled => (TILE, TILE),
+        GemmKernel::Skinny => (SKINNY_MAX_ROWS, skinny_cols(spec.trans_b)),
         GemmKernel::Subgroup { width } => (SUBGROUP_ROWS_PER_LANE * width as usize, SUBGROUP_COLS),
         GemmKernel::Coop(shape) => (coop_tile(shape), coop_tile(shape)),
         GemmKernel::CoopPacked { shape, tile } => super::gemm_packed::tile_dims(shape, tile),
@@ -538,7 +588,9 @@ fn record_pass(
     let uniform = buffer::uniform(ctx, "gemm params", &params);
     let workgroups = (tiles_m * tiles_n) as u64 * spec.batch as u64;
     match kernel {
-        GemmKernel::Tiled => rec.dispatch(&pipeline, &[&uniform, a, b, c], workgroups),
+        GemmKernel::Tiled | GemmKernel::Skinny => {
+            rec.dispatch(&pipeline, &[&uniform, a, b, c], workgroups)
+        }
         // A and B twice each: an f32 view and a vec4 view.
         GemmKernel::Subgroup { .. } | GemmKernel::Coop(_) => {
             rec.dispatch(&pipeline, &[&uniform, a, a, b, b, c], workgroups)
