@@ -23,6 +23,7 @@ use crate::tensor::{DType, HostMask, HostTensor};
 mod call_cache;
 mod gpu_call;
 mod prepared;
+mod write;
 
 pub use prepared::PreparedAttention;
 
@@ -397,10 +398,14 @@ impl Engine {
         self.call_cache.held()
     }
 
-    /// Frees the kept workspaces ([`Engine::kept_workspaces`]); the next call
-    /// of each shape makes its workspace again.
+    /// Frees the kept workspaces ([`Engine::kept_workspaces`]) and the
+    /// readback buffers kept for downloads (at most four of up to 16 MiB);
+    /// the next call of each shape makes its own again.
     pub fn free_kept_workspaces(&self) {
         self.call_cache.clear();
+        if let Backend::Gpu(gpu) = &self.backend {
+            gpu.current().staging.clear();
+        }
     }
 
     /// Why this engine runs on the CPU backend though it was left to choose

@@ -101,6 +101,65 @@ fn outputs_feed_the_next_call_without_readback() {
     assert!(err < 1e-5, "{err}");
 }
 
+/// A tensor's values written in place: no buffer created, clones see the
+/// new values, f16 tensors round as an upload does, and a write of another
+/// shape or dtype, or into another engine's tensor, is a typed error that
+/// leaves the tensor as it was. Downloads of a size read before reuse their
+/// staging buffer.
+#[test]
+fn tensors_are_written_in_place_and_read_back_without_new_buffers() {
+    let Some(engine) = common::own_gpu() else {
+        return;
+    };
+    let ctx = engine.gpu().expect("a GPU engine");
+    let first = tensor([1, 2, 3, 5], 11);
+    let second = tensor([1, 2, 3, 5], 12);
+    let mut t = engine.upload(&first).unwrap();
+    let alias = t.clone();
+    assert_eq!(engine.download_blocking(&t).unwrap().data(), first.data());
+    let before = ctx.work_counts();
+    engine.write(&mut t, &second).unwrap();
+    assert_eq!(
+        engine.download_blocking(&alias).unwrap().data(),
+        second.data()
+    );
+    assert_eq!(engine.download_blocking(&t).unwrap().data(), second.data());
+    let counts = ctx.work_counts() - before;
+    assert_eq!(counts.buffers, 0, "{counts:?}");
+
+    // f16: rounded as an upload rounds, an odd count padded within its word.
+    let odd = tensor([1, 1, 1, 7], 13).into_dtype(webattn::DType::F16);
+    let mut h = engine.upload(&odd).unwrap();
+    let next = tensor([1, 1, 1, 7], 14).into_dtype(webattn::DType::F16);
+    engine.write(&mut h, &next).unwrap();
+    let uploaded = engine
+        .download_blocking(&engine.upload(&next).unwrap())
+        .unwrap();
+    assert_eq!(
+        engine.download_blocking(&h).unwrap().data(),
+        uploaded.data()
+    );
+
+    // Refused, and the tensor keeps its values.
+    let wrong_shape = tensor([1, 2, 5, 3], 15);
+    let err = engine.write(&mut t, &wrong_shape).unwrap_err();
+    assert!(matches!(err, webattn::Error::Rank { .. }), "{err}");
+    let err = engine.write(&mut t, &odd).unwrap_err();
+    assert!(matches!(err, webattn::Error::DType { .. }), "{err}");
+    let cpu = webattn::Engine::cpu();
+    let err = cpu.write(&mut t, &first).unwrap_err();
+    assert!(matches!(err, webattn::Error::ForeignTensor { .. }), "{err}");
+    assert_eq!(engine.download_blocking(&t).unwrap().data(), second.data());
+
+    // A CPU engine's tensor takes the new values too.
+    let mut on_host = cpu.upload(&first).unwrap();
+    cpu.write(&mut on_host, &second).unwrap();
+    assert_eq!(
+        cpu.download_blocking(&on_host).unwrap().data(),
+        second.data()
+    );
+}
+
 #[test]
 fn pipelines_compile_once() {
     let Some(engine) = common::gpu() else { return };

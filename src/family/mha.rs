@@ -1206,7 +1206,7 @@ impl MultiHeadAttention {
             Ok(())
         })
         .await?;
-        let data = buffer::map_and_read(ctx, &ws.staging).await?;
+        let data = buffer::map_and_read(ctx, &ws.staging, ws.staging.size()).await?;
         HostTensor::new([batch, n, self.dims.d_model], data)
     }
 

@@ -4,6 +4,7 @@ use wgpu::util::DeviceExt;
 
 use super::arena::Kind;
 use super::context::GpuContext;
+use super::staging::StagingPool;
 use crate::error::{Error, Result};
 
 /// Usages of every storage buffer the engine creates: bindable, copyable both ways.
@@ -130,6 +131,33 @@ pub(crate) fn upload_values(
     }
 }
 
+/// Writes `values` as `dtype` into `buffer` from byte `offset` (a multiple
+/// of 4), queued before the next submission; an odd count of f16 values
+/// ends in a word whose second half is written as zero. Creates nothing.
+pub(crate) fn write_values_at(
+    ctx: &GpuContext,
+    buffer: &wgpu::Buffer,
+    offset: u64,
+    values: &[f32],
+    dtype: crate::tensor::DType,
+) {
+    let halves: Vec<u16>;
+    let bytes: &[u8] = if dtype == crate::tensor::DType::F16 {
+        let pad = values.len() % 2;
+        halves = values
+            .iter()
+            .map(|&x| half::f16::from_f32(x).to_bits())
+            .chain(std::iter::repeat_n(0, pad))
+            .collect();
+        bytemuck::cast_slice(&halves)
+    } else {
+        bytemuck::cast_slice(values)
+    };
+    if !bytes.is_empty() {
+        ctx.queue.write_buffer(buffer, offset, bytes);
+    }
+}
+
 /// A zero-filled storage buffer of `len` f16 values (packed two to a word),
 /// for a call's tensor: it may exceed one binding.
 pub(crate) fn f16_tensor_storage(
@@ -231,8 +259,11 @@ pub(crate) async fn read_f32(
         ));
     }
     let size = (len * 4) as u64;
+    // Outside a prepared call's workspace, a kept buffer of the device's
+    // pool where one is free (given back after the read).
+    let pooled = ctx.arena.is_none();
     let staging = ctx.scoped("readback", || {
-        let make = || {
+        let make = |size| {
             ctx.counters.buffer_created();
             ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("readback staging"),
@@ -242,8 +273,11 @@ pub(crate) async fn read_f32(
             })
         };
         let staging = match &ctx.arena {
-            Some(arena) => arena.take(Kind::Staging, size, make),
-            None => make(),
+            Some(arena) => arena.take(Kind::Staging, size, || make(size)),
+            None => ctx
+                .staging
+                .take(size)
+                .unwrap_or_else(|| make(StagingPool::size_for(size))),
         };
         let mut encoder = ctx
             .device
@@ -257,15 +291,23 @@ pub(crate) async fn read_f32(
         Ok(staging)
     });
     let staging = staging.await?;
-    map_and_read(ctx, &staging).await
+    let values = map_and_read(ctx, &staging, size).await?;
+    if pooled {
+        ctx.staging.give(staging);
+    }
+    Ok(values)
 }
 
-/// Maps a `MAP_READ` buffer, waits for it (polling natively; the browser drives
-/// the web), and returns its contents as f32 values.
-pub(crate) async fn map_and_read(ctx: &GpuContext, staging: &wgpu::Buffer) -> Result<Vec<f32>> {
+/// Maps the first `bytes` of a `MAP_READ` buffer, waits for them (polling
+/// natively; the browser drives the web), and returns them as f32 values.
+pub(crate) async fn map_and_read(
+    ctx: &GpuContext,
+    staging: &wgpu::Buffer,
+    bytes: u64,
+) -> Result<Vec<f32>> {
     let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
     staging
-        .slice(..)
+        .slice(..bytes)
         .map_async(wgpu::MapMode::Read, move |result| {
             // The receiver may be gone if the caller dropped the future; nothing to do then.
             let _ = sender.send(result);
@@ -282,7 +324,7 @@ pub(crate) async fn map_and_read(ctx: &GpuContext, staging: &wgpu::Buffer) -> Re
     mapped.map_err(|e| Error::Readback(e.to_string()))?;
     let values = {
         let view = staging
-            .slice(..)
+            .slice(..bytes)
             .get_mapped_range()
             .map_err(|e| Error::Readback(e.to_string()))?;
         bytemuck::pod_collect_to_vec::<u8, f32>(&view)
@@ -335,7 +377,7 @@ mod tests {
             mapped_at_creation: false,
         });
         staging.destroy();
-        let err = pollster::block_on(map_and_read(&ctx, &staging)).unwrap_err();
+        let err = pollster::block_on(map_and_read(&ctx, &staging, 16)).unwrap_err();
         assert!(matches!(err, Error::Readback(_)), "{err}");
     }
 }

@@ -69,6 +69,8 @@ pub struct GpuContext {
     /// The workspace of the prepared call this clone runs (`gpu/arena.rs`):
     /// buffers are taken from it instead of created.
     pub(crate) arena: Option<Arc<super::arena::Arena>>,
+    /// Readback buffers kept for the next download of a similar size.
+    pub(crate) staging: Arc<super::staging::StagingPool>,
     /// The caller's encoder a recorded call records into (taken by the
     /// recorder at work, given back when it is done); `None`: calls submit.
     pub(crate) capture: Option<Arc<Mutex<Option<wgpu::CommandEncoder>>>>,
@@ -344,6 +346,7 @@ impl GpuContext {
             tuning: Default::default(),
             clock_guard: Default::default(),
             counters: Default::default(),
+            staging: Default::default(),
             arena: None,
             capture: None,
             caps: Arc::new(caps),

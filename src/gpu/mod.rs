@@ -23,5 +23,6 @@ pub mod registry;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod spirv;
 pub(crate) mod split;
+pub(crate) mod staging;
 pub(crate) mod unfused;
 pub mod uniform;
