@@ -537,6 +537,56 @@ fn a_stack_of_layers_keeps_its_hidden_state_on_the_device() {
         }
     }
     println!("device-resident stack of 3 layers: worst |device - host| {worst_gap:e}");
+
+    // The same stack recorded into one encoder a token: one submission and
+    // one readback a token, the same numbers, nothing allocated.
+    let mut recorded: Vec<KvCache> = (0..3).map(|_| KvCache::with_capacity(32)).collect();
+    let mut again: Vec<KvCache> = (0..3).map(|_| KvCache::with_capacity(32)).collect();
+    for t in 0..6 {
+        let token = slice_rows(&tokens, t, 1);
+        let mut x = engine.upload(&token).unwrap();
+        for (layer, cache) in stack.iter().zip(&mut again) {
+            x = layer
+                .forward_cached_on_device_blocking(engine, &x, cache, &causal)
+                .unwrap();
+        }
+        let expected = engine.download_blocking(&x).unwrap();
+        let before = ctx.work_counts();
+        engine.write(&mut x0, &token).unwrap();
+        let mut x = x0.clone();
+        if t == 0 {
+            // An empty cache has nothing to append into in place: refused,
+            // nothing recorded; the first token runs by itself.
+            let mut encoder = ctx.device().create_command_encoder(&Default::default());
+            let err = stack[0]
+                .record_on_device_blocking(engine, &mut encoder, &x, &mut recorded[0], &causal)
+                .unwrap_err();
+            assert!(matches!(err, Error::Conflict(_)), "{err}");
+            assert_eq!(recorded[0].len(), 0);
+            for (layer, cache) in stack.iter().zip(&mut recorded) {
+                x = layer
+                    .forward_cached_on_device_blocking(engine, &x, cache, &causal)
+                    .unwrap();
+            }
+        } else {
+            let mut encoder = ctx.device().create_command_encoder(&Default::default());
+            for (layer, cache) in stack.iter().zip(&mut recorded) {
+                x = layer
+                    .record_on_device_blocking(engine, &mut encoder, &x, cache, &causal)
+                    .unwrap();
+            }
+            ctx.queue().submit([encoder.finish()]);
+        }
+        let out = engine.download_blocking(&x).unwrap();
+        let counts = ctx.work_counts() - before;
+        assert_eq!(out.data(), expected.data(), "token {t}");
+        if t >= 2 {
+            assert_eq!(counts.buffers, 0, "token {t}: {counts:?}");
+            // Ours, uncounted, and the readback's copy.
+            assert_eq!(counts.submissions, 1, "token {t}: {counts:?}");
+            assert!(counts.dispatches <= 3 * 8, "{counts:?}");
+        }
+    }
     // A tensor of another engine is refused by name.
     let other = Engine::cpu();
     let foreign = other.upload(&slice_rows(&tokens, 0, 1)).unwrap();

@@ -536,6 +536,39 @@ impl MultiHeadAttention {
         cache: &mut KvCache,
         options: &AttentionOptions,
     ) -> Result<Tensor> {
+        self.step_on_device(engine, x, cache, options, None).await
+    }
+
+    /// [`MultiHeadAttention::forward_cached_on_device`] recorded into the
+    /// caller's `encoder`, with nothing submitted: a stack records every
+    /// layer's step into one encoder and submits once a token. The output
+    /// holds its values once `encoder` has run. Record one step of a layer
+    /// per submission (a step's positions are written by the queue, ahead
+    /// of the submission, where a second step would overwrite them). Steps
+    /// the device path does not take (see there) are a `Conflict` error,
+    /// with nothing recorded and the cache as it was.
+    pub async fn record_on_device(
+        &self,
+        engine: &Engine,
+        encoder: &mut wgpu::CommandEncoder,
+        x: &Tensor,
+        cache: &mut KvCache,
+        options: &AttentionOptions,
+    ) -> Result<Tensor> {
+        self.step_on_device(engine, x, cache, options, Some(encoder))
+            .await
+    }
+
+    /// The device step of [`MultiHeadAttention::forward_cached_on_device`],
+    /// submitted by itself or recorded into `encoder`.
+    async fn step_on_device(
+        &self,
+        engine: &Engine,
+        x: &Tensor,
+        cache: &mut KvCache,
+        options: &AttentionOptions,
+        encoder: Option<&mut wgpu::CommandEncoder>,
+    ) -> Result<Tensor> {
         options.validate()?;
         engine.recover().await?;
         let d = self.dims;
@@ -572,6 +605,13 @@ impl MultiHeadAttention {
                 && cache.tensors().is_none_or(|(k, _)| k.shape()[0] == batch)
         });
         let Some((ctx, buffer)) = on_device else {
+            if encoder.is_some() {
+                return Err(Error::Conflict(
+                    "this step cannot be recorded: it needs a GPU engine, an f32 input, \
+                     self-attention, up to 16 rows (or f16 weights) and a cache with room \
+                     in place whose sequences are equally long",
+                ));
+            }
             let host = engine.download(x).await?;
             let out = self
                 .forward_cached(engine, &host, cache, &options, false)
@@ -593,10 +633,23 @@ impl MultiHeadAttention {
             return_lse: false,
             ..options
         };
+        // Recording: the caller's encoder goes into the context's slot for
+        // the step's recorders, and comes back whatever happens.
+        let mut encoder = encoder;
+        let slot = encoder.as_deref_mut().map(|encoder| {
+            let placeholder = ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+            Arc::new(Mutex::new(Some(std::mem::replace(encoder, placeholder))))
+        });
+        let step_ctx = match &slot {
+            Some(slot) => ctx.with_capture(slot.clone()),
+            None => ctx.clone(),
+        };
         let step = self
             .step_in_one_submission(
                 engine,
-                ctx,
+                &step_ctx,
                 &weights,
                 &mut ws,
                 StepInput::Device(buffer),
@@ -607,6 +660,12 @@ impl MultiHeadAttention {
             .await;
         let output = ws.output.clone();
         self.keep_workspace(ws);
+        if let (Some(slot), Some(encoder)) = (slot, encoder) {
+            let back = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+            *encoder = back.ok_or(Error::Conflict(
+                "the encoder was not given back by the recorded step",
+            ))?;
+        }
         step?;
         Ok(engine.wrap_gpu(vec![batch, n, d.d_model], output))
     }
@@ -621,6 +680,19 @@ impl MultiHeadAttention {
         options: &AttentionOptions,
     ) -> Result<Tensor> {
         pollster::block_on(self.forward_cached_on_device(engine, x, cache, options))
+    }
+
+    /// [`MultiHeadAttention::record_on_device`], blocking.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn record_on_device_blocking(
+        &self,
+        engine: &Engine,
+        encoder: &mut wgpu::CommandEncoder,
+        x: &Tensor,
+        cache: &mut KvCache,
+        options: &AttentionOptions,
+    ) -> Result<Tensor> {
+        pollster::block_on(self.record_on_device(engine, encoder, x, cache, options))
     }
 
     /// Checks an input's rank, batch and feature size; returns (batch, length).

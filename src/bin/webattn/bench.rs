@@ -1075,7 +1075,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 append.as_ref().map_or("-".into(), |a| format!("{:.3}", a.median_ms()))
             );
         }
-        println!("layers: one layer, or a stack of {STACK_LAYERS} whose hidden state stays on the device (the token written into its input tensor, every layer's step, one readback; its counts, MB and share are the whole stack's)");
+        println!("layers: one layer, or a stack of {STACK_LAYERS} whose hidden state stays on the device (the token written into its input tensor, every layer's step in one submission, one readback; its counts, MB and share are the whole stack's)");
         println!("disp/copies/bufs/subm: dispatches, buffer-to-buffer copies, buffers created and submissions of the last timed token; MB/token: weights (as stored) + the cached K and V the step reads; of copy: share of the copy ceiling measured in this run (the GPU's for gpu rows, the host's for cpu rows)");
         if let Some(copy) = &host_copy {
             println!(
