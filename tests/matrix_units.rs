@@ -1025,7 +1025,7 @@ fn fast_calls_take_the_matrix_unit_gemm_form_tuned_fastest() {
 }
 
 /// `webattn phases` on the matrix-unit kernel: each phase switch removes
-/// what it names (as tests/tiled.rs checks for the register-tiled kernels).
+/// what it names (as tests/gpu/tiled.rs checks for the register-tiled kernels).
 /// Without S = Q K^T every score is 0, so each row is the mean of V's rows
 /// (rounded to f16); without O += P V, or without K and V's loads, every row
 /// is 0. At 8x8: the switches are the same code at 16x16.

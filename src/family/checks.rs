@@ -1,7 +1,7 @@
 //! A compact certification set for the attention family: every member once,
 //! at small awkward sizes, against its f64 oracle with the tolerance rule of
 //! the conformance sweep. The browser demo runs it after the sweep, and
-//! `webattn check --family` natively; the tests in `tests/family_*.rs` go wider.
+//! `webattn check --family` natively; the tests in `tests/gpu/family_*.rs` go wider.
 
 use super::additive::AdditiveAttention;
 use super::linear::{linear_attention_oracle, LinearAttention};

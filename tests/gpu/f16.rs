@@ -4,7 +4,7 @@
 //! Checked against the f64 oracle on the same f16-rounded inputs, allowing
 //! the output's f16 rounding on top of the usual rule.
 
-mod common;
+use crate::common;
 
 use webattn::conformance::{compare, filtered, SweepKind, F16_UNIT_ROUNDOFF};
 use webattn::rng::SplitMix64;

@@ -4,7 +4,7 @@
 //! sizes, batches with source padding (one fully masked), saturated tanh,
 //! weights and raw scores checked. Also typed errors for bad shapes.
 
-mod common;
+use crate::common;
 
 use webattn::conformance::{compare, ErrorReport, DEFAULT_FLOOR};
 use webattn::cpu::Real;

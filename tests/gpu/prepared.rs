@@ -3,7 +3,7 @@
 //! fresh inputs, its reused zero-filled buffers cleared; runs after the first
 //! create no buffer; inputs of other shapes and other engines are refused.
 
-mod common;
+use crate::common;
 
 use webattn::conformance::compare;
 use webattn::{

@@ -4,7 +4,7 @@
 //! one whose `max_storage_buffer_binding_size` is 64 KiB or 8 KiB, so every
 //! kind of cut runs against the f64 oracle on every path.
 
-mod common;
+use crate::common;
 
 use webattn::conformance::{run_case, CaseSpec, MaskForm};
 use webattn::{

@@ -3,7 +3,7 @@
 //! f64 oracle, with each of its team shapes that fits; and the choice between
 //! it and the staged kernel.
 
-mod common;
+use crate::common;
 
 use webattn::conformance::{run_case, CaseSpec, MaskForm};
 use webattn::gpu::ops::decode::{DecodeKernel, DecodePlan, StreamShape};

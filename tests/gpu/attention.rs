@@ -2,7 +2,7 @@
 //! unfused) against the f64 oracle, with the tolerance rule (twice the plain
 //! f32 error plus 1e-6). Each test prints the worst error of every case.
 
-mod common;
+use crate::common;
 
 use webattn::conformance::{filtered, sweep, CaseSpec, MaskForm, SweepKind, LARGE_LOGITS};
 use webattn::KernelPath;

@@ -11,7 +11,7 @@
 //! per run (what to use when hunting). A failure prints the shrunk problem:
 //! keep it below as a regression case.
 
-mod common;
+use crate::common;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError};

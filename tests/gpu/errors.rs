@@ -3,7 +3,7 @@
 //! `src/` (scope-error classification, readback) and `tests/shaders.rs` and
 //! `tests/no_adapter.rs`, every variant of `webattn::Error` is reached.
 
-mod common;
+use crate::common;
 
 use webattn::{
     AttentionInputs, AttentionOptions, BackendPreference, Engine, EngineOptions, Error, HostMask,
@@ -272,7 +272,7 @@ fn small_engine() -> Option<Engine> {
 #[test]
 fn tensors_beyond_one_buffer_run_and_what_cannot_be_cut_is_a_typed_error() {
     let Some(engine) = small_engine() else { return };
-    // Q alone is 2 MiB: held in two buffers (tests/chunks.rs), a mask of that
+    // Q alone is 2 MiB: held in two buffers (tests/gpu/chunks.rs), a mask of that
     // size too.
     let big = t(&[1, 1, 1024, 512]);
     assert_eq!(engine.upload(&big).unwrap().device_buffers(), 2);

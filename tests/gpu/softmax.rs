@@ -2,7 +2,7 @@
 //! rows (zeros and a logsumexp of -inf), logits up to ±1e4, wide rows and
 //! more rows than one dispatch dimension holds.
 
-mod common;
+use crate::common;
 
 use webattn::conformance::{compare, DEFAULT_FLOOR};
 use webattn::gpu::kernels::softmax_host;

@@ -5,7 +5,7 @@
 //! Sizes include 1, 7, 97, 257 and 1025 rows; 1025 rows at Dk = 64 take
 //! several key chunks on drivers that cap loop iterations (lavapipe).
 
-mod common;
+use crate::common;
 
 use webattn::conformance::{compare, ErrorReport, DEFAULT_FLOOR};
 use webattn::family::linear::{linear_attention_oracle, LinearAttention};

@@ -3,7 +3,7 @@
 //! adapter whose buffers hold at most 64 KiB, so uploads, downloads and every
 //! path cross chunk boundaries against the f64 oracle.
 
-mod common;
+use crate::common;
 
 use webattn::conformance::{compare, run_case, CaseSpec, MaskForm};
 use webattn::cpu;

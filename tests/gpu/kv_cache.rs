@@ -4,7 +4,7 @@
 //! tensors. On the GPU engine and the CPU engine, against the f64 oracle of
 //! attention on the concatenated keys and values.
 
-mod common;
+use crate::common;
 
 use webattn::conformance::compare;
 use webattn::rng::SplitMix64;

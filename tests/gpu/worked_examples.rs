@@ -4,7 +4,7 @@
 //! Where the teaching material prints a wrong figure, the test asserts the
 //! correct value and a comment says what was printed and why it differs.
 
-mod common;
+use crate::common;
 
 use webattn::bench::AttentionShape;
 use webattn::family::additive::AdditiveAttention;

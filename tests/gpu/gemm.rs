@@ -2,7 +2,7 @@
 //! combination, alpha/beta, strided batches, shared B matrices (GQA), and more
 //! workgroups than one dispatch dimension holds.
 
-mod common;
+use crate::common;
 
 use webattn::conformance::{compare, DEFAULT_FLOOR};
 use webattn::gpu::kernels::{gemm_host_variant, gemm_host_with};

@@ -2,7 +2,7 @@
 //! oracle twins: the sinusoidal encoding and RoPE in both layouts, at awkward
 //! sizes, large positions (angles of thousands of radians) and KV-cache offsets.
 
-mod common;
+use crate::common;
 
 use webattn::conformance::compare;
 use webattn::family::position::{

@@ -2,7 +2,7 @@
 //! CPU backend) against its f64 oracle: self and cross attention, GQA and MQA,
 //! biases, RoPE, ALiBi, and the KV-cache decoder matching a full recompute.
 
-mod common;
+use crate::common;
 
 use webattn::conformance::{compare, ErrorReport};
 use webattn::family::mha::{KvCache, MhaWeights, MultiHeadAttention};

@@ -9,7 +9,7 @@
 //! against the f64 oracle. (The measured shapes run the whole sweep through
 //! `--kernel attention_tiled` in tests/cli.rs.)
 
-mod common;
+use crate::common;
 
 use webattn::conformance::{sweep, SweepKind};
 use webattn::gpu::ops::fused::{FusedKernel, TiledTiles};

@@ -2,7 +2,7 @@
 //! the next call without a readback, pipelines compile once, and the host
 //! convenience call gives the same numbers.
 
-mod common;
+use crate::common;
 
 use webattn::{AttentionInputs, AttentionOptions, BackendKind, HostTensor, KernelPath};
 
