@@ -145,6 +145,9 @@ export declare class DeviceTensor {
   readonly engine: WebAttn;
   /** Reads the values back (a mask as its additive float form). */
   read(): Promise<HostTensor>;
+  /** Writes new values of this tensor's shape and dtype into it, in place (no new device buffer): a decoder
+   * feeds token after token through one tensor. A mask is uploaded again instead (`InvalidOption`). */
+  write(values: HostTensor): Promise<void>;
   /** Frees the device memory now (also done when it is garbage-collected).
    * Where the runtime has `Symbol.dispose`, `[Symbol.dispose]()` does the same, for `using`. */
   dispose(): void;

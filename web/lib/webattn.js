@@ -59,6 +59,17 @@ export class DeviceTensor {
     return this.#engine._core().read(this.#ref(this.#engine));
   }
 
+  /**
+   * Writes new values `{ data, shape, dtype? }` of this tensor's shape and dtype into it, in place (no new
+   * device buffer): a decoder feeds token after token through one tensor. Resolves once the write is queued.
+   */
+  async write(values) {
+    const engine = this.#engine;
+    const handle = this.#ref(engine);
+    values = asNow(values);
+    return engine._serial(() => engine._core().write(handle, values));
+  }
+
   /** Frees the device memory now (also done when the object is collected). */
   dispose() {
     if (this.#disposed) return;

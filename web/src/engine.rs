@@ -386,6 +386,22 @@ impl EngineCore {
         Ok(self.handles.hold(Held::Tensor(t)))
     }
 
+    /// Writes `{data, shape}` (of the tensor's shape and dtype) into a held
+    /// device tensor, in place: no buffer is created.
+    pub async fn write(&self, handle: u32, tensor: JsValue) -> Result<(), JsValue> {
+        let host = convert::tensor("values", &tensor).js()?;
+        let Held::Tensor(mut t) = self.handles.get(handle)? else {
+            return Err(crate::errors::js_error(
+                "InvalidOption",
+                "a mask is written by uploading it again",
+            ));
+        };
+        self.engine.recover().await.js()?;
+        self.engine.write(&mut t, &host).js()?;
+        self.handles.replace(handle, Held::Tensor(t));
+        Ok(())
+    }
+
     /// Uploads a mask `{data, shape}` (bool as Uint8Array, or additive floats).
     #[wasm_bindgen(js_name = uploadMask)]
     pub async fn upload_mask(&self, mask: JsValue) -> Result<JsValue, JsValue> {

@@ -79,6 +79,13 @@ impl Handles {
         })
     }
 
+    /// Puts `value` behind a held `id` (a tensor given new values).
+    pub fn replace(&self, id: u32, value: Held) {
+        if let Some(slot) = self.held.borrow_mut().get_mut(&id) {
+            *slot = value;
+        }
+    }
+
     /// Frees `id`'s buffer (once nothing else uses it); `false` if it was not held.
     pub fn release(&self, id: u32) -> bool {
         self.held.borrow_mut().remove(&id).is_some()

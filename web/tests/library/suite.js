@@ -298,7 +298,7 @@ function cases({ worker }) {
     return `${prepared.path}: 3 runs equal plain calls; ${worst}`;
   });
 
-  add("device tensors: upload, keepOnDevice, chaining, read, dispose, foreign and disposed handles", async (engine) => {
+  add("device tensors: upload, keepOnDevice, chaining, read, write in place, dispose, foreign and disposed handles", async (engine) => {
     const held = engine.heldTensors;
     const host = { q: tensor(n, [1, 2, 64, 32]), k: tensor(n, [1, 2, 80, 32]), v: tensor(n, [1, 2, 80, 32]) };
     const q = await engine.upload(host.q), k = await engine.upload(host.k), v = await engine.upload(host.v);
@@ -313,6 +313,12 @@ function cases({ worker }) {
     // An output as the next call's input, without a readback in between.
     const chained = await engine.attention({ q: kept.y, k, v }, { verify: true });
     expectVerified(chained, "chained");
+    // New values written in place; another shape, or into a mask, refused.
+    const next = tensor(n, [1, 2, 64, 32], 0.5);
+    await q.write(next);
+    expect(maxDiff((await q.read()).data, next.data) === 0, "write() then read() differs");
+    await rejects(() => q.write(tensor(n, [1, 2, 32, 64])), "Rank");
+    await rejects(() => mask.write(next), "InvalidOption", /mask/);
     for (const t of [q, k, v, mask, kept.y, kept.lse]) t.dispose();
     expect(engine.heldTensors === held, `${engine.heldTensors - held} tensors still held after dispose`);
     await rejects(() => engine.attention({ q, k: host.k, v: host.v }), "DisposedTensor", /disposed/);
