@@ -1,5 +1,6 @@
 // Conversion between f32 tensors and f16 tensors stored as packed u32 words
-// (element 2i in the low half of word i, element 2i + 1 in the high half).
+// (element 2i in the low half of word i, element 2i + 1 in the high half),
+// and the widening of bfloat16 tensors packed the same way (BFLOAT16).
 //
 // One invocation per word: with NARROW it reads two f32 values (as bits) and
 // writes one word of two f16s, rounded to nearest even, overflowing to
@@ -18,6 +19,9 @@ struct Params {
 }
 
 override NARROW: bool = false;
+// Widen bfloat16 words instead of f16 ones: a bfloat16 is the upper half of
+// an f32, so widening is a shift (exact, infinities and NaNs included).
+override BFLOAT16: bool = false;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<u32>;
@@ -94,9 +98,16 @@ fn main(
         dst[word] = bits;
     } else {
         let w = src[word];
-        dst[first] = float_bits(w & 0xffffu);
-        if (second) {
-            dst[first + 1u] = float_bits(w >> 16u);
+        if (BFLOAT16) {
+            dst[first] = w << 16u;
+            if (second) {
+                dst[first + 1u] = w & 0xffff0000u;
+            }
+        } else {
+            dst[first] = float_bits(w & 0xffffu);
+            if (second) {
+                dst[first + 1u] = float_bits(w >> 16u);
+            }
         }
     }
 }

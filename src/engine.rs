@@ -20,6 +20,7 @@ use crate::options::{AttentionOptions, KernelPath};
 use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs};
 use crate::tensor::{DType, HostMask, HostTensor};
 
+mod bf16;
 mod call_cache;
 mod gpu_call;
 mod prepared;

@@ -52,6 +52,15 @@ pub(crate) async fn widen(
     convert_scoped(ctx, Direction::Widen, src, len).await
 }
 
+/// An f32 copy of the `len` bfloat16 values in `src` (packed two to a word).
+pub(crate) async fn widen_bf16(
+    ctx: &GpuContext,
+    src: &wgpu::Buffer,
+    len: usize,
+) -> Result<wgpu::Buffer> {
+    convert_scoped(ctx, Direction::WidenBf16, src, len).await
+}
+
 /// An f16 copy of the `len` f32 values in `src`, rounded to nearest even.
 pub(crate) async fn narrow(
     ctx: &GpuContext,
@@ -69,11 +78,14 @@ async fn convert_scoped(
 ) -> Result<wgpu::Buffer> {
     let what = match direction {
         Direction::Widen => "widening an f16 tensor",
+        Direction::WidenBf16 => "widening a bfloat16 tensor",
         Direction::Narrow => "narrowing to f16",
     };
     ctx.scoped(what, || {
         let dst = match direction {
-            Direction::Widen => buffer::tensor_storage(ctx, "widened f16 tensor", len)?,
+            Direction::Widen | Direction::WidenBf16 => {
+                buffer::tensor_storage(ctx, "widened tensor", len)?
+            }
             Direction::Narrow => buffer::f16_tensor_storage(ctx, "f16 tensor", len)?,
         };
         let mut rec = Recorder::new(ctx, what);

@@ -457,8 +457,10 @@ pub fn every_pipeline_variant() -> Vec<super::pipeline::PipelineKey> {
         }
         keys.push(decode::stream_key(shape(16), &dims, rows as i64, true));
     }
-    keys.push(PipelineKey::new(Kernel::ConvertF16).with_flag("NARROW", false));
-    keys.push(PipelineKey::new(Kernel::ConvertF16).with_flag("NARROW", true));
+    {
+        use super::ops::convert::{key, Direction};
+        keys.extend([Direction::Widen, Direction::Narrow, Direction::WidenBf16].map(key));
+    }
     for f16 in [false, true] {
         for rows in [1, 7, crate::gpu::ops::projection::MAX_ROWS] {
             keys.push(crate::gpu::ops::projection::key(f16, rows));

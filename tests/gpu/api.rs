@@ -160,6 +160,53 @@ fn tensors_are_written_in_place_and_read_back_without_new_buffers() {
     );
 }
 
+/// bfloat16 bits uploaded and widened on the device give exactly the f32
+/// values of the bits shifted up (zeros, subnormals, infinities, NaN payloads,
+/// an odd count), on a device whose bindings are smaller than the tensor too
+/// (widened a slice at a time) and on a CPU engine; a count that is not the
+/// shape's is a typed error.
+#[test]
+fn bfloat16_uploads_are_widened_on_the_device_exactly() {
+    let Some(engine) = common::gpu() else { return };
+    let mut rng = webattn::rng::SplitMix64::new(common::seed());
+    let mut bits: Vec<u16> = rng
+        .normal_vec(3 * 5 * 1025, 1.0)
+        .into_iter()
+        .map(|x| (x.to_bits() >> 16) as u16)
+        .collect();
+    let specials = [
+        0x0000, 0x8000, 0x0001, 0x807f, 0x7f80, 0xff80, 0x7fc1, 0xffff, 0x7f7f,
+    ];
+    bits[..specials.len()].copy_from_slice(&specials);
+    let small = webattn::EngineOptions {
+        backend: webattn::BackendPreference::Gpu,
+        limits: webattn::DeviceLimits::default()
+            .with("max_storage_buffer_binding_size", 8 << 10)
+            .expect("a known limit"),
+        ..Default::default()
+    };
+    let small = webattn::Engine::with_options_blocking(small).expect("a small-binding engine");
+    let cpu = webattn::Engine::cpu();
+    for (shape, name) in [(vec![3, 5, 1025], "whole"), (vec![7], "odd")] {
+        let n: usize = shape.iter().product();
+        let want: Vec<u32> = bits[..n].iter().map(|&b| u32::from(b) << 16).collect();
+        for (engine, on) in [(engine, "gpu"), (&small, "8 KiB bindings"), (&cpu, "cpu")] {
+            let t = engine.upload_bf16_blocking(&bits[..n], &shape).unwrap();
+            assert_eq!(t.dtype(), webattn::DType::F32);
+            let got: Vec<u32> = engine
+                .download_blocking(&t)
+                .unwrap()
+                .data()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            assert_eq!(got, want, "{name} on {on}");
+        }
+    }
+    let err = engine.upload_bf16_blocking(&bits[..6], &[7]).unwrap_err();
+    assert!(matches!(err, webattn::Error::DataLength { .. }), "{err}");
+}
+
 #[test]
 fn pipelines_compile_once() {
     let Some(engine) = common::gpu() else { return };

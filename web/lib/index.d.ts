@@ -24,7 +24,8 @@ export interface Tensor {
   /** `"float16"` stores any data as f16 (rounded to nearest); Uint16Array
    * data holds f16 bits unless `"bfloat16"` says it holds bfloat16 bits
    * (the upper half of each f32; widened exactly to an f32 tensor, since
-   * the engine computes in f32); `"bfloat16"` with other data is a `DType`
+   * the engine computes in f32: by `WebAttn.upload` on the device, from half
+   * f32's bytes); `"bfloat16"` with other data is a `DType`
    * error. `"float32"` (what a returned `HostTensor` says) keeps f32 data as
    * it is; any other value is a `DType` error. */
   dtype?: "float16" | "float32" | "bfloat16";

@@ -211,6 +211,25 @@ pub fn tensor(name: &'static str, v: &JsValue) -> Result<HostTensor> {
     })
 }
 
+/// The bits and shape of a tensor `{data: Uint16Array, shape, dtype:
+/// "bfloat16"}`, for an upload that widens them on the device; `None` for
+/// any other tensor (which [`tensor`] reads, and checks).
+pub fn bf16_bits(name: &'static str, v: &JsValue) -> Result<Option<(Vec<u16>, Vec<usize>)>> {
+    if !v.is_object()
+        || field(v, "dtype").and_then(|d| d.as_string()).as_deref() != Some("bfloat16")
+    {
+        return Ok(None);
+    }
+    let Some(data) = field(v, "data") else {
+        return Ok(None);
+    };
+    refuse_detached(name, &data)?;
+    let Some(bits) = data.dyn_ref::<Uint16Array>() else {
+        return Ok(None);
+    };
+    Ok(Some((bits.to_vec(), shape(name, field(v, "shape"))?)))
+}
+
 /// An attention mask from `{data, shape}`: bool (Uint8Array, nonzero attends,
 /// or an array of booleans) or an additive float mask.
 pub fn mask(v: &JsValue) -> Result<HostMask> {

@@ -379,7 +379,13 @@ impl EngineCore {
     }
 
     /// Uploads a tensor `{data, shape}`; returns `{handle, shape, kind}`.
+    /// bfloat16 bits go to the device as they are and are widened there.
     pub async fn upload(&self, tensor: JsValue) -> Result<JsValue, JsValue> {
+        if let Some((bits, shape)) = convert::bf16_bits("tensor", &tensor).js()? {
+            self.engine.recover().await.js()?;
+            let t = self.engine.upload_bf16(&bits, &shape).await.js()?;
+            return Ok(self.handles.hold(Held::Tensor(t)));
+        }
         let host = convert::tensor("tensor", &tensor).js()?;
         self.engine.recover().await.js()?;
         let t = self.engine.upload_async(&host).await.js()?;

@@ -1,6 +1,7 @@
 //! Conversion between f32 tensors and f16 tensors stored as packed words
 //! (`shaders/convert_f16.wgsl`): f16 inputs are widened for the kernels that
-//! read f32, and f32 results narrowed where the caller's tensors are f16.
+//! read f32, and f32 results narrowed where the caller's tensors are f16;
+//! bfloat16 uploads are widened to f32 on the device.
 
 use crate::error::Result;
 use crate::gpu::buffer;
@@ -25,11 +26,15 @@ pub enum Direction {
     Widen,
     /// f32 values to f16 words (rounded to nearest even).
     Narrow,
+    /// bfloat16 words to f32 values (exact: a shift).
+    WidenBf16,
 }
 
 /// The pipeline key.
 pub fn key(direction: Direction) -> PipelineKey {
-    PipelineKey::new(Kernel::ConvertF16).with_flag("NARROW", direction == Direction::Narrow)
+    PipelineKey::new(Kernel::ConvertF16)
+        .with_flag("NARROW", direction == Direction::Narrow)
+        .with_flag("BFLOAT16", direction == Direction::WidenBf16)
 }
 
 /// Converts the first `len` elements of `src` into `dst`. Tensors larger than
@@ -50,7 +55,7 @@ pub(crate) fn record(
     // Elements per slice: even (whole words on the f16 side), f32 side within a binding.
     let slice = ((limit / 4) as usize & !1).max(2);
     let (src_len, dst_len) = match direction {
-        Direction::Widen => (slice / 2, slice),
+        Direction::Widen | Direction::WidenBf16 => (slice / 2, slice),
         Direction::Narrow => (slice, slice / 2),
     };
     let scratch_src = buffer::storage(ctx, "conversion source slice", src_len)?;
@@ -59,7 +64,7 @@ pub(crate) fn record(
     while first < len {
         let n = slice.min(len - first);
         let (src_at, src_n, dst_at, dst_n) = match direction {
-            Direction::Widen => (first / 2, n.div_ceil(2), first, n),
+            Direction::Widen | Direction::WidenBf16 => (first / 2, n.div_ceil(2), first, n),
             Direction::Narrow => (first, n, first / 2, n.div_ceil(2)),
         };
         rec.copy(src, src_at, &scratch_src, 0, src_n);

@@ -247,7 +247,14 @@ function cases({ worker }) {
     expect(got.y.dtype === "float32", `bfloat16 queries gave ${got.y.dtype}`);
     expect(maxDiff(got.y.data, want.y.data) === 0, "bfloat16 bits differ from the same values in f32");
     await rejects(() => engine.attention({ q: { data: qv, shape, dtype: "bfloat16" }, k: t(kv), v: t(vv) }), "DType", /bfloat16 bits/);
-    return `bfloat16 bits equal the f32 values; ${expectVerified(got, "bfloat16")}`;
+    // Uploaded as bits and widened on the device (on a GPU engine): the same f32 values, the same call.
+    const [dq, dk, dv] = [await engine.upload(t(qv)), await engine.upload(t(kv)), await engine.upload(t(vv))];
+    expect(maxDiff((await dk.read()).data, kv) === 0, "an uploaded bfloat16 tensor reads back other values");
+    const onDevice = await engine.attention({ q: dq, k: dk, v: dv });
+    expect(maxDiff(onDevice.y.data, want.y.data) === 0, "bfloat16 device tensors differ from the same values in f32");
+    for (const d of [dq, dk, dv]) d.dispose();
+    await rejects(() => engine.upload({ data: new Uint16Array(5), shape, dtype: "bfloat16" }), "DataLength");
+    return `bfloat16 bits equal the f32 values, uploaded too; ${expectVerified(got, "bfloat16")}`;
   });
 
   add("3-D inputs with qNumHeads/kvNumHeads; past key/value and present outputs", async (engine) => {
