@@ -76,12 +76,7 @@
 enable f16;
 enable wgpu_cooperative_matrix;
 
-// COOP BEGIN
-alias MatA = coop_mat16x16<f16, A>;
-alias MatB = coop_mat16x16<f16, B>;
-alias MatC = coop_mat16x16<f32, C>;
-const CM: u32 = 16u;
-// COOP END
+// #include COOP
 
 // The adapter's (fixed) subgroup width; subgroups per workgroup.
 override SG: u32 = 32u;

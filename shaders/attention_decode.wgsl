@@ -44,15 +44,11 @@
 // (1: a key was attended, 2: a NaN or +inf score was).
 @group(0) @binding(7) var<storage, read_write> part_ml: array<vec4<f32>>;
 
-// How K and V are stored. The f16 variant (attention_decode_f16) replaces this
-// block with shaders/element_f16.wgsl: four f16 values packed in two u32 words,
-// widened with unpack2x16float, so K and V stream at half the bytes.
-// ELEMENT BEGIN
-alias KV4 = vec4<f32>;
-fn widen4(x: KV4) -> vec4<f32> {
-    return x;
-}
-// ELEMENT END
+// How K and V are stored: the ELEMENT slot holds shaders/element_f32.wgsl, or
+// in the f16 variant (attention_decode_f16) shaders/element_f16.wgsl: four f16
+// values packed in two u32 words, widened with unpack2x16float, so K and V
+// stream at half the bytes.
+// #include ELEMENT
 
 // Invocations, and keys per tile.
 const WG: u32 = 64u;

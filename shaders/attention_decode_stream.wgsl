@@ -42,7 +42,7 @@
 // a row does not attend never multiplies V; an attended key whose score is
 // -inf gets probability 0 and still does (so a NaN or inf in its V reaches
 // Y); a NaN or +inf score poisons the row. Head dims must be multiples of 4
-// up to 256. K and V may be stored as f16 (the ELEMENT block); the arithmetic
+// up to 256. K and V may be stored as f16 (the ELEMENT slot); the arithmetic
 // is f32 either way.
 
 // #include attention_decode_call.wgsl
@@ -59,14 +59,9 @@
 // (1: a key was attended, 2: a NaN or +inf score was).
 @group(0) @binding(7) var<storage, read_write> part_ml: array<vec4<f32>>;
 
-// How K and V are stored. The f16 variant (attention_decode_stream_f16)
-// replaces this block with shaders/element_f16.wgsl.
-// ELEMENT BEGIN
-alias KV4 = vec4<f32>;
-fn widen4(x: KV4) -> vec4<f32> {
-    return x;
-}
-// ELEMENT END
+// How K and V are stored: the ELEMENT slot holds shaders/element_f32.wgsl, or
+// in the f16 variant (attention_decode_stream_f16) shaders/element_f16.wgsl.
+// #include ELEMENT
 
 // Invocations per workgroup: a multiple of every subgroup width.
 const WG: u32 = 128u;

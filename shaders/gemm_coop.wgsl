@@ -8,7 +8,7 @@
 // TRANS_B, SKIP_MARKED_A, offsets, strides and b_batch_div; any M, N, K.
 //
 // A workgroup of 4 subgroups of SG invocations computes a BT x BT tile of C
-// (BT = 4 * CM, CM the matrix size of the COOP block below). Each subgroup
+// (BT = 4 * CM, CM the matrix size of the COOP slot below). Each subgroup
 // owns a 2 x 2 block of CM x CM accumulators (a quadrant of the tile) for the
 // whole K loop. K is stepped in slices of BKK: op(A)'s BT x BKK slice and
 // op(B)'s BKK x BT slice are staged in workgroup memory as f16 (zeros
@@ -44,12 +44,7 @@
 enable f16;
 enable wgpu_cooperative_matrix;
 
-// COOP BEGIN
-alias MatA = coop_mat16x16<f16, A>;
-alias MatB = coop_mat16x16<f16, B>;
-alias MatC = coop_mat16x16<f32, C>;
-const CM: u32 = 16u;
-// COOP END
+// #include COOP
 
 override TRANS_A: bool = false;
 override TRANS_B: bool = false;

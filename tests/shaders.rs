@@ -4,7 +4,9 @@
 
 use std::collections::BTreeSet;
 
-use webattn::gpu::registry::{validate_kernel, validate_wgsl, with_includes, Kernel, FRAGMENTS};
+use webattn::gpu::registry::{
+    fills_a_slot, validate_kernel, validate_wgsl, with_includes, Kernel, FRAGMENTS,
+};
 
 fn shader_files() -> BTreeSet<String> {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/shaders");
@@ -26,7 +28,11 @@ fn every_shader_file_validates() {
     let files = shader_files();
     assert!(!files.is_empty());
     let mut failures = Vec::new();
-    for name in &files {
+    // A slot's fragments are validated inside the kernels that fill the slot
+    // with them (registry_embeds_every_file_and_nothing_else): they may need
+    // those kernels' `enable` lines. Files with slots validate with the
+    // first fragment of each.
+    for name in files.iter().filter(|name| !fills_a_slot(name)) {
         let source = std::fs::read_to_string(format!("{dir}/{name}")).expect("readable shader");
         match validate_wgsl(name, &with_includes(&source)) {
             Ok(module) => println!(

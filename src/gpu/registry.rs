@@ -9,8 +9,8 @@
 use crate::error::{Error, Result};
 
 /// The size of the square cooperative matrices a matrix-unit kernel is
-/// compiled for: the WGSL is written for 16 x 16 in its `// COOP BEGIN` block,
-/// and the registry derives the 8 x 8 form from it ([`with_coop_size`]).
+/// compiled for: its `COOP` slot holds `shaders/coop16.wgsl` or
+/// `shaders/coop8.wgsl` ([`Kernel::slots`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CoopSize {
     /// `coop_mat8x8` (Mesa 26's lavapipe; Apple's simdgroup matrices).
@@ -77,14 +77,14 @@ pub enum Kernel {
     /// Split-K decode attention for a few query rows (`shaders/attention_decode.wgsl`).
     AttentionDecode,
     /// The decode kernel reading K and V stored as f16 (`shaders/attention_decode.wgsl`
-    /// with `shaders/element_f16.wgsl` in its ELEMENT block).
+    /// with `shaders/element_f16.wgsl` in its ELEMENT slot).
     AttentionDecodeF16,
     /// Split-K decode that streams K and V: teams of subgroup lanes per key,
     /// no barrier in the key loop (`shaders/attention_decode_stream.wgsl`).
     AttentionDecodeStream,
     /// The streaming decode kernel reading K and V stored as f16
     /// (`shaders/attention_decode_stream.wgsl` with `shaders/element_f16.wgsl`
-    /// in its ELEMENT block).
+    /// in its ELEMENT slot).
     AttentionDecodeStreamF16,
     /// Merges split-K partial results by their maxima (`shaders/attention_merge.wgsl`).
     AttentionMerge,
@@ -301,7 +301,7 @@ impl Kernel {
         use std::sync::{Mutex, OnceLock, PoisonError};
         static EXPANDED: OnceLock<Mutex<HashMap<Kernel, &'static str>>> = OnceLock::new();
         let text = self.file_source();
-        if !text.contains(INCLUDE) {
+        if !text.contains(INCLUDE) && self.slots().is_empty() {
             return text;
         }
         let mut expanded = EXPANDED
@@ -311,11 +311,32 @@ impl Kernel {
         // One string per kernel for the life of the process (kernels are few).
         expanded
             .entry(self)
-            .or_insert_with(|| Box::leak(with_includes(text).into_boxed_str()))
+            .or_insert_with(|| Box::leak(with_slots(text, self.slots()).into_boxed_str()))
     }
 
-    /// The kernel's file as written (its variants derived), before the
-    /// fragments it includes are spliced in.
+    /// The fragments this kernel puts in its file's slots (`// #include
+    /// SLOT` lines, [`SLOTS`]): its variant of a file that several kernels share.
+    pub fn slots(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Kernel::AttentionDecode | Kernel::AttentionDecodeStream => {
+                &[("ELEMENT", "element_f32.wgsl")]
+            }
+            Kernel::AttentionDecodeF16 | Kernel::AttentionDecodeStreamF16 => {
+                &[("ELEMENT", "element_f16.wgsl")]
+            }
+            Kernel::GemmCoop(size)
+            | Kernel::GemmCoopPacked(size)
+            | Kernel::AttentionCoop(size)
+            | Kernel::AttentionCoopPacked(size) => match size {
+                CoopSize::Sixteen => &[("COOP", "coop16.wgsl")],
+                CoopSize::Eight => &[("COOP", "coop8.wgsl")],
+            },
+            _ => &[],
+        }
+    }
+
+    /// The kernel's file as written, before the fragments it includes and
+    /// puts in its slots are spliced in.
     fn file_source(self) -> &'static str {
         match self {
             Kernel::Gemm => include_str!("../../shaders/gemm.wgsl"),
@@ -336,27 +357,11 @@ impl Kernel {
             Kernel::AttentionTiledChunked => {
                 include_str!("../../shaders/attention_tiled_chunked.wgsl")
             }
-            Kernel::AttentionDecode => include_str!("../../shaders/attention_decode.wgsl"),
-            Kernel::AttentionDecodeF16 => {
-                static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-                SOURCE.get_or_init(|| {
-                    with_element(
-                        include_str!("../../shaders/attention_decode.wgsl"),
-                        include_str!("../../shaders/element_f16.wgsl"),
-                    )
-                })
+            Kernel::AttentionDecode | Kernel::AttentionDecodeF16 => {
+                include_str!("../../shaders/attention_decode.wgsl")
             }
-            Kernel::AttentionDecodeStream => {
+            Kernel::AttentionDecodeStream | Kernel::AttentionDecodeStreamF16 => {
                 include_str!("../../shaders/attention_decode_stream.wgsl")
-            }
-            Kernel::AttentionDecodeStreamF16 => {
-                static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-                SOURCE.get_or_init(|| {
-                    with_element(
-                        include_str!("../../shaders/attention_decode_stream.wgsl"),
-                        include_str!("../../shaders/element_f16.wgsl"),
-                    )
-                })
             }
             Kernel::AttentionMerge => include_str!("../../shaders/attention_merge.wgsl"),
             Kernel::ConvertF16 => include_str!("../../shaders/convert_f16.wgsl"),
@@ -369,52 +374,12 @@ impl Kernel {
             Kernel::Projection => include_str!("../../shaders/projection.wgsl"),
             Kernel::CacheAppend => include_str!("../../shaders/cache_append.wgsl"),
             Kernel::GemmSkinny => include_str!("../../shaders/gemm_skinny.wgsl"),
-            Kernel::GemmCoop(CoopSize::Sixteen) => include_str!("../../shaders/gemm_coop.wgsl"),
-            Kernel::GemmCoop(CoopSize::Eight) => {
-                static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-                SOURCE.get_or_init(|| {
-                    with_coop_size(
-                        include_str!("../../shaders/gemm_coop.wgsl"),
-                        CoopSize::Eight,
-                    )
-                })
-            }
-            Kernel::GemmCoopPacked(CoopSize::Sixteen) => {
-                include_str!("../../shaders/gemm_coop_packed.wgsl")
-            }
-            Kernel::GemmCoopPacked(CoopSize::Eight) => {
-                static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-                SOURCE.get_or_init(|| {
-                    with_coop_size(
-                        include_str!("../../shaders/gemm_coop_packed.wgsl"),
-                        CoopSize::Eight,
-                    )
-                })
-            }
+            Kernel::GemmCoop(_) => include_str!("../../shaders/gemm_coop.wgsl"),
+            Kernel::GemmCoopPacked(_) => include_str!("../../shaders/gemm_coop_packed.wgsl"),
             Kernel::CoopPack => include_str!("../../shaders/coop_pack.wgsl"),
-            Kernel::AttentionCoop(CoopSize::Sixteen) => {
-                include_str!("../../shaders/attention_coop.wgsl")
-            }
-            Kernel::AttentionCoop(CoopSize::Eight) => {
-                static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-                SOURCE.get_or_init(|| {
-                    with_coop_size(
-                        include_str!("../../shaders/attention_coop.wgsl"),
-                        CoopSize::Eight,
-                    )
-                })
-            }
-            Kernel::AttentionCoopPacked(CoopSize::Sixteen) => {
+            Kernel::AttentionCoop(_) => include_str!("../../shaders/attention_coop.wgsl"),
+            Kernel::AttentionCoopPacked(_) => {
                 include_str!("../../shaders/attention_coop_packed.wgsl")
-            }
-            Kernel::AttentionCoopPacked(CoopSize::Eight) => {
-                static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-                SOURCE.get_or_init(|| {
-                    with_coop_size(
-                        include_str!("../../shaders/attention_coop_packed.wgsl"),
-                        CoopSize::Eight,
-                    )
-                })
             }
         }
     }
@@ -568,9 +533,12 @@ impl Kernel {
 
 /// Files in `shaders/` that are not kernels but blocks the registry puts into
 /// kernels (see [`with_element`]).
-pub const FRAGMENTS: [&str; 8] = [
+pub const FRAGMENTS: [&str; 11] = [
     "ablate.wgsl",
     "gemm_params.wgsl",
+    "element_f32.wgsl",
+    "coop16.wgsl",
+    "coop8.wgsl",
     "sincos.wgsl",
     "element_f16.wgsl",
     "attention_qkv4.wgsl",
@@ -583,8 +551,18 @@ pub const FRAGMENTS: [&str; 8] = [
 const INCLUDE: &str = "// #include ";
 
 /// The fragments a kernel can include, with their text.
-const INCLUDABLE: [(&str, &str); 7] = [
+const INCLUDABLE: [(&str, &str); 11] = [
     ("ablate.wgsl", include_str!("../../shaders/ablate.wgsl")),
+    (
+        "element_f32.wgsl",
+        include_str!("../../shaders/element_f32.wgsl"),
+    ),
+    (
+        "element_f16.wgsl",
+        include_str!("../../shaders/element_f16.wgsl"),
+    ),
+    ("coop16.wgsl", include_str!("../../shaders/coop16.wgsl")),
+    ("coop8.wgsl", include_str!("../../shaders/coop8.wgsl")),
     (
         "gemm_params.wgsl",
         include_str!("../../shaders/gemm_params.wgsl"),
@@ -608,61 +586,61 @@ const INCLUDABLE: [(&str, &str); 7] = [
     ),
 ];
 
+/// The slots a kernel file may leave open (`// #include SLOT`), each with
+/// the fragments that fill it, the first by default: how one file makes
+/// several kernels (f32 or f16 K and V; 16 x 16 or 8 x 8 matrices).
+pub const SLOTS: [(&str, &[&str]); 2] = [
+    ("ELEMENT", &["element_f32.wgsl", "element_f16.wgsl"]),
+    ("COOP", &["coop16.wgsl", "coop8.wgsl"]),
+];
+
+/// Whether `file` is a fragment that fills a slot ([`SLOTS`]), valid only
+/// inside the kernels that put it there (it may need their `enable` lines).
+pub fn fills_a_slot(file: &str) -> bool {
+    SLOTS.iter().any(|(_, fills)| fills.contains(&file))
+}
+
 /// `source` with each `// #include NAME.wgsl` line replaced by that
-/// fragment's text (its own includes spliced in too): WGSL has no includes,
-/// so the attention kernels' shared uniforms, constants and rules live in one
-/// file each. Error lines naga reports count in the expanded text.
+/// fragment's text (its own includes spliced in too), and each slot
+/// (`// #include SLOT`) by its first fragment: WGSL has no includes, so the
+/// attention kernels' shared uniforms, constants and rules live in one file
+/// each. Error lines naga reports count in the expanded text.
 ///
 /// # Panics
-/// On an unknown fragment name: a fault in a shader file, which the shader
-/// tests expand for every file.
+/// On an unknown fragment or slot name: a fault in a shader file, which the
+/// shader tests expand for every file.
 pub fn with_includes(source: &str) -> String {
+    with_slots(source, &[])
+}
+
+/// [`with_includes`], each slot filled by the fragment `slots` names for it
+/// (the first of [`SLOTS`] where it names none): the one way the registry
+/// makes a kernel's variants of a file.
+///
+/// # Panics
+/// As [`with_includes`].
+pub fn with_slots(source: &str, slots: &[(&str, &str)]) -> String {
     let mut out = String::with_capacity(source.len() + 4096);
     for line in source.split_inclusive('\n') {
         let Some(name) = line.trim_end().strip_prefix(INCLUDE) else {
             out.push_str(line);
             continue;
         };
-        let Some((_, text)) = INCLUDABLE.iter().find(|(file, _)| *file == name) else {
-            panic!("`{INCLUDE}{name}`: no such fragment (registry INCLUDABLE)");
+        let file = match SLOTS.iter().find(|(slot, _)| *slot == name) {
+            Some((slot, fills)) => slots
+                .iter()
+                .find(|(s, _)| s == slot)
+                .map_or(fills[0], |(_, fill)| *fill),
+            None => name,
         };
-        out.push_str(&format!("// {name}: begin\n"));
-        out.push_str(&with_includes(text));
-        out.push_str(&format!("// {name}: end\n"));
+        let Some((_, text)) = INCLUDABLE.iter().find(|(f, _)| *f == file) else {
+            panic!("`{INCLUDE}{name}`: no such fragment or slot (registry INCLUDABLE, SLOTS)");
+        };
+        out.push_str(&format!("// {file}: begin\n"));
+        out.push_str(&with_slots(text, slots));
+        out.push_str(&format!("// {file}: end\n"));
     }
     out
-}
-
-/// `kernel` with the text between its `// ELEMENT BEGIN` and `// ELEMENT END`
-/// lines replaced by `element`: the same kernel reading another storage type.
-pub fn with_element(kernel: &str, element: &str) -> String {
-    const BEGIN: &str = "// ELEMENT BEGIN\n";
-    const END: &str = "// ELEMENT END\n";
-    let (Some(start), Some(end)) = (kernel.find(BEGIN), kernel.find(END)) else {
-        panic!("the kernel has no ELEMENT block");
-    };
-    format!(
-        "{}{}{}",
-        &kernel[..start],
-        element,
-        &kernel[end + END.len()..]
-    )
-}
-
-/// `kernel` (written for 16 x 16 cooperative matrices) for matrices of
-/// `size`: the types and the size constant between its `// COOP BEGIN` and
-/// `// COOP END` lines rewritten.
-pub fn with_coop_size(kernel: &str, size: CoopSize) -> String {
-    const BEGIN: &str = "// COOP BEGIN\n";
-    const END: &str = "// COOP END\n";
-    let (Some(start), Some(end)) = (kernel.find(BEGIN), kernel.find(END)) else {
-        panic!("the kernel has no COOP block");
-    };
-    let n = size.dim();
-    let block = kernel[start..end]
-        .replace("coop_mat16x16", &format!("coop_mat{n}x{n}"))
-        .replace("const CM: u32 = 16u;", &format!("const CM: u32 = {n}u;"));
-    format!("{}{}{}", &kernel[..start], block, &kernel[end..])
 }
 
 impl std::fmt::Display for Kernel {
