@@ -632,6 +632,29 @@ mod tests {
         }
     }
 
+    /// `webattn info` lists the skinny GEMM's decoding products where the
+    /// planner takes it (adapters without fixed CPU subgroups), and not on
+    /// lavapipe, which keeps the subgroup kernel for them.
+    #[test]
+    fn the_skinny_gemm_is_listed_where_decoding_takes_it() {
+        let listed = |caps: &Capabilities| {
+            KernelPlan::for_capabilities(caps)
+                .kernels
+                .iter()
+                .filter(|k| k.label.starts_with("gemm_skinny"))
+                .count()
+        };
+        assert_eq!(listed(&Capabilities::synthetic("DiscreteGpu")), 2);
+        let mut lavapipe = Capabilities::synthetic("Cpu");
+        (
+            lavapipe.subgroups,
+            lavapipe.subgroup_min_size,
+            lavapipe.subgroup_max_size,
+        ) = (true, 8, 8);
+        assert!(lavapipe.fixed_cpu_subgroup().is_some());
+        assert_eq!(listed(&lavapipe), 0);
+    }
+
     #[test]
     fn every_kernel_has_a_variant_in_the_list() {
         let keys = every_pipeline_variant();
