@@ -121,14 +121,19 @@ pub(crate) fn upload_values(
     dtype: crate::tensor::DType,
 ) -> Result<wgpu::Buffer> {
     if dtype == crate::tensor::DType::F16 {
-        let bits: Vec<u16> = values
-            .iter()
-            .map(|&x| half::f16::from_f32(x).to_bits())
-            .collect();
-        upload_tensor(ctx, label, &bits)
+        upload_tensor(ctx, label, &f16_bits(values, 0))
     } else {
         upload_tensor(ctx, label, values)
     }
+}
+
+/// The f16 bits of `values` (rounded to nearest even), then `pad` zeros.
+fn f16_bits(values: &[f32], pad: usize) -> Vec<u16> {
+    values
+        .iter()
+        .map(|&x| half::f16::from_f32(x).to_bits())
+        .chain(std::iter::repeat_n(0, pad))
+        .collect()
 }
 
 /// Writes `values` as `dtype` into `buffer` from byte `offset` (a multiple
@@ -143,12 +148,7 @@ pub(crate) fn write_values_at(
 ) {
     let halves: Vec<u16>;
     let bytes: &[u8] = if dtype == crate::tensor::DType::F16 {
-        let pad = values.len() % 2;
-        halves = values
-            .iter()
-            .map(|&x| half::f16::from_f32(x).to_bits())
-            .chain(std::iter::repeat_n(0, pad))
-            .collect();
+        halves = f16_bits(values, values.len() % 2);
         bytemuck::cast_slice(&halves)
     } else {
         bytemuck::cast_slice(values)

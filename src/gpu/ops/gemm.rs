@@ -604,6 +604,17 @@ fn record_pass(
 mod tests {
     use super::*;
 
+    /// The skinny kernel's rows, workgroup and K split are the shader's.
+    #[test]
+    fn skinny_sizes_match_the_shader() {
+        let src = Kernel::GemmSkinny.source();
+        assert!(src.contains(&format!("const MAX_ROWS: u32 = {SKINNY_MAX_ROWS}u;")));
+        assert!(src.contains(&format!("const INVOCATIONS: u32 = {SKINNY_INVOCATIONS}u;")));
+        let (plain, transposed) = (skinny_split(false), skinny_split(true));
+        assert!(src.contains(&format!("select({plain}u, {transposed}u, TRANS_B)")));
+        assert!(src.contains(&format!("array<f32, {}>", SKINNY_WORKGROUP_BYTES / 4)));
+    }
+
     /// The host's tile sizes must be the generated shader's.
     #[test]
     fn subgroup_tile_matches_the_shader() {
