@@ -17,4 +17,4 @@ from attention_coop import render  # noqa: E402
 MAXV = 16
 
 if __name__ == "__main__":
-    print(render("gemm_coop", MAXV))
+    print(render("gemm_coop", count=MAXV))

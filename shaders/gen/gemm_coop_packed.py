@@ -18,4 +18,4 @@ from attention_coop import render  # noqa: E402
 MAXR = 4
 
 if __name__ == "__main__":
-    print(render("gemm_coop_packed", MAXR))
+    print(render("gemm_coop_packed", count=MAXR))
