@@ -1074,7 +1074,7 @@ pub async fn token_stack(
 /// Host times to issue one attention call at a tiny shape ([`call_overhead`]).
 #[derive(Debug, Clone)]
 pub struct CallOverhead {
-    /// [`crate::Engine::attention`]: plan, buffers, record, submit.
+    /// [`crate::Engine::attention`]: plan lookup, checks, record, submit.
     pub plain: Measurement,
     /// [`crate::PreparedAttention::run`]: its workspace and bind groups
     /// reused, one submission a call.
@@ -1082,15 +1082,25 @@ pub struct CallOverhead {
     /// [`crate::PreparedAttention::record`] into one caller's encoder for all
     /// the calls of a batch, submitted once (its share of that submission
     /// included): a host that records its frame's work in one encoder.
-    pub recorded: Measurement,
+    /// `None` on a CPU engine, as are the two below.
+    pub recorded: Option<Measurement>,
+    /// [`crate::PreparedAttention::record`] alone: the host's cost of the
+    /// call itself, the submission left to the caller (outside the timing).
+    pub record_only: Option<Measurement>,
+    /// Submitting one empty command buffer: the floor any call that submits
+    /// pays on this adapter, whatever the engine does.
+    pub empty_submit: Option<Measurement>,
 }
 
 /// The host time to issue one attention call at a tiny shape (B1 H1 N16 d16),
 /// where the arithmetic is nothing and the call's own costs are everything:
 /// a plain [`crate::Engine::attention`], a [`crate::PreparedAttention`] run,
-/// and its recording into an encoder the caller submits once for a batch of
-/// calls; inputs on the device, no readback; the device is waited for after
-/// each batch of calls, outside the timing.
+/// its recording into an encoder the caller submits once for a batch of
+/// calls, the recording alone, and an empty submission for scale; inputs on
+/// the device, no readback. Each sample is the mean of a batch of calls; the
+/// five kinds take turns within each round (so a slow spell of a shared
+/// machine falls on all of them), and the device is waited for after each
+/// batch, outside the timing.
 pub async fn call_overhead(engine: &crate::Engine, repeats: Repeats) -> Result<CallOverhead> {
     use crate::{AttentionInputs, AttentionOptions, HostTensor};
     const CALLS: usize = 20;
@@ -1113,46 +1123,71 @@ pub async fn call_overhead(engine: &crate::Engine, repeats: Repeats) -> Result<C
         Ok(())
     };
     let per_call = |start: Instant| start.elapsed().as_secs_f64() * 1e3 / CALLS as f64;
-    let (mut plain, mut ready, mut recorded) = (Vec::new(), Vec::new(), Vec::new());
-    for run in 0..repeats.warmup + repeats.timed {
+    // Each round is longer than a quick bench's: these are microseconds, and
+    // a shared machine's noise is not.
+    let rounds = 4 * (repeats.warmup + repeats.timed);
+    let warmup = 4 * repeats.warmup;
+    let mut samples: [Vec<f64>; 5] = Default::default();
+    for round in 0..rounds {
+        let mut times = [f64::NAN; 5];
         let start = Instant::now();
         for _ in 0..CALLS {
             engine.attention(&inputs, &options).await?;
         }
-        let plain_ms = per_call(start);
+        times[0] = per_call(start);
         wait()?;
         let start = Instant::now();
         for _ in 0..CALLS {
             prepared.run(engine, &inputs).await?;
         }
-        let prepared_ms = per_call(start);
+        times[1] = per_call(start);
         wait()?;
-        let recorded_ms = match engine.gpu() {
-            Some(ctx) => {
-                let start = Instant::now();
-                let mut encoder = ctx
-                    .device
-                    .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-                for _ in 0..CALLS {
-                    prepared.record(engine, &mut encoder, &inputs).await?;
-                }
-                ctx.queue.submit([encoder.finish()]);
-                let ms = per_call(start);
-                wait()?;
-                ms
+        // A CPU engine has no encoder and no submission.
+        if let Some(ctx) = engine.gpu() {
+            let new_encoder = || {
+                ctx.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor::default())
+            };
+            let start = Instant::now();
+            let mut encoder = new_encoder();
+            for _ in 0..CALLS {
+                prepared.record(engine, &mut encoder, &inputs).await?;
             }
-            None => prepared_ms,
-        };
-        if run >= repeats.warmup {
-            plain.push(plain_ms);
-            ready.push(prepared_ms);
-            recorded.push(recorded_ms);
+            ctx.queue.submit([encoder.finish()]);
+            times[2] = per_call(start);
+            wait()?;
+            let mut encoder = new_encoder();
+            let start = Instant::now();
+            for _ in 0..CALLS {
+                prepared.record(engine, &mut encoder, &inputs).await?;
+            }
+            times[3] = per_call(start);
+            ctx.queue.submit([encoder.finish()]);
+            wait()?;
+            let start = Instant::now();
+            for _ in 0..CALLS {
+                ctx.queue.submit([new_encoder().finish()]);
+            }
+            times[4] = per_call(start);
+            wait()?;
+        }
+        if round >= warmup {
+            for (kind, ms) in samples.iter_mut().zip(times) {
+                if ms.is_finite() {
+                    kind.push(ms);
+                }
+            }
         }
     }
+    let [plain, prepared, recorded, record_only, empty_submit] =
+        samples.map(|s| (!s.is_empty()).then(|| Measurement::wall(s)));
+    let measured = "the plain and prepared calls were timed";
     Ok(CallOverhead {
-        plain: Measurement::wall(plain),
-        prepared: Measurement::wall(ready),
-        recorded: Measurement::wall(recorded),
+        plain: plain.ok_or(crate::Error::Conflict(measured))?,
+        prepared: prepared.ok_or(crate::Error::Conflict(measured))?,
+        recorded,
+        record_only,
+        empty_submit,
     })
 }
 

@@ -1223,7 +1223,13 @@ fn bench_writes_the_documented_json_and_a_plot() {
         assert_eq!(t["submissions"], 1, "token_step.submissions");
     }
     let overhead = &report["call_overhead"];
-    for key in ["attention_ms", "prepared_ms", "recorded_ms"] {
+    for key in [
+        "attention_ms",
+        "prepared_ms",
+        "recorded_ms",
+        "record_only_ms",
+        "empty_submit_ms",
+    ] {
         assert!(
             overhead[key].as_f64().is_some_and(|ms| ms > 0.0),
             "call_overhead.{key}"

@@ -32,6 +32,11 @@ pub struct PreparedAttention {
     generation: Mutex<Option<u64>>,
     /// Held by the run in progress.
     turn: futures_intrusive::sync::Mutex<()>,
+    /// An empty encoder that stands in for the caller's while a recording
+    /// holds it, kept for the next one: wgpu's cost of a new encoder grows
+    /// with the resources the device has made (about 10 µs after a decoder's
+    /// steps on lavapipe, more than the rest of a recording).
+    stand_in: Mutex<Option<wgpu::CommandEncoder>>,
 }
 
 impl Engine {
@@ -54,6 +59,7 @@ impl Engine {
             arena: Arc::default(),
             generation: Mutex::new(None),
             turn: futures_intrusive::sync::Mutex::new((), true),
+            stand_in: Mutex::new(None),
         })
     }
 }
@@ -197,8 +203,9 @@ impl PreparedAttention {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             if *prepared_on != Some(generation) {
-                // A lost device's buffers are gone with it.
+                // A lost device's buffers (and encoder) are gone with it.
                 self.arena.reset();
+                *self.stand_in.lock().unwrap_or_else(PoisonError::into_inner) = None;
                 *prepared_on = Some(generation);
             }
         }
@@ -207,10 +214,16 @@ impl PreparedAttention {
         // Recording: the caller's encoder goes into the context's slot for
         // the call's recorders, and comes back whatever happens.
         let slot = encoder.as_deref_mut().map(|encoder| {
-            let placeholder = ctx
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-            Arc::new(Mutex::new(Some(std::mem::replace(encoder, placeholder))))
+            let kept = self
+                .stand_in
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            let stand_in = kept.unwrap_or_else(|| {
+                ctx.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor::default())
+            });
+            Arc::new(Mutex::new(Some(std::mem::replace(encoder, stand_in))))
         });
         let ctx = match &slot {
             Some(slot) => ctx.with_capture(slot.clone()),
@@ -221,9 +234,11 @@ impl PreparedAttention {
             .await;
         if let (Some(slot), Some(encoder)) = (slot, encoder) {
             let back = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
-            *encoder = back.ok_or(Error::Conflict(
+            let back = back.ok_or(Error::Conflict(
                 "the encoder was not given back by the recorded call",
             ))?;
+            let stand_in = std::mem::replace(encoder, back);
+            *self.stand_in.lock().unwrap_or_else(PoisonError::into_inner) = Some(stand_in);
         }
         result
     }

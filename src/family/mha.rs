@@ -200,6 +200,10 @@ struct Workspace {
     /// The step's own recordings reuse their bind groups from here (the
     /// buffers above are the same every step).
     arena: Arc<crate::gpu::arena::Arena>,
+    /// An empty encoder that stands in for the caller's while a recorded step
+    /// holds it, kept for the next step (a new encoder costs more the more
+    /// resources the device has made: about 10 µs a layer on lavapipe).
+    stand_in: Option<wgpu::CommandEncoder>,
 }
 
 /// Which input a product reads and where its outputs go.
@@ -637,10 +641,11 @@ impl MultiHeadAttention {
         // the step's recorders, and comes back whatever happens.
         let mut encoder = encoder;
         let slot = encoder.as_deref_mut().map(|encoder| {
-            let placeholder = ctx
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-            Arc::new(Mutex::new(Some(std::mem::replace(encoder, placeholder))))
+            let stand_in = ws.stand_in.take().unwrap_or_else(|| {
+                ctx.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor::default())
+            });
+            Arc::new(Mutex::new(Some(std::mem::replace(encoder, stand_in))))
         });
         let step_ctx = match &slot {
             Some(slot) => ctx.with_capture(slot.clone()),
@@ -659,13 +664,17 @@ impl MultiHeadAttention {
             )
             .await;
         let output = ws.output.clone();
-        self.keep_workspace(ws);
         if let (Some(slot), Some(encoder)) = (slot, encoder) {
             let back = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
-            *encoder = back.ok_or(Error::Conflict(
-                "the encoder was not given back by the recorded step",
-            ))?;
+            let Some(back) = back else {
+                self.keep_workspace(ws);
+                return Err(Error::Conflict(
+                    "the encoder was not given back by the recorded step",
+                ));
+            };
+            ws.stand_in = Some(std::mem::replace(encoder, back));
         }
+        self.keep_workspace(ws);
         step?;
         Ok(engine.wrap_gpu(vec![batch, n, d.d_model], output))
     }
@@ -1062,6 +1071,7 @@ impl MultiHeadAttention {
             staging: buffer::staging(ctx, "output readback", out_len)?,
             attention: None,
             arena: Arc::default(),
+            stand_in: None,
         })
     }
 

@@ -6,7 +6,9 @@
 //! n-th buffer a run asks for is the n-th one the arena holds when its size
 //! and kind match (the same plan asks for the same buffers in the same
 //! order): a parameter block or an upload gets its new contents written in
-//! place, a zero-filled buffer is cleared by the next command the run records
+//! place (not at all where a parameter block or a call's rule data holds the
+//! same bytes as in the last run: [`Arena::take_remembered`]), a zero-filled
+//! buffer is cleared by the next command the run records
 //! ([`Arena::clear_pending`]). Where a run asks for something else (another
 //! size), the arena creates it and keeps it in that place from then on, so a
 //! plan that changed costs allocations, never a wrong result.
@@ -41,9 +43,21 @@ pub(crate) type GroupKey = (wgpu::BindGroupLayout, Vec<(wgpu::Buffer, u64, Optio
 /// A place in the arena: empty once its buffer or group was given away.
 type Slot<T> = Option<T>;
 
+/// A buffer the arena keeps.
+#[derive(Debug)]
+struct Held {
+    kind: Kind,
+    size: u64,
+    buffer: wgpu::Buffer,
+    /// What a parameter block holds (as last written), so that a run whose
+    /// parameters are the same as the last one's writes nothing: a queue
+    /// write stages its bytes through a new buffer of wgpu's own each time.
+    contents: Vec<u8>,
+}
+
 #[derive(Debug, Default)]
 struct State {
-    held: Vec<Slot<(Kind, u64, wgpu::Buffer)>>,
+    held: Vec<Slot<Held>>,
     next: usize,
     to_clear: Vec<wgpu::Buffer>,
     groups: Vec<Slot<(GroupKey, wgpu::BindGroup)>>,
@@ -57,7 +71,7 @@ fn reuse<T>(
     at: usize,
     fits: impl Fn(&T) -> bool,
     create: impl FnOnce() -> T,
-) -> (&T, bool) {
+) -> (&mut T, bool) {
     if at >= slots.len() {
         slots.resize_with(at + 1, || None);
     }
@@ -73,6 +87,28 @@ fn reuse<T>(
 #[derive(Debug, Default)]
 pub(crate) struct Arena {
     state: Mutex<State>,
+}
+
+impl State {
+    /// The buffer in the next place when it is of `kind` and `size` (and
+    /// `true`), else the one `create` makes, kept there from now on.
+    fn next_held(
+        &mut self,
+        kind: Kind,
+        size: u64,
+        create: impl FnOnce() -> wgpu::Buffer,
+    ) -> (&mut Held, bool) {
+        let at = self.next;
+        self.next += 1;
+        let fits = |h: &Held| h.kind == kind && h.size == size;
+        let create = || Held {
+            kind,
+            size,
+            buffer: create(),
+            contents: Vec::new(),
+        };
+        reuse(&mut self.held, at, fits, create)
+    }
 }
 
 impl Arena {
@@ -102,19 +138,35 @@ impl Arena {
         create: impl FnOnce() -> wgpu::Buffer,
     ) -> wgpu::Buffer {
         let mut state = self.state();
-        let at = state.next;
-        state.next += 1;
-        let ((_, _, buffer), reused) = reuse(
-            &mut state.held,
-            at,
-            |(k, s, _)| *k == kind && *s == size,
-            || (kind, size, create()),
-        );
-        let buffer = buffer.clone();
+        let (held, reused) = state.next_held(kind, size, create);
+        // Whatever the caller puts in it now is not remembered.
+        held.contents.clear();
+        let buffer = held.buffer.clone();
         if reused && kind == Kind::Zeroed {
             state.to_clear.push(buffer.clone());
         }
         buffer
+    }
+
+    /// The buffer in the next place when it is of `kind` and `size`, else the
+    /// one `create` makes; and whether it already holds `contents` (the
+    /// bytes the caller writes into it, remembered from now on): a kept
+    /// parameter block or small upload whose values did not change since the
+    /// last run needs no write.
+    pub(crate) fn take_remembered(
+        &self,
+        kind: Kind,
+        size: u64,
+        contents: &[u8],
+        create: impl FnOnce() -> wgpu::Buffer,
+    ) -> (wgpu::Buffer, bool) {
+        let mut state = self.state();
+        let (held, reused) = state.next_held(kind, size, create);
+        let holds = reused && held.contents == contents;
+        if !holds {
+            held.contents = contents.to_vec();
+        }
+        (held.buffer.clone(), holds)
     }
 
     /// The bind group in the next place when it binds `key`, else the one
@@ -129,6 +181,7 @@ impl Arena {
         state.next_group += 1;
         let fits = |(held, _): &(GroupKey, wgpu::BindGroup)| *held == key;
         let ((_, group), _) = reuse(&mut state.groups, at, fits, || (key.clone(), create()));
+        let group: &wgpu::BindGroup = group;
         group.clone()
     }
 
@@ -138,7 +191,7 @@ impl Arena {
     pub(crate) fn release(&self, buffer: &wgpu::Buffer) {
         let mut state = self.state();
         for slot in &mut state.held {
-            if slot.as_ref().is_some_and(|(_, _, b)| b == buffer) {
+            if slot.as_ref().is_some_and(|h| h.buffer == *buffer) {
                 *slot = None;
             }
         }
@@ -170,6 +223,6 @@ impl Arena {
     pub(crate) fn held(&self) -> (usize, u64) {
         let state = self.state();
         let held = || state.held.iter().flatten();
-        (held().count(), held().map(|(_, size, _)| size).sum())
+        (held().count(), held().map(|h| h.size).sum())
     }
 }

@@ -62,19 +62,22 @@ pub(crate) fn tensor_storage(ctx: &GpuContext, label: &str, len: usize) -> Resul
 /// (`Kind::Filled`) about to be written whole. A prepared call's runs take
 /// the one their first run created (`gpu/arena.rs`).
 fn create(ctx: &GpuContext, label: &str, size: u64, kind: Kind) -> wgpu::Buffer {
-    let make = || {
-        ctx.counters.buffer_created();
-        ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size,
-            usage: STORAGE,
-            mapped_at_creation: false,
-        })
-    };
+    let make = || new_storage(ctx, label, size);
     match &ctx.arena {
         Some(arena) => arena.take(kind, size, make),
         None => make(),
     }
+}
+
+/// A new storage buffer, counted.
+fn new_storage(ctx: &GpuContext, label: &str, size: u64) -> wgpu::Buffer {
+    ctx.counters.buffer_created();
+    ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size,
+        usage: STORAGE,
+        mapped_at_creation: false,
+    })
 }
 
 /// A storage buffer holding `data`, which a kernel binds whole.
@@ -99,17 +102,45 @@ pub(crate) fn upload_tensor<T: bytemuck::Pod>(
     let size = (bytes.len().max(1).div_ceil(16) * 16) as u64;
     check_buffer(ctx, label, size)?;
     let buffer = create(ctx, label, size, Kind::Filled);
+    fill(ctx, &buffer, bytes);
+    Ok(buffer)
+}
+
+/// [`upload`] for data no kernel writes (a call's rule data): in a prepared
+/// call's workspace, a buffer that already holds these bytes from the last
+/// run is not written again (a queue write stages through a new buffer of
+/// wgpu's own each time).
+pub(crate) fn upload_constant<T: bytemuck::Pod>(
+    ctx: &GpuContext,
+    label: &str,
+    data: &[T],
+) -> Result<wgpu::Buffer> {
+    let bytes: &[u8] = bytemuck::cast_slice(data);
+    let size = (bytes.len().max(1).div_ceil(16) * 16) as u64;
+    check_bindable(ctx, label, size)?;
+    let Some(arena) = &ctx.arena else {
+        return upload(ctx, label, data);
+    };
+    let make = || new_storage(ctx, label, size);
+    let (buffer, holds) = arena.take_remembered(Kind::Filled, size, bytes, make);
+    if !holds {
+        fill(ctx, &buffer, bytes);
+    }
+    Ok(buffer)
+}
+
+/// Writes `bytes` at the start of `buffer`, the last word padded with zeros.
+fn fill(ctx: &GpuContext, buffer: &wgpu::Buffer, bytes: &[u8]) {
     // Whole 4-byte words go straight in; the padding stays zero.
     let whole = bytes.len() & !3;
     if whole > 0 {
-        ctx.queue.write_buffer(&buffer, 0, &bytes[..whole]);
+        write_bytes(ctx, buffer, 0, &bytes[..whole]);
     }
     if whole < bytes.len() {
         let mut tail = [0u8; 4];
         tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
-        ctx.queue.write_buffer(&buffer, whole as u64, &tail);
+        write_bytes(ctx, buffer, whole as u64, &tail);
     }
-    Ok(buffer)
 }
 
 /// A storage buffer holding a call's tensor `values` as `dtype`: f32 as they
@@ -154,7 +185,7 @@ pub(crate) fn write_values_at(
         bytemuck::cast_slice(values)
     };
     if !bytes.is_empty() {
-        ctx.queue.write_buffer(buffer, offset, bytes);
+        write_bytes(ctx, buffer, offset, bytes);
     }
 }
 
@@ -192,7 +223,7 @@ pub(crate) fn write<T: bytemuck::Pod>(ctx: &GpuContext, buffer: &wgpu::Buffer, d
     let bytes: &[u8] = bytemuck::cast_slice(data);
     let whole = bytes.len() & !3;
     if whole > 0 {
-        ctx.queue.write_buffer(buffer, 0, &bytes[..whole]);
+        write_bytes(ctx, buffer, 0, &bytes[..whole]);
     }
 }
 
@@ -208,6 +239,13 @@ pub(crate) fn staging(ctx: &GpuContext, label: &str, len: usize) -> Result<wgpu:
         usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
         mapped_at_creation: false,
     }))
+}
+
+/// Writes `bytes` into `buffer` at `offset` through the queue (staged by
+/// wgpu, applied before the next submission), counted as a write.
+pub(crate) fn write_bytes(ctx: &GpuContext, buffer: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+    ctx.counters.written();
+    ctx.queue.write_buffer(buffer, offset, bytes);
 }
 
 /// A uniform buffer holding one parameter struct (rewritable in place by
@@ -226,12 +264,14 @@ pub(crate) fn uniform<T: bytemuck::Pod>(ctx: &GpuContext, label: &str, value: &T
     match &ctx.arena {
         Some(arena) => {
             let mut fresh = false;
-            let buffer = arena.take(Kind::Uniform, contents.len() as u64, || {
+            let make = || {
                 fresh = true;
                 make()
-            });
-            if !fresh {
-                ctx.queue.write_buffer(&buffer, 0, contents);
+            };
+            let (buffer, holds) =
+                arena.take_remembered(Kind::Uniform, contents.len() as u64, contents, make);
+            if !holds && !fresh {
+                write_bytes(ctx, &buffer, 0, contents);
             }
             buffer
         }

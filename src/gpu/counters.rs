@@ -12,6 +12,7 @@ pub(crate) struct Counters {
     bind_groups: AtomicU64,
     dispatches: AtomicU64,
     copies: AtomicU64,
+    writes: AtomicU64,
     submissions: AtomicU64,
 }
 
@@ -32,6 +33,10 @@ impl Counters {
         self.copies.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(crate) fn written(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn submitted(&self) {
         self.submissions.fetch_add(1, Ordering::Relaxed);
     }
@@ -42,6 +47,7 @@ impl Counters {
             bind_groups: self.bind_groups.load(Ordering::Relaxed),
             dispatches: self.dispatches.load(Ordering::Relaxed),
             copies: self.copies.load(Ordering::Relaxed),
+            writes: self.writes.load(Ordering::Relaxed),
             submissions: self.submissions.load(Ordering::Relaxed),
         }
     }
@@ -59,6 +65,9 @@ pub struct WorkCounts {
     pub dispatches: u64,
     /// Buffer-to-buffer copies recorded.
     pub copies: u64,
+    /// Queue writes (host bytes staged into a buffer: uploads, parameter
+    /// blocks that changed; a prepared call's repeated runs make none).
+    pub writes: u64,
     /// Command buffers submitted to the queue.
     pub submissions: u64,
 }
@@ -72,6 +81,7 @@ impl std::ops::Sub for WorkCounts {
             bind_groups: self.bind_groups - earlier.bind_groups,
             dispatches: self.dispatches - earlier.dispatches,
             copies: self.copies - earlier.copies,
+            writes: self.writes - earlier.writes,
             submissions: self.submissions - earlier.submissions,
         }
     }

@@ -165,5 +165,5 @@ pub(crate) fn upload_rule_data(
                 .map(|slope| (slope as f32).to_bits() as i32),
         );
     }
-    buffer::upload(ctx, "rule data (nonpad_kv_seqlen, ALiBi slopes)", &words)
+    buffer::upload_constant(ctx, "rule data (nonpad_kv_seqlen, ALiBi slopes)", &words)
 }

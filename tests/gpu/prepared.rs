@@ -308,6 +308,15 @@ fn recording_into_the_hosts_own_encoder() {
         let counts = ctx.work_counts() - before;
         assert_eq!(counts.submissions, 0, "a recorded call submits nothing");
         assert!(counts.dispatches >= 1);
+        if run > 0 {
+            // Its parameter blocks hold the same values: no queue write
+            // (each would stage its bytes through a new buffer of wgpu's).
+            assert_eq!(
+                (counts.buffers, counts.writes),
+                (0, 0),
+                "a repeated recording creates or writes buffers"
+            );
+        }
         queue.submit([encoder.finish()]);
         let y = engine.download_blocking(&out.y).unwrap();
         let host = AttentionInputs::new(&hosts[0], &hosts[1], &v_host);

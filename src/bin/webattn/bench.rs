@@ -70,6 +70,8 @@ pub enum RowKind {
     Decode,
     /// The decoder layer's token steps and KV-cache appends.
     Tokens,
+    /// The per-call host overhead of a plain, a prepared and a recorded call.
+    Overhead,
 }
 
 /// The attention paths `--paths` selects.
@@ -359,9 +361,8 @@ fn selected(args: &Args, job: &Job) -> bool {
         Job::Gemm(..) => RowKind::Gemm,
         Job::Attention(..) => RowKind::Attention,
         Job::Decode(..) => RowKind::Decode,
-        Job::TokenStep(..) | Job::CpuTokenStep(..) | Job::TokenStack(..) | Job::Overhead => {
-            RowKind::Tokens
-        }
+        Job::TokenStep(..) | Job::CpuTokenStep(..) | Job::TokenStack(..) => RowKind::Tokens,
+        Job::Overhead => RowKind::Overhead,
     };
     let path = match *job {
         Job::Attention(_, path, _) | Job::Decode(_, path, _) => Some(path),
@@ -757,13 +758,18 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                     &engine,
                     repeats(KernelPath::Fused, args.quick),
                 ))?;
+                let of_plain = |m: &Option<bench::Measurement>| {
+                    m.as_ref().map_or("-".to_string(), |m| {
+                        format!("{:.0}%", 100.0 * m.median_ms() / measured.plain.median_ms())
+                    })
+                };
                 said(format!(
-                    "  Engine::attention {:.3} ms, prepared run {:.3} ms, recorded into one \
-                     encoder {:.3} ms ({:.0}% of Engine::attention)",
+                    "  Engine::attention {:.3} ms, prepared run {:.3} ms, recorded {} and \
+                     record alone {} of Engine::attention",
                     measured.plain.median_ms(),
                     measured.prepared.median_ms(),
-                    measured.recorded.median_ms(),
-                    100.0 * measured.recorded.median_ms() / measured.plain.median_ms()
+                    of_plain(&measured.recorded),
+                    of_plain(&measured.record_only),
                 ));
                 overhead = Some(measured);
             }
@@ -886,6 +892,9 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     }
     if let Some(ctx) = ctx {
         for &precision in precisions(matrix_units) {
+            if !gemm.iter().any(|row| row.1 == precision) {
+                continue;
+            }
             println!(
                 "\nGEMM ({}; calls take {})",
                 match precision {
@@ -909,38 +918,39 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 }
             }
         }
-        if matrix_units {
+        if matrix_units && !gemm.is_empty() {
             println!("(the share of the matrix-unit rows is of the f32 FMA ceiling: above 100% is what matrix units are for)");
         }
     }
     // GPU ceilings and shares are "-" on the CPU rows.
     let or_dash = |x: f64, text: String| if x.is_finite() { text } else { "-".to_string() };
-    println!("\nattention (B x H = tokens / seq x width / head dim)");
-    println!(
-        "{:<8} {:>4} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10} {:>9} {:>9} {:>7} {:>10} {:>10}",
-        "path",
-        "prec",
-        "batch",
-        "head",
-        "seq",
-        "d",
-        "causal",
-        "ms",
-        "GFLOP/s",
-        "ceiling*",
-        "share",
-        "peak MiB",
-        "vs unfused"
-    );
-    for (shape, path, precision, m, near) in &attention {
-        let unfused = attention
-            .iter()
-            .find(|(s, p, q, _, _)| s == shape && *p == KernelPath::Unfused && q == precision)
-            .map(|(_, _, _, u, _)| u.measurement.median_ms());
-        let speedup = unfused
-            .map(|u| format!("{:.2}x", u / m.measurement.median_ms()))
-            .unwrap_or_default();
+    if !attention.is_empty() {
+        println!("\nattention (B x H = tokens / seq x width / head dim)");
         println!(
+            "{:<8} {:>4} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10} {:>9} {:>9} {:>7} {:>10} {:>10}",
+            "path",
+            "prec",
+            "batch",
+            "head",
+            "seq",
+            "d",
+            "causal",
+            "ms",
+            "GFLOP/s",
+            "ceiling*",
+            "share",
+            "peak MiB",
+            "vs unfused"
+        );
+        for (shape, path, precision, m, near) in &attention {
+            let unfused = attention
+                .iter()
+                .find(|(s, p, q, _, _)| s == shape && *p == KernelPath::Unfused && q == precision)
+                .map(|(_, _, _, u, _)| u.measurement.median_ms());
+            let speedup = unfused
+                .map(|u| format!("{:.2}x", u / m.measurement.median_ms()))
+                .unwrap_or_default();
+            println!(
             "{:<8} {:>4} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10.1} {:>9.1} {:>9} {:>7} {:>10.1} {:>10}",
             path.name(),
             precision_name(*precision),
@@ -956,12 +966,13 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             m.peak_bytes as f64 / f64::from(1 << 20),
             speedup
         );
-    }
-    println!(
+        }
+        println!(
         "* ceiling: the f32 FMA ceiling measured just before the row, the GPU's (the host's for cpu and oracle rows, in the CPU backend's instruction set on its threads; the machine's speed may drift)"
     );
-    if matrix_units {
-        println!("  prec f16: Precision::Fast, f16 products on the matrix units, f32 sums; vs unfused compares within a precision");
+        if matrix_units {
+            println!("  prec f16: Precision::Fast, f16 products on the matrix units, f32 sums; vs unfused compares within a precision");
+        }
     }
     // Decode is bound by reading K and V: GB/s of K + V, and the share of the
     // copy's bandwidth (GPU rows only).
@@ -973,48 +984,50 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         KernelPath::Cpu => host_copy.as_ref().map_or(f64::NAN, |c| gbs / c.gbs),
         _ => f64::NAN,
     };
-    println!(
+    if !decode.is_empty() || !decode_skipped.is_empty() {
+        println!(
         "\ndecode (Nq = 1, d = 128; K and V stored as the dtype; H: query heads, /KV heads where grouped)"
     );
-    println!(
-        "{:<8} {:<35} {:>9} {:>7} {:>8} {:>10} {:>9} {:>10} {:>9} {:>11}",
-        "path",
-        "kernel",
-        "B x H",
-        "dtype",
-        "keys",
-        "ms",
-        "GFLOP/s",
-        "K+V GB/s",
-        "share**",
-        "peak MiB"
-    );
-    for (shape, path, dtype, kernel, m) in &decode {
-        let gbs = kv_gbs(shape, *dtype, m);
-        let share = bandwidth_share(*path, gbs);
         println!(
-            "{:<8} {:<35} {:>9} {:>7} {:>8} {:>10.2} {:>9.2} {:>10.1} {:>9} {:>11.2}",
-            path.name(),
-            kernel.map_or_else(|| "-".to_string(), |k| k.label()),
-            format!("{}x{}", shape.batch, heads_label(shape)),
-            dtype.to_string(),
-            shape.seq_k,
-            m.measurement.median_ms(),
-            m.gflops,
-            gbs,
-            or_dash(share, format!("{:.0}%", 100.0 * share)),
-            m.peak_bytes as f64 / f64::from(1 << 20)
+            "{:<8} {:<35} {:>9} {:>7} {:>8} {:>10} {:>9} {:>10} {:>9} {:>11}",
+            "path",
+            "kernel",
+            "B x H",
+            "dtype",
+            "keys",
+            "ms",
+            "GFLOP/s",
+            "K+V GB/s",
+            "share**",
+            "peak MiB"
         );
-    }
-    for (shape, path, dtype, label, why) in &decode_skipped {
-        println!(
-            "{:<8} {:<35} {:>9} {:>7} {:>8} skipped: {why}",
-            path.name(),
-            label,
-            format!("{}x{}", shape.batch, heads_label(shape)),
-            dtype.to_string(),
-            shape.seq_k,
-        );
+        for (shape, path, dtype, kernel, m) in &decode {
+            let gbs = kv_gbs(shape, *dtype, m);
+            let share = bandwidth_share(*path, gbs);
+            println!(
+                "{:<8} {:<35} {:>9} {:>7} {:>8} {:>10.2} {:>9.2} {:>10.1} {:>9} {:>11.2}",
+                path.name(),
+                kernel.map_or_else(|| "-".to_string(), |k| k.label()),
+                format!("{}x{}", shape.batch, heads_label(shape)),
+                dtype.to_string(),
+                shape.seq_k,
+                m.measurement.median_ms(),
+                m.gflops,
+                gbs,
+                or_dash(share, format!("{:.0}%", 100.0 * share)),
+                m.peak_bytes as f64 / f64::from(1 << 20)
+            );
+        }
+        for (shape, path, dtype, label, why) in &decode_skipped {
+            println!(
+                "{:<8} {:<35} {:>9} {:>7} {:>8} skipped: {why}",
+                path.name(),
+                label,
+                format!("{}x{}", shape.batch, heads_label(shape)),
+                dtype.to_string(),
+                shape.seq_k,
+            );
+        }
     }
     if !decode.is_empty() {
         println!("** share: K + V bytes read per second, over the copy ceiling measured in this run (the GPU's for GPU rows, the host's for cpu rows)");
@@ -1095,17 +1108,35 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         }
     }
     if let Some(o) = &overhead {
-        let share = |m: &bench::Measurement| 100.0 * m.median_ms() / o.plain.median_ms();
         println!(
-            "\nper-call host overhead at B1 H1 N16 d16 (host time to issue a call, no readback): \
-             Engine::attention {:.3} ms, PreparedAttention::run {:.3} ms ({:.0}%), \
-             PreparedAttention::record into one encoder per 20 calls {:.3} ms ({:.0}%)",
-            o.plain.median_ms(),
-            o.prepared.median_ms(),
-            share(&o.prepared),
-            o.recorded.median_ms(),
-            share(&o.recorded)
+            "\nper-call host overhead at B1 H1 N16 d16 (host time to issue a call, inputs on \
+             the device, no readback; median of {} samples of 20 calls, the kinds taking turns)",
+            o.plain.samples_ms.len()
         );
+        println!("{:<50} {:>9} {:>21}", "call", "ms", "of Engine::attention");
+        let rows = [
+            ("Engine::attention", Some(&o.plain)),
+            (
+                "PreparedAttention::run (one submission a call)",
+                Some(&o.prepared),
+            ),
+            (
+                "record, 20 calls into one encoder, submitted once",
+                o.recorded.as_ref(),
+            ),
+            ("record alone (the caller submits)", o.record_only.as_ref()),
+            (
+                "an empty submission (the adapter's floor)",
+                o.empty_submit.as_ref(),
+            ),
+        ];
+        for (name, m) in rows {
+            if let Some(m) = m {
+                let ms = m.median_ms();
+                let share = 100.0 * ms / o.plain.median_ms();
+                println!("{name:<50} {ms:>9.4} {share:>20.0}%");
+            }
+        }
     }
 
     let finite = |x: f64| x.is_finite().then_some(x);
@@ -1162,9 +1193,13 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         })).collect::<Vec<_>>(),
         "call_overhead": overhead.as_ref().map(|o| json!({
             "shape": [1, 1, 16, 16], "attention_ms": o.plain.median_ms(), "prepared_ms": o.prepared.median_ms(),
-            "recorded_ms": o.recorded.median_ms(),
+            "recorded_ms": o.recorded.as_ref().map(|m| m.median_ms()),
+            "record_only_ms": o.record_only.as_ref().map(|m| m.median_ms()),
+            "empty_submit_ms": o.empty_submit.as_ref().map(|m| m.median_ms()),
             "attention_samples_ms": o.plain.samples_ms, "prepared_samples_ms": o.prepared.samples_ms,
-            "recorded_samples_ms": o.recorded.samples_ms,
+            "recorded_samples_ms": o.recorded.as_ref().map(|m| &m.samples_ms),
+            "record_only_samples_ms": o.record_only.as_ref().map(|m| &m.samples_ms),
+            "empty_submit_samples_ms": o.empty_submit.as_ref().map(|m| &m.samples_ms),
         })),
         "decode_skipped": decode_skipped.iter().map(|(s, p, d, label, why)| json!({
             "path": p.name(), "kernel": label, "batch": s.batch, "heads": s.heads, "kv_heads": s.kv_heads, "seq_k": s.seq_k,

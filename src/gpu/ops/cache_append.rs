@@ -108,9 +108,12 @@ impl PreparedCacheAppend {
                 ..*params
             };
             if bytemuck::bytes_of(&now) != bytemuck::bytes_of(&*params) {
-                rec.ctx()
-                    .queue
-                    .write_buffer(&self.uniform, 0, bytemuck::bytes_of(&now));
+                crate::gpu::buffer::write_bytes(
+                    rec.ctx(),
+                    &self.uniform,
+                    0,
+                    bytemuck::bytes_of(&now),
+                );
                 *params = now;
             }
         }

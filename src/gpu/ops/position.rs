@@ -142,9 +142,12 @@ impl PreparedPosition {
                 offset,
                 ..self.params
             };
-            rec.ctx()
-                .queue
-                .write_buffer(&self.uniform, 0, bytemuck::bytes_of(&params));
+            crate::gpu::buffer::write_bytes(
+                rec.ctx(),
+                &self.uniform,
+                0,
+                bytemuck::bytes_of(&params),
+            );
         }
         rec.dispatch(
             &self.pipeline,
