@@ -357,7 +357,9 @@ async function runTiming() {
 async function main() {
   // The demo shows the WebGPU kernels: on the adapter wherever one exists,
   // even a CPU implementation that an engine left to choose would pass over.
-  engine = await WebAttn.create({ backend: "gpu" }).catch(() => WebAttn.create());
+  // ?simd=relaxed|simd128 picks the wasm build (the library's choice else).
+  const simd = new URLSearchParams(location.search).get("simd") ?? "auto";
+  engine = await WebAttn.create({ backend: "gpu", simd }).catch(() => WebAttn.create({ simd }));
   showAdapter();
   $("sentence-path").onchange = showSentence;
   $("sentence-variant").onchange = showSentence;

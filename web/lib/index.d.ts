@@ -164,7 +164,14 @@ export interface CreateOptions {
   limits?: "adapter" | "webgpu-default" | "downlevel" | ({ preset?: string } & Record<string, number | string>);
   /** Threads of the CPU backend (one in the browser). */
   cpuThreads?: number;
-  /** Where `webattn_web_bg.wasm` is, if not beside the module. */
+  /** Which of the two wasm builds beside the module the CPU backend runs:
+   * `"auto"` (the default: relaxed SIMD where the browser has it on an ARM
+   * CPU, else SIMD128, which measured faster on x86-64), `"relaxed"` (an
+   * `InvalidOption` error where the browser lacks relaxed SIMD), `"simd128"`.
+   * Only the first engine of a page or worker loads the module. */
+  simd?: "auto" | "relaxed" | "simd128";
+  /** A `.wasm` to load instead of the build `simd` picks (only the first
+   * load in a page or worker counts). */
   wasm?: string | URL | Response | BufferSource | WebAssembly.Module;
 }
 
@@ -260,7 +267,7 @@ export declare class WebAttn {
    * a CPU implementation such as SwiftShader (`adapter.reason` says why; `backend: "gpu"` takes it anyway). */
   static create(options?: CreateOptions): Promise<WebAttn>;
   /** Every WGSL pipeline variant the engine may compile (code, entry point, override constants). */
-  static kernelSources(options?: { wasm?: CreateOptions["wasm"] }): Promise<{ label: string; code: string; entry: string; constants: Record<string, number>; subgroups: boolean }[]>;
+  static kernelSources(options?: { wasm?: CreateOptions["wasm"]; simd?: CreateOptions["simd"] }): Promise<{ label: string; code: string; entry: string; constants: Record<string, number>; subgroups: boolean }[]>;
   readonly adapter: AdapterInfo;
   readonly backend: "gpu" | "cpu";
   /** The plan the last call ran (its path, and in one line its kernels, tiles and pieces, as the native

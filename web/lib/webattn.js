@@ -7,10 +7,65 @@ import init, { EngineCore, kernelSources } from "./pkg/webattn_web.js";
 
 let loaded = null;
 
-/** Loads and instantiates the wasm module once per realm (page or worker);
- * a failed load is tried again on the next call. */
-function load(wasm) {
-  loaded ??= init(wasm === undefined ? undefined : { module_or_path: wasm }).catch((e) => {
+// A module whose one function computes f32x4.relaxed_madd of three v128
+// constants: a browser that validates it has relaxed SIMD.
+const RELAXED_PROBE = new Uint8Array([
+  0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version
+  0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7b, // type: () -> v128
+  0x03, 0x02, 0x01, 0x00, // one function of that type
+  0x0a, 0x3d, 0x01, 0x3b, 0x00, // code: one body of 59 bytes, no locals
+  ...[0, 1, 2].flatMap(() => [0xfd, 0x0c, ...new Array(16).fill(0)]), // v128.const 0 (x3)
+  0xfd, 0x85, 0x02, // f32x4.relaxed_madd
+  0x0b, // end
+]);
+
+/** Whether this browser runs relaxed SIMD (checked once). */
+let relaxedSimd = null;
+function hasRelaxedSimd() {
+  relaxedSimd ??= (() => {
+    try {
+      return WebAssembly.validate(RELAXED_PROBE);
+    } catch {
+      return false;
+    }
+  })();
+  return relaxedSimd;
+}
+
+/** The CPU architecture the browser reports (Chromium's client hints:
+ * "arm", "x86"), or "" where it tells none. */
+async function architecture() {
+  try {
+    const hints = await globalThis.navigator?.userAgentData?.getHighEntropyValues?.(["architecture"]);
+    return hints?.architecture ?? "";
+  } catch {
+    return "";
+  }
+}
+
+/** Which wasm build to load for `simd` ("auto", "relaxed", "simd128"). Auto
+ * takes relaxed SIMD where the browser has it on an ARM CPU, where
+ * f32x4.relaxed_madd is one fused multiply-add (a model: not yet measured
+ * there); on x86-64, V8's relaxed madd ran the CPU backend 1.2-1.4× slower
+ * than SIMD128's multiply and add (Zen 4, Chromium, 2026-11-29,
+ * web/tests/wasm-builds.mjs), so auto keeps SIMD128 there. */
+async function wasmFor(simd) {
+  if (simd === "relaxed" && !hasRelaxedSimd()) {
+    throw libraryError("InvalidOption", `option simd = "relaxed" is invalid: this browser has no relaxed SIMD (use "auto" or "simd128")`);
+  }
+  const relaxed = simd === "relaxed" || (simd === "auto" && hasRelaxedSimd() && (await architecture()) === "arm");
+  return new URL(`./pkg/${relaxed ? "webattn_web_relaxed_bg.wasm" : "webattn_web_bg.wasm"}`, import.meta.url);
+}
+
+/** Loads and instantiates the wasm module once per realm (page or worker):
+ * `wasm` if given, else the build `simd` asks for; a failed load is tried
+ * again on the next call. */
+function load(wasm, simd = "auto") {
+  if (!["auto", "relaxed", "simd128"].includes(simd)) {
+    const hint = `one of "auto", "relaxed", "simd128"`;
+    return Promise.reject(libraryError("InvalidOption", `option simd = ${JSON.stringify(simd)} is invalid: ${hint}`));
+  }
+  loaded ??= (async () => init({ module_or_path: wasm ?? (await wasmFor(simd)) }))().catch((e) => {
     loaded = null;
     throw e;
   });
@@ -280,22 +335,24 @@ export class WebAttn {
 
   /**
    * Creates an engine on the browser's WebGPU adapter, or on the CPU backend
-   * (f32, SIMD128) where there is none or it is a CPU implementation
+   * (f32, SIMD128, or relaxed SIMD) where there is none or it is a CPU implementation
    * (SwiftShader: several times slower; `adapter.reason` says so, and
    * `backend: "gpu"` takes it anyway). Options: `backend` (`"auto"`, `"gpu"`,
    * `"cpu"`), `powerPreference`, `limits` (a preset or WebGPU limits),
-   * `cpuThreads`, `wasm` (where the `.wasm` file is, if not beside this module).
+   * `cpuThreads`, `simd` (which wasm build the first engine of a page or
+   * worker loads: `"auto"`, `"relaxed"`, `"simd128"`), `wasm` (a `.wasm` to
+   * load instead of the build beside this module).
    */
   static async create(options = {}) {
-    const { wasm, ...rest } = options ?? {};
-    await load(wasm);
+    const { wasm, simd, ...rest } = options ?? {};
+    await load(wasm, simd);
     const core = await EngineCore.create(rest);
     return new WebAttn(core, core.backend() === "gpu" ? await browserAdapterInfo(rest.powerPreference) : null);
   }
 
   /** Every WGSL pipeline variant the engine may compile, with its constants. */
   static async kernelSources(options = {}) {
-    await load(options.wasm);
+    await load(options.wasm, options.simd);
     return JSON.parse(kernelSources());
   }
 

@@ -4,6 +4,7 @@
 // family's checks on it, the explorer and the sentence on the CPU path, and
 // the timing chart against the f64 oracle in wasm; fails unless all pass.
 //   node web/tests/cpu.mjs [seqs, e.g. 64,256,1024]
+//   WEBATTN_SIMD=relaxed node web/tests/cpu.mjs …   (that wasm build, not the one the library picks)
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -13,7 +14,8 @@ import { serve } from "../serve.mjs";
 const seqs = process.argv[2] ?? "128,512";
 const browserPath = process.env.CHROMIUM ?? "/usr/bin/chromium";
 const server = await serve(0);
-const url = `http://127.0.0.1:${server.address().port}/?check=quick&timing=${seqs}`;
+const simd = process.env.WEBATTN_SIMD ? `&simd=${process.env.WEBATTN_SIMD}` : "";
+const url = `http://127.0.0.1:${server.address().port}/?check=quick&timing=${seqs}${simd}`;
 const profile = fs.mkdtempSync(path.join(os.tmpdir(), "webattn-chromium-cpu-"));
 const started = Date.now();
 let failed = true;

@@ -23,7 +23,8 @@ const turn = Number(process.env.WEBATTN_ROTATION ?? Math.floor(Date.now() / 86_4
 const share = `${turn % 3}/3`;
 console.log(`rotation for the compiled variants: share ${share} (WEBATTN_ROTATION=${turn} repeats it)`);
 const server = await serve(0);
-const url = `http://127.0.0.1:${server.address().port}/?check=quick&compile=${share}`;
+const simd = process.env.WEBATTN_SIMD ? `&simd=${process.env.WEBATTN_SIMD}` : "";
+const url = `http://127.0.0.1:${server.address().port}/?check=quick&compile=${share}${simd}`;
 const profile = fs.mkdtempSync(path.join(os.tmpdir(), "webattn-chromium-"));
 const started = Date.now();
 let failed = true;

@@ -29,7 +29,8 @@ function install() {
   fs.writeFileSync(path.join(app, "package.json"), JSON.stringify({ name: "app", private: true }));
   execFileSync("npm", ["install", "--offline", "--no-audit", "--no-fund", "--loglevel=error", path.join(dir, tarball)], { cwd: app, stdio: "inherit" });
   const pkg = path.join(app, "node_modules/webattn");
-  for (const file of ["webattn.js", "index.d.ts", "README.md", "pkg/webattn_web.js", "pkg/webattn_web_bg.wasm"]) {
+  for (const file of ["webattn.js", "index.d.ts", "README.md", "pkg/webattn_web.js", "pkg/webattn_web_bg.wasm",
+    "pkg/webattn_web_relaxed_bg.wasm"]) {
     assert.ok(fs.existsSync(path.join(pkg, file)), `the tarball lacks ${file}`);
   }
   return { app, pkg };
@@ -95,14 +96,18 @@ test.after(async () => {
 });
 
 // The suite on WebGPU (SwiftShader: about a minute) on the page or in a
-// Worker, on a rotation that WEBATTN_ROTATION (else the day) picks; the other
-// runs it on the CPU backend, and the page on the CPU backend every time.
+// Worker, on a rotation that WEBATTN_ROTATION (else the day) picks; the CPU
+// backend every time on both wasm builds: the one the library picks (SIMD128
+// on x86-64, relaxed SIMD on ARM) on the page, relaxed SIMD in a Worker.
 const turn = Number(process.env.WEBATTN_ROTATION ?? Math.floor(Date.now() / 86_400_000));
 console.log(`rotation for WebGPU: ${turn % 2 === 0 ? "the page" : "the Worker"} (WEBATTN_ROTATION=${turn} repeats it)`);
 if (turn % 2 === 0) {
   test("page, WebGPU", { timeout: 600_000 }, (t) => suite(t, "backend=gpu"));
-  test("Web Worker, CPU backend", { timeout: 600_000 }, (t) => suite(t, "backend=cpu&worker=1"));
 } else {
   test("Web Worker, WebGPU", { timeout: 600_000 }, (t) => suite(t, "backend=gpu&worker=1"));
 }
-test("page, CPU backend", { timeout: 600_000 }, (t) => suite(t, "backend=cpu"));
+test("Web Worker, CPU backend, the relaxed-SIMD build", { timeout: 600_000 },
+  (t) => suite(t, "backend=cpu&worker=1&simd=relaxed&isa=relaxed-simd"));
+const auto = process.arch === "arm64" ? "relaxed-simd" : "simd128";
+test(`page, CPU backend, the build the library picks (${auto})`, { timeout: 600_000 },
+  (t) => suite(t, `backend=cpu&isa=${auto}`));

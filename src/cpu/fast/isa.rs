@@ -7,8 +7,10 @@
 //! function compiled for AVX-512 or AVX2 + FMA when the CPU has them (checked
 //! at run time), with NEON's fused multiply-adds on aarch64, or for the
 //! build's baseline otherwise (SSE2 on x86-64; SIMD128 on wasm32 when the
-//! build enables `+simd128`, see `.cargo/config.toml`). Under AVX-512 the micro-kernels are written by hand
-//! (`avx512.rs`); `WEBATTN_CPU_ISA` (`avx512`, `avx2`, `baseline`) caps the
+//! build enables `+simd128`, see `.cargo/config.toml`, and relaxed SIMD in
+//! the second wasm package, built with the `relaxed-simd` feature). Under AVX-512
+//! (`avx512.rs`) and relaxed SIMD (`relaxed.rs`) the micro-kernels are
+//! written by hand; `WEBATTN_CPU_ISA` (`avx512`, `avx2`, `baseline`) caps the
 //! choice (`neon` on aarch64), to measure one instruction set against
 //! another on one machine.
 
@@ -37,6 +39,9 @@ pub enum Isa {
     Avx2Fma,
     /// aarch64 with NEON (always there): 8 × 8 tiles, fused multiply-adds.
     Neon,
+    /// wasm32 with relaxed SIMD (the second wasm package): 4 × 8 tiles on
+    /// `f32x4.relaxed_madd` micro-kernels (`relaxed.rs`).
+    RelaxedSimd,
     /// wasm32 with SIMD128: 4 × 8 tiles, separate multiply and add.
     Simd128,
     /// The build's baseline (SSE2 on x86-64, scalar elsewhere): 4 × 8 tiles, no fused multiply-adds.
@@ -80,6 +85,9 @@ impl Isa {
         if cfg!(target_arch = "aarch64") {
             return Isa::Neon;
         }
+        if cfg!(all(target_arch = "wasm32", feature = "relaxed-simd")) {
+            return Isa::RelaxedSimd;
+        }
         if cfg!(all(target_arch = "wasm32", target_feature = "simd128")) {
             return Isa::Simd128;
         }
@@ -101,6 +109,7 @@ impl Isa {
                     && std::arch::is_x86_feature_detected!("fma")
             }
             Isa::Neon => cfg!(target_arch = "aarch64"),
+            Isa::RelaxedSimd => cfg!(all(target_arch = "wasm32", feature = "relaxed-simd")),
             Isa::Simd128 => cfg!(all(target_arch = "wasm32", target_feature = "simd128")),
             Isa::Baseline => true,
             #[allow(unreachable_patterns)]
@@ -115,6 +124,7 @@ impl Isa {
             "avx512" | "avx-512" | "avx512f" => Some(Isa::Avx512),
             "avx2" | "avx2+fma" => Some(Isa::Avx2Fma),
             "neon" => Some(Isa::Neon),
+            "relaxed-simd" => Some(Isa::RelaxedSimd),
             "simd128" => Some(Isa::Simd128),
             "baseline" | "scalar" | "none" => Some(Isa::Baseline),
             _ => None,
@@ -126,7 +136,7 @@ impl Isa {
         let rank = |isa: Isa| match isa {
             Isa::Baseline => 0,
             Isa::Simd128 => 1,
-            Isa::Avx2Fma | Isa::Neon => 2,
+            Isa::RelaxedSimd | Isa::Avx2Fma | Isa::Neon => 2,
             Isa::Avx512 => 3,
         };
         if rank(cap) < rank(self) && cap.runs_here() {
@@ -144,6 +154,7 @@ impl Isa {
             Isa::Avx512 => "avx512",
             Isa::Avx2Fma => "avx2+fma",
             Isa::Neon => "neon",
+            Isa::RelaxedSimd => "relaxed-simd",
             Isa::Simd128 => "simd128",
             Isa::Baseline => "baseline",
         }
@@ -257,6 +268,7 @@ mod tests {
             Isa::Avx512,
             Isa::Avx2Fma,
             Isa::Neon,
+            Isa::RelaxedSimd,
             Isa::Simd128,
             Isa::Baseline,
         ] {
@@ -273,6 +285,7 @@ mod tests {
             Isa::Avx512,
             Isa::Avx2Fma,
             Isa::Neon,
+            Isa::RelaxedSimd,
             Isa::Simd128,
             Isa::Baseline,
         ] {

@@ -15,6 +15,8 @@
 #[cfg(target_arch = "x86_64")]
 use super::avx512;
 use super::math::madd;
+#[cfg(all(target_arch = "wasm32", feature = "relaxed-simd"))]
+use super::relaxed;
 
 /// `acc += A · B` over `depth` steps: `A` step `k` is `a[k * lda ..][..MR]`,
 /// `B` row `k` is `b[k * NR ..][..NR]`.
@@ -33,6 +35,10 @@ pub(crate) fn outer<const MR: usize, const NR: usize, const FMA: bool>(
     if NR == avx512::NR && avx512::available() {
         // SAFETY: the CPU has AVX-512F (checked just above).
         return unsafe { avx512::outer::<MR, FMA>(depth, a, lda, b, acc.as_flattened_mut()) };
+    }
+    #[cfg(all(target_arch = "wasm32", feature = "relaxed-simd"))]
+    if NR == relaxed::NR {
+        return relaxed::outer::<MR>(depth, a, lda, b, acc.as_flattened_mut());
     }
     let b = &b[..depth * NR];
     let mut c = *acc;
@@ -62,6 +68,10 @@ pub(crate) fn outer_a_rows<const MR: usize, const NR: usize, const FMA: bool>(
         // SAFETY: the CPU has AVX-512F (checked just above).
         return unsafe { avx512::outer_a_rows::<MR, FMA>(depth, a, b, acc.as_flattened_mut()) };
     }
+    #[cfg(all(target_arch = "wasm32", feature = "relaxed-simd"))]
+    if NR == relaxed::NR {
+        return relaxed::outer_a_rows::<MR>(depth, a, b, acc.as_flattened_mut());
+    }
     let rows: [&[f32]; MR] = std::array::from_fn(|r| &a[r][..depth]);
     let b = &b[..depth * NR];
     let mut c = *acc;
@@ -90,6 +100,10 @@ pub(crate) fn outer_b_rows<const MR: usize, const NR: usize, const FMA: bool>(
     if NR == avx512::NR && avx512::available() {
         // SAFETY: the CPU has AVX-512F (checked just above).
         return unsafe { avx512::outer_b_rows::<MR, FMA>(a, lda, b, col, acc.as_flattened_mut()) };
+    }
+    #[cfg(all(target_arch = "wasm32", feature = "relaxed-simd"))]
+    if NR == relaxed::NR {
+        return relaxed::outer_b_rows::<MR>(a, lda, b, col, acc.as_flattened_mut());
     }
     let mut c = *acc;
     for (k, brow) in b.iter().enumerate() {

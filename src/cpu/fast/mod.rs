@@ -31,6 +31,8 @@ mod pack;
 pub(crate) mod peak;
 #[cfg(not(target_arch = "wasm32"))]
 mod pool;
+#[cfg(all(target_arch = "wasm32", feature = "relaxed-simd"))]
+mod relaxed;
 mod rules;
 mod scores;
 pub(crate) mod threads;

@@ -104,7 +104,7 @@ function expectVerified(r, what) {
 
 // ------------------------------------------------------------------ cases
 
-function cases({ worker }) {
+function cases({ worker, isa }) {
   const list = [];
   const add = (name, fn) => list.push({ name, fn });
   const n = rng(7);
@@ -401,6 +401,7 @@ function cases({ worker }) {
     msgs.push(await rejects(() => engine.attention(null), "InvalidOption"));
     msgs.push(await rejects(() => WebAttn.create({ limits: { notALimit: 5 } }), "InvalidOption", /not a limit/));
     msgs.push(await rejects(() => WebAttn.create({ backend: "tpu" }), "InvalidOption"));
+    msgs.push(await rejects(() => WebAttn.create({ simd: "sse" }), "InvalidOption", /simd = "sse" is invalid/));
     // One past tensor without the other is an error, never silently dropped.
     msgs.push(await rejects(() => engine.attention({ q, k, v, pastKey: tensor(n, [1, 2, 3, 16]) }), "Conflict", /past_value/));
     // Sizes too large to allocate reject instead of aborting the wasm.
@@ -645,7 +646,10 @@ function cases({ worker }) {
     expect(cpu.backend === "cpu" && !cpu.adapter.gpu, "not on the CPU");
     const r = await cpu.attention({ q: tensor(n, [1, 2, 97, 32]), k: tensor(n, [1, 2, 97, 32]), v: tensor(n, [1, 2, 97, 32]) }, { isCausal: true, verify: true });
     expect(r.path === "cpu", `path ${r.path}`);
-    const line = `cpu ${expectVerified(r, "cpu backend")}`;
+    // Which wasm build runs: its instruction set is in the description.
+    const describe = cpu.adapter.describe;
+    if (isa) expect(describe.includes(`, ${isa};`) || describe.includes(`, ${isa})`), `not ${isa}: ${describe}`);
+    const line = `cpu (${describe}) ${expectVerified(r, "cpu backend")}`;
     cpu.destroy();
     await rejects(() => cpu.attention({}), "Destroyed");
     return line;
@@ -661,15 +665,16 @@ function cases({ worker }) {
 }
 
 /** Runs every case on a fresh engine; resolves to `[{name, ok, detail, ms}]`. */
-export async function runSuite({ worker = false, backend = "auto" } = {}) {
+export async function runSuite({ worker = false, backend = "auto", simd, isa } = {}) {
   const results = [];
   let engine;
   try {
-    engine = await WebAttn.create({ backend });
+    // The first engine of the realm loads the wasm: `simd` picks the build.
+    engine = await WebAttn.create({ backend, simd });
   } catch (e) {
     return [{ name: "create", ok: false, detail: `${e.name}: ${e.message}`, ms: 0 }];
   }
-  for (const { name, fn } of cases({ worker })) {
+  for (const { name, fn } of cases({ worker, isa })) {
     const t = performance.now();
     try {
       const detail = await fn(engine);

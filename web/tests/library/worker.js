@@ -2,5 +2,6 @@
 import { runSuite } from "./suite.js";
 
 self.onmessage = async (e) => {
-  self.postMessage(await runSuite({ worker: true, backend: e.data.backend }));
+  const { backend, simd, isa } = e.data;
+  self.postMessage(await runSuite({ worker: true, backend, simd, isa }));
 };
