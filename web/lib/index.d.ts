@@ -166,7 +166,7 @@ export interface CreateOptions {
   cpuThreads?: number;
   /** Which of the two wasm builds beside the module the CPU backend runs:
    * `"auto"` (the default: relaxed SIMD where the browser has it on an ARM
-   * CPU, else SIMD128, which measured faster on x86-64), `"relaxed"` (an
+   * CPU, else SIMD128, which was as fast or faster on x86-64), `"relaxed"` (an
    * `InvalidOption` error where the browser lacks relaxed SIMD), `"simd128"`.
    * Only the first engine of a page or worker loads the module. */
   simd?: "auto" | "relaxed" | "simd128";

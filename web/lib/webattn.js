@@ -46,8 +46,8 @@ async function architecture() {
 /** Which wasm build to load for `simd` ("auto", "relaxed", "simd128"). Auto
  * takes relaxed SIMD where the browser has it on an ARM CPU, where
  * f32x4.relaxed_madd is one fused multiply-add (a model: not yet measured
- * there); on x86-64, V8's relaxed madd ran the CPU backend 1.2-1.4× slower
- * than SIMD128's multiply and add (Zen 4, Chromium, 2026-11-29,
+ * there); on x86-64 the relaxed build ran the CPU backend no faster than
+ * SIMD128 (1.02-1.26× its time on a Zen 4 in Chromium, 2026-11-29,
  * web/tests/wasm-builds.mjs), so auto keeps SIMD128 there. */
 async function wasmFor(simd) {
   if (simd === "relaxed" && !hasRelaxedSimd()) {

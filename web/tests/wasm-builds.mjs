@@ -4,6 +4,7 @@
 // where the browser has it). The builds take turns, a fresh page each, for
 // several rounds (this machine's speed drifts); prints a table, writes JSON.
 //   bash web/build.sh && node web/tests/wasm-builds.mjs [seqs=512,1024] [rounds=3] [json=target/wasm-builds.json]
+// WEBATTN_BUILDS_QUERY="&warmup=5&timed=7" (the defaults) sets the calls per page.
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -12,7 +13,7 @@ import { serve } from "../serve.mjs";
 
 const [seqs = "512,1024", rounds = "3", json = "target/wasm-builds.json"] = process.argv.slice(2);
 const server = await serve(0);
-const base = `http://127.0.0.1:${server.address().port}/tests/wasm-builds.html?seqs=${seqs}`;
+const base = `http://127.0.0.1:${server.address().port}/tests/wasm-builds.html?seqs=${seqs}${process.env.WEBATTN_BUILDS_QUERY ?? ""}`;
 const profile = fs.mkdtempSync(path.join(os.tmpdir(), "webattn-chromium-builds-"));
 const context = await chromium.launchPersistentContext(profile, {
   executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
@@ -43,7 +44,7 @@ try {
 }
 
 const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
-console.log("CPU backend in wasm, B1 H4 d64, one thread, medians of 5 calls per page; the builds take turns each round");
+console.log("CPU backend in wasm, B1 H4 d64, one thread, the median of each page's timed calls after its warm-up; the builds take turns each round");
 console.log(`${"seq".padStart(6)} ${"simd128 ms".padStart(22)} ${"relaxed-simd ms".padStart(22)} ${"relaxed / simd128 per round".padStart(30)}`);
 const table = seqs.split(",").map(Number).map((seq) => {
   const of = (build) => runs.filter((r) => r.build === build).map((r) => r.rows.find((x) => x.seq === seq).medianMs);

@@ -39,8 +39,8 @@ pub enum Isa {
     Avx2Fma,
     /// aarch64 with NEON (always there): 8 × 8 tiles, fused multiply-adds.
     Neon,
-    /// wasm32 with relaxed SIMD (the second wasm package): 4 × 8 tiles on
-    /// `f32x4.relaxed_madd` micro-kernels (`relaxed.rs`).
+    /// wasm32 with relaxed SIMD (the second wasm package): 4 × 8 tiles, the
+    /// P·V products on `f32x4.relaxed_madd` (`relaxed.rs`).
     RelaxedSimd,
     /// wasm32 with SIMD128: 4 × 8 tiles, separate multiply and add.
     Simd128,
@@ -228,6 +228,11 @@ pub(crate) fn dispatch_tiles<J: Job>(isa: Isa, narrow: bool, job: J) -> J::Outpu
         } else {
             job.run::<8, 8, true>()
         };
+    }
+    if isa == Isa::RelaxedSimd && isa.runs_here() {
+        // `FMA` lets the P·V products fuse in `relaxed.rs`; scalars on wasm
+        // are never fused (`math::madd`).
+        return job.run::<4, 8, true>();
     }
     let _ = (isa, narrow);
     job.run::<4, 8, false>()

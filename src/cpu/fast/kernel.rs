@@ -38,7 +38,7 @@ pub(crate) fn outer<const MR: usize, const NR: usize, const FMA: bool>(
     }
     #[cfg(all(target_arch = "wasm32", feature = "relaxed-simd"))]
     if NR == relaxed::NR {
-        return relaxed::outer::<MR>(depth, a, lda, b, acc.as_flattened_mut());
+        return relaxed::outer::<MR, FMA>(depth, a, lda, b, acc.as_flattened_mut());
     }
     let b = &b[..depth * NR];
     let mut c = *acc;
@@ -70,7 +70,7 @@ pub(crate) fn outer_a_rows<const MR: usize, const NR: usize, const FMA: bool>(
     }
     #[cfg(all(target_arch = "wasm32", feature = "relaxed-simd"))]
     if NR == relaxed::NR {
-        return relaxed::outer_a_rows::<MR>(depth, a, b, acc.as_flattened_mut());
+        return relaxed::outer_a_rows::<MR, FMA>(depth, a, b, acc.as_flattened_mut());
     }
     let rows: [&[f32]; MR] = std::array::from_fn(|r| &a[r][..depth]);
     let b = &b[..depth * NR];
@@ -103,7 +103,7 @@ pub(crate) fn outer_b_rows<const MR: usize, const NR: usize, const FMA: bool>(
     }
     #[cfg(all(target_arch = "wasm32", feature = "relaxed-simd"))]
     if NR == relaxed::NR {
-        return relaxed::outer_b_rows::<MR>(a, lda, b, col, acc.as_flattened_mut());
+        return relaxed::outer_b_rows::<MR, FMA>(a, lda, b, col, acc.as_flattened_mut());
     }
     let mut c = *acc;
     for (k, brow) in b.iter().enumerate() {

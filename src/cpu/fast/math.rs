@@ -6,10 +6,12 @@
 //! call it, with their instruction set (see [`super::isa`]).
 
 /// `a * b + c`, fused when `FMA` (only where the CPU has FMA: otherwise
-/// `mul_add` is a slow library call).
+/// `mul_add` is a slow library call). On wasm32 a scalar is never fused
+/// (wasm has no scalar fused multiply-add): there `FMA` only lets the
+/// relaxed-SIMD micro-kernels fuse.
 #[inline(always)]
 pub(crate) fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-    if FMA {
+    if FMA && !cfg!(target_arch = "wasm32") {
         a.mul_add(b, c)
     } else {
         a * b + c

@@ -1,7 +1,10 @@
 //! The micro-kernels of `kernel.rs` for 8-wide tiles in wasm's relaxed SIMD
 //! (`f32x4.relaxed_madd`: fused where the machine fuses, a multiply and an
-//! add where it does not; either meets the tolerance rule). LLVM never turns
-//! `mul_add` into it, so the kernels are written with the intrinsics.
+//! add where it does not). LLVM never turns `mul_add` into it, so the
+//! kernels are written with the intrinsics. They fuse only where the caller
+//! allows it (`FMA`: the P·V products); the scores stay a rounded product and
+//! a rounded sum per step, as the plain f32 computation whose error sets the
+//! tolerance (`block.rs`, `scores_t`).
 //!
 //! Built only into the second wasm package (the `relaxed-simd` feature,
 //! `web/build.sh`), which the JavaScript loader takes where it is the better
@@ -10,7 +13,9 @@
 //! chose relaxed instructions elsewhere, whose NaN results are the machine's
 //! (a float mask holding NaN then gave other log-sum-exps).
 
-use core::arch::wasm32::{f32x4_relaxed_madd, f32x4_splat, v128, v128_load, v128_store};
+use core::arch::wasm32::{
+    f32x4_add, f32x4_mul, f32x4_relaxed_madd, f32x4_splat, v128, v128_load, v128_store,
+};
 
 /// The tile width these kernels take: two `f32x4` per row.
 pub(crate) const NR: usize = 8;
@@ -49,20 +54,29 @@ fn store_acc<const MR: usize>(c: [(v128, v128); MR], acc: &mut [f32]) {
     }
 }
 
-/// `c[r] += x[r] · b` for the `MR` broadcasts `x`.
+/// `c[r] += x[r] · b` for the `MR` broadcasts `x`, fused when `FMA`.
 #[target_feature(enable = "relaxed-simd")]
 #[inline]
-fn step<const MR: usize>(c: &mut [(v128, v128); MR], x: impl Fn(usize) -> f32, b: (v128, v128)) {
+fn step<const MR: usize, const FMA: bool>(
+    c: &mut [(v128, v128); MR],
+    x: impl Fn(usize) -> f32,
+    b: (v128, v128),
+) {
     for (r, (lo, hi)) in c.iter_mut().enumerate() {
         let x = f32x4_splat(x(r));
-        *lo = f32x4_relaxed_madd(x, b.0, *lo);
-        *hi = f32x4_relaxed_madd(x, b.1, *hi);
+        if FMA {
+            *lo = f32x4_relaxed_madd(x, b.0, *lo);
+            *hi = f32x4_relaxed_madd(x, b.1, *hi);
+        } else {
+            *lo = f32x4_add(f32x4_mul(x, b.0), *lo);
+            *hi = f32x4_add(f32x4_mul(x, b.1), *hi);
+        }
     }
 }
 
 /// `kernel::outer` at `NR = 8`: `acc` is the `MR × 8` tile, row-major.
 #[target_feature(enable = "relaxed-simd")]
-pub(crate) fn outer<const MR: usize>(
+pub(crate) fn outer<const MR: usize, const FMA: bool>(
     depth: usize,
     a: &[f32],
     lda: usize,
@@ -73,14 +87,14 @@ pub(crate) fn outer<const MR: usize>(
     let mut c = load_acc::<MR>(acc);
     for k in 0..depth {
         let arow = &a[k * lda..][..MR];
-        step(&mut c, |r| arow[r], load8(b, k * NR));
+        step::<MR, FMA>(&mut c, |r| arow[r], load8(b, k * NR));
     }
     store_acc(c, acc);
 }
 
 /// `kernel::outer_a_rows` at `NR = 8`.
 #[target_feature(enable = "relaxed-simd")]
-pub(crate) fn outer_a_rows<const MR: usize>(
+pub(crate) fn outer_a_rows<const MR: usize, const FMA: bool>(
     depth: usize,
     a: &[&[f32]; MR],
     b: &[f32],
@@ -90,14 +104,14 @@ pub(crate) fn outer_a_rows<const MR: usize>(
     let b = &b[..depth * NR];
     let mut c = load_acc::<MR>(acc);
     for (k, brow) in b.chunks_exact(NR).enumerate() {
-        step(&mut c, |r| rows[r][k], load8(brow, 0));
+        step::<MR, FMA>(&mut c, |r| rows[r][k], load8(brow, 0));
     }
     store_acc(c, acc);
 }
 
 /// `kernel::outer_b_rows` at `NR = 8`.
 #[target_feature(enable = "relaxed-simd")]
-pub(crate) fn outer_b_rows<const MR: usize>(
+pub(crate) fn outer_b_rows<const MR: usize, const FMA: bool>(
     a: &[f32],
     lda: usize,
     b: &[&[f32]],
@@ -107,7 +121,7 @@ pub(crate) fn outer_b_rows<const MR: usize>(
     let mut c = load_acc::<MR>(acc);
     for (k, brow) in b.iter().enumerate() {
         let arow = &a[k * lda..][..MR];
-        step(&mut c, |r| arow[r], load8(brow, col));
+        step::<MR, FMA>(&mut c, |r| arow[r], load8(brow, col));
     }
     store_acc(c, acc);
 }
