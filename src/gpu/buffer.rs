@@ -80,14 +80,18 @@ fn new_storage(ctx: &GpuContext, label: &str, size: u64) -> wgpu::Buffer {
     })
 }
 
+/// Bytes of a buffer holding `bytes`: whole vec4s, never empty.
+fn padded_bytes(bytes: &[u8]) -> u64 {
+    (bytes.len().max(1).div_ceil(16) * 16) as u64
+}
+
 /// A storage buffer holding `data`, which a kernel binds whole.
 pub(crate) fn upload<T: bytemuck::Pod>(
     ctx: &GpuContext,
     label: &str,
     data: &[T],
 ) -> Result<wgpu::Buffer> {
-    let bytes: &[u8] = bytemuck::cast_slice(data);
-    check_bindable(ctx, label, (bytes.len().max(1).div_ceil(16) * 16) as u64)?;
+    check_bindable(ctx, label, padded_bytes(bytemuck::cast_slice(data)))?;
     upload_tensor(ctx, label, data)
 }
 
@@ -99,7 +103,7 @@ pub(crate) fn upload_tensor<T: bytemuck::Pod>(
     data: &[T],
 ) -> Result<wgpu::Buffer> {
     let bytes: &[u8] = bytemuck::cast_slice(data);
-    let size = (bytes.len().max(1).div_ceil(16) * 16) as u64;
+    let size = padded_bytes(bytes);
     check_buffer(ctx, label, size)?;
     let buffer = create(ctx, label, size, Kind::Filled);
     fill(ctx, &buffer, bytes);
@@ -116,7 +120,7 @@ pub(crate) fn upload_constant<T: bytemuck::Pod>(
     data: &[T],
 ) -> Result<wgpu::Buffer> {
     let bytes: &[u8] = bytemuck::cast_slice(data);
-    let size = (bytes.len().max(1).div_ceil(16) * 16) as u64;
+    let size = padded_bytes(bytes);
     check_bindable(ctx, label, size)?;
     let Some(arena) = &ctx.arena else {
         return upload(ctx, label, data);
