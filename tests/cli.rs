@@ -1212,6 +1212,7 @@ fn bench_writes_the_documented_json_and_a_plot() {
             "copies",
             "buffers_created",
             "submissions",
+            "queue_writes",
             "weight_bytes",
             "kv_bytes",
             "gbs",

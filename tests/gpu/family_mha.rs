@@ -450,8 +450,14 @@ fn a_decoder_step_reuses_what_it_prepared() {
         let last = per_step.last().unwrap();
         println!(
             "{prompt} cached: first step {:?}; after it {} buffers, {} bind groups, {} dispatches, \
-             {} copies, {} submissions a step; worst |step - f64 oracle| {worst:.3e}",
-            per_step[0], last.buffers, last.bind_groups, last.dispatches, last.copies, last.submissions
+             {} copies, {} queue writes, {} submissions a step; worst |step - f64 oracle| {worst:.3e}",
+            per_step[0],
+            last.buffers,
+            last.bind_groups,
+            last.dispatches,
+            last.copies,
+            last.writes,
+            last.submissions
         );
         for (i, counts) in per_step.iter().enumerate().skip(1) {
             assert_eq!(counts.buffers, 0, "{counts:?}");
@@ -463,6 +469,10 @@ fn a_decoder_step_reuses_what_it_prepared() {
             }
             assert_eq!(counts.submissions, 1, "{counts:?}");
             assert!(counts.dispatches <= 8, "{counts:?}");
+            // What changes from token to token: the token itself, the
+            // positions of the rotation and the append, the cache's length
+            // in the attention's parameters; the rest is written once.
+            assert!(counts.writes <= 4, "step {i}: {counts:?}");
             // The keys' rotation and the append are one dispatch: no copies
             // into the cache, only the output's to its readback.
             if prompt > 0 || i > 1 {

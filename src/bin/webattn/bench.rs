@@ -1186,7 +1186,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             "head_dim": layer.head_dim, "cached": cached, "weights": format!("{storage:?}").to_lowercase(),
             "ms": m.measurement.median_ms(), "samples_ms": m.measurement.samples_ms,
             "dispatches": m.counts.dispatches, "copies": m.counts.copies, "buffers_created": m.counts.buffers,
-            "submissions": m.counts.submissions, "weight_bytes": m.weight_bytes, "kv_bytes": m.kv_bytes,
+            "submissions": m.counts.submissions, "queue_writes": m.counts.writes, "weight_bytes": m.weight_bytes, "kv_bytes": m.kv_bytes,
             "gbs": m.gbs(), "share_of_bandwidth": finite(m.gbs() / token_ceiling(label)),
             "append_ms": append.as_ref().map(|a| a.median_ms()),
             "append_samples_ms": append.as_ref().map(|a| &a.samples_ms),
