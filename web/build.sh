@@ -13,19 +13,18 @@ if [ "$have" != "$want" ]; then
   echo "  cargo install wasm-bindgen-cli --version $want" >&2
   exit 1
 fi
-# The second build, with the CPU backend's micro-kernels on relaxed SIMD
-# (the relaxed-simd feature: src/cpu/fast/relaxed.rs); only the two crates
-# of this workspace are built again. Its .wasm is copied aside before the
-# first build's is made again (cargo keeps both builds' artifacts).
-cargo build -p webattn-web --target wasm32-unknown-unknown --release --features relaxed-simd
-mkdir -p target/wasm-relaxed
-cp target/wasm32-unknown-unknown/release/webattn_web.wasm target/wasm-relaxed/webattn_web.wasm
 cargo build -p webattn-web --target wasm32-unknown-unknown --release
+# The second build, with the CPU backend's micro-kernels on relaxed SIMD
+# (the relaxed-simd feature: src/cpu/fast/relaxed.rs), in a target folder of
+# its own: both builds' .wasm have one name, and cargo would not rebuild the
+# one whose sources did not change after the other overwrote it.
+cargo build -p webattn-web --target wasm32-unknown-unknown --release --features relaxed-simd \
+  --target-dir target/wasm-relaxed
 rm -rf web/lib/pkg target/wasm-relaxed/pkg
 wasm-bindgen --target web --no-typescript --out-dir web/lib/pkg \
   target/wasm32-unknown-unknown/release/webattn_web.wasm
 wasm-bindgen --target web --no-typescript --out-dir target/wasm-relaxed/pkg \
-  target/wasm-relaxed/webattn_web.wasm
+  target/wasm-relaxed/wasm32-unknown-unknown/release/webattn_web.wasm
 # One glue module serves both: their code must be the same (comments aside).
 code() { grep -v '^[[:space:]]*//' "$1"; }
 if ! cmp -s <(code web/lib/pkg/webattn_web.js) <(code target/wasm-relaxed/pkg/webattn_web.js); then

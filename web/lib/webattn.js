@@ -54,7 +54,10 @@ async function wasmFor(simd) {
     throw libraryError("InvalidOption", `option simd = "relaxed" is invalid: this browser has no relaxed SIMD (use "auto" or "simd128")`);
   }
   const relaxed = simd === "relaxed" || (simd === "auto" && hasRelaxedSimd() && (await architecture()) === "arm");
-  return new URL(`./pkg/${relaxed ? "webattn_web_relaxed_bg.wasm" : "webattn_web_bg.wasm"}`, import.meta.url);
+  // Two literal URLs, so that bundlers see (and ship) both files.
+  return relaxed
+    ? new URL("./pkg/webattn_web_relaxed_bg.wasm", import.meta.url)
+    : new URL("./pkg/webattn_web_bg.wasm", import.meta.url);
 }
 
 /** Loads and instantiates the wasm module once per realm (page or worker):
