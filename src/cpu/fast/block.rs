@@ -611,7 +611,10 @@ fn biased_rows<const MASK: bool, const ALIBI: bool>(
             row[q] = x;
             kept[q] += u32::from(keep);
             bad[q] |= u32::from(x.is_nan() || x == f32::INFINITY);
-            tile_max[q] = if x > tile_max[q] { x } else { tile_max[q] };
+            // `max` (NaN-ignoring, as the comparison was) and an unconditional
+            // store: LLVM made `if x > m { m = x }` a masked store under AVX2,
+            // which AMD cores run as microcode (a tenth of the whole kernel).
+            tile_max[q] = tile_max[q].max(x);
         }
     }
 }
