@@ -144,6 +144,15 @@ pub enum Binding {
     ReadWrite,
 }
 
+/// Where a kernel's WGSL comes from ([`Kernel::origin`]).
+#[derive(Clone, Copy)]
+enum Origin {
+    /// A file in `shaders/`, embedded.
+    File(&'static str),
+    /// A generator in [`super::gen`], run once per process.
+    Generated(fn() -> String),
+}
+
 impl Kernel {
     /// Every kernel, in a fixed order.
     pub const ALL: [Kernel; 38] = [
@@ -231,7 +240,8 @@ impl Kernel {
         }
     }
 
-    /// The file in `shaders/` that holds the kernel.
+    /// The file in `shaders/` that holds the kernel; for a generated kernel
+    /// ([`Kernel::is_generated`]), the name its text goes by.
     pub fn file(self) -> &'static str {
         match self {
             Kernel::Gemm => "gemm.wgsl",
@@ -335,52 +345,95 @@ impl Kernel {
         }
     }
 
-    /// The kernel's file as written, before the fragments it includes and
-    /// puts in its slots are spliced in.
+    /// Whether a generator in [`super::gen`] writes the kernel's WGSL
+    /// (its register loops unrolled), rather than a file in `shaders/`.
+    pub fn is_generated(self) -> bool {
+        matches!(self.origin(), Origin::Generated(_))
+    }
+
+    /// The kernel's text as written, before the fragments it includes and
+    /// puts in its slots are spliced in: a generated kernel's is written the
+    /// first time it is asked for and kept for the life of the process (one
+    /// per [`Kernel::file`] name, so the kernels that share a text share it).
     fn file_source(self) -> &'static str {
+        use std::collections::HashMap;
+        use std::sync::{Mutex, OnceLock, PoisonError};
+        static MADE: OnceLock<Mutex<HashMap<&'static str, &'static str>>> = OnceLock::new();
+        match self.origin() {
+            Origin::File(text) => text,
+            Origin::Generated(generate) => MADE
+                .get_or_init(Default::default)
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(self.file())
+                .or_insert_with(|| Box::leak(generate().into_boxed_str())),
+        }
+    }
+
+    /// Where the kernel's text comes from: a file in `shaders/`, or a
+    /// generator in [`super::gen`].
+    fn origin(self) -> Origin {
+        use super::gen::attention_tiled::{self, TiledForm};
+        use super::gen::{attention_decode_stream, attention_sg, coop, gemm_sg};
         match self {
-            Kernel::Gemm => include_str!("../../shaders/gemm.wgsl"),
-            Kernel::Softmax => include_str!("../../shaders/softmax.wgsl"),
-            Kernel::Mask => include_str!("../../shaders/mask.wgsl"),
-            Kernel::Concat => include_str!("../../shaders/concat.wgsl"),
-            Kernel::FmaPeak => include_str!("../../shaders/fma_peak.wgsl"),
-            Kernel::CopyPeak => include_str!("../../shaders/copy_peak.wgsl"),
-            Kernel::GemmSubgroup => include_str!("../../shaders/gemm_sg.wgsl"),
-            Kernel::AttentionFused => include_str!("../../shaders/attention_fused.wgsl"),
-            Kernel::AttentionScores => include_str!("../../shaders/attention_scores.wgsl"),
-            Kernel::AttentionSubgroup => include_str!("../../shaders/attention_sg.wgsl"),
-            Kernel::AttentionTiled => include_str!("../../shaders/attention_tiled.wgsl"),
-            Kernel::AttentionTiledWide => include_str!("../../shaders/attention_tiled_wide.wgsl"),
-            Kernel::AttentionTiledShuffle => {
-                include_str!("../../shaders/attention_tiled_shuffle.wgsl")
+            Kernel::Gemm => Origin::File(include_str!("../../shaders/gemm.wgsl")),
+            Kernel::Softmax => Origin::File(include_str!("../../shaders/softmax.wgsl")),
+            Kernel::Mask => Origin::File(include_str!("../../shaders/mask.wgsl")),
+            Kernel::Concat => Origin::File(include_str!("../../shaders/concat.wgsl")),
+            Kernel::FmaPeak => Origin::File(include_str!("../../shaders/fma_peak.wgsl")),
+            Kernel::CopyPeak => Origin::File(include_str!("../../shaders/copy_peak.wgsl")),
+            Kernel::AttentionFused => {
+                Origin::File(include_str!("../../shaders/attention_fused.wgsl"))
             }
-            Kernel::AttentionTiledChunked => {
-                include_str!("../../shaders/attention_tiled_chunked.wgsl")
+            Kernel::AttentionScores => {
+                Origin::File(include_str!("../../shaders/attention_scores.wgsl"))
             }
             Kernel::AttentionDecode | Kernel::AttentionDecodeF16 => {
-                include_str!("../../shaders/attention_decode.wgsl")
+                Origin::File(include_str!("../../shaders/attention_decode.wgsl"))
+            }
+            Kernel::AttentionMerge => {
+                Origin::File(include_str!("../../shaders/attention_merge.wgsl"))
+            }
+            Kernel::ConvertF16 => Origin::File(include_str!("../../shaders/convert_f16.wgsl")),
+            Kernel::Position => Origin::File(include_str!("../../shaders/position.wgsl")),
+            Kernel::LinearFeatures => {
+                Origin::File(include_str!("../../shaders/linear_features.wgsl"))
+            }
+            Kernel::LinearScan => Origin::File(include_str!("../../shaders/linear_scan.wgsl")),
+            Kernel::LinearOutput => Origin::File(include_str!("../../shaders/linear_output.wgsl")),
+            Kernel::LinearWeights => {
+                Origin::File(include_str!("../../shaders/linear_weights.wgsl"))
+            }
+            Kernel::AdditiveScores => {
+                Origin::File(include_str!("../../shaders/additive_scores.wgsl"))
+            }
+            Kernel::Projection => Origin::File(include_str!("../../shaders/projection.wgsl")),
+            Kernel::CacheAppend => Origin::File(include_str!("../../shaders/cache_append.wgsl")),
+            Kernel::GemmSkinny => Origin::File(include_str!("../../shaders/gemm_skinny.wgsl")),
+            Kernel::CoopPack => Origin::File(include_str!("../../shaders/coop_pack.wgsl")),
+            Kernel::GemmSubgroup => {
+                Origin::Generated(|| gemm_sg::render(gemm_sg::ROWS, gemm_sg::GROUPS))
+            }
+            Kernel::AttentionSubgroup => Origin::Generated(attention_sg::render),
+            Kernel::AttentionTiled => {
+                Origin::Generated(|| attention_tiled::render(TiledForm::Plain))
+            }
+            Kernel::AttentionTiledWide => {
+                Origin::Generated(|| attention_tiled::render(TiledForm::Wide))
+            }
+            Kernel::AttentionTiledShuffle => {
+                Origin::Generated(|| attention_tiled::render(TiledForm::Shuffle))
+            }
+            Kernel::AttentionTiledChunked => {
+                Origin::Generated(|| attention_tiled::render(TiledForm::Chunked))
             }
             Kernel::AttentionDecodeStream | Kernel::AttentionDecodeStreamF16 => {
-                include_str!("../../shaders/attention_decode_stream.wgsl")
+                Origin::Generated(attention_decode_stream::render)
             }
-            Kernel::AttentionMerge => include_str!("../../shaders/attention_merge.wgsl"),
-            Kernel::ConvertF16 => include_str!("../../shaders/convert_f16.wgsl"),
-            Kernel::Position => include_str!("../../shaders/position.wgsl"),
-            Kernel::LinearFeatures => include_str!("../../shaders/linear_features.wgsl"),
-            Kernel::LinearScan => include_str!("../../shaders/linear_scan.wgsl"),
-            Kernel::LinearOutput => include_str!("../../shaders/linear_output.wgsl"),
-            Kernel::LinearWeights => include_str!("../../shaders/linear_weights.wgsl"),
-            Kernel::AdditiveScores => include_str!("../../shaders/additive_scores.wgsl"),
-            Kernel::Projection => include_str!("../../shaders/projection.wgsl"),
-            Kernel::CacheAppend => include_str!("../../shaders/cache_append.wgsl"),
-            Kernel::GemmSkinny => include_str!("../../shaders/gemm_skinny.wgsl"),
-            Kernel::GemmCoop(_) => include_str!("../../shaders/gemm_coop.wgsl"),
-            Kernel::GemmCoopPacked(_) => include_str!("../../shaders/gemm_coop_packed.wgsl"),
-            Kernel::CoopPack => include_str!("../../shaders/coop_pack.wgsl"),
-            Kernel::AttentionCoop(_) => include_str!("../../shaders/attention_coop.wgsl"),
-            Kernel::AttentionCoopPacked(_) => {
-                include_str!("../../shaders/attention_coop_packed.wgsl")
-            }
+            Kernel::GemmCoop(_) => Origin::Generated(|| coop::gemm_coop(false)),
+            Kernel::GemmCoopPacked(_) => Origin::Generated(|| coop::gemm_coop(true)),
+            Kernel::AttentionCoop(_) => Origin::Generated(|| coop::attention_coop(false)),
+            Kernel::AttentionCoopPacked(_) => Origin::Generated(|| coop::attention_coop(true)),
         }
     }
 
@@ -682,4 +735,28 @@ pub fn validate_wgsl(name: &str, source: &str) -> Result<naga::Module> {
         message: e.emit_to_string(source),
     })?;
     Ok(module)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Rust generators write what the Python ones they replace wrote,
+    /// byte for byte.
+    #[test]
+    fn generated_kernels_match_the_files_the_python_generators_wrote() {
+        let generated: Vec<Kernel> = Kernel::ALL
+            .into_iter()
+            .filter(|k| k.is_generated())
+            .collect();
+        assert_eq!(generated.len(), 16);
+        for kernel in generated {
+            let path = format!("{}/shaders/{}", env!("CARGO_MANIFEST_DIR"), kernel.file());
+            let want = std::fs::read_to_string(&path).expect("the checked-in file");
+            assert!(
+                kernel.file_source() == want,
+                "{kernel}: differs from {path}"
+            );
+        }
+    }
 }
