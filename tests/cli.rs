@@ -682,6 +682,24 @@ fn info_reports_the_adapter_and_the_plan() {
     let cpu = run(&["--backend", "cpu", "info"]);
     assert!(cpu.status.success());
     assert!(String::from_utf8_lossy(&cpu.stdout).contains("CPU"));
+    // A generated kernel's text, as the engine compiles it; a wrong name
+    // lists the right ones.
+    let wgsl = run(&["info", "--wgsl", "attention_tiled_wide"]);
+    let text = String::from_utf8_lossy(&wgsl.stdout);
+    assert!(wgsl.status.success() && text.starts_with("// Made by src/gpu/gen/attention_tiled.rs"));
+    let spliced = !text
+        .lines()
+        .any(|l| l.trim_start().starts_with("// #include "));
+    assert!(
+        text.contains("const MAX_RQ: u32 = 8u;") && spliced,
+        "{text}"
+    );
+    let wrong = run(&["info", "--wgsl", "attention_tiled_wid"]);
+    let err = String::from_utf8_lossy(&wrong.stderr);
+    assert!(
+        !wrong.status.success() && err.contains("attention_tiled_wide"),
+        "{err}"
+    );
 }
 
 #[test]

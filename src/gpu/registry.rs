@@ -53,26 +53,26 @@ pub enum Kernel {
     FmaPeak,
     /// The memory-bandwidth ceiling the benchmark measures: a vec4 copy (`shaders/copy_peak.wgsl`).
     CopyPeak,
-    /// Subgroup-shuffle GEMM for CPU-backed adapters (`shaders/gemm_sg.wgsl`).
+    /// Subgroup-shuffle GEMM for CPU-backed adapters (`gpu/gen/gemm_sg.rs`: `gemm_sg`).
     GemmSubgroup,
     /// Portable fused attention, FlashAttention-2 style (`shaders/attention_fused.wgsl`).
     AttentionFused,
     /// qk_matmul_output recomputed from Q and K (`shaders/attention_scores.wgsl`).
     AttentionScores,
-    /// Fused attention with subgroup shuffles, for CPU adapters (`shaders/attention_sg.wgsl`).
+    /// Fused attention with subgroup shuffles, for CPU adapters (`gpu/gen/attention_sg.rs`: `attention_sg`).
     AttentionSubgroup,
-    /// Register-tiled fused attention for GPUs (`shaders/attention_tiled.wgsl`).
+    /// Register-tiled fused attention for GPUs (`gpu/gen/attention_tiled.rs`: `attention_tiled`).
     AttentionTiled,
     /// The register-tiled kernel with up to 8 query rows per invocation, for
-    /// the shapes only the tuner tries (`shaders/attention_tiled_wide.wgsl`).
+    /// the shapes only the tuner tries (`gpu/gen/attention_tiled.rs`: `attention_tiled_wide`).
     AttentionTiledWide,
     /// The register-tiled kernel whose row maxima and probabilities move
     /// between a row's invocations by subgroup shuffles, for the forms only
-    /// the tuner tries (`shaders/attention_tiled_shuffle.wgsl`).
+    /// the tuner tries (`gpu/gen/attention_tiled.rs`: `attention_tiled_shuffle`).
     AttentionTiledShuffle,
     /// The register-tiled kernel with its Q, K, V and P tiles in chunks of
     /// columns (one index clamp per row and chunk instead of one per load),
-    /// for the forms only the tuner tries (`shaders/attention_tiled_chunked.wgsl`).
+    /// for the forms only the tuner tries (`gpu/gen/attention_tiled.rs`: `attention_tiled_chunked`).
     AttentionTiledChunked,
     /// Split-K decode attention for a few query rows (`shaders/attention_decode.wgsl`).
     AttentionDecode,
@@ -80,10 +80,10 @@ pub enum Kernel {
     /// with `shaders/element_f16.wgsl` in its ELEMENT slot).
     AttentionDecodeF16,
     /// Split-K decode that streams K and V: teams of subgroup lanes per key,
-    /// no barrier in the key loop (`shaders/attention_decode_stream.wgsl`).
+    /// no barrier in the key loop (`gpu/gen/attention_decode_stream.rs`: `attention_decode_stream`).
     AttentionDecodeStream,
     /// The streaming decode kernel reading K and V stored as f16
-    /// (`shaders/attention_decode_stream.wgsl` with `shaders/element_f16.wgsl`
+    /// (`gpu/gen/attention_decode_stream.rs`: `attention_decode_stream` with `shaders/element_f16.wgsl`
     /// in its ELEMENT slot).
     AttentionDecodeStreamF16,
     /// Merges split-K partial results by their maxima (`shaders/attention_merge.wgsl`).
@@ -105,21 +105,21 @@ pub enum Kernel {
     /// with source padding (`shaders/additive_scores.wgsl`).
     AdditiveScores,
     /// GEMM on the matrix units: f16 operands, f32 accumulators
-    /// (`shaders/gemm_coop.wgsl`).
+    /// (`gpu/gen/coop.rs`: `gemm_coop`).
     GemmCoop(CoopSize),
     /// GEMM on the matrix units from operands packed as f16 by
     /// [`Kernel::CoopPack`]: no workgroup memory in the K loop
-    /// (`shaders/gemm_coop_packed.wgsl`).
+    /// (`gpu/gen/coop.rs`: `gemm_coop_packed`).
     GemmCoopPacked(CoopSize),
     /// Packs a GEMM operand as f16, zero-padded to whole tiles, for
     /// [`Kernel::GemmCoopPacked`] (`shaders/coop_pack.wgsl`).
     CoopPack,
     /// Fused attention on the matrix units: S and O as f32 accumulator
-    /// matrices, Q, K, V and P as f16 (`shaders/attention_coop.wgsl`).
+    /// matrices, Q, K, V and P as f16 (`gpu/gen/coop.rs`: `attention_coop`).
     AttentionCoop(CoopSize),
     /// The same with K and V packed as f16 by [`Kernel::CoopPack`] ahead of
     /// it: its products load them straight from storage, with no staging
-    /// (`shaders/attention_coop_packed.wgsl`).
+    /// (`gpu/gen/coop.rs`: `attention_coop_packed`).
     AttentionCoopPacked(CoopSize),
     /// Skinny products `x Wᵀ + b` for a few rows (a decoder step's
     /// projections), each weight read once, f32 or f16 weights, up to three
@@ -735,28 +735,4 @@ pub fn validate_wgsl(name: &str, source: &str) -> Result<naga::Module> {
         message: e.emit_to_string(source),
     })?;
     Ok(module)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The Rust generators write what the Python ones they replace wrote,
-    /// byte for byte.
-    #[test]
-    fn generated_kernels_match_the_files_the_python_generators_wrote() {
-        let generated: Vec<Kernel> = Kernel::ALL
-            .into_iter()
-            .filter(|k| k.is_generated())
-            .collect();
-        assert_eq!(generated.len(), 16);
-        for kernel in generated {
-            let path = format!("{}/shaders/{}", env!("CARGO_MANIFEST_DIR"), kernel.file());
-            let want = std::fs::read_to_string(&path).expect("the checked-in file");
-            assert!(
-                kernel.file_source() == want,
-                "{kernel}: differs from {path}"
-            );
-        }
-    }
 }

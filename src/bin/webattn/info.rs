@@ -1,9 +1,10 @@
-//! `webattn info [--json]`.
+//! `webattn info [--json] [--wgsl KERNEL]`.
 
 use std::process::ExitCode;
 
 use serde_json::json;
 use webattn::gpu::ops::decode::GROUPED_ROWS;
+use webattn::gpu::registry::Kernel;
 use webattn::{BackendKind, Engine};
 
 /// Arguments of `webattn info`.
@@ -12,9 +13,26 @@ pub struct Args {
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// Print a kernel's WGSL as the engine compiles it (the generated
+    /// kernels too, with their fragments spliced in; override constants are
+    /// applied by the pipeline) and nothing else.
+    #[arg(long, value_name = "KERNEL")]
+    wgsl: Option<String>,
 }
 
 pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitCode> {
+    if let Some(name) = &args.wgsl {
+        let kernel = Kernel::ALL.into_iter().find(|k| k.name() == name);
+        let Some(kernel) = kernel else {
+            let names: Vec<&str> = Kernel::ALL.iter().map(|k| k.name()).collect();
+            anyhow::bail!(
+                "no kernel is named {name:?}; the kernels: {}",
+                names.join(", ")
+            );
+        };
+        print!("{}", kernel.source());
+        return Ok(ExitCode::SUCCESS);
+    }
     let engine = super::adapter_engine(engine_args)?;
     let report = describe(&engine);
     if args.json {

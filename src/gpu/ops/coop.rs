@@ -1,4 +1,4 @@
-//! The fused kernel on the matrix units (`shaders/attention_coop.wgsl`): its
+//! The fused kernel on the matrix units (`gpu/gen/coop.rs`: `attention_coop`): its
 //! tile configurations, the workgroup memory each needs, and the choice among
 //! them for an adapter's matrix units, limits and a problem's head dims.
 
@@ -19,7 +19,7 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// The most matrices of Q's and of O's columns the kernel holds (its
 /// generator's `MAX_DT`): head dims up to 16 times the matrix size (128 at
 /// 8x8, where larger head dims run the f32 kernels).
-pub const MAX_MATRICES: u32 = 16;
+pub const MAX_MATRICES: u32 = crate::gpu::gen::coop::MAX_DT as u32;
 
 /// One tile configuration: `subgroups` subgroups each own a strip of
 /// `shape.size` query rows (so a workgroup owns `subgroups × size` rows) and

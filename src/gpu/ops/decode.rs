@@ -1,5 +1,5 @@
 //! Split-K decode, staged (`shaders/attention_decode.wgsl`) or streaming
-//! (`shaders/attention_decode_stream.wgsl`), and the merge of its partial
+//! (`gpu/gen/attention_decode_stream.rs`: `attention_decode_stream`), and the merge of its partial
 //! results (`shaders/attention_merge.wgsl`).
 
 use super::fused::{params, AttentionBuffers};
@@ -35,8 +35,8 @@ const STREAM_WORKGROUP: u32 = 128;
 /// The streaming kernel's register budget: vec4s of Q (and of O) a lane holds
 /// over the workgroup's rows, and of K (and of V) over a step's keys (its
 /// MAX_BLOCK); and the most keys per step (MAX_KB).
-const STREAM_BLOCK: usize = 16;
-const STREAM_MAX_KEYS_PER_STEP: u32 = 4;
+pub(crate) const STREAM_BLOCK: usize = 16;
+pub(crate) const STREAM_MAX_KEYS_PER_STEP: u32 = 4;
 /// The untuned choice's register budget: vec4s of Q, O, K and V a lane
 /// holds at once ([`StreamShape::registers`]). On RADV (gfx1100, `bash
 /// .ci/shader-stats decode`) every shape at or under 24 compiled without

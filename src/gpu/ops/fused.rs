@@ -126,10 +126,10 @@ pub enum FusedKernel {
     Coop(CoopTiles),
 }
 
-/// Query rows per invocation of `attention_sg.wgsl` (the generator's ROWS).
-pub const SUBGROUP_ROWS_PER_LANE: usize = 4;
-/// Keys per tile of `attention_sg.wgsl`.
-pub const SUBGROUP_KEYS: usize = 64;
+/// Query rows per invocation of `attention_sg` (its generator's ROWS).
+pub const SUBGROUP_ROWS_PER_LANE: usize = crate::gpu::gen::attention_sg::ROWS as usize;
+/// Keys per tile of `attention_sg` (its generator's KEYS).
+pub const SUBGROUP_KEYS: usize = crate::gpu::gen::attention_sg::KEYS as usize;
 
 impl FusedKernel {
     /// The kernel and its tiles, as a pipeline label shows them.

@@ -173,10 +173,10 @@ crate::gpu::uniform::uniform_block! {
 
 pub use crate::gpu::choice::{CoopShape, GemmKernel, PackedTile};
 
-/// Rows of C per invocation of `gemm_sg.wgsl` (the generator's ROWS).
-pub const SUBGROUP_ROWS_PER_LANE: usize = 4;
-/// Columns of C per workgroup of `gemm_sg.wgsl` (4 x the generator's GROUPS).
-pub const SUBGROUP_COLS: usize = 64;
+/// Rows of C per invocation of `gemm_sg` (its generator's ROWS).
+pub const SUBGROUP_ROWS_PER_LANE: usize = crate::gpu::gen::gemm_sg::ROWS as usize;
+/// Columns of C per workgroup of `gemm_sg` (4 x its generator's GROUPS).
+pub const SUBGROUP_COLS: usize = 4 * crate::gpu::gen::gemm_sg::GROUPS as usize;
 
 /// The most rows of op(A) `gemm_skinny.wgsl` takes (its MAX_ROWS).
 pub const SKINNY_MAX_ROWS: usize = 16;

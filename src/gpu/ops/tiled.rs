@@ -1,4 +1,4 @@
-//! The register-tiled fused kernel (`shaders/attention_tiled.wgsl`): its tile
+//! The register-tiled fused kernel (`gpu/gen/attention_tiled.rs`: `attention_tiled`): its tile
 //! configurations, the workgroup memory each needs, and the choice among them
 //! for an adapter's limits and a problem's head dims.
 
@@ -6,18 +6,19 @@ use crate::gpu::capabilities::{Capabilities, KernelLimits};
 use crate::gpu::pipeline::PipelineKey;
 use crate::gpu::registry::Kernel;
 
-/// The capacities of the kernel's register arrays (its `MAX_*` constants;
-/// `attention_tiled_wide` holds up to 8 query rows, `attention_tiled` 4).
-const MAX_RQ: u32 = 8;
-const NARROW_MAX_RQ: u32 = 4;
-const MAX_RK: u32 = 4;
-const MAX_DVT: u32 = 8;
+/// The capacities of the kernel's register arrays (its `MAX_*` constants,
+/// which `gpu::gen::attention_tiled` writes from these; `attention_tiled_wide`
+/// holds up to 8 query rows, `attention_tiled` 4).
+pub(crate) const MAX_RQ: u32 = 8;
+pub(crate) const NARROW_MAX_RQ: u32 = 4;
+pub(crate) const MAX_RK: u32 = 4;
+pub(crate) const MAX_DVT: u32 = 8;
 const MAX_S: u32 = 32;
-const MAX_O: u32 = 16;
-const MAX_SLOTS: u32 = 8;
+pub(crate) const MAX_O: u32 = 16;
+pub(crate) const MAX_SLOTS: u32 = 8;
 /// The most invocations per row (`tk`): the kernels read a row's partials
 /// as `tk / 4` vec4s, unrolled up to this many (`tk` a multiple of 4).
-const MAX_TK: u32 = 16;
+pub(crate) const MAX_TK: u32 = 16;
 /// vec4 columns per chunk of the chunked form's Q, K, V and P tiles (its `CW`):
 /// a chunk holds that many columns of one row and a vec4 of padding.
 pub const CHUNK_COLUMNS: u32 = 8;
