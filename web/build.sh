@@ -13,25 +13,33 @@ if [ "$have" != "$want" ]; then
   echo "  cargo install wasm-bindgen-cli --version $want" >&2
   exit 1
 fi
+# Both builds in one target folder, sharing every dependency: the .wasm
+# has one name there, so each is copied away as soon as it is built (cargo
+# rebuilds the crate whenever the features switch), and the two must differ.
+wasm=target/wasm32-unknown-unknown/release/webattn_web.wasm
+builds=target/wasm-builds
+mkdir -p "$builds"
 cargo build -p webattn-web --target wasm32-unknown-unknown --release
+cp "$wasm" "$builds/simd128.wasm"
 # The second build, with the CPU backend's micro-kernels on relaxed SIMD
-# (the relaxed-simd feature: src/cpu/fast/relaxed.rs), in a target folder of
-# its own: both builds' .wasm have one name, and cargo would not rebuild the
-# one whose sources did not change after the other overwrote it.
-cargo build -p webattn-web --target wasm32-unknown-unknown --release --features relaxed-simd \
-  --target-dir target/wasm-relaxed
-rm -rf web/lib/pkg target/wasm-relaxed/pkg
-wasm-bindgen --target web --no-typescript --out-dir web/lib/pkg \
-  target/wasm32-unknown-unknown/release/webattn_web.wasm
-wasm-bindgen --target web --no-typescript --out-dir target/wasm-relaxed/pkg \
-  target/wasm-relaxed/wasm32-unknown-unknown/release/webattn_web.wasm
+# (the relaxed-simd feature: src/cpu/fast/relaxed.rs).
+cargo build -p webattn-web --target wasm32-unknown-unknown --release --features relaxed-simd
+cp "$wasm" "$builds/relaxed.wasm"
+if cmp -s "$builds/simd128.wasm" "$builds/relaxed.wasm"; then
+  echo "web/build.sh: the relaxed-SIMD build came out the same as the SIMD128 build" >&2
+  exit 1
+fi
+rm -rf web/lib/pkg "$builds/relaxed-pkg"
+bindgen() { wasm-bindgen --target web --no-typescript --out-name webattn_web --out-dir "$@"; }
+bindgen web/lib/pkg "$builds/simd128.wasm"
+bindgen "$builds/relaxed-pkg" "$builds/relaxed.wasm"
 # One glue module serves both: their code must be the same (comments aside).
 code() { grep -v '^[[:space:]]*//' "$1"; }
-if ! cmp -s <(code web/lib/pkg/webattn_web.js) <(code target/wasm-relaxed/pkg/webattn_web.js); then
+if ! cmp -s <(code web/lib/pkg/webattn_web.js) <(code "$builds/relaxed-pkg/webattn_web.js"); then
   echo "web/build.sh: the relaxed-SIMD build's glue differs from the SIMD128 build's" >&2
   exit 1
 fi
-cp target/wasm-relaxed/pkg/webattn_web_bg.wasm web/lib/pkg/webattn_web_relaxed_bg.wasm
+cp "$builds/relaxed-pkg/webattn_web_bg.wasm" web/lib/pkg/webattn_web_relaxed_bg.wasm
 mkdir -p target/npm
 rm -f target/npm/webattn-*.tgz
 tarball=$(cd web/lib && npm pack --silent --pack-destination ../../target/npm)
