@@ -1,4 +1,4 @@
-// Packs one operand of gemm_coop_packed.wgsl as f16: `batches` matrices of
+// Packs one operand of gemm_coop_packed as f16: `batches` matrices of
 // rows_p x cols_p (zeros outside rows x cols; both multiples of BLOCK), each
 // cut into BLOCK x BLOCK blocks stored one after another along each row of
 // blocks, every block row-major. So a matrix load reads one contiguous run of
@@ -12,10 +12,10 @@
 // of f16); consecutive invocations take consecutive 8-value runs of a row, or
 // with `transposed` the same run of consecutive rows, so that a subgroup's
 // reads are consecutive values of the stored rows either way. The rounding is
-// the f16 conversion's (gemm_coop.wgsl's too). Workgroups are numbered
+// the f16 conversion's (gemm_coop's too). Workgroups are numbered
 // linearly across the 2D grid so large operands need no second dispatch.
 //
-// With `flag_rows` > 0 (attention_coop_packed.wgsl's V), the pass also
+// With `flag_rows` > 0 (attention_coop_packed's V), the pass also
 // notes which runs of `flag_rows` packed rows hold a value that is NaN or
 // infinite once rounded: word z * (rows_p / flag_rows) + row / flag_rows of
 // `flags` (zero-filled by its creator) becomes nonzero.

@@ -686,7 +686,10 @@ fn info_reports_the_adapter_and_the_plan() {
     // lists the right ones.
     let wgsl = run(&["info", "--wgsl", "attention_tiled_wide"]);
     let text = String::from_utf8_lossy(&wgsl.stdout);
-    assert!(wgsl.status.success() && text.starts_with("// Made by src/gpu/gen/attention_tiled.rs"));
+    assert!(
+        wgsl.status.success()
+            && text.starts_with("// Made by src/gpu/generators/attention_tiled.rs")
+    );
     let spliced = !text
         .lines()
         .any(|l| l.trim_start().starts_with("// #include "));

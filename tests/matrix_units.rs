@@ -204,7 +204,7 @@ fn gemm_on_16x16_matrix_units() {
     on_matrix_units("gemm_on_16x16_matrix_units", Size::Sixteen, gemm_cases);
 }
 
-/// The staged matrix-unit GEMM (`gemm_coop.wgsl`) on `engine`'s matrix units.
+/// The staged matrix-unit GEMM (`gemm_coop`) on `engine`'s matrix units.
 fn staged(engine: &Engine) -> GemmKernel {
     GemmKernel::Coop(
         coop_shape(engine.gpu().expect("a GPU engine").capabilities()).expect("matrix units"),
@@ -229,7 +229,7 @@ fn gemm_cases(engine: &Engine) {
     }
 }
 
-/// The packed matrix-unit GEMM (`gemm_coop_packed.wgsl`) at `tile`.
+/// The packed matrix-unit GEMM (`gemm_coop_packed`) at `tile`.
 fn packed(engine: &Engine, tile: PackedTile) -> GemmKernel {
     let GemmKernel::Coop(shape) = staged(engine) else {
         unreachable!()

@@ -47,7 +47,7 @@ fn every_shader_file_validates() {
 
 #[test]
 fn registry_embeds_every_file_and_nothing_else() {
-    // A generated kernel's text has no file (`webattn::gpu::gen`).
+    // A generated kernel's text has no file (`src/gpu/generators/`).
     let registered: BTreeSet<String> = Kernel::ALL
         .iter()
         .filter(|k| !k.is_generated())

@@ -18,7 +18,7 @@ pub struct CoopShape {
     pub subgroup: u32,
 }
 
-/// The accumulators each subgroup of `gemm_coop_packed.wgsl` owns: `rows`
+/// The accumulators each subgroup of `gemm_coop_packed` owns: `rows`
 /// by `cols` matrices of C (1 to 4 each), so a workgroup of 2 x 2 subgroups
 /// computes `2 * rows` by `2 * cols` matrices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -47,9 +47,9 @@ impl PackedTile {
 /// as `webattn tune` measures and remembers it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FastGemm {
-    /// `gemm_coop_packed.wgsl` at a tile.
+    /// `gemm_coop_packed` at a tile.
     Packed(PackedTile),
-    /// `gemm_coop.wgsl`, operands staged through workgroup memory.
+    /// `gemm_coop`, operands staged through workgroup memory.
     Staged,
 }
 
@@ -90,7 +90,7 @@ pub enum GemmKernel {
     /// `gemm.wgsl`: 64x64 tiles through workgroup memory, 8x8 per invocation.
     /// Runs on every adapter.
     Tiled,
-    /// `gemm_sg.wgsl`: one subgroup of `width` invocations per workgroup
+    /// `gemm_sg`: one subgroup of `width` invocations per workgroup
     /// computes `4 * width` rows by 64 columns, sharing B through shuffles.
     /// For CPU-backed adapters with fixed subgroups of 4 or 8; products with a
     /// transposed A go to the tiled kernel.
@@ -98,11 +98,11 @@ pub enum GemmKernel {
         /// The subgroup (and workgroup) width: 4 or 8.
         width: u32,
     },
-    /// `gemm_coop.wgsl`: f16 operands on the matrix units, f32 accumulators,
+    /// `gemm_coop`: f16 operands on the matrix units, f32 accumulators,
     /// 4 subgroups per workgroup each owning 2 x 2 matrices of C. Only where
     /// the caller allows f16 products (`Precision::Fast`).
     Coop(CoopShape),
-    /// `gemm_coop_packed.wgsl`: op(A) and op(B) packed as f16 first
+    /// `gemm_coop_packed`: op(A) and op(B) packed as f16 first
     /// (`coop_pack.wgsl`, zero-padded to whole tiles), then matrix loads
     /// from storage and products with no workgroup memory in the K loop.
     /// Products whose A carries marks to skip (attention's `P V`), or whose

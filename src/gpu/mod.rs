@@ -9,7 +9,7 @@ pub(crate) mod chunks;
 pub mod context;
 pub mod counters;
 pub(crate) mod fused;
-pub(crate) mod gen;
+pub(crate) mod generators;
 pub(crate) mod half;
 pub mod kernels;
 pub(crate) mod kv;

@@ -1,5 +1,6 @@
-//! The registry of WGSL kernels: every file in `shaders/` is embedded here,
-//! with its entry point and the layout of its bindings.
+//! The registry of WGSL kernels: each kernel's text (a file in `shaders/`,
+//! embedded here, or the text a generator in `gpu/generators/` writes), its
+//! entry point and the layout of its bindings.
 //!
 //! Bind-group layouts are declared explicitly from [`Kernel::bindings`] rather
 //! than derived from the shader, so a binding that drifts out of step with the
@@ -53,26 +54,30 @@ pub enum Kernel {
     FmaPeak,
     /// The memory-bandwidth ceiling the benchmark measures: a vec4 copy (`shaders/copy_peak.wgsl`).
     CopyPeak,
-    /// Subgroup-shuffle GEMM for CPU-backed adapters (`gpu/gen/gemm_sg.rs`: `gemm_sg`).
+    /// Subgroup-shuffle GEMM for CPU-backed adapters (`gpu/generators/gemm_sg.rs`: `gemm_sg`).
     GemmSubgroup,
     /// Portable fused attention, FlashAttention-2 style (`shaders/attention_fused.wgsl`).
     AttentionFused,
     /// qk_matmul_output recomputed from Q and K (`shaders/attention_scores.wgsl`).
     AttentionScores,
-    /// Fused attention with subgroup shuffles, for CPU adapters (`gpu/gen/attention_sg.rs`: `attention_sg`).
+    /// Fused attention with subgroup shuffles, for CPU adapters (`gpu/generators/attention_sg.rs`:
+    /// `attention_sg`).
     AttentionSubgroup,
-    /// Register-tiled fused attention for GPUs (`gpu/gen/attention_tiled.rs`: `attention_tiled`).
+    /// Register-tiled fused attention for GPUs (`gpu/generators/attention_tiled.rs`:
+    /// `attention_tiled`).
     AttentionTiled,
     /// The register-tiled kernel with up to 8 query rows per invocation, for
-    /// the shapes only the tuner tries (`gpu/gen/attention_tiled.rs`: `attention_tiled_wide`).
+    /// the shapes only the tuner tries (`gpu/generators/attention_tiled.rs`:
+    /// `attention_tiled_wide`).
     AttentionTiledWide,
     /// The register-tiled kernel whose row maxima and probabilities move
     /// between a row's invocations by subgroup shuffles, for the forms only
-    /// the tuner tries (`gpu/gen/attention_tiled.rs`: `attention_tiled_shuffle`).
+    /// the tuner tries (`gpu/generators/attention_tiled.rs`: `attention_tiled_shuffle`).
     AttentionTiledShuffle,
     /// The register-tiled kernel with its Q, K, V and P tiles in chunks of
     /// columns (one index clamp per row and chunk instead of one per load),
-    /// for the forms only the tuner tries (`gpu/gen/attention_tiled.rs`: `attention_tiled_chunked`).
+    /// for the forms only the tuner tries (`gpu/generators/attention_tiled.rs`:
+    /// `attention_tiled_chunked`).
     AttentionTiledChunked,
     /// Split-K decode attention for a few query rows (`shaders/attention_decode.wgsl`).
     AttentionDecode,
@@ -80,10 +85,12 @@ pub enum Kernel {
     /// with `shaders/element_f16.wgsl` in its ELEMENT slot).
     AttentionDecodeF16,
     /// Split-K decode that streams K and V: teams of subgroup lanes per key,
-    /// no barrier in the key loop (`gpu/gen/attention_decode_stream.rs`: `attention_decode_stream`).
+    /// no barrier in the key loop (`gpu/generators/attention_decode_stream.rs`:
+    /// `attention_decode_stream`).
     AttentionDecodeStream,
     /// The streaming decode kernel reading K and V stored as f16
-    /// (`gpu/gen/attention_decode_stream.rs`: `attention_decode_stream` with `shaders/element_f16.wgsl`
+    /// (`gpu/generators/attention_decode_stream.rs`: `attention_decode_stream` with
+    /// `shaders/element_f16.wgsl`
     /// in its ELEMENT slot).
     AttentionDecodeStreamF16,
     /// Merges split-K partial results by their maxima (`shaders/attention_merge.wgsl`).
@@ -105,21 +112,21 @@ pub enum Kernel {
     /// with source padding (`shaders/additive_scores.wgsl`).
     AdditiveScores,
     /// GEMM on the matrix units: f16 operands, f32 accumulators
-    /// (`gpu/gen/coop.rs`: `gemm_coop`).
+    /// (`gpu/generators/coop.rs`: `gemm_coop`).
     GemmCoop(CoopSize),
     /// GEMM on the matrix units from operands packed as f16 by
     /// [`Kernel::CoopPack`]: no workgroup memory in the K loop
-    /// (`gpu/gen/coop.rs`: `gemm_coop_packed`).
+    /// (`gpu/generators/coop.rs`: `gemm_coop_packed`).
     GemmCoopPacked(CoopSize),
     /// Packs a GEMM operand as f16, zero-padded to whole tiles, for
     /// [`Kernel::GemmCoopPacked`] (`shaders/coop_pack.wgsl`).
     CoopPack,
     /// Fused attention on the matrix units: S and O as f32 accumulator
-    /// matrices, Q, K, V and P as f16 (`gpu/gen/coop.rs`: `attention_coop`).
+    /// matrices, Q, K, V and P as f16 (`gpu/generators/coop.rs`: `attention_coop`).
     AttentionCoop(CoopSize),
     /// The same with K and V packed as f16 by [`Kernel::CoopPack`] ahead of
     /// it: its products load them straight from storage, with no staging
-    /// (`gpu/gen/coop.rs`: `attention_coop_packed`).
+    /// (`gpu/generators/coop.rs`: `attention_coop_packed`).
     AttentionCoopPacked(CoopSize),
     /// Skinny products `x Wᵀ + b` for a few rows (a decoder step's
     /// projections), each weight read once, f32 or f16 weights, up to three
@@ -149,7 +156,7 @@ pub enum Binding {
 enum Origin {
     /// A file in `shaders/`, embedded.
     File(&'static str),
-    /// A generator in [`super::gen`], run once per process.
+    /// A generator in [`super::generators`], run once per process.
     Generated(fn() -> String),
 }
 
@@ -345,7 +352,7 @@ impl Kernel {
         }
     }
 
-    /// Whether a generator in [`super::gen`] writes the kernel's WGSL
+    /// Whether a generator in `gpu/generators/` writes the kernel's WGSL
     /// (its register loops unrolled), rather than a file in `shaders/`.
     pub fn is_generated(self) -> bool {
         matches!(self.origin(), Origin::Generated(_))
@@ -354,27 +361,28 @@ impl Kernel {
     /// The kernel's text as written, before the fragments it includes and
     /// puts in its slots are spliced in: a generated kernel's is written the
     /// first time it is asked for and kept for the life of the process (one
-    /// per [`Kernel::file`] name, so the kernels that share a text share it).
+    /// per kernel: the kernels a generator serves alike, such as the f32 and
+    /// f16 decode kernels, each keep a copy, so no two can ever be mixed up).
     fn file_source(self) -> &'static str {
         use std::collections::HashMap;
         use std::sync::{Mutex, OnceLock, PoisonError};
-        static MADE: OnceLock<Mutex<HashMap<&'static str, &'static str>>> = OnceLock::new();
+        static MADE: OnceLock<Mutex<HashMap<Kernel, &'static str>>> = OnceLock::new();
         match self.origin() {
             Origin::File(text) => text,
             Origin::Generated(generate) => MADE
                 .get_or_init(Default::default)
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .entry(self.file())
+                .entry(self)
                 .or_insert_with(|| Box::leak(generate().into_boxed_str())),
         }
     }
 
     /// Where the kernel's text comes from: a file in `shaders/`, or a
-    /// generator in [`super::gen`].
+    /// generator in [`super::generators`].
     fn origin(self) -> Origin {
-        use super::gen::attention_tiled::{self, TiledForm};
-        use super::gen::{attention_decode_stream, attention_sg, coop, gemm_sg};
+        use super::generators::attention_tiled::{self, TiledForm};
+        use super::generators::{attention_decode_stream, attention_sg, coop, gemm_sg};
         match self {
             Kernel::Gemm => Origin::File(include_str!("../../shaders/gemm.wgsl")),
             Kernel::Softmax => Origin::File(include_str!("../../shaders/softmax.wgsl")),

@@ -89,7 +89,7 @@ fn instructions(words: &[u32]) -> impl Iterator<Item = (u32, std::ops::Range<usi
 /// stay private: no invocation writes them during the dispatch (WebGPU
 /// forbids binding a buffer read-only and writable at once), so there is
 /// nothing to order, and a compiler may keep and reuse what it loaded. The
-/// kernels' operands are such buffers; `gemm_coop_packed.wgsl`'s K loop is
+/// kernels' operands are such buffers; `gemm_coop_packed`'s K loop is
 /// nothing but loads from them.
 pub fn make_accesses_non_private(words: &[u32]) -> Vec<u32> {
     if words.len() < 5

@@ -1,4 +1,5 @@
-//! The streaming decode kernel (`gpu/gen/attention_decode_stream.rs`: `attention_decode_stream`):
+//! The streaming decode kernel (`gpu/generators/attention_decode_stream.rs`:
+//! `attention_decode_stream`):
 //! forced on the test adapter, every decode form of the contract against the
 //! f64 oracle, with each of its team shapes that fits; and the choice between
 //! it and the staged kernel.

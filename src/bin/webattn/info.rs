@@ -16,7 +16,7 @@ pub struct Args {
     /// Print a kernel's WGSL as the engine compiles it (the generated
     /// kernels too, with their fragments spliced in; override constants are
     /// applied by the pipeline) and nothing else.
-    #[arg(long, value_name = "KERNEL")]
+    #[arg(long, value_name = "KERNEL", conflicts_with = "json")]
     wgsl: Option<String>,
 }
 

@@ -1,4 +1,4 @@
-//! The fused kernel on the matrix units (`gpu/gen/coop.rs`: `attention_coop`): its
+//! The fused kernel on the matrix units (`gpu/generators/coop.rs`: `attention_coop`): its
 //! tile configurations, the workgroup memory each needs, and the choice among
 //! them for an adapter's matrix units, limits and a problem's head dims.
 
@@ -19,7 +19,7 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// The most matrices of Q's and of O's columns the kernel holds (its
 /// generator's `MAX_DT`): head dims up to 16 times the matrix size (128 at
 /// 8x8, where larger head dims run the f32 kernels).
-pub const MAX_MATRICES: u32 = crate::gpu::gen::coop::MAX_DT as u32;
+pub const MAX_MATRICES: u32 = crate::gpu::generators::coop::MAX_DT as u32;
 
 /// One tile configuration: `subgroups` subgroups each own a strip of
 /// `shape.size` query rows (so a workgroup owns `subgroups × size` rows) and
@@ -44,9 +44,9 @@ pub struct CoopTiles {
     /// quad each.
     pub lanes_per_row: u32,
     /// Whether K and V are packed as f16 ahead of the kernel
-    /// (`attention_coop_packed.wgsl`: its products load them from storage)
+    /// (`attention_coop_packed`: its products load them from storage)
     /// rather than staged tile by tile through workgroup memory
-    /// (`attention_coop.wgsl`). Packed by default; a call whose packed K
+    /// (`attention_coop`). Packed by default; a call whose packed K
     /// and V would not fit one binding runs staged ([`CoopTiles::packs`]).
     pub packed: bool,
 }
@@ -113,7 +113,7 @@ impl CoopTiles {
         }
     }
 
-    /// The same tiles in the staged form (`attention_coop.wgsl`: K and V
+    /// The same tiles in the staged form (`attention_coop`: K and V
     /// through workgroup memory, no packing pass).
     pub fn staged(self) -> CoopTiles {
         CoopTiles {

@@ -1,5 +1,6 @@
 //! Split-K decode, staged (`shaders/attention_decode.wgsl`) or streaming
-//! (`gpu/gen/attention_decode_stream.rs`: `attention_decode_stream`), and the merge of its partial
+//! (`gpu/generators/attention_decode_stream.rs`: `attention_decode_stream`), and the merge of its
+//! partial
 //! results (`shaders/attention_merge.wgsl`).
 
 use super::fused::{params, AttentionBuffers};
@@ -31,11 +32,12 @@ pub const MIN_KEYS: usize = 512;
 /// multiples of it.
 const TILE: usize = 64;
 /// Invocations per workgroup of the streaming kernel (its WG).
-const STREAM_WORKGROUP: u32 = 128;
+pub(crate) const STREAM_WORKGROUP: u32 = 128;
 /// The streaming kernel's register budget: vec4s of Q (and of O) a lane holds
 /// over the workgroup's rows, and of K (and of V) over a step's keys (its
 /// MAX_BLOCK); and the most keys per step (MAX_KB).
 pub(crate) const STREAM_BLOCK: usize = 16;
+/// The most keys a team takes per step (the kernel's MAX_KB).
 pub(crate) const STREAM_MAX_KEYS_PER_STEP: u32 = 4;
 /// The untuned choice's register budget: vec4s of Q, O, K and V a lane
 /// holds at once ([`StreamShape::registers`]). On RADV (gfx1100, `bash

@@ -1,5 +1,5 @@
 //! Fused attention (`shaders/attention_fused.wgsl`, and the choice among it,
-//! `attention_sg.wgsl` and `attention_tiled.wgsl`) and the score recompute
+//! `attention_sg` and `attention_tiled`) and the score recompute
 //! kernel (`shaders/attention_scores.wgsl`): parameters, tile sizes chosen from
 //! the adapter's limits, and dispatch geometry.
 
@@ -113,23 +113,23 @@ impl FusedTiles {
 pub enum FusedKernel {
     /// `attention_fused.wgsl`: workgroup-memory K/V tiles; any adapter.
     Portable(FusedTiles),
-    /// `attention_sg.wgsl`: subgroup shuffles, for CPU adapters with fixed
+    /// `attention_sg`: subgroup shuffles, for CPU adapters with fixed
     /// subgroups of 4 or 8, head dims multiples of 4.
     Subgroup {
         /// The subgroup width.
         width: u32,
     },
-    /// `attention_tiled.wgsl`: register micro-tiles of S and O; GPUs.
+    /// `attention_tiled`: register micro-tiles of S and O; GPUs.
     Tiled(TiledTiles),
-    /// `attention_coop.wgsl`: S and O on the matrix units (f16 products,
+    /// `attention_coop`: S and O on the matrix units (f16 products,
     /// f32 accumulators); calls at `Precision::Fast` only.
     Coop(CoopTiles),
 }
 
 /// Query rows per invocation of `attention_sg` (its generator's ROWS).
-pub const SUBGROUP_ROWS_PER_LANE: usize = crate::gpu::gen::attention_sg::ROWS as usize;
+pub const SUBGROUP_ROWS_PER_LANE: usize = crate::gpu::generators::attention_sg::ROWS as usize;
 /// Keys per tile of `attention_sg` (its generator's KEYS).
-pub const SUBGROUP_KEYS: usize = crate::gpu::gen::attention_sg::KEYS as usize;
+pub const SUBGROUP_KEYS: usize = crate::gpu::generators::attention_sg::KEYS as usize;
 
 impl FusedKernel {
     /// The kernel and its tiles, as a pipeline label shows them.
@@ -445,7 +445,7 @@ pub(crate) fn scratch_bytes(
     }
 }
 
-/// K and V packed as f16 for `attention_coop_packed.wgsl`, and its flags of
+/// K and V packed as f16 for `attention_coop_packed`, and its flags of
 /// V's tiles that hold a non-finite value.
 struct PackedKv {
     k: wgpu::Buffer,

@@ -164,7 +164,7 @@ crate::gpu::uniform::uniform_block! {
         b_batch_div: u32,
         alpha: f32,
         beta: f32,
-        /// `gemm_coop.wgsl`: 1 where A may be read as vec4s, 2 where B may
+        /// `gemm_coop`: 1 where A may be read as vec4s, 2 where B may
         /// (leading dimension, offset and batch stride multiples of 4); the other
         /// kernels ignore it.
         vec_ab: u32,
@@ -174,9 +174,9 @@ crate::gpu::uniform::uniform_block! {
 pub use crate::gpu::choice::{CoopShape, GemmKernel, PackedTile};
 
 /// Rows of C per invocation of `gemm_sg` (its generator's ROWS).
-pub const SUBGROUP_ROWS_PER_LANE: usize = crate::gpu::gen::gemm_sg::ROWS as usize;
+pub const SUBGROUP_ROWS_PER_LANE: usize = crate::gpu::generators::gemm_sg::ROWS as usize;
 /// Columns of C per workgroup of `gemm_sg` (4 x its generator's GROUPS).
-pub const SUBGROUP_COLS: usize = 4 * crate::gpu::gen::gemm_sg::GROUPS as usize;
+pub const SUBGROUP_COLS: usize = 4 * crate::gpu::generators::gemm_sg::GROUPS as usize;
 
 /// The most rows of op(A) `gemm_skinny.wgsl` takes (its MAX_ROWS).
 pub const SKINNY_MAX_ROWS: usize = 16;
@@ -211,21 +211,21 @@ pub fn skinny_rows(m: usize) -> usize {
 pub const SKINNY_TEXT: &str = "up to 16 rows x 8 columns (B transposed) or 16 columns of C per \
      workgroup of 128, K split 16 or 8 ways, each B value read once";
 
-/// K per staged slice of `gemm_coop.wgsl` (its BKK).
+/// K per staged slice of `gemm_coop` (its BKK).
 pub const COOP_SLICE: usize = 32;
 
-/// Rows and columns of C per workgroup of `gemm_coop.wgsl`: 4 subgroups in a
+/// Rows and columns of C per workgroup of `gemm_coop`: 4 subgroups in a
 /// 2 x 2 grid, each 2 x 2 matrices of `size`.
 pub fn coop_tile(shape: CoopShape) -> usize {
     4 * shape.size.dim() as usize
 }
 
-/// Invocations per workgroup of `gemm_coop.wgsl`: 4 subgroups.
+/// Invocations per workgroup of `gemm_coop`: 4 subgroups.
 pub fn coop_invocations(shape: CoopShape) -> u32 {
     4 * shape.subgroup
 }
 
-/// Workgroup memory of `gemm_coop.wgsl`: op(A)'s and op(B)'s f16 slices and
+/// Workgroup memory of `gemm_coop`: op(A)'s and op(B)'s f16 slices and
 /// the f32 C tile, rows padded by 16 bytes (as the WGSL declares them), a
 /// flag and the f32 zero matrix the accumulators start from.
 pub fn coop_workgroup_bytes(shape: CoopShape) -> u32 {
@@ -238,13 +238,13 @@ pub fn coop_workgroup_bytes(shape: CoopShape) -> u32 {
         + 4 * matrix * matrix
 }
 
-/// vec4s of each operand's K slice an invocation of `gemm_coop.wgsl` stages
+/// vec4s of each operand's K slice an invocation of `gemm_coop` stages
 /// (its V): a slice's `tile x COOP_SLICE` values over the workgroup.
 pub fn coop_vec4s_per_invocation(shape: CoopShape) -> usize {
     (coop_tile(shape) * COOP_SLICE / 4).div_ceil(coop_invocations(shape) as usize)
 }
 
-/// Whether `gemm_coop.wgsl` at `shape` fits `limits` (workgroup memory and
+/// Whether `gemm_coop` at `shape` fits `limits` (workgroup memory and
 /// invocations) and its staging (1 to 16 vec4s of each operand per
 /// invocation, which a subgroup of half a matrix's side to eight times it
 /// gives).

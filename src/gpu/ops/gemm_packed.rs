@@ -1,9 +1,9 @@
 //! The GEMM on the matrix units from packed operands: `coop_pack.wgsl`
 //! writes op(A) and op(B)ᵀ as f16, zero-padded to whole tiles, in blocks of
 //! one matrix each (so K is contiguous and every matrix load one run), then
-//! `gemm_coop_packed.wgsl` multiplies them with nothing but matrix loads from
+//! `gemm_coop_packed` multiplies them with nothing but matrix loads from
 //! storage and products in its K loop (no workgroup memory, no barrier, no
-//! bounds test there: what held `gemm_coop.wgsl`'s staging back).
+//! bounds test there: what held `gemm_coop`'s staging back).
 
 use super::gemm::{CoopShape, GemmSpec};
 use crate::error::Result;
@@ -156,7 +156,7 @@ fn loop_iterations(shape: CoopShape, tile: PackedTile, kp: usize) -> u64 {
 
 /// Whether the packed GEMM runs `spec` on `ctx`: both packed operands fit one
 /// binding, every index fits in 32 bits, and a driver that caps an
-/// invocation's loop iterations allows its K loop (`gemm_coop.wgsl`, which
+/// invocation's loop iterations allows its K loop (`gemm_coop`, which
 /// splits K, runs the rest).
 pub fn runs(ctx: &GpuContext, shape: CoopShape, tile: PackedTile, spec: &GemmSpec) -> bool {
     let limits = &ctx.caps.limits;

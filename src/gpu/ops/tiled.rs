@@ -1,4 +1,5 @@
-//! The register-tiled fused kernel (`gpu/gen/attention_tiled.rs`: `attention_tiled`): its tile
+//! The register-tiled fused kernel (`gpu/generators/attention_tiled.rs`: `attention_tiled`): its
+//! tile
 //! configurations, the workgroup memory each needs, and the choice among them
 //! for an adapter's limits and a problem's head dims.
 
@@ -6,15 +7,21 @@ use crate::gpu::capabilities::{Capabilities, KernelLimits};
 use crate::gpu::pipeline::PipelineKey;
 use crate::gpu::registry::Kernel;
 
-/// The capacities of the kernel's register arrays (its `MAX_*` constants,
-/// which `gpu::gen::attention_tiled` writes from these; `attention_tiled_wide`
-/// holds up to 8 query rows, `attention_tiled` 4).
+// The capacities of the kernel's registers (its `MAX_*` constants, which
+// `gpu::generators::attention_tiled` writes into the kernel from these).
+/// The most query rows an invocation holds in `attention_tiled_wide` (RQ).
 pub(crate) const MAX_RQ: u32 = 8;
+/// The most query rows an invocation holds in the other forms.
 pub(crate) const NARROW_MAX_RQ: u32 = 4;
+/// The most keys an invocation holds in a key tile (RK).
 pub(crate) const MAX_RK: u32 = 4;
+/// The most vec4 columns of O an invocation holds (DVT).
 pub(crate) const MAX_DVT: u32 = 8;
+/// The most scores an invocation holds (RQ × RK).
 const MAX_S: u32 = 32;
+/// The most vec4s of O an invocation holds (RQ × DVT).
 pub(crate) const MAX_O: u32 = 16;
+/// The most vec4s of a K or V tile an invocation prefetches.
 pub(crate) const MAX_SLOTS: u32 = 8;
 /// The most invocations per row (`tk`): the kernels read a row's partials
 /// as `tk / 4` vec4s, unrolled up to this many (`tk` a multiple of 4).

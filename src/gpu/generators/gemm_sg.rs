@@ -20,13 +20,17 @@ const PICK_PLACEHOLDER: &str = "PICK_PLACEHOLDER";
 /// The vec4 components in order, as indexed by a k offset within a step.
 const XYZW: [char; 4] = ['x', 'y', 'z', 'w'];
 
+// The slots hold the columns in groups of 4: at least one slot.
+const _: () = assert!(GROUPS >= 4 && GROUPS.is_multiple_of(4));
+
 /// The text's first line: where it comes from, for a reader of a compiled or
 /// dumped shader.
 const HEADER: &str =
-    "// Made by src/gpu/gen/gemm_sg.rs when the pipeline is built; edit the generator.";
+    "// Made by src/gpu/generators/gemm_sg.rs when the pipeline is built; edit the generator.";
 
 /// The kernel with `rows` rows of C per invocation and `groups` column groups
-/// of 4 per subgroup; the whole text, ending in one newline.
+/// of 4 per subgroup (`groups` a multiple of 4, at least 4); the whole text,
+/// ending in one newline.
 ///
 /// Measured on lavapipe (2 cores, same-run ratios to the FMA ceiling,
 /// 1024^3): 8 x 16 reached 50-53% but took 20 s to compile per pipeline

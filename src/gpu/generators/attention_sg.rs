@@ -25,10 +25,13 @@ const PICK_PLACEHOLDER: &str = "PICK_PLACEHOLDER";
 /// The vec4 components in order, as indexed by a key within its group of 4.
 const XYZW: [char; 4] = ['x', 'y', 'z', 'w'];
 
+// The tree of a tile's maxima is written out for 16 groups.
+const _: () = assert!(GROUPS == 16);
+
 /// The text's first line: where it comes from, for a reader of a compiled or
 /// dumped shader.
 const HEADER: &str =
-    "// Made by src/gpu/gen/attention_sg.rs when the pipeline is built; edit the generator.";
+    "// Made by src/gpu/generators/attention_sg.rs when the pipeline is built; edit the generator.";
 
 /// WGSL function `name`: one of `n` vec4 slot values by a slot index (a
 /// switch, since the slot registers are named, not an array).
@@ -63,7 +66,7 @@ pub(crate) fn render() -> String {
         r"//
 // Fused attention (FlashAttention-2 forward) for CPU-backed adapters with
 // fixed subgroups of 4 or 8 (lavapipe, SwiftShader): the same contract and
-// bindings as attention_fused.wgsl, laid out like gemm_sg.wgsl. On these
+// bindings as attention_fused.wgsl, laid out like gemm_sg. On these
 // drivers a storage load is a loop over the SIMD lanes while a subgroup
 // shuffle is one permute, so K and V are loaded once per subgroup and shared
 // by shuffles, and the scores never leave registers.

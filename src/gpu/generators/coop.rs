@@ -68,8 +68,8 @@ const GEMM_COOP_PACKED: Template = Template {
     text: include_str!("../../../shaders/templates/gemm_coop_packed.wgsl.in"),
 };
 
-/// The fused attention kernel on the matrix units: `attention_coop.wgsl`, or
-/// with `packed` `attention_coop_packed.wgsl` (K and V packed as f16 ahead of
+/// The fused attention kernel on the matrix units: `attention_coop`, or
+/// with `packed` `attention_coop_packed` (K and V packed as f16 ahead of
 /// it), the whole file's text, ending in one newline.
 ///
 /// # Panics
@@ -86,12 +86,12 @@ pub(crate) fn attention_coop(packed: bool) -> String {
     } else {
         render(&ATTENTION_COOP, MAX_DT, &[], None)
     };
-    // As the script printed it: the text and one newline.
+    // The whole text, ending in one newline.
     text + "\n"
 }
 
-/// The GEMM on the matrix units: `gemm_coop.wgsl`, or with `packed`
-/// `gemm_coop_packed.wgsl` (from packed f16 operands), the whole file's text,
+/// The GEMM on the matrix units: `gemm_coop`, or with `packed`
+/// `gemm_coop_packed` (from packed f16 operands), the whole file's text,
 /// ending in one newline.
 ///
 /// # Panics
@@ -103,16 +103,16 @@ pub(crate) fn gemm_coop(packed: bool) -> String {
     } else {
         render(&GEMM_COOP, MAXV, &[], None)
     };
-    // As the script printed it: the text and one newline.
+    // The whole text, ending in one newline.
     text + "\n"
 }
 
 /// The output's first lines: where the text comes from, for a reader of a
 /// compiled or dumped shader.
-fn header(generator: &str, name: &str) -> [String; 2] {
+fn header(kernel: &str, name: &str) -> [String; 2] {
     [
         format!(
-            "// Made by src/gpu/gen/coop.rs ({generator}) from shaders/templates/{name}.wgsl.in"
+            "// Made by src/gpu/generators/coop.rs ({kernel}) from shaders/templates/{name}.wgsl.in"
         ),
         "// when the pipeline is built; edit those, there is no file of this text.".to_string(),
     ]
@@ -222,7 +222,8 @@ fn expand(
     Some(out)
 }
 
-/// `text` cut into lines as Python's `str.splitlines` cuts it (at `\n`,
+/// `text` cut into lines as the templates' first expander (Python's
+/// `str.splitlines`) cut it (at `\n`,
 /// `\r\n`, `\r` and the other line boundaries it knows), the line breaks
 /// left out, with no empty last line after a final break.
 fn split_lines(text: &str) -> Vec<&str> {
@@ -299,7 +300,7 @@ fn select<'a>(template: &'a Template, defines: &[&str]) -> Vec<(usize, &'a str)>
                 opened = number;
             }
             "ELSE" => {
-                // (As the script did, an ELSE outside a section keeps what follows.)
+                // An ELSE outside a section keeps what follows.
                 keep = Some(!keep.unwrap_or(false));
                 opened = number;
             }
@@ -325,7 +326,7 @@ fn block_directive(line: &str) -> Option<(&str, &str, Vec<&str>)> {
 }
 
 /// The expansion of `template` with `defines`, each block over `count`
-/// numbers, headed with the kernel's name `generator` (the template's by
+/// numbers, headed with the kernel's name `kernel` (the template's by
 /// default), its lines joined by newlines (with none after the last).
 ///
 /// # Panics
@@ -333,10 +334,10 @@ fn block_directive(line: &str) -> Option<(&str, &str, Vec<&str>)> {
 /// or unclosed `//# IF` sections, a block without `//@ END`, a block's
 /// arguments that do not fit its kind. The templates are this repository's
 /// files, so that is a bug here, not a caller's error.
-fn render(template: &Template, count: usize, defines: &[&str], generator: Option<&str>) -> String {
+fn render(template: &Template, count: usize, defines: &[&str], kernel: Option<&str>) -> String {
     let lines = select(template, defines);
-    let generator = generator.unwrap_or(template.name);
-    let mut out = Vec::from(header(generator, template.name));
+    let kernel = kernel.unwrap_or(template.name);
+    let mut out = Vec::from(header(kernel, template.name));
     let mut i = 0;
     while i < lines.len() {
         let (number, line) = lines[i];

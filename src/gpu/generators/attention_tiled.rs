@@ -62,19 +62,19 @@ pub(crate) enum TiledForm {
 fn header(form: TiledForm) -> &'static str {
     match form {
         TiledForm::Chunked => {
-            "// Made by src/gpu/gen/attention_tiled.rs (the chunked form: tiles in chunks of\n\
+            "// Made by src/gpu/generators/attention_tiled.rs (the chunked form: tiles in chunks of\n\
              // columns) when the pipeline is built; edit the generator."
         }
         TiledForm::Wide => {
-            "// Made by src/gpu/gen/attention_tiled.rs (the wide form: 8 rows per invocation)\n\
+            "// Made by src/gpu/generators/attention_tiled.rs (the wide form: 8 rows per invocation)\n\
              // when the pipeline is built; edit the generator."
         }
         TiledForm::Shuffle => {
-            "// Made by src/gpu/gen/attention_tiled.rs (the shuffle form: subgroup shuffles)\n\
+            "// Made by src/gpu/generators/attention_tiled.rs (the shuffle form: subgroup shuffles)\n\
              // when the pipeline is built; edit the generator."
         }
         TiledForm::Plain => {
-            "// Made by src/gpu/gen/attention_tiled.rs when the pipeline is built; edit the generator."
+            "// Made by src/gpu/generators/attention_tiled.rs when the pipeline is built; edit the generator."
         }
     }
 }
@@ -552,7 +552,7 @@ pub(crate) fn render(form: TiledForm) -> String {
 // the last tile that had one (tiles count from 1), so it is never reset.
 // WGSL does not promise how invocations map to subgroup lanes: the kernel
 // checks the layout it relies on and makes the rows NaN where it does not
-// hold, as attention_decode_stream.wgsl does.
+// hold, as attention_decode_stream does.
 ",
         );
     }

@@ -29,10 +29,15 @@ const MAX_BLOCK: u32 = decode::STREAM_BLOCK as u32;
 /// The widest team: lanes per key (a power of two up to 32).
 const MAX_LANES: u32 = 32;
 
+// The kernel's text declares its workgroup and its arrays for 128
+// invocations, 16 rows and 32 teams (`team_ml`: 16 × 32) in words of its
+// own; these hold the host's sizes to them.
+const _: () = assert!(MAX_ROWS == 16 && decode::STREAM_WORKGROUP == 128 && MAX_LANES == 32);
+
 /// The text's first line: where it comes from, for a reader of a compiled or
 /// dumped shader.
 const HEADER: &str =
-    "// Made by src/gpu/gen/attention_decode_stream.rs when the pipeline is built; edit the generator.";
+    "// Made by src/gpu/generators/attention_decode_stream.rs when the pipeline is built; edit the generator.";
 
 /// Whether the named register (a, b) exists: (a + 1) (b + 1) vec4s fit.
 fn has(a: u32, b: u32) -> bool {
