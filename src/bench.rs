@@ -591,6 +591,9 @@ pub struct AttentionMeasurement {
     pub gflops: f64,
     /// Device memory the path allocated per call beyond its inputs (0 on the CPU).
     pub peak_bytes: u64,
+    /// The plan the last timed call ran, as one line (its kernels and
+    /// tiles; empty on the CPU), so that a row says which kernel it timed.
+    pub plan: String,
 }
 
 /// Times attention of `shape` on `path`: the GPU paths with [`measure_gpu`];
@@ -819,14 +822,15 @@ pub async fn attention_runs(
     };
     let mut measured = Vec::with_capacity(engines.len());
     for (&engine, measurement) in engines.iter().zip(measurements) {
-        let peak_bytes = match path {
-            KernelPath::Cpu | KernelPath::Oracle => 0,
-            _ => engine.last_call().map_or(0, |c| c.allocated_bytes),
+        let (peak_bytes, plan) = match (path, engine.last_call()) {
+            (KernelPath::Cpu | KernelPath::Oracle, _) | (_, None) => (0, String::new()),
+            (_, Some(call)) => (call.allocated_bytes, call.plan.to_string()),
         };
         measured.push(AttentionMeasurement {
             gflops: measurement.gflops(shape.flops()),
             measurement,
             peak_bytes,
+            plan,
         });
     }
     Ok(measured)

@@ -537,10 +537,14 @@ fn attention_with_fast_precision_on_16x16_matrix_units() {
 /// subgroups are wider than the matrices (an NVIDIA GPU's 32 lanes over 16
 /// rows: 2): lavapipe's 8 lanes over 8 rows share none by default, so here
 /// each invocation takes several (row, part) pairs. The quick sweep at `Fast`
-/// through the 8x8 kernels at 2 and 4 lanes per row (the share is the same
-/// code at 16x16, whose emulation on lavapipe compiles 5 times slower), in
-/// the packed form (the default) and at 2 in the staged form
-/// (`attention_coop_staged`: K and V through workgroup memory).
+/// through the 8x8 kernels (the share is the same code at 16x16, whose
+/// emulation on lavapipe compiles 5 times slower) in each form: packed (the
+/// default) at 2 lanes per row, shared (`attention_coop_shared`: packed K
+/// and V copied into workgroup memory tile by tile) at 4, staged
+/// (`attention_coop_staged`: K and V through workgroup memory) at 2. (The
+/// forms share the scalar steps; `webattn --precision fast --kernel
+/// attention_coop_shared check --full` under `.ci/lavapipe-coop` runs the
+/// shared form at one lane per row.)
 #[test]
 fn attention_on_the_matrix_units_with_rows_shared_among_invocations() {
     on_matrix_units(
@@ -549,7 +553,7 @@ fn attention_on_the_matrix_units_with_rows_shared_among_invocations() {
         |engine| {
             for (lanes, form) in [
                 (2, FusedKernelChoice::Coop),
-                (4, FusedKernelChoice::Coop),
+                (4, FusedKernelChoice::CoopShared),
                 (2, FusedKernelChoice::CoopStaged),
             ] {
                 let ctx = engine.gpu().expect("a GPU engine");
@@ -582,11 +586,16 @@ fn attention_on_the_matrix_units_with_rows_shared_among_invocations() {
                     .map(|k| k.to_string())
                     .filter(|k| k.starts_with("attention_coop"))
                     .collect();
-                // (The packed kernel's name is attention_coop_packed8.)
-                let packed = form == FusedKernelChoice::Coop;
+                // (The packed kernel's name is attention_coop_packed8, the
+                // staged one's attention_coop8.)
+                let kernel = match form {
+                    FusedKernelChoice::Coop => "attention_coop_packed8[",
+                    FusedKernelChoice::CoopShared => "attention_coop_shared8[",
+                    _ => "attention_coop8[",
+                };
                 assert!(
-                    keys.iter().any(|k| k.contains(&format!("LPR={lanes},"))
-                        && k.starts_with("attention_coop_packed") == packed),
+                    keys.iter()
+                        .any(|k| k.contains(&format!("LPR={lanes},")) && k.starts_with(kernel)),
                     "no {} pipeline with {lanes} lanes per row: {keys:?}",
                     form.name()
                 );
@@ -1028,7 +1037,8 @@ fn fast_calls_take_the_matrix_unit_gemm_form_tuned_fastest() {
 /// what it names (as tests/gpu/tiled.rs checks for the register-tiled kernels).
 /// Without S = Q K^T every score is 0, so each row is the mean of V's rows
 /// (rounded to f16); without O += P V, or without K and V's loads, every row
-/// is 0. At 8x8: the switches are the same code at 16x16.
+/// is 0. In the packed form and the shared one, at 8x8: the switches are the
+/// same code at 16x16.
 #[test]
 fn each_phase_switch_of_the_matrix_unit_kernel_removes_its_phase() {
     use webattn::gpu::phases::Phases;
@@ -1036,7 +1046,6 @@ fn each_phase_switch_of_the_matrix_unit_kernel_removes_its_phase() {
         "each_phase_switch_of_the_matrix_unit_kernel_removes_its_phase",
         Size::Native,
         |engine| {
-            let ctx = engine.gpu().expect("a GPU engine");
             let (rows, keys, d) = (21, 37, 16);
             let mut rng = SplitMix64::new(common::seed());
             let q = HostTensor::new([1, 2, rows, d], rng.normal_vec(2 * rows * d, 1.0)).unwrap();
@@ -1057,41 +1066,53 @@ fn each_phase_switch_of_the_matrix_unit_kernel_removes_its_phase() {
                         / keys as f64
                 })
                 .collect();
-            let run = |phases: Phases| {
-                let variant = Engine::from_context(ctx.clone().without_phases(phases));
-                let y = variant
-                    .attention_host_blocking(&inputs, &options)
-                    .unwrap()
-                    .y;
-                let bits = i64::from(phases.bits());
-                let keys = variant.gpu().unwrap().pipelines().compiled_keys();
-                assert!(
-                    keys.iter().any(|k| {
-                        k.kernel.name().starts_with("attention_coop")
-                            && (phases.is_empty() || k.constants.contains(&("ABLATE", bits)))
-                    }),
-                    "without {}: {keys:?}",
-                    phases.name()
-                );
-                y
-            };
-            assert!(run(Phases::NONE).data().iter().all(|x| x.is_finite()));
-            for (i, &value) in run(Phases::SCORES).data().iter().enumerate() {
-                let (head, col) = (i / (rows * d), i % d);
-                let want = mean[head * d + col];
-                assert!(
-                    (f64::from(value) - want).abs() < 1e-5,
-                    "without S: element {i} is {value}, the mean of V is {want}"
-                );
-            }
-            for phases in [Phases::PRODUCT, Phases::KV_LOADS] {
-                let y = run(phases);
-                assert!(
-                    y.data().iter().all(|&x| x == 0.0),
-                    "without {}: {:?}",
-                    phases.name(),
-                    &y.data()[..8]
-                );
+            // The packed form (the default) and the shared one.
+            for (choice, kernel) in [
+                (FusedKernelChoice::Coop, "attention_coop_packed"),
+                (FusedKernelChoice::CoopShared, "attention_coop_shared"),
+            ] {
+                let ctx = engine
+                    .gpu()
+                    .expect("a GPU engine")
+                    .clone()
+                    .with_fused_kernel(choice)
+                    .expect("a form of the matrix-unit kernel");
+                let run = |phases: Phases| {
+                    let variant = Engine::from_context(ctx.clone().without_phases(phases));
+                    let y = variant
+                        .attention_host_blocking(&inputs, &options)
+                        .unwrap()
+                        .y;
+                    let bits = i64::from(phases.bits());
+                    let keys = variant.gpu().unwrap().pipelines().compiled_keys();
+                    assert!(
+                        keys.iter().any(|k| {
+                            k.kernel.name().starts_with(kernel)
+                                && (phases.is_empty() || k.constants.contains(&("ABLATE", bits)))
+                        }),
+                        "{kernel} without {}: {keys:?}",
+                        phases.name()
+                    );
+                    y
+                };
+                assert!(run(Phases::NONE).data().iter().all(|x| x.is_finite()));
+                for (i, &value) in run(Phases::SCORES).data().iter().enumerate() {
+                    let (head, col) = (i / (rows * d), i % d);
+                    let want = mean[head * d + col];
+                    assert!(
+                        (f64::from(value) - want).abs() < 1e-5,
+                        "without S: element {i} is {value}, the mean of V is {want}"
+                    );
+                }
+                for phases in [Phases::PRODUCT, Phases::KV_LOADS] {
+                    let y = run(phases);
+                    assert!(
+                        y.data().iter().all(|&x| x == 0.0),
+                        "{kernel} without {}: {:?}",
+                        phases.name(),
+                        &y.data()[..8]
+                    );
+                }
             }
         },
     );
@@ -1276,7 +1297,7 @@ fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
         "fast_calls_take_the_matrix_unit_tiles_measured_fastest",
         Size::Native,
         |_| {
-            use webattn::gpu::ops::fused::{CoopTiles, FusedKernel};
+            use webattn::gpu::ops::fused::{CoopForm, CoopTiles, FusedKernel};
             use webattn::tuning::{TunedCoop, TunedEntry, TunedKernel, TuningCache, TuningKey};
             let engine = Engine::with_options_blocking(EngineOptions {
                 backend: webattn::BackendPreference::Gpu,
@@ -1316,7 +1337,7 @@ fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
             let other_tiles = TunedCoop {
                 subgroups: other.subgroups,
                 keys_per_tile: other.keys_per_tile,
-                packed: true,
+                form: CoopForm::Packed,
             };
             ctx.record_tuning(key.clone(), tuned(Some(other_tiles)));
             assert_eq!(tiles_at(ctx), (other.subgroups, other.keys_per_tile));
@@ -1324,7 +1345,7 @@ fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
             let pinned = ctx.clone().with_pinned_coop_tiles(TunedCoop {
                 subgroups: largest.subgroups,
                 keys_per_tile: largest.keys_per_tile,
-                packed: true,
+                form: CoopForm::Packed,
             });
             assert_eq!(
                 tiles_at(&pinned),
@@ -1333,7 +1354,7 @@ fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
             let unknown = TunedCoop {
                 subgroups: 3,
                 keys_per_tile: 24,
-                packed: true,
+                form: CoopForm::Packed,
             };
             assert_eq!(
                 tiles_at(&ctx.clone().with_pinned_coop_tiles(unknown)),
@@ -1367,31 +1388,36 @@ fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
                     .any(|k| k.contains(&want.0) && k.contains(&want.1)),
                 "{want:?} not among {keys:?}"
             );
-            // The form is tuned too: packed by default, staged where the
-            // staged form was measured faster or is forced.
-            let packed_at = |ctx: &webattn::gpu::context::GpuContext| match ctx.fused_kernel_at(
+            // The form is tuned too: packed by default, staged or shared
+            // where that form was measured faster or is forced.
+            let form_at = |ctx: &webattn::gpu::context::GpuContext| match ctx.fused_kernel_at(
                 8,
                 8,
                 Precision::Fast,
             ) {
-                Ok(FusedKernel::Coop(t)) => t.packed,
+                Ok(FusedKernel::Coop(t)) => t.form,
                 other => panic!("not the matrix-unit kernel: {other:?}"),
             };
-            assert!(packed_at(ctx));
-            let staged_tiles = TunedCoop {
-                packed: false,
-                ..other_tiles
-            };
-            ctx.record_tuning(key.clone(), tuned(Some(staged_tiles)));
-            assert!(!packed_at(ctx));
-            assert_eq!(tiles_at(ctx), (other.subgroups, other.keys_per_tile));
-            ctx.record_tuning(key.clone(), tuned(Some(other_tiles)));
-            let forced = ctx
-                .clone()
-                .with_fused_kernel(FusedKernelChoice::CoopStaged)
-                .expect("the staged form");
-            assert!(!packed_at(&forced));
-            assert_eq!(tiles_at(&forced), (other.subgroups, other.keys_per_tile));
+            assert_eq!(form_at(ctx), CoopForm::Packed);
+            for (form, choice) in [
+                (CoopForm::Staged, FusedKernelChoice::CoopStaged),
+                (CoopForm::Shared, FusedKernelChoice::CoopShared),
+            ] {
+                let form_tiles = TunedCoop {
+                    form,
+                    ..other_tiles
+                };
+                ctx.record_tuning(key.clone(), tuned(Some(form_tiles)));
+                assert_eq!(form_at(ctx), form);
+                assert_eq!(tiles_at(ctx), (other.subgroups, other.keys_per_tile));
+                ctx.record_tuning(key.clone(), tuned(Some(other_tiles)));
+                let forced = ctx
+                    .clone()
+                    .with_fused_kernel(choice)
+                    .expect("a form of the matrix-unit kernel");
+                assert_eq!(form_at(&forced), form);
+                assert_eq!(tiles_at(&forced), (other.subgroups, other.keys_per_tile));
+            }
             // The tuner records the tiles it timed.
             let reports = pollster::block_on(webattn::tuning::tune(&engine, &[(8, 8)], |_| {}))
                 .expect("tuning runs");

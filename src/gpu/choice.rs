@@ -176,19 +176,35 @@ pub enum FusedKernelChoice {
     /// tile by tile through workgroup memory (no packing pass), as `Coop`
     /// runs where its packed K and V do not fit; for comparing the forms.
     CoopStaged,
+    /// `attention_coop_shared`: the matrix-unit kernel from packed K and V,
+    /// each tile copied once into workgroup memory and shared by the
+    /// workgroup's subgroups (FlashAttention-2's way), where its packed K
+    /// and V fit (else staged); for the tuner and for comparing the forms.
+    CoopShared,
 }
 
 impl FusedKernelChoice {
-    /// Whether this names the matrix-unit kernel (either form).
+    /// Whether this names the matrix-unit kernel (any form).
     pub fn is_coop(self) -> bool {
         matches!(
             self,
-            FusedKernelChoice::Coop | FusedKernelChoice::CoopStaged
+            FusedKernelChoice::Coop | FusedKernelChoice::CoopStaged | FusedKernelChoice::CoopShared
         )
     }
 
+    /// The matrix-unit kernel's form this forces, if any (`Coop` takes the
+    /// tuned or default one).
+    pub fn coop_form(self) -> Option<crate::gpu::ops::coop::CoopForm> {
+        use crate::gpu::ops::coop::CoopForm;
+        match self {
+            FusedKernelChoice::CoopStaged => Some(CoopForm::Staged),
+            FusedKernelChoice::CoopShared => Some(CoopForm::Shared),
+            _ => None,
+        }
+    }
+
     /// The names `--kernel` takes, as `webattn info` lists the kernels.
-    pub const NAMES: [&'static str; 8] = [
+    pub const NAMES: [&'static str; 9] = [
         "auto",
         "attention_fused",
         "attention_sg",
@@ -197,6 +213,7 @@ impl FusedKernelChoice {
         "attention_tiled_chunked",
         "attention_coop",
         "attention_coop_staged",
+        "attention_coop_shared",
     ];
 
     /// The kernel's name.
@@ -210,6 +227,7 @@ impl FusedKernelChoice {
             FusedKernelChoice::TiledChunked => "attention_tiled_chunked",
             FusedKernelChoice::Coop => "attention_coop",
             FusedKernelChoice::CoopStaged => "attention_coop_staged",
+            FusedKernelChoice::CoopShared => "attention_coop_shared",
         }
     }
 }
@@ -227,10 +245,11 @@ impl std::str::FromStr for FusedKernelChoice {
             "attention_tiled_chunked" => Ok(FusedKernelChoice::TiledChunked),
             "attention_coop" => Ok(FusedKernelChoice::Coop),
             "attention_coop_staged" => Ok(FusedKernelChoice::CoopStaged),
+            "attention_coop_shared" => Ok(FusedKernelChoice::CoopShared),
             _ => Err(Error::InvalidOption {
                 name: "kernel",
                 value: text.to_string(),
-                reason: "must be auto, attention_fused, attention_sg, attention_tiled, attention_tiled_shuffle, attention_tiled_chunked, attention_coop or attention_coop_staged (the fused kernels `webattn info` lists)",
+                reason: "must be auto, attention_fused, attention_sg, attention_tiled, attention_tiled_shuffle, attention_tiled_chunked, attention_coop, attention_coop_staged or attention_coop_shared (the fused kernels `webattn info` lists)",
             }),
         }
     }

@@ -3,7 +3,7 @@
 
 use super::capabilities::Capabilities;
 use super::ops::decode::{self, StreamShape};
-use super::ops::fused::{CoopTiles, FusedKernel, FusedTiles, TiledTiles};
+use super::ops::fused::{CoopForm, CoopTiles, FusedKernel, FusedTiles, TiledTiles};
 use super::ops::{concat, gemm, mask, softmax};
 use crate::options::{KernelPath, Precision};
 
@@ -584,11 +584,13 @@ pub fn every_planned_pipeline() -> Vec<super::pipeline::PipelineKey> {
             let shape = gemm::CoopShape { size, subgroup };
             for dk in HEAD_DIM_CLASSES {
                 for dv in HEAD_DIM_CLASSES {
-                    // (Each packed, as calls take it, and staged.)
+                    // (Each in every form: packed, as calls take it,
+                    // staged and shared.)
                     keys.extend(
                         CoopTiles::candidates(shape, dk, dv)
                             .into_iter()
-                            .flat_map(|t| [t, t.staged()])
+                            .flat_map(|t| CoopForm::ALL.map(|form| t.in_form(form)))
+                            .filter(CoopTiles::is_valid)
                             .map(|t| t.key()),
                     );
                 }

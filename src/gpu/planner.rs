@@ -10,7 +10,7 @@ use super::choice::{
 };
 use super::context::GpuContext;
 use super::ops::decode::{DecodeKernel, DecodePlan, StreamShape, GROUPED_ROWS, TUNED_ROWS};
-use super::ops::fused::{CoopTiles, FusedKernel, FusedTiles, TiledTiles};
+use super::ops::fused::{CoopForm, CoopTiles, FusedKernel, FusedTiles, TiledTiles};
 use super::registry::CoopSize;
 use crate::error::Result;
 use crate::gpu::ops::gemm::SKINNY_MAX_ROWS;
@@ -345,7 +345,10 @@ impl Planner<'_> {
             }
             // The matrix-unit kernel is for calls that allow f16 products
             // ([`Planner::fused_kernel_at`]); f32 calls run what auto picks.
-            FusedKernelChoice::Auto | FusedKernelChoice::Coop | FusedKernelChoice::CoopStaged => {
+            FusedKernelChoice::Auto
+            | FusedKernelChoice::Coop
+            | FusedKernelChoice::CoopStaged
+            | FusedKernelChoice::CoopShared => {
                 // The head-dim limits have their say first.
                 let chosen = fused_kernel_for(caps, dk, dv)?;
                 Ok(with_width(self.tuned_fused_kernel().unwrap_or(chosen)))
@@ -365,8 +368,8 @@ impl Planner<'_> {
         if precision == Precision::Fast && chooses && self.overrides.pinned_fused.is_none() {
             // The head-dim limits have their say first.
             FusedTiles::for_dims(self.dk, self.dv, &self.caps.limits)?;
-            let staged_only = choice == FusedKernelChoice::CoopStaged;
-            let tiles = coop_shape(self.caps).and_then(|shape| self.coop_tiles(shape, staged_only));
+            let tiles =
+                coop_shape(self.caps).and_then(|shape| self.coop_tiles(shape, choice.coop_form()));
             // Fast allows f16 products; it does not ask for a slower kernel.
             let measured_slower = choice == FusedKernelChoice::Auto
                 && self
@@ -388,29 +391,25 @@ impl Planner<'_> {
         self.fused_kernel()
     }
 
-    /// The matrix-unit kernel's tiles, in the staged form only where
-    /// `staged_only` ([`CoopTiles::packed`]): those pinned in the overrides,
-    /// else those `webattn tune` measured fastest, where either is a
-    /// candidate that fits; else the largest candidate that fits.
-    fn coop_tiles(&self, shape: CoopShape, staged_only: bool) -> Option<CoopTiles> {
+    /// The matrix-unit kernel's tiles, in the `forced` form only where one
+    /// is ([`CoopTiles::form`]): those pinned in the overrides, else those
+    /// `webattn tune` measured fastest (in the form measured, unless one is
+    /// forced), where either is a candidate that fits; else the largest
+    /// candidate that fits, packed unless a form is forced.
+    fn coop_tiles(&self, shape: CoopShape, forced: Option<CoopForm>) -> Option<CoopTiles> {
         let limits = &self.caps.limits;
         let (dk, dv) = (self.dk, self.dv);
-        // Each candidate packed (first), then staged.
-        let in_form = move || {
-            CoopTiles::candidates(shape, dk, dv)
-                .into_iter()
-                .flat_map(|t| [t, t.staged()])
-                .filter(move |t| !(staged_only && t.packed))
+        let in_form = move |form: Option<CoopForm>| {
+            coop_forms(shape, dk, dv).filter(move |t| form.is_none_or(|f| t.form == f))
         };
         let candidate = |want: TunedCoop| {
-            in_form()
-                .find(|t| coop_matches(t, want, limits) && (staged_only || t.packed == want.packed))
+            in_form(Some(forced.unwrap_or(want.form))).find(|t| coop_matches(t, want, limits))
         };
         self.overrides
             .pinned_coop
             .and_then(candidate)
             .or_else(|| self.tuned.and_then(|e| e.coop_tiles).and_then(candidate))
-            .or_else(|| in_form().find(|t| t.fits(limits)))
+            .or_else(|| in_form(Some(forced.unwrap_or(CoopForm::Packed))).find(|t| t.fits(limits)))
     }
 
     /// The decode plan for `dims` (whose head dims are the planner's), or
@@ -469,6 +468,15 @@ impl Planner<'_> {
 }
 
 /// Whether matrix-unit tiles `t` are the tuned tiles `want` and fit `limits`.
+/// Every matrix-unit candidate at these head dims in every form the kernel
+/// takes it in (each candidate's forms together, the default first).
+fn coop_forms(shape: CoopShape, dk: usize, dv: usize) -> impl Iterator<Item = CoopTiles> {
+    CoopTiles::candidates(shape, dk, dv)
+        .into_iter()
+        .flat_map(|t| CoopForm::ALL.map(|form| t.in_form(form)))
+        .filter(CoopTiles::is_valid)
+}
+
 fn coop_matches(t: &CoopTiles, want: TunedCoop, limits: &KernelLimits) -> bool {
     t.subgroups == want.subgroups && t.keys_per_tile == want.keys_per_tile && t.fits(limits)
 }
@@ -511,10 +519,8 @@ impl GpuContext {
             }
         }
         if let (Some(shape), Some(want)) = (coop_shape(&self.caps), entry.coop_tiles) {
-            let stale = !CoopTiles::candidates(shape, dk, dv)
-                .into_iter()
-                .flat_map(|t| [t, t.staged()])
-                .any(|t| coop_matches(&t, want, &self.caps.limits) && t.packed == want.packed);
+            let stale = !coop_forms(shape, dk, dv)
+                .any(|t| coop_matches(&t, want, &self.caps.limits) && t.form == want.form);
             if stale {
                 log::warn!(
                     "webattn: tuned matrix-unit tiles {} for head dims {dk}/{dv} ignored: no \

@@ -128,6 +128,11 @@ pub enum Kernel {
     /// it: its products load them straight from storage, with no staging
     /// (`gpu/generators/coop.rs`: `attention_coop_packed`).
     AttentionCoopPacked(CoopSize),
+    /// The same from packed K and V, each tile copied once into workgroup
+    /// memory, where every subgroup's products read it, the next tile's
+    /// copy in flight behind this one's work (`gpu/generators/coop.rs`:
+    /// `attention_coop_shared`).
+    AttentionCoopShared(CoopSize),
     /// Skinny products `x Wᵀ + b` for a few rows (a decoder step's
     /// projections), each weight read once, f32 or f16 weights, up to three
     /// head-major outputs from one fused matrix (`shaders/projection.wgsl`).
@@ -162,7 +167,7 @@ enum Origin {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 38] = [
+    pub const ALL: [Kernel; 40] = [
         Kernel::Gemm,
         Kernel::Softmax,
         Kernel::Mask,
@@ -198,6 +203,8 @@ impl Kernel {
         Kernel::AttentionCoop(CoopSize::Sixteen),
         Kernel::AttentionCoopPacked(CoopSize::Eight),
         Kernel::AttentionCoopPacked(CoopSize::Sixteen),
+        Kernel::AttentionCoopShared(CoopSize::Eight),
+        Kernel::AttentionCoopShared(CoopSize::Sixteen),
         Kernel::Projection,
         Kernel::CacheAppend,
         Kernel::GemmSkinny,
@@ -241,6 +248,8 @@ impl Kernel {
             Kernel::AttentionCoop(CoopSize::Sixteen) => "attention_coop16",
             Kernel::AttentionCoopPacked(CoopSize::Eight) => "attention_coop_packed8",
             Kernel::AttentionCoopPacked(CoopSize::Sixteen) => "attention_coop_packed16",
+            Kernel::AttentionCoopShared(CoopSize::Eight) => "attention_coop_shared8",
+            Kernel::AttentionCoopShared(CoopSize::Sixteen) => "attention_coop_shared16",
             Kernel::Projection => "projection",
             Kernel::CacheAppend => "cache_append",
             Kernel::GemmSkinny => "gemm_skinny",
@@ -282,6 +291,7 @@ impl Kernel {
             Kernel::CoopPack => "coop_pack.wgsl",
             Kernel::AttentionCoop(_) => "attention_coop.wgsl",
             Kernel::AttentionCoopPacked(_) => "attention_coop_packed.wgsl",
+            Kernel::AttentionCoopShared(_) => "attention_coop_shared.wgsl",
             Kernel::Projection => "projection.wgsl",
             Kernel::CacheAppend => "cache_append.wgsl",
             Kernel::GemmSkinny => "gemm_skinny.wgsl",
@@ -344,7 +354,8 @@ impl Kernel {
             Kernel::GemmCoop(size)
             | Kernel::GemmCoopPacked(size)
             | Kernel::AttentionCoop(size)
-            | Kernel::AttentionCoopPacked(size) => match size {
+            | Kernel::AttentionCoopPacked(size)
+            | Kernel::AttentionCoopShared(size) => match size {
                 CoopSize::Sixteen => &[("COOP", "coop16.wgsl")],
                 CoopSize::Eight => &[("COOP", "coop8.wgsl")],
             },
@@ -383,6 +394,7 @@ impl Kernel {
     fn origin(self) -> Origin {
         use super::generators::attention_tiled::{self, TiledForm};
         use super::generators::{attention_decode_stream, attention_sg, coop, gemm_sg};
+        use super::ops::coop::CoopForm;
         match self {
             Kernel::Gemm => Origin::File(include_str!("../../shaders/gemm.wgsl")),
             Kernel::Softmax => Origin::File(include_str!("../../shaders/softmax.wgsl")),
@@ -440,8 +452,15 @@ impl Kernel {
             }
             Kernel::GemmCoop(_) => Origin::Generated(|| coop::gemm_coop(false)),
             Kernel::GemmCoopPacked(_) => Origin::Generated(|| coop::gemm_coop(true)),
-            Kernel::AttentionCoop(_) => Origin::Generated(|| coop::attention_coop(false)),
-            Kernel::AttentionCoopPacked(_) => Origin::Generated(|| coop::attention_coop(true)),
+            Kernel::AttentionCoop(_) => {
+                Origin::Generated(|| coop::attention_coop(CoopForm::Staged))
+            }
+            Kernel::AttentionCoopPacked(_) => {
+                Origin::Generated(|| coop::attention_coop(CoopForm::Packed))
+            }
+            Kernel::AttentionCoopShared(_) => {
+                Origin::Generated(|| coop::attention_coop(CoopForm::Shared))
+            }
         }
     }
 
@@ -472,6 +491,7 @@ impl Kernel {
                 | Kernel::AttentionTiledChunked
                 | Kernel::AttentionCoop(_)
                 | Kernel::AttentionCoopPacked(_)
+                | Kernel::AttentionCoopShared(_)
                 | Kernel::AttentionDecodeStream
                 | Kernel::AttentionDecodeStreamF16
         )
@@ -487,6 +507,7 @@ impl Kernel {
                 | Kernel::GemmCoopPacked(_)
                 | Kernel::AttentionCoop(_)
                 | Kernel::AttentionCoopPacked(_)
+                | Kernel::AttentionCoopShared(_)
         )
     }
 
@@ -541,7 +562,7 @@ impl Kernel {
                 &[Uniform, Read, Read, Read, Read, Read, ReadWrite, ReadWrite]
             }
             // The same, K and V packed; then V's tiles' flags.
-            Kernel::AttentionCoopPacked(_) => &[
+            Kernel::AttentionCoopPacked(_) | Kernel::AttentionCoopShared(_) => &[
                 Uniform, Read, Read, Read, Read, Read, ReadWrite, ReadWrite, Read,
             ],
             // Q, K, mask, nonpad; qk_matmul_output.

@@ -121,7 +121,8 @@ pub fn kernel_words(kernel: super::registry::Kernel) -> Vec<Word> {
         | K::AttentionTiledShuffle
         | K::AttentionTiledChunked
         | K::AttentionCoop(_)
-        | K::AttentionCoopPacked(_) => fused::ChunkParams::words(),
+        | K::AttentionCoopPacked(_)
+        | K::AttentionCoopShared(_) => fused::ChunkParams::words(),
         K::AttentionScores
         | K::AttentionDecode
         | K::AttentionDecodeF16

@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::gpu::capabilities::Capabilities;
+use crate::gpu::ops::coop::CoopForm;
 use crate::gpu::ops::decode::{DecodeKernel, StreamShape, GROUPED_ROWS};
 use crate::options::RuntimeChecks;
 
@@ -195,30 +196,32 @@ pub struct TunedCoop {
     pub subgroups: u32,
     /// Keys per K/V tile.
     pub keys_per_tile: u32,
-    /// K and V packed ahead of the kernel (`attention_coop_packed`), or
-    /// staged through workgroup memory (`attention_coop`).
-    pub packed: bool,
+    /// Where K and V come from: packed ahead of the kernel and loaded
+    /// from storage (`attention_coop_packed`), staged through workgroup
+    /// memory (`attention_coop`), or packed and shared through workgroup
+    /// memory (`attention_coop_shared`).
+    pub form: CoopForm,
 }
 
 impl TunedCoop {
-    /// The text form: `4x64` (subgroups x keys per tile, packed), or
-    /// `4x64-staged`.
+    /// The text form: `4x64` (subgroups x keys per tile, packed),
+    /// `4x64-staged` or `4x64-shared`.
     pub fn name(&self) -> String {
-        let form = if self.packed { "" } else { "-staged" };
+        let form = self.form.suffix();
         format!("{}x{}{form}", self.subgroups, self.keys_per_tile)
     }
 
     /// Reads [`TunedCoop::name`]'s form.
     pub fn from_name(name: &str) -> Option<TunedCoop> {
-        let (tiles, packed) = match name.strip_suffix("-staged") {
-            Some(tiles) => (tiles, false),
-            None => (name, true),
-        };
+        let (tiles, form) = [CoopForm::Staged, CoopForm::Shared]
+            .into_iter()
+            .find_map(|form| Some((name.strip_suffix(form.suffix())?, form)))
+            .unwrap_or((name, CoopForm::Packed));
         let (subgroups, keys) = tiles.split_once('x')?;
         Some(TunedCoop {
             subgroups: subgroups.parse().ok().filter(|&n| n > 0)?,
             keys_per_tile: keys.parse().ok().filter(|&n| n > 0)?,
-            packed,
+            form,
         })
     }
 }
@@ -751,7 +754,7 @@ mod tests {
                 coop_tiles: Some(TunedCoop {
                     subgroups: 2,
                     keys_per_tile: 32,
-                    packed: true,
+                    form: CoopForm::Packed,
                 }),
             },
         );
@@ -778,6 +781,24 @@ mod tests {
         let (back, warnings) = TuningTable::parse(&table.to_text());
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(back, table);
+    }
+
+    #[test]
+    fn matrix_unit_tiles_keep_their_form_in_text() {
+        for (form, name) in [
+            (CoopForm::Packed, "4x64"),
+            (CoopForm::Staged, "4x64-staged"),
+            (CoopForm::Shared, "4x64-shared"),
+        ] {
+            let tiles = TunedCoop {
+                subgroups: 4,
+                keys_per_tile: 64,
+                form,
+            };
+            assert_eq!(tiles.name(), name);
+            assert_eq!(TunedCoop::from_name(name), Some(tiles));
+        }
+        assert_eq!(TunedCoop::from_name("4x64-fused"), None);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use crate::bench::{measure_gpu, Repeats};
 use crate::conformance::{CaseInputs, CaseSpec};
 use crate::error::{Error, Result};
 use crate::gpu::choice::{FastGemm, GemmKernel};
+use crate::gpu::ops::coop::CoopForm;
 use crate::gpu::ops::decode::{DecodeKernel, DecodePlan, StreamShape, GROUPED_ROWS};
 use crate::gpu::ops::fused::{CoopTiles, FusedKernel, FusedTiles, TiledTiles};
 use crate::problem::AttentionDims;
@@ -89,7 +90,13 @@ pub fn coop_candidates(engine: &Engine, dk: usize, dv: usize) -> Vec<CoopTiles> 
     let all = CoopTiles::candidates(shape, dk, dv);
     let mut tiles: Vec<CoopTiles> = all.iter().copied().filter(fitting).take(tried).collect();
     if tried > 1 {
-        tiles.extend(all.into_iter().map(CoopTiles::staged).find(fitting));
+        // The first staged tiles that fit, and every shared one.
+        tiles.extend(all.iter().map(|t| t.staged()).find(fitting));
+        tiles.extend(
+            all.iter()
+                .map(|t| t.in_form(CoopForm::Shared))
+                .filter(|t| t.is_valid() && fitting(t)),
+        );
     }
     tiles
 }
@@ -400,7 +407,7 @@ pub async fn tune(
             let tuned = TunedCoop {
                 subgroups: tiles.subgroups,
                 keys_per_tile: tiles.keys_per_tile,
-                packed: tiles.packed,
+                form: tiles.form,
             };
             let coop = Engine::from_context(
                 ctx.clone()

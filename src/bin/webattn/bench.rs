@@ -846,8 +846,15 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     println!("CPU backend: {cpu}; the f64 oracle timed once (one run) for reference");
     if let Some(ctx) = ctx {
         let (fused, forced) = super::info::fused_kernel(ctx);
+        // The f16 rows' kernel where the adapter has matrix units.
+        let fast = match ctx.fused_kernel_at(64, 64, Precision::Fast) {
+            Ok(kernel) if kernel.name() != fused => {
+                format!(", at precision fast {}", kernel.name())
+            }
+            _ => String::new(),
+        };
         println!(
-            "fused kernel: {fused}{}; GEMM: {:?}",
+            "fused kernel: {fused}{}{fast}; GEMM: {:?}",
             if forced { " (forced by --kernel)" } else { "" },
             ctx.gemm_kernel()
         );
@@ -1169,6 +1176,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             "samples_ms": m.measurement.samples_ms, "min_ms": m.measurement.min_ms(),
             "retaken": m.measurement.retaken, "throttled": m.measurement.throttled, "gflops": m.gflops,
             "share_of_ceiling": finite(m.gflops / near), "adjacent_ceiling_gflops": finite(*near), "peak_bytes": m.peak_bytes,
+            "plan": (!m.plan.is_empty()).then_some(&m.plan),
         })).collect::<Vec<_>>(),
         "decode": decode.iter().map(|(s, p, d, k, m)| json!({
             "path": p.name(), "kernel": k.map(|k| k.label()), "batch": s.batch, "seq_k": s.seq_k, "head_dim": s.head_dim,

@@ -166,10 +166,9 @@ pub fn fused_kernel(ctx: &webattn::GpuContext) -> (&'static str, bool) {
         Ok(kernel) => kernel.name(),
         Err(_) => "none at head dim 64",
     };
-    (
-        name,
-        ctx.fused_kernel_choice() != webattn::FusedKernelChoice::Auto,
-    )
+    // (A matrix-unit kernel forced runs only at Precision::Fast: it did not
+    // force this one.)
+    (name, ctx.fused_kernel_choice().name() == name)
 }
 
 /// The decode kernel (with its shape) in use for a typical decode call (one

@@ -66,8 +66,10 @@ pub struct EngineArgs {
     /// clamps), attention_fused (portable, any adapter),
     /// attention_sg (subgroup shuffles, CPU adapters), attention_coop
     /// (matrix units, with --precision fast; K and V packed ahead where they
-    /// fit a binding) or attention_coop_staged (the same with K and V staged
-    /// through workgroup memory); auto lets the adapter's profile decide.
+    /// fit a binding), attention_coop_staged (the same with K and V staged
+    /// through workgroup memory) or attention_coop_shared (K and V packed,
+    /// each tile copied once into workgroup memory for all its subgroups);
+    /// auto lets the adapter's profile decide.
     #[arg(long, value_name = "NAME", default_value = "auto", global = true,
           value_parser = |s: &str| s.parse::<FusedKernelChoice>())]
     kernel: FusedKernelChoice,
@@ -184,7 +186,7 @@ fn engine_as(args: &EngineArgs, adapter_first: bool) -> webattn::Result<Engine> 
             name: "kernel",
             value: args.kernel.name().to_string(),
             reason:
-                "attention_coop and attention_coop_staged multiply f16 operands on the matrix units: add --precision fast",
+                "attention_coop, attention_coop_staged and attention_coop_shared multiply f16 operands on the matrix units: add --precision fast",
         });
     }
     let backend = match args.backend {

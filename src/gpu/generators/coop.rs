@@ -1,6 +1,8 @@
 //! The kernels on the matrix units (cooperative matrices), expanded from
 //! templates, `shaders/templates/NAME.wgsl.in`: the fused attention kernel
-//! ([`attention_coop`]: staged, or with K and V packed as f16 ahead of it)
+//! ([`attention_coop`]: staged, or with K and V packed as f16 ahead of it
+//! and loaded from storage by each subgroup or shared through workgroup
+//! memory)
 //! and the GEMM ([`gemm_coop`]: staged, or from packed f16 operands).
 //!
 //! WGSL has no macros, and these kernels' matrices (and the GEMM's staging
@@ -23,11 +25,14 @@
 //! with `@d` (or `@c`) in the block replaced by the matrix's number. Before
 //! that, lines between `//# IF NAME` and `//# ELSE` (or `//# ENDIF`) are kept
 //! only where NAME is defined, those between `//# ELSE` and `//# ENDIF` only
-//! where it is not (not nested): the packed attention kernel is the same
-//! template rendered with PACKED defined.
+//! where it is not (not nested): the attention kernel's forms are the same
+//! template rendered with STAGED, with PACKED and DIRECT, or with PACKED
+//! and SHARED defined.
 //!
 //! Nothing rendered here is checked in: the engine makes each text when a
 //! pipeline is built (`Kernel::source` in src/gpu/registry.rs).
+
+use crate::gpu::ops::coop::CoopForm;
 
 /// The most matrices of a head dim the attention kernel holds, Q's and O's
 /// each: head dims up to 256 at 16x16 and 128 at 8x8 (src/gpu/ops/coop.rs's
@@ -50,7 +55,8 @@ struct Template {
     text: &'static str,
 }
 
-/// The fused attention kernel's template (both forms, `//# IF PACKED`).
+/// The fused attention kernel's template (its three forms, `//# IF STAGED`,
+/// `PACKED`, `DIRECT`, `SHARED`).
 const ATTENTION_COOP: Template = Template {
     name: "attention_coop",
     text: include_str!("../../../shaders/templates/attention_coop.wgsl.in"),
@@ -68,26 +74,23 @@ const GEMM_COOP_PACKED: Template = Template {
     text: include_str!("../../../shaders/templates/gemm_coop_packed.wgsl.in"),
 };
 
-/// The fused attention kernel on the matrix units: `attention_coop`, or
-/// with `packed` `attention_coop_packed` (K and V packed as f16 ahead of
-/// it), the whole file's text, ending in one newline.
+/// The fused attention kernel on the matrix units in `form`:
+/// `attention_coop` (staged), `attention_coop_packed` (K and V packed as
+/// f16 ahead of it, loaded from storage) or `attention_coop_shared` (packed,
+/// each tile shared through workgroup memory), the whole file's text, ending
+/// in one newline.
 ///
 /// # Panics
 /// Only where the template is malformed (see `render`): a bug in this
 /// repository, not in the caller.
-pub(crate) fn attention_coop(packed: bool) -> String {
-    let text = if packed {
-        render(
-            &ATTENTION_COOP,
-            MAX_DT,
-            &["PACKED"],
-            Some("attention_coop_packed"),
-        )
-    } else {
-        render(&ATTENTION_COOP, MAX_DT, &[], None)
+pub(crate) fn attention_coop(form: CoopForm) -> String {
+    let (defines, kernel): (&[&str], _) = match form {
+        CoopForm::Staged => (&["STAGED"], None),
+        CoopForm::Packed => (&["PACKED", "DIRECT"], Some("attention_coop_packed")),
+        CoopForm::Shared => (&["PACKED", "SHARED"], Some("attention_coop_shared")),
     };
     // The whole text, ending in one newline.
-    text + "\n"
+    render(&ATTENTION_COOP, MAX_DT, defines, kernel) + "\n"
 }
 
 /// The GEMM on the matrix units: `gemm_coop`, or with `packed`

@@ -21,6 +21,44 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// 8x8, where larger head dims run the f32 kernels).
 pub const MAX_MATRICES: u32 = crate::gpu::generators::coop::MAX_DT as u32;
 
+/// Where the matrix-unit kernel's K and V come from, tile by tile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CoopForm {
+    /// Converted to f16 into workgroup memory as each tile starts
+    /// (`attention_coop`): no packing pass, no scratch.
+    Staged,
+    /// Packed as f16 ahead of the kernel; each subgroup's products load
+    /// their matrices straight from storage (`attention_coop_packed`).
+    Packed,
+    /// Packed as f16 ahead of the kernel; each tile copied once into
+    /// workgroup memory, where every subgroup's products read it, the next
+    /// tile's copy in flight behind this one's work
+    /// (`attention_coop_shared`, FlashAttention-2's way).
+    Shared,
+}
+
+impl CoopForm {
+    /// Every form, the default first.
+    pub const ALL: [CoopForm; 3] = [CoopForm::Packed, CoopForm::Staged, CoopForm::Shared];
+
+    /// Whether K and V are packed ahead of the kernel (a pass and scratch).
+    pub fn packs_ahead(self) -> bool {
+        self != CoopForm::Staged
+    }
+
+    /// What a tuned tile's name ends with in this form ([`TunedCoop`]'s
+    /// text): nothing for the default.
+    ///
+    /// [`TunedCoop`]: crate::tuning::TunedCoop
+    pub fn suffix(self) -> &'static str {
+        match self {
+            CoopForm::Packed => "",
+            CoopForm::Staged => "-staged",
+            CoopForm::Shared => "-shared",
+        }
+    }
+}
+
 /// One tile configuration: `subgroups` subgroups each own a strip of
 /// `shape.size` query rows (so a workgroup owns `subgroups × size` rows) and
 /// the keys stream in tiles of `keys_per_tile`; head dims are padded to the
@@ -43,12 +81,9 @@ pub struct CoopTiles {
     /// invocation idle (`invocations / query_rows`, at least 1), at most a
     /// quad each.
     pub lanes_per_row: u32,
-    /// Whether K and V are packed as f16 ahead of the kernel
-    /// (`attention_coop_packed`: its products load them from storage)
-    /// rather than staged tile by tile through workgroup memory
-    /// (`attention_coop`). Packed by default; a call whose packed K
+    /// Where K and V come from. Packed by default; a call whose packed K
     /// and V would not fit one binding runs staged ([`CoopTiles::packs`]).
-    pub packed: bool,
+    pub form: CoopForm,
 }
 
 /// The shapes tried, largest first: (subgroups, keys per tile in matrices).
@@ -89,7 +124,7 @@ impl CoopTiles {
                     dk_padded: pad(dk),
                     dv_padded: pad(dv),
                     lanes_per_row: 1,
-                    packed: true,
+                    form: CoopForm::Packed,
                 };
                 // As many as leave no invocation idle, at most a quad of
                 // keys each (an 8-key tile on 32-lane subgroups: 2).
@@ -116,10 +151,14 @@ impl CoopTiles {
     /// The same tiles in the staged form (`attention_coop`: K and V
     /// through workgroup memory, no packing pass).
     pub fn staged(self) -> CoopTiles {
-        CoopTiles {
-            packed: false,
-            ..self
-        }
+        self.in_form(CoopForm::Staged)
+    }
+
+    /// The same tiles in `form`. Whether the result is runnable is
+    /// [`CoopTiles::is_valid`] (the shared form's copies have a register
+    /// budget).
+    pub fn in_form(self, form: CoopForm) -> CoopTiles {
+        CoopTiles { form, ..self }
     }
 
     /// Keys per (batch, KV head) in the packed K and V: `keys` padded to
@@ -144,7 +183,7 @@ impl CoopTiles {
     /// call runs the staged form.
     pub fn packs(&self, kv_heads: usize, keys: usize, limits: &KernelLimits) -> bool {
         let (k, v) = self.packed_bytes(kv_heads, keys);
-        self.packed
+        self.form.packs_ahead()
             && [k, v].iter().all(|&bytes| {
                 bytes <= limits.max_storage_buffer_binding_size
                     && bytes <= limits.max_buffer_size
@@ -157,12 +196,22 @@ impl CoopTiles {
     /// keys four at a time), within one subgroup (a row's maximum
     /// is taken from its parts by shuffles; with matrices of 8 or more rows
     /// the limit on pairs already implies it), and at most `MAX_RPI` pairs
-    /// per invocation.
+    /// per invocation; in the shared form, at most [`MAX_MATRICES`] slots of
+    /// a tile's copy per invocation (its named registers).
     pub fn is_valid(&self) -> bool {
         self.lanes_per_row.is_power_of_two()
             && self.keys_per_tile.is_multiple_of(4 * self.lanes_per_row)
             && self.lanes_per_row <= self.shape.subgroup.min(MAX_LANES_PER_ROW)
             && self.rows_per_invocation() <= MAX_ROWS_PER_INVOCATION
+            && (self.form != CoopForm::Shared || self.copy_slots() <= MAX_MATRICES)
+    }
+
+    /// The shared form's slots: 16-byte words of a K or V tile (8 f16 each)
+    /// each invocation copies, the larger of the two (the kernel's KSL,
+    /// VSL).
+    pub fn copy_slots(&self) -> u32 {
+        let words = self.keys_per_tile * self.dk_padded.max(self.dv_padded) / 8;
+        words.div_ceil(self.invocations())
     }
 
     /// Whether the configuration fits the adapter's workgroup memory and
@@ -244,6 +293,13 @@ impl CoopTiles {
         self.lanes_per_row * self.words_per_part()
     }
 
+    /// f16 values of the shared form's one array for Q's block, then K's
+    /// and V's tiles (the kernel's HS).
+    fn shared_halves(&self) -> u32 {
+        let [qs, ks, _, _, _] = self.strides();
+        (self.query_rows() * qs).max(2 * self.keys_per_tile * ks)
+    }
+
     /// Workgroup memory the kernel uses: Q's block and the K/V tile (f16),
     /// the scratch (f32), P (f16), the attended and positive-probability
     /// bits, the rows' rescaling factors, the pairs' partial maxima (later
@@ -252,15 +308,15 @@ impl CoopTiles {
     pub fn workgroup_bytes(&self) -> u32 {
         let [qs, ks, _, ps, _] = self.strides();
         let bq = self.query_rows();
-        // (The packed form has no K/V tile, but a zero block of f16 for
-        // its phase switch.)
-        let kv_tile = if self.packed {
-            2 * self.n() * self.n()
-        } else {
-            2 * self.keys_per_tile * ks
+        // Staged: Q's block and one K/V tile. Packed: no K/V tile, but a
+        // zero block of f16 for its phase switch. Shared: K's and V's
+        // tiles where Q's block was.
+        let tiles = match self.form {
+            CoopForm::Staged => 2 * bq * qs + 2 * self.keys_per_tile * ks,
+            CoopForm::Packed => 2 * bq * qs + 2 * self.n() * self.n(),
+            CoopForm::Shared => 2 * self.shared_halves(),
         };
-        2 * bq * qs
-            + kv_tile
+        tiles
             + 4 * self.scratch_words()
             + 2 * bq * ps
             + 2 * 4 * bq * self.bit_words()
@@ -286,10 +342,10 @@ impl CoopTiles {
             u64::from(self.lanes_per_row),
         );
         let block = (bq * n).div_ceil(wg);
-        let staging = if self.packed {
-            0
-        } else {
-            staging_iterations(bk * dkp, wg) + staging_iterations(bk * dvp, wg)
+        // (The shared form's copies are unrolled: no loop.)
+        let staging = match self.form {
+            CoopForm::Staged => staging_iterations(bk * dkp, wg) + staging_iterations(bk * dvp, wg),
+            CoopForm::Packed | CoopForm::Shared => 0,
         };
         let scores = bkt * (1 + dkt);
         let softmax = rpi * (2 * (kpi / 4) + lpr + 4);
@@ -331,12 +387,12 @@ impl CoopTiles {
     pub fn key(&self) -> PipelineKey {
         let n = self.n();
         let [qs, ks, ss, ps, os] = self.strides();
-        let kernel = if self.packed {
-            Kernel::AttentionCoopPacked(self.shape.size)
-        } else {
-            Kernel::AttentionCoop(self.shape.size)
+        let kernel = match self.form {
+            CoopForm::Staged => Kernel::AttentionCoop(self.shape.size),
+            CoopForm::Packed => Kernel::AttentionCoopPacked(self.shape.size),
+            CoopForm::Shared => Kernel::AttentionCoopShared(self.shape.size),
         };
-        PipelineKey::new(kernel)
+        let key = PipelineKey::new(kernel)
             .with("SG", i64::from(self.shape.subgroup))
             .with("NSG", i64::from(self.subgroups))
             .with("BK", i64::from(self.keys_per_tile))
@@ -355,7 +411,11 @@ impl CoopTiles {
             .with("PS", i64::from(ps))
             .with("OS", i64::from(os))
             .with("FS", i64::from(self.scratch_words()))
-            .with("BW", i64::from(self.bit_words()))
+            .with("BW", i64::from(self.bit_words()));
+        match self.form {
+            CoopForm::Shared => key.with("HS", i64::from(self.shared_halves())),
+            CoopForm::Staged | CoopForm::Packed => key,
+        }
     }
 
     /// The configuration in words, for `webattn info`.
@@ -370,10 +430,11 @@ impl CoopTiles {
             self.shape.subgroup,
             self.keys_per_tile,
             self.dv_padded,
-            if self.packed {
-                "packed ahead (loaded from storage)"
-            } else {
-                "staged through workgroup memory"
+            match self.form {
+                CoopForm::Packed => "packed ahead (loaded from storage)",
+                CoopForm::Staged => "staged through workgroup memory",
+                CoopForm::Shared =>
+                    "packed ahead, each tile shared through workgroup memory (copied ahead)",
             },
             self.lanes_per_row
         )
@@ -518,9 +579,9 @@ mod tests {
     #[test]
     fn packed_tiles_leave_the_kv_tile_out_of_workgroup_memory() {
         let t = CoopTiles::for_dims(H100, 128, 128, &limits(48 << 10)).unwrap();
-        assert!(t.packed);
+        assert_eq!(t.form, CoopForm::Packed);
         let staged = t.staged();
-        assert!(!staged.packed);
+        assert_eq!(staged.form, CoopForm::Staged);
         // The staged form's K/V tile: keys x (128 + 8) f16; the packed
         // form's zero block: 16 x 16 f16.
         assert_eq!(
@@ -532,6 +593,45 @@ mod tests {
         assert_eq!(t.key().kernel, Kernel::AttentionCoopPacked(H100.size));
         // The packing pass: no staging iterations per tile.
         assert!(t.loop_iterations_per_tile() < staged.loop_iterations_per_tile());
+    }
+
+    #[test]
+    fn the_shared_form_puts_k_and_v_tiles_where_q_was() {
+        let gpu = limits(48 << 10);
+        let shared = |d: usize| {
+            CoopTiles::candidates(H100, d, d)
+                .into_iter()
+                .map(|t| t.in_form(CoopForm::Shared))
+                .find(|t| t.is_valid() && t.fits(&gpu))
+                .unwrap()
+        };
+        // d 64: 64 query rows and 64-key tiles, as packed; Q's block (64 x
+        // 72 f16) and the two tiles (2 x 64 x 72) share one array.
+        let t = shared(64);
+        assert_eq!((t.query_rows(), t.keys_per_tile), (64, 64));
+        assert_eq!(t.shared_halves(), 2 * 64 * 72);
+        // d 128 at 48 KiB: 32-key tiles (two of 64 keys and S's scratch
+        // would not fit); the copies take 4 and 4 slots of 16 bytes.
+        let t = shared(128);
+        assert_eq!((t.query_rows(), t.keys_per_tile), (64, 32));
+        assert_eq!(t.shared_halves(), 64 * 136);
+        assert_eq!(t.copy_slots(), 4);
+        assert_eq!(t.key().kernel, Kernel::AttentionCoopShared(H100.size));
+        assert!(t.key().to_string().contains("HS=8704"));
+        // The packed form at the same tiles needs Q's block and a zero
+        // block: 256 f16 more.
+        let packed = t.in_form(CoopForm::Packed);
+        assert_eq!(packed.workgroup_bytes() - t.workgroup_bytes(), 2 * 16 * 16);
+        // It packs as the packed form does, and falls back alike.
+        assert!(t.packs(4, 1000, &gpu));
+        // More slots than the kernel's 16 named registers: not runnable.
+        let narrow = CoopShape {
+            size: CoopSize::Sixteen,
+            subgroup: 8,
+        };
+        let wide = CoopTiles::candidates(narrow, 256, 256)[0].in_form(CoopForm::Shared);
+        assert!(wide.copy_slots() > MAX_MATRICES && !wide.is_valid());
+        assert!(CoopTiles::candidates(narrow, 256, 256)[0].is_valid());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! kernel (`shaders/attention_scores.wgsl`): parameters, tile sizes chosen from
 //! the adapter's limits, and dispatch geometry.
 
-pub use super::coop::CoopTiles;
+pub use super::coop::{CoopForm, CoopTiles};
 use super::rules::Rules;
 pub use super::tiled::TiledTiles;
 use crate::error::{Error, Result};
@@ -150,8 +150,11 @@ impl FusedKernel {
             FusedKernel::Tiled(tiles) if tiles.shuffle => FusedKernelChoice::TiledShuffle.name(),
             FusedKernel::Tiled(tiles) if tiles.chunked => FusedKernelChoice::TiledChunked.name(),
             FusedKernel::Tiled(_) => FusedKernelChoice::Tiled.name(),
-            FusedKernel::Coop(tiles) if !tiles.packed => FusedKernelChoice::CoopStaged.name(),
-            FusedKernel::Coop(_) => FusedKernelChoice::Coop.name(),
+            FusedKernel::Coop(tiles) => match tiles.form {
+                CoopForm::Staged => FusedKernelChoice::CoopStaged.name(),
+                CoopForm::Packed => FusedKernelChoice::Coop.name(),
+                CoopForm::Shared => FusedKernelChoice::CoopShared.name(),
+            },
         }
     }
 
@@ -338,7 +341,7 @@ pub(crate) fn record_forward(
     // The matrix-unit kernel's packed form where its packed K and V fit.
     let kv_heads = dims.batch * dims.kv_heads;
     let (kernel, packed) = match *kernel {
-        FusedKernel::Coop(tiles) if tiles.packed => {
+        FusedKernel::Coop(tiles) if tiles.form.packs_ahead() => {
             if tiles.packs(kv_heads, keys, &ctx.caps.limits) {
                 let packed = record_kv_pack(rec, dims, &tiles, inputs)?;
                 (FusedKernel::Coop(tiles), Some(packed))
