@@ -614,7 +614,8 @@ impl Kernel {
 }
 
 /// Files in `shaders/` that are not kernels but blocks the registry puts into
-/// kernels (see [`with_element`]).
+/// kernels: `// #include NAME` lines ([`with_includes`]) and the slots of
+/// [`Kernel::slots`].
 pub const FRAGMENTS: [&str; 11] = [
     "ablate.wgsl",
     "gemm_params.wgsl",

@@ -1,4 +1,4 @@
-//! Kernels' parameter blocks, each defined once in Rust ([`uniform_block!`]):
+//! Kernels' parameter blocks, each defined once in Rust (`uniform_block!`):
 //! the `#[repr(C)]` plain-old-data struct written to the uniform buffer, and
 //! the list of its 4-byte words ([`UniformBlock::words`]) that a test
 //! (`tests/shaders.rs`) compares with the `Params` struct each kernel's WGSL

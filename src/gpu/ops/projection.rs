@@ -1,8 +1,8 @@
 //! Skinny products for decoder steps (`shaders/projection.wgsl`): `x Wᵀ + b`
 //! for a few rows of `x`, each weight read once, from weights laid out at load
-//! ([`PackedWeights`]: f32, or f16 pairs that halve the bytes a step reads).
+//! (`PackedWeights`: f32, or f16 pairs that halve the bytes a step reads).
 //!
-//! A [`Projection`] is prepared once per shape (pipeline and parameter
+//! A `Projection` is prepared once per shape (pipeline and parameter
 //! buffers) and recorded as often as wanted with no allocation: a decoder
 //! step's Q, K and V come from one dispatch of a fused matrix, its output
 //! projection from another.
