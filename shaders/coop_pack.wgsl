@@ -15,7 +15,7 @@
 // the f16 conversion's (gemm_coop's too). Workgroups are numbered
 // linearly across the 2D grid so large operands need no second dispatch.
 //
-// With `flag_rows` > 0 (attention_coop_packed's V), the pass also
+// With `flag_rows` > 0 (the V of attention_coop_packed and _shared), the pass also
 // notes which runs of `flag_rows` packed rows hold a value that is NaN or
 // infinite once rounded: word z * (rows_p / flag_rows) + row / flag_rows of
 // `flags` (zero-filled by its creator) becomes nonzero.

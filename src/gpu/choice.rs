@@ -179,7 +179,9 @@ pub enum FusedKernelChoice {
     /// `attention_coop_shared`: the matrix-unit kernel from packed K and V,
     /// each tile copied once into workgroup memory and shared by the
     /// workgroup's subgroups (FlashAttention-2's way), where its packed K
-    /// and V fit (else staged); for the tuner and for comparing the forms.
+    /// and V fit one binding (else staged) and a shared tile fits the
+    /// adapter (else the f32 kernels); for the tuner and for comparing the
+    /// forms.
     CoopShared,
 }
 

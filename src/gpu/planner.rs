@@ -467,7 +467,6 @@ impl Planner<'_> {
     }
 }
 
-/// Whether matrix-unit tiles `t` are the tuned tiles `want` and fit `limits`.
 /// Every matrix-unit candidate at these head dims in every form the kernel
 /// takes it in (each candidate's forms together, the default first).
 fn coop_forms(shape: CoopShape, dk: usize, dv: usize) -> impl Iterator<Item = CoopTiles> {
@@ -477,6 +476,7 @@ fn coop_forms(shape: CoopShape, dk: usize, dv: usize) -> impl Iterator<Item = Co
         .filter(CoopTiles::is_valid)
 }
 
+/// Whether matrix-unit tiles `t` are the tuned tiles `want` and fit `limits`.
 fn coop_matches(t: &CoopTiles, want: TunedCoop, limits: &KernelLimits) -> bool {
     t.subgroups == want.subgroups && t.keys_per_tile == want.keys_per_tile && t.fits(limits)
 }

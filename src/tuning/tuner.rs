@@ -71,7 +71,8 @@ impl TuningProblem {
 /// `dk`, `dv` on `engine`'s adapter, where it has matrix units: every
 /// candidate that fits (on a CPU adapter the first only, as for the f32
 /// kernel: each takes seconds to compile there), packed, and (not on a CPU
-/// adapter) the largest that fits in the staged form, to compare the forms. Calls at
+/// adapter) the largest that fits in the staged form and every one that
+/// fits in the shared form, to compare the forms. Calls at
 /// `Precision::Fast` take the fastest.
 pub fn coop_candidates(engine: &Engine, dk: usize, dv: usize) -> Vec<CoopTiles> {
     let Some(ctx) = engine.gpu() else {

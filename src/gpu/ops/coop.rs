@@ -294,7 +294,8 @@ impl CoopTiles {
     }
 
     /// f16 values of the shared form's one array for Q's block, then K's
-    /// and V's tiles (the kernel's HS).
+    /// and V's tiles (the kernel's HS): more than Q's block and one tile
+    /// where two tiles outgrow Q's block.
     fn shared_halves(&self) -> u32 {
         let [qs, ks, _, _, _] = self.strides();
         (self.query_rows() * qs).max(2 * self.keys_per_tile * ks)
@@ -310,7 +311,7 @@ impl CoopTiles {
         let bq = self.query_rows();
         // Staged: Q's block and one K/V tile. Packed: no K/V tile, but a
         // zero block of f16 for its phase switch. Shared: K's and V's
-        // tiles where Q's block was.
+        // tiles in one array with Q's block (which they replace).
         let tiles = match self.form {
             CoopForm::Staged => 2 * bq * qs + 2 * self.keys_per_tile * ks,
             CoopForm::Packed => 2 * bq * qs + 2 * self.n() * self.n(),
@@ -383,7 +384,9 @@ impl CoopTiles {
     }
 
     /// The pipeline key (every override the kernel takes but BQ and WG,
-    /// which it derives from NSG, SG and the matrix size).
+    /// which it derives from NSG, SG and the matrix size, and the shared
+    /// form's VT, KW, VW, KSL and VSL, which it derives from these; HS only
+    /// in the shared form).
     pub fn key(&self) -> PipelineKey {
         let n = self.n();
         let [qs, ks, ss, ps, os] = self.strides();
@@ -596,7 +599,7 @@ mod tests {
     }
 
     #[test]
-    fn the_shared_form_puts_k_and_v_tiles_where_q_was() {
+    fn the_shared_form_puts_k_and_v_tiles_in_q_blocks_array() {
         let gpu = limits(48 << 10);
         let shared = |d: usize| {
             CoopTiles::candidates(H100, d, d)

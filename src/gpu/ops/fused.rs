@@ -297,7 +297,8 @@ crate::gpu::uniform::uniform_block! {
         chunk_start: u32,
         chunk_end: u32,
         chunk_flags: u32,
-        /// `attention_coop_packed`: keys per (batch, KV head) in packed K and V.
+        /// `attention_coop_packed` and `_shared`: keys per (batch, KV head)
+        /// in packed K and V.
         packed_keys: u32,
     }
 }
@@ -448,7 +449,7 @@ pub(crate) fn scratch_bytes(
     }
 }
 
-/// K and V packed as f16 for `attention_coop_packed`, and its flags of
+/// K and V packed as f16 for `attention_coop_packed` and `_shared`, and the flags of
 /// V's tiles that hold a non-finite value.
 struct PackedKv {
     k: wgpu::Buffer,
