@@ -243,6 +243,8 @@ struct Gen {
     out: Vec<String>,
     /// Whether this is the chunked form.
     chunked: bool,
+    /// Whether this is the shuffle form.
+    shuffle: bool,
     /// The most query rows an invocation holds (8 in the wide form, else 4).
     max_rq: usize,
     /// The tile S = Q K^T reads K from (K and V have a tile each in the
@@ -251,6 +253,23 @@ struct Gen {
 }
 
 impl Gen {
+    /// The generator of `form`'s WGSL, nothing written yet.
+    fn new(form: TiledForm) -> Self {
+        let shuffle = form == TiledForm::Shuffle;
+        let max_rq = if form == TiledForm::Wide {
+            tiled::MAX_RQ
+        } else {
+            tiled::NARROW_MAX_RQ
+        } as usize;
+        Gen {
+            out: Vec::new(),
+            chunked: form == TiledForm::Chunked,
+            shuffle,
+            max_rq,
+            k_tile: if shuffle { "k_tile" } else { "kv_tile" },
+        }
+    }
+
     /// Appends one entry (one or more lines).
     fn w(&mut self, text: impl Into<String>) {
         self.out.push(text.into());
@@ -440,26 +459,14 @@ impl Gen {
     }
 }
 
-/// The WGSL of `form`: the whole file, ending in one newline.
-pub(crate) fn render(form: TiledForm) -> String {
-    let wide = form == TiledForm::Wide;
-    let shuffle = form == TiledForm::Shuffle;
-    let chunked = form == TiledForm::Chunked;
-    let max_rq = if wide {
-        tiled::MAX_RQ
-    } else {
-        tiled::NARROW_MAX_RQ
-    } as usize;
-    let mut g = Gen {
-        out: Vec::new(),
-        chunked,
-        max_rq,
-        k_tile: if shuffle { "k_tile" } else { "kv_tile" },
-    };
-
-    g.w(header(form));
-    let mut text = String::from(
-        "//
+/// The kernel's sections, in the order [`render`] writes them. Each writes
+/// whole lines (its own entries), so no section's text runs on into the next.
+impl Gen {
+    /// The comment that explains the kernel (after the header): its grid, its
+    /// steps and its contract, and a paragraph for each form that differs.
+    fn overview(&mut self) {
+        let mut text = String::from(
+            "//
 // Fused attention (FlashAttention-2 forward), register-tiled for GPUs.
 //
 // A workgroup owns BQ consecutive query rows of one (batch, query head) and
@@ -468,10 +475,10 @@ pub(crate) fn render(form: TiledForm) -> String {
 // in each key tile, the RK = BK / TK keys tc, tc + TK, ...; in O it owns the
 // same rows and the DVT vec4 columns tc, tc + TK, ... of the head dim.
 ",
-    );
-    if !shuffle {
-        text.push_str(
-            "//
+        );
+        if !self.shuffle {
+            text.push_str(
+                "//
 // Invocations are numbered in pairs: invocations 2n and 2n + 1 share their
 // column tc (so their reads of K and of V are of one address) and stand on
 // neighbouring rows; 2n and 2n + 2 share their row (so do their reads of Q
@@ -482,10 +489,10 @@ pub(crate) fn render(form: TiledForm) -> String {
 // K's and V's took 4 cycles with rows of consecutive invocations. The
 // padding of the tiles' rows keeps a pair's two rows on different banks.
 ",
-        );
-    }
-    text.push_str(
-        "//
+            );
+        }
+        text.push_str(
+            "//
 // Per workgroup: Q's block is staged once in workgroup memory (vec4s, rows
 // padded to QS to spread the banks). Per key tile:
 //   1. K's tile is staged in workgroup memory (coalesced: consecutive
@@ -520,10 +527,10 @@ pub(crate) fn render(form: TiledForm) -> String {
 // tiles no row can see, and the resumable key chunks (O in Y, row state in
 // `stats` between chunks; chunks start on tile boundaries).
 ",
-    );
-    if chunked {
-        text.push_str(
-            "//
+        );
+        if self.chunked {
+            text.push_str(
+                "//
 // This form (attention_tiled_chunked) holds the Q, K, V and P tiles in chunks
 // of CW vec4 columns of one row and a vec4 of padding (which spreads a
 // column's rows over the banks): row r's columns CW c .. CW c + CW - 1 are
@@ -536,11 +543,11 @@ pub(crate) fn render(form: TiledForm) -> String {
 // compiler may keep more of a chunk's loads in flight (more registers); only
 // `webattn tune` tries it.
 ",
-        );
-    }
-    if shuffle {
-        text.push_str(
-            "//
+            );
+        }
+        if self.shuffle {
+            text.push_str(
+                "//
 // This form (attention_tiled_shuffle) runs where the adapter has subgroups of
 // at least TK lanes: the TK invocations of a row are lanes of one subgroup
 // (consecutive invocation indices, aligned to TK). The rows' tile maxima are
@@ -554,11 +561,16 @@ pub(crate) fn render(form: TiledForm) -> String {
 // checks the layout it relies on and makes the rows NaN where it does not
 // hold, as attention_decode_stream does.
 ",
-        );
+            );
+        }
+        self.w(text);
     }
-    text.push_str(
-        "
-// Query rows per workgroup, keys per tile (a multiple of 4).
+
+    /// The override constants: the tile and grid shapes the host picks when it
+    /// makes the pipeline (the chunked form's chunk counts in place of strides).
+    fn overrides(&mut self) {
+        let mut text = String::from(
+            "// Query rows per workgroup, keys per tile (a multiple of 4).
 override BQ: u32 = 64u;
 override BK: u32 = 32u;
 // The invocation grid: TQ rows x TK columns, WG = TQ * TK invocations.
@@ -574,21 +586,21 @@ override DV4: u32 = 16u;
 // vec4 columns of O per invocation: ceil(DV4 / TK).
 override DVT: u32 = 2u;
 ",
-    );
-    text.push_str(if chunked {
-        "// Chunks of CW columns per row of the Q tile (ceil(DK4 / CW)) and of the
+        );
+        text.push_str(if self.chunked {
+            "// Chunks of CW columns per row of the Q tile (ceil(DK4 / CW)) and of the
 // K/V tile (ceil(max(DK4, DV4) / CW)).
 override QB: u32 = 2u;
 override KB: u32 = 2u;
 "
-    } else {
-        "// Row strides of the Q tile and of the K/V tile, in vec4s.
+        } else {
+            "// Row strides of the Q tile and of the K/V tile, in vec4s.
 override QS: u32 = 17u;
 override KS: u32 = 17u;
 "
-    });
-    text.push_str(
-        "// Prefetch: each invocation loads its SLOTS vec4s of the next tile (V's
+        });
+        text.push_str(
+            "// Prefetch: each invocation loads its SLOTS vec4s of the next tile (V's
 // during S = Q K^T, the next K's during O += P V) into registers, so their
 // latency overlaps the arithmetic, and stores them to workgroup memory after
 // the barrier (SLOTS = ceil(BK * max(DK4, DV4) / WG), at most MAX_SLOTS).
@@ -596,27 +608,34 @@ override KS: u32 = 17u;
 override PREFETCH: bool = false;
 override SLOTS: u32 = 2u;
 ",
-    );
-    g.w(text);
-    if chunked {
-        g.w(format!(
-            "// vec4 columns per chunk of the Q and K/V tiles.
-const CW: u32 = {CW}u;"
-        ));
+        );
+        self.w(text);
     }
-    g.w(format!(
-        "// The most rows, keys and columns an invocation holds (the host keeps RQ, RK
+
+    /// The plain constants: the chunked form's chunk width and the most rows,
+    /// keys and columns an invocation holds (the generator's unrolling bounds).
+    fn constants(&mut self) {
+        if self.chunked {
+            self.w(format!(
+                "// vec4 columns per chunk of the Q and K/V tiles.
+const CW: u32 = {CW}u;"
+            ));
+        }
+        let max_rq = self.max_rq;
+        self.w(format!(
+            "// The most rows, keys and columns an invocation holds (the host keeps RQ, RK
 // and DVT within them, and RQ * RK, RQ * DVT within MAX_S, MAX_O).
 const MAX_RQ: u32 = {max_rq}u;
 const MAX_RK: u32 = {MAX_RK}u;
 const MAX_DVT: u32 = {MAX_DVT}u;
 "
-    ));
+        ));
+    }
 
-    // The bindings, the workgroup memory, the helper functions and main's
-    // opening, up to the invocation's rows.
-    let mut text = String::from(
-        "// #include attention_call.wgsl
+    /// The includes and the bindings past Q, K and V (the mask, the lengths,
+    /// Y and the row state), the same in every form.
+    fn bindings(&mut self) {
+        self.w("// #include attention_call.wgsl
 
 // #include attention_qkv4.wgsl
 @group(0) @binding(4) var<storage, read> mask: array<f32>;
@@ -624,21 +643,24 @@ const MAX_DVT: u32 = {MAX_DVT}u;
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
 // [lse (as bits) | row max m | row sum l], one entry each per row.
 @group(0) @binding(7) var<storage, read_write> lse: array<u32>;
+");
+    }
 
-",
-    );
-    text.push_str(if chunked {
-        "// Q's block: BQ rows in QB chunks each.
+    /// The workgroup memory: Q's block, the K and V tiles (a tile each in the
+    /// shuffle form, one between them and P's tile otherwise), the row partials.
+    fn workgroup_memory(&mut self) {
+        let mut text = String::from(if self.chunked {
+            "// Q's block: BQ rows in QB chunks each.
 var<workgroup> q_tile: array<array<vec4<f32>, CW + 1u>, BQ * QB>;
 "
-    } else {
-        "// Q's block, BQ rows of QS vec4s.
+        } else {
+            "// Q's block, BQ rows of QS vec4s.
 var<workgroup> q_tile: array<vec4<f32>, BQ * QS>;
 "
-    });
-    if shuffle {
-        text.push_str(
-            "// K's tile and V's: BK rows of KS vec4s each.
+        });
+        if self.shuffle {
+            text.push_str(
+                "// K's tile and V's: BK rows of KS vec4s each.
 var<workgroup> k_tile: array<vec4<f32>, BK * KS>;
 var<workgroup> v_tile: array<vec4<f32>, BK * KS>;
 // Per row: the TK invocations' partial sums at the end (TK / 4 vec4s); the
@@ -653,29 +675,29 @@ var<workgroup> v_nonfinite: atomic<u32>;
 // need (then every row is NaN).
 var<workgroup> layout_bad: atomic<u32>;
 ",
-        );
-    } else {
-        text.push_str(if chunked {
-            "// K's tile, then V's: BK rows in KB chunks.
+            );
+        } else {
+            text.push_str(if self.chunked {
+                "// K's tile, then V's: BK rows in KB chunks.
 var<workgroup> kv_tile: array<array<vec4<f32>, CW + 1u>, BK * KB>;
 "
-        } else {
-            "// K's tile, then V's: BK rows of KS vec4s.
+            } else {
+                "// K's tile, then V's: BK rows of KS vec4s.
 var<workgroup> kv_tile: array<vec4<f32>, BK * KS>;
 "
-        });
-        text.push_str(if chunked {
-            "// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3) in chunks of CW; -0 for
+            });
+            text.push_str(if self.chunked {
+                "// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3) in chunks of CW; -0 for
 // a key the row does not attend.
 var<workgroup> p_tile: array<array<vec4<f32>, CW + 1u>, BQ * ((BK / 4u + CW - 1u) / CW)>;"
-        } else {
-            "// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3) and a vec4 of padding
+            } else {
+                "// P, BQ rows of BK / 4 vec4s (keys 4t .. 4t + 3) and a vec4 of padding
 // (so that the two rows a pair of lanes reads fall on different banks); -0
 // for a key the row does not attend.
 var<workgroup> p_tile: array<vec4<f32>, BQ * (BK / 4u + 1u)>;"
-        });
-        text.push_str(
-            "
+            });
+            text.push_str(
+                "
 // Per row: the TK invocations' partial maxima, later their partial sums,
 // as TK / 4 vec4s (invocation tc's in component tc % 4 of vec4 tc / 4); the
 // row's flags.
@@ -685,11 +707,17 @@ var<workgroup> batch_nonpad: i32;
 // Whether V's tile holds a non-finite value (P V then tests each key).
 var<workgroup> v_nonfinite: atomic<u32>;
 ",
-        );
+            );
+        }
+        self.w(text);
     }
-    text.push_str(
-        "
-fn y_quad(base: u32, d: u32) -> vec4<f32> {
+
+    /// The functions main calls: Y's vec4 reads and writes, the prefetch
+    /// slots' loads and stores (per tile layout), the non-finite test and P's
+    /// sign.
+    fn helper_functions(&mut self) {
+        let mut text = String::from(
+            "fn y_quad(base: u32, d: u32) -> vec4<f32> {
     var out = vec4<f32>(0.0);
     for (var c = 0u; c < 4u; c++) {
         if (d + c < p.dv) {
@@ -718,10 +746,10 @@ fn slot_load(src: u32, kv_base: u32, j0: i32, slot: u32, d4s: u32, len: u32) -> 
 }
 
 ",
-    );
-    if shuffle {
-        text.push_str(
-            "// Stores a prefetched slot into K's tile.
+        );
+        if self.shuffle {
+            text.push_str(
+                "// Stores a prefetched slot into K's tile.
 fn slot_store(slot: u32, d4s: u32, val: vec4<f32>) {
     if (slot < BK * d4s) {
         k_tile[(slot / d4s) * KS + slot % d4s] = val;
@@ -735,28 +763,28 @@ fn slot_store_v(slot: u32, d4s: u32, val: vec4<f32>) {
     }
 }
 ",
-        );
-    } else {
-        text.push_str(
-            "// Stores a prefetched slot into the K/V tile.
+            );
+        } else {
+            text.push_str(
+                "// Stores a prefetched slot into the K/V tile.
 fn slot_store(slot: u32, d4s: u32, val: vec4<f32>) {
     if (slot < BK * d4s) {
         ",
-        );
-        text.push_str(if chunked {
-            "kv_tile[(slot % d4s / CW) * BK + slot / d4s][slot % d4s % CW] = val;"
-        } else {
-            "kv_tile[(slot / d4s) * KS + slot % d4s] = val;"
-        });
-        text.push_str(
-            "
+            );
+            text.push_str(if self.chunked {
+                "kv_tile[(slot % d4s / CW) * BK + slot / d4s][slot % d4s % CW] = val;"
+            } else {
+                "kv_tile[(slot / d4s) * KS + slot % d4s] = val;"
+            });
+            text.push_str(
+                "
     }
 }
 ",
-        );
-    }
-    text.push_str(
-        "
+            );
+        }
+        text.push_str(
+            "
 // Whether any of four values is infinite or NaN (a bit test: WGSL
 // comparisons need not see NaN).
 fn nonfinite4(x: vec4<f32>) -> bool {
@@ -775,21 +803,30 @@ fn not_attended() -> f32 {
 fn attended_p(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x80000000u) == 0u;
 }
+",
+        );
+        self.w(text);
+    }
 
-@compute @workgroup_size(WG, 1, 1)
+    /// main's signature (the shuffle form takes the subgroup lane too) and the
+    /// workgroup's block of query rows and its (batch, head), as every
+    /// invocation of it sees them.
+    fn main_opening(&mut self) {
+        let mut text = String::from(
+            "@compute @workgroup_size(WG, 1, 1)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,",
-    );
-    if shuffle {
+        );
+        if self.shuffle {
+            text.push_str(
+                "
+    @builtin(subgroup_invocation_id) sg_lane: u32,",
+            );
+        }
         text.push_str(
             "
-    @builtin(subgroup_invocation_id) sg_lane: u32,",
-        );
-    }
-    text.push_str(
-        "
 ) {
     // Workgroups beyond the last block still reach every barrier below.
     let block = wid.x + wid.y * nwg.x;
@@ -798,32 +835,39 @@ fn main(
     let b = head_index / p.q_heads;
     let h = head_index % p.q_heads;
     let kvh = h / p.group;
-    let row0 = (block % p.q_blocks) * BQ;
-    let tr = ",
-    );
-    text.push_str(if shuffle {
-        "li / TK;"
-    } else {
-        "(li & 1u) | ((li / (2u * TK)) << 1u);"
-    });
-    text.push_str(
-        "
+    let row0 = (block % p.q_blocks) * BQ;",
+        );
+        self.w(text);
+    }
+
+    /// The invocation's cell (tr, tc) of the grid (numbered in pairs, but in
+    /// the shuffle form, whose rows are subgroup lanes and whose layout is
+    /// checked here) and where its partials go.
+    fn invocation_cell(&mut self) {
+        let mut text = String::from("    let tr = ");
+        text.push_str(if self.shuffle {
+            "li / TK;"
+        } else {
+            "(li & 1u) | ((li / (2u * TK)) << 1u);"
+        });
+        text.push_str(
+            "
     let tc = ",
-    );
-    text.push_str(if shuffle {
-        "li % TK;"
-    } else {
-        "(li >> 1u) % TK;"
-    });
-    text.push_str(
-        "
+        );
+        text.push_str(if self.shuffle {
+            "li % TK;"
+        } else {
+            "(li >> 1u) % TK;"
+        });
+        text.push_str(
+            "
     // Where this invocation's partials go in `row_parts` (its first row's;
     // its other rows are TQ rows on).
     let part_at = tr * (TK / 4u) + tc / 4u;",
-    );
-    if shuffle {
-        text.push_str(
-            "
+        );
+        if self.shuffle {
+            text.push_str(
+                "
     // A row's TK invocations must be TK consecutive lanes of one subgroup,
     // aligned to TK, for the shuffles below: checked here (a lane whose place
     // is not so, or whose row's first lane holds another invocation), and a
@@ -832,44 +876,56 @@ fn main(
     let lane0 = sg_lane - sg_lane % TK;
     let first_of_row = subgroupShuffle(li, lane0);
     let layout_ok = sg_lane % TK == tc && first_of_row == li - tc;",
-        );
-    }
-    text.push_str(
-        "
-    let rows_total = p.batch * p.q_heads * p.q_len;
-    let bk4 = BK / 4u;",
-    );
-    if !(shuffle || chunked) {
+            );
+        }
         text.push_str(
             "
+    let rows_total = p.batch * p.q_heads * p.q_len;
+    let bk4 = BK / 4u;",
+        );
+        if !(self.shuffle || self.chunked) {
+            text.push_str(
+                "
     // vec4s per row of the P tile.
     let ps = bk4 + 1u;",
-        );
+            );
+        }
+        self.w(text);
     }
-    text.push_str(
-        "
 
+    /// The workgroup variables' first values: the batch's key count (set by
+    /// invocation 0, with the shuffle form's flags) and the rows' flags.
+    fn workgroup_state_init(&mut self) {
+        let mut text = String::from(
+            "
     if (li == 0u) {
         var lengths = i32(p.keys);
         if ((p.flags & FLAG_NONPAD) != 0u) {
             lengths = nonpad[b];
         }
         batch_nonpad = lengths;",
-    );
-    if shuffle {
-        text.push_str(
-            "
+        );
+        if self.shuffle {
+            text.push_str(
+                "
         atomicStore(&v_nonfinite, 0u);
         atomicStore(&layout_bad, 0u);",
-        );
-    }
-    text.push_str(
-        "
+            );
+        }
+        text.push_str(
+            "
     }
     for (var r = li; r < BQ; r += WG) {
         atomicStore(&row_flags[r], 0u);
+    }",
+        );
+        self.w(text);
     }
-    // Q's block, zeros past the last row and past Dk.
+
+    /// Q's block staged in workgroup memory once, for every key tile.
+    fn q_block_staging(&mut self) {
+        let mut text = String::from(
+            "    // Q's block, zeros past the last row and past Dk.
     for (var slot = li; slot < BQ * DK4; slot += WG) {
         let rr = slot / DK4;
         let d4 = slot % DK4;
@@ -879,16 +935,23 @@ fn main(
             val = quad(0u, (head_index * p.q_len + row) * p.dk, d4 * 4u, p.dk);
         }
         ",
-    );
-    text.push_str(if chunked {
-        "q_tile[(d4 / CW) * BQ + rr][d4 % CW] = val;"
-    } else {
-        "q_tile[rr * QS + d4] = val;"
-    });
-    text.push_str(
-        "
+        );
+        text.push_str(if self.chunked {
+            "q_tile[(d4 / CW) * BQ + rr][d4 % CW] = val;"
+        } else {
+            "q_tile[rr * QS + d4] = val;"
+        });
+        text.push_str(
+            "
+    }",
+        );
+        self.w(text);
     }
-    let lengths = workgroupUniformLoad(&batch_nonpad);
+
+    /// The rows' key offset and the workgroup's key range (the tiles that some
+    /// row of its block can see, within the chunk).
+    fn key_range(&mut self) {
+        self.w("    let lengths = workgroupUniformLoad(&batch_nonpad);
     var offset = 0;
     if ((p.flags & FLAG_PAST) != 0u) {
         offset = i32(p.past_len);
@@ -901,126 +964,137 @@ fn main(
     let first = key_range(row0, offset, lengths);
     let last = key_range(last_row, offset, lengths);
     let wg_lo = max(first.x, i32(p.chunk_start));
-    let wg_hi = select(min(last.y, i32(p.chunk_end) - 1), -1, !live_block);
+    let wg_hi = select(min(last.y, i32(p.chunk_end) - 1), -1, !live_block);");
+    }
 
+    /// The per-row state, a named variable per row (and per block of O),
+    /// declared at main's scope so that the guarded blocks below share them.
+    fn row_state(&mut self) {
+        self.w("
     // This invocation's rows: their ranges (within the chunk), positions and
-    // online-softmax state; its block of O.",
-    );
-    g.w(text);
-
-    // Per-row state, named.
-    for i in 0..max_rq {
-        g.w(format!("    var live{i} = false;"));
-        g.w(format!("    var qrow{i} = 0u;"));
-        g.w(format!("    var lo{i} = 0;"));
-        g.w(format!("    var hi{i} = -1;"));
-        g.w(format!("    var m{i} = MASKED;"));
-        g.w(format!("    var l{i} = 0.0;"));
-        g.w(format!("    var fl{i} = 0u;"));
-        for c in (0..MAX_DVT).filter(|&c| has_o(i, c)) {
-            g.w(format!("    var o{i}_{c} = vec4<f32>(0.0);"));
+    // online-softmax state; its block of O.");
+        for i in 0..self.max_rq {
+            self.w(format!("    var live{i} = false;"));
+            self.w(format!("    var qrow{i} = 0u;"));
+            self.w(format!("    var lo{i} = 0;"));
+            self.w(format!("    var hi{i} = -1;"));
+            self.w(format!("    var m{i} = MASKED;"));
+            self.w(format!("    var l{i} = 0.0;"));
+            self.w(format!("    var fl{i} = 0u;"));
+            for c in (0..MAX_DVT).filter(|&c| has_o(i, c)) {
+                self.w(format!("    var o{i}_{c} = vec4<f32>(0.0);"));
+            }
         }
     }
-    for i in 0..max_rq {
-        let mut body = lines![
-            "{",
-            format!("    let row = row0 + tr + TQ * {i}u;"),
-            format!("    live{i} = live_block && row < p.q_len;"),
-            format!("    qrow{i} = min(row, p.q_len - 1u);"),
-            format!("    let range = key_range(qrow{i}, offset, lengths);"),
-            format!("    lo{i} = max(range.x, i32(p.chunk_start));"),
-            format!("    hi{i} = min(range.y, i32(p.chunk_end) - 1);"),
-            format!("    if ((p.chunk_flags & FIRST_CHUNK) == 0u && live{i}) {{"),
-            "        // Resume: the row's state from the previous chunk. Its sum is",
-            "        // taken by column 0 only (the partial sums add up at the end).",
-            format!("        let r = head_index * p.q_len + qrow{i};"),
-            format!("        fl{i} = lse[r];"),
-            format!("        m{i} = bitcast<f32>(lse[rows_total + r]);"),
-            "        if (tc == 0u) {",
-            format!("            l{i} = bitcast<f32>(lse[2u * rows_total + r]);"),
-            "        }",
-            format!("        if ((fl{i} & ROW_ATTENDED) != 0u) {{"),
-        ];
-        for c in (0..MAX_DVT).filter(|&c| has_o(i, c)) {
-            body.extend(guard(
-                &[dvt(c)],
-                lines![
-                    format!("if (tc + TK * {c}u < DV4) {{"),
-                    format!("    o{i}_{c} = y_quad(r * p.dv, (tc + TK * {c}u) * 4u);"),
-                    "}",
-                ],
-                12,
-            ));
+
+    /// Each row's key range and, past the first chunk, its state resumed.
+    fn row_ranges_and_resume(&mut self) {
+        for i in 0..self.max_rq {
+            self.emit(guard(&[rq(i)], row_setup(i), 4));
         }
-        body.extend(lines!["        }", "    }", "}"]);
-        g.emit(guard(&[rq(i)], body, 4));
     }
 
-    let mut text = String::from(
-        "    let kv_base = (b * p.kv_heads + kvh) * p.keys;
+    /// Where the invocation reads: K's and V's rows in storage, the ALiBi
+    /// slope, its first Q row, P row and key in the tiles, and its vec4
+    /// columns of V (in the chunked form, their chunk and place in it).
+    fn tile_offsets(&mut self) {
+        let mut text = String::from(
+            "    let kv_base = (b * p.kv_heads + kvh) * p.keys;
     var slope = 0.0;
     if ((p.flags & FLAG_ALIBI) != 0u) {
         slope = bitcast<f32>(nonpad[p.batch + h]);
     }
     ",
-    );
-    if chunked {
-        text.push_str(
-            "// Its vec4 columns of V: their chunk's first row and their place in it
+        );
+        if self.chunked {
+            text.push_str(
+                "// Its vec4 columns of V: their chunk's first row and their place in it
     // (a column past Dv, where TK does not divide DV4, reads the row's last
     // vec4 and is never stored).",
-        );
-    } else {
-        text.push_str("// Where the invocation's first query row starts in the Q tile");
-        if !shuffle {
-            text.push_str(" and in\n    // P's");
-        }
-        text.push_str(
-            ", and its
+            );
+        } else {
+            text.push_str("// Where the invocation's first query row starts in the Q tile");
+            if !self.shuffle {
+                text.push_str(" and in\n    // P's");
+            }
+            text.push_str(
+                ", and its
     // first key in the K tile: its other rows are TQ rows on, its keys TK
     // keys on (constant offsets from these). Its vec4 columns of V: a column
     // past Dv (where TK does not divide DV4) reads the row's last vec4 and is
     // never stored.
     let q_at = tr * QS;
     let k_at = tc * KS;",
-        );
-        if !shuffle {
-            text.push_str(
-                "
-    let p_at = tr * ps;",
             );
+            if !self.shuffle {
+                text.push_str(
+                    "
+    let p_at = tr * ps;",
+                );
+            }
+        }
+        self.w(text);
+        for c in 0..MAX_DVT {
+            self.w(format!("    let v_at{c} = min(tc + TK * {c}u, DV4 - 1u);"));
+            if self.chunked {
+                self.w(format!("    let v_chunk{c} = (v_at{c} / CW) * BK;"));
+                self.w(format!("    let v_col{c} = v_at{c} % CW;"));
+            }
         }
     }
-    g.w(text);
-    for c in 0..MAX_DVT {
-        g.w(format!("    let v_at{c} = min(tc + TK * {c}u, DV4 - 1u);"));
-        if chunked {
-            g.w(format!("    let v_chunk{c} = (v_at{c} / CW) * BK;"));
-            g.w(format!("    let v_col{c} = v_at{c} % CW;"));
-        }
-    }
-    g.w("
+
+    /// The first key tile, and the prefetch registers with its K (and in the
+    /// shuffle form its V) loaded, before the key loop.
+    fn first_prefetch(&mut self) {
+        self.w("
     var j0 = wg_lo - wg_lo % i32(BK);");
-    if shuffle {
-        g.w("    // The prefetch registers: the first K and V tiles.");
-        for sl in 0..MAX_SLOTS {
-            g.w(format!("    var pf{sl} = vec4<f32>(0.0);"));
-            g.w(format!("    var pv{sl} = vec4<f32>(0.0);"));
+        if self.shuffle {
+            self.w("    // The prefetch registers: the first K and V tiles.");
+            for sl in 0..MAX_SLOTS {
+                self.w(format!("    var pf{sl} = vec4<f32>(0.0);"));
+                self.w(format!("    var pv{sl} = vec4<f32>(0.0);"));
+            }
+            let loads: Vec<String> = (0..MAX_SLOTS)
+                .flat_map(|sl| {
+                    guard(
+                        &[slots(sl)],
+                        lines![
+                            format!(
+                                "pf{sl} = slot_load(1u, kv_base, j0, li + {sl}u * WG, DK4, p.dk);"
+                            ),
+                            format!(
+                                "pv{sl} = slot_load(2u, kv_base, j0, li + {sl}u * WG, DV4, p.dv);"
+                            ),
+                        ],
+                        0,
+                    )
+                })
+                .collect();
+            self.emit(guard(&["PREFETCH"], loads, 4));
+        } else {
+            self.w("    // The prefetch registers: the first K tile.");
+            for sl in 0..MAX_SLOTS {
+                self.w(format!("    var pf{sl} = vec4<f32>(0.0);"));
+            }
+            let loads: Vec<String> = (0..MAX_SLOTS)
+                .flat_map(|sl| {
+                    guard(
+                        &[slots(sl)],
+                        lines![format!(
+                            "pf{sl} = slot_load(1u, kv_base, j0, li + {sl}u * WG, DK4, p.dk);"
+                        )],
+                        0,
+                    )
+                })
+                .collect();
+            self.emit(guard(&["PREFETCH"], loads, 4));
         }
-        let loads: Vec<String> = (0..MAX_SLOTS)
-            .flat_map(|sl| {
-                guard(
-                    &[slots(sl)],
-                    lines![
-                        format!("pf{sl} = slot_load(1u, kv_base, j0, li + {sl}u * WG, DK4, p.dk);"),
-                        format!("pv{sl} = slot_load(2u, kv_base, j0, li + {sl}u * WG, DV4, p.dv);"),
-                    ],
-                    0,
-                )
-            })
-            .collect();
-        g.emit(guard(&["PREFETCH"], loads, 4));
-        g.w("    var tile_no = 0u;
+    }
+
+    /// The shuffle form's key loop opening and step 1: K's and V's tiles from
+    /// the prefetch registers or from storage, the tile's non-finite V noted.
+    fn stage_k_and_v(&mut self) {
+        self.w("    var tile_no = 0u;
     for (; j0 <= wg_hi; j0 += i32(BK)) {
         // 1. K's and V's tiles (zeros past the last key and past the head
         // dim); a non-finite value in V's is noted under the tile's number.
@@ -1028,7 +1102,7 @@ fn main(
         var bad = false;
         if (PREFETCH) {");
         for sl in 0..MAX_SLOTS {
-            g.emit(guard(
+            self.emit(guard(
                 &[slots(sl)],
                 lines![
                     format!("slot_store(li + {sl}u * WG, DK4, pf{sl});"),
@@ -1038,14 +1112,14 @@ fn main(
                 12,
             ));
         }
-        g.w("        } else {");
-        g.emit(prefix(
+        self.w("        } else {");
+        self.emit(prefix(
             "            ",
-            &g.staging_loop(1, "k_tile", "DK4", "p.dk", &[]),
+            &self.staging_loop(1, "k_tile", "DK4", "p.dk", &[]),
         ));
-        g.emit(prefix(
+        self.emit(prefix(
             "            ",
-            &g.staging_loop(
+            &self.staging_loop(
                 2,
                 "v_tile",
                 "DV4",
@@ -1053,13 +1127,18 @@ fn main(
                 &["bad = bad || nonfinite4(val);"],
             ),
         ));
-        g.w("        }
+        self.w("        }
         if (bad) {
             atomicMax(&v_nonfinite, tile_no);
         }
         workgroupBarrier();
-        let careful = atomicLoad(&v_nonfinite) == tile_no;
-        // The next tiles in flight while this one is multiplied.");
+        let careful = atomicLoad(&v_nonfinite) == tile_no;");
+    }
+
+    /// The shuffle form's loads of the next K and V tiles into the prefetch
+    /// registers, in flight while this tile is multiplied.
+    fn prefetch_next_k_and_v(&mut self) {
+        self.w("        // The next tiles in flight while this one is multiplied.");
         let loads: Vec<String> = (0..MAX_SLOTS)
             .flat_map(|sl| {
                 guard(
@@ -1076,45 +1155,38 @@ fn main(
                 )
             })
             .collect();
-        g.emit(guard(&["PREFETCH"], loads, 8));
-    } else {
-        g.w("    // The prefetch registers: the first K tile.");
-        for sl in 0..MAX_SLOTS {
-            g.w(format!("    var pf{sl} = vec4<f32>(0.0);"));
-        }
-        let loads: Vec<String> = (0..MAX_SLOTS)
-            .flat_map(|sl| {
-                guard(
-                    &[slots(sl)],
-                    lines![format!(
-                        "pf{sl} = slot_load(1u, kv_base, j0, li + {sl}u * WG, DK4, p.dk);"
-                    )],
-                    0,
-                )
-            })
-            .collect();
-        g.emit(guard(&["PREFETCH"], loads, 4));
-        g.w("    for (; j0 <= wg_hi; j0 += i32(BK)) {
+        self.emit(guard(&["PREFETCH"], loads, 8));
+    }
+
+    /// The key loop opening and step 1 (not the shuffle form): K's tile from
+    /// the prefetch registers or from storage.
+    fn stage_k(&mut self) {
+        self.w("    for (; j0 <= wg_hi; j0 += i32(BK)) {
         // 1. K's tile (zeros past the last key and past Dk).
         if (li == 0u) {
             atomicStore(&v_nonfinite, 0u);
         }
         if (PREFETCH) {");
         for sl in 0..MAX_SLOTS {
-            g.emit(guard(
+            self.emit(guard(
                 &[slots(sl)],
                 lines![format!("slot_store(li + {sl}u * WG, DK4, pf{sl});")],
                 12,
             ));
         }
-        g.w("        } else {");
-        g.emit(prefix(
+        self.w("        } else {");
+        self.emit(prefix(
             "            ",
-            &g.staging_loop(1, "kv_tile", "DK4", "p.dk", &[]),
+            &self.staging_loop(1, "kv_tile", "DK4", "p.dk", &[]),
         ));
-        g.w("        }
-        workgroupBarrier();
-        // V's tile in flight while S is computed.");
+        self.w("        }
+        workgroupBarrier();");
+    }
+
+    /// The loads of V's tile into the prefetch registers (not the shuffle
+    /// form), in flight while S is computed.
+    fn prefetch_v(&mut self) {
+        self.w("        // V's tile in flight while S is computed.");
         let loads: Vec<String> = (0..MAX_SLOTS)
             .flat_map(|sl| {
                 guard(
@@ -1126,176 +1198,180 @@ fn main(
                 )
             })
             .collect();
-        g.emit(guard(&["PREFETCH"], loads, 8));
+        self.emit(guard(&["PREFETCH"], loads, 8));
     }
-    g.w("
+
+    /// Step 2: the score registers and S = Q K^T into them, under phase SCORES
+    /// (whose stand-in gives scores the compiler cannot fold).
+    fn scores(&mut self) {
+        self.w("
         // 2. S = Q K^T, RQ x RK per invocation.");
-    for i in 0..max_rq {
-        for j in 0..MAX_RK {
-            g.w(format!("        var s{i}_{j} = 0.0;"));
+        for i in 0..self.max_rq {
+            for j in 0..MAX_RK {
+                self.w(format!("        var s{i}_{j} = 0.0;"));
+            }
         }
+        let scores_start = self.out.len();
+        if self.chunked {
+            self.scores_by_chunk();
+        } else {
+            self.scores_by_column_pair();
+        }
+        let unseen = self.unseen_scores();
+        self.keep_phase(scores_start, "SCORES", 8, &unseen);
     }
-    let scores_start = g.out.len();
-    if chunked {
-        // A chunk of CW columns a step (constant columns: one clamp per row and
-        // chunk), then the last DK4 % CW columns one a step; the chains add in
-        // column order.
-        g.w("        for (var chunk = 0u; chunk < DK4 / CW; chunk++) {
+
+    /// The chunked form's S = Q K^T: a chunk of CW columns a step (constant
+    /// columns: one clamp per row and chunk), then the last DK4 % CW columns
+    /// one a step; the chains add in column order.
+    fn scores_by_chunk(&mut self) {
+        self.w("        for (var chunk = 0u; chunk < DK4 / CW; chunk++) {
             let qc = chunk * BQ + tr;
             let kc = chunk * BK + tc;");
         for col in 0..CW {
-            g.emit(indent("            ", &g.s_step(&format!("{col}u"))));
+            self.emit(indent("            ", &self.s_step(&format!("{col}u"))));
         }
-        g.w("        }
+        self.w("        }
         for (var col = 0u; col < DK4 % CW; col++) {
             let qc = (DK4 / CW) * BQ + tr;
             let kc = (DK4 / CW) * BK + tc;");
-        g.emit(indent("            ", &g.s_step("col")));
-        g.w("        }");
-    } else {
-        // Two columns a step (so each step's loads can be issued together), and
-        // the last column of an odd DK4 after the loop; the chains add in column
-        // order.
-        g.w("        for (var d4 = 0u; d4 + 1u < DK4; d4 += 2u) {");
-        let mut steps = g.s_step("d4");
-        steps.extend(g.s_step("d4 + 1u"));
-        g.emit(indent("            ", &steps));
-        g.w("        }");
-        g.emit(guard(&["DK4 % 2u == 1u"], g.s_step("DK4 - 1u"), 8));
+        self.emit(indent("            ", &self.s_step("col")));
+        self.w("        }");
     }
-    // Without S = Q K^T the scores are zeros the compiler cannot see (a key count
-    // is below 2^31), so that the rules on them are not folded away.
-    let mut unseen = lines!["let unseen = f32(p.keys >> 31u);"];
-    for i in 0..max_rq {
-        for j in 0..MAX_RK {
-            unseen.extend(guard(
-                &[rq(i), rk(j)],
-                lines![format!("s{i}_{j} = unseen;")],
-                0,
-            ));
+
+    /// S = Q K^T two columns a step (so each step's loads can be issued
+    /// together), and the last column of an odd DK4 after the loop; the chains
+    /// add in column order.
+    fn scores_by_column_pair(&mut self) {
+        self.w("        for (var d4 = 0u; d4 + 1u < DK4; d4 += 2u) {");
+        let mut steps = self.s_step("d4");
+        steps.extend(self.s_step("d4 + 1u"));
+        self.emit(indent("            ", &steps));
+        self.w("        }");
+        self.emit(guard(&["DK4 % 2u == 1u"], self.s_step("DK4 - 1u"), 8));
+    }
+
+    /// Without S = Q K^T the scores are zeros the compiler cannot see (a key
+    /// count is below 2^31), so that the rules on them are not folded away.
+    fn unseen_scores(&self) -> Vec<String> {
+        let mut unseen = lines!["let unseen = f32(p.keys >> 31u);"];
+        for i in 0..self.max_rq {
+            for j in 0..MAX_RK {
+                unseen.extend(guard(
+                    &[rq(i), rk(j)],
+                    lines![format!("s{i}_{j} = unseen;")],
+                    0,
+                ));
+            }
         }
+        unseen
     }
-    g.keep_phase(scores_start, "SCORES", 8, &unseen);
-    g.w(
-        "        // Scale, softcap, mask, ALiBi (the temperature divides the online
+
+    /// Step 2's rules on each row's scores and the row's tile maximum: to
+    /// `row_parts`, or in the shuffle form through step 3 in the same block.
+    /// Under phase SOFTMAX.
+    fn rules(&mut self) {
+        self.w(
+            "        // Scale, softcap, mask, ALiBi (the temperature divides the online
         // softmax's exponents). Keys a row does not attend become MASKED; a
         // NaN or +inf score poisons the row and counts as -inf from here on.",
-    );
-    let rules_start = g.out.len();
-    for i in 0..max_rq {
-        let mut lines = lines![
-            format!("let pos = offset + i32(qrow{i});"),
-            "let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride",
-            format!("    + qrow{i} * p.mask_row_stride;"),
-            "var part = MASKED;",
-        ];
-        for j in 0..MAX_RK {
-            lines.extend(guard(
-                &[rk(j)],
-                lines![
-                    format!("let key = j0 + i32(tc + TK * {j}u);"),
-                    "var sc = MASKED;",
-                    format!("var attended = live{i} && key >= lo{i} && key <= hi{i};"),
-                    "if (attended) {",
-                    format!("    sc = s{i}_{j} * p.scale;"),
-                    "    if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {",
-                    "        sc = p.softcap * accurate_tanh(sc / p.softcap);",
-                    "    }",
-                    "    if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {",
-                    "        let bias = mask[mask_base + u32(key)];",
-                    "        if (bias <= MASKED) {",
-                    "            attended = false;",
-                    "        } else {",
-                    "            sc += bias;",
-                    "        }",
-                    "    }",
-                    "}",
-                    "if (attended) {",
-                    "    if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {",
-                    "        sc -= slope * f32(abs(pos - key));",
-                    "    }",
-                    "    if (poisons(sc)) {",
-                    format!("        fl{i} |= ROW_POISONED;"),
-                    "        sc = neg_inf();",
-                    "    }",
-                    format!("    fl{i} |= ROW_ATTENDED;"),
-                    "    part = max(part, sc);",
-                    "} else {",
-                    "    sc = MASKED;",
-                    "}",
-                    format!("s{i}_{j} = sc;"),
-                ],
-                0,
-            ));
+        );
+        let rules_start = self.out.len();
+        for i in 0..self.max_rq {
+            let mut lines = row_rules(i);
+            if self.shuffle {
+                lines.extend(shuffle_softmax(i));
+            } else {
+                lines.push(format!(
+                    "row_parts[part_at + {i}u * TQ * (TK / 4u)][tc % 4u] = part;"
+                ));
+            }
+            let mut block = lines!["{"];
+            block.extend(prefix("    ", &lines));
+            block.push("}".into());
+            self.emit(guard(&[rq(i)], block, 8));
         }
-        if shuffle {
-            lines.extend(shuffle_softmax(i));
-        } else {
-            lines.push(format!(
-                "row_parts[part_at + {i}u * TQ * (TK / 4u)][tc % 4u] = part;"
-            ));
-        }
-        let mut block = lines!["{"];
-        block.extend(prefix("    ", &lines));
-        block.push("}".into());
-        g.emit(guard(&[rq(i)], block, 8));
+        self.keep_phase(rules_start, "SOFTMAX", 8, &[]);
     }
-    g.keep_phase(rules_start, "SOFTMAX", 8, &[]);
-    if !shuffle {
-        g.w("        workgroupBarrier();
+
+    /// Step 3 (not the shuffle form): the rows' new maxima from their
+    /// partials, O and the partial sums rescaled and P into P's tile, under
+    /// phase SOFTMAX.
+    fn softmax_and_p(&mut self) {
+        self.w("        workgroupBarrier();
 
         // 3. The rows' new maxima; O and the partial sums rescaled; P.");
-        let softmax_start = g.out.len();
+        let softmax_start = self.out.len();
         // Without the softmax, the raw scores stand in for P, so that S = Q K^T
         // (read by nothing else here) is not dead code the compiler drops.
         let mut raw_p = Vec::new();
-        for i in 0..max_rq {
-            let mut lines = lines![
-                "{",
-                format!("    let rr = tr + TQ * {i}u;"),
-                "    var tile_max = MASKED;",
-            ];
-            lines.extend(prefix(
-                "    ",
-                &row_parts_read(&["tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));"]),
-            ));
-            // Key tc + TK j of the tile is in vec4 (tc + TK j) / 4 = tc / 4 + j TK / 4
-            // of the row (TK a multiple of 4), component tc % 4.
-            let keep = |j: usize| -> Vec<String> {
-                if chunked {
-                    lines![
-                        format!("let t4 = tc / 4u + {j}u * (TK / 4u);"),
-                        "p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;",
-                    ]
-                } else {
-                    lines![format!(
-                        "p_tile[p_at + {i}u * TQ * ps + tc / 4u + {j}u * (TK / 4u)][tc % 4u] = pt;"
-                    )]
-                }
-            };
-            lines.extend(indent("    ", &online_softmax(i, "tile_max", keep)));
-            lines.push("}".into());
-            g.emit(guard(&[rq(i)], lines, 8));
-            let mut raw = Vec::new();
-            for j in 0..MAX_RK {
-                let mut body = lines!["{", format!("    let pt = s{i}_{j};")];
-                body.extend(prefix("    ", &keep(j)));
-                body.push("}".into());
-                raw.extend(guard(&[rk(j)], body, 0));
-            }
-            let mut body = lines!["{", format!("    let rr = tr + TQ * {i}u;")];
-            body.extend(prefix("    ", &raw));
-            body.push("}".into());
-            raw_p.extend(guard(&[rq(i)], body, 0));
+        for i in 0..self.max_rq {
+            self.emit(self.softmax_row(i));
+            raw_p.extend(self.raw_p_row(i));
         }
-        g.keep_phase(softmax_start, "SOFTMAX", 8, &raw_p);
-        g.w(
+        self.keep_phase(softmax_start, "SOFTMAX", 8, &raw_p);
+    }
+
+    /// Row i's step 3: its tile maximum from the TK partials, then the online
+    /// softmax with P kept in P's tile.
+    fn softmax_row(&self, i: usize) -> Vec<String> {
+        let mut lines = lines![
+            "{",
+            format!("    let rr = tr + TQ * {i}u;"),
+            "    var tile_max = MASKED;",
+        ];
+        lines.extend(prefix(
+            "    ",
+            &row_parts_read(&["tile_max = max(tile_max, max(max(v.x, v.y), max(v.z, v.w)));"]),
+        ));
+        let keep = |j: usize| self.keep_p(i, j);
+        lines.extend(indent("    ", &online_softmax(i, "tile_max", keep)));
+        lines.push("}".into());
+        guard(&[rq(i)], lines, 8)
+    }
+
+    /// Row i's stand-in for step 3 where the softmax is ablated: its raw
+    /// scores kept in P's tile.
+    fn raw_p_row(&self, i: usize) -> Vec<String> {
+        let mut raw = Vec::new();
+        for j in 0..MAX_RK {
+            let mut body = lines!["{", format!("    let pt = s{i}_{j};")];
+            body.extend(prefix("    ", &self.keep_p(i, j)));
+            body.push("}".into());
+            raw.extend(guard(&[rk(j)], body, 0));
+        }
+        let mut body = lines!["{", format!("    let rr = tr + TQ * {i}u;")];
+        body.extend(prefix("    ", &raw));
+        body.push("}".into());
+        guard(&[rq(i)], body, 0)
+    }
+
+    /// The lines that keep row i's P of key j (`pt`) in P's tile. Key tc + TK j
+    /// of the tile is in vec4 (tc + TK j) / 4 = tc / 4 + j TK / 4 of the row
+    /// (TK a multiple of 4), component tc % 4.
+    fn keep_p(&self, i: usize, j: usize) -> Vec<String> {
+        if self.chunked {
+            lines![
+                format!("let t4 = tc / 4u + {j}u * (TK / 4u);"),
+                "p_tile[(t4 / CW) * BQ + rr][t4 % CW][tc % 4u] = pt;",
+            ]
+        } else {
+            lines![format!(
+                "p_tile[p_at + {i}u * TQ * ps + tc / 4u + {j}u * (TK / 4u)][tc % 4u] = pt;"
+            )]
+        }
+    }
+
+    /// The rest of step 3 (not the shuffle form): V's tile in place of K's,
+    /// from the prefetch registers or from storage, a non-finite value noted.
+    fn stage_v(&mut self) {
+        self.w(
             "        // V's tile replaces K's (every read of K ended at the barrier above).
         if (PREFETCH) {
             var bad = false;",
         );
         for sl in 0..MAX_SLOTS {
-            g.emit(guard(
+            self.emit(guard(
                 &[slots(sl)],
                 lines![
                     format!("slot_store(li + {sl}u * WG, DV4, pf{sl});"),
@@ -1304,13 +1380,13 @@ fn main(
                 12,
             ));
         }
-        g.w("            if (bad) {
+        self.w("            if (bad) {
                 atomicStore(&v_nonfinite, 1u);
             }
         } else {");
-        g.emit(prefix(
+        self.emit(prefix(
             "            ",
-            &g.staging_loop(
+            &self.staging_loop(
                 2,
                 "kv_tile",
                 "DV4",
@@ -1322,9 +1398,14 @@ fn main(
                 ],
             ),
         ));
-        g.w("        }
-        workgroupBarrier();
-        // The next K tile in flight while O += P V is computed.");
+        self.w("        }
+        workgroupBarrier();");
+    }
+
+    /// The loads of the next K tile into the prefetch registers (not the
+    /// shuffle form), in flight while O += P V is computed.
+    fn prefetch_next_k(&mut self) {
+        self.w("        // The next K tile in flight while O += P V is computed.");
         let loads: Vec<String> = (0..MAX_SLOTS)
             .flat_map(|sl| {
                 guard(
@@ -1336,67 +1417,93 @@ fn main(
                 )
             })
             .collect();
-        g.emit(guard(&["PREFETCH"], loads, 8));
-        g.w("
+        self.emit(guard(&["PREFETCH"], loads, 8));
+    }
+
+    /// O += P V (step 4; step 3 in the shuffle form), careful where V's tile
+    /// holds a non-finite value, under phase PRODUCT.
+    fn product_step(&mut self) {
+        if self.shuffle {
+            self.w("
+        // 3. O += P V, RQ x DVT vec4s per invocation, a key a step, its P
+        // shuffled from the lane that holds it. Columns past Dv read some
+        // vec4 of the tile and are never stored.");
+        } else {
+            self.w("
 
         // 4. O += P V, RQ x DVT vec4s per invocation, four keys a step.
         // Columns past Dv read some vec4 of the tile and are never stored.
         let careful = atomicLoad(&v_nonfinite) != 0u;");
+        }
+        let product_start = self.out.len();
+        self.w("        if (careful) {");
+        let careful = if self.shuffle {
+            self.product_shuffle(true)
+        } else {
+            self.product(true)
+        };
+        self.emit(indent("            ", &careful));
+        self.w("        } else {");
+        let plain = if self.shuffle {
+            self.product_shuffle(false)
+        } else {
+            self.product(false)
+        };
+        self.emit(indent("            ", &plain));
+        self.w("        }");
+        self.keep_phase(product_start, "PRODUCT", 8, &[]);
     }
 
-    if shuffle {
-        g.w("
-        // 3. O += P V, RQ x DVT vec4s per invocation, a key a step, its P
-        // shuffled from the lane that holds it. Columns past Dv read some
-        // vec4 of the tile and are never stored.");
-    }
-    let product_start = g.out.len();
-    g.w("        if (careful) {");
-    let careful = if shuffle {
-        g.product_shuffle(true)
-    } else {
-        g.product(true)
-    };
-    g.emit(indent("            ", &careful));
-    g.w("        } else {");
-    let plain = if shuffle {
-        g.product_shuffle(false)
-    } else {
-        g.product(false)
-    };
-    g.emit(indent("            ", &plain));
-    g.w("        }");
-    g.keep_phase(product_start, "PRODUCT", 8, &[]);
-    let mut text = String::from(
-        "        workgroupBarrier();
+    /// The key loop's end: the last barrier of a tile, before the next
+    /// tile's K overwrites this one's V.
+    fn end_key_loop(&mut self) {
+        self.w("        workgroupBarrier();
+    }");
     }
 
-    // The rows' sums and flags, gathered from their TK invocations.",
-    );
-    if shuffle {
-        text.push_str(
+    /// The rows' partial sums and flags gathered in workgroup memory (in the
+    /// shuffle form, a bad lane layout noted too), then the barriers before
+    /// the epilogue reads them.
+    fn gather_row_sums(&mut self) {
+        let mut text = String::from(
             "
+    // The rows' sums and flags, gathered from their TK invocations.",
+        );
+        if self.shuffle {
+            text.push_str(
+                "
     if (!layout_ok) {
         atomicOr(&layout_bad, 1u);
     }",
-        );
-    }
-    g.w(text);
-    for i in 0..max_rq {
-        g.emit(guard(
-            &[rq(i)],
-            lines![
-                format!("row_parts[part_at + {i}u * TQ * (TK / 4u)][tc % 4u] = l{i};"),
-                format!("atomicOr(&row_flags[tr + TQ * {i}u], fl{i});"),
-            ],
-            4,
-        ));
-    }
-    g.w("    workgroupBarrier();
+            );
+        }
+        self.w(text);
+        for i in 0..self.max_rq {
+            self.emit(guard(
+                &[rq(i)],
+                lines![
+                    format!("row_parts[part_at + {i}u * TQ * (TK / 4u)][tc % 4u] = l{i};"),
+                    format!("atomicOr(&row_flags[tr + TQ * {i}u], fl{i});"),
+                ],
+                4,
+            ));
+        }
+        self.w("    workgroupBarrier();
     // Every invocation's resume reads of `lse` (the row state) come before
     // column 0 overwrites it below: a storage barrier orders those too.
     storageBarrier();");
-    for i in 0..max_rq {
+    }
+
+    /// The epilogue, row by row: each row's sum, then Y and `lse`.
+    fn epilogue(&mut self) {
+        for i in 0..self.max_rq {
+            self.emit(guard(&[rq(i)], self.row_epilogue(i), 4));
+        }
+    }
+
+    /// Row i's epilogue: its sum from the TK partials and its flags, then its
+    /// writes for the next chunk or, at the last chunk, its results.
+    fn row_epilogue(&self, i: usize) -> Vec<String> {
         let mut lines = lines![
             format!("if (live{i}) {{"),
             format!("    let rr = tr + TQ * {i}u;"),
@@ -1412,7 +1519,7 @@ fn main(
             ]),
         ));
         lines.extend(lines![
-            if shuffle {
+            if self.shuffle {
                 "    let flags = atomicLoad(&row_flags[rr]) | select(0u, ROW_ATTENDED | ROW_POISONED, atomicLoad(&layout_bad) != 0u);"
             } else {
                 "    let flags = atomicLoad(&row_flags[rr]);"
@@ -1421,67 +1528,217 @@ fn main(
             "    let y_base = r * p.dv;",
             "    if ((p.chunk_flags & LAST_CHUNK) == 0u) {",
         ]);
-        for c in (0..MAX_DVT).filter(|&c| has_o(i, c)) {
-            lines.extend(guard(
-                &[dvt(c)],
-                lines![
-                    format!("if (tc + TK * {c}u < DV4) {{"),
-                    format!("    store_y_quad(y_base, (tc + TK * {c}u) * 4u, o{i}_{c});"),
-                    "}",
-                ],
-                8,
-            ));
-        }
-        lines.extend(lines![
-            "        if (tc == 0u) {",
-            "            lse[r] = flags;",
-            format!("            lse[rows_total + r] = bitcast<u32>(m{i});"),
-            "            lse[2u * rows_total + r] = bitcast<u32>(total);",
-            "        }",
-            "    } else {",
-            "        // Normalise. A row with no attended key gets zeros and -inf; a",
-            "        // poisoned row, or one whose attended scores were all -inf (sum 0), NaN.",
-            "        let attended = (flags & ROW_ATTENDED) != 0u;",
-            "        let nan_row = attended && ((flags & ROW_POISONED) != 0u || !(total > 0.0));",
-            "        let inv = select(0.0, 1.0 / total, total > 0.0);",
-        ]);
-        for c in (0..MAX_DVT).filter(|&c| has_o(i, c)) {
-            lines.extend(guard(
-                &[dvt(c)],
-                lines![
-                    format!("if (tc + TK * {c}u < DV4) {{"),
-                    "    var val = vec4<f32>(0.0);",
-                    "    if (nan_row) {",
-                    "        val = vec4<f32>(nan());",
-                    "    } else if (attended) {",
-                    format!("        val = o{i}_{c} * inv;"),
-                    "    }",
-                    format!("    store_y_quad(y_base, (tc + TK * {c}u) * 4u, val);"),
-                    "}",
-                ],
-                8,
-            ));
-        }
-        lines.extend(lines![
-            "        if (tc == 0u) {",
-            "            var bits = NEG_INF_BITS;",
-            "            if (nan_row) {",
-            "                bits = NAN_BITS;",
-            "            } else if (attended) {",
-            format!(
-                "                bits = bitcast<u32>(tempered(m{i}, p.inv_temperature) + log(total));"
-            ),
-            "            }",
-            "            lse[r] = bits;",
-            format!("            lse[rows_total + r] = bitcast<u32>(m{i});"),
-            "            lse[2u * rows_total + r] = bitcast<u32>(select(total, nan(), nan_row));",
-            "        }",
-            "    }",
-            "}",
-        ]);
-        g.emit(guard(&[rq(i)], lines, 4));
+        lines.extend(next_chunk_writes(i));
+        lines.push("    } else {".into());
+        lines.extend(last_chunk_writes(i));
+        lines.extend(lines!["    }", "}"]);
+        lines
     }
-    g.w("}");
 
-    format!("{}\n", g.out.join("\n"))
+    /// Closes main; the whole file, ending in one newline.
+    fn finish(mut self) -> String {
+        self.w("}");
+        format!("{}\n", self.out.join("\n"))
+    }
+}
+
+/// Row i's key range and, past the first chunk, its state from the previous
+/// chunk: m, its flags, its sum (column 0's) and its O from Y.
+fn row_setup(i: usize) -> Vec<String> {
+    let mut body = lines![
+        "{",
+        format!("    let row = row0 + tr + TQ * {i}u;"),
+        format!("    live{i} = live_block && row < p.q_len;"),
+        format!("    qrow{i} = min(row, p.q_len - 1u);"),
+        format!("    let range = key_range(qrow{i}, offset, lengths);"),
+        format!("    lo{i} = max(range.x, i32(p.chunk_start));"),
+        format!("    hi{i} = min(range.y, i32(p.chunk_end) - 1);"),
+        format!("    if ((p.chunk_flags & FIRST_CHUNK) == 0u && live{i}) {{"),
+        "        // Resume: the row's state from the previous chunk. Its sum is",
+        "        // taken by column 0 only (the partial sums add up at the end).",
+        format!("        let r = head_index * p.q_len + qrow{i};"),
+        format!("        fl{i} = lse[r];"),
+        format!("        m{i} = bitcast<f32>(lse[rows_total + r]);"),
+        "        if (tc == 0u) {",
+        format!("            l{i} = bitcast<f32>(lse[2u * rows_total + r]);"),
+        "        }",
+        format!("        if ((fl{i} & ROW_ATTENDED) != 0u) {{"),
+    ];
+    for c in (0..MAX_DVT).filter(|&c| has_o(i, c)) {
+        body.extend(guard(
+            &[dvt(c)],
+            lines![
+                format!("if (tc + TK * {c}u < DV4) {{"),
+                format!("    o{i}_{c} = y_quad(r * p.dv, (tc + TK * {c}u) * 4u);"),
+                "}",
+            ],
+            12,
+        ));
+    }
+    body.extend(lines!["        }", "    }", "}"]);
+    body
+}
+
+/// Row i's rules on its scores (its keys, each under the key's guard), and
+/// its tile maximum as `part`.
+fn row_rules(i: usize) -> Vec<String> {
+    let mut lines = lines![
+        format!("let pos = offset + i32(qrow{i});"),
+        "let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride",
+        format!("    + qrow{i} * p.mask_row_stride;"),
+        "var part = MASKED;",
+    ];
+    for j in 0..MAX_RK {
+        lines.extend(guard(&[rk(j)], score_rules(i, j), 0));
+    }
+    lines
+}
+
+/// The rules on score s{i}_{j}: scale, softcap, mask and ALiBi where the row
+/// attends the key (MASKED where not), a poisoning score noted.
+fn score_rules(i: usize, j: usize) -> Vec<String> {
+    lines![
+        format!("let key = j0 + i32(tc + TK * {j}u);"),
+        "var sc = MASKED;",
+        format!("var attended = live{i} && key >= lo{i} && key <= hi{i};"),
+        "if (attended) {",
+        format!("    sc = s{i}_{j} * p.scale;"),
+        "    if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {",
+        "        sc = p.softcap * accurate_tanh(sc / p.softcap);",
+        "    }",
+        "    if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {",
+        "        let bias = mask[mask_base + u32(key)];",
+        "        if (bias <= MASKED) {",
+        "            attended = false;",
+        "        } else {",
+        "            sc += bias;",
+        "        }",
+        "    }",
+        "}",
+        "if (attended) {",
+        "    if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {",
+        "        sc -= slope * f32(abs(pos - key));",
+        "    }",
+        "    if (poisons(sc)) {",
+        format!("        fl{i} |= ROW_POISONED;"),
+        "        sc = neg_inf();",
+        "    }",
+        format!("    fl{i} |= ROW_ATTENDED;"),
+        "    part = max(part, sc);",
+        "} else {",
+        "    sc = MASKED;",
+        "}",
+        format!("s{i}_{j} = sc;"),
+    ]
+}
+
+/// Row i's writes where another chunk follows: O as it is into Y, and the
+/// row's flags, maximum and sum into `lse` (by column 0).
+fn next_chunk_writes(i: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    for c in (0..MAX_DVT).filter(|&c| has_o(i, c)) {
+        lines.extend(guard(
+            &[dvt(c)],
+            lines![
+                format!("if (tc + TK * {c}u < DV4) {{"),
+                format!("    store_y_quad(y_base, (tc + TK * {c}u) * 4u, o{i}_{c});"),
+                "}",
+            ],
+            8,
+        ));
+    }
+    lines.extend(lines![
+        "        if (tc == 0u) {",
+        "            lse[r] = flags;",
+        format!("            lse[rows_total + r] = bitcast<u32>(m{i});"),
+        "            lse[2u * rows_total + r] = bitcast<u32>(total);",
+        "        }",
+    ]);
+    lines
+}
+
+/// Row i's writes at the last chunk: O normalised into Y and the logsumexp
+/// into `lse` (zeros and -inf for a row that attends nothing, NaN for a
+/// poisoned one).
+fn last_chunk_writes(i: usize) -> Vec<String> {
+    let mut lines = lines![
+        "        // Normalise. A row with no attended key gets zeros and -inf; a",
+        "        // poisoned row, or one whose attended scores were all -inf (sum 0), NaN.",
+        "        let attended = (flags & ROW_ATTENDED) != 0u;",
+        "        let nan_row = attended && ((flags & ROW_POISONED) != 0u || !(total > 0.0));",
+        "        let inv = select(0.0, 1.0 / total, total > 0.0);",
+    ];
+    for c in (0..MAX_DVT).filter(|&c| has_o(i, c)) {
+        lines.extend(guard(
+            &[dvt(c)],
+            lines![
+                format!("if (tc + TK * {c}u < DV4) {{"),
+                "    var val = vec4<f32>(0.0);",
+                "    if (nan_row) {",
+                "        val = vec4<f32>(nan());",
+                "    } else if (attended) {",
+                format!("        val = o{i}_{c} * inv;"),
+                "    }",
+                format!("    store_y_quad(y_base, (tc + TK * {c}u) * 4u, val);"),
+                "}",
+            ],
+            8,
+        ));
+    }
+    lines.extend(lines![
+        "        if (tc == 0u) {",
+        "            var bits = NEG_INF_BITS;",
+        "            if (nan_row) {",
+        "                bits = NAN_BITS;",
+        "            } else if (attended) {",
+        format!(
+            "                bits = bitcast<u32>(tempered(m{i}, p.inv_temperature) + log(total));"
+        ),
+        "            }",
+        "            lse[r] = bits;",
+        format!("            lse[rows_total + r] = bitcast<u32>(m{i});"),
+        "            lse[2u * rows_total + r] = bitcast<u32>(select(total, nan(), nan_row));",
+        "        }",
+    ]);
+    lines
+}
+
+/// The WGSL of `form`: the whole file, ending in one newline.
+pub(crate) fn render(form: TiledForm) -> String {
+    let mut g = Gen::new(form);
+    g.w(header(form));
+    g.overview();
+    g.overrides();
+    g.constants();
+    g.bindings();
+    g.workgroup_memory();
+    g.helper_functions();
+    g.main_opening();
+    g.invocation_cell();
+    g.workgroup_state_init();
+    g.q_block_staging();
+    g.key_range();
+    g.row_state();
+    g.row_ranges_and_resume();
+    g.tile_offsets();
+    g.first_prefetch();
+    if g.shuffle {
+        g.stage_k_and_v();
+        g.prefetch_next_k_and_v();
+    } else {
+        g.stage_k();
+        g.prefetch_v();
+    }
+    g.scores();
+    g.rules();
+    if !g.shuffle {
+        g.softmax_and_p();
+        g.stage_v();
+        g.prefetch_next_k();
+    }
+    g.product_step();
+    g.end_key_loop();
+    g.gather_row_sums();
+    g.epilogue();
+    g.finish()
 }
