@@ -525,7 +525,7 @@ impl Gen {
 // adds nothing), and one that holds a non-finite value multiplies only where
 // P's sign bit is clear), the workgroup's key range that skips
 // tiles no row can see, and the resumable key chunks (O in Y, row state in
-// `stats` between chunks; chunks start on tile boundaries).
+// `lse` between chunks; chunks start on tile boundaries).
 ",
         );
         if self.chunked {
