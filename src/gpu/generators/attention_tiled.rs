@@ -163,6 +163,57 @@ fn slots(sl: usize) -> String {
     }
 }
 
+/// A tile the prefetch registers take: the registers' name (`pf`, `pv`),
+/// and `slot_load`'s source (1: K, 2: V), vec4s per row and row length.
+struct Prefetched {
+    regs: &'static str,
+    src: u32,
+    d4s: &'static str,
+    len: &'static str,
+}
+
+/// K's tile into the `pf` registers.
+const K_INTO_PF: Prefetched = Prefetched {
+    regs: "pf",
+    src: 1,
+    d4s: "DK4",
+    len: "p.dk",
+};
+/// V's tile into the `pf` registers (K's are stored by then).
+const V_INTO_PF: Prefetched = Prefetched {
+    regs: "pf",
+    src: 2,
+    d4s: "DV4",
+    len: "p.dv",
+};
+/// V's tile into the `pv` registers (the shuffle form's, beside K's).
+const V_INTO_PV: Prefetched = Prefetched {
+    regs: "pv",
+    src: 2,
+    d4s: "DV4",
+    len: "p.dv",
+};
+
+/// The loads of `tiles` from the tile whose first key is the expression
+/// `j0` into each slot's registers, under PREFETCH, at `indent`.
+fn prefetch_loads(tiles: &[Prefetched], j0: &str, indent_by: usize) -> Vec<String> {
+    let loads: Vec<String> = (0..MAX_SLOTS)
+        .flat_map(|sl| {
+            let body = tiles
+                .iter()
+                .map(|t| {
+                    format!(
+                        "{}{sl} = slot_load({}u, kv_base, {j0}, li + {sl}u * WG, {}, {});",
+                        t.regs, t.src, t.d4s, t.len
+                    )
+                })
+                .collect();
+            guard(&[slots(sl)], body, 0)
+        })
+        .collect();
+    guard(&["PREFETCH"], loads, indent_by)
+}
+
 /// Row i's online-softmax step for a key tile whose row maximum is the
 /// expression `tile_max`: the new maximum, each key's P (`keep_p(j)` gives
 /// the lines that keep key j's P, `pt`), the rescaled partial sum and O.
@@ -1054,40 +1105,13 @@ fn main(
                 self.w(format!("    var pf{sl} = vec4<f32>(0.0);"));
                 self.w(format!("    var pv{sl} = vec4<f32>(0.0);"));
             }
-            let loads: Vec<String> = (0..MAX_SLOTS)
-                .flat_map(|sl| {
-                    guard(
-                        &[slots(sl)],
-                        lines![
-                            format!(
-                                "pf{sl} = slot_load(1u, kv_base, j0, li + {sl}u * WG, DK4, p.dk);"
-                            ),
-                            format!(
-                                "pv{sl} = slot_load(2u, kv_base, j0, li + {sl}u * WG, DV4, p.dv);"
-                            ),
-                        ],
-                        0,
-                    )
-                })
-                .collect();
-            self.emit(guard(&["PREFETCH"], loads, 4));
+            self.emit(prefetch_loads(&[K_INTO_PF, V_INTO_PV], "j0", 4));
         } else {
             self.w("    // The prefetch registers: the first K tile.");
             for sl in 0..MAX_SLOTS {
                 self.w(format!("    var pf{sl} = vec4<f32>(0.0);"));
             }
-            let loads: Vec<String> = (0..MAX_SLOTS)
-                .flat_map(|sl| {
-                    guard(
-                        &[slots(sl)],
-                        lines![format!(
-                            "pf{sl} = slot_load(1u, kv_base, j0, li + {sl}u * WG, DK4, p.dk);"
-                        )],
-                        0,
-                    )
-                })
-                .collect();
-            self.emit(guard(&["PREFETCH"], loads, 4));
+            self.emit(prefetch_loads(&[K_INTO_PF], "j0", 4));
         }
     }
 
@@ -1139,23 +1163,7 @@ fn main(
     /// registers, in flight while this tile is multiplied.
     fn prefetch_next_k_and_v(&mut self) {
         self.w("        // The next tiles in flight while this one is multiplied.");
-        let loads: Vec<String> = (0..MAX_SLOTS)
-            .flat_map(|sl| {
-                guard(
-                    &[slots(sl)],
-                    lines![
-                        format!(
-                            "pf{sl} = slot_load(1u, kv_base, j0 + i32(BK), li + {sl}u * WG, DK4, p.dk);"
-                        ),
-                        format!(
-                            "pv{sl} = slot_load(2u, kv_base, j0 + i32(BK), li + {sl}u * WG, DV4, p.dv);"
-                        ),
-                    ],
-                    0,
-                )
-            })
-            .collect();
-        self.emit(guard(&["PREFETCH"], loads, 8));
+        self.emit(prefetch_loads(&[K_INTO_PF, V_INTO_PV], "j0 + i32(BK)", 8));
     }
 
     /// The key loop opening and step 1 (not the shuffle form): K's tile from
@@ -1187,18 +1195,7 @@ fn main(
     /// form), in flight while S is computed.
     fn prefetch_v(&mut self) {
         self.w("        // V's tile in flight while S is computed.");
-        let loads: Vec<String> = (0..MAX_SLOTS)
-            .flat_map(|sl| {
-                guard(
-                    &[slots(sl)],
-                    lines![format!(
-                        "pf{sl} = slot_load(2u, kv_base, j0, li + {sl}u * WG, DV4, p.dv);"
-                    )],
-                    0,
-                )
-            })
-            .collect();
-        self.emit(guard(&["PREFETCH"], loads, 8));
+        self.emit(prefetch_loads(&[V_INTO_PF], "j0", 8));
     }
 
     /// Step 2: the score registers and S = Q K^T into them, under phase SCORES
@@ -1406,18 +1403,7 @@ fn main(
     /// shuffle form), in flight while O += P V is computed.
     fn prefetch_next_k(&mut self) {
         self.w("        // The next K tile in flight while O += P V is computed.");
-        let loads: Vec<String> = (0..MAX_SLOTS)
-            .flat_map(|sl| {
-                guard(
-                    &[slots(sl)],
-                    lines![format!(
-                        "pf{sl} = slot_load(1u, kv_base, j0 + i32(BK), li + {sl}u * WG, DK4, p.dk);"
-                    )],
-                    0,
-                )
-            })
-            .collect();
-        self.emit(guard(&["PREFETCH"], loads, 8));
+        self.emit(prefetch_loads(&[K_INTO_PF], "j0 + i32(BK)", 8));
     }
 
     /// O += P V (step 4; step 3 in the shuffle form), careful where V's tile
