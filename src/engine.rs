@@ -346,6 +346,17 @@ impl Engine {
                 hint: "wrap a buffer that holds the whole tensor",
             });
         }
+        if let Some(ctx) = self.gpu() {
+            if ctx.made_here(&buffer) == Some(false) {
+                return Err(Error::ForeignBuffer {
+                    buffer: format!(
+                        "the buffer of {} bytes wrapped as a {dtype} tensor of shape {shape:?}",
+                        buffer.size()
+                    ),
+                    device: ctx.capabilities().summary(),
+                });
+            }
+        }
         let mut tensor = self.wrap_gpu_as(shape.to_vec(), buffer, dtype);
         if offset > 0 {
             if let Storage::Gpu(buffer) = tensor.storage {

@@ -139,6 +139,19 @@ pub enum Error {
         tensor: &'static str,
     },
 
+    /// A buffer handed to [`crate::Engine::wrap_buffer`] was made on another
+    /// wgpu device than the engine's: no kernel of this engine can read it.
+    #[error(
+        "{buffer} was made on another wgpu device than this engine's ({device}); wrap buffers \
+         created with the device the engine runs on (the one given to Engine::from_wgpu)"
+    )]
+    ForeignBuffer {
+        /// The buffer, as the caller handed it (its size and the tensor it was to hold).
+        buffer: String,
+        /// The engine's device: its adapter and backend.
+        device: String,
+    },
+
     /// No GPU adapter could be found, and the caller asked for a GPU.
     #[error(
         "no GPU adapter found ({0}); install a Vulkan, Metal, DX12 or GL driver \
@@ -224,6 +237,7 @@ impl Error {
             Error::Conflict(_) => "Conflict",
             Error::Limit { .. } => "Limit",
             Error::ForeignTensor { .. } => "ForeignTensor",
+            Error::ForeignBuffer { .. } => "ForeignBuffer",
             Error::NoAdapter(_) => "NoAdapter",
             Error::RequestDevice(_) => "RequestDevice",
             Error::DeviceLost(_) => "DeviceLost",

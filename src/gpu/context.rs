@@ -632,6 +632,53 @@ impl GpuContext {
         &self.pipelines
     }
 
+    /// Whether `buffer` was made on this context's device, where that is
+    /// known at once: wgpu offers no way to ask a buffer for its device, so
+    /// a one-binding bind group of it is made inside a validation scope,
+    /// which wgpu-core answers before returning. `None` in the browser,
+    /// whose WebGPU answers later (the JavaScript library makes its own
+    /// buffers), and for buffers too small to bind.
+    pub(crate) fn made_here(&self, buffer: &wgpu::Buffer) -> Option<bool> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let size = std::num::NonZeroU64::new(4).filter(|s| buffer.size() >= s.get())?;
+            let layout = self
+                .device
+                .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                    label: Some("webattn: device probe"),
+                    entries: &[wgpu::BindGroupLayoutEntry {
+                        binding: 0,
+                        visibility: wgpu::ShaderStages::COMPUTE,
+                        ty: wgpu::BindingType::Buffer {
+                            ty: wgpu::BufferBindingType::Storage { read_only: true },
+                            has_dynamic_offset: false,
+                            min_binding_size: None,
+                        },
+                        count: None,
+                    }],
+                });
+            let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+            let _probe = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("webattn: device probe"),
+                layout: &layout,
+                entries: &[wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer,
+                        offset: 0,
+                        size: Some(size),
+                    }),
+                }],
+            });
+            Some(pollster::block_on(scope.pop()).is_none())
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = buffer;
+            None
+        }
+    }
+
     /// `Err(DeviceLost)` once the device has been lost.
     pub(crate) fn check_alive(&self) -> Result<()> {
         match &*self.lost.lock().unwrap_or_else(PoisonError::into_inner) {

@@ -276,6 +276,30 @@ fn recording_into_the_hosts_own_encoder() {
         engine.wrap_buffer(buffers[0].clone(), &[1, 4, 34, 16], webattn::DType::F32),
         Err(Error::Limit { .. })
     ));
+    // A buffer made on another device is the caller's mistake: refused when
+    // wrapped, naming the buffer and the engine's device, so nothing is ever
+    // recorded with it (it used to fail inside the recording as a webattn bug).
+    let (other, _other_queue) =
+        pollster::block_on(adapter.request_device(&Default::default())).unwrap();
+    let foreign = other.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("another device's tensor"),
+        size: buffers[0].size(),
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let err = engine
+        .wrap_buffer(foreign, &qs, webattn::DType::F32)
+        .unwrap_err();
+    assert!(matches!(err, Error::ForeignBuffer { .. }), "{err}");
+    let adapter_name = &engine.capabilities().unwrap().adapter.name;
+    assert!(
+        err.to_string().contains("another wgpu device")
+            && err.to_string().contains(adapter_name.as_str())
+            && err
+                .to_string()
+                .contains(&format!("{} bytes", buffers[0].size())),
+        "{err}"
+    );
 
     let options = AttentionOptions {
         is_causal: true,
