@@ -6,7 +6,7 @@ shared memory (Volta/Turing): a 16-byte read is served a quarter-subgroup
 addresses share banks; half that (at least 2) where lanes 2n and 2n+1, or 2n
 and 2n+2, read one address. A model, not a measurement: "rows" numbers a
 grid row's invocations consecutively (attention_tiled before 2026-11-27),
-"pairs" as the kernels now do (src/gpu/generators/attention_tiled.rs).
+"pairs" as the kernels now do (src/kernels/attention/tiled/generator.rs).
 
     python3 .ci/lds-reads.py      # a Markdown table (BENCHMARKS.md)
 """

@@ -3,7 +3,7 @@
 //! loads and stores between storage, workgroup memory and 16x16 matrices,
 //! products against the identity, zero accumulators, strided layouts, two
 //! subgroups. Each probe runs twice, as WGSL compiled by wgpu and as the
-//! engine's own SPIR-V (`webattn::gpu::spirv`, through wgpu's passthrough),
+//! engine's own SPIR-V (`webattn::device::spirv`, through wgpu's passthrough),
 //! and prints its worst error against what it should give.
 //!
 //! `cargo run --release --example coop_probe [throughput]` (Vulkan adapters
@@ -657,14 +657,14 @@ fn throughput(device: &wgpu::Device, queue: &wgpu::Queue, workgroups: usize) {
 /// The engine's matrix-unit GEMM (`gemm_coop`) and its f32 GEMM on a few
 /// shapes, each against an f64 product of the f16-rounded operands.
 fn engine_gemms() {
-    use webattn::gpu::kernels::gemm_host_variant;
-    use webattn::gpu::ops::gemm::{AValues, GemmKernel, GemmSpec};
+    use webattn::kernels::gemm::{AValues, GemmKernel, GemmSpec};
+    use webattn::run::single::gemm_host_variant;
     let engine = webattn::Engine::new_blocking();
     let Some(ctx) = engine.gpu() else {
         println!("engine: no GPU");
         return;
     };
-    let Some(shape) = webattn::gpu::planner::coop_shape(ctx.capabilities()) else {
+    let Some(shape) = webattn::plan::planner::coop_shape(ctx.capabilities()) else {
         println!("engine: no matrix units planned on {}", engine.describe());
         return;
     };
@@ -791,7 +791,7 @@ fn dispatch(
     repeats: u32,
 ) -> Result<(Vec<f32>, f64), String> {
     let module = if own_spirv {
-        let words = webattn::gpu::spirv::compile_wgsl(
+        let words = webattn::device::spirv::compile_wgsl(
             source,
             "main",
             &[],
@@ -802,7 +802,7 @@ fn dispatch(
             name: "main".into(),
             workgroup_size: (0, 0, 0),
         }];
-        // SAFETY: naga's validated translation, made stricter (gpu::spirv).
+        // SAFETY: naga's validated translation, made stricter (device::spirv).
         unsafe {
             device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
                 label: Some("probe"),
@@ -912,7 +912,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() == 4 && args[1] == "--spirv" {
         let source = std::fs::read_to_string(&args[2]).expect("the WGSL file");
-        let words = webattn::gpu::spirv::compile_wgsl(
+        let words = webattn::device::spirv::compile_wgsl(
             &source,
             "main",
             &[],

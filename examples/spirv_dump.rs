@@ -27,14 +27,14 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use webattn::gpu::capabilities::KernelLimits;
-use webattn::gpu::choice::CoopShape;
-use webattn::gpu::ops::coop::CoopTiles;
-use webattn::gpu::ops::decode::{stream_key, StreamShape};
-use webattn::gpu::ops::tiled::TiledTiles;
-use webattn::gpu::pipeline::PipelineKey;
-use webattn::gpu::registry::{Binding, CoopSize, Kernel};
-use webattn::gpu::spirv::compile_wgsl;
+use webattn::device::capabilities::KernelLimits;
+use webattn::device::pipeline::PipelineKey;
+use webattn::device::spirv::compile_wgsl;
+use webattn::kernels::attention::coop::CoopTiles;
+use webattn::kernels::attention::tiled::TiledTiles;
+use webattn::kernels::decode::{stream_key, StreamShape};
+use webattn::kernels::registry::{Binding, CoopSize, Kernel};
+use webattn::plan::overrides::CoopShape;
 use webattn::{AttentionDims, RuntimeChecks};
 
 /// The pipelines written: (what it is, its key).

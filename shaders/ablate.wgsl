@@ -1,5 +1,5 @@
 // Phases of a kernel's key loop a measurement removes (`webattn phases`,
-// src/gpu/phases.rs): ABLATE is 0 in every pipeline a call runs, so the
+// src/plan/ablation.rs): ABLATE is 0 in every pipeline a call runs, so the
 // guards on it fold away. With a bit set the kernel's results are wrong by
 // design; only its time is of interest. KV_LOADS: K and V read as zeros,
 // never from memory. SCORES: no S = Q K^T. SOFTMAX: no rules, maxima,

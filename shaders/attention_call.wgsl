@@ -1,5 +1,5 @@
 // The uniforms of the fused attention kernels (attention_fused, _tiled, _sg,
-// _coop; src/gpu/ops/fused.rs writes them) and the key range of a query row,
+// _coop; src/kernels/attention/mod.rs writes them) and the key range of a query row,
 // with the contract's rules. Included as `// #include attention_call.wgsl`.
 
 // #include attention_rules.wgsl

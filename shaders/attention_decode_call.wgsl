@@ -1,5 +1,5 @@
 // The uniforms of the split-K decode kernels (attention_decode and
-// attention_decode_stream; src/gpu/ops/decode.rs writes them) and the key
+// attention_decode_stream; src/kernels/decode/mod.rs writes them) and the key
 // range of a query row, with the contract's rules. Included as
 // `// #include attention_decode_call.wgsl`.
 

@@ -17,7 +17,7 @@ const FLAG_ALIBI: u32 = 32u;
 // FLAG_MASK, FLAG_SOFTCAP and FLAG_ALIBI, and RULE_TEMPERATURE. The kernels
 // whose key loops test it (tiled, matrix-unit, streaming decode) are made
 // with none for a call that applies none, so its key loop has none of their
-// code, and with all of them otherwise (src/gpu/ops/rules.rs, from the same
+// code, and with all of them otherwise (src/kernels/attention/rules.rs, from the same
 // rules as Params.flags); the default compiles every rule.
 override RULES: u32 = 113u;
 // A RULES bit: the temperature is not 1 (its product is made only then).

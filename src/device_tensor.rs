@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::gpu::chunks::Chunked;
+use crate::device::chunks::Chunked;
 use crate::problem::{MaskRef, TensorRef};
 use crate::tensor::{DType, HostMask, HostTensor};
 
@@ -12,7 +12,7 @@ use crate::tensor::{DType, HostMask, HostTensor};
 pub(crate) enum Storage<H> {
     /// A GPU buffer: f32 values, or f16 values packed two to a word.
     Gpu(Arc<wgpu::Buffer>),
-    /// Several GPU buffers, for a tensor larger than one (`gpu/chunks.rs`).
+    /// Several GPU buffers, for a tensor larger than one (`device/chunks.rs`).
     GpuChunks(Arc<Chunked>),
     /// A caller's GPU buffer from a byte offset ([`crate::Engine::wrap_buffer_at`]):
     /// calls copy it into their workspace on the device, since kernels bind
@@ -24,8 +24,8 @@ pub(crate) enum Storage<H> {
 
 impl<H> Storage<H> {
     /// The device storage (one buffer or several), shared; `None` for host values.
-    pub(crate) fn held(&self) -> Option<crate::gpu::chunks::Held> {
-        use crate::gpu::chunks::Held;
+    pub(crate) fn held(&self) -> Option<crate::device::chunks::Held> {
+        use crate::device::chunks::Held;
         match self {
             Storage::Gpu(b) => Some(Held::One(b.clone())),
             Storage::GpuChunks(c) => Some(Held::Many(c.clone())),
@@ -34,11 +34,11 @@ impl<H> Storage<H> {
     }
 }
 
-impl<H> From<crate::gpu::chunks::Held> for Storage<H> {
-    fn from(held: crate::gpu::chunks::Held) -> Self {
+impl<H> From<crate::device::chunks::Held> for Storage<H> {
+    fn from(held: crate::device::chunks::Held) -> Self {
         match held {
-            crate::gpu::chunks::Held::One(b) => Storage::Gpu(b),
-            crate::gpu::chunks::Held::Many(c) => Storage::GpuChunks(c),
+            crate::device::chunks::Held::One(b) => Storage::Gpu(b),
+            crate::device::chunks::Held::Many(c) => Storage::GpuChunks(c),
         }
     }
 }
@@ -169,13 +169,13 @@ impl MaskRef for Mask {
 /// buffer at an offset ([`crate::Engine::wrap_buffer_at`]), which kernels
 /// cannot bind in place; `None` where `t` can be used as it is.
 pub(crate) async fn unview(
-    ctx: &crate::gpu::context::GpuContext,
+    ctx: &crate::device::context::GpuContext,
     t: &Tensor,
 ) -> crate::error::Result<Option<Tensor>> {
     let Storage::GpuAt(buffer, offset) = &t.storage else {
         return Ok(None);
     };
-    let copy = crate::gpu::buffer::contiguous(ctx, buffer, *offset, t.words()).await?;
+    let copy = crate::device::buffer::contiguous(ctx, buffer, *offset, t.words()).await?;
     Ok(Some(Tensor {
         storage: Storage::Gpu(Arc::new(copy)),
         ..t.clone()

@@ -4,24 +4,26 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::call_plan::CallPlan;
 use crate::cpu;
 use crate::cpu::fast::CpuBackend;
+use crate::device::buffer;
+use crate::device::capabilities::Capabilities;
+use crate::device::chunks;
+use crate::device::chunks::Held;
+use crate::device::context::{GpuContext, PowerPreference};
 use crate::device_tensor::{Mask, Storage, Tensor};
-use crate::devices::{DeviceRecipe, GpuDevices};
+use crate::engine::devices::{DeviceRecipe, GpuDevices};
 use crate::error::{Error, Result};
-use crate::gpu::buffer;
-use crate::gpu::capabilities::Capabilities;
-use crate::gpu::chunks::{self, Held};
-use crate::gpu::context::{GpuContext, PowerPreference};
-use crate::gpu::ops::softmax::MASKED;
+use crate::kernels::softmax::MASKED;
 use crate::limits::DeviceLimits;
 use crate::options::{AttentionOptions, KernelPath};
+use crate::plan::CallPlan;
 use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs};
 use crate::tensor::{DType, HostMask, HostTensor};
 
 mod bf16;
 mod call_cache;
+mod devices;
 mod gpu_call;
 mod prepared;
 mod write;
@@ -91,12 +93,12 @@ pub struct EngineOptions {
     /// forcing one runs it wherever the adapter can, e.g. to check a kernel on
     /// lavapipe that a GPU would pick. A kernel the adapter cannot run is an
     /// error when the engine is created.
-    pub fused_kernel: crate::gpu::ops::fused::FusedKernelChoice,
+    pub fused_kernel: crate::kernels::attention::FusedKernelChoice,
     /// The decode kernel to use for calls of a few query rows over many keys
     /// (default: chosen from the adapter's profile and the tuning table);
     /// forcing the streaming kernel on an adapter without subgroups of 4
     /// lanes or more is an error when the engine is created.
-    pub decode_kernel: crate::gpu::choice::DecodeKernelChoice,
+    pub decode_kernel: crate::plan::overrides::DecodeKernelChoice,
     /// Where the tuning table (`webattn tune`'s measured kernel and path
     /// choices) comes from: by default the user's cache file natively
     /// (`$WEBATTN_TUNING_CACHE`, else `~/.cache/webattn/tuning.tsv`), memory in
@@ -129,7 +131,7 @@ pub struct CallStats {
     /// Device memory the call allocated: outputs and scratch (not the inputs).
     pub allocated_bytes: u64,
     /// Pieces the call ran in: 1 when every tensor fits one storage binding,
-    /// more when the call was cut into pieces that do (`gpu/split.rs`).
+    /// more when the call was cut into pieces that do (`run/split.rs`).
     pub pieces: usize,
     /// Bytes of f32 scratch the call widened f16 inputs into (0 when it had
     /// none, or when its kernel read them as f16 in place, as decode does).
@@ -171,7 +173,7 @@ impl Engine {
 
     /// An engine as `options` ask.
     pub async fn with_options(options: EngineOptions) -> Result<Engine> {
-        use crate::gpu::ops::fused::FusedKernelChoice;
+        use crate::kernels::attention::FusedKernelChoice;
         let forced = options.fused_kernel != FusedKernelChoice::Auto;
         if forced && options.backend == BackendPreference::Cpu {
             return Err(Error::InvalidOption {
@@ -187,7 +189,7 @@ impl Engine {
                 reason: "needs subgroups, but portable_kernels asks for none",
             });
         }
-        use crate::gpu::choice::DecodeKernelChoice;
+        use crate::plan::overrides::DecodeKernelChoice;
         if options.decode_kernel != DecodeKernelChoice::Auto
             && options.backend == BackendPreference::Cpu
         {
@@ -227,7 +229,7 @@ impl Engine {
             BackendPreference::Cpu => Backend::Cpu,
             BackendPreference::Gpu => gpu(recipe.request().await?),
             BackendPreference::Auto => match recipe.request().await {
-                Ok(ctx) => match crate::call_plan::cpu_backend_over(ctx.capabilities()) {
+                Ok(ctx) => match crate::plan::cpu_backend_over(ctx.capabilities()) {
                     Some(why) if !asks_adapter => {
                         log::info!("webattn: using the CPU backend: {why}");
                         cpu_reason = Some(why);
@@ -422,7 +424,7 @@ impl Engine {
 
     /// Why this engine runs on the CPU backend though it was left to choose
     /// (`BackendPreference::Auto`): no adapter, or one that is a CPU
-    /// implementation ([`crate::call_plan::cpu_backend_over`]); `None` otherwise.
+    /// implementation ([`crate::plan::cpu_backend_over`]); `None` otherwise.
     pub fn cpu_reason(&self) -> Option<&str> {
         self.cpu_reason.as_deref()
     }
@@ -501,7 +503,7 @@ impl Engine {
     }
 
     /// The plan of a validated call of `dims` with `options` on this engine
-    /// ([`crate::call_plan::plan_call`] on its adapter, overrides and tuning
+    /// ([`crate::plan::plan_call`] on its adapter, overrides and tuning
     /// table as they are now): what [`Engine::attention`] runs, and what
     /// [`Engine::last_call`] then reports. A typed error where no kernel takes
     /// the call (head dims beyond the fused kernels on a forced fused path,
@@ -513,7 +515,7 @@ impl Engine {
             }
             _ => None,
         };
-        crate::call_plan::plan_call(planner.as_ref(), self.score_budget, dims, options)
+        crate::plan::plan_call(planner.as_ref(), self.score_budget, dims, options)
     }
 
     /// The concrete path a call with `options` takes, before the sizes are known
@@ -536,9 +538,9 @@ impl Engine {
     }
 
     /// The paths and kernel configurations used on this engine's adapter (GPU engines).
-    pub fn kernel_plan(&self) -> Option<crate::gpu::plan::KernelPlan> {
+    pub fn kernel_plan(&self) -> Option<crate::plan::kernel_plan::KernelPlan> {
         self.capabilities()
-            .map(crate::gpu::plan::KernelPlan::for_capabilities)
+            .map(crate::plan::kernel_plan::KernelPlan::for_capabilities)
     }
 
     /// The GPU context, on a GPU engine: that of its newest device.
@@ -760,7 +762,7 @@ impl Engine {
     /// Uploads `data` as `dtype` inside error scopes on a GPU engine: its
     /// storage and the device generation it lives on, or `None` on a CPU
     /// engine. A tensor of `shape` larger than one buffer is held in several
-    /// (`gpu/chunks.rs`).
+    /// (`device/chunks.rs`).
     async fn upload_scoped<H>(
         &self,
         name: &'static str,

@@ -5,7 +5,7 @@
 //! tokens), whatever is cached. When a sequence would pass the capacity, the
 //! cache grows to twice its capacity (or what is needed, where the device
 //! lacks the memory to double), copying once; a cache larger than one buffer
-//! is held in several (`gpu/chunks.rs`), which attention reads in pieces. The
+//! is held in several (`device/chunks.rs`), which attention reads in pieces. The
 //! sequences of a batch may hold different lengths ([`KvCache::append_ragged`]).
 //!
 //! Attention reads the cache as it is: K and V are the whole capacity and the
@@ -18,11 +18,12 @@
 
 use std::sync::Arc;
 
+use crate::device::chunks;
+use crate::device::chunks::Held;
+use crate::device::recorder::{box_runs, Recorder};
 use crate::device_tensor::{Storage, Tensor};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::gpu::chunks::{self, Held};
-use crate::gpu::recorder::{box_runs, Recorder};
 use crate::problem::AttentionInputs;
 use crate::tensor::{checked_numel, DType, HostTensor};
 
@@ -580,7 +581,7 @@ async fn append_rows(
                 });
             ctx.scoped("KV cache append", || {
                 let mut rec = Recorder::new(ctx, "KV cache append");
-                // A cache larger than one buffer is held in several (gpu/chunks.rs).
+                // A cache larger than one buffer is held in several (device/chunks.rs).
                 let replaced = match (in_place, allocated) {
                     (true, _) => None,
                     (false, Some(h)) => Some(h),

@@ -29,45 +29,46 @@
 // between tensors natively are harmless there.
 #![cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
 
-pub mod bench;
-pub mod call_plan;
 pub mod conformance;
 pub mod cpu;
+pub mod device;
 mod device_tensor;
-mod devices;
 mod engine;
 mod error;
 pub mod family;
-pub mod gpu;
+pub mod kernels;
 pub mod kv_cache;
 pub mod layout;
 pub mod limits;
+pub mod measure;
 #[cfg(feature = "npy")]
 pub mod npy;
 mod options;
+pub mod plan;
 mod problem;
 pub mod rng;
+pub mod run;
 mod tensor;
 pub mod tuning;
 
-pub use call_plan::CallPlan;
+pub use device::capabilities::{AdapterSummary, Capabilities, KernelLimits};
+pub use device::context::{GpuContext, PowerPreference};
+pub use device::counters::WorkCounts;
 pub use device_tensor::{Mask, Tensor};
 pub use engine::{
     BackendKind, BackendPreference, CallStats, Engine, EngineOptions, PreparedAttention,
 };
 pub use error::{Error, Result};
-pub use gpu::capabilities::{AdapterSummary, Capabilities, KernelLimits};
-pub use gpu::choice::DecodeKernelChoice;
-pub use gpu::context::{GpuContext, PowerPreference};
-pub use gpu::counters::WorkCounts;
-pub use gpu::ops::fused::FusedKernelChoice;
-pub use gpu::ops::projection::WeightStorage;
+pub use kernels::attention::FusedKernelChoice;
+pub use kernels::projection::WeightStorage;
 pub use kv_cache::KvCache;
 pub use limits::{DeviceLimits, LimitOverride, LimitsPreset};
 pub use options::{
     alibi_slopes, AttentionOptions, KernelPath, MatrixUnits, Precision, QkMatmulOutputMode,
     RuntimeChecks,
 };
+pub use plan::overrides::DecodeKernelChoice;
+pub use plan::CallPlan;
 pub use problem::{
     validate, AttentionDims, AttentionInputs, AttentionOutputs, MaskLayout, MaskRef, TensorRef,
 };

@@ -132,7 +132,7 @@ pub enum MatrixUnits {
     Emulated16,
     /// As `Auto`, but on Vulkan the matrix-unit kernels reach the driver as
     /// wgpu's own translation of their WGSL rather than the engine's SPIR-V
-    /// (`gpu::spirv`), which adds the memory-model operands naga omits. A
+    /// (`device::spirv`), which adds the memory-model operands naga omits. A
     /// measuring aid: on an H200 a loop of matrix loads from workgroup memory
     /// ran 2.7 times faster this way, but only the engine's SPIR-V has passed
     /// the full sweep there.

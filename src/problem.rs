@@ -159,7 +159,7 @@ pub struct AttentionDims {
     pub(crate) placement: Placement,
 }
 
-/// A piece's place in the call it was cut from (`gpu/split.rs`).
+/// A piece's place in the call it was cut from (`run/split.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Placement {
     /// Added to every query's position (causal, windows, ALiBi): the piece's

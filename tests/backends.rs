@@ -96,8 +96,8 @@ fn the_quick_sweep_passes_on_mesa_gl() {
 
 /// The sweep with every buffer and binding at 16 KiB: Q, K, V, masks, pasts
 /// and outputs larger than that are held in several buffers and every call
-/// runs in pieces that cross their boundaries (`gpu/chunks.rs`,
-/// `gpu/split.rs`), still against the oracle.
+/// runs in pieces that cross their boundaries (`device/chunks.rs`,
+/// `run/split.rs`), still against the oracle.
 #[test]
 fn the_quick_sweep_passes_with_tiny_buffers() {
     if common::gpu().is_none() {

@@ -688,7 +688,7 @@ fn info_reports_the_adapter_and_the_plan() {
     let text = String::from_utf8_lossy(&wgsl.stdout);
     assert!(
         wgsl.status.success()
-            && text.starts_with("// Made by src/gpu/generators/attention_tiled.rs")
+            && text.starts_with("// Made by src/kernels/attention/tiled/generator.rs")
     );
     let spliced = !text
         .lines()

@@ -20,13 +20,13 @@ mod common;
 use std::process::Command;
 
 use webattn::conformance::{compare, run_case, run_sweep, CaseSpec, SweepKind, DEFAULT_FLOOR};
-use webattn::gpu::kernels::gemm_host_variant;
-use webattn::gpu::ops::gemm::{
+use webattn::kernels::gemm::{
     kernel_for as gemm_kernel_for, AValues, GemmKernel, GemmSpec, PackedTile,
 };
-use webattn::gpu::planner::coop_shape;
-use webattn::gpu::registry::CoopSize;
+use webattn::kernels::registry::CoopSize;
+use webattn::plan::planner::coop_shape;
 use webattn::rng::SplitMix64;
+use webattn::run::single::gemm_host_variant;
 use webattn::{
     AttentionOptions, Engine, EngineOptions, Error, FusedKernelChoice, HostTensor, KernelPath,
     MatrixUnits, Precision,
@@ -216,7 +216,7 @@ fn staged(engine: &Engine) -> GemmKernel {
 fn gemm_cases(engine: &Engine) {
     gemm_cases_only(engine, staged(engine));
     // On Vulkan the matrix-unit kernels reach the driver as the engine's own
-    // SPIR-V (gpu::spirv: naga's leaves workgroup memory private under the
+    // SPIR-V (device::spirv: naga's leaves workgroup memory private under the
     // Vulkan memory model, and NVIDIA computed garbage from it).
     let ctx = engine.gpu().expect("a GPU engine");
     if ctx.capabilities().adapter.backend == "Vulkan" {
@@ -826,7 +826,7 @@ fn fast_calls_leave_a_matrix_unit_kernel_measured_slower() {
         "fast_calls_leave_a_matrix_unit_kernel_measured_slower",
         Size::Native,
         |_| {
-            use webattn::gpu::ops::fused::FusedKernel;
+            use webattn::kernels::attention::FusedKernel;
             use webattn::tuning::{TunedEntry, TunedKernel, TuningCache, TuningKey};
             let engine = Engine::with_options_blocking(EngineOptions {
                 backend: webattn::BackendPreference::Gpu,
@@ -835,7 +835,7 @@ fn fast_calls_leave_a_matrix_unit_kernel_measured_slower() {
             })
             .expect("an engine of its own");
             let ctx = engine.gpu().expect("a GPU engine");
-            let is_coop = |ctx: &webattn::gpu::context::GpuContext| {
+            let is_coop = |ctx: &webattn::device::context::GpuContext| {
                 matches!(
                     ctx.fused_kernel_at(8, 8, Precision::Fast),
                     Ok(FusedKernel::Coop(_))
@@ -946,7 +946,7 @@ fn fast_calls_take_the_matrix_unit_gemm_form_tuned_fastest() {
         "fast_calls_take_the_matrix_unit_gemm_form_tuned_fastest",
         Size::Native,
         |_| {
-            use webattn::gpu::choice::FastGemm;
+            use webattn::plan::overrides::FastGemm;
             use webattn::tuning::{TunedEntry, TunedGemm, TunedKernel, TuningCache, TuningKey};
             let engine = Engine::with_options_blocking(EngineOptions {
                 backend: webattn::BackendPreference::Gpu,
@@ -1041,7 +1041,7 @@ fn fast_calls_take_the_matrix_unit_gemm_form_tuned_fastest() {
 /// same code at 16x16.
 #[test]
 fn each_phase_switch_of_the_matrix_unit_kernel_removes_its_phase() {
-    use webattn::gpu::phases::Phases;
+    use webattn::plan::ablation::Phases;
     on_matrix_units(
         "each_phase_switch_of_the_matrix_unit_kernel_removes_its_phase",
         Size::Native,
@@ -1297,7 +1297,7 @@ fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
         "fast_calls_take_the_matrix_unit_tiles_measured_fastest",
         Size::Native,
         |_| {
-            use webattn::gpu::ops::fused::{CoopForm, CoopTiles, FusedKernel};
+            use webattn::kernels::attention::{CoopForm, CoopTiles, FusedKernel};
             use webattn::tuning::{TunedCoop, TunedEntry, TunedKernel, TuningCache, TuningKey};
             let engine = Engine::with_options_blocking(EngineOptions {
                 backend: webattn::BackendPreference::Gpu,
@@ -1307,7 +1307,7 @@ fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
             .expect("an engine of its own");
             let ctx = engine.gpu().expect("a GPU engine");
             let shape = coop_shape(ctx.capabilities()).expect("matrix units");
-            let tiles_at = |ctx: &webattn::gpu::context::GpuContext| match ctx.fused_kernel_at(
+            let tiles_at = |ctx: &webattn::device::context::GpuContext| match ctx.fused_kernel_at(
                 8,
                 8,
                 Precision::Fast,
@@ -1390,7 +1390,7 @@ fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
             );
             // The form is tuned too: packed by default, staged or shared
             // where that form was measured faster or is forced.
-            let form_at = |ctx: &webattn::gpu::context::GpuContext| match ctx.fused_kernel_at(
+            let form_at = |ctx: &webattn::device::context::GpuContext| match ctx.fused_kernel_at(
                 8,
                 8,
                 Precision::Fast,

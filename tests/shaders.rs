@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use webattn::gpu::registry::{
+use webattn::kernels::registry::{
     fills_a_slot, validate_kernel, validate_wgsl, with_includes, Kernel, FRAGMENTS,
 };
 
@@ -47,7 +47,7 @@ fn every_shader_file_validates() {
 
 #[test]
 fn registry_embeds_every_file_and_nothing_else() {
-    // A generated kernel's text has no file (`src/gpu/generators/`).
+    // A generated kernel's text has no file (`src/kernels/`).
     let registered: BTreeSet<String> = Kernel::ALL
         .iter()
         .filter(|k| !k.is_generated())
@@ -76,14 +76,14 @@ fn invalid_wgsl_is_a_typed_error_quoting_the_line() {
 }
 
 /// Each kernel's WGSL `Params` (its uniform block) against the Rust block
-/// the engine writes (`webattn::gpu::uniform`), word by word: the same
+/// the engine writes (`webattn::kernels::uniform`), word by word: the same
 /// types at the same offsets, and the same names wherever the Rust field has
 /// a name of its own (not padding, nor a word whose meaning differs by
 /// kernel), so a field added, dropped or moved on one side fails here.
 #[test]
 fn every_kernels_uniform_block_matches_its_rust_definition() {
     use naga::{AddressSpace, ScalarKind, TypeInner};
-    use webattn::gpu::uniform::{kernel_words, Scalar};
+    use webattn::kernels::uniform::{kernel_words, Scalar};
     let mut failures = Vec::new();
     for kernel in Kernel::ALL {
         let module = naga::front::wgsl::parse_str(kernel.source()).expect("the kernel parses");

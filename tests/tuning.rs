@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 
 use webattn::conformance::{compare, CaseSpec, DEFAULT_FLOOR};
 use webattn::cpu;
-use webattn::gpu::ops::decode::{DecodeKernel, StreamShape};
+use webattn::kernels::decode::{DecodeKernel, StreamShape};
 use webattn::tuning::{
     TunedDecode, TunedEntry, TunedKernel, TuningCache, TuningKey, TuningTable, HEADER,
 };
@@ -276,7 +276,7 @@ fn auto_follows_the_measured_path_and_kernel() {
         precision: webattn::Precision::Fast,
         ..Default::default()
     };
-    let has_units = webattn::gpu::planner::coop_shape(engine.capabilities().unwrap()).is_some();
+    let has_units = webattn::plan::planner::coop_shape(engine.capabilities().unwrap()).is_some();
     for (options, want) in [
         (&options, KernelPath::Unfused),
         (
@@ -465,7 +465,7 @@ fn entries_measured_on_other_kernels_are_ignored() {
     assert!(current.is_current());
     assert_eq!(
         current.kernels,
-        webattn::gpu::registry::Kernel::fingerprint()
+        webattn::kernels::registry::Kernel::fingerprint()
     );
     let mut old = current.clone();
     old.kernels = "0123456789abcdef".into();

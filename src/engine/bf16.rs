@@ -6,9 +6,10 @@
 use std::sync::Arc;
 
 use super::{Backend, Engine};
+use crate::device::{buffer, chunks};
 use crate::device_tensor::{Storage, Tensor};
 use crate::error::{Error, Result};
-use crate::gpu::{buffer, chunks, half};
+use crate::run::half;
 use crate::tensor::{checked_numel, DType, HostTensor};
 
 impl Engine {

@@ -1,7 +1,7 @@
 //! The workspaces of `Engine::attention`'s recent calls, kept by their plan:
 //! a call repeated at one shape (a loop over batches, a decoder without
 //! prepared calls) takes the parameter blocks, scratch buffers and bind
-//! groups its previous run made (`gpu/arena.rs`) instead of creating them
+//! groups its previous run made (`device/arena.rs`) instead of creating them
 //! again. Its outputs are the caller's: they are given away after each run,
 //! so only they are new.
 //!
@@ -12,10 +12,10 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::call_plan::CallPlan;
+use crate::device::arena::Arena;
 use crate::device_tensor::{Storage, Tensor};
-use crate::gpu::arena::Arena;
 use crate::options::AttentionOptions;
+use crate::plan::CallPlan;
 use crate::problem::{AttentionDims, AttentionOutputs};
 
 /// Most calls whose workspaces are kept.

@@ -1,20 +1,21 @@
 //! An attention call on the GPU paths: the call's tensors as device storage
 //! (f16 ones widened where the kernels read f32; one buffer or several, see
-//! `gpu/chunks.rs`), the call whole or in pieces (`gpu/split.rs`), and its
+//! `device/chunks.rs`), the call whole or in pieces (`run/split.rs`), and its
 //! outputs typed as ONNX types them.
 
 use std::sync::Arc;
 
 use super::{CallStats, Engine};
-use crate::call_plan::CallPlan;
+use crate::device::chunks;
+use crate::device::chunks::Held;
+use crate::device::context::GpuContext;
 use crate::device_tensor::{Storage, Tensor};
 use crate::error::{Error, Result};
-use crate::gpu::chunks::{self, Held};
-use crate::gpu::context::GpuContext;
-use crate::gpu::half;
-use crate::gpu::split;
 use crate::options::AttentionOptions;
+use crate::plan::CallPlan;
 use crate::problem::{AttentionDims, AttentionInputs, AttentionOutputs};
+use crate::run::half;
+use crate::run::split;
 use crate::tensor::DType;
 
 impl Engine {
@@ -74,7 +75,7 @@ impl Engine {
             None => None,
         };
         // f16 keys and values stay f16 where the decode kernel reads
-        // them; everything else reads f32 (see gpu/half.rs).
+        // them; everything else reads f32 (see run/half.rs).
         let chunk_len = |t: &Tensor| match &t.storage {
             Storage::GpuChunks(c) => Some(c.chunk_len()),
             _ => None,
@@ -141,7 +142,7 @@ impl Engine {
             Some(t) => Some(f32_held(t, false).await?),
             None => None,
         };
-        let gpu_inputs = crate::gpu::kv::GpuInputs {
+        let gpu_inputs = crate::run::present::GpuInputs {
             q: q.source(),
             k: k.source(),
             v: v.source(),

@@ -1,15 +1,15 @@
 //! Prepared attention calls: planned once, their workspace made by the first
-//! run and reused by every run after it (`gpu/arena.rs`), so a call repeated
+//! run and reused by every run after it (`device/arena.rs`), so a call repeated
 //! at one shape (a decoder's token steps) allocates nothing on the device.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{Backend, Engine};
-use crate::call_plan::CallPlan;
+use crate::device::arena::Arena;
 use crate::device_tensor::{Storage, Tensor};
 use crate::error::{Error, Result};
-use crate::gpu::arena::Arena;
 use crate::options::AttentionOptions;
+use crate::plan::CallPlan;
 use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs};
 use crate::tensor::DType;
 

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use super::{Backend, Engine};
+use crate::device::buffer;
 use crate::device_tensor::{Storage, Tensor};
 use crate::error::{Error, Result};
-use crate::gpu::buffer;
 use crate::tensor::{DType, HostTensor};
 
 impl Engine {

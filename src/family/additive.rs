@@ -29,12 +29,14 @@
 //! ```
 
 use crate::cpu::Real;
+use crate::device::buffer;
+use crate::device::recorder::Recorder;
 use crate::engine::Engine;
 use crate::error::Result;
-use crate::gpu::buffer;
-use crate::gpu::ops::additive::{self, AdditiveSpec};
-use crate::gpu::ops::gemm::{self, GemmSpec};
-use crate::gpu::recorder::Recorder;
+use crate::kernels::additive;
+use crate::kernels::additive::AdditiveSpec;
+use crate::kernels::gemm;
+use crate::kernels::gemm::GemmSpec;
 use crate::tensor::HostTensor;
 
 use super::scored::{self, par_rows, Sizes, Staged, Want};

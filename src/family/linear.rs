@@ -20,12 +20,13 @@
 
 use super::{expect_dim, expect_rank, Attended};
 use crate::cpu::Real;
+use crate::device::buffer;
+use crate::device::context::GpuContext;
+use crate::device::recorder::Recorder;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::gpu::buffer;
-use crate::gpu::context::GpuContext;
-use crate::gpu::ops::linear::{self, LinearBuffers, LinearSizes};
-use crate::gpu::recorder::Recorder;
+use crate::kernels::linear;
+use crate::kernels::linear::{LinearBuffers, LinearSizes};
 use crate::tensor::HostTensor;
 
 /// Linear attention with the elu+1 feature map, causal or not.

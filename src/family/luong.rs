@@ -26,12 +26,14 @@
 //! ```
 
 use crate::cpu::Real;
+use crate::device::buffer;
+use crate::device::recorder::Recorder;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::gpu::buffer;
-use crate::gpu::ops::gemm::{self, GemmSpec};
-use crate::gpu::ops::mask::{self, MaskBuffers};
-use crate::gpu::recorder::Recorder;
+use crate::kernels::gemm;
+use crate::kernels::gemm::GemmSpec;
+use crate::kernels::mask;
+use crate::kernels::mask::MaskBuffers;
 use crate::options::AttentionOptions;
 use crate::problem::AttentionDims;
 use crate::tensor::HostTensor;

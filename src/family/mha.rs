@@ -31,18 +31,18 @@ use super::position::{rope_fast, rope_in_place, Rope};
 use super::{expect_dim, expect_rank, Attended};
 use crate::cpu::fast::gemm::{matmul_packed, Init, MatRef, PackedMatrix};
 use crate::cpu::Real;
+use crate::device::buffer;
+use crate::device::context::GpuContext;
+use crate::device::recorder::Recorder;
 use crate::device_tensor::Tensor;
 use crate::engine::{Engine, PreparedAttention};
 use crate::error::{Error, Result};
-use crate::gpu::buffer;
-use crate::gpu::context::GpuContext;
-use crate::gpu::ops::cache_append::{CacheSlot, PreparedCacheAppend};
-use crate::gpu::ops::gemm::{self, GemmSpec};
-use crate::gpu::ops::position::PreparedPosition;
-use crate::gpu::ops::projection::{
-    self, InputLayout, PackedWeights, Projection, Segment, WeightStorage,
-};
-use crate::gpu::recorder::Recorder;
+use crate::kernels::cache_append::{CacheSlot, PreparedCacheAppend};
+use crate::kernels::gemm;
+use crate::kernels::gemm::GemmSpec;
+use crate::kernels::position::PreparedPosition;
+use crate::kernels::projection;
+use crate::kernels::projection::{InputLayout, PackedWeights, Projection, Segment, WeightStorage};
 use crate::options::{alibi_slopes, AttentionOptions, QkMatmulOutputMode};
 use crate::problem::AttentionInputs;
 use crate::rng::SplitMix64;
@@ -199,7 +199,7 @@ struct Workspace {
     attention: Option<PreparedAttention>,
     /// The step's own recordings reuse their bind groups from here (the
     /// buffers above are the same every step).
-    arena: Arc<crate::gpu::arena::Arena>,
+    arena: Arc<crate::device::arena::Arena>,
     /// An empty encoder that stands in for the caller's while a recorded step
     /// holds it, kept for the next step (a new encoder costs more the more
     /// resources the device has made: about 10 µs a layer on lavapipe).

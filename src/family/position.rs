@@ -10,11 +10,12 @@
 //! `(a cos − b sin, a sin + b cos)`.
 
 use crate::cpu::Real;
+use crate::device::buffer;
+use crate::device::recorder::Recorder;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::gpu::buffer;
-use crate::gpu::ops::position::{self, PositionMode};
-use crate::gpu::recorder::Recorder;
+use crate::kernels::position;
+use crate::kernels::position::PositionMode;
 use crate::tensor::HostTensor;
 
 /// The base θ of the original papers.
@@ -230,7 +231,7 @@ impl Rope {
     /// prepared once for a decoder's steps.
     pub(crate) fn prepare(
         &self,
-        ctx: &crate::gpu::context::GpuContext,
+        ctx: &crate::device::context::GpuContext,
         rows: usize,
         seq_len: usize,
         dim: usize,
@@ -244,14 +245,14 @@ impl Rope {
     /// cache, prepared once: `rows` rows of `dim` values, `seq_len` a sequence.
     pub(crate) fn prepare_append(
         &self,
-        ctx: &crate::gpu::context::GpuContext,
+        ctx: &crate::device::context::GpuContext,
         rows: usize,
         seq_len: usize,
         dim: usize,
-    ) -> Result<crate::gpu::ops::cache_append::PreparedCacheAppend> {
+    ) -> Result<crate::kernels::cache_append::PreparedCacheAppend> {
         self.check(dim)?;
         let freqs = position::inverse_frequencies(self.base, dim, dim / 2);
-        crate::gpu::ops::cache_append::PreparedCacheAppend::prepare(
+        crate::kernels::cache_append::PreparedCacheAppend::prepare(
             ctx,
             Some((self.mode(), &freqs)),
             rows,

@@ -7,12 +7,14 @@
 //! is the same for every variant.
 
 use crate::cpu::Real;
+use crate::device::buffer;
+use crate::device::context::GpuContext;
+use crate::device::recorder::Recorder;
 use crate::error::{Error, Result};
-use crate::gpu::buffer;
-use crate::gpu::context::GpuContext;
-use crate::gpu::ops::gemm::{self, GemmSpec};
-use crate::gpu::ops::softmax::{self, MASKED};
-use crate::gpu::recorder::Recorder;
+use crate::kernels::gemm;
+use crate::kernels::gemm::GemmSpec;
+use crate::kernels::softmax;
+use crate::kernels::softmax::MASKED;
 use crate::tensor::HostTensor;
 
 use super::{expect_dim, expect_rank, Attended};

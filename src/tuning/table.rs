@@ -10,15 +10,15 @@
 //! entry whose tiles the kernel no longer offers, or that no longer fit the
 //! adapter's limits, is ignored when looked up, and so is an entry measured
 //! on other kernels (another webattn version: the key's fingerprint of the
-//! kernels' WGSL differs, [`crate::gpu::registry::Kernel::fingerprint`]).
+//! kernels' WGSL differs, [`crate::kernels::registry::Kernel::fingerprint`]).
 
 use std::collections::BTreeMap;
 #[cfg(not(target_arch = "wasm32"))]
 use std::path::{Path, PathBuf};
 
-use crate::gpu::capabilities::Capabilities;
-use crate::gpu::ops::coop::CoopForm;
-use crate::gpu::ops::decode::{DecodeKernel, StreamShape, GROUPED_ROWS};
+use crate::device::capabilities::Capabilities;
+use crate::kernels::attention::coop::CoopForm;
+use crate::kernels::decode::{DecodeKernel, StreamShape, GROUPED_ROWS};
 use crate::options::RuntimeChecks;
 
 /// The first line of a cache file of this format.
@@ -48,7 +48,7 @@ pub struct TuningKey {
     /// Whether the kernels timed kept naga's runtime checks.
     pub runtime_checks: RuntimeChecks,
     /// The fingerprint of the kernels timed
-    /// ([`crate::gpu::registry::Kernel::fingerprint`]; `-` in the file when
+    /// ([`crate::kernels::registry::Kernel::fingerprint`]; `-` in the file when
     /// unknown: such an entry is never looked up).
     pub kernels: String,
 }
@@ -67,14 +67,14 @@ impl TuningKey {
             dk4: dk.div_ceil(4) as u32,
             dv4: dv.div_ceil(4) as u32,
             runtime_checks: RuntimeChecks::On,
-            kernels: crate::gpu::registry::Kernel::fingerprint().to_string(),
+            kernels: crate::kernels::registry::Kernel::fingerprint().to_string(),
         }
     }
 
     /// Whether the entry under this key was measured on the kernels of this
     /// build.
     pub fn is_current(&self) -> bool {
-        self.kernels == crate::gpu::registry::Kernel::fingerprint()
+        self.kernels == crate::kernels::registry::Kernel::fingerprint()
     }
 
     /// This key for kernels compiled with `runtime_checks`.
@@ -231,7 +231,7 @@ impl TunedCoop {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TunedGemm {
     /// The form.
-    pub form: crate::gpu::choice::FastGemm,
+    pub form: crate::plan::overrides::FastGemm,
     /// The unfused path's median time at `Fast` with it, in ms.
     pub unfused_ms: f64,
 }
@@ -663,7 +663,7 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
     let fast_gemm = match fields.get(22).map(|f| f.trim()) {
         None | Some("-") => None,
         Some(name) => Some(TunedGemm {
-            form: crate::gpu::choice::FastGemm::from_name(name)
+            form: crate::plan::overrides::FastGemm::from_name(name)
                 .ok_or_else(|| format!("unknown matrix-unit GEMM form {name:?}"))?,
             unfused_ms: time(23, "fast_gemm_ms")?,
         }),
@@ -706,7 +706,7 @@ mod tests {
             dk4,
             dv4: dk4,
             runtime_checks: RuntimeChecks::On,
-            kernels: crate::gpu::registry::Kernel::fingerprint().to_string(),
+            kernels: crate::kernels::registry::Kernel::fingerprint().to_string(),
         }
     }
 
@@ -745,10 +745,9 @@ mod tests {
                 coop_ms: Some(3.75),
                 unfused_coop_ms: Some(5.5),
                 fast_gemm: Some(TunedGemm {
-                    form: crate::gpu::choice::FastGemm::Packed(crate::gpu::choice::PackedTile {
-                        rows: 4,
-                        cols: 2,
-                    }),
+                    form: crate::plan::overrides::FastGemm::Packed(
+                        crate::plan::overrides::PackedTile { rows: 4, cols: 2 },
+                    ),
                     unfused_ms: 0.75,
                 }),
                 coop_tiles: Some(TunedCoop {

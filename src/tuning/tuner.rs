@@ -3,13 +3,13 @@
 //! records the fastest in the engine's tuning table, which the kernel choice
 //! and `KernelPath::Auto` then follow.
 
-use crate::bench::{measure_gpu, Repeats};
 use crate::conformance::{CaseInputs, CaseSpec};
 use crate::error::{Error, Result};
-use crate::gpu::choice::{FastGemm, GemmKernel};
-use crate::gpu::ops::coop::CoopForm;
-use crate::gpu::ops::decode::{DecodeKernel, DecodePlan, StreamShape, GROUPED_ROWS};
-use crate::gpu::ops::fused::{CoopTiles, FusedKernel, FusedTiles, TiledTiles};
+use crate::kernels::attention::coop::CoopForm;
+use crate::kernels::attention::{CoopTiles, FusedKernel, FusedTiles, TiledTiles};
+use crate::kernels::decode::{DecodeKernel, DecodePlan, StreamShape, GROUPED_ROWS};
+use crate::measure::{measure_gpu, Repeats};
+use crate::plan::overrides::{FastGemm, GemmKernel};
 use crate::problem::AttentionDims;
 use crate::{AttentionInputs, AttentionOptions, Engine, FusedKernelChoice, KernelPath, Precision};
 
@@ -79,7 +79,7 @@ pub fn coop_candidates(engine: &Engine, dk: usize, dv: usize) -> Vec<CoopTiles> 
         return Vec::new();
     };
     let caps = ctx.capabilities();
-    let Some(shape) = crate::gpu::planner::coop_shape(caps) else {
+    let Some(shape) = crate::plan::planner::coop_shape(caps) else {
         return Vec::new();
     };
     let tried = if caps.adapter.device_type == "Cpu" {
@@ -175,7 +175,7 @@ pub fn fused_candidates(engine: &Engine, dk: usize, dv: usize) -> Result<Vec<Fus
 /// heads, one query row each ([`decode::TUNED_ROWS`] rows per workgroup,
 /// which [`StreamShape::suits`] takes as what was measured).
 ///
-/// [`decode::TUNED_ROWS`]: crate::gpu::ops::decode::TUNED_ROWS
+/// [`decode::TUNED_ROWS`]: crate::kernels::decode::TUNED_ROWS
 fn decode_problem(heads: usize, keys: usize, head_dims: [usize; 2]) -> AttentionDims {
     AttentionDims::plain(1, [heads, heads], [1, keys], head_dims)
 }
@@ -289,8 +289,8 @@ pub fn fast_gemm_candidates(ctx: &crate::GpuContext) -> Vec<FastGemm> {
     FastGemm::ALL
         .into_iter()
         .filter(|form| match form {
-            FastGemm::Packed(tile) => crate::gpu::ops::gemm_packed::fits(shape, *tile, limits),
-            FastGemm::Staged => crate::gpu::ops::gemm::coop_fits(shape, limits),
+            FastGemm::Packed(tile) => crate::kernels::gemm::packed::fits(shape, *tile, limits),
+            FastGemm::Staged => crate::kernels::gemm::coop_fits(shape, limits),
         })
         .collect()
 }
@@ -386,7 +386,7 @@ pub async fn tune(
                 median_ms: ms,
             });
             // Every candidate is an f32 kernel, which the table keeps.
-            let form = crate::gpu::planner::tuned_form(&kernel);
+            let form = crate::plan::planner::tuned_form(&kernel);
             if let Some(form) = form.filter(|_| best.as_ref().is_none_or(|(_, b)| ms < *b)) {
                 best = Some((form, ms));
             }
@@ -561,7 +561,7 @@ mod tests {
             let dims = decode_problem(heads, 4096, [128, 128]);
             assert_eq!(
                 DecodePlan::heads_per_workgroup(&dims) * dims.q_len,
-                crate::gpu::ops::decode::TUNED_ROWS
+                crate::kernels::decode::TUNED_ROWS
             );
         }
     }

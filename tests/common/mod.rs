@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use webattn::conformance::{run_case, CaseResult, CaseSpec};
-use webattn::gpu::ops::gemm::GemmSpec;
+use webattn::kernels::gemm::GemmSpec;
 use webattn::tuning::TuningCache;
 use webattn::{BackendPreference, Engine, EngineOptions, KernelPath};
 
@@ -166,7 +166,8 @@ pub fn runs_shuffle_forms() -> bool {
     gpu()
         .and_then(|engine| engine.capabilities())
         .is_some_and(|caps| {
-            caps.subgroups && caps.subgroup_min_size >= webattn::gpu::ops::tiled::SHUFFLE_MIN_TK
+            caps.subgroups
+                && caps.subgroup_min_size >= webattn::kernels::attention::tiled::SHUFFLE_MIN_TK
         })
 }
 

@@ -382,12 +382,12 @@ fn inputs_drawn_past_the_host_memory_are_out_of_memory() {
 fn side_by_side_measurements_interleave_their_runs() {
     let Some(engine) = common::gpu() else { return };
     let ctx = engine.gpu().expect("a GPU engine");
-    let repeats = webattn::bench::Repeats {
+    let repeats = webattn::measure::Repeats {
         warmup: 1,
         timed: 2,
     };
     let mut order = Vec::new();
-    let measured = pollster::block_on(webattn::bench::measure_gpu_interleaved(
+    let measured = pollster::block_on(webattn::measure::measure_gpu_interleaved(
         ctx,
         repeats,
         3,
@@ -410,7 +410,7 @@ fn side_by_side_measurements_interleave_their_runs() {
         ..Default::default()
     })
     .unwrap();
-    let shape = webattn::bench::AttentionShape {
+    let shape = webattn::measure::AttentionShape {
         batch: 1,
         heads: 1,
         kv_heads: 1,
@@ -419,13 +419,13 @@ fn side_by_side_measurements_interleave_their_runs() {
         head_dim: 8,
         causal: false,
     };
-    let run = webattn::bench::AttentionRun {
+    let run = webattn::measure::AttentionRun {
         path: KernelPath::Fused,
         precision: webattn::Precision::Highest,
         cold_cache: false,
         dtype: webattn::DType::F32,
     };
-    let err = pollster::block_on(webattn::bench::attention_runs(
+    let err = pollster::block_on(webattn::measure::attention_runs(
         &[engine, &other],
         shape,
         run,
@@ -446,7 +446,7 @@ fn a_grouped_query_decode_row_is_measured_with_its_kv_heads() {
         return;
     };
     let engine = &engine;
-    let shape = webattn::bench::AttentionShape {
+    let shape = webattn::measure::AttentionShape {
         batch: 1,
         heads: 4,
         kv_heads: 2,
@@ -456,12 +456,12 @@ fn a_grouped_query_decode_row_is_measured_with_its_kv_heads() {
         causal: false,
     };
     assert_eq!(shape.kv_bytes(), 2 * 4 * (2 * 600 * 8));
-    let repeats = webattn::bench::Repeats {
+    let repeats = webattn::measure::Repeats {
         warmup: 1,
         timed: 2,
     };
     for dtype in [webattn::DType::F32, webattn::DType::F16] {
-        let m = pollster::block_on(webattn::bench::attention_as(
+        let m = pollster::block_on(webattn::measure::attention_as(
             engine,
             shape,
             KernelPath::Fused,
@@ -482,12 +482,12 @@ fn a_grouped_query_decode_row_is_measured_with_its_kv_heads() {
 fn the_bandwidth_ceiling_is_timed_like_the_fma_ceiling() {
     let Some(engine) = common::gpu() else { return };
     let ctx = engine.gpu().expect("a GPU engine");
-    let repeats = webattn::bench::Repeats {
+    let repeats = webattn::measure::Repeats {
         warmup: 1,
         timed: 2,
     };
-    let (_, fma) = pollster::block_on(webattn::bench::fma_ceiling(ctx, repeats)).unwrap();
-    let copy = pollster::block_on(webattn::bench::bandwidth_ceiling(ctx, repeats)).unwrap();
+    let (_, fma) = pollster::block_on(webattn::measure::fma_ceiling(ctx, repeats)).unwrap();
+    let copy = pollster::block_on(webattn::measure::bandwidth_ceiling(ctx, repeats)).unwrap();
     println!(
         "fma ceiling {:?}, copy ceiling {:?}",
         fma.clock, copy.measurement.clock
@@ -513,7 +513,7 @@ fn the_clock_guard_probes_around_each_run_where_it_is_on() {
     })
     .unwrap();
     let ctx = engine.gpu().expect("a GPU engine");
-    let repeats = webattn::bench::Repeats {
+    let repeats = webattn::measure::Repeats {
         warmup: 1,
         timed: 3,
     };
@@ -523,7 +523,7 @@ fn the_clock_guard_probes_around_each_run_where_it_is_on() {
             !ctx.clock_guard_on(),
             "the guard is off by default on a CPU adapter"
         );
-        let (_, m) = pollster::block_on(webattn::bench::fma_ceiling(ctx, repeats)).unwrap();
+        let (_, m) = pollster::block_on(webattn::measure::fma_ceiling(ctx, repeats)).unwrap();
         assert_eq!((m.retaken, m.throttled), (0, 0));
         assert_eq!(ctx.fastest_clock_probe_gflops(), None, "no probe ran");
     }
@@ -533,7 +533,7 @@ fn the_clock_guard_probes_around_each_run_where_it_is_on() {
         return;
     }
     assert!(ctx.clock_guard_on());
-    let (_, m) = pollster::block_on(webattn::bench::fma_ceiling(ctx, repeats)).unwrap();
+    let (_, m) = pollster::block_on(webattn::measure::fma_ceiling(ctx, repeats)).unwrap();
     println!(
         "samples {:?}, retaken {}, throttled {}, fastest probe {:?} GFLOP/s",
         m.samples_ms,
@@ -542,9 +542,10 @@ fn the_clock_guard_probes_around_each_run_where_it_is_on() {
         ctx.fastest_clock_probe_gflops()
     );
     assert_eq!(m.samples_ms.len(), repeats.timed);
-    assert!(m.retaken <= webattn::bench::clock_guard::retake_budget(repeats.timed));
+    assert!(m.retaken <= webattn::measure::clock_guard::retake_budget(repeats.timed));
     assert!(
-        m.throttled == 0 || m.retaken == webattn::bench::clock_guard::retake_budget(repeats.timed)
+        m.throttled == 0
+            || m.retaken == webattn::measure::clock_guard::retake_budget(repeats.timed)
     );
     assert!(ctx.fastest_clock_probe_gflops().is_some_and(|g| g > 0.0));
 }

@@ -1,5 +1,5 @@
 //! Tensors larger than one buffer (`max_buffer_size`) are held in several
-//! (`gpu/chunks.rs`) and attention reads them in pieces. Forced here on an
+//! (`device/chunks.rs`) and attention reads them in pieces. Forced here on an
 //! adapter whose buffers hold at most 64 KiB, so uploads, downloads and every
 //! path cross chunk boundaries against the f64 oracle.
 

@@ -1,4 +1,4 @@
-//! The matrix-unit kernels' own SPIR-V (`webattn::gpu::spirv`), which the
+//! The matrix-unit kernels' own SPIR-V (`webattn::device::spirv`), which the
 //! engine hands to Vulkan drivers through wgpu's passthrough: every planned
 //! key compiles, every load and store of workgroup or writable storage
 //! memory is `NonPrivatePointer` (loads from read-only storage stay
@@ -12,8 +12,10 @@
 use std::collections::HashMap;
 use std::process::Command;
 
-use webattn::gpu::plan::every_planned_pipeline;
-use webattn::gpu::spirv::{compile_coop_kernel, MAKE_AVAILABLE, MAKE_VISIBLE, NON_PRIVATE_POINTER};
+use webattn::device::spirv::{
+    compile_coop_kernel, MAKE_AVAILABLE, MAKE_VISIBLE, NON_PRIVATE_POINTER,
+};
+use webattn::plan::kernel_plan::every_planned_pipeline;
 use webattn::RuntimeChecks;
 
 /// (opcode, operands after the first word) of each instruction.
@@ -240,7 +242,7 @@ fn modules_under_the_glsl450_model_are_left_alone() {
     // A header and OpMemoryModel Logical GLSL450 only.
     let words = [0x0723_0203, 0x0001_0500, 0, 10, 0, (3 << 16) | 14, 0, 1];
     assert_eq!(
-        webattn::gpu::spirv::make_accesses_non_private(&words),
+        webattn::device::spirv::make_accesses_non_private(&words),
         words.to_vec()
     );
 }

@@ -1,4 +1,4 @@
-//! The streaming decode kernel (`gpu/generators/attention_decode_stream.rs`:
+//! The streaming decode kernel (`kernels/decode/stream.rs`:
 //! `attention_decode_stream`):
 //! forced on the test adapter, every decode form of the contract against the
 //! f64 oracle, with each of its team shapes that fits; and the choice between
@@ -7,7 +7,7 @@
 use crate::common;
 
 use webattn::conformance::{run_case, CaseSpec, MaskForm};
-use webattn::gpu::ops::decode::{DecodeKernel, DecodePlan, StreamShape};
+use webattn::kernels::decode::{DecodeKernel, DecodePlan, StreamShape};
 use webattn::{BackendPreference, DecodeKernelChoice, Engine, EngineOptions, Error, KernelPath};
 
 /// A GPU engine whose decode calls run the streaming kernel, or `None` when
@@ -155,7 +155,7 @@ fn every_team_shape_that_fits_agrees_with_the_oracle() {
 /// every row is 0. Two query rows per head (a GQA group of 2) over 1000 keys.
 #[test]
 fn each_phase_switch_of_the_streaming_kernel_removes_its_phase() {
-    use webattn::gpu::phases::Phases;
+    use webattn::plan::ablation::Phases;
     let Some(engine) = stream_engine() else {
         return;
     };

@@ -5,9 +5,9 @@
 use crate::common;
 
 use webattn::conformance::{compare, DEFAULT_FLOOR};
-use webattn::gpu::kernels::{gemm_host_variant, gemm_host_with};
-use webattn::gpu::ops::gemm::{AValues, GemmKernel, GemmSpec, SKINNY_MAX_ROWS};
+use webattn::kernels::gemm::{AValues, GemmKernel, GemmSpec, SKINNY_MAX_ROWS};
 use webattn::rng::SplitMix64;
+use webattn::run::single::{gemm_host_variant, gemm_host_with};
 
 /// Every GEMM kernel this adapter can run on `spec`: the tiled one always,
 /// the subgroup one on CPU adapters with fixed subgroups of 4 or 8, the
@@ -267,8 +267,8 @@ fn marks_case(ctx: &webattn::GpuContext, m: usize) {
 /// naming it, staged or packed, and never reaches the device.
 #[test]
 fn matrix_unit_kernels_the_adapter_does_not_offer_are_refused() {
-    use webattn::gpu::ops::gemm::{CoopShape, PackedTile};
-    use webattn::gpu::registry::CoopSize;
+    use webattn::kernels::gemm::{CoopShape, PackedTile};
+    use webattn::kernels::registry::CoopSize;
     let Some(engine) = common::gpu() else { return };
     let ctx = engine.gpu().expect("a GPU engine");
     let shape = CoopShape {

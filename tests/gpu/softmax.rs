@@ -5,9 +5,9 @@
 use crate::common;
 
 use webattn::conformance::{compare, DEFAULT_FLOOR};
-use webattn::gpu::kernels::softmax_host;
-use webattn::gpu::ops::softmax::MASKED;
+use webattn::kernels::softmax::MASKED;
 use webattn::rng::SplitMix64;
+use webattn::run::single::softmax_host;
 
 /// Softmax and logsumexp of each row, in `f64` or `f32`, skipping masked entries.
 fn reference(rows: usize, cols: usize, s: &[f32], wide: bool) -> (Vec<f64>, Vec<f64>) {

@@ -1,5 +1,5 @@
 //! Calls whose tensors exceed one storage binding run in pieces that fit
-//! (`gpu/split.rs`): by batches and heads, by query rows, and by keys (the
+//! (`run/split.rs`): by batches and heads, by query rows, and by keys (the
 //! fused kernel resumed across key ranges). Forced here on a small adapter,
 //! one whose `max_storage_buffer_binding_size` is 64 KiB or 8 KiB, so every
 //! kind of cut runs against the f64 oracle on every path.

@@ -12,8 +12,8 @@
 use crate::common;
 
 use webattn::conformance::{sweep, SweepKind};
-use webattn::gpu::ops::fused::{FusedKernel, TiledTiles};
-use webattn::gpu::ops::tiled::SHUFFLE_MIN_TK;
+use webattn::kernels::attention::tiled::SHUFFLE_MIN_TK;
+use webattn::kernels::attention::{FusedKernel, TiledTiles};
 use webattn::{Engine, KernelLimits, KernelPath};
 
 /// The same shape (rows, keys, grid, prefetch, shuffles) at other head dims.
@@ -255,7 +255,7 @@ fn an_attended_key_whose_score_is_neg_inf_still_multiplies_its_v_row() {
 /// The first measured shape, shuffle form and chunked form that run here.
 #[test]
 fn each_phase_switch_removes_its_phase() {
-    use webattn::gpu::phases::Phases;
+    use webattn::plan::ablation::Phases;
     let Some(engine) = common::gpu() else { return };
     let ctx = engine.gpu().expect("a GPU engine");
     let caps = ctx.capabilities();

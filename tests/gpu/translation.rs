@@ -14,9 +14,9 @@ use std::collections::HashMap;
 use naga::back::{glsl, hlsl, msl, spv};
 use naga::valid::{Capabilities, ModuleInfo, ShaderStages, SubgroupOperationSet, Validator};
 use naga::{Module, ShaderStage};
-use webattn::gpu::pipeline::PipelineKey;
-use webattn::gpu::plan::every_planned_pipeline;
-use webattn::gpu::registry::Kernel;
+use webattn::device::pipeline::PipelineKey;
+use webattn::kernels::registry::Kernel;
+use webattn::plan::kernel_plan::every_planned_pipeline;
 
 /// A backend's writer: the bytes it wrote, or its error.
 type Writer = fn(&Module, &ModuleInfo, &PipelineKey) -> Result<usize, String>;
@@ -272,7 +272,7 @@ fn the_subgroup_kernels_are_never_planned_without_subgroups() {
         cooperative_matrix: Vec::new(),
     };
     assert_eq!(caps.fixed_cpu_subgroup(), None);
-    let plan = webattn::gpu::plan::KernelPlan::for_capabilities(&caps);
+    let plan = webattn::plan::kernel_plan::KernelPlan::for_capabilities(&caps);
     for config in &plan.kernels {
         assert!(
             !config.label.starts_with("gemm_sg") && !config.label.starts_with("attention_sg"),
@@ -302,7 +302,7 @@ fn the_tiled_kernels_workgroup_memory_is_what_the_host_counts() {
     // The planner takes a tile shape where `workgroup_bytes` fits the
     // adapter's limit: counting less than the kernel declares would make a
     // pipeline wgpu refuses, counting more would leave shapes out.
-    use webattn::gpu::ops::tiled::TiledTiles;
+    use webattn::kernels::attention::tiled::TiledTiles;
     let mut parsed: HashMap<Kernel, (Module, ModuleInfo)> = HashMap::new();
     let mut checked = 0;
     for (dk, dv) in [(1, 1), (7, 5), (64, 64), (100, 36), (128, 128), (256, 256)] {

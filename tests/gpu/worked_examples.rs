@@ -6,8 +6,8 @@
 
 use crate::common;
 
-use webattn::bench::AttentionShape;
 use webattn::family::additive::AdditiveAttention;
+use webattn::measure::AttentionShape;
 use webattn::{AttentionInputs, AttentionOptions, Engine, HostTensor, QkMatmulOutputMode};
 
 /// Printed figures have three decimals: agree to half a unit in the last place.

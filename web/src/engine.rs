@@ -7,8 +7,9 @@ use std::rc::Rc;
 use js_sys::{Array, Function, Object};
 use wasm_bindgen::prelude::*;
 use web_time::Instant;
-use webattn::bench::{self, AttentionShape, Repeats};
 use webattn::conformance::{run_sweep, sweep_len, SweepKind};
+use webattn::measure as bench;
+use webattn::measure::{AttentionShape, Repeats};
 use webattn::Precision;
 use webattn::{
     AttentionInputs, BackendKind, BackendPreference, DeviceLimits, Engine, EngineOptions,
@@ -189,7 +190,7 @@ impl EngineCore {
                 Ok(engine) => {
                     let software = engine
                         .capabilities()
-                        .filter(|caps| webattn::call_plan::cpu_backend_over(caps).is_some())
+                        .filter(|caps| webattn::plan::cpu_backend_over(caps).is_some())
                         .filter(|_| options.limits == DeviceLimits::default())
                         .map(|caps| {
                             // Browsers may report no name (SwiftShader in Chromium).

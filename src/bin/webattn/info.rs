@@ -3,8 +3,8 @@
 use std::process::ExitCode;
 
 use serde_json::json;
-use webattn::gpu::ops::decode::GROUPED_ROWS;
-use webattn::gpu::registry::Kernel;
+use webattn::kernels::decode::GROUPED_ROWS;
+use webattn::kernels::registry::Kernel;
 use webattn::{BackendKind, Engine};
 
 /// Arguments of `webattn info`.
@@ -103,8 +103,8 @@ fn describe(engine: &Engine) -> serde_json::Value {
             "workgroup_bytes": k.workgroup_bytes, "role": k.role,
         })).collect::<Vec<_>>(),
         "notes": plan.notes,
-        "auto_backend": if webattn::call_plan::cpu_backend_over(caps).is_some() { "cpu" } else { "gpu" },
-        "auto_reason": webattn::call_plan::cpu_backend_over(caps),
+        "auto_backend": if webattn::plan::cpu_backend_over(caps).is_some() { "cpu" } else { "gpu" },
+        "auto_reason": webattn::plan::cpu_backend_over(caps),
         "plans": sample_plans(engine).into_iter().map(|(call, plan)| json!({
             "call": call.trim(), "plan": plan,
         })).collect::<Vec<_>>(),
@@ -127,7 +127,7 @@ fn sample_plans(engine: &Engine) -> Vec<(String, String)> {
     )];
     if engine
         .capabilities()
-        .is_some_and(|caps| webattn::gpu::planner::coop_shape(caps).is_some())
+        .is_some_and(|caps| webattn::plan::planner::coop_shape(caps).is_some())
     {
         calls.push((
             "  the same at --precision fast".to_string(),
@@ -392,14 +392,14 @@ fn text(engine: &Engine, engine_args: &super::EngineArgs) -> String {
                     .map(|c| c.to_string())
                     .collect::<Vec<_>>()
                     .join(", "),
-                match webattn::gpu::planner::coop_shape(caps) {
+                match webattn::plan::planner::coop_shape(caps) {
                     Some(_) => "calls with --precision fast multiply on them",
                     None => "none the kernels run on: they need f16 -> f32 at 8 or 16 with fixed-width subgroups",
                 }
             )
         }
     );
-    if let Some(why) = webattn::call_plan::cpu_backend_over(caps) {
+    if let Some(why) = webattn::plan::cpu_backend_over(caps) {
         out += &format!("auto:     an engine left to choose runs the CPU backend: {why}\n");
     }
     out += &format!(

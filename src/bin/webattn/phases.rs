@@ -3,7 +3,7 @@
 //! their key loop in turn (K/V loads, S = Q K^T, the softmax, O += P V), then
 //! with all four removed (the loop's skeleton: barriers, staging stores, Q's
 //! block, the writes), in one run beside the FMA and copy ceilings. The
-//! variants compute garbage by design (`webattn::gpu::phases`); only their
+//! variants compute garbage by design (`webattn::plan::ablation`); only their
 //! times are kept.
 
 use std::io::IsTerminal;
@@ -13,10 +13,11 @@ use std::process::ExitCode;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
-use webattn::bench::{self, AttentionRun, AttentionShape, Repeats};
-use webattn::call_plan::{plan_call, CallPlan, GpuRoute};
-use webattn::gpu::ops::fused::FusedKernel;
-use webattn::gpu::phases::{has_phase_switches, Phases};
+use webattn::kernels::attention::FusedKernel;
+use webattn::measure as bench;
+use webattn::measure::{AttentionRun, AttentionShape, Repeats};
+use webattn::plan::ablation::{has_phase_switches, Phases};
+use webattn::plan::{plan_call, CallPlan, GpuRoute};
 use webattn::{DType, KernelPath, Precision};
 
 /// Arguments of `webattn phases`.
@@ -88,7 +89,7 @@ struct Row {
     /// The row's call as `attention` plans it, in one line.
     plan: String,
     /// The kernel whose pipelines without a phase the row must run.
-    expected: webattn::gpu::registry::Kernel,
+    expected: webattn::kernels::registry::Kernel,
     variants: Vec<Variant>,
 }
 
@@ -114,7 +115,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         .unwrap_or(if cpu_adapter { 1024 } else { 16384 });
     let width = args.width.unwrap_or(if cpu_adapter { 256 } else { 2048 });
     let wanted = |kind: Kind| args.only.is_empty() || args.only.contains(&kind);
-    let matrix_units = webattn::gpu::planner::coop_shape(ctx.capabilities()).is_some();
+    let matrix_units = webattn::plan::planner::coop_shape(ctx.capabilities()).is_some();
     let repeats = if args.quick {
         Repeats {
             warmup: 1,

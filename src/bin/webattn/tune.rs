@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use webattn::gpu::ops::decode::GROUPED_ROWS;
+use webattn::kernels::decode::GROUPED_ROWS;
 
 /// Arguments of `webattn tune`.
 #[derive(clap::Args, Debug)]
@@ -23,7 +23,7 @@ fn parse_head_dims(text: &str) -> Result<(usize, usize), String> {
         t.trim()
             .parse::<usize>()
             .ok()
-            .filter(|&d| (1..=webattn::gpu::ops::fused::MAX_HEAD_DIM).contains(&d))
+            .filter(|&d| (1..=webattn::kernels::attention::MAX_HEAD_DIM).contains(&d))
             .ok_or_else(|| format!("{t:?} is not a head dim from 1 to 256"))
     };
     match text.split_once('/') {

@@ -1,0 +1,492 @@
+//! The fused attention kernel for CPU-backed adapters (subgroup shuffles, no
+//! workgroup memory; [`Kernel::AttentionSubgroup`]), unrolled.
+//!
+//! The 64 score accumulators are named and the loops over rows, key groups and
+//! keys are written out here (WGSL has no macros; private arrays indexed by a
+//! loop variable are slow). The engine makes the text from [`render`] when
+//! the pipeline is built.
+//!
+//! [`Kernel::AttentionSubgroup`]: crate::kernels::registry::Kernel::AttentionSubgroup
+
+/// Query rows per invocation.
+pub(crate) const ROWS: u32 = 4;
+/// Key groups of 4 per tile: 64 keys.
+const GROUPS: u32 = 16;
+/// Keys per tile.
+pub(crate) const KEYS: u32 = GROUPS * 4;
+/// K vec4 slots per lane, at the smallest subgroup (4).
+const MAX_SLOTS: u32 = GROUPS / 4;
+/// V rows per lane, at the smallest subgroup (4).
+const MAX_VSLOTS: u32 = KEYS / 4;
+
+/// Where the `pick4` and `pick16` functions go in the text, filled in last.
+const PICK_PLACEHOLDER: &str = "PICK_PLACEHOLDER";
+
+/// The vec4 components in order, as indexed by a key within its group of 4.
+const XYZW: [char; 4] = ['x', 'y', 'z', 'w'];
+
+// The tree of a tile's maxima is written out for 16 groups.
+const _: () = assert!(GROUPS == 16);
+
+/// The text's first line: where it comes from, for a reader of a compiled or
+/// dumped shader.
+const HEADER: &str =
+    "// Made by src/kernels/attention/subgroup.rs when the pipeline is built; edit the generator.";
+
+/// WGSL function `name`: one of `n` vec4 slot values by a slot index (a
+/// switch, since the slot registers are named, not an array).
+fn pick(name: &str, n: u32) -> String {
+    let params = (0..n)
+        .map(|s| format!("v{s}: vec4<f32>"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let cases = (0..n.saturating_sub(1))
+        .map(|s| format!("        case {s}u: {{ return v{s}; }}"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let last = i64::from(n) - 1;
+    format!(
+        r"// One of the slot values, by a slot index that is constant once SG is known.
+fn {name}(slot: u32, {params}) -> vec4<f32> {{
+    switch slot {{
+{cases}
+        default: {{ return v{last}; }}
+    }}
+}}
+"
+    )
+}
+
+/// The kernel's WGSL: the whole text, ending in one newline.
+pub(crate) fn render() -> String {
+    let mut out: Vec<String> = Vec::new();
+
+    out.push(HEADER.to_string());
+    out.push(format!(
+        r"//
+// Fused attention (FlashAttention-2 forward) for CPU-backed adapters with
+// fixed subgroups of 4 or 8 (lavapipe, SwiftShader): the same contract and
+// bindings as attention_fused.wgsl, laid out like gemm_sg. On these
+// drivers a storage load is a loop over the SIMD lanes while a subgroup
+// shuffle is one permute, so K and V are loaded once per subgroup and shared
+// by shuffles, and the scores never leave registers.
+//
+// A workgroup is one subgroup of SG invocations and owns {ROWS} * SG query rows of
+// one (batch, head); invocation `lane` owns rows {ROWS} * lane .. +{ROWS}. Keys go
+// in tiles of {KEYS}:
+//   1. S = Q K^T for the tile: {ROWS} x {GROUPS} named vec4 accumulators (key groups
+//      of 4), one step per 4 head dims; key group g is loaded by lane g % SG
+//      (slot g / SG) and shuffled to all.
+//   2. scale, softcap, position rules and mask; online softmax per row
+//      (m, l; alpha = exp((m_old - m_new) / temperature)); S becomes
+//      P = exp((S - m_new) / temperature) (m is of the biased scores before
+//      the temperature: see tempered() in attention_rules.wgsl).
+//   3. O = alpha * O + P V, 4 value dims at a time: key k's V quad is loaded
+//      by lane k % SG and shuffled; P[r][k] is a component of a score register.
+//      O lives in the row's slice of Y (read, updated, written per quad).
+// The last key chunk divides by l and writes the logsumexp; the row's m and l
+// go to `stats` as for attention_fused.wgsl (resumable over key chunks, for
+// drivers that cap an invocation's loop iterations).
+//
+// Non-finite values follow attention_fused.wgsl: a NaN or +inf score a row
+// attends, or attended scores that are all -inf, make the row NaN; attended
+// keys with a score of -inf multiply their V row by 0. Keys a row does not
+// attend get probability -0.0, which adds nothing to finite values; a tile
+// whose V holds a non-finite value (rare, found with subgroupAny) takes the
+// careful P V path, which skips those keys instead of multiplying by -0.0.
+//
+// Requires Dk and Dv to be multiples of 4 (rows are read as vec4s); the host
+// sends other head dims to attention_fused.wgsl.
+
+override SG: u32 = 8u;
+override HAS_MASK: bool = false;
+override SOFTCAP: bool = false;
+
+const ROWS: u32 = {ROWS}u;
+const KEYS: u32 = {KEYS}u;
+
+// #include attention_call.wgsl
+
+@group(0) @binding(1) var<storage, read> q4: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k4: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> v4: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> mask: array<f32>;
+@group(0) @binding(5) var<storage, read> nonpad: array<i32>;
+@group(0) @binding(6) var<storage, read_write> y4: array<vec4<f32>>;
+// [lse (as bits) | row max m | row sum l], one entry each per row.
+@group(0) @binding(7) var<storage, read_write> stats: array<u32>;
+
+const NEG_ZERO_BITS: u32 = 0x80000000u;
+
+// Which of four values are NaN (bit tests: WGSL comparisons need not see NaN).
+fn is_nan4(x: vec4<f32>) -> vec4<bool> {{
+    return (bitcast<vec4<u32>>(x) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
+}}
+
+// Which of four scores are NaN or +inf: they make the row NaN.
+fn poisons4(x: vec4<f32>) -> vec4<bool> {{
+    return is_nan4(x) | (bitcast<vec4<u32>>(x) == vec4<u32>(0x7f800000u));
+}}
+
+// Whether any of four values is NaN or infinite.
+fn non_finite4(x: vec4<f32>) -> bool {{
+    return any((bitcast<vec4<u32>>(x) & vec4<u32>(0x7f800000u)) == vec4<u32>(0x7f800000u));
+}}
+
+// tanh accurate to a few ulp, on four values (see attention_rules.wgsl); NaN
+// stays NaN.
+fn accurate_tanh4(x: vec4<f32>) -> vec4<f32> {{
+    let ax = abs(x);
+    let z = x * x;
+    let poly = 1.0 + z * (-1.0 / 3.0 + z * (2.0 / 15.0 + z * (-17.0 / 315.0
+        + z * (62.0 / 2835.0 + z * (-1382.0 / 155925.0 + z * (21844.0 / 6081075.0))))));
+    let e = exp(2.0 * min(ax, vec4<f32>(10.0)));
+    let t = 1.0 - 2.0 / (e + 1.0);
+    let y = select(select(t, -t, x < vec4<f32>(0.0)), x * poly, ax < vec4<f32>(0.4));
+    return select(y, x, is_nan4(x));
+}}
+
+{PICK_PLACEHOLDER}
+// Scale, softcap, position rules, mask and ALiBi (row position `pos`, the
+// head's slope) for four keys from j of one row.
+fn bias4(s: vec4<f32>, j: i32, range: vec2<i32>, mask_row: u32, pos: i32, slope: f32) -> vec4<f32> {{
+    var x = s * p.scale;
+    if (SOFTCAP) {{
+        x = p.softcap * accurate_tanh4(x / p.softcap);
+    }}
+    let js = vec4<i32>(j) + vec4<i32>(0, 1, 2, 3);
+    var allowed = (js >= vec4<i32>(range.x)) & (js <= vec4<i32>(range.y));
+    if (HAS_MASK) {{
+        // Keys past the mask's columns are already outside `range`; clamp the reads.
+        let last = i32(p.mask_cols) - 1;
+        let cols = vec4<u32>(clamp(js, vec4<i32>(0), vec4<i32>(last)));
+        let bias = vec4<f32>(mask[mask_row + cols.x], mask[mask_row + cols.y],
+                             mask[mask_row + cols.z], mask[mask_row + cols.w]);
+        // MASKED (and below) masks the key; any other value, NaN included, is added.
+        allowed = allowed & !(bias <= vec4<f32>(MASKED));
+        x += select(vec4<f32>(0.0), bias, allowed);
+    }}
+    if ((p.flags & FLAG_ALIBI) != 0u) {{
+        x -= slope * vec4<f32>(abs(vec4<i32>(pos) - js));
+    }}
+    return select(vec4<f32>(MASKED), x, allowed);
+}}
+
+fn max4(v: vec4<f32>) -> f32 {{
+    return max(max(v.x, v.y), max(v.z, v.w));
+}}
+
+@compute @workgroup_size(SG, 1, 1)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {{
+    let block = wid.x + wid.y * nwg.x;
+    if (block >= p.q_blocks * p.batch * p.q_heads) {{
+        return;
+    }}
+    let head_index = block / p.q_blocks;
+    let b = head_index / p.q_heads;
+    let h = head_index % p.q_heads;
+    let kvh = h / p.group;
+    let block_row0 = (block % p.q_blocks) * ROWS * SG;
+    let lane_row0 = block_row0 + ROWS * lane;
+    let dk4 = p.dk / 4u;
+    let dv4 = p.dv / 4u;
+    let rows = p.batch * p.q_heads * p.q_len;
+
+    var lengths = i32(p.keys);
+    if ((p.flags & FLAG_NONPAD) != 0u) {{
+        lengths = nonpad[b];
+    }}
+    var offset = 0;
+    if ((p.flags & FLAG_PAST) != 0u) {{
+        offset = i32(p.past_len);
+    }} else if ((p.flags & FLAG_NONPAD) != 0u) {{
+        offset = lengths - i32(p.q_len);
+    }}
+    offset = offset + p.position_shift;
+    // The block's key range: rows' ranges grow with the row index.
+    let block_last = min(block_row0 + ROWS * SG - 1u, p.q_len - 1u);
+    let wg_lo = max(key_range(block_row0, offset, lengths).x, i32(p.chunk_start));
+    let wg_hi = min(key_range(block_last, offset, lengths).y, i32(p.chunk_end) - 1);
+    let kv_base = (b * p.kv_heads + kvh) * p.keys;
+    let last_key = p.keys - 1u;
+    var slope = 0.0;
+    if ((p.flags & FLAG_ALIBI) != 0u) {{
+        slope = bitcast<f32>(nonpad[p.batch + h]);
+    }}
+"
+    ));
+    for r in 0..ROWS {
+        out.push(format!(
+            r"    let row{r} = min(lane_row0 + {r}u, p.q_len - 1u);
+    let live{r} = lane_row0 + {r}u < p.q_len;
+    let range{r} = key_range(row{r}, offset, lengths);
+    let stat{r} = head_index * p.q_len + row{r};
+    let q_base{r} = stat{r} * dk4;
+    let y_base{r} = stat{r} * dv4;
+    let mask_row{r} = b * p.mask_batch_stride + h * p.mask_head_stride + row{r} * p.mask_row_stride;
+    var m{r} = MASKED;
+    var l{r} = 0.0;
+    var flags{r} = 0u;
+    if ((p.chunk_flags & FIRST_CHUNK) == 0u) {{
+        flags{r} = stats[stat{r}];
+        m{r} = bitcast<f32>(stats[rows + stat{r}]);
+        l{r} = bitcast<f32>(stats[2u * rows + stat{r}]);
+    }}"
+        ));
+    }
+    for r in 0..ROWS {
+        for g in 0..GROUPS {
+            out.push(format!("    var s{r}_{g} = vec4<f32>(0.0);"));
+        }
+    }
+    for s in 0..MAX_SLOTS {
+        for kk in 0..4 {
+            out.push(format!("    var b{s}_{kk} = vec4<f32>(0.0);"));
+        }
+    }
+    for i in 0..MAX_VSLOTS {
+        out.push(format!("    var vs{i} = vec4<f32>(0.0);"));
+    }
+
+    out.push(
+        r"
+    var j0 = wg_lo - wg_lo % i32(KEYS);
+    for (; j0 <= wg_hi; j0 += i32(KEYS)) {
+        // 1. S = Q K^T for this tile."
+            .to_string(),
+    );
+    for r in 0..ROWS {
+        for g in 0..GROUPS {
+            out.push(format!("        s{r}_{g} = vec4<f32>(0.0);"));
+        }
+    }
+    out.push("        for (var d4 = 0u; d4 < dk4; d4++) {".to_string());
+    for r in 0..ROWS {
+        out.push(format!("            let q{r} = q4[q_base{r} + d4];"));
+    }
+    for s in 0..MAX_SLOTS {
+        out.push(format!("            if (SG * {s}u < {GROUPS}u) {{"));
+        out.push(format!(
+            "                let key{s} = u32(j0) + 4u * ({s}u * SG + lane);"
+        ));
+        for c in 0..4 {
+            out.push(format!(
+                "                let t{c} = k4[(kv_base + min(key{s} + {c}u, last_key)) * dk4 + d4];"
+            ));
+        }
+        for (kk, comp) in XYZW.iter().enumerate() {
+            out.push(format!(
+                "                b{s}_{kk} = vec4<f32>(t0.{comp}, t1.{comp}, t2.{comp}, t3.{comp});"
+            ));
+        }
+        out.push("            }".to_string());
+    }
+    let slot_args = |kk: u32| {
+        (0..MAX_SLOTS)
+            .map(|s| format!("b{s}_{kk}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for g in 0..GROUPS {
+        for kk in 0..4 {
+            out.push(format!(
+                "            let k{kk}_{g} = subgroupShuffle(pick4({g}u / SG, {}), {g}u % SG);",
+                slot_args(kk)
+            ));
+        }
+        for r in 0..ROWS {
+            out.push(format!(
+                "            s{r}_{g} += q{r}.x * k0_{g} + q{r}.y * k1_{g} + q{r}.z * k2_{g} + q{r}.w * k3_{g};"
+            ));
+        }
+    }
+    out.push("        }".to_string());
+    out.push("        // 2. Rules and online softmax; S becomes P.".to_string());
+    for r in 0..ROWS {
+        for g in 0..GROUPS {
+            let j = 4 * g;
+            out.push(format!(
+                "        s{r}_{g} = bias4(s{r}_{g}, j0 + {j}, range{r}, mask_row{r}, offset + i32(row{r}), slope);"
+            ));
+        }
+        let poisoned = (0..GROUPS)
+            .map(|g| format!("poisons4(s{r}_{g})"))
+            .collect::<Vec<_>>()
+            .join(" | ");
+        out.push(
+            "        // A NaN or +inf score poisons the row and counts as -inf from here on."
+                .to_string(),
+        );
+        out.push(format!("        if (any({poisoned})) {{"));
+        out.push(format!("            flags{r} |= ROW_POISONED;"));
+        for g in 0..GROUPS {
+            out.push(format!(
+                "            s{r}_{g} = select(s{r}_{g}, vec4<f32>(neg_inf()), poisons4(s{r}_{g}));"
+            ));
+        }
+        out.push("        }".to_string());
+        // The tree of maxima is written out for GROUPS = 16.
+        out.push(format!(
+            "        let tile_max{r} = max(max(max(max4(s{r}_0), max4(s{r}_1)), max(max4(s{r}_2), max4(s{r}_3))), max(max(max4(s{r}_4), max4(s{r}_5)), max(max4(s{r}_6), max4(s{r}_7))));"
+        ));
+        out.push(format!(
+            "        let tile_max{r}b = max(max(max(max4(s{r}_8), max4(s{r}_9)), max(max4(s{r}_10), max4(s{r}_11))), max(max(max4(s{r}_12), max4(s{r}_13)), max(max4(s{r}_14), max4(s{r}_15))));"
+        ));
+        out.push(format!(
+            "        let m_new{r} = max(m{r}, max(tile_max{r}, tile_max{r}b));"
+        ));
+        out.push(
+            "        // Start from zero when the row had no attended key yet (Y holds nothing)."
+                .to_string(),
+        );
+        out.push(format!(
+            "        let fresh{r} = (flags{r} & ROW_ATTENDED) == 0u;"
+        ));
+        out.push(format!(
+            "        let alpha{r} = select(exp(tempered(m{r} - m_new{r}, p.inv_temperature)), 0.0, fresh{r});"
+        ));
+        out.push(
+            "        // (Not clamped: a row whose scores all lie below -3e38 still has weights.)"
+                .to_string(),
+        );
+        out.push(format!("        let live_max{r} = vec4<f32>(m_new{r});"));
+        let attended = (0..GROUPS)
+            .map(|g| format!("(s{r}_{g} != vec4<f32>(MASKED))"))
+            .collect::<Vec<_>>()
+            .join(" | ");
+        out.push(format!(
+            "        if (any({attended})) {{ flags{r} |= ROW_ATTENDED; }}"
+        ));
+        for g in 0..GROUPS {
+            out.push(format!(
+                "        s{r}_{g} = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s{r}_{g} - live_max{r}) * p.inv_temperature), s{r}_{g} != vec4<f32>(MASKED));"
+            ));
+        }
+        let sums = (0..GROUPS)
+            .map(|g| format!("s{r}_{g}"))
+            .collect::<Vec<_>>()
+            .join(" + ");
+        out.push(format!("        let p_sum{r} = {sums};"));
+        out.push(format!(
+            "        l{r} = l{r} * alpha{r} + (p_sum{r}.x + p_sum{r}.y + p_sum{r}.z + p_sum{r}.w);"
+        ));
+        out.push(format!("        m{r} = m_new{r};"));
+    }
+    out.push("        // 3. O = alpha * O + P V, four value dims at a time.".to_string());
+    out.push("        for (var d4 = 0u; d4 < dv4; d4++) {".to_string());
+    for i in 0..MAX_VSLOTS {
+        out.push(format!("            if (SG * {i}u < KEYS) {{"));
+        out.push(format!(
+            "                vs{i} = v4[(kv_base + min(u32(j0) + SG * {i}u + lane, last_key)) * dv4 + d4];"
+        ));
+        out.push("            }".to_string());
+    }
+    for r in 0..ROWS {
+        out.push(format!(
+            "            var o{r} = select(y4[y_base{r} + d4] * alpha{r}, vec4<f32>(0.0), fresh{r});"
+        ));
+    }
+    let vargs = (0..MAX_VSLOTS)
+        .map(|i| format!("vs{i}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let bad = (0..MAX_VSLOTS)
+        .map(|i| format!("(SG * {i}u < KEYS && non_finite4(vs{i}))"))
+        .collect::<Vec<_>>()
+        .join(" || ");
+    out.push(format!("            let careful = subgroupAny({bad});"));
+    out.push("            if (!careful) {".to_string());
+    for k in 0..KEYS {
+        let (g, comp) = (k / 4, XYZW[(k % 4) as usize]);
+        out.push(format!(
+            "                let vk{k} = subgroupShuffle(pick16({k}u / SG, {vargs}), {k}u % SG);"
+        ));
+        for r in 0..ROWS {
+            out.push(format!("                o{r} += s{r}_{g}.{comp} * vk{k};"));
+        }
+    }
+    out.push("            } else {".to_string());
+    out.push(
+        "                // A non-finite V value in this tile: keys a row does not attend"
+            .to_string(),
+    );
+    out.push(
+        "                // (probability -0.0) are skipped, so 0 * NaN never reaches O."
+            .to_string(),
+    );
+    for k in 0..KEYS {
+        let (g, comp) = (k / 4, XYZW[(k % 4) as usize]);
+        out.push(format!(
+            "                let vk{k} = subgroupShuffle(pick16({k}u / SG, {vargs}), {k}u % SG);"
+        ));
+        for r in 0..ROWS {
+            out.push(format!(
+                "                o{r} += select(s{r}_{g}.{comp} * vk{k}, vec4<f32>(0.0), bitcast<u32>(s{r}_{g}.{comp}) == NEG_ZERO_BITS);"
+            ));
+        }
+    }
+    out.push("            }".to_string());
+    for r in 0..ROWS {
+        out.push(format!(
+            "            if (live{r}) {{ y4[y_base{r} + d4] = o{r}; }}"
+        ));
+    }
+    out.push("        }".to_string());
+    out.push("    }".to_string());
+    out.push(
+        r"
+    if ((p.chunk_flags & LAST_CHUNK) == 0u) {"
+            .to_string(),
+    );
+    for r in 0..ROWS {
+        out.push(format!(
+            r"        if (live{r}) {{
+            stats[stat{r}] = flags{r};
+            stats[rows + stat{r}] = bitcast<u32>(m{r});
+            stats[2u * rows + stat{r}] = bitcast<u32>(l{r});
+        }}"
+        ));
+    }
+    out.push("        return;".to_string());
+    out.push("    }".to_string());
+    out.push(
+        "    // Last chunk: normalise. Rows with no attended key get zeros and -inf;".to_string(),
+    );
+    out.push(
+        "    // poisoned rows, and rows whose attended scores were all -inf, NaN.".to_string(),
+    );
+    for r in 0..ROWS {
+        out.push(format!(
+            "    let attended{r} = (flags{r} & ROW_ATTENDED) != 0u;"
+        ));
+        out.push(format!(
+            "    let nan_row{r} = attended{r} && ((flags{r} & ROW_POISONED) != 0u || !(l{r} > 0.0));"
+        ));
+        out.push(format!(
+            "    let inv{r} = select(0.0, 1.0 / l{r}, l{r} > 0.0);"
+        ));
+    }
+    out.push("    for (var d4 = 0u; d4 < dv4; d4++) {".to_string());
+    for r in 0..ROWS {
+        out.push(format!(
+            "        if (live{r}) {{ y4[y_base{r} + d4] = select(select(vec4<f32>(0.0), y4[y_base{r} + d4] * inv{r}, attended{r}), vec4<f32>(nan()), nan_row{r}); }}"
+        ));
+    }
+    out.push("    }".to_string());
+    for r in 0..ROWS {
+        out.push(format!(
+            r"    if (live{r}) {{
+        stats[stat{r}] = select(select(NEG_INF_BITS, bitcast<u32>(tempered(m{r}, p.inv_temperature) + log(l{r})), attended{r}), NAN_BITS, nan_row{r});
+        stats[rows + stat{r}] = bitcast<u32>(m{r});
+        stats[2u * rows + stat{r}] = select(bitcast<u32>(l{r}), NAN_BITS, nan_row{r});
+    }}"
+        ));
+    }
+    out.push("}".to_string());
+    let picks = pick("pick4", MAX_SLOTS) + "\n" + &pick("pick16", MAX_VSLOTS);
+    out.join("\n").replace(PICK_PLACEHOLDER, &picks) + "\n"
+}

@@ -1,0 +1,630 @@
+//! Batched, strided GEMM (`shaders/gemm.wgsl`).
+
+pub mod packed;
+pub(crate) mod subgroup;
+
+use crate::device::buffer;
+use crate::device::pipeline::PipelineKey;
+use crate::device::recorder::Recorder;
+use crate::error::{Error, Result};
+use crate::kernels::registry::Kernel;
+
+/// Rows and columns of C computed by one workgroup.
+pub const TILE: usize = 64;
+/// Invocations per workgroup (8 x 8); matches the WGSL.
+pub const INVOCATIONS: u32 = 64;
+/// Workgroup memory: two 16-deep slices of 64 vec4 columns.
+pub const WORKGROUP_BYTES: u32 = 2 * 256 * 16;
+/// The register blocking, in words.
+pub const TILE_TEXT: &str =
+    "64x64 of C, 8x8 per invocation (16 vec4 accumulators), K in slices of 16";
+
+/// One batched GEMM: `C[z] = alpha · op(A[z]) · op(B[z]) + beta · C[z]` for `z` in `0..batch`.
+///
+/// `op(A)` is `m × k`, `op(B)` is `k × n`, C is `m × n`; all row-major with the
+/// given leading dimensions. `trans_a` means A is stored `k × m`; `trans_b`
+/// means B is stored `n × k`. Offsets and strides are in elements. Batch `z`
+/// reads B at `b_offset + ((b_batch_base + z) / b_batch_div) · b_stride`, which
+/// lets `b_batch_div` query heads share a key/value head.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GemmSpec {
+    /// Number of matrices.
+    pub batch: usize,
+    /// Rows of op(A) and C.
+    pub m: usize,
+    /// Columns of op(B) and C.
+    pub n: usize,
+    /// Columns of op(A), rows of op(B).
+    pub k: usize,
+    /// A is stored transposed (`k × m`).
+    pub trans_a: bool,
+    /// B is stored transposed (`n × k`).
+    pub trans_b: bool,
+    /// Leading dimension of A as stored.
+    pub lda: usize,
+    /// Leading dimension of B as stored.
+    pub ldb: usize,
+    /// Leading dimension of C.
+    pub ldc: usize,
+    /// First element of A.
+    pub a_offset: usize,
+    /// First element of B.
+    pub b_offset: usize,
+    /// First element of C.
+    pub c_offset: usize,
+    /// Elements between consecutive A matrices.
+    pub a_stride: usize,
+    /// Elements between consecutive B matrices.
+    pub b_stride: usize,
+    /// Elements between consecutive C matrices.
+    pub c_stride: usize,
+    /// Added to `z` before dividing by `b_batch_div`.
+    pub b_batch_base: usize,
+    /// Batch entries per B matrix (1 for an ordinary batched GEMM).
+    pub b_batch_div: usize,
+    /// Scale of the product.
+    pub alpha: f32,
+    /// Scale of the existing C (0 ignores C's contents, even NaN).
+    pub beta: f32,
+}
+
+impl GemmSpec {
+    /// A contiguous batched GEMM: every matrix packed, no offsets, `beta = 0`.
+    pub fn contiguous(
+        batch: usize,
+        m: usize,
+        n: usize,
+        k: usize,
+        trans_a: bool,
+        trans_b: bool,
+    ) -> Self {
+        Self {
+            batch,
+            m,
+            n,
+            k,
+            trans_a,
+            trans_b,
+            lda: if trans_a { m } else { k },
+            ldb: if trans_b { k } else { n },
+            ldc: n,
+            a_offset: 0,
+            b_offset: 0,
+            c_offset: 0,
+            a_stride: m * k,
+            b_stride: k * n,
+            c_stride: m * n,
+            b_batch_base: 0,
+            b_batch_div: 1,
+            alpha: 1.0,
+            beta: 0.0,
+        }
+    }
+
+    /// Elements of A, B and C the spec touches (one past the last index).
+    pub fn extents(&self) -> (usize, usize, usize) {
+        let last = self.batch.saturating_sub(1);
+        let (a_rows, a_cols) = if self.trans_a {
+            (self.k, self.m)
+        } else {
+            (self.m, self.k)
+        };
+        let (b_rows, b_cols) = if self.trans_b {
+            (self.n, self.k)
+        } else {
+            (self.k, self.n)
+        };
+        let a = self.a_offset + last * self.a_stride + (a_rows - 1) * self.lda + a_cols;
+        let b_last = (self.b_batch_base + last) / self.b_batch_div.max(1);
+        let b = self.b_offset + b_last * self.b_stride + (b_rows - 1) * self.ldb + b_cols;
+        let c = self.c_offset + last * self.c_stride + (self.m - 1) * self.ldc + self.n;
+        (a, b, c)
+    }
+
+    /// Checks sizes, leading dimensions and that every index fits in 32 bits.
+    pub fn check(&self) -> Result<()> {
+        let bad = |reason: &'static str| Error::InvalidOption {
+            name: "gemm",
+            value: format!("{self:?}"),
+            reason,
+        };
+        if self.batch == 0 || self.m == 0 || self.n == 0 || self.k == 0 || self.b_batch_div == 0 {
+            return Err(bad("batch, m, n, k and b_batch_div must be at least 1"));
+        }
+        let (a_rows_len, b_rows_len) = (
+            if self.trans_a { self.m } else { self.k },
+            if self.trans_b { self.k } else { self.n },
+        );
+        if self.lda < a_rows_len || self.ldb < b_rows_len || self.ldc < self.n {
+            return Err(bad("a leading dimension is shorter than its rows"));
+        }
+        let (a, b, c) = self.extents();
+        if a.max(b).max(c) > u32::MAX as usize {
+            return Err(bad("an index exceeds 32 bits"));
+        }
+        Ok(())
+    }
+}
+
+crate::kernels::uniform::uniform_block! {
+    pub(crate) struct Params {
+        m: u32,
+        n: u32,
+        k: u32,
+        batch: u32,
+        lda: u32,
+        ldb: u32,
+        ldc: u32,
+        tiles_n: u32,
+        tiles_m: u32,
+        a_offset: u32,
+        b_offset: u32,
+        c_offset: u32,
+        a_stride: u32,
+        b_stride: u32,
+        c_stride: u32,
+        b_batch_base: u32,
+        b_batch_div: u32,
+        alpha: f32,
+        beta: f32,
+        /// `gemm_coop`: 1 where A may be read as vec4s, 2 where B may
+        /// (leading dimension, offset and batch stride multiples of 4); the other
+        /// kernels ignore it.
+        vec_ab: u32,
+    }
+}
+
+pub use crate::plan::overrides::{CoopShape, GemmKernel, PackedTile};
+
+/// Rows of C per invocation of `gemm_sg` (its generator's ROWS).
+pub const SUBGROUP_ROWS_PER_LANE: usize = crate::kernels::gemm::subgroup::ROWS as usize;
+/// Columns of C per workgroup of `gemm_sg` (4 x its generator's GROUPS).
+pub const SUBGROUP_COLS: usize = 4 * crate::kernels::gemm::subgroup::GROUPS as usize;
+
+/// The most rows of op(A) `gemm_skinny.wgsl` takes (its MAX_ROWS).
+pub const SKINNY_MAX_ROWS: usize = 16;
+/// Invocations per workgroup of `gemm_skinny.wgsl`.
+pub const SKINNY_INVOCATIONS: u32 = 128;
+/// Workgroup memory of `gemm_skinny.wgsl`: a sum per row and invocation.
+pub const SKINNY_WORKGROUP_BYTES: u32 = SKINNY_MAX_ROWS as u32 * SKINNY_INVOCATIONS * 4;
+
+/// Invocations of `gemm_skinny.wgsl` that share one column of C (its
+/// `split()`): along a stored row of B where B is transposed, down its rows
+/// otherwise.
+pub fn skinny_split(trans_b: bool) -> usize {
+    if trans_b {
+        16
+    } else {
+        8
+    }
+}
+
+/// Columns of C per workgroup of `gemm_skinny.wgsl`.
+pub fn skinny_cols(trans_b: bool) -> usize {
+    SKINNY_INVOCATIONS as usize / skinny_split(trans_b)
+}
+
+/// The rows of sums a `gemm_skinny.wgsl` pipeline holds for `m` rows: the
+/// next power of two (1 to 16), so that five pipelines serve every height.
+pub fn skinny_rows(m: usize) -> usize {
+    m.clamp(1, SKINNY_MAX_ROWS).next_power_of_two()
+}
+
+/// The tile the skinny kernel's plan describes.
+pub const SKINNY_TEXT: &str = "up to 16 rows x 8 columns (B transposed) or 16 columns of C per \
+     workgroup of 128, K split 16 or 8 ways, each B value read once";
+
+/// K per staged slice of `gemm_coop` (its BKK).
+pub const COOP_SLICE: usize = 32;
+
+/// Rows and columns of C per workgroup of `gemm_coop`: 4 subgroups in a
+/// 2 x 2 grid, each 2 x 2 matrices of `size`.
+pub fn coop_tile(shape: CoopShape) -> usize {
+    4 * shape.size.dim() as usize
+}
+
+/// Invocations per workgroup of `gemm_coop`: 4 subgroups.
+pub fn coop_invocations(shape: CoopShape) -> u32 {
+    4 * shape.subgroup
+}
+
+/// Workgroup memory of `gemm_coop`: op(A)'s and op(B)'s f16 slices and
+/// the f32 C tile, rows padded by 16 bytes (as the WGSL declares them), a
+/// flag and the f32 zero matrix the accumulators start from.
+pub fn coop_workgroup_bytes(shape: CoopShape) -> u32 {
+    let (tile, slice) = (coop_tile(shape) as u32, COOP_SLICE as u32);
+    let matrix = tile / 4;
+    tile * (slice + 8) * 2
+        + slice * (tile + 8) * 2
+        + tile * (tile + 4) * 4
+        + 4
+        + 4 * matrix * matrix
+}
+
+/// vec4s of each operand's K slice an invocation of `gemm_coop` stages
+/// (its V): a slice's `tile x COOP_SLICE` values over the workgroup.
+pub fn coop_vec4s_per_invocation(shape: CoopShape) -> usize {
+    (coop_tile(shape) * COOP_SLICE / 4).div_ceil(coop_invocations(shape) as usize)
+}
+
+/// Whether `gemm_coop` at `shape` fits `limits` (workgroup memory and
+/// invocations) and its staging (1 to 16 vec4s of each operand per
+/// invocation, which a subgroup of half a matrix's side to eight times it
+/// gives).
+pub fn coop_fits(shape: CoopShape, limits: &crate::device::capabilities::KernelLimits) -> bool {
+    let (cm, sg) = (shape.size.dim(), shape.subgroup);
+    coop_workgroup_bytes(shape) <= limits.max_compute_workgroup_storage_size
+        && coop_invocations(shape) <= limits.max_compute_invocations_per_workgroup
+        && cm <= 2 * sg
+        && sg <= 8 * cm
+        && (8 * cm) % sg == 0
+}
+
+/// The pipeline key for a transpose combination of the tiled kernel.
+pub fn key(trans_a: bool, trans_b: bool) -> PipelineKey {
+    PipelineKey::new(Kernel::Gemm)
+        .with_flag("TRANS_A", trans_a)
+        .with_flag("TRANS_B", trans_b)
+}
+
+/// Whether A (as op(A) rows) and B can be read as 16-byte aligned vec4s.
+fn vec_flags(spec: &GemmSpec) -> (bool, bool) {
+    let aligned = |x: usize| x.is_multiple_of(4);
+    let strided = |stride: usize, used: bool| !used || aligned(stride);
+    let vec_a = !spec.trans_a
+        && aligned(spec.lda)
+        && aligned(spec.a_offset)
+        && strided(spec.a_stride, spec.batch > 1);
+    let b_matrices = (spec.b_batch_base + spec.batch - 1) / spec.b_batch_div.max(1) > 0;
+    let vec_b = aligned(spec.ldb) && aligned(spec.b_offset) && strided(spec.b_stride, b_matrices);
+    (vec_a, vec_b)
+}
+
+/// The pipeline key of `kernel` for `spec`.
+pub fn kernel_key(kernel: GemmKernel, spec: &GemmSpec) -> PipelineKey {
+    match kernel {
+        GemmKernel::Tiled => key(spec.trans_a, spec.trans_b),
+        GemmKernel::Subgroup { width } => {
+            let (vec_a, vec_b) = vec_flags(spec);
+            PipelineKey::new(Kernel::GemmSubgroup)
+                .with("SG", i64::from(width))
+                .with_flag("TRANS_A", spec.trans_a)
+                .with_flag("TRANS_B", spec.trans_b)
+                .with_flag("VEC_A", vec_a)
+                .with_flag("VEC_B", vec_b)
+        }
+        GemmKernel::Coop(shape) => PipelineKey::new(Kernel::GemmCoop(shape.size))
+            .with("SG", i64::from(shape.subgroup))
+            .with_flag("TRANS_A", spec.trans_a)
+            .with_flag("TRANS_B", spec.trans_b),
+        GemmKernel::CoopPacked { shape, tile } => crate::kernels::gemm::packed::key(shape, tile),
+        GemmKernel::Skinny => PipelineKey::new(Kernel::GemmSkinny)
+            .with_flag("TRANS_A", spec.trans_a)
+            .with_flag("TRANS_B", spec.trans_b)
+            .with("ROWS", skinny_rows(spec.m) as i64),
+    }
+}
+
+/// Records the GEMM with the context's preferred kernel for its rows. The caller guarantees
+/// the buffers hold [`GemmSpec::extents`] elements.
+pub(crate) fn record(
+    rec: &mut Recorder<'_>,
+    spec: &GemmSpec,
+    a: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+    c: &wgpu::Buffer,
+) -> Result<()> {
+    let kernel = rec.ctx().gemm_kernel_for_rows(spec.m);
+    record_with(rec, kernel, spec, a, b, c)
+}
+
+/// Bytes of scratch `kernel` allocates to record `spec` with A holding
+/// `a_values`: the packed matrix-unit GEMM's f16 operands where it runs the
+/// product, else nothing.
+pub(crate) fn packed_bytes(
+    ctx: &crate::device::context::GpuContext,
+    kernel: GemmKernel,
+    spec: &GemmSpec,
+    a_values: AValues,
+) -> u64 {
+    match kernel_for(ctx, kernel, spec, a_values) {
+        GemmKernel::CoopPacked { shape, tile } => {
+            crate::kernels::gemm::packed::scratch_bytes(shape, tile, spec)
+        }
+        _ => 0,
+    }
+}
+
+/// What the A operand holds, beyond plain numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AValues {
+    /// Any values.
+    Any,
+    /// Any values, and a term whose A is `-0` (the mark, compared as bits)
+    /// adds nothing, whatever B holds (so `-0 · NaN` and `-0 · inf` add
+    /// nothing); `+0` multiplies as any other value.
+    MarksSkipped,
+    /// Attention's probabilities: values in `[0, 1]`, `-0` marks skipped. The
+    /// matrix-unit kernel stages them times 2¹⁴ in f16 (undone exactly in its
+    /// epilogue), so that small probabilities keep f16's 11 bits instead of
+    /// becoming subnormal; the other kernels treat them as `MarksSkipped`.
+    Probabilities,
+}
+
+impl AValues {
+    /// Whether terms whose A is the mark `-0` are skipped.
+    pub fn skips_marks(self) -> bool {
+        self != AValues::Any
+    }
+}
+
+/// The pipeline key of `kernel` for `spec` with A holding `a`.
+pub fn variant_key(kernel: GemmKernel, spec: &GemmSpec, a: AValues) -> PipelineKey {
+    let kernel = marks_to_staged(kernel, a);
+    let key = kernel_key(kernel, spec);
+    let key = if a.skips_marks() {
+        key.with_flag("SKIP_MARKED_A", true)
+    } else {
+        key
+    };
+    match (kernel, a) {
+        (GemmKernel::Coop(_), AValues::Probabilities) => key.with_flag("PROBABILITIES", true),
+        _ => key,
+    }
+}
+
+/// Records the GEMM with a given kernel.
+pub(crate) fn record_with(
+    rec: &mut Recorder<'_>,
+    kernel: GemmKernel,
+    spec: &GemmSpec,
+    a: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+    c: &wgpu::Buffer,
+) -> Result<()> {
+    record_variant(rec, kernel, spec, AValues::Any, [a, b, c])
+}
+
+/// `kernel`, except that the packed matrix-unit GEMM hands products whose A
+/// carries marks to skip to the staged one (which tests B for non-finite
+/// values slice by slice).
+pub fn marks_to_staged(kernel: GemmKernel, a_values: AValues) -> GemmKernel {
+    match kernel {
+        GemmKernel::CoopPacked { shape, .. } if a_values.skips_marks() => GemmKernel::Coop(shape),
+        other => other,
+    }
+}
+
+/// The kernel that records `spec` with A holding `a_values` when `kernel`
+/// is asked for: the packed matrix-unit GEMM hands products with marks to
+/// skip, and those it cannot hold (a packed operand past one binding, a K
+/// loop past the driver's budget), to the staged one.
+pub fn kernel_for(
+    ctx: &crate::device::context::GpuContext,
+    kernel: GemmKernel,
+    spec: &GemmSpec,
+    a_values: AValues,
+) -> GemmKernel {
+    match marks_to_staged(kernel, a_values) {
+        GemmKernel::CoopPacked { shape, tile }
+            if !crate::kernels::gemm::packed::runs(ctx, shape, tile, spec) =>
+        {
+            GemmKernel::Coop(shape)
+        }
+        GemmKernel::Subgroup { .. } if spec.trans_a => GemmKernel::Tiled,
+        // Taller products run the adapter's own kernel.
+        GemmKernel::Skinny if spec.m > SKINNY_MAX_ROWS => kernel_for(
+            ctx,
+            crate::plan::planner::gemm_kernel_for(&ctx.caps),
+            spec,
+            a_values,
+        ),
+        other => other,
+    }
+}
+
+/// Records the GEMM with `kernel`, A holding `a_values`. The matrix-unit
+/// kernel must be one the adapter runs (`Capabilities::f16_matrix_units`),
+/// else a typed error.
+pub(crate) fn record_variant(
+    rec: &mut Recorder<'_>,
+    kernel: GemmKernel,
+    spec: &GemmSpec,
+    a_values: AValues,
+    [a, b, c]: [&wgpu::Buffer; 3],
+) -> Result<()> {
+    spec.check()?;
+    if let GemmKernel::CoopPacked { shape, tile } = kernel {
+        let limits = &rec.ctx().caps.limits;
+        if !crate::kernels::gemm::packed::fits(shape, tile, limits) {
+            return Err(Error::InvalidOption {
+                name: "gemm kernel",
+                value: format!("{kernel:?}"),
+                reason: "the packed matrix-unit GEMM takes 1 to 4 matrices each way per \
+                         subgroup, in a workgroup this adapter allows",
+            });
+        }
+    }
+    let kernel = kernel_for(rec.ctx(), kernel, spec, a_values);
+    // A matrix-unit kernel only at the configuration the adapter offers (and
+    // the staged one only where its workgroup fits).
+    let caps = &rec.ctx().caps;
+    let offered =
+        |shape: CoopShape| caps.f16_matrix_units() == Some((shape.size.dim(), shape.subgroup));
+    let runs = match kernel {
+        GemmKernel::Coop(shape) => offered(shape) && coop_fits(shape, &caps.limits),
+        GemmKernel::CoopPacked { shape, .. } => offered(shape),
+        GemmKernel::Tiled | GemmKernel::Subgroup { .. } | GemmKernel::Skinny => true,
+    };
+    if !runs {
+        return Err(Error::InvalidOption {
+            name: "gemm kernel",
+            value: format!("{kernel:?}"),
+            reason: "this adapter offers no matrix-unit configuration of that size and \
+                     subgroup width, or not a workgroup that large (webattn info lists what it \
+                     has)",
+        });
+    }
+    // On drivers that cap an invocation's loop iterations, split K into
+    // passes that accumulate into C (beta = 1 after the first).
+    let max_k = rec
+        .ctx()
+        .caps
+        .loop_budget()
+        .map(|budget| max_k_per_pass(kernel, spec, budget, a_values.skips_marks()));
+    if let Some(max_k) = max_k.filter(|&max_k| spec.k > max_k) {
+        let mut k0 = 0;
+        while k0 < spec.k {
+            let len = max_k.min(spec.k - k0);
+            let (a_step, b_step) = (
+                if spec.trans_a { k0 * spec.lda } else { k0 },
+                if spec.trans_b { k0 } else { k0 * spec.ldb },
+            );
+            let pass = GemmSpec {
+                k: len,
+                a_offset: spec.a_offset + a_step,
+                b_offset: spec.b_offset + b_step,
+                beta: if k0 == 0 { spec.beta } else { 1.0 },
+                ..*spec
+            };
+            record_pass(rec, kernel, &pass, a_values, [a, b, c])?;
+            k0 += len;
+        }
+        return Ok(());
+    }
+    record_pass(rec, kernel, spec, a_values, [a, b, c])
+}
+
+/// The largest K one pass may take under a loop budget: the tiled kernel runs
+/// about 21 loop iterations per 16 values of K, the subgroup kernel one per 4;
+/// the matrix-unit kernel its staging loops and matrix steps per slice, and
+/// with `skip_marked_a` the scalar product of a slice (taken when B holds a
+/// non-finite value there), after its epilogue's loop; the skinny kernel
+/// one per K step of its share and one per row in each, then its sums.
+fn max_k_per_pass(kernel: GemmKernel, spec: &GemmSpec, budget: u64, skip_marked_a: bool) -> usize {
+    let budget = budget.saturating_sub(256) as usize;
+    match kernel {
+        GemmKernel::Skinny => {
+            let split = skinny_split(spec.trans_b);
+            (budget / (skinny_rows(spec.m) + 1) * split).max(split)
+        }
+        GemmKernel::Tiled => (budget / 21 * 16).max(16),
+        GemmKernel::Subgroup { .. } => (budget * 4).max(4),
+        GemmKernel::Coop(shape) => {
+            let (tile, wg) = (coop_tile(shape), coop_invocations(shape) as usize);
+            let cm = shape.size.dim() as usize;
+            let tile_loop = (tile * tile).div_ceil(wg);
+            // Staging: V vec4s of each operand read (one loop) and put (a
+            // loop of four values each, for A and for B).
+            let mut per_slice = 10 * coop_vec4s_per_invocation(shape) + COOP_SLICE / cm + 4;
+            if skip_marked_a {
+                per_slice += tile_loop * (COOP_SLICE + 1);
+            }
+            (budget.saturating_sub(tile_loop) / per_slice * COOP_SLICE).max(COOP_SLICE)
+        }
+        // (Recorded whole or not at all: `kernel_for` checks its budget.)
+        GemmKernel::CoopPacked { .. } => usize::MAX,
+    }
+}
+
+fn record_pass(
+    rec: &mut Recorder<'_>,
+    kernel: GemmKernel,
+    spec: &GemmSpec,
+    a_values: AValues,
+    [a, b, c]: [&wgpu::Buffer; 3],
+) -> Result<()> {
+    if let GemmKernel::CoopPacked { shape, tile } = kernel {
+        return crate::kernels::gemm::packed::record(rec, shape, tile, spec, [a, b, c]);
+    }
+    let (tile_m, tile_n) = match kernel {
+        GemmKernel::Tiled => (TILE, TILE),
+        GemmKernel::Skinny => (SKINNY_MAX_ROWS, skinny_cols(spec.trans_b)),
+        GemmKernel::Subgroup { width } => (SUBGROUP_ROWS_PER_LANE * width as usize, SUBGROUP_COLS),
+        GemmKernel::Coop(shape) => (coop_tile(shape), coop_tile(shape)),
+        GemmKernel::CoopPacked { shape, tile } => {
+            crate::kernels::gemm::packed::tile_dims(shape, tile)
+        }
+    };
+    let tiles_m = spec.m.div_ceil(tile_m);
+    let tiles_n = spec.n.div_ceil(tile_n);
+    let u = |x: usize| x as u32;
+    let params = Params {
+        m: u(spec.m),
+        n: u(spec.n),
+        k: u(spec.k),
+        batch: u(spec.batch),
+        lda: u(spec.lda),
+        ldb: u(spec.ldb),
+        ldc: u(spec.ldc),
+        tiles_n: u(tiles_n),
+        tiles_m: u(tiles_m),
+        a_offset: u(spec.a_offset),
+        b_offset: u(spec.b_offset),
+        c_offset: u(spec.c_offset),
+        a_stride: u(spec.a_stride),
+        b_stride: u(spec.b_stride),
+        c_stride: u(spec.c_stride),
+        b_batch_base: u(spec.b_batch_base),
+        b_batch_div: u(spec.b_batch_div),
+        alpha: spec.alpha,
+        beta: spec.beta,
+        vec_ab: match kernel {
+            GemmKernel::Coop(_) => {
+                // A batch stride matters only where an entry past the first is read.
+                let fours = |ld: usize, offset: usize, stride: usize, strided: bool| {
+                    ld.is_multiple_of(4)
+                        && offset.is_multiple_of(4)
+                        && (!strided || stride.is_multiple_of(4))
+                };
+                let last_b =
+                    (spec.b_batch_base + spec.batch.saturating_sub(1)) / spec.b_batch_div.max(1);
+                let (vec_a, vec_b) = (
+                    fours(spec.lda, spec.a_offset, spec.a_stride, spec.batch > 1),
+                    fours(spec.ldb, spec.b_offset, spec.b_stride, last_b > 0),
+                );
+                u32::from(vec_a) | (u32::from(vec_b) << 1)
+            }
+            _ => 0,
+        },
+    };
+    let ctx = rec.ctx();
+    let pipeline = ctx.pipelines.get(&variant_key(kernel, spec, a_values));
+    let uniform = buffer::uniform(ctx, "gemm params", &params);
+    let workgroups = (tiles_m * tiles_n) as u64 * spec.batch as u64;
+    match kernel {
+        GemmKernel::Tiled | GemmKernel::Skinny => {
+            rec.dispatch(&pipeline, &[&uniform, a, b, c], workgroups)
+        }
+        // A and B twice each: an f32 view and a vec4 view.
+        GemmKernel::Subgroup { .. } | GemmKernel::Coop(_) => {
+            rec.dispatch(&pipeline, &[&uniform, a, a, b, b, c], workgroups)
+        }
+        // (Recorded by gemm_packed::record above; its bindings are these.)
+        GemmKernel::CoopPacked { .. } => rec.dispatch(&pipeline, &[&uniform, a, b, c], workgroups),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The skinny kernel's rows, workgroup and K split are the shader's.
+    #[test]
+    fn skinny_sizes_match_the_shader() {
+        let src = Kernel::GemmSkinny.source();
+        assert!(src.contains(&format!("const MAX_ROWS: u32 = {SKINNY_MAX_ROWS}u;")));
+        assert!(src.contains(&format!("const INVOCATIONS: u32 = {SKINNY_INVOCATIONS}u;")));
+        let (plain, transposed) = (skinny_split(false), skinny_split(true));
+        assert!(src.contains(&format!("select({plain}u, {transposed}u, TRANS_B)")));
+        assert!(src.contains(&format!("array<f32, {}>", SKINNY_WORKGROUP_BYTES / 4)));
+    }
+
+    /// The host's tile sizes must be the generated shader's.
+    #[test]
+    fn subgroup_tile_matches_the_shader() {
+        let src = Kernel::GemmSubgroup.source();
+        assert!(src.contains(&format!("const ROWS: u32 = {SUBGROUP_ROWS_PER_LANE}u;")));
+        assert!(src.contains(&format!("const COLS: u32 = {SUBGROUP_COLS}u;")));
+    }
+}

@@ -1,0 +1,351 @@
+//! The kernel choices as plain data: which GEMM kernel and which fused
+//! attention kernel, as an engine is told or the planner decides. The planner
+//! (`plan/planner.rs`) turns them, with the capabilities and the tuning table,
+//! into kernels and tiles; the context only holds them.
+
+use crate::error::{Error, Result};
+use crate::kernels::registry::CoopSize;
+
+/// The matrix-unit configuration a cooperative-matrix kernel is compiled
+/// for: square matrices of `size` with f16 inputs and f32 accumulators, at
+/// subgroup scope on an adapter whose subgroups are `subgroup` wide (fixed:
+/// the kernels give each subgroup its own block of the workgroup's tile).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CoopShape {
+    /// The matrices' size.
+    pub size: CoopSize,
+    /// The subgroup width.
+    pub subgroup: u32,
+}
+
+/// The accumulators each subgroup of `gemm_coop_packed` owns: `rows`
+/// by `cols` matrices of C (1 to 4 each), so a workgroup of 2 x 2 subgroups
+/// computes `2 * rows` by `2 * cols` matrices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PackedTile {
+    /// Matrices down C.
+    pub rows: u8,
+    /// Matrices across C.
+    pub cols: u8,
+}
+
+impl PackedTile {
+    /// The tile calls at `Precision::Fast` take: 2 x 2 matrices a subgroup,
+    /// the staged kernel's geometry.
+    pub const DEFAULT: PackedTile = PackedTile { rows: 2, cols: 2 };
+
+    /// The tiles `webattn bench` measures side by side: the default, then
+    /// twice and four times the products per matrix loaded (more registers).
+    pub const CANDIDATES: [PackedTile; 3] = [
+        PackedTile::DEFAULT,
+        PackedTile { rows: 4, cols: 2 },
+        PackedTile { rows: 4, cols: 4 },
+    ];
+}
+
+/// The form of the matrix-unit GEMM that calls at `Precision::Fast` take,
+/// as `webattn tune` measures and remembers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FastGemm {
+    /// `gemm_coop_packed` at a tile.
+    Packed(PackedTile),
+    /// `gemm_coop`, operands staged through workgroup memory.
+    Staged,
+}
+
+impl FastGemm {
+    /// Every form the tuner times: the packed tiles, then the staged kernel.
+    pub const ALL: [FastGemm; 4] = [
+        FastGemm::Packed(PackedTile::CANDIDATES[0]),
+        FastGemm::Packed(PackedTile::CANDIDATES[1]),
+        FastGemm::Packed(PackedTile::CANDIDATES[2]),
+        FastGemm::Staged,
+    ];
+
+    /// The form's name in the tuning table: `packed2x2`, `staged`.
+    pub fn name(self) -> String {
+        match self {
+            FastGemm::Packed(tile) => format!("packed{}x{}", tile.rows, tile.cols),
+            FastGemm::Staged => "staged".to_string(),
+        }
+    }
+
+    /// The form named `name` ([`FastGemm::name`]), if it is one of [`FastGemm::ALL`].
+    pub fn from_name(name: &str) -> Option<FastGemm> {
+        FastGemm::ALL.into_iter().find(|form| form.name() == name)
+    }
+
+    /// The kernel of this form for matrix units of `shape`.
+    pub fn kernel(self, shape: CoopShape) -> GemmKernel {
+        match self {
+            FastGemm::Packed(tile) => GemmKernel::CoopPacked { shape, tile },
+            FastGemm::Staged => GemmKernel::Coop(shape),
+        }
+    }
+}
+
+/// Which GEMM kernel records a product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemmKernel {
+    /// `gemm.wgsl`: 64x64 tiles through workgroup memory, 8x8 per invocation.
+    /// Runs on every adapter.
+    Tiled,
+    /// `gemm_sg`: one subgroup of `width` invocations per workgroup
+    /// computes `4 * width` rows by 64 columns, sharing B through shuffles.
+    /// For CPU-backed adapters with fixed subgroups of 4 or 8; products with a
+    /// transposed A go to the tiled kernel.
+    Subgroup {
+        /// The subgroup (and workgroup) width: 4 or 8.
+        width: u32,
+    },
+    /// `gemm_coop`: f16 operands on the matrix units, f32 accumulators,
+    /// 4 subgroups per workgroup each owning 2 x 2 matrices of C. Only where
+    /// the caller allows f16 products (`Precision::Fast`).
+    Coop(CoopShape),
+    /// `gemm_coop_packed`: op(A) and op(B) packed as f16 first
+    /// (`coop_pack.wgsl`, zero-padded to whole tiles), then matrix loads
+    /// from storage and products with no workgroup memory in the K loop.
+    /// Products whose A carries marks to skip (attention's `P V`), or whose
+    /// packed operands exceed a binding or a loop budget, run as `Coop`.
+    CoopPacked {
+        /// The matrix-unit configuration.
+        shape: CoopShape,
+        /// The accumulators per subgroup.
+        tile: PackedTile,
+    },
+    /// `gemm_skinny.wgsl`: products of at most 16 rows (a decoder step's
+    /// `Q Kᵀ` and `P V`), each value of B read once by invocations that
+    /// split K, where the 64 x 64 tiles would compute rows no one asked
+    /// for. Taller products run the adapter's tiled kernel.
+    Skinny,
+}
+
+impl GemmKernel {
+    /// The kernel's name, with the configuration it is compiled for
+    /// (`gemm_coop_packed16 4x2`: 16x16 matrices, 4 x 2 per subgroup).
+    pub fn label(self) -> String {
+        match self {
+            GemmKernel::Tiled => "gemm".to_string(),
+            GemmKernel::Skinny => "gemm_skinny".to_string(),
+            GemmKernel::Subgroup { width } => format!("gemm_sg (subgroups of {width})"),
+            GemmKernel::Coop(shape) => format!("gemm_coop{}", shape.size.dim()),
+            GemmKernel::CoopPacked { shape, tile } => format!(
+                "gemm_coop_packed{} {}x{}",
+                shape.size.dim(),
+                tile.rows,
+                tile.cols
+            ),
+        }
+    }
+}
+
+/// Which fused kernel an engine uses: chosen from the adapter's capabilities,
+/// or forced by name (`webattn check --kernel attention_fused`), so that every
+/// fused kernel can be run and checked on any adapter that can run it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FusedKernelChoice {
+    /// The capability profile decides (the tuning table where it measured
+    /// this adapter; else the register-tiled kernel on GPUs, the portable one
+    /// where none of its tiles fits; on CPU adapters subgroup shuffles where
+    /// subgroups are fixed, else the portable kernel).
+    #[default]
+    Auto,
+    /// `attention_fused`: the portable kernel, on any adapter.
+    Portable,
+    /// `attention_sg`: the subgroup-shuffle kernel (CPU adapters with fixed
+    /// subgroups of 4 or 8; head dims multiples of 4).
+    Subgroup,
+    /// `attention_tiled`: the register-tiled kernel, on any adapter whose
+    /// workgroup memory holds one of its tiles at the problem's head dims.
+    Tiled,
+    /// `attention_tiled_shuffle`: the register-tiled kernel whose row maxima
+    /// and probabilities move by subgroup shuffles, on adapters whose
+    /// subgroups hold a row of its invocations (8 lanes or more); head dims
+    /// none of its tiles fits run what `Tiled` runs.
+    TiledShuffle,
+    /// `attention_tiled_chunked`: the register-tiled kernel with its Q, K
+    /// and V tiles in chunks of columns; head dims none of its tiles fits run
+    /// what `Tiled` runs.
+    TiledChunked,
+    /// `attention_coop`: the matrix-unit kernel, for calls that allow f16
+    /// products (`Precision::Fast`) on adapters with matrix units; calls at
+    /// `Precision::Highest` run what `Auto` picks. K and V are packed as
+    /// f16 ahead of it where they fit one binding, else staged.
+    Coop,
+    /// `attention_coop_staged`: the matrix-unit kernel with K and V staged
+    /// tile by tile through workgroup memory (no packing pass), as `Coop`
+    /// runs where its packed K and V do not fit; for comparing the forms.
+    CoopStaged,
+    /// `attention_coop_shared`: the matrix-unit kernel from packed K and V,
+    /// each tile copied once into workgroup memory and shared by the
+    /// workgroup's subgroups (FlashAttention-2's way), where its packed K
+    /// and V fit one binding (else staged) and a shared tile fits the
+    /// adapter (else the f32 kernels); for the tuner and for comparing the
+    /// forms.
+    CoopShared,
+}
+
+impl FusedKernelChoice {
+    /// Whether this names the matrix-unit kernel (any form).
+    pub fn is_coop(self) -> bool {
+        matches!(
+            self,
+            FusedKernelChoice::Coop | FusedKernelChoice::CoopStaged | FusedKernelChoice::CoopShared
+        )
+    }
+
+    /// The matrix-unit kernel's form this forces, if any (`Coop` takes the
+    /// tuned or default one).
+    pub fn coop_form(self) -> Option<crate::kernels::attention::coop::CoopForm> {
+        use crate::kernels::attention::coop::CoopForm;
+        match self {
+            FusedKernelChoice::CoopStaged => Some(CoopForm::Staged),
+            FusedKernelChoice::CoopShared => Some(CoopForm::Shared),
+            _ => None,
+        }
+    }
+
+    /// The names `--kernel` takes, as `webattn info` lists the kernels.
+    pub const NAMES: [&'static str; 9] = [
+        "auto",
+        "attention_fused",
+        "attention_sg",
+        "attention_tiled",
+        "attention_tiled_shuffle",
+        "attention_tiled_chunked",
+        "attention_coop",
+        "attention_coop_staged",
+        "attention_coop_shared",
+    ];
+
+    /// The kernel's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            FusedKernelChoice::Auto => "auto",
+            FusedKernelChoice::Portable => "attention_fused",
+            FusedKernelChoice::Subgroup => "attention_sg",
+            FusedKernelChoice::Tiled => "attention_tiled",
+            FusedKernelChoice::TiledShuffle => "attention_tiled_shuffle",
+            FusedKernelChoice::TiledChunked => "attention_tiled_chunked",
+            FusedKernelChoice::Coop => "attention_coop",
+            FusedKernelChoice::CoopStaged => "attention_coop_staged",
+            FusedKernelChoice::CoopShared => "attention_coop_shared",
+        }
+    }
+}
+
+impl std::str::FromStr for FusedKernelChoice {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<FusedKernelChoice> {
+        match text {
+            "auto" => Ok(FusedKernelChoice::Auto),
+            "attention_fused" => Ok(FusedKernelChoice::Portable),
+            "attention_sg" => Ok(FusedKernelChoice::Subgroup),
+            "attention_tiled" => Ok(FusedKernelChoice::Tiled),
+            "attention_tiled_shuffle" => Ok(FusedKernelChoice::TiledShuffle),
+            "attention_tiled_chunked" => Ok(FusedKernelChoice::TiledChunked),
+            "attention_coop" => Ok(FusedKernelChoice::Coop),
+            "attention_coop_staged" => Ok(FusedKernelChoice::CoopStaged),
+            "attention_coop_shared" => Ok(FusedKernelChoice::CoopShared),
+            _ => Err(Error::InvalidOption {
+                name: "kernel",
+                value: text.to_string(),
+                reason: "must be auto, attention_fused, attention_sg, attention_tiled, attention_tiled_shuffle, attention_tiled_chunked, attention_coop, attention_coop_staged or attention_coop_shared (the fused kernels `webattn info` lists)",
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for FusedKernelChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which decode kernel runs calls of a few query rows over many keys (Nq up
+/// to 16, 512 keys or more): chosen from the adapter's capabilities, or
+/// forced by name (`webattn check --decode-kernel attention_decode_stream`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodeKernelChoice {
+    /// The tuning table's winner where it measured this adapter; else the
+    /// streaming kernel on GPUs with subgroups wherever its shape fits, the
+    /// staged kernel elsewhere.
+    #[default]
+    Auto,
+    /// `attention_decode`: K staged through workgroup memory; any adapter.
+    Staged,
+    /// `attention_decode_stream`: teams of subgroup lanes stream K and V with
+    /// no barrier in the key loop; adapters with subgroups of 4 lanes or
+    /// more, where its registers hold the call's rows (else the staged
+    /// kernel runs the call).
+    Stream,
+}
+
+impl DecodeKernelChoice {
+    /// The names `--decode-kernel` takes.
+    pub const NAMES: [&'static str; 3] = ["auto", "attention_decode", "attention_decode_stream"];
+
+    /// The kernel's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            DecodeKernelChoice::Auto => "auto",
+            DecodeKernelChoice::Staged => "attention_decode",
+            DecodeKernelChoice::Stream => "attention_decode_stream",
+        }
+    }
+}
+
+impl std::str::FromStr for DecodeKernelChoice {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<DecodeKernelChoice> {
+        match text {
+            "auto" => Ok(DecodeKernelChoice::Auto),
+            "attention_decode" => Ok(DecodeKernelChoice::Staged),
+            "attention_decode_stream" => Ok(DecodeKernelChoice::Stream),
+            _ => Err(Error::InvalidOption {
+                name: "decode kernel",
+                value: text.to_string(),
+                reason: "must be auto, attention_decode or attention_decode_stream",
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for DecodeKernelChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Everything an engine is told to run in place of what the planner would
+/// pick, as one value: forced kernels (`webattn check --kernel`), the
+/// candidates the tuner pins while it times them, and the phases a
+/// measurement removes. The planner reads it beside the capabilities and
+/// the tuning table; the default overrides nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Overrides {
+    /// The GEMM kernel every product records (portable kernels, a subgroup width).
+    pub gemm: Option<GemmKernel>,
+    /// The fused kernel forced by name, or `Auto`.
+    pub fused: FusedKernelChoice,
+    /// The decode kernel forced by name, or `Auto`.
+    pub decode: DecodeKernelChoice,
+    /// The width the subgroup kernels are compiled for, below the adapter's own.
+    pub subgroup_width: Option<u32>,
+    /// A fused kernel every call runs (the tuner times each candidate this way).
+    pub pinned_fused: Option<crate::tuning::TunedKernel>,
+    /// A decode kernel every decode call runs where it can.
+    pub pinned_decode: Option<crate::kernels::decode::DecodeKernel>,
+    /// Tiles of the matrix-unit kernel that calls at `Fast` take where they fit.
+    pub pinned_coop: Option<crate::tuning::TunedCoop>,
+    /// A form of the matrix-unit GEMM that calls at `Fast` take where it runs.
+    pub pinned_fast_gemm: Option<FastGemm>,
+    /// Invocations per row in the matrix-unit kernel's scalar steps, where a
+    /// test asks for other than its tiles' default.
+    pub coop_lanes_per_row: Option<u32>,
+    /// Phases of the key loop the fused and decode kernels run without
+    /// (`webattn phases`; none otherwise).
+    pub removed_phases: crate::plan::ablation::Phases,
+}
