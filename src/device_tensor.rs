@@ -175,7 +175,7 @@ pub(crate) async fn unview(
     let Storage::GpuAt(buffer, offset) = &t.storage else {
         return Ok(None);
     };
-    let copy = crate::device::buffer::contiguous(ctx, buffer, *offset, t.words()).await?;
+    let copy = crate::device::chunks::contiguous(ctx, buffer, *offset, t.words()).await?;
     Ok(Some(Tensor {
         storage: Storage::Gpu(Arc::new(copy)),
         ..t.clone()

@@ -867,7 +867,7 @@ impl Engine {
             }
             (Backend::Gpu(gpu), Storage::GpuAt(buf, offset)) => {
                 let ctx = gpu.current();
-                let copy = buffer::contiguous(ctx, buf, *offset, tensor.words()).await?;
+                let copy = chunks::contiguous(ctx, buf, *offset, tensor.words()).await?;
                 let data = match tensor.dtype {
                     DType::F16 => buffer::read_f16(ctx, &copy, tensor.len()).await?,
                     _ => buffer::read_f32(ctx, &copy, 0, tensor.len()).await?,

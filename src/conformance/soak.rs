@@ -9,14 +9,7 @@ use crate::engine::Engine;
 use crate::options::{Precision, QkMatmulOutputMode};
 use crate::rng::SplitMix64;
 
-/// Device memory in use, as wgpu's own counters see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct MemoryReading {
-    /// Bytes of buffer memory allocated on the device.
-    pub buffer_bytes: u64,
-    /// Buffers alive on the device.
-    pub buffers: u64,
-}
+pub use crate::device::counters::MemoryReading;
 
 /// What a soak found.
 #[derive(Debug, Clone, PartialEq)]

@@ -39,7 +39,7 @@ pub(crate) fn check_buffer(ctx: &GpuContext, what: &str, bytes: u64) -> Result<(
 
 /// Bytes of a buffer for `len` f32 values: rounded up to whole vec4s (16 bytes),
 /// so every buffer can also be bound as `array<vec4<f32>>`, and never empty.
-fn f32_bytes(len: usize) -> u64 {
+pub(crate) fn f32_bytes(len: usize) -> u64 {
     (len.max(1) as u64).div_ceil(4) * 16
 }
 
@@ -61,7 +61,7 @@ pub(crate) fn tensor_storage(ctx: &GpuContext, label: &str, len: usize) -> Resul
 /// A storage buffer of `size` bytes (checked by the caller): zero-filled, or
 /// (`Kind::Filled`) about to be written whole. A prepared call's runs take
 /// the one their first run created (`device/arena.rs`).
-fn create(ctx: &GpuContext, label: &str, size: u64, kind: Kind) -> wgpu::Buffer {
+pub(crate) fn create(ctx: &GpuContext, label: &str, size: u64, kind: Kind) -> wgpu::Buffer {
     let make = || new_storage(ctx, label, size);
     match &ctx.arena {
         Some(arena) => arena.take(kind, size, make),
@@ -375,28 +375,6 @@ pub(crate) async fn map_and_read(
     };
     staging.unmap();
     Ok(values)
-}
-
-/// A buffer of the call's own holding the `words` 4-byte words of `src` from
-/// byte `offset` (a multiple of 4): a tensor wrapped at an offset, which the
-/// kernels, binding whole buffers, cannot read in place.
-pub(crate) async fn contiguous(
-    ctx: &GpuContext,
-    src: &wgpu::Buffer,
-    offset: u64,
-    words: usize,
-) -> Result<wgpu::Buffer> {
-    let what = "copying a wrapped tensor from its offset";
-    ctx.scoped(what, || {
-        let size = f32_bytes(words);
-        check_buffer(ctx, what, size)?;
-        let dst = create(ctx, "wrapped tensor", size, Kind::Filled);
-        let mut rec = crate::device::recorder::Recorder::new(ctx, what);
-        rec.copy(src, (offset / 4) as usize, &dst, 0, words);
-        rec.submit();
-        Ok(dst)
-    })
-    .await
 }
 
 #[cfg(test)]

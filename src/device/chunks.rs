@@ -421,6 +421,33 @@ pub(crate) fn allocate(
     })
 }
 
+/// A buffer of the call's own holding the `words` 4-byte words of `src` from
+/// byte `offset` (a multiple of 4): a tensor wrapped at an offset, which the
+/// kernels, binding whole buffers, cannot read in place.
+pub(crate) async fn contiguous(
+    ctx: &GpuContext,
+    src: &wgpu::Buffer,
+    offset: u64,
+    words: usize,
+) -> Result<wgpu::Buffer> {
+    let what = "copying a wrapped tensor from its offset";
+    ctx.scoped(what, || {
+        let size = buffer::f32_bytes(words);
+        buffer::check_buffer(ctx, what, size)?;
+        let dst = buffer::create(
+            ctx,
+            "wrapped tensor",
+            size,
+            crate::device::arena::Kind::Filled,
+        );
+        let mut rec = Recorder::new(ctx, what);
+        rec.copy(src, (offset / 4) as usize, &dst, 0, words);
+        rec.submit();
+        Ok(dst)
+    })
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

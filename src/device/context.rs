@@ -614,11 +614,11 @@ impl GpuContext {
 
     /// Device buffer memory and buffers alive, from wgpu's own counters
     /// (natively; `None` in the browser, whose WebGPU does not say).
-    pub fn memory_in_use(&self) -> Option<crate::conformance::MemoryReading> {
+    pub fn memory_in_use(&self) -> Option<super::counters::MemoryReading> {
         #[cfg(not(target_arch = "wasm32"))]
         {
             let hal = self.device.get_internal_counters().hal;
-            Some(crate::conformance::MemoryReading {
+            Some(super::counters::MemoryReading {
                 buffer_bytes: hal.buffer_memory.read().max(0) as u64,
                 buffers: hal.buffers.read().max(0) as u64,
             })

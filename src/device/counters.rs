@@ -86,3 +86,12 @@ impl std::ops::Sub for WorkCounts {
         }
     }
 }
+
+/// Device memory in use, as wgpu's own counters see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryReading {
+    /// Bytes of buffer memory allocated on the device.
+    pub buffer_bytes: u64,
+    /// Buffers alive on the device.
+    pub buffers: u64,
+}

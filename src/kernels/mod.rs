@@ -8,6 +8,7 @@
 pub mod additive;
 pub mod attention;
 pub(crate) mod cache_append;
+pub(crate) mod ceilings;
 pub mod concat;
 pub mod convert;
 pub mod decode;

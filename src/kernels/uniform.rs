@@ -112,8 +112,8 @@ pub fn kernel_words(kernel: crate::kernels::registry::Kernel) -> Vec<Word> {
         K::Softmax => softmax::Params::words(),
         K::Mask => mask::Params::words(),
         K::Concat => concat::Params::words(),
-        K::FmaPeak => crate::measure::FmaParams::words(),
-        K::CopyPeak => crate::measure::CopyParams::words(),
+        K::FmaPeak => ceilings::FmaParams::words(),
+        K::CopyPeak => ceilings::CopyParams::words(),
         K::AttentionFused
         | K::AttentionSubgroup
         | K::AttentionTiled

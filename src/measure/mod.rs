@@ -10,6 +10,7 @@ use crate::device::context::GpuContext;
 use crate::device::pipeline::PipelineKey;
 use crate::device::recorder::Recorder;
 use crate::error::Result;
+use crate::kernels::ceilings::{CopyParams, FmaParams};
 use crate::kernels::gemm;
 use crate::kernels::gemm::GemmSpec;
 use crate::kernels::registry::Kernel;
@@ -330,25 +331,6 @@ struct BigCopy {
     dst: wgpu::Buffer,
     workgroups: u32,
     bytes: u64,
-}
-
-crate::kernels::uniform::uniform_block! {
-    /// `fma_peak.wgsl`'s parameters.
-    pub(crate) struct FmaParams {
-        iterations: u32,
-        mul: f32,
-        add: f32,
-        _pad: u32,
-    }
-}
-
-crate::kernels::uniform::uniform_block! {
-    /// `copy_peak.wgsl`'s parameters.
-    pub(crate) struct CopyParams {
-        count: u32,
-        stride: u32,
-        _pad: [u32; 2],
-    }
 }
 
 impl BigCopy {

@@ -1264,11 +1264,6 @@ fn precision_name(precision: Precision) -> &'static str {
     }
 }
 
-/// The entries of `key` in the report, for other modules.
-pub fn entries<'a>(report: &'a Value, key: &str) -> &'a [Value] {
-    report[key].as_array().map_or(&[], Vec::as_slice)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,13 +1,13 @@
 //! `webattn check`: the conformance sweep on this adapter against the f64 oracle.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
-use webattn::conformance::{run_sweep, sweep_len, CaseResult, SweepKind, SweepReport};
+use webattn::conformance::{run_sweep, sweep_len, SweepKind, SweepReport};
+
+use super::progress::{matrix_unit_line, progress_bar, progress_line};
 use webattn::Precision;
 
 /// Arguments of `webattn check`.
@@ -37,20 +37,6 @@ pub struct Args {
     /// Also write the results as JSON to PATH.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
-}
-
-/// One line of progress for a case (printed for every case without a terminal,
-/// and for failures with one).
-pub fn progress_line(done: usize, total: usize, r: &CaseResult) -> String {
-    format!(
-        "[{done}/{total}] {} {} ({}) {}",
-        if r.passed() { "pass" } else { "FAIL" },
-        r.name,
-        r.path,
-        r.report
-            .map(|rep| format!("max abs {:.2e} of {:.2e}", rep.max_abs, rep.allowed))
-            .unwrap_or_default()
-    )
 }
 
 pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitCode> {
@@ -120,41 +106,6 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
-    })
-}
-
-/// Which matrix-unit pipelines the run compiled (those calls multiplied on
-/// the matrix units), or why none ran.
-pub fn matrix_unit_line(engine: &webattn::Engine) -> String {
-    let Some(ctx) = engine.gpu() else {
-        return "matrix units: none (CPU engine)".to_string();
-    };
-    let used: Vec<String> = ctx
-        .pipelines()
-        .compiled_keys()
-        .into_iter()
-        .filter(|key| key.kernel.uses_coop())
-        .map(|key| key.to_string())
-        .collect();
-    if used.is_empty() {
-        "matrix units: none used (this adapter offers no configuration the kernels run on; \
-         the f32 kernels ran)"
-            .to_string()
-    } else {
-        format!("matrix units: {}", used.join(", "))
-    }
-}
-
-/// A progress bar on a terminal; `None` otherwise (then each case gets a line).
-pub fn progress_bar(total: usize) -> Option<ProgressBar> {
-    std::io::stderr().is_terminal().then(|| {
-        let bar = ProgressBar::new(total as u64);
-        bar.set_style(
-            ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> "),
-        );
-        bar
     })
 }
 

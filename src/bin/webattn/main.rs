@@ -14,6 +14,7 @@ mod files;
 mod info;
 mod phases;
 mod plot;
+mod progress;
 mod soak;
 mod tune;
 

@@ -3,8 +3,6 @@
 
 use serde_json::Value;
 
-use super::bench::entries;
-
 const W: f64 = 760.0;
 const H: f64 = 440.0;
 const LEFT: f64 = 70.0;
@@ -176,4 +174,9 @@ pub fn attention_svg(report: &Value, ceiling: f64) -> String {
     }
     svg += "</svg>\n";
     svg
+}
+
+/// The entries of `key` in the report.
+fn entries<'a>(report: &'a Value, key: &str) -> &'a [Value] {
+    report[key].as_array().map_or(&[], Vec::as_slice)
 }

@@ -88,7 +88,7 @@ pub fn run(
             Precision::Fast => ", precision fast (f16-rounded operands, the f16 rule)",
         }
     );
-    let bar = super::check::progress_bar(cases);
+    let bar = super::progress::progress_bar(cases);
     let report = pollster::block_on(run_soak(
         engine,
         cases,
@@ -98,11 +98,11 @@ pub fn run(
             Some(bar) => {
                 bar.set_position(done as u64);
                 if !r.passed() {
-                    bar.println(super::check::progress_line(done, total, r));
+                    bar.println(super::progress::progress_line(done, total, r));
                 }
             }
             None if !r.passed() || done % 100 == 0 || done == total => {
-                eprintln!("{}", super::check::progress_line(done, total, r))
+                eprintln!("{}", super::progress::progress_line(done, total, r))
             }
             None => {}
         },
@@ -130,7 +130,7 @@ pub fn run(
     }
     println!("{}", summary(&report));
     if precision == Precision::Fast {
-        println!("{}", super::check::matrix_unit_line(engine));
+        println!("{}", super::progress::matrix_unit_line(engine));
     }
     Ok(if report.passed() {
         ExitCode::SUCCESS

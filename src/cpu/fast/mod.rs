@@ -34,7 +34,6 @@ mod pool;
 #[cfg(all(target_arch = "wasm32", feature = "relaxed-simd"))]
 mod relaxed;
 mod rules;
-mod scores;
 pub(crate) mod threads;
 
 pub use isa::{Isa, ISA_VARIABLE};

@@ -6,13 +6,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
-/// The threads to use when the caller does not say: the cores available.
-pub(crate) fn default_threads() -> usize {
-    if cfg!(target_arch = "wasm32") {
-        return 1;
-    }
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
+pub(crate) use super::pool::default_threads;
 
 /// Runs `work(item, scratch)` for every item on up to `threads` threads, each
 /// with its own scratch from `scratch()`. Items are taken in order.
