@@ -664,7 +664,7 @@ fn engine_gemms() {
         println!("engine: no GPU");
         return;
     };
-    let Some(shape) = webattn::plan::planner::coop_shape(ctx.capabilities()) else {
+    let Some(shape) = webattn::kernels::matrix_units::coop_shape(ctx.capabilities()) else {
         println!("engine: no matrix units planned on {}", engine.describe());
         return;
     };

@@ -33,8 +33,8 @@ use webattn::device::spirv::compile_wgsl;
 use webattn::kernels::attention::coop::CoopTiles;
 use webattn::kernels::attention::tiled::TiledTiles;
 use webattn::kernels::decode::{stream_key, StreamShape};
+use webattn::kernels::matrix_units::CoopShape;
 use webattn::kernels::registry::{Binding, CoopSize, Kernel};
-use webattn::plan::overrides::CoopShape;
 use webattn::{AttentionDims, RuntimeChecks};
 
 /// The pipelines written: (what it is, its key).

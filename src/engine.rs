@@ -93,7 +93,7 @@ pub struct EngineOptions {
     /// forcing one runs it wherever the adapter can, e.g. to check a kernel on
     /// lavapipe that a GPU would pick. A kernel the adapter cannot run is an
     /// error when the engine is created.
-    pub fused_kernel: crate::kernels::attention::FusedKernelChoice,
+    pub fused_kernel: crate::plan::overrides::FusedKernelChoice,
     /// The decode kernel to use for calls of a few query rows over many keys
     /// (default: chosen from the adapter's profile and the tuning table);
     /// forcing the streaming kernel on an adapter without subgroups of 4
@@ -173,7 +173,7 @@ impl Engine {
 
     /// An engine as `options` ask.
     pub async fn with_options(options: EngineOptions) -> Result<Engine> {
-        use crate::kernels::attention::FusedKernelChoice;
+        use crate::plan::overrides::FusedKernelChoice;
         let forced = options.fused_kernel != FusedKernelChoice::Auto;
         if forced && options.backend == BackendPreference::Cpu {
             return Err(Error::InvalidOption {

@@ -59,7 +59,6 @@ pub use engine::{
     BackendKind, BackendPreference, CallStats, Engine, EngineOptions, PreparedAttention,
 };
 pub use error::{Error, Result};
-pub use kernels::attention::FusedKernelChoice;
 pub use kernels::projection::WeightStorage;
 pub use kv_cache::KvCache;
 pub use limits::{DeviceLimits, LimitOverride, LimitsPreset};
@@ -68,6 +67,7 @@ pub use options::{
     RuntimeChecks,
 };
 pub use plan::overrides::DecodeKernelChoice;
+pub use plan::overrides::FusedKernelChoice;
 pub use plan::CallPlan;
 pub use problem::{
     validate, AttentionDims, AttentionInputs, AttentionOutputs, MaskLayout, MaskRef, TensorRef,

@@ -23,8 +23,8 @@ use webattn::conformance::{compare, run_case, run_sweep, CaseSpec, SweepKind, DE
 use webattn::kernels::gemm::{
     kernel_for as gemm_kernel_for, AValues, GemmKernel, GemmSpec, PackedTile,
 };
-use webattn::kernels::registry::CoopSize;
-use webattn::plan::planner::coop_shape;
+use webattn::kernels::matrix_units::coop_shape;
+use webattn::kernels::matrix_units::CoopSize;
 use webattn::rng::SplitMix64;
 use webattn::run::single::gemm_host_variant;
 use webattn::{

@@ -276,7 +276,8 @@ fn auto_follows_the_measured_path_and_kernel() {
         precision: webattn::Precision::Fast,
         ..Default::default()
     };
-    let has_units = webattn::plan::planner::coop_shape(engine.capabilities().unwrap()).is_some();
+    let has_units =
+        webattn::kernels::matrix_units::coop_shape(engine.capabilities().unwrap()).is_some();
     for (options, want) in [
         (&options, KernelPath::Unfused),
         (

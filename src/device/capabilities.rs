@@ -146,7 +146,7 @@ pub struct Capabilities {
     /// `VK_KHR_cooperative_matrix` and on Metal), with the device created
     /// with that feature; empty where it has none, and always in the browser.
     /// The matrix-unit kernels run on the f16 -> f32 ones
-    /// (`plan::planner::coop_shape`).
+    /// (`kernels::matrix_units::coop_shape`).
     pub cooperative_matrix: Vec<CoopMatrixConfig>,
 }
 

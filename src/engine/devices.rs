@@ -22,7 +22,7 @@ pub(crate) struct DeviceRecipe {
     pub portable_kernels: bool,
     pub matrix_units: crate::options::MatrixUnits,
     pub runtime_checks: crate::options::RuntimeChecks,
-    pub fused_kernel: crate::kernels::attention::FusedKernelChoice,
+    pub fused_kernel: crate::plan::overrides::FusedKernelChoice,
     pub decode_kernel: crate::plan::overrides::DecodeKernelChoice,
     /// The engine's tuning table, shared by every device it makes.
     pub tuning: std::sync::Arc<std::sync::Mutex<crate::tuning::TuningTable>>,

@@ -15,6 +15,7 @@ pub mod decode;
 pub mod gemm;
 pub mod linear;
 pub mod mask;
+pub mod matrix_units;
 pub mod position;
 pub mod projection;
 pub mod registry;

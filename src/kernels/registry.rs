@@ -9,35 +9,7 @@
 #[cfg(not(target_arch = "wasm32"))]
 use crate::error::{Error, Result};
 
-/// The size of the square cooperative matrices a matrix-unit kernel is
-/// compiled for: its `COOP` slot holds `shaders/coop16.wgsl` or
-/// `shaders/coop8.wgsl` ([`Kernel::slots`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum CoopSize {
-    /// `coop_mat8x8` (Mesa 26's lavapipe; Apple's simdgroup matrices).
-    Eight,
-    /// `coop_mat16x16` (NVIDIA's and AMD's tensor and matrix cores).
-    Sixteen,
-}
-
-impl CoopSize {
-    /// Rows (and columns) of one matrix.
-    pub fn dim(self) -> u32 {
-        match self {
-            CoopSize::Eight => 8,
-            CoopSize::Sixteen => 16,
-        }
-    }
-
-    /// The size whose matrices are `dim` x `dim`, if there is one.
-    pub fn from_dim(dim: u32) -> Option<CoopSize> {
-        match dim {
-            8 => Some(CoopSize::Eight),
-            16 => Some(CoopSize::Sixteen),
-            _ => None,
-        }
-    }
-}
+pub use super::matrix_units::CoopSize;
 
 /// One WGSL kernel of the engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -42,7 +42,7 @@ impl KernelPlan {
     /// The plan for an adapter with these capabilities.
     pub fn for_capabilities(caps: &Capabilities) -> KernelPlan {
         let limits = &caps.limits;
-        let gemm_kernel = crate::plan::planner::gemm_kernel_for(caps);
+        let gemm_kernel = crate::kernels::gemm::gemm_kernel_for(caps);
         let gemm_config = |gemm_kernel: gemm::GemmKernel, trans_b: bool, role: &'static str| {
             let spec = gemm::GemmSpec::contiguous(1, 64, 64, 64, false, trans_b);
             let a_values = if trans_b {
@@ -124,7 +124,7 @@ impl KernelPlan {
             Ok(FusedKernel::Coop(tiles)) => kernels.push(coop(tiles)),
             Err(_) => {}
         }
-        if let Some(tiles) = crate::plan::planner::coop_shape(caps)
+        if let Some(tiles) = crate::kernels::matrix_units::coop_shape(caps)
             .and_then(|shape| CoopTiles::for_dims(shape, 64, 64, limits))
         {
             kernels.push(coop(tiles));
@@ -242,7 +242,7 @@ impl KernelPlan {
             }
             gemm::GemmKernel::Skinny => "GEMM: skinny products".to_string(),
         };
-        let coop_note = match crate::plan::planner::coop_shape(caps) {
+        let coop_note = match crate::kernels::matrix_units::coop_shape(caps) {
             Some(shape) => format!(
                 "matrix units: {n}x{n}x{n} f16 -> f32 at subgroups of {}, used by calls with precision fast",
                 shape.subgroup,
@@ -579,8 +579,8 @@ pub fn every_planned_pipeline() -> Vec<crate::device::pipeline::PipelineKey> {
     // zero skipping, at the subgroup widths adapters report; the matrix-unit
     // fused kernel's every candidate tile at every head-dim class, in both forms.
     for size in [
-        crate::kernels::registry::CoopSize::Eight,
-        crate::kernels::registry::CoopSize::Sixteen,
+        crate::kernels::matrix_units::CoopSize::Eight,
+        crate::kernels::matrix_units::CoopSize::Sixteen,
     ] {
         for subgroup in [8, 32, 64] {
             let shape = gemm::CoopShape { size, subgroup };

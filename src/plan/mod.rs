@@ -14,9 +14,10 @@ pub mod planner;
 use crate::error::Result;
 use crate::kernels::attention::{FusedKernel, FusedTiles};
 use crate::kernels::decode::DecodePlan;
+use crate::kernels::matrix_units::coop_shape;
 use crate::options::{AttentionOptions, KernelPath, Precision};
 use crate::plan::overrides::{FusedKernelChoice, GemmKernel};
-use crate::plan::planner::{coop_shape, Planner};
+use crate::plan::planner::Planner;
 use crate::problem::AttentionDims;
 
 /// The kernels a GPU call runs.

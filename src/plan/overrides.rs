@@ -4,140 +4,7 @@
 //! into kernels and tiles; the context only holds them.
 
 use crate::error::{Error, Result};
-use crate::kernels::registry::CoopSize;
-
-/// The matrix-unit configuration a cooperative-matrix kernel is compiled
-/// for: square matrices of `size` with f16 inputs and f32 accumulators, at
-/// subgroup scope on an adapter whose subgroups are `subgroup` wide (fixed:
-/// the kernels give each subgroup its own block of the workgroup's tile).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct CoopShape {
-    /// The matrices' size.
-    pub size: CoopSize,
-    /// The subgroup width.
-    pub subgroup: u32,
-}
-
-/// The accumulators each subgroup of `gemm_coop_packed` owns: `rows`
-/// by `cols` matrices of C (1 to 4 each), so a workgroup of 2 x 2 subgroups
-/// computes `2 * rows` by `2 * cols` matrices.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PackedTile {
-    /// Matrices down C.
-    pub rows: u8,
-    /// Matrices across C.
-    pub cols: u8,
-}
-
-impl PackedTile {
-    /// The tile calls at `Precision::Fast` take: 2 x 2 matrices a subgroup,
-    /// the staged kernel's geometry.
-    pub const DEFAULT: PackedTile = PackedTile { rows: 2, cols: 2 };
-
-    /// The tiles `webattn bench` measures side by side: the default, then
-    /// twice and four times the products per matrix loaded (more registers).
-    pub const CANDIDATES: [PackedTile; 3] = [
-        PackedTile::DEFAULT,
-        PackedTile { rows: 4, cols: 2 },
-        PackedTile { rows: 4, cols: 4 },
-    ];
-}
-
-/// The form of the matrix-unit GEMM that calls at `Precision::Fast` take,
-/// as `webattn tune` measures and remembers it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FastGemm {
-    /// `gemm_coop_packed` at a tile.
-    Packed(PackedTile),
-    /// `gemm_coop`, operands staged through workgroup memory.
-    Staged,
-}
-
-impl FastGemm {
-    /// Every form the tuner times: the packed tiles, then the staged kernel.
-    pub const ALL: [FastGemm; 4] = [
-        FastGemm::Packed(PackedTile::CANDIDATES[0]),
-        FastGemm::Packed(PackedTile::CANDIDATES[1]),
-        FastGemm::Packed(PackedTile::CANDIDATES[2]),
-        FastGemm::Staged,
-    ];
-
-    /// The form's name in the tuning table: `packed2x2`, `staged`.
-    pub fn name(self) -> String {
-        match self {
-            FastGemm::Packed(tile) => format!("packed{}x{}", tile.rows, tile.cols),
-            FastGemm::Staged => "staged".to_string(),
-        }
-    }
-
-    /// The form named `name` ([`FastGemm::name`]), if it is one of [`FastGemm::ALL`].
-    pub fn from_name(name: &str) -> Option<FastGemm> {
-        FastGemm::ALL.into_iter().find(|form| form.name() == name)
-    }
-
-    /// The kernel of this form for matrix units of `shape`.
-    pub fn kernel(self, shape: CoopShape) -> GemmKernel {
-        match self {
-            FastGemm::Packed(tile) => GemmKernel::CoopPacked { shape, tile },
-            FastGemm::Staged => GemmKernel::Coop(shape),
-        }
-    }
-}
-
-/// Which GEMM kernel records a product.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum GemmKernel {
-    /// `gemm.wgsl`: 64x64 tiles through workgroup memory, 8x8 per invocation.
-    /// Runs on every adapter.
-    Tiled,
-    /// `gemm_sg`: one subgroup of `width` invocations per workgroup
-    /// computes `4 * width` rows by 64 columns, sharing B through shuffles.
-    /// For CPU-backed adapters with fixed subgroups of 4 or 8; products with a
-    /// transposed A go to the tiled kernel.
-    Subgroup {
-        /// The subgroup (and workgroup) width: 4 or 8.
-        width: u32,
-    },
-    /// `gemm_coop`: f16 operands on the matrix units, f32 accumulators,
-    /// 4 subgroups per workgroup each owning 2 x 2 matrices of C. Only where
-    /// the caller allows f16 products (`Precision::Fast`).
-    Coop(CoopShape),
-    /// `gemm_coop_packed`: op(A) and op(B) packed as f16 first
-    /// (`coop_pack.wgsl`, zero-padded to whole tiles), then matrix loads
-    /// from storage and products with no workgroup memory in the K loop.
-    /// Products whose A carries marks to skip (attention's `P V`), or whose
-    /// packed operands exceed a binding or a loop budget, run as `Coop`.
-    CoopPacked {
-        /// The matrix-unit configuration.
-        shape: CoopShape,
-        /// The accumulators per subgroup.
-        tile: PackedTile,
-    },
-    /// `gemm_skinny.wgsl`: products of at most 16 rows (a decoder step's
-    /// `Q Kᵀ` and `P V`), each value of B read once by invocations that
-    /// split K, where the 64 x 64 tiles would compute rows no one asked
-    /// for. Taller products run the adapter's tiled kernel.
-    Skinny,
-}
-
-impl GemmKernel {
-    /// The kernel's name, with the configuration it is compiled for
-    /// (`gemm_coop_packed16 4x2`: 16x16 matrices, 4 x 2 per subgroup).
-    pub fn label(self) -> String {
-        match self {
-            GemmKernel::Tiled => "gemm".to_string(),
-            GemmKernel::Skinny => "gemm_skinny".to_string(),
-            GemmKernel::Subgroup { width } => format!("gemm_sg (subgroups of {width})"),
-            GemmKernel::Coop(shape) => format!("gemm_coop{}", shape.size.dim()),
-            GemmKernel::CoopPacked { shape, tile } => format!(
-                "gemm_coop_packed{} {}x{}",
-                shape.size.dim(),
-                tile.rows,
-                tile.cols
-            ),
-        }
-    }
-}
+pub use crate::kernels::gemm::{FastGemm, GemmKernel};
 
 /// Which fused kernel an engine uses: chosen from the adapter's capabilities,
 /// or forced by name (`webattn check --kernel attention_fused`), so that every
@@ -205,31 +72,43 @@ impl FusedKernelChoice {
         }
     }
 
-    /// The names `--kernel` takes, as `webattn info` lists the kernels.
-    pub const NAMES: [&'static str; 9] = [
-        "auto",
-        "attention_fused",
-        "attention_sg",
-        "attention_tiled",
-        "attention_tiled_shuffle",
-        "attention_tiled_chunked",
-        "attention_coop",
-        "attention_coop_staged",
-        "attention_coop_shared",
+    /// Every choice, `Auto` first.
+    pub const ALL: [FusedKernelChoice; 9] = [
+        FusedKernelChoice::Auto,
+        FusedKernelChoice::Portable,
+        FusedKernelChoice::Subgroup,
+        FusedKernelChoice::Tiled,
+        FusedKernelChoice::TiledShuffle,
+        FusedKernelChoice::TiledChunked,
+        FusedKernelChoice::Coop,
+        FusedKernelChoice::CoopStaged,
+        FusedKernelChoice::CoopShared,
     ];
 
-    /// The kernel's name.
-    pub fn name(self) -> &'static str {
+    /// The names `--kernel` takes, as `webattn info` lists the kernels.
+    pub const NAMES: [&'static str; 9] = {
+        let mut names = [""; 9];
+        let mut i = 0;
+        while i < 9 {
+            names[i] = FusedKernelChoice::ALL[i].name();
+            i += 1;
+        }
+        names
+    };
+
+    /// The kernel's name (the attention family's, `auto` for `Auto`).
+    pub const fn name(self) -> &'static str {
+        use crate::kernels::attention::names;
         match self {
             FusedKernelChoice::Auto => "auto",
-            FusedKernelChoice::Portable => "attention_fused",
-            FusedKernelChoice::Subgroup => "attention_sg",
-            FusedKernelChoice::Tiled => "attention_tiled",
-            FusedKernelChoice::TiledShuffle => "attention_tiled_shuffle",
-            FusedKernelChoice::TiledChunked => "attention_tiled_chunked",
-            FusedKernelChoice::Coop => "attention_coop",
-            FusedKernelChoice::CoopStaged => "attention_coop_staged",
-            FusedKernelChoice::CoopShared => "attention_coop_shared",
+            FusedKernelChoice::Portable => names::PORTABLE,
+            FusedKernelChoice::Subgroup => names::SUBGROUP,
+            FusedKernelChoice::Tiled => names::TILED,
+            FusedKernelChoice::TiledShuffle => names::TILED_SHUFFLE,
+            FusedKernelChoice::TiledChunked => names::TILED_CHUNKED,
+            FusedKernelChoice::Coop => names::COOP,
+            FusedKernelChoice::CoopStaged => names::COOP_STAGED,
+            FusedKernelChoice::CoopShared => names::COOP_SHARED,
         }
     }
 }
@@ -238,17 +117,9 @@ impl std::str::FromStr for FusedKernelChoice {
     type Err = Error;
 
     fn from_str(text: &str) -> Result<FusedKernelChoice> {
-        match text {
-            "auto" => Ok(FusedKernelChoice::Auto),
-            "attention_fused" => Ok(FusedKernelChoice::Portable),
-            "attention_sg" => Ok(FusedKernelChoice::Subgroup),
-            "attention_tiled" => Ok(FusedKernelChoice::Tiled),
-            "attention_tiled_shuffle" => Ok(FusedKernelChoice::TiledShuffle),
-            "attention_tiled_chunked" => Ok(FusedKernelChoice::TiledChunked),
-            "attention_coop" => Ok(FusedKernelChoice::Coop),
-            "attention_coop_staged" => Ok(FusedKernelChoice::CoopStaged),
-            "attention_coop_shared" => Ok(FusedKernelChoice::CoopShared),
-            _ => Err(Error::InvalidOption {
+        match FusedKernelChoice::ALL.into_iter().find(|c| c.name() == text) {
+            Some(choice) => Ok(choice),
+            None => Err(Error::InvalidOption {
                 name: "kernel",
                 value: text.to_string(),
                 reason: "must be auto, attention_fused, attention_sg, attention_tiled, attention_tiled_shuffle, attention_tiled_chunked, attention_coop, attention_coop_staged or attention_coop_shared (the fused kernels `webattn info` lists)",

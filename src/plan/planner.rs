@@ -10,34 +10,12 @@ use crate::error::Result;
 use crate::kernels::attention::{CoopForm, CoopTiles, FusedKernel, FusedTiles, TiledTiles};
 use crate::kernels::decode::{DecodeKernel, DecodePlan, StreamShape, GROUPED_ROWS, TUNED_ROWS};
 use crate::kernels::gemm::SKINNY_MAX_ROWS;
-use crate::kernels::registry::CoopSize;
+use crate::kernels::gemm::{gemm_kernel_for, FastGemm, GemmKernel};
+use crate::kernels::matrix_units::{coop_shape, CoopShape};
 use crate::options::Precision;
-use crate::plan::overrides::{
-    CoopShape, DecodeKernelChoice, FastGemm, FusedKernelChoice, GemmKernel, Overrides,
-};
+use crate::plan::overrides::{DecodeKernelChoice, FusedKernelChoice, Overrides};
 use crate::problem::AttentionDims;
 use crate::tuning::{TunedCoop, TunedEntry, TunedKernel};
-
-/// The GEMM kernel for an adapter: the subgroup-shuffle kernel on CPU-backed
-/// adapters with fixed subgroups of 4 or 8 lanes (where a storage load costs a
-/// loop over the lanes and a shuffle one permute), the tiled workgroup-memory
-/// kernel everywhere else.
-pub fn gemm_kernel_for(caps: &Capabilities) -> GemmKernel {
-    match caps.fixed_cpu_subgroup() {
-        Some(width) => GemmKernel::Subgroup { width },
-        None => GemmKernel::Tiled,
-    }
-}
-
-/// The matrix-unit configuration the cooperative-matrix kernels run on here
-/// ([`Capabilities::f16_matrix_units`]), or `None` (the f32 kernels run).
-pub fn coop_shape(caps: &Capabilities) -> Option<CoopShape> {
-    let (n, subgroup) = caps.f16_matrix_units()?;
-    Some(CoopShape {
-        size: CoopSize::from_dim(n)?,
-        subgroup,
-    })
-}
 
 /// The GEMM kernel for `precision`: under [`Precision::Fast`] the
 /// matrix-unit kernel where [`coop_shape`] finds a configuration and the
@@ -657,6 +635,7 @@ pub fn decode_kernel_for(caps: &Capabilities, dims: &AttentionDims) -> DecodeKer
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::matrix_units::CoopSize;
 
     impl Capabilities {
         /// A discrete GPU without subgroups, with these limits.

@@ -746,7 +746,7 @@ mod tests {
                 unfused_coop_ms: Some(5.5),
                 fast_gemm: Some(TunedGemm {
                     form: crate::plan::overrides::FastGemm::Packed(
-                        crate::plan::overrides::PackedTile { rows: 4, cols: 2 },
+                        crate::kernels::gemm::PackedTile { rows: 4, cols: 2 },
                     ),
                     unfused_ms: 0.75,
                 }),

@@ -79,7 +79,7 @@ pub fn coop_candidates(engine: &Engine, dk: usize, dv: usize) -> Vec<CoopTiles> 
         return Vec::new();
     };
     let caps = ctx.capabilities();
-    let Some(shape) = crate::plan::planner::coop_shape(caps) else {
+    let Some(shape) = crate::kernels::matrix_units::coop_shape(caps) else {
         return Vec::new();
     };
     let tried = if caps.adapter.device_type == "Cpu" {

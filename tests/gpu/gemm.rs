@@ -268,7 +268,7 @@ fn marks_case(ctx: &webattn::GpuContext, m: usize) {
 #[test]
 fn matrix_unit_kernels_the_adapter_does_not_offer_are_refused() {
     use webattn::kernels::gemm::{CoopShape, PackedTile};
-    use webattn::kernels::registry::CoopSize;
+    use webattn::kernels::matrix_units::CoopSize;
     let Some(engine) = common::gpu() else { return };
     let ctx = engine.gpu().expect("a GPU engine");
     let shape = CoopShape {

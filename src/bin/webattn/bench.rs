@@ -426,7 +426,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     let layer = token_layer(small_layer);
     let gpu_scale = ctx.is_some_and(|c| c.capabilities().adapter.device_type != "Cpu");
     let matrix_units =
-        ctx.is_some_and(|c| webattn::plan::planner::coop_shape(c.capabilities()).is_some());
+        ctx.is_some_and(|c| webattn::kernels::matrix_units::coop_shape(c.capabilities()).is_some());
     let jobs = plan(args, ctx.is_some(), gpu_scale, small_layer, matrix_units);
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = ProgressBar::new(jobs.len() as u64 + 4);
@@ -1169,7 +1169,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         "clock_guard": ctx.map(|c| c.clock_guard_on()),
         "retaken_runs": guarded.retaken,
         "throttled_runs": guarded.throttled,
-        "matrix_units": ctx.and_then(|c| webattn::plan::planner::coop_shape(c.capabilities())).map(|s| format!("{n}x{n}x{n} f16 -> f32, subgroups of {}", s.subgroup, n = s.size.dim())),
+        "matrix_units": ctx.and_then(|c| webattn::kernels::matrix_units::coop_shape(c.capabilities())).map(|s| format!("{n}x{n}x{n} f16 -> f32, subgroups of {}", s.subgroup, n = s.size.dim())),
         "gemm": gemm.iter().map(|(n, p, kernel, g, m, near)| json!({"m": n, "n": n, "k": n, "precision": p.name(), "kernel": format!("{kernel:?}"), "kernel_name": kernel.label(), "default_kernel": ctx.is_some_and(|c| c.gemm_kernel_at(*p) == *kernel), "ms": m.median_ms(), "min_ms": m.min_ms(), "samples_ms": m.samples_ms, "retaken": m.retaken, "throttled": m.throttled, "gflops": g, "share_of_ceiling": g / near, "adjacent_ceiling_gflops": near})).collect::<Vec<_>>(),
         "attention": attention.iter().map(|(s, p, q, m, near)| json!({
             "path": p.name(), "precision": q.name(), "batch": s.batch, "heads": s.heads, "seq_q": s.seq_q, "seq_k": s.seq_k,

@@ -127,7 +127,7 @@ fn sample_plans(engine: &Engine) -> Vec<(String, String)> {
     )];
     if engine
         .capabilities()
-        .is_some_and(|caps| webattn::plan::planner::coop_shape(caps).is_some())
+        .is_some_and(|caps| webattn::kernels::matrix_units::coop_shape(caps).is_some())
     {
         calls.push((
             "  the same at --precision fast".to_string(),
@@ -392,7 +392,7 @@ fn text(engine: &Engine, engine_args: &super::EngineArgs) -> String {
                     .map(|c| c.to_string())
                     .collect::<Vec<_>>()
                     .join(", "),
-                match webattn::plan::planner::coop_shape(caps) {
+                match webattn::kernels::matrix_units::coop_shape(caps) {
                     Some(_) => "calls with --precision fast multiply on them",
                     None => "none the kernels run on: they need f16 -> f32 at 8 or 16 with fixed-width subgroups",
                 }

@@ -115,7 +115,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         .unwrap_or(if cpu_adapter { 1024 } else { 16384 });
     let width = args.width.unwrap_or(if cpu_adapter { 256 } else { 2048 });
     let wanted = |kind: Kind| args.only.is_empty() || args.only.contains(&kind);
-    let matrix_units = webattn::plan::planner::coop_shape(ctx.capabilities()).is_some();
+    let matrix_units = webattn::kernels::matrix_units::coop_shape(ctx.capabilities()).is_some();
     let repeats = if args.quick {
         Repeats {
             warmup: 1,

@@ -4,8 +4,8 @@
 
 use crate::device::capabilities::KernelLimits;
 use crate::device::pipeline::PipelineKey;
+use crate::kernels::matrix_units::CoopShape;
 use crate::kernels::registry::Kernel;
-use crate::plan::overrides::CoopShape;
 
 /// The most (row, part) pairs one invocation owns in the scalar steps (the
 /// kernel's `MAX_RPI`).
@@ -455,7 +455,7 @@ fn staging_iterations(values: u64, wg: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::registry::CoopSize;
+    use crate::kernels::matrix_units::CoopSize;
 
     const H100: CoopShape = CoopShape {
         size: CoopSize::Sixteen,

@@ -18,7 +18,6 @@ use crate::kernels::attention::rules::Rules;
 pub use crate::kernels::attention::tiled::TiledTiles;
 use crate::kernels::registry::Kernel;
 use crate::options::{AttentionOptions, QkMatmulOutputMode};
-pub use crate::plan::overrides::FusedKernelChoice;
 use crate::problem::AttentionDims;
 
 /// Query rows per workgroup of the portable fused kernel (one per invocation).
@@ -131,6 +130,27 @@ pub enum FusedKernel {
     Coop(CoopTiles),
 }
 
+/// The fused kernels' names, as `--kernel`, `webattn info`, the tuning table
+/// and the plans spell them (each form of a kernel that `--kernel` can force).
+pub mod names {
+    /// The portable kernel (`shaders/attention_fused.wgsl`).
+    pub const PORTABLE: &str = "attention_fused";
+    /// Subgroup shuffles for CPU adapters.
+    pub const SUBGROUP: &str = "attention_sg";
+    /// Register micro-tiles for GPUs.
+    pub const TILED: &str = "attention_tiled";
+    /// The tiled kernel with row maxima and P by subgroup shuffles.
+    pub const TILED_SHUFFLE: &str = "attention_tiled_shuffle";
+    /// The tiled kernel with its tiles in chunks of columns.
+    pub const TILED_CHUNKED: &str = "attention_tiled_chunked";
+    /// The matrix-unit kernel, K and V packed as f16 ahead of it.
+    pub const COOP: &str = "attention_coop";
+    /// The matrix-unit kernel, K and V staged tile by tile.
+    pub const COOP_STAGED: &str = "attention_coop_staged";
+    /// The matrix-unit kernel, each packed tile shared in workgroup memory.
+    pub const COOP_SHARED: &str = "attention_coop_shared";
+}
+
 /// Query rows per invocation of `attention_sg` (its generator's ROWS).
 pub const SUBGROUP_ROWS_PER_LANE: usize = crate::kernels::attention::subgroup::ROWS as usize;
 /// Keys per tile of `attention_sg` (its generator's KEYS).
@@ -150,15 +170,15 @@ impl FusedKernel {
     /// The kernel's name, as `--kernel` takes it.
     pub fn name(&self) -> &'static str {
         match self {
-            FusedKernel::Portable(_) => FusedKernelChoice::Portable.name(),
-            FusedKernel::Subgroup { .. } => FusedKernelChoice::Subgroup.name(),
-            FusedKernel::Tiled(tiles) if tiles.shuffle => FusedKernelChoice::TiledShuffle.name(),
-            FusedKernel::Tiled(tiles) if tiles.chunked => FusedKernelChoice::TiledChunked.name(),
-            FusedKernel::Tiled(_) => FusedKernelChoice::Tiled.name(),
+            FusedKernel::Portable(_) => names::PORTABLE,
+            FusedKernel::Subgroup { .. } => names::SUBGROUP,
+            FusedKernel::Tiled(tiles) if tiles.shuffle => names::TILED_SHUFFLE,
+            FusedKernel::Tiled(tiles) if tiles.chunked => names::TILED_CHUNKED,
+            FusedKernel::Tiled(_) => names::TILED,
             FusedKernel::Coop(tiles) => match tiles.form {
-                CoopForm::Staged => FusedKernelChoice::CoopStaged.name(),
-                CoopForm::Packed => FusedKernelChoice::Coop.name(),
-                CoopForm::Shared => FusedKernelChoice::CoopShared.name(),
+                CoopForm::Staged => names::COOP_STAGED,
+                CoopForm::Packed => names::COOP,
+                CoopForm::Shared => names::COOP_SHARED,
             },
         }
     }

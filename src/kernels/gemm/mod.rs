@@ -174,7 +174,7 @@ crate::kernels::uniform::uniform_block! {
     }
 }
 
-pub use crate::plan::overrides::{CoopShape, GemmKernel, PackedTile};
+pub use super::matrix_units::CoopShape;
 
 /// Rows of C per invocation of `gemm_sg` (its generator's ROWS).
 pub const SUBGROUP_ROWS_PER_LANE: usize = crate::kernels::gemm::subgroup::ROWS as usize;
@@ -413,12 +413,9 @@ pub fn kernel_for(
         }
         GemmKernel::Subgroup { .. } if spec.trans_a => GemmKernel::Tiled,
         // Taller products run the adapter's own kernel.
-        GemmKernel::Skinny if spec.m > SKINNY_MAX_ROWS => kernel_for(
-            ctx,
-            crate::plan::planner::gemm_kernel_for(&ctx.caps),
-            spec,
-            a_values,
-        ),
+        GemmKernel::Skinny if spec.m > SKINNY_MAX_ROWS => {
+            kernel_for(ctx, gemm_kernel_for(&ctx.caps), spec, a_values)
+        }
         other => other,
     }
 }
@@ -602,6 +599,138 @@ fn record_pass(
         }
         // (Recorded by gemm_packed::record above; its bindings are these.)
         GemmKernel::CoopPacked { .. } => rec.dispatch(&pipeline, &[&uniform, a, b, c], workgroups),
+    }
+}
+
+/// The accumulators each subgroup of `gemm_coop_packed` owns: `rows`
+/// by `cols` matrices of C (1 to 4 each), so a workgroup of 2 x 2 subgroups
+/// computes `2 * rows` by `2 * cols` matrices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PackedTile {
+    /// Matrices down C.
+    pub rows: u8,
+    /// Matrices across C.
+    pub cols: u8,
+}
+
+impl PackedTile {
+    /// The tile calls at `Precision::Fast` take: 2 x 2 matrices a subgroup,
+    /// the staged kernel's geometry.
+    pub const DEFAULT: PackedTile = PackedTile { rows: 2, cols: 2 };
+
+    /// The tiles `webattn bench` measures side by side: the default, then
+    /// twice and four times the products per matrix loaded (more registers).
+    pub const CANDIDATES: [PackedTile; 3] = [
+        PackedTile::DEFAULT,
+        PackedTile { rows: 4, cols: 2 },
+        PackedTile { rows: 4, cols: 4 },
+    ];
+}
+
+/// The form of the matrix-unit GEMM that calls at `Precision::Fast` take,
+/// as `webattn tune` measures and remembers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FastGemm {
+    /// `gemm_coop_packed` at a tile.
+    Packed(PackedTile),
+    /// `gemm_coop`, operands staged through workgroup memory.
+    Staged,
+}
+
+impl FastGemm {
+    /// Every form the tuner times: the packed tiles, then the staged kernel.
+    pub const ALL: [FastGemm; 4] = [
+        FastGemm::Packed(PackedTile::CANDIDATES[0]),
+        FastGemm::Packed(PackedTile::CANDIDATES[1]),
+        FastGemm::Packed(PackedTile::CANDIDATES[2]),
+        FastGemm::Staged,
+    ];
+
+    /// The form's name in the tuning table: `packed2x2`, `staged`.
+    pub fn name(self) -> String {
+        match self {
+            FastGemm::Packed(tile) => format!("packed{}x{}", tile.rows, tile.cols),
+            FastGemm::Staged => "staged".to_string(),
+        }
+    }
+
+    /// The form named `name` ([`FastGemm::name`]), if it is one of [`FastGemm::ALL`].
+    pub fn from_name(name: &str) -> Option<FastGemm> {
+        FastGemm::ALL.into_iter().find(|form| form.name() == name)
+    }
+
+    /// The kernel of this form for matrix units of `shape`.
+    pub fn kernel(self, shape: CoopShape) -> GemmKernel {
+        match self {
+            FastGemm::Packed(tile) => GemmKernel::CoopPacked { shape, tile },
+            FastGemm::Staged => GemmKernel::Coop(shape),
+        }
+    }
+}
+
+/// Which GEMM kernel records a product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemmKernel {
+    /// `gemm.wgsl`: 64x64 tiles through workgroup memory, 8x8 per invocation.
+    /// Runs on every adapter.
+    Tiled,
+    /// `gemm_sg`: one subgroup of `width` invocations per workgroup
+    /// computes `4 * width` rows by 64 columns, sharing B through shuffles.
+    /// For CPU-backed adapters with fixed subgroups of 4 or 8; products with a
+    /// transposed A go to the tiled kernel.
+    Subgroup {
+        /// The subgroup (and workgroup) width: 4 or 8.
+        width: u32,
+    },
+    /// `gemm_coop`: f16 operands on the matrix units, f32 accumulators,
+    /// 4 subgroups per workgroup each owning 2 x 2 matrices of C. Only where
+    /// the caller allows f16 products (`Precision::Fast`).
+    Coop(CoopShape),
+    /// `gemm_coop_packed`: op(A) and op(B) packed as f16 first
+    /// (`coop_pack.wgsl`, zero-padded to whole tiles), then matrix loads
+    /// from storage and products with no workgroup memory in the K loop.
+    /// Products whose A carries marks to skip (attention's `P V`), or whose
+    /// packed operands exceed a binding or a loop budget, run as `Coop`.
+    CoopPacked {
+        /// The matrix-unit configuration.
+        shape: CoopShape,
+        /// The accumulators per subgroup.
+        tile: PackedTile,
+    },
+    /// `gemm_skinny.wgsl`: products of at most 16 rows (a decoder step's
+    /// `Q Kᵀ` and `P V`), each value of B read once by invocations that
+    /// split K, where the 64 x 64 tiles would compute rows no one asked
+    /// for. Taller products run the adapter's tiled kernel.
+    Skinny,
+}
+
+impl GemmKernel {
+    /// The kernel's name, with the configuration it is compiled for
+    /// (`gemm_coop_packed16 4x2`: 16x16 matrices, 4 x 2 per subgroup).
+    pub fn label(self) -> String {
+        match self {
+            GemmKernel::Tiled => "gemm".to_string(),
+            GemmKernel::Skinny => "gemm_skinny".to_string(),
+            GemmKernel::Subgroup { width } => format!("gemm_sg (subgroups of {width})"),
+            GemmKernel::Coop(shape) => format!("gemm_coop{}", shape.size.dim()),
+            GemmKernel::CoopPacked { shape, tile } => format!(
+                "gemm_coop_packed{} {}x{}",
+                shape.size.dim(),
+                tile.rows,
+                tile.cols
+            ),
+        }
+    }
+}
+
+/// The GEMM kernel for an adapter: the subgroup-shuffle kernel on CPU-backed
+/// adapters with fixed subgroups of 4 or 8 lanes (where a storage load costs a
+/// loop over the lanes and a shuffle one permute), the tiled workgroup-memory
+/// kernel everywhere else.
+pub fn gemm_kernel_for(caps: &crate::device::capabilities::Capabilities) -> GemmKernel {
+    match caps.fixed_cpu_subgroup() {
+        Some(width) => GemmKernel::Subgroup { width },
+        None => GemmKernel::Tiled,
     }
 }
 

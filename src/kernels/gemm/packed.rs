@@ -11,9 +11,9 @@ use crate::device::context::GpuContext;
 use crate::device::pipeline::PipelineKey;
 use crate::device::recorder::{Recorder, Seg};
 use crate::error::Result;
+use crate::kernels::gemm::PackedTile;
 use crate::kernels::gemm::{CoopShape, GemmSpec};
 use crate::kernels::registry::Kernel;
-use crate::plan::overrides::PackedTile;
 
 /// Invocations per workgroup of `coop_pack.wgsl`.
 pub const PACK_INVOCATIONS: u32 = 256;
@@ -329,7 +329,7 @@ pub(crate) fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::registry::CoopSize;
+    use crate::kernels::matrix_units::CoopSize;
 
     const H100: CoopShape = CoopShape {
         size: CoopSize::Sixteen,
