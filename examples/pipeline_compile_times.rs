@@ -1,5 +1,5 @@
 //! How long the default adapter takes to compile each pipeline variant the
-//! engine can make (`plan::kernel_plan::every_pipeline_variant`): WGSL through naga
+//! engine can make (`kernels::variants`): WGSL through naga
 //! and the driver's compiler, by the wall clock, one fresh pipeline cache.
 //! The first key of a kernel also pays for parsing its module. Prints a table
 //! (slowest first, with each kernel's WGSL lines) and writes JSON: what
@@ -23,7 +23,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     let ctx = engine.gpu().ok_or("no GPU adapter")?;
     let caps = engine.capabilities().ok_or("no GPU adapter")?;
-    let keys = webattn::plan::kernel_plan::every_pipeline_variant();
+    let keys = webattn::kernels::variants();
     let mut rows = Vec::new();
     let started = Instant::now();
     for (i, key) in keys.iter().enumerate() {

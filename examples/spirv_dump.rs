@@ -34,7 +34,8 @@ use webattn::kernels::attention::coop::CoopTiles;
 use webattn::kernels::attention::tiled::TiledTiles;
 use webattn::kernels::decode::{stream_key, StreamShape};
 use webattn::kernels::matrix_units::CoopShape;
-use webattn::kernels::registry::{Binding, CoopSize, Kernel};
+use webattn::kernels::matrix_units::CoopSize;
+use webattn::shader::kernel::Binding;
 use webattn::{AttentionDims, RuntimeChecks};
 
 /// The pipelines written: (what it is, its key).
@@ -89,13 +90,16 @@ fn pipelines() -> Vec<(String, PipelineKey)> {
         }
     }
     for (trans_b, skip_marked_a, what) in [(1, 0, "S = Q K^T"), (0, 1, "Y = P V")] {
-        let key = PipelineKey::new(Kernel::Gemm)
+        let key = PipelineKey::new(webattn::kernels::gemm::GEMM)
             .with("TRANS_A", 0)
             .with("TRANS_B", trans_b)
             .with("SKIP_MARKED_A", skip_marked_a);
         out.push((format!("gemm {what}"), key));
     }
-    out.push(("fma ceiling".to_string(), PipelineKey::new(Kernel::FmaPeak)));
+    out.push((
+        "fma ceiling".to_string(),
+        PipelineKey::new(webattn::kernels::ceilings::FMA_PEAK),
+    ));
     // The matrix-unit kernel as an H100 runs it untuned (16x16 matrices,
     // subgroups of 32, 48 KiB), for a plain call.
     let h100 = CoopShape {

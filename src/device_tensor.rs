@@ -157,6 +157,9 @@ impl TensorRef for Tensor {
     fn shape(&self) -> &[usize] {
         &self.shape
     }
+    fn dtype(&self) -> crate::tensor::DType {
+        self.dtype
+    }
 }
 
 impl MaskRef for Mask {
@@ -169,7 +172,7 @@ impl MaskRef for Mask {
 /// buffer at an offset ([`crate::Engine::wrap_buffer_at`]), which kernels
 /// cannot bind in place; `None` where `t` can be used as it is.
 pub(crate) async fn unview(
-    ctx: &crate::device::context::GpuContext,
+    ctx: &crate::device::scope::Run,
     t: &Tensor,
 ) -> crate::error::Result<Option<Tensor>> {
     let Storage::GpuAt(buffer, offset) = &t.storage else {

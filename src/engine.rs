@@ -11,12 +11,15 @@ use crate::device::capabilities::Capabilities;
 use crate::device::chunks;
 use crate::device::chunks::Held;
 use crate::device::context::{GpuContext, PowerPreference};
+use crate::device::scope::Run;
 use crate::device_tensor::{Mask, Storage, Tensor};
 use crate::engine::devices::{DeviceRecipe, GpuDevices};
 use crate::error::{Error, Result};
 use crate::kernels::softmax::MASKED;
 use crate::limits::DeviceLimits;
 use crate::options::{AttentionOptions, KernelPath};
+use crate::plan::overrides::{DecodeKernelChoice, FusedKernelChoice, Overrides};
+use crate::plan::planner::PlanInputs;
 use crate::plan::CallPlan;
 use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs};
 use crate::tensor::{DType, HostMask, HostTensor};
@@ -156,6 +159,13 @@ pub struct Engine {
     tuning_base: Mutex<crate::tuning::TuningTable>,
     /// The workspaces of recent calls, kept by their plan.
     call_cache: call_cache::CallCache,
+    /// What the engine plans with besides the adapter: its overrides and
+    /// tuning table.
+    plan_inputs: PlanInputs,
+    /// The software adapter an engine left to choose passed over for the
+    /// CPU backend, kept as a GPU engine of its own: calls that ask for a
+    /// GPU path by name run there.
+    adapter: Option<Box<Engine>>,
 }
 
 impl Engine {
@@ -189,7 +199,6 @@ impl Engine {
                 reason: "needs subgroups, but portable_kernels asks for none",
             });
         }
-        use crate::plan::overrides::DecodeKernelChoice;
         if options.decode_kernel != DecodeKernelChoice::Auto
             && options.backend == BackendPreference::Cpu
         {
@@ -210,32 +219,49 @@ impl Engine {
         let recipe = DeviceRecipe {
             power: options.power,
             limits: options.limits.clone(),
-            portable_kernels: options.portable_kernels,
             matrix_units: options.matrix_units,
             runtime_checks: options.runtime_checks,
-            fused_kernel: options.fused_kernel,
-            decode_kernel: options.decode_kernel,
-            tuning: std::sync::Arc::new(std::sync::Mutex::new(options.tuning_cache.load())),
         };
-        let gpu = |ctx| Backend::Gpu(Box::new(GpuDevices::new(ctx, Some(recipe.clone()))));
+        let plan_inputs = PlanInputs {
+            overrides: Overrides::default(),
+            tuning: Arc::new(Mutex::new(options.tuning_cache.load())),
+        };
+        // The engine's overrides, checked against the adapter it runs on.
+        let gpu_engine = |ctx: GpuContext| -> Result<Engine> {
+            let caps = ctx.capabilities().clone();
+            let mut engine = Self::with_backend(
+                Backend::Gpu(Box::new(GpuDevices::new(ctx, Some(recipe.clone())))),
+                options.score_budget_bytes,
+            );
+            engine.plan_inputs = plan_inputs.clone();
+            let overrides = &mut engine.plan_inputs.overrides;
+            if options.portable_kernels {
+                overrides.use_portable_kernels();
+            }
+            overrides.force_fused(options.fused_kernel, &caps)?;
+            overrides.force_decode(options.decode_kernel, &caps)?;
+            Ok(engine)
+        };
         // Options only an adapter honours keep an engine left to choose on it.
         let asks_adapter = forced
             || options.portable_kernels
             || options.matrix_units != crate::options::MatrixUnits::default()
             || options.runtime_checks != crate::options::RuntimeChecks::default()
             || !options.limits.is_adapter_default();
-        let mut cpu_reason = None;
-        let backend = match options.backend {
-            BackendPreference::Cpu => Backend::Cpu,
-            BackendPreference::Gpu => gpu(recipe.request().await?),
+        let mut engine = match options.backend {
+            BackendPreference::Cpu => Self::with_backend(Backend::Cpu, options.score_budget_bytes),
+            BackendPreference::Gpu => gpu_engine(recipe.request().await?)?,
             BackendPreference::Auto => match recipe.request().await {
                 Ok(ctx) => match crate::plan::cpu_backend_over(ctx.capabilities()) {
                     Some(why) if !asks_adapter => {
                         log::info!("webattn: using the CPU backend: {why}");
-                        cpu_reason = Some(why);
-                        Backend::Cpu
+                        let mut engine =
+                            Self::with_backend(Backend::Cpu, options.score_budget_bytes);
+                        engine.cpu_reason = Some(why);
+                        engine.adapter = Some(Box::new(gpu_engine(ctx)?));
+                        engine
                     }
-                    _ => gpu(ctx),
+                    _ => gpu_engine(ctx)?,
                 },
                 // A kernel was asked for by name: without an adapter that can
                 // run it, say so rather than fall back to the CPU.
@@ -244,15 +270,18 @@ impl Engine {
                 Err(e @ Error::InvalidOption { .. }) => return Err(e),
                 Err(e) => {
                     log::warn!("webattn: {e}; using the CPU backend");
-                    cpu_reason = Some(format!("no GPU adapter: {e}"));
-                    Backend::Cpu
+                    let mut engine = Self::with_backend(Backend::Cpu, options.score_budget_bytes);
+                    engine.cpu_reason = Some(format!("no GPU adapter: {e}"));
+                    engine
                 }
             },
         };
-        let mut engine = Self::with_backend(backend, options.score_budget_bytes);
-        engine.cpu_reason = cpu_reason;
         engine.cpu = CpuBackend::new(options.cpu_threads);
         engine.tuning_path = options.tuning_cache.path();
+        engine.plan_inputs.tuning = plan_inputs.tuning.clone();
+        if let Some(adapter) = &mut engine.adapter {
+            adapter.tuning_path = engine.tuning_path.clone();
+        }
         if let Some(table) = engine.tuning_table() {
             *engine
                 .tuning_base
@@ -401,6 +430,8 @@ impl Engine {
             tuning_base: Mutex::new(crate::tuning::TuningTable::new()),
             cpu_reason: None,
             call_cache: call_cache::CallCache::default(),
+            plan_inputs: PlanInputs::default(),
+            adapter: None,
         }
     }
 
@@ -438,8 +469,9 @@ impl Engine {
     /// The engine's tuning table (GPU engines): measured kernel and path
     /// choices per adapter and head-dim class, filled by [`crate::tuning::tune`].
     pub fn tuning_table(&self) -> Option<crate::tuning::TuningTable> {
-        self.gpu().map(|ctx| {
-            ctx.tuning_table()
+        self.gpu().map(|_| {
+            self.plan_inputs
+                .tuning
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .clone()
@@ -509,24 +541,188 @@ impl Engine {
     /// the call (head dims beyond the fused kernels on a forced fused path,
     /// pieces that cannot fit).
     pub fn plan(&self, dims: &AttentionDims, options: &AttentionOptions) -> Result<CallPlan> {
+        let gpu_path = matches!(options.path, KernelPath::Fused | KernelPath::Unfused);
+        if let (Backend::Cpu, Some(adapter), true) = (&self.backend, &self.adapter, gpu_path) {
+            // Asked for by name: the adapter this engine's default passed over.
+            let mut plan = adapter.plan(dims, options)?;
+            let why = format!(
+                "asked for by name: runs on {}, which this engine leaves to the CPU backend \
+                 otherwise",
+                adapter.describe()
+            );
+            plan.reason = Some(match plan.reason {
+                Some(reason) => format!("{why}; {reason}"),
+                None => why,
+            });
+            return Ok(plan);
+        }
         let planner = match &self.backend {
             Backend::Gpu(gpu) if !matches!(options.path, KernelPath::Cpu | KernelPath::Oracle) => {
-                Some(gpu.current().planner(dims.head_dim, dims.v_head_dim))
+                Some(
+                    self.plan_inputs
+                        .planner(gpu.current(), dims.head_dim, dims.v_head_dim),
+                )
             }
             _ => None,
         };
         crate::plan::plan_call(planner.as_ref(), self.score_budget, dims, options)
     }
 
-    /// The concrete path a call with `options` takes, before the sizes are known
-    /// (`Auto` on a GPU engine is the fused path unless the sizes rule it out).
-    pub fn resolve_path(&self, options: &AttentionOptions) -> KernelPath {
-        match (&self.backend, options.path) {
-            (_, KernelPath::Oracle) => KernelPath::Oracle,
-            (Backend::Cpu, _) | (_, KernelPath::Cpu) => KernelPath::Cpu,
-            (Backend::Gpu(_), KernelPath::Auto) => KernelPath::Fused,
-            (Backend::Gpu(_), forced) => forced,
+    /// The plans of a few typical calls on this engine (a prefill, the same
+    /// at [`crate::Precision::Fast`] where the adapter has matrix units, a
+    /// decoder step, head dims past the fused kernels), each named: what
+    /// `webattn info` and the JavaScript `info().plans` show.
+    pub fn typical_plans(&self) -> Vec<(&'static str, Result<CallPlan>)> {
+        use crate::options::Precision;
+        let prefill = AttentionDims::plain(1, [8, 8], [1024, 1024], [64, 64]);
+        let causal = AttentionOptions {
+            is_causal: true,
+            ..Default::default()
+        };
+        let mut calls = vec![("prefill B1 H8 N1024 d64 causal", prefill, causal.clone())];
+        let matrix_units = self
+            .capabilities()
+            .is_some_and(|caps| crate::kernels::matrix_units::coop_shape(caps).is_some());
+        if matrix_units {
+            let fast = AttentionOptions {
+                precision: Precision::Fast,
+                ..causal
+            };
+            calls.push(("  the same at --precision fast", prefill, fast));
         }
+        calls.push((
+            "decode 32/8 heads of 128, 4096 keys",
+            AttentionDims::plain(1, [32, 8], [1, 4096], [128, 128]),
+            AttentionOptions::default(),
+        ));
+        calls.push((
+            "B1 H2 N256 head dim 512",
+            AttentionDims::plain(1, [2, 2], [256, 256], [512, 512]),
+            AttentionOptions::default(),
+        ));
+        calls
+            .into_iter()
+            .map(|(call, dims, options)| (call, self.plan(&dims, &options)))
+            .collect()
+    }
+
+    /// The planner for calls at head dims `dk`, `dv` on a GPU engine: its
+    /// adapter, its overrides and a snapshot of its tuning table's entry.
+    pub fn planner(&self, dk: usize, dv: usize) -> Option<crate::plan::planner::Planner<'_>> {
+        self.gpu().map(|ctx| self.plan_inputs.planner(ctx, dk, dv))
+    }
+
+    /// How the attention family's layers on this engine choose their
+    /// products' kernels (the forced GEMM, else the adapter's).
+    pub fn gemm_choice(&self) -> crate::kernels::gemm::GemmChoice {
+        crate::kernels::gemm::GemmChoice {
+            forced: self.plan_inputs.overrides.gemm,
+        }
+    }
+
+    /// What this engine is told to run in place of the planner's picks.
+    pub fn overrides(&self) -> &Overrides {
+        &self.plan_inputs.overrides
+    }
+
+    /// This engine with `overrides` in place of its own, unchecked: for
+    /// pinning a candidate to time it (the tuner), or removing phases.
+    pub fn with_overrides(mut self, overrides: Overrides) -> Engine {
+        self.plan_inputs.overrides = overrides;
+        self
+    }
+
+    /// This engine with its fused kernel forced to `choice` (the other
+    /// kernels as chosen); refused where the adapter cannot run it
+    /// ([`Overrides::force_fused`]) or on a CPU engine.
+    pub fn with_fused_kernel(mut self, choice: FusedKernelChoice) -> Result<Engine> {
+        let caps = self.gpu_capabilities("kernel", choice.name())?;
+        self.plan_inputs.overrides.force_fused(choice, &caps)?;
+        Ok(self)
+    }
+
+    /// This engine with its decode kernel forced to `choice`
+    /// ([`Overrides::force_decode`]).
+    pub fn with_decode_kernel(mut self, choice: DecodeKernelChoice) -> Result<Engine> {
+        let caps = self.gpu_capabilities("decode kernel", choice.name())?;
+        self.plan_inputs.overrides.force_decode(choice, &caps)?;
+        Ok(self)
+    }
+
+    /// This engine restricted to the kernels that need no subgroups
+    /// ([`Overrides::use_portable_kernels`]).
+    pub fn with_portable_kernels(mut self) -> Engine {
+        self.plan_inputs.overrides.use_portable_kernels();
+        self
+    }
+
+    /// This engine with its subgroup kernels compiled for subgroups of
+    /// `width` ([`Overrides::force_subgroup_width`]).
+    pub fn with_subgroup_width(mut self, width: u32) -> Result<Engine> {
+        let caps = self.gpu_capabilities("subgroup width", &width.to_string())?;
+        self.plan_inputs
+            .overrides
+            .force_subgroup_width(width, &caps)?;
+        Ok(self)
+    }
+
+    /// This engine with its fused and decode calls compiled without
+    /// `phases`: **their results are wrong by design**, for measuring what
+    /// each phase costs (`webattn phases`). Calls whose kernel has no phase
+    /// switches fail with [`Error::Conflict`]; the unfused path is unchanged.
+    pub fn without_phases(mut self, phases: crate::kernels::ablation::Phases) -> Engine {
+        self.plan_inputs.overrides.removed_phases = phases;
+        self
+    }
+
+    /// The adapter's capabilities, for checking an option named `name` with
+    /// `value` against them; refused on a CPU engine.
+    fn gpu_capabilities(&self, name: &'static str, value: &str) -> Result<Capabilities> {
+        self.capabilities()
+            .cloned()
+            .ok_or_else(|| Error::InvalidOption {
+                name,
+                value: value.to_string(),
+                reason: "names a GPU kernel, but this engine runs on the CPU backend",
+            })
+    }
+
+    /// Another engine on this engine's device (its newest), planning with
+    /// the same overrides and tuning table but keeping its own calls'
+    /// workspaces: what the tuner times each candidate on. `None` on a CPU
+    /// engine.
+    pub fn sharing_device(&self) -> Option<Engine> {
+        let ctx = self.gpu()?.clone();
+        let mut engine = Self::with_backend(
+            Backend::Gpu(Box::new(GpuDevices::new(ctx, None))),
+            Some(self.score_budget),
+        );
+        engine.plan_inputs = self.plan_inputs.clone();
+        Some(engine)
+    }
+
+    /// The tuning table's key for head dims `dk`, `dv` on this engine's
+    /// adapter (GPU engines).
+    pub fn tuning_key(&self, dk: usize, dv: usize) -> Option<crate::tuning::TuningKey> {
+        self.gpu().map(|ctx| PlanInputs::tuning_key(ctx, dk, dv))
+    }
+
+    /// Records a measurement in the engine's tuning table (shared with every
+    /// engine made by [`Engine::sharing_device`]).
+    pub fn record_tuning(&self, key: crate::tuning::TuningKey, entry: crate::tuning::TunedEntry) {
+        self.plan_inputs.record_tuning(key, entry);
+    }
+
+    /// The measured entry for head dims `dk`, `dv` on this engine's adapter, if any.
+    pub fn tuned(&self, dk: usize, dv: usize) -> Option<crate::tuning::TunedEntry> {
+        self.gpu()
+            .and_then(|ctx| self.plan_inputs.tuned(ctx, dk, dv))
+    }
+
+    /// The engine's tuning table, shared: what [`crate::tuning::tune`]
+    /// records there every engine that holds it sees.
+    pub fn tuning(&self) -> &Arc<Mutex<crate::tuning::TuningTable>> {
+        &self.plan_inputs.tuning
     }
 
     /// What the last attention call on this engine did.
@@ -535,12 +731,6 @@ impl Engine {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
-    }
-
-    /// The paths and kernel configurations used on this engine's adapter (GPU engines).
-    pub fn kernel_plan(&self) -> Option<crate::plan::kernel_plan::KernelPlan> {
-        self.capabilities()
-            .map(crate::plan::kernel_plan::KernelPlan::for_capabilities)
     }
 
     /// The GPU context, on a GPU engine: that of its newest device.
@@ -680,7 +870,9 @@ impl Engine {
             let tensor = HostTensor::new(shape.to_vec(), data)?.into_dtype(pattern.dtype());
             return Ok(self.wrap_host(tensor));
         };
-        let (ctx, generation) = gpu.latest();
+        let (device, generation) = gpu.latest();
+        let run = Run::new(device);
+        let ctx = &run;
         let f16 = pattern.dtype() == DType::F16;
         let chunk_len = chunks::chunk_len(shape, pattern.dtype(), ctx.caps.limits.max_buffer_size)?;
         let storage = ctx
@@ -773,7 +965,9 @@ impl Engine {
         let Backend::Gpu(gpu) = &self.backend else {
             return Ok(None);
         };
-        let (ctx, generation) = gpu.latest();
+        let (device, generation) = gpu.latest();
+        let run = Run::new(device);
+        let ctx = &run;
         let storage = ctx
             .scoped(&format!("uploading {name}"), || {
                 upload_storage(ctx, name, data, dtype, shape)
@@ -794,7 +988,9 @@ impl Engine {
         let Backend::Gpu(gpu) = &self.backend else {
             return Ok(None);
         };
-        let (ctx, generation) = gpu.latest();
+        let (device, generation) = gpu.latest();
+        let run = Run::new(device);
+        let ctx = &run;
         ctx.check_alive()?;
         Ok(Some((
             upload_storage(ctx, name, data, dtype, shape)?,
@@ -854,7 +1050,8 @@ impl Engine {
         let tensor = self.own("tensor", tensor)?;
         match (&self.backend, &tensor.storage) {
             (Backend::Gpu(gpu), Storage::Gpu(buf)) => {
-                let ctx = gpu.current();
+                let run = Run::new(gpu.current());
+                let ctx = &run;
                 let data = match tensor.dtype {
                     DType::F16 => buffer::read_f16(ctx, buf, tensor.len()).await?,
                     _ => buffer::read_f32(ctx, buf, 0, tensor.len()).await?,
@@ -862,11 +1059,12 @@ impl Engine {
                 Ok(HostTensor::new(tensor.shape.clone(), data)?.into_dtype(tensor.dtype))
             }
             (Backend::Gpu(gpu), Storage::GpuChunks(c)) => {
-                let data = chunks::read(gpu.current(), c, tensor.dtype).await?;
+                let data = chunks::read(&Run::new(gpu.current()), c, tensor.dtype).await?;
                 Ok(HostTensor::new(tensor.shape.clone(), data)?.into_dtype(tensor.dtype))
             }
             (Backend::Gpu(gpu), Storage::GpuAt(buf, offset)) => {
-                let ctx = gpu.current();
+                let run = Run::new(gpu.current());
+                let ctx = &run;
                 let copy = chunks::contiguous(ctx, buf, *offset, tensor.words()).await?;
                 let data = match tensor.dtype {
                     DType::F16 => buffer::read_f16(ctx, &copy, tensor.len()).await?,
@@ -928,11 +1126,11 @@ impl Engine {
             (_, Storage::Host(m)) => Ok((**m).clone()),
             (Backend::Gpu(gpu), Storage::Gpu(buf)) => {
                 let len = mask.shape.iter().product();
-                let data = buffer::read_f32(gpu.current(), buf, 0, len).await?;
+                let data = buffer::read_f32(&Run::new(gpu.current()), buf, 0, len).await?;
                 HostMask::float(mask.shape.clone(), data)
             }
             (Backend::Gpu(gpu), Storage::GpuChunks(c)) => {
-                let data = chunks::read(gpu.current(), c, DType::F32).await?;
+                let data = chunks::read(&Run::new(gpu.current()), c, DType::F32).await?;
                 HostMask::float(mask.shape.clone(), data)
             }
             (Backend::Cpu, Storage::Gpu(_) | Storage::GpuChunks(_)) => Err(Error::ForeignTensor {
@@ -957,11 +1155,17 @@ impl Engine {
         self.refuse_gpu_path_on_cpu(options)?;
         let plan = self.plan(&dims, options)?;
         match (&self.backend, plan.gpu) {
+            (Backend::Cpu, Some(_)) => {
+                // A GPU path asked for by name on the adapter this engine
+                // passed over: its tensors are on the host, so as host data.
+                let out = self.on_adapter(inputs, options, plan).await?;
+                self.adopt_outputs(out).await
+            }
             (Backend::Gpu(gpu), Some(_)) => {
-                let (ctx, generation) = gpu.latest();
+                let (device, generation) = gpu.latest();
                 // The workspace of the last call of this plan, if kept.
                 let taken = self.call_cache.take(&dims, options, &plan, generation);
-                let ctx = ctx.with_arena(taken.arena().clone());
+                let ctx = Run::new(device).with_arena(taken.arena().clone());
                 let out = self
                     .attention_on_gpu(&ctx, generation, inputs, options, &dims, &plan)
                     .await?;
@@ -1029,6 +1233,7 @@ impl Engine {
     /// A GPU path asked of a CPU engine is a conflict, not a silent CPU run.
     fn refuse_gpu_path_on_cpu(&self, options: &AttentionOptions) -> Result<()> {
         if self.backend() == BackendKind::Cpu
+            && self.adapter.is_none()
             && matches!(options.path, KernelPath::Unfused | KernelPath::Fused)
         {
             return Err(Error::Conflict(
@@ -1063,6 +1268,48 @@ impl Engine {
             .unwrap_or_else(PoisonError::into_inner) = Some(stats);
     }
 
+    /// Runs a call planned for the adapter this CPU engine passed over
+    /// (a GPU path asked for by name) on its host tensors; records `plan`.
+    async fn on_adapter(
+        &self,
+        inputs: &AttentionInputs<'_, Tensor>,
+        options: &AttentionOptions,
+        plan: CallPlan,
+    ) -> Result<AttentionOutputs<HostTensor>> {
+        let adapter = self.adapter.as_ref().ok_or(Error::Conflict(
+            "a GPU path was asked for but this engine runs on the CPU backend",
+        ))?;
+        let (q, k, v) = (
+            self.to_host(inputs.q).await?,
+            self.to_host(inputs.k).await?,
+            self.to_host(inputs.v).await?,
+        );
+        let mut past = Vec::new();
+        for t in [inputs.past_key, inputs.past_value].into_iter().flatten() {
+            past.push(self.to_host(t).await?);
+        }
+        let mask = match inputs.attn_mask {
+            Some(m) => Some(self.download_mask(m).await?),
+            None => None,
+        };
+        let mut host_inputs = AttentionInputs::new(&*q, &*k, &*v);
+        if let [pk, pv] = &past[..] {
+            host_inputs = host_inputs.with_past(pk, pv);
+        }
+        if let Some(m) = &mask {
+            host_inputs = host_inputs.with_mask(m);
+        }
+        host_inputs.nonpad_kv_seqlen = inputs.nonpad_kv_seqlen;
+        let out = Box::pin(adapter.attention_host(&host_inputs, options)).await?;
+        self.record_call(CallStats {
+            plan,
+            ..adapter
+                .last_call()
+                .expect("the adapter's call was recorded")
+        });
+        Ok(out)
+    }
+
     /// Wraps host outputs as tensors of this engine (uploading on a GPU engine).
     async fn adopt_outputs(
         &self,
@@ -1090,12 +1337,19 @@ impl Engine {
         options: &AttentionOptions,
     ) -> Result<AttentionOutputs<HostTensor>> {
         let dims = validate(inputs, options)?;
-        if matches!(
-            self.resolve_path(options),
-            KernelPath::Cpu | KernelPath::Oracle
-        ) && !matches!(options.path, KernelPath::Unfused | KernelPath::Fused)
-        {
-            let plan = self.plan(&dims, options)?;
+        self.refuse_gpu_path_on_cpu(options)?;
+        let plan = self.plan(&dims, options)?;
+        if let (Some(adapter), Some(_), Backend::Cpu) = (&self.adapter, plan.gpu, &self.backend) {
+            let out = Box::pin(adapter.attention_host(inputs, options)).await?;
+            self.record_call(CallStats {
+                plan,
+                ..adapter
+                    .last_call()
+                    .expect("the adapter's call was recorded")
+            });
+            return Ok(out);
+        }
+        if plan.gpu.is_none() {
             let out = typed_host_outputs(self.run_on_host(plan.path, inputs, options)?, inputs);
             self.record_call(CallStats {
                 plan,
@@ -1155,7 +1409,7 @@ fn typed_host_outputs(
 /// `data` uploaded as `dtype`: one buffer, or several where a tensor of
 /// `shape` is larger than one buffer.
 fn upload_storage<H>(
-    ctx: &GpuContext,
+    ctx: &Run,
     name: &'static str,
     data: &[f32],
     dtype: DType,

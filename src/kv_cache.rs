@@ -21,6 +21,7 @@ use std::sync::Arc;
 use crate::device::chunks;
 use crate::device::chunks::Held;
 use crate::device::recorder::{box_runs, Recorder};
+use crate::device::scope::Run;
 use crate::device_tensor::{Storage, Tensor};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -137,8 +138,8 @@ impl KvCache {
         // Tensors wrapped at an offset are appended from copies of their own.
         let (key_copy, value_copy) = match engine.gpu() {
             Some(ctx) if key.is_on_gpu() || value.is_on_gpu() => (
-                crate::device_tensor::unview(ctx, engine.own("key", key)?).await?,
-                crate::device_tensor::unview(ctx, engine.own("value", value)?).await?,
+                crate::device_tensor::unview(&Run::new(ctx), engine.own("key", key)?).await?,
+                crate::device_tensor::unview(&Run::new(ctx), engine.own("value", value)?).await?,
             ),
             _ => (None, None),
         };
@@ -286,7 +287,9 @@ impl KvCache {
         // recorded, so a device without the memory for them has nothing in
         // flight to free before a smaller try.
         let (key_dst, value_dst) = match engine.gpu() {
-            Some(ctx) if capacity != self.capacity() => {
+            Some(device) if capacity != self.capacity() => {
+                let run = Run::new(device);
+                let ctx = &run;
                 let (k, v) = ctx
                     .scoped("KV cache growth", || {
                         Ok((
@@ -561,7 +564,9 @@ async fn append_rows(
     let same_capacity = old_shape.is_some_and(|s| s[2] == shape[2]);
     let keep = |s: [usize; 4]| box_runs(s, [0; 4], shape, [0; 4], s);
     match engine.gpu() {
-        Some(ctx) => {
+        Some(device) => {
+            let run = Run::new(device);
+            let ctx = &run;
             let new_held = new
                 .storage
                 .held()
@@ -670,11 +675,13 @@ async fn copy_rows(engine: &Engine, t: &Tensor, rows: usize) -> Result<Tensor> {
         }
         return Ok(engine.wrap_host(HostTensor::new(out.to_vec(), data)?.into_dtype(t.dtype())));
     }
-    let (Some(ctx), Some(src)) = (engine.gpu(), t.storage.held()) else {
+    let (Some(device), Some(src)) = (engine.gpu(), t.storage.held()) else {
         return Err(Error::ForeignTensor {
             tensor: "the KV cache",
         });
     };
+    let run = Run::new(device);
+    let ctx = &run;
     // f16 rows move as words of two values.
     let (units, out_units) = (copy_units(shape, t.dtype()), copy_units(out, t.dtype()));
     let runs = box_runs(units, [0; 4], out_units, [0; 4], out_units);

@@ -48,6 +48,7 @@ pub mod plan;
 mod problem;
 pub mod rng;
 pub mod run;
+pub mod shader;
 mod tensor;
 pub mod tuning;
 
@@ -70,7 +71,8 @@ pub use plan::overrides::DecodeKernelChoice;
 pub use plan::overrides::FusedKernelChoice;
 pub use plan::CallPlan;
 pub use problem::{
-    validate, AttentionDims, AttentionInputs, AttentionOutputs, MaskLayout, MaskRef, TensorRef,
+    validate, AttentionDims, AttentionInputs, AttentionOutputs, F16Inputs, MaskLayout, MaskRef,
+    TensorRef,
 };
 pub use tensor::{lengths_from_le_bytes, DType, HostMask, HostTensor};
 /// The wgpu this crate is built on, so callers name the same `Limits` and `Adapter` types.

@@ -6,7 +6,7 @@
 
 use crate::error::{Error, Result};
 use crate::options::AttentionOptions;
-use crate::tensor::{HostMask, HostTensor};
+use crate::tensor::{DType, HostMask, HostTensor};
 
 /// Anything with a shape that can stand for Q, K, V or a past tensor.
 pub trait TensorRef {
@@ -14,6 +14,8 @@ pub trait TensorRef {
     type Mask: MaskRef;
     /// The tensor's shape.
     fn shape(&self) -> &[usize];
+    /// How its values are stored.
+    fn dtype(&self) -> DType;
 }
 
 /// Anything with a shape that can stand for an attention mask.
@@ -26,6 +28,9 @@ impl TensorRef for HostTensor {
     type Mask = HostMask;
     fn shape(&self) -> &[usize] {
         HostTensor::shape(self)
+    }
+    fn dtype(&self) -> DType {
+        HostTensor::dtype(self)
     }
 }
 
@@ -154,9 +159,34 @@ pub struct AttentionDims {
     pub has_past: bool,
     /// Whether per-batch lengths were given.
     pub has_nonpad: bool,
+    /// Which inputs hold f16 values (two to a 4-byte word): the plan reads
+    /// f16 keys and values in place where a kernel can, and widens the rest.
+    pub f16: F16Inputs,
     /// Where this problem sits in the call it came from: the whole call, or a
     /// piece of one split across storage bindings.
     pub(crate) placement: Placement,
+}
+
+/// Which of a call's inputs hold f16 values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct F16Inputs {
+    /// Q.
+    pub q: bool,
+    /// K.
+    pub k: bool,
+    /// V.
+    pub v: bool,
+    /// `past_key`.
+    pub past_key: bool,
+    /// `past_value`.
+    pub past_value: bool,
+}
+
+impl F16Inputs {
+    /// Whether K and V both hold f16 values.
+    pub fn kv(&self) -> bool {
+        self.k && self.v
+    }
 }
 
 /// A piece's place in the call it was cut from (`run/split.rs`).
@@ -194,6 +224,7 @@ impl AttentionDims {
             mask: None,
             has_past: false,
             has_nonpad: false,
+            f16: F16Inputs::default(),
             placement: Placement::default(),
         }
     }
@@ -417,6 +448,13 @@ pub fn validate<T: TensorRef>(
         mask,
         has_past,
         has_nonpad: inputs.nonpad_kv_seqlen.is_some(),
+        f16: F16Inputs {
+            q: inputs.q.dtype() == DType::F16,
+            k: inputs.k.dtype() == DType::F16,
+            v: inputs.v.dtype() == DType::F16,
+            past_key: inputs.past_key.is_some_and(|t| t.dtype() == DType::F16),
+            past_value: inputs.past_value.is_some_and(|t| t.dtype() == DType::F16),
+        },
         placement: Placement::default(),
     })
 }

@@ -657,7 +657,6 @@ fn info_reports_the_adapter_and_the_plan() {
         assert!(json["adapter"]["name"]
             .as_str()
             .is_some_and(|n| !n.is_empty()));
-        assert!(json["kernels"].as_array().is_some_and(|k| !k.is_empty()));
         // The plans of typical calls, as `Engine::plan` makes them: a decode
         // call plans the decode kernel, head dims past the fused kernels the
         // unfused path with its reason.
@@ -674,10 +673,7 @@ fn info_reports_the_adapter_and_the_plan() {
         assert!(plan("B1 H2 N256 head dim 512").contains("fused path unavailable"));
         let text = run(&["--backend", "gpu", "info"]);
         let text = String::from_utf8_lossy(&text.stdout);
-        assert!(
-            text.contains("kernels:") && text.contains("plans:"),
-            "{text}"
-        );
+        assert!(text.contains("plans:"), "{text}");
     }
     let cpu = run(&["--backend", "cpu", "info"]);
     assert!(cpu.status.success());

@@ -25,6 +25,7 @@ use webattn::kernels::gemm::{
 };
 use webattn::kernels::matrix_units::coop_shape;
 use webattn::kernels::matrix_units::CoopSize;
+use webattn::plan::overrides::Overrides;
 use webattn::rng::SplitMix64;
 use webattn::run::single::gemm_host_variant;
 use webattn::{
@@ -281,7 +282,7 @@ fn packed_gemm_cases(engine: &Engine) {
     let spec = GemmSpec::contiguous(1, 8, 8, 8, false, false);
     assert_eq!(
         gemm_kernel_for(
-            ctx,
+            ctx.capabilities(),
             packed(engine, PackedTile::DEFAULT),
             &spec,
             AValues::Probabilities
@@ -556,13 +557,15 @@ fn attention_on_the_matrix_units_with_rows_shared_among_invocations() {
                 (4, FusedKernelChoice::CoopShared),
                 (2, FusedKernelChoice::CoopStaged),
             ] {
-                let ctx = engine.gpu().expect("a GPU engine");
-                let ctx = ctx
-                    .clone()
-                    .with_coop_lanes_per_row(lanes)
+                let shared = engine
+                    .sharing_device()
+                    .expect("a GPU engine")
+                    .with_overrides(Overrides {
+                        coop_lanes_per_row: Some(lanes),
+                        ..*engine.overrides()
+                    })
                     .with_fused_kernel(form)
                     .expect("the matrix-unit kernel");
-                let shared = Engine::from_context(ctx);
                 let report = pollster::block_on(run_sweep(
                     &shared,
                     SweepKind::Quick,
@@ -835,13 +838,13 @@ fn fast_calls_leave_a_matrix_unit_kernel_measured_slower() {
             })
             .expect("an engine of its own");
             let ctx = engine.gpu().expect("a GPU engine");
-            let is_coop = |ctx: &webattn::device::context::GpuContext| {
+            let is_coop = |e: &Engine| {
                 matches!(
-                    ctx.fused_kernel_at(8, 8, Precision::Fast),
+                    e.planner(8, 8).unwrap().fused_kernel_at(Precision::Fast),
                     Ok(FusedKernel::Coop(_))
                 )
             };
-            assert!(is_coop(ctx), "untuned, Fast takes the matrix units");
+            assert!(is_coop(&engine), "untuned, Fast takes the matrix units");
             let entry = |coop_ms| TunedEntry {
                 kernel: TunedKernel::Portable,
                 grouped_decode: None,
@@ -854,25 +857,35 @@ fn fast_calls_leave_a_matrix_unit_kernel_measured_slower() {
                 coop_tiles: None,
             };
             let key = TuningKey::new(ctx.capabilities(), 8, 8);
-            ctx.record_tuning(key.clone(), entry(2.5));
-            assert!(!is_coop(ctx), "measured slower, Fast takes the f32 winner");
+            engine.record_tuning(key.clone(), entry(2.5));
+            assert!(
+                !is_coop(&engine),
+                "measured slower, Fast takes the f32 winner"
+            );
             assert!(matches!(
-                ctx.fused_kernel_at(8, 8, Precision::Fast),
+                engine
+                    .planner(8, 8)
+                    .unwrap()
+                    .fused_kernel_at(Precision::Fast),
                 Ok(FusedKernel::Portable(_))
             ));
-            let forced = ctx
-                .clone()
+            let forced = engine
+                .sharing_device()
+                .unwrap()
                 .with_fused_kernel(FusedKernelChoice::Coop)
                 .expect("the matrix-unit kernel can be forced");
             assert!(is_coop(&forced), "forced by name, it runs");
-            ctx.record_tuning(key.clone(), entry(0.5));
-            assert!(is_coop(ctx), "measured faster, Fast takes it");
+            engine.record_tuning(key.clone(), entry(0.5));
+            assert!(is_coop(&engine), "measured faster, Fast takes it");
 
             // The unfused path's GEMMs likewise: measured slower on the
             // matrix units (the H200's gemm_coop16 ran at an eighth of the
             // f32 GEMM), calls at Fast keep them in f32.
             assert_eq!(
-                ctx.unfused_precision(8, 8, Precision::Fast),
+                engine
+                    .planner(8, 8)
+                    .unwrap()
+                    .unfused_precision(Precision::Fast),
                 Precision::Fast
             );
             let unfused = |ms| TunedEntry {
@@ -881,17 +894,26 @@ fn fast_calls_leave_a_matrix_unit_kernel_measured_slower() {
                 coop_tiles: None,
                 ..entry(0.5)
             };
-            ctx.record_tuning(key.clone(), unfused(16.0));
+            engine.record_tuning(key.clone(), unfused(16.0));
             assert_eq!(
-                ctx.unfused_precision(8, 8, Precision::Fast),
+                engine
+                    .planner(8, 8)
+                    .unwrap()
+                    .unfused_precision(Precision::Fast),
                 Precision::Highest
             );
             assert_eq!(
-                ctx.unfused_precision(8, 8, Precision::Highest),
+                engine
+                    .planner(8, 8)
+                    .unwrap()
+                    .unfused_precision(Precision::Highest),
                 Precision::Highest
             );
             assert_eq!(
-                forced.unfused_precision(8, 8, Precision::Fast),
+                forced
+                    .planner(8, 8)
+                    .unwrap()
+                    .unfused_precision(Precision::Fast),
                 Precision::Fast,
                 "forced, the matrix units stay"
             );
@@ -900,9 +922,12 @@ fn fast_calls_leave_a_matrix_unit_kernel_measured_slower() {
                 .with(|o| o.precision = Precision::Fast);
             let results = pollster::block_on(run_case(&engine, &case, &[KernelPath::Unfused], 7));
             assert!(results.iter().all(|r| r.passed()), "{results:?}");
-            ctx.record_tuning(key, unfused(1.0));
+            engine.record_tuning(key, unfused(1.0));
             assert_eq!(
-                ctx.unfused_precision(8, 8, Precision::Fast),
+                engine
+                    .planner(8, 8)
+                    .unwrap()
+                    .unfused_precision(Precision::Fast),
                 Precision::Fast
             );
         },
@@ -946,7 +971,7 @@ fn fast_calls_take_the_matrix_unit_gemm_form_tuned_fastest() {
         "fast_calls_take_the_matrix_unit_gemm_form_tuned_fastest",
         Size::Native,
         |_| {
-            use webattn::plan::overrides::FastGemm;
+            use webattn::kernels::gemm::FastGemm;
             use webattn::tuning::{TunedEntry, TunedGemm, TunedKernel, TuningCache, TuningKey};
             let engine = Engine::with_options_blocking(EngineOptions {
                 backend: webattn::BackendPreference::Gpu,
@@ -956,7 +981,13 @@ fn fast_calls_take_the_matrix_unit_gemm_form_tuned_fastest() {
             .expect("an engine of its own");
             let ctx = engine.gpu().expect("a GPU engine");
             let default = packed(&engine, PackedTile::DEFAULT);
-            assert_eq!(ctx.gemm_kernel_for_call(Precision::Fast, 8, 8), default);
+            assert_eq!(
+                engine
+                    .planner(8, 8)
+                    .unwrap()
+                    .gemm_kernel_for_call(Precision::Fast),
+                default
+            );
             let tall = PackedTile { rows: 4, cols: 2 };
             let entry = |form| TunedEntry {
                 kernel: TunedKernel::Portable,
@@ -973,24 +1004,39 @@ fn fast_calls_take_the_matrix_unit_gemm_form_tuned_fastest() {
                 coop_tiles: None,
             };
             let key = TuningKey::new(ctx.capabilities(), 8, 8);
-            ctx.record_tuning(key.clone(), entry(FastGemm::Staged));
+            engine.record_tuning(key.clone(), entry(FastGemm::Staged));
             assert_eq!(
-                ctx.gemm_kernel_for_call(Precision::Fast, 8, 8),
+                engine
+                    .planner(8, 8)
+                    .unwrap()
+                    .gemm_kernel_for_call(Precision::Fast),
                 staged(&engine)
             );
             assert_eq!(
-                ctx.gemm_kernel_for_call(Precision::Highest, 8, 8),
-                ctx.gemm_kernel_at(Precision::Highest),
+                engine
+                    .planner(8, 8)
+                    .unwrap()
+                    .gemm_kernel_for_call(Precision::Highest),
+                engine
+                    .planner(0, 0)
+                    .unwrap()
+                    .gemm_kernel_at(Precision::Highest),
                 "f32 calls keep the f32 GEMM"
             );
             assert_eq!(
-                ctx.gemm_kernel_for_call(Precision::Fast, 16, 16),
+                engine
+                    .planner(16, 16)
+                    .unwrap()
+                    .gemm_kernel_for_call(Precision::Fast),
                 default,
                 "other head dims keep the default"
             );
-            ctx.record_tuning(key, entry(FastGemm::Packed(tall)));
+            engine.record_tuning(key, entry(FastGemm::Packed(tall)));
             assert_eq!(
-                ctx.gemm_kernel_for_call(Precision::Fast, 8, 8),
+                engine
+                    .planner(8, 8)
+                    .unwrap()
+                    .gemm_kernel_for_call(Precision::Fast),
                 packed(&engine, tall)
             );
             // An unfused call at Fast runs that form, right.
@@ -1004,9 +1050,15 @@ fn fast_calls_take_the_matrix_unit_gemm_form_tuned_fastest() {
                 .starts_with("gemm_coop_packed")
                 && k.to_string().contains("RM=4,RN=2")));
             // Pinned on a context, a form wins over the table.
-            let pinned = ctx.clone().with_pinned_fast_gemm(FastGemm::Staged);
+            let pinned = engine.sharing_device().unwrap().with_overrides(Overrides {
+                pinned_fast_gemm: Some(FastGemm::Staged),
+                ..*engine.overrides()
+            });
             assert_eq!(
-                pinned.gemm_kernel_for_call(Precision::Fast, 8, 8),
+                pinned
+                    .planner(8, 8)
+                    .unwrap()
+                    .gemm_kernel_for_call(Precision::Fast),
                 staged(&engine)
             );
             // The tuner times every form on the unfused path at Fast and
@@ -1023,7 +1075,10 @@ fn fast_calls_take_the_matrix_unit_gemm_form_tuned_fastest() {
             let tuned = reports[0].entry.fast_gemm.expect("a form was recorded");
             assert_eq!(reports[0].entry.unfused_coop_ms, Some(tuned.unfused_ms));
             assert_eq!(
-                ctx.gemm_kernel_for_call(Precision::Fast, 8, 8),
+                engine
+                    .planner(8, 8)
+                    .unwrap()
+                    .gemm_kernel_for_call(Precision::Fast),
                 tuned.form.kernel(match staged(&engine) {
                     GemmKernel::Coop(shape) => shape,
                     _ => unreachable!(),
@@ -1041,7 +1096,7 @@ fn fast_calls_take_the_matrix_unit_gemm_form_tuned_fastest() {
 /// same code at 16x16.
 #[test]
 fn each_phase_switch_of_the_matrix_unit_kernel_removes_its_phase() {
-    use webattn::plan::ablation::Phases;
+    use webattn::kernels::ablation::Phases;
     on_matrix_units(
         "each_phase_switch_of_the_matrix_unit_kernel_removes_its_phase",
         Size::Native,
@@ -1071,14 +1126,13 @@ fn each_phase_switch_of_the_matrix_unit_kernel_removes_its_phase() {
                 (FusedKernelChoice::Coop, "attention_coop_packed"),
                 (FusedKernelChoice::CoopShared, "attention_coop_shared"),
             ] {
-                let ctx = engine
-                    .gpu()
+                let forced = engine
+                    .sharing_device()
                     .expect("a GPU engine")
-                    .clone()
                     .with_fused_kernel(choice)
                     .expect("a form of the matrix-unit kernel");
                 let run = |phases: Phases| {
-                    let variant = Engine::from_context(ctx.clone().without_phases(phases));
+                    let variant = forced.sharing_device().unwrap().without_phases(phases);
                     let y = variant
                         .attention_host_blocking(&inputs, &options)
                         .unwrap()
@@ -1252,7 +1306,7 @@ fn auto_at_fast_compares_the_paths_on_the_matrix_units() {
             })
             .expect("an engine of its own");
             let ctx = engine.gpu().expect("a GPU engine");
-            ctx.record_tuning(
+            engine.record_tuning(
                 TuningKey::new(ctx.capabilities(), 8, 8),
                 TunedEntry {
                     kernel: TunedKernel::Portable,
@@ -1307,16 +1361,16 @@ fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
             .expect("an engine of its own");
             let ctx = engine.gpu().expect("a GPU engine");
             let shape = coop_shape(ctx.capabilities()).expect("matrix units");
-            let tiles_at = |ctx: &webattn::device::context::GpuContext| match ctx.fused_kernel_at(
-                8,
-                8,
-                Precision::Fast,
-            ) {
-                Ok(FusedKernel::Coop(t)) => (t.subgroups, t.keys_per_tile),
-                other => panic!("not the matrix-unit kernel: {other:?}"),
-            };
+            let tiles_at =
+                |e: &Engine| match e.planner(8, 8).unwrap().fused_kernel_at(Precision::Fast) {
+                    Ok(FusedKernel::Coop(t)) => (t.subgroups, t.keys_per_tile),
+                    other => panic!("not the matrix-unit kernel: {other:?}"),
+                };
             let largest = CoopTiles::for_dims(shape, 8, 8, &ctx.capabilities().limits).unwrap();
-            assert_eq!(tiles_at(ctx), (largest.subgroups, largest.keys_per_tile));
+            assert_eq!(
+                tiles_at(&engine),
+                (largest.subgroups, largest.keys_per_tile)
+            );
             // Another candidate that fits, as the tuner would record it.
             let other = CoopTiles::candidates(shape, 8, 8)
                 .into_iter()
@@ -1339,10 +1393,16 @@ fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
                 keys_per_tile: other.keys_per_tile,
                 form: CoopForm::Packed,
             };
-            ctx.record_tuning(key.clone(), tuned(Some(other_tiles)));
-            assert_eq!(tiles_at(ctx), (other.subgroups, other.keys_per_tile));
+            engine.record_tuning(key.clone(), tuned(Some(other_tiles)));
+            assert_eq!(tiles_at(&engine), (other.subgroups, other.keys_per_tile));
             // Pinned tiles come first; tiles that are no candidate are passed over.
-            let pinned = ctx.clone().with_pinned_coop_tiles(TunedCoop {
+            let pin = |tiles: TunedCoop| {
+                engine.sharing_device().unwrap().with_overrides(Overrides {
+                    pinned_coop: Some(tiles),
+                    ..*engine.overrides()
+                })
+            };
+            let pinned = pin(TunedCoop {
                 subgroups: largest.subgroups,
                 keys_per_tile: largest.keys_per_tile,
                 form: CoopForm::Packed,
@@ -1357,16 +1417,19 @@ fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
                 form: CoopForm::Packed,
             };
             assert_eq!(
-                tiles_at(&ctx.clone().with_pinned_coop_tiles(unknown)),
+                tiles_at(&pin(unknown)),
                 (other.subgroups, other.keys_per_tile)
             );
             // Tuned tiles that are no candidate (a stale entry) are dropped
             // with their time: the largest tiles run.
-            ctx.record_tuning(key.clone(), tuned(Some(unknown)));
-            assert_eq!(tiles_at(ctx), (largest.subgroups, largest.keys_per_tile));
-            let kept = ctx.tuned(8, 8).expect("the entry stays");
+            engine.record_tuning(key.clone(), tuned(Some(unknown)));
+            assert_eq!(
+                tiles_at(&engine),
+                (largest.subgroups, largest.keys_per_tile)
+            );
+            let kept = engine.tuned(8, 8).expect("the entry stays");
             assert_eq!((kept.coop_tiles, kept.coop_ms), (None, None));
-            ctx.record_tuning(key.clone(), tuned(Some(other_tiles)));
+            engine.record_tuning(key.clone(), tuned(Some(other_tiles)));
             // A call through the tuned tiles runs them, right.
             let case = CaseSpec::new("tuned-coop-tiles", [1, 2, 2], [70, 90], [8, 8])
                 .with(|o| o.precision = Precision::Fast);
@@ -1390,15 +1453,12 @@ fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
             );
             // The form is tuned too: packed by default, staged or shared
             // where that form was measured faster or is forced.
-            let form_at = |ctx: &webattn::device::context::GpuContext| match ctx.fused_kernel_at(
-                8,
-                8,
-                Precision::Fast,
-            ) {
-                Ok(FusedKernel::Coop(t)) => t.form,
-                other => panic!("not the matrix-unit kernel: {other:?}"),
-            };
-            assert_eq!(form_at(ctx), CoopForm::Packed);
+            let form_at =
+                |e: &Engine| match e.planner(8, 8).unwrap().fused_kernel_at(Precision::Fast) {
+                    Ok(FusedKernel::Coop(t)) => t.form,
+                    other => panic!("not the matrix-unit kernel: {other:?}"),
+                };
+            assert_eq!(form_at(&engine), CoopForm::Packed);
             for (form, choice) in [
                 (CoopForm::Staged, FusedKernelChoice::CoopStaged),
                 (CoopForm::Shared, FusedKernelChoice::CoopShared),
@@ -1407,12 +1467,13 @@ fn fast_calls_take_the_matrix_unit_tiles_measured_fastest() {
                     form,
                     ..other_tiles
                 };
-                ctx.record_tuning(key.clone(), tuned(Some(form_tiles)));
-                assert_eq!(form_at(ctx), form);
-                assert_eq!(tiles_at(ctx), (other.subgroups, other.keys_per_tile));
-                ctx.record_tuning(key.clone(), tuned(Some(other_tiles)));
-                let forced = ctx
-                    .clone()
+                engine.record_tuning(key.clone(), tuned(Some(form_tiles)));
+                assert_eq!(form_at(&engine), form);
+                assert_eq!(tiles_at(&engine), (other.subgroups, other.keys_per_tile));
+                engine.record_tuning(key.clone(), tuned(Some(other_tiles)));
+                let forced = engine
+                    .sharing_device()
+                    .unwrap()
                     .with_fused_kernel(choice)
                     .expect("a form of the matrix-unit kernel");
                 assert_eq!(form_at(&forced), form);

@@ -4,9 +4,8 @@
 
 use std::collections::BTreeSet;
 
-use webattn::kernels::registry::{
-    fills_a_slot, validate_kernel, validate_wgsl, with_includes, Kernel, FRAGMENTS,
-};
+use webattn::shader::kernel::validate_kernel;
+use webattn::shader::text::{fills_a_slot, validate_wgsl, with_includes, FRAGMENTS};
 
 fn shader_files() -> BTreeSet<String> {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/shaders");
@@ -48,14 +47,14 @@ fn every_shader_file_validates() {
 #[test]
 fn registry_embeds_every_file_and_nothing_else() {
     // A generated kernel's text has no file (`src/kernels/`).
-    let registered: BTreeSet<String> = Kernel::ALL
+    let registered: BTreeSet<String> = webattn::kernels::all()
         .iter()
         .filter(|k| !k.is_generated())
         .map(|k| k.file().to_string())
         .chain(FRAGMENTS.iter().map(|f| f.to_string()))
         .collect();
     assert_eq!(registered, shader_files());
-    for kernel in Kernel::ALL {
+    for kernel in webattn::kernels::all() {
         let module = validate_kernel(kernel).expect("registered kernel validates");
         assert!(
             module
@@ -83,9 +82,9 @@ fn invalid_wgsl_is_a_typed_error_quoting_the_line() {
 #[test]
 fn every_kernels_uniform_block_matches_its_rust_definition() {
     use naga::{AddressSpace, ScalarKind, TypeInner};
-    use webattn::kernels::uniform::{kernel_words, Scalar};
+    use webattn::shader::uniform::Scalar;
     let mut failures = Vec::new();
-    for kernel in Kernel::ALL {
+    for kernel in webattn::kernels::all() {
         let module = naga::front::wgsl::parse_str(kernel.source()).expect("the kernel parses");
         let uniforms: Vec<_> = module
             .global_variables
@@ -128,7 +127,7 @@ fn every_kernels_uniform_block_matches_its_rust_definition() {
                 wgsl.push((member.offset + 4 * i, name.clone(), scalar));
             }
         }
-        let rust = kernel_words(kernel);
+        let rust = kernel.params_words();
         if *span as usize != 4 * rust.len() || wgsl.len() != rust.len() {
             failures.push(format!(
                 "{kernel}: the WGSL block is {span} bytes in {} words, the Rust one {} words",

@@ -246,7 +246,7 @@ fn auto_follows_the_measured_path_and_kernel() {
     let out = engine.attention_host_blocking(&inputs, &options).unwrap();
     assert_eq!(engine.last_call().unwrap().plan.path, KernelPath::Fused);
     assert_eq!(
-        engine.gpu().unwrap().fused_kernel(8, 8).unwrap().name(),
+        engine.planner(8, 8).unwrap().fused_kernel().unwrap().name(),
         "attention_fused"
     );
     assert!(compare(out.y.data(), &exact.y, &plain.y, DEFAULT_FLOOR).passed());
@@ -312,7 +312,12 @@ fn auto_follows_the_measured_path_and_kernel() {
 fn decode_follows_the_measured_kernel_where_it_runs() {
     let Some(gpu) = common::gpu() else { return };
     let dims = webattn::AttentionDims::plain(1, [4, 2], [1, 1024], [8, 8]);
-    let plain = gpu.gpu().unwrap().decode_plan(&dims).unwrap().kernel;
+    let plain = gpu
+        .planner(dims.head_dim, dims.v_head_dim)
+        .unwrap()
+        .decode_plan(&dims)
+        .unwrap()
+        .kernel;
     let cache = scratch("decode").join("tuning.tsv");
     let shape = StreamShape {
         lanes: 4,
@@ -340,7 +345,12 @@ fn decode_follows_the_measured_kernel_where_it_runs() {
         );
         table.save(&cache).unwrap();
         let engine = engine_with(&cache);
-        let chosen = engine.gpu().unwrap().decode_plan(&dims).unwrap().kernel;
+        let chosen = engine
+            .planner(dims.head_dim, dims.v_head_dim)
+            .unwrap()
+            .decode_plan(&dims)
+            .unwrap()
+            .kernel;
         // The streaming kernel where the adapter has subgroups for it; the
         // limits' own choice where the measured kernel cannot run here.
         let runs = match measured {
@@ -352,13 +362,18 @@ fn decode_follows_the_measured_kernel_where_it_runs() {
         let d64 = webattn::AttentionDims::plain(1, [4, 2], [1, 1024], [64, 64]);
         assert_eq!(
             engine
-                .gpu()
+                .planner(d64.head_dim, d64.v_head_dim)
                 .unwrap()
                 .decode_plan(&d64)
                 .unwrap()
                 .kernel
                 .name(),
-            gpu.gpu().unwrap().decode_plan(&d64).unwrap().kernel.name()
+            gpu.planner(d64.head_dim, d64.v_head_dim)
+                .unwrap()
+                .decode_plan(&d64)
+                .unwrap()
+                .kernel
+                .name()
         );
     }
 }
@@ -402,7 +417,12 @@ fn calls_with_several_rows_per_workgroup_follow_the_grouped_winner() {
     };
     let kernel = |engine: &Engine, heads: [usize; 2], q_len: usize| {
         let dims = webattn::AttentionDims::plain(1, heads, [q_len, 1024], [8, 8]);
-        engine.gpu().unwrap().decode_plan(&dims).unwrap().kernel
+        engine
+            .planner(dims.head_dim, dims.v_head_dim)
+            .unwrap()
+            .decode_plan(&dims)
+            .unwrap()
+            .kernel
     };
     let engine = measured(Some(DecodeKernel::Stream(shape)));
     // One row per workgroup: the one-row winner; several (a GQA group of 4,
@@ -464,10 +484,7 @@ fn entries_measured_on_other_kernels_are_ignored() {
     let entry = portable_entry();
     let current = key_for_d8(gpu);
     assert!(current.is_current());
-    assert_eq!(
-        current.kernels,
-        webattn::kernels::registry::Kernel::fingerprint()
-    );
+    assert_eq!(current.kernels, webattn::kernels::fingerprint());
     let mut old = current.clone();
     old.kernels = "0123456789abcdef".into();
     assert!(!old.is_current());
@@ -480,12 +497,12 @@ fn entries_measured_on_other_kernels_are_ignored() {
         "{text}"
     );
     // The stale entry names the portable kernel; calls keep the planner's.
-    let planned = gpu.gpu().unwrap().fused_kernel(8, 8).unwrap().name();
+    let planned = gpu.planner(8, 8).unwrap().fused_kernel().unwrap().name();
     assert_eq!(
         engine_with(&cache)
-            .gpu()
+            .planner(8, 8)
             .unwrap()
-            .fused_kernel(8, 8)
+            .fused_kernel()
             .unwrap()
             .name(),
         planned
@@ -501,7 +518,7 @@ fn entries_measured_on_other_kernels_are_ignored() {
     // A measurement on this build's kernels replaces the class's old entry,
     // in the table and, on save, in the file.
     let engine = engine_with(&cache);
-    engine.gpu().unwrap().record_tuning(current.clone(), entry);
+    engine.record_tuning(current.clone(), entry);
     engine.save_tuning().unwrap();
     let (saved, _) = TuningTable::parse(&std::fs::read_to_string(&cache).unwrap());
     assert_eq!(saved.len(), 1);
@@ -514,9 +531,9 @@ fn entries_measured_on_other_kernels_are_ignored() {
     );
     assert_eq!(
         engine_with(&cache)
-            .gpu()
+            .planner(8, 8)
             .unwrap()
-            .fused_kernel(8, 8)
+            .fused_kernel()
             .unwrap()
             .name(),
         "attention_fused"
@@ -562,9 +579,8 @@ fn saving_writes_what_the_engine_changed_and_keeps_what_others_saved() {
     other.save(&cache).unwrap();
     // This engine re-measures d 12 and drops d 20 (as the planner drops a
     // stale entry).
-    let ctx = engine.gpu().unwrap();
-    ctx.record_tuning(key(12), entry(0.5));
-    ctx.tuning_table().lock().unwrap().remove(&key(20));
+    engine.record_tuning(key(12), entry(0.5));
+    engine.tuning().lock().unwrap().remove(&key(20));
     engine.save_tuning().unwrap();
     let saved = TuningTable::load(&cache);
     let ms = |d: usize| saved.get(&key(d)).map(|e| e.fused_ms);

@@ -111,7 +111,7 @@ function showAdapter() {
     <span>workgroup memory</span><span>${l.maxComputeWorkgroupStorageSize / 1024} KiB, ${l.maxComputeInvocationsPerWorkgroup} invocations</span>
     <span>features</span><span>subgroups ${f.subgroups ? `yes (${f.subgroupMinSize}–${f.subgroupMaxSize} wide)` : "no"},
       shader-f16 ${f.shaderF16 ? "yes" : "no"}, timestamps ${f.timestampQuery ? "yes" : "no"}</span>
-    <span>kernels</span><span>${(info.kernels || []).map((k) => `<code>${k.label}</code>`).join(" ")}</span>
+    ${(info.plans || []).map((p) => `<span>${p.call}</span><span><code>${p.plan}</code></span>`).join("\n    ")}
   </div>`;
 }
 

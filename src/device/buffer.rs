@@ -4,6 +4,7 @@ use wgpu::util::DeviceExt;
 
 use crate::device::arena::Kind;
 use crate::device::context::GpuContext;
+use crate::device::scope::Run;
 use crate::device::staging::StagingPool;
 use crate::error::{Error, Result};
 
@@ -44,7 +45,7 @@ pub(crate) fn f32_bytes(len: usize) -> u64 {
 }
 
 /// A zero-filled storage buffer of `len` f32 (or u32/i32) values.
-pub(crate) fn storage(ctx: &GpuContext, label: &str, len: usize) -> Result<wgpu::Buffer> {
+pub(crate) fn storage(ctx: &Run, label: &str, len: usize) -> Result<wgpu::Buffer> {
     let size = f32_bytes(len);
     check_bindable(ctx, label, size)?;
     Ok(create(ctx, label, size, Kind::Zeroed))
@@ -52,7 +53,7 @@ pub(crate) fn storage(ctx: &GpuContext, label: &str, len: usize) -> Result<wgpu:
 
 /// A zero-filled storage buffer of `len` f32 values that holds a call's
 /// tensor: it may exceed one binding (checked against `max_buffer_size` only).
-pub(crate) fn tensor_storage(ctx: &GpuContext, label: &str, len: usize) -> Result<wgpu::Buffer> {
+pub(crate) fn tensor_storage(ctx: &Run, label: &str, len: usize) -> Result<wgpu::Buffer> {
     let size = f32_bytes(len);
     check_buffer(ctx, label, size)?;
     Ok(create(ctx, label, size, Kind::Zeroed))
@@ -61,9 +62,9 @@ pub(crate) fn tensor_storage(ctx: &GpuContext, label: &str, len: usize) -> Resul
 /// A storage buffer of `size` bytes (checked by the caller): zero-filled, or
 /// (`Kind::Filled`) about to be written whole. A prepared call's runs take
 /// the one their first run created (`device/arena.rs`).
-pub(crate) fn create(ctx: &GpuContext, label: &str, size: u64, kind: Kind) -> wgpu::Buffer {
+pub(crate) fn create(ctx: &Run, label: &str, size: u64, kind: Kind) -> wgpu::Buffer {
     let make = || new_storage(ctx, label, size);
-    match &ctx.arena {
+    match ctx.arena() {
         Some(arena) => arena.take(kind, size, make),
         None => make(),
     }
@@ -86,11 +87,7 @@ fn padded_bytes(bytes: &[u8]) -> u64 {
 }
 
 /// A storage buffer holding `data`, which a kernel binds whole.
-pub(crate) fn upload<T: bytemuck::Pod>(
-    ctx: &GpuContext,
-    label: &str,
-    data: &[T],
-) -> Result<wgpu::Buffer> {
+pub(crate) fn upload<T: bytemuck::Pod>(ctx: &Run, label: &str, data: &[T]) -> Result<wgpu::Buffer> {
     check_bindable(ctx, label, padded_bytes(bytemuck::cast_slice(data)))?;
     upload_tensor(ctx, label, data)
 }
@@ -98,7 +95,7 @@ pub(crate) fn upload<T: bytemuck::Pod>(
 /// A storage buffer holding a call's tensor `data`: it may exceed one binding
 /// (checked against `max_buffer_size` only; `run/split.rs` binds it in pieces).
 pub(crate) fn upload_tensor<T: bytemuck::Pod>(
-    ctx: &GpuContext,
+    ctx: &Run,
     label: &str,
     data: &[T],
 ) -> Result<wgpu::Buffer> {
@@ -115,14 +112,14 @@ pub(crate) fn upload_tensor<T: bytemuck::Pod>(
 /// run is not written again (a queue write stages through a new buffer of
 /// wgpu's own each time).
 pub(crate) fn upload_constant<T: bytemuck::Pod>(
-    ctx: &GpuContext,
+    ctx: &Run,
     label: &str,
     data: &[T],
 ) -> Result<wgpu::Buffer> {
     let bytes: &[u8] = bytemuck::cast_slice(data);
     let size = padded_bytes(bytes);
     check_bindable(ctx, label, size)?;
-    let Some(arena) = &ctx.arena else {
+    let Some(arena) = ctx.arena() else {
         return upload(ctx, label, data);
     };
     let make = || new_storage(ctx, label, size);
@@ -150,7 +147,7 @@ fn fill(ctx: &GpuContext, buffer: &wgpu::Buffer, bytes: &[u8]) {
 /// A storage buffer holding a call's tensor `values` as `dtype`: f32 as they
 /// are, f16 rounded to nearest and packed two to a u32 word.
 pub(crate) fn upload_values(
-    ctx: &GpuContext,
+    ctx: &Run,
     label: &str,
     values: &[f32],
     dtype: crate::tensor::DType,
@@ -175,7 +172,7 @@ fn f16_bits(values: &[f32], pad: usize) -> Vec<u16> {
 /// of 4), queued before the next submission; an odd count of f16 values
 /// ends in a word whose second half is written as zero. Creates nothing.
 pub(crate) fn write_values_at(
-    ctx: &GpuContext,
+    ctx: &Run,
     buffer: &wgpu::Buffer,
     offset: u64,
     values: &[f32],
@@ -195,20 +192,12 @@ pub(crate) fn write_values_at(
 
 /// A zero-filled storage buffer of `len` f16 values (packed two to a word),
 /// for a call's tensor: it may exceed one binding.
-pub(crate) fn f16_tensor_storage(
-    ctx: &GpuContext,
-    label: &str,
-    len: usize,
-) -> Result<wgpu::Buffer> {
+pub(crate) fn f16_tensor_storage(ctx: &Run, label: &str, len: usize) -> Result<wgpu::Buffer> {
     tensor_storage(ctx, label, len.div_ceil(2))
 }
 
 /// Copies `len` f16 values (packed two to a word) back to the host, widened to f32.
-pub(crate) async fn read_f16(
-    ctx: &GpuContext,
-    buffer: &wgpu::Buffer,
-    len: usize,
-) -> Result<Vec<f32>> {
+pub(crate) async fn read_f16(ctx: &Run, buffer: &wgpu::Buffer, len: usize) -> Result<Vec<f32>> {
     let words = read_f32(ctx, buffer, 0, len.div_ceil(2)).await?;
     Ok(words
         .iter()
@@ -233,7 +222,7 @@ pub(crate) fn write<T: bytemuck::Pod>(ctx: &GpuContext, buffer: &wgpu::Buffer, d
 
 /// A `MAP_READ` buffer of exactly `len` f32 values that a prepared call
 /// copies its output into and reads back each time ([`map_and_read`]).
-pub(crate) fn staging(ctx: &GpuContext, label: &str, len: usize) -> Result<wgpu::Buffer> {
+pub(crate) fn staging(ctx: &Run, label: &str, len: usize) -> Result<wgpu::Buffer> {
     let size = (len.max(1) * 4) as u64;
     check_buffer(ctx, label, size)?;
     ctx.counters.buffer_created();
@@ -254,7 +243,7 @@ pub(crate) fn write_bytes(ctx: &GpuContext, buffer: &wgpu::Buffer, offset: u64, 
 
 /// A uniform buffer holding one parameter struct (rewritable in place by
 /// `queue.write_buffer`: prepared calls update positions per step).
-pub(crate) fn uniform<T: bytemuck::Pod>(ctx: &GpuContext, label: &str, value: &T) -> wgpu::Buffer {
+pub(crate) fn uniform<T: bytemuck::Pod>(ctx: &Run, label: &str, value: &T) -> wgpu::Buffer {
     let contents = bytemuck::bytes_of(value);
     let make = || {
         ctx.counters.buffer_created();
@@ -265,7 +254,7 @@ pub(crate) fn uniform<T: bytemuck::Pod>(ctx: &GpuContext, label: &str, value: &T
                 usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             })
     };
-    match &ctx.arena {
+    match ctx.arena() {
         Some(arena) => {
             let mut fresh = false;
             let make = || {
@@ -289,7 +278,7 @@ pub(crate) fn uniform<T: bytemuck::Pod>(ctx: &GpuContext, label: &str, value: &T
 /// oneshot channel fed by `map_async`, and the device is polled only natively
 /// (the browser drives it on the web).
 pub(crate) async fn read_f32(
-    ctx: &GpuContext,
+    ctx: &Run,
     buffer: &wgpu::Buffer,
     offset: usize,
     len: usize,
@@ -297,7 +286,7 @@ pub(crate) async fn read_f32(
     if len == 0 {
         return Ok(Vec::new());
     }
-    if ctx.capture.is_some() {
+    if ctx.captures() {
         return Err(Error::Conflict(
             "a call recorded into an encoder cannot read back before it is submitted",
         ));
@@ -305,7 +294,7 @@ pub(crate) async fn read_f32(
     let size = (len * 4) as u64;
     // Outside a prepared call's workspace, a kept buffer of the device's
     // pool where one is free (given back after the read).
-    let pooled = ctx.arena.is_none();
+    let pooled = ctx.arena().is_none();
     let staging = ctx.scoped("readback", || {
         let make = |size| {
             ctx.counters.buffer_created();
@@ -316,7 +305,7 @@ pub(crate) async fn read_f32(
                 mapped_at_creation: false,
             })
         };
-        let staging = match &ctx.arena {
+        let staging = match ctx.arena() {
             Some(arena) => arena.take(Kind::Staging, size, || make(size)),
             None => ctx
                 .staging

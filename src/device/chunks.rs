@@ -12,8 +12,8 @@
 //! gives a chunk that fits too.
 
 use crate::device::buffer;
-use crate::device::context::GpuContext;
 use crate::device::recorder::{box_runs, Recorder, Seg};
+use crate::device::scope::Run;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
 
@@ -126,7 +126,7 @@ fn lcm(a: usize, b: usize) -> Option<usize> {
 
 /// Uploads `values` as `dtype` in chunks of `chunk_len` values.
 pub(crate) fn upload(
-    ctx: &GpuContext,
+    ctx: &Run,
     label: &str,
     values: &[f32],
     dtype: DType,
@@ -146,7 +146,7 @@ pub(crate) fn upload(
 
 /// Zero-filled chunks for `len` values of `dtype`.
 pub(crate) fn storage(
-    ctx: &GpuContext,
+    ctx: &Run,
     label: &str,
     len: usize,
     dtype: DType,
@@ -186,7 +186,7 @@ pub(crate) fn with_buffers(chunked: &Chunked, buffers: Vec<wgpu::Buffer>, dtype:
 /// values (to widen them chunk by chunk where the f32 values would not fit
 /// one buffer).
 pub(crate) fn split_f16(
-    ctx: &GpuContext,
+    ctx: &Run,
     src: &wgpu::Buffer,
     len: usize,
     chunk_len: usize,
@@ -205,7 +205,7 @@ pub(crate) fn split_f16(
 }
 
 /// Reads every chunk back, in order, as f32 values (f16 widened).
-pub(crate) async fn read(ctx: &GpuContext, chunked: &Chunked, dtype: DType) -> Result<Vec<f32>> {
+pub(crate) async fn read(ctx: &Run, chunked: &Chunked, dtype: DType) -> Result<Vec<f32>> {
     let mut out = Vec::with_capacity(chunked.len);
     for (i, b) in chunked.buffers.iter().enumerate() {
         let n = chunked.values_in(i);
@@ -397,18 +397,13 @@ pub(crate) fn copy_runs(
 
 /// Zero-filled f32 storage for a call's output of `shape`: one buffer, or
 /// several where one cannot hold it.
-pub(crate) fn output(ctx: &GpuContext, label: &str, shape: [usize; 4]) -> Result<Held> {
+pub(crate) fn output(ctx: &Run, label: &str, shape: [usize; 4]) -> Result<Held> {
     allocate(ctx, label, shape, DType::F32)
 }
 
 /// Zero-filled storage for a tensor of `shape` and `dtype` (f16 packed two to
 /// a word): one buffer, or several where one cannot hold it.
-pub(crate) fn allocate(
-    ctx: &GpuContext,
-    label: &str,
-    shape: [usize; 4],
-    dtype: DType,
-) -> Result<Held> {
+pub(crate) fn allocate(ctx: &Run, label: &str, shape: [usize; 4], dtype: DType) -> Result<Held> {
     // chunk_len checks that the element count fits a usize.
     let chunks = chunk_len(&shape, dtype, ctx.caps.limits.max_buffer_size)?;
     let len = shape.iter().product();
@@ -425,7 +420,7 @@ pub(crate) fn allocate(
 /// byte `offset` (a multiple of 4): a tensor wrapped at an offset, which the
 /// kernels, binding whole buffers, cannot read in place.
 pub(crate) async fn contiguous(
-    ctx: &GpuContext,
+    ctx: &Run,
     src: &wgpu::Buffer,
     offset: u64,
     words: usize,

@@ -7,7 +7,6 @@ use crate::device::pipeline::PipelineCache;
 use crate::error::{Error, Result};
 use crate::limits::DeviceLimits;
 use crate::options::{MatrixUnits, RuntimeChecks};
-use crate::plan::overrides::{DecodeKernelChoice, FusedKernelChoice, GemmKernel};
 
 /// Features the kernels can use when the adapter has them; none is required.
 /// Natively that includes wgpu's experimental cooperative matrices (the
@@ -55,25 +54,16 @@ pub struct GpuContext {
     pub(crate) queue: wgpu::Queue,
     pub(crate) caps: Arc<Capabilities>,
     pub(crate) pipelines: Arc<PipelineCache>,
-    pub(crate) profiler: Arc<Mutex<Option<Arc<crate::device::profile::Profiler>>>>,
-    /// What this context is told to run in place of the planner's picks.
-    pub(crate) overrides: crate::plan::overrides::Overrides,
+    /// The timestamps of a measurement in progress on this device, shared
+    /// by clones: each run started meanwhile writes them ([`crate::measure`]).
+    pub(crate) measurement: Arc<Mutex<Option<Arc<crate::device::profile::Profiler>>>>,
     lost: Arc<Mutex<Option<String>>>,
-    /// Measured kernel and path choices (`webattn tune`), shared by the
-    /// contexts of one engine's devices.
-    pub(crate) tuning: Arc<Mutex<crate::tuning::TuningTable>>,
     /// The clock guard of measurements on this device, shared by clones.
     pub(crate) clock_guard: Arc<Mutex<crate::device::profile::ClockGuardState>>,
     /// Buffers, dispatches and submissions given to this device so far.
     pub(crate) counters: Arc<crate::device::counters::Counters>,
-    /// The workspace of the prepared call this clone runs (`device/arena.rs`):
-    /// buffers are taken from it instead of created.
-    pub(crate) arena: Option<Arc<crate::device::arena::Arena>>,
     /// Readback buffers kept for the next download of a similar size.
     pub(crate) staging: Arc<crate::device::staging::StagingPool>,
-    /// The caller's encoder a recorded call records into (taken by the
-    /// recorder at work, given back when it is done); `None`: calls submit.
-    pub(crate) capture: Option<Arc<Mutex<Option<wgpu::CommandEncoder>>>>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -342,15 +332,11 @@ impl GpuContext {
             )),
             device,
             queue,
-            overrides: Default::default(),
-            tuning: Default::default(),
             clock_guard: Default::default(),
             counters: Default::default(),
             staging: Default::default(),
-            arena: None,
-            capture: None,
             caps: Arc::new(caps),
-            profiler: Arc::new(Mutex::new(None)),
+            measurement: Arc::new(Mutex::new(None)),
             lost,
         }
     }
@@ -370,95 +356,10 @@ impl GpuContext {
         &self.caps
     }
 
-    /// This context with buffers taken from `arena` (a prepared call's runs).
-    pub(crate) fn with_arena(&self, arena: Arc<crate::device::arena::Arena>) -> GpuContext {
-        GpuContext {
-            arena: Some(arena),
-            ..self.clone()
-        }
-    }
-
-    /// This context recording into the encoder in `slot` instead of submitting.
-    pub(crate) fn with_capture(
-        &self,
-        slot: Arc<Mutex<Option<wgpu::CommandEncoder>>>,
-    ) -> GpuContext {
-        GpuContext {
-            capture: Some(slot),
-            ..self.clone()
-        }
-    }
-
-    /// The captured encoder, for the recorder that works next.
-    pub(crate) fn take_captured(&self) -> Option<wgpu::CommandEncoder> {
-        self.capture
-            .as_ref()
-            .and_then(|slot| slot.lock().unwrap_or_else(PoisonError::into_inner).take())
-    }
-
-    /// Returns the captured encoder to its slot.
-    pub(crate) fn give_back_captured(&self, encoder: wgpu::CommandEncoder) {
-        if let Some(slot) = &self.capture {
-            *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(encoder);
-        }
-    }
-
-    /// Runs `record` on the captured encoder, or on a new one submitted after.
-    pub(crate) fn encode(&self, label: &str, record: impl FnOnce(&mut wgpu::CommandEncoder)) {
-        match self.take_captured() {
-            Some(mut encoder) => {
-                self.clear_pending(&mut encoder);
-                record(&mut encoder);
-                self.give_back_captured(encoder);
-            }
-            None => {
-                let mut encoder = self
-                    .device
-                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
-                self.clear_pending(&mut encoder);
-                record(&mut encoder);
-                self.counters.submitted();
-                self.queue.submit([encoder.finish()]);
-            }
-        }
-    }
-
-    /// Records the clearing of the arena's reused zero-filled buffers (if
-    /// any) ahead of whatever `encoder` records next.
-    pub(crate) fn clear_pending(&self, encoder: &mut wgpu::CommandEncoder) {
-        if let Some(arena) = &self.arena {
-            arena.clear_pending(encoder);
-        }
-    }
-
-    /// Whether reused buffers wait to be cleared.
-    pub(crate) fn has_pending_clears(&self) -> bool {
-        self.arena.as_ref().is_some_and(|a| a.has_pending())
-    }
-
     /// Buffers created, dispatches recorded and submissions made on this
     /// device so far (read before and after a call: the difference is its cost).
     pub fn work_counts(&self) -> crate::device::counters::WorkCounts {
         self.counters.snapshot()
-    }
-
-    /// This context with the subgroup kernels compiled for subgroups of `width`
-    /// (4 or 8) instead of the adapter's own width: a workgroup of 4 on an
-    /// 8-wide adapter is a partly filled subgroup, which lets one machine test
-    /// the width browsers' CPU adapters (SwiftShader) use. Refused where the
-    /// adapter has no fixed CPU subgroups or `width` is not 4 or 8.
-    pub fn with_subgroup_width(mut self, width: u32) -> Result<GpuContext> {
-        let own = self.caps.fixed_cpu_subgroup();
-        if own.is_none() || !matches!(width, 4 | 8) || own.is_some_and(|w| width > w) {
-            return Err(Error::InvalidOption {
-                name: "subgroup width",
-                value: width.to_string(),
-                reason: "must be 4 or 8, at most the adapter's fixed CPU subgroup width",
-            });
-        }
-        self.overrides.gemm = Some(GemmKernel::Subgroup { width });
-        self.overrides.subgroup_width = Some(width);
-        Ok(self)
     }
 
     /// Whether the kernels keep naga's runtime checks.
@@ -475,141 +376,6 @@ impl GpuContext {
             self.pipelines = Arc::new(self.pipelines.with_runtime_checks(runtime_checks));
         }
         self
-    }
-
-    /// This context restricted to the kernels that need no subgroups (tiled
-    /// GEMM and, for products of up to 16 rows, the skinny one; portable fused
-    /// attention; staged decode), as an adapter without subgroups (GL, some
-    /// browsers) runs them. For testing and measuring those kernels anywhere.
-    pub fn with_portable_kernels(mut self) -> GpuContext {
-        self.overrides.gemm = Some(GemmKernel::Tiled);
-        self.overrides.fused = FusedKernelChoice::Portable;
-        self.overrides.decode = DecodeKernelChoice::Staged;
-        self
-    }
-
-    /// This context with its decode kernel forced to `choice`. The streaming
-    /// kernel is refused where the adapter has no subgroups of 4 lanes or
-    /// more; where it has, calls whose rows its registers cannot hold run the
-    /// staged kernel.
-    pub fn with_decode_kernel(mut self, choice: DecodeKernelChoice) -> Result<GpuContext> {
-        if choice == DecodeKernelChoice::Stream && !self.caps.stream_decode_subgroups() {
-            return Err(Error::InvalidOption {
-                name: "decode kernel",
-                value: choice.name().to_string(),
-                reason: "needs subgroups of 4 lanes or more (this adapter reports none, or                          narrower ones, or portable kernels were asked for): use                          attention_decode or auto",
-            });
-        }
-        if choice != DecodeKernelChoice::Auto {
-            self.overrides.decode = choice;
-        }
-        Ok(self)
-    }
-
-    /// The decode kernel this context is forced to, or `Auto`.
-    pub fn decode_kernel_choice(&self) -> DecodeKernelChoice {
-        self.overrides.decode
-    }
-
-    /// This context with its fused kernel forced to `choice` (the other kernels
-    /// as chosen). The subgroup kernel is refused where the adapter has no
-    /// fixed CPU subgroups to run it with, the shuffle form of the tiled
-    /// kernel where its subgroups are narrower than 8 lanes, the matrix-unit
-    /// kernel where it has no matrix units.
-    pub fn with_fused_kernel(mut self, choice: FusedKernelChoice) -> Result<GpuContext> {
-        if choice == FusedKernelChoice::Subgroup && self.caps.fixed_cpu_subgroup().is_none() {
-            return Err(Error::InvalidOption {
-                name: "kernel",
-                value: choice.name().to_string(),
-                reason: "needs an adapter with fixed subgroups of 4 or 8 (a CPU adapter such as \
-                         lavapipe or SwiftShader); this one has none: use attention_fused or auto",
-            });
-        }
-        if choice == FusedKernelChoice::TiledShuffle
-            && !(self.caps.subgroups
-                && self.caps.subgroup_min_size >= crate::kernels::attention::tiled::SHUFFLE_MIN_TK)
-        {
-            return Err(Error::InvalidOption {
-                name: "kernel",
-                value: choice.name().to_string(),
-                reason: "needs subgroups of at least 8 lanes, which hold a row of its invocations                          (`webattn info` lists this adapter's); use attention_tiled or auto",
-            });
-        }
-        if choice.is_coop() && self.caps.f16_matrix_units().is_none() {
-            return Err(Error::InvalidOption {
-                name: "kernel",
-                value: choice.name().to_string(),
-                reason: "needs matrix units: an adapter offering cooperative matrices of 8 or 16 \
-                         with f16 inputs and f32 accumulators, and subgroups of one width \
-                         (`webattn info` lists what this one has); use auto or attention_tiled",
-            });
-        }
-        if choice != FusedKernelChoice::Auto {
-            self.overrides.fused = choice;
-        }
-        Ok(self)
-    }
-
-    /// This context with `table` as its tuning table (shared, not copied: what
-    /// the tuner records there is seen by every context that holds it).
-    pub fn with_tuning(mut self, table: Arc<Mutex<crate::tuning::TuningTable>>) -> GpuContext {
-        self.tuning = table;
-        self
-    }
-
-    /// The tuning table this context follows.
-    pub fn tuning_table(&self) -> Arc<Mutex<crate::tuning::TuningTable>> {
-        self.tuning.clone()
-    }
-
-    /// The tuning table's key for head dims `dk`, `dv` on this adapter, with
-    /// this context's runtime-checks setting.
-    pub fn tuning_key(&self, dk: usize, dv: usize) -> crate::tuning::TuningKey {
-        crate::tuning::TuningKey::new(&self.caps, dk, dv).with_runtime_checks(self.runtime_checks())
-    }
-
-    /// Records a measurement in the tuning table, in place of the same
-    /// class's entries measured on other kernels (an older webattn's: the
-    /// table's next save removes them from the file).
-    pub fn record_tuning(&self, key: crate::tuning::TuningKey, entry: crate::tuning::TunedEntry) {
-        let mut table = self
-            .tuning
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let superseded: Vec<_> = table
-            .entries()
-            .map(|(k, _)| k)
-            .filter(|k| {
-                k.kernels != key.kernels && {
-                    let mut same = (*k).clone();
-                    same.kernels.clone_from(&key.kernels);
-                    same == key
-                }
-            })
-            .cloned()
-            .collect();
-        for old in superseded {
-            table.remove(&old);
-        }
-        table.insert(key, entry);
-    }
-
-    /// The measured entry for head dims `dk`, `dv` on this adapter, if any.
-    pub fn tuned(&self, dk: usize, dv: usize) -> Option<crate::tuning::TunedEntry> {
-        let table = self
-            .tuning
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Every call asks: an untuned engine builds no key.
-        if table.is_empty() {
-            return None;
-        }
-        table.get(&self.tuning_key(dk, dv)).copied()
-    }
-
-    /// The fused kernel this context is forced to, or `Auto`.
-    pub fn fused_kernel_choice(&self) -> FusedKernelChoice {
-        self.overrides.fused
     }
 
     /// Device buffer memory and buffers alive, from wgpu's own counters

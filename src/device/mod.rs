@@ -8,9 +8,11 @@ pub mod capabilities;
 pub(crate) mod chunks;
 pub mod context;
 pub mod counters;
+pub mod measurement;
 pub mod pipeline;
 pub mod profile;
 pub(crate) mod recorder;
+pub(crate) mod scope;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod spirv;
 pub(crate) mod staging;

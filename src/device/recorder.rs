@@ -5,8 +5,8 @@
 //! counts above the per-dimension limit are folded into a 2D grid, which every
 //! kernel numbers linearly as `x + y * num_workgroups.x`.
 
-use crate::device::context::GpuContext;
 use crate::device::pipeline::Pipeline;
+use crate::device::scope::Run;
 use crate::error::{Error, Result};
 
 /// Splits `total` workgroups into an `(x, y)` grid with both sides at most `max_per_dim`.
@@ -73,11 +73,11 @@ impl<'a> From<&'a wgpu::Buffer> for Seg<'a> {
 
 /// An open command encoder plus the compute pass in progress, if any.
 ///
-/// On a context that captures (`GpuContext::with_capture`: a call recorded
+/// On a run that captures (`Run::with_capture`: a call recorded
 /// into the caller's encoder) the recorder borrows the captured encoder and
 /// gives it back on submit or drop, submitting nothing.
 pub(crate) struct Recorder<'c> {
-    ctx: &'c GpuContext,
+    ctx: &'c Run,
     /// `None` only once submitted.
     encoder: Option<wgpu::CommandEncoder>,
     pass: Option<wgpu::ComputePass<'static>>,
@@ -86,7 +86,7 @@ pub(crate) struct Recorder<'c> {
 }
 
 impl<'c> Recorder<'c> {
-    pub(crate) fn new(ctx: &'c GpuContext, label: &str) -> Self {
+    pub(crate) fn new(ctx: &'c Run, label: &str) -> Self {
         match ctx.take_captured() {
             Some(encoder) => Self {
                 ctx,
@@ -102,7 +102,7 @@ impl<'c> Recorder<'c> {
                         &wgpu::CommandEncoderDescriptor { label: Some(label) },
                     )),
                     pass: None,
-                    profiler: ctx.profiler(),
+                    profiler: ctx.scope.profiler.clone(),
                     captured: false,
                 }
             }
@@ -118,8 +118,8 @@ impl<'c> Recorder<'c> {
             .expect("an open recorder has its encoder")
     }
 
-    /// The context this recorder belongs to.
-    pub(crate) fn ctx(&self) -> &'c GpuContext {
+    /// The run this recorder records for.
+    pub(crate) fn ctx(&self) -> &'c Run {
         self.ctx
     }
 
@@ -168,7 +168,7 @@ impl<'c> Recorder<'c> {
                 })
         };
         // A prepared call's runs bind the same buffers: its arena keeps the groups.
-        let bind_group = match &self.ctx.arena {
+        let bind_group = match self.ctx.arena() {
             Some(arena) => {
                 let key = segments
                     .iter()

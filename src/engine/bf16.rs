@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use super::{Backend, Engine};
+use crate::device::scope::Run;
 use crate::device::{buffer, chunks};
 use crate::device_tensor::{Storage, Tensor};
 use crate::error::{Error, Result};
@@ -37,7 +38,9 @@ impl Engine {
         let Backend::Gpu(gpu) = &self.backend else {
             return self.upload_async(&widened()?).await;
         };
-        let (ctx, generation) = gpu.latest();
+        let (device, generation) = gpu.latest();
+        let run = Run::new(device);
+        let ctx = &run;
         ctx.check_alive()?;
         if chunks::chunk_len(shape, DType::F32, ctx.caps.limits.max_buffer_size)?.is_some() {
             return self.upload_async(&widened()?).await;

@@ -19,29 +19,15 @@ use crate::limits::DeviceLimits;
 pub(crate) struct DeviceRecipe {
     pub power: PowerPreference,
     pub limits: DeviceLimits,
-    pub portable_kernels: bool,
     pub matrix_units: crate::options::MatrixUnits,
     pub runtime_checks: crate::options::RuntimeChecks,
-    pub fused_kernel: crate::plan::overrides::FusedKernelChoice,
-    pub decode_kernel: crate::plan::overrides::DecodeKernelChoice,
-    /// The engine's tuning table, shared by every device it makes.
-    pub tuning: std::sync::Arc<std::sync::Mutex<crate::tuning::TuningTable>>,
 }
 
 impl DeviceRecipe {
     /// A device as this recipe says.
     pub async fn request(&self) -> Result<GpuContext> {
         let ctx = GpuContext::request_with(self.power, &self.limits, self.matrix_units).await?;
-        let ctx = if self.portable_kernels {
-            ctx.with_portable_kernels()
-        } else {
-            ctx
-        };
-        Ok(ctx
-            .with_runtime_checks(self.runtime_checks)
-            .with_fused_kernel(self.fused_kernel)?
-            .with_decode_kernel(self.decode_kernel)?
-            .with_tuning(self.tuning.clone()))
+        Ok(ctx.with_runtime_checks(self.runtime_checks))
     }
 }
 

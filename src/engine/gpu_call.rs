@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::{CallStats, Engine};
 use crate::device::chunks;
 use crate::device::chunks::Held;
-use crate::device::context::GpuContext;
+use crate::device::scope::Run;
 use crate::device_tensor::{Storage, Tensor};
 use crate::error::{Error, Result};
 use crate::options::AttentionOptions;
@@ -23,18 +23,13 @@ impl Engine {
     /// `generation`).
     pub(super) async fn attention_on_gpu(
         &self,
-        ctx: &GpuContext,
+        ctx: &Run,
         generation: u64,
         inputs: &AttentionInputs<'_, Tensor>,
         options: &AttentionOptions,
         dims: &AttentionDims,
         plan: &CallPlan,
     ) -> Result<AttentionOutputs<Tensor>> {
-        let Some(route) = plan.gpu else {
-            return Err(Error::Conflict(
-                "a call planned for the host runs no GPU kernels",
-            ));
-        };
         // Tensors wrapped at an offset are copied into the workspace first.
         let unviewed = [
             Some(inputs.q),
@@ -74,21 +69,22 @@ impl Engine {
             })?),
             None => None,
         };
-        // f16 keys and values stay f16 where the decode kernel reads
-        // them; everything else reads f32 (see run/half.rs).
+        // f16 keys and values stay f16 where the plan reads them in place
+        // (the decode kernel; see run/half.rs), held as the plan expects.
         let chunk_len = |t: &Tensor| match &t.storage {
             Storage::GpuChunks(c) => Some(c.chunk_len()),
             _ => None,
         };
-        let kv_f16 = inputs.k.dtype == DType::F16
-            && inputs.v.dtype == DType::F16
-            && half::decode_reads_f16(
-                ctx,
-                dims,
-                options,
-                route,
-                [chunk_len(inputs.k), chunk_len(inputs.v)],
-            );
+        let kv_f16 = plan.kv_f16 == Some(crate::plan::KvRead::InPlace);
+        if kv_f16
+            && [chunk_len(inputs.k), chunk_len(inputs.v)]
+                != crate::plan::workspace::kv_chunks(&ctx.caps, dims)
+        {
+            return Err(Error::Conflict(
+                "f16 keys and values held in buffers other than an upload of their size makes \
+                 cannot be read in place: upload them with this engine",
+            ));
+        }
         let f32_held = |t: &Tensor, keep_f16: bool| {
             let (h, widen) = (held(t), t.dtype == DType::F16 && !keep_f16);
             let (len, shape) = (t.len(), t.shape.clone());
@@ -152,7 +148,7 @@ impl Engine {
             nonpad: inputs.nonpad_kv_seqlen,
             kv_f16,
         };
-        let out = split::run(ctx, dims, &gpu_inputs, options, route).await?;
+        let out = split::run(ctx, dims, &gpu_inputs, options, plan).await?;
         self.record_call(CallStats {
             plan: plan.clone(),
             allocated_bytes: out.allocated_bytes + widened_bytes,

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{Backend, Engine};
 use crate::device::arena::Arena;
+use crate::device::scope::Run;
 use crate::device_tensor::{Storage, Tensor};
 use crate::error::{Error, Result};
 use crate::options::AttentionOptions;
@@ -210,7 +211,7 @@ impl PreparedAttention {
             }
         }
         self.arena.begin_run();
-        let ctx = ctx.with_arena(self.arena.clone());
+        let ctx = Run::new(ctx).with_arena(self.arena.clone());
         // Recording: the caller's encoder goes into the context's slot for
         // the call's recorders, and comes back whatever happens.
         let slot = encoder.as_deref_mut().map(|encoder| {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::{Backend, Engine};
 use crate::device::buffer;
+use crate::device::scope::Run;
 use crate::device_tensor::{Storage, Tensor};
 use crate::error::{Error, Result};
 use crate::tensor::{DType, HostTensor};
@@ -63,7 +64,8 @@ impl Engine {
             }
             Storage::Host(_) => return Err(Error::ForeignTensor { tensor: "tensor" }),
         };
-        let ctx = gpu.current();
+        let run = Run::new(gpu.current());
+        let ctx = &run;
         ctx.check_alive()?;
         if !buffer.usage().contains(wgpu::BufferUsages::COPY_DST) {
             return Err(Error::Conflict(

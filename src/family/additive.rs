@@ -36,7 +36,7 @@ use crate::error::Result;
 use crate::kernels::additive;
 use crate::kernels::additive::AdditiveSpec;
 use crate::kernels::gemm;
-use crate::kernels::gemm::GemmSpec;
+use crate::kernels::gemm::{GemmChoice, GemmSpec};
 use crate::tensor::HostTensor;
 
 use super::scored::{self, par_rows, Sizes, Staged, Want};
@@ -167,14 +167,26 @@ impl AdditiveAttention {
             let scores = scores_fast(&sizes, s, h, ws, wh, &self.v, source_lengths, 1.0, threads);
             return scored::finish_on_cpu(&sizes, scores, h, want, threads);
         };
-        scored::run_on_gpu(ctx, &sizes, s, h, source_lengths, want, |rec, staged| {
-            let w1 = buffer::upload(ctx, "w1", self.w1.data())?;
-            let w2 = buffer::upload(ctx, "w2", self.w2.data())?;
-            let v = buffer::upload(ctx, "v", self.v.data())?;
-            let mut keep = record_scores(rec, &sizes, staged, (&w1, ws), (&w2, wh), &v, 1.0)?;
-            keep.extend([w1, w2, v]);
-            Ok(keep)
-        })
+        let gemm = engine.gemm_choice();
+        scored::run_on_gpu(
+            ctx,
+            gemm,
+            &sizes,
+            s,
+            h,
+            source_lengths,
+            want,
+            |rec, staged, gemm| {
+                let run = rec.ctx();
+                let w1 = buffer::upload(run, "w1", self.w1.data())?;
+                let w2 = buffer::upload(run, "w2", self.w2.data())?;
+                let v = buffer::upload(run, "v", self.v.data())?;
+                let mut keep =
+                    record_scores(rec, gemm, &sizes, staged, (&w1, ws), (&w2, wh), &v, 1.0)?;
+                keep.extend([w1, w2, v]);
+                Ok(keep)
+            },
+        )
         .await
     }
 
@@ -434,8 +446,10 @@ impl crate::cpu::fast::isa::Job for AdditiveRows<'_> {
 
 /// Records `A = S Wsᵀ`, `Bm = H Whᵀ` and the additive scores into
 /// `staged.scores`; returns the projections, to be kept until the submit.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn record_scores(
     rec: &mut Recorder<'_>,
+    gemm: GemmChoice,
     sizes: &Sizes,
     staged: &Staged,
     (ws_buf, ws): (&wgpu::Buffer, Projection<'_>),
@@ -460,16 +474,20 @@ pub(crate) fn record_scores(
         b_offset: p.offset,
         ..GemmSpec::contiguous(1, rows, d_a, width, false, true)
     };
+    let product = project(sizes.rows(), sizes.d_s, ws);
     gemm::record(
         rec,
-        &project(sizes.rows(), sizes.d_s, ws),
+        gemm.for_product(&ctx.caps, &product),
+        &product,
         &staged.s,
         ws_buf,
         &a_proj,
     )?;
+    let product = project(sizes.batch * sizes.k_len, sizes.d_h, wh);
     gemm::record(
         rec,
-        &project(sizes.batch * sizes.k_len, sizes.d_h, wh),
+        gemm.for_product(&ctx.caps, &product),
+        &product,
         &staged.h,
         wh_buf,
         &b_proj,

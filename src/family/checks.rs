@@ -99,18 +99,46 @@ fn step_rows<T: Copy>(data: &[T], start: usize, len: usize) -> Vec<T> {
         .collect()
 }
 
+/// The checks' results so far, each reported to `progress` as it is added.
+struct Results<F> {
+    list: Vec<FamilyCheck>,
+    progress: F,
+}
+
+impl<F: FnMut(&FamilyCheck)> Results<F> {
+    /// Reports the check to `progress`, then keeps it.
+    fn push(&mut self, c: FamilyCheck) {
+        (self.progress)(&c);
+        self.list.push(c);
+    }
+}
+
 /// Runs every check of [`FAMILY_CHECKS`] on `engine`, calling `progress` after each.
 pub async fn run_family_checks(
     engine: &Engine,
     seed: u64,
-    mut progress: impl FnMut(&FamilyCheck),
+    progress: impl FnMut(&FamilyCheck),
 ) -> Result<Vec<FamilyCheck>> {
-    let mut results = Vec::new();
-    let mut push = |c: FamilyCheck, results: &mut Vec<FamilyCheck>| {
-        progress(&c);
-        results.push(c);
+    let mut results = Results {
+        list: Vec::new(),
+        progress,
     };
+    position_checks(engine, seed, &mut results).await?;
+    mha_checks(engine, seed, &mut results).await?;
+    kv_cache_check(engine, seed, &mut results).await?;
+    additive_check(engine, seed, &mut results).await?;
+    luong_checks(engine, seed, &mut results).await?;
+    linear_checks(engine, seed, &mut results).await?;
+    engine_attention_check(engine, seed, &mut results).await?;
+    Ok(results.list)
+}
 
+/// The position encodings: `sinusoidal`, `rope-interleaved`, `rope-half-split`.
+async fn position_checks<F: FnMut(&FamilyCheck)>(
+    engine: &Engine,
+    seed: u64,
+    results: &mut Results<F>,
+) -> Result<()> {
     let x = tensor(&[2, 97, 33], seed, 1.0)?;
     let encoding = Sinusoidal {
         offset: 7,
@@ -123,10 +151,11 @@ pub async fn run_family_checks(
         &sinusoidal_oracle::<f32>(&x, encoding.base, 7)?,
         DEFAULT_FLOOR,
     );
-    push(
-        check("sinusoidal", "[2, 97, 33] from position 7".into(), report),
-        &mut results,
-    );
+    results.push(check(
+        "sinusoidal",
+        "[2, 97, 33] from position 7".into(),
+        report,
+    ));
 
     for (name, layout, shape, offset) in [
         (
@@ -150,12 +179,22 @@ pub async fn run_family_checks(
             &rope_oracle::<f32>(&x, &rope)?,
             DEFAULT_FLOOR,
         );
-        push(
-            check(name, format!("{shape:?} from position {offset}"), report),
-            &mut results,
-        );
+        results.push(check(
+            name,
+            format!("{shape:?} from position {offset}"),
+            report,
+        ));
     }
+    Ok(())
+}
 
+/// Multi-head attention: `mha-self-causal-gqa`, `mha-cross-mqa`,
+/// `mha-rope-alibi-temperature`.
+async fn mha_checks<F: FnMut(&FamilyCheck)>(
+    engine: &Engine,
+    seed: u64,
+    results: &mut Results<F>,
+) -> Result<()> {
     let causal = AttentionOptions {
         is_causal: true,
         ..Default::default()
@@ -163,14 +202,11 @@ pub async fn run_family_checks(
     let mha = MultiHeadAttention::new(MhaWeights::random(24, 24, 4, 2, 6, seed)?, 4, 2)?;
     let x = tensor(&[2, 33, 24], seed ^ 2, 1.0)?;
     let report = mha_check(engine, &mha, &x, None, &causal).await?;
-    push(
-        check(
-            "mha-self-causal-gqa",
-            "B2 N33 d_model 24, 4 heads / 2 KV heads of 6".into(),
-            report,
-        ),
-        &mut results,
-    );
+    results.push(check(
+        "mha-self-causal-gqa",
+        "B2 N33 d_model 24, 4 heads / 2 KV heads of 6".into(),
+        report,
+    ));
 
     let cross = MultiHeadAttention::new(MhaWeights::random(24, 20, 3, 1, 8, seed ^ 3)?, 3, 1)?;
     let (q, memory) = (
@@ -178,14 +214,11 @@ pub async fn run_family_checks(
         tensor(&[2, 97, 20], seed ^ 5, 1.0)?,
     );
     let report = mha_check(engine, &cross, &q, Some(&memory), &Default::default()).await?;
-    push(
-        check(
-            "mha-cross-mqa",
-            "B2 N7 onto M97 (20 features), 3 heads / 1 KV head".into(),
-            report,
-        ),
-        &mut results,
-    );
+    results.push(check(
+        "mha-cross-mqa",
+        "B2 N7 onto M97 (20 features), 3 heads / 1 KV head".into(),
+        report,
+    ));
 
     let rotary = MultiHeadAttention::new(MhaWeights::random(32, 32, 8, 2, 4, seed ^ 6)?, 8, 2)?
         .with_rope(Rope {
@@ -200,17 +233,25 @@ pub async fn run_family_checks(
     };
     let x = tensor(&[1, 40, 32], seed ^ 7, 1.0)?;
     let report = mha_check(engine, &rotary, &x, None, &options).await?;
-    push(
-        check(
-            "mha-rope-alibi-temperature",
-            "B1 N40 d_model 32, 8 heads / 2 KV heads".into(),
-            report,
-        ),
-        &mut results,
-    );
+    results.push(check(
+        "mha-rope-alibi-temperature",
+        "B1 N40 d_model 32, 8 heads / 2 KV heads".into(),
+        report,
+    ));
+    Ok(())
+}
 
-    // The KV-cache decoder: a prompt of 5, then 3 single steps, each step's
-    // rows against the oracle's full causal run.
+/// `mha-kv-cache`: the KV-cache decoder, a prompt of 5, then 3 single steps,
+/// each step's rows against the oracle's full causal run.
+async fn kv_cache_check<F: FnMut(&FamilyCheck)>(
+    engine: &Engine,
+    seed: u64,
+    results: &mut Results<F>,
+) -> Result<()> {
+    let causal = AttentionOptions {
+        is_causal: true,
+        ..Default::default()
+    };
     let decoder = MultiHeadAttention::new(MhaWeights::random(24, 24, 4, 2, 6, seed ^ 8)?, 4, 2)?
         .with_rope(Rope::default())?;
     let x = tensor(&[2, 8, 24], seed ^ 9, 1.0)?;
@@ -236,16 +277,21 @@ pub async fn run_family_checks(
         .into_iter()
         .reduce(worse)
         .ok_or(crate::Error::Conflict("the KV-cache check ran no step"))?;
-    push(
-        check(
-            "mha-kv-cache",
-            "prompt 5 then 3 steps, B2, RoPE".into(),
-            report,
-        ),
-        &mut results,
-    );
+    results.push(check(
+        "mha-kv-cache",
+        "prompt 5 then 3 steps, B2, RoPE".into(),
+        report,
+    ));
+    Ok(())
+}
 
-    // Additive scoring with source padding (one batch entry keeps 40 of 97).
+/// `bahdanau-padding`: additive scoring with source padding (one batch entry
+/// keeps 40 of 97).
+async fn additive_check<F: FnMut(&FamilyCheck)>(
+    engine: &Engine,
+    seed: u64,
+    results: &mut Results<F>,
+) -> Result<()> {
     let (d_s, d_h, d_a) = (12, 20, 9);
     let bahdanau = AdditiveAttention::new(
         tensor(&[d_a, d_s], seed ^ 16, 0.4)?,
@@ -267,15 +313,20 @@ pub async fn run_family_checks(
         compare(got.output.data(), &context, &plain_context, DEFAULT_FLOOR),
         compare(w, &weights, &plain_weights, DEFAULT_FLOOR),
     );
-    push(
-        check(
-            "bahdanau-padding",
-            "B2 Nq7 Nk97 (lengths 97, 40), d_s 12 d_h 20 d_a 9".into(),
-            report,
-        ),
-        &mut results,
-    );
+    results.push(check(
+        "bahdanau-padding",
+        "B2 Nq7 Nk97 (lengths 97, 40), d_s 12 d_h 20 d_a 9".into(),
+        report,
+    ));
+    Ok(())
+}
 
+/// Luong's scores: `luong-dot`, `luong-general`, `luong-concat`.
+async fn luong_checks<F: FnMut(&FamilyCheck)>(
+    engine: &Engine,
+    seed: u64,
+    results: &mut Results<F>,
+) -> Result<()> {
     let (s, h) = (
         tensor(&[2, 33, 12], seed ^ 21, 1.0)?,
         tensor(&[2, 7, 12], seed ^ 22, 1.0)?,
@@ -305,12 +356,21 @@ pub async fn run_family_checks(
             compare(got.output.data(), &context, &plain_context, DEFAULT_FLOOR),
             compare(w, &weights, &plain_weights, DEFAULT_FLOOR),
         );
-        push(
-            check(name, "B2 Nq33 Nk7 (lengths 7, 3), d 12".into(), report),
-            &mut results,
-        );
+        results.push(check(
+            name,
+            "B2 Nq33 Nk7 (lengths 7, 3), d 12".into(),
+            report,
+        ));
     }
+    Ok(())
+}
 
+/// Linear attention: `linear-causal`, `linear`.
+async fn linear_checks<F: FnMut(&FamilyCheck)>(
+    engine: &Engine,
+    seed: u64,
+    results: &mut Results<F>,
+) -> Result<()> {
     for (name, causal, (n, m, dk, dv)) in [
         ("linear-causal", true, (97, 97, 16, 8)),
         ("linear", false, (33, 97, 12, 20)),
@@ -334,14 +394,18 @@ pub async fn run_family_checks(
             output,
             compare(w, &exact.weights, &plain.weights, DEFAULT_FLOOR),
         );
-        push(
-            check(name, format!("H2 N{n} M{m} Dk{dk} Dv{dv}"), report),
-            &mut results,
-        );
+        results.push(check(name, format!("H2 N{n} M{m} Dk{dk} Dv{dv}"), report));
     }
+    Ok(())
+}
 
-    // Temperature and ALiBi on the engine's own attention (the sweep covers
-    // them on every path; this runs them on the default one).
+/// `temperature-alibi`: temperature and ALiBi on the engine's own attention
+/// (the sweep covers them on every path; this runs them on the default one).
+async fn engine_attention_check<F: FnMut(&FamilyCheck)>(
+    engine: &Engine,
+    seed: u64,
+    results: &mut Results<F>,
+) -> Result<()> {
     let (q, k, v) = (
         tensor(&[1, 6, 33, 16], seed ^ 13, 1.0)?,
         tensor(&[1, 3, 97, 16], seed ^ 14, 1.0)?,
@@ -360,15 +424,12 @@ pub async fn run_family_checks(
     let y = compare(got.y.data(), &exact.y, &plain.y, DEFAULT_FLOOR);
     let probs = got.qk_matmul_output.as_ref().map_or(&[][..], |t| t.data());
     let report = worse(y, compare(probs, &exact.qk, &plain.qk, DEFAULT_FLOOR));
-    push(
-        check(
-            "temperature-alibi",
-            "6/3 heads, N33 M97, temperature 0.5".into(),
-            report,
-        ),
-        &mut results,
-    );
-    Ok(results)
+    results.push(check(
+        "temperature-alibi",
+        "6/3 heads, N33 M97, temperature 0.5".into(),
+        report,
+    ));
+    Ok(())
 }
 
 /// The results as a table, ending with the `N passed, N failed` line.

@@ -21,8 +21,8 @@
 use super::{expect_dim, expect_rank, Attended};
 use crate::cpu::Real;
 use crate::device::buffer;
-use crate::device::context::GpuContext;
 use crate::device::recorder::Recorder;
+use crate::device::scope::Run;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::kernels::linear;
@@ -278,7 +278,11 @@ impl LinearAttention {
         // After a device loss, run on a fresh device.
         engine.recover().await?;
         match engine.gpu() {
-            Some(ctx) => forward_gpu(ctx, &dims, self.causal, q, k, v, want_weights).await,
+            Some(ctx) => {
+                let run = Run::new(ctx);
+                let gemm = engine.gemm_choice();
+                forward_gpu(&run, gemm, &dims, self.causal, q, k, v, want_weights).await
+            }
             None => forward_cpu(
                 &dims,
                 self.causal,
@@ -305,8 +309,10 @@ impl LinearAttention {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn forward_gpu(
-    ctx: &GpuContext,
+    ctx: &Run,
+    gemm: crate::kernels::gemm::GemmChoice,
     dims: &LinearDims,
     causal: bool,
     q: &HostTensor,
@@ -346,6 +352,7 @@ async fn forward_gpu(
                     y: &y,
                     weights: weights.as_ref(),
                 },
+                gemm,
             )?;
             rec.submit();
             Ok((y, weights))

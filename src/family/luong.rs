@@ -31,7 +31,7 @@ use crate::device::recorder::Recorder;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::kernels::gemm;
-use crate::kernels::gemm::GemmSpec;
+use crate::kernels::gemm::{GemmChoice, GemmSpec};
 use crate::kernels::mask;
 use crate::kernels::mask::MaskBuffers;
 use crate::options::AttentionOptions;
@@ -205,9 +205,19 @@ impl LuongAttention {
             let scores = self.scores_fast(&sizes, s, h, source_lengths, threads);
             return scored::finish_on_cpu(&sizes, scores, h, want, threads);
         };
-        scored::run_on_gpu(ctx, &sizes, s, h, source_lengths, want, |rec, staged| {
-            self.record_scores(rec, &sizes, staged, source_lengths.is_some())
-        })
+        let gemm = engine.gemm_choice();
+        scored::run_on_gpu(
+            ctx,
+            gemm,
+            &sizes,
+            s,
+            h,
+            source_lengths,
+            want,
+            |rec, staged, gemm| {
+                self.record_scores(rec, gemm, &sizes, staged, source_lengths.is_some())
+            },
+        )
         .await
     }
 
@@ -215,6 +225,7 @@ impl LuongAttention {
     fn record_scores(
         &self,
         rec: &mut Recorder<'_>,
+        gemm: GemmChoice,
         sizes: &Sizes,
         staged: &Staged,
         masked: bool,
@@ -228,15 +239,36 @@ impl LuongAttention {
         let mut keep = Vec::new();
         match &self.score {
             LuongScore::Dot => {
-                gemm::record(rec, &dot(sizes.d_h), &staged.s, &staged.h, &staged.scores)?;
+                gemm::record(
+                    rec,
+                    gemm.for_product(&ctx.caps, &dot(sizes.d_h)),
+                    &dot(sizes.d_h),
+                    &staged.s,
+                    &staged.h,
+                    &staged.scores,
+                )?;
             }
             LuongScore::General { w } => {
                 let w_buf = buffer::upload(ctx, "w", w.data())?;
                 let keys = sizes.batch * sizes.k_len;
                 let projected = buffer::storage(ctx, "W h", keys * sizes.d_s)?;
                 let spec = GemmSpec::contiguous(1, keys, sizes.d_s, sizes.d_h, false, true);
-                gemm::record(rec, &spec, &staged.h, &w_buf, &projected)?;
-                gemm::record(rec, &dot(sizes.d_s), &staged.s, &projected, &staged.scores)?;
+                gemm::record(
+                    rec,
+                    gemm.for_product(&ctx.caps, &spec),
+                    &spec,
+                    &staged.h,
+                    &w_buf,
+                    &projected,
+                )?;
+                gemm::record(
+                    rec,
+                    gemm.for_product(&ctx.caps, &dot(sizes.d_s)),
+                    &dot(sizes.d_s),
+                    &staged.s,
+                    &projected,
+                    &staged.scores,
+                )?;
                 keep.extend([w_buf, projected]);
             }
             LuongScore::Concat { w, v } => {
@@ -245,6 +277,7 @@ impl LuongAttention {
                 let (ws, wh) = concat_projections(w, sizes);
                 keep = additive::record_scores(
                     rec,
+                    gemm,
                     sizes,
                     staged,
                     (&w_buf, ws),
@@ -445,6 +478,7 @@ fn record_padding_mask(
         mask: None,
         has_past: false,
         has_nonpad: true,
+        f16: Default::default(),
         placement: Default::default(),
     };
     let no_mask = buffer::storage(ctx, "no mask", 1)?;

@@ -25,6 +25,8 @@
 //! values to the cache on the device, and gives the same result as running the
 //! whole sequence again.
 
+use crate::device::scope::Run;
+use crate::kernels::gemm::GemmChoice;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::position::{rope_fast, rope_in_place, Rope};
@@ -32,7 +34,6 @@ use super::{expect_dim, expect_rank, Attended};
 use crate::cpu::fast::gemm::{matmul_packed, Init, MatRef, PackedMatrix};
 use crate::cpu::Real;
 use crate::device::buffer;
-use crate::device::context::GpuContext;
 use crate::device::recorder::Recorder;
 use crate::device_tensor::Tensor;
 use crate::engine::{Engine, PreparedAttention};
@@ -446,7 +447,7 @@ impl MultiHeadAttention {
     /// (uploading them first if needed); `None` on a CPU engine.
     pub fn device_weight_bytes(&self, engine: &Engine) -> Result<Option<u64>> {
         match engine.gpu() {
-            Some(ctx) => Ok(Some(self.device_weights(engine, ctx)?.bytes())),
+            Some(ctx) => Ok(Some(self.device_weights(engine, &Run::new(ctx))?.bytes())),
             None => Ok(None),
         }
     }
@@ -608,7 +609,7 @@ impl MultiHeadAttention {
                 && cache.lengths().iter().all(|&l| l == cache.len())
                 && cache.tensors().is_none_or(|(k, _)| k.shape()[0] == batch)
         });
-        let Some((ctx, buffer)) = on_device else {
+        let Some((device, buffer)) = on_device else {
             if encoder.is_some() {
                 return Err(Error::Conflict(
                     "this step cannot be recorded: it needs a GPU engine, an f32 input, \
@@ -622,6 +623,8 @@ impl MultiHeadAttention {
                 .await?;
             return engine.upload(&out.output);
         };
+        let run = Run::new(device);
+        let ctx = &run;
         let weights = self.device_weights(engine, ctx)?;
         let key = WorkspaceKey {
             device: engine.device_key(),
@@ -648,7 +651,7 @@ impl MultiHeadAttention {
             Arc::new(Mutex::new(Some(std::mem::replace(encoder, stand_in))))
         });
         let step_ctx = match &slot {
-            Some(slot) => ctx.with_capture(slot.clone()),
+            Some(slot) => ctx.clone().with_capture(slot.clone()),
             None => ctx.clone(),
         };
         let step = self
@@ -777,7 +780,9 @@ impl MultiHeadAttention {
         // products; its workspace is taken for the step and put back after.
         let mut workspace = None;
         let (q, k, v) = match engine.gpu() {
-            Some(ctx) => {
+            Some(device) => {
+                let run = Run::new(device);
+                let ctx = &run;
                 let weights = self.device_weights(engine, ctx)?;
                 // (Inputs with no rows have nothing to project: the plain path.)
                 let rows = batch * n.min(m);
@@ -883,14 +888,19 @@ impl MultiHeadAttention {
     ) -> Result<Attended> {
         let d = self.dims;
         let output = match (engine.gpu(), out.y.gpu_buffer()) {
-            (Some(ctx), Some(y)) => {
+            (Some(device), Some(y)) => {
+                let run = Run::new(device);
+                let ctx = &run;
                 let weights = self.device_weights(engine, ctx)?;
                 match workspace {
                     Some(ws) => {
                         let rec = Recorder::new(ctx, "multi-head output projection");
                         self.output_prepared(rec, &weights, ws, y).await?
                     }
-                    None => self.output_gpu(ctx, &weights, y, batch, n).await?,
+                    None => {
+                        self.output_gpu(ctx, engine.gemm_choice(), &weights, y, batch, n)
+                            .await?
+                    }
                 }
             }
             _ => {
@@ -916,7 +926,7 @@ impl MultiHeadAttention {
         Ok(Attended { output, weights })
     }
 
-    fn device_weights(&self, engine: &Engine, ctx: &GpuContext) -> Result<Arc<DeviceWeights>> {
+    fn device_weights(&self, engine: &Engine, ctx: &Run) -> Result<Arc<DeviceWeights>> {
         let mut slot = self.device.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((id, weights)) = slot.as_ref() {
             if *id == engine.device_key() {
@@ -947,7 +957,7 @@ impl MultiHeadAttention {
     /// shape, or a new one.
     fn take_workspace(
         &self,
-        ctx: &GpuContext,
+        ctx: &Run,
         weights: &DeviceWeights,
         key: WorkspaceKey,
     ) -> Result<Workspace> {
@@ -972,7 +982,7 @@ impl MultiHeadAttention {
 
     fn prepare_workspace(
         &self,
-        ctx: &GpuContext,
+        ctx: &Run,
         weights: &DeviceWeights,
         key: WorkspaceKey,
     ) -> Result<Workspace> {
@@ -1087,7 +1097,7 @@ impl MultiHeadAttention {
     async fn step_in_one_submission(
         &self,
         engine: &Engine,
-        ctx: &GpuContext,
+        ctx: &Run,
         weights: &DeviceWeights,
         ws: &mut Workspace,
         x: StepInput<'_>,
@@ -1110,7 +1120,7 @@ impl MultiHeadAttention {
     async fn record_step(
         &self,
         engine: &Engine,
-        ctx: &GpuContext,
+        ctx: &Run,
         weights: &DeviceWeights,
         ws: &mut Workspace,
         x: StepInput<'_>,
@@ -1123,7 +1133,7 @@ impl MultiHeadAttention {
         let past_len = cache.len();
         let ws_ref = &*ws;
         ws.arena.begin_run();
-        let ctx = &ctx.with_arena(ws.arena.clone());
+        let ctx = &ctx.clone().with_arena(ws.arena.clone());
         let mut rec = ctx
             .scoped("decoder step", || {
                 let mut rec = Recorder::new(ctx, "decoder step");
@@ -1243,7 +1253,7 @@ impl MultiHeadAttention {
     async fn project_prepared(
         &self,
         engine: &Engine,
-        ctx: &GpuContext,
+        ctx: &Run,
         weights: &DeviceWeights,
         ws: &Workspace,
         query: &HostTensor,
@@ -1297,7 +1307,7 @@ impl MultiHeadAttention {
     async fn project_gpu(
         &self,
         engine: &Engine,
-        ctx: &GpuContext,
+        ctx: &Run,
         weights: &DeviceWeights,
         query: &HostTensor,
         key_value: Option<&HostTensor>,
@@ -1309,6 +1319,7 @@ impl MultiHeadAttention {
         let (q_w, q_first) = weights.q();
         let (kv_w, k_first) = weights.kv(d);
         let v_first = k_first + d.kv_heads * d.head_dim;
+        let gemm = engine.gemm_choice();
         let (q, k, v) = ctx
             .scoped("multi-head projections", || {
                 let x_q = buffer::upload(ctx, "query input", query.data())?;
@@ -1327,7 +1338,7 @@ impl MultiHeadAttention {
                     (kv_src, m, (kv_w, v_first), d.kv_heads, d.v_head_dim, &v),
                 ];
                 for (x, len, part, heads, hd, out) in projections {
-                    record_projection(&mut rec, x, &ones, batch, len, part, heads, hd, out)?;
+                    record_projection(&mut rec, gemm, x, &ones, batch, len, part, heads, hd, out)?;
                 }
                 if let Some(rope) = &self.rope {
                     // Queries and new keys sit after the cached tokens; a cross
@@ -1425,7 +1436,8 @@ impl MultiHeadAttention {
     /// The output projection on the device: `Σ_h Y_h W_Ohᵀ + b_O`, read back.
     async fn output_gpu(
         &self,
-        ctx: &GpuContext,
+        ctx: &Run,
+        gemm: GemmChoice,
         weights: &DeviceWeights,
         y: &wgpu::Buffer,
         batch: usize,
@@ -1458,12 +1470,14 @@ impl MultiHeadAttention {
                         alpha: 1.0,
                         beta: if h == 0 { 0.0 } else { 1.0 },
                     };
-                    gemm::record(&mut rec, &spec, y, &weights.out.words, &out)?;
+                    let kernel = gemm.for_product(&ctx.caps, &spec);
+                    gemm::record(&mut rec, kernel, &spec, y, &weights.out.words, &out)?;
                 }
                 if weights.out.has_bias {
                     let ones = buffer::upload(ctx, "ones", &vec![1.0f32; n])?;
                     record_bias(
                         &mut rec,
+                        gemm,
                         &ones,
                         &weights.out.bias,
                         0,
@@ -1532,6 +1546,7 @@ async fn attend(
 #[allow(clippy::too_many_arguments)]
 fn record_projection(
     rec: &mut Recorder<'_>,
+    gemm: GemmChoice,
     x: &wgpu::Buffer,
     ones: &wgpu::Buffer,
     batch: usize,
@@ -1565,10 +1580,12 @@ fn record_projection(
             alpha: 1.0,
             beta: 0.0,
         };
-        gemm::record(rec, &spec, x, &w.words, out)?;
+        let kernel = gemm.for_product(&rec.ctx().caps, &spec);
+        gemm::record(rec, kernel, &spec, x, &w.words, out)?;
         if w.has_bias {
             record_bias(
                 rec,
+                gemm,
                 ones,
                 &w.bias,
                 first + h * head_dim,
@@ -1589,6 +1606,7 @@ fn record_projection(
 #[allow(clippy::too_many_arguments)]
 fn record_bias(
     rec: &mut Recorder<'_>,
+    gemm: GemmChoice,
     ones: &wgpu::Buffer,
     bias: &wgpu::Buffer,
     bias_offset: usize,
@@ -1620,7 +1638,8 @@ fn record_bias(
         alpha: 1.0,
         beta: 1.0,
     };
-    gemm::record(rec, &spec, ones, bias, out)
+    let kernel = gemm.for_product(&rec.ctx().caps, &spec);
+    gemm::record(rec, kernel, &spec, ones, bias, out)
 }
 
 /// The `heads` heads of `head_dim` features that start at column `first` of

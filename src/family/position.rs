@@ -12,6 +12,7 @@
 use crate::cpu::Real;
 use crate::device::buffer;
 use crate::device::recorder::Recorder;
+use crate::device::scope::Run;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::kernels::position;
@@ -126,9 +127,11 @@ async fn run_gpu(
 ) -> Result<Option<HostTensor>> {
     // After a device loss, run on a fresh device.
     engine.recover().await?;
-    let Some(ctx) = engine.gpu() else {
+    let Some(device) = engine.gpu() else {
         return Ok(None);
     };
+    let run = Run::new(device);
+    let ctx = &run;
     let (rows, seq_len, dim) = row_shape("x", x)?;
     let pairs = match mode {
         PositionMode::Sinusoidal => dim.div_ceil(2),
@@ -231,7 +234,7 @@ impl Rope {
     /// prepared once for a decoder's steps.
     pub(crate) fn prepare(
         &self,
-        ctx: &crate::device::context::GpuContext,
+        ctx: &Run,
         rows: usize,
         seq_len: usize,
         dim: usize,
@@ -245,7 +248,7 @@ impl Rope {
     /// cache, prepared once: `rows` rows of `dim` values, `seq_len` a sequence.
     pub(crate) fn prepare_append(
         &self,
-        ctx: &crate::device::context::GpuContext,
+        ctx: &Run,
         rows: usize,
         seq_len: usize,
         dim: usize,

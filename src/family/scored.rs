@@ -8,10 +8,11 @@
 
 use crate::cpu::Real;
 use crate::device::buffer;
-use crate::device::context::GpuContext;
 use crate::device::recorder::Recorder;
+use crate::device::scope::Run;
 use crate::error::{Error, Result};
 use crate::kernels::gemm;
+use crate::kernels::gemm::GemmChoice;
 use crate::kernels::gemm::GemmSpec;
 use crate::kernels::softmax;
 use crate::kernels::softmax::MASKED;
@@ -191,15 +192,19 @@ pub(crate) enum Want {
 /// Uploads the states, lets `record_scores` record the scores (it returns the
 /// buffers it made, kept alive until the submit), then records the softmax
 /// and the context GEMM, submits once and reads back what `want` asks.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run_on_gpu(
-    ctx: &GpuContext,
+    device: &crate::device::context::GpuContext,
+    gemm: GemmChoice,
     sizes: &Sizes,
     s: &HostTensor,
     h: &HostTensor,
     source_lengths: Option<&[usize]>,
     want: Want,
-    record_scores: impl FnOnce(&mut Recorder<'_>, &Staged) -> Result<Vec<wgpu::Buffer>>,
+    record_scores: impl FnOnce(&mut Recorder<'_>, &Staged, GemmChoice) -> Result<Vec<wgpu::Buffer>>,
 ) -> Result<Attended> {
+    let run = Run::new(device);
+    let ctx = &run;
     // The softmax loops over a row in strides of its workgroup.
     if let Some(budget) = ctx.caps.loop_budget() {
         let needed = 3 * sizes.k_len.div_ceil(softmax::WORKGROUP as usize) as u64 + 64;
@@ -225,7 +230,7 @@ pub(crate) async fn run_on_gpu(
                 scores: buffer::storage(ctx, "scores", sizes.rows() * sizes.k_len)?,
             };
             let mut rec = Recorder::new(ctx, "additive/multiplicative attention");
-            let mut keep_alive = record_scores(&mut rec, &staged)?;
+            let mut keep_alive = record_scores(&mut rec, &staged, gemm)?;
             let context = match want {
                 Want::Scores => None,
                 Want::Attend { .. } => {
@@ -250,7 +255,8 @@ pub(crate) async fn run_on_gpu(
                         false,
                         false,
                     );
-                    gemm::record(&mut rec, &spec, &staged.scores, &staged.h, &context)?;
+                    let kernel = gemm.for_product(&ctx.caps, &spec);
+                    gemm::record(&mut rec, kernel, &spec, &staged.scores, &staged.h, &context)?;
                     Some(context)
                 }
             };

@@ -10,7 +10,8 @@ use crate::device::capabilities::Capabilities;
 use crate::device::pipeline::PipelineKey;
 use crate::device::recorder::Recorder;
 use crate::error::{Error, Result};
-use crate::kernels::registry::Kernel;
+use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
+use crate::shader::uniform::ParamsText;
 
 /// Scores per workgroup side: one workgroup computes `TILE × TILE` scores.
 pub const TILE: usize = 8;
@@ -21,7 +22,7 @@ pub const WORKGROUP: u32 = (TILE * TILE) as u32;
 /// Workgroup memory: `TILE` rows of A and of Bm, `CHUNK` values each.
 pub const WORKGROUP_BYTES: u32 = (2 * 4 * TILE * CHUNK) as u32;
 
-crate::kernels::uniform::uniform_block! {
+crate::shader::uniform::uniform_block! {
     pub(crate) struct Params {
         batch: u32,
         q_len: u32,
@@ -112,7 +113,7 @@ impl AdditiveSpec {
 
 /// The pipeline key.
 pub fn key() -> PipelineKey {
-    PipelineKey::new(Kernel::AdditiveScores)
+    PipelineKey::new(crate::kernels::additive::ADDITIVE_SCORES)
 }
 
 /// Writes the `[B, Nq, Nk]` scores for `a_proj` (`[B·Nq, d_a]`) and `b_proj`
@@ -148,6 +149,35 @@ pub(crate) fn record(
     )
 }
 
+/// Additive (Bahdanau) scores `vᵀ tanh(A_i + B_j)` from projected states, with source padding (`shaders/additive_scores.wgsl`).
+pub const ADDITIVE_SCORES: Kernel = Kernel::new(&KernelDef {
+    name: "additive_scores",
+    origin: Origin::File(
+        "additive_scores.wgsl",
+        include_str!("../../shaders/additive_scores.wgsl"),
+    ),
+    slots: &[],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<Params>(),
+    needs: Needs::CORE,
+    specialised_per_call: false,
+});
+
+/// The family's kernels, every form and size.
+pub const KERNELS: [Kernel; 1] = [ADDITIVE_SCORES];
+
+/// The family's pipelines (no override constants).
+pub fn variants() -> Vec<PipelineKey> {
+    [ADDITIVE_SCORES].map(PipelineKey::new).to_vec()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,7 +185,7 @@ mod tests {
     /// The host's geometry must be the shader's.
     #[test]
     fn geometry_matches_the_shader() {
-        let src = Kernel::AdditiveScores.source();
+        let src = crate::kernels::additive::ADDITIVE_SCORES.source();
         assert!(src.contains(&format!("const TILE: u32 = {TILE}u;")));
         assert!(src.contains(&format!("const CHUNK: u32 = {CHUNK}u;")));
         assert!(src.contains(&format!("const WG: u32 = {WORKGROUP}u;")));

@@ -4,27 +4,31 @@
 //! step rewrites the cache's length and the position in its uniform and
 //! records with no allocation.
 
+use crate::device::scope::Run;
+use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
+use crate::shader::uniform::ParamsText;
 use std::sync::Mutex;
 
 use crate::device::buffer;
-use crate::device::context::GpuContext;
 use crate::device::pipeline::{Pipeline, PipelineKey};
 use crate::device::recorder::Recorder;
 use crate::error::Result;
 use crate::kernels::position::PositionMode;
-use crate::kernels::registry::Kernel;
 
 /// Invocations per workgroup; matches the WGSL.
 const WORKGROUP: usize = 64;
 
-crate::kernels::uniform::uniform_block! {
+crate::shader::uniform::uniform_block! {
     /// The uniform block of `shaders/cache_append.wgsl`.
     pub(crate) struct Params {
         rows: u32,
         dim: u32,
+        /// Pairs per row: dim / 2 for RoPE, ceil(dim / 2) for copies.
         pairs: u32,
         seq_len: u32,
+        /// The position of each sequence's first new token.
         offset: u32,
+        /// 0: copy, 1: RoPE on interleaved pairs, 2: RoPE on half-split pairs.
         mode: u32,
         cache_len: u32,
         capacity: u32,
@@ -57,7 +61,7 @@ pub(crate) struct PreparedCacheAppend {
 impl PreparedCacheAppend {
     /// Prepares the pipeline, its uniform and the inverse frequencies.
     pub(crate) fn prepare(
-        ctx: &GpuContext,
+        ctx: &Run,
         rope: Option<(PositionMode, &[f32])>,
         rows: usize,
         dim: usize,
@@ -78,7 +82,9 @@ impl PreparedCacheAppend {
             capacity: 0,
         };
         Ok(PreparedCacheAppend {
-            pipeline: ctx.pipelines.get(&PipelineKey::new(Kernel::CacheAppend)),
+            pipeline: ctx.pipelines.get(&PipelineKey::new(
+                crate::kernels::cache_append::CACHE_APPEND,
+            )),
             uniform: buffer::uniform(ctx, "cache append params", &params),
             inv_freq: buffer::upload(ctx, "inverse frequencies", freqs)?,
             params: Mutex::new(params),
@@ -130,4 +136,33 @@ impl PreparedCacheAppend {
             self.workgroups,
         )
     }
+}
+
+/// A decoder step's keys (rotated by RoPE, or copied) and values into its preallocated KV cache (`shaders/cache_append.wgsl`).
+pub const CACHE_APPEND: Kernel = Kernel::new(&KernelDef {
+    name: "cache_append",
+    origin: Origin::File(
+        "cache_append.wgsl",
+        include_str!("../../shaders/cache_append.wgsl"),
+    ),
+    slots: &[],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<Params>(),
+    needs: Needs::CORE,
+    specialised_per_call: false,
+});
+
+/// The family's kernels, every form and size.
+pub const KERNELS: [Kernel; 1] = [CACHE_APPEND];
+
+/// The family's pipelines (no override constants).
+pub fn variants() -> Vec<PipelineKey> {
+    [CACHE_APPEND].map(PipelineKey::new).to_vec()
 }

@@ -4,12 +4,13 @@ use crate::device::buffer;
 use crate::device::pipeline::PipelineKey;
 use crate::device::recorder::Recorder;
 use crate::error::Result;
-use crate::kernels::registry::Kernel;
+use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
+use crate::shader::uniform::ParamsText;
 
 /// Invocations per workgroup (one output element each); matches the WGSL.
 pub const WORKGROUP: usize = 256;
 
-crate::kernels::uniform::uniform_block! {
+crate::shader::uniform::uniform_block! {
     pub(crate) struct Params {
         total: u32,
         past_len: u32,
@@ -20,7 +21,7 @@ crate::kernels::uniform::uniform_block! {
 
 /// The pipeline key.
 pub fn key() -> PipelineKey {
-    PipelineKey::new(Kernel::Concat)
+    PipelineKey::new(crate::kernels::concat::CONCAT)
 }
 
 /// Writes `present[h] = concat(past[h], new[h])` for `heads` heads of rows of `width`.
@@ -50,4 +51,28 @@ pub(crate) fn record(
         &[&uniform, past, new, present],
         total.div_ceil(WORKGROUP) as u64,
     )
+}
+
+/// Concatenation of a KV cache with new keys or values (`shaders/concat.wgsl`).
+pub const CONCAT: Kernel = Kernel::new(&KernelDef {
+    name: "concat",
+    origin: Origin::File("concat.wgsl", include_str!("../../shaders/concat.wgsl")),
+    slots: &[],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<Params>(),
+    needs: Needs::CORE,
+    specialised_per_call: false,
+});
+
+/// The family's kernels, every form and size.
+pub const KERNELS: [Kernel; 1] = [CONCAT];
+
+/// The family's pipelines (no override constants).
+pub fn variants() -> Vec<PipelineKey> {
+    [CONCAT].map(PipelineKey::new).to_vec()
 }

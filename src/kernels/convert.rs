@@ -7,13 +7,15 @@ use crate::device::buffer;
 use crate::device::pipeline::PipelineKey;
 use crate::device::recorder::Recorder;
 use crate::error::Result;
-use crate::kernels::registry::Kernel;
+use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
+use crate::shader::uniform::ParamsText;
 
 /// Invocations per workgroup (one u32 word, two elements, each); matches the WGSL.
 pub const WORKGROUP: usize = 256;
 
-crate::kernels::uniform::uniform_block! {
+crate::shader::uniform::uniform_block! {
     pub(crate) struct Params {
+        /// Elements (f16 and f32 alike).
         len: u32,
         _pad: [u32; 3],
     }
@@ -32,7 +34,7 @@ pub enum Direction {
 
 /// The pipeline key.
 pub fn key(direction: Direction) -> PipelineKey {
-    PipelineKey::new(Kernel::ConvertF16)
+    PipelineKey::new(crate::kernels::convert::CONVERT_F16)
         .with_flag("NARROW", direction == Direction::Narrow)
         .with_flag("BFLOAT16", direction == Direction::WidenBf16)
 }
@@ -95,4 +97,28 @@ fn dispatch(
         &[&uniform, src, dst],
         words.div_ceil(WORKGROUP) as u64,
     )
+}
+
+/// Widens f16 (or bfloat16) tensors to f32, or narrows f32 to f16 (`shaders/convert_f16.wgsl`).
+pub const CONVERT_F16: Kernel = Kernel::new(&KernelDef {
+    name: "convert_f16",
+    origin: Origin::File(
+        "convert_f16.wgsl",
+        include_str!("../../shaders/convert_f16.wgsl"),
+    ),
+    slots: &[],
+    bindings: &[Binding::Uniform, Binding::Read, Binding::ReadWrite],
+    params: ParamsText::of::<Params>(),
+    needs: Needs::CORE,
+    specialised_per_call: false,
+});
+
+/// The family's kernels, every form and size.
+pub const KERNELS: [Kernel; 1] = [CONVERT_F16];
+
+/// The family's pipelines: each direction.
+pub fn variants() -> Vec<PipelineKey> {
+    [Direction::Widen, Direction::Narrow, Direction::WidenBf16]
+        .map(key)
+        .to_vec()
 }

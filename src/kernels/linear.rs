@@ -10,7 +10,8 @@ use crate::device::recorder::Recorder;
 use crate::error::{Error, Result};
 use crate::kernels::gemm;
 use crate::kernels::gemm::GemmSpec;
-use crate::kernels::registry::Kernel;
+use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
+use crate::shader::uniform::ParamsText;
 
 /// Invocations per workgroup of the element-wise kernels (feature map, weights).
 pub const ELEMENT_WORKGROUP: usize = 256;
@@ -65,15 +66,16 @@ impl LinearSizes {
     }
 }
 
-crate::kernels::uniform::uniform_block! {
+crate::shader::uniform::uniform_block! {
     pub(crate) struct FeatureParams {
         len: u32,
         _pad: [u32; 3],
     }
 }
 
-crate::kernels::uniform::uniform_block! {
+crate::shader::uniform::uniform_block! {
     pub(crate) struct ScanParams {
+        /// B * H.
         heads: u32,
         q_len: u32,
         kv_len: u32,
@@ -85,8 +87,9 @@ crate::kernels::uniform::uniform_block! {
     }
 }
 
-crate::kernels::uniform::uniform_block! {
+crate::shader::uniform::uniform_block! {
     pub(crate) struct OutputParams {
+        /// B * H.
         heads: u32,
         q_len: u32,
         dk: u32,
@@ -94,8 +97,9 @@ crate::kernels::uniform::uniform_block! {
     }
 }
 
-crate::kernels::uniform::uniform_block! {
+crate::shader::uniform::uniform_block! {
     pub(crate) struct WeightParams {
+        /// B * H * N.
         rows: u32,
         q_len: u32,
         kv_len: u32,
@@ -133,6 +137,7 @@ pub(crate) fn record_forward(
     sizes: &LinearSizes,
     causal: bool,
     buffers: &LinearBuffers<'_>,
+    gemm: gemm::GemmChoice,
 ) -> Result<()> {
     let ctx = rec.ctx();
     let chunk = sizes.keys_per_chunk(ctx.caps.loop_budget())?;
@@ -141,7 +146,9 @@ pub(crate) fn record_forward(
     record_features(rec, buffers.q, buffers.phi_q, q_len)?;
     record_features(rec, buffers.k, buffers.phi_k, k_len)?;
 
-    let scan = ctx.pipelines.get(&PipelineKey::new(Kernel::LinearScan));
+    let scan = ctx
+        .pipelines
+        .get(&PipelineKey::new(crate::kernels::linear::LINEAR_SCAN));
     let columns = (sizes.heads * sizes.dv).div_ceil(COLUMN_WORKGROUP) as u64;
     let mut start = 0;
     while start < sizes.kv_len {
@@ -187,7 +194,9 @@ pub(crate) fn record_forward(
                 dv: sizes.dv as u32,
             },
         );
-        let pipeline = ctx.pipelines.get(&PipelineKey::new(Kernel::LinearOutput));
+        let pipeline = ctx
+            .pipelines
+            .get(&PipelineKey::new(crate::kernels::linear::LINEAR_OUTPUT));
         let elements = sizes.heads * sizes.q_len * sizes.dv;
         rec.dispatch(
             &pipeline,
@@ -212,7 +221,8 @@ pub(crate) fn record_forward(
             true,
         );
         spec.check()?;
-        gemm::record(rec, &spec, buffers.phi_q, buffers.phi_k, weights)?;
+        let kernel = gemm.for_product(&ctx.caps, &spec);
+        gemm::record(rec, kernel, &spec, buffers.phi_q, buffers.phi_k, weights)?;
         let uniform = buffer::uniform(
             ctx,
             "linear weights params",
@@ -223,7 +233,9 @@ pub(crate) fn record_forward(
                 causal: u32::from(causal),
             },
         );
-        let pipeline = ctx.pipelines.get(&PipelineKey::new(Kernel::LinearWeights));
+        let pipeline = ctx
+            .pipelines
+            .get(&PipelineKey::new(crate::kernels::linear::LINEAR_WEIGHTS));
         let elements = sizes.heads * sizes.q_len * sizes.kv_len;
         rec.dispatch(
             &pipeline,
@@ -250,12 +262,91 @@ pub(crate) fn record_features(
             _pad: [0; 3],
         },
     );
-    let pipeline = ctx.pipelines.get(&PipelineKey::new(Kernel::LinearFeatures));
+    let pipeline = ctx
+        .pipelines
+        .get(&PipelineKey::new(crate::kernels::linear::LINEAR_FEATURES));
     rec.dispatch(
         &pipeline,
         &[&uniform, x, phi],
         len.div_ceil(ELEMENT_WORKGROUP) as u64,
     )
+}
+
+/// The elu+1 feature map of linear attention (`shaders/linear_features.wgsl`).
+pub const LINEAR_FEATURES: Kernel = Kernel::new(&KernelDef {
+    name: "linear_features",
+    origin: Origin::File(
+        "linear_features.wgsl",
+        include_str!("../../shaders/linear_features.wgsl"),
+    ),
+    slots: &[],
+    bindings: &[Binding::Uniform, Binding::Read, Binding::ReadWrite],
+    params: ParamsText::of::<FeatureParams>(),
+    needs: Needs::CORE,
+    specialised_per_call: false,
+});
+/// Linear attention's running state over a key range; causal rows as it goes (`shaders/linear_scan.wgsl`).
+pub const LINEAR_SCAN: Kernel = Kernel::new(&KernelDef {
+    name: "linear_scan",
+    origin: Origin::File(
+        "linear_scan.wgsl",
+        include_str!("../../shaders/linear_scan.wgsl"),
+    ),
+    slots: &[],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<ScanParams>(),
+    needs: Needs::CORE,
+    specialised_per_call: false,
+});
+/// Non-causal linear attention rows from the final state (`shaders/linear_output.wgsl`).
+pub const LINEAR_OUTPUT: Kernel = Kernel::new(&KernelDef {
+    name: "linear_output",
+    origin: Origin::File(
+        "linear_output.wgsl",
+        include_str!("../../shaders/linear_output.wgsl"),
+    ),
+    slots: &[],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<OutputParams>(),
+    needs: Needs::CORE,
+    specialised_per_call: false,
+});
+/// Linear attention weights from scores and row normalisers (`shaders/linear_weights.wgsl`).
+pub const LINEAR_WEIGHTS: Kernel = Kernel::new(&KernelDef {
+    name: "linear_weights",
+    origin: Origin::File(
+        "linear_weights.wgsl",
+        include_str!("../../shaders/linear_weights.wgsl"),
+    ),
+    slots: &[],
+    bindings: &[Binding::Uniform, Binding::Read, Binding::ReadWrite],
+    params: ParamsText::of::<WeightParams>(),
+    needs: Needs::CORE,
+    specialised_per_call: false,
+});
+
+/// The family's kernels, every form and size.
+pub const KERNELS: [Kernel; 4] = [LINEAR_FEATURES, LINEAR_SCAN, LINEAR_OUTPUT, LINEAR_WEIGHTS];
+
+/// The family's pipelines (no override constants).
+pub fn variants() -> Vec<PipelineKey> {
+    [LINEAR_FEATURES, LINEAR_SCAN, LINEAR_OUTPUT, LINEAR_WEIGHTS]
+        .map(PipelineKey::new)
+        .to_vec()
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@ use crate::device::buffer;
 use crate::device::pipeline::PipelineKey;
 use crate::device::recorder::Recorder;
 use crate::error::Result;
-use crate::kernels::registry::Kernel;
+use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
+use crate::shader::uniform::ParamsText;
 
 use crate::kernels::attention::rules::Rules;
 use crate::options::{AttentionOptions, QkMatmulOutputMode};
@@ -13,7 +14,7 @@ use crate::problem::AttentionDims;
 /// Invocations per workgroup (one workgroup per score row); matches the WGSL.
 pub const WORKGROUP: u32 = 128;
 
-crate::kernels::uniform::uniform_block! {
+crate::shader::uniform::uniform_block! {
     pub(crate) struct Params {
         rows: u32,
         cols: u32,
@@ -32,6 +33,7 @@ crate::kernels::uniform::uniform_block! {
         softcap: f32,
         batch: u32,
         _reserved: u32,
+        /// Added to every query's position (a piece of a call split across bindings).
         position_shift: i32,
         _pad: u32,
     }
@@ -39,7 +41,7 @@ crate::kernels::uniform::uniform_block! {
 
 /// The pipeline key.
 pub fn key() -> PipelineKey {
-    PipelineKey::new(Kernel::Mask)
+    PipelineKey::new(crate::kernels::mask::MASK)
 }
 
 /// The buffers the mask kernel reads besides the scores.
@@ -107,4 +109,29 @@ pub(crate) fn record(
         ],
         rows as u64,
     )
+}
+
+/// Softcap, mask and bias of score rows (`shaders/mask.wgsl`).
+pub const MASK: Kernel = Kernel::new(&KernelDef {
+    name: "mask",
+    origin: Origin::File("mask.wgsl", include_str!("../../shaders/mask.wgsl")),
+    slots: &[],
+    bindings: &[
+        Binding::Uniform,
+        Binding::ReadWrite,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<Params>(),
+    needs: Needs::CORE,
+    specialised_per_call: false,
+});
+
+/// The family's kernels, every form and size.
+pub const KERNELS: [Kernel; 1] = [MASK];
+
+/// The family's pipelines (no override constants).
+pub fn variants() -> Vec<PipelineKey> {
+    [MASK].map(PipelineKey::new).to_vec()
 }

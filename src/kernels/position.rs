@@ -5,7 +5,8 @@ use crate::device::buffer;
 use crate::device::pipeline::PipelineKey;
 use crate::device::recorder::Recorder;
 use crate::error::Result;
-use crate::kernels::registry::Kernel;
+use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
+use crate::shader::uniform::ParamsText;
 
 /// Invocations per workgroup; matches the WGSL.
 pub const WORKGROUP: u32 = 64;
@@ -21,10 +22,11 @@ pub enum PositionMode {
     RopeHalfSplit = 2,
 }
 
-crate::kernels::uniform::uniform_block! {
+crate::shader::uniform::uniform_block! {
     pub(crate) struct Params {
         rows: u32,
         dim: u32,
+        /// Pairs per row: ceil(dim / 2) for mode 0, dim / 2 for RoPE.
         pairs: u32,
         seq_len: u32,
         offset: u32,
@@ -35,7 +37,7 @@ crate::kernels::uniform::uniform_block! {
 
 /// The pipeline key.
 pub fn key() -> PipelineKey {
-    PipelineKey::new(Kernel::Position)
+    PipelineKey::new(crate::kernels::position::POSITION)
 }
 
 /// The inverse frequencies `base^(-2f / dim)` for `pairs` frequency indices,
@@ -110,7 +112,7 @@ impl PreparedPosition {
     /// Prepares the encoding of `rows` rows of `dim` values (row `r` at
     /// position `offset + r % seq_len`, the offset set per step).
     pub(crate) fn prepare(
-        ctx: &crate::device::context::GpuContext,
+        ctx: &crate::device::scope::Run,
         mode: PositionMode,
         rows: usize,
         dim: usize,
@@ -155,4 +157,23 @@ impl PreparedPosition {
             self.workgroups,
         )
     }
+}
+
+/// Sinusoidal encoding and rotary embeddings, in place (`shaders/position.wgsl`).
+pub const POSITION: Kernel = Kernel::new(&KernelDef {
+    name: "position",
+    origin: Origin::File("position.wgsl", include_str!("../../shaders/position.wgsl")),
+    slots: &[],
+    bindings: &[Binding::Uniform, Binding::ReadWrite, Binding::Read],
+    params: ParamsText::of::<Params>(),
+    needs: Needs::CORE,
+    specialised_per_call: false,
+});
+
+/// The family's kernels, every form and size.
+pub const KERNELS: [Kernel; 1] = [POSITION];
+
+/// The family's pipelines (no override constants).
+pub fn variants() -> Vec<PipelineKey> {
+    [POSITION].map(PipelineKey::new).to_vec()
 }

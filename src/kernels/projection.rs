@@ -7,14 +7,15 @@
 //! step's Q, K and V come from one dispatch of a fused matrix, its output
 //! projection from another.
 
+use crate::device::scope::Run;
+use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
+use crate::shader::uniform::ParamsText;
 use std::sync::Arc;
 
 use crate::device::buffer;
-use crate::device::context::GpuContext;
 use crate::device::pipeline::{Pipeline, PipelineKey};
 use crate::device::recorder::Recorder;
 use crate::error::{Error, Result};
-use crate::kernels::registry::Kernel;
 use crate::tensor::HostTensor;
 
 /// Rows of `x` one dispatch takes; more rows take one dispatch per block.
@@ -53,7 +54,7 @@ impl WeightStorage {
     }
 }
 
-crate::kernels::uniform::uniform_block! {
+crate::shader::uniform::uniform_block! {
     /// The uniform block of `shaders/projection.wgsl`.
     pub(crate) struct Params {
         rows: u32,
@@ -66,6 +67,7 @@ crate::kernels::uniform::uniform_block! {
         x_row: u32,
         x_group: u32,
         x_group_stride: u32,
+        /// The first feature this dispatch computes (`features` is one past its last).
         feature_base: u32,
         _pad: u32,
         seg_end: [u32; 4],
@@ -79,7 +81,7 @@ crate::kernels::uniform::uniform_block! {
 
 /// The pipeline key: weights' storage, and rows of x (1..=[`MAX_ROWS`]).
 pub fn key(f16_weights: bool, rows: usize) -> PipelineKey {
-    PipelineKey::new(Kernel::Projection)
+    PipelineKey::new(crate::kernels::projection::PROJECTION)
         .with_flag("F16_WEIGHTS", f16_weights)
         .with("ROWS", rows.clamp(1, MAX_ROWS) as i64)
 }
@@ -104,7 +106,7 @@ impl PackedWeights {
     /// Packs `maps` (weights `[out, in_dim]` each, optional bias `[out]`) one
     /// after another and uploads them.
     pub(crate) fn upload(
-        ctx: &GpuContext,
+        ctx: &Run,
         label: &str,
         maps: &[(&HostTensor, Option<&HostTensor>)],
         storage: WeightStorage,
@@ -247,7 +249,7 @@ impl Projection {
     /// Prepares the product; `segments` (one to three) cover the features in
     /// order, `segments.last().end == first + count`.
     pub(crate) fn prepare(
-        ctx: &GpuContext,
+        ctx: &Run,
         weights: &PackedWeights,
         (first, count): (usize, usize),
         rows: usize,
@@ -382,7 +384,8 @@ mod tests {
     /// added on one side cannot shift the other silently.
     #[test]
     fn params_match_the_wgsl_struct() {
-        let module = naga::front::wgsl::parse_str(Kernel::Projection.source()).unwrap();
+        let module =
+            naga::front::wgsl::parse_str(crate::kernels::projection::PROJECTION.source()).unwrap();
         let params = module
             .types
             .iter()
@@ -419,4 +422,40 @@ mod tests {
         assert_eq!(wgsl, rust);
         assert_eq!(*span as usize, size_of::<Params>());
     }
+}
+
+/// Skinny products `x Wᵀ + b` for a few rows, f32 or f16 weights, up to three head-major outputs (`shaders/projection.wgsl`).
+pub const PROJECTION: Kernel = Kernel::new(&KernelDef {
+    name: "projection",
+    origin: Origin::File(
+        "projection.wgsl",
+        include_str!("../../shaders/projection.wgsl"),
+    ),
+    slots: &[],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<Params>(),
+    needs: Needs::CORE,
+    specialised_per_call: false,
+});
+
+/// The family's kernels, every form and size.
+pub const KERNELS: [Kernel; 1] = [PROJECTION];
+
+/// The family's pipelines: f32 and f16 weights at one row, a few and the most.
+pub fn variants() -> Vec<PipelineKey> {
+    let mut keys = Vec::new();
+    for f16 in [false, true] {
+        for rows in [1, 7, MAX_ROWS] {
+            keys.push(key(f16, rows));
+        }
+    }
+    keys
 }

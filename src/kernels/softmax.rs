@@ -4,7 +4,8 @@ use crate::device::buffer;
 use crate::device::pipeline::PipelineKey;
 use crate::device::recorder::Recorder;
 use crate::error::Result;
-use crate::kernels::registry::Kernel;
+use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
+use crate::shader::uniform::ParamsText;
 
 /// The value the mask kernel writes for a masked score (`-f32::MAX`); the
 /// softmax treats anything at or below it as masked.
@@ -15,12 +16,15 @@ pub const WORKGROUP: u32 = 128;
 /// Workgroup memory: a running max and sum per invocation.
 pub const WORKGROUP_BYTES: u32 = 2 * 4 * WORKGROUP;
 
-crate::kernels::uniform::uniform_block! {
+crate::shader::uniform::uniform_block! {
     pub(crate) struct Params {
         rows: u32,
         cols: u32,
+        /// Index in `lse` of this dispatch's first row.
         lse_offset: u32,
+        /// MODE_ZERO, MODE_MARKED or MODE_CLEAR.
         mode: u32,
+        /// 1 / temperature: the exponents' divisor (1 for a plain softmax).
         inv_temperature: f32,
         _pad: [u32; 3],
     }
@@ -44,7 +48,7 @@ const MODE_CLEAR: u32 = 2;
 
 /// The pipeline key.
 pub fn key() -> PipelineKey {
-    PipelineKey::new(Kernel::Softmax)
+    PipelineKey::new(crate::kernels::softmax::SOFTMAX)
 }
 
 /// Replaces each of `rows` rows of `cols` scores (from element 0 of `scores`)
@@ -114,4 +118,23 @@ fn dispatch(
     let pipeline = ctx.pipelines.get(&key());
     let uniform = buffer::uniform(ctx, "softmax params", &params);
     rec.dispatch(&pipeline, &[&uniform, scores, lse], rows as u64)
+}
+
+/// Row softmax with logsumexp (`shaders/softmax.wgsl`).
+pub const SOFTMAX: Kernel = Kernel::new(&KernelDef {
+    name: "softmax",
+    origin: Origin::File("softmax.wgsl", include_str!("../../shaders/softmax.wgsl")),
+    slots: &[],
+    bindings: &[Binding::Uniform, Binding::ReadWrite, Binding::ReadWrite],
+    params: ParamsText::of::<Params>(),
+    needs: Needs::CORE,
+    specialised_per_call: false,
+});
+
+/// The family's kernels, every form and size.
+pub const KERNELS: [Kernel; 1] = [SOFTMAX];
+
+/// The family's pipelines (no override constants).
+pub fn variants() -> Vec<PipelineKey> {
+    [SOFTMAX].map(PipelineKey::new).to_vec()
 }

@@ -9,11 +9,11 @@ use crate::device::buffer;
 use crate::device::context::GpuContext;
 use crate::device::pipeline::PipelineKey;
 use crate::device::recorder::Recorder;
+use crate::device::scope::Run;
 use crate::error::Result;
 use crate::kernels::ceilings::{CopyParams, FmaParams};
 use crate::kernels::gemm;
 use crate::kernels::gemm::GemmSpec;
-use crate::kernels::registry::Kernel;
 use crate::rng::SplitMix64;
 
 pub mod clock_guard;
@@ -266,11 +266,16 @@ impl FmaRun {
             add: 1e-3,
             _pad: 0,
         };
-        let key = PipelineKey::new(Kernel::FmaPeak).with("WORKGROUP", i64::from(invocations));
+        let key = PipelineKey::new(crate::kernels::ceilings::FMA_PEAK)
+            .with("WORKGROUP", i64::from(invocations));
         Ok(FmaRun {
             pipeline: ctx.pipelines.get(&key),
-            uniform: buffer::uniform(ctx, "fma params", &params),
-            sink: buffer::storage(ctx, "fma sink", (workgroups * invocations * 4) as usize)?,
+            uniform: buffer::uniform(&Run::new(ctx), "fma params", &params),
+            sink: buffer::storage(
+                &Run::new(ctx),
+                "fma sink",
+                (workgroups * invocations * 4) as usize,
+            )?,
             workgroups,
             flops: Self::flops_of(shape),
         })
@@ -278,7 +283,8 @@ impl FmaRun {
 
     /// Records and submits one run.
     fn submit(&self, ctx: &GpuContext, label: &str) -> Result<()> {
-        let mut rec = Recorder::new(ctx, label);
+        let run = Run::new(ctx);
+        let mut rec = Recorder::new(&run, label);
         rec.dispatch(
             &self.pipeline,
             &[&self.uniform, &self.sink],
@@ -346,13 +352,14 @@ impl BigCopy {
             stride: workgroups * WORKGROUP,
             _pad: [0; 2],
         };
-        let key = PipelineKey::new(Kernel::CopyPeak).with("WORKGROUP", i64::from(WORKGROUP));
+        let key = PipelineKey::new(crate::kernels::ceilings::COPY_PEAK)
+            .with("WORKGROUP", i64::from(WORKGROUP));
         let floats = (bytes / 4) as usize;
         Ok(BigCopy {
             pipeline: ctx.pipelines.get(&key),
-            uniform: buffer::uniform(ctx, "copy params", &params),
-            src: buffer::storage(ctx, "copy source", floats)?,
-            dst: buffer::storage(ctx, "copy destination", floats)?,
+            uniform: buffer::uniform(&Run::new(ctx), "copy params", &params),
+            src: buffer::storage(&Run::new(ctx), "copy source", floats)?,
+            dst: buffer::storage(&Run::new(ctx), "copy destination", floats)?,
             workgroups,
             bytes,
         })
@@ -361,7 +368,8 @@ impl BigCopy {
     /// Records and submits one copy (its pass timed where the context
     /// profiles: the bandwidth ceiling's measurement).
     fn submit(&self, ctx: &GpuContext) -> Result<()> {
-        let mut rec = Recorder::new(ctx, "big copy");
+        let run = Run::new(ctx);
+        let mut rec = Recorder::new(&run, "big copy");
         rec.dispatch(
             &self.pipeline,
             &[&self.uniform, &self.src, &self.dst],
@@ -469,7 +477,8 @@ pub async fn gemm(
     k: usize,
     repeats: Repeats,
 ) -> Result<(f64, Measurement)> {
-    gemm_with(ctx, ctx.gemm_kernel(), m, n, k, repeats).await
+    let kernel = gemm::gemm_kernel_for(ctx.capabilities());
+    gemm_with(ctx, kernel, m, n, k, repeats).await
 }
 
 /// [`gemm()`] with a given kernel, to compare kernels in one run.
@@ -484,12 +493,13 @@ pub async fn gemm_with(
     let spec = GemmSpec::contiguous(1, m, n, k, false, false);
     spec.check()?;
     let mut rng = SplitMix64::new(7);
-    let a = buffer::upload(ctx, "A", &rng.normal_vec(m * k, 1.0))?;
-    let b = buffer::upload(ctx, "B", &rng.normal_vec(k * n, 1.0))?;
-    let c = buffer::storage(ctx, "C", m * n)?;
+    let a = buffer::upload(&Run::new(ctx), "A", &rng.normal_vec(m * k, 1.0))?;
+    let b = buffer::upload(&Run::new(ctx), "B", &rng.normal_vec(k * n, 1.0))?;
+    let c = buffer::storage(&Run::new(ctx), "C", m * n)?;
     let meas = measure_gpu(ctx, repeats, async || {
-        let mut rec = Recorder::new(ctx, "gemm bench");
-        gemm::record_with(&mut rec, kernel, &spec, &a, &b, &c)?;
+        let run = Run::new(ctx);
+        let mut rec = Recorder::new(&run, "gemm bench");
+        gemm::record(&mut rec, kernel, &spec, &a, &b, &c)?;
         rec.submit();
         Ok(())
     })
@@ -763,8 +773,9 @@ pub async fn attention_runs(
             // One context's clones share its device and its profiler, which
             // times every engine's runs.
             if engines.iter().any(|e| {
-                e.gpu()
-                    .is_some_and(|other| !std::sync::Arc::ptr_eq(&other.profiler, &ctx.profiler))
+                e.gpu().is_some_and(|other| {
+                    !std::sync::Arc::ptr_eq(&other.measurement, &ctx.measurement)
+                })
             }) {
                 return Err(crate::Error::Conflict(
                     "engines measured side by side must come from one GPU context (its clones)",

@@ -1,22 +1,30 @@
-//! One call's plan, as a value: the path, its kernels with their tiles and
-//! precision, the pieces and the score blocks, and why. [`plan_call`] makes it
-//! from the adapter's capabilities, a snapshot of the tuning table, the
-//! overrides and the call's sizes and options, touching no device; every
-//! attention call runs the plan it made once ([`crate::Engine::plan`]), and
-//! `Engine::last_call`, `webattn info`, `webattn phases` and the JavaScript
-//! `lastCall` print that same value.
+//! One call's plan, as a value, and the only decision the call's run
+//! follows: the path; on a GPU the route with its kernels and tiles (for a
+//! decode, the split-K layout; on the unfused route, the GEMM of each
+//! product); whole or the pieces the call is cut into, each piece shape's
+//! decode layout and the kernel that runs key ranges; whether f16 keys and
+//! values are read in place or widened; the phases a measurement removes; the
+//! device memory the call takes; and why. [`plan_call`] makes it from the
+//! adapter's capabilities, the engine's overrides and a snapshot of its
+//! tuning table ([`planner::Planner`]) and the call's sizes and options,
+//! touching no device. `Engine::last_call`, `webattn info`, `webattn phases`
+//! and the JavaScript `lastCall` print that same value.
 
-pub mod ablation;
-pub mod kernel_plan;
 pub mod overrides;
+pub mod pieces;
 pub mod planner;
+pub mod workspace;
 
-use crate::error::Result;
+use crate::device::capabilities::Capabilities;
+use crate::error::{Error, Result};
+use crate::kernels::ablation::Phases;
 use crate::kernels::attention::{FusedKernel, FusedTiles};
 use crate::kernels::decode::DecodePlan;
+use crate::kernels::gemm::GemmKernel;
 use crate::kernels::matrix_units::coop_shape;
 use crate::options::{AttentionOptions, KernelPath, Precision};
-use crate::plan::overrides::{FusedKernelChoice, GemmKernel};
+use crate::plan::overrides::FusedKernelChoice;
+use crate::plan::pieces::Cut;
 use crate::plan::planner::Planner;
 use crate::problem::AttentionDims;
 
@@ -24,18 +32,24 @@ use crate::problem::AttentionDims;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GpuRoute {
     /// The fused kernel, or (for a few query rows over many keys) the
-    /// split-K decode kernel and its merge; `kernel` also runs key ranges
-    /// of pieces and the scores' recompute.
+    /// split-K decode kernel and its merge; `kernel` also runs the scores'
+    /// recompute.
     Fused {
-        /// The fused kernel with its tiles.
+        /// The fused kernel with its tiles, in the form the call's sizes take
+        /// (the matrix-unit kernel staged where its packed K and V would not
+        /// fit a binding).
         kernel: FusedKernel,
-        /// The decode kernel's plan where the whole call decodes.
+        /// The decode kernel's layout where the whole call decodes.
         decode: Option<DecodePlan>,
     },
     /// Scores in memory: GEMM, mask, softmax, GEMM, in blocks of rows.
     Unfused {
-        /// The GEMM kernel of both products.
+        /// The GEMM kernel the call asks for (forced, tuned or the adapter's).
         gemm: GemmKernel,
+        /// The kernel each product runs: `S = Q Kᵀ`, then `Y = P V` (the
+        /// packed matrix-unit GEMM hands products it cannot hold, and `P V`,
+        /// whose probabilities carry marks to skip, to the staged one).
+        products: [GemmKernel; 2],
         /// The products' precision (`Fast` may stay f32 where measured slower).
         precision: Precision,
         /// Bytes of scores one block holds at most.
@@ -50,7 +64,7 @@ impl GpuRoute {
     }
 }
 
-/// How a call is cut so that each binding fits (`run/split.rs`).
+/// How a call is cut so that each binding fits (`plan/pieces.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pieces {
     /// Every binding fits: one run.
@@ -69,28 +83,103 @@ pub enum Pieces {
     },
 }
 
+/// The decode layout of the pieces of one shape (the last piece along an
+/// axis may be shorter than the others, and decodes by its own sizes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PieceDecode {
+    /// Batches, KV heads and query rows of the piece.
+    pub extent: [usize; 3],
+    /// Its decode layout (`None`: the fused kernel runs it).
+    pub decode: Option<DecodePlan>,
+}
+
+/// How a call's f16 keys and values reach the kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvRead {
+    /// Read as f16 in place by the decode kernel.
+    InPlace,
+    /// Widened to f32 scratch first (every kernel but the decode kernel, a
+    /// past, presents or scores, or slices that are not aligned views).
+    Widened,
+}
+
 /// One call's plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallPlan {
     /// The concrete path (never `Auto`).
     pub path: KernelPath,
-    /// Why `Auto` did not take the fused path, if it did not.
+    /// Why the path was taken where it was not the one asked for or the
+    /// default (auto's fused-against-unfused choice, an explicit request
+    /// over a software adapter).
     pub reason: Option<String>,
     /// The kernels, on a GPU path (`None` on the CPU backend and the oracle).
     pub gpu: Option<GpuRoute>,
     /// Whole, or the pieces the call is cut into (GPU paths).
     pub pieces: Pieces,
+    /// The decode layout of each shape of piece, where the call runs in
+    /// pieces on the fused route with every key in each piece (empty otherwise).
+    pub piece_decodes: Vec<PieceDecode>,
+    /// The fused kernel that runs each piece's key ranges, resuming its rows
+    /// from one range to the next, where the pieces cut the keys (on the
+    /// unfused route too: only the fused kernel resumes a row).
+    pub key_ranges: Option<FusedKernel>,
+    /// How f16 keys and values are read, where K and V are f16 on a GPU path.
+    pub kv_f16: Option<KvRead>,
+    /// Phases the fused and decode kernels run without (`webattn phases`:
+    /// results wrong by design; none for every other engine).
+    pub removed_phases: Phases,
+    /// Device memory the call allocates, in bytes: outputs, scratch and f16
+    /// inputs widened to f32 (inputs not counted). For a call in pieces, at
+    /// most this (a piece's slices that are aligned views take none).
+    pub workspace_bytes: u64,
 }
 
 impl CallPlan {
     /// A plan for the host: the fast CPU backend or the oracle.
-    fn host(path: KernelPath) -> CallPlan {
+    fn host(path: KernelPath, reason: Option<String>) -> CallPlan {
         CallPlan {
             path,
-            reason: None,
+            reason,
             gpu: None,
             pieces: Pieces::Whole,
+            piece_decodes: Vec::new(),
+            key_ranges: None,
+            kv_f16: None,
+            removed_phases: Phases::NONE,
+            workspace_bytes: 0,
         }
+    }
+
+    /// The cut, where the call runs in pieces.
+    pub(crate) fn cut(&self) -> Option<Cut> {
+        match self.pieces {
+            Pieces::Whole => None,
+            Pieces::Cut {
+                batches,
+                kv_heads,
+                queries,
+                keys,
+            } => Some(Cut {
+                batches,
+                kv_heads,
+                queries,
+                keys,
+            }),
+        }
+    }
+
+    /// The decode layout of a piece of `extent` (batches, KV heads, query
+    /// rows), as planned; a typed error where the plan has none for it (a
+    /// bug: the plan lists every shape its pieces take).
+    pub(crate) fn piece_decode(&self, extent: [usize; 3]) -> Result<Option<DecodePlan>> {
+        self.piece_decodes
+            .iter()
+            .find(|p| p.extent == extent)
+            .map(|p| p.decode)
+            .ok_or_else(|| Error::Gpu {
+                kernel: "the call's plan".to_string(),
+                message: format!("no decode layout planned for a piece of {extent:?}"),
+            })
     }
 }
 
@@ -112,14 +201,21 @@ impl std::fmt::Display for CallPlan {
             Some(GpuRoute::Fused { kernel, .. }) => write!(f, "fused: {}", kernel.label())?,
             Some(GpuRoute::Unfused {
                 gemm,
+                products,
                 precision,
                 score_budget,
-            }) => write!(
-                f,
-                "unfused: {} at {precision}, scores in blocks of {} MiB",
-                gemm.label(),
-                score_budget >> 20
-            )?,
+            }) => {
+                write!(f, "unfused: {} at {precision}", gemm.label())?;
+                if products.iter().any(|p| p != gemm) {
+                    write!(
+                        f,
+                        " (S by {}, P V by {})",
+                        products[0].label(),
+                        products[1].label()
+                    )?;
+                }
+                write!(f, ", scores in blocks of {} MiB", score_budget >> 20)?;
+            }
         }
         if let Pieces::Cut {
             batches,
@@ -132,6 +228,17 @@ impl std::fmt::Display for CallPlan {
                 f,
                 "; in pieces of {batches} batches x {kv_heads} KV heads x {queries} rows x {keys} keys"
             )?;
+            if let Some(kernel) = &self.key_ranges {
+                write!(f, ", key ranges by {}", kernel.label())?;
+            }
+        }
+        match self.kv_f16 {
+            Some(KvRead::InPlace) => write!(f, "; f16 K and V read in place")?,
+            Some(KvRead::Widened) => write!(f, "; f16 K and V widened")?,
+            None => {}
+        }
+        if !self.removed_phases.is_empty() {
+            write!(f, "; without phases {}", self.removed_phases.name())?;
         }
         if let Some(reason) = &self.reason {
             write!(f, " ({reason})")?;
@@ -148,7 +255,7 @@ impl std::fmt::Display for CallPlan {
 /// main job: 338 ms on lavapipe against 50.5 ms; a B1 H4 N128 d64 call in
 /// Chromium: 52 ms on SwiftShader against 1.6-2.4 ms in wasm); they are for
 /// testing the kernels (`--backend gpu`), not for users' work.
-pub fn cpu_backend_over(caps: &crate::Capabilities) -> Option<String> {
+pub fn cpu_backend_over(caps: &Capabilities) -> Option<String> {
     let a = &caps.adapter;
     (a.device_type == "Cpu").then(|| {
         format!(
@@ -171,14 +278,16 @@ pub fn plan_call(
     options: &AttentionOptions,
 ) -> Result<CallPlan> {
     let planner = match (gpu, options.path) {
-        (_, KernelPath::Oracle) => return Ok(CallPlan::host(KernelPath::Oracle)),
-        (None, _) | (_, KernelPath::Cpu) => return Ok(CallPlan::host(KernelPath::Cpu)),
+        (_, KernelPath::Oracle) => return Ok(CallPlan::host(KernelPath::Oracle, None)),
+        (None, _) | (_, KernelPath::Cpu) => return Ok(CallPlan::host(KernelPath::Cpu, None)),
         (Some(planner), _) => planner,
     };
+    let caps = planner.caps;
     let (path, reason) = match options.path {
         KernelPath::Auto => auto_path(planner, dims, options),
         forced => (forced, None),
     };
+    let score_budget = score_budget.min(caps.limits.max_bindable_bytes());
     let route = match path {
         KernelPath::Fused => GpuRoute::Fused {
             kernel: planner.fused_kernel_at(options.precision)?,
@@ -186,21 +295,123 @@ pub fn plan_call(
         },
         _ => {
             let precision = planner.unfused_precision(options.precision);
+            // Each product has a block's rows of one head: a call's query rows at most.
+            let gemm = planner.gemm_kernel_for_rows(precision, dims.q_len);
             GpuRoute::Unfused {
-                // Each product has a block's rows of one head: a call's query rows at most.
-                gemm: planner.gemm_kernel_for_rows(precision, dims.q_len),
+                gemm,
+                products: [gemm; 2],
                 precision,
-                // A block of scores is bound whole.
-                score_budget: score_budget.min(planner.caps.limits.max_bindable_bytes()),
+                score_budget,
             }
         }
     };
-    let pieces = crate::run::split::pieces(planner.caps, dims, options, &route)?;
-    Ok(CallPlan {
+    let cut = pieces::cut_for(caps, dims, options, route)?;
+    // The kernels are chosen for the largest piece (the call, whole): what
+    // fits it fits every smaller piece.
+    let run_dims = cut.map_or(*dims, |cut| cut.piece_dims(dims));
+    let route = match route {
+        GpuRoute::Fused { kernel, decode } => GpuRoute::Fused {
+            kernel: planner.fused_kernel_for(kernel, &run_dims)?,
+            decode,
+        },
+        GpuRoute::Unfused {
+            gemm,
+            precision,
+            score_budget,
+            ..
+        } => GpuRoute::Unfused {
+            gemm,
+            products: planner.unfused_products(gemm, &run_dims, options, score_budget)?,
+            precision,
+            score_budget,
+        },
+    };
+    let piece_decodes = match (&cut, route) {
+        (Some(cut), GpuRoute::Fused { .. }) if cut.keys == dims.total_len() => cut
+            .extents(dims)
+            .into_iter()
+            .map(|extent| PieceDecode {
+                extent,
+                decode: planner.decode_plan(&cut.with_extent(extent).piece_dims(dims)),
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let key_ranges = match cut {
+        Some(cut) if cut.keys < dims.total_len() => Some(key_range_kernel(
+            planner,
+            route,
+            &cut.piece_dims(dims),
+            options,
+        )?),
+        _ => None,
+    };
+    let kv_f16 = dims.f16.kv().then(|| {
+        if workspace::reads_f16_in_place(caps, dims, options, route, cut.as_ref()) {
+            KvRead::InPlace
+        } else {
+            KvRead::Widened
+        }
+    });
+    let mut plan = CallPlan {
         path,
         reason,
         gpu: Some(route),
-        pieces,
+        pieces: match cut {
+            None => Pieces::Whole,
+            Some(cut) => Pieces::Cut {
+                batches: cut.batches,
+                kv_heads: cut.kv_heads,
+                queries: cut.queries,
+                keys: cut.keys,
+            },
+        },
+        piece_decodes,
+        key_ranges,
+        kv_f16,
+        removed_phases: planner.overrides.removed_phases,
+        workspace_bytes: 0,
+    };
+    plan.workspace_bytes = workspace::planned_bytes(caps, dims, options, &plan);
+    Ok(plan)
+}
+
+/// The fused kernel that runs the key ranges of pieces of `piece` sizes:
+/// the route's, or on the unfused route the fused kernel at the call's
+/// precision (the unfused path cannot resume a row over key ranges, so a
+/// call whose keys exceed a binding needs the fused kernel at its head dims).
+fn key_range_kernel(
+    planner: &Planner<'_>,
+    route: GpuRoute,
+    piece: &AttentionDims,
+    options: &AttentionOptions,
+) -> Result<FusedKernel> {
+    let planned = match route {
+        GpuRoute::Fused { kernel, .. } => Ok(kernel),
+        GpuRoute::Unfused { .. } => planner
+            .fused_kernel_at(options.precision)
+            .and_then(|kernel| planner.fused_kernel_for(kernel, piece)),
+    };
+    let t = piece.total_len();
+    planned.map_err(|e| match e {
+        Error::Limit {
+            what,
+            needed,
+            limit,
+            limit_name,
+            ..
+        } => Error::Limit {
+            what: format!(
+                "{what}, for this call's keys in ranges (K, V or the mask exceed one binding \
+                 even one head at a time; ranges of {t} keys)"
+            ),
+            needed,
+            limit,
+            limit_name,
+            hint: "only the fused kernel runs keys in ranges: use fewer keys per call, \
+                   an adapter with larger binding limits, or head dims the fused kernel takes",
+        },
+        other => other,
     })
 }
 

@@ -3,8 +3,10 @@
 //! (`plan/planner.rs`) turns them, with the capabilities and the tuning table,
 //! into kernels and tiles; the context only holds them.
 
+use crate::device::capabilities::Capabilities;
 use crate::error::{Error, Result};
-pub use crate::kernels::gemm::{FastGemm, GemmKernel};
+use crate::kernels::decode;
+use crate::kernels::gemm::{FastGemm, GemmKernel};
 
 /// Which fused kernel an engine uses: chosen from the adapter's capabilities,
 /// or forced by name (`webattn check --kernel attention_fused`), so that every
@@ -155,14 +157,14 @@ pub enum DecodeKernelChoice {
 
 impl DecodeKernelChoice {
     /// The names `--decode-kernel` takes.
-    pub const NAMES: [&'static str; 3] = ["auto", "attention_decode", "attention_decode_stream"];
+    pub const NAMES: [&'static str; 3] = ["auto", decode::names::STAGED, decode::names::STREAM];
 
     /// The kernel's name.
     pub fn name(self) -> &'static str {
         match self {
             DecodeKernelChoice::Auto => "auto",
-            DecodeKernelChoice::Staged => "attention_decode",
-            DecodeKernelChoice::Stream => "attention_decode_stream",
+            DecodeKernelChoice::Staged => decode::names::STAGED,
+            DecodeKernelChoice::Stream => decode::names::STREAM,
         }
     }
 }
@@ -173,8 +175,8 @@ impl std::str::FromStr for DecodeKernelChoice {
     fn from_str(text: &str) -> Result<DecodeKernelChoice> {
         match text {
             "auto" => Ok(DecodeKernelChoice::Auto),
-            "attention_decode" => Ok(DecodeKernelChoice::Staged),
-            "attention_decode_stream" => Ok(DecodeKernelChoice::Stream),
+            n if n == decode::names::STAGED => Ok(DecodeKernelChoice::Staged),
+            n if n == decode::names::STREAM => Ok(DecodeKernelChoice::Stream),
             _ => Err(Error::InvalidOption {
                 name: "decode kernel",
                 value: text.to_string(),
@@ -199,6 +201,9 @@ impl std::fmt::Display for DecodeKernelChoice {
 pub struct Overrides {
     /// The GEMM kernel every product records (portable kernels, a subgroup width).
     pub gemm: Option<GemmKernel>,
+    /// Whether only the kernels that need no subgroups run
+    /// ([`Overrides::use_portable_kernels`]).
+    pub portable: bool,
     /// The fused kernel forced by name, or `Auto`.
     pub fused: FusedKernelChoice,
     /// The decode kernel forced by name, or `Auto`.
@@ -218,5 +223,100 @@ pub struct Overrides {
     pub coop_lanes_per_row: Option<u32>,
     /// Phases of the key loop the fused and decode kernels run without
     /// (`webattn phases`; none otherwise).
-    pub removed_phases: crate::plan::ablation::Phases,
+    pub removed_phases: crate::kernels::ablation::Phases,
+}
+
+impl Overrides {
+    /// Forces the fused kernel `choice` (`Auto` forces nothing). Refused
+    /// where `caps`'s adapter cannot run it: the subgroup kernel without
+    /// fixed CPU subgroups, the tiled kernel's shuffle form where subgroups
+    /// are narrower than a row of its invocations, the matrix-unit kernel
+    /// without matrix units.
+    pub fn force_fused(&mut self, choice: FusedKernelChoice, caps: &Capabilities) -> Result<()> {
+        let refuse = |reason| {
+            Err(Error::InvalidOption {
+                name: "kernel",
+                value: choice.name().to_string(),
+                reason,
+            })
+        };
+        if choice == FusedKernelChoice::Subgroup && caps.fixed_cpu_subgroup().is_none() {
+            return refuse(
+                "needs an adapter with fixed subgroups of 4 or 8 (a CPU adapter such as \
+                 lavapipe or SwiftShader); this one has none: use attention_fused or auto",
+            );
+        }
+        if choice == FusedKernelChoice::TiledShuffle
+            && !(caps.subgroups
+                && caps.subgroup_min_size >= crate::kernels::attention::tiled::SHUFFLE_MIN_TK)
+        {
+            return refuse(
+                "needs subgroups of at least 8 lanes, which hold a row of its invocations \
+                 (`webattn info` lists this adapter's); use attention_tiled or auto",
+            );
+        }
+        if choice.is_coop() && caps.f16_matrix_units().is_none() {
+            return refuse(
+                "needs matrix units: an adapter offering cooperative matrices of 8 or 16 \
+                 with f16 inputs and f32 accumulators, and subgroups of one width \
+                 (`webattn info` lists what this one has); use auto or attention_tiled",
+            );
+        }
+        if choice != FusedKernelChoice::Auto {
+            self.fused = choice;
+        }
+        Ok(())
+    }
+
+    /// Forces the decode kernel `choice` (`Auto` forces nothing). The
+    /// streaming kernel is refused where the adapter has no subgroups of 4
+    /// lanes or more, or the portable kernels were asked for; where it runs,
+    /// calls whose rows its registers cannot hold run the staged kernel.
+    pub fn force_decode(&mut self, choice: DecodeKernelChoice, caps: &Capabilities) -> Result<()> {
+        if choice == DecodeKernelChoice::Stream
+            && (!caps.stream_decode_subgroups() || self.portable)
+        {
+            return Err(Error::InvalidOption {
+                name: "decode kernel",
+                value: choice.name().to_string(),
+                reason: "needs subgroups of 4 lanes or more (this adapter reports none, or \
+                         narrower ones, or portable kernels were asked for): use \
+                         attention_decode or auto",
+            });
+        }
+        if choice != DecodeKernelChoice::Auto {
+            self.decode = choice;
+        }
+        Ok(())
+    }
+
+    /// The kernels that need no subgroups (tiled GEMM and, for products of
+    /// up to 16 rows, the skinny one; portable fused attention; staged
+    /// decode), as an adapter without subgroups (GL, some browsers) runs
+    /// them: for testing and measuring those kernels anywhere.
+    pub fn use_portable_kernels(&mut self) {
+        self.portable = true;
+        self.gemm = Some(GemmKernel::Tiled);
+        self.fused = FusedKernelChoice::Portable;
+        self.decode = DecodeKernelChoice::Staged;
+    }
+
+    /// The subgroup kernels compiled for subgroups of `width` (4 or 8)
+    /// instead of the adapter's own width: a workgroup of 4 on an 8-wide
+    /// adapter is a partly filled subgroup, which lets one machine test the
+    /// width browsers' CPU adapters (SwiftShader) use. Refused where the
+    /// adapter has no fixed CPU subgroups or `width` is not 4 or 8.
+    pub fn force_subgroup_width(&mut self, width: u32, caps: &Capabilities) -> Result<()> {
+        let own = caps.fixed_cpu_subgroup();
+        if own.is_none() || !matches!(width, 4 | 8) || own.is_some_and(|w| width > w) {
+            return Err(Error::InvalidOption {
+                name: "subgroup width",
+                value: width.to_string(),
+                reason: "must be 4 or 8, at most the adapter's fixed CPU subgroup width",
+            });
+        }
+        self.gemm = Some(GemmKernel::Subgroup { width });
+        self.subgroup_width = Some(width);
+        Ok(())
+    }
 }

@@ -8,71 +8,14 @@ use crate::device::capabilities::{Capabilities, KernelLimits};
 use crate::device::context::GpuContext;
 use crate::error::Result;
 use crate::kernels::attention::{CoopForm, CoopTiles, FusedKernel, FusedTiles, TiledTiles};
-use crate::kernels::decode::{DecodeKernel, DecodePlan, StreamShape, GROUPED_ROWS, TUNED_ROWS};
-use crate::kernels::gemm::SKINNY_MAX_ROWS;
-use crate::kernels::gemm::{gemm_kernel_for, FastGemm, GemmKernel};
+use crate::kernels::decode::{DecodeKernel, DecodePlan, GROUPED_ROWS, TUNED_ROWS};
+use crate::kernels::gemm::{gemm_kernel_for, GemmChoice, GemmKernel};
 use crate::kernels::matrix_units::{coop_shape, CoopShape};
-use crate::options::Precision;
+use crate::options::{AttentionOptions, Precision};
 use crate::plan::overrides::{DecodeKernelChoice, FusedKernelChoice, Overrides};
 use crate::problem::AttentionDims;
-use crate::tuning::{TunedCoop, TunedEntry, TunedKernel};
-
-/// The GEMM kernel for `precision`: under [`Precision::Fast`] the
-/// matrix-unit kernel where [`coop_shape`] finds a configuration and the
-/// staged kernel's tile fits the limits (the packed kernel, at its default
-/// tile, where that fits too: it hands the staged one what it cannot hold),
-/// else (and always under `Highest`) `f32_kernel`.
-pub fn gemm_kernel_at(
-    caps: &Capabilities,
-    precision: Precision,
-    f32_kernel: GemmKernel,
-) -> GemmKernel {
-    match (precision, coop_shape(caps)) {
-        (Precision::Fast, Some(shape)) if crate::kernels::gemm::coop_fits(shape, &caps.limits) => {
-            let tile = crate::kernels::gemm::PackedTile::DEFAULT;
-            if crate::kernels::gemm::packed::fits(shape, tile, &caps.limits) {
-                GemmKernel::CoopPacked { shape, tile }
-            } else {
-                GemmKernel::Coop(shape)
-            }
-        }
-        _ => f32_kernel,
-    }
-}
-
-/// The fused kernel an adapter runs at head dims `dk`, `dv` from its limits
-/// alone (no tuning): on a GPU the register-tiled kernel's largest tile that
-/// fits (else the portable kernel); on a CPU adapter `attention_sg` where it
-/// has fixed subgroups (head dims multiples of 4), else the portable kernel,
-/// which a CPU runs faster (SwiftShader in Chromium: 52 ms against 310 ms for
-/// the tiled kernel on the library's repeated call; BENCHMARKS.md). Head dims
-/// beyond the fused kernels, or a workgroup memory too small for one key, are
-/// a typed error.
-pub fn fused_kernel_for(caps: &Capabilities, dk: usize, dv: usize) -> Result<FusedKernel> {
-    let tiles = FusedTiles::for_dims(dk, dv, &caps.limits)?;
-    Ok(match caps.fixed_cpu_subgroup() {
-        Some(width) if dk.is_multiple_of(4) && dv.is_multiple_of(4) => {
-            FusedKernel::Subgroup { width }
-        }
-        Some(_) => FusedKernel::Portable(tiles),
-        None if caps.adapter.device_type == "Cpu" => FusedKernel::Portable(tiles),
-        None => tiled_or_portable(tiles, dk, dv, &caps.limits),
-    })
-}
-
-/// The register-tiled kernel where one of its tiles fits, else the portable
-/// kernel with `portable` tiles.
-pub fn tiled_or_portable(
-    portable: FusedTiles,
-    dk: usize,
-    dv: usize,
-    limits: &KernelLimits,
-) -> FusedKernel {
-    match TiledTiles::for_dims(dk, dv, limits) {
-        Some(tiles) => FusedKernel::Tiled(tiles),
-        None => FusedKernel::Portable(portable),
-    }
-}
+use crate::tuning::{TunedCoop, TunedEntry, TunedKernel, TuningKey, TuningTable};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// The form of `kernel` the tuning table keeps (`None` for the matrix-unit
 /// kernel: the tuner measures f32 products, and the table holds f32 kernels).
@@ -163,11 +106,11 @@ impl Planner<'_> {
 
     /// The GEMM kernel for products of `precision`: [`Planner::gemm_kernel`],
     /// or the matrix-unit kernel under [`Precision::Fast`] where the adapter
-    /// has one ([`gemm_kernel_at`]). A forced kernel stays, whatever the precision.
+    /// has one ([`crate::kernels::gemm::tiles_for`]). A forced kernel stays, whatever the precision.
     pub fn gemm_kernel_at(&self, precision: Precision) -> GemmKernel {
         match self.overrides.gemm {
             Some(forced) => forced,
-            None => gemm_kernel_at(self.caps, precision, gemm_kernel_for(self.caps)),
+            None => crate::kernels::gemm::tiles_for(self.caps, precision),
         }
     }
 
@@ -209,14 +152,20 @@ impl Planner<'_> {
     /// for the tiled one (the portable kernels), which hands such products to
     /// the skinny kernel as an adapter without subgroups does.
     pub fn gemm_kernel_for_rows(&self, precision: Precision, rows: usize) -> GemmKernel {
-        let skinny = match self.overrides.gemm {
-            None => self.caps.fixed_cpu_subgroup().is_none(),
-            Some(forced) => matches!(forced, GemmKernel::Tiled | GemmKernel::Skinny),
-        };
-        if skinny && rows <= SKINNY_MAX_ROWS {
+        let choice = self.gemm_choice();
+        if choice.takes_skinny(self.caps, rows) {
             return GemmKernel::Skinny;
         }
         self.gemm_kernel_for_call(precision)
+    }
+
+    /// How products outside an attention call (the attention family's
+    /// layers: projections, scores, contexts) choose their f32 kernel: the
+    /// forced GEMM, else the adapter's for each product's rows.
+    pub fn gemm_choice(&self) -> GemmChoice {
+        GemmChoice {
+            forced: self.overrides.gemm,
+        }
     }
 
     /// The precision the unfused path's GEMMs take in a call at `precision`:
@@ -254,7 +203,7 @@ impl Planner<'_> {
 
     /// The f32 fused kernel: a pinned kernel (tuner); a forced one wherever
     /// it can run; else the tuning table's winner for this adapter and
-    /// head-dim class; else [`fused_kernel_for`] the adapter's limits.
+    /// head-dim class; else [`crate::kernels::attention::tiles_for`] the adapter.
     pub fn fused_kernel(&self) -> Result<FusedKernel> {
         let (dk, dv, caps) = (self.dk, self.dv, self.caps);
         if let Some(pinned) = self.overrides.pinned_fused {
@@ -297,7 +246,12 @@ impl Planner<'_> {
                         return Ok(tuned);
                     }
                 }
-                Ok(tiled_or_portable(tiles, dk, dv, &caps.limits))
+                Ok(crate::kernels::attention::tiled_or_portable(
+                    tiles,
+                    dk,
+                    dv,
+                    &caps.limits,
+                ))
             }
             // The shuffle or the chunked form: the tuned one where measured,
             // else the first that runs here; where none does, what
@@ -318,7 +272,9 @@ impl Planner<'_> {
                     .find(|t| of_form(t) && t.runs_on(caps));
                 Ok(match form {
                     Some(t) => FusedKernel::Tiled(t),
-                    None => tiled_or_portable(tiles, dk, dv, &caps.limits),
+                    None => {
+                        crate::kernels::attention::tiled_or_portable(tiles, dk, dv, &caps.limits)
+                    }
                 })
             }
             // The matrix-unit kernel is for calls that allow f16 products
@@ -328,7 +284,8 @@ impl Planner<'_> {
             | FusedKernelChoice::CoopStaged
             | FusedKernelChoice::CoopShared => {
                 // The head-dim limits have their say first.
-                let chosen = fused_kernel_for(caps, dk, dv)?;
+                let chosen =
+                    crate::kernels::attention::tiles_for(caps, dk, dv, Precision::Highest)?;
                 Ok(with_width(self.tuned_fused_kernel().unwrap_or(chosen)))
             }
         }
@@ -369,6 +326,73 @@ impl Planner<'_> {
         self.fused_kernel()
     }
 
+    /// `kernel` in the form a call of `dims` takes: the matrix-unit kernel
+    /// packs K and V as f16 ahead of it where they fit one binding; where
+    /// they would not, the same tiles staged where they fit the workgroup
+    /// memory (the packed form needs less), else the largest staged
+    /// candidate that does, else the f32 kernel.
+    pub fn fused_kernel_for(
+        &self,
+        kernel: FusedKernel,
+        dims: &AttentionDims,
+    ) -> Result<FusedKernel> {
+        let FusedKernel::Coop(tiles) = kernel else {
+            return Ok(kernel);
+        };
+        let limits = &self.caps.limits;
+        let kv_heads = dims.batch * dims.kv_heads;
+        if !tiles.form.packs_ahead() || tiles.packs(kv_heads, dims.total_len(), limits) {
+            return Ok(kernel);
+        }
+        let staged = tiles.staged();
+        if staged.fits(limits) {
+            return Ok(FusedKernel::Coop(staged));
+        }
+        match CoopTiles::candidates(tiles.shape, dims.head_dim, dims.v_head_dim)
+            .into_iter()
+            .map(CoopTiles::staged)
+            .find(|t| t.fits(limits))
+        {
+            Some(t) => Ok(FusedKernel::Coop(t)),
+            None => self.fused_kernel(),
+        }
+    }
+
+    /// The kernel of each of the unfused route's products at `dims` (the
+    /// largest piece's) when `gemm` is asked for: `S = Q Kᵀ`, then `Y = P V`
+    /// ([`crate::kernels::gemm::kernel_for`] on the largest block of score
+    /// rows the budget allows).
+    pub fn unfused_products(
+        &self,
+        gemm: GemmKernel,
+        dims: &AttentionDims,
+        options: &AttentionOptions,
+        score_budget: u64,
+    ) -> Result<[GemmKernel; 2]> {
+        use crate::kernels::gemm::{kernel_for, AValues, GemmSpec};
+        let blocks = crate::kernels::gemm::attention::score_blocks(
+            dims.batch * dims.q_heads,
+            dims.q_len,
+            dims.total_len(),
+            score_budget,
+        )?;
+        let first = blocks[0];
+        Ok([
+            kernel_for(
+                self.caps,
+                gemm,
+                &GemmSpec::attention_scores(dims, options, &first),
+                AValues::Any,
+            ),
+            kernel_for(
+                self.caps,
+                gemm,
+                &GemmSpec::attention_values(dims, &first),
+                AValues::Probabilities,
+            ),
+        ])
+    }
+
     /// The matrix-unit kernel's tiles, in the `forced` form only where one
     /// is ([`CoopTiles::form`]): those pinned in the overrides, else those
     /// `webattn tune` measured fastest (in the form measured, unless one is
@@ -398,7 +422,7 @@ impl Planner<'_> {
     /// ([`StreamShape::suits`]; the tuner measures one row per workgroup and
     /// [`GROUPED_ROWS`], and a call with several rows tries the grouped
     /// winner first, one row the one-row winner); else
-    /// [`decode_kernel_for`]; in each case the staged kernel where a
+    /// [`crate::kernels::decode::tiles_for`]; in each case the staged kernel where a
     /// streaming shape does not hold the call's rows.
     pub fn decode_plan(&self, dims: &AttentionDims) -> Option<DecodePlan> {
         debug_assert_eq!((dims.head_dim, dims.v_head_dim), (self.dk, self.dv));
@@ -406,7 +430,7 @@ impl Planner<'_> {
             return None;
         }
         let caps = self.caps;
-        let chosen = || decode_kernel_for(caps, dims);
+        let chosen = || crate::kernels::decode::tiles_for(caps, dims);
         let kernel = match (self.overrides.pinned_decode, self.overrides.decode) {
             (Some(pinned), _) => pinned,
             (None, DecodeKernelChoice::Staged) => DecodeKernel::Staged,
@@ -459,46 +483,94 @@ fn coop_matches(t: &CoopTiles, want: TunedCoop, limits: &KernelLimits) -> bool {
     t.subgroups == want.subgroups && t.keys_per_tile == want.keys_per_tile && t.fits(limits)
 }
 
-impl GpuContext {
-    /// What this context is told to run in place of the planner's picks.
-    pub fn overrides(&self) -> &Overrides {
-        &self.overrides
-    }
+/// What an engine plans its calls with besides the adapter: what it is told
+/// to run in place of the planner's picks, and its tuning table (shared by
+/// every device the engine makes and every engine made beside it to time a
+/// candidate). The engine owns it; the device knows nothing of it.
+#[derive(Debug, Clone, Default)]
+pub struct PlanInputs {
+    /// Forced and pinned kernels, removed phases.
+    pub overrides: Overrides,
+    /// Measured kernel and path choices (`webattn tune`).
+    pub tuning: Arc<Mutex<TuningTable>>,
+}
 
-    /// The planner for calls at head dims `dk`, `dv` on this context: its
-    /// capabilities, overrides, and a snapshot of its tuning entry.
-    pub fn planner(&self, dk: usize, dv: usize) -> Planner<'_> {
+impl PlanInputs {
+    /// The planner for calls at head dims `dk`, `dv` on `device`: its
+    /// capabilities, these overrides, and a snapshot of the tuning entry.
+    pub fn planner<'a>(&'a self, device: &'a GpuContext, dk: usize, dv: usize) -> Planner<'a> {
         Planner {
-            caps: &self.caps,
+            caps: device.capabilities(),
             overrides: &self.overrides,
-            tuned: self.tuning_snapshot(dk, dv),
+            tuned: self.snapshot(device, dk, dv),
             dk,
             dv,
         }
     }
 
-    /// The tuning table's entry for head dims `dk`, `dv`, with what no longer
-    /// runs here dropped from the table, with a warning, once: a fused kernel
-    /// the kernel no longer offers or whose tiles no longer fit (the whole
-    /// entry), matrix-unit tiles no candidate matches (those tiles and their
-    /// time).
-    pub fn tuning_snapshot(&self, dk: usize, dv: usize) -> Option<TunedEntry> {
-        let mut entry = self.tuned(dk, dv)?;
+    /// The tuning table's key for head dims `dk`, `dv` on `device`'s
+    /// adapter, with its runtime-checks setting.
+    pub fn tuning_key(device: &GpuContext, dk: usize, dv: usize) -> TuningKey {
+        TuningKey::new(device.capabilities(), dk, dv).with_runtime_checks(device.runtime_checks())
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, TuningTable> {
+        self.tuning.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The measured entry for head dims `dk`, `dv` on `device`'s adapter, if any.
+    pub fn tuned(&self, device: &GpuContext, dk: usize, dv: usize) -> Option<TunedEntry> {
+        let table = self.table();
+        // Every call asks: an untuned engine builds no key.
+        if table.is_empty() {
+            return None;
+        }
+        table.get(&Self::tuning_key(device, dk, dv)).copied()
+    }
+
+    /// Records a measurement in the tuning table, in place of the same
+    /// class's entries measured on other kernels (an older webattn's: the
+    /// table's next save removes them from the file).
+    pub fn record_tuning(&self, key: TuningKey, entry: TunedEntry) {
+        let mut table = self.table();
+        let superseded: Vec<_> = table
+            .entries()
+            .map(|(k, _)| k)
+            .filter(|k| {
+                k.kernels != key.kernels && {
+                    let mut same = (*k).clone();
+                    same.kernels.clone_from(&key.kernels);
+                    same == key
+                }
+            })
+            .cloned()
+            .collect();
+        for old in superseded {
+            table.remove(&old);
+        }
+        table.insert(key, entry);
+    }
+
+    /// The tuning table's entry for head dims `dk`, `dv` on `device`, with
+    /// what no longer runs there dropped from the table, with a warning,
+    /// once: a fused kernel the kernel no longer offers or whose tiles no
+    /// longer fit (the whole entry), matrix-unit tiles no candidate matches
+    /// (those tiles and their time).
+    pub fn snapshot(&self, device: &GpuContext, dk: usize, dv: usize) -> Option<TunedEntry> {
+        let caps = device.capabilities();
+        let mut entry = self.tuned(device, dk, dv)?;
         let subgroup_elsewhere = entry.kernel == TunedKernel::Subgroup
             && (!dk.is_multiple_of(4) || !dv.is_multiple_of(4));
         if !subgroup_elsewhere {
-            if let Err(why) = resolve_tuned(entry.kernel, &self.caps, dk, dv) {
+            if let Err(why) = resolve_tuned(entry.kernel, caps, dk, dv) {
                 log::warn!("webattn: tuning entry for head dims {dk}/{dv} ignored: {why}");
-                self.tuning
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .remove(&self.tuning_key(dk, dv));
+                self.table().remove(&Self::tuning_key(device, dk, dv));
                 return None;
             }
         }
-        if let (Some(shape), Some(want)) = (coop_shape(&self.caps), entry.coop_tiles) {
+        if let (Some(shape), Some(want)) = (coop_shape(caps), entry.coop_tiles) {
             let stale = !coop_forms(shape, dk, dv)
-                .any(|t| coop_matches(&t, want, &self.caps.limits) && t.form == want.form);
+                .any(|t| coop_matches(&t, want, &caps.limits) && t.form == want.form);
             if stale {
                 log::warn!(
                     "webattn: tuned matrix-unit tiles {} for head dims {dk}/{dv} ignored: no \
@@ -507,128 +579,10 @@ impl GpuContext {
                 );
                 entry.coop_tiles = None;
                 entry.coop_ms = None;
-                self.tuning
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .insert(self.tuning_key(dk, dv), entry);
+                self.table().insert(Self::tuning_key(device, dk, dv), entry);
             }
         }
         Some(entry)
-    }
-
-    /// The GEMM kernel this context records ([`Planner::gemm_kernel`]).
-    pub fn gemm_kernel(&self) -> GemmKernel {
-        self.untuned_planner().gemm_kernel()
-    }
-
-    /// The f32 GEMM kernel this context records for a product of `rows`
-    /// rows ([`Planner::gemm_kernel_for_rows`]).
-    pub fn gemm_kernel_for_rows(&self, rows: usize) -> GemmKernel {
-        self.untuned_planner()
-            .gemm_kernel_for_rows(Precision::Highest, rows)
-    }
-
-    /// A planner for the choices no tuning entry touches.
-    fn untuned_planner(&self) -> Planner<'_> {
-        Planner {
-            caps: &self.caps,
-            overrides: &self.overrides,
-            tuned: None,
-            dk: 0,
-            dv: 0,
-        }
-    }
-
-    /// The GEMM kernel this context records for products of `precision`
-    /// ([`Planner::gemm_kernel_at`]).
-    pub fn gemm_kernel_at(&self, precision: Precision) -> GemmKernel {
-        self.untuned_planner().gemm_kernel_at(precision)
-    }
-
-    /// The GEMM kernel a call at `precision` with head dims `dk`, `dv`
-    /// records ([`Planner::gemm_kernel_for_call`]).
-    pub fn gemm_kernel_for_call(&self, precision: Precision, dk: usize, dv: usize) -> GemmKernel {
-        self.planner(dk, dv).gemm_kernel_for_call(precision)
-    }
-
-    /// The precision of the unfused path's GEMMs ([`Planner::unfused_precision`]).
-    pub fn unfused_precision(&self, dk: usize, dv: usize, precision: Precision) -> Precision {
-        self.planner(dk, dv).unfused_precision(precision)
-    }
-
-    /// The f32 fused kernel for head dims `dk`, `dv` ([`Planner::fused_kernel`]).
-    pub fn fused_kernel(&self, dk: usize, dv: usize) -> Result<FusedKernel> {
-        self.planner(dk, dv).fused_kernel()
-    }
-
-    /// The fused kernel for head dims `dk`, `dv` in a call at `precision`
-    /// ([`Planner::fused_kernel_at`]).
-    pub fn fused_kernel_at(
-        &self,
-        dk: usize,
-        dv: usize,
-        precision: Precision,
-    ) -> Result<FusedKernel> {
-        self.planner(dk, dv).fused_kernel_at(precision)
-    }
-
-    /// The decode plan for `dims` ([`Planner::decode_plan`]).
-    pub fn decode_plan(&self, dims: &AttentionDims) -> Option<DecodePlan> {
-        self.planner(dims.head_dim, dims.v_head_dim)
-            .decode_plan(dims)
-    }
-
-    /// This context with every fused call running `kernel` (an f32 kernel,
-    /// whose head-dim class must be the calls'); for timing one candidate.
-    pub fn with_pinned_fused_kernel(mut self, kernel: FusedKernel) -> GpuContext {
-        debug_assert!(tuned_form(&kernel).is_some(), "only f32 kernels are tuned");
-        self.overrides.pinned_fused = tuned_form(&kernel);
-        self
-    }
-
-    /// This context with the matrix-unit kernel's scalar steps (the rules,
-    /// the maxima, P) sharing each row among `lanes` invocations where its
-    /// tiles take that many ([`CoopTiles::with_lanes_per_row`]; else their
-    /// default): for testing the shares an adapter's own shapes do not use.
-    pub fn with_coop_lanes_per_row(mut self, lanes: u32) -> GpuContext {
-        self.overrides.coop_lanes_per_row = Some(lanes);
-        self
-    }
-
-    /// This context with calls at [`Precision::Fast`] that take the
-    /// matrix-unit fused kernel taking `tiles` where they fit (else its
-    /// tuned or default tiles): for timing or testing one configuration.
-    pub fn with_pinned_coop_tiles(mut self, tiles: TunedCoop) -> GpuContext {
-        self.overrides.pinned_coop = Some(tiles);
-        self
-    }
-
-    /// This context with calls at [`Precision::Fast`] taking `form` of the
-    /// matrix-unit GEMM where it runs: for timing or testing one form.
-    pub fn with_pinned_fast_gemm(mut self, form: FastGemm) -> GpuContext {
-        self.overrides.pinned_fast_gemm = Some(form);
-        self
-    }
-
-    /// This context with every decode call running `kernel` where it can
-    /// (else the staged kernel): for timing or testing one candidate.
-    pub fn with_pinned_decode(mut self, kernel: DecodeKernel) -> GpuContext {
-        self.overrides.pinned_decode = Some(kernel);
-        self
-    }
-}
-
-/// The decode kernel an adapter runs for `dims` from its capabilities alone
-/// (no tuning): the streaming kernel on adapters with subgroups wide enough
-/// for its teams, where a shape holds the call's rows
-/// ([`StreamShape::choose`]); the staged kernel elsewhere. (lavapipe ran
-/// the streaming kernel 3.6-4.1 times as fast as the staged one at 4096 and
-/// 8192 keys, BENCHMARKS.md; GPUs are still to be measured.)
-pub fn decode_kernel_for(caps: &Capabilities, dims: &AttentionDims) -> DecodeKernel {
-    let rows = DecodePlan::heads_per_workgroup(dims) * dims.q_len;
-    match StreamShape::choose(dims, rows, caps) {
-        Some(shape) => DecodeKernel::Stream(shape),
-        None => DecodeKernel::Staged,
     }
 }
 
@@ -636,6 +590,10 @@ pub fn decode_kernel_for(caps: &Capabilities, dims: &AttentionDims) -> DecodeKer
 mod tests {
     use super::*;
     use crate::kernels::matrix_units::CoopSize;
+
+    fn fused_f32(caps: &Capabilities, dk: usize, dv: usize) -> Result<FusedKernel> {
+        crate::kernels::attention::tiles_for(caps, dk, dv, Precision::Highest)
+    }
 
     impl Capabilities {
         /// A discrete GPU without subgroups, with these limits.
@@ -735,14 +693,14 @@ mod tests {
         };
         assert_eq!(coop_shape(&h100), Some(shape));
         assert_eq!(
-            gemm_kernel_at(&h100, Precision::Fast, GemmKernel::Tiled),
+            crate::kernels::gemm::tiles_for(&h100, Precision::Fast),
             GemmKernel::CoopPacked {
                 shape,
                 tile: crate::kernels::gemm::PackedTile::DEFAULT
             }
         );
         assert_eq!(
-            gemm_kernel_at(&h100, Precision::Highest, GemmKernel::Tiled),
+            crate::kernels::gemm::tiles_for(&h100, Precision::Highest),
             GemmKernel::Tiled
         );
         // lavapipe from Mesa 26: 8x8x8, subgroups of 8. 16 is preferred where both exist.
@@ -764,7 +722,7 @@ mod tests {
         ] {
             assert_eq!(coop_shape(&caps), None, "{:?}", caps.cooperative_matrix);
             assert_eq!(
-                gemm_kernel_at(&caps, Precision::Fast, GemmKernel::Tiled),
+                crate::kernels::gemm::tiles_for(&caps, Precision::Fast),
                 GemmKernel::Tiled
             );
         }
@@ -774,7 +732,7 @@ mod tests {
             ..with_matrix_units(&[(16, "f16", "f32")], 32, 32)
         };
         assert_eq!(
-            gemm_kernel_at(&small, Precision::Fast, GemmKernel::Tiled),
+            crate::kernels::gemm::tiles_for(&small, Precision::Fast),
             GemmKernel::Tiled
         );
     }
@@ -782,23 +740,17 @@ mod tests {
     #[test]
     fn limits_alone_pick_the_tiled_kernel_on_gpus_and_the_portable_one_beyond_its_tiles() {
         let small = Capabilities::for_tests(KernelLimits::WEBGPU_DEFAULTS);
+        assert_eq!(fused_f32(&small, 64, 64).unwrap().name(), "attention_tiled");
         assert_eq!(
-            fused_kernel_for(&small, 64, 64).unwrap().name(),
-            "attention_tiled"
-        );
-        assert_eq!(
-            fused_kernel_for(&small, 256, 256).unwrap().name(),
+            fused_f32(&small, 256, 256).unwrap().name(),
             "attention_fused"
         );
-        assert!(fused_kernel_for(&small, 257, 64).is_err());
+        assert!(fused_f32(&small, 257, 64).is_err());
         assert_eq!(gemm_kernel_for(&small), GemmKernel::Tiled);
         // A CPU adapter without fixed subgroups (SwiftShader in a browser,
         // llvmpipe through GL) runs the portable kernel.
         let mut cpu = Capabilities::for_tests(KernelLimits::WEBGPU_DEFAULTS);
         cpu.adapter.device_type = "Cpu".into();
-        assert_eq!(
-            fused_kernel_for(&cpu, 64, 64).unwrap().name(),
-            "attention_fused"
-        );
+        assert_eq!(fused_f32(&cpu, 64, 64).unwrap().name(), "attention_fused");
     }
 }

@@ -6,14 +6,16 @@
 
 use crate::device::buffer;
 use crate::device::chunks::Held;
-use crate::device::context::GpuContext;
 use crate::device::recorder::{Recorder, Seg};
+use crate::device::scope::Run;
 use crate::error::{Error, Result};
+use crate::kernels::ablation::Phases;
 use crate::kernels::attention as fused;
 use crate::kernels::attention::{AttentionBuffers, FusedKernel};
 use crate::kernels::decode;
 use crate::kernels::decode::DecodePlan;
 use crate::options::{AttentionOptions, QkMatmulOutputMode};
+use crate::plan::workspace;
 use crate::problem::AttentionDims;
 use crate::run::present as kv;
 use crate::run::present::{bytes, GpuInputs, GpuOutputs};
@@ -21,12 +23,13 @@ use crate::run::present::{bytes, GpuInputs, GpuOutputs};
 /// Runs the fused path with the planned `kernel` (and `decode`, where the
 /// call decodes); returns once the work is submitted.
 pub(crate) async fn run(
-    ctx: &GpuContext,
+    ctx: &Run,
     dims: &AttentionDims,
     inputs: &GpuInputs<'_>,
     options: &AttentionOptions,
     kernel: &FusedKernel,
     decode: Option<DecodePlan>,
+    phases: Phases,
 ) -> Result<GpuOutputs> {
     if inputs.kv_f16
         && (decode.is_none()
@@ -58,19 +61,8 @@ pub(crate) async fn run(
             }
         }
     }
-    let present_bytes = kv::check_present(ctx, dims, options.return_present)?;
-    let allocated_bytes = bytes(y_len)
-        + bytes(3 * rows)
-        + match &decode {
-            Some(plan) => bytes(plan.partial_values(dims)),
-            None => fused::scratch_bytes(kernel, dims, &ctx.caps.limits),
-        }
-        + present_bytes
-        + if options.qk_matmul_output_mode.is_some() {
-            bytes(qk_len)
-        } else {
-            0
-        };
+    kv::check_present(ctx, dims, options.return_present)?;
+    let allocated_bytes = workspace::fused_bytes(&ctx.caps, dims, options, kernel, decode.as_ref());
 
     ctx.scoped("fused attention", || {
         let y = buffer::storage(ctx, "Y", y_len)?;
@@ -93,7 +85,9 @@ pub(crate) async fn run(
             kv_f16: inputs.kv_f16,
         };
         match &decode {
-            Some(plan) => decode::record(&mut rec, dims, options, plan, &buffers, &y, &lse)?,
+            Some(plan) => {
+                decode::record(&mut rec, dims, options, plan, &buffers, &y, &lse, phases)?
+            }
             None => fused::record_forward(
                 &mut rec,
                 dims,
@@ -103,6 +97,7 @@ pub(crate) async fn run(
                 &y,
                 &lse,
                 fused::KeyPart::WHOLE,
+                phases,
             )?,
         }
         let qk = match options.qk_matmul_output_mode {

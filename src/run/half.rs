@@ -1,79 +1,37 @@
 //! f16 tensors on the GPU: stored two values to a u32 word, computed in f32.
 //!
 //! The decode kernel reads f16 keys and values in place (`attention_decode_f16`),
-//! halving the bytes a token step streams. Every other kernel reads f32, so
-//! for those calls f16 inputs are widened into f32 scratch first; outputs that
+//! halving the bytes a token step streams, where the plan says so
+//! (`plan::KvRead`). Every other kernel reads f32, so for those calls f16
+//! inputs are widened into f32 scratch first; outputs that
 //! ONNX types as an f16 input (Y and the scores as Q, the presents as K and V)
 //! are narrowed back to f16 at the end. Widening is exact and narrowing rounds
 //! to nearest even, so every path returns the same f16-rounded results.
 
 use crate::device::buffer;
-use crate::device::context::GpuContext;
 use crate::device::recorder::Recorder;
+use crate::device::scope::Run;
 use crate::error::Result;
 use crate::kernels::convert;
 use crate::kernels::convert::Direction;
-use crate::options::AttentionOptions;
-use crate::problem::AttentionDims;
-use crate::run::split;
-use crate::run::split::Route;
-
-/// Whether the call's kernels read its f16 keys and values in place: the
-/// decode kernel on the fused route, on an adapter with `unpack2x16float`
-/// (see [`crate::device::capabilities::Capabilities::unpack_f16`]), for a call that
-/// runs whole or in pieces of whole key rows bound as views, with no past to
-/// concatenate, no presents to copy and no scores to recompute. `kv_chunks`:
-/// values per buffer of K and V where they are held in several
-/// (`device/chunks.rs`); each piece's view must then lie in one.
-pub(crate) fn decode_reads_f16(
-    ctx: &GpuContext,
-    dims: &AttentionDims,
-    options: &AttentionOptions,
-    route: Route,
-    kv_chunks: [Option<usize>; 2],
-) -> bool {
-    matches!(
-        route,
-        Route::Fused {
-            decode: Some(_),
-            ..
-        }
-    ) && ctx.caps.unpack_f16
-        && !dims.has_past
-        && !options.return_present
-        && options.qk_matmul_output_mode.is_none()
-        && split::f16_in_place(ctx, dims, options, route, kv_chunks)
-}
 
 /// An f32 copy of the `len` f16 values in `src`.
-pub(crate) async fn widen(
-    ctx: &GpuContext,
-    src: &wgpu::Buffer,
-    len: usize,
-) -> Result<wgpu::Buffer> {
+pub(crate) async fn widen(ctx: &Run, src: &wgpu::Buffer, len: usize) -> Result<wgpu::Buffer> {
     convert_scoped(ctx, Direction::Widen, src, len).await
 }
 
 /// An f32 copy of the `len` bfloat16 values in `src` (packed two to a word).
-pub(crate) async fn widen_bf16(
-    ctx: &GpuContext,
-    src: &wgpu::Buffer,
-    len: usize,
-) -> Result<wgpu::Buffer> {
+pub(crate) async fn widen_bf16(ctx: &Run, src: &wgpu::Buffer, len: usize) -> Result<wgpu::Buffer> {
     convert_scoped(ctx, Direction::WidenBf16, src, len).await
 }
 
 /// An f16 copy of the `len` f32 values in `src`, rounded to nearest even.
-pub(crate) async fn narrow(
-    ctx: &GpuContext,
-    src: &wgpu::Buffer,
-    len: usize,
-) -> Result<wgpu::Buffer> {
+pub(crate) async fn narrow(ctx: &Run, src: &wgpu::Buffer, len: usize) -> Result<wgpu::Buffer> {
     convert_scoped(ctx, Direction::Narrow, src, len).await
 }
 
 async fn convert_scoped(
-    ctx: &GpuContext,
+    ctx: &Run,
     direction: Direction,
     src: &wgpu::Buffer,
     len: usize,

@@ -4,8 +4,8 @@
 
 use crate::device::buffer;
 use crate::device::chunks::{Held, Source};
-use crate::device::context::GpuContext;
 use crate::device::recorder::Recorder;
+use crate::device::scope::Run;
 use crate::error::{Error, Result};
 use crate::kernels::concat;
 use crate::problem::AttentionDims;
@@ -71,34 +71,21 @@ impl<'a> GpuInputs<'a> {
     }
 }
 
-/// Bytes of `values` f32 values.
-pub(crate) fn bytes(values: usize) -> u64 {
-    values as u64 * 4
-}
-
-/// Whether the call needs the `[past; new]` buffers.
-pub(crate) fn needs_present(dims: &AttentionDims, want_present: bool) -> bool {
-    (dims.has_past && dims.past_len > 0) || want_present
-}
+pub(crate) use crate::plan::workspace::{bytes, needs_present};
 
 /// Checks, before anything is recorded, that the present buffers fit.
 pub(crate) fn check_present(
-    ctx: &GpuContext,
+    ctx: &crate::device::context::GpuContext,
     dims: &AttentionDims,
     want_present: bool,
 ) -> Result<u64> {
     if !needs_present(dims, want_present) {
         return Ok(0);
     }
-    let (kb, vb) = present_bytes(dims);
+    let (kb, vb) = crate::plan::workspace::present_bytes(dims);
     buffer::check_bindable(ctx, "present_key", kb)?;
     buffer::check_bindable(ctx, "present_value", vb)?;
     Ok(kb + vb)
-}
-
-fn present_bytes(dims: &AttentionDims) -> (u64, u64) {
-    let rows = dims.batch * dims.kv_heads * dims.total_len();
-    (bytes(rows * dims.head_dim), bytes(rows * dims.v_head_dim))
 }
 
 /// Records `present = [past; new]` for keys and values when there is a past
@@ -140,7 +127,7 @@ pub(crate) fn record_present(
 /// `nonpad_kv_seqlen` (B words, zeros when absent), then with ALiBi the
 /// query heads' slopes as f32 bits at `[B + h]`.
 pub(crate) fn upload_rule_data(
-    ctx: &GpuContext,
+    ctx: &Run,
     dims: &AttentionDims,
     nonpad: Option<&[i64]>,
     alibi: bool,

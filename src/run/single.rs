@@ -6,6 +6,7 @@
 use crate::device::buffer;
 use crate::device::context::GpuContext;
 use crate::device::recorder::Recorder;
+use crate::device::scope::Run;
 use crate::error::{Error, Result};
 use crate::kernels::{gemm, softmax};
 
@@ -30,7 +31,13 @@ pub async fn gemm_host(
     b: &[f32],
     c: &[f32],
 ) -> Result<Vec<f32>> {
-    gemm_host_with(ctx, ctx.gemm_kernel(), spec, a, b, c).await
+    let kernel = gemm::kernel_for(
+        ctx.capabilities(),
+        gemm::gemm_kernel_for(ctx.capabilities()),
+        spec,
+        gemm::AValues::Any,
+    );
+    gemm_host_with(ctx, kernel, spec, a, b, c).await
 }
 
 /// [`gemm_host`] with a given GEMM kernel.
@@ -57,6 +64,10 @@ pub async fn gemm_host_variant(
     c: &[f32],
 ) -> Result<Vec<f32>> {
     spec.check()?;
+    // This helper is a call of its own: it plans the product's kernel.
+    let kernel = gemm::kernel_for(ctx.capabilities(), kernel, spec, a_values);
+    let run = Run::new(ctx);
+    let ctx = &run;
     let (a_len, b_len, c_len) = spec.extents();
     check_len("A", a.len(), a_len)?;
     check_len("B", b.len(), b_len)?;
@@ -107,6 +118,8 @@ pub async fn softmax_host(
             }
         })
         .collect();
+    let run = Run::new(ctx);
+    let ctx = &run;
     let (s_buf, lse_buf) = ctx
         .scoped("softmax", || {
             let s_buf = buffer::upload(ctx, "scores", &clean)?;

@@ -1,69 +1,89 @@
-//! Calls whose tensors exceed one storage binding, cut into pieces that fit.
-//!
-//! WebGPU binds at most `max_storage_buffer_binding_size` bytes of a buffer
-//! (128 MiB by default, 2 GiB less 4 bytes natively in wgpu), while a buffer
-//! itself may be larger. A call whose every binding fits runs whole, as
-//! before. Otherwise [`Cut::plan`] picks piece sizes: it halves, for each
-//! binding that does not fit, the first axis that binding depends on, in the
-//! order batches, KV heads (with their query heads), query rows, keys.
+//! Running a call whole, or in the pieces its plan cut it into
+//! (`plan/pieces.rs` says how a call is cut).
 //!
 //! Each piece gets its slices of Q, K, V, the mask and the rule data by buffer
 //! copies, runs on the path the call chose, and its Y, logsumexp and scores
 //! are copied into the call's outputs. Its query positions are shifted
 //! ([`Placement`]) so that causal masks, windows and ALiBi see the call's
 //! positions, and its ALiBi slopes are its heads' slopes among the call's.
-//! A piece that holds only some of the keys runs the fused kernel resumed
-//! across its key ranges: the row state (max, sum, the attended and poisoned
-//! flags) and the running O carry over in its stats and Y buffers, exactly as
-//! across the key chunks of a driver's loop budget. `present_key/value` are
-//! built in the call's own buffers by copies.
+//! A piece that holds only some of the keys runs the planned fused kernel
+//! resumed across its key ranges: the row state (max, sum, the attended and
+//! poisoned flags) and the running O carry over in its stats and Y buffers,
+//! exactly as across the key chunks of a driver's loop budget.
+//! `present_key/value` are built in the call's own buffers by copies.
 
 use crate::device::buffer;
-use crate::device::capabilities::Capabilities;
 use crate::device::chunks;
 use crate::device::chunks::{copy_box_between, Held, Source};
-use crate::device::context::GpuContext;
 use crate::device::recorder::{Recorder, Seg, SEGMENT_ALIGNMENT};
+use crate::device::scope::Run;
 use crate::error::{Error, Result};
 use crate::kernels::attention as fused_op;
 use crate::kernels::attention::{AttentionBuffers, KeyPart};
-use crate::kernels::decode::{DecodeKernel, DecodePlan};
-use crate::options::{AttentionOptions, QkMatmulOutputMode};
-pub(crate) use crate::plan::GpuRoute as Route;
-use crate::plan::Pieces;
-use crate::problem::{AttentionDims, MaskLayout, Placement};
+use crate::options::AttentionOptions;
+use crate::plan::pieces::{
+    contiguous_run, layout_of, mask_shape, piece_extent, piece_mask_shape, Cut, Origin,
+};
+use crate::plan::{CallPlan, GpuRoute as Route};
+use crate::problem::{AttentionDims, Placement};
 use crate::run::fused_route as fused;
 use crate::run::present as kv;
 use crate::run::present::{GpuInputs, GpuOutputs};
 use crate::run::unfused_route as unfused;
 
-/// Runs a call on `route`, whole when every binding fits, else in pieces.
+/// Runs a call as `plan` says: whole, or in its pieces.
 pub(crate) async fn run(
-    ctx: &GpuContext,
+    ctx: &Run,
     dims: &AttentionDims,
     inputs: &GpuInputs<'_>,
     options: &AttentionOptions,
-    route: Route,
+    plan: &CallPlan,
 ) -> Result<GpuOutputs> {
-    if inputs_in_one_buffer(inputs) && runs_whole(ctx, dims, options, route) {
-        return match route {
-            Route::Fused { kernel, decode } => {
-                fused::run(ctx, dims, inputs, options, &kernel, decode).await
-            }
-            Route::Unfused {
-                gemm, score_budget, ..
-            } => unfused::run(ctx, dims, inputs, options, gemm, score_budget).await,
-        };
+    let route = plan.gpu.ok_or(Error::Conflict(
+        "a call planned for the host runs no GPU kernels",
+    ))?;
+    match plan.cut() {
+        None if inputs_in_one_buffer(inputs) => {
+            run_whole(ctx, dims, inputs, options, plan, route, None).await
+        }
+        // Inputs held in several buffers (past a buffer's size) but whose
+        // bindings fit: one piece, gathered out of them.
+        None => run_pieces(ctx, dims, inputs, options, plan, Cut::whole(dims)).await,
+        Some(cut) => run_pieces(ctx, dims, inputs, options, plan, cut).await,
     }
-    let limit = ctx.caps.limits.max_bindable_bytes();
-    let cut = Cut::plan(&ctx.caps, dims, options, route, limit)?;
-    let kv_chunks = [inputs.k.chunk_len(), inputs.v.chunk_len()];
-    if inputs.kv_f16 && !f16_views_fit(dims, &cut, kv_chunks) {
-        return Err(Error::Conflict(
-            "f16 keys and values are read in place only by whole calls and aligned pieces",
-        ));
+}
+
+/// Runs `dims` (the call's, or a piece's whose decode layout is `decode`)
+/// whole on the plan's route.
+async fn run_whole(
+    ctx: &Run,
+    dims: &AttentionDims,
+    inputs: &GpuInputs<'_>,
+    options: &AttentionOptions,
+    plan: &CallPlan,
+    route: Route,
+    piece_decode: Option<Option<crate::kernels::decode::DecodePlan>>,
+) -> Result<GpuOutputs> {
+    match route {
+        Route::Fused { kernel, decode } => {
+            let decode = piece_decode.unwrap_or(decode);
+            fused::run(
+                ctx,
+                dims,
+                inputs,
+                options,
+                &kernel,
+                decode,
+                plan.removed_phases,
+            )
+            .await
+        }
+        Route::Unfused {
+            products,
+            score_budget,
+            ..
+        } => unfused::run(ctx, dims, inputs, options, products, score_budget).await,
     }
-    run_pieces(ctx, dims, inputs, options, route, cut).await
 }
 
 /// Whether Q, K, V, the past and the mask are each in one buffer (not in chunks).
@@ -74,391 +94,6 @@ fn inputs_in_one_buffer(inputs: &GpuInputs<'_>) -> bool {
         .chain(inputs.past_value)
         .chain(inputs.mask)
         .all(|s| s.chunk_len().is_none())
-}
-
-/// Whether a call with f16 keys and values on `route` can read them in
-/// place: whole, or in pieces that keep every key (the decode kernel's) and
-/// whose slices of K and V are aligned views (f16 slices are never copied),
-/// inside one buffer each where K and V are held in chunks of `kv_chunks`
-/// values.
-pub(crate) fn f16_in_place(
-    ctx: &GpuContext,
-    dims: &AttentionDims,
-    options: &AttentionOptions,
-    route: Route,
-    kv_chunks: [Option<usize>; 2],
-) -> bool {
-    if kv_chunks == [None, None] && runs_whole(ctx, dims, options, route) {
-        return true;
-    }
-    let limit = ctx.caps.limits.max_bindable_bytes();
-    route.is_fused()
-        && Cut::plan(&ctx.caps, dims, options, route, limit)
-            .is_ok_and(|cut| f16_views_fit(dims, &cut, kv_chunks))
-}
-
-/// Whether every piece of `cut` keeps all keys, runs the decode kernel, and
-/// binds its f16 K and V slices as aligned views of whole vec4s, each inside
-/// one chunk where K or V is held in chunks of that many values.
-fn f16_views_fit(dims: &AttentionDims, cut: &Cut, kv_chunks: [Option<usize>; 2]) -> bool {
-    let t = dims.total_len();
-    if cut.keys < t || !DecodePlan::applies(&cut.piece_dims(dims)) {
-        return false;
-    }
-    (0..dims.batch).step_by(cut.batches).all(|b0| {
-        (0..dims.kv_heads).step_by(cut.kv_heads).all(|g0| {
-            let extent = piece_extent(
-                dims,
-                cut,
-                Origin {
-                    batch: b0,
-                    kv_head: g0,
-                    query: 0,
-                    key: 0,
-                },
-            );
-            [
-                (dims.head_dim, kv_chunks[0]),
-                (dims.v_head_dim, kv_chunks[1]),
-            ]
-            .iter()
-            .all(|&(d, chunk)| {
-                let full = [dims.batch, dims.kv_heads, t, d];
-                contiguous_run(
-                    full,
-                    [b0, g0, 0, 0],
-                    [extent.batches, extent.kv_heads, t, d],
-                )
-                .is_some_and(|(offset, len)| {
-                    let local = match chunk {
-                        Some(n) if offset / n != (offset + len - 1) / n => return false,
-                        Some(n) => offset % n,
-                        None => offset,
-                    };
-                    ((local * 2) as u64).is_multiple_of(SEGMENT_ALIGNMENT) && (len * 2) % 16 == 0
-                })
-            })
-        })
-    })
-}
-
-/// Whether the call runs whole, not in pieces: everything it binds fits one binding.
-pub(crate) fn runs_whole(
-    ctx: &GpuContext,
-    dims: &AttentionDims,
-    options: &AttentionOptions,
-    route: Route,
-) -> bool {
-    let limit = ctx.caps.limits.max_bindable_bytes();
-    whole_fits(&ctx.caps, dims, options, route, limit)
-}
-
-/// How a call on `route` is cut: whole where every binding fits, else the
-/// pieces [`Cut::plan`] picks (a typed error where even the smallest does not fit).
-pub(crate) fn pieces(
-    caps: &Capabilities,
-    dims: &AttentionDims,
-    options: &AttentionOptions,
-    route: &Route,
-) -> Result<Pieces> {
-    let limit = caps.limits.max_bindable_bytes();
-    if whole_fits(caps, dims, options, *route, limit) {
-        return Ok(Pieces::Whole);
-    }
-    let cut = Cut::plan(caps, dims, options, *route, limit)?;
-    Ok(Pieces::Cut {
-        batches: cut.batches,
-        kv_heads: cut.kv_heads,
-        queries: cut.queries,
-        keys: cut.keys,
-    })
-}
-
-/// Bytes of a storage buffer of the product of `dims` f32 values (whole
-/// vec4s, never empty), in u64: on wasm32 a usize product would overflow.
-fn stored(dims: &[usize]) -> u64 {
-    let len = dims.iter().map(|&d| d as u64).product::<u64>();
-    len.max(1).div_ceil(4) * 16
-}
-
-/// Whether the call runs whole: everything its path binds fits one binding.
-fn whole_fits(
-    caps: &Capabilities,
-    dims: &AttentionDims,
-    options: &AttentionOptions,
-    route: Route,
-    limit: u64,
-) -> bool {
-    let whole = Cut::whole(dims);
-    let present = dims.has_past && dims.past_len > 0 || options.return_present;
-    let kv_rows = dims.batch * dims.kv_heads;
-    let mut sizes = vec![
-        stored(&[kv_rows, dims.kv_len, dims.head_dim]),
-        stored(&[kv_rows, dims.kv_len, dims.v_head_dim]),
-    ];
-    if dims.has_past {
-        sizes.push(stored(&[kv_rows, dims.past_len, dims.head_dim]));
-        sizes.push(stored(&[kv_rows, dims.past_len, dims.v_head_dim]));
-    }
-    if present {
-        sizes.push(stored(&[kv_rows, dims.total_len(), dims.head_dim]));
-        sizes.push(stored(&[kv_rows, dims.total_len(), dims.v_head_dim]));
-    }
-    sizes.iter().all(|&b| b <= limit)
-        && whole
-            .bindings(caps, dims, options, route)
-            .iter()
-            .all(|b| b.bytes <= limit)
-}
-
-/// One binding of a piece: its name, size and the axes it grows with.
-#[derive(Debug, Clone, Copy)]
-struct Binding {
-    name: &'static str,
-    bytes: u64,
-    /// Batches, KV heads, query rows, keys.
-    axes: [bool; 4],
-}
-
-/// Piece sizes along batches, KV heads, query rows and keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Cut {
-    batches: usize,
-    kv_heads: usize,
-    queries: usize,
-    keys: usize,
-}
-
-impl Cut {
-    fn whole(dims: &AttentionDims) -> Cut {
-        Cut {
-            batches: dims.batch,
-            kv_heads: dims.kv_heads,
-            queries: dims.q_len,
-            keys: dims.total_len(),
-        }
-    }
-
-    fn sizes(&self) -> [usize; 4] {
-        [self.batches, self.kv_heads, self.queries, self.keys]
-    }
-
-    fn halve(&mut self, axis: usize) {
-        let n = match axis {
-            0 => &mut self.batches,
-            1 => &mut self.kv_heads,
-            2 => &mut self.queries,
-            _ => &mut self.keys,
-        };
-        *n = n.div_ceil(2);
-    }
-
-    /// What a piece of this size binds.
-    fn bindings(
-        &self,
-        caps: &Capabilities,
-        dims: &AttentionDims,
-        options: &AttentionOptions,
-        route: Route,
-    ) -> Vec<Binding> {
-        let heads = self.batches * self.kv_heads;
-        let q_rows = heads * dims.group() * self.queries;
-        let all = [true; 4];
-        let mut out = vec![
-            Binding {
-                name: "Q",
-                bytes: stored(&[q_rows, dims.head_dim]),
-                axes: [true, true, true, false],
-            },
-            Binding {
-                name: "K",
-                bytes: stored(&[heads, self.keys, dims.head_dim]),
-                axes: [true, true, false, true],
-            },
-            Binding {
-                name: "V",
-                bytes: stored(&[heads, self.keys, dims.v_head_dim]),
-                axes: [true, true, false, true],
-            },
-            Binding {
-                name: "Y",
-                bytes: stored(&[q_rows, dims.v_head_dim]),
-                axes: [true, true, true, false],
-            },
-            Binding {
-                // [lse | max | sum] on the fused kernels (and pieces of keys,
-                // which resume them), the logsumexp alone unfused.
-                name: "lse",
-                bytes: stored(&[
-                    if route.is_fused() || self.keys < dims.total_len() {
-                        3
-                    } else {
-                        1
-                    },
-                    q_rows,
-                ]),
-                axes: [true, true, true, false],
-            },
-        ];
-        if let Some(layout) = dims.mask {
-            let shape = piece_mask_shape(&layout, dims, self);
-            out.push(Binding {
-                name: "attn_mask",
-                bytes: stored(&shape),
-                axes: [
-                    layout.batch_stride != 0,
-                    layout.head_stride != 0,
-                    layout.row_stride != 0,
-                    true,
-                ],
-            });
-        }
-        if options.qk_matmul_output_mode.is_some() {
-            out.push(Binding {
-                name: "qk_matmul_output",
-                bytes: stored(&[q_rows, self.keys]),
-                axes: all,
-            });
-        }
-        let piece = self.piece_dims(dims);
-        if route.is_fused() && self.keys == dims.total_len() && DecodePlan::applies(&piece) {
-            // The staged kernel's splits: the most partials any decode kernel
-            // writes (the streaming kernel's loop budget allows longer splits).
-            let plan = DecodePlan::new(&piece, caps, DecodeKernel::Staged);
-            out.push(Binding {
-                name: "decode partials",
-                bytes: stored(&[plan.partial_values(&piece)]),
-                axes: [true, true, true, false],
-            });
-        }
-        if matches!(route, Route::Unfused { .. }) {
-            out.push(Binding {
-                name: "a score row",
-                bytes: stored(&[self.keys]),
-                axes: [false, false, false, true],
-            });
-        }
-        out
-    }
-
-    /// The sizes of a piece of this cut (positions are set per piece).
-    fn piece_dims(&self, dims: &AttentionDims) -> AttentionDims {
-        AttentionDims {
-            batch: self.batches,
-            q_heads: self.kv_heads * dims.group(),
-            kv_heads: self.kv_heads,
-            q_len: self.queries,
-            kv_len: self.keys,
-            past_len: 0,
-            has_past: false,
-            mask: dims
-                .mask
-                .map(|layout| piece_mask_layout(&layout, dims, self)),
-            ..*dims
-        }
-    }
-
-    /// Halves, for each binding that does not fit, the first axis it grows
-    /// with, until every binding fits; a binding that still does not fit at one
-    /// row and one key is refused.
-    fn plan(
-        caps: &Capabilities,
-        dims: &AttentionDims,
-        options: &AttentionOptions,
-        route: Route,
-        limit: u64,
-    ) -> Result<Cut> {
-        let mut cut = Cut::whole(dims);
-        // Probabilities are normalised over whole rows, so their keys stay together.
-        let keys_split = options.qk_matmul_output_mode != Some(QkMatmulOutputMode::Probabilities);
-        loop {
-            let Some(over) = cut
-                .bindings(caps, dims, options, route)
-                .into_iter()
-                .find(|b| b.bytes > limit)
-            else {
-                return Ok(cut);
-            };
-            let sizes = cut.sizes();
-            let axis =
-                (0..4).find(|&axis| over.axes[axis] && sizes[axis] > 1 && (axis < 3 || keys_split));
-            match axis {
-                // Per-batch lengths shift positions per batch: keys split one batch at a time.
-                Some(3) if dims.has_nonpad && cut.batches > 1 => cut.halve(0),
-                Some(axis) => cut.halve(axis),
-                None => {
-                    return Err(Error::Limit {
-                        what: format!("{} of the smallest piece of this call", over.name),
-                        needed: over.bytes,
-                        limit,
-                        limit_name: "max_storage_buffer_binding_size",
-                        hint: if keys_split {
-                            "use an adapter with larger limits"
-                        } else {
-                            "ask for qk_matmul_output in mode 2 (its rows can then be \
-                             split) and normalise on the host, or use larger limits"
-                        },
-                    })
-                }
-            }
-        }
-    }
-}
-
-/// The mask's dense shape `[B or 1, Hq or 1, Nq or 1, cols]`.
-fn mask_shape(layout: &MaskLayout, dims: &AttentionDims) -> [usize; 4] {
-    let or_one = |stride: usize, n: usize| if stride == 0 { 1 } else { n };
-    [
-        or_one(layout.batch_stride, dims.batch),
-        or_one(layout.head_stride, dims.q_heads),
-        or_one(layout.row_stride, dims.q_len),
-        layout.cols,
-    ]
-}
-
-/// A piece's mask shape: its batches, heads and rows where the mask has them,
-/// and at most its keys' columns.
-fn piece_mask_shape(layout: &MaskLayout, dims: &AttentionDims, cut: &Cut) -> [usize; 4] {
-    let full = mask_shape(layout, dims);
-    let pick = |n: usize, piece: usize| if n == 1 { 1 } else { piece };
-    [
-        pick(full[0], cut.batches),
-        pick(full[1], cut.kv_heads * dims.group()),
-        pick(full[2], cut.queries),
-        layout.cols.min(cut.keys),
-    ]
-}
-
-/// The dense layout of a mask of `shape` (strides 0 on broadcast axes).
-fn layout_of(shape: [usize; 4], broadcast: [bool; 3], cols: usize) -> MaskLayout {
-    let row = cols;
-    let head = shape[2] * row;
-    let batch = shape[1] * head;
-    MaskLayout {
-        batch_stride: if broadcast[0] { 0 } else { batch },
-        head_stride: if broadcast[1] { 0 } else { head },
-        row_stride: if broadcast[2] { 0 } else { row },
-        cols,
-    }
-}
-
-fn piece_mask_layout(layout: &MaskLayout, dims: &AttentionDims, cut: &Cut) -> MaskLayout {
-    let shape = piece_mask_shape(layout, dims, cut);
-    let broadcast = [
-        layout.batch_stride == 0,
-        layout.head_stride == 0,
-        layout.row_stride == 0,
-    ];
-    layout_of(shape, broadcast, shape[3])
-}
-
-/// Where a piece starts along batches, KV heads, query rows and keys.
-#[derive(Debug, Clone, Copy)]
-struct Origin {
-    batch: usize,
-    kv_head: usize,
-    query: usize,
-    key: usize,
 }
 
 /// A piece's inputs, copied out of the call's.
@@ -493,24 +128,6 @@ impl Part<'_> {
             Part::View(_) => 0,
         }
     }
-}
-
-/// The elements `(offset, len)` a box of a row-major tensor covers when they
-/// are one contiguous run: every axis inside the outermost partial one whole.
-fn contiguous_run(
-    full: [usize; 4],
-    start: [usize; 4],
-    extent: [usize; 4],
-) -> Option<(usize, usize)> {
-    let mut partial = false;
-    for axis in (0..4).rev() {
-        if partial && extent[axis] != 1 {
-            return None;
-        }
-        partial |= extent[axis] != full[axis];
-    }
-    let offset = ((start[0] * full[1] + start[1]) * full[2] + start[2]) * full[3] + start[3];
-    Some((offset, extent.iter().product()))
 }
 
 /// A box of `src` as a piece's tensor: a view where it is one run at an
@@ -565,11 +182,11 @@ struct Keys<'a> {
 }
 
 async fn run_pieces(
-    ctx: &GpuContext,
+    ctx: &Run,
     dims: &AttentionDims,
     inputs: &GpuInputs<'_>,
     options: &AttentionOptions,
-    route: Route,
+    plan: &CallPlan,
     cut: Cut,
 ) -> Result<GpuOutputs> {
     let (b, hq, hkv, nq, t) = (
@@ -675,7 +292,7 @@ async fn run_pieces(
                 };
                 let outputs = (y.source(), lse.source(), qk.as_ref().map(Held::source));
                 let (used, runs) =
-                    run_piece(ctx, dims, inputs, &keys, options, route, cut, at, outputs).await?;
+                    run_piece(ctx, dims, inputs, &keys, options, plan, cut, at, outputs).await?;
                 piece_bytes = piece_bytes.max(used);
                 pieces += runs;
             }
@@ -694,16 +311,6 @@ async fn run_pieces(
         allocated_bytes: allocated + piece_bytes,
         pieces,
     })
-}
-
-/// The extent of a piece along each axis (the last piece may be shorter).
-fn piece_extent(dims: &AttentionDims, cut: &Cut, at: Origin) -> Cut {
-    Cut {
-        batches: cut.batches.min(dims.batch - at.batch),
-        kv_heads: cut.kv_heads.min(dims.kv_heads - at.kv_head),
-        queries: cut.queries.min(dims.q_len - at.query),
-        keys: cut.keys.min(dims.total_len() - at.key),
-    }
 }
 
 /// Copies one piece's inputs out of the call's and sets its positions.
@@ -894,7 +501,7 @@ fn input_bytes(p: &PieceInputs) -> u64 {
 /// inside error scopes.
 #[allow(clippy::too_many_arguments)]
 async fn gather_scoped<'a>(
-    ctx: &GpuContext,
+    ctx: &Run,
     dims: &AttentionDims,
     inputs: &GpuInputs<'a>,
     keys: &Keys<'a>,
@@ -916,12 +523,12 @@ async fn gather_scoped<'a>(
 /// the runs it took (one per key range).
 #[allow(clippy::too_many_arguments)]
 async fn run_piece(
-    ctx: &GpuContext,
+    ctx: &Run,
     dims: &AttentionDims,
     inputs: &GpuInputs<'_>,
     keys: &Keys<'_>,
     options: &AttentionOptions,
-    route: Route,
+    plan: &CallPlan,
     cut: Cut,
     at: Origin,
     outputs: (Source<'_>, Source<'_>, Option<Source<'_>>),
@@ -929,6 +536,9 @@ async fn run_piece(
     let (y, lse, qk) = outputs;
     let t = dims.total_len();
     let extent = piece_extent(dims, &cut, at);
+    let route = plan.gpu.ok_or(Error::Conflict(
+        "a call planned for the host runs no GPU kernels",
+    ))?;
     let piece_options = AttentionOptions {
         return_present: false,
         ..options.clone()
@@ -948,34 +558,24 @@ async fn run_piece(
             nonpad: piece.nonpad.as_deref(),
             kv_f16: inputs.kv_f16,
         };
-        let out = match route {
-            // A piece decodes by its own sizes (the planner's, per piece).
-            Route::Fused { kernel, .. } => {
-                let decode = ctx.decode_plan(&piece.dims);
-                fused::run(
-                    ctx,
-                    &piece.dims,
-                    &piece_inputs,
-                    &piece_options,
-                    &kernel,
-                    decode,
-                )
-                .await?
+        // A piece decodes by its own sizes (as planned for its extent; a call
+        // whole in one piece, by the call's).
+        let decode = match (plan.cut(), route) {
+            (Some(_), Route::Fused { .. }) => {
+                Some(plan.piece_decode([extent.batches, extent.kv_heads, extent.queries])?)
             }
-            Route::Unfused {
-                gemm, score_budget, ..
-            } => {
-                unfused::run(
-                    ctx,
-                    &piece.dims,
-                    &piece_inputs,
-                    &piece_options,
-                    gemm,
-                    score_budget,
-                )
-                .await?
-            }
+            _ => None,
         };
+        let out = run_whole(
+            ctx,
+            &piece.dims,
+            &piece_inputs,
+            &piece_options,
+            plan,
+            route,
+            decode,
+        )
+        .await?;
         ctx.scoped("piece outputs", || {
             let mut rec = Recorder::new(ctx, "piece outputs");
             let piece = (out.y.source(), out.lse.source());
@@ -990,36 +590,10 @@ async fn run_piece(
         return Ok((out.allocated_bytes + input_bytes(&piece), 1));
     }
 
-    // Keys in ranges: the fused kernel, resumed from one range to the next.
-    // (Also where the call was routed unfused: the unfused path cannot resume
-    // a row over key ranges, so a call whose keys exceed a binding needs the
-    // fused kernel at its head dims.)
-    let planned = match route {
-        Route::Fused { kernel, .. } => Ok(kernel),
-        Route::Unfused { .. } => {
-            ctx.fused_kernel_at(dims.head_dim, dims.v_head_dim, options.precision)
-        }
-    };
-    let kernel = planned.map_err(|e| match e {
-        Error::Limit {
-            what,
-            needed,
-            limit,
-            limit_name,
-            ..
-        } => Error::Limit {
-            what: format!(
-                "{what}, for this call's keys in ranges ({t} keys: K, V or the mask \
-                     exceed one binding even one head at a time)"
-            ),
-            needed,
-            limit,
-            limit_name,
-            hint: "only the fused kernel runs keys in ranges: use fewer keys per call, \
-                       an adapter with larger binding limits, or head dims the fused kernel takes",
-        },
-        other => other,
-    })?;
+    // Keys in ranges: the planned fused kernel, resumed from one range to the next.
+    let kernel = plan.key_ranges.ok_or(Error::Conflict(
+        "a call in pieces of some of its keys has no kernel planned for its key ranges",
+    ))?;
     let rows = extent.batches * extent.kv_heads * dims.group() * extent.queries;
     let (piece_y, stats) = ctx
         .scoped("piece outputs", || {
@@ -1064,6 +638,7 @@ async fn run_piece(
                     &piece_y,
                     &stats,
                     part,
+                    plan.removed_phases,
                 )?;
                 let mut used = input_bytes(&piece)
                     + fused_op::scratch_bytes(&kernel, &piece.dims, &ctx.caps.limits);
@@ -1100,121 +675,4 @@ async fn run_piece(
     })
     .await?;
     Ok((allocated, runs))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn gpu(binding: u64) -> Capabilities {
-        let mut caps = Capabilities::synthetic("DiscreteGpu");
-        caps.limits.max_storage_buffer_binding_size = binding;
-        caps.limits.max_buffer_size = 1 << 40;
-        caps.timestamp_query = true;
-        caps
-    }
-
-    fn decode(batch: usize, heads: usize, keys: usize) -> AttentionDims {
-        AttentionDims {
-            batch,
-            q_heads: heads,
-            kv_heads: heads,
-            q_len: 1,
-            kv_len: keys,
-            past_len: 0,
-            head_dim: 128,
-            v_head_dim: 128,
-            mask: None,
-            has_past: false,
-            has_nonpad: false,
-            placement: Placement::default(),
-        }
-    }
-
-    /// The fused route; which kernel does not change how a call is cut.
-    fn fused_route() -> Route {
-        Route::Fused {
-            kernel: crate::kernels::attention::FusedKernel::Subgroup { width: 8 },
-            decode: None,
-        }
-    }
-
-    fn plan(caps: &Capabilities, dims: &AttentionDims, options: &AttentionOptions) -> Result<Cut> {
-        let limit = caps.limits.max_bindable_bytes();
-        Cut::plan(caps, dims, options, fused_route(), limit)
-    }
-
-    #[test]
-    fn contiguous_runs_are_whole_inner_axes_under_one_partial_axis() {
-        let full = [8, 32, 100, 128];
-        assert_eq!(
-            contiguous_run(full, [4, 0, 0, 0], [4, 32, 100, 128]),
-            Some((4 * 32 * 100 * 128, 4 * 32 * 100 * 128))
-        );
-        assert_eq!(
-            contiguous_run(full, [2, 16, 0, 0], [1, 16, 100, 128]),
-            Some(((2 * 32 + 16) * 100 * 128, 16 * 100 * 128))
-        );
-        // One head's range of keys is a run; two heads' are not.
-        assert_eq!(
-            contiguous_run(full, [0, 3, 50, 0], [1, 1, 50, 128]),
-            Some(((3 * 100 + 50) * 128, 50 * 128))
-        );
-        assert_eq!(contiguous_run(full, [0, 0, 50, 0], [1, 2, 50, 128]), None);
-        assert_eq!(contiguous_run(full, [0, 0, 0, 0], [2, 16, 100, 128]), None);
-    }
-
-    #[test]
-    fn long_decodes_split_by_batch_then_by_head() {
-        // wgpu's native binding limit: 2 GiB less 4 bytes.
-        let h100 = gpu((2 << 30) - 4);
-        let options = AttentionOptions::default();
-        // B 8, H 32, d 128: K is 2 GiB at 16k keys, 16 GiB at 128k.
-        let at_16k = decode(8, 32, 16384);
-        assert!(!whole_fits(
-            &h100,
-            &at_16k,
-            &options,
-            fused_route(),
-            (2 << 30) - 4
-        ));
-        let cut = plan(&h100, &at_16k, &options).unwrap();
-        assert_eq!(cut.sizes(), [4, 32, 1, 16384]);
-        let cut = plan(&h100, &decode(8, 32, 131072), &options).unwrap();
-        assert_eq!(cut.sizes(), [1, 16, 1, 131072]);
-        // In a browser (128 MiB), 128k keys of one head (64 MiB) still fit.
-        let browser = gpu(128 << 20);
-        let cut = plan(&browser, &decode(8, 32, 131072), &options).unwrap();
-        assert_eq!(cut.sizes(), [1, 2, 1, 131072]);
-        // Calls that fit run whole.
-        assert!(whole_fits(
-            &h100,
-            &decode(8, 32, 4096),
-            &options,
-            fused_route(),
-            (2 << 30) - 4
-        ));
-    }
-
-    #[test]
-    fn keys_split_last_and_never_under_probabilities() {
-        let tiny = gpu(64 << 10);
-        let options = AttentionOptions::default();
-        // One head's K is 1.5 MiB: keys are halved until a piece's K fits.
-        let cut = plan(&tiny, &decode(1, 1, 3072), &options).unwrap();
-        assert_eq!(cut.sizes(), [1, 1, 1, 96]);
-        let probabilities = AttentionOptions {
-            qk_matmul_output_mode: Some(QkMatmulOutputMode::Probabilities),
-            ..Default::default()
-        };
-        let err = plan(&tiny, &decode(1, 1, 3072), &probabilities).unwrap_err();
-        assert!(err.to_string().contains("mode 2"), "{err}");
-        // Per-batch lengths: keys split one batch at a time.
-        let lengths = AttentionDims {
-            has_nonpad: true,
-            ..decode(4, 1, 3072)
-        };
-        let cut = plan(&tiny, &lengths, &options).unwrap();
-        assert_eq!(cut.batches, 1);
-    }
 }

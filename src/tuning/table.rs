@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use crate::device::capabilities::Capabilities;
 use crate::kernels::attention::coop::CoopForm;
+use crate::kernels::attention::names;
 use crate::kernels::decode::{DecodeKernel, StreamShape, GROUPED_ROWS};
 use crate::options::RuntimeChecks;
 
@@ -67,14 +68,14 @@ impl TuningKey {
             dk4: dk.div_ceil(4) as u32,
             dv4: dv.div_ceil(4) as u32,
             runtime_checks: RuntimeChecks::On,
-            kernels: crate::kernels::registry::Kernel::fingerprint().to_string(),
+            kernels: crate::kernels::fingerprint().to_string(),
         }
     }
 
     /// Whether the entry under this key was measured on the kernels of this
     /// build.
     pub fn is_current(&self) -> bool {
-        self.kernels == crate::kernels::registry::Kernel::fingerprint()
+        self.kernels == crate::kernels::fingerprint()
     }
 
     /// This key for kernels compiled with `runtime_checks`.
@@ -117,11 +118,11 @@ impl TunedKernel {
     /// The kernel's name.
     pub fn name(&self) -> &'static str {
         match self {
-            TunedKernel::Tiled { shuffle: true, .. } => "attention_tiled_shuffle",
-            TunedKernel::Tiled { chunked: true, .. } => "attention_tiled_chunked",
-            TunedKernel::Tiled { .. } => "attention_tiled",
-            TunedKernel::Portable => "attention_fused",
-            TunedKernel::Subgroup => "attention_sg",
+            TunedKernel::Tiled { shuffle: true, .. } => names::TILED_SHUFFLE,
+            TunedKernel::Tiled { chunked: true, .. } => names::TILED_CHUNKED,
+            TunedKernel::Tiled { .. } => names::TILED,
+            TunedKernel::Portable => names::PORTABLE,
+            TunedKernel::Subgroup => names::SUBGROUP,
         }
     }
 }
@@ -231,7 +232,7 @@ impl TunedCoop {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TunedGemm {
     /// The form.
-    pub form: crate::plan::overrides::FastGemm,
+    pub form: crate::kernels::gemm::FastGemm,
     /// The unfused path's median time at `Fast` with it, in ms.
     pub unfused_ms: f64,
 }
@@ -611,7 +612,7 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
         ));
     }
     let kernel = match fields[6] {
-        tiled @ ("attention_tiled" | "attention_tiled_shuffle" | "attention_tiled_chunked") => {
+        tiled if [names::TILED, names::TILED_SHUFFLE, names::TILED_CHUNKED].contains(&tiled) => {
             TunedKernel::Tiled {
                 query_rows: number(7, "BQ")?,
                 keys_per_tile: number(8, "BK")?,
@@ -622,30 +623,32 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
                     Some("1") => true,
                     Some(other) => return Err(format!("prefetch {other:?} is not 0 or 1")),
                 },
-                shuffle: tiled == "attention_tiled_shuffle",
-                chunked: tiled == "attention_tiled_chunked",
+                shuffle: tiled == names::TILED_SHUFFLE,
+                chunked: tiled == names::TILED_CHUNKED,
             }
         }
-        "attention_fused" => TunedKernel::Portable,
-        "attention_sg" => TunedKernel::Subgroup,
+        n if n == names::PORTABLE => TunedKernel::Portable,
+        n if n == names::SUBGROUP => TunedKernel::Subgroup,
         other => return Err(format!("unknown kernel {other:?}")),
     };
     let decode = match fields.get(13).copied() {
         None | Some("-") => None,
         Some(name) => {
             let kernel = match name {
-                "attention_decode" => DecodeKernel::Staged,
-                "attention_decode_stream" => DecodeKernel::Stream(StreamShape {
-                    lanes: number(14, "L")?,
-                    keys_per_step: number(15, "KB")?,
-                    prefetch: match fields.get(20).map(|f| f.trim()) {
-                        None | Some("0") => false,
-                        Some("1") => true,
-                        Some(other) => {
-                            return Err(format!("decode_prefetch {other:?} is not 0 or 1"))
-                        }
-                    },
-                }),
+                n if n == crate::kernels::decode::names::STAGED => DecodeKernel::Staged,
+                n if n == crate::kernels::decode::names::STREAM => {
+                    DecodeKernel::Stream(StreamShape {
+                        lanes: number(14, "L")?,
+                        keys_per_step: number(15, "KB")?,
+                        prefetch: match fields.get(20).map(|f| f.trim()) {
+                            None | Some("0") => false,
+                            Some("1") => true,
+                            Some(other) => {
+                                return Err(format!("decode_prefetch {other:?} is not 0 or 1"))
+                            }
+                        },
+                    })
+                }
                 other => return Err(format!("unknown decode kernel {other:?}")),
             };
             Some(TunedDecode {
@@ -663,7 +666,7 @@ fn parse_line(line: &str) -> std::result::Result<(TuningKey, TunedEntry), String
     let fast_gemm = match fields.get(22).map(|f| f.trim()) {
         None | Some("-") => None,
         Some(name) => Some(TunedGemm {
-            form: crate::plan::overrides::FastGemm::from_name(name)
+            form: crate::kernels::gemm::FastGemm::from_name(name)
                 .ok_or_else(|| format!("unknown matrix-unit GEMM form {name:?}"))?,
             unfused_ms: time(23, "fast_gemm_ms")?,
         }),
@@ -706,7 +709,7 @@ mod tests {
             dk4,
             dv4: dk4,
             runtime_checks: RuntimeChecks::On,
-            kernels: crate::kernels::registry::Kernel::fingerprint().to_string(),
+            kernels: crate::kernels::fingerprint().to_string(),
         }
     }
 
@@ -745,7 +748,7 @@ mod tests {
                 coop_ms: Some(3.75),
                 unfused_coop_ms: Some(5.5),
                 fast_gemm: Some(TunedGemm {
-                    form: crate::plan::overrides::FastGemm::Packed(
+                    form: crate::kernels::gemm::FastGemm::Packed(
                         crate::kernels::gemm::PackedTile { rows: 4, cols: 2 },
                     ),
                     unfused_ms: 0.75,

@@ -8,8 +8,9 @@ use crate::error::{Error, Result};
 use crate::kernels::attention::coop::CoopForm;
 use crate::kernels::attention::{CoopTiles, FusedKernel, FusedTiles, TiledTiles};
 use crate::kernels::decode::{DecodeKernel, DecodePlan, StreamShape, GROUPED_ROWS};
+use crate::kernels::gemm::{FastGemm, GemmKernel};
 use crate::measure::{measure_gpu, Repeats};
-use crate::plan::overrides::{FastGemm, GemmKernel};
+use crate::plan::overrides::Overrides;
 use crate::problem::AttentionDims;
 use crate::{AttentionInputs, AttentionOptions, Engine, FusedKernelChoice, KernelPath, Precision};
 
@@ -202,9 +203,6 @@ async fn time_decode(
     timings: &mut Vec<Timed>,
     progress: &mut impl FnMut(&str),
 ) -> Result<Option<TunedDecode>> {
-    let ctx = engine.gpu().ok_or(Error::Conflict(
-        "tuning needs a GPU engine; this one runs on the CPU",
-    ))?;
     let kernels = decode_candidates(engine, dims)?;
     if kernels.is_empty() {
         return Ok(None);
@@ -221,7 +219,7 @@ async fn time_decode(
     for kernel in kernels {
         let label = kernel.label();
         progress(&format!("head dims {dk}/{dv}: {what} {label}"));
-        let pinned = Engine::from_context(ctx.clone().with_pinned_decode(kernel));
+        let pinned = candidate(engine, |o| o.pinned_decode = Some(kernel))?;
         let Some(ms) = left_out(
             time_call(&pinned, &inputs, KernelPath::Fused, Precision::Highest).await,
             |why| {
@@ -280,12 +278,15 @@ pub fn decode_candidates(engine: &Engine, dims: &AttentionDims) -> Result<Vec<De
 /// The forms of the matrix-unit GEMM the tuner times on the unfused path at
 /// `Precision::Fast`: every one that fits where the adapter has matrix
 /// units, none elsewhere.
-pub fn fast_gemm_candidates(ctx: &crate::GpuContext) -> Vec<FastGemm> {
-    let shape = match ctx.gemm_kernel_at(Precision::Fast) {
+pub fn fast_gemm_candidates(engine: &Engine) -> Vec<FastGemm> {
+    let Some(planner) = engine.planner(0, 0) else {
+        return Vec::new();
+    };
+    let shape = match planner.gemm_kernel_at(Precision::Fast) {
         GemmKernel::CoopPacked { shape, .. } | GemmKernel::Coop(shape) => shape,
         _ => return Vec::new(),
     };
-    let limits = &ctx.capabilities().limits;
+    let limits = &planner.caps.limits;
     FastGemm::ALL
         .into_iter()
         .filter(|form| match form {
@@ -293,6 +294,18 @@ pub fn fast_gemm_candidates(ctx: &crate::GpuContext) -> Vec<FastGemm> {
             FastGemm::Staged => crate::kernels::gemm::coop_fits(shape, limits),
         })
         .collect()
+}
+
+/// An engine of its own on `engine`'s device, sharing its tuning table,
+/// whose overrides `pin` sets: one candidate the tuner times while calls
+/// made on `engine` meanwhile keep their kernels.
+fn candidate(engine: &Engine, pin: impl FnOnce(&mut Overrides)) -> Result<Engine> {
+    let shared = engine.sharing_device().ok_or(Error::Conflict(
+        "tuning needs a GPU engine; this one runs on the CPU",
+    ))?;
+    let mut overrides = *engine.overrides();
+    pin(&mut overrides);
+    Ok(shared.with_overrides(overrides))
 }
 
 /// The median time of `path` on `engine` (whose tensors are its own) on
@@ -373,7 +386,8 @@ pub async fn tune(
             let label = kernel.label();
             progress(&format!("head dims {dk}/{dv}: {label}"));
             // An engine of its own on the same device, running only this kernel.
-            let pinned = Engine::from_context(ctx.clone().with_pinned_fused_kernel(kernel));
+            let form = crate::plan::planner::tuned_form(&kernel);
+            let pinned = candidate(engine, |o| o.pinned_fused = form)?;
             let Some(ms) = left_out(
                 time_call(&pinned, &inputs, KernelPath::Fused, Precision::Highest).await,
                 |why| progress(&format!("head dims {dk}/{dv}: {label} left out: {why}")),
@@ -410,11 +424,10 @@ pub async fn tune(
                 keys_per_tile: tiles.keys_per_tile,
                 form: tiles.form,
             };
-            let coop = Engine::from_context(
-                ctx.clone()
-                    .with_fused_kernel(FusedKernelChoice::Coop)?
-                    .with_pinned_coop_tiles(tuned),
-            );
+            let coop = candidate(engine, |o| {
+                o.fused = FusedKernelChoice::Coop;
+                o.pinned_coop = Some(tuned);
+            })?;
             if let Some(ms) = left_out(
                 time_call(&coop, &inputs, KernelPath::Fused, Precision::Fast).await,
                 |why| progress(&format!("head dims {dk}/{dv}: {label} left out: {why}")),
@@ -436,14 +449,13 @@ pub async fn tune(
         // units forced, so an earlier entry cannot turn them off.
         let mut unfused_coop_ms = None;
         let mut fast_gemm: Option<TunedGemm> = None;
-        for form in fast_gemm_candidates(ctx) {
+        for form in fast_gemm_candidates(engine) {
             let label = format!("unfused (precision fast, {})", form.name());
             progress(&format!("head dims {dk}/{dv}: {label}"));
-            let coop = Engine::from_context(
-                ctx.clone()
-                    .with_fused_kernel(FusedKernelChoice::Coop)?
-                    .with_pinned_fast_gemm(form),
-            );
+            let coop = candidate(engine, |o| {
+                o.fused = FusedKernelChoice::Coop;
+                o.pinned_fast_gemm = Some(form);
+            })?;
             if let Some(ms) = left_out(
                 time_call(&coop, &inputs, KernelPath::Unfused, Precision::Fast).await,
                 |why| progress(&format!("head dims {dk}/{dv}: {label} left out: {why}")),
@@ -505,7 +517,9 @@ pub async fn tune(
             fast_gemm,
             coop_tiles,
         };
-        ctx.record_tuning(ctx.tuning_key(dk, dv), entry);
+        if let Some(key) = engine.tuning_key(dk, dv) {
+            engine.record_tuning(key, entry);
+        }
         reports.push(TuneReport {
             head_dims: (dk, dv),
             problem: TuningProblem {

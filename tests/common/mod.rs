@@ -188,3 +188,19 @@ pub fn rotation(what: &str, n: usize) -> usize {
     println!("rotation for {what}: {pick} of {n} (WEBATTN_ROTATION={turn} repeats it)");
     pick
 }
+
+/// An engine of its own on `engine`'s device, sharing its tuning table,
+/// with `engine`'s overrides as `pin` sets them (a kernel pinned, phases
+/// removed): one candidate of a test.
+#[allow(dead_code)]
+pub fn pinned(
+    engine: &Engine,
+    pin: impl FnOnce(&mut webattn::plan::overrides::Overrides),
+) -> Engine {
+    let mut overrides = *engine.overrides();
+    pin(&mut overrides);
+    engine
+        .sharing_device()
+        .expect("a GPU engine")
+        .with_overrides(overrides)
+}

@@ -160,13 +160,11 @@ fn subgroup_kernels_at_width_4() {
         println!("no fixed CPU subgroups on this adapter: nothing to check at width 4");
         return;
     }
-    let ctx = engine
-        .gpu()
+    let narrow = engine
+        .sharing_device()
         .unwrap()
-        .clone()
         .with_subgroup_width(4)
         .expect("width 4");
-    let narrow = webattn::Engine::from_context(ctx);
     let mut cases = sweep(SweepKind::Quick);
     cases.push(
         CaseSpec::new("sg4-long", [1, 2, 1], [130, 3000], [64, 32]).with(|o| o.is_causal = true),

@@ -15,7 +15,7 @@ use std::process::Command;
 use webattn::device::spirv::{
     compile_coop_kernel, MAKE_AVAILABLE, MAKE_VISIBLE, NON_PRIVATE_POINTER,
 };
-use webattn::plan::kernel_plan::every_planned_pipeline;
+use webattn::kernels::planned as every_planned_pipeline;
 use webattn::RuntimeChecks;
 
 /// (opcode, operands after the first word) of each instruction.

@@ -126,8 +126,9 @@ fn every_team_shape_that_fits_agrees_with_the_oracle() {
             if i % 2 != turn {
                 continue;
             }
-            let pinned =
-                Engine::from_context(ctx.clone().with_pinned_decode(DecodeKernel::Stream(shape)));
+            let pinned = common::pinned(&engine, |o| {
+                o.pinned_decode = Some(DecodeKernel::Stream(shape))
+            });
             let results = run_case(&pinned, case, &[KernelPath::Fused], common::seed());
             for result in pollster::block_on(results) {
                 common::print_result(&result);
@@ -155,11 +156,10 @@ fn every_team_shape_that_fits_agrees_with_the_oracle() {
 /// every row is 0. Two query rows per head (a GQA group of 2) over 1000 keys.
 #[test]
 fn each_phase_switch_of_the_streaming_kernel_removes_its_phase() {
-    use webattn::plan::ablation::Phases;
+    use webattn::kernels::ablation::Phases;
     let Some(engine) = stream_engine() else {
         return;
     };
-    let ctx = engine.gpu().expect("a GPU engine");
     let (heads, kv_heads, rows, keys, d) = (4, 2, 2, 1000, 64);
     let mut rng = webattn::rng::SplitMix64::new(common::seed());
     let tensor = |shape: [usize; 4], rng: &mut webattn::rng::SplitMix64| {
@@ -174,7 +174,7 @@ fn each_phase_switch_of_the_streaming_kernel_removes_its_phase() {
     };
     let inputs = webattn::AttentionInputs::new(&q, &k, &v);
     let run = |phases: Phases| {
-        let variant = Engine::from_context(ctx.clone().without_phases(phases));
+        let variant = common::pinned(&engine, |o| o.removed_phases = phases);
         let y = variant
             .attention_host_blocking(&inputs, &options)
             .unwrap()

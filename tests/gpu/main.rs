@@ -20,6 +20,7 @@ mod family_position;
 mod fuzz;
 mod gemm;
 mod kv_cache;
+mod plans;
 mod prepared;
 mod softmax;
 mod split;

@@ -12,6 +12,7 @@
 use crate::common;
 
 use webattn::conformance::{sweep, SweepKind};
+use webattn::kernels::ablation::Phases;
 use webattn::kernels::attention::tiled::SHUFFLE_MIN_TK;
 use webattn::kernels::attention::{FusedKernel, TiledTiles};
 use webattn::{Engine, KernelLimits, KernelPath};
@@ -135,7 +136,6 @@ fn chunked_forms_agree_with_the_oracle_on_the_quick_sweep() {
 /// Pins each of `shapes` in turn and runs the quick sweep's fused cases it
 /// has a tile for; each must have compiled its own pipeline.
 fn run_shapes(engine: &Engine, shapes: &[TiledTiles], limits: &KernelLimits) {
-    let ctx = engine.gpu().expect("a GPU engine");
     let cases = sweep(SweepKind::Quick);
     for &shape in shapes {
         // The cases this shape has a tile for (the others would run the
@@ -152,10 +152,7 @@ fn run_shapes(engine: &Engine, shapes: &[TiledTiles], limits: &KernelLimits) {
             mine.len()
         );
         assert!(!mine.is_empty(), "no quick case fits {shape:?}");
-        let pinned = Engine::from_context(
-            ctx.clone()
-                .with_pinned_fused_kernel(FusedKernel::Tiled(shape)),
-        );
+        let pinned = pin_tiled(engine, shape, Phases::NONE);
         common::run_cases(&pinned, &mine, KernelPath::Fused);
         let ran = pinned.gpu().unwrap().pipelines().compiled_keys();
         let (kernel, rq, prefetch) = (
@@ -221,10 +218,7 @@ fn an_attended_key_whose_score_is_neg_inf_still_multiplies_its_v_row() {
         ..Default::default()
     };
     for shape in shapes {
-        let pinned = Engine::from_context(
-            ctx.clone()
-                .with_pinned_fused_kernel(FusedKernel::Tiled(shape)),
-        );
+        let pinned = pin_tiled(engine, shape, Phases::NONE);
         let y = pinned
             .attention_host_blocking(&webattn::AttentionInputs::new(&q, &k, &v), &options)
             .unwrap()
@@ -255,7 +249,6 @@ fn an_attended_key_whose_score_is_neg_inf_still_multiplies_its_v_row() {
 /// The first measured shape, shuffle form and chunked form that run here.
 #[test]
 fn each_phase_switch_removes_its_phase() {
-    use webattn::plan::ablation::Phases;
     let Some(engine) = common::gpu() else { return };
     let ctx = engine.gpu().expect("a GPU engine");
     let caps = ctx.capabilities();
@@ -298,11 +291,7 @@ fn each_phase_switch_removes_its_phase() {
         .collect();
     for shape in shapes {
         let run = |phases: Phases| {
-            let variant = Engine::from_context(
-                ctx.clone()
-                    .with_pinned_fused_kernel(FusedKernel::Tiled(shape))
-                    .without_phases(phases),
-            );
+            let variant = pin_tiled(engine, shape, phases);
             let y = variant
                 .attention_host_blocking(&inputs, &options)
                 .unwrap()
@@ -344,4 +333,18 @@ fn each_phase_switch_removes_its_phase() {
             );
         }
     }
+}
+
+/// An engine on `engine`'s device whose fused calls run the tiled kernel at
+/// `shape`, without `phases`.
+fn pin_tiled(
+    engine: &Engine,
+    shape: webattn::kernels::attention::TiledTiles,
+    phases: Phases,
+) -> Engine {
+    let form = webattn::plan::planner::tuned_form(&FusedKernel::Tiled(shape));
+    common::pinned(engine, |o| {
+        o.pinned_fused = form;
+        o.removed_phases = phases;
+    })
 }

@@ -15,8 +15,8 @@ use naga::back::{glsl, hlsl, msl, spv};
 use naga::valid::{Capabilities, ModuleInfo, ShaderStages, SubgroupOperationSet, Validator};
 use naga::{Module, ShaderStage};
 use webattn::device::pipeline::PipelineKey;
-use webattn::kernels::registry::Kernel;
-use webattn::plan::kernel_plan::every_planned_pipeline;
+use webattn::kernels::planned as every_planned_pipeline;
+use webattn::shader::kernel::Kernel;
 
 /// A backend's writer: the bytes it wrote, or its error.
 type Writer = fn(&Module, &ModuleInfo, &PipelineKey) -> Result<usize, String>;
@@ -240,7 +240,7 @@ fn every_planned_pipeline_translates_for_every_backend() {
         failures.join("\n")
     );
     // Every kernel of the registry took part.
-    for kernel in Kernel::ALL {
+    for kernel in webattn::kernels::all() {
         assert!(
             work.iter().any(|k| k.kernel == kernel),
             "{kernel} was not translated"
@@ -272,13 +272,34 @@ fn the_subgroup_kernels_are_never_planned_without_subgroups() {
         cooperative_matrix: Vec::new(),
     };
     assert_eq!(caps.fixed_cpu_subgroup(), None);
-    let plan = webattn::plan::kernel_plan::KernelPlan::for_capabilities(&caps);
-    for config in &plan.kernels {
-        assert!(
-            !config.label.starts_with("gemm_sg") && !config.label.starts_with("attention_sg"),
-            "{} planned on an adapter without subgroups",
-            config.label
-        );
+    let overrides = webattn::plan::overrides::Overrides::default();
+    for dims in [
+        webattn::AttentionDims::plain(1, [8, 8], [1024, 1024], [64, 64]),
+        webattn::AttentionDims::plain(1, [32, 8], [1, 4096], [128, 128]),
+        webattn::AttentionDims::plain(1, [2, 2], [256, 256], [512, 512]),
+    ] {
+        for path in [webattn::KernelPath::Auto, webattn::KernelPath::Unfused] {
+            let planner = webattn::plan::planner::Planner {
+                caps: &caps,
+                overrides: &overrides,
+                tuned: None,
+                dk: dims.head_dim,
+                dv: dims.v_head_dim,
+            };
+            let options = webattn::AttentionOptions {
+                path,
+                ..Default::default()
+            };
+            let plan = webattn::plan::plan_call(Some(&planner), u64::MAX, &dims, &options)
+                .expect("a plan");
+            let text = plan.to_string();
+            assert!(
+                !text.contains("gemm_sg")
+                    && !text.contains("attention_sg")
+                    && !text.contains("stream"),
+                "{text}: a subgroup kernel planned on an adapter without subgroups"
+            );
+        }
     }
 }
 

@@ -196,7 +196,8 @@ export interface AdapterInfo {
     maxComputeInvocationsPerWorkgroup: number; maxComputeWorkgroupsPerDimension: number;
   };
   features?: { shaderF16: boolean; subgroups: boolean; subgroupMinSize: number; subgroupMaxSize: number; timestampQuery: boolean };
-  kernels?: { label: string; role: string }[];
+  /** The plans of typical calls on this engine (a prefill, a decoder step, head dims past the fused kernels), as `webattn info` prints them. */
+  plans?: { call: string; plan: string }[];
   /** The fused kernel calls run at head dims 64 (`attention_tiled` on GPUs, `attention_sg` on CPU adapters with fixed subgroups, `attention_fused` where neither fits). */
   fusedKernel?: string;
 }

@@ -293,20 +293,26 @@ impl EngineCore {
         set(&features, "subgroupMaxSize", caps.subgroup_max_size);
         set(&features, "timestampQuery", caps.timestamp_query);
         set(&out, "features", features);
-        if let Some(plan) = self.engine.kernel_plan() {
-            let kernels: Array = plan
-                .kernels
-                .iter()
-                .map(|k| {
-                    let o = Object::new();
-                    set(&o, "label", k.label.to_string());
-                    set(&o, "role", k.role.to_string());
-                    JsValue::from(o)
-                })
-                .collect();
-            set(&out, "kernels", kernels);
-        }
-        if let Some(Ok(kernel)) = self.engine.gpu().map(|ctx| ctx.fused_kernel(64, 64)) {
+        let plans: Array = self
+            .engine
+            .typical_plans()
+            .into_iter()
+            .map(|(call, plan)| {
+                let o = Object::new();
+                set(&o, "call", call.trim());
+                set(
+                    &o,
+                    "plan",
+                    match plan {
+                        Ok(plan) => plan.to_string(),
+                        Err(e) => format!("refused: {e}"),
+                    },
+                );
+                JsValue::from(o)
+            })
+            .collect();
+        set(&out, "plans", plans);
+        if let Some(Ok(kernel)) = self.engine.planner(64, 64).map(|p| p.fused_kernel()) {
             set(&out, "fusedKernel", kernel.name());
         }
         out.into()

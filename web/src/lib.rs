@@ -29,7 +29,7 @@ use wasm_bindgen::prelude::*;
 /// native-only feature, gfx-rs/wgpu#5555).
 #[wasm_bindgen(js_name = kernelSources)]
 pub fn kernel_sources() -> String {
-    let list: Vec<Value> = webattn::plan::kernel_plan::every_pipeline_variant()
+    let list: Vec<Value> = webattn::kernels::variants()
         .into_iter()
         .map(|key| {
             let constants: serde_json::Map<String, Value> = key

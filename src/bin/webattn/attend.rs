@@ -225,9 +225,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     let start = Instant::now();
     let out = engine.attention_host_blocking(&inputs, &options)?;
     let millis = start.elapsed().as_secs_f64() * 1e3;
-    let path = engine
-        .last_call()
-        .map_or(engine.resolve_path(&options), |c| c.plan.path);
+    let path = engine.last_call().map_or(options.path, |c| c.plan.path);
 
     let y = if three_d {
         merge_heads(&out.y)?

@@ -4,21 +4,26 @@
 //! The `cpu` rows are the fast CPU backend; the f64 oracle is timed once at
 //! seq 2048 (causal and not) for reference. On a CPU engine only the CPU rows run.
 
-use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
-use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::{json, Value};
-use webattn::kernels::decode::DecodeKernel;
+use indicatif::ProgressBar;
+use serde_json::Value;
 use webattn::kernels::gemm::packed as gemm_packed;
 use webattn::kernels::gemm::{GemmKernel, PackedTile};
 use webattn::measure as bench;
-use webattn::measure::{AttentionShape, Clock, Repeats};
+use webattn::measure::{AttentionShape, Repeats};
 use webattn::{DType, KernelPath, Precision};
 
+use self::ceilings::{Ceilings, End};
+use self::report::Report;
 use super::plot;
+
+mod ceilings;
+mod report;
+mod rows;
+mod table;
 
 /// Arguments of `webattn bench`.
 #[derive(clap::Args, Debug)]
@@ -406,16 +411,57 @@ fn repeats(path: KernelPath, quick: bool) -> Repeats {
     }
 }
 
+/// A run's engine, arguments and progress: what measuring and reporting its
+/// rows need.
+struct Setting<'a> {
+    engine: &'a webattn::Engine,
+    /// The engine's GPU (none on a CPU engine).
+    ctx: Option<&'a webattn::GpuContext>,
+    args: &'a Args,
+    /// The decoder layer of the token rows.
+    layer: bench::DecoderLayerShape,
+    /// Whether the adapter has matrix units (the rows at `Precision::Fast`).
+    matrix_units: bool,
+    progress: Progress,
+}
+
+/// Progress on stderr: a bar on a terminal, lines otherwise.
+struct Progress(Option<ProgressBar>);
+
+impl Progress {
+    /// One step begun: the bar's message and count, or a line.
+    fn note(&self, msg: String) {
+        match &self.0 {
+            Some(bar) => {
+                bar.set_message(msg);
+                bar.inc(1);
+            }
+            None => eprintln!("{msg}"),
+        }
+    }
+
+    /// A row's figures as soon as it is measured, so that a run cut short
+    /// (a time slot on a lent GPU) still leaves them in its log.
+    fn said(&self, line: String) {
+        match &self.0 {
+            Some(bar) => bar.println(line),
+            None => eprintln!("{line}"),
+        }
+    }
+
+    /// Clears the bar, if any.
+    fn finish(&self) {
+        if let Some(bar) = &self.0 {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Runs `webattn bench`: the ceilings at both ends, the planned rows between
+/// them, then the table, the JSON and the plot (or only `--replot`'s plot).
 pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitCode> {
     if let (Some(json), Some(out)) = (&args.replot, &args.plot) {
-        let text = std::fs::read_to_string(json)
-            .with_context(|| format!("cannot read {}", json.display()))?;
-        let report: Value = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not a bench report", json.display()))?;
-        // A CPU engine's report has no ceiling (null): the plot draws none.
-        let ceiling = report["fma_ceiling_gflops"].as_f64().unwrap_or(0.0);
-        super::files::write_text(out, &plot::attention_svg(&report, ceiling))?;
-        return Ok(ExitCode::SUCCESS);
+        return replot(json, out);
     }
     let engine = super::adapter_engine(engine_args)?;
     let ctx = engine.gpu();
@@ -423,810 +469,59 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     // A CPU adapter (lavapipe) or a CPU engine gets the small decoder layer.
     let small_layer =
         args.quick || ctx.is_none_or(|c| c.capabilities().adapter.device_type == "Cpu");
-    let layer = token_layer(small_layer);
     let gpu_scale = ctx.is_some_and(|c| c.capabilities().adapter.device_type != "Cpu");
     let matrix_units =
         ctx.is_some_and(|c| webattn::kernels::matrix_units::coop_shape(c.capabilities()).is_some());
     let jobs = plan(args, ctx.is_some(), gpu_scale, small_layer, matrix_units);
-    let bar = std::io::stderr().is_terminal().then(|| {
-        let bar = ProgressBar::new(jobs.len() as u64 + 4);
-        bar.set_style(
-            ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> "),
-        );
-        bar
-    });
-    let note = |msg: String| match &bar {
-        Some(bar) => {
-            bar.set_message(msg);
-            bar.inc(1);
-        }
-        None => eprintln!("{msg}"),
-    };
-    // Each row's figures as soon as it is measured, so that a run cut short
-    // (a time slot on a lent GPU) still leaves them in its log.
-    let said = |line: String| match &bar {
-        Some(bar) => bar.println(line),
-        None => eprintln!("{line}"),
+    let setting = Setting {
+        engine: &engine,
+        ctx,
+        args,
+        layer: token_layer(small_layer),
+        matrix_units,
+        progress: Progress(super::progress::progress_bar(jobs.len() + 4)),
     };
 
-    let ceiling_repeats = Repeats {
-        warmup: 2,
-        timed: 5,
-    };
-    note("FMA ceiling".into());
-    let first = match ctx {
-        Some(ctx) => Some(pollster::block_on(bench::fma_ceiling(ctx, ceiling_repeats))?.1),
-        None => None,
-    };
-    note("bandwidth ceiling".into());
-    let copy_first = match ctx {
-        Some(ctx) => Some(pollster::block_on(bench::bandwidth_ceiling(
-            ctx,
-            ceiling_repeats,
-        ))?),
-        None => None,
-    };
-    // This machine's speed may drift during a run (a shared VM's did by 30%), so
-    // every GEMM and attention measurement is paired with a short FMA-ceiling
-    // run just before it and its share is taken against that (decode shares
-    // use the bandwidth ceiling's median over the run's two ends). The CPU
-    // rows share the host's FMA ceiling, measured the same way just before.
-    let adjacent = |path: KernelPath, guarded: &mut GuardTally| -> anyhow::Result<f64> {
-        match (ctx, path) {
-            (_, KernelPath::Cpu | KernelPath::Oracle) => Ok(bench::host_fma_ceiling(
-                engine.cpu_backend().threads(),
-                Repeats {
-                    warmup: 1,
-                    timed: 3,
-                },
-            )
-            .0),
-            (Some(ctx), KernelPath::Fused | KernelPath::Unfused) => {
-                let (gflops, m) = pollster::block_on(bench::fma_ceiling(
-                    ctx,
-                    Repeats {
-                        warmup: 1,
-                        timed: 3,
-                    },
-                ))?;
-                guarded.note(&m);
-                Ok(gflops)
-            }
-            _ => Ok(f64::NAN),
-        }
-    };
+    let start = End::measure(&setting, "")?;
     // Every measurement's retakes are counted, the ceilings' too.
     let mut guarded = GuardTally::default();
-    if let (Some(first), Some(copy)) = (&first, &copy_first) {
-        guarded.note(first);
-        guarded.note(&copy.measurement);
-    }
-    let mut gemm = Vec::new();
-    let mut attention = Vec::new();
-    let mut decode = Vec::new();
-    let mut token_steps = Vec::new();
-    let mut token_skipped = Vec::new();
-    // The CPU engine of the CPU token rows, and the host's copy ceiling they
-    // are shared against (measured before the first of them).
-    let mut cpu_engine: Option<webattn::Engine> = None;
-    let mut stacks: Vec<(
-        webattn::WeightStorage,
-        Vec<webattn::family::mha::MultiHeadAttention>,
-    )> = Vec::new();
-    let mut host_copy: Option<bench::Bandwidth> = None;
-    let mut overhead: Option<bench::CallOverhead> = None;
-    let mut decode_skipped = Vec::new();
-    for job in &jobs {
-        match *job {
-            Job::Gemm(n, precision) => {
-                let Some(ctx) = ctx else { continue };
-                note(format!("GEMM {n}^3 {}", precision_name(precision)));
-                let r = repeats(KernelPath::Fused, args.quick);
-                let near = adjacent(KernelPath::Fused, &mut guarded)?;
-                let kernel = ctx.gemm_kernel_at(precision);
-                // From 1024³ on, the matrix-unit GEMM's other forms beside
-                // the one calls take: the packed kernel's other tiles and
-                // the staged kernel.
-                let mut kernels = vec![kernel];
-                if n >= 1024 {
-                    kernels.extend(gemm_alternatives(ctx, kernel));
-                }
-                for kernel in kernels {
-                    let (gflops, m) =
-                        pollster::block_on(bench::gemm_with(ctx, kernel, n, n, n, r))?;
-                    said(format!(
-                        "  {}: {:.3} ms, {gflops:.0} GFLOP/s, {:.1}% of the FMA ceiling ({near:.0}){}",
-                        kernel.label(),
-                        m.median_ms(),
-                        100.0 * gflops / near,
-                        guard_note(&m)
-                    ));
-                    guarded.note(&m);
-                    gemm.push((n, precision, kernel, gflops, m, near));
-                }
-            }
-            Job::Attention(shape, path, precision) => {
-                note(format!(
-                    "attention {path} seq {} d{}{} {}",
-                    shape.seq_q,
-                    shape.head_dim,
-                    if shape.causal { " causal" } else { "" },
-                    precision_name(precision)
-                ));
-                let near = adjacent(path, &mut guarded)?;
-                let run = bench::AttentionRun {
-                    path,
-                    precision,
-                    cold_cache: false,
-                    dtype: DType::F32,
-                };
-                let m = pollster::block_on(bench::attention_run(
-                    &engine,
-                    shape,
-                    run,
-                    repeats(path, args.quick),
-                ))
-                .with_context(|| format!("attention on the {path} path ({precision})"))?;
-                said(format!(
-                    "  {:.3} ms, {:.0} GFLOP/s, {:.1}% of the FMA ceiling ({near:.0}){}",
-                    m.measurement.median_ms(),
-                    m.gflops,
-                    100.0 * m.gflops / near,
-                    guard_note(&m.measurement)
-                ));
-                guarded.note(&m.measurement);
-                attention.push((shape, path, precision, m, near));
-            }
-            Job::Decode(shape, path, dtype) => {
-                // CPU rows are shared against the host's copy ceiling.
-                if path == KernelPath::Cpu && host_copy.is_none() {
-                    note("host copy ceiling".into());
-                    host_copy = Some(bench::host_bandwidth_ceiling(
-                        engine.cpu_backend().threads(),
-                        ceiling_repeats,
-                    ));
-                }
-                // The decode kernel the engine runs for this shape, and on a
-                // GPU whose choice is the streaming kernel the staged one
-                // beside it (pinned), measured the same way.
-                let dims = webattn::AttentionDims::plain(
-                    shape.batch,
-                    [shape.heads, shape.kv_heads],
-                    [1, shape.seq_k],
-                    [shape.head_dim, shape.head_dim],
-                );
-                let chosen = match (path, ctx) {
-                    (KernelPath::Fused, Some(ctx)) => {
-                        ctx.decode_plan(&dims).map(|plan| plan.kernel)
-                    }
-                    _ => None,
-                };
-                let mut runs = vec![(chosen, None)];
-                if let (Some(DecodeKernel::Stream(_)), Some(ctx)) = (chosen, ctx) {
-                    let staged = webattn::Engine::from_context(
-                        ctx.clone().with_pinned_decode(DecodeKernel::Staged),
-                    );
-                    runs.push((Some(DecodeKernel::Staged), Some(staged)));
-                }
-                for (kernel, pinned) in runs {
-                    let label = kernel.map_or_else(|| path.name().to_string(), |k| k.label());
-                    note(format!(
-                        "decode {path} B{} H{} {} keys {dtype} ({label})",
-                        shape.batch,
-                        heads_label(&shape),
-                        shape.seq_k
-                    ));
-                    // K and V come from memory, not from the cache the previous
-                    // run left them in (GPUs with timestamps; see BENCHMARKS.md).
-                    let m = match pollster::block_on(bench::attention_as(
-                        pinned.as_ref().unwrap_or(&engine),
-                        shape,
-                        path,
-                        repeats(path, args.quick),
-                        true,
-                        dtype,
-                    )) {
-                        Ok(m) => m,
-                        // K and V beyond this device's limits (a buffer past
-                        // max_buffer_size at 64k keys of 8 x 32 heads) are a
-                        // skipped row, not a lost run.
-                        Err(
-                            e @ (webattn::Error::Limit { .. } | webattn::Error::OutOfMemory(_)),
-                        ) => {
-                            said(format!("  skipped: {e}"));
-                            decode_skipped.push((shape, path, dtype, label, e.to_string()));
-                            continue;
-                        }
-                        Err(e) => {
-                            return Err(anyhow::Error::from(e)
-                                .context(format!("decode on the {path} path ({dtype}, {label})")))
-                        }
-                    };
-                    let ms = m.measurement.median_ms();
-                    said(format!(
-                        "  {ms:.3} ms, K and V at {:.0} GB/s{}",
-                        shape.kv_bytes_as(dtype) as f64 / (ms * 1e6),
-                        guard_note(&m.measurement)
-                    ));
-                    guarded.note(&m.measurement);
-                    decode.push((shape, path, dtype, kernel, m));
-                }
-            }
-            Job::TokenStep(cached, _) | Job::CpuTokenStep(cached) => {
-                let (on, storage) = match *job {
-                    Job::TokenStep(_, storage) => (&engine, storage),
-                    _ => (
-                        &*cpu_engine.get_or_insert_with(webattn::Engine::cpu),
-                        webattn::WeightStorage::F32,
-                    ),
-                };
-                let label = match on.backend() {
-                    webattn::BackendKind::Gpu => "gpu",
-                    webattn::BackendKind::Cpu => "cpu",
-                };
-                if label == "cpu" && host_copy.is_none() {
-                    note("host copy ceiling".into());
-                    host_copy = Some(bench::host_bandwidth_ceiling(
-                        on.cpu_backend().threads(),
-                        ceiling_repeats,
-                    ));
-                }
-                note(format!(
-                    "token step, {cached} tokens cached, {storage:?} weights, {label} engine"
-                ));
-                let step = pollster::block_on(bench::token_step(
-                    on,
-                    layer,
-                    cached,
-                    storage,
-                    repeats(KernelPath::Fused, args.quick),
-                ))
-                .and_then(|m| {
-                    let append = pollster::block_on(bench::kv_append(
-                        on,
-                        layer,
-                        cached,
-                        repeats(KernelPath::Fused, args.quick),
-                    ))?;
-                    Ok((m, append))
-                });
-                match step {
-                    Ok((m, append)) => {
-                        said(format!(
-                            "  token step {:.3} ms ({} dispatches, {} buffers), append {:.3} ms",
-                            m.measurement.median_ms(),
-                            m.counts.dispatches,
-                            m.counts.buffers,
-                            append.median_ms()
-                        ));
-                        token_steps.push((label, 1, cached, storage, m, Some(append)))
-                    }
-                    // A cache beyond this device's limits (e.g. under
-                    // --limits webgpu-default) is a skipped row, not a lost run.
-                    Err(e @ (webattn::Error::Limit { .. } | webattn::Error::OutOfMemory(_))) => {
-                        token_skipped.push((cached, e.to_string()))
-                    }
-                    Err(e) => {
-                        return Err(anyhow::Error::from(e)
-                            .context(format!("a token step with {cached} tokens cached")))
-                    }
-                }
-            }
-            Job::TokenStack(cached, storage) => {
-                note(format!(
-                    "stack of {STACK_LAYERS} layers, {cached} tokens cached, {storage:?} weights"
-                ));
-                // One stack per weight storage, kept for every cache length.
-                let stack = match stacks.iter().position(|(s, _)| *s == storage) {
-                    Some(i) => &stacks[i].1,
-                    None => {
-                        stacks.push((storage, bench::decoder_stack(layer, STACK_LAYERS, storage)?));
-                        &stacks.last().expect("just pushed").1
-                    }
-                };
-                match pollster::block_on(bench::token_stack(
-                    &engine,
-                    stack,
-                    layer,
-                    cached,
-                    repeats(KernelPath::Fused, args.quick),
-                )) {
-                    Ok(m) => {
-                        said(format!(
-                            "  {:.3} ms a token ({} dispatches, {} buffers, {} submissions)",
-                            m.measurement.median_ms(),
-                            m.counts.dispatches,
-                            m.counts.buffers,
-                            m.counts.submissions
-                        ));
-                        token_steps.push(("gpu", STACK_LAYERS, cached, storage, m, None));
-                    }
-                    Err(e @ (webattn::Error::Limit { .. } | webattn::Error::OutOfMemory(_))) => {
-                        token_skipped.push((cached, format!("stack of {STACK_LAYERS}: {e}")))
-                    }
-                    Err(e) => {
-                        return Err(anyhow::Error::from(e).context(format!(
-                            "a stack of {STACK_LAYERS} layers with {cached} tokens cached"
-                        )))
-                    }
-                }
-            }
-            Job::Overhead => {
-                note("per-call overhead, B1 H1 N16 d16".into());
-                let measured = pollster::block_on(bench::call_overhead(
-                    &engine,
-                    repeats(KernelPath::Fused, args.quick),
-                ))?;
-                let of_plain = |m: &Option<bench::Measurement>| {
-                    m.as_ref().map_or("-".to_string(), |m| {
-                        format!("{:.0}%", 100.0 * m.median_ms() / measured.plain.median_ms())
-                    })
-                };
-                said(format!(
-                    "  Engine::attention {:.3} ms, prepared run {:.3} ms, recorded {} and \
-                     record alone {} of Engine::attention",
-                    measured.plain.median_ms(),
-                    measured.prepared.median_ms(),
-                    of_plain(&measured.recorded),
-                    of_plain(&measured.record_only),
-                ));
-                overhead = Some(measured);
-            }
-        }
-    }
-    note("FMA ceiling, again".into());
-    let last = match ctx {
-        Some(ctx) => Some(pollster::block_on(bench::fma_ceiling(ctx, ceiling_repeats))?.1),
-        None => None,
-    };
-    note("bandwidth ceiling, again".into());
-    let copy_last = match ctx {
-        Some(ctx) => Some(pollster::block_on(bench::bandwidth_ceiling(
-            ctx,
-            ceiling_repeats,
-        ))?),
-        None => None,
-    };
-    if let (Some(last), Some(copy)) = (&last, &copy_last) {
-        guarded.note(last);
-        guarded.note(&copy.measurement);
-    }
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
-    // The ceiling is measured at both ends of the run; its median over all
-    // samples is what every share refers to (none on a CPU engine).
-    let ends = first.as_ref().zip(last.as_ref());
-    let ceiling = ends.map_or(f64::NAN, |(first, last)| {
-        let mut samples = first.samples_ms.clone();
-        samples.extend(&last.samples_ms);
-        bench::Measurement {
-            samples_ms: samples,
-            ..first.clone()
-        }
-        .gflops(bench::fma_ceiling_flops())
-    });
-    // The bandwidth ceiling likewise: the median over both ends' samples.
-    let copy_ends = copy_first.as_ref().zip(copy_last.as_ref());
-    let bandwidth = copy_ends.map_or(f64::NAN, |(first, last)| {
-        let mut samples = first.measurement.samples_ms.clone();
-        samples.extend(&last.measurement.samples_ms);
-        let median = bench::Measurement {
-            samples_ms: samples,
-            ..first.measurement.clone()
-        }
-        .median_ms();
-        first.bytes_moved as f64 / (median * 1e6)
-    });
-    let clock = match first.as_ref().map(|m| m.clock) {
-        Some(Clock::GpuTimestamps) => "gpu timestamps",
-        _ => "wall clock",
-    };
-    let caps = ctx.map(|c| c.capabilities());
-    let cpu = engine.cpu_backend().describe();
+    start.tally(&mut guarded);
+    let mut rows = rows::measure(&setting, &jobs, guarded)?;
+    let end = End::measure(&setting, ", again")?;
+    end.tally(&mut rows.guarded);
+    setting.progress.finish();
+    let ceilings = Ceilings::over(start, end);
 
-    // The table.
-    match caps.map(|c| &c.adapter) {
-        Some(a) => println!(
-            "adapter: {} ({}, {})   timing: {clock}, median of runs after warm-up{}",
-            a.name,
-            a.backend,
-            a.device_type,
-            match ctx.map(|c| c.runtime_checks()) {
-                Some(webattn::RuntimeChecks::Off) => "   kernels without runtime checks",
-                Some(webattn::RuntimeChecks::Bounds) => "   kernels without loop counters",
-                _ => "",
-            }
-        ),
-        None => println!(
-            "adapter: none (CPU engine)   timing: wall clock, median of runs after warm-up"
-        ),
-    }
-    println!("CPU backend: {cpu}; the f64 oracle timed once (one run) for reference");
-    if let Some(ctx) = ctx {
-        let (fused, forced) = super::info::fused_kernel(ctx);
-        // The f16 rows' kernel where the adapter has matrix units.
-        let fast = match ctx.fused_kernel_at(64, 64, Precision::Fast) {
-            Ok(kernel) if kernel.name() != fused => {
-                format!(", at precision fast {}", kernel.name())
-            }
-            _ => String::new(),
-        };
-        println!(
-            "fused kernel: {fused}{}{fast}; GEMM: {:?}",
-            if forced { " (forced by --kernel)" } else { "" },
-            ctx.gemm_kernel()
-        );
-    }
-    if let Some((first, last)) = ends {
-        println!(
-            "FMA ceiling: {ceiling:.1} GFLOP/s, median of the run's start and end (start {:.1}, end {:.1})",
-            first.gflops(bench::fma_ceiling_flops()),
-            last.gflops(bench::fma_ceiling_flops())
-        );
-    }
-    if let Some(ctx) = ctx {
-        println!(
-            "clock guard: {}",
-            match (ctx.clock_guard_on(), guarded.retaken, guarded.throttled) {
-                (false, ..) if !ctx.capabilities().timestamp_query => {
-                    "off (the adapter has no timestamp queries to time a probe)".to_string()
-                }
-                (false, ..) => "off (--clock-guard on to probe the clocks around each run)".to_string(),
-                (true, 0, 0) => "on; every timed run had a fast clock probe on either side".to_string(),
-                (true, r, 0) => format!("on; {r} run(s) retaken beside a slow clock probe"),
-                (true, r, t) => format!(
-                    "on; {r} run(s) retaken beside a slow clock probe, {t} kept with the clocks down (rows marked in the log)"
-                ),
-            }
-        );
-    }
-    if let Some((first, last)) = copy_ends {
-        if first.bytes_moved / 2 < 64 << 20 {
-            println!(
-                "note: the copy is only {} MiB (the binding limit): caches may hold it, so the \
-                 bandwidth ceiling may be a cache's",
-                (first.bytes_moved / 2) >> 20
-            );
-        }
-        println!(
-            "bandwidth ceiling: {bandwidth:.1} GB/s, a {} MiB vec4 copy (read + write), median of the run's start and end (start {:.1}, end {:.1})",
-            (first.bytes_moved / 2) >> 20,
-            first.gbs,
-            last.gbs
-        );
-    }
-    if let Some(ctx) = ctx {
-        for &precision in precisions(matrix_units) {
-            if !gemm.iter().any(|row| row.1 == precision) {
-                continue;
-            }
-            println!(
-                "\nGEMM ({}; calls take {})",
-                match precision {
-                    Precision::Highest => "f32",
-                    Precision::Fast => "f16 products, f32 sums, on the matrix units",
-                },
-                ctx.gemm_kernel_at(precision).label()
-            );
-            println!(
-                "{:>6} {:<24} {:>10} {:>10} {:>9} {:>8}",
-                "n", "kernel", "ms", "GFLOP/s", "ceiling*", "share"
-            );
-            for (n, p, kernel, g, m, near) in &gemm {
-                if *p == precision {
-                    println!(
-                        "{n:>6} {:<24} {:>10.2} {g:>10.1} {near:>9.1} {:>7.0}%",
-                        kernel.label(),
-                        m.median_ms(),
-                        100.0 * g / near
-                    );
-                }
-            }
-        }
-        if matrix_units && !gemm.is_empty() {
-            println!("(the share of the matrix-unit rows is of the f32 FMA ceiling: above 100% is what matrix units are for)");
-        }
-    }
-    // GPU ceilings and shares are "-" on the CPU rows.
-    let or_dash = |x: f64, text: String| if x.is_finite() { text } else { "-".to_string() };
-    if !attention.is_empty() {
-        println!("\nattention (B x H = tokens / seq x width / head dim)");
-        println!(
-            "{:<8} {:>4} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10} {:>9} {:>9} {:>7} {:>10} {:>10}",
-            "path",
-            "prec",
-            "batch",
-            "head",
-            "seq",
-            "d",
-            "causal",
-            "ms",
-            "GFLOP/s",
-            "ceiling*",
-            "share",
-            "peak MiB",
-            "vs unfused"
-        );
-        for (shape, path, precision, m, near) in &attention {
-            let unfused = attention
-                .iter()
-                .find(|(s, p, q, _, _)| s == shape && *p == KernelPath::Unfused && q == precision)
-                .map(|(_, _, _, u, _)| u.measurement.median_ms());
-            let speedup = unfused
-                .map(|u| format!("{:.2}x", u / m.measurement.median_ms()))
-                .unwrap_or_default();
-            println!(
-            "{:<8} {:>4} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10.1} {:>9.1} {:>9} {:>7} {:>10.1} {:>10}",
-            path.name(),
-            precision_name(*precision),
-            shape.batch,
-            shape.heads,
-            shape.seq_q,
-            shape.head_dim,
-            if shape.causal { "yes" } else { "no" },
-            m.measurement.median_ms(),
-            m.gflops,
-            or_dash(*near, format!("{near:.1}")),
-            or_dash(*near, format!("{:.0}%", 100.0 * m.gflops / near)),
-            m.peak_bytes as f64 / f64::from(1 << 20),
-            speedup
-        );
-        }
-        println!(
-        "* ceiling: the f32 FMA ceiling measured just before the row, the GPU's (the host's for cpu and oracle rows, in the CPU backend's instruction set on its threads; the machine's speed may drift)"
-    );
-        if matrix_units {
-            println!("  prec f16: Precision::Fast, f16 products on the matrix units, f32 sums; vs unfused compares within a precision");
-        }
-    }
-    // Decode is bound by reading K and V: GB/s of K + V, and the share of the
-    // copy's bandwidth (GPU rows only).
-    let kv_gbs = |shape: &AttentionShape, dtype: DType, m: &bench::AttentionMeasurement| {
-        shape.kv_bytes_as(dtype) as f64 / (m.measurement.median_ms() * 1e6)
+    let report = Report {
+        setting: &setting,
+        rows: &rows,
+        ceilings: &ceilings,
+        cpu: engine.cpu_backend().describe(),
     };
-    let bandwidth_share = |path: KernelPath, gbs: f64| match path {
-        KernelPath::Fused | KernelPath::Unfused if bandwidth.is_finite() => gbs / bandwidth,
-        KernelPath::Cpu => host_copy.as_ref().map_or(f64::NAN, |c| gbs / c.gbs),
-        _ => f64::NAN,
-    };
-    if !decode.is_empty() || !decode_skipped.is_empty() {
-        println!(
-        "\ndecode (Nq = 1, d = 128; K and V stored as the dtype; H: query heads, /KV heads where grouped)"
-    );
-        println!(
-            "{:<8} {:<35} {:>9} {:>7} {:>8} {:>10} {:>9} {:>10} {:>9} {:>11}",
-            "path",
-            "kernel",
-            "B x H",
-            "dtype",
-            "keys",
-            "ms",
-            "GFLOP/s",
-            "K+V GB/s",
-            "share**",
-            "peak MiB"
-        );
-        for (shape, path, dtype, kernel, m) in &decode {
-            let gbs = kv_gbs(shape, *dtype, m);
-            let share = bandwidth_share(*path, gbs);
-            println!(
-                "{:<8} {:<35} {:>9} {:>7} {:>8} {:>10.2} {:>9.2} {:>10.1} {:>9} {:>11.2}",
-                path.name(),
-                kernel.map_or_else(|| "-".to_string(), |k| k.label()),
-                format!("{}x{}", shape.batch, heads_label(shape)),
-                dtype.to_string(),
-                shape.seq_k,
-                m.measurement.median_ms(),
-                m.gflops,
-                gbs,
-                or_dash(share, format!("{:.0}%", 100.0 * share)),
-                m.peak_bytes as f64 / f64::from(1 << 20)
-            );
-        }
-        for (shape, path, dtype, label, why) in &decode_skipped {
-            println!(
-                "{:<8} {:<35} {:>9} {:>7} {:>8} skipped: {why}",
-                path.name(),
-                label,
-                format!("{}x{}", shape.batch, heads_label(shape)),
-                dtype.to_string(),
-                shape.seq_k,
-            );
-        }
-    }
-    if !decode.is_empty() {
-        println!("** share: K + V bytes read per second, over the copy ceiling measured in this run (the GPU's for GPU rows, the host's for cpu rows)");
-        if bench::can_flush_caches(&engine) {
-            let copied = copy_first
-                .as_ref()
-                .map_or(bench::COPY_BYTES, |b| b.bytes_moved / 2);
-            println!("   each GPU run follows a {} MiB copy, so K and V are read from memory, not from the cache", copied >> 20);
-        }
-    }
-
-    // A token row's share is of its own engine's memory: the GPU's copy
-    // ceiling, or the host's.
-    let token_ceiling = |label: &str| match label {
-        "cpu" => host_copy.as_ref().map_or(f64::NAN, |c| c.gbs),
-        _ => bandwidth,
-    };
-    if !token_steps.is_empty() || !token_skipped.is_empty() {
-        println!(
-            "\ntoken step: one decoder layer (d_model {}, {} heads / {} KV heads of {}, RoPE), \
-             projections + cache append + attention + output projection, per token (wall clock)",
-            layer.d_model(),
-            layer.heads,
-            layer.kv_heads,
-            layer.head_dim
-        );
-        println!(
-            "{:>6} {:>6} {:>8} {:>7} {:>10} {:>9} {:>6} {:>6} {:>6} {:>6} {:>9} {:>8} {:>8} {:>10}",
-            "engine",
-            "layers",
-            "cached",
-            "weights",
-            "ms/token",
-            "tokens/s",
-            "disp",
-            "copies",
-            "bufs",
-            "subm",
-            "MB/token",
-            "GB/s",
-            "of copy",
-            "append ms"
-        );
-        for (label, layers, cached, storage, m, append) in &token_steps {
-            let ms = m.measurement.median_ms();
-            let share = m.gbs() / token_ceiling(label);
-            println!(
-                "{label:>6} {layers:>6} {cached:>8} {:>7} {ms:>10.3} {:>9.1} {:>6} {:>6} {:>6} {:>6} {:>9.2} {:>8.1} {:>8} {:>10}",
-                format!("{storage:?}").to_lowercase(),
-                1e3 / ms,
-                m.counts.dispatches,
-                m.counts.copies,
-                m.counts.buffers,
-                m.counts.submissions,
-                (m.weight_bytes + m.kv_bytes) as f64 / 1e6,
-                m.gbs(),
-                if share.is_finite() { format!("{:.1}%", 100.0 * share) } else { "-".into() },
-                append.as_ref().map_or("-".into(), |a| format!("{:.3}", a.median_ms()))
-            );
-        }
-        println!("layers: one layer, or a stack of {STACK_LAYERS} whose hidden state stays on the device (the token written into its input tensor, every layer's step in one submission, one readback; its counts, MB and share are the whole stack's)");
-        println!("disp/copies/bufs/subm: dispatches, buffer-to-buffer copies, buffers created and submissions of the last timed token; MB/token: weights (as stored) + the cached K and V the step reads; of copy: share of the copy ceiling measured in this run (the GPU's for gpu rows, the host's for cpu rows)");
-        if let Some(copy) = &host_copy {
-            println!(
-                "host copy ceiling: {:.1} GB/s, a {} MiB copy (read + write) on {} threads",
-                copy.gbs,
-                copy.bytes_moved >> 21,
-                cpu_engine
-                    .as_ref()
-                    .unwrap_or(&engine)
-                    .cpu_backend()
-                    .threads()
-            );
-        }
-        println!("cache append: one token's keys and values copied into the preallocated cache, until the device is done (wall clock)");
-        for (cached, why) in &token_skipped {
-            println!("{cached:>8} skipped: {why}");
-        }
-    }
-    if let Some(o) = &overhead {
-        println!(
-            "\nper-call host overhead at B1 H1 N16 d16 (host time to issue a call, inputs on \
-             the device, no readback; median of {} samples of 20 calls, the kinds taking turns)",
-            o.plain.samples_ms.len()
-        );
-        println!("{:<50} {:>9} {:>21}", "call", "ms", "of Engine::attention");
-        let rows = [
-            ("Engine::attention", Some(&o.plain)),
-            (
-                "PreparedAttention::run (one submission a call)",
-                Some(&o.prepared),
-            ),
-            (
-                "record, 20 calls into one encoder, submitted once",
-                o.recorded.as_ref(),
-            ),
-            ("record alone (the caller submits)", o.record_only.as_ref()),
-            (
-                "an empty submission (the adapter's floor)",
-                o.empty_submit.as_ref(),
-            ),
-        ];
-        for (name, m) in rows {
-            if let Some(m) = m {
-                let ms = m.median_ms();
-                let share = 100.0 * ms / o.plain.median_ms();
-                println!("{name:<50} {ms:>9.4} {share:>20.0}%");
-            }
-        }
-    }
-
-    let finite = |x: f64| x.is_finite().then_some(x);
-    let json = json!({
-        "adapter": caps.map(|c| &c.adapter).map(|a| json!({"name": a.name, "backend": a.backend, "device_type": a.device_type, "driver": a.driver, "driver_info": a.driver_info})),
-        "cpu_backend": cpu,
-        "clock": clock,
-        "quick": args.quick,
-        "tokens": args.tokens,
-        "width": args.width,
-        "fma_ceiling_gflops": finite(ceiling),
-        "fma_ceiling_start_gflops": first.as_ref().map(|m| m.gflops(bench::fma_ceiling_flops())),
-        "fma_ceiling_end_gflops": last.as_ref().map(|m| m.gflops(bench::fma_ceiling_flops())),
-        "bandwidth_ceiling_gbs": finite(bandwidth),
-        "bandwidth_ceiling_start_gbs": copy_first.as_ref().map(|b| b.gbs),
-        "bandwidth_ceiling_end_gbs": copy_last.as_ref().map(|b| b.gbs),
-        "bandwidth_copy_bytes": copy_first.as_ref().map(|b| b.bytes_moved / 2),
-        "gemm_kernel": ctx.map(|c| format!("{:?}", c.gemm_kernel())),
-        "fused_kernel": ctx.map(|c| super::info::fused_kernel(c).0),
-        "fused_kernel_forced": ctx.map(|c| super::info::fused_kernel(c).1),
-        "runtime_checks": ctx.map(|c| c.runtime_checks().name()),
-        "clock_guard": ctx.map(|c| c.clock_guard_on()),
-        "retaken_runs": guarded.retaken,
-        "throttled_runs": guarded.throttled,
-        "matrix_units": ctx.and_then(|c| webattn::kernels::matrix_units::coop_shape(c.capabilities())).map(|s| format!("{n}x{n}x{n} f16 -> f32, subgroups of {}", s.subgroup, n = s.size.dim())),
-        "gemm": gemm.iter().map(|(n, p, kernel, g, m, near)| json!({"m": n, "n": n, "k": n, "precision": p.name(), "kernel": format!("{kernel:?}"), "kernel_name": kernel.label(), "default_kernel": ctx.is_some_and(|c| c.gemm_kernel_at(*p) == *kernel), "ms": m.median_ms(), "min_ms": m.min_ms(), "samples_ms": m.samples_ms, "retaken": m.retaken, "throttled": m.throttled, "gflops": g, "share_of_ceiling": g / near, "adjacent_ceiling_gflops": near})).collect::<Vec<_>>(),
-        "attention": attention.iter().map(|(s, p, q, m, near)| json!({
-            "path": p.name(), "precision": q.name(), "batch": s.batch, "heads": s.heads, "seq_q": s.seq_q, "seq_k": s.seq_k,
-            "head_dim": s.head_dim, "causal": s.causal, "ms": m.measurement.median_ms(),
-            "samples_ms": m.measurement.samples_ms, "min_ms": m.measurement.min_ms(),
-            "retaken": m.measurement.retaken, "throttled": m.measurement.throttled, "gflops": m.gflops,
-            "share_of_ceiling": finite(m.gflops / near), "adjacent_ceiling_gflops": finite(*near), "peak_bytes": m.peak_bytes,
-            "plan": (!m.plan.is_empty()).then_some(&m.plan),
-        })).collect::<Vec<_>>(),
-        "decode": decode.iter().map(|(s, p, d, k, m)| json!({
-            "path": p.name(), "kernel": k.map(|k| k.label()), "batch": s.batch, "seq_k": s.seq_k, "head_dim": s.head_dim,
-            "heads": s.heads, "kv_heads": s.kv_heads, "dtype": d.to_string(),
-            "ms": m.measurement.median_ms(), "min_ms": m.measurement.min_ms(),
-            "samples_ms": m.measurement.samples_ms, "retaken": m.measurement.retaken,
-            "throttled": m.measurement.throttled, "gflops": m.gflops, "peak_bytes": m.peak_bytes,
-            "kv_bytes": s.kv_bytes_as(*d), "kv_gbs": kv_gbs(s, *d, m),
-            "share_of_bandwidth": finite(bandwidth_share(*p, kv_gbs(s, *d, m))),
-            "cold_cache": bench::can_flush_caches(&engine) && *p != KernelPath::Cpu,
-        })).collect::<Vec<_>>(),
-        "host_copy_gbs": host_copy.as_ref().map(|c| c.gbs),
-        "token_step": token_steps.iter().map(|(label, layers, cached, storage, m, append)| json!({
-            "engine": label, "layers": layers, "d_model": layer.d_model(), "heads": layer.heads, "kv_heads": layer.kv_heads,
-            "head_dim": layer.head_dim, "cached": cached, "weights": format!("{storage:?}").to_lowercase(),
-            "ms": m.measurement.median_ms(), "samples_ms": m.measurement.samples_ms,
-            "dispatches": m.counts.dispatches, "copies": m.counts.copies, "buffers_created": m.counts.buffers,
-            "submissions": m.counts.submissions, "queue_writes": m.counts.writes, "weight_bytes": m.weight_bytes, "kv_bytes": m.kv_bytes,
-            "gbs": m.gbs(), "share_of_bandwidth": finite(m.gbs() / token_ceiling(label)),
-            "append_ms": append.as_ref().map(|a| a.median_ms()),
-            "append_samples_ms": append.as_ref().map(|a| &a.samples_ms),
-        })).collect::<Vec<_>>(),
-        "call_overhead": overhead.as_ref().map(|o| json!({
-            "shape": [1, 1, 16, 16], "attention_ms": o.plain.median_ms(), "prepared_ms": o.prepared.median_ms(),
-            "recorded_ms": o.recorded.as_ref().map(|m| m.median_ms()),
-            "record_only_ms": o.record_only.as_ref().map(|m| m.median_ms()),
-            "empty_submit_ms": o.empty_submit.as_ref().map(|m| m.median_ms()),
-            "attention_samples_ms": o.plain.samples_ms, "prepared_samples_ms": o.prepared.samples_ms,
-            "recorded_samples_ms": o.recorded.as_ref().map(|m| &m.samples_ms),
-            "record_only_samples_ms": o.record_only.as_ref().map(|m| &m.samples_ms),
-            "empty_submit_samples_ms": o.empty_submit.as_ref().map(|m| &m.samples_ms),
-        })),
-        "decode_skipped": decode_skipped.iter().map(|(s, p, d, label, why)| json!({
-            "path": p.name(), "kernel": label, "batch": s.batch, "heads": s.heads, "kv_heads": s.kv_heads, "seq_k": s.seq_k,
-            "head_dim": s.head_dim, "dtype": d.to_string(), "reason": why,
-        })).collect::<Vec<_>>(),
-        "token_step_skipped": token_skipped.iter().map(|(cached, why)| json!({
-            "cached": cached, "reason": why,
-        })).collect::<Vec<_>>(),
-    });
+    report.print_table();
+    let json = report.json();
     if let Some(path) = &args.json {
         super::files::write_text(path, &serde_json::to_string_pretty(&json)?)?;
     }
     if let Some(path) = &args.plot {
         super::files::write_text(
             path,
-            &plot::attention_svg(&json, finite(ceiling).unwrap_or(0.0)),
+            &plot::attention_svg(&json, report::finite(ceilings.fma).unwrap_or(0.0)),
         )?;
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--replot`: draws the plot of an earlier run's JSON report, measuring
+/// nothing.
+fn replot(json: &Path, out: &Path) -> anyhow::Result<ExitCode> {
+    let text =
+        std::fs::read_to_string(json).with_context(|| format!("cannot read {}", json.display()))?;
+    let report: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a bench report", json.display()))?;
+    // A CPU engine's report has no ceiling (null): the plot draws none.
+    let ceiling = report["fma_ceiling_gflops"].as_f64().unwrap_or(0.0);
+    super::files::write_text(out, &plot::attention_svg(&report, ceiling))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -1262,6 +557,16 @@ fn precision_name(precision: Precision) -> &'static str {
         Precision::Highest => "f32",
         Precision::Fast => "f16",
     }
+}
+
+/// The GEMM kernel calls at `precision` take on `engine` (the tiled kernel on
+/// a CPU engine, which has none).
+fn gemm_at(engine: &webattn::Engine, precision: Precision) -> webattn::kernels::gemm::GemmKernel {
+    engine
+        .planner(0, 0)
+        .map_or(webattn::kernels::gemm::GemmKernel::Tiled, |p| {
+            p.gemm_kernel_at(precision)
+        })
 }
 
 #[cfg(test)]

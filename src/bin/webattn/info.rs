@@ -4,7 +4,6 @@ use std::process::ExitCode;
 
 use serde_json::json;
 use webattn::kernels::decode::GROUPED_ROWS;
-use webattn::kernels::registry::Kernel;
 use webattn::{BackendKind, Engine};
 
 /// Arguments of `webattn info`.
@@ -22,9 +21,8 @@ pub struct Args {
 
 pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitCode> {
     if let Some(name) = &args.wgsl {
-        let kernel = Kernel::ALL.into_iter().find(|k| k.name() == name);
-        let Some(kernel) = kernel else {
-            let names: Vec<&str> = Kernel::ALL.iter().map(|k| k.name()).collect();
+        let Some(kernel) = webattn::kernels::named(name) else {
+            let names: Vec<&str> = webattn::kernels::all().iter().map(|k| k.name()).collect();
             anyhow::bail!(
                 "no kernel is named {name:?}; the kernels: {}",
                 names.join(", ")
@@ -45,7 +43,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
 
 /// The report as JSON.
 fn describe(engine: &Engine) -> serde_json::Value {
-    let (Some(caps), Some(plan)) = (engine.capabilities(), engine.kernel_plan()) else {
+    let Some(caps) = engine.capabilities() else {
         return json!({
             "backend": "cpu",
             "adapter": null,
@@ -78,14 +76,13 @@ fn describe(engine: &Engine) -> serde_json::Value {
             "timestamp_query": caps.timestamp_query,
             "cooperative_matrix": caps.cooperative_matrix.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
         },
-        "default_path": plan.default_path.name(),
-        "fused_kernel": engine.gpu().map(|ctx| fused_kernel(ctx).0),
-        "fused_kernel_forced": engine.gpu().map(|ctx| fused_kernel(ctx).1),
-        "decode_kernel": engine.gpu().map(|ctx| decode_kernel(ctx).0),
-        "decode_kernel_forced": engine.gpu().map(|ctx| decode_kernel(ctx).1),
+        "fused_kernel": engine.gpu().map(|_| fused_kernel(engine).0),
+        "fused_kernel_forced": engine.gpu().map(|_| fused_kernel(engine).1),
+        "decode_kernel": engine.gpu().map(|_| decode_kernel(engine).0),
+        "decode_kernel_forced": engine.gpu().map(|_| decode_kernel(engine).1),
         "tuning_cache": engine.tuning_cache_path().map(|p| p.display().to_string()),
-        "stale_tuning_entries": engine.gpu().map(|ctx| tuned_here(engine, ctx).1),
-        "tuned": engine.gpu().map(|ctx| tuned_here(engine, ctx).0.iter().map(|(dk4, dv4, e)| json!({
+        "stale_tuning_entries": engine.gpu().map(|_| tuned_here(engine).1),
+        "tuned": engine.gpu().map(|_| tuned_here(engine).0.iter().map(|(dk4, dv4, e)| json!({
             "head_dims": [4 * dk4, 4 * dv4], "kernel": e.kernel.name(),
             "fused_ms": e.fused_ms, "unfused_ms": e.unfused_ms,
             "decode_kernel": e.decode.map(|d| d.kernel.label()),
@@ -96,13 +93,8 @@ fn describe(engine: &Engine) -> serde_json::Value {
             "fast_gemm": e.fast_gemm.map(|g| g.form.name()),
             "coop_tiles": e.coop_tiles.map(|t| t.name()),
         })).collect::<Vec<_>>()),
-        "paths": plan.paths.iter().map(|p| p.name()).chain(["cpu", "oracle"]).collect::<Vec<_>>(),
+        "paths": engine.paths().iter().map(|p| p.name()).chain(["oracle"]).collect::<Vec<_>>(),
         "cpu_backend": engine.cpu_backend().describe(),
-        "kernels": plan.kernels.iter().map(|k| json!({
-            "label": k.label, "invocations": k.invocations, "tile": k.tile,
-            "workgroup_bytes": k.workgroup_bytes, "role": k.role,
-        })).collect::<Vec<_>>(),
-        "notes": plan.notes,
         "auto_backend": if webattn::plan::cpu_backend_over(caps).is_some() { "cpu" } else { "gpu" },
         "auto_reason": webattn::plan::cpu_backend_over(caps),
         "plans": sample_plans(engine).into_iter().map(|(call, plan)| json!({
@@ -114,84 +106,52 @@ fn describe(engine: &Engine) -> serde_json::Value {
 /// The plans of a few typical calls on this engine, each with what it is:
 /// the plan's one line, or the error that refuses it.
 fn sample_plans(engine: &Engine) -> Vec<(String, String)> {
-    use webattn::{AttentionDims, AttentionOptions, Precision};
-    let prefill = AttentionDims::plain(1, [8, 8], [1024, 1024], [64, 64]);
-    let causal = AttentionOptions {
-        is_causal: true,
-        ..Default::default()
-    };
-    let mut calls = vec![(
-        "prefill B1 H8 N1024 d64 causal".to_string(),
-        prefill,
-        causal.clone(),
-    )];
-    if engine
-        .capabilities()
-        .is_some_and(|caps| webattn::kernels::matrix_units::coop_shape(caps).is_some())
-    {
-        calls.push((
-            "  the same at --precision fast".to_string(),
-            prefill,
-            AttentionOptions {
-                precision: Precision::Fast,
-                ..causal
-            },
-        ));
-    }
-    calls.push((
-        "decode 32/8 heads of 128, 4096 keys".to_string(),
-        AttentionDims::plain(1, [32, 8], [1, 4096], [128, 128]),
-        AttentionOptions::default(),
-    ));
-    calls.push((
-        "B1 H2 N256 head dim 512".to_string(),
-        AttentionDims::plain(1, [2, 2], [256, 256], [512, 512]),
-        AttentionOptions::default(),
-    ));
-    calls
+    engine
+        .typical_plans()
         .into_iter()
-        .map(|(call, dims, options)| {
-            let plan = match engine.plan(&dims, &options) {
+        .map(|(call, plan)| {
+            let plan = match plan {
                 Ok(plan) => plan.to_string(),
                 Err(e) => format!("refused: {e}"),
             };
-            (call, plan)
+            (call.to_string(), plan)
         })
         .collect()
 }
 
 /// The fused kernel in use at head dims 64/64 and whether `--kernel` forced it.
-pub fn fused_kernel(ctx: &webattn::GpuContext) -> (&'static str, bool) {
-    let name = match ctx.fused_kernel(64, 64) {
-        Ok(kernel) => kernel.name(),
-        Err(_) => "none at head dim 64",
+pub fn fused_kernel(engine: &Engine) -> (&'static str, bool) {
+    let name = match engine.planner(64, 64).map(|p| p.fused_kernel()) {
+        Some(Ok(kernel)) => kernel.name(),
+        _ => "none at head dim 64",
     };
     // (A matrix-unit kernel forced runs only at Precision::Fast: it did not
     // force this one.)
-    (name, ctx.fused_kernel_choice().name() == name)
+    (name, engine.overrides().fused.name() == name)
 }
 
 /// The decode kernel (with its shape) in use for a typical decode call (one
 /// token of 32 query heads over 8 KV heads of 128, 4096 cached keys) and
 /// whether `--decode-kernel` forced it.
-pub fn decode_kernel(ctx: &webattn::GpuContext) -> (String, bool) {
+pub fn decode_kernel(engine: &Engine) -> (String, bool) {
     let dims = webattn::AttentionDims::plain(1, [32, 8], [1, 4096], [128, 128]);
-    let label = ctx
-        .decode_plan(&dims)
+    let label = engine
+        .planner(128, 128)
+        .and_then(|p| p.decode_plan(&dims))
         .map_or_else(|| "none".to_string(), |plan| plan.kernel.label());
     (
         label,
-        ctx.decode_kernel_choice() != webattn::DecodeKernelChoice::Auto,
+        engine.overrides().decode != webattn::DecodeKernelChoice::Auto,
     )
 }
 
 /// The tuning cache and what it holds for this adapter, as text lines.
-fn tuning_text(engine: &Engine, ctx: &webattn::GpuContext) -> String {
+fn tuning_text(engine: &Engine) -> String {
     let source = match engine.tuning_cache_path() {
         Some(path) => path.display().to_string(),
         None => "none (memory only)".to_string(),
     };
-    let (mine, stale) = tuned_here(engine, ctx);
+    let (mine, stale) = tuned_here(engine);
     let stale_note = match stale {
         0 => String::new(),
         n => format!(
@@ -212,8 +172,11 @@ fn tuning_text(engine: &Engine, ctx: &webattn::GpuContext) -> String {
             "  head dims {}/{}: {} {:.3} ms, unfused {:.3} ms: auto takes {}\n",
             4 * dk4,
             4 * dv4,
-            match ctx.fused_kernel(4 * dk4 as usize, 4 * dv4 as usize) {
-                Ok(kernel) if kernel.name() == entry.kernel.name() => kernel.label(),
+            match engine
+                .planner(4 * dk4 as usize, 4 * dv4 as usize)
+                .map(|p| p.fused_kernel())
+            {
+                Some(Ok(kernel)) if kernel.name() == entry.kernel.name() => kernel.label(),
                 _ => format!("{} (not runnable here now)", entry.kernel.name()),
             },
             entry.fused_ms,
@@ -277,11 +240,10 @@ fn tuning_text(engine: &Engine, ctx: &webattn::GpuContext) -> String {
 /// The tuning entries for this adapter, driver, workgroup-memory limit and
 /// runtime-checks setting measured on this build's kernels, and how many
 /// others were measured on other kernels.
-fn tuned_here(
-    engine: &Engine,
-    ctx: &webattn::GpuContext,
-) -> (Vec<(u32, u32, webattn::tuning::TunedEntry)>, usize) {
-    let probe = ctx.tuning_key(4, 4);
+fn tuned_here(engine: &Engine) -> (Vec<(u32, u32, webattn::tuning::TunedEntry)>, usize) {
+    let Some(probe) = engine.tuning_key(4, 4) else {
+        return (Vec::new(), 0);
+    };
     let here: Vec<_> = engine
         .tuning_table()
         .map(|table| {
@@ -320,7 +282,7 @@ fn tuned_here(
 
 /// The report as text.
 fn text(engine: &Engine, engine_args: &super::EngineArgs) -> String {
-    let (Some(caps), Some(plan)) = (engine.capabilities(), engine.kernel_plan()) else {
+    let Some(caps) = engine.capabilities() else {
         debug_assert_eq!(engine.backend(), BackendKind::Cpu);
         return format!(
             "adapter:  none: no GPU adapter in use\n\
@@ -403,24 +365,25 @@ fn text(engine: &Engine, engine_args: &super::EngineArgs) -> String {
         out += &format!("auto:     an engine left to choose runs the CPU backend: {why}\n");
     }
     out += &format!(
-        "paths:    {} (default: {}); cpu ({}) and oracle always\n",
-        plan.paths
+        "paths:    {} (auto takes the plan's path: the plans below); cpu ({}) and oracle always\n",
+        engine
+            .paths()
             .iter()
+            .filter(|p| p.name() != "cpu")
             .map(|p| p.name())
             .collect::<Vec<_>>()
             .join(", "),
-        plan.default_path,
         engine.cpu_backend().describe()
     );
-    if let Some(ctx) = engine.gpu() {
-        let (fused, forced) = fused_kernel(ctx);
+    if engine.gpu().is_some() {
+        let (fused, forced) = fused_kernel(engine);
         let how = if forced {
             "forced by --kernel"
         } else {
             "chosen for this adapter; --kernel NAME forces one"
         };
         out += &format!("fused:    {fused} ({how})\n");
-        let (decode, forced) = decode_kernel(ctx);
+        let (decode, forced) = decode_kernel(engine);
         let how = if forced {
             "forced by --decode-kernel"
         } else {
@@ -429,21 +392,11 @@ fn text(engine: &Engine, engine_args: &super::EngineArgs) -> String {
         out += &format!(
             "decode:   {decode} ({how}; shown for 32 query heads over 8 KV heads of 128)\n"
         );
-        out += &tuning_text(engine, ctx);
+        out += &tuning_text(engine);
     }
     out += "plans:    (what `attention` runs for these calls; `Engine::plan`, `last_call`)\n";
     for (call, plan) in sample_plans(engine) {
         out += &format!("  {call:<40} {plan}\n");
-    }
-    out += "kernels:\n";
-    for k in &plan.kernels {
-        out += &format!(
-            "  {:<28} {:>4} invocations {:>6} B shared  {}  ({})\n",
-            k.label, k.invocations, k.workgroup_bytes, k.tile, k.role
-        );
-    }
-    for note in &plan.notes {
-        out += &format!("note:     {note}\n");
     }
     out
 }

@@ -3,21 +3,20 @@
 //! their key loop in turn (K/V loads, S = Q K^T, the softmax, O += P V), then
 //! with all four removed (the loop's skeleton: barriers, staging stores, Q's
 //! block, the writes), in one run beside the FMA and copy ceilings. The
-//! variants compute garbage by design (`webattn::plan::ablation`); only their
+//! variants compute garbage by design (`webattn::kernels::ablation`); only their
 //! times are kept.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use serde_json::json;
+use webattn::kernels::ablation::{has_phase_switches, Phases};
 use webattn::kernels::attention::FusedKernel;
 use webattn::measure as bench;
 use webattn::measure::{AttentionRun, AttentionShape, Repeats};
-use webattn::plan::ablation::{has_phase_switches, Phases};
-use webattn::plan::{plan_call, CallPlan, GpuRoute};
+use webattn::plan::{CallPlan, GpuRoute};
 use webattn::{DType, KernelPath, Precision};
 
 /// Arguments of `webattn phases`.
@@ -83,13 +82,13 @@ struct Row {
     precision: Precision,
     dtype: DType,
     shape: AttentionShape,
-    base: webattn::GpuContext,
+    base: webattn::Engine,
     /// The kernel with its tiles.
     kernel: String,
     /// The row's call as `attention` plans it, in one line.
     plan: String,
     /// The kernel whose pipelines without a phase the row must run.
-    expected: webattn::kernels::registry::Kernel,
+    expected: webattn::shader::kernel::Kernel,
     variants: Vec<Variant>,
 }
 
@@ -101,12 +100,87 @@ fn variants() -> Vec<Phases> {
     all
 }
 
+/// What the run's rows depend on beside the arguments: the adapter's kind,
+/// the shapes' defaults, and how often each variant runs.
+struct Setting {
+    cpu_adapter: bool,
+    seq: usize,
+    tokens: usize,
+    width: usize,
+    matrix_units: bool,
+    repeats: Repeats,
+    /// The f16 rows run the matrix-unit kernel forced (see [`base_engine`]).
+    forced_coop: bool,
+}
+
+/// The FMA ceiling (GFLOP/s) and, where a decode row needs it, the copy
+/// ceiling (GB/s), both measured in this run.
+struct Ceilings {
+    fma: f64,
+    bandwidth: Option<f64>,
+}
+
+/// Runs `webattn phases`: plans the rows, measures the ceilings and each
+/// row's variants, then prints the table and writes the JSON.
 pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitCode> {
     let engine = super::adapter_engine(engine_args)?;
     let ctx = engine
         .gpu()
         .context("webattn phases measures a GPU's kernels; this engine runs on the CPU")?;
     eprintln!("webattn phases on {}", engine.describe());
+    let setting = setting(engine_args, args, ctx)?;
+    // Rows whose kernel has no phase switches (an f32 row on an adapter whose
+    // fused kernel is attention_sg, a decode row the staged kernel takes) are
+    // left out, and said so.
+    let mut rows = Vec::new();
+    let mut skipped = Vec::new();
+    fused_rows(&engine, args, &setting, &mut rows, &mut skipped)?;
+    decode_rows(&engine, args, setting.cpu_adapter, &mut rows, &mut skipped)?;
+    anyhow::ensure!(
+        !rows.is_empty(),
+        "no kernel here has phase switches ({}): only the register-tiled and matrix-unit \
+         fused kernels and the streaming decode kernel do (pass --kernel attention_tiled, say)",
+        skipped.join("; ")
+    );
+    let bar = super::progress::progress_bar(rows.len() + 2);
+    let ceiling_repeats = Repeats {
+        warmup: 2,
+        timed: 5,
+    };
+    note(&bar, "FMA ceiling".into());
+    let fma = pollster::block_on(bench::fma_ceiling(ctx, ceiling_repeats))?.0;
+    note(&bar, "bandwidth ceiling".into());
+    let bandwidth = if rows.iter().any(|r| r.kind == Kind::Decode) {
+        Some(pollster::block_on(bench::bandwidth_ceiling(ctx, ceiling_repeats))?.gbs)
+    } else {
+        None
+    };
+    let ceilings = Ceilings { fma, bandwidth };
+    for row in &mut rows {
+        measure_row(ctx, row, setting.repeats, &bar)?;
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+
+    print_summary(ctx, &rows, &skipped, &ceilings, setting.forced_coop);
+    for row in &rows {
+        print_row(row, &ceilings);
+    }
+    let json = report_json(ctx, &rows, &skipped, &ceilings);
+    if let Some(path) = &args.json {
+        super::files::write_text(path, &serde_json::to_string_pretty(&json)?)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The run's [`Setting`]: the arguments' values, or the defaults for a GPU
+/// or a CPU adapter.
+fn setting(
+    engine_args: &super::EngineArgs,
+    args: &Args,
+    ctx: &webattn::GpuContext,
+) -> anyhow::Result<Setting> {
     let cpu_adapter = ctx.capabilities().adapter.device_type == "Cpu";
     let seq = args.seq.unwrap_or(if cpu_adapter { 256 } else { 4096 });
     anyhow::ensure!(seq > 0, "--seq must be at least 1");
@@ -114,7 +188,6 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         .tokens
         .unwrap_or(if cpu_adapter { 1024 } else { 16384 });
     let width = args.width.unwrap_or(if cpu_adapter { 256 } else { 2048 });
-    let wanted = |kind: Kind| args.only.is_empty() || args.only.contains(&kind);
     let matrix_units = webattn::kernels::matrix_units::coop_shape(ctx.capabilities()).is_some();
     let repeats = if args.quick {
         Repeats {
@@ -127,98 +200,150 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             timed: 5,
         }
     };
+    Ok(Setting {
+        cpu_adapter,
+        seq,
+        tokens,
+        width,
+        matrix_units,
+        repeats,
+        forced_coop: matrix_units && engine_args.kernel == webattn::FusedKernelChoice::Auto,
+    })
+}
+
+/// Whether `--only` keeps the rows of `kind`.
+fn wanted(args: &Args, kind: Kind) -> bool {
+    args.only.is_empty() || args.only.contains(&kind)
+}
+
+/// The context a precision's rows run on: at fast, the matrix-unit kernel
+/// forced under auto (calls at fast take the f32 kernel where `webattn tune`
+/// measured it slower, and its phases are the question).
+fn base_engine(
+    engine: &webattn::Engine,
+    precision: Precision,
+    forced_coop: bool,
+) -> webattn::Result<webattn::Engine> {
+    let shared = engine.sharing_device().ok_or(webattn::Error::Conflict(
+        "webattn phases needs a GPU engine",
+    ))?;
+    if precision == Precision::Fast && forced_coop {
+        shared.with_fused_kernel(webattn::FusedKernelChoice::Coop)
+    } else {
+        Ok(shared)
+    }
+}
+
+/// The fused kernel's rows (prefill shapes, Nq = Nk) at each precision, head
+/// dim and causality: into `rows` where the kernel has phase switches, into
+/// `skipped` (with the reason) where not.
+fn fused_rows(
+    engine: &webattn::Engine,
+    args: &Args,
+    setting: &Setting,
+    rows: &mut Vec<Row>,
+    skipped: &mut Vec<String>,
+) -> anyhow::Result<()> {
     let causal: &[bool] = if args.causal {
         &[false, true]
     } else {
         &[false]
     };
-    // The context each precision's rows run on: at fast, the matrix-unit
-    // kernel forced under auto (calls at fast take the f32 kernel where
-    // `webattn tune` measured it slower, and its phases are the question).
-    let forced_coop = matrix_units && engine_args.kernel == webattn::FusedKernelChoice::Auto;
-    let base = |precision: Precision| -> webattn::Result<webattn::GpuContext> {
-        if precision == Precision::Fast && forced_coop {
-            ctx.clone()
-                .with_fused_kernel(webattn::FusedKernelChoice::Coop)
-        } else {
-            Ok(ctx.clone())
-        }
-    };
-    // Rows whose kernel has no phase switches (an f32 row on an adapter whose
-    // fused kernel is attention_sg, a decode row the staged kernel takes) are
-    // left out, and said so.
-    let mut rows = Vec::new();
-    let mut skipped = Vec::new();
-    let fused_precisions: &[Precision] = if wanted(Kind::Fused) {
-        super::bench::precisions(matrix_units)
+    let fused_precisions: &[Precision] = if wanted(args, Kind::Fused) {
+        super::bench::precisions(setting.matrix_units)
     } else {
         &[]
     };
+    let seq = setting.seq;
     for &precision in fused_precisions {
         for &head_dim in &args.head_dims {
             anyhow::ensure!(head_dim > 0, "a head dim of 0 has no kernel");
             for &causal in causal {
                 let shape = AttentionShape {
-                    batch: (tokens / seq).max(1),
-                    heads: (width / head_dim).max(1),
-                    kv_heads: (width / head_dim).max(1),
+                    batch: (setting.tokens / seq).max(1),
+                    heads: (setting.width / head_dim).max(1),
+                    kv_heads: (setting.width / head_dim).max(1),
                     seq_q: seq,
                     seq_k: seq,
                     head_dim,
                     causal,
                 };
-                let base = base(precision)?;
+                let base = base_engine(engine, precision, setting.forced_coop)?;
                 let what = format!("{} d {head_dim}", precision_label(precision));
-                // The row's call as `attention` plans it (the plan it prints).
-                let dims = webattn::AttentionDims::plain(
-                    shape.batch,
-                    [shape.heads, shape.kv_heads],
-                    [seq, seq],
-                    [head_dim, head_dim],
-                );
-                let options = webattn::AttentionOptions {
-                    path: KernelPath::Fused,
-                    precision,
-                    is_causal: causal,
-                    ..Default::default()
-                };
-                let plan = plan_call(Some(&base.planner(head_dim, head_dim)), 0, &dims, &options);
-                let expected = match &plan {
-                    Ok(CallPlan {
-                        gpu: Some(GpuRoute::Fused { kernel, .. }),
-                        ..
-                    }) => match kernel {
-                        // At fast, the matrix-unit kernel only (an f32 kernel
-                        // forced by --kernel would repeat the f32 row).
-                        FusedKernel::Coop(tiles) => Ok((tiles.key().kernel, kernel.label())),
-                        kernel if precision == Precision::Fast => {
-                            Err(format!("{} is not the matrix-unit kernel", kernel.label()))
-                        }
-                        FusedKernel::Tiled(tiles) => Ok((tiles.key().kernel, kernel.label())),
-                        kernel => Err(format!("{} has no phase switches", kernel.label())),
-                    },
-                    Ok(other) => Err(format!("planned {other}")),
-                    Err(e) => Err(e.to_string()),
-                };
-                let plan = plan.as_ref().map(ToString::to_string).unwrap_or_default();
-                match expected {
-                    Ok((expected, kernel)) => rows.push(Row {
-                        kind: Kind::Fused,
-                        precision,
-                        dtype: DType::F32,
-                        shape,
-                        base,
-                        kernel,
-                        plan,
-                        expected,
-                        variants: Vec::new(),
-                    }),
+                match fused_row(base, shape, precision) {
+                    Ok(row) => rows.push(row),
                     Err(why) => skipped.push(format!("{what}: {why}")),
                 }
             }
         }
     }
-    let decode_keys = match (wanted(Kind::Decode), args.decode_keys.is_empty()) {
+    Ok(())
+}
+
+/// The fused row of `shape` at `precision` on `base`, planned as `attention`
+/// plans it; why not where its kernel has no phase switches.
+fn fused_row(
+    base: webattn::Engine,
+    shape: AttentionShape,
+    precision: Precision,
+) -> Result<Row, String> {
+    // The row's call as `attention` plans it (the plan it prints).
+    let dims = webattn::AttentionDims::plain(
+        shape.batch,
+        [shape.heads, shape.kv_heads],
+        [shape.seq_q, shape.seq_k],
+        [shape.head_dim, shape.head_dim],
+    );
+    let options = webattn::AttentionOptions {
+        path: KernelPath::Fused,
+        precision,
+        is_causal: shape.causal,
+        ..Default::default()
+    };
+    let plan = base.plan(&dims, &options);
+    let expected = match &plan {
+        Ok(CallPlan {
+            gpu: Some(GpuRoute::Fused { kernel, .. }),
+            ..
+        }) => match kernel {
+            // At fast, the matrix-unit kernel only (an f32 kernel
+            // forced by --kernel would repeat the f32 row).
+            FusedKernel::Coop(tiles) => Ok((tiles.key().kernel, kernel.label())),
+            kernel if precision == Precision::Fast => {
+                Err(format!("{} is not the matrix-unit kernel", kernel.label()))
+            }
+            FusedKernel::Tiled(tiles) => Ok((tiles.key().kernel, kernel.label())),
+            kernel => Err(format!("{} has no phase switches", kernel.label())),
+        },
+        Ok(other) => Err(format!("planned {other}")),
+        Err(e) => Err(e.to_string()),
+    };
+    let plan = plan.as_ref().map(ToString::to_string).unwrap_or_default();
+    let (expected, kernel) = expected?;
+    Ok(Row {
+        kind: Kind::Fused,
+        precision,
+        dtype: DType::F32,
+        shape,
+        base,
+        kernel,
+        plan,
+        expected,
+        variants: Vec::new(),
+    })
+}
+
+/// The decode kernel's rows (one query row per head, d 128) at each key
+/// count, K and V as f32 and as f16: into `rows` where the kernel has phase
+/// switches, into `skipped` (with the reason) where not.
+fn decode_rows(
+    engine: &webattn::Engine,
+    args: &Args,
+    cpu_adapter: bool,
+    rows: &mut Vec<Row>,
+    skipped: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let decode_keys = match (wanted(args, Kind::Decode), args.decode_keys.is_empty()) {
         (false, _) => Vec::new(),
         (true, false) => args.decode_keys.clone(),
         (true, true) => vec![if cpu_adapter { 2048 } else { 16384 }],
@@ -243,7 +368,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 path: KernelPath::Fused,
                 ..Default::default()
             };
-            let call = plan_call(Some(&ctx.planner(128, 128)), 0, &dims, &options);
+            let call = engine.plan(&dims, &options);
             let decode = match &call {
                 Ok(CallPlan {
                     gpu: Some(GpuRoute::Fused { decode, .. }),
@@ -257,7 +382,9 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                     precision: Precision::Highest,
                     dtype,
                     shape,
-                    base: ctx.clone(),
+                    base: engine.sharing_device().ok_or(webattn::Error::Conflict(
+                        "webattn phases needs a GPU engine",
+                    ))?,
                     kernel: plan.kernel.label(),
                     plan: call.as_ref().map(ToString::to_string).unwrap_or_default(),
                     expected: plan.key(&dims, f16).kernel,
@@ -271,43 +398,33 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             }
         }
     }
-    anyhow::ensure!(
-        !rows.is_empty(),
-        "no kernel here has phase switches ({}): only the register-tiled and matrix-unit \
-         fused kernels and the streaming decode kernel do (pass --kernel attention_tiled, say)",
-        skipped.join("; ")
-    );
-    let bar = std::io::stderr().is_terminal().then(|| {
-        let bar = ProgressBar::new(rows.len() as u64 + 2);
-        bar.set_style(
-            ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> "),
-        );
-        bar
-    });
-    let note = |msg: String| match &bar {
+    Ok(())
+}
+
+/// One step of progress: the bar's message and count on a terminal, a line
+/// on stderr otherwise.
+fn note(bar: &Option<ProgressBar>, msg: String) {
+    match bar {
         Some(bar) => {
             bar.set_message(msg);
             bar.inc(1);
         }
         None => eprintln!("{msg}"),
-    };
-    let ceiling_repeats = Repeats {
-        warmup: 2,
-        timed: 5,
-    };
-    note("FMA ceiling".into());
-    let ceiling = pollster::block_on(bench::fma_ceiling(ctx, ceiling_repeats))?.0;
-    note("bandwidth ceiling".into());
-    let bandwidth = if rows.iter().any(|r| r.kind == Kind::Decode) {
-        Some(pollster::block_on(bench::bandwidth_ceiling(ctx, ceiling_repeats))?.gbs)
-    } else {
-        None
-    };
-    for row in &mut rows {
-        let s = row.shape;
-        note(match row.kind {
+    }
+}
+
+/// Times `row`'s kernel whole and without each phase (all variants taking
+/// turns), checking that each variant's calls ran the kernel without them.
+fn measure_row(
+    ctx: &webattn::GpuContext,
+    row: &mut Row,
+    repeats: Repeats,
+    bar: &Option<ProgressBar>,
+) -> anyhow::Result<()> {
+    let s = row.shape;
+    note(
+        bar,
+        match row.kind {
             Kind::Fused => format!(
                 "{} d{}{}: the kernel whole and without each phase",
                 row.precision.name(),
@@ -318,59 +435,67 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 "decode {} keys {}: whole and without each phase",
                 s.seq_k, row.dtype
             ),
-        });
-        let engines: Vec<webattn::Engine> = variants()
-            .into_iter()
-            .map(|removed| webattn::Engine::from_context(row.base.clone().without_phases(removed)))
-            .collect();
-        let run = AttentionRun {
-            path: KernelPath::Fused,
-            precision: row.precision,
-            // Decode reads K and V from memory, not from the cache the last
-            // run left them in (where the adapter allows).
-            cold_cache: row.kind == Kind::Decode,
-            dtype: row.dtype,
-        };
-        let uses_before = ctx.pipelines().use_counts();
-        let measured = pollster::block_on(bench::attention_runs(
-            &engines.iter().collect::<Vec<_>>(),
-            s,
-            run,
-            repeats,
-        ))
-        .with_context(|| format!("{} without its phases", row.kernel))?;
-        for (removed, m) in variants().into_iter().zip(measured) {
-            // This row's calls ran the kernel without these phases: the
-            // (shared) cache handed out the key that says so during them.
-            let bits = i64::from(removed.bits());
-            let uses_after = ctx.pipelines().use_counts();
-            let ran = removed.is_empty()
-                || uses_after.iter().any(|(key, &uses)| {
-                    key.kernel == row.expected
-                        && key.constants.contains(&("ABLATE", bits))
-                        && uses > uses_before.get(key).copied().unwrap_or(0)
-                });
-            anyhow::ensure!(
-                ran,
-                "the call did not run a kernel without {}",
-                removed.name()
-            );
-            row.variants.push(Variant {
-                removed,
-                ms: m.measurement.median_ms(),
-                retaken: m.measurement.retaken,
-                throttled: m.measurement.throttled,
+        },
+    );
+    let engines: Vec<webattn::Engine> = variants()
+        .into_iter()
+        .filter_map(|removed| Some(row.base.sharing_device()?.without_phases(removed)))
+        .collect();
+    let run = AttentionRun {
+        path: KernelPath::Fused,
+        precision: row.precision,
+        // Decode reads K and V from memory, not from the cache the last
+        // run left them in (where the adapter allows).
+        cold_cache: row.kind == Kind::Decode,
+        dtype: row.dtype,
+    };
+    let uses_before = ctx.pipelines().use_counts();
+    let measured = pollster::block_on(bench::attention_runs(
+        &engines.iter().collect::<Vec<_>>(),
+        s,
+        run,
+        repeats,
+    ))
+    .with_context(|| format!("{} without its phases", row.kernel))?;
+    for (removed, m) in variants().into_iter().zip(measured) {
+        // This row's calls ran the kernel without these phases: the
+        // (shared) cache handed out the key that says so during them.
+        let bits = i64::from(removed.bits());
+        let uses_after = ctx.pipelines().use_counts();
+        let ran = removed.is_empty()
+            || uses_after.iter().any(|(key, &uses)| {
+                key.kernel == row.expected
+                    && key.constants.contains(&("ABLATE", bits))
+                    && uses > uses_before.get(key).copied().unwrap_or(0)
             });
-        }
+        anyhow::ensure!(
+            ran,
+            "the call did not run a kernel without {}",
+            removed.name()
+        );
+        row.variants.push(Variant {
+            removed,
+            ms: m.measurement.median_ms(),
+            retaken: m.measurement.retaken,
+            throttled: m.measurement.throttled,
+        });
     }
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
+    Ok(())
+}
 
+/// The lines above the rows: the adapter, the ceilings, what the variants
+/// are, the clock guard's tally, and the rows left out.
+fn print_summary(
+    ctx: &webattn::GpuContext,
+    rows: &[Row],
+    skipped: &[String],
+    ceilings: &Ceilings,
+    forced_coop: bool,
+) {
     let a = &ctx.capabilities().adapter;
     println!("adapter: {} ({}, {})", a.name, a.backend, a.device_type);
-    println!("FMA ceiling: {ceiling:.1} GFLOP/s (this run)");
-    if let Some(gbs) = bandwidth {
+    println!("FMA ceiling: {:.1} GFLOP/s (this run)", ceilings.fma);
+    if let Some(gbs) = ceilings.bandwidth {
         println!("bandwidth ceiling: {gbs:.1} GB/s, a vec4 copy (this run)");
     }
     println!(
@@ -397,66 +522,84 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
              fast take it only where it measured faster)"
         );
     }
-    for why in &skipped {
+    for why in skipped {
         println!("skipped: {why}");
     }
-    let kv_gbs = |row: &Row| row.shape.kv_bytes_as(row.dtype) as f64 / (row.variants[0].ms * 1e6);
-    for row in &rows {
-        let whole = row.variants[0].ms;
-        let s = row.shape;
-        match row.kind {
-            Kind::Fused => {
-                let gflops = s.flops() / (whole * 1e6);
-                println!(
-                    "\n{} seq {} d {}{}, B {} x H {}: {}",
-                    precision_label(row.precision),
-                    s.seq_q,
-                    s.head_dim,
-                    if s.causal { " causal" } else { "" },
-                    s.batch,
-                    s.heads,
-                    row.plan
-                );
-                println!(
-                    "  whole: {whole:.3} ms, {gflops:.0} GFLOP/s, {:.1}% of the FMA ceiling",
-                    100.0 * gflops / ceiling
-                );
-            }
-            Kind::Decode => {
-                let gbs = kv_gbs(row);
-                println!(
-                    "\ndecode, K and V as {}, {} keys, d {}, B {} x H {}: {}",
-                    row.dtype, s.seq_k, s.head_dim, s.batch, s.heads, row.plan
-                );
-                let share = bandwidth.map_or(String::new(), |b| {
-                    format!(", {:.0}% of the copy ceiling", 100.0 * gbs / b)
-                });
-                println!("  whole: {whole:.3} ms, K and V at {gbs:.0} GB/s{share}");
-            }
-        }
-        println!(
-            "  {:<34} {:>10} {:>9} {:>13}",
-            "without", "ms", "of whole", "phase's cost"
-        );
-        for v in &row.variants[1..] {
-            let what = if v.removed == Phases::ALL {
-                "all four (the loop's skeleton)".to_string()
-            } else {
-                v.removed.name()
-            };
-            let cost = if v.removed == Phases::ALL {
-                "-".to_string()
-            } else {
-                format!("{:.0}%", 100.0 * (whole - v.ms) / whole)
-            };
+}
+
+/// GB/s of K and V the row's whole kernel read.
+fn kv_gbs(row: &Row) -> f64 {
+    row.shape.kv_bytes_as(row.dtype) as f64 / (row.variants[0].ms * 1e6)
+}
+
+/// One row's table: the shape and plan, the whole kernel's time and share of
+/// its ceiling, then each variant's time and what removing its phases saved.
+fn print_row(row: &Row, ceilings: &Ceilings) {
+    let whole = row.variants[0].ms;
+    let s = row.shape;
+    match row.kind {
+        Kind::Fused => {
+            let gflops = s.flops() / (whole * 1e6);
             println!(
-                "  {what:<34} {:>10.3} {:>8.0}% {cost:>13}",
-                v.ms,
-                100.0 * v.ms / whole
+                "\n{} seq {} d {}{}, B {} x H {}: {}",
+                precision_label(row.precision),
+                s.seq_q,
+                s.head_dim,
+                if s.causal { " causal" } else { "" },
+                s.batch,
+                s.heads,
+                row.plan
+            );
+            println!(
+                "  whole: {whole:.3} ms, {gflops:.0} GFLOP/s, {:.1}% of the FMA ceiling",
+                100.0 * gflops / ceilings.fma
             );
         }
+        Kind::Decode => {
+            let gbs = kv_gbs(row);
+            println!(
+                "\ndecode, K and V as {}, {} keys, d {}, B {} x H {}: {}",
+                row.dtype, s.seq_k, s.head_dim, s.batch, s.heads, row.plan
+            );
+            let share = ceilings.bandwidth.map_or(String::new(), |b| {
+                format!(", {:.0}% of the copy ceiling", 100.0 * gbs / b)
+            });
+            println!("  whole: {whole:.3} ms, K and V at {gbs:.0} GB/s{share}");
+        }
     }
-    let json = json!({
+    println!(
+        "  {:<34} {:>10} {:>9} {:>13}",
+        "without", "ms", "of whole", "phase's cost"
+    );
+    for v in &row.variants[1..] {
+        let what = if v.removed == Phases::ALL {
+            "all four (the loop's skeleton)".to_string()
+        } else {
+            v.removed.name()
+        };
+        let cost = if v.removed == Phases::ALL {
+            "-".to_string()
+        } else {
+            format!("{:.0}%", 100.0 * (whole - v.ms) / whole)
+        };
+        println!(
+            "  {what:<34} {:>10.3} {:>8.0}% {cost:>13}",
+            v.ms,
+            100.0 * v.ms / whole
+        );
+    }
+}
+
+/// The run as the JSON `--json` writes.
+fn report_json(
+    ctx: &webattn::GpuContext,
+    rows: &[Row],
+    skipped: &[String],
+    ceilings: &Ceilings,
+) -> serde_json::Value {
+    let a = &ctx.capabilities().adapter;
+    let (ceiling, bandwidth) = (ceilings.fma, ceilings.bandwidth);
+    json!({
         "adapter": {"name": a.name, "backend": a.backend, "device_type": a.device_type, "driver": a.driver, "driver_info": a.driver_info},
         "fma_ceiling_gflops": ceiling,
         "bandwidth_ceiling_gbs": bandwidth,
@@ -481,11 +624,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 })).collect::<Vec<_>>(),
             })
         }).collect::<Vec<_>>(),
-    });
-    if let Some(path) = &args.json {
-        super::files::write_text(path, &serde_json::to_string_pretty(&json)?)?;
-    }
-    Ok(ExitCode::SUCCESS)
+    })
 }
 
 /// The precision as the table shows it.

@@ -58,7 +58,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             webattn::tuning::fused_candidates(&engine, dk, dv).map_or(1, |c| c.len())
                 + 1
                 + webattn::tuning::coop_candidates(&engine, dk, dv).len()
-                + webattn::tuning::fast_gemm_candidates(ctx).len()
+                + webattn::tuning::fast_gemm_candidates(&engine).len()
                 + webattn::tuning::decode_candidates(&engine, &decode).map_or(0, |c| c.len())
         })
         .sum();

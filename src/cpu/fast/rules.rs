@@ -131,6 +131,7 @@ mod tests {
             mask: None,
             has_past: past_len > 0,
             has_nonpad: false,
+            f16: Default::default(),
             placement: Default::default(),
         }
     }

@@ -1,11 +1,15 @@
-//! The fused kernel on the matrix units (`kernels/templates.rs`: `attention_coop`): its
+//! The fused kernel on the matrix units (`attention_coop`, rendered here from
+//! `shaders/templates/attention_coop.wgsl.in`): its
 //! tile configurations, the workgroup memory each needs, and the choice among
 //! them for an adapter's matrix units, limits and a problem's head dims.
 
 use crate::device::capabilities::KernelLimits;
 use crate::device::pipeline::PipelineKey;
 use crate::kernels::matrix_units::CoopShape;
-use crate::kernels::registry::Kernel;
+use crate::kernels::matrix_units::CoopSize;
+use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
+use crate::shader::template::{self, Template};
+use crate::shader::uniform::ParamsText;
 
 /// The most (row, part) pairs one invocation owns in the scalar steps (the
 /// kernel's `MAX_RPI`).
@@ -19,7 +23,7 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// The most matrices of Q's and of O's columns the kernel holds (its
 /// generator's `MAX_DT`): head dims up to 16 times the matrix size (128 at
 /// 8x8, where larger head dims run the f32 kernels).
-pub const MAX_MATRICES: u32 = crate::kernels::templates::MAX_DT as u32;
+pub const MAX_MATRICES: u32 = MAX_DT as u32;
 
 /// Where the matrix-unit kernel's K and V come from, tile by tile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -390,11 +394,7 @@ impl CoopTiles {
     pub fn key(&self) -> PipelineKey {
         let n = self.n();
         let [qs, ks, ss, ps, os] = self.strides();
-        let kernel = match self.form {
-            CoopForm::Staged => Kernel::AttentionCoop(self.shape.size),
-            CoopForm::Packed => Kernel::AttentionCoopPacked(self.shape.size),
-            CoopForm::Shared => Kernel::AttentionCoopShared(self.shape.size),
-        };
+        let kernel = kernel(self.form, self.shape.size);
         let key = PipelineKey::new(kernel)
             .with("SG", i64::from(self.shape.subgroup))
             .with("NSG", i64::from(self.subgroups))
@@ -451,6 +451,171 @@ impl CoopTiles {
 fn staging_iterations(values: u64, wg: u64) -> u64 {
     9 * values.div_ceil(4).div_ceil(wg)
 }
+
+/// The most matrices of a head dim the kernel holds, Q's and O's each: head
+/// dims up to 256 at 16x16 and 128 at 8x8 (`MAX_MATRICES`).
+pub(crate) const MAX_DT: usize = 16;
+
+/// The kernel's template (its three forms, `//# IF STAGED`, `PACKED`,
+/// `DIRECT`, `SHARED`).
+const TEMPLATE: Template = Template {
+    name: "attention_coop",
+    text: include_str!("../../../shaders/templates/attention_coop.wgsl.in"),
+    renderer: "src/kernels/attention/coop.rs",
+};
+
+/// The kernel in `form`: `attention_coop` (staged), `attention_coop_packed`
+/// (K and V packed as f16 ahead of it, loaded from storage) or
+/// `attention_coop_shared` (packed, each tile shared through workgroup
+/// memory), the whole file's text, ending in one newline.
+///
+/// # Panics
+/// Only where the template is malformed: a bug in this repository.
+pub(crate) fn render(form: CoopForm) -> String {
+    let (defines, kernel): (&[&str], _) = match form {
+        CoopForm::Staged => (&["STAGED"], None),
+        CoopForm::Packed => (&["PACKED", "DIRECT"], Some("attention_coop_packed")),
+        CoopForm::Shared => (&["PACKED", "SHARED"], Some("attention_coop_shared")),
+    };
+    template::render(&TEMPLATE, MAX_DT, defines, kernel) + "\n"
+}
+
+/// The kernel in `form` for matrices of `size`.
+pub fn kernel(form: CoopForm, size: CoopSize) -> Kernel {
+    match (form, size) {
+        (CoopForm::Staged, CoopSize::Sixteen) => ATTENTION_COOP16,
+        (CoopForm::Staged, CoopSize::Eight) => ATTENTION_COOP8,
+        (CoopForm::Packed, CoopSize::Sixteen) => ATTENTION_COOP_PACKED16,
+        (CoopForm::Packed, CoopSize::Eight) => ATTENTION_COOP_PACKED8,
+        (CoopForm::Shared, CoopSize::Sixteen) => ATTENTION_COOP_SHARED16,
+        (CoopForm::Shared, CoopSize::Eight) => ATTENTION_COOP_SHARED8,
+    }
+}
+
+/// Fused attention on the matrix units: S and O as f32 accumulator matrices, Q, K, V and P as f16, K and V staged tile by tile (16x16 matrices).
+pub const ATTENTION_COOP16: Kernel = Kernel::new(&KernelDef {
+    name: "attention_coop16",
+    origin: Origin::Generated("attention_coop.wgsl", || render(CoopForm::Staged)),
+    slots: &[("COOP", "coop16.wgsl")],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<crate::kernels::attention::ChunkParams>()
+        .named(crate::kernels::attention::FUSED_NAMES),
+    needs: Needs::MATRIX_UNITS,
+    specialised_per_call: true,
+});
+/// The matrix-unit kernel from K and V packed as f16 ahead of it (`COOP_PACK`), loaded straight from storage (16x16 matrices).
+pub const ATTENTION_COOP_PACKED16: Kernel = Kernel::new(&KernelDef {
+    name: "attention_coop_packed16",
+    origin: Origin::Generated("attention_coop_packed.wgsl", || render(CoopForm::Packed)),
+    slots: &[("COOP", "coop16.wgsl")],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+        Binding::Read,
+    ],
+    params: ParamsText::of::<crate::kernels::attention::ChunkParams>()
+        .named(crate::kernels::attention::FUSED_NAMES),
+    needs: Needs::MATRIX_UNITS,
+    specialised_per_call: true,
+});
+/// The matrix-unit kernel from packed K and V, each tile copied once into workgroup memory for every subgroup (16x16 matrices).
+pub const ATTENTION_COOP_SHARED16: Kernel = Kernel::new(&KernelDef {
+    name: "attention_coop_shared16",
+    origin: Origin::Generated("attention_coop_shared.wgsl", || render(CoopForm::Shared)),
+    slots: &[("COOP", "coop16.wgsl")],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+        Binding::Read,
+    ],
+    params: ParamsText::of::<crate::kernels::attention::ChunkParams>()
+        .named(crate::kernels::attention::FUSED_NAMES),
+    needs: Needs::MATRIX_UNITS,
+    specialised_per_call: true,
+});
+/// Fused attention on the matrix units: S and O as f32 accumulator matrices, Q, K, V and P as f16, K and V staged tile by tile (8x8 matrices).
+pub const ATTENTION_COOP8: Kernel = Kernel::new(&KernelDef {
+    name: "attention_coop8",
+    origin: Origin::Generated("attention_coop.wgsl", || render(CoopForm::Staged)),
+    slots: &[("COOP", "coop8.wgsl")],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<crate::kernels::attention::ChunkParams>()
+        .named(crate::kernels::attention::FUSED_NAMES),
+    needs: Needs::MATRIX_UNITS,
+    specialised_per_call: true,
+});
+/// The matrix-unit kernel from K and V packed as f16 ahead of it (`COOP_PACK`), loaded straight from storage (8x8 matrices).
+pub const ATTENTION_COOP_PACKED8: Kernel = Kernel::new(&KernelDef {
+    name: "attention_coop_packed8",
+    origin: Origin::Generated("attention_coop_packed.wgsl", || render(CoopForm::Packed)),
+    slots: &[("COOP", "coop8.wgsl")],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+        Binding::Read,
+    ],
+    params: ParamsText::of::<crate::kernels::attention::ChunkParams>()
+        .named(crate::kernels::attention::FUSED_NAMES),
+    needs: Needs::MATRIX_UNITS,
+    specialised_per_call: true,
+});
+/// The matrix-unit kernel from packed K and V, each tile copied once into workgroup memory for every subgroup (8x8 matrices).
+pub const ATTENTION_COOP_SHARED8: Kernel = Kernel::new(&KernelDef {
+    name: "attention_coop_shared8",
+    origin: Origin::Generated("attention_coop_shared.wgsl", || render(CoopForm::Shared)),
+    slots: &[("COOP", "coop8.wgsl")],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+        Binding::Read,
+    ],
+    params: ParamsText::of::<crate::kernels::attention::ChunkParams>()
+        .named(crate::kernels::attention::FUSED_NAMES),
+    needs: Needs::MATRIX_UNITS,
+    specialised_per_call: true,
+});
 
 #[cfg(test)]
 mod tests {
@@ -592,8 +757,20 @@ mod tests {
             2 * t.keys_per_tile * 136 - 2 * 16 * 16
         );
         assert_ne!(t.key().kernel, staged.key().kernel);
-        assert_eq!(staged.key().kernel, Kernel::AttentionCoop(H100.size));
-        assert_eq!(t.key().kernel, Kernel::AttentionCoopPacked(H100.size));
+        assert_eq!(
+            staged.key().kernel,
+            crate::kernels::attention::coop::kernel(
+                crate::kernels::attention::coop::CoopForm::Staged,
+                H100.size
+            )
+        );
+        assert_eq!(
+            t.key().kernel,
+            crate::kernels::attention::coop::kernel(
+                crate::kernels::attention::coop::CoopForm::Packed,
+                H100.size
+            )
+        );
         // The packing pass: no staging iterations per tile.
         assert!(t.loop_iterations_per_tile() < staged.loop_iterations_per_tile());
     }
@@ -619,7 +796,13 @@ mod tests {
         assert_eq!((t.query_rows(), t.keys_per_tile), (64, 32));
         assert_eq!(t.shared_halves(), 64 * 136);
         assert_eq!(t.copy_slots(), 4);
-        assert_eq!(t.key().kernel, Kernel::AttentionCoopShared(H100.size));
+        assert_eq!(
+            t.key().kernel,
+            crate::kernels::attention::coop::kernel(
+                crate::kernels::attention::coop::CoopForm::Shared,
+                H100.size
+            )
+        );
         assert!(t.key().to_string().contains("HS=8704"));
         // The packed form at the same tiles needs Q's block and a zero
         // block: 256 f16 more.

@@ -13,12 +13,14 @@ use crate::device::capabilities::KernelLimits;
 use crate::device::pipeline::PipelineKey;
 use crate::device::recorder::{Recorder, Seg};
 use crate::error::{Error, Result};
+use crate::kernels::ablation::Phases;
 pub use crate::kernels::attention::coop::{CoopForm, CoopTiles};
 use crate::kernels::attention::rules::Rules;
 pub use crate::kernels::attention::tiled::TiledTiles;
-use crate::kernels::registry::Kernel;
 use crate::options::{AttentionOptions, QkMatmulOutputMode};
 use crate::problem::AttentionDims;
+use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
+use crate::shader::uniform::ParamsText;
 
 /// Query rows per workgroup of the portable fused kernel (one per invocation).
 pub const QUERY_ROWS: u32 = 64;
@@ -104,7 +106,7 @@ impl FusedTiles {
 
     /// The pipeline key.
     pub fn key(&self) -> PipelineKey {
-        PipelineKey::new(Kernel::AttentionFused)
+        PipelineKey::new(crate::kernels::attention::ATTENTION_FUSED)
             .with("BQ", i64::from(self.query_rows))
             .with("BK", i64::from(self.keys_per_tile))
             .with("DK4", i64::from(self.dk4))
@@ -215,15 +217,17 @@ impl FusedKernel {
             FusedKernel::Portable(tiles) => tiles.key(),
             FusedKernel::Tiled(tiles) => Rules::new(dims, options).specialise(tiles.key()),
             FusedKernel::Coop(tiles) => Rules::new(dims, options).specialise(tiles.key()),
-            FusedKernel::Subgroup { width } => PipelineKey::new(Kernel::AttentionSubgroup)
-                .with("SG", i64::from(*width))
-                .with_flag("HAS_MASK", dims.mask.is_some())
-                .with_flag("SOFTCAP", options.softcap > 0.0),
+            FusedKernel::Subgroup { width } => {
+                PipelineKey::new(crate::kernels::attention::subgroup::ATTENTION_SG)
+                    .with("SG", i64::from(*width))
+                    .with_flag("HAS_MASK", dims.mask.is_some())
+                    .with_flag("SOFTCAP", options.softcap > 0.0)
+            }
         }
     }
 }
 
-crate::kernels::uniform::uniform_block! {
+crate::shader::uniform::uniform_block! {
     /// The uniform block the attention kernels take (fused, subgroup, decode, scores;
     /// same layout in every WGSL file; words 17, 19 and 21 differ in meaning).
     pub(crate) struct Params {
@@ -247,8 +251,10 @@ crate::kernels::uniform::uniform_block! {
         extra0: u32,
         kv_heads: u32,
         extra2: u32,
+        /// 1 / temperature, applied to the biased scores before the softmax.
         inv_temperature: f32,
         extra3: u32,
+        /// Added to every query's position (a piece of a call split across bindings).
         position_shift: i32,
         _reserved: u32,
     }
@@ -315,12 +321,13 @@ pub(crate) struct AttentionBuffers<'a> {
     pub kv_f16: bool,
 }
 
-crate::kernels::uniform::uniform_block! {
+crate::shader::uniform::uniform_block! {
     /// The fused kernel's uniforms: the shared block plus the key chunk.
     pub(crate) struct ChunkParams {
         base: Params,
         chunk_start: u32,
         chunk_end: u32,
+        /// FIRST_CHUNK: start from an empty state; LAST_CHUNK: normalise and write lse.
         chunk_flags: u32,
         /// `attention_coop_packed` and `_shared`: keys per (batch, KV head)
         /// in packed K and V.
@@ -361,34 +368,31 @@ pub(crate) fn record_forward(
     y: &wgpu::Buffer,
     stats: &wgpu::Buffer,
     part: KeyPart,
+    phases: Phases,
 ) -> Result<()> {
     let ctx = rec.ctx();
     let keys = dims.total_len();
-    // The matrix-unit kernel's packed form where its packed K and V fit.
+    // The matrix-unit kernel's packed form packs K and V first (the plan
+    // took it only where they fit: `Planner::fused_kernel_for`).
     let kv_heads = dims.batch * dims.kv_heads;
-    let (kernel, packed) = match *kernel {
+    let packed = match *kernel {
         FusedKernel::Coop(tiles) if tiles.form.packs_ahead() => {
-            if tiles.packs(kv_heads, keys, &ctx.caps.limits) {
-                let packed = record_kv_pack(rec, dims, &tiles, inputs)?;
-                (FusedKernel::Coop(tiles), Some(packed))
-            } else {
-                (unpacked(ctx, dims, tiles)?, None)
+            if !tiles.packs(kv_heads, keys, &ctx.caps.limits) {
+                return Err(Error::Conflict(
+                    "the planned packed matrix-unit kernel does not fit this call's K and V",
+                ));
             }
+            Some(record_kv_pack(rec, dims, &tiles, inputs)?)
         }
-        other => (other, None),
+        _ => None,
     };
-    let kernel = &kernel;
-    // (After the choice above: a staged or f32 kernel may hold fewer rows.)
     let q_blocks = dims.q_len.div_ceil(kernel.query_rows());
     let packed_keys = match kernel {
         FusedKernel::Coop(tiles) => tiles.packed_keys(keys) as u32,
         _ => 0,
     };
     let chunk = kernel.keys_per_chunk(dims, ctx.caps.loop_budget());
-    let key = ctx
-        .overrides
-        .removed_phases
-        .key(kernel.key(dims, options))?;
+    let key = phases.key(kernel.key(dims, options))?;
     let pipeline = ctx.pipelines.get(&key);
     let workgroups = (dims.batch * dims.q_heads * q_blocks) as u64;
     let base = params(dims, options, q_blocks as u32, 0);
@@ -428,31 +432,6 @@ pub(crate) fn record_forward(
         start = end;
     }
     Ok(())
-}
-
-/// The kernel a call runs whose packed K or V would not fit ([`CoopTiles::packs`]):
-/// the same tiles staged where they fit the adapter's workgroup memory (the
-/// packed form needs less), else the largest staged candidate that does,
-/// else the f32 kernel.
-fn unpacked(
-    ctx: &crate::device::context::GpuContext,
-    dims: &AttentionDims,
-    tiles: CoopTiles,
-) -> Result<FusedKernel> {
-    let limits = &ctx.caps.limits;
-    let staged = tiles.staged();
-    if staged.fits(limits) {
-        return Ok(FusedKernel::Coop(staged));
-    }
-    let (dk, dv) = (dims.head_dim, dims.v_head_dim);
-    match CoopTiles::candidates(tiles.shape, dk, dv)
-        .into_iter()
-        .map(CoopTiles::staged)
-        .find(|t| t.fits(limits))
-    {
-        Some(t) => Ok(FusedKernel::Coop(t)),
-        None => ctx.fused_kernel(dk, dv),
-    }
 }
 
 /// Bytes of scratch [`record_forward`] allocates for `kernel` at `dims`: the
@@ -544,9 +523,9 @@ pub(crate) fn record_scores(
         "scores params",
         &params(dims, options, mode as u32, key_blocks as u32),
     );
-    let pipeline = ctx
-        .pipelines
-        .get(&PipelineKey::new(Kernel::AttentionScores));
+    let pipeline = ctx.pipelines.get(&PipelineKey::new(
+        crate::kernels::attention::ATTENTION_SCORES,
+    ));
     let rows = dims.batch * dims.q_heads * dims.q_len;
     rec.dispatch_segments(
         &pipeline,
@@ -573,4 +552,293 @@ pub(crate) fn record_scores(
         )?;
     }
     Ok(())
+}
+
+/// What the fused kernels call the words [`Params`] shares with other
+/// meanings: its WGSL `struct Params` names them so.
+pub(crate) const FUSED_NAMES: &[(&str, &str)] = &[
+    ("extra0", "q_blocks"),
+    ("extra2", "_pad"),
+    ("extra3", "_reserved0"),
+];
+
+/// What the scores' recompute calls the words [`Params`] shares.
+const SCORES_NAMES: &[(&str, &str)] = &[
+    ("extra0", "mode"),
+    ("extra2", "key_blocks"),
+    ("extra3", "_reserved0"),
+];
+
+/// Portable fused attention, FlashAttention-2 style (`shaders/attention_fused.wgsl`).
+pub const ATTENTION_FUSED: Kernel = Kernel::new(&KernelDef {
+    name: names::PORTABLE,
+    origin: Origin::File(
+        "attention_fused.wgsl",
+        include_str!("../../../shaders/attention_fused.wgsl"),
+    ),
+    slots: &[],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<ChunkParams>().named(FUSED_NAMES),
+    needs: Needs::CORE,
+    specialised_per_call: false,
+});
+/// `qk_matmul_output` recomputed from Q and K (`shaders/attention_scores.wgsl`).
+pub const ATTENTION_SCORES: Kernel = Kernel::new(&KernelDef {
+    name: "attention_scores",
+    origin: Origin::File(
+        "attention_scores.wgsl",
+        include_str!("../../../shaders/attention_scores.wgsl"),
+    ),
+    slots: &[],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<Params>().named(SCORES_NAMES),
+    needs: Needs::CORE,
+    specialised_per_call: false,
+});
+
+/// The family's kernels, every form and size.
+pub const KERNELS: [Kernel; 13] = [
+    ATTENTION_FUSED,
+    ATTENTION_SCORES,
+    subgroup::ATTENTION_SG,
+    tiled::ATTENTION_TILED,
+    tiled::ATTENTION_TILED_WIDE,
+    tiled::ATTENTION_TILED_SHUFFLE,
+    tiled::ATTENTION_TILED_CHUNKED,
+    coop::ATTENTION_COOP16,
+    coop::ATTENTION_COOP8,
+    coop::ATTENTION_COOP_PACKED16,
+    coop::ATTENTION_COOP_PACKED8,
+    coop::ATTENTION_COOP_SHARED16,
+    coop::ATTENTION_COOP_SHARED8,
+];
+
+/// Representative pipelines of the family (what the browser test hands to
+/// the browser's own shader compiler): the subgroup kernel at the widths CPU
+/// adapters have, the portable and tiled kernels' tiles at representative
+/// head dims and workgroup memories, a prefetching and a chunked tile, and
+/// the scores' recompute.
+pub fn variants() -> Vec<PipelineKey> {
+    use crate::device::capabilities::KernelLimits;
+    let mut keys = Vec::new();
+    for width in [4, 8] {
+        for mask in [false, true] {
+            for softcap in [false, true] {
+                keys.push(
+                    PipelineKey::new(subgroup::ATTENTION_SG)
+                        .with("SG", i64::from(width))
+                        .with_flag("HAS_MASK", mask)
+                        .with_flag("SOFTCAP", softcap),
+                );
+            }
+        }
+    }
+    for (dk, dv, storage) in [
+        (64, 64, 16 << 10),
+        (64, 64, 32 << 10),
+        (256, 256, 16 << 10),
+        (8, 200, 16 << 10),
+    ] {
+        let limits = KernelLimits {
+            max_compute_workgroup_storage_size: storage,
+            ..KernelLimits::WEBGPU_DEFAULTS
+        };
+        if let Ok(tiles) = FusedTiles::for_dims(dk, dv, &limits) {
+            keys.push(tiles.key());
+        }
+        if let Some(tiles) = TiledTiles::for_dims(dk, dv, &limits) {
+            keys.push(tiles.key());
+        }
+    }
+    // More tiles of the register-tiled kernel, within the 32 KiB a browser
+    // offers (the browser test compiles this list on its own device).
+    let browser = KernelLimits {
+        max_compute_workgroup_storage_size: 32 << 10,
+        ..KernelLimits::WEBGPU_DEFAULTS
+    };
+    for (dk, dv) in [(128, 128), (256, 256), (65, 3)] {
+        if let Some(tiles) = TiledTiles::for_dims(dk, dv, &browser) {
+            keys.push(tiles.key());
+        }
+    }
+    // A shape that prefetches the next tile into registers (tried by the
+    // tuner), and the chunked form, at head dim 64 within 32 KiB.
+    let candidates = TiledTiles::candidates(64, 64);
+    if let Some(tiles) = candidates
+        .iter()
+        .find(|t| t.prefetch && !t.shuffle && !t.chunked && t.fits(&browser))
+    {
+        keys.push(tiles.key());
+    }
+    if let Some(tiles) = candidates
+        .iter()
+        .find(|t| t.chunked && !t.prefetch && t.fits(&browser))
+    {
+        keys.push(tiles.key());
+    }
+    keys.push(PipelineKey::new(ATTENTION_SCORES));
+    keys
+}
+
+/// Every pipeline of the family the planner can choose on some adapter:
+/// the portable kernel's tiles at every workgroup-memory and head-dim
+/// class, every tile of the register-tiled kernel and of the matrix-unit
+/// kernel (every form, both sizes, the subgroup widths adapters report).
+pub fn planned() -> Vec<PipelineKey> {
+    use crate::device::capabilities::KernelLimits;
+    use crate::kernels::{HEAD_DIM_CLASSES, WORKGROUP_STORAGE_CLASSES};
+    let mut keys = Vec::new();
+    for storage in WORKGROUP_STORAGE_CLASSES {
+        for invocations in [256, 1024] {
+            let limits = KernelLimits {
+                max_compute_workgroup_storage_size: storage,
+                max_compute_invocations_per_workgroup: invocations,
+                ..KernelLimits::WEBGPU_DEFAULTS
+            };
+            for dk in HEAD_DIM_CLASSES {
+                for dv in HEAD_DIM_CLASSES {
+                    if let Ok(tiles) = FusedTiles::for_dims(dk, dv, &limits) {
+                        keys.push(tiles.key());
+                    }
+                }
+            }
+        }
+    }
+    // Every tile of the register-tiled kernel at every head-dim class: the
+    // tuner may pick any candidate that fits.
+    for dk in HEAD_DIM_CLASSES {
+        for dv in HEAD_DIM_CLASSES {
+            keys.extend(TiledTiles::candidates(dk, dv).iter().map(TiledTiles::key));
+        }
+    }
+    for size in [
+        crate::kernels::matrix_units::CoopSize::Eight,
+        crate::kernels::matrix_units::CoopSize::Sixteen,
+    ] {
+        for subgroup in [8, 32, 64] {
+            let shape = crate::kernels::matrix_units::CoopShape { size, subgroup };
+            for dk in HEAD_DIM_CLASSES {
+                for dv in HEAD_DIM_CLASSES {
+                    // (Each in every form: packed, as calls take it, staged and shared.)
+                    keys.extend(
+                        CoopTiles::candidates(shape, dk, dv)
+                            .into_iter()
+                            .flat_map(|t| CoopForm::ALL.map(|form| t.in_form(form)))
+                            .filter(CoopTiles::is_valid)
+                            .map(|t| t.key()),
+                    );
+                }
+            }
+        }
+    }
+    keys
+}
+
+/// The family's kernel and tiles for an adapter at head dims `dk`, `dv` and
+/// `precision`, from its capabilities alone (the tuning cache and the
+/// overrides take precedence: `plan::planner`). Under
+/// [`crate::Precision::Fast`], on an adapter with matrix units, the
+/// matrix-unit kernel's largest tiles that fit, K and V packed. Else on a
+/// GPU the register-tiled kernel's largest tile that fits (else the
+/// portable kernel); on a CPU adapter `attention_sg` where it has fixed
+/// subgroups (head dims multiples of 4), else the portable kernel, which a
+/// CPU runs faster (SwiftShader in Chromium: 52 ms against 310 ms for the
+/// tiled kernel on the library's repeated call; BENCHMARKS.md). Head dims
+/// beyond the fused kernels, or a workgroup memory too small for one key,
+/// are a typed error.
+pub fn tiles_for(
+    caps: &crate::device::capabilities::Capabilities,
+    dk: usize,
+    dv: usize,
+    precision: crate::Precision,
+) -> Result<FusedKernel> {
+    let tiles = FusedTiles::for_dims(dk, dv, &caps.limits)?;
+    if precision == crate::Precision::Fast {
+        let coop = crate::kernels::matrix_units::coop_shape(caps)
+            .and_then(|shape| CoopTiles::for_dims(shape, dk, dv, &caps.limits));
+        if let Some(coop) = coop {
+            return Ok(FusedKernel::Coop(coop));
+        }
+    }
+    Ok(match caps.fixed_cpu_subgroup() {
+        Some(width) if dk.is_multiple_of(4) && dv.is_multiple_of(4) => {
+            FusedKernel::Subgroup { width }
+        }
+        Some(_) => FusedKernel::Portable(tiles),
+        None if caps.adapter.device_type == "Cpu" => FusedKernel::Portable(tiles),
+        None => tiled_or_portable(tiles, dk, dv, &caps.limits),
+    })
+}
+
+/// The register-tiled kernel where one of its tiles fits, else the portable
+/// kernel with `portable` tiles.
+pub fn tiled_or_portable(
+    portable: FusedTiles,
+    dk: usize,
+    dv: usize,
+    limits: &KernelLimits,
+) -> FusedKernel {
+    match TiledTiles::for_dims(dk, dv, limits) {
+        Some(tiles) => FusedKernel::Tiled(tiles),
+        None => FusedKernel::Portable(portable),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_phase_leaves_every_key_as_it_is_ablation() {
+        let key = PipelineKey::new(ATTENTION_FUSED).with("BQ", 64);
+        assert_eq!(Phases::NONE.key(key.clone()).unwrap(), key);
+    }
+
+    #[test]
+    fn removed_phases_name_the_ablate_constant_of_kernels_that_have_it() {
+        let key = PipelineKey::new(tiled::ATTENTION_TILED).with("BQ", 64);
+        let removed = (Phases::SCORES | Phases::PRODUCT).key(key).unwrap();
+        assert!(removed.constants.contains(&("ABLATE", 10)));
+        assert!(removed.to_string().contains("ABLATE=10"));
+        assert!(Phases::SOFTMAX
+            .key(PipelineKey::new(ATTENTION_FUSED))
+            .is_err());
+        assert_eq!(
+            Phases::ALL.name(),
+            "K/V loads + S = QK^T + softmax + O += PV"
+        );
+        assert_eq!(Phases::NONE.name(), "none");
+        assert_eq!(
+            Phases::EACH.iter().fold(Phases::NONE, |a, &b| a | b),
+            Phases::ALL
+        );
+    }
+
+    #[test]
+    fn the_kernels_with_switches_declare_the_constant() {
+        for kernel in crate::kernels::all() {
+            assert_eq!(
+                crate::kernels::ablation::has_phase_switches(kernel),
+                kernel.source().contains("override ABLATE"),
+                "{}",
+                kernel.name()
+            );
+        }
+    }
 }

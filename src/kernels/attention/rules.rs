@@ -60,7 +60,7 @@ impl Rules {
     }
 
     /// `key` made for these rules: a kernel whose key loop tests `RULES`
-    /// ([`crate::kernels::registry::Kernel::is_specialised_per_call`]) is
+    /// ([`crate::shader::kernel::Kernel::is_specialised_per_call`]) is
     /// compiled without any per-score rule for a call that applies none (no
     /// mask, softcap, ALiBi or temperature: the common call runs a key loop
     /// without their code and registers), and with all of them otherwise.
@@ -130,7 +130,6 @@ impl Rules {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::registry::Kernel;
 
     fn rules(options: &AttentionOptions, masked: bool) -> Rules {
         let mut dims = AttentionDims::plain(1, [2, 1], [3, 5], [8, 8]);
@@ -186,7 +185,7 @@ mod tests {
     #[test]
     fn only_the_kernels_that_test_the_rules_are_made_per_call() {
         let plain = rules(&AttentionOptions::default(), false);
-        for kernel in Kernel::ALL {
+        for kernel in crate::kernels::all() {
             let source = kernel.source();
             let tests = ["SOFTCAP", "MASK", "ALIBI"]
                 .iter()
@@ -203,7 +202,9 @@ mod tests {
         }
         // A call with any per-score rule gets them all compiled.
         let masked = rules(&AttentionOptions::default(), true);
-        let key = masked.specialise(PipelineKey::new(Kernel::AttentionTiled));
+        let key = masked.specialise(PipelineKey::new(
+            crate::kernels::attention::tiled::ATTENTION_TILED,
+        ));
         let all = i64::from(PER_SCORE_RULES);
         assert!(key.constants.contains(&("RULES", all)));
     }

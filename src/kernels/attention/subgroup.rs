@@ -1,12 +1,15 @@
 //! The fused attention kernel for CPU-backed adapters (subgroup shuffles, no
-//! workgroup memory; [`Kernel::AttentionSubgroup`]), unrolled.
+//! workgroup memory; [`crate::kernels::attention::subgroup::ATTENTION_SG`]), unrolled.
 //!
 //! The 64 score accumulators are named and the loops over rows, key groups and
 //! keys are written out here (WGSL has no macros; private arrays indexed by a
 //! loop variable are slow). The engine makes the text from [`render`] when
 //! the pipeline is built.
 //!
-//! [`Kernel::AttentionSubgroup`]: crate::kernels::registry::Kernel::AttentionSubgroup
+//! [`crate::kernels::attention::subgroup::ATTENTION_SG`]: crate::kernels::registry::Kernel::AttentionSubgroup
+
+use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
+use crate::shader::uniform::ParamsText;
 
 /// Query rows per invocation.
 pub(crate) const ROWS: u32 = 4;
@@ -57,11 +60,33 @@ fn {name}(slot: u32, {params}) -> vec4<f32> {{
     )
 }
 
-/// The kernel's WGSL: the whole text, ending in one newline.
+/// The kernel's WGSL: the whole text, ending in one newline. Each section
+/// appends its lines to the text, in the kernel's order.
 pub(crate) fn render() -> String {
-    let mut out: Vec<String> = Vec::new();
+    let mut out = vec![HEADER.to_string()];
+    overview(&mut out);
+    overrides_and_constants(&mut out);
+    bindings(&mut out);
+    value_tests(&mut out);
+    pick_functions(&mut out);
+    rule_functions(&mut out);
+    main_opening(&mut out);
+    block_key_range(&mut out);
+    row_state(&mut out);
+    registers(&mut out);
+    key_loop_opening(&mut out);
+    scores(&mut out);
+    rules_and_softmax(&mut out);
+    product(&mut out);
+    end_key_loop(&mut out);
+    chunk_state_writes(&mut out);
+    normalise(&mut out);
+    finish(out)
+}
 
-    out.push(HEADER.to_string());
+/// The comment that explains the kernel: its layout, its steps and its
+/// contract.
+fn overview(out: &mut Vec<String>) {
     out.push(format!(
         r"//
 // Fused attention (FlashAttention-2 forward) for CPU-backed adapters with
@@ -97,15 +122,28 @@ pub(crate) fn render() -> String {
 //
 // Requires Dk and Dv to be multiples of 4 (rows are read as vec4s); the host
 // sends other head dims to attention_fused.wgsl.
+"
+    ));
+}
 
-override SG: u32 = 8u;
+/// The override constants and the plain ones (rows per invocation, keys per
+/// tile).
+fn overrides_and_constants(out: &mut Vec<String>) {
+    out.push(format!(
+        r"override SG: u32 = 8u;
 override HAS_MASK: bool = false;
 override SOFTCAP: bool = false;
 
 const ROWS: u32 = {ROWS}u;
 const KEYS: u32 = {KEYS}u;
+"
+    ));
+}
 
-// #include attention_call.wgsl
+/// The include of the call's uniforms and the storage bindings.
+fn bindings(out: &mut Vec<String>) {
+    out.push(
+        r"// #include attention_call.wgsl
 
 @group(0) @binding(1) var<storage, read> q4: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> k4: array<vec4<f32>>;
@@ -115,27 +153,35 @@ const KEYS: u32 = {KEYS}u;
 @group(0) @binding(6) var<storage, read_write> y4: array<vec4<f32>>;
 // [lse (as bits) | row max m | row sum l], one entry each per row.
 @group(0) @binding(7) var<storage, read_write> stats: array<u32>;
+"
+        .to_string(),
+    );
+}
 
-const NEG_ZERO_BITS: u32 = 0x80000000u;
+/// The bit tests on four values (NaN, poisoning, non-finite) and the accurate
+/// tanh of four values.
+fn value_tests(out: &mut Vec<String>) {
+    out.push(
+        r"const NEG_ZERO_BITS: u32 = 0x80000000u;
 
 // Which of four values are NaN (bit tests: WGSL comparisons need not see NaN).
-fn is_nan4(x: vec4<f32>) -> vec4<bool> {{
+fn is_nan4(x: vec4<f32>) -> vec4<bool> {
     return (bitcast<vec4<u32>>(x) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
-}}
+}
 
 // Which of four scores are NaN or +inf: they make the row NaN.
-fn poisons4(x: vec4<f32>) -> vec4<bool> {{
+fn poisons4(x: vec4<f32>) -> vec4<bool> {
     return is_nan4(x) | (bitcast<vec4<u32>>(x) == vec4<u32>(0x7f800000u));
-}}
+}
 
 // Whether any of four values is NaN or infinite.
-fn non_finite4(x: vec4<f32>) -> bool {{
+fn non_finite4(x: vec4<f32>) -> bool {
     return any((bitcast<vec4<u32>>(x) & vec4<u32>(0x7f800000u)) == vec4<u32>(0x7f800000u));
-}}
+}
 
 // tanh accurate to a few ulp, on four values (see attention_rules.wgsl); NaN
 // stays NaN.
-fn accurate_tanh4(x: vec4<f32>) -> vec4<f32> {{
+fn accurate_tanh4(x: vec4<f32>) -> vec4<f32> {
     let ax = abs(x);
     let z = x * x;
     let poly = 1.0 + z * (-1.0 / 3.0 + z * (2.0 / 15.0 + z * (-17.0 / 315.0
@@ -144,19 +190,31 @@ fn accurate_tanh4(x: vec4<f32>) -> vec4<f32> {{
     let t = 1.0 - 2.0 / (e + 1.0);
     let y = select(select(t, -t, x < vec4<f32>(0.0)), x * poly, ax < vec4<f32>(0.4));
     return select(y, x, is_nan4(x));
-}}
+}
+"
+        .to_string(),
+    );
+}
 
-{PICK_PLACEHOLDER}
-// Scale, softcap, position rules, mask and ALiBi (row position `pos`, the
+/// Where the `pick4` and `pick16` functions go ([`finish`] fills them in).
+fn pick_functions(out: &mut Vec<String>) {
+    out.push(PICK_PLACEHOLDER.to_string());
+}
+
+/// The contract's rules on four scores (`bias4`) and the maximum of four
+/// values (`max4`).
+fn rule_functions(out: &mut Vec<String>) {
+    out.push(
+        r"// Scale, softcap, position rules, mask and ALiBi (row position `pos`, the
 // head's slope) for four keys from j of one row.
-fn bias4(s: vec4<f32>, j: i32, range: vec2<i32>, mask_row: u32, pos: i32, slope: f32) -> vec4<f32> {{
+fn bias4(s: vec4<f32>, j: i32, range: vec2<i32>, mask_row: u32, pos: i32, slope: f32) -> vec4<f32> {
     var x = s * p.scale;
-    if (SOFTCAP) {{
+    if (SOFTCAP) {
         x = p.softcap * accurate_tanh4(x / p.softcap);
-    }}
+    }
     let js = vec4<i32>(j) + vec4<i32>(0, 1, 2, 3);
     var allowed = (js >= vec4<i32>(range.x)) & (js <= vec4<i32>(range.y));
-    if (HAS_MASK) {{
+    if (HAS_MASK) {
         // Keys past the mask's columns are already outside `range`; clamp the reads.
         let last = i32(p.mask_cols) - 1;
         let cols = vec4<u32>(clamp(js, vec4<i32>(0), vec4<i32>(last)));
@@ -165,27 +223,35 @@ fn bias4(s: vec4<f32>, j: i32, range: vec2<i32>, mask_row: u32, pos: i32, slope:
         // MASKED (and below) masks the key; any other value, NaN included, is added.
         allowed = allowed & !(bias <= vec4<f32>(MASKED));
         x += select(vec4<f32>(0.0), bias, allowed);
-    }}
-    if ((p.flags & FLAG_ALIBI) != 0u) {{
+    }
+    if ((p.flags & FLAG_ALIBI) != 0u) {
         x -= slope * vec4<f32>(abs(vec4<i32>(pos) - js));
-    }}
+    }
     return select(vec4<f32>(MASKED), x, allowed);
-}}
+}
 
-fn max4(v: vec4<f32>) -> f32 {{
+fn max4(v: vec4<f32>) -> f32 {
     return max(max(v.x, v.y), max(v.z, v.w));
-}}
+}
+"
+        .to_string(),
+    );
+}
 
-@compute @workgroup_size(SG, 1, 1)
+/// Main's signature and the workgroup's block: its (batch, head), its rows and
+/// the head dims in vec4s.
+fn main_opening(out: &mut Vec<String>) {
+    out.push(
+        r"@compute @workgroup_size(SG, 1, 1)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(subgroup_invocation_id) lane: u32,
-) {{
+) {
     let block = wid.x + wid.y * nwg.x;
-    if (block >= p.q_blocks * p.batch * p.q_heads) {{
+    if (block >= p.q_blocks * p.batch * p.q_heads) {
         return;
-    }}
+    }
     let head_index = block / p.q_blocks;
     let b = head_index / p.q_heads;
     let h = head_index % p.q_heads;
@@ -195,17 +261,25 @@ fn main(
     let dk4 = p.dk / 4u;
     let dv4 = p.dv / 4u;
     let rows = p.batch * p.q_heads * p.q_len;
+"
+        .to_string(),
+    );
+}
 
-    var lengths = i32(p.keys);
-    if ((p.flags & FLAG_NONPAD) != 0u) {{
+/// The key lengths and position offset, the block's key range (keys no row of
+/// the block sees are skipped), K and V's base and the head's ALiBi slope.
+fn block_key_range(out: &mut Vec<String>) {
+    out.push(
+        r"    var lengths = i32(p.keys);
+    if ((p.flags & FLAG_NONPAD) != 0u) {
         lengths = nonpad[b];
-    }}
+    }
     var offset = 0;
-    if ((p.flags & FLAG_PAST) != 0u) {{
+    if ((p.flags & FLAG_PAST) != 0u) {
         offset = i32(p.past_len);
-    }} else if ((p.flags & FLAG_NONPAD) != 0u) {{
+    } else if ((p.flags & FLAG_NONPAD) != 0u) {
         offset = lengths - i32(p.q_len);
-    }}
+    }
     offset = offset + p.position_shift;
     // The block's key range: rows' ranges grow with the row index.
     let block_last = min(block_row0 + ROWS * SG - 1u, p.q_len - 1u);
@@ -214,11 +288,17 @@ fn main(
     let kv_base = (b * p.kv_heads + kvh) * p.keys;
     let last_key = p.keys - 1u;
     var slope = 0.0;
-    if ((p.flags & FLAG_ALIBI) != 0u) {{
+    if ((p.flags & FLAG_ALIBI) != 0u) {
         slope = bitcast<f32>(nonpad[p.batch + h]);
-    }}
+    }
 "
-    ));
+        .to_string(),
+    );
+}
+
+/// Each row's index, key range, bases in Q, Y and the mask, and its state (m,
+/// l, flags): fresh at the first key chunk, else from `stats`.
+fn row_state(out: &mut Vec<String>) {
     for r in 0..ROWS {
         out.push(format!(
             r"    let row{r} = min(lane_row0 + {r}u, p.q_len - 1u);
@@ -238,6 +318,10 @@ fn main(
     }}"
         ));
     }
+}
+
+/// The named registers: the score accumulators, the K slots and the V slots.
+fn registers(out: &mut Vec<String>) {
     for r in 0..ROWS {
         for g in 0..GROUPS {
             out.push(format!("    var s{r}_{g} = vec4<f32>(0.0);"));
@@ -251,14 +335,23 @@ fn main(
     for i in 0..MAX_VSLOTS {
         out.push(format!("    var vs{i} = vec4<f32>(0.0);"));
     }
+}
 
+/// The key loop's opening: the first tile of the block's key range, a tile
+/// of KEYS keys a step.
+fn key_loop_opening(out: &mut Vec<String>) {
     out.push(
         r"
     var j0 = wg_lo - wg_lo % i32(KEYS);
-    for (; j0 <= wg_hi; j0 += i32(KEYS)) {
-        // 1. S = Q K^T for this tile."
+    for (; j0 <= wg_hi; j0 += i32(KEYS)) {"
             .to_string(),
     );
+}
+
+/// Step 1, S = Q K^T for the tile: each lane loads its slots' key groups,
+/// transposed, and every group reaches every lane by shuffle.
+fn scores(out: &mut Vec<String>) {
+    out.push("        // 1. S = Q K^T for this tile.".to_string());
     for r in 0..ROWS {
         for g in 0..GROUPS {
             out.push(format!("        s{r}_{g} = vec4<f32>(0.0);"));
@@ -305,77 +398,100 @@ fn main(
         }
     }
     out.push("        }".to_string());
+}
+
+/// Step 2, row by row: the contract's rules on the scores, then the online
+/// softmax, which turns S into P.
+fn rules_and_softmax(out: &mut Vec<String>) {
     out.push("        // 2. Rules and online softmax; S becomes P.".to_string());
     for r in 0..ROWS {
-        for g in 0..GROUPS {
-            let j = 4 * g;
-            out.push(format!(
-                "        s{r}_{g} = bias4(s{r}_{g}, j0 + {j}, range{r}, mask_row{r}, offset + i32(row{r}), slope);"
-            ));
-        }
-        let poisoned = (0..GROUPS)
-            .map(|g| format!("poisons4(s{r}_{g})"))
-            .collect::<Vec<_>>()
-            .join(" | ");
-        out.push(
-            "        // A NaN or +inf score poisons the row and counts as -inf from here on."
-                .to_string(),
-        );
-        out.push(format!("        if (any({poisoned})) {{"));
-        out.push(format!("            flags{r} |= ROW_POISONED;"));
-        for g in 0..GROUPS {
-            out.push(format!(
-                "            s{r}_{g} = select(s{r}_{g}, vec4<f32>(neg_inf()), poisons4(s{r}_{g}));"
-            ));
-        }
-        out.push("        }".to_string());
-        // The tree of maxima is written out for GROUPS = 16.
-        out.push(format!(
-            "        let tile_max{r} = max(max(max(max4(s{r}_0), max4(s{r}_1)), max(max4(s{r}_2), max4(s{r}_3))), max(max(max4(s{r}_4), max4(s{r}_5)), max(max4(s{r}_6), max4(s{r}_7))));"
-        ));
-        out.push(format!(
-            "        let tile_max{r}b = max(max(max(max4(s{r}_8), max4(s{r}_9)), max(max4(s{r}_10), max4(s{r}_11))), max(max(max4(s{r}_12), max4(s{r}_13)), max(max4(s{r}_14), max4(s{r}_15))));"
-        ));
-        out.push(format!(
-            "        let m_new{r} = max(m{r}, max(tile_max{r}, tile_max{r}b));"
-        ));
-        out.push(
-            "        // Start from zero when the row had no attended key yet (Y holds nothing)."
-                .to_string(),
-        );
-        out.push(format!(
-            "        let fresh{r} = (flags{r} & ROW_ATTENDED) == 0u;"
-        ));
-        out.push(format!(
-            "        let alpha{r} = select(exp(tempered(m{r} - m_new{r}, p.inv_temperature)), 0.0, fresh{r});"
-        ));
-        out.push(
-            "        // (Not clamped: a row whose scores all lie below -3e38 still has weights.)"
-                .to_string(),
-        );
-        out.push(format!("        let live_max{r} = vec4<f32>(m_new{r});"));
-        let attended = (0..GROUPS)
-            .map(|g| format!("(s{r}_{g} != vec4<f32>(MASKED))"))
-            .collect::<Vec<_>>()
-            .join(" | ");
-        out.push(format!(
-            "        if (any({attended})) {{ flags{r} |= ROW_ATTENDED; }}"
-        ));
-        for g in 0..GROUPS {
-            out.push(format!(
-                "        s{r}_{g} = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s{r}_{g} - live_max{r}) * p.inv_temperature), s{r}_{g} != vec4<f32>(MASKED));"
-            ));
-        }
-        let sums = (0..GROUPS)
-            .map(|g| format!("s{r}_{g}"))
-            .collect::<Vec<_>>()
-            .join(" + ");
-        out.push(format!("        let p_sum{r} = {sums};"));
-        out.push(format!(
-            "        l{r} = l{r} * alpha{r} + (p_sum{r}.x + p_sum{r}.y + p_sum{r}.z + p_sum{r}.w);"
-        ));
-        out.push(format!("        m{r} = m_new{r};"));
+        row_rules(out, r);
+        row_softmax(out, r);
     }
+}
+
+/// Row r's rules (`bias4` on each key group) and its poisoning scores noted,
+/// then counted as -inf.
+fn row_rules(out: &mut Vec<String>, r: u32) {
+    for g in 0..GROUPS {
+        let j = 4 * g;
+        out.push(format!(
+            "        s{r}_{g} = bias4(s{r}_{g}, j0 + {j}, range{r}, mask_row{r}, offset + i32(row{r}), slope);"
+        ));
+    }
+    let poisoned = (0..GROUPS)
+        .map(|g| format!("poisons4(s{r}_{g})"))
+        .collect::<Vec<_>>()
+        .join(" | ");
+    out.push(
+        "        // A NaN or +inf score poisons the row and counts as -inf from here on."
+            .to_string(),
+    );
+    out.push(format!("        if (any({poisoned})) {{"));
+    out.push(format!("            flags{r} |= ROW_POISONED;"));
+    for g in 0..GROUPS {
+        out.push(format!(
+            "            s{r}_{g} = select(s{r}_{g}, vec4<f32>(neg_inf()), poisons4(s{r}_{g}));"
+        ));
+    }
+    out.push("        }".to_string());
+}
+
+/// Row r's online-softmax step: the tile's maximum, the rescaling factor
+/// alpha, P in place of the scores, and the new sum and maximum.
+fn row_softmax(out: &mut Vec<String>, r: u32) {
+    // The tree of maxima is written out for GROUPS = 16.
+    out.push(format!(
+        "        let tile_max{r} = max(max(max(max4(s{r}_0), max4(s{r}_1)), max(max4(s{r}_2), max4(s{r}_3))), max(max(max4(s{r}_4), max4(s{r}_5)), max(max4(s{r}_6), max4(s{r}_7))));"
+    ));
+    out.push(format!(
+        "        let tile_max{r}b = max(max(max(max4(s{r}_8), max4(s{r}_9)), max(max4(s{r}_10), max4(s{r}_11))), max(max(max4(s{r}_12), max4(s{r}_13)), max(max4(s{r}_14), max4(s{r}_15))));"
+    ));
+    out.push(format!(
+        "        let m_new{r} = max(m{r}, max(tile_max{r}, tile_max{r}b));"
+    ));
+    out.push(
+        "        // Start from zero when the row had no attended key yet (Y holds nothing)."
+            .to_string(),
+    );
+    out.push(format!(
+        "        let fresh{r} = (flags{r} & ROW_ATTENDED) == 0u;"
+    ));
+    out.push(format!(
+        "        let alpha{r} = select(exp(tempered(m{r} - m_new{r}, p.inv_temperature)), 0.0, fresh{r});"
+    ));
+    out.push(
+        "        // (Not clamped: a row whose scores all lie below -3e38 still has weights.)"
+            .to_string(),
+    );
+    out.push(format!("        let live_max{r} = vec4<f32>(m_new{r});"));
+    let attended = (0..GROUPS)
+        .map(|g| format!("(s{r}_{g} != vec4<f32>(MASKED))"))
+        .collect::<Vec<_>>()
+        .join(" | ");
+    out.push(format!(
+        "        if (any({attended})) {{ flags{r} |= ROW_ATTENDED; }}"
+    ));
+    for g in 0..GROUPS {
+        out.push(format!(
+            "        s{r}_{g} = select(vec4<f32>(bitcast<f32>(NEG_ZERO_BITS)), exp((s{r}_{g} - live_max{r}) * p.inv_temperature), s{r}_{g} != vec4<f32>(MASKED));"
+        ));
+    }
+    let sums = (0..GROUPS)
+        .map(|g| format!("s{r}_{g}"))
+        .collect::<Vec<_>>()
+        .join(" + ");
+    out.push(format!("        let p_sum{r} = {sums};"));
+    out.push(format!(
+        "        l{r} = l{r} * alpha{r} + (p_sum{r}.x + p_sum{r}.y + p_sum{r}.z + p_sum{r}.w);"
+    ));
+    out.push(format!("        m{r} = m_new{r};"));
+}
+
+/// Step 3, O = alpha * O + P V a vec4 of value dims at a time: each lane
+/// loads its V slots, O is read from Y, the keys' P V added (carefully where
+/// the tile's V holds a non-finite value) and O written back.
+fn product(out: &mut Vec<String>) {
     out.push("        // 3. O = alpha * O + P V, four value dims at a time.".to_string());
     out.push("        for (var d4 = 0u; d4 < dv4; d4++) {".to_string());
     for i in 0..MAX_VSLOTS {
@@ -390,25 +506,13 @@ fn main(
             "            var o{r} = select(y4[y_base{r} + d4] * alpha{r}, vec4<f32>(0.0), fresh{r});"
         ));
     }
-    let vargs = (0..MAX_VSLOTS)
-        .map(|i| format!("vs{i}"))
-        .collect::<Vec<_>>()
-        .join(", ");
     let bad = (0..MAX_VSLOTS)
         .map(|i| format!("(SG * {i}u < KEYS && non_finite4(vs{i}))"))
         .collect::<Vec<_>>()
         .join(" || ");
     out.push(format!("            let careful = subgroupAny({bad});"));
     out.push("            if (!careful) {".to_string());
-    for k in 0..KEYS {
-        let (g, comp) = (k / 4, XYZW[(k % 4) as usize]);
-        out.push(format!(
-            "                let vk{k} = subgroupShuffle(pick16({k}u / SG, {vargs}), {k}u % SG);"
-        ));
-        for r in 0..ROWS {
-            out.push(format!("                o{r} += s{r}_{g}.{comp} * vk{k};"));
-        }
-    }
+    key_products(out, false);
     out.push("            } else {".to_string());
     out.push(
         "                // A non-finite V value in this tile: keys a row does not attend"
@@ -418,17 +522,7 @@ fn main(
         "                // (probability -0.0) are skipped, so 0 * NaN never reaches O."
             .to_string(),
     );
-    for k in 0..KEYS {
-        let (g, comp) = (k / 4, XYZW[(k % 4) as usize]);
-        out.push(format!(
-            "                let vk{k} = subgroupShuffle(pick16({k}u / SG, {vargs}), {k}u % SG);"
-        ));
-        for r in 0..ROWS {
-            out.push(format!(
-                "                o{r} += select(s{r}_{g}.{comp} * vk{k}, vec4<f32>(0.0), bitcast<u32>(s{r}_{g}.{comp}) == NEG_ZERO_BITS);"
-            ));
-        }
-    }
+    key_products(out, true);
     out.push("            }".to_string());
     for r in 0..ROWS {
         out.push(format!(
@@ -436,7 +530,41 @@ fn main(
         ));
     }
     out.push("        }".to_string());
+}
+
+/// Each key's V quad shuffled from the lane that loaded it, times each row's
+/// P of the key, added to O; the careful form skips keys a row does not
+/// attend (P = -0.0).
+fn key_products(out: &mut Vec<String>, careful: bool) {
+    let vargs = (0..MAX_VSLOTS)
+        .map(|i| format!("vs{i}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    for k in 0..KEYS {
+        let (g, comp) = (k / 4, XYZW[(k % 4) as usize]);
+        out.push(format!(
+            "                let vk{k} = subgroupShuffle(pick16({k}u / SG, {vargs}), {k}u % SG);"
+        ));
+        for r in 0..ROWS {
+            out.push(if careful {
+                format!(
+                    "                o{r} += select(s{r}_{g}.{comp} * vk{k}, vec4<f32>(0.0), bitcast<u32>(s{r}_{g}.{comp}) == NEG_ZERO_BITS);"
+                )
+            } else {
+                format!("                o{r} += s{r}_{g}.{comp} * vk{k};")
+            });
+        }
+    }
+}
+
+/// The key loop's end.
+fn end_key_loop(out: &mut Vec<String>) {
     out.push("    }".to_string());
+}
+
+/// Where another key chunk follows: each row's flags, m and l into `stats`,
+/// and main returns (O stays in Y).
+fn chunk_state_writes(out: &mut Vec<String>) {
     out.push(
         r"
     if ((p.chunk_flags & LAST_CHUNK) == 0u) {"
@@ -453,6 +581,11 @@ fn main(
     }
     out.push("        return;".to_string());
     out.push("    }".to_string());
+}
+
+/// The last key chunk: each row's Y divided by its sum (zeros and -inf for a
+/// row that attends nothing, NaN for a poisoned one) and its logsumexp.
+fn normalise(out: &mut Vec<String>) {
     out.push(
         "    // Last chunk: normalise. Rows with no attended key get zeros and -inf;".to_string(),
     );
@@ -486,7 +619,33 @@ fn main(
     }}"
         ));
     }
+}
+
+/// Closes main and fills in the `pick4` and `pick16` functions; the whole
+/// text, ending in one newline.
+fn finish(mut out: Vec<String>) -> String {
     out.push("}".to_string());
     let picks = pick("pick4", MAX_SLOTS) + "\n" + &pick("pick16", MAX_VSLOTS);
     out.join("\n").replace(PICK_PLACEHOLDER, &picks) + "\n"
 }
+
+/// Fused attention with subgroup shuffles for CPU adapters, written by [`render`].
+pub const ATTENTION_SG: Kernel = Kernel::new(&KernelDef {
+    name: "attention_sg",
+    origin: Origin::Generated("attention_sg.wgsl", render),
+    slots: &[],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<crate::kernels::attention::ChunkParams>()
+        .named(crate::kernels::attention::FUSED_NAMES),
+    needs: Needs::SUBGROUPS,
+    specialised_per_call: false,
+});

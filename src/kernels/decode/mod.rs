@@ -12,9 +12,10 @@ use crate::device::recorder::Recorder;
 use crate::error::Result;
 use crate::kernels::attention::rules::Rules;
 use crate::kernels::attention::{params, AttentionBuffers};
-use crate::kernels::registry::Kernel;
 use crate::options::AttentionOptions;
 use crate::problem::AttentionDims;
+use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
+use crate::shader::uniform::ParamsText;
 
 /// The most query rows per head the decode kernel takes (speculative decoding,
 /// small prefill chunks).
@@ -241,15 +242,15 @@ impl DecodeKernel {
     /// The kernel's name, as `--decode-kernel` takes it.
     pub fn name(&self) -> &'static str {
         match self {
-            DecodeKernel::Staged => "attention_decode",
-            DecodeKernel::Stream(_) => "attention_decode_stream",
+            DecodeKernel::Staged => names::STAGED,
+            DecodeKernel::Stream(_) => names::STREAM,
         }
     }
 
     /// The kernel with its shape, as `webattn tune` reports it.
     pub fn label(&self) -> String {
         match self {
-            DecodeKernel::Staged => "attention_decode".to_string(),
+            DecodeKernel::Staged => names::STAGED.to_string(),
             DecodeKernel::Stream(shape) => shape.label(),
         }
     }
@@ -374,9 +375,9 @@ impl DecodePlan {
         let rows = (self.heads_per_workgroup * dims.q_len) as i64;
         match self.kernel {
             DecodeKernel::Staged => PipelineKey::new(if kv_f16 {
-                Kernel::AttentionDecodeF16
+                crate::kernels::decode::ATTENTION_DECODE_F16
             } else {
-                Kernel::AttentionDecode
+                crate::kernels::decode::ATTENTION_DECODE
             })
             .with("ROWS", rows),
             DecodeKernel::Stream(shape) => stream_key(shape, dims, rows, kv_f16),
@@ -399,9 +400,9 @@ pub fn stream_key(
     kv_f16: bool,
 ) -> PipelineKey {
     let kernel = if kv_f16 {
-        Kernel::AttentionDecodeStreamF16
+        crate::kernels::decode::stream::ATTENTION_DECODE_STREAM_F16
     } else {
-        Kernel::AttentionDecodeStream
+        crate::kernels::decode::stream::ATTENTION_DECODE_STREAM
     };
     let (kt, vt) = shape.columns(dims);
     PipelineKey::new(kernel)
@@ -415,16 +416,18 @@ pub fn stream_key(
         .with("VT", vt as i64)
 }
 
-crate::kernels::uniform::uniform_block! {
+crate::shader::uniform::uniform_block! {
     pub(crate) struct MergeParams {
         rows: u32,
         dv: u32,
         splits: u32,
+        /// 1 / temperature.
         inv_temperature: f32,
     }
 }
 
 /// Records the split-K decode and the merge into `y` and `stats` ([lse | m | l]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn record(
     rec: &mut Recorder<'_>,
     dims: &AttentionDims,
@@ -433,6 +436,7 @@ pub(crate) fn record(
     inputs: &AttentionBuffers<'_>,
     y: &wgpu::Buffer,
     stats: &wgpu::Buffer,
+    phases: crate::kernels::ablation::Phases,
 ) -> Result<()> {
     let ctx = rec.ctx();
     let heads = dims.batch * dims.q_heads;
@@ -451,7 +455,7 @@ pub(crate) fn record(
             .with_extra3(plan.heads_per_workgroup as u32),
     );
     let key = Rules::new(dims, options).specialise(plan.key(dims, inputs.kv_f16));
-    let key = ctx.overrides.removed_phases.key(key)?;
+    let key = phases.key(key)?;
     let pipeline = ctx.pipelines.get(&key);
     rec.dispatch_segments(
         &pipeline,
@@ -474,12 +478,180 @@ pub(crate) fn record(
         inv_temperature: 1.0 / options.temperature,
     };
     let uniform = buffer::uniform(ctx, "merge params", &merge_params);
-    let pipeline = ctx.pipelines.get(&PipelineKey::new(Kernel::AttentionMerge));
+    let pipeline = ctx
+        .pipelines
+        .get(&PipelineKey::new(crate::kernels::decode::ATTENTION_MERGE));
     rec.dispatch(
         &pipeline,
         &[&uniform, &part_o, &part_ml, y, stats],
         rows as u64,
     )
+}
+
+/// Split-K decode attention for a few query rows, K staged per tile (`shaders/attention_decode.wgsl`).
+pub const ATTENTION_DECODE: Kernel = Kernel::new(&KernelDef {
+    name: names::STAGED,
+    origin: Origin::File(
+        "attention_decode.wgsl",
+        include_str!("../../../shaders/attention_decode.wgsl"),
+    ),
+    slots: &[("ELEMENT", "element_f32.wgsl")],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<crate::kernels::attention::Params>()
+        .named(crate::kernels::decode::DECODE_NAMES),
+    needs: Needs::CORE,
+    specialised_per_call: false,
+});
+/// The staged decode kernel reading K and V stored as f16.
+pub const ATTENTION_DECODE_F16: Kernel = Kernel::new(&KernelDef {
+    name: "attention_decode_f16",
+    origin: Origin::File(
+        "attention_decode.wgsl",
+        include_str!("../../../shaders/attention_decode.wgsl"),
+    ),
+    slots: &[("ELEMENT", "element_f16.wgsl")],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<crate::kernels::attention::Params>()
+        .named(crate::kernels::decode::DECODE_NAMES),
+    needs: Needs::CORE,
+    specialised_per_call: false,
+});
+/// Merges split-K partial results by their maxima (`shaders/attention_merge.wgsl`).
+pub const ATTENTION_MERGE: Kernel = Kernel::new(&KernelDef {
+    name: "attention_merge",
+    origin: Origin::File(
+        "attention_merge.wgsl",
+        include_str!("../../../shaders/attention_merge.wgsl"),
+    ),
+    slots: &[],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<MergeParams>(),
+    needs: Needs::CORE,
+    specialised_per_call: false,
+});
+
+/// What the decode kernels call the words the attention kernels' parameter
+/// block shares with other meanings: their WGSL `struct Params` names them so.
+pub(crate) const DECODE_NAMES: &[(&str, &str)] = &[
+    ("extra0", "splits"),
+    ("extra2", "split_keys"),
+    ("extra3", "heads_per_wg"),
+];
+
+/// The decode kernels' names, as `--decode-kernel`, `webattn info`, the
+/// tuning table and the plans spell them.
+pub mod names {
+    /// The staged kernel (`shaders/attention_decode.wgsl`).
+    pub const STAGED: &str = "attention_decode";
+    /// The streaming kernel (`stream.rs`).
+    pub const STREAM: &str = "attention_decode_stream";
+}
+
+/// The family's kernels, every form and size.
+pub const KERNELS: [Kernel; 5] = [
+    ATTENTION_DECODE,
+    ATTENTION_DECODE_F16,
+    ATTENTION_MERGE,
+    stream::ATTENTION_DECODE_STREAM,
+    stream::ATTENTION_DECODE_STREAM_F16,
+];
+
+/// Representative pipelines of the family (what the browser test hands to
+/// the browser's own shader compiler): the staged kernel at one row, a GQA
+/// group of 4 and the most rows; the streaming kernel at one row and at a
+/// group of 4 in teams of the widths SwiftShader (4), lavapipe (8) and GPUs
+/// (32) give it, f16 K and V at 16 (16 rows compile natively and run on
+/// lavapipe; SwiftShader in Chromium loses its device compiling that
+/// variant, and wgpu gives the web no subgroups to run the kernel with);
+/// the merge.
+pub fn variants() -> Vec<PipelineKey> {
+    let mut keys = Vec::new();
+    for rows in [1, 4, 16] {
+        keys.push(PipelineKey::new(ATTENTION_DECODE).with("ROWS", rows));
+        keys.push(PipelineKey::new(ATTENTION_DECODE_F16).with("ROWS", rows));
+    }
+    for (rows, d) in [(1, 128), (4, 64)] {
+        let dims = AttentionDims::plain(1, [rows, 1], [1, 4096], [d, d]);
+        let shape = |lanes| StreamShape {
+            lanes,
+            keys_per_step: 2,
+            prefetch: false,
+        };
+        for lanes in [4, 8, 32] {
+            keys.push(stream_key(shape(lanes), &dims, rows as i64, false));
+        }
+        keys.push(stream_key(shape(16), &dims, rows as i64, true));
+    }
+    keys.push(PipelineKey::new(ATTENTION_MERGE));
+    keys
+}
+
+/// Every pipeline of the family the planner can choose on some adapter:
+/// the staged kernel at every row count, every shape of the streaming
+/// kernel that holds 1, 2, 4, 8 or 16 rows at each head-dim class it takes,
+/// K and V in f32 and in f16.
+pub fn planned() -> Vec<PipelineKey> {
+    let mut keys = Vec::new();
+    for rows in 1..=MAX_WORKGROUP_ROWS as i64 {
+        keys.push(PipelineKey::new(ATTENTION_DECODE).with("ROWS", rows));
+        keys.push(PipelineKey::new(ATTENTION_DECODE_F16).with("ROWS", rows));
+    }
+    for d in crate::kernels::HEAD_DIM_CLASSES
+        .into_iter()
+        .filter(|d| d % 4 == 0)
+    {
+        for rows in [1, 2, 4, 8, 16] {
+            let dims = AttentionDims::plain(1, [rows, 1], [1, 4096], [d, d]);
+            for shape in StreamShape::all()
+                .into_iter()
+                .filter(|shape| shape.holds(&dims, rows))
+            {
+                for kv_f16 in [false, true] {
+                    keys.push(stream_key(shape, &dims, rows as i64, kv_f16));
+                }
+            }
+        }
+    }
+    keys
+}
+
+/// The family's kernel for the decode problem `dims` on an adapter, from its
+/// capabilities alone (the tuning cache and the overrides take precedence:
+/// `plan::planner`): the streaming kernel on adapters with subgroups wide
+/// enough for its teams, where a shape holds the call's rows
+/// ([`StreamShape::choose`]); the staged kernel elsewhere. (lavapipe ran
+/// the streaming kernel 3.6-4.1 times as fast as the staged one at 4096 and
+/// 8192 keys, BENCHMARKS.md; GPUs are still to be measured.)
+pub fn tiles_for(caps: &Capabilities, dims: &AttentionDims) -> DecodeKernel {
+    let rows = DecodePlan::heads_per_workgroup(dims) * dims.q_len;
+    match StreamShape::choose(dims, rows, caps) {
+        Some(shape) => DecodeKernel::Stream(shape),
+        None => DecodeKernel::Staged,
+    }
 }
 
 #[cfg(test)]

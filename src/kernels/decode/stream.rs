@@ -1,5 +1,5 @@
 //! The streaming split-K decode kernel's WGSL
-//! ([`Kernel::AttentionDecodeStream`] and its f16 variant): no barrier inside
+//! ([`crate::kernels::decode::stream::ATTENTION_DECODE_STREAM`] and its f16 variant): no barrier inside
 //! its key loop, each key read by a team of lanes of one subgroup, the rows'
 //! Q and O in named registers.
 //!
@@ -13,9 +13,11 @@
 //! unused registers vanish. The engine makes the text from [`render`] when
 //! the pipeline is built.
 //!
-//! [`Kernel::AttentionDecodeStream`]: crate::kernels::registry::Kernel::AttentionDecodeStream
+//! [`crate::kernels::decode::stream::ATTENTION_DECODE_STREAM`]: crate::kernels::registry::Kernel::AttentionDecodeStream
 
 use crate::kernels::decode;
+use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
+use crate::shader::uniform::ParamsText;
 
 /// The most query rows a workgroup holds.
 const MAX_ROWS: u32 = decode::MAX_WORKGROUP_ROWS as u32;
@@ -1004,3 +1006,44 @@ fn row_merge(r: u32) -> Vec<String> {
     ]);
     lines
 }
+
+/// Split-K decode that streams K and V: teams of subgroup lanes per key, no barrier in the key loop, written by [`render`].
+pub const ATTENTION_DECODE_STREAM: Kernel = Kernel::new(&KernelDef {
+    name: crate::kernels::decode::names::STREAM,
+    origin: Origin::Generated("attention_decode_stream.wgsl", render),
+    slots: &[("ELEMENT", "element_f32.wgsl")],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<crate::kernels::attention::Params>()
+        .named(crate::kernels::decode::DECODE_NAMES),
+    needs: Needs::SUBGROUPS,
+    specialised_per_call: true,
+});
+/// The streaming decode kernel reading K and V stored as f16.
+pub const ATTENTION_DECODE_STREAM_F16: Kernel = Kernel::new(&KernelDef {
+    name: "attention_decode_stream_f16",
+    origin: Origin::Generated("attention_decode_stream.wgsl", render),
+    slots: &[("ELEMENT", "element_f16.wgsl")],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<crate::kernels::attention::Params>()
+        .named(crate::kernels::decode::DECODE_NAMES),
+    needs: Needs::SUBGROUPS,
+    specialised_per_call: true,
+});

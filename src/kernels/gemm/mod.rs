@@ -1,13 +1,17 @@
 //! Batched, strided GEMM (`shaders/gemm.wgsl`).
 
+pub mod attention;
+pub mod coop;
 pub mod packed;
 pub(crate) mod subgroup;
 
 use crate::device::buffer;
+use crate::device::capabilities::Capabilities;
 use crate::device::pipeline::PipelineKey;
 use crate::device::recorder::Recorder;
 use crate::error::{Error, Result};
-use crate::kernels::registry::Kernel;
+use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
+use crate::shader::uniform::ParamsText;
 
 /// Rows and columns of C computed by one workgroup.
 pub const TILE: usize = 64;
@@ -146,7 +150,7 @@ impl GemmSpec {
     }
 }
 
-crate::kernels::uniform::uniform_block! {
+crate::shader::uniform::uniform_block! {
     pub(crate) struct Params {
         m: u32,
         n: u32,
@@ -262,7 +266,7 @@ pub fn coop_fits(shape: CoopShape, limits: &crate::device::capabilities::KernelL
 
 /// The pipeline key for a transpose combination of the tiled kernel.
 pub fn key(trans_a: bool, trans_b: bool) -> PipelineKey {
-    PipelineKey::new(Kernel::Gemm)
+    PipelineKey::new(crate::kernels::gemm::GEMM)
         .with_flag("TRANS_A", trans_a)
         .with_flag("TRANS_B", trans_b)
 }
@@ -286,53 +290,71 @@ pub fn kernel_key(kernel: GemmKernel, spec: &GemmSpec) -> PipelineKey {
         GemmKernel::Tiled => key(spec.trans_a, spec.trans_b),
         GemmKernel::Subgroup { width } => {
             let (vec_a, vec_b) = vec_flags(spec);
-            PipelineKey::new(Kernel::GemmSubgroup)
+            PipelineKey::new(crate::kernels::gemm::subgroup::GEMM_SG)
                 .with("SG", i64::from(width))
                 .with_flag("TRANS_A", spec.trans_a)
                 .with_flag("TRANS_B", spec.trans_b)
                 .with_flag("VEC_A", vec_a)
                 .with_flag("VEC_B", vec_b)
         }
-        GemmKernel::Coop(shape) => PipelineKey::new(Kernel::GemmCoop(shape.size))
+        GemmKernel::Coop(shape) => PipelineKey::new(crate::kernels::gemm::coop::staged(shape.size))
             .with("SG", i64::from(shape.subgroup))
             .with_flag("TRANS_A", spec.trans_a)
             .with_flag("TRANS_B", spec.trans_b),
         GemmKernel::CoopPacked { shape, tile } => crate::kernels::gemm::packed::key(shape, tile),
-        GemmKernel::Skinny => PipelineKey::new(Kernel::GemmSkinny)
+        GemmKernel::Skinny => PipelineKey::new(crate::kernels::gemm::GEMM_SKINNY)
             .with_flag("TRANS_A", spec.trans_a)
             .with_flag("TRANS_B", spec.trans_b)
             .with("ROWS", skinny_rows(spec.m) as i64),
     }
 }
 
-/// Records the GEMM with the context's preferred kernel for its rows. The caller guarantees
-/// the buffers hold [`GemmSpec::extents`] elements.
+/// How products outside an attention call (the attention family's layers)
+/// choose their f32 kernel: the one the engine forces, else the adapter's,
+/// the skinny kernel for products of at most [`SKINNY_MAX_ROWS`] rows where
+/// the adapter (or the forced portable kernel) takes it. A plan's value,
+/// carried by the layers from their engine (`Engine::gemm_choice`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GemmChoice {
+    /// The kernel the engine forces (portable kernels, a subgroup width).
+    pub forced: Option<GemmKernel>,
+}
+
+impl GemmChoice {
+    /// Whether a product of `rows` rows takes the skinny kernel: on adapters
+    /// without fixed CPU subgroups (whose shuffling kernel spares the
+    /// per-lane loads of the skinny kernel's split K), or where the tiled or
+    /// skinny kernel is forced.
+    pub fn takes_skinny(self, caps: &Capabilities, rows: usize) -> bool {
+        let skinny = match self.forced {
+            None => caps.fixed_cpu_subgroup().is_none(),
+            Some(forced) => matches!(forced, GemmKernel::Tiled | GemmKernel::Skinny),
+        };
+        skinny && rows <= SKINNY_MAX_ROWS
+    }
+
+    /// The kernel the product `spec` (A holding any values) records.
+    pub fn for_product(self, caps: &Capabilities, spec: &GemmSpec) -> GemmKernel {
+        let kernel = if self.takes_skinny(caps, spec.m) {
+            GemmKernel::Skinny
+        } else {
+            self.forced.unwrap_or_else(|| gemm_kernel_for(caps))
+        };
+        kernel_for(caps, kernel, spec, AValues::Any)
+    }
+}
+
+/// Records the GEMM with the planned `kernel` (A holding any values). The
+/// caller guarantees the buffers hold [`GemmSpec::extents`] elements.
 pub(crate) fn record(
     rec: &mut Recorder<'_>,
+    kernel: GemmKernel,
     spec: &GemmSpec,
     a: &wgpu::Buffer,
     b: &wgpu::Buffer,
     c: &wgpu::Buffer,
 ) -> Result<()> {
-    let kernel = rec.ctx().gemm_kernel_for_rows(spec.m);
-    record_with(rec, kernel, spec, a, b, c)
-}
-
-/// Bytes of scratch `kernel` allocates to record `spec` with A holding
-/// `a_values`: the packed matrix-unit GEMM's f16 operands where it runs the
-/// product, else nothing.
-pub(crate) fn packed_bytes(
-    ctx: &crate::device::context::GpuContext,
-    kernel: GemmKernel,
-    spec: &GemmSpec,
-    a_values: AValues,
-) -> u64 {
-    match kernel_for(ctx, kernel, spec, a_values) {
-        GemmKernel::CoopPacked { shape, tile } => {
-            crate::kernels::gemm::packed::scratch_bytes(shape, tile, spec)
-        }
-        _ => 0,
-    }
+    record_variant(rec, kernel, spec, AValues::Any, [a, b, c])
 }
 
 /// What the A operand holds, beyond plain numbers.
@@ -373,18 +395,6 @@ pub fn variant_key(kernel: GemmKernel, spec: &GemmSpec, a: AValues) -> PipelineK
     }
 }
 
-/// Records the GEMM with a given kernel.
-pub(crate) fn record_with(
-    rec: &mut Recorder<'_>,
-    kernel: GemmKernel,
-    spec: &GemmSpec,
-    a: &wgpu::Buffer,
-    b: &wgpu::Buffer,
-    c: &wgpu::Buffer,
-) -> Result<()> {
-    record_variant(rec, kernel, spec, AValues::Any, [a, b, c])
-}
-
 /// `kernel`, except that the packed matrix-unit GEMM hands products whose A
 /// carries marks to skip to the staged one (which tests B for non-finite
 /// values slice by slice).
@@ -400,28 +410,27 @@ pub fn marks_to_staged(kernel: GemmKernel, a_values: AValues) -> GemmKernel {
 /// skip, and those it cannot hold (a packed operand past one binding, a K
 /// loop past the driver's budget), to the staged one.
 pub fn kernel_for(
-    ctx: &crate::device::context::GpuContext,
+    caps: &Capabilities,
     kernel: GemmKernel,
     spec: &GemmSpec,
     a_values: AValues,
 ) -> GemmKernel {
     match marks_to_staged(kernel, a_values) {
-        GemmKernel::CoopPacked { shape, tile }
-            if !crate::kernels::gemm::packed::runs(ctx, shape, tile, spec) =>
-        {
+        GemmKernel::CoopPacked { shape, tile } if !packed::runs(caps, shape, tile, spec) => {
             GemmKernel::Coop(shape)
         }
         GemmKernel::Subgroup { .. } if spec.trans_a => GemmKernel::Tiled,
         // Taller products run the adapter's own kernel.
         GemmKernel::Skinny if spec.m > SKINNY_MAX_ROWS => {
-            kernel_for(ctx, gemm_kernel_for(&ctx.caps), spec, a_values)
+            kernel_for(caps, gemm_kernel_for(caps), spec, a_values)
         }
         other => other,
     }
 }
 
-/// Records the GEMM with `kernel`, A holding `a_values`. The matrix-unit
-/// kernel must be one the adapter runs (`Capabilities::f16_matrix_units`),
+/// Records the GEMM with the planned `kernel`, A holding `a_values`: one
+/// [`kernel_for`] keeps for this product (the plan asks it), and, for the
+/// matrix units, one the adapter runs (`Capabilities::f16_matrix_units`);
 /// else a typed error.
 pub(crate) fn record_variant(
     rec: &mut Recorder<'_>,
@@ -442,7 +451,15 @@ pub(crate) fn record_variant(
             });
         }
     }
-    let kernel = kernel_for(rec.ctx(), kernel, spec, a_values);
+    if kernel_for(&rec.ctx().caps, kernel, spec, a_values) != kernel {
+        return Err(Error::InvalidOption {
+            name: "gemm kernel",
+            value: kernel.label(),
+            reason: "does not record this product (a transposed A on the subgroup kernel, \
+                     more than 16 rows on the skinny one, marks or operands past a binding on \
+                     the packed matrix-unit one): plan it with kernels::gemm::kernel_for",
+        });
+    }
     // A matrix-unit kernel only at the configuration the adapter offers (and
     // the staged one only where its workgroup fits).
     let caps = &rec.ctx().caps;
@@ -734,6 +751,172 @@ pub fn gemm_kernel_for(caps: &crate::device::capabilities::Capabilities) -> Gemm
     }
 }
 
+/// Batched, strided GEMM with transpose flags and alpha/beta (`shaders/gemm.wgsl`): 64x64 tiles through workgroup memory.
+pub const GEMM: Kernel = Kernel::new(&KernelDef {
+    name: "gemm",
+    origin: Origin::File("gemm.wgsl", include_str!("../../../shaders/gemm.wgsl")),
+    slots: &[],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<Params>(),
+    needs: Needs::CORE,
+    specialised_per_call: false,
+});
+/// GEMM for products of at most 16 rows: each value of B read once, K split among invocations (`shaders/gemm_skinny.wgsl`).
+pub const GEMM_SKINNY: Kernel = Kernel::new(&KernelDef {
+    name: "gemm_skinny",
+    origin: Origin::File(
+        "gemm_skinny.wgsl",
+        include_str!("../../../shaders/gemm_skinny.wgsl"),
+    ),
+    slots: &[],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<Params>(),
+    needs: Needs::CORE,
+    specialised_per_call: false,
+});
+
+/// The family's kernels, every form and size.
+pub const KERNELS: [Kernel; 8] = [
+    GEMM,
+    GEMM_SKINNY,
+    subgroup::GEMM_SG,
+    coop::GEMM_COOP16,
+    coop::GEMM_COOP8,
+    packed::GEMM_COOP_PACKED16,
+    packed::GEMM_COOP_PACKED8,
+    packed::COOP_PACK,
+];
+
+/// Representative pipelines of the family (what the browser test hands to
+/// the browser's own shader compiler): every transpose of the tiled kernel,
+/// its P V with marks skipped, the skinny kernel at each height, the
+/// subgroup kernel at the widths CPU adapters have.
+pub fn variants() -> Vec<PipelineKey> {
+    let mut keys = Vec::new();
+    for trans_a in [false, true] {
+        for trans_b in [false, true] {
+            keys.push(key(trans_a, trans_b));
+        }
+    }
+    // The P V product of the unfused path skips masked keys.
+    keys.push(key(false, false).with_flag("SKIP_MARKED_A", true));
+    // The skinny kernel at each height it compiles: decoding's Q Kᵀ and P V,
+    // then a plain product and a transposed A.
+    for m in [1, 2, 4, 8, 16] {
+        let scores = GemmSpec::contiguous(1, m, 64, 64, false, true);
+        keys.push(variant_key(GemmKernel::Skinny, &scores, AValues::Any));
+        let output = GemmSpec::contiguous(1, m, 64, 64, false, false);
+        keys.push(variant_key(
+            GemmKernel::Skinny,
+            &output,
+            AValues::Probabilities,
+        ));
+    }
+    for trans_a in [false, true] {
+        let spec = GemmSpec::contiguous(1, 16, 64, 64, trans_a, false);
+        keys.push(kernel_key(GemmKernel::Skinny, &spec));
+    }
+    for width in [4, 8] {
+        for trans_b in [false, true] {
+            for (k, ld) in [(64, 64), (63, 63)] {
+                let spec = GemmSpec {
+                    lda: ld,
+                    ldb: ld,
+                    ..GemmSpec::contiguous(1, 64, 64, k, false, trans_b)
+                };
+                let kernel = GemmKernel::Subgroup { width };
+                keys.push(kernel_key(kernel, &spec));
+                if !trans_b {
+                    keys.push(variant_key(kernel, &spec, AValues::Probabilities));
+                }
+            }
+        }
+    }
+    keys
+}
+
+/// Every pipeline of the family the planner can choose on some adapter:
+/// the subgroup kernel with every flag, the tiled kernel with marks
+/// skipped, the matrix-unit GEMMs at both sizes, every transpose and the
+/// subgroup widths adapters report, each packed tile, and the packing pass.
+pub fn planned() -> Vec<PipelineKey> {
+    let flags = [false, true];
+    let mut keys = Vec::new();
+    for trans_a in flags {
+        for trans_b in flags {
+            for vec_a in flags {
+                for vec_b in flags {
+                    for width in [4, 8] {
+                        let key = PipelineKey::new(subgroup::GEMM_SG)
+                            .with("SG", width)
+                            .with_flag("TRANS_A", trans_a)
+                            .with_flag("TRANS_B", trans_b)
+                            .with_flag("VEC_A", vec_a)
+                            .with_flag("VEC_B", vec_b);
+                        keys.push(key.clone().with_flag("SKIP_MARKED_A", true));
+                        keys.push(key);
+                    }
+                }
+            }
+            keys.push(key(trans_a, trans_b));
+            keys.push(key(trans_a, trans_b).with_flag("SKIP_MARKED_A", true));
+        }
+    }
+    for size in [
+        crate::kernels::matrix_units::CoopSize::Eight,
+        crate::kernels::matrix_units::CoopSize::Sixteen,
+    ] {
+        for subgroup in [8, 32, 64] {
+            let shape = CoopShape { size, subgroup };
+            for trans_a in flags {
+                for trans_b in flags {
+                    let spec = GemmSpec::contiguous(1, 64, 64, 64, trans_a, trans_b);
+                    for a_values in [AValues::Any, AValues::MarksSkipped, AValues::Probabilities] {
+                        keys.push(variant_key(GemmKernel::Coop(shape), &spec, a_values));
+                    }
+                    for tile in PackedTile::CANDIDATES {
+                        keys.push(packed::key(shape, tile));
+                    }
+                }
+            }
+        }
+    }
+    keys.push(packed::pack_key());
+    keys
+}
+
+/// The family's kernel and tile for an adapter at `precision`, from its
+/// capabilities alone (the tuning cache and the overrides take precedence:
+/// `plan::planner`): under [`crate::Precision::Fast`] the matrix-unit kernel
+/// where [`coop_shape`](crate::kernels::matrix_units::coop_shape) finds a
+/// configuration and the staged kernel's tile fits the limits (the packed
+/// kernel at its default tile where that fits too: it hands the staged one
+/// what it cannot hold); else (and always under `Highest`)
+/// [`gemm_kernel_for`] the adapter.
+pub fn tiles_for(caps: &Capabilities, precision: crate::Precision) -> GemmKernel {
+    match (precision, crate::kernels::matrix_units::coop_shape(caps)) {
+        (crate::Precision::Fast, Some(shape)) if coop_fits(shape, &caps.limits) => {
+            let tile = PackedTile::DEFAULT;
+            if packed::fits(shape, tile, &caps.limits) {
+                GemmKernel::CoopPacked { shape, tile }
+            } else {
+                GemmKernel::Coop(shape)
+            }
+        }
+        _ => gemm_kernel_for(caps),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -741,7 +924,7 @@ mod tests {
     /// The skinny kernel's rows, workgroup and K split are the shader's.
     #[test]
     fn skinny_sizes_match_the_shader() {
-        let src = Kernel::GemmSkinny.source();
+        let src = crate::kernels::gemm::GEMM_SKINNY.source();
         assert!(src.contains(&format!("const MAX_ROWS: u32 = {SKINNY_MAX_ROWS}u;")));
         assert!(src.contains(&format!("const INVOCATIONS: u32 = {SKINNY_INVOCATIONS}u;")));
         let (plain, transposed) = (skinny_split(false), skinny_split(true));
@@ -752,7 +935,7 @@ mod tests {
     /// The host's tile sizes must be the generated shader's.
     #[test]
     fn subgroup_tile_matches_the_shader() {
-        let src = Kernel::GemmSubgroup.source();
+        let src = crate::kernels::gemm::subgroup::GEMM_SG.source();
         assert!(src.contains(&format!("const ROWS: u32 = {SUBGROUP_ROWS_PER_LANE}u;")));
         assert!(src.contains(&format!("const COLS: u32 = {SUBGROUP_COLS}u;")));
     }

@@ -6,14 +6,15 @@
 //! bounds test there: what held `gemm_coop`'s staging back).
 
 use crate::device::buffer;
+use crate::device::capabilities::Capabilities;
 use crate::device::capabilities::KernelLimits;
-use crate::device::context::GpuContext;
 use crate::device::pipeline::PipelineKey;
 use crate::device::recorder::{Recorder, Seg};
 use crate::error::Result;
 use crate::kernels::gemm::PackedTile;
 use crate::kernels::gemm::{CoopShape, GemmSpec};
-use crate::kernels::registry::Kernel;
+use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
+use crate::shader::uniform::ParamsText;
 
 /// Invocations per workgroup of `coop_pack.wgsl`.
 pub const PACK_INVOCATIONS: u32 = 256;
@@ -51,7 +52,7 @@ pub fn fits(shape: CoopShape, tile: PackedTile, limits: &KernelLimits) -> bool {
 /// The pipeline key of the packed GEMM (the packing resolves the
 /// transposes: one pipeline serves them all).
 pub fn key(shape: CoopShape, tile: PackedTile) -> PipelineKey {
-    PipelineKey::new(Kernel::GemmCoopPacked(shape.size))
+    PipelineKey::new(crate::kernels::gemm::packed::kernel(shape.size))
         .with("SG", i64::from(shape.subgroup))
         .with("RM", i64::from(tile.rows))
         .with("RN", i64::from(tile.cols))
@@ -59,7 +60,7 @@ pub fn key(shape: CoopShape, tile: PackedTile) -> PipelineKey {
 
 /// The pipeline key of the packing pass.
 pub fn pack_key() -> PipelineKey {
-    PipelineKey::new(Kernel::CoopPack)
+    PipelineKey::new(crate::kernels::gemm::packed::COOP_PACK)
 }
 
 /// One operand's packing: its matrices as stored, and the padded shape they
@@ -158,16 +159,15 @@ fn loop_iterations(shape: CoopShape, tile: PackedTile, kp: usize) -> u64 {
 /// binding, every index fits in 32 bits, and a driver that caps an
 /// invocation's loop iterations allows its K loop (`gemm_coop`, which
 /// splits K, runs the rest).
-pub fn runs(ctx: &GpuContext, shape: CoopShape, tile: PackedTile, spec: &GemmSpec) -> bool {
-    let limits = &ctx.caps.limits;
+pub fn runs(caps: &Capabilities, shape: CoopShape, tile: PackedTile, spec: &GemmSpec) -> bool {
+    let limits = &caps.limits;
     let plan = packing(shape, tile, spec);
     let bindable = |bytes: u64| {
         bytes <= limits.max_storage_buffer_binding_size
             && bytes <= limits.max_buffer_size
             && bytes / 2 <= u64::from(u32::MAX)
     };
-    let within_budget = ctx
-        .caps
+    let within_budget = caps
         .loop_budget()
         .is_none_or(|budget| loop_iterations(shape, tile, plan.kp) + 256 <= budget);
     fits(shape, tile, limits)
@@ -183,7 +183,7 @@ pub fn scratch_bytes(shape: CoopShape, tile: PackedTile, spec: &GemmSpec) -> u64
     plan.a.bytes() + plan.b.bytes()
 }
 
-crate::kernels::uniform::uniform_block! {
+crate::shader::uniform::uniform_block! {
     pub(crate) struct PackParams {
         rows: u32,
         cols: u32,
@@ -193,19 +193,24 @@ crate::kernels::uniform::uniform_block! {
         batches: u32,
         rows_p: u32,
         cols_p: u32,
+        /// The matrix units' size (8 or 16).
         block: u32,
+        /// 1: element (r, c) is stored at c * ld + r.
         transposed: u32,
+        /// Rows per flag word (0: no flags).
         flag_rows: u32,
         _pad1: u32,
     }
 }
 
-crate::kernels::uniform::uniform_block! {
+crate::shader::uniform::uniform_block! {
     pub(crate) struct Params {
         m: u32,
         n: u32,
+        /// K padded to a multiple of CM: the packed matrices' inner length.
         kp: u32,
         batch: u32,
+        /// M and N padded to whole tiles.
         mp: u32,
         np: u32,
         tiles_n: u32,
@@ -213,13 +218,18 @@ crate::kernels::uniform::uniform_block! {
         ldc: u32,
         c_offset: u32,
         c_stride: u32,
+        /// f16 values per packed matrix of A (mp * kp) and of B (kp * np).
         a_matrix: u32,
         b_matrix: u32,
+        /// Batch z multiplies packed B matrix (b_batch_base + z) / b_batch_div - b_first
+        /// (b_first: the first one packed).
         b_batch_base: u32,
         b_batch_div: u32,
         b_first: u32,
         alpha: f32,
         beta: f32,
+        /// 1 where C's leading dimension, offset and batch stride are multiples of 4: a
+        /// matrix store to C is 16-byte aligned, as Vulkan requires.
         c_aligned: u32,
         _pad1: u32,
     }
@@ -324,6 +334,70 @@ pub(crate) fn record(
     let uniform = buffer::uniform(ctx, "packed gemm params", &params);
     let workgroups = (tiles_m * tiles_n) as u64 * spec.batch as u64;
     rec.dispatch(&pipeline, &[&uniform, &packed_a, &packed_b, c], workgroups)
+}
+
+/// GEMM on 16x16 matrix units from operands packed as f16 by [`COOP_PACK`]: no workgroup memory in the K loop.
+pub const GEMM_COOP_PACKED16: Kernel = Kernel::new(&KernelDef {
+    name: "gemm_coop_packed16",
+    origin: Origin::Generated("gemm_coop_packed.wgsl", || {
+        crate::kernels::gemm::coop::render(true)
+    }),
+    slots: &[("COOP", "coop16.wgsl")],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<Params>(),
+    needs: Needs::MATRIX_UNITS,
+    specialised_per_call: false,
+});
+/// The packed GEMM on 8x8 matrix units, as [`GEMM_COOP_PACKED16`].
+pub const GEMM_COOP_PACKED8: Kernel = Kernel::new(&KernelDef {
+    name: "gemm_coop_packed8",
+    origin: Origin::Generated("gemm_coop_packed.wgsl", || {
+        crate::kernels::gemm::coop::render(true)
+    }),
+    slots: &[("COOP", "coop8.wgsl")],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<Params>(),
+    needs: Needs::MATRIX_UNITS,
+    specialised_per_call: false,
+});
+/// Packs a GEMM operand as f16, zero-padded to whole tiles (`shaders/coop_pack.wgsl`).
+pub const COOP_PACK: Kernel = Kernel::new(&KernelDef {
+    name: "coop_pack",
+    origin: Origin::File(
+        "coop_pack.wgsl",
+        include_str!("../../../shaders/coop_pack.wgsl"),
+    ),
+    slots: &[],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<PackParams>(),
+    needs: Needs {
+        beside_matrix_units: true,
+        ..Needs::CORE
+    },
+    specialised_per_call: false,
+});
+
+/// The packed GEMM for matrices of `size`.
+pub fn kernel(size: crate::kernels::matrix_units::CoopSize) -> Kernel {
+    match size {
+        crate::kernels::matrix_units::CoopSize::Sixteen => GEMM_COOP_PACKED16,
+        crate::kernels::matrix_units::CoopSize::Eight => GEMM_COOP_PACKED8,
+    }
 }
 
 #[cfg(test)]

@@ -113,7 +113,7 @@ function cases({ worker, isa }) {
     const a = engine.adapter;
     expect(typeof a.describe === "string" && a.describe.length > 0, "no description");
     expect(a.gpu === (engine.backend === "gpu"), "adapter.gpu and backend disagree");
-    if (a.gpu) expect(a.limits.maxStorageBufferBindingSize > 0 && a.features && a.kernels.length > 0, "no limits/features/kernels");
+    if (a.gpu) expect(a.limits.maxStorageBufferBindingSize > 0 && a.features && a.plans.length > 0 && a.plans.every((p) => p.plan.length > 0), "no limits/features/plans");
     if (a.gpu) expect(a.name.length > 0 && !a.describe.startsWith(" "), `the adapter has no name: ${JSON.stringify(a.describe)}`);
     if (a.gpu) expect(["attention_tiled", "attention_sg", "attention_fused"].includes(a.fusedKernel), `fused kernel ${a.fusedKernel}`);
     return `${engine.backend}: ${a.describe}${a.gpu ? ` (vendor ${a.vendor}, architecture ${a.architecture}; fused: ${a.fusedKernel})` : ""}`;

@@ -7,7 +7,9 @@ pub(crate) mod generator;
 
 use crate::device::capabilities::{Capabilities, KernelLimits};
 use crate::device::pipeline::PipelineKey;
-use crate::kernels::registry::Kernel;
+use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
+use crate::shader::uniform::ParamsText;
+use generator::TiledForm;
 
 // The capacities of the kernel's registers (its `MAX_*` constants, which
 // `kernels::attention_tiled` writes into the kernel from these).
@@ -352,13 +354,13 @@ impl TiledTiles {
     /// forms or of `attention_tiled_chunked` for the chunked ones.
     pub fn key(&self) -> PipelineKey {
         let kernel = if self.shuffle {
-            Kernel::AttentionTiledShuffle
+            crate::kernels::attention::tiled::ATTENTION_TILED_SHUFFLE
         } else if self.chunked {
-            Kernel::AttentionTiledChunked
+            crate::kernels::attention::tiled::ATTENTION_TILED_CHUNKED
         } else if self.is_wide() {
-            Kernel::AttentionTiledWide
+            crate::kernels::attention::tiled::ATTENTION_TILED_WIDE
         } else {
-            Kernel::AttentionTiled
+            crate::kernels::attention::tiled::ATTENTION_TILED
         };
         let strides = if self.chunked {
             [("QB", self.q_chunks()), ("KB", self.kv_chunks())]
@@ -413,6 +415,95 @@ impl TiledTiles {
     }
 }
 
+/// Register-tiled fused attention for GPUs.
+pub const ATTENTION_TILED: Kernel = Kernel::new(&KernelDef {
+    name: crate::kernels::attention::names::TILED,
+    origin: Origin::Generated("attention_tiled.wgsl", || {
+        generator::render(TiledForm::Plain)
+    }),
+    slots: &[],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<crate::kernels::attention::ChunkParams>()
+        .named(crate::kernels::attention::FUSED_NAMES),
+    needs: Needs::CORE,
+    specialised_per_call: true,
+});
+/// The register-tiled kernel with up to 8 query rows per invocation, for the shapes only the tuner tries.
+pub const ATTENTION_TILED_WIDE: Kernel = Kernel::new(&KernelDef {
+    name: "attention_tiled_wide",
+    origin: Origin::Generated("attention_tiled_wide.wgsl", || {
+        generator::render(TiledForm::Wide)
+    }),
+    slots: &[],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<crate::kernels::attention::ChunkParams>()
+        .named(crate::kernels::attention::FUSED_NAMES),
+    needs: Needs::CORE,
+    specialised_per_call: true,
+});
+/// The register-tiled kernel whose row maxima and probabilities move between a row's invocations by subgroup shuffles.
+pub const ATTENTION_TILED_SHUFFLE: Kernel = Kernel::new(&KernelDef {
+    name: crate::kernels::attention::names::TILED_SHUFFLE,
+    origin: Origin::Generated("attention_tiled_shuffle.wgsl", || {
+        generator::render(TiledForm::Shuffle)
+    }),
+    slots: &[],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<crate::kernels::attention::ChunkParams>()
+        .named(crate::kernels::attention::FUSED_NAMES),
+    needs: Needs::SUBGROUPS,
+    specialised_per_call: true,
+});
+/// The register-tiled kernel with its Q, K, V and P tiles in chunks of columns (one index clamp per row and chunk).
+pub const ATTENTION_TILED_CHUNKED: Kernel = Kernel::new(&KernelDef {
+    name: crate::kernels::attention::names::TILED_CHUNKED,
+    origin: Origin::Generated("attention_tiled_chunked.wgsl", || {
+        generator::render(TiledForm::Chunked)
+    }),
+    slots: &[],
+    bindings: &[
+        Binding::Uniform,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::Read,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+    ],
+    params: ParamsText::of::<crate::kernels::attention::ChunkParams>()
+        .named(crate::kernels::attention::FUSED_NAMES),
+    needs: Needs::CORE,
+    specialised_per_call: true,
+});
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,7 +518,9 @@ mod tests {
     #[test]
     fn chunked_forms_are_tuner_only_and_chunk_as_the_kernel_does() {
         let line = format!("const CW: u32 = {CHUNK_COLUMNS}u;");
-        assert!(Kernel::AttentionTiledChunked.source().contains(&line));
+        assert!(crate::kernels::attention::tiled::ATTENTION_TILED_CHUNKED
+            .source()
+            .contains(&line));
         for d in [1, 64, 65, 128, 256] {
             let all = TiledTiles::candidates(d, d);
             let chunked: Vec<_> = all.iter().filter(|t| t.chunked).collect();
@@ -452,7 +545,10 @@ mod tests {
             16 * (t.query_rows + t.keys_per_tile)
         );
         let key = chunked.key();
-        assert_eq!(key.kernel, Kernel::AttentionTiledChunked);
+        assert_eq!(
+            key.kernel,
+            crate::kernels::attention::tiled::ATTENTION_TILED_CHUNKED
+        );
         assert!(key.constants.contains(&("QB", 2)) && key.constants.contains(&("KB", 2)));
     }
 
@@ -599,7 +695,10 @@ mod tests {
             shuffled.workgroup_bytes() + 16 * t.query_rows * (t.keys_per_tile / 4 + 1),
             t.workgroup_bytes() + 16 * t.keys_per_tile * t.kv_stride() + 4
         );
-        assert_eq!(shuffled.key().kernel, Kernel::AttentionTiledShuffle);
+        assert_eq!(
+            shuffled.key().kernel,
+            crate::kernels::attention::tiled::ATTENTION_TILED_SHUFFLE
+        );
         // It runs only where subgroups hold a row's tk lanes.
         let mut caps = Capabilities::synthetic("DiscreteGpu");
         caps.limits.max_compute_workgroup_storage_size = 48 << 10;

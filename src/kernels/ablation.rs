@@ -6,9 +6,9 @@
 //! whose bits remove one phase of the key loop each: K and V read from
 //! memory, S = Q K^T (in decode, the dot products and their butterflies), the
 //! softmax (the contract's rules, the maxima, P, the sums), O += P V. A call
-//! made through [`GpuContext::without_phases`] compiles its fused or decode
-//! pipeline with those bits set; every other pipeline, and every call through a
-//! context without them, is the kernel as it always runs (the constant is 0
+//! planned by an engine made with [`crate::Engine::without_phases`] compiles its fused or decode
+//! pipeline with those bits set; every other pipeline, and every call of an engine
+//! without them, is the kernel as it always runs (the constant is 0
 //! and its guards fold away). The barriers, the staging stores, Q's block and
 //! the final writes stay, so removing all four phases times the loop's
 //! skeleton (in decode, which stages nothing, little more than the loop).
@@ -19,12 +19,11 @@
 //! stand in for values are ones a compiler cannot see (`p.keys >> 31`) where
 //! it could otherwise fold the arithmetic on them. **A call without a phase
 //! computes garbage**: this is for timing only, and nothing in the engine
-//! makes such a context but the measurement.
+//! makes such an engine but the measurement.
 
-use crate::device::context::GpuContext;
 use crate::device::pipeline::PipelineKey;
 use crate::error::{Error, Result};
-use crate::kernels::registry::Kernel;
+use crate::shader::kernel::Kernel;
 
 /// A set of phases of a fused kernel's key loop (the bits of its `ABLATE`
 /// override constant).
@@ -114,63 +113,4 @@ impl std::ops::BitOr for Phases {
 /// and the streaming decode kernel ([`Kernel::is_specialised_per_call`]).
 pub fn has_phase_switches(kernel: Kernel) -> bool {
     kernel.is_specialised_per_call()
-}
-
-impl GpuContext {
-    /// This context with its fused and decode calls compiled without
-    /// `phases`: **their results are wrong by design**, for measuring what
-    /// each phase costs (`webattn phases`). Calls whose kernel has no phase
-    /// switches fail with [`Error::Conflict`]; the unfused path is unchanged.
-    pub fn without_phases(mut self, phases: Phases) -> GpuContext {
-        self.overrides.removed_phases = phases;
-        self
-    }
-
-    /// The phases this context's fused calls run without (none, normally).
-    pub fn removed_phases(&self) -> Phases {
-        self.overrides.removed_phases
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn no_phase_leaves_every_key_as_it_is() {
-        let key = PipelineKey::new(Kernel::AttentionFused).with("BQ", 64);
-        assert_eq!(Phases::NONE.key(key.clone()).unwrap(), key);
-    }
-
-    #[test]
-    fn removed_phases_name_the_ablate_constant_of_kernels_that_have_it() {
-        let key = PipelineKey::new(Kernel::AttentionTiled).with("BQ", 64);
-        let removed = (Phases::SCORES | Phases::PRODUCT).key(key).unwrap();
-        assert!(removed.constants.contains(&("ABLATE", 10)));
-        assert!(removed.to_string().contains("ABLATE=10"));
-        assert!(Phases::SOFTMAX
-            .key(PipelineKey::new(Kernel::AttentionFused))
-            .is_err());
-        assert_eq!(
-            Phases::ALL.name(),
-            "K/V loads + S = QK^T + softmax + O += PV"
-        );
-        assert_eq!(Phases::NONE.name(), "none");
-        assert_eq!(
-            Phases::EACH.iter().fold(Phases::NONE, |a, &b| a | b),
-            Phases::ALL
-        );
-    }
-
-    #[test]
-    fn the_kernels_with_switches_declare_the_constant() {
-        for kernel in Kernel::ALL {
-            assert_eq!(
-                has_phase_switches(kernel),
-                kernel.source().contains("override ABLATE"),
-                "{}",
-                kernel.name()
-            );
-        }
-    }
 }

@@ -1,14 +1,8 @@
-//! The kernels on the matrix units (cooperative matrices), expanded from
-//! templates, `shaders/templates/NAME.wgsl.in`: the fused attention kernel
-//! ([`attention_coop`]: staged, or with K and V packed as f16 ahead of it
-//! and loaded from storage by each subgroup or shared through workgroup
-//! memory)
-//! and the GEMM ([`gemm_coop`]: staged, or from packed f16 operands).
-//!
-//! WGSL has no macros, and these kernels' matrices (and the GEMM's staging
-//! registers) must be named variables (see each kernel's header): this
-//! expands a template's blocks over their matrices, up to a count per
-//! kernel (`MAX_DT`, `MAXV`, `MAXR`):
+//! The template language of the matrix-unit kernels
+//! (`shaders/templates/NAME.wgsl.in`), expanded by Rust: WGSL has no macros,
+//! and those kernels' matrices (and the GEMM's staging registers) must be
+//! named variables, so a template's blocks are written out over their
+//! matrices, up to a count per kernel:
 //!
 //! ```text
 //! //@ ALL d          the block once per matrix (declarations)
@@ -25,98 +19,25 @@
 //! with `@d` (or `@c`) in the block replaced by the matrix's number. Before
 //! that, lines between `//# IF NAME` and `//# ELSE` (or `//# ENDIF`) are kept
 //! only where NAME is defined, those between `//# ELSE` and `//# ENDIF` only
-//! where it is not (not nested): the attention kernel's forms are the same
-//! template rendered with STAGED, with PACKED and DIRECT, or with PACKED
-//! and SHARED defined.
-//!
-//! Nothing rendered here is checked in: the engine makes each text when a
-//! pipeline is built (`Kernel::source` in src/kernels/registry.rs).
-
-use crate::kernels::attention::coop::CoopForm;
-
-/// The most matrices of a head dim the attention kernel holds, Q's and O's
-/// each: head dims up to 256 at 16x16 and 128 at 8x8 (src/kernels/attention/coop.rs's
-/// `MAX_MATRICES`).
-pub(crate) const MAX_DT: usize = 16;
-
-/// The vec4 slots an invocation of the staged GEMM may stage per slice: its
-/// next slice's registers are named variables.
-const MAXV: usize = 16;
-
-/// The matrices of op(A) and of op(B) a subgroup of the packed GEMM may hold
-/// per step: its matrices and accumulators are named variables.
-const MAXR: usize = 4;
+//! where it is not (not nested): one template makes several forms of a
+//! kernel. The families render their kernels with [`render`]; nothing
+//! rendered is checked in.
 
 /// A template, `shaders/templates/NAME.wgsl.in`.
-struct Template {
+pub(crate) struct Template {
     /// NAME: the file's stem.
-    name: &'static str,
+    pub(crate) name: &'static str,
     /// The file's text.
-    text: &'static str,
-}
-
-/// The fused attention kernel's template (its three forms, `//# IF STAGED`,
-/// `PACKED`, `DIRECT`, `SHARED`).
-const ATTENTION_COOP: Template = Template {
-    name: "attention_coop",
-    text: include_str!("../../shaders/templates/attention_coop.wgsl.in"),
-};
-
-/// The staged GEMM's template.
-const GEMM_COOP: Template = Template {
-    name: "gemm_coop",
-    text: include_str!("../../shaders/templates/gemm_coop.wgsl.in"),
-};
-
-/// The packed GEMM's template.
-const GEMM_COOP_PACKED: Template = Template {
-    name: "gemm_coop_packed",
-    text: include_str!("../../shaders/templates/gemm_coop_packed.wgsl.in"),
-};
-
-/// The fused attention kernel on the matrix units in `form`:
-/// `attention_coop` (staged), `attention_coop_packed` (K and V packed as
-/// f16 ahead of it, loaded from storage) or `attention_coop_shared` (packed,
-/// each tile shared through workgroup memory), the whole file's text, ending
-/// in one newline.
-///
-/// # Panics
-/// Only where the template is malformed (see `render`): a bug in this
-/// repository, not in the caller.
-pub(crate) fn attention_coop(form: CoopForm) -> String {
-    let (defines, kernel): (&[&str], _) = match form {
-        CoopForm::Staged => (&["STAGED"], None),
-        CoopForm::Packed => (&["PACKED", "DIRECT"], Some("attention_coop_packed")),
-        CoopForm::Shared => (&["PACKED", "SHARED"], Some("attention_coop_shared")),
-    };
-    // The whole text, ending in one newline.
-    render(&ATTENTION_COOP, MAX_DT, defines, kernel) + "\n"
-}
-
-/// The GEMM on the matrix units: `gemm_coop`, or with `packed`
-/// `gemm_coop_packed` (from packed f16 operands), the whole file's text,
-/// ending in one newline.
-///
-/// # Panics
-/// Only where the template is malformed (see `render`): a bug in this
-/// repository, not in the caller.
-pub(crate) fn gemm_coop(packed: bool) -> String {
-    let text = if packed {
-        render(&GEMM_COOP_PACKED, MAXR, &[], None)
-    } else {
-        render(&GEMM_COOP, MAXV, &[], None)
-    };
-    // The whole text, ending in one newline.
-    text + "\n"
+    pub(crate) text: &'static str,
+    /// The module that renders it, named in the output's header.
+    pub(crate) renderer: &'static str,
 }
 
 /// The output's first lines: where the text comes from, for a reader of a
 /// compiled or dumped shader.
-fn header(kernel: &str, name: &str) -> [String; 2] {
+fn header(renderer: &str, kernel: &str, name: &str) -> [String; 2] {
     [
-        format!(
-            "// Made by src/kernels/templates.rs ({kernel}) from shaders/templates/{name}.wgsl.in"
-        ),
+        format!("// Made by {renderer} ({kernel}) from shaders/templates/{name}.wgsl.in"),
         "// when the pipeline is built; edit those, there is no file of this text.".to_string(),
     ]
 }
@@ -337,10 +258,15 @@ fn block_directive(line: &str) -> Option<(&str, &str, Vec<&str>)> {
 /// or unclosed `//# IF` sections, a block without `//@ END`, a block's
 /// arguments that do not fit its kind. The templates are this repository's
 /// files, so that is a bug here, not a caller's error.
-fn render(template: &Template, count: usize, defines: &[&str], kernel: Option<&str>) -> String {
+pub(crate) fn render(
+    template: &Template,
+    count: usize,
+    defines: &[&str],
+    kernel: Option<&str>,
+) -> String {
     let lines = select(template, defines);
     let kernel = kernel.unwrap_or(template.name);
-    let mut out = Vec::from(header(kernel, template.name));
+    let mut out = Vec::from(header(template.renderer, kernel, template.name));
     let mut i = 0;
     while i < lines.len() {
         let (number, line) = lines[i];
