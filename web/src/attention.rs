@@ -449,11 +449,9 @@ pub async fn call(
     }
     let options = &call.attention;
     let start = Instant::now();
+    // A GPU engine's calls but those asked for on the host run on its adapter.
     let profiled = call.timing
-        && matches!(
-            engine.resolve_path(options),
-            KernelPath::Fused | KernelPath::Unfused | KernelPath::Auto
-        )
+        && !matches!(options.path, KernelPath::Cpu | KernelPath::Oracle)
         && engine.gpu().is_some_and(|ctx| ctx.set_profiling(true));
     let produced = if c.all_host() && !call.keep_on_device && prepared.is_none() {
         let Input::Host(q) = &c.q else { unreachable!() };

@@ -67,7 +67,7 @@ impl CpuBackend {
         let threads = match threads {
             _ if cfg!(target_arch = "wasm32") => 1,
             Some(n) => n.max(1),
-            None => threads::default_threads(),
+            None => default_threads(),
         };
         CpuBackend {
             threads,
@@ -315,4 +315,12 @@ impl isa::Job for SoftmaxRows<'_> {
         }
         empty
     }
+}
+
+/// The threads to use when the caller does not say: the cores available.
+pub(crate) fn default_threads() -> usize {
+    if cfg!(target_arch = "wasm32") {
+        return 1;
+    }
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }

@@ -14,14 +14,6 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 
-/// The threads to use when the caller does not say: the cores available.
-pub(crate) fn default_threads() -> usize {
-    if cfg!(target_arch = "wasm32") {
-        return 1;
-    }
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
 /// A job as the workers see it: the caller's closure with its lifetime
 /// erased (see [`Pool::run`] for why that holds).
 #[derive(Clone, Copy)]
@@ -57,7 +49,7 @@ impl Pool {
     pub(crate) fn global() -> &'static Pool {
         static POOL: OnceLock<&'static Pool> = OnceLock::new();
         POOL.get_or_init(|| {
-            let planned = default_threads().saturating_sub(1);
+            let planned = super::default_threads().saturating_sub(1);
             let pool: &'static Pool = Box::leak(Box::new(Pool {
                 state: Mutex::new(State::default()),
                 posted: Condvar::new(),

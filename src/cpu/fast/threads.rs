@@ -6,8 +6,6 @@
 
 use std::sync::{Mutex, PoisonError};
 
-pub(crate) use super::pool::default_threads;
-
 /// Runs `work(item, scratch)` for every item on up to `threads` threads, each
 /// with its own scratch from `scratch()`. Items are taken in order.
 pub(crate) fn for_each<T: Send, S>(
