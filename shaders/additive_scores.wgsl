@@ -14,16 +14,7 @@
 //
 // Workgroups are numbered linearly across the 2D grid so large dispatches work.
 
-struct Params {
-    batch: u32,
-    q_len: u32,
-    k_len: u32,
-    d_a: u32,
-    tiles_q: u32,
-    tiles_k: u32,
-    scale: f32,
-    _pad: u32,
-}
+// #include PARAMS
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a_proj: array<f32>;

@@ -5,35 +5,7 @@
 
 // #include attention_rules.wgsl
 
-struct Params {
-    batch: u32,
-    q_heads: u32,
-    group: u32,
-    q_len: u32,
-    keys: u32,
-    dk: u32,
-    dv: u32,
-    flags: u32,
-    scale: f32,
-    softcap: f32,
-    left_window: i32,
-    right_window: i32,
-    past_len: u32,
-    mask_cols: u32,
-    mask_batch_stride: u32,
-    mask_head_stride: u32,
-    mask_row_stride: u32,
-    splits: u32,
-    kv_heads: u32,
-    split_keys: u32,
-    // 1 / temperature, applied to the biased scores before the softmax.
-    inv_temperature: f32,
-    // Query heads per workgroup (divides group; heads_per_wg * q_len <= 16).
-    heads_per_wg: u32,
-    // Added to every query's position (a piece of a call split across bindings).
-    position_shift: i32,
-    _reserved2: u32,
-}
+// #include PARAMS
 
 @group(0) @binding(0) var<uniform> p: Params;
 

@@ -9,13 +9,7 @@
 // only keys with a score of -inf still add 0 * O, so a NaN in their V reaches
 // Y. One workgroup per row; invocations take output quads in turn.
 
-struct Params {
-    rows: u32,
-    dv: u32,
-    splits: u32,
-    // 1 / temperature.
-    inv_temperature: f32,
-}
+// #include PARAMS
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> part_o: array<vec4<f32>>;

@@ -13,34 +13,7 @@
 // The masking rules are attention_fused.wgsl's: causal and windows with the
 // position offset, nonpad lengths, the broadcast additive mask, mask_cols.
 
-struct Params {
-    batch: u32,
-    q_heads: u32,
-    group: u32,
-    q_len: u32,
-    keys: u32,
-    dk: u32,
-    dv: u32,
-    flags: u32,
-    scale: f32,
-    softcap: f32,
-    left_window: i32,
-    right_window: i32,
-    past_len: u32,
-    mask_cols: u32,
-    mask_batch_stride: u32,
-    mask_head_stride: u32,
-    mask_row_stride: u32,
-    mode: u32,
-    kv_heads: u32,
-    key_blocks: u32,
-    // 1 / temperature (the softmax after mode 3 applies it; unused here).
-    inv_temperature: f32,
-    _reserved0: u32,
-    // Added to every query's position (a piece of a call split across bindings).
-    position_shift: i32,
-    _reserved2: u32,
-}
+// #include PARAMS
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;

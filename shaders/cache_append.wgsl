@@ -12,19 +12,7 @@
 // RoPE), rotated by the angle (offset + t) · inv_freq[f] as `position.wgsl`
 // rotates it.
 
-struct Params {
-    rows: u32,
-    dim: u32,
-    // Pairs per row: dim / 2 for RoPE, ceil(dim / 2) for copies.
-    pairs: u32,
-    seq_len: u32,
-    // The position of each sequence's first new token.
-    offset: u32,
-    // 0: copy, 1: RoPE on interleaved pairs, 2: RoPE on half-split pairs.
-    mode: u32,
-    cache_len: u32,
-    capacity: u32,
-}
+// #include PARAMS
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> k_new: array<f32>;

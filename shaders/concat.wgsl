@@ -3,12 +3,7 @@
 // One invocation per output element; workgroups are numbered linearly across
 // the 2D grid so large caches need no second dispatch.
 
-struct Params {
-    total: u32,
-    past_len: u32,
-    new_len: u32,
-    width: u32,
-}
+// #include PARAMS
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> past: array<f32>;

@@ -10,13 +10,7 @@
 // exactly (infinities and NaNs included). Workgroups are numbered linearly
 // across the 2D grid so large tensors need no second dispatch.
 
-struct Params {
-    // Elements (f16 and f32 alike).
-    len: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
+// #include PARAMS
 
 override NARROW: bool = false;
 // Widen bfloat16 words instead of f16 ones: a bfloat16 is the upper half of

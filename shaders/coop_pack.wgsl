@@ -22,23 +22,7 @@
 
 enable f16;
 
-struct Params {
-    rows: u32,
-    cols: u32,
-    ld: u32,
-    offset: u32,
-    stride: u32,
-    batches: u32,
-    rows_p: u32,
-    cols_p: u32,
-    // The matrix units' size (8 or 16).
-    block: u32,
-    // 1: element (r, c) is stored at c * ld + r.
-    transposed: u32,
-    // Rows per flag word (0: no flags).
-    flag_rows: u32,
-    _pad1: u32,
-}
+// #include PARAMS
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<f32>;

@@ -4,14 +4,7 @@
 // invocations touch consecutive 16-byte words: coalesced loads and stores.
 // Bytes moved per run: 2 x 16 x count (read and write).
 
-struct Params {
-    // vec4 elements to copy.
-    count: u32,
-    // Invocations launched: the loop's step.
-    stride: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
+// #include PARAMS
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<vec4<f32>>;

@@ -7,12 +7,7 @@
 // The multiplier and addend come from the uniform so nothing folds away, and
 // the sum of the accumulators is stored so nothing is dead.
 
-struct Params {
-    iterations: u32,
-    mul: f32,
-    add: f32,
-    _pad: u32,
-}
+// #include PARAMS
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> sink: array<vec4<f32>>;

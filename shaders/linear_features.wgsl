@@ -5,12 +5,7 @@
 // One invocation per element; workgroups are numbered linearly across the 2D
 // grid so large tensors need no second dispatch.
 
-struct Params {
-    len: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
+// #include PARAMS
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;

@@ -6,13 +6,7 @@
 // One invocation per output element (bh, i, c); the only loop runs over Dk.
 // Workgroups are numbered linearly across the 2D grid.
 
-struct Params {
-    // B * H.
-    heads: u32,
-    q_len: u32,
-    dk: u32,
-    dv: u32,
-}
+// #include PARAMS
 
 @group(0) @binding(0) var<uniform> p: Params;
 // phi(Q) [BH, N, Dk].

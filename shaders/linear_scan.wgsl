@@ -13,17 +13,7 @@
 // invocation c = 0 writes the normaliser phi(q_i) . z that the weights kernel
 // divides by. Not causal, rows are emitted afterwards by linear_output.wgsl.
 
-struct Params {
-    // B * H.
-    heads: u32,
-    q_len: u32,
-    kv_len: u32,
-    dk: u32,
-    dv: u32,
-    start: u32,
-    end: u32,
-    causal: u32,
-}
+// #include PARAMS
 
 @group(0) @binding(0) var<uniform> p: Params;
 // phi(Q) [BH, N, Dk], phi(K) [BH, M, Dk], V [BH, M, Dv].

@@ -5,13 +5,7 @@
 //
 // One invocation per weight; workgroups are numbered linearly across the 2D grid.
 
-struct Params {
-    // B * H * N.
-    rows: u32,
-    q_len: u32,
-    kv_len: u32,
-    causal: u32,
-}
+// #include PARAMS
 
 @group(0) @binding(0) var<uniform> p: Params;
 // [BH, N].

@@ -15,28 +15,7 @@
 //      maximum is taken out).
 // Positions use the causal offset: the past length, else nonpad[b] - Nq, else 0.
 
-struct Params {
-    rows: u32,
-    cols: u32,
-    row_base: u32,
-    q_len: u32,
-    q_heads: u32,
-    flags: u32,
-    mask_cols: u32,
-    past_len: u32,
-    mask_batch_stride: u32,
-    mask_head_stride: u32,
-    mask_row_stride: u32,
-    capture: u32,
-    left_window: i32,
-    right_window: i32,
-    softcap: f32,
-    batch: u32,
-    _reserved: u32,
-    // Added to every query's position (a piece of a call split across bindings).
-    position_shift: i32,
-    _pad1: u32,
-}
+// #include PARAMS
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> scores: array<f32>;

@@ -20,17 +20,7 @@
 // host's limit of 2^24, the reduction adds about half an ulp of the angle,
 // the size of the f32 rounding of the angle itself.
 
-struct Params {
-    rows: u32,
-    dim: u32,
-    // Pairs per row: ceil(dim / 2) for mode 0, dim / 2 for RoPE.
-    pairs: u32,
-    seq_len: u32,
-    offset: u32,
-    mode: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
+// #include PARAMS
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;

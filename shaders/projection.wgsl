@@ -20,27 +20,7 @@
 // to out_s at out_base[s] + b·out_batch[s] + h·out_head[s] + t·out_row[s] + c.
 // So Q, K and V land head-major (or straight in a cache) from one dispatch.
 
-struct Params {
-    rows: u32,
-    row_base: u32,
-    in_dim: u32,
-    w_stride: u32,
-    features: u32,
-    seq_len: u32,
-    x_batch: u32,
-    x_row: u32,
-    x_group: u32,
-    x_group_stride: u32,
-    // The first feature this dispatch computes (`features` is one past its last).
-    feature_base: u32,
-    _pad: u32,
-    seg_end: vec4<u32>,
-    seg_width: vec4<u32>,
-    out_base: vec4<u32>,
-    out_batch: vec4<u32>,
-    out_head: vec4<u32>,
-    out_row: vec4<u32>,
-}
+// #include PARAMS
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;

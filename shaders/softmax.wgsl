@@ -29,19 +29,7 @@
 //
 // Rows are numbered linearly across the 2D grid so more than 65535 rows work.
 
-struct Params {
-    rows: u32,
-    cols: u32,
-    // Index in `lse` of this dispatch's first row.
-    lse_offset: u32,
-    // MODE_ZERO, MODE_MARKED or MODE_CLEAR.
-    mode: u32,
-    // 1 / temperature: the exponents' divisor (1 for a plain softmax).
-    inv_temperature: f32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
+// #include PARAMS
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> scores: array<f32>;

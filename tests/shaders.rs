@@ -30,10 +30,17 @@ fn every_shader_file_validates() {
     // A slot's fragments are validated inside the kernels that fill the slot
     // with them (registry_embeds_every_file_and_nothing_else): they may need
     // those kernels' `enable` lines. Files with slots validate with the
-    // first fragment of each.
+    // first fragment of each. A file that takes a kernel's parameter block
+    // (`// #include PARAMS`, directly or through a fragment) is validated as
+    // the kernels that include it are: it names no block of its own.
     for name in files.iter().filter(|name| !fills_a_slot(name)) {
         let source = std::fs::read_to_string(format!("{dir}/{name}")).expect("readable shader");
-        match validate_wgsl(name, &with_includes(&source)) {
+        let expanded = with_includes(&source);
+        if expanded.contains("// the parameter block, written from its Rust definition") {
+            println!("{name}: takes a kernel's parameter block (validated as its kernels)");
+            continue;
+        }
+        match validate_wgsl(name, &expanded) {
             Ok(module) => println!(
                 "{name}: ok ({} functions)",
                 module.functions.len() + module.entry_points.len()
@@ -74,11 +81,12 @@ fn invalid_wgsl_is_a_typed_error_quoting_the_line() {
     assert!(text.contains("broken") && text.contains("let x"), "{text}");
 }
 
-/// Each kernel's WGSL `Params` (its uniform block) against the Rust block
-/// the engine writes (`webattn::kernels::uniform`), word by word: the same
-/// types at the same offsets, and the same names wherever the Rust field has
-/// a name of its own (not padding, nor a word whose meaning differs by
-/// kernel), so a field added, dropped or moved on one side fails here.
+/// Each kernel's WGSL `Params` (its uniform block, written from the Rust
+/// block by `shader::uniform::ParamsText`) as naga lays it out, against the
+/// Rust block the engine writes, word by word: the same types at the same
+/// offsets and the same names (WGSL's alignment rules could move a field the
+/// generator writes; no kernel declares a block of its own: every one
+/// includes `PARAMS`).
 #[test]
 fn every_kernels_uniform_block_matches_its_rust_definition() {
     use naga::{AddressSpace, ScalarKind, TypeInner};
@@ -144,7 +152,7 @@ fn every_kernels_uniform_block_matches_its_rust_definition() {
                     "{kernel}: word {i} is `{name}`: {scalar:?} in WGSL, `{}`: {:?} in Rust",
                     word.name, word.scalar
                 ));
-            } else if word.is_named() && !name.starts_with('_') && *name != word.name {
+            } else if !name.starts_with('_') && !name.starts_with(word.name) {
                 failures.push(format!(
                     "{kernel}: word {i} is `{name}` in WGSL, `{}` in Rust",
                     word.name
@@ -153,4 +161,22 @@ fn every_kernels_uniform_block_matches_its_rust_definition() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// No kernel declares its parameter block by hand: each takes it from its
+/// Rust definition at a `// #include PARAMS` line.
+#[test]
+fn every_kernels_params_come_from_rust() {
+    for kernel in webattn::kernels::all() {
+        let source = kernel.source();
+        assert_eq!(
+            source.matches("struct Params {").count(),
+            1,
+            "{kernel}: one struct Params"
+        );
+        assert!(
+            source.contains("// the parameter block, written from its Rust definition"),
+            "{kernel} declares its Params by hand"
+        );
+    }
 }

@@ -144,31 +144,10 @@ const COLS: u32 = {cols}u;
         ));
     }
 
-    /// The uniforms' struct, gemm.wgsl's `Params`.
+    /// The parameter block: GEMM's, written from its Rust definition
+    /// (`kernels::gemm::Params`) where the text is made into a kernel.
     fn params_block(&mut self) {
-        self.w(r"struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    batch: u32,
-    lda: u32,
-    ldb: u32,
-    ldc: u32,
-    tiles_n: u32,
-    tiles_m: u32,
-    a_offset: u32,
-    b_offset: u32,
-    c_offset: u32,
-    a_stride: u32,
-    b_stride: u32,
-    c_stride: u32,
-    b_batch_base: u32,
-    b_batch_div: u32,
-    alpha: f32,
-    beta: f32,
-    _pad: u32,
-}
-");
+        self.w("// #include PARAMS\n");
     }
 
     /// The bindings: the uniforms, A and B (each as f32 and as vec4 views)
