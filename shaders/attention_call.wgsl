@@ -1,6 +1,7 @@
-// The uniforms of the fused attention kernels (attention_fused, _tiled, _sg,
-// _coop; src/kernels/attention/mod.rs writes them) and the key range of a query row,
-// with the contract's rules. Included as `// #include attention_call.wgsl`.
+// The uniform binding of the attention kernels that score keys (the fused
+// kernels in every form, the split-K decode kernels; their families write the
+// block) with the contract's rules. Included as
+// `// #include attention_call.wgsl`.
 
 // #include attention_rules.wgsl
 
@@ -8,9 +9,4 @@
 
 @group(0) @binding(0) var<uniform> p: Params;
 
-// The allowed key range [lo, hi] of query row i (hi < lo when none).
-fn key_range(i: u32, offset: i32, lengths: i32) -> vec2<i32> {
-    return allowed_keys(
-        offset + i32(i), p.keys, p.flags, p.left_window, p.right_window, lengths, p.mask_cols
-    );
-}
+// #include attention_score.wgsl

@@ -31,7 +31,7 @@
 // kernels. K and V may be stored as f16 (see ELEMENT below); the arithmetic
 // is f32 either way.
 
-// #include attention_decode_call.wgsl
+// #include attention_call.wgsl
 
 @group(0) @binding(1) var<storage, read> q4: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> k4: array<KV4>;
@@ -100,20 +100,10 @@ fn main(
         atomicStore(&row_flags[li], 0u);
     }
     if (li == 0u) {
-        var lengths = i32(p.keys);
-        if ((p.flags & FLAG_NONPAD) != 0u) {
-            lengths = nonpad[b];
-        }
-        batch_nonpad = lengths;
+        batch_nonpad = batch_lengths(b);
     }
     let lengths = workgroupUniformLoad(&batch_nonpad);
-    var offset = 0;
-    if ((p.flags & FLAG_PAST) != 0u) {
-        offset = i32(p.past_len);
-    } else if ((p.flags & FLAG_NONPAD) != 0u) {
-        offset = lengths - i32(p.q_len);
-    }
-    offset = offset + p.position_shift;
+    let offset = position_offset(lengths);
     // The keys any row may see, within this split (rows' ranges grow with
     // the query position, the same for every head).
     let split_lo = i32(split * p.split_keys);
@@ -175,46 +165,20 @@ fn main(
             }
             workgroupBarrier();
         }
-        // Scale, softcap, mask, ALiBi (the temperature divides the online
-        // softmax's exponents); MASKED for keys a row does not attend; a NaN
-        // or +inf score poisons its row.
+        // The rules (attention_score.wgsl): MASKED for keys a row does not
+        // attend; a NaN or +inf score poisons its row.
         let j = j0 + i32(li);
         for (var r = 0u; r < rows; r++) {
             let h = h0 + r / p.q_len;
             let i = r % p.q_len;
-            var s = MASKED;
             let range = key_range(i, offset, lengths);
-            var attended = j >= range.x && j <= range.y && j >= split_lo && j <= split_hi;
-            if (attended) {
-                s = dots[r] * p.scale;
-                if ((p.flags & FLAG_SOFTCAP) != 0u) {
-                    s = p.softcap * accurate_tanh(s / p.softcap);
-                }
-                if ((p.flags & FLAG_MASK) != 0u) {
-                    let bias = mask[b * p.mask_batch_stride + h * p.mask_head_stride + i * p.mask_row_stride + u32(j)];
-                    if (bias <= MASKED) {
-                        attended = false;
-                    } else {
-                        s += bias;
-                    }
-                }
+            let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride + i * p.mask_row_stride;
+            let span = vec4<i32>(max(range.x, split_lo), min(range.y, split_hi), bitcast<i32>(mask_base), offset + i32(i));
+            let sc = scored(dots[r], j, span, head_slope(h));
+            if (sc.flags != 0u) {
+                atomicOr(&row_flags[r], sc.flags);
             }
-            if (attended) {
-                if ((p.flags & FLAG_ALIBI) != 0u) {
-                    let slope = bitcast<f32>(nonpad[p.batch + h]);
-                    s -= slope * f32(abs(offset + i32(i) - j));
-                }
-                var seen = ROW_ATTENDED;
-                if (poisons(s)) {
-                    // Poisons the row; counts as -inf from here on.
-                    seen |= ROW_POISONED;
-                    s = neg_inf();
-                }
-                atomicOr(&row_flags[r], seen);
-            } else {
-                s = MASKED;
-            }
-            scores[r * WG + li] = s;
+            scores[r * WG + li] = sc.s;
         }
         workgroupBarrier();
         // Each row's tile max: 4 partials of 16 keys, then combined by all.

@@ -122,20 +122,10 @@ fn main(
     let live_row = live_block && i < p.q_len;
 
     if (li == 0u) {
-        var lengths = i32(p.keys);
-        if ((p.flags & FLAG_NONPAD) != 0u) {
-            lengths = nonpad[b];
-        }
-        batch_nonpad = lengths;
+        batch_nonpad = batch_lengths(b);
     }
     let lengths = workgroupUniformLoad(&batch_nonpad);
-    var offset = 0;
-    if ((p.flags & FLAG_PAST) != 0u) {
-        offset = i32(p.past_len);
-    } else if ((p.flags & FLAG_NONPAD) != 0u) {
-        offset = lengths - i32(p.q_len);
-    }
-    offset = offset + p.position_shift;
+    let offset = position_offset(lengths);
     // The workgroup's key range: rows' ranges grow with the row index.
     let last_row = min(row0 + BQ - 1u, p.q_len - 1u);
     let first = key_range(row0, offset, lengths);
@@ -161,10 +151,7 @@ fn main(
     let kv_base = (b * p.kv_heads + kvh) * p.keys;
     let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride + row * p.mask_row_stride;
     // ALiBi: this head's slope follows the batch's lengths in the rule data.
-    var slope = 0.0;
-    if ((p.flags & FLAG_ALIBI) != 0u) {
-        slope = bitcast<f32>(nonpad[p.batch + h]);
-    }
+    let slope = head_slope(h);
     let pos = offset + i32(row);
 
     var j0 = wg_lo - wg_lo % i32(BK);
@@ -207,44 +194,19 @@ fn main(
                     scores[t] += (prod.x + prod.y) + (prod.z + prod.w);
                 }
             }
-            // Scale, softcap, mask, ALiBi (the temperature divides the
-            // exponents of the online softmax). Keys the row does not
+            // The rules (attention_score.wgsl): keys the row does not
             // attend become MASKED; a NaN or +inf score poisons the row and
-            // counts as -inf from here on.
+            // counts as -inf from here on. ROW_ATTENDED joins the row's
+            // flags after the tile: Y holds O only from then on.
             var tile_max = MASKED;
             var tile_attended = false;
+            let span = vec4<i32>(mine.x, mine.y, bitcast<i32>(mask_base), pos);
             for (var t = 0u; t < BK; t++) {
-                let j = j0 + i32(t);
-                var s = MASKED;
-                var attended = j >= mine.x && j <= mine.y;
-                if (attended) {
-                    s = scores[t] * p.scale;
-                    if ((p.flags & FLAG_SOFTCAP) != 0u) {
-                        s = p.softcap * accurate_tanh(s / p.softcap);
-                    }
-                    if ((p.flags & FLAG_MASK) != 0u) {
-                        let bias = mask[mask_base + u32(j)];
-                        if (bias <= MASKED) {
-                            attended = false;
-                        } else {
-                            s += bias;
-                        }
-                    }
-                }
-                if (attended) {
-                    if ((p.flags & FLAG_ALIBI) != 0u) {
-                        s -= slope * f32(abs(pos - j));
-                    }
-                    if (poisons(s)) {
-                        row_flags |= ROW_POISONED;
-                        s = neg_inf();
-                    }
-                    tile_attended = true;
-                    tile_max = max(tile_max, s);
-                } else {
-                    s = MASKED;
-                }
-                scores[t] = s;
+                let sc = scored(scores[t], j0 + i32(t), span, slope);
+                row_flags |= sc.flags & ROW_POISONED;
+                tile_attended = tile_attended || sc.flags != 0u;
+                tile_max = max(tile_max, sc.s);
+                scores[t] = sc.s;
             }
             if (tile_attended) {
                 let m_new = max(m, tile_max);

@@ -1,5 +1,6 @@
-// The contract's shared constants and scalar rules, included by the attention
-// kernels (`// #include attention_rules.wgsl`, spliced in by the registry).
+// The contract's shared constants and value tests, included by the attention
+// kernels (`// #include attention_rules.wgsl`) before attention_score.wgsl,
+// the rules that read a kernel's uniforms.
 
 // A masked score: the most negative finite f32 (softmax gives it weight 0;
 // a float mask's -inf still reaches the rules as -inf).
@@ -14,11 +15,12 @@ const FLAG_PAST: u32 = 8u;
 const FLAG_SOFTCAP: u32 = 16u;
 const FLAG_ALIBI: u32 = 32u;
 // The rules applied score by score that a pipeline is made for: bits of
-// FLAG_MASK, FLAG_SOFTCAP and FLAG_ALIBI, and RULE_TEMPERATURE. The kernels
-// whose key loops test it (tiled, matrix-unit, streaming decode) are made
-// with none for a call that applies none, so its key loop has none of their
-// code, and with all of them otherwise (src/kernels/attention/rules.rs, from the same
-// rules as Params.flags); the default compiles every rule.
+// FLAG_MASK, FLAG_SOFTCAP and FLAG_ALIBI, and RULE_TEMPERATURE, which
+// attention_score.wgsl's rules test. The kernels compiled per call (tiled,
+// matrix-unit, subgroup, streaming decode) are made with none for a call that
+// applies none, so its key loop has none of their code, and with all of them
+// otherwise (src/kernels/attention/rules.rs, from the same rules as
+// Params.flags); the default compiles every rule.
 override RULES: u32 = 113u;
 // A RULES bit: the temperature is not 1 (its product is made only then).
 const RULE_TEMPERATURE: u32 = 64u;
@@ -80,36 +82,24 @@ fn accurate_tanh(x: f32) -> f32 {
     return select(t, -t, x < 0.0);
 }
 
-// The allowed key range [lo, hi] of the query at position `pos` (hi < lo when
-// none) among `keys` keys: causal (FLAG_CAUSAL in `flags`), the windows
-// (negative: none), the batch's nonpad length (FLAG_NONPAD) and the mask's
-// columns (FLAG_MASK). The fused and the decode kernels' key_range pass their
-// uniforms.
-fn allowed_keys(
-    pos: i32,
-    keys: u32,
-    flags: u32,
-    left_window: i32,
-    right_window: i32,
-    lengths: i32,
-    mask_cols: u32,
-) -> vec2<i32> {
-    var lo = 0;
-    var hi = i32(keys) - 1;
-    if ((flags & FLAG_CAUSAL) != 0u) {
-        hi = min(hi, pos);
-    }
-    if (right_window >= 0) {
-        hi = min(hi, pos + right_window);
-    }
-    if (left_window >= 0) {
-        lo = max(lo, pos - left_window);
-    }
-    if ((flags & FLAG_NONPAD) != 0u) {
-        hi = min(hi, lengths - 1);
-    }
-    if ((flags & FLAG_MASK) != 0u) {
-        hi = min(hi, i32(mask_cols) - 1);
-    }
-    return vec2<i32>(lo, hi);
+// Which of four values are NaN (bit tests: WGSL comparisons need not see NaN).
+fn is_nan4(x: vec4<f32>) -> vec4<bool> {
+    return (bitcast<vec4<u32>>(x) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
+}
+
+// Which of four scores are NaN or +inf: they make the row NaN.
+fn poisons4(x: vec4<f32>) -> vec4<bool> {
+    return is_nan4(x) | (bitcast<vec4<u32>>(x) == vec4<u32>(0x7f800000u));
+}
+
+// accurate_tanh on four values; NaN stays NaN.
+fn accurate_tanh4(x: vec4<f32>) -> vec4<f32> {
+    let ax = abs(x);
+    let z = x * x;
+    let poly = 1.0 + z * (-1.0 / 3.0 + z * (2.0 / 15.0 + z * (-17.0 / 315.0
+        + z * (62.0 / 2835.0 + z * (-1382.0 / 155925.0 + z * (21844.0 / 6081075.0))))));
+    let e = exp(2.0 * min(ax, vec4<f32>(10.0)));
+    let t = 1.0 - 2.0 / (e + 1.0);
+    let y = select(select(t, -t, x < vec4<f32>(0.0)), x * poly, ax < vec4<f32>(0.4));
+    return select(y, x, is_nan4(x));
 }

@@ -10,8 +10,7 @@
 //      from the very scores being normalised. (exp(s - lse) with the fused
 //      kernel's lse is off by the rounding difference between the two kernels'
 //      dot products: 2e-3 at logits of 1e4.)
-// The masking rules are attention_fused.wgsl's: causal and windows with the
-// position offset, nonpad lengths, the broadcast additive mask, mask_cols.
+// The rules are every attention kernel's (attention_score.wgsl).
 
 // #include PARAMS
 
@@ -23,6 +22,7 @@
 @group(0) @binding(5) var<storage, read_write> out: array<u32>;
 
 // #include attention_rules.wgsl
+// #include attention_score.wgsl
 
 @compute @workgroup_size(64, 1, 1)
 fn main(
@@ -57,58 +57,27 @@ fn main(
         let prod = qq * kk;
         dot += (prod.x + prod.y) + (prod.z + prod.w);
     }
-    var s = dot * p.scale;
     let index = row * p.keys + j;
     if (p.mode == 0u) {
-        out[index] = bitcast<u32>(s);
+        out[index] = bitcast<u32>(dot * p.scale);
         return;
     }
-    if ((p.flags & FLAG_SOFTCAP) != 0u) {
-        s = p.softcap * accurate_tanh(s / p.softcap);
-    }
+    let s = capped(dot * p.scale);
     if (p.mode == 1u) {
         out[index] = bitcast<u32>(s);
         return;
     }
-
-    var lengths = i32(p.keys);
-    var offset = 0;
-    if ((p.flags & FLAG_NONPAD) != 0u) {
-        lengths = nonpad[b];
-    }
-    if ((p.flags & FLAG_PAST) != 0u) {
-        offset = i32(p.past_len);
-    } else if ((p.flags & FLAG_NONPAD) != 0u) {
-        offset = lengths - i32(p.q_len);
-    }
-    offset = offset + p.position_shift;
-    let pos = offset + i32(i);
-    let jj = i32(j);
-    var allowed = jj < lengths;
-    if ((p.flags & FLAG_CAUSAL) != 0u) {
-        allowed = allowed && jj <= pos;
-    }
-    if (p.right_window >= 0) {
-        allowed = allowed && jj <= pos + p.right_window;
-    }
-    if (p.left_window >= 0) {
-        allowed = allowed && jj >= pos - p.left_window;
-    }
-    if ((p.flags & FLAG_MASK) != 0u) {
-        allowed = allowed && j < p.mask_cols;
-        if (allowed) {
-            // MASKED (and below) masks the key; any other value, NaN included, is added.
-            let bias = mask[b * p.mask_batch_stride + h * p.mask_head_stride + i * p.mask_row_stride + j];
-            allowed = !(bias <= MASKED);
-            s += select(0.0, bias, allowed);
-        }
-    }
-    if (allowed && (p.flags & FLAG_ALIBI) != 0u) {
-        s -= bitcast<f32>(nonpad[p.batch + h]) * f32(abs(pos - jj));
+    let lengths = batch_lengths(b);
+    let pos = position_offset(lengths) + i32(i);
+    let range = allowed_keys(pos, lengths);
+    var biased_score = Biased(MASKED, false);
+    if (i32(j) >= range.x && i32(j) <= range.y) {
+        let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride + i * p.mask_row_stride;
+        biased_score = biased(s, mask_base + j, pos - i32(j), head_slope(h));
     }
     if (p.mode == 2u) {
-        out[index] = select(NEG_INF_BITS, bitcast<u32>(s), allowed);
+        out[index] = select(NEG_INF_BITS, bitcast<u32>(biased_score.s), biased_score.attended);
         return;
     }
-    out[index] = bitcast<u32>(select(MASKED, s, allowed));
+    out[index] = bitcast<u32>(biased_score.s);
 }

@@ -187,12 +187,10 @@ fn a_headless_run_is_quiet() {
     // place: one older than the library's sources is not judged.
     let example = bin.with_file_name("examples").join("positional_encodings");
     let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let newest_source = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/src/gpu"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| modified(&entry.path()))
-        .max();
+    let newest_source = newest_file(
+        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src")),
+        &modified,
+    );
     match modified(&example) {
         Some(built) if Some(built) >= newest_source => quiet(&example, &[]),
         _ => eprintln!("not judging {example:?}: not built from the current sources"),
@@ -274,4 +272,24 @@ fn a_soak_at_precision_fast_runs_its_cases_at_fast() {
         fast > 1.5 * highest,
         "the worst allowance at fast ({fast:e}) is an f32 one (highest: {highest:e})"
     );
+}
+
+/// The newest modification time of any file under `dir`.
+fn newest_file(
+    dir: &std::path::Path,
+    modified: &dyn Fn(&std::path::Path) -> Option<std::time::SystemTime>,
+) -> Option<std::time::SystemTime> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let path = entry.path();
+            if path.is_dir() {
+                newest_file(&path, modified)
+            } else {
+                modified(&path)
+            }
+        })
+        .max()
 }

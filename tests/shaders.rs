@@ -32,10 +32,16 @@ fn every_shader_file_validates() {
     // those kernels' `enable` lines. Files with slots validate with the
     // first fragment of each. A file that takes a kernel's parameter block
     // (`// #include PARAMS`, directly or through a fragment) is validated as
-    // the kernels that include it are: it names no block of its own.
+    // the kernels that include it are: it names no block of its own. So is
+    // a fragment that reads its includer's bindings (the rules read `p`).
     for name in files.iter().filter(|name| !fills_a_slot(name)) {
         let source = std::fs::read_to_string(format!("{dir}/{name}")).expect("readable shader");
         let expanded = with_includes(&source);
+        let borrows_bindings = !expanded.contains("var<uniform>") && expanded.contains("(p.");
+        if borrows_bindings {
+            println!("{name}: reads its includer's bindings (validated as its kernels)");
+            continue;
+        }
         if expanded.contains("// the parameter block, written from its Rust definition") {
             println!("{name}: takes a kernel's parameter block (validated as its kernels)");
             continue;

@@ -315,7 +315,7 @@ fn decode_follows_the_measured_kernel_where_it_runs() {
     let plain = gpu
         .planner(dims.head_dim, dims.v_head_dim)
         .unwrap()
-        .decode_plan(&dims)
+        .decode_layout(&dims)
         .unwrap()
         .kernel;
     let cache = scratch("decode").join("tuning.tsv");
@@ -348,7 +348,7 @@ fn decode_follows_the_measured_kernel_where_it_runs() {
         let chosen = engine
             .planner(dims.head_dim, dims.v_head_dim)
             .unwrap()
-            .decode_plan(&dims)
+            .decode_layout(&dims)
             .unwrap()
             .kernel;
         // The streaming kernel where the adapter has subgroups for it; the
@@ -364,13 +364,13 @@ fn decode_follows_the_measured_kernel_where_it_runs() {
             engine
                 .planner(d64.head_dim, d64.v_head_dim)
                 .unwrap()
-                .decode_plan(&d64)
+                .decode_layout(&d64)
                 .unwrap()
                 .kernel
                 .name(),
             gpu.planner(d64.head_dim, d64.v_head_dim)
                 .unwrap()
-                .decode_plan(&d64)
+                .decode_layout(&d64)
                 .unwrap()
                 .kernel
                 .name()
@@ -420,7 +420,7 @@ fn calls_with_several_rows_per_workgroup_follow_the_grouped_winner() {
         engine
             .planner(dims.head_dim, dims.v_head_dim)
             .unwrap()
-            .decode_plan(&dims)
+            .decode_layout(&dims)
             .unwrap()
             .kernel
     };

@@ -109,8 +109,9 @@ impl std::ops::BitOr for Phases {
 }
 
 /// Whether `kernel` takes the `ABLATE` override (it includes
-/// `shaders/ablate.wgsl`): the register-tiled and matrix-unit fused kernels
-/// and the streaming decode kernel ([`Kernel::is_specialised_per_call`]).
+/// `shaders/ablate.wgsl`): the kernels compiled per call
+/// ([`Kernel::is_specialised_per_call`]: register-tiled, matrix-unit,
+/// streaming decode) but the subgroup kernel, which has no switches.
 pub fn has_phase_switches(kernel: Kernel) -> bool {
-    kernel.is_specialised_per_call()
+    kernel.is_specialised_per_call() && kernel != crate::kernels::attention::subgroup::ATTENTION_SG
 }

@@ -17,7 +17,8 @@ pub const WORKGROUP: u32 = 128;
 crate::shader::uniform::uniform_block! {
     pub(crate) struct Params {
         rows: u32,
-        cols: u32,
+        /// Keys: the score rows' length.
+        keys: u32,
         row_base: u32,
         q_len: u32,
         q_heads: u32,
@@ -32,7 +33,9 @@ crate::shader::uniform::uniform_block! {
         right_window: i32,
         softcap: f32,
         batch: u32,
-        _reserved: u32,
+        /// The factor on the scores read: 1, the GEMM applied the call's
+        /// scale (shaders/attention_score.wgsl's rules take it).
+        scale: f32,
         /// Added to every query's position (a piece of a call split across bindings).
         position_shift: i32,
         _pad: u32,
@@ -76,7 +79,7 @@ pub(crate) fn record(
     let layout = rules.mask;
     let params = Params {
         rows: rows as u32,
-        cols: dims.total_len() as u32,
+        keys: dims.total_len() as u32,
         row_base: row_base as u32,
         q_len: dims.q_len as u32,
         q_heads: dims.q_heads as u32,
@@ -91,7 +94,7 @@ pub(crate) fn record(
         right_window: rules.right_window,
         softcap: rules.softcap,
         batch: dims.batch as u32,
-        _reserved: 0,
+        scale: 1.0,
         position_shift: rules.position_shift,
         _pad: 0,
     };

@@ -19,7 +19,7 @@ use crate::device::capabilities::Capabilities;
 use crate::error::{Error, Result};
 use crate::kernels::ablation::Phases;
 use crate::kernels::attention::{FusedKernel, FusedTiles};
-use crate::kernels::decode::DecodePlan;
+use crate::kernels::decode::DecodeLayout;
 use crate::kernels::gemm::GemmKernel;
 use crate::kernels::matrix_units::coop_shape;
 use crate::options::{AttentionOptions, KernelPath, Precision};
@@ -40,7 +40,7 @@ pub enum GpuRoute {
         /// fit a binding).
         kernel: FusedKernel,
         /// The decode kernel's layout where the whole call decodes.
-        decode: Option<DecodePlan>,
+        decode: Option<DecodeLayout>,
     },
     /// Scores in memory: GEMM, mask, softmax, GEMM, in blocks of rows.
     Unfused {
@@ -90,7 +90,7 @@ pub struct PieceDecode {
     /// Batches, KV heads and query rows of the piece.
     pub extent: [usize; 3],
     /// Its decode layout (`None`: the fused kernel runs it).
-    pub decode: Option<DecodePlan>,
+    pub decode: Option<DecodeLayout>,
 }
 
 /// How a call's f16 keys and values reach the kernels.
@@ -171,7 +171,7 @@ impl CallPlan {
     /// The decode layout of a piece of `extent` (batches, KV heads, query
     /// rows), as planned; a typed error where the plan has none for it (a
     /// bug: the plan lists every shape its pieces take).
-    pub(crate) fn piece_decode(&self, extent: [usize; 3]) -> Result<Option<DecodePlan>> {
+    pub(crate) fn piece_decode(&self, extent: [usize; 3]) -> Result<Option<DecodeLayout>> {
         self.piece_decodes
             .iter()
             .find(|p| p.extent == extent)
@@ -291,7 +291,7 @@ pub fn plan_call(
     let route = match path {
         KernelPath::Fused => GpuRoute::Fused {
             kernel: planner.fused_kernel_at(options.precision)?,
-            decode: planner.decode_plan(dims),
+            decode: planner.decode_layout(dims),
         },
         _ => {
             let precision = planner.unfused_precision(options.precision);
@@ -332,7 +332,7 @@ pub fn plan_call(
             .into_iter()
             .map(|extent| PieceDecode {
                 extent,
-                decode: planner.decode_plan(&cut.with_extent(extent).piece_dims(dims)),
+                decode: planner.decode_layout(&cut.with_extent(extent).piece_dims(dims)),
             })
             .collect(),
         _ => Vec::new(),
@@ -432,7 +432,8 @@ fn auto_path(
             Some(format!("fused path unavailable: {e}")),
         );
     }
-    let compares = planner.overrides.fused == FusedKernelChoice::Auto && !DecodePlan::applies(dims);
+    let compares =
+        planner.overrides.fused == FusedKernelChoice::Auto && !DecodeLayout::applies(dims);
     let Some(entry) = planner.tuned.filter(|_| compares) else {
         return (KernelPath::Fused, None);
     };

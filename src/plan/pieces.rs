@@ -12,7 +12,7 @@
 use crate::device::capabilities::Capabilities;
 use crate::device::recorder::SEGMENT_ALIGNMENT;
 use crate::error::{Error, Result};
-use crate::kernels::decode::{DecodeKernel, DecodePlan};
+use crate::kernels::decode::{DecodeKernel, DecodeLayout};
 use crate::options::{AttentionOptions, QkMatmulOutputMode};
 use crate::plan::GpuRoute as Route;
 use crate::problem::{AttentionDims, MaskLayout};
@@ -63,7 +63,7 @@ pub(crate) fn f16_views_fit(
     kv_chunks: [Option<usize>; 2],
 ) -> bool {
     let t = dims.total_len();
-    if cut.keys < t || !DecodePlan::applies(&cut.piece_dims(dims)) {
+    if cut.keys < t || !DecodeLayout::applies(&cut.piece_dims(dims)) {
         return false;
     }
     (0..dims.batch).step_by(cut.batches).all(|b0| {
@@ -281,10 +281,10 @@ impl Cut {
             });
         }
         let piece = self.piece_dims(dims);
-        if route.is_fused() && self.keys == dims.total_len() && DecodePlan::applies(&piece) {
+        if route.is_fused() && self.keys == dims.total_len() && DecodeLayout::applies(&piece) {
             // The staged kernel's splits: the most partials any decode kernel
             // writes (the streaming kernel's loop budget allows longer splits).
-            let plan = DecodePlan::new(&piece, caps, DecodeKernel::Staged);
+            let plan = DecodeLayout::new(&piece, caps, DecodeKernel::Staged);
             out.push(Binding {
                 name: "decode partials",
                 bytes: stored(&[plan.partial_values(&piece)]),

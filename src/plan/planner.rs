@@ -8,7 +8,7 @@ use crate::device::capabilities::{Capabilities, KernelLimits};
 use crate::device::context::GpuContext;
 use crate::error::Result;
 use crate::kernels::attention::{CoopForm, CoopTiles, FusedKernel, FusedTiles, TiledTiles};
-use crate::kernels::decode::{DecodeKernel, DecodePlan, GROUPED_ROWS, TUNED_ROWS};
+use crate::kernels::decode::{DecodeKernel, DecodeLayout, GROUPED_ROWS, TUNED_ROWS};
 use crate::kernels::gemm::{gemm_kernel_for, GemmChoice, GemmKernel};
 use crate::kernels::matrix_units::{coop_shape, CoopShape};
 use crate::options::{AttentionOptions, Precision};
@@ -414,7 +414,7 @@ impl Planner<'_> {
             .or_else(|| in_form(Some(forced.unwrap_or(CoopForm::Packed))).find(|t| t.fits(limits)))
     }
 
-    /// The decode plan for `dims` (whose head dims are the planner's), or
+    /// The decode layout for `dims` (whose head dims are the planner's), or
     /// `None` where the decode kernels do not apply (more than 16 query
     /// rows, few keys, head dims not multiples of 4). Its kernel: a pinned
     /// one (tuner); a forced one; else the tuning table's for this head-dim
@@ -424,9 +424,9 @@ impl Planner<'_> {
     /// winner first, one row the one-row winner); else
     /// [`crate::kernels::decode::tiles_for`]; in each case the staged kernel where a
     /// streaming shape does not hold the call's rows.
-    pub fn decode_plan(&self, dims: &AttentionDims) -> Option<DecodePlan> {
+    pub fn decode_layout(&self, dims: &AttentionDims) -> Option<DecodeLayout> {
         debug_assert_eq!((dims.head_dim, dims.v_head_dim), (self.dk, self.dv));
-        if !DecodePlan::applies(dims) {
+        if !DecodeLayout::applies(dims) {
             return None;
         }
         let caps = self.caps;
@@ -436,7 +436,7 @@ impl Planner<'_> {
             (None, DecodeKernelChoice::Staged) => DecodeKernel::Staged,
             (None, DecodeKernelChoice::Stream) => chosen(),
             (None, DecodeKernelChoice::Auto) => {
-                let rows = DecodePlan::heads_per_workgroup(dims) * dims.q_len;
+                let rows = DecodeLayout::heads_per_workgroup(dims) * dims.q_len;
                 let one_row = self.tuned.and_then(|e| e.decode).map(|d| (d, TUNED_ROWS));
                 let grouped = self
                     .tuned
@@ -454,7 +454,7 @@ impl Planner<'_> {
                     .flatten()
                     .map(|(tuned, measured_rows)| (tuned.kernel, measured_rows))
                     .find(|&(kernel, measured_rows)| {
-                        DecodePlan::runnable(kernel, dims, caps) == kernel
+                        DecodeLayout::runnable(kernel, dims, caps) == kernel
                             && match kernel {
                                 DecodeKernel::Stream(shape) => {
                                     shape.suits(dims, rows, measured_rows, caps)
@@ -465,7 +465,7 @@ impl Planner<'_> {
                     .map_or_else(chosen, |(kernel, _)| kernel)
             }
         };
-        Some(DecodePlan::new(dims, caps, kernel))
+        Some(DecodeLayout::new(dims, caps, kernel))
     }
 }
 

@@ -7,7 +7,7 @@ use crate::device::capabilities::Capabilities;
 use crate::device::chunks::chunk_len;
 use crate::error::Result;
 use crate::kernels::attention::{scratch_bytes, FusedKernel};
-use crate::kernels::decode::DecodePlan;
+use crate::kernels::decode::DecodeLayout;
 use crate::kernels::gemm::attention::score_blocks;
 use crate::kernels::gemm::{packed, GemmKernel, GemmSpec};
 use crate::options::AttentionOptions;
@@ -58,7 +58,7 @@ pub(crate) fn fused_bytes(
     dims: &AttentionDims,
     options: &AttentionOptions,
     kernel: &FusedKernel,
-    decode: Option<&DecodePlan>,
+    decode: Option<&DecodeLayout>,
 ) -> u64 {
     let rows = dims.batch * dims.q_heads * dims.q_len;
     bytes(rows * dims.v_head_dim)
@@ -186,7 +186,7 @@ pub(crate) fn planned_bytes(
         return 0;
     };
     let widened = widened_bytes(dims, plan.kv_f16 == Some(KvRead::InPlace));
-    let whole = |dims: &AttentionDims, route: GpuRoute, decode: Option<&DecodePlan>| match route {
+    let whole = |dims: &AttentionDims, route: GpuRoute, decode: Option<&DecodeLayout>| match route {
         GpuRoute::Fused { kernel, .. } => fused_bytes(caps, dims, options, &kernel, decode),
         GpuRoute::Unfused {
             products,

@@ -13,7 +13,7 @@ use crate::kernels::ablation::Phases;
 use crate::kernels::attention as fused;
 use crate::kernels::attention::{AttentionBuffers, FusedKernel};
 use crate::kernels::decode;
-use crate::kernels::decode::DecodePlan;
+use crate::kernels::decode::DecodeLayout;
 use crate::options::{AttentionOptions, QkMatmulOutputMode};
 use crate::plan::workspace;
 use crate::problem::AttentionDims;
@@ -28,7 +28,7 @@ pub(crate) async fn run(
     inputs: &GpuInputs<'_>,
     options: &AttentionOptions,
     kernel: &FusedKernel,
-    decode: Option<DecodePlan>,
+    decode: Option<DecodeLayout>,
     phases: Phases,
 ) -> Result<GpuOutputs> {
     if inputs.kv_f16

@@ -62,7 +62,7 @@ async fn run_whole(
     options: &AttentionOptions,
     plan: &CallPlan,
     route: Route,
-    piece_decode: Option<Option<crate::kernels::decode::DecodePlan>>,
+    piece_decode: Option<Option<crate::kernels::decode::DecodeLayout>>,
 ) -> Result<GpuOutputs> {
     match route {
         Route::Fused { kernel, decode } => {

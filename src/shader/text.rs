@@ -19,8 +19,8 @@ pub const FRAGMENTS: [&str; 11] = [
     "element_f16.wgsl",
     "attention_qkv4.wgsl",
     "attention_rules.wgsl",
+    "attention_score.wgsl",
     "attention_call.wgsl",
-    "attention_decode_call.wgsl",
 ];
 
 /// The line that includes a fragment: `// #include NAME.wgsl`.
@@ -57,12 +57,12 @@ const INCLUDABLE: [(&str, &str); 11] = [
         include_str!("../../shaders/attention_rules.wgsl"),
     ),
     (
-        "attention_call.wgsl",
-        include_str!("../../shaders/attention_call.wgsl"),
+        "attention_score.wgsl",
+        include_str!("../../shaders/attention_score.wgsl"),
     ),
     (
-        "attention_decode_call.wgsl",
-        include_str!("../../shaders/attention_decode_call.wgsl"),
+        "attention_call.wgsl",
+        include_str!("../../shaders/attention_call.wgsl"),
     ),
 ];
 

@@ -10,7 +10,7 @@
 //! entry whose tiles the kernel no longer offers, or that no longer fit the
 //! adapter's limits, is ignored when looked up, and so is an entry measured
 //! on other kernels (another webattn version: the key's fingerprint of the
-//! kernels' WGSL differs, [`crate::kernels::registry::Kernel::fingerprint`]).
+//! kernels' WGSL differs, [`crate::kernels::fingerprint`]).
 
 use std::collections::BTreeMap;
 #[cfg(not(target_arch = "wasm32"))]
@@ -49,7 +49,7 @@ pub struct TuningKey {
     /// Whether the kernels timed kept naga's runtime checks.
     pub runtime_checks: RuntimeChecks,
     /// The fingerprint of the kernels timed
-    /// ([`crate::kernels::registry::Kernel::fingerprint`]; `-` in the file when
+    /// ([`crate::kernels::fingerprint`]; `-` in the file when
     /// unknown: such an entry is never looked up).
     pub kernels: String,
 }

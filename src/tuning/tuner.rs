@@ -7,7 +7,7 @@ use crate::conformance::{CaseInputs, CaseSpec};
 use crate::error::{Error, Result};
 use crate::kernels::attention::coop::CoopForm;
 use crate::kernels::attention::{CoopTiles, FusedKernel, FusedTiles, TiledTiles};
-use crate::kernels::decode::{DecodeKernel, DecodePlan, StreamShape, GROUPED_ROWS};
+use crate::kernels::decode::{DecodeKernel, DecodeLayout, StreamShape, GROUPED_ROWS};
 use crate::kernels::gemm::{FastGemm, GemmKernel};
 use crate::measure::{measure_gpu, Repeats};
 use crate::plan::overrides::Overrides;
@@ -254,7 +254,7 @@ pub fn decode_candidates(engine: &Engine, dims: &AttentionDims) -> Result<Vec<De
     let ctx = engine.gpu().ok_or(Error::Conflict(
         "tuning needs a GPU engine; this one runs on the CPU",
     ))?;
-    if !DecodePlan::applies(dims) {
+    if !DecodeLayout::applies(dims) {
         return Ok(Vec::new());
     }
     let caps = ctx.capabilities();
@@ -263,7 +263,7 @@ pub fn decode_candidates(engine: &Engine, dims: &AttentionDims) -> Result<Vec<De
     } else {
         usize::MAX
     };
-    let rows = DecodePlan::heads_per_workgroup(dims) * dims.q_len;
+    let rows = DecodeLayout::heads_per_workgroup(dims) * dims.q_len;
     let mut kernels = vec![DecodeKernel::Staged];
     kernels.extend(
         StreamShape::all()
@@ -561,7 +561,7 @@ mod tests {
         for heads in [1, 4, 6, 128] {
             let dims = grouped_decode_problem(heads, 4096, [128, 128]);
             assert_eq!(
-                DecodePlan::heads_per_workgroup(&dims) * dims.q_len,
+                DecodeLayout::heads_per_workgroup(&dims) * dims.q_len,
                 GROUPED_ROWS
             );
             assert_eq!(dims.q_heads % GROUPED_ROWS, 0, "{heads}");
@@ -574,7 +574,7 @@ mod tests {
         for heads in [1, 4, 128] {
             let dims = decode_problem(heads, 4096, [128, 128]);
             assert_eq!(
-                DecodePlan::heads_per_workgroup(&dims) * dims.q_len,
+                DecodeLayout::heads_per_workgroup(&dims) * dims.q_len,
                 crate::kernels::decode::TUNED_ROWS
             );
         }

@@ -7,7 +7,7 @@
 use crate::common;
 
 use webattn::conformance::{run_case, CaseSpec, MaskForm};
-use webattn::kernels::decode::{DecodeKernel, DecodePlan, StreamShape};
+use webattn::kernels::decode::{DecodeKernel, DecodeLayout, StreamShape};
 use webattn::{BackendPreference, DecodeKernelChoice, Engine, EngineOptions, Error, KernelPath};
 
 /// A GPU engine whose decode calls run the streaming kernel, or `None` when
@@ -116,7 +116,7 @@ fn every_team_shape_that_fits_agrees_with_the_oracle() {
     for case in &cases {
         let inputs = case.generate(1).expect("inputs");
         let dims = webattn::validate(&inputs.as_inputs(), &case.options).expect("a valid case");
-        let rows = DecodePlan::heads_per_workgroup(&dims) * dims.q_len;
+        let rows = DecodeLayout::heads_per_workgroup(&dims) * dims.q_len;
         let fitting = StreamShape::all()
             .into_iter()
             .filter(|shape| shape.fits(&dims, rows, &caps));
@@ -150,7 +150,7 @@ fn every_team_shape_that_fits_agrees_with_the_oracle() {
 }
 
 /// `webattn phases` times the streaming kernel without a phase of its key
-/// loop (`GpuContext::without_phases`); each switch must remove what it
+/// loop (`Engine::without_phases`); each switch must remove what it
 /// names. Without the dot products every score is 0, so each row is the mean
 /// of its KV head's V rows; without O += P V, or without K and V's loads,
 /// every row is 0. Two query rows per head (a GQA group of 2) over 1000 keys.

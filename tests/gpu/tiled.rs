@@ -242,7 +242,7 @@ fn an_attended_key_whose_score_is_neg_inf_still_multiplies_its_v_row() {
 }
 
 /// `webattn phases` times the kernels without a phase of their key loop
-/// (`GpuContext::without_phases`); each switch must remove what it names.
+/// (`Engine::without_phases`); each switch must remove what it names.
 /// Without S = Q K^T every score is 0, so each row is the mean of V's rows;
 /// without O += P V, or without K and V's loads (V read as zeros), every row
 /// is 0; each variant ran a pipeline with its own `ABLATE` bits.

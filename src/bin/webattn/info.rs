@@ -137,7 +137,7 @@ pub fn decode_kernel(engine: &Engine) -> (String, bool) {
     let dims = webattn::AttentionDims::plain(1, [32, 8], [1, 4096], [128, 128]);
     let label = engine
         .planner(128, 128)
-        .and_then(|p| p.decode_plan(&dims))
+        .and_then(|p| p.decode_layout(&dims))
         .map_or_else(|| "none".to_string(), |plan| plan.kernel.label());
     (
         label,

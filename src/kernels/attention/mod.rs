@@ -210,19 +210,15 @@ impl FusedKernel {
         }
     }
 
-    /// The pipeline key for a call: the register-tiled and matrix-unit
-    /// kernels' made for whether it applies per-score rules (`RULES`).
+    /// The pipeline key for a call: the register-tiled, matrix-unit and
+    /// subgroup kernels' made for whether it applies per-score rules (`RULES`).
     pub fn key(&self, dims: &AttentionDims, options: &AttentionOptions) -> PipelineKey {
         match self {
             FusedKernel::Portable(tiles) => tiles.key(),
             FusedKernel::Tiled(tiles) => Rules::new(dims, options).specialise(tiles.key()),
             FusedKernel::Coop(tiles) => Rules::new(dims, options).specialise(tiles.key()),
-            FusedKernel::Subgroup { width } => {
-                PipelineKey::new(crate::kernels::attention::subgroup::ATTENTION_SG)
-                    .with("SG", i64::from(*width))
-                    .with_flag("HAS_MASK", dims.mask.is_some())
-                    .with_flag("SOFTCAP", options.softcap > 0.0)
-            }
+            FusedKernel::Subgroup { width } => Rules::new(dims, options)
+                .specialise(PipelineKey::new(subgroup::ATTENTION_SG).with("SG", i64::from(*width))),
         }
     }
 }
@@ -638,16 +634,9 @@ pub fn variants() -> Vec<PipelineKey> {
     use crate::device::capabilities::KernelLimits;
     let mut keys = Vec::new();
     for width in [4, 8] {
-        for mask in [false, true] {
-            for softcap in [false, true] {
-                keys.push(
-                    PipelineKey::new(subgroup::ATTENTION_SG)
-                        .with("SG", i64::from(width))
-                        .with_flag("HAS_MASK", mask)
-                        .with_flag("SOFTCAP", softcap),
-                );
-            }
-        }
+        let key = PipelineKey::new(subgroup::ATTENTION_SG).with("SG", i64::from(width));
+        keys.push(rules::without_rules(key.clone()));
+        keys.push(key);
     }
     for (dk, dv, storage) in [
         (64, 64, 16 << 10),

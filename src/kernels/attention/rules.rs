@@ -73,14 +73,14 @@ impl Rules {
         if !key.kernel.is_specialised_per_call() {
             return key;
         }
-        let rules = if self.per_score() == 0 {
-            0
+        if self.per_score() == 0 {
+            without_rules(key)
         } else {
-            PER_SCORE_RULES
-        };
-        key.with("RULES", i64::from(rules))
+            key.with("RULES", i64::from(PER_SCORE_RULES))
+        }
     }
 
+    /// The rules of a call's sizes and options.
     pub(crate) fn new(dims: &AttentionDims, options: &AttentionOptions) -> Rules {
         let mut flags = 0;
         if dims.mask.is_some() {
@@ -125,6 +125,12 @@ impl Rules {
             }),
         }
     }
+}
+
+/// `key` made without any per-score rule: the pipeline for calls that apply
+/// none (`RULES` 0).
+pub(crate) fn without_rules(key: PipelineKey) -> PipelineKey {
+    key.with("RULES", 0)
 }
 
 #[cfg(test)]
@@ -183,19 +189,32 @@ mod tests {
     }
 
     #[test]
-    fn only_the_kernels_that_test_the_rules_are_made_per_call() {
+    fn the_rules_are_written_once_and_specialised_kernels_take_them() {
         let plain = rules(&AttentionOptions::default(), false);
         for kernel in crate::kernels::all() {
             let source = kernel.source();
-            let tests = ["SOFTCAP", "MASK", "ALIBI"]
-                .iter()
-                .all(|rule| source.contains(&format!("(RULES & FLAG_{rule}) != 0u")))
-                && source.contains("(RULES & RULE_TEMPERATURE) != 0u");
-            assert_eq!(kernel.is_specialised_per_call(), tests, "{}", kernel.name());
+            let takes_rules = source.contains("fn applies(");
+            // Every per-score rule goes through attention_score.wgsl's
+            // `applies`, which tests RULES: no kernel tests the flag itself
+            // outside that fragment.
+            let source = match (
+                source.find("// attention_score.wgsl: begin"),
+                source.find("// attention_score.wgsl: end"),
+            ) {
+                (Some(begin), Some(end)) => format!("{}{}", &source[..begin], &source[end..]),
+                _ => source.to_string(),
+            };
+            for rule in ["SOFTCAP", "MASK", "ALIBI"] {
+                let own_test = format!("(p.flags & FLAG_{rule}) != 0u");
+                assert!(!source.contains(&own_test), "{}: {own_test}", kernel.name());
+            }
+            if kernel.is_specialised_per_call() {
+                assert!(takes_rules, "{}", kernel.name());
+            }
             let key = plain.specialise(PipelineKey::new(kernel));
             assert_eq!(
                 key.constants.contains(&("RULES", 0)),
-                tests,
+                kernel.is_specialised_per_call(),
                 "{}",
                 kernel.name()
             );

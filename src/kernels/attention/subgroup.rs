@@ -5,8 +5,6 @@
 //! keys are written out here (WGSL has no macros; private arrays indexed by a
 //! loop variable are slow). The engine makes the text from [`render`] when
 //! the pipeline is built.
-//!
-//! [`crate::kernels::attention::subgroup::ATTENTION_SG`]: crate::kernels::registry::Kernel::AttentionSubgroup
 
 use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
 use crate::shader::uniform::ParamsText;
@@ -131,8 +129,6 @@ fn overview(out: &mut Vec<String>) {
 fn overrides_and_constants(out: &mut Vec<String>) {
     out.push(format!(
         r"override SG: u32 = 8u;
-override HAS_MASK: bool = false;
-override SOFTCAP: bool = false;
 
 const ROWS: u32 = {ROWS}u;
 const KEYS: u32 = {KEYS}u;
@@ -158,38 +154,14 @@ fn bindings(out: &mut Vec<String>) {
     );
 }
 
-/// The bit tests on four values (NaN, poisoning, non-finite) and the accurate
-/// tanh of four values.
+/// Negative zero's bits and the non-finite test on four values.
 fn value_tests(out: &mut Vec<String>) {
     out.push(
         r"const NEG_ZERO_BITS: u32 = 0x80000000u;
 
-// Which of four values are NaN (bit tests: WGSL comparisons need not see NaN).
-fn is_nan4(x: vec4<f32>) -> vec4<bool> {
-    return (bitcast<vec4<u32>>(x) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
-}
-
-// Which of four scores are NaN or +inf: they make the row NaN.
-fn poisons4(x: vec4<f32>) -> vec4<bool> {
-    return is_nan4(x) | (bitcast<vec4<u32>>(x) == vec4<u32>(0x7f800000u));
-}
-
 // Whether any of four values is NaN or infinite.
 fn non_finite4(x: vec4<f32>) -> bool {
     return any((bitcast<vec4<u32>>(x) & vec4<u32>(0x7f800000u)) == vec4<u32>(0x7f800000u));
-}
-
-// tanh accurate to a few ulp, on four values (see attention_rules.wgsl); NaN
-// stays NaN.
-fn accurate_tanh4(x: vec4<f32>) -> vec4<f32> {
-    let ax = abs(x);
-    let z = x * x;
-    let poly = 1.0 + z * (-1.0 / 3.0 + z * (2.0 / 15.0 + z * (-17.0 / 315.0
-        + z * (62.0 / 2835.0 + z * (-1382.0 / 155925.0 + z * (21844.0 / 6081075.0))))));
-    let e = exp(2.0 * min(ax, vec4<f32>(10.0)));
-    let t = 1.0 - 2.0 / (e + 1.0);
-    let y = select(select(t, -t, x < vec4<f32>(0.0)), x * poly, ax < vec4<f32>(0.4));
-    return select(y, x, is_nan4(x));
 }
 "
         .to_string(),
@@ -205,29 +177,9 @@ fn pick_functions(out: &mut Vec<String>) {
 /// values (`max4`).
 fn rule_functions(out: &mut Vec<String>) {
     out.push(
-        r"// Scale, softcap, position rules, mask and ALiBi (row position `pos`, the
-// head's slope) for four keys from j of one row.
+        r"// The rules on four raw scores of keys j..j+3 of one row (attention_score.wgsl).
 fn bias4(s: vec4<f32>, j: i32, range: vec2<i32>, mask_row: u32, pos: i32, slope: f32) -> vec4<f32> {
-    var x = s * p.scale;
-    if (SOFTCAP) {
-        x = p.softcap * accurate_tanh4(x / p.softcap);
-    }
-    let js = vec4<i32>(j) + vec4<i32>(0, 1, 2, 3);
-    var allowed = (js >= vec4<i32>(range.x)) & (js <= vec4<i32>(range.y));
-    if (HAS_MASK) {
-        // Keys past the mask's columns are already outside `range`; clamp the reads.
-        let last = i32(p.mask_cols) - 1;
-        let cols = vec4<u32>(clamp(js, vec4<i32>(0), vec4<i32>(last)));
-        let bias = vec4<f32>(mask[mask_row + cols.x], mask[mask_row + cols.y],
-                             mask[mask_row + cols.z], mask[mask_row + cols.w]);
-        // MASKED (and below) masks the key; any other value, NaN included, is added.
-        allowed = allowed & !(bias <= vec4<f32>(MASKED));
-        x += select(vec4<f32>(0.0), bias, allowed);
-    }
-    if ((p.flags & FLAG_ALIBI) != 0u) {
-        x -= slope * vec4<f32>(abs(vec4<i32>(pos) - js));
-    }
-    return select(vec4<f32>(MASKED), x, allowed);
+    return biased4(capped4(s * p.scale), j, range, mask_row, pos, slope);
 }
 
 fn max4(v: vec4<f32>) -> f32 {
@@ -270,27 +222,15 @@ fn main(
 /// the block sees are skipped), K and V's base and the head's ALiBi slope.
 fn block_key_range(out: &mut Vec<String>) {
     out.push(
-        r"    var lengths = i32(p.keys);
-    if ((p.flags & FLAG_NONPAD) != 0u) {
-        lengths = nonpad[b];
-    }
-    var offset = 0;
-    if ((p.flags & FLAG_PAST) != 0u) {
-        offset = i32(p.past_len);
-    } else if ((p.flags & FLAG_NONPAD) != 0u) {
-        offset = lengths - i32(p.q_len);
-    }
-    offset = offset + p.position_shift;
+        r"    let lengths = batch_lengths(b);
+    let offset = position_offset(lengths);
     // The block's key range: rows' ranges grow with the row index.
     let block_last = min(block_row0 + ROWS * SG - 1u, p.q_len - 1u);
     let wg_lo = max(key_range(block_row0, offset, lengths).x, i32(p.chunk_start));
     let wg_hi = min(key_range(block_last, offset, lengths).y, i32(p.chunk_end) - 1);
     let kv_base = (b * p.kv_heads + kvh) * p.keys;
     let last_key = p.keys - 1u;
-    var slope = 0.0;
-    if ((p.flags & FLAG_ALIBI) != 0u) {
-        slope = bitcast<f32>(nonpad[p.batch + h]);
-    }
+    let slope = head_slope(h);
 "
         .to_string(),
     );
@@ -647,5 +587,5 @@ pub const ATTENTION_SG: Kernel = Kernel::new(&KernelDef {
     params: ParamsText::of::<crate::kernels::attention::ChunkParams>()
         .named(crate::kernels::attention::FUSED_NAMES),
     needs: Needs::SUBGROUPS,
-    specialised_per_call: false,
+    specialised_per_call: true,
 });

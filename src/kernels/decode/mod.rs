@@ -266,7 +266,7 @@ const TARGET_WORKGROUPS_CPU: usize = 128;
 /// How the keys are split across workgroups, how many query heads of a KV
 /// head each workgroup serves, and which kernel runs them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DecodePlan {
+pub struct DecodeLayout {
     /// The kernel.
     pub kernel: DecodeKernel,
     /// Splits per workgroup's heads.
@@ -279,7 +279,7 @@ pub struct DecodePlan {
     pub heads_per_workgroup: usize,
 }
 
-impl DecodePlan {
+impl DecodeLayout {
     /// Whether a problem goes to the decode kernel: a few query rows, many
     /// keys, head dims that are multiples of 4 (read as vec4s), up to 256.
     pub fn applies(dims: &AttentionDims) -> bool {
@@ -316,8 +316,8 @@ impl DecodePlan {
 
     /// Splits enough to fill the device and, on drivers that cap an
     /// invocation's loop iterations, small enough to stay under the cap;
-    /// `kernel` where it runs `dims` here ([`DecodePlan::runnable`]).
-    pub fn new(dims: &AttentionDims, caps: &Capabilities, kernel: DecodeKernel) -> DecodePlan {
+    /// `kernel` where it runs `dims` here ([`DecodeLayout::runnable`]).
+    pub fn new(dims: &AttentionDims, caps: &Capabilities, kernel: DecodeKernel) -> DecodeLayout {
         let kernel = Self::runnable(kernel, dims, caps);
         let keys = dims.total_len();
         let heads_per_workgroup = Self::heads_per_workgroup(dims);
@@ -360,7 +360,7 @@ impl DecodePlan {
         let for_parallelism = target.div_ceil(workgroup_heads);
         let splits = for_cap.max(for_parallelism).min(keys.div_ceil(TILE)).max(1);
         let split_keys = keys.div_ceil(splits).div_ceil(TILE) * TILE;
-        DecodePlan {
+        DecodeLayout {
             kernel,
             splits: keys.div_ceil(split_keys),
             split_keys,
@@ -432,7 +432,7 @@ pub(crate) fn record(
     rec: &mut Recorder<'_>,
     dims: &AttentionDims,
     options: &AttentionOptions,
-    plan: &DecodePlan,
+    plan: &DecodeLayout,
     inputs: &AttentionBuffers<'_>,
     y: &wgpu::Buffer,
     stats: &wgpu::Buffer,
@@ -647,7 +647,7 @@ pub fn planned() -> Vec<PipelineKey> {
 /// the streaming kernel 3.6-4.1 times as fast as the staged one at 4096 and
 /// 8192 keys, BENCHMARKS.md; GPUs are still to be measured.)
 pub fn tiles_for(caps: &Capabilities, dims: &AttentionDims) -> DecodeKernel {
-    let rows = DecodePlan::heads_per_workgroup(dims) * dims.q_len;
+    let rows = DecodeLayout::heads_per_workgroup(dims) * dims.q_len;
     match StreamShape::choose(dims, rows, caps) {
         Some(shape) => DecodeKernel::Stream(shape),
         None => DecodeKernel::Staged,
@@ -707,7 +707,7 @@ mod tests {
         for d in [64, 128, 256] {
             for (hq, hkv) in [(32, 32), (32, 16), (32, 8), (32, 4), (32, 2)] {
                 let dims = AttentionDims::plain(8, [hq, hkv], [1, 16384], [d, d]);
-                let rows = DecodePlan::heads_per_workgroup(&dims);
+                let rows = DecodeLayout::heads_per_workgroup(&dims);
                 let fitting: Vec<StreamShape> = StreamShape::all()
                     .into_iter()
                     .filter(|s| !s.prefetch && s.fits(&dims, rows, &gpu))
@@ -787,7 +787,7 @@ mod tests {
         let h100 = with_subgroups(32);
         let shape = |hq, hkv, nq| {
             let d = dims(8, hq, hkv, nq, 16384);
-            let rows = DecodePlan::heads_per_workgroup(&d) * nq;
+            let rows = DecodeLayout::heads_per_workgroup(&d) * nq;
             StreamShape::choose(&d, rows, &h100).map(|s| (s.lanes, s.keys_per_step))
         };
         // d 128: 32 vec4 columns; a lane holds 16 vec4s of Q (and of O) at
@@ -826,7 +826,7 @@ mod tests {
         let d = dims(1, 32, 2, 1, 4096);
         assert_eq!(StreamShape::choose(&d, 16, &lavapipe), None);
         assert_eq!(
-            DecodePlan::runnable(
+            DecodeLayout::runnable(
                 DecodeKernel::Stream(StreamShape {
                     lanes: 8,
                     keys_per_step: 2,
@@ -861,7 +861,7 @@ mod tests {
     fn the_query_heads_of_a_kv_head_share_a_workgroup_up_to_16_rows() {
         let gpu = caps("DiscreteGpu");
         let heads = |hq, hkv, nq| {
-            DecodePlan::new(&dims(1, hq, hkv, nq, 4096), &gpu, DecodeKernel::Staged)
+            DecodeLayout::new(&dims(1, hq, hkv, nq, 4096), &gpu, DecodeKernel::Staged)
                 .heads_per_workgroup
         };
         assert_eq!(heads(32, 8, 1), 4);
@@ -874,19 +874,19 @@ mod tests {
     #[test]
     fn a_gpu_gets_enough_workgroups_and_a_cpu_adapter_few() {
         let d = dims(8, 32, 32, 1, 4096);
-        let gpu = DecodePlan::new(&d, &caps("DiscreteGpu"), DecodeKernel::Staged);
+        let gpu = DecodeLayout::new(&d, &caps("DiscreteGpu"), DecodeKernel::Staged);
         assert!(256 * gpu.splits >= TARGET_WORKGROUPS_GPU, "{gpu:?}");
         assert_eq!(gpu.split_keys % TILE, 0);
-        let cpu = DecodePlan::new(&d, &caps("Cpu"), DecodeKernel::Staged);
+        let cpu = DecodeLayout::new(&d, &caps("Cpu"), DecodeKernel::Staged);
         assert_eq!(cpu.splits, 1);
         // Never more splits than tiles.
-        let short = DecodePlan::new(
+        let short = DecodeLayout::new(
             &dims(1, 1, 1, 1, 600),
             &caps("DiscreteGpu"),
             DecodeKernel::Staged,
         );
         assert_eq!(short.splits, 600usize.div_ceil(TILE));
-        assert!(DecodePlan::applies(&dims(1, 1, 1, 16, 600)));
-        assert!(!DecodePlan::applies(&dims(1, 1, 1, 17, 600)));
+        assert!(DecodeLayout::applies(&dims(1, 1, 1, 16, 600)));
+        assert!(!DecodeLayout::applies(&dims(1, 1, 1, 17, 600)));
     }
 }

@@ -12,8 +12,6 @@
 //! override constants, so the guards fold when the pipeline is made and the
 //! unused registers vanish. The engine makes the text from [`render`] when
 //! the pipeline is built.
-//!
-//! [`crate::kernels::decode::stream::ATTENTION_DECODE_STREAM`]: crate::kernels::registry::Kernel::AttentionDecodeStream
 
 use crate::kernels::decode;
 use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
@@ -205,7 +203,7 @@ fn overview() -> Vec<String> {
 /// the split's O and row state), and the slot that says how K and V are stored.
 fn bindings() -> Vec<String> {
     vec![r"
-// #include attention_decode_call.wgsl
+// #include attention_call.wgsl
 // #include ablate.wgsl
 
 @group(0) @binding(1) var<storage, read> q4: array<vec4<f32>>;
@@ -301,7 +299,7 @@ fn team_sum(x: f32) -> f32 {
 }
 
 /// The other functions main calls, written as they are: the unseen zeros, a
-/// lane's column loads of K and V, and the contract's rules on a score.
+/// lane's column loads of K and V.
 fn helper_functions() -> Vec<String> {
     vec![r"
 // Zeros a compiler cannot fold (a key count is below 2^31), for K and V
@@ -332,47 +330,7 @@ fn v_col(row_base: u32, col: u32) -> vec4<f32> {
     }
     return select(vec4<f32>(0.0), widen4(v4[row_base * DV4 + min(col, DV4 - 1u)]), col < DV4);
 }
-
-// A score after the contract's rules (scale, softcap, mask, ALiBi; the
-// temperature divides the online softmax's exponents), MASKED for a key the
-// row does not attend, -inf for a NaN or +inf score; and the row's flags it
-// sets.
-struct Scored {
-    s: f32,
-    flags: u32,
-}
-
-fn rules(dot: f32, key: i32, span: vec4<i32>, slope: f32) -> Scored {
-    var out = Scored(MASKED, 0u);
-    var attended = key >= span.x && key <= span.y;
-    var s = 0.0;
-    if (attended) {
-        s = dot * p.scale;
-        if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {
-            s = p.softcap * accurate_tanh(s / p.softcap);
-        }
-        if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {
-            let bias = mask[bitcast<u32>(span.z) + u32(key)];
-            if (bias <= MASKED) {
-                attended = false;
-            } else {
-                s += bias;
-            }
-        }
-    }
-    if (attended) {
-        if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {
-            s -= slope * f32(abs(span.w - key));
-        }
-        out.flags = ROW_ATTENDED;
-        if (poisons(s)) {
-            out.flags |= ROW_POISONED;
-            s = neg_inf();
-        }
-        out.s = s;
-    }
-    return out;
-}"
+"
     .to_string()]
 }
 
@@ -411,11 +369,7 @@ fn workgroup_state_init() -> Vec<String> {
     if (li == 0u) {
         atomicStore(&subgroups_seen, 0u);
         atomicStore(&misplaced, 0u);
-        var lengths = i32(p.keys);
-        if ((p.flags & FLAG_NONPAD) != 0u) {
-            lengths = nonpad[b];
-        }
-        batch_nonpad = lengths;
+        batch_nonpad = batch_lengths(b);
     }"
     .to_string()]
 }
@@ -449,13 +403,7 @@ fn team_places() -> Vec<String> {
 /// The rows' key offset and the keys any row may see within the split.
 fn key_range() -> Vec<String> {
     vec![r"
-    var offset = 0;
-    if ((p.flags & FLAG_PAST) != 0u) {
-        offset = i32(p.past_len);
-    } else if ((p.flags & FLAG_NONPAD) != 0u) {
-        offset = lengths - i32(p.q_len);
-    }
-    offset = offset + p.position_shift;
+    let offset = position_offset(lengths);
     // The keys any row may see, within this split (rows' ranges grow with
     // the query position, the same for every head).
     let split_lo = i32(split * p.split_keys);
@@ -480,10 +428,7 @@ fn row_spans() -> Vec<String> {
             bitcast<i32>(mask_base),
             offset + i32(i),
         );
-        var slope = 0.0;
-        if ((p.flags & FLAG_ALIBI) != 0u) {
-            slope = bitcast<f32>(nonpad[p.batch + h]);
-        }
+        let slope = head_slope(h);
         row_slope[li] = slope;
     }"
     .to_string()]
@@ -771,7 +716,7 @@ fn key_score(r: u32, u: u32) -> Vec<String> {
     body.push("}".to_string());
     body.extend([
         "if ((ABLATE & ABLATE_SOFTMAX) == 0u) {".to_string(),
-        format!("    scored{u} = rules(dot{u}, key{u}, span, slope);"),
+        format!("    scored{u} = scored(dot{u}, key{u}, span, slope);"),
         "} else {".to_string(),
         format!("    scored{u} = Scored(dot{u}, 0u);"),
         "}".to_string(),

@@ -5,8 +5,6 @@
 //! [`ROWS`] x [`GROUPS`]) are named and the loops over rows, column groups
 //! and slots are written out here. The engine makes the text when the
 //! pipeline is built, from [`render`] at [`ROWS`] x [`GROUPS`].
-//!
-//! [`crate::kernels::gemm::subgroup::GEMM_SG`]: crate::kernels::registry::Kernel::GemmSubgroup
 
 use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
 use crate::shader::uniform::ParamsText;

@@ -415,7 +415,7 @@ fn decode_runs(
     let chosen = match path {
         KernelPath::Fused => engine
             .planner(dims.head_dim, dims.v_head_dim)
-            .and_then(|p| p.decode_plan(&dims))
+            .and_then(|p| p.decode_layout(&dims))
             .map(|plan| plan.kernel),
         _ => None,
     };

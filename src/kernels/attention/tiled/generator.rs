@@ -950,10 +950,7 @@ fn main(
         let mut text = String::from(
             "
     if (li == 0u) {
-        var lengths = i32(p.keys);
-        if ((p.flags & FLAG_NONPAD) != 0u) {
-            lengths = nonpad[b];
-        }
+        let lengths = batch_lengths(b);
         batch_nonpad = lengths;",
         );
         if self.shuffle {
@@ -1003,13 +1000,7 @@ fn main(
     /// row of its block can see, within the chunk).
     fn key_range(&mut self) {
         self.w("    let lengths = workgroupUniformLoad(&batch_nonpad);
-    var offset = 0;
-    if ((p.flags & FLAG_PAST) != 0u) {
-        offset = i32(p.past_len);
-    } else if ((p.flags & FLAG_NONPAD) != 0u) {
-        offset = lengths - i32(p.q_len);
-    }
-    offset = offset + p.position_shift;
+    let offset = position_offset(lengths);
     // The workgroup's key range: rows' ranges grow with the row index.
     let last_row = min(row0 + BQ - 1u, p.q_len - 1u);
     let first = key_range(row0, offset, lengths);
@@ -1051,10 +1042,7 @@ fn main(
     fn tile_offsets(&mut self) {
         let mut text = String::from(
             "    let kv_base = (b * p.kv_heads + kvh) * p.keys;
-    var slope = 0.0;
-    if ((p.flags & FLAG_ALIBI) != 0u) {
-        slope = bitcast<f32>(nonpad[p.batch + h]);
-    }
+    let slope = head_slope(h);
     ",
         );
         if self.chunked {
@@ -1569,9 +1557,9 @@ fn row_setup(i: usize) -> Vec<String> {
 /// its tile maximum as `part`.
 fn row_rules(i: usize) -> Vec<String> {
     let mut lines = lines![
-        format!("let pos = offset + i32(qrow{i});"),
         "let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride",
         format!("    + qrow{i} * p.mask_row_stride;"),
+        format!("let span = vec4<i32>(lo{i}, select(lo{i} - 1, hi{i}, live{i}), bitcast<i32>(mask_base), offset + i32(qrow{i}));"),
         "var part = MASKED;",
     ];
     for j in 0..MAX_RK {
@@ -1580,41 +1568,14 @@ fn row_rules(i: usize) -> Vec<String> {
     lines
 }
 
-/// The rules on score s{i}_{j}: scale, softcap, mask and ALiBi where the row
-/// attends the key (MASKED where not), a poisoning score noted.
+/// The rules on score s{i}_{j} (`scored`, attention_score.wgsl): MASKED
+/// where the row does not attend the key, its flags noted.
 fn score_rules(i: usize, j: usize) -> Vec<String> {
     lines![
-        format!("let key = j0 + i32(tc + TK * {j}u);"),
-        "var sc = MASKED;",
-        format!("var attended = live{i} && key >= lo{i} && key <= hi{i};"),
-        "if (attended) {",
-        format!("    sc = s{i}_{j} * p.scale;"),
-        "    if ((RULES & FLAG_SOFTCAP) != 0u && (p.flags & FLAG_SOFTCAP) != 0u) {",
-        "        sc = p.softcap * accurate_tanh(sc / p.softcap);",
-        "    }",
-        "    if ((RULES & FLAG_MASK) != 0u && (p.flags & FLAG_MASK) != 0u) {",
-        "        let bias = mask[mask_base + u32(key)];",
-        "        if (bias <= MASKED) {",
-        "            attended = false;",
-        "        } else {",
-        "            sc += bias;",
-        "        }",
-        "    }",
-        "}",
-        "if (attended) {",
-        "    if ((RULES & FLAG_ALIBI) != 0u && (p.flags & FLAG_ALIBI) != 0u) {",
-        "        sc -= slope * f32(abs(pos - key));",
-        "    }",
-        "    if (poisons(sc)) {",
-        format!("        fl{i} |= ROW_POISONED;"),
-        "        sc = neg_inf();",
-        "    }",
-        format!("    fl{i} |= ROW_ATTENDED;"),
-        "    part = max(part, sc);",
-        "} else {",
-        "    sc = MASKED;",
-        "}",
-        format!("s{i}_{j} = sc;"),
+        format!("let sc{j} = scored(s{i}_{j}, j0 + i32(tc + TK * {j}u), span, slope);"),
+        format!("fl{i} |= sc{j}.flags;"),
+        format!("part = max(part, sc{j}.s);"),
+        format!("s{i}_{j} = sc{j}.s;"),
     ]
 }
 
