@@ -79,6 +79,17 @@ fn capped(scaled: f32) -> f32 {
     return scaled;
 }
 
+// The derivative of `capped` at a scaled score (the backward's chain rule):
+// sech²(scaled / softcap) = 1 - tanh², as 4e / (1 + e)² with e = exp(-2|x|),
+// which keeps its precision where tanh nears ±1; 1 without softcap.
+fn capped_slope(scaled: f32) -> f32 {
+    if (applies(FLAG_SOFTCAP)) {
+        let e = exp(-2.0 * abs(scaled / p.softcap));
+        return 4.0 * e / ((1.0 + e) * (1.0 + e));
+    }
+    return 1.0;
+}
+
 // `capped` on four scores.
 fn capped4(scaled: vec4<f32>) -> vec4<f32> {
     if (applies(FLAG_SOFTCAP)) {

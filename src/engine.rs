@@ -24,6 +24,7 @@ use crate::plan::CallPlan;
 use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs};
 use crate::tensor::{DType, HostMask, HostTensor};
 
+mod backward;
 mod bf16;
 mod call_cache;
 mod devices;
@@ -150,6 +151,8 @@ pub struct Engine {
     score_budget: u64,
     cpu: CpuBackend,
     last_call: Mutex<Option<CallStats>>,
+    /// The plan of the last backward call.
+    last_backward: Mutex<Option<crate::plan::backward::BackwardPlan>>,
     /// The tuning cache file the table was read from and is saved to.
     tuning_path: Option<std::path::PathBuf>,
     /// Why an engine left to choose runs on the CPU backend.
@@ -426,6 +429,7 @@ impl Engine {
             score_budget: score_budget.unwrap_or(u64::MAX),
             cpu: CpuBackend::default(),
             last_call: Mutex::new(None),
+            last_backward: Mutex::new(None),
             tuning_path: None,
             tuning_base: Mutex::new(crate::tuning::TuningTable::new()),
             cpu_reason: None,

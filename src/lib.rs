@@ -36,6 +36,7 @@ mod device_tensor;
 mod engine;
 mod error;
 pub mod family;
+mod gradients;
 pub mod kernels;
 pub mod kv_cache;
 pub mod layout;
@@ -60,6 +61,7 @@ pub use engine::{
     BackendKind, BackendPreference, CallStats, Engine, EngineOptions, PreparedAttention,
 };
 pub use error::{Error, Result};
+pub use gradients::{check_backward, AttentionGradients, BackwardInputs, GradientOptions};
 pub use kernels::projection::WeightStorage;
 pub use kv_cache::KvCache;
 pub use limits::{DeviceLimits, LimitOverride, LimitsPreset};

@@ -13,6 +13,7 @@
 //!    output, allowing twice the worse plain f32 error plus a floor
 //!    ([`compare_baselines`]).
 
+mod backward;
 mod behaviour;
 mod case;
 mod compare;
@@ -21,6 +22,7 @@ mod runner;
 mod soak;
 mod sweep;
 
+pub use backward::{run_backward_case, BackwardOracle};
 pub use behaviour::{run_behaviour, BEHAVIOUR_CHECKS};
 pub use case::{CaseInputs, CaseSpec, MaskForm};
 pub use compare::{compare, compare_baselines, ErrorReport, DEFAULT_FLOOR, F16_UNIT_ROUNDOFF};

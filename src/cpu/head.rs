@@ -24,7 +24,8 @@ pub enum SumOrder {
 }
 
 impl SumOrder {
-    fn dot<F: Real>(self, q: &[f32], k: &[f32]) -> F {
+    /// The dot product of `q` and `k` summed in this order.
+    pub(super) fn dot<F: Real>(self, q: &[f32], k: &[f32]) -> F {
         let term = |i: usize| F::from_f32(q[i]) * F::from_f32(k[i]);
         let mut dot = F::ZERO;
         match self {
@@ -66,7 +67,7 @@ pub(super) struct HeadOutputs<'o, F> {
 }
 
 /// Reads row `t` of the concatenated cache `[past; new]` for (b, kv head).
-fn kv_row<'a>(
+pub(super) fn kv_row<'a>(
     past: Option<&'a HostTensor>,
     new: &'a HostTensor,
     dims: &AttentionDims,
@@ -83,13 +84,10 @@ fn kv_row<'a>(
     &tensor.data()[start..start + width]
 }
 
-/// The mask's additive value at (b, h, i, j) by numpy broadcasting, or `None` when
-/// the key is masked (bool `false`, `-inf`/`-f32::MAX`, or beyond the mask's last
-/// dim). Any other float, NaN and +inf included, is added to the score.
-fn mask_value(mask: &HostMask, b: usize, h: usize, i: usize, j: usize) -> Option<f32> {
-    let shape = mask.shape();
-    let cols = shape[shape.len() - 1];
-    if j >= cols {
+/// The element of a mask of `shape` that broadcasts onto (b, h, i, j), or
+/// `None` past its last dim (a short mask masks those keys).
+pub(super) fn mask_index(shape: &[usize], b: usize, h: usize, i: usize, j: usize) -> Option<usize> {
+    if j >= shape[shape.len() - 1] {
         return None;
     }
     // Right-align the coordinates [b, h, i, j] with the mask's shape.
@@ -99,6 +97,14 @@ fn mask_value(mask: &HostMask, b: usize, h: usize, i: usize, j: usize) -> Option
         let coord = coords[4 - shape.len() + axis];
         index = index * dim + if dim == 1 { 0 } else { coord };
     }
+    Some(index)
+}
+
+/// The mask's additive value at (b, h, i, j) by numpy broadcasting, or `None` when
+/// the key is masked (bool `false`, `-inf`/`-f32::MAX`, or beyond the mask's last
+/// dim). Any other float, NaN and +inf included, is added to the score.
+fn mask_value(mask: &HostMask, b: usize, h: usize, i: usize, j: usize) -> Option<f32> {
+    let index = mask_index(mask.shape(), b, h, i, j)?;
     match mask {
         HostMask::Bool { data, .. } => data[index].then_some(0.0),
         HostMask::Float(t) => {
@@ -142,16 +148,16 @@ fn position_allowed(
 
 /// Per-row scratch: the scores at each stage, one entry per key, and which
 /// keys the row attends (the mask, causality, windows and padding allow them).
-struct RowScratch<F> {
-    raw: Vec<F>,
-    capped: Vec<F>,
-    biased: Vec<F>,
-    probs: Vec<F>,
-    attended: Vec<bool>,
+pub(super) struct RowScratch<F> {
+    pub raw: Vec<F>,
+    pub capped: Vec<F>,
+    pub biased: Vec<F>,
+    pub probs: Vec<F>,
+    pub attended: Vec<bool>,
 }
 
 impl<F: Real> RowScratch<F> {
-    fn new(keys: usize) -> Self {
+    pub(super) fn new(keys: usize) -> Self {
         Self {
             raw: vec![F::ZERO; keys],
             capped: vec![F::ZERO; keys],
@@ -205,7 +211,7 @@ fn row_kind<F: Real>(biased: &[F], attended: &[bool]) -> RowKind<F> {
 /// an attended key with a score of -inf has probability 0 but still multiplies
 /// its value row, so a NaN in V reaches every row that attends that key.
 #[allow(clippy::too_many_arguments)]
-fn attend_row<F: Real>(
+pub(super) fn attend_row<F: Real>(
     inputs: &AttentionInputs<'_, HostTensor>,
     options: &AttentionOptions,
     dims: &AttentionDims,

@@ -11,14 +11,17 @@
 //! [`fast`] is the backend the engine runs on the CPU: the same contract in
 //! f32, blocked and vectorised, checked against this oracle.
 
+mod backward;
 pub mod fast;
 mod head;
 mod real;
 
+pub use backward::{attention_backward_in, ExactGradients, RowSource};
 pub use head::SumOrder;
 pub use real::Real;
 
 use crate::error::Result;
+use crate::gradients::{split_present, AttentionGradients, BackwardInputs, GradientOptions};
 use crate::options::AttentionOptions;
 use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs};
 use crate::tensor::{checked_numel, try_filled, HostTensor};
@@ -66,6 +69,54 @@ pub fn attention(
         present_value,
         qk_matmul_output,
         lse,
+    })
+}
+
+/// The gradients of attention's inputs on the CPU in f64 (the reference for
+/// every backward path), rounded to f32 and shaped as the inputs: dQ, dK and
+/// dV, the past's where the call had one, the float mask's where asked.
+pub fn attention_backward(
+    inputs: &AttentionInputs<'_, HostTensor>,
+    options: &AttentionOptions,
+    forward: &BackwardInputs<'_, HostTensor>,
+    grads: GradientOptions,
+) -> Result<AttentionGradients<HostTensor>> {
+    let exact = attention_backward_in::<f64>(
+        inputs,
+        options,
+        forward,
+        grads,
+        SumOrder::Sequential,
+        RowSource::Recomputed,
+    )?;
+    gradients_as_tensors(inputs, &exact)
+}
+
+/// [`ExactGradients`] rounded to f32 and shaped as the call's inputs.
+pub fn gradients_as_tensors<F: Real>(
+    inputs: &AttentionInputs<'_, HostTensor>,
+    exact: &ExactGradients<F>,
+) -> Result<AttentionGradients<HostTensor>> {
+    let dims = &exact.dims;
+    let narrow = |v: &[F]| v.iter().map(|x| x.to_f64() as f32).collect::<Vec<f32>>();
+    let (d_past_key, dk) = split_present(dims, &narrow(&exact.dk), dims.head_dim);
+    let (d_past_value, dv) = split_present(dims, &narrow(&exact.dv), dims.v_head_dim);
+    let shaped = |t: Option<&HostTensor>, data: Option<Vec<f32>>| match (t, data) {
+        (Some(t), Some(data)) => HostTensor::new(t.shape().to_vec(), data).map(Some),
+        _ => Ok(None),
+    };
+    Ok(AttentionGradients {
+        dq: HostTensor::new(inputs.q.shape().to_vec(), narrow(&exact.dq))?,
+        dk: HostTensor::new(inputs.k.shape().to_vec(), dk)?,
+        dv: HostTensor::new(inputs.v.shape().to_vec(), dv)?,
+        d_past_key: shaped(inputs.past_key, d_past_key)?,
+        d_past_value: shaped(inputs.past_value, d_past_value)?,
+        d_mask: match inputs.attn_mask {
+            Some(m) if !exact.d_mask.is_empty() => {
+                Some(HostTensor::new(m.shape().to_vec(), narrow(&exact.d_mask))?)
+            }
+            _ => None,
+        },
     })
 }
 

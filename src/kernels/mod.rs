@@ -8,6 +8,7 @@
 pub mod ablation;
 pub mod additive;
 pub mod attention;
+pub mod backward;
 pub(crate) mod cache_append;
 pub mod ceilings;
 pub mod concat;
@@ -29,6 +30,7 @@ pub fn all() -> Vec<Kernel> {
     [
         &gemm::KERNELS[..],
         &attention::KERNELS,
+        &backward::KERNELS,
         &decode::KERNELS,
         &softmax::KERNELS,
         &mask::KERNELS,
@@ -89,6 +91,7 @@ pub fn variants() -> Vec<PipelineKey> {
     [
         gemm::variants(),
         attention::variants(),
+        backward::variants(),
         decode::variants(),
         ceilings::variants(),
         convert::variants(),
@@ -114,6 +117,7 @@ pub fn planned() -> Vec<PipelineKey> {
         variants(),
         gemm::planned(),
         attention::planned(),
+        backward::planned(),
         decode::planned(),
     ]
     .concat();

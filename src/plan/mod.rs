@@ -10,6 +10,7 @@
 //! touching no device. `Engine::last_call`, `webattn info`, `webattn phases`
 //! and the JavaScript `lastCall` print that same value.
 
+pub mod backward;
 pub mod overrides;
 pub mod pieces;
 pub mod planner;

@@ -8,6 +8,7 @@ mod common;
 
 mod api;
 mod attention;
+mod backward;
 mod chunks;
 mod coop_spirv;
 mod decode_stream;

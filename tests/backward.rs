@@ -1,0 +1,165 @@
+//! The backward pass on the CPU: the oracle's gradients against finite
+//! differences of its own forward.
+
+use webattn::conformance::{sweep, CaseInputs, CaseSpec, MaskForm, SweepKind};
+use webattn::cpu::{attention_backward_in, RowSource, SumOrder};
+use webattn::rng::SplitMix64;
+use webattn::{validate, AttentionOptions, BackwardInputs, GradientOptions, HostMask, HostTensor};
+
+/// Inputs on a grid of 2^-10 so that x ± h (h = 2^-7, 2^-8) is exact in f32.
+fn on_grid(inputs: &mut CaseInputs) {
+    let grid = |x: &mut f32| {
+        if x.is_finite() {
+            *x = (*x * 1024.0).round() / 1024.0;
+        }
+    };
+    let mut tensors = vec![&mut inputs.q, &mut inputs.k, &mut inputs.v];
+    if let Some((pk, pv)) = &mut inputs.past {
+        tensors.push(pk);
+        tensors.push(pv);
+    }
+    for t in tensors {
+        t.data_mut().iter_mut().for_each(grid);
+    }
+    if let Some(HostMask::Float(m)) = &mut inputs.mask {
+        m.data_mut().iter_mut().for_each(grid);
+    }
+}
+
+/// Σ dY ∘ Y of the f64 forward: its gradients are the backward's.
+fn loss(inputs: &CaseInputs, options: &AttentionOptions, dy: &[f32]) -> f64 {
+    let y = webattn::cpu::attention_exact(&inputs.as_inputs(), options)
+        .unwrap()
+        .y;
+    y.iter().zip(dy).map(|(&y, &d)| y * f64::from(d)).sum()
+}
+
+/// The derivative of the loss along element `index` of the tensor `pick`
+/// chooses: central differences at h and h/2, extrapolated (error O(h⁴)).
+fn finite_difference(
+    inputs: &CaseInputs,
+    options: &AttentionOptions,
+    dy: &[f32],
+    pick: fn(&mut CaseInputs) -> &mut [f32],
+    index: usize,
+) -> f64 {
+    let central = |h: f32| {
+        let at = |delta: f32| {
+            let mut moved = inputs.clone();
+            pick(&mut moved)[index] += delta;
+            loss(&moved, options, dy)
+        };
+        (at(h) - at(-h)) / (2.0 * f64::from(h))
+    };
+    let (coarse, fine) = (central(1.0 / 128.0), central(1.0 / 256.0));
+    (4.0 * fine - coarse) / 3.0
+}
+
+fn check_case(case: &CaseSpec, seed: u64) -> f64 {
+    let mut inputs = case.generate(seed).unwrap();
+    on_grid(&mut inputs);
+    let options = case.options.clone();
+    let dims = validate(&inputs.as_inputs(), &options).unwrap();
+    let mut rng = SplitMix64::new(seed ^ 0x9e37);
+    let dy = rng.normal_vec(dims.y_shape().iter().product(), 1.0);
+    let dy_tensor = HostTensor::new(dims.y_shape(), dy.clone()).unwrap();
+    let lse = HostTensor::new(
+        dims.lse_shape(),
+        vec![0.0; dims.lse_shape().iter().product()],
+    )
+    .unwrap();
+    let forward = BackwardInputs {
+        y: &dy_tensor,
+        lse: &lse,
+        dy: &dy_tensor,
+    };
+    let float_mask = matches!(inputs.mask, Some(HostMask::Float(_)));
+    let grads = GradientOptions {
+        mask_gradient: float_mask,
+    };
+    let exact = attention_backward_in::<f64>(
+        &inputs.as_inputs(),
+        &options,
+        &forward,
+        grads,
+        SumOrder::Sequential,
+        RowSource::Recomputed,
+    )
+    .unwrap();
+    let (d_past_k, dk) = exact.key_parts();
+    let (d_past_v, dv) = exact.value_parts();
+    type Pick = fn(&mut CaseInputs) -> &mut [f32];
+    let mut checks: Vec<(&str, Pick, Vec<f64>)> = vec![
+        ("dQ", |c| c.q.data_mut(), exact.dq.clone()),
+        ("dK", |c| c.k.data_mut(), dk),
+        ("dV", |c| c.v.data_mut(), dv),
+    ];
+    if let (Some(pk), Some(pv)) = (d_past_k, d_past_v) {
+        checks.push(("dpast_key", |c| c.past.as_mut().unwrap().0.data_mut(), pk));
+        checks.push(("dpast_value", |c| c.past.as_mut().unwrap().1.data_mut(), pv));
+    }
+    if float_mask {
+        checks.push((
+            "dmask",
+            |c| match c.mask.as_mut() {
+                Some(HostMask::Float(m)) => m.data_mut(),
+                _ => unreachable!(),
+            },
+            exact.d_mask.clone(),
+        ));
+    }
+    let mut worst = 0.0f64;
+    for (name, pick, analytic) in checks {
+        let largest = analytic.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+        // A sample of elements, always including the largest gradient.
+        let mut indices: Vec<usize> = (0..10).map(|_| rng.below(analytic.len())).collect();
+        indices.push(
+            (0..analytic.len())
+                .max_by(|&a, &b| analytic[a].abs().total_cmp(&analytic[b].abs()))
+                .unwrap(),
+        );
+        for index in indices {
+            let fd = finite_difference(&inputs, &options, &dy, pick, index);
+            let error = (fd - analytic[index]).abs() / largest.max(1e-12);
+            assert!(
+                error <= 1e-6,
+                "{}: {name}[{index}] is {} by finite differences, {} by the backward \
+                 (relative error {error:.2e})",
+                case.name,
+                fd,
+                analytic[index]
+            );
+            worst = worst.max(error);
+        }
+    }
+    worst
+}
+
+/// The sweep's small cases with ordinary logits, and the rules the sweep
+/// checks at large logits (softcap, temperature, ALiBi, a float mask)
+/// at logits finite differences can follow.
+#[test]
+fn the_oracles_gradients_match_finite_differences_of_its_forward() {
+    let mut cases: Vec<CaseSpec> = sweep(SweepKind::Quick)
+        .into_iter()
+        .filter(|c| c.logit_scale <= 1.0 && !c.f16 && c.work() <= 200_000)
+        .collect();
+    cases.push(
+        CaseSpec::new("fd-softcap-temperature-alibi", [2, 4, 2], [5, 9], [8, 4])
+            .past(3)
+            .mask(MaskForm::Float(4))
+            .logits(3.0)
+            .with(|o| {
+                o.softcap = 2.0;
+                o.temperature = 0.7;
+                o.alibi = true;
+                o.is_causal = true;
+            }),
+    );
+    assert!(cases.len() >= 10, "only {} cases", cases.len());
+    let mut worst = 0.0f64;
+    for (n, case) in cases.iter().enumerate() {
+        worst = worst.max(check_case(case, 17 + n as u64));
+    }
+    eprintln!("{} cases, worst relative error {worst:.2e}", cases.len());
+}

@@ -1,0 +1,162 @@
+//! The backward pass on the GPU: the quick sweep's cases through the fused
+//! backward kernels against the f64 oracle's gradients (the tolerance rule,
+//! output by output), bit-for-bit repeatability, and refusals.
+
+use crate::common;
+
+use webattn::conformance::{
+    run_backward_case, sweep, BackwardOracle, CaseSpec, MaskForm, SweepKind, LARGE_LOGITS,
+};
+use webattn::{AttentionOptions, BackwardInputs, Error, GradientOptions, HostTensor, KernelPath};
+
+fn run_backward_cases(cases: &[CaseSpec], paths: &[KernelPath]) {
+    let Some(engine) = common::gpu() else { return };
+    let mut failed = Vec::new();
+    for case in cases {
+        for result in pollster::block_on(run_backward_case(engine, case, paths, common::seed())) {
+            common::print_result(&result);
+            if !result.passed() {
+                failed.push(format!("{} on {}", result.name, result.path));
+            }
+        }
+    }
+    assert!(failed.is_empty(), "backward cases failed: {failed:?}");
+}
+
+#[test]
+fn quick_sweep_backward_on_the_fused_kernels() {
+    run_backward_cases(&sweep(SweepKind::Quick), &[KernelPath::Fused]);
+}
+
+#[test]
+fn backward_at_awkward_sizes_large_logits_and_empty_rows() {
+    let cases = [
+        CaseSpec::new("bwd-1025x257-causal", [1, 2, 1], [1025, 257], [64, 40])
+            .with(|o| o.is_causal = true),
+        CaseSpec::new("bwd-n1-past97", [2, 4, 2], [1, 1], [8, 8]).past(97),
+        CaseSpec::new("bwd-logits-1e4", [1, 2, 2], [97, 33], [64, 64]).logits(LARGE_LOGITS),
+        CaseSpec::new("bwd-empty-rows", [2, 2, 1], [33, 7], [8, 8]).mask(MaskForm::EmptyRows),
+        CaseSpec::new(
+            "bwd-everything-alibi-temperature",
+            [2, 6, 2],
+            [7, 33],
+            [40, 8],
+        )
+        .past(7)
+        .mask(MaskForm::Float(4))
+        .logits(8.0)
+        .with(|o| {
+            o.is_causal = true;
+            o.left_window_size = 9;
+            o.right_window_size = 2;
+            o.softcap = 4.0;
+            o.alibi = true;
+            o.temperature = 0.7;
+        }),
+    ];
+    run_backward_cases(&cases, &[KernelPath::Fused, KernelPath::Cpu]);
+}
+
+#[test]
+fn the_fused_backward_repeats_bit_for_bit() {
+    let Some(engine) = common::gpu() else { return };
+    let case = CaseSpec::new("bwd-repeat", [1, 4, 2], [97, 97], [64, 64]).with(|o| {
+        o.is_causal = true;
+        o.softcap = 5.0;
+    });
+    let oracle = BackwardOracle::new(&case, common::seed()).unwrap();
+    let options = AttentionOptions {
+        path: KernelPath::Fused,
+        ..oracle.options.clone()
+    };
+    let forward = BackwardInputs {
+        y: &oracle.y,
+        lse: &oracle.lse,
+        dy: &oracle.dy,
+    };
+    let run = || {
+        pollster::block_on(engine.attention_backward_host(
+            &oracle.inputs.as_inputs(),
+            &options,
+            &forward,
+            GradientOptions::default(),
+        ))
+        .unwrap()
+    };
+    let (first, second) = (run(), run());
+    for (name, a, b) in [
+        ("dQ", &first.dq, &second.dq),
+        ("dK", &first.dk, &second.dk),
+        ("dV", &first.dv, &second.dv),
+    ] {
+        let bits = |t: &HostTensor| t.data().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(a), bits(b), "{name} differs between two runs");
+    }
+}
+
+#[test]
+fn backward_refuses_tensors_of_another_forward_and_what_it_cannot_do() {
+    let Some(engine) = common::gpu() else { return };
+    let case = CaseSpec::new("bwd-refusals", [1, 2, 1], [7, 9], [8, 4]);
+    let oracle = BackwardOracle::new(&case, common::seed()).unwrap();
+    let inputs = oracle.inputs.as_inputs();
+    let short_dy = HostTensor::new([1, 2, 6, 4], vec![0.0; 48]).unwrap();
+    let flat_lse = HostTensor::new([14], vec![0.0; 14]).unwrap();
+    let run = |forward: BackwardInputs<'_, HostTensor>, options: &AttentionOptions, grads| {
+        pollster::block_on(engine.attention_backward_host(&inputs, options, &forward, grads))
+    };
+    let fused = AttentionOptions {
+        path: KernelPath::Fused,
+        ..Default::default()
+    };
+    let good = BackwardInputs {
+        y: &oracle.y,
+        lse: &oracle.lse,
+        dy: &oracle.dy,
+    };
+    match run(
+        BackwardInputs {
+            dy: &short_dy,
+            ..good
+        },
+        &fused,
+        GradientOptions::default(),
+    ) {
+        Err(Error::ShapeMismatch {
+            tensor: "dY",
+            dim: "sequence length",
+            got: 6,
+            expected: 7,
+            ..
+        }) => {}
+        other => panic!("a short dY gave {other:?}"),
+    }
+    match run(
+        BackwardInputs {
+            lse: &flat_lse,
+            ..good
+        },
+        &fused,
+        GradientOptions::default(),
+    ) {
+        Err(Error::Rank { tensor: "lse", .. }) => {}
+        other => panic!("a flat lse gave {other:?}"),
+    }
+    let unfused = AttentionOptions {
+        path: KernelPath::Unfused,
+        ..Default::default()
+    };
+    assert!(matches!(
+        run(good, &unfused, GradientOptions::default()),
+        Err(Error::Conflict(_))
+    ));
+    let mask_grad = GradientOptions {
+        mask_gradient: true,
+    };
+    assert!(matches!(
+        run(good, &fused, mask_grad),
+        Err(Error::Conflict(_))
+    ));
+    // And the engine still works after the refusals.
+    run(good, &fused, GradientOptions::default()).unwrap();
+}
