@@ -1312,3 +1312,69 @@ fn bench_runs_decode_rows_past_one_buffer_in_chunks() {
         );
     }
 }
+
+/// `attend --dy` writes dQ, dK, dV and the past's gradients beside Y, each
+/// within the tolerance rule of the oracle's; `check --backward` sweeps.
+#[test]
+fn attend_writes_the_gradients_and_check_sweeps_the_backward() {
+    let dir = scratch("backward");
+    let case = CaseSpec::new("cli-backward", [1, 4, 2], [7, 9], [8, 4])
+        .past(5)
+        .with(|o| o.is_causal = true);
+    let oracle = webattn::conformance::BackwardOracle::new(&case, 3).unwrap();
+    let inputs = &oracle.inputs;
+    let (pk, pv) = inputs.past.as_ref().unwrap();
+    let files: Vec<PathBuf> = [
+        ("Q", &inputs.q),
+        ("K", &inputs.k),
+        ("V", &inputs.v),
+        ("PK", pk),
+        ("PV", pv),
+        ("DY", &oracle.dy),
+    ]
+    .iter()
+    .map(|(name, t)| write_f32(&dir, name, t))
+    .collect();
+    let out_path = |name: &str| dir.join(format!("{name}.npy"));
+    let mut args: Vec<String> = vec!["--backend".into(), backend().into(), "attend".into()];
+    for (flag, file) in ["--q", "--k", "--v", "--past-key", "--past-value", "--dy"]
+        .iter()
+        .zip(&files)
+    {
+        args.extend([flag.to_string(), arg(file).to_string()]);
+    }
+    args.push("--is-causal".into());
+    for name in ["y", "dq", "dk", "dv", "dpast-key", "dpast-value"] {
+        args.extend([format!("--{name}"), arg(&out_path(name)).to_string()]);
+    }
+    let out = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success());
+    let read = |name: &str| npy::read_tensor(out_path(name), "gradient").unwrap();
+    let got = webattn::AttentionGradients {
+        dq: read("dq"),
+        dk: read("dk"),
+        dv: read("dv"),
+        d_past_key: Some(read("dpast-key")),
+        d_past_value: Some(read("dpast-value")),
+        d_mask: None,
+    };
+    let (output, report) = oracle.compare(&got).unwrap();
+    println!(
+        "attend --dy: worst {output} max abs {:.2e} allowed {:.2e}",
+        report.max_abs, report.allowed
+    );
+    assert!(report.passed(), "{output}: {report:?}");
+
+    assert_sweep_passes(
+        &[
+            "--backend",
+            backend(),
+            "check",
+            "--backward",
+            "--filter",
+            "mask-float",
+        ],
+        "check --backward",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

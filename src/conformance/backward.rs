@@ -9,12 +9,14 @@ use web_time::Instant;
 
 use super::case::{CaseInputs, CaseSpec};
 use super::compare::{compare_baselines, ErrorReport, DEFAULT_FLOOR, F16_UNIT_ROUNDOFF};
+use super::report::SweepReport;
 use super::runner::CaseResult;
+use super::sweep::{filtered, SweepKind};
 use crate::cpu::{self, ExactGradients, RowSource, SumOrder};
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::gradients::{AttentionGradients, BackwardInputs, GradientOptions};
-use crate::options::{AttentionOptions, KernelPath};
+use crate::options::{AttentionOptions, KernelPath, Precision};
 use crate::rng::SplitMix64;
 use crate::tensor::{DType, HostTensor};
 
@@ -244,5 +246,42 @@ pub async fn run_backward_case(
                 millis: 0.0,
             })
             .collect(),
+    }
+}
+
+/// The paths a backward sweep checks on `engine`: the fused kernels and the
+/// CPU backend on a GPU engine, the CPU backend on a CPU engine.
+pub fn backward_paths(engine: &Engine) -> Vec<KernelPath> {
+    if engine.paths().contains(&KernelPath::Fused) {
+        vec![KernelPath::Fused, KernelPath::Cpu]
+    } else {
+        vec![KernelPath::Cpu]
+    }
+}
+
+/// The sweep of `kind` (the cases whose name contains `filter`) through the
+/// backward on every path of [`backward_paths`], reporting each result to
+/// `progress` as it comes.
+pub async fn run_backward_sweep(
+    engine: &Engine,
+    kind: SweepKind,
+    filter: &str,
+    seed: u64,
+    mut progress: impl FnMut(&CaseResult),
+) -> SweepReport {
+    let paths = backward_paths(engine);
+    let mut results = Vec::new();
+    for case in filtered(kind, filter) {
+        for result in run_backward_case(engine, &case, &paths, seed).await {
+            progress(&result);
+            results.push(result);
+        }
+    }
+    SweepReport {
+        adapter: engine.describe(),
+        seed,
+        kind,
+        precision: Precision::Highest,
+        results,
     }
 }

@@ -377,3 +377,17 @@ fn typed_gradients(
         d_mask: out.d_mask,
     }
 }
+
+#[cfg(not(target_arch = "wasm32"))]
+impl Engine {
+    /// [`Engine::attention_backward_host`], blocking.
+    pub fn attention_backward_host_blocking(
+        &self,
+        inputs: &AttentionInputs<'_, HostTensor>,
+        options: &AttentionOptions,
+        forward: &BackwardInputs<'_, HostTensor>,
+        grads: GradientOptions,
+    ) -> Result<AttentionGradients<HostTensor>> {
+        pollster::block_on(self.attention_backward_host(inputs, options, forward, grads))
+    }
+}

@@ -160,3 +160,67 @@ fn backward_refuses_tensors_of_another_forward_and_what_it_cannot_do() {
     // And the engine still works after the refusals.
     run(good, &fused, GradientOptions::default()).unwrap();
 }
+
+/// Non-finite values follow the forward's rule: a NaN in V at a key rows
+/// attend makes NaN what it touches, a NaN in K at a key no row attends
+/// (past the causal edge) changes nothing, a NaN in dY spoils its row; the
+/// fused backward and the oracle agree on every NaN's place.
+#[test]
+fn non_finite_values_propagate_where_the_forward_propagates_them() {
+    let Some(engine) = common::gpu() else { return };
+    let case = CaseSpec::new("bwd-nan", [1, 2, 1], [6, 6], [8, 4]).with(|o| o.is_causal = true);
+    let mut oracle = BackwardOracle::new(&case, common::seed()).unwrap();
+    oracle.inputs.v.data_mut()[2 * 4 + 1] = f32::NAN; // key 2: rows 2.. attend it
+    oracle.inputs.k.data_mut()[5 * 8] = f32::NAN; // key 5: only row 5 attends it
+    let mut dy = oracle.dy.clone();
+    dy.data_mut()[4] = f32::NAN; // head 0, row 1
+    let nan_places = |t: &HostTensor| {
+        t.data()
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| x.is_nan())
+            .map(|(i, _)| i)
+            .collect::<Vec<_>>()
+    };
+    let mut results = Vec::new();
+    for path in [KernelPath::Oracle, KernelPath::Fused] {
+        let options = AttentionOptions {
+            path,
+            return_lse: true,
+            ..oracle.options.clone()
+        };
+        let inputs = oracle.inputs.as_inputs();
+        let out = engine
+            .attention_host_blocking(
+                &inputs,
+                &AttentionOptions {
+                    path: KernelPath::Oracle,
+                    ..options.clone()
+                },
+            )
+            .unwrap();
+        let forward = BackwardInputs {
+            y: &out.y,
+            lse: out.lse.as_ref().unwrap(),
+            dy: &dy,
+        };
+        let grads = pollster::block_on(engine.attention_backward_host(
+            &inputs,
+            &options,
+            &forward,
+            GradientOptions::default(),
+        ))
+        .unwrap();
+        results.push([
+            nan_places(&grads.dq),
+            nan_places(&grads.dk),
+            nan_places(&grads.dv),
+        ]);
+    }
+    assert_eq!(results[0], results[1], "NaN places: oracle against fused");
+    let [dq, dk, dv] = &results[0];
+    // Row 1 of head 0 (dY NaN) and rows 2.. of both heads (V's NaN) are NaN.
+    assert!(dq.contains(&8) && !dq.contains(&0), "dQ NaN rows: {dq:?}");
+    // Key 5's K NaN poisons only row 5's scores, which attend keys 0..=5.
+    assert!(!dk.is_empty() && !dv.is_empty());
+}

@@ -99,6 +99,25 @@ pub struct Args {
     /// Output the row logsumexp [B, Hq, Sq] (natural log; -inf for fully masked rows).
     #[arg(long, value_name = "F")]
     lse: Option<PathBuf>,
+    /// The gradient of a loss with respect to Y (Y's shape): runs the backward
+    /// pass after the forward and writes the gradients asked for below.
+    #[arg(long, value_name = "DY.npy", requires = "dq")]
+    dy: Option<PathBuf>,
+    /// Output dQ (Q's shape), with --dy.
+    #[arg(long, value_name = "F", requires_all = ["dy", "dk", "dv"])]
+    dq: Option<PathBuf>,
+    /// Output dK (K's shape), with --dy.
+    #[arg(long, value_name = "F", requires = "dy")]
+    dk: Option<PathBuf>,
+    /// Output dV (V's shape), with --dy.
+    #[arg(long, value_name = "F", requires = "dy")]
+    dv: Option<PathBuf>,
+    /// Output the past keys' gradient [B, Hkv, P, Dk], with --dy and a past.
+    #[arg(long, value_name = "F", requires_all = ["dy", "past_key"])]
+    dpast_key: Option<PathBuf>,
+    /// Output the past values' gradient [B, Hkv, P, Dv], with --dy and a past.
+    #[arg(long, value_name = "F", requires_all = ["dy", "past_value"])]
+    dpast_value: Option<PathBuf>,
 }
 
 impl Args {
@@ -109,6 +128,11 @@ impl Args {
             ("present_value", &self.present_value),
             ("qk_matmul_output", &self.qk_matmul_output),
             ("lse", &self.lse),
+            ("dQ", &self.dq),
+            ("dK", &self.dk),
+            ("dV", &self.dv),
+            ("dpast_key", &self.dpast_key),
+            ("dpast_value", &self.dpast_value),
         ] {
             if let Some(p) = p {
                 out.push((name, p.as_path()));
@@ -128,6 +152,7 @@ impl Args {
             ("past_key", &self.past_key),
             ("past_value", &self.past_value),
             ("nonpad_kv_seqlen", &self.nonpad_kv_seqlen),
+            ("dY", &self.dy),
         ] {
             if let Some(p) = p {
                 out.push((name, p.as_path()));
@@ -189,7 +214,8 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             Some(_) => Some(QkMatmulOutputMode::from_onnx(args.qk_matmul_output_mode)?),
             None => None,
         },
-        return_lse: args.lse.is_some(),
+        // The backward takes the forward's logsumexp.
+        return_lse: args.lse.is_some() || args.dy.is_some(),
         return_present: args.present_key.is_some() || args.present_value.is_some(),
         temperature: args.temperature,
         alibi: args.alibi,
@@ -250,6 +276,62 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
                 .as_ref()
                 .with_context(|| format!("the engine did not return {name}"))?;
             staged.stage(target, tensor)?;
+        }
+    }
+    if let Some(dy_path) = &args.dy {
+        let dy = npy::read_tensor(dy_path, "dY")?;
+        let dy = if three_d {
+            split_heads("dY", &dy, q.shape()[1])?
+        } else {
+            dy
+        };
+        let lse = out
+            .lse
+            .as_ref()
+            .context("the engine did not return the logsumexp")?;
+        let forward = webattn::BackwardInputs {
+            y: &out.y,
+            lse,
+            dy: &dy,
+        };
+        let start = Instant::now();
+        let grads = pollster::block_on(engine.attention_backward_host(
+            &inputs,
+            &options,
+            &forward,
+            webattn::GradientOptions::default(),
+        ))?;
+        let plan = engine
+            .last_backward()
+            .map(|p| p.to_string())
+            .unwrap_or_default();
+        eprintln!(
+            "webattn: {plan}; {:.2} ms",
+            start.elapsed().as_secs_f64() * 1e3
+        );
+        let as_given = |t: &HostTensor| {
+            if three_d {
+                merge_heads(t)
+            } else {
+                Ok(t.clone())
+            }
+        };
+        // dQ, dK and dV as their inputs were given (3D or 4D); the past's are 4D.
+        for (target, tensor, as_input) in [
+            (&args.dq, Some(&grads.dq), true),
+            (&args.dk, Some(&grads.dk), true),
+            (&args.dv, Some(&grads.dv), true),
+            (&args.dpast_key, grads.d_past_key.as_ref(), false),
+            (&args.dpast_value, grads.d_past_value.as_ref(), false),
+        ] {
+            if let (Some(target), Some(tensor)) = (target, tensor) {
+                let shaped = if as_input {
+                    as_given(tensor)?
+                } else {
+                    tensor.clone()
+                };
+                staged.stage(target, &shaped)?;
+            }
         }
     }
     staged.commit()?;

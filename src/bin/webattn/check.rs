@@ -5,7 +5,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use serde_json::json;
-use webattn::conformance::{run_sweep, sweep_len, SweepKind, SweepReport};
+use webattn::conformance::{
+    backward_paths, filtered, run_backward_sweep, run_sweep, sweep_len, SweepKind, SweepReport,
+};
 
 use super::progress::{matrix_unit_line, progress_bar, progress_line};
 use webattn::Precision;
@@ -34,6 +36,10 @@ pub struct Args {
     /// after a warm-up and at the end, which must stay flat.
     #[arg(long, value_name = "N", conflicts_with_all = ["full", "filter", "family"])]
     pub soak: Option<usize>,
+    /// Check the backward pass instead: the sweep's gradients (dQ, dK, dV
+    /// and the past's) on the fused backward and the CPU backend.
+    #[arg(long, conflicts_with_all = ["family", "soak"])]
+    backward: bool,
     /// Also write the results as JSON to PATH.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
@@ -59,39 +65,55 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         );
     }
     eprintln!(
-        "webattn check: {} on {}{}",
+        "webattn check: {}{} on {}{}",
         if args.full { "full" } else { "quick" },
+        if args.backward { " backward" } else { "" },
         engine.describe(),
         match engine_args.precision {
             Precision::Highest => "",
             Precision::Fast => ", precision fast (f16-rounded operands, the f16 rule)",
         }
     );
-    let total = sweep_len(&engine, kind, &args.filter);
+    let total = if args.backward {
+        filtered(kind, &args.filter).len() * backward_paths(&engine).len()
+    } else {
+        sweep_len(&engine, kind, &args.filter)
+    };
     let bar = progress_bar(total);
     let start = Instant::now();
     let mut done = 0;
     let precision = engine_args.precision;
-    let report = pollster::block_on(run_sweep(
-        &engine,
-        kind,
-        &args.filter,
-        args.seed,
-        precision,
-        |r| {
-            done += 1;
-            match &bar {
-                Some(bar) => {
-                    bar.set_position(done as u64);
-                    bar.set_message(r.name.clone());
-                    if !r.passed() {
-                        bar.println(progress_line(done, total, r));
-                    }
+    let progress = |r: &webattn::conformance::CaseResult| {
+        done += 1;
+        match &bar {
+            Some(bar) => {
+                bar.set_position(done as u64);
+                bar.set_message(r.name.clone());
+                if !r.passed() {
+                    bar.println(progress_line(done, total, r));
                 }
-                None => eprintln!("{}", progress_line(done, total, r)),
             }
-        },
-    ));
+            None => eprintln!("{}", progress_line(done, total, r)),
+        }
+    };
+    let report = if args.backward {
+        pollster::block_on(run_backward_sweep(
+            &engine,
+            kind,
+            &args.filter,
+            args.seed,
+            progress,
+        ))
+    } else {
+        pollster::block_on(run_sweep(
+            &engine,
+            kind,
+            &args.filter,
+            args.seed,
+            precision,
+            progress,
+        ))
+    };
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
