@@ -163,3 +163,29 @@ fn the_oracles_gradients_match_finite_differences_of_its_forward() {
     }
     eprintln!("{} cases, worst relative error {worst:.2e}", cases.len());
 }
+
+/// The CPU backend's backward (blocked products, or the plain f32 backward
+/// where an input is not finite) on the quick sweep, against the oracle.
+#[test]
+fn the_cpu_backends_backward_passes_the_quick_sweep() {
+    let engine = webattn::Engine::cpu();
+    let mut failed = Vec::new();
+    let mut worst = 0.0f64;
+    for case in sweep(SweepKind::Quick) {
+        for r in pollster::block_on(webattn::conformance::run_backward_case(
+            &engine,
+            &case,
+            &[webattn::KernelPath::Cpu],
+            7,
+        )) {
+            if let Some(rep) = &r.report {
+                worst = worst.max(rep.share_of_allowed());
+            }
+            if !r.passed() {
+                failed.push((r.name.clone(), r.failure.clone(), r.report));
+            }
+        }
+    }
+    eprintln!("worst share of the allowed error: {worst:.2}");
+    assert!(failed.is_empty(), "{failed:#?}");
+}

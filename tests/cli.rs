@@ -990,6 +990,12 @@ fn bench_on_a_cpu_engine_times_the_cpu_backend_and_the_oracle() {
         .unwrap()
         .iter()
         .all(|d| d["path"] == "cpu" && d["ms"].is_number()));
+    // The backward beside its forward.
+    let backward = report["backward"].as_array().unwrap();
+    assert!(!backward.is_empty());
+    assert!(backward.iter().all(|b| b["path"] == "cpu"
+        && b["backward_ms"].is_number()
+        && b["forward_ms"].is_number()));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -1122,6 +1128,12 @@ fn bench_writes_the_documented_json_and_a_plot() {
             assert!(row["retaken"].is_u64() && row["throttled"].is_u64());
         }
     }
+    // The fused backward beside its forward, its workspace reported.
+    let backward = report["backward"].as_array().unwrap();
+    assert!(backward
+        .iter()
+        .any(|b| b["path"] == "fused" && b["workspace_bytes"].as_u64().is_some_and(|w| w > 0)));
+    assert!(stdout.contains("backward ms"), "{stdout}");
     for g in report["gemm"].as_array().unwrap() {
         for key in ["m", "n", "k", "gflops", "share_of_ceiling"] {
             assert!(g[key].is_number(), "gemm.{key}");

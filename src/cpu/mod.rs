@@ -16,6 +16,7 @@ pub mod fast;
 mod head;
 mod real;
 
+pub(crate) use backward::sech2;
 pub use backward::{attention_backward_in, ExactGradients, RowSource};
 pub use head::SumOrder;
 pub use real::Real;

@@ -113,14 +113,9 @@ impl Engine {
                 return self.download_gradients(&out).await;
             }
             _ => {
-                let exact = cpu::attention_backward_in::<f32>(
-                    inputs,
-                    options,
-                    forward,
-                    grads,
-                    cpu::SumOrder::Quads,
-                    cpu::RowSource::FromForward,
-                )?;
+                let exact = self
+                    .cpu
+                    .attention_backward(inputs, options, forward, grads)?;
                 cpu::gradients_as_tensors(inputs, &exact)?
             }
         };

@@ -1228,3 +1228,129 @@ pub async fn kv_append(
     }
     Ok(Measurement::wall(samples))
 }
+
+/// The forward and the backward of one attention shape, timed side by side.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackwardMeasurement {
+    /// The forward call (Y and the logsumexp).
+    pub forward: Measurement,
+    /// The backward call (dQ, dK and dV from Y, the logsumexp and dY).
+    pub backward: Measurement,
+    /// Device memory the backward allocates ([`crate::plan::backward::BackwardPlan`]):
+    /// linear in the sequence.
+    pub workspace_bytes: u64,
+}
+
+impl AttentionShape {
+    /// The backward's floating-point operations: its five products (S and
+    /// dP recomputed, dV, dK, dQ), 2.5 times the forward's two.
+    pub fn backward_flops(&self) -> f64 {
+        2.5 * self.flops()
+    }
+}
+
+/// Times the forward and the backward of `shape` on `path` (`Fused` on a
+/// GPU engine, interleaved, timestamps where the adapter has them; `Cpu` by
+/// the wall clock around host calls).
+pub async fn backward(
+    engine: &crate::Engine,
+    shape: AttentionShape,
+    path: crate::KernelPath,
+    repeats: Repeats,
+) -> Result<BackwardMeasurement> {
+    use crate::conformance::CaseSpec;
+    use crate::{AttentionInputs, AttentionOptions, BackwardInputs, GradientOptions, KernelPath};
+    let case = CaseSpec::new(
+        "bench-backward",
+        [shape.batch, shape.heads, shape.kv_heads],
+        [shape.seq_q, shape.seq_k],
+        [shape.head_dim, shape.head_dim],
+    );
+    let inputs = case.generate(2)?;
+    let options = AttentionOptions {
+        path,
+        is_causal: shape.causal,
+        return_lse: true,
+        ..Default::default()
+    };
+    let host = inputs.as_inputs();
+    let dims = crate::validate(&host, &options)?;
+    let plan = engine.plan_backward(&dims, &options, GradientOptions::default())?;
+    let mut rng = SplitMix64::new(3);
+    let dy = crate::HostTensor::new(
+        dims.y_shape(),
+        rng.normal_vec(dims.y_shape().iter().product(), 1.0),
+    )?;
+    let grads = GradientOptions::default();
+    match (path, engine.gpu()) {
+        (KernelPath::Fused, Some(ctx)) => {
+            let (q, k, v) = (
+                engine.upload(&inputs.q)?,
+                engine.upload(&inputs.k)?,
+                engine.upload(&inputs.v)?,
+            );
+            let device = AttentionInputs::new(&q, &k, &v);
+            let out = engine.attention(&device, &options).await?;
+            let dy = engine.upload(&dy)?;
+            let lse = out
+                .lse
+                .clone()
+                .ok_or(crate::Error::Conflict("no logsumexp"))?;
+            let forward = BackwardInputs {
+                y: &out.y,
+                lse: &lse,
+                dy: &dy,
+            };
+            let mut m = measure_gpu_interleaved(ctx, repeats, 2, async |i| {
+                if i == 0 {
+                    engine.attention(&device, &options).await.map(drop)
+                } else {
+                    engine
+                        .attention_backward(&device, &options, &forward, grads)
+                        .await
+                        .map(drop)
+                }
+            })
+            .await?;
+            let backward = m.remove(1);
+            Ok(BackwardMeasurement {
+                forward: m.remove(0),
+                backward,
+                workspace_bytes: plan.workspace_bytes,
+            })
+        }
+        (KernelPath::Cpu, _) => {
+            let out = engine.attention_host(&host, &options).await?;
+            let lse = out
+                .lse
+                .clone()
+                .ok_or(crate::Error::Conflict("no logsumexp"))?;
+            let forward = BackwardInputs {
+                y: &out.y,
+                lse: &lse,
+                dy: &dy,
+            };
+            let (mut fwd, mut bwd) = (Vec::new(), Vec::new());
+            for run in 0..repeats.warmup + repeats.timed {
+                let start = Instant::now();
+                engine.attention_host(&host, &options).await?;
+                let mid = Instant::now();
+                engine
+                    .attention_backward_host(&host, &options, &forward, grads)
+                    .await?;
+                if run >= repeats.warmup {
+                    fwd.push((mid - start).as_secs_f64() * 1e3);
+                    bwd.push(mid.elapsed().as_secs_f64() * 1e3);
+                }
+            }
+            Ok(BackwardMeasurement {
+                forward: Measurement::wall(fwd),
+                backward: Measurement::wall(bwd),
+                workspace_bytes: 0,
+            })
+        }
+        _ => Err(crate::Error::Conflict(
+            "the backward is timed on the fused GPU path of a GPU engine or on the CPU backend",
+        )),
+    }
+}

@@ -78,6 +78,10 @@ pub enum RowKind {
     Tokens,
     /// The per-call host overhead of a plain, a prepared and a recorded call.
     Overhead,
+    /// The backward pass beside its forward, 1k to 16k tokens (GPU) or up
+    /// to 1k (a CPU adapter, a CPU engine): time, share of the FMA ceiling,
+    /// workspace bytes.
+    Backward,
 }
 
 /// The attention paths `--paths` selects.
@@ -119,6 +123,8 @@ enum Job {
     TokenStack(usize, webattn::WeightStorage),
     /// The host cost of a plain call against a prepared one at a tiny shape.
     Overhead,
+    /// The forward and the backward of a shape on a path, side by side.
+    Backward(AttentionShape, KernelPath),
 }
 
 /// Layers of the stack rows: a Llama-2-7B-like model's.
@@ -349,6 +355,24 @@ fn plan(
         }
     }
     jobs.push(Job::Overhead);
+    // The backward beside its forward (the attention rows' shapes, d 64);
+    // its workspace grows linearly with the sequence.
+    let backward_seqs: &[usize] = match (args.quick, gpu_scale) {
+        (true, false) => &[512],
+        (true, true) => &[1024, 4096],
+        (false, false) => &[256, 512, 1024],
+        (false, true) => &[1024, 2048, 4096, 8192, 16384],
+    };
+    for &seq in backward_seqs {
+        for causal in [false, true] {
+            if gpu {
+                jobs.push(Job::Backward(shape(seq, 64, causal), KernelPath::Fused));
+            }
+            if !gpu_scale || seq <= CPU_ROWS_MAX_SEQ {
+                jobs.push(Job::Backward(shape(seq, 64, causal), KernelPath::Cpu));
+            }
+        }
+    }
     // The f64 oracle once, for reference: it is what the CPU backend replaced.
     for causal in [false, true] {
         jobs.push(Job::Attention(
@@ -369,9 +393,10 @@ fn selected(args: &Args, job: &Job) -> bool {
         Job::Decode(..) => RowKind::Decode,
         Job::TokenStep(..) | Job::CpuTokenStep(..) | Job::TokenStack(..) => RowKind::Tokens,
         Job::Overhead => RowKind::Overhead,
+        Job::Backward(..) => RowKind::Backward,
     };
     let path = match *job {
-        Job::Attention(_, path, _) | Job::Decode(_, path, _) => Some(path),
+        Job::Attention(_, path, _) | Job::Decode(_, path, _) | Job::Backward(_, path) => Some(path),
         _ => None,
     };
     let path_kept = |path: KernelPath| {

@@ -20,6 +20,7 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod backward;
 mod block;
 mod dots;
 pub(crate) mod gemm;

@@ -73,6 +73,7 @@ impl Report<'_> {
             token_skipped,
             host_copy,
             overhead,
+            backward,
             guarded,
             ..
         } = self.rows;
@@ -148,6 +149,14 @@ impl Report<'_> {
                 "record_only_samples_ms": o.record_only.as_ref().map(|m| &m.samples_ms),
                 "empty_submit_samples_ms": o.empty_submit.as_ref().map(|m| &m.samples_ms),
             })),
+            "backward": backward.iter().map(|(s, p, m, near)| json!({
+                "path": p.name(), "batch": s.batch, "heads": s.heads, "seq": s.seq_q, "head_dim": s.head_dim,
+                "causal": s.causal, "forward_ms": m.forward.median_ms(), "backward_ms": m.backward.median_ms(),
+                "forward_samples_ms": m.forward.samples_ms, "backward_samples_ms": m.backward.samples_ms,
+                "backward_flops": s.backward_flops(), "gflops": m.backward.gflops(s.backward_flops()),
+                "share_of_ceiling": finite(m.backward.gflops(s.backward_flops()) / near),
+                "adjacent_ceiling_gflops": finite(*near), "workspace_bytes": m.workspace_bytes,
+            })).collect::<Vec<_>>(),
             "decode_skipped": decode_skipped.iter().map(|(s, p, d, label, why)| json!({
                 "path": p.name(), "kernel": label, "batch": s.batch, "heads": s.heads, "kv_heads": s.kv_heads, "seq_k": s.seq_k,
                 "head_dim": s.head_dim, "dtype": d.to_string(), "reason": why,

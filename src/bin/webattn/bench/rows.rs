@@ -54,6 +54,10 @@ pub(super) type TokenRow = (
     Option<bench::Measurement>,
 );
 
+/// A backward row: the shape, the path, the forward and backward timings,
+/// and the FMA ceiling measured just before it.
+pub(super) type BackwardRow = (AttentionShape, KernelPath, bench::BackwardMeasurement, f64);
+
 /// Every row a run measured, and what the rows were measured with.
 pub(super) struct Measured {
     pub(super) gemm: Vec<GemmRow>,
@@ -68,6 +72,7 @@ pub(super) struct Measured {
     pub(super) cpu_engine: Option<webattn::Engine>,
     pub(super) host_copy: Option<bench::Bandwidth>,
     pub(super) overhead: Option<bench::CallOverhead>,
+    pub(super) backward: Vec<BackwardRow>,
     /// Every measurement's retakes, the ceilings' too.
     pub(super) guarded: GuardTally,
     /// One stack of layers per weight storage, kept for every cache length.
@@ -93,6 +98,7 @@ pub(super) fn measure(
         cpu_engine: None,
         host_copy: None,
         overhead: None,
+        backward: Vec::new(),
         guarded,
         stacks: Vec::new(),
     };
@@ -107,6 +113,7 @@ pub(super) fn measure(
             Job::CpuTokenStep(cached) => rows.token_step(setting, cached, None)?,
             Job::TokenStack(cached, storage) => rows.token_stack(setting, cached, storage)?,
             Job::Overhead => rows.overhead(setting)?,
+            Job::Backward(shape, path) => rows.backward(setting, shape, path)?,
         }
     }
     Ok(rows)
@@ -368,6 +375,43 @@ impl Measured {
                 )))
             }
         }
+        Ok(())
+    }
+
+    /// The forward and the backward of `shape` on `path`, interleaved.
+    fn backward(
+        &mut self,
+        setting: &Setting,
+        shape: AttentionShape,
+        path: KernelPath,
+    ) -> anyhow::Result<()> {
+        setting.progress.note(format!(
+            "backward {path} seq {} d{}{}",
+            shape.seq_q,
+            shape.head_dim,
+            if shape.causal { " causal" } else { "" }
+        ));
+        let near = adjacent(setting, path, &mut self.guarded)?;
+        let m = pollster::block_on(bench::backward(
+            setting.engine,
+            shape,
+            path,
+            repeats(path, setting.args.quick),
+        ))
+        .with_context(|| format!("the backward on the {path} path"))?;
+        let gflops = m.backward.gflops(shape.backward_flops());
+        setting.progress.said(format!(
+            "  forward {:.3} ms, backward {:.3} ms ({:.2}x), {gflops:.0} GFLOP/s, {:.1}% of the FMA ceiling, {} KiB of workspace{}",
+            m.forward.median_ms(),
+            m.backward.median_ms(),
+            m.backward.median_ms() / m.forward.median_ms(),
+            100.0 * gflops / near,
+            m.workspace_bytes / 1024,
+            guard_note(&m.backward)
+        ));
+        self.guarded.note(&m.forward);
+        self.guarded.note(&m.backward);
+        self.backward.push((shape, path, m, near));
         Ok(())
     }
 

@@ -27,6 +27,50 @@ impl Report<'_> {
         self.print_decode();
         self.print_tokens();
         self.print_overhead();
+        self.print_backward();
+    }
+
+    /// The backward rows: each beside its forward, with the workspace that
+    /// shows the memory growing linearly with the sequence.
+    fn print_backward(&self) {
+        let rows = &self.rows.backward;
+        if rows.is_empty() {
+            return;
+        }
+        println!("\nbackward (FlashAttention-2's: dQ, dK, dV from Y, lse and dY; d 64)");
+        println!(
+            "{:<6} {:>5} {:>5} {:>6} {:>11} {:>12} {:>7} {:>9} {:>9} {:>7} {:>13}",
+            "path",
+            "heads",
+            "seq",
+            "causal",
+            "forward ms",
+            "backward ms",
+            "ratio",
+            "GFLOP/s",
+            "ceiling*",
+            "share",
+            "workspace KiB"
+        );
+        for (shape, path, m, near) in rows {
+            let gflops = m.backward.gflops(shape.backward_flops());
+            println!(
+                "{:<6} {:>5} {:>5} {:>5} {:>6} {:>11.2} {:>12.2} {:>7.2} {:>9.1} {:>9} {:>7} {:>13}",
+                path.name(),
+                shape.batch,
+                shape.heads,
+                shape.seq_q,
+                if shape.causal { "yes" } else { "no" },
+                m.forward.median_ms(),
+                m.backward.median_ms(),
+                m.backward.median_ms() / m.forward.median_ms(),
+                gflops,
+                or_dash(*near, format!("{near:.1}")),
+                or_dash(*near, format!("{:.0}%", 100.0 * gflops / near)),
+                m.workspace_bytes / 1024
+            );
+        }
+        println!("  GFLOP/s count the backward's five products (2.5 times the forward's flops)");
     }
 
     /// The adapter, the timing, the CPU backend, and the kernels calls take.
