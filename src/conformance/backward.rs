@@ -17,6 +17,7 @@ use crate::engine::Engine;
 use crate::error::Result;
 use crate::gradients::{AttentionGradients, BackwardInputs, GradientOptions};
 use crate::options::{AttentionOptions, KernelPath, Precision};
+use crate::problem::AttentionInputs;
 use crate::rng::SplitMix64;
 use crate::tensor::{DType, HostTensor};
 
@@ -145,78 +146,125 @@ impl BackwardOracle {
         &self,
         out: &AttentionGradients<HostTensor>,
     ) -> std::result::Result<(&'static str, ErrorReport), String> {
-        let rounding = |t: &HostTensor| {
-            if t.dtype() == DType::F16 {
-                F16_UNIT_ROUNDOFF
-            } else {
-                0.0
-            }
-        };
-        let (exact_past_k, exact_k) = self.exact.key_parts();
-        let (exact_past_v, exact_v) = self.exact.value_parts();
-        let plain_k: Vec<_> = self.plain.iter().map(|p| p.key_parts()).collect();
-        let plain_v: Vec<_> = self.plain.iter().map(|p| p.value_parts()).collect();
-        let judge = |got: &HostTensor, exact: &[f64], plain: Vec<&[f32]>| {
-            compare_baselines(got.data(), exact, &plain, DEFAULT_FLOOR)
-                .allow_output_rounding(exact, rounding(got))
-        };
-        let mut reports = vec![
-            (
-                "dQ",
-                judge(
-                    &out.dq,
-                    &self.exact.dq,
-                    self.plain.iter().map(|p| &p.dq[..]).collect(),
-                ),
-            ),
-            (
-                "dK",
-                judge(
-                    &out.dk,
-                    &exact_k,
-                    plain_k.iter().map(|p| &p.1[..]).collect(),
-                ),
-            ),
-            (
-                "dV",
-                judge(
-                    &out.dv,
-                    &exact_v,
-                    plain_v.iter().map(|p| &p.1[..]).collect(),
-                ),
-            ),
-        ];
-        if let (Some(ek), Some(ev)) = (&exact_past_k, &exact_past_v) {
-            let got_k = out
-                .d_past_key
-                .as_ref()
-                .ok_or("dpast_key was not returned")?;
-            let got_v = out
-                .d_past_value
-                .as_ref()
-                .ok_or("dpast_value was not returned")?;
-            let pk = plain_k.iter().filter_map(|p| p.0.as_deref()).collect();
-            let pv = plain_v.iter().filter_map(|p| p.0.as_deref()).collect();
-            reports.push(("dpast_key", judge(got_k, ek, pk)));
-            reports.push(("dpast_value", judge(got_v, ev, pv)));
-        }
-        for (name, got, expected) in [
-            ("dQ", &out.dq, self.inputs.q.shape()),
-            ("dK", &out.dk, self.inputs.k.shape()),
-            ("dV", &out.dv, self.inputs.v.shape()),
-        ] {
-            if got.shape() != expected {
-                return Err(format!(
-                    "{name} came back as {:?}, not {expected:?}",
-                    got.shape()
-                ));
-            }
-        }
-        Ok(reports
-            .into_iter()
-            .max_by(|a, b| a.1.share_of_allowed().total_cmp(&b.1.share_of_allowed()))
-            .expect("dQ, dK and dV are always compared"))
+        worst_gradient(&self.inputs.as_inputs(), &self.exact, &self.plain, out)
     }
+}
+
+/// Checks gradients of any call against the oracle's: the f64 backward from
+/// the inputs alone, and the plain f32 backward handed the same `forward`
+/// in three orders. The worst output's report, or an error where the oracle
+/// rejects the call or an output is missing.
+pub fn verify_gradients(
+    inputs: &AttentionInputs<'_, HostTensor>,
+    options: &AttentionOptions,
+    forward: &BackwardInputs<'_, HostTensor>,
+    got: &AttentionGradients<HostTensor>,
+) -> std::result::Result<(&'static str, ErrorReport), String> {
+    let grads = GradientOptions::default();
+    let exact = cpu::attention_backward_in::<f64>(
+        inputs,
+        options,
+        forward,
+        grads,
+        SumOrder::Sequential,
+        RowSource::Recomputed,
+    )
+    .map_err(|e| e.to_string())?;
+    let mut plain = Vec::new();
+    for order in [SumOrder::Sequential, SumOrder::Quads, SumOrder::Reverse] {
+        plain.push(
+            cpu::attention_backward_in::<f32>(
+                inputs,
+                options,
+                forward,
+                grads,
+                order,
+                RowSource::FromForward,
+            )
+            .map_err(|e| e.to_string())?,
+        );
+    }
+    worst_gradient(inputs, &exact, &plain, got)
+}
+
+/// The report of the gradient that uses the largest share of its allowance.
+fn worst_gradient(
+    inputs: &AttentionInputs<'_, HostTensor>,
+    exact: &ExactGradients<f64>,
+    plain: &[ExactGradients<f32>],
+    out: &AttentionGradients<HostTensor>,
+) -> std::result::Result<(&'static str, ErrorReport), String> {
+    let rounding = |t: &HostTensor| {
+        if t.dtype() == DType::F16 {
+            F16_UNIT_ROUNDOFF
+        } else {
+            0.0
+        }
+    };
+    for (name, got, expected) in [
+        ("dQ", &out.dq, inputs.q.shape()),
+        ("dK", &out.dk, inputs.k.shape()),
+        ("dV", &out.dv, inputs.v.shape()),
+    ] {
+        if got.shape() != expected {
+            return Err(format!(
+                "{name} came back as {:?}, not {expected:?}",
+                got.shape()
+            ));
+        }
+    }
+    let (exact_past_k, exact_k) = exact.key_parts();
+    let (exact_past_v, exact_v) = exact.value_parts();
+    let plain_k: Vec<_> = plain.iter().map(|p| p.key_parts()).collect();
+    let plain_v: Vec<_> = plain.iter().map(|p| p.value_parts()).collect();
+    let judge = |got: &HostTensor, exact: &[f64], plain: Vec<&[f32]>| {
+        compare_baselines(got.data(), exact, &plain, DEFAULT_FLOOR)
+            .allow_output_rounding(exact, rounding(got))
+    };
+    let mut reports = vec![
+        (
+            "dQ",
+            judge(
+                &out.dq,
+                &exact.dq,
+                plain.iter().map(|p| &p.dq[..]).collect(),
+            ),
+        ),
+        (
+            "dK",
+            judge(
+                &out.dk,
+                &exact_k,
+                plain_k.iter().map(|p| &p.1[..]).collect(),
+            ),
+        ),
+        (
+            "dV",
+            judge(
+                &out.dv,
+                &exact_v,
+                plain_v.iter().map(|p| &p.1[..]).collect(),
+            ),
+        ),
+    ];
+    if let (Some(ek), Some(ev)) = (&exact_past_k, &exact_past_v) {
+        let got_k = out
+            .d_past_key
+            .as_ref()
+            .ok_or("dpast_key was not returned")?;
+        let got_v = out
+            .d_past_value
+            .as_ref()
+            .ok_or("dpast_value was not returned")?;
+        let pk = plain_k.iter().filter_map(|p| p.0.as_deref()).collect();
+        let pv = plain_v.iter().filter_map(|p| p.0.as_deref()).collect();
+        reports.push(("dpast_key", judge(got_k, ek, pk)));
+        reports.push(("dpast_value", judge(got_v, ev, pv)));
+    }
+    Ok(reports
+        .into_iter()
+        .max_by(|a, b| a.1.share_of_allowed().total_cmp(&b.1.share_of_allowed()))
+        .expect("dQ, dK and dV are always compared"))
 }
 
 /// Runs `case`'s backward on each of `paths`, computing the oracle once.

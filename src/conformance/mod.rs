@@ -22,7 +22,9 @@ mod runner;
 mod soak;
 mod sweep;
 
-pub use backward::{backward_paths, run_backward_case, run_backward_sweep, BackwardOracle};
+pub use backward::{
+    backward_paths, run_backward_case, run_backward_sweep, verify_gradients, BackwardOracle,
+};
 pub use behaviour::{run_behaviour, BEHAVIOUR_CHECKS};
 pub use case::{CaseInputs, CaseSpec, MaskForm};
 pub use compare::{compare, compare_baselines, ErrorReport, DEFAULT_FLOOR, F16_UNIT_ROUNDOFF};

@@ -3,6 +3,36 @@
 
 /** A Float16Array, where the browser has one (declared structurally, since
  * older TypeScript libraries lack the type). */
+/** What the backward pass takes of the forward call, beside its inputs. */
+export interface BackwardForward {
+  /** The forward's Y (3-D where the inputs were). */
+  y: Tensor;
+  /** The forward's row logsumexp [B, Hq, Nq]. */
+  lse: Tensor;
+  /** The loss's gradient with respect to Y, Y's shape. */
+  dy: Tensor;
+}
+
+/** The gradients of one attention call's inputs. */
+export interface BackwardResult {
+  /** dQ, Q's shape. */
+  dq: HostTensor;
+  /** dK, K's shape (summed over each KV head's query heads). */
+  dk: HostTensor;
+  /** dV, V's shape. */
+  dv: HostTensor;
+  /** The past keys' gradient, where the call had a past. */
+  dpastKey?: HostTensor;
+  /** The past values' gradient. */
+  dpastValue?: HostTensor;
+  /** The path that ran ("fused", "cpu" or "oracle"). */
+  path: string;
+  /** The backward's plan, in words. */
+  plan: string;
+  /** With `verify`: the worst gradient against the f64 oracle's. */
+  check?: { worstOutput: string; maxAbs: number; allowed: number; passed: boolean };
+}
+
 export interface Float16ArrayLike extends ArrayLike<number> {
   readonly BYTES_PER_ELEMENT: 2;
   readonly buffer: ArrayBufferLike;
@@ -289,6 +319,11 @@ export declare class WebAttn {
   readonly compiledPipelines: string[];
   /** The ONNX Attention operator. Rejects with an Error whose `name` is the error kind
    * (`ShapeMismatch`, `Rank`, `DType`, `InvalidOption`, `Limit`, `DeviceLost`, ...). */
+  /**
+   * The gradients of a forward call: `inputs` and `options` as the forward's;
+   * `forward` its Y and logsumexp (`returnLse`) and the loss's gradient dY.
+   */
+  attentionBackward(inputs: AttentionInputs, forward: BackwardForward, options?: AttentionOptions): Promise<BackwardResult>;
   attention(inputs: AttentionInputs, options?: AttentionOptions & { keepOnDevice?: false }): Promise<AttentionResult<HostTensor>>;
   attention(inputs: AttentionInputs, options: AttentionOptions & { keepOnDevice: true }): Promise<AttentionResult<DeviceTensor>>;
   attention(inputs: AttentionInputs, options?: AttentionOptions): Promise<AttentionResult>;

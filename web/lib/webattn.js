@@ -430,6 +430,19 @@ export class WebAttn {
   }
 
   /**
+   * The gradients of a forward call (training): `inputs` and `options` as
+   * the forward's, `forward` `{ y, lse, dy }` (its Y and logsumexp, asked
+   * for with `returnLse`, and the loss's gradient dY), all as `{ data, shape }`.
+   * Resolves to `{ dq, dk, dv, dpastKey?, dpastValue?, path, plan, check? }`.
+   */
+  async attentionBackward(inputs, forward, options = {}) {
+    const args = this.#inputs(inputs);
+    const given = this.#inputs(forward);
+    options = asNow(options);
+    return this._serial(() => this._core().attentionBackward(args, given, options));
+  }
+
+  /**
    * Plans a call of the shapes of `inputs` (values or DeviceTensors) with
    * `options` (the ONNX attributes, `path`, `qNumHeads`/`kvNumHeads`) once;
    * resolves to a `PreparedCall` whose runs allocate nothing after the first.

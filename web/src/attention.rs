@@ -24,13 +24,13 @@ use crate::errors::{js_error, IntoJs};
 use crate::handles::{Handles, Held};
 
 /// A tensor input: the caller's values, or a device tensor of this engine.
-enum Input {
+pub(crate) enum Input {
     Host(HostTensor),
     Device(Tensor),
 }
 
 /// A mask input.
-enum MaskInput {
+pub(crate) enum MaskInput {
     Host(HostMask),
     Device(Mask),
 }
@@ -47,20 +47,21 @@ const INPUT_NAMES: [&str; 7] = [
 ];
 
 /// The parsed inputs of one call.
-struct CallInputs {
-    q: Input,
-    k: Input,
-    v: Input,
-    mask: Option<MaskInput>,
-    past_key: Option<Input>,
-    past_value: Option<Input>,
-    nonpad: Option<Vec<i64>>,
+pub(crate) struct CallInputs {
+    pub q: Input,
+    pub k: Input,
+    pub v: Input,
+    pub mask: Option<MaskInput>,
+    pub past_key: Option<Input>,
+    pub past_value: Option<Input>,
+    pub nonpad: Option<Vec<i64>>,
     /// Q came in ONNX's 3-D form `[B, S, H·D]`, so Y goes back in it.
-    three_d: bool,
+    pub three_d: bool,
 }
 
 impl CallInputs {
-    fn all_host(&self) -> bool {
+    /// Whether every input is the caller's values (no device tensor).
+    pub(crate) fn all_host(&self) -> bool {
         let host = |i: &Input| matches!(i, Input::Host(_));
         host(&self.q)
             && host(&self.k)
@@ -140,7 +141,9 @@ fn to_four_d(
     }
 }
 
-fn parse_inputs(
+/// The inputs object of `engine.attention` (and of the backward), 3-D
+/// tensors split into heads as the options say.
+pub(crate) fn parse_inputs(
     handles: &Handles,
     inputs: &JsValue,
     call: &CallOptions,
@@ -550,7 +553,7 @@ pub async fn call(
 
 /// A host tensor input as a reference (`None` for none, and for device ones,
 /// which never reach the host path).
-fn host_only(input: &Option<Input>) -> Option<&HostTensor> {
+pub(crate) fn host_only(input: &Option<Input>) -> Option<&HostTensor> {
     match input {
         Some(Input::Host(t)) => Some(t),
         _ => None,

@@ -331,6 +331,19 @@ impl EngineCore {
         crate::attention::call(&self.engine, &self.handles, &inputs, &options, None).await
     }
 
+    /// The gradients of a forward call (see `backward.rs`): `inputs` and
+    /// `options` as the forward's, `forward` `{y, lse, dy}`; resolves to
+    /// `{dq, dk, dv, dpastKey?, dpastValue?, path, plan, check?}`.
+    #[wasm_bindgen(js_name = attentionBackward)]
+    pub async fn attention_backward(
+        &self,
+        inputs: JsValue,
+        forward: JsValue,
+        options: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        crate::backward::call(&self.engine, &self.handles, &inputs, &forward, &options).await
+    }
+
     /// Plans a call of the shapes of `inputs` with `options` once; returns
     /// `{id, path, plan, reason}`. Runs of it (`runPrepared`) reuse one workspace.
     pub async fn prepare(&self, inputs: JsValue, options: JsValue) -> Result<JsValue, JsValue> {

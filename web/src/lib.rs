@@ -9,6 +9,7 @@
 //! JavaScript `Error` named by its kind, never a panic.
 
 mod attention;
+mod backward;
 mod convert;
 mod engine;
 mod errors;

@@ -196,6 +196,25 @@ function cases({ worker, isa }) {
     return lines.join("; ");
   });
 
+  add("the backward pass: gradients of a forward call within tolerance of the oracle's", async (engine) => {
+    const lines = [];
+    const q = tensor(n, [1, 4, 33, 16]), k = tensor(n, [1, 2, 40, 16]), v = tensor(n, [1, 2, 40, 8]);
+    const paths = engine.backend === "gpu" ? ["fused", "cpu"] : ["cpu"];
+    for (const [label, options] of [["causal", { isCausal: true }], ["softcap + ALiBi", { softcap: 3, alibi: true }]]) {
+      const fwd = await engine.attention({ q, k, v }, { ...options, returnLse: true });
+      const dy = tensor(n, fwd.y.shape);
+      for (const path of paths) {
+        const g = await engine.attentionBackward({ q, k, v }, { y: fwd.y, lse: fwd.lse, dy }, { ...options, path, verify: true });
+        expect(g.path === path, `asked for ${path}, ran ${g.path}`);
+        expect(g.dq.shape.join() === q.shape.join() && g.dk.shape.join() === k.shape.join() && g.dv.shape.join() === v.shape.join(), "gradient shapes");
+        expect(g.check.passed, `${label} on ${path}: outside tolerance ${JSON.stringify(g.check)}`);
+        lines.push(`${label} ${path}: worst ${g.check.worstOutput} ${g.check.maxAbs.toExponential(2)} of ${g.check.allowed.toExponential(2)}`);
+      }
+    }
+    await rejects(() => engine.attentionBackward({ q, k, v }, { y: q, lse: q, dy: q }), "ShapeMismatch", /Y/);
+    return lines.join("; ");
+  });
+
   add("f16 inputs (Float16Array and Uint16Array bits)", async (engine) => {
     const shape = [1, 2, 9, 16];
     const values = () => Array.from({ length: size(shape) }, (_, i) => ((i * 37) % 97 - 48) / 32);
