@@ -110,3 +110,100 @@ pub fn plan_backward(
         Err(e) => Err(e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dims(d: usize) -> AttentionDims {
+        AttentionDims::plain(1, [8, 2], [1024, 1024], [d, d])
+    }
+
+    fn on(
+        caps: Option<&Capabilities>,
+        gpu: bool,
+        d: usize,
+        path: KernelPath,
+        grads: GradientOptions,
+    ) -> Result<BackwardPlan> {
+        let options = AttentionOptions {
+            path,
+            ..Default::default()
+        };
+        plan_backward(caps, gpu, &dims(d), &options, grads)
+    }
+
+    #[test]
+    fn auto_takes_the_fused_kernels_on_a_gpu_engine_where_they_fit() {
+        let caps = Capabilities::synthetic("DiscreteGpu");
+        let plain = GradientOptions::default();
+        let plan = on(Some(&caps), true, 64, KernelPath::Auto, plain).unwrap();
+        assert_eq!(plan.path, KernelPath::Fused);
+        let tiles = plan.tiles.unwrap();
+        // WebGPU's 16 KiB of workgroup memory: Q and dY rows of 64 + 64.
+        assert!(tiles.dkdv_workgroup_bytes() <= 16 << 10);
+        assert_eq!(plan.workspace_bytes, backward::workspace_bytes(&dims(64)));
+        assert!(plan.reason.is_none());
+        // Head dims past the fused kernels: the CPU backend, saying why.
+        let big = on(Some(&caps), true, 512, KernelPath::Auto, plain).unwrap();
+        assert_eq!(big.path, KernelPath::Cpu);
+        assert!(big.reason.unwrap().contains("head dim"));
+        // ... and refused where asked for by name.
+        assert!(matches!(
+            on(Some(&caps), true, 512, KernelPath::Fused, plain),
+            Err(Error::Limit { .. })
+        ));
+    }
+
+    #[test]
+    fn a_cpu_engine_plans_the_cpu_unless_the_adapter_is_named() {
+        let lavapipe = Capabilities::synthetic("Cpu");
+        let plain = GradientOptions::default();
+        let auto = on(Some(&lavapipe), false, 64, KernelPath::Auto, plain).unwrap();
+        assert_eq!((auto.path, auto.workspace_bytes), (KernelPath::Cpu, 0));
+        let named = on(Some(&lavapipe), false, 64, KernelPath::Fused, plain).unwrap();
+        assert_eq!(named.path, KernelPath::Fused);
+        assert!(matches!(
+            on(None, false, 64, KernelPath::Fused, plain),
+            Err(Error::Conflict(_))
+        ));
+    }
+
+    #[test]
+    fn what_the_fused_backward_lacks_is_refused_by_name_and_planned_around_by_auto() {
+        let caps = Capabilities::synthetic("DiscreteGpu");
+        let mask = GradientOptions {
+            mask_gradient: true,
+        };
+        let plan = on(Some(&caps), true, 64, KernelPath::Auto, mask).unwrap();
+        assert_eq!(plan.path, KernelPath::Cpu);
+        assert!(plan.reason.unwrap().contains("mask"));
+        assert!(matches!(
+            on(Some(&caps), true, 64, KernelPath::Fused, mask),
+            Err(Error::Conflict(_))
+        ));
+        assert!(matches!(
+            on(
+                Some(&caps),
+                true,
+                64,
+                KernelPath::Unfused,
+                GradientOptions::default()
+            ),
+            Err(Error::Conflict(_))
+        ));
+        let fast = AttentionOptions {
+            precision: Precision::Fast,
+            ..Default::default()
+        };
+        let plan = plan_backward(
+            Some(&caps),
+            true,
+            &dims(64),
+            &fast,
+            GradientOptions::default(),
+        )
+        .unwrap();
+        assert!(plan.reason.unwrap().contains("f32"));
+    }
+}
