@@ -1117,6 +1117,29 @@ impl Engine {
         }
     }
 
+    /// A call's inputs on the host (read back from the device where they live
+    /// there), for the paths that compute on the host.
+    pub(crate) async fn host_inputs(
+        &self,
+        inputs: &AttentionInputs<'_, Tensor>,
+    ) -> Result<HostInputs> {
+        let past = match (inputs.past_key, inputs.past_value) {
+            (Some(pk), Some(pv)) => Some((self.to_host(pk).await?, self.to_host(pv).await?)),
+            _ => None,
+        };
+        let mask = match inputs.attn_mask {
+            Some(m) => Some(self.download_mask(m).await?),
+            None => None,
+        };
+        Ok(HostInputs {
+            q: self.to_host(inputs.q).await?,
+            k: self.to_host(inputs.k).await?,
+            v: self.to_host(inputs.v).await?,
+            past,
+            mask,
+        })
+    }
+
     /// Reads a mask back to the host. A mask on the GPU comes back as the
     /// equivalent float mask (masked entries are `-f32::MAX`).
     pub async fn download_mask(&self, mask: &Mask) -> Result<HostMask> {
@@ -1178,27 +1201,8 @@ impl Engine {
             }
             _ => {
                 // The CPU: on a CPU engine, or when asked for on a GPU engine.
-                let (q, k, v) = (
-                    self.to_host(inputs.q).await?,
-                    self.to_host(inputs.k).await?,
-                    self.to_host(inputs.v).await?,
-                );
-                let mut past = Vec::new();
-                for t in [inputs.past_key, inputs.past_value].into_iter().flatten() {
-                    past.push(self.to_host(t).await?);
-                }
-                let mask = match inputs.attn_mask {
-                    Some(m) => Some(self.download_mask(m).await?),
-                    None => None,
-                };
-                let mut host_inputs = AttentionInputs::new(&*q, &*k, &*v);
-                if let [pk, pv] = &past[..] {
-                    host_inputs = host_inputs.with_past(pk, pv);
-                }
-                if let Some(m) = &mask {
-                    host_inputs = host_inputs.with_mask(m);
-                }
-                host_inputs.nonpad_kv_seqlen = inputs.nonpad_kv_seqlen;
+                let copies = self.host_inputs(inputs).await?;
+                let host_inputs = copies.view(inputs.nonpad_kv_seqlen);
                 let out = self.run_on_host(plan.path, &host_inputs, options)?;
                 let out = typed_host_outputs(out, &host_inputs);
                 self.record_call(CallStats {
@@ -1283,27 +1287,8 @@ impl Engine {
         let adapter = self.adapter.as_ref().ok_or(Error::Conflict(
             "a GPU path was asked for but this engine runs on the CPU backend",
         ))?;
-        let (q, k, v) = (
-            self.to_host(inputs.q).await?,
-            self.to_host(inputs.k).await?,
-            self.to_host(inputs.v).await?,
-        );
-        let mut past = Vec::new();
-        for t in [inputs.past_key, inputs.past_value].into_iter().flatten() {
-            past.push(self.to_host(t).await?);
-        }
-        let mask = match inputs.attn_mask {
-            Some(m) => Some(self.download_mask(m).await?),
-            None => None,
-        };
-        let mut host_inputs = AttentionInputs::new(&*q, &*k, &*v);
-        if let [pk, pv] = &past[..] {
-            host_inputs = host_inputs.with_past(pk, pv);
-        }
-        if let Some(m) = &mask {
-            host_inputs = host_inputs.with_mask(m);
-        }
-        host_inputs.nonpad_kv_seqlen = inputs.nonpad_kv_seqlen;
+        let copies = self.host_inputs(inputs).await?;
+        let host_inputs = copies.view(inputs.nonpad_kv_seqlen);
         let out = Box::pin(adapter.attention_host(&host_inputs, options)).await?;
         self.record_call(CallStats {
             plan,
@@ -1470,5 +1455,29 @@ impl Engine {
         options: &AttentionOptions,
     ) -> Result<AttentionOutputs<HostTensor>> {
         pollster::block_on(self.attention_host(inputs, options))
+    }
+}
+
+/// A call's inputs read to the host: what [`Engine::host_inputs`] returns.
+pub(crate) struct HostInputs {
+    q: Arc<HostTensor>,
+    k: Arc<HostTensor>,
+    v: Arc<HostTensor>,
+    past: Option<(Arc<HostTensor>, Arc<HostTensor>)>,
+    mask: Option<HostMask>,
+}
+
+impl HostInputs {
+    /// The call's inputs over these copies, with the call's `nonpad` lengths.
+    pub(crate) fn view<'a>(&'a self, nonpad: Option<&'a [i64]>) -> AttentionInputs<'a, HostTensor> {
+        let mut inputs = AttentionInputs::new(&*self.q, &*self.k, &*self.v);
+        if let Some((pk, pv)) = &self.past {
+            inputs = inputs.with_past(pk, pv);
+        }
+        if let Some(m) = &self.mask {
+            inputs = inputs.with_mask(m);
+        }
+        inputs.nonpad_kv_seqlen = nonpad;
+        inputs
     }
 }

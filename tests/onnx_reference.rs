@@ -179,6 +179,12 @@ fn cpu_oracle_reproduces_onnx() {
 }
 
 #[test]
+fn gpu_fused_path_reproduces_onnx() {
+    let Some(engine) = common::gpu() else { return };
+    check_engine(engine, KernelPath::Fused);
+}
+
+#[test]
 fn gpu_unfused_path_reproduces_onnx() {
     let Some(engine) = common::gpu() else { return };
     check_engine(engine, KernelPath::Unfused);

@@ -282,18 +282,7 @@ pub async fn run_backward_case(
             }
             results
         }
-        Err(e) => paths
-            .iter()
-            .map(|&path| CaseResult {
-                name: case.name.clone(),
-                shapes: case.shape_text(),
-                path,
-                report: None,
-                worst_output: "-",
-                failure: Some(format!("the oracle rejected the case: {e}")),
-                millis: 0.0,
-            })
-            .collect(),
+        Err(e) => CaseResult::oracle_rejected(case, paths, &e),
     }
 }
 

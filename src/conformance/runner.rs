@@ -6,7 +6,7 @@ use super::case::{CaseInputs, CaseSpec};
 use super::compare::{compare_baselines, ErrorReport, DEFAULT_FLOOR, F16_UNIT_ROUNDOFF};
 use crate::cpu::{self, ExactOutputs};
 use crate::engine::Engine;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::options::{AttentionOptions, KernelPath, Precision};
 use crate::problem::AttentionOutputs;
 use crate::tensor::{DType, HostTensor};
@@ -34,6 +34,26 @@ impl CaseResult {
     /// Whether the case passed.
     pub fn passed(&self) -> bool {
         self.failure.is_none() && self.report.is_none_or(|r| r.passed())
+    }
+
+    /// `case` failed on each of `paths` before it ran: its oracle refused it.
+    pub(crate) fn oracle_rejected(
+        case: &CaseSpec,
+        paths: &[KernelPath],
+        error: &Error,
+    ) -> Vec<CaseResult> {
+        paths
+            .iter()
+            .map(|&path| CaseResult {
+                name: case.name.clone(),
+                shapes: case.shape_text(),
+                path,
+                report: None,
+                worst_output: "-",
+                failure: Some(format!("the oracle rejected the case: {error}")),
+                millis: 0.0,
+            })
+            .collect()
     }
 }
 
@@ -235,17 +255,6 @@ pub async fn run_case(
             }
             results
         }
-        Err(e) => paths
-            .iter()
-            .map(|&path| CaseResult {
-                name: case.name.clone(),
-                shapes: case.shape_text(),
-                path,
-                report: None,
-                worst_output: "-",
-                failure: Some(format!("the oracle rejected the case: {e}")),
-                millis: 0.0,
-            })
-            .collect(),
+        Err(e) => CaseResult::oracle_rejected(case, paths, &e),
     }
 }

@@ -103,11 +103,25 @@ fn quiet_headless_vulkan() {
 fn instance(backends: wgpu::Backends) -> wgpu::Instance {
     #[cfg(not(target_arch = "wasm32"))]
     quiet_headless_vulkan();
-    #[cfg(not(target_arch = "wasm32"))]
-    let desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
-    #[cfg(target_arch = "wasm32")]
     let desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    #[cfg(not(target_arch = "wasm32"))]
+    let desc = wgpu::InstanceDescriptor {
+        flags: instance_flags(),
+        ..desc.with_env()
+    };
     wgpu::Instance::new(wgpu::InstanceDescriptor { backends, ..desc })
+}
+
+/// wgpu's flags for this build without shader debug info unless `WGPU_DEBUG=1`
+/// asks for it: a debug build would write a source line for every statement
+/// of every kernel into its SPIR-V, which naga finds by scanning the source
+/// from its start each time (a third of a pipeline's creation on lavapipe),
+/// and nothing here reads them. Validation stays as the build config has it.
+#[cfg(not(target_arch = "wasm32"))]
+fn instance_flags() -> wgpu::InstanceFlags {
+    wgpu::InstanceFlags::from_build_config()
+        .difference(wgpu::InstanceFlags::DEBUG)
+        .with_env()
 }
 
 /// The backend sets to search, in order. Natively: the one `WGPU_BACKEND` names,
@@ -537,6 +551,13 @@ mod tests {
                 assert!(message.contains("binding too small"));
             }
             other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn kernels_carry_no_shader_debug_info_unless_asked() {
+        if std::env::var_os("WGPU_DEBUG").is_none() {
+            assert!(!instance_flags().contains(wgpu::InstanceFlags::DEBUG));
         }
     }
 }

@@ -154,27 +154,8 @@ impl Engine {
         }
         // Elsewhere: through the host.
         let host = |t| self.to_host(t);
-        let (q, k, v) = (
-            host(inputs.q).await?,
-            host(inputs.k).await?,
-            host(inputs.v).await?,
-        );
-        let mut past = Vec::new();
-        for t in [inputs.past_key, inputs.past_value].into_iter().flatten() {
-            past.push(host(t).await?);
-        }
-        let mask = match inputs.attn_mask {
-            Some(m) => Some(self.download_mask(m).await?),
-            None => None,
-        };
-        let mut host_inputs = AttentionInputs::new(&*q, &*k, &*v);
-        if let [pk, pv] = &past[..] {
-            host_inputs = host_inputs.with_past(pk, pv);
-        }
-        if let Some(m) = &mask {
-            host_inputs = host_inputs.with_mask(m);
-        }
-        host_inputs.nonpad_kv_seqlen = inputs.nonpad_kv_seqlen;
+        let copies = self.host_inputs(inputs).await?;
+        let host_inputs = copies.view(inputs.nonpad_kv_seqlen);
         let (y, lse, dy) = (
             host(forward.y).await?,
             host(forward.lse).await?,

@@ -50,8 +50,9 @@ pub struct Args {
     /// `--only attention,decode` to fit a run into a time slot.
     #[arg(long, value_enum, value_delimiter = ',', value_name = "KIND,...")]
     only: Vec<RowKind>,
-    /// Attention rows only at these sequence lengths, decode rows only at
-    /// these key counts (comma-separated; default: the run's range).
+    /// Attention, backward and oracle rows at these sequence lengths, decode
+    /// rows at these key counts (comma-separated; default: the run's range,
+    /// `--quick`'s included).
     #[arg(long, value_delimiter = ',', value_name = "N,...")]
     seqs: Vec<usize>,
     /// Attention rows only at these head dims (comma-separated; default: 64,128).
@@ -267,13 +268,24 @@ fn plan(
         head_dim,
         causal,
     };
+    // `--seqs` names the attention rows' lengths and the decode rows' key
+    // counts, in a quick run too (a functional check at a small size).
+    let given = |default: &[usize]| -> Vec<usize> {
+        if args.seqs.is_empty() {
+            default.to_vec()
+        } else {
+            args.seqs.clone()
+        }
+    };
     if args.quick {
         for causal in [false, true] {
-            for &path in paths {
-                attention(&mut jobs, shape(2048, 64, causal), path);
+            for seq in given(&[2048]) {
+                for &path in paths {
+                    attention(&mut jobs, shape(seq, 64, causal), path);
+                }
             }
         }
-        for keys in [4096, 8192] {
+        for keys in given(&[4096, 8192]) {
             decode_jobs(&mut jobs, decode_shape(1, [8, 8], keys), paths, gpu);
         }
     } else {
@@ -299,7 +311,7 @@ fn plan(
                 }
             }
         }
-        for keys in [4096, 8192, 16384, 32768] {
+        for keys in given(&[4096, 8192, 16384, 32768]) {
             decode_jobs(&mut jobs, decode_shape(1, [8, 8], keys), paths, gpu);
         }
         if gpu_scale {
@@ -357,13 +369,13 @@ fn plan(
     jobs.push(Job::Overhead);
     // The backward beside its forward (the attention rows' shapes, d 64);
     // its workspace grows linearly with the sequence.
-    let backward_seqs: &[usize] = match (args.quick, gpu_scale) {
+    let backward_seqs = given(match (args.quick, gpu_scale) {
         (true, false) => &[512],
         (true, true) => &[1024, 4096],
         (false, false) => &[256, 512, 1024],
         (false, true) => &[1024, 2048, 4096, 8192, 16384],
-    };
-    for &seq in backward_seqs {
+    });
+    for seq in backward_seqs {
         for causal in [false, true] {
             if gpu {
                 jobs.push(Job::Backward(shape(seq, 64, causal), KernelPath::Fused));
@@ -374,9 +386,10 @@ fn plan(
         }
     }
     // The f64 oracle once, for reference: it is what the CPU backend replaced.
+    let oracle_seq = given(&[2048]).into_iter().min().unwrap_or(2048);
     for causal in [false, true] {
         jobs.push(Job::Attention(
-            shape(2048, 64, causal),
+            shape(oracle_seq, 64, causal),
             KernelPath::Oracle,
             Precision::Highest,
         ));
@@ -651,6 +664,24 @@ mod tests {
             assert_eq!(heads_label(s), "32/8");
             assert_eq!(s.kv_bytes(), 2 * 4 * (s.batch * 8 * s.seq_k * 128) as u64);
         }
+    }
+
+    #[test]
+    fn a_quick_run_takes_its_lengths_from_seqs() {
+        let mut a = args();
+        a.quick = true;
+        a.seqs = vec![256];
+        let jobs = plan(&a, true, false, true, false);
+        for path in [KernelPath::Fused, KernelPath::Cpu, KernelPath::Oracle] {
+            assert_eq!(attention_seqs(&jobs, path), [256], "{path:?}");
+        }
+        assert!(jobs.iter().any(|j| matches!(j, Job::Decode(..))));
+        assert!(jobs.iter().all(|j| match j {
+            Job::Decode(s, ..) => s.seq_k == 256,
+            Job::Backward(s, _) => s.seq_q == 256,
+            _ => true,
+        }));
+        assert!(jobs.iter().any(|j| matches!(j, Job::Backward(..))));
     }
 
     fn attention_seqs(jobs: &[Job], path: KernelPath) -> Vec<usize> {
