@@ -1,6 +1,8 @@
 //! The backward pass on the CPU: the oracle's gradients against finite
 //! differences of its own forward.
 
+mod common;
+
 use webattn::conformance::{sweep, CaseInputs, CaseSpec, MaskForm, SweepKind};
 use webattn::cpu::{attention_backward_in, RowSource, SumOrder};
 use webattn::rng::SplitMix64;
@@ -188,4 +190,131 @@ fn the_cpu_backends_backward_passes_the_quick_sweep() {
     }
     eprintln!("worst share of the allowed error: {worst:.2}");
     assert!(failed.is_empty(), "{failed:#?}");
+}
+
+/// The multi-head layer's backward on the CPU backend (its attention's
+/// backward blocked, the projections' on the host) against the layer's f64
+/// oracle, every gradient by the tolerance rule.
+#[test]
+fn the_layers_gradients_on_the_cpu_backend_are_within_the_rule() {
+    let worst = common::check_layer_gradients(&webattn::Engine::cpu());
+    eprintln!("worst share of the allowed error: {worst:.2}");
+}
+
+/// The layer oracle's gradients (weights, biases, inputs) against central
+/// finite differences of the layer's f64 forward, Σ dOut ∘ Out.
+#[test]
+fn the_layers_oracle_gradients_match_finite_differences() {
+    use webattn::family::mha::{MhaWeights, MultiHeadAttention};
+    let mut worst = 0.0f64;
+    for case in common::layer_cases() {
+        let dims = case.layer.dims();
+        let build = |w: MhaWeights| {
+            let layer = MultiHeadAttention::new(w, dims.heads, dims.kv_heads).unwrap();
+            match case.rope {
+                Some(rope) => layer.with_rope(rope).unwrap(),
+                None => layer,
+            }
+        };
+        let loss = |layer: &MultiHeadAttention, q: &HostTensor, kv: Option<&HostTensor>| -> f64 {
+            let (out, _) = layer.oracle::<f64>(q, kv, &case.options).unwrap();
+            out.iter()
+                .zip(case.d_output.data())
+                .map(|(&o, &d)| o * f64::from(d))
+                .sum()
+        };
+        let exact = case
+            .layer
+            .backward_exact::<f64>(
+                &case.query,
+                case.key_value.as_ref(),
+                &case.options,
+                &case.d_output,
+                RowSource::Recomputed,
+            )
+            .unwrap();
+        // Which tensor an entry is in: 0 the query, 1 the key/value input,
+        // 2.. the weights in MhaWeights' order.
+        let perturbed = |which: usize, index: usize, h: f32| -> (f64, f64) {
+            let mut q = case.query.clone();
+            let mut kv = case.key_value.clone();
+            let mut w = case.layer.weights().clone();
+            let slot: &mut f32 = match which {
+                0 => &mut q.data_mut()[index],
+                1 => &mut kv.as_mut().unwrap().data_mut()[index],
+                _ => {
+                    let tensors = [
+                        Some(&mut w.w_q),
+                        w.b_q.as_mut(),
+                        Some(&mut w.w_k),
+                        w.b_k.as_mut(),
+                        Some(&mut w.w_v),
+                        w.b_v.as_mut(),
+                        Some(&mut w.w_o),
+                        w.b_o.as_mut(),
+                    ];
+                    let t = tensors.into_iter().nth(which - 2).unwrap().unwrap();
+                    &mut t.data_mut()[index]
+                }
+            };
+            let old = *slot;
+            *slot = old + h;
+            let step = f64::from(*slot) - f64::from(old);
+            (loss(&build(w), &q, kv.as_ref()), step)
+        };
+        let derivative = |which: usize, index: usize, h: f32| -> f64 {
+            let (up, du) = perturbed(which, index, h);
+            let (down, dd) = perturbed(which, index, -h);
+            (up - down) / (du - dd)
+        };
+        let parts: Vec<&Vec<f64>> = [&exact.d_query, &exact.d_key_value]
+            .into_iter()
+            .chain(exact.weights.iter())
+            .collect();
+        for (which, grads) in parts.into_iter().enumerate() {
+            if grads.is_empty() {
+                continue;
+            }
+            let scale = grads.iter().fold(0.0f64, |m, g| m.max(g.abs()));
+            for index in [0, grads.len() / 3, grads.len() / 2 + 1, grads.len() - 1] {
+                let h = 1.0 / 256.0;
+                // Richardson: central differences at h and h/2 (error O(h⁴)).
+                let fd =
+                    (4.0 * derivative(which, index, h / 2.0) - derivative(which, index, h)) / 3.0;
+                let err = (fd - grads[index]).abs() / scale;
+                worst = worst.max(err);
+                assert!(
+                    err <= 1e-6,
+                    "{}: tensor {which} entry {index}: finite difference {fd:e}, oracle {:e}",
+                    case.name,
+                    grads[index]
+                );
+            }
+        }
+    }
+    eprintln!("worst error against finite differences (of the largest gradient): {worst:.2e}");
+}
+
+/// A layer's backward refuses a dOutput of another shape by name, and the
+/// layer refuses inputs that are not its own width.
+#[test]
+fn the_layers_backward_refuses_a_gradient_of_another_shape() {
+    let engine = webattn::Engine::cpu();
+    let case = common::layer_cases().remove(0);
+    let (_, tape) = case
+        .layer
+        .forward_train_blocking(&engine, &case.query, None, &case.options)
+        .unwrap();
+    let wrong = HostTensor::zeros([2, 6, 16]).unwrap();
+    let err = case
+        .layer
+        .backward_blocking(&engine, &tape, &wrong)
+        .unwrap_err();
+    assert!(err.to_string().contains("d_output"), "{err}");
+    let narrow = HostTensor::zeros([2, 7, 8]).unwrap();
+    let err = case
+        .layer
+        .forward_train_blocking(&engine, &narrow, None, &case.options)
+        .unwrap_err();
+    assert!(err.to_string().contains("query"), "{err}");
 }

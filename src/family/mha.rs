@@ -452,6 +452,11 @@ impl MultiHeadAttention {
         }
     }
 
+    /// The rotary embedding the layer applies to Q and K, if any.
+    pub(crate) fn rope(&self) -> Option<&Rope> {
+        self.rope.as_ref()
+    }
+
     /// The layer's sizes.
     pub fn dims(&self) -> MhaDims {
         self.dims
@@ -1726,7 +1731,7 @@ fn project_heads<F: Real>(
 }
 
 /// Q, K, V projected (and rotated) in `F`.
-fn projections<F: Real>(
+pub(super) fn projections<F: Real>(
     w: &MhaWeights,
     d: MhaDims,
     rope: Option<&Rope>,
@@ -1750,7 +1755,7 @@ fn projections<F: Real>(
 /// written as plainly as the contract reads; returns Y `[B, H, N, Dv]` and
 /// the probabilities `[B, H, N, M]`.
 #[allow(clippy::too_many_arguments)]
-fn attention_core<F: Real>(
+pub(super) fn attention_core<F: Real>(
     q: &[F],
     k: &[F],
     v: &[F],
@@ -1829,7 +1834,13 @@ fn attention_core<F: Real>(
 }
 
 /// `Σ_h Y_h W_Ohᵀ + b_O`: `[B, N, d_model]` from head-major Y.
-fn out_projection<F: Real>(y: &[F], w: &MhaWeights, d: MhaDims, batch: usize, n: usize) -> Vec<F> {
+pub(super) fn out_projection<F: Real>(
+    y: &[F],
+    w: &MhaWeights,
+    d: MhaDims,
+    batch: usize,
+    n: usize,
+) -> Vec<F> {
     let (dv, width) = (d.v_head_dim, d.heads * d.v_head_dim);
     let mut out = vec![F::ZERO; batch * n * d.d_model];
     for b in 0..batch {

@@ -13,6 +13,7 @@ pub mod checks;
 pub mod linear;
 pub mod luong;
 pub mod mha;
+pub mod mha_backward;
 pub mod position;
 mod scored;
 

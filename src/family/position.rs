@@ -391,6 +391,30 @@ pub(crate) fn rope_in_place<F: Real>(
     rope: &Rope,
     extra_offset: usize,
 ) {
+    rotate_pairs(rows, seq_len, dim, rope, extra_offset, F::from_f32(1.0));
+}
+
+/// RoPE's transpose (the rotation by minus each angle): a gradient through
+/// [`rope_in_place`] back to its input.
+pub(crate) fn rope_transpose_in_place<F: Real>(
+    rows: &mut [F],
+    seq_len: usize,
+    dim: usize,
+    rope: &Rope,
+    extra_offset: usize,
+) {
+    rotate_pairs(rows, seq_len, dim, rope, extra_offset, F::from_f32(-1.0));
+}
+
+/// Rotates each pair by `sign` times its position's angle.
+fn rotate_pairs<F: Real>(
+    rows: &mut [F],
+    seq_len: usize,
+    dim: usize,
+    rope: &Rope,
+    extra_offset: usize,
+    sign: F,
+) {
     let half = dim / 2;
     for (r, row) in rows.chunks_mut(dim).enumerate() {
         let pos = rope.offset + extra_offset + r % seq_len;
@@ -400,7 +424,7 @@ pub(crate) fn rope_in_place<F: Real>(
                 RopeLayout::HalfSplit => (f, f + half),
             };
             let a: F = angle(rope.base, dim, f, pos);
-            let (sin, cos) = (a.sin(), a.cos());
+            let (sin, cos) = (sign * a.sin(), a.cos());
             let (x1, x2) = (row[i1], row[i2]);
             row[i1] = x1 * cos - x2 * sin;
             row[i2] = x1 * sin + x2 * cos;

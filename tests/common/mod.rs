@@ -204,3 +204,164 @@ pub fn pinned(
         .expect("a GPU engine")
         .with_overrides(overrides)
 }
+
+/// A multi-head layer's training case: the layer, its inputs and options.
+#[allow(dead_code)]
+pub struct LayerCase {
+    pub name: &'static str,
+    pub layer: webattn::family::mha::MultiHeadAttention,
+    /// The layer's rotary embedding (to rebuild it with other weights).
+    pub rope: Option<webattn::family::position::Rope>,
+    pub query: webattn::HostTensor,
+    pub key_value: Option<webattn::HostTensor>,
+    pub options: webattn::AttentionOptions,
+    pub d_output: webattn::HostTensor,
+}
+
+/// The layer cases the backward is checked on: self-attention with GQA,
+/// RoPE and a causal mask at sizes off every tile, and cross-attention
+/// with softcap, its key/value input of its own width.
+#[allow(dead_code)]
+pub fn layer_cases() -> Vec<LayerCase> {
+    use webattn::family::mha::{MhaWeights, MultiHeadAttention};
+    use webattn::family::position::Rope;
+    let mut rng = webattn::rng::SplitMix64::new(seed() ^ 0x1a7e);
+    let mut tensor = |shape: [usize; 3]| {
+        let len = shape.iter().product();
+        webattn::HostTensor::new(shape, rng.normal_vec(len, 1.0)).unwrap()
+    };
+    let self_attention =
+        MultiHeadAttention::new(MhaWeights::random(16, 16, 4, 2, 4, seed()).unwrap(), 4, 2)
+            .unwrap()
+            .with_rope(Rope::default())
+            .unwrap();
+    let cross = MultiHeadAttention::new(
+        MhaWeights::random(12, 10, 3, 3, 8, seed() + 1).unwrap(),
+        3,
+        3,
+    )
+    .unwrap();
+    vec![
+        LayerCase {
+            name: "self, GQA 4/2, RoPE, causal",
+            layer: self_attention,
+            rope: Some(Rope::default()),
+            query: tensor([2, 7, 16]),
+            key_value: None,
+            options: webattn::AttentionOptions {
+                is_causal: true,
+                ..Default::default()
+            },
+            d_output: tensor([2, 7, 16]),
+        },
+        LayerCase {
+            name: "cross, softcap",
+            layer: cross,
+            rope: None,
+            query: tensor([1, 5, 12]),
+            key_value: Some(tensor([1, 9, 10])),
+            options: webattn::AttentionOptions {
+                softcap: 2.0,
+                ..Default::default()
+            },
+            d_output: tensor([1, 5, 12]),
+        },
+    ]
+}
+
+/// Runs each layer case's forward and backward on `engine` and checks
+/// every gradient (inputs, weights, biases) against the f64 oracle's by the
+/// tolerance rule; returns the worst share of the allowed error.
+#[allow(dead_code)]
+pub fn check_layer_gradients(engine: &Engine) -> f64 {
+    use webattn::conformance::{compare, DEFAULT_FLOOR};
+    use webattn::cpu::RowSource;
+    let mut worst: f64 = 0.0;
+    for case in layer_cases() {
+        let kv = case.key_value.as_ref();
+        let (out, tape) = case
+            .layer
+            .forward_train_blocking(engine, &case.query, kv, &case.options)
+            .unwrap();
+        let (exact_out, _) = case
+            .layer
+            .oracle::<f64>(&case.query, kv, &case.options)
+            .unwrap();
+        let (plain_out, _) = case
+            .layer
+            .oracle::<f32>(&case.query, kv, &case.options)
+            .unwrap();
+        let report = compare(out.data(), &exact_out, &plain_out, DEFAULT_FLOOR);
+        assert!(
+            report.passed(),
+            "{}: the forward's output {report:?}",
+            case.name
+        );
+        let got = case
+            .layer
+            .backward_blocking(engine, &tape, &case.d_output)
+            .unwrap();
+        let exact = case
+            .layer
+            .backward_exact::<f64>(
+                &case.query,
+                kv,
+                &case.options,
+                &case.d_output,
+                RowSource::Recomputed,
+            )
+            .unwrap();
+        let plain = case
+            .layer
+            .backward_exact::<f32>(
+                &case.query,
+                kv,
+                &case.options,
+                &case.d_output,
+                RowSource::FromForward,
+            )
+            .unwrap();
+        let w = &got.weights;
+        let mut named: Vec<(&str, Option<&webattn::HostTensor>)> = vec![
+            ("d_query", Some(&got.d_query)),
+            ("d_key_value", got.d_key_value.as_ref()),
+        ];
+        for (name, t) in [
+            ("W_Q", Some(&w.w_q)),
+            ("b_Q", w.b_q.as_ref()),
+            ("W_K", Some(&w.w_k)),
+            ("b_K", w.b_k.as_ref()),
+            ("W_V", Some(&w.w_v)),
+            ("b_V", w.b_v.as_ref()),
+            ("W_O", Some(&w.w_o)),
+            ("b_O", w.b_o.as_ref()),
+        ] {
+            named.push((name, t));
+        }
+        let exact_parts: Vec<&Vec<f64>> = [&exact.d_query, &exact.d_key_value]
+            .into_iter()
+            .chain(exact.weights.iter())
+            .collect();
+        let plain_parts: Vec<&Vec<f32>> = [&plain.d_query, &plain.d_key_value]
+            .into_iter()
+            .chain(plain.weights.iter())
+            .collect();
+        for (((name, got), exact), plain) in named.into_iter().zip(exact_parts).zip(plain_parts) {
+            let Some(got) = got else {
+                assert!(exact.is_empty(), "{}: {name} missing", case.name);
+                continue;
+            };
+            let report = compare(got.data(), exact, plain, DEFAULT_FLOOR);
+            println!(
+                "{:<28} {name:<12} max_abs {:.3e} allowed {:.3e} ({:.2} of it)",
+                case.name,
+                report.max_abs,
+                report.allowed,
+                report.share_of_allowed()
+            );
+            assert!(report.passed(), "{}: {name} {report:?}", case.name);
+            worst = worst.max(report.share_of_allowed());
+        }
+    }
+    worst
+}

@@ -224,3 +224,13 @@ fn non_finite_values_propagate_where_the_forward_propagates_them() {
     // Key 5's K NaN poisons only row 5's scores, which attend keys 0..=5.
     assert!(!dk.is_empty() && !dv.is_empty());
 }
+
+/// The multi-head layer's backward on the GPU engine (its attention's
+/// backward on the fused kernels, the projections' on the host) against
+/// the layer's f64 oracle, every gradient by the tolerance rule.
+#[test]
+fn the_layers_gradients_on_the_fused_backward_are_within_the_rule() {
+    let Some(engine) = common::gpu() else { return };
+    let worst = common::check_layer_gradients(engine);
+    eprintln!("worst share of the allowed error: {worst:.2}");
+}
