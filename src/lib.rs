@@ -51,6 +51,7 @@ pub mod rng;
 pub mod run;
 pub mod shader;
 mod tensor;
+pub mod train;
 pub mod tuning;
 
 pub use device::capabilities::{AdapterSummary, Capabilities, KernelLimits};

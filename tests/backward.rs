@@ -318,3 +318,35 @@ fn the_layers_backward_refuses_a_gradient_of_another_shape() {
         .unwrap_err();
     assert!(err.to_string().contains("query"), "{err}");
 }
+
+/// A small attention model learns associative recall from scratch on the
+/// CPU backend (forward and backward through the engine): the held-out
+/// loss falls from about chance (ln 16 = 2.77) below 0.1 within 150 steps.
+#[test]
+fn a_small_attention_model_learns_associative_recall() {
+    use webattn::train::{Adam, RecallModel, RecallTask};
+    let engine = webattn::Engine::cpu();
+    let task = RecallTask::default();
+    let mut model = RecallModel::new(task, 32, 2, 7).unwrap();
+    let held_out = task.batch(&mut SplitMix64::new(99), 256);
+    let before = model.evaluate_blocking(&engine, &held_out).unwrap();
+    let mut rng = SplitMix64::new(11);
+    let adam = Adam::default();
+    for step in 1..=150 {
+        let batch = task.batch(&mut rng, 64);
+        let stats = model.train_step_blocking(&engine, &batch, &adam).unwrap();
+        if step % 50 == 0 {
+            eprintln!(
+                "step {step}: loss {:.3} accuracy {:.2}",
+                stats.loss, stats.accuracy
+            );
+        }
+    }
+    let after = model.evaluate_blocking(&engine, &held_out).unwrap();
+    eprintln!(
+        "held out: loss {:.3} -> {:.3}, accuracy {:.2} -> {:.2}",
+        before.loss, after.loss, before.accuracy, after.accuracy
+    );
+    assert!(before.loss > 2.0, "{before:?}");
+    assert!(after.loss < 0.1 && after.accuracy > 0.95, "{after:?}");
+}

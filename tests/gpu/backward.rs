@@ -234,3 +234,26 @@ fn the_layers_gradients_on_the_fused_backward_are_within_the_rule() {
     let worst = common::check_layer_gradients(engine);
     eprintln!("worst share of the allowed error: {worst:.2}");
 }
+
+/// The small attention model of tests/backward.rs learns associative recall
+/// on the GPU engine too (its attention forward and backward on the fused
+/// kernels): the held-out loss below 0.1 within 100 steps.
+#[test]
+fn a_small_attention_model_learns_on_the_fused_kernels() {
+    use webattn::rng::SplitMix64;
+    use webattn::train::{Adam, RecallModel, RecallTask};
+    let Some(engine) = common::gpu() else { return };
+    let task = RecallTask::default();
+    let mut model = RecallModel::new(task, 32, 2, 7).unwrap();
+    let held_out = task.batch(&mut SplitMix64::new(99), 256);
+    let mut rng = SplitMix64::new(11);
+    for _ in 0..100 {
+        let batch = task.batch(&mut rng, 64);
+        model
+            .train_step_blocking(engine, &batch, &Adam::default())
+            .unwrap();
+    }
+    let after = model.evaluate_blocking(engine, &held_out).unwrap();
+    eprintln!("held out after 100 steps: {after:?}");
+    assert!(after.loss < 0.1 && after.accuracy > 0.95, "{after:?}");
+}
