@@ -352,6 +352,88 @@ async function runTiming() {
   $("timing-run").disabled = false;
 }
 
+// ---------------------------------------------------------------- training
+
+/** The loss (red, from its first value down) and accuracy (blue, 0-100%) so far. */
+function drawCurve(points, steps) {
+  const canvas = $("train-curve");
+  const ctx = canvas.getContext("2d");
+  ctx.clearRect(0, 0, canvas.width, canvas.height);
+  const left = 40, top = 10, w = canvas.width - 60, h = canvas.height - 50;
+  ctx.strokeStyle = "#999";
+  ctx.strokeRect(left, top, w, h);
+  const max = Math.max(0.1, ...points.map((p) => p.loss));
+  const line = (value, colour) => {
+    ctx.strokeStyle = colour;
+    ctx.beginPath();
+    points.forEach((p, i) => {
+      const x = left + (p.step / steps) * w, y = top + (1 - value(p)) * h;
+      if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
+    });
+    ctx.stroke();
+  };
+  line((p) => p.loss / max, "#c0392b");
+  line((p) => p.accuracy, "#2471a3");
+  ctx.fillStyle = "#1d2330";
+  ctx.font = "12px system-ui, sans-serif";
+  ctx.fillText(`${steps} steps: loss (red, to ${max.toFixed(1)}), accuracy (blue, to 100%)`, left, top + h + 20);
+}
+
+/** Each head's attention from the question to the pairs; the asked pair boxed. */
+function drawAttention(map, example) {
+  const canvas = $("train-map");
+  const ctx = canvas.getContext("2d");
+  ctx.clearRect(0, 0, canvas.width, canvas.height);
+  const [heads, n] = map.shape;
+  const cell = 30, x0 = 10, y0 = 30;
+  ctx.font = "11px system-ui, sans-serif";
+  ctx.fillStyle = "#1d2330";
+  ctx.fillText("the question's attention, per head", x0, 14);
+  for (let h = 0; h < heads; h++) {
+    for (let t = 0; t < n; t++) {
+      ctx.fillStyle = colour(map.data[(h * n + (n - 1)) * n + t]);
+      ctx.fillRect(x0 + t * cell, y0 + h * cell, cell - 1, cell - 1);
+    }
+  }
+  ctx.strokeStyle = "#000";
+  ctx.lineWidth = 2;
+  ctx.strokeRect(x0 + example.asked * cell, y0, cell - 1, heads * cell - 1);
+  ctx.lineWidth = 1;
+  ctx.fillStyle = "#1d2330";
+  for (let t = 0; t < n; t++) {
+    const label = t < example.keys.length ? `${example.keys[t]}:${example.values[t]}` : "?";
+    ctx.fillText(label, x0 + t * cell + 2, y0 + heads * cell + 14);
+  }
+}
+
+async function runTraining() {
+  const steps = 100;
+  $("train-run").disabled = true;
+  const status = $("train-status");
+  status.dataset.done = "0";
+  const points = [];
+  const started = performance.now();
+  try {
+    const out = await engine.trainRecall({ steps }, async (p) => {
+      points.push(p);
+      if (p.step % 10 === 0) {
+        drawCurve(points, steps);
+        status.textContent = `step ${p.step}: loss ${p.loss.toFixed(3)}, accuracy ${(100 * p.accuracy).toFixed(0)}%`;
+        await new Promise((resolve) => setTimeout(resolve, 0));
+      }
+    });
+    drawCurve(out.curve, steps);
+    drawAttention(out.map, out.example);
+    const seconds = ((performance.now() - started) / 1000).toFixed(1);
+    status.textContent = `trained ${steps} steps in ${seconds} s: held-out loss ${out.heldOut.loss.toFixed(3)}, ` +
+      `accuracy ${(100 * out.heldOut.accuracy).toFixed(0)}% (chance: 6%)`;
+  } catch (e) {
+    status.textContent = `error: ${e}`;
+  }
+  status.dataset.done = "1";
+  $("train-run").disabled = false;
+}
+
 // ---------------------------------------------------------------- start
 
 async function main() {
@@ -367,6 +449,7 @@ async function main() {
   $("check-quick").onclick = async () => { await compileKernels(); await runCheck("quick"); };
   $("check-full").onclick = async () => { await compileKernels(); await runCheck("full"); };
   $("timing-run").onclick = runTiming;
+  $("train-run").onclick = runTraining;
   await showSentence();
   document.body.dataset.ready = "1";
   // Compile the explorer's pipelines for its default settings while the page

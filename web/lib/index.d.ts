@@ -281,6 +281,9 @@ export interface ScoringLayer extends Layer {
 }
 
 /** A check's outcome. */
+/** One training step's loss (mean cross-entropy, nats) and accuracy on its batch. */
+export interface TrainPoint { step: number; loss: number; accuracy: number }
+
 export interface CheckReport {
   /** One line per case with its worst error. */
   table: string;
@@ -338,6 +341,21 @@ export declare class WebAttn {
   warmup(shapes: { q: number[]; k: number[]; v: number[]; mask?: number[]; pastKey?: number[]; pastValue?: number[] }[], options?: AttentionOptions): Promise<number>;
   /** Runs the conformance sweep (`"quick"`, `"full"`) or the family's checks on this adapter against the f64 oracle. */
   check(kind?: "quick" | "full" | "family", onProgress?: (done: number, total: number, name: string, passed: boolean) => void): Promise<CheckReport>;
+  /**
+   * Trains webattn's small attention model from scratch on associative recall (eight key/value pairs, then a
+   * key: answer its value), the attention's forward and backward on this engine. `onProgress` after each step
+   * (a promise it returns is awaited, so a page can draw).
+   */
+  trainRecall(options?: { steps?: number; batch?: number; seed?: number; learningRate?: number },
+    onProgress?: (point: TrainPoint) => void | Promise<void>): Promise<{
+    curve: TrainPoint[];
+    /** The score on 256 held-out sequences after training. */
+    heldOut: { loss: number; accuracy: number };
+    /** The attention of held-out sequence 0, `[heads, 9, 9]`: row 8 is the question's. */
+    map: { data: Float32Array; shape: number[] };
+    /** That sequence: its pairs' keys and values, and which pair is asked. */
+    example: { keys: number[]; values: number[]; asked: number };
+  }>;
   /** Times attention of one shape on a path (median of `timed` runs after `warmup`); `path` `"auto"` (the
    * default) times the path `attention` would take for that shape, which the result names. */
   benchmark(shape: { batch?: number; heads?: number; kvHeads?: number; seqQ?: number; seqK?: number; headDim?: number; causal?: boolean },

@@ -496,6 +496,18 @@ export class WebAttn {
    */
   async tune(options = {}, onProgress = undefined) { return this._serial(() => this._core().tune(options, onProgress)); }
 
+  /**
+   * Trains webattn's small attention model from scratch on associative
+   * recall (eight key/value pairs, then a key: answer its value), its
+   * attention's forward and backward on this engine: `{ steps = 150, batch =
+   * 64, seed = 7, learningRate = 0.01 }`; `onProgress({ step, loss, accuracy })`
+   * after each step (a promise it returns is awaited). Resolves to `{ curve,
+   * heldOut: { loss, accuracy }, map: { data, shape }, example }`.
+   */
+  async trainRecall(options = {}, onProgress = undefined) {
+    return this._serial(() => this._core().trainRecall(options, onProgress));
+  }
+
   /** A multi-head attention layer whose weights are uploaded once. */
   multiHeadAttention(config) { return new MultiHeadAttention(this, this._core().multiHeadAttention(config)); }
   /** Bahdanau's additive scoring. */

@@ -637,6 +637,21 @@ impl EngineCore {
         Ok(out.into())
     }
 
+    /// Trains webattn's small attention model on associative recall from
+    /// scratch (`webattn::train`): `{steps = 150, batch = 64, seed = 7,
+    /// learningRate = 0.01}`; `progress({step, loss, accuracy})` after each
+    /// step (a promise it returns is awaited). Returns `{curve, heldOut:
+    /// {loss, accuracy}, map: {data, shape: [heads, 9, 9]}, example: {keys,
+    /// values, asked}}`.
+    #[wasm_bindgen(js_name = trainRecall)]
+    pub async fn train_recall(
+        &self,
+        options: JsValue,
+        progress: Option<Function>,
+    ) -> Result<JsValue, JsValue> {
+        crate::train::call(&self.engine, &options, progress).await
+    }
+
     /// Tunes this adapter (`webattn tune` natively): times every fused kernel
     /// and tile that fits, and the unfused path, for each head-dim class of
     /// `headDims` (`[[dk, dv], ...]` or `[d, ...]`; default `[64]`), keeps the

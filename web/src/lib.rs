@@ -15,6 +15,7 @@ mod engine;
 mod errors;
 mod family;
 mod handles;
+mod train;
 
 pub use engine::EngineCore;
 pub use family::{DecoderCore, MhaCore, ScoredCore};

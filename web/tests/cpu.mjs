@@ -1,8 +1,9 @@
 // The page without WebGPU: Chromium started without --enable-unsafe-webgpu
 // grants no adapter (its only one, SwiftShader, is blocklisted), so the demo
 // falls back to the fast CPU backend in wasm. Runs the quick sweep and the
-// family's checks on it, the explorer and the sentence on the CPU path, and
-// the timing chart against the f64 oracle in wasm; fails unless all pass.
+// family's checks on it, the explorer and the sentence on the CPU path, the
+// model that learns (its held-out loss below 0.1 after 100 steps), and the
+// timing chart against the f64 oracle in wasm; fails unless all pass.
 //   node web/tests/cpu.mjs [seqs, e.g. 64,256,1024]
 //   WEBATTN_SIMD=relaxed node web/tests/cpu.mjs …   (that wasm build, not the one the library picks)
 import fs from "node:fs";
@@ -49,6 +50,15 @@ try {
   await page.waitForFunction(() => /pass|FAIL|error/.test(document.getElementById("explorer-result").textContent), null, { timeout: 120_000 });
   const explored = (await page.textContent("#explorer-result")).trim();
   console.log(`explorer: ${explored.replace(/\s+/g, " ")}`);
+  // The model that learns, trained in the page on the CPU backend (the same
+  // model trains on the fused kernels natively: tests/gpu/backward.rs).
+  await page.click("#train-run");
+  await page.waitForFunction(() => document.getElementById("train-status").dataset.done === "1", null, { timeout: 300_000 });
+  const trained = (await page.textContent("#train-status")).trim();
+  console.log(`training: ${trained}`);
+  if (process.env.WEBATTN_TRAIN_SCREENSHOT) {
+    await page.locator("#train-panel").screenshot({ path: process.env.WEBATTN_TRAIN_SCREENSHOT });
+  }
   await page.click("#timing-run");
   await page.waitForFunction(() => /faster|error/.test(document.getElementById("timing-status").textContent), null, { timeout: 600_000 });
   const timing = (await page.textContent("#timing-status")).trim();
@@ -64,6 +74,8 @@ try {
     console.error(`FAIL: the sentence on the CPU path: ${sentence}`);
   } else if (!explored.startsWith("path cpu: pass")) {
     console.error(`FAIL: the explorer: ${explored}`);
+  } else if (!(Number(trained.match(/held-out loss ([\d.]+)/)?.[1] ?? NaN) < 0.1)) {
+    console.error(`FAIL: the model did not learn (a held-out loss of 0.1 or more after its steps): ${trained}`);
   } else if (/error/.test(timing)) {
     console.error(`FAIL: the timing chart: ${timing}`);
   } else {
