@@ -23,11 +23,11 @@ fn main() -> webattn::Result<()> {
     let mut model = RecallModel::new(task, 32, 2, 7)?;
     let adam = Adam::default();
     let mut rng = SplitMix64::new(11);
-    let held_out = task.batch(&mut SplitMix64::new(99), 256);
+    let held_out = task.batch(&mut SplitMix64::new(99), 256)?;
     let mut curve: Vec<(usize, StepStats)> = Vec::new();
     let started = std::time::Instant::now();
     for step in 1..=steps {
-        let batch = task.batch(&mut rng, 64);
+        let batch = task.batch(&mut rng, 64)?;
         let stats = model.train_step_blocking(&engine, &batch, &adam)?;
         curve.push((step, stats));
         if step % 25 == 0 || step == steps {

@@ -83,8 +83,10 @@ impl RecallTask {
         Ok(())
     }
 
-    /// `batch` fresh sequences from `rng`.
-    pub fn batch(&self, rng: &mut SplitMix64, batch: usize) -> RecallBatch {
+    /// `batch` fresh sequences from `rng`; refuses sizes [`RecallTask::check`]
+    /// refuses.
+    pub fn batch(&self, rng: &mut SplitMix64, batch: usize) -> Result<RecallBatch> {
+        self.check()?;
         let mut keys = Vec::with_capacity(batch * self.pairs);
         let mut values = Vec::with_capacity(batch * self.pairs);
         let mut asked = Vec::with_capacity(batch);
@@ -99,11 +101,45 @@ impl RecallTask {
             }
             asked.push(rng.below(self.pairs));
         }
-        RecallBatch {
+        Ok(RecallBatch {
             keys,
             values,
             asked,
+        })
+    }
+
+    /// Checks that `batch` is one of this task's: non-empty, `[batch, pairs]`
+    /// keys and values within their vocabularies, asked places within the
+    /// pairs. The model indexes its embeddings with them.
+    pub fn check_batch(&self, batch: &RecallBatch) -> Result<()> {
+        let n = batch.len();
+        let bad = |reason: &'static str| {
+            Err(Error::InvalidOption {
+                name: "recall batch",
+                value: format!(
+                    "{n} sequences, {} keys, {} values",
+                    batch.keys.len(),
+                    batch.values.len()
+                ),
+                reason,
+            })
+        };
+        if n == 0 {
+            return bad("holds no sequence");
         }
+        if batch.keys.len() != n * self.pairs || batch.values.len() != n * self.pairs {
+            return bad("needs [batch, pairs] keys and values");
+        }
+        if batch.keys.iter().any(|&k| k >= self.keys) {
+            return bad("has a key outside the task's keys");
+        }
+        if batch.values.iter().any(|&v| v >= self.values) {
+            return bad("has a value outside the task's values");
+        }
+        if batch.asked.iter().any(|&a| a >= self.pairs) {
+            return bad("asks about a pair past the sequence's pairs");
+        }
+        Ok(())
     }
 }
 
@@ -212,8 +248,10 @@ impl RecallModel {
         &self.layer
     }
 
-    /// The batch's embedded sequences `[batch, pairs + 1, d_model]`.
+    /// The batch's embedded sequences `[batch, pairs + 1, d_model]`; refuses
+    /// a batch of another task ([`RecallTask::check_batch`]).
     pub fn embed(&self, batch: &RecallBatch) -> Result<HostTensor> {
+        self.task.check_batch(batch)?;
         let (p, d) = (self.task.pairs, self.d_model());
         let mut x = vec![0.0f32; batch.len() * (p + 1) * d];
         for b in 0..batch.len() {
@@ -353,6 +391,13 @@ impl RecallModel {
     /// position (the last row: the question's).
     pub fn attention_map(&self, batch: &RecallBatch, b: usize) -> Result<HostTensor> {
         let x = self.embed(batch)?;
+        if b >= batch.len() {
+            return Err(Error::InvalidOption {
+                name: "sequence",
+                value: b.to_string(),
+                reason: "is past the batch's sequences",
+            });
+        }
         let (p, d) = (self.task.pairs, self.d_model());
         let one = HostTensor::new(
             [1, p + 1, d],

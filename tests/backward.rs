@@ -328,12 +328,12 @@ fn a_small_attention_model_learns_associative_recall() {
     let engine = webattn::Engine::cpu();
     let task = RecallTask::default();
     let mut model = RecallModel::new(task, 32, 2, 7).unwrap();
-    let held_out = task.batch(&mut SplitMix64::new(99), 256);
+    let held_out = task.batch(&mut SplitMix64::new(99), 256).unwrap();
     let before = model.evaluate_blocking(&engine, &held_out).unwrap();
     let mut rng = SplitMix64::new(11);
     let adam = Adam::default();
     for step in 1..=150 {
-        let batch = task.batch(&mut rng, 64);
+        let batch = task.batch(&mut rng, 64).unwrap();
         let stats = model.train_step_blocking(&engine, &batch, &adam).unwrap();
         if step % 50 == 0 {
             eprintln!(
@@ -349,4 +349,45 @@ fn a_small_attention_model_learns_associative_recall() {
     );
     assert!(before.loss > 2.0, "{before:?}");
     assert!(after.loss < 0.1 && after.accuracy > 0.95, "{after:?}");
+}
+
+#[test]
+fn the_recall_model_refuses_batches_of_another_task() {
+    use webattn::train::{Adam, RecallModel, RecallTask};
+    let engine = webattn::Engine::cpu();
+    let task = RecallTask::default();
+    let bad_task = RecallTask { keys: 4, ..task };
+    assert!(bad_task.batch(&mut SplitMix64::new(1), 4).is_err());
+    let mut model = RecallModel::new(task, 32, 2, 7).unwrap();
+    let good = task.batch(&mut SplitMix64::new(1), 4).unwrap();
+    let wider = RecallTask {
+        keys: 64,
+        values: 64,
+        pairs: 12,
+    };
+    let others = [
+        wider.batch(&mut SplitMix64::new(2), 4).unwrap(),
+        webattn::train::RecallBatch {
+            keys: vec![],
+            values: vec![],
+            asked: vec![],
+        },
+        webattn::train::RecallBatch {
+            asked: vec![9; 4],
+            ..good.clone()
+        },
+        webattn::train::RecallBatch {
+            keys: good.keys[1..].to_vec(),
+            ..good.clone()
+        },
+    ];
+    let before = model.evaluate_blocking(&engine, &good).unwrap();
+    for batch in &others {
+        let refused = model.train_step_blocking(&engine, batch, &Adam::default());
+        assert!(refused.is_err(), "{batch:?}");
+        assert!(model.evaluate_blocking(&engine, batch).is_err());
+        assert!(model.attention_map(batch, 0).is_err());
+    }
+    assert!(model.attention_map(&good, 4).is_err());
+    assert_eq!(model.evaluate_blocking(&engine, &good).unwrap(), before);
 }

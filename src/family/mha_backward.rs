@@ -89,12 +89,7 @@ impl MultiHeadAttention {
         let q = HostTensor::new([batch, d.heads, n, d.head_dim], q)?;
         let k = HostTensor::new([batch, d.kv_heads, m, d.head_dim], k)?;
         let v = HostTensor::new([batch, d.kv_heads, m, d.v_head_dim], v)?;
-        let attention = AttentionOptions {
-            return_lse: true,
-            return_present: false,
-            qk_matmul_output_mode: None,
-            ..options.clone()
-        };
+        let attention = training_options(options);
         let out = engine
             .attention_host(&AttentionInputs::new(&q, &k, &v), &attention)
             .await?;
@@ -199,12 +194,7 @@ impl MultiHeadAttention {
         let yt = narrow([batch, d.heads, n, d.v_head_dim], &y)?;
         let dyt = narrow([batch, d.heads, n, d.v_head_dim], &dy)?;
         let inputs = AttentionInputs::new(&qt, &kt, &vt);
-        let attention = AttentionOptions {
-            return_lse: true,
-            return_present: false,
-            qk_matmul_output_mode: None,
-            ..options.clone()
-        };
+        let attention = training_options(options);
         let lse = cpu::attention(&inputs, &attention)?
             .lse
             .expect("the logsumexp was asked for");
@@ -444,4 +434,15 @@ fn project_back<F: Real>(
         }
     }
     (dx, dw, db)
+}
+
+/// The layer's attention options for a pass whose backward follows: the
+/// logsumexp kept (the backward's input), no present K/V or QK output.
+fn training_options(options: &AttentionOptions) -> AttentionOptions {
+    AttentionOptions {
+        return_lse: true,
+        return_present: false,
+        qk_matmul_output_mode: None,
+        ..options.clone()
+    }
 }

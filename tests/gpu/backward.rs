@@ -245,10 +245,10 @@ fn a_small_attention_model_learns_on_the_fused_kernels() {
     let Some(engine) = common::gpu() else { return };
     let task = RecallTask::default();
     let mut model = RecallModel::new(task, 32, 2, 7).unwrap();
-    let held_out = task.batch(&mut SplitMix64::new(99), 256);
+    let held_out = task.batch(&mut SplitMix64::new(99), 256).unwrap();
     let mut rng = SplitMix64::new(11);
     for _ in 0..100 {
-        let batch = task.batch(&mut rng, 64);
+        let batch = task.batch(&mut rng, 64).unwrap();
         model
             .train_step_blocking(engine, &batch, &Adam::default())
             .unwrap();

@@ -57,11 +57,11 @@ pub async fn call(
     engine.recover().await.js()?;
     let task = RecallTask::default();
     let mut model = RecallModel::new(task, 32, 2, seed).js()?;
-    let held_out = task.batch(&mut SplitMix64::new(seed ^ 0x9e1d), 256);
+    let held_out = task.batch(&mut SplitMix64::new(seed ^ 0x9e1d), 256).js()?;
     let mut rng = SplitMix64::new(seed.wrapping_add(4));
     let curve = Array::new();
     for step in 1..=steps {
-        let batch = task.batch(&mut rng, batch_size);
+        let batch = task.batch(&mut rng, batch_size).js()?;
         let stats = model.train_step(engine, &batch, &adam).await.js()?;
         let point = Object::new();
         set(&point, "step", step as u32);
