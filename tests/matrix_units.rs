@@ -521,8 +521,8 @@ fn attention_with_fast_precision_on_the_matrix_units() {
     );
 }
 
-/// The quick sweep through the 16x16 kernels (the full one runs at the
-/// native size; `webattn --matrix-units emulated16 --precision fast check
+/// A third of the quick sweep through the 16x16 kernels, on a rotation (the
+/// full one runs at the native size; `webattn --matrix-units emulated16 --precision fast check
 /// --full` runs it at 16 under `.ci/lavapipe-coop`).
 #[test]
 fn attention_with_fast_precision_on_16x16_matrix_units() {
@@ -539,7 +539,7 @@ fn attention_with_fast_precision_on_16x16_matrix_units() {
 /// rows: 2): lavapipe's 8 lanes over 8 rows share none by default, so here
 /// each invocation takes several (row, part) pairs. The quick sweep at `Fast`
 /// through the 8x8 kernels (the share is the same code at 16x16, whose
-/// emulation on lavapipe compiles 5 times slower) in each form: packed (the
+/// emulation on lavapipe compiles 5 times slower) in one form a run, on a rotation: packed (the
 /// default) at 2 lanes per row, shared (`attention_coop_shared`: packed K
 /// and V copied into workgroup memory tile by tile) at 4, staged
 /// (`attention_coop_staged`: K and V through workgroup memory) at 2. (The
@@ -552,11 +552,15 @@ fn attention_on_the_matrix_units_with_rows_shared_among_invocations() {
         "attention_on_the_matrix_units_with_rows_shared_among_invocations",
         Size::Native,
         |engine| {
-            for (lanes, form) in [
+            let forms = [
                 (2, FusedKernelChoice::Coop),
                 (4, FusedKernelChoice::CoopShared),
                 (2, FusedKernelChoice::CoopStaged),
-            ] {
+            ];
+            // One form a run (each compiles its own pipelines: a minute of
+            // lavapipe's compiler on a cold shader cache).
+            let turn = common::rotation("the forms sharing rows", forms.len());
+            for (lanes, form) in forms.into_iter().skip(turn).take(1) {
                 let shared = engine
                     .sharing_device()
                     .expect("a GPU engine")
@@ -620,6 +624,12 @@ fn sweep_through_the_matrix_units(engine: &Engine, kind: SweepKind, size: CoopSi
         let turn = common::rotation("a third of the full sweep's extra cases", 3);
         let extra: Vec<_> = cases.split_off(quick.len());
         cases.extend(extra.into_iter().skip(turn).step_by(3));
+    } else if size == CoopSize::Sixteen {
+        // The 16x16 emulation compiles five times slower than the 8x8 one
+        // (six minutes of lavapipe's compiler for the quick sweep on a cold
+        // shader cache): a third of the quick cases a run, on a rotation.
+        let turn = common::rotation("a third of the quick cases at 16x16", 3);
+        cases = cases.into_iter().skip(turn).step_by(3).collect();
     }
     let report = pollster::block_on(webattn::conformance::run_sweep_of(
         engine,

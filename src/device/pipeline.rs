@@ -241,6 +241,9 @@ impl PipelineCache {
                 .map(|&(name, value)| (name, value as f64))
                 .collect(),
         };
+        // The driver compiles here: the log says how long (lavapipe's LLVM
+        // takes seconds for the largest kernels).
+        let started = web_time::Instant::now();
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),
             layout: Some(&pipeline_layout),
@@ -252,7 +255,10 @@ impl PipelineCache {
             },
             cache: None,
         });
-        log::debug!("compiled pipeline {label}");
+        log::debug!(
+            "compiled pipeline {label} in {:.0} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
         let compiled = Arc::new(Pipeline {
             key: key.clone(),
             label,

@@ -176,6 +176,14 @@ pub fn runs_shuffle_forms() -> bool {
 /// the pick and how to repeat it, for `what`.
 #[allow(dead_code)]
 pub fn rotation(what: &str, n: usize) -> usize {
+    rotation_within(what, n, 1)
+}
+
+/// One of `n` variants for this run inside a family an outer rotation of
+/// `outer` picked (`rotation(.., outer)`): the turn divided by `outer`, so
+/// that the family's successive turns cover its `n` variants.
+#[allow(dead_code)]
+pub fn rotation_within(what: &str, n: usize, outer: usize) -> usize {
     let turn = std::env::var("WEBATTN_ROTATION")
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
@@ -184,7 +192,7 @@ pub fn rotation(what: &str, n: usize) -> usize {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs() / 86_400)
         });
-    let pick = (turn % n as u64) as usize;
+    let pick = (turn / outer as u64 % n as u64) as usize;
     println!("rotation for {what}: {pick} of {n} (WEBATTN_ROTATION={turn} repeats it)");
     pick
 }
