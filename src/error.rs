@@ -197,6 +197,18 @@ pub enum Error {
         message: String,
     },
 
+    /// A paged KV cache was asked about a sequence it does not hold (never
+    /// added, or freed), or a page outside its pool.
+    #[error("paged KV cache: {what} {id} {reason}")]
+    Paged {
+        /// What was named: `sequence` or `page`.
+        what: &'static str,
+        /// Its number.
+        id: u64,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
     /// Reading a buffer back from the GPU failed.
     #[error("reading results back from the GPU failed: {0}")]
     Readback(String),
@@ -244,6 +256,7 @@ impl Error {
             Error::TensorLost { .. } => "TensorLost",
             Error::OutOfMemory(_) => "OutOfMemory",
             Error::Gpu { .. } => "Gpu",
+            Error::Paged { .. } => "Paged",
             Error::Readback(_) => "Readback",
             Error::File { .. } => "File",
             Error::Shader { .. } => "Shader",

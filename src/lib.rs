@@ -45,6 +45,7 @@ pub mod measure;
 #[cfg(feature = "npy")]
 pub mod npy;
 mod options;
+pub mod paged;
 pub mod plan;
 mod problem;
 pub mod rng;
@@ -70,6 +71,7 @@ pub use options::{
     alibi_slopes, AttentionOptions, KernelPath, MatrixUnits, Precision, QkMatmulOutputMode,
     RuntimeChecks,
 };
+pub use paged::{PagedKvCache, PagedLayout, SequenceId};
 pub use plan::overrides::DecodeKernelChoice;
 pub use plan::overrides::FusedKernelChoice;
 pub use plan::CallPlan;

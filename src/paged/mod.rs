@@ -1,0 +1,411 @@
+//! A paged KV cache for serving many sequences: one pool of fixed-size pages
+//! (keys and values of `page_size` tokens for every KV head) and a block
+//! table per sequence, as vLLM's PagedAttention keeps them.
+//!
+//! Sequences are added, appended to (several in one call), forked and freed
+//! at any time. A fork shares its parent's pages (counted per page); the
+//! shared last page, where partly filled, is copied by whichever sequence
+//! writes into it first. A freed sequence's pages no other sequence holds
+//! are free at once. The pool grows by whole chunks of pages that never
+//! move, up to an optional page limit. Every call checks everything before
+//! it changes anything: a refused call leaves every sequence as it was.
+//!
+//! This first form keeps its pages on the host and attends through the
+//! engine's CPU path (each sequence's keys and values read through its
+//! block table); the device pool and the fused kernels that read the pages
+//! in place come next (issue 60).
+
+mod pool;
+mod store;
+
+pub use pool::SequenceId;
+
+use crate::cpu;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::options::AttentionOptions;
+use crate::problem::{AttentionInputs, AttentionOutputs};
+use crate::tensor::HostTensor;
+use pool::PagePool;
+use store::HostPages;
+
+/// The page sizes the cache takes: powers of two from 16 to 256 tokens.
+pub const PAGE_SIZES: [usize; 5] = [16, 32, 64, 128, 256];
+
+/// Host bytes a chunk of keys (or values) aims at when the pool grows.
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// What every page holds: `page_size` tokens of `kv_heads` heads, keys of
+/// `head_dim` and values of `v_head_dim` values each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagedLayout {
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Values in a key row.
+    pub head_dim: usize,
+    /// Values in a value row.
+    pub v_head_dim: usize,
+    /// Tokens a page holds (one of [`PAGE_SIZES`]).
+    pub page_size: usize,
+}
+
+impl PagedLayout {
+    /// Checks the sizes: at least one head and one value a row, a page size
+    /// of [`PAGE_SIZES`].
+    pub fn check(&self) -> Result<()> {
+        if !PAGE_SIZES.contains(&self.page_size) {
+            return Err(Error::InvalidOption {
+                name: "page_size",
+                value: self.page_size.to_string(),
+                reason: "must be 16, 32, 64, 128 or 256 tokens",
+            });
+        }
+        for (name, value) in [
+            ("kv_heads", self.kv_heads),
+            ("head_dim", self.head_dim),
+            ("v_head_dim", self.v_head_dim),
+        ] {
+            if value == 0 {
+                return Err(Error::InvalidOption {
+                    name,
+                    value: "0".into(),
+                    reason: "must be at least 1",
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Keys and values of many sequences in pages ([module docs](self)).
+#[derive(Debug, Clone)]
+pub struct PagedKvCache {
+    layout: PagedLayout,
+    pool: PagePool,
+    keys: HostPages,
+    values: HostPages,
+    pages_per_chunk: usize,
+    max_pages: Option<usize>,
+}
+
+/// One sequence's new tokens for [`PagedKvCache::append_many`]: keys
+/// `[kv_heads, n, head_dim]` and values `[kv_heads, n, v_head_dim]`.
+pub type Append<'a> = (SequenceId, &'a HostTensor, &'a HostTensor);
+
+impl PagedKvCache {
+    /// An empty cache of `layout`; the pool grows as sequences need pages.
+    pub fn new(layout: PagedLayout) -> Result<Self> {
+        layout.check()?;
+        let row_bytes = layout.kv_heads * layout.head_dim.max(layout.v_head_dim) * 4;
+        let pages_per_chunk = (CHUNK_BYTES / (row_bytes * layout.page_size)).clamp(1, 1024);
+        Ok(Self {
+            layout,
+            pool: PagePool::new(layout.page_size),
+            keys: HostPages::new(
+                layout.kv_heads,
+                layout.page_size,
+                layout.head_dim,
+                pages_per_chunk,
+            ),
+            values: HostPages::new(
+                layout.kv_heads,
+                layout.page_size,
+                layout.v_head_dim,
+                pages_per_chunk,
+            ),
+            pages_per_chunk,
+            max_pages: None,
+        })
+    }
+
+    /// The same cache, never holding more than `pages` pages (a server's
+    /// memory budget): an append that would need more is refused with
+    /// [`Error::OutOfMemory`].
+    pub fn with_page_limit(mut self, pages: usize) -> Self {
+        self.max_pages = Some(pages);
+        self
+    }
+
+    /// What every page holds.
+    pub fn layout(&self) -> PagedLayout {
+        self.layout
+    }
+
+    /// A new empty sequence.
+    pub fn add_sequence(&mut self) -> SequenceId {
+        self.pool.add()
+    }
+
+    /// The live sequences.
+    pub fn sequences(&self) -> Vec<SequenceId> {
+        self.pool.ids()
+    }
+
+    /// Tokens `seq` holds.
+    pub fn len(&self, seq: SequenceId) -> Result<usize> {
+        Ok(self.pool.sequence(seq)?.len)
+    }
+
+    /// `seq`'s pages in token order: its block table.
+    pub fn block_table(&self, seq: SequenceId) -> Result<&[u32]> {
+        Ok(&self.pool.sequence(seq)?.pages)
+    }
+
+    /// Sequences holding `page` (0: the page is free).
+    pub fn page_references(&self, page: u32) -> Result<u32> {
+        self.pool.references(page)
+    }
+
+    /// Pages the pool holds, in use or free.
+    pub fn pages(&self) -> usize {
+        self.pool.pages()
+    }
+
+    /// Pages some sequence holds.
+    pub fn pages_in_use(&self) -> usize {
+        self.pool.pages_in_use()
+    }
+
+    /// Host bytes the pool holds (keys and values).
+    pub fn bytes(&self) -> u64 {
+        self.keys.bytes() + self.values.bytes()
+    }
+
+    /// A sequence that shares every token of `seq` (a common prefix, a beam):
+    /// no page is copied until one of them appends into a shared page.
+    pub fn fork(&mut self, seq: SequenceId) -> Result<SequenceId> {
+        self.pool.fork(seq)
+    }
+
+    /// Ends `seq`; the pages no other sequence holds are free at once.
+    pub fn free(&mut self, seq: SequenceId) -> Result<()> {
+        self.pool.free(seq)
+    }
+
+    /// Appends `key` `[kv_heads, n, head_dim]` and `value` `[kv_heads, n,
+    /// v_head_dim]` to `seq`.
+    pub fn append(&mut self, seq: SequenceId, key: &HostTensor, value: &HostTensor) -> Result<()> {
+        self.append_many(&[(seq, key, value)])
+    }
+
+    /// Appends to several sequences at once, each its own number of tokens.
+    /// All or nothing: any refusal (a sequence not in the cache or named
+    /// twice, a shape, the page limit, the host's memory) changes nothing.
+    pub fn append_many(&mut self, items: &[Append<'_>]) -> Result<()> {
+        let mut needed = 0;
+        for (i, &(seq, key, value)) in items.iter().enumerate() {
+            if items[..i].iter().any(|&(other, _, _)| other == seq) {
+                return Err(Error::Conflict(
+                    "a sequence is named twice in one append: concatenate its tokens",
+                ));
+            }
+            let n = self.check_rows(key, value)?;
+            let needs = self.pool.needs(seq, n)?;
+            needed += usize::from(needs.copy_last) + needs.new_pages;
+        }
+        self.reserve(needed)?;
+        for &(seq, key, value) in items {
+            let n = key.shape()[1];
+            let needs = self.pool.needs(seq, n)?;
+            if needs.copy_last {
+                let (old, new) = self.pool.copy_last_page(seq)?;
+                self.keys.copy_page(old, new);
+                self.values.copy_page(old, new);
+            }
+            self.pool.extend(seq, needs.new_pages)?;
+            let sequence = self.pool.sequence(seq)?;
+            let (pages, start) = (sequence.pages.clone(), sequence.len);
+            self.keys.write(&pages, start, key.data());
+            self.values.write(&pages, start, value.data());
+            self.pool.advance(seq, n)?;
+        }
+        Ok(())
+    }
+
+    /// Checks one append's tensors against the layout; returns its tokens.
+    fn check_rows(&self, key: &HostTensor, value: &HostTensor) -> Result<usize> {
+        let layout = self.layout;
+        for (name, t) in [("key", key), ("value", value)] {
+            if t.shape().len() != 3 {
+                return Err(Error::Rank {
+                    tensor: name,
+                    expected: "3 ([kv_heads, tokens, head size])",
+                    got: t.shape().to_vec(),
+                });
+            }
+        }
+        let mismatch = |tensor, dim, got, expected, expected_from| Error::ShapeMismatch {
+            tensor,
+            dim,
+            got,
+            expected,
+            expected_from,
+            hint: "append [kv_heads, tokens, head size] keys and values",
+        };
+        let checks = [
+            (
+                "key",
+                "kv heads",
+                key.shape()[0],
+                layout.kv_heads,
+                "the cache's layout",
+            ),
+            (
+                "key",
+                "head size",
+                key.shape()[2],
+                layout.head_dim,
+                "the cache's layout",
+            ),
+            (
+                "value",
+                "kv heads",
+                value.shape()[0],
+                layout.kv_heads,
+                "the cache's layout",
+            ),
+            (
+                "value",
+                "head size",
+                value.shape()[2],
+                layout.v_head_dim,
+                "the cache's layout",
+            ),
+            ("value", "tokens", value.shape()[1], key.shape()[1], "key"),
+        ];
+        for (tensor, dim, got, expected, from) in checks {
+            if got != expected {
+                return Err(mismatch(tensor, dim, got, expected, from));
+            }
+        }
+        Ok(key.shape()[1])
+    }
+
+    /// Makes `pages` free pages, growing the pool by whole chunks within the
+    /// page limit; refuses (changing nothing) where it cannot.
+    fn reserve(&mut self, pages: usize) -> Result<()> {
+        if let Some(limit) = self.max_pages {
+            if self.pool.pages_in_use() + pages > limit {
+                return Err(Error::OutOfMemory(format!(
+                    "the paged cache needs {pages} more pages, {} are free and its limit is \
+                     {limit} pages ({} in use)",
+                    self.pool.free_pages(),
+                    self.pool.pages_in_use()
+                )));
+            }
+        }
+        let missing = pages.saturating_sub(self.pool.free_pages());
+        if missing == 0 {
+            return Ok(());
+        }
+        let chunks = missing.div_ceil(self.pages_per_chunk);
+        let grown = self.pool.pages() + chunks * self.pages_per_chunk;
+        let (mut keys, mut values) = (self.keys.clone_empty(), self.values.clone_empty());
+        for _ in 0..chunks {
+            keys.grow()?;
+            values.grow()?;
+        }
+        self.keys.adopt(keys);
+        self.values.adopt(values);
+        // The limit caps pages in use; the last chunk may pass it by its
+        // tail, which no sequence is given.
+        self.pool.grow(grown - self.pool.pages());
+        Ok(())
+    }
+
+    /// `seq`'s keys `[1, kv_heads, len, head_dim]` and values `[1, kv_heads,
+    /// len, v_head_dim]`, read through its block table.
+    pub fn read(&self, seq: SequenceId) -> Result<(HostTensor, HostTensor)> {
+        let s = self.pool.sequence(seq)?;
+        let l = self.layout;
+        Ok((
+            HostTensor::new(
+                [1, l.kv_heads, s.len, l.head_dim],
+                self.keys.read(&s.pages, s.len),
+            )?,
+            HostTensor::new(
+                [1, l.kv_heads, s.len, l.v_head_dim],
+                self.values.read(&s.pages, s.len),
+            )?,
+        ))
+    }
+
+    /// Attention of each sequence's new queries `[1, q_heads, n, head_dim]`
+    /// against its cached keys and values, on `engine` (its CPU path in this
+    /// form: the pages live on the host). The queries are the sequence's last
+    /// `n` tokens (append their keys and values first), so causal positions
+    /// continue from its length. Every option of the contract applies to each
+    /// sequence; `return_present` is refused (read the pages with
+    /// [`PagedKvCache::read`]).
+    pub async fn attention(
+        &self,
+        engine: &Engine,
+        queries: &[(SequenceId, &HostTensor)],
+        options: &AttentionOptions,
+    ) -> Result<Vec<AttentionOutputs<HostTensor>>> {
+        let mut outputs = Vec::with_capacity(queries.len());
+        for &(seq, query) in queries {
+            let (k, v, lengths) = self.sequence_inputs(seq, query, options)?;
+            let mut inputs = AttentionInputs::new(query, &k, &v);
+            inputs.nonpad_kv_seqlen = Some(&lengths);
+            outputs.push(engine.attention_host(&inputs, options).await?);
+        }
+        Ok(outputs)
+    }
+
+    /// [`PagedKvCache::attention`] by the f64 oracle, on the same pages: the
+    /// reference every path through the cache is checked against.
+    pub fn oracle(
+        &self,
+        seq: SequenceId,
+        query: &HostTensor,
+        options: &AttentionOptions,
+    ) -> Result<AttentionOutputs<HostTensor>> {
+        let (k, v, lengths) = self.sequence_inputs(seq, query, options)?;
+        let mut inputs = AttentionInputs::new(query, &k, &v);
+        inputs.nonpad_kv_seqlen = Some(&lengths);
+        cpu::attention(&inputs, options)
+    }
+
+    /// `seq`'s keys, values and length for a call with `query`, checked.
+    fn sequence_inputs(
+        &self,
+        seq: SequenceId,
+        query: &HostTensor,
+        options: &AttentionOptions,
+    ) -> Result<(HostTensor, HostTensor, Vec<i64>)> {
+        if options.return_present {
+            return Err(Error::Conflict(
+                "a paged cache returns no present K/V: read a sequence's pages with read()",
+            ));
+        }
+        let len = self.len(seq)?;
+        let n = query.shape().get(2).copied().unwrap_or(0);
+        if query.shape().len() == 4 && n > len {
+            return Err(Error::ShapeMismatch {
+                tensor: "query",
+                dim: "tokens",
+                got: n,
+                expected: len,
+                expected_from: "the sequence's cached tokens",
+                hint:
+                    "the queries are a sequence's last tokens: append their keys and values first",
+            });
+        }
+        let (k, v) = self.read(seq)?;
+        Ok((k, v, vec![len as i64]))
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl PagedKvCache {
+    /// [`PagedKvCache::attention`], blocking.
+    pub fn attention_blocking(
+        &self,
+        engine: &Engine,
+        queries: &[(SequenceId, &HostTensor)],
+        options: &AttentionOptions,
+    ) -> Result<Vec<AttentionOutputs<HostTensor>>> {
+        pollster::block_on(self.attention(engine, queries, options))
+    }
+}
