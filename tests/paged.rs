@@ -331,3 +331,154 @@ fn refused_calls_leave_every_sequence_as_it_was() {
     model.get_mut(&a).unwrap().push(&k1, &v1);
     check_contents(&cache, &model);
 }
+
+/// Packed `[total, heads, size]` rows of the given sequences' lengths.
+fn packed(rng: &mut SplitMix64, lengths: &[usize], heads: usize, size: usize) -> HostTensor {
+    let total: usize = lengths.iter().sum();
+    HostTensor::new(
+        [total, heads, size],
+        rng.normal_vec(total * heads * size, 1.0),
+    )
+    .unwrap()
+}
+
+fn offsets(lengths: &[usize]) -> Vec<i64> {
+    let mut out = vec![0i64];
+    for &n in lengths {
+        out.push(out.last().unwrap() + n as i64);
+    }
+    out
+}
+
+/// Rows `start..start + n` of packed `[total, heads, size]` as `[1, heads, n, size]`.
+fn unpack(t: &HostTensor, start: usize, n: usize) -> HostTensor {
+    let [_, heads, size] = [t.shape()[0], t.shape()[1], t.shape()[2]];
+    let mut out = vec![0.0f32; heads * n * size];
+    for h in 0..heads {
+        for i in 0..n {
+            out[(h * n + i) * size..][..size]
+                .copy_from_slice(&t.data()[((start + i) * heads + h) * size..][..size]);
+        }
+    }
+    HostTensor::new([1, heads, n, size], out).unwrap()
+}
+
+#[test]
+fn a_ragged_batch_attends_each_sequence_to_its_own_keys() {
+    let engine = Engine::cpu();
+    let mut rng = SplitMix64::new(21);
+    // Lengths that are not tile multiples, an empty sequence, a decode row
+    // against a long prompt, and cross-attention lengths.
+    let q_lengths = [1, 7, 97, 0, 33, 1];
+    let k_lengths = [1, 7, 97, 0, 40, 257];
+    let (q, k, v) = (
+        packed(&mut rng, &q_lengths, 4, DK),
+        packed(&mut rng, &k_lengths, 2, DK),
+        packed(&mut rng, &k_lengths, 2, DV),
+    );
+    let (cu_q, cu_k) = (offsets(&q_lengths), offsets(&k_lengths));
+    let inputs = webattn::RaggedInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        cu_seqlens_q: &cu_q,
+        cu_seqlens_k: &cu_k,
+    };
+    let mut worst: f64 = 0.0;
+    for options in [
+        AttentionOptions {
+            is_causal: true,
+            return_lse: true,
+            ..Default::default()
+        },
+        AttentionOptions {
+            left_window_size: 8,
+            softcap: 10.0,
+            return_lse: true,
+            ..Default::default()
+        },
+    ] {
+        let out = engine.attention_ragged_blocking(&inputs, &options).unwrap();
+        assert_eq!(out.y.shape(), &[q.shape()[0], 4, DV]);
+        let lse = out.lse.as_ref().unwrap();
+        for (i, (&nq, &nk)) in q_lengths.iter().zip(&k_lengths).enumerate() {
+            if nq == 0 {
+                continue;
+            }
+            let (q0, k0) = (cu_q[i] as usize, cu_k[i] as usize);
+            let (qs, ks, vs) = (unpack(&q, q0, nq), unpack(&k, k0, nk), unpack(&v, k0, nk));
+            let alone = AttentionInputs::new(&qs, &ks, &vs);
+            let exact = webattn::cpu::attention(&alone, &options).unwrap();
+            let plain = webattn::cpu::attention_plain_f32(&alone, &options).unwrap();
+            let got = unpack(&out.y, q0, nq);
+            let share = share_of_allowance(&got, &exact.y, &plain.y);
+            assert!(share <= 1.0, "sequence {i}, {options:?}: {share}");
+            worst = worst.max(share);
+            let exact_lse = exact.lse.unwrap();
+            for h in 0..4 {
+                for t in 0..nq {
+                    let (a, b) = (lse.data()[(q0 + t) * 4 + h], exact_lse.data()[h * nq + t]);
+                    assert!(
+                        (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                        "lse {i} {h} {t}: {a} {b}"
+                    );
+                }
+            }
+        }
+    }
+    println!("ragged batch on the CPU backend: worst {worst:.3} of the allowed error");
+}
+
+#[test]
+fn ragged_offsets_that_do_not_fit_are_refused_by_name() {
+    let engine = Engine::cpu();
+    let mut rng = SplitMix64::new(22);
+    let lengths = [3, 5];
+    let (q, k, v) = (
+        packed(&mut rng, &lengths, 2, DK),
+        packed(&mut rng, &lengths, 2, DK),
+        packed(&mut rng, &lengths, 2, DV),
+    );
+    let good = offsets(&lengths);
+    let flat = HostTensor::new([8, 2 * DK], vec![0.0; 16 * DK]).unwrap();
+    let cases: Vec<(&[i64], &[i64], &HostTensor, &str)> = vec![
+        (&[1, 3, 8], &good, &q, "cu_seqlens_q"),
+        (&[0, 5, 3, 8], &good, &q, "cu_seqlens_q"),
+        (&[0, 3, 7], &good, &q, "cu_seqlens_q"),
+        (&[0], &good, &q, "cu_seqlens_q"),
+        (&good, &[0, 8], &q, "cu_seqlens_k"),
+        (&good, &[0, 0, 8], &q, "cu_seqlens_k"),
+        (&good, &good, &flat, "Q"),
+    ];
+    for (cu_q, cu_k, q, named) in cases {
+        let inputs = webattn::RaggedInputs {
+            q,
+            k: &k,
+            v: &v,
+            cu_seqlens_q: cu_q,
+            cu_seqlens_k: cu_k,
+        };
+        let err = engine
+            .attention_ragged_blocking(&inputs, &AttentionOptions::default())
+            .unwrap_err();
+        assert!(err.to_string().contains(named), "{named}: {err}");
+    }
+    let inputs = webattn::RaggedInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        cu_seqlens_q: &good,
+        cu_seqlens_k: &good,
+    };
+    let present = AttentionOptions {
+        return_present: true,
+        ..Default::default()
+    };
+    assert_eq!(
+        engine
+            .attention_ragged_blocking(&inputs, &present)
+            .unwrap_err()
+            .kind(),
+        "Conflict"
+    );
+}

@@ -10,15 +10,19 @@
 //! move, up to an optional page limit. Every call checks everything before
 //! it changes anything: a refused call leaves every sequence as it was.
 //!
+//! Ragged batches without a cache (`cu_seqlens`) are in [`ragged`].
+//!
 //! This first form keeps its pages on the host and attends through the
 //! engine's CPU path (each sequence's keys and values read through its
 //! block table); the device pool and the fused kernels that read the pages
 //! in place come next (issue 60).
 
 mod pool;
+pub mod ragged;
 mod store;
 
 pub use pool::SequenceId;
+pub use ragged::{RaggedInputs, RaggedOutputs};
 
 use crate::cpu;
 use crate::engine::Engine;
