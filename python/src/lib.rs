@@ -1,0 +1,20 @@
+//! `webattn._webattn`: the engine for Python. The package `webattn`
+//! (python/webattn) wraps it: dtypes, PyTorch tensors, 3-D inputs, SDPA's
+//! signature and the exception classes are Python's side; this crate turns
+//! NumPy arrays into host tensors, runs the call with the GIL released and
+//! hands the outputs back as NumPy arrays that own the engine's memory.
+
+use pyo3::prelude::*;
+
+mod arrays;
+mod engine;
+mod errors;
+mod options;
+
+/// The native module.
+#[pymodule]
+fn _webattn(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<engine::NativeEngine>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

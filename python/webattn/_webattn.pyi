@@ -1,0 +1,40 @@
+"""Type stubs of the native module (python/src); use the package's API instead."""
+
+from typing import Any, Callable, Mapping, Optional
+
+import numpy as np
+
+__version__: str
+
+class NativeEngine:
+    def __init__(self, backend: str = "auto") -> None: ...
+    def info(self) -> dict[str, Any]: ...
+    def attention(
+        self,
+        inputs: tuple,
+        *,
+        f16: Optional[Mapping[str, bool]] = None,
+        **options: Any,
+    ) -> dict[str, np.ndarray]: ...
+    def attention_backward(
+        self,
+        inputs: tuple,
+        y: np.ndarray,
+        lse: np.ndarray,
+        dy: np.ndarray,
+        *,
+        f16: Optional[Mapping[str, bool]] = None,
+        mask_gradient: bool = False,
+        **options: Any,
+    ) -> dict[str, np.ndarray]: ...
+    def check(
+        self,
+        full: bool = False,
+        filter: str = "",
+        seed: int = 1,
+        fast: bool = False,
+        progress: Optional[Callable[[int, int, str], Any]] = None,
+    ) -> dict[str, Any]: ...
+    def call_seconds(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, calls: int
+    ) -> list[float]: ...
