@@ -3,15 +3,30 @@
 # environment under target/ with `pip install ./python` (maturin, on the dev
 # profile so it reuses the test build's compiled dependencies), then runs
 # pytest on python/tests. Needs python3 with venv (.ci/setup --python).
+#
+#   bash python/test.sh [pytest args]           NumPy only (the README's test command)
+#   bash python/test.sh --torch [pytest args]   with PyTorch (its own venv; CI's own step):
+#                                               the PyTorch tests and the ring across processes
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv=target/python-venv
+packages=(maturin numpy pytest ml_dtypes)
+if [ "${1:-}" = "--torch" ]; then
+  shift
+  # PyPI's torch brings CUDA's libraries (about 5 GB installed, under a
+  # minute here): a venv of its own, so the NumPy-only one stays small.
+  venv=target/python-venv-torch
+  packages+=(torch)
+  export WEBATTN_REQUIRE_TORCH=1
+fi
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 export PATH="$PWD/$venv/bin:$PATH"
-python -m pip install -q --disable-pip-version-check maturin numpy pytest ml_dtypes
+start=$SECONDS
+python -m pip install -q --disable-pip-version-check "${packages[@]}"
+echo "python: ${packages[*]} present in $((SECONDS - start)) s" >&2
 start=$SECONDS
 MATURIN_PEP517_ARGS="--profile dev" python -m pip install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
 echo "python: the package built and installed in $((SECONDS - start)) s" >&2

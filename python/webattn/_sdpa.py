@@ -15,17 +15,20 @@ Where PyTorch and ONNX differ, PyTorch's meaning holds here:
 - Query and key head counts must match unless ``enable_gqa=True``; then
   query head ``h`` reads key head ``h // (Hq // Hkv)``.
 - ``dropout_p`` must be 0: the engine has no dropout.
+
+With PyTorch tensors that require gradients the call is differentiable
+(``webattn._torch``): its backward is the engine's.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-from ._arrays import float_operand, mask_operand, output
+from ._arrays import Operand, float_operand, mask_operand, output
 from ._engine import Engine
 from ._errors import OptionError, ShapeError
 
@@ -57,6 +60,21 @@ def _four_d(name: str, shape: tuple) -> tuple:
     return (math.prod(shape[:-3]),) + shape[-3:]
 
 
+class Prepared(NamedTuple):
+    """An SDPA call read and checked: the operands (their dtypes and kinds),
+    the 4-D arrays the native side takes, the options, and the shapes to
+    give back."""
+
+    q: Operand
+    k: Operand
+    v: Operand
+    arrays: tuple
+    f16: Optional[dict]
+    options: dict
+    y_shape: tuple
+    mask_shape: Optional[tuple]
+
+
 def scaled_dot_product_attention(
     query: Any,
     key: Any,
@@ -74,9 +92,25 @@ def scaled_dot_product_attention(
     ``query`` ``(N, ..., Hq, L, E)``, ``key`` ``(N, ..., H, S, E)``, ``value``
     ``(N, ..., H, S, Ev)`` as NumPy arrays or PyTorch CPU tensors; returns
     ``(N, ..., Hq, L, Ev)`` in the query's kind and dtype. ``engine`` defaults
-    to :func:`default_engine`. See the module's text for where PyTorch's
+    to :func:`default_engine`. With PyTorch tensors that require gradients
+    (and grad mode on) the call is an autograd ``Function`` whose backward
+    is the engine's (``attention_backward``; a float mask that requires
+    gradients gets its own). See the module's text for where PyTorch's
     meanings differ from ONNX's.
     """
+    prepared = prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    engine = engine or default_engine()
+    if prepared.q.torch:
+        from . import _torch
+
+        if _torch.wants_grad(query, key, value, attn_mask):
+            return _torch.attention_with_grad(engine, prepared, query, key, value, attn_mask)
+    out = engine._native.attention(prepared.arrays, f16=prepared.f16, **prepared.options)
+    return output(out["y"].reshape(prepared.y_shape), prepared.q.dtype, prepared.q.torch)
+
+
+def prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> Prepared:
+    """Checks an SDPA call as PyTorch would and reads its arrays as 4-D."""
     if dropout_p != 0.0:
         raise OptionError(
             f"option dropout_p = {dropout_p} is invalid: the engine has no dropout; pass 0.0 "
@@ -138,13 +172,11 @@ def scaled_dot_product_attention(
     if "float16" in (q.dtype, k.dtype, v.dtype):
         f16 = {"q": q.dtype == "float16", "k": k.dtype == "float16", "v": v.dtype == "float16",
                "past_key": False, "past_value": False}
-    out = (engine or default_engine())._native.attention(
-        (q4, k4, v4, mask4, None, None, None),
-        f16=f16,
-        scale=scale,
-        is_causal=is_causal,
-    )
-    y = out["y"]
-    if len(qs) != 4:
-        y = y.reshape(lead + (vs[-1],))
-    return output(y, q.dtype, q.torch)
+    options = {}
+    if scale is not None:
+        options["scale"] = scale
+    if is_causal:
+        options["is_causal"] = True
+    mask_shape = None if attn_mask is None else tuple(attn_mask.shape)
+    return Prepared(q, k, v, (q4, k4, v4, mask4, None, None, None), f16, options,
+                    lead + (vs[-1],), mask_shape)
