@@ -10,19 +10,19 @@ use pyo3::types::PyDict;
 use webattn::conformance::{run_sweep, sweep_len, CaseResult, SweepKind};
 use webattn::{
     AttentionInputs, BackendKind, BackendPreference, BackwardInputs, Engine, EngineOptions,
-    GradientOptions, HostMask, HostTensor, Precision,
+    GradientOptions, HostTensor, Precision, TensorRef,
 };
 
 /// The engine behind `webattn.Engine`.
 #[pyclass(frozen, module = "webattn._webattn")]
 pub struct NativeEngine {
-    engine: Engine,
+    pub(crate) engine: Engine,
 }
 
 /// Which tensors are stored in f16 (their arrays came as float16).
 #[derive(Debug, Clone, Copy, Default, FromPyObject)]
 #[pyo3(from_item_all)]
-pub struct F16Flags {
+pub(crate) struct F16Flags {
     q: bool,
     k: bool,
     v: bool,
@@ -30,20 +30,40 @@ pub struct F16Flags {
     past_value: bool,
 }
 
+/// The tensors of one call, on the host ([`Inputs`]) or on the engine.
+pub(crate) struct CallTensors<T: TensorRef> {
+    pub q: T,
+    pub k: T,
+    pub v: T,
+    pub mask: Option<T::Mask>,
+    pub past: Option<(T, T)>,
+    pub nonpad: Option<Vec<i64>>,
+}
+
 /// The host inputs of one call.
-struct Inputs {
-    q: HostTensor,
-    k: HostTensor,
-    v: HostTensor,
-    mask: Option<HostMask>,
-    past: Option<(HostTensor, HostTensor)>,
-    nonpad: Option<Vec<i64>>,
+pub(crate) type Inputs = CallTensors<HostTensor>;
+
+impl<T: TensorRef> CallTensors<T> {
+    /// The call's inputs as the engine takes them.
+    pub fn as_inputs(&self) -> AttentionInputs<'_, T> {
+        let mut inputs = AttentionInputs::new(&self.q, &self.k, &self.v);
+        if let Some(m) = &self.mask {
+            inputs = inputs.with_mask(m);
+        }
+        if let Some((pk, pv)) = &self.past {
+            inputs = inputs.with_past(pk, pv);
+        }
+        if let Some(n) = &self.nonpad {
+            inputs = inputs.with_nonpad_kv_seqlen(n);
+        }
+        inputs
+    }
 }
 
 /// The arrays of one call as Python passes them: `(q, k, v, attn_mask,
 /// past_key, past_value, nonpad_kv_seqlen)`, the last four `None` where absent.
 #[derive(FromPyObject)]
-struct Given<'py>(
+pub(crate) struct Given<'py>(
     Bound<'py, PyAny>,
     Bound<'py, PyAny>,
     Bound<'py, PyAny>,
@@ -55,7 +75,7 @@ struct Given<'py>(
 
 impl Inputs {
     /// Reads the arrays (with the GIL held), each refusal naming its tensor.
-    fn read(py: Python<'_>, given: Given<'_>, f16: F16Flags) -> PyResult<Inputs> {
+    pub fn read(py: Python<'_>, given: Given<'_>, f16: F16Flags) -> PyResult<Inputs> {
         let Given(q, k, v, attn_mask, past_key, past_value, nonpad) = given;
         let past = match (past_key, past_value) {
             (None, None) => None,
@@ -78,20 +98,6 @@ impl Inputs {
             past,
             nonpad: nonpad.as_ref().map(lengths).transpose()?,
         })
-    }
-
-    fn as_inputs(&self) -> AttentionInputs<'_, HostTensor> {
-        let mut inputs = AttentionInputs::new(&self.q, &self.k, &self.v);
-        if let Some(m) = &self.mask {
-            inputs = inputs.with_mask(m);
-        }
-        if let Some((pk, pv)) = &self.past {
-            inputs = inputs.with_past(pk, pv);
-        }
-        if let Some(n) = &self.nonpad {
-            inputs = inputs.with_nonpad_kv_seqlen(n);
-        }
-        inputs
     }
 }
 
@@ -279,6 +285,19 @@ impl NativeEngine {
         Ok(dict)
     }
 
+    /// Plans a call for the shapes (and dtypes) of `inputs` with `options`:
+    /// every run of the result takes that plan.
+    #[pyo3(signature = (inputs, *, f16 = None, **options))]
+    fn prepare(
+        slf: Py<Self>,
+        py: Python<'_>,
+        inputs: Given<'_>,
+        f16: Option<F16Flags>,
+        options: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<crate::device::NativePrepared> {
+        crate::device::prepare(py, slf, inputs, f16.unwrap_or_default(), options)
+    }
+
     /// Seconds of each of `calls` calls made from Rust on these arrays (the
     /// tensors built once): the baseline of the Python call's overhead
     /// (python/benches/overhead.py).
@@ -316,7 +335,7 @@ impl NativeEngine {
 }
 
 /// The named tensors that exist, as NumPy arrays in a dict.
-fn tensors_dict<'py, const N: usize>(
+pub(crate) fn tensors_dict<'py, const N: usize>(
     py: Python<'py>,
     tensors: [(&str, Option<HostTensor>); N],
 ) -> PyResult<Bound<'py, PyDict>> {

@@ -7,6 +7,7 @@
 use pyo3::prelude::*;
 
 mod arrays;
+mod device;
 mod engine;
 mod errors;
 mod options;
@@ -15,6 +16,8 @@ mod options;
 #[pymodule]
 fn _webattn(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::NativeEngine>()?;
+    m.add_class::<device::NativePrepared>()?;
+    m.add_class::<device::NativeKvCache>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -9,6 +9,7 @@ wgpu), or on a fast CPU backend, checked against an f64 oracle.
 (1, 8, 128, 64)
 """
 
+from ._device import KvCache, PreparedAttention
 from ._engine import AttentionGradients, AttentionOutputs, Engine
 from ._errors import (
     DeviceError,
@@ -31,10 +32,12 @@ __all__ = [
     "DTypeError",
     "Engine",
     "FileError",
+    "KvCache",
     "LimitError",
     "OptionError",
     "OutOfMemoryError",
     "PagedError",
+    "PreparedAttention",
     "ShapeError",
     "WebattnError",
     "__version__",

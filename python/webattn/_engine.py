@@ -279,6 +279,26 @@ class Engine:
             d_mask=output(out.get("d_mask"), "float32", qo.torch),
         )
 
+    def prepare(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        attn_mask: Any = None,
+        past_key: Any = None,
+        past_value: Any = None,
+        nonpad_kv_seqlen: Any = None,
+        **options: Any,
+    ) -> "PreparedAttention":
+        """Plans the call for the shapes and dtypes of these inputs and
+        ``options`` (:meth:`attention`'s, by name) once: every
+        ``prepared.run(...)`` takes that plan (``prepared.plan`` says what it
+        is and why) and reuses its workspace on the device."""
+        from ._device import PreparedAttention
+
+        call = _read_call(q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen, None)
+        return PreparedAttention(self._native.prepare(call.arrays, f16=call.f16, **options))
+
     def check(
         self,
         full: bool = False,
