@@ -116,7 +116,8 @@ pub struct NativeKvCache {
 }
 
 impl NativeKvCache {
-    fn cache(&self) -> std::sync::MutexGuard<'_, KvCache> {
+    /// The cache, locked for this thread.
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, KvCache> {
         // A panic while the lock was held cannot leave the cache half
         // written (appends replace it whole), so a poisoned lock is usable.
         self.cache.lock().unwrap_or_else(|e| e.into_inner())
@@ -138,13 +139,13 @@ impl NativeKvCache {
     /// Tokens cached per sequence.
     #[getter]
     fn lengths(&self) -> Vec<usize> {
-        self.cache().lengths().to_vec()
+        self.lock().lengths().to_vec()
     }
 
     /// Tokens each sequence can hold before the cache grows.
     #[getter]
     fn capacity(&self) -> usize {
-        self.cache().capacity()
+        self.lock().capacity()
     }
 
     /// Appends `key` `[B, Hkv, n, Dk]` and `value` `[B, Hkv, n, Dv]`; with
@@ -162,7 +163,7 @@ impl NativeKvCache {
         let engine = &self.engine.get().engine;
         py.detach(|| {
             let (k, v) = (engine.upload(&key)?, engine.upload(&value)?);
-            let mut cache = self.cache();
+            let mut cache = self.lock();
             match counts {
                 Some(counts) => cache.append_ragged_blocking(engine, &k, &v, &counts),
                 None => cache.append_blocking(engine, &k, &v),
@@ -188,7 +189,7 @@ impl NativeKvCache {
         let out = py
             .detach(|| {
                 let q = engine.upload(&query)?;
-                let cache = self.cache();
+                let cache = self.lock();
                 let lengths = cache.nonpad_lengths();
                 let inputs = cache.attention_inputs(&q, &lengths)?;
                 let out = pollster::block_on(engine.attention(&inputs, &options))?;
@@ -204,7 +205,7 @@ impl NativeKvCache {
         let engine = &self.engine.get().engine;
         let (k, v) = py
             .detach(|| {
-                let (k, v) = self.cache().present_blocking(engine)?;
+                let (k, v) = self.lock().present_blocking(engine)?;
                 Ok::<_, webattn::Error>((
                     engine.download_blocking(&k)?,
                     engine.download_blocking(&v)?,

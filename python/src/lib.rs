@@ -10,6 +10,7 @@ mod arrays;
 mod device;
 mod engine;
 mod errors;
+mod layer;
 mod options;
 
 /// The native module.
@@ -18,6 +19,8 @@ fn _webattn(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::NativeEngine>()?;
     m.add_class::<device::NativePrepared>()?;
     m.add_class::<device::NativeKvCache>()?;
+    m.add_class::<layer::NativeMha>()?;
+    m.add_function(wrap_pyfunction!(layer::random_mha_weights, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

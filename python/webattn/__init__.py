@@ -11,6 +11,7 @@ wgpu), or on a fast CPU backend, checked against an f64 oracle.
 
 from ._device import KvCache, PreparedAttention
 from ._engine import AttentionGradients, AttentionOutputs, Engine
+from ._layer import MultiHeadAttention
 from ._errors import (
     DeviceError,
     DTypeError,
@@ -34,6 +35,7 @@ __all__ = [
     "FileError",
     "KvCache",
     "LimitError",
+    "MultiHeadAttention",
     "OptionError",
     "OutOfMemoryError",
     "PagedError",

@@ -36,7 +36,8 @@ def _torch_to_numpy(x: Any) -> np.ndarray:
     if str(t.dtype) == "torch.bfloat16":
         # NumPy has no bfloat16 of its own: widen (exactly) in torch.
         return t.float().numpy()
-    return t.numpy()  # a view of the tensor's memory, strides and all
+    # Through DLPack: a view of the tensor's memory, strides and all.
+    return np.from_dlpack(t)
 
 
 def float_operand(name: str, x: Any) -> Operand:

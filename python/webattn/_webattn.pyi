@@ -67,3 +67,32 @@ class NativeKvCache:
     ) -> None: ...
     def attention(self, query: np.ndarray, *, f16: bool = False, **options: Any) -> dict[str, np.ndarray]: ...
     def present(self) -> tuple[np.ndarray, np.ndarray]: ...
+
+class NativeMha:
+    def __init__(
+        self,
+        engine: NativeEngine,
+        weights: Mapping[str, np.ndarray],
+        heads: int,
+        kv_heads: int,
+        rope_base: Optional[float] = None,
+        rope_layout: str = "interleaved",
+        f16_weights: bool = False,
+    ) -> None: ...
+    @property
+    def dims(self) -> tuple[int, int, int, int, int, int]: ...
+    def forward(
+        self,
+        query: np.ndarray,
+        key_value: Optional[np.ndarray] = None,
+        *,
+        need_weights: bool = False,
+        **options: Any,
+    ) -> tuple[np.ndarray, Optional[np.ndarray]]: ...
+    def step(
+        self, x: np.ndarray, cache: NativeKvCache, *, need_weights: bool = False, **options: Any
+    ) -> tuple[np.ndarray, Optional[np.ndarray]]: ...
+
+def random_mha_weights(
+    d_model: int, heads: int, head_dim: int, kv_heads: int, d_kv: int, seed: int
+) -> dict[str, np.ndarray]: ...
