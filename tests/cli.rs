@@ -1396,3 +1396,114 @@ fn attend_writes_the_gradients_and_check_sweeps_the_backward() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn attend_runs_packed_sequences_against_each_sequence_alone() {
+    let dir = scratch("ragged");
+    // Three sequences of 5, 1 and 13 queries over 9, 4 and 13 keys (GQA 4/2).
+    let (q_lens, k_lens) = ([5usize, 1, 13], [9usize, 4, 13]);
+    let mut rng = webattn::rng::SplitMix64::new(11);
+    let mut packed = |rows: usize, heads: usize, d: usize| {
+        let data = (0..rows * heads * d)
+            .map(|_| rng.uniform(-1.0, 1.0))
+            .collect();
+        HostTensor::new([rows, heads, d], data).unwrap()
+    };
+    let (total_q, total_k) = (q_lens.iter().sum(), k_lens.iter().sum());
+    let (q, k, v) = (
+        packed(total_q, 4, 16),
+        packed(total_k, 2, 16),
+        packed(total_k, 2, 8),
+    );
+    let offsets = |lens: &[usize]| -> Vec<i32> {
+        std::iter::once(0)
+            .chain(lens.iter().scan(0, |acc, &n| {
+                *acc += n as i32;
+                Some(*acc)
+            }))
+            .collect()
+    };
+    let (cu_q, cu_k) = (offsets(&q_lens), offsets(&k_lens));
+    let (cq, ck) = (dir.join("cq.npy"), dir.join("ck.npy"));
+    write(&cq, &[4], &cu_q, npyz::Order::C);
+    write(&ck, &[4], &cu_k, npyz::Order::C);
+    let files = [("Q", &q), ("K", &k), ("V", &v)].map(|(n, t)| write_f32(&dir, n, t));
+    let (y, lse) = (dir.join("y.npy"), dir.join("lse.npy"));
+    let args = [
+        "--backend",
+        backend(),
+        "attend",
+        "--q",
+        arg(&files[0]),
+        "--k",
+        arg(&files[1]),
+        "--v",
+        arg(&files[2]),
+        "--cu-seqlens-q",
+        arg(&cq),
+        "--cu-seqlens-k",
+        arg(&ck),
+        "--is-causal",
+        "--softcap",
+        "5",
+        "--y",
+        arg(&y),
+        "--lse",
+        arg(&lse),
+    ];
+    let out = run(&args);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ragged, 3 sequences"));
+    // The oracle on each sequence alone, in the 4D form.
+    let options = AttentionOptions {
+        is_causal: true,
+        softcap: 5.0,
+        return_lse: true,
+        ..Default::default()
+    };
+    let rows = |t: &HostTensor, from: usize, to: usize| {
+        let (h, d) = (t.shape()[1], t.shape()[2]);
+        let three = HostTensor::new(
+            [1, to - from, h * d],
+            t.data()[from * h * d..to * h * d].to_vec(),
+        );
+        webattn::layout::split_heads("T", &three.unwrap(), h).unwrap()
+    };
+    // [1, H, n, d] (row-major) to packed [n, H, d].
+    fn packed_rows<F: Copy>(x: &[F], heads: usize, n: usize, d: usize, out: &mut Vec<F>) {
+        for i in 0..n {
+            for h in 0..heads {
+                out.extend_from_slice(&x[(h * n + i) * d..(h * n + i + 1) * d]);
+            }
+        }
+    }
+    let (mut exact, mut plain, mut exact_lse, mut plain_lse) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..3 {
+        let (qs, qe) = (cu_q[i] as usize, cu_q[i + 1] as usize);
+        let (ks, ke) = (cu_k[i] as usize, cu_k[i + 1] as usize);
+        let (qi, ki, vi) = (rows(&q, qs, qe), rows(&k, ks, ke), rows(&v, ks, ke));
+        let inputs = AttentionInputs::new(&qi, &ki, &vi);
+        let e = webattn::cpu::attention_exact(&inputs, &options).unwrap();
+        let p = webattn::cpu::attention_plain_f32(&inputs, &options).unwrap();
+        let n = qe - qs;
+        packed_rows(&e.y, 4, n, 8, &mut exact);
+        packed_rows(&p.y, 4, n, 8, &mut plain);
+        packed_rows(&e.lse, 4, n, 1, &mut exact_lse);
+        packed_rows(&p.lse, 4, n, 1, &mut plain_lse);
+    }
+    assert_close("attend --cu-seqlens: Y", &y, &exact, &plain);
+    assert_close("attend --cu-seqlens: lse", &lse, &exact_lse, &plain_lse);
+    // Offsets that miss the packed rows are the engine's typed refusal (exit
+    // 1, no output); a mask beside them a usage error (exit 2).
+    write(&cq, &[4], &[0i32, 5, 6, 18], npyz::Order::C);
+    std::fs::remove_file(&y).unwrap();
+    let refused = run(&args);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("cu_seqlens_q"));
+    assert!(!y.exists());
+    let mut with_mask = args.to_vec();
+    with_mask.extend(["--attn-mask", arg(&files[0])]);
+    assert_eq!(run(&with_mask).status.code(), Some(2));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

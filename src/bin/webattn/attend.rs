@@ -118,6 +118,23 @@ pub struct Args {
     /// Output the past values' gradient [B, Hkv, P, Dv], with --dy and a past.
     #[arg(long, value_name = "F", requires_all = ["dy", "past_value"])]
     dpast_value: Option<PathBuf>,
+    /// Ragged (packed) sequences, FlashAttention's varlen form: the query
+    /// offsets [batch + 1] (int32 or int64, rising from 0 to Q's rows). Q, K
+    /// and V are then [total tokens, heads, head size], Y and the logsumexp
+    /// packed as Q, and each sequence attends only its own keys.
+    #[arg(
+        long,
+        value_name = "CQ.npy",
+        requires = "cu_seqlens_k",
+        conflicts_with_all = [
+            "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen", "q_num_heads",
+            "kv_num_heads", "qk_matmul_output", "present_key", "present_value", "dy",
+        ]
+    )]
+    cu_seqlens_q: Option<PathBuf>,
+    /// The key offsets [batch + 1], rising from 0 to K's rows (with --cu-seqlens-q).
+    #[arg(long, value_name = "CK.npy", requires = "cu_seqlens_q")]
+    cu_seqlens_k: Option<PathBuf>,
 }
 
 impl Args {
@@ -153,6 +170,8 @@ impl Args {
             ("past_value", &self.past_value),
             ("nonpad_kv_seqlen", &self.nonpad_kv_seqlen),
             ("dY", &self.dy),
+            ("cu_seqlens_q", &self.cu_seqlens_q),
+            ("cu_seqlens_k", &self.cu_seqlens_k),
         ] {
             if let Some(p) = p {
                 out.push((name, p.as_path()));
@@ -187,24 +206,9 @@ fn load_qkv(args: &Args) -> anyhow::Result<(HostTensor, HostTensor, HostTensor, 
     }
 }
 
-pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitCode> {
-    Staged::check_targets(&args.outputs(), &args.inputs())?;
-    let (q, k, v, three_d) = load_qkv(args)?;
-    let mask = args.attn_mask.as_ref().map(npy::read_mask).transpose()?;
-    let past = match (&args.past_key, &args.past_value) {
-        (Some(pk), Some(pv)) => Some((
-            npy::read_tensor(pk, "past_key")?,
-            npy::read_tensor(pv, "past_value")?,
-        )),
-        _ => None,
-    };
-    let nonpad = args
-        .nonpad_kv_seqlen
-        .as_ref()
-        .map(npy::read_lengths)
-        .transpose()?;
-
-    let options = AttentionOptions {
+/// The call's options from the flags.
+fn call_options(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<AttentionOptions> {
+    Ok(AttentionOptions {
         scale: args.scale,
         softcap: args.softcap,
         is_causal: args.is_causal,
@@ -227,7 +231,90 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             PathArg::Cpu => KernelPath::Cpu,
             PathArg::Oracle => KernelPath::Oracle,
         },
+    })
+}
+
+/// The engine for `options`' path: the CPU paths need no adapter; every
+/// other path takes the --backend engine.
+fn call_engine(
+    engine_args: &super::EngineArgs,
+    options: &AttentionOptions,
+) -> anyhow::Result<webattn::Engine> {
+    let cpu_path = matches!(options.path, KernelPath::Cpu | KernelPath::Oracle);
+    if cpu_path {
+        Ok(super::engine(&super::EngineArgs {
+            backend: super::Backend::Cpu,
+            ..engine_args.clone()
+        })?)
+    } else {
+        Ok(super::engine(engine_args)?)
+    }
+}
+
+/// `attend` on packed sequences (`--cu-seqlens-q/--cu-seqlens-k`).
+fn run_ragged(
+    engine_args: &super::EngineArgs,
+    args: &Args,
+    (cu_q, cu_k): (&Path, &Path),
+) -> anyhow::Result<ExitCode> {
+    let q = npy::read_tensor(&args.q, "Q")?;
+    let k = npy::read_tensor(&args.k, "K")?;
+    let v = npy::read_tensor(&args.v, "V")?;
+    let cu_seqlens_q = npy::read_lengths(cu_q)?;
+    let cu_seqlens_k = npy::read_lengths(cu_k)?;
+    let options = call_options(engine_args, args)?;
+    let engine = call_engine(engine_args, &options)?;
+    let inputs = webattn::RaggedInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        cu_seqlens_q: &cu_seqlens_q,
+        cu_seqlens_k: &cu_seqlens_k,
     };
+    let start = Instant::now();
+    let out = engine.attention_ragged_blocking(&inputs, &options)?;
+    let millis = start.elapsed().as_secs_f64() * 1e3;
+    let mut staged = Staged::new();
+    staged.stage(&args.y, &out.y)?;
+    if let (Some(target), Some(lse)) = (&args.lse, &out.lse) {
+        staged.stage(target, lse)?;
+    }
+    staged.commit()?;
+    let path = engine.last_call().map_or(options.path, |c| c.plan.path);
+    eprintln!(
+        "webattn: ragged, {} sequences ({} queries, {} keys), path {path}; Q {:?} K {:?} V {:?} -> Y {:?}; {millis:.2} ms",
+        cu_seqlens_q.len().saturating_sub(1),
+        q.shape().first().copied().unwrap_or(0),
+        k.shape().first().copied().unwrap_or(0),
+        q.shape(),
+        k.shape(),
+        v.shape(),
+        out.y.shape(),
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitCode> {
+    Staged::check_targets(&args.outputs(), &args.inputs())?;
+    if let (Some(cu_q), Some(cu_k)) = (&args.cu_seqlens_q, &args.cu_seqlens_k) {
+        return run_ragged(engine_args, args, (cu_q, cu_k));
+    }
+    let (q, k, v, three_d) = load_qkv(args)?;
+    let mask = args.attn_mask.as_ref().map(npy::read_mask).transpose()?;
+    let past = match (&args.past_key, &args.past_value) {
+        (Some(pk), Some(pv)) => Some((
+            npy::read_tensor(pk, "past_key")?,
+            npy::read_tensor(pv, "past_value")?,
+        )),
+        _ => None,
+    };
+    let nonpad = args
+        .nonpad_kv_seqlen
+        .as_ref()
+        .map(npy::read_lengths)
+        .transpose()?;
+
+    let options = call_options(engine_args, args)?;
     let mut inputs = AttentionInputs::new(&q, &k, &v);
     if let Some(m) = &mask {
         inputs = inputs.with_mask(m);
@@ -238,16 +325,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     inputs.nonpad_kv_seqlen = nonpad.as_deref();
     webattn::validate(&inputs, &options)?;
 
-    // The CPU paths need no adapter; every other path takes the --backend engine.
-    let cpu_path = matches!(options.path, KernelPath::Cpu | KernelPath::Oracle);
-    let engine = if cpu_path {
-        super::engine(&super::EngineArgs {
-            backend: super::Backend::Cpu,
-            ..engine_args.clone()
-        })?
-    } else {
-        super::engine(engine_args)?
-    };
+    let engine = call_engine(engine_args, &options)?;
     let start = Instant::now();
     let out = engine.attention_host_blocking(&inputs, &options)?;
     let millis = start.elapsed().as_secs_f64() * 1e3;
