@@ -285,6 +285,26 @@ impl NativeEngine {
         Ok(dict)
     }
 
+    /// Attention of packed sequences (`Engine.attention_ragged`):
+    /// `(q, k, v)` packed `[tokens, heads, head size]`, `(cu_seqlens_q,
+    /// cu_seqlens_k)` their offsets.
+    #[pyo3(signature = (packed, offsets, **options))]
+    fn attention_ragged<'py>(
+        &self,
+        py: Python<'py>,
+        packed: (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>),
+        offsets: (Bound<'py, PyAny>, Bound<'py, PyAny>),
+        options: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        crate::serving::attention_ragged(
+            py,
+            self,
+            (&packed.0, &packed.1, &packed.2),
+            (&offsets.0, &offsets.1),
+            options,
+        )
+    }
+
     /// Plans a call for the shapes (and dtypes) of `inputs` with `options`:
     /// every run of the result takes that plan.
     #[pyo3(signature = (inputs, *, f16 = None, **options))]

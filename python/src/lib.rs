@@ -12,6 +12,7 @@ mod engine;
 mod errors;
 mod layer;
 mod options;
+mod serving;
 
 /// The native module.
 #[pymodule]
@@ -20,6 +21,8 @@ fn _webattn(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<device::NativePrepared>()?;
     m.add_class::<device::NativeKvCache>()?;
     m.add_class::<layer::NativeMha>()?;
+    m.add_class::<serving::Sequence>()?;
+    m.add_class::<serving::NativePagedKvCache>()?;
     m.add_function(wrap_pyfunction!(layer::random_mha_weights, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

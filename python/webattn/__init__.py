@@ -12,6 +12,7 @@ wgpu), or on a fast CPU backend, checked against an f64 oracle.
 from ._device import KvCache, PreparedAttention
 from ._engine import AttentionGradients, AttentionOutputs, Engine
 from ._layer import MultiHeadAttention
+from ._serving import PagedKvCache, RaggedOutputs
 from ._errors import (
     DeviceError,
     DTypeError,
@@ -39,7 +40,9 @@ __all__ = [
     "OptionError",
     "OutOfMemoryError",
     "PagedError",
+    "PagedKvCache",
     "PreparedAttention",
+    "RaggedOutputs",
     "ShapeError",
     "WebattnError",
     "__version__",

@@ -279,6 +279,19 @@ class Engine:
             d_mask=output(out.get("d_mask"), "float32", qo.torch),
         )
 
+    def attention_ragged(self, q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
+                         **options: Any) -> "RaggedOutputs":
+        """Packed sequences without padding (FlashAttention's varlen form):
+        ``q`` ``[total_q, Hq, Dk]``, ``k`` ``[total_k, Hkv, Dk]``, ``v``
+        ``[total_k, Hkv, Dv]``, sequence ``i`` the rows
+        ``cu_seqlens_*[i]:cu_seqlens_*[i + 1]`` (integer offsets, batch + 1
+        of them, from 0 to the packed rows), each attending only its own
+        keys, with :meth:`attention`'s options (not the mask, past, padding
+        or qk output). Returns ``RaggedOutputs(y, lse)`` packed as ``q``."""
+        from ._serving import attention_ragged
+
+        return attention_ragged(self, q, k, v, cu_seqlens_q, cu_seqlens_k, **options)
+
     def prepare(
         self,
         q: Any,
