@@ -13,6 +13,28 @@ export interface BackwardForward {
   dy: Tensor;
 }
 
+/** Packed sequences for `attentionRagged`. */
+export interface RaggedInputs {
+  /** Queries [total queries, Hq, Dk]. */
+  q: Tensor;
+  /** Keys [total keys, Hkv, Dk]. */
+  k: Tensor;
+  /** Values [total keys, Hkv, Dv]. */
+  v: Tensor;
+  /** Query offsets: batch + 1 whole numbers rising from 0 to Q's rows. */
+  cuSeqlensQ: Int32Array | BigInt64Array | number[];
+  /** Key offsets: batch + 1 whole numbers rising from 0 to K's rows. */
+  cuSeqlensK: Int32Array | BigInt64Array | number[];
+}
+
+/** What `attentionRagged` resolves to. */
+export interface RaggedResult {
+  /** Y [total queries, Hq, Dv], packed as Q. */
+  y: HostTensor;
+  /** The row logsumexp [total queries, Hq] (with `returnLse`). */
+  lse?: HostTensor;
+}
+
 /** The gradients of one attention call's inputs. */
 export interface BackwardResult {
   /** dQ, Q's shape. */
@@ -327,6 +349,11 @@ export declare class WebAttn {
    * `forward` its Y and logsumexp (`returnLse`) and the loss's gradient dY.
    */
   attentionBackward(inputs: AttentionInputs, forward: BackwardForward, options?: AttentionOptions): Promise<BackwardResult>;
+  /**
+   * Packed sequences without padding (FlashAttention's varlen form): each
+   * sequence attends only its own keys. Y and the logsumexp come packed as Q.
+   */
+  attentionRagged(inputs: RaggedInputs, options?: AttentionOptions): Promise<RaggedResult>;
   attention(inputs: AttentionInputs, options?: AttentionOptions & { keepOnDevice?: false }): Promise<AttentionResult<HostTensor>>;
   attention(inputs: AttentionInputs, options: AttentionOptions & { keepOnDevice: true }): Promise<AttentionResult<DeviceTensor>>;
   attention(inputs: AttentionInputs, options?: AttentionOptions): Promise<AttentionResult>;

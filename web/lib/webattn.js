@@ -443,6 +443,20 @@ export class WebAttn {
   }
 
   /**
+   * Packed sequences without padding (FlashAttention's varlen form):
+   * `inputs` `{ q, k, v, cuSeqlensQ, cuSeqlensK }`, Q `[total queries, Hq,
+   * Dk]`, K and V `[total keys, Hkv, ·]` as `{ data, shape }`, the offsets
+   * (Int32Array, BigInt64Array or numbers) `batch + 1` of them from 0 to the
+   * packed rows; each sequence attends only its own keys, with `options` as
+   * `attention`'s. Resolves to `{ y, lse? }` packed as Q.
+   */
+  async attentionRagged(inputs, options = {}) {
+    inputs = asNow(inputs);
+    options = asNow(options);
+    return this._serial(() => this._core().attentionRagged(inputs, options));
+  }
+
+  /**
    * Plans a call of the shapes of `inputs` (values or DeviceTensors) with
    * `options` (the ONNX attributes, `path`, `qNumHeads`/`kvNumHeads`) once;
    * resolves to a `PreparedCall` whose runs allocate nothing after the first.

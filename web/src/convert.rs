@@ -261,12 +261,18 @@ pub fn mask(v: &JsValue) -> Result<HostMask> {
 
 /// `nonpad_kv_seqlen`: BigInt64Array, Int32Array or an array of whole numbers.
 pub fn lengths(v: &JsValue) -> Result<Vec<i64>> {
+    integers("nonpad_kv_seqlen", v)
+}
+
+/// Whole numbers named `name` (lengths, offsets): BigInt64Array, Int32Array
+/// or an array of whole numbers.
+pub fn integers(name: &'static str, v: &JsValue) -> Result<Vec<i64>> {
     let bad = |got: String| Error::DType {
-        tensor: "nonpad_kv_seqlen",
+        tensor: name,
         expected: "BigInt64Array, Int32Array or an array of whole numbers",
         got,
     };
-    refuse_detached("nonpad_kv_seqlen", v)?;
+    refuse_detached(name, v)?;
     if let Some(a) = v.dyn_ref::<BigInt64Array>() {
         return Ok(a.to_vec());
     }

@@ -344,6 +344,17 @@ impl EngineCore {
         crate::backward::call(&self.engine, &self.handles, &inputs, &forward, &options).await
     }
 
+    /// Packed sequences without padding (see `ragged.rs`): `inputs` `{q, k,
+    /// v, cuSeqlensQ, cuSeqlensK}`; resolves to `{y, lse?}` packed as Q.
+    #[wasm_bindgen(js_name = attentionRagged)]
+    pub async fn attention_ragged(
+        &self,
+        inputs: JsValue,
+        options: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        crate::ragged::call(&self.engine, &inputs, &options).await
+    }
+
     /// Plans a call of the shapes of `inputs` with `options` once; returns
     /// `{id, path, plan, reason}`. Runs of it (`runPrepared`) reuse one workspace.
     pub async fn prepare(&self, inputs: JsValue, options: JsValue) -> Result<JsValue, JsValue> {

@@ -215,6 +215,35 @@ function cases({ worker, isa }) {
     return lines.join("; ");
   });
 
+  add("packed sequences (attentionRagged) equal each sequence's own call", async (engine) => {
+    const [qLens, kLens] = [[5, 1, 13], [9, 4, 13]];
+    const offsets = (lens) => Int32Array.from([0, ...lens.map((_, i) => lens.slice(0, i + 1).reduce((a, b) => a + b))]);
+    const [cuQ, cuK] = [offsets(qLens), offsets(kLens)];
+    const [hq, hkv, d] = [4, 2, 16];
+    const q = tensor(n, [cuQ[3], hq, d]), k = tensor(n, [cuK[3], hkv, d]), v = tensor(n, [cuK[3], hkv, d]);
+    const options = { isCausal: true, softcap: 5, returnLse: true };
+    const r = await engine.attentionRagged({ q, k, v, cuSeqlensQ: cuQ, cuSeqlensK: cuK }, options);
+    expect(r.y.shape.join() === [cuQ[3], hq, d].join() && r.lse.shape.join() === [cuQ[3], hq].join(), "packed shapes");
+    // Sequence i alone, [1, H, rows, d], from the packed [rows, H, d].
+    const unpack = (t, from, to) => {
+      const [heads, width] = [t.shape[1], t.shape[2]];
+      const data = new Float32Array((to - from) * heads * width);
+      for (let r = from; r < to; r++) for (let h = 0; h < heads; h++) for (let x = 0; x < width; x++) {
+        data[(h * (to - from) + r - from) * width + x] = t.data[(r * heads + h) * width + x];
+      }
+      return { data, shape: [1, heads, to - from, width] };
+    };
+    let worst = 0;
+    for (let i = 0; i < 3; i++) {
+      const alone = await engine.attention({ q: unpack(q, cuQ[i], cuQ[i + 1]), k: unpack(k, cuK[i], cuK[i + 1]), v: unpack(v, cuK[i], cuK[i + 1]) }, options);
+      worst = Math.max(worst, maxDiff(unpack(r.y, cuQ[i], cuQ[i + 1]).data, alone.y.data));
+    }
+    expect(worst <= 1e-6, `packed and alone differ by ${worst}`);
+    await rejects(() => engine.attentionRagged({ q, k, v, cuSeqlensQ: [0, 5, 6], cuSeqlensK: cuK }), "InvalidOption", /cuSeqlensQ/);
+    await rejects(() => engine.attentionRagged({ q, k, v, cuSeqlensQ: cuQ }), "MissingInput", /cuSeqlensK/);
+    return `3 sequences, worst difference from each alone ${worst}`;
+  });
+
   add("f16 inputs (Float16Array and Uint16Array bits)", async (engine) => {
     const shape = [1, 2, 9, 16];
     const values = () => Array.from({ length: size(shape) }, (_, i) => ((i * 37) % 97 - 48) / 32);
