@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The Python package's tests: installs the package into a virtual
 # environment under target/ with `pip install ./python` (maturin, on the dev
-# profile so it reuses the test build's compiled dependencies), then runs
-# pytest on python/tests. Needs python3 with venv (.ci/setup --python).
+# profile: about two minutes from a fresh clone, since pyo3's and numpy's
+# crates change some shared dependencies' features and wgpu is rebuilt;
+# seconds after that), then runs pytest on python/tests. Needs python3 with
+# venv (.ci/setup --python).
 #
 #   bash python/test.sh [pytest args]           NumPy only (the README's test command)
 #   bash python/test.sh --torch [pytest args]   with PyTorch (its own venv; CI's own step):
