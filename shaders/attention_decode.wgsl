@@ -50,6 +50,12 @@
 // stream at half the bytes.
 // #include ELEMENT
 
+// Where key `key` of batch b's KV head kvh is stored, in rows of K (and V):
+// the KV_ROWS slot holds shaders/kv_rows_dense.wgsl ([B, Hkv, T, D]), or in
+// the paged variants (attention_decode_paged) shaders/kv_rows_paged.wgsl,
+// which reads the row's page from the sequence's block table.
+// #include KV_ROWS
+
 // Invocations, and keys per tile.
 const WG: u32 = 64u;
 // vec4 columns of K per staged slice (and its padded row stride).
@@ -124,7 +130,6 @@ fn main(
     let key_groups = max(WG / dv4, 1u);
     let my_group = li / dv4;
     let my_col = li % dv4;
-    let kv_base = (b * p.kv_heads + kvh) * p.keys;
 
     var j0 = lo - lo % i32(WG);
     for (; j0 <= hi; j0 += i32(WG)) {
@@ -140,7 +145,7 @@ fn main(
                 let key = u32(j0) + t;
                 var val = vec4<f32>(0.0);
                 if (key < p.keys && s0 + c < dk4) {
-                    val = widen4(k4[(kv_base + key) * dk4 + s0 + c]);
+                    val = widen4(k4[kv_row(b, kvh, key) * dk4 + s0 + c]);
                 }
                 k_slice[t * DS_STRIDE + c] = val;
             }
@@ -229,7 +234,7 @@ fn main(
             for (var t = my_group; t < WG; t += key_groups) {
                 let key = u32(j0) + t;
                 if (key < p.keys) {
-                    let vv = widen4(v4[(kv_base + key) * dv4 + my_col]);
+                    let vv = widen4(v4[kv_row(b, kvh, key) * dv4 + my_col]);
                     for (var r = 0u; r < rows; r++) {
                         let pt = scores[r * WG + t];
                         o[r] += select(vec4<f32>(0.0), pt * vv, pt >= 0.0);

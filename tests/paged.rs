@@ -1,335 +1,49 @@
-//! The paged KV cache (`webattn::paged`): block tables, forks sharing pages
-//! and copying the last on write, pages freed at once, refusals that change
-//! nothing, and attention through the pages against the f64 oracle on the
-//! same tokens held contiguously.
+//! The paged KV cache on host pages and the CPU backend (the cases are
+//! `tests/common/paged.rs`'s, which `tests/gpu/paged.rs` also runs on a GPU's
+//! pages), and ragged batches without a cache.
 
-use std::collections::{BTreeMap, BTreeSet};
+#[path = "common/paged.rs"]
+mod cases;
 
-use webattn::paged::{Append, PAGE_SIZES};
+use cases::{layout, share_of_allowance, Where, DK, DV};
+use webattn::paged::PAGE_SIZES;
 use webattn::rng::SplitMix64;
-use webattn::{
-    AttentionInputs, AttentionOptions, Engine, Error, HostTensor, PagedKvCache, PagedLayout,
-    SequenceId,
-};
+use webattn::{AttentionInputs, AttentionOptions, Engine, HostTensor, PagedKvCache};
 
-const KV_HEADS: usize = 2;
-const DK: usize = 8;
-const DV: usize = 4;
-
-fn layout(page_size: usize) -> PagedLayout {
-    PagedLayout {
-        kv_heads: KV_HEADS,
-        head_dim: DK,
-        v_head_dim: DV,
-        page_size,
-    }
-}
-
-/// A sequence's tokens as the test appended them: per head, rows in order.
-#[derive(Clone, Default)]
-struct Tokens {
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
-}
-
-impl Tokens {
-    fn new() -> Self {
-        Self {
-            keys: vec![Vec::new(); KV_HEADS],
-            values: vec![Vec::new(); KV_HEADS],
-        }
-    }
-
-    fn push(&mut self, key: &HostTensor, value: &HostTensor) {
-        let n = key.shape()[1];
-        for h in 0..KV_HEADS {
-            self.keys[h].extend_from_slice(&key.data()[h * n * DK..][..n * DK]);
-            self.values[h].extend_from_slice(&value.data()[h * n * DV..][..n * DV]);
-        }
-    }
-
-    fn tensors(&self) -> (HostTensor, HostTensor) {
-        let len = self.keys[0].len() / DK;
-        (
-            HostTensor::new([1, KV_HEADS, len, DK], self.keys.concat()).unwrap(),
-            HostTensor::new([1, KV_HEADS, len, DV], self.values.concat()).unwrap(),
-        )
-    }
-}
-
-fn rows(rng: &mut SplitMix64, n: usize) -> (HostTensor, HostTensor) {
-    (
-        HostTensor::new([KV_HEADS, n, DK], rng.normal_vec(KV_HEADS * n * DK, 1.0)).unwrap(),
-        HostTensor::new([KV_HEADS, n, DV], rng.normal_vec(KV_HEADS * n * DV, 1.0)).unwrap(),
-    )
-}
-
-/// Every live sequence reads back exactly as appended; the pages in use are
-/// those the block tables name, each counted once per sequence holding it.
-fn check_contents(cache: &PagedKvCache, model: &BTreeMap<SequenceId, Tokens>) {
-    let live: BTreeSet<SequenceId> = cache.sequences().into_iter().collect();
-    assert_eq!(live, model.keys().copied().collect());
-    let mut holders: BTreeMap<u32, u32> = BTreeMap::new();
-    for (&seq, tokens) in model {
-        let (k, v) = cache.read(seq).unwrap();
-        let (want_k, want_v) = tokens.tensors();
-        assert_eq!(k, want_k, "keys of {seq:?}");
-        assert_eq!(v, want_v, "values of {seq:?}");
-        let table = cache.block_table(seq).unwrap();
-        let len = cache.len(seq).unwrap();
-        assert_eq!(table.len(), len.div_ceil(cache.layout().page_size));
-        for &p in table {
-            *holders.entry(p).or_default() += 1;
-        }
-    }
-    assert_eq!(cache.pages_in_use(), holders.len());
-    for (&page, &count) in &holders {
-        assert_eq!(cache.page_references(page).unwrap(), count, "page {page}");
-    }
+fn host(run: impl FnOnce(&Where)) {
+    let engine = Engine::cpu();
+    run(&Where {
+        engine: &engine,
+        device: false,
+        page_sizes: &PAGE_SIZES,
+    });
 }
 
 #[test]
 fn sequences_grow_fork_and_free_through_their_block_tables() {
-    for page_size in [16, 64, 256] {
-        let mut rng = SplitMix64::new(page_size as u64);
-        let mut cache = PagedKvCache::new(layout(page_size)).unwrap();
-        let mut model: BTreeMap<SequenceId, Tokens> = BTreeMap::new();
-        for step in 0..120 {
-            let live: Vec<SequenceId> = model.keys().copied().collect();
-            match rng.below(10) {
-                0 | 1 if model.len() < 12 => {
-                    model.insert(cache.add_sequence(), Tokens::new());
-                }
-                2 if !live.is_empty() => {
-                    let parent = live[rng.below(live.len())];
-                    let child = cache.fork(parent).unwrap();
-                    model.insert(child, model[&parent].clone());
-                }
-                3 if live.len() > 1 => {
-                    let seq = live[rng.below(live.len())];
-                    cache.free(seq).unwrap();
-                    model.remove(&seq);
-                }
-                _ if !live.is_empty() => {
-                    // Several sequences in one call, each its own length:
-                    // single tokens (decode) and prompts past a page.
-                    let picked: Vec<SequenceId> =
-                        live.iter().copied().filter(|_| rng.below(2) == 0).collect();
-                    let appended: Vec<(SequenceId, HostTensor, HostTensor)> = picked
-                        .iter()
-                        .map(|&seq| {
-                            let n = [1, 1, 3, page_size - 1, page_size + 5][rng.below(5)];
-                            let (k, v) = rows(&mut rng, n);
-                            (seq, k, v)
-                        })
-                        .collect();
-                    let items: Vec<_> = appended.iter().map(|(s, k, v)| (*s, k, v)).collect();
-                    cache.append_many(&items).unwrap();
-                    for (seq, k, v) in &appended {
-                        model.get_mut(seq).unwrap().push(k, v);
-                    }
-                }
-                _ => {}
-            }
-            check_contents(&cache, &model);
-            assert!(cache.pages_in_use() <= cache.pages(), "step {step}");
-        }
-        println!(
-            "page size {page_size}: {} sequences, {} pages in use of {}, {} KiB",
-            model.len(),
-            cache.pages_in_use(),
-            cache.pages(),
-            cache.bytes() / 1024
-        );
-    }
+    host(cases::sequences_grow_fork_and_free_through_their_block_tables);
 }
 
 #[test]
 fn a_fork_shares_its_pages_until_one_writes_into_the_last() {
-    let mut rng = SplitMix64::new(3);
-    let mut cache = PagedKvCache::new(layout(16)).unwrap();
-    let parent = cache.add_sequence();
-    let (k, v) = rows(&mut rng, 40); // two full pages and 8 tokens of a third
-    cache.append(parent, &k, &v).unwrap();
-    let child = cache.fork(parent).unwrap();
-    assert_eq!(
-        cache.block_table(child).unwrap(),
-        cache.block_table(parent).unwrap()
-    );
-    assert_eq!(cache.pages_in_use(), 3);
-    let before = cache.read(parent).unwrap();
-    let (k1, v1) = rows(&mut rng, 1);
-    cache.append(child, &k1, &v1).unwrap();
-    // The child copied the shared third page and wrote its token there; the
-    // full pages stay shared; the parent reads as before.
-    let (p, c) = (
-        cache.block_table(parent).unwrap().to_vec(),
-        cache.block_table(child).unwrap().to_vec(),
-    );
-    assert_eq!(p[..2], c[..2]);
-    assert_ne!(p[2], c[2]);
-    assert_eq!(cache.page_references(p[0]).unwrap(), 2);
-    assert_eq!(cache.page_references(p[2]).unwrap(), 1);
-    assert_eq!(cache.read(parent).unwrap(), before);
-    assert_eq!(cache.len(child).unwrap(), 41);
-    // Freeing the parent frees only its own third page.
-    cache.free(parent).unwrap();
-    assert_eq!(cache.pages_in_use(), 3);
-    assert_eq!(cache.page_references(p[2]).unwrap(), 0);
-    cache.free(child).unwrap();
-    assert_eq!(cache.pages_in_use(), 0);
-}
-
-/// The worst error against the oracle over its allowance: twice the plain
-/// f32 computation's error plus a floor.
-fn share_of_allowance(got: &HostTensor, exact: &HostTensor, plain: &[f32]) -> f64 {
-    let err = |a: &[f32]| {
-        a.iter()
-            .zip(exact.data())
-            .map(|(&x, &y)| f64::from((x - y).abs()))
-            .fold(0.0, f64::max)
-    };
-    err(got.data()) / (2.0 * err(plain) + 1e-6)
+    host(cases::a_fork_shares_its_pages_until_one_writes_into_the_last);
 }
 
 #[test]
 fn attention_through_the_pages_matches_the_oracle_on_the_tokens_held_contiguously() {
-    let engine = Engine::cpu();
-    let mut worst: f64 = 0.0;
-    for page_size in PAGE_SIZES {
-        let mut rng = SplitMix64::new(11 + page_size as u64);
-        let mut cache = PagedKvCache::new(layout(page_size)).unwrap();
-        let mut model: BTreeMap<SequenceId, Tokens> = BTreeMap::new();
-        let shared = cache.add_sequence();
-        let (k, v) = rows(&mut rng, 97); // a shared prompt
-        cache.append(shared, &k, &v).unwrap();
-        model.insert(shared, Tokens::new());
-        model.get_mut(&shared).unwrap().push(&k, &v);
-        // A ragged batch: forks of the prompt and a sequence of its own, each
-        // then given its own tokens (1, 7 and 257 new ones).
-        let seqs = [
-            cache.fork(shared).unwrap(),
-            cache.fork(shared).unwrap(),
-            cache.add_sequence(),
-        ];
-        for (&seq, n) in seqs.iter().zip([1, 7, 257]) {
-            let mut tokens = if seq == seqs[2] {
-                Tokens::new()
-            } else {
-                model[&shared].clone()
-            };
-            let (k, v) = rows(&mut rng, n);
-            cache.append(seq, &k, &v).unwrap();
-            tokens.push(&k, &v);
-            model.insert(seq, tokens);
-        }
-        let option_sets = [
-            AttentionOptions {
-                is_causal: true,
-                return_lse: true,
-                ..Default::default()
-            },
-            AttentionOptions {
-                is_causal: true,
-                left_window_size: 16,
-                softcap: 20.0,
-                scale: Some(0.3),
-                ..Default::default()
-            },
-            AttentionOptions::default(),
-        ];
-        for options in &option_sets {
-            for (&seq, n) in seqs.iter().zip([1, 7, 33]) {
-                // Four query heads over two KV heads (GQA): the last n tokens.
-                let q = HostTensor::new([1, 4, n, DK], rng.normal_vec(4 * n * DK, 1.0)).unwrap();
-                let paged = cache
-                    .attention_blocking(&engine, &[(seq, &q)], options)
-                    .unwrap();
-                let oracle = cache.oracle(seq, &q, options).unwrap();
-                let (k, v) = model[&seq].tensors();
-                let lengths = [cache.len(seq).unwrap() as i64];
-                let mut inputs = AttentionInputs::new(&q, &k, &v);
-                inputs.nonpad_kv_seqlen = Some(&lengths);
-                let contiguous = webattn::cpu::attention(&inputs, options).unwrap();
-                assert_eq!(oracle.y, contiguous.y, "the oracle through the pages");
-                assert_eq!(oracle.lse, contiguous.lse);
-                let plain = webattn::cpu::attention_plain_f32(&inputs, options).unwrap();
-                let share = share_of_allowance(&paged[0].y, &contiguous.y, &plain.y);
-                assert!(share <= 1.0, "page {page_size}, {options:?}: {share}");
-                worst = worst.max(share);
-            }
-        }
-    }
-    println!("CPU backend through the pages: worst {worst:.3} of the allowed error");
+    host(cases::attention_through_the_pages_matches_the_oracle_on_the_tokens_held_contiguously);
 }
 
 #[test]
 fn refused_calls_leave_every_sequence_as_it_was() {
-    for page_size in [0, 8, 100, 512] {
-        let err = PagedKvCache::new(layout(page_size)).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::InvalidOption {
-                    name: "page_size",
-                    ..
-                }
-            ),
-            "{err}"
-        );
-    }
-    let mut rng = SplitMix64::new(5);
-    let mut cache = PagedKvCache::new(layout(16)).unwrap().with_page_limit(6);
-    let (a, b) = (cache.add_sequence(), cache.add_sequence());
-    let mut model = BTreeMap::new();
-    for (seq, n) in [(a, 20), (b, 30)] {
-        let (k, v) = rows(&mut rng, n);
-        cache.append(seq, &k, &v).unwrap();
-        let mut t = Tokens::new();
-        t.push(&k, &v);
-        model.insert(seq, t);
-    }
-    let freed = cache.add_sequence();
-    cache.free(freed).unwrap();
-    let (k1, v1) = rows(&mut rng, 1);
-    let (big_k, big_v) = rows(&mut rng, 60); // a: 80 tokens, 7 pages in use of 6
-    let wrong_heads = HostTensor::new([3, 1, DK], vec![0.0; 3 * DK]).unwrap();
-    let wrong_dim = HostTensor::new([KV_HEADS, 1, DV], vec![0.0; KV_HEADS * DV]).unwrap();
-    let flat = HostTensor::new([KV_HEADS * DK], vec![0.0; KV_HEADS * DK]).unwrap();
-    let refusals: Vec<(Vec<Append<'_>>, &str)> = vec![
-        (vec![(a, &k1, &v1), (freed, &k1, &v1)], "Paged"),
-        (vec![(a, &k1, &v1), (a, &k1, &v1)], "Conflict"),
-        (vec![(a, &wrong_heads, &v1)], "ShapeMismatch"),
-        (vec![(b, &k1, &v1), (a, &wrong_dim, &v1)], "ShapeMismatch"),
-        (vec![(a, &flat, &v1)], "Rank"),
-        (vec![(b, &k1, &v1), (a, &big_k, &big_v)], "OutOfMemory"),
-    ];
-    for (items, kind) in refusals {
-        let err = cache.append_many(&items).unwrap_err();
-        assert_eq!(err.kind(), kind, "{err}");
-        check_contents(&cache, &model);
-    }
-    assert_eq!(cache.fork(freed).unwrap_err().kind(), "Paged");
-    assert_eq!(cache.free(freed).unwrap_err().kind(), "Paged");
-    assert_eq!(cache.page_references(10_000).unwrap_err().kind(), "Paged");
-    let q = HostTensor::new([1, 2, 25, DK], vec![0.0; 2 * 25 * DK]).unwrap();
+    host(cases::refused_calls_leave_every_sequence_as_it_was);
+}
+
+#[test]
+fn a_cpu_engine_keeps_its_pages_on_the_host() {
     let engine = Engine::cpu();
-    let long = cache.attention_blocking(&engine, &[(a, &q)], &AttentionOptions::default());
-    assert_eq!(long.unwrap_err().kind(), "ShapeMismatch");
-    let present = AttentionOptions {
-        return_present: true,
-        ..Default::default()
-    };
-    let q1 = HostTensor::new([1, 2, 1, DK], vec![0.0; 2 * DK]).unwrap();
-    let err = cache
-        .attention_blocking(&engine, &[(a, &q1)], &present)
-        .unwrap_err();
-    assert_eq!(err.kind(), "Conflict");
-    check_contents(&cache, &model);
-    // Within the limit the same append goes through.
-    cache.append(a, &k1, &v1).unwrap();
-    model.get_mut(&a).unwrap().push(&k1, &v1);
-    check_contents(&cache, &model);
+    let cache = PagedKvCache::on_engine(&engine, layout(16)).unwrap();
+    assert!(!cache.on_device());
 }
 
 /// Packed `[total, heads, size]` rows of the given sequences' lengths.

@@ -83,8 +83,9 @@ impl NativePagedKvCache {
 #[pymethods]
 impl NativePagedKvCache {
     /// An empty cache of pages of `page_size` tokens (16-256) holding keys
-    /// of `head_dim` and values of `v_head_dim` for `kv_heads` heads; at
-    /// most `page_limit` pages where given.
+    /// of `head_dim` and values of `v_head_dim` for `kv_heads` heads, where
+    /// `engine` computes (its GPU's memory, or the host); at most
+    /// `page_limit` pages where given.
     #[new]
     #[pyo3(signature = (engine, kv_heads, head_dim, v_head_dim, page_size, page_limit = None))]
     fn new(
@@ -102,7 +103,7 @@ impl NativePagedKvCache {
             v_head_dim,
             page_size,
         };
-        let mut cache = PagedKvCache::new(layout).py_err(py)?;
+        let mut cache = PagedKvCache::on_engine(&engine.get().engine, layout).py_err(py)?;
         if let Some(pages) = page_limit {
             cache = cache.with_page_limit(pages);
         }
@@ -176,7 +177,7 @@ impl NativePagedKvCache {
         py: Python<'py>,
         seq: Sequence,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        let (k, v) = self.lock().read(seq.0).py_err(py)?;
+        let (k, v) = py.detach(|| self.lock().read_blocking(seq.0)).py_err(py)?;
         Ok((to_numpy(py, k)?.into_any(), to_numpy(py, v)?.into_any()))
     }
 

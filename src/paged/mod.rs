@@ -12,11 +12,15 @@
 //!
 //! Ragged batches without a cache (`cu_seqlens`) are in [`ragged`].
 //!
-//! This first form keeps its pages on the host and attends through the
-//! engine's CPU path (each sequence's keys and values read through its
-//! block table); the device pool and the fused kernels that read the pages
-//! in place come next (issue 60).
+//! The pages live where the cache is made: on the host
+//! ([`PagedKvCache::new`]: attention through the engine's CPU path, each
+//! sequence's keys and values read through its block table), or in a GPU
+//! engine's device memory ([`PagedKvCache::on_engine`]: the split-K decode
+//! kernel reads them in place through the block tables, every sequence of a
+//! call in one submission; `gpu.rs`).
 
+mod device;
+mod gpu;
 mod pool;
 pub mod ragged;
 mod store;
@@ -30,6 +34,7 @@ use crate::error::{Error, Result};
 use crate::options::AttentionOptions;
 use crate::problem::{AttentionInputs, AttentionOutputs};
 use crate::tensor::HostTensor;
+use device::DevicePages;
 use pool::PagePool;
 use store::HostPages;
 
@@ -86,10 +91,22 @@ impl PagedLayout {
 pub struct PagedKvCache {
     layout: PagedLayout,
     pool: PagePool,
-    keys: HostPages,
-    values: HostPages,
+    pages: Pages,
+    /// Pages the pool grows by (at least).
     pages_per_chunk: usize,
     max_pages: Option<usize>,
+}
+
+/// Where a cache's pages are.
+#[derive(Debug, Clone)]
+enum Pages {
+    /// Host memory, in chunks that never move.
+    Host { keys: HostPages, values: HostPages },
+    /// A GPU engine's device memory, with the engine and device they belong to.
+    Device {
+        pages: DevicePages,
+        device: crate::engine::DeviceKey,
+    },
 }
 
 /// One sequence's new tokens for [`PagedKvCache::append_many`]: keys
@@ -105,21 +122,42 @@ impl PagedKvCache {
         Ok(Self {
             layout,
             pool: PagePool::new(layout.page_size),
-            keys: HostPages::new(
-                layout.kv_heads,
-                layout.page_size,
-                layout.head_dim,
-                pages_per_chunk,
-            ),
-            values: HostPages::new(
-                layout.kv_heads,
-                layout.page_size,
-                layout.v_head_dim,
-                pages_per_chunk,
-            ),
+            pages: Pages::Host {
+                keys: HostPages::new(
+                    layout.kv_heads,
+                    layout.page_size,
+                    layout.head_dim,
+                    pages_per_chunk,
+                ),
+                values: HostPages::new(
+                    layout.kv_heads,
+                    layout.page_size,
+                    layout.v_head_dim,
+                    pages_per_chunk,
+                ),
+            },
             pages_per_chunk,
             max_pages: None,
         })
+    }
+
+    /// An empty cache of `layout` whose pages live where `engine` computes:
+    /// its GPU's memory on a GPU engine (attention reads them in place, with
+    /// this engine only), the host on a CPU engine ([`PagedKvCache::new`]).
+    pub fn on_engine(engine: &Engine, layout: PagedLayout) -> Result<Self> {
+        let mut cache = Self::new(layout)?;
+        if let Some(ctx) = engine.gpu() {
+            cache.pages = Pages::Device {
+                pages: DevicePages::new(ctx, layout),
+                device: engine.device_key(),
+            };
+        }
+        Ok(cache)
+    }
+
+    /// Whether the pages live in a GPU's memory.
+    pub fn on_device(&self) -> bool {
+        matches!(self.pages, Pages::Device { .. })
     }
 
     /// The same cache, never holding more than `pages` pages (a server's
@@ -170,9 +208,12 @@ impl PagedKvCache {
         self.pool.pages_in_use()
     }
 
-    /// Host bytes the pool holds (keys and values).
+    /// Bytes the pool holds (keys and values), on the host or the device.
     pub fn bytes(&self) -> u64 {
-        self.keys.bytes() + self.values.bytes()
+        match &self.pages {
+            Pages::Host { keys, values } => keys.bytes() + values.bytes(),
+            Pages::Device { pages, .. } => pages.bytes(),
+        }
     }
 
     /// A sequence that shares every token of `seq` (a common prefix, a beam):
@@ -213,14 +254,27 @@ impl PagedKvCache {
             let needs = self.pool.needs(seq, n)?;
             if needs.copy_last {
                 let (old, new) = self.pool.copy_last_page(seq)?;
-                self.keys.copy_page(old, new);
-                self.values.copy_page(old, new);
+                match &mut self.pages {
+                    Pages::Host { keys, values } => {
+                        keys.copy_page(old, new);
+                        values.copy_page(old, new);
+                    }
+                    Pages::Device { pages, .. } => pages.copy_page(old, new),
+                }
             }
             self.pool.extend(seq, needs.new_pages)?;
             let sequence = self.pool.sequence(seq)?;
-            let (pages, start) = (sequence.pages.clone(), sequence.len);
-            self.keys.write(&pages, start, key.data());
-            self.values.write(&pages, start, value.data());
+            let (held, start) = (sequence.pages.clone(), sequence.len);
+            match &mut self.pages {
+                Pages::Host { keys, values } => {
+                    keys.write(&held, start, key.data());
+                    values.write(&held, start, value.data());
+                }
+                Pages::Device { pages, .. } => {
+                    pages.write(true, &held, start, key.data());
+                    pages.write(false, &held, start, value.data());
+                }
+            }
             self.pool.advance(seq, n)?;
         }
         Ok(())
@@ -303,14 +357,27 @@ impl PagedKvCache {
             return Ok(());
         }
         let chunks = missing.div_ceil(self.pages_per_chunk);
-        let grown = self.pool.pages() + chunks * self.pages_per_chunk;
-        let (mut keys, mut values) = (self.keys.clone_empty(), self.values.clone_empty());
-        for _ in 0..chunks {
-            keys.grow()?;
-            values.grow()?;
+        let mut grown = self.pool.pages() + chunks * self.pages_per_chunk;
+        match &mut self.pages {
+            Pages::Host { keys, values } => {
+                let (mut more_keys, mut more_values) = (keys.clone_empty(), values.clone_empty());
+                for _ in 0..chunks {
+                    more_keys.grow()?;
+                    more_values.grow()?;
+                }
+                keys.adopt(more_keys);
+                values.adopt(more_values);
+            }
+            // A device pool is copied whole when it grows: it at least
+            // doubles, so a growing cache copies each page a few times at most.
+            Pages::Device { pages, .. } => {
+                let doubled = grown.max(2 * self.pool.pages());
+                grown = match pages.grow_to(doubled) {
+                    Ok(()) => doubled,
+                    Err(_) => pages.grow_to(grown).map(|()| grown)?,
+                };
+            }
         }
-        self.keys.adopt(keys);
-        self.values.adopt(values);
         // The limit caps pages in use; the last chunk may pass it by its
         // tail, which no sequence is given.
         self.pool.grow(grown - self.pool.pages());
@@ -318,19 +385,20 @@ impl PagedKvCache {
     }
 
     /// `seq`'s keys `[1, kv_heads, len, head_dim]` and values `[1, kv_heads,
-    /// len, v_head_dim]`, read through its block table.
-    pub fn read(&self, seq: SequenceId) -> Result<(HostTensor, HostTensor)> {
+    /// len, v_head_dim]`, read through its block table (from the device,
+    /// where the pages live there).
+    pub async fn read(&self, seq: SequenceId) -> Result<(HostTensor, HostTensor)> {
         let s = self.pool.sequence(seq)?;
         let l = self.layout;
+        let (k, v) = match &self.pages {
+            Pages::Host { keys, values } => {
+                (keys.read(&s.pages, s.len), values.read(&s.pages, s.len))
+            }
+            Pages::Device { pages, .. } => pages.read(&s.pages, s.len).await?,
+        };
         Ok((
-            HostTensor::new(
-                [1, l.kv_heads, s.len, l.head_dim],
-                self.keys.read(&s.pages, s.len),
-            )?,
-            HostTensor::new(
-                [1, l.kv_heads, s.len, l.v_head_dim],
-                self.values.read(&s.pages, s.len),
-            )?,
+            HostTensor::new([1, l.kv_heads, s.len, l.head_dim], k)?,
+            HostTensor::new([1, l.kv_heads, s.len, l.v_head_dim], v)?,
         ))
     }
 
@@ -347,9 +415,20 @@ impl PagedKvCache {
         queries: &[(SequenceId, &HostTensor)],
         options: &AttentionOptions,
     ) -> Result<Vec<AttentionOutputs<HostTensor>>> {
+        if let Pages::Device { pages, device } = &self.pages {
+            if engine.device_key() != *device {
+                return Err(Error::Conflict(
+                    "the paged cache's pages live on another engine's device: attend with the \
+                     engine it was made on",
+                ));
+            }
+            if let Some(outputs) = gpu::attention(self, pages, queries, options).await? {
+                return Ok(outputs);
+            }
+        }
         let mut outputs = Vec::with_capacity(queries.len());
         for &(seq, query) in queries {
-            let (k, v, lengths) = self.sequence_inputs(seq, query, options)?;
+            let (k, v, lengths) = self.sequence_inputs(seq, query, options).await?;
             let mut inputs = AttentionInputs::new(query, &k, &v);
             inputs.nonpad_kv_seqlen = Some(&lengths);
             outputs.push(engine.attention_host(&inputs, options).await?);
@@ -359,25 +438,38 @@ impl PagedKvCache {
 
     /// [`PagedKvCache::attention`] by the f64 oracle, on the same pages: the
     /// reference every path through the cache is checked against.
-    pub fn oracle(
+    pub async fn oracle(
         &self,
         seq: SequenceId,
         query: &HostTensor,
         options: &AttentionOptions,
     ) -> Result<AttentionOutputs<HostTensor>> {
-        let (k, v, lengths) = self.sequence_inputs(seq, query, options)?;
+        let (k, v, lengths) = self.sequence_inputs(seq, query, options).await?;
         let mut inputs = AttentionInputs::new(query, &k, &v);
         inputs.nonpad_kv_seqlen = Some(&lengths);
         cpu::attention(&inputs, options)
     }
 
     /// `seq`'s keys, values and length for a call with `query`, checked.
-    fn sequence_inputs(
+    async fn sequence_inputs(
         &self,
         seq: SequenceId,
         query: &HostTensor,
         options: &AttentionOptions,
     ) -> Result<(HostTensor, HostTensor, Vec<i64>)> {
+        self.check_query(seq, query, options)?;
+        let (k, v) = self.read(seq).await?;
+        Ok((k, v, vec![self.len(seq)? as i64]))
+    }
+
+    /// Checks a call's `query` for `seq`: no presents asked, no more
+    /// queries than the sequence holds tokens.
+    fn check_query(
+        &self,
+        seq: SequenceId,
+        query: &HostTensor,
+        options: &AttentionOptions,
+    ) -> Result<()> {
         if options.return_present {
             return Err(Error::Conflict(
                 "a paged cache returns no present K/V: read a sequence's pages with read()",
@@ -396,8 +488,7 @@ impl PagedKvCache {
                     "the queries are a sequence's last tokens: append their keys and values first",
             });
         }
-        let (k, v) = self.read(seq)?;
-        Ok((k, v, vec![len as i64]))
+        Ok(())
     }
 }
 
@@ -411,5 +502,20 @@ impl PagedKvCache {
         options: &AttentionOptions,
     ) -> Result<Vec<AttentionOutputs<HostTensor>>> {
         pollster::block_on(self.attention(engine, queries, options))
+    }
+
+    /// [`PagedKvCache::read`], blocking.
+    pub fn read_blocking(&self, seq: SequenceId) -> Result<(HostTensor, HostTensor)> {
+        pollster::block_on(self.read(seq))
+    }
+
+    /// [`PagedKvCache::oracle`], blocking.
+    pub fn oracle_blocking(
+        &self,
+        seq: SequenceId,
+        query: &HostTensor,
+        options: &AttentionOptions,
+    ) -> Result<AttentionOutputs<HostTensor>> {
+        pollster::block_on(self.oracle(seq, query, options))
     }
 }

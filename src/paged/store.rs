@@ -33,6 +33,19 @@ impl HostPages {
         }
     }
 
+    /// A pool of one chunk holding `data`: whole pages, as a device's page
+    /// buffer holds them (read back by `device.rs`).
+    pub(super) fn holding(kv_heads: usize, page_size: usize, dim: usize, data: Vec<f32>) -> Self {
+        let page_floats = kv_heads * page_size * dim;
+        Self {
+            page_floats,
+            dim,
+            page_size,
+            pages_per_chunk: (data.len() / page_floats).max(1),
+            chunks: vec![data],
+        }
+    }
+
     /// An empty pool of the same layout: new chunks are grown into it first
     /// and adopted once all of them could be made.
     pub(super) fn clone_empty(&self) -> Self {

@@ -9,8 +9,10 @@ use crate::error::{Error, Result};
 /// Files in `shaders/` that are not kernels but blocks a kernel's text takes in
 /// kernels: `// #include NAME` lines ([`with_includes`]) and the slots of
 /// `Kernel::slots`.
-pub const FRAGMENTS: [&str; 11] = [
+pub const FRAGMENTS: [&str; 13] = [
     "ablate.wgsl",
+    "kv_rows_dense.wgsl",
+    "kv_rows_paged.wgsl",
     "gemm_params.wgsl",
     "element_f32.wgsl",
     "coop16.wgsl",
@@ -31,8 +33,16 @@ pub(crate) const INCLUDE: &str = "// #include ";
 pub const PARAMS: &str = "PARAMS";
 
 /// The fragments a kernel can include, with their text.
-const INCLUDABLE: [(&str, &str); 11] = [
+const INCLUDABLE: [(&str, &str); 13] = [
     ("ablate.wgsl", include_str!("../../shaders/ablate.wgsl")),
+    (
+        "kv_rows_dense.wgsl",
+        include_str!("../../shaders/kv_rows_dense.wgsl"),
+    ),
+    (
+        "kv_rows_paged.wgsl",
+        include_str!("../../shaders/kv_rows_paged.wgsl"),
+    ),
     (
         "element_f32.wgsl",
         include_str!("../../shaders/element_f32.wgsl"),
@@ -68,9 +78,11 @@ const INCLUDABLE: [(&str, &str); 11] = [
 
 /// The slots a kernel file may leave open (`// #include SLOT`), each with
 /// the fragments that fill it, the first by default: how one file makes
-/// several kernels (f32 or f16 K and V; 16 x 16 or 8 x 8 matrices).
-pub const SLOTS: [(&str, &[&str]); 2] = [
+/// several kernels (f32 or f16 K and V; 16 x 16 or 8 x 8 matrices; K and V
+/// as one tensor or in a paged cache's pages).
+pub const SLOTS: [(&str, &[&str]); 3] = [
     ("ELEMENT", &["element_f32.wgsl", "element_f16.wgsl"]),
+    ("KV_ROWS", &["kv_rows_dense.wgsl", "kv_rows_paged.wgsl"]),
     ("COOP", &["coop16.wgsl", "coop8.wgsl"]),
 ];
 

@@ -21,6 +21,7 @@ mod family_position;
 mod fuzz;
 mod gemm;
 mod kv_cache;
+mod paged;
 mod plans;
 mod prepared;
 mod softmax;

@@ -3,6 +3,7 @@
 //! partial
 //! results (`shaders/attention_merge.wgsl`).
 
+pub(crate) mod paged;
 pub(crate) mod stream;
 
 use crate::device::buffer;
@@ -438,6 +439,22 @@ pub(crate) fn record(
     stats: &wgpu::Buffer,
     phases: crate::kernels::ablation::Phases,
 ) -> Result<()> {
+    record_reading(rec, dims, options, plan, inputs, None, [y, stats], phases)
+}
+
+/// [`record`], K and V read through `table` where a paged cache holds them
+/// (the staged kernel's paged variant, [`paged`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn record_reading(
+    rec: &mut Recorder<'_>,
+    dims: &AttentionDims,
+    options: &AttentionOptions,
+    plan: &DecodeLayout,
+    inputs: &AttentionBuffers<'_>,
+    table: Option<&paged::BlockTable<'_>>,
+    [y, stats]: [&wgpu::Buffer; 2],
+    phases: crate::kernels::ablation::Phases,
+) -> Result<()> {
     let ctx = rec.ctx();
     let heads = dims.batch * dims.q_heads;
     let rows = heads * dims.q_len;
@@ -454,21 +471,29 @@ pub(crate) fn record(
         &params(dims, options, plan.splits as u32, plan.split_keys as u32)
             .with_extra3(plan.heads_per_workgroup as u32),
     );
-    let key = Rules::new(dims, options).specialise(plan.key(dims, inputs.kv_f16));
+    let kernel_key = match table {
+        Some(table) => table.key(plan, dims, inputs.kv_f16),
+        None => plan.key(dims, inputs.kv_f16),
+    };
+    let key = Rules::new(dims, options).specialise(kernel_key);
     let key = phases.key(key)?;
     let pipeline = ctx.pipelines.get(&key);
+    let mut segments = vec![
+        (&uniform).into(),
+        inputs.q,
+        inputs.k,
+        inputs.v,
+        inputs.mask.into(),
+        inputs.nonpad.into(),
+        (&part_o).into(),
+        (&part_ml).into(),
+    ];
+    if let Some(table) = table {
+        segments.push(table.pages.into());
+    }
     rec.dispatch_segments(
         &pipeline,
-        &[
-            (&uniform).into(),
-            inputs.q,
-            inputs.k,
-            inputs.v,
-            inputs.mask.into(),
-            inputs.nonpad.into(),
-            (&part_o).into(),
-            (&part_ml).into(),
-        ],
+        &segments,
         (heads / plan.heads_per_workgroup * plan.splits) as u64,
     )?;
     let merge_params = MergeParams {
@@ -572,9 +597,11 @@ pub mod names {
 }
 
 /// The family's kernels, every form and size.
-pub const KERNELS: [Kernel; 5] = [
+pub const KERNELS: [Kernel; 7] = [
     ATTENTION_DECODE,
     ATTENTION_DECODE_F16,
+    paged::ATTENTION_DECODE_PAGED,
+    paged::ATTENTION_DECODE_PAGED_F16,
     ATTENTION_MERGE,
     stream::ATTENTION_DECODE_STREAM,
     stream::ATTENTION_DECODE_STREAM_F16,
@@ -606,6 +633,7 @@ pub fn variants() -> Vec<PipelineKey> {
         }
         keys.push(stream_key(shape(16), &dims, rows as i64, true));
     }
+    keys.extend(paged::variants());
     keys.push(PipelineKey::new(ATTENTION_MERGE));
     keys
 }
@@ -636,6 +664,7 @@ pub fn planned() -> Vec<PipelineKey> {
             }
         }
     }
+    keys.extend(paged::planned());
     keys
 }
 

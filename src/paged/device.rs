@@ -1,0 +1,145 @@
+//! Where the pages' keys and values live on a GPU: one storage buffer of
+//! keys and one of values, page `p` at `p * page bytes`, so the paged decode
+//! kernel binds each whole and finds a page by its number. Growing makes
+//! larger buffers and copies the pages over on the device (queue order keeps
+//! every submitted read of the old ones valid); a page keeps its number, which
+//! is what the block tables hold, for as long as a sequence holds it.
+
+use super::store::HostPages;
+use super::PagedLayout;
+use crate::device::buffer;
+use crate::device::context::GpuContext;
+use crate::device::scope::Run;
+use crate::error::Result;
+
+/// Usages of the page buffers: bound by the kernel, written by the queue,
+/// copied when the pool grows and read back by [`DevicePages::read`].
+const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
+/// The keys and values of every page, on one device.
+#[derive(Debug, Clone)]
+pub(super) struct DevicePages {
+    pub(super) ctx: GpuContext,
+    layout: PagedLayout,
+    /// Pages the buffers hold.
+    capacity: usize,
+    pub(super) keys: wgpu::Buffer,
+    pub(super) values: wgpu::Buffer,
+}
+
+impl DevicePages {
+    /// An empty pool on `ctx`'s device.
+    pub(super) fn new(ctx: &GpuContext, layout: PagedLayout) -> Self {
+        Self {
+            ctx: ctx.clone(),
+            layout,
+            capacity: 0,
+            keys: Self::buffer(ctx, "paged keys", 16),
+            values: Self::buffer(ctx, "paged values", 16),
+        }
+    }
+
+    fn buffer(ctx: &GpuContext, label: &str, size: u64) -> wgpu::Buffer {
+        ctx.counters.buffer_created();
+        ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: USAGE,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// Bytes of one page of keys and of values.
+    fn page_bytes(&self) -> (u64, u64) {
+        let l = self.layout;
+        let rows = (l.kv_heads * l.page_size) as u64;
+        (rows * l.head_dim as u64 * 4, rows * l.v_head_dim as u64 * 4)
+    }
+
+    /// Makes room for `pages` pages, copying the ones held over. Refuses
+    /// (changing nothing) where a buffer of that size cannot be bound whole.
+    pub(super) fn grow_to(&mut self, pages: usize) -> Result<()> {
+        if pages <= self.capacity {
+            return Ok(());
+        }
+        let (kb, vb) = self.page_bytes();
+        let (k_size, v_size) = (kb * pages as u64, vb * pages as u64);
+        buffer::check_bindable(&self.ctx, "the paged cache's keys", k_size)?;
+        buffer::check_bindable(&self.ctx, "the paged cache's values", v_size)?;
+        let keys = Self::buffer(&self.ctx, "paged keys", k_size);
+        let values = Self::buffer(&self.ctx, "paged values", v_size);
+        if self.capacity > 0 {
+            let mut encoder = self.ctx.device.create_command_encoder(&Default::default());
+            let held = self.capacity as u64;
+            encoder.copy_buffer_to_buffer(&self.keys, 0, &keys, 0, kb * held);
+            encoder.copy_buffer_to_buffer(&self.values, 0, &values, 0, vb * held);
+            self.ctx.queue.submit([encoder.finish()]);
+        }
+        (self.keys, self.values, self.capacity) = (keys, values, pages);
+        Ok(())
+    }
+
+    /// Copies page `from` onto page `to`, keys and values (through a
+    /// scratch buffer: WebGPU copies between two different buffers only).
+    pub(super) fn copy_page(&self, from: u32, to: u32) {
+        let (kb, vb) = self.page_bytes();
+        let scratch = Self::buffer(&self.ctx, "paged copy", kb.max(vb));
+        let mut encoder = self.ctx.device.create_command_encoder(&Default::default());
+        for (buffer, bytes) in [(&self.keys, kb), (&self.values, vb)] {
+            encoder.copy_buffer_to_buffer(buffer, from as u64 * bytes, &scratch, 0, bytes);
+            encoder.copy_buffer_to_buffer(&scratch, 0, buffer, to as u64 * bytes, bytes);
+        }
+        self.ctx.queue.submit([encoder.finish()]);
+    }
+
+    /// Writes `rows` (`[kv_heads, n, dim]`, keys where `keys`, else values)
+    /// as tokens `start..start + n` of a sequence whose pages are `pages`:
+    /// one queue write per head and page.
+    pub(super) fn write(&self, keys: bool, pages: &[u32], start: usize, rows: &[f32]) {
+        let l = self.layout;
+        let (buffer, dim) = if keys {
+            (&self.keys, l.head_dim)
+        } else {
+            (&self.values, l.v_head_dim)
+        };
+        let n = rows.len() / dim / l.kv_heads;
+        for h in 0..l.kv_heads {
+            let mut i = 0;
+            while i < n {
+                let t = start + i;
+                let (page, row) = (pages[t / l.page_size] as usize, t % l.page_size);
+                let run = (l.page_size - row).min(n - i);
+                let at = ((page * l.kv_heads + h) * l.page_size + row) * dim;
+                let from = (h * n + i) * dim;
+                let bytes = bytemuck::cast_slice(&rows[from..from + run * dim]);
+                buffer::write_bytes(&self.ctx, buffer, at as u64 * 4, bytes);
+                i += run;
+            }
+        }
+    }
+
+    /// The first `len` tokens of a sequence whose pages are `pages`, keys
+    /// `[kv_heads, len, head_dim]` and values `[kv_heads, len, v_head_dim]`,
+    /// read back from the device.
+    pub(super) async fn read(&self, pages: &[u32], len: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+        let l = self.layout;
+        let run = Run::new(&self.ctx);
+        let mut out = Vec::with_capacity(2);
+        for (buffer, dim) in [(&self.keys, l.head_dim), (&self.values, l.v_head_dim)] {
+            let floats = self.capacity * l.kv_heads * l.page_size * dim;
+            let data = buffer::read_f32(&run, buffer, 0, floats).await?;
+            let host = HostPages::holding(l.kv_heads, l.page_size, dim, data);
+            out.push(host.read(pages, len));
+        }
+        let values = out.pop().expect("two reads");
+        Ok((out.pop().expect("two reads"), values))
+    }
+
+    /// Bytes the page buffers hold.
+    pub(super) fn bytes(&self) -> u64 {
+        let (kb, vb) = self.page_bytes();
+        (kb + vb) * self.capacity as u64
+    }
+}
