@@ -182,19 +182,57 @@ fn a_headless_run_is_quiet() {
     };
     let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_webattn"));
     quiet(&bin, &["--backend", "gpu", "info"]);
-    // An example, as `cargo test` builds it beside the binary. A bare
-    // `cargo test --test backends` leaves older builds of the examples in
-    // place: one older than the library's sources is not judged.
-    let example = bin.with_file_name("examples").join("positional_encodings");
-    let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let newest_source = newest_file(
-        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src")),
-        &modified,
-    );
-    match modified(&example) {
-        Some(built) if Some(built) >= newest_source => quiet(&example, &[]),
-        _ => eprintln!("not judging {example:?}: not built from the current sources"),
+    if let Some(example) = current_example("positional_encodings") {
+        quiet(&example, &[]);
     }
+}
+
+/// An example, as `cargo test` builds it beside the binary. A bare `cargo
+/// test --test backends` leaves older builds of the examples in place: one
+/// older than the library's sources (or its own) is not judged.
+fn current_example(name: &str) -> Option<std::path::PathBuf> {
+    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_webattn"));
+    let example = bin.with_file_name("examples").join(name);
+    let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let newest_source = newest_file(&root.join("src"), &modified)
+        .max(modified(&root.join("examples").join(format!("{name}.rs"))));
+    match modified(&example) {
+        Some(built) if Some(built) >= newest_source => Some(example),
+        _ => {
+            eprintln!("not judging {example:?}: not built from the current sources");
+            None
+        }
+    }
+}
+
+#[test]
+fn the_continuous_batching_example_serves_its_requests_from_device_pages() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let Some(example) = current_example("continuous_batching") else {
+        return;
+    };
+    let out = Command::new(&example)
+        .args(["--quick", "--backend", "gpu"])
+        .output()
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for expected in [
+        "in device memory",
+        "12 requests in",
+        "a padded cache:",
+        "worst",
+    ] {
+        assert!(stdout.contains(expected), "{expected:?} missing:\n{stdout}");
+    }
+    println!("{stdout}");
 }
 
 #[test]

@@ -1507,3 +1507,21 @@ fn attend_runs_packed_sequences_against_each_sequence_alone() {
     assert_eq!(run(&with_mask).status.code(), Some(2));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn check_paged_runs_the_sweep_through_a_paged_cache_on_each_backend() {
+    // On the adapter (device pages, the paged decode kernel) and on the CPU
+    // backend (host pages): the quick sweep's cases a cache can be asked.
+    for backend in [backend(), "cpu"] {
+        let out = run(&["--backend", backend, "check", "--paged"]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        println!("{backend}:\n{stdout}");
+        let last = stdout.trim_end().lines().last().unwrap_or_default();
+        assert!(out.status.success(), "check --paged on {backend}: {stdout}");
+        assert!(
+            last.ends_with(" passed, 0 failed") && !last.starts_with("0 "),
+            "{last}"
+        );
+        assert!(stdout.contains("(paged)"), "{stdout}");
+    }
+}

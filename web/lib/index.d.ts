@@ -35,6 +35,58 @@ export interface RaggedResult {
   lse?: HostTensor;
 }
 
+/** What every page of a `PagedKvCache` holds. */
+export interface PagedLayout {
+  /** Key/value heads. */
+  kvHeads: number;
+  /** Values in a key row. */
+  headDim: number;
+  /** Values in a value row (default: headDim). */
+  vHeadDim?: number;
+  /** Tokens per page: 16, 32, 64, 128 or 256 (default 16). */
+  pageSize?: number;
+  /** The most pages the cache holds: an append past it is refused (OutOfMemory). */
+  pageLimit?: number;
+}
+
+/** What a `PagedKvCache` holds now. */
+export interface PagedUsage {
+  /** Pages the pool holds, in use or free. */
+  pages: number;
+  /** Pages some sequence holds. */
+  pagesInUse: number;
+  /** Bytes of the pool (keys and values). */
+  bytes: number;
+  /** Live sequences. */
+  sequences: number;
+  /** Whether the pages live in the GPU's memory. */
+  onDevice: boolean;
+}
+
+/** A paged KV cache for serving many sequences (`engine.pagedCache`). */
+export declare class PagedKvCache {
+  /** A new, empty sequence: its number. */
+  addSequence(): Promise<number>;
+  /** A sequence sharing every token of `seq` (pages shared until one writes into the last). */
+  fork(seq: number): Promise<number>;
+  /** Ends `seq`; its pages no other sequence holds are free at once. */
+  free(seq: number): Promise<void>;
+  /** Appends keys [kvHeads, n, headDim] and values [kvHeads, n, vHeadDim] to sequences, all or nothing. */
+  append(items: { seq: number; k: Tensor; v: Tensor }[]): Promise<void>;
+  /** Attention of each sequence's new queries [1, Hq, n, headDim] (its last n tokens) against its pages. */
+  attention(queries: { seq: number; q: Tensor }[], options?: AttentionOptions): Promise<{ y: HostTensor; lse?: HostTensor }[]>;
+  /** A sequence's keys and values [1, kvHeads, length, ·] through its block table. */
+  read(seq: number): Promise<{ k: HostTensor; v: HostTensor }>;
+  /** Tokens `seq` holds. */
+  length(seq: number): number;
+  /** `seq`'s pages in token order. */
+  blockTable(seq: number): Uint32Array;
+  /** What the cache holds now. */
+  usage(): PagedUsage;
+  /** Frees the pages now. */
+  dispose(): void;
+}
+
 /** The gradients of one attention call's inputs. */
 export interface BackwardResult {
   /** dQ, Q's shape. */
@@ -359,6 +411,8 @@ export declare class WebAttn {
   attention(inputs: AttentionInputs, options?: AttentionOptions): Promise<AttentionResult>;
   /** Plans a call of these inputs' shapes and these options once; its runs reuse one workspace on the device. */
   prepare(inputs: AttentionInputs, options?: AttentionOptions): Promise<PreparedCall>;
+  /** A paged KV cache on this engine, its pages where the engine computes. */
+  pagedCache(layout: PagedLayout): PagedKvCache;
   /** Uploads a tensor to the device; pass the result as an input to skip the upload per call. */
   upload(tensor: Tensor): Promise<DeviceTensor>;
   /** Uploads a mask. */

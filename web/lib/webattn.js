@@ -313,6 +313,86 @@ export class PreparedCall {
   }
 }
 
+/**
+ * A paged KV cache (`engine.pagedCache(layout)`): one pool of pages of
+ * `pageSize` tokens and a block table per sequence, as vLLM's PagedAttention
+ * keeps them, its pages where the engine computes (WebGPU buffers, or wasm
+ * memory on the CPU backend). Sequences are numbers the cache hands out.
+ * Calls that change the cache wait for the engine's calls before them.
+ */
+export class PagedKvCache {
+  #engine;
+  #core;
+
+  /** @internal Made by `WebAttn.pagedCache`. */
+  constructor(engine, core) {
+    this.#engine = engine;
+    this.#core = core;
+  }
+
+  #live() {
+    if (!this.#core) throw libraryError("Destroyed", "this paged cache was disposed");
+    return this.#core;
+  }
+
+  /** A new, empty sequence: resolves to its number. */
+  async addSequence() {
+    return this.#engine._serial(() => this.#live().addSequence());
+  }
+
+  /** A sequence sharing every token of `seq` (a shared prompt, a beam): its pages are shared until one writes into the last. */
+  async fork(seq) {
+    return this.#engine._serial(() => this.#live().fork(seq));
+  }
+
+  /** Ends `seq`; its pages no other sequence holds are free at once. */
+  async free(seq) {
+    return this.#engine._serial(() => this.#live().freeSequence(seq));
+  }
+
+  /**
+   * Appends `[{ seq, k, v }]`: keys `[kvHeads, n, headDim]`, values `[kvHeads,
+   * n, vHeadDim]`, each sequence its own n. All or nothing: a refusal (a
+   * freed sequence, a shape, the page limit) changes no sequence.
+   */
+  async append(items) {
+    items = asNow(items);
+    return this.#engine._serial(() => this.#live().append(items));
+  }
+
+  /**
+   * Attention of each sequence's new queries `[{ seq, q }]` (Q `[1, Hq, n,
+   * headDim]`: its last n tokens, their keys and values appended first)
+   * against its pages, with `attention`'s options; resolves to `[{ y, lse? }]`
+   * in the same order. On a GPU engine the kernel reads the pages in place,
+   * every sequence in one submission.
+   */
+  async attention(queries, options = {}) {
+    queries = asNow(queries);
+    options = asNow(options);
+    return this.#engine._serial(() => this.#live().attention(queries, options));
+  }
+
+  /** `seq`'s keys and values through its block table: `{ k, v }`, `[1, kvHeads, length, ·]`. */
+  async read(seq) {
+    return this.#engine._serial(() => this.#live().read(seq));
+  }
+
+  /** Tokens `seq` holds. */
+  length(seq) { return this.#live().length(seq); }
+  /** `seq`'s pages in token order (Uint32Array). */
+  blockTable(seq) { return this.#live().blockTable(seq); }
+  /** `{ pages, pagesInUse, bytes, sequences, onDevice }`. */
+  usage() { return this.#live().usage(); }
+
+  /** Frees the pages now. */
+  dispose() {
+    const core = this.#core;
+    this.#core = null;
+    if (core) this.#engine._serial(() => core.free());
+  }
+}
+
 /** What the browser says of its WebGPU adapter (`GPUAdapter.info`), or null. */
 async function browserAdapterInfo(powerPreference) {
   try {
@@ -454,6 +534,14 @@ export class WebAttn {
     inputs = asNow(inputs);
     options = asNow(options);
     return this._serial(() => this._core().attentionRagged(inputs, options));
+  }
+
+  /**
+   * A paged KV cache for serving many sequences: `layout` `{ kvHeads,
+   * headDim, vHeadDim?, pageSize? (16 to 256, default 16), pageLimit? }`.
+   */
+  pagedCache(layout) {
+    return new PagedKvCache(this, this._core().pagedCache(asNow(layout)));
   }
 
   /**

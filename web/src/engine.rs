@@ -355,6 +355,13 @@ impl EngineCore {
         crate::ragged::call(&self.engine, &inputs, &options).await
     }
 
+    /// A paged KV cache on this engine (see `paged.rs`): `layout` `{kvHeads,
+    /// headDim, vHeadDim?, pageSize?, pageLimit?}`.
+    #[wasm_bindgen(js_name = pagedCache)]
+    pub fn paged_cache(&self, layout: JsValue) -> Result<crate::paged::PagedCacheCore, JsValue> {
+        crate::paged::PagedCacheCore::new(&self.engine, &layout)
+    }
+
     /// Plans a call of the shapes of `inputs` with `options` once; returns
     /// `{id, path, plan, reason}`. Runs of it (`runPrepared`) reuse one workspace.
     pub async fn prepare(&self, inputs: JsValue, options: JsValue) -> Result<JsValue, JsValue> {

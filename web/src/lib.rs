@@ -15,6 +15,7 @@ mod engine;
 mod errors;
 mod family;
 mod handles;
+mod paged;
 mod ragged;
 mod train;
 

@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use serde_json::json;
 use webattn::conformance::{
-    backward_paths, filtered, run_backward_sweep, run_sweep, sweep_len, SweepKind, SweepReport,
+    backward_paths, filtered, paged_sweep_len, run_backward_sweep, run_paged_sweep, run_sweep,
+    sweep_len, SweepKind, SweepReport,
 };
 
 use super::progress::{matrix_unit_line, progress_bar, progress_line};
@@ -40,6 +41,12 @@ pub struct Args {
     /// and the past's) on the fused backward and the CPU backend.
     #[arg(long, conflicts_with_all = ["family", "soak"])]
     backward: bool,
+    /// Check the paged KV cache instead: the sweep's cases a cache can be
+    /// asked (no mask, no past, f32), each batch entry a sequence of a cache
+    /// on this engine (device pages on a GPU, read in place by the paged
+    /// decode kernel), all asked in one call.
+    #[arg(long, conflicts_with_all = ["family", "soak", "backward"])]
+    paged: bool,
     /// Also write the results as JSON to PATH.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
@@ -67,7 +74,13 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     eprintln!(
         "webattn check: {}{} on {}{}",
         if args.full { "full" } else { "quick" },
-        if args.backward { " backward" } else { "" },
+        if args.backward {
+            " backward"
+        } else if args.paged {
+            " paged"
+        } else {
+            ""
+        },
         engine.describe(),
         match engine_args.precision {
             Precision::Highest => "",
@@ -76,6 +89,8 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     );
     let total = if args.backward {
         filtered(kind, &args.filter).len() * backward_paths(&engine).len()
+    } else if args.paged {
+        paged_sweep_len(kind, &args.filter)
     } else {
         sweep_len(&engine, kind, &args.filter)
     };
@@ -98,6 +113,14 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
     };
     let report = if args.backward {
         pollster::block_on(run_backward_sweep(
+            &engine,
+            kind,
+            &args.filter,
+            args.seed,
+            progress,
+        ))
+    } else if args.paged {
+        pollster::block_on(run_paged_sweep(
             &engine,
             kind,
             &args.filter,

@@ -244,6 +244,40 @@ function cases({ worker, isa }) {
     return `3 sequences, worst difference from each alone ${worst}`;
   });
 
+  add("a paged KV cache (pagedCache): each sequence's pages attend as its own call", async (engine) => {
+    const [hq, hkv, d] = [4, 2, 16];
+    const cache = engine.pagedCache({ kvHeads: hkv, headDim: d, pageSize: 16 });
+    const rows = (len) => ({ k: tensor(n, [hkv, len, d]), v: tensor(n, [hkv, len, d]) });
+    const prompt = await cache.addSequence();
+    await cache.append([{ seq: prompt, ...rows(20) }]); // a page and 4 tokens of a second
+    const beam = await cache.fork(prompt);
+    const own = await cache.addSequence();
+    await cache.append([{ seq: beam, ...rows(1) }, { seq: own, ...rows(37) }]);
+    const usage = cache.usage();
+    expect(cache.length(beam) === 21 && cache.length(own) === 37, "lengths");
+    expect(usage.sequences === 3 && usage.pagesInUse === 6, `pages: ${JSON.stringify(usage)}`);
+    expect(cache.blockTable(beam)[0] === cache.blockTable(prompt)[0] && cache.blockTable(beam)[1] !== cache.blockTable(prompt)[1], "the fork shares its full page and copied the last");
+    // Two decode rows, a few rows of a prompt: one call.
+    const queries = [[beam, 1], [own, 5], [prompt, 1]].map(([seq, rowsAsked]) => ({ seq, q: tensor(n, [1, hq, rowsAsked, d]) }));
+    const options = { isCausal: true, softcap: 5, returnLse: true };
+    const out = await cache.attention(queries, options);
+    let worst = 0;
+    for (let i = 0; i < queries.length; i++) {
+      const { k, v } = await cache.read(queries[i].seq);
+      const alone = await engine.attention({ q: queries[i].q, k, v, nonpadKvSeqlen: [k.shape[2]] }, options);
+      worst = Math.max(worst, maxDiff(out[i].y.data, alone.y.data), maxDiff(out[i].lse.data, alone.lse.data));
+    }
+    expect(worst <= 1e-5, `paged and alone differ by ${worst}`);
+    await cache.free(prompt);
+    expect(cache.usage().pagesInUse === 5, "the prompt's own page freed, its first still the beam's");
+    await rejects(() => cache.append([{ seq: prompt, ...rows(1) }]), "Paged", /not in this cache/);
+    await rejects(() => cache.attention([{ seq: own, q: tensor(n, [1, hq, 40, d]) }]), "ShapeMismatch", /query/);
+    await rejects(() => cache.append([{ seq: own, k: tensor(n, [3, 1, d]), v: tensor(n, [3, 1, d]) }]), "ShapeMismatch", /heads/);
+    expect(cache.length(own) === 37, "a refused append changed the sequence");
+    cache.dispose();
+    return `3 sequences in ${usage.onDevice ? "device" : "host"} pages, worst difference from each alone ${worst.toExponential(2)}`;
+  });
+
   add("f16 inputs (Float16Array and Uint16Array bits)", async (engine) => {
     const shape = [1, 2, 9, 16];
     const values = () => Array.from({ length: size(shape) }, (_, i) => ((i * 37) % 97 - 48) / 32);
