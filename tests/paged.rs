@@ -6,17 +6,20 @@
 mod cases;
 
 use cases::{layout, share_of_allowance, Where, DK, DV};
-use webattn::paged::PAGE_SIZES;
+use webattn::paged::{PageStorage, PAGE_SIZES};
 use webattn::rng::SplitMix64;
 use webattn::{AttentionInputs, AttentionOptions, Engine, HostTensor, PagedKvCache};
 
-fn host(run: impl FnOnce(&Where)) {
+fn host(run: impl Fn(&Where)) {
     let engine = Engine::cpu();
-    run(&Where {
-        engine: &engine,
-        device: false,
-        page_sizes: &PAGE_SIZES,
-    });
+    for storage in [PageStorage::F32, PageStorage::F16] {
+        run(&Where {
+            engine: &engine,
+            device: false,
+            page_sizes: &PAGE_SIZES,
+            storage,
+        });
+    }
 }
 
 #[test]
@@ -44,6 +47,21 @@ fn a_cpu_engine_keeps_its_pages_on_the_host() {
     let engine = Engine::cpu();
     let cache = PagedKvCache::on_engine(&engine, layout(16)).unwrap();
     assert!(!cache.on_device());
+    let f32_bytes = |storage| {
+        let mut cache = PagedKvCache::new(layout(16))
+            .unwrap()
+            .with_storage(storage)
+            .unwrap();
+        let seq = cache.add_sequence();
+        let k = HostTensor::new([2, 3, DK], vec![0.1; 2 * 3 * DK]).unwrap();
+        let v = HostTensor::new([2, 3, DV], vec![0.1; 2 * 3 * DV]).unwrap();
+        cache.append(seq, &k, &v).unwrap();
+        // Storage is chosen before the first page.
+        let err = cache.clone().with_storage(PageStorage::F32).unwrap_err();
+        assert_eq!(err.kind(), "Conflict");
+        cache.bytes()
+    };
+    assert_eq!(f32_bytes(PageStorage::F16) * 2, f32_bytes(PageStorage::F32));
 }
 
 /// Packed `[total, heads, size]` rows of the given sequences' lengths.

@@ -10,7 +10,7 @@ use crate::errors::IntoPy;
 use crate::options::attention_options;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use webattn::{HostTensor, PagedKvCache, PagedLayout, RaggedInputs, SequenceId};
+use webattn::{HostTensor, PageStorage, PagedKvCache, PagedLayout, RaggedInputs, SequenceId};
 
 /// Attention of packed sequences, each against its own keys: `q` `[total_q,
 /// Hq, Dk]`, `k` `[total_k, Hkv, Dk]`, `v` `[total_k, Hkv, Dv]` with the
@@ -85,9 +85,11 @@ impl NativePagedKvCache {
     /// An empty cache of pages of `page_size` tokens (16-256) holding keys
     /// of `head_dim` and values of `v_head_dim` for `kv_heads` heads, where
     /// `engine` computes (its GPU's memory, or the host); at most
-    /// `page_limit` pages where given.
+    /// `page_limit` pages where given; values stored as `storage` ("f32"
+    /// or "f16").
     #[new]
-    #[pyo3(signature = (engine, kv_heads, head_dim, v_head_dim, page_size, page_limit = None))]
+    #[pyo3(signature = (engine, kv_heads, head_dim, v_head_dim, page_size, page_limit = None, storage = "f32"))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         engine: Py<NativeEngine>,
@@ -96,6 +98,7 @@ impl NativePagedKvCache {
         v_head_dim: usize,
         page_size: usize,
         page_limit: Option<usize>,
+        storage: &str,
     ) -> PyResult<Self> {
         let layout = PagedLayout {
             kv_heads,
@@ -107,6 +110,19 @@ impl NativePagedKvCache {
         if let Some(pages) = page_limit {
             cache = cache.with_page_limit(pages);
         }
+        let storage = match storage {
+            "f32" => PageStorage::F32,
+            "f16" => PageStorage::F16,
+            other => {
+                return Err(webattn::Error::InvalidOption {
+                    name: "storage",
+                    value: other.to_string(),
+                    reason: "must be \"f32\" or \"f16\"",
+                })
+                .py_err(py)
+            }
+        };
+        let cache = cache.with_storage(storage).py_err(py)?;
         Ok(NativePagedKvCache {
             engine,
             cache: Mutex::new(cache),

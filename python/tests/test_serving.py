@@ -71,3 +71,25 @@ def test_the_paged_cache_serves_forks_and_frees(cpu, rng):
                       (c, normal(rng, 2, 1, 15), normal(rng, 2, 1, 8))])
     assert cache.length(a) == 37 and cache.length(c) == 38
     assert set(cache.sequences) == {a, c}
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_f16_pages_attend_exactly_on_their_rounded_values(backend, request, rng):
+    engine = request.getfixturevalue(backend)
+    cache = webattn.PagedKvCache(engine, kv_heads=2, head_dim=16, page_size=16, storage="f16")
+    seqs = [cache.add_sequence() for _ in range(3)]
+    kv = {s: (normal(rng, 2, n, 16), normal(rng, 2, n, 16)) for s, n in zip(seqs, [1, 20, 70])}
+    cache.append([(s, k, v) for s, (k, v) in kv.items()])
+    half = cache.usage["bytes"]
+    queries = [(s, normal(rng, 1, 4, n, 16)) for s, n in zip(seqs, [1, 1, 3])]
+    for (s, q), out in zip(queries, cache.attention(queries, is_causal=True)):
+        k, v = (x.astype(np.float16).astype(np.float32)[None] for x in kv[s])
+        np.testing.assert_array_equal(cache.read(s)[0], k)  # the stored values, rounded
+        exact, _, _ = attention(q, k, v, is_causal=True, nonpad=[k.shape[2]])
+        plain, _, _ = attention(q, k, v, is_causal=True, nonpad=[k.shape[2]], dtype=np.float32)
+        assert_close(out.y, exact, plain, f"{backend} {s!r}")
+    full = webattn.PagedKvCache(engine, kv_heads=2, head_dim=16, page_size=16)
+    full.append([(full.add_sequence(), k, v) for k, v in kv.values()])
+    assert full.usage["bytes"] == 2 * half  # the same pages at twice the bytes
+    with pytest.raises(webattn.OptionError, match="storage"):
+        webattn.PagedKvCache(engine, kv_heads=2, head_dim=16, storage="int4")

@@ -50,9 +50,13 @@ class PagedKvCache:
 
     def __init__(self, engine: Any, kv_heads: int, head_dim: int,
                  v_head_dim: Optional[int] = None, page_size: int = 16,
-                 page_limit: Optional[int] = None) -> None:
+                 page_limit: Optional[int] = None, storage: str = "f32") -> None:
+        """Pages of ``page_size`` tokens (16-256) where ``engine`` computes
+        (its GPU's memory, or the host); ``storage`` ``"f16"`` halves their
+        bytes (values rounded to f16 as appended, read in place)."""
         self._native = _webattn.NativePagedKvCache(engine._native, kv_heads, head_dim,
-                                                   v_head_dim or head_dim, page_size, page_limit)
+                                                   v_head_dim or head_dim, page_size, page_limit,
+                                                   storage)
 
     def add_sequence(self) -> Any:
         """A new, empty sequence (an opaque handle)."""

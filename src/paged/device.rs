@@ -25,19 +25,47 @@ pub(super) struct DevicePages {
     layout: PagedLayout,
     /// Pages the buffers hold.
     capacity: usize,
+    /// Values stored as f16, two to a 32-bit word.
+    pub(super) f16: bool,
     pub(super) keys: wgpu::Buffer,
     pub(super) values: wgpu::Buffer,
 }
 
 impl DevicePages {
-    /// An empty pool on `ctx`'s device.
+    /// An empty pool of f32 pages on `ctx`'s device.
     pub(super) fn new(ctx: &GpuContext, layout: PagedLayout) -> Self {
         Self {
             ctx: ctx.clone(),
             layout,
             capacity: 0,
+            f16: false,
             keys: Self::buffer(ctx, "paged keys", 16),
             values: Self::buffer(ctx, "paged values", 16),
+        }
+    }
+
+    /// An empty pool storing f16 values where `f16` (head sizes in
+    /// multiples of 4: a row is whole 8-byte words, as the kernel reads it).
+    pub(super) fn with_f16(ctx: &GpuContext, layout: PagedLayout, f16: bool) -> Result<Self> {
+        if f16 && !(layout.head_dim.is_multiple_of(4) && layout.v_head_dim.is_multiple_of(4)) {
+            return Err(crate::error::Error::InvalidOption {
+                name: "storage",
+                value: "f16".into(),
+                reason: "f16 pages on a GPU need head sizes in multiples of 4",
+            });
+        }
+        Ok(Self {
+            f16,
+            ..Self::new(ctx, layout)
+        })
+    }
+
+    /// Bytes of a stored value.
+    fn value_bytes(&self) -> u64 {
+        if self.f16 {
+            2
+        } else {
+            4
         }
     }
 
@@ -54,8 +82,8 @@ impl DevicePages {
     /// Bytes of one page of keys and of values.
     fn page_bytes(&self) -> (u64, u64) {
         let l = self.layout;
-        let rows = (l.kv_heads * l.page_size) as u64;
-        (rows * l.head_dim as u64 * 4, rows * l.v_head_dim as u64 * 4)
+        let rows = (l.kv_heads * l.page_size) as u64 * self.value_bytes();
+        (rows * l.head_dim as u64, rows * l.v_head_dim as u64)
     }
 
     /// Makes room for `pages` pages, copying the ones held over. Refuses
@@ -113,8 +141,17 @@ impl DevicePages {
                 let run = (l.page_size - row).min(n - i);
                 let at = ((page * l.kv_heads + h) * l.page_size + row) * dim;
                 let from = (h * n + i) * dim;
-                let bytes = bytemuck::cast_slice(&rows[from..from + run * dim]);
-                buffer::write_bytes(&self.ctx, buffer, at as u64 * 4, bytes);
+                let values = &rows[from..from + run * dim];
+                let at = at as u64 * self.value_bytes();
+                if self.f16 {
+                    let bits: Vec<u16> = values
+                        .iter()
+                        .map(|&x| half::f16::from_f32(x).to_bits())
+                        .collect();
+                    buffer::write_bytes(&self.ctx, buffer, at, bytemuck::cast_slice(&bits));
+                } else {
+                    buffer::write_bytes(&self.ctx, buffer, at, bytemuck::cast_slice(values));
+                }
                 i += run;
             }
         }
@@ -128,8 +165,16 @@ impl DevicePages {
         let run = Run::new(&self.ctx);
         let mut out = Vec::with_capacity(2);
         for (buffer, dim) in [(&self.keys, l.head_dim), (&self.values, l.v_head_dim)] {
-            let floats = self.capacity * l.kv_heads * l.page_size * dim;
-            let data = buffer::read_f32(&run, buffer, 0, floats).await?;
+            let values = self.capacity * l.kv_heads * l.page_size * dim;
+            let words = values * self.value_bytes() as usize / 4;
+            let mut data = buffer::read_f32(&run, buffer, 0, words).await?;
+            if self.f16 {
+                let halves: &[u16] = bytemuck::cast_slice(&data);
+                data = halves
+                    .iter()
+                    .map(|&b| half::f16::from_bits(b).to_f32())
+                    .collect();
+            }
             let host = HostPages::holding(l.kv_heads, l.page_size, dim, data);
             out.push(host.read(pages, len));
         }

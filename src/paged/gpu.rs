@@ -219,7 +219,7 @@ impl<'a> Batch<'a> {
                 v: Seg::whole(&pages.values),
                 mask: &placeholder,
                 nonpad: &nonpad,
-                kv_f16: false,
+                kv_f16: pages.f16,
             };
             let block_table = BlockTable {
                 pages: &table,

@@ -36,7 +36,7 @@ use crate::problem::{AttentionInputs, AttentionOutputs};
 use crate::tensor::HostTensor;
 use device::DevicePages;
 use pool::PagePool;
-use store::HostPages;
+use store::HostKv;
 
 /// The page sizes the cache takes: powers of two from 16 to 256 tokens.
 pub const PAGE_SIZES: [usize; 5] = [16, 32, 64, 128, 256];
@@ -95,13 +95,26 @@ pub struct PagedKvCache {
     /// Pages the pool grows by (at least).
     pages_per_chunk: usize,
     max_pages: Option<usize>,
+    storage: PageStorage,
+}
+
+/// How pages store keys and values: the arithmetic is f32 either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PageStorage {
+    /// f32: values as appended.
+    #[default]
+    F32,
+    /// f16 (IEEE half, rounded to nearest even as appended): half the bytes,
+    /// read in place by the paged decode kernel's f16 form. Attention is exact
+    /// against the oracle on the stored (rounded) values.
+    F16,
 }
 
 /// Where a cache's pages are.
 #[derive(Debug, Clone)]
 enum Pages {
     /// Host memory, in chunks that never move.
-    Host { keys: HostPages, values: HostPages },
+    Host(HostKv),
     /// A GPU engine's device memory, with the engine and device they belong to.
     Device {
         pages: DevicePages,
@@ -122,20 +135,8 @@ impl PagedKvCache {
         Ok(Self {
             layout,
             pool: PagePool::new(layout.page_size),
-            pages: Pages::Host {
-                keys: HostPages::new(
-                    layout.kv_heads,
-                    layout.page_size,
-                    layout.head_dim,
-                    pages_per_chunk,
-                ),
-                values: HostPages::new(
-                    layout.kv_heads,
-                    layout.page_size,
-                    layout.v_head_dim,
-                    pages_per_chunk,
-                ),
-            },
+            pages: Pages::Host(HostKv::new(layout, false, pages_per_chunk)),
+            storage: PageStorage::F32,
             pages_per_chunk,
             max_pages: None,
         })
@@ -153,6 +154,32 @@ impl PagedKvCache {
             };
         }
         Ok(cache)
+    }
+
+    /// The same empty cache, its pages storing `storage`. Refused
+    /// ([`Error::Conflict`]) once the cache holds pages; f16 pages on a GPU
+    /// need head sizes in multiples of 4 (rows of whole 8-byte words).
+    pub fn with_storage(mut self, storage: PageStorage) -> Result<Self> {
+        if self.pool.pages() > 0 {
+            return Err(Error::Conflict(
+                "a paged cache's storage is chosen before it holds pages",
+            ));
+        }
+        let f16 = storage == PageStorage::F16;
+        self.pages = match self.pages {
+            Pages::Host(_) => Pages::Host(HostKv::new(self.layout, f16, self.pages_per_chunk)),
+            Pages::Device { pages, device } => Pages::Device {
+                pages: DevicePages::with_f16(&pages.ctx, self.layout, f16)?,
+                device,
+            },
+        };
+        self.storage = storage;
+        Ok(self)
+    }
+
+    /// How the pages store keys and values.
+    pub fn storage(&self) -> PageStorage {
+        self.storage
     }
 
     /// Whether the pages live in a GPU's memory.
@@ -211,7 +238,7 @@ impl PagedKvCache {
     /// Bytes the pool holds (keys and values), on the host or the device.
     pub fn bytes(&self) -> u64 {
         match &self.pages {
-            Pages::Host { keys, values } => keys.bytes() + values.bytes(),
+            Pages::Host(kv) => kv.bytes(),
             Pages::Device { pages, .. } => pages.bytes(),
         }
     }
@@ -255,10 +282,7 @@ impl PagedKvCache {
             if needs.copy_last {
                 let (old, new) = self.pool.copy_last_page(seq)?;
                 match &mut self.pages {
-                    Pages::Host { keys, values } => {
-                        keys.copy_page(old, new);
-                        values.copy_page(old, new);
-                    }
+                    Pages::Host(kv) => kv.copy_page(old, new),
                     Pages::Device { pages, .. } => pages.copy_page(old, new),
                 }
             }
@@ -266,10 +290,7 @@ impl PagedKvCache {
             let sequence = self.pool.sequence(seq)?;
             let (held, start) = (sequence.pages.clone(), sequence.len);
             match &mut self.pages {
-                Pages::Host { keys, values } => {
-                    keys.write(&held, start, key.data());
-                    values.write(&held, start, value.data());
-                }
+                Pages::Host(kv) => kv.write(&held, start, key.data(), value.data()),
                 Pages::Device { pages, .. } => {
                     pages.write(true, &held, start, key.data());
                     pages.write(false, &held, start, value.data());
@@ -359,15 +380,7 @@ impl PagedKvCache {
         let chunks = missing.div_ceil(self.pages_per_chunk);
         let mut grown = self.pool.pages() + chunks * self.pages_per_chunk;
         match &mut self.pages {
-            Pages::Host { keys, values } => {
-                let (mut more_keys, mut more_values) = (keys.clone_empty(), values.clone_empty());
-                for _ in 0..chunks {
-                    more_keys.grow()?;
-                    more_values.grow()?;
-                }
-                keys.adopt(more_keys);
-                values.adopt(more_values);
-            }
+            Pages::Host(kv) => kv.grow(chunks)?,
             // A device pool is copied whole when it grows: it at least
             // doubles, so a growing cache copies each page a few times at most.
             Pages::Device { pages, .. } => {
@@ -391,9 +404,7 @@ impl PagedKvCache {
         let s = self.pool.sequence(seq)?;
         let l = self.layout;
         let (k, v) = match &self.pages {
-            Pages::Host { keys, values } => {
-                (keys.read(&s.pages, s.len), values.read(&s.pages, s.len))
-            }
+            Pages::Host(kv) => kv.read(&s.pages, s.len),
             Pages::Device { pages, .. } => pages.read(&s.pages, s.len).await?,
         };
         Ok((
@@ -403,8 +414,9 @@ impl PagedKvCache {
     }
 
     /// Attention of each sequence's new queries `[1, q_heads, n, head_dim]`
-    /// against its cached keys and values, on `engine` (its CPU path in this
-    /// form: the pages live on the host). The queries are the sequence's last
+    /// against its cached keys and values, on `engine` (device pages: the
+    /// paged decode kernel, reading them in place; host pages: the engine's
+    /// host path). The queries are the sequence's last
     /// `n` tokens (append their keys and values first), so causal positions
     /// continue from its length. Every option of the contract applies to each
     /// sequence; `return_present` is refused (read the pages with

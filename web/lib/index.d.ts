@@ -47,6 +47,8 @@ export interface PagedLayout {
   pageSize?: number;
   /** The most pages the cache holds: an append past it is refused (OutOfMemory). */
   pageLimit?: number;
+  /** How pages store values (default "f32"); "f16" halves the bytes, values rounded as appended. */
+  storage?: "f32" | "f16";
 }
 
 /** What a `PagedKvCache` holds now. */
@@ -61,6 +63,8 @@ export interface PagedUsage {
   sequences: number;
   /** Whether the pages live in the GPU's memory. */
   onDevice: boolean;
+  /** How the pages store values. */
+  storage: "f32" | "f16";
 }
 
 /** A paged KV cache for serving many sequences (`engine.pagedCache`). */

@@ -382,7 +382,7 @@ export class PagedKvCache {
   length(seq) { return this.#live().length(seq); }
   /** `seq`'s pages in token order (Uint32Array). */
   blockTable(seq) { return this.#live().blockTable(seq); }
-  /** `{ pages, pagesInUse, bytes, sequences, onDevice }`. */
+  /** `{ pages, pagesInUse, bytes, sequences, onDevice, storage }`. */
   usage() { return this.#live().usage(); }
 
   /** Frees the pages now. */
@@ -538,7 +538,8 @@ export class WebAttn {
 
   /**
    * A paged KV cache for serving many sequences: `layout` `{ kvHeads,
-   * headDim, vHeadDim?, pageSize? (16 to 256, default 16), pageLimit? }`.
+   * headDim, vHeadDim?, pageSize? (16 to 256, default 16), pageLimit?,
+   * storage? ("f32" or "f16") }`.
    */
   pagedCache(layout) {
     return new PagedKvCache(this, this._core().pagedCache(asNow(layout)));

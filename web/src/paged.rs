@@ -10,13 +10,20 @@ use std::rc::Rc;
 
 use js_sys::{Array, Object, Uint32Array};
 use wasm_bindgen::prelude::*;
-use webattn::{Engine, HostTensor, PagedKvCache, PagedLayout, SequenceId};
+use webattn::{Engine, HostTensor, PageStorage, PagedKvCache, PagedLayout, SequenceId};
 
 use crate::convert::{self, field, set};
 use crate::errors::{js_error, IntoJs};
 
 /// The names `layout` accepts.
-const LAYOUT_NAMES: [&str; 5] = ["kvHeads", "headDim", "vHeadDim", "pageSize", "pageLimit"];
+const LAYOUT_NAMES: [&str; 6] = [
+    "kvHeads",
+    "headDim",
+    "vHeadDim",
+    "pageSize",
+    "pageLimit",
+    "storage",
+];
 
 /// A paged cache held for JavaScript (the library's `PagedKvCache`).
 #[wasm_bindgen]
@@ -52,7 +59,7 @@ fn count(layout: &JsValue, key: &str, default: Option<usize>) -> Result<usize, J
 
 impl PagedCacheCore {
     /// A cache of `layout` (`{kvHeads, headDim, vHeadDim?, pageSize?,
-    /// pageLimit?}`) on `engine`.
+    /// pageLimit?, storage?: "f32" | "f16"}`) on `engine`.
     pub fn new(engine: &Rc<Engine>, layout: &JsValue) -> Result<PagedCacheCore, JsValue> {
         convert::known_keys(layout, &LAYOUT_NAMES, "layout")?;
         let head_dim = count(layout, "headDim", None)?;
@@ -66,6 +73,20 @@ impl PagedCacheCore {
         if field(layout, "pageLimit").is_some() {
             cache = cache.with_page_limit(count(layout, "pageLimit", None)?);
         }
+        let storage = match field(layout, "storage")
+            .and_then(|v| v.as_string())
+            .as_deref()
+        {
+            None | Some("f32") => PageStorage::F32,
+            Some("f16") => PageStorage::F16,
+            Some(other) => {
+                return Err(js_error(
+                    "InvalidOption",
+                    format!("layout.storage must be \"f32\" or \"f16\", got {other:?}"),
+                ))
+            }
+        };
+        let cache = cache.with_storage(storage).js()?;
         Ok(PagedCacheCore {
             engine: Rc::clone(engine),
             cache: RefCell::new(cache),
@@ -158,6 +179,11 @@ impl PagedCacheCore {
         set(&out, "bytes", cache.bytes() as f64);
         set(&out, "sequences", cache.sequences().len() as f64);
         set(&out, "onDevice", cache.on_device());
+        let storage = match cache.storage() {
+            PageStorage::F32 => "f32",
+            PageStorage::F16 => "f16",
+        };
+        set(&out, "storage", storage);
         out.into()
     }
 

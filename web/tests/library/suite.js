@@ -275,7 +275,19 @@ function cases({ worker, isa }) {
     await rejects(() => cache.append([{ seq: own, k: tensor(n, [3, 1, d]), v: tensor(n, [3, 1, d]) }]), "ShapeMismatch", /heads/);
     expect(cache.length(own) === 37, "a refused append changed the sequence");
     cache.dispose();
-    return `3 sequences in ${usage.onDevice ? "device" : "host"} pages, worst difference from each alone ${worst.toExponential(2)}`;
+    // f16 pages: half the bytes, attention on the rounded values as stored.
+    const halves = engine.pagedCache({ kvHeads: hkv, headDim: d, storage: "f16" });
+    const seq = await halves.addSequence();
+    await halves.append([{ seq, ...rows(37) }]);
+    const q = tensor(n, [1, hq, 2, d]);
+    const [half] = await halves.attention([{ seq, q }], options);
+    const stored = await halves.read(seq);
+    const alone = await engine.attention({ q, k: stored.k, v: stored.v, nonpadKvSeqlen: [37] }, options);
+    const halfDiff = maxDiff(half.y.data, alone.y.data);
+    expect(halfDiff <= 1e-5, `f16 pages and alone differ by ${halfDiff}`);
+    expect(halves.usage().storage === "f16" && halves.usage().bytes * 2 === usage.bytes * halves.usage().pages / usage.pages, `f16 bytes: ${JSON.stringify(halves.usage())}`);
+    halves.dispose();
+    return `3 sequences in ${usage.onDevice ? "device" : "host"} pages, worst difference from each alone ${worst.toExponential(2)}; f16 pages ${halfDiff.toExponential(2)}`;
   });
 
   add("f16 inputs (Float16Array and Uint16Array bits)", async (engine) => {
