@@ -159,15 +159,27 @@ impl DevicePages {
 
     /// The first `len` tokens of a sequence whose pages are `pages`, keys
     /// `[kv_heads, len, head_dim]` and values `[kv_heads, len, v_head_dim]`,
-    /// read back from the device.
+    /// read back from the device: its pages alone, gathered on the device
+    /// into one buffer in table order.
     pub(super) async fn read(&self, pages: &[u32], len: usize) -> Result<(Vec<f32>, Vec<f32>)> {
         let l = self.layout;
         let run = Run::new(&self.ctx);
+        let (kb, vb) = self.page_bytes();
+        let in_order: Vec<u32> = (0..pages.len() as u32).collect();
         let mut out = Vec::with_capacity(2);
-        for (buffer, dim) in [(&self.keys, l.head_dim), (&self.values, l.v_head_dim)] {
-            let values = self.capacity * l.kv_heads * l.page_size * dim;
-            let words = values * self.value_bytes() as usize / 4;
-            let mut data = buffer::read_f32(&run, buffer, 0, words).await?;
+        for (buffer, dim, bytes) in [
+            (&self.keys, l.head_dim, kb),
+            (&self.values, l.v_head_dim, vb),
+        ] {
+            let size = bytes * pages.len() as u64;
+            let gathered = Self::buffer(&self.ctx, "paged read", size.max(16));
+            let mut encoder = self.ctx.device.create_command_encoder(&Default::default());
+            for (i, &page) in pages.iter().enumerate() {
+                let (from, to) = (page as u64 * bytes, i as u64 * bytes);
+                encoder.copy_buffer_to_buffer(buffer, from, &gathered, to, bytes);
+            }
+            self.ctx.queue.submit([encoder.finish()]);
+            let mut data = buffer::read_f32(&run, &gathered, 0, (size / 4) as usize).await?;
             if self.f16 {
                 let halves: &[u16] = bytemuck::cast_slice(&data);
                 data = halves
@@ -176,7 +188,7 @@ impl DevicePages {
                     .collect();
             }
             let host = HostPages::holding(l.kv_heads, l.page_size, dim, data);
-            out.push(host.read(pages, len));
+            out.push(host.read(&in_order, len));
         }
         let values = out.pop().expect("two reads");
         Ok((out.pop().expect("two reads"), values))
