@@ -19,7 +19,8 @@
 //! Options: `--requests N`, `--max-prompt N`, `--max-new N`, `--system N`
 //! (the shared prompt's tokens), `--page-size N`, `--seed N`, `--quick`,
 //! `--backend auto|gpu|cpu` (auto: the engine's choice, which on a CPU
-//! adapter such as lavapipe is the CPU backend and host pages).
+//! adapter such as lavapipe is the CPU backend and host pages),
+//! `--storage f32|f16|int8` (how the pages hold keys and values).
 
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
@@ -27,7 +28,7 @@ use std::time::Instant;
 use webattn::rng::SplitMix64;
 use webattn::{
     AttentionInputs, AttentionOptions, BackendPreference, Engine, EngineOptions, HostTensor,
-    PagedKvCache, PagedLayout, SequenceId,
+    PageStorage, PagedKvCache, PagedLayout, SequenceId,
 };
 
 const Q_HEADS: usize = 8;
@@ -42,6 +43,7 @@ struct Args {
     page_size: usize,
     seed: u64,
     backend: BackendPreference,
+    storage: PageStorage,
 }
 
 impl Args {
@@ -54,6 +56,7 @@ impl Args {
             page_size: 16,
             seed: 1,
             backend: BackendPreference::Auto,
+            storage: PageStorage::F32,
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -68,6 +71,12 @@ impl Args {
                     Some("cpu") => BackendPreference::Cpu,
                     other => panic!("--backend takes auto, gpu or cpu, not {other:?}"),
                 };
+                continue;
+            }
+            if flag == "--storage" {
+                let name = it.next().unwrap_or_default();
+                args.storage =
+                    PageStorage::parse(&name).unwrap_or_else(|e| panic!("--storage: {e}"));
                 continue;
             }
             let value: u64 = it
@@ -152,9 +161,10 @@ fn main() -> webattn::Result<()> {
         v_head_dim: HEAD_DIM,
         page_size: args.page_size,
     };
-    let mut cache = PagedKvCache::on_engine(&engine, layout)?;
+    let mut cache = PagedKvCache::on_engine(&engine, layout)?.with_storage(args.storage)?;
     println!(
-        "cache: pages of {} tokens in {} memory; {} query heads over {} KV heads of {}",
+        "cache: {} pages of {} tokens in {} memory; {} query heads over {} KV heads of {}",
+        args.storage.name(),
         args.page_size,
         if cache.on_device() { "device" } else { "host" },
         Q_HEADS,
@@ -180,7 +190,8 @@ fn main() -> webattn::Result<()> {
         .map(|r| args.system + r.prompt + r.new_tokens)
         .max()
         .unwrap_or(0);
-    let token_bytes = (KV_HEADS * 2 * HEAD_DIM * 4) as u64;
+    // A token's keys and values as the pages store them.
+    let token_bytes = cache.token_bytes();
     let page_bytes = token_bytes * args.page_size as u64;
     let causal = AttentionOptions {
         is_causal: true,

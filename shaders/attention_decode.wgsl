@@ -44,10 +44,11 @@
 // (1: a key was attended, 2: a NaN or +inf score was).
 @group(0) @binding(7) var<storage, read_write> part_ml: array<vec4<f32>>;
 
-// How K and V are stored: the ELEMENT slot holds shaders/element_f32.wgsl, or
-// in the f16 variant (attention_decode_f16) shaders/element_f16.wgsl: four f16
-// values packed in two u32 words, widened with unpack2x16float, so K and V
-// stream at half the bytes.
+// How K and V are stored (key4 and value4 read a row's vec4 column): the
+// ELEMENT slot holds shaders/element_f32.wgsl, or in the f16 variants
+// shaders/element_f16.wgsl (four f16 values in two u32 words, widened with
+// unpack2x16float: half the bytes), or in the paged int8 variant
+// shaders/element_i8.wgsl (four bytes a word and a scale per row).
 // #include ELEMENT
 
 // Where key `key` of batch b's KV head kvh is stored, in rows of K (and V):
@@ -145,7 +146,7 @@ fn main(
                 let key = u32(j0) + t;
                 var val = vec4<f32>(0.0);
                 if (key < p.keys && s0 + c < dk4) {
-                    val = widen4(k4[kv_row(b, kvh, key) * dk4 + s0 + c]);
+                    val = key4(kv_row(b, kvh, key), s0 + c);
                 }
                 k_slice[t * DS_STRIDE + c] = val;
             }
@@ -234,7 +235,7 @@ fn main(
             for (var t = my_group; t < WG; t += key_groups) {
                 let key = u32(j0) + t;
                 if (key < p.keys) {
-                    let vv = widen4(v4[kv_row(b, kvh, key) * dv4 + my_col]);
+                    let vv = value4(kv_row(b, kvh, key), my_col);
                     for (var r = 0u; r < rows; r++) {
                         let pt = scores[r * WG + t];
                         o[r] += select(vec4<f32>(0.0), pt * vv, pt >= 0.0);

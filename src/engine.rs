@@ -1266,6 +1266,17 @@ impl Engine {
         }
     }
 
+    /// Records a call the CPU backend ran on its own data (a paged cache's
+    /// host pages) under `plan`: what [`Engine::last_call`] reports.
+    pub(crate) fn record_host_call(&self, plan: CallPlan) {
+        self.record_call(CallStats {
+            plan,
+            allocated_bytes: 0,
+            pieces: 1,
+            widened_bytes: 0,
+        });
+    }
+
     fn record_call(&self, stats: CallStats) {
         if let Some(reason) = &stats.plan.reason {
             log::info!("webattn: {} path: {reason}", stats.plan.path);

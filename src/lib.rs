@@ -37,6 +37,7 @@ mod engine;
 mod error;
 pub mod family;
 mod gradients;
+pub(crate) mod int8;
 pub mod kernels;
 pub mod kv_cache;
 pub mod layout;

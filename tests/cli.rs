@@ -1524,4 +1524,29 @@ fn check_paged_runs_the_sweep_through_a_paged_cache_on_each_backend() {
         );
         assert!(stdout.contains("(paged)"), "{stdout}");
     }
+    // int8 pages: judged on the stored values, their distance from f32 K/V said.
+    let out = run(&[
+        "--backend",
+        backend(),
+        "check",
+        "--paged",
+        "--storage",
+        "int8",
+        "--filter",
+        "decode",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "check --paged --storage int8: {stdout}"
+    );
+    assert!(stdout.contains("(paged, int8)"), "{stdout}");
+    let line = stdout.lines().last().unwrap_or_default();
+    assert!(
+        line.starts_with("int8 pages: worst normwise error against the oracle on f32"),
+        "{line}"
+    );
+    let bad = run(&["check", "--paged", "--storage", "int4"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("must be f32, f16 or int8"));
 }

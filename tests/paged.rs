@@ -12,7 +12,7 @@ use webattn::{AttentionInputs, AttentionOptions, Engine, HostTensor, PagedKvCach
 
 fn host(run: impl Fn(&Where)) {
     let engine = Engine::cpu();
-    for storage in [PageStorage::F32, PageStorage::F16] {
+    for storage in [PageStorage::F32, PageStorage::F16, PageStorage::Int8] {
         run(&Where {
             engine: &engine,
             device: false,
@@ -62,6 +62,9 @@ fn a_cpu_engine_keeps_its_pages_on_the_host() {
         cache.bytes()
     };
     assert_eq!(f32_bytes(PageStorage::F16) * 2, f32_bytes(PageStorage::F32));
+    // int8: a byte a value and a 4-byte scale a row (keys of 8, values of 4).
+    let rows = f32_bytes(PageStorage::F32) / 4 / (DK + DV) as u64;
+    assert_eq!(f32_bytes(PageStorage::Int8), rows * (DK + DV + 8) as u64);
 }
 
 /// Packed `[total, heads, size]` rows of the given sequences' lengths.
@@ -213,4 +216,114 @@ fn ragged_offsets_that_do_not_fit_are_refused_by_name() {
             .kind(),
         "Conflict"
     );
+}
+
+#[test]
+fn the_cpu_backend_reads_host_pages_in_place_and_the_oracle_path_reads_them_back() {
+    let engine = Engine::cpu();
+    let mut rng = SplitMix64::new(5);
+    for storage in [PageStorage::F32, PageStorage::F16, PageStorage::Int8] {
+        let mut cache = PagedKvCache::new(layout(16))
+            .unwrap()
+            .with_storage(storage)
+            .unwrap();
+        let seq = cache.add_sequence();
+        let k = HostTensor::new([2, 41, DK], rng.normal_vec(2 * 41 * DK, 1.0)).unwrap();
+        let v = HostTensor::new([2, 41, DV], rng.normal_vec(2 * 41 * DV, 1.0)).unwrap();
+        cache.append(seq, &k, &v).unwrap();
+        let q = HostTensor::new([1, 4, 3, DK], rng.normal_vec(4 * 3 * DK, 1.0)).unwrap();
+        let options = AttentionOptions {
+            is_causal: true,
+            ..Default::default()
+        };
+        let fast = cache
+            .attention_blocking(&engine, &[(seq, &q)], &options)
+            .unwrap();
+        // The call was planned, and the plan named the CPU backend.
+        let plan = engine.last_call().unwrap().plan;
+        assert_eq!(plan.path, webattn::KernelPath::Cpu, "{}", storage.name());
+        let forced = AttentionOptions {
+            path: webattn::KernelPath::Oracle,
+            ..options.clone()
+        };
+        let oracle = cache
+            .attention_blocking(&engine, &[(seq, &q)], &forced)
+            .unwrap();
+        assert_eq!(
+            engine.last_call().unwrap().plan.path,
+            webattn::KernelPath::Oracle
+        );
+        let worst = fast[0]
+            .y
+            .data()
+            .iter()
+            .zip(oracle[0].y.data())
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst < 1e-5, "{}: {worst}", storage.name());
+    }
+}
+
+/// Normwise relative error of `got` against `want`.
+fn relative(got: &[f32], want: &[f32]) -> f64 {
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| f64::from((a - b).abs()))
+        .fold(0.0, f64::max);
+    let scale = want.iter().map(|x| f64::from(x.abs())).fold(0.0, f64::max);
+    worst / scale
+}
+
+#[test]
+fn int8_pages_hold_each_value_within_half_a_step_and_attend_close_to_f32() {
+    let engine = Engine::cpu();
+    let mut rng = SplitMix64::new(8);
+    let n = 300;
+    let (k, v) = (
+        HostTensor::new([2, n, DK], rng.normal_vec(2 * n * DK, 1.0)).unwrap(),
+        HostTensor::new([2, n, DV], rng.normal_vec(2 * n * DV, 1.0)).unwrap(),
+    );
+    let q = HostTensor::new([1, 4, 1, DK], rng.normal_vec(4 * DK, 1.0)).unwrap();
+    let mut errors = Vec::new();
+    for storage in [PageStorage::F16, PageStorage::Int8] {
+        let mut cache = PagedKvCache::new(layout(64))
+            .unwrap()
+            .with_storage(storage)
+            .unwrap();
+        let seq = cache.add_sequence();
+        cache.append(seq, &k, &v).unwrap();
+        let (back_k, back_v) = cache.read_blocking(seq).unwrap();
+        for (appended, back, dim) in [(&k, &back_k, DK), (&v, &back_v, DV)] {
+            for (row, got) in appended
+                .data()
+                .chunks_exact(dim)
+                .zip(back.data().chunks_exact(dim))
+            {
+                let step = row.iter().fold(0.0f32, |m, x| m.max(x.abs())) / 127.0;
+                for (a, b) in row.iter().zip(got) {
+                    let allowed = match storage {
+                        PageStorage::Int8 => step * 0.5 * (1.0 + 1e-6),
+                        _ => a.abs() * 2f32.powi(-11),
+                    };
+                    assert!((a - b).abs() <= allowed, "{a} read back as {b}");
+                }
+            }
+        }
+        // Attention against f32 K and V: the storage's own error.
+        let paged = cache
+            .attention_blocking(&engine, &[(seq, &q)], &AttentionOptions::default())
+            .unwrap();
+        let kk = HostTensor::new([1, 2, n, DK], k.data().to_vec()).unwrap();
+        let vv = HostTensor::new([1, 2, n, DV], v.data().to_vec()).unwrap();
+        let exact = webattn::cpu::attention(
+            &AttentionInputs::new(&q, &kk, &vv),
+            &AttentionOptions::default(),
+        )
+        .unwrap();
+        errors.push((storage, relative(paged[0].y.data(), exact.y.data())));
+    }
+    println!("Y against f32 K and V (normwise): {errors:?}");
+    let [(_, f16), (_, int8)] = [errors[0], errors[1]];
+    assert!(f16 < 2e-3 && int8 < 2e-2, "{errors:?}");
 }

@@ -110,18 +110,7 @@ impl NativePagedKvCache {
         if let Some(pages) = page_limit {
             cache = cache.with_page_limit(pages);
         }
-        let storage = match storage {
-            "f32" => PageStorage::F32,
-            "f16" => PageStorage::F16,
-            other => {
-                return Err(webattn::Error::InvalidOption {
-                    name: "storage",
-                    value: other.to_string(),
-                    reason: "must be \"f32\" or \"f16\"",
-                })
-                .py_err(py)
-            }
-        };
+        let storage = PageStorage::parse(storage).py_err(py)?;
         let cache = cache.with_storage(storage).py_err(py)?;
         Ok(NativePagedKvCache {
             engine,

@@ -93,3 +93,23 @@ def test_f16_pages_attend_exactly_on_their_rounded_values(backend, request, rng)
     assert full.usage["bytes"] == 2 * half  # the same pages at twice the bytes
     with pytest.raises(webattn.OptionError, match="storage"):
         webattn.PagedKvCache(engine, kv_heads=2, head_dim=16, storage="int4")
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_int8_pages_attend_exactly_on_their_dequantized_values(backend, request, rng):
+    engine = request.getfixturevalue(backend)
+    cache = webattn.PagedKvCache(engine, kv_heads=2, head_dim=16, page_size=16, storage="int8")
+    seqs = [cache.add_sequence() for _ in range(3)]
+    kv = {s: (normal(rng, 2, n, 16), normal(rng, 2, n, 16)) for s, n in zip(seqs, [1, 20, 70])}
+    cache.append([(s, k, v) for s, (k, v) in kv.items()])
+    queries = [(s, normal(rng, 1, 4, n, 16)) for s, n in zip(seqs, [1, 1, 3])]
+    for (s, q), out in zip(queries, cache.attention(queries, is_causal=True)):
+        k, v = cache.read(s)  # the dequantized values
+        # Each value within half a step of its row's scale (max |x| / 127).
+        for appended, held in zip(kv[s], (k[0], v[0])):
+            step = np.abs(appended).max(axis=-1, keepdims=True) / 127
+            assert np.all(np.abs(appended - held) <= step * 0.5 * (1 + 1e-6))
+        exact, _, _ = attention(q, k, v, is_causal=True, nonpad=[k.shape[2]])
+        plain, _, _ = attention(q, k, v, is_causal=True, nonpad=[k.shape[2]], dtype=np.float32)
+        assert_close(out.y, exact, plain, f"{backend} {s!r}")
+    assert cache.usage["storage"] == "int8"

@@ -53,7 +53,10 @@ class PagedKvCache:
                  page_limit: Optional[int] = None, storage: str = "f32") -> None:
         """Pages of ``page_size`` tokens (16-256) where ``engine`` computes
         (its GPU's memory, or the host); ``storage`` ``"f16"`` halves their
-        bytes (values rounded to f16 as appended, read in place)."""
+        bytes (values rounded to f16 as appended, read in place), ``"int8"``
+        stores a byte a value and a scale per token and head (about half of
+        f16's bytes; each value within half a step of ``max|row| / 127``)."""
+        self._storage = storage
         self._native = _webattn.NativePagedKvCache(engine._native, kv_heads, head_dim,
                                                    v_head_dim or head_dim, page_size, page_limit,
                                                    storage)
@@ -77,9 +80,11 @@ class PagedKvCache:
 
     @property
     def usage(self) -> dict:
-        """``pages`` in the pool, ``pages_in_use`` and ``bytes`` held."""
+        """``pages`` in the pool, ``pages_in_use``, ``bytes`` held and the
+        pages' ``storage``."""
         pages, in_use, held = self._native.usage()
-        return {"pages": pages, "pages_in_use": in_use, "bytes": held}
+        return {"pages": pages, "pages_in_use": in_use, "bytes": held,
+                "storage": self._storage}
 
     def fork(self, seq: Any) -> Any:
         """A new sequence sharing ``seq``'s tokens (pages shared until written)."""

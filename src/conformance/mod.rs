@@ -29,7 +29,9 @@ pub use backward::{
 pub use behaviour::{run_behaviour, BEHAVIOUR_CHECKS};
 pub use case::{CaseInputs, CaseSpec, MaskForm};
 pub use compare::{compare, compare_baselines, ErrorReport, DEFAULT_FLOOR, F16_UNIT_ROUNDOFF};
-pub use paged::{check_paged, pageable, paged_lengths, paged_sweep_len, run_paged_sweep};
+pub use paged::{
+    check_paged, pageable, paged_lengths, paged_sweep_len, run_paged_sweep, PagedCheck, PagedSweep,
+};
 pub use report::{path_name, run_sweep, run_sweep_of, sweep_len, SweepReport};
 pub use runner::{run_case, CaseResult, Oracle};
 pub use soak::{random_case, run_soak, MemoryReading, SoakReport, MEMORY_SLACK_BYTES};

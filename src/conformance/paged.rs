@@ -4,6 +4,11 @@
 //! decode kernel), every entry's queries asked in one call, and Y and the
 //! logsumexp judged against the case's f64 oracle by the sweep's rule.
 //!
+//! With f16 or int8 pages each case is judged against the oracle on the
+//! values the pages hold (K and V rounded, or quantized and dequantized, row
+//! by row, as appended), and its distance from the oracle on the f32 keys and
+//! values (the storage's own error) is reported beside.
+//!
 //! A cache attends a sequence's last tokens, its causal positions continuing
 //! from its length; a case is asked of it where that is the case's meaning:
 //! no mask, no past, f32 operands, no scores asked, and either padding
@@ -12,14 +17,14 @@
 
 use web_time::Instant;
 
-use super::case::{CaseSpec, MaskForm};
+use super::case::{CaseInputs, CaseSpec, MaskForm};
 use super::report::SweepReport;
 use super::runner::{CaseResult, Oracle};
 use super::sweep::{filtered, SweepKind};
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::options::{KernelPath, Precision};
-use crate::paged::{PagedKvCache, PagedLayout};
+use crate::paged::{PageStorage, PagedKvCache, PagedLayout};
 use crate::problem::AttentionOutputs;
 use crate::tensor::HostTensor;
 
@@ -68,9 +73,36 @@ fn entry(t: &HostTensor, b: usize, n: usize, keep_batch: bool) -> Result<HostTen
     }
 }
 
-/// Runs `oracle`'s case through a paged cache on `engine`; `None` where the
-/// case cannot be asked of one.
-pub async fn check_paged(oracle: &Oracle, engine: &Engine) -> Option<CaseResult> {
+/// One case through a paged cache: its result, and (f16 and int8 pages) the
+/// distance from the oracle on the f32 keys and values.
+#[derive(Debug, Clone)]
+pub struct PagedCheck {
+    /// Judged by the sweep's rule against the oracle on the stored values.
+    pub result: CaseResult,
+    /// Normwise relative error (the worse of Y and the logsumexp) against
+    /// the oracle on the f32 keys and values; `None` for f32 pages.
+    pub against_f32: Option<f64>,
+}
+
+/// `inputs` with K and V as `storage` holds them, row by row.
+fn stored(inputs: &CaseInputs, storage: PageStorage) -> Result<CaseInputs> {
+    let mut out = inputs.clone();
+    for t in [&mut out.k, &mut out.v] {
+        let d = t.shape()[3];
+        for row in t.data_mut().chunks_exact_mut(d) {
+            storage.round_trip(row);
+        }
+    }
+    Ok(out)
+}
+
+/// Runs `oracle`'s case through a paged cache of `storage` pages on
+/// `engine`; `None` where the case cannot be asked of one.
+pub async fn check_paged(
+    oracle: &Oracle,
+    engine: &Engine,
+    storage: PageStorage,
+) -> Option<PagedCheck> {
     let lengths = paged_lengths(oracle)?;
     let case = &oracle.case;
     let path = match engine.gpu() {
@@ -78,7 +110,10 @@ pub async fn check_paged(oracle: &Oracle, engine: &Engine) -> Option<CaseResult>
         None => KernelPath::Cpu,
     };
     let mut result = CaseResult {
-        name: format!("{} (paged)", case.name),
+        name: match storage {
+            PageStorage::F32 => format!("{} (paged)", case.name),
+            other => format!("{} (paged, {})", case.name, other.name()),
+        },
         shapes: case.shape_text(),
         path,
         report: None,
@@ -87,18 +122,42 @@ pub async fn check_paged(oracle: &Oracle, engine: &Engine) -> Option<CaseResult>
         millis: 0.0,
     };
     let start = Instant::now();
-    match paged_outputs(oracle, engine, &lengths).await {
-        Ok(out) => match oracle.compare(&out) {
-            Ok((name, report)) => {
-                result.worst_output = name;
-                result.report = Some(report);
+    // The oracle on the values the pages hold.
+    let held = match storage {
+        PageStorage::F32 => None,
+        _ => match stored(&oracle.inputs, storage).and_then(|i| Oracle::from_inputs(case, i)) {
+            Ok(held) => Some(held),
+            Err(e) => {
+                result.failure = Some(e.to_string());
+                return Some(PagedCheck {
+                    result,
+                    against_f32: None,
+                });
             }
-            Err(missing) => result.failure = Some(missing),
         },
+    };
+    let judge = held.as_ref().unwrap_or(oracle);
+    let mut against_f32 = None;
+    match paged_outputs(judge, engine, &lengths, storage).await {
+        Ok(out) => {
+            match judge.compare(&out) {
+                Ok((name, report)) => {
+                    result.worst_output = name;
+                    result.report = Some(report);
+                }
+                Err(missing) => result.failure = Some(missing),
+            }
+            if held.is_some() {
+                against_f32 = oracle.compare(&out).ok().map(|(_, r)| r.max_rel);
+            }
+        }
         Err(e) => result.failure = Some(e.to_string()),
     }
     result.millis = start.elapsed().as_secs_f64() * 1e3;
-    Some(result)
+    Some(PagedCheck {
+        result,
+        against_f32,
+    })
 }
 
 /// The case's Y `[B, Hq, Nq, Dv]` and logsumexp through a cache holding each
@@ -107,6 +166,7 @@ async fn paged_outputs(
     oracle: &Oracle,
     engine: &Engine,
     lengths: &[usize],
+    storage: PageStorage,
 ) -> Result<AttentionOutputs<HostTensor>> {
     let (case, inputs) = (&oracle.case, &oracle.inputs);
     let layout = PagedLayout {
@@ -115,7 +175,7 @@ async fn paged_outputs(
         v_head_dim: case.v_head_dim,
         page_size: PAGE_SIZE,
     };
-    let mut cache = PagedKvCache::on_engine(engine, layout)?;
+    let mut cache = PagedKvCache::on_engine(engine, layout)?.with_storage(storage)?;
     let mut queries = Vec::with_capacity(case.batch);
     for (b, &len) in lengths.iter().enumerate() {
         let seq = cache.add_sequence();
@@ -147,32 +207,55 @@ async fn paged_outputs(
     })
 }
 
+/// A paged sweep: its report, and for f16 and int8 pages the worst distance
+/// from the oracle on f32 keys and values with the case it was met in.
+#[derive(Debug, Clone)]
+pub struct PagedSweep {
+    /// The cases, judged against the oracle on the stored values.
+    pub report: SweepReport,
+    /// How the pages stored keys and values.
+    pub storage: PageStorage,
+    /// The worst [`PagedCheck::against_f32`] and its case's name.
+    pub against_f32: Option<(f64, String)>,
+}
+
 /// The sweep of `kind` (cases whose name contains `filter`) through paged
-/// caches on `engine`, calling `progress` after each result; cases a cache
-/// cannot be asked are left out.
+/// caches of `storage` pages on `engine`, calling `progress` after each
+/// result; cases a cache cannot be asked are left out.
 pub async fn run_paged_sweep(
     engine: &Engine,
     kind: SweepKind,
     filter: &str,
     seed: u64,
+    storage: PageStorage,
     mut progress: impl FnMut(&CaseResult),
-) -> SweepReport {
+) -> PagedSweep {
     let mut results = Vec::new();
+    let mut against_f32: Option<(f64, String)> = None;
     for case in filtered(kind, filter).into_iter().filter(pageable) {
         let Ok(oracle) = Oracle::new(&case, seed) else {
             continue;
         };
-        if let Some(result) = check_paged(&oracle, engine).await {
-            progress(&result);
-            results.push(result);
+        if let Some(check) = check_paged(&oracle, engine, storage).await {
+            progress(&check.result);
+            if let Some(e) = check.against_f32 {
+                if against_f32.as_ref().is_none_or(|(worst, _)| e > *worst) {
+                    against_f32 = Some((e, case.name.clone()));
+                }
+            }
+            results.push(check.result);
         }
     }
-    SweepReport {
-        adapter: engine.describe(),
-        seed,
-        kind,
-        precision: Precision::Highest,
-        results,
+    PagedSweep {
+        report: SweepReport {
+            adapter: engine.describe(),
+            seed,
+            kind,
+            precision: Precision::Highest,
+            results,
+        },
+        storage,
+        against_f32,
     }
 }
 

@@ -17,6 +17,7 @@ use crate::kernels::gemm::GemmSpec;
 use crate::rng::SplitMix64;
 
 pub mod clock_guard;
+pub mod paged;
 
 /// How a measurement was timed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,7 @@
 //! is what the block tables hold, for as long as a sequence holds it.
 
 use super::store::HostPages;
-use super::PagedLayout;
+use super::{PageStorage, PagedLayout};
 use crate::device::buffer;
 use crate::device::context::GpuContext;
 use crate::device::scope::Run;
@@ -25,8 +25,9 @@ pub(super) struct DevicePages {
     layout: PagedLayout,
     /// Pages the buffers hold.
     capacity: usize,
-    /// Values stored as f16, two to a 32-bit word.
-    pub(super) f16: bool,
+    /// How values are stored: f32, f16 two to a 32-bit word, or int8 four to
+    /// a word with the row's scale after them.
+    pub(super) storage: PageStorage,
     pub(super) keys: wgpu::Buffer,
     pub(super) values: wgpu::Buffer,
 }
@@ -38,35 +39,36 @@ impl DevicePages {
             ctx: ctx.clone(),
             layout,
             capacity: 0,
-            f16: false,
+            storage: PageStorage::F32,
             keys: Self::buffer(ctx, "paged keys", 16),
             values: Self::buffer(ctx, "paged values", 16),
         }
     }
 
-    /// An empty pool storing f16 values where `f16` (head sizes in
-    /// multiples of 4: a row is whole 8-byte words, as the kernel reads it).
-    pub(super) fn with_f16(ctx: &GpuContext, layout: PagedLayout, f16: bool) -> Result<Self> {
-        if f16 && !(layout.head_dim.is_multiple_of(4) && layout.v_head_dim.is_multiple_of(4)) {
+    /// An empty pool storing `storage` (f16 and int8: head sizes in
+    /// multiples of 4, so a row is whole 32-bit words as the kernel reads it).
+    pub(super) fn with_storage(
+        ctx: &GpuContext,
+        layout: PagedLayout,
+        storage: PageStorage,
+    ) -> Result<Self> {
+        let whole_words = layout.head_dim.is_multiple_of(4) && layout.v_head_dim.is_multiple_of(4);
+        if storage != PageStorage::F32 && !whole_words {
             return Err(crate::error::Error::InvalidOption {
                 name: "storage",
-                value: "f16".into(),
-                reason: "f16 pages on a GPU need head sizes in multiples of 4",
+                value: storage.name().into(),
+                reason: "f16 and int8 pages on a GPU need head sizes in multiples of 4",
             });
         }
         Ok(Self {
-            f16,
+            storage,
             ..Self::new(ctx, layout)
         })
     }
 
-    /// Bytes of a stored value.
-    fn value_bytes(&self) -> u64 {
-        if self.f16 {
-            2
-        } else {
-            4
-        }
+    /// Bytes of a stored row of `dim` values.
+    fn row_bytes(&self, dim: usize) -> u64 {
+        self.storage.row_bytes(dim)
     }
 
     fn buffer(ctx: &GpuContext, label: &str, size: u64) -> wgpu::Buffer {
@@ -82,8 +84,11 @@ impl DevicePages {
     /// Bytes of one page of keys and of values.
     fn page_bytes(&self) -> (u64, u64) {
         let l = self.layout;
-        let rows = (l.kv_heads * l.page_size) as u64 * self.value_bytes();
-        (rows * l.head_dim as u64, rows * l.v_head_dim as u64)
+        let rows = (l.kv_heads * l.page_size) as u64;
+        (
+            rows * self.row_bytes(l.head_dim),
+            rows * self.row_bytes(l.v_head_dim),
+        )
     }
 
     /// Makes room for `pages` pages, copying the ones held over. Refuses
@@ -139,20 +144,63 @@ impl DevicePages {
                 let t = start + i;
                 let (page, row) = (pages[t / l.page_size] as usize, t % l.page_size);
                 let run = (l.page_size - row).min(n - i);
-                let at = ((page * l.kv_heads + h) * l.page_size + row) * dim;
+                let at = ((page * l.kv_heads + h) * l.page_size + row) as u64 * self.row_bytes(dim);
                 let from = (h * n + i) * dim;
                 let values = &rows[from..from + run * dim];
-                let at = at as u64 * self.value_bytes();
-                if self.f16 {
-                    let bits: Vec<u16> = values
-                        .iter()
-                        .map(|&x| half::f16::from_f32(x).to_bits())
-                        .collect();
-                    buffer::write_bytes(&self.ctx, buffer, at, bytemuck::cast_slice(&bits));
-                } else {
-                    buffer::write_bytes(&self.ctx, buffer, at, bytemuck::cast_slice(values));
-                }
+                let bytes = self.stored_bytes(values, dim);
+                buffer::write_bytes(&self.ctx, buffer, at, &bytes);
                 i += run;
+            }
+        }
+    }
+
+    /// Rows of `dim` values as the pages store them.
+    fn stored_bytes(&self, values: &[f32], dim: usize) -> Vec<u8> {
+        match self.storage {
+            PageStorage::F32 => bytemuck::cast_slice(values).to_vec(),
+            PageStorage::F16 => values
+                .iter()
+                .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                .collect(),
+            PageStorage::Int8 => {
+                let mut words = Vec::with_capacity(values.len() / 4 + values.len() / dim);
+                let mut q = vec![0i8; dim];
+                for row in values.chunks_exact(dim) {
+                    let scale = crate::int8::quantize(row, &mut q);
+                    crate::int8::pack_words(&q, scale, &mut words);
+                }
+                bytemuck::cast_slice(&words).to_vec()
+            }
+        }
+    }
+
+    /// Stored rows of `dim` values read back as f32.
+    fn widen(&self, words: Vec<f32>, dim: usize) -> Vec<f32> {
+        match self.storage {
+            PageStorage::F32 => words,
+            PageStorage::F16 => {
+                let halves: &[u16] = bytemuck::cast_slice(&words);
+                halves
+                    .iter()
+                    .map(|&b| half::f16::from_bits(b).to_f32())
+                    .collect()
+            }
+            PageStorage::Int8 => {
+                let words: &[u32] = bytemuck::cast_slice(&words);
+                let mut out = vec![0.0f32; words.len() / (dim / 4 + 1) * dim];
+                let mut q = vec![0i8; dim];
+                for (row, o) in words
+                    .chunks_exact(dim / 4 + 1)
+                    .zip(out.chunks_exact_mut(dim))
+                {
+                    for (four, w) in q.chunks_exact_mut(4).zip(row) {
+                        for (x, b) in four.iter_mut().zip(w.to_le_bytes()) {
+                            *x = b as i8;
+                        }
+                    }
+                    crate::int8::dequantize(&q, f32::from_bits(row[dim / 4]), o);
+                }
+                out
             }
         }
     }
@@ -179,14 +227,8 @@ impl DevicePages {
                 encoder.copy_buffer_to_buffer(buffer, from, &gathered, to, bytes);
             }
             self.ctx.queue.submit([encoder.finish()]);
-            let mut data = buffer::read_f32(&run, &gathered, 0, (size / 4) as usize).await?;
-            if self.f16 {
-                let halves: &[u16] = bytemuck::cast_slice(&data);
-                data = halves
-                    .iter()
-                    .map(|&b| half::f16::from_bits(b).to_f32())
-                    .collect();
-            }
+            let words = buffer::read_f32(&run, &gathered, 0, (size / 4) as usize).await?;
+            let data = self.widen(words, dim);
             let host = HostPages::holding(l.kv_heads, l.page_size, dim, data);
             out.push(host.read(&in_order, len));
         }

@@ -8,32 +8,19 @@
 //! its positions; the whole call is one submission.
 
 use super::device::DevicePages;
-use super::{PagedKvCache, SequenceId};
+use super::{PageStorage, PagedKvCache, SequenceId};
 use crate::device::buffer;
 use crate::device::recorder::{Recorder, Seg};
 use crate::device::scope::Run;
 use crate::error::Result;
 use crate::kernels::ablation::Phases;
 use crate::kernels::attention::{AttentionBuffers, MAX_HEAD_DIM};
-use crate::kernels::decode::paged::BlockTable;
+use crate::kernels::decode::paged::{BlockTable, PagedElement};
 use crate::kernels::decode::{self, DecodeKernel, DecodeLayout, MAX_QUERY_ROWS};
 use crate::options::{AttentionOptions, KernelPath};
-use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs, TensorRef};
+use crate::problem::{AttentionDims, AttentionOutputs};
 use crate::run::present::upload_rule_data;
-use crate::tensor::{DType, HostMask, HostTensor};
-
-/// A tensor's shape alone: what validating a call on pages needs of K and V.
-struct Shape(Vec<usize>);
-
-impl TensorRef for Shape {
-    type Mask = HostMask;
-    fn shape(&self) -> &[usize] {
-        &self.0
-    }
-    fn dtype(&self) -> DType {
-        DType::F32
-    }
-}
+use crate::tensor::{DType, HostTensor};
 
 /// Whether the paged kernel takes a call of these head dims and options:
 /// head dims in whole vec4s up to 256, f32 queries, no scores asked, a GPU
@@ -64,22 +51,10 @@ pub(super) async fn attention(
     if !takes(cache, queries, options) {
         return Ok(None);
     }
-    let l = cache.layout;
     // Every query checked (against its own sequence) before anything runs.
     let mut rows = Vec::with_capacity(queries.len());
     for &(seq, query) in queries {
-        cache.check_query(seq, query, options)?;
-        let len = cache.len(seq)?;
-        let (q, k, v) = (
-            Shape(query.shape().to_vec()),
-            Shape(vec![1, l.kv_heads, len, l.head_dim]),
-            Shape(vec![1, l.kv_heads, len, l.v_head_dim]),
-        );
-        let lengths = [len as i64];
-        let mut inputs = AttentionInputs::new(&q, &k, &v);
-        inputs.nonpad_kv_seqlen = Some(&lengths);
-        let dims = validate(&inputs, options)?;
-        rows.push((seq, query, dims));
+        rows.push((seq, query, cache.call_dims(seq, query, options)?));
     }
     let run = Run::new(&pages.ctx);
     // One batch per query count, in the order they first appear.
@@ -219,11 +194,16 @@ impl<'a> Batch<'a> {
                 v: Seg::whole(&pages.values),
                 mask: &placeholder,
                 nonpad: &nonpad,
-                kv_f16: pages.f16,
+                kv_f16: false,
             };
             let block_table = BlockTable {
                 pages: &table,
                 page_size: self.page_size,
+                element: match pages.storage {
+                    PageStorage::F32 => PagedElement::F32,
+                    PageStorage::F16 => PagedElement::F16,
+                    PageStorage::Int8 => PagedElement::I8,
+                },
             };
             decode::record_reading(
                 rec,

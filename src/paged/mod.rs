@@ -21,6 +21,7 @@
 
 mod device;
 mod gpu;
+mod host;
 mod pool;
 pub mod ragged;
 mod store;
@@ -32,8 +33,8 @@ use crate::cpu;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::options::AttentionOptions;
-use crate::problem::{AttentionInputs, AttentionOutputs};
-use crate::tensor::HostTensor;
+use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs, TensorRef};
+use crate::tensor::{DType, HostMask, HostTensor};
 use device::DevicePages;
 use pool::PagePool;
 use store::HostKv;
@@ -108,6 +109,77 @@ pub enum PageStorage {
     /// read in place by the paged decode kernel's f16 form. Attention is exact
     /// against the oracle on the stored (rounded) values.
     F16,
+    /// int8 with an f32 scale per token and head (`scale = max|x| / 127`,
+    /// each value rounded to the nearest step): `(D + 4) / 4D` of f32's
+    /// bytes, about half of f16's. Every value is within half a step of
+    /// the one appended; attention is exact against the oracle on the
+    /// dequantized values. A row holding a NaN or an infinity reads back as
+    /// NaN throughout. On a GPU the head sizes must be multiples of 4.
+    Int8,
+}
+
+impl PageStorage {
+    /// Its name: `f32`, `f16` or `int8`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PageStorage::F32 => "f32",
+            PageStorage::F16 => "f16",
+            PageStorage::Int8 => "int8",
+        }
+    }
+
+    /// Bytes of a stored row of `dim` values (int8: the values and the scale).
+    pub fn row_bytes(self, dim: usize) -> u64 {
+        let dim = dim as u64;
+        match self {
+            PageStorage::F32 => 4 * dim,
+            PageStorage::F16 => 2 * dim,
+            PageStorage::Int8 => dim + 4,
+        }
+    }
+
+    /// `row` replaced by the values it reads back as once stored (f16:
+    /// rounded; int8: quantized with the row's scale and dequantized).
+    pub fn round_trip(self, row: &mut [f32]) {
+        match self {
+            PageStorage::F32 => {}
+            PageStorage::F16 => row
+                .iter_mut()
+                .for_each(|x| *x = half::f16::from_f32(*x).to_f32()),
+            PageStorage::Int8 => {
+                let mut q = vec![0i8; row.len()];
+                let scale = crate::int8::quantize(row, &mut q);
+                crate::int8::dequantize(&q, scale, row);
+            }
+        }
+    }
+
+    /// The storage a name (`f32`, `f16`, `int8`) stands for.
+    pub fn parse(name: &str) -> Result<PageStorage> {
+        match name {
+            "f32" => Ok(PageStorage::F32),
+            "f16" => Ok(PageStorage::F16),
+            "int8" => Ok(PageStorage::Int8),
+            other => Err(Error::InvalidOption {
+                name: "storage",
+                value: other.into(),
+                reason: "must be f32, f16 or int8",
+            }),
+        }
+    }
+}
+
+/// A tensor's shape alone: what validating a call on pages needs of K and V.
+struct Shape(Vec<usize>);
+
+impl TensorRef for Shape {
+    type Mask = HostMask;
+    fn shape(&self) -> &[usize] {
+        &self.0
+    }
+    fn dtype(&self) -> DType {
+        DType::F32
+    }
 }
 
 /// Where a cache's pages are.
@@ -135,7 +207,7 @@ impl PagedKvCache {
         Ok(Self {
             layout,
             pool: PagePool::new(layout.page_size),
-            pages: Pages::Host(HostKv::new(layout, false, pages_per_chunk)),
+            pages: Pages::Host(HostKv::new(layout, PageStorage::F32, pages_per_chunk)),
             storage: PageStorage::F32,
             pages_per_chunk,
             max_pages: None,
@@ -157,19 +229,18 @@ impl PagedKvCache {
     }
 
     /// The same empty cache, its pages storing `storage`. Refused
-    /// ([`Error::Conflict`]) once the cache holds pages; f16 pages on a GPU
-    /// need head sizes in multiples of 4 (rows of whole 8-byte words).
+    /// ([`Error::Conflict`]) once the cache holds pages; f16 and int8 pages
+    /// on a GPU need head sizes in multiples of 4 (rows of whole words).
     pub fn with_storage(mut self, storage: PageStorage) -> Result<Self> {
         if self.pool.pages() > 0 {
             return Err(Error::Conflict(
                 "a paged cache's storage is chosen before it holds pages",
             ));
         }
-        let f16 = storage == PageStorage::F16;
         self.pages = match self.pages {
-            Pages::Host(_) => Pages::Host(HostKv::new(self.layout, f16, self.pages_per_chunk)),
+            Pages::Host(_) => Pages::Host(HostKv::new(self.layout, storage, self.pages_per_chunk)),
             Pages::Device { pages, device } => Pages::Device {
-                pages: DevicePages::with_f16(&pages.ctx, self.layout, f16)?,
+                pages: DevicePages::with_storage(&pages.ctx, self.layout, storage)?,
                 device,
             },
         };
@@ -241,6 +312,13 @@ impl PagedKvCache {
             Pages::Host(kv) => kv.bytes(),
             Pages::Device { pages, .. } => pages.bytes(),
         }
+    }
+
+    /// Stored bytes of one token's keys and values, every KV head: what a
+    /// decoding step reads per cached token.
+    pub fn token_bytes(&self) -> u64 {
+        let (l, s) = (self.layout, self.storage);
+        l.kv_heads as u64 * (s.row_bytes(l.head_dim) + s.row_bytes(l.v_head_dim))
     }
 
     /// A sequence that shares every token of `seq` (a common prefix, a beam):
@@ -438,6 +516,11 @@ impl PagedKvCache {
                 return Ok(outputs);
             }
         }
+        if let Pages::Host(kv) = &self.pages {
+            if let Some(outputs) = host::attention(self, kv, engine, queries, options)? {
+                return Ok(outputs);
+            }
+        }
         let mut outputs = Vec::with_capacity(queries.len());
         for &(seq, query) in queries {
             let (k, v, lengths) = self.sequence_inputs(seq, query, options).await?;
@@ -472,6 +555,28 @@ impl PagedKvCache {
         self.check_query(seq, query, options)?;
         let (k, v) = self.read(seq).await?;
         Ok((k, v, vec![self.len(seq)? as i64]))
+    }
+
+    /// The dims of `seq`'s call with `query`, checked and validated as a
+    /// padded call of one sequence whose `nonpad_kv_seqlen` is its length
+    /// (so every option means what it means for padded keys).
+    fn call_dims(
+        &self,
+        seq: SequenceId,
+        query: &HostTensor,
+        options: &AttentionOptions,
+    ) -> Result<AttentionDims> {
+        self.check_query(seq, query, options)?;
+        let (l, len) = (self.layout, self.len(seq)?);
+        let (q, k, v) = (
+            Shape(query.shape().to_vec()),
+            Shape(vec![1, l.kv_heads, len, l.head_dim]),
+            Shape(vec![1, l.kv_heads, len, l.v_head_dim]),
+        );
+        let lengths = [len as i64];
+        let mut inputs = AttentionInputs::new(&q, &k, &v);
+        inputs.nonpad_kv_seqlen = Some(&lengths);
+        validate(&inputs, options)
     }
 
     /// Checks a call's `query` for `seq`: no presents asked, no more

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 /// Files in `shaders/` that are not kernels but blocks a kernel's text takes in
 /// kernels: `// #include NAME` lines ([`with_includes`]) and the slots of
 /// `Kernel::slots`.
-pub const FRAGMENTS: [&str; 13] = [
+pub const FRAGMENTS: [&str; 14] = [
     "ablate.wgsl",
     "kv_rows_dense.wgsl",
     "kv_rows_paged.wgsl",
@@ -19,6 +19,7 @@ pub const FRAGMENTS: [&str; 13] = [
     "coop8.wgsl",
     "sincos.wgsl",
     "element_f16.wgsl",
+    "element_i8.wgsl",
     "attention_qkv4.wgsl",
     "attention_rules.wgsl",
     "attention_score.wgsl",
@@ -33,7 +34,7 @@ pub(crate) const INCLUDE: &str = "// #include ";
 pub const PARAMS: &str = "PARAMS";
 
 /// The fragments a kernel can include, with their text.
-const INCLUDABLE: [(&str, &str); 13] = [
+const INCLUDABLE: [(&str, &str); 14] = [
     ("ablate.wgsl", include_str!("../../shaders/ablate.wgsl")),
     (
         "kv_rows_dense.wgsl",
@@ -50,6 +51,10 @@ const INCLUDABLE: [(&str, &str); 13] = [
     (
         "element_f16.wgsl",
         include_str!("../../shaders/element_f16.wgsl"),
+    ),
+    (
+        "element_i8.wgsl",
+        include_str!("../../shaders/element_i8.wgsl"),
     ),
     ("coop16.wgsl", include_str!("../../shaders/coop16.wgsl")),
     ("coop8.wgsl", include_str!("../../shaders/coop8.wgsl")),
@@ -81,7 +86,10 @@ const INCLUDABLE: [(&str, &str); 13] = [
 /// several kernels (f32 or f16 K and V; 16 x 16 or 8 x 8 matrices; K and V
 /// as one tensor or in a paged cache's pages).
 pub const SLOTS: [(&str, &[&str]); 3] = [
-    ("ELEMENT", &["element_f32.wgsl", "element_f16.wgsl"]),
+    (
+        "ELEMENT",
+        &["element_f32.wgsl", "element_f16.wgsl", "element_i8.wgsl"],
+    ),
     ("KV_ROWS", &["kv_rows_dense.wgsl", "kv_rows_paged.wgsl"]),
     ("COOP", &["coop16.wgsl", "coop8.wgsl"]),
 ];

@@ -26,7 +26,8 @@ pub struct Where<'a> {
     /// The page sizes the cases try.
     pub page_sizes: &'a [usize],
     /// How the pages store values (the cases' keys and values are then
-    /// values f16 holds exactly, so the tokens read back as appended).
+    /// values f16, or int8 with its row scale, holds exactly, so the tokens
+    /// read back as appended).
     pub storage: PageStorage,
 }
 
@@ -42,10 +43,6 @@ impl Where<'_> {
             self.device && self.engine.gpu().is_some()
         );
         cache.with_storage(self.storage).unwrap()
-    }
-
-    fn f16(&self) -> bool {
-        self.storage == PageStorage::F16
     }
 }
 
@@ -94,13 +91,32 @@ impl Tokens {
     }
 }
 
-/// Keys and values of `n` tokens, rounded to f16 values where `f16`.
-fn rows(rng: &mut SplitMix64, n: usize, f16: bool) -> (HostTensor, HostTensor) {
+/// Keys and values of `n` tokens that `storage` holds exactly: normal
+/// values (rounded to f16 for f16 pages); for int8 pages, whole multiples
+/// of a power of two per row with one of ±127 steps, so the row's scale is
+/// that power of two and every value is a whole step.
+fn rows(rng: &mut SplitMix64, n: usize, storage: PageStorage) -> (HostTensor, HostTensor) {
     let mut values = |d: usize| {
         let mut v = rng.normal_vec(KV_HEADS * n * d, 1.0);
-        if f16 {
-            v.iter_mut()
-                .for_each(|x| *x = half::f16::from_f32(*x).to_f32());
+        match storage {
+            PageStorage::F16 => v
+                .iter_mut()
+                .for_each(|x| *x = half::f16::from_f32(*x).to_f32()),
+            PageStorage::Int8 => {
+                for row in v.chunks_exact_mut(d) {
+                    let step = 2f32.powi(-(rng.below(4) as i32) - 5);
+                    let top = rng.below(d);
+                    for (i, x) in row.iter_mut().enumerate() {
+                        let q = if i == top {
+                            127.0f32.copysign(*x)
+                        } else {
+                            (*x * 40.0).round().clamp(-127.0, 127.0)
+                        };
+                        *x = q * step;
+                    }
+                }
+            }
+            _ => {}
         }
         HostTensor::new([KV_HEADS, n, d], v).unwrap()
     };
@@ -161,7 +177,7 @@ pub fn sequences_grow_fork_and_free_through_their_block_tables(at: &Where) {
                         .iter()
                         .map(|&seq| {
                             let n = [1, 1, 3, page_size - 1, page_size + 5][rng.below(5)];
-                            let (k, v) = rows(&mut rng, n, at.f16());
+                            let (k, v) = rows(&mut rng, n, at.storage);
                             (seq, k, v)
                         })
                         .collect();
@@ -190,7 +206,7 @@ pub fn a_fork_shares_its_pages_until_one_writes_into_the_last(at: &Where) {
     let mut rng = SplitMix64::new(3);
     let mut cache = at.cache(layout(16));
     let parent = cache.add_sequence();
-    let (k, v) = rows(&mut rng, 40, at.f16()); // two full pages and 8 tokens of a third
+    let (k, v) = rows(&mut rng, 40, at.storage); // two full pages and 8 tokens of a third
     cache.append(parent, &k, &v).unwrap();
     let child = cache.fork(parent).unwrap();
     assert_eq!(
@@ -199,7 +215,7 @@ pub fn a_fork_shares_its_pages_until_one_writes_into_the_last(at: &Where) {
     );
     assert_eq!(cache.pages_in_use(), 3);
     let before = cache.read_blocking(parent).unwrap();
-    let (k1, v1) = rows(&mut rng, 1, at.f16());
+    let (k1, v1) = rows(&mut rng, 1, at.storage);
     cache.append(child, &k1, &v1).unwrap();
     // The child copied the shared third page and wrote its token there; the
     // full pages stay shared; the parent reads as before.
@@ -241,7 +257,7 @@ pub fn attention_through_the_pages_matches_the_oracle_on_the_tokens_held_contigu
         let mut cache = at.cache(layout(page_size));
         let mut model: BTreeMap<SequenceId, Tokens> = BTreeMap::new();
         let shared = cache.add_sequence();
-        let (k, v) = rows(&mut rng, 97, at.f16()); // a shared prompt
+        let (k, v) = rows(&mut rng, 97, at.storage); // a shared prompt
         cache.append(shared, &k, &v).unwrap();
         model.insert(shared, Tokens::new());
         model.get_mut(&shared).unwrap().push(&k, &v);
@@ -258,7 +274,7 @@ pub fn attention_through_the_pages_matches_the_oracle_on_the_tokens_held_contigu
             } else {
                 model[&shared].clone()
             };
-            let (k, v) = rows(&mut rng, n, at.f16());
+            let (k, v) = rows(&mut rng, n, at.storage);
             cache.append(seq, &k, &v).unwrap();
             tokens.push(&k, &v);
             model.insert(seq, tokens);
@@ -348,7 +364,7 @@ pub fn refused_calls_leave_every_sequence_as_it_was(at: &Where) {
     let (a, b) = (cache.add_sequence(), cache.add_sequence());
     let mut model = BTreeMap::new();
     for (seq, n) in [(a, 20), (b, 30)] {
-        let (k, v) = rows(&mut rng, n, at.f16());
+        let (k, v) = rows(&mut rng, n, at.storage);
         cache.append(seq, &k, &v).unwrap();
         let mut t = Tokens::new();
         t.push(&k, &v);
@@ -356,8 +372,8 @@ pub fn refused_calls_leave_every_sequence_as_it_was(at: &Where) {
     }
     let freed = cache.add_sequence();
     cache.free(freed).unwrap();
-    let (k1, v1) = rows(&mut rng, 1, at.f16());
-    let (big_k, big_v) = rows(&mut rng, 60, at.f16()); // a: 80 tokens, 7 pages in use of 6
+    let (k1, v1) = rows(&mut rng, 1, at.storage);
+    let (big_k, big_v) = rows(&mut rng, 60, at.storage); // a: 80 tokens, 7 pages in use of 6
     let wrong_heads = HostTensor::new([3, 1, DK], vec![0.0; 3 * DK]).unwrap();
     let wrong_dim = HostTensor::new([KV_HEADS, 1, DV], vec![0.0; KV_HEADS * DV]).unwrap();
     let flat = HostTensor::new([KV_HEADS * DK], vec![0.0; KV_HEADS * DK]).unwrap();

@@ -51,3 +51,11 @@ fn f16_device_pages_read_in_place_match_the_oracle_on_their_values() {
         cases::attention_through_the_pages_matches_the_oracle_on_the_tokens_held_contiguously(at);
     });
 }
+
+#[test]
+fn int8_device_pages_read_in_place_match_the_oracle_on_their_values() {
+    device_storing(PageStorage::Int8, |at| {
+        cases::a_fork_shares_its_pages_until_one_writes_into_the_last(at);
+        cases::attention_through_the_pages_matches_the_oracle_on_the_tokens_held_contiguously(at);
+    });
+}

@@ -47,8 +47,8 @@ export interface PagedLayout {
   pageSize?: number;
   /** The most pages the cache holds: an append past it is refused (OutOfMemory). */
   pageLimit?: number;
-  /** How pages store values (default "f32"); "f16" halves the bytes, values rounded as appended. */
-  storage?: "f32" | "f16";
+  /** How pages store values (default "f32"): "f16" halves the bytes, values rounded as appended; "int8" stores a byte a value and a scale per token and head (about half of f16's bytes, each value within half a step of the scale). */
+  storage?: "f32" | "f16" | "int8";
 }
 
 /** What a `PagedKvCache` holds now. */
@@ -64,7 +64,7 @@ export interface PagedUsage {
   /** Whether the pages live in the GPU's memory. */
   onDevice: boolean;
   /** How the pages store values. */
-  storage: "f32" | "f16";
+  storage: "f32" | "f16" | "int8";
 }
 
 /** A paged KV cache for serving many sequences (`engine.pagedCache`). */

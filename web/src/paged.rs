@@ -73,18 +73,14 @@ impl PagedCacheCore {
         if field(layout, "pageLimit").is_some() {
             cache = cache.with_page_limit(count(layout, "pageLimit", None)?);
         }
-        let storage = match field(layout, "storage")
-            .and_then(|v| v.as_string())
-            .as_deref()
-        {
-            None | Some("f32") => PageStorage::F32,
-            Some("f16") => PageStorage::F16,
-            Some(other) => {
-                return Err(js_error(
+        let storage = match field(layout, "storage").and_then(|v| v.as_string()) {
+            None => PageStorage::F32,
+            Some(name) => PageStorage::parse(&name).map_err(|_| {
+                js_error(
                     "InvalidOption",
-                    format!("layout.storage must be \"f32\" or \"f16\", got {other:?}"),
-                ))
-            }
+                    format!("layout.storage must be \"f32\", \"f16\" or \"int8\", got {name:?}"),
+                )
+            })?,
         };
         let cache = cache.with_storage(storage).js()?;
         Ok(PagedCacheCore {
@@ -179,11 +175,7 @@ impl PagedCacheCore {
         set(&out, "bytes", cache.bytes() as f64);
         set(&out, "sequences", cache.sequences().len() as f64);
         set(&out, "onDevice", cache.on_device());
-        let storage = match cache.storage() {
-            PageStorage::F32 => "f32",
-            PageStorage::F16 => "f16",
-        };
-        set(&out, "storage", storage);
+        set(&out, "storage", cache.storage().name());
         out.into()
     }
 

@@ -83,6 +83,10 @@ pub enum RowKind {
     /// to 1k (a CPU adapter, a CPU engine): time, share of the FMA ceiling,
     /// workspace bytes.
     Backward,
+    /// Decoding steps from a paged KV cache with f32, f16 and int8 pages
+    /// (the engine's pages, and the CPU backend's host pages beside a GPU's):
+    /// ms, bytes per token, share of the copy ceiling.
+    Paged,
 }
 
 /// The attention paths `--paths` selects.
@@ -126,6 +130,10 @@ enum Job {
     Overhead,
     /// The forward and the backward of a shape on a path, side by side.
     Backward(AttentionShape, KernelPath),
+    /// Decoding steps from paged caches storing f32, f16 and int8 pages,
+    /// interleaved, on the run's engine (`Fused`: its device pages) or a CPU
+    /// engine (`Cpu`: host pages).
+    Paged(bench::paged::PagedDecodeShape, KernelPath),
 }
 
 /// Layers of the stack rows: a Llama-2-7B-like model's.
@@ -385,6 +393,22 @@ fn plan(
             }
         }
     }
+    // Decoding steps from a paged cache, its pages in each storage: the
+    // engine's pages, and the CPU backend's host pages beside a GPU's.
+    let paged_cached = given(if args.quick { &[4096] } else { &[4096, 32768] });
+    for cached in paged_cached {
+        let shape = bench::paged::PagedDecodeShape {
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+            cached,
+            page_size: 16,
+        };
+        if gpu {
+            jobs.push(Job::Paged(shape, KernelPath::Fused));
+        }
+        jobs.push(Job::Paged(shape, KernelPath::Cpu));
+    }
     // The f64 oracle once, for reference: it is what the CPU backend replaced.
     let oracle_seq = given(&[2048]).into_iter().min().unwrap_or(2048);
     for causal in [false, true] {
@@ -407,9 +431,13 @@ fn selected(args: &Args, job: &Job) -> bool {
         Job::TokenStep(..) | Job::CpuTokenStep(..) | Job::TokenStack(..) => RowKind::Tokens,
         Job::Overhead => RowKind::Overhead,
         Job::Backward(..) => RowKind::Backward,
+        Job::Paged(..) => RowKind::Paged,
     };
     let path = match *job {
-        Job::Attention(_, path, _) | Job::Decode(_, path, _) | Job::Backward(_, path) => Some(path),
+        Job::Attention(_, path, _)
+        | Job::Decode(_, path, _)
+        | Job::Backward(_, path)
+        | Job::Paged(_, path) => Some(path),
         _ => None,
     };
     let path_kept = |path: KernelPath| {
@@ -423,6 +451,7 @@ fn selected(args: &Args, job: &Job) -> bool {
     // Decode rows go by their key count.
     let keys_kept = match job {
         Job::Decode(shape, ..) => args.seqs.is_empty() || args.seqs.contains(&shape.seq_k),
+        Job::Paged(shape, ..) => args.seqs.is_empty() || args.seqs.contains(&shape.cached),
         _ => true,
     };
     (args.only.is_empty() || args.only.contains(&kind)) && path.is_none_or(path_kept) && keys_kept
@@ -664,6 +693,34 @@ mod tests {
             assert_eq!(heads_label(s), "32/8");
             assert_eq!(s.kv_bytes(), 2 * 4 * (s.batch * 8 * s.seq_k * 128) as u64);
         }
+    }
+
+    #[test]
+    fn paged_rows_step_every_storage_on_the_engine_and_the_cpu_backend() {
+        let mut a = args();
+        a.only = vec![RowKind::Paged];
+        let jobs = plan(&a, true, true, false, false);
+        let cached: Vec<(usize, KernelPath)> = jobs
+            .iter()
+            .map(|j| match j {
+                Job::Paged(s, path) => (s.cached, *path),
+                _ => panic!("only paged rows"),
+            })
+            .collect();
+        assert_eq!(
+            cached,
+            [
+                (4096, KernelPath::Fused),
+                (4096, KernelPath::Cpu),
+                (32768, KernelPath::Fused),
+                (32768, KernelPath::Cpu)
+            ]
+        );
+        // A CPU engine steps its host pages alone.
+        let jobs = plan(&a, false, false, false, false);
+        assert!(jobs
+            .iter()
+            .all(|j| matches!(j, Job::Paged(_, KernelPath::Cpu))));
     }
 
     #[test]

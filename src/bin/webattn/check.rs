@@ -47,6 +47,11 @@ pub struct Args {
     /// decode kernel), all asked in one call.
     #[arg(long, conflicts_with_all = ["family", "soak", "backward"])]
     paged: bool,
+    /// With --paged: how the pages store keys and values (f16 and int8 are
+    /// judged against the oracle on the stored values, and their distance
+    /// from the oracle on f32 keys and values is reported).
+    #[arg(long, value_name = "f32|f16|int8", default_value = "f32", requires = "paged", value_parser = parse_storage)]
+    storage: webattn::PageStorage,
     /// Also write the results as JSON to PATH.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
@@ -75,11 +80,11 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         "webattn check: {}{} on {}{}",
         if args.full { "full" } else { "quick" },
         if args.backward {
-            " backward"
+            " backward".to_string()
         } else if args.paged {
-            " paged"
+            format!(" paged ({} pages)", args.storage.name())
         } else {
-            ""
+            String::new()
         },
         engine.describe(),
         match engine_args.precision {
@@ -111,6 +116,7 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             None => eprintln!("{}", progress_line(done, total, r)),
         }
     };
+    let mut storage_line = None;
     let report = if args.backward {
         pollster::block_on(run_backward_sweep(
             &engine,
@@ -120,13 +126,22 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
             progress,
         ))
     } else if args.paged {
-        pollster::block_on(run_paged_sweep(
+        let sweep = pollster::block_on(run_paged_sweep(
             &engine,
             kind,
             &args.filter,
             args.seed,
+            args.storage,
             progress,
-        ))
+        ));
+        storage_line = sweep.against_f32.map(|(worst, case)| {
+            format!(
+                "{} pages: worst normwise error against the oracle on f32 keys and values \
+                 {worst:.2e} ({case}); the cases are judged on the stored values",
+                sweep.storage.name()
+            )
+        });
+        sweep.report
     } else {
         pollster::block_on(run_sweep(
             &engine,
@@ -144,6 +159,9 @@ pub fn run(engine_args: &super::EngineArgs, args: &Args) -> anyhow::Result<ExitC
         write_json(path, &report, start.elapsed().as_secs_f64())?;
     }
     println!("{}", report.table());
+    if let Some(line) = storage_line {
+        println!("{line}");
+    }
     if precision == Precision::Fast {
         println!("{}", matrix_unit_line(&engine));
     }
@@ -229,4 +247,9 @@ fn write_json(path: &std::path::Path, report: &SweepReport, seconds: f64) -> any
         "cases": cases,
     });
     super::files::write_text(path, &serde_json::to_string_pretty(&value)?)
+}
+
+/// A `--storage` name.
+fn parse_storage(name: &str) -> Result<webattn::PageStorage, String> {
+    webattn::PageStorage::parse(name).map_err(|e| e.to_string())
 }

@@ -15,14 +15,19 @@
 //! which is the same as skipping them while their values are finite; tiles
 //! holding a non-finite value are accumulated key by key, attended keys only.
 
-use super::dots::{dots, prefetch};
+use super::dots::dots;
 use super::isa::Job;
 use super::kernel::{load, outer, outer_a_rows, outer_b_rows, pack_panel, store};
 use super::math::{all_finite, exp, madd, tanh};
 use super::pack::{pack_tile, KvSource, PackedKv, TileShape};
 use super::rules::{masks, HeadRules, MaskBias};
+use super::stored::StoredRows;
 use crate::options::{AttentionOptions, QkMatmulOutputMode};
 use crate::problem::AttentionDims;
+
+/// The most query rows of a block read in place whose scores put the keys
+/// in the vector lanes (and whose values are added row by row).
+const KEYS_IN_LANES_ROWS: usize = 2;
 
 /// Everything the blocks of one call share, read-only.
 #[derive(Debug)]
@@ -298,34 +303,31 @@ fn attend_block<const MR: usize, const NR: usize, const FMA: bool, const IN_PLAC
         0..0
     };
     let zero_key = vec![0.0f32; if IN_PLACE { dk } else { 0 }];
-    let mut value_rows: Vec<&[f32]> = Vec::with_capacity(if IN_PLACE { bk } else { 0 });
-    let mut key_rows: Vec<&[f32]> = Vec::with_capacity(if IN_PLACE { bk } else { 0 });
+    // Rows a store keeps as f16 or int8, widened a tile at a time.
+    let (mut widened_keys, mut widened_values) = (Vec::new(), Vec::new());
     // One or two queries read in place take the keys into the lanes instead.
-    let keys_in_lanes = IN_PLACE && rows <= 2;
+    let keys_in_lanes = IN_PLACE && rows <= KEYS_IN_LANES_ROWS;
     for tile in tiles {
         let j0 = tile * bk;
         let nk = bk.min(t_len - j0);
+        let value_rows: Vec<&[f32]>;
         let (values, finite) = if IN_PLACE {
             // The next tile's keys and values on their way while this one is
             // computed: a step reads each once, and the hardware prefetchers
             // alone left a core at a quarter of its read bandwidth.
-            for j in j0 + nk..(j0 + nk + bk).min(t_len) {
-                prefetch(sh.src.row(false, bkv, j));
-                prefetch(sh.src.row(true, bkv, j));
-            }
-            value_rows.clear();
-            value_rows.extend((j0..j0 + nk).map(|j| sh.src.row(true, bkv, j)));
+            prefetch_rows(&sh.src, bkv, (j0 + nk, bk.min(t_len - j0 - nk)));
+            value_rows = tile_rows(&sh.src, true, bkv, (j0, nk), &mut widened_values);
+            let key_rows = tile_rows(&sh.src, false, bkv, (j0, nk), &mut widened_keys);
             if keys_in_lanes {
-                key_rows.clear();
-                key_rows.extend((j0..j0 + nk).map(|j| sh.src.row(false, bkv, j)));
                 scores_keys_in_lanes(sh, &unit, &key_rows, scratch);
             } else {
-                scores_in_place::<MR, NR>(sh, bkv, j0, nk, &zero_key, &scratch.q, &mut scratch.st);
+                scores_in_place::<MR, NR>(sh, &key_rows, &zero_key, &scratch.q, &mut scratch.st);
             }
             // One or two queries check their sums instead, after the fact.
             let finite = (!keys_in_lanes).then(|| value_rows.iter().all(|r| all_finite(r)));
             (&[][..], finite)
         } else {
+            value_rows = Vec::new();
             let (keys, values, finite) = sh.tile(bkv, tile, &mut tile_keys, &mut tile_values);
             scores_t::<MR, NR>(sh, keys, nk, &scratch.q, &mut scratch.st);
             (values, Some(finite))
@@ -382,7 +384,7 @@ fn accumulate_values<const MR: usize, const NR: usize, const FMA: bool, const IN
     let groups = rows.div_ceil(MR);
     let check_after = finite.is_none();
     let finite = finite.unwrap_or(true);
-    if finite && IN_PLACE && rows <= 2 {
+    if finite && IN_PLACE && rows <= KEYS_IN_LANES_ROWS {
         // One or two queries (a decoding step): each output row adds its
         // value rows one by one, the same sums in the same order as the
         // micro-kernel, without its padding rows.
@@ -504,25 +506,88 @@ pub(crate) fn scores_t<const MR: usize, const NR: usize>(
     }
 }
 
+/// The run of stored rows holding row `j0 + k` of `bkv`'s keys (or values)
+/// and how many of its rows fall before `j0 + nk` (a page's rows where a
+/// paged cache holds them).
+#[inline(always)]
+fn run_at<'r>(
+    src: &KvSource<'r>,
+    value: bool,
+    bkv: usize,
+    (j0, nk): (usize, usize),
+    k: usize,
+) -> (StoredRows<'r>, usize) {
+    let run = src.rows(value, bkv, j0 + k);
+    let n = run.len(src.width(value)).min(nk - k);
+    (run, n)
+}
+
+/// Asks the CPU to bring rows `j0 .. j0 + nk` of `bkv`'s keys and values
+/// into its caches.
+#[inline(always)]
+fn prefetch_rows(src: &KvSource<'_>, bkv: usize, (j0, nk): (usize, usize)) {
+    for value in [false, true] {
+        let mut k = 0;
+        while k < nk {
+            let (run, n) = run_at(src, value, bkv, (j0, nk), k);
+            run.prefetch(n, src.width(value));
+            k += n;
+        }
+    }
+}
+
+/// The rows of keys (or values, where `value`) `j0 .. j0 + nk` of `bkv` as
+/// f32: in place where stored as f32, else widened into `widened`.
+#[inline(always)]
+fn tile_rows<'r>(
+    src: &KvSource<'r>,
+    value: bool,
+    bkv: usize,
+    (j0, nk): (usize, usize),
+    widened: &'r mut Vec<f32>,
+) -> Vec<&'r [f32]> {
+    let width = src.width(value);
+    let mut rows = Vec::with_capacity(nk);
+    let mut k = 0;
+    while k < nk {
+        let (run, n) = run_at(src, value, bkv, (j0, nk), k);
+        let StoredRows::F32(r) = run else {
+            break;
+        };
+        rows.extend(r[..n * width].chunks_exact(width));
+        k += n;
+    }
+    if k == nk {
+        return rows;
+    }
+    rows.clear();
+    widened.resize(nk * width, 0.0);
+    let mut k = 0;
+    while k < nk {
+        let (run, n) = run_at(src, value, bkv, (j0, nk), k);
+        run.widen_rows(n, width, &mut widened[k * width..]);
+        k += n;
+    }
+    rows.extend(widened.chunks_exact(width));
+    rows
+}
+
 /// [`scores_t`] reading the tile's key rows in place (`zero_key` stands for
 /// the keys past the last).
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn scores_in_place<const MR: usize, const NR: usize>(
     sh: &Shared<'_>,
-    bkv: usize,
-    j0: usize,
-    nk: usize,
+    key_rows: &[&[f32]],
     zero_key: &[f32],
     q: &[f32],
     st: &mut [f32],
 ) {
-    let (dk, bq) = (sh.dims.head_dim, sh.bq);
+    let (dk, bq, nk) = (sh.dims.head_dim, sh.bq, key_rows.len());
     for g in 0..nk.div_ceil(MR) {
         let keys: [&[f32]; MR] = std::array::from_fn(|r| {
             let k = g * MR + r;
             if k < nk {
-                sh.src.row(false, bkv, j0 + k)
+                key_rows[k]
             } else {
                 zero_key
             }

@@ -30,16 +30,20 @@ pub(crate) fn dots(keys: &[&[f32]], q: &[f32], out: &mut [f32]) {
 
 /// Asks the CPU to bring `row` into its caches (a hint; nothing elsewhere).
 #[inline(always)]
-pub(crate) fn prefetch(row: &[f32]) {
+pub(crate) fn prefetch<T>(row: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    for line in row.chunks(16) {
-        // SAFETY: SSE is part of x86-64; a prefetch reads nothing the
-        // program sees and the address lies within `row`.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr().cast(),
-            )
-        };
+    {
+        let bytes = std::mem::size_of_val(row);
+        let start = row.as_ptr().cast::<i8>();
+        for line in (0..bytes).step_by(64) {
+            // SAFETY: SSE is part of x86-64; a prefetch reads nothing the
+            // program sees, and the address lies within `row`.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    start.wrapping_add(line),
+                )
+            };
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = row;

@@ -35,6 +35,7 @@ mod pool;
 #[cfg(all(target_arch = "wasm32", feature = "relaxed-simd"))]
 mod relaxed;
 mod rules;
+pub mod stored;
 pub(crate) mod threads;
 
 pub use isa::{Isa, ISA_VARIABLE};
@@ -43,7 +44,7 @@ use std::cmp::Reverse;
 
 use crate::error::Result;
 use crate::options::{alibi_slopes, AttentionOptions};
-use crate::problem::{validate, AttentionInputs, AttentionOutputs};
+use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs};
 use crate::tensor::{checked_numel, try_filled, HostTensor};
 use block::{Scratch, Shared, Unit, UnitJob};
 use rules::MaskBias;
@@ -105,6 +106,57 @@ impl CpuBackend {
         options: &AttentionOptions,
     ) -> Result<AttentionOutputs<HostTensor>> {
         let dims = validate(inputs, options)?;
+        let src = pack::KvSource {
+            dims,
+            rows: pack::KvRows::Tensors {
+                k: inputs.k,
+                v: inputs.v,
+                past_key: inputs.past_key,
+                past_value: inputs.past_value,
+            },
+        };
+        let mask = match (inputs.attn_mask, dims.mask) {
+            (Some(m), Some(layout)) => Some(MaskBias::new(m, layout)),
+            _ => None,
+        };
+        let mut out = self.attend(inputs.q.data(), src, mask, inputs.nonpad_kv_seqlen, options)?;
+        if options.return_present {
+            let (k, v) = super::present(inputs, &dims)?;
+            (out.present_key, out.present_value) = (Some(k), Some(v));
+        }
+        Ok(out)
+    }
+
+    /// Attention of `q` (`[B, Hq, Nq, Dk]` of `dims`, a validated call) on
+    /// keys and values a store keeps (`bkv` = `b · Hkv + kv head`, rows
+    /// `0 .. dims.total_len()`), read where they are: f32 rows in place, f16
+    /// and int8 rows widened a tile at a time. No mask and no presents.
+    pub fn attention_stored(
+        &self,
+        dims: AttentionDims,
+        q: &[f32],
+        store: &dyn stored::RowStore,
+        nonpad: Option<&[i64]>,
+        options: &AttentionOptions,
+    ) -> Result<AttentionOutputs<HostTensor>> {
+        let src = pack::KvSource {
+            dims,
+            rows: pack::KvRows::Stored(store),
+        };
+        self.attend(q, src, None, nonpad, options)
+    }
+
+    /// The blocked kernel over every unit of a call: Y, the logsumexp and the
+    /// scores asked for (presents are the caller's).
+    fn attend(
+        &self,
+        q: &[f32],
+        src: pack::KvSource<'_>,
+        mask: Option<MaskBias<'_>>,
+        nonpad: Option<&[i64]>,
+        options: &AttentionOptions,
+    ) -> Result<AttentionOutputs<HostTensor>> {
+        let dims = src.dims;
         let (nq, dv, t_len) = (dims.q_len, dims.v_head_dim, dims.total_len());
         let heads = dims.batch * dims.q_heads;
         // Blocks of query rows and key tiles sized for the caches: the Q block,
@@ -147,13 +199,6 @@ impl CpuBackend {
             None => Vec::new(),
         };
 
-        let src = pack::KvSource {
-            dims,
-            k: inputs.k,
-            v: inputs.v,
-            past_key: inputs.past_key,
-            past_value: inputs.past_value,
-        };
         // K and V packed once up front when several query blocks of a head
         // read them; a decoding step packs each tile as it reaches it.
         let packed = (unit_rows > bq).then(|| {
@@ -163,10 +208,6 @@ impl CpuBackend {
                 |bkv| pack::PackedKv::new(&src, &shape, bkv),
             )
         });
-        let mask = match (inputs.attn_mask, dims.mask) {
-            (Some(m), Some(layout)) => Some(MaskBias::new(m, layout)),
-            _ => None,
-        };
         let slopes = if options.alibi {
             alibi_slopes(dims.q_heads)
                 .into_iter()
@@ -178,13 +219,13 @@ impl CpuBackend {
         let shared = Shared {
             dims,
             options,
-            q: inputs.q.data(),
+            q,
             src,
             packed,
             shape,
             in_place: narrow && dv % nr == 0,
             mask,
-            nonpad: inputs.nonpad_kv_seqlen,
+            nonpad,
             slopes,
             scale: options.effective_scale(dims.head_dim),
             bq,
@@ -245,16 +286,10 @@ impl CpuBackend {
             .qk_matmul_output_mode
             .map(|_| HostTensor::new(dims.scores_shape(), qk))
             .transpose()?;
-        let (present_key, present_value) = if options.return_present {
-            let (k, v) = super::present(inputs, &dims)?;
-            (Some(k), Some(v))
-        } else {
-            (None, None)
-        };
         Ok(AttentionOutputs {
             y,
-            present_key,
-            present_value,
+            present_key: None,
+            present_value: None,
             qk_matmul_output,
             lse,
         })

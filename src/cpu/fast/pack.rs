@@ -13,6 +13,7 @@
 //! once up front and they share it; when only one does (decoding), the block
 //! packs each tile into its own scratch as it goes ([`pack_tile`]).
 
+use super::stored::{RowStore, StoredRow, StoredRows};
 use crate::problem::AttentionDims;
 use crate::tensor::HostTensor;
 
@@ -20,10 +21,20 @@ use crate::tensor::HostTensor;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct KvSource<'a> {
     pub dims: AttentionDims,
-    pub k: &'a HostTensor,
-    pub v: &'a HostTensor,
-    pub past_key: Option<&'a HostTensor>,
-    pub past_value: Option<&'a HostTensor>,
+    pub rows: KvRows<'a>,
+}
+
+/// The keys and values themselves: tensors (with the past before them), or a
+/// store that keeps rows its own way.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum KvRows<'a> {
+    Tensors {
+        k: &'a HostTensor,
+        v: &'a HostTensor,
+        past_key: Option<&'a HostTensor>,
+        past_value: Option<&'a HostTensor>,
+    },
+    Stored(&'a dyn RowStore),
 }
 
 /// The tile geometry: groups of `mr` keys, panels of `nr` columns, `bk` keys.
@@ -49,21 +60,49 @@ impl TileShape {
 }
 
 impl<'a> KvSource<'a> {
-    /// Row `t` of the concatenation `[past; new]` of the values (or, when
-    /// `value` is false, the keys) for `bkv` (`b · Hkv + kv head`).
-    pub(crate) fn row(&self, value: bool, bkv: usize, t: usize) -> &'a [f32] {
+    /// Values in a row of the keys (or of the values, where `value`).
+    #[inline(always)]
+    pub(crate) fn width(&self, value: bool) -> usize {
+        if value {
+            self.dims.v_head_dim
+        } else {
+            self.dims.head_dim
+        }
+    }
+
+    /// The rows of the concatenation `[past; new]` of the values (or, when
+    /// `value` is false, the keys) for `bkv` (`b · Hkv + kv head`) from row
+    /// `t` to the end of the run stored after it, as stored.
+    #[inline(always)]
+    pub(crate) fn rows(&self, value: bool, bkv: usize, t: usize) -> StoredRows<'a> {
+        let (k, v, past_key, past_value) = match self.rows {
+            KvRows::Tensors {
+                k,
+                v,
+                past_key,
+                past_value,
+            } => (k, v, past_key, past_value),
+            KvRows::Stored(store) => return store.rows(value, bkv, t),
+        };
         let d = &self.dims;
         let (past, new, width) = if value {
-            (self.past_value, self.v, d.v_head_dim)
+            (past_value, v, d.v_head_dim)
         } else {
-            (self.past_key, self.k, d.head_dim)
+            (past_key, k, d.head_dim)
         };
         let (tensor, len, r) = match past {
             Some(p) if t < d.past_len => (p, d.past_len, t),
             _ => (new, d.kv_len, t - d.past_len),
         };
         let start = (bkv * len + r) * width;
-        &tensor.data()[start..start + width]
+        let end = (bkv + 1) * len * width;
+        StoredRows::F32(&tensor.data()[start..end])
+    }
+
+    /// Row `t` of [`KvSource::rows`], as stored.
+    #[inline(always)]
+    pub(crate) fn row(&self, value: bool, bkv: usize, t: usize) -> StoredRow<'a> {
+        self.rows(value, bkv, t).row(0, self.width(value))
     }
 }
 
@@ -88,13 +127,14 @@ pub(crate) fn pack_tile(
         values.fill(0.0);
     }
     let mut finite = true;
+    let mut widened = Vec::new();
     for k in 0..nk {
-        let key = src.row(false, bkv, j0 + k);
+        let key = src.row(false, bkv, j0 + k).widened(&mut widened);
         let group = &mut keys[(k / mr) * dk * mr..(k / mr + 1) * dk * mr];
         for (d, &x) in key.iter().enumerate() {
             group[d * mr + k % mr] = x;
         }
-        let value = src.row(true, bkv, j0 + k);
+        let value = src.row(true, bkv, j0 + k).widened(&mut widened);
         for (c, chunk) in value.chunks(nr).enumerate() {
             let start = (c * bk + k) * nr;
             values[start..start + chunk.len()].copy_from_slice(chunk);
@@ -171,10 +211,12 @@ mod tests {
         let dims = validate(&inputs, &AttentionOptions::default()).unwrap();
         let src = KvSource {
             dims,
-            k: &k,
-            v: &v,
-            past_key: Some(&pk),
-            past_value: Some(&pv),
+            rows: KvRows::Tensors {
+                k: &k,
+                v: &v,
+                past_key: Some(&pk),
+                past_value: Some(&pv),
+            },
         };
         let shape = TileShape {
             mr: 2,

@@ -472,7 +472,7 @@ pub(crate) fn record_reading(
             .with_extra3(plan.heads_per_workgroup as u32),
     );
     let kernel_key = match table {
-        Some(table) => table.key(plan, dims, inputs.kv_f16),
+        Some(table) => table.key(plan, dims),
         None => plan.key(dims, inputs.kv_f16),
     };
     let key = Rules::new(dims, options).specialise(kernel_key);
@@ -597,11 +597,12 @@ pub mod names {
 }
 
 /// The family's kernels, every form and size.
-pub const KERNELS: [Kernel; 7] = [
+pub const KERNELS: [Kernel; 8] = [
     ATTENTION_DECODE,
     ATTENTION_DECODE_F16,
     paged::ATTENTION_DECODE_PAGED,
     paged::ATTENTION_DECODE_PAGED_F16,
+    paged::ATTENTION_DECODE_PAGED_I8,
     ATTENTION_MERGE,
     stream::ATTENTION_DECODE_STREAM,
     stream::ATTENTION_DECODE_STREAM_F16,

@@ -10,6 +10,16 @@ use crate::problem::AttentionDims;
 use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
 use crate::shader::uniform::ParamsText;
 
+/// How the pages store keys and values: the kernel's ELEMENT slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PagedElement {
+    F32,
+    /// Two f16 values a word.
+    F16,
+    /// Four int8 values a word, the row's f32 scale after them.
+    I8,
+}
+
 /// The pages of a batch of sequences: `pages` holds, for each sequence of
 /// the batch, `keys / page_size` page numbers (u32), its block table padded
 /// with page 0 to the batch's longest sequence.
@@ -18,32 +28,29 @@ pub(crate) struct BlockTable<'a> {
     pub pages: &'a wgpu::Buffer,
     /// Tokens per page.
     pub page_size: usize,
+    /// How the pages store keys and values.
+    pub element: PagedElement,
 }
 
 impl BlockTable<'_> {
     /// The paged kernel's pipeline for `plan`'s rows per workgroup.
-    pub(crate) fn key(
-        &self,
-        plan: &DecodeLayout,
-        dims: &AttentionDims,
-        kv_f16: bool,
-    ) -> PipelineKey {
+    pub(crate) fn key(&self, plan: &DecodeLayout, dims: &AttentionDims) -> PipelineKey {
         debug_assert_eq!(plan.kernel, DecodeKernel::Staged);
         key(
             (plan.heads_per_workgroup * dims.q_len) as i64,
             self.page_size,
-            kv_f16,
+            self.element,
         )
     }
 }
 
 /// The paged kernel at `rows` rows per workgroup and `page_size` tokens a
-/// page, K and V in f16 where `kv_f16`.
-pub(crate) fn key(rows: i64, page_size: usize, kv_f16: bool) -> PipelineKey {
-    let kernel = if kv_f16 {
-        ATTENTION_DECODE_PAGED_F16
-    } else {
-        ATTENTION_DECODE_PAGED
+/// page, K and V stored as `element`.
+pub(crate) fn key(rows: i64, page_size: usize, element: PagedElement) -> PipelineKey {
+    let kernel = match element {
+        PagedElement::F32 => ATTENTION_DECODE_PAGED,
+        PagedElement::F16 => ATTENTION_DECODE_PAGED_F16,
+        PagedElement::I8 => ATTENTION_DECODE_PAGED_I8,
     };
     PipelineKey::new(kernel)
         .with("ROWS", rows)
@@ -51,24 +58,25 @@ pub(crate) fn key(rows: i64, page_size: usize, kv_f16: bool) -> PipelineKey {
 }
 
 /// Representative pipelines: one row and a GQA group of 4 at 16-token
-/// pages, the most rows at 256, f16 pages at one row.
+/// pages, the most rows at 256, f16 and int8 pages at one row.
 pub fn variants() -> Vec<PipelineKey> {
     vec![
-        key(1, 16, false),
-        key(4, 16, false),
-        key(MAX_WORKGROUP_ROWS as i64, 256, false),
-        key(1, 64, true),
+        key(1, 16, PagedElement::F32),
+        key(4, 16, PagedElement::F32),
+        key(MAX_WORKGROUP_ROWS as i64, 256, PagedElement::F32),
+        key(1, 64, PagedElement::F16),
+        key(4, 64, PagedElement::I8),
     ]
 }
 
 /// Every paged pipeline a call can ask for: rows per workgroup 1 to 16 in
-/// powers of two, at every page size, f32 and f16 pages.
+/// powers of two, at every page size, f32, f16 and int8 pages.
 pub fn planned() -> Vec<PipelineKey> {
     let mut keys = Vec::new();
     for rows in [1, 2, 4, 8, 16] {
         for page_size in crate::paged::PAGE_SIZES {
-            for kv_f16 in [false, true] {
-                keys.push(key(rows, page_size, kv_f16));
+            for element in [PagedElement::F32, PagedElement::F16, PagedElement::I8] {
+                keys.push(key(rows, page_size, element));
             }
         }
     }
@@ -101,6 +109,23 @@ pub const ATTENTION_DECODE_PAGED_F16: Kernel = Kernel::new(&KernelDef {
     ),
     slots: &[
         ("ELEMENT", "element_f16.wgsl"),
+        ("KV_ROWS", "kv_rows_paged.wgsl"),
+    ],
+    bindings: &BINDINGS,
+    params: ParamsText::of::<crate::kernels::attention::Params>().named(DECODE_NAMES),
+    needs: Needs::CORE,
+    specialised_per_call: false,
+});
+
+/// The staged decode kernel over a paged cache's int8 pages.
+pub const ATTENTION_DECODE_PAGED_I8: Kernel = Kernel::new(&KernelDef {
+    name: "attention_decode_paged_i8",
+    origin: Origin::File(
+        "attention_decode.wgsl",
+        include_str!("../../../shaders/attention_decode.wgsl"),
+    ),
+    slots: &[
+        ("ELEMENT", "element_i8.wgsl"),
         ("KV_ROWS", "kv_rows_paged.wgsl"),
     ],
     bindings: &BINDINGS,

@@ -287,7 +287,19 @@ function cases({ worker, isa }) {
     expect(halfDiff <= 1e-5, `f16 pages and alone differ by ${halfDiff}`);
     expect(halves.usage().storage === "f16" && halves.usage().bytes * 2 === usage.bytes * halves.usage().pages / usage.pages, `f16 bytes: ${JSON.stringify(halves.usage())}`);
     halves.dispose();
-    return `3 sequences in ${usage.onDevice ? "device" : "host"} pages, worst difference from each alone ${worst.toExponential(2)}; f16 pages ${halfDiff.toExponential(2)}`;
+    // int8 pages: a byte a value and a scale a row, attention on the dequantized values.
+    const bytes = engine.pagedCache({ kvHeads: hkv, headDim: d, storage: "int8" });
+    const seq8 = await bytes.addSequence();
+    await bytes.append([{ seq: seq8, ...rows(37) }]);
+    const [eight] = await bytes.attention([{ seq: seq8, q }], options);
+    const held = await bytes.read(seq8);
+    const alone8 = await engine.attention({ q, k: held.k, v: held.v, nonpadKvSeqlen: [37] }, options);
+    const int8Diff = maxDiff(eight.y.data, alone8.y.data);
+    expect(int8Diff <= 1e-5, `int8 pages and alone differ by ${int8Diff}`);
+    const perPage = (u) => u.bytes / u.pages;
+    expect(bytes.usage().storage === "int8" && perPage(bytes.usage()) * 4 * d === perPage(usage) * (d + 4), `int8 bytes: ${JSON.stringify(bytes.usage())}`);
+    bytes.dispose();
+    return `3 sequences in ${usage.onDevice ? "device" : "host"} pages, worst difference from each alone ${worst.toExponential(2)}; f16 pages ${halfDiff.toExponential(2)}; int8 pages ${int8Diff.toExponential(2)}`;
   });
 
   add("f16 inputs (Float16Array and Uint16Array bits)", async (engine) => {

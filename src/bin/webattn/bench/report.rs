@@ -74,6 +74,8 @@ impl Report<'_> {
             host_copy,
             overhead,
             backward,
+            paged,
+            paged_skipped,
             guarded,
             ..
         } = self.rows;
@@ -156,6 +158,16 @@ impl Report<'_> {
                 "backward_flops": s.backward_flops(), "gflops": m.backward.gflops(s.backward_flops()),
                 "share_of_ceiling": finite(m.backward.gflops(s.backward_flops()) / near),
                 "adjacent_ceiling_gflops": finite(*near), "workspace_bytes": m.workspace_bytes,
+            })).collect::<Vec<_>>(),
+            "paged_decode": paged.iter().map(|(s, st, p, m)| json!({
+                "path": p.name(), "heads": s.heads, "kv_heads": s.kv_heads, "head_dim": s.head_dim,
+                "cached": s.cached, "page_size": s.page_size, "storage": st.name(),
+                "ms": m.measurement.median_ms(), "samples_ms": m.measurement.samples_ms,
+                "bytes_per_token": m.bytes_per_token, "pool_bytes": m.pool_bytes,
+                "gbs": m.gbs(s.cached), "share_of_copy_ceiling": finite(self.bandwidth_share(*p, m.gbs(s.cached))),
+            })).collect::<Vec<_>>(),
+            "paged_skipped": paged_skipped.iter().map(|(s, p, why)| json!({
+                "cached": s.cached, "path": p.name(), "reason": why,
             })).collect::<Vec<_>>(),
             "decode_skipped": decode_skipped.iter().map(|(s, p, d, label, why)| json!({
                 "path": p.name(), "kernel": label, "batch": s.batch, "heads": s.heads, "kv_heads": s.kv_heads, "seq_k": s.seq_k,

@@ -58,6 +58,16 @@ pub(super) type TokenRow = (
 /// and the FMA ceiling measured just before it.
 pub(super) type BackwardRow = (AttentionShape, KernelPath, bench::BackwardMeasurement, f64);
 
+/// A paged decoding row: the shape, the pages' storage, the path (`Fused`:
+/// the engine's device pages; `Cpu`: host pages on the CPU backend), and
+/// the measurement.
+pub(super) type PagedRow = (
+    bench::paged::PagedDecodeShape,
+    webattn::PageStorage,
+    KernelPath,
+    bench::paged::PagedDecode,
+);
+
 /// Every row a run measured, and what the rows were measured with.
 pub(super) struct Measured {
     pub(super) gemm: Vec<GemmRow>,
@@ -73,6 +83,9 @@ pub(super) struct Measured {
     pub(super) host_copy: Option<bench::Bandwidth>,
     pub(super) overhead: Option<bench::CallOverhead>,
     pub(super) backward: Vec<BackwardRow>,
+    pub(super) paged: Vec<PagedRow>,
+    /// Paged rows past the device's limits: the shape, the path, and why.
+    pub(super) paged_skipped: Vec<(bench::paged::PagedDecodeShape, KernelPath, String)>,
     /// Every measurement's retakes, the ceilings' too.
     pub(super) guarded: GuardTally,
     /// One stack of layers per weight storage, kept for every cache length.
@@ -99,6 +112,8 @@ pub(super) fn measure(
         host_copy: None,
         overhead: None,
         backward: Vec::new(),
+        paged: Vec::new(),
+        paged_skipped: Vec::new(),
         guarded,
         stacks: Vec::new(),
     };
@@ -114,6 +129,7 @@ pub(super) fn measure(
             Job::TokenStack(cached, storage) => rows.token_stack(setting, cached, storage)?,
             Job::Overhead => rows.overhead(setting)?,
             Job::Backward(shape, path) => rows.backward(setting, shape, path)?,
+            Job::Paged(shape, path) => rows.paged(setting, shape, path)?,
         }
     }
     Ok(rows)
@@ -412,6 +428,56 @@ impl Measured {
         self.guarded.note(&m.forward);
         self.guarded.note(&m.backward);
         self.backward.push((shape, path, m, near));
+        Ok(())
+    }
+
+    /// Decoding steps from paged caches of f32, f16 and int8 pages,
+    /// interleaved: on the run's engine (`Fused`) or the CPU engine (`Cpu`).
+    fn paged(
+        &mut self,
+        setting: &Setting,
+        shape: bench::paged::PagedDecodeShape,
+        path: KernelPath,
+    ) -> anyhow::Result<()> {
+        use webattn::PageStorage;
+        let on = match path {
+            KernelPath::Cpu if setting.engine.gpu().is_some() => {
+                &*self.cpu_engine.get_or_insert_with(webattn::Engine::cpu)
+            }
+            _ => setting.engine,
+        };
+        if path == KernelPath::Cpu {
+            host_copy_once(&mut self.host_copy, setting, on.cpu_backend().threads());
+        }
+        setting.progress.note(format!(
+            "paged decode {path} H{}/{} d{} {} tokens cached, f32, f16 and int8 pages",
+            shape.heads, shape.kv_heads, shape.head_dim, shape.cached,
+        ));
+        let storages = [PageStorage::F32, PageStorage::F16, PageStorage::Int8];
+        let measured = match pollster::block_on(bench::paged::paged_decode(
+            on,
+            shape,
+            &storages,
+            repeats(path, setting.args.quick),
+        )) {
+            Ok(m) => m,
+            Err(e) if past_limits(&e) => {
+                setting.progress.said(format!("  skipped: {e}"));
+                self.paged_skipped.push((shape, path, e.to_string()));
+                return Ok(());
+            }
+            Err(e) => return Err(anyhow::Error::from(e).context("paged decode")),
+        };
+        for (storage, m) in storages.into_iter().zip(measured) {
+            setting.progress.said(format!(
+                "  {}: {:.3} ms, {} bytes a token, {:.1} GB/s",
+                storage.name(),
+                m.measurement.median_ms(),
+                m.bytes_per_token,
+                m.gbs(shape.cached)
+            ));
+            self.paged.push((shape, storage, path, m));
+        }
         Ok(())
     }
 

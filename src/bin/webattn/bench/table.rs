@@ -28,6 +28,52 @@ impl Report<'_> {
         self.print_tokens();
         self.print_overhead();
         self.print_backward();
+        self.print_paged();
+    }
+
+    /// The paged decoding rows: each storage's step, its bytes per token and
+    /// its share of the copy ceiling of the memory its pages are in.
+    fn print_paged(&self) {
+        let rows = &self.rows.paged;
+        if rows.is_empty() && self.rows.paged_skipped.is_empty() {
+            return;
+        }
+        println!("\npaged decode (one sequence, one query row per head, 16-token pages)");
+        println!(
+            "{:<6} {:>6} {:>5} {:>7} {:>8} {:>9} {:>10} {:>8} {:>7} {:>9}",
+            "path", "heads", "d", "cached", "storage", "ms", "B/token", "GB/s", "share", "vs f32"
+        );
+        for (shape, storage, path, m) in rows {
+            let gbs = m.gbs(shape.cached);
+            let f32_ms = rows
+                .iter()
+                .find(|(s, st, p, _)| s == shape && *st == webattn::PageStorage::F32 && p == path)
+                .map(|(_, _, _, f)| f.measurement.median_ms());
+            let share = self.bandwidth_share(*path, gbs);
+            println!(
+                "{:<6} {:>6} {:>5} {:>7} {:>8} {:>9.3} {:>10} {:>8.1} {:>7} {:>9}",
+                path.name(),
+                format!("{}/{}", shape.heads, shape.kv_heads),
+                shape.head_dim,
+                shape.cached,
+                storage.name(),
+                m.measurement.median_ms(),
+                m.bytes_per_token,
+                gbs,
+                or_dash(share, format!("{:.0}%", 100.0 * share)),
+                f32_ms.map_or("-".into(), |f| format!(
+                    "{:.2}x",
+                    f / m.measurement.median_ms()
+                )),
+            );
+        }
+        for (shape, path, why) in &self.rows.paged_skipped {
+            println!("  skipped: {path}, {} tokens: {why}", shape.cached);
+        }
+        println!(
+            "  share: of the copy ceiling of the pages' memory (the GPU's for fused rows, the \
+             host's for cpu rows); vs f32: f32 pages' time over this row's"
+        );
     }
 
     /// The backward rows: each beside its forward, with the workspace that
