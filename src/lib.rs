@@ -72,7 +72,9 @@ pub use options::{
     alibi_slopes, AttentionOptions, KernelPath, MatrixUnits, Precision, QkMatmulOutputMode,
     RuntimeChecks,
 };
-pub use paged::{PageStorage, PagedKvCache, PagedLayout, RaggedInputs, RaggedOutputs, SequenceId};
+pub use paged::{
+    PageStorage, PagedKvCache, PagedLayout, PagedPlan, RaggedInputs, RaggedOutputs, SequenceId,
+};
 pub use plan::overrides::DecodeKernelChoice;
 pub use plan::overrides::FusedKernelChoice;
 pub use plan::CallPlan;

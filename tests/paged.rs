@@ -327,3 +327,41 @@ fn int8_pages_hold_each_value_within_half_a_step_and_attend_close_to_f32() {
     let [(_, f16), (_, int8)] = [errors[0], errors[1]];
     assert!(f16 < 2e-3 && int8 < 2e-2, "{errors:?}");
 }
+
+#[test]
+fn a_paged_call_is_planned_once_and_the_plan_names_its_route() {
+    let engine = Engine::cpu();
+    let mut cache = PagedKvCache::new(layout(16)).unwrap();
+    let seq = cache.add_sequence();
+    let k = HostTensor::new([2, 20, DK], vec![0.5; 2 * 20 * DK]).unwrap();
+    let v = HostTensor::new([2, 20, DV], vec![0.5; 2 * 20 * DV]).unwrap();
+    cache.append(seq, &k, &v).unwrap();
+    let q = HostTensor::new([1, 4, 2, DK], vec![0.1; 4 * 2 * DK]).unwrap();
+    let options = AttentionOptions::default();
+    let plan = cache.plan(&engine, &[(seq, &q)], &options).unwrap();
+    match &plan {
+        webattn::PagedPlan::HostInPlace { calls } => {
+            assert_eq!(calls.len(), 1);
+            assert_eq!(calls[0].path, webattn::KernelPath::Cpu);
+        }
+        other => panic!("{other}"),
+    }
+    assert!(
+        plan.to_string()
+            .contains("read in place by the CPU backend"),
+        "{plan}"
+    );
+    let oracle = AttentionOptions {
+        path: webattn::KernelPath::Oracle,
+        ..Default::default()
+    };
+    let plan = cache.plan(&engine, &[(seq, &q)], &oracle).unwrap();
+    assert!(
+        matches!(&plan, webattn::PagedPlan::ReadBack { reason } if reason.contains("oracle")),
+        "{plan}"
+    );
+    // A query the sequence cannot hold is refused by the plan, before anything runs.
+    let long = HostTensor::new([1, 4, 21, DK], vec![0.1; 4 * 21 * DK]).unwrap();
+    let err = cache.plan(&engine, &[(seq, &long)], &options).unwrap_err();
+    assert_eq!(err.kind(), "ShapeMismatch");
+}

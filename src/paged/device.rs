@@ -66,6 +66,16 @@ impl DevicePages {
         })
     }
 
+    /// The paged kernel's form for these pages.
+    pub(super) fn element(&self) -> crate::kernels::decode::paged::PagedElement {
+        use crate::kernels::decode::paged::PagedElement;
+        match self.storage {
+            PageStorage::F32 => PagedElement::F32,
+            PageStorage::F16 => PagedElement::F16,
+            PageStorage::Int8 => PagedElement::I8,
+        }
+    }
+
     /// Bytes of a stored row of `dim` values.
     fn row_bytes(&self, dim: usize) -> u64 {
         self.storage.row_bytes(dim)

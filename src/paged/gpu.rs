@@ -8,7 +8,7 @@
 //! its positions; the whole call is one submission.
 
 use super::device::DevicePages;
-use super::{PageStorage, PagedKvCache, SequenceId};
+use super::{PagedKvCache, SequenceId};
 use crate::device::buffer;
 use crate::device::recorder::{Recorder, Seg};
 use crate::device::scope::Run;
@@ -18,65 +18,107 @@ use crate::kernels::attention::{AttentionBuffers, MAX_HEAD_DIM};
 use crate::kernels::decode::paged::{BlockTable, PagedElement};
 use crate::kernels::decode::{self, DecodeKernel, DecodeLayout, MAX_QUERY_ROWS};
 use crate::options::{AttentionOptions, KernelPath};
+use crate::plan::paged::{PagedBatch, PagedBlock};
 use crate::problem::{AttentionDims, AttentionOutputs};
 use crate::run::present::upload_rule_data;
 use crate::tensor::{DType, HostTensor};
 
-/// Whether the paged kernel takes a call of these head dims and options:
-/// head dims in whole vec4s up to 256, f32 queries, no scores asked, a GPU
-/// path. Others run through the host (`PagedKvCache::attention`).
-fn takes(
+/// Why the paged kernel does not take a call of these head dims, queries
+/// and options (`None`: it takes it): it needs head dims in whole vec4s up
+/// to 256, f32 queries, no scores asked and a GPU path.
+pub(super) fn refusal(
     cache: &PagedKvCache,
     queries: &[(SequenceId, &HostTensor)],
     options: &AttentionOptions,
-) -> bool {
+) -> Option<&'static str> {
     let l = cache.layout;
-    let dims_fit = l.head_dim.is_multiple_of(4)
-        && l.v_head_dim.is_multiple_of(4)
-        && l.head_dim.max(l.v_head_dim) <= MAX_HEAD_DIM;
-    dims_fit
-        && options.qk_matmul_output_mode.is_none()
-        && matches!(options.path, KernelPath::Auto | KernelPath::Fused)
-        && queries.iter().all(|(_, q)| q.dtype() == DType::F32)
+    if !(l.head_dim.is_multiple_of(4) && l.v_head_dim.is_multiple_of(4)) {
+        Some("the paged kernel reads rows of whole vec4s: head sizes must be multiples of 4")
+    } else if l.head_dim.max(l.v_head_dim) > MAX_HEAD_DIM {
+        Some("head sizes past 256 are beyond the paged kernel")
+    } else if options.qk_matmul_output_mode.is_some() {
+        Some("scores were asked for (qk_matmul_output), which the paged kernel does not keep")
+    } else if !matches!(options.path, KernelPath::Auto | KernelPath::Fused) {
+        Some("a host path was asked for by name")
+    } else if queries.iter().any(|(_, q)| q.dtype() != DType::F32) {
+        Some("f16 queries")
+    } else {
+        None
+    }
 }
 
-/// [`PagedKvCache::attention`] on the device pages: `None` where the kernel
-/// does not take the call.
+/// The batches of a call the paged kernel takes (`dims`: each query's
+/// validated call): one per query count, in the order they first appear,
+/// each in blocks of up to 16 query rows with their decode layouts.
+pub(super) fn plan_batches(
+    cache: &PagedKvCache,
+    pages: &DevicePages,
+    dims: &[AttentionDims],
+) -> Vec<PagedBatch> {
+    let caps = pages.ctx.capabilities();
+    let mut counts: Vec<usize> = Vec::new();
+    for d in dims {
+        if !counts.contains(&d.q_len) {
+            counts.push(d.q_len);
+        }
+    }
+    counts
+        .into_iter()
+        .map(|n| {
+            let members: Vec<usize> = (0..dims.len()).filter(|&i| dims[i].q_len == n).collect();
+            // Keys padded to the longest sequence's whole pages.
+            let pages_each = members
+                .iter()
+                .map(|&i| dims[i].kv_len.div_ceil(cache.layout.page_size))
+                .max()
+                .unwrap_or(1)
+                .max(1);
+            let batch = AttentionDims {
+                batch: members.len(),
+                kv_len: pages_each * cache.layout.page_size,
+                ..dims[members[0]]
+            };
+            let blocks = (0..n)
+                .step_by(MAX_QUERY_ROWS)
+                .map(|first| {
+                    let rows = MAX_QUERY_ROWS.min(n - first);
+                    let shape = PagedBlock::shape(first, rows, &batch);
+                    PagedBlock {
+                        first,
+                        rows,
+                        decode: DecodeLayout::new(&shape, caps, DecodeKernel::Staged),
+                    }
+                })
+                .collect();
+            PagedBatch {
+                members,
+                dims: batch,
+                blocks,
+            }
+        })
+        .collect()
+}
+
+/// [`PagedKvCache::attention`] on the device pages under `batches` (the
+/// plan's): the whole call one submission.
 pub(super) async fn attention(
     cache: &PagedKvCache,
     pages: &DevicePages,
     queries: &[(SequenceId, &HostTensor)],
     options: &AttentionOptions,
-) -> Result<Option<Vec<AttentionOutputs<HostTensor>>>> {
-    if !takes(cache, queries, options) {
-        return Ok(None);
-    }
-    // Every query checked (against its own sequence) before anything runs.
-    let mut rows = Vec::with_capacity(queries.len());
-    for &(seq, query) in queries {
-        rows.push((seq, query, cache.call_dims(seq, query, options)?));
-    }
+    (element, planned): (PagedElement, &[PagedBatch]),
+) -> Result<Vec<AttentionOutputs<HostTensor>>> {
     let run = Run::new(&pages.ctx);
-    // One batch per query count, in the order they first appear.
-    let mut counts: Vec<usize> = Vec::new();
-    for (_, _, dims) in &rows {
-        if !counts.contains(&dims.q_len) {
-            counts.push(dims.q_len);
-        }
-    }
-    let batches: Vec<Batch<'_>> = counts
-        .into_iter()
-        .map(|n| {
-            let members: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].2.q_len == n).collect();
-            Batch::new(cache, &rows, members)
-        })
+    let batches: Vec<Batch<'_>> = planned
+        .iter()
+        .map(|plan| Batch::new(cache, queries, plan))
         .collect::<Result<_>>()?;
     let recorded = run
         .scoped("paged attention", || {
             let mut rec = Recorder::new(&run, "paged attention");
             let recorded = batches
                 .iter()
-                .map(|batch| batch.record(&mut rec, pages, options))
+                .map(|batch| batch.record(&mut rec, pages, element, options))
                 .collect::<Result<Vec<_>>>()?;
             rec.submit();
             Ok(recorded)
@@ -86,28 +128,21 @@ pub(super) async fn attention(
         (0..queries.len()).map(|_| None).collect();
     for (batch, blocks) in batches.iter().zip(recorded) {
         let results = batch.read(&run, blocks, options).await?;
-        for (&i, out) in batch.members.iter().zip(results) {
+        for (&i, out) in batch.plan.members.iter().zip(results) {
             outputs[i] = Some(out);
         }
     }
-    Ok(Some(
-        outputs
-            .into_iter()
-            .map(|o| o.expect("every query ran"))
-            .collect(),
-    ))
+    Ok(outputs
+        .into_iter()
+        .map(|o| o.expect("every query ran"))
+        .collect())
 }
 
-/// The sequences of a call that ask the same number of queries: one batch
-/// of the paged kernel (in blocks of 16 query rows).
+/// A planned batch with its data: the queries, lengths and block tables.
 struct Batch<'a> {
-    /// Their places among the call's queries.
-    members: Vec<usize>,
+    plan: &'a PagedBatch,
     /// Their queries `[1, Hq, n, Dk]`.
     queries: Vec<&'a HostTensor>,
-    /// The dims of the batch: its sequences, their queries, keys padded to
-    /// the longest's whole pages, their lengths as `nonpad_kv_seqlen`.
-    dims: AttentionDims,
     lengths: Vec<i64>,
     /// Each sequence's block table, padded with page 0.
     table: Vec<u32>,
@@ -120,44 +155,25 @@ type Block = (wgpu::Buffer, wgpu::Buffer);
 impl<'a> Batch<'a> {
     fn new(
         cache: &PagedKvCache,
-        rows: &[(SequenceId, &'a HostTensor, AttentionDims)],
-        members: Vec<usize>,
+        queries: &[(SequenceId, &'a HostTensor)],
+        plan: &'a PagedBatch,
     ) -> Result<Self> {
         let l = cache.layout;
-        let mut lengths = Vec::with_capacity(members.len());
-        let mut tables = Vec::with_capacity(members.len());
-        for &i in &members {
-            let sequence = cache.pool.sequence(rows[i].0)?;
+        let per_sequence = plan.dims.kv_len / l.page_size;
+        let mut lengths = Vec::with_capacity(plan.members.len());
+        let mut table = vec![0u32; plan.members.len() * per_sequence];
+        for (&i, row) in plan.members.iter().zip(table.chunks_mut(per_sequence)) {
+            let sequence = cache.pool.sequence(queries[i].0)?;
             lengths.push(sequence.len as i64);
-            tables.push(sequence.pages.clone());
+            row[..sequence.pages.len()].copy_from_slice(&sequence.pages);
         }
-        let per_sequence = tables.iter().map(Vec::len).max().unwrap_or(1).max(1);
-        let mut table = vec![0u32; members.len() * per_sequence];
-        for (row, held) in table.chunks_mut(per_sequence).zip(&tables) {
-            row[..held.len()].copy_from_slice(held);
-        }
-        let dims = AttentionDims {
-            batch: members.len(),
-            kv_len: per_sequence * l.page_size,
-            ..rows[members[0]].2
-        };
         Ok(Batch {
-            queries: members.iter().map(|&i| rows[i].1).collect(),
-            members,
-            dims,
+            plan,
+            queries: plan.members.iter().map(|&i| queries[i].1).collect(),
             lengths,
             table,
             page_size: l.page_size,
         })
-    }
-
-    /// Query rows `a..a + m` of every sequence in the batch.
-    fn blocks(&self) -> Vec<(usize, usize)> {
-        let n = self.dims.q_len;
-        (0..n)
-            .step_by(MAX_QUERY_ROWS)
-            .map(|a| (a, MAX_QUERY_ROWS.min(n - a)))
-            .collect()
     }
 
     /// Records the batch's blocks: the paged decode kernel and the merge each.
@@ -165,18 +181,19 @@ impl<'a> Batch<'a> {
         &self,
         rec: &mut Recorder<'_>,
         pages: &DevicePages,
+        element: PagedElement,
         options: &AttentionOptions,
     ) -> Result<Vec<Block>> {
         let run = rec.ctx();
-        let d = self.dims;
+        let d = self.plan.dims;
         let (s, n, hq, dk, dv) = (d.batch, d.q_len, d.q_heads, d.head_dim, d.v_head_dim);
         let table = buffer::upload(run, "block tables", &self.table)?;
         let placeholder = buffer::storage(run, "no mask", 1)?;
         let nonpad = upload_rule_data(run, &d, Some(&self.lengths), options.alibi)?;
         let mut outs = Vec::new();
-        for (a, m) in self.blocks() {
-            let mut piece = AttentionDims { q_len: m, ..d };
-            piece.placement.position_shift = m as i64 - n as i64 + a as i64;
+        for block in &self.plan.blocks {
+            let (a, m) = (block.first, block.rows);
+            let piece = block.dims(&d);
             // Rows a..a + m of every sequence's queries, [S, Hq, m, Dk].
             let mut q = Vec::with_capacity(s * hq * m * dk);
             for query in &self.queries {
@@ -187,7 +204,6 @@ impl<'a> Batch<'a> {
             let q = buffer::upload(run, "paged queries", &q)?;
             let y = buffer::storage(run, "Y", s * hq * m * dv)?;
             let stats = buffer::storage(run, "lse", 3 * s * hq * m)?;
-            let plan = DecodeLayout::new(&piece, &run.caps, DecodeKernel::Staged);
             let buffers = AttentionBuffers {
                 q: Seg::whole(&q),
                 k: Seg::whole(&pages.keys),
@@ -199,17 +215,13 @@ impl<'a> Batch<'a> {
             let block_table = BlockTable {
                 pages: &table,
                 page_size: self.page_size,
-                element: match pages.storage {
-                    PageStorage::F32 => PagedElement::F32,
-                    PageStorage::F16 => PagedElement::F16,
-                    PageStorage::Int8 => PagedElement::I8,
-                },
+                element,
             };
             decode::record_reading(
                 rec,
                 &piece,
                 options,
-                &plan,
+                &block.decode,
                 &buffers,
                 Some(&block_table),
                 [&y, &stats],
@@ -227,11 +239,12 @@ impl<'a> Batch<'a> {
         blocks: Vec<Block>,
         options: &AttentionOptions,
     ) -> Result<Vec<AttentionOutputs<HostTensor>>> {
-        let d = self.dims;
+        let d = self.plan.dims;
         let (s, n, hq, dv) = (d.batch, d.q_len, d.q_heads, d.v_head_dim);
         let mut y_all = vec![vec![0f32; hq * n * dv]; s];
         let mut lse_all = vec![vec![0f32; hq * n]; s];
-        for ((a, m), (y, stats)) in self.blocks().into_iter().zip(&blocks) {
+        for (block, (y, stats)) in self.plan.blocks.iter().zip(&blocks) {
+            let (a, m) = (block.first, block.rows);
             let y = buffer::read_f32(run, y, 0, s * hq * m * dv).await?;
             let lse = buffer::read_f32(run, stats, 0, s * hq * m).await?;
             for b in 0..s {

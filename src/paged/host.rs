@@ -11,31 +11,50 @@ use super::{PagedKvCache, SequenceId};
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::options::{AttentionOptions, KernelPath};
-use crate::problem::AttentionOutputs;
+use crate::plan::CallPlan;
+use crate::problem::{AttentionDims, AttentionOutputs};
 use crate::tensor::{DType, HostTensor};
 
-/// [`PagedKvCache::attention`] on host pages by the CPU backend: `None`
-/// where the engine plans any call of them elsewhere.
+/// The plans of a call on host pages by the CPU backend, one per query
+/// (`dims`: each query's validated call), or why it does not take them: the
+/// engine plans some call elsewhere (the oracle, a GPU path asked for by
+/// name), or f16 queries.
+pub(super) fn plan(
+    engine: &Engine,
+    queries: &[(SequenceId, &HostTensor)],
+    dims: &[AttentionDims],
+    options: &AttentionOptions,
+) -> Result<std::result::Result<Vec<CallPlan>, String>> {
+    let mut calls = Vec::with_capacity(queries.len());
+    for (&(_, query), d) in queries.iter().zip(dims) {
+        let plan = engine.plan(d, options)?;
+        if plan.path != KernelPath::Cpu {
+            return Ok(Err(format!(
+                "the engine plans the call on the {} path",
+                plan.path
+            )));
+        }
+        if query.dtype() != DType::F32 {
+            return Ok(Err("f16 queries".into()));
+        }
+        calls.push(plan);
+    }
+    Ok(Ok(calls))
+}
+
+/// [`PagedKvCache::attention`] on host pages by the CPU backend, under each
+/// query's plan (`calls`) and validated dims.
 pub(super) fn attention(
     cache: &PagedKvCache,
     kv: &HostKv,
     engine: &Engine,
     queries: &[(SequenceId, &HostTensor)],
     options: &AttentionOptions,
-) -> Result<Option<Vec<AttentionOutputs<HostTensor>>>> {
-    // Every query checked and planned before anything runs.
-    let mut calls = Vec::with_capacity(queries.len());
-    for &(seq, query) in queries {
-        let dims = cache.call_dims(seq, query, options)?;
-        let plan = engine.plan(&dims, options)?;
-        if plan.path != KernelPath::Cpu || query.dtype() != DType::F32 {
-            return Ok(None);
-        }
-        calls.push((seq, query, dims, plan));
-    }
+    (dims, calls): (&[AttentionDims], &[CallPlan]),
+) -> Result<Vec<AttentionOutputs<HostTensor>>> {
     let backend = engine.cpu_backend();
-    let mut outputs = Vec::with_capacity(calls.len());
-    for (seq, query, dims, plan) in calls {
+    let mut outputs = Vec::with_capacity(queries.len());
+    for ((&(seq, query), &dims), plan) in queries.iter().zip(dims).zip(calls) {
         let sequence = cache.pool.sequence(seq)?;
         let rows = SequenceRows {
             kv,
@@ -50,7 +69,7 @@ pub(super) fn attention(
             Some(&lengths),
             options,
         )?);
-        engine.record_host_call(plan);
+        engine.record_host_call(plan.clone());
     }
-    Ok(Some(outputs))
+    Ok(outputs)
 }

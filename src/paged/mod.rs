@@ -33,6 +33,7 @@ use crate::cpu;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::options::AttentionOptions;
+pub use crate::plan::paged::PagedPlan;
 use crate::problem::{validate, AttentionDims, AttentionInputs, AttentionOutputs, TensorRef};
 use crate::tensor::{DType, HostMask, HostTensor};
 use device::DevicePages;
@@ -40,7 +41,7 @@ use pool::PagePool;
 use store::HostKv;
 
 /// The page sizes the cache takes: powers of two from 16 to 256 tokens.
-pub const PAGE_SIZES: [usize; 5] = [16, 32, 64, 128, 256];
+pub use crate::kernels::decode::paged::PAGE_SIZES;
 
 /// Host bytes a chunk of keys (or values) aims at when the pool grows.
 const CHUNK_BYTES: usize = 1 << 20;
@@ -491,10 +492,63 @@ impl PagedKvCache {
         ))
     }
 
+    /// How [`PagedKvCache::attention`] runs a call of `queries` with
+    /// `options` on `engine` ([`PagedPlan`]): every query checked against
+    /// its sequence, then the route (the paged decode kernel on device
+    /// pages, its batches, blocks and layouts; the CPU backend on host
+    /// pages in place; or the pages read back, with why) decided once.
+    pub fn plan(
+        &self,
+        engine: &Engine,
+        queries: &[(SequenceId, &HostTensor)],
+        options: &AttentionOptions,
+    ) -> Result<PagedPlan> {
+        let dims = queries
+            .iter()
+            .map(|&(seq, q)| self.call_dims(seq, q, options))
+            .collect::<Result<Vec<_>>>()?;
+        self.plan_checked(engine, queries, &dims, options)
+    }
+
+    /// [`PagedKvCache::plan`] of queries whose calls are `dims`.
+    fn plan_checked(
+        &self,
+        engine: &Engine,
+        queries: &[(SequenceId, &HostTensor)],
+        dims: &[AttentionDims],
+        options: &AttentionOptions,
+    ) -> Result<PagedPlan> {
+        match &self.pages {
+            Pages::Device { pages, device } => {
+                if engine.device_key() != *device {
+                    return Err(Error::Conflict(
+                        "the paged cache's pages live on another engine's device: attend with \
+                         the engine it was made on",
+                    ));
+                }
+                Ok(match gpu::refusal(self, queries, options) {
+                    Some(reason) => PagedPlan::ReadBack {
+                        reason: reason.into(),
+                    },
+                    None => PagedPlan::DeviceKernel {
+                        element: pages.element(),
+                        batches: gpu::plan_batches(self, pages, dims),
+                    },
+                })
+            }
+            Pages::Host(_) => Ok(match host::plan(engine, queries, dims, options)? {
+                Ok(calls) => PagedPlan::HostInPlace { calls },
+                Err(reason) => PagedPlan::ReadBack { reason },
+            }),
+        }
+    }
+
     /// Attention of each sequence's new queries `[1, q_heads, n, head_dim]`
-    /// against its cached keys and values, on `engine` (device pages: the
-    /// paged decode kernel, reading them in place; host pages: the engine's
-    /// host path). The queries are the sequence's last
+    /// against its cached keys and values, on `engine`, as
+    /// [`PagedKvCache::plan`] says: device pages read in place by the paged
+    /// decode kernel, every sequence in one submission; host pages read in
+    /// place by a CPU engine's backend; otherwise each sequence read back and
+    /// run by the engine's host path. The queries are the sequence's last
     /// `n` tokens (append their keys and values first), so causal positions
     /// continue from its length. Every option of the contract applies to each
     /// sequence; `return_present` is refused (read the pages with
@@ -505,30 +559,31 @@ impl PagedKvCache {
         queries: &[(SequenceId, &HostTensor)],
         options: &AttentionOptions,
     ) -> Result<Vec<AttentionOutputs<HostTensor>>> {
-        if let Pages::Device { pages, device } = &self.pages {
-            if engine.device_key() != *device {
-                return Err(Error::Conflict(
-                    "the paged cache's pages live on another engine's device: attend with the \
-                     engine it was made on",
-                ));
+        let dims = queries
+            .iter()
+            .map(|&(seq, q)| self.call_dims(seq, q, options))
+            .collect::<Result<Vec<_>>>()?;
+        match (
+            self.plan_checked(engine, queries, &dims, options)?,
+            &self.pages,
+        ) {
+            (PagedPlan::DeviceKernel { element, batches }, Pages::Device { pages, .. }) => {
+                gpu::attention(self, pages, queries, options, (element, &batches)).await
             }
-            if let Some(outputs) = gpu::attention(self, pages, queries, options).await? {
-                return Ok(outputs);
+            (PagedPlan::HostInPlace { calls }, Pages::Host(kv)) => {
+                host::attention(self, kv, engine, queries, options, (&dims, &calls))
+            }
+            _ => {
+                let mut outputs = Vec::with_capacity(queries.len());
+                for &(seq, query) in queries {
+                    let (k, v, lengths) = self.sequence_inputs(seq, query, options).await?;
+                    let mut inputs = AttentionInputs::new(query, &k, &v);
+                    inputs.nonpad_kv_seqlen = Some(&lengths);
+                    outputs.push(engine.attention_host(&inputs, options).await?);
+                }
+                Ok(outputs)
             }
         }
-        if let Pages::Host(kv) = &self.pages {
-            if let Some(outputs) = host::attention(self, kv, engine, queries, options)? {
-                return Ok(outputs);
-            }
-        }
-        let mut outputs = Vec::with_capacity(queries.len());
-        for &(seq, query) in queries {
-            let (k, v, lengths) = self.sequence_inputs(seq, query, options).await?;
-            let mut inputs = AttentionInputs::new(query, &k, &v);
-            inputs.nonpad_kv_seqlen = Some(&lengths);
-            outputs.push(engine.attention_host(&inputs, options).await?);
-        }
-        Ok(outputs)
     }
 
     /// [`PagedKvCache::attention`] by the f64 oracle, on the same pages: the

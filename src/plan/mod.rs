@@ -12,6 +12,7 @@
 
 pub mod backward;
 pub mod overrides;
+pub mod paged;
 pub mod pieces;
 pub mod planner;
 pub mod workspace;

@@ -59,3 +59,61 @@ fn int8_device_pages_read_in_place_match_the_oracle_on_their_values() {
         cases::attention_through_the_pages_matches_the_oracle_on_the_tokens_held_contiguously(at);
     });
 }
+
+#[test]
+fn a_call_on_device_pages_is_planned_as_batches_of_blocks() {
+    let Some(engine) = crate::common::gpu() else {
+        return;
+    };
+    let mut cache = webattn::PagedKvCache::on_engine(engine, cases::layout(16))
+        .unwrap()
+        .with_storage(PageStorage::Int8)
+        .unwrap();
+    let (a, b) = (cache.add_sequence(), cache.add_sequence());
+    let rows = |n: usize, d: usize| {
+        webattn::HostTensor::new([cases::KV_HEADS, n, d], vec![0.25; cases::KV_HEADS * n * d])
+            .unwrap()
+    };
+    cache
+        .append(a, &rows(40, cases::DK), &rows(40, cases::DV))
+        .unwrap();
+    cache
+        .append(b, &rows(70, cases::DK), &rows(70, cases::DV))
+        .unwrap();
+    let q = |n: usize| {
+        webattn::HostTensor::new([1, 4, n, cases::DK], vec![0.1; 4 * n * cases::DK]).unwrap()
+    };
+    let (qa, qb) = (q(1), q(33));
+    let call = [(a, &qa), (b, &qb)];
+    let options = webattn::AttentionOptions::default();
+    let plan = cache.plan(engine, &call, &options).unwrap();
+    let webattn::PagedPlan::DeviceKernel { element, batches } = &plan else {
+        panic!("{plan}");
+    };
+    assert_eq!(element.name(), "int8");
+    assert_eq!(batches.len(), 2, "{plan}");
+    assert_eq!(batches[0].members, [0]);
+    assert_eq!(batches[1].members, [1]);
+    // 33 rows: blocks of 16, 16 and 1; keys padded to whole pages.
+    let blocks: Vec<(usize, usize)> = batches[1]
+        .blocks
+        .iter()
+        .map(|b| (b.first, b.rows))
+        .collect();
+    assert_eq!(blocks, [(0, 16), (16, 16), (32, 1)]);
+    assert_eq!(batches[1].dims.kv_len, 80);
+    println!("{plan}");
+    // Scores asked: the kernel does not keep them, the plan says so.
+    let scores = webattn::AttentionOptions {
+        qk_matmul_output_mode: Some(webattn::QkMatmulOutputMode::Scaled),
+        ..Default::default()
+    };
+    let plan = cache.plan(engine, &call, &scores).unwrap();
+    assert!(
+        matches!(&plan, webattn::PagedPlan::ReadBack { reason } if reason.contains("scores")),
+        "{plan}"
+    );
+    // And the call runs what the plan names: both sequences answer.
+    let out = cache.attention_blocking(engine, &call, &options).unwrap();
+    assert_eq!(out[1].y.shape(), &[1, 4, 33, cases::DV]);
+}

@@ -3,7 +3,7 @@
 //! partial
 //! results (`shaders/attention_merge.wgsl`).
 
-pub(crate) mod paged;
+pub mod paged;
 pub(crate) mod stream;
 
 use crate::device::buffer;

@@ -10,14 +10,30 @@ use crate::problem::AttentionDims;
 use crate::shader::kernel::{Binding, Kernel, KernelDef, Needs, Origin};
 use crate::shader::uniform::ParamsText;
 
+/// The page sizes the kernel takes (its `PAGE` override): powers of two
+/// from 16 to 256 tokens.
+pub const PAGE_SIZES: [usize; 5] = [16, 32, 64, 128, 256];
+
 /// How the pages store keys and values: the kernel's ELEMENT slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PagedElement {
+pub enum PagedElement {
+    /// f32 values.
     F32,
     /// Two f16 values a word.
     F16,
     /// Four int8 values a word, the row's f32 scale after them.
     I8,
+}
+
+impl PagedElement {
+    /// Its name: `f32`, `f16` or `int8`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PagedElement::F32 => "f32",
+            PagedElement::F16 => "f16",
+            PagedElement::I8 => "int8",
+        }
+    }
 }
 
 /// The pages of a batch of sequences: `pages` holds, for each sequence of
@@ -74,7 +90,7 @@ pub fn variants() -> Vec<PipelineKey> {
 pub fn planned() -> Vec<PipelineKey> {
     let mut keys = Vec::new();
     for rows in [1, 2, 4, 8, 16] {
-        for page_size in crate::paged::PAGE_SIZES {
+        for page_size in PAGE_SIZES {
             for element in [PagedElement::F32, PagedElement::F16, PagedElement::I8] {
                 keys.push(key(rows, page_size, element));
             }
