@@ -365,3 +365,14 @@ fn a_paged_call_is_planned_once_and_the_plan_names_its_route() {
     let err = cache.plan(&engine, &[(seq, &long)], &options).unwrap_err();
     assert_eq!(err.kind(), "ShapeMismatch");
 }
+
+#[test]
+fn a_layer_step_over_host_pages_matches_each_sequence_alone() {
+    let engine = Engine::cpu();
+    cases::a_layer_step_over_pages_matches_each_sequence_alone(&Where {
+        engine: &engine,
+        device: false,
+        page_sizes: &[16],
+        storage: PageStorage::F32,
+    });
+}

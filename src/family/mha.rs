@@ -133,7 +133,7 @@ pub struct MhaDims {
 /// into one matrix where the inputs share a feature size (one product gives a
 /// decoder step's Q, K and V), biases folded in beside it.
 #[derive(Debug)]
-struct DeviceWeights {
+pub(super) struct DeviceWeights {
     inputs: InputWeights,
     /// W_O and b_O.
     out: PackedWeights,
@@ -178,7 +178,7 @@ impl DeviceWeights {
 /// allocates nothing. Taken out of the layer for a step, so concurrent
 /// steps never share one.
 #[derive(Debug)]
-struct Workspace {
+pub(super) struct Workspace {
     key: WorkspaceKey,
     x_q: wgpu::Buffer,
     x_kv: Option<wgpu::Buffer>,
@@ -713,7 +713,7 @@ impl MultiHeadAttention {
     }
 
     /// Checks an input's rank, batch and feature size; returns (batch, length).
-    fn check_input(
+    pub(super) fn check_input(
         &self,
         name: &'static str,
         x: &HostTensor,
@@ -882,7 +882,7 @@ impl MultiHeadAttention {
 
     /// The output projection of an attention's Y, and its weights (cut to
     /// the `keys_seen` cached keys' columns when read from a cache).
-    async fn finish(
+    pub(super) async fn finish(
         &self,
         engine: &Engine,
         out: &crate::AttentionOutputs<Tensor>,
@@ -931,7 +931,7 @@ impl MultiHeadAttention {
         Ok(Attended { output, weights })
     }
 
-    fn device_weights(&self, engine: &Engine, ctx: &Run) -> Result<Arc<DeviceWeights>> {
+    pub(super) fn device_weights(&self, engine: &Engine, ctx: &Run) -> Result<Arc<DeviceWeights>> {
         let mut slot = self.device.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((id, weights)) = slot.as_ref() {
             if *id == engine.device_key() {
@@ -1309,7 +1309,7 @@ impl MultiHeadAttention {
 
     /// Projects and (with RoPE) rotates Q, K, V on the device by tiled GEMMs
     /// (many rows, f32 weights): one GEMM per head into the head-major layout.
-    async fn project_gpu(
+    pub(super) async fn project_gpu(
         &self,
         engine: &Engine,
         ctx: &Run,
@@ -1372,7 +1372,7 @@ impl MultiHeadAttention {
 
     /// Projects (and rotates) on the host in f32 by the fast CPU backend's
     /// product (the CPU engine's path).
-    fn project_host(
+    pub(super) fn project_host(
         &self,
         engine: &Engine,
         query: &HostTensor,

@@ -14,6 +14,7 @@ pub mod linear;
 pub mod luong;
 pub mod mha;
 pub mod mha_backward;
+mod mha_paged;
 pub mod position;
 mod scored;
 

@@ -412,3 +412,83 @@ pub fn refused_calls_leave_every_sequence_as_it_was(at: &Where) {
     model.get_mut(&a).unwrap().push(&k1, &v1);
     check_contents(&cache, &model);
 }
+
+/// A multi-head layer's serving step over the pages
+/// (`MultiHeadAttention::forward_paged`): three sequences with prompts of
+/// different lengths, then single tokens and a few, each step's outputs
+/// against each sequence run alone through `forward_cached` on a cache of
+/// its own. Returns the worst normwise difference.
+pub fn a_layer_step_over_pages_matches_each_sequence_alone(at: &Where) -> f64 {
+    use webattn::family::mha::{KvCache, MhaWeights, MultiHeadAttention};
+    use webattn::family::position::Rope;
+    let (d_model, heads, kv_heads, head_dim) = (32, 4, 2, 8);
+    let weights = MhaWeights::random(d_model, d_model, heads, kv_heads, head_dim, 7).unwrap();
+    let mha = MultiHeadAttention::new(weights, heads, kv_heads)
+        .unwrap()
+        .with_rope(Rope::default())
+        .unwrap();
+    let layout = PagedLayout {
+        kv_heads,
+        head_dim,
+        v_head_dim: head_dim,
+        page_size: at.page_sizes[0],
+    };
+    let mut cache = at.cache(layout);
+    let seqs = [
+        cache.add_sequence(),
+        cache.add_sequence(),
+        cache.add_sequence(),
+    ];
+    let mut alone: Vec<KvCache> = (0..3).map(|_| KvCache::with_capacity(64)).collect();
+    let mut rng = SplitMix64::new(31);
+    let options = AttentionOptions::default();
+    let mut worst: f64 = 0.0;
+    for tokens in [[5, 1, 12], [1, 1, 1], [3, 1, 2]] {
+        let xs: Vec<HostTensor> = tokens
+            .iter()
+            .map(|&n| HostTensor::new([1, n, d_model], rng.normal_vec(n * d_model, 1.0)).unwrap())
+            .collect();
+        let step: Vec<_> = seqs.iter().copied().zip(&xs).collect();
+        let paged = mha
+            .forward_paged_blocking(at.engine, &mut cache, &step, &options)
+            .unwrap();
+        for (i, x) in xs.iter().enumerate() {
+            let want = mha
+                .forward_cached_blocking(at.engine, x, &mut alone[i], &options, false)
+                .unwrap()
+                .output;
+            assert_eq!(paged[i].shape(), want.shape());
+            let diff = paged[i]
+                .data()
+                .iter()
+                .zip(want.data())
+                .map(|(a, b)| f64::from((a - b).abs()))
+                .fold(0.0, f64::max);
+            let scale = want
+                .data()
+                .iter()
+                .map(|x| f64::from(x.abs()))
+                .fold(1e-30, f64::max);
+            worst = worst.max(diff / scale);
+        }
+    }
+    for (&seq, n) in seqs.iter().zip([9, 3, 15]) {
+        assert_eq!(cache.len(seq).unwrap(), n);
+    }
+    // A refused step changes nothing: a sequence named twice, a wrong width.
+    let x = HostTensor::new([1, 1, d_model], vec![0.5; d_model]).unwrap();
+    let twice = [(seqs[0], &x), (seqs[0], &x)];
+    assert!(mha
+        .forward_paged_blocking(at.engine, &mut cache, &twice, &options)
+        .is_err());
+    let narrow = HostTensor::new([1, 1, d_model - 1], vec![0.5; d_model - 1]).unwrap();
+    let err = mha
+        .forward_paged_blocking(at.engine, &mut cache, &[(seqs[1], &narrow)], &options)
+        .unwrap_err();
+    assert_eq!(err.kind(), "ShapeMismatch");
+    assert_eq!(cache.len(seqs[0]).unwrap(), 9);
+    assert_eq!(cache.len(seqs[1]).unwrap(), 3);
+    println!("a layer's paged step against each sequence alone: worst {worst:.2e} (normwise)");
+    assert!(worst < 1e-5, "{worst}");
+    worst
+}

@@ -117,3 +117,16 @@ fn a_call_on_device_pages_is_planned_as_batches_of_blocks() {
     let out = cache.attention_blocking(engine, &call, &options).unwrap();
     assert_eq!(out[1].y.shape(), &[1, 4, 33, cases::DV]);
 }
+
+#[test]
+fn a_layer_step_over_device_pages_matches_each_sequence_alone() {
+    let Some(engine) = crate::common::gpu() else {
+        return;
+    };
+    cases::a_layer_step_over_pages_matches_each_sequence_alone(&Where {
+        engine,
+        device: true,
+        page_sizes: &[16],
+        storage: PageStorage::F32,
+    });
+}
