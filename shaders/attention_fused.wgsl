@@ -63,6 +63,13 @@ override DV4: u32 = 16u;
 // [lse (as bits) | row max m | row sum l], one entry each per row.
 @group(0) @binding(7) var<storage, read_write> lse: array<u32>;
 
+// Where key `key` of batch b's KV head kvh is stored, in rows of K (and V):
+// the KV_ROWS slot holds shaders/kv_rows_dense.wgsl ([B, Hkv, T, D]), or in
+// the paged variant (attention_fused_paged: a paged cache's prefill)
+// shaders/kv_rows_paged.wgsl, which reads the row's page from the
+// sequence's block table.
+// #include KV_ROWS
+
 // The most keys per tile (the private score array's length).
 const MAX_BK: u32 = 64u;
 
@@ -148,7 +155,6 @@ fn main(
         l = bitcast<f32>(lse[2u * rows + r]);
     }
     var scores: array<f32, MAX_BK>;
-    let kv_base = (b * p.kv_heads + kvh) * p.keys;
     let mask_base = b * p.mask_batch_stride + h * p.mask_head_stride + row * p.mask_row_stride;
     // ALiBi: this head's slope follows the batch's lengths in the rule data.
     let slope = head_slope(h);
@@ -162,7 +168,7 @@ fn main(
             let d = (slot % DK4) * 4u;
             var val = vec4<f32>(0.0);
             if (key < p.keys) {
-                val = quad(0u, (kv_base + key) * p.dk, d, p.dk);
+                val = quad(0u, kv_row(b, kvh, key) * p.dk, d, p.dk);
             }
             k_tile[slot] = val;
         }
@@ -171,7 +177,7 @@ fn main(
             let d = (slot % DV4) * 4u;
             var val = vec4<f32>(0.0);
             if (key < p.keys) {
-                val = quad(1u, (kv_base + key) * p.dv, d, p.dv);
+                val = quad(1u, kv_row(b, kvh, key) * p.dv, d, p.dv);
             }
             v_tile[slot] = val;
         }

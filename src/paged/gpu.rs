@@ -14,11 +14,11 @@ use crate::device::recorder::{Recorder, Seg};
 use crate::device::scope::Run;
 use crate::error::Result;
 use crate::kernels::ablation::Phases;
-use crate::kernels::attention::{AttentionBuffers, MAX_HEAD_DIM};
+use crate::kernels::attention::{AttentionBuffers, FusedTiles, MAX_HEAD_DIM};
 use crate::kernels::decode::paged::{BlockTable, PagedElement};
 use crate::kernels::decode::{self, DecodeKernel, DecodeLayout, MAX_QUERY_ROWS};
 use crate::options::{AttentionOptions, KernelPath};
-use crate::plan::paged::{PagedBatch, PagedBlock};
+use crate::plan::paged::{PagedBatch, PagedBlock, PagedKernel};
 use crate::problem::{AttentionDims, AttentionOutputs};
 use crate::run::present::upload_rule_data;
 use crate::tensor::{DType, HostTensor};
@@ -78,22 +78,31 @@ pub(super) fn plan_batches(
                 kv_len: pages_each * cache.layout.page_size,
                 ..dims[members[0]]
             };
-            let blocks = (0..n)
-                .step_by(MAX_QUERY_ROWS)
-                .map(|first| {
-                    let rows = MAX_QUERY_ROWS.min(n - first);
-                    let shape = PagedBlock::shape(first, rows, &batch);
-                    PagedBlock {
-                        first,
-                        rows,
-                        decode: DecodeLayout::new(&shape, caps, DecodeKernel::Staged),
-                    }
-                })
-                .collect();
+            // A prefill on f32 pages: the fused kernel, every row at once.
+            let fused = (n > MAX_QUERY_ROWS && pages.element() == PagedElement::F32)
+                .then(|| FusedTiles::for_dims(batch.head_dim, batch.v_head_dim, &caps.limits).ok())
+                .flatten();
+            let kernel = match fused {
+                Some(tiles) => PagedKernel::Fused(tiles),
+                None => PagedKernel::DecodeBlocks(
+                    (0..n)
+                        .step_by(MAX_QUERY_ROWS)
+                        .map(|first| {
+                            let rows = MAX_QUERY_ROWS.min(n - first);
+                            let shape = PagedBlock::shape(first, rows, &batch);
+                            PagedBlock {
+                                first,
+                                rows,
+                                decode: DecodeLayout::new(&shape, caps, DecodeKernel::Staged),
+                            }
+                        })
+                        .collect(),
+                ),
+            };
             PagedBatch {
                 members,
                 dims: batch,
-                blocks,
+                kernel,
             }
         })
         .collect()
@@ -176,7 +185,17 @@ impl<'a> Batch<'a> {
         })
     }
 
-    /// Records the batch's blocks: the paged decode kernel and the merge each.
+    /// The batch's pieces of query rows `(first, rows)`: the decode blocks,
+    /// or every row at once on the fused kernel.
+    fn pieces(&self) -> Vec<(usize, usize)> {
+        match &self.plan.kernel {
+            PagedKernel::DecodeBlocks(blocks) => blocks.iter().map(|b| (b.first, b.rows)).collect(),
+            PagedKernel::Fused(_) => vec![(0, self.plan.dims.q_len)],
+        }
+    }
+
+    /// Records the batch's pieces: the paged decode kernel and the merge
+    /// each, or the paged fused kernel.
     fn record(
         &self,
         rec: &mut Recorder<'_>,
@@ -191,9 +210,7 @@ impl<'a> Batch<'a> {
         let placeholder = buffer::storage(run, "no mask", 1)?;
         let nonpad = upload_rule_data(run, &d, Some(&self.lengths), options.alibi)?;
         let mut outs = Vec::new();
-        for block in &self.plan.blocks {
-            let (a, m) = (block.first, block.rows);
-            let piece = block.dims(&d);
+        for (i, (a, m)) in self.pieces().into_iter().enumerate() {
             // Rows a..a + m of every sequence's queries, [S, Hq, m, Dk].
             let mut q = Vec::with_capacity(s * hq * m * dk);
             for query in &self.queries {
@@ -217,16 +234,28 @@ impl<'a> Batch<'a> {
                 page_size: self.page_size,
                 element,
             };
-            decode::record_reading(
-                rec,
-                &piece,
-                options,
-                &block.decode,
-                &buffers,
-                Some(&block_table),
-                [&y, &stats],
-                Phases::NONE,
-            )?;
+            match &self.plan.kernel {
+                PagedKernel::DecodeBlocks(blocks) => decode::record_reading(
+                    rec,
+                    &blocks[i].dims(&d),
+                    options,
+                    &blocks[i].decode,
+                    &buffers,
+                    Some(&block_table),
+                    [&y, &stats],
+                    Phases::NONE,
+                )?,
+                PagedKernel::Fused(tiles) => crate::kernels::attention::paged::record(
+                    rec,
+                    &d,
+                    options,
+                    tiles,
+                    &buffers,
+                    &block_table,
+                    &y,
+                    &stats,
+                )?,
+            }
             outs.push((y, stats));
         }
         Ok(outs)
@@ -243,8 +272,7 @@ impl<'a> Batch<'a> {
         let (s, n, hq, dv) = (d.batch, d.q_len, d.q_heads, d.v_head_dim);
         let mut y_all = vec![vec![0f32; hq * n * dv]; s];
         let mut lse_all = vec![vec![0f32; hq * n]; s];
-        for (block, (y, stats)) in self.plan.blocks.iter().zip(&blocks) {
-            let (a, m) = (block.first, block.rows);
+        for ((a, m), (y, stats)) in self.pieces().into_iter().zip(&blocks) {
             let y = buffer::read_f32(run, y, 0, s * hq * m * dv).await?;
             let lse = buffer::read_f32(run, stats, 0, s * hq * m).await?;
             for b in 0..s {

@@ -5,6 +5,7 @@
 //! anything runs; `PagedKvCache::attention` runs what it names.
 
 use super::CallPlan;
+use crate::kernels::attention::FusedTiles;
 use crate::kernels::decode::paged::PagedElement;
 use crate::kernels::decode::DecodeLayout;
 use crate::problem::AttentionDims;
@@ -12,9 +13,9 @@ use crate::problem::AttentionDims;
 /// How a paged call runs.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PagedPlan {
-    /// Device pages read in place by the paged decode kernel: the sequences
-    /// asking the same number of queries form one batch; every batch's
-    /// blocks are recorded into one submission.
+    /// Device pages read in place by the paged kernels: the sequences asking
+    /// the same number of queries form one batch; every batch is recorded
+    /// into one submission.
     DeviceKernel {
         /// How the pages store keys and values (the kernel's form).
         element: PagedElement,
@@ -36,7 +37,7 @@ pub enum PagedPlan {
 }
 
 /// The sequences of a call that ask the same number of queries: one batch
-/// of the paged decode kernel.
+/// of the paged kernels.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PagedBatch {
     /// Their places among the call's queries.
@@ -45,8 +46,19 @@ pub struct PagedBatch {
     /// to the longest's whole pages (each sequence's length goes in as its
     /// `nonpad_kv_seqlen`).
     pub dims: AttentionDims,
-    /// Its blocks of query rows, each one decode kernel and its merge.
-    pub blocks: Vec<PagedBlock>,
+    /// How its rows run.
+    pub kernel: PagedKernel,
+}
+
+/// The kernel a batch's query rows run on.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PagedKernel {
+    /// The split-K decode kernel in blocks of query rows, each block one
+    /// decode kernel and its merge (decoding; prefills on f16 and int8 pages).
+    DecodeBlocks(Vec<PagedBlock>),
+    /// The portable fused kernel over every query row at once, its tiles
+    /// (prefills on f32 pages: each key tile read once per block of rows).
+    Fused(FusedTiles),
 }
 
 /// Query rows `first .. first + rows` of every sequence in a batch, shifted
@@ -85,25 +97,38 @@ impl std::fmt::Display for PagedPlan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PagedPlan::DeviceKernel { element, batches } => {
-                write!(f, "paged decode kernel ({} pages)", element.name())?;
+                write!(f, "paged kernels ({} pages)", element.name())?;
                 for b in batches {
-                    let d = b.blocks[0].decode;
                     write!(
                         f,
-                        "; {} sequence{} x {} quer{}: {} block{} of up to {} rows, {} split{} of {} keys, {} head{} a workgroup",
+                        "; {} sequence{} x {} quer{}: ",
                         b.members.len(),
                         if b.members.len() == 1 { "" } else { "s" },
                         b.dims.q_len,
                         if b.dims.q_len == 1 { "y" } else { "ies" },
-                        b.blocks.len(),
-                        if b.blocks.len() == 1 { "" } else { "s" },
-                        b.blocks[0].rows,
-                        d.splits,
-                        if d.splits == 1 { "" } else { "s" },
-                        d.split_keys,
-                        d.heads_per_workgroup,
-                        if d.heads_per_workgroup == 1 { "" } else { "s" },
                     )?;
+                    match &b.kernel {
+                        PagedKernel::DecodeBlocks(blocks) => {
+                            let d = blocks[0].decode;
+                            write!(
+                                f,
+                                "decode, {} block{} of up to {} rows, {} split{} of {} keys, {} head{} a workgroup",
+                                blocks.len(),
+                                if blocks.len() == 1 { "" } else { "s" },
+                                blocks[0].rows,
+                                d.splits,
+                                if d.splits == 1 { "" } else { "s" },
+                                d.split_keys,
+                                d.heads_per_workgroup,
+                                if d.heads_per_workgroup == 1 { "" } else { "s" },
+                            )?;
+                        }
+                        PagedKernel::Fused(tiles) => write!(
+                            f,
+                            "fused, {} rows x {} keys a tile",
+                            tiles.query_rows, tiles.keys_per_tile
+                        )?,
+                    }
                 }
                 Ok(())
             }

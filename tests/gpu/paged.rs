@@ -94,15 +94,28 @@ fn a_call_on_device_pages_is_planned_as_batches_of_blocks() {
     assert_eq!(batches.len(), 2, "{plan}");
     assert_eq!(batches[0].members, [0]);
     assert_eq!(batches[1].members, [1]);
-    // 33 rows: blocks of 16, 16 and 1; keys padded to whole pages.
-    let blocks: Vec<(usize, usize)> = batches[1]
-        .blocks
-        .iter()
-        .map(|b| (b.first, b.rows))
-        .collect();
+    // 33 rows of int8 pages: decode blocks of 16, 16 and 1; keys padded to
+    // whole pages.
+    let webattn::plan::paged::PagedKernel::DecodeBlocks(blocks) = &batches[1].kernel else {
+        panic!("{plan}");
+    };
+    let blocks: Vec<(usize, usize)> = blocks.iter().map(|b| (b.first, b.rows)).collect();
     assert_eq!(blocks, [(0, 16), (16, 16), (32, 1)]);
     assert_eq!(batches[1].dims.kv_len, 80);
     println!("{plan}");
+    // The same prefill on f32 pages: the fused kernel, every row at once.
+    let mut f32_cache = webattn::PagedKvCache::on_engine(engine, cases::layout(16)).unwrap();
+    let c = f32_cache.add_sequence();
+    f32_cache
+        .append(c, &rows(70, cases::DK), &rows(70, cases::DV))
+        .unwrap();
+    let plan = f32_cache.plan(engine, &[(c, &qb)], &options).unwrap();
+    println!("{plan}");
+    assert!(
+        matches!(&plan, webattn::PagedPlan::DeviceKernel { batches, .. }
+            if matches!(batches[0].kernel, webattn::plan::paged::PagedKernel::Fused(_))),
+        "{plan}"
+    );
     // Scores asked: the kernel does not keep them, the plan says so.
     let scores = webattn::AttentionOptions {
         qk_matmul_output_mode: Some(webattn::QkMatmulOutputMode::Scaled),

@@ -4,6 +4,7 @@
 //! the adapter's limits, and dispatch geometry.
 
 pub mod coop;
+pub mod paged;
 pub(crate) mod rules;
 pub(crate) mod subgroup;
 pub mod tiled;
@@ -572,7 +573,7 @@ pub const ATTENTION_FUSED: Kernel = Kernel::new(&KernelDef {
         "attention_fused.wgsl",
         include_str!("../../../shaders/attention_fused.wgsl"),
     ),
-    slots: &[],
+    slots: &[("KV_ROWS", "kv_rows_dense.wgsl")],
     bindings: &[
         Binding::Uniform,
         Binding::Read,
@@ -609,8 +610,9 @@ pub const ATTENTION_SCORES: Kernel = Kernel::new(&KernelDef {
 });
 
 /// The family's kernels, every form and size.
-pub const KERNELS: [Kernel; 13] = [
+pub const KERNELS: [Kernel; 14] = [
     ATTENTION_FUSED,
+    paged::ATTENTION_FUSED_PAGED,
     ATTENTION_SCORES,
     subgroup::ATTENTION_SG,
     tiled::ATTENTION_TILED,
@@ -655,6 +657,7 @@ pub fn variants() -> Vec<PipelineKey> {
             keys.push(tiles.key());
         }
     }
+    keys.extend(paged::variants());
     // More tiles of the register-tiled kernel, within the 32 KiB a browser
     // offers (the browser test compiles this list on its own device).
     let browser = KernelLimits {
