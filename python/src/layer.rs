@@ -7,6 +7,7 @@ use crate::device::NativeKvCache;
 use crate::engine::NativeEngine;
 use crate::errors::IntoPy;
 use crate::options::attention_options;
+use crate::serving::{NativePagedKvCache, Sequence};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use webattn::family::mha::{MhaWeights, MultiHeadAttention};
@@ -118,6 +119,37 @@ impl NativeMha {
             })
             .py_err(py)?;
         attended(py, out)
+    }
+
+    /// One serving step over a paged cache: `steps` `[(seq, x)]`, each
+    /// sequence's next tokens `[1, n, d_model]`, whose keys and values are
+    /// appended to its pages; causal, positions continuing from each
+    /// sequence's length. Each sequence's output, in order.
+    #[pyo3(signature = (cache, steps, **options))]
+    fn serve<'py>(
+        &self,
+        py: Python<'py>,
+        cache: &NativePagedKvCache,
+        steps: Vec<(Sequence, Bound<'py, PyAny>)>,
+        options: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let options = attention_options(options).py_err(py)?;
+        let xs = steps
+            .iter()
+            .map(|(seq, x)| Ok((seq.0, tensor("x", x, false)?)))
+            .collect::<PyResult<Vec<_>>>()?;
+        let engine = &self.engine.get().engine;
+        let layer = &self.layer;
+        let outs = py
+            .detach(|| {
+                let mut cache = cache.lock();
+                let asked: Vec<_> = xs.iter().map(|(s, x)| (*s, x)).collect();
+                layer.forward_paged_blocking(engine, &mut cache, &asked, &options)
+            })
+            .py_err(py)?;
+        outs.into_iter()
+            .map(|t| Ok(to_numpy(py, t)?.into_any()))
+            .collect()
     }
 
     /// `(d_model, d_kv, heads, kv_heads, head_dim, v_head_dim)`.

@@ -50,7 +50,7 @@ pub fn attention_ragged<'py>(
 /// errors), valid until the sequence is freed.
 #[pyclass(frozen, eq, hash, from_py_object, module = "webattn._webattn")]
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Sequence(SequenceId);
+pub struct Sequence(pub(crate) SequenceId);
 
 #[pymethods]
 impl Sequence {
@@ -73,7 +73,7 @@ pub struct NativePagedKvCache {
 }
 
 impl NativePagedKvCache {
-    fn lock(&self) -> std::sync::MutexGuard<'_, PagedKvCache> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, PagedKvCache> {
         // Every operation is all or nothing, so a poisoned lock still guards
         // a whole cache.
         self.cache.lock().unwrap_or_else(|e| e.into_inner())

@@ -113,3 +113,23 @@ def test_int8_pages_attend_exactly_on_their_dequantized_values(backend, request,
         plain, _, _ = attention(q, k, v, is_causal=True, nonpad=[k.shape[2]], dtype=np.float32)
         assert_close(out.y, exact, plain, f"{backend} {s!r}")
     assert cache.usage["storage"] == "int8"
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_a_layer_serves_many_sequences_as_each_alone(backend, request, rng):
+    engine = request.getfixturevalue(backend)
+    layer = webattn.MultiHeadAttention.random(engine, 32, 4, 8, kv_heads=2, seed=3,
+                                              rope_base=10000.0)
+    cache = webattn.PagedKvCache(engine, kv_heads=2, head_dim=8, page_size=16)
+    seqs = [cache.add_sequence() for _ in range(3)]
+    alone = [webattn.KvCache(engine) for _ in seqs]
+    for tokens in ([5, 1, 12], [1, 1, 1], [3, 1, 2]):
+        xs = [rng.standard_normal((1, n, 32)).astype(np.float32) for n in tokens]
+        served = layer.serve(cache, list(zip(seqs, xs)))
+        for out, x, own in zip(served, xs, alone):
+            want, _ = layer.step(x, own)
+            np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+    assert [cache.length(s) for s in seqs] == [9, 3, 15]
+    with pytest.raises(webattn.ShapeError):
+        layer.serve(cache, [(seqs[0], np.zeros((1, 1, 31), np.float32))])
+    assert cache.length(seqs[0]) == 9

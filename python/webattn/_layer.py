@@ -72,5 +72,16 @@ class MultiHeadAttention:
         return self._native.step(np.asarray(x, dtype=np.float32), cache._native,
                                  need_weights=need_weights, **options)
 
+    def serve(self, cache: Any, steps: Any, **options: Any) -> list:
+        """One serving step over a :class:`PagedKvCache`: ``steps`` is
+        ``[(seq, x), ...]``, each sequence's next tokens ``x`` ``[1, n,
+        d_model]`` (a prompt or one token); their keys and values go into
+        the sequence's pages and every sequence attends to its own, causal
+        positions (and RoPE's) continuing from its length, in one paged call.
+        Returns each sequence's output ``[1, n, d_model]``, in order."""
+        return self._native.serve(cache._native,
+                                  [(seq, np.asarray(x, dtype=np.float32)) for seq, x in steps],
+                                  **options)
+
     def __repr__(self) -> str:
         return f"MultiHeadAttention({self.dims})"

@@ -95,6 +95,9 @@ class NativeMha:
     def step(
         self, x: np.ndarray, cache: NativeKvCache, *, need_weights: bool = False, **options: Any
     ) -> tuple[np.ndarray, Optional[np.ndarray]]: ...
+    def serve(
+        self, cache: NativePagedKvCache, steps: list[tuple[Sequence, np.ndarray]], **options: Any
+    ) -> list[np.ndarray]: ...
 
 def random_mha_weights(
     d_model: int, heads: int, head_dim: int, kv_heads: int, d_kv: int, seed: int
