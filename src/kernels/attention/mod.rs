@@ -390,14 +390,59 @@ pub(crate) fn record_forward(
     };
     let chunk = kernel.keys_per_chunk(dims, ctx.caps.loop_budget());
     let key = phases.key(kernel.key(dims, options))?;
-    let pipeline = ctx.pipelines.get(&key);
-    let workgroups = (dims.batch * dims.q_heads * q_blocks) as u64;
-    let base = params(dims, options, q_blocks as u32, 0);
+    let mut bindings = vec![
+        inputs.q,
+        inputs.k,
+        inputs.v,
+        inputs.mask.into(),
+        inputs.nonpad.into(),
+        y.into(),
+        stats.into(),
+    ];
+    if let Some(packed) = &packed {
+        bindings[1] = (&packed.k).into();
+        bindings[2] = (&packed.v).into();
+        bindings.push((&packed.v_flags).into());
+    }
+    let chunks = KeyChunks {
+        chunk,
+        part,
+        packed_keys,
+        q_blocks,
+    };
+    record_key_chunks(rec, dims, options, &key, chunks, &bindings)
+}
+
+/// How [`record_key_chunks`] cuts a fused kernel's keys: `chunk` keys a
+/// dispatch, the call's part of the keys, the packed keys per (batch, KV
+/// head) where K and V were packed, and the query blocks per head.
+pub(crate) struct KeyChunks {
+    pub chunk: usize,
+    pub part: KeyPart,
+    pub packed_keys: u32,
+    pub q_blocks: usize,
+}
+
+/// Records fused kernel `key` over the keys in chunks, one dispatch each
+/// with its own uniform ([`ChunkParams`]) before `bindings`.
+pub(crate) fn record_key_chunks(
+    rec: &mut Recorder<'_>,
+    dims: &AttentionDims,
+    options: &AttentionOptions,
+    key: &PipelineKey,
+    chunks: KeyChunks,
+    bindings: &[Seg<'_>],
+) -> Result<()> {
+    let ctx = rec.ctx();
+    let keys = dims.total_len();
+    let pipeline = ctx.pipelines.get(key);
+    let workgroups = (dims.batch * dims.q_heads * chunks.q_blocks) as u64;
+    let base = params(dims, options, chunks.q_blocks as u32, 0);
     let mut start = 0;
     while start < keys {
-        let end = (start + chunk).min(keys);
-        let first = part.first && start == 0;
-        let last = part.last && end == keys;
+        let end = (start + chunks.chunk).min(keys);
+        let first = chunks.part.first && start == 0;
+        let last = chunks.part.last && end == keys;
         let flags = if first { FIRST_CHUNK } else { 0 } | if last { LAST_CHUNK } else { 0 };
         let uniform = buffer::uniform(
             ctx,
@@ -407,25 +452,13 @@ pub(crate) fn record_forward(
                 chunk_start: start as u32,
                 chunk_end: end as u32,
                 chunk_flags: flags,
-                packed_keys,
+                packed_keys: chunks.packed_keys,
             },
         );
-        let mut bindings = vec![
-            (&uniform).into(),
-            inputs.q,
-            inputs.k,
-            inputs.v,
-            inputs.mask.into(),
-            inputs.nonpad.into(),
-            y.into(),
-            stats.into(),
-        ];
-        if let Some(packed) = &packed {
-            bindings[2] = (&packed.k).into();
-            bindings[3] = (&packed.v).into();
-            bindings.push((&packed.v_flags).into());
-        }
-        rec.dispatch_segments(&pipeline, &bindings, workgroups)?;
+        let mut segments = Vec::with_capacity(bindings.len() + 1);
+        segments.push((&uniform).into());
+        segments.extend_from_slice(bindings);
+        rec.dispatch_segments(&pipeline, &segments, workgroups)?;
         start = end;
     }
     Ok(())

@@ -5,9 +5,8 @@
 //! blocks of 16 rows, each reading the sequence's keys again. f32 pages.
 
 use super::{
-    params, AttentionBuffers, ChunkParams, FusedTiles, FIRST_CHUNK, FUSED_NAMES, LAST_CHUNK,
+    record_key_chunks, AttentionBuffers, ChunkParams, FusedTiles, KeyChunks, KeyPart, FUSED_NAMES,
 };
-use crate::device::buffer;
 use crate::device::pipeline::PipelineKey;
 use crate::device::recorder::Recorder;
 use crate::error::Result;
@@ -78,42 +77,29 @@ pub(crate) fn record(
     y: &wgpu::Buffer,
     stats: &wgpu::Buffer,
 ) -> Result<()> {
-    let ctx = rec.ctx();
     let keys = dims.total_len();
-    let q_blocks = dims.q_len.div_ceil(tiles.query_rows as usize);
-    let chunk = tiles.keys_per_chunk(keys, ctx.caps.loop_budget());
-    let pipeline = ctx.pipelines.get(&key(tiles, table.page_size));
-    let workgroups = (dims.batch * dims.q_heads * q_blocks) as u64;
-    let base = params(dims, options, q_blocks as u32, 0);
-    let mut start = 0;
-    while start < keys {
-        let end = (start + chunk).min(keys);
-        let flags =
-            if start == 0 { FIRST_CHUNK } else { 0 } | if end == keys { LAST_CHUNK } else { 0 };
-        let uniform = buffer::uniform(
-            ctx,
-            "paged fused params",
-            &ChunkParams {
-                base,
-                chunk_start: start as u32,
-                chunk_end: end as u32,
-                chunk_flags: flags,
-                packed_keys: 0,
-            },
-        );
-        let bindings = vec![
-            (&uniform).into(),
-            inputs.q,
-            inputs.k,
-            inputs.v,
-            inputs.mask.into(),
-            inputs.nonpad.into(),
-            y.into(),
-            stats.into(),
-            table.pages.into(),
-        ];
-        rec.dispatch_segments(&pipeline, &bindings, workgroups)?;
-        start = end;
-    }
-    Ok(())
+    let chunks = KeyChunks {
+        chunk: tiles.keys_per_chunk(keys, rec.ctx().caps.loop_budget()),
+        part: KeyPart::WHOLE,
+        packed_keys: 0,
+        q_blocks: dims.q_len.div_ceil(tiles.query_rows as usize),
+    };
+    let bindings = [
+        inputs.q,
+        inputs.k,
+        inputs.v,
+        inputs.mask.into(),
+        inputs.nonpad.into(),
+        y.into(),
+        stats.into(),
+        table.pages.into(),
+    ];
+    record_key_chunks(
+        rec,
+        dims,
+        options,
+        &key(tiles, table.page_size),
+        chunks,
+        &bindings,
+    )
 }
